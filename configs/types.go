@@ -1,0 +1,115 @@
+// Package configs owns Ferry's YAML schema: a SkyPilot-style task with an optional `service:`
+// section, its defaults, and validation that reports every error with file, line and column.
+//
+// It must not import runtime packages: everything else depends on it, not the other way round.
+package configs
+
+// Task is one SkyPilot-style task. A task with a Service is a service; without one it is a job.
+type Task struct {
+	// Name is the task (and by default the service) name.
+	Name string `json:"name,omitempty"`
+	// Workdir is a local directory the task's commands run in.
+	Workdir string `json:"workdir,omitempty"`
+	// NumNodes is the gang size for multi-node jobs; services use 1.
+	NumNodes int `json:"num_nodes"`
+	// Resources says what each node needs and where it may run.
+	Resources Resources `json:"resources"`
+	// Envs are plain environment variables given to setup and run.
+	Envs map[string]string `json:"envs,omitempty"`
+	// Secrets are environment variables whose values are never logged or shown.
+	Secrets map[string]string `json:"secrets,omitempty"`
+	// FileMounts maps a remote path to a local path or bucket URI (parsed, not yet acted on).
+	FileMounts map[string]string `json:"file_mounts,omitempty"`
+	// Setup runs once per node before Run.
+	Setup string `json:"setup,omitempty"`
+	// Run is the main command; for a service it must start the server on the service port.
+	Run string `json:"run"`
+	// Service is nil for a job.
+	Service *Service `json:"service,omitempty"`
+	// Source is the file the task was read from, for messages.
+	Source string `json:"-"`
+}
+
+// Resources is one `resources:` block. AnyOf and Ordered hold alternatives; each alternative
+// inherits the fields set at the top level and overrides what it sets itself.
+type Resources struct {
+	// Infra is "local" (the embedded default), "kubernetes[/context]", "aws[/region[/zone]]" or
+	// "gcp[/region[/zone]]". Cloud/Region/Zone are the older spelling of the same thing.
+	Infra  string `json:"infra,omitempty"`
+	Cloud  string `json:"cloud,omitempty"`
+	Region string `json:"region,omitempty"`
+	Zone   string `json:"zone,omitempty"`
+	// Accelerators are alternatives: any one of them satisfies the task ("A100:1" is one).
+	Accelerators []Accelerator `json:"accelerators,omitempty"`
+	// CPUs and Memory keep SkyPilot's spelling: "4" means exactly 4, "4+" at least 4.
+	CPUs     string `json:"cpus,omitempty"`
+	Memory   string `json:"memory,omitempty"`
+	UseSpot  bool   `json:"use_spot,omitempty"`
+	Ports    []int  `json:"ports,omitempty"`
+	ImageID  string `json:"image_id,omitempty"`
+	DiskSize int    `json:"disk_size,omitempty"`
+	// AnyOf alternatives: the cheapest feasible one wins.
+	AnyOf []Resources `json:"any_of,omitempty"`
+	// Ordered alternatives: the first feasible one wins.
+	Ordered []Resources `json:"ordered,omitempty"`
+}
+
+// Accelerator is a GPU (or TPU) type and how many of it one node needs.
+type Accelerator struct {
+	Name  string  `json:"name"`
+	Count float64 `json:"count"`
+}
+
+// Service is the `service:` section.
+type Service struct {
+	ReadinessProbe Probe `json:"readiness_probe"`
+	// FixedReplicas is true when the YAML said `replicas: N` (or nothing); ReplicaPolicy then has
+	// MinReplicas == MaxReplicas == N.
+	FixedReplicas bool          `json:"fixed_replicas"`
+	ReplicaPolicy ReplicaPolicy `json:"replica_policy"`
+	// Port is the port each replica serves on (from `ports`, else the single resources.ports).
+	Port                int    `json:"port"`
+	LoadBalancingPolicy string `json:"load_balancing_policy"`
+	TLS                 *TLS   `json:"tls,omitempty"`
+}
+
+// Probe is the readiness probe. Only HTTP 200 counts as ready.
+type Probe struct {
+	Path                string `json:"path"`
+	InitialDelaySeconds int    `json:"initial_delay_seconds"`
+	TimeoutSeconds      int    `json:"timeout_seconds"`
+	// PostData, when set, makes the probe a POST with this JSON body (already encoded).
+	PostData string            `json:"post_data,omitempty"`
+	Headers  map[string]string `json:"headers,omitempty"`
+}
+
+// ReplicaPolicy is SkyServe's `replica_policy` with its defaults applied.
+type ReplicaPolicy struct {
+	MinReplicas int `json:"min_replicas"`
+	MaxReplicas int `json:"max_replicas"`
+	// TargetQPSPerReplica is 0 when unset. TargetQPSPerAccelerator is the map form.
+	TargetQPSPerReplica          float64            `json:"target_qps_per_replica,omitempty"`
+	TargetQPSPerAccelerator      map[string]float64 `json:"target_qps_per_accelerator,omitempty"`
+	NumOverprovision             int                `json:"num_overprovision"`
+	UpscaleDelaySeconds          int                `json:"upscale_delay_seconds"`
+	DownscaleDelaySeconds        int                `json:"downscale_delay_seconds"`
+	BaseOndemandFallbackReplicas int                `json:"base_ondemand_fallback_replicas"`
+	DynamicOndemandFallback      bool               `json:"dynamic_ondemand_fallback"`
+	SpotPlacer                   string             `json:"spot_placer,omitempty"`
+}
+
+// TLS terminates HTTPS at the proxy.
+type TLS struct {
+	KeyFile  string `json:"keyfile"`
+	CertFile string `json:"certfile"`
+}
+
+// Load balancing policy names accepted in `load_balancing_policy`.
+const (
+	PolicyRoundRobin             = "round_robin"
+	PolicyLeastLoad              = "least_load"
+	PolicyInstanceAwareLeastLoad = "instance_aware_least_load"
+)
+
+// InfraLocal is the embedded default infra: replicas are processes on this machine.
+const InfraLocal = "local"
