@@ -1,0 +1,30 @@
+# Ferry's two entry points are `make run` (the quickstart on local replicas) and `make test`
+# (everything CI checks). Both install what they need themselves.
+
+GO      ?= go
+BIN     := bin/ferry
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+
+.PHONY: build run test lint fmt clean
+
+## build: the one static binary, bin/ferry
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.buildVersion=$(VERSION)" -o $(BIN) ./cmd/ferry
+
+## run: bring the quickstart service up on local replicas and print its endpoint
+run: build
+	$(BIN) serve up configs/examples/quickstart.yaml -y
+
+## test: gofmt, go vet, staticcheck, then every test with the race detector
+test:
+	./scripts/test.sh
+
+## lint: the static checks alone
+lint:
+	./scripts/test.sh lint
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf bin .cache

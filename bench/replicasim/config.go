@@ -1,0 +1,166 @@
+// Package replicasim is a stand-in for a vLLM replica: an OpenAI-compatible server whose latency,
+// queueing, prefix cache and Prometheus metrics behave like vLLM's, without a GPU. Every Ferry
+// test, demo and benchmark puts it behind the proxy, so it is deterministic for a given seed,
+// cheap at a thousand concurrent requests, and can be told to fail in the ways real replicas do
+// (slow start, errors, hangs, crashes).
+package replicasim
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// Config is everything that shapes a simulated replica. The zero value is not useful; start from
+// DefaultConfig so that unset knobs get vLLM-like defaults.
+type Config struct {
+	// Host and Port are where Run listens. Port defaults to $FERRY_PORT so that a launcher can
+	// start the simulator exactly like a real replica, by environment alone.
+	Host string
+	Port int
+
+	// Model is the served model name: listed by /v1/models, echoed in responses, and the only
+	// name completions accept (others get OpenAI's model_not_found 404, as vLLM does).
+	Model string
+
+	// MaxNumSeqs bounds the sequences decoding at once (vLLM's --max-num-seqs); the rest wait.
+	MaxNumSeqs int
+	// MaxWaiting bounds the FIFO waiting queue. vLLM has no such limit, but an unbounded queue
+	// hides overload from the proxy; beyond it requests get 429. Zero means no queue at all.
+	MaxWaiting int
+
+	// TTFT is the time to first token of an uncached prompt on an idle replica.
+	TTFT time.Duration
+	// PrefillPerToken is added to TTFT for every prompt token not found in the prefix cache, so
+	// that prefix-aware routing shows up as lower latency.
+	PrefillPerToken time.Duration
+	// ITL is the inter-token latency of a lone sequence.
+	ITL time.Duration
+	// ITLPerSeq is added to ITL for every running sequence, because a bigger decode batch makes
+	// every step slower; this is what makes load balancing matter.
+	ITLPerSeq time.Duration
+	// MaxTokens is the output length of a request that does not set max_tokens.
+	MaxTokens int
+	// KVCacheBlocks is the number of 16-token KV blocks: the prefix cache's LRU capacity and the
+	// denominator of vllm:kv_cache_usage_perc.
+	KVCacheBlocks int
+
+	// StartupDelay keeps /health (and completions) at 503 for this long after NewServer, like a
+	// model still loading, so readiness probing can be tested.
+	StartupDelay time.Duration
+	// ErrorRate is the fraction of completions answered with a 500.
+	ErrorRate float64
+	// HangRate is the fraction of completions that never answer until the client goes away,
+	// the failure that only timeouts catch.
+	HangRate float64
+	// ExitAfter, when positive, crashes the replica after that many completions have finished,
+	// to test failover and replacement.
+	ExitAfter int
+	// Seed makes generated text, ids and failure injection reproducible.
+	Seed int64
+
+	// ExitFunc is how ExitAfter crashes; tests set it to observe the crash without dying. Nil
+	// means os.Exit.
+	ExitFunc func(code int)
+	// OnListen, if set, is called by Run with the bound address before serving, so a caller that
+	// asked for port 0 learns the real port.
+	OnListen func(addr net.Addr)
+}
+
+// DefaultConfig returns the defaults the CLI starts from: a small, fast, vLLM-shaped replica.
+func DefaultConfig() Config {
+	port := 8000
+	if v, err := strconv.Atoi(os.Getenv("FERRY_PORT")); err == nil && v >= 0 && v <= 65535 {
+		port = v
+	}
+	return Config{
+		Host:            "127.0.0.1",
+		Port:            port,
+		Model:           "ferry-sim",
+		MaxNumSeqs:      16,
+		MaxWaiting:      256,
+		TTFT:            50 * time.Millisecond,
+		PrefillPerToken: 20 * time.Microsecond,
+		ITL:             10 * time.Millisecond,
+		ITLPerSeq:       500 * time.Microsecond,
+		MaxTokens:       64,
+		KVCacheBlocks:   4096,
+		Seed:            1,
+	}
+}
+
+// RegisterFlags binds every knob to fs, with c's current values as defaults, so the command and
+// any bench driver share one set of flag names.
+func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Host, "host", c.Host, "address to listen on")
+	fs.IntVar(&c.Port, "port", c.Port, "port to listen on; defaults to $FERRY_PORT when set; 0 picks a free port")
+	fs.StringVar(&c.Model, "model", c.Model, "served model name")
+	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "sequences decoding at once (continuous batching)")
+	fs.IntVar(&c.MaxWaiting, "max-waiting", c.MaxWaiting, "waiting-queue limit; requests beyond it get 429")
+	fs.DurationVar(&c.TTFT, "ttft", c.TTFT, "base time to first token for an uncached prompt on an idle replica")
+	fs.DurationVar(&c.PrefillPerToken, "prefill-per-token", c.PrefillPerToken, "extra time to first token per uncached prompt token")
+	fs.DurationVar(&c.ITL, "itl", c.ITL, "base inter-token latency")
+	fs.DurationVar(&c.ITLPerSeq, "itl-per-seq", c.ITLPerSeq, "inter-token latency added per running sequence")
+	fs.IntVar(&c.MaxTokens, "max-tokens", c.MaxTokens, "output tokens when a request sets no max_tokens")
+	fs.IntVar(&c.KVCacheBlocks, "kv-blocks", c.KVCacheBlocks, "KV cache size in 16-token blocks (prefix cache capacity)")
+	fs.DurationVar(&c.StartupDelay, "startup-delay", c.StartupDelay, "answer 503 on /health and completions for this long after start")
+	fs.Float64Var(&c.ErrorRate, "error-rate", c.ErrorRate, "fraction of completions answered with HTTP 500")
+	fs.Float64Var(&c.HangRate, "hang-rate", c.HangRate, "fraction of completions that hang until the client disconnects")
+	fs.IntVar(&c.ExitAfter, "exit-after", c.ExitAfter, "crash (exit 1) after this many completions; 0 never")
+	fs.Int64Var(&c.Seed, "seed", c.Seed, "random seed for generated text, ids and failure injection")
+}
+
+// Validate reports every invalid field at once, naming the flag, the value and the rule.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(flag string, v any, rule string) {
+		errs = append(errs, fmt.Errorf("--%s=%v: %s", flag, v, rule))
+	}
+	if c.Port < 0 || c.Port > 65535 {
+		bad("port", c.Port, "must be between 0 and 65535")
+	}
+	if c.Model == "" {
+		bad("model", `""`, "must not be empty")
+	}
+	if c.MaxNumSeqs < 1 {
+		bad("max-num-seqs", c.MaxNumSeqs, "must be at least 1")
+	}
+	if c.MaxWaiting < 0 {
+		bad("max-waiting", c.MaxWaiting, "must not be negative")
+	}
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{
+		{"ttft", c.TTFT}, {"prefill-per-token", c.PrefillPerToken}, {"itl", c.ITL},
+		{"itl-per-seq", c.ITLPerSeq}, {"startup-delay", c.StartupDelay},
+	} {
+		if d.v < 0 {
+			bad(d.flag, d.v, "must not be negative")
+		}
+	}
+	if c.MaxTokens < 1 {
+		bad("max-tokens", c.MaxTokens, "must be at least 1")
+	}
+	if c.KVCacheBlocks < 1 {
+		bad("kv-blocks", c.KVCacheBlocks, "must be at least 1")
+	}
+	if !(c.ErrorRate >= 0 && c.ErrorRate <= 1) {
+		bad("error-rate", c.ErrorRate, "must be between 0 and 1")
+	}
+	if !(c.HangRate >= 0 && c.HangRate <= 1) {
+		bad("hang-rate", c.HangRate, "must be between 0 and 1")
+	}
+	if c.ErrorRate+c.HangRate > 1 {
+		bad("hang-rate", c.HangRate, fmt.Sprintf("plus --error-rate=%v must not exceed 1", c.ErrorRate))
+	}
+	if c.ExitAfter < 0 {
+		bad("exit-after", c.ExitAfter, "must not be negative")
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,71 @@
+package replicasim
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/spf13/pflag"
+)
+
+func TestDefaultPortFromEnvironment(t *testing.T) {
+	t.Setenv("FERRY_PORT", "9123")
+	if got := DefaultConfig().Port; got != 9123 {
+		t.Errorf("port with FERRY_PORT=9123: %d", got)
+	}
+	t.Setenv("FERRY_PORT", "not-a-port")
+	if got := DefaultConfig().Port; got != 8000 {
+		t.Errorf("port with a bad FERRY_PORT: %d, want 8000", got)
+	}
+}
+
+func TestRegisterFlags(t *testing.T) {
+	cfg := DefaultConfig()
+	fs := pflag.NewFlagSet("replica-sim", pflag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	err := fs.Parse([]string{
+		"--host=0.0.0.0", "--port=9000", "--model=m", "--max-num-seqs=4", "--max-waiting=2",
+		"--ttft=1s", "--prefill-per-token=1ms", "--itl=20ms", "--itl-per-seq=2ms", "--max-tokens=10",
+		"--kv-blocks=100", "--startup-delay=3s", "--error-rate=0.1", "--hang-rate=0.2", "--exit-after=5", "--seed=7",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		Host: "0.0.0.0", Port: 9000, Model: "m", MaxNumSeqs: 4, MaxWaiting: 2,
+		TTFT: time.Second, PrefillPerToken: time.Millisecond, ITL: 20 * time.Millisecond, ITLPerSeq: 2 * time.Millisecond,
+		MaxTokens: 10, KVCacheBlocks: 100, StartupDelay: 3 * time.Second, ErrorRate: 0.1, HangRate: 0.2, ExitAfter: 5, Seed: 7,
+	}
+	if diff := cmp.Diff(want, cfg, cmpopts.IgnoreFields(Config{}, "ExitFunc", "OnListen")); diff != "" {
+		t.Errorf("parsed config (-want +got):\n%s", diff)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+}
+
+func TestValidateCollectsEveryError(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Port, cfg.Model, cfg.MaxNumSeqs, cfg.MaxWaiting = 70000, "", 0, -1
+	cfg.TTFT, cfg.MaxTokens, cfg.KVCacheBlocks = -time.Second, 0, 0
+	cfg.ErrorRate, cfg.HangRate, cfg.ExitAfter = 0.7, 0.6, -1
+	err := cfg.Validate()
+	if err == nil {
+		t.Fatal("Validate accepted a bad config")
+	}
+	for _, flag := range []string{"--port", "--model", "--max-num-seqs", "--max-waiting", "--ttft", "--max-tokens", "--kv-blocks", "--hang-rate", "--exit-after"} {
+		if !strings.Contains(err.Error(), flag+"=") {
+			t.Errorf("error lacks %s: %v", flag, err)
+		}
+	}
+}
+
+func TestNewServerRepairsZeroConfig(t *testing.T) {
+	_, base := startServer(t, Config{ErrorRate: 5})
+	r := mustPost(t, base+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":1}`)
+	if r.status != 500 { // ErrorRate clamped to 1
+		t.Fatalf("status %d, want 500", r.status)
+	}
+}

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/ferryserve/ferry/internal/controller"
+	"github.com/ferryserve/ferry/internal/home"
+)
+
+func init() { register(newControllerCmd) }
+
+func newControllerCmd() *cobra.Command {
+	var (
+		opts     controller.Options
+		logLevel string
+	)
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "Run the controller daemon in the foreground (the CLI starts it for you)",
+		Long: `Run Ferry's controller: it owns all state (SQLite under $FERRY_HOME, default ~/.ferry),
+launches and probes replicas, serves each service's endpoint, and answers the CLI over HTTP on
+loopback with the token in $FERRY_HOME/controller.token.
+
+Every other command starts it in the background when it is not running, so you rarely run this.`,
+		Example: "  ferry controller                 # foreground, logs to the terminal\n  ferry controller status\n  ferry controller stop",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			h, err := home.Default()
+			if err != nil {
+				return err
+			}
+			log, err := newLogger(logLevel)
+			if err != nil {
+				return err
+			}
+			defer log.Sync() //nolint:errcheck
+			opts.Home = h
+			opts.Version = version()
+			opts.Logger = log
+			opts.PathPrepend = binDir()
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			err = controller.New(opts).Start(ctx)
+			if errors.Is(err, controller.ErrAlreadyRunning) {
+				return fmt.Errorf("%w (%s)", err, h.Dir)
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Listen, "listen", "127.0.0.1:0", "controller API address (keep it on loopback)")
+	f.StringVar(&opts.ProxyHost, "proxy-host", "127.0.0.1", "address service endpoints listen on (0.0.0.0 to expose them)")
+	f.IntVar(&opts.FirstServicePort, "first-service-port", 30001, "lowest port a service endpoint gets")
+	f.DurationVar(&opts.ProbeInterval, "probe-interval", 2*time.Second, "how often replicas' readiness probes run")
+	f.DurationVar(&opts.DrainTimeout, "drain-timeout", 2*time.Minute, "how long serve down waits for in-flight requests and streams")
+	f.StringVar(&opts.LogFile, "log-file", "", "file this controller's output goes to (for 'serve logs --controller')")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
+	return cmd
+}
+
+func newLogger(level string) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	cfg := zap.NewProductionConfig()
+	cfg.Level = zap.NewAtomicLevelAt(lvl)
+	cfg.EncoderConfig.TimeKey = "ts"
+	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	cfg.OutputPaths = []string{"stderr"}
+	cfg.Sampling = nil
+	return cfg.Build()
+}
+
+func newControllerStatusCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "status",
+		Short:   "Show whether the controller runs, where, and since when",
+		Example: "  ferry controller status",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			h, err := home.Default()
+			if err != nil {
+				return err
+			}
+			_, st, err := connect(cmd.Context(), h)
+			if err != nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "Controller: not running (home %s)\n", h.Dir)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Controller: running\n  pid:      %d\n  api:      %s\n  home:     %s\n  version:  %s\n  uptime:   %s\n  services: %d\n",
+				st.PID, st.Addr, st.Home, st.Version, humanDuration(time.Since(st.StartedAt)), st.Services)
+			return nil
+		},
+	}
+}
+
+func newControllerStopCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "stop",
+		Short: "Stop the controller; replicas keep running and are adopted when it starts again",
+		Long: `Stop the controller. Replicas keep running; the next command starts a controller that adopts
+them. Service endpoints are served by the controller, so they are down until then.`,
+		Example: "  ferry controller stop",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			h, err := home.Default()
+			if err != nil {
+				return err
+			}
+			c, st, err := connect(cmd.Context(), h)
+			if err != nil {
+				fmt.Fprintln(cmd.OutOrStdout(), "Controller: not running")
+				return nil
+			}
+			if err := c.StopController(cmd.Context()); err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+			defer cancel()
+			for ctx.Err() == nil {
+				if syscall.Kill(st.PID, 0) != nil {
+					fmt.Fprintf(cmd.OutOrStdout(), "Controller stopped (pid %d).\n", st.PID)
+					return nil
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			return fmt.Errorf("controller (pid %d) still running after 30s", st.PID)
+		},
+	}
+}

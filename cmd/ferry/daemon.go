@@ -1,0 +1,100 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/ferryserve/ferry/internal/api"
+	"github.com/ferryserve/ferry/internal/home"
+)
+
+// connect returns a client for a live controller, or nil when none answers.
+func connect(ctx context.Context, h home.Home) (*api.Client, api.ControllerStatus, error) {
+	info, err := h.ReadInfo()
+	if err != nil {
+		return nil, api.ControllerStatus{}, err
+	}
+	tok, err := h.Token()
+	if err != nil {
+		return nil, api.ControllerStatus{}, err
+	}
+	c := api.NewClient("http://"+info.Addr, tok)
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	st, err := c.ControllerStatus(ctx)
+	if err != nil {
+		return nil, st, err
+	}
+	return c, st, nil
+}
+
+// ensureController returns a client for this home's controller, starting the daemon in the
+// background first if none answers — a user never has to start it by hand.
+func ensureController(ctx context.Context, h home.Home, progress io.Writer) (*api.Client, error) {
+	if c, _, err := connect(ctx, h); err == nil {
+		return c, nil
+	}
+	if err := h.Ensure(); err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	logf, err := os.OpenFile(h.ControllerLog(), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command(self, "controller", "--log-file", h.ControllerLog())
+	cmd.Env = append(os.Environ(), home.Env+"="+h.Dir)
+	cmd.Stdout = logf
+	cmd.Stderr = logf
+	cmd.Dir = "/"
+	// Its own session: the daemon outlives this CLI and the user's terminal.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start controller: %w", err)
+	}
+	pid := cmd.Process.Pid
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	fmt.Fprintf(progress, "⚙︎ Started the controller (pid %d, log %s)\n", pid, h.ControllerLog())
+	deadline := time.Now().Add(api.WaitTimeout)
+	for time.Now().Before(deadline) {
+		if c, _, err := connect(ctx, h); err == nil {
+			return c, nil
+		}
+		select {
+		case err := <-exited:
+			// Another CLI may have started one at the same moment; it holds the lock.
+			if c, _, cerr := connect(ctx, h); cerr == nil {
+				return c, nil
+			}
+			return nil, fmt.Errorf("controller exited at start (%v); see %s", err, h.ControllerLog())
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil, fmt.Errorf("controller did not answer within %s; see %s", api.WaitTimeout, h.ControllerLog())
+}
+
+// binDir is the directory of the running ferry binary, put first on local replicas' PATH so
+// that `run: ferry replica-sim` finds this very binary.
+func binDir() []string {
+	self, err := os.Executable()
+	if err != nil {
+		return nil
+	}
+	if resolved, err := filepath.EvalSymlinks(self); err == nil {
+		self = resolved
+	}
+	return []string{filepath.Dir(self)}
+}

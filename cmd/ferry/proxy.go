@@ -1,0 +1,214 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/ferryserve/ferry/policy"
+	"github.com/ferryserve/ferry/proxy"
+)
+
+func init() { register(newProxyCmd) }
+
+// proxyFlags are the raw flag values of `ferry proxy`; parse turns them into a proxy config.
+// Kept apart from the command so that a controller-attached mode can add its flags and reuse
+// the parsing.
+type proxyFlags struct {
+	listen          string
+	name            string
+	policy          string
+	replicas        []string
+	targetQPS       []string
+	shutdownTimeout time.Duration
+	verbose         bool
+}
+
+// proxyOptions is what the flags mean.
+type proxyOptions struct {
+	listen          string
+	service         proxy.ServiceConfig
+	backends        []proxy.Backend
+	shutdownTimeout time.Duration
+}
+
+func newProxyCmd() *cobra.Command {
+	var f proxyFlags
+	cmd := &cobra.Command{
+		Use:   "proxy",
+		Short: "Run a standalone proxy in front of a fixed list of replicas",
+		Long: `Run Ferry's data plane on its own: one OpenAI-compatible endpoint that balances requests
+across the replicas given with --replica, streams responses (SSE included), and retries a
+request on another replica when a replica cannot be connected to.
+
+Without a controller the replica list is fixed; every replica is treated as READY. A replica is
+host:port or http://host:port; append #ACCELERATOR (for example #A100) to weight it under
+instance_aware_least_load with --target-qps.
+
+SIGINT or SIGTERM stops accepting connections and waits up to --shutdown-timeout for requests in
+flight, streams included, to finish.`,
+		Example: `  # Two local vLLM servers behind one endpoint
+  ferry proxy --listen 127.0.0.1:8000 --replica http://127.0.0.1:9001 --replica 127.0.0.1:9002
+
+  # Weight replicas by GPU
+  ferry proxy --policy instance_aware_least_load --target-qps A100=2 --target-qps L4=0.5 \
+    --replica http://10.0.0.5:8080#A100 --replica http://10.0.0.6:8080#L4`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts, err := f.parse()
+			if err != nil {
+				return err
+			}
+			log, err := newCLILogger(f.verbose)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = log.Sync() }()
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return runProxy(ctx, opts, log)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:8000", "address to serve on, host:port")
+	fl.StringVar(&f.name, "name", "default", "service name, shown in errors and logs")
+	fl.StringVar(&f.policy, "policy", policy.Default, "load balancing policy: "+strings.Join(policy.Names(), ", "))
+	fl.StringArrayVar(&f.replicas, "replica", nil, "replica address, host:port or http://host:port[#ACCELERATOR] (repeatable, required)")
+	fl.StringArrayVar(&f.targetQPS, "target-qps", nil, "target QPS per replica of an accelerator, ACCELERATOR=QPS (repeatable)")
+	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", time.Minute, "how long to wait for in-flight requests on SIGINT/SIGTERM")
+	fl.BoolVarP(&f.verbose, "verbose", "v", false, "log at debug level")
+	return cmd
+}
+
+// parse validates the flags and reports every problem at once.
+func (f proxyFlags) parse() (proxyOptions, error) {
+	var errs []error
+	opts := proxyOptions{
+		listen:          f.listen,
+		shutdownTimeout: f.shutdownTimeout,
+		service:         proxy.ServiceConfig{Name: f.name, Policy: f.policy},
+	}
+	if _, _, err := net.SplitHostPort(f.listen); err != nil {
+		errs = append(errs, fmt.Errorf("--listen %q: %w", f.listen, err))
+	}
+	if f.shutdownTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-timeout %v: must not be negative", f.shutdownTimeout))
+	}
+	if len(f.replicas) == 0 {
+		errs = append(errs, errors.New("--replica: at least one is required"))
+	}
+	seen := map[string]bool{}
+	for i, raw := range f.replicas {
+		addr, accelerator, err := parseReplica(raw)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--replica %q: %w", raw, err))
+			continue
+		}
+		if seen[addr] {
+			errs = append(errs, fmt.Errorf("--replica %q: address %s given twice", raw, addr))
+			continue
+		}
+		seen[addr] = true
+		opts.backends = append(opts.backends, proxy.Backend{ID: i + 1, Addr: addr, Accelerator: accelerator, Version: 1})
+	}
+	for _, raw := range f.targetQPS {
+		accelerator, value, ok := strings.Cut(raw, "=")
+		qps, err := strconv.ParseFloat(value, 64)
+		if !ok || accelerator == "" || err != nil || !(qps > 0) {
+			errs = append(errs, fmt.Errorf("--target-qps %q: want ACCELERATOR=QPS with a positive QPS", raw))
+			continue
+		}
+		if opts.service.TargetQPSPerAccelerator == nil {
+			opts.service.TargetQPSPerAccelerator = map[string]float64{}
+		}
+		opts.service.TargetQPSPerAccelerator[accelerator] = qps
+	}
+	if _, err := policy.New(f.policy, policy.Options{TargetQPSPerAccelerator: opts.service.TargetQPSPerAccelerator}); err != nil {
+		errs = append(errs, fmt.Errorf("--policy: %w", err))
+	}
+	return opts, errors.Join(errs...)
+}
+
+// parseReplica accepts host:port or http://host:port, optionally followed by #ACCELERATOR.
+func parseReplica(raw string) (addr, accelerator string, err error) {
+	rest, accelerator, _ := strings.Cut(raw, "#")
+	if strings.Contains(rest, "://") {
+		u, err := url.Parse(rest)
+		if err != nil {
+			return "", "", err
+		}
+		if u.Scheme != "http" {
+			return "", "", fmt.Errorf("scheme %q: only http replicas are supported", u.Scheme)
+		}
+		if u.Path != "" && u.Path != "/" || u.RawQuery != "" || u.User != nil {
+			return "", "", errors.New("want only a scheme, host and port")
+		}
+		rest = u.Host
+		if u.Port() == "" {
+			rest = net.JoinHostPort(u.Hostname(), "80")
+		}
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil {
+		return "", "", err
+	}
+	if host == "" || port == "" {
+		return "", "", errors.New("want host:port")
+	}
+	return net.JoinHostPort(host, port), accelerator, nil
+}
+
+// runProxy serves until ctx ends, then drains.
+func runProxy(ctx context.Context, opts proxyOptions, log *zap.Logger) error {
+	opts.service.Logger = log
+	svc, err := proxy.NewService(opts.service)
+	if err != nil {
+		return err
+	}
+	svc.SetBackends(opts.backends)
+	ln, err := net.Listen("tcp", opts.listen)
+	if err != nil {
+		return err
+	}
+	log.Info("proxy serving", zap.String("service", opts.service.Name), zap.String("endpoint", "http://"+ln.Addr().String()),
+		zap.String("policy", opts.service.Policy), zap.Int("replicas", len(opts.backends)))
+
+	served := make(chan error, 1)
+	go func() { served <- svc.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: draining requests in flight", zap.Int64("in_flight", svc.InFlight()), zap.Duration("timeout", opts.shutdownTimeout))
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), opts.shutdownTimeout)
+	defer cancel()
+	if err := svc.Shutdown(shutdownCtx); err != nil {
+		return err
+	}
+	return <-served
+}
+
+// newCLILogger logs human-readable lines to stderr.
+func newCLILogger(verbose bool) (*zap.Logger, error) {
+	cfg := zap.NewProductionConfig()
+	cfg.Encoding = "console"
+	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	cfg.Sampling = nil
+	if verbose {
+		cfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
+	}
+	return cfg.Build()
+}

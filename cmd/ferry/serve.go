@@ -1,0 +1,512 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/internal/api"
+	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/replicas"
+)
+
+func init() { register(newServeCmd) }
+
+func newServeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Launch, inspect and tear down services",
+		Example: `  ferry serve up configs/examples/quickstart.yaml -y
+  ferry serve status -v
+  ferry serve logs quickstart 1 --follow
+  ferry serve down quickstart -y`,
+	}
+	cmd.AddCommand(newServeUpCmd(), newServeStatusCmd(), newServeLogsCmd(), newServeDownCmd())
+	return cmd
+}
+
+type upFlags struct {
+	name     string
+	envs     []string
+	secrets  []string
+	dryRun   bool
+	yes      bool
+	noWait   bool
+	waitTime time.Duration
+}
+
+func newServeUpCmd() *cobra.Command {
+	var f upFlags
+	cmd := &cobra.Command{
+		Use:   "up FILE",
+		Short: "Launch a service from a task YAML and print its endpoint",
+		Long: `Validate the task YAML, show the resolved spec and the placement plan, start the service and
+wait until its replicas are READY, printing progress. The endpoint is OpenAI-compatible.`,
+		Example: `  ferry serve up configs/examples/quickstart.yaml -y
+  ferry serve up vllm.yaml -n chat --env MODEL=meta-llama/Llama-3.1-8B-Instruct --secret HF_TOKEN=hf_xxx
+  ferry serve up vllm.yaml --dry-run`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error { return serveUp(cmd, args[0], f) },
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&f.name, "name", "n", "", "service name (default: the task's name, else one is generated)")
+	fl.StringArrayVar(&f.envs, "env", nil, "set an env var for setup and run, K=V (repeatable; K alone takes it from your environment)")
+	fl.StringArrayVar(&f.secrets, "secret", nil, "set a secret env var, K=V (repeatable; K alone takes it from your environment); never shown")
+	fl.BoolVar(&f.dryRun, "dry-run", false, "validate and print the plan without launching")
+	fl.BoolVarP(&f.yes, "yes", "y", false, "do not ask for confirmation")
+	fl.BoolVar(&f.noWait, "no-wait", false, "return once the service is registered, without waiting for READY replicas")
+	fl.DurationVar(&f.waitTime, "wait-timeout", 10*time.Minute, "how long to wait for all replicas to be READY")
+	return cmd
+}
+
+func parseKVs(flag string, kvs []string) (map[string]string, error) {
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if k == "" {
+			return nil, fmt.Errorf("--%s %q: want KEY=VALUE", flag, kv)
+		}
+		if !ok {
+			val, found := os.LookupEnv(k)
+			if !found {
+				return nil, fmt.Errorf("--%s %s: no value given and %s is not set in your environment", flag, k, k)
+			}
+			v = val
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+var nameRE = regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
+
+func serveUp(cmd *cobra.Command, file string, f upFlags) error {
+	out := cmd.OutOrStdout()
+	envs, err := parseKVs("env", f.envs)
+	if err != nil {
+		return err
+	}
+	secrets, err := parseKVs("secret", f.secrets)
+	if err != nil {
+		return err
+	}
+	if f.name != "" && (!nameRE.MatchString(f.name) || len(f.name) > 63) {
+		return fmt.Errorf("-n %q: a service name is lowercase letters, digits and '-', starting with a letter, at most 63 characters", f.name)
+	}
+	task, err := configs.Load(file, configs.Overrides{Envs: envs, Secrets: secrets, Name: f.name})
+	if err != nil {
+		printConfigErrors(cmd.ErrOrStderr(), err)
+		return errors.New("the task YAML has errors; nothing was launched")
+	}
+	if task.Service == nil {
+		return fmt.Errorf("%s has no service: section; a service needs one (see configs/examples/quickstart.yaml)", file)
+	}
+	name := task.Name
+	if name == "" {
+		name = "service-" + randomHex(2)
+	}
+
+	resolved, err := task.ResolvedYAML()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "Service spec (resolved, secrets redacted):\n%s\n", indent(string(resolved), "  "))
+	if err := printPlan(out, task); err != nil {
+		return err
+	}
+	if f.dryRun {
+		fmt.Fprintf(out, "Dry run: service %q is valid; nothing was launched.\n", name)
+		return nil
+	}
+	if !f.yes && term.IsTerminal(int(os.Stdin.Fd())) {
+		if !confirm(cmd, fmt.Sprintf("Launching service %q. Proceed? [Y/n] ", name)) {
+			return errors.New("aborted")
+		}
+	}
+
+	h, err := home.Default()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	c, err := ensureController(ctx, h, out)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "⚙︎ Launching service %q...\n", name)
+	st, err := c.CreateService(ctx, api.CreateServiceRequest{Name: name, Task: task})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "⚙︎ Service registered; endpoint %s; waiting for %d replica(s)\n", st.Endpoint, st.TargetReplicas)
+	if !f.noWait {
+		if err := waitReady(ctx, c, name, f.waitTime, out); err != nil {
+			fmt.Fprintf(out, "The service keeps trying; follow it with 'ferry serve status %s' and 'ferry serve logs %s REPLICA_ID'.\n", name, name)
+			return err
+		}
+	}
+	fmt.Fprintf(out, "\nService %q is up.\nEndpoint: %s\n\nTry it:\n", name, st.Endpoint)
+	fmt.Fprintf(out, "  curl %s/v1/models\n", st.Endpoint)
+	fmt.Fprintf(out, "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"MODEL\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n", st.Endpoint)
+	fmt.Fprintf(out, "  ferry serve status %s\n  ferry serve down %s\n", name, name)
+	return nil
+}
+
+// waitReady prints each change in the replica counts until every wanted replica is READY.
+func waitReady(ctx context.Context, c *api.Client, name string, timeout time.Duration, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	last := ""
+	for {
+		list, err := c.Services(ctx, name)
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("replicas not all READY after %s", timeout)
+			}
+			return err
+		}
+		st := list[0]
+		line := fmt.Sprintf("Replicas: %d/%d READY%s", st.ReadyReplicas, st.TargetReplicas, stateCounts(st.Replicas))
+		if line != last {
+			mark := "⚙︎"
+			if st.ReadyReplicas >= st.TargetReplicas {
+				mark = "✓"
+			}
+			fmt.Fprintf(out, "%s %s\n", mark, line)
+			last = line
+		}
+		if st.ReadyReplicas >= st.TargetReplicas {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("replicas not all READY after %s", timeout)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// stateCounts renders the non-READY, non-terminal states, e.g. " [1 STARTING, 1 PROVISIONING]".
+func stateCounts(recs []replicas.Record) string {
+	counts := map[replicas.Status]int{}
+	for _, r := range recs {
+		if r.Status != replicas.StatusReady && !r.Status.Terminal() {
+			counts[r.Status]++
+		}
+	}
+	if len(counts) == 0 {
+		return ""
+	}
+	var parts []string
+	for s, n := range counts {
+		parts = append(parts, fmt.Sprintf("%d %s", n, s))
+	}
+	sort.Strings(parts)
+	return " [" + strings.Join(parts, ", ") + "]"
+}
+
+// printPlan prints SkyPilot's optimizer table. Only local infra exists in this build; a task
+// that can only run elsewhere is refused with a clear reason instead of being half-launched.
+func printPlan(out io.Writer, task *configs.Task) error {
+	cands := []configs.Resources{task.Resources}
+	cands = append(cands, task.Resources.AnyOf...)
+	cands = append(cands, task.Resources.Ordered...)
+	var local *configs.Resources
+	for i := range cands {
+		if cands[i].Infra == configs.InfraLocal {
+			local = &cands[i]
+			break
+		}
+	}
+	if local == nil {
+		return fmt.Errorf("no usable infra: this build launches replicas on infra 'local' only (the task asks for %s); Kubernetes, AWS and GCP are not available yet", task.Resources.Infra)
+	}
+	acc := "-"
+	if len(local.Accelerators) > 0 {
+		a := local.Accelerators[0]
+		acc = a.Name + ":" + strconv.FormatFloat(a.Count, 'f', -1, 64) + " (simulated)"
+	}
+	fmt.Fprintln(out, "Considered resources (1 node):")
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  INFRA\tINSTANCE\tvCPUs\tMem(GB)\tACCELERATORS\tREGION/ZONE\tCOST ($/hr)\tCHOSEN")
+	fmt.Fprintf(tw, "  local\tprocess\t%s\t%s\t%s\t-\t0.00\t✔\n", orDash(local.CPUs), orDash(local.Memory), acc)
+	tw.Flush()
+	fmt.Fprintln(out)
+	return nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func printConfigErrors(w io.Writer, err error) {
+	errs := configs.Errors(err)
+	if len(errs) == 0 {
+		fmt.Fprintln(w, "error:", err)
+		return
+	}
+	for _, e := range errs {
+		fmt.Fprintln(w, e.Error())
+	}
+}
+
+func confirm(cmd *cobra.Command, prompt string) bool {
+	fmt.Fprint(cmd.OutOrStdout(), prompt)
+	line, _ := bufio.NewReader(cmd.InOrStdin()).ReadString('\n')
+	line = strings.ToLower(strings.TrimSpace(line))
+	return line == "" || line == "y" || line == "yes"
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func indent(s, prefix string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	for i, l := range lines {
+		lines[i] = prefix + l
+	}
+	return strings.Join(lines, "\n")
+}
+
+func newServeStatusCmd() *cobra.Command {
+	var verbose, endpoint, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "status [NAMES...]",
+		Short: "Show services and their replicas",
+		Example: `  ferry serve status
+  ferry serve status quickstart -v
+  ferry serve status quickstart --endpoint
+  ferry serve status --json | jq '.[0].replicas'`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			h, err := home.Default()
+			if err != nil {
+				return err
+			}
+			c, err := ensureController(cmd.Context(), h, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			list, err := c.Services(cmd.Context(), args...)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if endpoint {
+				if len(list) != 1 {
+					return fmt.Errorf("--endpoint needs exactly one service (there are %d)", len(list))
+				}
+				fmt.Fprintln(out, list[0].Endpoint)
+				return nil
+			}
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(list)
+			}
+			printStatus(out, list, verbose, time.Now())
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "show failed replicas, reasons and the load-balancing policy")
+	cmd.Flags().BoolVar(&endpoint, "endpoint", false, "print only the endpoint of the one named service")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the services as JSON (secrets redacted), for scripts")
+	return cmd
+}
+
+// printStatus prints SkyServe's two tables.
+func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time.Time) {
+	fmt.Fprintln(out, "Services")
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	hdr := "NAME\tVERSION\tUPTIME\tSTATUS\tREPLICAS\tENDPOINT"
+	if verbose {
+		hdr += "\tPOLICY"
+	}
+	fmt.Fprintln(tw, hdr)
+	for _, s := range list {
+		line := fmt.Sprintf("%s\t%d\t%s\t%s\t%d/%d\t%s", s.Name, s.Version, humanDuration(now.Sub(s.CreatedAt)), s.Status,
+			s.ReadyReplicas, s.TargetReplicas, s.Endpoint)
+		if verbose {
+			line += "\t" + s.Policy
+		}
+		fmt.Fprintln(tw, line)
+	}
+	tw.Flush()
+	if len(list) == 0 {
+		fmt.Fprintln(out, "No services. Launch one with 'ferry serve up FILE'.")
+		return
+	}
+	fmt.Fprintln(out, "\nService Replicas")
+	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	hdr = "SERVICE_NAME\tID\tVERSION\tENDPOINT\tLAUNCHED\tINFRA\tRESOURCES\tSTATUS"
+	if verbose {
+		hdr += "\tREASON"
+	}
+	fmt.Fprintln(tw, hdr)
+	for _, s := range list {
+		for _, r := range s.Replicas {
+			if r.Status.Terminal() && !verbose {
+				continue
+			}
+			launched := "-"
+			if !r.LaunchedAt.IsZero() {
+				launched = humanDuration(now.Sub(r.LaunchedAt)) + " ago"
+			}
+			ep := "-"
+			if r.Endpoint != "" {
+				ep = "http://" + r.Endpoint
+			}
+			line := fmt.Sprintf("%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s", s.Name, r.ID, r.Version, ep, launched,
+				orDash(r.Infra), orDash(r.Resources), r.Status)
+			if verbose {
+				line += "\t" + orDash(r.Reason)
+			}
+			fmt.Fprintln(tw, line)
+		}
+	}
+	tw.Flush()
+}
+
+func humanDuration(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm %ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%dh %dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd %dh", int(d.Hours())/24, int(d.Hours())%24)
+}
+
+func newServeLogsCmd() *cobra.Command {
+	var (
+		follow, ctrl bool
+		tail         int
+	)
+	cmd := &cobra.Command{
+		Use:   "logs NAME [REPLICA_ID]",
+		Short: "Print a replica's output (setup and run), or the controller's log",
+		Example: `  ferry serve logs quickstart 1
+  ferry serve logs quickstart 2 --follow --tail 20
+  ferry serve logs quickstart --controller`,
+		Args: cobra.RangeArgs(1, 2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 && !ctrl {
+				return errors.New("give a REPLICA_ID (see 'ferry serve status " + args[0] + "') or --controller")
+			}
+			h, err := home.Default()
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			c, err := ensureController(ctx, h, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			opts := api.LogOptions{Tail: tail, Follow: follow}
+			if ctrl {
+				if _, err := c.Services(ctx, args[0]); err != nil {
+					return err
+				}
+				return c.ControllerLogs(ctx, opts, cmd.OutOrStdout())
+			}
+			id, err := strconv.Atoi(args[1])
+			if err != nil {
+				return fmt.Errorf("REPLICA_ID %q is not a number", args[1])
+			}
+			return c.ReplicaLogs(ctx, args[0], id, opts, cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new output")
+	cmd.Flags().IntVar(&tail, "tail", -1, "print only the last N lines (default: all)")
+	cmd.Flags().BoolVar(&ctrl, "controller", false, "print the controller's log instead of a replica's")
+	return cmd
+}
+
+func newServeDownCmd() *cobra.Command {
+	var all, yes bool
+	cmd := &cobra.Command{
+		Use:   "down [NAMES...]",
+		Short: "Tear services down: drain their endpoints, terminate every replica, forget them",
+		Example: `  ferry serve down quickstart -y
+  ferry serve down -a -y`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if all == (len(args) > 0) {
+				return errors.New("name the services to tear down, or pass -a for all of them")
+			}
+			h, err := home.Default()
+			if err != nil {
+				return err
+			}
+			c, err := ensureController(cmd.Context(), h, cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			names := args
+			if all {
+				list, err := c.Services(cmd.Context())
+				if err != nil {
+					return err
+				}
+				names = nil
+				for _, s := range list {
+					names = append(names, s.Name)
+				}
+				if len(names) == 0 {
+					fmt.Fprintln(out, "No services to tear down.")
+					return nil
+				}
+			} else if _, err := c.Services(cmd.Context(), names...); err != nil {
+				return err
+			}
+			if !yes && term.IsTerminal(int(os.Stdin.Fd())) {
+				if !confirm(cmd, fmt.Sprintf("Tearing down %s. Proceed? [Y/n] ", strings.Join(names, ", "))) {
+					return errors.New("aborted")
+				}
+			}
+			var errs []error
+			for _, n := range names {
+				fmt.Fprintf(out, "⚙︎ Tearing down %q (draining, then terminating replicas)...\n", n)
+				if err := c.DeleteService(cmd.Context(), n); err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", n, err))
+					continue
+				}
+				fmt.Fprintf(out, "✓ Service %q is down.\n", n)
+			}
+			return errors.Join(errs...)
+		},
+	}
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "tear down every service")
+	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
+	return cmd
+}

@@ -1,0 +1,320 @@
+package configs
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Overrides are values given on the command line (`-n NAME`, `--env K=V`, `--secret K=V`).
+// They are applied before validation, so a YAML that leaves a value null for the command line
+// to fill (SkyPilot's convention for secrets) validates only once the value is supplied.
+type Overrides struct {
+	// Envs add to or replace the task's envs.
+	Envs map[string]string
+	// Secrets add to or replace the task's secrets, and fill secrets the YAML leaves null.
+	Secrets map[string]string
+	// Name, when not empty, replaces the task's name.
+	Name string
+}
+
+// maxFileBytes caps a task file; real ones are a few KB, and this keeps a stray upload of a
+// model file from being parsed as YAML.
+const maxFileBytes = 4 << 20
+
+// Load reads a task file and parses it. Unlike Parse, a secret the YAML leaves null and the
+// overrides do not supply is taken from the process environment variable of the same name, as
+// `sky serve up` does, so that `HF_TOKEN=... ferry serve up vllm.yaml` works.
+func Load(path string, ov Overrides) (*Task, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("configs: read task file: %w", err)
+	}
+	return parse(path, data, ov, os.LookupEnv)
+}
+
+// Parse parses and validates a task. filename is used only in messages. It never reads the
+// environment (except to expand ~ in tls paths), so it is safe for tests and for a server that
+// receives YAML from a client. On failure the error is an errors.Join of *Error, one per
+// problem found; use Errors to get them.
+func Parse(filename string, data []byte, ov Overrides) (*Task, error) {
+	return parse(filename, data, ov, nil)
+}
+
+func parse(filename string, data []byte, ov Overrides, lookupEnv func(string) (string, bool)) (task *Task, err error) {
+	c := newChecker(filename)
+	defer func() {
+		// Parse must never take a caller down; a panic here is a bug, reported as a problem
+		// with the file rather than a crash of the controller that received it.
+		if r := recover(); r != nil {
+			task = nil
+			err = &Error{File: filename, Msg: fmt.Sprintf("internal error while validating (please report): %v", r)}
+		}
+	}()
+	root := c.document(data)
+	if root == nil {
+		return nil, c.err()
+	}
+	t := c.task(root, ov, lookupEnv)
+	if err := c.err(); err != nil {
+		return nil, err
+	}
+	t.Source = filename
+	return t, nil
+}
+
+var yamlLineRE = regexp.MustCompile(`(?s)^yaml: line (\d+): (.*)$`)
+
+// document decodes data into a node tree and returns its top-level mapping, or nil after
+// recording why there is none.
+func (c *checker) document(data []byte) (root *yaml.Node) {
+	if len(data) > maxFileBytes {
+		c.errorf(nil, "", "file is %d bytes; a task file may be at most %d", len(data), maxFileBytes)
+		return nil
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			root = nil
+			c.errorf(nil, "", "invalid YAML: the parser failed: %v", r)
+		}
+	}()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			c.errorf(&yaml.Node{Line: 1, Column: 1}, "", "empty document: a task needs at least `run`")
+			return nil
+		}
+		c.syntaxError(err)
+		return nil
+	}
+	var extra yaml.Node
+	switch err := dec.Decode(&extra); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		c.syntaxError(err)
+		return nil
+	default:
+		c.errorf(&extra, "", "a second YAML document (after ---): a task file holds one task")
+		return nil
+	}
+	if len(doc.Content) > 0 {
+		root = c.deref(doc.Content[0])
+	}
+	if isNull(root) {
+		c.errorf(&yaml.Node{Line: 1, Column: 1}, "", "empty document: a task needs at least `run`")
+		return nil
+	}
+	if root.Kind != yaml.MappingNode {
+		c.errorf(root, "", "expected a mapping of task fields at the top level, got %s", describe(root))
+		return nil
+	}
+	return root
+}
+
+// syntaxError turns yaml.v3's "yaml: line N: msg" into a positioned Error.
+func (c *checker) syntaxError(err error) {
+	msg := err.Error()
+	e := &Error{File: c.file}
+	if m := yamlLineRE.FindStringSubmatch(msg); m != nil {
+		e.Line, _ = strconv.Atoi(m[1])
+		msg = m[2]
+	} else if len(msg) > 6 && msg[:6] == "yaml: " {
+		msg = msg[6:]
+	}
+	e.Msg = "invalid YAML: " + msg
+	c.errs = append(c.errs, e)
+}
+
+var taskKeys = []string{"name", "workdir", "num_nodes", "resources", "envs", "secrets", "file_mounts", "setup", "run", "service"}
+
+// nameRE is a DNS label: names become hostnames, Kubernetes object names and URL parts.
+var nameRE = regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
+
+// envNameRE is what a POSIX shell accepts as a variable name.
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// nameProblem says what is wrong with a task name, or "" if nothing is.
+func nameProblem(name string) string {
+	if len(name) > 63 {
+		return fmt.Sprintf("%s is %d characters; names are at most 63", quoteShort(name), len(name))
+	}
+	if !nameRE.MatchString(name) {
+		return fmt.Sprintf("%s is not a valid name: use lowercase letters, digits and '-', starting with a letter and not ending with '-'", quoteShort(name))
+	}
+	return ""
+}
+
+func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (string, bool)) *Task {
+	f, _ := c.fields(root, "", taskKeys)
+	t := &Task{NumNodes: 1}
+
+	if e, ok := f["name"]; ok {
+		if s, ok := c.str(e.value, "name"); ok {
+			t.Name = s
+			if msg := nameProblem(s); msg != "" {
+				c.errorf(e.value, "name", "%s", msg)
+			}
+		}
+	}
+	if ov.Name != "" {
+		t.Name = ov.Name
+		if msg := nameProblem(ov.Name); msg != "" {
+			c.errorf(nil, "name", "%s (given on the command line)", msg)
+		}
+	}
+	if e, ok := f["workdir"]; ok {
+		t.Workdir, _ = c.str(e.value, "workdir")
+	}
+	numNodes, hasNumNodes := f["num_nodes"]
+	if hasNumNodes {
+		if n, ok := c.intAtLeast(numNodes.value, "num_nodes", 1); ok {
+			t.NumNodes = n
+		}
+	}
+
+	svcEntry, hasService := f["service"]
+	var resNode *yaml.Node
+	if e, ok := f["resources"]; ok {
+		resNode = e.value
+	}
+	res := c.resources(resNode, hasService)
+	t.Resources = res
+
+	t.Envs = c.envs(f, "envs", ov.Envs, nil)
+	t.Secrets = c.envs(f, "secrets", ov.Secrets, lookupEnv)
+	c.checkOverlap(f, t.Envs, t.Secrets)
+
+	if e, ok := f["file_mounts"]; ok {
+		ps, _ := c.pairs(e.value, "file_mounts")
+		for _, p := range ps {
+			field := joinField("file_mounts", p.key)
+			if p.key == "" {
+				c.errorf(p.keyNode, "file_mounts", "a mount needs a remote path as its key")
+				continue
+			}
+			if src, ok := c.str(p.value, field); ok {
+				if src == "" {
+					c.errorf(p.value, field, "a mount needs a local path or bucket URI")
+					continue
+				}
+				if t.FileMounts == nil {
+					t.FileMounts = map[string]string{}
+				}
+				t.FileMounts[p.key] = src
+			}
+		}
+	}
+	if e, ok := f["setup"]; ok {
+		t.Setup, _ = c.str(e.value, "setup")
+	}
+	if e, ok := f["run"]; ok {
+		if s, ok := c.str(e.value, "run"); ok {
+			if isBlank(s) {
+				c.errorf(e.value, "run", "required: the command that starts the server (got an empty string)")
+			}
+			t.Run = s
+		}
+	} else {
+		c.errorf(root, "run", "required: the command that starts the server")
+	}
+
+	if hasService {
+		t.Service = c.service(svcEntry, res)
+		if t.NumNodes != 1 {
+			c.errorf(numNodes.value, "num_nodes", "a service runs one node per replica; got num_nodes %d (scale with replicas instead)", t.NumNodes)
+		}
+	}
+	return t
+}
+
+func isBlank(s string) bool {
+	for _, r := range s {
+		if r != ' ' && r != '\t' && r != '\n' && r != '\r' {
+			return false
+		}
+	}
+	return true
+}
+
+// envs reads `envs` or `secrets`: names to scalar values. A null value must be filled by the
+// overrides (or, for secrets under Load, the process environment); overrides also add names.
+func (c *checker) envs(f map[string]entry, field string, overrides map[string]string, lookupEnv func(string) (string, bool)) map[string]string {
+	out := map[string]string{}
+	flag := "--env"
+	if field == "secrets" {
+		flag = "--secret"
+	}
+	var ps []entry
+	if e, ok := f[field]; ok {
+		ps, _ = c.pairs(e.value, field)
+	}
+	for _, p := range ps {
+		name := joinField(field, p.key)
+		if !envNameRE.MatchString(p.key) {
+			c.errorf(p.keyNode, name, "%s is not a valid environment variable name (letters, digits and _, not starting with a digit)", quoteShort(p.key))
+			continue
+		}
+		if _, ok := overrides[p.key]; ok {
+			continue // the override below wins; its value need not be valid here
+		}
+		if isNull(p.value) {
+			if v, ok := lookup(lookupEnv, p.key); ok {
+				out[p.key] = v
+				continue
+			}
+			hint := ""
+			if field == "secrets" {
+				hint = fmt.Sprintf(" or set %s in the environment", p.key)
+			}
+			c.errorf(p.value, name, "no value: give one here, or pass %s %s=VALUE%s", flag, p.key, hint)
+			continue
+		}
+		if v, ok := c.scalarText(p.value, name); ok {
+			out[p.key] = v
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(overrides)) {
+		if !envNameRE.MatchString(k) {
+			c.errorf(nil, joinField(field, k), "%s is not a valid environment variable name (given with %s)", quoteShort(k), flag)
+			continue
+		}
+		out[k] = overrides[k]
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+func lookup(lookupEnv func(string) (string, bool), name string) (string, bool) {
+	if lookupEnv == nil {
+		return "", false
+	}
+	return lookupEnv(name)
+}
+
+// checkOverlap rejects a name that is both an env and a secret: which value the replica sees
+// would be ambiguous, and the env copy would be shown where the secret is hidden.
+func (c *checker) checkOverlap(f map[string]entry, envs, secrets map[string]string) {
+	var secretKeys map[string]*yaml.Node
+	if e, ok := f["secrets"]; ok && e.value.Kind == yaml.MappingNode {
+		secretKeys = map[string]*yaml.Node{}
+		for i := 0; i+1 < len(e.value.Content); i += 2 {
+			secretKeys[e.value.Content[i].Value] = e.value.Content[i]
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(secrets)) {
+		if _, ok := envs[k]; ok {
+			c.errorf(secretKeys[k], joinField("secrets", k), "also set in envs: a name is either an env or a secret")
+		}
+	}
+}

@@ -1,0 +1,245 @@
+package configs
+
+import (
+	"bytes"
+	"fmt"
+	"maps"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// RedactedValue replaces every secret value in Redacted and ResolvedYAML output.
+const RedactedValue = "<redacted>"
+
+// Redacted returns a deep copy of t that is safe to print, log or send to a client: every
+// secret value, and every probe header that carries credentials (Authorization, cookies,
+// tokens, API keys), is replaced by RedactedValue. t itself is not changed.
+func (t *Task) Redacted() *Task {
+	if t == nil {
+		return nil
+	}
+	out := *t
+	out.Resources = t.Resources.clone()
+	out.Envs = maps.Clone(t.Envs)
+	out.FileMounts = maps.Clone(t.FileMounts)
+	if t.Secrets != nil {
+		out.Secrets = make(map[string]string, len(t.Secrets))
+		for k := range t.Secrets {
+			out.Secrets[k] = RedactedValue
+		}
+	}
+	if t.Service != nil {
+		s := *t.Service
+		s.ReplicaPolicy.TargetQPSPerAccelerator = maps.Clone(s.ReplicaPolicy.TargetQPSPerAccelerator)
+		if s.ReadinessProbe.Headers != nil {
+			h := make(map[string]string, len(s.ReadinessProbe.Headers))
+			for k, v := range s.ReadinessProbe.Headers {
+				if sensitiveHeader(k) {
+					v = RedactedValue
+				}
+				h[k] = v
+			}
+			s.ReadinessProbe.Headers = h
+		}
+		if s.TLS != nil {
+			tls := *s.TLS
+			s.TLS = &tls
+		}
+		out.Service = &s
+	}
+	return &out
+}
+
+// sensitiveHeader reports whether a header's value is a credential.
+func sensitiveHeader(name string) bool {
+	n := strings.ToLower(name)
+	switch n {
+	case "authorization", "proxy-authorization", "cookie", "set-cookie":
+		return true
+	}
+	for _, word := range []string{"token", "secret", "key", "password", "auth", "session"} {
+		if strings.Contains(n, word) {
+			return true
+		}
+	}
+	return false
+}
+
+// ResolvedYAML renders the task as Ferry will run it, with every default filled in and
+// secrets redacted, so `serve up` can show exactly what was understood. The output is itself a
+// valid task file: parsing it gives back t.Redacted().
+func (t *Task) ResolvedYAML() ([]byte, error) {
+	r := t.Redacted()
+	doc := resolvedTask{
+		Name:       text(r.Name),
+		Workdir:    text(r.Workdir),
+		NumNodes:   r.NumNodes,
+		Resources:  toResolvedResources(r.Resources),
+		Envs:       textMap(r.Envs),
+		Secrets:    textMap(r.Secrets),
+		FileMounts: textMap(r.FileMounts),
+		Setup:      text(r.Setup),
+		Run:        text(r.Run),
+	}
+	if s := r.Service; s != nil {
+		rs := &resolvedService{
+			ReadinessProbe: resolvedProbe{
+				Path:                text(s.ReadinessProbe.Path),
+				InitialDelaySeconds: s.ReadinessProbe.InitialDelaySeconds,
+				TimeoutSeconds:      s.ReadinessProbe.TimeoutSeconds,
+				PostData:            text(s.ReadinessProbe.PostData),
+				Headers:             textMap(s.ReadinessProbe.Headers),
+			},
+			Ports:               s.Port,
+			LoadBalancingPolicy: s.LoadBalancingPolicy,
+		}
+		if s.TLS != nil {
+			rs.TLS = &resolvedTLS{KeyFile: text(s.TLS.KeyFile), CertFile: text(s.TLS.CertFile)}
+		}
+		if s.FixedReplicas {
+			n := s.ReplicaPolicy.MinReplicas
+			rs.Replicas = &n
+		} else {
+			p := s.ReplicaPolicy
+			rp := &resolvedPolicy{
+				MinReplicas:                  p.MinReplicas,
+				MaxReplicas:                  p.MaxReplicas,
+				NumOverprovision:             p.NumOverprovision,
+				UpscaleDelaySeconds:          p.UpscaleDelaySeconds,
+				DownscaleDelaySeconds:        p.DownscaleDelaySeconds,
+				BaseOndemandFallbackReplicas: p.BaseOndemandFallbackReplicas,
+				DynamicOndemandFallback:      p.DynamicOndemandFallback,
+				SpotPlacer:                   p.SpotPlacer,
+			}
+			switch {
+			case p.TargetQPSPerAccelerator != nil:
+				rp.TargetQPSPerReplica = p.TargetQPSPerAccelerator
+			case p.TargetQPSPerReplica > 0:
+				rp.TargetQPSPerReplica = p.TargetQPSPerReplica
+			}
+			rs.ReplicaPolicy = rp
+		}
+		doc.Service = rs
+	}
+	var buf bytes.Buffer
+	buf.WriteString("# Resolved by Ferry: defaults filled in, secrets redacted.\n")
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(doc); err != nil {
+		return nil, fmt.Errorf("configs: render resolved task: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("configs: render resolved task: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// text is a string that ResolvedYAML writes so that it reads back the same. yaml.v3 writes
+// multi-line strings as block scalars, which lose a leading newline or indented first line;
+// those are double-quoted instead.
+type text string
+
+// MarshalYAML implements yaml.Marshaler.
+func (t text) MarshalYAML() (any, error) {
+	n := &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: string(t)}
+	if s := string(t); strings.Contains(s, "\n") && strings.IndexByte(" \t\r\n", s[0]) >= 0 {
+		n.Style = yaml.DoubleQuotedStyle
+	}
+	return n, nil
+}
+
+func textMap(m map[string]string) map[string]text {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]text, len(m))
+	for k, v := range m {
+		out[k] = text(v)
+	}
+	return out
+}
+
+// The resolved* types fix the YAML shape and key order of ResolvedYAML. Cloud/Region/Zone are
+// left out: Infra says the same, and the two spellings may not be combined in one file.
+type resolvedTask struct {
+	Name       text              `yaml:"name,omitempty"`
+	Workdir    text              `yaml:"workdir,omitempty"`
+	NumNodes   int               `yaml:"num_nodes"`
+	Resources  resolvedResources `yaml:"resources"`
+	Envs       map[string]text   `yaml:"envs,omitempty"`
+	Secrets    map[string]text   `yaml:"secrets,omitempty"`
+	FileMounts map[string]text   `yaml:"file_mounts,omitempty"`
+	Setup      text              `yaml:"setup,omitempty"`
+	Run        text              `yaml:"run"`
+	Service    *resolvedService  `yaml:"service,omitempty"`
+}
+
+type resolvedResources struct {
+	Infra        text                `yaml:"infra,omitempty"`
+	Accelerators []string            `yaml:"accelerators,omitempty,flow"`
+	CPUs         text                `yaml:"cpus,omitempty"`
+	Memory       text                `yaml:"memory,omitempty"`
+	UseSpot      bool                `yaml:"use_spot,omitempty"`
+	Ports        []int               `yaml:"ports,omitempty,flow"`
+	ImageID      text                `yaml:"image_id,omitempty"`
+	DiskSize     int                 `yaml:"disk_size,omitempty"`
+	AnyOf        []resolvedResources `yaml:"any_of,omitempty"`
+	Ordered      []resolvedResources `yaml:"ordered,omitempty"`
+}
+
+func toResolvedResources(r Resources) resolvedResources {
+	out := resolvedResources{
+		Infra:    text(r.Infra),
+		CPUs:     text(r.CPUs),
+		Memory:   text(r.Memory),
+		UseSpot:  r.UseSpot,
+		Ports:    r.Ports,
+		ImageID:  text(r.ImageID),
+		DiskSize: r.DiskSize,
+	}
+	for _, a := range r.Accelerators {
+		out.Accelerators = append(out.Accelerators, a.Spec())
+	}
+	for _, alt := range r.AnyOf {
+		out.AnyOf = append(out.AnyOf, toResolvedResources(alt))
+	}
+	for _, alt := range r.Ordered {
+		out.Ordered = append(out.Ordered, toResolvedResources(alt))
+	}
+	return out
+}
+
+type resolvedService struct {
+	ReadinessProbe      resolvedProbe   `yaml:"readiness_probe"`
+	Replicas            *int            `yaml:"replicas,omitempty"`
+	ReplicaPolicy       *resolvedPolicy `yaml:"replica_policy,omitempty"`
+	Ports               int             `yaml:"ports"`
+	LoadBalancingPolicy string          `yaml:"load_balancing_policy"`
+	TLS                 *resolvedTLS    `yaml:"tls,omitempty"`
+}
+
+type resolvedTLS struct {
+	KeyFile  text `yaml:"keyfile"`
+	CertFile text `yaml:"certfile"`
+}
+
+type resolvedProbe struct {
+	Path                text            `yaml:"path"`
+	InitialDelaySeconds int             `yaml:"initial_delay_seconds"`
+	TimeoutSeconds      int             `yaml:"timeout_seconds"`
+	PostData            text            `yaml:"post_data,omitempty"`
+	Headers             map[string]text `yaml:"headers,omitempty"`
+}
+
+type resolvedPolicy struct {
+	MinReplicas                  int    `yaml:"min_replicas"`
+	MaxReplicas                  int    `yaml:"max_replicas"`
+	TargetQPSPerReplica          any    `yaml:"target_qps_per_replica,omitempty"`
+	NumOverprovision             int    `yaml:"num_overprovision"`
+	UpscaleDelaySeconds          int    `yaml:"upscale_delay_seconds"`
+	DownscaleDelaySeconds        int    `yaml:"downscale_delay_seconds"`
+	BaseOndemandFallbackReplicas int    `yaml:"base_ondemand_fallback_replicas,omitempty"`
+	DynamicOndemandFallback      bool   `yaml:"dynamic_ondemand_fallback,omitempty"`
+	SpotPlacer                   string `yaml:"spot_placer,omitempty"`
+}

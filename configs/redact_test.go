@@ -1,0 +1,126 @@
+package configs
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+const secretYAML = `name: chat
+run: serve --token $HF_TOKEN
+envs:
+  MODEL: m
+secrets:
+  HF_TOKEN:
+  WANDB_KEY: wandb-literal-value-42
+resources:
+  use_spot: true
+  ports: 8000
+  any_of: [{infra: aws}, {infra: gcp, accelerators: L4}]
+service:
+  readiness_probe:
+    path: /health
+    headers:
+      Authorization: Bearer probe-credential-7
+      X-Api-Key: probe-api-key-9
+      X-Trace: keep-me
+  replica_policy:
+    min_replicas: 1
+    max_replicas: 3
+    target_qps_per_replica: 2.5
+    base_ondemand_fallback_replicas: 1
+  tls: {keyfile: /k.pem, certfile: /c.pem}
+`
+
+var secretValues = []string{"hf_very_secret_token", "wandb-literal-value-42", "probe-credential-7", "probe-api-key-9"}
+
+func parseSecretTask(t *testing.T) *Task {
+	t.Helper()
+	task, err := Parse("chat.yaml", []byte(secretYAML), Overrides{Secrets: map[string]string{"HF_TOKEN": "hf_very_secret_token"}})
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	return task
+}
+
+func TestRedacted(t *testing.T) {
+	task := parseSecretTask(t)
+	red := task.Redacted()
+
+	want := map[string]string{"HF_TOKEN": RedactedValue, "WANDB_KEY": RedactedValue}
+	if diff := cmp.Diff(want, red.Secrets); diff != "" {
+		t.Errorf("redacted secrets (-want +got):\n%s", diff)
+	}
+	wantHeaders := map[string]string{"Authorization": RedactedValue, "X-Api-Key": RedactedValue, "X-Trace": "keep-me"}
+	if diff := cmp.Diff(wantHeaders, red.Service.ReadinessProbe.Headers); diff != "" {
+		t.Errorf("redacted headers (-want +got):\n%s", diff)
+	}
+	dump := strings.Join([]string{cmp.Diff(nil, red), red.Resources.String()}, "\n")
+	for _, v := range secretValues {
+		if strings.Contains(dump, v) {
+			t.Errorf("Redacted() still contains %q", v)
+		}
+	}
+	// The original is untouched, and the copy shares nothing with it.
+	if task.Secrets["HF_TOKEN"] != "hf_very_secret_token" || task.Service.ReadinessProbe.Headers["Authorization"] != "Bearer probe-credential-7" {
+		t.Errorf("Redacted modified the original task")
+	}
+	red.Envs["MODEL"] = "changed"
+	red.Resources.AnyOf[0].Infra = "changed"
+	red.Service.TLS.KeyFile = "changed"
+	if task.Envs["MODEL"] != "m" || task.Resources.AnyOf[0].Infra != "aws" || task.Service.TLS.KeyFile != "/k.pem" {
+		t.Errorf("Redacted shares memory with the original")
+	}
+	if (*Task)(nil).Redacted() != nil {
+		t.Errorf("nil.Redacted() should be nil")
+	}
+}
+
+func TestResolvedYAML(t *testing.T) {
+	task := parseSecretTask(t)
+	out, err := task.ResolvedYAML()
+	if err != nil {
+		t.Fatalf("ResolvedYAML: %v", err)
+	}
+	for _, v := range secretValues {
+		if strings.Contains(string(out), v) {
+			t.Errorf("ResolvedYAML contains secret %q:\n%s", v, out)
+		}
+	}
+	for _, want := range []string{"initial_delay_seconds: 1200", "timeout_seconds: 15", "upscale_delay_seconds: 300",
+		"downscale_delay_seconds: 1200", "load_balancing_policy: least_load", "HF_TOKEN: <redacted>", "infra: aws"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("ResolvedYAML lacks %q:\n%s", want, out)
+		}
+	}
+	assertRoundTrip(t, task, out)
+}
+
+// assertRoundTrip checks that resolved YAML parses back to the redacted task.
+func assertRoundTrip(t *testing.T, task *Task, resolved []byte) {
+	t.Helper()
+	again, err := Parse("resolved.yaml", resolved, Overrides{})
+	if err != nil {
+		t.Fatalf("resolved YAML does not parse: %v\n%s", err, resolved)
+	}
+	if diff := cmp.Diff(task.Redacted(), again, cmpopts.IgnoreFields(Task{}, "Source"), cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("resolved YAML does not parse back to the task (-want +got):\n%s\n%s", diff, resolved)
+	}
+}
+
+func TestResolvedYAMLFixedReplicas(t *testing.T) {
+	task, err := Parse("q.yaml", []byte("run: x\nservice:\n  ports: 8080\n  replicas: 3\n"), Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := task.ResolvedYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "replicas: 3") || strings.Contains(string(out), "replica_policy") {
+		t.Errorf("fixed replicas should render as replicas: 3:\n%s", out)
+	}
+	assertRoundTrip(t, task, out)
+}

@@ -1,0 +1,684 @@
+package configs
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered"}
+
+// infraClouds are the first segments `infra` accepts ("*" means anywhere Ferry can launch).
+var infraClouds = []string{InfraLocal, "kubernetes", "k8s", "aws", "gcp", "*"}
+
+// regionRE is the shape of AWS and GCP region and zone names (us-east-1, us-central1-a).
+var regionRE = regexp.MustCompile(`^[a-z0-9]+(-[a-z0-9]+)*$`)
+
+// acceleratorNameRE is an accelerator type such as A100, H100-80GB or tpu-v5e-8.
+var acceleratorNameRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9-]*$`)
+
+// maxAlternatives bounds any_of and ordered; each alternative is priced on every launch.
+const maxAlternatives = 64
+
+// maxPorts bounds how many ports ranges may expand to.
+const maxPorts = 1000
+
+// Candidates returns the resources the launcher chooses among: the AnyOf or Ordered
+// alternatives when there are any (each already merged with the top-level fields), else r.
+func (r Resources) Candidates() []Resources {
+	switch {
+	case len(r.AnyOf) > 0:
+		return r.AnyOf
+	case len(r.Ordered) > 0:
+		return r.Ordered
+	}
+	return []Resources{r}
+}
+
+// String is a short human form for status tables: "1x A100 (spot)", "cpus=2 (local)",
+// "1x A100|1x L4 (aws)". Alternatives are joined with " | ".
+func (r Resources) String() string {
+	if len(r.AnyOf) > 0 || len(r.Ordered) > 0 {
+		cands := r.Candidates()
+		parts := make([]string, len(cands))
+		for i, cand := range cands {
+			parts[i] = cand.String()
+		}
+		return strings.Join(parts, " | ")
+	}
+	var what []string
+	if len(r.Accelerators) > 0 {
+		accs := make([]string, len(r.Accelerators))
+		for i, a := range r.Accelerators {
+			accs[i] = a.String()
+		}
+		what = append(what, strings.Join(accs, "|"))
+	} else {
+		if r.CPUs != "" {
+			what = append(what, "cpus="+r.CPUs)
+		}
+		if r.Memory != "" {
+			what = append(what, "mem="+r.Memory)
+		}
+	}
+	var tags []string
+	if r.Infra != "" && r.Infra != "*" {
+		tags = append(tags, r.Infra)
+	}
+	if r.UseSpot {
+		tags = append(tags, "spot")
+	}
+	main := strings.Join(what, " ")
+	switch {
+	case main == "" && len(tags) == 0:
+		return "any"
+	case main == "":
+		return strings.Join(tags, ", ")
+	case len(tags) == 0:
+		return main
+	}
+	return main + " (" + strings.Join(tags, ", ") + ")"
+}
+
+// String renders "1x A100" (or "0.5x H100"), the form status tables use.
+func (a Accelerator) String() string {
+	return formatCount(a.Count) + "x " + a.Name
+}
+
+// Spec renders "A100:1", the form the YAML accepts.
+func (a Accelerator) Spec() string {
+	return a.Name + ":" + formatCount(a.Count)
+}
+
+func formatCount(f float64) string {
+	return strconv.FormatFloat(f, 'g', -1, 64)
+}
+
+// clone deep-copies r, so that alternatives and redacted copies never share slices.
+func (r Resources) clone() Resources {
+	out := r
+	out.Accelerators = slices.Clone(r.Accelerators)
+	out.Ports = slices.Clone(r.Ports)
+	out.AnyOf = cloneAll(r.AnyOf)
+	out.Ordered = cloneAll(r.Ordered)
+	return out
+}
+
+func cloneAll(rs []Resources) []Resources {
+	if rs == nil {
+		return nil
+	}
+	out := make([]Resources, len(rs))
+	for i, r := range rs {
+		out[i] = r.clone()
+	}
+	return out
+}
+
+// resourceSpec is one resources mapping as written: its values, and which fields it gave
+// (an alternative inherits exactly the fields it does not give).
+type resourceSpec struct {
+	r     Resources
+	given map[string]*yaml.Node // YAML key, or "location" for infra/cloud/region/zone
+	node  *yaml.Node
+}
+
+// resources reads the `resources:` block (n may be nil) and resolves alternatives and the
+// default infra. isService turns on the rule that every candidate agrees on use_spot.
+func (c *checker) resources(n *yaml.Node, isService bool) Resources {
+	const field = "resources"
+	top, f := c.resourceSpec(n, field)
+	var anyOf, ordered []resourceSpec
+	if e, ok := f["any_of"]; ok {
+		anyOf = c.alternatives(e, joinField(field, "any_of"))
+	}
+	if e, ok := f["ordered"]; ok {
+		ordered = c.alternatives(e, joinField(field, "ordered"))
+		if _, both := f["any_of"]; both {
+			c.errorf(e.keyNode, joinField(field, "ordered"), "any_of and ordered are exclusive: any_of takes the cheapest feasible alternative, ordered the first feasible one")
+		}
+	}
+
+	located := top.given["location"] != nil
+	for _, alt := range slices.Concat(anyOf, ordered) {
+		located = located || alt.given["location"] != nil
+	}
+	if !located {
+		top.r.Infra = InfraLocal
+	}
+	r := top.r
+	r.AnyOf = mergeAll(top.r, anyOf)
+	r.Ordered = mergeAll(top.r, ordered)
+	fillLocation(&r)
+
+	if isService {
+		c.checkSpotAgreement(&r, "any_of", anyOf, r.AnyOf)
+		c.checkSpotAgreement(&r, "ordered", ordered, r.Ordered)
+	}
+	return r
+}
+
+// mergeAll resolves each alternative against the top-level fields. An alternative that
+// leaves infra unset while a sibling sets it may run anywhere ("*").
+func mergeAll(top Resources, alts []resourceSpec) []Resources {
+	if len(alts) == 0 {
+		return nil
+	}
+	out := make([]Resources, len(alts))
+	for i, alt := range alts {
+		m := top.clone()
+		m.AnyOf, m.Ordered = nil, nil
+		a := alt.r
+		if alt.given["location"] != nil {
+			m.Infra = a.Infra
+		}
+		if alt.given["accelerators"] != nil {
+			m.Accelerators = slices.Clone(a.Accelerators)
+		}
+		if alt.given["cpus"] != nil {
+			m.CPUs = a.CPUs
+		}
+		if alt.given["memory"] != nil {
+			m.Memory = a.Memory
+		}
+		if alt.given["use_spot"] != nil {
+			m.UseSpot = a.UseSpot
+		}
+		if alt.given["ports"] != nil {
+			m.Ports = slices.Clone(a.Ports)
+		}
+		if alt.given["image_id"] != nil {
+			m.ImageID = a.ImageID
+		}
+		if alt.given["disk_size"] != nil {
+			m.DiskSize = a.DiskSize
+		}
+		if m.Infra == "" {
+			m.Infra = "*"
+		}
+		fillLocation(&m)
+		out[i] = m
+	}
+	return out
+}
+
+// checkSpotAgreement enforces SkyServe's rule that a service's candidates are all spot or all
+// on-demand: mixing is what the fallback fields are for, and a replica count means one thing.
+func (c *checker) checkSpotAgreement(r *Resources, key string, specs []resourceSpec, merged []Resources) {
+	if len(merged) == 0 {
+		return
+	}
+	first := merged[0].UseSpot
+	for i := 1; i < len(merged); i++ {
+		if merged[i].UseSpot == first {
+			continue
+		}
+		at := specs[i].given["use_spot"]
+		if at == nil {
+			at = specs[i].node
+		}
+		c.errorf(at, indexField("resources."+key, i)+".use_spot",
+			"all candidates of a service must agree on use_spot (%s[0] is %s, %s[%d] is %s); mix spot and on-demand with replica_policy.base_ondemand_fallback_replicas or dynamic_ondemand_fallback",
+			key, spotWord(first), key, i, spotWord(merged[i].UseSpot))
+	}
+	r.UseSpot = first
+}
+
+func spotWord(spot bool) string {
+	if spot {
+		return "spot"
+	}
+	return "on-demand"
+}
+
+// alternatives reads an any_of or ordered list.
+func (c *checker) alternatives(e entry, field string) []resourceSpec {
+	if e.value.Kind != yaml.SequenceNode {
+		c.errorf(e.value, field, "expected a list of resource mappings, got %s", describe(e.value))
+		return nil
+	}
+	if len(e.value.Content) == 0 {
+		c.errorf(e.value, field, "empty list: give at least one alternative, or leave %s out", field)
+		return nil
+	}
+	if len(e.value.Content) > maxAlternatives {
+		c.errorf(e.value, field, "%d alternatives; at most %d are allowed", len(e.value.Content), maxAlternatives)
+		return nil
+	}
+	out := make([]resourceSpec, 0, len(e.value.Content))
+	for i, item := range e.value.Content {
+		itemField := indexField(field, i)
+		spec, f := c.resourceSpec(item, itemField)
+		for _, k := range []string{"any_of", "ordered"} {
+			if nested, ok := f[k]; ok {
+				c.errorf(nested.keyNode, joinField(itemField, k), "alternatives cannot be nested: list every alternative at the top level")
+			}
+		}
+		out = append(out, spec)
+	}
+	return out
+}
+
+// resourceSpec reads one resources mapping (the top level or one alternative).
+func (c *checker) resourceSpec(n *yaml.Node, field string) (resourceSpec, map[string]entry) {
+	n = c.deref(n)
+	s := resourceSpec{given: map[string]*yaml.Node{}, node: n}
+	f, _ := c.fields(n, field, resourceKeys)
+	c.location(&s, f, field)
+	if e, ok := f["accelerators"]; ok {
+		if accs, ok := c.accelerators(e.value, joinField(field, "accelerators")); ok {
+			s.r.Accelerators = accs
+			s.given["accelerators"] = e.value
+		}
+	}
+	if e, ok := f["cpus"]; ok {
+		if v, ok := c.quantity(e.value, joinField(field, "cpus")); ok {
+			s.r.CPUs = v
+			s.given["cpus"] = e.value
+		}
+	}
+	if e, ok := f["memory"]; ok {
+		if v, ok := c.quantity(e.value, joinField(field, "memory")); ok {
+			s.r.Memory = v
+			s.given["memory"] = e.value
+		}
+	}
+	if e, ok := f["use_spot"]; ok {
+		if v, ok := c.boolean(e.value, joinField(field, "use_spot")); ok {
+			s.r.UseSpot = v
+			s.given["use_spot"] = e.value
+		}
+	}
+	if e, ok := f["ports"]; ok {
+		if v, ok := c.ports(e.value, joinField(field, "ports")); ok {
+			s.r.Ports = v
+			s.given["ports"] = e.value
+		}
+	}
+	if e, ok := f["image_id"]; ok {
+		if v, ok := c.str(e.value, joinField(field, "image_id")); ok {
+			if v == "" {
+				c.errorf(e.value, joinField(field, "image_id"), "empty image_id: give an image (e.g. docker:vllm/vllm-openai:latest) or leave image_id out")
+			} else {
+				s.r.ImageID = v
+				s.given["image_id"] = e.value
+			}
+		}
+	}
+	if e, ok := f["disk_size"]; ok {
+		if v, ok := c.intAtLeast(e.value, joinField(field, "disk_size"), 1); ok {
+			s.r.DiskSize = v
+			s.given["disk_size"] = e.value
+		}
+	}
+	return s, f
+}
+
+// location reads infra, or the legacy cloud/region/zone, into a canonical infra string.
+func (c *checker) location(s *resourceSpec, f map[string]entry, field string) {
+	legacy := []string{"cloud", "region", "zone"}
+	if infra, ok := f["infra"]; ok {
+		for _, k := range legacy {
+			if e, ok := f[k]; ok {
+				c.errorf(e.keyNode, joinField(field, k), "cannot be combined with infra: infra replaces cloud, region and zone")
+			}
+		}
+		v, ok := c.str(infra.value, joinField(field, "infra"))
+		if !ok {
+			return
+		}
+		canon, problem := parseInfra(v)
+		if problem != "" {
+			c.errorf(infra.value, joinField(field, "infra"), "%s", problem)
+			return
+		}
+		s.r.Infra = canon
+		s.given["location"] = infra.value
+		return
+	}
+
+	vals := map[string]string{}
+	for _, k := range legacy {
+		if e, ok := f[k]; ok {
+			if v, ok := c.str(e.value, joinField(field, k)); ok {
+				vals[k] = strings.TrimSpace(v)
+			} else {
+				return
+			}
+		}
+	}
+	if len(vals) == 0 {
+		return
+	}
+	cloud, ok := f["cloud"]
+	if !ok {
+		for _, k := range []string{"region", "zone"} {
+			if e, ok := f[k]; ok {
+				c.errorf(e.keyNode, joinField(field, k), "needs cloud (or write infra: CLOUD/REGION[/ZONE])")
+				return
+			}
+		}
+	}
+	cl := strings.ToLower(vals["cloud"])
+	region, zone := vals["region"], vals["zone"]
+	if zone != "" && cl != "aws" && cl != "gcp" {
+		c.errorf(f["zone"].keyNode, joinField(field, "zone"), "only aws and gcp have zones, not %s", quoteShort(vals["cloud"]))
+		return
+	}
+	if zone != "" && region == "" {
+		region = regionOfZone(cl, zone)
+	}
+	spec := vals["cloud"]
+	for _, part := range []string{region, zone} {
+		if part != "" {
+			spec += "/" + part
+		}
+	}
+	canon, problem := parseInfra(spec)
+	if problem != "" {
+		c.errorf(cloud.value, joinField(field, "cloud"), "%s", problem)
+		return
+	}
+	s.r.Infra = canon
+	s.given["location"] = cloud.value
+}
+
+// regionOfZone infers a zone's region, as SkyPilot does when only `zone` is given:
+// us-east-1a is in us-east-1 (AWS), us-central1-a in us-central1 (GCP).
+func regionOfZone(cloud, zone string) string {
+	if cloud == "gcp" {
+		if i := strings.LastIndexByte(zone, '-'); i > 0 {
+			return zone[:i]
+		}
+		return zone
+	}
+	return strings.TrimRight(zone, "abcdefghijklmnopqrstuvwxyz")
+}
+
+// parseInfra validates an infra string and returns its canonical form (cloud lower-cased,
+// k8s spelled kubernetes), or a problem to report.
+func parseInfra(s string) (canon, problem string) {
+	const shape = "use local, kubernetes[/CONTEXT], aws[/REGION[/ZONE]], gcp[/REGION[/ZONE]] or *"
+	if s == "*" {
+		return "*", ""
+	}
+	cloud, rest, hasRest := strings.Cut(s, "/")
+	switch lc := strings.ToLower(cloud); lc {
+	case InfraLocal:
+		if hasRest {
+			return "", fmt.Sprintf("%s: local takes no region or zone", quoteShort(s))
+		}
+		return InfraLocal, ""
+	case "kubernetes", "k8s":
+		if !hasRest {
+			return "kubernetes", ""
+		}
+		if strings.TrimSpace(rest) == "" || strings.ContainsFunc(rest, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+			return "", fmt.Sprintf("%s: expected kubernetes/CONTEXT with a context name after the /", quoteShort(s))
+		}
+		return "kubernetes/" + rest, ""
+	case "aws", "gcp":
+		if !hasRest {
+			return lc, ""
+		}
+		parts := strings.Split(rest, "/")
+		if len(parts) > 2 {
+			return "", fmt.Sprintf("%s: expected %s[/REGION[/ZONE]]", quoteShort(s), lc)
+		}
+		for _, p := range parts {
+			if !regionRE.MatchString(p) {
+				return "", fmt.Sprintf("%s: %s is not a region or zone name (lowercase letters, digits and -)", quoteShort(s), quoteShort(p))
+			}
+		}
+		if len(parts) == 2 && !strings.HasPrefix(parts[1], parts[0]) {
+			return "", fmt.Sprintf("%s: zone %s is not in region %s", quoteShort(s), quoteShort(parts[1]), quoteShort(parts[0]))
+		}
+		return lc + "/" + rest, ""
+	case "":
+		return "", "empty infra: " + shape
+	default:
+		return "", fmt.Sprintf("unknown infra %s%s", quoteShort(cloud), suggest(lc, infraClouds, "infra"))
+	}
+}
+
+// fillLocation derives Cloud/Region/Zone from the canonical Infra, so callers may read either
+// spelling. ("*" and "" leave them empty.)
+func fillLocation(r *Resources) {
+	r.Cloud, r.Region, r.Zone = "", "", ""
+	if r.Infra == "" || r.Infra == "*" {
+		return
+	}
+	cloud, rest, _ := strings.Cut(r.Infra, "/")
+	r.Cloud = cloud
+	if cloud == "kubernetes" {
+		r.Region = rest // the context
+		return
+	}
+	r.Region, r.Zone, _ = strings.Cut(rest, "/")
+}
+
+// accelerators reads "A100:1", a list of such strings, or a map name → count; every form is a
+// set of alternatives.
+func (c *checker) accelerators(n *yaml.Node, field string) ([]Accelerator, bool) {
+	var out []Accelerator
+	seen := map[string]bool{}
+	add := func(a Accelerator, at *yaml.Node, f string) {
+		key := strings.ToLower(a.Name)
+		if seen[key] {
+			c.errorf(at, f, "accelerator %s listed twice", quoteShort(a.Name))
+			return
+		}
+		seen[key] = true
+		out = append(out, a)
+	}
+	switch n.Kind {
+	case yaml.ScalarNode:
+		a, ok := c.accelerator(n, field)
+		if !ok {
+			return nil, false
+		}
+		return []Accelerator{a}, true
+	case yaml.SequenceNode:
+		if len(n.Content) == 0 {
+			c.errorf(n, field, "empty list: name at least one accelerator, or leave accelerators out")
+			return nil, false
+		}
+		ok := true
+		for i, item := range n.Content {
+			item = c.deref(item)
+			f := indexField(field, i)
+			a, good := c.accelerator(item, f)
+			if !good {
+				ok = false
+				continue
+			}
+			add(a, item, f)
+		}
+		return out, ok && len(out) > 0
+	case yaml.MappingNode:
+		ps, _ := c.pairs(n, field)
+		if len(ps) == 0 {
+			c.errorf(n, field, "empty mapping: name at least one accelerator, or leave accelerators out")
+			return nil, false
+		}
+		ok := true
+		for _, p := range ps {
+			f := joinField(field, p.key)
+			if !acceleratorNameRE.MatchString(p.key) {
+				c.errorf(p.keyNode, f, "bad accelerator name %s: expected letters, digits and -, starting with a letter (e.g. A100)", quoteShort(p.key))
+				ok = false
+				continue
+			}
+			a := Accelerator{Name: p.key, Count: 1}
+			if !isNull(p.value) {
+				v, good := c.positive(p.value, f)
+				if good {
+					if problem := countProblem(v); problem != "" {
+						c.errorf(p.value, f, "%s", problem)
+						good = false
+					}
+				}
+				if !good {
+					ok = false
+					continue
+				}
+				a.Count = v
+			}
+			add(a, p.keyNode, f)
+		}
+		return out, ok
+	}
+	c.errorf(n, field, "expected an accelerator string (A100:1), a list of them, or a mapping of name to count, got %s", describe(n))
+	return nil, false
+}
+
+// accelerator reads one "NAME[:COUNT]" string.
+func (c *checker) accelerator(n *yaml.Node, field string) (Accelerator, bool) {
+	if n.Kind != yaml.ScalarNode || isNull(n) {
+		c.errorf(n, field, "expected an accelerator string such as \"A100:1\", got %s", describe(n))
+		return Accelerator{}, false
+	}
+	a, problem := ParseAccelerator(n.Value)
+	if problem != nil {
+		c.errorf(n, field, "%s", problem.Error())
+		return Accelerator{}, false
+	}
+	return a, true
+}
+
+// ParseAccelerator parses SkyPilot's "NAME" or "NAME:COUNT" (count defaults to 1; fractions
+// below 1 share a GPU, e.g. "H100:0.5"). The CLI uses it for `--gpus`-style flags too.
+func ParseAccelerator(s string) (Accelerator, error) {
+	bad := func(why string) (Accelerator, error) {
+		return Accelerator{}, fmt.Errorf("bad accelerator string %s: %s", quoteShort(s), why)
+	}
+	name, count, hasCount := strings.Cut(s, ":")
+	name, count = strings.TrimSpace(name), strings.TrimSpace(count)
+	if !acceleratorNameRE.MatchString(name) {
+		return bad("expected NAME or NAME:COUNT with NAME like A100 (letters, digits and -, starting with a letter)")
+	}
+	a := Accelerator{Name: name, Count: 1}
+	if hasCount {
+		v, err := strconv.ParseFloat(count, 64)
+		if err != nil || strings.Contains(count, ":") || math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
+			return bad("COUNT must be a positive number, e.g. A100:1 or H100:0.5")
+		}
+		if problem := countProblem(v); problem != "" {
+			return bad(problem)
+		}
+		a.Count = v
+	}
+	return a, nil
+}
+
+// countProblem checks a positive accelerator count: a fraction shares one device, so it must
+// be below 1 (1.5 GPUs cannot be allocated).
+func countProblem(v float64) string {
+	if v > 1 && v != math.Trunc(v) {
+		return fmt.Sprintf("count %s: a fractional count must be below 1", formatCount(v))
+	}
+	if v > maxInt {
+		return fmt.Sprintf("count %s is out of range", formatCount(v))
+	}
+	return ""
+}
+
+// quantity reads cpus or memory: 4, 8.5, "4" or "4+" (at least 4). Kept as a string in
+// SkyPilot's spelling, because "+" is meaningful.
+func (c *checker) quantity(n *yaml.Node, field string) (string, bool) {
+	switch {
+	case isScalar(n, "!!int") || isScalar(n, "!!float"):
+		v, ok := c.positive(n, field)
+		if !ok {
+			return "", false
+		}
+		return strconv.FormatFloat(v, 'f', -1, 64), true
+	case isScalar(n, "!!str"):
+		s := strings.TrimSpace(n.Value)
+		v, err := strconv.ParseFloat(strings.TrimSuffix(s, "+"), 64)
+		if err != nil || math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
+			c.errorf(n, field, "expected a positive number, optionally with a trailing + (e.g. 4 or 4+), got %s", quoteShort(n.Value))
+			return "", false
+		}
+		return s, true
+	}
+	c.errorf(n, field, "expected a number or a string such as \"4+\", got %s", describe(n))
+	return "", false
+}
+
+// ports reads a port, a "LOW-HIGH" range, or a list of either.
+func (c *checker) ports(n *yaml.Node, field string) ([]int, bool) {
+	items := []*yaml.Node{n}
+	itemField := func(int) string { return field }
+	if n.Kind == yaml.SequenceNode {
+		if len(n.Content) == 0 {
+			c.errorf(n, field, "empty list: give at least one port, or leave ports out")
+			return nil, false
+		}
+		items = n.Content
+		itemField = func(i int) string { return indexField(field, i) }
+	}
+	var out []int
+	seen := map[int]bool{}
+	ok := true
+	for i, item := range items {
+		item = c.deref(item)
+		f := itemField(i)
+		lo, hi, good := c.portRange(item, f)
+		if !good {
+			ok = false
+			continue
+		}
+		if len(out)+hi-lo+1 > maxPorts {
+			c.errorf(item, f, "too many ports (at most %d)", maxPorts)
+			return nil, false
+		}
+		for p := lo; p <= hi; p++ {
+			if !seen[p] {
+				seen[p] = true
+				out = append(out, p)
+			}
+		}
+	}
+	return out, ok
+}
+
+// portRange reads 8080, "8080" or "8000-8010".
+func (c *checker) portRange(n *yaml.Node, field string) (lo, hi int, ok bool) {
+	const want = "expected a port (1-65535) or a range such as \"8000-8010\""
+	switch {
+	case isScalar(n, "!!int"):
+		v, ok := c.integer(n, field)
+		if !ok {
+			return 0, 0, false
+		}
+		if v < 1 || v > 65535 {
+			c.errorf(n, field, "port %d is out of range 1-65535", v)
+			return 0, 0, false
+		}
+		return v, v, true
+	case isScalar(n, "!!str"):
+		a, b, isRange := strings.Cut(strings.TrimSpace(n.Value), "-")
+		if !isRange {
+			b = a
+		}
+		lo, err1 := strconv.Atoi(strings.TrimSpace(a))
+		hi, err2 := strconv.Atoi(strings.TrimSpace(b))
+		if err1 != nil || err2 != nil {
+			c.errorf(n, field, "%s, got %s", want, describe(n))
+			return 0, 0, false
+		}
+		if lo < 1 || hi > 65535 || lo > hi {
+			c.errorf(n, field, "port %s is out of range 1-65535 (or the range is reversed)", quoteShort(n.Value))
+			return 0, 0, false
+		}
+		return lo, hi, true
+	}
+	c.errorf(n, field, "%s, got %s", want, describe(n))
+	return 0, 0, false
+}

@@ -1,0 +1,539 @@
+package configs
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+var (
+	serviceKeys = []string{"readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls"}
+	probeKeys   = []string{"path", "initial_delay_seconds", "timeout_seconds", "post_data", "headers"}
+	policyKeys  = []string{"min_replicas", "max_replicas", "target_qps_per_replica", "num_overprovision",
+		"upscale_delay_seconds", "downscale_delay_seconds", "base_ondemand_fallback_replicas",
+		"dynamic_ondemand_fallback", "spot_placer"}
+	tlsKeys           = []string{"keyfile", "certfile"}
+	lbPolicies        = []string{PolicyRoundRobin, PolicyLeastLoad, PolicyInstanceAwareLeastLoad}
+	spotPlacers       = []string{SpotPlacerDynamicFallback}
+	spotOnlyMsgSuffix = "spot-only field without use_spot: set resources.use_spot: true, or remove this field"
+)
+
+// SpotPlacerDynamicFallback is SkyServe's SpotHedge placer, the only spot_placer there is.
+const SpotPlacerDynamicFallback = "dynamic_fallback"
+
+// SkyServe's defaults, applied when the YAML leaves a field out.
+const (
+	DefaultProbePath             = "/"
+	DefaultInitialDelaySeconds   = 1200
+	DefaultProbeTimeoutSeconds   = 15
+	DefaultUpscaleDelaySeconds   = 300
+	DefaultDownscaleDelaySeconds = 1200
+)
+
+// jsonIntRE is an integer as JSON writes it.
+var jsonIntRE = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
+
+// maxPostData bounds the probe body: it is sent every few seconds to every replica.
+const maxPostData = 64 << 10
+
+// service reads the `service:` section; res is the resolved resources, needed for use_spot,
+// ports and accelerator names.
+func (c *checker) service(e entry, res Resources) *Service {
+	const field = "service"
+	s := &Service{
+		ReadinessProbe:      Probe{Path: DefaultProbePath, InitialDelaySeconds: DefaultInitialDelaySeconds, TimeoutSeconds: DefaultProbeTimeoutSeconds},
+		LoadBalancingPolicy: PolicyLeastLoad,
+	}
+	f, ok := c.fields(e.value, field, serviceKeys)
+	if !ok {
+		return s
+	}
+	if p, ok := f["readiness_probe"]; ok {
+		s.ReadinessProbe = c.probe(p.value, joinField(field, "readiness_probe"))
+	}
+
+	lb, hasLB := f["load_balancing_policy"]
+	if hasLB {
+		lbField := joinField(field, "load_balancing_policy")
+		if v, ok := c.str(lb.value, lbField); ok {
+			if slices.Contains(lbPolicies, v) {
+				s.LoadBalancingPolicy = v
+			} else {
+				c.errorf(lb.value, lbField, "unknown policy %s%s", quoteShort(v), suggest(v, lbPolicies, "policies"))
+			}
+		}
+	}
+
+	rep, hasRep := f["replicas"]
+	pol, hasPol := f["replica_policy"]
+	var qpsNode *yaml.Node
+	if hasRep && hasPol {
+		c.errorf(pol.keyNode, joinField(field, "replica_policy"), "replicas and replica_policy are exclusive: use replicas for a fixed count, or replica_policy to autoscale")
+	}
+	if hasPol {
+		s.ReplicaPolicy, qpsNode = c.replicaPolicy(pol, res.UseSpot)
+	} else {
+		n := 1
+		if hasRep {
+			if v, ok := c.intAtLeast(rep.value, joinField(field, "replicas"), 0); ok {
+				n = v
+			}
+		}
+		s.FixedReplicas = true
+		s.ReplicaPolicy = ReplicaPolicy{MinReplicas: n, MaxReplicas: n,
+			UpscaleDelaySeconds: DefaultUpscaleDelaySeconds, DownscaleDelaySeconds: DefaultDownscaleDelaySeconds}
+	}
+
+	// The per-accelerator QPS map and the instance-aware policy only make sense together: the
+	// policy divides in-flight requests by each replica's accelerator's target.
+	perAccelerator := s.ReplicaPolicy.TargetQPSPerAccelerator != nil
+	if perAccelerator && s.LoadBalancingPolicy != PolicyInstanceAwareLeastLoad {
+		c.errorf(qpsNode, joinField(field, "replica_policy.target_qps_per_replica"),
+			"a mapping of accelerator to QPS needs load_balancing_policy: %s (got %s)", PolicyInstanceAwareLeastLoad, s.LoadBalancingPolicy)
+	}
+	if s.LoadBalancingPolicy == PolicyInstanceAwareLeastLoad && !perAccelerator && hasLB {
+		c.errorf(lb.value, joinField(field, "load_balancing_policy"),
+			"%s needs replica_policy.target_qps_per_replica as a mapping of accelerator to QPS (e.g. {A100: 10, L4: 3})", PolicyInstanceAwareLeastLoad)
+	}
+	if perAccelerator {
+		c.checkQPSAccelerators(qpsNode, res)
+	}
+
+	portField := joinField(field, "ports")
+	if p, ok := f["ports"]; ok {
+		if p.value.Kind == yaml.SequenceNode {
+			c.errorf(p.value, portField, "expected one port (the port each replica serves on), got a list")
+		} else if lo, hi, ok := c.portRange(p.value, portField); ok {
+			if lo != hi {
+				c.errorf(p.value, portField, "expected one port (the port each replica serves on), got a range")
+			}
+			s.Port = lo
+		}
+	} else {
+		ports := candidatePorts(res)
+		switch len(ports) {
+		case 1:
+			s.Port = ports[0]
+		case 0:
+			c.errorf(e.keyNode, portField, "required: the port each replica serves on (set service.ports, or give exactly one port in resources.ports)")
+		default:
+			c.errorf(e.keyNode, portField, "required: resources.ports lists %d ports, so say which one replicas serve on", len(ports))
+		}
+	}
+
+	if t, ok := f["tls"]; ok {
+		s.TLS = c.tls(t.value, joinField(field, "tls"))
+	}
+	return s
+}
+
+// candidatePorts is the distinct ports over every resources candidate.
+func candidatePorts(res Resources) []int {
+	var out []int
+	for _, cand := range res.Candidates() {
+		for _, p := range cand.Ports {
+			if !slices.Contains(out, p) {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+// checkQPSAccelerators makes sure every key of a per-accelerator QPS map names an accelerator
+// some candidate asks for; otherwise no replica would ever get that target.
+func (c *checker) checkQPSAccelerators(qpsNode *yaml.Node, res Resources) {
+	known := map[string]bool{}
+	var names []string
+	for _, cand := range res.Candidates() {
+		for _, a := range cand.Accelerators {
+			if !known[strings.ToLower(a.Name)] {
+				known[strings.ToLower(a.Name)] = true
+				names = append(names, a.Name)
+			}
+		}
+	}
+	ps, _ := c.pairs(qpsNode, "")
+	for _, p := range ps {
+		if known[strings.ToLower(p.key)] {
+			continue
+		}
+		field := "service.replica_policy.target_qps_per_replica." + p.key
+		if len(names) == 0 {
+			c.errorf(p.keyNode, field, "resources ask for no accelerators, so a per-accelerator target cannot apply; add resources.accelerators")
+		} else {
+			c.errorf(p.keyNode, field, "no resources candidate asks for accelerator %s (accelerators: %s)", quoteShort(p.key), strings.Join(names, ", "))
+		}
+	}
+}
+
+// probe reads readiness_probe: a path, or a mapping.
+func (c *checker) probe(n *yaml.Node, field string) Probe {
+	p := Probe{Path: DefaultProbePath, InitialDelaySeconds: DefaultInitialDelaySeconds, TimeoutSeconds: DefaultProbeTimeoutSeconds}
+	if n.Kind == yaml.ScalarNode {
+		if v, ok := c.str(n, field); ok && c.probePath(n, field, v) {
+			p.Path = v
+		}
+		return p
+	}
+	if n.Kind != yaml.MappingNode {
+		c.errorf(n, field, "expected a path such as /health, or a mapping with path, initial_delay_seconds, timeout_seconds, post_data and headers; got %s", describe(n))
+		return p
+	}
+	f, _ := c.fields(n, field, probeKeys)
+	if e, ok := f["path"]; ok {
+		pf := joinField(field, "path")
+		if v, ok := c.str(e.value, pf); ok && c.probePath(e.value, pf, v) {
+			p.Path = v
+		}
+	}
+	if e, ok := f["initial_delay_seconds"]; ok {
+		if v, ok := c.intAtLeast(e.value, joinField(field, "initial_delay_seconds"), 0); ok {
+			p.InitialDelaySeconds = v
+		}
+	}
+	if e, ok := f["timeout_seconds"]; ok {
+		if v, ok := c.intAtLeast(e.value, joinField(field, "timeout_seconds"), 1); ok {
+			p.TimeoutSeconds = v
+		}
+	}
+	if e, ok := f["post_data"]; ok {
+		p.PostData = c.postData(e.value, joinField(field, "post_data"))
+	}
+	if e, ok := f["headers"]; ok {
+		hf := joinField(field, "headers")
+		ps, _ := c.pairs(e.value, hf)
+		for _, h := range ps {
+			f := joinField(hf, h.key)
+			if !validHeaderName(h.key) {
+				c.errorf(h.keyNode, f, "%s is not a valid HTTP header name", quoteShort(h.key))
+				continue
+			}
+			v, ok := c.scalarText(h.value, f)
+			if !ok {
+				continue
+			}
+			if strings.ContainsAny(v, "\r\n\x00") {
+				c.errorf(h.value, f, "a header value cannot contain line breaks or NUL")
+				continue
+			}
+			if p.Headers == nil {
+				p.Headers = map[string]string{}
+			}
+			p.Headers[h.key] = v
+		}
+	}
+	return p
+}
+
+// validHeaderName is RFC 9110's token.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		if ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", ch) >= 0 {
+			continue
+		}
+		return false
+	}
+	return true
+}
+
+func (c *checker) probePath(n *yaml.Node, field, path string) bool {
+	if !strings.HasPrefix(path, "/") {
+		c.errorf(n, field, "must start with \"/\", got %s", quoteShort(path))
+		return false
+	}
+	if strings.ContainsFunc(path, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		c.errorf(n, field, "must not contain spaces or control characters, got %s", quoteShort(path))
+		return false
+	}
+	return true
+}
+
+// postData encodes the probe body as JSON. A string that already is JSON is used as written
+// (SkyServe users often paste a JSON body); any other value is encoded, keeping key order.
+func (c *checker) postData(n *yaml.Node, field string) string {
+	if isScalar(n, "!!str") && json.Valid([]byte(n.Value)) {
+		if len(n.Value) > maxPostData {
+			c.errorf(n, field, "body is larger than %d bytes", maxPostData)
+			return ""
+		}
+		return n.Value
+	}
+	var buf bytes.Buffer
+	if !c.writeJSON(&buf, n, field, 0) {
+		return ""
+	}
+	if buf.Len() > maxPostData {
+		c.errorf(n, field, "body is larger than %d bytes", maxPostData)
+		return ""
+	}
+	return buf.String()
+}
+
+// writeJSON encodes a YAML node as JSON in document order.
+func (c *checker) writeJSON(buf *bytes.Buffer, n *yaml.Node, field string, depth int) bool {
+	n = c.deref(n)
+	if depth > 64 {
+		c.errorf(n, field, "nested more than 64 levels deep")
+		return false
+	}
+	if buf.Len() > maxPostData {
+		return true // postData reports the size once
+	}
+	switch n.Kind {
+	case yaml.MappingNode:
+		ps, ok := c.pairs(n, field)
+		if !ok {
+			return false
+		}
+		buf.WriteByte('{')
+		for i, p := range ps {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			writeJSONString(buf, p.key)
+			buf.WriteByte(':')
+			if !c.writeJSON(buf, p.value, joinField(field, p.key), depth+1) {
+				return false
+			}
+		}
+		buf.WriteByte('}')
+		return true
+	case yaml.SequenceNode:
+		buf.WriteByte('[')
+		for i, item := range n.Content {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			if !c.writeJSON(buf, item, indexField(field, i), depth+1) {
+				return false
+			}
+		}
+		buf.WriteByte(']')
+		return true
+	case yaml.ScalarNode:
+		switch n.ShortTag() {
+		case "!!null":
+			buf.WriteString("null")
+			return true
+		case "!!bool":
+			var v bool
+			if n.Decode(&v) == nil {
+				fmt.Fprint(buf, v)
+				return true
+			}
+		case "!!int":
+			var v any
+			if n.Decode(&v) == nil {
+				switch v.(type) {
+				case int, int64, uint64:
+					out, _ := json.Marshal(v)
+					buf.Write(out)
+					return true
+				}
+			}
+			// Too big for 64 bits: keep the digits rather than round through a float.
+			if jsonIntRE.MatchString(n.Value) {
+				buf.WriteString(n.Value)
+				return true
+			}
+			c.errorf(n, field, "integer %s cannot be encoded as JSON", truncate(n.Value))
+			return false
+		case "!!float":
+			v, ok := c.number(n, field)
+			if !ok {
+				return false
+			}
+			out, _ := json.Marshal(v)
+			buf.Write(out)
+			return true
+		}
+		writeJSONString(buf, n.Value)
+		return true
+	}
+	c.errorf(n, field, "cannot encode %s as JSON", describe(n))
+	return false
+}
+
+func writeJSONString(buf *bytes.Buffer, s string) {
+	enc := json.NewEncoder(buf)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(s) // a string always encodes
+	buf.Truncate(buf.Len() - 1)
+}
+
+// replicaPolicy reads replica_policy with its defaults and cross-field rules. It returns the
+// target_qps_per_replica node (nil if absent) for rules that depend on other sections.
+func (c *checker) replicaPolicy(e entry, useSpot bool) (ReplicaPolicy, *yaml.Node) {
+	const field = "service.replica_policy"
+	p := ReplicaPolicy{UpscaleDelaySeconds: DefaultUpscaleDelaySeconds, DownscaleDelaySeconds: DefaultDownscaleDelaySeconds}
+	f, ok := c.fields(e.value, field, policyKeys)
+	if !ok {
+		return p, nil
+	}
+	min, minOK := 0, false
+	if m, ok := f["min_replicas"]; ok {
+		min, minOK = c.intAtLeast(m.value, joinField(field, "min_replicas"), 0)
+	} else {
+		c.errorf(e.keyNode, joinField(field, "min_replicas"), "required: how many replicas to keep running (0 scales to zero)")
+	}
+	p.MinReplicas, p.MaxReplicas = min, min
+	maxNode, hasMax := f["max_replicas"]
+	maxOK := minOK
+	if hasMax {
+		var max int
+		max, maxOK = c.intAtLeast(maxNode.value, joinField(field, "max_replicas"), 0)
+		if maxOK && minOK && max < min {
+			c.errorf(maxNode.value, joinField(field, "max_replicas"), "must be at least min_replicas (%d), got %d", min, max)
+			maxOK = false
+		}
+		if maxOK {
+			p.MaxReplicas = max
+		}
+	}
+
+	var qpsNode *yaml.Node
+	if q, ok := f["target_qps_per_replica"]; ok {
+		qpsNode = q.value
+		qf := joinField(field, "target_qps_per_replica")
+		switch q.value.Kind {
+		case yaml.MappingNode:
+			ps, _ := c.pairs(q.value, qf)
+			if len(ps) == 0 {
+				c.errorf(q.value, qf, "empty mapping: give a QPS target for at least one accelerator")
+			}
+			m := map[string]float64{}
+			for _, a := range ps {
+				af := joinField(qf, a.key)
+				if !acceleratorNameRE.MatchString(a.key) {
+					c.errorf(a.keyNode, af, "bad accelerator name %s", quoteShort(a.key))
+					continue
+				}
+				if v, ok := c.positive(a.value, af); ok {
+					m[a.key] = v
+				}
+			}
+			if len(m) > 0 {
+				p.TargetQPSPerAccelerator = m
+			}
+		case yaml.ScalarNode:
+			if v, ok := c.positive(q.value, qf); ok {
+				p.TargetQPSPerReplica = v
+			}
+		default:
+			c.errorf(q.value, qf, "expected a number, or a mapping of accelerator to number, got %s", describe(q.value))
+		}
+	} else if minOK && maxOK && p.MaxReplicas != p.MinReplicas {
+		c.errorf(maxNode.value, joinField(field, "target_qps_per_replica"),
+			"required when max_replicas (%d) differs from min_replicas (%d): the autoscaler scales on QPS per replica", p.MaxReplicas, p.MinReplicas)
+	}
+
+	if n, ok := f["num_overprovision"]; ok {
+		p.NumOverprovision, _ = c.intAtLeast(n.value, joinField(field, "num_overprovision"), 0)
+	}
+	if n, ok := f["upscale_delay_seconds"]; ok {
+		if v, ok := c.intAtLeast(n.value, joinField(field, "upscale_delay_seconds"), 0); ok {
+			p.UpscaleDelaySeconds = v
+		}
+	}
+	if n, ok := f["downscale_delay_seconds"]; ok {
+		if v, ok := c.intAtLeast(n.value, joinField(field, "downscale_delay_seconds"), 0); ok {
+			p.DownscaleDelaySeconds = v
+		}
+	}
+
+	// The fallback fields describe how spot and on-demand replicas mix; without spot they
+	// would silently do nothing, which is worse than an error.
+	spotOnly := func(key string, set bool, n *yaml.Node) {
+		if set && !useSpot {
+			c.errorf(n, joinField(field, key), "%s", spotOnlyMsgSuffix)
+		}
+	}
+	if n, ok := f["base_ondemand_fallback_replicas"]; ok {
+		if v, ok := c.intAtLeast(n.value, joinField(field, "base_ondemand_fallback_replicas"), 0); ok {
+			p.BaseOndemandFallbackReplicas = v
+			spotOnly("base_ondemand_fallback_replicas", v > 0, n.value)
+		}
+	}
+	if n, ok := f["dynamic_ondemand_fallback"]; ok {
+		if v, ok := c.boolean(n.value, joinField(field, "dynamic_ondemand_fallback")); ok {
+			p.DynamicOndemandFallback = v
+			spotOnly("dynamic_ondemand_fallback", v, n.value)
+		}
+	}
+	if n, ok := f["spot_placer"]; ok {
+		sf := joinField(field, "spot_placer")
+		if v, ok := c.str(n.value, sf); ok {
+			if slices.Contains(spotPlacers, v) {
+				p.SpotPlacer = v
+				spotOnly("spot_placer", true, n.value)
+			} else {
+				c.errorf(n.value, sf, "unknown spot placer %s%s", quoteShort(v), suggest(v, spotPlacers, "placers"))
+			}
+		}
+	}
+	return p, qpsNode
+}
+
+// tls reads {keyfile, certfile}, expanding a leading ~ so the controller (which may run with
+// another working directory) finds the files.
+func (c *checker) tls(n *yaml.Node, field string) *TLS {
+	f, ok := c.fields(n, field, tlsKeys)
+	if !ok {
+		return nil
+	}
+	out := &TLS{}
+	good := true
+	for _, k := range tlsKeys {
+		kf := joinField(field, k)
+		e, present := f[k]
+		if !present {
+			c.errorf(n, kf, "required: TLS needs both keyfile and certfile")
+			good = false
+			continue
+		}
+		v, ok := c.str(e.value, kf)
+		if !ok {
+			good = false
+			continue
+		}
+		if v == "" {
+			c.errorf(e.value, kf, "empty path")
+			good = false
+			continue
+		}
+		v = expandHome(v)
+		if k == "keyfile" {
+			out.KeyFile = v
+		} else {
+			out.CertFile = v
+		}
+	}
+	if !good {
+		return nil
+	}
+	return out
+}
+
+// expandHome replaces a leading "~" or "~/" with the user's home directory.
+func expandHome(p string) string {
+	if p != "~" && !strings.HasPrefix(p, "~/") {
+		return p
+	}
+	home, err := os.UserHomeDir()
+	if err != nil || home == "" {
+		return p
+	}
+	return filepath.Join(home, p[1:])
+}

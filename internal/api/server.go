@@ -1,0 +1,256 @@
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Backend is what the server needs from the controller.
+type Backend interface {
+	CreateService(ctx context.Context, req CreateServiceRequest) (ServiceStatus, error)
+	// Services returns the named services, or all when names is empty; unknown names are
+	// ErrNotFound.
+	Services(names []string) ([]ServiceStatus, error)
+	DeleteService(ctx context.Context, name string) error
+	// ReplicaLogPath returns a local file with a replica's output.
+	ReplicaLogPath(service string, replicaID int) (string, error)
+	// ControllerLogPath returns the controller's own log file ("" when it logs to a terminal).
+	ControllerLogPath() string
+	Status() ControllerStatus
+	// Stop asks the controller to exit; it returns at once.
+	Stop()
+}
+
+// NewHandler returns the API's HTTP handler; every route checks token.
+func NewHandler(b Backend, token string, log *zap.Logger) http.Handler {
+	s := &server{b: b, log: log}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/controller", s.controllerStatus)
+	mux.HandleFunc("POST /v1/controller/stop", s.controllerStop)
+	mux.HandleFunc("GET /v1/controller/logs", s.controllerLogs)
+	mux.HandleFunc("POST /v1/services", s.createService)
+	mux.HandleFunc("GET /v1/services", s.listServices)
+	mux.HandleFunc("DELETE /v1/services/{name}", s.deleteService)
+	mux.HandleFunc("GET /v1/services/{name}/replicas/{id}/logs", s.replicaLogs)
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			writeError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong controller token")
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+type server struct {
+	b   Backend
+	log *zap.Logger
+}
+
+func (s *server) controllerStatus(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, s.b.Status())
+}
+
+func (s *server) controllerStop(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusAccepted, map[string]string{"status": "stopping"})
+	s.b.Stop()
+}
+
+func (s *server) createService(w http.ResponseWriter, r *http.Request) {
+	var req CreateServiceRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20))
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", "decode request: "+err.Error())
+		return
+	}
+	st, err := s.b.CreateService(r.Context(), req)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, st)
+}
+
+func (s *server) listServices(w http.ResponseWriter, r *http.Request) {
+	var names []string
+	for _, n := range strings.Split(r.URL.Query().Get("names"), ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	list, err := s.b.Services(names)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	if list == nil {
+		list = []ServiceStatus{}
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+func (s *server) deleteService(w http.ResponseWriter, r *http.Request) {
+	if err := s.b.DeleteService(r.Context(), r.PathValue("name")); err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "deleted"})
+}
+
+func (s *server) replicaLogs(w http.ResponseWriter, r *http.Request) {
+	id, err := strconv.Atoi(r.PathValue("id"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", "replica id must be an integer")
+		return
+	}
+	path, err := s.b.ReplicaLogPath(r.PathValue("name"), id)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	s.streamFile(w, r, path)
+}
+
+func (s *server) controllerLogs(w http.ResponseWriter, r *http.Request) {
+	path := s.b.ControllerLogPath()
+	if path == "" {
+		s.fail(w, fmt.Errorf("controller logs to its terminal, not a file: %w", ErrNotFound))
+		return
+	}
+	s.streamFile(w, r, path)
+}
+
+// streamFile writes the last `tail` lines of path, then with follow=1 keeps writing what is
+// appended until the client goes away.
+func (s *server) streamFile(w http.ResponseWriter, r *http.Request, path string) {
+	tail := -1
+	if v := r.URL.Query().Get("tail"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusBadRequest, "invalid_request", "tail must be a non-negative integer")
+			return
+		}
+		tail = n
+	}
+	follow := r.URL.Query().Get("follow") == "1" || r.URL.Query().Get("follow") == "true"
+	f, err := os.Open(path)
+	if err != nil {
+		s.fail(w, fmt.Errorf("open log: %w", ErrNotFound))
+		return
+	}
+	defer f.Close()
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(http.StatusOK)
+	offset, err := tailOffset(f, tail)
+	if err != nil {
+		return
+	}
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return
+	}
+	flusher, _ := w.(http.Flusher)
+	if _, err := io.Copy(w, f); err != nil {
+		return
+	}
+	if flusher != nil {
+		flusher.Flush()
+	}
+	if !follow {
+		return
+	}
+	// Polling a local file every 250 ms is simple and cheap; inotify would save little here.
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-tick.C:
+			n, err := io.Copy(w, f)
+			if err != nil {
+				return
+			}
+			if n > 0 && flusher != nil {
+				flusher.Flush()
+			}
+		}
+	}
+}
+
+// tailOffset returns where the last n lines of f start (0 for n < 0 or a short file).
+func tailOffset(f *os.File, n int) (int64, error) {
+	if n < 0 {
+		return 0, nil
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	size := fi.Size()
+	if n == 0 {
+		return size, nil
+	}
+	// Read backwards in blocks, counting newlines; a trailing newline ends the last line.
+	const block = 64 << 10
+	buf := make([]byte, block)
+	lines := 0
+	pos := size
+	for pos > 0 {
+		start := max(pos-block, 0)
+		chunk := buf[:pos-start]
+		if _, err := f.ReadAt(chunk, start); err != nil && !errors.Is(err, io.EOF) {
+			return 0, err
+		}
+		for i := len(chunk) - 1; i >= 0; i-- {
+			if chunk[i] != '\n' || start+int64(i) == size-1 {
+				continue
+			}
+			lines++
+			if lines == n {
+				return start + int64(i) + 1, nil
+			}
+		}
+		pos = start
+	}
+	return 0, nil
+}
+
+func (s *server) fail(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, ErrNotFound):
+		writeError(w, http.StatusNotFound, "not_found", err.Error())
+	case errors.Is(err, ErrConflict):
+		writeError(w, http.StatusConflict, "conflict", err.Error())
+	case errors.Is(err, ErrInvalid):
+		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+	default:
+		s.log.Error("api request failed", zap.Error(err))
+		writeError(w, http.StatusInternalServerError, "internal", err.Error())
+	}
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	_ = enc.Encode(v)
+}
+
+func writeError(w http.ResponseWriter, code int, kind, msg string) {
+	var body ErrorBody
+	body.Error.Message = msg
+	body.Error.Code = kind
+	writeJSON(w, code, body)
+}

@@ -1,0 +1,71 @@
+// Package api is the controller's HTTP+JSON API: the types on the wire, the server that puts
+// them in front of the controller, and the client the CLI uses. Every route requires the
+// controller's bearer token, loopback included.
+package api
+
+import (
+	"errors"
+	"time"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/replicas"
+)
+
+// Service statuses (SkyServe's names).
+const (
+	ServiceControllerInit = "CONTROLLER_INIT"
+	ServiceReplicaInit    = "REPLICA_INIT"
+	ServiceReady          = "READY"
+	ServiceNoReplica      = "NO_REPLICA"
+	ServiceShuttingDown   = "SHUTTING_DOWN"
+	ServiceFailed         = "FAILED"
+	ServiceFailedCleanup  = "FAILED_CLEANUP"
+)
+
+// Errors the server maps to HTTP statuses and the client maps back, so callers use errors.Is.
+var (
+	ErrNotFound     = errors.New("not found")
+	ErrConflict     = errors.New("already exists")
+	ErrInvalid      = errors.New("invalid request")
+	ErrUnauthorized = errors.New("unauthorized")
+)
+
+// CreateServiceRequest launches a new service from a parsed, validated task.
+type CreateServiceRequest struct {
+	Name string        `json:"name"`
+	Task *configs.Task `json:"task"`
+}
+
+// ServiceStatus is one service as `serve status` shows it. Task is redacted.
+type ServiceStatus struct {
+	Name           string            `json:"name"`
+	Version        int               `json:"version"`
+	Status         string            `json:"status"`
+	Endpoint       string            `json:"endpoint"`
+	Policy         string            `json:"load_balancing_policy"`
+	CreatedAt      time.Time         `json:"created_at"`
+	TargetReplicas int               `json:"target_replicas"`
+	ReadyReplicas  int               `json:"ready_replicas"`
+	Replicas       []replicas.Record `json:"replicas"`
+	Task           *configs.Task     `json:"task,omitempty"`
+	// Message explains a FAILED or waiting state.
+	Message string `json:"message,omitempty"`
+}
+
+// ControllerStatus describes the running controller.
+type ControllerStatus struct {
+	PID       int       `json:"pid"`
+	Addr      string    `json:"addr"`
+	Home      string    `json:"home"`
+	Version   string    `json:"version"`
+	StartedAt time.Time `json:"started_at"`
+	Services  int       `json:"services"`
+}
+
+// ErrorBody is the JSON shape of every API error.
+type ErrorBody struct {
+	Error struct {
+		Message string `json:"message"`
+		Code    string `json:"code"`
+	} `json:"error"`
+}

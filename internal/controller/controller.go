@@ -1,0 +1,569 @@
+// Package controller wires Ferry's control plane together: the store, the provisioner, one
+// replica manager and one proxy listener per service, and the API the CLI talks to. It holds
+// no domain logic of its own; decisions live in replicas, policy and (later) autoscaler.
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/autoscaler"
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/internal/api"
+	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/internal/store"
+	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/local"
+	"github.com/ferryserve/ferry/proxy"
+	"github.com/ferryserve/ferry/replicas"
+)
+
+// ErrAlreadyRunning means another controller holds this home's lock.
+var ErrAlreadyRunning = errors.New("a controller is already running for this FERRY_HOME")
+
+// Options configure a controller.
+type Options struct {
+	Home home.Home
+	// Listen is the API address; loopback by default because the token is the only guard.
+	Listen string
+	// ProxyHost is where service endpoints listen.
+	ProxyHost string
+	// FirstServicePort is the lowest port a service endpoint gets (SkyServe uses 30001+).
+	FirstServicePort int
+	// ProbeInterval is how often replicas are probed. SkyServe's 10 s is tuned for VMs; local
+	// replicas start in a second, so the controller default is shorter.
+	ProbeInterval time.Duration
+	// DrainTimeout bounds how long serve down waits for in-flight requests and streams.
+	DrainTimeout time.Duration
+	Version      string
+	Logger       *zap.Logger
+	// LogFile is where this controller's log goes, for `serve logs --controller`.
+	LogFile string
+	// PathPrepend goes first on every local replica's PATH (the ferry binary's directory).
+	PathPrepend []string
+}
+
+func (o *Options) defaults() {
+	if o.Listen == "" {
+		o.Listen = "127.0.0.1:0"
+	}
+	if o.ProxyHost == "" {
+		o.ProxyHost = "127.0.0.1"
+	}
+	if o.FirstServicePort == 0 {
+		o.FirstServicePort = 30001
+	}
+	if o.ProbeInterval == 0 {
+		o.ProbeInterval = 2 * time.Second
+	}
+	if o.DrainTimeout == 0 {
+		o.DrainTimeout = 2 * time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+}
+
+// Controller is the daemon. Create with New, run with Start.
+type Controller struct {
+	opts      Options
+	log       *zap.Logger
+	store     *store.Store
+	provider  launcher.Provider
+	startedAt time.Time
+	apiAddr   string
+
+	stopOnce sync.Once
+	stopCh   chan struct{}
+
+	// ctx is Start's context; service goroutines derive from it.
+	ctx context.Context
+	wg  sync.WaitGroup
+
+	mu       sync.Mutex
+	services map[string]*service
+}
+
+// New prepares a controller; nothing runs until Start.
+func New(opts Options) *Controller {
+	opts.defaults()
+	return &Controller{opts: opts, log: opts.Logger, stopCh: make(chan struct{}), services: map[string]*service{}}
+}
+
+// Start takes the home lock, restores every service (adopting its running replicas), serves
+// the API, and blocks until ctx ends or Stop is called. Replicas keep running after it returns:
+// a restarted controller adopts them.
+func (c *Controller) Start(ctx context.Context) (err error) {
+	h := c.opts.Home
+	if err := h.Ensure(); err != nil {
+		return err
+	}
+	lock, err := os.OpenFile(h.LockPath(), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return ErrAlreadyRunning
+	}
+	token, err := h.Token()
+	if err != nil {
+		return err
+	}
+	c.store, err = store.Open(h.StorePath())
+	if err != nil {
+		return err
+	}
+	defer c.store.Close()
+	prov, err := local.New(local.Options{Dir: h.LocalDir(), PathPrepend: c.opts.PathPrepend, Logger: c.log.Named("local")})
+	if err != nil {
+		return err
+	}
+	c.provider = prov
+
+	ln, err := net.Listen("tcp", c.opts.Listen)
+	if err != nil {
+		return fmt.Errorf("controller API listen on %s: %w", c.opts.Listen, err)
+	}
+	c.apiAddr = ln.Addr().String()
+	c.startedAt = time.Now()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	c.ctx = ctx
+
+	if err := c.restore(); err != nil {
+		ln.Close()
+		return err
+	}
+
+	srv := &http.Server{
+		Handler:           api.NewHandler(c, token, c.log.Named("api")),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	if err := h.WriteInfo(home.Info{PID: os.Getpid(), Addr: c.apiAddr, Version: c.opts.Version, StartedAt: c.startedAt}); err != nil {
+		return err
+	}
+	c.log.Info("controller started", zap.String("api", c.apiAddr), zap.String("home", h.Dir), zap.Int("pid", os.Getpid()))
+
+	c.wg.Add(1)
+	go c.statusLoop(ctx)
+
+	select {
+	case <-ctx.Done():
+	case <-c.stopCh:
+	case err = <-serveErr:
+	}
+	c.log.Info("controller stopping")
+	cancel()
+	shutCtx, shutCancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer shutCancel()
+	_ = srv.Shutdown(shutCtx)
+	c.mu.Lock()
+	svcs := make([]*service, 0, len(c.services))
+	for _, s := range c.services {
+		svcs = append(svcs, s)
+	}
+	c.mu.Unlock()
+	for _, s := range svcs {
+		s.stop(shutCtx)
+	}
+	c.wg.Wait()
+	if info, e := h.ReadInfo(); e == nil && info.PID == os.Getpid() {
+		os.Remove(h.InfoPath())
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+// restore brings back every stored service and finishes any interrupted serve down.
+func (c *Controller) restore() error {
+	list, err := c.store.ListServices()
+	if err != nil {
+		return err
+	}
+	for _, rec := range list {
+		if rec.Status == api.ServiceShuttingDown {
+			c.log.Info("finishing interrupted serve down", zap.String("service", rec.Name))
+			s, err := c.startService(rec, nil)
+			if err != nil {
+				c.log.Error("restore service", zap.String("service", rec.Name), zap.Error(err))
+				continue
+			}
+			c.wg.Add(1)
+			go func() {
+				defer c.wg.Done()
+				_ = c.down(c.ctx, s)
+			}()
+			continue
+		}
+		if _, err := c.startService(rec, nil); err != nil {
+			c.log.Error("restore service", zap.String("service", rec.Name), zap.Error(err))
+		}
+	}
+	return nil
+}
+
+// Stop makes Start return.
+func (c *Controller) Stop() { c.stopOnce.Do(func() { close(c.stopCh) }) }
+
+// service is one running service: its proxy listener and its replica manager.
+type service struct {
+	name      string
+	version   int
+	task      *configs.Task
+	port      int
+	createdAt time.Time
+	endpoint  string
+	target    int
+
+	proxy  *proxy.Service
+	mgr    *replicas.Manager
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the manager and the proxy listener have stopped
+
+	mu           sync.Mutex
+	shuttingDown bool
+	everReady    bool
+	status       string
+}
+
+// startService starts the proxy listener and the replica manager for a stored service. ln may
+// be a listener already bound to rec.Port.
+func (c *Controller) startService(rec store.Service, ln net.Listener) (*service, error) {
+	task := rec.Task
+	if task == nil || task.Service == nil {
+		return nil, fmt.Errorf("service %q has no service section", rec.Name)
+	}
+	addr := net.JoinHostPort(c.opts.ProxyHost, strconv.Itoa(rec.Port))
+	if ln == nil {
+		var err error
+		ln, err = net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("service %q endpoint %s: %w", rec.Name, addr, err)
+		}
+	}
+	px, err := proxy.NewService(proxy.ServiceConfig{
+		Name:                    rec.Name,
+		Policy:                  task.Service.LoadBalancingPolicy,
+		TargetQPSPerAccelerator: task.Service.ReplicaPolicy.TargetQPSPerAccelerator,
+		Logger:                  c.log.Named("proxy").With(zap.String("service", rec.Name)),
+	})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	s := &service{
+		name: rec.Name, version: rec.Version, task: task, port: rec.Port, createdAt: rec.CreatedAt,
+		endpoint: "http://" + addr, proxy: px, done: make(chan struct{}), status: rec.Status,
+	}
+	mgr, err := replicas.New(replicas.Config{
+		Service:       rec.Name,
+		Version:       rec.Version,
+		Task:          task,
+		Provider:      c.provider,
+		Store:         c.store,
+		OnReady:       func(eps []replicas.Endpoint) { px.SetBackends(toBackends(eps)) },
+		Logger:        c.log.Named("replicas").With(zap.String("service", rec.Name)),
+		ProbeInterval: c.opts.ProbeInterval,
+	})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	s.mgr = mgr
+	s.target = autoscaler.Fixed(task.Service.ReplicaPolicy)
+	mgr.SetTarget(s.target)
+
+	ctx, cancel := context.WithCancel(c.ctx)
+	s.cancel = cancel
+	var inner sync.WaitGroup
+	inner.Add(2)
+	go func() {
+		defer inner.Done()
+		if err := mgr.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			c.log.Error("replica manager stopped", zap.String("service", rec.Name), zap.Error(err))
+		}
+	}()
+	go func() {
+		defer inner.Done()
+		if err := px.Serve(ln); err != nil {
+			c.log.Error("proxy stopped", zap.String("service", rec.Name), zap.Error(err))
+		}
+	}()
+	go func() { inner.Wait(); close(s.done) }()
+
+	c.mu.Lock()
+	c.services[rec.Name] = s
+	c.mu.Unlock()
+	c.log.Info("service started", zap.String("service", rec.Name), zap.Int("version", rec.Version),
+		zap.String("endpoint", s.endpoint), zap.Int("target_replicas", s.target))
+	return s, nil
+}
+
+// stop ends the service's loops without touching its replicas (controller shutdown).
+func (s *service) stop(ctx context.Context) {
+	s.cancel()
+	_ = s.proxy.Shutdown(ctx)
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+	}
+}
+
+func toBackends(eps []replicas.Endpoint) []proxy.Backend {
+	out := make([]proxy.Backend, len(eps))
+	for i, e := range eps {
+		out[i] = proxy.Backend{ID: e.ReplicaID, Addr: e.Addr, Accelerator: e.Accelerator, Version: e.Version}
+	}
+	return out
+}
+
+// CreateService implements api.Backend.
+func (c *Controller) CreateService(_ context.Context, req api.CreateServiceRequest) (api.ServiceStatus, error) {
+	if req.Task == nil || req.Task.Service == nil {
+		return api.ServiceStatus{}, fmt.Errorf("task has no service: section: %w", api.ErrInvalid)
+	}
+	if req.Name == "" {
+		return api.ServiceStatus{}, fmt.Errorf("service name is empty: %w", api.ErrInvalid)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.services[req.Name]; ok {
+		return api.ServiceStatus{}, fmt.Errorf("service %q %w; use 'ferry serve down %s' first", req.Name, api.ErrConflict, req.Name)
+	}
+	ln, port, err := c.bindServicePort()
+	if err != nil {
+		return api.ServiceStatus{}, err
+	}
+	rec := store.Service{Name: req.Name, Version: 1, Task: req.Task, Port: port, Status: api.ServiceControllerInit, CreatedAt: time.Now()}
+	if err := c.store.CreateService(rec); err != nil {
+		ln.Close()
+		return api.ServiceStatus{}, err
+	}
+	c.mu.Unlock()
+	s, err := c.startService(rec, ln)
+	c.mu.Lock()
+	if err != nil {
+		_ = c.store.DeleteService(req.Name)
+		return api.ServiceStatus{}, err
+	}
+	return s.statusLocked(false), nil
+}
+
+// bindServicePort binds the lowest free endpoint port not owned by another service. It holds
+// the listener so that no other process can take the port between choosing and serving.
+// Called with c.mu held.
+func (c *Controller) bindServicePort() (net.Listener, int, error) {
+	used := map[int]bool{}
+	for _, s := range c.services {
+		used[s.port] = true
+	}
+	for port := c.opts.FirstServicePort; port < c.opts.FirstServicePort+1000 && port < 65536; port++ {
+		if used[port] {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(c.opts.ProxyHost, strconv.Itoa(port)))
+		if err == nil {
+			return ln, port, nil
+		}
+	}
+	return nil, 0, fmt.Errorf("no free endpoint port in %d-%d", c.opts.FirstServicePort, c.opts.FirstServicePort+999)
+}
+
+// Services implements api.Backend.
+func (c *Controller) Services(names []string) ([]api.ServiceStatus, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(names) == 0 {
+		for n := range c.services {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+	}
+	out := make([]api.ServiceStatus, 0, len(names))
+	for _, n := range names {
+		s, ok := c.services[n]
+		if !ok {
+			return nil, fmt.Errorf("service %q: %w", n, api.ErrNotFound)
+		}
+		out = append(out, s.statusLocked(true))
+	}
+	return out, nil
+}
+
+// statusLocked builds the API view of a service.
+func (s *service) statusLocked(withTask bool) api.ServiceStatus {
+	recs := s.mgr.Replicas()
+	st := api.ServiceStatus{
+		Name: s.name, Version: s.version, Endpoint: s.endpoint, Policy: s.task.Service.LoadBalancingPolicy,
+		CreatedAt: s.createdAt, TargetReplicas: s.target, Replicas: recs,
+	}
+	for _, r := range recs {
+		if r.Status == replicas.StatusReady {
+			st.ReadyReplicas++
+		}
+	}
+	s.mu.Lock()
+	st.Status = s.computeStatus(recs, st.ReadyReplicas)
+	s.mu.Unlock()
+	if withTask {
+		st.Task = s.task.Redacted()
+	}
+	return st
+}
+
+// computeStatus follows SkyServe: READY with any ready replica, REPLICA_INIT until the first
+// one, NO_REPLICA once none is left (or none is wanted). Called with s.mu held.
+func (s *service) computeStatus(recs []replicas.Record, ready int) string {
+	switch {
+	case s.shuttingDown:
+		return api.ServiceShuttingDown
+	case ready > 0:
+		s.everReady = true
+		return api.ServiceReady
+	case s.target == 0 || s.everReady:
+		return api.ServiceNoReplica
+	}
+	for _, r := range recs {
+		if !r.Status.Terminal() {
+			return api.ServiceReplicaInit
+		}
+	}
+	if len(recs) == 0 {
+		return api.ServiceControllerInit
+	}
+	return api.ServiceReplicaInit
+}
+
+// statusLoop persists service statuses so that an operator reading the store sees them.
+func (c *Controller) statusLoop(ctx context.Context) {
+	defer c.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		var changed []api.ServiceStatus
+		for _, s := range c.services {
+			st := s.statusLocked(false)
+			s.mu.Lock()
+			if st.Status != s.status {
+				s.status = st.Status
+				changed = append(changed, st)
+			}
+			s.mu.Unlock()
+		}
+		c.mu.Unlock()
+		for _, st := range changed {
+			c.log.Info("service status", zap.String("service", st.Name), zap.String("status", st.Status),
+				zap.Int("ready", st.ReadyReplicas), zap.Int("target", st.TargetReplicas))
+			if err := c.store.SetServiceStatus(st.Name, st.Status); err != nil && !errors.Is(err, store.ErrNotFound) {
+				c.log.Warn("persist service status", zap.String("service", st.Name), zap.Error(err))
+			}
+		}
+	}
+}
+
+// DeleteService implements api.Backend: drain the endpoint, terminate every replica, forget it.
+func (c *Controller) DeleteService(ctx context.Context, name string) error {
+	c.mu.Lock()
+	s, ok := c.services[name]
+	c.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("service %q: %w", name, api.ErrNotFound)
+	}
+	return c.down(ctx, s)
+}
+
+func (c *Controller) down(ctx context.Context, s *service) error {
+	s.mu.Lock()
+	s.shuttingDown = true
+	s.mu.Unlock()
+	// Persist first: a controller killed half-way finishes the job on restart.
+	if err := c.store.SetServiceStatus(s.name, api.ServiceShuttingDown); err != nil {
+		return err
+	}
+	c.log.Info("service shutting down", zap.String("service", s.name))
+	drainCtx, cancel := context.WithTimeout(ctx, c.opts.DrainTimeout)
+	defer cancel()
+	// The endpoint stops accepting first, and in-flight requests and streams finish, before
+	// their replicas go.
+	if err := s.proxy.Shutdown(drainCtx); err != nil {
+		c.log.Warn("drain did not finish", zap.String("service", s.name), zap.Error(err))
+	}
+	termCtx, termCancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer termCancel()
+	if err := s.mgr.Shutdown(termCtx); err != nil {
+		_ = c.store.SetServiceStatus(s.name, api.ServiceFailedCleanup)
+		return fmt.Errorf("terminate replicas of %q: %w", s.name, err)
+	}
+	s.cancel()
+	<-s.done
+	if err := c.store.DeleteService(s.name); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	delete(c.services, s.name)
+	c.mu.Unlock()
+	c.log.Info("service down", zap.String("service", s.name))
+	return nil
+}
+
+// ReplicaLogPath implements api.Backend.
+func (c *Controller) ReplicaLogPath(name string, id int) (string, error) {
+	c.mu.Lock()
+	s, ok := c.services[name]
+	c.mu.Unlock()
+	if !ok {
+		return "", fmt.Errorf("service %q: %w", name, api.ErrNotFound)
+	}
+	for _, r := range s.mgr.Replicas() {
+		if r.ID != id {
+			continue
+		}
+		ls, ok := c.provider.(launcher.LogSource)
+		if !ok || r.InstanceID == "" {
+			return "", fmt.Errorf("replica %d of %q has no log: %w", id, name, api.ErrNotFound)
+		}
+		p, err := ls.LogPath(r.InstanceID)
+		if err != nil {
+			return "", fmt.Errorf("replica %d of %q: %v: %w", id, name, err, api.ErrNotFound)
+		}
+		return p, nil
+	}
+	return "", fmt.Errorf("replica %d of %q: %w", id, name, api.ErrNotFound)
+}
+
+// ControllerLogPath implements api.Backend.
+func (c *Controller) ControllerLogPath() string { return c.opts.LogFile }
+
+// Status implements api.Backend.
+func (c *Controller) Status() api.ControllerStatus {
+	c.mu.Lock()
+	n := len(c.services)
+	c.mu.Unlock()
+	return api.ControllerStatus{PID: os.Getpid(), Addr: c.apiAddr, Home: c.opts.Home.Dir, Version: c.opts.Version,
+		StartedAt: c.startedAt, Services: n}
+}
+
+var _ api.Backend = (*Controller)(nil)

@@ -1,0 +1,132 @@
+// Package home locates Ferry's state directory (~/.ferry, or $FERRY_HOME) and the files in it
+// that the CLI and the controller share. Everything in it is owner-only: the store holds
+// secrets and the token file grants full control of the controller.
+package home
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// Env names the variable that overrides the state directory.
+const Env = "FERRY_HOME"
+
+// Home is one state directory.
+type Home struct{ Dir string }
+
+// Default returns $FERRY_HOME, or ~/.ferry.
+func Default() (Home, error) {
+	if d := os.Getenv(Env); d != "" {
+		abs, err := filepath.Abs(d)
+		if err != nil {
+			return Home{}, err
+		}
+		return Home{Dir: abs}, nil
+	}
+	h, err := os.UserHomeDir()
+	if err != nil {
+		return Home{}, fmt.Errorf("find home directory (set %s): %w", Env, err)
+	}
+	return Home{Dir: filepath.Join(h, ".ferry")}, nil
+}
+
+// Ensure creates the directory with mode 0700 (and tightens it if it exists).
+func (h Home) Ensure() error {
+	if err := os.MkdirAll(h.Dir, 0o700); err != nil {
+		return err
+	}
+	return os.Chmod(h.Dir, 0o700)
+}
+
+// Paths of the shared files.
+func (h Home) StorePath() string     { return filepath.Join(h.Dir, "ferry.db") }
+func (h Home) TokenPath() string     { return filepath.Join(h.Dir, "controller.token") }
+func (h Home) InfoPath() string      { return filepath.Join(h.Dir, "controller.json") }
+func (h Home) LockPath() string      { return filepath.Join(h.Dir, "controller.lock") }
+func (h Home) ControllerLog() string { return filepath.Join(h.Dir, "controller.log") }
+func (h Home) LocalDir() string      { return filepath.Join(h.Dir, "local") }
+
+// Token returns the controller token, creating a random one (0600) on first use.
+func (h Home) Token() (string, error) {
+	b, err := os.ReadFile(h.TokenPath())
+	if err == nil {
+		if tok := strings.TrimSpace(string(b)); tok != "" {
+			return tok, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("read controller token: %w", err)
+	}
+	if err := h.Ensure(); err != nil {
+		return "", err
+	}
+	raw := make([]byte, 32)
+	if _, err := rand.Read(raw); err != nil {
+		return "", err
+	}
+	tok := hex.EncodeToString(raw)
+	// O_EXCL makes concurrent first uses agree: the loser reads the winner's token.
+	f, err := os.OpenFile(h.TokenPath(), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return h.waitToken()
+	}
+	if err != nil {
+		return "", fmt.Errorf("create controller token: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(tok + "\n"); err != nil {
+		return "", err
+	}
+	return tok, nil
+}
+
+func (h Home) waitToken() (string, error) {
+	for range 50 {
+		b, err := os.ReadFile(h.TokenPath())
+		if err == nil && strings.TrimSpace(string(b)) != "" {
+			return strings.TrimSpace(string(b)), nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return "", errors.New("controller token file exists but stays empty")
+}
+
+// Info is what a running controller publishes about itself.
+type Info struct {
+	PID       int       `json:"pid"`
+	Addr      string    `json:"addr"`
+	Version   string    `json:"version"`
+	StartedAt time.Time `json:"started_at"`
+}
+
+// WriteInfo atomically replaces controller.json.
+func (h Home) WriteInfo(info Info) error {
+	b, err := json.MarshalIndent(info, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := h.InfoPath() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, h.InfoPath())
+}
+
+// ReadInfo reads controller.json; os.ErrNotExist when no controller ever ran here.
+func (h Home) ReadInfo() (Info, error) {
+	var info Info
+	b, err := os.ReadFile(h.InfoPath())
+	if err != nil {
+		return info, err
+	}
+	if err := json.Unmarshal(b, &info); err != nil {
+		return info, fmt.Errorf("read %s: %w", h.InfoPath(), err)
+	}
+	return info, nil
+}

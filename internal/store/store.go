@@ -1,0 +1,284 @@
+// Package store is the controller's state in embedded SQLite (pure Go, modernc.org/sqlite). The
+// schema is plain so that an operator can read it with the sqlite3 shell: one row per service,
+// one row per replica.
+package store
+
+import (
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/replicas"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// ErrNotFound is returned when a service does not exist.
+var ErrNotFound = errors.New("not found")
+
+// Store is safe for concurrent use (database/sql serialises through one connection).
+type Store struct {
+	db *sql.DB
+}
+
+// Service is one service row.
+type Service struct {
+	Name    string
+	Version int
+	// Task holds secrets: the store file is 0600 and the task is never logged.
+	Task *configs.Task
+	// Port is the proxy listener's port, kept so that the endpoint survives controller restarts.
+	Port      int
+	Status    string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+const schema = `
+CREATE TABLE IF NOT EXISTS services (
+	name            TEXT PRIMARY KEY,
+	version         INTEGER NOT NULL,
+	task_json       TEXT NOT NULL,
+	port            INTEGER NOT NULL,
+	status          TEXT NOT NULL,
+	next_replica_id INTEGER NOT NULL DEFAULT 1,
+	created_at      INTEGER NOT NULL,
+	updated_at      INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS replicas (
+	service     TEXT NOT NULL,
+	id          INTEGER NOT NULL,
+	version     INTEGER NOT NULL,
+	status      TEXT NOT NULL,
+	instance_id TEXT NOT NULL DEFAULT '',
+	endpoint    TEXT NOT NULL DEFAULT '',
+	infra       TEXT NOT NULL DEFAULT '',
+	zone        TEXT NOT NULL DEFAULT '',
+	spot        INTEGER NOT NULL DEFAULT 0,
+	price       REAL NOT NULL DEFAULT 0,
+	resources   TEXT NOT NULL DEFAULT '',
+	launched_at INTEGER NOT NULL DEFAULT 0,
+	ready_at    INTEGER NOT NULL DEFAULT 0,
+	reason      TEXT NOT NULL DEFAULT '',
+	PRIMARY KEY (service, id)
+);
+`
+
+// Open opens (creating if needed) the database at path with owner-only permissions.
+func Open(path string) (*Store, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	f.Close()
+	if err := os.Chmod(path, 0o600); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	// WAL keeps readers (status) from blocking the writer; busy_timeout rides out the rare
+	// overlap with an exiting controller during a restart.
+	dsn := "file:" + path + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(ON)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	db.SetMaxOpenConns(1)
+	if _, err := db.Exec(schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("create schema in %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the database.
+func (s *Store) Close() error { return s.db.Close() }
+
+// CreateService inserts a new service; it fails if the name exists.
+func (s *Store) CreateService(svc Service) error {
+	task, err := json.Marshal(svc.Task)
+	if err != nil {
+		return err
+	}
+	now := time.Now().UnixMilli()
+	_, err = s.db.Exec(`INSERT INTO services (name, version, task_json, port, status, created_at, updated_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?)`, svc.Name, svc.Version, string(task), svc.Port, svc.Status, now, now)
+	if err != nil {
+		return fmt.Errorf("create service %q: %w", svc.Name, err)
+	}
+	return nil
+}
+
+// SetServiceStatus records a service's status.
+func (s *Store) SetServiceStatus(name, status string) error {
+	res, err := s.db.Exec(`UPDATE services SET status = ?, updated_at = ? WHERE name = ?`,
+		status, time.Now().UnixMilli(), name)
+	if err != nil {
+		return fmt.Errorf("set status of %q: %w", name, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("service %q: %w", name, ErrNotFound)
+	}
+	return nil
+}
+
+// GetService returns one service.
+func (s *Store) GetService(name string) (Service, error) {
+	row := s.db.QueryRow(`SELECT name, version, task_json, port, status, created_at, updated_at
+		FROM services WHERE name = ?`, name)
+	svc, err := scanService(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Service{}, fmt.Errorf("service %q: %w", name, ErrNotFound)
+	}
+	return svc, err
+}
+
+// ListServices returns every service ordered by name.
+func (s *Store) ListServices() ([]Service, error) {
+	rows, err := s.db.Query(`SELECT name, version, task_json, port, status, created_at, updated_at
+		FROM services ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Service
+	for rows.Next() {
+		svc, err := scanService(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, svc)
+	}
+	return out, rows.Err()
+}
+
+// DeleteService removes a service and its replica rows.
+func (s *Store) DeleteService(name string) error {
+	tx, err := s.db.Begin()
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	if _, err := tx.Exec(`DELETE FROM replicas WHERE service = ?`, name); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(`DELETE FROM services WHERE name = ?`, name); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanService(row scanner) (Service, error) {
+	var (
+		svc              Service
+		taskJSON         string
+		created, updated int64
+	)
+	if err := row.Scan(&svc.Name, &svc.Version, &taskJSON, &svc.Port, &svc.Status, &created, &updated); err != nil {
+		return Service{}, err
+	}
+	svc.Task = new(configs.Task)
+	if err := json.Unmarshal([]byte(taskJSON), svc.Task); err != nil {
+		return Service{}, fmt.Errorf("service %q: decode task: %w", svc.Name, err)
+	}
+	svc.CreatedAt = time.UnixMilli(created)
+	svc.UpdatedAt = time.UnixMilli(updated)
+	return svc, nil
+}
+
+var _ replicas.Store = (*Store)(nil)
+
+// NextReplicaID hands out replica ids that are never reused within a service, as SkyServe does,
+// so that logs and status lines about an old replica never get confused with a new one.
+func (s *Store) NextReplicaID(service string) (int, error) {
+	var id int
+	err := s.db.QueryRow(`UPDATE services SET next_replica_id = next_replica_id + 1
+		WHERE name = ? RETURNING next_replica_id - 1`, service).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, fmt.Errorf("service %q: %w", service, ErrNotFound)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("next replica id of %q: %w", service, err)
+	}
+	return id, nil
+}
+
+// SaveReplica inserts or updates a replica row. It also moves the service's id counter past
+// the id, so an instance adopted from a label can never collide with a later replica.
+func (s *Store) SaveReplica(r replicas.Record) error {
+	tx, err := s.db.Begin()
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	_, err = tx.Exec(`INSERT INTO replicas (service, id, version, status, instance_id, endpoint, infra, zone,
+			spot, price, resources, launched_at, ready_at, reason)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (service, id) DO UPDATE SET version = excluded.version, status = excluded.status,
+			instance_id = excluded.instance_id, endpoint = excluded.endpoint, infra = excluded.infra,
+			zone = excluded.zone, spot = excluded.spot, price = excluded.price,
+			resources = excluded.resources, launched_at = excluded.launched_at,
+			ready_at = excluded.ready_at, reason = excluded.reason`,
+		r.Service, r.ID, r.Version, string(r.Status), r.InstanceID, r.Endpoint, r.Infra, r.Zone,
+		r.Spot, r.Price, r.Resources, millis(r.LaunchedAt), millis(r.ReadyAt), r.Reason)
+	if err != nil {
+		return fmt.Errorf("save replica %s/%d: %w", r.Service, r.ID, err)
+	}
+	if _, err := tx.Exec(`UPDATE services SET next_replica_id = MAX(next_replica_id, ? + 1) WHERE name = ?`,
+		r.ID, r.Service); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// DeleteReplica forgets a replica.
+func (s *Store) DeleteReplica(service string, id int) error {
+	_, err := s.db.Exec(`DELETE FROM replicas WHERE service = ? AND id = ?`, service, id)
+	return err
+}
+
+// ListReplicas returns a service's replica rows ordered by id.
+func (s *Store) ListReplicas(service string) ([]replicas.Record, error) {
+	rows, err := s.db.Query(`SELECT service, id, version, status, instance_id, endpoint, infra, zone,
+			spot, price, resources, launched_at, ready_at, reason
+		FROM replicas WHERE service = ? ORDER BY id`, service)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []replicas.Record
+	for rows.Next() {
+		var (
+			r                 replicas.Record
+			status            string
+			launched, readyAt int64
+		)
+		if err := rows.Scan(&r.Service, &r.ID, &r.Version, &status, &r.InstanceID, &r.Endpoint, &r.Infra,
+			&r.Zone, &r.Spot, &r.Price, &r.Resources, &launched, &readyAt, &r.Reason); err != nil {
+			return nil, err
+		}
+		r.Status = replicas.Status(status)
+		r.LaunchedAt = fromMillis(launched)
+		r.ReadyAt = fromMillis(readyAt)
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+func millis(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
+}
+
+func fromMillis(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}

@@ -1,0 +1,157 @@
+package store
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/replicas"
+	"github.com/google/go-cmp/cmp"
+)
+
+func openTemp(t *testing.T) (*Store, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "ferry.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, path
+}
+
+func TestServiceRoundTripAndPermissions(t *testing.T) {
+	s, path := openTemp(t)
+	task := &configs.Task{Name: "chat", Run: "serve", Secrets: map[string]string{"HF_TOKEN": "hf_x"},
+		Service: &configs.Service{Port: 8080, ReplicaPolicy: configs.ReplicaPolicy{MinReplicas: 2, MaxReplicas: 2}}}
+	if err := s.CreateService(Service{Name: "chat", Version: 1, Task: task, Port: 30001, Status: "CONTROLLER_INIT"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateService(Service{Name: "chat", Version: 1, Task: task, Port: 30002}); err == nil {
+		t.Fatal("duplicate service name accepted")
+	}
+	if err := s.SetServiceStatus("chat", "READY"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetService("chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(task, got.Task); diff != "" {
+		t.Errorf("task (-want +got):\n%s", diff)
+	}
+	if got.Port != 30001 || got.Status != "READY" || got.Version != 1 {
+		t.Errorf("got %+v", got)
+	}
+	if _, err := s.GetService("nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("GetService(nope) = %v, want ErrNotFound", err)
+	}
+	if err := s.SetServiceStatus("nope", "READY"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("SetServiceStatus(nope) = %v, want ErrNotFound", err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if perm := fi.Mode().Perm(); perm != 0o600 {
+		t.Errorf("store file mode %o, want 600 (it holds secrets)", perm)
+	}
+}
+
+func TestReplicaIDsAreNeverReused(t *testing.T) {
+	s, _ := openTemp(t)
+	if err := s.CreateService(Service{Name: "a", Version: 1, Task: &configs.Task{}, Port: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var ids []int
+	for range 3 {
+		id, err := s.NextReplicaID("a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if diff := cmp.Diff([]int{1, 2, 3}, ids); diff != "" {
+		t.Errorf("ids (-want +got):\n%s", diff)
+	}
+	// An adopted replica with a higher id moves the counter past it.
+	if err := s.SaveReplica(replicas.Record{Service: "a", ID: 10, Version: 1, Status: replicas.StatusStarting}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteReplica("a", 10); err != nil {
+		t.Fatal(err)
+	}
+	id, err := s.NextReplicaID("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id != 11 {
+		t.Errorf("after adopting id 10, next id = %d, want 11", id)
+	}
+	if _, err := s.NextReplicaID("missing"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("NextReplicaID(missing) = %v, want ErrNotFound", err)
+	}
+}
+
+func TestReplicaRecords(t *testing.T) {
+	s, _ := openTemp(t)
+	if err := s.CreateService(Service{Name: "a", Version: 1, Task: &configs.Task{}, Port: 1}); err != nil {
+		t.Fatal(err)
+	}
+	launched := time.UnixMilli(time.Now().UnixMilli())
+	r := replicas.Record{Service: "a", ID: 2, Version: 1, Status: replicas.StatusStarting, InstanceID: "local-a-2",
+		Endpoint: "127.0.0.1:4000", Infra: "local", LaunchedAt: launched}
+	if err := s.SaveReplica(r); err != nil {
+		t.Fatal(err)
+	}
+	r.Status = replicas.StatusReady
+	r.ReadyAt = launched.Add(time.Second)
+	if err := s.SaveReplica(r); err != nil {
+		t.Fatal(err)
+	}
+	r1 := replicas.Record{Service: "a", ID: 1, Version: 1, Status: replicas.StatusFailed, Reason: "exit status 1"}
+	if err := s.SaveReplica(r1); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ListReplicas("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]replicas.Record{r1, r}, got); diff != "" {
+		t.Errorf("replicas (-want +got):\n%s", diff)
+	}
+	if err := s.DeleteService("a"); err != nil {
+		t.Fatal(err)
+	}
+	got, err = s.ListReplicas("a")
+	if err != nil || len(got) != 0 {
+		t.Errorf("after DeleteService: %v, %v", got, err)
+	}
+}
+
+func TestReopenKeepsState(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ferry.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateService(Service{Name: "a", Version: 3, Task: &configs.Task{Run: "x"}, Port: 30005, Status: "READY"}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	list, err := s.ListServices()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].Port != 30005 || list[0].Version != 3 || list[0].Task.Run != "x" {
+		t.Errorf("after reopen: %+v", list)
+	}
+}

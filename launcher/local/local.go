@@ -1,0 +1,536 @@
+// Package local runs replicas as process groups on this machine: Ferry's embedded default infra,
+// used on a laptop and in every end-to-end test.
+//
+// Each instance lives in its own directory under Options.Dir, holding the script it runs, its
+// output log and instance.json. Everything a controller needs to find and stop an instance is in
+// that directory, so a controller that restarts adopts the processes an earlier one started:
+// replicas run in their own session and process group and outlive the controller.
+package local
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// Options configures a Provider.
+type Options struct {
+	// Dir holds one directory per instance plus logs/ for the output of terminated ones, e.g.
+	// $FERRY_HOME/local. It is created (0700) if missing.
+	Dir string
+	// PathPrepend lists directories put first on the replicas' PATH; the controller passes the
+	// ferry binary's directory so that `run: ferry replica-sim` works without installing it.
+	PathPrepend []string
+	// Host is the address replicas bind and the proxy dials; default 127.0.0.1.
+	Host string
+	// StopGrace is how long Terminate waits after SIGTERM before SIGKILL; default 10s, time for
+	// a server to finish in-flight requests.
+	StopGrace time.Duration
+	// Logger receives one line per launch and termination; nil means no logging.
+	Logger *zap.Logger
+}
+
+// Defaults for Options.
+const (
+	DefaultHost      = "127.0.0.1"
+	DefaultStopGrace = 10 * time.Second
+)
+
+const (
+	// pollInterval paces the checks for a process group that is going away.
+	pollInterval = 20 * time.Millisecond
+	// killWait bounds the wait for a SIGKILLed group to vanish.
+	killWait = 5 * time.Second
+	// reapWait bounds the wait for our own Wait goroutine to record an exit status.
+	reapWait = 2 * time.Second
+	// portQuarantine keeps a port we handed out from being handed out again while its replica
+	// may not have bound it yet.
+	portQuarantine = time.Minute
+)
+
+// Provider launches instances as local process groups. It is safe for concurrent use.
+type Provider struct {
+	opts Options
+	log  *zap.Logger
+
+	mu sync.Mutex
+	// children are the instances this process started, and can therefore wait for.
+	children map[string]*child
+	// recentPorts maps a port handed out to when, see portQuarantine.
+	recentPorts map[int]time.Time
+}
+
+// child tracks one process this Provider started; done closes once Wait returned.
+type child struct {
+	done   chan struct{}
+	reason string
+}
+
+var (
+	_ launcher.Provider  = (*Provider)(nil)
+	_ launcher.LogSource = (*Provider)(nil)
+)
+
+// New returns a Provider that keeps its instances under opts.Dir.
+func New(opts Options) (*Provider, error) {
+	if opts.Dir == "" {
+		return nil, fmt.Errorf("local provider: Dir is required")
+	}
+	if opts.Host == "" {
+		opts.Host = DefaultHost
+	}
+	if opts.StopGrace <= 0 {
+		opts.StopGrace = DefaultStopGrace
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("local provider: %w", err)
+	}
+	opts.Dir = dir
+	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("local provider: %w", err)
+	}
+	return &Provider{
+		opts:        opts,
+		log:         opts.Logger.With(zap.String("infra", configs.InfraLocal)),
+		children:    map[string]*child{},
+		recentPorts: map[int]time.Time{},
+	}, nil
+}
+
+// Launch starts spec as `bash run.sh` in a new session and process group, on a freshly
+// allocated port that it passes as FERRY_PORT, and returns once the process exists.
+func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
+	if err := validName(spec.Name); err != nil {
+		return launcher.Instance{}, err
+	}
+	if strings.TrimSpace(spec.Run) == "" {
+		return launcher.Instance{}, fmt.Errorf("%w: instance %q has an empty run command", launcher.ErrInvalid, spec.Name)
+	}
+	if err := ctx.Err(); err != nil {
+		return launcher.Instance{}, err
+	}
+	id, err := newID(spec.Name)
+	if err != nil {
+		return launcher.Instance{}, err
+	}
+	port, err := p.allocatePort()
+	if err != nil {
+		return launcher.Instance{}, err
+	}
+	dir := filepath.Join(p.opts.Dir, id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return launcher.Instance{}, fmt.Errorf("create instance dir: %w", err)
+	}
+	inst, err := p.start(dir, id, port, spec)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return launcher.Instance{}, err
+	}
+	p.log.Info("launched instance", zap.String("instance", id), zap.String("name", spec.Name),
+		zap.String("endpoint", inst.Endpoint))
+	return inst, nil
+}
+
+func (p *Provider) start(dir, id string, port int, spec launcher.Spec) (launcher.Instance, error) {
+	script := filepath.Join(dir, scriptFile)
+	if err := os.WriteFile(script, []byte(renderScript(spec)), 0o600); err != nil {
+		return launcher.Instance{}, fmt.Errorf("write run script: %w", err)
+	}
+	out, err := os.OpenFile(filepath.Join(dir, logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return launcher.Instance{}, fmt.Errorf("open output log: %w", err)
+	}
+	defer out.Close() // the child holds its own descriptor
+
+	cmd := exec.Command("bash", script)
+	cmd.Dir = dir
+	if spec.Workdir != "" {
+		cmd.Dir = spec.Workdir
+	}
+	cmd.Env = p.environ(spec, port)
+	cmd.Stdin = nil // /dev/null
+	cmd.Stdout = out
+	cmd.Stderr = out
+	// A new session: its own process group (pgid = pid) so Terminate can signal every process
+	// the replica started, no controlling terminal, and no signal from the controller's
+	// terminal or its death reaches it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			return launcher.Instance{}, fmt.Errorf("%w: start replica: %v", launcher.ErrInvalid, err)
+		}
+		return launcher.Instance{}, fmt.Errorf("start replica: %w", err)
+	}
+	pid := cmd.Process.Pid
+	// The child is not reaped before Wait, so its stat is readable even if it already exited.
+	st, err := readProcStat(pid)
+	if err != nil {
+		_ = signalGroup(pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+		return launcher.Instance{}, fmt.Errorf("read process start time: %w", err)
+	}
+	meta := &metadata{
+		ID:         id,
+		Name:       spec.Name,
+		Labels:     cloneLabels(spec.Labels),
+		PID:        pid,
+		PGID:       pid,
+		StartTime:  st.StartTime,
+		Endpoint:   net.JoinHostPort(p.opts.Host, strconv.Itoa(port)),
+		LaunchedAt: time.Now().UTC(),
+	}
+	if err := saveMetadata(dir, meta); err != nil {
+		_ = signalGroup(pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+		return launcher.Instance{}, fmt.Errorf("write instance metadata: %w", err)
+	}
+	c := &child{done: make(chan struct{})}
+	p.mu.Lock()
+	p.children[id] = c
+	p.mu.Unlock()
+	go p.wait(dir, cmd, c)
+	return p.instance(meta, launcher.StateRunning, ""), nil
+}
+
+// wait reaps a child we started and records how it ended, which only its parent can learn.
+func (p *Provider) wait(dir string, cmd *exec.Cmd, c *child) {
+	err := cmd.Wait()
+	reason := "process exited"
+	if cmd.ProcessState != nil {
+		reason = cmd.ProcessState.String()
+	} else if err != nil {
+		reason = err.Error()
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	// The file is written before done closes, so whoever saw done finds the reason on disk too.
+	c.reason = reason
+	defer close(c.done)
+	meta, err := loadMetadata(dir)
+	if err != nil {
+		return // terminated and removed already
+	}
+	if meta.ExitReason == "" {
+		meta.ExitReason = reason
+		meta.ExitedAt = time.Now().UTC()
+		if err := saveMetadata(dir, meta); err != nil {
+			p.log.Warn("record exit status", zap.String("instance", meta.ID), zap.Error(err))
+		}
+	}
+	p.log.Info("instance exited", zap.String("instance", meta.ID), zap.String("reason", reason))
+}
+
+// List returns the instances under Dir whose labels match selector, with StateRunning while the
+// process started for them is alive and StateTerminated (and why) once it is not.
+func (p *Provider) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
+	entries, err := os.ReadDir(p.opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("list local instances: %w", err)
+	}
+	var out []launcher.Instance
+	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if !e.IsDir() || e.Name() == logsDir {
+			continue
+		}
+		meta, err := loadMetadata(filepath.Join(p.opts.Dir, e.Name()))
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				p.log.Warn("skip unreadable instance", zap.String("dir", e.Name()), zap.Error(err))
+			}
+			continue // being launched or removed
+		}
+		if !launcher.Matches(meta.Labels, selector) {
+			continue
+		}
+		state, reason := p.state(meta)
+		out = append(out, p.instance(meta, state, reason))
+	}
+	return out, nil
+}
+
+// state checks whether meta's process is still the one launched and still running.
+func (p *Provider) state(meta *metadata) (launcher.State, string) {
+	if meta.ExitReason != "" {
+		return launcher.StateTerminated, meta.ExitReason
+	}
+	p.mu.Lock()
+	c := p.children[meta.ID]
+	p.mu.Unlock()
+	if c != nil {
+		select {
+		case <-c.done:
+			return launcher.StateTerminated, c.reason
+		default:
+		}
+	}
+	reason := leaderStatus(meta)
+	if reason == "" {
+		return launcher.StateRunning, ""
+	}
+	if c != nil {
+		// Our own child just exited; its Wait is about to report the exact status.
+		select {
+		case <-c.done:
+			return launcher.StateTerminated, c.reason
+		case <-time.After(reapWait):
+		}
+	}
+	return launcher.StateTerminated, reason
+}
+
+// Terminate stops the instance's whole process group (SIGTERM, then SIGKILL after StopGrace),
+// keeps its output as logs/<name>.log and removes the rest of its directory. An unknown or
+// already removed id is not an error.
+func (p *Provider) Terminate(ctx context.Context, id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	dir := filepath.Join(p.opts.Dir, id)
+	meta, err := loadMetadata(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("terminate %s: %w", id, err)
+	}
+	if err := p.stopGroup(ctx, meta); err != nil {
+		return fmt.Errorf("terminate %s: %w", id, err)
+	}
+	p.mu.Lock()
+	c := p.children[id]
+	p.mu.Unlock()
+	if c != nil {
+		select {
+		case <-c.done:
+		case <-time.After(reapWait):
+		}
+	}
+
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.children, id)
+	logs := filepath.Join(p.opts.Dir, logsDir)
+	if err := os.MkdirAll(logs, 0o700); err != nil {
+		return fmt.Errorf("terminate %s: keep log: %w", id, err)
+	}
+	if err := os.Rename(filepath.Join(dir, logFile), filepath.Join(logs, meta.Name+".log")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("terminate %s: keep log: %w", id, err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("terminate %s: %w", id, err)
+	}
+	p.log.Info("terminated instance", zap.String("instance", id), zap.String("name", meta.Name))
+	return nil
+}
+
+// stopGroup signals the instance's process group and waits for it to vanish. Cancelling ctx
+// cuts the grace period short; it never leaves the group running.
+func (p *Provider) stopGroup(ctx context.Context, meta *metadata) error {
+	if !groupAlive(meta) {
+		return nil
+	}
+	if err := signalGroup(meta.PGID, syscall.SIGTERM); err != nil {
+		return err
+	}
+	if waitGone(ctx, meta, p.opts.StopGrace) {
+		return nil
+	}
+	if err := signalGroup(meta.PGID, syscall.SIGKILL); err != nil {
+		return err
+	}
+	if waitGone(context.Background(), meta, killWait) {
+		return nil
+	}
+	return fmt.Errorf("process group %d still alive after SIGKILL", meta.PGID)
+}
+
+// waitGone polls until meta's group has no live member, d passes or ctx ends.
+func waitGone(ctx context.Context, meta *metadata, d time.Duration) bool {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	tick := time.NewTicker(pollInterval)
+	defer tick.Stop()
+	for {
+		if !groupAlive(meta) {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return !groupAlive(meta)
+		case <-deadline.C:
+			return !groupAlive(meta)
+		case <-tick.C:
+		}
+	}
+}
+
+// LogPath returns the instance's output log: in its directory while it exists, in logs/ after
+// Terminate, so that the output of a dead replica can still be read.
+func (p *Provider) LogPath(id string) (string, error) {
+	if err := validID(id); err != nil {
+		return "", err
+	}
+	live := filepath.Join(p.opts.Dir, id, logFile)
+	if _, err := os.Stat(live); err == nil {
+		return live, nil
+	}
+	if name, ok := nameFromID(id); ok {
+		kept := filepath.Join(p.opts.Dir, logsDir, name+".log")
+		if _, err := os.Stat(kept); err == nil {
+			return kept, nil
+		}
+	}
+	return "", fmt.Errorf("%w: no log for %s", launcher.ErrNotFound, id)
+}
+
+func (p *Provider) instance(meta *metadata, state launcher.State, reason string) launcher.Instance {
+	return launcher.Instance{
+		ID:           meta.ID,
+		Name:         meta.Name,
+		Labels:       cloneLabels(meta.Labels),
+		Endpoint:     meta.Endpoint,
+		Infra:        configs.InfraLocal,
+		PricePerHour: 0,
+		State:        state,
+		LaunchedAt:   meta.LaunchedAt,
+		Reason:       reason,
+	}
+}
+
+// environ builds the replica's environment: the controller's own, minus its FERRY_* settings
+// (they may hold the controller's token), with PathPrepend first on PATH, then spec.Envs, then
+// FERRY_PORT and FERRY_HOST, which the provider owns.
+func (p *Provider) environ(spec launcher.Spec, port int) []string {
+	var env []string
+	path := ""
+	for _, kv := range os.Environ() {
+		k, v, _ := strings.Cut(kv, "=")
+		switch {
+		case k == "PATH":
+			path = v
+		case strings.HasPrefix(k, "FERRY_"):
+		default:
+			env = append(env, kv)
+		}
+	}
+	dirs := slices.Clone(p.opts.PathPrepend)
+	if path != "" {
+		dirs = append(dirs, path)
+	}
+	env = append(env, "PATH="+strings.Join(dirs, string(os.PathListSeparator)))
+	keys := make([]string, 0, len(spec.Envs))
+	for k := range spec.Envs {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+spec.Envs[k])
+	}
+	// exec.Cmd keeps the last value of a duplicated key, so these win.
+	return append(env, "FERRY_PORT="+strconv.Itoa(port), "FERRY_HOST="+p.opts.Host)
+}
+
+// allocatePort asks the kernel for a free port on Host. The port is released before the replica
+// binds it, so ports handed out recently are skipped to keep two replicas off the same one.
+func (p *Provider) allocatePort() (int, error) {
+	for range 20 {
+		l, err := net.Listen("tcp", net.JoinHostPort(p.opts.Host, "0"))
+		if err != nil {
+			return 0, fmt.Errorf("allocate port on %s: %w", p.opts.Host, err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		now := time.Now()
+		p.mu.Lock()
+		for q, at := range p.recentPorts {
+			if now.Sub(at) > portQuarantine {
+				delete(p.recentPorts, q)
+			}
+		}
+		_, taken := p.recentPorts[port]
+		if !taken {
+			p.recentPorts[port] = now
+		}
+		p.mu.Unlock()
+		if !taken {
+			return port, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: no free port on %s", launcher.ErrNoCapacity, p.opts.Host)
+}
+
+const idPrefix = "local-"
+
+// newID returns "local-<name>-<6 random hex>": readable in `ls`, unique across relaunches.
+func newID(name string) (string, error) {
+	var b [3]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return idPrefix + name + "-" + hex.EncodeToString(b[:]), nil
+}
+
+// nameFromID inverts newID.
+func nameFromID(id string) (string, bool) {
+	rest, ok := strings.CutPrefix(id, idPrefix)
+	if !ok || len(rest) < 8 || rest[len(rest)-7] != '-' {
+		return "", false
+	}
+	return rest[:len(rest)-7], true
+}
+
+// validName keeps names usable as file names: they become directory and log file names.
+func validName(name string) error {
+	if name == "" || len(name) > 128 || name[0] == '.' || name[0] == '-' {
+		return fmt.Errorf("%w: instance name %q must be 1-128 characters, not starting with '.' or '-'", launcher.ErrInvalid, name)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return fmt.Errorf("%w: instance name %q may only hold letters, digits, '-', '_' and '.'", launcher.ErrInvalid, name)
+		}
+	}
+	return nil
+}
+
+// validID rejects ids that could escape Dir. Other ids that name nothing are merely unknown.
+func validID(id string) error {
+	if id == "" || id == "." || id == ".." || id == logsDir || strings.ContainsAny(id, `/\`+"\x00") {
+		return fmt.Errorf("%w: %q is not a local instance id", launcher.ErrInvalid, id)
+	}
+	return nil
+}
+
+func cloneLabels(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,75 @@
+package local
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// metadata is what instance.json holds: enough to find, check and stop a replica's process group
+// from a later controller process. It never holds the environment, which carries secrets.
+type metadata struct {
+	ID     string            `json:"id"`
+	Name   string            `json:"name"`
+	Labels map[string]string `json:"labels"`
+	PID    int               `json:"pid"`
+	PGID   int               `json:"pgid"`
+	// StartTime is /proc/<pid>/stat field 22, to tell our process from a later one with the
+	// same pid.
+	StartTime  uint64    `json:"start_time"`
+	Endpoint   string    `json:"endpoint"`
+	LaunchedAt time.Time `json:"launched_at"`
+	// ExitReason and ExitedAt are written by the controller process that started the replica,
+	// the only one that can wait for it and so learn its exit status.
+	ExitReason string    `json:"exit_reason,omitempty"`
+	ExitedAt   time.Time `json:"exited_at,omitzero"`
+}
+
+const (
+	metadataFile = "instance.json"
+	logFile      = "output.log"
+	scriptFile   = "run.sh"
+	logsDir      = "logs"
+)
+
+func loadMetadata(dir string) (*metadata, error) {
+	data, err := os.ReadFile(filepath.Join(dir, metadataFile))
+	if err != nil {
+		return nil, err
+	}
+	var m metadata
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, fmt.Errorf("parse %s: %w", filepath.Join(dir, metadataFile), err)
+	}
+	return &m, nil
+}
+
+// saveMetadata writes instance.json atomically (temp file + rename) so that a reader in another
+// controller never sees half a file. It does not create dir: a directory removed by Terminate
+// stays removed.
+func saveMetadata(dir string, m *metadata) error {
+	data, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, metadataFile+".tmp*")
+	if err != nil {
+		return err
+	}
+	if _, err := tmp.Write(append(data, '\n')); err != nil {
+		_ = tmp.Close()
+		_ = os.Remove(tmp.Name())
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		_ = os.Remove(tmp.Name())
+		return err
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, metadataFile)); err != nil {
+		_ = os.Remove(tmp.Name())
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,186 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync/atomic"
+)
+
+// Policy names, as written in a service's load_balancing_policy (SkyServe's names).
+const (
+	RoundRobin             = "round_robin"
+	LeastLoad              = "least_load"
+	InstanceAwareLeastLoad = "instance_aware_least_load"
+	// Default is what an empty name selects: least_load, as in SkyServe.
+	Default = LeastLoad
+)
+
+// Picker chooses the replica for one request. Pick returns nil when replicas is empty. It is
+// called concurrently from every request goroutine, so implementations keep no per-call state
+// except atomics, and must not retain or modify the slice.
+type Picker interface {
+	Pick(replicas []*Replica) *Replica
+}
+
+// Options tune the pickers that need more than the snapshot.
+type Options struct {
+	// TargetQPSPerAccelerator maps an accelerator name to the QPS one replica with it is
+	// expected to sustain (SkyServe's target_qps_per_replica map). Required, with positive
+	// values, by instance_aware_least_load.
+	TargetQPSPerAccelerator map[string]float64
+	// Rand returns uniformly distributed random numbers for tie breaks. Inject a seeded source to
+	// replay decisions; it must be safe for concurrent use if the picker is. Nil uses
+	// math/rand/v2's per-goroutine generator, which is lock-free.
+	Rand func() uint64
+}
+
+// Names returns the policy names New accepts, for help text and validation messages.
+func Names() []string { return []string{InstanceAwareLeastLoad, LeastLoad, RoundRobin} }
+
+// New returns the picker named name. An empty name selects the default, least_load, as in
+// SkyServe.
+func New(name string, opts Options) (Picker, error) {
+	rnd := opts.Rand
+	if rnd == nil {
+		rnd = rand.Uint64
+	}
+	switch name {
+	case RoundRobin:
+		return &roundRobin{}, nil
+	case LeastLoad, "":
+		return &leastLoad{rand: rnd}, nil
+	case InstanceAwareLeastLoad:
+		return newInstanceAware(opts.TargetQPSPerAccelerator, rnd)
+	}
+	return nil, fmt.Errorf("unknown load balancing policy %q: want one of %s", name, strings.Join(Names(), ", "))
+}
+
+var (
+	_ Picker   = (*roundRobin)(nil)
+	_ Picker   = (*leastLoad)(nil)
+	_ Picker   = (*instanceAware)(nil)
+	_ Preparer = (*instanceAware)(nil)
+)
+
+// roundRobin cycles through the snapshot with one shared counter. When the snapshot changes the
+// cycle continues from the counter's position, which is as fair as any restart.
+type roundRobin struct {
+	next atomic.Uint64
+}
+
+func (p *roundRobin) Pick(replicas []*Replica) *Replica {
+	n := uint64(len(replicas))
+	if n == 0 {
+		return nil
+	}
+	return replicas[(p.next.Add(1)-1)%n]
+}
+
+// leastLoad picks a replica with the fewest in-flight requests (SkyServe's least_load, which
+// counts requests the load balancer itself has in flight). Ties are broken uniformly at random
+// by reservoir sampling in one pass, as Caddy's LeastConnSelection does, so idle replicas share
+// a burst instead of the first one taking it all; no allocation, and no random number is drawn
+// when the minimum is unique.
+type leastLoad struct {
+	rand func() uint64
+}
+
+func (p *leastLoad) Pick(replicas []*Replica) *Replica {
+	var best *Replica
+	var bestLoad int64
+	ties := uint64(0)
+	for _, r := range replicas {
+		load := r.InFlight.Load()
+		switch {
+		case best == nil || load < bestLoad:
+			best, bestLoad, ties = r, load, 1
+		case load == bestLoad:
+			ties++
+			if p.rand()%ties == 0 {
+				best = r
+			}
+		}
+	}
+	return best
+}
+
+// instanceAware is SkyServe's instance_aware_least_load: load is in-flight requests divided by
+// the target QPS of the replica's accelerator, so an H100 that sustains 4× an L4's QPS is given
+// about 4× the concurrent requests. A replica with an accelerator missing from the map is
+// treated as the weakest listed one, the conservative choice. Ties break at random.
+type instanceAware struct {
+	targets map[string]float64
+	minimum float64
+	rand    func() uint64
+}
+
+func newInstanceAware(targets map[string]float64, rnd func() uint64) (*instanceAware, error) {
+	if len(targets) == 0 {
+		return nil, errors.New("load balancing policy instance_aware_least_load needs target QPS per accelerator")
+	}
+	copied := make(map[string]float64, len(targets))
+	minimum := math.Inf(1)
+	var errs []error
+	names := make([]string, 0, len(targets))
+	for name := range targets {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		qps := targets[name]
+		if !(qps > 0) || math.IsInf(qps, 0) {
+			errs = append(errs, fmt.Errorf("target QPS for accelerator %q is %v: must be a positive number", name, qps))
+			continue
+		}
+		copied[name] = qps
+		minimum = min(minimum, qps)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return &instanceAware{targets: copied, minimum: minimum, rand: rnd}, nil
+}
+
+// Prepare resolves each replica's target QPS off the request path.
+func (p *instanceAware) Prepare(replicas []*Replica) {
+	for _, r := range replicas {
+		r.storeCapacity(p.target(r.Accelerator))
+	}
+}
+
+func (p *instanceAware) target(accelerator string) float64 {
+	if qps, ok := p.targets[accelerator]; ok {
+		return qps
+	}
+	return p.minimum
+}
+
+func (p *instanceAware) Pick(replicas []*Replica) *Replica {
+	var best *Replica
+	var bestLoad float64
+	ties := uint64(0)
+	for _, r := range replicas {
+		capacity := r.loadCapacity()
+		if capacity == 0 {
+			// Not prepared (a snapshot built without Prepare): resolve once and cache. Racing
+			// stores write the same value.
+			capacity = p.target(r.Accelerator)
+			r.storeCapacity(capacity)
+		}
+		load := float64(r.InFlight.Load()) / capacity
+		switch {
+		case best == nil || load < bestLoad:
+			best, bestLoad, ties = r, load, 1
+		case load == bestLoad:
+			ties++
+			if p.rand()%ties == 0 {
+				best = r
+			}
+		}
+	}
+	return best
+}

@@ -1,0 +1,117 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/valyala/fasthttp"
+)
+
+// errorBodies holds the proxy's own error responses, rendered once per service in the OpenAI
+// error shape ({"error":{"message","type","code"}}) so that OpenAI SDKs surface them as API
+// errors and the error path allocates nothing. They never echo request content: no headers (the
+// Authorization header in particular), no body.
+type errorBodies struct {
+	noReplicas     []byte // 503: nothing to route to
+	replicasBusy   []byte // 503: every tried replica's connection pool was full
+	unreachable    []byte // 502: no tried replica could be connected to
+	badGateway     []byte // 502: a replica broke the exchange
+	timeout        []byte // 504: a replica went silent past the idle timeout
+	tooLarge       []byte // 413
+	headerTooLarge []byte // 431
+	requestTimeout []byte // 408
+	badRequest     []byte // 400
+	internal       []byte // 500
+}
+
+func newErrorBodies(service string, maxBody int) errorBodies {
+	return errorBodies{
+		noReplicas: openAIError(fmt.Sprintf("no ready replicas for service %q", service),
+			"service_unavailable", "no_ready_replicas"),
+		replicasBusy: openAIError(fmt.Sprintf("all replicas of service %q are at their connection limit", service),
+			"service_unavailable", "replicas_busy"),
+		unreachable: openAIError(fmt.Sprintf("no replica of service %q could be reached", service),
+			"upstream_error", "replica_unreachable"),
+		badGateway: openAIError(fmt.Sprintf("a replica of service %q failed to answer", service),
+			"upstream_error", "replica_error"),
+		timeout: openAIError(fmt.Sprintf("a replica of service %q timed out", service),
+			"upstream_error", "replica_timeout"),
+		tooLarge: openAIError(fmt.Sprintf("request body is larger than the limit of %d bytes", maxBody),
+			"invalid_request_error", "request_too_large"),
+		headerTooLarge: openAIError("request headers are too large",
+			"invalid_request_error", "request_header_too_large"),
+		requestTimeout: openAIError("timed out reading the request",
+			"invalid_request_error", "request_timeout"),
+		badRequest: openAIError("malformed HTTP request",
+			"invalid_request_error", "bad_request"),
+		internal: openAIError(fmt.Sprintf("internal error in the proxy of service %q", service),
+			"server_error", "internal_error"),
+	}
+}
+
+func openAIError(message, typ, code string) []byte {
+	type detail struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	}
+	body, err := json.Marshal(struct {
+		Error detail `json:"error"`
+	}{detail{Message: message, Type: typ, Code: code}})
+	if err != nil { // unreachable: only strings are marshalled
+		return []byte(`{"error":{"message":"internal error","type":"server_error","code":"internal_error"}}`)
+	}
+	return body
+}
+
+var (
+	headerRetryAfter = []byte("Retry-After")
+	retryAfterOne    = []byte("1")
+	contentTypeJSON  = []byte("application/json")
+)
+
+// writeError replaces whatever response ctx holds with one of the prebuilt error bodies. 503s
+// carry Retry-After: 1, which OpenAI SDKs honour.
+func writeError(ctx *fasthttp.RequestCtx, status int, body []byte) {
+	ctx.Response.Reset()
+	ctx.Response.Header.SetNoDefaultContentType(true)
+	ctx.SetStatusCode(status)
+	ctx.Response.Header.SetContentTypeBytes(contentTypeJSON)
+	if status == fasthttp.StatusServiceUnavailable {
+		ctx.Response.Header.SetBytesKV(headerRetryAfter, retryAfterOne)
+	}
+	ctx.Response.SetBodyRaw(body)
+}
+
+// upstreamError answers a request whose last attempt failed with err.
+func (s *Service) upstreamError(ctx *fasthttp.RequestCtx, err error) {
+	switch {
+	case err == nil: // no attempt was made: every replica vanished between snapshot and pick
+		writeError(ctx, fasthttp.StatusServiceUnavailable, s.errs.noReplicas)
+	case errors.Is(err, fasthttp.ErrNoFreeConns):
+		writeError(ctx, fasthttp.StatusServiceUnavailable, s.errs.replicasBusy)
+	case retryable(err):
+		writeError(ctx, fasthttp.StatusBadGateway, s.errs.unreachable)
+	case isTimeout(err):
+		writeError(ctx, fasthttp.StatusGatewayTimeout, s.errs.timeout)
+	default:
+		writeError(ctx, fasthttp.StatusBadGateway, s.errs.badGateway)
+	}
+}
+
+// requestError is the server's ErrorHandler: the request could not be read, so the handler never
+// ran. It answers in the same JSON shape as every other proxy error.
+func (s *Service) requestError(ctx *fasthttp.RequestCtx, err error) {
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, s.errs.tooLarge)
+	case errors.As(err, &small):
+		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, s.errs.headerTooLarge)
+	case isTimeout(err):
+		writeError(ctx, fasthttp.StatusRequestTimeout, s.errs.requestTimeout)
+	default:
+		writeError(ctx, fasthttp.StatusBadRequest, s.errs.badRequest)
+	}
+}

@@ -1,0 +1,167 @@
+package proxy
+
+import (
+	"slices"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/policy"
+)
+
+// Handler proxies one request: pick a replica, forward, and hand the response stream to fasthttp.
+// It returns before the response body has been streamed; the exchange releases the replica when
+// the stream ends. It can be mounted in any fasthttp.Server, though Serve adds the client
+// write-idle deadline and the JSON 413 for oversize bodies.
+func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
+	defer s.recoverPanic(ctx)
+
+	snap := s.snap.Load()
+	if len(snap.replicas) == 0 {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, s.errs.noReplicas)
+		return
+	}
+	// The server enforces the limit while reading; this covers a Handler mounted elsewhere.
+	if len(ctx.Request.Body()) > s.cfg.MaxRequestBodySize {
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, s.errs.tooLarge)
+		return
+	}
+
+	ex := s.acquireExchange()
+	ex.prepare(ctx)
+
+	attempts := min(s.cfg.MaxAttempts, len(snap.replicas))
+	var lastErr error
+	for attempt := range attempts {
+		replica := ex.pick(s.picker, snap.replicas)
+		if replica == nil {
+			break
+		}
+		client := snap.clientFor(replica)
+		if client == nil { // a picker must return a member of the slice it was given
+			s.log.Error("picker returned a replica outside the snapshot", zap.Int("replica_id", replica.ID))
+			break
+		}
+		if len(ex.req.Header.Host()) == 0 {
+			ex.req.Header.SetHost(client.addr)
+		}
+
+		ex.begin(replica, client)
+		err := client.hc.Do(&ex.req, &ex.resp)
+		if err == nil {
+			ex.respond(ctx)
+			return
+		}
+		ex.end()
+		lastErr = err
+		retry := retryable(err) && attempt+1 < attempts
+		if ce := s.log.Check(zap.WarnLevel, "replica request failed"); ce != nil {
+			ce.Write(zap.Int("replica_id", replica.ID), zap.String("addr", replica.Addr),
+				zap.Int("attempt", attempt+1), zap.Bool("retry", retry),
+				zap.ByteString("request_id", ex.requestID), zap.Error(err))
+		}
+		if !retryable(err) {
+			break
+		}
+		ex.tried = append(ex.tried, replica)
+	}
+
+	s.upstreamError(ctx, lastErr)
+	ctx.Response.Header.SetBytesKV(headerXRequestID, ex.requestID)
+	s.releaseExchange(ex)
+}
+
+// pick asks the picker for a replica, leaving out those already tried for this request, so a
+// retry never lands on the replica that just failed (SkyServe's retries can).
+func (ex *exchange) pick(p policy.Picker, all []*policy.Replica) *policy.Replica {
+	if len(ex.tried) == 0 {
+		return p.Pick(all)
+	}
+	ex.candidates = ex.candidates[:0]
+	for _, r := range all {
+		if !slices.Contains(ex.tried, r) {
+			ex.candidates = append(ex.candidates, r)
+		}
+	}
+	return p.Pick(ex.candidates)
+}
+
+// prepare builds the upstream request from the client's: same method, URI, headers and body,
+// minus hop-by-hop headers, plus X-Forwarded-For, X-Forwarded-Proto and X-Request-Id.
+func (ex *exchange) prepare(ctx *fasthttp.RequestCtx) {
+	req := &ex.req
+	ctx.Request.Header.CopyTo(&req.Header)
+	req.Header.SetNoDefaultContentType(true)
+	req.Header.SetProtocolBytes(protocolHTTP11)
+	if uri := req.Header.RequestURI(); len(uri) > 0 && uri[0] != '/' && uri[0] != '*' {
+		// Absolute form ("GET http://host/path"): replicas expect origin form.
+		req.Header.SetRequestURIBytes(ctx.URI().RequestURI())
+	}
+	ex.scratch = stripRequestHopByHop(&req.Header, ex.scratch)
+	// The body is already buffered; a replica's 100 Continue would only add a round trip.
+	req.Header.DelBytes(headerExpect)
+	// No copy: the client's body stays valid until its response is written, and Do has sent it
+	// by then.
+	req.SetBodyRaw(ctx.Request.Body())
+
+	// X-Forwarded-For appends, as nginx's $proxy_add_x_forwarded_for does.
+	xff := ex.scratch[:0]
+	if prior := req.Header.PeekBytes(headerXForwardedFor); len(prior) > 0 {
+		xff = append(append(xff, prior...), commaSpace...)
+	}
+	xff = appendIP(xff, ctx.RemoteIP())
+	req.Header.SetBytesKV(headerXForwardedFor, xff)
+	ex.scratch = xff
+	if ctx.IsTLS() {
+		req.Header.SetBytesKV(headerXForwardedProto, schemeHTTPS)
+	} else {
+		req.Header.SetBytesKV(headerXForwardedProto, schemeHTTP)
+	}
+
+	if id := req.Header.PeekBytes(headerXRequestID); len(id) > 0 {
+		ex.requestID = append(ex.requestID[:0], id...)
+	} else {
+		ex.requestID = appendRequestID(ex.requestID[:0])
+		req.Header.SetBytesKV(headerXRequestID, ex.requestID)
+	}
+}
+
+// respond copies the replica's status and headers to the client response and attaches the
+// exchange as the body stream. Unknown-length bodies and SSE are sent chunked, which fasthttp
+// flushes per chunk, with headers flushed at once so a client sees the status before the first
+// token.
+func (ex *exchange) respond(ctx *fasthttp.RequestCtx) {
+	resp := &ex.resp
+	dst := &ctx.Response.Header
+	resp.Header.CopyTo(dst)
+	// CopyTo also copies per-connection state of the upstream exchange; reset it for the client.
+	dst.SetProtocol(protocolHTTP11)
+	dst.SetNoDefaultContentType(true)
+	ex.scratch = stripResponseHopByHop(dst, ex.scratch)
+	if len(dst.PeekBytes(headerXRequestID)) == 0 {
+		dst.SetBytesKV(headerXRequestID, ex.requestID)
+	}
+
+	body := resp.BodyStream()
+	size := resp.Header.ContentLength()
+	if body == nil || size == 0 {
+		// No body (HEAD, 204, 304, or empty): the exchange is over already.
+		ex.finish(nil)
+		return
+	}
+	if size < 0 || isEventStream(resp.Header.ContentType()) {
+		size = -1
+		ctx.Response.ImmediateHeaderFlush = true
+	}
+	ex.body = body
+	ctx.Response.SetBodyStream(ex, size)
+}
+
+// recoverPanic keeps one request's bug from killing every stream in the process (fasthttp does
+// not recover handler panics).
+func (s *Service) recoverPanic(ctx *fasthttp.RequestCtx) {
+	if v := recover(); v != nil {
+		s.log.Error("panic while proxying a request", zap.Any("panic", v), zap.Stack("stack"))
+		writeError(ctx, fasthttp.StatusInternalServerError, s.errs.internal)
+	}
+}

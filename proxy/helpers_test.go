@@ -1,0 +1,231 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+)
+
+// waitTimeout bounds every poll for observed state. Generous: it only matters when a test fails.
+const waitTimeout = 10 * time.Second
+
+// waitFor polls cond until it holds, failing the test after waitTimeout.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// upstream is a real HTTP server on loopback standing in for a replica. It counts requests and
+// tracks its open connections, so tests can observe what the proxy did to it.
+type upstream struct {
+	*httptest.Server
+	name  string
+	hits  atomic.Int64
+	conns atomic.Int64 // open connections
+}
+
+func (u *upstream) addr() string { return u.Listener.Addr().String() }
+
+func startUpstream(t *testing.T, name string, h http.HandlerFunc) *upstream {
+	t.Helper()
+	u := &upstream{name: name}
+	u.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.hits.Add(1)
+		w.Header().Set("X-Upstream", name)
+		h(w, r)
+	}))
+	u.Config.ConnState = func(_ net.Conn, state http.ConnState) {
+		switch state {
+		case http.StateNew:
+			u.conns.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			u.conns.Add(-1)
+		}
+	}
+	u.Start()
+	t.Cleanup(u.Close)
+	return u
+}
+
+// okHandler answers every request with a small JSON body.
+func okHandler(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `{"ok":true}`)
+}
+
+// deadAddr returns a loopback address nothing listens on: connecting to it is refused at once.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}
+
+// startProxy serves a new Service on loopback and shuts it down at the end of the test.
+func startProxy(t *testing.T, cfg ServiceConfig, backends ...Backend) (*Service, string) {
+	t.Helper()
+	if cfg.Name == "" {
+		cfg.Name = "llama"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zaptest.NewLogger(t)
+	}
+	svc, err := NewService(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetBackends(backends)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- svc.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		defer cancel()
+		if err := svc.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return svc, "http://" + ln.Addr().String()
+}
+
+func backendsOf(us ...*upstream) []Backend {
+	out := make([]Backend, len(us))
+	for i, u := range us {
+		out[i] = Backend{ID: i + 1, Addr: u.addr(), Version: 1}
+	}
+	return out
+}
+
+// newClient returns an HTTP client with its own connection pool, so tests do not share
+// connections and closing them is observable.
+func newClient(t *testing.T) *http.Client {
+	t.Helper()
+	tr := &http.Transport{MaxIdleConnsPerHost: 16}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
+}
+
+type result struct {
+	status int
+	header http.Header
+	body   string
+}
+
+func do(t *testing.T, c *http.Client, method, url string, body io.Reader, headers ...string) result {
+	t.Helper()
+	req, err := http.NewRequest(method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading body: %v", method, url, err)
+	}
+	return result{status: resp.StatusCode, header: resp.Header, body: string(b)}
+}
+
+// rawExchange sends a hand-written request over a fresh TCP connection, for headers that
+// net/http's client would rewrite (Connection, TE, Upgrade...).
+func rawExchange(t *testing.T, proxyURL, raw string) (*http.Response, string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(proxyURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, string(b)
+}
+
+// openAIError is the shape every proxy error must have.
+type openAIErrorBody struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    string `json:"code"`
+	} `json:"error"`
+}
+
+func decodeError(t *testing.T, body string) openAIErrorBody {
+	t.Helper()
+	var e openAIErrorBody
+	dec := json.NewDecoder(strings.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&e); err != nil {
+		t.Fatalf("error body %q is not OpenAI-shaped JSON: %v", body, err)
+	}
+	return e
+}
+
+// gate blocks handlers until released; arrivals are counted so tests can wait for them.
+type gate struct {
+	once     sync.Once
+	release  chan struct{}
+	arrivals atomic.Int64
+}
+
+func newGate() *gate { return &gate{release: make(chan struct{})} }
+
+func (g *gate) wait(ctx context.Context) {
+	g.arrivals.Add(1)
+	select {
+	case <-g.release:
+	case <-ctx.Done():
+	}
+}
+
+func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
+
+func sseEvent(w io.Writer, data string) {
+	_, _ = fmt.Fprintf(w, "data: %s\n\n", data)
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+}

@@ -1,0 +1,360 @@
+// Package proxy is Ferry's data plane: it accepts client requests for one service, picks a READY
+// replica with a policy.Picker, forwards the request and streams the response back.
+//
+// The request path takes no lock and, for a non-streaming request, allocates nothing a benchmark
+// can avoid: it loads an immutable replica snapshot through an atomic.Pointer, bumps atomic
+// counters, and reuses pooled per-request state. Membership changes (SetBackends) build a new
+// snapshot and swap it in; requests already running keep the replica and upstream client they
+// picked until their stream ends.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/policy"
+)
+
+// Defaults for ServiceConfig's zero values.
+const (
+	// DefaultMaxRequestBodySize bounds a buffered request body. 32 MiB holds any chat or
+	// completion request (a 128k-token prompt is well under 1 MiB of JSON) with room for
+	// base64 images, while keeping a hostile client from making the proxy buffer gigabytes.
+	DefaultMaxRequestBodySize = 32 << 20
+
+	// DefaultIdleTimeout is how long an upstream connection may go without a byte in either
+	// direction before the proxy gives up on it, and how long a client may refuse to accept
+	// response bytes. It is a per-read deadline, not a whole-request timeout, so a stream of any
+	// length lives as long as tokens keep coming. It must still cover the silent wait before
+	// the headers of a non-streaming completion: 5 minutes is a 4k-token answer at 15
+	// tokens/s, while a wedged replica or vanished client releases its slot in bounded time.
+	DefaultIdleTimeout = 5 * time.Minute
+
+	// DefaultMaxAttempts is SkyServe's retry budget (3 attempts on connection errors), but
+	// Ferry always retries on a different replica.
+	DefaultMaxAttempts = 3
+)
+
+// Server-side limits that are not per service.
+const (
+	// requestReadTimeout bounds reading one request's headers and body, so slow-loris clients
+	// cannot hold connections. It never covers the response, whose length is unbounded.
+	requestReadTimeout = 60 * time.Second
+	// keepAliveIdleTimeout is how long an idle client connection stays open between requests
+	// (nginx's keepalive_timeout default).
+	keepAliveIdleTimeout = 75 * time.Second
+	// readBufferSize is per connection and also the largest request header accepted.
+	readBufferSize = 8 << 10
+	// shutdownPoll is how often Shutdown re-checks in-flight requests.
+	shutdownPoll = 10 * time.Millisecond
+)
+
+// Backend is one READY replica as the control plane hands it to the proxy.
+type Backend struct {
+	ID int
+	// Addr is host:port, without a scheme.
+	Addr        string
+	Accelerator string
+	Version     int
+}
+
+// ServiceConfig configures one service's proxy. Zero values select the documented defaults.
+type ServiceConfig struct {
+	// Name is the service name, used in error messages and logs. Required.
+	Name string
+	// Policy is the load-balancing policy name (policy.New); empty means least_load.
+	Policy string
+	// TargetQPSPerAccelerator feeds instance_aware_least_load.
+	TargetQPSPerAccelerator map[string]float64
+	// Logger receives warnings about upstream failures; nil discards them. The proxy never logs
+	// request bodies or the Authorization header.
+	Logger *zap.Logger
+	// MaxRequestBodySize is the largest request body accepted, in bytes; larger requests get
+	// 413. Default DefaultMaxRequestBodySize.
+	MaxRequestBodySize int
+	// IdleTimeout is the per-read and per-write idle deadline on upstream connections, and the
+	// per-write deadline on client connections. Default DefaultIdleTimeout (see there why).
+	IdleTimeout time.Duration
+	// MaxAttempts bounds how many replicas one request is tried on. Retries happen only when the
+	// request provably never reached a replica (dial error, or its connection pool was full),
+	// and always go to a replica not tried yet. Default DefaultMaxAttempts.
+	MaxAttempts int
+}
+
+func (c ServiceConfig) withDefaults() ServiceConfig {
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	if c.MaxRequestBodySize == 0 {
+		c.MaxRequestBodySize = DefaultMaxRequestBodySize
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	return c
+}
+
+func (c ServiceConfig) validate() error {
+	var errs []error
+	if c.Name == "" {
+		errs = append(errs, errors.New("name: must not be empty"))
+	}
+	if c.MaxRequestBodySize < 0 {
+		errs = append(errs, fmt.Errorf("max request body size: %d must not be negative", c.MaxRequestBodySize))
+	}
+	if c.IdleTimeout < 0 {
+		errs = append(errs, fmt.Errorf("idle timeout: %v must not be negative", c.IdleTimeout))
+	}
+	if c.MaxAttempts < 0 {
+		errs = append(errs, fmt.Errorf("max attempts: %d must not be negative", c.MaxAttempts))
+	}
+	return errors.Join(errs...)
+}
+
+// Service proxies one service's traffic to its READY replicas. Its methods are safe for
+// concurrent use.
+type Service struct {
+	cfg    ServiceConfig
+	log    *zap.Logger
+	picker policy.Picker
+	errs   errorBodies
+	server *fasthttp.Server
+
+	// snap is the current replica set; the request path only ever loads it.
+	snap atomic.Pointer[snapshot]
+	// inflight counts requests from pick to the end of their response stream.
+	inflight atomic.Int64
+	// exchanges pools per-request state, including the upstream request and response.
+	exchanges sync.Pool
+
+	// dial opens a raw connection to a replica; tests swap it for in-memory listeners before
+	// the first SetBackends.
+	dial func(addr string) (net.Conn, error)
+
+	// mu serializes SetBackends and guards the fields below; the request path never takes it.
+	mu        sync.Mutex
+	listeners []net.Listener
+	closed    bool
+}
+
+// snapshot is an immutable replica set. replicas and clients are parallel: clients[i] talks to
+// replicas[i]. Nothing in a published snapshot is ever written again.
+type snapshot struct {
+	replicas []*policy.Replica
+	clients  []*hostClient
+	backends []Backend
+}
+
+// clientFor finds the upstream client of a replica the picker returned. A linear scan over a
+// service's replicas (tens, rarely hundreds) is cheaper than hashing and needs no extra state.
+func (s *snapshot) clientFor(r *policy.Replica) *hostClient {
+	for i, candidate := range s.replicas {
+		if candidate == r {
+			return s.clients[i]
+		}
+	}
+	return nil
+}
+
+// NewService validates cfg and returns a Service with no replicas: until SetBackends it answers
+// 503, like SkyServe with no READY replica.
+func NewService(cfg ServiceConfig) (*Service, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("proxy config for service %q: %w", cfg.Name, err)
+	}
+	picker, err := policy.New(cfg.Policy, policy.Options{TargetQPSPerAccelerator: cfg.TargetQPSPerAccelerator})
+	if err != nil {
+		return nil, fmt.Errorf("proxy config for service %q: %w", cfg.Name, err)
+	}
+	s := &Service{
+		cfg:    cfg,
+		log:    cfg.Logger.With(zap.String("service", cfg.Name)),
+		picker: picker,
+		errs:   newErrorBodies(cfg.Name, cfg.MaxRequestBodySize),
+		dial:   defaultDial,
+	}
+	s.exchanges.New = func() any { return &exchange{svc: s} }
+	s.snap.Store(&snapshot{})
+	s.server = &fasthttp.Server{
+		Handler:      s.Handler,
+		ErrorHandler: s.requestError,
+		// ReadTimeout limits a slow request; WriteTimeout stays 0 because fasthttp applies it to
+		// the whole response, which would cut long streams. Stalled clients are instead caught
+		// by the per-write idle deadline on accepted connections (see Serve).
+		ReadTimeout:        requestReadTimeout,
+		IdleTimeout:        keepAliveIdleTimeout,
+		MaxRequestBodySize: cfg.MaxRequestBodySize,
+		ReadBufferSize:     readBufferSize,
+		// Upstream headers pass through as they are: no invented Server or Content-Type.
+		NoDefaultServerHeader: true,
+		NoDefaultContentType:  true,
+		// A proxy forwards multipart bodies (audio uploads); parsing them would be wasted work.
+		DisablePreParseMultipartForm: true,
+		// Keep-alive clients are told to go away while the service drains.
+		CloseOnShutdown:       true,
+		SecureErrorLogMessage: true,
+		Logger:                fasthttpLogger{s.log},
+	}
+	return s, nil
+}
+
+// InFlight returns the number of requests picked but whose response has not finished streaming.
+func (s *Service) InFlight() int64 { return s.inflight.Load() }
+
+// Backends returns the current replica set, in the order SetBackends received it.
+func (s *Service) Backends() []Backend {
+	return slices.Clone(s.snap.Load().backends)
+}
+
+// SetBackends replaces the replica set. It builds a new snapshot and publishes it atomically, so
+// a request sees either the old set or the new one, never a mix.
+//
+// A backend whose Addr is unchanged keeps its upstream client (warm connections) and, if its
+// identity is unchanged too, its *policy.Replica, so in-flight counts carry over. A removed
+// backend's client is closed only once its last in-flight request has finished streaming: a
+// scale-down or rollout never cuts a stream. Backends with an invalid or duplicate Addr are
+// skipped and logged.
+func (s *Service) SetBackends(bs []Backend) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	old := s.snap.Load()
+	oldIndex := make(map[string]int, len(old.clients))
+	for i, c := range old.clients {
+		oldIndex[c.addr] = i
+	}
+
+	next := &snapshot{
+		replicas: make([]*policy.Replica, 0, len(bs)),
+		clients:  make([]*hostClient, 0, len(bs)),
+		backends: make([]Backend, 0, len(bs)),
+	}
+	kept := make(map[string]bool, len(bs))
+	for _, b := range bs {
+		if err := validateAddr(b.Addr); err != nil {
+			s.log.Error("skipping replica with an invalid address", zap.Int("replica_id", b.ID), zap.String("addr", b.Addr), zap.Error(err))
+			continue
+		}
+		if kept[b.Addr] {
+			s.log.Error("skipping replica with a duplicate address", zap.Int("replica_id", b.ID), zap.String("addr", b.Addr))
+			continue
+		}
+		kept[b.Addr] = true
+
+		var replica *policy.Replica
+		var client *hostClient
+		if i, ok := oldIndex[b.Addr]; ok {
+			client = old.clients[i]
+			if r := old.replicas[i]; r.ID == b.ID && r.Accelerator == b.Accelerator && r.Version == b.Version {
+				replica = r
+			}
+		}
+		if client == nil {
+			client = s.newHostClient(b.Addr)
+		}
+		if replica == nil {
+			// Identity fields are read without locks by pickers, so a relabelled replica (same
+			// address, new id or version) gets a fresh Replica instead of a mutated one.
+			replica = &policy.Replica{ID: b.ID, Addr: b.Addr, Accelerator: b.Accelerator, Version: b.Version}
+		}
+		next.replicas = append(next.replicas, replica)
+		next.clients = append(next.clients, client)
+		next.backends = append(next.backends, b)
+	}
+	if p, ok := s.picker.(policy.Preparer); ok {
+		p.Prepare(next.replicas)
+	}
+	s.snap.Store(next)
+
+	for _, c := range old.clients {
+		if !kept[c.addr] {
+			c.retire()
+		}
+	}
+}
+
+func validateAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if host == "" || port == "" {
+		return fmt.Errorf("address %q: want host:port", addr)
+	}
+	return nil
+}
+
+// ErrClosed is returned by Serve after Shutdown.
+var ErrClosed = errors.New("proxy: service is shut down")
+
+// Serve accepts connections on ln and serves them with Handler until Shutdown, then returns nil.
+// It may be called for several listeners.
+func (s *Service) Serve(ln net.Listener) error {
+	wrapped := &writeIdleListener{Listener: ln, idle: s.cfg.IdleTimeout}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = ln.Close()
+		return ErrClosed
+	}
+	s.listeners = append(s.listeners, wrapped)
+	s.mu.Unlock()
+	return s.server.Serve(wrapped)
+}
+
+// Shutdown stops accepting connections, tells keep-alive clients to close, and waits until every
+// in-flight request, streams included, has finished or ctx ends. After the drain it closes the
+// idle upstream connections.
+func (s *Service) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	listeners := s.listeners
+	s.listeners = nil
+	s.mu.Unlock()
+
+	// Closing the listeners ourselves covers a Serve that has not registered with the server
+	// yet; the server's own close of the same listeners then reports net.ErrClosed.
+	for _, ln := range listeners {
+		_ = ln.Close()
+	}
+	if err := s.server.ShutdownWithContext(ctx); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+
+	ticker := time.NewTicker(shutdownPoll)
+	defer ticker.Stop()
+	for s.inflight.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("shutting down service %q with %d requests in flight: %w", s.cfg.Name, s.inflight.Load(), ctx.Err())
+		case <-ticker.C:
+		}
+	}
+	for _, c := range s.snap.Load().clients {
+		c.hc.CloseIdleConnections()
+	}
+	return nil
+}
+
+// fasthttpLogger sends fasthttp's own messages (mostly clients misbehaving) to debug level, so a
+// client flood cannot flood the logs.
+type fasthttpLogger struct{ log *zap.Logger }
+
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	if ce := l.log.Check(zap.DebugLevel, "http server"); ce != nil {
+		ce.Write(zap.String("detail", fmt.Sprintf(format, args...)))
+	}
+}

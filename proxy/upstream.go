@@ -1,0 +1,115 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Upstream client settings, per replica.
+const (
+	// upstreamMaxConns is generous: vLLM batches hundreds of concurrent sequences per replica,
+	// and a full pool fails fast (ErrNoFreeConns) and is retried on another replica.
+	upstreamMaxConns = 1024
+	// upstreamMaxIdleConnDuration stays below common replica keep-alive timeouts (uvicorn's is 5
+	// s by default but vLLM raises it; nginx's 75 s), so the proxy closes an idle connection before
+	// the replica does and a reused connection does not fail on its first write.
+	upstreamMaxIdleConnDuration = 10 * time.Second
+	// upstreamReadBufferSize also bounds the size of a response header.
+	upstreamReadBufferSize = 8 << 10
+	// dialTimeout bounds connecting to a replica. A preempted spot VM drops SYNs silently
+	// instead of refusing; 3 s allows one SYN retransmission across regions, then the request
+	// moves on to another replica.
+	dialTimeout = 3 * time.Second
+)
+
+// hostClient is the upstream client of one replica address, shared by the snapshots that contain
+// that address. active counts requests using it; a retired client closes its idle connections
+// when active drops to zero, so streams on a removed replica finish undisturbed.
+type hostClient struct {
+	hc      *fasthttp.HostClient
+	addr    string
+	active  atomic.Int64
+	retired atomic.Bool
+}
+
+func (c *hostClient) acquire() { c.active.Add(1) }
+
+func (c *hostClient) release() {
+	// Both sides use sequentially consistent atomics: whichever of release and retire runs
+	// second sees the other's write, so the close is never missed.
+	if c.active.Add(-1) == 0 && c.retired.Load() {
+		c.hc.CloseIdleConnections()
+	}
+}
+
+// retire marks the client as no longer in any snapshot. A request that picked it from an older
+// snapshot may still use it; it dials if needed and its release closes the connection again.
+func (c *hostClient) retire() {
+	c.retired.Store(true)
+	if c.active.Load() == 0 {
+		c.hc.CloseIdleConnections()
+	}
+}
+
+func (s *Service) newHostClient(addr string) *hostClient {
+	idle := s.cfg.IdleTimeout
+	dial := s.dial
+	return &hostClient{
+		addr: addr,
+		hc: &fasthttp.HostClient{
+			Addr: addr,
+			Dial: func(addr string) (net.Conn, error) {
+				conn, err := dial(addr)
+				if err != nil {
+					return nil, &dialError{addr: addr, err: err}
+				}
+				return &deadlineConn{Conn: conn, readIdle: idle, writeIdle: idle}, nil
+			},
+			MaxConns:            upstreamMaxConns,
+			MaxIdleConnDuration: upstreamMaxIdleConnDuration,
+			// LIFO keeps the hottest connections busy and lets surplus ones expire after a burst.
+			ConnPoolStrategy: fasthttp.LIFO,
+			// Retries are the proxy's decision (another replica, only when safe), never the
+			// client's (same replica, any idempotent method).
+			MaxIdemponentCallAttempts: 1,
+			RetryIfErr:                func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
+			StreamResponseBody:        true,
+			ReadBufferSize:            upstreamReadBufferSize,
+			// Forward the path exactly as the client sent it (encoded slashes, double slashes).
+			DisablePathNormalizing:   true,
+			NoDefaultUserAgentHeader: true,
+			SecureErrorLogMessage:    true,
+		},
+	}
+}
+
+func defaultDial(addr string) (net.Conn, error) {
+	d := net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
+	return d.Dial("tcp", addr)
+}
+
+// dialError marks a failure to connect: the request never reached the replica, so it is safe to
+// retry elsewhere (Caddy's DialError).
+type dialError struct {
+	addr string
+	err  error
+}
+
+func (e *dialError) Error() string { return "dial replica " + e.addr + ": " + e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// retryable reports whether err proves the request was not sent, so another replica may get it.
+func retryable(err error) bool {
+	var de *dialError
+	return errors.As(err, &de) || errors.Is(err, fasthttp.ErrNoFreeConns)
+}
+
+// isTimeout reports an idle deadline (or fasthttp's ErrTimeout) firing.
+func isTimeout(err error) bool {
+	var te interface{ Timeout() bool }
+	return errors.As(err, &te) && te.Timeout()
+}

@@ -1,0 +1,396 @@
+package replicas
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// This file is the decision half of reconciliation: plan compares the replicas the manager
+// knows with the instances the provider reports and says what to do, with no side effects.
+// manager.go applies the result.
+
+// Launch backoff after consecutive failures of replicas that never served.
+const (
+	launchBackoffBase = time.Second
+	launchBackoffMax  = 5 * time.Minute
+)
+
+// replicaView is one replica as a reconcile pass sees it.
+type replicaView struct {
+	Record Record
+	Probe  probeState
+	// Launching is true while Launch runs for it; Terminating while Terminate does.
+	Launching   bool
+	Terminating bool
+}
+
+// planInput is everything a decision depends on.
+type planInput struct {
+	Now     time.Time
+	Service string
+	// Desired is the target count of live replicas; negative holds the current count (before
+	// anyone set a target, so a restarted controller neither grows nor shrinks the service).
+	Desired          int
+	InitialDelay     time.Duration
+	FailureThreshold time.Duration
+	// ConsecutiveFailures counts replicas that failed without ever serving since the last
+	// READY; LastFailure is the latest of them. They defer launches (backoff).
+	ConsecutiveFailures int
+	LastFailure         time.Time
+	// KeepFailed is how many terminal records stay for `serve status`.
+	KeepFailed int
+	// Replicas are ordered by id.
+	Replicas  []replicaView
+	Instances []launcher.Instance
+}
+
+// transition moves one replica to a new status.
+type transition struct {
+	ID       int
+	From, To Status
+	Reason   string
+	// Instance, when set, is the instance the record now follows (adoption after an
+	// interrupted launch).
+	Instance *launcher.Instance
+}
+
+// termination stops one instance.
+type termination struct {
+	// ReplicaID is 0 for an instance no record owns.
+	ReplicaID  int
+	InstanceID string
+	// Forget deletes the record once the instance is gone (scale-down): it was not a failure.
+	Forget bool
+}
+
+// actions is a plan's result, applied in field order.
+type actions struct {
+	// Adopt are records made for instances no record knew (a controller that crashed between
+	// launching and saving, or a lost store).
+	Adopt       []Record
+	Transitions []transition
+	Terminate   []termination
+	// Forget are records to delete now: scaled down with no instance left, or old failures.
+	Forget []int
+	// Launch is how many new replicas to launch.
+	Launch int
+	// LaunchDeferredUntil is set when replicas are missing but backoff holds launches.
+	LaunchDeferredUntil time.Time
+}
+
+// live reports whether a replica in status s counts toward the desired count.
+func live(s Status) bool {
+	switch s {
+	case StatusPending, StatusProvisioning, StatusStarting, StatusReady, StatusNotReady, StatusUnknown:
+		return true
+	}
+	return false
+}
+
+// probeable reports whether a replica in status s is probed.
+func probeable(s Status) bool {
+	return s == StatusStarting || s == StatusReady || s == StatusNotReady
+}
+
+// launchBackoff is the wait before the next launch after n consecutive failures.
+func launchBackoff(n int) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	d := launchBackoffBase
+	for i := 1; i < n && d < launchBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, launchBackoffMax)
+}
+
+// plan decides one reconcile pass. It is pure: same input, same actions.
+func plan(in planInput) actions {
+	var out actions
+	transitionAt := map[int]int{} // replica id → index in out.Transitions
+	move := func(id int, from, to Status, reason string, inst *launcher.Instance) {
+		if i, ok := transitionAt[id]; ok {
+			out.Transitions[i].To, out.Transitions[i].Reason = to, reason
+			return
+		}
+		transitionAt[id] = len(out.Transitions)
+		out.Transitions = append(out.Transitions, transition{ID: id, From: from, To: to, Reason: reason, Instance: inst})
+	}
+	terminate := func(replicaID int, inst *launcher.Instance, forget bool) {
+		out.Terminate = append(out.Terminate, termination{ReplicaID: replicaID, InstanceID: inst.ID, Forget: forget})
+	}
+
+	byReplica := map[int][]launcher.Instance{}
+	for _, inst := range in.Instances {
+		id, err := strconv.Atoi(inst.Labels[launcher.LabelReplicaID])
+		if err != nil || id <= 0 {
+			// Labelled with our service but no usable replica id: nothing can own it.
+			terminate(0, &inst, false)
+			continue
+		}
+		byReplica[id] = append(byReplica[id], inst)
+	}
+
+	type candidate struct {
+		id    int
+		ready bool
+		inst  *launcher.Instance
+	}
+	var alive []candidate // live replicas that scale-down may pick
+	liveCount := 0
+	status := map[int]Status{} // status after this pass
+	hasInstance := map[int]bool{}
+	terminating := map[int]bool{}
+
+	for _, r := range in.Replicas {
+		rec := r.Record
+		inst, strays := pickInstance(rec, byReplica[rec.ID])
+		delete(byReplica, rec.ID)
+		for i := range strays {
+			terminate(0, &strays[i], false)
+		}
+		status[rec.ID] = rec.Status
+		hasInstance[rec.ID] = inst != nil
+		terminating[rec.ID] = r.Terminating
+		setStatus := func(to Status, reason string, adopted *launcher.Instance) {
+			move(rec.ID, rec.Status, to, reason, adopted)
+			status[rec.ID] = to
+		}
+		switch {
+		case r.Launching:
+			// Its outcome arrives outside the pass; it counts toward the target meanwhile.
+			if live(rec.Status) {
+				liveCount++
+			}
+		case rec.Status == StatusShuttingDown:
+			switch {
+			case r.Terminating:
+			case inst != nil:
+				terminate(rec.ID, inst, true)
+			default:
+				out.Forget = append(out.Forget, rec.ID)
+			}
+		case rec.Status.Terminal():
+			if inst != nil && !r.Terminating {
+				terminate(rec.ID, inst, false)
+			}
+		case !probeable(rec.Status):
+			// PROVISIONING (or PENDING/UNKNOWN from elsewhere) with no launch under way: the
+			// controller that launched it died. Follow the instance if it got made.
+			switch {
+			case inst != nil && inst.State != launcher.StateTerminated && inst.State != launcher.StatePreempted:
+				setStatus(StatusStarting, "adopted instance of an interrupted launch", inst)
+				liveCount++
+				alive = append(alive, candidate{id: rec.ID, inst: inst})
+			case inst != nil:
+				setStatus(StatusFailedProvision, "launch interrupted; instance ended: "+endReason(inst), nil)
+				terminate(rec.ID, inst, false)
+			default:
+				setStatus(StatusFailedProvision, "launch interrupted: no instance found", nil)
+			}
+		default:
+			to, reason := liveStatus(in, r, inst)
+			if to != rec.Status {
+				setStatus(to, reason, nil)
+			}
+			if !live(to) {
+				if inst != nil && !r.Terminating {
+					terminate(rec.ID, inst, false)
+				}
+				continue
+			}
+			liveCount++
+			alive = append(alive, candidate{id: rec.ID, ready: to == StatusReady, inst: inst})
+		}
+	}
+
+	// Instances no record owns: adopt them.
+	for _, id := range sortedKeys(byReplica) {
+		inst, strays := pickInstance(Record{}, byReplica[id])
+		for i := range strays {
+			terminate(0, &strays[i], false)
+		}
+		rec := recordFromInstance(in.Service, id, inst)
+		switch inst.State {
+		case launcher.StateTerminated, launcher.StatePreempted:
+			rec.Status, rec.Reason = endStatus(inst), endReason(inst)
+			terminate(id, inst, false)
+		default:
+			rec.Status, rec.Reason = StatusStarting, "adopted"
+			liveCount++
+			alive = append(alive, candidate{id: id, inst: inst})
+		}
+		out.Adopt = append(out.Adopt, rec)
+		status[id] = rec.Status
+		hasInstance[id] = true
+	}
+
+	if in.Desired >= 0 && liveCount > in.Desired {
+		// Scale down: replicas not serving first, then the newest.
+		slices.SortFunc(alive, func(a, b candidate) int {
+			if a.ready != b.ready {
+				if a.ready {
+					return 1
+				}
+				return -1
+			}
+			return cmp.Compare(b.id, a.id)
+		})
+		for _, c := range alive[:min(len(alive), liveCount-in.Desired)] {
+			// An earlier transition of this pass keeps its From and now ends here.
+			move(c.id, status[c.id], StatusShuttingDown, "scaled down", nil)
+			status[c.id] = StatusShuttingDown
+			if c.inst != nil {
+				terminate(c.id, c.inst, true)
+			} else {
+				out.Forget = append(out.Forget, c.id)
+			}
+		}
+	}
+	if in.Desired > liveCount {
+		notBefore := in.LastFailure.Add(launchBackoff(in.ConsecutiveFailures))
+		if in.ConsecutiveFailures > 0 && in.Now.Before(notBefore) {
+			out.LaunchDeferredUntil = notBefore
+		} else {
+			out.Launch = in.Desired - liveCount
+		}
+	}
+
+	// Keep the newest KeepFailed terminal records for display; forget older ones once their
+	// instance is gone.
+	var ended []int
+	for id, s := range status {
+		if s.Terminal() {
+			ended = append(ended, id)
+		}
+	}
+	slices.Sort(ended)
+	slices.Reverse(ended)
+	for _, id := range ended[min(len(ended), max(in.KeepFailed, 0)):] {
+		if !hasInstance[id] && !terminating[id] {
+			out.Forget = append(out.Forget, id)
+		}
+	}
+	slices.Sort(out.Forget)
+	return out
+}
+
+// liveStatus is the status a STARTING, READY or NOT_READY replica moves to, from its instance
+// and its probes.
+func liveStatus(in planInput, r replicaView, inst *launcher.Instance) (Status, string) {
+	rec, probe := r.Record, r.Probe
+	switch {
+	case inst == nil:
+		return StatusFailed, "instance disappeared"
+	case inst.State == launcher.StatePreempted || inst.State == launcher.StateTerminated:
+		return endStatus(inst), endReason(inst)
+	}
+	switch rec.Status {
+	case StatusStarting:
+		if probe.OK {
+			return StatusReady, ""
+		}
+		if delay := in.InitialDelay; delay > 0 && in.Now.Sub(rec.LaunchedAt) >= delay {
+			return StatusFailedInitialDelay, fmt.Sprintf("not ready within %v of launch%s", delay, lastError(probe))
+		}
+	case StatusReady, StatusNotReady:
+		switch {
+		case probe.At.IsZero():
+			// Not probed yet by this manager (just restarted): keep what the store said.
+		case probe.OK:
+			return StatusReady, ""
+		case in.Now.Sub(probe.FailingSince) >= in.FailureThreshold:
+			return StatusFailedProbing, fmt.Sprintf("readiness probe failing for %v%s",
+				in.Now.Sub(probe.FailingSince).Round(time.Second), lastError(probe))
+		case rec.Status == StatusReady:
+			return StatusNotReady, "readiness probe failing" + lastError(probe)
+		}
+	}
+	return rec.Status, rec.Reason
+}
+
+func lastError(p probeState) string {
+	if p.Err == "" {
+		return ""
+	}
+	return ": " + p.Err
+}
+
+// endStatus is the status of a replica whose instance ended.
+func endStatus(inst *launcher.Instance) Status {
+	if inst.State == launcher.StatePreempted {
+		return StatusPreempted
+	}
+	return StatusFailed
+}
+
+func endReason(inst *launcher.Instance) string {
+	switch {
+	case inst.Reason != "":
+		return inst.Reason
+	case inst.State == launcher.StatePreempted:
+		return "preempted"
+	}
+	return "instance terminated"
+}
+
+// pickInstance chooses the instance that belongs to rec among those labelled with its id: the
+// one it recorded, else (no id recorded yet) a running one. The rest are strays.
+func pickInstance(rec Record, insts []launcher.Instance) (*launcher.Instance, []launcher.Instance) {
+	if len(insts) == 0 {
+		return nil, nil
+	}
+	best := -1
+	for i, inst := range insts {
+		switch {
+		case rec.InstanceID != "":
+			if inst.ID == rec.InstanceID {
+				best = i
+			}
+		case best < 0 || (insts[best].State != launcher.StateRunning && inst.State == launcher.StateRunning):
+			best = i
+		}
+	}
+	var strays []launcher.Instance
+	for i, inst := range insts {
+		if i != best {
+			strays = append(strays, inst)
+		}
+	}
+	if best < 0 {
+		return nil, strays
+	}
+	return &insts[best], strays
+}
+
+// recordFromInstance rebuilds a record from an instance's labels and facts.
+func recordFromInstance(service string, id int, inst *launcher.Instance) Record {
+	version, _ := strconv.Atoi(inst.Labels[launcher.LabelVersion])
+	rec := Record{Service: service, ID: id, Version: version, LaunchedAt: inst.LaunchedAt}
+	followInstance(&rec, inst)
+	return rec
+}
+
+// followInstance copies what a record shows about its instance.
+func followInstance(rec *Record, inst *launcher.Instance) {
+	rec.InstanceID = inst.ID
+	rec.Endpoint = inst.Endpoint
+	rec.Infra = inst.Infra
+	rec.Zone = inst.Zone
+	rec.Spot = inst.Spot
+	rec.Price = inst.PricePerHour
+}
+
+func sortedKeys[V any](m map[int]V) []int {
+	keys := make([]int, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

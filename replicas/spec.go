@@ -1,0 +1,92 @@
+package replicas
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// Environment variables every replica gets, so a program can tell which replica it is.
+// SKYPILOT_SERVE_REPLICA_ID keeps SkyServe programs working unchanged.
+const (
+	EnvService         = "FERRY_SERVICE"
+	EnvReplicaID       = "FERRY_REPLICA_ID"
+	EnvSkyPilotReplica = "SKYPILOT_SERVE_REPLICA_ID"
+)
+
+// replicaName is the instance name of a replica, unique per service because ids never repeat.
+func replicaName(service string, id int) string {
+	return service + "-" + strconv.Itoa(id)
+}
+
+// serviceSelector selects every instance of a service, whatever its version.
+func serviceSelector(service string) map[string]string {
+	return map[string]string{launcher.LabelService: service}
+}
+
+// replicaSpec is what the launcher runs for replica id. Envs hold the task's secrets: the
+// result must never be logged.
+func replicaSpec(service string, version int, task *configs.Task, id int) launcher.Spec {
+	envs := make(map[string]string, len(task.Envs)+len(task.Secrets)+3)
+	for k, v := range task.Envs {
+		envs[k] = v
+	}
+	for k, v := range task.Secrets {
+		envs[k] = v
+	}
+	envs[EnvService] = service
+	envs[EnvReplicaID] = strconv.Itoa(id)
+	envs[EnvSkyPilotReplica] = strconv.Itoa(id)
+	port := 0
+	if task.Service != nil {
+		port = task.Service.Port
+	}
+	return launcher.Spec{
+		Name: replicaName(service, id),
+		Labels: map[string]string{
+			launcher.LabelOwner:     "true",
+			launcher.LabelService:   service,
+			launcher.LabelVersion:   strconv.Itoa(version),
+			launcher.LabelReplicaID: strconv.Itoa(id),
+		},
+		Setup:     task.Setup,
+		Run:       task.Run,
+		Workdir:   task.Workdir,
+		Envs:      envs,
+		Port:      port,
+		Resources: task.Resources,
+	}
+}
+
+// describeResources is the short RESOURCES column of `serve status`, e.g. "A100:1, cpus=4+, spot".
+func describeResources(r configs.Resources) string {
+	var parts []string
+	if len(r.Accelerators) > 0 {
+		alts := make([]string, len(r.Accelerators))
+		for i, a := range r.Accelerators {
+			alts[i] = a.Name + ":" + strconv.FormatFloat(a.Count, 'f', -1, 64)
+		}
+		parts = append(parts, strings.Join(alts, "|"))
+	}
+	if r.CPUs != "" {
+		parts = append(parts, "cpus="+r.CPUs)
+	}
+	if r.Memory != "" {
+		parts = append(parts, "mem="+r.Memory)
+	}
+	if r.UseSpot {
+		parts = append(parts, "spot")
+	}
+	return strings.Join(parts, ", ")
+}
+
+// accelerator is the GPU type an instance-aware policy should assume for this task's replicas:
+// known only when the task allows exactly one type.
+func accelerator(r configs.Resources) string {
+	if len(r.Accelerators) == 1 {
+		return r.Accelerators[0].Name
+	}
+	return ""
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite, exactly as CI runs it (.ci/run calls `make test`, which calls this).
+# Tools it needs are installed into .cache/bin from the Go module proxy on first use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STATICCHECK_VERSION=v0.8.2
+TOOLS="$PWD/.cache/bin"
+mkdir -p "$TOOLS"
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "go mod download"
+go mod download
+
+step "gofmt"
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.cache/*'))
+if [ -n "$unformatted" ]; then
+  echo "gofmt would change:"; echo "$unformatted"; exit 1
+fi
+
+step "go vet"
+go vet ./...
+
+step "staticcheck $STATICCHECK_VERSION"
+if [ ! -x "$TOOLS/staticcheck" ] || ! "$TOOLS/staticcheck" -version | grep -q "(${STATICCHECK_VERSION#v})"; then
+  GOBIN="$TOOLS" go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+fi
+"$TOOLS/staticcheck" ./...
+
+[ "${1:-}" = lint ] && exit 0
+
+step "go test -race"
+go test -race -count=1 -timeout 30m ./...
