@@ -193,7 +193,6 @@ func TestRoundRobinSpreadsEvenly(t *testing.T) {
 
 func TestLeastLoadPrefersIdleReplica(t *testing.T) {
 	hold := newGate()
-	t.Cleanup(hold.open)
 	handler := func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/hold" {
 			hold.wait(r.Context())
@@ -201,6 +200,7 @@ func TestLeastLoadPrefersIdleReplica(t *testing.T) {
 		okHandler(w, r)
 	}
 	a, b := startUpstream(t, "a", handler), startUpstream(t, "b", handler)
+	t.Cleanup(hold.open) // after the upstreams' cleanup is registered, so it runs first
 	svc, base := startProxy(t, ServiceConfig{Policy: policy.LeastLoad}, backendsOf(a, b)...)
 	c := newClient(t)
 
@@ -348,10 +348,11 @@ func TestHandlerEnforcesBodyLimit(t *testing.T) {
 
 func TestSilentReplicaIs504(t *testing.T) {
 	silent := newGate()
-	t.Cleanup(silent.open)
 	u := startUpstream(t, "silent", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
 		silent.wait(r.Context())
 	})
+	t.Cleanup(silent.open)
 	svc, base := startProxy(t, ServiceConfig{IdleTimeout: 50 * time.Millisecond}, backendsOf(u)...)
 	res := do(t, newClient(t), http.MethodPost, base+"/v1/completions", strings.NewReader("{}"))
 	if res.status != http.StatusGatewayTimeout {

@@ -172,7 +172,11 @@ func rawExchange(t *testing.T, proxyURL, raw string) (*http.Response, string) {
 	if _, err := io.WriteString(conn, raw); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	for err == nil && resp.StatusCode == http.StatusContinue { // Expect: 100-continue
+		resp, err = http.ReadResponse(br, nil)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

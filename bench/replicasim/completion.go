@@ -77,8 +77,8 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	outTokens := req.outputTokens(s.cfg.MaxTokens)
 	if outTokens > maxModelLen-promptTokens {
 		writeAPIError(w, badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens "+
-			"(%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			maxModelLen, promptTokens+min(outTokens, maxModelLen), promptTokens, outTokens))
+			"in the messages and %d in the completion. Please reduce the length of the messages or completion.",
+			maxModelLen, promptTokens, outTokens))
 		return
 	}
 

@@ -144,7 +144,7 @@ func scrape(t testing.TB, base string) map[string]float64 {
 	return out
 }
 
-// sseEvent is one "data:" payload of a stream.
+// parseSSE splits a stream into its "data:" payloads, failing on anything else.
 func parseSSE(t testing.TB, body []byte) []string {
 	t.Helper()
 	var events []string

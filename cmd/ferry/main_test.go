@@ -1,0 +1,43 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/spf13/cobra"
+)
+
+// Every command a user can type has help text and an example (the README promises it).
+func TestEveryCommandHasHelpAndExample(t *testing.T) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Hidden || c.Name() == "help" || c.Name() == "completion" {
+			return
+		}
+		if c.Short == "" {
+			t.Errorf("%q has no short help", c.CommandPath())
+		}
+		if c.Example == "" {
+			t.Errorf("%q has no example", c.CommandPath())
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRootCmd())
+}
+
+func TestParseKVs(t *testing.T) {
+	t.Setenv("FERRY_TEST_FROM_ENV", "from-env")
+	got, err := parseKVs("env", []string{"A=1", "B=x=y", "FERRY_TEST_FROM_ENV"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got["A"] != "1" || got["B"] != "x=y" || got["FERRY_TEST_FROM_ENV"] != "from-env" {
+		t.Errorf("parseKVs = %v", got)
+	}
+	for _, bad := range []string{"=v", "FERRY_TEST_SURELY_UNSET_VAR"} {
+		if _, err := parseKVs("env", []string{bad}); err == nil {
+			t.Errorf("parseKVs(%q) accepted", bad)
+		}
+	}
+}

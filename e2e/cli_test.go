@@ -1,0 +1,259 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBadYAMLThroughCLI checks that the CLI prints each validation error as
+// file:line:col: field: message, exits non-zero, launches nothing and never panics.
+func TestBadYAMLThroughCLI(t *testing.T) {
+	cases := map[string]struct {
+		yaml string
+		want string // a line of the output, as a regexp after "FILE:"
+	}{
+		"wrong type":                {"run: x\nservice:\n  ports: 8080\n  replicas: two\n", `4:13: service\.replicas: expected an integer`},
+		"unknown key":               {"run: x\nservice:\n  ports: 8080\n  readiness_prob: /\n", `4:3: service\.readiness_prob: unknown field .*did you mean "readiness_probe"`},
+		"min greater than max":      {"run: x\nservice:\n  ports: 8080\n  replica_policy:\n    min_replicas: 3\n    max_replicas: 1\n", `6:19: service\.replica_policy\.max_replicas: must be at least min_replicas`},
+		"bad probe path":            {"run: x\nservice:\n  ports: 8080\n  readiness_probe: health\n", `4:20: service\.readiness_probe: must start with "/"`},
+		"spot field without spot":   {"run: x\nservice:\n  ports: 8080\n  replica_policy:\n    min_replicas: 1\n    base_ondemand_fallback_replicas: 1\n", `6:38: service\.replica_policy\.base_ondemand_fallback_replicas: spot-only field without use_spot`},
+		"replicas and policy":       {"run: x\nservice:\n  ports: 8080\n  replicas: 2\n  replica_policy:\n    min_replicas: 1\n", `5:3: service\.replica_policy: replicas and replica_policy are exclusive`},
+		"bad accelerator":           {"run: x\nresources:\n  accelerators: A100:1:2\nservice:\n  ports: 8080\n", `3:17: resources\.accelerators: bad accelerator string`},
+		"empty run":                 {"run: \"\"\nservice:\n  ports: 8080\n", `1:6: run: required`},
+		"syntax error":              {"run: x\nservice:\n  ports: [8080\n", `\d+(:\d+)?: .*`},
+		"infra this build can't do": {"run: x\nresources:\n  infra: aws\nservice:\n  ports: 8080\n", ``},
+	}
+	dir := t.TempDir()
+	e := &env{t: t, home: filepath.Join(dir, "home")}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			file := filepath.Join(dir, strings.ReplaceAll(name, " ", "_")+".yaml")
+			if err := os.WriteFile(file, []byte(tc.yaml), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			out, errOut, err := e.run("serve", "up", file, "-y")
+			if err == nil {
+				t.Fatalf("serve up of bad YAML succeeded:\n%s", out)
+			}
+			if strings.Contains(errOut, "panic") || strings.Contains(out, "Launching service") {
+				t.Fatalf("panicked or launched:\nstdout:\n%s\nstderr:\n%s", out, errOut)
+			}
+			if tc.want == "" {
+				if !strings.Contains(errOut, "only") {
+					t.Fatalf("want a clear 'infra not available' error, got:\n%s", errOut)
+				}
+				return
+			}
+			re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(file) + `:` + tc.want)
+			if !re.MatchString(errOut) {
+				t.Fatalf("stderr lacks %q:\n%s", re, errOut)
+			}
+		})
+	}
+	if _, err := os.Stat(filepath.Join(e.home, "controller.json")); err == nil {
+		t.Errorf("a controller was started for invalid input")
+	}
+}
+
+// TestSecretsNeverShown launches a service with a secret and checks every output a user or an
+// operator reads: serve up, status (table and JSON), the controller log and the replica log.
+func TestSecretsNeverShown(t *testing.T) {
+	e := newEnv(t)
+	const secret = "hf_SuperSecretValue_1234567890"
+	yaml := `name: secretive
+envs:
+  MODEL: ferry-sim-1b
+secrets:
+  HF_TOKEN: null
+run: ferry replica-sim --port $FERRY_PORT --model $MODEL
+service:
+  readiness_probe:
+    path: /health
+    headers:
+      Authorization: Bearer ` + secret + `
+  replicas: 1
+  ports: 8080
+`
+	file := filepath.Join(t.TempDir(), "secretive.yaml")
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var seen strings.Builder
+	seen.WriteString(e.mustRun("serve", "up", file, "--secret", "HF_TOKEN="+secret, "-y"))
+	seen.WriteString(e.mustRun("serve", "status", "-v"))
+	seen.WriteString(e.mustRun("serve", "status", "--json"))
+	seen.WriteString(e.mustRun("serve", "logs", "secretive", "1"))
+	seen.WriteString(e.mustRun("serve", "logs", "secretive", "--controller"))
+	if strings.Contains(seen.String(), secret) {
+		t.Fatalf("the secret value reached user-visible output:\n%s", seen.String())
+	}
+	if !strings.Contains(seen.String(), "<redacted>") {
+		t.Errorf("expected the secret to be shown as <redacted> in the resolved spec")
+	}
+	// The replica did get it: the secret is for the program, not for eyes.
+	for _, f := range mustGlob(t, filepath.Join(e.home, "local", "*", "run.sh")) {
+		b, _ := os.ReadFile(f)
+		if strings.Contains(string(b), secret) {
+			t.Errorf("%s holds the secret on disk", f)
+		}
+	}
+	st := mustFileMode(t, filepath.Join(e.home, "ferry.db"))
+	if st != 0o600 {
+		t.Errorf("ferry.db mode %o, want 600", st)
+	}
+	if m := mustFileMode(t, e.home); m != 0o700 {
+		t.Errorf("FERRY_HOME mode %o, want 700", m)
+	}
+	if m := mustFileMode(t, filepath.Join(e.home, "controller.token")); m != 0o600 {
+		t.Errorf("controller.token mode %o, want 600", m)
+	}
+}
+
+// TestControllerAPIRequiresToken: the controller refuses a request without its token, even on
+// loopback.
+func TestControllerAPIRequiresToken(t *testing.T) {
+	e := newEnv(t)
+	e.mustRun("serve", "status")
+	b, err := os.ReadFile(filepath.Join(e.home, "controller.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := regexp.MustCompile(`"addr": "([^"]+)"`).FindSubmatch(b)
+	if addr == nil {
+		t.Fatalf("no addr in %s", b)
+	}
+	for _, auth := range []string{"", "Bearer wrong"} {
+		req, _ := http.NewRequest("GET", "http://"+string(addr[1])+"/v1/services", nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("Authorization %q: HTTP %d, want 401", auth, resp.StatusCode)
+		}
+	}
+}
+
+// TestStandaloneProxy fronts two replica-sim processes with `ferry proxy` and no controller.
+func TestStandaloneProxy(t *testing.T) {
+	var replicaURLs []string
+	for range 2 {
+		port := freePort(t)
+		startProcess(t, "replica-sim", "--port", strconv.Itoa(port), "--model", "ferry-sim-1b")
+		replicaURLs = append(replicaURLs, fmt.Sprintf("http://127.0.0.1:%d", port))
+	}
+	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	args := []string{"proxy", "--listen", listen, "--policy", "round_robin"}
+	for _, u := range replicaURLs {
+		args = append(args, "--replica", u)
+	}
+	startProcess(t, args...)
+	for _, u := range append(replicaURLs, "http://"+listen) {
+		eventually(t, 20*time.Second, u+" up", func() (bool, string) {
+			return listening(strings.TrimPrefix(u, "http://")), "not listening"
+		})
+	}
+	endpoint := "http://" + listen
+	for range 4 {
+		resp, err := http.Post(endpoint+"/v1/completions", "application/json",
+			strings.NewReader(`{"model":"ferry-sim-1b","prompt":"hi","max_tokens":3}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), `"text_completion"`) {
+			t.Fatalf("HTTP %d: %s", resp.StatusCode, body)
+		}
+	}
+	// Both replicas served: round robin over two replicas for four requests.
+	for _, u := range replicaURLs {
+		resp, err := http.Get(u + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !regexp.MustCompile(`vllm:request_success_total\{[^}]*\} 2`).Match(b) {
+			t.Errorf("%s did not serve 2 requests:\n%s", u, grepLines(string(b), "request_success"))
+		}
+	}
+	chatStream(t, endpoint)
+}
+
+func startProcess(t *testing.T, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	c := exec.CommandContext(ctx, ferryBin, args...)
+	out, err := os.CreateTemp(t.TempDir(), "proc-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Stdout, c.Stderr = out, out
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		_ = c.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(out.Name())
+			t.Logf("ferry %s:\n%s", strings.Join(args, " "), lastLines(string(b), 30))
+		}
+	})
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), sub) {
+			out = append(out, sc.Text())
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func mustGlob(t *testing.T, pattern string) []string {
+	t.Helper()
+	m, err := filepath.Glob(pattern)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func mustFileMode(t *testing.T, path string) os.FileMode {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Mode().Perm()
+}
