@@ -30,6 +30,8 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 	ex := s.acquireExchange()
 	ex.prepare(ctx)
 
+	// An HTTP/1.0 client may send no Host; each replica then gets its own address.
+	noHost := len(ex.req.Header.Host()) == 0
 	attempts := min(s.cfg.MaxAttempts, len(snap.replicas))
 	var lastErr error
 	for attempt := range attempts {
@@ -42,7 +44,7 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 			s.log.Error("picker returned a replica outside the snapshot", zap.Int("replica_id", replica.ID))
 			break
 		}
-		if len(ex.req.Header.Host()) == 0 {
+		if noHost {
 			ex.req.Header.SetHost(client.addr)
 		}
 

@@ -9,7 +9,6 @@ import (
 )
 
 var (
-	headerConnection      = []byte("Connection")
 	headerExpect          = []byte("Expect")
 	headerXForwardedFor   = []byte("X-Forwarded-For")
 	headerXForwardedProto = []byte("X-Forwarded-Proto")

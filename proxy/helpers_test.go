@@ -219,6 +219,11 @@ func newGate() *gate { return &gate{release: make(chan struct{})} }
 
 func (g *gate) wait(ctx context.Context) {
 	g.arrivals.Add(1)
+	g.block(ctx)
+}
+
+// block waits without counting an arrival, for handlers that count earlier.
+func (g *gate) block(ctx context.Context) {
 	select {
 	case <-g.release:
 	case <-ctx.Done():
