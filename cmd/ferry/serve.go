@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"regexp"
@@ -169,9 +170,33 @@ func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 	}
 	fmt.Fprintf(out, "\nService %q is up.\nEndpoint: %s\n\nTry it:\n", name, st.Endpoint)
 	fmt.Fprintf(out, "  curl %s/v1/models\n", st.Endpoint)
-	fmt.Fprintf(out, "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"MODEL\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n", st.Endpoint)
+	fmt.Fprintf(out, "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n", st.Endpoint, servedModel(ctx, st.Endpoint))
 	fmt.Fprintf(out, "  ferry serve status %s\n  ferry serve down %s\n", name, name)
 	return nil
+}
+
+// servedModel asks the endpoint which model it serves, so the printed example works as is.
+func servedModel(ctx context.Context, endpoint string) string {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+"/v1/models", nil)
+	if err != nil {
+		return "MODEL"
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "MODEL"
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&list) != nil || len(list.Data) == 0 {
+		return "MODEL"
+	}
+	return list.Data[0].ID
 }
 
 // waitReady prints each change in the replica counts until every wanted replica is READY.
