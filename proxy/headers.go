@@ -82,7 +82,9 @@ func stripRequestHopByHop(h *fasthttp.RequestHeader, scratch []byte) []byte {
 	return scratch
 }
 
-// stripResponseHopByHop is stripRequestHopByHop for a response header.
+// stripResponseHopByHop is stripRequestHopByHop for a response header. The two stay separate
+// on purpose: one generic version over an interface measured 12 allocs/op instead of 4 in
+// BenchmarkProxyNonStream (the iterator closures escape through the interface).
 func stripResponseHopByHop(h *fasthttp.ResponseHeader, scratch []byte) []byte {
 	scratch = scratch[:0]
 	for key, value := range h.All() {
