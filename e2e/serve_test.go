@@ -208,6 +208,20 @@ func TestQuickstartLifecycle(t *testing.T) {
 		t.Fatalf("want 2 READY replicas, got %+v", st)
 	}
 
+	t.Run("replica logs", func(t *testing.T) {
+		var id int
+		for id = range before {
+			break
+		}
+		out := e.mustRun("serve", "logs", "quickstart", fmt.Sprint(id), "--tail", "1")
+		if !strings.Contains(out, "serving model") || strings.Count(strings.TrimSpace(out), "\n") != 0 {
+			t.Fatalf("serve logs --tail 1: want replica-sim's one start-up line, got:\n%s", out)
+		}
+		if _, errOut, err := e.run("serve", "logs", "quickstart", "999"); err == nil || !strings.Contains(errOut, "999") {
+			t.Fatalf("logs of an unknown replica: err %v, stderr %q", err, errOut)
+		}
+	})
+
 	t.Run("killed replica is replaced", func(t *testing.T) {
 		pids := e.replicaPIDs()
 		if len(pids) != 2 {
