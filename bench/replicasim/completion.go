@@ -136,7 +136,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	s.metrics.ttft.Observe(time.Since(start).Seconds())
 
 	gen := generation{
-		server: s, ep: ep, created: start.Unix(),
+		server: s, ep: ep, start: start, created: start.Unix(),
 		promptTokens: promptTokens, cachedTokens: cachedTokens, outTokens: outTokens,
 	}
 	gen.text.Seed(idA, idB)
@@ -154,12 +154,11 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 		h := w.Header()
 		h.Set("Content-Type", "application/json")
 		h.Set("Content-Length", strconv.Itoa(len(out)))
+		gen.recordSuccess()
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(out)
 		_ = rc.Flush() // before a possible ExitAfter crash
 	}
-	s.metrics.requestSuccess.Inc()
-	s.metrics.e2e.Observe(time.Since(start).Seconds())
 	if n := s.completed.Add(1); s.cfg.ExitAfter > 0 && n == int64(s.cfg.ExitAfter) {
 		s.exit(1)
 	}
@@ -268,6 +267,7 @@ func (q *sequence) finish() {
 type generation struct {
 	server       *Server
 	ep           endpoint
+	start        time.Time
 	created      int64
 	promptTokens int
 	cachedTokens int
@@ -300,6 +300,13 @@ func (g *generation) decode(seq *sequence) bool {
 		s.metrics.generationTokens.Add(float64(step))
 	}
 	return true
+}
+
+// recordSuccess counts a finished request. It runs before the last bytes go out, so a client
+// that has read a whole response and then scrapes /metrics always sees it counted.
+func (g *generation) recordSuccess() {
+	g.server.metrics.requestSuccess.Inc()
+	g.server.metrics.e2e.Observe(time.Since(g.start).Seconds())
 }
 
 // stream sends one SSE chunk per token, flushed at once, then the finish chunk, the usage
@@ -356,6 +363,7 @@ func (g *generation) stream(seq *sequence, rc *http.ResponseController, w io.Wri
 		buf = append(buf, "}\n\n"...)
 	}
 	buf = append(buf, "data: [DONE]\n\n"...)
+	g.recordSuccess()
 	if _, err := w.Write(buf); err != nil {
 		return false
 	}
