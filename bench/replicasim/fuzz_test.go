@@ -29,7 +29,7 @@ func FuzzCompletionRequest(f *testing.F) {
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewReader([]byte(body))))
 			if rec.Code != http.StatusOK {
-				decode[errorResponse](t, rec.Body.Bytes())
+				decode[errorBody](t, rec.Body.Bytes())
 			}
 		}
 		if s.sched.runningGauge.Load() != 0 || s.kvBlocksUsed.Load() != 0 {

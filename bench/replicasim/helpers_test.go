@@ -219,12 +219,3 @@ type chunk struct {
 	} `json:"choices"`
 	Usage *usage `json:"usage"`
 }
-
-type errorResponse struct {
-	Error struct {
-		Message string  `json:"message"`
-		Type    string  `json:"type"`
-		Param   *string `json:"param"`
-		Code    *string `json:"code"`
-	} `json:"error"`
-}

@@ -27,7 +27,7 @@ func TestHealthFollowsStartupDelay(t *testing.T) {
 	if r.status != http.StatusServiceUnavailable {
 		t.Fatalf("completion while loading: status %d, want 503", r.status)
 	}
-	decode[errorResponse](t, r.body)
+	decode[errorBody](t, r.body)
 
 	s.readyAt.Store(time.Now().UnixNano()) // the delay has elapsed
 	if r := get(t, base+"/health"); r.status != http.StatusOK || len(r.body) != 0 {
@@ -321,7 +321,7 @@ func TestQueueLimitAndDisconnect(t *testing.T) {
 	if r.status != http.StatusTooManyRequests {
 		t.Fatalf("third request: status %d, want 429", r.status)
 	}
-	if got := decode[errorResponse](t, r.body); got.Error.Type != "server_overloaded" || got.Error.Message == "" {
+	if got := decode[errorBody](t, r.body); got.Error.Type != "server_overloaded" || got.Error.Message == "" {
 		t.Errorf("429 body = %+v", got)
 	}
 	if r.header.Get("Retry-After") == "" {
@@ -507,7 +507,7 @@ func TestErrorInjection(t *testing.T) {
 		if r.status != http.StatusInternalServerError {
 			t.Fatalf("%s: status %d, want 500", path, r.status)
 		}
-		got := decode[errorResponse](t, r.body)
+		got := decode[errorBody](t, r.body)
 		if got.Error.Type != "internal_server_error" || got.Error.Message == "" || got.Error.Param != nil || got.Error.Code != nil {
 			t.Errorf("%s: error body = %+v", path, got)
 		}
@@ -600,7 +600,7 @@ func TestBadRequests(t *testing.T) {
 			if resp.StatusCode != tc.wantStatus {
 				t.Fatalf("status %d, want %d", resp.StatusCode, tc.wantStatus)
 			}
-			var got errorResponse
+			var got errorBody
 			dec := json.NewDecoder(resp.Body)
 			dec.DisallowUnknownFields()
 			if err := dec.Decode(&got); err != nil {

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -100,8 +99,6 @@ func parseKVs(flag string, kvs []string) (map[string]string, error) {
 	return out, nil
 }
 
-var nameRE = regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
-
 func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 	out := cmd.OutOrStdout()
 	envs, err := parseKVs("env", f.envs)
@@ -111,9 +108,6 @@ func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 	secrets, err := parseKVs("secret", f.secrets)
 	if err != nil {
 		return err
-	}
-	if f.name != "" && (!nameRE.MatchString(f.name) || len(f.name) > 63) {
-		return fmt.Errorf("-n %q: a service name is lowercase letters, digits and '-', starting with a letter, at most 63 characters", f.name)
 	}
 	task, err := configs.Load(file, configs.Overrides{Envs: envs, Secrets: secrets, Name: f.name})
 	if err != nil {
