@@ -21,9 +21,43 @@ const (
 
 // Picker chooses the replica for one request. Pick returns nil when replicas is empty. It is
 // called concurrently from every request goroutine, so implementations keep no per-call state
-// except atomics, and must not retain or modify the slice.
+// except atomics (and their own bounded, synchronized caches), and must retain neither req nor
+// the slice, nor modify them. req is never nil.
 type Picker interface {
-	Pick(replicas []*Replica) *Replica
+	Pick(req *Request, replicas []*Replica) *Replica
+}
+
+// Request is what a policy may know of one request. The proxy fills only the fields the picker
+// declares it reads (see Needs); the byte slices alias the proxy's request buffers and are valid
+// only during Pick.
+type Request struct {
+	// SessionID is the x-session-id header; empty when absent.
+	SessionID []byte
+	// Prompt is the raw JSON value of the body's "messages" (chat) or "prompt" (completions)
+	// field; empty when the body has neither.
+	Prompt []byte
+	// Model is the body's "model" field, unquoted; empty when absent.
+	Model []byte
+}
+
+// Needs says which Request fields a picker reads, so that the proxy parses request bodies only
+// for pickers that use them.
+type Needs uint8
+
+const (
+	// NeedsSession asks for Request.SessionID.
+	NeedsSession Needs = 1 << iota
+	// NeedsPrompt asks for Request.Prompt and Request.Model (which seeds prompt hashes).
+	NeedsPrompt
+)
+
+// NeedsOf returns what p reads of a Request: the result of its Needs method if it has one,
+// nothing otherwise.
+func NeedsOf(p Picker) Needs {
+	if n, ok := p.(interface{ Needs() Needs }); ok {
+		return n.Needs()
+	}
+	return 0
 }
 
 // Options tune the pickers that need more than the snapshot.
@@ -72,7 +106,7 @@ type roundRobin struct {
 	next atomic.Uint64
 }
 
-func (p *roundRobin) Pick(replicas []*Replica) *Replica {
+func (p *roundRobin) Pick(_ *Request, replicas []*Replica) *Replica {
 	n := uint64(len(replicas))
 	if n == 0 {
 		return nil
@@ -89,7 +123,7 @@ type leastLoad struct {
 	rand func() uint64
 }
 
-func (p *leastLoad) Pick(replicas []*Replica) *Replica {
+func (p *leastLoad) Pick(_ *Request, replicas []*Replica) *Replica {
 	var best *Replica
 	var bestLoad int64
 	ties := uint64(0)
@@ -159,7 +193,7 @@ func (p *instanceAware) target(accelerator string) float64 {
 	return p.minimum
 }
 
-func (p *instanceAware) Pick(replicas []*Replica) *Replica {
+func (p *instanceAware) Pick(_ *Request, replicas []*Replica) *Replica {
 	var best *Replica
 	var bestLoad float64
 	ties := uint64(0)

@@ -77,7 +77,7 @@ func TestNew(t *testing.T) {
 			if err != nil || p == nil {
 				t.Fatalf("New(%q) = %v, %v; want a picker", tc.name, p, err)
 			}
-			if got := p.Pick(nil); got != nil {
+			if got := p.Pick(&Request{}, nil); got != nil {
 				t.Errorf("Pick(nil) = %v, want nil", got)
 			}
 		})
@@ -89,7 +89,7 @@ func TestRoundRobin(t *testing.T) {
 	rs := replicas([]int64{5, 0, 9})
 	var got []int
 	for range 7 {
-		got = append(got, p.Pick(rs).ID)
+		got = append(got, p.Pick(&Request{}, rs).ID)
 	}
 	if diff := cmp.Diff([]int{1, 2, 3, 1, 2, 3, 1}, got); diff != "" {
 		t.Errorf("round robin order (-want +got):\n%s", diff)
@@ -107,7 +107,7 @@ func TestRoundRobinConcurrentIsEven(t *testing.T) {
 		wg.Go(func() {
 			local := make([]int, len(rs))
 			for range each {
-				local[p.Pick(rs).ID-1]++
+				local[p.Pick(&Request{}, rs).ID-1]++
 			}
 			mu.Lock()
 			for i, n := range local {
@@ -140,7 +140,7 @@ func TestLeastLoad(t *testing.T) {
 			rs := replicas(tc.loads)
 			seen := map[int]bool{}
 			for range 200 {
-				got := p.Pick(rs)
+				got := p.Pick(&Request{}, rs)
 				seen[got.ID] = true
 			}
 			var gotIDs []int
@@ -168,7 +168,7 @@ func TestLeastLoadAlwaysMinimal(t *testing.T) {
 			loads[i] = int64(gen.IntN(4))
 		}
 		rs := replicas(loads)
-		got := p.Pick(rs)
+		got := p.Pick(&Request{}, rs)
 		minimum := loads[0]
 		for _, l := range loads {
 			minimum = min(minimum, l)
@@ -186,7 +186,7 @@ func TestLeastLoadTieBreakIsReplayable(t *testing.T) {
 		rs := replicas([]int64{0, 0, 0, 0})
 		var got []int
 		for range 20 {
-			got = append(got, p.Pick(rs).ID)
+			got = append(got, p.Pick(&Request{}, rs).ID)
 		}
 		return got
 	}
@@ -225,7 +225,7 @@ func TestInstanceAwareLeastLoad(t *testing.T) {
 			}
 			seen := map[int]bool{}
 			for range 200 {
-				seen[p.Pick(rs).ID] = true
+				seen[p.Pick(&Request{}, rs).ID] = true
 			}
 			var gotIDs []int
 			for id := range len(rs) + 1 {
@@ -246,7 +246,7 @@ func TestInstanceAwareMapIsCopied(t *testing.T) {
 	p, _ := New(InstanceAwareLeastLoad, Options{TargetQPSPerAccelerator: targets})
 	targets["L4"] = 100
 	rs := replicas([]int64{1, 1}, "A100", "L4")
-	if got := p.Pick(rs).ID; got != 1 {
+	if got := p.Pick(&Request{}, rs).ID; got != 1 {
 		t.Errorf("Pick = replica %d, want 1 (A100: 1/2 < L4: 1/1)", got)
 	}
 }
@@ -272,8 +272,9 @@ func BenchmarkPick(b *testing.B) {
 				}
 				b.ReportAllocs()
 				b.RunParallel(func(pb *testing.PB) {
+					var req Request
 					for pb.Next() {
-						if p.Pick(rs) == nil {
+						if p.Pick(&req, rs) == nil {
 							b.Fatal("nil pick")
 						}
 					}

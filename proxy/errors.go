@@ -21,7 +21,8 @@ type errorBodies struct {
 	tooLarge       []byte // 413
 	headerTooLarge []byte // 431
 	requestTimeout []byte // 408
-	badRequest     []byte // 400
+	badRequest     []byte // 400: not HTTP
+	badJSON        []byte // 400: the body is not a JSON object
 	internal       []byte // 500
 }
 
@@ -45,6 +46,8 @@ func newErrorBodies(service string, maxBody int) errorBodies {
 			"invalid_request_error", "request_timeout"),
 		badRequest: openAIError("malformed HTTP request",
 			"invalid_request_error", "bad_request"),
+		badJSON: openAIError("request body is not a valid JSON object",
+			"invalid_request_error", "invalid_json"),
 		internal: openAIError(fmt.Sprintf("internal error in the proxy of service %q", service),
 			"server_error", "internal_error"),
 	}

@@ -33,6 +33,8 @@ type exchange struct {
 	// finished guards finish against a second close; true while the exchange is idle in the pool.
 	finished atomic.Bool
 
+	// info is what the picker reads of the request; it aliases the client request's buffers.
+	info       policy.Request
 	tried      []*policy.Replica
 	candidates []*policy.Replica
 	requestID  []byte
@@ -126,6 +128,7 @@ func (s *Service) releaseExchange(ex *exchange) {
 	ex.req.Reset() // drops the reference to the client's body
 	ex.resp.Reset()
 	ex.readErr = nil
+	ex.info = policy.Request{}
 	clear(ex.tried) // do not pin replicas of old snapshots
 	ex.tried = ex.tried[:0]
 	clear(ex.candidates)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"slices"
 
 	"github.com/valyala/fasthttp"
@@ -28,6 +29,11 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 	}
 
 	ex := s.acquireExchange()
+	if !ex.describe(ctx, s.needs) {
+		s.releaseExchange(ex)
+		writeError(ctx, fasthttp.StatusBadRequest, s.errs.badJSON)
+		return
+	}
 	ex.prepare(ctx)
 
 	// An HTTP/1.0 client may send no Host; each replica then gets its own address.
@@ -77,7 +83,7 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 // retry never lands on the replica that just failed (SkyServe's retries can).
 func (ex *exchange) pick(p policy.Picker, all []*policy.Replica) *policy.Replica {
 	if len(ex.tried) == 0 {
-		return p.Pick(all)
+		return p.Pick(&ex.info, all)
 	}
 	ex.candidates = ex.candidates[:0]
 	for _, r := range all {
@@ -85,7 +91,25 @@ func (ex *exchange) pick(p policy.Picker, all []*policy.Replica) *policy.Replica
 			ex.candidates = append(ex.candidates, r)
 		}
 	}
-	return p.Pick(ex.candidates)
+	return p.Pick(&ex.info, ex.candidates)
+}
+
+// describe fills what the picker reads of the request (needs). It reports false when the picker
+// needs the prompt and the body is not a JSON object: routing cannot read it, and no replica
+// would accept it either.
+func (ex *exchange) describe(ctx *fasthttp.RequestCtx, needs policy.Needs) bool {
+	ex.info = policy.Request{}
+	if needs&policy.NeedsSession != 0 {
+		ex.info.SessionID = ctx.Request.Header.PeekBytes(headerXSessionID)
+	}
+	if needs&policy.NeedsPrompt != 0 && ctx.IsPost() && !bytes.HasPrefix(ctx.Request.Header.ContentType(), contentTypeMultipart) {
+		f, err := scanBody(ctx.Request.Body())
+		if err != nil {
+			return false
+		}
+		ex.info.Prompt, ex.info.Model = f.Prompt, f.Model
+	}
+	return true
 }
 
 // prepare builds the upstream request from the client's: same method, URI, headers and body,

@@ -13,6 +13,8 @@ var (
 	headerXForwardedFor   = []byte("X-Forwarded-For")
 	headerXForwardedProto = []byte("X-Forwarded-Proto")
 	headerXRequestID      = []byte("X-Request-Id")
+	// headerXSessionID keys session_affinity (AIBrix's and vLLM production-stack's header).
+	headerXSessionID = []byte("X-Session-Id")
 
 	protocolHTTP11 = []byte("HTTP/1.1")
 	schemeHTTP     = []byte("http")
@@ -27,6 +29,7 @@ var (
 	nameTransferEncoding = []byte("Transfer-Encoding")
 	prefixProxy          = []byte("Proxy-")
 	contentTypeSSE       = []byte("text/event-stream")
+	contentTypeMultipart = []byte("multipart/")
 )
 
 // isHopByHop reports whether a header belongs to one connection and must not cross the proxy

@@ -129,6 +129,7 @@ type Service struct {
 	cfg    ServiceConfig
 	log    *zap.Logger
 	picker policy.Picker
+	needs  policy.Needs
 	errs   errorBodies
 	server *fasthttp.Server
 
@@ -183,6 +184,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 		cfg:    cfg,
 		log:    cfg.Logger.With(zap.String("service", cfg.Name)),
 		picker: picker,
+		needs:  policy.NeedsOf(picker),
 		errs:   newErrorBodies(cfg.Name, cfg.MaxRequestBodySize),
 		dial:   defaultDial,
 	}

@@ -1,0 +1,256 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+)
+
+// bodyFields are the top-level fields of an OpenAI request body that routing reads. Each is a
+// sub-slice of the body (no copy): Model is the string's contents between its quotes, still
+// JSON-escaped; Prompt is the raw JSON value of "messages" or "prompt".
+type bodyFields struct {
+	Model  []byte
+	Prompt []byte
+}
+
+var (
+	errBodyNotObject = errors.New("request body is not a JSON object")
+	errBodySyntax    = errors.New("request body is not valid JSON")
+)
+
+var (
+	keyModel    = []byte("model")
+	keyMessages = []byte("messages")
+	keyPrompt   = []byte("prompt")
+)
+
+// scanBody validates that body is one JSON object and returns its routing fields, in one pass
+// and without allocating. Unlike encoding/json it does not decode values it does not need, so it
+// costs about a memory scan of the body; the replica still does the full validation.
+func scanBody(body []byte) (bodyFields, error) {
+	var f bodyFields
+	s := jsonScanner{b: body}
+	s.space()
+	if !s.eat('{') {
+		return f, errBodyNotObject
+	}
+	s.space()
+	if s.eat('}') {
+		return f, s.end()
+	}
+	for {
+		s.space()
+		keyStart := s.i
+		if !s.str() {
+			return f, errBodySyntax
+		}
+		key := body[keyStart+1 : s.i-1]
+		s.space()
+		if !s.eat(':') {
+			return f, errBodySyntax
+		}
+		s.space()
+		valStart := s.i
+		if !s.value(0) {
+			return f, errBodySyntax
+		}
+		val := body[valStart:s.i]
+		switch {
+		case bytes.Equal(key, keyModel):
+			if len(val) >= 2 && val[0] == '"' {
+				f.Model = val[1 : len(val)-1]
+			}
+		case bytes.Equal(key, keyMessages), bytes.Equal(key, keyPrompt):
+			f.Prompt = val
+		}
+		s.space()
+		if s.eat('}') {
+			return f, s.end()
+		}
+		if !s.eat(',') {
+			return f, errBodySyntax
+		}
+	}
+}
+
+// maxJSONDepth bounds nesting, so a body of a million '[' cannot exhaust the stack.
+const maxJSONDepth = 128
+
+// jsonScanner skips over JSON values. It accepts exactly RFC 8259 JSON except that it does not
+// check UTF-8 validity or the digits of \u escapes' surrogate pairs.
+type jsonScanner struct {
+	b []byte
+	i int
+}
+
+func (s *jsonScanner) end() error {
+	s.space()
+	if s.i != len(s.b) {
+		return errBodySyntax
+	}
+	return nil
+}
+
+func (s *jsonScanner) space() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+func (s *jsonScanner) eat(c byte) bool {
+	if s.i < len(s.b) && s.b[s.i] == c {
+		s.i++
+		return true
+	}
+	return false
+}
+
+func (s *jsonScanner) value(depth int) bool {
+	if s.i >= len(s.b) || depth > maxJSONDepth {
+		return false
+	}
+	switch c := s.b[s.i]; {
+	case c == '"':
+		return s.str()
+	case c == '{':
+		s.i++
+		s.space()
+		if s.eat('}') {
+			return true
+		}
+		for {
+			s.space()
+			if !s.str() {
+				return false
+			}
+			s.space()
+			if !s.eat(':') {
+				return false
+			}
+			s.space()
+			if !s.value(depth + 1) {
+				return false
+			}
+			s.space()
+			if s.eat('}') {
+				return true
+			}
+			if !s.eat(',') {
+				return false
+			}
+		}
+	case c == '[':
+		s.i++
+		s.space()
+		if s.eat(']') {
+			return true
+		}
+		for {
+			s.space()
+			if !s.value(depth + 1) {
+				return false
+			}
+			s.space()
+			if s.eat(']') {
+				return true
+			}
+			if !s.eat(',') {
+				return false
+			}
+		}
+	case c == 't':
+		return s.literal("true")
+	case c == 'f':
+		return s.literal("false")
+	case c == 'n':
+		return s.literal("null")
+	case c == '-' || (c >= '0' && c <= '9'):
+		return s.number()
+	}
+	return false
+}
+
+func (s *jsonScanner) literal(lit string) bool {
+	if len(s.b)-s.i < len(lit) || string(s.b[s.i:s.i+len(lit)]) != lit {
+		return false
+	}
+	s.i += len(lit)
+	return true
+}
+
+func (s *jsonScanner) str() bool {
+	if !s.eat('"') {
+		return false
+	}
+	for s.i < len(s.b) {
+		switch c := s.b[s.i]; {
+		case c == '"':
+			s.i++
+			return true
+		case c == '\\':
+			s.i++
+			if s.i >= len(s.b) {
+				return false
+			}
+			switch s.b[s.i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				s.i++
+			case 'u':
+				if len(s.b)-s.i < 5 {
+					return false
+				}
+				for _, h := range s.b[s.i+1 : s.i+5] {
+					if !isHex(h) {
+						return false
+					}
+				}
+				s.i += 5
+			default:
+				return false
+			}
+		case c < 0x20:
+			return false
+		default:
+			s.i++
+		}
+	}
+	return false
+}
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+func (s *jsonScanner) number() bool {
+	s.eat('-')
+	switch {
+	case s.eat('0'):
+	case s.digits() == 0:
+		return false
+	}
+	if s.eat('.') && s.digits() == 0 {
+		return false
+	}
+	if s.eat('e') || s.eat('E') {
+		if !s.eat('+') {
+			s.eat('-')
+		}
+		if s.digits() == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *jsonScanner) digits() int {
+	start := s.i
+	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+		s.i++
+	}
+	return s.i - start
+}
