@@ -84,6 +84,9 @@ type checker struct {
 	// (or, in yaml.v3's node tree, even cyclic) document.
 	budget    int
 	exhausted bool
+	// lookupEnv is the user's environment under Load, nil under Parse. With it the checker also
+	// reads the files a task names (service.auth.keys_file).
+	lookupEnv func(string) (string, bool)
 }
 
 // maxNodeVisits is far above any real task file and far below what would take noticeable time.

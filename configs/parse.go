@@ -51,6 +51,7 @@ func Parse(filename string, data []byte, ov Overrides) (*Task, error) {
 
 func parse(filename string, data []byte, ov Overrides, lookupEnv func(string) (string, bool)) (task *Task, err error) {
 	c := newChecker(filename)
+	c.lookupEnv = lookupEnv
 	defer func() {
 		// Parse must never take a caller down; a panic here is a bug, reported as a problem
 		// with the file rather than a crash of the controller that received it.
@@ -228,7 +229,7 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 	}
 
 	if hasService {
-		t.Service = c.service(svcEntry, res)
+		t.Service = c.service(svcEntry, res, t.Envs, t.Secrets)
 		if t.NumNodes != 1 {
 			c.errorf(numNodes.value, "num_nodes", "a service runs one node per replica; got num_nodes %d (scale with replicas instead)", t.NumNodes)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"maps"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -45,6 +46,14 @@ func (t *Task) Redacted() *Task {
 		if s.TLS != nil {
 			tls := *s.TLS
 			s.TLS = &tls
+		}
+		if s.Auth != nil {
+			// Hashes are not keys, but nothing that shows a task needs them either.
+			s.Auth = &Auth{KeysFromEnv: slices.Clone(s.Auth.KeysFromEnv), KeysFile: s.Auth.KeysFile}
+		}
+		if s.Limits != nil {
+			limits := *s.Limits
+			s.Limits = &limits
 		}
 		out.Service = &s
 	}
@@ -97,6 +106,14 @@ func (t *Task) ResolvedYAML() ([]byte, error) {
 		if s.TLS != nil {
 			rs.TLS = &resolvedTLS{KeyFile: text(s.TLS.KeyFile), CertFile: text(s.TLS.CertFile)}
 		}
+		if s.Auth != nil {
+			ra := &resolvedAuth{KeysFile: text(s.Auth.KeysFile)}
+			for _, name := range s.Auth.KeysFromEnv {
+				ra.KeysFromEnv = append(ra.KeysFromEnv, text(name))
+			}
+			rs.Auth = ra
+		}
+		rs.Limits = s.Limits
 		if s.FixedReplicas {
 			n := s.ReplicaPolicy.MinReplicas
 			rs.Replicas = &n
@@ -217,6 +234,13 @@ type resolvedService struct {
 	Ports               int             `yaml:"ports"`
 	LoadBalancingPolicy string          `yaml:"load_balancing_policy"`
 	TLS                 *resolvedTLS    `yaml:"tls,omitempty"`
+	Auth                *resolvedAuth   `yaml:"auth,omitempty"`
+	Limits              *Limits         `yaml:"limits,omitempty"`
+}
+
+type resolvedAuth struct {
+	KeysFromEnv []text `yaml:"keys_from_env,omitempty"`
+	KeysFile    text   `yaml:"keys_file,omitempty"`
 }
 
 type resolvedTLS struct {

@@ -14,13 +14,13 @@ import (
 )
 
 var (
-	serviceKeys = []string{"readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls"}
+	serviceKeys = []string{"readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls", "auth", "limits"}
 	probeKeys   = []string{"path", "initial_delay_seconds", "timeout_seconds", "post_data", "headers"}
 	policyKeys  = []string{"min_replicas", "max_replicas", "target_qps_per_replica", "num_overprovision",
 		"upscale_delay_seconds", "downscale_delay_seconds", "base_ondemand_fallback_replicas",
 		"dynamic_ondemand_fallback", "spot_placer"}
 	tlsKeys           = []string{"keyfile", "certfile"}
-	lbPolicies        = []string{PolicyRoundRobin, PolicyLeastLoad, PolicyInstanceAwareLeastLoad}
+	lbPolicies        = []string{PolicyRoundRobin, PolicyLeastLoad, PolicyInstanceAwareLeastLoad, PolicyPowerOfTwo, PolicySessionAffinity, PolicyPrefixAffinity, PolicyLLMAware}
 	spotPlacers       = []string{SpotPlacerDynamicFallback}
 	spotOnlyMsgSuffix = "spot-only field without use_spot: set resources.use_spot: true, or remove this field"
 )
@@ -45,7 +45,7 @@ const maxPostData = 64 << 10
 
 // service reads the `service:` section; res is the resolved resources, needed for use_spot,
 // ports and accelerator names.
-func (c *checker) service(e entry, res Resources) *Service {
+func (c *checker) service(e entry, res Resources, envs, secrets map[string]string) *Service {
 	const field = "service"
 	s := &Service{
 		ReadinessProbe:      Probe{Path: DefaultProbePath, InitialDelaySeconds: DefaultInitialDelaySeconds, TimeoutSeconds: DefaultProbeTimeoutSeconds},
@@ -130,6 +130,12 @@ func (c *checker) service(e entry, res Resources) *Service {
 
 	if t, ok := f["tls"]; ok {
 		s.TLS = c.tls(t.value, joinField(field, "tls"))
+	}
+	if a, ok := f["auth"]; ok {
+		s.Auth = c.auth(a.value, joinField(field, "auth"), envs, secrets)
+	}
+	if l, ok := f["limits"]; ok {
+		s.Limits = c.limits(l.value, joinField(field, "limits"))
 	}
 	return s
 }

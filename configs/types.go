@@ -71,6 +71,38 @@ type Service struct {
 	Port                int    `json:"port"`
 	LoadBalancingPolicy string `json:"load_balancing_policy"`
 	TLS                 *TLS   `json:"tls,omitempty"`
+	// Auth, when set, makes the endpoint require an API key.
+	Auth *Auth `json:"auth,omitempty"`
+	// Limits overrides the proxy's request limits; nil keeps the defaults.
+	Limits *Limits `json:"limits,omitempty"`
+}
+
+// Auth is `service.auth`: requests must carry one of the service's API keys, as
+// "Authorization: Bearer KEY" (what OpenAI SDKs send) or "api-key: KEY" (Azure's SDKs).
+type Auth struct {
+	// KeysFromEnv names environment variables that hold keys: a task secret or env of that
+	// name, else the environment `ferry serve up` runs in.
+	KeysFromEnv []string `json:"keys_from_env,omitempty"`
+	// KeysFile is a file with one key per line (blank lines and # comments skipped), resolved
+	// against the task file's directory and read by `ferry serve up`.
+	KeysFile string `json:"keys_file,omitempty"`
+	// KeyHashes are HashAPIKey of every key, filled by Load. Only hashes leave the CLI: the
+	// controller, its store and the proxy never hold a key. A service whose Auth has no hashes
+	// rejects every request.
+	KeyHashes []string `json:"key_hashes,omitempty"`
+}
+
+// Limits is `service.limits`. Zero fields keep the proxy's defaults.
+type Limits struct {
+	// MaxRequestBodyMB is the largest request body accepted, in MiB (default 32); larger
+	// requests get 413.
+	MaxRequestBodyMB int `json:"max_request_body_mb,omitempty" yaml:"max_request_body_mb,omitempty"`
+	// MaxConcurrentRequests caps requests in flight through the endpoint; beyond it requests
+	// get 429 with Retry-After. Zero means no cap.
+	MaxConcurrentRequests int `json:"max_concurrent_requests,omitempty" yaml:"max_concurrent_requests,omitempty"`
+	// IdleTimeoutSeconds is how long a replica or client may stay silent mid-request before the
+	// proxy gives up (default 300): a per-read deadline, so streams of any length live on.
+	IdleTimeoutSeconds int `json:"idle_timeout_seconds,omitempty" yaml:"idle_timeout_seconds,omitempty"`
 }
 
 // Probe is the readiness probe. Only HTTP 200 counts as ready.
@@ -109,6 +141,10 @@ const (
 	PolicyRoundRobin             = "round_robin"
 	PolicyLeastLoad              = "least_load"
 	PolicyInstanceAwareLeastLoad = "instance_aware_least_load"
+	PolicyPowerOfTwo             = "power_of_two"
+	PolicySessionAffinity        = "session_affinity"
+	PolicyPrefixAffinity         = "prefix_affinity"
+	PolicyLLMAware               = "llm_aware"
 )
 
 // InfraLocal is the embedded default infra: replicas are processes on this machine.

@@ -1,0 +1,190 @@
+package configs
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+var (
+	authKeys   = []string{"keys_from_env", "keys_file"}
+	limitsKeys = []string{"max_request_body_mb", "max_concurrent_requests", "idle_timeout_seconds"}
+)
+
+// Bounds on service.auth and service.limits.
+const (
+	// MinAPIKeyLength rejects keys short enough to guess online.
+	MinAPIKeyLength = 16
+	// maxKeysFileBytes bounds the keys file: it holds keys, not data.
+	maxKeysFileBytes = 1 << 20
+	// MaxRequestBodyMB caps limits.max_request_body_mb: the proxy buffers whole bodies.
+	MaxRequestBodyMB = 1024
+)
+
+// HashAPIKey is how a key is stored and compared: the hex SHA-256 of the key. Keys are long
+// random strings, so an unsalted fast hash is enough to keep them out of the store and logs.
+func HashAPIKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
+// auth reads service.auth. Keys are resolved only by Load (the CLI, which has the user's
+// environment and files); Parse keeps the declaration and leaves KeyHashes to the caller.
+func (c *checker) auth(n *yaml.Node, field string, envs, secrets map[string]string) *Auth {
+	f, ok := c.fields(n, field, authKeys)
+	if !ok {
+		return nil
+	}
+	a := &Auth{}
+	var seen map[string]bool
+	add := func(key string, at *yaml.Node, fieldName, from string) {
+		if len(key) < MinAPIKeyLength {
+			c.errorf(at, fieldName, "the key %s is %d characters; API keys must be at least %d", from, len(key), MinAPIKeyLength)
+			return
+		}
+		if strings.ContainsAny(key, " \t\r\n") {
+			c.errorf(at, fieldName, "the key %s contains whitespace", from)
+			return
+		}
+		h := HashAPIKey(key)
+		if seen == nil {
+			seen = map[string]bool{}
+		}
+		if !seen[h] {
+			seen[h] = true
+			a.KeyHashes = append(a.KeyHashes, h)
+		}
+	}
+	if e, ok := f["keys_from_env"]; ok {
+		ef := joinField(field, "keys_from_env")
+		v := c.deref(e.value)
+		isList := v.Kind == yaml.SequenceNode
+		items := []*yaml.Node{v}
+		if isList {
+			items = v.Content
+		}
+		for i, item := range items {
+			itf := ef
+			if isList {
+				itf = indexField(ef, i)
+			}
+			name, ok := c.str(c.deref(item), itf)
+			if !ok {
+				continue
+			}
+			if !envNameRE.MatchString(name) {
+				c.errorf(item, itf, "%s is not an environment variable name", quoteShort(name))
+				continue
+			}
+			a.KeysFromEnv = append(a.KeysFromEnv, name)
+			if c.lookupEnv == nil {
+				continue
+			}
+			v, ok := secrets[name]
+			if !ok {
+				v, ok = envs[name]
+			}
+			if !ok || v == "" {
+				v, ok = c.lookupEnv(name)
+			}
+			if !ok || v == "" {
+				c.errorf(item, itf, "environment variable %s is not set: export it, or give it with --secret %s=...", name, name)
+				continue
+			}
+			add(v, item, itf, "in $"+name)
+		}
+	}
+	if e, ok := f["keys_file"]; ok {
+		kf := joinField(field, "keys_file")
+		if path, ok := c.str(e.value, kf); ok {
+			if path == "" {
+				c.errorf(e.value, kf, "empty path")
+			} else {
+				a.KeysFile = c.relativeToTask(expandHome(path))
+				if c.lookupEnv != nil {
+					c.readKeysFile(a.KeysFile, e.value, kf, add)
+				}
+			}
+		}
+	}
+	_, hasEnv := f["keys_from_env"]
+	_, hasFile := f["keys_file"]
+	if !hasEnv && !hasFile {
+		c.errorf(n, field, "give keys_from_env (environment variables holding keys), keys_file, or both")
+	}
+	return a
+}
+
+// relativeToTask resolves a relative path against the task file's directory, as users expect of
+// paths written in a file.
+func (c *checker) relativeToTask(path string) string {
+	if filepath.IsAbs(path) || c.file == "" {
+		return path
+	}
+	return filepath.Join(filepath.Dir(c.file), path)
+}
+
+// readKeysFile reads one key per line; blank lines and lines starting with # are skipped. An
+// error names the file's line, never the key.
+func (c *checker) readKeysFile(path string, at *yaml.Node, field string, add func(key string, at *yaml.Node, field, from string)) {
+	info, err := os.Stat(path)
+	if err != nil {
+		c.errorf(at, field, "cannot read the keys file: %v", err)
+		return
+	}
+	if info.Size() > maxKeysFileBytes {
+		c.errorf(at, field, "the keys file is %d bytes; at most %d", info.Size(), maxKeysFileBytes)
+		return
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		c.errorf(at, field, "cannot read the keys file: %v", err)
+		return
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	found := 0
+	for line := 1; sc.Scan(); line++ {
+		key := strings.TrimSpace(sc.Text())
+		if key == "" || strings.HasPrefix(key, "#") {
+			continue
+		}
+		found++
+		add(key, at, field, "on line "+strconv.Itoa(line)+" of "+path)
+	}
+	if found == 0 {
+		c.errorf(at, field, "the keys file %s holds no keys (one per line; # starts a comment)", path)
+	}
+}
+
+// limits reads service.limits.
+func (c *checker) limits(n *yaml.Node, field string) *Limits {
+	f, ok := c.fields(n, field, limitsKeys)
+	if !ok {
+		return nil
+	}
+	l := &Limits{}
+	if e, ok := f["max_request_body_mb"]; ok {
+		lf := joinField(field, "max_request_body_mb")
+		if v, ok := c.intAtLeast(e.value, lf, 1); ok {
+			if v > MaxRequestBodyMB {
+				c.errorf(e.value, lf, "at most %d (the proxy buffers whole request bodies in memory), got %d", MaxRequestBodyMB, v)
+			} else {
+				l.MaxRequestBodyMB = v
+			}
+		}
+	}
+	if e, ok := f["max_concurrent_requests"]; ok {
+		l.MaxConcurrentRequests, _ = c.intAtLeast(e.value, joinField(field, "max_concurrent_requests"), 1)
+	}
+	if e, ok := f["idle_timeout_seconds"]; ok {
+		l.IdleTimeoutSeconds, _ = c.intAtLeast(e.value, joinField(field, "idle_timeout_seconds"), 1)
+	}
+	return l
+}

@@ -1,0 +1,159 @@
+package configs
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+const (
+	keyA = "sk-ferry-aaaaaaaaaaaaaaaa"
+	keyB = "sk-ferry-bbbbbbbbbbbbbbbb"
+)
+
+// writeTask writes a task file and, when keys is not empty, a keys.txt beside it.
+func writeTask(t *testing.T, yaml, keys string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if keys != "" {
+		if err := os.WriteFile(filepath.Join(dir, "keys.txt"), []byte(keys), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(dir, "svc.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestLoadResolvesAPIKeys(t *testing.T) {
+	const head = "run: serve\nservice:\n  ports: 8080\n  auth:\n"
+	tests := map[string]struct {
+		yaml    string
+		keys    string
+		env     map[string]string
+		ov      Overrides
+		want    []string
+		wantErr []wantErr
+	}{
+		"from the environment": {
+			yaml: head + "    keys_from_env: FERRY_KEY\n",
+			env:  map[string]string{"FERRY_KEY": keyA},
+			want: []string{HashAPIKey(keyA)},
+		},
+		"from a secret given on the command line": {
+			yaml: "run: serve\nsecrets:\n  FERRY_KEY: null\nservice:\n  ports: 8080\n  auth:\n    keys_from_env: [FERRY_KEY]\n",
+			ov:   Overrides{Secrets: map[string]string{"FERRY_KEY": keyB}},
+			want: []string{HashAPIKey(keyB)},
+		},
+		"file relative to the task, comments and duplicates skipped": {
+			yaml: head + "    keys_file: keys.txt\n    keys_from_env: [FERRY_KEY]\n",
+			keys: "# team keys\n" + keyA + "\n\n  " + keyB + "  \n",
+			env:  map[string]string{"FERRY_KEY": keyA},
+			want: []string{HashAPIKey(keyA), HashAPIKey(keyB)},
+		},
+		"unset variable": {
+			yaml:    head + "    keys_from_env: [FERRY_KEY, OTHER]\n",
+			env:     map[string]string{"FERRY_KEY": keyA},
+			wantErr: []wantErr{{5, 32, "service.auth.keys_from_env[1]", "environment variable OTHER is not set"}},
+		},
+		"short key": {
+			yaml:    head + "    keys_from_env: FERRY_KEY\n",
+			env:     map[string]string{"FERRY_KEY": "hunter2"},
+			wantErr: []wantErr{{5, 20, "service.auth.keys_from_env", "is 7 characters; API keys must be at least 16"}},
+		},
+		"missing file": {
+			yaml:    head + "    keys_file: nope.txt\n",
+			wantErr: []wantErr{{5, 16, "service.auth.keys_file", "cannot read the keys file"}},
+		},
+		"empty file": {
+			yaml:    head + "    keys_file: keys.txt\n",
+			keys:    "# nothing yet\n",
+			wantErr: []wantErr{{5, 16, "service.auth.keys_file", "holds no keys"}},
+		},
+		"neither source": {
+			yaml:    head + "    {}\n",
+			wantErr: []wantErr{{5, 5, "service.auth", "give keys_from_env"}},
+		},
+		"bad variable name": {
+			yaml:    head + "    keys_from_env: [\"MY-KEY\"]\n",
+			wantErr: []wantErr{{5, 21, "service.auth.keys_from_env[0]", "not an environment variable name"}},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			path := writeTask(t, tc.yaml, tc.keys)
+			task, err := Load(path, tc.ov)
+			if tc.wantErr != nil {
+				if diff := cmp.Diff(tc.wantErr, project(Errors(err), tc.wantErr)); diff != "" {
+					t.Fatalf("errors mismatch (-want +got):\n%s\nfull error: %v", diff, err)
+				}
+				for _, secret := range []string{keyA, keyB, "hunter2"} {
+					if err != nil && strings.Contains(err.Error(), secret) {
+						t.Errorf("error shows a key: %v", err)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, task.Service.Auth.KeyHashes); diff != "" {
+				t.Errorf("key hashes (-want +got):\n%s", diff)
+			}
+			// Nothing that displays the task carries a key or its hash.
+			shown, err := task.ResolvedYAML()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, secret := range []string{keyA, keyB, HashAPIKey(keyA), HashAPIKey(keyB)} {
+				if strings.Contains(string(shown), secret) {
+					t.Errorf("resolved YAML shows %q:\n%s", secret, shown)
+				}
+			}
+			if task.Redacted().Service.Auth.KeyHashes != nil {
+				t.Errorf("Redacted keeps key hashes")
+			}
+		})
+	}
+}
+
+// TestParseKeepsAuthDeclaration: the controller parses without the user's environment, so it
+// keeps what was declared and resolves nothing.
+func TestParseKeepsAuthDeclaration(t *testing.T) {
+	task, err := Parse("svc.yaml", []byte("run: serve\nservice:\n  ports: 8080\n  auth:\n    keys_from_env: [K]\n    keys_file: /etc/ferry/keys\n"), Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &Auth{KeysFromEnv: []string{"K"}, KeysFile: "/etc/ferry/keys"}
+	if diff := cmp.Diff(want, task.Service.Auth); diff != "" {
+		t.Errorf("auth (-want +got):\n%s", diff)
+	}
+}
+
+func TestLimits(t *testing.T) {
+	const head = "run: serve\nservice:\n  ports: 8080\n  limits:\n"
+	task, err := Parse("svc.yaml", []byte(head+"    max_request_body_mb: 64\n    max_concurrent_requests: 500\n    idle_timeout_seconds: 600\n"), Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(&Limits{MaxRequestBodyMB: 64, MaxConcurrentRequests: 500, IdleTimeoutSeconds: 600}, task.Service.Limits); diff != "" {
+		t.Errorf("limits (-want +got):\n%s", diff)
+	}
+	_, err = Parse("svc.yaml", []byte(head+"    max_request_body_mb: 4096\n    max_concurrent_requests: 0\n    idle_timeout: 5\n"), Overrides{})
+	want := []wantErr{
+		{5, 26, "service.limits.max_request_body_mb", "at most 1024"},
+		{6, 30, "service.limits.max_concurrent_requests", "at least 1"},
+		{7, 5, "service.limits.idle_timeout", "unknown field"},
+	}
+	if diff := cmp.Diff(want, project(Errors(err), want)); diff != "" {
+		t.Errorf("errors (-want +got):\n%s\nfull: %v", diff, err)
+	}
+}
