@@ -24,6 +24,8 @@ type errorBodies struct {
 	badRequest     []byte // 400: not HTTP
 	badJSON        []byte // 400: the body is not a JSON object
 	internal       []byte // 500
+	unauthorized   []byte // 401
+	overloaded     []byte // 429: the service's concurrency limit
 }
 
 func newErrorBodies(service string, maxBody int) errorBodies {
@@ -50,6 +52,10 @@ func newErrorBodies(service string, maxBody int) errorBodies {
 			"invalid_request_error", "invalid_json"),
 		internal: openAIError(fmt.Sprintf("internal error in the proxy of service %q", service),
 			"server_error", "internal_error"),
+		unauthorized: openAIError("missing or incorrect API key: send it as \"Authorization: Bearer KEY\"",
+			"invalid_request_error", "invalid_api_key"),
+		overloaded: openAIError(fmt.Sprintf("service %q is at its limit of concurrent requests; retry shortly", service),
+			"rate_limit_error", "rate_limit_exceeded"),
 	}
 }
 
@@ -75,13 +81,13 @@ var (
 )
 
 // writeError replaces whatever response ctx holds with one of the prebuilt error bodies. 503s
-// carry Retry-After: 1, which OpenAI SDKs honour.
+// and 429s carry Retry-After: 1, which OpenAI SDKs honour.
 func writeError(ctx *fasthttp.RequestCtx, status int, body []byte) {
 	ctx.Response.Reset()
 	ctx.Response.Header.SetNoDefaultContentType(true)
 	ctx.SetStatusCode(status)
 	ctx.Response.Header.SetContentTypeBytes(contentTypeJSON)
-	if status == fasthttp.StatusServiceUnavailable {
+	if status == fasthttp.StatusServiceUnavailable || status == fasthttp.StatusTooManyRequests {
 		ctx.Response.Header.SetBytesKV(headerRetryAfter, retryAfterOne)
 	}
 	ctx.Response.SetBodyRaw(body)

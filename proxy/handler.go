@@ -17,6 +17,14 @@ import (
 func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 	defer s.recoverPanic(ctx)
 
+	if s.keys != nil && !s.keys.allows(&ctx.Request.Header) {
+		s.unauthorized(ctx)
+		return
+	}
+	if limit := s.cfg.MaxConcurrentRequests; limit > 0 && s.inflight.Load() >= int64(limit) {
+		writeError(ctx, fasthttp.StatusTooManyRequests, s.errs.overloaded)
+		return
+	}
 	snap := s.snap.Load()
 	if len(snap.replicas) == 0 {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, s.errs.noReplicas)
@@ -35,6 +43,9 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ex.prepare(ctx)
+	if s.keys != nil {
+		stripCredentials(&ex.req.Header)
+	}
 
 	// An HTTP/1.0 client may send no Host; each replica then gets its own address.
 	noHost := len(ex.req.Header.Host()) == 0

@@ -10,6 +10,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -75,6 +76,14 @@ type ServiceConfig struct {
 	Policy string
 	// TargetQPSPerAccelerator feeds instance_aware_least_load.
 	TargetQPSPerAccelerator map[string]float64
+	// APIKeyHashes, when non-nil, makes the service require an API key: the hex SHA-256 of
+	// each accepted key (configs.HashAPIKey). A non-nil empty slice rejects every request.
+	APIKeyHashes []string
+	// MaxConcurrentRequests, when positive, caps requests in flight; more get 429 with
+	// Retry-After. The cap is soft by the few requests admitted between check and count.
+	MaxConcurrentRequests int
+	// TLS, when set, makes Serve terminate TLS on every listener (see LoadTLS).
+	TLS *tls.Config
 	// Logger receives warnings about upstream failures; nil discards them. The proxy never logs
 	// request bodies or the Authorization header.
 	Logger *zap.Logger
@@ -120,6 +129,9 @@ func (c ServiceConfig) validate() error {
 	if c.MaxAttempts < 0 {
 		errs = append(errs, fmt.Errorf("max attempts: %d must not be negative", c.MaxAttempts))
 	}
+	if c.MaxConcurrentRequests < 0 {
+		errs = append(errs, fmt.Errorf("max concurrent requests: %d must not be negative", c.MaxConcurrentRequests))
+	}
 	return errors.Join(errs...)
 }
 
@@ -130,6 +142,7 @@ type Service struct {
 	log    *zap.Logger
 	picker policy.Picker
 	needs  policy.Needs
+	keys   *apiKeys // nil: no auth
 	errs   errorBodies
 	server *fasthttp.Server
 
@@ -180,7 +193,12 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy config for service %q: %w", cfg.Name, err)
 	}
+	keys, err := newAPIKeys(cfg.APIKeyHashes)
+	if err != nil {
+		return nil, fmt.Errorf("proxy config for service %q: %w", cfg.Name, err)
+	}
 	s := &Service{
+		keys:   keys,
 		cfg:    cfg,
 		log:    cfg.Logger.With(zap.String("service", cfg.Name)),
 		picker: picker,
@@ -305,7 +323,12 @@ var ErrClosed = errors.New("proxy: service is shut down")
 // Serve accepts connections on ln and serves them with Handler until Shutdown, then returns nil.
 // It may be called for several listeners.
 func (s *Service) Serve(ln net.Listener) error {
-	wrapped := &writeIdleListener{Listener: ln, idle: s.cfg.IdleTimeout}
+	var wrapped net.Listener = &writeIdleListener{Listener: ln, idle: s.cfg.IdleTimeout}
+	if s.cfg.TLS != nil {
+		// TLS over the idle-deadline conn, so the deadline covers the raw socket writes and
+		// fasthttp still sees a *tls.Conn (ctx.IsTLS, X-Forwarded-Proto: https).
+		wrapped = tls.NewListener(wrapped, s.cfg.TLS)
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

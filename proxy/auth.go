@@ -1,0 +1,82 @@
+package proxy
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"fmt"
+
+	"github.com/valyala/fasthttp"
+)
+
+var (
+	headerAuthorization   = []byte("Authorization")
+	headerAPIKey          = []byte("Api-Key")
+	headerWWWAuthenticate = []byte("WWW-Authenticate")
+	bearerPrefix          = []byte("bearer ")
+	bearerChallenge       = []byte(`Bearer realm="ferry"`)
+)
+
+// apiKeys checks a request's API key against a service's key hashes (configs.HashAPIKey: the hex
+// SHA-256 of the key). The proxy holds hashes only, so no key can leak from its memory, logs or
+// status, and the comparison is constant-time over every hash: how long a check takes says
+// nothing about which key, or how much of one, matched.
+type apiKeys struct {
+	hashes [][sha256.Size]byte
+}
+
+// newAPIKeys decodes hex hashes. nil hashes mean no auth (nil *apiKeys); an empty non-nil slice
+// is a service that requires keys but has none, which rejects everything.
+func newAPIKeys(hexHashes []string) (*apiKeys, error) {
+	if hexHashes == nil {
+		return nil, nil
+	}
+	k := &apiKeys{hashes: make([][sha256.Size]byte, 0, len(hexHashes))}
+	for i, h := range hexHashes {
+		var sum [sha256.Size]byte
+		if n, err := hex.Decode(sum[:], []byte(h)); err != nil || n != sha256.Size || len(h) != 2*sha256.Size {
+			return nil, fmt.Errorf("api key hash %d: want %d hex digits (a SHA-256)", i, 2*sha256.Size)
+		}
+		k.hashes = append(k.hashes, sum)
+	}
+	return k, nil
+}
+
+// allows reports whether the request carries one of the keys, as "Authorization: Bearer KEY"
+// (OpenAI's SDKs) or "api-key: KEY" (Azure OpenAI's).
+func (k *apiKeys) allows(h *fasthttp.RequestHeader) bool {
+	key := presentedKey(h)
+	if len(key) == 0 {
+		return false
+	}
+	sum := sha256.Sum256(key)
+	match := 0
+	for i := range k.hashes {
+		match |= subtle.ConstantTimeCompare(sum[:], k.hashes[i][:])
+	}
+	return match == 1
+}
+
+func presentedKey(h *fasthttp.RequestHeader) []byte {
+	if v := h.PeekBytes(headerAuthorization); len(v) > len(bearerPrefix) {
+		if bytes.EqualFold(v[:len(bearerPrefix)], bearerPrefix) {
+			return bytes.TrimSpace(v[len(bearerPrefix):])
+		}
+		return nil
+	}
+	return bytes.TrimSpace(h.PeekBytes(headerAPIKey))
+}
+
+// unauthorized answers 401 in OpenAI's shape, with a Bearer challenge.
+func (s *Service) unauthorized(ctx *fasthttp.RequestCtx) {
+	writeError(ctx, fasthttp.StatusUnauthorized, s.errs.unauthorized)
+	ctx.Response.Header.SetBytesKV(headerWWWAuthenticate, bearerChallenge)
+}
+
+// stripCredentials removes the client's key from the upstream request: it is the gateway's
+// credential, and a replica (or its logs) has no business seeing it.
+func stripCredentials(h *fasthttp.RequestHeader) {
+	h.DelBytes(headerAuthorization)
+	h.DelBytes(headerAPIKey)
+}
