@@ -25,6 +25,7 @@ type errorBodies struct {
 	badJSON        []byte // 400: the body is not a JSON object
 	internal       []byte // 500
 	unauthorized   []byte // 401
+	streamCut      []byte // the SSE event that ends a stream the replica broke
 	overloaded     []byte // 429: the service's concurrency limit
 }
 
@@ -52,6 +53,8 @@ func newErrorBodies(service string, maxBody int) errorBodies {
 			"invalid_request_error", "invalid_json"),
 		internal: openAIError(fmt.Sprintf("internal error in the proxy of service %q", service),
 			"server_error", "internal_error"),
+		streamCut: sseFrame(openAIError(fmt.Sprintf("the replica serving this stream for service %q failed mid-stream", service),
+			"upstream_error", "stream_interrupted")),
 		unauthorized: openAIError("missing or incorrect API key: send it as \"Authorization: Bearer KEY\"",
 			"invalid_request_error", "invalid_api_key"),
 		overloaded: openAIError(fmt.Sprintf("service %q is at its limit of concurrent requests; retry shortly", service),
@@ -72,6 +75,11 @@ func openAIError(message, typ, code string) []byte {
 		return []byte(`{"error":{"message":"internal error","type":"server_error","code":"internal_error"}}`)
 	}
 	return body
+}
+
+// sseFrame frames a JSON payload as one Server-Sent Event, the way OpenAI streams errors.
+func sseFrame(payload []byte) []byte {
+	return append(append([]byte("data: "), payload...), "\n\n"...)
 }
 
 var (
@@ -100,7 +108,7 @@ func (s *Service) upstreamError(ctx *fasthttp.RequestCtx, err error) {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, s.errs.noReplicas)
 	case errors.Is(err, fasthttp.ErrNoFreeConns):
 		writeError(ctx, fasthttp.StatusServiceUnavailable, s.errs.replicasBusy)
-	case retryable(err):
+	case errors.As(err, new(*dialError)):
 		writeError(ctx, fasthttp.StatusBadGateway, s.errs.unreachable)
 	case isTimeout(err):
 		writeError(ctx, fasthttp.StatusGatewayTimeout, s.errs.timeout)
@@ -112,15 +120,20 @@ func (s *Service) upstreamError(ctx *fasthttp.RequestCtx, err error) {
 // requestError is the server's ErrorHandler: the request could not be read, so the handler never
 // ran. It answers in the same JSON shape as every other proxy error.
 func (s *Service) requestError(ctx *fasthttp.RequestCtx, err error) {
+	s.errs.writeRequestError(ctx, err)
+}
+
+// writeRequestError answers a request the server could not read.
+func (e *errorBodies) writeRequestError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, s.errs.tooLarge)
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, e.tooLarge)
 	case errors.As(err, &small):
-		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, s.errs.headerTooLarge)
+		writeError(ctx, fasthttp.StatusRequestHeaderFieldsTooLarge, e.headerTooLarge)
 	case isTimeout(err):
-		writeError(ctx, fasthttp.StatusRequestTimeout, s.errs.requestTimeout)
+		writeError(ctx, fasthttp.StatusRequestTimeout, e.requestTimeout)
 	default:
-		writeError(ctx, fasthttp.StatusBadRequest, s.errs.badRequest)
+		writeError(ctx, fasthttp.StatusBadRequest, e.badRequest)
 	}
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"io"
 	"sync/atomic"
 
@@ -30,6 +31,10 @@ type exchange struct {
 	body io.Reader
 	// readErr is the first upstream read error other than EOF (a stalled or broken replica).
 	readErr error
+	// sse is set when the response is an event stream; pending is what is left to send of the
+	// error event that ends a stream cut by the replica.
+	sse     bool
+	pending []byte
 	// finished guards finish against a second close; true while the exchange is idle in the pool.
 	finished atomic.Bool
 
@@ -61,11 +66,39 @@ func (ex *exchange) end() {
 	ex.replica, ex.client = nil, nil
 }
 
-// Read feeds the replica's body to the client connection.
+// discardResponse drops a replica's answer that will not be sent (it is being retried
+// elsewhere). Its connection is closed rather than pooled: an unread body would be parsed as the
+// next response on it.
+func (ex *exchange) discardResponse() {
+	if rc, ok := ex.resp.BodyStream().(fasthttp.ReadCloserWithError); ok {
+		_ = rc.CloseWithError(errRetried)
+	}
+	_ = ex.resp.CloseBodyStream()
+	ex.resp.Reset()
+}
+
+var errRetried = errors.New("proxy: response discarded for a retry")
+
+// Read feeds the replica's body to the client connection. When the replica's stream breaks
+// mid-way (reset, crash, idle timeout), an SSE client gets a final OpenAI-shaped error event and
+// a clean end of stream, so SDKs raise an APIError instead of hanging or reporting a truncated
+// chunk; nothing can be retried once bytes have gone out.
 func (ex *exchange) Read(p []byte) (int, error) {
+	if ex.pending != nil {
+		n := copy(p, ex.pending)
+		ex.pending = ex.pending[n:]
+		if len(ex.pending) == 0 {
+			return n, io.EOF
+		}
+		return n, nil
+	}
 	n, err := ex.body.Read(p)
 	if err != nil && err != io.EOF && ex.readErr == nil {
 		ex.readErr = err
+		if ex.sse {
+			ex.pending = ex.svc.errs.streamCut
+			return n, nil
+		}
 	}
 	return n, err
 }
@@ -83,6 +116,10 @@ func (ex *exchange) CloseWithError(err error) error {
 func (ex *exchange) finish(err error) {
 	if !ex.finished.CompareAndSwap(false, true) {
 		return
+	}
+	if err == nil && ex.readErr != nil {
+		// The client got a clean end (the error event) but the upstream connection is broken.
+		err = ex.readErr
 	}
 	if ex.body != nil {
 		if rc, ok := ex.body.(fasthttp.ReadCloserWithError); ok && err != nil {
@@ -128,6 +165,7 @@ func (s *Service) releaseExchange(ex *exchange) {
 	ex.req.Reset() // drops the reference to the client's body
 	ex.resp.Reset()
 	ex.readErr = nil
+	ex.sse, ex.pending = false, nil
 	ex.info = policy.Request{}
 	clear(ex.tried) // do not pin replicas of old snapshots
 	ex.tried = ex.tried[:0]

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"slices"
+	"time"
 
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
@@ -50,6 +51,7 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 	// An HTTP/1.0 client may send no Host; each replica then gets its own address.
 	noHost := len(ex.req.Header.Host()) == 0
 	attempts := min(s.cfg.MaxAttempts, len(snap.replicas))
+	start := time.Now()
 	var lastErr error
 	for attempt := range attempts {
 		replica := ex.pick(s.picker, snap.replicas)
@@ -68,18 +70,24 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 		ex.begin(replica, client)
 		err := client.hc.Do(&ex.req, &ex.resp)
 		if err == nil {
-			ex.respond(ctx)
-			return
+			code := ex.resp.StatusCode()
+			if !retryableStatus(code) || attempt+1 >= attempts || time.Since(start) > retryBudget {
+				ex.respond(ctx)
+				return
+			}
+			// Nothing has reached the client yet: drop this answer and ask another replica.
+			err = &statusError{code: code}
+			ex.discardResponse()
 		}
 		ex.end()
 		lastErr = err
-		retry := retryable(err) && attempt+1 < attempts
+		retry := retryable(err) && attempt+1 < attempts && time.Since(start) <= retryBudget
 		if ce := s.log.Check(zap.WarnLevel, "replica request failed"); ce != nil {
 			ce.Write(zap.Int("replica_id", replica.ID), zap.String("addr", replica.Addr),
 				zap.Int("attempt", attempt+1), zap.Bool("retry", retry),
 				zap.ByteString("request_id", ex.requestID), zap.Error(err))
 		}
-		if !retryable(err) {
+		if !retry {
 			break
 		}
 		ex.tried = append(ex.tried, replica)
@@ -187,6 +195,7 @@ func (ex *exchange) respond(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	if size < 0 || isEventStream(resp.Header.ContentType()) {
+		ex.sse = isEventStream(resp.Header.ContentType())
 		size = -1
 		ctx.Response.ImmediateHeaderFlush = true
 	}

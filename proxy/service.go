@@ -157,6 +157,13 @@ type Service struct {
 	// the first SetBackends.
 	dial func(addr string) (net.Conn, error)
 
+	// onModels is called when Models may have changed. It is set when the service joins a
+	// Gateway; only then does the proxy ask replicas for their models.
+	onModels modelsHook
+	// stopped is closed by Shutdown, ending background work such as model discovery.
+	stopped  chan struct{}
+	stopOnce sync.Once
+
 	// mu serializes SetBackends and guards the fields below; the request path never takes it.
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -198,36 +205,18 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 		return nil, fmt.Errorf("proxy config for service %q: %w", cfg.Name, err)
 	}
 	s := &Service{
-		keys:   keys,
-		cfg:    cfg,
-		log:    cfg.Logger.With(zap.String("service", cfg.Name)),
-		picker: picker,
-		needs:  policy.NeedsOf(picker),
-		errs:   newErrorBodies(cfg.Name, cfg.MaxRequestBodySize),
-		dial:   defaultDial,
+		keys:    keys,
+		cfg:     cfg,
+		log:     cfg.Logger.With(zap.String("service", cfg.Name)),
+		picker:  picker,
+		needs:   policy.NeedsOf(picker),
+		errs:    newErrorBodies(cfg.Name, cfg.MaxRequestBodySize),
+		dial:    defaultDial,
+		stopped: make(chan struct{}),
 	}
 	s.exchanges.New = func() any { return &exchange{svc: s} }
 	s.snap.Store(&snapshot{})
-	s.server = &fasthttp.Server{
-		Handler:      s.Handler,
-		ErrorHandler: s.requestError,
-		// ReadTimeout limits a slow request; WriteTimeout stays 0 because fasthttp applies it to
-		// the whole response, which would cut long streams. Stalled clients are instead caught
-		// by the per-write idle deadline on accepted connections (see Serve).
-		ReadTimeout:        requestReadTimeout,
-		IdleTimeout:        keepAliveIdleTimeout,
-		MaxRequestBodySize: cfg.MaxRequestBodySize,
-		ReadBufferSize:     readBufferSize,
-		// Upstream headers pass through as they are: no invented Server or Content-Type.
-		NoDefaultServerHeader: true,
-		NoDefaultContentType:  true,
-		// A proxy forwards multipart bodies (audio uploads); parsing them would be wasted work.
-		DisablePreParseMultipartForm: true,
-		// Keep-alive clients are told to go away while the service drains.
-		CloseOnShutdown:       true,
-		SecureErrorLogMessage: true,
-		Logger:                fasthttpLogger{s.log},
-	}
+	s.server = newServer(s.Handler, s.requestError, cfg.MaxRequestBodySize, s.log)
 	return s, nil
 }
 
@@ -284,6 +273,9 @@ func (s *Service) SetBackends(bs []Backend) {
 		}
 		if client == nil {
 			client = s.newHostClient(b.Addr)
+			if s.onModels.Load() != nil {
+				go s.fetchModels(client)
+			}
 		}
 		if replica == nil {
 			// Identity fields are read without locks by pickers, so a relabelled replica (same
@@ -304,6 +296,7 @@ func (s *Service) SetBackends(bs []Backend) {
 			c.retire()
 		}
 	}
+	s.modelsChanged()
 }
 
 func validateAddr(addr string) error {
@@ -323,12 +316,7 @@ var ErrClosed = errors.New("proxy: service is shut down")
 // Serve accepts connections on ln and serves them with Handler until Shutdown, then returns nil.
 // It may be called for several listeners.
 func (s *Service) Serve(ln net.Listener) error {
-	var wrapped net.Listener = &writeIdleListener{Listener: ln, idle: s.cfg.IdleTimeout}
-	if s.cfg.TLS != nil {
-		// TLS over the idle-deadline conn, so the deadline covers the raw socket writes and
-		// fasthttp still sees a *tls.Conn (ctx.IsTLS, X-Forwarded-Proto: https).
-		wrapped = tls.NewListener(wrapped, s.cfg.TLS)
-	}
+	wrapped := wrapListener(ln, s.cfg.IdleTimeout, s.cfg.TLS)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -344,6 +332,7 @@ func (s *Service) Serve(ln net.Listener) error {
 // in-flight request, streams included, has finished or ctx ends. After the drain it closes the
 // idle upstream connections.
 func (s *Service) Shutdown(ctx context.Context) error {
+	s.stopOnce.Do(func() { close(s.stopped) })
 	s.mu.Lock()
 	s.closed = true
 	listeners := s.listeners

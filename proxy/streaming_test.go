@@ -314,8 +314,9 @@ func TestShutdownTimesOut(t *testing.T) {
 }
 
 // TestStalledStreamIsCut: a replica that stops sending mid-stream is cut after the idle timeout;
-// the client sees a truncated stream (not a clean end) and the slot is released. Streams that keep
-// sending are never cut, however long (the deadline is per read).
+// the client gets an OpenAI-shaped error event as the stream's last event (not a silent clean
+// end) and the slot is released. Streams that keep sending are never cut, however long (the
+// deadline is per read).
 func TestStalledStreamIsCut(t *testing.T) {
 	g := newGate()
 	u := startUpstream(t, "stall", heldStreamHandler(g))
@@ -326,9 +327,24 @@ func TestStalledStreamIsCut(t *testing.T) {
 	if got := readEvent(t, r); got != "data: first" {
 		t.Fatalf("first event = %q", got)
 	}
-	if rest, err := io.ReadAll(r); err == nil {
-		t.Errorf("stalled stream ended cleanly after %q; want an error so the client knows it is truncated", rest)
-	}
+	expectStreamErrorEvent(t, r)
 	waitFor(t, "InFlight to drop to 0", func() bool { return svc.InFlight() == 0 })
 	waitFor(t, "the stalled upstream connection to close", func() bool { return u.conns.Load() == 0 })
+}
+
+// expectStreamErrorEvent reads the rest of a stream and checks it is one OpenAI-shaped error
+// event, the way a stream cut by its replica must end.
+func expectStreamErrorEvent(t *testing.T, r *bufio.Reader) {
+	t.Helper()
+	rest, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatalf("reading the end of a cut stream: %v (after %q)", err, rest)
+	}
+	data, ok := strings.CutPrefix(strings.TrimSpace(string(rest)), "data: ")
+	if !ok {
+		t.Fatalf("cut stream ended with %q, want an error event", rest)
+	}
+	if e := decodeError(t, data); e.Error.Code != "stream_interrupted" || e.Error.Type != "upstream_error" {
+		t.Errorf("error event = %+v", e)
+	}
 }

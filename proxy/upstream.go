@@ -2,8 +2,11 @@ package proxy
 
 import (
 	"errors"
+	"io"
 	"net"
+	"strconv"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -34,6 +37,8 @@ type hostClient struct {
 	addr    string
 	active  atomic.Int64
 	retired atomic.Bool
+	// models are the ids the replica's /v1/models reported; nil until known.
+	models atomic.Pointer[[]string]
 }
 
 func (c *hostClient) acquire() { c.active.Add(1) }
@@ -102,14 +107,44 @@ type dialError struct {
 func (e *dialError) Error() string { return "dial replica " + e.addr + ": " + e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
-// retryable reports whether err proves the request was not sent, so another replica may get it.
+// retryBudget bounds the time spent on one request before its last retry starts: a client
+// waiting for its first token is better served by an error it can act on than by a proxy that
+// keeps trying replicas for minutes.
+const retryBudget = 15 * time.Second
+
+// retryable reports whether a failed attempt may go to another replica: the request was never
+// sent (dial error, full pool), the replica's connection broke before it answered (reset, closed
+// keep-alive connection), or it answered 502/503 (statusError). Nothing has reached the client in
+// any of these cases. Timeouts are not retried: the replica may still be working on it, and a
+// second replica would double the wait.
 func retryable(err error) bool {
 	var de *dialError
-	return errors.As(err, &de) || errors.Is(err, fasthttp.ErrNoFreeConns)
+	var se *statusError
+	switch {
+	case errors.As(err, &de), errors.As(err, &se), errors.Is(err, fasthttp.ErrNoFreeConns):
+		return true
+	case isTimeout(err):
+		return false
+	}
+	return errors.Is(err, fasthttp.ErrConnectionClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNABORTED)
+}
+
+// retryableStatus is a replica's answer that another replica may do better on: 502 (its own
+// upstream failed) or 503 (overloaded, starting, draining).
+func retryableStatus(code int) bool {
+	return code == fasthttp.StatusBadGateway || code == fasthttp.StatusServiceUnavailable
 }
 
 // isTimeout reports an idle deadline (or fasthttp's ErrTimeout) firing.
 func isTimeout(err error) bool {
 	var te interface{ Timeout() bool }
 	return errors.As(err, &te) && te.Timeout()
+}
+
+// statusError is a replica's error status, as an error for retries and logs.
+type statusError struct{ code int }
+
+func (e *statusError) Error() string {
+	return "replica answered " + strconv.Itoa(e.code) + " " + fasthttp.StatusMessage(e.code)
 }

@@ -65,8 +65,19 @@ Every other command starts it in the background when it is not running, so you r
 	f.DurationVar(&opts.DrainTimeout, "drain-timeout", 2*time.Minute, "how long serve down waits for in-flight requests and streams")
 	f.StringVar(&opts.LogFile, "log-file", "", "file this controller's output goes to (for 'serve logs --controller')")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&opts.GatewayAddr, "gateway", envOr("FERRY_GATEWAY_ADDR", controller.DefaultGatewayAddr),
+		"shared endpoint that routes by the request's model, host:port; empty to disable ($FERRY_GATEWAY_ADDR)")
 	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
 	return cmd
+}
+
+// envOr is the value of an environment variable, or def when it is unset. The CLI starts the
+// controller with only --log-file, so settings for it travel through the environment.
+func envOr(name, def string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return def
 }
 
 func newLogger(level string) (*zap.Logger, error) {
@@ -99,8 +110,12 @@ func newControllerStatusCmd() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "Controller: not running (home %s)\n", h.Dir)
 				return nil
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "Controller: running\n  pid:      %d\n  api:      %s\n  home:     %s\n  version:  %s\n  uptime:   %s\n  services: %d\n",
-				st.PID, st.Addr, st.Home, st.Version, humanDuration(time.Since(st.StartedAt)), st.Services)
+			gateway := st.Gateway
+			if gateway == "" {
+				gateway = "off"
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Controller: running\n  pid:      %d\n  api:      %s\n  gateway:  %s\n  home:     %s\n  version:  %s\n  uptime:   %s\n  services: %d\n",
+				st.PID, st.Addr, gateway, st.Home, st.Version, humanDuration(time.Since(st.StartedAt)), st.Services)
 			return nil
 		},
 	}

@@ -60,6 +60,8 @@ type ControllerStatus struct {
 	Version   string    `json:"version"`
 	StartedAt time.Time `json:"started_at"`
 	Services  int       `json:"services"`
+	// Gateway is the shared endpoint that routes by model; empty when it is off.
+	Gateway string `json:"gateway,omitempty"`
 }
 
 // ErrorBody is the JSON shape of every API error.

@@ -52,7 +52,15 @@ type Options struct {
 	LogFile string
 	// PathPrepend goes first on every local replica's PATH (the ferry binary's directory).
 	PathPrepend []string
+	// GatewayAddr is the shared endpoint where a request's "model" picks the service; empty
+	// disables it. If the default address is taken the controller runs without a gateway
+	// (logged); any other address that cannot be bound is an error.
+	GatewayAddr string
 }
+
+// DefaultGatewayAddr is the gateway's address unless configured: the port just below the
+// first service endpoint.
+const DefaultGatewayAddr = "127.0.0.1:30000"
 
 func (o *Options) defaults() {
 	if o.Listen == "" {
@@ -90,6 +98,9 @@ type Controller struct {
 	// ctx is Start's context; service goroutines derive from it.
 	ctx context.Context
 	wg  sync.WaitGroup
+
+	gateway     *proxy.Gateway
+	gatewayAddr string // bound address, empty without a gateway
 
 	mu       sync.Mutex
 	services map[string]*service
@@ -143,6 +154,10 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	defer cancel()
 	c.ctx = ctx
 
+	if err := c.startGateway(); err != nil {
+		ln.Close()
+		return err
+	}
 	if err := c.restore(); err != nil {
 		ln.Close()
 		return err
@@ -178,6 +193,9 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 		svcs = append(svcs, s)
 	}
 	c.mu.Unlock()
+	if c.gateway != nil {
+		_ = c.gateway.Shutdown(shutCtx)
+	}
 	for _, s := range svcs {
 		s.stop(shutCtx)
 	}
@@ -258,19 +276,23 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 			return nil, fmt.Errorf("service %q endpoint %s: %w", rec.Name, addr, err)
 		}
 	}
-	px, err := proxy.NewService(proxy.ServiceConfig{
-		Name:                    rec.Name,
-		Policy:                  task.Service.LoadBalancingPolicy,
-		TargetQPSPerAccelerator: task.Service.ReplicaPolicy.TargetQPSPerAccelerator,
-		Logger:                  c.log.Named("proxy").With(zap.String("service", rec.Name)),
-	})
+	pcfg, err := c.proxyConfig(rec.Name, task.Service)
 	if err != nil {
 		ln.Close()
 		return nil, err
 	}
+	px, err := proxy.NewService(pcfg)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	scheme := "http://"
+	if pcfg.TLS != nil {
+		scheme = "https://"
+	}
 	s := &service{
 		name: rec.Name, version: rec.Version, task: task, port: rec.Port, createdAt: rec.CreatedAt,
-		endpoint: "http://" + addr, proxy: px, done: make(chan struct{}), status: rec.Status,
+		endpoint: scheme + addr, proxy: px, done: make(chan struct{}), status: rec.Status,
 	}
 	mgr, err := replicas.New(replicas.Config{
 		Service:       rec.Name,
@@ -311,6 +333,7 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 	c.mu.Lock()
 	c.services[rec.Name] = s
 	c.mu.Unlock()
+	c.updateGateway()
 	c.log.Info("service started", zap.String("service", rec.Name), zap.Int("version", rec.Version),
 		zap.String("endpoint", s.endpoint), zap.Int("target_replicas", s.target))
 	return s, nil
@@ -341,6 +364,9 @@ func (c *Controller) CreateService(_ context.Context, req api.CreateServiceReque
 	}
 	if req.Name == "" {
 		return api.ServiceStatus{}, fmt.Errorf("service name is empty: %w", api.ErrInvalid)
+	}
+	if a := req.Task.Service.Auth; a != nil && len(a.KeyHashes) == 0 {
+		return api.ServiceStatus{}, fmt.Errorf("service.auth resolved no API keys (the CLI resolves them from keys_from_env and keys_file): %w", api.ErrInvalid)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -525,6 +551,7 @@ func (c *Controller) down(ctx context.Context, s *service) error {
 	c.mu.Lock()
 	delete(c.services, s.name)
 	c.mu.Unlock()
+	c.updateGateway()
 	c.log.Info("service down", zap.String("service", s.name))
 	return nil
 }
@@ -562,8 +589,12 @@ func (c *Controller) Status() api.ControllerStatus {
 	c.mu.Lock()
 	n := len(c.services)
 	c.mu.Unlock()
-	return api.ControllerStatus{PID: os.Getpid(), Addr: c.apiAddr, Home: c.opts.Home.Dir, Version: c.opts.Version,
+	st := api.ControllerStatus{PID: os.Getpid(), Addr: c.apiAddr, Home: c.opts.Home.Dir, Version: c.opts.Version,
 		StartedAt: c.startedAt, Services: n}
+	if c.gatewayAddr != "" {
+		st.Gateway = "http://" + c.gatewayAddr
+	}
+	return st
 }
 
 var _ api.Backend = (*Controller)(nil)

@@ -1,0 +1,89 @@
+package controller
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/proxy"
+)
+
+// proxyConfig turns a service's YAML into its proxy's configuration. TLS files are read here, so
+// a bad certificate fails `serve up` with the file's name rather than every handshake later.
+func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.ServiceConfig, error) {
+	cfg := proxy.ServiceConfig{
+		Name:                    name,
+		Policy:                  svc.LoadBalancingPolicy,
+		TargetQPSPerAccelerator: svc.ReplicaPolicy.TargetQPSPerAccelerator,
+		Logger:                  c.log.Named("proxy").With(zap.String("service", name)),
+	}
+	if a := svc.Auth; a != nil {
+		// Non-nil even when empty: a service that asked for auth and has no keys rejects all.
+		cfg.APIKeyHashes = append([]string{}, a.KeyHashes...)
+	}
+	if l := svc.Limits; l != nil {
+		cfg.MaxRequestBodySize = l.MaxRequestBodyMB << 20
+		cfg.MaxConcurrentRequests = l.MaxConcurrentRequests
+		cfg.IdleTimeout = time.Duration(l.IdleTimeoutSeconds) * time.Second
+	}
+	if t := svc.TLS; t != nil {
+		tlsCfg, err := proxy.LoadTLS(t.CertFile, t.KeyFile)
+		if err != nil {
+			return cfg, fmt.Errorf("service %q: service.tls: %w", name, err)
+		}
+		cfg.TLS = tlsCfg
+	}
+	return cfg, nil
+}
+
+// startGateway binds the shared model-routing endpoint. The default address may be taken (by a
+// second FERRY_HOME's controller, say): then the controller runs without a gateway rather than
+// not at all. An address the user chose must work.
+func (c *Controller) startGateway() error {
+	addr := c.opts.GatewayAddr
+	if addr == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		if addr == DefaultGatewayAddr && errors.Is(err, syscall.EADDRINUSE) {
+			c.log.Warn("gateway address in use; running without the shared gateway", zap.String("addr", addr))
+			return nil
+		}
+		return fmt.Errorf("gateway listen on %s: %w", addr, err)
+	}
+	c.gateway = proxy.NewGateway(proxy.GatewayConfig{Logger: c.log.Named("gateway")})
+	c.gatewayAddr = ln.Addr().String()
+	go func() {
+		if err := c.gateway.Serve(ln); err != nil {
+			c.log.Error("gateway stopped", zap.Error(err))
+		}
+	}()
+	c.log.Info("gateway serving", zap.String("endpoint", "http://"+c.gatewayAddr))
+	return nil
+}
+
+// updateGateway gives the gateway the current services.
+func (c *Controller) updateGateway() {
+	if c.gateway == nil {
+		return
+	}
+	c.mu.Lock()
+	names := make([]string, 0, len(c.services))
+	for n := range c.services {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	svcs := make([]*proxy.Service, 0, len(names))
+	for _, n := range names {
+		svcs = append(svcs, c.services[n].proxy)
+	}
+	c.mu.Unlock()
+	c.gateway.SetServices(svcs)
+}

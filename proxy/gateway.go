@@ -1,0 +1,251 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+)
+
+// GatewayConfig configures a Gateway. Zero values select the defaults of ServiceConfig.
+type GatewayConfig struct {
+	// MaxRequestBodySize bounds bodies read before the service is known; each service's own
+	// limit then applies too. Default DefaultMaxRequestBodySize.
+	MaxRequestBodySize int
+	// IdleTimeout is the per-write idle deadline on client connections. Default
+	// DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// TLS, when set, terminates TLS on every listener.
+	TLS    *tls.Config
+	Logger *zap.Logger
+}
+
+// Gateway is one endpoint for many services: the request body's "model" picks the service,
+// and GET /v1/models lists every model. A service answers to its own name and to the model ids
+// its replicas report (see Service.Models). Everything after the choice of service — auth,
+// limits, routing, retries, streaming — is that service's Handler.
+type Gateway struct {
+	cfg    GatewayConfig
+	log    *zap.Logger
+	server *fasthttp.Server
+	errs   gatewayErrors
+
+	// table is the current model → service map; the request path only loads it.
+	table atomic.Pointer[gatewayTable]
+
+	mu        sync.Mutex // serializes SetServices and rebuilds; guards the fields below
+	services  []*Service
+	listeners []net.Listener
+	closed    bool
+}
+
+type gatewayTable struct {
+	byModel map[string]*Service
+	// models is the /v1/models listing, in a stable order.
+	models []gatewayModel
+}
+
+type gatewayModel struct {
+	id  string
+	svc *Service
+}
+
+type gatewayErrors struct {
+	errorBodies
+	noModel, notFound []byte
+}
+
+// NewGateway returns a Gateway with no services: every model is unknown until SetServices.
+func NewGateway(cfg GatewayConfig) *Gateway {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.MaxRequestBodySize <= 0 {
+		cfg.MaxRequestBodySize = DefaultMaxRequestBodySize
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	g := &Gateway{
+		cfg: cfg,
+		log: cfg.Logger.With(zap.String("listener", "gateway")),
+		errs: gatewayErrors{
+			errorBodies: newErrorBodies("gateway", cfg.MaxRequestBodySize),
+			noModel:     openAIError("you must provide a model parameter", "invalid_request_error", "missing_model"),
+			notFound: openAIError("unknown path: the gateway serves the OpenAI API (POST /v1/... with a model, GET /v1/models)",
+				"invalid_request_error", "unknown_url"),
+		},
+	}
+	g.table.Store(&gatewayTable{byModel: map[string]*Service{}})
+	g.server = newServer(g.Handler, g.requestError, cfg.MaxRequestBodySize, g.log)
+	return g
+}
+
+// SetServices replaces the services the gateway routes to. Each joins model discovery.
+func (g *Gateway) SetServices(services []*Service) {
+	g.mu.Lock()
+	g.services = slices.Clone(services)
+	g.mu.Unlock()
+	for _, s := range services {
+		s.watchModels(g.rebuild)
+	}
+	g.rebuild()
+}
+
+// rebuild recomputes the model table. Service names win over model ids, and among services
+// reporting the same id the first by name wins (logged): routing must not flip between them.
+func (g *Gateway) rebuild() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	services := slices.Clone(g.services)
+	sort.Slice(services, func(i, j int) bool { return services[i].Name() < services[j].Name() })
+	t := &gatewayTable{byModel: make(map[string]*Service, len(services))}
+	for _, s := range services {
+		t.byModel[s.Name()] = s
+	}
+	for _, s := range services {
+		for _, id := range s.Models() {
+			if owner, taken := t.byModel[id]; taken && owner != s {
+				g.log.Warn("two services serve the same model; routing it to the first", zap.String("model", id),
+					zap.String("service", owner.Name()), zap.String("ignored", s.Name()))
+				continue
+			}
+			t.byModel[id] = s
+			t.models = append(t.models, gatewayModel{id: id, svc: s})
+		}
+	}
+	g.table.Store(t)
+}
+
+var (
+	pathHealth       = []byte("/health")
+	pathModelsPrefix = []byte("/v1/models/")
+)
+
+// Handler routes one request.
+func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
+	path := ctx.Path()
+	t := g.table.Load()
+	switch {
+	case bytes.Equal(path, pathModels) && ctx.IsGet():
+		g.listModels(ctx, t, nil)
+		return
+	case bytes.HasPrefix(path, pathModelsPrefix) && ctx.IsGet():
+		g.listModels(ctx, t, path[len(pathModelsPrefix):])
+		return
+	case bytes.Equal(path, pathHealth) && ctx.IsGet():
+		ctx.SetContentTypeBytes(contentTypeJSON)
+		ctx.SetBodyString(`{"status":"ok"}`)
+		return
+	case !ctx.IsPost():
+		writeError(ctx, fasthttp.StatusNotFound, g.errs.notFound)
+		return
+	}
+	f, err := scanBody(ctx.Request.Body())
+	switch {
+	case err != nil:
+		writeError(ctx, fasthttp.StatusBadRequest, g.errs.badJSON)
+		return
+	case len(f.Model) == 0:
+		writeError(ctx, fasthttp.StatusBadRequest, g.errs.noModel)
+		return
+	}
+	svc := t.byModel[string(f.Model)] // no allocation: the compiler reads the bytes in place
+	if svc == nil {
+		writeError(ctx, fasthttp.StatusNotFound, modelNotFound(f.Model))
+		return
+	}
+	svc.Handler(ctx)
+}
+
+// modelNotFound is OpenAI's 404 for an unknown model. It echoes the model name as OpenAI does,
+// cut short so a huge name cannot bloat the answer.
+func modelNotFound(model []byte) []byte {
+	const maxEcho = 256
+	if len(model) > maxEcho {
+		model = model[:maxEcho]
+	}
+	return openAIError(fmt.Sprintf("The model `%s` does not exist", model), "invalid_request_error", "model_not_found")
+}
+
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// listModels answers GET /v1/models (id nil) or GET /v1/models/{id}. Models of a service that
+// requires an API key are shown only to requests carrying one of its keys.
+func (g *Gateway) listModels(ctx *fasthttp.RequestCtx, t *gatewayTable, id []byte) {
+	visible := func(s *Service) bool { return s.keys == nil || s.keys.allows(&ctx.Request.Header) }
+	ctx.SetContentTypeBytes(contentTypeJSON)
+	if id != nil {
+		s := t.byModel[string(id)]
+		if s == nil || !visible(s) {
+			writeError(ctx, fasthttp.StatusNotFound, modelNotFound(id))
+			return
+		}
+		body, _ := json.Marshal(modelObject{ID: string(id), Object: "model", OwnedBy: "ferry:" + s.Name()})
+		ctx.SetBody(body)
+		return
+	}
+	list := struct {
+		Object string        `json:"object"`
+		Data   []modelObject `json:"data"`
+	}{Object: "list", Data: []modelObject{}}
+	for _, m := range t.models {
+		if visible(m.svc) {
+			list.Data = append(list.Data, modelObject{ID: m.id, Object: "model", OwnedBy: "ferry:" + m.svc.Name()})
+		}
+	}
+	body, _ := json.Marshal(list)
+	ctx.SetBody(body)
+}
+
+func (g *Gateway) requestError(ctx *fasthttp.RequestCtx, err error) {
+	g.errs.writeRequestError(ctx, err)
+}
+
+// Serve accepts connections on ln until Shutdown, then returns nil.
+func (g *Gateway) Serve(ln net.Listener) error {
+	wrapped := wrapListener(ln, g.cfg.IdleTimeout, g.cfg.TLS)
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		_ = ln.Close()
+		return ErrClosed
+	}
+	g.listeners = append(g.listeners, wrapped)
+	g.mu.Unlock()
+	return g.server.Serve(wrapped)
+}
+
+// Shutdown stops accepting connections and waits for open ones to finish or ctx to end. The
+// services keep their own in-flight accounting: shut them down after the gateway to drain
+// streams that came through it.
+func (g *Gateway) Shutdown(ctx context.Context) error {
+	g.mu.Lock()
+	g.closed = true
+	listeners := g.listeners
+	g.listeners = nil
+	g.mu.Unlock()
+	for _, ln := range listeners {
+		_ = ln.Close()
+	}
+	if err := g.server.ShutdownWithContext(ctx); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return nil
+}

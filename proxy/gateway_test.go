@@ -1,0 +1,154 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap/zaptest"
+)
+
+// modelServer is a replica that serves one model id on /v1/models and names itself on
+// completions.
+func modelServer(t *testing.T, name, modelID string) *upstream {
+	return startUpstream(t, name, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/v1/models" {
+			fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model"}]}`, modelID)
+			return
+		}
+		fmt.Fprintf(w, `{"served_by":%q}`, name)
+	})
+}
+
+func startGateway(t *testing.T, services ...*Service) string {
+	t.Helper()
+	g := NewGateway(GatewayConfig{Logger: zaptest.NewLogger(t)})
+	g.SetServices(services)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- g.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		defer cancel()
+		if err := g.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return "http://" + ln.Addr().String()
+}
+
+func listModels(t *testing.T, c *http.Client, base string, headers ...string) []string {
+	t.Helper()
+	res := do(t, c, http.MethodGet, base+"/v1/models", nil, headers...)
+	if res.status != 200 {
+		t.Fatalf("GET /v1/models: %d %s", res.status, res.body)
+	}
+	var list struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID      string `json:"id"`
+			Object  string `json:"object"`
+			OwnedBy string `json:"owned_by"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal([]byte(res.body), &list); err != nil || list.Object != "list" {
+		t.Fatalf("GET /v1/models body %s: %v", res.body, err)
+	}
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID+"@"+m.OwnedBy)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func TestGatewayRoutesByModel(t *testing.T) {
+	const key = "sk-ferry-private-0123456789"
+	llama := modelServer(t, "llama-replica", "meta-llama/Llama-3.1-8B-Instruct")
+	qwen := modelServer(t, "qwen-replica", "Qwen/Qwen2.5-7B-Instruct")
+	private := modelServer(t, "private-replica", "private/model")
+	llamaSvc, _ := startProxy(t, ServiceConfig{Name: "llama"}, backendsOf(llama)...)
+	qwenSvc, _ := startProxy(t, ServiceConfig{Name: "qwen"}, backendsOf(qwen)...)
+	privateSvc, _ := startProxy(t, ServiceConfig{Name: "private", APIKeyHashes: []string{hashKey(key)}}, backendsOf(private)...)
+	base := startGateway(t, llamaSvc, qwenSvc, privateSvc)
+	c := newClient(t)
+
+	wantPublic := []string{"Qwen/Qwen2.5-7B-Instruct@ferry:qwen", "llama@ferry:llama", "meta-llama/Llama-3.1-8B-Instruct@ferry:llama", "qwen@ferry:qwen"}
+	waitFor(t, "model discovery", func() bool { return slices.Equal(listModels(t, c, base), wantPublic) })
+	withKey := listModels(t, c, base, "Authorization", "Bearer "+key)
+	if !slices.Contains(withKey, "private/model@ferry:private") || !slices.Contains(withKey, "llama@ferry:llama") {
+		t.Errorf("with the private key, /v1/models = %v", withKey)
+	}
+
+	tests := map[string]struct {
+		body       string
+		headers    []string
+		wantStatus int
+		wantBody   string
+		wantCode   string
+	}{
+		"model id":            {body: `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[]}`, wantStatus: 200, wantBody: `{"served_by":"llama-replica"}`},
+		"service name":        {body: `{"model":"qwen","prompt":"hi"}`, wantStatus: 200, wantBody: `{"served_by":"qwen-replica"}`},
+		"other model id":      {body: `{"messages":[],"model":"Qwen/Qwen2.5-7B-Instruct"}`, wantStatus: 200, wantBody: `{"served_by":"qwen-replica"}`},
+		"unknown model":       {body: `{"model":"gpt-5"}`, wantStatus: 404, wantCode: "model_not_found"},
+		"no model":            {body: `{"prompt":"hi"}`, wantStatus: 400, wantCode: "missing_model"},
+		"bad JSON":            {body: `{"model":"llama",`, wantStatus: 400, wantCode: "invalid_json"},
+		"private without key": {body: `{"model":"private/model"}`, wantStatus: 401, wantCode: "invalid_api_key"},
+		"private with key":    {body: `{"model":"private"}`, headers: []string{"Authorization", "Bearer " + key}, wantStatus: 200, wantBody: `{"served_by":"private-replica"}`},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			res := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(tc.body), tc.headers...)
+			if res.status != tc.wantStatus {
+				t.Fatalf("status = %d, want %d: %s", res.status, tc.wantStatus, res.body)
+			}
+			if tc.wantCode != "" {
+				if got := decodeError(t, res.body).Error.Code; got != tc.wantCode {
+					t.Errorf("code = %q, want %q", got, tc.wantCode)
+				}
+				return
+			}
+			if res.body != tc.wantBody {
+				t.Errorf("body = %s, want %s", res.body, tc.wantBody)
+			}
+		})
+	}
+
+	res := do(t, c, http.MethodGet, base+"/v1/models/meta-llama/Llama-3.1-8B-Instruct", nil)
+	if res.status != 200 || !strings.Contains(res.body, `"owned_by":"ferry:llama"`) {
+		t.Errorf("GET /v1/models/{id}: %d %s", res.status, res.body)
+	}
+	if res := do(t, c, http.MethodGet, base+"/v1/models/private/model", nil); res.status != 404 {
+		t.Errorf("a private model is visible without its key: %d %s", res.status, res.body)
+	}
+	if res := do(t, c, http.MethodGet, base+"/metrics", nil); res.status != 404 || decodeError(t, res.body).Error.Code != "unknown_url" {
+		t.Errorf("GET /metrics on the gateway: %d %s", res.status, res.body)
+	}
+}
+
+// TestGatewayFollowsReplicaChanges: a model appears when a replica serving it joins and goes
+// when the replica leaves.
+func TestGatewayFollowsReplicaChanges(t *testing.T) {
+	a := modelServer(t, "a", "model-a")
+	b := modelServer(t, "b", "model-b")
+	svc, _ := startProxy(t, ServiceConfig{Name: "svc"}, backendsOf(a)...)
+	base := startGateway(t, svc)
+	c := newClient(t)
+	waitFor(t, "model-a", func() bool { return slices.Contains(listModels(t, c, base), "model-a@ferry:svc") })
+	svc.SetBackends([]Backend{{ID: 2, Addr: b.addr(), Version: 1}})
+	want := []string{"model-b@ferry:svc", "svc@ferry:svc"}
+	waitFor(t, "model-b replaces model-a", func() bool { return cmp.Equal(listModels(t, c, base), want) })
+}

@@ -1,0 +1,125 @@
+package proxy
+
+import (
+	"encoding/json"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+)
+
+// Model discovery: a gateway routes by the request's "model", but a service is named by its
+// user ("llama") while clients ask for the model id the replica serves
+// ("meta-llama/Llama-3.1-8B-Instruct"). So when a replica joins, the proxy asks its
+// /v1/models once, off the request path, and the service answers to its own name and to every
+// id its replicas report.
+
+const (
+	modelsFetchTimeout  = 5 * time.Second
+	modelsFetchAttempts = 5
+	modelsFetchBackoff  = time.Second
+	// maxModelIDs bounds what one replica may add to the routing table.
+	maxModelIDs = 64
+)
+
+var pathModels = []byte("/v1/models")
+
+// fetchModels asks a newly added replica for its model ids, retrying with backoff while the
+// client stays in the service, then tells the gateway (if any) that the table changed.
+func (s *Service) fetchModels(c *hostClient) {
+	backoff := modelsFetchBackoff
+	for attempt := 1; attempt <= modelsFetchAttempts && !c.retired.Load(); attempt++ {
+		ids, err := c.modelIDs()
+		if err == nil {
+			c.models.Store(&ids)
+			s.modelsChanged()
+			return
+		}
+		if ce := s.log.Check(zap.DebugLevel, "could not list a replica's models"); ce != nil {
+			ce.Write(zap.String("addr", c.addr), zap.Int("attempt", attempt), zap.Error(err))
+		}
+		select {
+		case <-time.After(backoff):
+		case <-s.stopped:
+			return
+		}
+		backoff *= 2
+	}
+}
+
+type modelList struct {
+	Data []struct {
+		ID string `json:"id"`
+	} `json:"data"`
+}
+
+func (c *hostClient) modelIDs() ([]string, error) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod(fasthttp.MethodGet)
+	req.SetRequestURIBytes(pathModels)
+	req.Header.SetHost(c.addr)
+	c.acquire()
+	defer c.release()
+	if err := c.hc.DoTimeout(req, resp, modelsFetchTimeout); err != nil {
+		return nil, err
+	}
+	if resp.StatusCode() != fasthttp.StatusOK {
+		return nil, &statusError{code: resp.StatusCode()}
+	}
+	var list modelList
+	if err := json.Unmarshal(resp.Body(), &list); err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(list.Data))
+	for _, m := range list.Data {
+		if m.ID != "" && !slices.Contains(ids, m.ID) && len(ids) < maxModelIDs {
+			ids = append(ids, m.ID)
+		}
+	}
+	return ids, nil
+}
+
+// Models returns the model ids the service answers to on a gateway: its own name first, then
+// the ids its current replicas reported, without duplicates.
+func (s *Service) Models() []string {
+	out := []string{s.cfg.Name}
+	for _, c := range s.snap.Load().clients {
+		if ids := c.models.Load(); ids != nil {
+			for _, id := range *ids {
+				if !slices.Contains(out, id) {
+					out = append(out, id)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Name returns the service's name.
+func (s *Service) Name() string { return s.cfg.Name }
+
+// watchModels makes the service discover its replicas' model ids and call f whenever they may
+// have changed. Replicas already present are asked now.
+func (s *Service) watchModels(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onModels.Store(&f)
+	for _, c := range s.snap.Load().clients {
+		if c.models.Load() == nil {
+			go s.fetchModels(c)
+		}
+	}
+}
+
+func (s *Service) modelsChanged() {
+	if f := s.onModels.Load(); f != nil {
+		(*f)()
+	}
+}
+
+// modelsHook is how a gateway hears that a service's model ids changed.
+type modelsHook = atomic.Pointer[func()]
