@@ -49,6 +49,8 @@ func repoRoot() string {
 type env struct {
 	t    *testing.T
 	home string
+	// extraEnv is added to every command's environment (and so the controller's).
+	extraEnv []string
 }
 
 func newEnv(t *testing.T) *env {
@@ -75,7 +77,7 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) cmd(args ...string) *exec.Cmd {
 	c := exec.Command(ferryBin, args...)
-	c.Env = append(os.Environ(), "FERRY_HOME="+e.home)
+	c.Env = append(append(os.Environ(), "FERRY_HOME="+e.home), e.extraEnv...)
 	c.Dir = repoRoot()
 	return c
 }

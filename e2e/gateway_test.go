@@ -1,0 +1,193 @@
+package e2e
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestGatewayAuthAndTLS: two services behind one controller. One requires an API key and
+// serves HTTPS; the other is open. The shared gateway routes by model and lists only what the
+// caller may see, and the key appears nowhere a user or operator can read.
+func TestGatewayAuthAndTLS(t *testing.T) {
+	const key = "sk-ferry-e2e-0123456789abcdef"
+	e := newEnv(t)
+	gatewayAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	e.extraEnv = []string{"FERRY_GATEWAY_ADDR=" + gatewayAddr, "FERRY_E2E_KEY=" + key}
+	dir := t.TempDir()
+	certFile, keyFile := writeSelfSigned(t, dir)
+
+	private := filepath.Join(dir, "private.yaml")
+	writeFile(t, private, `name: private
+run: ferry replica-sim --port $FERRY_PORT --model acme/private-8b
+service:
+  readiness_probe: /health
+  replicas: 1
+  ports: 8080
+  auth:
+    keys_from_env: [FERRY_E2E_KEY]
+  tls:
+    certfile: `+certFile+`
+    keyfile: `+keyFile+`
+  limits:
+    max_concurrent_requests: 64
+`)
+	open := filepath.Join(dir, "open.yaml")
+	writeFile(t, open, `name: open
+run: ferry replica-sim --port $FERRY_PORT --model acme/open-1b
+service:
+  readiness_probe: /health
+  replicas: 1
+  ports: 8080
+`)
+	var seen strings.Builder
+	seen.WriteString(e.mustRun("serve", "up", private, "-y"))
+	seen.WriteString(e.mustRun("serve", "up", open, "-y"))
+
+	privateEP := strings.TrimSpace(e.mustRun("serve", "status", "private", "--endpoint"))
+	if !strings.HasPrefix(privateEP, "https://127.0.0.1:") {
+		t.Fatalf("private endpoint %q, want https", privateEP)
+	}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}} // the certificate is self-signed
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: time.Minute}
+	chat := func(url, model, auth string) (int, string) {
+		t.Helper()
+		body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":4}`, model)
+		req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if auth != "" {
+			req.Header.Set("Authorization", "Bearer "+auth)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(raw)
+	}
+
+	if code, body := chat(privateEP, "acme/private-8b", ""); code != 401 || !strings.Contains(body, "invalid_api_key") {
+		t.Errorf("private endpoint without a key: %d %s", code, body)
+	}
+	if code, body := chat(privateEP, "acme/private-8b", key); code != 200 {
+		t.Errorf("private endpoint with the key: %d %s", code, body)
+	}
+
+	gw := "http://" + gatewayAddr
+	if ctl := e.mustRun("controller", "status"); !strings.Contains(ctl, gw) {
+		t.Errorf("controller status does not show the gateway %s:\n%s", gw, ctl)
+	}
+	models := func(auth string) []string {
+		req, _ := http.NewRequest(http.MethodGet, gw+"/v1/models", nil)
+		if auth != "" {
+			req.Header.Set("Authorization", "Bearer "+auth)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var list struct {
+			Data []struct {
+				ID string `json:"id"`
+			} `json:"data"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, m := range list.Data {
+			ids = append(ids, m.ID)
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	eventually(t, time.Minute, "the gateway to learn both services' models", func() (bool, string) {
+		got := models(key)
+		return slices.Equal(got, []string{"acme/open-1b", "acme/private-8b", "open", "private"}), fmt.Sprint(got)
+	})
+	if got := models(""); !slices.Equal(got, []string{"acme/open-1b", "open"}) {
+		t.Errorf("without a key the gateway lists %v, want only the open service's models", got)
+	}
+	if code, body := chat(gw, "acme/open-1b", ""); code != 200 || !strings.Contains(body, "acme/open-1b") {
+		t.Errorf("gateway → open: %d %s", code, body)
+	}
+	if code, body := chat(gw, "acme/private-8b", key); code != 200 || !strings.Contains(body, "acme/private-8b") {
+		t.Errorf("gateway → private with key: %d %s", code, body)
+	}
+	if code, body := chat(gw, "acme/private-8b", ""); code != 401 {
+		t.Errorf("gateway → private without key: %d %s", code, body)
+	}
+	if code, body := chat(gw, "nonexistent/model", ""); code != 404 || !strings.Contains(body, "model_not_found") {
+		t.Errorf("gateway → unknown model: %d %s", code, body)
+	}
+
+	seen.WriteString(e.mustRun("serve", "status", "-v"))
+	seen.WriteString(e.mustRun("serve", "status", "--json"))
+	seen.WriteString(e.mustRun("serve", "logs", "private", "--controller"))
+	db, err := os.ReadFile(filepath.Join(e.home, "ferry.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen.Write(db)
+	if strings.Contains(seen.String(), key) {
+		t.Fatalf("the API key reached CLI output, the controller log or the store")
+	}
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeSelfSigned writes a throwaway certificate and key for 127.0.0.1.
+func writeSelfSigned(t *testing.T, dir string) (certFile, keyFile string) {
+	t.Helper()
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "ferry-e2e"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	writeFile(t, certFile, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})))
+	writeFile(t, keyFile, string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})))
+	return certFile, keyFile
+}
