@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/policy"
 	"github.com/ferryserve/ferry/proxy"
 )
@@ -34,6 +35,12 @@ type proxyFlags struct {
 	targetQPS       []string
 	shutdownTimeout time.Duration
 	verbose         bool
+	apiKeyEnvs      []string
+	tlsCert         string
+	tlsKey          string
+	maxConcurrent   int
+	maxBodyMB       int
+	idleTimeout     time.Duration
 }
 
 // proxyOptions is what the flags mean.
@@ -62,6 +69,10 @@ flight, streams included, to finish.`,
 		Example: `  # Two local vLLM servers behind one endpoint
   ferry proxy --listen 127.0.0.1:8000 --replica http://127.0.0.1:9001 --replica 127.0.0.1:9002
 
+  # Require an API key and serve HTTPS
+  FERRY_API_KEY=sk-... ferry proxy --api-key-env FERRY_API_KEY --tls-cert cert.pem --tls-key key.pem \
+    --replica 127.0.0.1:9001
+
   # Weight replicas by GPU
   ferry proxy --policy instance_aware_least_load --target-qps A100=2 --target-qps L4=0.5 \
     --replica http://10.0.0.5:8080#A100 --replica http://10.0.0.6:8080#L4`,
@@ -89,6 +100,12 @@ flight, streams included, to finish.`,
 	fl.StringArrayVar(&f.targetQPS, "target-qps", nil, "target QPS per replica of an accelerator, ACCELERATOR=QPS (repeatable)")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", time.Minute, "how long to wait for in-flight requests on SIGINT/SIGTERM")
 	fl.BoolVarP(&f.verbose, "verbose", "v", false, "log at debug level")
+	fl.StringArrayVar(&f.apiKeyEnvs, "api-key-env", nil, "require an API key: the name of an environment variable holding one (repeatable)")
+	fl.StringVar(&f.tlsCert, "tls-cert", "", "serve HTTPS with this PEM certificate (needs --tls-key)")
+	fl.StringVar(&f.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
+	fl.IntVar(&f.maxConcurrent, "max-concurrent-requests", 0, "answer 429 beyond this many requests in flight (0: no cap)")
+	fl.IntVar(&f.maxBodyMB, "max-body-mb", proxy.DefaultMaxRequestBodySize>>20, "largest request body accepted, in MiB")
+	fl.DurationVar(&f.idleTimeout, "idle-timeout", proxy.DefaultIdleTimeout, "how long a replica or client may stay silent mid-request")
 	return cmd
 }
 
@@ -138,6 +155,38 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 	if _, err := policy.New(f.policy, policy.Options{TargetQPSPerAccelerator: opts.service.TargetQPSPerAccelerator}); err != nil {
 		errs = append(errs, fmt.Errorf("--policy: %w", err))
 	}
+	for _, name := range f.apiKeyEnvs {
+		key := os.Getenv(name)
+		switch {
+		case key == "":
+			errs = append(errs, fmt.Errorf("--api-key-env %s: the variable is not set", name))
+		case len(key) < configs.MinAPIKeyLength:
+			errs = append(errs, fmt.Errorf("--api-key-env %s: the key is %d characters; API keys must be at least %d", name, len(key), configs.MinAPIKeyLength))
+		default:
+			opts.service.APIKeyHashes = append(opts.service.APIKeyHashes, configs.HashAPIKey(key))
+		}
+	}
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
+	} else if f.tlsCert != "" {
+		cfg, err := proxy.LoadTLS(f.tlsCert, f.tlsKey)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		opts.service.TLS = cfg
+	}
+	if f.maxConcurrent < 0 {
+		errs = append(errs, fmt.Errorf("--max-concurrent-requests %d: must not be negative", f.maxConcurrent))
+	}
+	opts.service.MaxConcurrentRequests = f.maxConcurrent
+	if f.maxBodyMB < 1 || f.maxBodyMB > configs.MaxRequestBodyMB {
+		errs = append(errs, fmt.Errorf("--max-body-mb %d: want 1 to %d", f.maxBodyMB, configs.MaxRequestBodyMB))
+	}
+	opts.service.MaxRequestBodySize = f.maxBodyMB << 20
+	if f.idleTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--idle-timeout %v: must be positive", f.idleTimeout))
+	}
+	opts.service.IdleTimeout = f.idleTimeout
 	return opts, errors.Join(errs...)
 }
 

@@ -162,20 +162,37 @@ func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 			return err
 		}
 	}
-	fmt.Fprintf(out, "\nService %q is up.\nEndpoint: %s\n\nTry it:\n", name, st.Endpoint)
-	fmt.Fprintf(out, "  curl %s/v1/models\n", st.Endpoint)
-	fmt.Fprintf(out, "  curl %s/v1/chat/completions -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n", st.Endpoint, servedModel(ctx, st.Endpoint))
+	fmt.Fprintf(out, "\nService %q is up.\nEndpoint: %s\n", name, st.Endpoint)
+	if cs, err := c.ControllerStatus(ctx); err == nil && cs.Gateway != "" {
+		fmt.Fprintf(out, "Gateway:  %s (one endpoint for every service; the request's \"model\" picks it)\n", cs.Gateway)
+	}
+	// With service.auth the example must send a key; name the variable the user keeps it in.
+	authHeader, authArg := "", ""
+	if a := task.Service.Auth; a != nil {
+		keyVar := "FERRY_API_KEY"
+		if len(a.KeysFromEnv) > 0 {
+			keyVar = a.KeysFromEnv[0]
+		}
+		authHeader = "Bearer " + os.Getenv(keyVar)
+		authArg = fmt.Sprintf(" -H \"Authorization: Bearer $%s\"", keyVar)
+	}
+	fmt.Fprintf(out, "\nTry it:\n  curl%s %s/v1/models\n", authArg, st.Endpoint)
+	fmt.Fprintf(out, "  curl %s/v1/chat/completions%s -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n",
+		st.Endpoint, authArg, servedModel(ctx, st.Endpoint, authHeader))
 	fmt.Fprintf(out, "  ferry serve status %s\n  ferry serve down %s\n", name, name)
 	return nil
 }
 
 // servedModel asks the endpoint which model it serves, so the printed example works as is.
-func servedModel(ctx context.Context, endpoint string) string {
+func servedModel(ctx context.Context, endpoint, authorization string) string {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, endpoint+"/v1/models", nil)
 	if err != nil {
 		return "MODEL"
+	}
+	if authorization != "" {
+		req.Header.Set("Authorization", authorization)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

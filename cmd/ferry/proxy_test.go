@@ -1,0 +1,69 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/proxy"
+)
+
+func TestProxyFlags(t *testing.T) {
+	const key = "sk-ferry-flags-0123456789"
+	t.Setenv("FERRY_TEST_KEY", key)
+	t.Setenv("FERRY_SHORT_KEY", "short")
+	base := proxyFlags{listen: "127.0.0.1:8000", name: "svc", policy: "least_load", replicas: []string{"127.0.0.1:9001"},
+		maxBodyMB: 32, idleTimeout: time.Minute}
+	tests := map[string]struct {
+		edit    func(*proxyFlags)
+		check   func(*testing.T, proxyOptions)
+		wantErr string
+	}{
+		"defaults": {check: func(t *testing.T, o proxyOptions) {
+			if o.service.APIKeyHashes != nil || o.service.TLS != nil || o.service.MaxRequestBodySize != 32<<20 {
+				t.Errorf("service config %+v", o.service)
+			}
+		}},
+		"api key from env": {
+			edit: func(f *proxyFlags) { f.apiKeyEnvs = []string{"FERRY_TEST_KEY"} },
+			check: func(t *testing.T, o proxyOptions) {
+				if len(o.service.APIKeyHashes) != 1 || o.service.APIKeyHashes[0] != configs.HashAPIKey(key) {
+					t.Errorf("hashes %v", o.service.APIKeyHashes)
+				}
+			},
+		},
+		"unset key variable": {edit: func(f *proxyFlags) { f.apiKeyEnvs = []string{"FERRY_NOPE"} }, wantErr: "--api-key-env FERRY_NOPE: the variable is not set"},
+		"short key":          {edit: func(f *proxyFlags) { f.apiKeyEnvs = []string{"FERRY_SHORT_KEY"} }, wantErr: "at least 16"},
+		"cert without key":   {edit: func(f *proxyFlags) { f.tlsCert = "c.pem" }, wantErr: "--tls-cert and --tls-key go together"},
+		"missing cert files": {edit: func(f *proxyFlags) { f.tlsCert, f.tlsKey = "/nonexistent/c.pem", "/nonexistent/k.pem" }, wantErr: "/nonexistent/c.pem"},
+		"negative cap":       {edit: func(f *proxyFlags) { f.maxConcurrent = -1 }, wantErr: "--max-concurrent-requests -1"},
+		"huge body":          {edit: func(f *proxyFlags) { f.maxBodyMB = 4096 }, wantErr: "--max-body-mb 4096"},
+		"zero idle timeout":  {edit: func(f *proxyFlags) { f.idleTimeout = 0 }, wantErr: "--idle-timeout 0s"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := base
+			if tc.edit != nil {
+				tc.edit(&f)
+			}
+			opts, err := f.parse()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("parse error = %v, want %q", err, tc.wantErr)
+				}
+				if strings.Contains(err.Error(), "short") && strings.Contains(err.Error(), "=short") {
+					t.Errorf("error shows the key: %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := proxy.NewService(opts.service); err != nil {
+				t.Fatalf("the parsed config is rejected: %v", err)
+			}
+			tc.check(t, opts)
+		})
+	}
+}
