@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // Policy names, as written in a service's load_balancing_policy (SkyServe's names).
@@ -15,6 +16,11 @@ const (
 	RoundRobin             = "round_robin"
 	LeastLoad              = "least_load"
 	InstanceAwareLeastLoad = "instance_aware_least_load"
+	// Policies beyond SkyServe's, for LLM serving (see their files for what each does).
+	PowerOfTwo      = "power_of_two"
+	SessionAffinity = "session_affinity"
+	PrefixAffinity  = "prefix_affinity"
+	LLMAware        = "llm_aware"
 	// Default is what an empty name selects: least_load, as in SkyServe.
 	Default = LeastLoad
 )
@@ -49,6 +55,10 @@ const (
 	NeedsSession Needs = 1 << iota
 	// NeedsPrompt asks for Request.Prompt and Request.Model (which seeds prompt hashes).
 	NeedsPrompt
+	// NeedsMetrics asks the proxy to scrape every replica's /metrics endpoint into the Replica
+	// (SetMetrics). Scraping costs a request per replica per interval, so only pickers that read
+	// LoadMetrics declare it.
+	NeedsMetrics
 )
 
 // NeedsOf returns what p reads of a Request: the result of its Needs method if it has one,
@@ -70,25 +80,117 @@ type Options struct {
 	// replay decisions; it must be safe for concurrent use if the picker is. Nil uses
 	// math/rand/v2's per-goroutine generator, which is lock-free.
 	Rand func() uint64
+
+	// SessionLoadFactor is session_affinity's c in consistent hashing with bounded loads
+	// (Mirrokni et al.): a replica already holding ceil(c × (in-flight + 1) / replicas) requests
+	// is skipped. Zero means DefaultSessionLoadFactor; otherwise it must be at least 1.
+	SessionLoadFactor float64
+	// PrefixLoadFactor bounds prefix affinity in prefix_affinity and llm_aware: a replica that
+	// would hold more than max(f × mean, mean + 2) requests loses its affinity (see
+	// affinityBound). Zero means DefaultPrefixLoadFactor; otherwise it must be at least 1.
+	PrefixLoadFactor float64
+	// PrefixCacheBlocks is how many prompt blocks (64 bytes of prompt, about 16 tokens, each)
+	// prefix_affinity and llm_aware remember. Zero means DefaultPrefixCacheBlocks.
+	PrefixCacheBlocks int
+	// MetricsStaleAfter is the age beyond which llm_aware ignores a replica's scraped metrics.
+	// Zero means DefaultMetricsStaleAfter.
+	MetricsStaleAfter time.Duration
+	// Now is llm_aware's clock, for judging staleness; nil means time.Now. Tests inject one.
+	Now func() time.Time
+}
+
+// Defaults for Options' zero values.
+const (
+	// DefaultSessionLoadFactor is c = 1.25: no replica holds more than 25% above the mean, and
+	// a session leaves its replica only while that replica is that far ahead. A larger c keeps
+	// sessions (and their KV caches) in place longer; a smaller one balances tighter.
+	DefaultSessionLoadFactor = 1.25
+	// DefaultPrefixLoadFactor lets a prefix-cache hit hold 50% more requests than the mean
+	// before routing gives up the hit. A cached prefix saves its prefill, but a replica that
+	// takes every request sharing a system prompt queues them, which costs more (vLLM
+	// production-stack users report exactly that pile-up).
+	DefaultPrefixLoadFactor = 1.5
+	// DefaultPrefixCacheBlocks remembers 64k blocks, about 1M tokens of distinct prompt
+	// prefixes across all replicas, in about 8 MB; llm-d keeps about 31k blocks per pod.
+	DefaultPrefixCacheBlocks = 1 << 16
+	// DefaultMetricsStaleAfter is ten scrape intervals of 100 ms: long enough to ride out a
+	// slow scrape or two, short enough that a replica whose endpoint has stopped answering is
+	// judged on what the proxy knows rather than on a picture of its past.
+	DefaultMetricsStaleAfter = time.Second
+)
+
+func (o Options) withDefaults() Options {
+	if o.Rand == nil {
+		o.Rand = rand.Uint64
+	}
+	if o.SessionLoadFactor == 0 {
+		o.SessionLoadFactor = DefaultSessionLoadFactor
+	}
+	if o.PrefixLoadFactor == 0 {
+		o.PrefixLoadFactor = DefaultPrefixLoadFactor
+	}
+	if o.PrefixCacheBlocks == 0 {
+		o.PrefixCacheBlocks = DefaultPrefixCacheBlocks
+	}
+	if o.MetricsStaleAfter == 0 {
+		o.MetricsStaleAfter = DefaultMetricsStaleAfter
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// validate checks the fields the LLM-aware pickers read, after defaults, naming field, value
+// and rule.
+func (o Options) validate() error {
+	var errs []error
+	if !(o.SessionLoadFactor >= 1) || math.IsInf(o.SessionLoadFactor, 0) {
+		errs = append(errs, fmt.Errorf("session load factor %v: must be a number of at least 1", o.SessionLoadFactor))
+	}
+	if !(o.PrefixLoadFactor >= 1) || math.IsInf(o.PrefixLoadFactor, 0) {
+		errs = append(errs, fmt.Errorf("prefix load factor %v: must be a number of at least 1", o.PrefixLoadFactor))
+	}
+	if o.PrefixCacheBlocks < 1 {
+		errs = append(errs, fmt.Errorf("prefix cache blocks %d: must be positive", o.PrefixCacheBlocks))
+	}
+	if o.MetricsStaleAfter < 0 {
+		errs = append(errs, fmt.Errorf("metrics stale after %v: must not be negative", o.MetricsStaleAfter))
+	}
+	return errors.Join(errs...)
 }
 
 // Names returns the policy names New accepts, for help text and validation messages.
-func Names() []string { return []string{InstanceAwareLeastLoad, LeastLoad, RoundRobin} }
+func Names() []string {
+	return []string{InstanceAwareLeastLoad, LeastLoad, LLMAware, PowerOfTwo, PrefixAffinity, RoundRobin, SessionAffinity}
+}
 
 // New returns the picker named name. An empty name selects the default, least_load, as in
 // SkyServe.
 func New(name string, opts Options) (Picker, error) {
-	rnd := opts.Rand
-	if rnd == nil {
-		rnd = rand.Uint64
+	if name == "" {
+		name = Default
 	}
+	opts = opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, fmt.Errorf("load balancing policy %s: %w", name, err)
+	}
+	rnd := opts.Rand
 	switch name {
 	case RoundRobin:
 		return &roundRobin{}, nil
-	case LeastLoad, "":
+	case LeastLoad:
 		return &leastLoad{rand: rnd}, nil
 	case InstanceAwareLeastLoad:
 		return newInstanceAware(opts.TargetQPSPerAccelerator, rnd)
+	case PowerOfTwo:
+		return &powerOfTwo{rand: rnd}, nil
+	case SessionAffinity:
+		return &sessionAffinity{factor: opts.SessionLoadFactor, fallback: leastLoad{rand: rnd}}, nil
+	case PrefixAffinity:
+		return newPrefixAffinity(opts)
+	case LLMAware:
+		return newLLMAware(opts)
 	}
 	return nil, fmt.Errorf("unknown load balancing policy %q: want one of %s", name, strings.Join(Names(), ", "))
 }
@@ -98,6 +200,10 @@ var (
 	_ Picker   = (*leastLoad)(nil)
 	_ Picker   = (*instanceAware)(nil)
 	_ Preparer = (*instanceAware)(nil)
+	_ Picker   = (*powerOfTwo)(nil)
+	_ Picker   = (*sessionAffinity)(nil)
+	_ Picker   = (*prefixAffinity)(nil)
+	_ Picker   = (*llmAware)(nil)
 )
 
 // roundRobin cycles through the snapshot with one shared counter. When the snapshot changes the

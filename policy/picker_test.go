@@ -2,10 +2,14 @@ package policy
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -49,20 +53,41 @@ func ids(rs ...*Replica) []int {
 
 func TestNew(t *testing.T) {
 	tests := map[string]struct {
-		name    string
-		opts    Options
-		wantErr string
+		name      string
+		opts      Options
+		wantNeeds Needs
+		wantErr   string
 	}{
-		"round robin":                {name: RoundRobin},
-		"least load":                 {name: LeastLoad},
-		"empty is the default":       {name: ""},
-		"instance aware":             {name: InstanceAwareLeastLoad, opts: Options{TargetQPSPerAccelerator: map[string]float64{"A100": 2}}},
+		"round robin":          {name: RoundRobin},
+		"least load":           {name: LeastLoad},
+		"empty is the default": {name: ""},
+		"instance aware":       {name: InstanceAwareLeastLoad, opts: Options{TargetQPSPerAccelerator: map[string]float64{"A100": 2}}},
+		"power of two":         {name: PowerOfTwo},
+		"session affinity":     {name: SessionAffinity, wantNeeds: NeedsSession},
+		"prefix affinity":      {name: PrefixAffinity, wantNeeds: NeedsPrompt},
+		"llm aware":            {name: LLMAware, wantNeeds: NeedsPrompt | NeedsMetrics},
+		"tiny prefix cache":    {name: PrefixAffinity, opts: Options{PrefixCacheBlocks: 1}, wantNeeds: NeedsPrompt},
+		"tuned": {
+			name:      LLMAware,
+			opts:      Options{SessionLoadFactor: 1, PrefixLoadFactor: 3, PrefixCacheBlocks: 100, MetricsStaleAfter: time.Minute},
+			wantNeeds: NeedsPrompt | NeedsMetrics,
+		},
 		"unknown":                    {name: "fastest", wantErr: `unknown load balancing policy "fastest"`},
 		"instance aware without map": {name: InstanceAwareLeastLoad, wantErr: "needs target QPS"},
 		"instance aware zero target": {
 			name:    InstanceAwareLeastLoad,
 			opts:    Options{TargetQPSPerAccelerator: map[string]float64{"A100": 0, "L4": -1}},
 			wantErr: `accelerator "A100" is 0`,
+		},
+		"session factor below one": {name: SessionAffinity, opts: Options{SessionLoadFactor: 0.5}, wantErr: "session load factor 0.5: must be a number of at least 1"},
+		"prefix factor NaN":        {name: PrefixAffinity, opts: Options{PrefixLoadFactor: math.NaN()}, wantErr: "prefix load factor NaN"},
+		"prefix factor infinite":   {name: PrefixAffinity, opts: Options{PrefixLoadFactor: math.Inf(1)}, wantErr: "prefix load factor +Inf"},
+		"negative cache":           {name: PrefixAffinity, opts: Options{PrefixCacheBlocks: -1}, wantErr: "prefix cache blocks -1: must be positive"},
+		"negative staleness":       {name: LLMAware, opts: Options{MetricsStaleAfter: -time.Second}, wantErr: "metrics stale after -1s"},
+		"every error at once": {
+			name:    "",
+			opts:    Options{SessionLoadFactor: -1, PrefixLoadFactor: -1},
+			wantErr: "load balancing policy least_load: session load factor -1: must be a number of at least 1\nprefix load factor -1",
 		},
 	}
 	for name, tc := range tests {
@@ -77,10 +102,30 @@ func TestNew(t *testing.T) {
 			if err != nil || p == nil {
 				t.Fatalf("New(%q) = %v, %v; want a picker", tc.name, p, err)
 			}
+			if got := NeedsOf(p); got != tc.wantNeeds {
+				t.Errorf("NeedsOf(%q) = %b, want %b", tc.name, got, tc.wantNeeds)
+			}
 			if got := p.Pick(&Request{}, nil); got != nil {
 				t.Errorf("Pick(nil) = %v, want nil", got)
 			}
+			rs := replicas([]int64{2, 0, 1})
+			if got := p.Pick(&Request{SessionID: []byte("s"), Prompt: []byte(chatPrompt(0, 0))}, rs); got == nil {
+				t.Errorf("Pick over three replicas = nil")
+			}
 		})
+	}
+}
+
+// TestNamesAreAccepted: every advertised name builds a picker, so help text never lies.
+func TestNamesAreAccepted(t *testing.T) {
+	opts := Options{TargetQPSPerAccelerator: map[string]float64{"A100": 1}}
+	for _, name := range Names() {
+		if _, err := New(name, opts); err != nil {
+			t.Errorf("New(%q): %v", name, err)
+		}
+	}
+	if !slices.IsSorted(Names()) {
+		t.Errorf("Names() = %v, want sorted", Names())
 	}
 }
 
@@ -251,12 +296,21 @@ func TestInstanceAwareMapIsCopied(t *testing.T) {
 	}
 }
 
+// BenchmarkPick measures one decision per policy. Prompt-reading policies get realistic chat
+// prompts: a 1.5 KiB system prompt shared by all, then one of 256 conversations (about 2 KiB in
+// all), so the prefix index is warm and every lookup walks a long match, as in production.
 func BenchmarkPick(b *testing.B) {
 	targets := map[string]float64{"H100": 4, "A100": 2, "L4": 1}
-	for _, name := range []string{RoundRobin, LeastLoad, InstanceAwareLeastLoad} {
+	now := time.Unix(1_700_000_000, 0)
+	const conversations = 256
+	prompts := make([][]byte, conversations)
+	for i := range prompts {
+		prompts[i] = []byte(chatPrompt(0, i))
+	}
+	for _, name := range Names() {
 		for _, n := range []int{4, 32} {
 			b.Run(fmt.Sprintf("%s/replicas=%d", name, n), func(b *testing.B) {
-				p, err := New(name, Options{TargetQPSPerAccelerator: targets})
+				p, err := New(name, Options{TargetQPSPerAccelerator: targets, Now: func() time.Time { return now }})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -267,13 +321,25 @@ func BenchmarkPick(b *testing.B) {
 					accelerators[i] = []string{"H100", "A100", "L4"}[i%3]
 				}
 				rs := replicas(loads, accelerators...)
+				for i, r := range rs {
+					r.SetMetrics(Metrics{Waiting: int64(i % 2), Running: 4, KVCacheUsage: 0.4, UpdatedAt: now.UnixNano()})
+				}
 				if prep, ok := p.(Preparer); ok {
 					prep.Prepare(rs)
 				}
+				for i := range prompts {
+					p.Pick(&Request{Prompt: prompts[i], Model: []byte("llama")}, rs)
+				}
+				var next atomic.Uint64
 				b.ReportAllocs()
+				b.ResetTimer()
 				b.RunParallel(func(pb *testing.PB) {
 					var req Request
+					req.Model = []byte("llama")
 					for pb.Next() {
+						i := next.Add(1)
+						req.Prompt = prompts[i%conversations]
+						req.SessionID = sessionIDs[i%uint64(len(sessionIDs))]
 						if p.Pick(&req, rs) == nil {
 							b.Fatal("nil pick")
 						}
@@ -282,4 +348,29 @@ func BenchmarkPick(b *testing.B) {
 			})
 		}
 	}
+}
+
+var sessionIDs = func() [][]byte {
+	out := make([][]byte, 64)
+	for i := range out {
+		out[i] = fmt.Appendf(nil, "session-%d", i)
+	}
+	return out
+}()
+
+// chatPrompt is the JSON "messages" value of a chat request, about 2 KiB: system prompt number
+// system (about 1.5 KiB, shared by every conversation using it) and a user turn that differs per
+// conversation.
+func chatPrompt(system, conversation int) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, `[{"role":"system","content":"You are assistant %d. `, system)
+	for i := 0; sb.Len() < 1536; i++ {
+		fmt.Fprintf(&sb, "Rule %d: answer precisely, cite sources, and keep answers short. ", i)
+	}
+	fmt.Fprintf(&sb, `"},{"role":"user","content":"Question %d: `, conversation)
+	for sb.Len() < 2048 {
+		fmt.Fprintf(&sb, "what about case %d? ", conversation)
+	}
+	sb.WriteString(`"}]`)
+	return sb.String()
 }

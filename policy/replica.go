@@ -40,7 +40,12 @@ type Replica struct {
 	// not resolved yet. See Preparer.
 	capacity atomic.Uint64
 
-	// Later signals (queue depth, KV-cache use, prefix affinity scrapes) go here as atomics.
+	// The replica's own view of its load, as last scraped from its /metrics endpoint (see
+	// Metrics). Each is written by one scraper goroutine and read by every picker.
+	waiting   atomic.Int64
+	running   atomic.Int64
+	kvUsage   atomic.Uint64 // float64 bits
+	scrapedAt atomic.Int64  // unix nanoseconds; 0 = never scraped
 }
 
 // Preparer is an optional capability of a Picker: it resolves per-replica constants once per
@@ -48,6 +53,47 @@ type Replica struct {
 // whenever it builds a snapshot; a picker still works without it (it resolves lazily).
 type Preparer interface {
 	Prepare(replicas []*Replica)
+}
+
+// Metrics is what a replica last reported about its own load on its Prometheus endpoint. The
+// proxy's in-flight count only sees requests it sent; these see what the engine does with them:
+// whether they queue (Waiting), how big the decode batch is (Running) and how close the KV cache
+// is to full, when new sequences start to wait or be preempted (KVCacheUsage).
+type Metrics struct {
+	// Waiting is the number of requests queued for a batch slot (vllm:num_requests_waiting,
+	// tgi_queue_size).
+	Waiting int64
+	// Running is the number of requests in the decode batch (vllm:num_requests_running,
+	// tgi_batch_current_size).
+	Running int64
+	// KVCacheUsage is the used share of the KV cache, 0 to 1 (vllm:kv_cache_usage_perc); TGI
+	// does not report it and it stays 0.
+	KVCacheUsage float64
+	// UpdatedAt is when the values were scraped, in unix nanoseconds; 0 means never. Pickers
+	// ignore values older than their staleness limit, so a replica whose endpoint stops
+	// answering falls back to being judged on in-flight requests alone.
+	UpdatedAt int64
+}
+
+// SetMetrics publishes a scrape. The values are stored before the timestamp and LoadMetrics
+// reads the timestamp first, so a reader that sees a fresh UpdatedAt also sees values at least
+// that fresh; the fields are not one atomic unit, and a reader may see a newer value than its
+// timestamp, which does no harm.
+func (r *Replica) SetMetrics(m Metrics) {
+	r.waiting.Store(m.Waiting)
+	r.running.Store(m.Running)
+	r.kvUsage.Store(math.Float64bits(m.KVCacheUsage))
+	r.scrapedAt.Store(m.UpdatedAt)
+}
+
+// LoadMetrics returns the last published scrape; UpdatedAt is 0 if there was none.
+func (r *Replica) LoadMetrics() Metrics {
+	var m Metrics
+	m.UpdatedAt = r.scrapedAt.Load()
+	m.Waiting = r.waiting.Load()
+	m.Running = r.running.Load()
+	m.KVCacheUsage = math.Float64frombits(r.kvUsage.Load())
+	return m
 }
 
 func (r *Replica) loadCapacity() float64 { return math.Float64frombits(r.capacity.Load()) }

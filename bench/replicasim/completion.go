@@ -55,6 +55,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 			message: "the model is still loading; retry later"})
 		return
 	}
+	s.metrics.requestCount.Inc()
 	sc := s.getScratch()
 	defer s.putScratch(sc)
 
@@ -94,6 +95,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	}
 
 	sc.hashes = blockHashes(sc.hashes[:0], s.modelSeed, sc.prompt)
+	queuedAt := time.Now()
 	queued, err := s.sched.tryAdmit()
 	if err != nil {
 		w.Header().Set("Retry-After", "1")
@@ -119,6 +121,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 			return // the client left while queued; it no longer counts as waiting
 		}
 	}
+	s.metrics.queueDuration.Observe(time.Since(queuedAt).Seconds())
 	seq := &sequence{server: s, ctx: ctx, holdsSlot: true}
 	defer seq.finish()
 

@@ -24,6 +24,12 @@ type Config struct {
 	Host string
 	Port int
 
+	// Engine is the inference server whose Prometheus series /metrics imitates: EngineVLLM
+	// (vllm:*) or EngineTGI (Hugging Face TGI's tgi_*), so that what reads either, such as the
+	// proxy's metric scraper, can be tested against a live replica. Only /metrics differs; the
+	// OpenAI-compatible API and the simulated behaviour are the same.
+	Engine string
+
 	// Model is the served model name: listed by /v1/models, echoed in responses, and the only
 	// name completions accept (others get OpenAI's model_not_found 404, as vLLM does).
 	Model string
@@ -72,6 +78,12 @@ type Config struct {
 	OnListen func(addr net.Addr)
 }
 
+// Engines Config.Engine accepts.
+const (
+	EngineVLLM = "vllm"
+	EngineTGI  = "tgi"
+)
+
 // DefaultConfig returns the defaults the CLI starts from: a small, fast, vLLM-shaped replica.
 func DefaultConfig() Config {
 	port := 8000
@@ -81,6 +93,7 @@ func DefaultConfig() Config {
 	return Config{
 		Host:            "127.0.0.1",
 		Port:            port,
+		Engine:          EngineVLLM,
 		Model:           "ferry-sim",
 		MaxNumSeqs:      16,
 		MaxWaiting:      256,
@@ -99,6 +112,7 @@ func DefaultConfig() Config {
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Host, "host", c.Host, "address to listen on")
 	fs.IntVar(&c.Port, "port", c.Port, "port to listen on; defaults to $FERRY_PORT when set; 0 picks a free port")
+	fs.StringVar(&c.Engine, "engine", c.Engine, "engine whose Prometheus metric names /metrics uses: vllm or tgi")
 	fs.StringVar(&c.Model, "model", c.Model, "served model name")
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "sequences decoding at once (continuous batching)")
 	fs.IntVar(&c.MaxWaiting, "max-waiting", c.MaxWaiting, "waiting-queue limit; requests beyond it get 429")
@@ -123,6 +137,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Port < 0 || c.Port > 65535 {
 		bad("port", c.Port, "must be between 0 and 65535")
+	}
+	if c.Engine != EngineVLLM && c.Engine != EngineTGI {
+		bad("engine", strconv.Quote(c.Engine), "must be "+EngineVLLM+" or "+EngineTGI)
 	}
 	if c.Model == "" {
 		bad("model", `""`, "must not be empty")

@@ -26,7 +26,7 @@ func TestRegisterFlags(t *testing.T) {
 	fs := pflag.NewFlagSet("replica-sim", pflag.ContinueOnError)
 	cfg.RegisterFlags(fs)
 	err := fs.Parse([]string{
-		"--host=0.0.0.0", "--port=9000", "--model=m", "--max-num-seqs=4", "--max-waiting=2",
+		"--host=0.0.0.0", "--port=9000", "--engine=tgi", "--model=m", "--max-num-seqs=4", "--max-waiting=2",
 		"--ttft=1s", "--prefill-per-token=1ms", "--itl=20ms", "--itl-per-seq=2ms", "--max-tokens=10",
 		"--kv-blocks=100", "--startup-delay=3s", "--error-rate=0.1", "--hang-rate=0.2", "--exit-after=5", "--seed=7",
 	})
@@ -34,7 +34,7 @@ func TestRegisterFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{
-		Host: "0.0.0.0", Port: 9000, Model: "m", MaxNumSeqs: 4, MaxWaiting: 2,
+		Host: "0.0.0.0", Port: 9000, Engine: EngineTGI, Model: "m", MaxNumSeqs: 4, MaxWaiting: 2,
 		TTFT: time.Second, PrefillPerToken: time.Millisecond, ITL: 20 * time.Millisecond, ITLPerSeq: 2 * time.Millisecond,
 		MaxTokens: 10, KVCacheBlocks: 100, StartupDelay: 3 * time.Second, ErrorRate: 0.1, HangRate: 0.2, ExitAfter: 5, Seed: 7,
 	}
@@ -48,14 +48,14 @@ func TestRegisterFlags(t *testing.T) {
 
 func TestValidateCollectsEveryError(t *testing.T) {
 	cfg := DefaultConfig()
-	cfg.Port, cfg.Model, cfg.MaxNumSeqs, cfg.MaxWaiting = 70000, "", 0, -1
+	cfg.Port, cfg.Engine, cfg.Model, cfg.MaxNumSeqs, cfg.MaxWaiting = 70000, "sglang", "", 0, -1
 	cfg.TTFT, cfg.MaxTokens, cfg.KVCacheBlocks = -time.Second, 0, 0
 	cfg.ErrorRate, cfg.HangRate, cfg.ExitAfter = 0.7, 0.6, -1
 	err := cfg.Validate()
 	if err == nil {
 		t.Fatal("Validate accepted a bad config")
 	}
-	for _, flag := range []string{"--port", "--model", "--max-num-seqs", "--max-waiting", "--ttft", "--max-tokens", "--kv-blocks", "--hang-rate", "--exit-after"} {
+	for _, flag := range []string{"--port", "--engine", "--model", "--max-num-seqs", "--max-waiting", "--ttft", "--max-tokens", "--kv-blocks", "--hang-rate", "--exit-after"} {
 		if !strings.Contains(err.Error(), flag+"=") {
 			t.Errorf("error lacks %s: %v", flag, err)
 		}

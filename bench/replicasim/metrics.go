@@ -14,10 +14,15 @@ var (
 		1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0}
 	e2eBuckets = []float64{0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
 		50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}
+	// tgiDurationBuckets are TGI's router buckets for every *_duration histogram: 35 steps of a
+	// geometric sequence from 0.15 ms by 1.5.
+	tgiDurationBuckets = prometheus.ExponentialBuckets(0.0001*1.5, 1.5, 35)
 )
 
-// metrics are the vLLM series that LLM-aware routers scrape, under vLLM's names and with its
-// model_name label. Each Server has its own registry so several replicas can live in one test.
+// metrics are the series that LLM-aware routers scrape, under the names of the engine the
+// replica imitates: vLLM's, with its model_name label, or TGI's, which carry no labels. Each
+// Server has its own registry so several replicas can live in one test. Every field is always
+// valid; those the chosen engine does not export are simply not registered.
 type metrics struct {
 	registry         *prometheus.Registry
 	prefixQueries    prometheus.Counter
@@ -27,11 +32,13 @@ type metrics struct {
 	requestSuccess   prometheus.Counter // finished_reason="length", the only way the simulator stops
 	ttft             prometheus.Histogram
 	e2e              prometheus.Histogram
-	handler          http.Handler // serves the Prometheus text format
+	requestCount     prometheus.Counter   // TGI's tgi_request_count: every completion request
+	queueDuration    prometheus.Histogram // TGI's tgi_request_queue_duration: wait for a batch slot
+	handler          http.Handler         // serves the Prometheus text format
 }
 
-// newMetrics registers the series; the gauges read the live values through the callbacks.
-func newMetrics(model string, running, waiting, kvUsage func() float64) *metrics {
+// newMetrics registers engine's series; the gauges read the live values through the callbacks.
+func newMetrics(engine, model string, running, waiting, kvUsage func() float64) *metrics {
 	labels := prometheus.Labels{"model_name": model}
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
@@ -54,6 +61,21 @@ func newMetrics(model string, running, waiting, kvUsage func() float64) *metrics
 			Name: "vllm:e2e_request_latency_seconds", Help: "Histogram of e2e request latency in seconds.",
 			ConstLabels: labels, Buckets: e2eBuckets,
 		}),
+		requestCount: prometheus.NewCounter(prometheus.CounterOpts{Name: "tgi_request_count", Help: "Total number of requests received."}),
+		queueDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tgi_request_queue_duration", Help: "Time a request spent in the queue, in seconds.",
+			Buckets: tgiDurationBuckets,
+		}),
+	}
+	if engine == EngineTGI {
+		// TGI has no KV-cache usage gauge and no prefix-cache counters.
+		m.registry.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tgi_queue_size", Help: "Number of requests waiting in the queue."}, waiting),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tgi_batch_current_size", Help: "Number of requests in the current batch."}, running),
+			m.requestCount, m.queueDuration,
+		)
+		m.handler = promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
+		return m
 	}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, f)

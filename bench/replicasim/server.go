@@ -54,6 +54,9 @@ type Server struct {
 // counts from here.
 func NewServer(cfg Config) *Server {
 	def := DefaultConfig()
+	if cfg.Engine != EngineTGI {
+		cfg.Engine = EngineVLLM
+	}
 	if cfg.Model == "" {
 		cfg.Model = def.Model
 	}
@@ -88,7 +91,7 @@ func NewServer(cfg Config) *Server {
 	if s.exit == nil {
 		s.exit = os.Exit
 	}
-	s.metrics = newMetrics(cfg.Model,
+	s.metrics = newMetrics(cfg.Engine, cfg.Model,
 		func() float64 { return float64(s.sched.runningGauge.Load()) },
 		func() float64 { return float64(s.sched.waitingGauge.Load()) },
 		s.kvCacheUsage,

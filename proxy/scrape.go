@@ -1,0 +1,343 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/policy"
+)
+
+// Scraper settings.
+const (
+	// defaultScrapeInterval is how often each replica's /metrics is read when the caller gives
+	// no interval. A queue that builds up within one interval is invisible to routing, so it must
+	// stay short: llm-d scrapes every 50 ms; 100 ms costs a vLLM replica ten small requests per
+	// second, and the proxy's own in-flight counts cover what happens in between.
+	defaultScrapeInterval = 100 * time.Millisecond
+	// scrapeTimeout bounds one scrape, connection reuse and body included. Half of
+	// policy.DefaultMetricsStaleAfter: a replica too slow to answer goes stale within about a
+	// second, and its goroutine does not fall further behind than that.
+	scrapeTimeout = 500 * time.Millisecond
+	// maxScrapeBody caps a /metrics body. vLLM's is some tens of KiB per model (histograms per
+	// label set); anything far larger is not an inference engine's endpoint.
+	maxScrapeBody = 4 << 20
+	// scrapeLogEvery rate-limits the debug log of a replica whose scrapes keep failing: one line
+	// when it starts failing, then at most one per this period, and one when it recovers.
+	scrapeLogEvery = 30 * time.Second
+)
+
+// errNoScrapeSeries marks a /metrics answer without any series the pickers read: not a vLLM or
+// TGI replica, or not ready. Its values are left to go stale, as for a failed scrape.
+var errNoScrapeSeries = errors.New("no vLLM or TGI load series in /metrics")
+
+// scraper polls every replica's Prometheus endpoint and stores the load signals that LLM-aware
+// pickers read (policy.NeedsMetrics) into the replica's atomics. Each replica has one goroutine
+// and one connection, so a slow or dead replica delays only its own scrapes; a failed scrape
+// leaves the replica's timestamp as it was, and the picker stops trusting the old values once
+// they are stale.
+type scraper struct {
+	interval time.Duration
+	timeout  time.Duration
+	log      *zap.Logger
+	dial     func(addr string) (net.Conn, error)
+
+	// active counts running scrape goroutines, so tests can see them end.
+	active atomic.Int64
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	targets map[*policy.Replica]*scrapeTarget
+	closed  bool
+}
+
+// newScraper returns a scraper with no replicas; update starts polling. interval ≤ 0 selects
+// defaultScrapeInterval. dial opens connections as the proxy's upstream clients do.
+func newScraper(interval time.Duration, log *zap.Logger, dial func(addr string) (net.Conn, error)) *scraper {
+	if interval <= 0 {
+		interval = defaultScrapeInterval
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &scraper{
+		interval: interval,
+		timeout:  scrapeTimeout,
+		log:      log,
+		dial:     dial,
+		targets:  make(map[*policy.Replica]*scrapeTarget),
+	}
+}
+
+// scrapeTarget is one replica's polling state. Everything but stop is owned by its goroutine.
+type scrapeTarget struct {
+	replica *policy.Replica
+	hc      *fasthttp.HostClient
+	stop    chan struct{}
+	req     fasthttp.Request
+	resp    fasthttp.Response
+
+	failures int       // consecutive failed scrapes
+	logged   time.Time // when a failure was last logged
+}
+
+// update makes the scraped set equal to replicas: it starts a goroutine for every replica
+// pointer it does not poll yet and stops those of replicas no longer listed. A replica the proxy
+// rebuilt (same address, new identity) is a new pointer, so it starts with no stale values. It
+// does not wait for stopped goroutines; close does. After close it does nothing.
+func (s *scraper) update(replicas []*policy.Replica) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	listed := make(map[*policy.Replica]bool, len(replicas))
+	for _, r := range replicas {
+		listed[r] = true
+		if _, ok := s.targets[r]; ok {
+			continue
+		}
+		t := s.newTarget(r)
+		s.targets[r] = t
+		s.wg.Add(1)
+		s.active.Add(1)
+		go s.run(t)
+	}
+	for r, t := range s.targets {
+		if !listed[r] {
+			close(t.stop)
+			delete(s.targets, r)
+		}
+	}
+}
+
+// close stops every goroutine and waits for them, so none outlives the proxy. A scrape in
+// progress finishes first; it is bounded by the scrape timeout once connected and by the dial
+// function's own timeout before.
+func (s *scraper) close() {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		for r, t := range s.targets {
+			close(t.stop)
+			delete(s.targets, r)
+		}
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+func (s *scraper) newTarget(r *policy.Replica) *scrapeTarget {
+	t := &scrapeTarget{
+		replica: r,
+		stop:    make(chan struct{}),
+		hc: &fasthttp.HostClient{
+			Addr: r.Addr,
+			Dial: s.dial,
+			// One scrape at a time; its connection stays open between scrapes.
+			MaxConns:                  1,
+			MaxIdleConnDuration:       upstreamMaxIdleConnDuration,
+			MaxResponseBodySize:       maxScrapeBody,
+			MaxIdemponentCallAttempts: 1,
+			RetryIfErr:                func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
+			Name:                      "ferry-scraper",
+			SecureErrorLogMessage:     true,
+		},
+	}
+	t.req.Header.SetMethod(fasthttp.MethodGet)
+	t.req.SetRequestURI("http://" + r.Addr + "/metrics")
+	// The classic text format: vLLM's Python client would otherwise be free to answer in
+	// OpenMetrics, and nothing here needs anything else.
+	t.req.Header.Set(fasthttp.HeaderAccept, "text/plain;version=0.0.4")
+	return t
+}
+
+func (s *scraper) run(t *scrapeTarget) {
+	defer s.active.Add(-1)
+	defer s.wg.Done()
+	defer t.hc.CloseIdleConnections()
+	ticker := time.NewTicker(s.interval)
+	defer ticker.Stop()
+	for {
+		// Scrape at once, so a replica that just joined is scored on fresh values.
+		s.scrape(t)
+		select {
+		case <-t.stop:
+			return
+		case <-ticker.C:
+			// A scrape slower than the interval drops ticks instead of queueing them.
+		}
+	}
+}
+
+// scrape reads the replica's /metrics once and publishes what it found.
+func (s *scraper) scrape(t *scrapeTarget) {
+	defer func() {
+		// A parser bug must not take the proxy down with it: count it as a failed scrape.
+		if v := recover(); v != nil {
+			s.failed(t, fmt.Errorf("panic while scraping: %v", v))
+		}
+	}()
+	t.resp.Reset()
+	err := t.hc.DoTimeout(&t.req, &t.resp, s.timeout)
+	if err == nil && t.resp.StatusCode() != fasthttp.StatusOK {
+		err = fmt.Errorf("status %d", t.resp.StatusCode())
+	}
+	var m policy.Metrics
+	if err == nil {
+		var ok bool
+		if m, ok = parseScrape(t.resp.Body()); !ok {
+			err = errNoScrapeSeries
+		}
+	}
+	if err != nil {
+		s.failed(t, err)
+		return
+	}
+	m.UpdatedAt = time.Now().UnixNano()
+	t.replica.SetMetrics(m)
+	if t.failures > 0 {
+		if ce := s.log.Check(zap.DebugLevel, "replica metrics scrape recovered"); ce != nil {
+			ce.Write(zap.Int("replica_id", t.replica.ID), zap.String("addr", t.replica.Addr), zap.Int("failed_scrapes", t.failures))
+		}
+		t.failures = 0
+	}
+}
+
+func (s *scraper) failed(t *scrapeTarget, err error) {
+	t.failures++
+	now := time.Now()
+	if t.failures > 1 && now.Sub(t.logged) < scrapeLogEvery {
+		return
+	}
+	t.logged = now
+	if ce := s.log.Check(zap.DebugLevel, "replica metrics scrape failed"); ce != nil {
+		ce.Write(zap.Int("replica_id", t.replica.ID), zap.String("addr", t.replica.Addr),
+			zap.Int("consecutive_failures", t.failures), zap.Error(err))
+	}
+}
+
+// parseScrape reads the load series out of a Prometheus text exposition, without a full parse:
+// it looks at the metric name of every sample line and parses the value of only the few it
+// wants, summing each over its label sets (vLLM labels by model and, in recent versions, by
+// engine). It reports whether any wanted series was present.
+//
+//   - waiting: vllm:num_requests_waiting, TGI's tgi_queue_size
+//   - running: vllm:num_requests_running, TGI's tgi_batch_current_size
+//   - KV-cache usage: vllm:kv_cache_usage_perc, or the deprecated vllm:gpu_cache_usage_perc when
+//     the new name is absent (older vLLM). TGI exports none.
+//
+// KV-cache usage is a fraction per engine, so it is averaged over label sets rather than summed.
+// Non-finite or negative samples are skipped; counts are rounded to whole requests.
+func parseScrape(body []byte) (policy.Metrics, bool) {
+	var waiting, running, kv, gpuKV float64
+	var kvSets, gpuKVSets int
+	found := false
+	for len(body) > 0 {
+		line := body
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i], body[i+1:]
+		} else {
+			body = nil
+		}
+		name, value, ok := scrapeSample(line)
+		if !ok {
+			continue
+		}
+		switch string(name) {
+		case "vllm:num_requests_waiting", "tgi_queue_size":
+		case "vllm:num_requests_running", "tgi_batch_current_size":
+		case "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc":
+		default:
+			continue
+		}
+		v, err := strconv.ParseFloat(string(value), 64)
+		if err != nil || !(v >= 0) || math.IsInf(v, 0) {
+			continue
+		}
+		found = true
+		switch string(name) {
+		case "vllm:num_requests_waiting", "tgi_queue_size":
+			waiting += v
+		case "vllm:num_requests_running", "tgi_batch_current_size":
+			running += v
+		case "vllm:kv_cache_usage_perc":
+			kv += v
+			kvSets++
+		case "vllm:gpu_cache_usage_perc":
+			gpuKV += v
+			gpuKVSets++
+		}
+	}
+	if !found {
+		return policy.Metrics{}, false
+	}
+	m := policy.Metrics{Waiting: scrapeCount(waiting), Running: scrapeCount(running)}
+	switch {
+	case kvSets > 0:
+		m.KVCacheUsage = min(kv/float64(kvSets), 1)
+	case gpuKVSets > 0:
+		m.KVCacheUsage = min(gpuKV/float64(gpuKVSets), 1)
+	}
+	return m, true
+}
+
+// scrapeCount rounds a summed gauge to whole requests, saturating far above any real count.
+func scrapeCount(v float64) int64 { return int64(math.Round(min(v, 1<<53))) }
+
+// scrapeSample splits one line of the text format into its metric name and value. Comments,
+// blank lines and malformed lines report false. Label values may hold any character, '}' and
+// escaped quotes included, so the label set is skipped quote-aware. A trailing timestamp is
+// ignored.
+func scrapeSample(line []byte) (name, value []byte, ok bool) {
+	line = bytes.TrimLeft(line, " \t")
+	line = bytes.TrimRight(line, " \t\r")
+	if len(line) == 0 || line[0] == '#' {
+		return nil, nil, false
+	}
+	end := bytes.IndexAny(line, "{ \t")
+	if end <= 0 {
+		return nil, nil, false
+	}
+	name, rest := line[:end], line[end:]
+	if rest[0] == '{' {
+		closing := labelSetEnd(rest)
+		if closing < 0 {
+			return nil, nil, false
+		}
+		rest = rest[closing+1:]
+	}
+	rest = bytes.TrimLeft(rest, " \t")
+	if i := bytes.IndexAny(rest, " \t"); i >= 0 {
+		rest = rest[:i]
+	}
+	if len(rest) == 0 {
+		return nil, nil, false
+	}
+	return name, rest, true
+}
+
+// labelSetEnd returns the index of the '}' closing the label set that s starts with, or -1.
+func labelSetEnd(s []byte) int {
+	inQuotes := false
+	for i := 1; i < len(s); i++ {
+		switch c := s[i]; {
+		case inQuotes && c == '\\':
+			i++ // skip the escaped character
+		case c == '"':
+			inQuotes = !inQuotes
+		case !inQuotes && c == '}':
+			return i
+		}
+	}
+	return -1
+}
