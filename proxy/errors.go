@@ -121,6 +121,7 @@ func (s *Service) upstreamError(ctx *fasthttp.RequestCtx, err error) {
 // ran. It answers in the same JSON shape as every other proxy error.
 func (s *Service) requestError(ctx *fasthttp.RequestCtx, err error) {
 	s.errs.writeRequestError(ctx, err)
+	s.rejectedRequest(ctx)
 }
 
 // writeRequestError answers a request the server could not read.

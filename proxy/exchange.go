@@ -44,6 +44,9 @@ type exchange struct {
 	candidates []*policy.Replica
 	requestID  []byte
 	scratch    []byte
+
+	// obs is what metrics and the access log record of the request (metrics.go).
+	obs exchangeObs
 }
 
 var _ fasthttp.ReadCloserWithError = (*exchange)(nil)
@@ -55,6 +58,7 @@ func (ex *exchange) begin(r *policy.Replica, c *hostClient) {
 	r.InFlight.Add(1)
 	c.acquire()
 	ex.svc.inflight.Add(1)
+	ex.observeBegin(c)
 }
 
 // end undoes begin. The upstream connection must already be back in the pool or closed, so a
@@ -63,6 +67,7 @@ func (ex *exchange) end() {
 	ex.replica.InFlight.Add(-1)
 	ex.client.release()
 	ex.svc.inflight.Add(-1)
+	ex.observeEnd()
 	ex.replica, ex.client = nil, nil
 }
 
@@ -93,6 +98,7 @@ func (ex *exchange) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	n, err := ex.body.Read(p)
+	ex.observeRead(p[:n])
 	if err != nil && err != io.EOF && ex.readErr == nil {
 		ex.readErr = err
 		if ex.sse {
@@ -132,6 +138,7 @@ func (ex *exchange) finish(err error) {
 	if ex.readErr != nil || err != nil {
 		ex.logStreamEnd(err)
 	}
+	ex.observeFinish(err)
 	ex.end()
 	ex.svc.releaseExchange(ex)
 }
@@ -166,6 +173,7 @@ func (s *Service) releaseExchange(ex *exchange) {
 	ex.resp.Reset()
 	ex.readErr = nil
 	ex.sse, ex.pending = false, nil
+	ex.obs.reset()
 	ex.info = policy.Request{}
 	clear(ex.tried) // do not pin replicas of old snapshots
 	ex.tried = ex.tried[:0]

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -36,18 +35,16 @@ type GatewayConfig struct {
 // its replicas report (see Service.Models). Everything after the choice of service — auth,
 // limits, routing, retries, streaming — is that service's Handler.
 type Gateway struct {
-	cfg    GatewayConfig
-	log    *zap.Logger
-	server *fasthttp.Server
-	errs   gatewayErrors
+	cfg   GatewayConfig
+	log   *zap.Logger
+	front frontend
+	errs  gatewayErrors
 
 	// table is the current model → service map; the request path only loads it.
 	table atomic.Pointer[gatewayTable]
 
-	mu        sync.Mutex // serializes SetServices and rebuilds; guards the fields below
-	services  []*Service
-	listeners []net.Listener
-	closed    bool
+	mu       sync.Mutex // serializes SetServices and rebuilds; guards services
+	services []*Service
 }
 
 type gatewayTable struct {
@@ -88,7 +85,7 @@ func NewGateway(cfg GatewayConfig) *Gateway {
 		},
 	}
 	g.table.Store(&gatewayTable{byModel: map[string]*Service{}})
-	g.server = newServer(g.Handler, g.requestError, cfg.MaxRequestBodySize, g.log)
+	g.front.server = newServer(g.Handler, g.requestError, cfg.MaxRequestBodySize, defaultRequestReadTimeout, g.log)
 	return g
 }
 
@@ -220,32 +217,12 @@ func (g *Gateway) requestError(ctx *fasthttp.RequestCtx, err error) {
 
 // Serve accepts connections on ln until Shutdown, then returns nil.
 func (g *Gateway) Serve(ln net.Listener) error {
-	wrapped := wrapListener(ln, g.cfg.IdleTimeout, g.cfg.TLS)
-	g.mu.Lock()
-	if g.closed {
-		g.mu.Unlock()
-		_ = ln.Close()
-		return ErrClosed
-	}
-	g.listeners = append(g.listeners, wrapped)
-	g.mu.Unlock()
-	return g.server.Serve(wrapped)
+	return g.front.serve(ln, g.cfg.IdleTimeout, g.cfg.TLS)
 }
 
 // Shutdown stops accepting connections and waits for open ones to finish or ctx to end. The
 // services keep their own in-flight accounting: shut them down after the gateway to drain
 // streams that came through it.
 func (g *Gateway) Shutdown(ctx context.Context) error {
-	g.mu.Lock()
-	g.closed = true
-	listeners := g.listeners
-	g.listeners = nil
-	g.mu.Unlock()
-	for _, ln := range listeners {
-		_ = ln.Close()
-	}
-	if err := g.server.ShutdownWithContext(ctx); err != nil && !errors.Is(err, net.ErrClosed) {
-		return err
-	}
-	return nil
+	return g.front.shutdown(ctx)
 }

@@ -20,20 +20,24 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 
 	if s.keys != nil && !s.keys.allows(&ctx.Request.Header) {
 		s.unauthorized(ctx)
+		s.answeredSelf(ctx, nil)
 		return
 	}
 	if limit := s.cfg.MaxConcurrentRequests; limit > 0 && s.inflight.Load() >= int64(limit) {
 		writeError(ctx, fasthttp.StatusTooManyRequests, s.errs.overloaded)
+		s.answeredSelf(ctx, nil)
 		return
 	}
 	snap := s.snap.Load()
 	if len(snap.replicas) == 0 {
 		writeError(ctx, fasthttp.StatusServiceUnavailable, s.errs.noReplicas)
+		s.answeredSelf(ctx, nil)
 		return
 	}
 	// The server enforces the limit while reading; this covers a Handler mounted elsewhere.
 	if len(ctx.Request.Body()) > s.cfg.MaxRequestBodySize {
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, s.errs.tooLarge)
+		s.answeredSelf(ctx, nil)
 		return
 	}
 
@@ -41,9 +45,11 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 	if !ex.describe(ctx, s.needs) {
 		s.releaseExchange(ex)
 		writeError(ctx, fasthttp.StatusBadRequest, s.errs.badJSON)
+		s.answeredSelf(ctx, nil)
 		return
 	}
 	ex.prepare(ctx)
+	ex.observeRequest(ctx)
 	if s.keys != nil {
 		stripCredentials(&ex.req.Header)
 	}
@@ -79,6 +85,7 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 			err = &statusError{code: code}
 			ex.discardResponse()
 		}
+		ex.observeAttemptFailed(err)
 		ex.end()
 		lastErr = err
 		retry := retryable(err) && attempt+1 < attempts && time.Since(start) <= retryBudget
@@ -95,6 +102,7 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 
 	s.upstreamError(ctx, lastErr)
 	ctx.Response.Header.SetBytesKV(headerXRequestID, ex.requestID)
+	s.answeredSelf(ctx, ex)
 	s.releaseExchange(ex)
 }
 
@@ -209,5 +217,6 @@ func (s *Service) recoverPanic(ctx *fasthttp.RequestCtx) {
 	if v := recover(); v != nil {
 		s.log.Error("panic while proxying a request", zap.Any("panic", v), zap.Stack("stack"))
 		writeError(ctx, fasthttp.StatusInternalServerError, s.errs.internal)
+		s.answeredSelf(ctx, nil)
 	}
 }

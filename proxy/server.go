@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"context"
 	"crypto/tls"
+	"errors"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -11,14 +14,14 @@ import (
 
 // newServer is the client-facing HTTP server of a service or a gateway: the same limits and
 // timeouts on every listener a client can reach.
-func newServer(handler fasthttp.RequestHandler, onError func(*fasthttp.RequestCtx, error), maxBody int, log *zap.Logger) *fasthttp.Server {
+func newServer(handler fasthttp.RequestHandler, onError func(*fasthttp.RequestCtx, error), maxBody int, readTimeout time.Duration, log *zap.Logger) *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:      handler,
 		ErrorHandler: onError,
 		// ReadTimeout limits a slow request; WriteTimeout stays 0 because fasthttp applies it to
 		// the whole response, which would cut long streams. Stalled clients are instead caught
 		// by the per-write idle deadline on accepted connections (see wrapListener).
-		ReadTimeout:        requestReadTimeout,
+		ReadTimeout:        readTimeout,
 		IdleTimeout:        keepAliveIdleTimeout,
 		MaxRequestBodySize: maxBody,
 		ReadBufferSize:     readBufferSize,
@@ -43,4 +46,47 @@ func wrapListener(ln net.Listener, idle time.Duration, tlsConfig *tls.Config) ne
 		wrapped = tls.NewListener(wrapped, tlsConfig)
 	}
 	return wrapped
+}
+
+// frontend is the client-facing side shared by a Service and a Gateway: the fasthttp server and
+// the listeners it serves on.
+type frontend struct {
+	server *fasthttp.Server
+
+	mu        sync.Mutex
+	listeners []net.Listener
+	closed    bool
+}
+
+// serve wraps ln (idle deadline, TLS) and serves it until shutdown, then returns nil.
+func (f *frontend) serve(ln net.Listener, idle time.Duration, tlsConfig *tls.Config) error {
+	wrapped := wrapListener(ln, idle, tlsConfig)
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		_ = ln.Close()
+		return ErrClosed
+	}
+	f.listeners = append(f.listeners, wrapped)
+	f.mu.Unlock()
+	return f.server.Serve(wrapped)
+}
+
+// shutdown stops accepting, tells keep-alive clients to close and waits for the server's
+// connections to finish or ctx to end.
+func (f *frontend) shutdown(ctx context.Context) error {
+	f.mu.Lock()
+	f.closed = true
+	listeners := f.listeners
+	f.listeners = nil
+	f.mu.Unlock()
+	// Closing the listeners here covers a serve that has not registered with the server yet;
+	// the server's own close of the same listeners then reports net.ErrClosed.
+	for _, ln := range listeners {
+		_ = ln.Close()
+	}
+	if err := f.server.ShutdownWithContext(ctx); err != nil && !errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return nil
 }

@@ -19,7 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/policy"
@@ -47,9 +46,9 @@ const (
 
 // Server-side limits that are not per service.
 const (
-	// requestReadTimeout bounds reading one request's headers and body, so slow-loris clients
-	// cannot hold connections. It never covers the response, whose length is unbounded.
-	requestReadTimeout = 60 * time.Second
+	// defaultRequestReadTimeout bounds reading one request's headers and body, so slow-loris
+	// clients cannot hold connections. It never covers the response, whose length is unbounded.
+	defaultRequestReadTimeout = 60 * time.Second
 	// keepAliveIdleTimeout is how long an idle client connection stays open between requests
 	// (nginx's keepalive_timeout default).
 	keepAliveIdleTimeout = 75 * time.Second
@@ -84,6 +83,9 @@ type ServiceConfig struct {
 	MaxConcurrentRequests int
 	// TLS, when set, makes Serve terminate TLS on every listener (see LoadTLS).
 	TLS *tls.Config
+	// RequestReadTimeout bounds reading one request's headers and body, so slow-loris clients
+	// cannot hold connections; it never covers the response. Default 60 s.
+	RequestReadTimeout time.Duration
 	// Logger receives warnings about upstream failures; nil discards them. The proxy never logs
 	// request bodies or the Authorization header.
 	Logger *zap.Logger
@@ -97,6 +99,16 @@ type ServiceConfig struct {
 	// request provably never reached a replica (dial error, or its connection pool was full),
 	// and always go to a replica not tried yet. Default DefaultMaxAttempts.
 	MaxAttempts int
+
+	// Observability.
+
+	// Metrics records this service's Prometheus metrics; one Metrics is shared by every Service
+	// of a process. Nil records none, at the cost of a nil check per hook.
+	Metrics *Metrics
+	// AccessLog receives one Info line per finished request, sampled per service (each second
+	// the first 100 lines, then every 100th) and level-checked before any field is built; nil
+	// logs none. Lines never carry headers, query strings or bodies.
+	AccessLog *zap.Logger
 }
 
 func (c ServiceConfig) withDefaults() ServiceConfig {
@@ -111,6 +123,9 @@ func (c ServiceConfig) withDefaults() ServiceConfig {
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.RequestReadTimeout == 0 {
+		c.RequestReadTimeout = defaultRequestReadTimeout
 	}
 	return c
 }
@@ -144,7 +159,9 @@ type Service struct {
 	needs  policy.Needs
 	keys   *apiKeys // nil: no auth
 	errs   errorBodies
-	server *fasthttp.Server
+	front  frontend
+	// obs records metrics and the access log (metrics.go).
+	obs observability
 
 	// snap is the current replica set; the request path only ever loads it.
 	snap atomic.Pointer[snapshot]
@@ -164,10 +181,8 @@ type Service struct {
 	stopped  chan struct{}
 	stopOnce sync.Once
 
-	// mu serializes SetBackends and guards the fields below; the request path never takes it.
-	mu        sync.Mutex
-	listeners []net.Listener
-	closed    bool
+	// mu serializes SetBackends (and watchModels); the request path never takes it.
+	mu sync.Mutex
 }
 
 // snapshot is an immutable replica set. replicas and clients are parallel: clients[i] talks to
@@ -213,10 +228,11 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 		errs:    newErrorBodies(cfg.Name, cfg.MaxRequestBodySize),
 		dial:    defaultDial,
 		stopped: make(chan struct{}),
+		obs:     newObservability(cfg),
 	}
 	s.exchanges.New = func() any { return &exchange{svc: s} }
 	s.snap.Store(&snapshot{})
-	s.server = newServer(s.Handler, s.requestError, cfg.MaxRequestBodySize, s.log)
+	s.front.server = newServer(s.Handler, s.requestError, cfg.MaxRequestBodySize, cfg.RequestReadTimeout, s.log)
 	return s, nil
 }
 
@@ -277,6 +293,7 @@ func (s *Service) SetBackends(bs []Backend) {
 				go s.fetchModels(client)
 			}
 		}
+		s.trackReplica(client, b.ID)
 		if replica == nil {
 			// Identity fields are read without locks by pickers, so a relabelled replica (same
 			// address, new id or version) gets a fresh Replica instead of a mutated one.
@@ -316,35 +333,16 @@ var ErrClosed = errors.New("proxy: service is shut down")
 // Serve accepts connections on ln and serves them with Handler until Shutdown, then returns nil.
 // It may be called for several listeners.
 func (s *Service) Serve(ln net.Listener) error {
-	wrapped := wrapListener(ln, s.cfg.IdleTimeout, s.cfg.TLS)
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		_ = ln.Close()
-		return ErrClosed
-	}
-	s.listeners = append(s.listeners, wrapped)
-	s.mu.Unlock()
-	return s.server.Serve(wrapped)
+	return s.front.serve(ln, s.cfg.IdleTimeout, s.cfg.TLS)
 }
 
 // Shutdown stops accepting connections, tells keep-alive clients to close, and waits until every
 // in-flight request, streams included, has finished or ctx ends. After the drain it closes the
-// idle upstream connections.
+// idle upstream connections. On return it drops the service's metrics series.
 func (s *Service) Shutdown(ctx context.Context) error {
+	defer s.releaseMetrics()
 	s.stopOnce.Do(func() { close(s.stopped) })
-	s.mu.Lock()
-	s.closed = true
-	listeners := s.listeners
-	s.listeners = nil
-	s.mu.Unlock()
-
-	// Closing the listeners ourselves covers a Serve that has not registered with the server
-	// yet; the server's own close of the same listeners then reports net.ErrClosed.
-	for _, ln := range listeners {
-		_ = ln.Close()
-	}
-	if err := s.server.ShutdownWithContext(ctx); err != nil && !errors.Is(err, net.ErrClosed) {
+	if err := s.front.shutdown(ctx); err != nil {
 		return err
 	}
 

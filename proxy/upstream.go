@@ -39,6 +39,8 @@ type hostClient struct {
 	retired atomic.Bool
 	// models are the ids the replica's /v1/models reported; nil until known.
 	models atomic.Pointer[[]string]
+	// metrics are the series of the replica id at addr (metrics.go); nil without Metrics.
+	metrics atomic.Pointer[replicaMetrics]
 }
 
 func (c *hostClient) acquire() { c.active.Add(1) }
@@ -48,6 +50,7 @@ func (c *hostClient) release() {
 	// second sees the other's write, so the close is never missed.
 	if c.active.Add(-1) == 0 && c.retired.Load() {
 		c.hc.CloseIdleConnections()
+		c.dropMetrics()
 	}
 }
 
@@ -57,6 +60,7 @@ func (c *hostClient) retire() {
 	c.retired.Store(true)
 	if c.active.Load() == 0 {
 		c.hc.CloseIdleConnections()
+		c.dropMetrics()
 	}
 }
 
