@@ -28,3 +28,16 @@ fmt:
 
 clean:
 	rm -rf bin .cache
+
+# Whole-system benchmarks (bench/README.md). Extra flags go in BENCH_ARGS, for example
+# make bench-proxy BENCH_ARGS='--duration 3s --streams5k 1000'.
+.PHONY: bench-proxy bench-routing
+
+## bench-proxy: proxy cost on loopback, backend direct vs ferry proxy vs nginx (installs nginx if missing)
+bench-proxy:
+	./scripts/bench-deps.sh
+	$(GO) run ./bench/proxyload $(BENCH_ARGS)
+
+## bench-routing: routing quality per policy, replica-sim replicas replaying the Azure conversation trace
+bench-routing:
+	$(GO) run ./bench/routing $(BENCH_ARGS)

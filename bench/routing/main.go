@@ -1,0 +1,236 @@
+// Command routing measures routing quality: N `ferry replica-sim` replicas with batching and
+// prefix caching behind `ferry proxy --policy P`, replaying a window of the Azure LLM inference
+// conversation trace as multi-turn conversations that share prefixes, and reporting TTFT,
+// end-to-end latency, throughput, per-replica load and prefix-cache hit rate for each policy.
+// Replicas are restarted between policies so every policy starts with cold caches. A policy
+// the proxy does not know is reported as such and the run goes on. See bench/README.md.
+//
+//	go run ./bench/routing                              # 1,000 requests, every policy
+//	go run ./bench/routing --requests 300 --policies round_robin,least_load
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/ferryserve/ferry/bench/childproc"
+)
+
+// defaultPolicy is the pseudo-policy that starts the proxy without --policy, measuring whatever
+// Ferry's default is at the time; the issue's targets are stated for it.
+const defaultPolicy = "default"
+
+// simConfig is the replica-sim settings; see bench/README.md for how they were chosen.
+type simConfig struct {
+	ttft            time.Duration
+	prefillPerToken time.Duration
+	itl             time.Duration
+	itlPerSeq       time.Duration
+	maxNumSeqs      int
+	maxWaiting      int
+	kvBlocks        int
+}
+
+func (s simConfig) args() []string {
+	return []string{
+		"--ttft", s.ttft.String(), "--prefill-per-token", s.prefillPerToken.String(),
+		"--itl", s.itl.String(), "--itl-per-seq", s.itlPerSeq.String(),
+		"--max-num-seqs", fmt.Sprint(s.maxNumSeqs), "--max-waiting", fmt.Sprint(s.maxWaiting),
+		"--kv-blocks", fmt.Sprint(s.kvBlocks),
+	}
+}
+
+type options struct {
+	tracePath   string
+	start       int
+	requests    int
+	replicas    int
+	policies    []string
+	workload    workloadConfig
+	sim         simConfig
+	timeout     time.Duration
+	maxInFlight int
+	ferryBin    string
+	out         string
+}
+
+func main() {
+	opts, err := parseFlags(os.Args[1:])
+	if errors.Is(err, pflag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "routing:", err)
+		os.Exit(2)
+	}
+	if err := run(opts); err != nil {
+		fmt.Fprintln(os.Stderr, "routing:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string) (options, error) {
+	var o options
+	var seed int64
+	fs := pflag.NewFlagSet("routing", pflag.ContinueOnError)
+	fs.StringVar(&o.tracePath, "trace", "", "Azure conversation trace CSV (default ../shared/data/traces/AzureLLMInferenceTrace_conv.csv beside the repo)")
+	fs.IntVar(&o.start, "start", 0, "index of the first trace record replayed")
+	fs.IntVar(&o.requests, "requests", 1000, "trace records replayed per policy")
+	fs.Float64Var(&o.workload.Speedup, "speedup", 3, "divide the trace's inter-arrival times by this")
+	fs.IntVar(&o.replicas, "replicas", 4, "replica-sim processes")
+	fs.StringSliceVar(&o.policies, "policies", []string{defaultPolicy, "round_robin", "least_load", "power_of_two", "session_affinity", "prefix_affinity", "llm_aware"},
+		`policies to compare; "default" runs the proxy without --policy`)
+	fs.Int64Var(&seed, "seed", 1, "seed of the synthesized prompts and conversations")
+	fs.IntSliceVar(&o.workload.SystemPromptTokens, "system-prompts", []int{300, 900, 1300, 3900}, "lengths in tokens of the shared system prompts")
+	fs.Float64Var(&o.workload.FollowUp, "follow-up", 0.6, "probability that a request continues an open conversation")
+	fs.DurationVar(&o.workload.MinTurnGap, "min-turn-gap", 20*time.Second, "least trace time between turns of a conversation")
+	fs.DurationVar(&o.workload.MaxIdle, "max-idle", 10*time.Minute, "trace time after which an idle conversation is closed")
+	fs.IntVar(&o.workload.MinUserTokens, "min-user-tokens", 16, "smallest new user message, in tokens")
+	fs.DurationVar(&o.sim.ttft, "sim-ttft", 15*time.Millisecond, "replica-sim --ttft")
+	fs.DurationVar(&o.sim.prefillPerToken, "sim-prefill-per-token", 80*time.Microsecond, "replica-sim --prefill-per-token")
+	fs.DurationVar(&o.sim.itl, "sim-itl", 10*time.Millisecond, "replica-sim --itl")
+	fs.DurationVar(&o.sim.itlPerSeq, "sim-itl-per-seq", 200*time.Microsecond, "replica-sim --itl-per-seq")
+	fs.IntVar(&o.sim.maxNumSeqs, "sim-max-num-seqs", 16, "replica-sim --max-num-seqs")
+	fs.IntVar(&o.sim.maxWaiting, "sim-max-waiting", 4096, "replica-sim --max-waiting")
+	fs.IntVar(&o.sim.kvBlocks, "sim-kv-blocks", 3000, "replica-sim --kv-blocks (prefix cache capacity, 16-token blocks)")
+	fs.DurationVar(&o.timeout, "request-timeout", 2*time.Minute, "bound on one request")
+	fs.IntVar(&o.maxInFlight, "max-in-flight", 4096, "bound on outstanding requests; past it arrivals slip")
+	fs.StringVar(&o.ferryBin, "ferry-bin", "", "ferry binary (default: build ./cmd/ferry into the output directory)")
+	fs.StringVar(&o.out, "out", "", "directory for results and logs (default .cache/bench/routing-TIMESTAMP in the repo)")
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "Usage: go run ./bench/routing [flags]\n\n%s", fs.FlagUsages())
+	}
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	o.workload.Seed = uint64(seed)
+	o.workload.Model = "ferry-sim"
+	return o, o.validate()
+}
+
+func (o options) validate() error {
+	var errs []error
+	bad := func(flag string, v any, rule string) { errs = append(errs, fmt.Errorf("--%s=%v: %s", flag, v, rule)) }
+	if o.start < 0 {
+		bad("start", o.start, "must not be negative")
+	}
+	if o.requests < 1 || o.requests > 20000 {
+		bad("requests", o.requests, "must be between 1 and 20000")
+	}
+	if !(o.workload.Speedup >= 0.1 && o.workload.Speedup <= 1000) {
+		bad("speedup", o.workload.Speedup, "must be between 0.1 and 1000")
+	}
+	if o.replicas < 1 || o.replicas > 64 {
+		bad("replicas", o.replicas, "must be between 1 and 64")
+	}
+	if len(o.policies) == 0 {
+		bad("policies", `""`, "name at least one")
+	}
+	seen := map[string]bool{}
+	for _, p := range o.policies {
+		if p == "" || strings.ContainsAny(p, " \t") || seen[p] {
+			bad("policies", p, "names must be non-empty, without spaces, and listed once")
+		}
+		seen[p] = true
+	}
+	if o.sim.maxNumSeqs < 1 || o.sim.kvBlocks < 1 || o.sim.maxWaiting < 0 {
+		bad("sim-max-num-seqs", o.sim.maxNumSeqs, "with --sim-kv-blocks must be positive and --sim-max-waiting not negative")
+	}
+	for _, d := range []time.Duration{o.sim.ttft, o.sim.prefillPerToken, o.sim.itl, o.sim.itlPerSeq} {
+		if d < 0 {
+			bad("sim-*", d, "durations must not be negative")
+		}
+	}
+	if o.timeout <= 0 || o.timeout > 30*time.Minute {
+		bad("request-timeout", o.timeout, "must be positive and at most 30m")
+	}
+	if o.maxInFlight < 1 || o.maxInFlight > 16384 {
+		bad("max-in-flight", o.maxInFlight, "must be between 1 and 16384")
+	}
+	if err := o.workload.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func run(opts options) error {
+	root, err := repoRoot()
+	if err != nil {
+		return err
+	}
+	if opts.tracePath == "" {
+		opts.tracePath = filepath.Join(root, "..", "shared", "data", "traces", "AzureLLMInferenceTrace_conv.csv")
+	}
+	recs, err := readTrace(opts.tracePath)
+	if err != nil {
+		return err
+	}
+	win, err := window(recs, opts.start, opts.requests)
+	if err != nil {
+		return err
+	}
+	wl, err := synthesize(win, opts.workload)
+	if err != nil {
+		return err
+	}
+	if opts.out == "" {
+		opts.out = filepath.Join(root, ".cache", "bench", "routing-"+time.Now().Format("20060102-150405"))
+	}
+	if err := os.MkdirAll(opts.out, 0o755); err != nil {
+		return err
+	}
+	if opts.ferryBin == "" {
+		opts.ferryBin = filepath.Join(opts.out, "ferry")
+		fmt.Fprintf(os.Stderr, "building ferry into %s\n", opts.ferryBin)
+		build := exec.Command("go", "build", "-o", opts.ferryBin, "./cmd/ferry")
+		build.Dir = root
+		if out, err := build.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build ./cmd/ferry: %v\n%s", err, out)
+		}
+	}
+	st := wl.stats
+	fmt.Fprintf(os.Stderr, "workload: %d requests in %.0f s (%.1f req/s), %d conversations, %d follow-ups, %.0f%% of prompt tokens reusable\n",
+		st.Requests, st.DurationS, float64(st.Requests)/max(st.DurationS, 1e-9), st.Conversations, st.FollowUps, 100*st.ReusableShare)
+
+	group, err := childproc.NewGroup(filepath.Join(opts.out, "logs"))
+	if err != nil {
+		return err
+	}
+	defer group.Close()
+	defer group.StopOnSignal()()
+
+	rep := newReport(opts, wl)
+	for _, policy := range opts.policies {
+		res, err := runPolicy(context.Background(), group, opts, policy, wl)
+		if err != nil {
+			return fmt.Errorf("policy %s: %w", policy, err)
+		}
+		fmt.Fprintf(os.Stderr, "%s\n", res.oneLine())
+		rep.add(res)
+	}
+	return rep.write(os.Stdout, opts.out)
+}
+
+// repoRoot is the module root, where ./cmd/ferry is.
+func repoRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run from inside the ferry module (go env GOMOD is empty)")
+	}
+	return filepath.Dir(mod), nil
+}

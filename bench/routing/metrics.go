@@ -1,0 +1,114 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The vLLM series the driver reads from each replica's /metrics.
+const (
+	metricRequestSuccess = "vllm:request_success_total"
+	metricPrefixQueries  = "vllm:prefix_cache_queries_total"
+	metricPrefixHits     = "vllm:prefix_cache_hits_total"
+	metricPromptTokens   = "vllm:prompt_tokens_total"
+	metricGenTokens      = "vllm:generation_tokens_total"
+	metricRunning        = "vllm:num_requests_running"
+	metricWaiting        = "vllm:num_requests_waiting"
+)
+
+// parseMetrics reads Prometheus text exposition and returns each metric's value summed over its
+// label sets, keyed by name (a histogram's _bucket, _sum and _count are names of their own).
+// Comment lines are skipped; a malformed sample line is an error.
+func parseMetrics(r io.Reader) (map[string]float64, error) {
+	out := map[string]float64{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 || line[0] == '#' {
+			continue
+		}
+		// name{labels} value [timestamp]; label values may contain spaces, so cut after '}'.
+		var name, rest []byte
+		if i := bytes.IndexByte(line, '{'); i >= 0 {
+			j := bytes.LastIndexByte(line, '}')
+			if j < i {
+				return nil, fmt.Errorf("metrics line %q: unbalanced braces", line)
+			}
+			name, rest = line[:i], line[j+1:]
+		} else {
+			f := bytes.Fields(line)
+			if len(f) < 2 {
+				return nil, fmt.Errorf("metrics line %q: no value", line)
+			}
+			name, rest = f[0], line[len(f[0]):]
+		}
+		f := bytes.Fields(rest)
+		if len(f) < 1 {
+			return nil, fmt.Errorf("metrics line %q: no value", line)
+		}
+		v, err := strconv.ParseFloat(string(f[0]), 64)
+		if err != nil {
+			return nil, fmt.Errorf("metrics line %q: %w", line, err)
+		}
+		out[string(name)] += v
+	}
+	return out, sc.Err()
+}
+
+// scrapeClient reads /metrics; short timeouts, since replicas are local.
+var scrapeClient = &http.Client{Timeout: 5 * time.Second}
+
+// scrape fetches and parses addr's /metrics.
+func scrape(addr string) (map[string]float64, error) {
+	resp, err := scrapeClient.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s/metrics: %s", addr, resp.Status)
+	}
+	m, err := parseMetrics(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("%s/metrics: %w", addr, err)
+	}
+	for _, name := range []string{metricRequestSuccess, metricPrefixQueries, metricPrefixHits} {
+		if _, ok := m[name]; !ok {
+			return nil, fmt.Errorf("%s/metrics has no %s (is it a replica-sim or vLLM?)", addr, name)
+		}
+	}
+	return m, nil
+}
+
+// maxOverMean is the imbalance of per-replica loads: the largest divided by the mean. 1 is a
+// perfect balance; NaN when nothing was served.
+func maxOverMean(loads []float64) float64 {
+	if len(loads) == 0 {
+		return nan
+	}
+	var sum, top float64
+	for _, v := range loads {
+		sum += v
+		top = max(top, v)
+	}
+	if sum == 0 {
+		return nan
+	}
+	return top / (sum / float64(len(loads)))
+}
+
+// formatLoads renders per-replica values compactly, e.g. "120/98/101/95".
+func formatLoads(loads []float64) string {
+	parts := make([]string, len(loads))
+	for i, v := range loads {
+		parts[i] = strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return strings.Join(parts, "/")
+}

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ferryserve/ferry/bench/childproc"
+	"github.com/ferryserve/ferry/bench/loadgen"
+)
+
+const (
+	readyTimeout = 30 * time.Second
+	// loadSampleEvery is how often the replicas' running and waiting gauges are read.
+	loadSampleEvery = time.Second
+)
+
+// policyResult is one policy's run: either unavailable, with the reason, or measured.
+type policyResult struct {
+	Policy string `json:"policy"`
+	// Resolved is the policy the proxy reported using, for "default".
+	Resolved    string `json:"resolved,omitempty"`
+	Unavailable string `json:"unavailable,omitempty"`
+
+	OK         int    `json:"ok"`
+	Errors     int    `json:"errors"`
+	FirstError string `json:"first_error,omitempty"`
+
+	TTFT loadgen.Summary `json:"ttft"`
+	E2E  loadgen.Summary `json:"e2e"`
+	// TPOT is the time per output token after the first: (e2e - ttft) / (tokens - 1).
+	TPOT loadgen.Summary `json:"tpot"`
+	Lag  loadgen.Summary `json:"dispatch_lag"`
+
+	MakespanS       float64 `json:"makespan_s"`
+	RequestsPerSec  float64 `json:"requests_per_s"`
+	OutputTokPerSec float64 `json:"output_tokens_per_s"`
+
+	// Per replica, from its /metrics: finished requests, prompt+generated tokens, and the mean
+	// of running+waiting sequences sampled every second.
+	ReplicaRequests []float64 `json:"replica_requests"`
+	ReplicaTokens   []float64 `json:"replica_tokens"`
+	ReplicaBusy     []float64 `json:"replica_mean_sequences"`
+	RequestsImbal   ratio     `json:"requests_max_over_mean"`
+	TokensImbal     ratio     `json:"tokens_max_over_mean"`
+	BusyImbal       ratio     `json:"sequences_max_over_mean"`
+
+	// PrefixHitRate is hits/queries summed over replicas (vLLM's definition, in tokens);
+	// ClientCachedShare the same from the responses' usage.prompt_tokens_details.cached_tokens.
+	PrefixHitRate     ratio   `json:"prefix_hit_rate"`
+	ClientCachedShare float64 `json:"client_cached_share"`
+}
+
+func (r *policyResult) oneLine() string {
+	if r.Unavailable != "" {
+		return fmt.Sprintf("%-17s unavailable: %s", r.Policy, r.Unavailable)
+	}
+	return fmt.Sprintf("%-17s ok %d err %d  TTFT p50 %.0f p99 %.0f ms  e2e p50 %.0f p99 %.0f ms  %.1f req/s  load max/mean %.2f  prefix hits %.0f%%",
+		r.Policy, r.OK, r.Errors, r.TTFT.P50Ms, r.TTFT.P99Ms, r.E2E.P50Ms, r.E2E.P99Ms, r.RequestsPerSec, float64(r.RequestsImbal), 100*float64(r.PrefixHitRate))
+}
+
+// runPolicy starts fresh replicas and a proxy with policy, replays the workload, and stops them.
+func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy string, wl *workload) (*policyResult, error) {
+	res := &policyResult{Policy: policy}
+	fmt.Fprintf(os.Stderr, "policy %s: starting %d replicas\n", policy, opts.replicas)
+	replicas, err := startReplicas(ctx, group, opts)
+	defer func() {
+		for _, p := range replicas {
+			group.Stop(p.proc)
+		}
+	}()
+	if err != nil {
+		return nil, err
+	}
+
+	proxyAddr, err := freeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	argv := []string{opts.ferryBin, "proxy", "--listen", proxyAddr}
+	if policy != defaultPolicy {
+		argv = append(argv, "--policy", policy)
+	}
+	for _, r := range replicas {
+		argv = append(argv, "--replica", r.addr)
+	}
+	proxy, err := group.Start(childproc.Spec{Name: "proxy-" + policy, Argv: argv, CPU: -1})
+	if err != nil {
+		return nil, err
+	}
+	defer group.Stop(proxy)
+	if err := childproc.WaitHTTP(ctx, proxy, "http://"+proxyAddr+"/health", readyTimeout); err != nil {
+		if errors.Is(err, childproc.ErrExited) {
+			res.Unavailable = whyUnavailable(proxy.LogTail(2000))
+			return res, nil
+		}
+		return nil, err
+	}
+	if policy == defaultPolicy {
+		res.Resolved = policyFromLog(proxy.LogTail(4000))
+	}
+
+	client, err := loadgen.NewClient(proxyAddr, opts.maxInFlight, opts.timeout)
+	if err != nil {
+		return nil, err
+	}
+	defer client.CloseIdleConnections()
+
+	before, err := scrapeAll(replicas)
+	if err != nil {
+		return nil, err
+	}
+	sampler := startLoadSampler(replicas)
+	fmt.Fprintf(os.Stderr, "policy %s: replaying %d requests over %.0f s\n", policy, len(wl.Requests), wl.stats.DurationS)
+	start := time.Now()
+	outcomes := replay(ctx, client, wl.Requests, opts.maxInFlight)
+	makespan := time.Since(start)
+	busy := sampler.stop()
+	after, err := scrapeAll(replicas)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-proxy.Exited():
+		return nil, fmt.Errorf("proxy exited during the replay: %s", proxy.LogTail(1000))
+	default:
+	}
+	summarize(res, wl.Requests, outcomes, makespan, before, after, busy)
+	return res, nil
+}
+
+// ratio is a float that may be NaN (not measurable), which JSON writes as null.
+type ratio float64
+
+// MarshalJSON writes NaN and infinities as null, which encoding/json refuses to encode.
+func (r ratio) MarshalJSON() ([]byte, error) {
+	v := float64(r)
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return []byte("null"), nil
+	}
+	return json.Marshal(v)
+}
+
+// whyUnavailable turns the log of a proxy that exited at start into a short reason.
+func whyUnavailable(logTail string) string {
+	lines := strings.Split(strings.TrimSpace(logTail), "\n")
+	last := strings.TrimSpace(lines[len(lines)-1])
+	if strings.Contains(logTail, "unknown load balancing policy") || strings.Contains(logTail, "unknown policy") {
+		return "unknown policy (" + last + ")"
+	}
+	return "proxy failed to start (" + last + ")"
+}
+
+var policyLogRE = regexp.MustCompile(`"policy":\s*"([^"]+)"`)
+
+// policyFromLog finds the policy the proxy announced at start ("policy": "least_load").
+func policyFromLog(log string) string {
+	if m := policyLogRE.FindStringSubmatch(log); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
+// replica is one running replica-sim.
+type replica struct {
+	addr string
+	proc *childproc.Proc
+}
+
+// startReplicas starts opts.replicas replica-sims and waits until all are ready. On error the
+// ones already started are returned too, for the caller to stop.
+func startReplicas(ctx context.Context, group *childproc.Group, opts options) ([]replica, error) {
+	var out []replica
+	for i := range opts.replicas {
+		addr, err := freeLoopbackAddr()
+		if err != nil {
+			return out, err
+		}
+		_, port, _ := net.SplitHostPort(addr)
+		argv := append([]string{opts.ferryBin, "replica-sim", "--host", "127.0.0.1", "--port", port,
+			"--model", opts.workload.Model, "--seed", fmt.Sprint(i + 1)}, opts.sim.args()...)
+		p, err := group.Start(childproc.Spec{Name: fmt.Sprintf("replica%d", i+1), Argv: argv, CPU: -1})
+		if err != nil {
+			return out, err
+		}
+		out = append(out, replica{addr: addr, proc: p})
+	}
+	for _, r := range out {
+		if err := childproc.WaitHTTP(ctx, r.proc, "http://"+r.addr+"/health", readyTimeout); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+func scrapeAll(replicas []replica) ([]map[string]float64, error) {
+	out := make([]map[string]float64, len(replicas))
+	for i, r := range replicas {
+		m, err := scrape(r.addr)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = m
+	}
+	return out, nil
+}
+
+// loadSampler averages each replica's running+waiting sequences over the replay.
+type loadSampler struct {
+	done chan struct{}
+	wg   sync.WaitGroup
+	sums []float64
+	n    []int
+}
+
+func startLoadSampler(replicas []replica) *loadSampler {
+	s := &loadSampler{done: make(chan struct{}), sums: make([]float64, len(replicas)), n: make([]int, len(replicas))}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		tick := time.NewTicker(loadSampleEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-s.done:
+				return
+			case <-tick.C:
+			}
+			for i, r := range replicas {
+				if m, err := scrape(r.addr); err == nil {
+					s.sums[i] += m[metricRunning] + m[metricWaiting]
+					s.n[i]++
+				}
+			}
+		}
+	}()
+	return s
+}
+
+// stop ends the sampling and returns each replica's mean.
+func (s *loadSampler) stop() []float64 {
+	close(s.done)
+	s.wg.Wait()
+	out := make([]float64, len(s.sums))
+	for i := range out {
+		if s.n[i] > 0 {
+			out[i] = s.sums[i] / float64(s.n[i])
+		}
+	}
+	return out
+}
+
+// freeLoopbackAddr returns a 127.0.0.1 address with a port that was free a moment ago.
+func freeLoopbackAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}

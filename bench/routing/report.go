@@ -1,0 +1,302 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/ferryserve/ferry/bench/loadgen"
+)
+
+var nan = math.NaN()
+
+// summarize fills res from the outcomes and the replicas' counters before and after the replay.
+func summarize(res *policyResult, reqs []request, outcomes []outcome, makespan time.Duration,
+	before, after []map[string]float64, busy []float64) {
+	var ttft, e2e, tpot, lag loadgen.Histogram
+	var outTokens, promptTokens, cachedTokens int
+	for i, o := range outcomes {
+		if o.Err != nil {
+			res.Errors++
+			if res.FirstError == "" {
+				res.FirstError = o.Err.Error()
+			}
+			continue
+		}
+		res.OK++
+		ttft.Record(o.TTFT)
+		e2e.Record(o.E2E)
+		lag.Record(o.Lag)
+		if o.CompletionTokens > 1 {
+			tpot.Record((o.E2E - o.TTFT) / time.Duration(o.CompletionTokens-1))
+		}
+		outTokens += reqs[i].OutTokens
+		promptTokens += o.PromptTokens
+		cachedTokens += o.CachedTokens
+	}
+	res.TTFT, res.E2E, res.TPOT, res.Lag = ttft.Summarize(), e2e.Summarize(), tpot.Summarize(), lag.Summarize()
+	res.MakespanS = makespan.Seconds()
+	if makespan > 0 {
+		res.RequestsPerSec = float64(res.OK) / makespan.Seconds()
+		res.OutputTokPerSec = float64(outTokens) / makespan.Seconds()
+	}
+	if promptTokens > 0 {
+		res.ClientCachedShare = float64(cachedTokens) / float64(promptTokens)
+	}
+	var hits, queries float64
+	for i := range after {
+		d := func(name string) float64 { return after[i][name] - before[i][name] }
+		res.ReplicaRequests = append(res.ReplicaRequests, d(metricRequestSuccess))
+		res.ReplicaTokens = append(res.ReplicaTokens, d(metricPromptTokens)+d(metricGenTokens))
+		hits += d(metricPrefixHits)
+		queries += d(metricPrefixQueries)
+	}
+	res.ReplicaBusy = busy
+	res.RequestsImbal = ratio(maxOverMean(res.ReplicaRequests))
+	res.TokensImbal = ratio(maxOverMean(res.ReplicaTokens))
+	res.BusyImbal = ratio(maxOverMean(busy))
+	res.PrefixHitRate = ratio(nan)
+	if queries > 0 {
+		res.PrefixHitRate = ratio(hits / queries)
+	}
+}
+
+// report collects every policy's result.
+type report struct {
+	Started  time.Time       `json:"started"`
+	Options  map[string]any  `json:"options"`
+	Workload workloadStats   `json:"workload"`
+	Policies []*policyResult `json:"policies"`
+	Host     map[string]any  `json:"host"`
+	opts     options
+}
+
+func newReport(opts options, wl *workload) *report {
+	s := opts.sim
+	return &report{
+		Started:  time.Now(),
+		Workload: wl.stats,
+		Options: map[string]any{
+			"trace": opts.tracePath, "start": opts.start, "requests": opts.requests, "speedup": opts.workload.Speedup,
+			"replicas": opts.replicas, "policies": opts.policies, "seed": opts.workload.Seed,
+			"system_prompt_tokens": opts.workload.SystemPromptTokens, "follow_up": opts.workload.FollowUp,
+			"min_turn_gap": opts.workload.MinTurnGap.String(), "max_idle": opts.workload.MaxIdle.String(),
+			"sim": strings.Join(s.args(), " "),
+		},
+		Host: map[string]any{"cpus": runtime.NumCPU(), "loadavg_start": loadAvg(), "go": runtime.Version()},
+		opts: opts,
+	}
+}
+
+func (r *report) add(res *policyResult) { r.Policies = append(r.Policies, res) }
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
+}
+
+func num(v float64, prec int) string {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return "—"
+	}
+	return fmt.Sprintf("%.*f", prec, v)
+}
+
+func pct(v float64) string {
+	if math.IsNaN(v) {
+		return "—"
+	}
+	return fmt.Sprintf("%.1f", 100*v)
+}
+
+// table is a markdown table padded to read well in a terminal too.
+type table struct {
+	header []string
+	rows   [][]string
+}
+
+func (t *table) render(w io.Writer) {
+	width := make([]int, len(t.header))
+	for i, h := range t.header {
+		width[i] = len([]rune(h))
+	}
+	for _, row := range t.rows {
+		for i, c := range row {
+			width[i] = max(width[i], len([]rune(c)))
+		}
+	}
+	line := func(cells []string) {
+		var b strings.Builder
+		b.WriteString("|")
+		for i, c := range cells {
+			fmt.Fprintf(&b, " %-*s |", width[i], c)
+		}
+		fmt.Fprintln(w, b.String())
+	}
+	line(t.header)
+	sep := make([]string, len(width))
+	for i, n := range width {
+		sep[i] = strings.Repeat("-", n)
+	}
+	line(sep)
+	for _, row := range t.rows {
+		line(row)
+	}
+}
+
+func (r *report) label(p *policyResult) string {
+	if p.Resolved != "" {
+		return p.Policy + " (" + p.Resolved + ")"
+	}
+	return p.Policy
+}
+
+func (r *report) latencyTable() *table {
+	t := &table{header: []string{"policy", "ok", "errors", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms",
+		"e2e p50 ms", "e2e p99 ms", "TPOT p50 ms", "req/s", "output tok/s", "prefix hit %", "dispatch lag p99 ms"}}
+	for _, p := range r.Policies {
+		if p.Unavailable != "" {
+			continue
+		}
+		t.rows = append(t.rows, []string{r.label(p), fmt.Sprint(p.OK), fmt.Sprint(p.Errors),
+			num(p.TTFT.P50Ms, 0), num(p.TTFT.P90Ms, 0), num(p.TTFT.P99Ms, 0),
+			num(p.E2E.P50Ms, 0), num(p.E2E.P99Ms, 0), num(p.TPOT.P50Ms, 1),
+			num(p.RequestsPerSec, 1), num(p.OutputTokPerSec, 0), pct(float64(p.PrefixHitRate)), num(p.Lag.P99Ms, 1)})
+	}
+	return t
+}
+
+func (r *report) loadTable() *table {
+	t := &table{header: []string{"policy", "requests per replica", "max/mean", "tokens max/mean",
+		"mean sequences per replica", "max/mean"}}
+	for _, p := range r.Policies {
+		if p.Unavailable != "" {
+			continue
+		}
+		busy := make([]string, len(p.ReplicaBusy))
+		for i, b := range p.ReplicaBusy {
+			busy[i] = num(b, 1)
+		}
+		t.rows = append(t.rows, []string{r.label(p), formatLoads(p.ReplicaRequests), num(float64(p.RequestsImbal), 2),
+			num(float64(p.TokensImbal), 2), strings.Join(busy, "/"), num(float64(p.BusyImbal), 2)})
+	}
+	return t
+}
+
+// check is one of the issue's targets evaluated on this run.
+type check struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Limit string  `json:"limit"`
+	Pass  bool    `json:"pass"`
+}
+
+func (r *report) find(name string) *policyResult {
+	for _, p := range r.Policies {
+		if p.Policy == name && p.Unavailable == "" {
+			return p
+		}
+	}
+	return nil
+}
+
+// checks evaluates the issue's targets for the default policy, when it and round robin ran.
+func (r *report) checks() []check {
+	def := r.find(defaultPolicy)
+	if def == nil {
+		return nil
+	}
+	var out []check
+	if rr := r.find("round_robin"); rr != nil && rr.TTFT.P99Ms > 0 {
+		v := def.TTFT.P99Ms / rr.TTFT.P99Ms
+		out = append(out, check{Name: "default p99 TTFT ÷ round_robin p99 TTFT", Value: v, Limit: "≤ 0.5", Pass: v <= 0.5})
+	}
+	if v := float64(def.RequestsImbal); !math.IsNaN(v) {
+		out = append(out, check{Name: "default: busiest replica's requests ÷ mean", Value: v, Limit: "≤ 1.5", Pass: v <= 1.5})
+	}
+	if v := float64(def.BusyImbal); !math.IsNaN(v) {
+		out = append(out, check{Name: "default: busiest replica's mean sequences ÷ mean", Value: v, Limit: "≤ 1.5", Pass: v <= 1.5})
+	}
+	return out
+}
+
+func (r *report) render(w io.Writer) {
+	o, st := r.opts, r.Workload
+	fmt.Fprintf(w, "# routing: %s\n\n", r.Started.Format(time.RFC3339))
+	fmt.Fprintf(w, "Trace %s, records %d..%d, arrivals sped up %gx: %d requests over %.0f s (%.1f req/s offered), %d output tokens.\n",
+		filepath.Base(o.tracePath), o.start, o.start+o.requests-1, o.workload.Speedup, st.Requests, st.DurationS,
+		float64(st.Requests)/max(st.DurationS, 1e-9), st.OutputTokens)
+	fmt.Fprintf(w, "Prefix sharing (seed %d): %d conversations, %d follow-up turns (up to %d turns), %.0f%% of requests on one of %d system prompts (%v tokens); %.0f%% of prompt tokens were sent before as a prompt prefix (the most a cache can hit).\n",
+		o.workload.Seed, st.Conversations, st.FollowUps, st.MaxTurns, 100*st.SystemPrompted, len(o.workload.SystemPromptTokens),
+		o.workload.SystemPromptTokens, 100*st.ReusableShare)
+	fmt.Fprintf(w, "%d replica-sim replicas: %s. Host: %v CPUs, load average %v at start, %v at end.\n\n",
+		o.replicas, strings.Join(o.sim.args(), " "), r.Host["cpus"], r.Host["loadavg_start"], r.Host["loadavg_end"])
+
+	fmt.Fprintf(w, "## Latency and throughput per policy\n\n")
+	r.latencyTable().render(w)
+	fmt.Fprintf(w, "\n## Load per replica\n\n")
+	r.loadTable().render(w)
+	var missing []string
+	for _, p := range r.Policies {
+		if p.Unavailable != "" {
+			missing = append(missing, fmt.Sprintf("- %s: %s", p.Policy, p.Unavailable))
+		}
+	}
+	if len(missing) > 0 {
+		fmt.Fprintf(w, "\n## Policies not run\n\n%s\n", strings.Join(missing, "\n"))
+	}
+	if cs := r.checks(); len(cs) > 0 {
+		t := &table{header: []string{"target", "this run", "limit", "met"}}
+		for _, c := range cs {
+			met := "no"
+			if c.Pass {
+				met = "yes"
+			}
+			t.rows = append(t.rows, []string{c.Name, num(c.Value, 2), c.Limit, met})
+		}
+		fmt.Fprintf(w, "\n## Issue targets (one run on a shared machine: indicative)\n\n")
+		t.render(w)
+	}
+	var errs []string
+	for _, p := range r.Policies {
+		if p.FirstError != "" {
+			errs = append(errs, fmt.Sprintf("- %s: %d errors, first: %s", p.Policy, p.Errors, p.FirstError))
+		}
+	}
+	if len(errs) > 0 {
+		fmt.Fprintf(w, "\n## Errors\n\n%s\n", strings.Join(errs, "\n"))
+	}
+}
+
+// write prints the report and saves summary.md and results.json under dir.
+func (r *report) write(stdout io.Writer, dir string) error {
+	r.Host["loadavg_end"] = loadAvg()
+	var md strings.Builder
+	r.render(&md)
+	fmt.Fprint(stdout, md.String())
+	if err := os.WriteFile(filepath.Join(dir, "summary.md"), []byte(md.String()), 0o644); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(struct {
+		*report
+		Checks []check `json:"checks"`
+	}{r, r.checks()}, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nwrote %s and %s\n", filepath.Join(dir, "summary.md"), filepath.Join(dir, "results.json"))
+	return nil
+}

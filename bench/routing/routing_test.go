@@ -1,0 +1,431 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/ferryserve/ferry/bench/loadgen"
+)
+
+const traceHead = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+func TestParseTrace(t *testing.T) {
+	recs, err := parseTrace(strings.NewReader(traceHead +
+		"2023-11-16 18:15:46.6805900,374,44\n" +
+		"2023-11-16 18:15:50.9951690,396,109\n" +
+		"2023-11-16 18:15:50.9951690,2,7\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []traceRecord{
+		{At: 0, ContextTokens: 374, GeneratedTokens: 44},
+		{At: 4314579 * time.Microsecond, ContextTokens: 396, GeneratedTokens: 109},
+		{At: 4314579 * time.Microsecond, ContextTokens: 2, GeneratedTokens: 7},
+	}
+	if diff := cmp.Diff(want, recs); diff != "" {
+		t.Errorf("parseTrace (-want +got):\n%s", diff)
+	}
+}
+
+func TestParseTraceErrors(t *testing.T) {
+	tests := map[string]struct {
+		text string
+		want string
+	}{
+		"wrong header":     {"time,in,out\n2023-11-16 18:15:46.68,1,1\n", "trace header"},
+		"no records":       {traceHead, "no records"},
+		"bad time":         {traceHead + "yesterday,1,1\n", "line 2: TIMESTAMP"},
+		"bad tokens":       {traceHead + "2023-11-16 18:15:46.68,x,1\n", "line 2: tokens"},
+		"zero output":      {traceHead + "2023-11-16 18:15:46.68,10,0\n", "line 2: tokens"},
+		"too few fields":   {traceHead + "2023-11-16 18:15:46.68,10\n", "wrong number of fields"},
+		"going backwards":  {traceHead + "2023-11-16 18:15:46.68,1,1\n2023-11-16 18:15:45.00,1,1\n", "line 3"},
+		"absurd prompt":    {traceHead + "2023-11-16 18:15:46.68,1000000,1\n", "line 2: tokens"},
+		"empty input file": {"", "trace header"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := parseTrace(strings.NewReader(tc.text))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("parseTrace() error = %v, want one mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestWindow(t *testing.T) {
+	recs := []traceRecord{{At: 0}, {At: 10 * time.Second}, {At: 12 * time.Second}, {At: 20 * time.Second}}
+	got, err := window(recs, 1, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]traceRecord{{At: 0}, {At: 2 * time.Second}, {At: 10 * time.Second}}, got); diff != "" {
+		t.Errorf("window (-want +got):\n%s", diff)
+	}
+	for _, bad := range [][2]int{{-1, 1}, {0, 0}, {2, 3}} {
+		if _, err := window(recs, bad[0], bad[1]); err == nil {
+			t.Errorf("window(%d, %d) accepted", bad[0], bad[1])
+		}
+	}
+}
+
+func testWorkloadConfig() workloadConfig {
+	return workloadConfig{
+		Seed: 7, SystemPromptTokens: []int{100, 400}, FollowUp: 0.7,
+		MinTurnGap: 5 * time.Second, MaxIdle: time.Minute, MinUserTokens: 16, Speedup: 2, Model: "m",
+	}
+}
+
+// syntheticTrace is a trace whose prompts grow often enough for conversations to continue.
+func syntheticTrace(n int) []traceRecord {
+	recs := make([]traceRecord, n)
+	for i := range recs {
+		recs[i] = traceRecord{
+			At:              time.Duration(i) * 2 * time.Second,
+			ContextTokens:   []int{50, 150, 450, 900, 1500, 2600}[i%6],
+			GeneratedTokens: 20 + i%50,
+		}
+	}
+	return recs
+}
+
+// renderPrompt is what replica-sim makes of a chat request: "role: content\n" per message.
+func renderPrompt(t *testing.T, body []byte) (string, chatRequest) {
+	t.Helper()
+	var req chatRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, m := range req.Messages {
+		b.WriteString(m.Role + ": " + m.Content + "\n")
+	}
+	return b.String(), req
+}
+
+func TestSynthesizeMatchesTraceAndSharesPrefixes(t *testing.T) {
+	recs := syntheticTrace(120)
+	cfg := testWorkloadConfig()
+	wl, err := synthesize(recs, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(wl.Requests) != len(recs) {
+		t.Fatalf("%d requests from %d records", len(wl.Requests), len(recs))
+	}
+	lastPrompt := map[int]string{}
+	systemPrefix := map[int]string{}
+	for i, r := range wl.Requests {
+		prompt, body := renderPrompt(t, r.Body)
+		// Token counts: the replica's tokenizer (4 bytes a token) sees the trace's prompt length.
+		if got := (len(prompt) + 3) / 4; got != recs[i].ContextTokens || r.PromptTokens != got {
+			t.Errorf("request %d: prompt is %d tokens (recorded %d), trace says %d", i, got, r.PromptTokens, recs[i].ContextTokens)
+		}
+		if body.MaxTokens != recs[i].GeneratedTokens || !body.Stream || !body.StreamOptions.IncludeUsage || body.Model != "m" {
+			t.Errorf("request %d: body %+v", i, body)
+		}
+		if want := recs[i].At / 2; r.At != want {
+			t.Errorf("request %d at %v, want %v (speedup 2)", i, r.At, want)
+		}
+		// A follow-up turn extends its conversation's previous prompt.
+		if prev, ok := lastPrompt[r.Conversation]; ok {
+			if r.Turn < 2 || !strings.HasPrefix(prompt, prev) {
+				t.Errorf("request %d: turn %d of conversation %d does not extend the previous prompt", i, r.Turn, r.Conversation)
+			}
+			if r.ReusableTokens != len(prev)/4 {
+				t.Errorf("request %d: reusable %d tokens, want %d", i, r.ReusableTokens, len(prev)/4)
+			}
+		} else if r.Turn != 1 {
+			t.Errorf("request %d: first request of conversation %d has turn %d", i, r.Conversation, r.Turn)
+		}
+		lastPrompt[r.Conversation] = prompt
+		// Conversations on the same system prompt share it byte for byte.
+		if r.System >= 0 {
+			sys := body.Messages[0].Role + ": " + body.Messages[0].Content + "\n"
+			if len(sys) != cfg.SystemPromptTokens[r.System]*4 {
+				t.Errorf("request %d: system prompt is %d bytes, want %d", i, len(sys), cfg.SystemPromptTokens[r.System]*4)
+			}
+			if seen, ok := systemPrefix[r.System]; ok && seen != sys {
+				t.Errorf("request %d: system prompt %d differs between conversations", i, r.System)
+			}
+			systemPrefix[r.System] = sys
+		}
+		if got := r.SessionID(); got != fmt.Sprintf("conv-%d", r.Conversation) {
+			t.Errorf("session id %q", got)
+		}
+	}
+	st := wl.stats
+	if st.FollowUps == 0 || st.Conversations+st.FollowUps != len(recs) || st.MaxTurns < 2 || len(systemPrefix) != 2 {
+		t.Errorf("stats %+v, %d system prompts used: the workload does not share prefixes", st, len(systemPrefix))
+	}
+	if st.ReusableShare <= 0.2 || st.ReusableShare >= 1 {
+		t.Errorf("reusable share %v out of the plausible range", st.ReusableShare)
+	}
+}
+
+func TestSynthesizeIsDeterministic(t *testing.T) {
+	recs := syntheticTrace(60)
+	a, err := synthesize(recs, testWorkloadConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := synthesize(recs, testWorkloadConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(a.Requests, b.Requests); diff != "" {
+		t.Errorf("same seed, different workloads (-first +second):\n%s", diff)
+	}
+	other := testWorkloadConfig()
+	other.Seed++
+	c, err := synthesize(recs, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(a.Requests[0].Body, c.Requests[0].Body) {
+		t.Error("a different seed gave the same prompt text")
+	}
+}
+
+func TestSynthesizeRespectsTurnGapAndIdle(t *testing.T) {
+	// Every record could extend the one before it, but they are 1 s apart with a 5 s minimum
+	// gap: no conversation may have two turns less than 5 s apart.
+	recs := make([]traceRecord, 40)
+	for i := range recs {
+		recs[i] = traceRecord{At: time.Duration(i) * time.Second, ContextTokens: 200 + 100*i, GeneratedTokens: 10}
+	}
+	cfg := testWorkloadConfig()
+	cfg.FollowUp = 1
+	wl, err := synthesize(recs, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := map[int]time.Duration{}
+	for i, r := range wl.Requests {
+		if prev, ok := last[r.Conversation]; ok && recs[i].At-prev < cfg.MinTurnGap {
+			t.Errorf("conversation %d: turns %v apart, minimum %v", r.Conversation, recs[i].At-prev, cfg.MinTurnGap)
+		}
+		last[r.Conversation] = recs[i].At
+	}
+	if wl.stats.FollowUps == 0 {
+		t.Error("no follow-ups although every record could be one")
+	}
+
+	cfg.FollowUp = 0
+	wl, err = synthesize(recs, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wl.stats.FollowUps != 0 || wl.stats.Conversations != len(recs) {
+		t.Errorf("follow-up probability 0: stats %+v", wl.stats)
+	}
+}
+
+func TestWorkloadConfigValidate(t *testing.T) {
+	cfg := testWorkloadConfig()
+	cfg.SystemPromptTokens = []int{4}
+	cfg.FollowUp = 2
+	cfg.MaxIdle = time.Second
+	cfg.Speedup = 0
+	cfg.Model = ""
+	err := cfg.validate()
+	for _, want := range []string{"system prompt of 4", "follow-up probability 2", "max idle 1s", "speedup 0", "model"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("validate() = %v, want it to mention %q", err, want)
+		}
+	}
+}
+
+func TestParseMetrics(t *testing.T) {
+	text := `# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{finished_reason="length",model_name="ferry-sim"} 42
+vllm:request_success_total{finished_reason="stop",model_name="a b}c"} 8
+vllm:prefix_cache_hits_total{model_name="ferry-sim"} 1.5e+03
+vllm:prefix_cache_queries_total 3000 1700000000000
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="ferry-sim"} 50
+`
+	m, err := parseMetrics(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]float64{
+		metricRequestSuccess:                      50,
+		metricPrefixHits:                          1500,
+		metricPrefixQueries:                       3000,
+		"vllm:time_to_first_token_seconds_bucket": 50,
+	}
+	if diff := cmp.Diff(want, m); diff != "" {
+		t.Errorf("parseMetrics (-want +got):\n%s", diff)
+	}
+	for _, bad := range []string{"lonely_name\n", "x{a=\"1\" 3\n", "x{a=\"1\"} notanumber\n"} {
+		if _, err := parseMetrics(strings.NewReader(bad)); err == nil {
+			t.Errorf("parseMetrics(%q) accepted", bad)
+		}
+	}
+}
+
+func TestMaxOverMean(t *testing.T) {
+	for _, tc := range []struct {
+		loads []float64
+		want  float64
+	}{
+		{[]float64{10, 10, 10, 10}, 1},
+		{[]float64{30, 10, 10, 10}, 2},
+		{[]float64{5}, 1},
+	} {
+		if got := maxOverMean(tc.loads); got != tc.want {
+			t.Errorf("maxOverMean(%v) = %v, want %v", tc.loads, got, tc.want)
+		}
+	}
+	if !math.IsNaN(maxOverMean(nil)) || !math.IsNaN(maxOverMean([]float64{0, 0})) {
+		t.Error("no load should be NaN")
+	}
+	if got := formatLoads([]float64{1, 22.4, 300}); got != "1/22/300" {
+		t.Errorf("formatLoads = %q", got)
+	}
+}
+
+func TestProxyLogHelpers(t *testing.T) {
+	log := "2026-11-22T22:11:32.679Z\tinfo\tferry/proxy.go:185\tproxy serving\t{\"service\": \"default\", \"policy\": \"least_load\", \"replicas\": 4}\n"
+	if got := policyFromLog(log); got != "least_load" {
+		t.Errorf("policyFromLog = %q", got)
+	}
+	if got := policyFromLog("nothing here"); got != "" {
+		t.Errorf("policyFromLog of no announcement = %q", got)
+	}
+	unknown := "Error: --policy: unknown load balancing policy \"llm_aware\": want one of least_load, round_robin\n"
+	if got := whyUnavailable(unknown); !strings.HasPrefix(got, "unknown policy (") || !strings.Contains(got, "llm_aware") {
+		t.Errorf("whyUnavailable = %q", got)
+	}
+	if got := whyUnavailable("panic: boom\n"); !strings.HasPrefix(got, "proxy failed to start") {
+		t.Errorf("whyUnavailable = %q", got)
+	}
+}
+
+// fakeStreamer answers after a fixed delay and records when each request was sent.
+type fakeStreamer struct {
+	delay time.Duration
+	fail  string // a session id that fails
+	mu    sync.Mutex
+	sent  map[string]time.Time
+}
+
+func (f *fakeStreamer) Stream(_ string, body []byte, headers []loadgen.Header) (loadgen.StreamResult, error) {
+	f.mu.Lock()
+	f.sent[headers[0].Value] = time.Now()
+	f.mu.Unlock()
+	time.Sleep(f.delay)
+	if headers[0].Value == f.fail {
+		return loadgen.StreamResult{}, errors.New("boom")
+	}
+	var req chatRequest
+	_ = json.Unmarshal(body, &req)
+	last := fmt.Sprintf(`{"usage":{"prompt_tokens":10,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":4}}}`, req.MaxTokens)
+	return loadgen.StreamResult{TTFB: time.Millisecond, Total: f.delay, Events: 3, Last: []byte(last)}, nil
+}
+
+func TestReplayIsOpenLoop(t *testing.T) {
+	reqs := make([]request, 5)
+	for i := range reqs {
+		body, _ := json.Marshal(chatRequest{MaxTokens: 3})
+		reqs[i] = request{At: time.Duration(i) * 20 * time.Millisecond, Conversation: i + 1, OutTokens: 3, Body: body}
+	}
+	// Each answer takes 200 ms, far longer than the 20 ms between arrivals: an open loop still
+	// sends every request on time.
+	f := &fakeStreamer{delay: 200 * time.Millisecond, fail: "conv-5", sent: map[string]time.Time{}}
+	start := time.Now()
+	out := replay(context.Background(), f, reqs, 16)
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("replay took %v", took)
+	}
+	for i, r := range reqs {
+		offset := f.sent[r.SessionID()].Sub(start)
+		if offset < r.At || offset > r.At+250*time.Millisecond {
+			t.Errorf("request %d sent at %v, scheduled %v", i, offset, r.At)
+		}
+	}
+	for i, o := range out[:4] {
+		if o.Err != nil || o.CompletionTokens != 3 || o.CachedTokens != 4 || o.PromptTokens != 10 || o.E2E != 200*time.Millisecond {
+			t.Errorf("outcome %d: %+v", i, o)
+		}
+	}
+	if out[4].Err == nil {
+		t.Error("the failing request reported no error")
+	}
+
+	res := &policyResult{Policy: "p"}
+	before := []map[string]float64{{}, {}}
+	after := []map[string]float64{
+		{metricRequestSuccess: 3, metricPrefixHits: 10, metricPrefixQueries: 40, metricPromptTokens: 30, metricGenTokens: 9},
+		{metricRequestSuccess: 1, metricPrefixHits: 0, metricPrefixQueries: 10, metricPromptTokens: 10, metricGenTokens: 3},
+	}
+	summarize(res, reqs, out, time.Second, before, after, []float64{3, 1})
+	if res.OK != 4 || res.Errors != 1 || res.FirstError != "boom" {
+		t.Errorf("ok %d errors %d first %q", res.OK, res.Errors, res.FirstError)
+	}
+	if res.RequestsImbal != 1.5 || res.BusyImbal != 1.5 || res.PrefixHitRate != 0.2 || res.ClientCachedShare != 0.4 {
+		t.Errorf("imbalance %v busy %v hit rate %v client cached %v", res.RequestsImbal, res.BusyImbal, res.PrefixHitRate, res.ClientCachedShare)
+	}
+	if res.RequestsPerSec != 4 || res.OutputTokPerSec != 12 || res.TPOT.Count != 4 {
+		t.Errorf("req/s %v tok/s %v tpot %+v", res.RequestsPerSec, res.OutputTokPerSec, res.TPOT)
+	}
+	if _, err := json.Marshal(&policyResult{PrefixHitRate: ratio(math.NaN())}); err != nil {
+		t.Errorf("a NaN ratio does not encode: %v", err)
+	}
+}
+
+func TestReplayStopsOnCancel(t *testing.T) {
+	reqs := []request{{At: 0, Body: []byte(`{}`)}, {At: time.Hour, Body: []byte(`{}`)}}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	f := &fakeStreamer{sent: map[string]time.Time{}}
+	out := replay(ctx, f, reqs, 4)
+	if !errors.Is(out[1].Err, context.DeadlineExceeded) {
+		t.Errorf("unsent request: %v, want the context's error", out[1].Err)
+	}
+}
+
+func TestReportChecks(t *testing.T) {
+	r := &report{opts: options{}}
+	r.add(&policyResult{Policy: defaultPolicy, Resolved: "least_load", TTFT: loadgen.Summary{P99Ms: 400}, RequestsImbal: 1.2, BusyImbal: ratio(math.NaN())})
+	r.add(&policyResult{Policy: "round_robin", TTFT: loadgen.Summary{P99Ms: 1000}})
+	r.add(&policyResult{Policy: "llm_aware", Unavailable: "unknown policy"})
+	want := []check{
+		{Name: "default p99 TTFT ÷ round_robin p99 TTFT", Value: 0.4, Limit: "≤ 0.5", Pass: true},
+		{Name: "default: busiest replica's requests ÷ mean", Value: 1.2, Limit: "≤ 1.5", Pass: true},
+	}
+	if diff := cmp.Diff(want, r.checks()); diff != "" {
+		t.Errorf("checks (-want +got):\n%s", diff)
+	}
+	if got := r.loadTable().rows; len(got) != 2 || got[0][0] != "default (least_load)" {
+		t.Errorf("load table rows %q: want the two measured policies, default labelled", got)
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	if _, err := parseFlags(nil); err != nil {
+		t.Errorf("defaults rejected: %v", err)
+	}
+	for name, args := range map[string][]string{
+		"duplicate policy": {"--policies", "round_robin,round_robin"},
+		"no requests":      {"--requests", "0"},
+		"bad speedup":      {"--speedup", "0"},
+		"bad follow-up":    {"--follow-up", "1.5"},
+		"negative sim":     {"--sim-itl", "-1ms"},
+		"stray argument":   {"extra"},
+	} {
+		if _, err := parseFlags(args); err == nil {
+			t.Errorf("%s: %q accepted", name, args)
+		}
+	}
+}
