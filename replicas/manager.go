@@ -627,7 +627,13 @@ func (m *Manager) runLaunch(ctx context.Context, r *replica, spec launcher.Spec)
 	}
 	m.eventSeq++
 	r.launched, r.launchSeq = &inst, m.eventSeq
-	m.instances = append(m.instances, inst)
+	// A List that overlapped the launch may already hold this instance; a second copy would
+	// read as a stray of its own replica and be terminated.
+	if i := slices.IndexFunc(m.instances, func(o launcher.Instance) bool { return o.ID == inst.ID }); i >= 0 {
+		m.instances[i] = inst
+	} else {
+		m.instances = append(m.instances, inst)
+	}
 	if m.shutdown || m.replicas[r.rec.ID] != r {
 		// Shutdown lists and terminates every instance after launches finish.
 		m.transitionLocked(now, r, StatusShuttingDown, "service shutting down", &inst)

@@ -358,7 +358,7 @@ func pickInstance(rec Record, insts []launcher.Instance) (*launcher.Instance, []
 	}
 	var strays []launcher.Instance
 	for i, inst := range insts {
-		if i != best {
+		if i != best && (best < 0 || inst.ID != insts[best].ID) { // a duplicate is not a stray
 			strays = append(strays, inst)
 		}
 	}

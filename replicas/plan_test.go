@@ -87,6 +87,15 @@ func TestPlan(t *testing.T) {
 			}),
 			want: actions{Transitions: []transition{{ID: 1, From: StatusStarting, To: StatusReady}}},
 		},
+		"an instance listed twice is not its own stray": {
+			// A List overlapping a launch once handed the same instance in twice; the copy was
+			// terminated as a stray and took the READY replica down with it.
+			in: withInput(func(in *planInput) {
+				in.Replicas = []replicaView{view(rec(1, StatusReady), probeOK)}
+				in.Instances = running(1, 1)
+			}),
+			want: actions{},
+		},
 		"starting within the initial delay waits": {
 			in: withInput(func(in *planInput) {
 				in.Replicas = []replicaView{view(rec(1, StatusStarting), probeFailing)}
