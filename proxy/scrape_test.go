@@ -376,3 +376,47 @@ func TestScrapeReplicaSim(t *testing.T) {
 		})
 	}
 }
+
+// TestServiceScrapesOnlyForLLMAwarePickers checks the wiring: an llm_aware service polls its
+// replicas from the first SetBackends, follows the replica set, and stops at Shutdown; a
+// service whose picker reads no engine metrics never scrapes.
+func TestServiceScrapesOnlyForLLMAwarePickers(t *testing.T) {
+	sim := httptest.NewServer(replicasim.NewServer(replicasim.DefaultConfig()).Handler())
+	t.Cleanup(sim.Close)
+	backend := Backend{ID: 1, Addr: sim.Listener.Addr().String()}
+
+	plain, err := NewService(ServiceConfig{Name: "plain", Policy: "least_load"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain.SetBackends([]Backend{backend})
+	if plain.scraper != nil {
+		t.Error("a least_load service started a scraper")
+	}
+
+	svc, err := NewService(ServiceConfig{Name: "smart", Policy: "llm_aware"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetBackends([]Backend{backend})
+	r := svc.snap.Load().replicas[0]
+	waitFor(t, "a scrape of the replica", func() bool { return r.LoadMetrics().UpdatedAt > 0 })
+
+	svc.SetBackends(nil)
+	waitFor(t, "the removed replica's scraper to stop", func() bool { return svc.scraper.active.Load() == 0 })
+
+	svc.SetBackends([]Backend{backend})
+	waitFor(t, "a scraper for the re-added replica", func() bool { return svc.scraper.active.Load() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := svc.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := svc.scraper.active.Load(); n != 0 {
+		t.Errorf("%d scrape goroutines outlive Shutdown", n)
+	}
+	svc.SetBackends([]Backend{backend}) // after Shutdown: must not start polling again
+	if n := svc.scraper.active.Load(); n != 0 {
+		t.Errorf("SetBackends after Shutdown started %d scrape goroutines", n)
+	}
+}

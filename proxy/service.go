@@ -174,6 +174,11 @@ type Service struct {
 	// the first SetBackends.
 	dial func(addr string) (net.Conn, error)
 
+	// scraper polls replicas' /metrics for pickers that score on engine load
+	// (policy.NeedsMetrics); nil otherwise. It is made on the first SetBackends, so it uses
+	// the dial function tests install.
+	scraper *scraper
+
 	// onModels is called when Models may have changed. It is set when the service joins a
 	// Gateway; only then does the proxy ask replicas for their models.
 	onModels modelsHook
@@ -307,6 +312,12 @@ func (s *Service) SetBackends(bs []Backend) {
 		p.Prepare(next.replicas)
 	}
 	s.snap.Store(next)
+	if s.needs&policy.NeedsMetrics != 0 {
+		if s.scraper == nil {
+			s.scraper = newScraper(0, s.log, s.dial)
+		}
+		s.scraper.update(next.replicas) // a no-op after Shutdown closed it
+	}
 
 	for _, c := range old.clients {
 		if !kept[c.addr] {
@@ -342,6 +353,11 @@ func (s *Service) Serve(ln net.Listener) error {
 func (s *Service) Shutdown(ctx context.Context) error {
 	defer s.releaseMetrics()
 	s.stopOnce.Do(func() { close(s.stopped) })
+	s.mu.Lock()
+	if s.scraper != nil {
+		s.scraper.close()
+	}
+	s.mu.Unlock()
 	if err := s.front.shutdown(ctx); err != nil {
 		return err
 	}
