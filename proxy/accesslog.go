@@ -32,12 +32,17 @@ const maxLoggedURI = 512
 // Caller annotation is turned off: every line would name the same line of this file, at the
 // cost of a runtime.Caller per line.
 func newAccessLogger(l *zap.Logger, service string) *zap.Logger {
+	return sampledAccessLogger(l, zap.String("service", service))
+}
+
+// sampledAccessLogger wraps l with the access log sampler and tags every line with who.
+func sampledAccessLogger(l *zap.Logger, who zap.Field) *zap.Logger {
 	return l.WithOptions(
 		zap.WithCaller(false),
 		zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 			return zapcore.NewSamplerWithOptions(c, accessLogTick, accessLogFirst, accessLogThereafter)
 		}),
-	).With(zap.String("service", service))
+	).With(who)
 }
 
 // accessRecord is one finished request as the access log reports it. Its byte slices alias

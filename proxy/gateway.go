@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +30,12 @@ type GatewayConfig struct {
 	// TLS, when set, terminates TLS on every listener.
 	TLS    *tls.Config
 	Logger *zap.Logger
+	// Metrics counts the requests the gateway answers itself (unknown model, bad JSON) in
+	// ferry_gateway_errors_total; pass the Metrics the services share. Nil counts none.
+	Metrics *Metrics
+	// AccessLog gets one sampled line per request the gateway answers itself; requests it
+	// hands to a service are logged by that service. Nil logs none.
+	AccessLog *zap.Logger
 }
 
 // Gateway is one endpoint for many services: the request body's "model" picks the service,
@@ -39,6 +47,8 @@ type Gateway struct {
 	log   *zap.Logger
 	front frontend
 	errs  gatewayErrors
+	// accessLog is cfg.AccessLog, sampled; nil when there is none.
+	accessLog *zap.Logger
 
 	// table is the current model → service map; the request path only loads it.
 	table atomic.Pointer[gatewayTable]
@@ -83,6 +93,9 @@ func NewGateway(cfg GatewayConfig) *Gateway {
 			notFound: openAIError("unknown path: the gateway serves the OpenAI API (POST /v1/... with a model, GET /v1/models)",
 				"invalid_request_error", "unknown_url"),
 		},
+	}
+	if cfg.AccessLog != nil {
+		g.accessLog = sampledAccessLogger(cfg.AccessLog, zap.String("listener", "gateway"))
 	}
 	g.table.Store(&gatewayTable{byModel: map[string]*Service{}})
 	g.front.server = newServer(g.Handler, g.requestError, cfg.MaxRequestBodySize, defaultRequestReadTimeout, g.log)
@@ -146,21 +159,21 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		ctx.SetBodyString(`{"status":"ok"}`)
 		return
 	case !ctx.IsPost():
-		writeError(ctx, fasthttp.StatusNotFound, g.errs.notFound)
+		g.reject(ctx, fasthttp.StatusNotFound, g.errs.notFound, reasonUnknownPath)
 		return
 	}
 	f, err := scanBody(ctx.Request.Body())
 	switch {
 	case err != nil:
-		writeError(ctx, fasthttp.StatusBadRequest, g.errs.badJSON)
+		g.reject(ctx, fasthttp.StatusBadRequest, g.errs.badJSON, reasonBadJSON)
 		return
 	case len(f.Model) == 0:
-		writeError(ctx, fasthttp.StatusBadRequest, g.errs.noModel)
+		g.reject(ctx, fasthttp.StatusBadRequest, g.errs.noModel, reasonNoModel)
 		return
 	}
 	svc := t.byModel[string(f.Model)] // no allocation: the compiler reads the bytes in place
 	if svc == nil {
-		writeError(ctx, fasthttp.StatusNotFound, modelNotFound(f.Model))
+		g.reject(ctx, fasthttp.StatusNotFound, modelNotFound(f.Model), reasonUnknownModel)
 		return
 	}
 	svc.Handler(ctx)
@@ -191,7 +204,7 @@ func (g *Gateway) listModels(ctx *fasthttp.RequestCtx, t *gatewayTable, id []byt
 	if id != nil {
 		s := t.byModel[string(id)]
 		if s == nil || !visible(s) {
-			writeError(ctx, fasthttp.StatusNotFound, modelNotFound(id))
+			g.reject(ctx, fasthttp.StatusNotFound, modelNotFound(id), reasonUnknownModel)
 			return
 		}
 		body, _ := json.Marshal(modelObject{ID: string(id), Object: "model", OwnedBy: "ferry:" + s.Name()})
@@ -213,6 +226,51 @@ func (g *Gateway) listModels(ctx *fasthttp.RequestCtx, t *gatewayTable, id []byt
 
 func (g *Gateway) requestError(ctx *fasthttp.RequestCtx, err error) {
 	g.errs.writeRequestError(ctx, err)
+	g.observe(ctx, ctx.Response.StatusCode(), reasonBadRequest)
+}
+
+// Why the gateway answered a request itself; the reason label of ferry_gateway_errors_total
+// and the error field of its access log line.
+const (
+	reasonUnknownPath  = "unknown_path"
+	reasonBadJSON      = "bad_json"
+	reasonNoModel      = "no_model"
+	reasonUnknownModel = "unknown_model"
+	reasonBadRequest   = "bad_request" // unreadable HTTP: too large, malformed, too slow
+)
+
+// reject writes one of the gateway's own errors and records it.
+func (g *Gateway) reject(ctx *fasthttp.RequestCtx, status int, body []byte, reason string) {
+	writeError(ctx, status, body)
+	g.observe(ctx, status, reason)
+}
+
+// observe counts a request the gateway answered itself and logs it. These are client mistakes,
+// so the line carries no body and no model name: a typo'd model is user input, and the 404
+// already echoes it to the only party who needs it.
+func (g *Gateway) observe(ctx *fasthttp.RequestCtx, status int, reason string) {
+	if g.cfg.Metrics != nil {
+		g.cfg.Metrics.gatewayErrors.WithLabelValues(strconv.Itoa(status), reason).Inc()
+	}
+	if g.accessLog == nil {
+		return
+	}
+	ce := g.accessLog.Check(zap.InfoLevel, accessLogMessage)
+	if ce == nil {
+		return
+	}
+	path := requestPath(ctx.Request.Header.RequestURI())
+	fields := []zap.Field{
+		zap.String("method", string(ctx.Method())),
+		zap.String("path", string(path[:min(len(path), maxLoggedURI)])),
+		zap.Int("status", status),
+		zap.String("error", reason),
+		zap.Duration("duration", time.Since(ctx.Time())),
+	}
+	if ip, ok := netip.AddrFromSlice(ctx.RemoteIP()); ok {
+		fields = append(fields, zap.String("client_ip", ip.Unmap().String()))
+	}
+	ce.Write(fields...)
 }
 
 // Serve accepts connections on ln until Shutdown, then returns nil.

@@ -11,7 +11,11 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // modelServer is a replica that serves one model id on /v1/models and names itself on
@@ -29,7 +33,12 @@ func modelServer(t *testing.T, name, modelID string) *upstream {
 
 func startGateway(t *testing.T, services ...*Service) string {
 	t.Helper()
-	g := NewGateway(GatewayConfig{Logger: zaptest.NewLogger(t)})
+	return startGatewayWith(t, GatewayConfig{Logger: zaptest.NewLogger(t)}, services...)
+}
+
+func startGatewayWith(t *testing.T, cfg GatewayConfig, services ...*Service) string {
+	t.Helper()
+	g := NewGateway(cfg)
 	g.SetServices(services)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -151,4 +160,58 @@ func TestGatewayFollowsReplicaChanges(t *testing.T) {
 	svc.SetBackends([]Backend{{ID: 2, Addr: b.addr(), Version: 1}})
 	want := []string{"model-b@ferry:svc", "svc@ferry:svc"}
 	waitFor(t, "model-b replaces model-a", func() bool { return cmp.Equal(listModels(t, c, base), want) })
+}
+
+// TestGatewayObservesItsOwnAnswers checks that requests the gateway answers before any service
+// is chosen are counted by reason and logged without the user's input.
+func TestGatewayObservesItsOwnAnswers(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	svc, _ := startProxy(t, ServiceConfig{Name: "chat", Metrics: m}, backendsOf(modelServer(t, "a", "llama-3"))...)
+	base := startGatewayWith(t, GatewayConfig{Logger: zaptest.NewLogger(t), Metrics: m, AccessLog: zap.New(core)}, svc)
+	c := newClient(t)
+
+	for _, tc := range []struct {
+		method, path, body string
+		status             int
+	}{
+		{http.MethodPost, "/v1/chat/completions", `{"model":"secret-typo-model"}`, 404},
+		{http.MethodPost, "/v1/chat/completions", `{"model":`, 400},
+		{http.MethodPost, "/v1/chat/completions", `{"messages":[]}`, 400},
+		{http.MethodGet, "/v1/nowhere?key=sk-hidden", "", 404},
+		{http.MethodPost, "/v1/chat/completions", `{"model":"chat"}`, 200},
+	} {
+		if res := do(t, c, tc.method, base+tc.path, strings.NewReader(tc.body)); res.status != tc.status {
+			t.Errorf("%s %s %s: %d %s, want %d", tc.method, tc.path, tc.body, res.status, res.body, tc.status)
+		}
+	}
+
+	want := `
+# HELP ferry_gateway_errors_total Requests the shared gateway answered itself, before any service: unknown model, no model, bad JSON, unknown path.
+# TYPE ferry_gateway_errors_total counter
+ferry_gateway_errors_total{code="400",reason="bad_json"} 1
+ferry_gateway_errors_total{code="400",reason="no_model"} 1
+ferry_gateway_errors_total{code="404",reason="unknown_model"} 1
+ferry_gateway_errors_total{code="404",reason="unknown_path"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ferry_gateway_errors_total"); err != nil {
+		t.Error(err)
+	}
+	lines := waitForLines(t, logs, 4)
+	for _, l := range lines {
+		text := fmt.Sprint(l.ContextMap())
+		if l.ContextMap()["listener"] != "gateway" || l.ContextMap()["error"] == "" {
+			t.Errorf("gateway access line %v lacks listener or error", text)
+		}
+		if strings.Contains(text, "secret-typo-model") || strings.Contains(text, "sk-hidden") {
+			t.Errorf("gateway access line carries user input: %v", text)
+		}
+	}
+	if len(lines) != 4 {
+		t.Errorf("%d gateway access lines, want 4 (the routed request is the service's to log)", len(lines))
+	}
 }

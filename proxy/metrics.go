@@ -41,6 +41,7 @@ const replicaNone = "none"
 //	ferry_upstream_errors_total{service,replica,kind}    kind: dial, pool_full, reset, timeout, status_5xx, stream_cut
 //	ferry_prompt_tokens_total{service}                   from the "usage" a 2xx response reports
 //	ferry_completion_tokens_total{service}
+//	ferry_gateway_errors_total{code,reason}              requests the gateway answered before choosing a service
 //
 // One Metrics serves every Service of a process (a controller runs many services, a gateway
 // fronts them all): create it once with NewMetrics and pass it in ServiceConfig.Metrics.
@@ -60,6 +61,7 @@ type Metrics struct {
 	retries          *prometheus.CounterVec
 	promptTokens     *prometheus.CounterVec
 	completionTokens *prometheus.CounterVec
+	gatewayErrors    *prometheus.CounterVec
 	requestsDesc     *prometheus.Desc
 	errorsDesc       *prometheus.Desc
 
@@ -100,6 +102,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "ferry_completion_tokens_total",
 			Help: "Completion tokens reported in the usage of successful responses.",
 		}, []string{"service"}),
+		gatewayErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ferry_gateway_errors_total",
+			Help: "Requests the shared gateway answered itself, before any service: unknown model, no model, bad JSON, unknown path.",
+		}, []string{"code", "reason"}),
 		requestsDesc: prometheus.NewDesc("ferry_requests_total",
 			`Finished requests by final status code and the replica that answered ("none": the proxy answered itself).`,
 			[]string{"service", "replica", "code"}, nil),
@@ -110,7 +116,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		replicas: map[replicaKey]*replicaMetrics{},
 	}
 	collectors := []prometheus.Collector{m.duration, m.ttft, m.inFlight, m.retries, m.promptTokens,
-		m.completionTokens, replicaCollector{m}}
+		m.completionTokens, m.gatewayErrors, replicaCollector{m}}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range collectors[:i] {
