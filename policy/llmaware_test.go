@@ -68,8 +68,8 @@ func TestLLMAware(t *testing.T) {
 			},
 			wantIDs: []int{2},
 		},
-		// Replica 1 counts as an empty queue and a full cache (−2), replica 2 as the longest
-		// queue (−2): a tie, which goes to fewer in flight.
+		// Replica 1 counts as idle with a full cache (−2), replica 2 as the busiest with the
+		// longest queue (−4).
 		"out-of-range metrics are clamped": {
 			states:  []replicaState{fresh(0, -3, 0, 7), fresh(2, 2, 0, 0)},
 			wantIDs: []int{1},
@@ -78,11 +78,23 @@ func TestLLMAware(t *testing.T) {
 			states:  []replicaState{fresh(0, 0, 0, 0.5), fresh(0, 0, 0, math.NaN()), fresh(0, 0, 0, 0.5)},
 			wantIDs: []int{2},
 		},
-		// 3 × 1 (whole prompt) − 2 × 1 (longest queue) = 1 beats 0.
-		"prefix outweighs the queue": {
-			states:  []replicaState{fresh(1, 3, 0, 0), fresh(0, 0, 0, 0), fresh(0, 0, 0, 0)},
+		// 3 × 1 (whole prompt) − 2 × 1 (busiest) = 1 beats 0.
+		"prefix outweighs the load": {
+			states:  []replicaState{fresh(1, 0, 1, 0), fresh(0, 0, 0, 0), fresh(0, 0, 0, 0)},
 			history: []served{{"", prompt, 1}},
 			wantIDs: []int{1},
+		},
+		// 3 × 1 − 2 × 1 (busiest) − 2 × 1 (longest queue) = −1 loses to 0: a request that would
+		// wait for a batch slot goes where it need not.
+		"a queue outweighs the prefix": {
+			states:  []replicaState{fresh(1, 3, 0, 0), fresh(0, 0, 0, 0), fresh(0, 0, 0, 0)},
+			history: []served{{"", prompt, 1}},
+			wantIDs: []int{2, 3},
+		},
+		// Equal queues (none): the less busy replica wins, as under least_load.
+		"busy decides between empty queues": {
+			states:  []replicaState{fresh(12, 0, 12, 0.3), fresh(3, 0, 3, 0.3), fresh(7, 0, 7, 0.3)},
+			wantIDs: []int{2},
 		},
 		// 3 × 0.5 − 2 × 1 (full KV cache) = −0.5 loses to 0.
 		"full KV cache outweighs half a prefix": {
