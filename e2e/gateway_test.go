@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,12 +25,14 @@ import (
 
 // TestGatewayAuthAndTLS: two services behind one controller. One requires an API key and
 // serves HTTPS; the other is open. The shared gateway routes by model and lists only what the
-// caller may see, and the key appears nowhere a user or operator can read.
+// caller may see; the controller's metrics listener counts every service's requests and its log
+// has an access line per request; and the key appears nowhere a user or operator can read.
 func TestGatewayAuthAndTLS(t *testing.T) {
 	const key = "sk-ferry-e2e-0123456789abcdef"
 	e := newEnv(t)
 	gatewayAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	e.extraEnv = []string{"FERRY_GATEWAY_ADDR=" + gatewayAddr, "FERRY_E2E_KEY=" + key}
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	e.extraEnv = []string{"FERRY_GATEWAY_ADDR=" + gatewayAddr, "FERRY_METRICS_ADDR=" + metricsAddr, "FERRY_E2E_KEY=" + key}
 	dir := t.TempDir()
 	certFile, keyFile := writeSelfSigned(t, dir)
 
@@ -95,8 +98,13 @@ service:
 	}
 
 	gw := "http://" + gatewayAddr
-	if ctl := e.mustRun("controller", "status"); !strings.Contains(ctl, gw) {
+	metricsURL := "http://" + metricsAddr + "/metrics"
+	ctl := e.mustRun("controller", "status")
+	if !strings.Contains(ctl, gw) {
 		t.Errorf("controller status does not show the gateway %s:\n%s", gw, ctl)
+	}
+	if !strings.Contains(ctl, "metrics:  "+metricsURL+"\n") {
+		t.Errorf("controller status does not show the metrics URL %s:\n%s", metricsURL, ctl)
 	}
 	models := func(auth string) []string {
 		req, _ := http.NewRequest(http.MethodGet, gw+"/v1/models", nil)
@@ -143,6 +151,35 @@ service:
 		t.Errorf("gateway → unknown model: %d %s", code, body)
 	}
 
+	// Each service counts the requests it answered, direct or via the gateway: private 200 once
+	// each way with the key and 401 once each way without, open 200 once via the gateway; the
+	// gateway counts the unknown model it answered itself.
+	var metrics string
+	eventually(t, 10*time.Second, "/metrics to count both services' requests", func() (bool, string) {
+		metrics = httpGet(t, client, metricsURL)
+		ok := sumSeries(metrics, "ferry_requests_total", `code="200"`, `service="private"`) >= 2 &&
+			sumSeries(metrics, "ferry_requests_total", `code="200"`, `service="open"`) >= 1 &&
+			sumSeries(metrics, "ferry_requests_total", `code="401"`, `service="private"`) >= 1 &&
+			sumSeries(metrics, "ferry_gateway_errors_total", `code="404"`, `reason="unknown_model"`) >= 1
+		return ok, grepLines(metrics, "ferry_requests_total") + "\n" + grepLines(metrics, "ferry_gateway_errors_total")
+	})
+	if !strings.Contains(metrics, "\ngo_goroutines ") {
+		t.Errorf("/metrics has no Go runtime metrics:\n%s", metrics)
+	}
+	if got := httpGet(t, client, "http://"+metricsAddr+"/healthz"); got != "ok\n" {
+		t.Errorf("/healthz = %q", got)
+	}
+	seen.WriteString(metrics)
+
+	ctlLog, err := os.ReadFile(filepath.Join(e.home, "controller.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := accessLines(string(ctlLog), "private"); n == 0 {
+		t.Errorf("controller.log has no access line with a request_id for service private:\n%s", lastLines(string(ctlLog), 40))
+	}
+	seen.Write(ctlLog)
+
 	seen.WriteString(e.mustRun("serve", "status", "-v"))
 	seen.WriteString(e.mustRun("serve", "status", "--json"))
 	seen.WriteString(e.mustRun("serve", "logs", "private", "--controller"))
@@ -152,8 +189,71 @@ service:
 	}
 	seen.Write(db)
 	if strings.Contains(seen.String(), key) {
-		t.Fatalf("the API key reached CLI output, the controller log or the store")
+		t.Fatalf("the API key reached CLI output, the controller log, /metrics or the store")
 	}
+}
+
+// httpGet returns the body of a 200 answer to GET url.
+func httpGet(t *testing.T, client *http.Client, url string) string {
+	t.Helper()
+	resp, err := client.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, raw)
+	}
+	return string(raw)
+}
+
+// sumSeries adds up the samples of metric, in the Prometheus text format, whose labels
+// contain every one of labels (each `name="value"`).
+func sumSeries(text, metric string, labels ...string) float64 {
+	var sum float64
+	for _, line := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(line, metric+"{")
+		if !ok {
+			continue
+		}
+		set, value, ok := strings.Cut(rest, "} ")
+		if !ok {
+			continue
+		}
+		all := true
+		for _, l := range labels {
+			all = all && slices.Contains(strings.Split(set, ","), l)
+		}
+		if v, err := strconv.ParseFloat(strings.Fields(value)[0], 64); all && err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// accessLines counts the controller log's access lines (logger "access", message "request") for
+// service that carry a request id.
+func accessLines(log, service string) int {
+	n := 0
+	for _, line := range strings.Split(log, "\n") {
+		var entry struct {
+			Logger    string `json:"logger"`
+			Msg       string `json:"msg"`
+			Service   string `json:"service"`
+			RequestID string `json:"request_id"`
+		}
+		if json.Unmarshal([]byte(line), &entry) != nil {
+			continue
+		}
+		if entry.Logger == "access" && entry.Msg == "request" && entry.Service == service && entry.RequestID != "" {
+			n++
+		}
+	}
+	return n
 }
 
 func writeFile(t *testing.T, path, content string) {

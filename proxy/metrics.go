@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
@@ -363,6 +364,38 @@ func AdminHandler(g prometheus.Gatherer) http.Handler {
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	return mux
+}
+
+// NewRegistry returns a registry for one Ferry process with the Go runtime and process
+// collectors and a Metrics for its services. It is not prometheus.DefaultRegisterer, so nothing a
+// dependency registers globally reaches /metrics, and tests can run processes side by side.
+func NewRegistry() (*prometheus.Registry, *Metrics, error) {
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(collectors.NewGoCollector()); err != nil {
+		return nil, nil, fmt.Errorf("registering Go metrics: %w", err)
+	}
+	if err := reg.Register(collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})); err != nil {
+		return nil, nil, fmt.Errorf("registering process metrics: %w", err)
+	}
+	m, err := NewMetrics(reg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return reg, m, nil
+}
+
+// NewAdminServer serves AdminHandler(g) with short timeouts: a scrape is one small request a few
+// times a minute, so no client may hold a connection long, while Prometheus's keep-alive
+// connection between scrapes (15–60 s apart) survives the idle timeout.
+func NewAdminServer(g prometheus.Gatherer, log *zap.Logger) *http.Server {
+	return &http.Server{
+		Handler:           AdminHandler(g),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          zap.NewStdLog(log),
+	}
 }
 
 // observability is what a Service records about its requests: metrics handles and the access

@@ -96,7 +96,8 @@ func (b *bench) startTarget(name string, upstreams []string) error {
 	var argv []string
 	switch name {
 	case targetFerry:
-		argv = []string{b.opts.ferryBin, "proxy", "--listen", addr}
+		// Metrics on, as under a controller: the measured cost includes counting every request.
+		argv = []string{b.opts.ferryBin, "proxy", "--listen", addr, "--metrics-listen", "127.0.0.1:0"}
 		for _, u := range upstreams {
 			argv = append(argv, "--replica", u)
 		}

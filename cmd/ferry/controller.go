@@ -29,11 +29,15 @@ func newControllerCmd() *cobra.Command {
 		Short: "Run the controller daemon in the foreground (the CLI starts it for you)",
 		Long: `Run Ferry's controller: it owns all state (SQLite under $FERRY_HOME, default ~/.ferry),
 launches and probes replicas, serves each service's endpoint, and answers the CLI over HTTP on
-loopback with the token in $FERRY_HOME/controller.token.
+loopback with the token in $FERRY_HOME/controller.token. Prometheus metrics for every service
+are served apart from traffic on --metrics-addr (/metrics and /healthz), and requests are
+logged, sampled under load, as lines of the logger "access".
 
 Every other command starts it in the background when it is not running, so you rarely run this.`,
-		Example: "  ferry controller                 # foreground, logs to the terminal\n  ferry controller status\n  ferry controller stop",
-		Args:    cobra.NoArgs,
+		Example: "  ferry controller                 # foreground, logs to the terminal\n" +
+			"  ferry controller --metrics-addr 127.0.0.1:9500   # Prometheus metrics on another port\n" +
+			"  ferry controller status\n  ferry controller stop",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			h, err := home.Default()
 			if err != nil {
@@ -66,7 +70,9 @@ Every other command starts it in the background when it is not running, so you r
 	f.StringVar(&opts.LogFile, "log-file", "", "file this controller's output goes to (for 'serve logs --controller')")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&opts.GatewayAddr, "gateway", envOr("FERRY_GATEWAY_ADDR", controller.DefaultGatewayAddr),
-		"shared endpoint that routes by the request's model, host:port; empty to disable ($FERRY_GATEWAY_ADDR)")
+		"shared endpoint that routes by the request's model, host:port; empty or \"off\" to disable ($FERRY_GATEWAY_ADDR)")
+	f.StringVar(&opts.MetricsAddr, "metrics-addr", envOr("FERRY_METRICS_ADDR", controller.DefaultMetricsAddr),
+		"admin listener for Prometheus /metrics and /healthz, host:port; empty or \"off\" to disable ($FERRY_METRICS_ADDR)")
 	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
 	return cmd
 }
@@ -110,15 +116,19 @@ func newControllerStatusCmd() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "Controller: not running (home %s)\n", h.Dir)
 				return nil
 			}
-			gateway := st.Gateway
-			if gateway == "" {
-				gateway = "off"
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "Controller: running\n  pid:      %d\n  api:      %s\n  gateway:  %s\n  home:     %s\n  version:  %s\n  uptime:   %s\n  services: %d\n",
-				st.PID, st.Addr, gateway, st.Home, st.Version, humanDuration(time.Since(st.StartedAt)), st.Services)
+			fmt.Fprintf(cmd.OutOrStdout(), "Controller: running\n  pid:      %d\n  api:      %s\n  gateway:  %s\n  metrics:  %s\n  home:     %s\n  version:  %s\n  uptime:   %s\n  services: %d\n",
+				st.PID, st.Addr, orOff(st.Gateway), orOff(st.Metrics), st.Home, st.Version, humanDuration(time.Since(st.StartedAt)), st.Services)
 			return nil
 		},
 	}
+}
+
+// orOff shows an optional listener's URL, or "off" when it does not run.
+func orOff(url string) string {
+	if url == "" {
+		return "off"
+	}
+	return url
 }
 
 func newControllerStopCmd() *cobra.Command {

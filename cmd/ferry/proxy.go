@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
@@ -41,6 +42,8 @@ type proxyFlags struct {
 	maxConcurrent   int
 	maxBodyMB       int
 	idleTimeout     time.Duration
+	metricsListen   string
+	accessLog       bool
 }
 
 // proxyOptions is what the flags mean.
@@ -49,6 +52,9 @@ type proxyOptions struct {
 	service         proxy.ServiceConfig
 	backends        []proxy.Backend
 	shutdownTimeout time.Duration
+	// metricsListen is the admin listener's address; empty serves no metrics.
+	metricsListen string
+	accessLog     bool
 }
 
 func newProxyCmd() *cobra.Command {
@@ -64,6 +70,11 @@ Without a controller the replica list is fixed; every replica is treated as READ
 host:port or http://host:port; append #ACCELERATOR (for example #A100) to weight it under
 instance_aware_least_load with --target-qps.
 
+--metrics-listen serves Prometheus metrics (GET /metrics) and a liveness check (GET /healthz) on
+their own address, apart from traffic; keep it on loopback or a private network. --access-log
+writes one line per request (sampled under load: each second the first 100, then every 100th)
+with its id, path, status, replica and timings, never headers, query strings or bodies.
+
 SIGINT or SIGTERM stops accepting connections and waits up to --shutdown-timeout for requests in
 flight, streams included, to finish.`,
 		Example: `  # Two local vLLM servers behind one endpoint
@@ -75,7 +86,11 @@ flight, streams included, to finish.`,
 
   # Weight replicas by GPU
   ferry proxy --policy instance_aware_least_load --target-qps A100=2 --target-qps L4=0.5 \
-    --replica http://10.0.0.5:8080#A100 --replica http://10.0.0.6:8080#L4`,
+    --replica http://10.0.0.5:8080#A100 --replica http://10.0.0.6:8080#L4
+
+  # Prometheus metrics on a separate admin port, and a log line per request
+  ferry proxy --replica 127.0.0.1:9001 --metrics-listen 127.0.0.1:9464 --access-log
+  curl -s http://127.0.0.1:9464/metrics | grep ferry_requests_total`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts, err := f.parse()
@@ -106,6 +121,8 @@ flight, streams included, to finish.`,
 	fl.IntVar(&f.maxConcurrent, "max-concurrent-requests", 0, "answer 429 beyond this many requests in flight (0: no cap)")
 	fl.IntVar(&f.maxBodyMB, "max-body-mb", proxy.DefaultMaxRequestBodySize>>20, "largest request body accepted, in MiB")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", proxy.DefaultIdleTimeout, "how long a replica or client may stay silent mid-request")
+	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve Prometheus /metrics and /healthz on this address, host:port (default: off)")
+	fl.BoolVar(&f.accessLog, "access-log", false, "log one line per request (sampled under load)")
 	return cmd
 }
 
@@ -116,9 +133,18 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		listen:          f.listen,
 		shutdownTimeout: f.shutdownTimeout,
 		service:         proxy.ServiceConfig{Name: f.name, Policy: f.policy},
+		metricsListen:   f.metricsListen,
+		accessLog:       f.accessLog,
 	}
 	if _, _, err := net.SplitHostPort(f.listen); err != nil {
 		errs = append(errs, fmt.Errorf("--listen %q: %w", f.listen, err))
+	}
+	if f.metricsListen != "" {
+		if _, port, err := net.SplitHostPort(f.metricsListen); err != nil {
+			errs = append(errs, fmt.Errorf("--metrics-listen %q: %w", f.metricsListen, err))
+		} else if f.metricsListen == f.listen && port != "0" {
+			errs = append(errs, fmt.Errorf("--metrics-listen %q: must differ from --listen", f.metricsListen))
+		}
 	}
 	if f.shutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout %v: must not be negative", f.shutdownTimeout))
@@ -219,18 +245,58 @@ func parseReplica(raw string) (addr, accelerator string, err error) {
 	return net.JoinHostPort(host, port), accelerator, nil
 }
 
-// runProxy serves until ctx ends, then drains.
+// runProxy binds the traffic and admin listeners, then serves until ctx ends and drains.
 func runProxy(ctx context.Context, opts proxyOptions, log *zap.Logger) error {
-	opts.service.Logger = log
-	svc, err := proxy.NewService(opts.service)
-	if err != nil {
-		return err
-	}
-	svc.SetBackends(opts.backends)
 	ln, err := net.Listen("tcp", opts.listen)
 	if err != nil {
 		return err
 	}
+	var adminLn net.Listener
+	if opts.metricsListen != "" {
+		if adminLn, err = net.Listen("tcp", opts.metricsListen); err != nil {
+			ln.Close()
+			return fmt.Errorf("--metrics-listen: %w", err)
+		}
+	}
+	return serveProxy(ctx, opts, ln, adminLn, log)
+}
+
+// serveProxy serves traffic on ln, and metrics on adminLn unless it is nil, until ctx ends;
+// then it drains requests in flight. It closes both listeners.
+func serveProxy(ctx context.Context, opts proxyOptions, ln, adminLn net.Listener, log *zap.Logger) error {
+	opts.service.Logger = log
+	if opts.accessLog {
+		opts.service.AccessLog = log.Named("access")
+	}
+	if adminLn != nil {
+		reg, metrics, err := proxy.NewRegistry()
+		if err != nil {
+			ln.Close()
+			adminLn.Close()
+			return err
+		}
+		opts.service.Metrics = metrics
+		admin := proxy.NewAdminServer(reg, log.Named("metrics"))
+		adminDone := make(chan struct{})
+		go func() {
+			defer close(adminDone)
+			if err := admin.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("metrics listener stopped", zap.Error(err))
+			}
+		}()
+		log.Info("metrics serving", zap.String("endpoint", "http://"+adminLn.Addr().String()+"/metrics"))
+		// Metrics stay up while requests drain; a scrape still running at exit is cut off.
+		defer func() {
+			_ = admin.Close()
+			<-adminDone
+		}()
+	}
+	svc, err := proxy.NewService(opts.service)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	svc.SetBackends(opts.backends)
 	log.Info("proxy serving", zap.String("service", opts.service.Name), zap.String("endpoint", "http://"+ln.Addr().String()),
 		zap.String("policy", opts.service.Policy), zap.Int("replicas", len(opts.backends)))
 

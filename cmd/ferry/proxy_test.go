@@ -24,6 +24,9 @@ func TestProxyFlags(t *testing.T) {
 			if o.service.APIKeyHashes != nil || o.service.TLS != nil || o.service.MaxRequestBodySize != 32<<20 {
 				t.Errorf("service config %+v", o.service)
 			}
+			if o.metricsListen != "" || o.accessLog {
+				t.Errorf("metrics or access log on by default: %q, %v", o.metricsListen, o.accessLog)
+			}
 		}},
 		"api key from env": {
 			edit: func(f *proxyFlags) { f.apiKeyEnvs = []string{"FERRY_TEST_KEY"} },
@@ -40,6 +43,16 @@ func TestProxyFlags(t *testing.T) {
 		"negative cap":       {edit: func(f *proxyFlags) { f.maxConcurrent = -1 }, wantErr: "--max-concurrent-requests -1"},
 		"huge body":          {edit: func(f *proxyFlags) { f.maxBodyMB = 4096 }, wantErr: "--max-body-mb 4096"},
 		"zero idle timeout":  {edit: func(f *proxyFlags) { f.idleTimeout = 0 }, wantErr: "--idle-timeout 0s"},
+		"metrics and access log": {
+			edit: func(f *proxyFlags) { f.metricsListen, f.accessLog = "127.0.0.1:9464", true },
+			check: func(t *testing.T, o proxyOptions) {
+				if o.metricsListen != "127.0.0.1:9464" || !o.accessLog {
+					t.Errorf("metricsListen %q, accessLog %v", o.metricsListen, o.accessLog)
+				}
+			},
+		},
+		"metrics port missing":           {edit: func(f *proxyFlags) { f.metricsListen = "127.0.0.1" }, wantErr: `--metrics-listen "127.0.0.1"`},
+		"metrics on the traffic address": {edit: func(f *proxyFlags) { f.metricsListen = f.listen }, wantErr: "must differ from --listen"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -26,7 +26,8 @@ benchmarked anywhere.
 
 It serves /v1/chat/completions and /v1/completions (streaming and not), /v1/models, /health and
 /metrics with vLLM's metric names (vllm:num_requests_running, vllm:num_requests_waiting,
-vllm:kv_cache_usage_perc, vllm:prefix_cache_hits_total, ...). Requests are batched like vLLM's
+vllm:kv_cache_usage_perc, vllm:prefix_cache_hits_total, ...), or with --engine tgi those of
+Hugging Face TGI (tgi_queue_size, tgi_batch_current_size, ...). Requests are batched like vLLM's
 continuous batching: at most --max-num-seqs decode at once, the rest wait FIFO (beyond
 --max-waiting they get 429). Time to first token is --ttft plus --prefill-per-token for every
 prompt token missing from the prefix cache; each further token takes --itl plus --itl-per-seq
@@ -42,6 +43,9 @@ SIGTERM shuts down gracefully: in-flight requests finish at once and the exit st
 
   # a slow, small replica that fills up quickly
   ferry replica-sim --max-num-seqs 4 --max-waiting 8 --ttft 200ms --itl 30ms
+
+  # a replica whose /metrics looks like TGI's, for llm_aware routing over TGI
+  ferry replica-sim --port 8002 --engine tgi
 
   # a flaky one: slow to start, 5% errors, crashes after 100 requests
   ferry replica-sim --startup-delay 10s --error-rate 0.05 --exit-after 100

@@ -62,6 +62,9 @@ type ControllerStatus struct {
 	Services  int       `json:"services"`
 	// Gateway is the shared endpoint that routes by model; empty when it is off.
 	Gateway string `json:"gateway,omitempty"`
+	// Metrics is the Prometheus scrape URL of the controller's metrics listener; empty when it
+	// is off or its default address was taken.
+	Metrics string `json:"metrics,omitempty"`
 }
 
 // ErrorBody is the JSON shape of every API error.

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/autoscaler"
@@ -52,15 +53,28 @@ type Options struct {
 	LogFile string
 	// PathPrepend goes first on every local replica's PATH (the ferry binary's directory).
 	PathPrepend []string
-	// GatewayAddr is the shared endpoint where a request's "model" picks the service; empty
-	// disables it. If the default address is taken the controller runs without a gateway
+	// GatewayAddr is the shared endpoint where a request's "model" picks the service; empty or
+	// ListenerOff disables it. If the default address is taken the controller runs without a gateway
 	// (logged); any other address that cannot be bound is an error.
 	GatewayAddr string
+	// MetricsAddr is the admin listener serving Prometheus /metrics and /healthz, apart from
+	// service traffic; empty or ListenerOff disables it. Like GatewayAddr, a taken default
+	// address is logged and skipped, while any other address that cannot be bound is an error.
+	MetricsAddr string
 }
 
 // DefaultGatewayAddr is the gateway's address unless configured: the port just below the
 // first service endpoint.
 const DefaultGatewayAddr = "127.0.0.1:30000"
+
+// DefaultMetricsAddr is the metrics listener's address unless configured: loopback, because
+// metrics name services and traffic volumes, on the port OpenTelemetry's Prometheus exporter
+// uses by default, which scrape configs commonly already expect.
+const DefaultMetricsAddr = "127.0.0.1:9464"
+
+// ListenerOff as GatewayAddr or MetricsAddr disables that listener; it reads better in a flag
+// or environment variable than an empty value.
+const ListenerOff = "off"
 
 func (o *Options) defaults() {
 	if o.Listen == "" {
@@ -101,6 +115,15 @@ type Controller struct {
 
 	gateway     *proxy.Gateway
 	gatewayAddr string // bound address, empty without a gateway
+
+	// registry holds the controller's metrics; metrics are the proxy metrics in it, shared by
+	// every service and the gateway. admin serves them on metricsAddr (nil and empty when off)
+	// until adminDone is closed.
+	registry    *prometheus.Registry
+	metrics     *proxy.Metrics
+	admin       *http.Server
+	adminDone   chan struct{}
+	metricsAddr string
 
 	mu       sync.Mutex
 	services map[string]*service
@@ -154,6 +177,15 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	defer cancel()
 	c.ctx = ctx
 
+	if err := c.initMetrics(); err != nil {
+		ln.Close()
+		return err
+	}
+	if err := c.startMetrics(); err != nil {
+		ln.Close()
+		return err
+	}
+	defer c.stopMetrics()
 	if err := c.startGateway(); err != nil {
 		ln.Close()
 		return err
@@ -594,6 +626,7 @@ func (c *Controller) Status() api.ControllerStatus {
 	if c.gatewayAddr != "" {
 		st.Gateway = "http://" + c.gatewayAddr
 	}
+	st.Metrics = c.metricsURL()
 	return st
 }
 

@@ -22,6 +22,8 @@ func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.Servi
 		Policy:                  svc.LoadBalancingPolicy,
 		TargetQPSPerAccelerator: svc.ReplicaPolicy.TargetQPSPerAccelerator,
 		Logger:                  c.log.Named("proxy").With(zap.String("service", name)),
+		Metrics:                 c.metrics,
+		AccessLog:               c.log.Named("access"),
 	}
 	if a := svc.Auth; a != nil {
 		// Non-nil even when empty: a service that asked for auth and has no keys rejects all.
@@ -47,7 +49,7 @@ func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.Servi
 // not at all. An address the user chose must work.
 func (c *Controller) startGateway() error {
 	addr := c.opts.GatewayAddr
-	if addr == "" {
+	if addr == "" || addr == ListenerOff {
 		return nil
 	}
 	ln, err := net.Listen("tcp", addr)
@@ -58,7 +60,11 @@ func (c *Controller) startGateway() error {
 		}
 		return fmt.Errorf("gateway listen on %s: %w", addr, err)
 	}
-	c.gateway = proxy.NewGateway(proxy.GatewayConfig{Logger: c.log.Named("gateway")})
+	c.gateway = proxy.NewGateway(proxy.GatewayConfig{
+		Logger:    c.log.Named("gateway"),
+		Metrics:   c.metrics,
+		AccessLog: c.log.Named("access"),
+	})
 	c.gatewayAddr = ln.Addr().String()
 	go func() {
 		if err := c.gateway.Serve(ln); err != nil {

@@ -1,0 +1,105 @@
+package controller
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// TestStartMetrics covers the metrics listener's address rules: off, a free address, the default
+// address taken (run without it, warned) and a chosen address taken (fail).
+func TestStartMetrics(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	// The default address is taken by this test, or already by someone else: either way in use.
+	if ln, err := net.Listen("tcp", DefaultMetricsAddr); err == nil {
+		defer ln.Close()
+	} else if !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("taking %s: %v", DefaultMetricsAddr, err)
+	}
+
+	tests := map[string]struct {
+		addr        string
+		wantServing bool
+		wantWarning bool
+		wantErr     string
+	}{
+		"empty":              {addr: ""},
+		"off":                {addr: ListenerOff},
+		"free address":       {addr: "127.0.0.1:0", wantServing: true},
+		"default taken":      {addr: DefaultMetricsAddr, wantWarning: true},
+		"chosen taken":       {addr: taken.Addr().String(), wantErr: "metrics listen on " + taken.Addr().String()},
+		"chosen unparseable": {addr: "127.0.0.1", wantErr: "metrics listen on 127.0.0.1"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			core, logs := observer.New(zap.InfoLevel)
+			c := New(Options{MetricsAddr: tc.addr, Logger: zap.New(core)})
+			if err := c.initMetrics(); err != nil {
+				t.Fatal(err)
+			}
+			err := c.startMetrics()
+			defer c.stopMetrics()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("startMetrics error = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if warned := logs.FilterMessageSnippet("metrics address in use").Len() > 0; warned != tc.wantWarning {
+				t.Errorf("warned %v, want %v", warned, tc.wantWarning)
+			}
+			url := c.Status().Metrics
+			if !tc.wantServing {
+				if url != "" {
+					t.Errorf("status shows metrics at %q, want none", url)
+				}
+				return
+			}
+			if !strings.HasPrefix(url, "http://127.0.0.1:") || !strings.HasSuffix(url, "/metrics") {
+				t.Fatalf("status shows metrics at %q", url)
+			}
+			client := &http.Client{Timeout: 5 * time.Second}
+			resp, err := client.Get(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "\ngo_goroutines ") {
+				t.Errorf("GET %s: %d\n%s", url, resp.StatusCode, body)
+			}
+		})
+	}
+}
+
+// TestStopMetricsClosesListener: once the controller stops, its metrics address is free again.
+func TestStopMetricsClosesListener(t *testing.T) {
+	c := New(Options{MetricsAddr: "127.0.0.1:0"})
+	if err := c.initMetrics(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.startMetrics(); err != nil {
+		t.Fatal(err)
+	}
+	c.stopMetrics()
+	ln, err := net.Listen("tcp", c.metricsAddr)
+	if err != nil {
+		t.Fatalf("metrics address still bound after stopMetrics: %v", err)
+	}
+	ln.Close()
+}
