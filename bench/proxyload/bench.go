@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/childproc"
 	"github.com/ferryserve/ferry/bench/loadgen"
 	"github.com/ferryserve/ferry/bench/procstat"
@@ -62,7 +63,7 @@ func (b *bench) startBackend() error {
 	}
 	argv := []string{self, "backend", "--chunks", fmt.Sprint(b.opts.chunks), "--chunk-gap", b.opts.chunkGap.String()}
 	for range n {
-		addr, err := freeLoopbackAddr()
+		addr, err := benchkit.FreeLoopbackAddr()
 		if err != nil {
 			return err
 		}
@@ -89,7 +90,7 @@ func (b *bench) startTarget(name string, upstreams []string) error {
 	if old := b.targets[name]; old != nil && old.proc != nil {
 		b.group.Stop(old.proc)
 	}
-	addr, err := freeLoopbackAddr()
+	addr, err := benchkit.FreeLoopbackAddr()
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/childproc"
 	"github.com/ferryserve/ferry/bench/loadgen"
 )
@@ -82,18 +82,7 @@ func main() {
 		}
 		return
 	}
-	opts, err := parseFlags(os.Args[1:])
-	if errors.Is(err, pflag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "proxyload:", err)
-		os.Exit(2)
-	}
-	if err := run(opts); err != nil {
-		fmt.Fprintln(os.Stderr, "proxyload:", err)
-		os.Exit(1)
-	}
+	benchkit.Main("proxyload", os.Args[1:], parseFlags, run)
 }
 
 func parseFlags(args []string) (options, error) {
@@ -313,14 +302,4 @@ func ensureDeps(opts options, root string) error {
 		return fmt.Errorf("%s: %w", script, err)
 	}
 	return nil
-}
-
-// freeLoopbackAddr returns a 127.0.0.1 address with a port that was free a moment ago.
-func freeLoopbackAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }

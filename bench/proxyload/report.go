@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/loadgen"
 	"github.com/ferryserve/ferry/bench/procstat"
 )
@@ -195,41 +196,6 @@ var (
 	fLoadBsy  = func(m measurement) float64 { return m.LoadCoreBusy }
 )
 
-// table is a markdown table whose columns are padded so it also reads well in a terminal.
-type table struct {
-	header []string
-	rows   [][]string
-}
-
-func (t *table) render(w io.Writer) {
-	width := make([]int, len(t.header))
-	for i, h := range t.header {
-		width[i] = len([]rune(h))
-	}
-	for _, row := range t.rows {
-		for i, c := range row {
-			width[i] = max(width[i], len([]rune(c)))
-		}
-	}
-	line := func(cells []string) {
-		var b strings.Builder
-		b.WriteString("|")
-		for i, c := range cells {
-			fmt.Fprintf(&b, " %-*s |", width[i], c)
-		}
-		fmt.Fprintln(w, b.String())
-	}
-	line(t.header)
-	sep := make([]string, len(width))
-	for i, n := range width {
-		sep[i] = strings.Repeat("-", n)
-	}
-	line(sep)
-	for _, row := range t.rows {
-		line(row)
-	}
-}
-
 func num(v float64, prec int) string {
 	if math.IsNaN(v) || math.IsInf(v, 0) {
 		return "—"
@@ -241,8 +207,8 @@ func (r *report) has(scenario, target string) bool {
 	return len(r.pick(scenario, target, fRPS)) > 0
 }
 
-func (r *report) nonStreamTable() *table {
-	t := &table{header: []string{"target", "req/s", "p50 ms", "p99 ms", "errors", "proxy CPU µs/req",
+func (r *report) nonStreamTable() *benchkit.Table {
+	t := &benchkit.Table{Header: []string{"target", "req/s", "p50 ms", "p99 ms", "errors", "proxy CPU µs/req",
 		"req/s ÷nginx", "p99 ÷nginx", "CPU/req ÷nginx", "proxy CPU % of core", "proxy core busy %", "load core busy %"}}
 	for _, name := range r.opts.targets {
 		if !r.has(scenarioNonStream, name) {
@@ -258,14 +224,14 @@ func (r *report) nonStreamTable() *table {
 				vsCPU = num(r.pairedRatio(scenarioNonStream, name, targetNginx, fCPU), 2)
 			}
 		}
-		t.rows = append(t.rows, []string{name, num(med(fRPS), 0), num(med(fP50), 2), num(med(fP99), 2),
+		t.Rows = append(t.Rows, []string{name, num(med(fRPS), 0), num(med(fP50), 2), num(med(fP99), 2),
 			num(med(fErrors), 0), cpu, vsRPS, vsP99, vsCPU, cpuPct, num(med(fProxyBsy), 0), num(med(fLoadBsy), 0)})
 	}
 	return t
 }
 
-func (r *report) streamTable() *table {
-	t := &table{header: []string{"target", "streams/s", "TTFB p50 ms", "TTFB p99 ms", "TTFB p50 −direct ms",
+func (r *report) streamTable() *benchkit.Table {
+	t := &benchkit.Table{Header: []string{"target", "streams/s", "TTFB p50 ms", "TTFB p99 ms", "TTFB p50 −direct ms",
 		"total p50 ms", "total p99 ms", "errors", "proxy CPU µs/stream", "CPU/stream ÷nginx", "proxy CPU % of core",
 		"proxy core busy %", "load core busy %"}}
 	for _, name := range r.opts.targets {
@@ -283,18 +249,18 @@ func (r *report) streamTable() *table {
 				vsCPU = num(r.pairedRatio(scenarioStream, name, targetNginx, fCPU), 2)
 			}
 		}
-		t.rows = append(t.rows, []string{name, num(med(fRPS), 0), num(med(fTTFB50), 3), num(med(fTTFB99), 3), vsDirect,
+		t.Rows = append(t.Rows, []string{name, num(med(fRPS), 0), num(med(fTTFB50), 3), num(med(fTTFB99), 3), vsDirect,
 			num(med(fP50), 2), num(med(fP99), 2), num(med(fErrors), 0), cpu, vsCPU, cpuPct,
 			num(med(fProxyBsy), 0), num(med(fLoadBsy), 0)})
 	}
 	return t
 }
 
-func (r *report) manyStreamsTable() *table {
-	t := &table{header: []string{"target", "streams", "ok", "errors", "peak in flight", "idle RSS MiB",
+func (r *report) manyStreamsTable() *benchkit.Table {
+	t := &benchkit.Table{Header: []string{"target", "streams", "ok", "errors", "peak in flight", "idle RSS MiB",
 		"peak RSS MiB", "VmHWM MiB", "CPU µs/stream", "TTFB p50 ms", "TTFB p99 ms"}}
 	for _, m := range r.ManyStreams {
-		t.rows = append(t.rows, []string{m.Target, fmt.Sprint(m.Streams), fmt.Sprint(m.OK), fmt.Sprint(m.Errors),
+		t.Rows = append(t.Rows, []string{m.Target, fmt.Sprint(m.Streams), fmt.Sprint(m.OK), fmt.Sprint(m.Errors),
 			fmt.Sprint(m.PeakInFlight), num(m.IdleRSSMiB, 1), num(m.PeakRSSMiB, 1), num(m.HWMMiB, 1),
 			num(m.CPUPerStreamUs, 1), num(m.TTFB.P50Ms, 2), num(m.TTFB.P99Ms, 2)})
 	}
@@ -344,14 +310,14 @@ func (r *report) checks() []check {
 	return out
 }
 
-func (r *report) checksTable() *table {
-	t := &table{header: []string{"target", "this run", "limit", "met"}}
+func (r *report) checksTable() *benchkit.Table {
+	t := &benchkit.Table{Header: []string{"target", "this run", "limit", "met"}}
 	for _, c := range r.checks() {
 		met := "no"
 		if c.Pass {
 			met = "yes"
 		}
-		t.rows = append(t.rows, []string{c.Name, num(c.Value, 3), c.Limit, met})
+		t.Rows = append(t.Rows, []string{c.Name, num(c.Value, 3), c.Limit, met})
 	}
 	return t
 }
@@ -365,23 +331,23 @@ func (r *report) render(w io.Writer) {
 		r.opts.duration, r.opts.warmup, r.opts.requests, r.opts.reps, r.opts.backends)
 	if slices.Contains(r.opts.scenarios, scenarioNonStream) {
 		fmt.Fprintf(w, "## Non-streamed POST /v1/chat/completions, concurrency %d (~%d-byte reply)\n\n", r.opts.concurrency, len(completionReply))
-		r.nonStreamTable().render(w)
+		r.nonStreamTable().Render(w)
 		fmt.Fprintln(w)
 	}
 	if slices.Contains(r.opts.scenarios, scenarioStream) {
 		fmt.Fprintf(w, "## SSE streams, concurrency %d (%d chunks, %v apart)\n\n", r.opts.streamConcurrency, r.opts.chunks, r.opts.chunkGap)
-		r.streamTable().render(w)
+		r.streamTable().Render(w)
 		fmt.Fprintln(w)
 	}
 	if len(r.ManyStreams) > 0 {
 		fmt.Fprintf(w, "## %d concurrent SSE streams over %d backend port(s) (%d chunks, %v apart, opened over %v)\n\n",
 			r.opts.streams5k, r.opts.streams5kBackends, manyStreamsChunks, r.opts.streams5kGap, r.opts.streams5kRamp)
-		r.manyStreamsTable().render(w)
+		r.manyStreamsTable().Render(w)
 		fmt.Fprintln(w)
 	}
-	if t := r.checksTable(); len(t.rows) > 0 {
+	if t := r.checksTable(); len(t.Rows) > 0 {
 		fmt.Fprintf(w, "## Issue targets (one run on a shared machine: indicative)\n\n")
-		t.render(w)
+		t.Render(w)
 		fmt.Fprintln(w)
 	}
 	var errs []string

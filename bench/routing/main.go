@@ -21,6 +21,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/childproc"
 )
 
@@ -63,18 +64,7 @@ type options struct {
 }
 
 func main() {
-	opts, err := parseFlags(os.Args[1:])
-	if errors.Is(err, pflag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "routing:", err)
-		os.Exit(2)
-	}
-	if err := run(opts); err != nil {
-		fmt.Fprintln(os.Stderr, "routing:", err)
-		os.Exit(1)
-	}
+	benchkit.Main("routing", os.Args[1:], parseFlags, run)
 }
 
 func parseFlags(args []string) (options, error) {

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/childproc"
 	"github.com/ferryserve/ferry/bench/loadgen"
 )
@@ -81,7 +82,7 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 		return nil, err
 	}
 
-	proxyAddr, err := freeLoopbackAddr()
+	proxyAddr, err := benchkit.FreeLoopbackAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +181,7 @@ type replica struct {
 func startReplicas(ctx context.Context, group *childproc.Group, opts options) ([]replica, error) {
 	var out []replica
 	for i := range opts.replicas {
-		addr, err := freeLoopbackAddr()
+		addr, err := benchkit.FreeLoopbackAddr()
 		if err != nil {
 			return out, err
 		}
@@ -256,14 +257,4 @@ func (s *loadSampler) stop() []float64 {
 		}
 	}
 	return out
-}
-
-// freeLoopbackAddr returns a 127.0.0.1 address with a port that was free a moment ago.
-func freeLoopbackAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/loadgen"
 )
 
@@ -119,41 +120,6 @@ func pct(v float64) string {
 	return fmt.Sprintf("%.1f", 100*v)
 }
 
-// table is a markdown table padded to read well in a terminal too.
-type table struct {
-	header []string
-	rows   [][]string
-}
-
-func (t *table) render(w io.Writer) {
-	width := make([]int, len(t.header))
-	for i, h := range t.header {
-		width[i] = len([]rune(h))
-	}
-	for _, row := range t.rows {
-		for i, c := range row {
-			width[i] = max(width[i], len([]rune(c)))
-		}
-	}
-	line := func(cells []string) {
-		var b strings.Builder
-		b.WriteString("|")
-		for i, c := range cells {
-			fmt.Fprintf(&b, " %-*s |", width[i], c)
-		}
-		fmt.Fprintln(w, b.String())
-	}
-	line(t.header)
-	sep := make([]string, len(width))
-	for i, n := range width {
-		sep[i] = strings.Repeat("-", n)
-	}
-	line(sep)
-	for _, row := range t.rows {
-		line(row)
-	}
-}
-
 func (r *report) label(p *policyResult) string {
 	if p.Resolved != "" {
 		return p.Policy + " (" + p.Resolved + ")"
@@ -161,14 +127,14 @@ func (r *report) label(p *policyResult) string {
 	return p.Policy
 }
 
-func (r *report) latencyTable() *table {
-	t := &table{header: []string{"policy", "ok", "errors", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms",
+func (r *report) latencyTable() *benchkit.Table {
+	t := &benchkit.Table{Header: []string{"policy", "ok", "errors", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms",
 		"e2e p50 ms", "e2e p99 ms", "TPOT p50 ms", "req/s", "output tok/s", "prefix hit %", "dispatch lag p99 ms"}}
 	for _, p := range r.Policies {
 		if p.Unavailable != "" {
 			continue
 		}
-		t.rows = append(t.rows, []string{r.label(p), fmt.Sprint(p.OK), fmt.Sprint(p.Errors),
+		t.Rows = append(t.Rows, []string{r.label(p), fmt.Sprint(p.OK), fmt.Sprint(p.Errors),
 			num(p.TTFT.P50Ms, 0), num(p.TTFT.P90Ms, 0), num(p.TTFT.P99Ms, 0),
 			num(p.E2E.P50Ms, 0), num(p.E2E.P99Ms, 0), num(p.TPOT.P50Ms, 1),
 			num(p.RequestsPerSec, 1), num(p.OutputTokPerSec, 0), pct(float64(p.PrefixHitRate)), num(p.Lag.P99Ms, 1)})
@@ -176,8 +142,8 @@ func (r *report) latencyTable() *table {
 	return t
 }
 
-func (r *report) loadTable() *table {
-	t := &table{header: []string{"policy", "requests per replica", "max/mean", "tokens max/mean",
+func (r *report) loadTable() *benchkit.Table {
+	t := &benchkit.Table{Header: []string{"policy", "requests per replica", "max/mean", "tokens max/mean",
 		"mean sequences per replica", "max/mean"}}
 	for _, p := range r.Policies {
 		if p.Unavailable != "" {
@@ -187,7 +153,7 @@ func (r *report) loadTable() *table {
 		for i, b := range p.ReplicaBusy {
 			busy[i] = num(b, 1)
 		}
-		t.rows = append(t.rows, []string{r.label(p), formatLoads(p.ReplicaRequests), num(float64(p.RequestsImbal), 2),
+		t.Rows = append(t.Rows, []string{r.label(p), formatLoads(p.ReplicaRequests), num(float64(p.RequestsImbal), 2),
 			num(float64(p.TokensImbal), 2), strings.Join(busy, "/"), num(float64(p.BusyImbal), 2)})
 	}
 	return t
@@ -243,9 +209,9 @@ func (r *report) render(w io.Writer) {
 		o.replicas, strings.Join(o.sim.args(), " "), r.Host["cpus"], r.Host["loadavg_start"], r.Host["loadavg_end"])
 
 	fmt.Fprintf(w, "## Latency and throughput per policy\n\n")
-	r.latencyTable().render(w)
+	r.latencyTable().Render(w)
 	fmt.Fprintf(w, "\n## Load per replica\n\n")
-	r.loadTable().render(w)
+	r.loadTable().Render(w)
 	var missing []string
 	for _, p := range r.Policies {
 		if p.Unavailable != "" {
@@ -256,16 +222,16 @@ func (r *report) render(w io.Writer) {
 		fmt.Fprintf(w, "\n## Policies not run\n\n%s\n", strings.Join(missing, "\n"))
 	}
 	if cs := r.checks(); len(cs) > 0 {
-		t := &table{header: []string{"target", "this run", "limit", "met"}}
+		t := &benchkit.Table{Header: []string{"target", "this run", "limit", "met"}}
 		for _, c := range cs {
 			met := "no"
 			if c.Pass {
 				met = "yes"
 			}
-			t.rows = append(t.rows, []string{c.Name, num(c.Value, 2), c.Limit, met})
+			t.Rows = append(t.Rows, []string{c.Name, num(c.Value, 2), c.Limit, met})
 		}
 		fmt.Fprintf(w, "\n## Issue targets (one run on a shared machine: indicative)\n\n")
-		t.render(w)
+		t.Render(w)
 	}
 	var errs []string
 	for _, p := range r.Policies {

@@ -407,7 +407,7 @@ func TestReportChecks(t *testing.T) {
 	if diff := cmp.Diff(want, r.checks()); diff != "" {
 		t.Errorf("checks (-want +got):\n%s", diff)
 	}
-	if got := r.loadTable().rows; len(got) != 2 || got[0][0] != "default (least_load)" {
+	if got := r.loadTable().Rows; len(got) != 2 || got[0][0] != "default (least_load)" {
 		t.Errorf("load table rows %q: want the two measured policies, default labelled", got)
 	}
 }
