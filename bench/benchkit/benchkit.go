@@ -1,14 +1,19 @@
 // Package benchkit holds what the benchmark drivers in bench/ share: their command-line entry
-// point, markdown tables and free loopback ports.
+// point, output directory and ferry build, markdown tables and report files, free loopback
+// ports.
 package benchkit
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 )
@@ -79,4 +84,67 @@ func FreeLoopbackAddr() (string, error) {
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
+}
+
+// RepoRoot is the module root, where ./cmd/ferry and scripts/ are.
+func RepoRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run from inside the ferry module (go env GOMOD is empty)")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// OutDir creates and returns the driver's output directory: dir if set, else
+// .cache/bench/<driver>-<timestamp> under root (git-ignored).
+func OutDir(root, driver, dir string) (string, error) {
+	if dir == "" {
+		dir = filepath.Join(root, ".cache", "bench", driver+"-"+time.Now().Format("20060102-150405"))
+	}
+	return dir, os.MkdirAll(dir, 0o755)
+}
+
+// BuildFerry builds ./cmd/ferry from the working tree at root into dir and returns the binary.
+func BuildFerry(root, dir string) (string, error) {
+	bin := filepath.Join(dir, "ferry")
+	fmt.Fprintf(os.Stderr, "building ferry into %s\n", bin)
+	build := exec.Command("go", "build", "-o", bin, "./cmd/ferry")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/ferry: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// LoadAvg is the host's 1, 5 and 15 minute load averages, or "" where /proc has none.
+func LoadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	return strings.Join(f[:min(3, len(f))], " ")
+}
+
+// WriteReport prints markdown to stdout and saves it as summary.md, and results as indented
+// JSON in results.json, both under dir.
+func WriteReport(stdout io.Writer, dir, markdown string, results any) error {
+	fmt.Fprint(stdout, markdown)
+	summary, resultsFile := filepath.Join(dir, "summary.md"), filepath.Join(dir, "results.json")
+	if err := os.WriteFile(summary, []byte(markdown), 0o644); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(results, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(resultsFile, append(js, '\n'), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nwrote %s and %s\n", summary, resultsFile)
+	return nil
 }

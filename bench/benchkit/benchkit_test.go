@@ -2,6 +2,8 @@ package benchkit
 
 import (
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -32,5 +34,28 @@ func TestFreeLoopbackAddr(t *testing.T) {
 	ln.Close()
 	if !strings.HasPrefix(addr, "127.0.0.1:") {
 		t.Errorf("addr %q is not on loopback", addr)
+	}
+}
+
+func TestOutDirAndWriteReport(t *testing.T) {
+	root := t.TempDir()
+	dir, err := OutDir(root, "drv", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(dir, filepath.Join(root, ".cache", "bench", "drv-")) {
+		t.Errorf("default out dir %q", dir)
+	}
+	var stdout strings.Builder
+	if err := WriteReport(&stdout, dir, "# report\n", map[string]int{"ok": 3}); err != nil {
+		t.Fatal(err)
+	}
+	md, _ := os.ReadFile(filepath.Join(dir, "summary.md"))
+	js, _ := os.ReadFile(filepath.Join(dir, "results.json"))
+	if string(md) != "# report\n" || string(js) != "{\n  \"ok\": 3\n}\n" {
+		t.Errorf("summary.md %q, results.json %q", md, js)
+	}
+	if !strings.HasPrefix(stdout.String(), "# report\n") || !strings.Contains(stdout.String(), "results.json") {
+		t.Errorf("stdout %q", stdout.String())
 	}
 }

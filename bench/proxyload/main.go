@@ -202,26 +202,19 @@ func (o options) needs(target string) bool {
 }
 
 func run(opts options) error {
-	root, err := repoRoot()
+	root, err := benchkit.RepoRoot()
 	if err != nil {
 		return err
 	}
 	if err := ensureDeps(opts, root); err != nil {
 		return err
 	}
-	if opts.out == "" {
-		opts.out = filepath.Join(root, ".cache", "bench", "proxyload-"+time.Now().Format("20060102-150405"))
-	}
-	if err := os.MkdirAll(opts.out, 0o755); err != nil {
+	if opts.out, err = benchkit.OutDir(root, "proxyload", opts.out); err != nil {
 		return err
 	}
 	if opts.needs(targetFerry) && opts.ferryBin == "" {
-		opts.ferryBin = filepath.Join(opts.out, "ferry")
-		fmt.Fprintf(os.Stderr, "building ferry into %s\n", opts.ferryBin)
-		build := exec.Command("go", "build", "-o", opts.ferryBin, "./cmd/ferry")
-		build.Dir = root
-		if out, err := build.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build ./cmd/ferry: %v\n%s", err, out)
+		if opts.ferryBin, err = benchkit.BuildFerry(root, opts.out); err != nil {
+			return err
 		}
 	}
 	// Pin after building, so the build has both cores.
@@ -261,19 +254,6 @@ func run(opts options) error {
 		}
 	}
 	return b.report.write(os.Stdout, opts.out)
-}
-
-// repoRoot is the module root, where ./cmd/ferry and scripts/ are.
-func repoRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("run from inside the ferry module (go env GOMOD is empty)")
-	}
-	return filepath.Dir(mod), nil
 }
 
 // ensureDeps checks for nginx and taskset, running scripts/bench-deps.sh when asked to.

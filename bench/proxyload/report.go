@@ -1,12 +1,9 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
-	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -110,7 +107,7 @@ type hostInfo struct {
 func newReport(opts options) *report {
 	return &report{
 		Started: time.Now(),
-		Host:    hostInfo{CPUs: runtime.NumCPU(), LoadAvgStart: loadAvg(), GoVersion: runtime.Version()},
+		Host:    hostInfo{CPUs: runtime.NumCPU(), LoadAvgStart: benchkit.LoadAvg(), GoVersion: runtime.Version()},
 		Options: map[string]any{
 			"duration": opts.duration.String(), "warmup": opts.warmup.String(), "requests_cap": opts.requests,
 			"concurrency": opts.concurrency, "stream_concurrency": opts.streamConcurrency,
@@ -125,15 +122,6 @@ func newReport(opts options) *report {
 
 func (r *report) add(m measurement)            { r.Measurements = append(r.Measurements, m) }
 func (r *report) addManyStreams(m manyStreams) { r.ManyStreams = append(r.ManyStreams, m) }
-
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	return strings.Join(f[:min(3, len(f))], " ")
-}
 
 // median of xs; NaN when empty.
 func median(xs []float64) float64 {
@@ -368,23 +356,11 @@ func (r *report) render(w io.Writer) {
 
 // write prints the report to stdout and saves summary.md and results.json under dir.
 func (r *report) write(stdout io.Writer, dir string) error {
-	r.Host.LoadAvgEnd = loadAvg()
+	r.Host.LoadAvgEnd = benchkit.LoadAvg()
 	var md strings.Builder
 	r.render(&md)
-	fmt.Fprint(stdout, md.String())
-	if err := os.WriteFile(filepath.Join(dir, "summary.md"), []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	js, err := json.MarshalIndent(struct {
+	return benchkit.WriteReport(stdout, dir, md.String(), struct {
 		*report
 		Checks []check `json:"checks"`
-	}{r, r.checks()}, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "\nwrote %s and %s\n", filepath.Join(dir, "summary.md"), filepath.Join(dir, "results.json"))
-	return nil
+	}{r, r.checks()})
 }

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -155,7 +154,7 @@ func (o options) validate() error {
 }
 
 func run(opts options) error {
-	root, err := repoRoot()
+	root, err := benchkit.RepoRoot()
 	if err != nil {
 		return err
 	}
@@ -174,19 +173,12 @@ func run(opts options) error {
 	if err != nil {
 		return err
 	}
-	if opts.out == "" {
-		opts.out = filepath.Join(root, ".cache", "bench", "routing-"+time.Now().Format("20060102-150405"))
-	}
-	if err := os.MkdirAll(opts.out, 0o755); err != nil {
+	if opts.out, err = benchkit.OutDir(root, "routing", opts.out); err != nil {
 		return err
 	}
 	if opts.ferryBin == "" {
-		opts.ferryBin = filepath.Join(opts.out, "ferry")
-		fmt.Fprintf(os.Stderr, "building ferry into %s\n", opts.ferryBin)
-		build := exec.Command("go", "build", "-o", opts.ferryBin, "./cmd/ferry")
-		build.Dir = root
-		if out, err := build.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build ./cmd/ferry: %v\n%s", err, out)
+		if opts.ferryBin, err = benchkit.BuildFerry(root, opts.out); err != nil {
+			return err
 		}
 	}
 	st := wl.stats
@@ -210,17 +202,4 @@ func run(opts options) error {
 		rep.add(res)
 	}
 	return rep.write(os.Stdout, opts.out)
-}
-
-// repoRoot is the module root, where ./cmd/ferry is.
-func repoRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("run from inside the ferry module (go env GOMOD is empty)")
-	}
-	return filepath.Dir(mod), nil
 }

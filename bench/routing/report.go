@@ -1,11 +1,9 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -90,21 +88,12 @@ func newReport(opts options, wl *workload) *report {
 			"min_turn_gap": opts.workload.MinTurnGap.String(), "max_idle": opts.workload.MaxIdle.String(),
 			"sim": strings.Join(s.args(), " "),
 		},
-		Host: map[string]any{"cpus": runtime.NumCPU(), "loadavg_start": loadAvg(), "go": runtime.Version()},
+		Host: map[string]any{"cpus": runtime.NumCPU(), "loadavg_start": benchkit.LoadAvg(), "go": runtime.Version()},
 		opts: opts,
 	}
 }
 
 func (r *report) add(res *policyResult) { r.Policies = append(r.Policies, res) }
-
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	return strings.Join(f[:min(3, len(f))], " ")
-}
 
 func num(v float64, prec int) string {
 	if math.IsNaN(v) || math.IsInf(v, 0) {
@@ -246,23 +235,11 @@ func (r *report) render(w io.Writer) {
 
 // write prints the report and saves summary.md and results.json under dir.
 func (r *report) write(stdout io.Writer, dir string) error {
-	r.Host["loadavg_end"] = loadAvg()
+	r.Host["loadavg_end"] = benchkit.LoadAvg()
 	var md strings.Builder
 	r.render(&md)
-	fmt.Fprint(stdout, md.String())
-	if err := os.WriteFile(filepath.Join(dir, "summary.md"), []byte(md.String()), 0o644); err != nil {
-		return err
-	}
-	js, err := json.MarshalIndent(struct {
+	return benchkit.WriteReport(stdout, dir, md.String(), struct {
 		*report
 		Checks []check `json:"checks"`
-	}{r, r.checks()}, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "results.json"), append(js, '\n'), 0o644); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "\nwrote %s and %s\n", filepath.Join(dir, "summary.md"), filepath.Join(dir, "results.json"))
-	return nil
+	}{r, r.checks()})
 }
