@@ -61,7 +61,8 @@ service:
 `)
 	var seen strings.Builder
 	seen.WriteString(e.mustRun("serve", "up", private, "-y"))
-	seen.WriteString(e.mustRun("serve", "up", open, "-y"))
+	upOpen := e.mustRun("serve", "up", open, "-y")
+	seen.WriteString(upOpen)
 
 	privateEP := strings.TrimSpace(e.mustRun("serve", "status", "private", "--endpoint"))
 	if !strings.HasPrefix(privateEP, "https://127.0.0.1:") {
@@ -105,6 +106,9 @@ service:
 	}
 	if !strings.Contains(ctl, "metrics:  "+metricsURL+"\n") {
 		t.Errorf("controller status does not show the metrics URL %s:\n%s", metricsURL, ctl)
+	}
+	if !strings.Contains(upOpen, "Metrics:  "+metricsURL) {
+		t.Errorf("serve up does not show the metrics URL %s:\n%s", metricsURL, upOpen)
 	}
 	models := func(auth string) []string {
 		req, _ := http.NewRequest(http.MethodGet, gw+"/v1/models", nil)

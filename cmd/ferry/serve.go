@@ -163,8 +163,13 @@ func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 		}
 	}
 	fmt.Fprintf(out, "\nService %q is up.\nEndpoint: %s\n", name, st.Endpoint)
-	if cs, err := c.ControllerStatus(ctx); err == nil && cs.Gateway != "" {
-		fmt.Fprintf(out, "Gateway:  %s (one endpoint for every service; the request's \"model\" picks it)\n", cs.Gateway)
+	if cs, err := c.ControllerStatus(ctx); err == nil {
+		if cs.Gateway != "" {
+			fmt.Fprintf(out, "Gateway:  %s (one endpoint for every service; the request's \"model\" picks it)\n", cs.Gateway)
+		}
+		if cs.Metrics != "" {
+			fmt.Fprintf(out, "Metrics:  %s (Prometheus)\n", cs.Metrics)
+		}
 	}
 	// With service.auth the example must send a key; name the variable the user keeps it in.
 	authHeader, authArg := "", ""
