@@ -72,13 +72,11 @@ func (o *observability) logAccess(r *accessRecord) {
 	if ce == nil {
 		return
 	}
-	path := requestPath(r.uri)
-	path = path[:min(len(path), maxLoggedURI)]
 	fields := make([]zap.Field, 0, 14)
 	fields = append(fields,
 		zap.String("request_id", string(r.requestID)),
 		zap.String("method", string(r.method)),
-		zap.String("path", string(path)),
+		zap.String("path", loggedPath(r.uri)),
 		zap.Int("status", r.status),
 	)
 	if r.replicaID >= 0 {
@@ -129,6 +127,13 @@ func requestPath(uri []byte) []byte {
 // path or drop part of the query string, which requestPath discards anyway.
 func appendLoggedURI(dst, uri []byte) []byte {
 	return append(dst, uri[:min(len(uri), maxLoggedURI)]...)
+}
+
+// loggedPath is the path of a request target as access log lines show it: no query string, at
+// most maxLoggedURI bytes.
+func loggedPath(uri []byte) string {
+	path := requestPath(uri)
+	return string(path[:min(len(path), maxLoggedURI)])
 }
 
 // clientAddr is the address of the connection's peer, without allocating. It is the direct

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/netip"
 	"slices"
 	"sort"
 	"strconv"
@@ -259,16 +258,15 @@ func (g *Gateway) observe(ctx *fasthttp.RequestCtx, status int, reason string) {
 	if ce == nil {
 		return
 	}
-	path := requestPath(ctx.Request.Header.RequestURI())
 	fields := []zap.Field{
 		zap.String("method", string(ctx.Method())),
-		zap.String("path", string(path[:min(len(path), maxLoggedURI)])),
+		zap.String("path", loggedPath(ctx.Request.Header.RequestURI())),
 		zap.Int("status", status),
 		zap.String("error", reason),
 		zap.Duration("duration", time.Since(ctx.Time())),
 	}
-	if ip, ok := netip.AddrFromSlice(ctx.RemoteIP()); ok {
-		fields = append(fields, zap.String("client_ip", ip.Unmap().String()))
+	if ip := clientAddr(ctx); ip.IsValid() {
+		fields = append(fields, zap.String("client_ip", ip.String()))
 	}
 	ce.Write(fields...)
 }

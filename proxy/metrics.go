@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -384,17 +386,32 @@ func NewRegistry() (*prometheus.Registry, *Metrics, error) {
 	return reg, m, nil
 }
 
-// NewAdminServer serves AdminHandler(g) with short timeouts: a scrape is one small request a few
-// times a minute, so no client may hold a connection long, while Prometheus's keep-alive
-// connection between scrapes (15–60 s apart) survives the idle timeout.
-func NewAdminServer(g prometheus.Gatherer, log *zap.Logger) *http.Server {
-	return &http.Server{
+// ServeAdmin serves AdminHandler(g) on ln until the returned stop is called. Timeouts are
+// short: a scrape is one small request a few times a minute, so no client may hold a connection
+// long, while Prometheus's keep-alive connection between scrapes (15–60 s apart) survives the
+// idle timeout. stop lets a scrape in progress finish until ctx ends, then closes the listener
+// and waits for the server to be gone, so the address is free on return.
+func ServeAdmin(ln net.Listener, g prometheus.Gatherer, log *zap.Logger) (stop func(context.Context)) {
+	srv := &http.Server{
 		Handler:           AdminHandler(g),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          zap.NewStdLog(log),
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics listener stopped", zap.Error(err))
+		}
+	}()
+	return func(ctx context.Context) {
+		if err := srv.Shutdown(ctx); err != nil {
+			_ = srv.Close()
+		}
+		<-done
 	}
 }
 

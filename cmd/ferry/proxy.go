@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
@@ -276,19 +275,13 @@ func serveProxy(ctx context.Context, opts proxyOptions, ln, adminLn net.Listener
 			return err
 		}
 		opts.service.Metrics = metrics
-		admin := proxy.NewAdminServer(reg, log.Named("metrics"))
-		adminDone := make(chan struct{})
-		go func() {
-			defer close(adminDone)
-			if err := admin.Serve(adminLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics listener stopped", zap.Error(err))
-			}
-		}()
+		stopAdmin := proxy.ServeAdmin(adminLn, reg, log.Named("metrics"))
 		log.Info("metrics serving", zap.String("endpoint", "http://"+adminLn.Addr().String()+"/metrics"))
 		// Metrics stay up while requests drain; a scrape still running at exit is cut off.
 		defer func() {
-			_ = admin.Close()
-			<-adminDone
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			stopAdmin(ctx)
 		}()
 	}
 	svc, err := proxy.NewService(opts.service)

@@ -117,12 +117,11 @@ type Controller struct {
 	gatewayAddr string // bound address, empty without a gateway
 
 	// registry holds the controller's metrics; metrics are the proxy metrics in it, shared by
-	// every service and the gateway. admin serves them on metricsAddr (nil and empty when off)
-	// until adminDone is closed.
+	// every service and the gateway. They are served on metricsAddr until stopAdmin (nil and
+	// empty when off).
 	registry    *prometheus.Registry
 	metrics     *proxy.Metrics
-	admin       *http.Server
-	adminDone   chan struct{}
+	stopAdmin   func(context.Context)
 	metricsAddr string
 
 	mu       sync.Mutex

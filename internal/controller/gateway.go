@@ -1,11 +1,8 @@
 package controller
 
 import (
-	"errors"
 	"fmt"
-	"net"
 	"sort"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -48,17 +45,9 @@ func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.Servi
 // second FERRY_HOME's controller, say): then the controller runs without a gateway rather than
 // not at all. An address the user chose must work.
 func (c *Controller) startGateway() error {
-	addr := c.opts.GatewayAddr
-	if addr == "" || addr == ListenerOff {
-		return nil
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		if addr == DefaultGatewayAddr && errors.Is(err, syscall.EADDRINUSE) {
-			c.log.Warn("gateway address in use; running without the shared gateway", zap.String("addr", addr))
-			return nil
-		}
-		return fmt.Errorf("gateway listen on %s: %w", addr, err)
+	ln, err := c.listenOptional(c.opts.GatewayAddr, DefaultGatewayAddr, "gateway")
+	if ln == nil {
+		return err
 	}
 	c.gateway = proxy.NewGateway(proxy.GatewayConfig{
 		Logger:    c.log.Named("gateway"),

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"syscall"
 	"time"
 
@@ -34,26 +33,12 @@ func (c *Controller) initMetrics() error {
 // controller): then the controller runs without it. An address the user chose must work.
 func (c *Controller) startMetrics() error {
 	addr := c.opts.MetricsAddr
-	if addr == "" || addr == ListenerOff {
-		return nil
+	ln, err := c.listenOptional(addr, DefaultMetricsAddr, "metrics")
+	if ln == nil {
+		return err
 	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		if addr == DefaultMetricsAddr && errors.Is(err, syscall.EADDRINUSE) {
-			c.log.Warn("metrics address in use; running without the metrics listener", zap.String("addr", addr))
-			return nil
-		}
-		return fmt.Errorf("metrics listen on %s: %w", addr, err)
-	}
-	c.admin = proxy.NewAdminServer(c.registry, c.log.Named("metrics"))
+	c.stopAdmin = proxy.ServeAdmin(ln, c.registry, c.log.Named("metrics"))
 	c.metricsAddr = ln.Addr().String()
-	c.adminDone = make(chan struct{})
-	go func() {
-		defer close(c.adminDone)
-		if err := c.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			c.log.Error("metrics listener stopped", zap.Error(err))
-		}
-	}()
 	c.log.Info("metrics serving", zap.String("endpoint", c.metricsURL()))
 	return nil
 }
@@ -61,15 +46,31 @@ func (c *Controller) startMetrics() error {
 // stopMetrics closes the metrics listener and waits until its address is free. Start calls it
 // last, so that the drain of every service can still be scraped.
 func (c *Controller) stopMetrics() {
-	if c.admin == nil {
+	if c.stopAdmin == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), adminShutdownTimeout)
 	defer cancel()
-	if err := c.admin.Shutdown(ctx); err != nil {
-		_ = c.admin.Close()
+	c.stopAdmin(ctx)
+}
+
+// listenOptional binds an optional listener (the gateway, metrics): none when addr is empty or
+// ListenerOff. The default address may be taken (by a second FERRY_HOME's controller, say): then
+// the controller runs without that listener rather than not at all; an address the user chose
+// must bind. A nil listener with a nil error means "run without it".
+func (c *Controller) listenOptional(addr, defaultAddr, what string) (net.Listener, error) {
+	if addr == "" || addr == ListenerOff {
+		return nil, nil
 	}
-	<-c.adminDone // Serve closes the listener itself when Shutdown came first
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		if addr == defaultAddr && errors.Is(err, syscall.EADDRINUSE) {
+			c.log.Warn(what+" address in use; running without it", zap.String("addr", addr))
+			return nil, nil
+		}
+		return nil, fmt.Errorf("%s listen on %s: %w", what, addr, err)
+	}
+	return ln, nil
 }
 
 // metricsURL is where Prometheus scrapes this controller; empty without a metrics listener.
