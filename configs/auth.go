@@ -15,7 +15,8 @@ import (
 
 var (
 	authKeys   = []string{"keys_from_env", "keys_file"}
-	limitsKeys = []string{"max_request_body_mb", "max_concurrent_requests", "idle_timeout_seconds"}
+	limitsKeys = []string{"max_request_body_mb", "max_concurrent_requests", "idle_timeout_seconds",
+		"max_queued_requests", "max_queue_wait_seconds"}
 )
 
 // Bounds on service.auth and service.limits.
@@ -26,6 +27,9 @@ const (
 	maxKeysFileBytes = 1 << 20
 	// MaxRequestBodyMB caps limits.max_request_body_mb: the proxy buffers whole bodies.
 	MaxRequestBodyMB = 1024
+	// MaxQueueWaitSeconds caps limits.max_queue_wait_seconds: a client held longer than an
+	// hour has long given up.
+	MaxQueueWaitSeconds = 3600
 )
 
 // HashAPIKey is how a key is stored and compared: the hex SHA-256 of the key. Keys are long
@@ -185,6 +189,20 @@ func (c *checker) limits(n *yaml.Node, field string) *Limits {
 	}
 	if e, ok := f["idle_timeout_seconds"]; ok {
 		l.IdleTimeoutSeconds, _ = c.intAtLeast(e.value, joinField(field, "idle_timeout_seconds"), 1)
+	}
+	if e, ok := f["max_queued_requests"]; ok {
+		// -1 turns holding off: with no READY replica, requests get 503 at once.
+		l.MaxQueuedRequests, _ = c.intAtLeast(e.value, joinField(field, "max_queued_requests"), -1)
+	}
+	if e, ok := f["max_queue_wait_seconds"]; ok {
+		qf := joinField(field, "max_queue_wait_seconds")
+		if v, ok := c.intAtLeast(e.value, qf, 0); ok {
+			if v > MaxQueueWaitSeconds {
+				c.errorf(e.value, qf, "at most %d, got %d", MaxQueueWaitSeconds, v)
+			} else {
+				l.MaxQueueWaitSeconds = v
+			}
+		}
 	}
 	return l
 }

@@ -157,3 +157,52 @@ func TestLimits(t *testing.T) {
 		t.Errorf("errors (-want +got):\n%s\nfull: %v", diff, err)
 	}
 }
+
+func TestLimitsQueue(t *testing.T) {
+	const head = "run: serve\nservice:\n  ports: 8080\n  limits:\n"
+	tests := map[string]struct {
+		limits  string // limits' lines, from line 5
+		want    *Limits
+		wantErr []wantErr
+	}{
+		"queue bounds":            {limits: "    max_queued_requests: 50\n    max_queue_wait_seconds: 3600\n", want: &Limits{MaxQueuedRequests: 50, MaxQueueWaitSeconds: 3600}},
+		"holding off":             {limits: "    max_queued_requests: -1\n", want: &Limits{MaxQueuedRequests: -1}},
+		"zeros keep the defaults": {limits: "    max_queued_requests: 0\n    max_queue_wait_seconds: 0\n", want: &Limits{}},
+		"below -1 and negative wait": {
+			limits: "    max_queued_requests: -2\n    max_queue_wait_seconds: -1\n",
+			wantErr: []wantErr{
+				{5, 26, "service.limits.max_queued_requests", "must be at least -1, got -2"},
+				{6, 29, "service.limits.max_queue_wait_seconds", "must be at least 0, got -1"},
+			},
+		},
+		"wait above an hour": {
+			limits: "    max_queue_wait_seconds: 3601\n    max_queued: 3\n",
+			wantErr: []wantErr{
+				{5, 29, "service.limits.max_queue_wait_seconds", "at most 3600, got 3601"},
+				{6, 5, "service.limits.max_queued", `did you mean "max_queued_requests"?`},
+			},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			task, err := Parse("svc.yaml", []byte(head+tc.limits), Overrides{})
+			if tc.wantErr != nil {
+				if diff := cmp.Diff(tc.wantErr, project(Errors(err), tc.wantErr)); diff != "" {
+					t.Errorf("errors (-want +got):\n%s\nfull: %v", diff, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, task.Service.Limits); diff != "" {
+				t.Errorf("limits (-want +got):\n%s", diff)
+			}
+			out, err := task.ResolvedYAML()
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertRoundTrip(t, task, out)
+		})
+	}
+}

@@ -174,10 +174,6 @@ func TestParseErrors(t *testing.T) {
 			yaml: "run:\n",
 			want: []wantErr{{1, 1, "run", "required: the command that starts the server"}},
 		},
-		"max differs from min without target": {
-			yaml: svc + "  replica_policy:\n    min_replicas: 1\n    max_replicas: 3\n",
-			want: []wantErr{{6, 19, "service.replica_policy.target_qps_per_replica", "required when max_replicas (3) differs from min_replicas (1)"}},
-		},
 		"non-positive target": {
 			yaml: svc + "  replica_policy:\n    min_replicas: 1\n    max_replicas: 3\n    target_qps_per_replica: 0\n",
 			want: []wantErr{{7, 29, "service.replica_policy.target_qps_per_replica", "must be greater than 0"}},

@@ -84,3 +84,24 @@ func TestVLLMExampleNeedsItsSecret(t *testing.T) {
 		t.Errorf("post_data = %s, want %s", task.Service.ReadinessProbe.PostData, wantBody)
 	}
 }
+
+func TestAutoscaleConcurrencyExample(t *testing.T) {
+	task, err := Load("examples/autoscale-concurrency.yaml", Overrides{})
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	wantPolicy := ReplicaPolicy{
+		MinReplicas: 0, MaxReplicas: 4, Autoscaler: AutoscalerConcurrency,
+		TargetInflightPerReplica: 4, StableWindowSeconds: 60, PanicWindowSeconds: 6, PanicThreshold: 2,
+		ScaleToZeroGraceSeconds: 30,
+	}
+	if diff := cmp.Diff(wantPolicy, task.Service.ReplicaPolicy); diff != "" {
+		t.Errorf("replica_policy (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(&Limits{MaxQueuedRequests: 100, MaxQueueWaitSeconds: 120}, task.Service.Limits); diff != "" {
+		t.Errorf("limits (-want +got):\n%s", diff)
+	}
+	if task.Resources.Infra != InfraLocal || task.Service.Port != 8080 {
+		t.Errorf("want a local service on port 8080, got infra %q port %d", task.Resources.Infra, task.Service.Port)
+	}
+}

@@ -130,7 +130,7 @@ service:
 				Service: &Service{
 					ReadinessProbe: Probe{Path: "/v1/models", InitialDelaySeconds: 0, TimeoutSeconds: 3, Headers: map[string]string{"X-Probe": "1"}},
 					ReplicaPolicy: ReplicaPolicy{
-						MinReplicas: 0, MaxReplicas: 10,
+						MinReplicas: 0, MaxReplicas: 10, Autoscaler: AutoscalerRequestRate,
 						TargetQPSPerAccelerator: map[string]float64{"A100": 8, "L4": 2.5},
 						NumOverprovision:        1, UpscaleDelaySeconds: 60, DownscaleDelaySeconds: 0,
 						BaseOndemandFallbackReplicas: 1, DynamicOndemandFallback: true, SpotPlacer: "dynamic_fallback",

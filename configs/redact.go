@@ -122,12 +122,28 @@ func (t *Task) ResolvedYAML() ([]byte, error) {
 			rp := &resolvedPolicy{
 				MinReplicas:                  p.MinReplicas,
 				MaxReplicas:                  p.MaxReplicas,
+				Autoscaler:                   p.Autoscaler,
 				NumOverprovision:             p.NumOverprovision,
-				UpscaleDelaySeconds:          p.UpscaleDelaySeconds,
-				DownscaleDelaySeconds:        p.DownscaleDelaySeconds,
 				BaseOndemandFallbackReplicas: p.BaseOndemandFallbackReplicas,
 				DynamicOndemandFallback:      p.DynamicOndemandFallback,
 				SpotPlacer:                   p.SpotPlacer,
+				// The windowed autoscalers' fields are written as given: their zero means
+				// the autoscaler package's default, which is not this package's to show.
+				TargetInflightPerReplica: p.TargetInflightPerReplica,
+				StableWindowSeconds:      p.StableWindowSeconds,
+				PanicWindowSeconds:       p.PanicWindowSeconds,
+				PanicThreshold:           p.PanicThreshold,
+				MaxScaleUpRate:           p.MaxScaleUpRate,
+				MaxScaleDownRate:         p.MaxScaleDownRate,
+				ScaleToZeroGraceSeconds:  p.ScaleToZeroGraceSeconds,
+				TargetWaitingPerReplica:  p.TargetWaitingPerReplica,
+				TargetKVCacheUsage:       p.TargetKVCacheUsage,
+			}
+			// SkyServe's delays belong to request_rate (and are accepted with a fixed count);
+			// concurrency and llm reject them.
+			if p.Autoscaler == "" || p.Autoscaler == AutoscalerRequestRate {
+				up, down := p.UpscaleDelaySeconds, p.DownscaleDelaySeconds
+				rp.UpscaleDelaySeconds, rp.DownscaleDelaySeconds = &up, &down
 			}
 			switch {
 			case p.TargetQPSPerAccelerator != nil:
@@ -257,13 +273,23 @@ type resolvedProbe struct {
 }
 
 type resolvedPolicy struct {
-	MinReplicas                  int    `yaml:"min_replicas"`
-	MaxReplicas                  int    `yaml:"max_replicas"`
-	TargetQPSPerReplica          any    `yaml:"target_qps_per_replica,omitempty"`
-	NumOverprovision             int    `yaml:"num_overprovision"`
-	UpscaleDelaySeconds          int    `yaml:"upscale_delay_seconds"`
-	DownscaleDelaySeconds        int    `yaml:"downscale_delay_seconds"`
-	BaseOndemandFallbackReplicas int    `yaml:"base_ondemand_fallback_replicas,omitempty"`
-	DynamicOndemandFallback      bool   `yaml:"dynamic_ondemand_fallback,omitempty"`
-	SpotPlacer                   string `yaml:"spot_placer,omitempty"`
+	MinReplicas                  int     `yaml:"min_replicas"`
+	MaxReplicas                  int     `yaml:"max_replicas"`
+	Autoscaler                   string  `yaml:"autoscaler,omitempty"`
+	TargetQPSPerReplica          any     `yaml:"target_qps_per_replica,omitempty"`
+	NumOverprovision             int     `yaml:"num_overprovision"`
+	UpscaleDelaySeconds          *int    `yaml:"upscale_delay_seconds,omitempty"`
+	DownscaleDelaySeconds        *int    `yaml:"downscale_delay_seconds,omitempty"`
+	BaseOndemandFallbackReplicas int     `yaml:"base_ondemand_fallback_replicas,omitempty"`
+	DynamicOndemandFallback      bool    `yaml:"dynamic_ondemand_fallback,omitempty"`
+	SpotPlacer                   string  `yaml:"spot_placer,omitempty"`
+	TargetInflightPerReplica     float64 `yaml:"target_inflight_per_replica,omitempty"`
+	StableWindowSeconds          int     `yaml:"stable_window_seconds,omitempty"`
+	PanicWindowSeconds           int     `yaml:"panic_window_seconds,omitempty"`
+	PanicThreshold               float64 `yaml:"panic_threshold,omitempty"`
+	MaxScaleUpRate               float64 `yaml:"max_scale_up_rate,omitempty"`
+	MaxScaleDownRate             float64 `yaml:"max_scale_down_rate,omitempty"`
+	ScaleToZeroGraceSeconds      int     `yaml:"scale_to_zero_grace_seconds,omitempty"`
+	TargetWaitingPerReplica      float64 `yaml:"target_waiting_per_replica,omitempty"`
+	TargetKVCacheUsage           float64 `yaml:"target_kv_cache_usage,omitempty"`
 }

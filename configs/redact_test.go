@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -123,4 +124,68 @@ func TestResolvedYAMLFixedReplicas(t *testing.T) {
 		t.Errorf("fixed replicas should render as replicas: 3:\n%s", out)
 	}
 	assertRoundTrip(t, task, out)
+}
+
+// TestResolvedYAMLRendersEveryPolicyAndLimitsField guards against a new replica_policy or
+// limits field that parses but is dropped by ResolvedYAML: between a request_rate and an llm
+// service, every key is set and must be written, and each file must parse back unchanged.
+func TestResolvedYAMLRendersEveryPolicyAndLimitsField(t *testing.T) {
+	const requestRate = `run: serve
+resources: {use_spot: true, ports: 8000}
+service:
+  replica_policy:
+    min_replicas: 1
+    max_replicas: 3
+    autoscaler: request_rate
+    target_qps_per_replica: 2
+    num_overprovision: 1
+    upscale_delay_seconds: 10
+    downscale_delay_seconds: 20
+    base_ondemand_fallback_replicas: 1
+    dynamic_ondemand_fallback: true
+    spot_placer: dynamic_fallback
+  limits:
+    max_request_body_mb: 8
+    max_concurrent_requests: 100
+    idle_timeout_seconds: 60
+    max_queued_requests: -1
+    max_queue_wait_seconds: 30
+`
+	const llm = `run: serve
+service:
+  ports: 8000
+  replica_policy:
+    min_replicas: 0
+    max_replicas: 4
+    autoscaler: llm
+    target_inflight_per_replica: 4
+    stable_window_seconds: 30
+    panic_window_seconds: 3
+    panic_threshold: 2.5
+    max_scale_up_rate: 10
+    max_scale_down_rate: 1.5
+    scale_to_zero_grace_seconds: 15
+    target_waiting_per_replica: 0.5
+    target_kv_cache_usage: 0.75
+  limits:
+    max_queued_requests: 10
+`
+	var rendered string
+	for _, src := range []string{requestRate, llm} {
+		task, err := Parse("svc.yaml", []byte(src), Overrides{})
+		if err != nil {
+			t.Fatalf("Parse: %v", err)
+		}
+		out, err := task.ResolvedYAML()
+		if err != nil {
+			t.Fatal(err)
+		}
+		assertRoundTrip(t, task, out)
+		rendered += string(out)
+	}
+	for _, key := range append(slices.Clone(policyKeys), limitsKeys...) {
+		if !strings.Contains(rendered, " "+key+":") {
+			t.Errorf("ResolvedYAML never writes %s:\n%s", key, rendered)
+		}
+	}
 }

@@ -18,7 +18,9 @@ var (
 	probeKeys   = []string{"path", "initial_delay_seconds", "timeout_seconds", "post_data", "headers"}
 	policyKeys  = []string{"min_replicas", "max_replicas", "target_qps_per_replica", "num_overprovision",
 		"upscale_delay_seconds", "downscale_delay_seconds", "base_ondemand_fallback_replicas",
-		"dynamic_ondemand_fallback", "spot_placer"}
+		"dynamic_ondemand_fallback", "spot_placer", "autoscaler", "target_inflight_per_replica",
+		"stable_window_seconds", "panic_window_seconds", "panic_threshold", "max_scale_up_rate",
+		"max_scale_down_rate", "scale_to_zero_grace_seconds", "target_waiting_per_replica", "target_kv_cache_usage"}
 	tlsKeys           = []string{"keyfile", "certfile"}
 	lbPolicies        = []string{PolicyRoundRobin, PolicyLeastLoad, PolicyInstanceAwareLeastLoad, PolicyPowerOfTwo, PolicySessionAffinity, PolicyPrefixAffinity, PolicyLLMAware}
 	spotPlacers       = []string{SpotPlacerDynamicFallback}
@@ -440,23 +442,14 @@ func (c *checker) replicaPolicy(e entry, useSpot bool) (ReplicaPolicy, *yaml.Nod
 		default:
 			c.errorf(q.value, qf, "expected a number, or a mapping of accelerator to number, got %s", describe(q.value))
 		}
-	} else if minOK && maxOK && p.MaxReplicas != p.MinReplicas {
-		c.errorf(maxNode.value, joinField(field, "target_qps_per_replica"),
-			"required when max_replicas (%d) differs from min_replicas (%d): the autoscaler scales on QPS per replica", p.MaxReplicas, p.MinReplicas)
 	}
+
+	scaling := c.resolveAutoscaler(f, p, minOK && maxOK, qpsNode != nil)
+	p.Autoscaler = scaling.name
+	c.scalingFields(f, &p, scaling, minOK)
 
 	if n, ok := f["num_overprovision"]; ok {
 		p.NumOverprovision, _ = c.intAtLeast(n.value, joinField(field, "num_overprovision"), 0)
-	}
-	if n, ok := f["upscale_delay_seconds"]; ok {
-		if v, ok := c.intAtLeast(n.value, joinField(field, "upscale_delay_seconds"), 0); ok {
-			p.UpscaleDelaySeconds = v
-		}
-	}
-	if n, ok := f["downscale_delay_seconds"]; ok {
-		if v, ok := c.intAtLeast(n.value, joinField(field, "downscale_delay_seconds"), 0); ok {
-			p.DownscaleDelaySeconds = v
-		}
 	}
 
 	// The fallback fields describe how spot and on-demand replicas mix; without spot they

@@ -103,6 +103,10 @@ type Limits struct {
 	// IdleTimeoutSeconds is how long a replica or client may stay silent mid-request before the
 	// proxy gives up (default 300): a per-read deadline, so streams of any length live on.
 	IdleTimeoutSeconds int `json:"idle_timeout_seconds,omitempty" yaml:"idle_timeout_seconds,omitempty"`
+	// MaxQueuedRequests bounds requests held while the service has no READY replica (scaling from zero); beyond it they get 503. 0 = proxy default (1000); -1 disables holding.
+	MaxQueuedRequests int `json:"max_queued_requests,omitempty" yaml:"max_queued_requests,omitempty"`
+	// MaxQueueWaitSeconds bounds how long a held request waits for a replica; 0 = proxy default (300).
+	MaxQueueWaitSeconds int `json:"max_queue_wait_seconds,omitempty" yaml:"max_queue_wait_seconds,omitempty"`
 }
 
 // Probe is the readiness probe. Only HTTP 200 counts as ready.
@@ -115,19 +119,39 @@ type Probe struct {
 	Headers  map[string]string `json:"headers,omitempty"`
 }
 
-// ReplicaPolicy is SkyServe's `replica_policy` with its defaults applied.
+// ReplicaPolicy is SkyServe's `replica_policy` with its defaults applied, plus Ferry's
+// load-based autoscalers. SkyServe's fields get their defaults here; the concurrency and llm
+// fields keep what the YAML said (0 = the autoscaler package's default), because that package
+// owns those defaults.
 type ReplicaPolicy struct {
 	MinReplicas int `json:"min_replicas"`
 	MaxReplicas int `json:"max_replicas"`
-	// TargetQPSPerReplica is 0 when unset. TargetQPSPerAccelerator is the map form.
-	TargetQPSPerReplica          float64            `json:"target_qps_per_replica,omitempty"`
-	TargetQPSPerAccelerator      map[string]float64 `json:"target_qps_per_accelerator,omitempty"`
-	NumOverprovision             int                `json:"num_overprovision"`
-	UpscaleDelaySeconds          int                `json:"upscale_delay_seconds"`
-	DownscaleDelaySeconds        int                `json:"downscale_delay_seconds"`
-	BaseOndemandFallbackReplicas int                `json:"base_ondemand_fallback_replicas"`
-	DynamicOndemandFallback      bool               `json:"dynamic_ondemand_fallback"`
-	SpotPlacer                   string             `json:"spot_placer,omitempty"`
+	// Autoscaler is the scaling policy: AutoscalerRequestRate, AutoscalerConcurrency or AutoscalerLLM; "" for a fixed replica count (min == max).
+	Autoscaler string `json:"autoscaler,omitempty"`
+	// TargetQPSPerReplica is 0 when unset. TargetQPSPerAccelerator is the map form. Any
+	// autoscaler may have it: request_rate scales on it, instance_aware_least_load routes on it.
+	TargetQPSPerReplica     float64            `json:"target_qps_per_replica,omitempty"`
+	TargetQPSPerAccelerator map[string]float64 `json:"target_qps_per_accelerator,omitempty"`
+	NumOverprovision        int                `json:"num_overprovision"`
+	// UpscaleDelaySeconds and DownscaleDelaySeconds are SkyServe's hysteresis, read by
+	// request_rate (defaults 300 and 1200). They are 0 under concurrency and llm, whose
+	// windows take their place.
+	UpscaleDelaySeconds          int    `json:"upscale_delay_seconds"`
+	DownscaleDelaySeconds        int    `json:"downscale_delay_seconds"`
+	BaseOndemandFallbackReplicas int    `json:"base_ondemand_fallback_replicas"`
+	DynamicOndemandFallback      bool   `json:"dynamic_ondemand_fallback"`
+	SpotPlacer                   string `json:"spot_placer,omitempty"`
+
+	// TargetInflightPerReplica: concurrency/llm target of in-flight requests per replica; 0 = autoscaler default.
+	TargetInflightPerReplica float64 `json:"target_inflight_per_replica,omitempty"`
+	StableWindowSeconds      int     `json:"stable_window_seconds,omitempty"`       // 0 = default 60
+	PanicWindowSeconds       int     `json:"panic_window_seconds,omitempty"`        // 0 = default 6
+	PanicThreshold           float64 `json:"panic_threshold,omitempty"`             // 0 = default 2.0 (ratio of desired to ready)
+	MaxScaleUpRate           float64 `json:"max_scale_up_rate,omitempty"`           // 0 = default 1000 (Knative): at most ready×rate per decision
+	MaxScaleDownRate         float64 `json:"max_scale_down_rate,omitempty"`         // 0 = default 2: at most ready/rate removed per decision
+	ScaleToZeroGraceSeconds  int     `json:"scale_to_zero_grace_seconds,omitempty"` // 0 = default 30; only with min_replicas 0
+	TargetWaitingPerReplica  float64 `json:"target_waiting_per_replica,omitempty"`  // llm only; 0 = default 1 (engine queue per replica)
+	TargetKVCacheUsage       float64 `json:"target_kv_cache_usage,omitempty"`       // llm only; 0 = default 0.8; in (0,1]
 }
 
 // TLS terminates HTTPS at the proxy.
@@ -146,6 +170,24 @@ const (
 	PolicyPrefixAffinity         = "prefix_affinity"
 	PolicyLLMAware               = "llm_aware"
 )
+
+// Autoscaler names accepted in `replica_policy.autoscaler`.
+const (
+	// AutoscalerRequestRate is SkyServe's: queries per second over target_qps_per_replica,
+	// with upscale and downscale delays.
+	AutoscalerRequestRate = "request_rate"
+	// AutoscalerConcurrency is Knative's KPA: in-flight requests per replica over stable and
+	// panic windows.
+	AutoscalerConcurrency = "concurrency"
+	// AutoscalerLLM is the KPA's windows over a demand that also counts the engines' queues
+	// and KV-cache use.
+	AutoscalerLLM = "llm"
+)
+
+// DefaultAutoscaler is the autoscaler of a policy whose min and max differ and that names
+// none and sets no target_qps_per_replica. It is the policy that wins `ferry sim`; the
+// simulator work may change it.
+const DefaultAutoscaler = AutoscalerConcurrency
 
 // InfraLocal is the embedded default infra: replicas are processes on this machine.
 const InfraLocal = "local"
