@@ -81,7 +81,7 @@ func TestAccessLogLine(t *testing.T) {
 // the client got, no replica, and what went wrong.
 func TestAccessLogProxyAnswers(t *testing.T) {
 	accessLog, logs := observedAccessLog()
-	svc, base := startProxy(t, ServiceConfig{AccessLog: accessLog})
+	svc, base := startProxy(t, ServiceConfig{AccessLog: accessLog, MaxQueuedRequests: -1})
 	c := newClient(t)
 
 	noReplicas := do(t, c, http.MethodGet, base+"/v1/models", nil)
@@ -139,7 +139,7 @@ func TestLogsNeverHoldSecrets(t *testing.T) {
 	failing := startUpstream(t, "failing", func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusInternalServerError)
 	})
-	svc, base := startProxy(t, ServiceConfig{Policy: "round_robin", Logger: logger, AccessLog: logger},
+	svc, base := startProxy(t, ServiceConfig{Policy: "round_robin", Logger: logger, AccessLog: logger, MaxQueuedRequests: -1},
 		backendsOf(ok, failing)...)
 
 	secrets := []string{"sk-keysecret", "apikeysecret", "cookiesecret", "querysecret", "bodysecret", "usersecret"}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -27,6 +28,11 @@ type errorBodies struct {
 	unauthorized   []byte // 401
 	streamCut      []byte // the SSE event that ends a stream the replica broke
 	overloaded     []byte // 429: the service's concurrency limit
+
+	// Answers to a request held for a replica (hold.go); see withHoldBodies.
+	queueFull        []byte // 503: MaxQueuedRequests already wait
+	noReplicaTimeout []byte // 503: no replica within MaxQueueWait
+	shuttingDown     []byte // 503: the service or its listener shut down while it waited
 }
 
 func newErrorBodies(service string, maxBody int) errorBodies {
@@ -60,6 +66,19 @@ func newErrorBodies(service string, maxBody int) errorBodies {
 		overloaded: openAIError(fmt.Sprintf("service %q is at its limit of concurrent requests; retry shortly", service),
 			"rate_limit_error", "rate_limit_exceeded"),
 	}
+}
+
+// withHoldBodies adds the answers of a request held for a replica, which name the service's
+// queue limits so that a client (or its operator) can tell a cold start that took too long from
+// a flood.
+func (e errorBodies) withHoldBodies(service string, maxQueued int, maxWait time.Duration) errorBodies {
+	e.queueFull = openAIError(fmt.Sprintf("service %q has no ready replica and %d requests are already waiting for one; retry shortly", service, maxQueued),
+		"service_unavailable", "queue_full")
+	e.noReplicaTimeout = openAIError(fmt.Sprintf("service %q had no ready replica within %v", service, maxWait),
+		"service_unavailable", "no_replica_timeout")
+	e.shuttingDown = openAIError(fmt.Sprintf("service %q is shutting down", service),
+		"service_unavailable", "shutting_down")
+	return e
 }
 
 func openAIError(message, typ, code string) []byte {

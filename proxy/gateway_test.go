@@ -216,3 +216,27 @@ ferry_gateway_errors_total{code="404",reason="unknown_path"} 1
 		t.Errorf("%d gateway access lines, want 4 (the routed request is the service's to log)", len(lines))
 	}
 }
+
+// TestGatewayHoldsServiceScaledToZero: a service whose replicas are all gone is still routed
+// to by the model id they reported, and holds the request until a replica is back.
+func TestGatewayHoldsServiceScaledToZero(t *testing.T) {
+	a := modelServer(t, "a", "model-a")
+	svc, _ := startProxy(t, ServiceConfig{Name: "svc"}, backendsOf(a)...)
+	base := startGateway(t, svc)
+	c := newClient(t)
+	want := []string{"model-a@ferry:svc", "svc@ferry:svc"}
+	waitFor(t, "model-a", func() bool { return cmp.Equal(listModels(t, c, base), want) })
+
+	svc.SetBackends(nil)
+	if diff := cmp.Diff(want, listModels(t, c, base)); diff != "" {
+		t.Errorf("models after scaling to zero (-want +got):\n%s", diff)
+	}
+	pending := doAsync(c, base+"/v1/chat/completions", `{"model":"model-a","messages":[]}`)
+	waitFor(t, "the request to be held", func() bool { return svc.Waiting() == 1 })
+
+	svc.SetBackends([]Backend{{ID: 2, Addr: a.addr(), Version: 1}})
+	if res := receive(t, pending); res.status != http.StatusOK || res.body != `{"served_by":"a"}` {
+		t.Errorf("held request: %d %s, want 200 from a", res.status, res.body)
+	}
+	waitFor(t, "model-a from the new replica", func() bool { return cmp.Equal(listModels(t, c, base), want) })
+}

@@ -12,25 +12,17 @@ import (
 )
 
 // Handler proxies one request: pick a replica, forward, and hand the response stream to fasthttp.
-// It returns before the response body has been streamed; the exchange releases the replica when
+// While the service has no ready replica it first holds the request for one (hold.go). It
+// returns before the response body has been streamed; the exchange releases the replica when
 // the stream ends. It can be mounted in any fasthttp.Server, though Serve adds the client
 // write-idle deadline and the JSON 413 for oversize bodies.
 func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 	defer s.recoverPanic(ctx)
 
+	// Requests that no replica could ever serve are refused before they count as demand or
+	// wait for a replica.
 	if s.keys != nil && !s.keys.allows(&ctx.Request.Header) {
 		s.unauthorized(ctx)
-		s.answeredSelf(ctx, nil)
-		return
-	}
-	if limit := s.cfg.MaxConcurrentRequests; limit > 0 && s.inflight.Load() >= int64(limit) {
-		writeError(ctx, fasthttp.StatusTooManyRequests, s.errs.overloaded)
-		s.answeredSelf(ctx, nil)
-		return
-	}
-	snap := s.snap.Load()
-	if len(snap.replicas) == 0 {
-		writeError(ctx, fasthttp.StatusServiceUnavailable, s.errs.noReplicas)
 		s.answeredSelf(ctx, nil)
 		return
 	}
@@ -40,7 +32,6 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 		s.answeredSelf(ctx, nil)
 		return
 	}
-
 	ex := s.acquireExchange()
 	if !ex.describe(ctx, s.needs) {
 		s.releaseExchange(ex)
@@ -48,6 +39,27 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 		s.answeredSelf(ctx, nil)
 		return
 	}
+
+	s.arrivals.Add(1)
+	snap := s.snap.Load()
+	if len(snap.replicas) == 0 {
+		var refusal []byte
+		if snap, refusal = s.awaitReplicas(ctx, snap); snap == nil {
+			s.releaseExchange(ex)
+			writeError(ctx, fasthttp.StatusServiceUnavailable, refusal)
+			s.answeredSelf(ctx, nil)
+			return
+		}
+	}
+	// After the hold, so that requests released together by the first replica still respect
+	// the cap.
+	if limit := s.cfg.MaxConcurrentRequests; limit > 0 && s.inflight.Load() >= int64(limit) {
+		s.releaseExchange(ex)
+		writeError(ctx, fasthttp.StatusTooManyRequests, s.errs.overloaded)
+		s.answeredSelf(ctx, nil)
+		return
+	}
+
 	ex.prepare(ctx)
 	ex.observeRequest(ctx)
 	if s.keys != nil {

@@ -238,7 +238,7 @@ func TestLeastLoadPrefersIdleReplica(t *testing.T) {
 }
 
 func TestNoReplicasIs503(t *testing.T) {
-	_, base := startProxy(t, ServiceConfig{Name: "llama-70b"})
+	_, base := startProxy(t, ServiceConfig{Name: "llama-70b", MaxQueuedRequests: -1})
 	res := do(t, newClient(t), http.MethodPost, base+"/v1/chat/completions", strings.NewReader("{}"))
 	if res.status != http.StatusServiceUnavailable {
 		t.Fatalf("status = %d, want 503", res.status)

@@ -40,6 +40,7 @@ const replicaNone = "none"
 //	ferry_request_duration_seconds{service}              request received to last response byte, streams included
 //	ferry_time_to_first_token_seconds{service}           request received to first body byte from the replica (2xx only)
 //	ferry_requests_in_flight{service}                    requests sent to a replica whose response has not ended
+//	ferry_requests_waiting{service}                      requests held while the service has no ready replica
 //	ferry_retries_total{service}                         attempts on another replica after a failed one
 //	ferry_upstream_errors_total{service,replica,kind}    kind: dial, pool_full, reset, timeout, status_5xx, stream_cut
 //	ferry_prompt_tokens_total{service}                   from the "usage" a 2xx response reports
@@ -61,6 +62,7 @@ type Metrics struct {
 	duration         *prometheus.HistogramVec
 	ttft             *prometheus.HistogramVec
 	inFlight         *prometheus.GaugeVec
+	waiting          *prometheus.GaugeVec
 	retries          *prometheus.CounterVec
 	promptTokens     *prometheus.CounterVec
 	completionTokens *prometheus.CounterVec
@@ -93,6 +95,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "ferry_requests_in_flight",
 			Help: "Requests sent to a replica whose response has not finished streaming.",
 		}, []string{"service"}),
+		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_requests_waiting",
+			Help: "Requests held for a replica while the service has none ready (scale from zero); " +
+				"those refused for a full queue or an expired wait count in ferry_requests_total as 503 with replica=\"none\".",
+		}, []string{"service"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ferry_retries_total",
 			Help: "Attempts on another replica after a failed one (see ServiceConfig.MaxAttempts).",
@@ -118,7 +125,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		services: map[string]*serviceMetrics{},
 		replicas: map[replicaKey]*replicaMetrics{},
 	}
-	collectors := []prometheus.Collector{m.duration, m.ttft, m.inFlight, m.retries, m.promptTokens,
+	collectors := []prometheus.Collector{m.duration, m.ttft, m.inFlight, m.waiting, m.retries, m.promptTokens,
 		m.completionTokens, m.gatewayErrors, replicaCollector{m}}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
@@ -139,6 +146,7 @@ type serviceMetrics struct {
 	duration         prometheus.Observer
 	ttft             prometheus.Observer
 	inFlight         prometheus.Gauge
+	waiting          prometheus.Gauge
 	retries          prometheus.Counter
 	promptTokens     prometheus.Counter
 	completionTokens prometheus.Counter
@@ -160,6 +168,7 @@ func (m *Metrics) acquireService(name string) *serviceMetrics {
 		duration:         m.duration.WithLabelValues(name),
 		ttft:             m.ttft.WithLabelValues(name),
 		inFlight:         m.inFlight.WithLabelValues(name),
+		waiting:          m.waiting.WithLabelValues(name),
 		retries:          m.retries.WithLabelValues(name),
 		promptTokens:     m.promptTokens.WithLabelValues(name),
 		completionTokens: m.completionTokens.WithLabelValues(name),
@@ -180,7 +189,7 @@ func (sm *serviceMetrics) release() {
 	}
 	delete(m.services, sm.name)
 	for _, vec := range []interface{ DeleteLabelValues(...string) bool }{
-		m.duration, m.ttft, m.inFlight, m.retries, m.promptTokens, m.completionTokens,
+		m.duration, m.ttft, m.inFlight, m.waiting, m.retries, m.promptTokens, m.completionTokens,
 	} {
 		vec.DeleteLabelValues(sm.name)
 	}
@@ -436,6 +445,19 @@ func newObservability(cfg ServiceConfig) observability {
 }
 
 func (o *observability) on() bool { return o.metrics != nil || o.accessLog != nil }
+
+// waitBegin and waitEnd bracket a request held for a replica (hold.go).
+func (o *observability) waitBegin() {
+	if o.metrics != nil {
+		o.metrics.waiting.Inc()
+	}
+}
+
+func (o *observability) waitEnd() {
+	if o.metrics != nil {
+		o.metrics.waiting.Dec()
+	}
+}
 
 // trackReplica points c's metrics at replica id, taking a reference on its series when c is new
 // or its address has been taken over by another replica id. SetBackends calls it under s.mu.

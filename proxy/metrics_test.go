@@ -170,7 +170,7 @@ ferry_requests_total{code="500",replica="2",service="llama"} 2
 // request id, and failed attempts count against their replicas.
 func TestMetricsProxyAnswers(t *testing.T) {
 	m, reg := newTestMetrics(t)
-	svc, base := startProxy(t, ServiceConfig{Metrics: m})
+	svc, base := startProxy(t, ServiceConfig{Metrics: m, MaxQueuedRequests: -1})
 	c := newClient(t)
 
 	res := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{}`))
@@ -560,7 +560,7 @@ ferry_requests_total{code="other",replica="1",service="s"} 5
 
 func TestAdminHandler(t *testing.T) {
 	m, reg := newTestMetrics(t)
-	_, base := startProxy(t, ServiceConfig{Metrics: m}) // no replicas: one 503
+	_, base := startProxy(t, ServiceConfig{Metrics: m, MaxQueuedRequests: -1}) // no replicas: one 503
 	c := newClient(t)
 	do(t, c, http.MethodGet, base+"/v1/models", nil)
 	waitForRequests(t, reg, 1)

@@ -84,12 +84,16 @@ func (c *hostClient) modelIDs() ([]string, error) {
 }
 
 // Models returns the model ids the service answers to on a gateway: its own name first, then
-// the ids its current replicas reported, without duplicates.
+// the ids its current replicas reported, without duplicates. While no current replica has
+// reported any (scaled to zero, or the first replica after zero still starting), it keeps
+// answering to the ids its replicas last reported, so that a request by model id reaches the
+// service and is held there until a replica is ready, instead of getting 404.
 func (s *Service) Models() []string {
 	out := []string{s.cfg.Name}
-	for _, c := range s.snap.Load().clients {
-		if ids := c.models.Load(); ids != nil {
-			for _, id := range *ids {
+	out = appendModelIDs(out, s.snap.Load())
+	if len(out) == 1 {
+		if last := s.lastModels.Load(); last != nil {
+			for _, id := range *last {
 				if !slices.Contains(out, id) {
 					out = append(out, id)
 				}
@@ -97,6 +101,29 @@ func (s *Service) Models() []string {
 		}
 	}
 	return out
+}
+
+// appendModelIDs appends the ids the replicas of snap reported and dst does not hold yet.
+func appendModelIDs(dst []string, snap *snapshot) []string {
+	for _, c := range snap.clients {
+		if ids := c.models.Load(); ids != nil {
+			for _, id := range *ids {
+				if !slices.Contains(dst, id) {
+					dst = append(dst, id)
+				}
+			}
+		}
+	}
+	return dst
+}
+
+// rememberModels keeps the ids the replicas of old reported, before SetBackends replaces it,
+// for Models to fall back on. Ids the next replicas report then take over, so a rollout to
+// another model still drops the old one once a new replica has answered.
+func (s *Service) rememberModels(old *snapshot) {
+	if ids := appendModelIDs(nil, old); len(ids) > 0 {
+		s.lastModels.Store(&ids)
+	}
 }
 
 // Name returns the service's name.

@@ -42,6 +42,17 @@ const (
 	// DefaultMaxAttempts is SkyServe's retry budget (3 attempts on connection errors), but
 	// Ferry always retries on a different replica.
 	DefaultMaxAttempts = 3
+
+	// DefaultMaxQueuedRequests bounds the requests held while a service has no ready replica
+	// (see hold.go). A held request costs a goroutine, its buffered body and a pooled exchange,
+	// so a thousand is a few tens of MiB at worst, while covering the burst that wakes a
+	// service scaled to zero.
+	DefaultMaxQueuedRequests = 1000
+
+	// DefaultMaxQueueWait is how long one request is held for a replica. A cold start from
+	// zero (provision a VM, pull the image, load the weights into vLLM) takes minutes; a client
+	// that asked a scaled-to-zero service is better served late than refused.
+	DefaultMaxQueueWait = 5 * time.Minute
 )
 
 // Server-side limits that are not per service.
@@ -100,6 +111,26 @@ type ServiceConfig struct {
 	// and always go to a replica not tried yet. Default DefaultMaxAttempts.
 	MaxAttempts int
 
+	// Scale from zero.
+
+	// MaxQueuedRequests is how many requests may wait at once for a replica while the service
+	// has none ready, as Knative's activator holds them: a service scaled to zero answers its
+	// first requests late instead of refusing them. More get 503 with Retry-After. Zero means
+	// DefaultMaxQueuedRequests; a negative value disables holding (503 at once).
+	MaxQueuedRequests int
+	// MaxQueueWait is how long one request waits for a replica before it gets 503 with
+	// Retry-After. Zero means DefaultMaxQueueWait.
+	MaxQueueWait time.Duration
+	// OnColdRequest, when set, is called when a request arrives while the service has no ready
+	// replica, whether it is then held or refused, at most once per 100 ms (coldRequestEvery),
+	// so a controller can start scaling from zero now instead of at its next tick. It runs on
+	// its own goroutine, so a slow hook never delays a request; it should still return quickly.
+	OnColdRequest func()
+	// ScrapeEngineMetrics makes the service scrape its replicas' engine metrics (queue, batch,
+	// KV-cache use; see ReplicaLoad) even when its load-balancing policy does not need them, for
+	// an autoscaler that does.
+	ScrapeEngineMetrics bool
+
 	// Observability.
 
 	// Metrics records this service's Prometheus metrics; one Metrics is shared by every Service
@@ -127,6 +158,12 @@ func (c ServiceConfig) withDefaults() ServiceConfig {
 	if c.RequestReadTimeout == 0 {
 		c.RequestReadTimeout = defaultRequestReadTimeout
 	}
+	if c.MaxQueuedRequests == 0 {
+		c.MaxQueuedRequests = DefaultMaxQueuedRequests
+	}
+	if c.MaxQueueWait == 0 {
+		c.MaxQueueWait = DefaultMaxQueueWait
+	}
 	return c
 }
 
@@ -146,6 +183,9 @@ func (c ServiceConfig) validate() error {
 	}
 	if c.MaxConcurrentRequests < 0 {
 		errs = append(errs, fmt.Errorf("max concurrent requests: %d must not be negative", c.MaxConcurrentRequests))
+	}
+	if c.MaxQueueWait < 0 {
+		errs = append(errs, fmt.Errorf("max queue wait: %v must not be negative", c.MaxQueueWait))
 	}
 	return errors.Join(errs...)
 }
@@ -167,6 +207,12 @@ type Service struct {
 	snap atomic.Pointer[snapshot]
 	// inflight counts requests from pick to the end of their response stream.
 	inflight atomic.Int64
+	// arrivals counts requests that reached routing (Arrivals); waiting counts those held for
+	// a replica (Waiting).
+	arrivals atomic.Uint64
+	waiting  atomic.Int64
+	// lastCold is when OnColdRequest was last called, in unix nanoseconds.
+	lastCold atomic.Int64
 	// exchanges pools per-request state, including the upstream request and response.
 	exchanges sync.Pool
 
@@ -179,6 +225,13 @@ type Service struct {
 	// the dial function tests install.
 	scraper *scraper
 
+	// draining are clients SetBackends retired while requests still used them, so Busy can
+	// count streams on a replica that has left the snapshot. Guarded by mu; pruned lazily.
+	draining []*hostClient
+	// lastModels are the model ids the replicas of the last snapshot that had any reported, so
+	// a service scaled to zero stays routable by model on a gateway (see Models).
+	lastModels atomic.Pointer[[]string]
+
 	// onModels is called when Models may have changed. It is set when the service joins a
 	// Gateway; only then does the proxy ask replicas for their models.
 	onModels modelsHook
@@ -186,16 +239,21 @@ type Service struct {
 	stopped  chan struct{}
 	stopOnce sync.Once
 
-	// mu serializes SetBackends (and watchModels); the request path never takes it.
+	// mu serializes SetBackends (and watchModels, Busy); the request path never takes it.
 	mu sync.Mutex
 }
 
 // snapshot is an immutable replica set. replicas and clients are parallel: clients[i] talks to
-// replicas[i]. Nothing in a published snapshot is ever written again.
+// replicas[i]. Nothing in a published snapshot is ever written again, except that an empty
+// snapshot's ready channel is closed once.
 type snapshot struct {
 	replicas []*policy.Replica
 	clients  []*hostClient
 	backends []Backend
+	// ready is set only in a snapshot without replicas: SetBackends closes it when it publishes
+	// one with replicas, waking the requests held for one (hold.go). Consecutive empty
+	// snapshots share it.
+	ready chan struct{}
 }
 
 // clientFor finds the upstream client of a replica the picker returned. A linear scan over a
@@ -209,8 +267,9 @@ func (s *snapshot) clientFor(r *policy.Replica) *hostClient {
 	return nil
 }
 
-// NewService validates cfg and returns a Service with no replicas: until SetBackends it answers
-// 503, like SkyServe with no READY replica.
+// NewService validates cfg and returns a Service with no replicas: until SetBackends gives it
+// some, it holds requests (MaxQueuedRequests, MaxQueueWait), or answers 503 at once when holding
+// is disabled, like SkyServe with no READY replica.
 func NewService(cfg ServiceConfig) (*Service, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -230,13 +289,13 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 		log:     cfg.Logger.With(zap.String("service", cfg.Name)),
 		picker:  picker,
 		needs:   policy.NeedsOf(picker),
-		errs:    newErrorBodies(cfg.Name, cfg.MaxRequestBodySize),
+		errs:    newErrorBodies(cfg.Name, cfg.MaxRequestBodySize).withHoldBodies(cfg.Name, cfg.MaxQueuedRequests, cfg.MaxQueueWait),
 		dial:    defaultDial,
 		stopped: make(chan struct{}),
 		obs:     newObservability(cfg),
 	}
 	s.exchanges.New = func() any { return &exchange{svc: s} }
-	s.snap.Store(&snapshot{})
+	s.snap.Store(&snapshot{ready: make(chan struct{})})
 	s.front.server = newServer(s.Handler, s.requestError, cfg.MaxRequestBodySize, cfg.RequestReadTimeout, s.log)
 	return s, nil
 }
@@ -255,8 +314,9 @@ func (s *Service) Backends() []Backend {
 // A backend whose Addr is unchanged keeps its upstream client (warm connections) and, if its
 // identity is unchanged too, its *policy.Replica, so in-flight counts carry over. A removed
 // backend's client is closed only once its last in-flight request has finished streaming: a
-// scale-down or rollout never cuts a stream. Backends with an invalid or duplicate Addr are
-// skipped and logged.
+// scale-down or rollout never cuts a stream (Busy tells when it has). Backends with an invalid
+// or duplicate Addr are skipped and logged. The first set with a replica after none releases
+// the requests held meanwhile.
 func (s *Service) SetBackends(bs []Backend) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -311,17 +371,26 @@ func (s *Service) SetBackends(bs []Backend) {
 	if p, ok := s.picker.(policy.Preparer); ok {
 		p.Prepare(next.replicas)
 	}
+	next.ready = readySignal(old, next)
+	s.rememberModels(old)
 	s.snap.Store(next)
-	if s.needs&policy.NeedsMetrics != 0 {
+	if len(old.replicas) == 0 && len(next.replicas) > 0 {
+		close(old.ready) // after the Store: a woken request must find the replicas
+	}
+	if s.needs&policy.NeedsMetrics != 0 || s.cfg.ScrapeEngineMetrics {
 		if s.scraper == nil {
 			s.scraper = newScraper(0, s.log, s.dial)
 		}
 		s.scraper.update(next.replicas) // a no-op after Shutdown closed it
 	}
 
+	s.pruneDraining()
 	for _, c := range old.clients {
 		if !kept[c.addr] {
 			c.retire()
+			if c.active.Load() > 0 {
+				s.draining = append(s.draining, c)
+			}
 		}
 	}
 	s.modelsChanged()
@@ -348,8 +417,9 @@ func (s *Service) Serve(ln net.Listener) error {
 }
 
 // Shutdown stops accepting connections, tells keep-alive clients to close, and waits until every
-// in-flight request, streams included, has finished or ctx ends. After the drain it closes the
-// idle upstream connections. On return it drops the service's metrics series.
+// in-flight request, streams included, has finished or ctx ends. Requests held for a replica
+// get 503 at once rather than waiting out MaxQueueWait. After the drain it closes the idle
+// upstream connections. On return it drops the service's metrics series.
 func (s *Service) Shutdown(ctx context.Context) error {
 	defer s.releaseMetrics()
 	s.stopOnce.Do(func() { close(s.stopped) })

@@ -16,8 +16,8 @@ func TestNewServiceValidates(t *testing.T) {
 		"missing name":   {cfg: ServiceConfig{}, wantErr: []string{"name: must not be empty"}},
 		"unknown policy": {cfg: ServiceConfig{Name: "m", Policy: "random"}, wantErr: []string{`unknown load balancing policy "random"`}},
 		"negatives": {
-			cfg:     ServiceConfig{Name: "m", MaxRequestBodySize: -1, IdleTimeout: -1, MaxAttempts: -1},
-			wantErr: []string{"max request body size", "idle timeout", "max attempts"},
+			cfg:     ServiceConfig{Name: "m", MaxRequestBodySize: -1, IdleTimeout: -1, MaxAttempts: -1, MaxQueueWait: -1},
+			wantErr: []string{"max request body size", "idle timeout", "max attempts", "max queue wait"},
 		},
 		"instance aware needs targets": {
 			cfg:     ServiceConfig{Name: "m", Policy: "instance_aware_least_load"},
@@ -32,7 +32,8 @@ func TestNewServiceValidates(t *testing.T) {
 					t.Fatalf("NewService: %v", err)
 				}
 				if svc.cfg.MaxRequestBodySize != DefaultMaxRequestBodySize || svc.cfg.IdleTimeout != DefaultIdleTimeout ||
-					svc.cfg.MaxAttempts != DefaultMaxAttempts || svc.cfg.Logger == nil {
+					svc.cfg.MaxAttempts != DefaultMaxAttempts || svc.cfg.Logger == nil ||
+					svc.cfg.MaxQueuedRequests != DefaultMaxQueuedRequests || svc.cfg.MaxQueueWait != DefaultMaxQueueWait {
 					t.Errorf("defaults not applied: %+v", svc.cfg)
 				}
 				return
