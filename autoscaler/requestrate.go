@@ -1,0 +1,69 @@
+package autoscaler
+
+import (
+	"fmt"
+	"time"
+)
+
+// requestRate is SkyServe's RequestRateAutoscaler: QPS is the arrivals of the last 60 s over
+// 60; the raw target is clip(ceil(qps / target_qps_per_replica), min, max); a change takes
+// effect only after upscale_delay (downscale_delay) worth of consecutive decisions agree on
+// its direction, except from zero, which jumps at once. Overprovision is added on top.
+type requestRate struct {
+	spec    Spec
+	arrived *window
+	// target excludes overprovision, like SkyServe's target_num_replicas.
+	target             int
+	upCount, downCount int
+	upAfter, downAfter int
+}
+
+var _ Scaler = (*requestRate)(nil)
+
+func newRequestRate(spec Spec) *requestRate {
+	return &requestRate{
+		spec:    spec,
+		arrived: newWindow(qpsWindow),
+		target:  spec.Min,
+		// SkyServe: int(delay / decision interval) decisions in a row.
+		upAfter:   int(spec.UpscaleDelay / spec.DecisionInterval),
+		downAfter: int(spec.DownscaleDelay / spec.DecisionInterval),
+	}
+}
+
+func (r *requestRate) Decide(now time.Time, obs Observation, _ State) Decision {
+	r.arrived.record(now, float64(obs.Arrivals))
+	sum, _ := r.arrived.over(now, qpsWindow)
+	qps := sum / qpsWindow.Seconds()
+	raw := r.spec.Min
+	if r.spec.TargetQPS > 0 {
+		raw = clip(ceilReplicas(qps/r.spec.TargetQPS), r.spec.Min, r.spec.Max)
+	}
+	reason := fmt.Sprintf("qps %.2f", qps)
+	switch {
+	case r.target == 0 && raw > 0:
+		r.target, r.upCount, r.downCount = raw, 0, 0
+		reason += ", from zero"
+	case raw > r.target:
+		r.upCount++
+		r.downCount = 0
+		if r.upCount >= r.upAfter {
+			r.target, r.upCount = raw, 0
+			reason += ", scale up"
+		} else {
+			reason += fmt.Sprintf(", up %d/%d", r.upCount, r.upAfter)
+		}
+	case raw < r.target:
+		r.downCount++
+		r.upCount = 0
+		if r.downCount >= r.downAfter {
+			r.target, r.downCount = raw, 0
+			reason += ", scale down"
+		} else {
+			reason += fmt.Sprintf(", down %d/%d", r.downCount, r.downAfter)
+		}
+	default:
+		r.upCount, r.downCount = 0, 0
+	}
+	return Decision{Target: r.target + r.spec.Overprovision, Reason: reason}
+}

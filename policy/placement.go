@@ -1,0 +1,105 @@
+package policy
+
+import (
+	"cmp"
+	"slices"
+)
+
+// This file is placement: where the next replica goes, as opposed to which replica gets a
+// request. Like the pickers it is pure over a snapshot; the caller keeps the zone states.
+
+// ZoneState is one zone a spot replica may be placed in, as a placer sees it.
+type ZoneState struct {
+	Name string
+	// SpotPrice is $/hour for one replica on spot capacity in this zone.
+	SpotPrice float64
+	// Active is false after a preemption or a failed spot launch in the zone (SpotHedge).
+	Active bool
+	// Spot is how many live spot replicas the zone holds now.
+	Spot int
+}
+
+// PlaceSpot is SkyServe's SpotHedge placer (`spot_placer: dynamic_fallback`): the cheapest
+// active zone that holds no spot replica yet, so that one zone's preemption takes out as few
+// replicas as possible; when every active zone holds one, the active zone with the fewest,
+// cheapest first. It reports false when no zone is active (the caller resets, see Zones).
+func PlaceSpot(zones []ZoneState) (string, bool) {
+	best := -1
+	for i, z := range zones {
+		if !z.Active {
+			continue
+		}
+		if best < 0 || placeBefore(z, zones[best]) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return "", false
+	}
+	return zones[best].Name, true
+}
+
+// placeBefore orders zones by spot replicas held, then price, then name (for replayable ties).
+func placeBefore(a, b ZoneState) bool {
+	if c := cmp.Compare(a.Spot, b.Spot); c != 0 {
+		return c < 0
+	}
+	if c := cmp.Compare(a.SpotPrice, b.SpotPrice); c != 0 {
+		return c < 0
+	}
+	return a.Name < b.Name
+}
+
+// Zones keeps SpotHedge's active/preempted state per zone. It is not safe for concurrent use.
+type Zones struct {
+	states []ZoneState
+}
+
+// NewZones starts with every zone active.
+func NewZones(zones []ZoneState) *Zones {
+	z := &Zones{states: slices.Clone(zones)}
+	for i := range z.states {
+		z.states[i].Active = true
+	}
+	return z
+}
+
+// Preempted marks a zone after a preemption or a failed spot launch there. When fewer than two
+// zones stay active every zone becomes active again: SpotHedge needs at least two zones to
+// spread over, and capacity that was gone may have come back.
+func (z *Zones) Preempted(name string) {
+	active := 0
+	for i := range z.states {
+		if z.states[i].Name == name {
+			z.states[i].Active = false
+		}
+		if z.states[i].Active {
+			active++
+		}
+	}
+	if active < 2 {
+		for i := range z.states {
+			z.states[i].Active = true
+		}
+	}
+}
+
+// Ready marks a zone active again: a spot replica became READY there.
+func (z *Zones) Ready(name string) {
+	for i := range z.states {
+		if z.states[i].Name == name {
+			z.states[i].Active = true
+		}
+	}
+}
+
+// Place picks the zone for a new spot replica given how many live spot replicas each zone holds.
+func (z *Zones) Place(spotByZone map[string]int) (string, bool) {
+	for i := range z.states {
+		z.states[i].Spot = spotByZone[z.states[i].Name]
+	}
+	return PlaceSpot(z.states)
+}
+
+// Snapshot returns a copy of the zone states.
+func (z *Zones) Snapshot() []ZoneState { return slices.Clone(z.states) }

@@ -1,0 +1,78 @@
+package policy
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestPlaceSpot(t *testing.T) {
+	zones := func(spot ...int) []ZoneState {
+		z := []ZoneState{
+			{Name: "a", SpotPrice: 0.9, Active: true},
+			{Name: "b", SpotPrice: 0.5, Active: true},
+			{Name: "c", SpotPrice: 0.7, Active: true},
+		}
+		for i, n := range spot {
+			z[i].Spot = n
+		}
+		return z
+	}
+	tests := map[string]struct {
+		zones  []ZoneState
+		want   string
+		wantOK bool
+	}{
+		"cheapest empty zone":               {zones(), "b", true},
+		"spreads before doubling up":        {zones(0, 1, 0), "c", true},
+		"fewest replicas when all hold one": {zones(1, 2, 1), "c", true},
+		"skips inactive zones": {func() []ZoneState {
+			z := zones()
+			z[1].Active = false
+			return z
+		}(), "c", true},
+		"no active zone": {[]ZoneState{{Name: "a"}}, "", false},
+		"ties by name":   {[]ZoneState{{Name: "y", Active: true}, {Name: "x", Active: true}}, "x", true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, ok := PlaceSpot(tc.zones)
+			if got != tc.want || ok != tc.wantOK {
+				t.Errorf("PlaceSpot = %q, %v; want %q, %v", got, ok, tc.want, tc.wantOK)
+			}
+		})
+	}
+}
+
+func TestZonesPreemption(t *testing.T) {
+	z := NewZones([]ZoneState{{Name: "a", SpotPrice: 1}, {Name: "b", SpotPrice: 2}, {Name: "c", SpotPrice: 3}})
+	place := func() string {
+		t.Helper()
+		name, ok := z.Place(nil)
+		if !ok {
+			t.Fatal("no zone placed")
+		}
+		return name
+	}
+	if got := place(); got != "a" {
+		t.Fatalf("first placement %q, want the cheapest zone a", got)
+	}
+	z.Preempted("a")
+	if got := place(); got != "b" {
+		t.Fatalf("after a preemption in a: %q, want b", got)
+	}
+	// Down to one active zone: SpotHedge resets every zone to active.
+	z.Preempted("b")
+	active := map[string]bool{}
+	for _, s := range z.Snapshot() {
+		active[s.Name] = s.Active
+	}
+	if diff := cmp.Diff(map[string]bool{"a": true, "b": true, "c": true}, active); diff != "" {
+		t.Fatalf("zones after reset (-want +got):\n%s", diff)
+	}
+	z.Preempted("c")
+	z.Ready("c")
+	if got, _ := z.Place(map[string]int{"a": 1, "b": 1}); got != "c" {
+		t.Fatalf("zone c became ready again and holds no replica: got %q", got)
+	}
+}
