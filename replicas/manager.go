@@ -44,6 +44,13 @@ type Config struct {
 	Now func() time.Time
 	// HTTPClient sends probes; nil is a client without keep-alives or proxy.
 	HTTPClient *http.Client
+	// Busy, when set, reports how many requests still use the replica at addr (the proxy's
+	// count, including streams that outlive the replica's removal from the READY set). A
+	// scaled-down replica is terminated only once it reports none, or after DrainTimeout.
+	// Nil terminates at once.
+	Busy func(addr string) int64
+	// DrainTimeout bounds how long a scaled-down replica drains; default DefaultDrainTimeout.
+	DrainTimeout time.Duration
 }
 
 // Defaults for Config.
@@ -51,6 +58,10 @@ const (
 	DefaultProbeInterval     = 10 * time.Second
 	DefaultReconcileInterval = time.Second
 	DefaultFailureThreshold  = 180 * time.Second
+	// DefaultDrainTimeout is how long a replica leaving on scale-down may finish its streams.
+	// SkyServe drains 120 s; long generations at a few tokens per second take longer, and a
+	// draining replica costs only its own time, so Ferry waits longer.
+	DefaultDrainTimeout = 5 * time.Minute
 )
 
 const (
@@ -118,6 +129,9 @@ type replica struct {
 	// then may not show it yet.
 	launched  *launcher.Instance
 	launchSeq uint64
+	// drainingSince is when a scale-down took the replica out of the READY set (in memory
+	// only: a restarted controller drains again, bounded by the same timeout).
+	drainingSince time.Time
 	// stopProbe cancels the prober; probeGen tells a current prober's results from a
 	// stopped one's.
 	stopProbe context.CancelFunc
@@ -156,6 +170,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.FailureThreshold <= 0 {
 		cfg.FailureThreshold = DefaultFailureThreshold
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = DefaultDrainTimeout
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -411,10 +428,12 @@ func (m *Manager) passLocked() {
 		LastFailure:         m.lastFail,
 		KeepFailed:          keepFailed,
 		Instances:           m.instances,
+		Drain:               m.cfg.Busy != nil,
 	}
 	for _, id := range sortedKeys(m.replicas) {
 		r := m.replicas[id]
-		in.Replicas = append(in.Replicas, replicaView{Record: r.rec, Probe: r.probe, Launching: r.launching, Terminating: r.terminating})
+		in.Replicas = append(in.Replicas, replicaView{Record: r.rec, Probe: r.probe, Launching: r.launching,
+			Terminating: r.terminating, Draining: m.drainingLocked(now, r)})
 	}
 	acts := plan(in)
 	m.applyLocked(now, acts)
@@ -425,6 +444,23 @@ func (m *Manager) passLocked() {
 		m.kickLoop()
 	}
 	m.setReadyLocked()
+}
+
+// drainingLocked reports whether a scaled-down replica still serves requests it took while it
+// was READY, within the drain timeout.
+func (m *Manager) drainingLocked(now time.Time, r *replica) bool {
+	if m.cfg.Busy == nil || r.rec.Status != StatusShuttingDown || r.rec.Endpoint == "" {
+		return false
+	}
+	if r.drainingSince.IsZero() {
+		r.drainingSince = now
+	}
+	if now.Sub(r.drainingSince) >= m.cfg.DrainTimeout {
+		m.log.Warn("drain timed out; terminating with requests in flight", zap.Int("replica", r.rec.ID),
+			zap.Duration("drain_timeout", m.cfg.DrainTimeout))
+		return false
+	}
+	return m.cfg.Busy(r.rec.Endpoint) > 0
 }
 
 func (m *Manager) initialDelay() time.Duration {

@@ -27,6 +27,8 @@ type replicaView struct {
 	// Launching is true while Launch runs for it; Terminating while Terminate does.
 	Launching   bool
 	Terminating bool
+	// Draining is true while a SHUTTING_DOWN replica still has requests in flight.
+	Draining bool
 }
 
 // planInput is everything a decision depends on.
@@ -44,6 +46,9 @@ type planInput struct {
 	LastFailure         time.Time
 	// KeepFailed is how many terminal records stay for `serve status`.
 	KeepFailed int
+	// Drain makes scale-down a two-step move: this pass takes the replica out of the READY set
+	// (SHUTTING_DOWN), a later one terminates it once it is no longer Draining.
+	Drain bool
 	// Replicas are ordered by id.
 	Replicas  []replicaView
 	Instances []launcher.Instance
@@ -139,6 +144,7 @@ func plan(in planInput) actions {
 	type candidate struct {
 		id    int
 		ready bool
+		price float64
 		inst  *launcher.Instance
 	}
 	var alive []candidate // live replicas that scale-down may pick
@@ -169,7 +175,7 @@ func plan(in planInput) actions {
 			}
 		case rec.Status == StatusShuttingDown:
 			switch {
-			case r.Terminating:
+			case r.Terminating, r.Draining:
 			case inst != nil:
 				terminate(rec.ID, inst, true)
 			default:
@@ -205,7 +211,7 @@ func plan(in planInput) actions {
 				continue
 			}
 			liveCount++
-			alive = append(alive, candidate{id: rec.ID, ready: to == StatusReady, inst: inst})
+			alive = append(alive, candidate{id: rec.ID, ready: to == StatusReady, price: rec.Price, inst: inst})
 		}
 	}
 
@@ -231,7 +237,8 @@ func plan(in planInput) actions {
 	}
 
 	if in.Desired >= 0 && liveCount > in.Desired {
-		// Scale down: replicas not serving first, then the newest.
+		// Scale down: replicas not serving first, then the most expensive (on-demand before
+		// spot), then the newest.
 		slices.SortFunc(alive, func(a, b candidate) int {
 			if a.ready != b.ready {
 				if a.ready {
@@ -239,12 +246,18 @@ func plan(in planInput) actions {
 				}
 				return -1
 			}
+			if c := cmp.Compare(b.price, a.price); c != 0 {
+				return c
+			}
 			return cmp.Compare(b.id, a.id)
 		})
 		for _, c := range alive[:min(len(alive), liveCount-in.Desired)] {
 			// An earlier transition of this pass keeps its From and now ends here.
 			move(c.id, status[c.id], StatusShuttingDown, "scaled down", nil)
 			status[c.id] = StatusShuttingDown
+			if in.Drain && c.ready {
+				continue // out of the READY set now; terminated once drained
+			}
 			if c.inst != nil {
 				terminate(c.id, c.inst, true)
 			} else {

@@ -206,6 +206,46 @@ func TestPlan(t *testing.T) {
 				Terminate: []termination{terminateGone(4), terminateGone(3)},
 			},
 		},
+		"scale down takes the most expensive serving replica first": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 2
+				spot, onDemand := rec(2, StatusReady), rec(1, StatusReady)
+				spot.Spot, spot.Price, onDemand.Price = true, 0.9, 3.06
+				in.Replicas = []replicaView{view(onDemand, probeOK), view(spot, probeOK), view(rec(3, StatusReady), probeOK)}
+				in.Instances = running(1, 2, 3)
+			}),
+			want: actions{
+				Transitions: []transition{{ID: 1, From: StatusReady, To: StatusShuttingDown, Reason: "scaled down"}},
+				Terminate:   []termination{terminateGone(1)},
+			},
+		},
+		"with draining, scale down only takes a serving replica out of the READY set": {
+			in: withInput(func(in *planInput) {
+				in.Drain = true
+				in.Replicas = []replicaView{view(rec(1, StatusReady), probeOK), view(rec(2, StatusReady), probeOK),
+					view(rec(3, StatusStarting), notProbedYet)}
+				in.Desired = 1
+				in.Instances = running(1, 2, 3)
+			}),
+			want: actions{
+				Transitions: []transition{
+					{ID: 3, From: StatusStarting, To: StatusShuttingDown, Reason: "scaled down"},
+					{ID: 2, From: StatusReady, To: StatusShuttingDown, Reason: "scaled down"},
+				},
+				Terminate: []termination{terminateGone(3)},
+			},
+		},
+		"a draining replica is terminated once drained": {
+			in: withInput(func(in *planInput) {
+				in.Drain, in.Desired = true, 0
+				in.Replicas = []replicaView{
+					{Record: rec(1, StatusShuttingDown), Draining: true},
+					view(rec(2, StatusShuttingDown), probeOK),
+				}
+				in.Instances = running(1, 2)
+			}),
+			want: actions{Terminate: []termination{terminateGone(2)}},
+		},
 		"scale down to zero keeps an in-flight launch for the next pass": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 0
