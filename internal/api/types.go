@@ -38,16 +38,20 @@ type CreateServiceRequest struct {
 
 // ServiceStatus is one service as `serve status` shows it. Task is redacted.
 type ServiceStatus struct {
-	Name           string            `json:"name"`
-	Version        int               `json:"version"`
-	Status         string            `json:"status"`
-	Endpoint       string            `json:"endpoint"`
-	Policy         string            `json:"load_balancing_policy"`
-	CreatedAt      time.Time         `json:"created_at"`
-	TargetReplicas int               `json:"target_replicas"`
-	ReadyReplicas  int               `json:"ready_replicas"`
-	Replicas       []replicas.Record `json:"replicas"`
-	Task           *configs.Task     `json:"task,omitempty"`
+	Name           string    `json:"name"`
+	Version        int       `json:"version"`
+	Status         string    `json:"status"`
+	Endpoint       string    `json:"endpoint"`
+	Policy         string    `json:"load_balancing_policy"`
+	CreatedAt      time.Time `json:"created_at"`
+	TargetReplicas int       `json:"target_replicas"`
+	// Autoscaler is the scaling policy ("" for a fixed count) and Scaling its latest reason
+	// for TargetReplicas.
+	Autoscaler    string            `json:"autoscaler,omitempty"`
+	Scaling       string            `json:"scaling,omitempty"`
+	ReadyReplicas int               `json:"ready_replicas"`
+	Replicas      []replicas.Record `json:"replicas"`
+	Task          *configs.Task     `json:"task,omitempty"`
 	// Message explains a FAILED or waiting state.
 	Message string `json:"message,omitempty"`
 }

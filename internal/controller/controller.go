@@ -281,8 +281,10 @@ type service struct {
 	endpoint  string
 	target    int
 
-	proxy  *proxy.Service
-	mgr    *replicas.Manager
+	proxy *proxy.Service
+	mgr   *replicas.Manager
+	// scaler is nil for a fixed replica count.
+	scaler *scaler
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the manager and the proxy listener have stopped
 
@@ -290,11 +292,15 @@ type service struct {
 	shuttingDown bool
 	everReady    bool
 	status       string
+	// scaling is the autoscaler's reason for the current target.
+	scaling string
 }
 
-// startService starts the proxy listener and the replica manager for a stored service. ln may
-// be a listener already bound to rec.Port.
+// startService starts the proxy listener, the replica manager and, for an autoscaled service,
+// its scale loop. ln may be a listener already bound to rec.Port (a new service); without one
+// the service is being restored after a controller restart.
 func (c *Controller) startService(rec store.Service, ln net.Listener) (*service, error) {
+	restored := ln == nil
 	task := rec.Task
 	if task == nil || task.Service == nil {
 		return nil, fmt.Errorf("service %q has no service section", rec.Name)
@@ -312,6 +318,13 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 		ln.Close()
 		return nil, err
 	}
+	spec := autoscaler.SpecFor(task.Service.ReplicaPolicy)
+	var sc *scaler
+	if spec.Policy != "" {
+		sc = newScaler(spec)
+		pcfg.OnColdRequest = sc.poke
+		pcfg.ScrapeEngineMetrics = spec.Policy == autoscaler.PolicyLLM
+	}
 	px, err := proxy.NewService(pcfg)
 	if err != nil {
 		ln.Close()
@@ -323,7 +336,7 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 	}
 	s := &service{
 		name: rec.Name, version: rec.Version, task: task, port: rec.Port, createdAt: rec.CreatedAt,
-		endpoint: scheme + addr, proxy: px, done: make(chan struct{}), status: rec.Status,
+		endpoint: scheme + addr, proxy: px, scaler: sc, done: make(chan struct{}), status: rec.Status,
 	}
 	mgr, err := replicas.New(replicas.Config{
 		Service:       rec.Name,
@@ -334,18 +347,38 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 		OnReady:       func(eps []replicas.Endpoint) { px.SetBackends(toBackends(eps)) },
 		Logger:        c.log.Named("replicas").With(zap.String("service", rec.Name)),
 		ProbeInterval: c.opts.ProbeInterval,
+		Busy:          px.Busy,
+		DrainTimeout:  c.opts.DrainTimeout,
 	})
 	if err != nil {
 		ln.Close()
 		return nil, err
 	}
 	s.mgr = mgr
-	s.target = autoscaler.Fixed(task.Service.ReplicaPolicy)
-	mgr.SetTarget(s.target)
+	switch {
+	case sc == nil:
+		s.target = spec.Min
+		mgr.SetTarget(s.target)
+	case restored:
+		// The manager keeps what it finds until the scale loop's first decision, which
+		// resumes from those replicas.
+	default:
+		s.target = spec.InitialTarget()
+		mgr.SetTarget(s.target)
+	}
+
+	initialTarget := s.target // the scale loop owns s.target from here
 
 	ctx, cancel := context.WithCancel(c.ctx)
 	s.cancel = cancel
 	var inner sync.WaitGroup
+	if sc != nil {
+		inner.Add(1)
+		go func() {
+			defer inner.Done()
+			c.scaleLoop(ctx, s)
+		}()
+	}
 	inner.Add(2)
 	go func() {
 		defer inner.Done()
@@ -366,7 +399,8 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 	c.mu.Unlock()
 	c.updateGateway()
 	c.log.Info("service started", zap.String("service", rec.Name), zap.Int("version", rec.Version),
-		zap.String("endpoint", s.endpoint), zap.Int("target_replicas", s.target))
+		zap.String("endpoint", s.endpoint), zap.Int("target_replicas", initialTarget),
+		zap.String("autoscaler", spec.Policy))
 	return s, nil
 }
 
@@ -467,9 +501,13 @@ func (c *Controller) Services(names []string) ([]api.ServiceStatus, error) {
 // statusLocked builds the API view of a service.
 func (s *service) statusLocked(withTask bool) api.ServiceStatus {
 	recs := s.mgr.Replicas()
+	s.mu.Lock()
+	target, scaling := s.target, s.scaling
+	s.mu.Unlock()
 	st := api.ServiceStatus{
 		Name: s.name, Version: s.version, Endpoint: s.endpoint, Policy: s.task.Service.LoadBalancingPolicy,
-		CreatedAt: s.createdAt, TargetReplicas: s.target, Replicas: recs,
+		CreatedAt: s.createdAt, TargetReplicas: target, Replicas: recs,
+		Autoscaler: s.task.Service.ReplicaPolicy.Autoscaler, Scaling: scaling,
 	}
 	for _, r := range recs {
 		if r.Status == replicas.StatusReady {

@@ -30,6 +30,8 @@ func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.Servi
 		cfg.MaxRequestBodySize = l.MaxRequestBodyMB << 20
 		cfg.MaxConcurrentRequests = l.MaxConcurrentRequests
 		cfg.IdleTimeout = time.Duration(l.IdleTimeoutSeconds) * time.Second
+		cfg.MaxQueuedRequests = l.MaxQueuedRequests
+		cfg.MaxQueueWait = time.Duration(l.MaxQueueWaitSeconds) * time.Second
 	}
 	if t := svc.TLS; t != nil {
 		tlsCfg, err := proxy.LoadTLS(t.CertFile, t.KeyFile)

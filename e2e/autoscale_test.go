@@ -1,0 +1,163 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// autoscaleYAML is a scale-to-zero service with short windows, so the whole cycle fits in a
+// test: replicas take 2 s to start and hold at most 2 sequences each.
+const autoscaleYAML = `name: elastic
+resources:
+  infra: local
+service:
+  readiness_probe:
+    path: /health
+    initial_delay_seconds: 60
+  replica_policy:
+    min_replicas: 0
+    max_replicas: 4
+    autoscaler: concurrency
+    target_inflight_per_replica: 2
+    stable_window_seconds: 10
+    panic_window_seconds: 2
+    scale_to_zero_grace_seconds: 2
+  limits:
+    max_queue_wait_seconds: 90
+  ports: 8080
+run: ferry replica-sim --port $FERRY_PORT --model ferry-sim-1b --max-num-seqs 2 --startup-delay 2s --itl 20ms
+`
+
+// TestAutoscaleUpDownAndFromZero drives a local service through a burst, a quiet spell and a
+// request at zero: replicas are added while the burst is on, drain and go when it ends (no
+// request fails on the way), and at zero a request is held and served, not refused.
+func TestAutoscaleUpDownAndFromZero(t *testing.T) {
+	e := newEnv(t)
+	file := filepath.Join(t.TempDir(), "elastic.yaml")
+	writeFile(t, file, autoscaleYAML)
+	out := e.mustRun("serve", "up", file, "-y")
+	if !strings.Contains(out, "1/1 READY") {
+		t.Fatalf("serve up: a scale-to-zero service starts with one replica:\n%s", out)
+	}
+	endpoint := strings.TrimSpace(e.mustRun("serve", "status", "elastic", "--endpoint"))
+
+	// Eight clients streaming ~1 s completions: 8 in flight against a target of 2 per replica
+	// wants 4 replicas, four times the one READY — panic.
+	var sent, failed atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	clients := func(n int, stop <-chan struct{}) {
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range 500 { // bounded even if stop never came
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					sent.Add(1)
+					if err := streamCompletion(endpoint, 50); err != nil {
+						failed.Add(1)
+						firstErr.CompareAndSwap(nil, err.Error())
+					}
+				}
+			}()
+		}
+	}
+	stopBurst, stopTail := make(chan struct{}), make(chan struct{})
+	endBurst := sync.OnceFunc(func() { close(stopBurst) })
+	endTail := sync.OnceFunc(func() { close(stopTail) })
+	defer func() { endBurst(); endTail() }() // on failure, end every client too
+	loadStart := time.Now()
+	clients(6, stopBurst)
+	clients(2, stopTail)
+	status := func() (serviceStatus, string) {
+		st, err := e.status("elastic")
+		if err != nil {
+			return st, err.Error()
+		}
+		return st, fmt.Sprintf("target %d, replicas %+v", st.TargetReplicas, st.Replicas)
+	}
+
+	var scaledAfter time.Duration
+	eventually(t, 20*time.Second, "the target grows under the burst", func() (bool, string) {
+		st, state := status()
+		scaledAfter = time.Since(loadStart)
+		return st.TargetReplicas >= 3, state
+	})
+	t.Logf("target ≥ 3 replicas %v after the burst began", scaledAfter.Round(100*time.Millisecond))
+	eventually(t, 60*time.Second, "the added replicas become READY", func() (bool, string) {
+		st, state := status()
+		return len(st.ready()) >= 3, state
+	})
+
+	// The burst ends; two clients keep streaming while replicas drain and go, so streams on
+	// the replicas that leave must finish, not be cut.
+	endBurst()
+	eventually(t, 60*time.Second, "replicas leave after the burst", func() (bool, string) {
+		st, state := status()
+		return st.TargetReplicas <= 2 && len(st.Replicas) <= 2, state
+	})
+	endTail()
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d of %d requests failed while scaling up and down; first: %v", n, sent.Load(), firstErr.Load())
+	}
+	t.Logf("%d streamed requests while scaling up and down, none failed", sent.Load())
+
+	// Quiet: a stable window plus grace later the service is at zero, every replica gone.
+	eventually(t, 60*time.Second, "the service scales to zero", func() (bool, string) {
+		st, state := status()
+		return st.TargetReplicas == 0 && len(st.Replicas) == 0 && len(e.replicaPIDs()) == 0, state
+	})
+
+	// At zero: the request waits for a cold start (2 s here) and is served.
+	start := time.Now()
+	if err := streamCompletion(endpoint, 5); err != nil {
+		t.Fatalf("request at zero replicas: %v", err)
+	}
+	if waited := time.Since(start); waited < 2*time.Second {
+		t.Fatalf("request at zero served in %v: faster than the replica's 2 s start-up, so it was not held", waited)
+	} else {
+		t.Logf("request at zero held and served in %v", waited.Round(100*time.Millisecond))
+	}
+}
+
+// streamCompletion streams a chat completion of n tokens and checks it ends with [DONE].
+func streamCompletion(endpoint string, n int) error {
+	body := fmt.Sprintf(`{"model":"ferry-sim-1b","messages":[{"role":"user","content":"scale me"}],"max_tokens":%d,"stream":true}`, n)
+	client := &http.Client{Timeout: 2 * time.Minute}
+	resp, err := client.Post(endpoint+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		raw, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, raw)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	last := ""
+	for sc.Scan() {
+		if line, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			last = line
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	if last != "[DONE]" {
+		return fmt.Errorf("stream ended without [DONE] (last event %q)", last)
+	}
+	return nil
+}
