@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -294,6 +295,47 @@ func TestManagerScaleDown(t *testing.T) {
 	if _, ok := h.store.get("svc", 3); ok {
 		t.Error("store still holds scaled-down replica 3")
 	}
+}
+
+func TestManagerDrainsBeforeTerminating(t *testing.T) {
+	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
+	var busy atomic.Int64 // requests the proxy still streams on the replica leaving
+	h.m.cfg.Busy = func(string) int64 { return busy.Load() }
+	h.start()
+	h.m.SetTarget(2)
+	h.waitReady(1, 2)
+
+	busy.Store(1)
+	h.m.SetTarget(1)
+	// Out of the READY set at once, but its instance lives while the stream runs: several
+	// passes (20 ms apart) must not terminate it.
+	h.waitReady(1)
+	h.waitStatus(2, StatusShuttingDown)
+	for range 10 {
+		h.m.safeReconcile(context.Background())
+	}
+	if n := h.prov.count(); n != 2 {
+		t.Fatalf("%d instances while replica 2 still streams, want 2", n)
+	}
+	busy.Store(0)
+	eventually(t, "drained replica terminated and forgotten", func() bool {
+		return h.prov.count() == 1 && slices.Equal(ids(recordsAsEndpoints(h.m.Replicas())), []int{1})
+	})
+}
+
+func TestManagerDrainTimeout(t *testing.T) {
+	clock := newFakeClock()
+	h := newHarness(t, newFakeProvider(t), newFakeStore(), clock)
+	h.m.cfg.Busy = func(string) int64 { return 1 } // a stream that never ends
+	h.m.cfg.DrainTimeout = time.Minute
+	h.start()
+	h.m.SetTarget(2)
+	h.waitReady(1, 2)
+	h.m.SetTarget(1)
+	h.waitStatus(2, StatusShuttingDown)
+	h.m.safeReconcile(context.Background()) // draining starts counting at this pass's clock
+	clock.Advance(time.Minute)
+	eventually(t, "replica terminated once the drain timed out", func() bool { return h.prov.count() == 1 })
 }
 
 func recordsAsEndpoints(recs []Record) []Endpoint {
