@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -388,18 +389,25 @@ func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	hdr := "NAME\tVERSION\tUPTIME\tSTATUS\tREPLICAS\tENDPOINT"
 	if verbose {
-		hdr += "\tPOLICY"
+		hdr += "\tPOLICY\tAUTOSCALER"
 	}
 	fmt.Fprintln(tw, hdr)
 	for _, s := range list {
 		line := fmt.Sprintf("%s\t%d\t%s\t%s\t%d/%d\t%s", s.Name, s.Version, humanDuration(now.Sub(s.CreatedAt)), s.Status,
 			s.ReadyReplicas, s.TargetReplicas, s.Endpoint)
 		if verbose {
-			line += "\t" + s.Policy
+			line += "\t" + s.Policy + "\t" + cmp.Or(s.Autoscaler, "fixed")
 		}
 		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
+	if verbose {
+		for _, s := range list {
+			if s.Scaling != "" {
+				fmt.Fprintf(out, "%s: target %d: %s\n", s.Name, s.TargetReplicas, s.Scaling)
+			}
+		}
+	}
 	if len(list) == 0 {
 		fmt.Fprintln(out, "No services. Launch one with 'ferry serve up FILE'.")
 		return
