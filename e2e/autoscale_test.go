@@ -96,6 +96,9 @@ func TestAutoscaleUpDownAndFromZero(t *testing.T) {
 		return st.TargetReplicas >= 3, state
 	})
 	t.Logf("target ≥ 3 replicas %v after the burst began", scaledAfter.Round(100*time.Millisecond))
+	if table := e.mustRun("serve", "status", "-v"); !strings.Contains(table, "concurrency") || !strings.Contains(table, "elastic: target") {
+		t.Errorf("serve status -v does not show the autoscaler and its reason:\n%s", table)
+	}
 	eventually(t, 60*time.Second, "the added replicas become READY", func() (bool, string) {
 		st, state := status()
 		return len(st.ready()) >= 3, state
