@@ -195,13 +195,8 @@ func (c *checker) limits(n *yaml.Node, field string) *Limits {
 		l.MaxQueuedRequests, _ = c.intAtLeast(e.value, joinField(field, "max_queued_requests"), -1)
 	}
 	if e, ok := f["max_queue_wait_seconds"]; ok {
-		qf := joinField(field, "max_queue_wait_seconds")
-		if v, ok := c.intAtLeast(e.value, qf, 0); ok {
-			if v > MaxQueueWaitSeconds {
-				c.errorf(e.value, qf, "at most %d, got %d", MaxQueueWaitSeconds, v)
-			} else {
-				l.MaxQueueWaitSeconds = v
-			}
+		if v, ok := c.intBetween(e.value, joinField(field, "max_queue_wait_seconds"), 0, MaxQueueWaitSeconds); ok {
+			l.MaxQueueWaitSeconds = v
 		}
 	}
 	return l
