@@ -31,7 +31,7 @@ clean:
 
 # Whole-system benchmarks (bench/README.md). Extra flags go in BENCH_ARGS, for example
 # make bench-proxy BENCH_ARGS='--duration 3s --streams5k 1000'.
-.PHONY: bench-proxy bench-routing
+.PHONY: bench-proxy bench-routing bench-sim
 
 ## bench-proxy: proxy cost on loopback, backend direct vs ferry proxy vs nginx (installs nginx if missing)
 bench-proxy:
@@ -41,3 +41,7 @@ bench-proxy:
 ## bench-routing: routing quality per policy, replica-sim replicas replaying the Azure conversation trace
 bench-routing:
 	$(GO) run ./bench/routing $(BENCH_ARGS)
+
+## bench-sim: scaling policies on the Azure trace and AWS spot traces (ferry sim): SLO, availability, cost
+bench-sim:
+	$(GO) run ./cmd/ferry sim $(BENCH_ARGS)

@@ -1,0 +1,227 @@
+package sim
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/ferryserve/ferry/autoscaler"
+	"github.com/ferryserve/ferry/proxy"
+	"github.com/ferryserve/ferry/replicas"
+)
+
+// Placer says where a new spot replica goes.
+type Placer int
+
+const (
+	// PlaceNone launches no spot replica (on-demand policies).
+	PlaceNone Placer = iota
+	// PlaceSpotHedge is SkyServe's dynamic_fallback placer, policy.Zones: the cheapest active
+	// zone holding no spot replica yet; a zone that preempts or refuses a launch goes
+	// inactive.
+	PlaceSpotHedge
+	// PlaceCheapest is SkyPilot without a spot placer: the cheapest zone, failing over to the
+	// next cheapest when a zone refuses the launch. All replicas end up in the same zone.
+	PlaceCheapest
+)
+
+func (p Placer) String() string {
+	switch p {
+	case PlaceSpotHedge:
+		return "spothedge"
+	case PlaceCheapest:
+		return "cheapest"
+	}
+	return "none"
+}
+
+// Policy is one way to run the service: an autoscaler, a spot/on-demand split, a spot placer,
+// and what the load balancer does.
+type Policy struct {
+	Name        string
+	Description string
+	// Spec is the autoscaler's configuration; DecisionInterval is how often it decides.
+	Spec autoscaler.Spec
+	// Mix splits each target between spot and on-demand (autoscaler.Split).
+	Mix    autoscaler.MixSpec
+	Placer Placer
+	// Hold keeps requests at the proxy while no replica is READY (Ferry, up to
+	// proxy.DefaultMaxQueuedRequests for proxy.DefaultMaxQueueWait); without it they get 503
+	// (SkyServe), which counts as an SLO miss.
+	Hold bool
+	// LBSync is how often the load balancer refreshes its replica list: a replica that turns
+	// READY gets traffic from the next refresh. 0 means at once (Ferry publishes a new snapshot
+	// on every change). Replicas that go away leave the list at once in both, as a request to
+	// one would be retried elsewhere.
+	LBSync time.Duration
+	// ReportEvery is how often the load balancer ships its request timestamps to the
+	// controller (SkyServe: 20 s, half a decision out of phase); 0 means the controller reads
+	// live counters (Ferry).
+	ReportEvery time.Duration
+	// DrainTimeout bounds how long a scaled-down replica finishes its requests.
+	DrainTimeout time.Duration
+	// SpotNotice, when positive, is how long before a preemption the policy learns of it
+	// (EC2's interruption notice: 2 minutes) and starts the replacement. Ferry does not act
+	// on notices yet; the ferry-notice policy measures what it would gain.
+	SpotNotice time.Duration
+}
+
+// SkyServe's defaults (sky/serve/constants.py), which the baselines run with.
+const (
+	skyServeUpscaleDelay   = 300 * time.Second
+	skyServeDownscaleDelay = 1200 * time.Second
+	skyServeLBSync         = 20 * time.Second
+	skyServeDrain          = 120 * time.Second
+	// ec2InterruptionNotice is how early EC2 warns a spot instance of its interruption.
+	ec2InterruptionNotice = 2 * time.Minute
+)
+
+// The ferry policies' tuning, chosen with `ferry sim` on the conversation trace and
+// DefaultModel (bench/README.md, "ferry sim", shows the sweep). They differ from the
+// autoscaler's defaults (autoscaler/spec.go), which the ferry-defaults policy runs with:
+//
+//   - FerryTargetInflight 1.75: the largest in-flight target per replica (of 1.25–2.5 in 0.25
+//     steps) that met the 99% SLO on each of the spot traces' first 7 days run one by one. It
+//     is ~30% of the ~6 sequences a V100 replica holds: time to first token climbs as soon as
+//     requests queue behind a full KV cache, and the trace's long prompts make that early.
+//   - FerryStableWindow 20 min: with the KPA's 60 s window and 1 s decisions the target moves
+//     thousands of times a day, every scale-down is undone by a 4-minute cold start, and
+//     availability falls under 50%; 10–20 minutes stop that.
+//   - FerryOverprovision 2: two spot replicas above the load's need mask most cold starts
+//     after scale-ups and single-zone preemptions (availability is measured against the need,
+//     as in SpotHedge): 99.4% over a week against 78% without.
+const (
+	FerryTargetInflight = 1.75
+	FerryStableWindow   = 20 * time.Minute
+	FerryOverprovision  = 2
+)
+
+// PolicyParams are the figures the policies are sized with.
+type PolicyParams struct {
+	// TargetQPS is SkyServe's target_qps_per_replica (Calibrate).
+	TargetQPS float64
+	// PeakReplicas is the fixed fleet that carries the trace's busiest minute at TargetQPS.
+	PeakReplicas int
+	// MaxReplicas is max_replicas of the autoscaled policies, set well above need so that it
+	// never binds.
+	MaxReplicas int
+	// TargetInflight, StableWindow and Overprovision tune the ferry policies.
+	TargetInflight float64
+	StableWindow   time.Duration
+	Overprovision  int
+}
+
+// PolicyNames lists the policies in report order.
+var PolicyNames = []string{"ferry", "ferry-llm", "ferry-notice", "ferry-defaults", "skyserve-spothedge", "skyserve-spot", "fixed-peak", "ondemand"}
+
+// Policies builds the named policies.
+func Policies(names []string, pp PolicyParams) ([]Policy, error) {
+	ferry := Policy{
+		Spec: autoscaler.Spec{
+			Policy:         autoscaler.PolicyConcurrency,
+			Min:            1,
+			Max:            pp.MaxReplicas,
+			Overprovision:  pp.Overprovision,
+			TargetInflight: pp.TargetInflight,
+			StableWindow:   pp.StableWindow,
+		},
+		Mix:          autoscaler.MixSpec{UseSpot: true, DynamicFallback: true},
+		Placer:       PlaceSpotHedge,
+		Hold:         true,
+		DrainTimeout: replicas.DefaultDrainTimeout,
+	}
+	sky := Policy{
+		Spec: autoscaler.Spec{
+			Policy:           autoscaler.PolicyRequestRate,
+			Min:              1,
+			Max:              pp.MaxReplicas,
+			TargetQPS:        pp.TargetQPS,
+			UpscaleDelay:     skyServeUpscaleDelay,
+			DownscaleDelay:   skyServeDownscaleDelay,
+			DecisionInterval: autoscaler.SkyServeDecisionInterval,
+		},
+		LBSync:       skyServeLBSync,
+		ReportEvery:  autoscaler.SkyServeDecisionInterval,
+		DrainTimeout: skyServeDrain,
+	}
+	ferryKnobs := fmt.Sprintf("target %g in flight per replica, %v stable window, %d overprovisioned", pp.TargetInflight, pp.StableWindow, pp.Overprovision)
+	build := map[string]func() Policy{
+		"ferry": func() Policy {
+			p := ferry
+			p.Description = "concurrency autoscaler (" + ferryKnobs + ", 1 s decisions), spot + dynamic on-demand fallback, SpotHedge placer, holds requests while no replica is READY"
+			return p
+		},
+		"ferry-llm": func() Policy {
+			p := ferry
+			p.Spec.Policy = autoscaler.PolicyLLM
+			p.Description = "as ferry with the llm autoscaler (in-flight, engine queues and KV-cache use)"
+			return p
+		},
+		"ferry-notice": func() Policy {
+			p := ferry
+			p.SpotNotice = ec2InterruptionNotice
+			p.Description = "as ferry, acting on EC2's 2-minute interruption notice: replacements start when the notice comes (not in Ferry yet)"
+			return p
+		},
+		"ferry-defaults": func() Policy {
+			p := ferry
+			p.Spec = autoscaler.Spec{Policy: autoscaler.PolicyConcurrency, Min: 1, Max: pp.MaxReplicas}
+			d := p.Spec.WithDefaults()
+			p.Description = fmt.Sprintf("as ferry with autoscaler/spec.go's defaults (target %g in flight, %v stable window, no overprovision)", d.TargetInflight, d.StableWindow)
+			return p
+		},
+		"skyserve-spothedge": func() Policy {
+			p := sky
+			p.Mix = autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}
+			p.Placer = PlaceSpotHedge
+			p.Description = fmt.Sprintf("request_rate (%.2f QPS per replica, 300/1200 s delays, 20 s decisions), use_spot + dynamic_ondemand_fallback + dynamic_fallback placer, 503 while no replica is READY", pp.TargetQPS)
+			return p
+		},
+		"skyserve-spot": func() Policy {
+			p := sky
+			p.Mix = autoscaler.MixSpec{UseSpot: true}
+			p.Placer = PlaceCheapest
+			p.Description = "request_rate as skyserve-spothedge, spot only, cheapest zone with capacity, no fallback"
+			return p
+		},
+		"fixed-peak": func() Policy {
+			p := ferry
+			p.Spec = autoscaler.Spec{Min: pp.PeakReplicas, Max: pp.PeakReplicas}
+			p.Mix = autoscaler.MixSpec{}
+			p.Placer = PlaceNone
+			p.Description = fmt.Sprintf("%d on-demand replicas, enough for the busiest minute at %.2f QPS each", pp.PeakReplicas, pp.TargetQPS)
+			return p
+		},
+		"ondemand": func() Policy {
+			p := ferry
+			p.Spec.Overprovision = 0
+			p.Mix = autoscaler.MixSpec{}
+			p.Placer = PlaceNone
+			p.Description = "ferry's autoscaler without overprovision, every replica on-demand (the cost baseline)"
+			return p
+		},
+	}
+	var out []Policy
+	var unknown []string
+	for _, n := range names {
+		f, ok := build[n]
+		if !ok {
+			unknown = append(unknown, n)
+			continue
+		}
+		p := f()
+		p.Name = n
+		p.Spec = p.Spec.WithDefaults()
+		out = append(out, p)
+	}
+	if len(unknown) > 0 {
+		return nil, fmt.Errorf("unknown policies %s: known are %s", strings.Join(unknown, ", "), strings.Join(PolicyNames, ", "))
+	}
+	return out, nil
+}
+
+// holdLimits are the proxy's, so that the simulated hold gives up when Ferry's would.
+var (
+	holdMaxQueued = proxy.DefaultMaxQueuedRequests
+	holdMaxWait   = proxy.DefaultMaxQueueWait
+)

@@ -1,0 +1,634 @@
+package sim
+
+import (
+	"cmp"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/ferryserve/ferry/autoscaler"
+	"github.com/ferryserve/ferry/policy"
+)
+
+// This file is one policy's simulation: a loop over whole seconds that applies the fleet's
+// events (spot capacity changes, replicas turning READY, drains, the load balancer's refresh,
+// autoscaler decisions) at each second and replays the requests arriving within it at their
+// exact times. Replicas' engines run in continuous time between those points (engine.go).
+
+// World is what every policy's run shares: read-only once built.
+type World struct {
+	Model Model
+	Zones []Zone
+	// OnDemandPrice is $/hour of an on-demand replica.
+	OnDemandPrice float64
+	// SpotOffset is where in the spot traces the simulation starts, in seconds.
+	SpotOffset float64
+	// Warmup is simulated before Duration and not scored: the fleet starts from its initial
+	// target and settles.
+	Warmup, Duration time.Duration
+	SLO              SLO
+	// Seed seeds the routing's tie-breaks; each policy draws from its own stream, derived
+	// from Seed and its name, so a policy's result does not depend on which others run.
+	Seed uint64
+}
+
+// SLO is what a request must meet to count as served well.
+type SLO struct {
+	// TTFT bounds the time from arrival to the first token, waiting at the proxy included.
+	TTFT time.Duration
+	// TPOT bounds the mean time per output token after the first.
+	TPOT time.Duration
+}
+
+// epoch is the wall time the simulation's second 0 stands for; only differences matter.
+var epoch = time.Date(2023, 11, 16, 0, 0, 0, 0, time.UTC)
+
+// drainLimit bounds how long the run continues after the horizon for requests still in the
+// system; any still there after it counts as failed.
+const drainLimit = time.Hour
+
+type replicaState uint8
+
+const (
+	provisioning replicaState = iota
+	ready
+	draining
+)
+
+// replica is one launched instance.
+type replica struct {
+	id    int
+	spot  bool
+	zone  int // index into World.Zones; -1 for on-demand
+	price float64
+	state replicaState
+	// readyAt is when its cold start ends; drainUntil when a drain gives up.
+	readyAt, drainUntil float64
+	// announced is true once the load balancer knows it is READY.
+	announced bool
+	// noticed is true once an interruption notice came: the replica serves on, but the
+	// fleet already counts it as gone.
+	noticed bool
+	eng     *engine
+}
+
+// runner simulates one policy.
+type runner struct {
+	w   *World
+	p   Policy
+	rng *rand.Rand
+
+	scaler  autoscaler.Scaler
+	zones   *policy.Zones
+	byPrice []int // zone indexes, cheapest first
+	zoneUp  []bool
+	// zoneNoticed marks zones whose replicas got an interruption notice and that will be
+	// down at the end of it: they take no new replica.
+	zoneNoticed []bool
+	interval    int // decision interval in seconds
+	warmup      float64
+	end         float64
+
+	nextID   int
+	live     []*replica // provisioning, ready and draining
+	routable []*replica
+	dirty    bool // routable needs a rebuild
+	target   int
+	// need is target without overprovision: what availability is measured against.
+	need int
+
+	held      []*request
+	heldArea  float64
+	heldAt    float64
+	goneArea  float64 // ∫ in-flight of replicas that went away since the last decision
+	inSystem  int     // requests held or in an engine
+	arrived   int     // arrivals since the last decision
+	lbPending int     // arrivals the load balancer has not shipped yet
+	lbShipped int     // shipped, not yet read by a decision
+
+	res   *Result
+	ttfts []float32
+	tpots []float32
+}
+
+// run simulates p on arrivals from src and scores it.
+func (w *World) run(p Policy, src arrivalSource) *Result {
+	start := time.Now()
+	r := w.newRunner(p)
+	r.loop(src)
+	r.finish()
+	r.res.Elapsed = time.Since(start).Round(time.Millisecond).String()
+	return r.res
+}
+
+func (w *World) newRunner(p Policy) *runner {
+	h := fnv.New64a()
+	h.Write([]byte(p.Name))
+	r := &runner{
+		w:           w,
+		p:           p,
+		rng:         rand.New(rand.NewPCG(w.Seed, h.Sum64())),
+		scaler:      autoscaler.New(p.Spec),
+		zoneUp:      make([]bool, len(w.Zones)),
+		zoneNoticed: make([]bool, len(w.Zones)),
+		interval:    max(1, int(p.Spec.DecisionInterval/time.Second)),
+		warmup:      w.Warmup.Seconds(),
+		end:         (w.Warmup + w.Duration).Seconds(),
+		target:      p.Spec.InitialTarget(),
+		need:        max(0, p.Spec.InitialTarget()-p.Spec.Overprovision),
+		res:         &Result{Policy: p.Name, Description: p.Description},
+	}
+	states := make([]policy.ZoneState, len(w.Zones))
+	for i, z := range w.Zones {
+		states[i] = policy.ZoneState{Name: z.Name, SpotPrice: z.SpotPrice}
+		r.byPrice = append(r.byPrice, i)
+	}
+	slices.SortStableFunc(r.byPrice, func(a, b int) int {
+		return cmp.Compare(w.Zones[a].SpotPrice, w.Zones[b].SpotPrice)
+	})
+	if p.Placer == PlaceSpotHedge {
+		r.zones = policy.NewZones(states)
+	}
+	return r
+}
+
+func (r *runner) scored(t float64) bool { return t >= r.warmup && t < r.end }
+
+// loop runs second by second until the horizon, then until the system is empty.
+func (r *runner) loop(src arrivalSource) {
+	next, ok := src.next()
+	for s := 0; ; s++ {
+		t := float64(s)
+		if t >= r.end && !ok && r.inSystem == 0 {
+			break
+		}
+		if t >= r.end+drainLimit.Seconds() {
+			for _, rep := range r.live {
+				r.failAll(rep.eng.kill(), &r.res.Failed)
+			}
+			r.failAll(r.held, &r.res.Failed)
+			r.held = nil
+			break
+		}
+		r.second(s)
+		for ok && next.at < t+1 {
+			r.arrive(next)
+			next, ok = src.next()
+		}
+	}
+}
+
+// second applies everything that happens at whole second s, in order.
+func (r *runner) second(s int) {
+	t := float64(s)
+	for _, rep := range r.live {
+		rep.eng.advance(t)
+	}
+	r.spotCapacity(t)
+	r.spotNotices(t)
+	for _, rep := range r.live {
+		if rep.state == provisioning && rep.readyAt <= t {
+			rep.state = ready
+			rep.announced = r.p.LBSync <= 0
+			r.dirty = true
+			if rep.spot && !rep.noticed && r.zones != nil {
+				r.zones.Ready(r.w.Zones[rep.zone].Name)
+			}
+		}
+	}
+	r.live = slices.DeleteFunc(r.live, func(rep *replica) bool {
+		if rep.state != draining || (rep.eng.inFlight() > 0 && t < rep.drainUntil) {
+			return false
+		}
+		r.remove(rep, &r.res.Failed)
+		return true
+	})
+	r.expireHeld(t)
+	if r.p.ReportEvery > 0 {
+		every := int(r.p.ReportEvery / time.Second)
+		if s%every == every/2 {
+			r.lbShipped += r.lbPending
+			r.lbPending = 0
+		}
+	}
+	if r.p.LBSync > 0 && s%int(r.p.LBSync/time.Second) == 0 {
+		for _, rep := range r.live {
+			if rep.state == ready && !rep.announced {
+				rep.announced = true
+				r.dirty = true
+			}
+		}
+	}
+	r.refreshRoutable()
+	r.dispatchHeld(t)
+	if s%r.interval == 0 {
+		r.decide(s)
+	}
+	if r.scored(t) {
+		r.account(s)
+	}
+}
+
+// spotCapacity reads the zones' availability at t and preempts spot replicas in zones that
+// lost it.
+func (r *runner) spotCapacity(t float64) {
+	for i, z := range r.w.Zones {
+		up := z.Trace.Available(r.w.SpotOffset + t)
+		r.zoneUp[i] = up
+		if up {
+			continue
+		}
+		hit := false
+		r.live = slices.DeleteFunc(r.live, func(rep *replica) bool {
+			if !rep.spot || rep.zone != i {
+				return false
+			}
+			hit = true
+			if r.scored(t) {
+				r.res.Preemptions++
+				r.res.timeline.preemptions = append(r.res.timeline.preemptions, t-r.warmup)
+			}
+			r.remove(rep, &r.res.Failed)
+			return true
+		})
+		if hit && r.zones != nil {
+			r.zones.Preempted(z.Name)
+		}
+	}
+}
+
+// spotNotices gives spot replicas the interruption notice: when the policy acts on notices,
+// a zone whose trace drops within the notice period has its replicas counted as lost now, so
+// that replacements (and the on-demand fallback) start before the preemption. EC2 sends its
+// notice two minutes ahead; the trace's ticks do not say when within a tick capacity went, so
+// the notice is taken to come exactly SpotNotice before the tick that reads 0.
+func (r *runner) spotNotices(t float64) {
+	if r.p.SpotNotice <= 0 {
+		return
+	}
+	ahead := r.w.SpotOffset + t + r.p.SpotNotice.Seconds()
+	for i, z := range r.w.Zones {
+		r.zoneNoticed[i] = r.zoneUp[i] && !z.Trace.Available(ahead)
+		if !r.zoneNoticed[i] {
+			continue
+		}
+		hit := false
+		for _, rep := range r.live {
+			if rep.spot && rep.zone == i && !rep.noticed {
+				rep.noticed, hit = true, true
+			}
+		}
+		if hit && r.zones != nil {
+			r.zones.Preempted(z.Name)
+		}
+	}
+}
+
+// remove takes rep out of service: what it still holds fails (counted in failed).
+func (r *runner) remove(rep *replica, failed *int) {
+	r.goneArea += rep.eng.takeArea()
+	r.failAll(rep.eng.kill(), failed)
+	r.dirty = true
+}
+
+// refreshRoutable rebuilds the load balancer's view: READY replicas it has been told about.
+func (r *runner) refreshRoutable() {
+	if !r.dirty {
+		return
+	}
+	r.dirty = false
+	r.routable = r.routable[:0]
+	for _, rep := range r.live {
+		if rep.state == ready && rep.announced {
+			r.routable = append(r.routable, rep)
+		}
+	}
+}
+
+// arrive handles one request at its arrival time.
+func (r *runner) arrive(a arrival) {
+	req := &request{arrival: a.at, ctx: a.ctx, gen: a.gen, scored: r.scored(a.at)}
+	if req.scored {
+		r.res.Requests++
+	}
+	r.arrived++
+	r.lbPending++
+	maxLen := r.w.Model.KVCapacityTokens
+	if req.ctx >= maxLen {
+		// vLLM answers 400: the prompt is longer than max_model_len.
+		if req.scored {
+			r.res.Unservable++
+		}
+		return
+	}
+	// A prompt that fits but whose output would not stops at max_model_len, as in vLLM.
+	req.gen = min(req.gen, maxLen-req.ctx)
+	r.inSystem++
+	if len(r.routable) > 0 {
+		r.route(req, a.at)
+		return
+	}
+	if r.p.Hold && len(r.held) < holdMaxQueued {
+		r.heldArea += float64(len(r.held)) * (a.at - r.heldAt)
+		r.heldAt = a.at
+		r.held = append(r.held, req)
+		return
+	}
+	r.fail(req, &r.res.Rejected)
+}
+
+// route sends req to the READY replica with the fewest requests in flight (Ferry's default
+// least_load, SkyServe's least_load), breaking ties at random.
+func (r *runner) route(req *request, t float64) {
+	var best *replica
+	bestLoad, ties := math.MaxInt, 0
+	for _, rep := range r.routable {
+		rep.eng.advance(t)
+		load := rep.eng.inFlight()
+		switch {
+		case load < bestLoad:
+			best, bestLoad, ties = rep, load, 1
+		case load == bestLoad:
+			ties++
+			if r.rng.IntN(ties) == 0 {
+				best = rep
+			}
+		}
+	}
+	best.eng.submit(req)
+}
+
+// dispatchHeld routes held requests once a replica is READY.
+func (r *runner) dispatchHeld(t float64) {
+	r.heldArea += float64(len(r.held)) * (t - r.heldAt)
+	r.heldAt = t
+	if len(r.routable) == 0 || len(r.held) == 0 {
+		return
+	}
+	for _, req := range r.held {
+		r.route(req, t)
+	}
+	r.held = r.held[:0]
+}
+
+// expireHeld fails held requests that waited as long as the proxy holds one.
+func (r *runner) expireHeld(t float64) {
+	r.heldArea += float64(len(r.held)) * (t - r.heldAt)
+	r.heldAt = t
+	limit := holdMaxWait.Seconds()
+	r.held = slices.DeleteFunc(r.held, func(req *request) bool {
+		if t-req.arrival < limit {
+			return false
+		}
+		r.fail(req, &r.res.Rejected)
+		return true
+	})
+}
+
+// done records a request that finished on an engine.
+func (r *runner) done(req *request, at float64) {
+	r.inSystem--
+	if !req.scored {
+		return
+	}
+	r.res.Served++
+	ttft := req.firstToken - req.arrival
+	tpot := 0.0
+	if req.gen > 1 {
+		tpot = (at - req.firstToken) / float64(req.gen-1)
+	}
+	r.ttfts = append(r.ttfts, float32(ttft))
+	r.tpots = append(r.tpots, float32(tpot))
+	if ttft <= r.w.SLO.TTFT.Seconds() && tpot <= r.w.SLO.TPOT.Seconds() {
+		r.res.MetSLO++
+	}
+}
+
+// fail records a request that will not be served; counter is the reason's count.
+func (r *runner) fail(req *request, counter *int) {
+	r.inSystem--
+	if req.scored {
+		*counter++
+	}
+}
+
+func (r *runner) failAll(reqs []*request, counter *int) {
+	for _, req := range reqs {
+		r.fail(req, counter)
+	}
+}
+
+// decide runs the autoscaler and applies its target.
+func (r *runner) decide(s int) {
+	t := float64(s)
+	obs := autoscaler.Observation{Arrivals: r.arrived}
+	if r.p.ReportEvery > 0 {
+		obs.Arrivals = r.lbShipped
+		r.lbShipped = 0
+	}
+	r.arrived = 0
+
+	// In-flight as the controller reads it: the larger of the instant value and the mean
+	// over the interval (internal/controller/scaling.go samples 10 times per interval).
+	area := r.goneArea + r.heldArea
+	r.goneArea, r.heldArea = 0, 0
+	instant := len(r.held)
+	readyAll, readySpot := 0, 0
+	for _, rep := range r.live {
+		area += rep.eng.takeArea()
+		instant += rep.eng.inFlight()
+		if rep.state == ready {
+			readyAll++
+			if rep.spot && !rep.noticed {
+				readySpot++
+			}
+		}
+	}
+	obs.InFlight = max(float64(instant), area/float64(r.interval))
+	if r.p.Spec.Policy == autoscaler.PolicyLLM && len(r.routable) > 0 {
+		var e autoscaler.EngineLoad
+		for _, rep := range r.routable {
+			e.Waiting += float64(rep.eng.queued())
+			e.KVCacheUsage += rep.eng.kvUsage()
+		}
+		e.KVCacheUsage /= float64(len(r.routable))
+		obs.Engine = &e
+	}
+
+	d := r.scaler.Decide(epoch.Add(time.Duration(s)*time.Second), obs, autoscaler.State{Ready: readyAll, Target: r.target})
+	if r.scored(t) {
+		switch {
+		case d.Target > r.target:
+			r.res.ScaleUps++
+		case d.Target < r.target:
+			r.res.ScaleDowns++
+		}
+	}
+	r.target = d.Target
+	r.need = max(0, d.Target-r.p.Spec.Overprovision)
+	mix := autoscaler.Split(d.Target, r.p.Mix, readySpot)
+	r.reconcile(true, mix.Spot, t)
+	r.reconcile(false, mix.OnDemand, t)
+}
+
+// reconcile launches or stops replicas of one kind until want are live (provisioning or
+// READY). Scale-down stops replicas not serving yet first, then the newest (as
+// replicas/plan.go does).
+func (r *runner) reconcile(spot bool, want int, t float64) {
+	var mine []*replica
+	for _, rep := range r.live {
+		if rep.spot == spot && rep.state != draining && !rep.noticed {
+			mine = append(mine, rep)
+		}
+	}
+	for n := len(mine); n < want; n++ {
+		if !r.launch(spot, t) {
+			break
+		}
+	}
+	if len(mine) <= want {
+		return
+	}
+	slices.SortFunc(mine, func(a, b *replica) int {
+		if (a.state == provisioning) != (b.state == provisioning) {
+			if a.state == provisioning {
+				return -1
+			}
+			return 1
+		}
+		return b.id - a.id
+	})
+	for _, rep := range mine[:len(mine)-want] {
+		if rep.state == provisioning {
+			r.live = slices.DeleteFunc(r.live, func(x *replica) bool { return x == rep })
+			r.remove(rep, &r.res.Failed)
+			continue
+		}
+		rep.state = draining
+		rep.drainUntil = t + r.p.DrainTimeout.Seconds()
+		r.dirty = true
+	}
+	r.refreshRoutable()
+}
+
+// launch starts one replica; false when no zone takes a spot replica now.
+func (r *runner) launch(spot bool, t float64) bool {
+	rep := &replica{id: r.nextID, spot: spot, zone: -1, price: r.w.OnDemandPrice, readyAt: t + r.w.Model.ColdStart.Seconds()}
+	if spot {
+		zone := r.placeSpot()
+		if zone < 0 {
+			return false
+		}
+		rep.zone, rep.price = zone, r.w.Zones[zone].SpotPrice
+	}
+	r.nextID++
+	rep.eng = newEngine(&r.w.Model, t, r.done)
+	r.live = append(r.live, rep)
+	if r.scored(t) {
+		r.res.Launches++
+	}
+	return true
+}
+
+// placeSpot picks the zone for a new spot replica, trying zones until one has capacity (a
+// refused launch is known at once: EC2 answers InsufficientInstanceCapacity to the call).
+// It returns -1 when no zone takes it.
+func (r *runner) placeSpot() int {
+	switch r.p.Placer {
+	case PlaceSpotHedge:
+		for range r.w.Zones {
+			counts := map[string]int{}
+			for _, rep := range r.live {
+				if rep.spot && rep.state != draining && !rep.noticed {
+					counts[r.w.Zones[rep.zone].Name]++
+				}
+			}
+			name, ok := r.zones.Place(counts)
+			if !ok {
+				return -1
+			}
+			i := slices.IndexFunc(r.w.Zones, func(z Zone) bool { return z.Name == name })
+			if r.zoneUp[i] && !r.zoneNoticed[i] {
+				return i
+			}
+			r.res.RefusedSpotLaunches++
+			r.zones.Preempted(name)
+		}
+	case PlaceCheapest:
+		for _, i := range r.byPrice {
+			if r.zoneUp[i] && !r.zoneNoticed[i] {
+				return i
+			}
+			r.res.RefusedSpotLaunches++
+		}
+	}
+	return -1
+}
+
+// account adds second s to the scored figures: replica time and cost, availability ticks,
+// and the plot's per-minute samples.
+func (r *runner) account(s int) {
+	readySpot, readyOD := 0, 0
+	for _, rep := range r.live {
+		if rep.spot {
+			r.res.SpotHours += 1.0 / 3600
+			r.res.SpotCost += rep.price / 3600
+		} else {
+			r.res.OnDemandHours += 1.0 / 3600
+			r.res.OnDemandCost += rep.price / 3600
+		}
+		if rep.state == ready {
+			if rep.spot {
+				readySpot++
+			} else {
+				readyOD++
+			}
+		}
+	}
+	since := s - int(r.warmup)
+	if since%availabilityTick == 0 {
+		r.res.Ticks++
+		if readySpot+readyOD >= r.need {
+			r.res.AvailableTicks++
+		}
+	}
+	if since%60 == 0 {
+		r.res.timeline.add(readySpot, readyOD, r.need)
+	}
+}
+
+// availabilityTick is SpotHedge's: availability is the share of 30 s ticks with at least the
+// target number of READY replicas. The target is the one the load asks for, without
+// num_overprovision (SkyServe's target_num_replicas): over-provisioned replicas are there to
+// mask preemptions and cold starts, as in SpotHedge, and are not owed.
+const availabilityTick = 30
+
+// finish derives the result's ratios and percentiles.
+func (r *runner) finish() {
+	res := r.res
+	if res.Requests > 0 {
+		res.SLOAttainment = float64(res.MetSLO) / float64(res.Requests)
+	}
+	if res.Ticks > 0 {
+		res.Availability = float64(res.AvailableTicks) / float64(res.Ticks)
+	}
+	res.Cost = res.SpotCost + res.OnDemandCost
+	res.NormalizedCost = res.SpotHours + 3*res.OnDemandHours
+	res.TTFTp50, res.TTFTp99 = percentiles(r.ttfts)
+	res.TPOTp50, res.TPOTp99 = percentiles(r.tpots)
+}
+
+// percentiles returns the nearest-rank p50 and p99 of v in seconds.
+func percentiles(v []float32) (p50, p99 float64) {
+	if len(v) == 0 {
+		return 0, 0
+	}
+	slices.Sort(v)
+	at := func(q float64) float64 {
+		i := int(math.Ceil(q*float64(len(v)))) - 1
+		return float64(v[max(0, min(i, len(v)-1))])
+	}
+	return at(0.50), at(0.99)
+}

@@ -1,0 +1,260 @@
+package sim
+
+import (
+	"context"
+	"io"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/ferryserve/ferry/autoscaler"
+)
+
+// sliceSource replays fixed arrivals.
+type sliceSource struct{ arrivals []arrival }
+
+func (s *sliceSource) next() (arrival, bool) {
+	if len(s.arrivals) == 0 {
+		return arrival{}, false
+	}
+	a := s.arrivals[0]
+	s.arrivals = s.arrivals[1:]
+	return a, true
+}
+
+// scriptedZone is a zone with a hand-written availability trace of 60 s ticks.
+func scriptedZone(name string, price float64, ticks ...float64) Zone {
+	return Zone{Name: name, SpotPrice: price, Trace: &SpotTrace{Zone: name, Gap: 60, Data: ticks}}
+}
+
+func TestSimAvailabilityAndCost(t *testing.T) {
+	fixed := func(n int, mix autoscaler.MixSpec, placer Placer) Policy {
+		return Policy{Name: "fixed", Spec: autoscaler.Spec{Min: n, Max: n}.WithDefaults(), Mix: mix, Placer: placer, Hold: true, DrainTimeout: time.Minute}
+	}
+	spotOnly := autoscaler.MixSpec{UseSpot: true}
+	fallback := autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}
+	up := []float64{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}
+	tests := map[string]struct {
+		policy Policy
+		zones  []Zone
+		want   Result
+	}{
+		// Two on-demand replicas ready 60 s after launch: the ticks at 0 s and 30 s of the
+		// 10-minute horizon miss them, the other 18 have them.
+		"on-demand cold start": {
+			policy: fixed(2, autoscaler.MixSpec{}, PlaceNone),
+			want:   Result{Ticks: 20, AvailableTicks: 18, OnDemandHours: 2 * 600.0 / 3600, OnDemandCost: 2 * 600.0 / 3600 * 3, Launches: 2},
+		},
+		// One spot replica in the only zone, which loses capacity at 180 s: preempted, and
+		// no zone takes a new one; READY only during [60 s, 180 s).
+		"spot preempted": {
+			policy: fixed(1, spotOnly, PlaceCheapest),
+			zones:  []Zone{scriptedZone("a", 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0)},
+			want:   Result{Ticks: 20, AvailableTicks: 4, SpotHours: 180.0 / 3600, SpotCost: 180.0 / 3600, Preemptions: 1, Launches: 1, RefusedSpotLaunches: 420},
+		},
+		// SpotHedge spreads two replicas over the two cheapest zones; until they are READY the
+		// dynamic fallback runs two on-demand ones (billed 0–60 s: they leave, drained, at
+		// 61 s). At 180 s the cheapest zone loses capacity: the fallback launches an on-demand
+		// replica and SpotHedge a spot one in the zone that holds none (the dearest); both
+		// are READY at 240 s, and the on-demand one goes at 241 s.
+		"spothedge with fallback": {
+			policy: fixed(2, fallback, PlaceSpotHedge),
+			zones: []Zone{scriptedZone("cheap", 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0),
+				scriptedZone("mid", 2, up...), scriptedZone("dear", 4, up...)},
+			want: Result{Ticks: 20, AvailableTicks: 16, Preemptions: 1, Launches: 6,
+				SpotHours: (180 + 600 + 420) / 3600.0, SpotCost: (180*1 + 600*2 + 420*4) / 3600.0,
+				OnDemandHours: 3 * 61 / 3600.0, OnDemandCost: 3 * 3 * 61 / 3600.0},
+		},
+		// With the interruption notice two minutes ahead, the replacement starts at 60 s in
+		// the next zone and is READY at 120 s, before the preemption at 180 s.
+		"spot notice": {
+			policy: func() Policy { p := fixed(1, spotOnly, PlaceSpotHedge); p.SpotNotice = 2 * time.Minute; return p }(),
+			zones: []Zone{scriptedZone("cheap", 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0),
+				scriptedZone("mid", 2, up...), scriptedZone("dear", 4, up...)},
+			want: Result{Ticks: 20, AvailableTicks: 18, Preemptions: 1, Launches: 2,
+				SpotHours: (180 + 540) / 3600.0, SpotCost: (180*1 + 540*2) / 3600.0},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			m := testModel()
+			m.ColdStart = time.Minute
+			w := World{Model: m, Zones: tc.zones, OnDemandPrice: 3, Duration: 10 * time.Minute, SLO: SLO{TTFT: time.Second, TPOT: time.Second}, Seed: 1}
+			got := w.run(tc.policy, &sliceSource{})
+			got.Elapsed, got.Availability, got.Cost, got.NormalizedCost, got.Policy, got.Description = "", 0, 0, 0, "", ""
+			got.timeline = timeline{}
+			if diff := cmp.Diff(tc.want, *got, cmp.AllowUnexported(Result{}, timeline{}), cmp.Comparer(func(a, b float64) bool { return math.Abs(a-b) < 1e-9 })); diff != "" {
+				t.Errorf("result (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestSimRequestOutcomes(t *testing.T) {
+	m := testModel()
+	m.ColdStart = time.Minute
+	fixed := Policy{Name: "fixed", Spec: autoscaler.Spec{Min: 1, Max: 1}.WithDefaults(), DrainTimeout: time.Minute}
+	arrivals := []arrival{
+		{at: 10, ctx: 10, gen: 10},    // before READY: held by Ferry, 503 at SkyServe
+		{at: 100, ctx: 10, gen: 10},   // served well
+		{at: 110, ctx: 2000, gen: 10}, // longer than the KV cache: unservable
+		{at: 120, ctx: 995, gen: 10},  // fits, output cut to 5 tokens
+	}
+	w := World{Model: m, OnDemandPrice: 3, Duration: 10 * time.Minute, SLO: SLO{TTFT: 2 * time.Second, TPOT: time.Second}, Seed: 1}
+	tests := map[string]struct {
+		hold bool
+		want [5]int // requests, met, served, rejected, unservable
+	}{
+		"ferry holds":   {true, [5]int{4, 2, 3, 0, 1}},
+		"skyserve 503s": {false, [5]int{4, 2, 2, 1, 1}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			p := fixed
+			p.Hold = tc.hold
+			res := w.run(p, &sliceSource{arrivals: append([]arrival(nil), arrivals...)})
+			got := [5]int{res.Requests, res.MetSLO, res.Served, res.Rejected, res.Unservable}
+			if got != tc.want {
+				t.Errorf("requests, met, served, rejected, unservable = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// testInputs are the testdata slices: 400 requests of the conversation trace, four zones of
+// real spot availability (see testdata/README.md), and the catalog's p3.2xlarge rows.
+func testInputs(t testing.TB) *Inputs {
+	t.Helper()
+	o := DefaultOptions()
+	o.TracePath, o.SpotDir, o.CatalogPath = "testdata/conv-400.csv", "testdata/spot-real", "testdata/aws-p3.csv"
+	in, err := Load(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+func TestSimEndToEnd(t *testing.T) {
+	in := testInputs(t)
+	o := DefaultOptions()
+	o.Duration, o.Warmup = 90*time.Minute, 10*time.Minute
+	// TestSimCalibrate covers calibration; a fixed figure keeps this test short.
+	o.TargetQPS = 0.25
+	// 400 requests in 151 s is 2.6 req/s; a third of that keeps the fleets small.
+	o.TimeScale = 0.35
+	// Start 30 ticks into the slice: us-east-2a, the cheapest zone, is up for 6 ticks, then
+	// down; skyserve-spot puts everything there.
+	o.SpotOffset = 30 * 195 * time.Second
+	o.Policies = PolicyNames
+	rep, err := Simulate(context.Background(), o, in, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*Result{}
+	for _, r := range rep.Results {
+		byName[r.Policy] = r
+		if sum := r.Served + r.Failed + r.Rejected + r.Unservable; sum != r.Requests {
+			t.Errorf("%s: served %d + failed %d + rejected %d + unservable %d = %d, want the %d requests",
+				r.Policy, r.Served, r.Failed, r.Rejected, r.Unservable, sum, r.Requests)
+		}
+		if r.MetSLO > r.Served || r.SLOAttainment < 0 || r.SLOAttainment > 1 || r.Availability < 0 || r.Availability > 1 {
+			t.Errorf("%s: met %d of %d served, attainment %v, availability %v", r.Policy, r.MetSLO, r.Served, r.SLOAttainment, r.Availability)
+		}
+		if r.Ticks != int(o.Duration/(30*time.Second)) {
+			t.Errorf("%s: %d availability ticks, want one per 30 s", r.Policy, r.Ticks)
+		}
+	}
+	fixed := byName["fixed-peak"]
+	if fixed.ScaleUps != 0 || fixed.ScaleDowns != 0 || fixed.SpotHours != 0 || fixed.Availability != 1 {
+		t.Errorf("fixed-peak scaled %d/%d times, ran %v spot hours, availability %v", fixed.ScaleUps, fixed.ScaleDowns, fixed.SpotHours, fixed.Availability)
+	}
+	if want := float64(rep.PeakReplicas) * o.Duration.Hours(); math.Abs(fixed.OnDemandHours-want) > 1e-6 {
+		t.Errorf("fixed-peak ran %v on-demand hours, want %d replicas × %v h", fixed.OnDemandHours, rep.PeakReplicas, o.Duration.Hours())
+	}
+	if od := byName["ondemand"]; od.SpotHours != 0 || od.Preemptions != 0 {
+		t.Errorf("ondemand ran %v spot hours with %d preemptions", od.SpotHours, od.Preemptions)
+	}
+	if ferry, od := byName["ferry"], byName["ondemand"]; !(od.Cost > ferry.Cost) {
+		t.Errorf("ondemand cost $%.2f, not above ferry's $%.2f", od.Cost, ferry.Cost)
+	}
+	if sky := byName["skyserve-spot"]; sky.Preemptions == 0 || sky.OnDemandHours != 0 {
+		t.Errorf("skyserve-spot: %d preemptions (us-east-2a went down under it), %v on-demand hours", sky.Preemptions, sky.OnDemandHours)
+	}
+	if ferry := byName["ferry"]; ferry.SLOAttainment < 0.95 {
+		t.Errorf("ferry's SLO attainment %v on a light load", ferry.SLOAttainment)
+	}
+
+	// Same seed, same answer.
+	o.Policies = []string{"ferry"}
+	again, err := Simulate(context.Background(), o, in, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := *byName["ferry"], *again.Results[0]
+	a.Elapsed, b.Elapsed, a.CostVsOnDemand, b.CostVsOnDemand = "", "", 0, 0
+	if diff := cmp.Diff(a, b, cmp.AllowUnexported(Result{}, timeline{})); diff != "" {
+		t.Errorf("a second run differs (-first +second):\n%s", diff)
+	}
+}
+
+func TestSimCalibrate(t *testing.T) {
+	in := testInputs(t)
+	w := World{Model: DefaultModel(), SLO: DefaultOptions().SLO, Seed: 1}
+	q, err := Calibrate(w, in.Trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A V100 replica finishes well under 1 request/s of this trace, and meets a 2 s TTFT at
+	// more than a tenth of that.
+	if q < 0.1 || q > 1 {
+		t.Errorf("calibrated target QPS per replica %v, want between 0.1 and 1", q)
+	}
+	w.SLO.TTFT = 1500 * time.Millisecond
+	if tight, err := Calibrate(w, in.Trace); err != nil || tight >= q {
+		t.Errorf("a tighter TTFT SLO calibrated %v (%v), not below %v", tight, err, q)
+	}
+	w.SLO.TTFT = time.Millisecond
+	if _, err := Calibrate(w, in.Trace); err == nil || !strings.Contains(err.Error(), "no request rate meets the SLO") {
+		t.Errorf("an SLO no replica meets calibrated without error: %v", err)
+	}
+}
+
+func TestSimPoliciesUnknown(t *testing.T) {
+	if _, err := Policies([]string{"ferry", "nope"}, PolicyParams{TargetQPS: 1, PeakReplicas: 1, MaxReplicas: 2, TargetInflight: 1, StableWindow: time.Minute}); err == nil {
+		t.Error("Policies accepted an unknown name")
+	}
+	ps, err := Policies(PolicyNames, PolicyParams{TargetQPS: 1, PeakReplicas: 3, MaxReplicas: 9, TargetInflight: 2, StableWindow: time.Minute, Overprovision: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps {
+		if p.Name == "" || p.Description == "" || p.Spec.DecisionInterval <= 0 || p.DrainTimeout <= 0 {
+			t.Errorf("policy %+v is incomplete", p)
+		}
+		if (p.Placer != PlaceNone) != p.Mix.UseSpot {
+			t.Errorf("%s: placer %v with use_spot %v", p.Name, p.Placer, p.Mix.UseSpot)
+		}
+	}
+}
+
+// BenchmarkSimFerryDay is one policy over a simulated day near the real trace's mean rate (the
+// testdata slice is 3.75 req/s; at time-scale 1.5, 5.6), the unit `ferry sim`'s run time is
+// made of.
+func BenchmarkSimFerryDay(b *testing.B) {
+	in := testInputs(b)
+	o := DefaultOptions()
+	w := World{Model: o.Model, Zones: in.Prices.Zones, OnDemandPrice: in.Prices.OnDemand, Warmup: time.Hour, Duration: 24 * time.Hour, SLO: o.SLO, Seed: 1}
+	ps, err := Policies([]string{"ferry"}, PolicyParams{TargetQPS: 0.25, PeakReplicas: 34, MaxReplicas: 68,
+		TargetInflight: o.TargetInflight, StableWindow: o.StableWindow, Overprovision: o.Overprovision})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		res := w.run(ps[0], newLoopedTrace(in.Trace, 1.5, (w.Warmup+w.Duration).Seconds()))
+		b.ReportMetric(float64(res.Requests), "requests/op")
+	}
+}
