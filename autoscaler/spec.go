@@ -17,9 +17,10 @@ const (
 // sized for an LLM engine rather than a web server (see DefaultTargetInflight).
 const (
 	// DefaultTargetInflight is in-flight requests per replica. Knative's 70 (100 × 0.7) suits
-	// web servers; an LLM replica's latency climbs long before 70 concurrent generations on
-	// mid-size GPUs, and the one that counts, time to first token, climbs as soon as requests
-	// queue behind a full batch. `ferry sim` picked this value on the Azure trace.
+	// web servers; an LLM replica's time to first token climbs as soon as requests queue
+	// behind a full batch, which happens far sooner. The right value depends on GPU and
+	// model: `ferry sim`'s V100 with a 7B fp16 model wants 1.75 (its KV cache holds a few
+	// sequences), an 80 GB GPU tens; set target_inflight_per_replica for yours.
 	DefaultTargetInflight = 8
 	// DefaultStableWindow and DefaultPanicWindow are Knative's 60 s and 6 s (10%).
 	DefaultStableWindow = 60 * time.Second
