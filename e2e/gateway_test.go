@@ -21,6 +21,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ferryserve/ferry/internal/testhttp"
 )
 
 // TestGatewayAuthAndTLS: two services behind one controller. One requires an API key and
@@ -160,7 +162,7 @@ service:
 	// gateway counts the unknown model it answered itself.
 	var metrics string
 	eventually(t, 10*time.Second, "/metrics to count both services' requests", func() (bool, string) {
-		metrics = httpGet(t, client, metricsURL)
+		metrics = testhttp.GetOK(t, client, metricsURL)
 		ok := sumSeries(metrics, "ferry_requests_total", `code="200"`, `service="private"`) >= 2 &&
 			sumSeries(metrics, "ferry_requests_total", `code="200"`, `service="open"`) >= 1 &&
 			sumSeries(metrics, "ferry_requests_total", `code="401"`, `service="private"`) >= 1 &&
@@ -170,7 +172,7 @@ service:
 	if !strings.Contains(metrics, "\ngo_goroutines ") {
 		t.Errorf("/metrics has no Go runtime metrics:\n%s", metrics)
 	}
-	if got := httpGet(t, client, "http://"+metricsAddr+"/healthz"); got != "ok\n" {
+	if got := testhttp.GetOK(t, client, "http://"+metricsAddr+"/healthz"); got != "ok\n" {
 		t.Errorf("/healthz = %q", got)
 	}
 	seen.WriteString(metrics)
@@ -195,24 +197,6 @@ service:
 	if strings.Contains(seen.String(), key) {
 		t.Fatalf("the API key reached CLI output, the controller log, /metrics or the store")
 	}
-}
-
-// httpGet returns the body of a 200 answer to GET url.
-func httpGet(t *testing.T, client *http.Client, url string) string {
-	t.Helper()
-	resp, err := client.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, raw)
-	}
-	return string(raw)
 }
 
 // sumSeries adds up the samples of metric, in the Prometheus text format, whose labels

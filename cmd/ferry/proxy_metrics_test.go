@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ferryserve/ferry/bench/replicasim"
+	"github.com/ferryserve/ferry/internal/testhttp"
 )
 
 // TestProxyServesMetrics runs `ferry proxy --metrics-listen ... --access-log` in front of a
@@ -66,7 +67,7 @@ func TestProxyServesMetrics(t *testing.T) {
 	const wantCount = `ferry_requests_total{code="200",replica="1",service="svc"} 1`
 	var metrics string
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if metrics = get(t, client, admin+"/metrics"); strings.Contains(metrics, wantCount) {
+		if metrics = testhttp.GetOK(t, client, admin+"/metrics"); strings.Contains(metrics, wantCount) {
 			break
 		}
 	}
@@ -75,7 +76,7 @@ func TestProxyServesMetrics(t *testing.T) {
 			t.Errorf("/metrics lacks %q:\n%s", want, metrics)
 		}
 	}
-	if got := get(t, client, admin+"/healthz"); got != "ok\n" {
+	if got := testhttp.GetOK(t, client, admin+"/healthz"); got != "ok\n" {
 		t.Errorf("/healthz = %q", got)
 	}
 
@@ -90,7 +91,7 @@ func TestProxyServesMetrics(t *testing.T) {
 	}
 
 	// The proxy's own metrics are not on the traffic listener: its /metrics goes to the replica.
-	if got := get(t, client, "http://"+ln.Addr().String()+"/metrics"); strings.Contains(got, "ferry_requests_total") {
+	if got := testhttp.GetOK(t, client, "http://"+ln.Addr().String()+"/metrics"); strings.Contains(got, "ferry_requests_total") {
 		t.Errorf("the traffic listener serves the proxy's metrics:\n%s", got)
 	}
 }
@@ -102,22 +103,4 @@ func listen(t *testing.T) net.Listener {
 		t.Fatal(err)
 	}
 	return ln
-}
-
-// get returns the body of a 200 answer to GET url.
-func get(t *testing.T, client *http.Client, url string) string {
-	t.Helper()
-	resp, err := client.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %d %s", url, resp.StatusCode, raw)
-	}
-	return string(raw)
 }
