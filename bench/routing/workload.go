@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ferryserve/ferry/bench/azuretrace"
 )
 
 // charsPerToken is the simulator's tokenizer (bench/replicasim: one token per four bytes of the
@@ -52,8 +54,8 @@ func (c workloadConfig) validate() error {
 		errs = append(errs, errors.New("system prompts: at least one length is required"))
 	}
 	for _, n := range c.SystemPromptTokens {
-		if n < 16 || n > maxContextTokens {
-			errs = append(errs, fmt.Errorf("system prompt of %d tokens: want 16..%d", n, maxContextTokens))
+		if n < 16 || n > azuretrace.MaxContextTokens {
+			errs = append(errs, fmt.Errorf("system prompt of %d tokens: want 16..%d", n, azuretrace.MaxContextTokens))
 		}
 	}
 	if !(c.FollowUp >= 0 && c.FollowUp <= 1) {

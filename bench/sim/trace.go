@@ -1,15 +1,9 @@
 package sim
 
 import (
-	"bufio"
-	"encoding/csv"
-	"errors"
-	"fmt"
 	"io"
-	"os"
-	"strconv"
-	"strings"
-	"time"
+
+	"github.com/ferryserve/ferry/bench/azuretrace"
 )
 
 // TraceRecord is one request of an Azure LLM inference trace.
@@ -31,29 +25,13 @@ type Trace struct {
 	Period float64
 }
 
-// traceTimeLayout is the trace's TIMESTAMP format: up to seven fractional digits, no zone.
-const traceTimeLayout = "2006-01-02 15:04:05.9999999"
-
-// Bounds on token counts: the conversation trace's largest prompt is 14,050 tokens and its
-// longest output 1,000; a value far beyond is a corrupt line, not a request to replay.
-const (
-	maxTraceContextTokens   = 1_000_000
-	maxTraceGeneratedTokens = 100_000
-)
-
-// LoadTrace reads a TIMESTAMP,ContextTokens,GeneratedTokens CSV (the Azure LLM inference
-// trace's shape, header required) in file order, which must be arrival order.
+// LoadTrace reads an Azure LLM inference trace (package azuretrace) for replay.
 func LoadTrace(path string) (*Trace, error) {
-	f, err := os.Open(path)
+	recs, err := azuretrace.Read(path)
 	if err != nil {
-		return nil, fmt.Errorf("request trace: %w", err)
+		return nil, err
 	}
-	defer f.Close()
-	recs, err := ParseTrace(bufio.NewReader(f))
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return NewTrace(path, recs), nil
+	return NewTrace(path, toSeconds(recs)), nil
 }
 
 // NewTrace wraps records (non-empty, in arrival order) with their loop period.
@@ -66,59 +44,22 @@ func NewTrace(path string, recs []TraceRecord) *Trace {
 	return &Trace{Path: path, Records: recs, Period: span + gap}
 }
 
-// ParseTrace parses the CSV and names the line of the first bad record.
+// ParseTrace parses a trace and names the line of the first bad record.
 func ParseTrace(r io.Reader) ([]TraceRecord, error) {
-	cr := csv.NewReader(r)
-	cr.FieldsPerRecord = 3
-	cr.ReuseRecord = true
-	header, err := cr.Read()
-	if errors.Is(err, io.EOF) {
-		return nil, errors.New("empty file: want a TIMESTAMP,ContextTokens,GeneratedTokens header")
-	}
+	recs, err := azuretrace.Parse(r)
 	if err != nil {
-		return nil, fmt.Errorf("header: %w", err)
+		return nil, err
 	}
-	want := "TIMESTAMP,ContextTokens,GeneratedTokens"
-	if got := strings.TrimPrefix(strings.Join(header, ","), "\ufeff"); got != want {
-		return nil, fmt.Errorf("line 1: header %q, want %q", got, want)
+	return toSeconds(recs), nil
+}
+
+// toSeconds converts arrival times to the simulator's float seconds.
+func toSeconds(recs []azuretrace.Record) []TraceRecord {
+	out := make([]TraceRecord, len(recs))
+	for i, r := range recs {
+		out[i] = TraceRecord{At: r.At.Seconds(), ContextTokens: r.ContextTokens, GeneratedTokens: r.GeneratedTokens}
 	}
-	var (
-		out   []TraceRecord
-		first time.Time
-	)
-	for {
-		rec, err := cr.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			// csv.ParseError already says "record on line N".
-			return nil, err
-		}
-		line, _ := cr.FieldPos(0)
-		ts, err := time.Parse(traceTimeLayout, strings.TrimSpace(rec[0]))
-		if err != nil {
-			return nil, fmt.Errorf("line %d: TIMESTAMP %q: want %s", line, rec[0], traceTimeLayout)
-		}
-		ctx, err1 := strconv.Atoi(strings.TrimSpace(rec[1]))
-		gen, err2 := strconv.Atoi(strings.TrimSpace(rec[2]))
-		if err1 != nil || err2 != nil || ctx < 1 || ctx > maxTraceContextTokens || gen < 1 || gen > maxTraceGeneratedTokens {
-			return nil, fmt.Errorf("line %d: tokens %q,%q: want integers in 1..%d and 1..%d",
-				line, rec[1], rec[2], maxTraceContextTokens, maxTraceGeneratedTokens)
-		}
-		if len(out) == 0 {
-			first = ts
-		}
-		at := ts.Sub(first).Seconds()
-		if len(out) > 0 && at < out[len(out)-1].At {
-			return nil, fmt.Errorf("line %d: %s is earlier than the previous record (want arrival order)", line, rec[0])
-		}
-		out = append(out, TraceRecord{At: at, ContextTokens: ctx, GeneratedTokens: gen})
-	}
-	if len(out) == 0 {
-		return nil, errors.New("no records after the header")
-	}
-	return out, nil
+	return out
 }
 
 // PeakRate is the highest arrival rate over any whole minute of one pass, in requests per
