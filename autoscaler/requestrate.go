@@ -33,7 +33,7 @@ func newRequestRate(spec Spec) *requestRate {
 
 func (r *requestRate) Decide(now time.Time, obs Observation, _ State) Decision {
 	r.arrived.record(now, float64(obs.Arrivals))
-	sum, _ := r.arrived.over(now, qpsWindow)
+	sum, _ := r.arrived.total()
 	qps := sum / qpsWindow.Seconds()
 	raw := r.spec.Min
 	if r.spec.TargetQPS > 0 {

@@ -2,12 +2,17 @@ package autoscaler
 
 import "time"
 
-// window keeps timed samples for the last span and answers sums and averages over any suffix
-// of it (Knative's aggregation buckets, with one bucket per sample: the controller samples once
-// a second, so a 60 s window holds 60 entries).
+// window keeps the timed samples of the last span with their running sum, so recording and
+// averaging cost O(1) however long the window (Knative's aggregation buckets, with one bucket
+// per sample: the controller samples once a second, so a 60 s window holds 60 entries, and the
+// simulator runs 20-minute windows for simulated weeks).
 type window struct {
-	span    time.Duration
-	samples []sample // oldest first
+	span time.Duration
+	// samples[head:] are in the window, oldest first; the slice is compacted once the expired
+	// prefix grows past half of it.
+	samples []sample
+	head    int
+	sum     float64
 }
 
 type sample struct {
@@ -20,35 +25,37 @@ func newWindow(span time.Duration) *window { return &window{span: span} }
 // record adds a sample at now and drops those older than the span.
 func (w *window) record(now time.Time, v float64) {
 	w.samples = append(w.samples, sample{at: now, v: v})
-	cut := 0
-	for cut < len(w.samples) && now.Sub(w.samples[cut].at) >= w.span {
-		cut++
+	w.sum += v
+	for w.head < len(w.samples) && now.Sub(w.samples[w.head].at) >= w.span {
+		w.sum -= w.samples[w.head].v
+		w.head++
 	}
-	if cut > 0 {
-		w.samples = append(w.samples[:0], w.samples[cut:]...)
+	if w.head > len(w.samples)/2 {
+		w.samples = append(w.samples[:0], w.samples[w.head:]...)
+		w.head = 0
+		// Re-add from scratch so that float error from the running updates never builds up.
+		w.sum = 0
+		for _, s := range w.samples {
+			w.sum += s.v
+		}
 	}
 }
 
-// over returns the sum and count of samples taken in the last d before now.
-func (w *window) over(now time.Time, d time.Duration) (sum float64, n int) {
-	for i := len(w.samples) - 1; i >= 0 && now.Sub(w.samples[i].at) < d; i-- {
-		sum += w.samples[i].v
-		n++
-	}
-	return sum, n
-}
+// total returns the sum and count of the samples in the window.
+func (w *window) total() (sum float64, n int) { return w.sum, len(w.samples) - w.head }
 
-// average is the mean sample of the last d, 0 with no sample.
-func (w *window) average(now time.Time, d time.Duration) float64 {
-	sum, n := w.over(now, d)
+// average is the mean sample in the window, 0 with no sample.
+func (w *window) average() float64 {
+	sum, n := w.total()
 	if n == 0 {
 		return 0
 	}
 	return sum / float64(n)
 }
 
-// covered reports whether the samples reach back a full d (the window has filled since the
+// covered reports whether the samples reach back a full span (the window has filled since the
 // scaler started), so that a fresh controller does not take an empty history for idleness.
-func (w *window) covered(now time.Time, d time.Duration, tick time.Duration) bool {
-	return len(w.samples) > 0 && now.Sub(w.samples[0].at)+tick >= d
+// tick is the interval between samples.
+func (w *window) covered(now time.Time, tick time.Duration) bool {
+	return w.head < len(w.samples) && now.Sub(w.samples[w.head].at)+tick >= w.span
 }

@@ -22,7 +22,8 @@ import (
 type windowed struct {
 	spec   Spec
 	demand func(Observation, State) float64
-	window *window
+	// stableWin and panicWin hold the demand of the last stable and panic window.
+	stableWin, panicWin *window
 
 	started    time.Time
 	lastActive time.Time
@@ -36,7 +37,8 @@ type windowed struct {
 var _ Scaler = (*windowed)(nil)
 
 func newWindowed(spec Spec) *windowed {
-	w := &windowed{spec: spec, window: newWindow(spec.StableWindow), target: spec.InitialTarget() - spec.Overprovision}
+	w := &windowed{spec: spec, stableWin: newWindow(spec.StableWindow), panicWin: newWindow(spec.PanicWindow),
+		target: spec.InitialTarget() - spec.Overprovision}
 	w.demand = w.concurrencyDemand
 	if spec.Policy == PolicyLLM {
 		w.demand = w.llmDemand
@@ -80,9 +82,10 @@ func (w *windowed) Decide(now time.Time, obs Observation, st State) Decision {
 	if demand > 0 || obs.Arrivals > 0 {
 		w.lastActive = now
 	}
-	w.window.record(now, demand)
-	stable := w.window.average(now, s.StableWindow)
-	panicAvg := w.window.average(now, s.PanicWindow)
+	w.stableWin.record(now, demand)
+	w.panicWin.record(now, demand)
+	stable := w.stableWin.average()
+	panicAvg := w.panicWin.average()
 
 	ready := float64(max(st.Ready, 1))
 	if panicAvg/ready >= s.PanicThreshold {
@@ -102,7 +105,7 @@ func (w *windowed) Decide(now time.Time, obs Observation, st State) Decision {
 		reason += ", panic"
 	}
 
-	if desired < w.target && !w.window.covered(now, s.StableWindow, s.DecisionInterval) {
+	if desired < w.target && !w.stableWin.covered(now, s.DecisionInterval) {
 		// A fresh (or restarted) scaler has not seen a stable window yet: an empty history is
 		// not evidence of idleness.
 		desired = w.target
