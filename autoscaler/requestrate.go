@@ -45,25 +45,23 @@ func (r *requestRate) Decide(now time.Time, obs Observation, _ State) Decision {
 		r.target, r.upCount, r.downCount = raw, 0, 0
 		reason += ", from zero"
 	case raw > r.target:
-		r.upCount++
-		r.downCount = 0
-		if r.upCount >= r.upAfter {
-			r.target, r.upCount = raw, 0
-			reason += ", scale up"
-		} else {
-			reason += fmt.Sprintf(", up %d/%d", r.upCount, r.upAfter)
-		}
+		reason += r.lean(raw, &r.upCount, &r.downCount, r.upAfter, "up")
 	case raw < r.target:
-		r.downCount++
-		r.upCount = 0
-		if r.downCount >= r.downAfter {
-			r.target, r.downCount = raw, 0
-			reason += ", scale down"
-		} else {
-			reason += fmt.Sprintf(", down %d/%d", r.downCount, r.downAfter)
-		}
+		reason += r.lean(raw, &r.downCount, &r.upCount, r.downAfter, "down")
 	default:
 		r.upCount, r.downCount = 0, 0
 	}
 	return Decision{Target: r.target + r.spec.Overprovision, Reason: reason}
+}
+
+// lean counts one more decision wanting raw in one direction (count), resets the other
+// direction's count, and moves the target once after decisions agree in a row.
+func (r *requestRate) lean(raw int, count, other *int, after int, dir string) string {
+	*count++
+	*other = 0
+	if *count < after {
+		return fmt.Sprintf(", %s %d/%d", dir, *count, after)
+	}
+	r.target, *count = raw, 0
+	return ", scale " + dir
 }
