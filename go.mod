@@ -41,6 +41,9 @@ require (
 	go.uber.org/multierr v1.10.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
+	k8s.io/api v0.34.4 // indirect
+	k8s.io/apimachinery v0.34.4 // indirect
+	k8s.io/client-go v0.34.4 // indirect
 	modernc.org/libc v1.79.0 // indirect
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect

@@ -38,6 +38,25 @@ type Spec struct {
 	// Instance.Endpoint and tells the program through FERRY_PORT.
 	Port      int
 	Resources configs.Resources
+	// Placement is where the optimizer chose to put the instance; a provider launches exactly
+	// there (zero fields mean the provider's default).
+	Placement Placement
+}
+
+// Placement is one concrete location and shape: the optimizer's pick among candidates.
+type Placement struct {
+	// Infra is the canonical infra: "local", "kubernetes/CONTEXT", "aws", "gcp".
+	Infra        string `json:"infra"`
+	Region       string `json:"region,omitempty"`
+	Zone         string `json:"zone,omitempty"`
+	InstanceType string `json:"instance_type,omitempty"`
+	Accelerator  string `json:"accelerator,omitempty"`
+	// AcceleratorCount is per instance (0.5 is a fractional GPU where an infra supports it).
+	AcceleratorCount float64 `json:"accelerator_count,omitempty"`
+	VCPUs            float64 `json:"vcpus,omitempty"`
+	MemoryGiB        float64 `json:"memory_gib,omitempty"`
+	Spot             bool    `json:"spot,omitempty"`
+	PricePerHour     float64 `json:"price_per_hour"`
 }
 
 // State is an instance's state as its infra reports it.
@@ -83,6 +102,36 @@ type Provider interface {
 	List(ctx context.Context, selector map[string]string) ([]Instance, error)
 }
 
+// Offering is one shape an infra can run, with what it costs: a Kubernetes cluster reports one
+// per GPU product its nodes carry, a cloud one per catalog row.
+type Offering struct {
+	InstanceType string `json:"instance_type,omitempty"`
+	Accelerator  string `json:"accelerator,omitempty"`
+	// AcceleratorCount is the most one instance can have (GPUs on the largest node).
+	AcceleratorCount float64 `json:"accelerator_count,omitempty"`
+	VCPUs            float64 `json:"vcpus,omitempty"`
+	MemoryGiB        float64 `json:"memory_gib,omitempty"`
+	Region           string  `json:"region,omitempty"`
+	Zone             string  `json:"zone,omitempty"`
+	PricePerHour     float64 `json:"price_per_hour"`
+	SpotPricePerHour float64 `json:"spot_price_per_hour,omitempty"`
+	// Total and Free count accelerators across the infra, where it knows them (-1 unknown).
+	Total int `json:"total"`
+	Free  int `json:"free"`
+}
+
+// Offerer is an optional Provider capability for infras whose shapes are not in the catalog
+// (Kubernetes: what its nodes carry).
+type Offerer interface {
+	Offerings(ctx context.Context) ([]Offering, error)
+}
+
+// Checker is an optional Provider capability: whether the infra is usable now (credentials,
+// reachability), for `ferry check`. A nil error means usable.
+type Checker interface {
+	Check(ctx context.Context) error
+}
+
 // LogSource is an optional Provider capability: where an instance's output can be read.
 type LogSource interface {
 	// LogPath returns a local file holding the instance's stdout and stderr.
@@ -99,6 +148,12 @@ var (
 	ErrPreempted    = errors.New("preempted")
 	ErrNotFound     = errors.New("instance not found")
 )
+
+// IsRetryable reports whether a launch error is about the location (capacity, quota,
+// preemption) so the next candidate may succeed, rather than about the request itself.
+func IsRetryable(err error) bool {
+	return errors.Is(err, ErrNoCapacity) || errors.Is(err, ErrQuota) || errors.Is(err, ErrPreempted)
+}
 
 // Matches reports whether labels include every key/value of selector.
 func Matches(labels, selector map[string]string) bool {
