@@ -51,6 +51,9 @@ type Config struct {
 	Busy func(addr string) int64
 	// DrainTimeout bounds how long a scaled-down replica drains; default DefaultDrainTimeout.
 	DrainTimeout time.Duration
+	// InfraRank orders infras by preference for scale-down (see planInput.InfraRank); nil
+	// treats every infra alike.
+	InfraRank map[string]int
 }
 
 // Defaults for Config.
@@ -429,6 +432,7 @@ func (m *Manager) passLocked() {
 		KeepFailed:          keepFailed,
 		Instances:           m.instances,
 		Drain:               m.cfg.Busy != nil,
+		InfraRank:           m.cfg.InfraRank,
 	}
 	for _, id := range sortedKeys(m.replicas) {
 		r := m.replicas[id]

@@ -49,6 +49,10 @@ type planInput struct {
 	// Drain makes scale-down a two-step move: this pass takes the replica out of the READY set
 	// (SHUTTING_DOWN), a later one terminates it once it is no longer Draining.
 	Drain bool
+	// InfraRank orders infras by preference (0 is the most preferred; an infra missing from
+	// the map ranks after all). Scale-down removes replicas on the least preferred infra
+	// first: burst replicas outside the cluster go before the cluster's own.
+	InfraRank map[string]int
 	// Replicas are ordered by id.
 	Replicas  []replicaView
 	Instances []launcher.Instance
@@ -144,8 +148,15 @@ func plan(in planInput) actions {
 	type candidate struct {
 		id    int
 		ready bool
+		rank  int
 		price float64
 		inst  *launcher.Instance
+	}
+	rank := func(infra string) int {
+		if r, ok := in.InfraRank[infra]; ok {
+			return r
+		}
+		return len(in.InfraRank)
 	}
 	var alive []candidate // live replicas that scale-down may pick
 	liveCount := 0
@@ -192,7 +203,7 @@ func plan(in planInput) actions {
 			case inst != nil && inst.State != launcher.StateTerminated && inst.State != launcher.StatePreempted:
 				setStatus(StatusStarting, "adopted instance of an interrupted launch", inst)
 				liveCount++
-				alive = append(alive, candidate{id: rec.ID, inst: inst})
+				alive = append(alive, candidate{id: rec.ID, rank: rank(inst.Infra), inst: inst})
 			case inst != nil:
 				setStatus(StatusFailedProvision, "launch interrupted; instance ended: "+endReason(inst), nil)
 				terminate(rec.ID, inst, false)
@@ -211,7 +222,7 @@ func plan(in planInput) actions {
 				continue
 			}
 			liveCount++
-			alive = append(alive, candidate{id: rec.ID, ready: to == StatusReady, price: rec.Price, inst: inst})
+			alive = append(alive, candidate{id: rec.ID, ready: to == StatusReady, rank: rank(rec.Infra), price: rec.Price, inst: inst})
 		}
 	}
 
@@ -229,7 +240,7 @@ func plan(in planInput) actions {
 		default:
 			rec.Status, rec.Reason = StatusStarting, "adopted"
 			liveCount++
-			alive = append(alive, candidate{id: id, inst: inst})
+			alive = append(alive, candidate{id: id, rank: rank(inst.Infra), inst: inst})
 		}
 		out.Adopt = append(out.Adopt, rec)
 		status[id] = rec.Status
@@ -237,14 +248,18 @@ func plan(in planInput) actions {
 	}
 
 	if in.Desired >= 0 && liveCount > in.Desired {
-		// Scale down: replicas not serving first, then the most expensive (on-demand before
-		// spot), then the newest.
+		// Scale down: replicas not serving first, then the least preferred infra (burst
+		// replicas outside the cluster), then the most expensive (on-demand before spot), then
+		// the newest.
 		slices.SortFunc(alive, func(a, b candidate) int {
 			if a.ready != b.ready {
 				if a.ready {
 					return 1
 				}
 				return -1
+			}
+			if c := cmp.Compare(b.rank, a.rank); c != 0 {
+				return c
 			}
 			if c := cmp.Compare(b.price, a.price); c != 0 {
 				return c

@@ -219,6 +219,25 @@ func TestPlan(t *testing.T) {
 				Terminate:   []termination{terminateGone(1)},
 			},
 		},
+		"scale down takes burst replicas outside the cluster first, even when cheaper": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 2
+				in.InfraRank = map[string]int{"kubernetes/ctx": 0, "gcp": 1}
+				pod1, burst, pod3, other := rec(1, StatusReady), rec(2, StatusReady), rec(3, StatusReady), rec(4, StatusReady)
+				pod1.Infra, pod3.Infra, pod1.Price, pod3.Price = "kubernetes/ctx", "kubernetes/ctx", 5, 5
+				burst.Infra, burst.Price = "gcp", 1.2
+				other.Infra = "local" // not ranked: after every ranked infra
+				in.Replicas = []replicaView{view(pod1, probeOK), view(burst, probeOK), view(pod3, probeOK), view(other, probeOK)}
+				in.Instances = running(1, 2, 3, 4)
+			}),
+			want: actions{
+				Transitions: []transition{
+					{ID: 4, From: StatusReady, To: StatusShuttingDown, Reason: "scaled down"},
+					{ID: 2, From: StatusReady, To: StatusShuttingDown, Reason: "scaled down"},
+				},
+				Terminate: []termination{terminateGone(4), terminateGone(2)},
+			},
+		},
 		"with draining, scale down only takes a serving replica out of the READY set": {
 			in: withInput(func(in *planInput) {
 				in.Drain = true

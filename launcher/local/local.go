@@ -154,7 +154,7 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 
 func (p *Provider) start(dir, id string, port int, spec launcher.Spec) (launcher.Instance, error) {
 	script := filepath.Join(dir, scriptFile)
-	if err := os.WriteFile(script, []byte(renderScript(spec)), 0o600); err != nil {
+	if err := os.WriteFile(script, []byte(launcher.RenderScript(spec)), 0o600); err != nil {
 		return launcher.Instance{}, fmt.Errorf("write run script: %w", err)
 	}
 	out, err := os.OpenFile(filepath.Join(dir, logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)

@@ -1,0 +1,832 @@
+// Package kubernetes is the launcher.Provider for a Kubernetes cluster: one pod per instance,
+// in one namespace of one kubeconfig context.
+//
+// The replica manager owns a pod's lifecycle, so pods never restart on their own
+// (restartPolicy Never) and no Deployment or ReplicaSet sits between Ferry and its pods. Pods
+// carry Ferry's labels, so a restarted controller adopts them by label and `kubectl get pods -l
+// ferry.managed=true` shows what Ferry made. The provider reads pods and nodes through watches
+// (informers), never a polling loop.
+//
+// A pod the scheduler cannot place within ProvisionTimeout is deleted and its launch fails
+// with launcher.ErrNoCapacity: that is what lets the next candidate (another context, a cloud)
+// take the replica — cloud burst.
+package kubernetes
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listerscorev1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	watchtools "k8s.io/client-go/tools/watch"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// Defaults for Options.
+const (
+	// DefaultProvisionTimeout is how long a pod may stay unschedulable before its launch is a
+	// capacity error. A cluster autoscaler adding a GPU node takes minutes; a fixed cluster
+	// answers at once, and waiting then only delays the burst.
+	DefaultProvisionTimeout = 60 * time.Second
+	// DefaultStartTimeout bounds the wait, after scheduling, for the pod's IP (sandbox up).
+	DefaultStartTimeout = 10 * time.Minute
+	// DefaultImage runs tasks without image_id: it has bash, which the command needs.
+	DefaultImage = "ubuntu:24.04"
+	// DefaultPort is the container port when the spec gives none.
+	DefaultPort = 8080
+	// InfraName is the infra prefix; a provider's infra is "kubernetes/CONTEXT".
+	InfraName = "kubernetes"
+)
+
+// Labels and annotations Ferry adds besides the spec's own labels.
+const (
+	labelManagedBy      = "app.kubernetes.io/managed-by"
+	annotationPrice     = "ferry.dev/price-per-hour"
+	annotationInfra     = "ferry.dev/infra"
+	containerName       = "replica"
+	deleteTimeout       = 30 * time.Second
+	informerSyncTimeout = 30 * time.Second
+)
+
+// Options configures a Provider for one context and namespace.
+type Options struct {
+	// Kubeconfig is the kubeconfig file; "" uses $KUBECONFIG, then ~/.kube/config.
+	Kubeconfig string
+	// Context is the kubeconfig context; "" is the current context.
+	Context string
+	// Namespace is where pods go; "" is the context's namespace, else "default".
+	Namespace string
+	// CostPerHour is what one pod is taken to cost, for the optimizer and status (default 0:
+	// a cluster the user already pays for comes first).
+	CostPerHour float64
+	// ProvisionTimeout is how long a pod may stay unschedulable; default DefaultProvisionTimeout.
+	ProvisionTimeout time.Duration
+	// StartTimeout bounds the wait for a scheduled pod's IP; default DefaultStartTimeout.
+	StartTimeout time.Duration
+	// Image is used when a task sets no image_id; default DefaultImage.
+	Image  string
+	Logger *zap.Logger
+	// RESTConfig, when set, is used instead of Kubeconfig (in-cluster or tests); Context then
+	// only names the infra.
+	RESTConfig *rest.Config
+}
+
+// Provider launches pods in one namespace of one context. Create it with New; it connects
+// lazily, so a controller starts even while the cluster is unreachable.
+type Provider struct {
+	opts   Options
+	log    *zap.Logger
+	client kubernetes.Interface
+	infra  string
+	ns     string
+
+	startMu  sync.Mutex
+	started  bool
+	stop     chan struct{}
+	pods     listerscorev1.PodLister
+	nodes    listerscorev1.NodeLister // nil when nodes may not be listed
+	podsSync cache.InformerSynced
+}
+
+var (
+	_ launcher.Provider = (*Provider)(nil)
+	_ launcher.Offerer  = (*Provider)(nil)
+	_ launcher.Checker  = (*Provider)(nil)
+)
+
+// New resolves the context and namespace from the kubeconfig and returns a Provider. It does
+// not contact the cluster.
+func New(opts Options) (*Provider, error) {
+	if opts.ProvisionTimeout <= 0 {
+		opts.ProvisionTimeout = DefaultProvisionTimeout
+	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = DefaultStartTimeout
+	}
+	if opts.Image == "" {
+		opts.Image = DefaultImage
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	cfg := opts.RESTConfig
+	ctxName, ns := opts.Context, opts.Namespace
+	if cfg == nil {
+		rules := clientcmd.NewDefaultClientConfigLoadingRules()
+		if opts.Kubeconfig != "" {
+			rules.ExplicitPath = opts.Kubeconfig
+		}
+		cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: opts.Context})
+		raw, err := cc.RawConfig()
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes: read kubeconfig: %w", err)
+		}
+		if ctxName == "" {
+			ctxName = raw.CurrentContext
+		}
+		if _, ok := raw.Contexts[ctxName]; !ok || ctxName == "" {
+			return nil, fmt.Errorf("kubernetes: %w: context %q is not in the kubeconfig (%s)", launcher.ErrInvalid, ctxName, kubeconfigPaths(rules))
+		}
+		if cfg, err = cc.ClientConfig(); err != nil {
+			return nil, fmt.Errorf("kubernetes: context %q: %w", ctxName, err)
+		}
+		if ns == "" {
+			ns, _, _ = cc.Namespace()
+		}
+	}
+	if ctxName == "" {
+		ctxName = "in-cluster"
+	}
+	if ns == "" {
+		ns = metav1.NamespaceDefault
+	}
+	cfg = rest.CopyConfig(cfg)
+	cfg.UserAgent = "ferry"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: context %q: %w", ctxName, err)
+	}
+	infra := InfraName + "/" + ctxName
+	return &Provider{
+		opts:   opts,
+		log:    opts.Logger.With(zap.String("infra", infra), zap.String("namespace", ns)),
+		client: client,
+		infra:  infra,
+		ns:     ns,
+	}, nil
+}
+
+func kubeconfigPaths(rules *clientcmd.ClientConfigLoadingRules) string {
+	if rules.ExplicitPath != "" {
+		return rules.ExplicitPath
+	}
+	if len(rules.Precedence) > 0 {
+		return strings.Join(rules.Precedence, string(os.PathListSeparator))
+	}
+	return filepath.Join("~", ".kube", "config")
+}
+
+// Infra is "kubernetes/CONTEXT", the infra name instances and the optimizer use.
+func (p *Provider) Infra() string { return p.infra }
+
+// Namespace is where the provider's pods live.
+func (p *Provider) Namespace() string { return p.ns }
+
+// Close stops the watches.
+func (p *Provider) Close() {
+	p.startMu.Lock()
+	defer p.startMu.Unlock()
+	if p.started {
+		close(p.stop)
+		p.started = false
+	}
+}
+
+// ensureStarted starts the pod (and, if allowed, node) informers once and waits for their
+// first sync, so List after a controller restart sees every pod Ferry made.
+func (p *Provider) ensureStarted(ctx context.Context) error {
+	p.startMu.Lock()
+	defer p.startMu.Unlock()
+	if p.started {
+		return p.waitSynced(ctx)
+	}
+	// Probe permissions first: an informer on a forbidden resource retries forever.
+	if _, err := p.client.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+		return p.classify(err, "list pods")
+	}
+	nodesAllowed := true
+	if _, err := p.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+		if !apierrors.IsForbidden(err) {
+			return p.classify(err, "list nodes")
+		}
+		nodesAllowed = false
+		p.log.Warn("nodes may not be listed: accelerators are not checked before launch and show-gpus knows nothing", zap.Error(err))
+	}
+	p.stop = make(chan struct{})
+	podFactory := informers.NewSharedInformerFactoryWithOptions(p.client, 0,
+		informers.WithNamespace(p.ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = launcher.LabelOwner + "=true"
+		}))
+	podInf := podFactory.Core().V1().Pods()
+	p.pods = podInf.Lister()
+	p.podsSync = podInf.Informer().HasSynced
+	podFactory.Start(p.stop)
+	syncs := []cache.InformerSynced{p.podsSync}
+	if nodesAllowed {
+		nodeFactory := informers.NewSharedInformerFactory(p.client, 0)
+		nodeInf := nodeFactory.Core().V1().Nodes()
+		p.nodes = nodeInf.Lister()
+		syncs = append(syncs, nodeInf.Informer().HasSynced)
+		nodeFactory.Start(p.stop)
+	}
+	p.podsSync = func() bool {
+		for _, s := range syncs {
+			if !s() {
+				return false
+			}
+		}
+		return true
+	}
+	p.started = true
+	return p.waitSynced(ctx)
+}
+
+func (p *Provider) waitSynced(ctx context.Context) error {
+	if p.podsSync() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, informerSyncTimeout)
+	defer cancel()
+	if !cache.WaitForCacheSync(ctx.Done(), p.podsSync) {
+		return fmt.Errorf("kubernetes %s: watches did not sync: %w", p.infra, context.Cause(ctx))
+	}
+	return nil
+}
+
+// Check reports whether the cluster answers and pods may be listed in the namespace.
+func (p *Provider) Check(ctx context.Context) error {
+	if _, err := p.client.Discovery().ServerVersion(); err != nil {
+		return p.classify(err, "reach the API server")
+	}
+	if _, err := p.client.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{Limit: 1}); err != nil {
+		return p.classify(err, "list pods in namespace "+p.ns)
+	}
+	return nil
+}
+
+// Launch creates the pod and returns once it is scheduled and has an IP. An unschedulable pod
+// is deleted after ProvisionTimeout and the error wraps launcher.ErrNoCapacity. If ctx ends
+// first, the pod is left for the next controller to adopt.
+func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
+	if err := p.ensureStarted(ctx); err != nil {
+		return launcher.Instance{}, err
+	}
+	pod, err := p.podFor(spec)
+	if err != nil {
+		return launcher.Instance{}, err
+	}
+	created, err := p.client.CoreV1().Pods(p.ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return launcher.Instance{}, p.classify(err, "create pod "+pod.Name)
+	}
+	p.log.Info("created pod", zap.String("pod", created.Name), zap.String("node_selector", describeAffinity(created)))
+	ready, err := p.waitStarted(ctx, created)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.deletePod(created.Name)
+		}
+		return launcher.Instance{}, err
+	}
+	return p.instance(ready), nil
+}
+
+// waitStarted watches the pod until it is scheduled and has an IP.
+func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", pod.Name).String()
+			return p.client.CoreV1().Pods(p.ns).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", pod.Name).String()
+			return p.client.CoreV1().Pods(p.ns).Watch(ctx, o)
+		},
+	}
+	var unschedulable string
+	until := func(ctx context.Context, timeout time.Duration, cond func(*corev1.Pod) (bool, error)) (*corev1.Pod, error) {
+		wctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		ev, err := watchtools.UntilWithSync(wctx, lw, &corev1.Pod{}, nil, func(ev watch.Event) (bool, error) {
+			if ev.Type == watch.Deleted {
+				return false, fmt.Errorf("pod %s was deleted while starting", pod.Name)
+			}
+			cur, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				return false, nil
+			}
+			return cond(cur)
+		})
+		if err != nil {
+			return nil, err
+		}
+		return ev.Object.(*corev1.Pod), nil
+	}
+	ended := func(cur *corev1.Pod) error {
+		if cur.Status.Phase == corev1.PodFailed || cur.Status.Phase == corev1.PodSucceeded {
+			return fmt.Errorf("pod %s ended while starting: %s", cur.Name, podEndReason(cur))
+		}
+		return nil
+	}
+	scheduled, err := until(ctx, p.opts.ProvisionTimeout, func(cur *corev1.Pod) (bool, error) {
+		if err := ended(cur); err != nil {
+			return false, err
+		}
+		if cur.Spec.NodeName != "" {
+			return true, nil
+		}
+		if c := podCondition(cur, corev1.PodScheduled); c != nil && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			unschedulable = c.Message
+		}
+		return false, nil
+	})
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) || errors.Is(err, watchtools.ErrWatchClosed) && ctx.Err() == nil {
+			why := unschedulable
+			if why == "" {
+				why = "not scheduled"
+			}
+			return nil, fmt.Errorf("%w: %s: pod unschedulable for %v: %s", launcher.ErrNoCapacity, p.infra, p.opts.ProvisionTimeout, why)
+		}
+		return nil, p.waitError(ctx, err)
+	}
+	started, err := until(ctx, p.opts.StartTimeout, func(cur *corev1.Pod) (bool, error) {
+		if err := ended(cur); err != nil {
+			return false, err
+		}
+		return cur.Status.PodIP != "", nil
+	})
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, fmt.Errorf("%s: pod %s on node %s got no IP within %v", p.infra, scheduled.Name, scheduled.Spec.NodeName, p.opts.StartTimeout)
+		}
+		return nil, p.waitError(ctx, err)
+	}
+	return started, nil
+}
+
+func (p *Provider) waitError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("%s: %w", p.infra, err)
+}
+
+// Terminate deletes the pod. A pod already gone is not an error.
+func (p *Provider) Terminate(ctx context.Context, id string) error {
+	name, err := p.podName(id)
+	if err != nil {
+		return err
+	}
+	err = p.client.CoreV1().Pods(p.ns).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return p.classify(err, "delete pod "+name)
+	}
+	p.log.Info("deleted pod", zap.String("pod", name))
+	return nil
+}
+
+func (p *Provider) deletePod(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
+	defer cancel()
+	if err := p.client.CoreV1().Pods(p.ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		p.log.Warn("delete pod of a failed launch", zap.String("pod", name), zap.Error(err))
+	}
+}
+
+// List returns Ferry's pods whose labels match selector, from the watch cache.
+func (p *Provider) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
+	if err := p.ensureStarted(ctx); err != nil {
+		return nil, err
+	}
+	sel := labels.SelectorFromSet(labels.Set{launcher.LabelOwner: "true"})
+	for k, v := range selector {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return nil, fmt.Errorf("%w: label key %q: %s", launcher.ErrInvalid, k, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			return nil, fmt.Errorf("%w: label %s=%q: %s", launcher.ErrInvalid, k, v, strings.Join(errs, "; "))
+		}
+	}
+	pods, err := p.pods.Pods(p.ns).List(sel)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]launcher.Instance, 0, len(pods))
+	for _, pod := range pods {
+		if launcher.Matches(pod.Labels, selector) {
+			out = append(out, p.instance(pod))
+		}
+	}
+	slices.SortFunc(out, func(a, b launcher.Instance) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// Offerings describes the cluster's GPUs by type: the most one pod can request (the largest
+// node's allocatable), and the total and free across nodes; plus one CPU-only entry.
+func (p *Provider) Offerings(ctx context.Context) ([]launcher.Offering, error) {
+	if err := p.ensureStarted(ctx); err != nil {
+		return nil, err
+	}
+	if p.nodes == nil {
+		return nil, fmt.Errorf("%w: %s: nodes may not be listed", launcher.ErrUnauthorized, p.infra)
+	}
+	nodes, err := p.nodes.List(labels.Everything())
+	if err != nil {
+		return nil, err
+	}
+	used := p.gpusInUse(ctx)
+	byGPU := map[string]*launcher.Offering{}
+	cpu := launcher.Offering{PricePerHour: p.opts.CostPerHour, Total: -1, Free: -1}
+	for _, n := range nodes {
+		if !nodeReady(n) || n.Spec.Unschedulable {
+			continue
+		}
+		vcpus := float64(n.Status.Allocatable.Cpu().MilliValue()) / 1000
+		mem := float64(n.Status.Allocatable.Memory().Value()) / (1 << 30)
+		cpu.VCPUs = math.Max(cpu.VCPUs, vcpus)
+		cpu.MemoryGiB = math.Max(cpu.MemoryGiB, mem)
+		name, _, _, count := nodeGPU(n)
+		if name == "" {
+			continue
+		}
+		o := byGPU[name]
+		if o == nil {
+			o = &launcher.Offering{Accelerator: name, PricePerHour: p.opts.CostPerHour}
+			byGPU[name] = o
+		}
+		o.AcceleratorCount = math.Max(o.AcceleratorCount, float64(count))
+		o.VCPUs = math.Max(o.VCPUs, vcpus)
+		o.MemoryGiB = math.Max(o.MemoryGiB, mem)
+		o.Total += int(count)
+		if used != nil {
+			o.Free += int(max(count-used[n.Name], 0))
+		}
+	}
+	out := []launcher.Offering{cpu}
+	for _, name := range slices.Sorted(maps.Keys(byGPU)) {
+		o := byGPU[name]
+		if used == nil {
+			o.Free = -1
+		}
+		out = append(out, *o)
+	}
+	return out, nil
+}
+
+// gpusInUse sums GPU requests of unfinished pods per node, across namespaces; nil when pods
+// may not be listed cluster-wide.
+func (p *Provider) gpusInUse(ctx context.Context) map[string]int64 {
+	pods, err := p.client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
+		FieldSelector: "status.phase!=Succeeded,status.phase!=Failed",
+	})
+	if err != nil {
+		return nil
+	}
+	used := map[string]int64{}
+	for _, pod := range pods.Items {
+		if pod.Spec.NodeName == "" {
+			continue
+		}
+		for _, c := range pod.Spec.Containers {
+			if q, ok := c.Resources.Requests[ResourceGPU]; ok {
+				used[pod.Spec.NodeName] += q.Value()
+			}
+		}
+	}
+	return used
+}
+
+// podFor builds the pod for spec.
+func (p *Provider) podFor(spec launcher.Spec) (*corev1.Pod, error) {
+	name, err := podName(spec.Name)
+	if err != nil {
+		return nil, err
+	}
+	podLabels := map[string]string{labelManagedBy: "ferry", launcher.LabelOwner: "true"}
+	for k, v := range spec.Labels {
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return nil, fmt.Errorf("%w: label key %q: %s", launcher.ErrInvalid, k, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			return nil, fmt.Errorf("%w: label %s=%q is not a valid Kubernetes label value: %s", launcher.ErrInvalid, k, v, strings.Join(errs, "; "))
+		}
+		podLabels[k] = v
+	}
+	port := spec.Port
+	if port <= 0 {
+		port = DefaultPort
+	}
+	image := p.opts.Image
+	if id := spec.Resources.ImageID; id != "" {
+		img, ok := strings.CutPrefix(id, "docker:")
+		if !ok || img == "" {
+			return nil, fmt.Errorf("%w: image_id %q: Kubernetes runs container images, written docker:IMAGE", launcher.ErrInvalid, id)
+		}
+		image = img
+	}
+	res, affinity, err := p.resourcesFor(spec)
+	if err != nil {
+		return nil, err
+	}
+	env := make([]corev1.EnvVar, 0, len(spec.Envs)+2)
+	for _, k := range slices.Sorted(maps.Keys(spec.Envs)) {
+		env = append(env, corev1.EnvVar{Name: k, Value: spec.Envs[k]})
+	}
+	env = append(env,
+		corev1.EnvVar{Name: "FERRY_PORT", Value: strconv.Itoa(port)},
+		corev1.EnvVar{Name: "FERRY_HOST", Value: "0.0.0.0"})
+	infra := p.infra
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   name,
+			Labels: podLabels,
+			Annotations: map[string]string{
+				annotationPrice: strconv.FormatFloat(p.opts.CostPerHour, 'f', -1, 64),
+				annotationInfra: infra,
+			},
+		},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			Affinity:      affinity,
+			// GPU nodes are commonly tainted so that only GPU pods land there.
+			Tolerations: []corev1.Toleration{{Key: string(ResourceGPU), Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
+			Containers: []corev1.Container{{
+				Name:      containerName,
+				Image:     image,
+				Command:   []string{"/bin/bash", "-c", launcher.RenderScript(spec)},
+				Env:       env,
+				Ports:     []corev1.ContainerPort{{Name: "serve", ContainerPort: int32(port), Protocol: corev1.ProtocolTCP}},
+				Resources: res,
+			}},
+		},
+	}, nil
+}
+
+// resourcesFor turns the chosen accelerator, cpus and memory into requests, and the GPU type
+// into a node affinity on whichever label the cluster's nodes use for it.
+func (p *Provider) resourcesFor(spec launcher.Spec) (corev1.ResourceRequirements, *corev1.Affinity, error) {
+	req := corev1.ResourceRequirements{Requests: corev1.ResourceList{}, Limits: corev1.ResourceList{}}
+	r := spec.Resources
+	if v, ok := atLeast(r.CPUs); ok {
+		req.Requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(int64(v*1000), resource.DecimalSI)
+	}
+	if v, ok := atLeast(r.Memory); ok {
+		req.Requests[corev1.ResourceMemory] = *resource.NewQuantity(int64(v*(1<<30)), resource.BinarySI)
+	}
+	acc, count := spec.Placement.Accelerator, spec.Placement.AcceleratorCount
+	if acc == "" && len(r.Accelerators) > 0 {
+		acc, count = p.pickAccelerator(r)
+	}
+	if acc == "" {
+		return req, nil, nil
+	}
+	if count != math.Trunc(count) || count < 1 {
+		return req, nil, fmt.Errorf("%w: %s: %v x %s: Kubernetes allocates whole GPUs", launcher.ErrInvalid, p.infra, count, acc)
+	}
+	gpus := *resource.NewQuantity(int64(count), resource.DecimalSI)
+	req.Requests[ResourceGPU], req.Limits[ResourceGPU] = gpus, gpus
+	if p.nodes == nil {
+		// Without node access, trust the product label to carry the canonical name somewhere.
+		return req, gpuAffinity(map[string][]string{LabelGPUProduct: {acc}}), nil
+	}
+	values := map[string][]string{}
+	var most int64
+	nodes, err := p.nodes.List(labels.Everything())
+	if err != nil {
+		return req, nil, err
+	}
+	for _, n := range nodes {
+		name, label, value, c := nodeGPU(n)
+		if !strings.EqualFold(name, acc) {
+			continue
+		}
+		most = max(most, c)
+		if !slices.Contains(values[label], value) {
+			values[label] = append(values[label], value)
+		}
+	}
+	switch {
+	case len(values) == 0:
+		return req, nil, fmt.Errorf("%w: %s: no node has %s", launcher.ErrNoCapacity, p.infra, acc)
+	case most < int64(count):
+		return req, nil, fmt.Errorf("%w: %s: no node has %v x %s (largest: %d)", launcher.ErrNoCapacity, p.infra, count, acc, most)
+	}
+	for _, v := range values {
+		slices.Sort(v)
+	}
+	return req, gpuAffinity(values), nil
+}
+
+// pickAccelerator chooses, among the task's accelerator alternatives, the first the cluster's
+// nodes carry (the optimizer normally chose already and set Placement).
+func (p *Provider) pickAccelerator(r configs.Resources) (string, float64) {
+	first := r.Accelerators[0]
+	if p.nodes == nil {
+		return first.Name, first.Count
+	}
+	nodes, err := p.nodes.List(labels.Everything())
+	if err != nil {
+		return first.Name, first.Count
+	}
+	for _, a := range r.Accelerators {
+		for _, n := range nodes {
+			if name, _, _, c := nodeGPU(n); strings.EqualFold(name, a.Name) && float64(c) >= a.Count {
+				return a.Name, a.Count
+			}
+		}
+	}
+	return first.Name, first.Count
+}
+
+// gpuAffinity requires a node whose GPU label has one of the values: one selector term per
+// label, any of which may match.
+func gpuAffinity(values map[string][]string) *corev1.Affinity {
+	var terms []corev1.NodeSelectorTerm
+	for _, label := range gpuLabels {
+		if v := values[label]; len(v) > 0 {
+			terms = append(terms, corev1.NodeSelectorTerm{MatchExpressions: []corev1.NodeSelectorRequirement{{
+				Key: label, Operator: corev1.NodeSelectorOpIn, Values: v,
+			}}})
+		}
+	}
+	return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: terms},
+	}}
+}
+
+func describeAffinity(pod *corev1.Pod) string {
+	a := pod.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return ""
+	}
+	var parts []string
+	for _, t := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		for _, e := range t.MatchExpressions {
+			parts = append(parts, e.Key+" in ("+strings.Join(e.Values, ",")+")")
+		}
+	}
+	return strings.Join(parts, " or ")
+}
+
+// instance describes a pod.
+func (p *Provider) instance(pod *corev1.Pod) launcher.Instance {
+	inst := launcher.Instance{
+		ID:         p.infra + "/" + pod.Namespace + "/" + pod.Name,
+		Name:       pod.Name,
+		Labels:     maps.Clone(pod.Labels),
+		Infra:      p.infra,
+		LaunchedAt: pod.CreationTimestamp.Time,
+	}
+	inst.PricePerHour, _ = strconv.ParseFloat(pod.Annotations[annotationPrice], 64)
+	if pod.Status.PodIP != "" && len(pod.Spec.Containers) > 0 && len(pod.Spec.Containers[0].Ports) > 0 {
+		inst.Endpoint = net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(int(pod.Spec.Containers[0].Ports[0].ContainerPort)))
+	}
+	switch {
+	case podPreempted(pod):
+		inst.State, inst.Reason = launcher.StatePreempted, podEndReason(pod)
+	case pod.DeletionTimestamp != nil:
+		inst.State, inst.Reason = launcher.StateTerminated, "pod is being deleted"
+	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
+		inst.State, inst.Reason = launcher.StateTerminated, podEndReason(pod)
+	case pod.Status.Phase == corev1.PodRunning:
+		inst.State = launcher.StateRunning
+	default:
+		inst.State = launcher.StatePending
+	}
+	return inst
+}
+
+// podPreempted reports a pod that the cluster took away: evicted, preempted by a higher
+// priority pod, or marked as a disruption target (node drain, node loss).
+func podPreempted(pod *corev1.Pod) bool {
+	switch pod.Status.Reason {
+	case "Evicted", "Preempting", "NodeLost", "Terminated":
+		return true
+	}
+	if c := podCondition(pod, corev1.DisruptionTarget); c != nil && c.Status == corev1.ConditionTrue {
+		return true
+	}
+	return false
+}
+
+func podEndReason(pod *corev1.Pod) string {
+	if pod.Status.Reason != "" || pod.Status.Message != "" {
+		return strings.TrimSpace(pod.Status.Reason + ": " + pod.Status.Message)
+	}
+	if c := podCondition(pod, corev1.DisruptionTarget); c != nil && c.Status == corev1.ConditionTrue {
+		return strings.TrimSpace(c.Reason + ": " + c.Message)
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil {
+			return fmt.Sprintf("container exited with code %d (%s)", t.ExitCode, t.Reason)
+		}
+	}
+	return "pod " + strings.ToLower(string(pod.Status.Phase))
+}
+
+func podCondition(pod *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
+	for i := range pod.Status.Conditions {
+		if pod.Status.Conditions[i].Type == t {
+			return &pod.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+func nodeReady(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// classify maps API errors onto the launcher's typed errors, which decide failover.
+func (p *Provider) classify(err error, what string) error {
+	var kind error
+	switch {
+	case apierrors.IsUnauthorized(err):
+		kind = launcher.ErrUnauthorized
+	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
+		kind = launcher.ErrQuota
+	case apierrors.IsForbidden(err):
+		kind = launcher.ErrUnauthorized
+	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
+		kind = launcher.ErrInvalid
+	default:
+		return fmt.Errorf("%s: %s: %w", p.infra, what, err)
+	}
+	return fmt.Errorf("%w: %s: %s: %v", kind, p.infra, what, err)
+}
+
+// podName is a DNS-1123 label from the instance name plus a random suffix, so that a name
+// reused after `serve down --purge` never meets a pod still terminating.
+func podName(name string) (string, error) {
+	var b strings.Builder
+	for _, r := range strings.ToLower(name) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		case r == '-' || r == '_' || r == '.':
+			b.WriteByte('-')
+		}
+	}
+	base := strings.Trim(b.String(), "-")
+	if base == "" {
+		return "", fmt.Errorf("%w: instance name %q has no letters or digits", launcher.ErrInvalid, name)
+	}
+	if len(base) > 56 {
+		base = strings.TrimRight(base[:56], "-")
+	}
+	return base + "-" + randomSuffix(), nil
+}
+
+const suffixAlphabet = "bcdfghjklmnpqrstvwxz2456789"
+
+func randomSuffix() string {
+	var b [5]byte
+	_, _ = rand.Read(b[:])
+	for i := range b {
+		b[i] = suffixAlphabet[int(b[i])%len(suffixAlphabet)]
+	}
+	return string(b[:])
+}
+
+// podName extracts the pod name from an instance id "kubernetes/CONTEXT/NAMESPACE/POD".
+func (p *Provider) podName(id string) (string, error) {
+	rest, ok := strings.CutPrefix(id, p.infra+"/")
+	ns, name, ok2 := strings.Cut(rest, "/")
+	if !ok || !ok2 || ns != p.ns || name == "" || strings.Contains(name, "/") {
+		return "", fmt.Errorf("%w: %q is not a pod of %s in namespace %s", launcher.ErrInvalid, id, p.infra, p.ns)
+	}
+	return name, nil
+}
+
+// atLeast reads SkyPilot's "4" or "4+" as the amount to request.
+func atLeast(s string) (float64, bool) {
+	v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(s), "+"), 64)
+	if err != nil || v <= 0 {
+		return 0, false
+	}
+	return v, true
+}

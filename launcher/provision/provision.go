@@ -1,0 +1,357 @@
+// Package provision is the launcher a service or job talks to: one launcher.Provider over
+// every enabled infra. Launch asks a Planner for placements (the optimizer: Kubernetes first,
+// then clouds by price), tries them in order, and fails over: a capacity or quota error blocks
+// that location for a while and the next placement is tried. List and Terminate reach the
+// infras that could hold the caller's instances.
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// DefaultBlockFor is how long a location that answered "no capacity" is skipped. SkyPilot
+// blocks a failed zone for the rest of one launch attempt; Ferry launches replica by replica,
+// so the block must outlive one launch, yet end soon enough to come back to a cheaper location
+// (a cluster's freed GPUs, a zone's returning spot capacity).
+const DefaultBlockFor = 5 * time.Minute
+
+// Planner orders the placements that satisfy r, best first. The optimizer is the real one.
+type Planner interface {
+	Plan(ctx context.Context, r configs.Resources) ([]launcher.Placement, error)
+}
+
+// PlannerFunc adapts a function to Planner.
+type PlannerFunc func(ctx context.Context, r configs.Resources) ([]launcher.Placement, error)
+
+// Plan calls f.
+func (f PlannerFunc) Plan(ctx context.Context, r configs.Resources) ([]launcher.Placement, error) {
+	return f(ctx, r)
+}
+
+// Infra is one enabled infra: its canonical name ("local", "kubernetes/CONTEXT", "aws",
+// "gcp") and the provider that launches there.
+type Infra struct {
+	Name     string
+	Provider launcher.Provider
+}
+
+// Options configures a Provisioner.
+type Options struct {
+	Infras  []Infra
+	Planner Planner
+	// BlockFor is how long a failed location is skipped; default DefaultBlockFor.
+	BlockFor time.Duration
+	// Now is the clock blocks use; nil is time.Now.
+	Now    func() time.Time
+	Logger *zap.Logger
+}
+
+// Provisioner fails over across infras. It is safe for concurrent use.
+type Provisioner struct {
+	opts   Options
+	log    *zap.Logger
+	infras map[string]launcher.Provider
+
+	// blocks are shared with scoped copies: a location full for one service is full for all.
+	blocks *blockSet
+}
+
+// blockSet holds the locations that failed recently, by location key.
+type blockSet struct {
+	mu sync.Mutex
+	m  map[string]block
+}
+
+type block struct {
+	until  time.Time
+	reason string
+}
+
+// New checks opts and returns a Provisioner.
+func New(opts Options) (*Provisioner, error) {
+	if opts.Planner == nil {
+		return nil, errors.New("provision: missing Planner")
+	}
+	if len(opts.Infras) == 0 {
+		return nil, errors.New("provision: no infra enabled")
+	}
+	if opts.BlockFor <= 0 {
+		opts.BlockFor = DefaultBlockFor
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	p := &Provisioner{opts: opts, log: opts.Logger, infras: map[string]launcher.Provider{}, blocks: &blockSet{m: map[string]block{}}}
+	for _, in := range opts.Infras {
+		if in.Name == "" || in.Provider == nil {
+			return nil, fmt.Errorf("provision: infra %q has no name or provider", in.Name)
+		}
+		if _, dup := p.infras[in.Name]; dup {
+			return nil, fmt.Errorf("provision: infra %q enabled twice", in.Name)
+		}
+		p.infras[in.Name] = in.Provider
+	}
+	return p, nil
+}
+
+// Plan returns the placements for r, best first, with blocked ones last: what a launch would
+// try, in order, each saying whether a recent failure blocks it and why.
+func (p *Provisioner) Plan(ctx context.Context, r configs.Resources) ([]Choice, error) {
+	places, err := p.opts.Planner.Plan(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	now := p.opts.Now()
+	p.blocks.mu.Lock()
+	defer p.blocks.mu.Unlock()
+	out := make([]Choice, 0, len(places))
+	for _, pl := range places {
+		if _, ok := p.infras[pl.Infra]; !ok {
+			continue // planned for an infra that is not enabled here
+		}
+		c := Choice{Placement: pl}
+		if b, ok := p.blocks.m[locationKey(pl)]; ok && now.Before(b.until) {
+			c.BlockedUntil, c.BlockedBecause = b.until, b.reason
+		}
+		out = append(out, c)
+	}
+	// Unblocked first, each group in the planner's order.
+	slices.SortStableFunc(out, func(a, b Choice) int {
+		switch {
+		case a.BlockedUntil.IsZero() == b.BlockedUntil.IsZero():
+			return 0
+		case a.BlockedUntil.IsZero():
+			return -1
+		}
+		return 1
+	})
+	return out, nil
+}
+
+// Choice is a placement and, if a recent failure blocks it, until when and why.
+type Choice struct {
+	launcher.Placement
+	BlockedUntil   time.Time
+	BlockedBecause string
+}
+
+// Launch tries the placements in order. A location error (capacity, quota, preemption) blocks
+// that location and moves on, and so does an infra that refuses Ferry's credentials or fails
+// otherwise; an invalid request stops at once, since no other location makes it valid. When
+// every placement fails, the error wraps launcher.ErrNoCapacity and lists each reason; the
+// caller retries with backoff.
+func (p *Provisioner) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
+	choices, err := p.Plan(ctx, spec.Resources)
+	if err != nil {
+		return launcher.Instance{}, err
+	}
+	if len(choices) == 0 {
+		return launcher.Instance{}, fmt.Errorf("%w: no enabled infra can run %s", launcher.ErrNoCapacity, spec.Resources)
+	}
+	var reasons []string
+	for _, c := range choices {
+		if err := ctx.Err(); err != nil {
+			return launcher.Instance{}, err
+		}
+		s := spec
+		s.Placement = c.Placement
+		inst, err := p.infras[c.Infra].Launch(ctx, s)
+		if err == nil {
+			fillFromPlacement(&inst, c.Placement)
+			p.unblock(c.Placement)
+			return inst, nil
+		}
+		if ctx.Err() != nil {
+			return launcher.Instance{}, err
+		}
+		if errors.Is(err, launcher.ErrInvalid) {
+			return launcher.Instance{}, err
+		}
+		p.block(c.Placement, err)
+		p.log.Warn("launch failed; trying the next location", zap.String("instance", spec.Name),
+			zap.String("location", describe(c.Placement)), zap.Error(err))
+		reasons = append(reasons, describe(c.Placement)+": "+err.Error())
+	}
+	return launcher.Instance{}, fmt.Errorf("%w: every location failed (%d): %s", launcher.ErrNoCapacity, len(reasons), strings.Join(reasons, "; "))
+}
+
+// Scope returns a Provisioner over the infras r could use, sharing this one's blocks: a
+// service's replica manager lists only where its replicas may be, so an unreachable cluster
+// does not stall a service that never runs there.
+func (p *Provisioner) Scope(r configs.Resources) *Provisioner {
+	scoped := &Provisioner{opts: p.opts, log: p.log, infras: map[string]launcher.Provider{}, blocks: p.blocks}
+	for name, prov := range p.infras {
+		for _, c := range r.Candidates() {
+			if InfraMatches(c.Infra, name) {
+				scoped.infras[name] = prov
+				break
+			}
+		}
+	}
+	return scoped
+}
+
+// InfraMatches reports whether an infra filter from a task ("", "*", "local", "kubernetes",
+// "kubernetes/CTX", "aws", "aws/REGION[/ZONE]") admits the enabled infra name. "*" is every
+// infra but local: local replicas are for development and tests, chosen by name.
+func InfraMatches(filter, name string) bool {
+	switch filter {
+	case "", "*":
+		return name != configs.InfraLocal
+	case configs.InfraLocal:
+		return name == configs.InfraLocal
+	}
+	if filter == name {
+		return true
+	}
+	cloud, _, _ := strings.Cut(filter, "/")
+	if cloud == "kubernetes" {
+		return filter == "kubernetes" && strings.HasPrefix(name, "kubernetes/")
+	}
+	return cloud == name // aws/us-east-1 is served by the aws infra
+}
+
+// Terminate routes to the infra whose id prefix matches.
+func (p *Provisioner) Terminate(ctx context.Context, id string) error {
+	prov, err := p.owner(id)
+	if err != nil {
+		return err
+	}
+	return prov.Terminate(ctx, id)
+}
+
+// List merges every infra's instances. An infra that cannot answer fails the whole List: a
+// partial answer would read as instances gone, and their replicas would be replaced.
+func (p *Provisioner) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
+	var out []launcher.Instance
+	for _, name := range slices.Sorted(maps.Keys(p.infras)) {
+		insts, err := p.infras[name].List(ctx, selector)
+		if err != nil {
+			return nil, fmt.Errorf("list %s: %w", name, err)
+		}
+		out = append(out, insts...)
+	}
+	return out, nil
+}
+
+// LogPath finds an instance's log where its infra keeps one locally.
+func (p *Provisioner) LogPath(id string) (string, error) {
+	prov, err := p.owner(id)
+	if err != nil {
+		return "", err
+	}
+	if ls, ok := prov.(launcher.LogSource); ok {
+		return ls.LogPath(id)
+	}
+	return "", fmt.Errorf("%w: %s keeps no local log for %s", launcher.ErrNotFound, infraOf(id), id)
+}
+
+// Rank orders infras for scale-down: the position of the infra among the planner's choices
+// for r (lower is preferred, kept longer); an infra the plan does not name ranks last.
+func (p *Provisioner) Rank(ctx context.Context, r configs.Resources) (map[string]int, error) {
+	places, err := p.opts.Planner.Plan(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	rank := map[string]int{}
+	for _, pl := range places {
+		if _, ok := rank[pl.Infra]; !ok {
+			rank[pl.Infra] = len(rank)
+		}
+	}
+	return rank, nil
+}
+
+// owner finds the provider of an instance id: ids start with their infra's name ("kubernetes/
+// ctx/ns/pod", "aws/..."), except local ids ("local-...").
+func (p *Provisioner) owner(id string) (launcher.Provider, error) {
+	best := ""
+	for name := range p.infras {
+		if (strings.HasPrefix(id, name+"/") || strings.HasPrefix(id, name+"-")) && len(name) > len(best) {
+			best = name
+		}
+	}
+	if best == "" {
+		return nil, fmt.Errorf("%w: instance %q belongs to no enabled infra", launcher.ErrNotFound, id)
+	}
+	return p.infras[best], nil
+}
+
+func infraOf(id string) string {
+	if i := strings.IndexAny(id, "/-"); i > 0 {
+		return id[:i]
+	}
+	return id
+}
+
+func (p *Provisioner) block(pl launcher.Placement, err error) {
+	p.blocks.mu.Lock()
+	defer p.blocks.mu.Unlock()
+	p.blocks.m[locationKey(pl)] = block{until: p.opts.Now().Add(p.opts.BlockFor), reason: err.Error()}
+}
+
+func (p *Provisioner) unblock(pl launcher.Placement) {
+	p.blocks.mu.Lock()
+	defer p.blocks.mu.Unlock()
+	delete(p.blocks.m, locationKey(pl))
+}
+
+// locationKey identifies what a capacity error is about: one shape in one zone of one infra.
+func locationKey(pl launcher.Placement) string {
+	shape := pl.InstanceType
+	if shape == "" {
+		shape = pl.Accelerator
+	}
+	return strings.Join([]string{pl.Infra, pl.Region, pl.Zone, shape, fmt.Sprint(pl.Spot)}, "|")
+}
+
+func describe(pl launcher.Placement) string {
+	parts := []string{pl.Infra}
+	if pl.Zone != "" {
+		parts = append(parts, pl.Zone)
+	} else if pl.Region != "" {
+		parts = append(parts, pl.Region)
+	}
+	if pl.InstanceType != "" {
+		parts = append(parts, pl.InstanceType)
+	} else if pl.Accelerator != "" {
+		parts = append(parts, fmt.Sprintf("%gx %s", pl.AcceleratorCount, pl.Accelerator))
+	}
+	if pl.Spot {
+		parts = append(parts, "spot")
+	}
+	return strings.Join(parts, " ")
+}
+
+// fillFromPlacement completes what a provider left out of the instance with the placement it
+// launched at, so status shows price and zone whatever the provider reports.
+func fillFromPlacement(inst *launcher.Instance, pl launcher.Placement) {
+	if inst.Infra == "" {
+		inst.Infra = pl.Infra
+	}
+	if inst.Region == "" {
+		inst.Region = pl.Region
+	}
+	if inst.Zone == "" {
+		inst.Zone = pl.Zone
+	}
+	if inst.PricePerHour == 0 {
+		inst.PricePerHour = pl.PricePerHour
+	}
+	inst.Spot = inst.Spot || pl.Spot
+}

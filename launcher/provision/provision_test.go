@@ -1,0 +1,266 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// scripted is a provider whose launches fail with the errors queued for it, then succeed.
+type scripted struct {
+	infra string
+	mu    sync.Mutex
+	fail  []error
+	tries []launcher.Placement
+	insts []launcher.Instance
+	term  []string
+	lsErr error
+}
+
+func (s *scripted) Launch(_ context.Context, spec launcher.Spec) (launcher.Instance, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tries = append(s.tries, spec.Placement)
+	if len(s.fail) > 0 {
+		err := s.fail[0]
+		s.fail = s.fail[1:]
+		if err != nil {
+			return launcher.Instance{}, err
+		}
+	}
+	sep := "/"
+	if s.infra == configs.InfraLocal {
+		sep = "-"
+	}
+	inst := launcher.Instance{ID: fmt.Sprintf("%s%s%s", s.infra, sep, spec.Name), Name: spec.Name, Labels: spec.Labels, State: launcher.StateRunning}
+	s.insts = append(s.insts, inst)
+	return inst, nil
+}
+
+func (s *scripted) Terminate(_ context.Context, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.term = append(s.term, id)
+	return nil
+}
+
+func (s *scripted) List(_ context.Context, sel map[string]string) ([]launcher.Instance, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lsErr != nil {
+		return nil, s.lsErr
+	}
+	var out []launcher.Instance
+	for _, in := range s.insts {
+		if launcher.Matches(in.Labels, sel) {
+			out = append(out, in)
+		}
+	}
+	return out, nil
+}
+
+var (
+	k8sA100 = launcher.Placement{Infra: "kubernetes/test", Accelerator: "A100", AcceleratorCount: 1}
+	awsZ1   = launcher.Placement{Infra: "aws", Region: "us-east-1", Zone: "use1-az1", InstanceType: "p4d.24xlarge", Accelerator: "A100", AcceleratorCount: 8, PricePerHour: 32.77}
+	gcpZ1   = launcher.Placement{Infra: "gcp", Region: "us-central1", Zone: "us-central1-a", InstanceType: "a2-highgpu-1g", Accelerator: "A100", AcceleratorCount: 1, PricePerHour: 3.67}
+)
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+func newTest(t *testing.T, places []launcher.Placement) (*Provisioner, map[string]*scripted, *clock) {
+	t.Helper()
+	clk := &clock{t: time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)}
+	provs := map[string]*scripted{}
+	var infras []Infra
+	for _, name := range []string{"kubernetes/test", "aws", "gcp", configs.InfraLocal} {
+		provs[name] = &scripted{infra: name}
+		infras = append(infras, Infra{Name: name, Provider: provs[name]})
+	}
+	p, err := New(Options{
+		Infras:   infras,
+		Planner:  PlannerFunc(func(context.Context, configs.Resources) ([]launcher.Placement, error) { return places, nil }),
+		BlockFor: time.Minute,
+		Now:      clk.now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, provs, clk
+}
+
+func spec(name string) launcher.Spec {
+	return launcher.Spec{Name: name, Labels: map[string]string{launcher.LabelService: "svc"}, Run: "x"}
+}
+
+func TestLaunchFailsOverAndBlocks(t *testing.T) {
+	ctx := context.Background()
+	p, provs, clk := newTest(t, []launcher.Placement{k8sA100, gcpZ1, awsZ1})
+	provs["kubernetes/test"].fail = []error{fmt.Errorf("%w: pod unschedulable", launcher.ErrNoCapacity)}
+
+	inst, err := p.Launch(ctx, spec("svc-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inst.Infra != "gcp" || inst.Zone != "us-central1-a" || inst.PricePerHour != 3.67 {
+		t.Fatalf("launched %+v, want the gcp placement filled in", inst)
+	}
+
+	// The cluster is blocked: the next launch starts with gcp, and the plan says why.
+	choices, err := p.Plan(ctx, configs.Resources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := choices[len(choices)-1]; got.Infra != "kubernetes/test" || !strings.Contains(got.BlockedBecause, "unschedulable") {
+		t.Fatalf("last choice %+v, want the blocked cluster with its reason", got)
+	}
+	if _, err := p.Launch(ctx, spec("svc-2")); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(provs["kubernetes/test"].tries); n != 1 {
+		t.Fatalf("cluster tried %d times while blocked, want 1", n)
+	}
+
+	// Once the block ends, the cluster is first again.
+	clk.t = clk.t.Add(time.Minute + time.Second)
+	inst, err = p.Launch(ctx, spec("svc-3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inst.Infra != "kubernetes/test" {
+		t.Fatalf("after the block: launched on %s, want the cluster", inst.Infra)
+	}
+}
+
+func TestLaunchQuotaAndOtherErrorsFailOver(t *testing.T) {
+	ctx := context.Background()
+	p, provs, _ := newTest(t, []launcher.Placement{awsZ1, gcpZ1})
+	provs["aws"].fail = []error{fmt.Errorf("%w: VcpuLimitExceeded", launcher.ErrQuota)}
+	inst, err := p.Launch(ctx, spec("svc-1"))
+	if err != nil || inst.Infra != "gcp" {
+		t.Fatalf("got %+v, %v; want gcp after the aws quota error", inst, err)
+	}
+	if got := provs["gcp"].tries[0]; got != gcpZ1 {
+		t.Fatalf("gcp got placement %+v, want %+v", got, gcpZ1)
+	}
+}
+
+func TestLaunchInvalidStops(t *testing.T) {
+	p, provs, _ := newTest(t, []launcher.Placement{k8sA100, gcpZ1})
+	provs["kubernetes/test"].fail = []error{fmt.Errorf("%w: image_id must be docker:IMAGE", launcher.ErrInvalid)}
+	_, err := p.Launch(context.Background(), spec("svc-1"))
+	if !errors.Is(err, launcher.ErrInvalid) {
+		t.Fatalf("err = %v, want ErrInvalid", err)
+	}
+	if n := len(provs["gcp"].tries); n != 0 {
+		t.Fatalf("gcp tried %d times after an invalid request, want 0", n)
+	}
+}
+
+func TestLaunchEveryLocationFails(t *testing.T) {
+	p, provs, _ := newTest(t, []launcher.Placement{k8sA100, gcpZ1})
+	provs["kubernetes/test"].fail = []error{fmt.Errorf("%w: 0/2 nodes are available", launcher.ErrNoCapacity), fmt.Errorf("%w: again", launcher.ErrNoCapacity)}
+	provs["gcp"].fail = []error{fmt.Errorf("%w: ZONE_RESOURCE_POOL_EXHAUSTED", launcher.ErrNoCapacity), nil}
+	_, err := p.Launch(context.Background(), spec("svc-1"))
+	if !errors.Is(err, launcher.ErrNoCapacity) {
+		t.Fatalf("err = %v, want ErrNoCapacity", err)
+	}
+	for _, want := range []string{"kubernetes/test", "0/2 nodes", "gcp us-central1-a a2-highgpu-1g", "ZONE_RESOURCE_POOL_EXHAUSTED"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	// With everything blocked the next launch still tries, in the planner's order.
+	inst, err := p.Launch(context.Background(), spec("svc-2"))
+	if err != nil || inst.Infra != "gcp" {
+		t.Fatalf("got %+v, %v; want gcp on the second attempt", inst, err)
+	}
+}
+
+func TestNoEnabledInfra(t *testing.T) {
+	p, _, _ := newTest(t, []launcher.Placement{{Infra: "kubernetes/other"}})
+	_, err := p.Launch(context.Background(), spec("svc-1"))
+	if !errors.Is(err, launcher.ErrNoCapacity) || !strings.Contains(err.Error(), "no enabled infra") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestTerminateAndListRoute(t *testing.T) {
+	ctx := context.Background()
+	p, provs, _ := newTest(t, []launcher.Placement{k8sA100})
+	inst, err := p.Launch(ctx, spec("svc-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Terminate(ctx, inst.ID); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{inst.ID}, provs["kubernetes/test"].term); diff != "" {
+		t.Fatalf("terminations (-want +got):\n%s", diff)
+	}
+	if err := p.Terminate(ctx, "azure/x"); !errors.Is(err, launcher.ErrNotFound) {
+		t.Fatalf("unknown infra: err = %v", err)
+	}
+	provs[configs.InfraLocal].insts = []launcher.Instance{{ID: "local-svc-9-abcdef", Labels: map[string]string{launcher.LabelService: "svc"}}}
+	if err := p.Terminate(ctx, "local-svc-9-abcdef"); err != nil || len(provs[configs.InfraLocal].term) != 1 {
+		t.Fatalf("local id not routed to local: %v", err)
+	}
+	got, err := p.List(ctx, map[string]string{launcher.LabelService: "svc"})
+	if err != nil || len(got) != 2 {
+		t.Fatalf("List = %v, %v; want the pod and the local process", got, err)
+	}
+	provs["aws"].lsErr = errors.New("RequestLimitExceeded")
+	if _, err := p.List(ctx, nil); err == nil || !strings.Contains(err.Error(), "list aws") {
+		t.Fatalf("List with aws failing: err = %v, want it to fail", err)
+	}
+	// A service that may only run in the cluster does not wait on aws.
+	scoped := p.Scope(configs.Resources{Infra: "kubernetes"})
+	if got, err := scoped.List(ctx, nil); err != nil || len(got) != 1 {
+		t.Fatalf("scoped List = %v, %v", got, err)
+	}
+}
+
+func TestInfraMatches(t *testing.T) {
+	for _, tc := range []struct {
+		filter, name string
+		want         bool
+	}{
+		{"", "aws", true},
+		{"*", "kubernetes/test", true},
+		{"*", configs.InfraLocal, false},
+		{configs.InfraLocal, configs.InfraLocal, true},
+		{configs.InfraLocal, "aws", false},
+		{"kubernetes", "kubernetes/test", true},
+		{"kubernetes", "aws", false},
+		{"kubernetes/test", "kubernetes/test", true},
+		{"kubernetes/test", "kubernetes/prod", false},
+		{"aws/us-east-1", "aws", true},
+		{"aws/us-east-1/us-east-1a", "aws", true},
+		{"aws", "gcp", false},
+	} {
+		if got := InfraMatches(tc.filter, tc.name); got != tc.want {
+			t.Errorf("InfraMatches(%q, %q) = %v, want %v", tc.filter, tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestRank(t *testing.T) {
+	p, _, _ := newTest(t, []launcher.Placement{k8sA100, gcpZ1, awsZ1, {Infra: "gcp", Zone: "us-central1-b"}})
+	got, err := p.Rank(context.Background(), configs.Resources{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]int{"kubernetes/test": 0, "gcp": 1, "aws": 2}, got); diff != "" {
+		t.Fatalf("rank (-want +got):\n%s", diff)
+	}
+}
