@@ -51,8 +51,8 @@ func TestBadYAMLThroughCLI(t *testing.T) {
 				t.Fatalf("panicked or launched:\nstdout:\n%s\nstderr:\n%s", out, errOut)
 			}
 			if tc.want == "" {
-				if !strings.Contains(errOut, "only") {
-					t.Fatalf("want a clear 'infra not available' error, got:\n%s", errOut)
+				if !strings.Contains(errOut, "no place to run this service") || !strings.Contains(errOut, "aws is not enabled") {
+					t.Fatalf("want a clear 'aws is not enabled' error, got:\n%s", errOut)
 				}
 				return
 			}

@@ -7,6 +7,9 @@ package launcher
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/ferryserve/ferry/configs"
@@ -163,4 +166,116 @@ func Matches(labels, selector map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// GangLauncher is an optional Provider capability: launch n instances that come up together
+// or not at all, natively (a placement group, a Kueue workload). Providers without it get
+// LaunchGang's launch-all-then-roll-back.
+type GangLauncher interface {
+	LaunchGang(ctx context.Context, spec Spec, n int) ([]Instance, error)
+}
+
+// PreemptionNotifier is an optional Provider capability: notices that an instance will be
+// taken away soon (a spot interruption warning), so a replacement can start before it goes.
+type PreemptionNotifier interface {
+	// Notices delivers instance ids with the time they will be reclaimed, until ctx ends.
+	Notices(ctx context.Context) <-chan Notice
+}
+
+// Notice is one advance warning of a preemption.
+type Notice struct {
+	InstanceID string
+	At         time.Time
+}
+
+// GangName is the name of node rank of a gang launched from spec: "NAME-RANK". Rank 0 keeps
+// the plain name when the gang has one node, so a single-node task reads as before.
+func GangName(name string, rank, n int) string {
+	if n == 1 {
+		return name
+	}
+	return name + "-" + strconv.Itoa(rank)
+}
+
+// Environment variables every node of a gang gets, with SkyPilot's names so multi-node
+// programs (torchrun, deepspeed) written for SkyPilot work unchanged.
+const (
+	EnvNodeRank = "SKYPILOT_NODE_RANK"
+	EnvNumNodes = "SKYPILOT_NUM_NODES"
+	// LabelNodeRank is the node's rank among its gang.
+	LabelNodeRank = "ferry.node-rank"
+)
+
+// LaunchGang launches n instances of spec, all or none: the provider's own GangLauncher when
+// it has one, else n concurrent Launch calls, terminating every launched instance if any
+// fails. Each node gets its rank in its labels and environment.
+func LaunchGang(ctx context.Context, p Provider, spec Spec, n int) ([]Instance, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("%w: a gang needs at least one node, got %d", ErrInvalid, n)
+	}
+	if g, ok := p.(GangLauncher); ok {
+		return g.LaunchGang(ctx, spec, n)
+	}
+	out := make([]Instance, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for rank := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[rank], errs[rank] = p.Launch(ctx, gangNode(spec, rank, n))
+		}()
+	}
+	wg.Wait()
+	err := errors.Join(errs...)
+	if err == nil {
+		return out, nil
+	}
+	// Roll back: a partial gang would hold capacity and never run. Terminate outlives ctx,
+	// which may be what failed.
+	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), gangCleanupTimeout)
+	defer cancel()
+	var left []error
+	for rank, inst := range out {
+		if errs[rank] == nil {
+			if terr := p.Terminate(cleanup, inst.ID); terr != nil {
+				left = append(left, fmt.Errorf("terminate %s: %w", inst.ID, terr))
+			}
+		}
+	}
+	if len(left) > 0 {
+		return nil, fmt.Errorf("gang of %d failed: %w; cleanup: %w", n, firstError(errs), errors.Join(left...))
+	}
+	return nil, fmt.Errorf("gang of %d failed: %w", n, firstError(errs))
+}
+
+// gangCleanupTimeout bounds rolling back a failed gang.
+const gangCleanupTimeout = 2 * time.Minute
+
+func gangNode(spec Spec, rank, n int) Spec {
+	s := spec
+	s.Name = GangName(spec.Name, rank, n)
+	s.Labels = make(map[string]string, len(spec.Labels)+1)
+	for k, v := range spec.Labels {
+		s.Labels[k] = v
+	}
+	s.Labels[LabelNodeRank] = strconv.Itoa(rank)
+	s.Envs = make(map[string]string, len(spec.Envs)+2)
+	for k, v := range spec.Envs {
+		s.Envs[k] = v
+	}
+	s.Envs[EnvNodeRank] = strconv.Itoa(rank)
+	s.Envs[EnvNumNodes] = strconv.Itoa(n)
+	return s
+}
+
+// firstError is the first non-nil error, keeping its type for errors.Is (capacity errors
+// decide failover).
+func firstError(errs []error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

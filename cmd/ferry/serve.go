@@ -128,7 +128,7 @@ func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 		return err
 	}
 	fmt.Fprintf(out, "Service spec (resolved, secrets redacted):\n%s\n", indent(string(resolved), "  "))
-	if err := printPlan(out, task); err != nil {
+	if err := printPlan(cmd.Context(), out, task); err != nil {
 		return err
 	}
 	if f.dryRun {
@@ -267,36 +267,6 @@ func stateCounts(recs []replicas.Record) string {
 	}
 	sort.Strings(parts)
 	return " [" + strings.Join(parts, ", ") + "]"
-}
-
-// printPlan prints SkyPilot's optimizer table. Only local infra exists in this build; a task
-// that can only run elsewhere is refused with a clear reason instead of being half-launched.
-func printPlan(out io.Writer, task *configs.Task) error {
-	cands := []configs.Resources{task.Resources}
-	cands = append(cands, task.Resources.AnyOf...)
-	cands = append(cands, task.Resources.Ordered...)
-	var local *configs.Resources
-	for i := range cands {
-		if cands[i].Infra == configs.InfraLocal {
-			local = &cands[i]
-			break
-		}
-	}
-	if local == nil {
-		return fmt.Errorf("no usable infra: this build launches replicas on infra 'local' only (the task asks for %s); Kubernetes, AWS and GCP are not available yet", task.Resources.Infra)
-	}
-	acc := "-"
-	if len(local.Accelerators) > 0 {
-		a := local.Accelerators[0]
-		acc = a.Name + ":" + strconv.FormatFloat(a.Count, 'f', -1, 64) + " (simulated)"
-	}
-	fmt.Fprintln(out, "Considered resources (1 node):")
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "  INFRA\tINSTANCE\tvCPUs\tMem(GB)\tACCELERATORS\tREGION/ZONE\tCOST ($/hr)\tCHOSEN")
-	fmt.Fprintf(tw, "  local\tprocess\t%s\t%s\t%s\t-\t0.00\t✔\n", orDash(local.CPUs), orDash(local.Memory), acc)
-	tw.Flush()
-	fmt.Fprintln(out)
-	return nil
 }
 
 func orDash(s string) string {

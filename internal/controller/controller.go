@@ -23,9 +23,9 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/internal/infra"
 	"github.com/ferryserve/ferry/internal/store"
-	"github.com/ferryserve/ferry/launcher"
-	"github.com/ferryserve/ferry/launcher/local"
+	"github.com/ferryserve/ferry/launcher/provision"
 	"github.com/ferryserve/ferry/proxy"
 	"github.com/ferryserve/ferry/replicas"
 )
@@ -61,6 +61,9 @@ type Options struct {
 	// service traffic; empty or ListenerOff disables it. Like GatewayAddr, a taken default
 	// address is logged and skipped, while any other address that cannot be bound is an error.
 	MetricsAddr string
+	// BlockFor is how long a location that had no capacity is skipped; 0 is
+	// provision.DefaultBlockFor.
+	BlockFor time.Duration
 }
 
 // DefaultGatewayAddr is the gateway's address unless configured: the port just below the
@@ -97,12 +100,29 @@ func (o *Options) defaults() {
 	}
 }
 
+// rankTimeout bounds planning a new service's infra preference (it may ask clusters).
+const rankTimeout = 10 * time.Second
+
+// infraRank is the service's infra preference for scale-down: burst replicas on a later
+// candidate go first. Without an answer (a cluster unreachable) every infra ranks alike.
+func (c *Controller) infraRank(r configs.Resources) map[string]int {
+	ctx, cancel := context.WithTimeout(c.ctx, rankTimeout)
+	defer cancel()
+	rank, err := c.provider.Rank(ctx, r)
+	if err != nil {
+		c.log.Warn("no infra preference for scale-down", zap.Error(err))
+		return nil
+	}
+	return rank
+}
+
 // Controller is the daemon. Create with New, run with Start.
 type Controller struct {
 	opts      Options
 	log       *zap.Logger
 	store     *store.Store
-	provider  launcher.Provider
+	infras    *infra.Set
+	provider  *provision.Provisioner
 	startedAt time.Time
 	apiAddr   string
 
@@ -159,11 +179,16 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 		return err
 	}
 	defer c.store.Close()
-	prov, err := local.New(local.Options{Dir: h.LocalDir(), PathPrepend: c.opts.PathPrepend, Logger: c.log.Named("local")})
+	infras, err := infra.Open(h, infra.Options{PathPrepend: c.opts.PathPrepend, Logger: c.log, BlockFor: c.opts.BlockFor})
 	if err != nil {
 		return err
 	}
-	c.provider = prov
+	defer infras.Close()
+	for name, err := range infras.Problems {
+		c.log.Warn("infra disabled", zap.String("infra", name), zap.Error(err))
+	}
+	c.infras = infras
+	c.provider = infras.Provisioner
 
 	ln, err := net.Listen("tcp", c.opts.Listen)
 	if err != nil {
@@ -342,7 +367,8 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 		Service:       rec.Name,
 		Version:       rec.Version,
 		Task:          task,
-		Provider:      c.provider,
+		Provider:      c.provider.Scope(task.Resources),
+		InfraRank:     c.infraRank(task.Resources),
 		Store:         c.store,
 		OnReady:       func(eps []replicas.Endpoint) { px.SetBackends(toBackends(eps)) },
 		Logger:        c.log.Named("replicas").With(zap.String("service", rec.Name)),
@@ -637,11 +663,10 @@ func (c *Controller) ReplicaLogPath(name string, id int) (string, error) {
 		if r.ID != id {
 			continue
 		}
-		ls, ok := c.provider.(launcher.LogSource)
-		if !ok || r.InstanceID == "" {
+		if r.InstanceID == "" {
 			return "", fmt.Errorf("replica %d of %q has no log: %w", id, name, api.ErrNotFound)
 		}
-		p, err := ls.LogPath(r.InstanceID)
+		p, err := c.provider.LogPath(r.InstanceID)
 		if err != nil {
 			return "", fmt.Errorf("replica %d of %q: %v: %w", id, name, err, api.ErrNotFound)
 		}

@@ -156,38 +156,62 @@ type Choice struct {
 // every placement fails, the error wraps launcher.ErrNoCapacity and lists each reason; the
 // caller retries with backoff.
 func (p *Provisioner) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
-	choices, err := p.Plan(ctx, spec.Resources)
+	insts, err := p.launch(ctx, spec, 1)
 	if err != nil {
 		return launcher.Instance{}, err
 	}
+	return insts[0], nil
+}
+
+// LaunchGang launches n nodes in one location, all or none, failing over between locations
+// as Launch does: a job's gang never spans infras.
+func (p *Provisioner) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([]launcher.Instance, error) {
+	return p.launch(ctx, spec, n)
+}
+
+var _ launcher.GangLauncher = (*Provisioner)(nil)
+
+func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int) ([]launcher.Instance, error) {
+	choices, err := p.Plan(ctx, spec.Resources)
+	if err != nil {
+		return nil, err
+	}
 	if len(choices) == 0 {
-		return launcher.Instance{}, fmt.Errorf("%w: no enabled infra can run %s", launcher.ErrNoCapacity, spec.Resources)
+		return nil, fmt.Errorf("%w: no enabled infra can run %s", launcher.ErrNoCapacity, spec.Resources)
 	}
 	var reasons []string
 	for _, c := range choices {
 		if err := ctx.Err(); err != nil {
-			return launcher.Instance{}, err
+			return nil, err
 		}
 		s := spec
 		s.Placement = c.Placement
-		inst, err := p.infras[c.Infra].Launch(ctx, s)
+		var insts []launcher.Instance
+		prov := p.infras[c.Infra]
+		if n == 1 {
+			var inst launcher.Instance
+			if inst, err = prov.Launch(ctx, s); err == nil {
+				insts = []launcher.Instance{inst}
+			}
+		} else {
+			insts, err = launcher.LaunchGang(ctx, prov, s, n)
+		}
 		if err == nil {
-			fillFromPlacement(&inst, c.Placement)
+			for i := range insts {
+				fillFromPlacement(&insts[i], c.Placement)
+			}
 			p.unblock(c.Placement)
-			return inst, nil
+			return insts, nil
 		}
-		if ctx.Err() != nil {
-			return launcher.Instance{}, err
-		}
-		if errors.Is(err, launcher.ErrInvalid) {
-			return launcher.Instance{}, err
+		if ctx.Err() != nil || errors.Is(err, launcher.ErrInvalid) {
+			return nil, err
 		}
 		p.block(c.Placement, err)
 		p.log.Warn("launch failed; trying the next location", zap.String("instance", spec.Name),
 			zap.String("location", describe(c.Placement)), zap.Error(err))
 		reasons = append(reasons, describe(c.Placement)+": "+err.Error())
 	}
-	return launcher.Instance{}, fmt.Errorf("%w: every location failed (%d): %s", launcher.ErrNoCapacity, len(reasons), strings.Join(reasons, "; "))
+	return nil, fmt.Errorf("%w: every location failed (%d): %s", launcher.ErrNoCapacity, len(reasons), strings.Join(reasons, "; "))
 }
 
 // Scope returns a Provisioner over the infras r could use, sharing this one's blocks: a

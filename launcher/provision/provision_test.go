@@ -264,3 +264,21 @@ func TestRank(t *testing.T) {
 		t.Fatalf("rank (-want +got):\n%s", diff)
 	}
 }
+
+func TestLaunchGangStaysInOneLocation(t *testing.T) {
+	p, provs, _ := newTest(t, []launcher.Placement{k8sA100, gcpZ1})
+	// The cluster fits two of three nodes: the gang is rolled back there and lands whole on gcp.
+	provs["kubernetes/test"].fail = []error{nil, nil, fmt.Errorf("%w: 0/2 nodes are available", launcher.ErrNoCapacity)}
+	insts, err := launcher.LaunchGang(context.Background(), p, spec("job-1"), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range insts {
+		if in.Infra != "gcp" {
+			t.Errorf("node %s on %s, want every node on gcp", in.Name, in.Infra)
+		}
+	}
+	if got := len(provs["kubernetes/test"].term); got != 2 {
+		t.Errorf("cluster terminated %d nodes of the partial gang, want 2", got)
+	}
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/internal/infra"
+	"github.com/ferryserve/ferry/launcher/catalog"
+	"github.com/ferryserve/ferry/launcher/optimizer"
+)
+
+func init() {
+	register(newShowGPUsCmd)
+	register(newCheckCmd)
+}
+
+// askTimeout bounds what the CLI asks of clusters (offerings, checks).
+const askTimeout = 15 * time.Second
+
+// tableRows is how many optimizer candidates `serve up` prints before "... and N more".
+const tableRows = 10
+
+func openInfras() (*infra.Set, error) {
+	h, err := home.Default()
+	if err != nil {
+		return nil, err
+	}
+	return infra.Open(h, infra.Options{})
+}
+
+// printPlan prints SkyPilot's optimizer table for the task: every candidate placement, best
+// first, the first chosen. A task no enabled infra can run is refused here, before anything
+// is launched, with the optimizer's reasons.
+func printPlan(ctx context.Context, out io.Writer, task *configs.Task) error {
+	set, err := openInfras()
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	ctx, cancel := context.WithTimeout(ctx, askTimeout)
+	defer cancel()
+	cands, err := set.Plan(ctx, task.Resources)
+	if err != nil {
+		return fmt.Errorf("no place to run this service: %w", err)
+	}
+	nodes := max(task.NumNodes, 1)
+	fmt.Fprintf(out, "Considered resources (%d node%s), best first; a launch that finds no capacity moves down the list:\n", nodes, plural(nodes))
+	if err := optimizer.WriteTable(out, cands, 0, tableRows); err != nil {
+		return err
+	}
+	fmt.Fprintln(out)
+	return nil
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+func newShowGPUsCmd() *cobra.Command {
+	var infraFlag string
+	cmd := &cobra.Command{
+		Use:   "show-gpus [NAME]",
+		Short: "List the GPUs each infra offers, with prices",
+		Long: `List GPU types, counts per instance and prices: the Kubernetes clusters' nodes (asked
+live), and AWS and GCP from the embedded SkyPilot catalog. NAME filters by GPU name, ignoring
+case ("a100" matches A100 and A100-80GB).`,
+		Example: `  ferry show-gpus
+  ferry show-gpus a100 --infra gcp
+  ferry show-gpus --infra kubernetes`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := ""
+			if len(args) == 1 {
+				name = args[0]
+			}
+			return showGPUs(cmd.Context(), cmd.OutOrStdout(), infraFlag, name)
+		},
+	}
+	cmd.Flags().StringVar(&infraFlag, "infra", "", "only this infra: kubernetes, aws or gcp")
+	return cmd
+}
+
+func showGPUs(ctx context.Context, out io.Writer, which, name string) error {
+	which = strings.ToLower(which)
+	if which == "k8s" {
+		which = "kubernetes"
+	}
+	if !slices.Contains([]string{"", "kubernetes", "aws", "gcp"}, which) {
+		return fmt.Errorf("--infra %q: use kubernetes, aws or gcp", which)
+	}
+	if which == "" || which == "kubernetes" {
+		set, err := openInfras()
+		if err != nil {
+			return err
+		}
+		defer set.Close()
+		ctx, cancel := context.WithTimeout(ctx, askTimeout)
+		defer cancel()
+		infras, errs := set.AllInfras(ctx)
+		fmt.Fprintln(out, "Kubernetes GPUs")
+		if len(set.Kube) == 0 {
+			fmt.Fprintf(out, "  no Kubernetes context enabled (add one to %s, or create a kubeconfig)\n", infraConfigPath())
+		} else if err := optimizer.WriteKubernetesGPUs(out, infras, name); err != nil {
+			return err
+		}
+		for _, n := range slices.Sorted(maps.Keys(errs)) {
+			fmt.Fprintf(out, "  %s: %v\n", n, errs[n])
+		}
+		fmt.Fprintln(out)
+	}
+	if which == "kubernetes" {
+		return nil
+	}
+	var rows []catalog.Row
+	for _, r := range catalog.Default().Rows() {
+		if which == "" || r.Cloud == which {
+			rows = append(rows, r)
+		}
+	}
+	return optimizer.WriteGPUs(out, rows, name)
+}
+
+func infraConfigPath() string {
+	h, err := home.Default()
+	if err != nil {
+		return "$FERRY_HOME/config.yaml"
+	}
+	return infra.ConfigPath(h)
+}
+
+func newCheckCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "check",
+		Short: "Say which infras Ferry can launch on, and why not",
+		Long: `Check each infra: local always works; each Kubernetes context from the config (or the
+kubeconfig's current context) is asked for its version and whether Ferry may list pods in its
+namespace. AWS and GCP are listed with why they are not usable in this build.`,
+		Example: `  ferry check`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return check(cmd.Context(), cmd.OutOrStdout())
+		},
+	}
+}
+
+func check(ctx context.Context, out io.Writer) error {
+	set, err := openInfras()
+	if err != nil {
+		return err
+	}
+	defer set.Close()
+	fmt.Fprintf(out, "Checking infras (config: %s)\n", infraConfigPath())
+	fmt.Fprintln(out, "  local: enabled (replicas are processes on this machine)")
+	usable := 1
+	for _, k := range set.Kube {
+		cctx, cancel := context.WithTimeout(ctx, askTimeout)
+		err := k.Check(cctx)
+		cancel()
+		if err != nil {
+			fmt.Fprintf(out, "  %s: disabled: %v\n", k.Infra(), err)
+			continue
+		}
+		usable++
+		fmt.Fprintf(out, "  %s: enabled (namespace %s)\n", k.Infra(), k.Namespace())
+	}
+	for _, n := range slices.Sorted(maps.Keys(set.Problems)) {
+		fmt.Fprintf(out, "  %s: disabled: %v\n", n, set.Problems[n])
+	}
+	if len(set.Kube) == 0 && len(set.Problems) == 0 {
+		fmt.Fprintf(out, "  kubernetes: disabled: no kubeconfig and no kubernetes section in %s\n", infraConfigPath())
+	}
+	for _, cloud := range []string{"aws", "gcp"} {
+		fmt.Fprintf(out, "  %s: disabled: not available in this build yet (the optimizer prices it: ferry show-gpus --infra %s)\n", cloud, cloud)
+	}
+	if usable == 0 {
+		return errors.New("no usable infra")
+	}
+	return nil
+}

@@ -1,0 +1,186 @@
+package configs
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// FerryConfig is Ferry's own settings file, $FERRY_HOME/config.yaml (like SkyPilot's
+// ~/.sky/config.yaml): which infras replicas may use, beyond the embedded local one.
+//
+//	kubernetes:
+//	  kubeconfig: ~/.kube/config        # default: $KUBECONFIG, then ~/.kube/config
+//	  provision_timeout_seconds: 60     # unschedulable this long = no capacity: burst elsewhere
+//	  contexts:                         # in preference order; default: the current context
+//	    - name: gpu-cluster
+//	      namespace: ferry              # default: the context's namespace, else default
+//	      cost_per_hour: 0              # what one pod is taken to cost; default 0
+type FerryConfig struct {
+	// Kubernetes is nil when the file has no kubernetes section.
+	Kubernetes *KubernetesConfig `json:"kubernetes,omitempty"`
+	// Source is the file read, for messages.
+	Source string `json:"-"`
+}
+
+// KubernetesConfig is the kubernetes section.
+type KubernetesConfig struct {
+	Kubeconfig              string              `json:"kubeconfig,omitempty"`
+	ProvisionTimeoutSeconds int                 `json:"provision_timeout_seconds,omitempty"`
+	Contexts                []KubernetesContext `json:"contexts,omitempty"`
+}
+
+// KubernetesContext is one allowed context.
+type KubernetesContext struct {
+	Name        string  `json:"name"`
+	Namespace   string  `json:"namespace,omitempty"`
+	CostPerHour float64 `json:"cost_per_hour,omitempty"`
+}
+
+var (
+	ferryConfigKeys   = []string{"kubernetes"}
+	kubernetesKeys    = []string{"kubeconfig", "provision_timeout_seconds", "contexts"}
+	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour"}
+	maxKubeContexts   = 64
+	maxProvisionDelay = 24 * 3600
+)
+
+// LoadFerryConfig reads path. A missing file is the empty config (local infra only).
+func LoadFerryConfig(path string) (*FerryConfig, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return &FerryConfig{Source: path}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("configs: read %s: %w", path, err)
+	}
+	return ParseFerryConfig(path, data)
+}
+
+// ParseFerryConfig parses and validates a config file; errors carry file, line and field like
+// a task's.
+func ParseFerryConfig(filename string, data []byte) (cfg *FerryConfig, err error) {
+	c := newChecker(filename)
+	defer func() {
+		if r := recover(); r != nil {
+			cfg = nil
+			err = &Error{File: filename, Msg: fmt.Sprintf("internal error while validating (please report): %v", r)}
+		}
+	}()
+	out := &FerryConfig{Source: filename}
+	if len(strings.TrimSpace(string(data))) == 0 {
+		return out, nil
+	}
+	root := c.document(data)
+	if root == nil {
+		return nil, c.err()
+	}
+	f, _ := c.fields(root, "", ferryConfigKeys)
+	if e, ok := f["kubernetes"]; ok {
+		out.Kubernetes = c.kubernetesConfig(e.value)
+	}
+	if err := c.err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
+	const field = "kubernetes"
+	k := &KubernetesConfig{}
+	f, ok := c.fields(n, field, kubernetesKeys)
+	if !ok {
+		return k
+	}
+	if e, ok := f["kubeconfig"]; ok {
+		k.Kubeconfig, _ = c.str(e.value, joinField(field, "kubeconfig"))
+		k.Kubeconfig = expandHome(k.Kubeconfig)
+	}
+	if e, ok := f["provision_timeout_seconds"]; ok {
+		fld := joinField(field, "provision_timeout_seconds")
+		if v, ok := c.intAtLeast(e.value, fld, 1); ok {
+			if v > maxProvisionDelay {
+				c.errorf(e.value, fld, "must be at most %d (a day), got %d", maxProvisionDelay, v)
+			}
+			k.ProvisionTimeoutSeconds = v
+		}
+	}
+	if e, ok := f["contexts"]; ok {
+		fld := joinField(field, "contexts")
+		items := c.deref(e.value)
+		if items.Kind != yaml.SequenceNode {
+			c.errorf(e.value, fld, "expected a list of contexts ({name, namespace, cost_per_hour}), got %s", describe(items))
+			return k
+		}
+		if len(items.Content) > maxKubeContexts {
+			c.errorf(e.value, fld, "at most %d contexts, got %d", maxKubeContexts, len(items.Content))
+			return k
+		}
+		var names []string
+		for i, item := range items.Content {
+			ctx, ok := c.kubeContext(item, indexField(fld, i))
+			if !ok {
+				continue
+			}
+			if slices.Contains(names, ctx.Name) {
+				c.errorf(item, indexField(fld, i), "context %s is listed twice", quoteShort(ctx.Name))
+				continue
+			}
+			names = append(names, ctx.Name)
+			k.Contexts = append(k.Contexts, ctx)
+		}
+	}
+	return k
+}
+
+func (c *checker) kubeContext(n *yaml.Node, field string) (KubernetesContext, bool) {
+	var ctx KubernetesContext
+	n = c.deref(n)
+	if isScalar(n, "!!str") {
+		// A bare name is allowed: `contexts: [a, b]`.
+		ctx.Name = n.Value
+	} else {
+		f, ok := c.fields(n, field, kubeContextKeys)
+		if !ok {
+			return ctx, false
+		}
+		if e, ok := f["name"]; ok {
+			ctx.Name, _ = c.str(e.value, joinField(field, "name"))
+		} else {
+			c.errorf(n, field, "a context needs a name")
+			return ctx, false
+		}
+		if e, ok := f["namespace"]; ok {
+			fld := joinField(field, "namespace")
+			if ns, ok := c.str(e.value, fld); ok {
+				if !dnsLabelRE.MatchString(ns) {
+					c.errorf(e.value, fld, "%s is not a namespace name (lowercase letters, digits and -, at most 63)", quoteShort(ns))
+				}
+				ctx.Namespace = ns
+			}
+		}
+		if e, ok := f["cost_per_hour"]; ok {
+			fld := joinField(field, "cost_per_hour")
+			if v, ok := c.number(e.value, fld); ok {
+				if v < 0 {
+					c.errorf(e.value, fld, "must be 0 or more, got %s", e.value.Value)
+				}
+				ctx.CostPerHour = v
+			}
+		}
+	}
+	if strings.TrimSpace(ctx.Name) == "" {
+		c.errorf(n, field, "empty context name")
+		return ctx, false
+	}
+	return ctx, true
+}
+
+// dnsLabelRE is a Kubernetes namespace (an RFC 1123 label).
+var dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)

@@ -1,0 +1,200 @@
+// Package infra wires the infras this machine may launch on into one provisioner: the embedded
+// local infra always, and the Kubernetes contexts of $FERRY_HOME/config.yaml (by default the
+// kubeconfig's current context, when there is a kubeconfig). The controller launches through
+// it, and the CLI plans through it for `serve up`'s optimizer table, `show-gpus` and `check`.
+package infra
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.uber.org/zap"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/kubernetes"
+	"github.com/ferryserve/ferry/launcher/local"
+	"github.com/ferryserve/ferry/launcher/optimizer"
+	"github.com/ferryserve/ferry/launcher/provision"
+)
+
+// offeringsTimeout bounds asking one cluster what it has, per plan.
+const offeringsTimeout = 10 * time.Second
+
+// Options configures Open.
+type Options struct {
+	// PathPrepend goes first on local replicas' PATH (the ferry binary's directory).
+	PathPrepend []string
+	Logger      *zap.Logger
+	// BlockFor overrides provision.DefaultBlockFor.
+	BlockFor time.Duration
+}
+
+// Set is the enabled infras and the provisioner over them.
+type Set struct {
+	Config *configs.FerryConfig
+	Local  *local.Provider
+	Kube   []*kubernetes.Provider
+	// Problems are infras the config names that could not be set up (a context missing from
+	// the kubeconfig): `ferry check` shows them; the rest work without them.
+	Problems    map[string]error
+	Provisioner *provision.Provisioner
+	log         *zap.Logger
+}
+
+// Open reads the config and builds the providers. Nothing is contacted yet.
+func Open(h home.Home, opts Options) (*Set, error) {
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	cfg, err := configs.LoadFerryConfig(ConfigPath(h))
+	if err != nil {
+		return nil, err
+	}
+	s := &Set{Config: cfg, Problems: map[string]error{}, log: opts.Logger}
+	s.Local, err = local.New(local.Options{Dir: h.LocalDir(), PathPrepend: opts.PathPrepend, Logger: opts.Logger.Named("local")})
+	if err != nil {
+		return nil, err
+	}
+	infras := []provision.Infra{{Name: configs.InfraLocal, Provider: s.Local}}
+	for _, kc := range kubeContexts(cfg.Kubernetes) {
+		o := kubernetes.Options{Context: kc.Name, Namespace: kc.Namespace, CostPerHour: kc.CostPerHour, Logger: opts.Logger.Named("kubernetes")}
+		if k := cfg.Kubernetes; k != nil {
+			o.Kubeconfig = k.Kubeconfig
+			o.ProvisionTimeout = time.Duration(k.ProvisionTimeoutSeconds) * time.Second
+		}
+		p, err := kubernetes.New(o)
+		if err != nil {
+			name := kubernetes.InfraName + "/" + kc.Name
+			if kc.Name == "" {
+				name = kubernetes.InfraName
+			}
+			s.Problems[name] = err
+			continue
+		}
+		s.Kube = append(s.Kube, p)
+		infras = append(infras, provision.Infra{Name: p.Infra(), Provider: p})
+	}
+	s.Provisioner, err = provision.New(provision.Options{
+		Infras:   infras,
+		Planner:  provision.PlannerFunc(s.plan),
+		BlockFor: opts.BlockFor,
+		Logger:   opts.Logger.Named("provision"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// ConfigPath is Ferry's settings file in h.
+func ConfigPath(h home.Home) string { return filepath.Join(h.Dir, "config.yaml") }
+
+// kubeContexts are the contexts to enable: the config's, or with none listed the kubeconfig's
+// current context — but only when a kubeconfig exists, so a machine without Kubernetes does
+// not report a problem it never asked about.
+func kubeContexts(k *configs.KubernetesConfig) []configs.KubernetesContext {
+	if k != nil && len(k.Contexts) > 0 {
+		return k.Contexts
+	}
+	if k == nil && !kubeconfigExists() {
+		return nil
+	}
+	return []configs.KubernetesContext{{}}
+}
+
+func kubeconfigExists() bool {
+	for _, p := range clientcmd.NewDefaultClientConfigLoadingRules().Precedence {
+		if _, err := os.Stat(p); err == nil || !errors.Is(err, fs.ErrNotExist) {
+			return true
+		}
+	}
+	return false
+}
+
+// Close stops the Kubernetes watches.
+func (s *Set) Close() {
+	for _, k := range s.Kube {
+		k.Close()
+	}
+}
+
+// Infras returns the optimizer's view of every enabled infra that r may use, asking each such
+// Kubernetes cluster what it has. A cluster that cannot answer is left with no offerings
+// (and is therefore not a candidate); its error is returned alongside.
+func (s *Set) Infras(ctx context.Context, r configs.Resources) ([]optimizer.Infra, map[string]error) {
+	out := []optimizer.Infra{{Name: configs.InfraLocal, Kind: optimizer.Local}}
+	errs := map[string]error{}
+	for _, k := range s.Kube {
+		if !usable(r, k.Infra()) {
+			continue
+		}
+		inf := optimizer.Infra{Name: k.Infra(), Kind: optimizer.Kubernetes}
+		octx, cancel := context.WithTimeout(ctx, offeringsTimeout)
+		offers, err := k.Offerings(octx)
+		cancel()
+		if err != nil {
+			errs[k.Infra()] = err
+		}
+		inf.Offerings = offers
+		out = append(out, inf)
+	}
+	return out, errs
+}
+
+// AllInfras is Infras for every enabled infra, for `show-gpus` and `check`.
+func (s *Set) AllInfras(ctx context.Context) ([]optimizer.Infra, map[string]error) {
+	return s.Infras(ctx, configs.Resources{AnyOf: []configs.Resources{{Infra: "*"}, {Infra: configs.InfraLocal}}})
+}
+
+func usable(r configs.Resources, name string) bool {
+	for _, c := range r.Candidates() {
+		if provision.InfraMatches(c.Infra, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// Plan runs the optimizer over the enabled infras.
+func (s *Set) Plan(ctx context.Context, r configs.Resources) ([]optimizer.Candidate, error) {
+	infras, errs := s.Infras(ctx, r)
+	cands, err := optimizer.Plan(r, infras)
+	if err != nil && len(errs) > 0 {
+		// Say why a cluster that might have fit was not asked.
+		return nil, fmt.Errorf("%w (and could not ask: %v)", err, errors.Join(mapErrs(errs)...))
+	}
+	if err == nil {
+		for name, e := range errs {
+			s.log.Warn("infra left out of the plan", zap.String("infra", name), zap.Error(e))
+		}
+	}
+	return cands, err
+}
+
+func (s *Set) plan(ctx context.Context, r configs.Resources) ([]launcher.Placement, error) {
+	cands, err := s.Plan(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]launcher.Placement, len(cands))
+	for i, c := range cands {
+		out[i] = c.Placement
+	}
+	return out, nil
+}
+
+func mapErrs(m map[string]error) []error {
+	var out []error
+	for name, err := range m {
+		out = append(out, fmt.Errorf("%s: %w", name, err))
+	}
+	return out
+}

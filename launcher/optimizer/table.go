@@ -1,0 +1,150 @@
+package optimizer
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// WriteTable prints the candidates as `sky launch` prints its optimizer table, one row per
+// candidate in failover order, with a ✔ on cands[chosen] (chosen < 0 marks none). Spot
+// instances read "g5.xlarge[Spot]". With limit > 0 only the first limit rows are printed
+// (plus the chosen row if it is further down) and the rest are summarised as
+// "... and 151 more (gcp 147, aws 4)".
+func WriteTable(w io.Writer, cands []Candidate, chosen, limit int) error {
+	shown := len(cands)
+	if limit > 0 && limit < shown {
+		shown = limit
+	}
+	t := newTable("INFRA", "INSTANCE", "vCPUs", "Mem(GB)", "GPUS", "REGION/ZONE", "COST ($/hr)", "CHOSEN")
+	row := func(i int) {
+		p := &cands[i].Placement
+		mark := ""
+		if i == chosen {
+			mark = "✔"
+		}
+		t.row(p.Infra, instance(p), orDash(p.VCPUs), orDash(p.MemoryGiB), gpus(p), location(p),
+			fmt.Sprintf("$ %.2f", p.PricePerHour), mark)
+	}
+	for i := range shown {
+		row(i)
+	}
+	if chosen >= shown && chosen < len(cands) {
+		row(chosen)
+	}
+	if shown < len(cands) {
+		t.line(hidden(cands, shown, chosen))
+	}
+	return t.flush(w)
+}
+
+// hidden summarises the rows WriteTable leaves out, counted per infra in order of appearance.
+func hidden(cands []Candidate, shown, chosen int) string {
+	var infras []string
+	perInfra := map[string]int{}
+	n := 0
+	for i := shown; i < len(cands); i++ {
+		if i == chosen {
+			continue
+		}
+		name := cands[i].Placement.Infra
+		if perInfra[name] == 0 {
+			infras = append(infras, name)
+		}
+		perInfra[name]++
+		n++
+	}
+	parts := make([]string, len(infras))
+	for i, name := range infras {
+		parts[i] = fmt.Sprintf("%s %d", name, perInfra[name])
+	}
+	return fmt.Sprintf("... and %d more (%s)", n, strings.Join(parts, ", "))
+}
+
+func instance(p *launcher.Placement) string {
+	s := p.InstanceType
+	if s == "" {
+		s = "-"
+	}
+	if p.Spot {
+		s += "[Spot]"
+	}
+	return s
+}
+
+func gpus(p *launcher.Placement) string {
+	if p.Accelerator == "" {
+		return "-"
+	}
+	return p.Accelerator + ":" + formatNumber(p.AcceleratorCount)
+}
+
+func location(p *launcher.Placement) string {
+	switch {
+	case p.Region != "" && p.Zone != "":
+		return p.Region + "/" + p.Zone
+	case p.Region != "":
+		return p.Region
+	case p.Zone != "":
+		return p.Zone
+	}
+	return "-"
+}
+
+func orDash(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return formatNumber(v)
+}
+
+// table aligns columns with tabwriter and trims the padding tabwriter leaves at line ends, so
+// output compares cleanly in golden tests and terminals.
+type table struct {
+	buf bytes.Buffer
+	tw  *tabwriter.Writer
+}
+
+func newTable(header ...string) *table {
+	t := &table{}
+	t.tw = tabwriter.NewWriter(&t.buf, 0, 0, 2, ' ', 0)
+	t.row(header...)
+	return t
+}
+
+func (t *table) row(cells ...string) {
+	for i, c := range cells {
+		if i > 0 {
+			t.tw.Write([]byte{'\t'})
+		}
+		io.WriteString(t.tw, c)
+	}
+	t.tw.Write([]byte{'\n'})
+}
+
+// line writes text that is not part of the columns (it must come after the last row).
+func (t *table) line(s string) {
+	t.tw.Flush()
+	t.buf.WriteString(s)
+	t.buf.WriteByte('\n')
+}
+
+func (t *table) flush(w io.Writer) error {
+	t.tw.Flush()
+	lines := bytes.SplitAfter(t.buf.Bytes(), []byte{'\n'})
+	var out bytes.Buffer
+	out.Grow(t.buf.Len())
+	for _, l := range lines {
+		if len(l) == 0 {
+			continue
+		}
+		out.Write(bytes.TrimRight(l, " \n"))
+		out.WriteByte('\n')
+	}
+	_, err := w.Write(out.Bytes())
+	return err
+}
