@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ferryserve/ferry/internal/testcluster"
 )
 
 var ferryBin string
@@ -35,7 +37,8 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "build ferry:", err)
 		os.Exit(1)
 	}
-	code := m.Run()
+	// The Kubernetes tests share one real test cluster, started on first use and stopped here.
+	code := testcluster.Main(m)
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -30,6 +30,7 @@ type serviceStatus struct {
 		Status     string `json:"status"`
 		Endpoint   string `json:"endpoint"`
 		InstanceID string `json:"instance_id"`
+		Infra      string `json:"infra"`
 	} `json:"replicas"`
 }
 

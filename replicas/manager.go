@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -488,6 +489,9 @@ func (m *Manager) applyLocked(now time.Time, acts actions) {
 			m.transitionLocked(now, r, tr.To, tr.Reason, tr.Instance)
 		}
 	}
+	for _, inst := range acts.Follow {
+		m.followLocked(inst)
+	}
 	for _, t := range acts.Terminate {
 		m.terminateLocked(t)
 	}
@@ -506,6 +510,19 @@ func (m *Manager) applyLocked(now time.Time, acts actions) {
 			m.ensureProberLocked(r, 0)
 		}
 	}
+}
+
+// followLocked takes a new endpoint from the replica's instance; the prober restarts on it.
+func (m *Manager) followLocked(inst launcher.Instance) {
+	id, err := strconv.Atoi(inst.Labels[launcher.LabelReplicaID])
+	r := m.replicas[id]
+	if err != nil || r == nil || r.rec.InstanceID != inst.ID {
+		return
+	}
+	m.log.Info("replica endpoint", zap.Int("replica", id), zap.String("from", r.rec.Endpoint), zap.String("to", inst.Endpoint))
+	followInstance(&r.rec, &inst)
+	m.stopProberLocked(r)
+	m.save(r)
 }
 
 // transitionLocked moves r to status to, saves and logs it.

@@ -84,6 +84,9 @@ type actions struct {
 	Adopt       []Record
 	Transitions []transition
 	Terminate   []termination
+	// Follow are replicas whose instance now reports an endpoint the record lacks (a pod that
+	// got its IP after an interrupted launch was adopted).
+	Follow []launcher.Instance
 	// Forget are records to delete now: scaled down with no instance left, or old failures.
 	Forget []int
 	// Launch is how many new replicas to launch.
@@ -211,6 +214,9 @@ func plan(in planInput) actions {
 				setStatus(StatusFailedProvision, "launch interrupted: no instance found", nil)
 			}
 		default:
+			if inst != nil && inst.Endpoint != "" && inst.Endpoint != rec.Endpoint {
+				out.Follow = append(out.Follow, *inst)
+			}
 			to, reason := liveStatus(in, r, inst)
 			if to != rec.Status {
 				setStatus(to, reason, nil)

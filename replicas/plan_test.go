@@ -219,6 +219,16 @@ func TestPlan(t *testing.T) {
 				Terminate:   []termination{terminateGone(1)},
 			},
 		},
+		"an adopted replica follows its instance's endpoint once it has one": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 1
+				r := rec(1, StatusStarting)
+				r.Endpoint = "" // adopted while its pod had no IP yet
+				in.Replicas = []replicaView{view(r, notProbedYet)}
+				in.Instances = running(1)
+			}),
+			want: actions{Follow: running(1)},
+		},
 		"scale down takes burst replicas outside the cluster first, even when cheaper": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 2

@@ -322,6 +322,9 @@ func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 		},
 	}
 	var unschedulable string
+	// until returns errTimeout when timeout passed first (UntilWithSync reports that as its
+	// own "timed out waiting for the condition").
+	errTimeout := errors.New("timed out")
 	until := func(ctx context.Context, timeout time.Duration, cond func(*corev1.Pod) (bool, error)) (*corev1.Pod, error) {
 		wctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
@@ -336,6 +339,9 @@ func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 			return cond(cur)
 		})
 		if err != nil {
+			if wctx.Err() != nil && ctx.Err() == nil {
+				return nil, errTimeout
+			}
 			return nil, err
 		}
 		return ev.Object.(*corev1.Pod), nil
@@ -359,7 +365,7 @@ func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 		return false, nil
 	})
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) || errors.Is(err, watchtools.ErrWatchClosed) && ctx.Err() == nil {
+		if errors.Is(err, errTimeout) {
 			why := unschedulable
 			if why == "" {
 				why = "not scheduled"
@@ -375,7 +381,7 @@ func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 		return cur.Status.PodIP != "", nil
 	})
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		if errors.Is(err, errTimeout) {
 			return nil, fmt.Errorf("%s: pod %s on node %s got no IP within %v", p.infra, scheduled.Name, scheduled.Spec.NodeName, p.opts.StartTimeout)
 		}
 		return nil, p.waitError(ctx, err)
