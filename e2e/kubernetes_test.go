@@ -117,6 +117,7 @@ func TestKubernetesServeBurstAndScaleBack(t *testing.T) {
 	writeFile(t, file, burstYAML)
 
 	out := k.mustRun("serve", "up", file, "-y")
+	t.Logf("serve up:\n%s", out)
 	for _, want := range []string{"kubernetes/" + k.cluster.Context(), "A100:1", "8/8 READY"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("serve up output lacks %q:\n%s", want, out)

@@ -30,5 +30,8 @@ fi
 
 [ "${1:-}" = lint ] && exit 0
 
+step "test cluster binaries (scripts/testcluster/build.sh; first time ~8 min, then cached)"
+scripts/testcluster/build.sh
+
 step "go test -race"
 go test -race -count=1 -timeout 30m ./...

@@ -137,6 +137,7 @@ func New(opts Options) (*Provider, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
+	routeKlog(opts.Logger)
 	cfg := opts.RESTConfig
 	ctxName, ns := opts.Context, opts.Namespace
 	if cfg == nil {

@@ -1,0 +1,304 @@
+package testcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// ReplicaSimArgsEnv is the container environment variable whose value (split on white space) the
+// kubelet stand-in appends to `ferry replica-sim --host <pod IP> --port <container port>`.
+const ReplicaSimArgsEnv = "REPLICA_SIM_ARGS"
+
+// KubeletOptions configure a Kubelet.
+type KubeletOptions struct {
+	// FerryBin is the ferry binary whose `replica-sim` runs each pod. Required.
+	FerryBin string
+
+	// LogDir receives one log per pod, <namespace>_<name>.log. Default: <cluster dir>/pods.
+	LogDir string
+
+	// StopGrace is how long a replica has to exit after SIGTERM before it gets SIGKILL.
+	// Default: 2 seconds.
+	StopGrace time.Duration
+}
+
+// Kubelet stands in for the kubelet on the cluster's kwok nodes: kwok marks pods Running with a
+// loopback IP, and Kubelet makes that true by running `ferry replica-sim` on the pod's IP and
+// port. It watches pods (an informer, not polling) and, for every pod bound to a kwok node that
+// is Running with an IP and not being deleted, runs one replica with
+//
+//	<FerryBin> replica-sim --host <pod IP> --port <first containerPort of the first container> $REPLICA_SIM_ARGS
+//
+// with the first container's literal env values added to the environment. When the pod is
+// deleted or leaves Running, the replica gets SIGTERM (SIGKILL after StopGrace). A replica that
+// exits by itself is not restarted: Running stops listing it, as a crashed container would be.
+type Kubelet struct {
+	cluster *Cluster
+	opts    KubeletOptions
+	synced  chan struct{} // closed once the informers have synced
+
+	mu       sync.Mutex
+	replicas map[string]*replica // by pod key, namespace/name
+}
+
+// replica is the process run for one pod, and what it was started from.
+type replica struct {
+	podUID types.UID
+	spec   replicaSpec
+	proc   *process
+}
+
+// replicaSpec is what a pod asks to run. Two equal specs run the same process.
+type replicaSpec struct {
+	args []string
+	env  []string
+}
+
+func (s replicaSpec) equal(o replicaSpec) bool {
+	return slices.Equal(s.args, o.args) && slices.Equal(s.env, o.env)
+}
+
+// NewKubelet returns a kubelet stand-in for the cluster; Start runs it.
+func NewKubelet(c *Cluster, opts KubeletOptions) (*Kubelet, error) {
+	if opts.FerryBin == "" {
+		return nil, errors.New("testcluster: KubeletOptions.FerryBin is required")
+	}
+	if opts.LogDir == "" {
+		opts.LogDir = filepath.Join(c.Dir(), "pods")
+	}
+	if opts.StopGrace <= 0 {
+		opts.StopGrace = 2 * time.Second
+	}
+	if err := os.MkdirAll(opts.LogDir, 0o755); err != nil {
+		return nil, err
+	}
+	return &Kubelet{cluster: c, opts: opts, synced: make(chan struct{}), replicas: map[string]*replica{}}, nil
+}
+
+// RunKubelet runs a kubelet stand-in until ctx ends: NewKubelet followed by Start.
+func RunKubelet(ctx context.Context, c *Cluster, opts KubeletOptions) error {
+	k, err := NewKubelet(c, opts)
+	if err != nil {
+		return err
+	}
+	return k.Start(ctx)
+}
+
+// StartKubelet runs a kubelet stand-in in the background for the rest of the test, and returns
+// once it has seen every pod that exists. Cleanup stops it and waits until its replicas are gone.
+func StartKubelet(t testing.TB, c *Cluster, opts KubeletOptions) *Kubelet {
+	t.Helper()
+	k, err := NewKubelet(c, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- k.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("kubelet stand-in: %v", err)
+		}
+	})
+	select {
+	case <-k.synced:
+		return k
+	case err := <-done:
+		done <- err // for Cleanup
+		t.Fatalf("kubelet stand-in: %v", err)
+		return nil
+	}
+}
+
+// Start runs the kubelet stand-in until ctx ends, then stops every replica and returns ctx's
+// error. It returns early only if its informers cannot start.
+func (k *Kubelet) Start(ctx context.Context) (err error) {
+	factory := informers.NewSharedInformerFactory(k.cluster.Client(), 0)
+	podInformer := factory.Core().V1().Pods()
+	nodeInformer := factory.Core().V1().Nodes()
+	pods, nodes := podInformer.Lister(), nodeInformer.Lister()
+
+	queue := workqueue.NewTyped[string]()
+	enqueuePod := func(obj any) {
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			queue.Add(key)
+		}
+	}
+	// A pod's fate also depends on its node: whether kwok runs it, and whether it still exists.
+	enqueueNodePods := func(obj any) {
+		node, ok := obj.(*corev1.Node)
+		if !ok {
+			tombstone, isTombstone := obj.(cache.DeletedFinalStateUnknown)
+			if !isTombstone {
+				return
+			}
+			if node, ok = tombstone.Obj.(*corev1.Node); !ok {
+				return
+			}
+		}
+		all, _ := pods.List(labels.Everything())
+		for _, pod := range all {
+			if pod.Spec.NodeName == node.Name {
+				enqueuePod(pod)
+			}
+		}
+	}
+	if _, err := podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueuePod,
+		UpdateFunc: func(_, obj any) { enqueuePod(obj) },
+		DeleteFunc: enqueuePod,
+	}); err != nil {
+		return err
+	}
+	if _, err := nodeInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueueNodePods,
+		UpdateFunc: func(_, obj any) { enqueueNodePods(obj) },
+		DeleteFunc: enqueueNodePods,
+	}); err != nil {
+		return err
+	}
+
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	defer k.stopAll()
+	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			return fmt.Errorf("kubelet stand-in: %v informer did not sync: %w", typ, context.Cause(ctx))
+		}
+	}
+
+	workerDone := make(chan struct{})
+	go func() {
+		defer close(workerDone)
+		for {
+			key, shutdown := queue.Get()
+			if shutdown {
+				return
+			}
+			k.sync(key, pods, nodes)
+			queue.Done(key)
+		}
+	}()
+	close(k.synced)
+	<-ctx.Done()
+	queue.ShutDown()
+	<-workerDone
+	return ctx.Err()
+}
+
+// sync brings the replica of one pod in line with the pod: a pure decision, then the action.
+func (k *Kubelet) sync(key string, pods corelisters.PodLister, nodes corelisters.NodeLister) {
+	var pod *corev1.Pod
+	var node *corev1.Node
+	if ns, name, err := cache.SplitMetaNamespaceKey(key); err == nil {
+		pod, _ = pods.Pods(ns).Get(name) // listers fail only with NotFound
+	}
+	if pod != nil && pod.Spec.NodeName != "" {
+		node, _ = nodes.Get(pod.Spec.NodeName)
+	}
+	want, run := desiredReplica(pod, node)
+
+	k.mu.Lock()
+	current := k.replicas[key]
+	k.mu.Unlock()
+	if current != nil {
+		if run && current.podUID == pod.UID && current.spec.equal(want) {
+			return
+		}
+		current.proc.stop(k.opts.StopGrace)
+		k.mu.Lock()
+		delete(k.replicas, key)
+		k.mu.Unlock()
+	}
+	if !run {
+		return
+	}
+	logPath := k.LogPath(pod.Namespace, pod.Name)
+	env := append(os.Environ(), want.env...)
+	proc, err := startProcess("replica of pod "+key, logPath, env, k.opts.FerryBin, want.args...)
+	if err != nil {
+		// Like a container that cannot start: the pod stays without a replica. The log says why.
+		_ = os.WriteFile(logPath, []byte(err.Error()+"\n"), 0o644)
+		return
+	}
+	k.mu.Lock()
+	k.replicas[key] = &replica{podUID: pod.UID, spec: want, proc: proc}
+	k.mu.Unlock()
+}
+
+// desiredReplica decides whether a pod should have a replica and with which command line and
+// environment. node is the pod's node, nil when the pod is unbound or its node is gone.
+func desiredReplica(pod *corev1.Pod, node *corev1.Node) (replicaSpec, bool) {
+	if pod == nil || node == nil || pod.DeletionTimestamp != nil ||
+		node.Annotations[KwokNodeAnnotation] != "fake" ||
+		pod.Status.Phase != corev1.PodRunning || pod.Status.PodIP == "" ||
+		len(pod.Spec.Containers) == 0 || len(pod.Spec.Containers[0].Ports) == 0 {
+		return replicaSpec{}, false
+	}
+	container := pod.Spec.Containers[0]
+	spec := replicaSpec{args: []string{
+		"replica-sim",
+		"--host", pod.Status.PodIP,
+		"--port", strconv.Itoa(int(container.Ports[0].ContainerPort)),
+	}}
+	for _, env := range container.Env {
+		if env.ValueFrom != nil {
+			continue // only literal values; there is no API machinery to resolve the rest
+		}
+		spec.env = append(spec.env, env.Name+"="+env.Value)
+		if env.Name == ReplicaSimArgsEnv {
+			spec.args = append(spec.args, strings.Fields(env.Value)...)
+		}
+	}
+	return spec, true
+}
+
+// Running returns the keys (namespace/name) of the pods whose replica process is alive, sorted.
+func (k *Kubelet) Running() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var keys []string
+	for key, r := range k.replicas {
+		if !r.proc.exited() {
+			keys = append(keys, key)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// LogPath is where the replica of the pod namespace/name logs.
+func (k *Kubelet) LogPath(namespace, name string) string {
+	return filepath.Join(k.opts.LogDir, namespace+"_"+name+".log")
+}
+
+// stopAll stops every replica, in parallel, and waits for them.
+func (k *Kubelet) stopAll() {
+	k.mu.Lock()
+	replicas := k.replicas
+	k.replicas = map[string]*replica{}
+	k.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, r := range replicas {
+		wg.Go(func() { r.proc.stop(k.opts.StopGrace) })
+	}
+	wg.Wait()
+}

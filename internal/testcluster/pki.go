@@ -1,0 +1,143 @@
+package testcluster
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	cryptorand "crypto/rand"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+)
+
+// adminUser is the identity the admin token authenticates as; system:masters may do anything.
+const adminUser = "ferry-test-admin"
+
+// newToken returns a random bearer token.
+func newToken() (string, error) {
+	b := make([]byte, 24)
+	if _, err := cryptorand.Read(b); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// writeTokenFile writes the API server's --token-auth-file: token,user,uid,"groups".
+func writeTokenFile(path, token string) error {
+	line := fmt.Sprintf("%s,%s,%s,\"system:masters\"\n", token, adminUser, adminUser)
+	return os.WriteFile(path, []byte(line), 0o600)
+}
+
+// writeServiceAccountKey writes a fresh private key that the API server both signs service
+// account tokens with and verifies them by; it refuses to start without one.
+func writeServiceAccountKey(path string) error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), cryptorand.Reader)
+	if err != nil {
+		return err
+	}
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600)
+}
+
+// writeKubeconfig writes a kubeconfig whose only context, ContextName, is the cluster's admin.
+// The API server's serving certificate is self-signed (--cert-dir), so TLS is not verified.
+func writeKubeconfig(path, server, token string) error {
+	kubeconfig := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: %[1]s
+  cluster:
+    server: %[2]s
+    insecure-skip-tls-verify: true
+users:
+- name: %[3]s
+  user:
+    token: %[4]s
+contexts:
+- name: %[1]s
+  context:
+    cluster: %[1]s
+    user: %[3]s
+    namespace: default
+current-context: %[1]s
+`, ContextName, server, adminUser, token)
+	return os.WriteFile(path, []byte(kubeconfig), 0o600)
+}
+
+// claimCIDR picks a loopback /24 for kwok to hand pod IPs out of, 127.<100-250>.<0-255>.0/24,
+// that no other cluster on this machine holds: it takes an exclusive lock on a file named after
+// the range and keeps it until release. The kernel drops the lock when the process dies, so a
+// crashed test frees its range. Two test packages running clusters at once therefore never give
+// two pods the same IP.
+func claimCIDR() (cidr string, release func(), err error) {
+	lockDir := filepath.Join(os.TempDir(), "ferry-testcluster-cidrs")
+	if err := os.MkdirAll(lockDir, 0o777); err != nil {
+		return "", nil, err
+	}
+	for range 100 {
+		network := net.IPv4(127, byte(100+rand.IntN(151)), byte(rand.IntN(256)), 0).String()
+		path := filepath.Join(lockDir, network+".lock")
+		f, locked, err := lockFile(path)
+		if err != nil {
+			return "", nil, err
+		}
+		if !locked {
+			continue
+		}
+		_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+		return network + "/24", func() {
+			_ = os.Remove(path) // before unlocking: whoever opens the name next gets a new file
+			_ = f.Close()
+		}, nil
+	}
+	return "", nil, errors.New("testcluster: no free loopback /24 for pod IPs")
+}
+
+// lockFile opens path and takes an exclusive lock on it without waiting. Holders remove the file
+// when they release it, so a lock won on a file that is no longer at path (removed, or replaced,
+// between our open and our lock) does not count.
+func lockFile(path string) (f *os.File, locked bool, err error) {
+	f, err = os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("lock %s: %w", path, err)
+	}
+	held, errHeld := f.Stat()
+	atPath, errAtPath := os.Stat(path)
+	if errHeld != nil || errAtPath != nil || !os.SameFile(held, atPath) {
+		_ = f.Close()
+		return nil, false, nil
+	}
+	return f, true, nil
+}
+
+// freePorts returns n distinct loopback ports that were free a moment ago. Another process can
+// take one before the component binds it; Start retries when that happens.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer l.Close() // all held until the end, so the n ports differ
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}

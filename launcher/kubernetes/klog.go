@@ -1,0 +1,60 @@
+package kubernetes
+
+import (
+	"sync"
+
+	"github.com/go-logr/logr"
+	"go.uber.org/zap"
+	"k8s.io/klog/v2"
+)
+
+// client-go logs through klog, to stderr by default, in its own format: a watch ended by our
+// own cancelled context reads "Failed to watch ... context canceled" in the controller's log.
+// routeKlog sends klog through the first provider's zap logger instead, errors as warnings
+// (client-go retries them) and the rest at debug.
+var klogOnce sync.Once
+
+func routeKlog(log *zap.Logger) {
+	klogOnce.Do(func() {
+		klog.SetLogger(logr.New(&zapSink{log: log.Named("client-go").WithOptions(zap.AddCallerSkip(2))}))
+	})
+}
+
+// zapSink is a logr.LogSink over zap.
+type zapSink struct {
+	log  *zap.Logger
+	name string
+}
+
+func (s *zapSink) Init(logr.RuntimeInfo) {}
+
+// Enabled keeps klog's verbose levels (V(2) and up) out: they are chatty at debug too.
+func (s *zapSink) Enabled(level int) bool { return level <= 1 && s.log.Core().Enabled(zap.DebugLevel) }
+
+func (s *zapSink) Info(_ int, msg string, kv ...any) {
+	s.log.Debug(msg, zapFields(kv)...)
+}
+
+func (s *zapSink) Error(err error, msg string, kv ...any) {
+	s.log.Warn(msg, append(zapFields(kv), zap.Error(err))...)
+}
+
+func (s *zapSink) WithValues(kv ...any) logr.LogSink {
+	return &zapSink{log: s.log.With(zapFields(kv)...), name: s.name}
+}
+
+func (s *zapSink) WithName(name string) logr.LogSink {
+	return &zapSink{log: s.log.Named(name), name: name}
+}
+
+func zapFields(kv []any) []zap.Field {
+	out := make([]zap.Field, 0, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		k, ok := kv[i].(string)
+		if !ok {
+			continue
+		}
+		out = append(out, zap.Any(k, kv[i+1]))
+	}
+	return out
+}
