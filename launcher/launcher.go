@@ -36,6 +36,9 @@ type Spec struct {
 	Workdir string
 	// Envs includes secrets; providers must never log values.
 	Envs map[string]string
+	// SecretEnvs names the keys of Envs that are secrets, for infras that can keep them apart
+	// (Kubernetes puts them in a Secret instead of the pod spec).
+	SecretEnvs []string
 	// Port is the port the program must serve on. A provider that cannot give every instance
 	// the same port (local processes share one host) chooses another and reports it in
 	// Instance.Endpoint and tells the program through FERRY_PORT.

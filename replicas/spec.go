@@ -1,6 +1,8 @@
 package replicas
 
 import (
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -51,12 +53,13 @@ func replicaSpec(service string, version int, task *configs.Task, id int) launch
 			launcher.LabelVersion:   strconv.Itoa(version),
 			launcher.LabelReplicaID: strconv.Itoa(id),
 		},
-		Setup:     task.Setup,
-		Run:       task.Run,
-		Workdir:   task.Workdir,
-		Envs:      envs,
-		Port:      port,
-		Resources: task.Resources,
+		Setup:      task.Setup,
+		Run:        task.Run,
+		Workdir:    task.Workdir,
+		Envs:       envs,
+		SecretEnvs: slices.Sorted(maps.Keys(task.Secrets)),
+		Port:       port,
+		Resources:  task.Resources,
 	}
 }
 

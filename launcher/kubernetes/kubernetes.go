@@ -36,6 +36,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
@@ -295,9 +296,26 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	if err != nil {
 		return launcher.Instance{}, err
 	}
+	secret := secretFor(pod, spec)
+	if secret != nil {
+		if _, err := p.client.CoreV1().Secrets(p.ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+			return launcher.Instance{}, p.classify(err, "create secret "+secret.Name)
+		}
+	}
 	created, err := p.client.CoreV1().Pods(p.ns).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
+		if secret != nil {
+			p.deleteSecret(pod.Name)
+		}
 		return launcher.Instance{}, p.classify(err, "create pod "+pod.Name)
+	}
+	if secret != nil {
+		// Owned by the pod, the cluster's garbage collector removes it with the pod even if
+		// Ferry never gets to; Terminate deletes it too.
+		patch := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"Pod","name":%q,"uid":%q}]}}`, created.Name, created.UID)
+		if _, err := p.client.CoreV1().Secrets(p.ns).Patch(ctx, secret.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			p.log.Warn("set the pod as the secret's owner", zap.String("secret", secret.Name), zap.Error(err))
+		}
 	}
 	p.log.Info("created pod", zap.String("pod", created.Name), zap.String("node_selector", describeAffinity(created)))
 	ready, err := p.waitStarted(ctx, created)
@@ -407,6 +425,10 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return p.classify(err, "delete pod "+name)
 	}
+	err = p.client.CoreV1().Secrets(p.ns).Delete(ctx, secretName(name), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return p.classify(err, "delete secret "+secretName(name))
+	}
 	p.log.Info("deleted pod", zap.String("pod", name))
 	return nil
 }
@@ -416,6 +438,38 @@ func (p *Provider) deletePod(name string) {
 	defer cancel()
 	if err := p.client.CoreV1().Pods(p.ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		p.log.Warn("delete pod of a failed launch", zap.String("pod", name), zap.Error(err))
+	}
+	p.deleteSecret(name)
+}
+
+// deleteSecret removes the pod's Secret, if it has one.
+func (p *Provider) deleteSecret(pod string) {
+	ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
+	defer cancel()
+	if err := p.client.CoreV1().Secrets(p.ns).Delete(ctx, secretName(pod), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		p.log.Warn("delete secret", zap.String("secret", secretName(pod)), zap.Error(err))
+	}
+}
+
+// secretName is the Secret holding a pod's secret environment.
+func secretName(pod string) string { return pod + "-env" }
+
+// secretFor is the Secret with spec's secret environment values, labelled like the pod; nil
+// when the task has no secrets.
+func secretFor(pod *corev1.Pod, spec launcher.Spec) *corev1.Secret {
+	data := map[string]string{}
+	for _, k := range spec.SecretEnvs {
+		if v, ok := spec.Envs[k]; ok {
+			data[k] = v
+		}
+	}
+	if len(data) == 0 {
+		return nil
+	}
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secretName(pod.Name), Labels: maps.Clone(pod.Labels)},
+		Type:       corev1.SecretTypeOpaque,
+		StringData: data,
 	}
 }
 
@@ -556,6 +610,13 @@ func (p *Provider) podFor(spec launcher.Spec) (*corev1.Pod, error) {
 	}
 	env := make([]corev1.EnvVar, 0, len(spec.Envs)+2)
 	for _, k := range slices.Sorted(maps.Keys(spec.Envs)) {
+		if slices.Contains(spec.SecretEnvs, k) {
+			// From the pod's Secret: `kubectl describe pod` shows the reference, not the value.
+			env = append(env, corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{
+				LocalObjectReference: corev1.LocalObjectReference{Name: secretName(name)}, Key: k,
+			}}})
+			continue
+		}
 		env = append(env, corev1.EnvVar{Name: k, Value: spec.Envs[k]})
 	}
 	env = append(env,

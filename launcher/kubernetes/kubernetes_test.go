@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"strconv"
@@ -56,10 +57,11 @@ func gpuSpec(name, gpu string, count float64) launcher.Spec {
 			launcher.LabelOwner: "true", launcher.LabelService: "svc", launcher.LabelVersion: "1",
 			launcher.LabelReplicaID: strings.TrimPrefix(name, "svc-"),
 		},
-		Run:       "ferry replica-sim",
-		Envs:      map[string]string{"HF_TOKEN": "hf_secret"},
-		Port:      8000,
-		Resources: configs.Resources{Infra: "kubernetes", Accelerators: []configs.Accelerator{{Name: gpu, Count: count}}, CPUs: "4+"},
+		Run:        "ferry replica-sim",
+		Envs:       map[string]string{"HF_TOKEN": "hf_secret", "MODEL": "llama"},
+		SecretEnvs: []string{"HF_TOKEN"},
+		Port:       8000,
+		Resources:  configs.Resources{Infra: "kubernetes", Accelerators: []configs.Accelerator{{Name: gpu, Count: count}}, CPUs: "4+"},
 	}
 }
 
@@ -122,6 +124,18 @@ func TestLaunchListTerminate(t *testing.T) {
 	if pod.Labels[launcher.LabelService] != "svc" || pod.Labels[labelManagedBy] != "ferry" {
 		t.Errorf("labels %v", pod.Labels)
 	}
+	// The secret is in a Secret the pod owns; the pod spec holds only a reference.
+	raw, _ := json.Marshal(pod.Spec)
+	if strings.Contains(string(raw), "hf_secret") || !strings.Contains(string(raw), `"value":"llama"`) {
+		t.Errorf("pod spec %s: want MODEL inline and HF_TOKEN only by reference", raw)
+	}
+	sec, err := c.Client().CoreV1().Secrets(p.Namespace()).Get(ctx, secretName(inst.Name), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(sec.Data["HF_TOKEN"]) != "hf_secret" || len(sec.OwnerReferences) != 1 || sec.OwnerReferences[0].UID != pod.UID {
+		t.Errorf("secret %s: data %q, owners %+v; want the token, owned by the pod", sec.Name, sec.Data, sec.OwnerReferences)
+	}
 
 	// Listed by label, Running, from the watch cache.
 	eventually(t, "the pod is listed Running", func() bool {
@@ -152,6 +166,9 @@ func TestLaunchListTerminate(t *testing.T) {
 		_, err := c.Client().CoreV1().Pods(p.Namespace()).Get(ctx, inst.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
+	if _, err := c.Client().CoreV1().Secrets(p.Namespace()).Get(ctx, secretName(inst.Name), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("secret after Terminate: %v, want it deleted", err)
+	}
 	eventually(t, "the pod leaves the list", func() bool {
 		got, err := p.List(ctx, nil)
 		return err == nil && len(got) == 0
@@ -198,6 +215,9 @@ func TestUnschedulableIsNoCapacity(t *testing.T) {
 		}
 		return live == 1
 	})
+	if secs, err := c.Client().CoreV1().Secrets(p.Namespace()).List(ctx, metav1.ListOptions{LabelSelector: "ferry.managed=true"}); err != nil || len(secs.Items) != 1 {
+		t.Errorf("secrets after the failed launch: %v, %v; want only the first pod's", secs, err)
+	}
 
 	// No node has the GPU at all, or not that many per node: no capacity, without waiting.
 	for _, tc := range []struct {
