@@ -19,8 +19,8 @@ import (
 // Config is everything that shapes a simulated replica. The zero value is not useful; start from
 // DefaultConfig so that unset knobs get vLLM-like defaults.
 type Config struct {
-	// Host and Port are where Run listens. Port defaults to $FERRY_PORT so that a launcher can
-	// start the simulator exactly like a real replica, by environment alone.
+	// Host and Port are where Run listens. They default to $FERRY_HOST and $FERRY_PORT so that
+	// a launcher can start the simulator exactly like a real replica, by environment alone.
 	Host string
 	Port int
 
@@ -90,8 +90,12 @@ func DefaultConfig() Config {
 	if v, err := strconv.Atoi(os.Getenv("FERRY_PORT")); err == nil && v >= 0 && v <= 65535 {
 		port = v
 	}
+	host := "127.0.0.1"
+	if v := os.Getenv("FERRY_HOST"); v != "" {
+		host = v
+	}
 	return Config{
-		Host:            "127.0.0.1",
+		Host:            host,
 		Port:            port,
 		Engine:          EngineVLLM,
 		Model:           "ferry-sim",
@@ -110,7 +114,7 @@ func DefaultConfig() Config {
 // RegisterFlags binds every knob to fs, with c's current values as defaults, so the command and
 // any bench driver share one set of flag names.
 func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.Host, "host", c.Host, "address to listen on")
+	fs.StringVar(&c.Host, "host", c.Host, "address to listen on; defaults to $FERRY_HOST when set")
 	fs.IntVar(&c.Port, "port", c.Port, "port to listen on; defaults to $FERRY_PORT when set; 0 picks a free port")
 	fs.StringVar(&c.Engine, "engine", c.Engine, "engine whose Prometheus metric names /metrics uses: vllm or tgi")
 	fs.StringVar(&c.Model, "model", c.Model, "served model name")

@@ -11,6 +11,10 @@ import (
 )
 
 func TestDefaultPortFromEnvironment(t *testing.T) {
+	t.Setenv("FERRY_HOST", "127.0.0.7")
+	if got := DefaultConfig().Host; got != "127.0.0.7" {
+		t.Errorf("host with FERRY_HOST=127.0.0.7: %q", got)
+	}
 	t.Setenv("FERRY_PORT", "9123")
 	if got := DefaultConfig().Port; got != 9123 {
 		t.Errorf("port with FERRY_PORT=9123: %d", got)
