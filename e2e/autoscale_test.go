@@ -51,36 +51,14 @@ func TestAutoscaleUpDownAndFromZero(t *testing.T) {
 
 	// Eight clients streaming ~1 s completions: 8 in flight against a target of 2 per replica
 	// wants 4 replicas, four times the one READY — panic.
-	var sent, failed atomic.Int64
-	var firstErr atomic.Value
-	var wg sync.WaitGroup
-	clients := func(n int, stop <-chan struct{}) {
-		for range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for range 500 { // bounded even if stop never came
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					sent.Add(1)
-					if err := streamCompletion(endpoint, 50); err != nil {
-						failed.Add(1)
-						firstErr.CompareAndSwap(nil, err.Error())
-					}
-				}
-			}()
-		}
-	}
+	var ld streamLoad
 	stopBurst, stopTail := make(chan struct{}), make(chan struct{})
 	endBurst := sync.OnceFunc(func() { close(stopBurst) })
 	endTail := sync.OnceFunc(func() { close(stopTail) })
 	defer func() { endBurst(); endTail() }() // on failure, end every client too
 	loadStart := time.Now()
-	clients(6, stopBurst)
-	clients(2, stopTail)
+	ld.start(endpoint, 6, 50, stopBurst)
+	ld.start(endpoint, 2, 50, stopTail)
 	status := func() (serviceStatus, string) {
 		st, err := e.status("elastic")
 		if err != nil {
@@ -112,11 +90,7 @@ func TestAutoscaleUpDownAndFromZero(t *testing.T) {
 		return st.TargetReplicas <= 2 && len(st.Replicas) <= 2, state
 	})
 	endTail()
-	wg.Wait()
-	if n := failed.Load(); n > 0 {
-		t.Fatalf("%d of %d requests failed while scaling up and down; first: %v", n, sent.Load(), firstErr.Load())
-	}
-	t.Logf("%d streamed requests while scaling up and down, none failed", sent.Load())
+	ld.wait(t, "while scaling up and down")
 
 	// Quiet: a stable window plus grace later the service is at zero, every replica gone.
 	eventually(t, 60*time.Second, "the service scales to zero", func() (bool, string) {
@@ -137,6 +111,47 @@ func TestAutoscaleUpDownAndFromZero(t *testing.T) {
 }
 
 // streamCompletion streams a chat completion of n tokens and checks it ends with [DONE].
+// streamLoad is bounded client load for the scaling tests: goroutines that stream completions
+// until told to stop, counting what they sent and what failed.
+type streamLoad struct {
+	sent, failed atomic.Int64
+	firstErr     atomic.Value
+	wg           sync.WaitGroup
+}
+
+// start adds n clients streaming completions of tokens tokens until stop closes (at most 500
+// each, so a test that never closes stop still ends).
+func (l *streamLoad) start(endpoint string, n, tokens int, stop <-chan struct{}) {
+	for range n {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for range 500 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				l.sent.Add(1)
+				if err := streamCompletion(endpoint, tokens); err != nil {
+					l.failed.Add(1)
+					l.firstErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+	}
+}
+
+// wait waits for every client and fails the test if any request failed.
+func (l *streamLoad) wait(t *testing.T, during string) {
+	t.Helper()
+	l.wg.Wait()
+	if n := l.failed.Load(); n > 0 {
+		t.Fatalf("%d of %d requests failed %s; first: %v", n, l.sent.Load(), during, l.firstErr.Load())
+	}
+	t.Logf("%d streamed requests %s, none failed", l.sent.Load(), during)
+}
+
 func streamCompletion(endpoint string, n int) error {
 	body := fmt.Sprintf(`{"model":"ferry-sim-1b","messages":[{"role":"user","content":"scale me"}],"max_tokens":%d,"stream":true}`, n)
 	client := &http.Client{Timeout: 2 * time.Minute}

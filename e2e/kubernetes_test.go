@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -136,30 +135,11 @@ func TestKubernetesServeBurstAndScaleBack(t *testing.T) {
 	chatPlain(t, st.Endpoint) // served by a pod
 
 	// Twelve clients streaming ~2 s completions: 12 in flight against 1 per replica wants 10.
-	var sent, failed atomic.Int64
-	var firstErr atomic.Value
+	var ld streamLoad
 	stop := make(chan struct{})
 	endLoad := sync.OnceFunc(func() { close(stop) })
 	defer endLoad()
-	var wg sync.WaitGroup
-	for range 12 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 300 { // bounded even if stop never came
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				sent.Add(1)
-				if err := streamCompletion(st.Endpoint, 100); err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err.Error())
-				}
-			}
-		}()
-	}
+	ld.start(st.Endpoint, 12, 100, stop)
 	state := func() (serviceStatus, string) {
 		st, err := k.status("burst")
 		if err != nil {
@@ -178,16 +158,12 @@ func TestKubernetesServeBurstAndScaleBack(t *testing.T) {
 
 	// Load falls: back to 8, and the 2 that go are the burst replicas outside the cluster.
 	endLoad()
-	wg.Wait()
 	eventually(t, 90*time.Second, "back to 8 replicas, all in the cluster", func() (bool, string) {
 		st, s := state()
 		n := live(st)
 		return st.TargetReplicas == 8 && n["local"] == 0 && n["kubernetes/"+k.cluster.Context()] == 8 && len(k.pods("burst")) == 8, s
 	})
-	if n := failed.Load(); n > 0 {
-		t.Fatalf("%d of %d requests failed during the burst; first: %v", n, sent.Load(), firstErr.Load())
-	}
-	t.Logf("%d streamed requests through pods and burst replicas, none failed", sent.Load())
+	ld.wait(t, "through pods and burst replicas")
 
 	k.mustRun("serve", "down", "burst", "-y")
 	eventually(t, 60*time.Second, "serve down leaves no pod", func() (bool, string) {
