@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferryserve/ferry/configs"
+
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -222,5 +224,12 @@ func TestSplit(t *testing.T) {
 				t.Errorf("Split mismatch (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+func TestMixFor(t *testing.T) {
+	got := MixFor(configs.Resources{UseSpot: true}, configs.ReplicaPolicy{BaseOndemandFallbackReplicas: 2, DynamicOndemandFallback: true})
+	if want := (MixSpec{UseSpot: true, BaseOnDemand: 2, DynamicFallback: true}); got != want {
+		t.Errorf("MixFor = %+v, want %+v", got, want)
 	}
 }

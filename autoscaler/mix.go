@@ -1,5 +1,7 @@
 package autoscaler
 
+import "github.com/ferryserve/ferry/configs"
+
 // Mix is a replica count per kind: the placement layer launches Spot replicas on spot capacity
 // and OnDemand on on-demand capacity.
 type Mix struct {
@@ -36,4 +38,10 @@ func Split(target int, m MixSpec, readySpot int) Mix {
 		onDemand += max(0, spot-readySpot)
 	}
 	return Mix{Spot: spot, OnDemand: min(onDemand, target)}
+}
+
+// MixFor reads the spot part of a task: use_spot from its resources (every candidate agrees,
+// configs checks that) and the fallback fields of its replica policy.
+func MixFor(r configs.Resources, p configs.ReplicaPolicy) MixSpec {
+	return MixSpec{UseSpot: r.UseSpot, BaseOnDemand: p.BaseOndemandFallbackReplicas, DynamicFallback: p.DynamicOndemandFallback}
 }

@@ -47,6 +47,23 @@ type Spec struct {
 	// Placement is where the optimizer chose to put the instance; a provider launches exactly
 	// there (zero fields mean the provider's default).
 	Placement Placement
+	// Spread, when not nil, asks the provisioner to spread spot instances over zones
+	// (SpotHedge): it counts the caller's live spot instances by ZoneKey, and zones holding
+	// fewer are tried first.
+	Spread map[string]int
+}
+
+// ZoneKey names a zone across infras for spreading and blocking: "aws/use1-az4",
+// "gcp/us-central1-a"; the region where an infra has no zones, the infra alone where it has
+// neither.
+func ZoneKey(infra, region, zone string) string {
+	switch {
+	case zone != "":
+		return infra + "/" + zone
+	case region != "":
+		return infra + "/" + region
+	}
+	return infra
 }
 
 // Placement is one concrete location and shape: the optimizer's pick among candidates.

@@ -103,3 +103,28 @@ func (z *Zones) Place(spotByZone map[string]int) (string, bool) {
 
 // Snapshot returns a copy of the zone states.
 func (z *Zones) Snapshot() []ZoneState { return slices.Clone(z.states) }
+
+// SpotOrder is the order SpotHedge tries placements in, for a launcher that fails over down a
+// list: active zones before preempted ones, then zones holding fewer of the service's spot
+// replicas, then cheaper; ties keep their given order (the optimizer's). Its first active entry
+// is PlaceSpot's choice. It returns indexes into zones.
+func SpotOrder(zones []ZoneState) []int {
+	order := make([]int, len(zones))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		za, zb := zones[a], zones[b]
+		if za.Active != zb.Active {
+			if za.Active {
+				return -1
+			}
+			return 1
+		}
+		if c := cmp.Compare(za.Spot, zb.Spot); c != 0 {
+			return c
+		}
+		return cmp.Compare(za.SpotPrice, zb.SpotPrice)
+	})
+	return order
+}

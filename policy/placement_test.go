@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -74,5 +75,24 @@ func TestZonesPreemption(t *testing.T) {
 	z.Ready("c")
 	if got, _ := z.Place(map[string]int{"a": 1, "b": 1}); got != "c" {
 		t.Fatalf("zone c became ready again and holds no replica: got %q", got)
+	}
+}
+
+func TestSpotOrder(t *testing.T) {
+	zones := []ZoneState{
+		{Name: "a", SpotPrice: 1.0, Active: true, Spot: 1},
+		{Name: "b", SpotPrice: 1.2, Active: true},
+		{Name: "c", SpotPrice: 0.8, Active: false},
+		{Name: "d", SpotPrice: 1.2, Active: true},
+		{Name: "e", SpotPrice: 1.1, Active: true},
+	}
+	got := SpotOrder(zones)
+	// Unoccupied active zones by price (b before d: given order on a tie), then the occupied
+	// one, then the preempted one however cheap.
+	if want := []int{4, 1, 3, 0, 2}; !slices.Equal(got, want) {
+		t.Fatalf("SpotOrder = %v, want %v", got, want)
+	}
+	if name, _ := PlaceSpot(zones); name != zones[got[0]].Name {
+		t.Fatalf("PlaceSpot = %s, SpotOrder's first = %s", name, zones[got[0]].Name)
 	}
 }

@@ -106,6 +106,14 @@ type fakeProvider struct {
 	specs            []launcher.Spec
 	terminated       []string
 	launchBlock      chan struct{} // when set, Launch waits for it to close
+	preempted        []launcher.Instance
+}
+
+// Preempted implements PreemptionRecorder.
+func (p *fakeProvider) Preempted(inst launcher.Instance) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.preempted = append(p.preempted, inst)
 }
 
 type fakeInstance struct {

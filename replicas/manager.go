@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/ferryserve/ferry/autoscaler"
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 )
@@ -55,6 +56,9 @@ type Config struct {
 	// InfraRank orders infras by preference for scale-down (see planInput.InfraRank); nil
 	// treats every infra alike.
 	InfraRank map[string]int
+	// Mix splits the target between spot and on-demand replicas; the zero value launches
+	// every replica on-demand.
+	Mix autoscaler.MixSpec
 }
 
 // Defaults for Config.
@@ -434,6 +438,7 @@ func (m *Manager) passLocked() {
 		Instances:           m.instances,
 		Drain:               m.cfg.Busy != nil,
 		InfraRank:           m.cfg.InfraRank,
+		Mix:                 m.cfg.Mix,
 	}
 	for _, id := range sortedKeys(m.replicas) {
 		r := m.replicas[id]
@@ -486,6 +491,9 @@ func (m *Manager) applyLocked(now time.Time, acts actions) {
 	}
 	for _, tr := range acts.Transitions {
 		if r := m.replicas[tr.ID]; r != nil {
+			if tr.To == StatusPreempted {
+				m.recordPreemptionLocked(r)
+			}
 			m.transitionLocked(now, r, tr.To, tr.Reason, tr.Instance)
 		}
 	}
@@ -503,7 +511,10 @@ func (m *Manager) applyLocked(now time.Time, acts actions) {
 			zap.Int("failures", m.failures))
 	}
 	for range acts.Launch {
-		m.launchLocked(now)
+		m.launchLocked(now, false)
+	}
+	for range acts.LaunchSpot {
+		m.launchLocked(now, true)
 	}
 	for _, r := range m.replicas {
 		if probeable(r.rec.Status) && r.rec.Endpoint != "" {
@@ -607,7 +618,7 @@ func (m *Manager) loadLocked() error {
 }
 
 // launchLocked records a new PROVISIONING replica and starts its Launch in the background.
-func (m *Manager) launchLocked(now time.Time) {
+func (m *Manager) launchLocked(now time.Time, spot bool) {
 	id, err := m.nextIDLocked()
 	if err != nil {
 		m.log.Error("allocate replica id", zap.Error(err))
@@ -619,7 +630,8 @@ func (m *Manager) launchLocked(now time.Time) {
 			ID:         id,
 			Version:    m.cfg.Version,
 			Status:     StatusProvisioning,
-			Resources:  describeResources(m.cfg.Task.Resources),
+			Spot:       spot,
+			Resources:  describeResources(withSpot(m.cfg.Task.Resources, spot)),
 			LaunchedAt: now,
 		},
 		launching: true,
@@ -627,7 +639,10 @@ func (m *Manager) launchLocked(now time.Time) {
 	m.replicas[id] = r
 	m.save(r)
 	m.log.Info("replica status", zap.Int("replica", id), zap.String("to", string(StatusProvisioning)))
-	spec := replicaSpec(m.cfg.Service, m.cfg.Version, m.cfg.Task, id)
+	spec := replicaSpec(m.cfg.Service, m.cfg.Version, m.cfg.Task, id, spot)
+	if spot && m.cfg.Task.Service.ReplicaPolicy.SpotPlacer == configs.SpotPlacerDynamicFallback {
+		spec.Spread = m.spotByZoneLocked()
+	}
 	ctx := m.workCtx
 	m.workers.Add(1)
 	m.launches.Add(1)
@@ -636,6 +651,37 @@ func (m *Manager) launchLocked(now time.Time) {
 		defer m.launches.Done()
 		m.runLaunch(ctx, r, spec)
 	}()
+}
+
+// spotByZoneLocked counts live spot replicas by zone, for SpotHedge's spreading.
+func (m *Manager) spotByZoneLocked() map[string]int {
+	out := map[string]int{}
+	for _, r := range m.replicas {
+		if r.rec.Spot && live(r.rec.Status) && r.rec.Infra != "" {
+			out[launcher.ZoneKey(r.rec.Infra, "", r.rec.Zone)]++
+		}
+	}
+	return out
+}
+
+// recordPreemptionLocked tells the provider where a replica was preempted.
+func (m *Manager) recordPreemptionLocked(r *replica) {
+	rec, ok := m.cfg.Provider.(PreemptionRecorder)
+	if !ok {
+		return
+	}
+	for _, inst := range m.instances {
+		if inst.ID == r.rec.InstanceID {
+			rec.Preempted(inst)
+			return
+		}
+	}
+}
+
+// PreemptionRecorder is an optional Provider capability: told where a spot replica was
+// preempted, it avoids that zone for the next spot launches (the provisioner's SpotHedge).
+type PreemptionRecorder interface {
+	Preempted(inst launcher.Instance)
 }
 
 // nextIDLocked asks the store for an id no replica here holds (the store is the authority,

@@ -48,11 +48,11 @@ type harness struct {
 	stop  func()
 }
 
-func newHarness(t *testing.T, prov *fakeProvider, store *fakeStore, clock *fakeClock) *harness {
+func newHarness(t *testing.T, prov *fakeProvider, store *fakeStore, clock *fakeClock, tweaks ...func(*Config)) *harness {
 	t.Helper()
 	core, logs := observer.New(zapcore.DebugLevel)
 	h := &harness{t: t, prov: prov, store: store, clock: clock, pubs: &publications{}, logs: logs}
-	m, err := New(Config{
+	cfg := Config{
 		Service:           "svc",
 		Version:           1,
 		Task:              testTask(),
@@ -64,7 +64,11 @@ func newHarness(t *testing.T, prov *fakeProvider, store *fakeStore, clock *fakeC
 		ReconcileInterval: 20 * time.Millisecond,
 		FailureThreshold:  3 * time.Minute,
 		Now:               clock.Now,
-	})
+	}
+	for _, tw := range tweaks {
+		tw(&cfg)
+	}
+	m, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,13 +182,14 @@ func TestManagerLaunchesTargetAndPublishes(t *testing.T) {
 	wantSpec := launcher.Spec{
 		Name: "svc-1",
 		Labels: map[string]string{launcher.LabelOwner: "true", launcher.LabelService: "svc",
-			launcher.LabelVersion: "1", launcher.LabelReplicaID: "1"},
+			launcher.LabelVersion: "1", launcher.LabelReplicaID: "1", LabelKind: "ondemand"},
 		Setup: "true",
 		Run:   "serve --port $FERRY_PORT",
 		Envs: map[string]string{"PLAIN": "1", "HF_TOKEN": secretValue, "FERRY_SERVICE": "svc",
 			"FERRY_REPLICA_ID": "1", "SKYPILOT_SERVE_REPLICA_ID": "1"},
-		Port:      8000,
-		Resources: testTask().Resources,
+		SecretEnvs: []string{"HF_TOKEN"},
+		Port:       8000,
+		Resources:  testTask().Resources,
 	}
 	if diff := cmp.Diff(wantSpec, spec); diff != "" {
 		t.Errorf("spec mismatch (-want +got):\n%s", diff)

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/ferryserve/ferry/autoscaler"
 	"github.com/ferryserve/ferry/launcher"
 )
 
@@ -53,6 +54,9 @@ type planInput struct {
 	// the map ranks after all). Scale-down removes replicas on the least preferred infra
 	// first: burst replicas outside the cluster go before the cluster's own.
 	InfraRank map[string]int
+	// Mix splits Desired between spot and on-demand replicas (SkyServe's fallback semantics,
+	// autoscaler.Split); the zero value makes every replica on-demand.
+	Mix autoscaler.MixSpec
 	// Replicas are ordered by id.
 	Replicas  []replicaView
 	Instances []launcher.Instance
@@ -89,8 +93,8 @@ type actions struct {
 	Follow []launcher.Instance
 	// Forget are records to delete now: scaled down with no instance left, or old failures.
 	Forget []int
-	// Launch is how many new replicas to launch.
-	Launch int
+	// Launch and LaunchSpot are how many new on-demand and spot replicas to launch.
+	Launch, LaunchSpot int
 	// LaunchDeferredUntil is set when replicas are missing but backoff holds launches.
 	LaunchDeferredUntil time.Time
 }
@@ -151,6 +155,7 @@ func plan(in planInput) actions {
 	type candidate struct {
 		id    int
 		ready bool
+		spot  bool
 		rank  int
 		price float64
 		inst  *launcher.Instance
@@ -163,6 +168,7 @@ func plan(in planInput) actions {
 	}
 	var alive []candidate // live replicas that scale-down may pick
 	liveCount := 0
+	launchingSpot := 0         // live spot replicas whose launch is under way (not in alive)
 	status := map[int]Status{} // status after this pass
 	hasInstance := map[int]bool{}
 	terminating := map[int]bool{}
@@ -186,6 +192,9 @@ func plan(in planInput) actions {
 			// Its outcome arrives outside the pass; it counts toward the target meanwhile.
 			if live(rec.Status) {
 				liveCount++
+				if rec.Spot {
+					launchingSpot++
+				}
 			}
 		case rec.Status == StatusShuttingDown:
 			switch {
@@ -206,7 +215,7 @@ func plan(in planInput) actions {
 			case inst != nil && inst.State != launcher.StateTerminated && inst.State != launcher.StatePreempted:
 				setStatus(StatusStarting, "adopted instance of an interrupted launch", inst)
 				liveCount++
-				alive = append(alive, candidate{id: rec.ID, rank: rank(inst.Infra), inst: inst})
+				alive = append(alive, candidate{id: rec.ID, spot: rec.Spot, rank: rank(inst.Infra), inst: inst})
 			case inst != nil:
 				setStatus(StatusFailedProvision, "launch interrupted; instance ended: "+endReason(inst), nil)
 				terminate(rec.ID, inst, false)
@@ -228,7 +237,7 @@ func plan(in planInput) actions {
 				continue
 			}
 			liveCount++
-			alive = append(alive, candidate{id: rec.ID, ready: to == StatusReady, rank: rank(rec.Infra), price: rec.Price, inst: inst})
+			alive = append(alive, candidate{id: rec.ID, ready: to == StatusReady, spot: rec.Spot, rank: rank(rec.Infra), price: rec.Price, inst: inst})
 		}
 	}
 
@@ -246,14 +255,33 @@ func plan(in planInput) actions {
 		default:
 			rec.Status, rec.Reason = StatusStarting, "adopted"
 			liveCount++
-			alive = append(alive, candidate{id: id, rank: rank(inst.Infra), inst: inst})
+			alive = append(alive, candidate{id: id, spot: rec.Spot, rank: rank(inst.Infra), inst: inst})
 		}
 		out.Adopt = append(out.Adopt, rec)
 		status[id] = rec.Status
 		hasInstance[id] = true
 	}
 
-	if in.Desired >= 0 && liveCount > in.Desired {
+	// Each kind is scaled to its share of Desired. A service without spot is one pool, whatever
+	// its replicas were launched as.
+	if !in.Mix.UseSpot {
+		launchingSpot = 0
+		for i := range alive {
+			alive[i].spot = false
+		}
+	}
+	liveSpot, readySpot := launchingSpot, 0
+	for _, c := range alive {
+		if c.spot {
+			liveSpot++
+			if c.ready {
+				readySpot++
+			}
+		}
+	}
+	liveOnDemand := liveCount - liveSpot
+	want := autoscaler.Split(in.Desired, in.Mix, readySpot)
+	if in.Desired >= 0 && (liveSpot > want.Spot || liveOnDemand > want.OnDemand) {
 		// Scale down: replicas not serving first, then the least preferred infra (burst
 		// replicas outside the cluster), then the most expensive (on-demand before spot), then
 		// the newest.
@@ -272,7 +300,12 @@ func plan(in planInput) actions {
 			}
 			return cmp.Compare(b.id, a.id)
 		})
-		for _, c := range alive[:min(len(alive), liveCount-in.Desired)] {
+		excess := map[bool]int{true: liveSpot - want.Spot, false: liveOnDemand - want.OnDemand}
+		for _, c := range alive {
+			if excess[c.spot] <= 0 {
+				continue
+			}
+			excess[c.spot]--
 			// An earlier transition of this pass keeps its From and now ends here.
 			move(c.id, status[c.id], StatusShuttingDown, "scaled down", nil)
 			status[c.id] = StatusShuttingDown
@@ -286,12 +319,13 @@ func plan(in planInput) actions {
 			}
 		}
 	}
-	if in.Desired > liveCount {
+	if in.Desired >= 0 && (want.Spot > liveSpot || want.OnDemand > liveOnDemand) {
 		notBefore := in.LastFailure.Add(launchBackoff(in.ConsecutiveFailures))
 		if in.ConsecutiveFailures > 0 && in.Now.Before(notBefore) {
 			out.LaunchDeferredUntil = notBefore
 		} else {
-			out.Launch = in.Desired - liveCount
+			out.LaunchSpot = max(0, want.Spot-liveSpot)
+			out.Launch = max(0, want.OnDemand-liveOnDemand)
 		}
 	}
 
@@ -416,8 +450,17 @@ func followInstance(rec *Record, inst *launcher.Instance) {
 	rec.Endpoint = inst.Endpoint
 	rec.Infra = inst.Infra
 	rec.Zone = inst.Zone
-	rec.Spot = inst.Spot
 	rec.Price = inst.PricePerHour
+	// Spot is the kind the replica was launched as (its label), which the mix counts; an
+	// instance from before kinds were labelled tells by its capacity.
+	switch inst.Labels[LabelKind] {
+	case kindSpot:
+		rec.Spot = true
+	case kindOnDemand:
+		rec.Spot = false
+	default:
+		rec.Spot = inst.Spot
+	}
 }
 
 func sortedKeys[V any](m map[int]V) []int {

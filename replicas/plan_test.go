@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/ferryserve/ferry/autoscaler"
 	"github.com/ferryserve/ferry/launcher"
 )
 
@@ -217,6 +218,48 @@ func TestPlan(t *testing.T) {
 			want: actions{
 				Transitions: []transition{{ID: 1, From: StatusReady, To: StatusShuttingDown, Reason: "scaled down"}},
 				Terminate:   []termination{terminateGone(1)},
+			},
+		},
+		"spot mix: on-demand covers the spot replicas that are not READY yet": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 3
+				in.Mix = autoscaler.MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}
+			}),
+			// spot 3-1 = 2; on-demand 1 base + 2 spot not READY = 3 (at most the target).
+			want: actions{LaunchSpot: 2, Launch: 3},
+		},
+		"spot mix: READY spot replicas retire the fallback on-demand ones": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 3
+				in.Mix = autoscaler.MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}
+				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
+				s1.Spot, s2.Spot = true, true
+				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK), view(rec(3, StatusReady), probeOK),
+					view(rec(4, StatusReady), probeOK), view(rec(5, StatusReady), probeOK)}
+				in.Instances = running(1, 2, 3, 4, 5)
+			}),
+			want: actions{
+				Transitions: []transition{
+					{ID: 5, From: StatusReady, To: StatusShuttingDown, Reason: "scaled down"},
+					{ID: 4, From: StatusReady, To: StatusShuttingDown, Reason: "scaled down"},
+				},
+				Terminate: []termination{terminateGone(5), terminateGone(4)},
+			},
+		},
+		"spot mix: a preempted spot replica is replaced and on-demand covers it meanwhile": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 2
+				in.Mix = autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}
+				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
+				s1.Spot, s2.Spot = true, true
+				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK)}
+				in.Instances = []launcher.Instance{inst(1, launcher.StateRunning, ""), inst(2, launcher.StatePreempted, "spot reclaimed")}
+			}),
+			want: actions{
+				Transitions: []transition{{ID: 2, From: StatusReady, To: StatusPreempted, Reason: "spot reclaimed"}},
+				Terminate:   []termination{terminateKeep(2)},
+				LaunchSpot:  1,
+				Launch:      1,
 			},
 		},
 		"an adopted replica follows its instance's endpoint once it has one": {

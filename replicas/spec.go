@@ -18,6 +18,17 @@ const (
 	EnvSkyPilotReplica = "SKYPILOT_SERVE_REPLICA_ID"
 )
 
+// LabelKind records whether a replica was launched as a spot or an on-demand replica: the
+// autoscaler's mix counts replicas by the kind they were launched as, whatever capacity they
+// landed on (a spot replica placed on a Kubernetes cluster is still the spot kind).
+const LabelKind = "ferry.kind"
+
+// Kind label values.
+const (
+	kindSpot     = "spot"
+	kindOnDemand = "ondemand"
+)
+
 // replicaName is the instance name of a replica, unique per service because ids never repeat.
 func replicaName(service string, id int) string {
 	return service + "-" + strconv.Itoa(id)
@@ -30,7 +41,7 @@ func serviceSelector(service string) map[string]string {
 
 // replicaSpec is what the launcher runs for replica id. Envs hold the task's secrets: the
 // result must never be logged.
-func replicaSpec(service string, version int, task *configs.Task, id int) launcher.Spec {
+func replicaSpec(service string, version int, task *configs.Task, id int, spot bool) launcher.Spec {
 	envs := make(map[string]string, len(task.Envs)+len(task.Secrets)+3)
 	for k, v := range task.Envs {
 		envs[k] = v
@@ -45,6 +56,10 @@ func replicaSpec(service string, version int, task *configs.Task, id int) launch
 	if task.Service != nil {
 		port = task.Service.Port
 	}
+	kind := kindOnDemand
+	if spot {
+		kind = kindSpot
+	}
 	return launcher.Spec{
 		Name: replicaName(service, id),
 		Labels: map[string]string{
@@ -52,6 +67,7 @@ func replicaSpec(service string, version int, task *configs.Task, id int) launch
 			launcher.LabelService:   service,
 			launcher.LabelVersion:   strconv.Itoa(version),
 			launcher.LabelReplicaID: strconv.Itoa(id),
+			LabelKind:               kind,
 		},
 		Setup:      task.Setup,
 		Run:        task.Run,
@@ -59,8 +75,26 @@ func replicaSpec(service string, version int, task *configs.Task, id int) launch
 		Envs:       envs,
 		SecretEnvs: slices.Sorted(maps.Keys(task.Secrets)),
 		Port:       port,
-		Resources:  task.Resources,
+		Resources:  withSpot(task.Resources, spot),
 	}
+}
+
+// withSpot asks for spot or on-demand capacity in r and every alternative: a service's spot
+// and on-demand fallback replicas share one resources block.
+func withSpot(r configs.Resources, spot bool) configs.Resources {
+	if r.UseSpot == spot && !slices.ContainsFunc(slices.Concat(r.AnyOf, r.Ordered), func(a configs.Resources) bool { return a.UseSpot != spot }) {
+		return r
+	}
+	r.UseSpot = spot
+	r.AnyOf = slices.Clone(r.AnyOf)
+	r.Ordered = slices.Clone(r.Ordered)
+	for i := range r.AnyOf {
+		r.AnyOf[i].UseSpot = spot
+	}
+	for i := range r.Ordered {
+		r.Ordered[i].UseSpot = spot
+	}
+	return r
 }
 
 // describeResources is the short RESOURCES column of `serve status`, e.g. "A100:1, cpus=4+, spot".

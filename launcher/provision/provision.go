@@ -19,6 +19,7 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/policy"
 )
 
 // DefaultBlockFor is how long a location that answered "no capacity" is skipped. SkyPilot
@@ -125,8 +126,14 @@ func (p *Provisioner) Plan(ctx context.Context, r configs.Resources) ([]Choice, 
 			continue // planned for an infra that is not enabled here
 		}
 		c := Choice{Placement: pl}
-		if b, ok := p.blocks.m[locationKey(pl)]; ok && now.Before(b.until) {
-			c.BlockedUntil, c.BlockedBecause = b.until, b.reason
+		keys := []string{locationKey(pl)}
+		if pl.Spot {
+			keys = append(keys, zoneBlockKey(pl)) // a preempted zone is avoided for spot only
+		}
+		for _, key := range keys {
+			if b, ok := p.blocks.m[key]; ok && now.Before(b.until) && b.until.After(c.BlockedUntil) {
+				c.BlockedUntil, c.BlockedBecause = b.until, b.reason
+			}
 		}
 		out = append(out, c)
 	}
@@ -179,6 +186,9 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int) ([]
 	if len(choices) == 0 {
 		return nil, fmt.Errorf("%w: no enabled infra can run %s", launcher.ErrNoCapacity, spec.Resources)
 	}
+	if spec.Spread != nil {
+		choices = spreadOrder(choices, spec.Spread)
+	}
 	var reasons []string
 	for _, c := range choices {
 		if err := ctx.Err(); err != nil {
@@ -212,6 +222,36 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int) ([]
 		reasons = append(reasons, describe(c.Placement)+": "+err.Error())
 	}
 	return nil, fmt.Errorf("%w: every location failed (%d): %s", launcher.ErrNoCapacity, len(reasons), strings.Join(reasons, "; "))
+}
+
+// spreadOrder reorders choices as SpotHedge would try them (policy.SpotOrder): unblocked
+// zones before blocked ones, then zones holding fewer of the caller's spot instances, then the
+// planner's order (price).
+func spreadOrder(choices []Choice, spread map[string]int) []Choice {
+	zones := make([]policy.ZoneState, len(choices))
+	for i, c := range choices {
+		key := launcher.ZoneKey(c.Infra, c.Region, c.Zone)
+		zones[i] = policy.ZoneState{Name: key, SpotPrice: float64(i), Active: c.BlockedUntil.IsZero(), Spot: spread[key]}
+	}
+	out := make([]Choice, 0, len(choices))
+	for _, i := range policy.SpotOrder(zones) {
+		out = append(out, choices[i])
+	}
+	return out
+}
+
+// Preempted blocks the zone an instance was preempted in, for every shape: SpotHedge's
+// "preempted zone", which the next spot launches avoid until the block ends.
+func (p *Provisioner) Preempted(inst launcher.Instance) {
+	pl := launcher.Placement{Infra: inst.Infra, Region: inst.Region, Zone: inst.Zone}
+	p.blocks.mu.Lock()
+	defer p.blocks.mu.Unlock()
+	p.blocks.m[zoneBlockKey(pl)] = block{until: p.opts.Now().Add(p.opts.BlockFor), reason: "spot instance preempted here"}
+}
+
+// zoneBlockKey blocks a whole zone (after a preemption), as opposed to one shape in it.
+func zoneBlockKey(pl launcher.Placement) string {
+	return "zone|" + launcher.ZoneKey(pl.Infra, pl.Region, pl.Zone)
 }
 
 // Scope returns a Provisioner over the infras r could use, sharing this one's blocks: a

@@ -282,3 +282,51 @@ func TestLaunchGangStaysInOneLocation(t *testing.T) {
 		t.Errorf("cluster terminated %d nodes of the partial gang, want 2", got)
 	}
 }
+
+func TestSpreadAndPreemptedZones(t *testing.T) {
+	ctx := context.Background()
+	z := func(zone string, price float64, spot bool) launcher.Placement {
+		return launcher.Placement{Infra: "aws", Region: "us-east-1", Zone: zone, InstanceType: "g5.xlarge", Spot: spot, PricePerHour: price}
+	}
+	p, provs, _ := newTest(t, []launcher.Placement{z("use1-az1", 0.4, true), z("use1-az2", 0.5, true), z("use1-az4", 0.6, true)})
+	launch := func(spread map[string]int) string {
+		t.Helper()
+		s := spec("svc")
+		s.Spread = spread
+		inst, err := p.Launch(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return inst.Zone
+	}
+	// SpotHedge: the cheapest zone that holds none of the service's spot replicas.
+	if got := launch(map[string]int{}); got != "use1-az1" {
+		t.Fatalf("first spot replica in %s, want the cheapest zone", got)
+	}
+	if got := launch(map[string]int{"aws/use1-az1": 1}); got != "use1-az2" {
+		t.Fatalf("second spot replica in %s, want the cheapest empty zone", got)
+	}
+	// A preemption in az2 makes the next spot replica skip it, though it is empty.
+	p.Preempted(launcher.Instance{Infra: "aws", Region: "us-east-1", Zone: "use1-az2"})
+	if got := launch(map[string]int{"aws/use1-az1": 1}); got != "use1-az4" {
+		t.Fatalf("after the preemption: %s, want use1-az4", got)
+	}
+	// Without Spread the planner's order (price) holds.
+	if got := launch(nil); got != "use1-az1" {
+		t.Fatalf("without spreading: %s, want the cheapest", got)
+	}
+	if n := len(provs["aws"].tries); n != 4 {
+		t.Fatalf("%d launch attempts, want 4 (no failures)", n)
+	}
+}
+
+func TestPreemptedZoneStillTakesOnDemand(t *testing.T) {
+	onDemand := launcher.Placement{Infra: "gcp", Region: "us-central1", Zone: "us-central1-a", InstanceType: "g2-standard-4", PricePerHour: 0.7}
+	other := launcher.Placement{Infra: "gcp", Region: "us-east4", Zone: "us-east4-a", InstanceType: "g2-standard-4", PricePerHour: 0.71}
+	p, _, _ := newTest(t, []launcher.Placement{onDemand, other})
+	p.Preempted(launcher.Instance{Infra: "gcp", Region: "us-central1", Zone: "us-central1-a"})
+	inst, err := p.Launch(context.Background(), spec("svc"))
+	if err != nil || inst.Zone != "us-central1-a" {
+		t.Fatalf("got %+v, %v; a spot preemption must not block on-demand capacity", inst, err)
+	}
+}
