@@ -359,14 +359,14 @@ func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	hdr := "NAME\tVERSION\tUPTIME\tSTATUS\tREPLICAS\tENDPOINT"
 	if verbose {
-		hdr += "\tPOLICY\tAUTOSCALER"
+		hdr += "\tPOLICY\tAUTOSCALER\tCOST ($/hr)"
 	}
 	fmt.Fprintln(tw, hdr)
 	for _, s := range list {
 		line := fmt.Sprintf("%s\t%d\t%s\t%s\t%d/%d\t%s", s.Name, s.Version, humanDuration(now.Sub(s.CreatedAt)), s.Status,
 			s.ReadyReplicas, s.TargetReplicas, s.Endpoint)
 		if verbose {
-			line += "\t" + s.Policy + "\t" + cmp.Or(s.Autoscaler, "fixed")
+			line += "\t" + s.Policy + "\t" + cmp.Or(s.Autoscaler, "fixed") + "\t" + fmt.Sprintf("%.2f", serviceCost(s.Replicas))
 		}
 		fmt.Fprintln(tw, line)
 	}
@@ -386,7 +386,7 @@ func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time
 	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	hdr = "SERVICE_NAME\tID\tVERSION\tENDPOINT\tLAUNCHED\tINFRA\tRESOURCES\tSTATUS"
 	if verbose {
-		hdr += "\tREASON"
+		hdr += "\tZONE\tKIND\t$/hr\tREASON"
 	}
 	fmt.Fprintln(tw, hdr)
 	for _, s := range list {
@@ -405,12 +405,28 @@ func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time
 			line := fmt.Sprintf("%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s", s.Name, r.ID, r.Version, ep, launched,
 				orDash(r.Infra), orDash(r.Resources), r.Status)
 			if verbose {
-				line += "\t" + orDash(r.Reason)
+				kind := "on-demand"
+				if r.Spot {
+					kind = "spot"
+				}
+				line += fmt.Sprintf("\t%s\t%s\t%.2f\t%s", orDash(r.Zone), kind, r.Price, orDash(r.Reason))
 			}
 			fmt.Fprintln(tw, line)
 		}
 	}
 	tw.Flush()
+}
+
+// serviceCost is what a service's replicas cost per hour now: every replica that holds an
+// instance (serving, starting or draining), at the price it was launched at.
+func serviceCost(recs []replicas.Record) float64 {
+	var sum float64
+	for _, r := range recs {
+		if !r.Status.Terminal() && r.InstanceID != "" {
+			sum += r.Price
+		}
+	}
+	return sum
 }
 
 func humanDuration(d time.Duration) string {
