@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
@@ -22,9 +23,19 @@ import (
 //	    - name: gpu-cluster
 //	      namespace: ferry              # default: the context's namespace, else default
 //	      cost_per_hour: 0              # what one pod is taken to cost; default 0
+//	aws:                                # enables AWS (credentials: the SDK's default chain)
+//	  regions: [us-east-1, us-west-2]   # where replicas may go; default us-east-1
+//	  endpoint: http://127.0.0.1:4566   # an EC2-compatible endpoint (tests, other clouds)
+//	gcp:                                # enables GCP (credentials: Application Default Credentials)
+//	  project: my-project               # required
+//	  regions: [us-central1]            # default us-central1
+//	  endpoint: http://127.0.0.1:4567   # a Compute-compatible endpoint
 type FerryConfig struct {
 	// Kubernetes is nil when the file has no kubernetes section.
 	Kubernetes *KubernetesConfig `json:"kubernetes,omitempty"`
+	// AWS and GCP are nil when their sections are absent (the cloud is not enabled).
+	AWS *CloudConfig `json:"aws,omitempty"`
+	GCP *CloudConfig `json:"gcp,omitempty"`
 	// Source is the file read, for messages.
 	Source string `json:"-"`
 }
@@ -36,6 +47,21 @@ type KubernetesConfig struct {
 	Contexts                []KubernetesContext `json:"contexts,omitempty"`
 }
 
+// CloudConfig is the aws or gcp section.
+type CloudConfig struct {
+	// Project is GCP's project id (required there; AWS has none).
+	Project string   `json:"project,omitempty"`
+	Regions []string `json:"regions,omitempty"`
+	// Endpoint overrides the API endpoint: an in-project fake in tests, or a compatible cloud.
+	Endpoint string `json:"endpoint,omitempty"`
+}
+
+// Default regions when a cloud section names none: the catalog's cheapest, most available.
+const (
+	DefaultAWSRegion = "us-east-1"
+	DefaultGCPRegion = "us-central1"
+)
+
 // KubernetesContext is one allowed context.
 type KubernetesContext struct {
 	Name        string  `json:"name"`
@@ -44,7 +70,9 @@ type KubernetesContext struct {
 }
 
 var (
-	ferryConfigKeys   = []string{"kubernetes"}
+	ferryConfigKeys   = []string{"kubernetes", "aws", "gcp"}
+	awsKeys           = []string{"regions", "endpoint"}
+	gcpKeys           = []string{"project", "regions", "endpoint"}
 	kubernetesKeys    = []string{"kubeconfig", "provision_timeout_seconds", "contexts"}
 	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour"}
 	maxKubeContexts   = 64
@@ -84,6 +112,25 @@ func ParseFerryConfig(filename string, data []byte) (cfg *FerryConfig, err error
 	f, _ := c.fields(root, "", ferryConfigKeys)
 	if e, ok := f["kubernetes"]; ok {
 		out.Kubernetes = c.kubernetesConfig(e.value)
+	}
+	// `aws:` with nothing under it enables the cloud with its defaults (fields drops nulls).
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		if isNull(v) && k.Value == "aws" {
+			out.AWS = &CloudConfig{Regions: []string{DefaultAWSRegion}}
+		}
+		if isNull(v) && k.Value == "gcp" {
+			c.errorf(k, "gcp.project", "required: the GCP project to launch VMs in")
+		}
+	}
+	if e, ok := f["aws"]; ok {
+		out.AWS = c.cloudConfig(e.value, "aws", awsKeys, DefaultAWSRegion)
+	}
+	if e, ok := f["gcp"]; ok {
+		out.GCP = c.cloudConfig(e.value, "gcp", gcpKeys, DefaultGCPRegion)
+		if out.GCP.Project == "" {
+			c.errorf(e.keyNode, "gcp.project", "required: the GCP project to launch VMs in")
+		}
 	}
 	if err := c.err(); err != nil {
 		return nil, err
@@ -138,6 +185,67 @@ func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
 	}
 	return k
 }
+
+// cloudConfig reads an aws or gcp section. An empty section (`aws: {}`) enables the cloud with
+// its defaults.
+func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, defaultRegion string) *CloudConfig {
+	cc := &CloudConfig{}
+	n = c.deref(n)
+	if isNull(n) {
+		cc.Regions = []string{defaultRegion}
+		return cc
+	}
+	f, ok := c.fields(n, field, keys)
+	if !ok {
+		return cc
+	}
+	if e, ok := f["project"]; ok {
+		fld := joinField(field, "project")
+		if v, ok := c.str(e.value, fld); ok {
+			if !gcpProjectRE.MatchString(v) {
+				c.errorf(e.value, fld, "%s is not a project id (6-30 lowercase letters, digits and -, starting with a letter)", quoteShort(v))
+			}
+			cc.Project = v
+		}
+	}
+	if e, ok := f["regions"]; ok {
+		fld := joinField(field, "regions")
+		items := c.deref(e.value)
+		if items.Kind != yaml.SequenceNode || len(items.Content) == 0 {
+			c.errorf(e.value, fld, "expected a non-empty list of regions, got %s", describe(items))
+		} else {
+			for i, item := range items.Content {
+				if v, ok := c.str(item, indexField(fld, i)); ok {
+					if !regionRE.MatchString(v) {
+						c.errorf(item, indexField(fld, i), "%s is not a region name (lowercase letters, digits and -)", quoteShort(v))
+						continue
+					}
+					if slices.Contains(cc.Regions, v) {
+						c.errorf(item, indexField(fld, i), "region %s is listed twice", quoteShort(v))
+						continue
+					}
+					cc.Regions = append(cc.Regions, v)
+				}
+			}
+		}
+	}
+	if len(cc.Regions) == 0 {
+		cc.Regions = []string{defaultRegion}
+	}
+	if e, ok := f["endpoint"]; ok {
+		fld := joinField(field, "endpoint")
+		if v, ok := c.str(e.value, fld); ok {
+			if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				c.errorf(e.value, fld, "%s is not an http(s) URL", quoteShort(v))
+			}
+			cc.Endpoint = v
+		}
+	}
+	return cc
+}
+
+// gcpProjectRE is a GCP project id.
+var gcpProjectRE = regexp.MustCompile(`^[a-z][-a-z0-9]{4,28}[a-z0-9]$`)
 
 func (c *checker) kubeContext(n *yaml.Node, field string) (KubernetesContext, bool) {
 	var ctx KubernetesContext

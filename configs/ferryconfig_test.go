@@ -76,3 +76,50 @@ func TestLoadFerryConfigMissingIsEmpty(t *testing.T) {
 		t.Fatalf("err = %v, want file:line:col", err)
 	}
 }
+
+func TestParseFerryConfigClouds(t *testing.T) {
+	cfg, err := ParseFerryConfig("config.yaml", []byte(`
+aws:
+  regions: [us-east-1, us-west-2]
+  endpoint: http://127.0.0.1:4566
+gcp:
+  project: ferry-test
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(&CloudConfig{Regions: []string{"us-east-1", "us-west-2"}, Endpoint: "http://127.0.0.1:4566"}, cfg.AWS); diff != "" {
+		t.Errorf("aws (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(&CloudConfig{Project: "ferry-test", Regions: []string{DefaultGCPRegion}}, cfg.GCP); diff != "" {
+		t.Errorf("gcp (-want +got):\n%s", diff)
+	}
+	if cfg, err := ParseFerryConfig("config.yaml", []byte("aws:\n")); err != nil || cfg.AWS == nil || cfg.AWS.Regions[0] != DefaultAWSRegion {
+		t.Errorf("an empty aws section: %+v, %v; want AWS enabled in %s", cfg, err, DefaultAWSRegion)
+	}
+
+	_, err = ParseFerryConfig("config.yaml", []byte(`aws:
+  regions: [us-east-1, us-east-1, US_WEST]
+  endpoint: ftp://x
+  project: p
+gcp:
+  regions: []
+`))
+	got := Errors(err)
+	want := []string{
+		"config.yaml:2:24: aws.regions[1]: region \"us-east-1\" is listed twice",
+		"config.yaml:2:35: aws.regions[2]:",
+		"config.yaml:3:13: aws.endpoint:",
+		"config.yaml:4:3: aws.project: unknown field",
+		"config.yaml:5:1: gcp.project: required",
+		"config.yaml:6:12: gcp.regions: expected a non-empty list",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d errors, want %d:\n%v", len(got), len(want), err)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(got[i].Error(), w) {
+			t.Errorf("error %d = %q, want prefix %q", i, got[i].Error(), w)
+		}
+	}
+}
