@@ -120,10 +120,19 @@ func TestConcurrency(t *testing.T) {
 			{dt: sec, obs: inflight(60), st: one, repeat: 4, wantTarget: 6, wantPanic: true},
 		}},
 		"panic never scales down and ends a stable window after the last panic tick": {base, []step{
+			// Over the threshold against the one READY replica; once the target is 6, 60 in
+			// flight is no longer twice the capacity asked for, so the first tick is the last.
 			{dt: sec, obs: inflight(60), st: one, repeat: 6, wantTarget: 6, wantPanic: true},
-			// Load vanishes; replicas came up. Panic holds 6 for 60 s after the last over-threshold tick.
-			{dt: sec, obs: inflight(0), st: State{Ready: 6}, repeat: 59, wantTarget: 6, wantPanic: true},
+			// Load vanishes; replicas came up. Panic holds 6 for 60 s after that tick.
+			{dt: sec, obs: inflight(0), st: State{Ready: 6}, repeat: 54, wantTarget: 6, wantPanic: true},
 			{dt: sec, obs: inflight(0), st: State{Ready: 6}, wantTarget: 3},
+		}},
+		"losing READY replicas is not a burst: panic measures against the target": {base, []step{
+			{dt: sec, obs: inflight(60), st: State{Ready: 6}, repeat: 60, wantTarget: 6},
+			// A zone is preempted: 3 READY, requests queue on them. 100 in flight is 10
+			// replicas' worth, over twice the 3 READY but not twice the 6 asked for: the stable
+			// window moves the target by one, panic does not jump it to 10.
+			{dt: sec, obs: inflight(100), st: State{Ready: 3, Target: 6}, wantTarget: 7},
 		}},
 		"scale-down is at most halving per decision": {base, []step{
 			{dt: sec, obs: inflight(80), st: State{Ready: 8}, repeat: 60, wantTarget: 8},

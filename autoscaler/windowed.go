@@ -13,10 +13,10 @@ import (
 //     replica, and the replicas needed to bring KV-cache use down to target_kv_cache_usage.
 //   - desired = ceil(average demand over the stable window), or over the panic window while in
 //     panic; panic starts when the panic window alone wants panic_threshold × the READY
-//     replicas and ends a stable window after the last tick that did; in panic the target never
-//     goes down.
-//   - each decision grows the target to at most max_scale_up_rate × READY and shrinks it to no
-//     less than READY / max_scale_down_rate.
+//     replicas or the current target, whichever is more, and ends a stable window after the
+//     last tick that did; in panic the target never goes down.
+//   - each decision grows the target to at most max_scale_up_rate × that capacity and shrinks
+//     it to no less than the capacity / max_scale_down_rate.
 //   - with min_replicas 0 it reaches zero only after a stable window plus grace without a
 //     single request; any request at zero (held by the proxy) asks for a replica at once.
 type windowed struct {
@@ -87,7 +87,10 @@ func (w *windowed) Decide(now time.Time, obs Observation, st State) Decision {
 	stable := w.stableWin.average()
 	panicAvg := w.panicWin.average()
 
-	ready := float64(max(st.Ready, 1))
+	// Panic and the rate limits measure demand against the capacity already asked for: the
+	// READY replicas, or the current target when replacements (a lost zone's) are on their way.
+	// Against READY alone a preemption reads as a burst and panic over-buys.
+	ready := float64(max(st.Ready, w.target, 1))
 	if panicAvg/ready >= s.PanicThreshold {
 		w.panicking = true
 		w.panicUntil = now.Add(s.StableWindow)
