@@ -26,6 +26,7 @@ import (
 //	aws:                                # enables AWS (credentials: the SDK's default chain)
 //	  regions: [us-east-1, us-west-2]   # where replicas may go; default us-east-1
 //	  endpoint: http://127.0.0.1:4566   # an EC2-compatible endpoint (tests, other clouds)
+//	  amis: {us-east-1: ami-0abc}       # the image per region for tasks without image_id: ami-...
 //	gcp:                                # enables GCP (credentials: Application Default Credentials)
 //	  project: my-project               # required
 //	  regions: [us-central1]            # default us-central1
@@ -54,6 +55,8 @@ type CloudConfig struct {
 	Regions []string `json:"regions,omitempty"`
 	// Endpoint overrides the API endpoint: an in-project fake in tests, or a compatible cloud.
 	Endpoint string `json:"endpoint,omitempty"`
+	// AMIs is AWS's image per region for tasks that set no image_id.
+	AMIs map[string]string `json:"amis,omitempty"`
 }
 
 // Default regions when a cloud section names none: the catalog's cheapest, most available.
@@ -71,7 +74,7 @@ type KubernetesContext struct {
 
 var (
 	ferryConfigKeys   = []string{"kubernetes", "aws", "gcp"}
-	awsKeys           = []string{"regions", "endpoint"}
+	awsKeys           = []string{"regions", "endpoint", "amis"}
 	gcpKeys           = []string{"project", "regions", "endpoint"}
 	kubernetesKeys    = []string{"kubeconfig", "provision_timeout_seconds", "contexts"}
 	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour"}
@@ -231,6 +234,26 @@ func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, default
 	}
 	if len(cc.Regions) == 0 {
 		cc.Regions = []string{defaultRegion}
+	}
+	if e, ok := f["amis"]; ok {
+		fld := joinField(field, "amis")
+		if ps, ok := c.pairs(e.value, fld); ok {
+			cc.AMIs = map[string]string{}
+			for _, p := range ps {
+				kf := joinField(fld, p.key)
+				if !regionRE.MatchString(p.key) {
+					c.errorf(p.keyNode, kf, "%s is not a region name", quoteShort(p.key))
+					continue
+				}
+				if v, ok := c.str(p.value, kf); ok {
+					if !strings.HasPrefix(v, "ami-") {
+						c.errorf(p.value, kf, "%s is not an AMI id (ami-...)", quoteShort(v))
+						continue
+					}
+					cc.AMIs[p.key] = v
+				}
+			}
+		}
 	}
 	if e, ok := f["endpoint"]; ok {
 		fld := joinField(field, "endpoint")

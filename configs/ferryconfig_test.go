@@ -82,13 +82,14 @@ func TestParseFerryConfigClouds(t *testing.T) {
 aws:
   regions: [us-east-1, us-west-2]
   endpoint: http://127.0.0.1:4566
+  amis: {us-east-1: ami-0123}
 gcp:
   project: ferry-test
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(&CloudConfig{Regions: []string{"us-east-1", "us-west-2"}, Endpoint: "http://127.0.0.1:4566"}, cfg.AWS); diff != "" {
+	if diff := cmp.Diff(&CloudConfig{Regions: []string{"us-east-1", "us-west-2"}, Endpoint: "http://127.0.0.1:4566", AMIs: map[string]string{"us-east-1": "ami-0123"}}, cfg.AWS); diff != "" {
 		t.Errorf("aws (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(&CloudConfig{Project: "ferry-test", Regions: []string{DefaultGCPRegion}}, cfg.GCP); diff != "" {

@@ -15,6 +15,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/home"
 	"github.com/ferryserve/ferry/internal/infra"
+	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/catalog"
 	"github.com/ferryserve/ferry/launcher/optimizer"
 )
@@ -147,7 +148,8 @@ func newCheckCmd() *cobra.Command {
 		Short: "Say which infras Ferry can launch on, and why not",
 		Long: `Check each infra: local always works; each Kubernetes context from the config (or the
 kubeconfig's current context) is asked for its version and whether Ferry may list pods in its
-namespace. AWS and GCP are listed with why they are not usable in this build.`,
+namespace; AWS and GCP, when their sections are in the config, are asked for their zones with
+the credentials of each SDK's standard chain.`,
 		Example: `  ferry check`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -182,8 +184,27 @@ func check(ctx context.Context, out io.Writer) error {
 	if len(set.Kube) == 0 && len(set.Problems) == 0 {
 		fmt.Fprintf(out, "  kubernetes: disabled: no kubeconfig and no kubernetes section in %s\n", infraConfigPath())
 	}
+	enabled := map[string]bool{}
+	for _, p := range set.Clouds() {
+		name := p.(interface{ Infra() string }).Infra()
+		enabled[name] = true
+		err := errors.New("cannot check")
+		if c, ok := p.(launcher.Checker); ok {
+			cctx, cancel := context.WithTimeout(ctx, askTimeout)
+			err = c.Check(cctx)
+			cancel()
+		}
+		if err != nil {
+			fmt.Fprintf(out, "  %s: disabled: %v\n", name, err)
+			continue
+		}
+		usable++
+		fmt.Fprintf(out, "  %s: enabled\n", name)
+	}
 	for _, cloud := range []string{"aws", "gcp"} {
-		fmt.Fprintf(out, "  %s: disabled: not available in this build yet (the optimizer prices it: ferry show-gpus --infra %s)\n", cloud, cloud)
+		if !enabled[cloud] && set.Problems[cloud] == nil {
+			fmt.Fprintf(out, "  %s: disabled: no %s section in %s (the optimizer still prices it: ferry show-gpus --infra %s)\n", cloud, cloud, infraConfigPath(), cloud)
+		}
 	}
 	if usable == 0 {
 		return errors.New("no usable infra")

@@ -46,6 +46,7 @@ type Set struct {
 	// the kubeconfig): `ferry check` shows them; the rest work without them.
 	Problems    map[string]error
 	Provisioner *provision.Provisioner
+	clouds      []cloud
 	log         *zap.Logger
 }
 
@@ -81,6 +82,10 @@ func Open(h home.Home, opts Options) (*Set, error) {
 		}
 		s.Kube = append(s.Kube, p)
 		infras = append(infras, provision.Infra{Name: p.Infra(), Provider: p})
+	}
+	s.clouds = openClouds(cfg, opts.Logger, s.Problems)
+	for _, c := range s.clouds {
+		infras = append(infras, provision.Infra{Name: c.name, Provider: c.provider})
 	}
 	s.Provisioner, err = provision.New(provision.Options{
 		Infras:   infras,
@@ -119,11 +124,25 @@ func kubeconfigExists() bool {
 	return false
 }
 
-// Close stops the Kubernetes watches.
+// Close stops the Kubernetes watches and the clouds' clients.
 func (s *Set) Close() {
 	for _, k := range s.Kube {
 		k.Close()
 	}
+	for _, c := range s.clouds {
+		if cl, ok := c.provider.(interface{ Close() }); ok {
+			cl.Close()
+		}
+	}
+}
+
+// Clouds are the enabled clouds' providers, for `ferry check`.
+func (s *Set) Clouds() []launcher.Provider {
+	out := make([]launcher.Provider, len(s.clouds))
+	for i, c := range s.clouds {
+		out[i] = c.provider
+	}
+	return out
 }
 
 // Infras returns the optimizer's view of every enabled infra that r may use, asking each such
@@ -144,6 +163,18 @@ func (s *Set) Infras(ctx context.Context, r configs.Resources) ([]optimizer.Infr
 			errs[k.Infra()] = err
 		}
 		inf.Offerings = offers
+		out = append(out, inf)
+	}
+	for _, c := range s.clouds {
+		if !usable(r, c.name) {
+			continue
+		}
+		octx, cancel := context.WithTimeout(ctx, offeringsTimeout)
+		inf, err := c.optimizerInfra(octx)
+		cancel()
+		if err != nil {
+			errs[c.name] = err // planned with AZ IDs; the provider resolves them at launch
+		}
 		out = append(out, inf)
 	}
 	return out, errs
@@ -167,6 +198,9 @@ func usable(r configs.Resources, name string) bool {
 func (s *Set) Plan(ctx context.Context, r configs.Resources) ([]optimizer.Candidate, error) {
 	infras, errs := s.Infras(ctx, r)
 	cands, err := optimizer.Plan(r, infras)
+	if err == nil {
+		cands = s.inRegions(cands)
+	}
 	if err != nil && len(errs) > 0 {
 		// Say why a cluster that might have fit was not asked.
 		return nil, fmt.Errorf("%w (and could not ask: %v)", err, errors.Join(mapErrs(errs)...))

@@ -1,0 +1,733 @@
+// Package aws is the launcher.Provider for Amazon EC2: one VM per instance, on-demand or spot,
+// through aws-sdk-go-v2.
+//
+// A VM is bootstrapped by its user-data (a bash script: the spec's environment, FERRY_PORT and
+// FERRY_HOST, then launcher.RenderScript), never over SSH. Instances carry Ferry's labels as
+// tags, so a restarted controller adopts them with List. Instance ids are
+// "aws/<region>/<instance-id>". The service port is opened in one security group per region
+// (Options.SecurityGroup), created on first use. EC2 has no watch API: Launch polls
+// DescribeInstances with backoff until the VM runs, and Notices polls for spot terminations
+// every Options.NoticeInterval.
+//
+// Credentials come from the SDK's default chain (environment, shared config and credentials
+// files, SSO, IMDS) unless Options.Credentials is set; Options.Endpoint points the client at
+// a compatible cloud or at the in-project fake (launcher/aws/fakeec2).
+package aws
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"maps"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// Defaults for Options.
+const (
+	// InfraName is the infra this provider serves and the prefix of its instance ids.
+	InfraName = "aws"
+	// DefaultRegion is used when Options.Regions is empty.
+	DefaultRegion = "us-east-1"
+	// DefaultSecurityGroup is the security group Ferry creates per region for service ports.
+	DefaultSecurityGroup = "ferry"
+	// DefaultLaunchTimeout bounds the wait for a VM to reach running with a private IP. EC2
+	// usually takes under a minute; large GPU instances a few.
+	DefaultLaunchTimeout = 10 * time.Minute
+	// DefaultPollInterval is the first wait between DescribeInstances polls during launch;
+	// it grows by half each time up to maxPollInterval.
+	DefaultPollInterval = 2 * time.Second
+	// DefaultNoticeInterval is how often Notices polls EC2 for spot terminations. Every poll
+	// is one DescribeInstances per region, well inside EC2's request rate limits.
+	DefaultNoticeInterval = 5 * time.Second
+	// DefaultPort is the service port when the spec gives none.
+	DefaultPort = 8080
+
+	maxPollInterval = 10 * time.Second
+	cleanupTimeout  = 2 * time.Minute
+)
+
+// DefaultIngressCIDRs are the private ranges the service port is opened to: the proxy reaches
+// replicas at their private IPs from inside the VPC, so the port is not opened to the internet.
+var DefaultIngressCIDRs = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
+
+// Tags Ferry sets besides the spec's labels. They are not reported as labels.
+const (
+	tagName           = "Name"
+	tagPort           = "ferry.port"
+	tagPrice          = "ferry.price-per-hour"
+	tagPlacementGroup = "ferry.placement-group"
+)
+
+// State reason codes EC2 reports.
+const (
+	reasonSpotTermination = "Server.SpotInstanceTermination"
+	reasonNoCapacity      = "Server.InsufficientInstanceCapacity"
+	reasonUserShutdown    = "Client.UserInitiatedShutdown"
+)
+
+// Options configures a Provider.
+type Options struct {
+	// Regions are where instances may go; the first is the default. Default [DefaultRegion].
+	Regions []string
+	// Endpoint overrides EC2's endpoint in every region (a compatible cloud, or the fake).
+	Endpoint string
+	// Credentials, when set, replace the SDK's default credential chain.
+	Credentials awssdk.CredentialsProvider
+	// Profile selects a shared-config profile for the default chain.
+	Profile string
+	// SecurityGroup is the group opened for service ports; default DefaultSecurityGroup.
+	SecurityGroup string
+	// IngressCIDRs may reach the service port; default DefaultIngressCIDRs.
+	IngressCIDRs []string
+	// AMIs is the image per region for tasks without an "ami-" image_id.
+	AMIs map[string]string
+	// LaunchTimeout bounds the wait for a VM to run; default DefaultLaunchTimeout.
+	LaunchTimeout time.Duration
+	// PollInterval is the first wait between launch polls; default DefaultPollInterval.
+	PollInterval time.Duration
+	// NoticeInterval is how often Notices polls; default DefaultNoticeInterval.
+	NoticeInterval time.Duration
+	// MaxAttempts bounds the SDK's attempts per API call (0: the SDK's default, 3).
+	MaxAttempts int
+	Logger      *zap.Logger
+}
+
+// Provider launches EC2 instances in the configured regions. It is safe for concurrent use.
+type Provider struct {
+	opts    Options
+	log     *zap.Logger
+	clients map[string]*ec2.Client
+
+	mu     sync.Mutex
+	zones  map[string]map[string]string // region -> AZ ID -> zone name
+	groups map[string]string            // region -> security group id
+	opened map[string]bool              // "region/port" opened in the group
+}
+
+var (
+	_ launcher.Provider           = (*Provider)(nil)
+	_ launcher.Checker            = (*Provider)(nil)
+	_ launcher.GangLauncher       = (*Provider)(nil)
+	_ launcher.PreemptionNotifier = (*Provider)(nil)
+)
+
+// New loads the SDK configuration (credentials are resolved lazily, on the first call) and
+// returns a Provider. It does not contact EC2.
+func New(ctx context.Context, opts Options) (*Provider, error) {
+	if len(opts.Regions) == 0 {
+		opts.Regions = []string{DefaultRegion}
+	}
+	if opts.SecurityGroup == "" {
+		opts.SecurityGroup = DefaultSecurityGroup
+	}
+	if len(opts.IngressCIDRs) == 0 {
+		opts.IngressCIDRs = DefaultIngressCIDRs
+	}
+	if opts.LaunchTimeout <= 0 {
+		opts.LaunchTimeout = DefaultLaunchTimeout
+	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = DefaultPollInterval
+	}
+	if opts.NoticeInterval <= 0 {
+		opts.NoticeInterval = DefaultNoticeInterval
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	load := []func(*config.LoadOptions) error{config.WithRegion(opts.Regions[0])}
+	if opts.Credentials != nil {
+		load = append(load, config.WithCredentialsProvider(opts.Credentials))
+	}
+	if opts.Profile != "" {
+		load = append(load, config.WithSharedConfigProfile(opts.Profile))
+	}
+	cfg, err := config.LoadDefaultConfig(ctx, load...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: load SDK config: %w", InfraName, err)
+	}
+	cfg.Retryer = func() awssdk.Retryer {
+		return retry.NewStandard(func(o *retry.StandardOptions) {
+			if opts.MaxAttempts > 0 {
+				o.MaxAttempts = opts.MaxAttempts
+			}
+			o.Retryables = append([]retry.IsErrorRetryable{noRetryCapacity}, o.Retryables...)
+		})
+	}
+	p := &Provider{
+		opts: opts, log: opts.Logger.With(zap.String("infra", InfraName)), clients: map[string]*ec2.Client{},
+		zones: map[string]map[string]string{}, groups: map[string]string{}, opened: map[string]bool{},
+	}
+	for _, r := range opts.Regions {
+		p.clients[r] = ec2.NewFromConfig(cfg, func(o *ec2.Options) {
+			o.Region = r
+			if opts.Endpoint != "" {
+				o.BaseEndpoint = awssdk.String(opts.Endpoint)
+			}
+		})
+	}
+	return p, nil
+}
+
+// Infra is "aws".
+func (p *Provider) Infra() string { return InfraName }
+
+// Regions are the regions the provider launches in and lists.
+func (p *Provider) Regions() []string { return slices.Clone(p.opts.Regions) }
+
+// Check reports whether EC2 answers with the configured credentials in every region.
+func (p *Provider) Check(ctx context.Context) error {
+	for _, r := range p.opts.Regions {
+		if _, err := p.clients[r].DescribeAvailabilityZones(ctx, &ec2.DescribeAvailabilityZonesInput{}); err != nil {
+			return classify(err, "describe availability zones in "+r)
+		}
+	}
+	return nil
+}
+
+// ZoneNames returns region's Availability Zones as AZ ID (use1-az4, the catalog's and the
+// optimizer's) → the account's zone name (us-east-1a). It is cached after the first call.
+func (p *Provider) ZoneNames(ctx context.Context, region string) (map[string]string, error) {
+	c, err := p.client(region)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	cached := p.zones[region]
+	p.mu.Unlock()
+	if cached != nil {
+		return maps.Clone(cached), nil
+	}
+	out, err := c.DescribeAvailabilityZones(ctx, &ec2.DescribeAvailabilityZonesInput{})
+	if err != nil {
+		return nil, classify(err, "describe availability zones in "+region)
+	}
+	m := map[string]string{}
+	for _, z := range out.AvailabilityZones {
+		if z.ZoneId != nil && z.ZoneName != nil {
+			m[*z.ZoneId] = *z.ZoneName
+		}
+	}
+	p.mu.Lock()
+	p.zones[region] = m
+	p.mu.Unlock()
+	return maps.Clone(m), nil
+}
+
+// zoneName resolves a placement's zone, an AZ ID or a zone name, to the account's zone name.
+func (p *Provider) zoneName(ctx context.Context, region, zone string) (string, error) {
+	names, err := p.ZoneNames(ctx, region)
+	if err != nil {
+		return "", err
+	}
+	if name, ok := names[zone]; ok {
+		return name, nil
+	}
+	for _, name := range names {
+		if name == zone {
+			return name, nil
+		}
+	}
+	return "", fmt.Errorf("%w: %s: zone %q is neither an Availability Zone ID nor a zone name in %s", launcher.ErrInvalid, InfraName, zone, region)
+}
+
+func (p *Provider) client(region string) (*ec2.Client, error) {
+	c := p.clients[region]
+	if c == nil {
+		return nil, fmt.Errorf("%w: %s: region %q is not enabled (enabled: %s)", launcher.ErrInvalid, InfraName, region, strings.Join(p.opts.Regions, ", "))
+	}
+	return c, nil
+}
+
+// launchPlan is what one RunInstances call needs, resolved from a spec.
+type launchPlan struct {
+	region, zone, ami, instanceType, securityGroup, placementGroup string
+	port                                                           int
+}
+
+// plan resolves region, zone, image, instance type, port and security group for spec.
+func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) (launchPlan, error) {
+	pl := spec.Placement
+	lp := launchPlan{region: pl.Region, instanceType: pl.InstanceType, port: spec.Port}
+	if lp.region == "" {
+		lp.region = p.opts.Regions[0]
+	}
+	c, err := p.client(lp.region)
+	if err != nil {
+		return lp, err
+	}
+	if lp.instanceType == "" {
+		return lp, fmt.Errorf("%w: %s: the placement has no instance type", launcher.ErrInvalid, InfraName)
+	}
+	if lp.port == 0 {
+		lp.port = DefaultPort
+	}
+	switch img := spec.Resources.ImageID; {
+	case strings.HasPrefix(img, "ami-"):
+		lp.ami = img
+	case img != "":
+		return lp, fmt.Errorf("%w: %s: image_id %q is not an AMI (ami-...); container images are not supported on VMs", launcher.ErrInvalid, InfraName, img)
+	default:
+		lp.ami = p.opts.AMIs[lp.region]
+		if lp.ami == "" {
+			return lp, fmt.Errorf("%w: %s: no AMI configured for region %s and the task sets no image_id", launcher.ErrInvalid, InfraName, lp.region)
+		}
+	}
+	switch {
+	case pl.Zone != "":
+		if lp.zone, err = p.zoneName(ctx, lp.region, pl.Zone); err != nil {
+			return lp, err
+		}
+	case needZone:
+		names, err := p.ZoneNames(ctx, lp.region)
+		if err != nil {
+			return lp, err
+		}
+		ids := slices.Sorted(maps.Keys(names))
+		if len(ids) == 0 {
+			return lp, fmt.Errorf("%w: %s: region %s has no zones", launcher.ErrNoCapacity, InfraName, lp.region)
+		}
+		lp.zone = names[ids[0]]
+	}
+	if lp.securityGroup, err = p.ensureSecurityGroup(ctx, c, lp.region, lp.port); err != nil {
+		return lp, err
+	}
+	return lp, nil
+}
+
+// ensureSecurityGroup returns the id of region's Ferry security group, creating it and
+// opening port in it on first use. Concurrent launches and other controllers may race: a
+// duplicate group or rule is success.
+func (p *Provider) ensureSecurityGroup(ctx context.Context, c *ec2.Client, region string, port int) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	id := p.groups[region]
+	if id == "" {
+		name := p.opts.SecurityGroup
+		found, err := c.DescribeSecurityGroups(ctx, &ec2.DescribeSecurityGroupsInput{
+			Filters: []types.Filter{{Name: awssdk.String("group-name"), Values: []string{name}}},
+		})
+		if err != nil {
+			return "", classify(err, "describe security group "+name)
+		}
+		if len(found.SecurityGroups) > 0 {
+			id = awssdk.ToString(found.SecurityGroups[0].GroupId)
+		} else {
+			created, err := c.CreateSecurityGroup(ctx, &ec2.CreateSecurityGroupInput{
+				GroupName:   awssdk.String(name),
+				Description: awssdk.String("Ferry replicas: service ports"),
+				TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypeSecurityGroup,
+					Tags: []types.Tag{{Key: awssdk.String(launcher.LabelOwner), Value: awssdk.String("true")}}}},
+			})
+			if err != nil {
+				return "", classify(err, "create security group "+name)
+			}
+			id = awssdk.ToString(created.GroupId)
+			p.log.Info("created security group", zap.String("region", region), zap.String("group", name), zap.String("id", id))
+		}
+		p.groups[region] = id
+	}
+	key := region + "/" + strconv.Itoa(port)
+	if !p.opened[key] {
+		var ranges []types.IpRange
+		for _, cidr := range p.opts.IngressCIDRs {
+			ranges = append(ranges, types.IpRange{CidrIp: awssdk.String(cidr), Description: awssdk.String("ferry service port")})
+		}
+		_, err := c.AuthorizeSecurityGroupIngress(ctx, &ec2.AuthorizeSecurityGroupIngressInput{
+			GroupId: awssdk.String(id),
+			IpPermissions: []types.IpPermission{{
+				IpProtocol: awssdk.String("tcp"), FromPort: awssdk.Int32(int32(port)), ToPort: awssdk.Int32(int32(port)), IpRanges: ranges,
+			}},
+		})
+		if err != nil && errorCode(err) != "InvalidPermission.Duplicate" {
+			return "", classify(err, fmt.Sprintf("open port %d in security group %s", port, id))
+		}
+		p.opened[key] = true
+	}
+	return id, nil
+}
+
+// envName is what bash accepts as a variable name.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// userData is the VM's boot script: the environment, the port and host, then the spec's
+// script. Known limitation: EC2 has no secret channel into user-data, so Spec.SecretEnvs are
+// written here like any other variable, and anyone who may call DescribeInstanceAttribute or
+// reach the instance metadata service from the VM can read them. Keeping them apart needs
+// Secrets Manager or SSM Parameter Store and an instance profile that may read them.
+func userData(spec launcher.Spec, port int) (string, error) {
+	var b strings.Builder
+	b.WriteString("#!/bin/bash\n# Ferry user-data for " + quote(spec.Name) + ".\n")
+	for _, k := range slices.Sorted(maps.Keys(spec.Envs)) {
+		if !envName.MatchString(k) {
+			return "", fmt.Errorf("%w: %s: environment variable name %q is not valid in bash", launcher.ErrInvalid, InfraName, k)
+		}
+		if k == "FERRY_PORT" || k == "FERRY_HOST" {
+			continue
+		}
+		b.WriteString("export " + k + "=" + quote(spec.Envs[k]) + "\n")
+	}
+	b.WriteString("export FERRY_PORT=" + strconv.Itoa(port) + "\n")
+	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
+	b.WriteString(launcher.RenderScript(spec))
+	if b.Len() > 16*1024 {
+		return "", fmt.Errorf("%w: %s: user-data is %d bytes, over EC2's 16 KiB limit; move setup into a script on the image", launcher.ErrInvalid, InfraName, b.Len())
+	}
+	return base64.StdEncoding.EncodeToString([]byte(b.String())), nil
+}
+
+func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// tags are the spec's labels plus Ferry's own.
+func tags(spec launcher.Spec, port int, placementGroup string) []types.Tag {
+	m := maps.Clone(spec.Labels)
+	if m == nil {
+		m = map[string]string{}
+	}
+	m[launcher.LabelOwner] = "true"
+	m[tagName] = spec.Name
+	m[tagPort] = strconv.Itoa(port)
+	m[tagPrice] = strconv.FormatFloat(spec.Placement.PricePerHour, 'f', -1, 64)
+	if placementGroup != "" {
+		m[tagPlacementGroup] = placementGroup
+	}
+	out := make([]types.Tag, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, types.Tag{Key: awssdk.String(k), Value: awssdk.String(m[k])})
+	}
+	return out
+}
+
+// Launch runs one instance exactly at spec.Placement and returns once it is running with a
+// private IP (not once its program serves). A VM that does not run within LaunchTimeout, or
+// ends while starting, is terminated. If ctx ends first, the VM is left for List to adopt.
+func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
+	lp, err := p.plan(ctx, spec, false)
+	if err != nil {
+		return launcher.Instance{}, err
+	}
+	id, err := p.run(ctx, lp, spec)
+	if err != nil {
+		return launcher.Instance{}, err
+	}
+	insts, err := p.waitRunning(ctx, lp.region, []string{id})
+	if err != nil {
+		if ctx.Err() == nil {
+			p.terminateQuietly(lp.region, []string{id})
+		}
+		return launcher.Instance{}, err
+	}
+	return insts[0], nil
+}
+
+// run is one RunInstances call for one instance.
+func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (string, error) {
+	ud, err := userData(spec, lp.port)
+	if err != nil {
+		return "", err
+	}
+	in := &ec2.RunInstancesInput{
+		ImageId:          awssdk.String(lp.ami),
+		InstanceType:     types.InstanceType(lp.instanceType),
+		MinCount:         awssdk.Int32(1),
+		MaxCount:         awssdk.Int32(1),
+		UserData:         awssdk.String(ud),
+		SecurityGroupIds: []string{lp.securityGroup},
+		ClientToken:      awssdk.String(randomHex(16)),
+		TagSpecifications: []types.TagSpecification{{
+			ResourceType: types.ResourceTypeInstance, Tags: tags(spec, lp.port, lp.placementGroup),
+		}},
+		// The replica manager owns the lifecycle: a VM that shuts itself down is gone.
+		InstanceInitiatedShutdownBehavior: types.ShutdownBehaviorTerminate,
+	}
+	if lp.zone != "" || lp.placementGroup != "" {
+		in.Placement = &types.Placement{}
+		if lp.zone != "" {
+			in.Placement.AvailabilityZone = awssdk.String(lp.zone)
+		}
+		if lp.placementGroup != "" {
+			in.Placement.GroupName = awssdk.String(lp.placementGroup)
+		}
+	}
+	if spec.Placement.Spot {
+		// No MaxPrice: EC2 caps a spot bid at the on-demand price, which is what the optimizer
+		// compared spot against.
+		in.InstanceMarketOptions = &types.InstanceMarketOptionsRequest{
+			MarketType: types.MarketTypeSpot,
+			SpotOptions: &types.SpotMarketOptions{
+				SpotInstanceType:             types.SpotInstanceTypeOneTime,
+				InstanceInterruptionBehavior: types.InstanceInterruptionBehaviorTerminate,
+			},
+		}
+	}
+	where := lp.region
+	if lp.zone != "" {
+		where = lp.zone
+	}
+	market := "on-demand"
+	if spec.Placement.Spot {
+		market = "spot"
+	}
+	out, err := p.clients[lp.region].RunInstances(ctx, in)
+	if err != nil {
+		return "", classify(err, fmt.Sprintf("run %s %s in %s", market, lp.instanceType, where))
+	}
+	if len(out.Instances) != 1 || out.Instances[0].InstanceId == nil {
+		return "", fmt.Errorf("%s: run %s in %s: EC2 returned %d instances", InfraName, lp.instanceType, where, len(out.Instances))
+	}
+	id := *out.Instances[0].InstanceId
+	p.log.Info("ran instance", zap.String("id", id), zap.String("name", spec.Name), zap.String("zone", where),
+		zap.String("instance_type", lp.instanceType), zap.String("market", market))
+	return id, nil
+}
+
+// waitRunning polls DescribeInstances until every instance runs with a private IP, one ends,
+// LaunchTimeout passes or ctx ends. The wait starts at PollInterval and grows by half up to
+// maxPollInterval.
+func (p *Provider) waitRunning(ctx context.Context, region string, ids []string) ([]launcher.Instance, error) {
+	wctx, cancel := context.WithTimeout(ctx, p.opts.LaunchTimeout)
+	defer cancel()
+	c := p.clients[region]
+	wait := p.opts.PollInterval
+	var last string
+	for {
+		out, err := c.DescribeInstances(wctx, &ec2.DescribeInstancesInput{InstanceIds: ids})
+		switch {
+		case err == nil:
+			insts, done, err := p.started(region, ids, out)
+			if err != nil || done {
+				return insts, err
+			}
+			last = "pending"
+		case errorCode(err) == "InvalidInstanceID.NotFound":
+			// EC2 is eventually consistent: a new instance may not be visible yet.
+			last = "not visible yet"
+		case wctx.Err() == nil:
+			return nil, classify(err, "describe instances")
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-wctx.Done():
+			t.Stop()
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("%w: %s: %s still %s after %v", launcher.ErrNoCapacity, InfraName, strings.Join(ids, ", "), last, p.opts.LaunchTimeout)
+		case <-t.C:
+		}
+		wait = min(wait*3/2, maxPollInterval)
+	}
+}
+
+// started reads one DescribeInstances answer during launch: done once all run with an IP, an
+// error once any has ended (preempted, no capacity, or otherwise).
+func (p *Provider) started(region string, ids []string, out *ec2.DescribeInstancesOutput) ([]launcher.Instance, bool, error) {
+	byID := map[string]types.Instance{}
+	for _, r := range out.Reservations {
+		for _, in := range r.Instances {
+			byID[awssdk.ToString(in.InstanceId)] = in
+		}
+	}
+	insts := make([]launcher.Instance, 0, len(ids))
+	for _, id := range ids {
+		in, ok := byID[id]
+		if !ok || in.State == nil {
+			return nil, false, nil
+		}
+		switch in.State.Name {
+		case types.InstanceStateNameRunning:
+			if awssdk.ToString(in.PrivateIpAddress) == "" {
+				return nil, false, nil
+			}
+		case types.InstanceStateNamePending:
+			return nil, false, nil
+		default:
+			code, msg := stateReason(in)
+			kind := errors.New("ended while starting")
+			switch code {
+			case reasonSpotTermination:
+				kind = launcher.ErrPreempted
+			case reasonNoCapacity:
+				kind = launcher.ErrNoCapacity
+			}
+			return nil, false, fmt.Errorf("%w: %s: instance %s is %s while starting: %s", kind, InfraName, id, in.State.Name, msg)
+		}
+		insts = append(insts, p.instance(region, in))
+	}
+	return insts, true, nil
+}
+
+func stateReason(in types.Instance) (code, message string) {
+	if in.StateReason != nil {
+		code, message = awssdk.ToString(in.StateReason.Code), awssdk.ToString(in.StateReason.Message)
+	}
+	if message == "" {
+		message = awssdk.ToString(in.StateTransitionReason)
+	}
+	if message == "" {
+		message = code
+	}
+	return code, message
+}
+
+// instance maps an EC2 instance to a launcher.Instance.
+func (p *Provider) instance(region string, in types.Instance) launcher.Instance {
+	tagMap := map[string]string{}
+	for _, t := range in.Tags {
+		tagMap[awssdk.ToString(t.Key)] = awssdk.ToString(t.Value)
+	}
+	out := launcher.Instance{
+		ID:     InfraName + "/" + region + "/" + awssdk.ToString(in.InstanceId),
+		Name:   tagMap[tagName],
+		Labels: map[string]string{},
+		Infra:  InfraName,
+		Region: region,
+		Spot:   in.InstanceLifecycle == types.InstanceLifecycleTypeSpot,
+	}
+	for k, v := range tagMap {
+		switch {
+		case k == tagName, k == tagPort, k == tagPrice, k == tagPlacementGroup, strings.HasPrefix(k, "aws:"):
+		default:
+			out.Labels[k] = v
+		}
+	}
+	out.PricePerHour, _ = strconv.ParseFloat(tagMap[tagPrice], 64)
+	if in.Placement != nil {
+		out.Zone = awssdk.ToString(in.Placement.AvailabilityZone)
+	}
+	if in.LaunchTime != nil {
+		out.LaunchedAt = *in.LaunchTime
+	}
+	if ip := awssdk.ToString(in.PrivateIpAddress); ip != "" {
+		port := tagMap[tagPort]
+		if port == "" {
+			port = strconv.Itoa(DefaultPort)
+		}
+		out.Endpoint = ip + ":" + port
+	}
+	var state types.InstanceStateName
+	if in.State != nil {
+		state = in.State.Name
+	}
+	code, msg := stateReason(in)
+	switch state {
+	case types.InstanceStateNamePending:
+		out.State = launcher.StatePending
+	case types.InstanceStateNameRunning:
+		out.State = launcher.StateRunning
+	default:
+		out.State = launcher.StateTerminated
+		if code == reasonSpotTermination {
+			out.State = launcher.StatePreempted
+		}
+		out.Reason = string(state) + ": " + msg
+	}
+	return out
+}
+
+// parseID splits "aws/REGION/INSTANCE-ID".
+func (p *Provider) parseID(id string) (region, instanceID string, err error) {
+	rest, ok := strings.CutPrefix(id, InfraName+"/")
+	region, instanceID, ok2 := strings.Cut(rest, "/")
+	if !ok || !ok2 || !strings.HasPrefix(instanceID, "i-") || strings.Contains(instanceID, "/") {
+		return "", "", fmt.Errorf("%w: %q is not an instance of %s (aws/REGION/i-...)", launcher.ErrInvalid, id, InfraName)
+	}
+	if _, err := p.client(region); err != nil {
+		return "", "", err
+	}
+	return region, instanceID, nil
+}
+
+// Terminate terminates the instance. One that is already gone (unknown to EC2, or
+// terminated) is not an error.
+func (p *Provider) Terminate(ctx context.Context, id string) error {
+	region, iid, err := p.parseID(id)
+	if err != nil {
+		return err
+	}
+	_, err = p.clients[region].TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{iid}})
+	if err != nil && errorCode(err) != "InvalidInstanceID.NotFound" {
+		return classify(err, "terminate "+iid)
+	}
+	p.log.Info("terminated instance", zap.String("id", id))
+	return nil
+}
+
+// terminateQuietly terminates instances of a failed launch, outliving the launch's ctx.
+func (p *Provider) terminateQuietly(region string, ids []string) {
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	_, err := p.clients[region].TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: ids})
+	if err != nil && errorCode(err) != "InvalidInstanceID.NotFound" {
+		p.log.Warn("terminate instances of a failed launch", zap.Strings("ids", ids), zap.Error(err))
+	}
+}
+
+// List returns Ferry's instances whose tags include selector, in every configured region.
+// Instances that ended are reported as StatePreempted (spot termination) or StateTerminated
+// with EC2's reason while EC2 still shows them (about an hour), except those terminated through
+// the API (Terminate, or a person in the console): they are already gone for the caller.
+func (p *Provider) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
+	filters := []types.Filter{{Name: awssdk.String("tag:" + launcher.LabelOwner), Values: []string{"true"}}}
+	for _, k := range slices.Sorted(maps.Keys(selector)) {
+		filters = append(filters, types.Filter{Name: awssdk.String("tag:" + k), Values: []string{selector[k]}})
+	}
+	var out []launcher.Instance
+	for _, region := range p.opts.Regions {
+		err := p.describe(ctx, region, filters, func(in types.Instance) {
+			if in.State != nil && in.State.Name == types.InstanceStateNameTerminated {
+				if code, _ := stateReason(in); code == reasonUserShutdown {
+					return
+				}
+			}
+			out = append(out, p.instance(region, in))
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// describe pages through DescribeInstances with filters.
+func (p *Provider) describe(ctx context.Context, region string, filters []types.Filter, each func(types.Instance)) error {
+	pages := ec2.NewDescribeInstancesPaginator(p.clients[region], &ec2.DescribeInstancesInput{Filters: filters, MaxResults: awssdk.Int32(1000)})
+	for pages.HasMorePages() {
+		page, err := pages.NextPage(ctx)
+		if err != nil {
+			return classify(err, "describe instances in "+region)
+		}
+		for _, r := range page.Reservations {
+			for _, in := range r.Instances {
+				each(in)
+			}
+		}
+	}
+	return nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, (n+1)/2)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)[:n]
+}

@@ -1,0 +1,87 @@
+package aws
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	"github.com/aws/smithy-go"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// EC2 error codes that decide what a caller does next.
+var (
+	// capacityCodes fail over to another zone. SpotMaxPriceTooLow is here too: the spot price
+	// in that zone is above what Ferry offered (by default the on-demand price), which is the
+	// zone's problem, not the request's, and another zone or on-demand may well be cheaper.
+	// Unsupported is EC2's answer for an instance type a zone does not offer.
+	capacityCodes = map[string]bool{
+		"InsufficientInstanceCapacity":         true,
+		"InsufficientCapacity":                 true,
+		"InsufficientHostCapacity":             true,
+		"InsufficientReservedInstanceCapacity": true,
+		"InsufficientCapacityOnOutpost":        true,
+		"SpotMaxPriceTooLow":                   true,
+		"Unsupported":                          true,
+	}
+	quotaCodes = map[string]bool{
+		"MaxSpotInstanceCountExceeded": true,
+		"VcpuLimitExceeded":            true,
+		"InstanceLimitExceeded":        true,
+		"PendingVerification":          true,
+	}
+	unauthorizedCodes = map[string]bool{
+		"UnauthorizedOperation":      true,
+		"AuthFailure":                true,
+		"InvalidClientTokenId":       true,
+		"SignatureDoesNotMatch":      true,
+		"MissingAuthenticationToken": true,
+		"OptInRequired":              true,
+		"Blocked":                    true,
+		"ExpiredToken":               true,
+	}
+)
+
+// errorCode is the EC2 error code of err, "" when err is not an API error.
+func errorCode(err error) string {
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		return ae.ErrorCode()
+	}
+	return ""
+}
+
+// classify wraps an EC2 error with the launcher's typed error its code means, keeping the
+// code and message in the text for the operator.
+func classify(err error, what string) error {
+	code := errorCode(err)
+	var kind error
+	switch {
+	case capacityCodes[code]:
+		kind = launcher.ErrNoCapacity
+	case quotaCodes[code]:
+		kind = launcher.ErrQuota
+	case unauthorizedCodes[code]:
+		kind = launcher.ErrUnauthorized
+	case strings.HasPrefix(code, "InvalidParameter"), strings.HasPrefix(code, "InvalidAMIID."),
+		code == "MissingParameter", code == "InvalidInstanceType", code == "InvalidUserData.Malformed",
+		strings.HasPrefix(code, "InvalidGroup."), strings.HasPrefix(code, "InvalidPlacementGroup."):
+		kind = launcher.ErrInvalid
+	default:
+		return fmt.Errorf("%s: %s: %w", InfraName, what, err)
+	}
+	return fmt.Errorf("%w: %s: %s: %v", kind, InfraName, what, err)
+}
+
+// noRetryCapacity stops the SDK's retryer from retrying capacity errors, which EC2 sends with
+// HTTP 500: the same zone will not have capacity a second later, and the provisioner's
+// failover to the next zone is the right retry.
+var noRetryCapacity = retry.IsErrorRetryableFunc(func(err error) awssdk.Ternary {
+	if capacityCodes[errorCode(err)] {
+		return awssdk.FalseTernary
+	}
+	return awssdk.UnknownTernary
+})

@@ -1,0 +1,451 @@
+package fakeec2
+
+import (
+	"encoding/base64"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// EC2 instance state codes.
+var stateCodes = map[string]int{"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}
+
+type instance struct {
+	id, reservationID, region string
+	imageID, instanceType     string
+	zone                      zone
+	placementGroup            string
+	securityGroups            []xmlGroup
+	spot                      bool
+	spotRequestID             string
+	privateIP                 string
+	tags                      map[string]string
+	launchTime                time.Time
+	state                     string
+	endedAt                   time.Time
+	reason                    *xmlStateReason
+	transition                string
+	vm                        *vm
+}
+
+// Instance is a snapshot of one fake instance, for tests.
+type Instance struct {
+	ID, Region, ZoneID, ZoneName, InstanceType, State, PrivateIP, PlacementGroup string
+	Spot                                                                         bool
+	Tags                                                                         map[string]string
+	// StateReason is the state reason code ("" while pending or running).
+	StateReason string
+	// LogPath is the VM's output.
+	LogPath string
+}
+
+func (in *instance) live() bool { return in.state == "pending" || in.state == "running" }
+
+// advance moves instances through time-driven transitions. Callers hold s.mu.
+func (s *Server) advance() {
+	now := s.opts.Now()
+	for _, in := range s.instances {
+		switch in.state {
+		case "pending":
+			if !now.Before(in.launchTime.Add(s.opts.BootDelay)) {
+				in.state = "running"
+			}
+		case "shutting-down":
+			if !now.Before(in.endedAt.Add(s.opts.ShutdownDelay)) {
+				in.state = "terminated"
+			}
+		}
+	}
+}
+
+// Instances returns every instance the server has made, in launch order.
+func (s *Server) Instances() []Instance {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.advance()
+	out := make([]Instance, 0, len(s.order))
+	for _, id := range s.order {
+		in := s.instances[id]
+		snap := Instance{
+			ID: in.id, Region: in.region, ZoneID: in.zone.id, ZoneName: in.zone.name, InstanceType: in.instanceType,
+			State: in.state, PrivateIP: in.privateIP, PlacementGroup: in.placementGroup, Spot: in.spot,
+			Tags: maps.Clone(in.tags), LogPath: s.logPath(in.id),
+		}
+		if in.reason != nil {
+			snap.StateReason = in.reason.Code
+		}
+		out = append(out, snap)
+	}
+	return out
+}
+
+// Preempt reclaims a spot instance as EC2 does: it goes to shutting-down, then terminated,
+// with state reason Server.SpotInstanceTermination, and its VM is killed.
+func (s *Server) Preempt(instanceID string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.advance()
+	in := s.instances[instanceID]
+	if in == nil {
+		return fmt.Errorf("fakeec2: no instance %s", instanceID)
+	}
+	if !in.spot {
+		return fmt.Errorf("fakeec2: instance %s is on-demand", instanceID)
+	}
+	if !in.live() {
+		return fmt.Errorf("fakeec2: instance %s is already %s", instanceID, in.state)
+	}
+	s.end(in, ReasonSpotTermination, "Server.SpotInstanceTermination: Spot instance termination", "Service initiated")
+	return nil
+}
+
+// end starts an instance's shutdown. Callers hold s.mu.
+func (s *Server) end(in *instance, code, message, transition string) {
+	in.state = "shutting-down"
+	in.endedAt = s.opts.Now()
+	in.reason = &xmlStateReason{Code: code, Message: message}
+	in.transition = fmt.Sprintf("%s (%s)", transition, in.endedAt.UTC().Format("2006-01-02 15:04:05 MST"))
+	if in.vm != nil {
+		in.vm.kill(s.opts.KillGrace)
+	}
+}
+
+func (s *Server) logPath(id string) string { return s.opts.LogDir + "/" + id + ".log" }
+
+func (s *Server) vcpusOf(instanceType string) int {
+	if n := s.vcpus[instanceType]; n > 0 {
+		return n
+	}
+	return 2
+}
+
+func (s *Server) allocIP() (string, *APIError) {
+	for s.nextIP < 256*256-2 {
+		s.nextIP++
+		b, c := s.nextIP/256, s.nextIP%256
+		if c == 0 || c == 255 {
+			continue
+		}
+		return fmt.Sprintf("%s.%d.%d", s.opts.Subnet, b, c), nil
+	}
+	return "", apiErr("InsufficientFreeAddressesInSubnet", "No free addresses left in %s.0.0/16", s.opts.Subnet)
+}
+
+func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
+	if s.closed {
+		return nil, apiErr("Unavailable", "%v", errClosed)
+	}
+	imageID, itype := p.get("ImageId"), p.get("InstanceType")
+	if imageID == "" {
+		return nil, apiErr("MissingParameter", "The request must contain the parameter ImageId")
+	}
+	if !strings.HasPrefix(imageID, "ami-") {
+		return nil, apiErr("InvalidAMIID.Malformed", "Invalid id: %q (expecting \"ami-...\")", imageID)
+	}
+	if itype == "" {
+		itype = "m1.small"
+	}
+	minCount, err1 := strconv.Atoi(p.get("MinCount"))
+	maxCount, err2 := strconv.Atoi(p.get("MaxCount"))
+	if err1 != nil || err2 != nil || minCount < 1 || maxCount < minCount {
+		return nil, apiErr("InvalidParameterValue", "MinCount and MaxCount must be positive, with MinCount <= MaxCount")
+	}
+	if token := p.get("ClientToken"); token != "" {
+		if rid, ok := s.tokens[token]; ok {
+			return s.reservationResponse(m, rid), nil
+		}
+	}
+	// Zone: AvailabilityZone (name) or AvailabilityZoneId; default the region's first.
+	z := reg.zones[0]
+	if name := p.get("Placement.AvailabilityZone"); name != "" {
+		i := slices.IndexFunc(reg.zones, func(z zone) bool { return z.name == name })
+		if i < 0 {
+			return nil, apiErr("InvalidParameterValue", "Invalid availability zone: [%s]", name)
+		}
+		z = reg.zones[i]
+	} else if id := p.get("Placement.AvailabilityZoneId"); id != "" {
+		i := slices.IndexFunc(reg.zones, func(z zone) bool { return z.id == id })
+		if i < 0 {
+			return nil, apiErr("InvalidParameterValue", "Invalid availability zone ID: [%s]", id)
+		}
+		z = reg.zones[i]
+	}
+	pg := p.get("Placement.GroupName")
+	if pg != "" {
+		g := reg.placement[pg]
+		if g == nil {
+			return nil, apiErr("InvalidPlacementGroup.Unknown", "The Placement Group '%s' is unknown.", pg)
+		}
+		if g.strategy == "cluster" {
+			for _, in := range s.instances {
+				if in.live() && in.placementGroup == pg && in.zone.id != z.id {
+					return nil, apiErr("InvalidParameterValue", "Placement group %s is in %s; cluster placement groups span one availability zone", pg, in.zone.name)
+				}
+			}
+		}
+	}
+	var groups []xmlGroup
+	for _, id := range p.list("SecurityGroupId") {
+		g := findGroup(reg, func(g *securityGroup) bool { return g.id == id })
+		if g == nil {
+			return nil, apiErr("InvalidGroup.NotFound", "The security group '%s' does not exist", id)
+		}
+		groups = append(groups, xmlGroup{GroupID: g.id, GroupName: g.name})
+	}
+	for _, name := range p.list("SecurityGroup") {
+		g := reg.groups[name]
+		if g == nil {
+			return nil, apiErr("InvalidGroup.NotFound", "The security group '%s' does not exist in default VPC", name)
+		}
+		groups = append(groups, xmlGroup{GroupID: g.id, GroupName: g.name})
+	}
+	spot := false
+	switch mt := p.get("InstanceMarketOptions.MarketType"); mt {
+	case "":
+	case "spot":
+		spot = true
+	default:
+		return nil, apiErr("InvalidParameterValue", "Invalid market type %q", mt)
+	}
+	userData := p.get("UserData")
+	script, err := base64.StdEncoding.DecodeString(userData)
+	if err != nil {
+		return nil, apiErr("InvalidParameterValue", "Invalid BASE64 encoding of user data.")
+	}
+	if len(script) > 16*1024 {
+		return nil, apiErr("InvalidParameterValue", "User data is limited to 16384 bytes")
+	}
+	tags, aerr := p.tags("instance")
+	if aerr != nil {
+		return nil, aerr
+	}
+	if e := s.zoneErrors[z.id]; e != nil {
+		return nil, e
+	}
+	// Capacity, quota and price checks count live instances.
+	liveOfType, liveVCPUs, liveSpot := 0, 0, 0
+	for _, in := range s.instances {
+		if !in.live() {
+			continue
+		}
+		if in.zone.id == z.id && in.instanceType == itype {
+			liveOfType++
+		}
+		if in.region == reg.name {
+			if in.spot {
+				liveSpot++
+			} else {
+				liveVCPUs += s.vcpusOf(in.instanceType)
+			}
+		}
+	}
+	if spot {
+		price, ok := s.spotPrices[z.id+"/"+itype]
+		if maxPrice := p.get("InstanceMarketOptions.SpotOptions.MaxPrice"); ok && maxPrice != "" {
+			if mp, err := strconv.ParseFloat(maxPrice, 64); err == nil && mp < price {
+				return nil, apiErr("SpotMaxPriceTooLow", "Your Spot request price of %s is lower than the minimum required Spot request fulfillment price of %.4f.", maxPrice, price)
+			}
+		}
+		if lim := s.opts.SpotInstanceLimit; lim > 0 && liveSpot+minCount > lim {
+			return nil, apiErr("MaxSpotInstanceCountExceeded", "Max spot instance count exceeded")
+		}
+	} else if lim := s.opts.VCPULimit; lim > 0 && liveVCPUs+minCount*s.vcpusOf(itype) > lim {
+		return nil, apiErr("VcpuLimitExceeded", "You have requested more vCPU capacity than your current vCPU limit of %d allows for the instance bucket that the specified instance type belongs to. Please visit http://aws.amazon.com/contact-us/ec2-request to request an adjustment to this limit.", lim)
+	}
+	count := maxCount
+	if c, ok := s.capacity[z.id+"/"+itype]; ok || s.opts.DefaultCapacity > 0 {
+		if !ok {
+			c = s.opts.DefaultCapacity
+		}
+		free := max(c-liveOfType, 0)
+		if free < minCount {
+			return nil, apiErr("InsufficientInstanceCapacity", "We currently do not have sufficient %s capacity in the Availability Zone you requested (%s). Our system will be working on provisioning additional capacity.", itype, z.name)
+		}
+		count = min(count, free)
+	}
+	rid := newID("r-")
+	now := s.opts.Now()
+	for range count {
+		ip, aerr := s.allocIP()
+		if aerr != nil {
+			return nil, aerr
+		}
+		in := &instance{
+			id: newID("i-"), reservationID: rid, region: reg.name, imageID: imageID, instanceType: itype,
+			zone: z, placementGroup: pg, securityGroups: groups, spot: spot, privateIP: ip,
+			tags: maps.Clone(tags), launchTime: now, state: "pending",
+		}
+		if spot {
+			in.spotRequestID = newID("sir-")[:12]
+		}
+		s.instances[in.id] = in
+		s.order = append(s.order, in.id)
+		v, err := s.boot(in, script)
+		if err != nil {
+			in.state, in.endedAt = "shutting-down", now
+			in.reason = &xmlStateReason{Code: "Server.InternalError", Message: "Server.InternalError: " + err.Error()}
+			continue
+		}
+		in.vm = v
+	}
+	if token := p.get("ClientToken"); token != "" {
+		s.tokens[token] = rid
+	}
+	return s.reservationResponse(m, rid), nil
+}
+
+func (s *Server) reservationResponse(m meta, rid string) *runInstancesResponse {
+	out := &runInstancesResponse{meta: m}
+	out.ReservationID, out.OwnerID = rid, ownerID
+	for _, id := range s.order {
+		if in := s.instances[id]; in.reservationID == rid {
+			out.Instances = append(out.Instances, s.xmlInstance(in, len(out.Instances)))
+		}
+	}
+	return out
+}
+
+func (s *Server) xmlInstance(in *instance, index int) xmlInstance {
+	x := xmlInstance{
+		InstanceID: in.id, ImageID: in.imageID, State: xmlState{Code: stateCodes[in.state], Name: in.state},
+		Reason: in.transition, AmiLaunchIndex: index, InstanceType: in.instanceType, LaunchTime: timestamp(in.launchTime),
+		Placement:   xmlPlacement{AvailabilityZone: in.zone.name, AvailabilityZoneID: in.zone.id, GroupName: in.placementGroup, Tenancy: "default"},
+		GroupSet:    in.securityGroups,
+		StateReason: in.reason, SpotInstanceRequestID: in.spotRequestID, TagSet: tagSet(in.tags),
+	}
+	if in.state != "terminated" {
+		x.PrivateIPAddress = in.privateIP
+		x.PrivateDNSName = "ip-" + strings.ReplaceAll(in.privateIP, ".", "-") + ".ec2.internal"
+	}
+	if in.spot {
+		x.InstanceLifecycle = "spot"
+	}
+	return x
+}
+
+func (s *Server) describeInstances(m meta, reg *region, p params) (any, *APIError) {
+	ids := p.list("InstanceId")
+	for _, id := range ids {
+		if !strings.HasPrefix(id, "i-") {
+			return nil, apiErr("InvalidInstanceID.Malformed", "Invalid id: \"%s\"", id)
+		}
+		if in := s.instances[id]; in == nil || in.region != reg.name {
+			return nil, apiErr("InvalidInstanceID.NotFound", "The instance ID '%s' does not exist", id)
+		}
+	}
+	filters := p.filters()
+	for name := range filters {
+		switch {
+		case strings.HasPrefix(name, "tag:"), name == "tag-key", name == "instance-state-name", name == "instance-lifecycle",
+			name == "instance-id", name == "placement-group-name", name == "availability-zone", name == "instance-type":
+		default:
+			return nil, apiErr("InvalidParameterValue", "The filter '%s' is invalid", name)
+		}
+	}
+	match := func(in *instance) bool {
+		if len(ids) > 0 && !slices.Contains(ids, in.id) {
+			return false
+		}
+		for name, values := range filters {
+			var have []string
+			switch {
+			case strings.HasPrefix(name, "tag:"):
+				if v, ok := in.tags[strings.TrimPrefix(name, "tag:")]; ok {
+					have = []string{v}
+				}
+			case name == "tag-key":
+				have = slices.Collect(maps.Keys(in.tags))
+			case name == "instance-state-name":
+				have = []string{in.state}
+			case name == "instance-lifecycle":
+				if in.spot {
+					have = []string{"spot"}
+				}
+			case name == "instance-id":
+				have = []string{in.id}
+			case name == "placement-group-name":
+				have = []string{in.placementGroup}
+			case name == "availability-zone":
+				have = []string{in.zone.name}
+			case name == "instance-type":
+				have = []string{in.instanceType}
+			}
+			if !slices.ContainsFunc(have, func(h string) bool { return slices.Contains(values, h) }) {
+				return false
+			}
+		}
+		return true
+	}
+	// One reservation per RunInstances call, with its matching instances.
+	var rids []string
+	byRes := map[string][]*instance{}
+	for _, id := range s.order {
+		in := s.instances[id]
+		if in.region != reg.name || !match(in) {
+			continue
+		}
+		if _, ok := byRes[in.reservationID]; !ok {
+			rids = append(rids, in.reservationID)
+		}
+		byRes[in.reservationID] = append(byRes[in.reservationID], in)
+	}
+	start := 0
+	if tok := p.get("NextToken"); tok != "" {
+		n, err := strconv.Atoi(tok)
+		if err != nil || n < 0 || n > len(rids) {
+			return nil, apiErr("InvalidParameterValue", "Invalid NextToken")
+		}
+		start = n
+	}
+	end := len(rids)
+	out := &describeInstancesResponse{meta: m}
+	if mr := p.get("MaxResults"); mr != "" {
+		n, err := strconv.Atoi(mr)
+		if err != nil || n < 5 || n > 1000 {
+			return nil, apiErr("InvalidParameterValue", "MaxResults must be between 5 and 1000")
+		}
+		if len(ids) > 0 {
+			return nil, apiErr("InvalidParameterCombination", "The parameter instancesSet cannot be used with the parameter maxResults")
+		}
+		if start+n < end {
+			end = start + n
+			out.NextToken = strconv.Itoa(end)
+		}
+	}
+	for _, rid := range rids[start:end] {
+		res := xmlReservation{ReservationID: rid, OwnerID: ownerID}
+		for i, in := range byRes[rid] {
+			res.Instances = append(res.Instances, s.xmlInstance(in, i))
+		}
+		out.Reservations = append(out.Reservations, res)
+	}
+	return out, nil
+}
+
+func (s *Server) terminateInstances(m meta, reg *region, p params) (any, *APIError) {
+	ids := p.list("InstanceId")
+	if len(ids) == 0 {
+		return nil, apiErr("MissingParameter", "The request must contain the parameter InstanceId")
+	}
+	for _, id := range ids {
+		if !strings.HasPrefix(id, "i-") {
+			return nil, apiErr("InvalidInstanceID.Malformed", "Invalid id: \"%s\"", id)
+		}
+		if in := s.instances[id]; in == nil || in.region != reg.name {
+			return nil, apiErr("InvalidInstanceID.NotFound", "The instance ID '%s' does not exist", id)
+		}
+	}
+	out := &terminateInstancesResponse{meta: m}
+	for _, id := range ids {
+		in := s.instances[id]
+		prev := xmlState{Code: stateCodes[in.state], Name: in.state}
+		if in.live() {
+			s.end(in, ReasonUserShutdown, "Client.UserInitiatedShutdown: User initiated shutdown", "User initiated")
+		}
+		out.Instances = append(out.Instances, xmlStateChange{InstanceID: id, PreviousState: prev, CurrentState: xmlState{Code: stateCodes[in.state], Name: in.state}})
+	}
+	return out, nil
+}

@@ -1,0 +1,387 @@
+// Package fakeec2 is an in-process stand-in for Amazon EC2: an HTTP server that speaks the EC2
+// Query API (form-encoded POST, XML answers in EC2's namespace, EC2's error envelope and HTTP
+// statuses) for the subset Ferry's AWS provider calls, so tests drive the real aws-sdk-go-v2
+// client. It is loopback only.
+//
+// What it models: regions and zones from the price catalog (AZ IDs like use1-az4, with
+// account-style zone names that deliberately do not follow ID order), per-zone capacity per
+// instance type, a per-region vCPU quota for on-demand instances (VcpuLimitExceeded) and a
+// spot instance count limit (MaxSpotInstanceCountExceeded), spot prices from the catalog,
+// security groups, placement groups, injected errors per zone, and spot preemption.
+//
+// A VM "boots" by running its user-data with bash as a local process in its own process
+// group, with FERRY_HOST set to a loopback address (127.A.x.y, from a /16 the server owns)
+// that is also the instance's private IP, so a server started by the user-data is reachable at
+// privateIp:port exactly as on a VPC. Output goes to LogDir/<instance-id>.log. Terminating or
+// preempting an instance, or closing the server, kills its process group.
+//
+// Credentials: every request must carry a SigV4 Authorization header; signatures are not
+// verified. The region is read from the header's credential scope, so one server is every
+// region. Access keys in Options.BadAccessKeys get AuthFailure, in DeniedAccessKeys
+// UnauthorizedOperation.
+package fakeec2
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ferryserve/ferry/launcher/catalog"
+)
+
+// Options configures a Server. Zero values are usable.
+type Options struct {
+	// LogDir holds each VM's user-data and output; default a new temporary directory that
+	// Close removes.
+	LogDir string
+	// Subnet is the loopback /16 VMs get addresses from, as "127.A"; default a random A in
+	// [64, 250), so servers in parallel test processes rarely share one.
+	Subnet string
+	// BadAccessKeys are rejected with AuthFailure (401); DeniedAccessKeys with
+	// UnauthorizedOperation (403) on every action but DescribeAvailabilityZones.
+	BadAccessKeys    []string
+	DeniedAccessKeys []string
+	// VCPULimit is each region's on-demand vCPU quota over live instances; 0 is unlimited.
+	VCPULimit int
+	// SpotInstanceLimit is each region's limit on live spot instances; 0 is unlimited.
+	SpotInstanceLimit int
+	// DefaultCapacity is how many live instances of one type a zone holds; 0 is unlimited.
+	// SetCapacity overrides it per zone and type.
+	DefaultCapacity int
+	// BootDelay is how long an instance stays pending; default 50ms.
+	BootDelay time.Duration
+	// ShutdownDelay is how long an instance stays shutting-down; default 50ms.
+	ShutdownDelay time.Duration
+	// KillGrace is how long a VM's processes get between SIGTERM and SIGKILL; default 2s.
+	KillGrace time.Duration
+	// Env is added to every VM's environment (after this process's own, e.g. PATH).
+	Env []string
+	// Catalog supplies zones, vCPUs and spot prices; default catalog.Default().
+	Catalog *catalog.Catalog
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Spot termination reason EC2 reports in an instance's StateReason.
+const (
+	ReasonSpotTermination = "Server.SpotInstanceTermination"
+	ReasonUserShutdown    = "Client.UserInitiatedShutdown"
+	ownerID               = "123456789012"
+)
+
+// Server is a fake EC2 endpoint. Create it with New and Close it when done.
+type Server struct {
+	opts    Options
+	ln      net.Listener
+	srv     *http.Server
+	tempDir bool
+
+	mu         sync.Mutex
+	regions    map[string]*region
+	instances  map[string]*instance // by instance id
+	order      []string             // instance ids in launch order
+	zoneErrors map[string]*APIError // by zone id
+	capacity   map[string]int       // "zoneID/type" -> live instances allowed
+	spotPrices map[string]float64   // "zoneID/type" -> price
+	vcpus      map[string]int       // instance type -> vCPUs
+	tokens     map[string]string    // client token -> reservation id
+	nextIP     int
+	closed     bool
+	vms        sync.WaitGroup
+}
+
+type region struct {
+	name      string
+	zones     []zone
+	groups    map[string]*securityGroup  // by name
+	placement map[string]*placementGroup // by name
+}
+
+type zone struct{ id, name string }
+
+type securityGroup struct {
+	id, name, description string
+	rules                 []xmlIPPermission
+	tags                  map[string]string
+}
+
+type placementGroup struct {
+	id, name, strategy string
+	tags               map[string]string
+}
+
+// New starts a Server on a free loopback port.
+func New(opts Options) (*Server, error) {
+	if opts.Catalog == nil {
+		opts.Catalog = catalog.Default()
+	}
+	if opts.BootDelay <= 0 {
+		opts.BootDelay = 50 * time.Millisecond
+	}
+	if opts.ShutdownDelay <= 0 {
+		opts.ShutdownDelay = 50 * time.Millisecond
+	}
+	if opts.KillGrace <= 0 {
+		opts.KillGrace = 2 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Subnet == "" {
+		b := make([]byte, 1)
+		_, _ = rand.Read(b)
+		opts.Subnet = fmt.Sprintf("127.%d", 64+int(b[0])%186)
+	}
+	if ip := net.ParseIP(opts.Subnet + ".0.1"); ip == nil || !ip.IsLoopback() {
+		return nil, fmt.Errorf("fakeec2: subnet %q is not a loopback 127.A", opts.Subnet)
+	}
+	s := &Server{
+		opts: opts, regions: map[string]*region{}, instances: map[string]*instance{},
+		zoneErrors: map[string]*APIError{}, capacity: map[string]int{}, spotPrices: map[string]float64{},
+		vcpus: map[string]int{}, tokens: map[string]string{},
+	}
+	if s.opts.LogDir == "" {
+		dir, err := os.MkdirTemp("", "fakeec2-")
+		if err != nil {
+			return nil, fmt.Errorf("fakeec2: %w", err)
+		}
+		s.opts.LogDir, s.tempDir = dir, true
+	} else if err := os.MkdirAll(s.opts.LogDir, 0o755); err != nil {
+		return nil, fmt.Errorf("fakeec2: %w", err)
+	}
+	s.loadCatalog()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("fakeec2: %w", err)
+	}
+	s.ln = ln
+	s.srv = &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = s.srv.Serve(ln) }()
+	return s, nil
+}
+
+// loadCatalog builds regions, zones, vCPUs and spot prices from the catalog's AWS rows. Zone
+// names are assigned so that ID order and name order differ (use1-az1 is us-east-1b), as in a
+// real account, so code that confuses the two fails against the fake.
+func (s *Server) loadCatalog() {
+	ids := map[string][]string{}
+	for _, r := range s.opts.Catalog.Rows() {
+		if r.Cloud != catalog.AWS {
+			continue
+		}
+		if !slices.Contains(ids[r.Region], r.Zone) {
+			ids[r.Region] = append(ids[r.Region], r.Zone)
+		}
+		s.vcpus[r.InstanceType] = int(r.VCPUs)
+		if r.SpotPerHour > 0 {
+			s.spotPrices[r.Zone+"/"+r.InstanceType] = r.SpotPerHour
+		}
+	}
+	for name, zs := range ids {
+		slices.Sort(zs)
+		reg := &region{name: name, groups: map[string]*securityGroup{}, placement: map[string]*placementGroup{}}
+		for i, id := range zs {
+			reg.zones = append(reg.zones, zone{id: id, name: name + string(rune('a'+(i+1)%len(zs)))})
+		}
+		s.regions[name] = reg
+	}
+}
+
+// URL is the endpoint to give the SDK (BaseEndpoint).
+func (s *Server) URL() string { return "http://" + s.ln.Addr().String() }
+
+// LogDir is where VMs' user-data and logs are written.
+func (s *Server) LogDir() string { return s.opts.LogDir }
+
+// Close stops serving, kills every VM and waits for their processes to end.
+func (s *Server) Close() error {
+	err := s.srv.Close()
+	s.mu.Lock()
+	s.closed = true
+	for _, in := range s.instances {
+		if in.vm != nil {
+			in.vm.kill(s.opts.KillGrace)
+		}
+	}
+	s.mu.Unlock()
+	s.vms.Wait()
+	if s.tempDir {
+		_ = os.RemoveAll(s.opts.LogDir)
+	}
+	return err
+}
+
+// ZoneNames returns region's zones as AZ ID → zone name.
+func (s *Server) ZoneNames(regionName string) map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]string{}
+	if reg := s.regions[regionName]; reg != nil {
+		for _, z := range reg.zones {
+			out[z.id] = z.name
+		}
+	}
+	return out
+}
+
+// SetCapacity sets how many live instances of instanceType zone (an AZ ID or name) holds.
+func (s *Server) SetCapacity(zone, instanceType string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.capacity[s.zoneID(zone)+"/"+instanceType] = n
+}
+
+// SetSpotPrice sets the spot price of instanceType in zone (an AZ ID or name).
+func (s *Server) SetSpotPrice(zone, instanceType string, price float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.spotPrices[s.zoneID(zone)+"/"+instanceType] = price
+}
+
+// FailZone makes every RunInstances into zone (an AZ ID or name) fail with code (for example
+// InsufficientInstanceCapacity or SpotMaxPriceTooLow) until ClearZone. An empty code clears.
+func (s *Server) FailZone(zone, code string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := s.zoneID(zone)
+	if code == "" {
+		delete(s.zoneErrors, id)
+		return
+	}
+	s.zoneErrors[id] = apiErr(code, "Injected failure in %s: %s", id, code)
+}
+
+// ClearZone removes FailZone's error.
+func (s *Server) ClearZone(zone string) { s.FailZone(zone, "") }
+
+// zoneID maps a zone name to its ID; an ID (or unknown string) is returned as is.
+func (s *Server) zoneID(z string) string {
+	for _, reg := range s.regions {
+		for _, zz := range reg.zones {
+			if zz.name == z {
+				return zz.id
+			}
+		}
+	}
+	return z
+}
+
+// ServeHTTP answers one EC2 Query API request.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	reqID := newID("")
+	if r.Method != http.MethodPost {
+		writeError(w, reqID, apiErr("InvalidAction", "Only POST is supported"))
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 1<<20)
+	if err := r.ParseForm(); err != nil {
+		writeError(w, reqID, apiErr("MalformedQueryString", "%v", err))
+		return
+	}
+	p := params(r.PostForm)
+	akid, regionName, aerr := s.authorize(r.Header.Get("Authorization"))
+	if aerr != nil {
+		writeError(w, reqID, aerr)
+		return
+	}
+	action := p.get("Action")
+	if slices.Contains(s.opts.DeniedAccessKeys, akid) && action != "DescribeAvailabilityZones" {
+		writeError(w, reqID, apiErr("UnauthorizedOperation", "You are not authorized to perform this operation. User: arn:aws:iam::%s:user/%s is not authorized to perform: ec2:%s", ownerID, akid, action))
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	reg := s.regions[regionName]
+	if reg == nil {
+		writeError(w, reqID, apiErr("AuthFailure", "AWS was not able to validate the provided access credentials (unknown region %q)", regionName))
+		return
+	}
+	s.advance()
+	m := meta{Xmlns: Namespace, RequestID: reqID}
+	var (
+		out any
+		err *APIError
+	)
+	switch action {
+	case "RunInstances":
+		out, err = s.runInstances(m, reg, p)
+	case "DescribeInstances":
+		out, err = s.describeInstances(m, reg, p)
+	case "TerminateInstances":
+		out, err = s.terminateInstances(m, reg, p)
+	case "DescribeAvailabilityZones":
+		out, err = s.describeAvailabilityZones(m, reg, p)
+	case "DescribeSpotPriceHistory":
+		out, err = s.describeSpotPriceHistory(m, reg, p)
+	case "CreateSecurityGroup":
+		out, err = s.createSecurityGroup(m, reg, p)
+	case "DescribeSecurityGroups":
+		out, err = s.describeSecurityGroups(m, reg, p)
+	case "AuthorizeSecurityGroupIngress":
+		out, err = s.authorizeSecurityGroupIngress(m, reg, p)
+	case "CreatePlacementGroup":
+		out, err = s.createPlacementGroup(m, reg, p)
+	case "DescribePlacementGroups":
+		out, err = s.describePlacementGroups(m, reg, p)
+	case "DeletePlacementGroup":
+		out, err = s.deletePlacementGroup(m, reg, p)
+	case "GetSpotPlacementScores":
+		out, err = s.getSpotPlacementScores(m, p)
+	default:
+		err = apiErr("InvalidAction", "The action %s is not valid for this web service.", action)
+	}
+	if err != nil {
+		writeError(w, reqID, err)
+		return
+	}
+	writeXML(w, http.StatusOK, out)
+}
+
+// authorize reads the access key and region from a SigV4 Authorization header:
+// "AWS4-HMAC-SHA256 Credential=AKID/DATE/REGION/ec2/aws4_request, SignedHeaders=..., Signature=...".
+func (s *Server) authorize(h string) (akid, regionName string, err *APIError) {
+	if h == "" {
+		return "", "", apiErr("MissingAuthenticationToken", "Request is missing Authentication Token")
+	}
+	_, cred, ok := strings.Cut(h, "Credential=")
+	if !strings.HasPrefix(h, "AWS4-HMAC-SHA256 ") || !ok {
+		return "", "", apiErr("AuthFailure", "AWS was not able to validate the provided access credentials")
+	}
+	cred, _, _ = strings.Cut(cred, ",")
+	parts := strings.Split(cred, "/")
+	if len(parts) != 5 || parts[3] != "ec2" {
+		return "", "", apiErr("AuthFailure", "AWS was not able to validate the provided access credentials")
+	}
+	if slices.Contains(s.opts.BadAccessKeys, parts[0]) {
+		return "", "", apiErr("AuthFailure", "AWS was not able to validate the provided access credentials")
+	}
+	return parts[0], parts[2], nil
+}
+
+// newID returns prefix and 17 hex digits, the shape of EC2's long resource ids.
+func newID(prefix string) string {
+	b := make([]byte, 9)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)[:17]
+}
+
+func sprintf(format string, args ...any) string { return fmt.Sprintf(format, args...) }
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+var errClosed = errors.New("fakeec2: server closed")

@@ -1,0 +1,149 @@
+package aws
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"strconv"
+	"strings"
+	"time"
+
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// LaunchGang launches n instances of spec in one cluster placement group (one zone, low
+// latency between nodes), all or none: if any node fails to run, or fails to reach running,
+// every node is terminated and the group deleted. Each node gets its rank in its name, labels
+// and environment (launcher.EnvNodeRank, launcher.EnvNumNodes), so nodes are launched by one
+// RunInstances call each: one call with MinCount=n would be atomic in EC2 but gives every node
+// the same user-data.
+//
+// After a successful gang the placement group stays (it costs nothing; the account limit is
+// 500): deleting it when the gang's last node is terminated is not done yet.
+func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([]launcher.Instance, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("%w: a gang needs at least one node, got %d", launcher.ErrInvalid, n)
+	}
+	if n == 1 {
+		inst, err := p.Launch(ctx, gangNode(spec, 0, 1))
+		if err != nil {
+			return nil, err
+		}
+		return []launcher.Instance{inst}, nil
+	}
+	lp, err := p.plan(ctx, spec, true)
+	if err != nil {
+		return nil, err
+	}
+	c := p.clients[lp.region]
+	lp.placementGroup = placementGroupName(spec.Name)
+	_, err = c.CreatePlacementGroup(ctx, &ec2.CreatePlacementGroupInput{
+		GroupName: awssdk.String(lp.placementGroup),
+		Strategy:  types.PlacementStrategyCluster,
+		TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypePlacementGroup,
+			Tags: []types.Tag{{Key: awssdk.String(launcher.LabelOwner), Value: awssdk.String("true")}}}},
+	})
+	if err != nil {
+		return nil, classify(err, "create placement group "+lp.placementGroup)
+	}
+	var ids []string
+	fail := func(err error) ([]launcher.Instance, error) {
+		if ctx.Err() == nil || len(ids) == 0 {
+			p.rollBack(lp.region, lp.placementGroup, ids)
+		}
+		return nil, fmt.Errorf("gang of %d in %s: %w", n, lp.zone, err)
+	}
+	for rank := range n {
+		id, err := p.run(ctx, lp, gangNode(spec, rank, n))
+		if err != nil {
+			return fail(err)
+		}
+		ids = append(ids, id)
+	}
+	insts, err := p.waitRunning(ctx, lp.region, ids)
+	if err != nil {
+		return fail(err)
+	}
+	p.log.Info("gang running", zap.String("name", spec.Name), zap.Int("nodes", n), zap.String("placement_group", lp.placementGroup))
+	return insts, nil
+}
+
+// rollBack terminates a failed gang's nodes, waits (bounded) until they are terminated so the
+// placement group is no longer in use, and deletes the group.
+func (p *Provider) rollBack(region, group string, ids []string) {
+	p.terminateQuietly(region, ids)
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	c := p.clients[region]
+	wait := p.opts.PollInterval
+	for len(ids) > 0 {
+		out, err := c.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: ids})
+		if err == nil && allTerminated(out) {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			p.log.Warn("placement group of a failed gang left behind: its nodes did not terminate in time", zap.String("group", group))
+			return
+		case <-t.C:
+		}
+		wait = min(wait*3/2, maxPollInterval)
+	}
+	if _, err := c.DeletePlacementGroup(ctx, &ec2.DeletePlacementGroupInput{GroupName: awssdk.String(group)}); err != nil {
+		p.log.Warn("delete placement group of a failed gang", zap.String("group", group), zap.Error(err))
+	}
+}
+
+func allTerminated(out *ec2.DescribeInstancesOutput) bool {
+	for _, r := range out.Reservations {
+		for _, in := range r.Instances {
+			if in.State == nil || in.State.Name != types.InstanceStateNameTerminated {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// placementGroupName is "ferry-NAME-RANDOM", within EC2's 255 characters.
+func placementGroupName(name string) string {
+	var b strings.Builder
+	for _, r := range name {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('-')
+		}
+	}
+	base := b.String()
+	if len(base) > 200 {
+		base = base[:200]
+	}
+	return "ferry-" + base + "-" + randomHex(6)
+}
+
+// gangNode is node rank of n, as launcher.LaunchGang names and labels it.
+func gangNode(spec launcher.Spec, rank, n int) launcher.Spec {
+	s := spec
+	s.Name = launcher.GangName(spec.Name, rank, n)
+	s.Labels = maps.Clone(spec.Labels)
+	if s.Labels == nil {
+		s.Labels = map[string]string{}
+	}
+	s.Labels[launcher.LabelNodeRank] = strconv.Itoa(rank)
+	s.Envs = maps.Clone(spec.Envs)
+	if s.Envs == nil {
+		s.Envs = map[string]string{}
+	}
+	s.Envs[launcher.EnvNodeRank] = strconv.Itoa(rank)
+	s.Envs[launcher.EnvNumNodes] = strconv.Itoa(n)
+	return s
+}

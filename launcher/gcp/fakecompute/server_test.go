@@ -1,0 +1,121 @@
+package fakecompute
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	compute "cloud.google.com/go/compute/apiv1"
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"github.com/googleapis/gax-go/v2/apierror"
+	"google.golang.org/api/googleapi"
+	"google.golang.org/api/iterator"
+	"google.golang.org/api/option"
+	"google.golang.org/protobuf/proto"
+)
+
+// newClients serves a fake and returns the real REST clients aimed at it.
+func newClients(t *testing.T, opts Options) (*Server, *compute.InstancesClient, *compute.ZoneOperationsClient) {
+	t.Helper()
+	opts.Dir = t.TempDir()
+	fake := New(opts)
+	srv := httptest.NewServer(fake)
+	t.Cleanup(fake.Close)
+	t.Cleanup(srv.Close)
+	ctx := context.Background()
+	copts := []option.ClientOption{option.WithEndpoint(srv.URL), option.WithoutAuthentication()}
+	ic, err := compute.NewInstancesRESTClient(ctx, copts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oc, err := compute.NewZoneOperationsRESTClient(ctx, copts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ic.Close(); oc.Close() })
+	return fake, ic, oc
+}
+
+func vmResource(name string) *computepb.Instance {
+	return &computepb.Instance{Name: proto.String(name), MachineType: proto.String("zones/us-central1-a/machineTypes/n1-standard-4")}
+}
+
+// TestOperationErrorThroughClientWait checks the path the client library's own Operation.Wait
+// takes: a DONE operation with httpErrorStatusCode becomes an *apierror.APIError carrying the
+// HTTP status, while the operation proto keeps error.errors[].code.
+func TestOperationErrorThroughClientWait(t *testing.T) {
+	fake, ic, _ := newClients(t, Options{Project: "p", OpDelay: -1})
+	fake.InjectFault("us-central1-a", Fault{Code: CodeZoneResourcePoolExhausted})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	op, err := ic.Insert(ctx, &computepb.InsertInstanceRequest{Project: "p", Zone: "us-central1-a", InstanceResource: vmResource("vm-1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = op.Wait(ctx)
+	var aerr *apierror.APIError
+	if !errors.As(err, &aerr) || aerr.HTTPCode() != http.StatusServiceUnavailable {
+		t.Fatalf("Wait = %v, want an APIError with 503", err)
+	}
+	if got := op.Proto().GetError().GetErrors()[0].GetCode(); got != CodeZoneResourcePoolExhausted {
+		t.Errorf("operation error code = %q", got)
+	}
+	if _, _, ok := fake.Instance("vm-1"); ok {
+		t.Error("a failed insert left an instance")
+	}
+}
+
+func TestHTTPErrorEnvelope(t *testing.T) {
+	fake, ic, _ := newClients(t, Options{Project: "p", DeniedTokens: map[string]int{"": http.StatusForbidden}})
+	_ = fake
+	_, err := ic.Get(context.Background(), &computepb.GetInstanceRequest{Project: "p", Zone: "us-central1-a", Instance: "x"})
+	var gerr *googleapi.Error
+	if !errors.As(err, &gerr) || gerr.Code != 403 || len(gerr.Errors) != 1 || gerr.Errors[0].Reason != "forbidden" {
+		t.Fatalf("err = %#v", err)
+	}
+}
+
+func TestListFilterAndWait(t *testing.T) {
+	fake, ic, oc := newClients(t, Options{Project: "p"})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, name := range []string{"a", "b"} {
+		vm := vmResource(name)
+		vm.Labels = map[string]string{"ferry-service": name}
+		op, err := ic.Insert(ctx, &computepb.InsertInstanceRequest{Project: "p", Zone: "us-central1-a", InstanceResource: vm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if op.Done() {
+			t.Fatal("insert operation is DONE at once with a positive OpDelay")
+		}
+		done, err := oc.Wait(ctx, &computepb.WaitZoneOperationRequest{Project: "p", Zone: "us-central1-a", Operation: op.Name()})
+		if err != nil || done.GetStatus() != computepb.Operation_DONE {
+			t.Fatalf("wait = %v, %v", done, err)
+		}
+	}
+	it := ic.List(ctx, &computepb.ListInstancesRequest{Project: "p", Zone: "us-central1-a", Filter: proto.String(`(labels.ferry-service = "b")`)})
+	var names []string
+	for {
+		vm, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, vm.GetName()+"/"+vm.GetStatus())
+	}
+	if len(names) != 1 || names[0] != "b/RUNNING" {
+		t.Fatalf("filtered list = %v", names)
+	}
+	_ = fake
+	_, err := ic.List(ctx, &computepb.ListInstancesRequest{Project: "p", Zone: "us-central1-a", Filter: proto.String(`labels.a = "b" OR name = "x"`)}).Next()
+	var gerr *googleapi.Error
+	if !errors.As(err, &gerr) || gerr.Code != 400 {
+		t.Fatalf("unsupported filter: %v", err)
+	}
+}

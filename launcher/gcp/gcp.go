@@ -1,0 +1,647 @@
+// Package gcp is the launcher.Provider for Google Compute Engine: one VM per instance, on-demand
+// or Spot, through the real cloud.google.com/go/compute REST clients.
+//
+// A VM is bootstrapped by its startup-script metadata (no SSH): the script exports the spec's
+// environment, FERRY_PORT and FERRY_HOST, then runs setup and run. VMs carry Ferry's labels
+// (mapped to GCP's label alphabet, see labels.go), so a restarted controller adopts them by
+// label. GPUs come built into a2/a3/g2 machine types, or are attached to n1 machine types as
+// guestAccelerators (the catalog composes "n1-standard-8 + T4" rows); both must terminate on
+// host maintenance. Capacity, quota and unsupported-configuration failures, whether reported
+// as HTTP errors or as failed operations, become launcher.ErrNoCapacity, ErrQuota and
+// ErrInvalid so the provisioner fails over.
+//
+// Instance ids are "gcp/ZONE/NAME".
+package gcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	compute "cloud.google.com/go/compute/apiv1"
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"github.com/google/uuid"
+	"go.uber.org/zap"
+	"golang.org/x/oauth2"
+	"google.golang.org/api/iterator"
+	"google.golang.org/api/option"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/catalog"
+)
+
+// InfraName is the provider's infra and the prefix of its instance ids.
+const InfraName = "gcp"
+
+// Defaults for Options.
+const (
+	// DefaultNetwork is the VPC network VMs join and the firewall rule applies to.
+	DefaultNetwork = "default"
+	// DefaultImage boots VMs without GPUs (bash is all the startup script needs).
+	DefaultImage = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
+	// DefaultGPUImage boots GPU VMs: a Deep Learning VM image, whose boot installs the NVIDIA
+	// driver when the metadata asks (install-nvidia-driver=True, which the provider sets).
+	DefaultGPUImage = "projects/deeplearning-platform-release/global/images/family/common-cu124-ubuntu-2204-py310"
+	// DefaultMachineType is used when a placement names none.
+	DefaultMachineType = "n1-standard-4"
+	// DefaultDiskSizeGB is the boot disk when the task sets no disk_size.
+	DefaultDiskSizeGB = 256
+	// DefaultPort is the service port when the spec gives none.
+	DefaultPort = 8080
+	// DefaultLaunchTimeout bounds a launch: the insert operation and the wait for RUNNING.
+	DefaultLaunchTimeout = 10 * time.Minute
+	// DefaultPollInterval is how often a launch reads the VM while waiting for RUNNING.
+	DefaultPollInterval = 2 * time.Second
+	// DefaultNoticeInterval is how often the preemption watcher lists preempted operations.
+	// GCP gives a Spot VM 30 seconds between the preemption notice and the stop, and tells
+	// only the VM itself (metadata server); from outside, the compute.instances.preempted
+	// operation appears when the preemption starts, so a notice is at most this late.
+	DefaultNoticeInterval = 10 * time.Second
+	// DefaultNoticeLookback is how old a preemption may be and still be noticed by a watcher
+	// that has just started.
+	DefaultNoticeLookback = time.Minute
+	// networkTag marks Ferry's VMs; the firewall rule for a port targets "ferry-port-PORT".
+	networkTag      = "ferry"
+	cleanupTimeout  = 2 * time.Minute
+	maxOpWaits      = 64 // operations.wait returns after at most 2 minutes each
+	metaPort        = "ferry-port"
+	metaPrice       = "ferry-price-per-hour"
+	metaStartup     = "startup-script"
+	preemptedOpType = "compute.instances.preempted"
+)
+
+// Options configures a Provider for one project.
+type Options struct {
+	// Project is the GCP project id. Required.
+	Project string
+	// Zones and Regions bound where the provider launches and lists. A zone is allowed when
+	// it is in Zones, or in one of Regions (the catalog's zones of the region). Both empty
+	// allows every GCP zone in the catalog.
+	Zones   []string
+	Regions []string
+	// Endpoint overrides the Compute API endpoint ("http://127.0.0.1:PORT" for the fake, or a
+	// compatible cloud). With an Endpoint and no Token, requests carry no credentials.
+	Endpoint string
+	// Token is a static OAuth2 access token. Empty uses Application Default Credentials
+	// (GOOGLE_APPLICATION_CREDENTIALS, gcloud's ADC file, the metadata server) unless Endpoint
+	// is set.
+	Token string
+	// ClientOptions are added to every client (after the ones above).
+	ClientOptions []option.ClientOption
+	// Network is the VPC network; default DefaultNetwork.
+	Network string
+	// Image boots VMs when a task sets no image_id; default DefaultImage, or DefaultGPUImage
+	// for VMs with GPUs. GPUImage overrides the latter.
+	Image    string
+	GPUImage string
+	// PublicIP gives each VM an ephemeral external address and reports it as the endpoint,
+	// for a controller outside the VPC. Without it the endpoint is the internal address.
+	PublicIP bool
+	// FirewallSourceRanges may reach the service port; default the private ranges, or
+	// 0.0.0.0/0 with PublicIP.
+	FirewallSourceRanges []string
+	// SkipFirewall leaves firewall rules to the operator (no compute.firewalls permission).
+	SkipFirewall bool
+	// LaunchTimeout, PollInterval, NoticeInterval and NoticeLookback: see the Default* constants.
+	LaunchTimeout  time.Duration
+	PollInterval   time.Duration
+	NoticeInterval time.Duration
+	NoticeLookback time.Duration
+	Logger         *zap.Logger
+}
+
+// Provider launches Compute Engine VMs in one project. It is safe for concurrent use.
+type Provider struct {
+	opts      Options
+	log       *zap.Logger
+	instances *compute.InstancesClient
+	zoneOps   *compute.ZoneOperationsClient
+	globalOps *compute.GlobalOperationsClient
+	firewalls *compute.FirewallsClient
+
+	mu            sync.Mutex
+	allowed       map[string]bool // nil: every zone
+	launchedZones map[string]bool // zones launched into, listed even when not configured
+	firewallOK    map[int]bool
+}
+
+var (
+	_ launcher.Provider           = (*Provider)(nil)
+	_ launcher.Checker            = (*Provider)(nil)
+	_ launcher.PreemptionNotifier = (*Provider)(nil)
+	_ launcher.GangLauncher       = (*Provider)(nil)
+)
+
+// New creates the REST clients. With ADC it resolves credentials now (an error here wraps
+// launcher.ErrUnauthorized) but makes no API call.
+func New(ctx context.Context, opts Options) (*Provider, error) {
+	if opts.Project == "" {
+		return nil, fmt.Errorf("gcp: %w: no project", launcher.ErrInvalid)
+	}
+	if opts.Network == "" {
+		opts.Network = DefaultNetwork
+	}
+	if opts.Image == "" {
+		opts.Image = DefaultImage
+	}
+	if opts.GPUImage == "" {
+		opts.GPUImage = DefaultGPUImage
+	}
+	if len(opts.FirewallSourceRanges) == 0 {
+		opts.FirewallSourceRanges = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
+		if opts.PublicIP {
+			opts.FirewallSourceRanges = []string{"0.0.0.0/0"}
+		}
+	}
+	if opts.LaunchTimeout <= 0 {
+		opts.LaunchTimeout = DefaultLaunchTimeout
+	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = DefaultPollInterval
+	}
+	if opts.NoticeInterval <= 0 {
+		opts.NoticeInterval = DefaultNoticeInterval
+	}
+	if opts.NoticeLookback <= 0 {
+		opts.NoticeLookback = DefaultNoticeLookback
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	var copts []option.ClientOption
+	if opts.Endpoint != "" {
+		copts = append(copts, option.WithEndpoint(opts.Endpoint))
+	}
+	switch {
+	case opts.Token != "":
+		copts = append(copts, option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: opts.Token, TokenType: "Bearer"})))
+	case opts.Endpoint != "":
+		copts = append(copts, option.WithoutAuthentication())
+	}
+	copts = append(copts, option.WithUserAgent("ferry"))
+	copts = append(copts, opts.ClientOptions...)
+
+	p := &Provider{opts: opts, log: opts.Logger.With(zap.String("infra", InfraName), zap.String("project", opts.Project)),
+		launchedZones: map[string]bool{}, firewallOK: map[int]bool{}}
+	p.allowed = allowedZones(opts.Zones, opts.Regions)
+	var err error
+	if p.instances, err = compute.NewInstancesRESTClient(ctx, copts...); err != nil {
+		return nil, fmt.Errorf("gcp: %w: instances client: %w", launcher.ErrUnauthorized, err)
+	}
+	if p.zoneOps, err = compute.NewZoneOperationsRESTClient(ctx, copts...); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("gcp: %w: zone operations client: %w", launcher.ErrUnauthorized, err)
+	}
+	if p.globalOps, err = compute.NewGlobalOperationsRESTClient(ctx, copts...); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("gcp: %w: global operations client: %w", launcher.ErrUnauthorized, err)
+	}
+	if p.firewalls, err = compute.NewFirewallsRESTClient(ctx, copts...); err != nil {
+		p.Close()
+		return nil, fmt.Errorf("gcp: %w: firewalls client: %w", launcher.ErrUnauthorized, err)
+	}
+	return p, nil
+}
+
+// allowedZones is the set of zones named or in the named regions; nil when both are empty.
+func allowedZones(zones, regions []string) map[string]bool {
+	if len(zones) == 0 && len(regions) == 0 {
+		return nil
+	}
+	set := map[string]bool{}
+	for _, z := range zones {
+		set[z] = true
+	}
+	for _, r := range regions {
+		for _, z := range catalogZones() {
+			if regionOf(z) == r {
+				set[z] = true
+			}
+		}
+	}
+	return set
+}
+
+// catalogZones are the GCP zones the price catalog has rows for.
+func catalogZones() []string {
+	seen := map[string]bool{}
+	for _, r := range catalog.Default().Rows() {
+		if r.Cloud == catalog.GCP && r.Zone != "" {
+			seen[r.Zone] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
+}
+
+// Close releases the clients' connections.
+func (p *Provider) Close() {
+	if p.instances != nil {
+		_ = p.instances.Close()
+	}
+	if p.zoneOps != nil {
+		_ = p.zoneOps.Close()
+	}
+	if p.globalOps != nil {
+		_ = p.globalOps.Close()
+	}
+	if p.firewalls != nil {
+		_ = p.firewalls.Close()
+	}
+}
+
+// Infra is "gcp".
+func (p *Provider) Infra() string { return InfraName }
+
+func regionOf(zone string) string {
+	if i := strings.LastIndexByte(zone, '-'); i > 0 {
+		return zone[:i]
+	}
+	return zone
+}
+
+// zoneAllowed reports whether the options admit zone.
+func (p *Provider) zoneAllowed(zone string) bool {
+	if p.allowed == nil {
+		return true
+	}
+	return p.allowed[zone] || slices.Contains(p.opts.Regions, regionOf(zone))
+}
+
+// listZones are the zones List and the preemption watcher read: the allowed ones (every
+// catalog zone when unrestricted) and any zone this provider launched into.
+func (p *Provider) listZones() []string {
+	set := map[string]bool{}
+	if p.allowed == nil {
+		for _, z := range catalogZones() {
+			set[z] = true
+		}
+	}
+	for z, ok := range p.allowed {
+		if ok {
+			set[z] = true
+		}
+	}
+	p.mu.Lock()
+	for z := range p.launchedZones {
+		set[z] = true
+	}
+	p.mu.Unlock()
+	return slices.Sorted(maps.Keys(set))
+}
+
+// zoneFor picks the placement's zone, else the first allowed zone of its region, else the
+// first allowed zone.
+func (p *Provider) zoneFor(pl launcher.Placement) (string, error) {
+	if pl.Zone != "" {
+		if pl.Region != "" && regionOf(pl.Zone) != pl.Region {
+			return "", fmt.Errorf("gcp: %w: zone %s is not in region %s", launcher.ErrInvalid, pl.Zone, pl.Region)
+		}
+		if !p.zoneAllowed(pl.Zone) {
+			return "", fmt.Errorf("gcp: %w: zone %s is not among the allowed zones and regions", launcher.ErrInvalid, pl.Zone)
+		}
+		return pl.Zone, nil
+	}
+	for _, z := range p.listZones() {
+		if pl.Region == "" || regionOf(z) == pl.Region {
+			return z, nil
+		}
+	}
+	return "", fmt.Errorf("gcp: %w: no allowed zone in region %q", launcher.ErrInvalid, pl.Region)
+}
+
+// Check reports whether the project answers and instances may be listed in an allowed zone.
+func (p *Provider) Check(ctx context.Context) error {
+	zones := p.listZones()
+	if len(zones) == 0 {
+		return fmt.Errorf("gcp: %w: no zone allowed", launcher.ErrInvalid)
+	}
+	it := p.instances.List(ctx, &computepb.ListInstancesRequest{Project: p.opts.Project, Zone: zones[0], MaxResults: proto.Uint32(1)})
+	if _, err := it.Next(); err != nil && !errors.Is(err, iterator.Done) {
+		return classify(err, "list instances in "+zones[0])
+	}
+	return nil
+}
+
+// Launch inserts the VM, waits for the insert operation, then for RUNNING with an address,
+// all within LaunchTimeout. A VM that fails after its insert succeeded is deleted. Failed
+// operations and HTTP errors are both classified (capacity, quota, invalid, unauthorized).
+// If ctx ends while the insert request is in flight, GCP may still create the VM after the
+// clean-up delete found nothing; it carries Ferry's labels, so List reports it and the
+// reconciler adopts or terminates it.
+func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
+	zone, err := p.zoneFor(spec.Placement)
+	if err != nil {
+		return launcher.Instance{}, err
+	}
+	spec.Placement.Zone = zone
+	vm, err := p.instanceFor(spec, zone)
+	if err != nil {
+		return launcher.Instance{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opts.LaunchTimeout)
+	defer cancel()
+	if err := p.ensureFirewall(ctx, portOf(spec)); err != nil {
+		return launcher.Instance{}, err
+	}
+	p.mu.Lock()
+	p.launchedZones[zone] = true
+	p.mu.Unlock()
+	log := p.log.With(zap.String("zone", zone), zap.String("instance", vm.GetName()),
+		zap.String("machine_type", spec.Placement.InstanceType), zap.Bool("spot", spec.Placement.Spot))
+	op, err := p.instances.Insert(ctx, &computepb.InsertInstanceRequest{
+		Project: p.opts.Project, Zone: zone, InstanceResource: vm, RequestId: proto.String(uuid.NewString()),
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			// Cancelled mid-request: the insert may have been accepted.
+			p.deleteQuietly(zone, vm.GetName())
+		}
+		return launcher.Instance{}, launchError(classify(err, "insert "+vm.GetName()+" in "+zone))
+	}
+	if _, err := p.waitZoneOp(ctx, zone, op.Proto()); err != nil {
+		if !errors.As(err, new(*OperationError)) {
+			// The VM may exist: the wait failed, not the insert.
+			p.deleteQuietly(zone, vm.GetName())
+		}
+		log.Info("launch failed", zap.Error(err))
+		return launcher.Instance{}, launchError(fmt.Errorf("gcp: insert %s in %s: %w", vm.GetName(), zone, err))
+	}
+	running, err := p.waitRunning(ctx, zone, vm.GetName())
+	if err != nil {
+		p.deleteQuietly(zone, vm.GetName())
+		return launcher.Instance{}, err
+	}
+	log.Info("launched", zap.String("ip", running.GetNetworkInterfaces()[0].GetNetworkIP()))
+	return p.toInstance(zone, running, nil), nil
+}
+
+// launchError turns a not-found on insert (a zone, machine or accelerator type that does
+// not exist) into ErrInvalid: the request, not the location's capacity, is wrong.
+func launchError(classified error) error {
+	if errors.Is(classified, launcher.ErrNotFound) {
+		return fmt.Errorf("%w: %w", launcher.ErrInvalid, classified)
+	}
+	return classified
+}
+
+// waitZoneOp waits for a zone operation with operations.wait (which returns when the
+// operation is DONE or after two minutes) and returns its error as an *OperationError.
+func (p *Provider) waitZoneOp(ctx context.Context, zone string, op *computepb.Operation) (*computepb.Operation, error) {
+	for i := 0; op.GetStatus() != computepb.Operation_DONE; i++ {
+		if i == maxOpWaits {
+			return op, fmt.Errorf("operation %s is not done after %d waits", op.GetName(), i)
+		}
+		next, err := p.zoneOps.Wait(ctx, &computepb.WaitZoneOperationRequest{Project: p.opts.Project, Zone: zone, Operation: op.GetName()})
+		if err != nil {
+			return op, classify(err, "wait for operation "+op.GetName())
+		}
+		op = next
+	}
+	return op, operationError(op)
+}
+
+func (p *Provider) waitGlobalOp(ctx context.Context, op *computepb.Operation) error {
+	for i := 0; op.GetStatus() != computepb.Operation_DONE; i++ {
+		if i == maxOpWaits {
+			return fmt.Errorf("operation %s is not done after %d waits", op.GetName(), i)
+		}
+		next, err := p.globalOps.Wait(ctx, &computepb.WaitGlobalOperationRequest{Project: p.opts.Project, Operation: op.GetName()})
+		if err != nil {
+			return classify(err, "wait for operation "+op.GetName())
+		}
+		op = next
+	}
+	return operationError(op)
+}
+
+// waitRunning reads the VM every PollInterval until it is RUNNING with an address. A VM that
+// stops first was preempted (Spot) or failed to start.
+func (p *Provider) waitRunning(ctx context.Context, zone, name string) (*computepb.Instance, error) {
+	t := time.NewTicker(p.opts.PollInterval)
+	defer t.Stop()
+	for {
+		vm, err := p.instances.Get(ctx, &computepb.GetInstanceRequest{Project: p.opts.Project, Zone: zone, Instance: name})
+		if err != nil {
+			err = classify(err, "get "+name)
+			if errors.Is(err, launcher.ErrNotFound) {
+				return nil, fmt.Errorf("gcp: %w: %s disappeared while starting", launcher.ErrPreempted, name)
+			}
+			return nil, err
+		}
+		switch vm.GetStatus() {
+		case "RUNNING":
+			if address(vm, p.opts.PublicIP) != "" {
+				return vm, nil
+			}
+		case "STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED":
+			if isSpot(vm) {
+				return nil, fmt.Errorf("gcp: %w: Spot VM %s stopped while starting (%s)", launcher.ErrPreempted, name, vm.GetStatus())
+			}
+			return nil, fmt.Errorf("gcp: %s stopped while starting (%s)", name, vm.GetStatus())
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("gcp: %s is %s, not RUNNING, after %v: %w", name, vm.GetStatus(), p.opts.LaunchTimeout, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// deleteQuietly removes a VM a failed launch left, outliving the launch's context.
+func (p *Provider) deleteQuietly(zone, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	if err := p.delete(ctx, zone, name); err != nil {
+		p.log.Warn("delete after failed launch", zap.String("zone", zone), zap.String("instance", name), zap.Error(err))
+	}
+}
+
+// Terminate deletes the VM and waits for the delete operation. A VM that is already gone is
+// not an error.
+func (p *Provider) Terminate(ctx context.Context, id string) error {
+	zone, name, err := parseID(id)
+	if err != nil {
+		return err
+	}
+	return p.delete(ctx, zone, name)
+}
+
+func (p *Provider) delete(ctx context.Context, zone, name string) error {
+	op, err := p.instances.Delete(ctx, &computepb.DeleteInstanceRequest{Project: p.opts.Project, Zone: zone, Instance: name,
+		RequestId: proto.String(uuid.NewString())})
+	if err != nil {
+		err = classify(err, "delete "+name)
+		if errors.Is(err, launcher.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	if _, err := p.waitZoneOp(ctx, zone, op.Proto()); err != nil && !errors.Is(err, launcher.ErrNotFound) {
+		return fmt.Errorf("gcp: delete %s: %w", name, err)
+	}
+	p.log.Info("deleted", zap.String("zone", zone), zap.String("instance", name))
+	return nil
+}
+
+// parseID splits "gcp/ZONE/NAME".
+func parseID(id string) (zone, name string, err error) {
+	rest, ok := strings.CutPrefix(id, InfraName+"/")
+	if ok {
+		zone, name, ok = strings.Cut(rest, "/")
+	}
+	if !ok || zone == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", fmt.Errorf("%w: %q is not a gcp instance id (gcp/ZONE/NAME)", launcher.ErrNotFound, id)
+	}
+	return zone, name, nil
+}
+
+// List returns Ferry's VMs (labelled ferry.managed=true) whose labels include selector, in
+// every listed zone, filtered by the API. A stopped Spot VM with a
+// compute.instances.preempted operation is reported as StatePreempted.
+func (p *Provider) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
+	sel := maps.Clone(selector)
+	if sel == nil {
+		sel = map[string]string{}
+	}
+	sel[launcher.LabelOwner] = "true"
+	filter := labelFilter(encodeLabels(sel))
+	zones := p.listZones()
+	perZone := make([][]launcher.Instance, len(zones))
+	errs := make([]error, len(zones))
+	var wg sync.WaitGroup
+	for i, zone := range zones {
+		wg.Go(func() { perZone[i], errs[i] = p.listZone(ctx, zone, filter) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	out := slices.Concat(perZone...)
+	slices.SortFunc(out, func(a, b launcher.Instance) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+func (p *Provider) listZone(ctx context.Context, zone, filter string) ([]launcher.Instance, error) {
+	var vms []*computepb.Instance
+	it := p.instances.List(ctx, &computepb.ListInstancesRequest{Project: p.opts.Project, Zone: zone, Filter: proto.String(filter)})
+	for {
+		vm, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			break
+		}
+		if err != nil {
+			return nil, classify(err, "list instances in "+zone)
+		}
+		vms = append(vms, vm)
+	}
+	var preempted map[uint64]*computepb.Operation
+	for _, vm := range vms {
+		if isSpot(vm) && stopped(vm) {
+			var err error
+			if preempted, err = p.preemptions(ctx, zone); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
+	out := make([]launcher.Instance, 0, len(vms))
+	for _, vm := range vms {
+		out = append(out, p.toInstance(zone, vm, preempted))
+	}
+	return out, nil
+}
+
+// preemptions are the zone's compute.instances.preempted operations by target VM id.
+func (p *Provider) preemptions(ctx context.Context, zone string) (map[uint64]*computepb.Operation, error) {
+	ops, err := p.preemptionOps(ctx, zone)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[uint64]*computepb.Operation, len(ops))
+	for _, op := range ops {
+		out[op.GetTargetId()] = op
+	}
+	return out, nil
+}
+
+func stopped(vm *computepb.Instance) bool {
+	switch vm.GetStatus() {
+	case "STOPPING", "STOPPED", "TERMINATED", "SUSPENDED":
+		return true
+	}
+	return false
+}
+
+func isSpot(vm *computepb.Instance) bool {
+	return vm.GetScheduling().GetProvisioningModel() == "SPOT" || vm.GetScheduling().GetPreemptible()
+}
+
+// address is where the proxy reaches the VM: its external address with PublicIP, else its
+// internal one.
+func address(vm *computepb.Instance, public bool) string {
+	nics := vm.GetNetworkInterfaces()
+	if len(nics) == 0 {
+		return ""
+	}
+	if public {
+		for _, ac := range nics[0].GetAccessConfigs() {
+			if ac.GetNatIP() != "" {
+				return ac.GetNatIP()
+			}
+		}
+		return ""
+	}
+	return nics[0].GetNetworkIP()
+}
+
+func metadataValue(vm *computepb.Instance, key string) string {
+	for _, it := range vm.GetMetadata().GetItems() {
+		if it.GetKey() == key {
+			return it.GetValue()
+		}
+	}
+	return ""
+}
+
+// toInstance maps a VM: PROVISIONING and STAGING are pending, RUNNING running, a stopped Spot
+// VM with a preemption operation preempted, anything else that stopped terminated.
+func (p *Provider) toInstance(zone string, vm *computepb.Instance, preempted map[uint64]*computepb.Operation) launcher.Instance {
+	inst := launcher.Instance{
+		ID:     InfraName + "/" + zone + "/" + vm.GetName(),
+		Name:   vm.GetName(),
+		Labels: decodeLabels(vm.GetLabels()),
+		Infra:  InfraName,
+		Region: regionOf(zone),
+		Zone:   zone,
+		Spot:   isSpot(vm),
+	}
+	inst.PricePerHour, _ = strconv.ParseFloat(metadataValue(vm, metaPrice), 64)
+	inst.LaunchedAt, _ = time.Parse(time.RFC3339, vm.GetCreationTimestamp())
+	if ip, port := address(vm, p.opts.PublicIP), metadataValue(vm, metaPort); ip != "" && port != "" {
+		inst.Endpoint = net.JoinHostPort(ip, port)
+	}
+	switch vm.GetStatus() {
+	case "PROVISIONING", "STAGING", "REPAIRING", "PENDING":
+		inst.State = launcher.StatePending
+	case "RUNNING":
+		inst.State = launcher.StateRunning
+	default:
+		inst.State, inst.Reason = launcher.StateTerminated, "VM is "+vm.GetStatus()
+		if op, ok := preempted[vm.GetId()]; ok && inst.Spot && stopped(vm) {
+			inst.State = launcher.StatePreempted
+			inst.Reason = "Spot VM preempted at " + op.GetInsertTime()
+			if msg := op.GetStatusMessage(); msg != "" {
+				inst.Reason += ": " + msg
+			}
+		}
+	}
+	return inst
+}

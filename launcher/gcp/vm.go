@@ -1,0 +1,261 @@
+package gcp
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"go.uber.org/zap"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// acceleratorTypes maps the catalog's GPU names that attach to n1 machines to GCP
+// accelerator type names.
+var acceleratorTypes = map[string]string{
+	"T4":   "nvidia-tesla-t4",
+	"V100": "nvidia-tesla-v100",
+	"P100": "nvidia-tesla-p100",
+	"P4":   "nvidia-tesla-p4",
+	"K80":  "nvidia-tesla-k80",
+}
+
+// builtinGPUFamilies are machine families whose GPUs come with the machine type.
+var builtinGPUFamilies = []string{"a2-", "a3-", "a4-", "g2-", "g4-"}
+
+func portOf(spec launcher.Spec) int {
+	if spec.Port > 0 {
+		return spec.Port
+	}
+	return DefaultPort
+}
+
+// instanceFor builds the VM resource for spec in zone.
+func (p *Provider) instanceFor(spec launcher.Spec, zone string) (*computepb.Instance, error) {
+	name, err := vmName(spec.Name)
+	if err != nil {
+		return nil, err
+	}
+	pl := spec.Placement
+	machineType := pl.InstanceType
+	if machineType == "" {
+		machineType = DefaultMachineType
+	}
+	hasGPU := pl.Accelerator != "" && pl.AcceleratorCount > 0
+	var accelerators []*computepb.AcceleratorConfig
+	if hasGPU && !slices.ContainsFunc(builtinGPUFamilies, func(f string) bool { return strings.HasPrefix(machineType, f) }) {
+		if pl.AcceleratorCount != math.Trunc(pl.AcceleratorCount) {
+			return nil, fmt.Errorf("gcp: %w: %v %s: GPUs attach whole", launcher.ErrInvalid, pl.AcceleratorCount, pl.Accelerator)
+		}
+		accType, ok := acceleratorTypes[strings.ToUpper(pl.Accelerator)]
+		if !ok {
+			accType = "nvidia-" + strings.ToLower(pl.Accelerator)
+		}
+		accelerators = append(accelerators, &computepb.AcceleratorConfig{
+			AcceleratorType:  proto.String("zones/" + zone + "/acceleratorTypes/" + accType),
+			AcceleratorCount: proto.Int32(int32(pl.AcceleratorCount)),
+		})
+	}
+	for _, f := range builtinGPUFamilies {
+		hasGPU = hasGPU || strings.HasPrefix(machineType, f)
+	}
+
+	image := spec.Resources.ImageID
+	switch {
+	case strings.HasPrefix(image, "docker:"):
+		return nil, fmt.Errorf("gcp: %w: image_id %q: GCP VMs boot disk images (projects/P/global/images/I), not containers", launcher.ErrInvalid, image)
+	case image == "" && hasGPU:
+		image = p.opts.GPUImage
+	case image == "":
+		image = p.opts.Image
+	}
+	diskGB := int64(spec.Resources.DiskSize)
+	if diskGB <= 0 {
+		diskGB = DefaultDiskSizeGB
+	}
+
+	labels := map[string]string{}
+	for k, v := range spec.Labels {
+		labels[k] = v
+	}
+	labels[launcher.LabelOwner] = "true"
+	script, err := startupScript(spec)
+	if err != nil {
+		return nil, err
+	}
+	port := portOf(spec)
+	meta := []*computepb.Items{
+		{Key: proto.String(metaStartup), Value: proto.String(script)},
+		{Key: proto.String(metaPort), Value: proto.String(strconv.Itoa(port))},
+		{Key: proto.String(metaPrice), Value: proto.String(strconv.FormatFloat(pl.PricePerHour, 'f', -1, 64))},
+	}
+	if hasGPU {
+		meta = append(meta, &computepb.Items{Key: proto.String("install-nvidia-driver"), Value: proto.String("True")})
+	}
+
+	sched := &computepb.Scheduling{AutomaticRestart: proto.Bool(true), OnHostMaintenance: proto.String("MIGRATE")}
+	if hasGPU {
+		// GCP cannot live-migrate a VM with GPUs.
+		sched.OnHostMaintenance = proto.String("TERMINATE")
+	}
+	if pl.Spot {
+		// STOP, not DELETE: the stopped VM stays listed as preempted until the replica manager
+		// terminates it, so the preemption is seen even across a controller restart.
+		sched = &computepb.Scheduling{
+			ProvisioningModel:         proto.String("SPOT"),
+			InstanceTerminationAction: proto.String("STOP"),
+			AutomaticRestart:          proto.Bool(false),
+			OnHostMaintenance:         proto.String("TERMINATE"),
+		}
+	}
+
+	nic := &computepb.NetworkInterface{Network: proto.String("global/networks/" + p.opts.Network)}
+	if p.opts.PublicIP {
+		nic.AccessConfigs = []*computepb.AccessConfig{{Name: proto.String("External NAT"), Type: proto.String("ONE_TO_ONE_NAT")}}
+	}
+	return &computepb.Instance{
+		Name:              proto.String(name),
+		MachineType:       proto.String("zones/" + zone + "/machineTypes/" + machineType),
+		GuestAccelerators: accelerators,
+		Scheduling:        sched,
+		Labels:            encodeLabels(labels),
+		Metadata:          &computepb.Metadata{Items: meta},
+		Tags:              &computepb.Tags{Items: []string{networkTag, portTag(port)}},
+		NetworkInterfaces: []*computepb.NetworkInterface{nic},
+		Disks: []*computepb.AttachedDisk{{
+			Boot:       proto.Bool(true),
+			AutoDelete: proto.Bool(true),
+			InitializeParams: &computepb.AttachedDiskInitializeParams{
+				SourceImage: proto.String(image),
+				DiskSizeGb:  proto.Int64(diskGB),
+				DiskType:    proto.String("zones/" + zone + "/diskTypes/pd-balanced"),
+			},
+		}},
+	}, nil
+}
+
+func portTag(port int) string { return "ferry-port-" + strconv.Itoa(port) }
+
+var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// startupScript is the VM's startup-script metadata: the environment, then the task.
+//
+// Known limitation: environment values, secrets (Spec.SecretEnvs) included, are written into
+// the metadata, which anyone with compute.instances.get on the project can read. Keeping them
+// apart needs Secret Manager and a service account on the VM; until then, treat the project's
+// viewers as able to read a task's secrets.
+func startupScript(spec launcher.Spec) (string, error) {
+	var b strings.Builder
+	b.WriteString("#!/usr/bin/env bash\n# Ferry startup script (GCP startup-script metadata): environment, then setup and run.\n")
+	keys := make([]string, 0, len(spec.Envs))
+	for k := range spec.Envs {
+		if !envKeyRE.MatchString(k) {
+			return "", fmt.Errorf("gcp: %w: environment variable name %q", launcher.ErrInvalid, k)
+		}
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		b.WriteString("export " + k + "=" + shellQuote(spec.Envs[k]) + "\n")
+	}
+	b.WriteString("export FERRY_PORT=" + strconv.Itoa(portOf(spec)) + "\n")
+	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
+	b.WriteString(launcher.RenderScript(spec))
+	return b.String(), nil
+}
+
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// vmName makes an RFC 1035 name (lowercase letter first, [-a-z0-9], at most 63) from the
+// spec's name, with a random suffix so a relaunch never collides with a VM still deleting.
+func vmName(name string) (string, error) {
+	var b strings.Builder
+	for _, r := range strings.ToLower(name) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			b.WriteRune(r)
+		case r == '-' || r == '_' || r == '.' || r == '/':
+			b.WriteByte('-')
+		}
+	}
+	base := strings.Trim(b.String(), "-")
+	if base == "" {
+		return "", fmt.Errorf("gcp: %w: instance name %q has no letters or digits", launcher.ErrInvalid, name)
+	}
+	if base[0] < 'a' || base[0] > 'z' {
+		base = "ferry-" + base
+	}
+	if len(base) > 56 {
+		base = strings.TrimRight(base[:56], "-")
+	}
+	return base + "-" + randomSuffix(), nil
+}
+
+const suffixAlphabet = "bcdfghjklmnpqrstvwxz2456789"
+
+func randomSuffix() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	for i := range b {
+		b[i] = suffixAlphabet[int(b[i])%len(suffixAlphabet)]
+	}
+	return string(b[:])
+}
+
+// ensureFirewall creates, once per port, an ingress rule letting FirewallSourceRanges reach
+// the port on VMs tagged ferry-port-PORT. It exists already: fine (idempotent, also across
+// controllers racing to create it).
+func (p *Provider) ensureFirewall(ctx context.Context, port int) error {
+	if p.opts.SkipFirewall {
+		return nil
+	}
+	p.mu.Lock()
+	done := p.firewallOK[port]
+	p.mu.Unlock()
+	if done {
+		return nil
+	}
+	name := "ferry-allow-" + strconv.Itoa(port)
+	if p.opts.Network != DefaultNetwork {
+		name = "ferry-" + p.opts.Network + "-allow-" + strconv.Itoa(port)
+	}
+	_, err := p.firewalls.Get(ctx, &computepb.GetFirewallRequest{Project: p.opts.Project, Firewall: name})
+	if err != nil {
+		if err = classify(err, "get firewall "+name); !errors.Is(err, launcher.ErrNotFound) {
+			return err
+		}
+		op, err := p.firewalls.Insert(ctx, &computepb.InsertFirewallRequest{Project: p.opts.Project, FirewallResource: &computepb.Firewall{
+			Name:         proto.String(name),
+			Description:  proto.String("Ferry: the service port of Ferry's replicas"),
+			Network:      proto.String("global/networks/" + p.opts.Network),
+			Direction:    proto.String("INGRESS"),
+			Allowed:      []*computepb.Allowed{{IPProtocol: proto.String("tcp"), Ports: []string{strconv.Itoa(port)}}},
+			SourceRanges: p.opts.FirewallSourceRanges,
+			TargetTags:   []string{portTag(port)},
+		}})
+		switch {
+		case err != nil && isConflict(err):
+		case err != nil:
+			return classify(err, "insert firewall "+name)
+		default:
+			if err := p.waitGlobalOp(ctx, op.Proto()); err != nil {
+				return fmt.Errorf("gcp: insert firewall %s: %w", name, err)
+			}
+			p.log.Info("created firewall rule", zap.String("firewall", name), zap.Int("port", port))
+		}
+	}
+	p.mu.Lock()
+	p.firewallOK[port] = true
+	p.mu.Unlock()
+	return nil
+}
