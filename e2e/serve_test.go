@@ -26,11 +26,14 @@ type serviceStatus struct {
 	TargetReplicas int    `json:"target_replicas"`
 	ReadyReplicas  int    `json:"ready_replicas"`
 	Replicas       []struct {
-		ID         int    `json:"id"`
-		Status     string `json:"status"`
-		Endpoint   string `json:"endpoint"`
-		InstanceID string `json:"instance_id"`
-		Infra      string `json:"infra"`
+		ID         int     `json:"id"`
+		Status     string  `json:"status"`
+		Endpoint   string  `json:"endpoint"`
+		InstanceID string  `json:"instance_id"`
+		Infra      string  `json:"infra"`
+		Zone       string  `json:"zone"`
+		Spot       bool    `json:"spot"`
+		Price      float64 `json:"price_per_hour"`
 	} `json:"replicas"`
 }
 

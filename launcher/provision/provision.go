@@ -69,10 +69,12 @@ type Provisioner struct {
 	blocks *blockSet
 }
 
-// blockSet holds the locations that failed recently, by location key.
+// blockSet holds the locations that failed recently, by location key, and the spread
+// launches under way by zone key (so concurrent spot launches spread too).
 type blockSet struct {
-	mu sync.Mutex
-	m  map[string]block
+	mu       sync.Mutex
+	m        map[string]block
+	inflight map[string]int
 }
 
 type block struct {
@@ -97,7 +99,7 @@ func New(opts Options) (*Provisioner, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	p := &Provisioner{opts: opts, log: opts.Logger, infras: map[string]launcher.Provider{}, blocks: &blockSet{m: map[string]block{}}}
+	p := &Provisioner{opts: opts, log: opts.Logger, infras: map[string]launcher.Provider{}, blocks: &blockSet{m: map[string]block{}, inflight: map[string]int{}}}
 	for _, in := range opts.Infras {
 		if in.Name == "" || in.Provider == nil {
 			return nil, fmt.Errorf("provision: infra %q has no name or provider", in.Name)
@@ -186,14 +188,14 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int) ([]
 	if len(choices) == 0 {
 		return nil, fmt.Errorf("%w: no enabled infra can run %s", launcher.ErrNoCapacity, spec.Resources)
 	}
-	if spec.Spread != nil {
-		choices = spreadOrder(choices, spec.Spread)
-	}
 	var reasons []string
-	for _, c := range choices {
+	for remaining := choices; len(remaining) > 0; {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		var c Choice
+		var release func()
+		c, remaining, release = p.next(remaining, spec.Spread)
 		s := spec
 		s.Placement = c.Placement
 		var insts []launcher.Instance
@@ -206,6 +208,7 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int) ([]
 		} else {
 			insts, err = launcher.LaunchGang(ctx, prov, s, n)
 		}
+		release()
 		if err == nil {
 			for i := range insts {
 				fillFromPlacement(&insts[i], c.Placement)
@@ -222,6 +225,63 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int) ([]
 		reasons = append(reasons, describe(c.Placement)+": "+err.Error())
 	}
 	return nil, fmt.Errorf("%w: every location failed (%d): %s", launcher.ErrNoCapacity, len(reasons), strings.Join(reasons, "; "))
+}
+
+// next picks the choice to try now among remaining and returns the rest. It re-reads the
+// blocks (a concurrent launch may just have found a zone full) and, for a spread launch,
+// orders by the caller's spot instances plus the spread launches under way, and counts this
+// one as under way in its zone until release.
+func (p *Provisioner) next(remaining []Choice, spread map[string]int) (Choice, []Choice, func()) {
+	now := p.opts.Now()
+	p.blocks.mu.Lock()
+	defer p.blocks.mu.Unlock()
+	for i := range remaining {
+		c := &remaining[i]
+		c.BlockedUntil, c.BlockedBecause = time.Time{}, ""
+		keys := []string{locationKey(c.Placement)}
+		if c.Spot {
+			keys = append(keys, zoneBlockKey(c.Placement))
+		}
+		for _, key := range keys {
+			if b, ok := p.blocks.m[key]; ok && now.Before(b.until) && b.until.After(c.BlockedUntil) {
+				c.BlockedUntil, c.BlockedBecause = b.until, b.reason
+			}
+		}
+	}
+	if spread == nil {
+		slices.SortStableFunc(remaining, func(a, b Choice) int {
+			return cmpBool(a.BlockedUntil.IsZero(), b.BlockedUntil.IsZero())
+		})
+		return remaining[0], remaining[1:], func() {}
+	}
+	counts := make(map[string]int, len(spread)+len(p.blocks.inflight))
+	for k, v := range spread {
+		counts[k] += v
+	}
+	for k, v := range p.blocks.inflight {
+		counts[k] += v
+	}
+	ordered := spreadOrder(remaining, counts)
+	key := launcher.ZoneKey(ordered[0].Infra, ordered[0].Region, ordered[0].Zone)
+	p.blocks.inflight[key]++
+	return ordered[0], ordered[1:], func() {
+		p.blocks.mu.Lock()
+		defer p.blocks.mu.Unlock()
+		if p.blocks.inflight[key]--; p.blocks.inflight[key] <= 0 {
+			delete(p.blocks.inflight, key)
+		}
+	}
+}
+
+// cmpBool orders true before false.
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return -1
+	}
+	return 1
 }
 
 // spreadOrder reorders choices as SpotHedge would try them (policy.SpotOrder): unblocked

@@ -24,9 +24,14 @@ type scripted struct {
 	insts []launcher.Instance
 	term  []string
 	lsErr error
+	// hold, when set, makes Launch wait for it to close (launches under way at once).
+	hold chan struct{}
 }
 
 func (s *scripted) Launch(_ context.Context, spec launcher.Spec) (launcher.Instance, error) {
+	if s.hold != nil {
+		<-s.hold
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tries = append(s.tries, spec.Placement)
@@ -41,7 +46,7 @@ func (s *scripted) Launch(_ context.Context, spec launcher.Spec) (launcher.Insta
 	if s.infra == configs.InfraLocal {
 		sep = "-"
 	}
-	inst := launcher.Instance{ID: fmt.Sprintf("%s%s%s", s.infra, sep, spec.Name), Name: spec.Name, Labels: spec.Labels, State: launcher.StateRunning}
+	inst := launcher.Instance{ID: fmt.Sprintf("%s%s%s", s.infra, sep, spec.Name), Name: spec.Name, Labels: spec.Labels, State: launcher.StateRunning, Zone: spec.Placement.Zone}
 	s.insts = append(s.insts, inst)
 	return inst, nil
 }
@@ -328,5 +333,58 @@ func TestPreemptedZoneStillTakesOnDemand(t *testing.T) {
 	inst, err := p.Launch(context.Background(), spec("svc"))
 	if err != nil || inst.Zone != "us-central1-a" {
 		t.Fatalf("got %+v, %v; a spot preemption must not block on-demand capacity", inst, err)
+	}
+}
+
+func TestConcurrentSpreadLaunchesTakeDifferentZones(t *testing.T) {
+	z := func(zone string, price float64) launcher.Placement {
+		return launcher.Placement{Infra: "aws", Region: "us-east-1", Zone: zone, InstanceType: "g5.xlarge", Spot: true, PricePerHour: price}
+	}
+	p, provs, _ := newTest(t, []launcher.Placement{z("use1-az1", 0.4), z("use1-az2", 0.5), z("use1-az4", 0.6)})
+	provs["aws"].hold = make(chan struct{})
+	zones := make(chan string, 3)
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := spec(fmt.Sprintf("svc-%d", i))
+			s.Spread = map[string]int{} // none live yet: every launch of this pass starts at once
+			inst, err := p.Launch(context.Background(), s)
+			if err != nil {
+				t.Error(err)
+			}
+			zones <- inst.Zone
+		}()
+	}
+	// All three are under way before any finishes.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p.blocks.mu.Lock()
+		n := 0
+		for _, v := range p.blocks.inflight {
+			n += v
+		}
+		p.blocks.mu.Unlock()
+		if n == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d launches under way, want 3", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(provs["aws"].hold)
+	wg.Wait()
+	close(zones)
+	seen := map[string]bool{}
+	for zone := range zones {
+		seen[zone] = true
+	}
+	if len(seen) != 3 {
+		t.Fatalf("concurrent spot launches landed in %v, want 3 different zones", seen)
+	}
+	if len(p.blocks.inflight) != 0 {
+		t.Fatalf("in-flight counts left behind: %v", p.blocks.inflight)
 	}
 }

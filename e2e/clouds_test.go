@@ -1,0 +1,271 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ferryserve/ferry/launcher/aws/fakeec2"
+	"github.com/ferryserve/ferry/launcher/catalog"
+	"github.com/ferryserve/ferry/launcher/gcp/fakecompute"
+)
+
+// fakeClouds runs the in-project EC2 and Compute endpoints for one test; their VMs run their
+// boot scripts (here `ferry replica-sim`) on loopback addresses of their own.
+type fakeClouds struct {
+	ec2 *fakeec2.Server
+	gce *fakecompute.Server
+	url string // the Compute endpoint
+}
+
+func startFakeClouds(t *testing.T) *fakeClouds {
+	t.Helper()
+	vmEnv := []string{"PATH=" + filepath.Dir(ferryBin) + string(os.PathListSeparator) + os.Getenv("PATH")}
+	ec2, err := fakeec2.New(fakeec2.Options{LogDir: t.TempDir(), Env: vmEnv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every zone the catalog knows in GCP, as the provider may list any of its region's.
+	var zones []string
+	for _, r := range catalog.Default().Rows() {
+		if r.Cloud == catalog.GCP && !slices.Contains(zones, r.Zone) {
+			zones = append(zones, r.Zone)
+		}
+	}
+	gce := fakecompute.New(fakecompute.Options{Project: "ferry-e2e", Zones: zones, Dir: t.TempDir(), Env: vmEnv})
+	srv := httptest.NewServer(gce)
+	t.Cleanup(func() {
+		srv.Close()
+		gce.Close()
+		_ = ec2.Close()
+	})
+	return &fakeClouds{ec2: ec2, gce: gce, url: srv.URL}
+}
+
+// config enables both fake clouds in one region each.
+func (f *fakeClouds) config() string {
+	return fmt.Sprintf(`aws:
+  regions: [us-east-1]
+  endpoint: %s
+  amis: {us-east-1: ami-0fe771}
+gcp:
+  project: ferry-e2e
+  regions: [us-central1]
+  endpoint: %s
+`, f.ec2.URL(), f.url)
+}
+
+// awsEnv gives the controller static credentials for the fake (and keeps the SDK off the
+// instance metadata service).
+var awsEnv = []string{"AWS_ACCESS_KEY_ID=AKIAFERRYE2E", "AWS_SECRET_ACCESS_KEY=ferry-e2e-secret",
+	"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"}
+
+// preempt takes a spot VM away the way its cloud does.
+func (f *fakeClouds) preempt(t *testing.T, instanceID string) {
+	t.Helper()
+	name := instanceID[strings.LastIndex(instanceID, "/")+1:]
+	var err error
+	switch {
+	case strings.HasPrefix(instanceID, "aws/"):
+		err = f.ec2.Preempt(name)
+	case strings.HasPrefix(instanceID, "gcp/"):
+		err = f.gce.Preempt(name)
+	default:
+		err = fmt.Errorf("not a cloud instance: %s", instanceID)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// failZone makes launches in one zone fail with the cloud's capacity error.
+func (f *fakeClouds) failZone(infra, zone string) {
+	if infra == "aws" {
+		f.ec2.FailZone(zone, "InsufficientInstanceCapacity")
+		return
+	}
+	f.gce.InjectFault(zone, fakecompute.Fault{Code: fakecompute.CodeZoneResourcePoolExhausted})
+}
+
+// plainCompletion sends one non-streamed chat completion and checks it succeeded.
+func plainCompletion(endpoint string) error {
+	body := `{"model":"ferry-sim-1b","messages":[{"role":"user","content":"steady"}],"max_tokens":4}`
+	client := &http.Client{Timeout: time.Minute}
+	resp, err := client.Post(endpoint+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, raw)
+	}
+	return nil
+}
+
+const spotYAML = `name: spotty
+resources:
+  use_spot: true
+  any_of:
+    - infra: aws
+      accelerators: A10G:1
+    - infra: gcp
+      accelerators: L4:1
+envs:
+  MODEL: ferry-sim-1b
+service:
+  readiness_probe:
+    path: /health
+    initial_delay_seconds: 120
+  replica_policy:
+    min_replicas: 3
+    max_replicas: 3
+    dynamic_ondemand_fallback: true
+    spot_placer: dynamic_fallback
+  ports: 8080
+run: ferry replica-sim --model $MODEL
+`
+
+// TestSpotOnFakeClouds is issue 6's acceptance run on the fake clouds: spot replicas of an
+// any_of AWS/GCP service spread over zones, the cheapest zone's capacity error fails over, and a
+// preempted replica is replaced in another zone while an on-demand one covers the gap, with no
+// non-streamed request failing under steady load.
+func TestSpotOnFakeClouds(t *testing.T) {
+	clouds := startFakeClouds(t)
+	e := newEnv(t)
+	e.extraEnv = awsEnv
+	writeFile(t, filepath.Join(e.home, "config.yaml"), clouds.config())
+	file := filepath.Join(t.TempDir(), "spotty.yaml")
+	writeFile(t, file, spotYAML)
+
+	// The optimizer's cheapest spot zone has no capacity.
+	plan := e.mustRun("serve", "up", file, "--dry-run")
+	first := regexp.MustCompile(`(?m)^(aws|gcp)\s+\S+\[Spot\]\s.*?\s(\S+)/(\S+)\s+\$`).FindStringSubmatch(plan)
+	if first == nil {
+		t.Fatalf("no spot row in the plan:\n%s", plan)
+	}
+	fullInfra, fullZone := first[1], first[3]
+	clouds.failZone(fullInfra, fullZone)
+	t.Logf("cheapest spot zone %s/%s has no capacity", fullInfra, fullZone)
+
+	e.mustRun("serve", "up", file, "-y")
+	spotZones := func(st serviceStatus) (zones map[string]int, ready int) {
+		zones = map[string]int{}
+		for _, r := range st.Replicas {
+			if r.Spot && r.Status == "READY" {
+				zones[r.Infra+"/"+r.Zone]++
+				ready++
+			}
+		}
+		return zones, ready
+	}
+	liveOnDemand := func(st serviceStatus) int {
+		n := 0
+		for _, r := range st.Replicas {
+			if !r.Spot && (r.Status == "READY" || r.Status == "STARTING" || r.Status == "PROVISIONING") {
+				n++
+			}
+		}
+		return n
+	}
+	var st serviceStatus
+	eventually(t, 120*time.Second, "3 READY spot replicas in 3 zones, fallback on-demand gone", func() (bool, string) {
+		var err error
+		if st, err = e.status("spotty"); err != nil {
+			return false, err.Error()
+		}
+		zones, ready := spotZones(st)
+		return ready == 3 && len(zones) == 3 && liveOnDemand(st) == 0, fmt.Sprintf("spot READY by zone %v, live on-demand %d", zones, liveOnDemand(st))
+	})
+	zones, _ := spotZones(st)
+	if zones[fullInfra+"/"+fullZone] > 0 {
+		t.Fatalf("a replica in %s/%s, the zone without capacity", fullInfra, fullZone)
+	}
+	chatPlain(t, st.Endpoint)
+
+	// Steady non-streamed load while one spot replica is preempted.
+	var sent, failed atomic.Int64
+	var firstErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2000 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				sent.Add(1)
+				if err := plainCompletion(st.Endpoint); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+	}
+	endLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	defer endLoad()
+
+	var victim struct {
+		id             int
+		instance, zone string
+	}
+	for _, r := range st.Replicas {
+		if r.Spot && r.Status == "READY" {
+			victim.id, victim.instance, victim.zone = r.ID, r.InstanceID, r.Infra+"/"+r.Zone
+			break
+		}
+	}
+	clouds.preempt(t, victim.instance)
+	covered := false
+	eventually(t, 120*time.Second, "the preempted replica replaced in another zone, 3 spot READY again", func() (bool, string) {
+		var err error
+		if st, err = e.status("spotty"); err != nil {
+			return false, err.Error()
+		}
+		covered = covered || liveOnDemand(st) > 0
+		zones, ready := spotZones(st)
+		preempted := false
+		for _, r := range st.Replicas {
+			preempted = preempted || (r.ID == victim.id && r.Status == "PREEMPTED")
+		}
+		return preempted && ready == 3 && zones[victim.zone] == 0 && covered,
+			fmt.Sprintf("victim %d PREEMPTED %v; spot READY by zone %v; on-demand seen %v", victim.id, preempted, zones, covered)
+	})
+	endLoad()
+	if n := failed.Load(); n > 0 {
+		t.Fatalf("%d of %d requests failed during the preemption; first: %v", n, sent.Load(), firstErr.Load())
+	}
+	t.Logf("%d requests during the preemption, none failed", sent.Load())
+
+	table := e.mustRun("serve", "status", "spotty", "-v")
+	for _, want := range []string{"COST ($/hr)", "spot", "PREEMPTED", "us-"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("serve status -v lacks %q:\n%s", want, table)
+		}
+	}
+
+	e.mustRun("serve", "down", "spotty", "-y")
+	eventually(t, 60*time.Second, "serve down leaves no VM running", func() (bool, string) {
+		running := 0
+		for _, in := range clouds.ec2.Instances() {
+			if in.State == "running" || in.State == "pending" {
+				running++
+			}
+		}
+		return running == 0, fmt.Sprintf("%d EC2 instances running", running)
+	})
+}
