@@ -269,3 +269,59 @@ func TestSpotOnFakeClouds(t *testing.T) {
 		return running == 0, fmt.Sprintf("%d EC2 instances running", running)
 	})
 }
+
+const burstCloudYAML = `name: overflow
+resources:
+  infra: "*"
+  accelerators: L4:1
+envs:
+  REPLICA_SIM_ARGS: --model ferry-sim-1b
+service:
+  readiness_probe: /health
+  replicas: 2
+  ports: 8080
+run: ferry replica-sim --model ferry-sim-1b
+`
+
+// TestKubernetesFullBurstsToCheapestCloudZone: with the cluster's one L4 taken, the second
+// replica goes to the cheapest cloud zone the optimizer lists after the cluster.
+func TestKubernetesFullBurstsToCheapestCloudZone(t *testing.T) {
+	k := newKubeEnv(t, "NVIDIA-L4", 1, 1, 2)
+	clouds := startFakeClouds(t)
+	k.extraEnv = awsEnv
+	cfg, err := os.ReadFile(filepath.Join(k.home, "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(k.home, "config.yaml"), string(cfg)+clouds.config())
+	file := filepath.Join(t.TempDir(), "overflow.yaml")
+	writeFile(t, file, burstCloudYAML)
+
+	plan := k.mustRun("serve", "up", file, "--dry-run")
+	rows := regexp.MustCompile(`(?m)^(kubernetes/\S+|aws|gcp)\s+(\S+)\s.*?\s(\S+)\s+\$\s*([0-9.]+)`).FindAllStringSubmatch(plan, -1)
+	if len(rows) < 2 || !strings.HasPrefix(rows[0][1], "kubernetes/") || rows[1][1] == "" {
+		t.Fatalf("plan does not put the cluster first, then a cloud:\n%s", plan)
+	}
+	cheapest := rows[1]
+	t.Logf("after the cluster, the cheapest: %s %s %s at $%s/h", cheapest[1], cheapest[2], cheapest[3], cheapest[4])
+
+	k.mustRun("serve", "up", file, "-y")
+	st, err := k.status("overflow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	byInfra := map[string][]string{}
+	for _, r := range st.Replicas {
+		if r.Status == "READY" {
+			byInfra[r.Infra] = append(byInfra[r.Infra], r.Zone)
+		}
+	}
+	if len(byInfra["kubernetes/"+k.cluster.Context()]) != 1 || len(byInfra[cheapest[1]]) != 1 {
+		t.Fatalf("READY replicas by infra %v, want 1 pod and 1 on %s", byInfra, cheapest[1])
+	}
+	if zone := byInfra[cheapest[1]][0]; !strings.HasSuffix(cheapest[3], "/"+zone) {
+		t.Fatalf("burst replica in %s, want the cheapest zone %s", zone, cheapest[3])
+	}
+	chatPlain(t, st.Endpoint)
+	k.mustRun("serve", "down", "overflow", "-y")
+}
