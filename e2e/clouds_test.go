@@ -194,6 +194,7 @@ func TestSpotOnFakeClouds(t *testing.T) {
 	chatPlain(t, st.Endpoint)
 
 	// Steady non-streamed load while one spot replica is preempted.
+	endpoint := st.Endpoint // st is rewritten below while the clients run
 	var sent, failed atomic.Int64
 	var firstErr atomic.Value
 	stop := make(chan struct{})
@@ -209,7 +210,7 @@ func TestSpotOnFakeClouds(t *testing.T) {
 				default:
 				}
 				sent.Add(1)
-				if err := plainCompletion(st.Endpoint); err != nil {
+				if err := plainCompletion(endpoint); err != nil {
 					failed.Add(1)
 					firstErr.CompareAndSwap(nil, err.Error())
 				}

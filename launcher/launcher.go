@@ -48,9 +48,9 @@ type Spec struct {
 	// there (zero fields mean the provider's default).
 	Placement Placement
 	// Spread, when not nil, asks the provisioner to spread spot instances over zones
-	// (SpotHedge): it counts the caller's live spot instances by ZoneKey, and zones holding
-	// fewer are tried first.
-	Spread map[string]int
+	// (SpotHedge): it maps the caller's live spot instances (ids) to their ZoneKey, and zones
+	// holding fewer are tried first.
+	Spread map[string]string
 }
 
 // ZoneKey names a zone across infras for spreading and blocking: "aws/use1-az4",

@@ -653,12 +653,12 @@ func (m *Manager) launchLocked(now time.Time, spot bool) {
 	}()
 }
 
-// spotByZoneLocked counts live spot replicas by zone, for SpotHedge's spreading.
-func (m *Manager) spotByZoneLocked() map[string]int {
-	out := map[string]int{}
+// spotByZoneLocked maps live spot replicas' instances to their zones, for SpotHedge.
+func (m *Manager) spotByZoneLocked() map[string]string {
+	out := map[string]string{}
 	for _, r := range m.replicas {
-		if r.rec.Spot && live(r.rec.Status) && r.rec.Infra != "" {
-			out[launcher.ZoneKey(r.rec.Infra, "", r.rec.Zone)]++
+		if r.rec.Spot && live(r.rec.Status) && r.rec.Infra != "" && r.rec.InstanceID != "" {
+			out[r.rec.InstanceID] = launcher.ZoneKey(r.rec.Infra, "", r.rec.Zone)
 		}
 	}
 	return out

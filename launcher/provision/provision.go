@@ -67,14 +67,36 @@ type Provisioner struct {
 
 	// blocks are shared with scoped copies: a location full for one service is full for all.
 	blocks *blockSet
+	// spread is this Provisioner's own (a scoped copy's: one service's).
+	spread *spreadState
 }
 
-// blockSet holds the locations that failed recently, by location key, and the spread
-// launches under way by zone key (so concurrent spot launches spread too).
+// blockSet holds the locations that failed recently, by location key.
 type blockSet struct {
+	mu sync.Mutex
+	m  map[string]block
+}
+
+// spreadState is what one caller's spot launches know of each other beyond the caller's own
+// view: launches under way by zone, and instances placed so recently that the caller may not
+// list them yet. Without it, replicas launched in one pass all pick the same "empty" zone.
+type spreadState struct {
 	mu       sync.Mutex
-	m        map[string]block
-	inflight map[string]int
+	inflight map[string]int    // zone key → launches under way
+	placed   map[string]placed // instance id → where and when
+}
+
+type placed struct {
+	key string
+	at  time.Time
+}
+
+// placedTTL is how long a placement counts without the caller reporting it: by then the
+// caller's own view has it (or it is gone).
+const placedTTL = 10 * time.Minute
+
+func newSpreadState() *spreadState {
+	return &spreadState{inflight: map[string]int{}, placed: map[string]placed{}}
 }
 
 type block struct {
@@ -99,7 +121,7 @@ func New(opts Options) (*Provisioner, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	p := &Provisioner{opts: opts, log: opts.Logger, infras: map[string]launcher.Provider{}, blocks: &blockSet{m: map[string]block{}, inflight: map[string]int{}}}
+	p := &Provisioner{opts: opts, log: opts.Logger, infras: map[string]launcher.Provider{}, blocks: &blockSet{m: map[string]block{}}, spread: newSpreadState()}
 	for _, in := range opts.Infras {
 		if in.Name == "" || in.Provider == nil {
 			return nil, fmt.Errorf("provision: infra %q has no name or provider", in.Name)
@@ -194,7 +216,7 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int) ([]
 			return nil, err
 		}
 		var c Choice
-		var release func()
+		var release func(id string, at time.Time)
 		c, remaining, release = p.next(remaining, spec.Spread)
 		s := spec
 		s.Placement = c.Placement
@@ -208,7 +230,11 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int) ([]
 		} else {
 			insts, err = launcher.LaunchGang(ctx, prov, s, n)
 		}
-		release()
+		placedID := ""
+		if err == nil && len(insts) > 0 {
+			placedID = insts[0].ID
+		}
+		release(placedID, p.opts.Now())
 		if err == nil {
 			for i := range insts {
 				fillFromPlacement(&insts[i], c.Placement)
@@ -231,7 +257,7 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int) ([]
 // blocks (a concurrent launch may just have found a zone full) and, for a spread launch,
 // orders by the caller's spot instances plus the spread launches under way, and counts this
 // one as under way in its zone until release.
-func (p *Provisioner) next(remaining []Choice, spread map[string]int) (Choice, []Choice, func()) {
+func (p *Provisioner) next(remaining []Choice, spread map[string]string) (Choice, []Choice, func(id string, at time.Time)) {
 	now := p.opts.Now()
 	p.blocks.mu.Lock()
 	defer p.blocks.mu.Unlock()
@@ -252,25 +278,59 @@ func (p *Provisioner) next(remaining []Choice, spread map[string]int) (Choice, [
 		slices.SortStableFunc(remaining, func(a, b Choice) int {
 			return cmpBool(a.BlockedUntil.IsZero(), b.BlockedUntil.IsZero())
 		})
-		return remaining[0], remaining[1:], func() {}
+		return remaining[0], remaining[1:], func(string, time.Time) {}
 	}
-	counts := make(map[string]int, len(spread)+len(p.blocks.inflight))
-	for k, v := range spread {
-		counts[k] += v
-	}
-	for k, v := range p.blocks.inflight {
-		counts[k] += v
-	}
-	ordered := spreadOrder(remaining, counts)
+	ordered := spreadOrder(remaining, p.spread.counts(spread, now))
 	key := launcher.ZoneKey(ordered[0].Infra, ordered[0].Region, ordered[0].Zone)
-	p.blocks.inflight[key]++
-	return ordered[0], ordered[1:], func() {
-		p.blocks.mu.Lock()
-		defer p.blocks.mu.Unlock()
-		if p.blocks.inflight[key]--; p.blocks.inflight[key] <= 0 {
-			delete(p.blocks.inflight, key)
+	return ordered[0], ordered[1:], p.spread.reserve(key)
+}
+
+// counts is how many of the caller's spot instances each zone holds: the caller's own view,
+// the instances placed since that it may not show yet, and the launches under way.
+func (s *spreadState) counts(view map[string]string, now time.Time) map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int{}
+	for _, key := range view {
+		out[key]++
+	}
+	for id, pl := range s.placed {
+		switch _, known := view[id]; {
+		case known || now.Sub(pl.at) > placedTTL:
+			delete(s.placed, id) // the caller counts it now, or it is long gone
+		default:
+			out[pl.key]++
 		}
 	}
+	for key, n := range s.inflight {
+		out[key] += n
+	}
+	return out
+}
+
+// reserve counts a launch under way in zone key until the returned release; release(id)
+// with a launched instance's id keeps counting it as placed.
+func (s *spreadState) reserve(key string) func(id string, at time.Time) {
+	s.mu.Lock()
+	s.inflight[key]++
+	s.mu.Unlock()
+	return func(id string, at time.Time) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.inflight[key]--; s.inflight[key] <= 0 {
+			delete(s.inflight, key)
+		}
+		if id != "" {
+			s.placed[id] = placed{key: key, at: at}
+		}
+	}
+}
+
+// forget stops counting an instance that was terminated.
+func (s *spreadState) forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.placed, id)
 }
 
 // cmpBool orders true before false.
@@ -287,11 +347,11 @@ func cmpBool(a, b bool) int {
 // spreadOrder reorders choices as SpotHedge would try them (policy.SpotOrder): unblocked
 // zones before blocked ones, then zones holding fewer of the caller's spot instances, then the
 // planner's order (price).
-func spreadOrder(choices []Choice, spread map[string]int) []Choice {
+func spreadOrder(choices []Choice, counts map[string]int) []Choice {
 	zones := make([]policy.ZoneState, len(choices))
 	for i, c := range choices {
 		key := launcher.ZoneKey(c.Infra, c.Region, c.Zone)
-		zones[i] = policy.ZoneState{Name: key, SpotPrice: float64(i), Active: c.BlockedUntil.IsZero(), Spot: spread[key]}
+		zones[i] = policy.ZoneState{Name: key, SpotPrice: float64(i), Active: c.BlockedUntil.IsZero(), Spot: counts[key]}
 	}
 	out := make([]Choice, 0, len(choices))
 	for _, i := range policy.SpotOrder(zones) {
@@ -318,7 +378,7 @@ func zoneBlockKey(pl launcher.Placement) string {
 // service's replica manager lists only where its replicas may be, so an unreachable cluster
 // does not stall a service that never runs there.
 func (p *Provisioner) Scope(r configs.Resources) *Provisioner {
-	scoped := &Provisioner{opts: p.opts, log: p.log, infras: map[string]launcher.Provider{}, blocks: p.blocks}
+	scoped := &Provisioner{opts: p.opts, log: p.log, infras: map[string]launcher.Provider{}, blocks: p.blocks, spread: newSpreadState()}
 	for name, prov := range p.infras {
 		for _, c := range r.Candidates() {
 			if InfraMatches(c.Infra, name) {
@@ -356,6 +416,7 @@ func (p *Provisioner) Terminate(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	p.spread.forget(id)
 	return prov.Terminate(ctx, id)
 }
 

@@ -294,34 +294,46 @@ func TestSpreadAndPreemptedZones(t *testing.T) {
 		return launcher.Placement{Infra: "aws", Region: "us-east-1", Zone: zone, InstanceType: "g5.xlarge", Spot: spot, PricePerHour: price}
 	}
 	p, provs, _ := newTest(t, []launcher.Placement{z("use1-az1", 0.4, true), z("use1-az2", 0.5, true), z("use1-az4", 0.6, true)})
-	launch := func(spread map[string]int) string {
+	seq := 0
+	launch := func(spread map[string]string) launcher.Instance {
 		t.Helper()
-		s := spec("svc")
+		seq++
+		s := spec(fmt.Sprintf("svc-%d", seq))
 		s.Spread = spread
 		inst, err := p.Launch(ctx, s)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return inst.Zone
+		return inst
 	}
 	// SpotHedge: the cheapest zone that holds none of the service's spot replicas.
-	if got := launch(map[string]int{}); got != "use1-az1" {
-		t.Fatalf("first spot replica in %s, want the cheapest zone", got)
+	first := launch(map[string]string{})
+	if first.Zone != "use1-az1" {
+		t.Fatalf("first spot replica in %s, want the cheapest zone", first.Zone)
 	}
-	if got := launch(map[string]int{"aws/use1-az1": 1}); got != "use1-az2" {
-		t.Fatalf("second spot replica in %s, want the cheapest empty zone", got)
+	// The caller's view may not show the first yet: the provisioner remembers it.
+	if got := launch(map[string]string{}); got.Zone != "use1-az2" {
+		t.Fatalf("second spot replica in %s, want the cheapest empty zone", got.Zone)
 	}
-	// A preemption in az2 makes the next spot replica skip it, though it is empty.
+	if err := p.Terminate(ctx, first.ID); err != nil {
+		t.Fatal(err)
+	}
+	// A preemption in az2 makes the next spot replica skip it; az1 is free again.
 	p.Preempted(launcher.Instance{Infra: "aws", Region: "us-east-1", Zone: "use1-az2"})
-	if got := launch(map[string]int{"aws/use1-az1": 1}); got != "use1-az4" {
-		t.Fatalf("after the preemption: %s, want use1-az4", got)
+	if got := launch(map[string]string{}); got.Zone != "use1-az1" {
+		t.Fatalf("after the preemption and az1's termination: %s, want use1-az1", got.Zone)
+	}
+	// The caller's view counts too: with az1 held (by an instance the provisioner did not
+	// launch), az2 preempted, az4 is next.
+	if got := launch(map[string]string{"i-adopted": "aws/use1-az1"}); got.Zone != "use1-az4" {
+		t.Fatalf("with az1 held and az2 preempted: %s, want use1-az4", got.Zone)
 	}
 	// Without Spread the planner's order (price) holds.
-	if got := launch(nil); got != "use1-az1" {
-		t.Fatalf("without spreading: %s, want the cheapest", got)
+	if got := launch(nil); got.Zone != "use1-az1" {
+		t.Fatalf("without spreading: %s, want the cheapest", got.Zone)
 	}
-	if n := len(provs["aws"].tries); n != 4 {
-		t.Fatalf("%d launch attempts, want 4 (no failures)", n)
+	if n := len(provs["aws"].tries); n != 5 {
+		t.Fatalf("%d launch attempts, want 5 (no failures)", n)
 	}
 }
 
@@ -349,7 +361,7 @@ func TestConcurrentSpreadLaunchesTakeDifferentZones(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			s := spec(fmt.Sprintf("svc-%d", i))
-			s.Spread = map[string]int{} // none live yet: every launch of this pass starts at once
+			s.Spread = map[string]string{} // none live yet: every launch of this pass starts at once
 			inst, err := p.Launch(context.Background(), s)
 			if err != nil {
 				t.Error(err)
@@ -360,12 +372,12 @@ func TestConcurrentSpreadLaunchesTakeDifferentZones(t *testing.T) {
 	// All three are under way before any finishes.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		p.blocks.mu.Lock()
+		p.spread.mu.Lock()
 		n := 0
-		for _, v := range p.blocks.inflight {
+		for _, v := range p.spread.inflight {
 			n += v
 		}
-		p.blocks.mu.Unlock()
+		p.spread.mu.Unlock()
 		if n == 3 {
 			break
 		}
@@ -384,7 +396,7 @@ func TestConcurrentSpreadLaunchesTakeDifferentZones(t *testing.T) {
 	if len(seen) != 3 {
 		t.Fatalf("concurrent spot launches landed in %v, want 3 different zones", seen)
 	}
-	if len(p.blocks.inflight) != 0 {
-		t.Fatalf("in-flight counts left behind: %v", p.blocks.inflight)
+	if len(p.spread.inflight) != 0 || len(p.spread.placed) != 3 {
+		t.Fatalf("in flight %v, placed %v; want none in flight and 3 placed", p.spread.inflight, p.spread.placed)
 	}
 }
