@@ -148,8 +148,14 @@ func TestSpotOnFakeClouds(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "spotty.yaml")
 	writeFile(t, file, spotYAML)
 
-	// The optimizer's cheapest spot zone has no capacity.
+	// The market moves: EC2's live spot price for g5.xlarge in use1-az5 drops far below the
+	// catalog's, and the plan follows DescribeSpotPriceHistory.
+	clouds.ec2.SetSpotPrice("use1-az5", "g5.xlarge", 0.0912)
 	plan := e.mustRun("serve", "up", file, "--dry-run")
+	if !regexp.MustCompile(`(?m)^aws\s+g5\.xlarge\[Spot\].*\$ 0\.09\s+✔`).MatchString(plan) {
+		t.Fatalf("the plan does not choose the live spot price of 0.0912:\n%s", plan)
+	}
+	// The optimizer's cheapest spot zone has no capacity.
 	first := regexp.MustCompile(`(?m)^(aws|gcp)\s+\S+\[Spot\]\s.*?\s(\S+)/(\S+)\s+\$`).FindStringSubmatch(plan)
 	if first == nil {
 		t.Fatalf("no spot row in the plan:\n%s", plan)

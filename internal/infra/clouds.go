@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -12,6 +13,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/aws"
+	"github.com/ferryserve/ferry/launcher/catalog"
 	"github.com/ferryserve/ferry/launcher/gcp"
 	"github.com/ferryserve/ferry/launcher/optimizer"
 )
@@ -26,6 +28,63 @@ type cloud struct {
 	regions  []string
 	// zoneNames, when the provider can tell, maps AWS AZ IDs to this account's zone names.
 	zoneNames func(ctx context.Context, region string) (map[string]string, error)
+	// spotPrices, when the provider can tell, are live spot prices in a region by instance
+	// type and AZ ID; prices caches them.
+	spotPrices func(ctx context.Context, region string, types []string) (map[string]map[string]float64, error)
+	prices     *priceCache
+}
+
+// spotPriceTTL is how long live spot prices are reused: they move hourly at most, and a plan
+// runs for every launch.
+const spotPriceTTL = 5 * time.Minute
+
+// priceCache keeps the latest spot prices per region and instance-type set.
+type priceCache struct {
+	mu sync.Mutex
+	m  map[string]cachedPrices
+}
+
+type cachedPrices struct {
+	at     time.Time
+	prices map[string]map[string]float64
+}
+
+func (c cloud) livePrices(ctx context.Context, region string, types []string) (map[string]map[string]float64, error) {
+	key := region + "|" + strings.Join(types, ",")
+	c.prices.mu.Lock()
+	if got, ok := c.prices.m[key]; ok && time.Since(got.at) < spotPriceTTL {
+		c.prices.mu.Unlock()
+		return got.prices, nil
+	}
+	c.prices.mu.Unlock()
+	prices, err := c.spotPrices(ctx, region, types)
+	if err != nil {
+		return nil, err
+	}
+	c.prices.mu.Lock()
+	c.prices.m[key] = cachedPrices{at: time.Now(), prices: prices}
+	c.prices.mu.Unlock()
+	return prices, nil
+}
+
+// spotTypes are the cloud's instance types that carry one of r's accelerators, when r asks
+// for spot at all.
+func spotTypes(cloudName string, r configs.Resources) []string {
+	var types []string
+	for _, c := range r.Candidates() {
+		if !c.UseSpot {
+			continue
+		}
+		for _, acc := range c.Accelerators {
+			for _, row := range catalog.Default().Lookup(cloudName, acc.Name) {
+				if !slices.Contains(types, row.InstanceType) {
+					types = append(types, row.InstanceType)
+				}
+			}
+		}
+	}
+	slices.Sort(types)
+	return types
 }
 
 // openClouds builds the providers of the config's aws and gcp sections. A cloud that cannot be
@@ -39,7 +98,8 @@ func openClouds(cfg *configs.FerryConfig, log *zap.Logger, problems map[string]e
 		if err != nil {
 			problems[aws.InfraName] = err
 		} else {
-			out = append(out, cloud{name: p.Infra(), provider: p, regions: c.Regions, zoneNames: p.ZoneNames})
+			out = append(out, cloud{name: p.Infra(), provider: p, regions: c.Regions, zoneNames: p.ZoneNames,
+				spotPrices: p.SpotPrices, prices: &priceCache{m: map[string]cachedPrices{}}})
 		}
 	}
 	if c := cfg.GCP; c != nil {
@@ -53,10 +113,26 @@ func openClouds(cfg *configs.FerryConfig, log *zap.Logger, problems map[string]e
 	return out
 }
 
-// optimizerInfra is the optimizer's view of a cloud, with the account's AWS zone names when
-// they can be read (otherwise placements carry AZ IDs, which the provider resolves).
-func (c cloud) optimizerInfra(ctx context.Context) (optimizer.Infra, error) {
+// optimizerInfra is the optimizer's view of a cloud for r: the account's AWS zone names when
+// they can be read (otherwise placements carry AZ IDs, which the provider resolves), and live
+// spot prices for r's instance types when r asks for spot.
+func (c cloud) optimizerInfra(ctx context.Context, r configs.Resources) (optimizer.Infra, error) {
 	inf := optimizer.Infra{Name: c.name, Kind: optimizer.Cloud}
+	if types := spotTypes(c.name, r); c.spotPrices != nil && len(types) > 0 {
+		inf.SpotPrices = map[string]map[string]float64{}
+		for _, region := range c.regions {
+			prices, err := c.livePrices(ctx, region, types)
+			if err != nil {
+				return inf, err
+			}
+			for t, zones := range prices {
+				if inf.SpotPrices[t] == nil {
+					inf.SpotPrices[t] = map[string]float64{}
+				}
+				maps.Copy(inf.SpotPrices[t], zones)
+			}
+		}
+	}
 	if c.zoneNames == nil {
 		return inf, nil
 	}

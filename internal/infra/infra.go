@@ -170,7 +170,7 @@ func (s *Set) Infras(ctx context.Context, r configs.Resources) ([]optimizer.Infr
 			continue
 		}
 		octx, cancel := context.WithTimeout(ctx, offeringsTimeout)
-		inf, err := c.optimizerInfra(octx)
+		inf, err := c.optimizerInfra(octx, r)
 		cancel()
 		if err != nil {
 			errs[c.name] = err // planned with AZ IDs; the provider resolves them at launch

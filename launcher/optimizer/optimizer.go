@@ -89,6 +89,10 @@ type Infra struct {
 	// ZoneNames maps AWS Availability Zone IDs to this account's zone names (use1-az4 →
 	// us-east-1a). Nil when unknown; see the package doc.
 	ZoneNames map[string]string
+	// SpotPrices, when set, are live spot prices (AWS's DescribeSpotPriceHistory) by instance
+	// type, then catalog zone (an AZ ID on AWS): they replace the catalog's spot price where
+	// given, so a plan follows the market between catalog refreshes.
+	SpotPrices map[string]map[string]float64
 }
 
 // Candidate is one place to launch, with the alternative of Resources.Candidates() it satisfies.
@@ -339,6 +343,9 @@ func (req *request) cloudCandidates(out []Candidate, inf *Infra, acc configs.Acc
 			continue
 		}
 		price, ok := row.Price(req.spot)
+		if live, known := inf.SpotPrices[row.InstanceType][row.Zone]; req.spot && known && live > 0 {
+			price, ok = live, true
+		}
 		if !ok || !req.cpus.admits(row.VCPUs) || !req.memory.admits(row.MemoryGiB) {
 			continue
 		}

@@ -570,3 +570,19 @@ service:
 		t.Errorf("last candidate = %+v, want an aws spot candidate of ordered[1]", last)
 	}
 }
+
+// TestPlanLiveSpotPrices: a live spot price (DescribeSpotPriceHistory) replaces the catalog's,
+// and the order follows it; on-demand plans ignore it.
+func TestPlanLiveSpotPrices(t *testing.T) {
+	r := configs.Resources{Infra: "aws", UseSpot: true, Accelerators: accs(t, "A10G:1")}
+	live := aws
+	live.SpotPrices = map[string]map[string]float64{"g5.xlarge": {"use1-az4": 0.2}}
+	got := first(t, r, []Infra{live})
+	if got.Placement.Zone != "use1-az4" || got.Placement.PricePerHour != 0.2 {
+		t.Fatalf("with a live price of 0.2 in use1-az4: first %+v, want use1-az4 at 0.2", got.Placement)
+	}
+	r.UseSpot = false
+	if got := first(t, r, []Infra{live}); got.Placement.PricePerHour == 0.2 {
+		t.Fatalf("an on-demand plan used the spot price: %+v", got.Placement)
+	}
+}
