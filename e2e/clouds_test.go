@@ -258,6 +258,12 @@ func TestSpotOnFakeClouds(t *testing.T) {
 	}
 	t.Logf("%d requests during the preemption, none failed", sent.Load())
 
+	// The preemption was surfaced as an event, from the cloud's notice.
+	eventually(t, 30*time.Second, "a preemption notice in the controller log", func() (bool, string) {
+		b, err := os.ReadFile(filepath.Join(e.home, "controller.log"))
+		return err == nil && strings.Contains(string(b), "spot preemption notice") && strings.Contains(string(b), victim.instance[strings.LastIndex(victim.instance, "/")+1:]), "no notice yet"
+	})
+
 	table := e.mustRun("serve", "status", "spotty", "-v")
 	for _, want := range []string{"COST ($/hr)", "spot", "PREEMPTED", "us-"} {
 		if !strings.Contains(table, want) {

@@ -238,6 +238,10 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 }
 
+// Resync runs a reconcile pass (with a fresh List) now rather than at the next interval: the
+// infra said something changed, e.g. a spot preemption notice.
+func (m *Manager) Resync() { m.kickLoop() }
+
 // SetTarget sets how many replicas should run. Until it is first called the manager keeps
 // the replicas it finds (at least min_replicas), so a restart changes nothing.
 func (m *Manager) SetTarget(n int) {

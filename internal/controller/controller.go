@@ -25,6 +25,7 @@ import (
 	"github.com/ferryserve/ferry/internal/home"
 	"github.com/ferryserve/ferry/internal/infra"
 	"github.com/ferryserve/ferry/internal/store"
+	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/provision"
 	"github.com/ferryserve/ferry/proxy"
 	"github.com/ferryserve/ferry/replicas"
@@ -97,6 +98,29 @@ func (o *Options) defaults() {
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
+	}
+}
+
+// watchNotices surfaces each infra's preemption notices as events in the log and makes every
+// service reconcile at once, so a preempted replica is replaced without waiting for its
+// probes or the next pass.
+func (c *Controller) watchNotices(ctx context.Context, notifiers map[string]launcher.PreemptionNotifier) {
+	for name, n := range notifiers {
+		ch := n.Notices(ctx)
+		// Not in c.wg: it ends with ctx, which Start cancels only after waiting on c.wg.
+		go func() {
+			for notice := range ch {
+				c.log.Warn("spot preemption notice", zap.String("infra", name), zap.String("instance", notice.InstanceID),
+					zap.Time("at", notice.At))
+				c.mu.Lock()
+				for _, s := range c.services {
+					if s.mgr != nil {
+						s.mgr.Resync()
+					}
+				}
+				c.mu.Unlock()
+			}
+		}()
 	}
 }
 
@@ -200,6 +224,7 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	c.ctx = ctx
+	c.watchNotices(ctx, infras.Notifiers())
 
 	if err := c.initMetrics(); err != nil {
 		ln.Close()

@@ -136,6 +136,17 @@ func (s *Set) Close() {
 	}
 }
 
+// Notifiers are the enabled infras that announce preemptions, by infra name.
+func (s *Set) Notifiers() map[string]launcher.PreemptionNotifier {
+	out := map[string]launcher.PreemptionNotifier{}
+	for _, c := range s.clouds {
+		if n, ok := c.provider.(launcher.PreemptionNotifier); ok {
+			out[c.name] = n
+		}
+	}
+	return out
+}
+
 // Clouds are the enabled clouds' providers, for `ferry check`.
 func (s *Set) Clouds() []launcher.Provider {
 	out := make([]launcher.Provider, len(s.clouds))
