@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -25,6 +27,61 @@ func init() { register(newFakeCloudCmd) }
 type fakeCloudFlags struct {
 	gcpListen, project, dir, spotTrace string
 	speedup                            float64
+}
+
+// preemptPath is fakecloud's control endpoint, on the Compute listener.
+const preemptPath = "/_fakecloud/preempt"
+
+// preemptFake preempts a VM given its Ferry instance id (aws/REGION/ID or gcp/ZONE/NAME).
+func preemptFake(ec2 *fakeec2.Server, gce *fakecompute.Server, id string) error {
+	infra, rest, _ := strings.Cut(id, "/")
+	name := rest[strings.LastIndex(rest, "/")+1:]
+	switch {
+	case name == "":
+		return fmt.Errorf("%q is not an instance id (aws/REGION/ID or gcp/ZONE/NAME)", id)
+	case infra == "aws":
+		return ec2.Preempt(name)
+	case infra == "gcp":
+		return gce.Preempt(name)
+	}
+	return fmt.Errorf("%q is not on a fake cloud", id)
+}
+
+func newFakeCloudPreemptCmd() *cobra.Command {
+	var control string
+	cmd := &cobra.Command{
+		Use:   "preempt INSTANCE_ID",
+		Short: "Preempt a spot VM on a running ferry fakecloud",
+		Example: `  ferry serve status --json | grep instance_id
+  ferry fakecloud preempt aws/us-east-1/i-0123456789abcdef0`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if control == "" {
+				set, err := openInfras()
+				if err != nil {
+					return err
+				}
+				set.Close()
+				if set.Config.GCP == nil || set.Config.GCP.Endpoint == "" {
+					return errors.New("no gcp endpoint in config.yaml to find fakecloud by; pass --control URL")
+				}
+				control = set.Config.GCP.Endpoint
+			}
+			resp, err := http.Post(strings.TrimSuffix(control, "/")+preemptPath+"?instance="+url.QueryEscape(args[0]), "text/plain", nil)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("fakecloud: %s", strings.TrimSpace(string(body)))
+			}
+			fmt.Fprint(cmd.OutOrStdout(), string(body))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&control, "control", "", "fakecloud's Compute endpoint (default: the gcp endpoint in config.yaml)")
+	return cmd
 }
 
 func newFakeCloudCmd() *cobra.Command {
@@ -56,6 +113,7 @@ launches there fail with InsufficientInstanceCapacity and its spot VMs are preem
 	fl.StringVar(&f.dir, "dir", "", "where VMs keep their scripts and logs (default: a temporary directory)")
 	fl.StringVar(&f.spotTrace, "spot-trace", "", "directory of AWS spot availability traces to replay (zone-named JSON files)")
 	fl.Float64Var(&f.speedup, "speedup", 60, "trace seconds per wall-clock second when replaying --spot-trace")
+	cmd.AddCommand(newFakeCloudPreemptCmd())
 	return cmd
 }
 
@@ -93,7 +151,18 @@ func runFakeCloud(ctx context.Context, out io.Writer, f fakeCloudFlags) error {
 	if err != nil {
 		return fmt.Errorf("gcp listen: %w", err)
 	}
-	srv := &http.Server{Handler: gce, ReadHeaderTimeout: 10 * time.Second}
+	mux := http.NewServeMux()
+	mux.Handle("/", gce)
+	mux.HandleFunc("POST "+preemptPath, func(w http.ResponseWriter, r *http.Request) {
+		id := r.URL.Query().Get("instance")
+		if err := preemptFake(ec2, gce, id); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(out, "preempted %s (by command)\n", id)
+		fmt.Fprintf(w, "preempted %s\n", id)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 
@@ -113,6 +182,7 @@ and give the controller (its first start) any static AWS credentials:
 
   export AWS_ACCESS_KEY_ID=AKIAFAKE AWS_SECRET_ACCESS_KEY=fake AWS_EC2_METADATA_DISABLED=true
 
+Preempt a spot VM by hand with 'ferry fakecloud preempt INSTANCE_ID' (ids: ferry serve status --json).
 Ctrl-C stops the fakes and every VM.
 `, ec2.URL(), ln.Addr(), dir, ec2.URL(), f.project, ln.Addr())
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -93,5 +94,52 @@ func TestReplaySpotTraces(t *testing.T) {
 	spec.Name = "svc-3"
 	if _, err := prov.Launch(ctx, spec); err != nil {
 		t.Fatalf("launch after capacity returned: %v", err)
+	}
+}
+
+// TestFakeCloudPreemptCommand runs `ferry fakecloud` and preempts one of its spot VMs with
+// `ferry fakecloud preempt`.
+func TestFakeCloudPreemptCommand(t *testing.T) {
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	ctx, cancel := context.WithCancel(context.Background())
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- runFakeCloud(ctx, &out, fakeCloudFlags{gcpListen: "127.0.0.1:0", project: "ferry-fake", dir: t.TempDir(), speedup: 60}) }()
+	defer func() { cancel(); <-done }()
+	re := regexp.MustCompile(`Fake EC2 on (\S+) and Compute Engine on (\S+);`)
+	var m []string
+	deadline := time.Now().Add(10 * time.Second)
+	for m = re.FindStringSubmatch(out.String()); m == nil; m = re.FindStringSubmatch(out.String()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("fakecloud did not start:\n%s", out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	prov, err := aws.New(ctx, aws.Options{Endpoint: m[1], AMIs: map[string]string{"us-east-1": "ami-0fa4ec10ad"},
+		Credentials: awssdk.NewCredentialsCache(credentials.NewStaticCredentialsProvider("AKIATEST", "secret", ""))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst, err := prov.Launch(ctx, launcher.Spec{Name: "svc-1", Labels: map[string]string{launcher.LabelOwner: "true", launcher.LabelService: "svc"},
+		Run: "exec sleep 60", Port: 8080, Placement: launcher.Placement{Infra: "aws", Region: "us-east-1", Zone: "use1-az1", InstanceType: "g5.xlarge", Spot: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := newRootCmd()
+	var stdout bytes.Buffer
+	cmd.SetOut(&stdout)
+	cmd.SetArgs([]string{"fakecloud", "preempt", inst.ID, "--control", m[2]})
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got, err := prov.List(ctx, map[string]string{launcher.LabelService: "svc"})
+	if err != nil || len(got) != 1 || got[0].State != launcher.StatePreempted {
+		t.Fatalf("after fakecloud preempt: %+v, %v; want the VM preempted", got, err)
+	}
+	cmd = newRootCmd()
+	cmd.SetArgs([]string{"fakecloud", "preempt", "azure/x/y", "--control", m[2]})
+	cmd.SetErr(&bytes.Buffer{})
+	if err := cmd.ExecuteContext(ctx); err == nil || !strings.Contains(err.Error(), "not on a fake cloud") {
+		t.Fatalf("preempting a foreign id: %v", err)
 	}
 }
