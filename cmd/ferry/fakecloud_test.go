@@ -104,7 +104,9 @@ func TestFakeCloudPreemptCommand(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var out syncBuffer
 	done := make(chan error, 1)
-	go func() { done <- runFakeCloud(ctx, &out, fakeCloudFlags{gcpListen: "127.0.0.1:0", project: "ferry-fake", dir: t.TempDir(), speedup: 60}) }()
+	go func() {
+		done <- runFakeCloud(ctx, &out, fakeCloudFlags{gcpListen: "127.0.0.1:0", project: "ferry-fake", dir: t.TempDir(), speedup: 60})
+	}()
 	defer func() { cancel(); <-done }()
 	re := regexp.MustCompile(`Fake EC2 on (\S+) and Compute Engine on (\S+);`)
 	var m []string
