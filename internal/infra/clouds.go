@@ -32,16 +32,26 @@ type cloud struct {
 	// type and AZ ID; prices caches them.
 	spotPrices func(ctx context.Context, region string, types []string) (map[string]map[string]float64, error)
 	prices     *priceCache
+	// spotScores, when the provider can tell, rate each region's spot capacity 1–10 (AWS's
+	// GetSpotPlacementScores), cached in prices.
+	spotScores func(ctx context.Context, types []string, target int, regions []string) (map[string]int, error)
 }
 
 // spotPriceTTL is how long live spot prices are reused: they move hourly at most, and a plan
 // runs for every launch.
 const spotPriceTTL = 5 * time.Minute
 
-// priceCache keeps the latest spot prices per region and instance-type set.
+// priceCache keeps the latest spot prices per region and instance-type set, and the latest
+// placement scores per instance-type set.
 type priceCache struct {
-	mu sync.Mutex
-	m  map[string]cachedPrices
+	mu     sync.Mutex
+	m      map[string]cachedPrices
+	scores map[string]cachedScores
+}
+
+type cachedScores struct {
+	at     time.Time
+	scores map[string]int
 }
 
 type cachedPrices struct {
@@ -65,6 +75,30 @@ func (c cloud) livePrices(ctx context.Context, region string, types []string) (m
 	c.prices.m[key] = cachedPrices{at: time.Now(), prices: prices}
 	c.prices.mu.Unlock()
 	return prices, nil
+}
+
+// regionScores rates the cloud's regions for r's spot instance types; nil when r asks for no
+// spot, the cloud cannot tell, or it has one region (nothing to rank).
+func (c cloud) regionScores(ctx context.Context, r configs.Resources) (map[string]int, error) {
+	types := spotTypes(c.name, r)
+	if c.spotScores == nil || len(types) == 0 || len(c.regions) < 2 {
+		return nil, nil
+	}
+	key := "scores|" + strings.Join(types, ",")
+	c.prices.mu.Lock()
+	if got, ok := c.prices.scores[key]; ok && time.Since(got.at) < spotPriceTTL {
+		c.prices.mu.Unlock()
+		return got.scores, nil
+	}
+	c.prices.mu.Unlock()
+	scores, err := c.spotScores(ctx, types, 1, c.regions)
+	if err != nil {
+		return nil, err
+	}
+	c.prices.mu.Lock()
+	c.prices.scores[key] = cachedScores{at: time.Now(), scores: scores}
+	c.prices.mu.Unlock()
+	return scores, nil
 }
 
 // spotTypes are the cloud's instance types that carry one of r's accelerators, when r asks
@@ -99,7 +133,7 @@ func openClouds(cfg *configs.FerryConfig, log *zap.Logger, problems map[string]e
 			problems[aws.InfraName] = err
 		} else {
 			out = append(out, cloud{name: p.Infra(), provider: p, regions: c.Regions, zoneNames: p.ZoneNames,
-				spotPrices: p.SpotPrices, prices: &priceCache{m: map[string]cachedPrices{}}})
+				spotPrices: p.SpotPrices, spotScores: p.SpotPlacementScores, prices: &priceCache{m: map[string]cachedPrices{}, scores: map[string]cachedScores{}}})
 		}
 	}
 	if c := cfg.GCP; c != nil {

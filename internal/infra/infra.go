@@ -211,6 +211,7 @@ func (s *Set) Plan(ctx context.Context, r configs.Resources) ([]optimizer.Candid
 	cands, err := optimizer.Plan(r, infras)
 	if err == nil {
 		cands = s.inRegions(cands)
+		cands = optimizer.DemoteLowScoreRegions(cands, s.regionScores(ctx, r), len(r.Ordered) > 0)
 	}
 	if err != nil && len(errs) > 0 {
 		// Say why a cluster that might have fit was not asked.
@@ -222,6 +223,28 @@ func (s *Set) Plan(ctx context.Context, r configs.Resources) ([]optimizer.Candid
 		}
 	}
 	return cands, err
+}
+
+// regionScores asks each cloud that can rate its regions for spot; a cloud that cannot answer
+// is planned by price alone.
+func (s *Set) regionScores(ctx context.Context, r configs.Resources) map[string]map[string]int {
+	out := map[string]map[string]int{}
+	for _, c := range s.clouds {
+		if !usable(r, c.name) {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, offeringsTimeout)
+		scores, err := c.regionScores(sctx, r)
+		cancel()
+		if err != nil {
+			s.log.Warn("no spot placement scores; planning by price", zap.String("infra", c.name), zap.Error(err))
+			continue
+		}
+		if scores != nil {
+			out[c.name] = scores
+		}
+	}
+	return out
 }
 
 func (s *Set) plan(ctx context.Context, r configs.Resources) ([]launcher.Placement, error) {

@@ -1,0 +1,80 @@
+package infra
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/launcher/aws/fakeec2"
+)
+
+// openWithFakeAWS opens a Set whose only cloud is the fake EC2 in two regions.
+func openWithFakeAWS(t *testing.T, ec2 *fakeec2.Server) *Set {
+	t.Helper()
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIATEST")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "secret")
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("AWS_CONFIG_FILE", os.DevNull)
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", os.DevNull)
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none")) // no Kubernetes here
+	h := home.Home{Dir: t.TempDir()}
+	cfg := fmt.Sprintf("aws:\n  regions: [us-east-1, us-west-2]\n  endpoint: %s\n", ec2.URL())
+	if err := os.WriteFile(ConfigPath(h), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(h, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	if len(s.Problems) > 0 {
+		t.Fatalf("problems: %v", s.Problems)
+	}
+	return s
+}
+
+// TestPlanRanksSpotRegions: a region whose spot placement score is low is tried after the
+// others, however cheap; and plans carry the account's zone names.
+func TestPlanRanksSpotRegions(t *testing.T) {
+	ec2, err := fakeec2.New(fakeec2.Options{LogDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ec2.Close()
+	r := configs.Resources{Infra: "aws", UseSpot: true, Accelerators: []configs.Accelerator{{Name: "A10G", Count: 1}}}
+	ctx := context.Background()
+
+	cands, err := openWithFakeAWS(t, ec2).Plan(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// By the catalog, g5.xlarge spot is cheapest in us-west-2 (usw2-az2, $0.357).
+	if p := cands[0].Placement; p.Region != "us-west-2" || p.Zone != ec2.ZoneNames("us-west-2")["usw2-az2"] {
+		t.Fatalf("first %+v, want us-west-2's usw2-az2 by its zone name", p)
+	}
+
+	// us-west-2's spot capacity is gone: its score drops to 1 and its zones go last.
+	for id := range ec2.ZoneNames("us-west-2") {
+		ec2.FailZone(id, "InsufficientInstanceCapacity")
+	}
+	cands, err = openWithFakeAWS(t, ec2).Plan(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seenWest := false
+	for _, c := range cands {
+		switch {
+		case c.Placement.Region == "us-west-2":
+			seenWest = true
+		case seenWest:
+			t.Fatalf("%s after a us-west-2 placement: the low-score region must come last", c.Placement.Region)
+		}
+	}
+	if cands[0].Placement.Region != "us-east-1" || !seenWest {
+		t.Fatalf("first %+v, want us-east-1 first and us-west-2 still listed", cands[0].Placement)
+	}
+}
