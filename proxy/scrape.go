@@ -162,8 +162,10 @@ func (s *scraper) newTarget(r *policy.Replica) *scrapeTarget {
 }
 
 func (s *scraper) run(t *scrapeTarget) {
-	defer s.active.Add(-1)
+	// Deferred calls run last first: the count drops before Done, so close, which waits on
+	// the group, never returns while this goroutine still counts as active.
 	defer s.wg.Done()
+	defer s.active.Add(-1)
 	defer t.hc.CloseIdleConnections()
 	ticker := time.NewTicker(s.interval)
 	defer ticker.Stop()
