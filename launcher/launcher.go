@@ -236,6 +236,18 @@ func LaunchGang(ctx context.Context, p Provider, spec Spec, n int) ([]Instance, 
 	if g, ok := p.(GangLauncher); ok {
 		return g.LaunchGang(ctx, spec, n)
 	}
+	return LaunchEach(ctx, p, spec, n)
+}
+
+// LaunchEach is the all-or-nothing gang for providers with no native gang: n concurrent
+// Launch calls (none cancelled when another fails, so that the rollback sees every instance
+// made), then, if any failed, every launched instance terminated and the first node's error
+// returned (its type decides failover). A provider's own LaunchGang may call it after fixing
+// the placement (one zone).
+func LaunchEach(ctx context.Context, p Provider, spec Spec, n int) ([]Instance, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("%w: a gang needs at least one node, got %d", ErrInvalid, n)
+	}
 	out := make([]Instance, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -243,7 +255,7 @@ func LaunchGang(ctx context.Context, p Provider, spec Spec, n int) ([]Instance, 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out[rank], errs[rank] = p.Launch(ctx, gangNode(spec, rank, n))
+			out[rank], errs[rank] = p.Launch(ctx, GangNode(spec, rank, n))
 		}()
 	}
 	wg.Wait()
@@ -272,7 +284,9 @@ func LaunchGang(ctx context.Context, p Provider, spec Spec, n int) ([]Instance, 
 // gangCleanupTimeout bounds rolling back a failed gang.
 const gangCleanupTimeout = 2 * time.Minute
 
-func gangNode(spec Spec, rank, n int) Spec {
+// GangNode is spec for node rank of an n-node gang: its name (GangName), its rank in the
+// LabelNodeRank label, and EnvNodeRank / EnvNumNodes in its environment.
+func GangNode(spec Spec, rank, n int) Spec {
 	s := spec
 	s.Name = GangName(spec.Name, rank, n)
 	s.Labels = make(map[string]string, len(spec.Labels)+1)
@@ -298,4 +312,24 @@ func firstError(errs []error) error {
 		}
 	}
 	return nil
+}
+
+// PollNotices serves PreemptionNotifier for infras without a watch API: it calls poll at once
+// and then every interval until ctx ends or poll returns false, and returns the channel poll
+// sends on, closed at the end.
+func PollNotices(ctx context.Context, interval time.Duration, poll func(ctx context.Context, ch chan<- Notice) bool) <-chan Notice {
+	ch := make(chan Notice, 16)
+	go func() {
+		defer close(ch)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for poll(ctx, ch) {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return ch
 }

@@ -3,8 +3,6 @@ package aws
 import (
 	"context"
 	"fmt"
-	"maps"
-	"strconv"
 	"strings"
 	"time"
 
@@ -30,7 +28,7 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 		return nil, fmt.Errorf("%w: a gang needs at least one node, got %d", launcher.ErrInvalid, n)
 	}
 	if n == 1 {
-		inst, err := p.Launch(ctx, gangNode(spec, 0, 1))
+		inst, err := p.Launch(ctx, launcher.GangNode(spec, 0, 1))
 		if err != nil {
 			return nil, err
 		}
@@ -59,7 +57,7 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 		return nil, fmt.Errorf("gang of %d in %s: %w", n, lp.zone, err)
 	}
 	for rank := range n {
-		id, err := p.run(ctx, lp, gangNode(spec, rank, n))
+		id, err := p.run(ctx, lp, launcher.GangNode(spec, rank, n))
 		if err != nil {
 			return fail(err)
 		}
@@ -128,22 +126,4 @@ func placementGroupName(name string) string {
 		base = base[:200]
 	}
 	return "ferry-" + base + "-" + randomHex(6)
-}
-
-// gangNode is node rank of n, as launcher.LaunchGang names and labels it.
-func gangNode(spec launcher.Spec, rank, n int) launcher.Spec {
-	s := spec
-	s.Name = launcher.GangName(spec.Name, rank, n)
-	s.Labels = maps.Clone(spec.Labels)
-	if s.Labels == nil {
-		s.Labels = map[string]string{}
-	}
-	s.Labels[launcher.LabelNodeRank] = strconv.Itoa(rank)
-	s.Envs = maps.Clone(spec.Envs)
-	if s.Envs == nil {
-		s.Envs = map[string]string{}
-	}
-	s.Envs[launcher.EnvNodeRank] = strconv.Itoa(rank)
-	s.Envs[launcher.EnvNumNodes] = strconv.Itoa(n)
-	return s
 }

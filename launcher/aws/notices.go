@@ -20,24 +20,10 @@ import (
 // interruption warning: that warning is only published to the VM's metadata service and to
 // EventBridge, neither of which this provider reads yet.
 func (p *Provider) Notices(ctx context.Context) <-chan launcher.Notice {
-	ch := make(chan launcher.Notice, 16)
-	go func() {
-		defer close(ch)
-		t := time.NewTicker(p.opts.NoticeInterval)
-		defer t.Stop()
-		seen := map[string]bool{}
-		for {
-			if !p.pollPreemptions(ctx, seen, ch) {
-				return
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	return ch
+	seen := map[string]bool{}
+	return launcher.PollNotices(ctx, p.opts.NoticeInterval, func(ctx context.Context, ch chan<- launcher.Notice) bool {
+		return p.pollPreemptions(ctx, seen, ch)
+	})
 }
 
 // pollPreemptions sends notices for newly reclaimed spot instances; seen keeps those already

@@ -22,30 +22,17 @@ import (
 // Preemptions up to NoticeLookback before the call are reported too. The channel is closed
 // when ctx ends. Notices may name VMs Ferry did not make; callers ignore unknown ids.
 func (p *Provider) Notices(ctx context.Context) <-chan launcher.Notice {
-	ch := make(chan launcher.Notice, 16)
-	go func() {
-		defer close(ch)
+	since := time.Now().Add(-p.opts.NoticeLookback)
+	seen := map[string]bool{}
+	return launcher.PollNotices(ctx, p.opts.NoticeInterval, func(ctx context.Context, ch chan<- launcher.Notice) (ok bool) {
 		defer func() {
 			if r := recover(); r != nil {
 				p.log.Error("preemption watcher panicked", zap.Any("panic", r))
+				ok = false
 			}
 		}()
-		since := time.Now().Add(-p.opts.NoticeLookback)
-		seen := map[string]bool{}
-		t := time.NewTicker(p.opts.NoticeInterval)
-		defer t.Stop()
-		for {
-			if !p.pollPreemptions(ctx, since, seen, ch) {
-				return
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	return ch
+		return p.pollPreemptions(ctx, since, seen, ch)
+	})
 }
 
 // pollPreemptions sends notices for unseen preemption operations; false when ctx ended.

@@ -21,27 +21,19 @@ func DemoteLowScoreRegions(cands []Candidate, scores map[string]map[string]int, 
 	if len(scores) == 0 {
 		return cands
 	}
-	low := func(p *launcher.Placement) bool {
-		s, ok := scores[p.Infra][p.Region]
-		return p.Spot && ok && s < LowSpotScore
+	// demoted is 1 for a spot placement in a low-score region, 0 otherwise.
+	demoted := func(p *launcher.Placement) int {
+		if s, ok := scores[p.Infra][p.Region]; p.Spot && ok && s < LowSpotScore {
+			return 1
+		}
+		return 0
 	}
 	out := slices.Clone(cands)
 	slices.SortStableFunc(out, func(a, b Candidate) int {
 		if ordered && a.Alternative != b.Alternative {
 			return cmp.Compare(a.Alternative, b.Alternative)
 		}
-		return cmpBool(!low(&a.Placement), !low(&b.Placement))
+		return cmp.Compare(demoted(&a.Placement), demoted(&b.Placement))
 	})
 	return out
-}
-
-// cmpBool orders true before false.
-func cmpBool(a, b bool) int {
-	switch {
-	case a == b:
-		return 0
-	case a:
-		return -1
-	}
-	return 1
 }

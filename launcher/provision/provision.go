@@ -6,6 +6,7 @@
 package provision
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -150,27 +151,11 @@ func (p *Provisioner) Plan(ctx context.Context, r configs.Resources) ([]Choice, 
 			continue // planned for an infra that is not enabled here
 		}
 		c := Choice{Placement: pl}
-		keys := []string{locationKey(pl)}
-		if pl.Spot {
-			keys = append(keys, zoneBlockKey(pl)) // a preempted zone is avoided for spot only
-		}
-		for _, key := range keys {
-			if b, ok := p.blocks.m[key]; ok && now.Before(b.until) && b.until.After(c.BlockedUntil) {
-				c.BlockedUntil, c.BlockedBecause = b.until, b.reason
-			}
-		}
+		p.markBlockedLocked(&c, now)
 		out = append(out, c)
 	}
 	// Unblocked first, each group in the planner's order.
-	slices.SortStableFunc(out, func(a, b Choice) int {
-		switch {
-		case a.BlockedUntil.IsZero() == b.BlockedUntil.IsZero():
-			return 0
-		case a.BlockedUntil.IsZero():
-			return -1
-		}
-		return 1
-	})
+	slices.SortStableFunc(out, func(a, b Choice) int { return cmp.Compare(blocked(a), blocked(b)) })
 	return out, nil
 }
 
@@ -262,21 +247,11 @@ func (p *Provisioner) next(remaining []Choice, spread map[string]string) (Choice
 	p.blocks.mu.Lock()
 	defer p.blocks.mu.Unlock()
 	for i := range remaining {
-		c := &remaining[i]
-		c.BlockedUntil, c.BlockedBecause = time.Time{}, ""
-		keys := []string{locationKey(c.Placement)}
-		if c.Spot {
-			keys = append(keys, zoneBlockKey(c.Placement))
-		}
-		for _, key := range keys {
-			if b, ok := p.blocks.m[key]; ok && now.Before(b.until) && b.until.After(c.BlockedUntil) {
-				c.BlockedUntil, c.BlockedBecause = b.until, b.reason
-			}
-		}
+		p.markBlockedLocked(&remaining[i], now)
 	}
 	if spread == nil {
 		slices.SortStableFunc(remaining, func(a, b Choice) int {
-			return cmpBool(a.BlockedUntil.IsZero(), b.BlockedUntil.IsZero())
+			return cmp.Compare(blocked(a), blocked(b))
 		})
 		return remaining[0], remaining[1:], func(string, time.Time) {}
 	}
@@ -333,13 +308,25 @@ func (s *spreadState) forget(id string) {
 	delete(s.placed, id)
 }
 
-// cmpBool orders true before false.
-func cmpBool(a, b bool) int {
-	switch {
-	case a == b:
+// markBlockedLocked sets whether c is blocked now, and why: its location failed, or (for spot)
+// its zone had a preemption. Callers hold p.blocks.mu.
+func (p *Provisioner) markBlockedLocked(c *Choice, now time.Time) {
+	c.BlockedUntil, c.BlockedBecause = time.Time{}, ""
+	keys := []string{locationKey(c.Placement)}
+	if c.Spot {
+		keys = append(keys, zoneBlockKey(c.Placement)) // a preempted zone is avoided for spot only
+	}
+	for _, key := range keys {
+		if b, ok := p.blocks.m[key]; ok && now.Before(b.until) && b.until.After(c.BlockedUntil) {
+			c.BlockedUntil, c.BlockedBecause = b.until, b.reason
+		}
+	}
+}
+
+// blocked is 1 for a blocked choice, 0 for one that may be tried: unblocked choices sort first.
+func blocked(c Choice) int {
+	if c.BlockedUntil.IsZero() {
 		return 0
-	case a:
-		return -1
 	}
 	return 1
 }
