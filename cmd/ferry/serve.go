@@ -357,16 +357,16 @@ func newServeStatusCmd() *cobra.Command {
 func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time.Time) {
 	fmt.Fprintln(out, "Services")
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	hdr := "NAME\tVERSION\tUPTIME\tSTATUS\tREPLICAS\tENDPOINT"
+	hdr := "NAME\tVERSION\tUPTIME\tSTATUS\tREPLICAS\tCOST ($/hr)\tENDPOINT"
 	if verbose {
-		hdr += "\tPOLICY\tAUTOSCALER\tCOST ($/hr)"
+		hdr += "\tPOLICY\tAUTOSCALER"
 	}
 	fmt.Fprintln(tw, hdr)
 	for _, s := range list {
-		line := fmt.Sprintf("%s\t%d\t%s\t%s\t%d/%d\t%s", s.Name, s.Version, humanDuration(now.Sub(s.CreatedAt)), s.Status,
-			s.ReadyReplicas, s.TargetReplicas, s.Endpoint)
+		line := fmt.Sprintf("%s\t%d\t%s\t%s\t%d/%d\t%.2f\t%s", s.Name, s.Version, humanDuration(now.Sub(s.CreatedAt)), s.Status,
+			s.ReadyReplicas, s.TargetReplicas, serviceCost(s.Replicas), s.Endpoint)
 		if verbose {
-			line += "\t" + s.Policy + "\t" + cmp.Or(s.Autoscaler, "fixed") + "\t" + fmt.Sprintf("%.2f", serviceCost(s.Replicas))
+			line += "\t" + s.Policy + "\t" + cmp.Or(s.Autoscaler, "fixed")
 		}
 		fmt.Fprintln(tw, line)
 	}
@@ -384,9 +384,9 @@ func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time
 	}
 	fmt.Fprintln(out, "\nService Replicas")
 	tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	hdr = "SERVICE_NAME\tID\tVERSION\tENDPOINT\tLAUNCHED\tINFRA\tRESOURCES\tSTATUS"
+	hdr = "SERVICE_NAME\tID\tVERSION\tENDPOINT\tLAUNCHED\tINFRA\tZONE\tKIND\t$/hr\tRESOURCES\tSTATUS"
 	if verbose {
-		hdr += "\tZONE\tKIND\t$/hr\tREASON"
+		hdr += "\tREASON"
 	}
 	fmt.Fprintln(tw, hdr)
 	for _, s := range list {
@@ -402,14 +402,14 @@ func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time
 			if r.Endpoint != "" {
 				ep = "http://" + r.Endpoint
 			}
-			line := fmt.Sprintf("%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s", s.Name, r.ID, r.Version, ep, launched,
-				orDash(r.Infra), orDash(r.Resources), r.Status)
+			kind := "on-demand"
+			if r.Spot {
+				kind = "spot"
+			}
+			line := fmt.Sprintf("%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%s", s.Name, r.ID, r.Version, ep, launched,
+				orDash(r.Infra), orDash(r.Zone), kind, r.Price, orDash(r.Resources), r.Status)
 			if verbose {
-				kind := "on-demand"
-				if r.Spot {
-					kind = "spot"
-				}
-				line += fmt.Sprintf("\t%s\t%s\t%.2f\t%s", orDash(r.Zone), kind, r.Price, orDash(r.Reason))
+				line += "\t" + orDash(r.Reason)
 			}
 			fmt.Fprintln(tw, line)
 		}

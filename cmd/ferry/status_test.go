@@ -10,7 +10,7 @@ import (
 	"github.com/ferryserve/ferry/replicas"
 )
 
-func TestPrintStatusCostAndKinds(t *testing.T) {
+func TestPrintStatusCostZonesAndKinds(t *testing.T) {
 	now := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	st := api.ServiceStatus{Name: "chat", Version: 1, CreatedAt: now.Add(-time.Hour), Status: "READY", ReadyReplicas: 2, TargetReplicas: 2,
 		Replicas: []replicas.Record{
@@ -23,7 +23,7 @@ func TestPrintStatusCostAndKinds(t *testing.T) {
 		t.Errorf("serviceCost = %v, want the two live instances' prices", got)
 	}
 	var b bytes.Buffer
-	printStatus(&b, []api.ServiceStatus{st}, true, now)
+	printStatus(&b, []api.ServiceStatus{st}, false, now)
 	out := b.String()
 	for _, want := range []string{"COST ($/hr)", "1.63", "use1-az4", "spot", "on-demand", "0.43", "1.20"} {
 		if !strings.Contains(out, want) {
