@@ -26,7 +26,8 @@ import (
 //	aws:                                # enables AWS (credentials: the SDK's default chain)
 //	  regions: [us-east-1, us-west-2]   # where replicas may go; default us-east-1
 //	  endpoint: http://127.0.0.1:4566   # an EC2-compatible endpoint (tests, other clouds)
-//	  amis: {us-east-1: ami-0abc}       # the image per region for tasks without image_id: ami-...
+//	  amis: {us-east-1: ami-0abc}       # image per region for tasks without image_id (default:
+//	                                    # the newest Deep Learning Base AMI, or Ubuntu 22.04 without GPUs)
 //	gcp:                                # enables GCP (credentials: Application Default Credentials)
 //	  project: my-project               # required
 //	  regions: [us-central1]            # default us-central1

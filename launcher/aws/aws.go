@@ -117,6 +117,7 @@ type Provider struct {
 
 	mu     sync.Mutex
 	zones  map[string]map[string]string // region -> AZ ID -> zone name
+	amis   map[string]string            // "region/gpu" -> default image found by name
 	groups map[string]string            // region -> security group id
 	opened map[string]bool              // "region/port" opened in the group
 }
@@ -173,7 +174,7 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}
 	p := &Provider{
 		opts: opts, log: opts.Logger.With(zap.String("infra", InfraName)), clients: map[string]*ec2.Client{},
-		zones: map[string]map[string]string{}, groups: map[string]string{}, opened: map[string]bool{},
+		zones: map[string]map[string]string{}, amis: map[string]string{}, groups: map[string]string{}, opened: map[string]bool{},
 	}
 	for _, r := range opts.Regions {
 		p.clients[r] = ec2.NewFromConfig(cfg, func(o *ec2.Options) {
@@ -256,6 +257,52 @@ func (p *Provider) client(region string) (*ec2.Client, error) {
 	return c, nil
 }
 
+// Default images, found by name when neither the task nor Options.AMIs names one: AWS's Deep
+// Learning Base AMI (NVIDIA driver and CUDA, Ubuntu 22.04) for GPU instance types, Canonical's
+// Ubuntu 22.04 otherwise. The newest available build wins.
+var defaultImages = map[bool]struct{ owner, name string }{
+	true:  {"amazon", "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"},
+	false: {"099720109477", "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*"},
+}
+
+// defaultAMI looks up (once per region and kind) the newest default image.
+func (p *Provider) defaultAMI(ctx context.Context, c *ec2.Client, region string, gpu bool) (string, error) {
+	key := region + "/" + strconv.FormatBool(gpu)
+	p.mu.Lock()
+	ami, ok := p.amis[key]
+	p.mu.Unlock()
+	if ok {
+		return ami, nil
+	}
+	want := defaultImages[gpu]
+	out, err := c.DescribeImages(ctx, &ec2.DescribeImagesInput{
+		Owners: []string{want.owner},
+		Filters: []types.Filter{
+			{Name: awssdk.String("name"), Values: []string{want.name}},
+			{Name: awssdk.String("state"), Values: []string{"available"}},
+			{Name: awssdk.String("architecture"), Values: []string{"x86_64"}},
+		},
+	})
+	if err != nil {
+		return "", classify(err, "find the default image")
+	}
+	var newest types.Image
+	for _, img := range out.Images {
+		if awssdk.ToString(img.CreationDate) > awssdk.ToString(newest.CreationDate) {
+			newest = img
+		}
+	}
+	if newest.ImageId == nil {
+		return "", fmt.Errorf("%w: %s: no image named %q in %s; set amis in config.yaml or image_id: ami-... in the task", launcher.ErrInvalid, InfraName, want.name, region)
+	}
+	ami = awssdk.ToString(newest.ImageId)
+	p.mu.Lock()
+	p.amis[key] = ami
+	p.mu.Unlock()
+	p.log.Info("default image", zap.String("region", region), zap.Bool("gpu", gpu), zap.String("ami", ami), zap.String("name", awssdk.ToString(newest.Name)))
+	return ami, nil
+}
+
 // launchPlan is what one RunInstances call needs, resolved from a spec.
 type launchPlan struct {
 	region, zone, ami, instanceType, securityGroup, placementGroup string
@@ -287,7 +334,9 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 	default:
 		lp.ami = p.opts.AMIs[lp.region]
 		if lp.ami == "" {
-			return lp, fmt.Errorf("%w: %s: no AMI configured for region %s and the task sets no image_id", launcher.ErrInvalid, InfraName, lp.region)
+			if lp.ami, err = p.defaultAMI(ctx, c, lp.region, pl.Accelerator != ""); err != nil {
+				return lp, err
+			}
 		}
 	}
 	switch {

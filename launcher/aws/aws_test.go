@@ -560,3 +560,37 @@ func TestUserData(t *testing.T) {
 		t.Fatalf("oversized user-data: %v, want ErrInvalid", err)
 	}
 }
+
+// TestDefaultImage: with no AMI configured and no image_id, a GPU instance boots AWS's newest
+// Deep Learning Base AMI and a CPU one Canonical's newest Ubuntu, found with DescribeImages.
+func TestDefaultImage(t *testing.T) {
+	e := newEnv(t, fakeec2.Options{}, goodKey)
+	p, err := New(context.Background(), Options{
+		Regions:       []string{testRegion},
+		Endpoint:      e.fake.URL(),
+		Credentials:   credentials.NewStaticCredentialsProvider(goodKey, "secret", ""),
+		LaunchTimeout: testTimeout,
+		PollInterval:  10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	gpu := spec("gpu-1", "exec sleep 30", false)
+	gpu.Placement.Accelerator, gpu.Placement.AcceleratorCount = "A10G", 1
+	cpu := spec("cpu-1", "exec sleep 30", false)
+	for _, s := range []launcher.Spec{gpu, cpu} {
+		inst, err := p.Launch(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Terminate(context.Background(), inst.ID) })
+	}
+	images := map[string]string{}
+	for _, in := range e.fake.Instances() {
+		images[in.Tags["Name"]] = in.ImageID
+	}
+	if images["gpu-1"] != "ami-0d1a0000000000002" || images["cpu-1"] != "ami-0c0a0000000000002" {
+		t.Fatalf("images %v: want the newest Deep Learning Base AMI for the GPU instance and the newest Ubuntu for the CPU one", images)
+	}
+}

@@ -33,9 +33,9 @@ type instance struct {
 
 // Instance is a snapshot of one fake instance, for tests.
 type Instance struct {
-	ID, Region, ZoneID, ZoneName, InstanceType, State, PrivateIP, PlacementGroup string
-	Spot                                                                         bool
-	Tags                                                                         map[string]string
+	ID, Region, ZoneID, ZoneName, InstanceType, ImageID, State, PrivateIP, PlacementGroup string
+	Spot                                                                                  bool
+	Tags                                                                                  map[string]string
 	// StateReason is the state reason code ("" while pending or running).
 	StateReason string
 	// LogPath is the VM's output.
@@ -71,7 +71,7 @@ func (s *Server) Instances() []Instance {
 		in := s.instances[id]
 		snap := Instance{
 			ID: in.id, Region: in.region, ZoneID: in.zone.id, ZoneName: in.zone.name, InstanceType: in.instanceType,
-			State: in.state, PrivateIP: in.privateIP, PlacementGroup: in.placementGroup, Spot: in.spot,
+			ImageID: in.imageID, State: in.state, PrivateIP: in.privateIP, PlacementGroup: in.placementGroup, Spot: in.spot,
 			Tags: maps.Clone(in.tags), LogPath: s.logPath(in.id),
 		}
 		if in.reason != nil {

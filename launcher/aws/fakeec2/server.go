@@ -319,6 +319,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out, err = s.terminateInstances(m, reg, p)
 	case "DescribeAvailabilityZones":
 		out, err = s.describeAvailabilityZones(m, reg, p)
+	case "DescribeImages":
+		out, err = s.describeImages(m, p)
 	case "DescribeSpotPriceHistory":
 		out, err = s.describeSpotPriceHistory(m, reg, p)
 	case "CreateSecurityGroup":
