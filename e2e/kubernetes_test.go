@@ -256,6 +256,12 @@ func TestKubernetesControllerKilledMidLaunch(t *testing.T) {
 	}
 	chatPlain(t, st.Endpoint)
 
+	// Ferry does not read pod logs yet; it says how to.
+	_, errOut, err := k.run("serve", "logs", "adopt", fmt.Sprint(st.Replicas[0].ID))
+	if want := "kubectl --context " + k.cluster.Context() + " -n " + k.ns + " logs adopt-"; err == nil || !strings.Contains(errOut, want) {
+		t.Errorf("serve logs of a pod: err %v, stderr %q; want it to name %q", err, errOut, want)
+	}
+
 	k.mustRun("serve", "down", "adopt", "-y")
 	eventually(t, 60*time.Second, "serve down leaves no pod", func() (bool, string) {
 		n := len(k.pods("adopt"))

@@ -161,6 +161,12 @@ type LogSource interface {
 	LogPath(id string) (string, error)
 }
 
+// LogHinter is an optional Provider capability for infras that keep an instance's output
+// where Ferry does not read it yet: the command a user runs to read it.
+type LogHinter interface {
+	LogHint(id string) string
+}
+
 // Typed errors callers act on: capacity and quota fail over to another location, unauthorised
 // and invalid stop the launch, preempted is replaced. Wrap them with %w.
 var (

@@ -118,9 +118,10 @@ type Provider struct {
 }
 
 var (
-	_ launcher.Provider = (*Provider)(nil)
-	_ launcher.Offerer  = (*Provider)(nil)
-	_ launcher.Checker  = (*Provider)(nil)
+	_ launcher.Provider  = (*Provider)(nil)
+	_ launcher.Offerer   = (*Provider)(nil)
+	_ launcher.Checker   = (*Provider)(nil)
+	_ launcher.LogHinter = (*Provider)(nil)
 )
 
 // New resolves the context and namespace from the kubeconfig and returns a Provider. It does
@@ -413,6 +414,15 @@ func (p *Provider) waitError(ctx context.Context, err error) error {
 		return ctx.Err()
 	}
 	return fmt.Errorf("%s: %w", p.infra, err)
+}
+
+// LogHint is the kubectl command that prints the pod's output.
+func (p *Provider) LogHint(id string) string {
+	name, err := p.podName(id)
+	if err != nil {
+		return "kubectl logs (unknown pod " + id + ")"
+	}
+	return fmt.Sprintf("kubectl --context %s -n %s logs %s", strings.TrimPrefix(p.infra, InfraName+"/"), p.ns, name)
 }
 
 // Terminate deletes the pod. A pod already gone is not an error.

@@ -430,6 +430,9 @@ func (p *Provisioner) LogPath(id string) (string, error) {
 	if ls, ok := prov.(launcher.LogSource); ok {
 		return ls.LogPath(id)
 	}
+	if h, ok := prov.(launcher.LogHinter); ok {
+		return "", fmt.Errorf("%w: %s keeps no local log for %s; read it with: %s", launcher.ErrNotFound, infraOf(id), id, h.LogHint(id))
+	}
 	return "", fmt.Errorf("%w: %s keeps no local log for %s", launcher.ErrNotFound, infraOf(id), id)
 }
 
