@@ -535,8 +535,16 @@ func (m *Manager) followLocked(inst launcher.Instance) {
 		return
 	}
 	m.log.Info("replica endpoint", zap.Int("replica", id), zap.String("from", r.rec.Endpoint), zap.String("to", inst.Endpoint))
+	was := r.rec.Endpoint
 	followInstance(&r.rec, &inst)
 	m.stopProberLocked(r)
+	// Probes of the old address say nothing of the new one: serve it only once it answers.
+	r.probe = probeState{}
+	if was != "" && r.rec.Status == StatusReady {
+		// NOT_READY, not STARTING: the initial delay counts from launch, long past.
+		m.transitionLocked(m.cfg.Now(), r, StatusNotReady, "endpoint changed to "+inst.Endpoint, nil)
+		return
+	}
 	m.save(r)
 }
 

@@ -1,6 +1,9 @@
 package replicas
 
 import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/ferryserve/ferry/autoscaler"
@@ -91,5 +94,39 @@ func TestManagerSpotMix(t *testing.T) {
 	})
 	if h.status(victim) != StatusPreempted {
 		t.Errorf("victim %d is %s, want PREEMPTED", victim, h.status(victim))
+	}
+}
+
+// TestManagerFollowsAnEndpointChange: an instance that comes back on another address (a VM
+// restarted with a new IP) leaves the READY set until a probe of the new address passes, and
+// is then published there.
+func TestManagerFollowsAnEndpointChange(t *testing.T) {
+	prov := newFakeProvider(t)
+	h := newHarness(t, prov, newFakeStore(), newFakeClock())
+	h.m.SetTarget(1)
+	h.start()
+	h.waitReady(1)
+
+	moved := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }))
+	t.Cleanup(moved.Close)
+	fi := prov.byReplica(1)
+	prov.mu.Lock()
+	fi.inst.Endpoint = moved.Listener.Addr().String()
+	prov.mu.Unlock()
+
+	eventually(t, "READY at the new address", func() bool {
+		eps := h.m.Ready()
+		return len(eps) == 1 && eps[0].Addr == moved.Listener.Addr().String() && h.record(1).Endpoint == moved.Listener.Addr().String()
+	})
+	saw := false
+	for _, e := range h.logs.FilterMessage("replica status").All() {
+		for _, f := range e.Context {
+			if f.Key == "reason" && strings.HasPrefix(f.String, "endpoint changed") {
+				saw = true
+			}
+		}
+	}
+	if !saw {
+		t.Error("no NOT_READY transition for the endpoint change in the log")
 	}
 }

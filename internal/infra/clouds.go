@@ -2,6 +2,8 @@ package infra
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -152,12 +154,17 @@ func openClouds(cfg *configs.FerryConfig, log *zap.Logger, problems map[string]e
 // spot prices for r's instance types when r asks for spot.
 func (c cloud) optimizerInfra(ctx context.Context, r configs.Resources) (optimizer.Infra, error) {
 	inf := optimizer.Infra{Name: c.name, Kind: optimizer.Cloud}
+	// Each lookup that fails leaves its part to the catalog (prices) or the provider (AZ IDs);
+	// the others still run, so one region's error does not cost the zone names that spot
+	// spreading and preemption blocks match on.
+	var errs []error
 	if types := spotTypes(c.name, r); c.spotPrices != nil && len(types) > 0 {
 		inf.SpotPrices = map[string]map[string]float64{}
 		for _, region := range c.regions {
 			prices, err := c.livePrices(ctx, region, types)
 			if err != nil {
-				return inf, err
+				errs = append(errs, fmt.Errorf("spot prices in %s: %w", region, err))
+				continue
 			}
 			for t, zones := range prices {
 				if inf.SpotPrices[t] == nil {
@@ -167,19 +174,24 @@ func (c cloud) optimizerInfra(ctx context.Context, r configs.Resources) (optimiz
 			}
 		}
 	}
-	if c.zoneNames == nil {
-		return inf, nil
-	}
-	names := map[string]string{}
-	for _, region := range c.regions {
-		m, err := c.zoneNames(ctx, region)
-		if err != nil {
-			return inf, err
+	if c.zoneNames != nil {
+		names := map[string]string{}
+		complete := true
+		for _, region := range c.regions {
+			m, err := c.zoneNames(ctx, region)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("zone names in %s: %w", region, err))
+				complete = false
+				continue
+			}
+			maps.Copy(names, m)
 		}
-		maps.Copy(names, m)
+		if complete {
+			// A partial map would read as "the account lacks those zones" and drop them.
+			inf.ZoneNames = names
+		}
 	}
-	inf.ZoneNames = names
-	return inf, nil
+	return inf, errors.Join(errs...)
 }
 
 // inRegions keeps cloud candidates in the regions the config enables; other infras pass.

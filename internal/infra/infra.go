@@ -219,7 +219,7 @@ func (s *Set) Plan(ctx context.Context, r configs.Resources) ([]optimizer.Candid
 	}
 	if err == nil {
 		for name, e := range errs {
-			s.log.Warn("infra left out of the plan", zap.String("infra", name), zap.Error(e))
+			s.log.Warn("infra planned without what it could not tell (offerings, live prices or zone names)", zap.String("infra", name), zap.Error(e))
 		}
 	}
 	return cands, err

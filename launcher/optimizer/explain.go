@@ -122,6 +122,9 @@ func (req *request) reasons(cat *catalog.Catalog, infras []Infra) []string {
 }
 
 func kubeReason(inf *Infra, acc configs.Accelerator) string {
+	if acc.Count != math.Trunc(acc.Count) {
+		return fmt.Sprintf("%s allocates whole GPUs only (nvidia.com/gpu); %s runs on local", inf.Name, acc.Spec())
+	}
 	most, name := -1.0, acc.Name
 	for _, o := range inf.Offerings {
 		if strings.EqualFold(o.Accelerator, acc.Name) && o.AcceleratorCount > most {
@@ -143,7 +146,7 @@ func (req *request) cloudReason(cat *catalog.Catalog, inf *Infra, acc configs.Ac
 	case len(rows) == 0:
 		return fmt.Sprintf("%s has no %s", inf.Name, acc.Name)
 	case acc.Count != math.Trunc(acc.Count):
-		return fmt.Sprintf("%s sells whole GPUs only (a fraction such as %s runs on Kubernetes or local)", inf.Name, acc.Spec())
+		return fmt.Sprintf("%s sells whole GPUs only (a fraction such as %s runs on local)", inf.Name, acc.Spec())
 	}
 	what := "CPU-only instance types"
 	if acc.Name != "" {

@@ -13,7 +13,7 @@
 //     narrowed to a region and zone; "local" the embedded infra, which runs anything at $0
 //     (it simulates replicas, so accelerators, cpus and memory are not checked).
 //   - Accelerators are alternatives: any one of them, with exactly the requested count per
-//     instance on a cloud. A fractional count (A100:0.5) shares a GPU, which only Kubernetes and
+//     instance on a cloud. A fractional count (A100:0.5) shares a GPU, which only
 //     local can do; a Kubernetes context fits when one of its offerings carries the GPU with at
 //     least the requested count per node. A request without accelerators fits every context and
 //     the clouds' CPU-only instance types (the catalog has GCP n1 only).
@@ -296,7 +296,9 @@ func fittingOffering(inf *Infra, acc configs.Accelerator) (launcher.Offering, bo
 			}
 			continue
 		}
-		if strings.EqualFold(o.Accelerator, acc.Name) && o.AcceleratorCount >= acc.Count {
+		// nvidia.com/gpu is an integer resource: a fraction (time-slicing, MIG) is not
+		// something a pod can request, so a fractional count fits local only.
+		if strings.EqualFold(o.Accelerator, acc.Name) && o.AcceleratorCount >= acc.Count && acc.Count == math.Trunc(acc.Count) {
 			return o, true
 		}
 	}

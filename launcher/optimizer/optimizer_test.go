@@ -174,10 +174,10 @@ func TestPlanPicksCheapest(t *testing.T) {
 			want: Candidate{Placement: launcher.Placement{Infra: "kubernetes/lab", Accelerator: "A100", AcceleratorCount: 8,
 				VCPUs: 200, MemoryGiB: 8}},
 		},
-		"kubernetes shares a GPU": {
-			r:      configs.Resources{Infra: "*", Accelerators: accs(t, "A100:0.5")},
+		"a fraction of a GPU runs on local only (nvidia.com/gpu is whole)": {
+			r:      configs.Resources{AnyOf: []configs.Resources{{Infra: "*", Accelerators: accs(t, "A100:0.5")}, {Infra: "local", Accelerators: accs(t, "A100:0.5")}}},
 			infras: everything,
-			want:   Candidate{Placement: launcher.Placement{Infra: "kubernetes/lab", Accelerator: "A100", AcceleratorCount: 0.5}},
+			want:   Candidate{Alternative: 1, Placement: launcher.Placement{Infra: "local", Accelerator: "A100", AcceleratorCount: 0.5}},
 		},
 		"local runs anything at no cost": {
 			r:      configs.Resources{Infra: "local", CPUs: "2", Accelerators: accs(t, "H100:8")},
@@ -456,7 +456,7 @@ func TestPlanNoCandidate(t *testing.T) {
 		"fractions only share on kubernetes": {
 			r:       configs.Resources{Infra: "gcp", Accelerators: accs(t, "T4:0.5")},
 			infras:  everything,
-			wantErr: "no candidate for T4:0.5 on gcp: gcp sells whole GPUs only (a fraction such as T4:0.5 runs on Kubernetes or local)",
+			wantErr: "no candidate for T4:0.5 on gcp: gcp sells whole GPUs only (a fraction such as T4:0.5 runs on local)",
 		},
 		"region without the GPU": {
 			r:       configs.Resources{Infra: "aws/eu-west-1", UseSpot: true, Accelerators: accs(t, "H100:8")},

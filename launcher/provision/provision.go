@@ -166,13 +166,14 @@ type Choice struct {
 	BlockedBecause string
 }
 
-// Launch tries the placements in order. A location error (capacity, quota, preemption) blocks
-// that location and moves on, and so does an infra that refuses Ferry's credentials or fails
-// otherwise; an invalid request stops at once, since no other location makes it valid. When
-// every placement fails, the error wraps launcher.ErrNoCapacity and lists each reason; the
-// caller retries with backoff.
+// Launch tries the placements in order. A location error (capacity, quota, preemption, or any
+// other failure) blocks that location and moves on; an infra that refuses Ferry's credentials
+// is blocked whole; an infra that finds the request invalid (its own image or shape rules) is
+// skipped for this launch. When every placement fails, the error lists each reason and wraps
+// launcher.ErrNoCapacity, or launcher.ErrInvalid when every infra found the request invalid;
+// the caller retries with backoff.
 func (p *Provisioner) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
-	insts, err := p.launch(ctx, spec, 1)
+	insts, err := p.launch(ctx, spec, 1, false)
 	if err != nil {
 		return launcher.Instance{}, err
 	}
@@ -182,12 +183,13 @@ func (p *Provisioner) Launch(ctx context.Context, spec launcher.Spec) (launcher.
 // LaunchGang launches n nodes in one location, all or none, failing over between locations
 // as Launch does: a job's gang never spans infras.
 func (p *Provisioner) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([]launcher.Instance, error) {
-	return p.launch(ctx, spec, n)
+	return p.launch(ctx, spec, n, true)
 }
 
 var _ launcher.GangLauncher = (*Provisioner)(nil)
 
-func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int) ([]launcher.Instance, error) {
+// launch places one instance (gang false) or an n-node gang, failing over between locations.
+func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gang bool) ([]launcher.Instance, error) {
 	choices, err := p.Plan(ctx, spec.Resources)
 	if err != nil {
 		return nil, err
@@ -196,6 +198,7 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int) ([]
 		return nil, fmt.Errorf("%w: no enabled infra can run %s", launcher.ErrNoCapacity, spec.Resources)
 	}
 	var reasons []string
+	allInvalid := true
 	for remaining := choices; len(remaining) > 0; {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -207,7 +210,7 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int) ([]
 		s.Placement = c.Placement
 		var insts []launcher.Instance
 		prov := p.infras[c.Infra]
-		if n == 1 {
+		if !gang {
 			var inst launcher.Instance
 			if inst, err = prov.Launch(ctx, s); err == nil {
 				insts = []launcher.Instance{inst}
@@ -227,16 +230,43 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int) ([]
 			p.unblock(c.Placement)
 			return insts, nil
 		}
-		if ctx.Err() != nil || errors.Is(err, launcher.ErrInvalid) {
+		if ctx.Err() != nil {
 			return nil, err
 		}
-		p.block(c.Placement, err)
+		switch {
+		case errors.Is(err, launcher.ErrInvalid):
+			// Invalid for this infra (its image or shape rules: a docker: image on a VM, an
+			// AMI on Kubernetes); another infra may take the same request. Not a block: the
+			// next launch of the same task would fail here the same way, and says so.
+			remaining = slices.DeleteFunc(remaining, func(o Choice) bool { return o.Infra == c.Infra })
+		case errors.Is(err, launcher.ErrUnauthorized):
+			// Credentials are per infra, not per location: skip all of it for a while.
+			p.blockInfra(c.Infra, err)
+			remaining = slices.DeleteFunc(remaining, func(o Choice) bool { return o.Infra == c.Infra })
+			allInvalid = false
+		default:
+			p.block(c.Placement, err)
+			allInvalid = false
+		}
 		p.log.Warn("launch failed; trying the next location", zap.String("instance", spec.Name),
 			zap.String("location", describe(c.Placement)), zap.Error(err))
 		reasons = append(reasons, describe(c.Placement)+": "+err.Error())
 	}
-	return nil, fmt.Errorf("%w: every location failed (%d): %s", launcher.ErrNoCapacity, len(reasons), strings.Join(reasons, "; "))
+	kind := launcher.ErrNoCapacity
+	if allInvalid {
+		kind = launcher.ErrInvalid // no infra can run it as written: retrying will not help
+	}
+	return nil, fmt.Errorf("%w: every location failed (%d): %s", kind, len(reasons), strings.Join(reasons, "; "))
 }
+
+// blockInfra skips every location of an infra (bad credentials) for the block time.
+func (p *Provisioner) blockInfra(infra string, err error) {
+	p.blocks.mu.Lock()
+	defer p.blocks.mu.Unlock()
+	p.blocks.m[infraBlockKey(infra)] = block{until: p.opts.Now().Add(p.opts.BlockFor), reason: err.Error()}
+}
+
+func infraBlockKey(infra string) string { return "infra|" + infra }
 
 // next picks the choice to try now among remaining and returns the rest. It re-reads the
 // blocks (a concurrent launch may just have found a zone full) and, for a spread launch,
@@ -249,10 +279,8 @@ func (p *Provisioner) next(remaining []Choice, spread map[string]string) (Choice
 	for i := range remaining {
 		p.markBlockedLocked(&remaining[i], now)
 	}
+	slices.SortStableFunc(remaining, func(a, b Choice) int { return cmp.Compare(blocked(a), blocked(b)) })
 	if spread == nil {
-		slices.SortStableFunc(remaining, func(a, b Choice) int {
-			return cmp.Compare(blocked(a), blocked(b))
-		})
 		return remaining[0], remaining[1:], func(string, time.Time) {}
 	}
 	ordered := spreadOrder(remaining, p.spread.counts(spread, now))
@@ -312,7 +340,7 @@ func (s *spreadState) forget(id string) {
 // its zone had a preemption. Callers hold p.blocks.mu.
 func (p *Provisioner) markBlockedLocked(c *Choice, now time.Time) {
 	c.BlockedUntil, c.BlockedBecause = time.Time{}, ""
-	keys := []string{locationKey(c.Placement)}
+	keys := []string{locationKey(c.Placement), infraBlockKey(c.Infra)}
 	if c.Spot {
 		keys = append(keys, zoneBlockKey(c.Placement)) // a preempted zone is avoided for spot only
 	}
@@ -331,18 +359,24 @@ func blocked(c Choice) int {
 	return 1
 }
 
-// spreadOrder reorders choices as SpotHedge would try them (policy.SpotOrder): unblocked
-// zones before blocked ones, then zones holding fewer of the caller's spot instances, then the
-// planner's order (price).
+// spreadOrder reorders the spot choices as SpotHedge would try them (policy.SpotOrder):
+// unblocked zones before blocked ones, then zones holding fewer of the caller's spot
+// instances, then the planner's order (price). Other choices (a Kubernetes cluster, which the
+// planner puts first even for spot) keep their places: spreading is among spot capacity only.
 func spreadOrder(choices []Choice, counts map[string]int) []Choice {
-	zones := make([]policy.ZoneState, len(choices))
+	var slots []int
+	var zones []policy.ZoneState
 	for i, c := range choices {
+		if !c.Spot {
+			continue
+		}
 		key := launcher.ZoneKey(c.Infra, c.Region, c.Zone)
-		zones[i] = policy.ZoneState{Name: key, SpotPrice: float64(i), Active: c.BlockedUntil.IsZero(), Spot: counts[key]}
+		slots = append(slots, i)
+		zones = append(zones, policy.ZoneState{Name: key, SpotPrice: float64(i), Active: c.BlockedUntil.IsZero(), Spot: counts[key]})
 	}
-	out := make([]Choice, 0, len(choices))
-	for _, i := range policy.SpotOrder(zones) {
-		out = append(out, choices[i])
+	out := slices.Clone(choices)
+	for k, j := range policy.SpotOrder(zones) {
+		out[slots[k]] = choices[slots[j]]
 	}
 	return out
 }

@@ -160,15 +160,35 @@ func TestLaunchQuotaAndOtherErrorsFailOver(t *testing.T) {
 	}
 }
 
-func TestLaunchInvalidStops(t *testing.T) {
+func TestLaunchInvalidAtOneInfraFailsOver(t *testing.T) {
 	p, provs, _ := newTest(t, []launcher.Placement{k8sA100, gcpZ1})
-	provs["kubernetes/test"].fail = []error{fmt.Errorf("%w: image_id must be docker:IMAGE", launcher.ErrInvalid)}
-	_, err := p.Launch(context.Background(), spec("svc-1"))
-	if !errors.Is(err, launcher.ErrInvalid) {
-		t.Fatalf("err = %v, want ErrInvalid", err)
+	provs["kubernetes/test"].fail = []error{fmt.Errorf("%w: image_id ami-123: Kubernetes runs container images", launcher.ErrInvalid)}
+	inst, err := p.Launch(context.Background(), spec("svc-1"))
+	if err != nil || inst.Infra != "gcp" {
+		t.Fatalf("got %+v, %v; want gcp after the cluster found the request invalid", inst, err)
 	}
-	if n := len(provs["gcp"].tries); n != 0 {
-		t.Fatalf("gcp tried %d times after an invalid request, want 0", n)
+	// Invalid everywhere: the error says so (ErrInvalid), so the caller does not treat it as
+	// a passing shortage.
+	provs["kubernetes/test"].fail = []error{fmt.Errorf("%w: no", launcher.ErrInvalid)}
+	provs["gcp"].fail = []error{fmt.Errorf("%w: no either", launcher.ErrInvalid)}
+	if _, err := p.Launch(context.Background(), spec("svc-2")); !errors.Is(err, launcher.ErrInvalid) || errors.Is(err, launcher.ErrNoCapacity) {
+		t.Fatalf("invalid everywhere: %v, want ErrInvalid", err)
+	}
+}
+
+func TestUnauthorizedBlocksTheWholeInfra(t *testing.T) {
+	awsZ2 := awsZ1
+	awsZ2.Zone = "use1-az2"
+	p, provs, _ := newTest(t, []launcher.Placement{awsZ1, awsZ2, gcpZ1})
+	provs["aws"].fail = []error{fmt.Errorf("%w: AuthFailure", launcher.ErrUnauthorized)}
+	for i := range 2 {
+		inst, err := p.Launch(context.Background(), spec(fmt.Sprintf("svc-%d", i)))
+		if err != nil || inst.Infra != "gcp" {
+			t.Fatalf("launch %d: %+v, %v; want gcp", i, inst, err)
+		}
+	}
+	if n := len(provs["aws"].tries); n != 1 {
+		t.Fatalf("aws tried %d times with bad credentials, want once", n)
 	}
 }
 
@@ -398,5 +418,19 @@ func TestConcurrentSpreadLaunchesTakeDifferentZones(t *testing.T) {
 	}
 	if len(p.spread.inflight) != 0 || len(p.spread.placed) != 3 {
 		t.Fatalf("in flight %v, placed %v; want none in flight and 3 placed", p.spread.inflight, p.spread.placed)
+	}
+}
+
+func TestSpreadKeepsTheClusterFirst(t *testing.T) {
+	z := func(zone string, price float64) launcher.Placement {
+		return launcher.Placement{Infra: "aws", Region: "us-east-1", Zone: zone, InstanceType: "g5.xlarge", Spot: true, PricePerHour: price}
+	}
+	p, _, _ := newTest(t, []launcher.Placement{k8sA100, z("use1-az1", 0.4), z("use1-az2", 0.5)})
+	s := spec("svc-2")
+	// The service already has a spot-kind replica in the cluster: still the cluster first.
+	s.Spread = map[string]string{"kubernetes/test/ns/svc-1": "kubernetes/test"}
+	inst, err := p.Launch(context.Background(), s)
+	if err != nil || inst.Infra != "kubernetes/test" {
+		t.Fatalf("got %+v, %v; want the cluster, which spreading does not reorder", inst, err)
 	}
 }
