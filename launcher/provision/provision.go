@@ -491,7 +491,8 @@ func (p *Provisioner) Rank(ctx context.Context, r configs.Resources) (map[string
 func (p *Provisioner) owner(id string) (launcher.Provider, error) {
 	best := ""
 	for name := range p.infras {
-		if (strings.HasPrefix(id, name+"/") || strings.HasPrefix(id, name+"-")) && len(name) > len(best) {
+		local := name == configs.InfraLocal && strings.HasPrefix(id, name+"-")
+		if (strings.HasPrefix(id, name+"/") || local) && len(name) > len(best) {
 			best = name
 		}
 	}
