@@ -112,8 +112,9 @@ type Manager struct {
 	// eventSeq orders launch completions against List calls.
 	eventSeq uint64
 	gone     map[string]time.Time
-	failures int
-	lastFail time.Time
+	// failures and lastFail are the launch backoff, per kind (spot true, on-demand false).
+	failures map[bool]int
+	lastFail map[bool]time.Time
 	shutdown bool
 	workCtx  context.Context
 	workers  sync.WaitGroup
@@ -200,6 +201,8 @@ func New(cfg Config) (*Manager, error) {
 		desired:  -1,
 		replicas: map[int]*replica{},
 		gone:     map[string]time.Time{},
+		failures: map[bool]int{},
+		lastFail: map[bool]time.Time{},
 	}
 	m.ready.Store(&readySet{})
 	return m, nil
@@ -436,8 +439,10 @@ func (m *Manager) passLocked() {
 		Desired:             m.desired,
 		InitialDelay:        m.initialDelay(),
 		FailureThreshold:    m.cfg.FailureThreshold,
-		ConsecutiveFailures: m.failures,
-		LastFailure:         m.lastFail,
+		ConsecutiveFailures: m.failures[false],
+		LastFailure:         m.lastFail[false],
+		SpotFailures:        m.failures[true],
+		SpotLastFailure:     m.lastFail[true],
 		KeepFailed:          keepFailed,
 		Instances:           m.instances,
 		Drain:               m.cfg.Busy != nil,
@@ -512,7 +517,7 @@ func (m *Manager) applyLocked(now time.Time, acts actions) {
 	}
 	if !acts.LaunchDeferredUntil.IsZero() {
 		m.log.Debug("launch deferred after repeated failures", zap.Time("until", acts.LaunchDeferredUntil),
-			zap.Int("failures", m.failures))
+			zap.Int("failures", m.failures[false]), zap.Int("spot_failures", m.failures[true]))
 	}
 	for range acts.Launch {
 		m.launchLocked(now, false)
@@ -555,16 +560,18 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 	if inst != nil {
 		followInstance(&r.rec, inst)
 	}
+	kind := r.rec.Spot && m.cfg.Mix.UseSpot // a service without spot is one pool
 	switch {
 	case to == StatusReady:
 		if r.rec.ReadyAt.IsZero() {
 			r.rec.ReadyAt = now
 		}
-		m.failures = 0
+		m.failures[kind] = 0
 	case to == StatusFailedProvision, to.Terminal() && to != StatusPreempted && r.rec.ReadyAt.IsZero():
-		// Replicas that never served: a broken program or image; back off relaunching.
-		m.failures++
-		m.lastFail = now
+		// Replicas that never served: a broken program or image, or no capacity; back off
+		// relaunching that kind.
+		m.failures[kind]++
+		m.lastFail[kind] = now
 	}
 	if !probeable(to) {
 		m.stopProberLocked(r)

@@ -41,10 +41,14 @@ type planInput struct {
 	Desired          int
 	InitialDelay     time.Duration
 	FailureThreshold time.Duration
-	// ConsecutiveFailures counts replicas that failed without ever serving since the last
-	// READY; LastFailure is the latest of them. They defer launches (backoff).
+	// ConsecutiveFailures counts on-demand replicas that failed without ever serving since
+	// the last on-demand READY; LastFailure is the latest of them. They defer on-demand
+	// launches (backoff). SpotFailures and SpotLastFailure do the same for spot replicas, so
+	// spot capacity running out never holds back the on-demand fallback.
 	ConsecutiveFailures int
 	LastFailure         time.Time
+	SpotFailures        int
+	SpotLastFailure     time.Time
 	// KeepFailed is how many terminal records stay for `serve status`.
 	KeepFailed int
 	// Drain makes scale-down a two-step move: this pass takes the replica out of the READY set
@@ -319,13 +323,23 @@ func plan(in planInput) actions {
 			}
 		}
 	}
-	if in.Desired >= 0 && (want.Spot > liveSpot || want.OnDemand > liveOnDemand) {
-		notBefore := in.LastFailure.Add(launchBackoff(in.ConsecutiveFailures))
-		if in.ConsecutiveFailures > 0 && in.Now.Before(notBefore) {
-			out.LaunchDeferredUntil = notBefore
-		} else {
-			out.LaunchSpot = max(0, want.Spot-liveSpot)
-			out.Launch = max(0, want.OnDemand-liveOnDemand)
+	if in.Desired >= 0 {
+		// deferred reports whether a kind's backoff holds its launches now.
+		deferred := func(failures int, last time.Time) bool {
+			notBefore := last.Add(launchBackoff(failures))
+			if failures > 0 && in.Now.Before(notBefore) {
+				if out.LaunchDeferredUntil.IsZero() || notBefore.Before(out.LaunchDeferredUntil) {
+					out.LaunchDeferredUntil = notBefore
+				}
+				return true
+			}
+			return false
+		}
+		if n := want.OnDemand - liveOnDemand; n > 0 && !deferred(in.ConsecutiveFailures, in.LastFailure) {
+			out.Launch = n
+		}
+		if n := want.Spot - liveSpot; n > 0 && !deferred(in.SpotFailures, in.SpotLastFailure) {
+			out.LaunchSpot = n
 		}
 	}
 

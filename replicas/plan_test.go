@@ -262,6 +262,14 @@ func TestPlan(t *testing.T) {
 				Launch:      1,
 			},
 		},
+		"spot mix: spot launch failures back off spot launches only; the fallback goes ahead": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 2
+				in.Mix = autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}
+				in.SpotFailures, in.SpotLastFailure = 3, now.Add(-time.Second) // backoff 4 s, 3 s to go
+			}),
+			want: actions{Launch: 2, LaunchDeferredUntil: now.Add(3 * time.Second)},
+		},
 		"an adopted replica follows its instance's endpoint once it has one": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 1
