@@ -115,7 +115,16 @@ type Provider struct {
 	pods     listerscorev1.PodLister
 	nodes    listerscorev1.NodeLister // nil when nodes may not be listed
 	podsSync cache.InformerSynced
+
+	// usedMu guards the last cluster-wide count of GPUs in use (see gpusInUse).
+	usedMu sync.Mutex
+	used   map[string]int64
+	usedAt time.Time
 }
+
+// usedTTL is how long a cluster-wide count of GPUs in use is reused: every launch plans, and
+// a burst of launches would otherwise list every pod in the cluster once each.
+const usedTTL = 10 * time.Second
 
 var (
 	_ launcher.Provider  = (*Provider)(nil)
@@ -563,9 +572,22 @@ func (p *Provider) Offerings(ctx context.Context) ([]launcher.Offering, error) {
 	return out, nil
 }
 
-// gpusInUse sums GPU requests of unfinished pods per node, across namespaces; nil when pods
-// may not be listed cluster-wide.
+// gpusInUse sums GPU requests of unfinished pods per node, across namespaces, at most usedTTL
+// old; nil when pods may not be listed cluster-wide.
 func (p *Provider) gpusInUse(ctx context.Context) map[string]int64 {
+	p.usedMu.Lock()
+	defer p.usedMu.Unlock()
+	if p.used != nil && time.Since(p.usedAt) < usedTTL {
+		return p.used
+	}
+	used := p.listGPUsInUse(ctx)
+	if used != nil {
+		p.used, p.usedAt = used, time.Now()
+	}
+	return used
+}
+
+func (p *Provider) listGPUsInUse(ctx context.Context) map[string]int64 {
 	pods, err := p.client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{
 		FieldSelector: "status.phase!=Succeeded,status.phase!=Failed",
 	})
