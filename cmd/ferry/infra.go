@@ -39,10 +39,8 @@ func openInfras() (*infra.Set, error) {
 	return infra.Open(h, infra.Options{})
 }
 
-// printPlan prints SkyPilot's optimizer table for the task: every candidate placement, best
-// first, the first chosen. A task no enabled infra can run is refused here, before anything
-// is launched, with the optimizer's reasons.
-func printPlan(ctx context.Context, out io.Writer, task *configs.Task) error {
+// withInfras runs f with this machine's infras, bounding what f asks of them by askTimeout.
+func withInfras(ctx context.Context, f func(context.Context, *infra.Set) error) error {
 	set, err := openInfras()
 	if err != nil {
 		return err
@@ -50,7 +48,18 @@ func printPlan(ctx context.Context, out io.Writer, task *configs.Task) error {
 	defer set.Close()
 	ctx, cancel := context.WithTimeout(ctx, askTimeout)
 	defer cancel()
-	cands, err := set.Plan(ctx, task.Resources)
+	return f(ctx, set)
+}
+
+// printPlan prints SkyPilot's optimizer table for the task: every candidate placement, best
+// first, the first chosen. A task no enabled infra can run is refused here, before anything
+// is launched, with the optimizer's reasons.
+func printPlan(ctx context.Context, out io.Writer, task *configs.Task) error {
+	var cands []optimizer.Candidate
+	err := withInfras(ctx, func(ctx context.Context, set *infra.Set) (err error) {
+		cands, err = set.Plan(ctx, task.Resources)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("no place to run this service: %w", err)
 	}
@@ -103,24 +112,23 @@ func showGPUs(ctx context.Context, out io.Writer, which, name string) error {
 		return fmt.Errorf("--infra %q: use kubernetes, aws or gcp", which)
 	}
 	if which == "" || which == "kubernetes" {
-		set, err := openInfras()
+		err := withInfras(ctx, func(ctx context.Context, set *infra.Set) error {
+			infras, errs := set.AllInfras(ctx)
+			fmt.Fprintln(out, "Kubernetes GPUs")
+			if len(set.Kube) == 0 {
+				fmt.Fprintf(out, "  no Kubernetes context enabled (add one to %s, or create a kubeconfig)\n", infraConfigPath())
+			} else if err := optimizer.WriteKubernetesGPUs(out, infras, name); err != nil {
+				return err
+			}
+			for _, n := range slices.Sorted(maps.Keys(errs)) {
+				fmt.Fprintf(out, "  %s: %v\n", n, errs[n])
+			}
+			fmt.Fprintln(out)
+			return nil
+		})
 		if err != nil {
 			return err
 		}
-		defer set.Close()
-		ctx, cancel := context.WithTimeout(ctx, askTimeout)
-		defer cancel()
-		infras, errs := set.AllInfras(ctx)
-		fmt.Fprintln(out, "Kubernetes GPUs")
-		if len(set.Kube) == 0 {
-			fmt.Fprintf(out, "  no Kubernetes context enabled (add one to %s, or create a kubeconfig)\n", infraConfigPath())
-		} else if err := optimizer.WriteKubernetesGPUs(out, infras, name); err != nil {
-			return err
-		}
-		for _, n := range slices.Sorted(maps.Keys(errs)) {
-			fmt.Fprintf(out, "  %s: %v\n", n, errs[n])
-		}
-		fmt.Fprintln(out)
 	}
 	if which == "kubernetes" {
 		return nil
