@@ -194,6 +194,15 @@ func TestParseErrors(t *testing.T) {
 			yaml: svc + "  load_balancing_policy: least-load\n",
 			want: []wantErr{{4, 26, "service.load_balancing_policy", `unknown policy "least-load"; did you mean "least_load"?`}},
 		},
+		"bad update knobs": {
+			yaml: svc + "  update:\n    mode: bluegreen\n    max_parallel: -1\n    progress_deadline_seconds: 0\n    canary: 1\n",
+			want: []wantErr{
+				{5, 11, "service.update.mode", `unknown mode "bluegreen"; did you mean "blue_green"?`},
+				{6, 19, "service.update.max_parallel", "at least 0"},
+				{7, 32, "service.update.progress_deadline_seconds", "at least 1"},
+				{8, 5, "service.update.canary", "unknown field"},
+			},
+		},
 		"bad service port": {
 			yaml: "run: serve\nservice:\n  ports: 70000\n",
 			want: []wantErr{{3, 10, "service.ports", "port 70000 is out of range 1-65535"}},

@@ -53,6 +53,7 @@ func TestQuickstartExample(t *testing.T) {
 			ReplicaPolicy:       ReplicaPolicy{MinReplicas: 2, MaxReplicas: 2, UpscaleDelaySeconds: 300, DownscaleDelaySeconds: 1200},
 			Port:                8080,
 			LoadBalancingPolicy: PolicyLeastLoad,
+			Update:              DefaultUpdate(),
 		},
 		Source: "examples/quickstart.yaml",
 	}

@@ -20,6 +20,7 @@ func defaultService(port int) *Service {
 		ReplicaPolicy:       ReplicaPolicy{MinReplicas: 1, MaxReplicas: 1, UpscaleDelaySeconds: 300, DownscaleDelaySeconds: 1200},
 		Port:                port,
 		LoadBalancingPolicy: PolicyLeastLoad,
+		Update:              DefaultUpdate(),
 	}
 }
 
@@ -114,6 +115,12 @@ service:
   tls:
     keyfile: ~/certs/key.pem
     certfile: /etc/cert.pem
+  update:
+    mode: blue_green
+    max_parallel: 2
+    min_healthy_seconds: 0
+    progress_deadline_seconds: 600
+    auto_rollback: false
 `,
 			want: &Task{
 				Name: "chat", Workdir: "./app", NumNodes: 1,
@@ -138,6 +145,7 @@ service:
 					Port:                8000,
 					LoadBalancingPolicy: PolicyInstanceAwareLeastLoad,
 					TLS:                 &TLS{KeyFile: filepath.Join(home, "certs/key.pem"), CertFile: "/etc/cert.pem"},
+					Update:              Update{Mode: UpdateBlueGreen, MaxParallel: 2, ProgressDeadlineSeconds: 600},
 				},
 			},
 		},

@@ -114,6 +114,10 @@ func (t *Task) ResolvedYAML() ([]byte, error) {
 			rs.Auth = ra
 		}
 		rs.Limits = s.Limits
+		if s.Update != DefaultUpdate() {
+			u := s.Update
+			rs.Update = &u
+		}
 		if s.FixedReplicas {
 			n := s.ReplicaPolicy.MinReplicas
 			rs.Replicas = &n
@@ -252,6 +256,7 @@ type resolvedService struct {
 	TLS                 *resolvedTLS    `yaml:"tls,omitempty"`
 	Auth                *resolvedAuth   `yaml:"auth,omitempty"`
 	Limits              *Limits         `yaml:"limits,omitempty"`
+	Update              *Update         `yaml:"update,omitempty"`
 }
 
 type resolvedAuth struct {

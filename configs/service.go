@@ -14,7 +14,9 @@ import (
 )
 
 var (
-	serviceKeys = []string{"readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls", "auth", "limits"}
+	serviceKeys = []string{"readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls", "auth", "limits", "update"}
+	updateKeys  = []string{"mode", "max_parallel", "min_healthy_seconds", "progress_deadline_seconds", "auto_rollback"}
+	updateModes = []string{UpdateRolling, UpdateBlueGreen}
 	probeKeys   = []string{"path", "initial_delay_seconds", "timeout_seconds", "post_data", "headers"}
 	policyKeys  = []string{"min_replicas", "max_replicas", "target_qps_per_replica", "num_overprovision",
 		"upscale_delay_seconds", "downscale_delay_seconds", "base_ondemand_fallback_replicas",
@@ -52,6 +54,7 @@ func (c *checker) service(e entry, res Resources, envs, secrets map[string]strin
 	s := &Service{
 		ReadinessProbe:      Probe{Path: DefaultProbePath, InitialDelaySeconds: DefaultInitialDelaySeconds, TimeoutSeconds: DefaultProbeTimeoutSeconds},
 		LoadBalancingPolicy: PolicyLeastLoad,
+		Update:              DefaultUpdate(),
 	}
 	f, ok := c.fields(e.value, field, serviceKeys)
 	if !ok {
@@ -139,7 +142,44 @@ func (c *checker) service(e entry, res Resources, envs, secrets map[string]strin
 	if l, ok := f["limits"]; ok {
 		s.Limits = c.limits(l.value, joinField(field, "limits"))
 	}
+	if u, ok := f["update"]; ok {
+		s.Update = c.update(u.value, joinField(field, "update"))
+	}
 	return s
+}
+
+// update reads `service.update`.
+func (c *checker) update(n *yaml.Node, field string) Update {
+	u := DefaultUpdate()
+	f, ok := c.fields(n, field, updateKeys)
+	if !ok {
+		return u
+	}
+	if e, ok := f["mode"]; ok {
+		mf := joinField(field, "mode")
+		if v, ok := c.str(e.value, mf); ok {
+			if slices.Contains(updateModes, v) {
+				u.Mode = v
+			} else {
+				c.errorf(e.value, mf, "unknown mode %s%s", quoteShort(v), suggest(v, updateModes, "modes"))
+			}
+		}
+	}
+	if e, ok := f["max_parallel"]; ok {
+		u.MaxParallel, _ = c.intAtLeast(e.value, joinField(field, "max_parallel"), 0)
+	}
+	if e, ok := f["min_healthy_seconds"]; ok {
+		u.MinHealthySeconds, _ = c.intAtLeast(e.value, joinField(field, "min_healthy_seconds"), 0)
+	}
+	if e, ok := f["progress_deadline_seconds"]; ok {
+		u.ProgressDeadlineSeconds, _ = c.intAtLeast(e.value, joinField(field, "progress_deadline_seconds"), 1)
+	}
+	if e, ok := f["auto_rollback"]; ok {
+		if v, ok := c.boolean(e.value, joinField(field, "auto_rollback")); ok {
+			u.AutoRollback = v
+		}
+	}
+	return u
 }
 
 // candidatePorts is the distinct ports over every resources candidate.

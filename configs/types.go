@@ -75,6 +75,45 @@ type Service struct {
 	Auth *Auth `json:"auth,omitempty"`
 	// Limits overrides the proxy's request limits; nil keeps the defaults.
 	Limits *Limits `json:"limits,omitempty"`
+	// Update is how `ferry serve update` rolls this version out; defaults applied.
+	Update Update `json:"update"`
+}
+
+// Update modes.
+const (
+	UpdateRolling   = "rolling"
+	UpdateBlueGreen = "blue_green"
+)
+
+// Update defaults. MaxParallel 0 means a quarter of the target count, at least 1, as
+// Kubernetes' maxSurge: faster than one at a time for large fleets, without doubling them.
+const (
+	DefaultMinHealthySeconds       = 10
+	DefaultProgressDeadlineSeconds = 1800
+)
+
+// Update is `service.update`, the knobs of a rollout (after Nomad's update stanza).
+type Update struct {
+	// Mode is rolling (versions mix, old replicas go as new ones are healthy) or blue_green
+	// (traffic switches at once when the new version has min_replicas healthy).
+	Mode string `json:"mode" yaml:"mode"`
+	// MaxParallel bounds new-version replicas starting at once (launched, not yet healthy); 0
+	// is a quarter of the target count, at least 1.
+	MaxParallel int `json:"max_parallel" yaml:"max_parallel"`
+	// MinHealthySeconds is how long a new replica must stay READY before it counts: only then
+	// does an old replica go.
+	MinHealthySeconds int `json:"min_healthy_seconds" yaml:"min_healthy_seconds"`
+	// ProgressDeadlineSeconds fails the rollout when no new replica became healthy for this
+	// long (since the start or the previous healthy one).
+	ProgressDeadlineSeconds int `json:"progress_deadline_seconds" yaml:"progress_deadline_seconds"`
+	// AutoRollback restores the previous version when the rollout fails (default true).
+	AutoRollback bool `json:"auto_rollback" yaml:"auto_rollback"`
+}
+
+// DefaultUpdate is `service.update` when the YAML says nothing.
+func DefaultUpdate() Update {
+	return Update{Mode: UpdateRolling, MinHealthySeconds: DefaultMinHealthySeconds,
+		ProgressDeadlineSeconds: DefaultProgressDeadlineSeconds, AutoRollback: true}
 }
 
 // Auth is `service.auth`: requests must carry one of the service's API keys, as
