@@ -42,9 +42,30 @@ type fakeStore struct {
 	next    map[string]int
 	records map[string]map[int]Record
 	saves   int
+	// rollouts are every SaveRollout, in order.
+	rollouts []Rollout
 }
 
-var _ Store = (*fakeStore)(nil)
+var (
+	_ Store        = (*fakeStore)(nil)
+	_ RolloutStore = (*fakeStore)(nil)
+)
+
+func (s *fakeStore) SaveRollout(service string, r Rollout) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.rollouts = append(s.rollouts, r)
+	return nil
+}
+
+func (s *fakeStore) lastRollout() (Rollout, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.rollouts) == 0 {
+		return Rollout{}, false
+	}
+	return s.rollouts[len(s.rollouts)-1], true
+}
 
 func newFakeStore() *fakeStore {
 	return &fakeStore{next: map[string]int{}, records: map[string]map[int]Record{}}
@@ -267,6 +288,12 @@ func (p *publications) onReady(eps []Endpoint) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.sets = append(p.sets, eps)
+}
+
+func (p *publications) all() [][]Endpoint {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.sets)
 }
 
 func (p *publications) last() ([]Endpoint, int) {

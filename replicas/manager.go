@@ -59,6 +59,15 @@ type Config struct {
 	// Mix splits the target between spot and on-demand replicas; the zero value launches
 	// every replica on-demand.
 	Mix autoscaler.MixSpec
+	// Versions are the service's other versions still known (older ones an update may keep or
+	// roll back to); Version and Task are the current one.
+	Versions []Version
+	// Rollout is the service's latest rollout (nil if none); a restarted controller resumes it.
+	// When set, Version must be its Target().
+	Rollout *Rollout
+	// InitialTarget, when set, is the target saved before a restart; otherwise the manager
+	// keeps what it finds until SetTarget.
+	InitialTarget *int
 }
 
 // Defaults for Config.
@@ -112,6 +121,11 @@ type Manager struct {
 	// eventSeq orders launch completions against List calls.
 	eventSeq uint64
 	gone     map[string]time.Time
+	// versions by number, target the version new replicas launch as, rollout the latest
+	// rollout (nil if none).
+	versions map[int]Version
+	target   int
+	rollout  *Rollout
 	// failures and lastFail are the launch backoff, per kind (spot true, on-demand false).
 	failures map[bool]int
 	lastFail map[bool]time.Time
@@ -141,6 +155,9 @@ type replica struct {
 	// drainingSince is when a scale-down took the replica out of the READY set (in memory
 	// only: a restarted controller drains again, bounded by the same timeout).
 	drainingSince time.Time
+	// healthySince is when the current run of READY began (in memory: a restarted controller
+	// counts min_healthy_seconds again).
+	healthySince time.Time
 	// stopProbe cancels the prober; probeGen tells a current prober's results from a
 	// stopped one's.
 	stopProbe context.CancelFunc
@@ -203,6 +220,19 @@ func New(cfg Config) (*Manager, error) {
 		gone:     map[string]time.Time{},
 		failures: map[bool]int{},
 		lastFail: map[bool]time.Time{},
+		versions: map[int]Version{},
+		target:   cfg.Version,
+	}
+	for _, v := range cfg.Versions {
+		m.versions[v.Number] = v
+	}
+	m.versions[cfg.Version] = Version{Number: cfg.Version, Task: cfg.Task, LaunchedAs: launchedAsOr(m.versions[cfg.Version], cfg.Version)}
+	if cfg.Rollout != nil {
+		r := *cfg.Rollout
+		m.rollout = &r
+	}
+	if cfg.InitialTarget != nil {
+		m.desired = max(*cfg.InitialTarget, 0)
 	}
 	m.ready.Store(&readySet{})
 	return m, nil
@@ -451,14 +481,31 @@ func (m *Manager) passLocked() {
 	}
 	for _, id := range sortedKeys(m.replicas) {
 		r := m.replicas[id]
+		switch {
+		case r.rec.Status != StatusReady:
+			r.healthySince = time.Time{}
+		case r.healthySince.IsZero() && r.probe.OK:
+			r.healthySince = now
+		}
 		in.Replicas = append(in.Replicas, replicaView{Record: r.rec, Probe: r.probe, Launching: r.launching,
-			Terminating: r.terminating, Draining: m.drainingLocked(now, r)})
+			Terminating: r.terminating, Draining: m.drainingLocked(now, r), HealthySince: r.healthySince})
 	}
+	m.versionInputLocked(&in)
 	acts := plan(in)
+	// A rollout decision (switch traffic, succeed, roll back) is saved before anything acts
+	// on it; then the pass is planned again under it. Each verdict ends or latches a state,
+	// so this settles within a few rounds.
+	for range 4 {
+		if acts.Rollout == nil || !m.rolloutChangedLocked(now, acts.Rollout) {
+			break
+		}
+		m.versionInputLocked(&in)
+		acts = plan(in)
+	}
 	m.applyLocked(now, acts)
 	if m.desired < 0 {
 		// First pass after a (re)start with no target yet: keep what runs.
-		m.desired = max(m.cfg.Task.Service.ReplicaPolicy.MinReplicas, m.liveLocked())
+		m.desired = max(m.taskLocked(m.target).Service.ReplicaPolicy.MinReplicas, m.liveLocked())
 		m.log.Info("replica target taken from running replicas", zap.Int("target", m.desired))
 		m.kickLoop()
 	}
@@ -483,7 +530,7 @@ func (m *Manager) drainingLocked(now time.Time, r *replica) bool {
 }
 
 func (m *Manager) initialDelay() time.Duration {
-	if s := m.cfg.Task.Service.ReadinessProbe.InitialDelaySeconds; s > 0 {
+	if s := m.taskLocked(m.target).Service.ReadinessProbe.InitialDelaySeconds; s > 0 {
 		return time.Duration(s) * time.Second
 	}
 	return DefaultInitialDelay
@@ -508,6 +555,13 @@ func (m *Manager) applyLocked(now time.Time, acts actions) {
 	}
 	for _, inst := range acts.Follow {
 		m.followLocked(inst)
+	}
+	for _, id := range acts.Relabel {
+		if r := m.replicas[id]; r != nil && r.rec.Version != m.target {
+			m.log.Info("replica relabelled", zap.Int("replica", id), zap.Int("from_version", r.rec.Version), zap.Int("to_version", m.target))
+			r.rec.Version = m.target
+			m.save(r)
+		}
 	}
 	for _, t := range acts.Terminate {
 		m.terminateLocked(t)
@@ -638,6 +692,7 @@ func (m *Manager) loadLocked() error {
 
 // launchLocked records a new PROVISIONING replica and starts its Launch in the background.
 func (m *Manager) launchLocked(now time.Time, spot bool) {
+	task := m.taskLocked(m.target)
 	id, err := m.nextIDLocked()
 	if err != nil {
 		m.log.Error("allocate replica id", zap.Error(err))
@@ -647,10 +702,10 @@ func (m *Manager) launchLocked(now time.Time, spot bool) {
 		rec: Record{
 			Service:    m.cfg.Service,
 			ID:         id,
-			Version:    m.cfg.Version,
+			Version:    m.target,
 			Status:     StatusProvisioning,
 			Spot:       spot,
-			Resources:  describeResources(withSpot(m.cfg.Task.Resources, spot)),
+			Resources:  describeResources(withSpot(task.Resources, spot)),
 			LaunchedAt: now,
 		},
 		launching: true,
@@ -658,8 +713,8 @@ func (m *Manager) launchLocked(now time.Time, spot bool) {
 	m.replicas[id] = r
 	m.save(r)
 	m.log.Info("replica status", zap.Int("replica", id), zap.String("to", string(StatusProvisioning)))
-	spec := replicaSpec(m.cfg.Service, m.cfg.Version, m.cfg.Task, id, spot)
-	if spot && m.cfg.Task.Service.ReplicaPolicy.SpotPlacer == configs.SpotPlacerDynamicFallback {
+	spec := replicaSpec(m.cfg.Service, m.target, task, id, spot)
+	if spot && task.Service.ReplicaPolicy.SpotPlacer == configs.SpotPlacerDynamicFallback {
 		spec.Spread = m.spotByZoneLocked()
 	}
 	ctx := m.workCtx
@@ -822,12 +877,15 @@ func (m *Manager) kickLoop() {
 func (m *Manager) setReadyLocked() {
 	var endpoints []Endpoint
 	if !m.shutdown {
-		acc := accelerator(m.cfg.Task.Resources)
+		var ready []Record
 		for _, id := range sortedKeys(m.replicas) {
-			r := m.replicas[id]
-			if r.rec.Status == StatusReady && r.rec.Endpoint != "" {
-				endpoints = append(endpoints, Endpoint{ReplicaID: id, Version: r.rec.Version, Addr: r.rec.Endpoint, Accelerator: acc})
+			if r := m.replicas[id]; r.rec.Status == StatusReady && r.rec.Endpoint != "" {
+				ready = append(ready, r.rec)
 			}
+		}
+		for _, rec := range serving(m.rollout, m.target, m.launchedAsLocked, ready) {
+			acc := accelerator(m.taskLocked(rec.Version).Resources)
+			endpoints = append(endpoints, Endpoint{ReplicaID: rec.ID, Version: rec.Version, Addr: rec.Endpoint, Accelerator: acc})
 		}
 	}
 	cur := m.ready.Load()

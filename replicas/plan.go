@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ferryserve/ferry/autoscaler"
+	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 )
 
@@ -30,6 +31,9 @@ type replicaView struct {
 	Terminating bool
 	// Draining is true while a SHUTTING_DOWN replica still has requests in flight.
 	Draining bool
+	// HealthySince is when the replica's current run of READY began, as this manager saw it
+	// (zero when not READY).
+	HealthySince time.Time
 }
 
 // planInput is everything a decision depends on.
@@ -61,6 +65,19 @@ type planInput struct {
 	// Mix splits Desired between spot and on-demand replicas (SkyServe's fallback semantics,
 	// autoscaler.Split); the zero value makes every replica on-demand.
 	Mix autoscaler.MixSpec
+	// Target is the version new replicas launch as; zero treats every replica as current
+	// (a service never updated).
+	Target int
+	// LaunchedAs maps a version to the version whose instances it reuses (Version.LaunchedAs);
+	// a version missing from it is its own.
+	LaunchedAs map[int]int
+	// Rollout is the service's latest rollout; nil when it never had one. While it is
+	// IN_PROGRESS (or FAILED without rollback) older versions' replicas are kept as the
+	// rollout's mode says; otherwise they all go.
+	Rollout *Rollout
+	// SwitchAt is how many healthy new replicas a blue-green rollout needs before traffic
+	// moves (the target, at least min_replicas).
+	SwitchAt int
 	// Replicas are ordered by id.
 	Replicas  []replicaView
 	Instances []launcher.Instance
@@ -101,6 +118,23 @@ type actions struct {
 	Launch, LaunchSpot int
 	// LaunchDeferredUntil is set when replicas are missing but backoff holds launches.
 	LaunchDeferredUntil time.Time
+	// Relabel are live replicas of a version that Target reuses (only `service:` changed):
+	// their records move to Target without a relaunch.
+	Relabel []int
+	// Rollout, when set, is how the rollout moves on; the manager saves it and plans again
+	// before acting, so that the decision is on disk before any replica follows it.
+	Rollout *rolloutChange
+}
+
+// rolloutChange is a plan's verdict on the rollout in progress.
+type rolloutChange struct {
+	// Switched: blue-green traffic moves to the new version now.
+	Switched bool
+	// End, when set, ends the rollout (SUCCEEDED, ROLLED_BACK or FAILED) for Reason.
+	End    RolloutState
+	Reason string
+	// ProgressAt is a later time a new replica became healthy (zero: no news).
+	ProgressAt time.Time
 }
 
 // live reports whether a replica in status s counts toward the desired count.
@@ -163,7 +197,22 @@ func plan(in planInput) actions {
 		rank  int
 		price float64
 		inst  *launcher.Instance
+		// current: of the target version (or one it reuses); healthySince as replicaView's.
+		current      bool
+		healthySince time.Time
 	}
+	launchedAs := func(v int) int {
+		if a, ok := in.LaunchedAs[v]; ok {
+			return a
+		}
+		return v
+	}
+	isCurrent := func(v int) bool { return in.Target == 0 || launchedAs(v) == launchedAs(in.Target) }
+	minHealthy := time.Duration(0)
+	if in.Rollout != nil {
+		minHealthy = time.Duration(in.Rollout.Policy.MinHealthySeconds) * time.Second
+	}
+	var rolloutFailure string // why the new version failed during this pass, if it did
 	rank := func(infra string) int {
 		if r, ok := in.InfraRank[infra]; ok {
 			return r
@@ -173,6 +222,7 @@ func plan(in planInput) actions {
 	var alive []candidate // live replicas that scale-down may pick
 	liveCount := 0
 	launchingSpot := 0         // live spot replicas whose launch is under way (not in alive)
+	launching := 0             // live current replicas whose launch is under way
 	status := map[int]Status{} // status after this pass
 	hasInstance := map[int]bool{}
 	terminating := map[int]bool{}
@@ -193,9 +243,11 @@ func plan(in planInput) actions {
 		}
 		switch {
 		case r.Launching:
-			// Its outcome arrives outside the pass; it counts toward the target meanwhile.
-			if live(rec.Status) {
+			// Its outcome arrives outside the pass; it counts toward the target meanwhile (a
+			// launch of a version rolled back from goes once it has an instance).
+			if live(rec.Status) && isCurrent(rec.Version) {
 				liveCount++
+				launching++
 				if rec.Spot {
 					launchingSpot++
 				}
@@ -219,7 +271,7 @@ func plan(in planInput) actions {
 			case inst != nil && inst.State != launcher.StateTerminated && inst.State != launcher.StatePreempted:
 				setStatus(StatusStarting, "adopted instance of an interrupted launch", inst)
 				liveCount++
-				alive = append(alive, candidate{id: rec.ID, spot: rec.Spot, rank: rank(inst.Infra), inst: inst})
+				alive = append(alive, candidate{id: rec.ID, spot: rec.Spot, rank: rank(inst.Infra), inst: inst, current: isCurrent(rec.Version)})
 			case inst != nil:
 				setStatus(StatusFailedProvision, "launch interrupted; instance ended: "+endReason(inst), nil)
 				terminate(rec.ID, inst, false)
@@ -233,6 +285,10 @@ func plan(in planInput) actions {
 			to, reason := liveStatus(in, r, inst)
 			if to != rec.Status {
 				setStatus(to, reason, nil)
+				if in.Rollout.Active() && rec.Version == in.Rollout.To && versionFailure(to) &&
+					(rec.ReadyAt.IsZero() || in.Now.Sub(rec.ReadyAt) < minHealthy) && rolloutFailure == "" {
+					rolloutFailure = fmt.Sprintf("replica %d of version %d: %s: %s", rec.ID, rec.Version, to, reason)
+				}
 			}
 			if !live(to) {
 				if inst != nil && !r.Terminating {
@@ -241,7 +297,20 @@ func plan(in planInput) actions {
 				continue
 			}
 			liveCount++
-			alive = append(alive, candidate{id: rec.ID, ready: to == StatusReady, spot: rec.Spot, rank: rank(rec.Infra), price: rec.Price, inst: inst})
+			c := candidate{id: rec.ID, ready: to == StatusReady, spot: rec.Spot, rank: rank(rec.Infra), price: rec.Price, inst: inst,
+				current: isCurrent(rec.Version)}
+			if c.ready {
+				c.healthySince = r.HealthySince
+			}
+			if c.current && rec.Version != in.Target && in.Target != 0 {
+				out.Relabel = append(out.Relabel, rec.ID)
+			}
+			alive = append(alive, c)
+		}
+		if s := status[rec.ID]; in.Rollout.Active() && rolloutFailure == "" && rec.Version == in.Rollout.To &&
+			versionFailure(s) && s == rec.Status && rec.ReadyAt.IsZero() && !rec.LaunchedAt.Before(in.Rollout.StartedAt) {
+			// Failed before this pass (e.g. while the controller was down).
+			rolloutFailure = fmt.Sprintf("replica %d of version %d: %s: %s", rec.ID, rec.Version, s, rec.Reason)
 		}
 	}
 
@@ -259,37 +328,58 @@ func plan(in planInput) actions {
 		default:
 			rec.Status, rec.Reason = StatusStarting, "adopted"
 			liveCount++
-			alive = append(alive, candidate{id: id, spot: rec.Spot, rank: rank(inst.Infra), inst: inst})
+			current := isCurrent(rec.Version)
+			if current && in.Target != 0 {
+				rec.Version = in.Target
+			}
+			alive = append(alive, candidate{id: id, spot: rec.Spot, rank: rank(inst.Infra), inst: inst, current: current})
 		}
 		out.Adopt = append(out.Adopt, rec)
 		status[id] = rec.Status
 		hasInstance[id] = true
 	}
 
-	// Each kind is scaled to its share of Desired. A service without spot is one pool, whatever
-	// its replicas were launched as.
-	if !in.Mix.UseSpot {
-		launchingSpot = 0
-		for i := range alive {
-			alive[i].spot = false
+	// Replicas of older versions: as many stay as the rollout's mode says, the rest go.
+	var current, old []candidate
+	for _, c := range alive {
+		if c.current {
+			current = append(current, c)
+		} else {
+			old = append(old, c)
 		}
 	}
-	liveSpot, readySpot := launchingSpot, 0
-	for _, c := range alive {
-		if c.spot {
-			liveSpot++
-			if c.ready {
-				readySpot++
+	liveCount = launching + len(current)
+	holding := in.Rollout != nil && (in.Rollout.State == RolloutInProgress || in.Rollout.State == RolloutFailed)
+	healthy := 0
+	var progressAt time.Time
+	for _, c := range current {
+		if !c.ready {
+			continue
+		}
+		if !c.healthySince.IsZero() && in.Now.Sub(c.healthySince) >= minHealthy {
+			healthy++
+			if at := c.healthySince.Add(minHealthy); in.Rollout != nil && at.After(in.Rollout.ProgressAt) && at.After(progressAt) {
+				progressAt = at
 			}
 		}
 	}
-	liveOnDemand := liveCount - liveSpot
-	want := autoscaler.Split(in.Desired, in.Mix, readySpot)
-	if in.Desired >= 0 && (liveSpot > want.Spot || liveOnDemand > want.OnDemand) {
-		// Scale down: replicas not serving first, then the least preferred infra (burst
-		// replicas outside the cluster), then the most expensive (on-demand before spot), then
-		// the newest.
-		slices.SortFunc(alive, func(a, b candidate) int {
+	keepOld := 0
+	switched := false
+	if holding && in.Desired >= 0 {
+		switch in.Rollout.Mode {
+		case configs.UpdateBlueGreen:
+			switched = in.Rollout.Switched || healthy >= in.SwitchAt
+			if !switched {
+				keepOld = in.Desired
+			}
+		default:
+			keepOld = max(0, in.Desired-healthy)
+		}
+	}
+	scaleDown := func(cands []candidate, excess map[bool]int, reason string) {
+		// Replicas not serving first, then the least preferred infra (burst replicas outside
+		// the cluster), then the most expensive (on-demand before spot), then the newest.
+		slices.SortFunc(cands, func(a, b candidate) int {
 			if a.ready != b.ready {
 				if a.ready {
 					return 1
@@ -304,14 +394,13 @@ func plan(in planInput) actions {
 			}
 			return cmp.Compare(b.id, a.id)
 		})
-		excess := map[bool]int{true: liveSpot - want.Spot, false: liveOnDemand - want.OnDemand}
-		for _, c := range alive {
+		for _, c := range cands {
 			if excess[c.spot] <= 0 {
 				continue
 			}
 			excess[c.spot]--
 			// An earlier transition of this pass keeps its From and now ends here.
-			move(c.id, status[c.id], StatusShuttingDown, "scaled down", nil)
+			move(c.id, status[c.id], StatusShuttingDown, reason, nil)
 			status[c.id] = StatusShuttingDown
 			if in.Drain && c.ready {
 				continue // out of the READY set now; terminated once drained
@@ -322,6 +411,38 @@ func plan(in planInput) actions {
 				out.Forget = append(out.Forget, c.id)
 			}
 		}
+	}
+	oldLeft := len(old)
+	if in.Desired >= 0 && len(old) > keepOld {
+		// Old replicas are one pool whatever their kind: the new version's mix is what counts.
+		for i := range old {
+			old[i].spot = false
+		}
+		scaleDown(old, map[bool]int{false: len(old) - keepOld}, fmt.Sprintf("replaced by version %d", in.Target))
+		oldLeft = keepOld
+	}
+
+	// Each kind is scaled to its share of Desired. A service without spot is one pool, whatever
+	// its replicas were launched as.
+	if !in.Mix.UseSpot {
+		launchingSpot = 0
+		for i := range current {
+			current[i].spot = false
+		}
+	}
+	liveSpot, readySpot := launchingSpot, 0
+	for _, c := range current {
+		if c.spot {
+			liveSpot++
+			if c.ready {
+				readySpot++
+			}
+		}
+	}
+	liveOnDemand := liveCount - liveSpot
+	want := autoscaler.Split(in.Desired, in.Mix, readySpot)
+	if in.Desired >= 0 && (liveSpot > want.Spot || liveOnDemand > want.OnDemand) {
+		scaleDown(current, map[bool]int{true: liveSpot - want.Spot, false: liveOnDemand - want.OnDemand}, "scaled down")
 	}
 	if in.Desired >= 0 {
 		// deferred reports whether a kind's backoff holds its launches now.
@@ -341,8 +462,20 @@ func plan(in planInput) actions {
 		if n := want.Spot - liveSpot; n > 0 && !deferred(in.SpotFailures, in.SpotLastFailure) {
 			out.LaunchSpot = n
 		}
+		if holding {
+			// At most max_parallel new replicas starting (launched, not yet healthy) at once.
+			budget := max(0, maxParallel(in.Rollout.Policy, in.Desired)-(liveCount-healthy))
+			out.Launch = min(out.Launch, budget)
+			out.LaunchSpot = min(out.LaunchSpot, budget-out.Launch)
+		}
 	}
 
+	if in.Rollout.Active() && in.Desired >= 0 {
+		out.Rollout = judgeRollout(in, rolloutFailure, switched, healthy, oldLeft, progressAt)
+	} else if in.Rollout != nil && in.Rollout.State == RolloutFailed && in.Desired >= 0 && oldLeft == 0 && healthy >= in.Desired {
+		// A failed rollout without rollback that came good after all (capacity came back).
+		out.Rollout = &rolloutChange{End: RolloutSucceeded, Reason: fmt.Sprintf("%d of %d replicas of version %d healthy", healthy, in.Desired, in.Target)}
+	}
 	// Keep the newest KeepFailed terminal records for display; forget older ones once their
 	// instance is gone.
 	var ended []int
@@ -360,6 +493,55 @@ func plan(in planInput) actions {
 	}
 	slices.Sort(out.Forget)
 	return out
+}
+
+// versionFailure reports whether a replica that ends in status s failed through its own
+// version (its program or image), as opposed to capacity or a preemption.
+func versionFailure(s Status) bool {
+	switch s {
+	case StatusFailed, StatusFailedInitialDelay, StatusFailedProbing:
+		return true
+	}
+	return false
+}
+
+// judgeRollout says whether an IN_PROGRESS rollout switches, succeeds or fails now.
+func judgeRollout(in planInput, failure string, switched bool, healthy, oldLeft int, progressAt time.Time) *rolloutChange {
+	r := in.Rollout
+	var ch rolloutChange
+	changed := false
+	if !progressAt.IsZero() {
+		ch.ProgressAt, changed = progressAt, true
+	}
+	deadline := time.Duration(r.Policy.ProgressDeadlineSeconds) * time.Second
+	last := r.ProgressAt
+	if last.IsZero() {
+		last = r.StartedAt
+	}
+	if !progressAt.IsZero() {
+		last = progressAt
+	}
+	if failure == "" && deadline > 0 && in.Now.Sub(last) >= deadline && healthy < in.Desired {
+		failure = fmt.Sprintf("no new replica became healthy within the progress deadline (%v)", deadline)
+	}
+	switch {
+	case failure != "":
+		ch.End, ch.Reason = RolloutFailed, failure
+		if r.FromServed && r.Policy.AutoRollback {
+			ch.End = RolloutRolledBack
+		}
+		return &ch
+	case switched && !r.Switched:
+		ch.Switched, changed = true, true
+	}
+	if oldLeft == 0 && healthy >= in.Desired && (r.Mode != configs.UpdateBlueGreen || switched) {
+		ch.End, ch.Reason = RolloutSucceeded, fmt.Sprintf("%d of %d replicas of version %d healthy", healthy, in.Desired, r.To)
+		return &ch
+	}
+	if !changed {
+		return nil
+	}
+	return &ch
 }
 
 // liveStatus is the status a STARTING, READY or NOT_READY replica moves to, from its instance

@@ -59,7 +59,10 @@ func (m *Manager) runProber(ctx context.Context, r *replica, gen uint64, addr st
 // probeOnce probes and records the result; a panic is logged and counts as a failed probe.
 func (m *Manager) probeOnce(ctx context.Context, r *replica, gen uint64, addr string) (ok bool) {
 	defer m.recoverPanic("probe")
-	err := probeReplica(ctx, m.cfg.HTTPClient, addr, m.cfg.Task.Service.ReadinessProbe)
+	m.mu.Lock()
+	probe := m.taskLocked(r.rec.Version).Service.ReadinessProbe
+	m.mu.Unlock()
+	err := probeReplica(ctx, m.cfg.HTTPClient, addr, probe)
 	if ctx.Err() != nil {
 		return false
 	}

@@ -1,0 +1,248 @@
+package replicas
+
+import (
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/configs"
+)
+
+// A rollout moves a service from one version of its task to the next (`ferry serve update`).
+// It is level-triggered like the rest of reconciliation: each pass counts the replicas of the
+// new version and of older ones and decides how many of each to keep and to launch, so a
+// controller killed at any point resumes from what it finds. The rollout's own state (which
+// versions, whether blue-green traffic switched, how it ended) is saved before any replica
+// acts on it.
+
+// RolloutState is where a rollout stands.
+type RolloutState string
+
+// Rollout states.
+const (
+	RolloutInProgress RolloutState = "IN_PROGRESS"
+	RolloutSucceeded  RolloutState = "SUCCEEDED"
+	// RolloutRolledBack: the new version failed and the previous one serves again.
+	RolloutRolledBack RolloutState = "ROLLED_BACK"
+	// RolloutFailed: the new version failed and there was nothing to roll back to (the
+	// previous version never served, or auto_rollback is off); the new version stays the
+	// target and keeps being retried with backoff.
+	RolloutFailed RolloutState = "FAILED"
+)
+
+// Version is one version of a service's task.
+type Version struct {
+	Number int
+	Task   *configs.Task
+	// LaunchedAs is the version whose instances this one reuses: itself, or an earlier version
+	// whose task differs only in the `service:` section, so its replicas were relabelled, not
+	// relaunched. Instance labels keep the version they were launched as.
+	LaunchedAs int
+}
+
+// Rollout is the latest update of a service, as saved and as `serve status` shows it.
+type Rollout struct {
+	From int    `json:"from"`
+	To   int    `json:"to"`
+	Mode string `json:"mode"`
+	// Policy is the knobs, from the new version's service.update (mode possibly overridden).
+	Policy configs.Update `json:"policy"`
+	State  RolloutState   `json:"state"`
+	// Switched is set once blue-green traffic moved to the new version.
+	Switched bool `json:"switched,omitempty"`
+	// FromServed says whether the previous version ever had a READY replica: only then is
+	// there a good version to roll back to.
+	FromServed bool      `json:"from_served"`
+	StartedAt  time.Time `json:"started_at"`
+	// ProgressAt is the start or the last time a new replica became healthy; the progress
+	// deadline counts from it.
+	ProgressAt time.Time `json:"progress_at"`
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+	// Reason says why the rollout ended as it did (or what it waits for).
+	Reason string `json:"reason,omitempty"`
+
+	// Live counts, filled for status output only.
+	NewHealthy int `json:"new_healthy"`
+	NewReady   int `json:"new_ready"`
+	OldLive    int `json:"old_live"`
+	Desired    int `json:"desired"`
+}
+
+// Active reports whether the rollout is still in progress.
+func (r *Rollout) Active() bool { return r != nil && r.State == RolloutInProgress }
+
+// Target is the version new replicas launch with under this rollout.
+func (r *Rollout) Target() int {
+	if r.State == RolloutRolledBack {
+		return r.From
+	}
+	return r.To
+}
+
+// maxParallel is how many new replicas may be starting at once for a target of desired.
+func maxParallel(u configs.Update, desired int) int {
+	if u.MaxParallel > 0 {
+		return u.MaxParallel
+	}
+	return max(1, (desired+3)/4)
+}
+
+// RolloutStore persists rollouts; the controller's store implements it. SaveRollout also
+// records the service's current version (r.Target()), in one transaction.
+type RolloutStore interface {
+	SaveRollout(service string, r Rollout) error
+}
+
+func launchedAsOr(v Version, number int) int {
+	if v.LaunchedAs != 0 {
+		return v.LaunchedAs
+	}
+	return number
+}
+
+// serving picks, among READY records, those that get traffic: every version during a rolling
+// update; during blue-green, the old versions until the switch and the new one after it
+// (either side when the other has none READY, rather than no replica at all).
+func serving(r *Rollout, target int, launchedAs func(int) int, ready []Record) []Record {
+	if r == nil || r.Mode != configs.UpdateBlueGreen || !(r.State == RolloutInProgress || r.State == RolloutFailed) {
+		return ready
+	}
+	var cur, old []Record
+	for _, rec := range ready {
+		if launchedAs(rec.Version) == launchedAs(target) {
+			cur = append(cur, rec)
+		} else {
+			old = append(old, rec)
+		}
+	}
+	if (r.Switched && len(cur) > 0) || len(old) == 0 {
+		return cur
+	}
+	return old
+}
+
+// Update starts rolling the service out to version v under rollout r; the caller has saved
+// both. From here new replicas launch as r.Target() and each pass follows r.
+func (m *Manager) Update(v Version, r Rollout) {
+	m.mu.Lock()
+	v.LaunchedAs = launchedAsOr(v, v.Number)
+	m.versions[v.Number] = v
+	m.rollout = &r
+	m.target = r.Target()
+	m.mu.Unlock()
+	m.log.Info("rollout started", zap.Int("from", r.From), zap.Int("to", r.To), zap.String("mode", r.Mode),
+		zap.Bool("relaunch", v.LaunchedAs == v.Number))
+	m.kickLoop()
+}
+
+// Rollout returns the latest rollout with its live counts, or nil if the service never had one.
+func (m *Manager) Rollout() *Rollout {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.rollout == nil {
+		return nil
+	}
+	r := *m.rollout
+	r.Desired = m.desired
+	minHealthy := time.Duration(r.Policy.MinHealthySeconds) * time.Second
+	now := m.cfg.Now()
+	for _, rep := range m.replicas {
+		switch {
+		case !live(rep.rec.Status):
+		case m.launchedAsLocked(rep.rec.Version) != m.launchedAsLocked(m.target):
+			r.OldLive++
+		case rep.rec.Status == StatusReady:
+			r.NewReady++
+			if !rep.healthySince.IsZero() && now.Sub(rep.healthySince) >= minHealthy {
+				r.NewHealthy++
+			}
+		}
+	}
+	return &r
+}
+
+// Target returns the version new replicas launch as.
+func (m *Manager) Target() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.target
+}
+
+// taskLocked is version v's task; a version this manager does not know (an instance adopted
+// from a lost store) is treated as the current one.
+func (m *Manager) taskLocked(v int) *configs.Task {
+	if ver, ok := m.versions[v]; ok && ver.Task != nil {
+		return ver.Task
+	}
+	return m.versions[m.target].Task
+}
+
+func (m *Manager) launchedAsLocked(v int) int {
+	if ver, ok := m.versions[v]; ok {
+		return launchedAsOr(ver, v)
+	}
+	return v
+}
+
+// versionInputLocked fills the version and rollout fields of a pass's input.
+func (m *Manager) versionInputLocked(in *planInput) {
+	in.Target = m.target
+	in.LaunchedAs = make(map[int]int, len(m.versions))
+	for n, v := range m.versions {
+		in.LaunchedAs[n] = launchedAsOr(v, n)
+	}
+	in.Rollout = nil
+	in.SwitchAt = 0
+	if m.rollout != nil {
+		r := *m.rollout
+		in.Rollout = &r
+		// Blue-green moves traffic once the new version can carry the whole target, at least
+		// min_replicas. SkyServe switches at min_replicas, which drops capacity whenever the
+		// target is above it.
+		in.SwitchAt = max(in.Desired, m.taskLocked(r.To).Service.ReplicaPolicy.MinReplicas)
+	}
+}
+
+// rolloutChangedLocked applies a plan's verdict on the rollout and saves it; it reports
+// whether anything changed.
+func (m *Manager) rolloutChangedLocked(now time.Time, ch *rolloutChange) bool {
+	r := *m.rollout
+	if !ch.ProgressAt.IsZero() && ch.ProgressAt.After(r.ProgressAt) {
+		r.ProgressAt = ch.ProgressAt
+	}
+	if ch.Switched {
+		r.Switched = true
+	}
+	if ch.End != "" {
+		r.State, r.Reason, r.FinishedAt = ch.End, ch.Reason, now
+	}
+	if r == *m.rollout {
+		return false
+	}
+	if rs, ok := m.cfg.Store.(RolloutStore); ok {
+		if err := rs.SaveRollout(m.cfg.Service, r); err != nil {
+			// Acting on a decision that is not on disk could be undone by a restart halfway:
+			// wait for the next pass.
+			m.log.Error("save rollout; will retry", zap.Error(err))
+			return false
+		}
+	}
+	prev := m.rollout
+	m.rollout = &r
+	m.target = r.Target()
+	switch {
+	case ch.Switched && !prev.Switched:
+		m.log.Info("rollout switched traffic", zap.Int("to", r.To))
+	case ch.End == RolloutSucceeded:
+		m.log.Info("rollout succeeded", zap.Int("version", r.To), zap.String("reason", r.Reason))
+	case ch.End != "":
+		m.log.Warn("rollout failed", zap.Int("from", r.From), zap.Int("to", r.To), zap.String("state", string(r.State)),
+			zap.String("reason", r.Reason))
+	}
+	// A rollback starts the old version's launches afresh.
+	if ch.End == RolloutRolledBack {
+		m.failures = map[bool]int{}
+		m.lastFail = map[bool]time.Time{}
+	}
+	return true
+}
