@@ -32,8 +32,11 @@ type Service struct {
 	// Task holds secrets: the store file is 0600 and the task is never logged.
 	Task *configs.Task
 	// Port is the proxy listener's port, kept so that the endpoint survives controller restarts.
-	Port      int
-	Status    string
+	Port   int
+	Status string
+	// Target is the replica count last decided (-1 before any), so that a restarted controller
+	// resumes from it rather than from whatever replicas it counts mid-rollout.
+	Target    int
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }
@@ -66,7 +69,25 @@ CREATE TABLE IF NOT EXISTS replicas (
 	reason      TEXT NOT NULL DEFAULT '',
 	PRIMARY KEY (service, id)
 );
+CREATE TABLE IF NOT EXISTS versions (
+	service     TEXT NOT NULL,
+	version     INTEGER NOT NULL,
+	task_json   TEXT NOT NULL,
+	launched_as INTEGER NOT NULL,
+	created_at  INTEGER NOT NULL,
+	PRIMARY KEY (service, version)
+);
+CREATE TABLE IF NOT EXISTS rollouts (
+	service      TEXT PRIMARY KEY,
+	rollout_json TEXT NOT NULL,
+	updated_at   INTEGER NOT NULL
+);
 `
+
+// migrations add columns that later versions need to a store made by an earlier one.
+var migrations = []struct{ table, column, decl string }{
+	{"services", "target", "INTEGER NOT NULL DEFAULT -1"},
+}
 
 // Open opens (creating if needed) the database at path with owner-only permissions.
 func Open(path string) (*Store, error) {
@@ -90,7 +111,26 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("create schema in %s: %w", path, err)
 	}
+	if err := migrate(db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate schema in %s: %w", path, err)
+	}
 	return &Store{db: db}, nil
+}
+
+func migrate(db *sql.DB) error {
+	for _, m := range migrations {
+		var n int
+		if err := db.QueryRow(`SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`, m.table, m.column).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			if _, err := db.Exec(fmt.Sprintf(`ALTER TABLE %s ADD COLUMN %s %s`, m.table, m.column, m.decl)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // Close closes the database.
@@ -103,12 +143,142 @@ func (s *Store) CreateService(svc Service) error {
 		return err
 	}
 	now := time.Now().UnixMilli()
-	_, err = s.db.Exec(`INSERT INTO services (name, version, task_json, port, status, created_at, updated_at)
+	tx, err := s.db.Begin()
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	_, err = tx.Exec(`INSERT INTO services (name, version, task_json, port, status, created_at, updated_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?)`, svc.Name, svc.Version, string(task), svc.Port, svc.Status, now, now)
 	if err != nil {
 		return fmt.Errorf("create service %q: %w", svc.Name, err)
 	}
+	// A failed serve up leaves rows of a service of the same name behind only if deleting it
+	// failed too; start its history afresh.
+	for _, q := range []string{`DELETE FROM versions WHERE service = ?`, `DELETE FROM rollouts WHERE service = ?`} {
+		if _, err := tx.Exec(q, svc.Name); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.Exec(`INSERT INTO versions (service, version, task_json, launched_as, created_at) VALUES (?, ?, ?, ?, ?)`,
+		svc.Name, svc.Version, string(task), svc.Version, now); err != nil {
+		return fmt.Errorf("create service %q: %w", svc.Name, err)
+	}
+	return tx.Commit()
+}
+
+// SetTarget records a service's replica target.
+func (s *Store) SetTarget(name string, n int) error {
+	_, err := s.db.Exec(`UPDATE services SET target = ? WHERE name = ?`, n, name)
+	return err
+}
+
+// StartUpdate records a new version and the rollout to it in one transaction: a controller
+// killed right after still finds both.
+func (s *Store) StartUpdate(service string, v replicas.Version, r replicas.Rollout) error {
+	task, err := json.Marshal(v.Task)
+	if err != nil {
+		return err
+	}
+	now := time.Now().UnixMilli()
+	tx, err := s.db.Begin()
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	// A store from before versions were kept has the current task only on the service row.
+	if _, err := tx.Exec(`INSERT OR IGNORE INTO versions (service, version, task_json, launched_as, created_at)
+		SELECT name, version, task_json, version, created_at FROM services WHERE name = ?`, service); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(`INSERT INTO versions (service, version, task_json, launched_as, created_at) VALUES (?, ?, ?, ?, ?)`,
+		service, v.Number, string(task), v.LaunchedAs, now); err != nil {
+		return fmt.Errorf("record version %d of %q: %w", v.Number, service, err)
+	}
+	if err := saveRollout(tx, service, r, now); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// SaveRollout implements replicas.RolloutStore: it saves the rollout and makes its target the
+// service's current version.
+func (s *Store) SaveRollout(service string, r replicas.Rollout) error {
+	tx, err := s.db.Begin()
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	if err := saveRollout(tx, service, r, time.Now().UnixMilli()); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+func saveRollout(tx *sql.Tx, service string, r replicas.Rollout, now int64) error {
+	r.NewHealthy, r.NewReady, r.OldLive, r.Desired = 0, 0, 0, 0 // live counts are not state
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(`INSERT INTO rollouts (service, rollout_json, updated_at) VALUES (?, ?, ?)
+		ON CONFLICT (service) DO UPDATE SET rollout_json = excluded.rollout_json, updated_at = excluded.updated_at`,
+		service, string(b), now); err != nil {
+		return fmt.Errorf("save rollout of %q: %w", service, err)
+	}
+	res, err := tx.Exec(`UPDATE services SET version = ?, updated_at = ?,
+		task_json = (SELECT task_json FROM versions WHERE service = ? AND version = ?)
+		WHERE name = ? AND EXISTS (SELECT 1 FROM versions WHERE service = ? AND version = ?)`,
+		r.Target(), now, service, r.Target(), service, service, r.Target())
+	if err != nil {
+		return fmt.Errorf("save rollout of %q: %w", service, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("save rollout of %q: version %d: %w", service, r.Target(), ErrNotFound)
+	}
 	return nil
+}
+
+// Versions returns the service's recorded versions, oldest first.
+func (s *Store) Versions(service string) ([]replicas.Version, error) {
+	rows, err := s.db.Query(`SELECT version, task_json, launched_as FROM versions WHERE service = ? ORDER BY version`, service)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []replicas.Version
+	for rows.Next() {
+		var (
+			v        replicas.Version
+			taskJSON string
+		)
+		if err := rows.Scan(&v.Number, &taskJSON, &v.LaunchedAs); err != nil {
+			return nil, err
+		}
+		v.Task = new(configs.Task)
+		if err := json.Unmarshal([]byte(taskJSON), v.Task); err != nil {
+			return nil, fmt.Errorf("version %d of %q: decode task: %w", v.Number, service, err)
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
+// Rollout returns the service's latest rollout, or nil if it never had one.
+func (s *Store) Rollout(service string) (*replicas.Rollout, error) {
+	var b string
+	err := s.db.QueryRow(`SELECT rollout_json FROM rollouts WHERE service = ?`, service).Scan(&b)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r replicas.Rollout
+	if err := json.Unmarshal([]byte(b), &r); err != nil {
+		return nil, fmt.Errorf("rollout of %q: %w", service, err)
+	}
+	return &r, nil
 }
 
 // SetServiceStatus records a service's status.
@@ -126,7 +296,7 @@ func (s *Store) SetServiceStatus(name, status string) error {
 
 // GetService returns one service.
 func (s *Store) GetService(name string) (Service, error) {
-	row := s.db.QueryRow(`SELECT name, version, task_json, port, status, created_at, updated_at
+	row := s.db.QueryRow(`SELECT name, version, task_json, port, status, target, created_at, updated_at
 		FROM services WHERE name = ?`, name)
 	svc, err := scanService(row)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -137,7 +307,7 @@ func (s *Store) GetService(name string) (Service, error) {
 
 // ListServices returns every service ordered by name.
 func (s *Store) ListServices() ([]Service, error) {
-	rows, err := s.db.Query(`SELECT name, version, task_json, port, status, created_at, updated_at
+	rows, err := s.db.Query(`SELECT name, version, task_json, port, status, target, created_at, updated_at
 		FROM services ORDER BY name`)
 	if err != nil {
 		return nil, err
@@ -161,8 +331,11 @@ func (s *Store) DeleteService(name string) error {
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-	if _, err := tx.Exec(`DELETE FROM replicas WHERE service = ?`, name); err != nil {
-		return err
+	for _, q := range []string{`DELETE FROM replicas WHERE service = ?`, `DELETE FROM versions WHERE service = ?`,
+		`DELETE FROM rollouts WHERE service = ?`} {
+		if _, err := tx.Exec(q, name); err != nil {
+			return err
+		}
 	}
 	if _, err := tx.Exec(`DELETE FROM services WHERE name = ?`, name); err != nil {
 		return err
@@ -178,7 +351,7 @@ func scanService(row scanner) (Service, error) {
 		taskJSON         string
 		created, updated int64
 	)
-	if err := row.Scan(&svc.Name, &svc.Version, &taskJSON, &svc.Port, &svc.Status, &created, &updated); err != nil {
+	if err := row.Scan(&svc.Name, &svc.Version, &taskJSON, &svc.Port, &svc.Status, &svc.Target, &created, &updated); err != nil {
 		return Service{}, err
 	}
 	svc.Task = new(configs.Task)
@@ -190,7 +363,10 @@ func scanService(row scanner) (Service, error) {
 	return svc, nil
 }
 
-var _ replicas.Store = (*Store)(nil)
+var (
+	_ replicas.Store        = (*Store)(nil)
+	_ replicas.RolloutStore = (*Store)(nil)
+)
 
 // NextReplicaID hands out replica ids that are never reused within a service, as SkyServe does,
 // so that logs and status lines about an old replica never get confused with a new one.

@@ -155,3 +155,99 @@ func TestReopenKeepsState(t *testing.T) {
 		t.Errorf("after reopen: %+v", list)
 	}
 }
+
+func TestVersionsAndRollouts(t *testing.T) {
+	s, path := openTemp(t)
+	v1 := &configs.Task{Run: "serve v1", Service: &configs.Service{Port: 8080}}
+	v2 := &configs.Task{Run: "serve v2", Service: &configs.Service{Port: 8080}}
+	if err := s.CreateService(Service{Name: "chat", Version: 1, Task: v1, Port: 30001, Status: "READY"}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Rollout("chat"); err != nil || r != nil {
+		t.Fatalf("Rollout before any update = %v, %v; want nil, nil", r, err)
+	}
+	if got, _ := s.GetService("chat"); got.Target != -1 {
+		t.Errorf("target before any decision = %d, want -1", got.Target)
+	}
+	if err := s.SetTarget("chat", 3); err != nil {
+		t.Fatal(err)
+	}
+	started := time.UnixMilli(time.Now().UnixMilli()).UTC()
+	r := replicas.Rollout{From: 1, To: 2, Mode: configs.UpdateRolling, State: replicas.RolloutInProgress, FromServed: true,
+		Policy: configs.DefaultUpdate(), StartedAt: started, ProgressAt: started, NewReady: 7}
+	if err := s.StartUpdate("chat", replicas.Version{Number: 2, Task: v2, LaunchedAs: 2}, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.StartUpdate("chat", replicas.Version{Number: 2, Task: v2, LaunchedAs: 2}, r); err == nil {
+		t.Error("a second version 2 was accepted")
+	}
+	svc, err := s.GetService("chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svc.Version != 2 || svc.Task.Run != "serve v2" || svc.Target != 3 {
+		t.Errorf("service after update start: version %d, run %q, target %d; want 2, serve v2, 3", svc.Version, svc.Task.Run, svc.Target)
+	}
+
+	// A rollback makes the old version current again, in the same write.
+	r.State = replicas.RolloutRolledBack
+	r.Reason = "replica 3 of version 2: FAILED"
+	if err := s.SaveRollout("chat", r); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s2, err := Open(path) // what a restarted controller reads
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	svc, _ = s2.GetService("chat")
+	if svc.Version != 1 || svc.Task.Run != "serve v1" {
+		t.Errorf("service after rollback: version %d, run %q; want 1, serve v1", svc.Version, svc.Task.Run)
+	}
+	got, err := s2.Rollout("chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := r
+	want.NewReady = 0 // live counts are not stored
+	if diff := cmp.Diff(&want, got); diff != "" {
+		t.Errorf("rollout (-want +got):\n%s", diff)
+	}
+	vs, err := s2.Versions("chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vs) != 2 || vs[0].Number != 1 || vs[0].LaunchedAs != 1 || vs[1].Task.Run != "serve v2" {
+		t.Errorf("versions = %+v", vs)
+	}
+	if err := s2.DeleteService("chat"); err != nil {
+		t.Fatal(err)
+	}
+	if vs, _ := s2.Versions("chat"); len(vs) != 0 {
+		t.Errorf("versions left after delete: %d", len(vs))
+	}
+	if r, _ := s2.Rollout("chat"); r != nil {
+		t.Errorf("rollout left after delete: %+v", r)
+	}
+}
+
+func TestMigratesStoreWithoutTargetColumn(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "old.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.db.Exec(`ALTER TABLE services DROP COLUMN target`); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s, err = Open(path)
+	if err != nil {
+		t.Fatalf("open a store from before the target column: %v", err)
+	}
+	defer s.Close()
+	if err := s.SetTarget("x", 1); err != nil {
+		t.Fatal(err)
+	}
+}
