@@ -238,6 +238,9 @@ type Service struct {
 	// stopped is closed by Shutdown, ending background work such as model discovery.
 	stopped  chan struct{}
 	stopOnce sync.Once
+	// closeConns makes every response close its connection: a Handover retired the service
+	// (handover.go).
+	closeConns atomic.Bool
 
 	// mu serializes SetBackends (and watchModels, Busy); the request path never takes it.
 	mu sync.Mutex
@@ -296,7 +299,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	}
 	s.exchanges.New = func() any { return &exchange{svc: s} }
 	s.snap.Store(&snapshot{ready: make(chan struct{})})
-	s.front.server = newServer(s.Handler, s.requestError, cfg.MaxRequestBodySize, cfg.RequestReadTimeout, s.log)
+	s.front.server = newServer(s.serveRequest, s.requestError, cfg.MaxRequestBodySize, cfg.RequestReadTimeout, s.log)
 	return s, nil
 }
 
