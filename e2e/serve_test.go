@@ -25,8 +25,17 @@ type serviceStatus struct {
 	Endpoint       string `json:"endpoint"`
 	TargetReplicas int    `json:"target_replicas"`
 	ReadyReplicas  int    `json:"ready_replicas"`
-	Replicas       []struct {
+	Version        int    `json:"version"`
+	Policy         string `json:"load_balancing_policy"`
+	Update         *struct {
+		From   int    `json:"from"`
+		To     int    `json:"to"`
+		State  string `json:"state"`
+		Reason string `json:"reason"`
+	} `json:"update"`
+	Replicas []struct {
 		ID         int     `json:"id"`
+		Version    int     `json:"version"`
 		Status     string  `json:"status"`
 		Endpoint   string  `json:"endpoint"`
 		InstanceID string  `json:"instance_id"`

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferryserve/ferry/internal/controller"
 	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/replicas"
 )
 
 func init() { register(newControllerCmd) }
@@ -66,7 +67,7 @@ Every other command starts it in the background when it is not running, so you r
 	f.StringVar(&opts.ProxyHost, "proxy-host", "127.0.0.1", "address service endpoints listen on (0.0.0.0 to expose them)")
 	f.IntVar(&opts.FirstServicePort, "first-service-port", 30001, "lowest port a service endpoint gets")
 	f.DurationVar(&opts.ProbeInterval, "probe-interval", 2*time.Second, "how often replicas' readiness probes run")
-	f.DurationVar(&opts.DrainTimeout, "drain-timeout", 2*time.Minute, "how long serve down waits for in-flight requests and streams")
+	f.DurationVar(&opts.DrainTimeout, "drain-timeout", replicas.DefaultDrainTimeout, "how long a replica leaving (scale-down, update, serve down) may finish its in-flight requests and streams")
 	f.StringVar(&opts.LogFile, "log-file", "", "file this controller's output goes to (for 'serve logs --controller')")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&opts.GatewayAddr, "gateway", envOr("FERRY_GATEWAY_ADDR", controller.DefaultGatewayAddr),

@@ -43,7 +43,16 @@ type proxyFlags struct {
 	idleTimeout     time.Duration
 	metricsListen   string
 	accessLog       bool
+	// attach is the service to follow through the controller; empty for a fixed replica list.
+	attach string
+	// set tells which of attachConflicts were given on the command line.
+	set map[string]bool
 }
+
+// attachConflicts are the flags whose settings an attached proxy takes from the service's YAML
+// through the controller.
+var attachConflicts = []string{"replica", "policy", "target-qps", "api-key-env", "name",
+	"max-concurrent-requests", "max-body-mb", "idle-timeout"}
 
 // proxyOptions is what the flags mean.
 type proxyOptions struct {
@@ -54,18 +63,33 @@ type proxyOptions struct {
 	// metricsListen is the admin listener's address; empty serves no metrics.
 	metricsListen string
 	accessLog     bool
+	// attach is the service followed through the controller (attach.go); service then holds
+	// only what the command line sets (name, TLS) and backends is empty.
+	attach string
 }
 
 func newProxyCmd() *cobra.Command {
 	var f proxyFlags
 	cmd := &cobra.Command{
 		Use:   "proxy",
-		Short: "Run a standalone proxy in front of a fixed list of replicas",
+		Short: "Run a standalone proxy for a service of the controller, or in front of fixed replicas",
 		Long: `Run Ferry's data plane on its own: one OpenAI-compatible endpoint that balances requests
-across the replicas given with --replica, streams responses (SSE included), and retries a
-request on another replica when a replica cannot be connected to.
+across replicas, streams responses (SSE included), and retries a request on another replica
+when a replica cannot be connected to.
 
-Without a controller the replica list is fixed; every replica is treated as READY. A replica is
+With --attach SERVICE the proxy follows a service that 'ferry serve up' runs, so that several
+proxies can sit behind one load balancer (a Kubernetes Service, say). It finds the controller
+through FERRY_HOME (the API address in controller.json, which must be reachable from the
+proxy, and the token beside it), watches the service's READY replicas with a long
+poll, takes the load-balancing policy, API keys and limits from the service's YAML, and reports
+its load back, so that the autoscaler counts its traffic and a replica leaving is stopped only
+once this proxy's requests on it have finished. If the controller goes away the proxy keeps
+serving the last replica set it had, and finds a restarted controller within about a second.
+Until the controller first answers, connections wait. A change of policy, keys or limits
+applies to new connections; requests in flight finish under the old settings. --replica,
+--policy, --target-qps, --api-key-env, --name and the limit flags do not go with --attach.
+
+Without --attach the replica list is fixed; every replica is treated as READY. A replica is
 host:port or http://host:port; append #ACCELERATOR (for example #A100) to weight it under
 instance_aware_least_load with --target-qps.
 
@@ -76,7 +100,11 @@ with its id, path, status, replica and timings, never headers, query strings or 
 
 SIGINT or SIGTERM stops accepting connections and waits up to --shutdown-timeout for requests in
 flight, streams included, to finish.`,
-		Example: `  # Two local vLLM servers behind one endpoint
+		Example: `  # Follow the service "llama" of the controller in FERRY_HOME (default ~/.ferry)
+  ferry serve up llama.yaml
+  FERRY_HOME=~/.ferry ferry proxy --attach llama --listen 0.0.0.0:8000 --metrics-listen 127.0.0.1:9465
+
+  # Two local vLLM servers behind one endpoint
   ferry proxy --listen 127.0.0.1:8000 --replica http://127.0.0.1:9001 --replica 127.0.0.1:9002
 
   # Require an API key and serve HTTPS
@@ -92,6 +120,10 @@ flight, streams included, to finish.`,
   curl -s http://127.0.0.1:9464/metrics | grep ferry_requests_total`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.set = map[string]bool{}
+			for _, name := range attachConflicts {
+				f.set[name] = cmd.Flags().Changed(name)
+			}
 			opts, err := f.parse()
 			if err != nil {
 				return err
@@ -103,6 +135,9 @@ flight, streams included, to finish.`,
 			defer func() { _ = log.Sync() }()
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if opts.attach != "" {
+				return runAttached(ctx, opts, log)
+			}
 			return runProxy(ctx, opts, log)
 		},
 	}
@@ -110,7 +145,7 @@ flight, streams included, to finish.`,
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:8000", "address to serve on, host:port")
 	fl.StringVar(&f.name, "name", "default", "service name, shown in errors and logs")
 	fl.StringVar(&f.policy, "policy", policy.Default, "load balancing policy: "+strings.Join(policy.Names(), ", "))
-	fl.StringArrayVar(&f.replicas, "replica", nil, "replica address, host:port or http://host:port[#ACCELERATOR] (repeatable, required)")
+	fl.StringArrayVar(&f.replicas, "replica", nil, "replica address, host:port or http://host:port[#ACCELERATOR] (repeatable; required without --attach)")
 	fl.StringArrayVar(&f.targetQPS, "target-qps", nil, "target QPS per replica of an accelerator, ACCELERATOR=QPS (repeatable)")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", time.Minute, "how long to wait for in-flight requests on SIGINT/SIGTERM")
 	fl.BoolVarP(&f.verbose, "verbose", "v", false, "log at debug level")
@@ -122,6 +157,7 @@ flight, streams included, to finish.`,
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", proxy.DefaultIdleTimeout, "how long a replica or client may stay silent mid-request")
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve Prometheus /metrics and /healthz on this address, host:port (default: off)")
 	fl.BoolVar(&f.accessLog, "access-log", false, "log one line per request (sampled under load)")
+	fl.StringVar(&f.attach, "attach", "", "follow this service of the controller in FERRY_HOME instead of fixed replicas")
 	return cmd
 }
 
@@ -147,6 +183,18 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 	}
 	if f.shutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout %v: must not be negative", f.shutdownTimeout))
+	}
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
+	} else if f.tlsCert != "" {
+		cfg, err := proxy.LoadTLS(f.tlsCert, f.tlsKey)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		opts.service.TLS = cfg
+	}
+	if f.attach != "" {
+		return opts.attached(f, errs)
 	}
 	if len(f.replicas) == 0 {
 		errs = append(errs, errors.New("--replica: at least one is required"))
@@ -191,15 +239,6 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 			opts.service.APIKeyHashes = append(opts.service.APIKeyHashes, configs.HashAPIKey(key))
 		}
 	}
-	if (f.tlsCert == "") != (f.tlsKey == "") {
-		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
-	} else if f.tlsCert != "" {
-		cfg, err := proxy.LoadTLS(f.tlsCert, f.tlsKey)
-		if err != nil {
-			errs = append(errs, err)
-		}
-		opts.service.TLS = cfg
-	}
 	if f.maxConcurrent < 0 {
 		errs = append(errs, fmt.Errorf("--max-concurrent-requests %d: must not be negative", f.maxConcurrent))
 	}
@@ -212,6 +251,20 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		errs = append(errs, fmt.Errorf("--idle-timeout %v: must be positive", f.idleTimeout))
 	}
 	opts.service.IdleTimeout = f.idleTimeout
+	return opts, errors.Join(errs...)
+}
+
+// attached finishes parse for --attach: the service's name, and no flag whose setting comes
+// from the service's YAML.
+func (opts proxyOptions) attached(f proxyFlags, errs []error) (proxyOptions, error) {
+	opts.attach = f.attach
+	opts.service = proxy.ServiceConfig{Name: f.attach, TLS: opts.service.TLS}
+	given := map[string]bool{"replica": len(f.replicas) > 0, "target-qps": len(f.targetQPS) > 0, "api-key-env": len(f.apiKeyEnvs) > 0}
+	for _, name := range attachConflicts {
+		if f.set[name] || given[name] {
+			errs = append(errs, fmt.Errorf("--%s does not go with --attach: an attached proxy gets this from the controller", name))
+		}
+	}
 	return opts, errors.Join(errs...)
 }
 
@@ -263,27 +316,13 @@ func runProxy(ctx context.Context, opts proxyOptions, log *zap.Logger) error {
 // serveProxy serves traffic on ln, and metrics on adminLn unless it is nil, until ctx ends;
 // then it drains requests in flight. It closes both listeners.
 func serveProxy(ctx context.Context, opts proxyOptions, ln, adminLn net.Listener, log *zap.Logger) error {
-	opts.service.Logger = log
-	if opts.accessLog {
-		opts.service.AccessLog = log.Named("access")
+	base, stopAdmin, err := proxyBaseConfig(opts, adminLn, log)
+	if err != nil {
+		ln.Close()
+		return err
 	}
-	if adminLn != nil {
-		reg, metrics, err := proxy.NewRegistry()
-		if err != nil {
-			ln.Close()
-			adminLn.Close()
-			return err
-		}
-		opts.service.Metrics = metrics
-		stopAdmin := proxy.ServeAdmin(adminLn, reg, log.Named("metrics"))
-		log.Info("metrics serving", zap.String("endpoint", "http://"+adminLn.Addr().String()+"/metrics"))
-		// Metrics stay up while requests drain; a scrape still running at exit is cut off.
-		defer func() {
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			stopAdmin(ctx)
-		}()
-	}
+	defer stopAdmin()
+	opts.service = base
 	svc, err := proxy.NewService(opts.service)
 	if err != nil {
 		ln.Close()
@@ -307,6 +346,34 @@ func serveProxy(ctx context.Context, opts proxyOptions, ln, adminLn net.Listener
 		return err
 	}
 	return <-served
+}
+
+// proxyBaseConfig is the part of a service's proxy configuration that comes from the command
+// line: name, TLS, logs and metrics (served on adminLn unless it is nil). stop ends the admin
+// listener.
+func proxyBaseConfig(opts proxyOptions, adminLn net.Listener, log *zap.Logger) (cfg proxy.ServiceConfig, stop func(), err error) {
+	cfg = opts.service
+	cfg.Logger = log
+	if opts.accessLog {
+		cfg.AccessLog = log.Named("access")
+	}
+	if adminLn == nil {
+		return cfg, func() {}, nil
+	}
+	reg, metrics, err := proxy.NewRegistry()
+	if err != nil {
+		adminLn.Close()
+		return cfg, nil, err
+	}
+	cfg.Metrics = metrics
+	stopAdmin := proxy.ServeAdmin(adminLn, reg, log.Named("metrics"))
+	log.Info("metrics serving", zap.String("endpoint", "http://"+adminLn.Addr().String()+"/metrics"))
+	// Metrics stay up while requests drain; a scrape still running at exit is cut off.
+	return cfg, func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		stopAdmin(ctx)
+	}, nil
 }
 
 // newCLILogger logs human-readable lines to stderr.

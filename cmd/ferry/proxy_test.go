@@ -51,6 +51,23 @@ func TestProxyFlags(t *testing.T) {
 				}
 			},
 		},
+		"attach": {
+			edit: func(f *proxyFlags) { f.replicas, f.attach, f.tlsCert, f.tlsKey = nil, "llama", "", "" },
+			check: func(t *testing.T, o proxyOptions) {
+				if o.attach != "llama" || o.service.Name != "llama" || len(o.backends) != 0 {
+					t.Errorf("attach %q, name %q, backends %v", o.attach, o.service.Name, o.backends)
+				}
+			},
+		},
+		"attach with a replica": {edit: func(f *proxyFlags) { f.attach = "llama" }, wantErr: "--replica does not go with --attach"},
+		"attach with a policy flag": {
+			edit:    func(f *proxyFlags) { f.replicas, f.attach, f.set = nil, "llama", map[string]bool{"policy": true} },
+			wantErr: "--policy does not go with --attach",
+		},
+		"attach with a key": {
+			edit:    func(f *proxyFlags) { f.replicas, f.attach, f.apiKeyEnvs = nil, "llama", []string{"FERRY_TEST_KEY"} },
+			wantErr: "--api-key-env does not go with --attach",
+		},
 		"metrics port missing":           {edit: func(f *proxyFlags) { f.metricsListen = "127.0.0.1" }, wantErr: `--metrics-listen "127.0.0.1"`},
 		"metrics on the traffic address": {edit: func(f *proxyFlags) { f.metricsListen = f.listen }, wantErr: "must differ from --listen"},
 	}

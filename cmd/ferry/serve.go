@@ -37,10 +37,11 @@ func newServeCmd() *cobra.Command {
 		Short: "Launch, inspect and tear down services",
 		Example: `  ferry serve up configs/examples/quickstart.yaml -y
   ferry serve status -v
+  ferry serve update quickstart quickstart-v2.yaml
   ferry serve logs quickstart 1 --follow
   ferry serve down quickstart -y`,
 	}
-	cmd.AddCommand(newServeUpCmd(), newServeStatusCmd(), newServeLogsCmd(), newServeDownCmd())
+	cmd.AddCommand(newServeUpCmd(), newServeUpdateCmd(), newServeStatusCmd(), newServeLogsCmd(), newServeDownCmd())
 	return cmd
 }
 
@@ -371,6 +372,11 @@ func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time
 		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
+	for _, s := range list {
+		if s.Update != nil && (verbose || s.Update.State != replicas.RolloutSucceeded || now.Sub(s.Update.FinishedAt) < time.Hour) {
+			fmt.Fprintf(out, "%s: %s\n", s.Name, rolloutLine(s.Update))
+		}
+	}
 	if verbose {
 		for _, s := range list {
 			if s.Scaling != "" {

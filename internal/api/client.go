@@ -137,6 +137,14 @@ func (c *Client) DeleteService(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/services/"+url.PathEscape(name), nil, nil)
 }
 
+// UpdateService starts a rollout of a service to a new task; it returns once the rollout is
+// recorded, not when it finishes (watch Services' Update).
+func (c *Client) UpdateService(ctx context.Context, name string, req UpdateServiceRequest) (ServiceStatus, error) {
+	var st ServiceStatus
+	err := c.do(ctx, http.MethodPost, "/v1/services/"+url.PathEscape(name)+"/update", req, &st)
+	return st, err
+}
+
 // LogOptions select which part of a log to read.
 type LogOptions struct {
 	// Tail is the number of last lines; negative means the whole file.

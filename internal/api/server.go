@@ -23,11 +23,18 @@ type Backend interface {
 	// ErrNotFound.
 	Services(names []string) ([]ServiceStatus, error)
 	DeleteService(ctx context.Context, name string) error
+	// UpdateService starts a rollout of the service to req.Task and returns at once.
+	UpdateService(ctx context.Context, name string, req UpdateServiceRequest) (ServiceStatus, error)
 	// ReplicaLogPath returns a local file with a replica's output.
 	ReplicaLogPath(service string, replicaID int) (string, error)
 	// ControllerLogPath returns the controller's own log file ("" when it logs to a terminal).
 	ControllerLogPath() string
 	Status() ControllerStatus
+	// ReplicaSet long-polls a service's replica set for an attached proxy (see attach.go); it
+	// returns the current set when ctx ends.
+	ReplicaSet(ctx context.Context, name string, after uint64, wait time.Duration) (ReplicaSet, error)
+	// ReportProxyLoad records an attached proxy's load report.
+	ReportProxyLoad(name string, r ProxyLoadReport) error
 	// Stop asks the controller to exit; it returns at once.
 	Stop()
 }
@@ -42,7 +49,10 @@ func NewHandler(b Backend, token string, log *zap.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/services", s.createService)
 	mux.HandleFunc("GET /v1/services", s.listServices)
 	mux.HandleFunc("DELETE /v1/services/{name}", s.deleteService)
+	mux.HandleFunc("POST /v1/services/{name}/update", s.updateService)
 	mux.HandleFunc("GET /v1/services/{name}/replicas/{id}/logs", s.replicaLogs)
+	mux.HandleFunc("GET /v1/services/{name}/replicaset", s.replicaSet)
+	mux.HandleFunc("POST /v1/services/{name}/proxyload", s.proxyLoad)
 	want := []byte("Bearer " + token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got := []byte(r.Header.Get("Authorization"))
@@ -81,6 +91,21 @@ func (s *server) createService(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, st)
+}
+
+func (s *server) updateService(w http.ResponseWriter, r *http.Request) {
+	var req UpdateServiceRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20))
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request", "decode request: "+err.Error())
+		return
+	}
+	st, err := s.b.UpdateService(r.Context(), r.PathValue("name"), req)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, st)
 }
 
 func (s *server) listServices(w http.ResponseWriter, r *http.Request) {

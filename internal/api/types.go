@@ -36,6 +36,13 @@ type CreateServiceRequest struct {
 	Task *configs.Task `json:"task"`
 }
 
+// UpdateServiceRequest rolls a service out to a new version of its task.
+type UpdateServiceRequest struct {
+	Task *configs.Task `json:"task"`
+	// Mode, when set, overrides the task's service.update.mode: rolling or blue_green.
+	Mode string `json:"mode,omitempty"`
+}
+
 // ServiceStatus is one service as `serve status` shows it. Task is redacted.
 type ServiceStatus struct {
 	Name           string    `json:"name"`
@@ -52,6 +59,8 @@ type ServiceStatus struct {
 	ReadyReplicas int               `json:"ready_replicas"`
 	Replicas      []replicas.Record `json:"replicas"`
 	Task          *configs.Task     `json:"task,omitempty"`
+	// Update is the latest rollout (in progress or finished); nil before the first update.
+	Update *replicas.Rollout `json:"update,omitempty"`
 	// Message explains a FAILED or waiting state.
 	Message string `json:"message,omitempty"`
 }

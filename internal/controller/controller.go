@@ -94,7 +94,7 @@ func (o *Options) defaults() {
 		o.ProbeInterval = 2 * time.Second
 	}
 	if o.DrainTimeout == 0 {
-		o.DrainTimeout = 2 * time.Minute
+		o.DrainTimeout = replicas.DefaultDrainTimeout
 	}
 	if o.Logger == nil {
 		o.Logger = zap.NewNop()
@@ -323,20 +323,32 @@ func (c *Controller) Stop() { c.stopOnce.Do(func() { close(c.stopCh) }) }
 
 // service is one running service: its proxy listener and its replica manager.
 type service struct {
-	name      string
-	version   int
+	name string
+	// task is the current version's (under mu: an update replaces it).
 	task      *configs.Task
 	port      int
 	createdAt time.Time
 	endpoint  string
 	target    int
 
-	proxy *proxy.Service
+	// front serves the endpoint: one proxy.Service, replaced in place (a handover) when an
+	// update changes the proxy's settings.
+	front *proxy.Handover
 	mgr   *replicas.Manager
-	// scaler is nil for a fixed replica count.
-	scaler *scaler
-	cancel context.CancelFunc
-	done   chan struct{} // closed when the manager and the proxy listener have stopped
+	// scaler is nil for a fixed replica count; it is replaced (under mu) when an update
+	// changes the replica policy, and stopScaler ends its loop.
+	scaler     *scaler
+	stopScaler context.CancelFunc
+	ctx        context.Context // the service's lifetime
+	inner      sync.WaitGroup  // the service's goroutines
+	cancel     context.CancelFunc
+	done       chan struct{} // closed when the manager and the proxy listener have stopped
+
+	// attach is the service as standalone proxies follow it (attach.go).
+	attach attachState
+
+	// updateMu serialises updates of this service.
+	updateMu sync.Mutex
 
 	mu           sync.Mutex
 	shuttingDown bool
@@ -344,6 +356,8 @@ type service struct {
 	status       string
 	// scaling is the autoscaler's reason for the current target.
 	scaling string
+	// targetKnown is set once target was decided (or read from the store after a restart).
+	targetKnown bool
 }
 
 // startService starts the proxy listener, the replica manager and, for an autoscaled service,
@@ -363,19 +377,41 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 			return nil, fmt.Errorf("service %q endpoint %s: %w", rec.Name, addr, err)
 		}
 	}
-	pcfg, err := c.proxyConfig(rec.Name, task.Service)
+	versions, err := c.store.Versions(rec.Name)
 	if err != nil {
 		ln.Close()
 		return nil, err
+	}
+	rollout, err := c.store.Rollout(rec.Name)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if rollout != nil && rollout.Target() != rec.Version {
+		c.log.Warn("stored rollout and service version disagree; following the rollout", zap.String("service", rec.Name),
+			zap.Int("service_version", rec.Version), zap.Int("rollout_target", rollout.Target()))
+		rec.Version = rollout.Target()
+	}
+	var others []replicas.Version
+	for _, v := range versions {
+		switch {
+		case v.Number != rec.Version:
+			others = append(others, v)
+		case rollout != nil:
+			task = v.Task // the rollout's target, whatever the service row says
+		}
+	}
+	var initialTarget *int
+	if restored && rec.Target >= 0 {
+		initialTarget = &rec.Target
 	}
 	spec := autoscaler.SpecFor(task.Service.ReplicaPolicy)
 	var sc *scaler
 	if spec.Policy != "" {
 		sc = newScaler(spec)
-		pcfg.OnColdRequest = sc.poke
-		pcfg.ScrapeEngineMetrics = spec.Policy == autoscaler.PolicyLLM
 	}
-	px, err := proxy.NewService(pcfg)
+	var s *service
+	px, pcfg, err := c.newServiceProxy(rec.Name, task, func() { s.pokeScaler() })
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -384,23 +420,30 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 	if pcfg.TLS != nil {
 		scheme = "https://"
 	}
-	s := &service{
-		name: rec.Name, version: rec.Version, task: task, port: rec.Port, createdAt: rec.CreatedAt,
-		endpoint: scheme + addr, proxy: px, scaler: sc, done: make(chan struct{}), status: rec.Status,
+	s = &service{
+		name: rec.Name, task: task, port: rec.Port, createdAt: rec.CreatedAt,
+		endpoint: scheme + addr, front: proxy.NewHandover(ln, px, c.log.Named("proxy").With(zap.String("service", rec.Name))),
+		scaler: sc, done: make(chan struct{}), status: rec.Status,
 	}
 	mgr, err := replicas.New(replicas.Config{
-		Service:       rec.Name,
-		Version:       rec.Version,
-		Task:          task,
-		Provider:      c.provider.Scope(task.Resources),
-		InfraRank:     c.infraRank(task.Resources),
-		Mix:           autoscaler.MixFor(task.Resources, task.Service.ReplicaPolicy),
-		Store:         c.store,
-		OnReady:       func(eps []replicas.Endpoint) { px.SetBackends(toBackends(eps)) },
-		Logger:        c.log.Named("replicas").With(zap.String("service", rec.Name)),
+		Service:   rec.Name,
+		Version:   rec.Version,
+		Task:      task,
+		Provider:  c.provider.Scope(task.Resources),
+		InfraRank: c.infraRank(task.Resources),
+		Mix:       autoscaler.MixFor(task.Resources, task.Service.ReplicaPolicy),
+		Store:     c.store,
+		OnReady: func(eps []replicas.Endpoint) {
+			s.front.SetBackends(toBackends(eps))
+			c.published(s, eps)
+		},
+		Logger:        c.log.Named("replicas"),
 		ProbeInterval: c.opts.ProbeInterval,
-		Busy:          px.Busy,
+		Busy:          func(addr string) int64 { return c.busy(s, addr) },
 		DrainTimeout:  c.opts.DrainTimeout,
+		Versions:      others,
+		Rollout:       rollout,
+		InitialTarget: initialTarget,
 	})
 	if err != nil {
 		ln.Close()
@@ -408,50 +451,50 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 	}
 	s.mgr = mgr
 	switch {
+	case restored && rec.Target >= 0:
+		// The target saved before the restart; the scale loop resumes from it.
+		s.target, s.targetKnown = rec.Target, true
 	case sc == nil:
-		s.target = spec.Min
-		mgr.SetTarget(s.target)
+		c.setTarget(s, spec.Min)
 	case restored:
 		// The manager keeps what it finds until the scale loop's first decision, which
 		// resumes from those replicas.
 	default:
-		s.target = spec.InitialTarget()
-		mgr.SetTarget(s.target)
+		c.setTarget(s, spec.InitialTarget())
 	}
 
-	initialTarget := s.target // the scale loop owns s.target from here
+	startTarget := s.target // the scale loop owns s.target from here
 
 	ctx, cancel := context.WithCancel(c.ctx)
-	s.cancel = cancel
-	var inner sync.WaitGroup
+	s.ctx, s.cancel = ctx, cancel
 	if sc != nil {
-		inner.Add(1)
-		go func() {
-			defer inner.Done()
-			c.scaleLoop(ctx, s)
-		}()
+		c.startScaleLoop(s, sc)
 	}
-	inner.Add(2)
+	s.inner.Add(2)
 	go func() {
-		defer inner.Done()
+		defer s.inner.Done()
 		if err := mgr.Start(ctx); err != nil && !errors.Is(err, context.Canceled) {
 			c.log.Error("replica manager stopped", zap.String("service", rec.Name), zap.Error(err))
 		}
 	}()
 	go func() {
-		defer inner.Done()
-		if err := px.Serve(ln); err != nil {
+		defer s.inner.Done()
+		if err := s.front.Serve(); err != nil {
 			c.log.Error("proxy stopped", zap.String("service", rec.Name), zap.Error(err))
 		}
 	}()
-	go func() { inner.Wait(); close(s.done) }()
+	go func() {
+		<-ctx.Done()
+		s.inner.Wait()
+		close(s.done)
+	}()
 
 	c.mu.Lock()
 	c.services[rec.Name] = s
 	c.mu.Unlock()
 	c.updateGateway()
 	c.log.Info("service started", zap.String("service", rec.Name), zap.Int("version", rec.Version),
-		zap.String("endpoint", s.endpoint), zap.Int("target_replicas", initialTarget),
+		zap.String("endpoint", s.endpoint), zap.Int("target_replicas", startTarget),
 		zap.String("autoscaler", spec.Policy))
 	return s, nil
 }
@@ -459,7 +502,7 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 // stop ends the service's loops without touching its replicas (controller shutdown).
 func (s *service) stop(ctx context.Context) {
 	s.cancel()
-	_ = s.proxy.Shutdown(ctx)
+	_ = s.front.Shutdown(ctx)
 	select {
 	case <-s.done:
 	case <-ctx.Done():
@@ -554,12 +597,12 @@ func (c *Controller) Services(names []string) ([]api.ServiceStatus, error) {
 func (s *service) statusLocked(withTask bool) api.ServiceStatus {
 	recs := s.mgr.Replicas()
 	s.mu.Lock()
-	target, scaling := s.target, s.scaling
+	target, scaling, task := s.target, s.scaling, s.task
 	s.mu.Unlock()
 	st := api.ServiceStatus{
-		Name: s.name, Version: s.version, Endpoint: s.endpoint, Policy: s.task.Service.LoadBalancingPolicy,
+		Name: s.name, Version: s.mgr.Target(), Endpoint: s.endpoint, Policy: task.Service.LoadBalancingPolicy,
 		CreatedAt: s.createdAt, TargetReplicas: target, Replicas: recs,
-		Autoscaler: s.task.Service.ReplicaPolicy.Autoscaler, Scaling: scaling,
+		Autoscaler: task.Service.ReplicaPolicy.Autoscaler, Scaling: scaling, Update: s.mgr.Rollout(),
 	}
 	for _, r := range recs {
 		if r.Status == replicas.StatusReady {
@@ -570,7 +613,7 @@ func (s *service) statusLocked(withTask bool) api.ServiceStatus {
 	st.Status = s.computeStatus(recs, st.ReadyReplicas)
 	s.mu.Unlock()
 	if withTask {
-		st.Task = s.task.Redacted()
+		st.Task = task.Redacted()
 	}
 	return st
 }
@@ -655,7 +698,7 @@ func (c *Controller) down(ctx context.Context, s *service) error {
 	defer cancel()
 	// The endpoint stops accepting first, and in-flight requests and streams finish, before
 	// their replicas go.
-	if err := s.proxy.Shutdown(drainCtx); err != nil {
+	if err := s.front.Shutdown(drainCtx); err != nil {
 		c.log.Warn("drain did not finish", zap.String("service", s.name), zap.Error(err))
 	}
 	termCtx, termCancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)

@@ -79,7 +79,7 @@ func (c *Controller) updateGateway() {
 	sort.Strings(names)
 	svcs := make([]*proxy.Service, 0, len(names))
 	for _, n := range names {
-		svcs = append(svcs, c.services[n].proxy)
+		svcs = append(svcs, c.services[n].front.Current())
 	}
 	c.mu.Unlock()
 	c.gateway.SetServices(svcs)

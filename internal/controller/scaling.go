@@ -55,7 +55,7 @@ func (c *Controller) scaleLoop(ctx context.Context, s *service) {
 		case <-ctx.Done():
 			return
 		case <-sample.C:
-			sc.inflightSum += s.concurrency()
+			sc.inflightSum += c.concurrency(s)
 			sc.samples++
 			continue
 		case <-decide.C:
@@ -66,9 +66,10 @@ func (c *Controller) scaleLoop(ctx context.Context, s *service) {
 }
 
 // concurrency is what the autoscaler calls in-flight: requests being served plus requests the
-// proxy holds because no replica is READY.
-func (s *service) concurrency() float64 {
-	return float64(s.proxy.InFlight() + s.proxy.Waiting())
+// proxy holds because no replica is READY, in this process's proxy and in attached ones.
+func (c *Controller) concurrency(s *service) float64 {
+	remote, _ := c.remoteLoad(s)
+	return float64(s.front.InFlight()+s.front.Waiting()) + remote
 }
 
 // decide runs one decision and applies it.
@@ -86,18 +87,23 @@ func (c *Controller) decide(s *service, now time.Time) {
 		}
 	}
 	s.mu.Lock()
-	target := s.target
+	target, known := s.target, s.targetKnown
 	s.mu.Unlock()
 	if sc.decider == nil {
-		// A restarted controller resumes from the replicas it found, so a restart neither
-		// drops a loaded service to its minimum nor keeps it above what it had.
-		sc.decider = autoscaler.Resume(sc.spec, max(live, target))
+		// A restarted controller resumes from the target it saved, else from the replicas it
+		// found, so a restart neither drops a loaded service to its minimum nor keeps it above
+		// what it had (mid-rollout, old and new replicas together are more than the target).
+		if !known {
+			target = max(live, target)
+		}
+		sc.decider = autoscaler.Resume(sc.spec, target)
 	}
 
-	arrivals := s.proxy.Arrivals()
+	_, remoteArrivals := c.remoteLoad(s)
+	arrivals := s.front.Arrivals() + remoteArrivals
 	obs := autoscaler.Observation{Arrivals: int(arrivals - sc.lastArrivals)}
 	sc.lastArrivals = arrivals
-	obs.InFlight = s.concurrency()
+	obs.InFlight = c.concurrency(s)
 	if sc.samples > 0 {
 		obs.InFlight = max(obs.InFlight, sc.inflightSum/float64(sc.samples))
 	}
@@ -111,19 +117,18 @@ func (c *Controller) decide(s *service, now time.Time) {
 		return
 	}
 	s.mu.Lock()
-	s.target = d.Target
 	s.scaling = d.Reason
 	s.mu.Unlock()
 	c.log.Info("scaling", zap.String("service", s.name), zap.Int("from", target), zap.Int("to", d.Target),
 		zap.Bool("panic", d.Panic), zap.String("reason", d.Reason), zap.Int("ready", ready))
-	s.mgr.SetTarget(d.Target)
+	c.setTarget(s, d.Target)
 }
 
 // engineLoad sums what READY replicas last reported on /metrics; nil when none was scraped.
 func (s *service) engineLoad() *autoscaler.EngineLoad {
 	var e autoscaler.EngineLoad
 	kv := 0
-	for _, r := range s.proxy.ReplicaLoad() {
+	for _, r := range s.front.Current().ReplicaLoad() {
 		if !r.Scraped {
 			continue
 		}
