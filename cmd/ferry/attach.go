@@ -49,16 +49,9 @@ func runAttached(ctx context.Context, opts proxyOptions, log *zap.Logger) error 
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", opts.listen)
+	ln, adminLn, err := bindProxyListeners(opts)
 	if err != nil {
 		return err
-	}
-	var adminLn net.Listener
-	if opts.metricsListen != "" {
-		if adminLn, err = net.Listen("tcp", opts.metricsListen); err != nil {
-			ln.Close()
-			return fmt.Errorf("--metrics-listen: %w", err)
-		}
 	}
 	return serveAttached(ctx, opts, h, ln, adminLn, log)
 }

@@ -299,18 +299,27 @@ func parseReplica(raw string) (addr, accelerator string, err error) {
 
 // runProxy binds the traffic and admin listeners, then serves until ctx ends and drains.
 func runProxy(ctx context.Context, opts proxyOptions, log *zap.Logger) error {
-	ln, err := net.Listen("tcp", opts.listen)
+	ln, adminLn, err := bindProxyListeners(opts)
 	if err != nil {
 		return err
 	}
-	var adminLn net.Listener
+	return serveProxy(ctx, opts, ln, adminLn, log)
+}
+
+// bindProxyListeners binds the traffic listener and, with --metrics-listen, the admin one
+// (nil without).
+func bindProxyListeners(opts proxyOptions) (ln, adminLn net.Listener, err error) {
+	ln, err = net.Listen("tcp", opts.listen)
+	if err != nil {
+		return nil, nil, err
+	}
 	if opts.metricsListen != "" {
 		if adminLn, err = net.Listen("tcp", opts.metricsListen); err != nil {
 			ln.Close()
-			return fmt.Errorf("--metrics-listen: %w", err)
+			return nil, nil, fmt.Errorf("--metrics-listen: %w", err)
 		}
 	}
-	return serveProxy(ctx, opts, ln, adminLn, log)
+	return ln, adminLn, nil
 }
 
 // serveProxy serves traffic on ln, and metrics on adminLn unless it is nil, until ctx ends;

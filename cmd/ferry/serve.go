@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
 	"github.com/ferryserve/ferry/configs"
@@ -46,13 +47,50 @@ func newServeCmd() *cobra.Command {
 }
 
 type upFlags struct {
-	name     string
+	name   string
+	dryRun bool
+	taskInput
+}
+
+// taskInput is what serve up and serve update share: the --env and --secret values a task is
+// loaded with, confirmation and waiting.
+type taskInput struct {
 	envs     []string
 	secrets  []string
-	dryRun   bool
 	yes      bool
 	noWait   bool
 	waitTime time.Duration
+}
+
+// register adds the shared flags; noWait and wait say what is waited for.
+func (t *taskInput) register(fl *pflag.FlagSet, noWait, wait string, waitDefault time.Duration) {
+	fl.StringArrayVar(&t.envs, "env", nil, "set an env var for setup and run, K=V (repeatable; K alone takes it from your environment)")
+	fl.StringArrayVar(&t.secrets, "secret", nil, "set a secret env var, K=V (repeatable; K alone takes it from your environment); never shown")
+	fl.BoolVarP(&t.yes, "yes", "y", false, "do not ask for confirmation")
+	fl.BoolVar(&t.noWait, "no-wait", false, noWait)
+	fl.DurationVar(&t.waitTime, "wait-timeout", waitDefault, wait)
+}
+
+// load reads and validates the task file with the --env and --secret values; YAML errors are
+// printed to errOut, each with its line.
+func (t *taskInput) load(file, name string, errOut io.Writer) (*configs.Task, error) {
+	envs, err := parseKVs("env", t.envs)
+	if err != nil {
+		return nil, err
+	}
+	secrets, err := parseKVs("secret", t.secrets)
+	if err != nil {
+		return nil, err
+	}
+	task, err := configs.Load(file, configs.Overrides{Envs: envs, Secrets: secrets, Name: name})
+	if err != nil {
+		printConfigErrors(errOut, err)
+		return nil, errors.New("the task YAML has errors; nothing was launched or changed")
+	}
+	if task.Service == nil {
+		return nil, fmt.Errorf("%s has no service: section; a service needs one (see configs/examples/quickstart.yaml)", file)
+	}
+	return task, nil
 }
 
 func newServeUpCmd() *cobra.Command {
@@ -70,12 +108,9 @@ wait until its replicas are READY, printing progress. The endpoint is OpenAI-com
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&f.name, "name", "n", "", "service name (default: the task's name, else one is generated)")
-	fl.StringArrayVar(&f.envs, "env", nil, "set an env var for setup and run, K=V (repeatable; K alone takes it from your environment)")
-	fl.StringArrayVar(&f.secrets, "secret", nil, "set a secret env var, K=V (repeatable; K alone takes it from your environment); never shown")
+	f.register(fl, "return once the service is registered, without waiting for READY replicas",
+		"how long to wait for all replicas to be READY", 10*time.Minute)
 	fl.BoolVar(&f.dryRun, "dry-run", false, "validate and print the plan without launching")
-	fl.BoolVarP(&f.yes, "yes", "y", false, "do not ask for confirmation")
-	fl.BoolVar(&f.noWait, "no-wait", false, "return once the service is registered, without waiting for READY replicas")
-	fl.DurationVar(&f.waitTime, "wait-timeout", 10*time.Minute, "how long to wait for all replicas to be READY")
 	return cmd
 }
 
@@ -103,21 +138,9 @@ func parseKVs(flag string, kvs []string) (map[string]string, error) {
 
 func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 	out := cmd.OutOrStdout()
-	envs, err := parseKVs("env", f.envs)
+	task, err := f.load(file, f.name, cmd.ErrOrStderr())
 	if err != nil {
 		return err
-	}
-	secrets, err := parseKVs("secret", f.secrets)
-	if err != nil {
-		return err
-	}
-	task, err := configs.Load(file, configs.Overrides{Envs: envs, Secrets: secrets, Name: f.name})
-	if err != nil {
-		printConfigErrors(cmd.ErrOrStderr(), err)
-		return errors.New("the task YAML has errors; nothing was launched")
-	}
-	if task.Service == nil {
-		return fmt.Errorf("%s has no service: section; a service needs one (see configs/examples/quickstart.yaml)", file)
 	}
 	name := task.Name
 	if name == "" {

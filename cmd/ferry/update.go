@@ -20,12 +20,8 @@ import (
 )
 
 type updateFlags struct {
-	mode     string
-	envs     []string
-	secrets  []string
-	yes      bool
-	noWait   bool
-	waitTime time.Duration
+	mode string
+	taskInput
 }
 
 func newServeUpdateCmd() *cobra.Command {
@@ -57,11 +53,7 @@ running replicas are relabelled as the new version instead of being relaunched.`
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.mode, "mode", "", "rolling or blue_green (default: the task's service.update.mode, else rolling)")
-	fl.StringArrayVar(&f.envs, "env", nil, "set an env var for setup and run, K=V (repeatable; K alone takes it from your environment)")
-	fl.StringArrayVar(&f.secrets, "secret", nil, "set a secret env var, K=V (repeatable; K alone takes it from your environment); never shown")
-	fl.BoolVarP(&f.yes, "yes", "y", false, "do not ask for confirmation")
-	fl.BoolVar(&f.noWait, "no-wait", false, "return once the rollout is recorded, without following it")
-	fl.DurationVar(&f.waitTime, "wait-timeout", 30*time.Minute, "how long to follow the rollout")
+	f.register(fl, "return once the rollout is recorded, without following it", "how long to follow the rollout", 30*time.Minute)
 	return cmd
 }
 
@@ -70,21 +62,9 @@ func serveUpdate(cmd *cobra.Command, name, file string, f updateFlags) error {
 	if f.mode != "" && f.mode != configs.UpdateRolling && f.mode != configs.UpdateBlueGreen {
 		return fmt.Errorf("--mode %q: want rolling or blue_green", f.mode)
 	}
-	envs, err := parseKVs("env", f.envs)
+	task, err := f.load(file, name, cmd.ErrOrStderr())
 	if err != nil {
 		return err
-	}
-	secrets, err := parseKVs("secret", f.secrets)
-	if err != nil {
-		return err
-	}
-	task, err := configs.Load(file, configs.Overrides{Envs: envs, Secrets: secrets, Name: name})
-	if err != nil {
-		printConfigErrors(cmd.ErrOrStderr(), err)
-		return errors.New("the task YAML has errors; nothing was changed")
-	}
-	if task.Service == nil {
-		return fmt.Errorf("%s has no service: section; a service needs one", file)
 	}
 	resolved, err := task.ResolvedYAML()
 	if err != nil {
