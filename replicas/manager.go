@@ -615,7 +615,11 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 		followInstance(&r.rec, inst)
 	}
 	kind := r.rec.Spot && m.cfg.Mix.UseSpot // a service without spot is one pool
+	// Only the version being launched backs its launches off: the failures of a version
+	// rolled back from say nothing of the one restored.
+	current := m.launchedAsLocked(r.rec.Version) == m.launchedAsLocked(m.target)
 	switch {
+	case !current:
 	case to == StatusReady:
 		if r.rec.ReadyAt.IsZero() {
 			r.rec.ReadyAt = now

@@ -412,6 +412,8 @@ func plan(in planInput) actions {
 			}
 		}
 	}
+	// The rollout may end only once no old replica was live at the start of this pass: the
+	// READY set without them is then published before anyone reads the rollout as done.
 	oldLeft := len(old)
 	if in.Desired >= 0 && len(old) > keepOld {
 		// Old replicas are one pool whatever their kind: the new version's mix is what counts.
@@ -419,7 +421,6 @@ func plan(in planInput) actions {
 			old[i].spot = false
 		}
 		scaleDown(old, map[bool]int{false: len(old) - keepOld}, fmt.Sprintf("replaced by version %d", in.Target))
-		oldLeft = keepOld
 	}
 
 	// Each kind is scaled to its share of Desired. A service without spot is one pool, whatever

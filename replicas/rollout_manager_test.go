@@ -183,3 +183,35 @@ func TestManagerResumesRolloutAfterRestart(t *testing.T) {
 		}
 	}
 }
+
+// The crashes of a version rolled back from must not hold back the restored version's
+// launches (the launch backoff counts only the version being launched).
+func TestManagerRollbackDoesNotBackOffRestoredVersion(t *testing.T) {
+	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock()) // the clock stands still
+	h.start()
+	h.m.SetTarget(2)
+	h.waitReady(1, 2)
+
+	h.prov.mu.Lock()
+	h.prov.unhealthyAtStart = true
+	h.prov.mu.Unlock()
+	r := newRollout(configs.UpdateRolling)
+	r.Policy.MaxParallel = 2
+	h.m.Update(Version{Number: 2, Task: v2Task()}, r)
+	h.waitStatus(3, StatusStarting)
+	h.waitStatus(4, StatusStarting)
+	h.prov.end(3, launcher.StateTerminated, "exit status 3")
+	h.prov.end(4, launcher.StateTerminated, "exit status 3")
+	h.waitRollout(RolloutRolledBack)
+	h.waitStatus(4, StatusFailed)
+
+	h.prov.mu.Lock()
+	h.prov.unhealthyAtStart = false
+	h.prov.mu.Unlock()
+	h.prov.end(1, launcher.StateTerminated, "host lost")
+	h.waitStatus(1, StatusFailed)
+	h.waitReady(2, 5)
+	if v := h.record(5).Version; v != 1 {
+		t.Errorf("replacement runs version %d, want 1", v)
+	}
+}
