@@ -31,7 +31,7 @@ clean:
 
 # Whole-system benchmarks (bench/README.md). Extra flags go in BENCH_ARGS, for example
 # make bench-proxy BENCH_ARGS='--duration 3s --streams5k 1000'.
-.PHONY: bench-proxy bench-routing bench-sim
+.PHONY: bench-proxy bench-routing bench-sim bench-updates
 
 ## bench-proxy: proxy cost on loopback, backend direct vs ferry proxy vs nginx (installs nginx if missing)
 bench-proxy:
@@ -45,3 +45,7 @@ bench-routing:
 ## bench-sim: scaling policies on the Azure trace and AWS spot traces (ferry sim): SLO, availability, cost
 bench-sim:
 	$(GO) run ./cmd/ferry sim $(BENCH_ARGS)
+
+## bench-updates: serve update under load (rolling, blue-green, crash + rollback, controller killed): failed requests, versions served
+bench-updates:
+	$(GO) run ./bench/updates $(BENCH_ARGS)
