@@ -14,6 +14,11 @@
 //     threshold, bounded scale-up and scale-down rates, scale to zero after an idle window).
 //   - llm: the KPA's windows over a demand that also counts the engines' own queues and KV-cache
 //     use, so a replica whose queue grows gets help before its latency does.
+//
+// Knative's constants suit pods that start in seconds; a GPU replica takes minutes. So when a
+// YAML leaves them unset, concurrency and llm learn their in-flight target, their windows and a
+// headroom from what the replicas do (learn.go), through the same Observation: the engines'
+// load and the replicas' cold start.
 package autoscaler
 
 import (
@@ -29,15 +34,27 @@ type Observation struct {
 	// no replica is READY, averaged over the tick if the caller samples more often.
 	InFlight float64
 	// Engine is the replicas' own view, summed over READY replicas; nil when not scraped.
+	// The llm policy scales on it; both windowed policies learn their in-flight target from
+	// it when target_inflight_per_replica is unset (Spec.WantsEngineLoad).
 	Engine *EngineLoad
+	// ColdStart is how long the service's replicas take from launch to READY: ColdStartOf
+	// over the replicas that have been READY. 0 means unknown (none has been READY yet); the
+	// scaler then keeps the last value it was given. A windowed policy without a
+	// stable_window_seconds sizes its window from it.
+	ColdStart time.Duration
 }
 
 // EngineLoad is what READY replicas report on their /metrics (vLLM or TGI names), summed.
 type EngineLoad struct {
 	// Waiting is requests queued inside the engines (vllm:num_requests_waiting, tgi_queue_size).
 	Waiting float64
-	// KVCacheUsage is the mean KV-cache use over the replicas that reported one, 0..1.
+	// Running is requests in the engines' batches (vllm:num_requests_running,
+	// tgi_batch_current_size).
+	Running float64
+	// KVCacheUsage is the mean KV-cache use over the replicas that reported, 0..1.
 	KVCacheUsage float64
+	// Replicas is how many replicas reported: the sums above are over them.
+	Replicas int
 }
 
 // State is what the replica manager has now.
@@ -53,6 +70,9 @@ type Decision struct {
 	// Target is how many replicas the service should have, overprovision included, within
 	// [min_replicas, max_replicas + num_overprovision].
 	Target int
+	// Overprovision is the part of Target above what the load asks for: num_overprovision,
+	// or the learned headroom (Spec.LearnHeadroom). Availability is owed Target − Overprovision.
+	Overprovision int
 	// Panic is true while the concurrency and llm policies are in panic mode.
 	Panic bool
 	// Reason says in a few words why Target is what it is, for logs and `serve status`.
@@ -102,7 +122,8 @@ func clip(n, lo, hi int) int { return max(lo, min(hi, n)) }
 
 // Resume returns a Scaler for a service that already runs current replicas (a restarted
 // controller): it starts from that count instead of the initial target, and, like a fresh
-// Scaler, does not scale down before it has watched a full stable window.
+// Scaler, does not scale down before it has watched a full stable window. What a windowed
+// policy learns starts over; a learned headroom in current is kept as target until then.
 func Resume(spec Spec, current int) Scaler {
 	spec = spec.WithDefaults()
 	base := clip(current-spec.Overprovision, spec.Min, spec.Max)

@@ -51,7 +51,7 @@ func (r *requestRate) Decide(now time.Time, obs Observation, _ State) Decision {
 	default:
 		r.upCount, r.downCount = 0, 0
 	}
-	return Decision{Target: r.target + r.spec.Overprovision, Reason: reason}
+	return Decision{Target: r.target + r.spec.Overprovision, Overprovision: r.spec.Overprovision, Reason: reason}
 }
 
 // lean counts one more decision wanting raw in one direction (count), resets the other

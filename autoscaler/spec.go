@@ -1,6 +1,7 @@
 package autoscaler
 
 import (
+	"cmp"
 	"time"
 
 	"github.com/ferryserve/ferry/configs"
@@ -13,18 +14,52 @@ const (
 	PolicyLLM         = configs.AutoscalerLLM
 )
 
-// Defaults for Spec's zero values. The window defaults are Knative's; the in-flight target is
-// sized for an LLM engine rather than a web server (see DefaultTargetInflight).
+// Defaults for Spec's zero values. Knative's constants assume pods that start in seconds and
+// serve a hundred requests at once; an LLM replica on a GPU takes minutes to start and holds a
+// handful of sequences. So the windowed policies learn what depends on that from the service's
+// own replicas when the spec leaves it unset (learn.go): the in-flight target from how many
+// requests a replica holds, the stable and panic windows from the cold start, and a headroom
+// from how much the target grows within one cold start. The constants below are what those
+// are derived with, and what applies until there is something to learn from.
 const (
-	// DefaultTargetInflight is in-flight requests per replica. Knative's 70 (100 × 0.7) suits
-	// web servers; an LLM replica's time to first token climbs as soon as requests queue
-	// behind a full batch, which happens far sooner. The right value depends on GPU and
-	// model: `ferry sim`'s V100 with a 7B fp16 model wants 1.75 (its KV cache holds a few
-	// sequences), an 80 GB GPU tens; set target_inflight_per_replica for yours.
+	// DefaultTargetInflight is the in-flight target per replica until the replicas' capacity
+	// is known (the engines report running requests and KV-cache use; see targetInflightFor),
+	// and for replicas that never report it. Knative's 70 (100 × 0.7) suits web servers; an
+	// LLM replica's time to first token climbs as soon as requests queue behind a full batch,
+	// which happens far sooner. A replica that holds fewer requests than this shows it by
+	// queueing, and the learned target takes over.
 	DefaultTargetInflight = 8
-	// DefaultStableWindow and DefaultPanicWindow are Knative's 60 s and 6 s (10%).
+	// DefaultQueueingTolerance is the share of requests that may find their replica full when
+	// the in-flight target is learned (targetInflightFor). A request that queues behind a full
+	// batch waits for a running one to finish, seconds for an LLM, and misses any time-to-
+	// first-token SLO, so this is the part of a 99% SLO's 1% of misses that the target spends
+	// on queueing. The rest is left to what scaling cannot prevent: requests lost with a
+	// preempted replica and queued on the survivors until replacements finish their cold
+	// start, and load that grows faster than a cold start. On the spot traces' worst day in
+	// `ferry sim` those take well over half of the budget, and 0.5% here misses the 99% by a
+	// hair (bench/README.md, "ferry sim", has the sweep). It is a share of an SLO budget, not a
+	// property of any GPU: Erlang's formula turns it into a target for whatever capacity is
+	// learned.
+	DefaultQueueingTolerance = 0.003
+	// HeadroomObjective is the share of time a learned headroom keeps the target READY through
+	// the target's growth (SpotHedge scores availability as the share of time the target is
+	// READY); see headroom.
+	HeadroomObjective = 0.99
+	// DefaultStableWindow is Knative's 60 s: the stable window until a replica's cold start has
+	// been seen, and the shortest a learned one gets.
 	DefaultStableWindow = 60 * time.Second
-	DefaultPanicWindow  = 6 * time.Second
+	// StableWindowPerColdStart is how many observed cold starts a learned stable window spans.
+	StableWindowPerColdStart = 5
+	// MaxStableWindow is the longest learned stable window (and stable_window_seconds' bound).
+	MaxStableWindow = time.Hour
+	// DefaultPanicWindow is Knative's 6 s (10% of its stable window), for a set stable window.
+	DefaultPanicWindow = 6 * time.Second
+	// PanicWindowShare is the panic window's share of a learned stable window when
+	// panic_window_seconds is unset: Knative's panic-window-percentage, 10%. Against a
+	// 20-minute window that is 2 minutes, which still reacts well within a cold start and no
+	// longer mistakes a few seconds of Poisson noise at a small fleet for a burst; a panic
+	// then holds its fleet for the whole (long) stable window.
+	PanicWindowShare = 0.1
 	// DefaultPanicThreshold: panic when the panic window alone wants 2× the ready replicas.
 	DefaultPanicThreshold = 2.0
 	// DefaultMaxScaleUpRate and DefaultMaxScaleDownRate are Knative's: grow at most 1000× per
@@ -43,6 +78,23 @@ const (
 	SkyServeDecisionInterval = 20 * time.Second
 	// qpsWindow is SkyServe's QPS window.
 	qpsWindow = 60 * time.Second
+
+	// capacityWindow is how much engine history the learned capacity averages: long enough
+	// to hold every kind of request the service gets many times, short enough to follow a
+	// change of model or traffic mix within the hour.
+	capacityWindow = time.Hour
+	// minCapacitySamples is how many one-second samples the learned capacity needs before
+	// it replaces DefaultTargetInflight.
+	minCapacitySamples = 60
+	// minCapacityKVUsage is the least mean KV-cache use a capacity sample needs.
+	minCapacityKVUsage = 0.05
+	// minTargetInflight is the least learned in-flight target per replica.
+	minTargetInflight = 1.0
+	// headroomWindow is how much history the learned headroom reads: a day, the period of
+	// most services' load.
+	headroomWindow = 24 * time.Hour
+	// maxErlangServers bounds the capacity the Erlang formula is evaluated for.
+	maxErlangServers = 1024
 )
 
 // Spec is a service's scaling configuration with every default resolved.
@@ -53,6 +105,11 @@ type Spec struct {
 	Max    int
 	// Overprovision replicas are added on top of the computed target (SkyServe).
 	Overprovision int
+	// LearnHeadroom, for concurrency and llm with no Overprovision, adds a learned number of
+	// replicas on top of the target instead: as many as the target grew by within one cold
+	// start, at HeadroomObjective of the last day's minutes (learn.go). SpecFor sets it when
+	// num_overprovision is 0.
+	LearnHeadroom bool
 
 	// request_rate.
 	TargetQPS      float64
@@ -62,7 +119,10 @@ type Spec struct {
 	// decisions of this length (SkyServe: 20 s, Ferry: 1 s).
 	DecisionInterval time.Duration
 
-	// concurrency and llm.
+	// concurrency and llm. TargetInflight and StableWindow stay 0 after WithDefaults when
+	// unset: the scaler learns them from the replicas (learn.go) and falls back to
+	// DefaultTargetInflight and DefaultStableWindow until it can. PanicWindow stays 0 too with
+	// a learned stable window, and is PanicWindowShare of it.
 	TargetInflight   float64
 	StableWindow     time.Duration
 	PanicWindow      time.Duration
@@ -76,7 +136,8 @@ type Spec struct {
 	TargetKVCacheUsage float64
 }
 
-// WithDefaults fills zero fields with the defaults above.
+// WithDefaults fills zero fields with the defaults above, except TargetInflight, StableWindow
+// and (with StableWindow unset) PanicWindow, which the windowed policies learn when unset.
 func (s Spec) WithDefaults() Spec {
 	set := func(v *time.Duration, d time.Duration) {
 		if *v <= 0 {
@@ -90,11 +151,17 @@ func (s Spec) WithDefaults() Spec {
 	}
 	s.Max = max(s.Max, s.Min)
 	set(&s.DecisionInterval, DefaultDecisionInterval)
-	set(&s.StableWindow, DefaultStableWindow)
-	set(&s.PanicWindow, DefaultPanicWindow)
-	s.PanicWindow = min(s.PanicWindow, s.StableWindow)
+	s.StableWindow = max(s.StableWindow, 0)
+	s.PanicWindow = max(s.PanicWindow, 0)
+	if s.StableWindow > 0 {
+		set(&s.PanicWindow, DefaultPanicWindow)
+	}
+	if s.PanicWindow > 0 {
+		// A learned stable window is never shorter than DefaultStableWindow.
+		s.PanicWindow = min(s.PanicWindow, cmp.Or(s.StableWindow, DefaultStableWindow))
+	}
 	set(&s.ScaleToZeroGrace, DefaultScaleToZeroGrace)
-	setF(&s.TargetInflight, DefaultTargetInflight)
+	s.TargetInflight = max(s.TargetInflight, 0)
 	setF(&s.PanicThreshold, DefaultPanicThreshold)
 	setF(&s.MaxScaleUpRate, DefaultMaxScaleUpRate)
 	setF(&s.MaxScaleDownRate, DefaultMaxScaleDownRate)
@@ -111,6 +178,7 @@ func SpecFor(p configs.ReplicaPolicy) Spec {
 		Min:                p.MinReplicas,
 		Max:                p.MaxReplicas,
 		Overprovision:      p.NumOverprovision,
+		LearnHeadroom:      p.NumOverprovision == 0,
 		TargetQPS:          p.TargetQPSPerReplica,
 		UpscaleDelay:       seconds(p.UpscaleDelaySeconds),
 		DownscaleDelay:     seconds(p.DownscaleDelaySeconds),
@@ -134,6 +202,13 @@ func SpecFor(p configs.ReplicaPolicy) Spec {
 		}
 	}
 	return s.WithDefaults()
+}
+
+// WantsEngineLoad reports whether Decide reads Observation.Engine, so that the caller scrapes
+// the replicas' /metrics: the llm policy scales on it, and a concurrency policy without a
+// target_inflight_per_replica learns its target from it.
+func (s Spec) WantsEngineLoad() bool {
+	return s.Policy == PolicyLLM || (s.Policy == PolicyConcurrency && s.TargetInflight <= 0)
 }
 
 // InitialTarget is the count a service starts with before any load was seen. request_rate

@@ -26,6 +26,11 @@ func newWindow(span time.Duration) *window { return &window{span: span} }
 func (w *window) record(now time.Time, v float64) {
 	w.samples = append(w.samples, sample{at: now, v: v})
 	w.sum += v
+	w.expire(now)
+}
+
+// expire drops the samples older than the span at now.
+func (w *window) expire(now time.Time) {
 	for w.head < len(w.samples) && now.Sub(w.samples[w.head].at) >= w.span {
 		w.sum -= w.samples[w.head].v
 		w.head++

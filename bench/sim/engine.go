@@ -48,7 +48,9 @@ type engine struct {
 	waitHead   int
 	prefill    []*request
 	prefillEnd float64
-	running    finishHeap
+	// prefillTokens is the prompt tokens of the prefill step running.
+	prefillTokens int
+	running       finishHeap
 	// ctxSum and startSum over running sequences give the tokens held in the KV cache:
 	// Σ (ctx + 1 + steps − startStep).
 	ctxSum, startSum float64
@@ -71,9 +73,15 @@ func (e *engine) inFlight() int {
 // queued is the engine's waiting queue (vllm:num_requests_waiting).
 func (e *engine) queued() int { return len(e.waiting) - e.waitHead }
 
-// kvUsage is the share of the KV cache holding tokens now (vllm:kv_cache_usage_perc).
+// batch is the requests admitted to the batch, prefilling or decoding
+// (vllm:num_requests_running).
+func (e *engine) batch() int { return len(e.prefill) + len(e.running) }
+
+// kvUsage is the share of the KV cache holding tokens now (vllm:kv_cache_usage_perc): the
+// decoding sequences' tokens, and the prompts being prefilled, whose blocks vLLM allocates when
+// it schedules the prefill.
 func (e *engine) kvUsage() float64 {
-	return e.kvTokens() / float64(e.m.KVCapacityTokens)
+	return (e.kvTokens() + float64(e.prefillTokens)) / float64(e.m.KVCapacityTokens)
 }
 
 func (e *engine) kvTokens() float64 {
@@ -171,6 +179,7 @@ func (e *engine) schedule() {
 	}
 	if len(e.prefill) > 0 {
 		e.prefillEnd = e.now + e.m.PrefillTime(tokens)
+		e.prefillTokens = tokens
 	}
 }
 
@@ -190,6 +199,7 @@ func (e *engine) finishPrefill() {
 		e.running.push(r)
 	}
 	e.prefill = e.prefill[:0]
+	e.prefillTokens = 0
 }
 
 func (e *engine) finish(r *request) {
@@ -204,7 +214,7 @@ func (e *engine) kill() []*request {
 	out = append(out, e.prefill...)
 	out = append(out, e.running...)
 	e.waiting, e.waitHead, e.prefill, e.running = nil, 0, nil, nil
-	e.ctxSum, e.startSum, e.reserved = 0, 0, 0
+	e.ctxSum, e.startSum, e.reserved, e.prefillTokens = 0, 0, 0, 0
 	return out
 }
 

@@ -178,3 +178,26 @@ func TestSimEnginePrefillStallsDecode(t *testing.T) {
 		t.Errorf("TPOT %v does not include the 0.6 s prefill stall", tpot)
 	}
 }
+
+// TestSimEngineReportsPrefillsLikeVLLM: vLLM counts a request being prefilled as running and
+// holds its prompt's KV blocks from the moment it schedules it; the learned in-flight target
+// divides the one by the other.
+func TestSimEngineReportsPrefillsLikeVLLM(t *testing.T) {
+	m := testModel()
+	var f finished
+	e := newEngine(&m, 0, f.done)
+	e.submit(&request{ctx: 200, gen: 11})
+	e.advance(0.1) // mid-prefill (0.3 s)
+	if e.batch() != 1 || !near(e.kvUsage(), 0.2) {
+		t.Errorf("mid-prefill: batch %d, KV use %v; want 1 and 200/1000", e.batch(), e.kvUsage())
+	}
+	// Prefilled at 0.3 s with its first token; 5 ms later 0.45 of an 11 ms decode step is done.
+	e.advance(0.305)
+	if want := (201 + 0.005/0.011) / 1000; e.batch() != 1 || math.Abs(e.kvUsage()-want) > 1e-6 {
+		t.Errorf("decoding: batch %d, KV use %v; want 1 and %v", e.batch(), e.kvUsage(), want)
+	}
+	e.advance(10)
+	if e.batch() != 0 || e.kvUsage() != 0 {
+		t.Errorf("done: batch %d, KV use %v; want 0 and 0", e.batch(), e.kvUsage())
+	}
+}

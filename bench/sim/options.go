@@ -33,7 +33,8 @@ type Options struct {
 	Model      Model
 	// TargetQPS is SkyServe's target_qps_per_replica; 0 calibrates it (Calibrate).
 	TargetQPS float64
-	// TargetInflight, StableWindow and Overprovision tune the ferry policies.
+	// TargetInflight, StableWindow and Overprovision set the ferry policies' knobs as a YAML
+	// would (PolicyParams); 0, the default, leaves them to the autoscaler to learn.
 	TargetInflight float64
 	StableWindow   time.Duration
 	Overprovision  int
@@ -48,18 +49,15 @@ type Options struct {
 // DefaultOptions are the flags' defaults.
 func DefaultOptions() Options {
 	return Options{
-		InstanceType:   "p3.2xlarge",
-		TimeScale:      1,
-		Duration:       24 * time.Hour,
-		Warmup:         time.Hour,
-		SLO:            SLO{TTFT: 2 * time.Second, TPOT: 100 * time.Millisecond},
-		Model:          DefaultModel(),
-		TargetInflight: FerryTargetInflight,
-		StableWindow:   FerryStableWindow,
-		Overprovision:  FerryOverprovision,
-		Policies:       slices.Clone(PolicyNames),
-		Seed:           1,
-		Parallel:       runtime.GOMAXPROCS(0),
+		InstanceType: "p3.2xlarge",
+		TimeScale:    1,
+		Duration:     24 * time.Hour,
+		Warmup:       time.Hour,
+		SLO:          SLO{TTFT: 2 * time.Second, TPOT: 100 * time.Millisecond},
+		Model:        DefaultModel(),
+		Policies:     slices.Clone(PolicyNames),
+		Seed:         1,
+		Parallel:     runtime.GOMAXPROCS(0),
 	}
 }
 
@@ -84,9 +82,9 @@ func (o *Options) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.SLO.TPOT, "slo-tpot", o.SLO.TPOT, "time-per-output-token SLO (mean after the first token)")
 	fs.DurationVar(&o.Model.ColdStart, "cold-start", o.Model.ColdStart, "replica launch to READY (provisioning + model load), spot and on-demand")
 	fs.Float64Var(&o.TargetQPS, "skyserve-target-qps", o.TargetQPS, "SkyServe's target_qps_per_replica (also sizes fixed-peak); 0 calibrates it on the replica model")
-	fs.Float64Var(&o.TargetInflight, "ferry-target-inflight", o.TargetInflight, "ferry policies' target_inflight_per_replica")
-	fs.DurationVar(&o.StableWindow, "ferry-stable-window", o.StableWindow, "ferry policies' stable window")
-	fs.IntVar(&o.Overprovision, "ferry-overprovision", o.Overprovision, "ferry policies' num_overprovision")
+	fs.Float64Var(&o.TargetInflight, "ferry-target-inflight", o.TargetInflight, "ferry policies' target_inflight_per_replica; 0 = learned, the default")
+	fs.DurationVar(&o.StableWindow, "ferry-stable-window", o.StableWindow, "ferry policies' stable window; 0 = learned from the cold start, the default")
+	fs.IntVar(&o.Overprovision, "ferry-overprovision", o.Overprovision, "ferry policies' num_overprovision; 0 = learned headroom, the default")
 	fs.StringSliceVar(&o.Policies, "policies", o.Policies, "policies to simulate: "+fmt.Sprint(PolicyNames))
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of routing ties and calibration arrivals")
 	fs.IntVar(&o.Parallel, "parallel", o.Parallel, "policies simulated at once")
@@ -118,11 +116,11 @@ func (o Options) Validate() error {
 	if o.TargetQPS < 0 {
 		bad("skyserve-target-qps", o.TargetQPS, "must not be negative (0 calibrates)")
 	}
-	if !(o.TargetInflight > 0) {
-		bad("ferry-target-inflight", o.TargetInflight, "must be positive")
+	if !(o.TargetInflight >= 0) {
+		bad("ferry-target-inflight", o.TargetInflight, "must not be negative (0 is learned)")
 	}
-	if o.StableWindow < 6*time.Second || o.StableWindow > time.Hour {
-		bad("ferry-stable-window", o.StableWindow, "must be between 6s and 1h (replica_policy's bounds)")
+	if o.StableWindow != 0 && (o.StableWindow < 6*time.Second || o.StableWindow > time.Hour) {
+		bad("ferry-stable-window", o.StableWindow, "must be 0 (learned) or between 6s and 1h (replica_policy's bounds)")
 	}
 	if o.Overprovision < 0 || o.Overprovision > 100 {
 		bad("ferry-overprovision", o.Overprovision, "must be between 0 and 100")

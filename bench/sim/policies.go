@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ferryserve/ferry/autoscaler"
+	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/proxy"
 	"github.com/ferryserve/ferry/replicas"
 )
@@ -76,26 +77,6 @@ const (
 	ec2InterruptionNotice = 2 * time.Minute
 )
 
-// The ferry policies' tuning, chosen with `ferry sim` on the conversation trace and
-// DefaultModel (bench/README.md, "ferry sim", shows the sweep). They differ from the
-// autoscaler's defaults (autoscaler/spec.go), which the ferry-defaults policy runs with:
-//
-//   - FerryTargetInflight 1.75: the largest in-flight target per replica (of 1.25–2.5 in 0.25
-//     steps) that met the 99% SLO on each of the spot traces' first 7 days run one by one. It
-//     is ~30% of the ~6 sequences a V100 replica holds: time to first token climbs as soon as
-//     requests queue behind a full KV cache, and the trace's long prompts make that early.
-//   - FerryStableWindow 20 min: with the KPA's 60 s window and 1 s decisions the target moves
-//     thousands of times a day, every scale-down is undone by a 4-minute cold start, and
-//     availability falls under 50%; 10–20 minutes stop that.
-//   - FerryOverprovision 2: two spot replicas above the load's need mask most cold starts
-//     after scale-ups and single-zone preemptions (availability is measured against the need,
-//     as in SpotHedge): 99.4% over a week against 78% without.
-const (
-	FerryTargetInflight = 1.75
-	FerryStableWindow   = 20 * time.Minute
-	FerryOverprovision  = 2
-)
-
 // PolicyParams are the figures the policies are sized with.
 type PolicyParams struct {
 	// TargetQPS is SkyServe's target_qps_per_replica (Calibrate).
@@ -105,31 +86,47 @@ type PolicyParams struct {
 	// MaxReplicas is max_replicas of the autoscaled policies, set well above need so that it
 	// never binds.
 	MaxReplicas int
-	// TargetInflight, StableWindow and Overprovision tune the ferry policies.
+	// TargetInflight, StableWindow and Overprovision are the ferry policies'
+	// target_inflight_per_replica, stable_window_seconds and num_overprovision, as a YAML
+	// would set them: 0 leaves each to the autoscaler, which learns it from the replicas.
 	TargetInflight float64
 	StableWindow   time.Duration
 	Overprovision  int
 }
 
 // PolicyNames lists the policies in report order.
-var PolicyNames = []string{"ferry", "ferry-llm", "ferry-notice", "ferry-defaults", "skyserve-spothedge", "skyserve-spot", "fixed-peak", "ondemand"}
+var PolicyNames = []string{"ferry", "ferry-llm", "ferry-notice", "ferry-knative", "skyserve-spothedge", "skyserve-spot", "fixed-peak", "ondemand"}
+
+// FerryYAML is the service the ferry policies run, as a user writes it: the autoscaler named,
+// spot with SkyServe's dynamic on-demand fallback and SpotHedge placer, and nothing tuned. The
+// knobs of pp are set only when non-zero, as a YAML that sets them.
+func FerryYAML(autoscalerName string, pp PolicyParams) (configs.Resources, configs.ReplicaPolicy) {
+	return configs.Resources{UseSpot: true}, configs.ReplicaPolicy{
+		MinReplicas:              1,
+		MaxReplicas:              pp.MaxReplicas,
+		Autoscaler:               autoscalerName,
+		DynamicOndemandFallback:  true,
+		SpotPlacer:               configs.SpotPlacerDynamicFallback,
+		TargetInflightPerReplica: pp.TargetInflight,
+		StableWindowSeconds:      int(pp.StableWindow / time.Second),
+		NumOverprovision:         pp.Overprovision,
+	}
+}
 
 // Policies builds the named policies.
 func Policies(names []string, pp PolicyParams) ([]Policy, error) {
-	ferry := Policy{
-		Spec: autoscaler.Spec{
-			Policy:         autoscaler.PolicyConcurrency,
-			Min:            1,
-			Max:            pp.MaxReplicas,
-			Overprovision:  pp.Overprovision,
-			TargetInflight: pp.TargetInflight,
-			StableWindow:   pp.StableWindow,
-		},
-		Mix:          autoscaler.MixSpec{UseSpot: true, DynamicFallback: true},
-		Placer:       PlaceSpotHedge,
-		Hold:         true,
-		DrainTimeout: replicas.DefaultDrainTimeout,
+	ferryFor := func(autoscalerName string) Policy {
+		res, rp := FerryYAML(autoscalerName, pp)
+		return Policy{
+			// Exactly what the controller makes of the YAML.
+			Spec:         autoscaler.SpecFor(rp),
+			Mix:          autoscaler.MixFor(res, rp),
+			Placer:       PlaceSpotHedge,
+			Hold:         true,
+			DrainTimeout: replicas.DefaultDrainTimeout,
+		}
 	}
+	ferry := ferryFor(autoscaler.PolicyConcurrency)
 	sky := Policy{
 		Spec: autoscaler.Spec{
 			Policy:           autoscaler.PolicyRequestRate,
@@ -144,17 +141,15 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 		ReportEvery:  autoscaler.SkyServeDecisionInterval,
 		DrainTimeout: skyServeDrain,
 	}
-	ferryKnobs := fmt.Sprintf("target %g in flight per replica, %v stable window, %d overprovisioned", pp.TargetInflight, pp.StableWindow, pp.Overprovision)
 	build := map[string]func() Policy{
 		"ferry": func() Policy {
 			p := ferry
-			p.Description = "concurrency autoscaler (" + ferryKnobs + ", 1 s decisions), spot + dynamic on-demand fallback, SpotHedge placer, holds requests while no replica is READY"
+			p.Description = "Ferry's defaults: `autoscaler: concurrency` (" + ferryKnobs(pp) + ", 1 s decisions), spot + dynamic on-demand fallback, SpotHedge placer, holds requests while no replica is READY"
 			return p
 		},
 		"ferry-llm": func() Policy {
-			p := ferry
-			p.Spec.Policy = autoscaler.PolicyLLM
-			p.Description = "as ferry with the llm autoscaler (in-flight, engine queues and KV-cache use)"
+			p := ferryFor(autoscaler.PolicyLLM)
+			p.Description = "as ferry with `autoscaler: llm` (in-flight, engine queues and KV-cache use)"
 			return p
 		},
 		"ferry-notice": func() Policy {
@@ -163,11 +158,12 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 			p.Description = "as ferry, acting on EC2's 2-minute interruption notice: replacements start when the notice comes (not in Ferry yet)"
 			return p
 		},
-		"ferry-defaults": func() Policy {
+		"ferry-knative": func() Policy {
 			p := ferry
-			p.Spec = autoscaler.Spec{Policy: autoscaler.PolicyConcurrency, Min: 1, Max: pp.MaxReplicas}
-			d := p.Spec.WithDefaults()
-			p.Description = fmt.Sprintf("as ferry with autoscaler/spec.go's defaults (target %g in flight, %v stable window, no overprovision)", d.TargetInflight, d.StableWindow)
+			p.Spec = autoscaler.Spec{Policy: autoscaler.PolicyConcurrency, Min: 1, Max: pp.MaxReplicas,
+				TargetInflight: autoscaler.DefaultTargetInflight, StableWindow: autoscaler.DefaultStableWindow}
+			p.Description = fmt.Sprintf("as ferry with Knative's fixed knobs, Ferry's defaults before they were learned (target %d in flight, %v stable window, no overprovision)",
+				autoscaler.DefaultTargetInflight, autoscaler.DefaultStableWindow)
 			return p
 		},
 		"skyserve-spothedge": func() Policy {
@@ -194,10 +190,10 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 		},
 		"ondemand": func() Policy {
 			p := ferry
-			p.Spec.Overprovision = 0
+			p.Spec.Overprovision, p.Spec.LearnHeadroom = 0, false
 			p.Mix = autoscaler.MixSpec{}
 			p.Placer = PlaceNone
-			p.Description = "ferry's autoscaler without overprovision, every replica on-demand (the cost baseline)"
+			p.Description = "ferry's autoscaler without overprovision or learned headroom, every replica on-demand (the cost baseline)"
 			return p
 		},
 	}
@@ -218,6 +214,27 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 		return nil, fmt.Errorf("unknown policies %s: known are %s", strings.Join(unknown, ", "), strings.Join(PolicyNames, ", "))
 	}
 	return out, nil
+}
+
+// ferryKnobs describes the ferry policies' knobs: each set one, or how the autoscaler learns it.
+func ferryKnobs(pp PolicyParams) string {
+	var knobs []string
+	if pp.TargetInflight > 0 {
+		knobs = append(knobs, fmt.Sprintf("target %g in flight per replica", pp.TargetInflight))
+	} else {
+		knobs = append(knobs, "in-flight target learned from the replicas' capacity")
+	}
+	if pp.StableWindow > 0 {
+		knobs = append(knobs, fmt.Sprintf("%v stable window", pp.StableWindow))
+	} else {
+		knobs = append(knobs, fmt.Sprintf("stable window %d× the observed cold start", autoscaler.StableWindowPerColdStart))
+	}
+	if pp.Overprovision > 0 {
+		knobs = append(knobs, fmt.Sprintf("%d overprovisioned", pp.Overprovision))
+	} else {
+		knobs = append(knobs, "headroom learned from the target's growth within a cold start")
+	}
+	return strings.Join(knobs, ", ")
 }
 
 // holdLimits are the proxy's, so that the simulated hold gives up when Ferry's would.

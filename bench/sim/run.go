@@ -64,8 +64,9 @@ type replica struct {
 	zone  int // index into World.Zones; -1 for on-demand
 	price float64
 	state replicaState
-	// readyAt is when its cold start ends; drainUntil when a drain gives up.
-	readyAt, drainUntil float64
+	// launchedAt is when it was launched, readyAt when its cold start ends; drainUntil when a
+	// drain gives up.
+	launchedAt, readyAt, drainUntil float64
 	// announced is true once the load balancer knows it is READY.
 	announced bool
 	// noticed is true once an interruption notice came: the replica serves on, but the
@@ -107,6 +108,9 @@ type runner struct {
 	arrived   int     // arrivals since the last decision
 	lbPending int     // arrivals the load balancer has not shipped yet
 	lbShipped int     // shipped, not yet read by a decision
+
+	// coldStarts is coldStart's scratch slice.
+	coldStarts []time.Duration
 
 	res   *Result
 	ttfts []float32
@@ -447,15 +451,17 @@ func (r *runner) decide(s int) {
 		}
 	}
 	obs.InFlight = max(float64(instant), area/float64(r.interval))
-	if r.p.Spec.Policy == autoscaler.PolicyLLM && len(r.routable) > 0 {
-		var e autoscaler.EngineLoad
+	if r.p.Spec.WantsEngineLoad() && len(r.routable) > 0 {
+		e := autoscaler.EngineLoad{Replicas: len(r.routable)}
 		for _, rep := range r.routable {
 			e.Waiting += float64(rep.eng.queued())
+			e.Running += float64(rep.eng.batch())
 			e.KVCacheUsage += rep.eng.kvUsage()
 		}
 		e.KVCacheUsage /= float64(len(r.routable))
 		obs.Engine = &e
 	}
+	obs.ColdStart = r.coldStart()
 
 	d := r.scaler.Decide(epoch.Add(time.Duration(s)*time.Second), obs, autoscaler.State{Ready: readyAll, Target: r.target})
 	if r.scored(t) {
@@ -467,10 +473,22 @@ func (r *runner) decide(s int) {
 		}
 	}
 	r.target = d.Target
-	r.need = max(0, d.Target-r.p.Spec.Overprovision)
+	r.need = max(0, d.Target-d.Overprovision)
 	mix := autoscaler.Split(d.Target, r.p.Mix, readySpot)
 	r.reconcile(true, mix.Spot, t)
 	r.reconcile(false, mix.OnDemand, t)
+}
+
+// coldStart is Observation.ColdStart as the controller computes it: the median launch-to-READY
+// time of the live replicas that have been READY (draining ones were READY before).
+func (r *runner) coldStart() time.Duration {
+	r.coldStarts = r.coldStarts[:0]
+	for _, rep := range r.live {
+		if rep.state != provisioning {
+			r.coldStarts = append(r.coldStarts, time.Duration((rep.readyAt-rep.launchedAt)*float64(time.Second)))
+		}
+	}
+	return autoscaler.ColdStartOf(r.coldStarts)
 }
 
 // reconcile launches or stops replicas of one kind until want are live (provisioning or
@@ -515,7 +533,7 @@ func (r *runner) reconcile(spot bool, want int, t float64) {
 
 // launch starts one replica; false when no zone takes a spot replica now.
 func (r *runner) launch(spot bool, t float64) bool {
-	rep := &replica{id: r.nextID, spot: spot, zone: -1, price: r.w.OnDemandPrice, readyAt: t + r.w.Model.ColdStart.Seconds()}
+	rep := &replica{id: r.nextID, spot: spot, zone: -1, price: r.w.OnDemandPrice, launchedAt: t, readyAt: t + r.w.Model.ColdStart.Seconds()}
 	if spot {
 		zone := r.placeSpot()
 		if zone < 0 {

@@ -258,3 +258,56 @@ func BenchmarkSimFerryDay(b *testing.B) {
 		b.ReportMetric(float64(res.Requests), "requests/op")
 	}
 }
+
+// TestSimFerryRunsTheDefaults: the ferry policies are what the controller makes of a YAML that
+// names the autoscaler and the spot fields and sets no knob, and flags set knobs as YAML would.
+func TestSimFerryRunsTheDefaults(t *testing.T) {
+	pp := PolicyParams{TargetQPS: 1, PeakReplicas: 3, MaxReplicas: 9}
+	ps, err := Policies([]string{"ferry", "ferry-llm", "ondemand"}, pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ps[:2] {
+		res, rp := FerryYAML(p.Spec.Policy, pp)
+		if diff := cmp.Diff(autoscaler.SpecFor(rp), p.Spec); diff != "" {
+			t.Errorf("%s: spec is not the YAML's (-yaml +policy):\n%s", p.Name, diff)
+		}
+		if p.Spec.TargetInflight != 0 || p.Spec.StableWindow != 0 || p.Spec.Overprovision != 0 || !p.Spec.LearnHeadroom {
+			t.Errorf("%s: %+v sets knobs the defaults learn", p.Name, p.Spec)
+		}
+		if want := (autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}); p.Mix != want || autoscaler.MixFor(res, rp) != want || p.Placer != PlaceSpotHedge {
+			t.Errorf("%s: mix %+v placer %v, want %+v and SpotHedge", p.Name, p.Mix, p.Placer, want)
+		}
+	}
+	if od := ps[2].Spec; od.LearnHeadroom || od.Overprovision != 0 {
+		t.Errorf("ondemand baseline has headroom: %+v", od)
+	}
+
+	pp.TargetInflight, pp.StableWindow, pp.Overprovision = 2, 10*time.Minute, 1
+	ps, err = Policies([]string{"ferry"}, pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := ps[0].Spec; s.TargetInflight != 2 || s.StableWindow != 10*time.Minute || s.Overprovision != 1 || s.LearnHeadroom {
+		t.Errorf("knobs set: %+v", s)
+	}
+}
+
+// TestSimObservesColdStart: the runner passes the controller's cold start, the median
+// launch-to-READY of the replicas that have been READY, and nothing before one is.
+func TestSimObservesColdStart(t *testing.T) {
+	m := testModel()
+	m.ColdStart = 90 * time.Second
+	w := World{Model: m, OnDemandPrice: 3, Duration: 10 * time.Minute, SLO: SLO{TTFT: time.Second, TPOT: time.Second}, Seed: 1}
+	r := w.newRunner(Policy{Name: "fixed", Spec: autoscaler.Spec{Min: 2, Max: 2}.WithDefaults(), DrainTimeout: time.Minute})
+	for s := range 200 {
+		r.second(s)
+		want := time.Duration(0)
+		if s >= 90 {
+			want = m.ColdStart
+		}
+		if got := r.coldStart(); got != want {
+			t.Fatalf("second %d: cold start %v, want %v", s, got, want)
+		}
+	}
+}

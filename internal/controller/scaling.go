@@ -77,7 +77,11 @@ func (c *Controller) decide(s *service, now time.Time) {
 	sc := s.scaler
 	ready := 0
 	live := 0
+	var coldStarts []time.Duration // launch to READY of each replica that got there
 	for _, r := range s.mgr.Replicas() {
+		if !r.LaunchedAt.IsZero() && r.ReadyAt.After(r.LaunchedAt) {
+			coldStarts = append(coldStarts, r.ReadyAt.Sub(r.LaunchedAt))
+		}
 		switch {
 		case r.Status == replicas.StatusReady:
 			ready++
@@ -108,9 +112,10 @@ func (c *Controller) decide(s *service, now time.Time) {
 		obs.InFlight = max(obs.InFlight, sc.inflightSum/float64(sc.samples))
 	}
 	sc.inflightSum, sc.samples = 0, 0
-	if sc.spec.Policy == autoscaler.PolicyLLM {
+	if sc.spec.WantsEngineLoad() {
 		obs.Engine = s.engineLoad()
 	}
+	obs.ColdStart = autoscaler.ColdStartOf(coldStarts)
 
 	d := sc.decider.Decide(now, obs, autoscaler.State{Ready: ready, Target: target})
 	if d.Target == target {
@@ -133,12 +138,14 @@ func (s *service) engineLoad() *autoscaler.EngineLoad {
 			continue
 		}
 		e.Waiting += r.Waiting
+		e.Running += r.Running
 		e.KVCacheUsage += r.KVCacheUsage
 		kv++
 	}
 	if kv == 0 {
 		return nil
 	}
+	e.Replicas = kv
 	e.KVCacheUsage /= float64(kv)
 	return &e
 }

@@ -215,7 +215,7 @@ func (c *Controller) newServiceProxy(name string, task *configs.Task, onCold fun
 	if err != nil {
 		return nil, pcfg, err
 	}
-	pcfg.ScrapeEngineMetrics = autoscaler.SpecFor(task.Service.ReplicaPolicy).Policy == autoscaler.PolicyLLM
+	pcfg.ScrapeEngineMetrics = autoscaler.SpecFor(task.Service.ReplicaPolicy).WantsEngineLoad()
 	pcfg.OnColdRequest = onCold
 	px, err := proxy.NewService(pcfg)
 	return px, pcfg, err
@@ -228,7 +228,7 @@ func (c *Controller) reconfigureProxy(s *service, old, task *configs.Task) {
 	same := reflect.DeepEqual(old.Service.Auth, task.Service.Auth) && reflect.DeepEqual(old.Service.Limits, task.Service.Limits) &&
 		reflect.DeepEqual(old.Service.TLS, task.Service.TLS) && old.Service.LoadBalancingPolicy == task.Service.LoadBalancingPolicy &&
 		reflect.DeepEqual(old.Service.ReplicaPolicy.TargetQPSPerAccelerator, task.Service.ReplicaPolicy.TargetQPSPerAccelerator) &&
-		(old.Service.ReplicaPolicy.Autoscaler == autoscaler.PolicyLLM) == (task.Service.ReplicaPolicy.Autoscaler == autoscaler.PolicyLLM)
+		autoscaler.SpecFor(old.Service.ReplicaPolicy).WantsEngineLoad() == autoscaler.SpecFor(task.Service.ReplicaPolicy).WantsEngineLoad()
 	if same {
 		return
 	}
