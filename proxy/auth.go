@@ -46,16 +46,29 @@ func newAPIKeys(hexHashes []string) (*apiKeys, error) {
 // allows reports whether the request carries one of the keys, as "Authorization: Bearer KEY"
 // (OpenAI's SDKs) or "api-key: KEY" (Azure OpenAI's).
 func (k *apiKeys) allows(h *fasthttp.RequestHeader) bool {
+	_, ok := k.match(h)
+	return ok
+}
+
+// match is allows that also says which key matched (its index in hashes), for limits kept per
+// key. Every hash is compared, and the index is selected without a branch, so the time taken
+// does not depend on which key matched or how much of one.
+func (k *apiKeys) match(h *fasthttp.RequestHeader) (index int, ok bool) {
 	key := presentedKey(h)
 	if len(key) == 0 {
-		return false
+		return -1, false
 	}
 	sum := sha256.Sum256(key)
 	match := 0
 	for i := range k.hashes {
-		match |= subtle.ConstantTimeCompare(sum[:], k.hashes[i][:])
+		eq := subtle.ConstantTimeCompare(sum[:], k.hashes[i][:])
+		index = subtle.ConstantTimeSelect(eq, i, index)
+		match |= eq
 	}
-	return match == 1
+	if match != 1 {
+		return -1, false
+	}
+	return index, true
 }
 
 func presentedKey(h *fasthttp.RequestHeader) []byte {

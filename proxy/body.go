@@ -7,10 +7,12 @@ import (
 
 // bodyFields are the top-level fields of an OpenAI request body that routing reads. Each is a
 // sub-slice of the body (no copy): Model is the string's contents between its quotes, still
-// JSON-escaped; Prompt is the raw JSON value of "messages" or "prompt".
+// JSON-escaped; Prompt is the raw JSON value of "messages" or "prompt". Stream tells whether the
+// request asks for a streamed response, as the replica will read it (see streamRequested).
 type bodyFields struct {
 	Model  []byte
 	Prompt []byte
+	Stream bool
 }
 
 var (
@@ -22,6 +24,7 @@ var (
 	keyModel    = []byte("model")
 	keyMessages = []byte("messages")
 	keyPrompt   = []byte("prompt")
+	keyStream   = []byte("stream")
 )
 
 // scanBody validates that body is one JSON object and returns its routing fields, in one pass
@@ -62,6 +65,9 @@ func scanBody(body []byte) (bodyFields, error) {
 			}
 		case bytes.Equal(key, keyMessages), bytes.Equal(key, keyPrompt):
 			f.Prompt = val
+		case jsonKeyIs(key, keyStream):
+			// The last "stream" wins, as in the replica's JSON decoder.
+			f.Stream = streamRequested(val)
 		}
 		s.space()
 		if s.eat('}') {
@@ -71,6 +77,121 @@ func scanBody(body []byte) (bodyFields, error) {
 			return f, errBodySyntax
 		}
 	}
+}
+
+// jsonKeyIs reports whether the raw (still escaped) object key equals want, an ASCII name, once
+// unescaped as a replica's JSON decoder would: a limit keyed on a field must not be dodged by
+// writing "str\u0065am".
+func jsonKeyIs(raw, want []byte) bool {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return bytes.Equal(raw, want)
+	}
+	n := 0
+	for i := 0; i < len(raw); n++ {
+		c := raw[i]
+		i++
+		if c == '\\' {
+			if i >= len(raw) {
+				return false
+			}
+			switch e := raw[i]; e {
+			case 'u':
+				if len(raw)-i < 5 {
+					return false
+				}
+				var r rune
+				for _, h := range raw[i+1 : i+5] {
+					r = r<<4 | rune(unhex(h))
+				}
+				i += 5
+				if r >= 0x80 { // want is ASCII
+					return false
+				}
+				c = byte(r)
+			case 'b':
+				c, i = '\b', i+1
+			case 'f':
+				c, i = '\f', i+1
+			case 'n':
+				c, i = '\n', i+1
+			case 'r':
+				c, i = '\r', i+1
+			case 't':
+				c, i = '\t', i+1
+			default: // '"', '\\', '/'
+				c, i = e, i+1
+			}
+		}
+		if n >= len(want) || want[n] != c {
+			return false
+		}
+	}
+	return n == len(want)
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0'
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10
+	default:
+		return c - 'A' + 10
+	}
+}
+
+// streamRequested reads a "stream" value the way the replica's request validation may: vLLM's
+// and TGI's are lax (pydantic and serde), so 1 and "true" stream too. Only values that surely
+// read as false — false, null, a zero, or a string such as "false", "0", "no" or "off" — do not
+// count; anything else counts as a stream, so a limit on streams errs on the side of applying.
+func streamRequested(val []byte) bool {
+	switch {
+	case len(val) == 0:
+		return false
+	case string(val) == "true":
+		return true
+	case string(val) == "false", string(val) == "null":
+		return false
+	case val[0] == '-' || (val[0] >= '0' && val[0] <= '9'):
+		return !isZeroNumber(val)
+	case val[0] == '"':
+		return !falseWord(val[1 : len(val)-1])
+	}
+	return true
+}
+
+// isZeroNumber reports whether a valid JSON number is zero: no digit before the exponent is
+// other than 0.
+func isZeroNumber(num []byte) bool {
+	for _, c := range num {
+		switch {
+		case c == 'e' || c == 'E':
+			return true
+		case c >= '1' && c <= '9':
+			return false
+		}
+	}
+	return true
+}
+
+// falseWord reports whether a JSON string's raw contents are one of the words lax boolean
+// parsing reads as false. An escaped string never is here: it counts as a stream.
+func falseWord(s []byte) bool {
+	if len(s) > 5 {
+		return false
+	}
+	var lower [5]byte
+	for i, c := range s {
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		lower[i] = c
+	}
+	switch string(lower[:len(s)]) {
+	case "false", "0", "no", "off", "f", "n":
+		return true
+	}
+	return false
 }
 
 // maxJSONDepth bounds nesting, so a body of a million '[' cannot exhaust the stack.

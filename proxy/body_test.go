@@ -60,15 +60,59 @@ func TestScanBody(t *testing.T) {
 	}
 }
 
+// TestScanBodyStream: a request counts as streamed unless its last "stream" surely reads as
+// false to a lax decoder (pydantic, serde), and an escaped key is still the key.
+func TestScanBodyStream(t *testing.T) {
+	tests := map[string]bool{
+		`{"stream":true}`:                    true,
+		`{"model":"m","stream": true }`:      true,
+		`{"stream":1}`:                       true,
+		`{"stream":1.0}`:                     true,
+		`{"stream":"true"}`:                  true,
+		`{"stream":"YES"}`:                   true,
+		`{"stream":{}}`:                      true,
+		`{"stream":"f\u0061lse"}`:            true, // escaped: counted, to be safe
+		`{"str\u0065am":true}`:               true,
+		`{"str\u0065\u0061m":true}`:          true,
+		`{"stream":false,"stream":true}`:     true,
+		`{}`:                                 false,
+		`{"stream":false}`:                   false,
+		`{"stream":null}`:                    false,
+		`{"stream":0}`:                       false,
+		`{"stream":-0.0e5}`:                  false,
+		`{"stream":"False"}`:                 false,
+		`{"stream":"off"}`:                   false,
+		`{"stream":"n"}`:                     false,
+		`{"stream":true,"stream":false}`:     false,
+		`{"streams":true}`:                   false,
+		`{"Stream":true}`:                    false,
+		`{"str\u00e9am":true}`:               false,
+		`{"options":{"stream":true}}`:        false,
+		`{"stream_options":{"stream":true}}`: false,
+	}
+	for body, want := range tests {
+		f, err := scanBody([]byte(body))
+		if err != nil {
+			t.Errorf("scanBody(%s): %v", body, err)
+			continue
+		}
+		if f.Stream != want {
+			t.Errorf("scanBody(%s).Stream = %v, want %v", body, f.Stream, want)
+		}
+	}
+}
+
 // FuzzScanBody checks the scanner against encoding/json: they agree on whether a body is a JSON
-// object. The scanner checks neither UTF-8 nor nesting past maxJSONDepth the way encoding/json
-// does, so such inputs are only required not to panic.
+// object and, for objects, on whether it asks to stream (see streamRequested; encoding/json
+// unescapes keys and keeps the last of duplicates, as replicas do). The scanner checks neither
+// UTF-8 nor nesting past maxJSONDepth the way encoding/json does, so such inputs are only
+// required not to panic. Seeds: testdata/fuzz/FuzzScanBody and the f.Add calls.
 func FuzzScanBody(f *testing.F) {
 	for _, seed := range []string{`{"model":"a","messages":[{"role":"user","content":"x"}]}`, `{"a":[1,2.5e-3,true,false,null,{"b":"\u0041"}]}`, `{"a":"\ud83d\ude00"}`, `{`, `{"a":01}`} {
 		f.Add([]byte(seed))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		_, err := scanBody(body)
+		fields, err := scanBody(body)
 		if !isUTF8(body) || deep(body) {
 			return
 		}
@@ -77,7 +121,39 @@ func FuzzScanBody(f *testing.F) {
 		if isObject != (err == nil) {
 			t.Fatalf("scanBody(%q) error = %v; encoding/json says object = %v", body, err, isObject)
 		}
+		if !isObject {
+			return
+		}
+		raw, present := v["stream"]
+		if want := present && referenceStream(raw); fields.Stream != want {
+			t.Fatalf("scanBody(%q).Stream = %v, want %v", body, fields.Stream, want)
+		}
 	})
+}
+
+// referenceStream is streamRequested written over encoding/json's decoding.
+func referenceStream(raw json.RawMessage) bool {
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return true
+	}
+	switch x := v.(type) {
+	case nil:
+		return false
+	case bool:
+		return x
+	case float64:
+		return x != 0
+	case string:
+		if strings.Contains(string(raw), `\`) {
+			return true
+		}
+		switch strings.ToLower(x) {
+		case "false", "0", "no", "off", "f", "n":
+			return false
+		}
+	}
+	return true
 }
 
 func isUTF8(b []byte) bool { return strings.ToValidUTF8(string(b), "\uFFFD") == string(b) }

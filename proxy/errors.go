@@ -28,6 +28,8 @@ type errorBodies struct {
 	unauthorized   []byte // 401
 	streamCut      []byte // the SSE event that ends a stream the replica broke
 	overloaded     []byte // 429: the service's concurrency limit
+	rateLimited    []byte // 429: the client's rate limit (limits.go)
+	tooManyStreams []byte // 429: the service's limit of concurrent streams (limits.go)
 
 	// Answers to a request held for a replica (hold.go); see withHoldBodies.
 	queueFull        []byte // 503: MaxQueuedRequests already wait

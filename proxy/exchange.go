@@ -38,6 +38,10 @@ type exchange struct {
 	// finished guards finish against a second close; true while the exchange is idle in the pool.
 	finished atomic.Bool
 
+	// stream is set when the request asks for a streamed response and MaxConcurrentStreams
+	// is on; streamSlot while it holds one of the service's stream slots (limits.go).
+	stream, streamSlot bool
+
 	// info is what the picker reads of the request; it aliases the client request's buffers.
 	info       policy.Request
 	tried      []*policy.Replica
@@ -98,6 +102,9 @@ func (ex *exchange) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	n, err := ex.body.Read(p)
+	if err == io.EOF && ex.client.bodyCut(&ex.resp) { // fasthttp can take a cut chunked body for a whole one
+		err = errBodyCut
+	}
 	ex.observeRead(p[:n])
 	if err != nil && err != io.EOF && ex.readErr == nil {
 		ex.readErr = err
@@ -169,6 +176,7 @@ func (s *Service) acquireExchange() *exchange {
 
 func (s *Service) releaseExchange(ex *exchange) {
 	ex.finished.Store(true)
+	s.releaseStream(ex)
 	ex.req.Reset() // drops the reference to the client's body
 	ex.resp.Reset()
 	ex.readErr = nil

@@ -21,8 +21,16 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 
 	// Requests that no replica could ever serve are refused before they count as demand or
 	// wait for a replica.
-	if s.keys != nil && !s.keys.allows(&ctx.Request.Header) {
-		s.unauthorized(ctx)
+	key := -1 // which API key, for the rate limit
+	if s.keys != nil {
+		var ok bool
+		if key, ok = s.keys.match(&ctx.Request.Header); !ok {
+			s.unauthorized(ctx)
+			s.answeredSelf(ctx, nil)
+			return
+		}
+	}
+	if s.limiter != nil && !s.admitRate(ctx, key) {
 		s.answeredSelf(ctx, nil)
 		return
 	}
@@ -33,7 +41,7 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ex := s.acquireExchange()
-	if !ex.describe(ctx, s.needs) {
+	if !ex.describe(ctx, s.needs, s.cfg.MaxConcurrentStreams > 0) {
 		s.releaseExchange(ex)
 		writeError(ctx, fasthttp.StatusBadRequest, s.errs.badJSON)
 		s.answeredSelf(ctx, nil)
@@ -59,6 +67,12 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 		s.answeredSelf(ctx, nil)
 		return
 	}
+	if !s.admitStream(ex) {
+		s.releaseExchange(ex)
+		writeError(ctx, fasthttp.StatusTooManyRequests, s.errs.tooManyStreams)
+		s.answeredSelf(ctx, nil)
+		return
+	}
 
 	ex.prepare(ctx)
 	ex.observeRequest(ctx)
@@ -68,11 +82,11 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 
 	// An HTTP/1.0 client may send no Host; each replica then gets its own address.
 	noHost := len(ex.req.Header.Host()) == 0
-	attempts := min(s.cfg.MaxAttempts, len(snap.replicas))
+	attempts := min(s.cfg.MaxAttempts, len(snap.pick))
 	start := time.Now()
 	var lastErr error
 	for attempt := range attempts {
-		replica := ex.pick(s.picker, snap.replicas)
+		replica := ex.pick(s.picker, snap.pick)
 		if replica == nil {
 			break
 		}
@@ -133,20 +147,24 @@ func (ex *exchange) pick(p policy.Picker, all []*policy.Replica) *policy.Replica
 	return p.Pick(&ex.info, ex.candidates)
 }
 
-// describe fills what the picker reads of the request (needs). It reports false when the picker
-// needs the prompt and the body is not a JSON object: routing cannot read it, and no replica
-// would accept it either.
-func (ex *exchange) describe(ctx *fasthttp.RequestCtx, needs policy.Needs) bool {
+// describe fills what the picker reads of the request (needs) and, with wantStream, whether it
+// asks to stream. It reports false when the picker needs the prompt and the body is not a JSON
+// object: routing cannot read it, and no replica would accept it either.
+func (ex *exchange) describe(ctx *fasthttp.RequestCtx, needs policy.Needs, wantStream bool) bool {
 	ex.info = policy.Request{}
 	if needs&policy.NeedsSession != 0 {
 		ex.info.SessionID = ctx.Request.Header.PeekBytes(headerXSessionID)
 	}
-	if needs&policy.NeedsPrompt != 0 && ctx.IsPost() && !bytes.HasPrefix(ctx.Request.Header.ContentType(), contentTypeMultipart) {
+	needsPrompt := needs&policy.NeedsPrompt != 0
+	if (needsPrompt || wantStream) && ctx.IsPost() && !bytes.HasPrefix(ctx.Request.Header.ContentType(), contentTypeMultipart) {
 		f, err := scanBody(ctx.Request.Body())
 		if err != nil {
-			return false
+			return !needsPrompt // not JSON: no stream, and the replica will say what is wrong
 		}
-		ex.info.Prompt, ex.info.Model = f.Prompt, f.Model
+		if needsPrompt {
+			ex.info.Prompt, ex.info.Model = f.Prompt, f.Model
+		}
+		ex.stream = f.Stream
 	}
 	return true
 }

@@ -78,10 +78,15 @@ func deadAddr(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := ln.Addr().String()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	_ = ln.Close()
-	return addr
+	// Each call gets its own loopback address: the kernel may hand the same free port to two
+	// calls in a row, and two backends with one address are one backend to SetBackends.
+	n := deadAddrs.Add(1)
+	return net.JoinHostPort(fmt.Sprintf("127.0.%d.%d", 100+n/250, 1+n%250), port)
 }
+
+var deadAddrs atomic.Int32
 
 // startProxy serves a new Service on loopback and shuts it down at the end of the test.
 func startProxy(t *testing.T, cfg ServiceConfig, backends ...Backend) (*Service, string) {
@@ -91,6 +96,11 @@ func startProxy(t *testing.T, cfg ServiceConfig, backends ...Backend) (*Service,
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zaptest.NewLogger(t)
+	}
+	if cfg.HealthCheck == (HealthCheck{}) {
+		// Off unless a test asks: health checks would count as requests on the test's
+		// upstreams, and its held handlers would look hung (healthcheck_test.go tests them).
+		cfg.HealthCheck.Interval = -1
 	}
 	svc, err := NewService(cfg)
 	if err != nil {

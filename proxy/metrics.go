@@ -46,6 +46,8 @@ const replicaNone = "none"
 //	ferry_prompt_tokens_total{service}                   from the "usage" a 2xx response reports
 //	ferry_completion_tokens_total{service}
 //	ferry_gateway_errors_total{code,reason}              requests the gateway answered before choosing a service
+//	ferry_replica_ejections_total{service}               replicas the health checks took out of rotation (healthmetrics.go)
+//	ferry_replicas_ejected{service}                      replicas out of rotation now
 //
 // One Metrics serves every Service of a process (a controller runs many services, a gateway
 // fronts them all): create it once with NewMetrics and pass it in ServiceConfig.Metrics.
@@ -69,6 +71,7 @@ type Metrics struct {
 	gatewayErrors    *prometheus.CounterVec
 	requestsDesc     *prometheus.Desc
 	errorsDesc       *prometheus.Desc
+	health           *healthMetrics // healthmetrics.go
 
 	mu       sync.Mutex
 	services map[string]*serviceMetrics
@@ -124,9 +127,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			[]string{"service", "replica", "kind"}, nil),
 		services: map[string]*serviceMetrics{},
 		replicas: map[replicaKey]*replicaMetrics{},
+		health:   newHealthMetrics(),
 	}
 	collectors := []prometheus.Collector{m.duration, m.ttft, m.inFlight, m.waiting, m.retries, m.promptTokens,
-		m.completionTokens, m.gatewayErrors, replicaCollector{m}}
+		m.completionTokens, m.gatewayErrors, replicaCollector{m}, m.health}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range collectors[:i] {
@@ -367,9 +371,12 @@ func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
 // compression), and an admin listener's few requests a minute gain nothing from fasthttp.
 // Gathering errors fail the scrape with a 500 rather than serve partial data, so a broken
 // collector shows up as a down target instead of as silently missing series.
-func AdminHandler(g prometheus.Gatherer) http.Handler {
+//
+// A non-empty token protects /metrics with "Authorization: Bearer TOKEN" (admin.go);
+// /healthz stays open.
+func AdminHandler(g prometheus.Gatherer, token string) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", requireBearer(token, promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
@@ -395,14 +402,14 @@ func NewRegistry() (*prometheus.Registry, *Metrics, error) {
 	return reg, m, nil
 }
 
-// ServeAdmin serves AdminHandler(g) on ln until the returned stop is called. Timeouts are
+// ServeAdmin serves AdminHandler(g, token) on ln until the returned stop is called. Timeouts are
 // short: a scrape is one small request a few times a minute, so no client may hold a connection
 // long, while Prometheus's keep-alive connection between scrapes (15–60 s apart) survives the
 // idle timeout. stop lets a scrape in progress finish until ctx ends, then closes the listener
 // and waits for the server to be gone, so the address is free on return.
-func ServeAdmin(ln net.Listener, g prometheus.Gatherer, log *zap.Logger) (stop func(context.Context)) {
+func ServeAdmin(ln net.Listener, g prometheus.Gatherer, token string, log *zap.Logger) (stop func(context.Context)) {
 	srv := &http.Server{
-		Handler:           AdminHandler(g),
+		Handler:           AdminHandler(g, token),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -648,9 +655,12 @@ func (s *Service) recordSelfAnswer(ctx *fasthttp.RequestCtx, ex *exchange, start
 	if len(id) == 0 {
 		if id = ctx.Request.Header.PeekBytes(headerXRequestID); len(id) == 0 {
 			var buf [40]byte
-			id = appendRequestID(buf[:0])
+			ctx.Response.Header.SetBytesKV(headerXRequestID, appendRequestID(buf[:0]))
+		} else {
+			ctx.Response.Header.SetBytesKV(headerXRequestID, id)
 		}
-		ctx.Response.Header.SetBytesKV(headerXRequestID, id)
+		// The header's own copy: buf stays on the stack, so a refusal allocates nothing.
+		id = ctx.Response.Header.PeekBytes(headerXRequestID)
 	}
 	if !s.obs.on() {
 		return

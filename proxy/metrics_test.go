@@ -137,7 +137,7 @@ func TestMetricsCountRequestsByReplicaAndCode(t *testing.T) {
 	m, reg := newTestMetrics(t)
 	ok := startUpstream(t, "ok", okHandler)
 	failing := startUpstream(t, "failing", func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusInternalServerError) // not retried: the replica may have done the work
+		w.WriteHeader(http.StatusNotImplemented) // not retried: another replica would answer the same
 	})
 	svc, base := startProxy(t, ServiceConfig{Policy: "round_robin", Metrics: m}, backendsOf(ok, failing)...)
 	c := newClient(t)
@@ -148,7 +148,7 @@ func TestMetricsCountRequestsByReplicaAndCode(t *testing.T) {
 
 	want := requestsHeader + `
 ferry_requests_total{code="200",replica="1",service="llama"} 2
-ferry_requests_total{code="500",replica="2",service="llama"} 2
+ferry_requests_total{code="501",replica="2",service="llama"} 2
 ` + upstreamErrorsHeader + upstreamErrors("llama", "1", nil) + upstreamErrors("llama", "2", map[string]int{"status_5xx": 2})
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "ferry_requests_total", "ferry_upstream_errors_total"); err != nil {
 		t.Error(err)
@@ -565,7 +565,7 @@ func TestAdminHandler(t *testing.T) {
 	do(t, c, http.MethodGet, base+"/v1/models", nil)
 	waitForRequests(t, reg, 1)
 
-	admin := httptest.NewServer(AdminHandler(reg)) // a real loopback listener
+	admin := httptest.NewServer(AdminHandler(reg, "")) // a real loopback listener
 	t.Cleanup(admin.Close)
 
 	res := do(t, c, http.MethodGet, admin.URL+"/metrics", nil)

@@ -13,6 +13,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"sync"
@@ -92,6 +93,14 @@ type ServiceConfig struct {
 	// MaxConcurrentRequests, when positive, caps requests in flight; more get 429 with
 	// Retry-After. The cap is soft by the few requests admitted between check and count.
 	MaxConcurrentRequests int
+	// MaxConcurrentStreams, when positive, caps streaming requests in flight (a body whose
+	// "stream" is not false); more get 429, while requests that do not stream pass. Streams
+	// hold a replica's batch slot for their whole generation, so this keeps a few clients'
+	// long streams from taking every slot.
+	MaxConcurrentStreams int
+	// RateLimit, when enabled, admits each API key's requests (each client address's without
+	// APIKeyHashes) through a token bucket; more get 429 with Retry-After (ratelimit.go).
+	RateLimit RateLimit
 	// TLS, when set, makes Serve terminate TLS on every listener (see LoadTLS).
 	TLS *tls.Config
 	// RequestReadTimeout bounds reading one request's headers and body, so slow-loris clients
@@ -130,6 +139,9 @@ type ServiceConfig struct {
 	// KV-cache use; see ReplicaLoad) even when its load-balancing policy does not need them, for
 	// an autoscaler that does.
 	ScrapeEngineMetrics bool
+	// HealthCheck configures the proxy's own checks that take a hung replica out of rotation
+	// within seconds, without the controller (healthcheck.go).
+	HealthCheck HealthCheck
 
 	// Observability.
 
@@ -164,11 +176,13 @@ func (c ServiceConfig) withDefaults() ServiceConfig {
 	if c.MaxQueueWait == 0 {
 		c.MaxQueueWait = DefaultMaxQueueWait
 	}
+	c.HealthCheck = c.HealthCheck.withDefaults()
 	return c
 }
 
 func (c ServiceConfig) validate() error {
 	var errs []error
+	errs = append(errs, c.HealthCheck.validate()...)
 	if c.Name == "" {
 		errs = append(errs, errors.New("name: must not be empty"))
 	}
@@ -187,6 +201,12 @@ func (c ServiceConfig) validate() error {
 	if c.MaxQueueWait < 0 {
 		errs = append(errs, fmt.Errorf("max queue wait: %v must not be negative", c.MaxQueueWait))
 	}
+	if c.MaxConcurrentStreams < 0 {
+		errs = append(errs, fmt.Errorf("max concurrent streams: %d must not be negative", c.MaxConcurrentStreams))
+	}
+	if r := c.RateLimit; r.RequestsPerSecond < 0 || math.IsNaN(r.RequestsPerSecond) || math.IsInf(r.RequestsPerSecond, 0) || r.Burst < 0 {
+		errs = append(errs, fmt.Errorf("rate limit: %g requests per second, burst %d: want a finite rate ≥ 0 and a burst ≥ 0", r.RequestsPerSecond, r.Burst))
+	}
 	return errors.Join(errs...)
 }
 
@@ -202,6 +222,11 @@ type Service struct {
 	front  frontend
 	// obs records metrics and the access log (metrics.go).
 	obs observability
+
+	// limiter applies RateLimit; nil without one. streams counts admitted streaming requests
+	// while MaxConcurrentStreams is set (limits.go).
+	limiter *rateLimiter
+	streams atomic.Int64
 
 	// snap is the current replica set; the request path only ever loads it.
 	snap atomic.Pointer[snapshot]
@@ -224,6 +249,9 @@ type Service struct {
 	// (policy.NeedsMetrics); nil otherwise. It is made on the first SetBackends, so it uses
 	// the dial function tests install.
 	scraper *scraper
+	// health checks the replicas and ejects hung ones (healthcheck.go); made on the first
+	// SetBackends, like the scraper.
+	health *healthChecker
 
 	// draining are clients SetBackends retired while requests still used them, so Busy can
 	// count streams on a replica that has left the snapshot. Guarded by mu; pruned lazily.
@@ -253,6 +281,9 @@ type snapshot struct {
 	replicas []*policy.Replica
 	clients  []*hostClient
 	backends []Backend
+	// pick is what the picker chooses from: replicas minus those the health checks ejected
+	// (healthcheck.go), the same slice when none is.
+	pick []*policy.Replica
 	// ready is set only in a snapshot without replicas: SetBackends closes it when it publishes
 	// one with replicas, waking the requests held for one (hold.go). Consecutive empty
 	// snapshots share it.
@@ -297,6 +328,8 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 		stopped: make(chan struct{}),
 		obs:     newObservability(cfg),
 	}
+	s.errs = s.errs.withLimitBodies(cfg.Name, cfg.RateLimit, keys != nil, cfg.MaxConcurrentStreams)
+	s.limiter = newRateLimiter(cfg.RateLimit, len(cfg.APIKeyHashes))
 	s.exchanges.New = func() any { return &exchange{svc: s} }
 	s.snap.Store(&snapshot{ready: make(chan struct{})})
 	s.front.server = newServer(s.serveRequest, s.requestError, cfg.MaxRequestBodySize, cfg.RequestReadTimeout, s.log)
@@ -374,6 +407,7 @@ func (s *Service) SetBackends(bs []Backend) {
 	if p, ok := s.picker.(policy.Preparer); ok {
 		p.Prepare(next.replicas)
 	}
+	s.updateHealthLocked(next)
 	next.ready = readySignal(old, next)
 	s.rememberModels(old)
 	s.snap.Store(next)
@@ -431,6 +465,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		s.scraper.close()
 	}
 	s.mu.Unlock()
+	s.stopHealthChecks()
 	if err := s.front.shutdown(ctx); err != nil {
 		return err
 	}

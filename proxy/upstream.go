@@ -41,6 +41,8 @@ type hostClient struct {
 	models atomic.Pointer[[]string]
 	// metrics are the series of the replica id at addr (metrics.go); nil without Metrics.
 	metrics atomic.Pointer[replicaMetrics]
+	// health tracks the connections and progress the health checks read (healthcheck.go).
+	health replicaHealth
 }
 
 func (c *hostClient) acquire() { c.active.Add(1) }
@@ -67,7 +69,8 @@ func (c *hostClient) retire() {
 func (s *Service) newHostClient(addr string) *hostClient {
 	idle := s.cfg.IdleTimeout
 	dial := s.dial
-	return &hostClient{
+	var c *hostClient // its connections are tracked for health checking
+	c = &hostClient{
 		addr: addr,
 		hc: &fasthttp.HostClient{
 			Addr: addr,
@@ -76,7 +79,7 @@ func (s *Service) newHostClient(addr string) *hostClient {
 				if err != nil {
 					return nil, &dialError{addr: addr, err: err}
 				}
-				return &deadlineConn{Conn: conn, readIdle: idle, writeIdle: idle}, nil
+				return c.health.track(&deadlineConn{Conn: conn, readIdle: idle, writeIdle: idle}), nil
 			},
 			MaxConns:            upstreamMaxConns,
 			MaxIdleConnDuration: upstreamMaxIdleConnDuration,
@@ -94,6 +97,7 @@ func (s *Service) newHostClient(addr string) *hostClient {
 			SecureErrorLogMessage:    true,
 		},
 	}
+	return c
 }
 
 func defaultDial(addr string) (net.Conn, error) {
@@ -118,14 +122,14 @@ const retryBudget = 15 * time.Second
 
 // retryable reports whether a failed attempt may go to another replica: the request was never
 // sent (dial error, full pool), the replica's connection broke before it answered (reset, closed
-// keep-alive connection), or it answered 502/503 (statusError). Nothing has reached the client in
-// any of these cases. Timeouts are not retried: the replica may still be working on it, and a
-// second replica would double the wait.
+// keep-alive connection, closed by a health-check ejection), or it answered 500/502/503
+// (statusError). Nothing has reached the client in any of these cases. Timeouts are not
+// retried: the replica may still be working on it, and a second replica would double the wait.
 func retryable(err error) bool {
 	var de *dialError
 	var se *statusError
 	switch {
-	case errors.As(err, &de), errors.As(err, &se), errors.Is(err, fasthttp.ErrNoFreeConns):
+	case errors.As(err, &de), errors.As(err, &se), errors.Is(err, fasthttp.ErrNoFreeConns), errors.Is(err, errReplicaEjected):
 		return true
 	case isTimeout(err):
 		return false
@@ -134,10 +138,14 @@ func retryable(err error) bool {
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNABORTED)
 }
 
-// retryableStatus is a replica's answer that another replica may do better on: 502 (its own
-// upstream failed) or 503 (overloaded, starting, draining).
+// retryableStatus is a replica's answer that another replica may do better on: 500 (the
+// engine failed: vLLM answers 500 for a dead or crashed engine, 400s for bad requests), 502
+// (its own upstream failed) or 503 (overloaded, starting, draining). A 500 may have cost the
+// replica some compute, but an inference request has no other side effect, nothing has
+// reached the client, and the retry is bounded like every retry (MaxAttempts distinct
+// replicas, retryBudget).
 func retryableStatus(code int) bool {
-	return code == fasthttp.StatusBadGateway || code == fasthttp.StatusServiceUnavailable
+	return code == fasthttp.StatusInternalServerError || code == fasthttp.StatusBadGateway || code == fasthttp.StatusServiceUnavailable
 }
 
 // isTimeout reports an idle deadline (or fasthttp's ErrTimeout) firing.

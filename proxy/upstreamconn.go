@@ -1,0 +1,153 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Every upstream connection is wrapped (healthConn) so that the proxy knows three things
+// fasthttp does not tell it:
+//
+//   - whether a replica is sending anything at all (replicaHealth.progress), which keeps the
+//     health checks from ejecting a replica that is slow to answer /health but streaming tokens;
+//   - which connections are open, so that an ejection can close them (abortConns);
+//   - whether a chunked response really ended. fasthttp reads a chunked body whose connection
+//     closes exactly between two chunks as a complete body (its chunk-size parser turns an EOF
+//     before the first hex digit into io.EOF), so a replica killed between two SSE events
+//     would look like a stream that ended normally, without [DONE] and without the error event
+//     a client needs. A connection that saw the peer's EOF while its chunked body was still
+//     being parsed did not end normally (bodyCut).
+
+// errReplicaEjected is the error of a read or write on a connection the health check closed:
+// the request never got an answer and may go to another replica.
+var errReplicaEjected = errors.New("proxy: replica ejected: it stopped answering health checks")
+
+// errBodyCut is a chunked response body whose connection closed before its last chunk.
+var errBodyCut = errors.New("proxy: the replica closed the connection in the middle of a chunked response")
+
+// replicaHealth is the health state of one replica address, part of its hostClient.
+type replicaHealth struct {
+	// progress counts reads that returned response bytes on the replica's connections; a
+	// check that sees it move knows the replica is working, whatever its health endpoint says.
+	progress atomic.Uint64
+
+	// ejected, ejectedAt and keptLogged (when "stays in rotation" was last logged) are guarded
+	// by the Service's mu.
+	ejected    bool
+	ejectedAt  time.Time
+	keptLogged time.Time
+
+	mu    sync.Mutex
+	conns map[*healthConn]struct{}
+	// byLocal finds a TCP connection by its local address, which a fasthttp.Response records.
+	byLocal map[netip.AddrPort]*healthConn
+}
+
+// track wraps a new upstream connection so that its reads count as progress and an ejection
+// can close it.
+func (h *replicaHealth) track(conn net.Conn) net.Conn {
+	c := &healthConn{Conn: conn, owner: h}
+	if tcp, ok := conn.LocalAddr().(*net.TCPAddr); ok && tcp.Port != 0 {
+		c.local = tcp.AddrPort()
+	}
+	h.mu.Lock()
+	if h.conns == nil {
+		h.conns = make(map[*healthConn]struct{})
+		h.byLocal = make(map[netip.AddrPort]*healthConn)
+	}
+	h.conns[c] = struct{}{}
+	if c.local.IsValid() {
+		h.byLocal[c.local] = c
+	}
+	h.mu.Unlock()
+	return c
+}
+
+// abortConns closes every open connection to the replica and reports how many it closed.
+func (h *replicaHealth) abortConns() int {
+	h.mu.Lock()
+	conns := make([]*healthConn, 0, len(h.conns))
+	for c := range h.conns {
+		conns = append(conns, c)
+	}
+	h.mu.Unlock()
+	for _, c := range conns {
+		c.aborted.Store(true)
+		_ = c.Conn.Close() // fasthttp's own Close follows when its read or write fails
+	}
+	return len(conns)
+}
+
+// bodyCut reports whether resp, whose body stream just returned io.EOF, was in fact cut: a
+// chunked body whose connection had seen the replica close it (see above). It runs once at the
+// end of a chunked response, never per read.
+func (c *hostClient) bodyCut(resp *fasthttp.Response) bool {
+	if resp.Header.ContentLength() != -1 { // -1: chunked; a sized body's end is checked by fasthttp
+		return false
+	}
+	tcp, ok := resp.LocalAddr().(*net.TCPAddr)
+	if !ok {
+		return false
+	}
+	h := &c.health
+	h.mu.Lock()
+	conn := h.byLocal[tcp.AddrPort()]
+	h.mu.Unlock()
+	return conn != nil && conn.peerEOF.Load()
+}
+
+// healthConn is an upstream connection as replicaHealth sees it.
+type healthConn struct {
+	net.Conn
+	owner *replicaHealth
+	local netip.AddrPort
+	// aborted is set by an ejection; peerEOF when a read met the replica's end of the
+	// connection.
+	aborted atomic.Bool
+	peerEOF atomic.Bool
+	closed  atomic.Bool
+}
+
+func (c *healthConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.owner.progress.Add(1)
+	}
+	if err != nil {
+		if err == io.EOF {
+			c.peerEOF.Store(true)
+		}
+		if c.aborted.Load() {
+			err = errReplicaEjected
+		}
+	}
+	return n, err
+}
+
+func (c *healthConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err != nil && c.aborted.Load() {
+		err = errReplicaEjected
+	}
+	return n, err
+}
+
+func (c *healthConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		h := c.owner
+		h.mu.Lock()
+		delete(h.conns, c)
+		if h.byLocal[c.local] == c {
+			delete(h.byLocal, c.local)
+		}
+		h.mu.Unlock()
+	}
+	return c.Conn.Close()
+}
