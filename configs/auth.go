@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,7 +17,8 @@ import (
 var (
 	authKeys   = []string{"keys_from_env", "keys_file"}
 	limitsKeys = []string{"max_request_body_mb", "max_concurrent_requests", "idle_timeout_seconds",
-		"max_queued_requests", "max_queue_wait_seconds"}
+		"max_queued_requests", "max_queue_wait_seconds", "rate_limit_per_key", "max_concurrent_streams"}
+	rateLimitKeys = []string{"requests_per_second", "burst"}
 )
 
 // Bounds on service.auth and service.limits.
@@ -30,6 +32,13 @@ const (
 	// MaxQueueWaitSeconds caps limits.max_queue_wait_seconds: a client held longer than an
 	// hour has long given up.
 	MaxQueueWaitSeconds = 3600
+	// MaxRateLimit caps limits.rate_limit_per_key's requests_per_second and burst: beyond a
+	// million a second per key the limit is no limit, and a bound keeps the proxy's arithmetic
+	// (nanoseconds per token) meaningful.
+	MaxRateLimit = 1_000_000
+	// MinRateLimitRPS is the slowest refill limits.rate_limit_per_key accepts: one request
+	// every 1000 s. Slower is a key that should be revoked, not rate limited.
+	MinRateLimitRPS = 0.001
 )
 
 // HashAPIKey is how a key is stored and compared: the hex SHA-256 of the key. Keys are long
@@ -199,5 +208,46 @@ func (c *checker) limits(n *yaml.Node, field string) *Limits {
 			l.MaxQueueWaitSeconds = v
 		}
 	}
+	if e, ok := f["rate_limit_per_key"]; ok {
+		l.RateLimitPerKey = c.rateLimit(e, joinField(field, "rate_limit_per_key"))
+	}
+	if e, ok := f["max_concurrent_streams"]; ok {
+		sf := joinField(field, "max_concurrent_streams")
+		if v, ok := c.intAtLeast(e.value, sf, 1); ok {
+			// Streams count as requests too: a stream cap above the request cap never bites.
+			if l.MaxConcurrentRequests > 0 && v > l.MaxConcurrentRequests {
+				c.errorf(e.value, sf, "must be at most max_concurrent_requests (%d), which streams count against too; got %d", l.MaxConcurrentRequests, v)
+			} else {
+				l.MaxConcurrentStreams = v
+			}
+		}
+	}
 	return l
+}
+
+// rateLimit reads limits.rate_limit_per_key: requests_per_second is required, burst defaults to
+// one second's worth.
+func (c *checker) rateLimit(e entry, field string) *RateLimit {
+	f, ok := c.fields(e.value, field, rateLimitKeys)
+	if !ok {
+		return nil
+	}
+	r := &RateLimit{}
+	rate, hasRate := f["requests_per_second"]
+	if hasRate {
+		rf := joinField(field, "requests_per_second")
+		r.RequestsPerSecond, hasRate = c.numberAbove(rate.value, rf, 0, MaxRateLimit)
+		if hasRate && r.RequestsPerSecond < MinRateLimitRPS {
+			c.errorf(rate.value, rf, "must be at least %g (one request every %d seconds), got %s", MinRateLimitRPS, int(1/MinRateLimitRPS), rate.value.Value)
+			hasRate = false
+		}
+	} else {
+		c.errorf(e.keyNode, joinField(field, "requests_per_second"), "required: the rate each key's bucket refills at, in requests per second")
+	}
+	if b, ok := f["burst"]; ok {
+		r.Burst, _ = c.intBetween(b.value, joinField(field, "burst"), 1, MaxRateLimit)
+	} else if hasRate {
+		r.Burst = max(1, int(math.Ceil(r.RequestsPerSecond)))
+	}
+	return r
 }

@@ -206,3 +206,93 @@ func TestLimitsQueue(t *testing.T) {
 		})
 	}
 }
+
+func TestLimitsRateAndStreams(t *testing.T) {
+	const head = "run: serve\nservice:\n  ports: 8080\n  limits:\n"
+	tests := map[string]struct {
+		limits  string // limits' lines, from line 5
+		want    *Limits
+		wantErr []wantErr
+	}{
+		"rate and burst": {
+			limits: "    rate_limit_per_key: {requests_per_second: 2.5, burst: 10}\n    max_concurrent_streams: 8\n",
+			want:   &Limits{RateLimitPerKey: &RateLimit{RequestsPerSecond: 2.5, Burst: 10}, MaxConcurrentStreams: 8},
+		},
+		"burst defaults to one second's worth": {
+			limits: "    rate_limit_per_key:\n      requests_per_second: 2.5\n",
+			want:   &Limits{RateLimitPerKey: &RateLimit{RequestsPerSecond: 2.5, Burst: 3}},
+		},
+		"slow rates get a burst of one": {
+			limits: "    rate_limit_per_key: {requests_per_second: 0.01}\n",
+			want:   &Limits{RateLimitPerKey: &RateLimit{RequestsPerSecond: 0.01, Burst: 1}},
+		},
+		"streams within the request cap": {
+			limits: "    max_concurrent_requests: 10\n    max_concurrent_streams: 10\n",
+			want:   &Limits{MaxConcurrentRequests: 10, MaxConcurrentStreams: 10},
+		},
+		"rate missing, burst zero": {
+			limits: "    rate_limit_per_key:\n      burst: 0\n",
+			wantErr: []wantErr{
+				{5, 5, "service.limits.rate_limit_per_key.requests_per_second", "required"},
+				{6, 14, "service.limits.rate_limit_per_key.burst", "must be at least 1, got 0"},
+			},
+		},
+		"rate zero, no streams, a typo": {
+			limits: "    rate_limit_per_key: {requests_per_second: 0}\n" +
+				"    max_concurrent_streams: 0\n" +
+				"    rate_limit_per_k: 1\n",
+			wantErr: []wantErr{
+				{5, 47, "service.limits.rate_limit_per_key.requests_per_second", "must be greater than 0"},
+				{6, 29, "service.limits.max_concurrent_streams", "must be at least 1, got 0"},
+				{7, 5, "service.limits.rate_limit_per_k", `did you mean "rate_limit_per_key"?`},
+			},
+		},
+		"too slow": {
+			limits:  "    rate_limit_per_key: {requests_per_second: 0.0001}\n",
+			wantErr: []wantErr{{5, 47, "service.limits.rate_limit_per_key.requests_per_second", "must be at least 0.001"}},
+		},
+		"too fast and a typo": {
+			limits: "    rate_limit_per_key: {requests_per_second: 2e6, brust: 3}\n",
+			wantErr: []wantErr{
+				{5, 47, "service.limits.rate_limit_per_key.requests_per_second", "must be at most 1e+06"},
+				{5, 52, "service.limits.rate_limit_per_key.brust", `did you mean "burst"?`},
+			},
+		},
+		"not a mapping": {
+			limits:  "    rate_limit_per_key: 10\n",
+			wantErr: []wantErr{{5, 25, "service.limits.rate_limit_per_key", "expected a mapping"}},
+		},
+		"streams above the request cap": {
+			limits:  "    max_concurrent_requests: 4\n    max_concurrent_streams: 5\n",
+			wantErr: []wantErr{{6, 29, "service.limits.max_concurrent_streams", "must be at most max_concurrent_requests (4)"}},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			task, err := Parse("svc.yaml", []byte(head+tc.limits), Overrides{})
+			if tc.wantErr != nil {
+				if diff := cmp.Diff(tc.wantErr, project(Errors(err), tc.wantErr)); diff != "" {
+					t.Errorf("errors (-want +got):\n%s\nfull: %v", diff, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, task.Service.Limits); diff != "" {
+				t.Errorf("limits (-want +got):\n%s", diff)
+			}
+			out, err := task.ResolvedYAML()
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertRoundTrip(t, task, out)
+			if r := task.Redacted().Service.Limits.RateLimitPerKey; r != nil {
+				r.Burst = -1
+				if task.Service.Limits.RateLimitPerKey.Burst == -1 {
+					t.Error("Redacted shares the rate limit with the task")
+				}
+			}
+		})
+	}
+}

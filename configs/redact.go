@@ -53,6 +53,10 @@ func (t *Task) Redacted() *Task {
 		}
 		if s.Limits != nil {
 			limits := *s.Limits
+			if r := limits.RateLimitPerKey; r != nil {
+				rate := *r
+				limits.RateLimitPerKey = &rate
+			}
 			s.Limits = &limits
 		}
 		out.Service = &s

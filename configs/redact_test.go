@@ -169,6 +169,8 @@ service:
     target_kv_cache_usage: 0.75
   limits:
     max_queued_requests: 10
+    rate_limit_per_key: {requests_per_second: 5}
+    max_concurrent_streams: 16
 `
 	var rendered string
 	for _, src := range []string{requestRate, llm} {
@@ -183,7 +185,7 @@ service:
 		assertRoundTrip(t, task, out)
 		rendered += string(out)
 	}
-	for _, key := range append(slices.Clone(policyKeys), limitsKeys...) {
+	for _, key := range slices.Concat(policyKeys, limitsKeys, rateLimitKeys) {
 		if !strings.Contains(rendered, " "+key+":") {
 			t.Errorf("ResolvedYAML never writes %s:\n%s", key, rendered)
 		}

@@ -146,6 +146,24 @@ type Limits struct {
 	MaxQueuedRequests int `json:"max_queued_requests,omitempty" yaml:"max_queued_requests,omitempty"`
 	// MaxQueueWaitSeconds bounds how long a held request waits for a replica; 0 = proxy default (300).
 	MaxQueueWaitSeconds int `json:"max_queue_wait_seconds,omitempty" yaml:"max_queue_wait_seconds,omitempty"`
+	// RateLimitPerKey admits each API key's requests (each client address's, when the service
+	// has no auth) through a token bucket; beyond it they get 429 with Retry-After. Nil means
+	// no rate limit.
+	RateLimitPerKey *RateLimit `json:"rate_limit_per_key,omitempty" yaml:"rate_limit_per_key,omitempty"`
+	// MaxConcurrentStreams caps streaming requests ("stream": true) in flight through the
+	// endpoint; beyond it they get 429, while requests that do not stream are unaffected. Zero
+	// means no cap.
+	MaxConcurrentStreams int `json:"max_concurrent_streams,omitempty" yaml:"max_concurrent_streams,omitempty"`
+}
+
+// RateLimit is a token bucket: Burst requests at once, refilled at RequestsPerSecond. A
+// client that waited long enough may send Burst requests back to back, and a steady
+// RequestsPerSecond after that.
+type RateLimit struct {
+	RequestsPerSecond float64 `json:"requests_per_second" yaml:"requests_per_second"`
+	// Burst is the bucket's size; the default (filled in by Parse) is RequestsPerSecond
+	// rounded up, at least 1: one second's worth.
+	Burst int `json:"burst" yaml:"burst"`
 }
 
 // Probe is the readiness probe. Only HTTP 200 counts as ready.
@@ -183,7 +201,7 @@ type ReplicaPolicy struct {
 
 	// TargetInflightPerReplica: concurrency/llm target of in-flight requests per replica; 0 = autoscaler default.
 	TargetInflightPerReplica float64 `json:"target_inflight_per_replica,omitempty"`
-	StableWindowSeconds      int     `json:"stable_window_seconds,omitempty"`       // 0 = default 60
+	StableWindowSeconds      int     `json:"stable_window_seconds,omitempty"`       // 0 = learned: 5 × the replicas' cold start, at least 60
 	PanicWindowSeconds       int     `json:"panic_window_seconds,omitempty"`        // 0 = default 6
 	PanicThreshold           float64 `json:"panic_threshold,omitempty"`             // 0 = default 2.0 (ratio of desired to ready)
 	MaxScaleUpRate           float64 `json:"max_scale_up_rate,omitempty"`           // 0 = default 1000 (Knative): at most ready×rate per decision

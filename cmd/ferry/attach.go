@@ -298,6 +298,11 @@ func attachedServiceConfig(base proxy.ServiceConfig, pc api.ProxyConfig) proxy.S
 	cfg.IdleTimeout = time.Duration(pc.IdleTimeoutSeconds) * time.Second
 	cfg.MaxQueuedRequests = pc.MaxQueuedRequests
 	cfg.MaxQueueWait = time.Duration(pc.MaxQueueWaitSeconds) * time.Second
+	cfg.MaxConcurrentStreams = pc.MaxConcurrentStreams
+	cfg.RateLimit = proxy.RateLimit{}
+	if r := pc.RateLimitPerKey; r != nil {
+		cfg.RateLimit = proxy.RateLimit{RequestsPerSecond: r.RequestsPerSecond, Burst: r.Burst}
+	}
 	return cfg
 }
 

@@ -84,7 +84,8 @@ func (c *attachController) kill() {
 	c.srv.Close()
 }
 
-// countingReplica is a simulated replica that counts the requests it served.
+// countingReplica is a simulated replica that counts the requests it served (the proxy's
+// health checks, GET /health, do not count).
 type countingReplica struct {
 	*httptest.Server
 	hits atomic.Int64
@@ -95,7 +96,9 @@ func startCountingReplica(t *testing.T) *countingReplica {
 	r := &countingReplica{}
 	sim := replicasim.NewServer(replicasim.DefaultConfig()).Handler()
 	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		r.hits.Add(1)
+		if req.URL.Path != "/health" {
+			r.hits.Add(1)
+		}
 		sim.ServeHTTP(w, req)
 	}))
 	t.Cleanup(r.Close)

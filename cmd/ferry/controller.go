@@ -22,8 +22,9 @@ func init() { register(newControllerCmd) }
 
 func newControllerCmd() *cobra.Command {
 	var (
-		opts     controller.Options
-		logLevel string
+		opts             controller.Options
+		logLevel         string
+		metricsTokenFile string
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -31,8 +32,10 @@ func newControllerCmd() *cobra.Command {
 		Long: `Run Ferry's controller: it owns all state (SQLite under $FERRY_HOME, default ~/.ferry),
 launches and probes replicas, serves each service's endpoint, and answers the CLI over HTTP on
 loopback with the token in $FERRY_HOME/controller.token. Prometheus metrics for every service
-are served apart from traffic on --metrics-addr (/metrics and /healthz), and requests are
-logged, sampled under load, as lines of the logger "access".
+are served apart from traffic on --metrics-addr (/metrics and /healthz; with
+--metrics-token-file, /metrics requires that file's token as a bearer token, which a Prometheus
+scrape config sends with authorization: {credentials_file: FILE}), and requests are logged,
+sampled under load, as lines of the logger "access".
 
 Every other command starts it in the background when it is not running, so you rarely run this.`,
 		Example: "  ferry controller                 # foreground, logs to the terminal\n" +
@@ -49,6 +52,11 @@ Every other command starts it in the background when it is not running, so you r
 				return err
 			}
 			defer log.Sync() //nolint:errcheck
+			if metricsTokenFile != "" {
+				if opts.MetricsToken, err = readTokenFile(metricsTokenFile); err != nil {
+					return fmt.Errorf("--metrics-token-file: %w", err)
+				}
+			}
 			opts.Home = h
 			opts.Version = version()
 			opts.Logger = log
@@ -74,6 +82,8 @@ Every other command starts it in the background when it is not running, so you r
 		"shared endpoint that routes by the request's model, host:port; empty or \"off\" to disable ($FERRY_GATEWAY_ADDR)")
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", envOr("FERRY_METRICS_ADDR", controller.DefaultMetricsAddr),
 		"admin listener for Prometheus /metrics and /healthz, host:port; empty or \"off\" to disable ($FERRY_METRICS_ADDR)")
+	f.StringVar(&metricsTokenFile, "metrics-token-file", os.Getenv("FERRY_METRICS_TOKEN_FILE"),
+		"require the token in this file as \"Authorization: Bearer\" on /metrics; /healthz stays open ($FERRY_METRICS_TOKEN_FILE)")
 	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
 	return cmd
 }

@@ -42,7 +42,12 @@ type proxyFlags struct {
 	maxBodyMB       int
 	idleTimeout     time.Duration
 	metricsListen   string
-	accessLog       bool
+	// metricsTokenFile holds the bearer token /metrics requires; empty: none.
+	metricsTokenFile string
+	maxStreams       int
+	rateLimit        float64
+	rateBurst        int
+	accessLog        bool
 	// attach is the service to follow through the controller; empty for a fixed replica list.
 	attach string
 	// set tells which of attachConflicts were given on the command line.
@@ -52,7 +57,7 @@ type proxyFlags struct {
 // attachConflicts are the flags whose settings an attached proxy takes from the service's YAML
 // through the controller.
 var attachConflicts = []string{"replica", "policy", "target-qps", "api-key-env", "name",
-	"max-concurrent-requests", "max-body-mb", "idle-timeout"}
+	"max-concurrent-requests", "max-body-mb", "idle-timeout", "max-concurrent-streams", "rate-limit", "rate-limit-burst"}
 
 // proxyOptions is what the flags mean.
 type proxyOptions struct {
@@ -62,7 +67,9 @@ type proxyOptions struct {
 	shutdownTimeout time.Duration
 	// metricsListen is the admin listener's address; empty serves no metrics.
 	metricsListen string
-	accessLog     bool
+	// metricsToken, when set, is the bearer token /metrics requires.
+	metricsToken string
+	accessLog    bool
 	// attach is the service followed through the controller (attach.go); service then holds
 	// only what the command line sets (name, TLS) and backends is empty.
 	attach string
@@ -94,7 +101,10 @@ host:port or http://host:port; append #ACCELERATOR (for example #A100) to weight
 instance_aware_least_load with --target-qps.
 
 --metrics-listen serves Prometheus metrics (GET /metrics) and a liveness check (GET /healthz) on
-their own address, apart from traffic; keep it on loopback or a private network. --access-log
+their own address, apart from traffic; keep it on loopback or a private network, and with
+--metrics-token-file FILE /metrics requires "Authorization: Bearer" and the token in FILE (a
+Prometheus scrape config sends it with authorization: {credentials_file: FILE}); /healthz stays
+open. --access-log
 writes one line per request (sampled under load: each second the first 100, then every 100th)
 with its id, path, status, replica and timings, never headers, query strings or bodies.
 
@@ -153,9 +163,13 @@ flight, streams included, to finish.`,
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "serve HTTPS with this PEM certificate (needs --tls-key)")
 	fl.StringVar(&f.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
 	fl.IntVar(&f.maxConcurrent, "max-concurrent-requests", 0, "answer 429 beyond this many requests in flight (0: no cap)")
+	fl.IntVar(&f.maxStreams, "max-concurrent-streams", 0, "answer 429 to streaming requests beyond this many streams in flight (0: no cap)")
+	fl.Float64Var(&f.rateLimit, "rate-limit", 0, "requests per second allowed per API key (per client address without keys); beyond it 429 (0: no limit)")
+	fl.IntVar(&f.rateBurst, "rate-limit-burst", 0, "requests a key may send at once under --rate-limit (default: one second's worth)")
 	fl.IntVar(&f.maxBodyMB, "max-body-mb", proxy.DefaultMaxRequestBodySize>>20, "largest request body accepted, in MiB")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", proxy.DefaultIdleTimeout, "how long a replica or client may stay silent mid-request")
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve Prometheus /metrics and /healthz on this address, host:port (default: off)")
+	fl.StringVar(&f.metricsTokenFile, "metrics-token-file", "", "require this file's token as \"Authorization: Bearer\" on /metrics (/healthz stays open)")
 	fl.BoolVar(&f.accessLog, "access-log", false, "log one line per request (sampled under load)")
 	fl.StringVar(&f.attach, "attach", "", "follow this service of the controller in FERRY_HOME instead of fixed replicas")
 	return cmd
@@ -170,6 +184,15 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		service:         proxy.ServiceConfig{Name: f.name, Policy: f.policy},
 		metricsListen:   f.metricsListen,
 		accessLog:       f.accessLog,
+	}
+	if f.metricsTokenFile != "" {
+		if f.metricsListen == "" {
+			errs = append(errs, errors.New("--metrics-token-file: goes with --metrics-listen"))
+		} else if tok, err := readTokenFile(f.metricsTokenFile); err != nil {
+			errs = append(errs, fmt.Errorf("--metrics-token-file: %w", err))
+		} else {
+			opts.metricsToken = tok
+		}
 	}
 	if _, _, err := net.SplitHostPort(f.listen); err != nil {
 		errs = append(errs, fmt.Errorf("--listen %q: %w", f.listen, err))
@@ -251,6 +274,19 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		errs = append(errs, fmt.Errorf("--idle-timeout %v: must be positive", f.idleTimeout))
 	}
 	opts.service.IdleTimeout = f.idleTimeout
+	if f.maxStreams < 0 {
+		errs = append(errs, fmt.Errorf("--max-concurrent-streams %d: must not be negative", f.maxStreams))
+	}
+	opts.service.MaxConcurrentStreams = f.maxStreams
+	switch {
+	case f.rateLimit < 0 || f.rateLimit > configs.MaxRateLimit || f.rateLimit > 0 && f.rateLimit < configs.MinRateLimitRPS:
+		errs = append(errs, fmt.Errorf("--rate-limit %g: want 0 (off) or %g to %d requests per second", f.rateLimit, configs.MinRateLimitRPS, configs.MaxRateLimit))
+	case f.rateBurst < 0 || f.rateBurst > configs.MaxRateLimit:
+		errs = append(errs, fmt.Errorf("--rate-limit-burst %d: want 1 to %d", f.rateBurst, configs.MaxRateLimit))
+	case f.rateBurst > 0 && f.rateLimit == 0:
+		errs = append(errs, errors.New("--rate-limit-burst: goes with --rate-limit"))
+	}
+	opts.service.RateLimit = proxy.RateLimit{RequestsPerSecond: f.rateLimit, Burst: f.rateBurst}
 	return opts, errors.Join(errs...)
 }
 
@@ -375,8 +411,8 @@ func proxyBaseConfig(opts proxyOptions, adminLn net.Listener, log *zap.Logger) (
 		return cfg, nil, err
 	}
 	cfg.Metrics = metrics
-	stopAdmin := proxy.ServeAdmin(adminLn, reg, log.Named("metrics"))
-	log.Info("metrics serving", zap.String("endpoint", "http://"+adminLn.Addr().String()+"/metrics"))
+	stopAdmin := proxy.ServeAdmin(adminLn, reg, opts.metricsToken, log.Named("metrics"))
+	log.Info("metrics serving", zap.String("endpoint", "http://"+adminLn.Addr().String()+"/metrics"), zap.Bool("token_required", opts.metricsToken != ""))
 	// Metrics stay up while requests drain; a scrape still running at exit is cut off.
 	return cfg, func() {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -395,4 +431,28 @@ func newCLILogger(verbose bool) (*zap.Logger, error) {
 		cfg.Level = zap.NewAtomicLevelAt(zap.DebugLevel)
 	}
 	return cfg.Build()
+}
+
+// readTokenFile reads a bearer token from a file, as Prometheus reads credentials_file: the
+// whole file, surrounding whitespace trimmed. Errors never show the file's contents.
+func readTokenFile(path string) (string, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return "", err
+	}
+	if info.Size() > 4<<10 {
+		return "", fmt.Errorf("%s is %d bytes; a token file holds one token", path, info.Size())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	tok := strings.TrimSpace(string(b))
+	switch {
+	case len(tok) < proxy.MinAdminTokenLength:
+		return "", fmt.Errorf("the token in %s is %d characters; want at least %d", path, len(tok), proxy.MinAdminTokenLength)
+	case strings.ContainsAny(tok, " \t\r\n"):
+		return "", fmt.Errorf("the token in %s contains whitespace; the file holds one token", path)
+	}
+	return tok, nil
 }

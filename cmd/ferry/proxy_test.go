@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,14 @@ func TestProxyFlags(t *testing.T) {
 	const key = "sk-ferry-flags-0123456789"
 	t.Setenv("FERRY_TEST_KEY", key)
 	t.Setenv("FERRY_SHORT_KEY", "short")
+	const metricsToken = "metrics-token-in-a-file-0123"
+	tokenFile, shortTokenFile := filepath.Join(t.TempDir(), "token"), filepath.Join(t.TempDir(), "short")
+	if err := os.WriteFile(tokenFile, []byte(metricsToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(shortTokenFile, []byte("tiny-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	base := proxyFlags{listen: "127.0.0.1:8000", name: "svc", policy: "least_load", replicas: []string{"127.0.0.1:9001"},
 		maxBodyMB: 32, idleTimeout: time.Minute}
 	tests := map[string]struct {
@@ -68,6 +78,35 @@ func TestProxyFlags(t *testing.T) {
 			edit:    func(f *proxyFlags) { f.replicas, f.attach, f.apiKeyEnvs = nil, "llama", []string{"FERRY_TEST_KEY"} },
 			wantErr: "--api-key-env does not go with --attach",
 		},
+		"metrics token": {
+			edit: func(f *proxyFlags) { f.metricsListen, f.metricsTokenFile = "127.0.0.1:9464", tokenFile },
+			check: func(t *testing.T, o proxyOptions) {
+				if o.metricsToken != metricsToken {
+					t.Errorf("metrics token %q, want the file's, trimmed", o.metricsToken)
+				}
+			},
+		},
+		"metrics token without metrics": {edit: func(f *proxyFlags) { f.metricsTokenFile = tokenFile }, wantErr: "--metrics-token-file: goes with --metrics-listen"},
+		"short metrics token": {
+			edit:    func(f *proxyFlags) { f.metricsListen, f.metricsTokenFile = "127.0.0.1:9464", shortTokenFile },
+			wantErr: "is 11 characters; want at least 16",
+		},
+		"missing metrics token file": {
+			edit:    func(f *proxyFlags) { f.metricsListen, f.metricsTokenFile = "127.0.0.1:9464", "/nonexistent/token" },
+			wantErr: "--metrics-token-file: stat /nonexistent/token",
+		},
+		"stream and rate limits": {
+			edit: func(f *proxyFlags) { f.maxStreams, f.rateLimit, f.rateBurst = 4, 2.5, 10 },
+			check: func(t *testing.T, o proxyOptions) {
+				if o.service.MaxConcurrentStreams != 4 || o.service.RateLimit != (proxy.RateLimit{RequestsPerSecond: 2.5, Burst: 10}) {
+					t.Errorf("streams %d, rate %+v", o.service.MaxConcurrentStreams, o.service.RateLimit)
+				}
+			},
+		},
+		"negative streams":               {edit: func(f *proxyFlags) { f.maxStreams = -1 }, wantErr: "--max-concurrent-streams -1"},
+		"rate too slow":                  {edit: func(f *proxyFlags) { f.rateLimit = 0.0001 }, wantErr: "--rate-limit 0.0001"},
+		"burst without rate":             {edit: func(f *proxyFlags) { f.rateBurst = 3 }, wantErr: "--rate-limit-burst: goes with --rate-limit"},
+		"attach with rate limit":         {edit: func(f *proxyFlags) { f.replicas, f.attach, f.set = nil, "llama", map[string]bool{"rate-limit": true} }, wantErr: "--rate-limit does not go with --attach"},
 		"metrics port missing":           {edit: func(f *proxyFlags) { f.metricsListen = "127.0.0.1" }, wantErr: `--metrics-listen "127.0.0.1"`},
 		"metrics on the traffic address": {edit: func(f *proxyFlags) { f.metricsListen = f.listen }, wantErr: "must differ from --listen"},
 	}
@@ -82,8 +121,8 @@ func TestProxyFlags(t *testing.T) {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("parse error = %v, want %q", err, tc.wantErr)
 				}
-				if strings.Contains(err.Error(), "short") && strings.Contains(err.Error(), "=short") {
-					t.Errorf("error shows the key: %v", err)
+				if strings.Contains(err.Error(), "short") && strings.Contains(err.Error(), "=short") || strings.Contains(err.Error(), "tiny-secret") {
+					t.Errorf("error shows the key or token: %v", err)
 				}
 				return
 			}

@@ -34,7 +34,9 @@ prompt token missing from the prefix cache; each further token takes --itl plus 
 per running sequence. Output is filler text, deterministic for a --seed.
 
 Failures can be injected: --startup-delay (503 until loaded), --error-rate (HTTP 500),
---hang-rate (never answers) and --exit-after (crashes after N completions).
+--hang-rate (never answers), --slow-rate with --slow-delay (late first token), --flap-period
+(/health alternates 200/503) and --exit-after (crashes after N completions). --faults-file names
+a file of such fault flags that is re-read while the replica runs, to switch faults on and off.
 
 The port defaults to $FERRY_PORT when set, so a launcher can start it like any replica. SIGINT or
 SIGTERM shuts down gracefully: in-flight requests finish at once and the exit status is 0.`,

@@ -71,6 +71,10 @@ type ProxyConfig struct {
 	IdleTimeoutSeconds    int `json:"idle_timeout_seconds,omitempty"`
 	MaxQueuedRequests     int `json:"max_queued_requests,omitempty"`
 	MaxQueueWaitSeconds   int `json:"max_queue_wait_seconds,omitempty"`
+	MaxConcurrentStreams  int `json:"max_concurrent_streams,omitempty"`
+	// RateLimitPerKey is service.limits.rate_limit_per_key with its default burst filled in;
+	// nil means none.
+	RateLimitPerKey *configs.RateLimit `json:"rate_limit_per_key,omitempty"`
 }
 
 // ProxyConfigFor extracts a service's proxy configuration; it is the same mapping the
@@ -93,6 +97,11 @@ func ProxyConfigFor(svc *configs.Service) ProxyConfig {
 		pc.IdleTimeoutSeconds = l.IdleTimeoutSeconds
 		pc.MaxQueuedRequests = l.MaxQueuedRequests
 		pc.MaxQueueWaitSeconds = l.MaxQueueWaitSeconds
+		pc.MaxConcurrentStreams = l.MaxConcurrentStreams
+		if r := l.RateLimitPerKey; r != nil {
+			rate := *r
+			pc.RateLimitPerKey = &rate
+		}
 	}
 	return pc
 }

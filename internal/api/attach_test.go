@@ -267,11 +267,13 @@ func TestProxyConfigFor(t *testing.T) {
 				ReplicaPolicy:       configs.ReplicaPolicy{TargetQPSPerAccelerator: map[string]float64{"A100": 2}},
 				Auth:                &configs.Auth{KeyHashes: []string{"abc"}},
 				Limits: &configs.Limits{MaxRequestBodyMB: 8, MaxConcurrentRequests: 100, IdleTimeoutSeconds: 30,
-					MaxQueuedRequests: -1, MaxQueueWaitSeconds: 10},
+					MaxQueuedRequests: -1, MaxQueueWaitSeconds: 10, MaxConcurrentStreams: 20,
+					RateLimitPerKey: &configs.RateLimit{RequestsPerSecond: 0.5, Burst: 4}},
 			},
 			want: ProxyConfig{Policy: "instance_aware_least_load", TargetQPSPerAccelerator: map[string]float64{"A100": 2},
 				AuthRequired: true, APIKeyHashes: []string{"abc"}, MaxRequestBodyMB: 8, MaxConcurrentRequests: 100,
-				IdleTimeoutSeconds: 30, MaxQueuedRequests: -1, MaxQueueWaitSeconds: 10},
+				IdleTimeoutSeconds: 30, MaxQueuedRequests: -1, MaxQueueWaitSeconds: 10, MaxConcurrentStreams: 20,
+				RateLimitPerKey: &configs.RateLimit{RequestsPerSecond: 0.5, Burst: 4}},
 		},
 	}
 	for name, tc := range tests {

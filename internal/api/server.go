@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -39,28 +40,53 @@ type Backend interface {
 	Stop()
 }
 
-// NewHandler returns the API's HTTP handler; every route checks token.
+// NewHandler returns the API's HTTP handler. Every request, whatever its path and whether or
+// not a route matches it, must carry "Authorization: Bearer TOKEN", also on loopback: the API
+// launches programs and reads their logs, so any local user or process that can reach the port
+// would otherwise own the machine's services. An empty token refuses everything.
 func NewHandler(b Backend, token string, log *zap.Logger) http.Handler {
 	s := &server{b: b, log: log}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/controller", s.controllerStatus)
-	mux.HandleFunc("POST /v1/controller/stop", s.controllerStop)
-	mux.HandleFunc("GET /v1/controller/logs", s.controllerLogs)
-	mux.HandleFunc("POST /v1/services", s.createService)
-	mux.HandleFunc("GET /v1/services", s.listServices)
-	mux.HandleFunc("DELETE /v1/services/{name}", s.deleteService)
-	mux.HandleFunc("POST /v1/services/{name}/update", s.updateService)
-	mux.HandleFunc("GET /v1/services/{name}/replicas/{id}/logs", s.replicaLogs)
-	mux.HandleFunc("GET /v1/services/{name}/replicaset", s.replicaSet)
-	mux.HandleFunc("POST /v1/services/{name}/proxyload", s.proxyLoad)
-	want := []byte("Bearer " + token)
+	for _, r := range s.routes() {
+		mux.HandleFunc(r.pattern, r.handler)
+	}
+	return requireToken(token, mux)
+}
+
+// route is one endpoint of the API.
+type route struct {
+	pattern string
+	handler http.HandlerFunc
+}
+
+// routes lists every endpoint; NewHandler puts each behind the token.
+func (s *server) routes() []route {
+	return []route{
+		{"GET /v1/controller", s.controllerStatus},
+		{"POST /v1/controller/stop", s.controllerStop},
+		{"GET /v1/controller/logs", s.controllerLogs},
+		{"POST /v1/services", s.createService},
+		{"GET /v1/services", s.listServices},
+		{"DELETE /v1/services/{name}", s.deleteService},
+		{"POST /v1/services/{name}/update", s.updateService},
+		{"GET /v1/services/{name}/replicas/{id}/logs", s.replicaLogs},
+		{"GET /v1/services/{name}/replicaset", s.replicaSet},
+		{"POST /v1/services/{name}/proxyload", s.proxyLoad},
+	}
+}
+
+// requireToken lets through only requests that carry the token. SHA-256 sums are compared in
+// constant time, so the time taken says neither how long the token is nor how much of it a
+// guess got right.
+func requireToken(token string, next http.Handler) http.Handler {
+	want := sha256.Sum256([]byte("Bearer " + token))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		got := sha256.Sum256([]byte(r.Header.Get("Authorization")))
+		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 || token == "" {
 			writeError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong controller token")
 			return
 		}
-		mux.ServeHTTP(w, r)
+		next.ServeHTTP(w, r)
 	})
 }
 

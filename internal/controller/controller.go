@@ -62,6 +62,10 @@ type Options struct {
 	// service traffic; empty or ListenerOff disables it. Like GatewayAddr, a taken default
 	// address is logged and skipped, while any other address that cannot be bound is an error.
 	MetricsAddr string
+	// MetricsToken, when set, protects the metrics listener's /metrics with "Authorization:
+	// Bearer TOKEN" (what a Prometheus scrape config's credentials_file sends); /healthz stays
+	// open.
+	MetricsToken string
 	// BlockFor is how long a location that had no capacity is skipped; 0 is
 	// provision.DefaultBlockFor.
 	BlockFor time.Duration

@@ -32,6 +32,10 @@ func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.Servi
 		cfg.IdleTimeout = time.Duration(l.IdleTimeoutSeconds) * time.Second
 		cfg.MaxQueuedRequests = l.MaxQueuedRequests
 		cfg.MaxQueueWait = time.Duration(l.MaxQueueWaitSeconds) * time.Second
+		cfg.MaxConcurrentStreams = l.MaxConcurrentStreams
+		if r := l.RateLimitPerKey; r != nil {
+			cfg.RateLimit = proxy.RateLimit{RequestsPerSecond: r.RequestsPerSecond, Burst: r.Burst}
+		}
 	}
 	if t := svc.TLS; t != nil {
 		tlsCfg, err := proxy.LoadTLS(t.CertFile, t.KeyFile)

@@ -37,9 +37,9 @@ func (c *Controller) startMetrics() error {
 	if ln == nil {
 		return err
 	}
-	c.stopAdmin = proxy.ServeAdmin(ln, c.registry, c.log.Named("metrics"))
+	c.stopAdmin = proxy.ServeAdmin(ln, c.registry, c.opts.MetricsToken, c.log.Named("metrics"))
 	c.metricsAddr = ln.Addr().String()
-	c.log.Info("metrics serving", zap.String("endpoint", c.metricsURL()))
+	c.log.Info("metrics serving", zap.String("endpoint", c.metricsURL()), zap.Bool("token_required", c.opts.MetricsToken != ""))
 	return nil
 }
 

@@ -103,3 +103,44 @@ func TestStopMetricsClosesListener(t *testing.T) {
 	}
 	ln.Close()
 }
+
+// TestMetricsToken: with MetricsToken the controller's /metrics needs it as a bearer token,
+// while /healthz stays open for liveness probes.
+func TestMetricsToken(t *testing.T) {
+	const token = "controller-metrics-token-0123"
+	c := New(Options{MetricsAddr: "127.0.0.1:0", MetricsToken: token})
+	if err := c.initMetrics(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.startMetrics(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.stopMetrics()
+	client := &http.Client{Timeout: 5 * time.Second}
+	get := func(path, auth string) int {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+c.metricsAddr+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		path, auth string
+		want       int
+	}{
+		{"/metrics", "", http.StatusUnauthorized},
+		{"/metrics", "Bearer wrong-token-0123456789", http.StatusUnauthorized},
+		{"/metrics", "Bearer " + token, http.StatusOK},
+		{"/healthz", "", http.StatusOK},
+	} {
+		if got := get(tc.path, tc.auth); got != tc.want {
+			t.Errorf("GET %s with %q: %d, want %d", tc.path, tc.auth, got, tc.want)
+		}
+	}
+}

@@ -53,11 +53,16 @@ func (h Home) LockPath() string      { return filepath.Join(h.Dir, "controller.l
 func (h Home) ControllerLog() string { return filepath.Join(h.Dir, "controller.log") }
 func (h Home) LocalDir() string      { return filepath.Join(h.Dir, "local") }
 
-// Token returns the controller token, creating a random one (0600) on first use.
+// Token returns the controller token, creating a random one (0600) on first use. A token file
+// that others may read (copied in, or made by hand) is made owner-only again before its token
+// is used: whoever reads it controls the controller.
 func (h Home) Token() (string, error) {
 	b, err := os.ReadFile(h.TokenPath())
 	if err == nil {
 		if tok := strings.TrimSpace(string(b)); tok != "" {
+			if err := ownerOnly(h.TokenPath(), 0o600); err != nil {
+				return "", fmt.Errorf("controller token: %w", err)
+			}
 			return tok, nil
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {
@@ -84,6 +89,21 @@ func (h Home) Token() (string, error) {
 		return "", err
 	}
 	return tok, nil
+}
+
+// ownerOnly sets path's mode to perm if it grants anything to group or others.
+func ownerOnly(path string, perm os.FileMode) error {
+	info, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if info.Mode().Perm()&0o077 == 0 {
+		return nil
+	}
+	if err := os.Chmod(path, perm); err != nil {
+		return fmt.Errorf("%s is readable by others and cannot be made private: %w", path, err)
+	}
+	return nil
 }
 
 func (h Home) waitToken() (string, error) {

@@ -1,0 +1,162 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/internal/sourcecheck"
+)
+
+// countingBackend answers every route and counts the calls that reached it.
+type countingBackend struct {
+	calls   atomic.Int64
+	logPath string
+}
+
+func (b *countingBackend) hit() { b.calls.Add(1) }
+
+func (b *countingBackend) CreateService(context.Context, CreateServiceRequest) (ServiceStatus, error) {
+	b.hit()
+	return ServiceStatus{}, nil
+}
+func (b *countingBackend) Services([]string) ([]ServiceStatus, error)  { b.hit(); return nil, nil }
+func (b *countingBackend) DeleteService(context.Context, string) error { b.hit(); return nil }
+func (b *countingBackend) UpdateService(context.Context, string, UpdateServiceRequest) (ServiceStatus, error) {
+	b.hit()
+	return ServiceStatus{}, nil
+}
+func (b *countingBackend) ReplicaLogPath(string, int) (string, error) { b.hit(); return b.logPath, nil }
+func (b *countingBackend) ControllerLogPath() string                  { b.hit(); return b.logPath }
+func (b *countingBackend) Status() ControllerStatus                   { b.hit(); return ControllerStatus{} }
+func (b *countingBackend) ReplicaSet(context.Context, string, uint64, time.Duration) (ReplicaSet, error) {
+	b.hit()
+	return ReplicaSet{}, nil
+}
+func (b *countingBackend) ReportProxyLoad(string, ProxyLoadReport) error { b.hit(); return nil }
+func (b *countingBackend) Stop()                                         { b.hit() }
+
+var _ Backend = (*countingBackend)(nil)
+
+// TestEveryRouteRequiresToken sends every route of the API (the list NewHandler serves, so a
+// route added later is covered) with no token, a wrong one, another FERRY_HOME's, and other
+// near misses: each gets 401 and reaches nothing. Only the token itself gets through.
+func TestEveryRouteRequiresToken(t *testing.T) {
+	homeA, homeB := home.Home{Dir: t.TempDir()}, home.Home{Dir: t.TempDir()}
+	token, err := homeA.Token()
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherToken, err := homeB.Token()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token == otherToken {
+		t.Fatal("two FERRY_HOMEs got the same token")
+	}
+	logPath := filepath.Join(t.TempDir(), "log")
+	if err := os.WriteFile(logPath, []byte("line\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := &countingBackend{logPath: logPath}
+	srv := httptest.NewServer(NewHandler(b, token, zaptest.NewLogger(t))) // loopback
+	t.Cleanup(srv.Close)
+
+	refused := map[string]func(*http.Request){
+		"no token":              func(*http.Request) {},
+		"wrong token":           func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+strings.Repeat("0", len(token))) },
+		"other home's token":    func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+otherToken) },
+		"token prefix":          func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+token[:len(token)-1]) },
+		"token with a suffix":   func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+token+"0") },
+		"token without scheme":  func(r *http.Request) { r.Header.Set("Authorization", token) },
+		"basic auth":            func(r *http.Request) { r.SetBasicAuth("ferry", token) },
+		"token in the query":    func(r *http.Request) { r.URL.RawQuery = "token=" + token + "&access_token=" + token },
+		"token in another head": func(r *http.Request) { r.Header.Set("X-Ferry-Token", token) },
+	}
+	type target struct{ method, path string }
+	var targets []target
+	for _, r := range (&server{}).routes() {
+		method, path, _ := strings.Cut(r.pattern, " ")
+		path = strings.NewReplacer("{name}", "llama", "{id}", "1").Replace(path)
+		targets = append(targets, target{method, path})
+	}
+	if len(targets) < 10 {
+		t.Fatalf("only %d routes listed", len(targets))
+	}
+	// A path no route serves is refused too, so the API's shape cannot be probed without the
+	// token.
+	targets = append(targets, target{http.MethodGet, "/v1/nonexistent"}, target{http.MethodGet, "/"})
+
+	send := func(tg target, edit func(*http.Request)) (int, string) {
+		req, err := http.NewRequest(tg.method, srv.URL+tg.path, strings.NewReader(`{"proxy_id":"p"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		edit(req)
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body ErrorBody
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp.StatusCode, body.Error.Code
+	}
+	for _, tg := range targets {
+		for name, edit := range refused {
+			if code, kind := send(tg, edit); code != http.StatusUnauthorized || kind != "unauthorized" {
+				t.Errorf("%s %s with %s: HTTP %d %q, want 401 unauthorized", tg.method, tg.path, name, code, kind)
+			}
+		}
+	}
+	if n := b.calls.Load(); n != 0 {
+		t.Fatalf("%d refused requests reached the controller", n)
+	}
+	for _, tg := range targets[:len(targets)-2] {
+		code, _ := send(tg, func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+token) })
+		if code == http.StatusUnauthorized {
+			t.Errorf("%s %s with the token: 401", tg.method, tg.path)
+		}
+	}
+	if b.calls.Load() == 0 {
+		t.Error("no request with the token reached the controller")
+	}
+}
+
+// TestEmptyTokenRefusesEverything: a controller that somehow has no token must not read
+// "Bearer " (or nothing) as a match. The handler is called directly, so the header reaches it
+// exactly as written.
+func TestEmptyTokenRefusesEverything(t *testing.T) {
+	b := &countingBackend{}
+	h := NewHandler(b, "", zaptest.NewLogger(t))
+	for _, auth := range []string{"", "Bearer", "Bearer ", "Bearer  "} {
+		req := httptest.NewRequest(http.MethodGet, "/v1/services", nil)
+		if auth != "" {
+			req.Header["Authorization"] = []string{auth}
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != http.StatusUnauthorized {
+			t.Errorf("empty server token, Authorization %q: HTTP %d, want 401", auth, w.Code)
+		}
+	}
+	if b.calls.Load() != 0 {
+		t.Error("a request reached the controller")
+	}
+}
+
+// TestTokenCompareIsConstantTime guards the token check's shape, which no timing test can pin
+// down reliably: it compares with crypto/subtle, never with == or bytes.Equal.
+func TestTokenCompareIsConstantTime(t *testing.T) {
+	sourcecheck.ConstantTimeCompare(t, "server.go", "requireToken")
+}

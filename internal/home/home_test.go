@@ -1,0 +1,82 @@
+package home
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func mode(t *testing.T, path string) os.FileMode {
+	t.Helper()
+	info, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Mode().Perm()
+}
+
+// TestTokenIsOwnerOnly: the first use creates the directory 0700 and a random token 0600; later
+// uses read the same token.
+func TestTokenIsOwnerOnly(t *testing.T) {
+	h := Home{Dir: filepath.Join(t.TempDir(), "home")}
+	tok, err := h.Token()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tok) < 32 {
+		t.Errorf("token %d characters, want at least 32", len(tok))
+	}
+	if m := mode(t, h.Dir); m != 0o700 {
+		t.Errorf("home mode %o, want 700", m)
+	}
+	if m := mode(t, h.TokenPath()); m != 0o600 {
+		t.Errorf("token mode %o, want 600", m)
+	}
+	again, err := h.Token()
+	if err != nil || again != tok {
+		t.Errorf("second Token() = %q, %v; want the first", again, err)
+	}
+	other, err := Home{Dir: filepath.Join(t.TempDir(), "other")}.Token()
+	if err != nil || other == tok {
+		t.Errorf("another home's token = %q, %v; want a different one", other, err)
+	}
+}
+
+// TestLooseModesAreTightened: a home directory or token file that others could read is made
+// owner-only again when it is used.
+func TestLooseModesAreTightened(t *testing.T) {
+	h := Home{Dir: filepath.Join(t.TempDir(), "home")}
+	if err := os.Mkdir(h.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(h.TokenPath(), []byte("copied-token-0123456789abcdef\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(h.TokenPath(), 0o644); err != nil { // past the umask
+		t.Fatal(err)
+	}
+	tok, err := h.Token()
+	if err != nil || tok != "copied-token-0123456789abcdef" {
+		t.Fatalf("Token() = %q, %v", tok, err)
+	}
+	if m := mode(t, h.TokenPath()); m != 0o600 {
+		t.Errorf("token mode %o after use, want 600", m)
+	}
+	if err := h.Ensure(); err != nil {
+		t.Fatal(err)
+	}
+	if m := mode(t, h.Dir); m != 0o700 {
+		t.Errorf("home mode %o after Ensure, want 700", m)
+	}
+}
+
+// TestWriteInfoIsOwnerOnly: controller.json (pid and API address) is 0600.
+func TestWriteInfoIsOwnerOnly(t *testing.T) {
+	h := Home{Dir: t.TempDir()}
+	if err := h.WriteInfo(Info{PID: 1, Addr: "127.0.0.1:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if m := mode(t, h.InfoPath()); m != 0o600 {
+		t.Errorf("controller.json mode %o, want 600", m)
+	}
+}
