@@ -84,14 +84,19 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	}
 
 	fault, idA, idB := s.draw()
-	if fault < s.cfg.ErrorRate {
+	faults := s.faults.Load()
+	if fault < faults.ErrorRate {
 		writeAPIError(w, &apiError{status: http.StatusInternalServerError, typ: "internal_server_error",
 			message: "simulated replica failure (--error-rate)"})
 		return
 	}
-	if fault < s.cfg.ErrorRate+s.cfg.HangRate {
+	if fault < faults.ErrorRate+faults.HangRate {
 		s.hang(r.Context())
 		return
+	}
+	var slow time.Duration // --slow-rate: this answer is late, though the replica is working
+	if fault < faults.ErrorRate+faults.HangRate+faults.SlowRate {
+		slow = faults.SlowDelay
 	}
 
 	sc.hashes = blockHashes(sc.hashes[:0], s.modelSeed, sc.prompt)
@@ -131,7 +136,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	s.metrics.prefixQueries.Add(float64(promptTokens))
 	s.metrics.prefixHits.Add(float64(cachedTokens))
 	seq.holdKV(promptTokens)
-	if seq.sleep(s.cfg.TTFT+time.Duration(promptTokens-cachedTokens)*s.cfg.PrefillPerToken) != nil {
+	if seq.sleep(s.cfg.TTFT+time.Duration(promptTokens-cachedTokens)*s.cfg.PrefillPerToken+slow) != nil {
 		return
 	}
 	s.cache.insert(sc.hashes)

@@ -64,6 +64,14 @@ type Config struct {
 	// HangRate is the fraction of completions that never answer until the client goes away,
 	// the failure that only timeouts catch.
 	HangRate float64
+	// SlowRate is the fraction of completions whose first token comes SlowDelay late.
+	SlowRate  float64
+	SlowDelay time.Duration
+	// FlapPeriod, when positive, makes /health alternate between 200 and 503 every period.
+	FlapPeriod time.Duration
+	// FaultsFile, when set, is re-read while the replica runs: fault flags in it (error, hang,
+	// slow and flap; see Faults) replace the command line's, and removing it restores them.
+	FaultsFile string
 	// ExitAfter, when positive, crashes the replica after that many completions have finished,
 	// to test failover and replacement.
 	ExitAfter int
@@ -127,8 +135,8 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.MaxTokens, "max-tokens", c.MaxTokens, "output tokens when a request sets no max_tokens")
 	fs.IntVar(&c.KVCacheBlocks, "kv-blocks", c.KVCacheBlocks, "KV cache size in 16-token blocks (prefix cache capacity)")
 	fs.DurationVar(&c.StartupDelay, "startup-delay", c.StartupDelay, "answer 503 on /health and completions for this long after start")
-	fs.Float64Var(&c.ErrorRate, "error-rate", c.ErrorRate, "fraction of completions answered with HTTP 500")
-	fs.Float64Var(&c.HangRate, "hang-rate", c.HangRate, "fraction of completions that hang until the client disconnects")
+	c.registerFaultFlags(fs)
+	fs.StringVar(&c.FaultsFile, "faults-file", c.FaultsFile, "file of fault flags (--error-rate, --hang-rate, --slow-rate, --slow-delay, --flap-period) re-read every 100ms while running; they override the command line's until the file is removed")
 	fs.IntVar(&c.ExitAfter, "exit-after", c.ExitAfter, "crash (exit 1) after this many completions; 0 never")
 	fs.Int64Var(&c.Seed, "seed", c.Seed, "random seed for generated text, ids and failure injection")
 }
@@ -171,15 +179,7 @@ func (c *Config) Validate() error {
 	if c.KVCacheBlocks < 1 {
 		bad("kv-blocks", c.KVCacheBlocks, "must be at least 1")
 	}
-	if !(c.ErrorRate >= 0 && c.ErrorRate <= 1) {
-		bad("error-rate", c.ErrorRate, "must be between 0 and 1")
-	}
-	if !(c.HangRate >= 0 && c.HangRate <= 1) {
-		bad("hang-rate", c.HangRate, "must be between 0 and 1")
-	}
-	if c.ErrorRate+c.HangRate > 1 {
-		bad("hang-rate", c.HangRate, fmt.Sprintf("plus --error-rate=%v must not exceed 1", c.ErrorRate))
-	}
+	errs = append(errs, c.faultErrors()...)
 	if c.ExitAfter < 0 {
 		bad("exit-after", c.ExitAfter, "must not be negative")
 	}

@@ -28,6 +28,7 @@ type Server struct {
 	modelJSON []byte       // the served model name as a JSON string, spliced into responses
 	modelSeed uint64       // seeds the prefix-cache hash chain, as vLLM seeds it per model
 	readyAt   atomic.Int64 // unix nanoseconds when the simulated model has loaded
+	faults    atomic.Pointer[activeFaults]
 	exit      func(int)
 
 	sched   *scheduler
@@ -73,8 +74,8 @@ func NewServer(cfg Config) *Server {
 	for _, d := range []*time.Duration{&cfg.TTFT, &cfg.PrefillPerToken, &cfg.ITL, &cfg.ITLPerSeq, &cfg.StartupDelay} {
 		*d = max(*d, 0)
 	}
-	cfg.ErrorRate = clamp01(cfg.ErrorRate)
-	cfg.HangRate = min(clamp01(cfg.HangRate), 1-cfg.ErrorRate)
+	f := cfg.faults().clamped()
+	cfg.ErrorRate, cfg.HangRate, cfg.SlowRate, cfg.SlowDelay, cfg.FlapPeriod = f.ErrorRate, f.HangRate, f.SlowRate, f.SlowDelay, f.FlapPeriod
 
 	modelJSON, _ := json.Marshal(cfg.Model) // a string always marshals
 	s := &Server{
@@ -87,7 +88,9 @@ func NewServer(cfg Config) *Server {
 		rng:       rand.New(rand.NewPCG(uint64(cfg.Seed), 0x6665727279)), // "ferry"
 		stopping:  make(chan struct{}),
 	}
-	s.readyAt.Store(time.Now().Add(cfg.StartupDelay).UnixNano())
+	readyAt := time.Now().Add(cfg.StartupDelay)
+	s.readyAt.Store(readyAt.UnixNano())
+	s.setFaults(f, readyAt) // flapping counts from the end of the startup delay
 	if s.exit == nil {
 		s.exit = os.Exit
 	}
@@ -130,7 +133,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	case "/health":
 		if allow(w, r, http.MethodGet) {
-			if !s.started() {
+			if !s.started() || s.flapDown(time.Now()) {
 				w.WriteHeader(http.StatusServiceUnavailable)
 				return
 			}
@@ -219,6 +222,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
+	}
+	if s.cfg.FaultsFile != "" {
+		w := &faultsWatcher{s: s, path: s.cfg.FaultsFile, base: s.cfg.faults(),
+			report: func(format string, args ...any) { fmt.Fprintf(os.Stderr, "replica-sim: "+format+"\n", args...) }}
+		w.check(time.Now()) // before the first request
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		defer stopWatch()
+		go w.run(watchCtx, faultsFilePoll)
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
