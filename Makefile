@@ -5,7 +5,7 @@ GO      ?= go
 BIN     := bin/ferry
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
-.PHONY: build run test lint fmt clean
+.PHONY: build run test lint fuzz fmt clean
 
 ## build: the one static binary, bin/ferry
 build:
@@ -23,6 +23,10 @@ test:
 lint:
 	./scripts/test.sh lint
 
+## fuzz: every fuzz target for FUZZTIME each (default 4s; make test runs this last)
+fuzz:
+	./scripts/fuzz.sh
+
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
@@ -31,7 +35,7 @@ clean:
 
 # Whole-system benchmarks (bench/README.md). Extra flags go in BENCH_ARGS, for example
 # make bench-proxy BENCH_ARGS='--duration 3s --streams5k 1000'.
-.PHONY: bench-proxy bench-routing bench-sim bench-updates
+.PHONY: bench-proxy bench-routing bench-sim bench-updates bench-faults
 
 ## bench-proxy: proxy cost on loopback, backend direct vs ferry proxy vs nginx (installs nginx if missing)
 bench-proxy:
@@ -49,3 +53,7 @@ bench-sim:
 ## bench-updates: serve update under load (rolling, blue-green, crash + rollback, controller killed): failed requests, versions served
 bench-updates:
 	$(GO) run ./bench/updates $(BENCH_ARGS)
+
+## bench-faults: one fault at a time under load (replica killed, hung, flapping, 500s/slow, controller killed, disk full, connections exhausted): failures, healing, leaks
+bench-faults:
+	$(GO) run ./bench/faults $(BENCH_ARGS)
