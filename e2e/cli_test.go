@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -91,13 +92,36 @@ service:
 		t.Fatal(err)
 	}
 	var seen strings.Builder
-	seen.WriteString(e.mustRun("serve", "up", file, "--secret", "HF_TOKEN="+secret, "-y"))
-	seen.WriteString(e.mustRun("serve", "status", "-v"))
-	seen.WriteString(e.mustRun("serve", "status", "--json"))
-	seen.WriteString(e.mustRun("serve", "logs", "secretive", "1"))
-	seen.WriteString(e.mustRun("serve", "logs", "secretive", "--controller"))
-	if strings.Contains(seen.String(), secret) {
-		t.Fatalf("the secret value reached user-visible output:\n%s", seen.String())
+	show := func(args ...string) string {
+		t.Helper()
+		out, errOut, err := e.run(args...)
+		if err != nil {
+			t.Fatalf("ferry %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, out, errOut)
+		}
+		seen.WriteString(out)
+		seen.WriteString(errOut) // progress and warnings go to stderr: they must not show it either
+		return out
+	}
+	show("serve", "up", file, "--secret", "HF_TOKEN="+secret, "-y")
+	show("serve", "status")
+	show("serve", "status", "-v")
+	show("serve", "status", "--json")
+	show("serve", "logs", "secretive", "1")
+	// A new version with another secret value: serve update prints the new spec and follows
+	// the rollout.
+	const secret2 = "hf_AnotherSecretValue_0987654321"
+	show("serve", "update", "secretive", file, "--secret", "HF_TOKEN="+secret2, "-y")
+	show("serve", "status", "-v", "secretive")
+	show("serve", "logs", "secretive", "--controller")
+	ctlLog, err := os.ReadFile(filepath.Join(e.home, "controller.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen.Write(ctlLog)
+	for _, s := range []string{secret, secret2} {
+		if strings.Contains(seen.String(), s) {
+			t.Fatalf("the secret value %s reached user-visible output or the controller log:\n%s", s, seen.String())
+		}
 	}
 	if !strings.Contains(seen.String(), "<redacted>") {
 		t.Errorf("expected the secret to be shown as <redacted> in the resolved spec")
@@ -109,15 +133,52 @@ service:
 			t.Errorf("%s holds the secret on disk", f)
 		}
 	}
-	st := mustFileMode(t, filepath.Join(e.home, "ferry.db"))
-	if st != 0o600 {
-		t.Errorf("ferry.db mode %o, want 600", st)
+	assertOwnerOnly(t, e.home)
+}
+
+// assertOwnerOnly checks that everything under a FERRY_HOME is its owner's alone: directories
+// 0700, files (the store and its journal, the token, logs, replica scripts and output) and
+// sockets 0600. The store holds secrets, the token grants control of the controller, and
+// replica output may hold whatever the program printed.
+func assertOwnerOnly(t *testing.T, dir string) {
+	t.Helper()
+	var files []string
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := os.Lstat(path)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, path)
+		mode := info.Mode()
+		switch {
+		case mode.IsDir():
+			if mode.Perm() != 0o700 {
+				t.Errorf("%s/ is mode %o, want 700", rel, mode.Perm())
+			}
+		case mode&os.ModeSymlink != 0:
+			t.Errorf("%s is a symlink", rel)
+		default:
+			files = append(files, rel)
+			if mode.Perm() != 0o600 {
+				t.Errorf("%s is %v, want -rw-------", rel, mode)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if m := mustFileMode(t, e.home); m != 0o700 {
-		t.Errorf("FERRY_HOME mode %o, want 700", m)
+	// The walk saw what matters: the store, the token and a replica's output.
+	for _, want := range []string{"ferry.db", "controller.token", "controller.log"} {
+		if !slices.Contains(files, want) {
+			t.Errorf("no %s under FERRY_HOME: %v", want, files)
+		}
 	}
-	if m := mustFileMode(t, filepath.Join(e.home, "controller.token")); m != 0o600 {
-		t.Errorf("controller.token mode %o, want 600", m)
+	if !slices.ContainsFunc(files, func(f string) bool { return strings.HasSuffix(f, "output.log") }) {
+		t.Errorf("no replica output.log under FERRY_HOME: %v", files)
 	}
 }
 
@@ -247,13 +308,4 @@ func mustGlob(t *testing.T, pattern string) []string {
 		t.Fatal(err)
 	}
 	return m
-}
-
-func mustFileMode(t *testing.T, path string) os.FileMode {
-	t.Helper()
-	fi, err := os.Stat(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fi.Mode().Perm()
 }

@@ -34,8 +34,14 @@ func TestGatewayAuthAndTLS(t *testing.T) {
 	e := newEnv(t)
 	gatewayAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	e.extraEnv = []string{"FERRY_GATEWAY_ADDR=" + gatewayAddr, "FERRY_METRICS_ADDR=" + metricsAddr, "FERRY_E2E_KEY=" + key}
 	dir := t.TempDir()
+	// The metrics listener wants a bearer token, as a Prometheus scrape config's
+	// credentials_file sends it.
+	const metricsToken = "ferry-e2e-metrics-token-0123456789"
+	tokenFile := filepath.Join(dir, "metrics.token")
+	writeFile(t, tokenFile, metricsToken+"\n")
+	e.extraEnv = []string{"FERRY_GATEWAY_ADDR=" + gatewayAddr, "FERRY_METRICS_ADDR=" + metricsAddr, "FERRY_E2E_KEY=" + key,
+		"FERRY_METRICS_TOKEN_FILE=" + tokenFile}
 	certFile, keyFile := writeSelfSigned(t, dir)
 
 	private := filepath.Join(dir, "private.yaml")
@@ -160,9 +166,30 @@ service:
 	// Each service counts the requests it answered, direct or via the gateway: private 200 once
 	// each way with the key and 401 once each way without, open 200 once via the gateway; the
 	// gateway counts the unknown model it answered itself.
+	scrape := func(auth string) (int, string) {
+		req, _ := http.NewRequest(http.MethodGet, metricsURL, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(raw)
+	}
+	for _, auth := range []string{"", "Bearer wrong-token-0123456789"} {
+		if code, body := scrape(auth); code != http.StatusUnauthorized || strings.Contains(body, "ferry_requests_total") {
+			t.Errorf("/metrics with Authorization %q: %d, want 401 without metrics", auth, code)
+		}
+	}
 	var metrics string
 	eventually(t, 10*time.Second, "/metrics to count both services' requests", func() (bool, string) {
-		metrics = testhttp.GetOK(t, client, metricsURL)
+		var code int
+		if code, metrics = scrape("Bearer " + metricsToken); code != http.StatusOK {
+			return false, fmt.Sprintf("HTTP %d: %s", code, metrics)
+		}
 		ok := sumSeries(metrics, "ferry_requests_total", `code="200"`, `service="private"`) >= 2 &&
 			sumSeries(metrics, "ferry_requests_total", `code="200"`, `service="open"`) >= 1 &&
 			sumSeries(metrics, "ferry_requests_total", `code="401"`, `service="private"`) >= 1 &&
@@ -196,6 +223,9 @@ service:
 	seen.Write(db)
 	if strings.Contains(seen.String(), key) {
 		t.Fatalf("the API key reached CLI output, the controller log, /metrics or the store")
+	}
+	if strings.Contains(seen.String(), metricsToken) {
+		t.Fatalf("the metrics token reached CLI output, the controller log, /metrics or the store")
 	}
 }
 

@@ -35,3 +35,6 @@ scripts/testcluster/build.sh
 
 step "go test -race"
 go test -race -count=1 -timeout 30m ./...
+
+step "go test -fuzz (scripts/fuzz.sh)"
+scripts/fuzz.sh
