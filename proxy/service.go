@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/ferryserve/ferry/policy"
 )
@@ -320,7 +321,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	s := &Service{
 		keys:    keys,
 		cfg:     cfg,
-		log:     cfg.Logger.With(zap.String("service", cfg.Name)),
+		log:     sampledLogger(cfg.Logger).With(zap.String("service", cfg.Name)),
 		picker:  picker,
 		needs:   policy.NeedsOf(picker),
 		errs:    newErrorBodies(cfg.Name, cfg.MaxRequestBodySize).withHoldBodies(cfg.Name, cfg.MaxQueuedRequests, cfg.MaxQueueWait),
@@ -431,6 +432,20 @@ func (s *Service) SetBackends(bs []Backend) {
 		}
 	}
 	s.modelsChanged()
+}
+
+// Service log sampling: each second the first serviceLogFirst lines of one message, then every
+// serviceLogThereafter-th. A replica failing under a flood of requests (its connection pool
+// full, say) would otherwise write a warning per request.
+const (
+	serviceLogFirst      = 10
+	serviceLogThereafter = 100
+)
+
+func sampledLogger(l *zap.Logger) *zap.Logger {
+	return l.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, time.Second, serviceLogFirst, serviceLogThereafter)
+	}))
 }
 
 func validateAddr(addr string) error {

@@ -18,7 +18,7 @@ func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.Servi
 		Name:                    name,
 		Policy:                  svc.LoadBalancingPolicy,
 		TargetQPSPerAccelerator: svc.ReplicaPolicy.TargetQPSPerAccelerator,
-		Logger:                  c.log.Named("proxy").With(zap.String("service", name)),
+		Logger:                  c.log.Named("proxy"), // the proxy adds the service
 		Metrics:                 c.metrics,
 		AccessLog:               c.log.Named("access"),
 	}
