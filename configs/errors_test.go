@@ -203,6 +203,15 @@ func TestParseErrors(t *testing.T) {
 				{8, 5, "service.update.canary", "unknown field"},
 			},
 		},
+		"bad health check": {
+			yaml: svc + "  health_check:\n    path: health\n    interval_seconds: 0\n    timeout_seconds: 90\n    disabled: maybe\n",
+			want: []wantErr{
+				{5, 11, "service.health_check.path", `must start with "/"`},
+				{6, 23, "service.health_check.interval_seconds", "must be greater than 0"},
+				{7, 22, "service.health_check.timeout_seconds", "must be at most 60"},
+				{8, 15, "service.health_check.disabled", "expected a boolean"},
+			},
+		},
 		"bad service port": {
 			yaml: "run: serve\nservice:\n  ports: 70000\n",
 			want: []wantErr{{3, 10, "service.ports", "port 70000 is out of range 1-65535"}},

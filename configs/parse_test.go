@@ -121,6 +121,10 @@ service:
     min_healthy_seconds: 0
     progress_deadline_seconds: 600
     auto_rollback: false
+  health_check:
+    path: /ping
+    interval_seconds: 0.25
+    timeout_seconds: 2
 `,
 			want: &Task{
 				Name: "chat", Workdir: "./app", NumNodes: 1,
@@ -146,6 +150,7 @@ service:
 					LoadBalancingPolicy: PolicyInstanceAwareLeastLoad,
 					TLS:                 &TLS{KeyFile: filepath.Join(home, "certs/key.pem"), CertFile: "/etc/cert.pem"},
 					Update:              Update{Mode: UpdateBlueGreen, MaxParallel: 2, ProgressDeadlineSeconds: 600},
+					HealthCheck:         &HealthCheck{Path: "/ping", IntervalSeconds: 0.25, TimeoutSeconds: 2},
 				},
 			},
 		},

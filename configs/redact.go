@@ -59,6 +59,10 @@ func (t *Task) Redacted() *Task {
 			}
 			s.Limits = &limits
 		}
+		if s.HealthCheck != nil {
+			h := *s.HealthCheck
+			s.HealthCheck = &h
+		}
 		out.Service = &s
 	}
 	return &out
@@ -118,6 +122,7 @@ func (t *Task) ResolvedYAML() ([]byte, error) {
 			rs.Auth = ra
 		}
 		rs.Limits = s.Limits
+		rs.HealthCheck = s.HealthCheck
 		if s.Update != DefaultUpdate() {
 			u := s.Update
 			rs.Update = &u
@@ -261,6 +266,7 @@ type resolvedService struct {
 	Auth                *resolvedAuth   `yaml:"auth,omitempty"`
 	Limits              *Limits         `yaml:"limits,omitempty"`
 	Update              *Update         `yaml:"update,omitempty"`
+	HealthCheck         *HealthCheck    `yaml:"health_check,omitempty"`
 }
 
 type resolvedAuth struct {

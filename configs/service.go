@@ -14,11 +14,12 @@ import (
 )
 
 var (
-	serviceKeys = []string{"readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls", "auth", "limits", "update"}
-	updateKeys  = []string{"mode", "max_parallel", "min_healthy_seconds", "progress_deadline_seconds", "auto_rollback"}
-	updateModes = []string{UpdateRolling, UpdateBlueGreen}
-	probeKeys   = []string{"path", "initial_delay_seconds", "timeout_seconds", "post_data", "headers"}
-	policyKeys  = []string{"min_replicas", "max_replicas", "target_qps_per_replica", "num_overprovision",
+	serviceKeys     = []string{"readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls", "auth", "limits", "update", "health_check"}
+	healthCheckKeys = []string{"path", "interval_seconds", "timeout_seconds", "disabled"}
+	updateKeys      = []string{"mode", "max_parallel", "min_healthy_seconds", "progress_deadline_seconds", "auto_rollback"}
+	updateModes     = []string{UpdateRolling, UpdateBlueGreen}
+	probeKeys       = []string{"path", "initial_delay_seconds", "timeout_seconds", "post_data", "headers"}
+	policyKeys      = []string{"min_replicas", "max_replicas", "target_qps_per_replica", "num_overprovision",
 		"upscale_delay_seconds", "downscale_delay_seconds", "base_ondemand_fallback_replicas",
 		"dynamic_ondemand_fallback", "spot_placer", "autoscaler", "target_inflight_per_replica",
 		"stable_window_seconds", "panic_window_seconds", "panic_threshold", "max_scale_up_rate",
@@ -145,7 +146,35 @@ func (c *checker) service(e entry, res Resources, envs, secrets map[string]strin
 	if u, ok := f["update"]; ok {
 		s.Update = c.update(u.value, joinField(field, "update"))
 	}
+	if h, ok := f["health_check"]; ok {
+		s.HealthCheck = c.healthCheck(h.value, joinField(field, "health_check"))
+	}
 	return s
+}
+
+// healthCheck reads `service.health_check`.
+func (c *checker) healthCheck(n *yaml.Node, field string) *HealthCheck {
+	f, ok := c.fields(n, field, healthCheckKeys)
+	if !ok {
+		return nil
+	}
+	h := &HealthCheck{}
+	if e, ok := f["path"]; ok {
+		pf := joinField(field, "path")
+		if v, ok := c.str(e.value, pf); ok && c.probePath(e.value, pf, v) {
+			h.Path = v
+		}
+	}
+	if e, ok := f["interval_seconds"]; ok {
+		h.IntervalSeconds, _ = c.numberAbove(e.value, joinField(field, "interval_seconds"), 0, 60)
+	}
+	if e, ok := f["timeout_seconds"]; ok {
+		h.TimeoutSeconds, _ = c.numberAbove(e.value, joinField(field, "timeout_seconds"), 0, 60)
+	}
+	if e, ok := f["disabled"]; ok {
+		h.Disabled, _ = c.boolean(e.value, joinField(field, "disabled"))
+	}
+	return h
 }
 
 // update reads `service.update`.

@@ -75,6 +75,8 @@ type Service struct {
 	Auth *Auth `json:"auth,omitempty"`
 	// Limits overrides the proxy's request limits; nil keeps the defaults.
 	Limits *Limits `json:"limits,omitempty"`
+	// HealthCheck tunes the proxy's own check of each replica; nil keeps the defaults.
+	HealthCheck *HealthCheck `json:"health_check,omitempty"`
 	// Update is how `ferry serve update` rolls this version out; defaults applied.
 	Update Update `json:"update"`
 }
@@ -159,6 +161,18 @@ type Limits struct {
 // RateLimit is a token bucket: Burst requests at once, refilled at RequestsPerSecond. A
 // client that waited long enough may send Burst requests back to back, and a steady
 // RequestsPerSecond after that.
+// HealthCheck is `service.health_check`: how each proxy checks its replicas itself, to take a
+// hung one out of rotation within about interval + timeout. Zero fields keep the proxy's
+// defaults (GET /health every 0.5 s, 1 s timeout); any HTTP status counts as an answer.
+type HealthCheck struct {
+	Path            string  `json:"path,omitempty" yaml:"path,omitempty"`
+	IntervalSeconds float64 `json:"interval_seconds,omitempty" yaml:"interval_seconds,omitempty"`
+	TimeoutSeconds  float64 `json:"timeout_seconds,omitempty" yaml:"timeout_seconds,omitempty"`
+	// Disabled turns the check off: replicas leave rotation only through the controller's
+	// readiness probe.
+	Disabled bool `json:"disabled,omitempty" yaml:"disabled,omitempty"`
+}
+
 type RateLimit struct {
 	RequestsPerSecond float64 `json:"requests_per_second" yaml:"requests_per_second"`
 	// Burst is the bucket's size; the default (filled in by Parse) is RequestsPerSecond

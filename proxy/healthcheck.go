@@ -85,6 +85,18 @@ type HealthCheck struct {
 	Timeout time.Duration
 }
 
+// HealthCheckFor is a HealthCheck from a service's YAML (service.health_check): seconds as
+// numbers, zero keeping a default, disabled turning the check off.
+func HealthCheckFor(path string, intervalSeconds, timeoutSeconds float64, disabled bool) HealthCheck {
+	h := HealthCheck{Path: path, Interval: secondsOf(intervalSeconds), Timeout: secondsOf(timeoutSeconds)}
+	if disabled {
+		h.Interval = -1
+	}
+	return h
+}
+
+func secondsOf(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
 func (h HealthCheck) withDefaults() HealthCheck {
 	if h.Path == "" {
 		h.Path = DefaultHealthCheckPath

@@ -403,3 +403,16 @@ func readAll(r io.Reader) (string, error) {
 }
 
 func tail(s string) string { return s[max(0, len(s)-200):] }
+
+func TestHealthCheckFor(t *testing.T) {
+	if got := HealthCheckFor("", 0, 0, false).withDefaults(); got != (HealthCheck{}).withDefaults() {
+		t.Errorf("zero YAML values = %+v, want the defaults", got)
+	}
+	got := HealthCheckFor("/ping", 0.25, 2, false)
+	if got.Path != "/ping" || got.Interval != 250*time.Millisecond || got.Timeout != 2*time.Second {
+		t.Errorf("HealthCheckFor = %+v", got)
+	}
+	if HealthCheckFor("", 0.25, 0, true).withDefaults().enabled() {
+		t.Error("disabled: true left the check on")
+	}
+}

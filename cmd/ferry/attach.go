@@ -303,6 +303,10 @@ func attachedServiceConfig(base proxy.ServiceConfig, pc api.ProxyConfig) proxy.S
 	if r := pc.RateLimitPerKey; r != nil {
 		cfg.RateLimit = proxy.RateLimit{RequestsPerSecond: r.RequestsPerSecond, Burst: r.Burst}
 	}
+	cfg.HealthCheck = proxy.HealthCheck{}
+	if h := pc.HealthCheck; h != nil {
+		cfg.HealthCheck = proxy.HealthCheckFor(h.Path, h.IntervalSeconds, h.TimeoutSeconds, h.Disabled)
+	}
 	return cfg
 }
 

@@ -75,6 +75,8 @@ type ProxyConfig struct {
 	// RateLimitPerKey is service.limits.rate_limit_per_key with its default burst filled in;
 	// nil means none.
 	RateLimitPerKey *configs.RateLimit `json:"rate_limit_per_key,omitempty"`
+	// HealthCheck is service.health_check; nil keeps the proxy's defaults.
+	HealthCheck *configs.HealthCheck `json:"health_check,omitempty"`
 }
 
 // ProxyConfigFor extracts a service's proxy configuration; it is the same mapping the
@@ -102,6 +104,10 @@ func ProxyConfigFor(svc *configs.Service) ProxyConfig {
 			rate := *r
 			pc.RateLimitPerKey = &rate
 		}
+	}
+	if h := svc.HealthCheck; h != nil {
+		hc := *h
+		pc.HealthCheck = &hc
 	}
 	return pc
 }

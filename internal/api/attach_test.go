@@ -275,6 +275,10 @@ func TestProxyConfigFor(t *testing.T) {
 				IdleTimeoutSeconds: 30, MaxQueuedRequests: -1, MaxQueueWaitSeconds: 10, MaxConcurrentStreams: 20,
 				RateLimitPerKey: &configs.RateLimit{RequestsPerSecond: 0.5, Burst: 4}},
 		},
+		"health check": {
+			svc:  &configs.Service{HealthCheck: &configs.HealthCheck{Path: "/ping", IntervalSeconds: 0.2, Disabled: true}},
+			want: ProxyConfig{HealthCheck: &configs.HealthCheck{Path: "/ping", IntervalSeconds: 0.2, Disabled: true}},
+		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -37,6 +37,9 @@ func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.Servi
 			cfg.RateLimit = proxy.RateLimit{RequestsPerSecond: r.RequestsPerSecond, Burst: r.Burst}
 		}
 	}
+	if h := svc.HealthCheck; h != nil {
+		cfg.HealthCheck = proxy.HealthCheckFor(h.Path, h.IntervalSeconds, h.TimeoutSeconds, h.Disabled)
+	}
 	if t := svc.TLS; t != nil {
 		tlsCfg, err := proxy.LoadTLS(t.CertFile, t.KeyFile)
 		if err != nil {

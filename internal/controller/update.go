@@ -226,6 +226,7 @@ func (c *Controller) newServiceProxy(name string, task *configs.Task, onCold fun
 // to it, while the old one finishes its requests and streams (proxy.Handover).
 func (c *Controller) reconfigureProxy(s *service, old, task *configs.Task) {
 	same := reflect.DeepEqual(old.Service.Auth, task.Service.Auth) && reflect.DeepEqual(old.Service.Limits, task.Service.Limits) &&
+		reflect.DeepEqual(old.Service.HealthCheck, task.Service.HealthCheck) &&
 		reflect.DeepEqual(old.Service.TLS, task.Service.TLS) && old.Service.LoadBalancingPolicy == task.Service.LoadBalancingPolicy &&
 		reflect.DeepEqual(old.Service.ReplicaPolicy.TargetQPSPerAccelerator, task.Service.ReplicaPolicy.TargetQPSPerAccelerator) &&
 		autoscaler.SpecFor(old.Service.ReplicaPolicy).WantsEngineLoad() == autoscaler.SpecFor(task.Service.ReplicaPolicy).WantsEngineLoad()
