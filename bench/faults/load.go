@@ -14,7 +14,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/ferryserve/ferry/bench/loadgen"
+	"github.com/ferryserve/ferry/bench/servicekit"
 )
 
 // The traffic: closed-loop workers, half sending non-streamed chat completions and half
@@ -22,8 +22,6 @@ import (
 // but failure modes: a non-streamed request that failed, a stream that failed before it
 // started, a stream cut by a fault that ended with an SSE error event in OpenAI's shape (what
 // the proxy must send), and one cut without it (a defect: an SDK sees a truncated stream).
-
-const chatPath = "/v1/chat/completions"
 
 // outcome is how a request ended.
 type outcome uint8
@@ -139,134 +137,65 @@ func snippet(b []byte) string {
 	return string(bytes.TrimSpace(b))
 }
 
-// client sends chat completions to one loopback address, with two fasthttp.HostClients set
-// up as loadgen's are: no retries (a request the proxy failed must count as failed), one
-// timeout bounding each whole response, streams handed over as they arrive.
-type client struct {
-	addr          string
-	plain, stream *fasthttp.HostClient
-	plainBody     []byte
-	streamBody    []byte
-}
+// client sends chat completions to the service and classifies how each ended.
+type client struct{ *servicekit.ChatClient }
+
+// prompt is what every request asks, naming no model.
+const prompt = "Are you still there?"
 
 func newClient(addr string, maxConns int, timeout time.Duration, plainTokens, streamTokens int) (*client, error) {
-	if err := loadgen.CheckLoopback(addr); err != nil {
+	c, err := servicekit.NewChatClient(addr, maxConns, timeout, prompt, plainTokens, streamTokens)
+	if err != nil {
 		return nil, err
 	}
-	mk := func(stream bool) *fasthttp.HostClient {
-		return &fasthttp.HostClient{
-			Addr:                      addr,
-			MaxConns:                  maxConns,
-			ReadTimeout:               timeout,
-			WriteTimeout:              timeout,
-			MaxIdemponentCallAttempts: 1,
-			RetryIfErr:                func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
-			StreamResponseBody:        stream,
-			NoDefaultUserAgentHeader:  true,
-			MaxIdleConnDuration:       time.Minute,
-		}
-	}
-	return &client{
-		addr: addr, plain: mk(false), stream: mk(true),
-		plainBody:  chatBody(plainTokens, false),
-		streamBody: chatBody(streamTokens, true),
-	}, nil
+	return &client{c}, nil
 }
 
-// chatBody is a request without a model, which replica-sim (like vLLM) accepts.
-func chatBody(maxTokens int, stream bool) []byte {
-	req := map[string]any{
-		"messages":   []map[string]string{{"role": "user", "content": "Are you still there?"}},
-		"max_tokens": maxTokens,
-	}
-	if stream {
-		req["stream"] = true
-		req["stream_options"] = map[string]bool{"include_usage": true}
-	}
-	b, _ := json.Marshal(req) // cannot fail: plain maps of strings and numbers
-	return b
-}
-
-func (c *client) closeIdle() {
-	c.plain.CloseIdleConnections()
-	c.stream.CloseIdleConnections()
-}
-
-func (c *client) newRequest(body []byte) *fasthttp.Request {
-	req := fasthttp.AcquireRequest()
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.SetRequestURI(chatPath)
-	req.Header.SetHost(c.addr)
-	req.Header.SetContentType("application/json")
-	req.SetBodyRaw(body)
-	return req
-}
+func (c *client) closeIdle() { c.CloseIdle() }
 
 // doPlain sends one non-streamed completion.
 func (c *client) doPlain() (outcome, error) {
-	req := c.newRequest(c.plainBody)
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	if err := c.plain.Do(req, resp); err != nil {
-		return outcomeFailed, err
-	}
-	if resp.StatusCode() != fasthttp.StatusOK {
-		o, msg := classifyStatus(resp.StatusCode(), resp.Header.Peek("Retry-After"), resp.Body())
-		return o, errors.New(msg)
-	}
-	var body struct {
-		Choices []json.RawMessage `json:"choices"`
-	}
-	if err := json.Unmarshal(resp.Body(), &body); err != nil || len(body.Choices) == 0 {
-		return outcomeFailed, fmt.Errorf("200 without a completion: %q", snippet(resp.Body()))
-	}
-	return outcomeOK, nil
+	o := outcomeFailed
+	err := c.Plain(func(resp *fasthttp.Response) error {
+		if resp.StatusCode() != fasthttp.StatusOK {
+			var msg string
+			o, msg = classifyStatus(resp.StatusCode(), resp.Header.Peek("Retry-After"), resp.Body())
+			return errors.New(msg)
+		}
+		var body struct {
+			Choices []json.RawMessage `json:"choices"`
+		}
+		if err := json.Unmarshal(resp.Body(), &body); err != nil || len(body.Choices) == 0 {
+			return fmt.Errorf("200 without a completion: %q", snippet(resp.Body()))
+		}
+		o = outcomeOK
+		return nil
+	})
+	return o, err
 }
 
 // doStream sends one streamed completion and reads it to its end.
 func (c *client) doStream() (outcome, error) {
-	req := c.newRequest(c.streamBody)
-	req.Header.Set("Accept", "text/event-stream")
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	if err := c.stream.Do(req, resp); err != nil {
-		return outcomeFailed, err
-	}
-	defer func() { _ = resp.CloseBodyStream() }()
-	var src io.Reader = resp.BodyStream()
-	if src == nil { // fasthttp read a small body whole
-		src = bytes.NewReader(resp.Body())
-	}
-	if resp.StatusCode() != fasthttp.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(src, 4<<10))
-		o, msg := classifyStatus(resp.StatusCode(), resp.Header.Peek("Retry-After"), b)
-		return o, errors.New(msg)
-	}
-	if !bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) {
-		return outcomeFailed, fmt.Errorf("%w: %q", loadgen.ErrNotEventStream, resp.Header.ContentType())
-	}
-	return readStream(bufio.NewReaderSize(src, 8<<10))
+	o := outcomeFailed
+	err := c.Stream(func(resp *fasthttp.Response, body []byte) error {
+		var msg string
+		o, msg = classifyStatus(resp.StatusCode(), resp.Header.Peek("Retry-After"), body)
+		return errors.New(msg)
+	}, func(br *bufio.Reader) error {
+		var err error
+		o, err = readStream(br)
+		return err
+	})
+	return o, err
 }
 
-// load is a running closed-loop load: loadgen.Run's workers, each appending to its own slice
-// of records.
-type load struct {
-	cancel  context.CancelFunc
-	done    chan struct{}
-	records [][]record
-	err     error
-}
+// load is a running closed-loop load of records.
+type load = servicekit.Load[record]
 
 // startLoad starts workers workers against c: the first half (rounded up) send non-streamed
 // requests, the rest streams. It runs until stop, or bound at the latest.
 func startLoad(c *client, workers int, bound time.Duration) *load {
-	ctx, cancel := context.WithCancel(context.Background())
-	l := &load{cancel: cancel, done: make(chan struct{}), records: make([][]record, workers)}
-	plainWorkers := (workers + 1) / 2
-	op := func(_ context.Context, w int) (loadgen.Sample, error) {
-		stream := w >= plainWorkers
+	return servicekit.StartLoad(workers, bound, func(stream bool) (record, error) {
 		start := time.Now()
 		var o outcome
 		var err error
@@ -279,25 +208,8 @@ func startLoad(c *client, workers int, bound time.Duration) *load {
 		if err != nil {
 			rec.Err = err.Error()
 		}
-		l.records[w] = append(l.records[w], rec)
-		return loadgen.Sample{}, err
-	}
-	go func() {
-		defer close(l.done)
-		_, l.err = loadgen.Run(ctx, loadgen.Config{Concurrency: workers, Duration: bound}, op)
-	}()
-	return l
-}
-
-// stop ends the load, lets requests in flight finish, and returns every record.
-func (l *load) stop() ([]record, error) {
-	l.cancel()
-	<-l.done
-	var all []record
-	for _, rs := range l.records {
-		all = append(all, rs...)
-	}
-	return all, l.err
+		return rec, err
+	})
 }
 
 // floodResult counts how the streams of a flood ended.
@@ -364,7 +276,7 @@ func flood(ctx context.Context, addr string, n int, ramp, hold, timeout time.Dur
 			defer fasthttp.ReleaseRequest(req)
 			defer fasthttp.ReleaseResponse(resp)
 			req.Header.SetMethod(fasthttp.MethodPost)
-			req.SetRequestURI(chatPath)
+			req.SetRequestURI(servicekit.ChatPath)
 			req.Header.SetHost(addr)
 			req.Header.SetContentType("application/json")
 			req.SetBodyRaw(body)

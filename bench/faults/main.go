@@ -19,17 +19,16 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/childproc"
+	"github.com/ferryserve/ferry/bench/servicekit"
 )
 
 // options are the driver's flags.
@@ -192,7 +191,7 @@ func (o options) validate() error {
 func run(opts options) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	defer onSignal(cancel)()
+	defer servicekit.OnSignal(cancel)()
 	progress := func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
 	}
@@ -204,33 +203,6 @@ func run(opts options) error {
 		return errors.New(strings.Join(problems, "; "))
 	}
 	return nil
-}
-
-// onSignal cancels the run on the first SIGINT or SIGTERM, so that it stops its load, resumes
-// a stopped replica, takes the service and controller down and unmounts the tmpfs; a second
-// one exits at once. It returns a function that stops the handling.
-func onSignal(cancel context.CancelFunc) func() {
-	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() {
-		select {
-		case s := <-ch:
-			fmt.Fprintf(os.Stderr, "\n%v: stopping; taking the service and the controller down (again to exit at once)\n", s)
-			cancel()
-		case <-done:
-			return
-		}
-		select {
-		case <-ch:
-			os.Exit(130)
-		case <-done:
-		}
-	}()
-	return func() {
-		signal.Stop(ch)
-		close(done)
-	}
 }
 
 // execute runs the benchmark: build, mount, bring the service up, the scenarios, teardown,

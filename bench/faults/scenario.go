@@ -15,6 +15,7 @@ import (
 
 	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/childproc"
+	"github.com/ferryserve/ferry/bench/servicekit"
 	"github.com/ferryserve/ferry/replicas"
 )
 
@@ -136,14 +137,14 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	b.progress("setup: ferry serve up (%d replicas)", b.opts.replicas)
-	if _, err := b.f.run(ctx, "serve-up", upTimeout, "serve", "up", file, "-y"); err != nil {
+	if _, err := b.f.Run(ctx, "serve-up", upTimeout, "serve", "up", file, "-y"); err != nil {
 		return err
 	}
-	st, err := b.f.status(ctx)
+	st, err := b.f.Status(ctx)
 	if err != nil {
 		return err
 	}
-	if b.endpoint, err = endpointAddr(st.Endpoint); err != nil {
+	if b.endpoint, err = servicekit.EndpointAddr(st.Endpoint); err != nil {
 		return err
 	}
 	if err := b.waitServes(ctx, b.endpoint, nil); err != nil {
@@ -171,7 +172,7 @@ func (b *bench) startProxy(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p, err := b.f.start("proxy-attach", "proxy", "--attach", serviceName, "--listen", addr, "--metrics-listen", metrics)
+	p, err := b.f.Start("proxy-attach", "proxy", "--attach", serviceName, "--listen", addr, "--metrics-listen", metrics)
 	if err != nil {
 		return err
 	}
@@ -192,11 +193,11 @@ func (b *bench) waitServes(ctx context.Context, addr string, p *childproc.Proc) 
 	}
 	defer c.closeIdle()
 	var last error
-	err = pollUntil(ctx, proxyReadyTimeout, pollEvery, func() (bool, error) {
+	err = servicekit.PollUntil(ctx, proxyReadyTimeout, pollEvery, func() (bool, error) {
 		if p != nil {
 			select {
 			case <-p.Exited():
-				return false, fmt.Errorf("%w: %v: %s", childproc.ErrExited, p.Err(), lastLines(readLog(p), 3))
+				return false, fmt.Errorf("%w: %v: %s", childproc.ErrExited, p.Err(), servicekit.LastLines(servicekit.ReadLog(p), 3))
 			default:
 			}
 		}
@@ -232,7 +233,7 @@ func (h healthState) String() string {
 
 func (b *bench) health(ctx context.Context) healthState {
 	var h healthState
-	st, err := b.f.status(ctx)
+	st, err := b.f.Status(ctx)
 	if err != nil {
 		h.Err = fmt.Errorf("status: %w", err)
 		return h
@@ -262,7 +263,7 @@ func (b *bench) health(ctx context.Context) healthState {
 func (b *bench) waitHealed(ctx context.Context, timeout time.Duration) (time.Duration, error) {
 	start := time.Now()
 	var last healthState
-	err := pollUntil(ctx, timeout, pollEvery, func() (bool, error) {
+	err := servicekit.PollUntil(ctx, timeout, pollEvery, func() (bool, error) {
 		last = b.health(ctx)
 		return last.healed(), nil
 	})
@@ -274,7 +275,7 @@ func (b *bench) waitHealed(ctx context.Context, timeout time.Duration) (time.Dur
 
 // victim is the READY replica with the lowest id that has a live process group.
 func (b *bench) victim(ctx context.Context) (int, instance, error) {
-	st, err := b.f.status(ctx)
+	st, err := b.f.Status(ctx)
 	if err != nil {
 		return 0, instance{}, err
 	}
@@ -325,7 +326,7 @@ type snapshotLeaks struct {
 func (b *bench) leakSnapshot(ctx context.Context) snapshotLeaks {
 	var s snapshotLeaks
 	var errs []string
-	pid, err := b.f.controllerPID()
+	pid, err := b.f.ControllerPID()
 	if err == nil && pid == 0 {
 		err = errors.New("no controller running")
 	}
@@ -404,12 +405,12 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 		if ld == nil {
 			return nil
 		}
-		rs, err := ld.stop()
+		rs, err := ld.Stop()
 		ld, records = nil, rs
 		return err
 	}
 	defer func() { _ = stopLoad() }()
-	if err := sleepCtx(ctx, b.opts.before); err != nil {
+	if err := servicekit.SleepCtx(ctx, b.opts.before); err != nil {
 		return err
 	}
 
@@ -424,7 +425,7 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 	}
 	res.HealedAfterS = time.Since(clearedAt).Seconds()
 	b.progress("scenario %s: healed %.1f s after the fault ended", def.Key, res.HealedAfterS)
-	if err := sleepCtx(ctx, b.opts.after); err != nil {
+	if err := servicekit.SleepCtx(ctx, b.opts.after); err != nil {
 		return err
 	}
 	if err := stopLoad(); err != nil {
@@ -440,7 +441,7 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 	// Leaks: back to where they were once the load's connections are gone.
 	c.closeIdle()
 	waitStart := time.Now()
-	_ = pollUntil(ctx, b.opts.leakWait, 500*time.Millisecond, func() (bool, error) {
+	_ = servicekit.PollUntil(ctx, b.opts.leakWait, 500*time.Millisecond, func() (bool, error) {
 		res.LeaksAfter = b.leakSnapshot(ctx)
 		return res.LeaksAfter.Err == "" && within(res.LeaksBefore.Controller, res.LeaksAfter.Controller) &&
 			within(res.LeaksBefore.Proxy, res.LeaksAfter.Proxy), nil
@@ -450,7 +451,7 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 		// A new controller: nothing to compare with, but the next scenario's "before" must not
 		// catch it still starting up. Wait until its counts hold still for a second.
 		prev := res.LeaksAfter.Controller
-		_ = pollUntil(ctx, b.opts.leakWait, time.Second, func() (bool, error) {
+		_ = servicekit.PollUntil(ctx, b.opts.leakWait, time.Second, func() (bool, error) {
 			cur := b.leakSnapshot(ctx).Controller
 			same := cur == prev
 			prev = cur
@@ -477,7 +478,7 @@ func (b *bench) retries(ctx context.Context) float64 {
 // checkProcessesAndStore records replica processes that belong to no live replica of the
 // controller, and store rows that disagree with the controller.
 func (b *bench) checkProcessesAndStore(ctx context.Context, res *scenarioResult) {
-	st, err := b.f.status(ctx)
+	st, err := b.f.Status(ctx)
 	if err != nil {
 		res.Orphans = append(res.Orphans, "status: "+err.Error())
 		return
@@ -490,23 +491,23 @@ func (b *bench) checkProcessesAndStore(ctx context.Context, res *scenarioResult)
 	}
 	// A replica that just failed may take a moment to be reaped.
 	var orphans []instance
-	_ = pollUntil(ctx, 10*time.Second, pollEvery, func() (bool, error) {
+	_ = servicekit.PollUntil(ctx, 10*time.Second, pollEvery, func() (bool, error) {
 		orphans = orphans[:0]
 		for _, in := range b.f.liveInstances() {
-			if !liveIDs[in.replicaID()] {
+			if !liveIDs[replicaID(in)] {
 				orphans = append(orphans, in)
 			}
 		}
 		return len(orphans) == 0, nil
 	})
 	for _, in := range orphans {
-		res.Orphans = append(res.Orphans, fmt.Sprintf("process group %d of replica %d, which the controller does not run", in.PGID, in.replicaID()))
+		res.Orphans = append(res.Orphans, fmt.Sprintf("process group %d of replica %d, which the controller does not run", in.PGID, replicaID(in)))
 	}
 	// The store is written as the controller acts, so a transition between the two reads can
 	// show as a difference for a moment: read both again until they agree.
 	var mismatch []string
-	_ = pollUntil(ctx, 5*time.Second, 250*time.Millisecond, func() (bool, error) {
-		st, err := b.f.status(ctx)
+	_ = servicekit.PollUntil(ctx, 5*time.Second, 250*time.Millisecond, func() (bool, error) {
+		st, err := b.f.Status(ctx)
 		if err != nil {
 			mismatch = []string{"status: " + err.Error()}
 			return false, nil
@@ -557,8 +558,8 @@ func (b *bench) killReplica(ctx context.Context, res *scenarioResult) (time.Time
 	b.progress("scenario %s: SIGKILLed replica %d (process group %d)", res.Key, id, in.PGID)
 	// Healing is timed from the kill, but only once the controller has seen it: until then
 	// the service still looks whole.
-	err = pollUntil(ctx, b.opts.healTimeout, pollEvery, func() (bool, error) {
-		st, err := b.f.status(ctx)
+	err = servicekit.PollUntil(ctx, b.opts.healTimeout, pollEvery, func() (bool, error) {
+		st, err := b.f.Status(ctx)
 		if err != nil {
 			return false, nil
 		}
@@ -601,7 +602,7 @@ func (b *bench) hangReplica(ctx context.Context, res *scenarioResult) (time.Time
 				res.ProxyEjectedAfterS = proxyEjectedAt.Sub(stoppedAt).Seconds()
 			}
 		}
-		if err := sleepCtx(ctx, ejectPollEvery); err != nil {
+		if err := servicekit.SleepCtx(ctx, ejectPollEvery); err != nil {
 			return time.Time{}, err
 		}
 	}
@@ -638,7 +639,7 @@ func (b *bench) flapReplica(ctx context.Context, res *scenarioResult) (time.Time
 	end := time.Now().Add(b.opts.flapFor)
 	ready := true
 	for time.Now().Before(end) {
-		if st, err := b.f.status(ctx); err == nil {
+		if st, err := b.f.Status(ctx); err == nil {
 			for _, r := range st.Replicas {
 				if r.ID == id && (r.Status == replicas.StatusReady) != ready {
 					ready = !ready
@@ -646,7 +647,7 @@ func (b *bench) flapReplica(ctx context.Context, res *scenarioResult) (time.Time
 				}
 			}
 		}
-		if err := sleepCtx(ctx, pollEvery); err != nil {
+		if err := servicekit.SleepCtx(ctx, pollEvery); err != nil {
 			return time.Time{}, err
 		}
 	}
@@ -668,7 +669,7 @@ func (b *bench) misbehave(ctx context.Context, res *scenarioResult) (time.Time, 
 	}
 	defer func() { _ = b.setFaults(id, "") }()
 	b.progress("scenario %s: replica %d runs with %s for %v", res.Key, id, faults, b.opts.faultFor)
-	if err := sleepCtx(ctx, b.opts.faultFor); err != nil {
+	if err := servicekit.SleepCtx(ctx, b.opts.faultFor); err != nil {
 		return time.Time{}, err
 	}
 	if err := b.setFaults(id, ""); err != nil {
@@ -678,30 +679,30 @@ func (b *bench) misbehave(ctx context.Context, res *scenarioResult) (time.Time, 
 }
 
 func (b *bench) killController(ctx context.Context, res *scenarioResult) (time.Time, error) {
-	pid, err := b.f.killController(ctx)
+	pid, err := b.f.KillController(ctx)
 	if err != nil {
 		return time.Time{}, err
 	}
 	killedAt := time.Now()
 	b.progress("scenario %s: SIGKILLed the controller (pid %d)", res.Key, pid)
-	out, err := b.f.run(ctx, "serve-status-restart", cliTimeout, "serve", "status", serviceName)
+	out, err := b.f.Run(ctx, "serve-status-restart", cliTimeout, "serve", "status", serviceName)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("restart the controller with `ferry serve status`: %w", err)
 	}
-	if err := pollUntil(ctx, cliTimeout, pollEvery, func() (bool, error) {
-		_, err := b.f.status(ctx)
+	if err := servicekit.PollUntil(ctx, cliTimeout, pollEvery, func() (bool, error) {
+		_, err := b.f.Status(ctx)
 		return err == nil, nil
 	}); err != nil {
 		return time.Time{}, fmt.Errorf("controller API after the restart: %w", err)
 	}
 	res.ControllerDownS = time.Since(killedAt).Seconds()
-	newPID, _ := b.f.controllerPID()
-	b.progress("scenario %s: controller back (pid %d) after %.1f s (`ferry serve status` said: %s)", res.Key, newPID, res.ControllerDownS, firstLine(out))
+	newPID, _ := b.f.ControllerPID()
+	b.progress("scenario %s: controller back (pid %d) after %.1f s (`ferry serve status` said: %s)", res.Key, newPID, res.ControllerDownS, servicekit.FirstLine(out))
 	return time.Now(), nil
 }
 
 func (b *bench) fillDisk(ctx context.Context, res *scenarioResult) (time.Time, error) {
-	pid, _ := b.f.controllerPID()
+	pid, _ := b.f.ControllerPID()
 	n, err := fillDisk(b.home)
 	if err != nil {
 		_ = freeDisk(b.home)
@@ -713,21 +714,21 @@ func (b *bench) fillDisk(ctx context.Context, res *scenarioResult) (time.Time, e
 	b.progress("scenario %s: filled %s (%s) for %v", res.Key, b.home, res.Filled, b.opts.diskFullFor)
 	end := time.Now().Add(b.opts.diskFullFor)
 	// What a user would run meanwhile.
-	if _, err := b.f.run(ctx, "serve-status-disk-full", cliTimeout, "serve", "status", serviceName); err != nil {
-		res.Notes = append(res.Notes, "`ferry serve status` with the disk full: "+lastLines(err.Error(), 2))
+	if _, err := b.f.Run(ctx, "serve-status-disk-full", cliTimeout, "serve", "status", serviceName); err != nil {
+		res.Notes = append(res.Notes, "`ferry serve status` with the disk full: "+servicekit.LastLines(err.Error(), 2))
 	} else {
 		res.Notes = append(res.Notes, "`ferry serve status` worked with the disk full")
 	}
-	if err := sleepCtx(ctx, time.Until(end)); err != nil {
+	if err := servicekit.SleepCtx(ctx, time.Until(end)); err != nil {
 		return time.Time{}, err
 	}
 	if err := freeDisk(b.home); err != nil {
 		return time.Time{}, err
 	}
-	if now, _ := b.f.controllerPID(); now != pid {
+	if now, _ := b.f.ControllerPID(); now != pid {
 		res.ControllerRestarted = fmt.Sprintf("controller pid %d before the disk filled, %d after", pid, now)
 	}
-	if torn, err := tornLines(b.f.home.ControllerLog()); err == nil {
+	if torn, err := tornLines(b.f.Home.ControllerLog()); err == nil {
 		res.Notes = append(res.Notes, fmt.Sprintf("controller.log has %d torn line(s) (a write cut by the full disk); the lines logged while it was full are lost", torn))
 	}
 	return time.Now(), nil
@@ -737,35 +738,10 @@ func (b *bench) exhaust(ctx context.Context, res *scenarioResult) (time.Time, er
 	n := b.opts.floodStreams
 	b.progress("scenario %s: opening %d slow streams over %v (the proxy pools %d connections per replica), held %v",
 		res.Key, n, b.opts.floodRamp, proxyConnsPerReplica, b.opts.floodHold)
-	fr := flood(ctx, b.endpoint, n, b.opts.floodRamp, b.opts.floodHold, b.opts.requestTimeout, chatBody(2000, true))
+	fr := flood(ctx, b.endpoint, n, b.opts.floodRamp, b.opts.floodHold, b.opts.requestTimeout, servicekit.ChatBody(prompt, 2000, true))
 	res.Flood = &fr
 	b.progress("scenario %s: flood: %d admitted (peak %d open), %d shed, %d failed", res.Key, fr.Admitted, fr.PeakOpen, fr.Shed, fr.Failed)
 	return time.Now(), ctx.Err()
-}
-
-// sleepCtx waits d, or less if ctx ends. It times a load phase; nothing waits on state this way.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-// firstLine is the first non-empty line of s.
-func firstLine(s string) string {
-	for _, l := range strings.Split(s, "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			return l
-		}
-	}
-	return ""
 }
 
 // teardown resumes stopped replicas, removes fault files, takes the service down, stops the
@@ -791,19 +767,19 @@ func (b *bench) teardown(rep *report) []string {
 		}
 	}
 	if b.proxy != nil {
-		b.f.group.Stop(b.proxy)
+		b.f.Group.Stop(b.proxy)
 	}
-	if _, err := b.f.run(ctx, "serve-down", upTimeout, "serve", "down", serviceName, "-y"); err != nil {
+	if _, err := b.f.Run(ctx, "serve-down", upTimeout, "serve", "down", serviceName, "-y"); err != nil {
 		problems = append(problems, err.Error())
 	}
 	var live []instance
-	_ = pollUntil(ctx, 10*time.Second, pollEvery, func() (bool, error) {
+	_ = servicekit.PollUntil(ctx, 10*time.Second, pollEvery, func() (bool, error) {
 		live = b.f.liveInstances()
 		return len(live) == 0, nil
 	})
 	rep.ProcessesAfterDown = len(live)
 	for _, in := range live {
-		problems = append(problems, fmt.Sprintf("replica process group %d (replica %d) alive after `serve down`; killed it", in.PGID, in.replicaID()))
+		problems = append(problems, fmt.Sprintf("replica process group %d (replica %d) alive after `serve down`; killed it", in.PGID, replicaID(in)))
 		_ = signalGroup(in, syscall.SIGKILL)
 	}
 	if rows, other, err := b.f.storeRows(ctx); err != nil {
@@ -819,20 +795,20 @@ func (b *bench) teardown(rep *report) []string {
 			}
 		}
 	}
-	if _, err := b.f.run(ctx, "controller-stop", cliTimeout, "controller", "stop"); err != nil {
+	if _, err := b.f.Run(ctx, "controller-stop", cliTimeout, "controller", "stop"); err != nil {
 		problems = append(problems, err.Error())
 	}
-	if err := pollUntil(ctx, 10*time.Second, pollEvery, func() (bool, error) {
-		pid, err := b.f.controllerPID()
+	if err := servicekit.PollUntil(ctx, 10*time.Second, pollEvery, func() (bool, error) {
+		pid, err := b.f.ControllerPID()
 		return pid == 0, err
 	}); err != nil {
 		problems = append(problems, fmt.Sprintf("controller still running after `ferry controller stop`: %v", err))
-		if _, err := b.f.killController(ctx); err != nil {
+		if _, err := b.f.KillController(ctx); err != nil {
 			problems = append(problems, err.Error())
 		}
 	}
 	for _, in := range b.f.liveInstances() {
-		problems = append(problems, fmt.Sprintf("replica process group %d (replica %d) alive after `controller stop`; killed it", in.PGID, in.replicaID()))
+		problems = append(problems, fmt.Sprintf("replica process group %d (replica %d) alive after `controller stop`; killed it", in.PGID, replicaID(in)))
 		_ = signalGroup(in, syscall.SIGKILL)
 	}
 	return problems

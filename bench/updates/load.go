@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/ferryserve/ferry/bench/loadgen"
+	"github.com/ferryserve/ferry/bench/servicekit"
 )
 
 // The traffic: closed-loop workers, half sending non-streamed chat completions and half
@@ -20,8 +20,6 @@ import (
 // version N serve the model "upd-vN", so the model tells which version served a request.
 // Requests name no model: the versions' model names differ, and replica-sim (like vLLM)
 // refuses a model it does not serve, while it accepts a request that names none.
-
-const chatPath = "/v1/chat/completions"
 
 // record is one request as the load saw it.
 type record struct {
@@ -130,128 +128,50 @@ func snippet(b []byte) string {
 	return string(bytes.TrimSpace(b))
 }
 
-// client sends chat completions to one loopback address. loadgen.Client discards response
-// bodies, and this driver needs the model in them, so it keeps two fasthttp.HostClients set
-// up as loadgen's are: no retries (a request the proxy failed must count as failed), one
-// timeout bounding each whole response, streams handed over as they arrive.
-type client struct {
-	addr          string
-	plain, stream *fasthttp.HostClient
-	plainBody     []byte
-	streamBody    []byte
-}
+// client sends chat completions to the service and reads the model that answered from each.
+type client struct{ *servicekit.ChatClient }
 
+// newClient is a client for addr whose requests name no model (see above).
 func newClient(addr string, maxConns int, timeout time.Duration, plainTokens, streamTokens int) (*client, error) {
-	if err := loadgen.CheckLoopback(addr); err != nil {
+	c, err := servicekit.NewChatClient(addr, maxConns, timeout, "Which version are you?", plainTokens, streamTokens)
+	if err != nil {
 		return nil, err
 	}
-	mk := func(stream bool) *fasthttp.HostClient {
-		return &fasthttp.HostClient{
-			Addr:                      addr,
-			MaxConns:                  maxConns,
-			ReadTimeout:               timeout,
-			WriteTimeout:              timeout,
-			MaxIdemponentCallAttempts: 1,
-			RetryIfErr:                func(*fasthttp.Request, int, error) (bool, bool) { return false, false },
-			StreamResponseBody:        stream,
-			NoDefaultUserAgentHeader:  true,
-			MaxIdleConnDuration:       time.Minute,
-		}
-	}
-	return &client{
-		addr: addr, plain: mk(false), stream: mk(true),
-		plainBody:  chatBody(plainTokens, false),
-		streamBody: chatBody(streamTokens, true),
-	}, nil
+	return &client{c}, nil
 }
 
-// chatBody is the request both kinds of worker send, without a model (see above).
-func chatBody(maxTokens int, stream bool) []byte {
-	req := map[string]any{
-		"messages":   []map[string]string{{"role": "user", "content": "Which version are you?"}},
-		"max_tokens": maxTokens,
-	}
-	if stream {
-		req["stream"] = true
-		req["stream_options"] = map[string]bool{"include_usage": true}
-	}
-	b, _ := json.Marshal(req) // cannot fail: plain maps of strings and numbers
-	return b
-}
-
-func (c *client) closeIdle() {
-	c.plain.CloseIdleConnections()
-	c.stream.CloseIdleConnections()
-}
-
-func (c *client) newRequest(body []byte) *fasthttp.Request {
-	req := fasthttp.AcquireRequest()
-	req.Header.SetMethod(fasthttp.MethodPost)
-	req.SetRequestURI(chatPath)
-	req.Header.SetHost(c.addr)
-	req.Header.SetContentType("application/json")
-	req.SetBodyRaw(body)
-	return req
-}
+func (c *client) closeIdle() { c.CloseIdle() }
 
 // doPlain sends one non-streamed completion and returns the model that answered.
-func (c *client) doPlain() (string, error) {
-	req := c.newRequest(c.plainBody)
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	if err := c.plain.Do(req, resp); err != nil {
-		return "", err
-	}
-	if resp.StatusCode() != fasthttp.StatusOK {
-		return "", &loadgen.StatusError{Status: resp.StatusCode(), Body: snippet(resp.Body())}
-	}
-	return modelOfJSON(resp.Body())
+func (c *client) doPlain() (model string, err error) {
+	err = c.Plain(func(resp *fasthttp.Response) error {
+		if resp.StatusCode() != fasthttp.StatusOK {
+			return &loadgen.StatusError{Status: resp.StatusCode(), Body: snippet(resp.Body())}
+		}
+		model, err = modelOfJSON(resp.Body())
+		return err
+	})
+	return model, err
 }
 
 // doStream sends one streamed completion, reads it to its end and returns its model.
-func (c *client) doStream() (string, error) {
-	req := c.newRequest(c.streamBody)
-	req.Header.Set("Accept", "text/event-stream")
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	if err := c.stream.Do(req, resp); err != nil {
-		return "", err
-	}
-	defer func() { _ = resp.CloseBodyStream() }()
-	var src io.Reader = resp.BodyStream()
-	if src == nil { // fasthttp read a small body whole
-		src = bytes.NewReader(resp.Body())
-	}
-	if resp.StatusCode() != fasthttp.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(src, 512))
-		return "", &loadgen.StatusError{Status: resp.StatusCode(), Body: snippet(b)}
-	}
-	if !bytes.HasPrefix(resp.Header.ContentType(), []byte("text/event-stream")) {
-		return "", fmt.Errorf("%w: %q", loadgen.ErrNotEventStream, resp.Header.ContentType())
-	}
-	return readStream(bufio.NewReaderSize(src, 8<<10))
+func (c *client) doStream() (model string, err error) {
+	err = c.Stream(func(resp *fasthttp.Response, body []byte) error {
+		return &loadgen.StatusError{Status: resp.StatusCode(), Body: snippet(body)}
+	}, func(br *bufio.Reader) error {
+		model, err = readStream(br)
+		return err
+	})
+	return model, err
 }
 
-// load is a running closed-loop load: loadgen.Run's workers, each appending to its own slice
-// of records.
-type load struct {
-	cancel  context.CancelFunc
-	done    chan struct{}
-	records [][]record
-	result  *loadgen.Result
-	err     error
-}
+// load is a running closed-loop load of records.
+type load = servicekit.Load[record]
 
 // startLoad starts workers workers against c: the first half (rounded up) send non-streamed
 // requests, the rest streams. It runs until stop, or bound at the latest.
 func startLoad(c *client, workers int, bound time.Duration) *load {
-	ctx, cancel := context.WithCancel(context.Background())
-	l := &load{cancel: cancel, done: make(chan struct{}), records: make([][]record, workers)}
-	plainWorkers := (workers + 1) / 2
-	op := func(_ context.Context, w int) (loadgen.Sample, error) {
-		stream := w >= plainWorkers
+	return servicekit.StartLoad(workers, bound, func(stream bool) (record, error) {
 		start := time.Now()
 		var model string
 		var err error
@@ -264,23 +184,6 @@ func startLoad(c *client, workers int, bound time.Duration) *load {
 		if err != nil {
 			rec.Err = err.Error()
 		}
-		l.records[w] = append(l.records[w], rec)
-		return loadgen.Sample{}, err
-	}
-	go func() {
-		defer close(l.done)
-		l.result, l.err = loadgen.Run(ctx, loadgen.Config{Concurrency: workers, Duration: bound}, op)
-	}()
-	return l
-}
-
-// stop ends the load, lets requests in flight finish, and returns every record.
-func (l *load) stop() ([]record, error) {
-	l.cancel()
-	<-l.done
-	var all []record
-	for _, rs := range l.records {
-		all = append(all, rs...)
-	}
-	return all, l.err
+		return rec, err
+	})
 }

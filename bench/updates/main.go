@@ -18,11 +18,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -30,6 +28,7 @@ import (
 	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/childproc"
 	"github.com/ferryserve/ferry/bench/loadgen"
+	"github.com/ferryserve/ferry/bench/servicekit"
 )
 
 // options are the driver's flags.
@@ -155,7 +154,7 @@ func (o options) spec() taskSpec {
 func run(opts options) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	defer onSignal(cancel)()
+	defer servicekit.OnSignal(cancel)()
 	progress := func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
 	}
@@ -174,33 +173,6 @@ func run(opts options) error {
 		return errors.New(strings.Join(problems, "; "))
 	}
 	return nil
-}
-
-// onSignal cancels the run on the first SIGINT or SIGTERM, so that it stops its load and takes
-// the service and controller down; a second one exits at once. It returns a function that
-// stops the handling.
-func onSignal(cancel context.CancelFunc) func() {
-	ch := make(chan os.Signal, 2)
-	signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() {
-		select {
-		case s := <-ch:
-			fmt.Fprintf(os.Stderr, "\n%v: stopping; taking the service and the controller down (again to exit at once)\n", s)
-			cancel()
-		case <-done:
-			return
-		}
-		select {
-		case <-ch:
-			os.Exit(130)
-		case <-done:
-		}
-	}()
-	return func() {
-		signal.Stop(ch)
-		close(done)
-	}
 }
 
 // execute runs the benchmark: build, bring the service up, the scenarios, teardown, report.
@@ -227,7 +199,7 @@ func execute(ctx context.Context, opts options, stdout io.Writer, progress func(
 		return nil, err
 	}
 	defer group.Close()
-	f, err := newFerry(opts.ferryBin, filepath.Join(opts.out, "home"), group)
+	f, err := servicekit.NewFerry(opts.ferryBin, filepath.Join(opts.out, "home"), serviceName, "off", group)
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +216,7 @@ func execute(ctx context.Context, opts options, stdout io.Writer, progress func(
 			"replicas": opts.replicas, "workers": opts.workers, "before_s": opts.before.Seconds(), "after_s": opts.after.Seconds(),
 			"max_parallel": opts.maxParallel, "min_healthy_seconds": opts.minHealthy, "startup_delay_s": opts.startupDelay.Seconds(),
 			"ttft_ms": opts.ttft.Seconds() * 1e3, "itl_ms": opts.itl.Seconds() * 1e3, "plain_max_tokens": opts.plainTokens,
-			"stream_max_tokens": opts.streamTokens, "short": opts.short, "ferry_home": f.home.Dir, "settle_ms": loadgen.Ms(opts.settle),
+			"stream_max_tokens": opts.streamTokens, "short": opts.short, "ferry_home": f.Home.Dir, "settle_ms": loadgen.Ms(opts.settle),
 		},
 	}
 	progress("output, logs and FERRY_HOME under %s", opts.out)

@@ -14,6 +14,7 @@ import (
 	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/childproc"
 	"github.com/ferryserve/ferry/bench/loadgen"
+	"github.com/ferryserve/ferry/bench/servicekit"
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/replicas"
@@ -75,7 +76,7 @@ func scenarios() []scenarioDef {
 // bench is the service under test and what runs around it.
 type bench struct {
 	opts     options
-	f        *ferry
+	f        *servicekit.Ferry
 	spec     taskSpec
 	taskDir  string
 	endpoint string // the service endpoint's host:port
@@ -101,14 +102,14 @@ func (b *bench) setup(ctx context.Context) error {
 		return err
 	}
 	b.progress("setup: ferry serve up (%d replicas of %s)", b.spec.Replicas, modelName(1))
-	if _, err := b.f.run(ctx, "serve-up", upTimeout, "serve", "up", file, "-y"); err != nil {
+	if _, err := b.f.Run(ctx, "serve-up", upTimeout, "serve", "up", file, "-y"); err != nil {
 		return err
 	}
-	st, err := b.f.status(ctx)
+	st, err := b.f.Status(ctx)
 	if err != nil {
 		return err
 	}
-	if b.endpoint, err = endpointAddr(st.Endpoint); err != nil {
+	if b.endpoint, err = servicekit.EndpointAddr(st.Endpoint); err != nil {
 		return err
 	}
 	if err := b.waitServes(ctx, b.endpoint, modelName(1), nil); err != nil {
@@ -130,14 +131,14 @@ func (b *bench) startProxy(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p, err := b.f.start("proxy-attach", "proxy", "--attach", serviceName, "--listen", addr, "--access-log")
+	p, err := b.f.Start("proxy-attach", "proxy", "--attach", serviceName, "--listen", addr, "--access-log")
 	if err != nil {
 		return err
 	}
 	b.proxy = p
 	if err := b.waitServes(ctx, addr, modelName(1), p); err != nil {
-		if errors.Is(err, childproc.ErrExited) && strings.Contains(readLog(p), "unknown flag: --attach") {
-			return fmt.Errorf("this ferry has no `ferry proxy --attach` (%s)", lastLines(readLog(p), 1))
+		if errors.Is(err, childproc.ErrExited) && strings.Contains(servicekit.ReadLog(p), "unknown flag: --attach") {
+			return fmt.Errorf("this ferry has no `ferry proxy --attach` (%s)", servicekit.LastLines(servicekit.ReadLog(p), 1))
 		}
 		return fmt.Errorf("`ferry proxy --attach %s --listen %s`: %w", serviceName, addr, err)
 	}
@@ -154,11 +155,11 @@ func (b *bench) waitServes(ctx context.Context, addr, model string, p *childproc
 	}
 	defer c.closeIdle()
 	var last error
-	err = pollUntil(ctx, proxyReadyTimeout, pollEvery, func() (bool, error) {
+	err = servicekit.PollUntil(ctx, proxyReadyTimeout, pollEvery, func() (bool, error) {
 		if p != nil {
 			select {
 			case <-p.Exited():
-				return false, fmt.Errorf("%w: %v: %s", childproc.ErrExited, p.Err(), lastLines(readLog(p), 3))
+				return false, fmt.Errorf("%w: %v: %s", childproc.ErrExited, p.Err(), servicekit.LastLines(servicekit.ReadLog(p), 3))
 			default:
 			}
 		}
@@ -202,7 +203,7 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 	if err != nil {
 		return err
 	}
-	prev, err := b.f.status(ctx)
+	prev, err := b.f.Status(ctx)
 	if err != nil {
 		return err
 	}
@@ -224,22 +225,22 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 		if ld == nil {
 			return nil
 		}
-		rs, err := ld.stop()
+		rs, err := ld.Stop()
 		ld, records = nil, rs
 		return err
 	}
 	defer func() { _ = stopLoad() }()
 
-	if err := sleepCtx(ctx, b.opts.before); err != nil {
+	if err := servicekit.SleepCtx(ctx, b.opts.before); err != nil {
 		return err
 	}
 	updateStart := time.Now()
 	args := []string{"serve", "update", serviceName, file, "-y", "--mode", def.Mode}
-	upd, err := b.f.start("update-v"+fmt.Sprint(def.To), args...)
+	upd, err := b.f.Start("update-v"+fmt.Sprint(def.To), args...)
 	if err != nil {
 		return err
 	}
-	defer b.f.group.Stop(upd) // only if it outlives the scenario
+	defer b.f.Group.Stop(upd) // only if it outlives the scenario
 
 	end, err := b.followRollout(ctx, def, res, upd, prevVersion, updateStart)
 	rolloutEnd := time.Now()
@@ -254,14 +255,14 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 	}
 	b.progress("scenario %s: rollout %d → %d ended %s after %.1f s%s", def.Key, end.From, end.To, end.State, res.RolloutWallS, reasonSuffix(end.Reason))
 
-	if err := waitExit(ctx, b.f.group, upd, updateExitWait); err != nil {
+	if err := servicekit.WaitExit(ctx, b.f.Group, upd, updateExitWait); err != nil {
 		res.UpdateOutput = "did not exit: " + err.Error()
 	} else {
-		res.UpdateExit = exitCode(upd)
-		res.UpdateOutput = lastLines(readLog(upd), 1)
+		res.UpdateExit = servicekit.ExitCode(upd)
+		res.UpdateOutput = servicekit.LastLines(servicekit.ReadLog(upd), 1)
 	}
 
-	if err := sleepCtx(ctx, b.opts.after); err != nil {
+	if err := servicekit.SleepCtx(ctx, b.opts.after); err != nil {
 		return err
 	}
 	if err := stopLoad(); err != nil {
@@ -271,7 +272,7 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 	if def.ViaProxy {
 		select {
 		case <-b.proxy.Exited():
-			res.Notes = append(res.Notes, fmt.Sprintf("the attached proxy exited: %v: %s", b.proxy.Err(), lastLines(readLog(b.proxy), 2)))
+			res.Notes = append(res.Notes, fmt.Sprintf("the attached proxy exited: %v: %s", b.proxy.Err(), servicekit.LastLines(servicekit.ReadLog(b.proxy), 2)))
 		default:
 		}
 	}
@@ -282,14 +283,14 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 	if end.State != replicas.RolloutSucceeded {
 		servingVersion = end.From
 	}
-	if st, err := b.f.status(ctx); err == nil {
+	if st, err := b.f.Status(ctx); err == nil {
 		res.ReadyAtEnd = readyByVersion(st)
 	}
 	var live []instance
-	_ = pollUntil(ctx, drainWait, pollEvery, func() (bool, error) {
-		live = b.f.liveInstances()
+	_ = servicekit.PollUntil(ctx, drainWait, pollEvery, func() (bool, error) {
+		live = liveInstances(b.f)
 		for _, in := range live {
-			if in.version() != servingVersion {
+			if version(in) != servingVersion {
 				return false, nil
 			}
 		}
@@ -297,9 +298,9 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 	})
 	res.ProcessesAtEnd = countByVersion(live)
 	for _, in := range live {
-		if in.version() != servingVersion {
+		if version(in) != servingVersion {
 			res.Notes = append(res.Notes, fmt.Sprintf("replica process of version %d (%s, pgid %d) still alive %v after the rollout ended (only version %d should be left)",
-				in.version(), in.ID, in.PGID, drainWait, servingVersion))
+				version(in), in.ID, in.PGID, drainWait, servingVersion))
 		}
 	}
 	if res.UpdateExit >= 0 && (res.UpdateExit == 0) != (def.WantState == replicas.RolloutSucceeded) {
@@ -317,8 +318,8 @@ func (b *bench) followRollout(ctx context.Context, def scenarioDef, res *scenari
 	var apiDownSince time.Time
 	var lastErr error
 	for {
-		b.f.scanInstances()
-		st, err := b.f.status(ctx)
+		b.f.SeenInstances() // records the instances there are now
+		st, err := b.f.Status(ctx)
 		switch {
 		case err != nil:
 			if apiDownSince.IsZero() {
@@ -335,7 +336,7 @@ func (b *bench) followRollout(ctx context.Context, def scenarioDef, res *scenari
 				// Not recorded yet: the update command may still be starting, or it failed.
 				select {
 				case <-upd.Exited():
-					return nil, fmt.Errorf("`ferry serve update` exited (%v) before the controller had a rollout: %s", upd.Err(), lastLines(readLog(upd), 3))
+					return nil, fmt.Errorf("`ferry serve update` exited (%v) before the controller had a rollout: %s", upd.Err(), servicekit.LastLines(servicekit.ReadLog(upd), 3))
 				default:
 				}
 				break
@@ -364,7 +365,7 @@ func (b *bench) followRollout(ctx context.Context, def scenarioDef, res *scenari
 		if time.Now().After(deadline) {
 			return nil, fmt.Errorf("rollout not over after %v (last status error: %v)", b.opts.rolloutTimeout, lastErr)
 		}
-		if err := sleepCtx(ctx, pollEvery); err != nil {
+		if err := servicekit.SleepCtx(ctx, pollEvery); err != nil {
 			return nil, err
 		}
 	}
@@ -373,27 +374,27 @@ func (b *bench) followRollout(ctx context.Context, def scenarioDef, res *scenari
 // killAndRestart SIGKILLs the controller, then runs `ferry serve status` (which starts a new
 // one) and waits until the API answers again.
 func (b *bench) killAndRestart(ctx context.Context, res *scenarioResult, updateStart time.Time) error {
-	pid, err := b.f.killController(ctx)
+	pid, err := b.f.KillController(ctx)
 	if err != nil {
 		return err
 	}
 	killedAt := time.Now()
 	res.KillAtS = killedAt.Sub(updateStart).Seconds()
 	b.progress("scenario %s: SIGKILLed the controller (pid %d) %.1f s into the rollout, with a new replica READY", res.Key, pid, res.KillAtS)
-	out, err := b.f.run(ctx, "serve-status-restart", cliTimeout, "serve", "status", serviceName)
+	out, err := b.f.Run(ctx, "serve-status-restart", cliTimeout, "serve", "status", serviceName)
 	if err != nil {
 		return fmt.Errorf("restart the controller: %w", err)
 	}
-	err = pollUntil(ctx, apiOutage, pollEvery, func() (bool, error) {
-		_, err := b.f.status(ctx)
+	err = servicekit.PollUntil(ctx, apiOutage, pollEvery, func() (bool, error) {
+		_, err := b.f.Status(ctx)
 		return err == nil, nil
 	})
 	if err != nil {
 		return fmt.Errorf("controller API after the restart: %w", err)
 	}
 	res.ControllerDownS = time.Since(killedAt).Seconds()
-	newPID, _ := b.f.controllerPID()
-	b.progress("scenario %s: controller back (pid %d) after %.1f s (`ferry serve status` said: %s)", res.Key, newPID, res.ControllerDownS, firstLine(out))
+	newPID, _ := b.f.ControllerPID()
+	b.progress("scenario %s: controller back (pid %d) after %.1f s (`ferry serve status` said: %s)", res.Key, newPID, res.ControllerDownS, servicekit.FirstLine(out))
 	return nil
 }
 
@@ -422,18 +423,6 @@ func reasonSuffix(reason string) string {
 	return " (" + reason + ")"
 }
 
-// sleepCtx waits d, or less if ctx ends. It times a load phase; nothing waits on state this way.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
 // teardown takes the service down, stops the attached proxy and the controller, and reports
 // any replica or controller process left behind (then stops it, so the run leaves nothing).
 // It runs on its own deadline, after the run's context may have ended.
@@ -442,43 +431,33 @@ func (b *bench) teardown() []string {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if b.proxy != nil {
-		b.f.group.Stop(b.proxy)
+		b.f.Group.Stop(b.proxy)
 	}
-	if _, err := b.f.run(ctx, "serve-down", upTimeout, "serve", "down", serviceName, "-y"); err != nil {
+	if _, err := b.f.Run(ctx, "serve-down", upTimeout, "serve", "down", serviceName, "-y"); err != nil {
 		problems = append(problems, err.Error())
 	}
-	if _, err := b.f.run(ctx, "controller-stop", cliTimeout, "controller", "stop"); err != nil {
+	if _, err := b.f.Run(ctx, "controller-stop", cliTimeout, "controller", "stop"); err != nil {
 		problems = append(problems, err.Error())
 	}
-	if err := pollUntil(ctx, 10*time.Second, pollEvery, func() (bool, error) {
-		pid, err := b.f.controllerPID()
+	if err := servicekit.PollUntil(ctx, 10*time.Second, pollEvery, func() (bool, error) {
+		pid, err := b.f.ControllerPID()
 		return pid == 0, err
 	}); err != nil {
 		problems = append(problems, fmt.Sprintf("controller still running after `ferry controller stop`: %v", err))
-		if _, err := b.f.killController(ctx); err != nil {
+		if _, err := b.f.KillController(ctx); err != nil {
 			problems = append(problems, err.Error())
 		}
 	}
 	var live []instance
-	_ = pollUntil(ctx, 10*time.Second, pollEvery, func() (bool, error) {
-		live = b.f.liveInstances()
+	_ = servicekit.PollUntil(ctx, 10*time.Second, pollEvery, func() (bool, error) {
+		live = liveInstances(b.f)
 		return len(live) == 0, nil
 	})
 	for _, in := range live {
-		problems = append(problems, fmt.Sprintf("replica process group %d (%s, version %d) alive after `serve down` and `controller stop`; killed it", in.PGID, in.ID, in.version()))
+		problems = append(problems, fmt.Sprintf("replica process group %d (%s, version %d) alive after `serve down` and `controller stop`; killed it", in.PGID, in.ID, version(in)))
 		killGroup(in)
 	}
 	return problems
-}
-
-// firstLine is the first non-empty line of s.
-func firstLine(s string) string {
-	for _, l := range strings.Split(s, "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			return l
-		}
-	}
-	return ""
 }
 
 // killGroup SIGKILLs a leaked replica's process group, which this run's controller started.

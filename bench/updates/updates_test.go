@@ -18,6 +18,7 @@ import (
 
 	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/loadgen"
+	"github.com/ferryserve/ferry/bench/servicekit"
 	"github.com/ferryserve/ferry/configs"
 )
 
@@ -177,7 +178,7 @@ func TestReadStream(t *testing.T) {
 func TestClient(t *testing.T) {
 	mux := http.NewServeMux()
 	var mode string // set per subtest; the requests are sequential
-	mux.HandleFunc("POST "+chatPath, func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST "+servicekit.ChatPath, func(w http.ResponseWriter, r *http.Request) {
 		switch mode {
 		case "ok":
 			if strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
@@ -451,23 +452,5 @@ func TestParseFlags(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("bad flags: error = %v, want one naming %s", err, want)
 		}
-	}
-}
-
-func TestEndpointAddr(t *testing.T) {
-	if got, err := endpointAddr("http://127.0.0.1:30001"); err != nil || got != "127.0.0.1:30001" {
-		t.Errorf("endpointAddr = %q, %v", got, err)
-	}
-	if _, err := endpointAddr("127.0.0.1:30001"); err == nil {
-		t.Error("endpointAddr accepted a host:port without a scheme")
-	}
-}
-
-func TestLastLines(t *testing.T) {
-	if got := lastLines("a\n\n b \nc\n", 2); got != "b / c" {
-		t.Errorf("lastLines = %q", got)
-	}
-	if got := firstLine("\n  ⚙︎ Started the controller\nx"); got != "⚙︎ Started the controller" {
-		t.Errorf("firstLine = %q", got)
 	}
 }

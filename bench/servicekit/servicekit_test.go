@@ -1,0 +1,21 @@
+package servicekit
+
+import "testing"
+
+func TestEndpointAddr(t *testing.T) {
+	if got, err := EndpointAddr("http://127.0.0.1:30001"); err != nil || got != "127.0.0.1:30001" {
+		t.Errorf("EndpointAddr = %q, %v", got, err)
+	}
+	if _, err := EndpointAddr("127.0.0.1:30001"); err == nil {
+		t.Error("EndpointAddr accepted a host:port without a scheme")
+	}
+}
+
+func TestLines(t *testing.T) {
+	if got := LastLines("a\n\n b \nc\n", 2); got != "b / c" {
+		t.Errorf("LastLines = %q", got)
+	}
+	if got := FirstLine("\n  ⚙︎ Started the controller\nx"); got != "⚙︎ Started the controller" {
+		t.Errorf("FirstLine = %q", got)
+	}
+}
