@@ -95,6 +95,11 @@ func TestSpecForLeavesLearnedKnobsUnset(t *testing.T) {
 	if set.TargetInflight != 2 || set.StableWindow != 10*time.Minute || set.Overprovision != 1 || set.LearnHeadroom {
 		t.Errorf("SpecFor(knobs set) = %+v, want them as set and no learned headroom", set)
 	}
+	none := SpecFor(configs.ReplicaPolicy{MinReplicas: 1, MaxReplicas: 10, Autoscaler: configs.AutoscalerConcurrency,
+		NumOverprovision: 0, NumOverprovisionSet: true})
+	if none.LearnHeadroom {
+		t.Error("num_overprovision: 0 written explicitly still learns a headroom")
+	}
 	if set.PanicWindow != DefaultPanicWindow {
 		t.Errorf("panic window %v with a set stable window, want %v", set.PanicWindow, DefaultPanicWindow)
 	}

@@ -178,7 +178,7 @@ func SpecFor(p configs.ReplicaPolicy) Spec {
 		Min:                p.MinReplicas,
 		Max:                p.MaxReplicas,
 		Overprovision:      p.NumOverprovision,
-		LearnHeadroom:      p.NumOverprovision == 0,
+		LearnHeadroom:      p.NumOverprovision == 0 && !p.NumOverprovisionSet,
 		TargetQPS:          p.TargetQPSPerReplica,
 		UpscaleDelay:       seconds(p.UpscaleDelaySeconds),
 		DownscaleDelay:     seconds(p.DownscaleDelaySeconds),

@@ -143,7 +143,7 @@ service:
 					ReplicaPolicy: ReplicaPolicy{
 						MinReplicas: 0, MaxReplicas: 10, Autoscaler: AutoscalerRequestRate,
 						TargetQPSPerAccelerator: map[string]float64{"A100": 8, "L4": 2.5},
-						NumOverprovision:        1, UpscaleDelaySeconds: 60, DownscaleDelaySeconds: 0,
+						NumOverprovision:        1, NumOverprovisionSet: true, UpscaleDelaySeconds: 60, DownscaleDelaySeconds: 0,
 						BaseOndemandFallbackReplicas: 1, DynamicOndemandFallback: true, SpotPlacer: "dynamic_fallback",
 					},
 					Port:                8000,

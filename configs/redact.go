@@ -133,10 +133,11 @@ func (t *Task) ResolvedYAML() ([]byte, error) {
 		} else {
 			p := s.ReplicaPolicy
 			rp := &resolvedPolicy{
+				// Written only when the YAML set it: absent, concurrency and llm learn a headroom.
+				NumOverprovision:             ifSet(p.NumOverprovisionSet, p.NumOverprovision),
 				MinReplicas:                  p.MinReplicas,
 				MaxReplicas:                  p.MaxReplicas,
 				Autoscaler:                   p.Autoscaler,
-				NumOverprovision:             p.NumOverprovision,
 				BaseOndemandFallbackReplicas: p.BaseOndemandFallbackReplicas,
 				DynamicOndemandFallback:      p.DynamicOndemandFallback,
 				SpotPlacer:                   p.SpotPlacer,
@@ -292,7 +293,7 @@ type resolvedPolicy struct {
 	MaxReplicas                  int     `yaml:"max_replicas"`
 	Autoscaler                   string  `yaml:"autoscaler,omitempty"`
 	TargetQPSPerReplica          any     `yaml:"target_qps_per_replica,omitempty"`
-	NumOverprovision             int     `yaml:"num_overprovision"`
+	NumOverprovision             *int    `yaml:"num_overprovision,omitempty"`
 	UpscaleDelaySeconds          *int    `yaml:"upscale_delay_seconds,omitempty"`
 	DownscaleDelaySeconds        *int    `yaml:"downscale_delay_seconds,omitempty"`
 	BaseOndemandFallbackReplicas int     `yaml:"base_ondemand_fallback_replicas,omitempty"`
@@ -307,4 +308,12 @@ type resolvedPolicy struct {
 	ScaleToZeroGraceSeconds      int     `yaml:"scale_to_zero_grace_seconds,omitempty"`
 	TargetWaitingPerReplica      float64 `yaml:"target_waiting_per_replica,omitempty"`
 	TargetKVCacheUsage           float64 `yaml:"target_kv_cache_usage,omitempty"`
+}
+
+// ifSet is &v when set, else nil (omitted from resolved YAML).
+func ifSet(set bool, v int) *int {
+	if !set {
+		return nil
+	}
+	return &v
 }

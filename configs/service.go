@@ -519,6 +519,7 @@ func (c *checker) replicaPolicy(e entry, useSpot bool) (ReplicaPolicy, *yaml.Nod
 
 	if n, ok := f["num_overprovision"]; ok {
 		p.NumOverprovision, _ = c.intAtLeast(n.value, joinField(field, "num_overprovision"), 0)
+		p.NumOverprovisionSet = true
 	}
 
 	// The fallback fields describe how spot and on-demand replicas mix; without spot they

@@ -204,6 +204,9 @@ type ReplicaPolicy struct {
 	TargetQPSPerReplica     float64            `json:"target_qps_per_replica,omitempty"`
 	TargetQPSPerAccelerator map[string]float64 `json:"target_qps_per_accelerator,omitempty"`
 	NumOverprovision        int                `json:"num_overprovision"`
+	// NumOverprovisionSet says the YAML named num_overprovision: concurrency and llm learn a
+	// headroom only when it did not, so an explicit 0 means none.
+	NumOverprovisionSet bool `json:"num_overprovision_set,omitempty"`
 	// UpscaleDelaySeconds and DownscaleDelaySeconds are SkyServe's hysteresis, read by
 	// request_rate (defaults 300 and 1200). They are 0 under concurrency and llm, whose
 	// windows take their place.
