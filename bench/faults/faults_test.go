@@ -12,7 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/ferryserve/ferry/bench/benchkit"
+	"github.com/ferryserve/ferry/bench/servicekit"
 	"github.com/ferryserve/ferry/replicas"
 )
 
@@ -21,21 +21,7 @@ import (
 // FERRY_HOME on a tmpfs. Every fault must meet its targets. Without root the disk-full
 // scenario cannot mount its tmpfs and is skipped, with the reason in the report.
 func TestFaultsShort(t *testing.T) {
-	dir := t.TempDir()
-	root, err := benchkit.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin, err := benchkit.BuildFerry(root, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "out")
-	// The driver gives its children these itself; set here too so that nothing this test
-	// starts can reach ~/.ferry or the default gateway and metrics ports.
-	t.Setenv("FERRY_HOME", filepath.Join(out, "home"))
-	t.Setenv("FERRY_GATEWAY_ADDR", "off")
-	t.Setenv("FERRY_METRICS_ADDR", "off")
+	bin, out := servicekit.ShortRunEnv(t)
 
 	opts, err := parseFlags([]string{"--short", "--ferry-bin", bin, "--out", out})
 	if err != nil {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/loadgen"
 	"github.com/ferryserve/ferry/bench/servicekit"
 	"github.com/ferryserve/ferry/configs"
@@ -26,21 +25,7 @@ import (
 // tree: a real controller, local replica-sim replicas and the attached proxy, in a temporary
 // FERRY_HOME. Every scenario must pass.
 func TestUpdatesShort(t *testing.T) {
-	dir := t.TempDir()
-	root, err := benchkit.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin, err := benchkit.BuildFerry(root, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "out")
-	// The driver gives its children these itself; set here too so that nothing this test
-	// starts can reach ~/.ferry or the default gateway and metrics ports.
-	t.Setenv("FERRY_HOME", filepath.Join(out, "home"))
-	t.Setenv("FERRY_GATEWAY_ADDR", "off")
-	t.Setenv("FERRY_METRICS_ADDR", "off")
+	bin, out := servicekit.ShortRunEnv(t)
 
 	opts, err := parseFlags([]string{"--short", "--ferry-bin", bin, "--out", out})
 	if err != nil {
