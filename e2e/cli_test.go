@@ -219,17 +219,23 @@ func TestStandaloneProxy(t *testing.T) {
 		startProcess(t, "replica-sim", "--port", strconv.Itoa(port), "--model", "ferry-sim-1b")
 		replicaURLs = append(replicaURLs, fmt.Sprintf("http://127.0.0.1:%d", port))
 	}
+	// The replicas first: a replica that refuses the proxy's first health check is out of
+	// rotation until the next one, half a second later, and round robin would skip it.
+	waitUp := func(u string) {
+		eventually(t, 20*time.Second, u+" up", func() (bool, string) {
+			return listening(strings.TrimPrefix(u, "http://")), "not listening"
+		})
+	}
+	for _, u := range replicaURLs {
+		waitUp(u)
+	}
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	args := []string{"proxy", "--listen", listen, "--policy", "round_robin"}
 	for _, u := range replicaURLs {
 		args = append(args, "--replica", u)
 	}
 	startProcess(t, args...)
-	for _, u := range append(replicaURLs, "http://"+listen) {
-		eventually(t, 20*time.Second, u+" up", func() (bool, string) {
-			return listening(strings.TrimPrefix(u, "http://")), "not listening"
-		})
-	}
+	waitUp("http://" + listen)
 	endpoint := "http://" + listen
 	for range 4 {
 		resp, err := http.Post(endpoint+"/v1/completions", "application/json",
