@@ -153,7 +153,8 @@ func StartLoad[R any](workers int, bound time.Duration, do func(stream bool) (R,
 	return l
 }
 
-// Stop ends the load, lets requests in flight finish, and returns every record.
+// Stop ends the load, lets requests in flight finish, and returns every record. Calling it
+// again returns the same records.
 func (l *Load[R]) Stop() ([]R, error) {
 	l.cancel()
 	<-l.done

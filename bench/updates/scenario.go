@@ -220,16 +220,7 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 	bound := b.opts.before + b.opts.rolloutTimeout + updateExitWait + b.opts.after + time.Minute
 	b.progress("scenario %s (%s): %d workers on %s, %v before the update", def.Key, def.Title, b.opts.workers, res.Target, b.opts.before)
 	ld := startLoad(c, b.opts.workers, bound)
-	var records []record
-	stopLoad := func() error {
-		if ld == nil {
-			return nil
-		}
-		rs, err := ld.Stop()
-		ld, records = nil, rs
-		return err
-	}
-	defer func() { _ = stopLoad() }()
+	defer func() { _, _ = ld.Stop() }() // Stop may be called again
 
 	if err := servicekit.SleepCtx(ctx, b.opts.before); err != nil {
 		return err
@@ -265,7 +256,8 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 	if err := servicekit.SleepCtx(ctx, b.opts.after); err != nil {
 		return err
 	}
-	if err := stopLoad(); err != nil {
+	records, err := ld.Stop()
+	if err != nil {
 		return err
 	}
 	res.aggregate(records, updateStart, rolloutEnd, modelName(def.From), modelName(def.To))
