@@ -222,7 +222,7 @@ func (a *attachment) apply(rs api.ReplicaSet) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.hand == nil {
-		svc, err := proxy.NewService(attachedServiceConfig(a.base, rs.Config))
+		svc, err := proxy.NewService(rs.Config.Apply(a.base))
 		if err != nil {
 			return fmt.Errorf("the controller's configuration of service %q: %w", a.service, err)
 		}
@@ -243,7 +243,7 @@ func (a *attachment) apply(rs api.ReplicaSet) error {
 		return nil
 	}
 	if !reflect.DeepEqual(rs.Config, a.config) {
-		svc, err := proxy.NewService(attachedServiceConfig(a.base, rs.Config))
+		svc, err := proxy.NewService(rs.Config.Apply(a.base))
 		if err != nil {
 			// A configuration this proxy cannot serve (a policy newer than its binary, say):
 			// keep the old one rather than stop serving.
@@ -281,33 +281,6 @@ func policyName(p string) string {
 		return "least_load"
 	}
 	return p
-}
-
-// attachedServiceConfig adds the controller's configuration of the service to the proxy's own
-// (name, TLS, logs, metrics); the mapping is the controller's proxyConfig.
-func attachedServiceConfig(base proxy.ServiceConfig, pc api.ProxyConfig) proxy.ServiceConfig {
-	cfg := base
-	cfg.Policy = pc.Policy
-	cfg.TargetQPSPerAccelerator = pc.TargetQPSPerAccelerator
-	cfg.APIKeyHashes = nil
-	if pc.AuthRequired {
-		cfg.APIKeyHashes = append([]string{}, pc.APIKeyHashes...) // non-nil even when empty: reject all
-	}
-	cfg.MaxRequestBodySize = pc.MaxRequestBodyMB << 20
-	cfg.MaxConcurrentRequests = pc.MaxConcurrentRequests
-	cfg.IdleTimeout = time.Duration(pc.IdleTimeoutSeconds) * time.Second
-	cfg.MaxQueuedRequests = pc.MaxQueuedRequests
-	cfg.MaxQueueWait = time.Duration(pc.MaxQueueWaitSeconds) * time.Second
-	cfg.MaxConcurrentStreams = pc.MaxConcurrentStreams
-	cfg.RateLimit = proxy.RateLimit{}
-	if r := pc.RateLimitPerKey; r != nil {
-		cfg.RateLimit = proxy.RateLimit{RequestsPerSecond: r.RequestsPerSecond, Burst: r.Burst}
-	}
-	cfg.HealthCheck = proxy.HealthCheck{}
-	if h := pc.HealthCheck; h != nil {
-		cfg.HealthCheck = proxy.HealthCheckFor(h.Path, h.IntervalSeconds, h.TimeoutSeconds, h.Disabled)
-	}
-	return cfg
 }
 
 func (a *attachment) kickReport() {

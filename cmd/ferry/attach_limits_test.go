@@ -23,7 +23,7 @@ func TestAttachedServiceConfig(t *testing.T) {
 			MaxQueuedRequests: -1, MaxQueueWaitSeconds: 10, MaxConcurrentStreams: 20,
 			RateLimitPerKey: &configs.RateLimit{RequestsPerSecond: 0.5, Burst: 4}},
 	}
-	got := attachedServiceConfig(base, api.ProxyConfigFor(svc))
+	got := api.ProxyConfigFor(svc).Apply(base)
 	want := proxy.ServiceConfig{Name: "llama", Policy: "round_robin", APIKeyHashes: svc.Auth.KeyHashes,
 		MaxRequestBodySize: 8 << 20, MaxConcurrentRequests: 100, IdleTimeout: 30 * time.Second,
 		MaxQueuedRequests: -1, MaxQueueWait: 10 * time.Second, MaxConcurrentStreams: 20,
@@ -35,7 +35,7 @@ func TestAttachedServiceConfig(t *testing.T) {
 		t.Fatalf("the attached config is rejected: %v", err)
 	}
 
-	open := attachedServiceConfig(got, api.ProxyConfigFor(&configs.Service{LoadBalancingPolicy: "round_robin"}))
+	open := api.ProxyConfigFor(&configs.Service{LoadBalancingPolicy: "round_robin"}).Apply(got)
 	if open.APIKeyHashes != nil || open.RateLimit != (proxy.RateLimit{}) || open.MaxConcurrentStreams != 0 {
 		t.Errorf("limits survive a configuration without them: keys %v, rate %+v, streams %d",
 			open.APIKeyHashes, open.RateLimit, open.MaxConcurrentStreams)

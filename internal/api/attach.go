@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/proxy"
 )
 
 // Standalone proxies (`ferry proxy --attach SERVICE`) follow a service through two routes:
@@ -270,4 +271,32 @@ func (c *Client) ReplicaSet(ctx context.Context, name string, after uint64, wait
 // ReportProxyLoad sends an attached proxy's load report.
 func (c *Client) ReportProxyLoad(ctx context.Context, name string, r ProxyLoadReport) error {
 	return c.do(ctx, http.MethodPost, "/v1/services/"+url.PathEscape(name)+"/proxyload", r, nil)
+}
+
+// Apply adds this configuration of a service to a proxy's own (name, TLS, logs, metrics): the
+// one mapping from a service's YAML to its proxy, used by the controller's proxies and by
+// attached ones.
+func (pc ProxyConfig) Apply(base proxy.ServiceConfig) proxy.ServiceConfig {
+	cfg := base
+	cfg.Policy = pc.Policy
+	cfg.TargetQPSPerAccelerator = pc.TargetQPSPerAccelerator
+	cfg.APIKeyHashes = nil
+	if pc.AuthRequired {
+		cfg.APIKeyHashes = append([]string{}, pc.APIKeyHashes...) // non-nil even when empty: reject all
+	}
+	cfg.MaxRequestBodySize = pc.MaxRequestBodyMB << 20
+	cfg.MaxConcurrentRequests = pc.MaxConcurrentRequests
+	cfg.IdleTimeout = time.Duration(pc.IdleTimeoutSeconds) * time.Second
+	cfg.MaxQueuedRequests = pc.MaxQueuedRequests
+	cfg.MaxQueueWait = time.Duration(pc.MaxQueueWaitSeconds) * time.Second
+	cfg.MaxConcurrentStreams = pc.MaxConcurrentStreams
+	cfg.RateLimit = proxy.RateLimit{}
+	if r := pc.RateLimitPerKey; r != nil {
+		cfg.RateLimit = proxy.RateLimit{RequestsPerSecond: r.RequestsPerSecond, Burst: r.Burst}
+	}
+	cfg.HealthCheck = proxy.HealthCheck{}
+	if h := pc.HealthCheck; h != nil {
+		cfg.HealthCheck = proxy.HealthCheckFor(h.Path, h.IntervalSeconds, h.TimeoutSeconds, h.Disabled)
+	}
+	return cfg
 }

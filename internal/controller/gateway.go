@@ -3,43 +3,23 @@ package controller
 import (
 	"fmt"
 	"sort"
-	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/proxy"
 )
 
 // proxyConfig turns a service's YAML into its proxy's configuration. TLS files are read here, so
 // a bad certificate fails `serve up` with the file's name rather than every handshake later.
 func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.ServiceConfig, error) {
-	cfg := proxy.ServiceConfig{
-		Name:                    name,
-		Policy:                  svc.LoadBalancingPolicy,
-		TargetQPSPerAccelerator: svc.ReplicaPolicy.TargetQPSPerAccelerator,
-		Logger:                  c.log.Named("proxy"), // the proxy adds the service
-		Metrics:                 c.metrics,
-		AccessLog:               c.log.Named("access"),
-	}
-	if a := svc.Auth; a != nil {
-		// Non-nil even when empty: a service that asked for auth and has no keys rejects all.
-		cfg.APIKeyHashes = append([]string{}, a.KeyHashes...)
-	}
-	if l := svc.Limits; l != nil {
-		cfg.MaxRequestBodySize = l.MaxRequestBodyMB << 20
-		cfg.MaxConcurrentRequests = l.MaxConcurrentRequests
-		cfg.IdleTimeout = time.Duration(l.IdleTimeoutSeconds) * time.Second
-		cfg.MaxQueuedRequests = l.MaxQueuedRequests
-		cfg.MaxQueueWait = time.Duration(l.MaxQueueWaitSeconds) * time.Second
-		cfg.MaxConcurrentStreams = l.MaxConcurrentStreams
-		if r := l.RateLimitPerKey; r != nil {
-			cfg.RateLimit = proxy.RateLimit{RequestsPerSecond: r.RequestsPerSecond, Burst: r.Burst}
-		}
-	}
-	if h := svc.HealthCheck; h != nil {
-		cfg.HealthCheck = proxy.HealthCheckFor(h.Path, h.IntervalSeconds, h.TimeoutSeconds, h.Disabled)
-	}
+	cfg := api.ProxyConfigFor(svc).Apply(proxy.ServiceConfig{
+		Name:      name,
+		Logger:    c.log.Named("proxy"), // the proxy adds the service
+		Metrics:   c.metrics,
+		AccessLog: c.log.Named("access"),
+	})
 	if t := svc.TLS; t != nil {
 		tlsCfg, err := proxy.LoadTLS(t.CertFile, t.KeyFile)
 		if err != nil {

@@ -225,10 +225,10 @@ func (c *Controller) newServiceProxy(name string, task *configs.Task, onCold fun
 // is immutable on its request path, so a new one takes over the endpoint: new connections go
 // to it, while the old one finishes its requests and streams (proxy.Handover).
 func (c *Controller) reconfigureProxy(s *service, old, task *configs.Task) {
-	same := reflect.DeepEqual(old.Service.Auth, task.Service.Auth) && reflect.DeepEqual(old.Service.Limits, task.Service.Limits) &&
-		reflect.DeepEqual(old.Service.HealthCheck, task.Service.HealthCheck) &&
-		reflect.DeepEqual(old.Service.TLS, task.Service.TLS) && old.Service.LoadBalancingPolicy == task.Service.LoadBalancingPolicy &&
-		reflect.DeepEqual(old.Service.ReplicaPolicy.TargetQPSPerAccelerator, task.Service.ReplicaPolicy.TargetQPSPerAccelerator) &&
+	// What the proxy is made of: the YAML's mapping to it, its TLS files and whether it
+	// scrapes the engines for the autoscaler.
+	same := reflect.DeepEqual(api.ProxyConfigFor(old.Service), api.ProxyConfigFor(task.Service)) &&
+		reflect.DeepEqual(old.Service.TLS, task.Service.TLS) &&
 		autoscaler.SpecFor(old.Service.ReplicaPolicy).WantsEngineLoad() == autoscaler.SpecFor(task.Service.ReplicaPolicy).WantsEngineLoad()
 	if same {
 		return
