@@ -307,16 +307,32 @@ func TestHeadroom(t *testing.T) {
 			t.Errorf("headroom %d without a cold start, want 0", got)
 		}
 	})
+	// quiet is a day without growth, the scaler called once an hour (each skipped minute
+	// counts as one without growth).
+	quiet := func(h *headroom, at time.Time, hours int) time.Time {
+		for range hours {
+			at = at.Add(time.Hour)
+			h.record(at, 10, cold)
+		}
+		return at
+	}
+	t.Run("a new service covers the growth it has seen", func(t *testing.T) {
+		// 16 minutes seen, 14 of them growing by 5: the day's 1% is no minute yet.
+		if got, _ := feed(newHeadroom(), start, cold, append(steps(10, 15, 14), flat(10, 120)...)); got != 5 {
+			t.Errorf("headroom %d after 14 of 16 minutes grew by 5, want 5", got)
+		}
+	})
 	t.Run("growth in fewer than 1% of a day's minutes is not covered", func(t *testing.T) {
 		h := newHeadroom()
-		got, _ := feed(h, start, cold, append(steps(10, 15, 14), flat(10, 120)...))
-		if got != 0 {
-			t.Errorf("headroom %d after 14 minutes of growth, want 0", got)
+		at := quiet(h, start, 24)
+		if got, _ := feed(h, at, cold, append(steps(10, 15, 13), flat(10, 120)...)); got != 0 {
+			t.Errorf("headroom %d after 13 minutes of growth in a day, want 0", got)
 		}
 	})
 	t.Run("growth in more than 1% is, and a day later it is forgotten", func(t *testing.T) {
 		h := newHeadroom()
-		got, at := feed(h, start, cold, append(steps(10, 12, 16), flat(10, 120)...))
+		at := quiet(h, start, 24)
+		got, at := feed(h, at, cold, append(steps(10, 12, 16), flat(10, 120)...))
 		if got != 2 {
 			t.Errorf("headroom %d after 16 minutes of growth by 2, want 2", got)
 		}
@@ -324,11 +340,7 @@ func TestHeadroom(t *testing.T) {
 		if got, at = feed(h, at, cold, append(steps(10, 15, 3), flat(10, 120)...)); got != 2 {
 			t.Errorf("headroom %d after a short spike, want 2", got)
 		}
-		// A day without growth (the scaler called once an hour) forgets it.
-		for range 25 {
-			at = at.Add(time.Hour)
-			h.record(at, 10, cold)
-		}
+		at = quiet(h, at, 25)
 		if got, _ = feed(h, at, cold, flat(10, 120)); got != 0 {
 			t.Errorf("headroom %d a day later, want 0", got)
 		}
