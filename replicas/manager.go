@@ -121,6 +121,9 @@ type Manager struct {
 	// eventSeq orders launch completions against List calls.
 	eventSeq uint64
 	gone     map[string]time.Time
+	// notices are the instances an infra warned will be reclaimed (spot interruption
+	// notices), with when; their replicas serve on but are replaced now.
+	notices map[string]time.Time
 	// versions by number, target the version new replicas launch as, rollout the latest
 	// rollout (nil if none).
 	versions map[int]Version
@@ -218,6 +221,7 @@ func New(cfg Config) (*Manager, error) {
 		desired:  -1,
 		replicas: map[int]*replica{},
 		gone:     map[string]time.Time{},
+		notices:  map[string]time.Time{},
 		failures: map[bool]int{},
 		lastFail: map[bool]time.Time{},
 		versions: map[int]Version{},
@@ -274,6 +278,35 @@ func (m *Manager) Start(ctx context.Context) error {
 // Resync runs a reconcile pass (with a fresh List) now rather than at the next interval: the
 // infra said something changed, e.g. a spot preemption notice.
 func (m *Manager) Resync() { m.kickLoop() }
+
+// Notice takes an infra's warning that instance will be reclaimed at (EC2's two-minute spot
+// interruption notice, GCP's preemption). If one of this service's live replicas runs on it,
+// the replica keeps serving until the instance goes, but stops counting toward the target, so
+// its replacement (and the on-demand fallback) starts now instead of a cold start after the
+// loss; its zone is avoided for spot launches from now on. It reports whether the instance was
+// this service's; other instances are ignored.
+func (m *Manager) Notice(instance string, at time.Time) bool {
+	m.mu.Lock()
+	var hit *replica
+	for _, r := range m.replicas {
+		if r.rec.InstanceID == instance && live(r.rec.Status) {
+			hit = r
+			break
+		}
+	}
+	_, known := m.notices[instance]
+	if hit == nil || known {
+		m.mu.Unlock()
+		return hit != nil
+	}
+	m.notices[instance] = at
+	m.recordPreemptionLocked(hit)
+	m.log.Warn("spot interruption notice: replacing the replica before its instance is reclaimed",
+		zap.Int("replica", hit.rec.ID), zap.String("instance", instance), zap.Time("reclaimed_at", at))
+	m.mu.Unlock()
+	m.kickLoop()
+	return true
+}
 
 // SetTarget sets how many replicas should run. Until it is first called the manager keeps
 // the replicas it finds (at least min_replicas), so a restart changes nothing.
@@ -455,6 +488,13 @@ func (m *Manager) observeLocked(insts []launcher.Instance, seq uint64) {
 	}
 	m.instances = observed
 	m.observed = true
+	// A notice is kept while the instance is listed: it may be reclaimed late, or a List may
+	// begin before the notice and still show it running.
+	for id, at := range m.notices {
+		if !seen[id] && now.Sub(at) > goneTTL {
+			delete(m.notices, id)
+		}
+	}
 }
 
 // passLocked decides on the latest observation and acts on it.
@@ -487,8 +527,10 @@ func (m *Manager) passLocked() {
 		case r.healthySince.IsZero() && r.probe.OK:
 			r.healthySince = now
 		}
+		_, noticed := m.notices[r.rec.InstanceID]
 		in.Replicas = append(in.Replicas, replicaView{Record: r.rec, Probe: r.probe, Launching: r.launching,
-			Terminating: r.terminating, Draining: m.drainingLocked(now, r), HealthySince: r.healthySince})
+			Terminating: r.terminating, Draining: m.drainingLocked(now, r), HealthySince: r.healthySince,
+			Noticed: noticed && r.rec.InstanceID != ""})
 	}
 	m.versionInputLocked(&in)
 	acts := plan(in)

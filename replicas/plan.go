@@ -34,6 +34,9 @@ type replicaView struct {
 	// HealthySince is when the replica's current run of READY began, as this manager saw it
 	// (zero when not READY).
 	HealthySince time.Time
+	// Noticed is true once the infra warned that the replica's instance will be reclaimed: it
+	// serves on, but no longer counts toward the target and is never picked for scale-down.
+	Noticed bool
 }
 
 // planInput is everything a decision depends on.
@@ -294,6 +297,10 @@ func plan(in planInput) actions {
 				if inst != nil && !r.Terminating {
 					terminate(rec.ID, inst, false)
 				}
+				continue
+			}
+			if r.Noticed {
+				// Going away soon: its replacement is launched as if it had gone.
 				continue
 			}
 			liveCount++

@@ -262,6 +262,33 @@ func TestPlan(t *testing.T) {
 				Launch:      1,
 			},
 		},
+		"spot mix: a noticed spot replica serves on, is replaced now, and is never scaled down": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 2
+				in.Mix = autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}
+				s1, s2, s3 := rec(1, StatusReady), rec(2, StatusReady), rec(3, StatusReady)
+				s1.Spot, s2.Spot, s3.Spot = true, true, true
+				noticed := view(s2, probeOK)
+				noticed.Noticed = true
+				// Replica 3 is an earlier replacement still counted: 1 and 3 make the target.
+				in.Replicas = []replicaView{view(s1, probeOK), noticed, view(s3, probeOK)}
+				in.Instances = running(1, 2, 3)
+			}),
+			want: actions{},
+		},
+		"spot mix: a noticed spot replica's replacement and fallback launch before it goes": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 2
+				in.Mix = autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}
+				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
+				s1.Spot, s2.Spot = true, true
+				noticed := view(s2, probeOK)
+				noticed.Noticed = true
+				in.Replicas = []replicaView{view(s1, probeOK), noticed}
+				in.Instances = running(1, 2)
+			}),
+			want: actions{LaunchSpot: 1, Launch: 1},
+		},
 		"spot mix: spot launch failures back off spot launches only; the fallback goes ahead": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 2

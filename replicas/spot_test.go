@@ -3,8 +3,10 @@ package replicas
 import (
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ferryserve/ferry/autoscaler"
 	"github.com/ferryserve/ferry/configs"
@@ -16,31 +18,7 @@ import (
 // go; a preempted spot replica is reported to the provider (which avoids its zone), replaced,
 // and covered by on-demand again meanwhile.
 func TestManagerSpotMix(t *testing.T) {
-	prov := newFakeProvider(t)
-	prov.unhealthyAtStart = true
-	h := newHarness(t, prov, newFakeStore(), newFakeClock(), func(c *Config) {
-		task := testTask()
-		task.Resources.UseSpot = true
-		task.Service.ReplicaPolicy = configs.ReplicaPolicy{MinReplicas: 2, MaxReplicas: 2,
-			DynamicOndemandFallback: true, SpotPlacer: configs.SpotPlacerDynamicFallback}
-		c.Task = task
-		c.Mix = autoscaler.MixFor(task.Resources, task.Service.ReplicaPolicy)
-	})
-	h.m.SetTarget(2)
-	h.start()
-
-	kinds := func() (spot, onDemand []launcher.Spec) {
-		prov.mu.Lock()
-		defer prov.mu.Unlock()
-		for _, s := range prov.specs {
-			if s.Labels[LabelKind] == kindSpot {
-				spot = append(spot, s)
-			} else {
-				onDemand = append(onDemand, s)
-			}
-		}
-		return spot, onDemand
-	}
+	h, prov, kinds := spotMixHarness(t)
 	eventually(t, "2 spot and 2 fallback on-demand launches", func() bool {
 		spot, onDemand := kinds()
 		return len(spot) == 2 && len(onDemand) == 2
@@ -58,32 +36,10 @@ func TestManagerSpotMix(t *testing.T) {
 	}
 
 	// Spot replicas become READY: the fallback on-demand replicas leave.
-	spotIDs := map[int]bool{}
-	for _, r := range h.m.Replicas() {
-		if r.Spot {
-			spotIDs[r.ID] = true
-			prov.byReplica(r.ID).healthy.Store(true)
-		}
-	}
-	eventually(t, "only the 2 spot replicas are left, READY", func() bool {
-		n := 0
-		for _, r := range h.m.Replicas() {
-			if live(r.Status) {
-				if !r.Spot || r.Status != StatusReady {
-					return false
-				}
-				n++
-			}
-		}
-		return n == 2
-	})
+	spotIDs := readySpot(t, h, prov)
 
 	// One spot replica is preempted.
-	var victim int
-	for id := range spotIDs {
-		victim = id
-		break
-	}
+	victim := spotIDs[0]
 	prov.end(victim, launcher.StatePreempted, "spot reclaimed")
 	eventually(t, "the preemption is reported, and a spot and an on-demand replica are launched", func() bool {
 		prov.mu.Lock()
@@ -128,5 +84,110 @@ func TestManagerFollowsAnEndpointChange(t *testing.T) {
 	}
 	if !saw {
 		t.Error("no NOT_READY transition for the endpoint change in the log")
+	}
+}
+
+// spotMixHarness starts a manager for 2 spot replicas with dynamic on-demand fallback whose
+// instances answer 503 until made healthy; kinds returns the specs launched so far by kind.
+func spotMixHarness(t *testing.T) (h *harness, prov *fakeProvider, kinds func() (spot, onDemand []launcher.Spec)) {
+	prov = newFakeProvider(t)
+	prov.unhealthyAtStart = true
+	h = newHarness(t, prov, newFakeStore(), newFakeClock(), func(c *Config) {
+		task := testTask()
+		task.Resources.UseSpot = true
+		task.Service.ReplicaPolicy = configs.ReplicaPolicy{MinReplicas: 2, MaxReplicas: 2,
+			DynamicOndemandFallback: true, SpotPlacer: configs.SpotPlacerDynamicFallback}
+		c.Task = task
+		c.Mix = autoscaler.MixFor(task.Resources, task.Service.ReplicaPolicy)
+	})
+	h.m.SetTarget(2)
+	h.start()
+	kinds = func() (spot, onDemand []launcher.Spec) {
+		prov.mu.Lock()
+		defer prov.mu.Unlock()
+		for _, s := range prov.specs {
+			if s.Labels[LabelKind] == kindSpot {
+				spot = append(spot, s)
+			} else {
+				onDemand = append(onDemand, s)
+			}
+		}
+		return spot, onDemand
+	}
+	return h, prov, kinds
+}
+
+// readySpot makes every spot replica healthy and waits until only they are left, READY; it
+// returns their ids.
+func readySpot(t *testing.T, h *harness, prov *fakeProvider) []int {
+	t.Helper()
+	var ids []int
+	for _, r := range h.m.Replicas() {
+		if r.Spot && live(r.Status) {
+			ids = append(ids, r.ID)
+			prov.byReplica(r.ID).healthy.Store(true)
+		}
+	}
+	eventually(t, "only the spot replicas are left, READY", func() bool {
+		n := 0
+		for _, r := range h.m.Replicas() {
+			if live(r.Status) {
+				if !r.Spot || r.Status != StatusReady {
+					return false
+				}
+				n++
+			}
+		}
+		return n == len(ids)
+	})
+	return ids
+}
+
+// TestManagerReplacesNoticedReplica: a spot interruption notice for a READY replica starts its
+// replacement and the on-demand fallback at once, reports the zone to the provider, and keeps
+// the noticed replica serving (READY, published, not terminated) until its instance goes;
+// then nothing more is launched, and the fallback leaves once the replacement is READY.
+func TestManagerReplacesNoticedReplica(t *testing.T) {
+	h, prov, kinds := spotMixHarness(t)
+	eventually(t, "2 spot and 2 fallback on-demand launches", func() bool {
+		spot, onDemand := kinds()
+		return len(spot) == 2 && len(onDemand) == 2
+	})
+	victim := readySpot(t, h, prov)[0]
+	inst := h.record(victim).InstanceID
+	if h.m.Notice("not-ours", time.Now()) {
+		t.Error("Notice of an unknown instance reported it as this service's")
+	}
+	if !h.m.Notice(inst, time.Now().Add(2*time.Minute)) {
+		t.Fatalf("Notice(%s) of replica %d: not recognised", inst, victim)
+	}
+	h.m.Notice(inst, time.Now().Add(2*time.Minute)) // a repeated notice changes nothing
+	eventually(t, "a spot replacement and an on-demand fallback launched, the zone reported", func() bool {
+		prov.mu.Lock()
+		reported := len(prov.preempted) == 1 && prov.preempted[0].ID == inst
+		prov.mu.Unlock()
+		spot, onDemand := kinds()
+		return reported && len(spot) == 3 && len(onDemand) == 3
+	})
+	if got := h.status(victim); got != StatusReady {
+		t.Errorf("noticed replica %d is %s; want READY until its instance goes", victim, got)
+	}
+	if !slices.Contains(ids(h.m.Ready()), victim) {
+		t.Errorf("noticed replica %d left the READY set %v; it serves until reclaimed", victim, ids(h.m.Ready()))
+	}
+	prov.mu.Lock()
+	terminated := slices.Contains(prov.terminated, inst)
+	prov.mu.Unlock()
+	if terminated {
+		t.Errorf("the manager terminated the noticed instance %s itself", inst)
+	}
+
+	// The instance is reclaimed; the replacement turns READY.
+	prov.end(victim, launcher.StatePreempted, "spot reclaimed")
+	h.waitStatus(victim, StatusPreempted)
+	readySpot(t, h, prov)
+	spot, onDemand := kinds()
+	if len(spot) != 3 || len(onDemand) != 3 {
+		t.Errorf("after the reclaim: %d spot and %d on-demand launches; want 3 and 3 (no second replacement)", len(spot), len(onDemand))
 	}
 }

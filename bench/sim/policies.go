@@ -62,8 +62,8 @@ type Policy struct {
 	// DrainTimeout bounds how long a scaled-down replica finishes its requests.
 	DrainTimeout time.Duration
 	// SpotNotice, when positive, is how long before a preemption the policy learns of it
-	// (EC2's interruption notice: 2 minutes) and starts the replacement. Ferry does not act
-	// on notices yet; the ferry-notice policy measures what it would gain.
+	// (EC2's interruption notice: 2 minutes) and starts the replacement, as Ferry's replica
+	// manager does (replicas.Manager.Notice); SkyServe waits for the preemption.
 	SpotNotice time.Duration
 }
 
@@ -95,7 +95,7 @@ type PolicyParams struct {
 }
 
 // PolicyNames lists the policies in report order.
-var PolicyNames = []string{"ferry", "ferry-llm", "ferry-notice", "ferry-knative", "skyserve-spothedge", "skyserve-spot", "fixed-peak", "ondemand"}
+var PolicyNames = []string{"ferry", "ferry-llm", "ferry-no-notice", "ferry-knative", "skyserve-spothedge", "skyserve-spot", "fixed-peak", "ondemand"}
 
 // FerryYAML is the service the ferry policies run, as a user writes it: the autoscaler named,
 // spot with SkyServe's dynamic on-demand fallback and SpotHedge placer, and nothing tuned. The
@@ -124,6 +124,7 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 			Placer:       PlaceSpotHedge,
 			Hold:         true,
 			DrainTimeout: replicas.DefaultDrainTimeout,
+			SpotNotice:   ec2InterruptionNotice,
 		}
 	}
 	ferry := ferryFor(autoscaler.PolicyConcurrency)
@@ -152,10 +153,10 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 			p.Description = "as ferry with `autoscaler: llm` (in-flight, engine queues and KV-cache use)"
 			return p
 		},
-		"ferry-notice": func() Policy {
+		"ferry-no-notice": func() Policy {
 			p := ferry
-			p.SpotNotice = ec2InterruptionNotice
-			p.Description = "as ferry, acting on EC2's 2-minute interruption notice: replacements start when the notice comes (not in Ferry yet)"
+			p.SpotNotice = 0
+			p.Description = "as ferry, replacing a spot replica only once it is reclaimed (an infra that gives no notice)"
 			return p
 		},
 		"ferry-knative": func() Policy {

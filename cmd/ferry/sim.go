@@ -24,8 +24,9 @@ Ferry's own autoscaler and SpotHedge placer, with simulated V100 replicas that b
 
 It compares Ferry as shipped (autoscaler: concurrency with nothing tuned, so the in-flight
 target, the stable window and the headroom are learned from the replicas; spot with on-demand
-fallback and SpotHedge; requests held while no replica is READY; also with the llm autoscaler,
-acting on spot interruption notices, and with Knative's fixed knobs) with SkyServe's
+fallback and SpotHedge; replacements started at EC2's 2-minute interruption notice; requests
+held while no replica is READY; also with the llm autoscaler, without notices, and with
+Knative's fixed knobs) with SkyServe's
 request-rate autoscaler with and without SpotHedge, a fixed on-demand fleet sized for the peak,
 and Ferry's autoscaler on on-demand only. The --ferry-* flags set the ferry policies' knobs as a
 YAML would. For each it reports SLO attainment, availability (30 s ticks with the target READY),

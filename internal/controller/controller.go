@@ -105,9 +105,11 @@ func (o *Options) defaults() {
 	}
 }
 
-// watchNotices surfaces each infra's preemption notices as events in the log and makes every
-// service reconcile at once, so a preempted replica is replaced without waiting for its
-// probes or the next pass.
+// watchNotices surfaces each infra's preemption notices as events in the log and hands them to
+// every service: the one whose replica runs there replaces it now, while it still serves (an
+// advance warning, such as EC2's two minutes, buys that much of the replacement's cold start),
+// and every service reconciles at once, so a replica already reclaimed is replaced without
+// waiting for its probes or the next pass.
 func (c *Controller) watchNotices(ctx context.Context, notifiers map[string]launcher.PreemptionNotifier) {
 	for name, n := range notifiers {
 		ch := n.Notices(ctx)
@@ -118,7 +120,7 @@ func (c *Controller) watchNotices(ctx context.Context, notifiers map[string]laun
 					zap.Time("at", notice.At))
 				c.mu.Lock()
 				for _, s := range c.services {
-					if s.mgr != nil {
+					if s.mgr != nil && !s.mgr.Notice(notice.InstanceID, notice.At) {
 						s.mgr.Resync()
 					}
 				}
