@@ -38,14 +38,14 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// TestReplaySpotTraces: a zone whose trace drops to zero preempts the spot VMs there and
-// refuses launches until its capacity returns.
-func TestReplaySpotTraces(t *testing.T) {
+// newReplayEnv is a fake EC2, a provider on it, and a spot VM in us-east-1a.
+func newReplayEnv(t *testing.T) (*fakeec2.Server, *aws.Provider, launcher.Spec, launcher.Instance) {
+	t.Helper()
 	ec2, err := fakeec2.New(fakeec2.Options{LogDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ec2.Close()
+	t.Cleanup(func() { _ = ec2.Close() })
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	ctx := context.Background()
 	prov, err := aws.New(ctx, aws.Options{Endpoint: ec2.URL(), AMIs: map[string]string{"us-east-1": "ami-0fa4ec10ad"},
@@ -59,24 +59,46 @@ func TestReplaySpotTraces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ec2, prov, spec, inst
+}
 
-	// us-east-1a: up for one tick, down for two, then up; another zone always up.
-	// (Long enough that the replay does not wrap around during the test.)
-	updown := append([]float64{1, 0, 0}, slices.Repeat([]float64{1}, 1000)...)
-	traces := []*sim.SpotTrace{{Zone: "us-east-1a", Gap: 60, Data: updown}, {Zone: "us-east-1b", Gap: 60, Data: []float64{1}}}
-	rctx, cancel := context.WithCancel(ctx)
+// startReplay replays traces (a tick every 100 ms) until the test ends.
+func startReplay(t *testing.T, ec2 *fakeec2.Server, traces []*sim.SpotTrace, notice time.Duration) *syncBuffer {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
 	var out syncBuffer
 	done := make(chan error, 1)
-	go func() { done <- replaySpotTraces(rctx, &out, ec2, traces, 600) }() // a tick every 100 ms
-	defer func() { cancel(); <-done }()
+	go func() { done <- replaySpotTraces(ctx, &out, ec2, traces, 600, notice) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return &out
+}
 
+// waitOutput polls the replay's output until it contains want.
+func waitOutput(t *testing.T, out *syncBuffer, want string) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(out.String(), "preempted") {
+	for !strings.Contains(out.String(), want) {
 		if time.Now().After(deadline) {
-			t.Fatalf("no preemption; replay said:\n%s", out.String())
+			t.Fatalf("replay did not say %q; it said:\n%s", want, out.String())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// downOnce: us-east-1a is up for one tick, down for two, then up; another zone always up.
+// (Long enough that the replay does not wrap around during a test.)
+func downOnce() []*sim.SpotTrace {
+	updown := append([]float64{1, 0, 0}, slices.Repeat([]float64{1}, 1000)...)
+	return []*sim.SpotTrace{{Zone: "us-east-1a", Gap: 60, Data: updown}, {Zone: "us-east-1b", Gap: 60, Data: []float64{1}}}
+}
+
+// TestReplaySpotTraces: with no interruption notice, a zone whose trace drops to zero
+// preempts the spot VMs there at once and refuses launches until its capacity returns.
+func TestReplaySpotTraces(t *testing.T) {
+	ec2, prov, spec, inst := newReplayEnv(t)
+	ctx := context.Background()
+	out := startReplay(t, ec2, downOnce(), 0)
+	waitOutput(t, out, "preempted")
 	got, err := prov.List(ctx, map[string]string{launcher.LabelService: "svc"})
 	if err != nil || len(got) != 1 || got[0].ID != inst.ID || got[0].State != launcher.StatePreempted {
 		t.Fatalf("after the zone went down: %+v, %v; want the instance preempted", got, err)
@@ -85,7 +107,8 @@ func TestReplaySpotTraces(t *testing.T) {
 	if _, err := prov.Launch(ctx, spec); !errors.Is(err, launcher.ErrNoCapacity) && strings.Count(out.String(), "us-east-1a has spot capacity") < 2 {
 		t.Fatalf("launch into the downed zone: %v, want ErrNoCapacity", err)
 	}
-	for !strings.Contains(out.String(), "us-east-1a has spot capacity\n") || strings.Count(out.String(), "us-east-1a has spot capacity") < 2 {
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(out.String(), "us-east-1a has spot capacity\n") < 2 {
 		if time.Now().After(deadline) {
 			t.Fatalf("capacity never came back; replay said:\n%s", out.String())
 		}
@@ -97,8 +120,45 @@ func TestReplaySpotTraces(t *testing.T) {
 	}
 }
 
-// TestFakeCloudPreemptCommand runs `ferry fakecloud` and preempts one of its spot VMs with
-// `ferry fakecloud preempt`.
+// TestReplaySpotTracesGivesNotice: a zone that loses capacity gives its spot VMs EC2's
+// interruption warning; they run out the notice (in wall-clock time), then are reclaimed.
+func TestReplaySpotTracesGivesNotice(t *testing.T) {
+	ec2, prov, _, inst := newReplayEnv(t)
+	ctx := context.Background()
+	const notice = 3 * time.Second
+	out := startReplay(t, ec2, downOnce(), notice)
+	waitOutput(t, out, "interruption warning to ")
+	var fi fakeec2.Instance
+	for _, in := range ec2.Instances() {
+		if strings.HasSuffix(inst.ID, "/"+in.ID) {
+			fi = in
+		}
+	}
+	if fi.State != "running" || fi.SpotStatus != fakeec2.StatusNoCapacity {
+		t.Fatalf("at the warning the VM is %s with request status %q, want running and %s", fi.State, fi.SpotStatus, fakeec2.StatusNoCapacity)
+	}
+	if !strings.Contains(out.String(), "reclaimed in 3s") {
+		t.Fatalf("replay said:\n%s", out.String())
+	}
+	deadline := time.Now().Add(notice + 10*time.Second)
+	for {
+		got, err := prov.List(ctx, map[string]string{launcher.LabelService: "svc"})
+		if err == nil && len(got) == 1 && got[0].State == launcher.StatePreempted {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not reclaimed after the notice: %+v, %v", got, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := strings.Count(out.String(), "interruption warning to "); n != 1 {
+		t.Fatalf("%d warnings, want 1; replay said:\n%s", n, out.String())
+	}
+}
+
+// TestFakeCloudPreemptCommand runs `ferry fakecloud` and preempts its spot VMs with
+// `ferry fakecloud preempt`: at once, and with --notice, which EC2 VMs take as the
+// interruption warning the AWS provider's Notices reads, and Compute Engine VMs refuse.
 func TestFakeCloudPreemptCommand(t *testing.T) {
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	ctx, cancel := context.WithCancel(context.Background())
@@ -117,31 +177,87 @@ func TestFakeCloudPreemptCommand(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	prov, err := aws.New(ctx, aws.Options{Endpoint: m[1], AMIs: map[string]string{"us-east-1": "ami-0fa4ec10ad"},
+	prov, err := aws.New(ctx, aws.Options{Endpoint: m[1], AMIs: map[string]string{"us-east-1": "ami-0fa4ec10ad"}, NoticeInterval: 20 * time.Millisecond,
 		Credentials: awssdk.NewCredentialsCache(credentials.NewStaticCredentialsProvider("AKIATEST", "secret", ""))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	inst, err := prov.Launch(ctx, launcher.Spec{Name: "svc-1", Labels: map[string]string{launcher.LabelOwner: "true", launcher.LabelService: "svc"},
-		Run: "exec sleep 60", Port: 8080, Placement: launcher.Placement{Infra: "aws", Region: "us-east-1", Zone: "use1-az1", InstanceType: "g5.xlarge", Spot: true}})
-	if err != nil {
-		t.Fatal(err)
+	launch := func(name string) launcher.Instance {
+		t.Helper()
+		inst, err := prov.Launch(ctx, launcher.Spec{Name: name, Labels: map[string]string{launcher.LabelOwner: "true", launcher.LabelService: "svc", launcher.LabelReplicaID: name},
+			Run: "exec sleep 60", Port: 8080, Placement: launcher.Placement{Infra: "aws", Region: "us-east-1", Zone: "use1-az1", InstanceType: "g5.xlarge", Spot: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return inst
 	}
-	cmd := newRootCmd()
-	var stdout bytes.Buffer
-	cmd.SetOut(&stdout)
-	cmd.SetArgs([]string{"fakecloud", "preempt", inst.ID, "--control", m[2]})
-	if err := cmd.ExecuteContext(ctx); err != nil {
-		t.Fatal(err)
+	preempt := func(args ...string) (string, error) {
+		cmd := newRootCmd()
+		var stdout bytes.Buffer
+		cmd.SetOut(&stdout)
+		cmd.SetErr(&bytes.Buffer{})
+		cmd.SetArgs(append([]string{"fakecloud", "preempt", "--control", m[2]}, args...))
+		err := cmd.ExecuteContext(ctx)
+		return stdout.String(), err
 	}
-	got, err := prov.List(ctx, map[string]string{launcher.LabelService: "svc"})
-	if err != nil || len(got) != 1 || got[0].State != launcher.StatePreempted {
-		t.Fatalf("after fakecloud preempt: %+v, %v; want the VM preempted", got, err)
+	state := func(name string) launcher.State {
+		t.Helper()
+		got, err := prov.List(ctx, map[string]string{launcher.LabelReplicaID: name})
+		if err != nil || len(got) != 1 {
+			t.Fatalf("List(%s) = %+v, %v", name, got, err)
+		}
+		return got[0].State
 	}
-	cmd = newRootCmd()
-	cmd.SetArgs([]string{"fakecloud", "preempt", "azure/x/y", "--control", m[2]})
-	cmd.SetErr(&bytes.Buffer{})
-	if err := cmd.ExecuteContext(ctx); err == nil || !strings.Contains(err.Error(), "not on a fake cloud") {
-		t.Fatalf("preempting a foreign id: %v", err)
+
+	inst := launch("svc-1")
+	if said, err := preempt(inst.ID); err != nil || said != "preempted "+inst.ID+"\n" {
+		t.Fatalf("fakecloud preempt said %q, %v", said, err)
+	}
+	if st := state("svc-1"); st != launcher.StatePreempted {
+		t.Fatalf("after fakecloud preempt the VM is %s, want preempted", st)
+	}
+
+	warned := launch("svc-2")
+	notices := prov.Notices(ctx)
+	sent := time.Now()
+	said, err := preempt("--notice", "2m", warned.ID)
+	if err != nil || said != "interruption warning to "+warned.ID+", reclaimed in 2m0s\n" {
+		t.Fatalf("fakecloud preempt --notice 2m said %q, %v", said, err)
+	}
+	timeout := time.After(10 * time.Second)
+	for announced := false; !announced; {
+		select {
+		case n := <-notices:
+			if n.InstanceID != warned.ID {
+				continue // svc-1, preempted above
+			}
+			if n.At.Before(sent.Add(aws.InterruptionNotice-time.Second)) || n.At.After(time.Now().Add(aws.InterruptionNotice)) {
+				t.Fatalf("notice At %v, want two minutes after %v", n.At, sent)
+			}
+			announced = true
+		case <-timeout:
+			t.Fatalf("no notice for %s", warned.ID)
+		}
+	}
+	if st := state("svc-2"); st != launcher.StateRunning {
+		t.Fatalf("during the notice the VM is %s, want running", st)
+	}
+	if !strings.Contains(out.String(), "interruption warning to "+warned.ID+", reclaimed in 2m0s (by command)") {
+		t.Fatalf("fakecloud said:\n%s", out.String())
+	}
+
+	for name, tc := range map[string]struct {
+		args    []string
+		wantErr string
+	}{
+		"foreign id":      {args: []string{"azure/x/y"}, wantErr: "not on a fake cloud"},
+		"gcp with notice": {args: []string{"--notice", "30s", "gcp/us-central1-a/vm-1"}, wantErr: "--notice is for EC2 VMs only"},
+		"negative notice": {args: []string{"--notice", "-1s", warned.ID}, wantErr: "must not be negative"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := preempt(tc.args...); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("fakecloud preempt %v: %v, want an error saying %q", tc.args, err, tc.wantErr)
+			}
+		})
 	}
 }

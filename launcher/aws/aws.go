@@ -6,8 +6,8 @@
 // tags, so a restarted controller adopts them with List. Instance ids are
 // "aws/<region>/<instance-id>". The service port is opened in one security group per region
 // (Options.SecurityGroup), created on first use. EC2 has no watch API: Launch polls
-// DescribeInstances with backoff until the VM runs, and Notices polls for spot terminations
-// every Options.NoticeInterval.
+// DescribeInstances with backoff until the VM runs, and Notices polls for spot interruption
+// warnings and terminations every Options.NoticeInterval.
 //
 // Credentials come from the SDK's default chain (environment, shared config and credentials
 // files, SSO, IMDS) unless Options.Credentials is set; Options.Endpoint points the client at
@@ -53,8 +53,9 @@ const (
 	// DefaultPollInterval is the first wait between DescribeInstances polls during launch;
 	// it grows by half each time up to maxPollInterval.
 	DefaultPollInterval = 2 * time.Second
-	// DefaultNoticeInterval is how often Notices polls EC2 for spot terminations. Every poll
-	// is one DescribeInstances per region, well inside EC2's request rate limits.
+	// DefaultNoticeInterval is how often Notices polls EC2 for spot interruptions. Every poll
+	// is one DescribeSpotInstanceRequests and one DescribeInstances per region, well inside
+	// EC2's request rate limits.
 	DefaultNoticeInterval = 5 * time.Second
 	// DefaultPort is the service port when the spec gives none.
 	DefaultPort = 8080
@@ -492,6 +493,7 @@ func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (
 	if err != nil {
 		return "", err
 	}
+	instanceTags := tags(spec, lp.port, lp.placementGroup)
 	in := &ec2.RunInstancesInput{
 		ImageId:          awssdk.String(lp.ami),
 		InstanceType:     types.InstanceType(lp.instanceType),
@@ -501,7 +503,7 @@ func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (
 		SecurityGroupIds: []string{lp.securityGroup},
 		ClientToken:      awssdk.String(randomHex(16)),
 		TagSpecifications: []types.TagSpecification{{
-			ResourceType: types.ResourceTypeInstance, Tags: tags(spec, lp.port, lp.placementGroup),
+			ResourceType: types.ResourceTypeInstance, Tags: instanceTags,
 		}},
 		// The replica manager owns the lifecycle: a VM that shuts itself down is gone.
 		InstanceInitiatedShutdownBehavior: types.ShutdownBehaviorTerminate,
@@ -525,6 +527,11 @@ func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (
 				InstanceInterruptionBehavior: types.InstanceInterruptionBehaviorTerminate,
 			},
 		}
+		// The spot request carries the instance's tags too, so that Notices finds the
+		// interruption warnings of Ferry's requests by tag.
+		in.TagSpecifications = append(in.TagSpecifications, types.TagSpecification{
+			ResourceType: types.ResourceTypeSpotInstancesRequest, Tags: instanceTags,
+		})
 	}
 	where := lp.region
 	if lp.zone != "" {

@@ -10,10 +10,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/ferryserve/ferry/launcher"
@@ -269,6 +273,101 @@ func TestSpotPreemption(t *testing.T) {
 	}
 	if drained > 0 {
 		t.Fatalf("%d duplicate notices for one preemption", drained)
+	}
+}
+
+// fakeClock is wall-clock time plus an offset the test moves, so VMs boot in real time while
+// EC2's two-minute notice passes at once.
+type fakeClock struct{ offset atomic.Int64 }
+
+func (c *fakeClock) now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
+func (c *fakeClock) advance(d time.Duration) { c.offset.Add(int64(d)) }
+
+func nextNotice(t *testing.T, notices <-chan launcher.Notice) launcher.Notice {
+	t.Helper()
+	select {
+	case n, ok := <-notices:
+		if !ok {
+			t.Fatal("notices closed")
+		}
+		return n
+	case <-time.After(testTimeout):
+		t.Fatal("no notice")
+	}
+	return launcher.Notice{}
+}
+
+// TestSpotInterruptionWarning: Notices announces a Ferry spot instance at EC2's two-minute
+// warning, while it still runs, and not again when it is reclaimed; an instance reclaimed
+// without a warning is announced once; another account user's spot instance is not announced.
+func TestSpotInterruptionWarning(t *testing.T) {
+	for name, status := range map[string]string{
+		"no capacity":            fakeec2.StatusNoCapacity,
+		"marked for termination": fakeec2.StatusMarkedForTermination,
+	} {
+		t.Run(name, func(t *testing.T) {
+			clock := &fakeClock{}
+			e := newEnv(t, fakeec2.Options{Now: clock.now, InterruptionStatus: status}, goodKey)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			notices := e.p.Notices(ctx)
+			warned, err := e.p.Launch(ctx, spec("chat-w", "exec sleep 300", true))
+			if err != nil {
+				t.Fatal(err)
+			}
+			unwarned, err := e.p.Launch(ctx, spec("chat-u", "exec sleep 300", true))
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw := ec2.New(ec2.Options{Region: testRegion, BaseEndpoint: awssdk.String(e.fake.URL()),
+				Credentials: credentials.NewStaticCredentialsProvider(goodKey, "secret", "")})
+			out, err := raw.RunInstances(ctx, &ec2.RunInstancesInput{ImageId: awssdk.String("ami-1"), MinCount: awssdk.Int32(1), MaxCount: awssdk.Int32(1),
+				InstanceMarketOptions: &types.InstanceMarketOptionsRequest{MarketType: types.MarketTypeSpot}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			foreign := awssdk.ToString(out.Instances[0].InstanceId)
+			if err := e.fake.PreemptWithNotice(foreign, fakeec2.InterruptionNotice); err != nil {
+				t.Fatal(err)
+			}
+
+			markedAt := clock.now()
+			if err := e.fake.PreemptWithNotice(fakeInstance(t, e.fake, warned.ID).ID, fakeec2.InterruptionNotice); err != nil {
+				t.Fatal(err)
+			}
+			n := nextNotice(t, notices)
+			if n.InstanceID != warned.ID {
+				t.Fatalf("first notice names %s, want %s", n.InstanceID, warned.ID)
+			}
+			if d := n.At.Sub(markedAt.Add(InterruptionNotice)); d < -time.Second || d > time.Second {
+				t.Fatalf("notice At %v, want the warning's time %v plus %v", n.At, markedAt, InterruptionNotice)
+			}
+			if st := fakeInstance(t, e.fake, warned.ID).State; st != "running" {
+				t.Fatalf("instance is %s at its notice, want running", st)
+			}
+
+			clock.advance(fakeec2.InterruptionNotice + time.Second)
+			waitFor(t, testTimeout, "List to show the reclaim", func() (bool, string) {
+				got, err := e.p.List(ctx, map[string]string{launcher.LabelReplicaID: "chat-w"})
+				if err != nil || len(got) != 1 {
+					return false, fmt.Sprint(got, err)
+				}
+				return got[0].State == launcher.StatePreempted, fmt.Sprintf("%+v", got[0])
+			})
+			// The poll that announces the unwarned instance sees the warned one shutting down
+			// or terminated too: a duplicate would come first or right after.
+			if err := e.fake.Preempt(fakeInstance(t, e.fake, unwarned.ID).ID); err != nil {
+				t.Fatal(err)
+			}
+			n = nextNotice(t, notices)
+			if n.InstanceID != unwarned.ID || n.At.After(time.Now()) {
+				t.Fatalf("notice %+v, want %s reclaimed by now", n, unwarned.ID)
+			}
+			cancel()
+			for n := range notices {
+				t.Errorf("extra notice %+v", n)
+			}
+		})
 	}
 }
 

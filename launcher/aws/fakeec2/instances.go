@@ -20,7 +20,7 @@ type instance struct {
 	placementGroup            string
 	securityGroups            []xmlGroup
 	spot                      bool
-	spotRequestID             string
+	request                   *spotRequest // nil for on-demand
 	privateIP                 string
 	tags                      map[string]string
 	launchTime                time.Time
@@ -38,25 +38,27 @@ type Instance struct {
 	Tags                                                                                  map[string]string
 	// StateReason is the state reason code ("" while pending or running).
 	StateReason string
+	// SpotRequestID and SpotStatus are a spot instance's request and its status code.
+	SpotRequestID, SpotStatus string
 	// LogPath is the VM's output.
 	LogPath string
 }
 
 func (in *instance) live() bool { return in.state == "pending" || in.state == "running" }
 
-// advance moves instances through time-driven transitions. Callers hold s.mu.
+// advance moves instances through time-driven transitions: boot, the reclaim a spot
+// interruption warning scheduled, shutdown. Callers hold s.mu.
 func (s *Server) advance() {
 	now := s.opts.Now()
 	for _, in := range s.instances {
-		switch in.state {
-		case "pending":
-			if !now.Before(in.launchTime.Add(s.opts.BootDelay)) {
-				in.state = "running"
-			}
-		case "shutting-down":
-			if !now.Before(in.endedAt.Add(s.opts.ShutdownDelay)) {
-				in.state = "terminated"
-			}
+		if in.state == "pending" && !now.Before(in.launchTime.Add(s.opts.BootDelay)) {
+			in.state = "running"
+		}
+		if r := in.request; r != nil && in.live() && !r.reclaimAt.IsZero() && !now.Before(r.reclaimAt) {
+			s.reclaim(in, r.reclaimAt)
+		}
+		if in.state == "shutting-down" && !now.Before(in.endedAt.Add(s.opts.ShutdownDelay)) {
+			in.state = "terminated"
 		}
 	}
 }
@@ -77,37 +79,28 @@ func (s *Server) Instances() []Instance {
 		if in.reason != nil {
 			snap.StateReason = in.reason.Code
 		}
+		if in.request != nil {
+			snap.SpotRequestID, snap.SpotStatus = in.request.id, in.request.code
+		}
 		out = append(out, snap)
 	}
 	return out
 }
 
-// Preempt reclaims a spot instance as EC2 does: it goes to shutting-down, then terminated,
-// with state reason Server.SpotInstanceTermination, and its VM is killed.
-func (s *Server) Preempt(instanceID string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.advance()
-	in := s.instances[instanceID]
-	if in == nil {
-		return fmt.Errorf("fakeec2: no instance %s", instanceID)
-	}
-	if !in.spot {
-		return fmt.Errorf("fakeec2: instance %s is on-demand", instanceID)
-	}
-	if !in.live() {
-		return fmt.Errorf("fakeec2: instance %s is already %s", instanceID, in.state)
-	}
-	s.end(in, ReasonSpotTermination, "Server.SpotInstanceTermination: Spot instance termination", "Service initiated")
-	return nil
-}
-
-// end starts an instance's shutdown. Callers hold s.mu.
-func (s *Server) end(in *instance, code, message, transition string) {
+// end starts an instance's shutdown at at, and closes its spot request. Callers hold s.mu.
+func (s *Server) end(in *instance, at time.Time, code, message, transition string) {
 	in.state = "shutting-down"
-	in.endedAt = s.opts.Now()
+	in.endedAt = at
 	in.reason = &xmlStateReason{Code: code, Message: message}
-	in.transition = fmt.Sprintf("%s (%s)", transition, in.endedAt.UTC().Format("2006-01-02 15:04:05 MST"))
+	in.transition = fmt.Sprintf("%s (%s)", transition, at.UTC().Format("2006-01-02 15:04:05 MST"))
+	if r := in.request; r != nil {
+		switch {
+		case code == ReasonSpotTermination && r.code != StatusNoCapacity:
+			r.setStatus(StatusNoCapacity, at)
+		case code == ReasonUserShutdown && r.state == "active":
+			r.setStatus(statusTerminatedByUser, at)
+		}
+	}
 	if in.vm != nil {
 		in.vm.kill(s.opts.KillGrace)
 	}
@@ -207,6 +200,9 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 	case "":
 	case "spot":
 		spot = true
+		if aerr := checkSpotOptions(p); aerr != nil {
+			return nil, aerr
+		}
 	default:
 		return nil, apiErr("InvalidParameterValue", "Invalid market type %q", mt)
 	}
@@ -219,6 +215,10 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 		return nil, apiErr("InvalidParameterValue", "User data is limited to 16384 bytes")
 	}
 	tags, aerr := p.tags("instance")
+	if aerr != nil {
+		return nil, aerr
+	}
+	requestTags, aerr := p.tags("spot-instances-request")
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -279,7 +279,7 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 			tags: maps.Clone(tags), launchTime: now, state: "pending",
 		}
 		if spot {
-			in.spotRequestID = newID("sir-")[:12]
+			in.request = newSpotRequest(now, p.get("InstanceMarketOptions.SpotOptions.MaxPrice"), requestTags)
 		}
 		s.instances[in.id] = in
 		s.order = append(s.order, in.id)
@@ -287,6 +287,9 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 		if err != nil {
 			in.state, in.endedAt = "shutting-down", now
 			in.reason = &xmlStateReason{Code: "Server.InternalError", Message: "Server.InternalError: " + err.Error()}
+			if in.request != nil {
+				in.request.setStatus(statusSystemError, now)
+			}
 			continue
 		}
 		in.vm = v
@@ -314,7 +317,10 @@ func (s *Server) xmlInstance(in *instance, index int) xmlInstance {
 		Reason: in.transition, AmiLaunchIndex: index, InstanceType: in.instanceType, LaunchTime: timestamp(in.launchTime),
 		Placement:   xmlPlacement{AvailabilityZone: in.zone.name, AvailabilityZoneID: in.zone.id, GroupName: in.placementGroup, Tenancy: "default"},
 		GroupSet:    in.securityGroups,
-		StateReason: in.reason, SpotInstanceRequestID: in.spotRequestID, TagSet: tagSet(in.tags),
+		StateReason: in.reason, TagSet: tagSet(in.tags),
+	}
+	if in.request != nil {
+		x.SpotInstanceRequestID = in.request.id
 	}
 	if in.state != "terminated" {
 		x.PrivateIPAddress = in.privateIP
@@ -349,35 +355,26 @@ func (s *Server) describeInstances(m meta, reg *region, p params) (any, *APIErro
 		if len(ids) > 0 && !slices.Contains(ids, in.id) {
 			return false
 		}
-		for name, values := range filters {
-			var have []string
-			switch {
-			case strings.HasPrefix(name, "tag:"):
-				if v, ok := in.tags[strings.TrimPrefix(name, "tag:")]; ok {
-					have = []string{v}
-				}
-			case name == "tag-key":
-				have = slices.Collect(maps.Keys(in.tags))
-			case name == "instance-state-name":
-				have = []string{in.state}
-			case name == "instance-lifecycle":
+		return matches(filters, func(name string) []string {
+			switch name {
+			case "instance-state-name":
+				return []string{in.state}
+			case "instance-lifecycle":
 				if in.spot {
-					have = []string{"spot"}
+					return []string{"spot"}
 				}
-			case name == "instance-id":
-				have = []string{in.id}
-			case name == "placement-group-name":
-				have = []string{in.placementGroup}
-			case name == "availability-zone":
-				have = []string{in.zone.name}
-			case name == "instance-type":
-				have = []string{in.instanceType}
+				return nil
+			case "instance-id":
+				return []string{in.id}
+			case "placement-group-name":
+				return []string{in.placementGroup}
+			case "availability-zone":
+				return []string{in.zone.name}
+			case "instance-type":
+				return []string{in.instanceType}
 			}
-			if !slices.ContainsFunc(have, func(h string) bool { return slices.Contains(values, h) }) {
-				return false
-			}
-		}
-		return true
+			return tagValues(name, in.tags)
+		})
 	}
 	// One reservation per RunInstances call, with its matching instances.
 	var rids []string
@@ -443,7 +440,7 @@ func (s *Server) terminateInstances(m meta, reg *region, p params) (any, *APIErr
 		in := s.instances[id]
 		prev := xmlState{Code: stateCodes[in.state], Name: in.state}
 		if in.live() {
-			s.end(in, ReasonUserShutdown, "Client.UserInitiatedShutdown: User initiated shutdown", "User initiated")
+			s.end(in, s.opts.Now(), ReasonUserShutdown, "Client.UserInitiatedShutdown: User initiated shutdown", "User initiated")
 		}
 		out.Instances = append(out.Instances, xmlStateChange{InstanceID: id, PreviousState: prev, CurrentState: xmlState{Code: stateCodes[in.state], Name: in.state}})
 	}

@@ -7,7 +7,9 @@
 // account-style zone names that deliberately do not follow ID order), per-zone capacity per
 // instance type, a per-region vCPU quota for on-demand instances (VcpuLimitExceeded) and a
 // spot instance count limit (MaxSpotInstanceCountExceeded), spot prices from the catalog,
-// security groups, placement groups, injected errors per zone, and spot preemption.
+// security groups, placement groups, injected errors per zone, and spot preemption: a spot
+// instance has a one-time spot request (DescribeSpotInstanceRequests), which shows EC2's
+// interruption warning while the instance runs out its notice (PreemptWithNotice).
 //
 // A VM "boots" by running its user-data with bash as a local process in its own process
 // group, with FERRY_HOST set to a loopback address (127.A.x.y, from a /16 the server owns)
@@ -68,6 +70,10 @@ type Options struct {
 	Catalog *catalog.Catalog
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// InterruptionStatus is the status code a spot request gets at PreemptWithNotice's
+	// warning: StatusNoCapacity (default), which EC2 documents for one-time requests whose
+	// instances terminate on interruption, or StatusMarkedForTermination.
+	InterruptionStatus string
 }
 
 // Spot termination reason EC2 reports in an instance's StateReason.
@@ -96,6 +102,8 @@ type Server struct {
 	nextIP     int
 	closed     bool
 	vms        sync.WaitGroup
+	wakeups    map[*time.Timer]bool // pending reclaim checks, see wakeAfter
+	wakeWG     sync.WaitGroup
 }
 
 type region struct {
@@ -135,6 +143,13 @@ func New(opts Options) (*Server, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	switch opts.InterruptionStatus {
+	case "":
+		opts.InterruptionStatus = StatusNoCapacity
+	case StatusNoCapacity, StatusMarkedForTermination:
+	default:
+		return nil, fmt.Errorf("fakeec2: interruption status %q is neither %s nor %s", opts.InterruptionStatus, StatusNoCapacity, StatusMarkedForTermination)
+	}
 	if opts.Subnet == "" {
 		b := make([]byte, 1)
 		_, _ = rand.Read(b)
@@ -146,7 +161,7 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		opts: opts, regions: map[string]*region{}, instances: map[string]*instance{},
 		zoneErrors: map[string]*APIError{}, capacity: map[string]int{}, spotPrices: map[string]float64{},
-		vcpus: map[string]int{}, tokens: map[string]string{},
+		vcpus: map[string]int{}, tokens: map[string]string{}, wakeups: map[*time.Timer]bool{},
 	}
 	if s.opts.LogDir == "" {
 		dir, err := os.MkdirTemp("", "fakeec2-")
@@ -201,17 +216,20 @@ func (s *Server) URL() string { return "http://" + s.ln.Addr().String() }
 // LogDir is where VMs' user-data and logs are written.
 func (s *Server) LogDir() string { return s.opts.LogDir }
 
-// Close stops serving, kills every VM and waits for their processes to end.
+// Close stops serving, cancels scheduled reclaims, kills every VM and waits for their
+// processes to end.
 func (s *Server) Close() error {
 	err := s.srv.Close()
 	s.mu.Lock()
 	s.closed = true
+	s.stopWakeups()
 	for _, in := range s.instances {
 		if in.vm != nil {
 			in.vm.kill(s.opts.KillGrace)
 		}
 	}
 	s.mu.Unlock()
+	s.wakeWG.Wait()
 	s.vms.Wait()
 	if s.tempDir {
 		_ = os.RemoveAll(s.opts.LogDir)
@@ -321,6 +339,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out, err = s.describeAvailabilityZones(m, reg, p)
 	case "DescribeImages":
 		out, err = s.describeImages(m, p)
+	case "DescribeSpotInstanceRequests":
+		out, err = s.describeSpotInstanceRequests(m, reg, p)
 	case "DescribeSpotPriceHistory":
 		out, err = s.describeSpotPriceHistory(m, reg, p)
 	case "CreateSecurityGroup":

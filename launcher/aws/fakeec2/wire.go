@@ -4,6 +4,7 @@ import (
 	"encoding/xml"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -129,6 +130,31 @@ func (p params) filters() map[string][]string {
 		out[name] = append(out[name], p.list(pre+".Value")...)
 	}
 	return out
+}
+
+// matches reports whether a resource passes every filter: under each filter name, one of the
+// values the resource has (have(name)) is among the filter's values.
+func matches(filters map[string][]string, have func(name string) []string) bool {
+	for name, values := range filters {
+		if !slices.ContainsFunc(have(name), func(h string) bool { return slices.Contains(values, h) }) {
+			return false
+		}
+	}
+	return true
+}
+
+// tagValues is what the filter name ("tag:KEY" or "tag-key") sees of tags; nil for other names.
+func tagValues(name string, tags map[string]string) []string {
+	if key, ok := strings.CutPrefix(name, "tag:"); ok {
+		if v, ok := tags[key]; ok {
+			return []string{v}
+		}
+		return nil
+	}
+	if name == "tag-key" {
+		return sortedKeys(tags)
+	}
+	return nil
 }
 
 // tags reads TagSpecification.N.{ResourceType,Tag.M.Key,Tag.M.Value} for resourceType.
@@ -348,3 +374,45 @@ type getSpotPlacementScoresResponse struct {
 }
 
 func xmlName(local string) xml.Name { return xml.Name{Local: local} }
+
+type xmlSpotStatus struct {
+	Code       string `xml:"code"`
+	UpdateTime string `xml:"updateTime"`
+	Message    string `xml:"message"`
+}
+
+type xmlSpotPlacement struct {
+	AvailabilityZone string `xml:"availabilityZone"`
+	GroupName        string `xml:"groupName,omitempty"`
+	Tenancy          string `xml:"tenancy"`
+}
+
+type xmlLaunchSpecification struct {
+	ImageID      string           `xml:"imageId"`
+	InstanceType string           `xml:"instanceType"`
+	Placement    xmlSpotPlacement `xml:"placement"`
+	GroupSet     []xmlGroup       `xml:"groupSet>item"`
+}
+
+type xmlSpotInstanceRequest struct {
+	SpotInstanceRequestID        string                 `xml:"spotInstanceRequestId"`
+	SpotPrice                    string                 `xml:"spotPrice,omitempty"`
+	Type                         string                 `xml:"type"`
+	State                        string                 `xml:"state"`
+	Status                       xmlSpotStatus          `xml:"status"`
+	LaunchSpecification          xmlLaunchSpecification `xml:"launchSpecification"`
+	InstanceID                   string                 `xml:"instanceId"`
+	CreateTime                   string                 `xml:"createTime"`
+	ProductDescription           string                 `xml:"productDescription"`
+	TagSet                       []xmlTag               `xml:"tagSet>item"`
+	LaunchedAvailabilityZone     string                 `xml:"launchedAvailabilityZone"`
+	LaunchedAvailabilityZoneID   string                 `xml:"launchedAvailabilityZoneId"`
+	InstanceInterruptionBehavior string                 `xml:"instanceInterruptionBehavior"`
+}
+
+type describeSpotInstanceRequestsResponse struct {
+	XMLName xml.Name `xml:"DescribeSpotInstanceRequestsResponse"`
+	meta
+	Requests  []xmlSpotInstanceRequest `xml:"spotInstanceRequestSet>item"`
+	NextToken string                   `xml:"nextToken,omitempty"`
+}
