@@ -113,6 +113,39 @@ func plainCompletion(endpoint string) error {
 	return nil
 }
 
+// steadyLoad is 4 closed-loop clients sending non-streamed completions (at most 2,000 each).
+type steadyLoad struct {
+	sent, failed atomic.Int64
+	firstErr     atomic.Value
+	stop         func()
+}
+
+func startSteadyLoad(endpoint string) *steadyLoad {
+	l := &steadyLoad{}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2000 {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				l.sent.Add(1)
+				if err := plainCompletion(endpoint); err != nil {
+					l.failed.Add(1)
+					l.firstErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+	}
+	l.stop = sync.OnceFunc(func() { close(done); wg.Wait() })
+	return l
+}
+
 const spotYAML = `name: spotty
 resources:
   use_spot: true
@@ -201,41 +234,23 @@ func TestSpotOnFakeClouds(t *testing.T) {
 
 	// Steady non-streamed load while one spot replica is preempted.
 	endpoint := st.Endpoint // st is rewritten below while the clients run
-	var sent, failed atomic.Int64
-	var firstErr atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 2000 {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				sent.Add(1)
-				if err := plainCompletion(endpoint); err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err.Error())
-				}
-			}
-		}()
-	}
-	endLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
-	defer endLoad()
+	load := startSteadyLoad(endpoint)
+	defer load.stop()
 
-	var victim struct {
+	type victimReplica struct {
 		id             int
 		instance, zone string
 	}
-	for _, r := range st.Replicas {
-		if r.Spot && r.Status == "READY" {
-			victim.id, victim.instance, victim.zone = r.ID, r.InstanceID, r.Infra+"/"+r.Zone
-			break
+	pick := func(st serviceStatus, infra string) (v victimReplica) {
+		for _, r := range st.Replicas {
+			if r.Spot && r.Status == "READY" && (infra == "" || r.Infra == infra) {
+				return victimReplica{r.ID, r.InstanceID, r.Infra + "/" + r.Zone}
+			}
 		}
+		t.Fatalf("no READY spot replica on %q to preempt: %+v", infra, st.Replicas)
+		return v
 	}
+	victim := pick(st, "")
 	clouds.preempt(t, victim.instance)
 	covered := false
 	eventually(t, 120*time.Second, "the preempted replica replaced in another zone, 3 spot READY again", func() (bool, string) {
@@ -252,11 +267,70 @@ func TestSpotOnFakeClouds(t *testing.T) {
 		return preempted && ready == 3 && zones[victim.zone] == 0 && covered,
 			fmt.Sprintf("victim %d PREEMPTED %v; spot READY by zone %v; on-demand seen %v", victim.id, preempted, zones, covered)
 	})
-	endLoad()
-	if n := failed.Load(); n > 0 {
-		t.Fatalf("%d of %d requests failed during the preemption; first: %v", n, sent.Load(), firstErr.Load())
+	load.stop()
+	if load.failed.Load() > 0 {
+		t.Fatalf("%d of %d requests failed during the preemption; first: %v", load.failed.Load(), load.sent.Load(), load.firstErr.Load())
 	}
-	t.Logf("%d requests during the preemption, none failed", sent.Load())
+	t.Logf("%d requests during the preemption, none failed", load.sent.Load())
+
+	// EC2's interruption warning: the warned replica keeps serving while its replacement and
+	// the on-demand fallback start, before EC2 reclaims it. The fake's notice is 20 s (EC2's
+	// is 2 minutes); the provider polls every 5 s.
+	const notice = 20 * time.Second
+	load = startSteadyLoad(endpoint)
+	defer load.stop()
+	warned := pick(st, "aws")
+	before := map[int]bool{}
+	for _, r := range st.Replicas {
+		before[r.ID] = true
+	}
+	if err := clouds.ec2.PreemptWithNotice(warned.instance[strings.LastIndex(warned.instance, "/")+1:], notice); err != nil {
+		t.Fatal(err)
+	}
+	warnedAt := time.Now()
+	var newIDs []int
+	eventually(t, notice, "replacements launched while the warned replica still serves", func() (bool, string) {
+		var err error
+		if st, err = e.status("spotty"); err != nil {
+			return false, err.Error()
+		}
+		newIDs = newIDs[:0]
+		warnedStatus := ""
+		for _, r := range st.Replicas {
+			if !before[r.ID] {
+				newIDs = append(newIDs, r.ID)
+			}
+			if r.ID == warned.id {
+				warnedStatus = r.Status
+			}
+		}
+		if warnedStatus != "READY" {
+			t.Fatalf("the warned replica %d is %s %v after the warning, before its replacement started", warned.id, warnedStatus, time.Since(warnedAt).Round(time.Millisecond))
+		}
+		return len(newIDs) >= 2, fmt.Sprintf("new replicas %v; warned replica %d %s", newIDs, warned.id, warnedStatus)
+	})
+	t.Logf("%v after the warning: new replicas %v launched, warned replica %d still READY", time.Since(warnedAt).Round(time.Millisecond), newIDs, warned.id)
+	eventually(t, 120*time.Second, "the warned replica reclaimed and replaced, 3 spot READY again", func() (bool, string) {
+		var err error
+		if st, err = e.status("spotty"); err != nil {
+			return false, err.Error()
+		}
+		zones, ready := spotZones(st)
+		gone := false
+		for _, r := range st.Replicas {
+			gone = gone || (r.ID == warned.id && r.Status == "PREEMPTED")
+		}
+		return gone && ready == 3 && liveOnDemand(st) == 0, fmt.Sprintf("warned %d PREEMPTED %v; spot READY by zone %v; live on-demand %d", warned.id, gone, zones, liveOnDemand(st))
+	})
+	load.stop()
+	if load.failed.Load() > 0 {
+		t.Fatalf("%d of %d requests failed during the warned preemption; first: %v", load.failed.Load(), load.sent.Load(), load.firstErr.Load())
+	}
+	t.Logf("%d requests during the warned preemption, none failed", load.sent.Load())
+	eventually(t, 10*time.Second, "the warning acted on in the controller log", func() (bool, string) {
+		b, err := os.ReadFile(filepath.Join(e.home, "controller.log"))
+		return err == nil && strings.Contains(string(b), "spot interruption notice: replacing the replica"), "no such line yet"
+	})
 
 	// The preemption was surfaced as an event, from the cloud's notice.
 	eventually(t, 30*time.Second, "a preemption notice in the controller log", func() (bool, string) {
