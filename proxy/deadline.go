@@ -30,6 +30,9 @@ type deadlineConn struct {
 // deadlineSlackDiv sets the slack: deadlines run idle + idle/deadlineSlackDiv ahead.
 const deadlineSlackDiv = 8
 
+// NetConn returns the wrapped connection.
+func (c *deadlineConn) NetConn() net.Conn { return c.Conn }
+
 func (c *deadlineConn) Read(p []byte) (int, error) {
 	if c.readIdle > 0 {
 		if err := c.extend(&c.readUntil, c.readIdle, c.Conn.SetReadDeadline); err != nil {

@@ -122,6 +122,10 @@ func writeError(ctx *fasthttp.RequestCtx, status int, body []byte) {
 	ctx.Response.SetBodyRaw(body)
 }
 
+// statusClientClosedRequest is nginx's 499, recorded (never sent) for a request whose client
+// left before its response was done.
+const statusClientClosedRequest = 499
+
 // upstreamError answers a request whose last attempt failed with err.
 func (s *Service) upstreamError(ctx *fasthttp.RequestCtx, err error) {
 	switch {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"io"
+	"net"
 	"sync/atomic"
 
 	"github.com/valyala/fasthttp"
@@ -51,6 +52,17 @@ type exchange struct {
 
 	// obs is what metrics and the access log record of the request (metrics.go).
 	obs exchangeObs
+
+	// Client watching (clientwatch.go). binding is true while the handler holds the replica's
+	// binder; upstream is the connection carrying the request; clientLeft is set when the
+	// client went away. The watch fields are guarded by the Service's clientWatch.mu.
+	binding              bool
+	upstream             atomic.Pointer[healthConn]
+	clientLeft           atomic.Bool
+	watching             bool
+	watchGen, watchEpoch uint64
+	clientConn           net.Conn
+	watchPrev, watchNext *exchange
 }
 
 var _ fasthttp.ReadCloserWithError = (*exchange)(nil)
@@ -68,6 +80,7 @@ func (ex *exchange) begin(r *policy.Replica, c *hostClient) {
 // end undoes begin. The upstream connection must already be back in the pool or closed, so a
 // retired client's final release can close it.
 func (ex *exchange) end() {
+	ex.unbind()
 	ex.replica.InFlight.Add(-1)
 	ex.client.release()
 	ex.svc.inflight.Add(-1)
@@ -104,6 +117,10 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	n, err := ex.body.Read(p)
 	if err == io.EOF && ex.client.bodyCut(&ex.resp) { // fasthttp can take a cut chunked body for a whole one
 		err = errBodyCut
+	}
+	if err != nil && err != io.EOF && ex.clientLeft.Load() {
+		// We closed the replica's connection: nobody is left to send an error event to.
+		return n, errClientLeft
 	}
 	ex.observeRead(p[:n])
 	if err != nil && err != io.EOF && ex.readErr == nil {
@@ -175,6 +192,8 @@ func (s *Service) acquireExchange() *exchange {
 }
 
 func (s *Service) releaseExchange(ex *exchange) {
+	s.unwatch(ex)
+	ex.clientLeft.Store(false)
 	ex.finished.Store(true)
 	s.releaseStream(ex)
 	ex.req.Reset() // drops the reference to the client's body

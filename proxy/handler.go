@@ -85,6 +85,7 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 	attempts := min(s.cfg.MaxAttempts, len(snap.pick))
 	start := time.Now()
 	var lastErr error
+	s.watch(ex, ctx.Conn())
 	for attempt := range attempts {
 		replica := ex.pick(s.picker, snap.pick)
 		if replica == nil {
@@ -100,7 +101,13 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 		}
 
 		ex.begin(replica, client)
+		client.binder.hold(ex)
 		err := client.hc.Do(&ex.req, &ex.resp)
+		client.binder.release(ex)
+		if err == nil && ex.clientLeft.Load() {
+			ex.discardResponse()
+			err = errClientLeft
+		}
 		if err == nil {
 			code := ex.resp.StatusCode()
 			if !retryableStatus(code) || attempt+1 >= attempts || time.Since(start) > retryBudget {
@@ -110,6 +117,16 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 			// Nothing has reached the client yet: drop this answer and ask another replica.
 			err = &statusError{code: code}
 			ex.discardResponse()
+		}
+		if ex.clientLeft.Load() {
+			// Nobody to answer or retry for: the replica's connection is closed already.
+			ex.end()
+			ctx.SetStatusCode(statusClientClosedRequest)
+			ctx.SetConnectionClose()
+			ctx.Response.Header.SetBytesKV(headerXRequestID, ex.requestID)
+			s.answeredSelf(ctx, ex)
+			s.releaseExchange(ex)
+			return
 		}
 		ex.observeAttemptFailed(err)
 		ex.end()

@@ -66,6 +66,7 @@ type Metrics struct {
 	inFlight         *prometheus.GaugeVec
 	waiting          *prometheus.GaugeVec
 	retries          *prometheus.CounterVec
+	clientAborts     *prometheus.CounterVec
 	promptTokens     *prometheus.CounterVec
 	completionTokens *prometheus.CounterVec
 	gatewayErrors    *prometheus.CounterVec
@@ -107,6 +108,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "ferry_retries_total",
 			Help: "Attempts on another replica after a failed one (see ServiceConfig.MaxAttempts).",
 		}, []string{"service"}),
+		clientAborts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ferry_client_aborts_total",
+			Help: "Requests whose client closed its connection while waiting for the response; the proxy closed the replica's connection so that it stops generating.",
+		}, []string{"service"}),
 		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ferry_prompt_tokens_total",
 			Help: "Prompt tokens reported in the usage of successful responses.",
@@ -129,7 +134,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		replicas: map[replicaKey]*replicaMetrics{},
 		health:   newHealthMetrics(),
 	}
-	collectors := []prometheus.Collector{m.duration, m.ttft, m.inFlight, m.waiting, m.retries, m.promptTokens,
+	collectors := []prometheus.Collector{m.duration, m.ttft, m.inFlight, m.waiting, m.retries, m.clientAborts, m.promptTokens,
 		m.completionTokens, m.gatewayErrors, replicaCollector{m}, m.health}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
@@ -152,6 +157,7 @@ type serviceMetrics struct {
 	inFlight         prometheus.Gauge
 	waiting          prometheus.Gauge
 	retries          prometheus.Counter
+	clientAborts     prometheus.Counter
 	promptTokens     prometheus.Counter
 	completionTokens prometheus.Counter
 	// none counts the requests the proxy answered itself.
@@ -174,6 +180,7 @@ func (m *Metrics) acquireService(name string) *serviceMetrics {
 		inFlight:         m.inFlight.WithLabelValues(name),
 		waiting:          m.waiting.WithLabelValues(name),
 		retries:          m.retries.WithLabelValues(name),
+		clientAborts:     m.clientAborts.WithLabelValues(name),
 		promptTokens:     m.promptTokens.WithLabelValues(name),
 		completionTokens: m.completionTokens.WithLabelValues(name),
 		none:             m.acquireReplicaLocked(name, replicaNone),
@@ -193,7 +200,7 @@ func (sm *serviceMetrics) release() {
 	}
 	delete(m.services, sm.name)
 	for _, vec := range []interface{ DeleteLabelValues(...string) bool }{
-		m.duration, m.ttft, m.inFlight, m.waiting, m.retries, m.promptTokens, m.completionTokens,
+		m.duration, m.ttft, m.inFlight, m.waiting, m.retries, m.clientAborts, m.promptTokens, m.completionTokens,
 	} {
 		vec.DeleteLabelValues(sm.name)
 	}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"net"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -31,7 +32,7 @@ var pathModels = []byte("/v1/models")
 func (s *Service) fetchModels(c *hostClient) {
 	backoff := modelsFetchBackoff
 	for attempt := 1; attempt <= modelsFetchAttempts && !c.retired.Load(); attempt++ {
-		ids, err := c.modelIDs()
+		ids, err := c.modelIDs(s.dial)
 		if err == nil {
 			c.models.Store(&ids)
 			s.modelsChanged()
@@ -55,7 +56,13 @@ type modelList struct {
 	} `json:"data"`
 }
 
-func (c *hostClient) modelIDs() ([]string, error) {
+// modelIDs asks the replica for its models through a client of its own: c.hc is the handler's
+// (see binder).
+func (c *hostClient) modelIDs(dial func(string) (net.Conn, error)) ([]string, error) {
+	hc := &fasthttp.HostClient{Addr: c.addr, Dial: dial, MaxConns: 1, MaxIdemponentCallAttempts: 1,
+		RetryIfErr: func(*fasthttp.Request, int, error) (bool, bool) { return false, false }, Name: "ferry-models",
+		SecureErrorLogMessage: true}
+	defer hc.CloseIdleConnections()
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -64,7 +71,7 @@ func (c *hostClient) modelIDs() ([]string, error) {
 	req.Header.SetHost(c.addr)
 	c.acquire()
 	defer c.release()
-	if err := c.hc.DoTimeout(req, resp, modelsFetchTimeout); err != nil {
+	if err := hc.DoTimeout(req, resp, modelsFetchTimeout); err != nil {
 		return nil, err
 	}
 	if resp.StatusCode() != fasthttp.StatusOK {

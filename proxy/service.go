@@ -241,6 +241,8 @@ type Service struct {
 	lastCold atomic.Int64
 	// exchanges pools per-request state, including the upstream request and response.
 	exchanges sync.Pool
+	// clientWatch holds the exchanges whose clients are watched for leaving (clientwatch.go).
+	clientWatch clientWatch
 
 	// dial opens a raw connection to a replica; tests swap it for in-memory listeners before
 	// the first SetBackends.

@@ -43,6 +43,9 @@ type hostClient struct {
 	metrics atomic.Pointer[replicaMetrics]
 	// health tracks the connections and progress the health checks read (healthcheck.go).
 	health replicaHealth
+	// binder tells a connection which exchange it carries (clientwatch.go). Only the handler's
+	// Do may use hc: other requests to the replica go through clients of their own.
+	binder binder
 }
 
 func (c *hostClient) acquire() { c.active.Add(1) }
@@ -75,11 +78,18 @@ func (s *Service) newHostClient(addr string) *hostClient {
 		hc: &fasthttp.HostClient{
 			Addr: addr,
 			Dial: func(addr string) (net.Conn, error) {
+				// Bound before connecting, so that the binder is not held through a slow dial.
+				ex := c.binder.take()
 				conn, err := dial(addr)
 				if err != nil {
 					return nil, &dialError{addr: addr, err: err}
 				}
-				return c.health.track(&deadlineConn{Conn: conn, readIdle: idle, writeIdle: idle}), nil
+				hc := c.health.track(&deadlineConn{Conn: conn, readIdle: idle, writeIdle: idle}, &c.binder)
+				if ex != nil {
+					hc.bind(ex)
+					hc.fresh = true
+				}
+				return hc, nil
 			},
 			MaxConns:            upstreamMaxConns,
 			MaxIdleConnDuration: upstreamMaxIdleConnDuration,

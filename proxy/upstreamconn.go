@@ -50,10 +50,10 @@ type replicaHealth struct {
 	byLocal map[netip.AddrPort]*healthConn
 }
 
-// track wraps a new upstream connection so that its reads count as progress and an ejection
-// can close it.
-func (h *replicaHealth) track(conn net.Conn) net.Conn {
-	c := &healthConn{Conn: conn, owner: h}
+// track wraps a new upstream connection so that its reads count as progress, an ejection can
+// close it, and b can bind it to the exchanges it carries.
+func (h *replicaHealth) track(conn net.Conn, b *binder) *healthConn {
+	c := &healthConn{Conn: conn, owner: h, binder: b}
 	if tcp, ok := conn.LocalAddr().(*net.TCPAddr); ok && tcp.Port != 0 {
 		c.local = tcp.AddrPort()
 	}
@@ -106,14 +106,36 @@ func (c *hostClient) bodyCut(resp *fasthttp.Response) bool {
 // healthConn is an upstream connection as replicaHealth sees it.
 type healthConn struct {
 	net.Conn
-	owner *replicaHealth
-	local netip.AddrPort
+	owner  *replicaHealth
+	binder *binder
+	local  netip.AddrPort
 	// aborted is set by an ejection; peerEOF when a read met the replica's end of the
 	// connection.
 	aborted atomic.Bool
 	peerEOF atomic.Bool
 	closed  atomic.Bool
+
+	// bound is the exchange whose request the connection carries (clientwatch.go); fresh is
+	// true from Dial, which bound it already, to its first SetWriteDeadline. clientLeft is set
+	// when the connection was closed because that exchange's client went away.
+	bound      atomic.Pointer[exchange]
+	fresh      bool
+	clientLeft atomic.Bool
 }
+
+// SetWriteDeadline is fasthttp's first call on a connection it acquired for a request, made by
+// the goroutine in HostClient.Do: the moment to learn which exchange the connection carries.
+func (c *healthConn) SetWriteDeadline(t time.Time) error {
+	if c.fresh {
+		c.fresh = false
+	} else if ex := c.binder.take(); ex != nil {
+		c.bind(ex)
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// NetConn returns the wrapped connection.
+func (c *healthConn) NetConn() net.Conn { return c.Conn }
 
 func (c *healthConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
@@ -124,7 +146,10 @@ func (c *healthConn) Read(p []byte) (int, error) {
 		if err == io.EOF {
 			c.peerEOF.Store(true)
 		}
-		if c.aborted.Load() {
+		switch {
+		case c.clientLeft.Load():
+			err = errClientLeft
+		case c.aborted.Load():
 			err = errReplicaEjected
 		}
 	}
@@ -133,7 +158,11 @@ func (c *healthConn) Read(p []byte) (int, error) {
 
 func (c *healthConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
-	if err != nil && c.aborted.Load() {
+	switch {
+	case err == nil:
+	case c.clientLeft.Load():
+		err = errClientLeft
+	case c.aborted.Load():
 		err = errReplicaEjected
 	}
 	return n, err
