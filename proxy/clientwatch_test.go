@@ -171,3 +171,29 @@ func TestClientThatWaitsIsNotAbandoned(t *testing.T) {
 		t.Errorf("%d requests cancelled at the replica, want 0", c)
 	}
 }
+
+// TestHeldClientLeaving: a request held while the service has no replica stops waiting (and
+// counting as demand) once its client hangs up, instead of holding its place until
+// MaxQueueWait; a request still waiting is served when a replica arrives.
+func TestHeldClientLeaving(t *testing.T) {
+	svc, base := startProxy(t, ServiceConfig{MaxQueueWait: time.Minute})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	waitFor(t, "the request to be held", func() bool { return svc.Waiting() == 1 })
+	stays := doAsync(newClient(t), base+"/v1/chat/completions", "{}")
+	waitFor(t, "the second request to be held", func() bool { return svc.Waiting() == 2 })
+	_ = conn.Close()
+	waitFor(t, "the departed request to stop waiting", func() bool { return svc.Waiting() == 1 })
+
+	u := startUpstream(t, "late", okHandler)
+	svc.SetBackends(backendsOf(u))
+	if r := receive(t, stays); r.status != http.StatusOK {
+		t.Errorf("the request that stayed: status %d %s", r.status, r.body)
+	}
+	if n := u.hits.Load(); n != 1 {
+		t.Errorf("the replica got %d requests, want 1 (the departed one is not sent)", n)
+	}
+}

@@ -54,6 +54,12 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 		var refusal []byte
 		if snap, refusal = s.awaitReplicas(ctx, snap); snap == nil {
 			s.releaseExchange(ex)
+			if refusal == nil { // the client left while held
+				ctx.SetStatusCode(statusClientClosedRequest)
+				ctx.SetConnectionClose()
+				s.answeredSelf(ctx, nil)
+				return
+			}
 			writeError(ctx, fasthttp.StatusServiceUnavailable, refusal)
 			s.answeredSelf(ctx, nil)
 			return

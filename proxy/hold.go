@@ -37,10 +37,9 @@ func readySignal(old, next *snapshot) chan struct{} {
 // awaitReplicas holds a request that found snap without replicas until a snapshot with
 // replicas is published, and returns it. When it gives up instead it returns nil and the body
 // of the 503 to answer: holding is disabled, too many requests already wait, the wait expired,
-// or the service or the server it runs in is shutting down.
-//
-// A client that hangs up is not noticed (fasthttp does not report it while a handler runs);
-// MaxQueueWait bounds what it costs.
+// or the service or the server it runs in is shutting down. It returns nil, nil when the client
+// hung up meanwhile: its socket is peeked at every clientWatchInterval (clientwatch.go), so that
+// a departed client stops counting as demand and holding a place in the queue.
 func (s *Service) awaitReplicas(ctx *fasthttp.RequestCtx, snap *snapshot) (*snapshot, []byte) {
 	s.coldRequest()
 	if s.cfg.MaxQueuedRequests < 0 {
@@ -65,8 +64,19 @@ func (s *Service) awaitReplicas(ctx *fasthttp.RequestCtx, snap *snapshot) (*snap
 	}
 	timer := time.NewTimer(s.cfg.MaxQueueWait)
 	defer timer.Stop()
+	var peek <-chan time.Time
+	if conn := ctx.Conn(); conn != nil {
+		tick := time.NewTicker(clientWatchInterval)
+		defer tick.Stop()
+		peek = tick.C
+	}
 	for {
 		select {
+		case <-peek:
+			if clientGone(ctx.Conn()) {
+				return nil, nil
+			}
+			continue
 		case <-snap.ready:
 		case <-timer.C:
 			return nil, s.errs.noReplicaTimeout
