@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
@@ -27,6 +28,10 @@ func startWaitingReplica(t *testing.T, name string, hold time.Duration) *waiting
 	w := &waitingReplica{}
 	w.upstream = startUpstream(t, name, func(rw http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		if strings.Contains(r.URL.Path, "fast") {
+			okHandler(rw, r)
+			return
+		}
 		stream := strings.Contains(r.URL.Path, "stream")
 		if stream {
 			rw.Header().Set("Content-Type", "text/event-stream")
@@ -90,6 +95,11 @@ func TestClientLeavingClosesReplicaRequest(t *testing.T) {
 				t.Fatal(err)
 			}
 			svc, base := startProxy(t, ServiceConfig{Metrics: m}, Backend{ID: 1, Addr: busy.addr(), Version: 1})
+			// A first request leaves a pooled connection, which the next one reuses: the
+			// binding must follow a reused connection as well as a new one (phase two).
+			if r := do(t, newClient(t), http.MethodGet, base+"/fast", nil); r.status != http.StatusOK {
+				t.Fatalf("warm-up: %d", r.status)
+			}
 			left := time.Now()
 			sendAndLeave(t, base, tc.path, busy, tc.readHeader)
 
@@ -196,4 +206,54 @@ func TestHeldClientLeaving(t *testing.T) {
 	if n := u.hits.Load(); n != 1 {
 		t.Errorf("the replica got %d requests, want 1 (the departed one is not sent)", n)
 	}
+}
+
+// TestStaleConnectionIsSkipped: a pooled connection that a departed client's watcher closed
+// after fasthttp had pooled it (possible for a response without a body) costs the next request
+// nothing: it goes out on a new connection to the same replica.
+func TestStaleConnectionIsSkipped(t *testing.T) {
+	u := startUpstream(t, "only", okHandler)
+	svc, base := startProxy(t, ServiceConfig{}, backendsOf(u)...)
+	if r := do(t, newClient(t), http.MethodGet, base+"/warm", nil); r.status != http.StatusOK {
+		t.Fatalf("warm-up: %d", r.status)
+	}
+	c := svc.snap.Load().clientFor(svc.snap.Load().replicas[0])
+	c.health.mu.Lock()
+	var pooled []*healthConn
+	for hc := range c.health.conns {
+		pooled = append(pooled, hc)
+	}
+	c.health.mu.Unlock()
+	if len(pooled) != 1 {
+		t.Fatalf("%d upstream connections after one request, want 1", len(pooled))
+	}
+	ex := &exchange{svc: svc}
+	pooled[0].bind(ex)
+	ex.abandon() // as the watcher does when fasthttp has pooled the connection already
+	for i := range 3 {
+		if r := do(t, newClient(t), http.MethodGet, base+"/after", nil); r.status != http.StatusOK {
+			t.Fatalf("request %d after the stale connection: %d %s", i+1, r.status, r.body)
+		}
+	}
+}
+
+// TestTLSClientLeavingClosesReplicaRequest: a TLS client's Close sends close_notify before its
+// FIN, so its socket has unread bytes when the watcher looks; the departure is still seen.
+func TestTLSClientLeavingClosesReplicaRequest(t *testing.T) {
+	busy := startWaitingReplica(t, "busy", time.Minute)
+	certFile, keyFile := writeCert(t, t.TempDir(), "ferry-test")
+	cfg, err := LoadTLS(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, base := startProxy(t, ServiceConfig{TLS: cfg}, Backend{ID: 1, Addr: busy.addr(), Version: 1})
+	conn, err := tls.Dial("tcp", strings.TrimPrefix(base, "http://"), &tls.Config{InsecureSkipVerify: true}) // self-signed
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+	waitFor(t, "the replica to get the request", func() bool { return busy.started.Load() == 1 })
+	_ = conn.Close()
+	waitFor(t, "the replica to see its request closed", func() bool { return busy.cancelled.Load() == 1 })
+	waitFor(t, "InFlight to drop to 0", func() bool { return svc.InFlight() == 0 })
 }

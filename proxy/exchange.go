@@ -151,6 +151,10 @@ func (ex *exchange) finish(err error) {
 		// The client got a clean end (the error event) but the upstream connection is broken.
 		err = ex.readErr
 	}
+	if !ex.unbind() && err == nil {
+		// The client left and its watcher closed the connection: it must not be pooled.
+		err = errClientLeft
+	}
 	if ex.body != nil {
 		if rc, ok := ex.body.(fasthttp.ReadCloserWithError); ok && err != nil {
 			_ = rc.CloseWithError(err) // discards the connection

@@ -107,9 +107,12 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 		}
 
 		ex.begin(replica, client)
-		client.binder.hold(ex)
-		err := client.hc.Do(&ex.req, &ex.resp)
-		client.binder.release(ex)
+		var err error
+		if ex.clientLeft.Load() {
+			err = errClientLeft // left between attempts: do not send it again
+		} else {
+			err = client.do(ex)
+		}
 		if err == nil && ex.clientLeft.Load() {
 			ex.discardResponse()
 			err = errClientLeft

@@ -139,7 +139,8 @@ func retryable(err error) bool {
 	var de *dialError
 	var se *statusError
 	switch {
-	case errors.As(err, &de), errors.As(err, &se), errors.Is(err, fasthttp.ErrNoFreeConns), errors.Is(err, errReplicaEjected):
+	case errors.As(err, &de), errors.As(err, &se), errors.Is(err, fasthttp.ErrNoFreeConns), errors.Is(err, errReplicaEjected),
+		errors.Is(err, errStaleConn):
 		return true
 	case isTimeout(err):
 		return false

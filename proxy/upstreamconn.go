@@ -126,6 +126,9 @@ type healthConn struct {
 // SetWriteDeadline is fasthttp's first call on a connection it acquired for a request, made by
 // the goroutine in HostClient.Do: the moment to learn which exchange the connection carries.
 func (c *healthConn) SetWriteDeadline(t time.Time) error {
+	if c.clientLeft.Load() {
+		return errStaleConn
+	}
 	if c.fresh {
 		c.fresh = false
 	} else if ex := c.binder.take(); ex != nil {

@@ -299,8 +299,10 @@ func plan(in planInput) actions {
 				}
 				continue
 			}
-			if r.Noticed {
-				// Going away soon: its replacement is launched as if it had gone.
+			if r.Noticed && isCurrent(rec.Version) {
+				// Going away soon: its replacement is launched as if it had gone. A noticed
+				// replica of an older version stays in the rollout's accounting, and goes as
+				// the rollout says.
 				continue
 			}
 			liveCount++

@@ -80,6 +80,19 @@ func TestPlanRollout(t *testing.T) {
 			want: actions{Rollout: &rolloutChange{End: RolloutSucceeded, Reason: "2 of 2 replicas of version 2 healthy",
 				ProgressAt: healthyLongAgo.Add(10 * time.Second)}},
 		},
+		"a noticed old replica is still old: the rollout does not end while it serves": {
+			mutate: func(in *planInput) {
+				in.Rollout = rolling()
+				noticed := ready(2, 1, healthyLongAgo)
+				noticed.Noticed = true
+				in.Replicas = []replicaView{noticed, ready(3, 2, healthyLongAgo), ready(4, 2, healthyLongAgo)}
+				in.Instances = running(2, 3, 4)
+			},
+			want: actions{
+				Transitions: []transition{{ID: 2, From: StatusReady, To: StatusShuttingDown, Reason: "replaced by version 2"}},
+				Rollout:     &rolloutChange{ProgressAt: healthyLongAgo.Add(10 * time.Second)},
+			},
+		},
 		"a new replica that crashes before it is healthy rolls back": {
 			mutate: func(in *planInput) {
 				in.Rollout = rolling()

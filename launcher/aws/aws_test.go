@@ -19,6 +19,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/aws/fakeec2"
@@ -368,6 +370,41 @@ func TestSpotInterruptionWarning(t *testing.T) {
 				t.Errorf("extra notice %+v", n)
 			}
 		})
+	}
+}
+
+// TestNoticesWithoutSpotRequestPermission: credentials that may not call
+// DescribeSpotInstanceRequests lose the two minutes' warning but not the notice: a preemption is
+// announced once, when the instance shuts down, and the refusal is logged once per region, not
+// at every poll.
+func TestNoticesWithoutSpotRequestPermission(t *testing.T) {
+	e := newEnv(t, fakeec2.Options{DeniedActions: []string{"DescribeSpotInstanceRequests"}}, goodKey)
+	core, logs := observer.New(zap.WarnLevel)
+	e.p.log = zap.New(core)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	notices := e.p.Notices(ctx)
+	inst, err := e.p.Launch(ctx, spec("chat-d", "exec sleep 300", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.fake.Preempt(fakeInstance(t, e.fake, inst.ID).ID); err != nil {
+		t.Fatal(err)
+	}
+	if n := nextNotice(t, notices); n.InstanceID != inst.ID {
+		t.Fatalf("notice names %s, want %s", n.InstanceID, inst.ID)
+	}
+	time.Sleep(10 * e.p.opts.NoticeInterval) // more polls: no second notice, no more warnings
+	cancel()
+	for n := range notices {
+		t.Errorf("extra notice %+v", n)
+	}
+	refusals := logs.FilterMessageSnippet("interruption warnings unavailable").Len()
+	if refusals != 2 { // one per region of newProvider
+		t.Errorf("%d refusal warnings logged, want 2 (once per region); all: %v", refusals, logs.All())
+	}
+	if other := logs.Len() - refusals; other != 0 {
+		t.Errorf("%d other warnings logged: %v", other, logs.All())
 	}
 }
 

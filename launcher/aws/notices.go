@@ -2,6 +2,7 @@ package aws
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
@@ -34,14 +35,16 @@ var spotWarningCodes = []string{"marked-for-termination", "instance-terminated-n
 //     shutting-down or terminated spot instances with reason Server.SpotInstanceTermination,
 //     with At the time it was seen. This catches a warning that fell between two polls, an
 //     instance launched before Launch tagged spot requests, and an account whose credentials
-//     may not call DescribeSpotInstanceRequests (each poll then logs a warning).
+//     may not call DescribeSpotInstanceRequests (logged once per region, after which the region
+//     is polled for shutdowns only).
 //
 // An instance's warning and its shutdown are one notice. Both calls are made once per region
 // per poll; the credentials need ec2:DescribeSpotInstanceRequests and ec2:DescribeInstances.
 func (p *Provider) Notices(ctx context.Context) <-chan launcher.Notice {
 	seen := map[string]bool{}
+	noWarnings := map[string]bool{} // regions whose credentials may not read spot requests
 	return launcher.PollNotices(ctx, p.opts.NoticeInterval, func(ctx context.Context, ch chan<- launcher.Notice) bool {
-		return p.pollPreemptions(ctx, seen, ch)
+		return p.pollPreemptions(ctx, seen, noWarnings, ch)
 	})
 }
 
@@ -49,7 +52,7 @@ func (p *Provider) Notices(ctx context.Context) <-chan launcher.Notice {
 // already sent and is trimmed to what EC2 still shows, warned or reclaimed (an instance moves
 // from the one to the other between polls, and is in seen either way). It returns false once
 // ctx has ended.
-func (p *Provider) pollPreemptions(ctx context.Context, seen map[string]bool, ch chan<- launcher.Notice) bool {
+func (p *Provider) pollPreemptions(ctx context.Context, seen, noWarnings map[string]bool, ch chan<- launcher.Notice) bool {
 	now := time.Now()
 	reclaims := map[string]time.Time{} // instance id -> when EC2 reclaims (or reclaimed) it
 	failed := false
@@ -61,11 +64,22 @@ func (p *Provider) pollPreemptions(ctx context.Context, seen map[string]bool, ch
 		{"spot preemptions", p.spotTerminations},
 	}
 	for _, region := range p.opts.Regions {
-		for _, pl := range polls {
-			if err := pl.poll(ctx, region, now, reclaims); err != nil {
-				if ctx.Err() != nil {
-					return false
-				}
+		for i, pl := range polls {
+			if i == 0 && noWarnings[region] {
+				continue
+			}
+			err := pl.poll(ctx, region, now, reclaims)
+			switch {
+			case err == nil:
+			case ctx.Err() != nil:
+				return false
+			case i == 0 && errors.Is(err, launcher.ErrUnauthorized):
+				// Not a passing failure: say so once and rely on shutdowns in this region.
+				noWarnings[region] = true
+				p.log.Warn("spot interruption warnings unavailable: the credentials may not call "+
+					"DescribeSpotInstanceRequests; spot preemptions are noticed when instances shut down",
+					zap.String("region", region), zap.Error(err))
+			default:
 				p.log.Warn("poll for "+pl.what, zap.String("region", region), zap.Error(err))
 				failed = true
 			}

@@ -51,6 +51,9 @@ type Options struct {
 	// UnauthorizedOperation (403) on every action but DescribeAvailabilityZones.
 	BadAccessKeys    []string
 	DeniedAccessKeys []string
+	// DeniedActions are refused with UnauthorizedOperation for every key, as by an IAM policy
+	// that lacks them.
+	DeniedActions []string
 	// VCPULimit is each region's on-demand vCPU quota over live instances; 0 is unlimited.
 	VCPULimit int
 	// SpotInstanceLimit is each region's limit on live spot instances; 0 is unlimited.
@@ -311,7 +314,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	action := p.get("Action")
-	if slices.Contains(s.opts.DeniedAccessKeys, akid) && action != "DescribeAvailabilityZones" {
+	if slices.Contains(s.opts.DeniedAccessKeys, akid) && action != "DescribeAvailabilityZones" || slices.Contains(s.opts.DeniedActions, action) {
 		writeError(w, reqID, apiErr("UnauthorizedOperation", "You are not authorized to perform this operation. User: arn:aws:iam::%s:user/%s is not authorized to perform: ec2:%s", ownerID, akid, action))
 		return
 	}

@@ -1,11 +1,12 @@
-//go:build linux || darwin
+//go:build darwin
 
 package proxy
 
 import "syscall"
 
 // peekGone peeks at one byte of the socket without taking it and without blocking: 0 bytes is
-// the peer's FIN, a reset or a dead connection an error; data or EAGAIN mean it is there.
+// the peer's FIN, a reset or a dead connection an error; data or EAGAIN mean it is there (a FIN
+// behind unread data, such as a TLS close_notify, is missed here; Linux's POLLRDHUP sees it).
 func peekGone(rc syscall.RawConn) bool {
 	gone := false
 	err := rc.Control(func(fd uintptr) {
