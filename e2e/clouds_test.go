@@ -310,17 +310,22 @@ func TestSpotOnFakeClouds(t *testing.T) {
 		return len(newIDs) >= 2, fmt.Sprintf("new replicas %v; warned replica %d %s", newIDs, warned.id, warnedStatus)
 	})
 	t.Logf("%v after the warning: new replicas %v launched, warned replica %d still READY", time.Since(warnedAt).Round(time.Millisecond), newIDs, warned.id)
-	eventually(t, 120*time.Second, "the warned replica reclaimed and replaced, 3 spot READY again", func() (bool, string) {
+	// Its replacement READY, the warned replica drains and Ferry terminates it (or EC2 reclaims
+	// it first, if the replacement is slower than the notice).
+	eventually(t, 120*time.Second, "the warned replica gone and replaced, 3 spot READY again", func() (bool, string) {
 		var err error
 		if st, err = e.status("spotty"); err != nil {
 			return false, err.Error()
 		}
 		zones, ready := spotZones(st)
-		gone := false
+		warnedStatus := "gone"
 		for _, r := range st.Replicas {
-			gone = gone || (r.ID == warned.id && r.Status == "PREEMPTED")
+			if r.ID == warned.id {
+				warnedStatus = r.Status
+			}
 		}
-		return gone && ready == 3 && liveOnDemand(st) == 0, fmt.Sprintf("warned %d PREEMPTED %v; spot READY by zone %v; live on-demand %d", warned.id, gone, zones, liveOnDemand(st))
+		gone := warnedStatus == "gone" || warnedStatus == "PREEMPTED"
+		return gone && ready == 3 && liveOnDemand(st) == 0, fmt.Sprintf("warned %d %s; spot READY by zone %v; live on-demand %d", warned.id, warnedStatus, zones, liveOnDemand(st))
 	})
 	load.stop()
 	if load.failed.Load() > 0 {

@@ -222,7 +222,8 @@ func plan(in planInput) actions {
 		}
 		return len(in.InfraRank)
 	}
-	var alive []candidate // live replicas that scale-down may pick
+	var alive []candidate   // live replicas that scale-down may pick
+	var noticed []candidate // live replicas of the target version whose instance will be reclaimed
 	liveCount := 0
 	launchingSpot := 0         // live spot replicas whose launch is under way (not in alive)
 	launching := 0             // live current replicas whose launch is under way
@@ -300,9 +301,10 @@ func plan(in planInput) actions {
 				continue
 			}
 			if r.Noticed && isCurrent(rec.Version) {
-				// Going away soon: its replacement is launched as if it had gone. A noticed
-				// replica of an older version stays in the rollout's accounting, and goes as
-				// the rollout says.
+				// Going away soon: its replacement is launched as if it had gone, and it drains
+				// once the others are enough (below). A noticed replica of an older version
+				// stays in the rollout's accounting, and goes as the rollout says.
+				noticed = append(noticed, candidate{id: rec.ID, ready: to == StatusReady, spot: rec.Spot, inst: inst})
 				continue
 			}
 			liveCount++
@@ -453,6 +455,17 @@ func plan(in planInput) actions {
 	want := autoscaler.Split(in.Desired, in.Mix, readySpot)
 	if in.Desired >= 0 && (liveSpot > want.Spot || liveOnDemand > want.OnDemand) {
 		scaleDown(current, map[bool]int{true: liveSpot - want.Spot, false: liveOnDemand - want.OnDemand}, "scaled down")
+	}
+	readyCurrent := 0
+	for _, c := range current {
+		if c.ready && status[c.id] == StatusReady { // not scaled down just now
+			readyCurrent++
+		}
+	}
+	if in.Desired >= 0 && len(noticed) > 0 && readyCurrent >= in.Desired {
+		// Its replacements serve: it takes no new request (one sent now would be cut at the
+		// reclaim), finishes those it has, and goes.
+		scaleDown(noticed, map[bool]int{true: len(noticed), false: len(noticed)}, "spot interruption notice; replaced")
 	}
 	if in.Desired >= 0 {
 		// deferred reports whether a kind's backoff holds its launches now.

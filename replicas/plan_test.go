@@ -262,7 +262,7 @@ func TestPlan(t *testing.T) {
 				Launch:      1,
 			},
 		},
-		"spot mix: a noticed spot replica serves on, is replaced now, and is never scaled down": {
+		"spot mix: a noticed spot replica whose replacement serves drains and goes": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 2
 				in.Mix = autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}
@@ -270,13 +270,16 @@ func TestPlan(t *testing.T) {
 				s1.Spot, s2.Spot, s3.Spot = true, true, true
 				noticed := view(s2, probeOK)
 				noticed.Noticed = true
-				// Replica 3 is an earlier replacement still counted: 1 and 3 make the target.
+				// Replica 3 is its replacement, READY: 1 and 3 make the target.
 				in.Replicas = []replicaView{view(s1, probeOK), noticed, view(s3, probeOK)}
 				in.Instances = running(1, 2, 3)
 			}),
-			want: actions{},
+			want: actions{
+				Transitions: []transition{{ID: 2, From: StatusReady, To: StatusShuttingDown, Reason: "spot interruption notice; replaced"}},
+				Terminate:   []termination{terminateGone(2)},
+			},
 		},
-		"spot mix: a noticed spot replica's replacement and fallback launch before it goes": {
+		"spot mix: a noticed spot replica serves on while its replacement and fallback launch": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 2
 				in.Mix = autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}

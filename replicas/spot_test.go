@@ -145,8 +145,8 @@ func readySpot(t *testing.T, h *harness, prov *fakeProvider) []int {
 
 // TestManagerReplacesNoticedReplica: a spot interruption notice for a READY replica starts its
 // replacement and the on-demand fallback at once, reports the zone to the provider, and keeps
-// the noticed replica serving (READY, published, not terminated) until its instance goes;
-// then nothing more is launched, and the fallback leaves once the replacement is READY.
+// the noticed replica serving (READY, published, not terminated) until the replacement is
+// READY; then it drains and is terminated, the fallback leaves, and nothing more is launched.
 func TestManagerReplacesNoticedReplica(t *testing.T) {
 	h, prov, kinds := spotMixHarness(t)
 	eventually(t, "2 spot and 2 fallback on-demand launches", func() bool {
@@ -182,12 +182,31 @@ func TestManagerReplacesNoticedReplica(t *testing.T) {
 		t.Errorf("the manager terminated the noticed instance %s itself", inst)
 	}
 
-	// The instance is reclaimed; the replacement turns READY.
-	prov.end(victim, launcher.StatePreempted, "spot reclaimed")
-	h.waitStatus(victim, StatusPreempted)
+	// The replacement turns READY before the reclaim: the warned replica leaves the READY set
+	// and, drained, is terminated; the fallback goes; nothing more is launched.
+	prov.byReplica(newestSpot(h, victim)).healthy.Store(true)
+	eventually(t, "the warned replica terminated once its replacement serves", func() bool {
+		prov.mu.Lock()
+		defer prov.mu.Unlock()
+		return slices.Contains(prov.terminated, inst)
+	})
 	readySpot(t, h, prov)
+	if slices.Contains(ids(h.m.Ready()), victim) {
+		t.Errorf("the warned replica %d is still published", victim)
+	}
 	spot, onDemand := kinds()
 	if len(spot) != 3 || len(onDemand) != 3 {
-		t.Errorf("after the reclaim: %d spot and %d on-demand launches; want 3 and 3 (no second replacement)", len(spot), len(onDemand))
+		t.Errorf("%d spot and %d on-demand launches; want 3 and 3 (no second replacement)", len(spot), len(onDemand))
 	}
+}
+
+// newestSpot is the id of the newest live spot replica other than except.
+func newestSpot(h *harness, except int) int {
+	id := 0
+	for _, r := range h.m.Replicas() {
+		if r.Spot && live(r.Status) && r.ID != except && r.ID > id {
+			id = r.ID
+		}
+	}
+	return id
 }

@@ -477,6 +477,33 @@ func (r *runner) decide(s int) {
 	mix := autoscaler.Split(d.Target, r.p.Mix, readySpot)
 	r.reconcile(true, mix.Spot, t)
 	r.reconcile(false, mix.OnDemand, t)
+	r.drainNoticed(t)
+}
+
+// drainNoticed takes noticed replicas out of service once the others READY make the target,
+// as replicas/plan.go does: a request sent to one would be cut at the reclaim.
+func (r *runner) drainNoticed(t float64) {
+	readyOthers, noticed := 0, 0
+	for _, rep := range r.live {
+		switch {
+		case rep.state != ready:
+		case rep.noticed:
+			noticed++
+		default:
+			readyOthers++
+		}
+	}
+	if noticed == 0 || readyOthers < r.target {
+		return
+	}
+	for _, rep := range r.live {
+		if rep.state == ready && rep.noticed {
+			rep.state = draining
+			rep.drainUntil = t + r.p.DrainTimeout.Seconds()
+			r.dirty = true
+		}
+	}
+	r.refreshRoutable()
 }
 
 // coldStart is Observation.ColdStart as the controller computes it: the median launch-to-READY
