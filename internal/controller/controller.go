@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -115,19 +116,72 @@ func (c *Controller) watchNotices(ctx context.Context, notifiers map[string]laun
 		ch := n.Notices(ctx)
 		// Not in c.wg: it ends with ctx, which Start cancels only after waiting on c.wg.
 		go func() {
-			for notice := range ch {
-				c.log.Warn("spot preemption notice", zap.String("infra", name), zap.String("instance", notice.InstanceID),
-					zap.Time("at", notice.At))
-				c.mu.Lock()
-				for _, s := range c.services {
-					if s.mgr != nil && !s.mgr.Notice(notice.InstanceID, notice.At) {
-						s.mgr.Resync()
+			relay := noticeRelay{offer: c.offerNotice, now: time.Now}
+			retry := time.NewTicker(noticeRetryEvery)
+			defer retry.Stop()
+			for {
+				select {
+				case notice, ok := <-ch:
+					if !ok {
+						return
 					}
+					c.log.Warn("spot preemption notice", zap.String("infra", name), zap.String("instance", notice.InstanceID),
+						zap.Time("at", notice.At))
+					relay.add(notice)
+				case <-retry.C:
+					relay.retry()
 				}
-				c.mu.Unlock()
 			}
 		}()
 	}
+}
+
+// offerNotice hands a notice to every service and reports whether one of them runs a replica
+// on the instance; on the first offer the others reconcile at once.
+func (c *Controller) offerNotice(n launcher.Notice, first bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	claimed := false
+	for _, s := range c.services {
+		if s.mgr == nil {
+			continue
+		}
+		if s.mgr.Notice(n.InstanceID, n.At) {
+			claimed = true
+		} else if first {
+			s.mgr.Resync()
+		}
+	}
+	return claimed
+}
+
+// noticeRetryEvery is how often notices no service claimed are offered again, and
+// maxPendingNotices how many are kept.
+const (
+	noticeRetryEvery  = time.Second
+	maxPendingNotices = 1024
+)
+
+// noticeRelay offers notices to the services and keeps those none claims yet, offering them
+// again until their instance's reclaim time: a controller started (or restarted) as an infra
+// warns may get the warning before its services have loaded their replica records, and an
+// infra announces each instance once.
+type noticeRelay struct {
+	// offer's first is true for a notice's first offer.
+	offer   func(n launcher.Notice, first bool) bool
+	now     func() time.Time
+	pending []launcher.Notice
+}
+
+func (r *noticeRelay) add(n launcher.Notice) {
+	if !r.offer(n, true) && r.now().Before(n.At) && len(r.pending) < maxPendingNotices {
+		r.pending = append(r.pending, n)
+	}
+}
+
+func (r *noticeRelay) retry() {
+	now := r.now()
+	r.pending = slices.DeleteFunc(r.pending, func(n launcher.Notice) bool { return !now.Before(n.At) || r.offer(n, false) })
 }
 
 // rankTimeout bounds planning a new service's infra preference (it may ask clusters).
