@@ -156,6 +156,7 @@ func (s *Service) watch(ex *exchange, conn net.Conn) {
 	w.mu.Lock()
 	ex.watchGen++
 	ex.watchEpoch = w.epoch
+	ex.watchSeen = ex.progress.Load()
 	ex.clientConn = conn
 	ex.watchNext = w.head
 	if w.head != nil {
@@ -199,6 +200,10 @@ func (s *Service) watchClients() {
 		w.epoch++
 		w.scratch = w.scratch[:0]
 		for ex := w.head; ex != nil; ex = ex.watchNext {
+			if p := ex.progress.Load(); p != ex.watchSeen {
+				ex.watchSeen = p // streaming: a departure shows when the next bytes are written
+				continue
+			}
 			if ex.watchEpoch+1 < w.epoch && !ex.clientLeft.Load() {
 				w.scratch = append(w.scratch, watched{ex: ex, gen: ex.watchGen, conn: ex.clientConn})
 			}

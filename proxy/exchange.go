@@ -61,6 +61,11 @@ type exchange struct {
 	clientLeft           atomic.Bool
 	watching             bool
 	watchGen, watchEpoch uint64
+	// progress counts reads that brought response bytes; watchSeen is its value at the
+	// watcher's last look. A response that is moving needs no peek: writing it notices a
+	// departed client.
+	progress             atomic.Uint32
+	watchSeen            uint32
 	clientConn           net.Conn
 	watchPrev, watchNext *exchange
 }
@@ -115,6 +120,9 @@ func (ex *exchange) Read(p []byte) (int, error) {
 		return n, nil
 	}
 	n, err := ex.body.Read(p)
+	if n > 0 {
+		ex.progress.Add(1)
+	}
 	if err == io.EOF && ex.client.bodyCut(&ex.resp) { // fasthttp can take a cut chunked body for a whole one
 		err = errBodyCut
 	}
@@ -198,6 +206,7 @@ func (s *Service) acquireExchange() *exchange {
 func (s *Service) releaseExchange(ex *exchange) {
 	s.unwatch(ex)
 	ex.clientLeft.Store(false)
+	ex.progress.Store(0)
 	ex.finished.Store(true)
 	s.releaseStream(ex)
 	ex.req.Reset() // drops the reference to the client's body
