@@ -21,14 +21,15 @@ func TestNoticeRelay(t *testing.T) {
 			offered[n.InstanceID]++
 			return known[n.InstanceID]
 		},
-		now:   func() time.Time { return now },
+		now: func() time.Time { return now },
 	}
 	r.add(launcher.Notice{InstanceID: "claimed", At: now.Add(2 * time.Minute)})
 	known["claimed"] = true
 	r.add(launcher.Notice{InstanceID: "claimed-now", At: now.Add(2 * time.Minute)}) // not known: kept
 	r.add(launcher.Notice{InstanceID: "foreign", At: now.Add(2 * time.Minute)})
 	r.add(launcher.Notice{InstanceID: "reclaimed", At: now}) // seen at its reclaim: not kept
-	if len(r.pending) != 3 { // claimed (unknown at its add), claimed-now, foreign
+	// Kept: claimed (unknown at its add), claimed-now, foreign.
+	if len(r.pending) != 3 {
 		t.Fatalf("pending %v after the adds", r.pending)
 	}
 	known["claimed-now"] = true
