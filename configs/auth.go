@@ -17,7 +17,7 @@ import (
 var (
 	authKeys   = []string{"keys_from_env", "keys_file"}
 	limitsKeys = []string{"max_request_body_mb", "max_concurrent_requests", "idle_timeout_seconds",
-		"max_queued_requests", "max_queue_wait_seconds", "rate_limit_per_key", "max_concurrent_streams"}
+		"max_queued_requests", "max_queue_wait_seconds", "rate_limit_per_key", "max_concurrent_streams", "max_in_flight_per_replica"}
 	rateLimitKeys = []string{"requests_per_second", "burst"}
 )
 
@@ -207,6 +207,9 @@ func (c *checker) limits(n *yaml.Node, field string) *Limits {
 		if v, ok := c.intBetween(e.value, joinField(field, "max_queue_wait_seconds"), 0, MaxQueueWaitSeconds); ok {
 			l.MaxQueueWaitSeconds = v
 		}
+	}
+	if e, ok := f["max_in_flight_per_replica"]; ok {
+		l.MaxInFlightPerReplica, _ = c.intAtLeast(e.value, joinField(field, "max_in_flight_per_replica"), 1)
 	}
 	if e, ok := f["rate_limit_per_key"]; ok {
 		l.RateLimitPerKey = c.rateLimit(e, joinField(field, "rate_limit_per_key"))

@@ -262,6 +262,14 @@ func TestLimitsRateAndStreams(t *testing.T) {
 			limits:  "    rate_limit_per_key: 10\n",
 			wantErr: []wantErr{{5, 25, "service.limits.rate_limit_per_key", "expected a mapping"}},
 		},
+		"in flight per replica": {
+			limits: "    max_in_flight_per_replica: 16\n",
+			want:   &Limits{MaxInFlightPerReplica: 16},
+		},
+		"in flight per replica zero": {
+			limits:  "    max_in_flight_per_replica: 0\n",
+			wantErr: []wantErr{{5, 32, "service.limits.max_in_flight_per_replica", "must be at least 1, got 0"}},
+		},
 		"streams above the request cap": {
 			limits:  "    max_concurrent_requests: 4\n    max_concurrent_streams: 5\n",
 			wantErr: []wantErr{{6, 29, "service.limits.max_concurrent_streams", "must be at most max_concurrent_requests (4)"}},

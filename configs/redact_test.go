@@ -171,6 +171,7 @@ service:
     max_queued_requests: 10
     rate_limit_per_key: {requests_per_second: 5}
     max_concurrent_streams: 16
+    max_in_flight_per_replica: 8
 `
 	var rendered string
 	for _, src := range []string{requestRate, llm} {

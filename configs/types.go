@@ -156,6 +156,11 @@ type Limits struct {
 	// endpoint; beyond it they get 429, while requests that do not stream are unaffected. Zero
 	// means no cap.
 	MaxConcurrentStreams int `json:"max_concurrent_streams,omitempty" yaml:"max_concurrent_streams,omitempty"`
+	// MaxInFlightPerReplica caps the requests each proxy has in flight on one replica; beyond
+	// it requests wait in the proxy (within max_queued_requests and max_queue_wait_seconds)
+	// and go to the first replica that frees a slot. Set to the engine's batch size (vLLM's
+	// max_num_seqs). Zero means no cap.
+	MaxInFlightPerReplica int `json:"max_in_flight_per_replica,omitempty" yaml:"max_in_flight_per_replica,omitempty"`
 }
 
 // RateLimit is a token bucket: Burst requests at once, refilled at RequestsPerSecond. A

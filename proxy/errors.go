@@ -35,6 +35,11 @@ type errorBodies struct {
 	queueFull        []byte // 503: MaxQueuedRequests already wait
 	noReplicaTimeout []byte // 503: no replica within MaxQueueWait
 	shuttingDown     []byte // 503: the service or its listener shut down while it waited
+
+	// Answers to a request waiting for a slot under MaxInFlightPerReplica (slots.go).
+	slotsBusy      []byte // 503: every replica is at the cap and holding is off
+	slotsQueueFull []byte // 503: MaxQueuedRequests already wait
+	slotsTimeout   []byte // 503: no slot within MaxQueueWait
 }
 
 func newErrorBodies(service string, maxBody int) errorBodies {
@@ -78,6 +83,12 @@ func (e errorBodies) withHoldBodies(service string, maxQueued int, maxWait time.
 		"service_unavailable", "queue_full")
 	e.noReplicaTimeout = openAIError(fmt.Sprintf("service %q had no ready replica within %v", service, maxWait),
 		"service_unavailable", "no_replica_timeout")
+	e.slotsBusy = openAIError(fmt.Sprintf("every replica of service %q is at its limit of requests in flight; retry shortly", service),
+		"service_unavailable", "replicas_busy")
+	e.slotsQueueFull = openAIError(fmt.Sprintf("every replica of service %q is at its limit of requests in flight and %d requests are already waiting; retry shortly", service, maxQueued),
+		"service_unavailable", "queue_full")
+	e.slotsTimeout = openAIError(fmt.Sprintf("no replica of service %q had a free slot within %v", service, maxWait),
+		"service_unavailable", "queue_timeout")
 	e.shuttingDown = openAIError(fmt.Sprintf("service %q is shutting down", service),
 		"service_unavailable", "shutting_down")
 	return e

@@ -89,6 +89,9 @@ func (ex *exchange) end() {
 	ex.replica.InFlight.Add(-1)
 	ex.client.release()
 	ex.svc.inflight.Add(-1)
+	if q := ex.svc.slots; q != nil {
+		q.grant(ex.svc.snap.Load())
+	}
 	ex.observeEnd()
 	ex.replica, ex.client = nil, nil
 }

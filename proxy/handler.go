@@ -73,6 +73,21 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 		s.answeredSelf(ctx, nil)
 		return
 	}
+	if s.slots != nil {
+		var refusal []byte
+		if snap, refusal = s.awaitSlot(ctx, snap); snap == nil {
+			s.releaseExchange(ex)
+			if refusal == nil { // the client left while waiting
+				ctx.SetStatusCode(statusClientClosedRequest)
+				ctx.SetConnectionClose()
+				s.answeredSelf(ctx, nil)
+				return
+			}
+			writeError(ctx, fasthttp.StatusServiceUnavailable, refusal)
+			s.answeredSelf(ctx, nil)
+			return
+		}
+	}
 	if !s.admitStream(ex) {
 		s.releaseExchange(ex)
 		writeError(ctx, fasthttp.StatusTooManyRequests, s.errs.tooManyStreams)
@@ -93,7 +108,7 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 	var lastErr error
 	s.watch(ex, ctx.Conn())
 	for attempt := range attempts {
-		replica := ex.pick(s.picker, snap.pick)
+		replica := ex.pick(s.picker, snap.pick, s.slots)
 		if replica == nil {
 			break
 		}
@@ -159,9 +174,11 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 }
 
 // pick asks the picker for a replica, leaving out those already tried for this request, so a
-// retry never lands on the replica that just failed (SkyServe's retries can).
-func (ex *exchange) pick(p policy.Picker, all []*policy.Replica) *policy.Replica {
-	if len(ex.tried) == 0 {
+// retry never lands on the replica that just failed (SkyServe's retries can). Under a
+// per-replica cap (slots non-nil) it offers only replicas below it, unless none is (a retry may
+// exceed the cap rather than fail).
+func (ex *exchange) pick(p policy.Picker, all []*policy.Replica, slots *slotQueue) *policy.Replica {
+	if len(ex.tried) == 0 && slots == nil {
 		return p.Pick(&ex.info, all)
 	}
 	ex.candidates = ex.candidates[:0]
@@ -169,6 +186,13 @@ func (ex *exchange) pick(p policy.Picker, all []*policy.Replica) *policy.Replica
 		if !slices.Contains(ex.tried, r) {
 			ex.candidates = append(ex.candidates, r)
 		}
+	}
+	if slots != nil {
+		n := len(ex.candidates)
+		if ex.candidates = slots.belowCap(ex.candidates, ex.candidates[:n]); len(ex.candidates) > n {
+			return p.Pick(&ex.info, ex.candidates[n:])
+		}
+		ex.candidates = ex.candidates[:n]
 	}
 	return p.Pick(&ex.info, ex.candidates)
 }

@@ -417,6 +417,9 @@ func (s *Service) publishPickLocked(cur *snapshot) {
 	next := *cur
 	next.pick = pickSet(cur)
 	s.snap.Store(&next)
+	if s.slots != nil {
+		s.slots.grant(&next) // a replica back from ejection has free slots
+	}
 }
 
 // stopHealthChecks ends health checking for good (Shutdown): the goroutines stop and the

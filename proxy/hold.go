@@ -38,8 +38,7 @@ func readySignal(old, next *snapshot) chan struct{} {
 // replicas is published, and returns it. When it gives up instead it returns nil and the body
 // of the 503 to answer: holding is disabled, too many requests already wait, the wait expired,
 // or the service or the server it runs in is shutting down. It returns nil, nil when the client
-// hung up meanwhile: its socket is peeked at every clientWatchInterval (clientwatch.go), so that
-// a departed client stops counting as demand and holding a place in the queue.
+// hung up meanwhile (see hold in slots.go).
 func (s *Service) awaitReplicas(ctx *fasthttp.RequestCtx, snap *snapshot) (*snapshot, []byte) {
 	s.coldRequest()
 	if s.cfg.MaxQueuedRequests < 0 {
@@ -55,34 +54,15 @@ func (s *Service) awaitReplicas(ctx *fasthttp.RequestCtx, snap *snapshot) (*snap
 		s.obs.waitEnd()
 	}()
 
-	// The server's Done closes when it shuts down: a Gateway in front of this service is
-	// drained before the service is, and its held requests must not make it wait. A RequestCtx
-	// built by hand (a zero value) has no server: Done would dereference nil.
-	var serverDone <-chan struct{}
-	if ctx.Conn() != nil {
-		serverDone = ctx.Done()
-	}
-	timer := time.NewTimer(s.cfg.MaxQueueWait)
-	defer timer.Stop()
-	var peek <-chan time.Time
-	if conn := ctx.Conn(); conn != nil {
-		tick := time.NewTicker(clientWatchInterval)
-		defer tick.Stop()
-		peek = tick.C
-	}
+	h := s.newHold(ctx)
+	defer h.stop()
 	for {
-		select {
-		case <-peek:
-			if clientGone(ctx.Conn()) {
-				return nil, nil
-			}
-			continue
-		case <-snap.ready:
-		case <-timer.C:
+		switch h.wait(snap.ready) {
+		case holdClientGone:
+			return nil, nil
+		case holdExpired:
 			return nil, s.errs.noReplicaTimeout
-		case <-s.stopped:
-			return nil, s.errs.shuttingDown
-		case <-serverDone:
+		case holdShutdown:
 			return nil, s.errs.shuttingDown
 		}
 		// The replicas may have gone again before this request looked: wait on the new

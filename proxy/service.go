@@ -120,6 +120,12 @@ type ServiceConfig struct {
 	// request provably never reached a replica (dial error, or its connection pool was full),
 	// and always go to a replica not tried yet. Default DefaultMaxAttempts.
 	MaxAttempts int
+	// MaxInFlightPerReplica, when positive, caps the requests this proxy has in flight on each
+	// replica: beyond it requests wait in the proxy and go to the first replica that frees a
+	// slot (late binding, slots.go), within MaxQueuedRequests and MaxQueueWait. Set it to the
+	// engine's batch size (vLLM's max_num_seqs) and requests no longer queue inside one
+	// replica while another frees a slot sooner. Zero means no cap.
+	MaxInFlightPerReplica int
 
 	// Scale from zero.
 
@@ -202,6 +208,9 @@ func (c ServiceConfig) validate() error {
 	if c.MaxQueueWait < 0 {
 		errs = append(errs, fmt.Errorf("max queue wait: %v must not be negative", c.MaxQueueWait))
 	}
+	if c.MaxInFlightPerReplica < 0 {
+		errs = append(errs, fmt.Errorf("max in flight per replica: %d must not be negative", c.MaxInFlightPerReplica))
+	}
 	if c.MaxConcurrentStreams < 0 {
 		errs = append(errs, fmt.Errorf("max concurrent streams: %d must not be negative", c.MaxConcurrentStreams))
 	}
@@ -233,6 +242,8 @@ type Service struct {
 	snap atomic.Pointer[snapshot]
 	// inflight counts requests from pick to the end of their response stream.
 	inflight atomic.Int64
+	// slots holds requests beyond MaxInFlightPerReplica (slots.go); nil without the cap.
+	slots *slotQueue
 	// arrivals counts requests that reached routing (Arrivals); waiting counts those held for
 	// a replica (Waiting).
 	arrivals atomic.Uint64
@@ -329,6 +340,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 		errs:    newErrorBodies(cfg.Name, cfg.MaxRequestBodySize).withHoldBodies(cfg.Name, cfg.MaxQueuedRequests, cfg.MaxQueueWait),
 		dial:    defaultDial,
 		stopped: make(chan struct{}),
+		slots:   newSlotQueue(cfg.MaxInFlightPerReplica),
 		obs:     newObservability(cfg),
 	}
 	s.errs = s.errs.withLimitBodies(cfg.Name, cfg.RateLimit, keys != nil, cfg.MaxConcurrentStreams)
@@ -416,6 +428,9 @@ func (s *Service) SetBackends(bs []Backend) {
 	s.snap.Store(next)
 	if len(old.replicas) == 0 && len(next.replicas) > 0 {
 		close(old.ready) // after the Store: a woken request must find the replicas
+	}
+	if s.slots != nil {
+		s.slots.grant(next) // a new replica has free slots
 	}
 	if s.needs&policy.NeedsMetrics != 0 || s.cfg.ScrapeEngineMetrics {
 		if s.scraper == nil {

@@ -45,6 +45,7 @@ type proxyFlags struct {
 	// metricsTokenFile holds the bearer token /metrics requires; empty: none.
 	metricsTokenFile string
 	maxStreams       int
+	maxPerReplica    int
 	rateLimit        float64
 	rateBurst        int
 	accessLog        bool
@@ -57,7 +58,7 @@ type proxyFlags struct {
 // attachConflicts are the flags whose settings an attached proxy takes from the service's YAML
 // through the controller.
 var attachConflicts = []string{"replica", "policy", "target-qps", "api-key-env", "name",
-	"max-concurrent-requests", "max-body-mb", "idle-timeout", "max-concurrent-streams", "rate-limit", "rate-limit-burst"}
+	"max-concurrent-requests", "max-body-mb", "idle-timeout", "max-concurrent-streams", "rate-limit", "rate-limit-burst", "max-in-flight-per-replica"}
 
 // proxyOptions is what the flags mean.
 type proxyOptions struct {
@@ -164,6 +165,7 @@ flight, streams included, to finish.`,
 	fl.StringVar(&f.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
 	fl.IntVar(&f.maxConcurrent, "max-concurrent-requests", 0, "answer 429 beyond this many requests in flight (0: no cap)")
 	fl.IntVar(&f.maxStreams, "max-concurrent-streams", 0, "answer 429 to streaming requests beyond this many streams in flight (0: no cap)")
+	fl.IntVar(&f.maxPerReplica, "max-in-flight-per-replica", 0, "hold requests in the proxy beyond this many in flight on every replica, and send each to the first replica that frees a slot; set to the engine's batch size (0: no cap)")
 	fl.Float64Var(&f.rateLimit, "rate-limit", 0, "requests per second allowed per API key (per client address without keys); beyond it 429 (0: no limit)")
 	fl.IntVar(&f.rateBurst, "rate-limit-burst", 0, "requests a key may send at once under --rate-limit (default: one second's worth)")
 	fl.IntVar(&f.maxBodyMB, "max-body-mb", proxy.DefaultMaxRequestBodySize>>20, "largest request body accepted, in MiB")
@@ -278,6 +280,10 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		errs = append(errs, fmt.Errorf("--max-concurrent-streams %d: must not be negative", f.maxStreams))
 	}
 	opts.service.MaxConcurrentStreams = f.maxStreams
+	if f.maxPerReplica < 0 {
+		errs = append(errs, fmt.Errorf("--max-in-flight-per-replica %d: must not be negative", f.maxPerReplica))
+	}
+	opts.service.MaxInFlightPerReplica = f.maxPerReplica
 	switch {
 	case f.rateLimit < 0 || f.rateLimit > configs.MaxRateLimit || f.rateLimit > 0 && f.rateLimit < configs.MinRateLimitRPS:
 		errs = append(errs, fmt.Errorf("--rate-limit %g: want 0 (off) or %g to %d requests per second", f.rateLimit, configs.MinRateLimitRPS, configs.MaxRateLimit))

@@ -73,6 +73,7 @@ type ProxyConfig struct {
 	MaxQueuedRequests     int `json:"max_queued_requests,omitempty"`
 	MaxQueueWaitSeconds   int `json:"max_queue_wait_seconds,omitempty"`
 	MaxConcurrentStreams  int `json:"max_concurrent_streams,omitempty"`
+	MaxInFlightPerReplica int `json:"max_in_flight_per_replica,omitempty"`
 	// RateLimitPerKey is service.limits.rate_limit_per_key with its default burst filled in;
 	// nil means none.
 	RateLimitPerKey *configs.RateLimit `json:"rate_limit_per_key,omitempty"`
@@ -101,6 +102,7 @@ func ProxyConfigFor(svc *configs.Service) ProxyConfig {
 		pc.MaxQueuedRequests = l.MaxQueuedRequests
 		pc.MaxQueueWaitSeconds = l.MaxQueueWaitSeconds
 		pc.MaxConcurrentStreams = l.MaxConcurrentStreams
+		pc.MaxInFlightPerReplica = l.MaxInFlightPerReplica
 		if r := l.RateLimitPerKey; r != nil {
 			rate := *r
 			pc.RateLimitPerKey = &rate
@@ -290,6 +292,7 @@ func (pc ProxyConfig) Apply(base proxy.ServiceConfig) proxy.ServiceConfig {
 	cfg.MaxQueuedRequests = pc.MaxQueuedRequests
 	cfg.MaxQueueWait = time.Duration(pc.MaxQueueWaitSeconds) * time.Second
 	cfg.MaxConcurrentStreams = pc.MaxConcurrentStreams
+	cfg.MaxInFlightPerReplica = pc.MaxInFlightPerReplica
 	cfg.RateLimit = proxy.RateLimit{}
 	if r := pc.RateLimitPerKey; r != nil {
 		cfg.RateLimit = proxy.RateLimit{RequestsPerSecond: r.RequestsPerSecond, Burst: r.Burst}

@@ -1,0 +1,359 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/valyala/fasthttp/fasthttputil"
+	"go.uber.org/zap"
+)
+
+// concurrency tracks how many requests a test upstream serves at once, and the most it ever did.
+type concurrency struct {
+	now, max atomic.Int64
+}
+
+func (c *concurrency) enter() {
+	n := c.now.Add(1)
+	for {
+		m := c.max.Load()
+		if n <= m || c.max.CompareAndSwap(m, n) {
+			return
+		}
+	}
+}
+
+func (c *concurrency) exit() { c.now.Add(-1) }
+
+// heldUpstream answers each request only when the test releases it through the channel the
+// request's "id" names, so a test decides which replica frees a slot first.
+type heldUpstream struct {
+	*upstream
+	conc concurrency
+	mu   sync.Mutex
+	got  []string // ids, in arrival order
+}
+
+func startHeldUpstream(t *testing.T, name string, release func(id string) <-chan struct{}) *heldUpstream {
+	h := &heldUpstream{}
+	h.upstream = startUpstream(t, name, func(w http.ResponseWriter, r *http.Request) {
+		h.conc.enter()
+		defer h.conc.exit()
+		raw, _ := io.ReadAll(r.Body)
+		id := strings.TrimSuffix(strings.TrimPrefix(string(raw), `{"id":"`), `"}`)
+		h.mu.Lock()
+		h.got = append(h.got, id)
+		h.mu.Unlock()
+		select {
+		case <-release(id):
+		case <-r.Context().Done():
+		}
+		okHandler(w, r)
+	})
+	return h
+}
+
+func (h *heldUpstream) ids() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.got...)
+}
+
+// releases hands out one channel per request id.
+type releases struct {
+	mu sync.Mutex
+	ch map[string]chan struct{}
+}
+
+func (r *releases) of(id string) chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ch == nil {
+		r.ch = make(map[string]chan struct{})
+	}
+	c, ok := r.ch[id]
+	if !ok {
+		c = make(chan struct{})
+		r.ch[id] = c
+	}
+	return c
+}
+
+func (r *releases) release(id string) { close(r.of(id)) }
+
+// TestSlotsLateBinding: with one slot per replica, a third request waits in the proxy rather
+// than at a busy replica, and goes to whichever replica finishes first; the next waiters follow
+// in arrival order; no replica ever has more than one request.
+func TestSlotsLateBinding(t *testing.T) {
+	var rel releases
+	a := startHeldUpstream(t, "a", func(id string) <-chan struct{} { return rel.of(id) })
+	b := startHeldUpstream(t, "b", func(id string) <-chan struct{} { return rel.of(id) })
+	svc, base := startProxy(t, ServiceConfig{MaxInFlightPerReplica: 1}, backendsOf(a.upstream, b.upstream)...)
+	c := newClient(t)
+	url := base + "/v1/completions"
+
+	r1 := doAsync(c, url, `{"id":"1"}`)
+	r2 := doAsync(c, url, `{"id":"2"}`)
+	waitFor(t, "one request on each replica", func() bool { return a.hits.Load() == 1 && b.hits.Load() == 1 })
+	r3 := doAsync(c, url, `{"id":"3"}`)
+	waitFor(t, "request 3 to wait", func() bool { return svc.Waiting() == 1 })
+	r4 := doAsync(c, url, `{"id":"4"}`)
+	waitFor(t, "request 4 to wait", func() bool { return svc.Waiting() == 2 })
+
+	// Whichever replica got request 2 frees its slot first: request 3 must go there.
+	second := a
+	if b.ids()[0] == "2" {
+		second = b
+	}
+	rel.release("2")
+	if res := receive(t, r2); res.status != http.StatusOK {
+		t.Fatalf("request 2: %d %s", res.status, res.body)
+	}
+	waitFor(t, "request 3 on the replica that finished", func() bool { return len(second.ids()) == 2 })
+	if got := second.ids()[1]; got != "3" {
+		t.Errorf("the freed slot went to request %s, want 3 (the oldest waiter)", got)
+	}
+	if got := svc.Waiting(); got != 1 {
+		t.Errorf("Waiting = %d, want 1 (request 4)", got)
+	}
+	for _, id := range []string{"1", "3", "4"} {
+		rel.release(id)
+	}
+	for i, r := range []<-chan asyncResult{r1, r3, r4} {
+		if res := receive(t, r); res.status != http.StatusOK {
+			t.Errorf("request %d: %d %s", []int{1, 3, 4}[i], res.status, res.body)
+		}
+	}
+	if a.conc.max.Load() > 1 || b.conc.max.Load() > 1 {
+		t.Errorf("most requests at once: a %d, b %d; want 1", a.conc.max.Load(), b.conc.max.Load())
+	}
+	if got := svc.Waiting(); got != 0 {
+		t.Errorf("Waiting at the end = %d, want 0", got)
+	}
+	waitFor(t, "InFlight to drop to 0", func() bool { return svc.InFlight() == 0 })
+}
+
+// TestSlotsNewReplicaTakesWaiters: requests waiting for a slot go to a replica that joins.
+func TestSlotsNewReplicaTakesWaiters(t *testing.T) {
+	var rel releases
+	a := startHeldUpstream(t, "a", func(id string) <-chan struct{} { return rel.of(id) })
+	b := startHeldUpstream(t, "b", func(id string) <-chan struct{} { return rel.of(id) })
+	svc, base := startProxy(t, ServiceConfig{MaxInFlightPerReplica: 2}, backendsOf(a.upstream)...)
+	c := newClient(t)
+	url := base + "/v1/completions"
+	var pending []<-chan asyncResult
+	for i := range 4 {
+		pending = append(pending, doAsync(c, url, fmt.Sprintf(`{"id":"%d"}`, i)))
+	}
+	waitFor(t, "two requests on a and two waiting", func() bool { return a.hits.Load() == 2 && svc.Waiting() == 2 })
+
+	svc.SetBackends(backendsOf(a.upstream, b.upstream))
+	waitFor(t, "the waiters on b", func() bool { return b.hits.Load() == 2 })
+	if got := svc.Waiting(); got != 0 {
+		t.Errorf("Waiting = %d, want 0", got)
+	}
+	for i := range 4 {
+		rel.release(fmt.Sprint(i))
+	}
+	for _, p := range pending {
+		if res := receive(t, p); res.status != http.StatusOK {
+			t.Errorf("got %d %s", res.status, res.body)
+		}
+	}
+}
+
+// TestSlotsRefusals: a request that finds every replica at the cap gets a 503 in the OpenAI
+// shape with Retry-After when the queue is full, when its wait expires, or at once when holding
+// is off; a waiter whose client hangs up leaves the queue and never reaches a replica.
+func TestSlotsRefusals(t *testing.T) {
+	tests := map[string]struct {
+		cfg         ServiceConfig
+		held        int // requests waiting before the one refused
+		wantCode    string
+		wantMessage string
+	}{
+		"queue full": {
+			cfg: ServiceConfig{MaxQueuedRequests: 1}, held: 1, wantCode: "queue_full",
+			wantMessage: `every replica of service "llama" is at its limit of requests in flight and 1 requests are already waiting; retry shortly`,
+		},
+		"wait expired": {
+			cfg: ServiceConfig{MaxQueueWait: 100 * time.Millisecond}, wantCode: "queue_timeout",
+			wantMessage: `no replica of service "llama" had a free slot within 100ms`,
+		},
+		"holding off": {
+			cfg: ServiceConfig{MaxQueuedRequests: -1}, wantCode: "replicas_busy",
+			wantMessage: `every replica of service "llama" is at its limit of requests in flight; retry shortly`,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			g := newGate()
+			defer g.open()
+			u := startUpstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
+				g.wait(r.Context())
+				okHandler(w, r)
+			})
+			tc.cfg.MaxInFlightPerReplica = 1
+			svc, base := startProxy(t, tc.cfg, backendsOf(u)...)
+			c := newClient(t)
+			busy := doAsync(c, base+"/v1/completions", `{}`)
+			waitFor(t, "the slot taken", func() bool { return g.arrivals.Load() == 1 })
+			var held []<-chan asyncResult
+			for range tc.held {
+				held = append(held, doAsync(c, base+"/v1/completions", `{}`))
+			}
+			waitFor(t, "the waiters", func() bool { return svc.Waiting() == int64(tc.held) })
+
+			res := do(t, c, http.MethodPost, base+"/v1/completions", strings.NewReader(`{}`))
+			if res.status != http.StatusServiceUnavailable || res.header.Get("Retry-After") != "1" {
+				t.Errorf("got %d Retry-After %q, want 503 with Retry-After 1", res.status, res.header.Get("Retry-After"))
+			}
+			e := decodeError(t, res.body)
+			if e.Error.Code != tc.wantCode || e.Error.Type != "service_unavailable" || e.Error.Message != tc.wantMessage {
+				t.Errorf("error = %+v, want code %q message %q", e.Error, tc.wantCode, tc.wantMessage)
+			}
+			g.open()
+			for _, r := range append(held, busy) {
+				if res := receive(t, r); res.status != http.StatusOK {
+					t.Errorf("a request admitted before the refusal got %d %s", res.status, res.body)
+				}
+			}
+			if got := u.hits.Load(); got != int64(1+tc.held) {
+				t.Errorf("replica hits = %d, want %d (the refused request must not reach it)", got, 1+tc.held)
+			}
+		})
+	}
+
+	t.Run("client gone", func(t *testing.T) {
+		g := newGate()
+		defer g.open()
+		u := startUpstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
+			g.wait(r.Context())
+			okHandler(w, r)
+		})
+		svc, base := startProxy(t, ServiceConfig{MaxInFlightPerReplica: 1}, backendsOf(u)...)
+		c := newClient(t)
+		busy := doAsync(c, base+"/v1/completions", `{}`)
+		waitFor(t, "the slot taken", func() bool { return g.arrivals.Load() == 1 })
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", strings.NewReader(`{}`))
+		gone := make(chan error, 1)
+		go func() {
+			resp, err := c.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			gone <- err
+		}()
+		waitFor(t, "the waiter", func() bool { return svc.Waiting() == 1 })
+		cancel()
+		<-gone
+		waitFor(t, "the departed waiter to leave the queue", func() bool { return svc.Waiting() == 0 })
+		g.open()
+		if res := receive(t, busy); res.status != http.StatusOK {
+			t.Errorf("busy request: %d", res.status)
+		}
+		// The next request takes the freed slot at once: the departed waiter kept no grant.
+		if res := do(t, c, http.MethodPost, base+"/v1/completions", strings.NewReader(`{}`)); res.status != http.StatusOK {
+			t.Errorf("next request: %d %s", res.status, res.body)
+		}
+		if got := u.hits.Load(); got != 2 {
+			t.Errorf("replica hits = %d, want 2 (the departed waiter must not reach it)", got)
+		}
+	})
+}
+
+// TestSlotsUnderLoad: many concurrent requests of random lengths through three replicas with two
+// slots each all succeed, nothing stays queued or in flight, and the replicas stay near the cap
+// (concurrent arrivals may overshoot it by a request or two for an instant: the check and the
+// count are not one atomic step).
+func TestSlotsUnderLoad(t *testing.T) {
+	const limit, requests, clients = 2, 300, 24
+	var ups []*upstream
+	var concs [3]concurrency
+	for i := range 3 {
+		conc := &concs[i]
+		ups = append(ups, startUpstream(t, fmt.Sprint(i), func(w http.ResponseWriter, r *http.Request) {
+			conc.enter()
+			defer conc.exit()
+			time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+			okHandler(w, r)
+		}))
+	}
+	svc, base := startProxy(t, ServiceConfig{MaxInFlightPerReplica: limit}, backendsOf(ups...)...)
+	c := newClient(t)
+	var next, failed atomic.Int64
+	var wg sync.WaitGroup
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for next.Add(1) <= requests {
+				resp, err := c.Post(base+"/v1/completions", "application/json", strings.NewReader(`{}`))
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				if resp.StatusCode != http.StatusOK {
+					failed.Add(1)
+				}
+				resp.Body.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	if got := failed.Load(); got != 0 {
+		t.Errorf("%d of %d requests failed", got, requests)
+	}
+	var hits int64
+	for i, u := range ups {
+		hits += u.hits.Load()
+		if m := concs[i].max.Load(); m > limit+2 {
+			t.Errorf("replica %d had %d requests at once, cap %d", i, m, limit)
+		}
+	}
+	if hits != requests {
+		t.Errorf("replicas served %d requests, want %d", hits, requests)
+	}
+	waitFor(t, "the queue and in-flight counts to drain", func() bool { return svc.Waiting() == 0 && svc.InFlight() == 0 })
+}
+
+// BenchmarkProxyNonStreamSlots is BenchmarkProxyNonStream's replicas=4 with a per-replica cap:
+// "free" leaves room (the common path: one load per replica, no lock), "saturated" has one slot
+// per replica for 8 concurrent clients per core, so most requests wait in the queue and are
+// handed a slot by the request before them.
+func BenchmarkProxyNonStreamSlots(b *testing.B) {
+	for _, tc := range []struct {
+		name       string
+		limit, par int
+	}{{"none", 0, 1}, {"free", 1 << 20, 1}, {"saturated", 1, 8}} {
+		b.Run(tc.name, func(b *testing.B) {
+			svc, err := NewService(ServiceConfig{Name: "bench", Logger: zap.NewNop(), MaxInFlightPerReplica: tc.limit})
+			if err != nil {
+				b.Fatal(err)
+			}
+			up := startMemUpstream(b)
+			svc.dial = func(string) (net.Conn, error) { return up.Dial() }
+			backends := make([]Backend, 4)
+			for i := range backends {
+				backends[i] = Backend{ID: i + 1, Addr: net.JoinHostPort("10.0.0.1", strconv.Itoa(8000+i)), Version: 1}
+			}
+			svc.SetBackends(backends)
+			ln := fasthttputil.NewInmemoryListener()
+			go func() { _ = svc.Serve(ln) }()
+			b.Cleanup(func() { _ = svc.Shutdown(context.Background()) })
+			b.SetParallelism(tc.par)
+			benchRequests(b, memClient(ln))
+		})
+	}
+}
