@@ -8,7 +8,9 @@ import (
 	"math"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -87,8 +89,15 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 		return nil, err
 	}
 	argv := []string{opts.ferryBin, "proxy", "--listen", proxyAddr}
-	if policy != defaultPolicy {
-		argv = append(argv, "--policy", policy)
+	name, limit := splitPolicy(policy)
+	if limit == batchLimit {
+		limit = strconv.Itoa(opts.sim.maxNumSeqs)
+	}
+	if name != defaultPolicy {
+		argv = append(argv, "--policy", name)
+	}
+	if limit != "" {
+		argv = append(argv, "--max-in-flight-per-replica", limit)
 	}
 	for _, r := range replicas {
 		argv = append(argv, "--replica", r.addr)
@@ -105,7 +114,7 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 		}
 		return nil, err
 	}
-	if policy == defaultPolicy {
+	if name == defaultPolicy {
 		res.Resolved = policyFromLog(proxy.LogTail(4000))
 	}
 
@@ -135,7 +144,49 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 	default:
 	}
 	summarize(res, wl.Requests, outcomes, makespan, before, after, busy)
+	if err := writeOutcomes(filepath.Join(opts.out, "requests-"+fileSafe(policy)+".csv"), wl.Requests, outcomes); err != nil {
+		return nil, err
+	}
 	return res, nil
+}
+
+// batchLimit in a --policies entry NAME@batch caps in-flight requests per replica at the
+// replicas' batch size, --sim-max-num-seqs.
+const batchLimit = "batch"
+
+// splitPolicy splits a --policies entry NAME@N into the policy and the proxy's
+// --max-in-flight-per-replica (late binding); limit is empty without "@".
+func splitPolicy(entry string) (name, limit string) {
+	name, limit, _ = strings.Cut(entry, "@")
+	return name, limit
+}
+
+// fileSafe keeps a policy name usable as part of a file name.
+func fileSafe(name string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '-' || r == '_' || r == '.' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9') {
+			return r
+		}
+		return '_'
+	}, name)
+}
+
+// writeOutcomes saves one line per request, so a tail can be taken apart: TTFT minus the
+// replica's prefill of the uncached tokens is time spent waiting for a batch slot.
+func writeOutcomes(path string, reqs []request, outcomes []outcome) error {
+	var b strings.Builder
+	b.WriteString("at_ms,conversation,turn,system,prompt_tokens,reusable_tokens,cached_tokens,out_tokens,ttft_ms,e2e_ms,lag_ms,error\n")
+	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) }
+	for i, o := range outcomes {
+		r := &reqs[i]
+		errText := ""
+		if o.Err != nil {
+			errText = strconv.Quote(o.Err.Error())
+		}
+		fmt.Fprintf(&b, "%s,%d,%d,%d,%d,%d,%d,%d,%s,%s,%s,%s\n", ms(r.At), r.Conversation, r.Turn, r.System,
+			r.PromptTokens, r.ReusableTokens, o.CachedTokens, r.OutTokens, ms(o.TTFT), ms(o.E2E), ms(o.Lag), errText)
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 // ratio is a float that may be NaN (not measurable), which JSON writes as null.
