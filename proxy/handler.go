@@ -53,15 +53,7 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 	if len(snap.replicas) == 0 {
 		var refusal []byte
 		if snap, refusal = s.awaitReplicas(ctx, snap); snap == nil {
-			s.releaseExchange(ex)
-			if refusal == nil { // the client left while held
-				ctx.SetStatusCode(statusClientClosedRequest)
-				ctx.SetConnectionClose()
-				s.answeredSelf(ctx, nil)
-				return
-			}
-			writeError(ctx, fasthttp.StatusServiceUnavailable, refusal)
-			s.answeredSelf(ctx, nil)
+			s.endHold(ctx, ex, refusal)
 			return
 		}
 	}
@@ -76,15 +68,7 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 	if s.slots != nil {
 		var refusal []byte
 		if snap, refusal = s.awaitSlot(ctx, snap); snap == nil {
-			s.releaseExchange(ex)
-			if refusal == nil { // the client left while waiting
-				ctx.SetStatusCode(statusClientClosedRequest)
-				ctx.SetConnectionClose()
-				s.answeredSelf(ctx, nil)
-				return
-			}
-			writeError(ctx, fasthttp.StatusServiceUnavailable, refusal)
-			s.answeredSelf(ctx, nil)
+			s.endHold(ctx, ex, refusal)
 			return
 		}
 	}
@@ -171,6 +155,19 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 	ctx.Response.Header.SetBytesKV(headerXRequestID, ex.requestID)
 	s.answeredSelf(ctx, ex)
 	s.releaseExchange(ex)
+}
+
+// endHold answers a request that waited for a replica or a slot in vain: 503 with refusal, or
+// 499 and a closed connection when refusal is nil (the client left while held).
+func (s *Service) endHold(ctx *fasthttp.RequestCtx, ex *exchange, refusal []byte) {
+	s.releaseExchange(ex)
+	if refusal == nil {
+		ctx.SetStatusCode(statusClientClosedRequest)
+		ctx.SetConnectionClose()
+	} else {
+		writeError(ctx, fasthttp.StatusServiceUnavailable, refusal)
+	}
+	s.answeredSelf(ctx, nil)
 }
 
 // pick asks the picker for a replica, leaving out those already tried for this request, so a
