@@ -405,8 +405,15 @@ func TestModelledLimits(t *testing.T) {
 
 func TestPreemption(t *testing.T) {
 	e := newEnv(t, fakecompute.Options{}, Options{})
-	ctx := testCtx(t)
+	ctx, cancel := context.WithCancel(testCtx(t))
 	notices := e.prov.Notices(ctx)
+	// The watcher polls the fake until its context ends: stop it and wait for it before the
+	// environment's cleanup (registered earlier, so run later) tears the fake down under it.
+	t.Cleanup(func() {
+		cancel()
+		for range notices {
+		}
+	})
 	spot, err := e.prov.Launch(ctx, spec("spot-1", launcher.Placement{InstanceType: "g2-standard-4", Accelerator: "L4", AcceleratorCount: 1, Spot: true}))
 	if err != nil {
 		t.Fatal(err)
