@@ -90,7 +90,7 @@ func (ex *exchange) end() {
 	ex.client.release()
 	ex.svc.inflight.Add(-1)
 	if q := ex.svc.slots; q != nil {
-		q.grant(ex.svc.snap.Load())
+		q.grant(ex.svc)
 	}
 	ex.observeEnd()
 	ex.replica, ex.client = nil, nil

@@ -180,16 +180,16 @@ func (ex *exchange) pick(p policy.Picker, all []*policy.Replica, slots *slotQueu
 	}
 	ex.candidates = ex.candidates[:0]
 	for _, r := range all {
-		if !slices.Contains(ex.tried, r) {
+		if (slots == nil || r.InFlight.Load() < slots.limit) && !slices.Contains(ex.tried, r) {
 			ex.candidates = append(ex.candidates, r)
 		}
 	}
-	if slots != nil {
-		n := len(ex.candidates)
-		if ex.candidates = slots.belowCap(ex.candidates, ex.candidates[:n]); len(ex.candidates) > n {
-			return p.Pick(&ex.info, ex.candidates[n:])
+	if len(ex.candidates) == 0 && slots != nil {
+		for _, r := range all {
+			if !slices.Contains(ex.tried, r) {
+				ex.candidates = append(ex.candidates, r)
+			}
 		}
-		ex.candidates = ex.candidates[:n]
 	}
 	return p.Pick(&ex.info, ex.candidates)
 }

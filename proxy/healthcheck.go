@@ -418,7 +418,7 @@ func (s *Service) publishPickLocked(cur *snapshot) {
 	next.pick = pickSet(cur)
 	s.snap.Store(&next)
 	if s.slots != nil {
-		s.slots.grant(&next) // a replica back from ejection has free slots
+		s.slots.grant(s) // a replica back from ejection has free slots
 	}
 }
 

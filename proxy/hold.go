@@ -38,21 +38,16 @@ func readySignal(old, next *snapshot) chan struct{} {
 // replicas is published, and returns it. When it gives up instead it returns nil and the body
 // of the 503 to answer: holding is disabled, too many requests already wait, the wait expired,
 // or the service or the server it runs in is shutting down. It returns nil, nil when the client
-// hung up meanwhile (see hold in slots.go).
+// hung up meanwhile (see hold below).
 func (s *Service) awaitReplicas(ctx *fasthttp.RequestCtx, snap *snapshot) (*snapshot, []byte) {
 	s.coldRequest()
 	if s.cfg.MaxQueuedRequests < 0 {
 		return nil, s.errs.noReplicas
 	}
-	if s.waiting.Add(1) > int64(s.cfg.MaxQueuedRequests) {
-		s.waiting.Add(-1)
+	if !s.enterWaiting() {
 		return nil, s.errs.queueFull
 	}
-	s.obs.waitBegin()
-	defer func() {
-		s.waiting.Add(-1)
-		s.obs.waitEnd()
-	}()
+	defer s.leaveWaiting()
 
 	h := s.newHold(ctx)
 	defer h.stop()
@@ -71,6 +66,22 @@ func (s *Service) awaitReplicas(ctx *fasthttp.RequestCtx, snap *snapshot) (*snap
 			return snap, nil
 		}
 	}
+}
+
+// enterWaiting counts a request as held (Waiting, the waiting gauge) unless MaxQueuedRequests
+// are held already, whatever they wait for; leaveWaiting undoes it.
+func (s *Service) enterWaiting() bool {
+	if s.waiting.Add(1) > int64(s.cfg.MaxQueuedRequests) {
+		s.waiting.Add(-1)
+		return false
+	}
+	s.obs.waitBegin()
+	return true
+}
+
+func (s *Service) leaveWaiting() {
+	s.waiting.Add(-1)
+	s.obs.waitEnd()
 }
 
 // coldRequest calls OnColdRequest, at most once per coldRequestEvery.
@@ -107,3 +118,66 @@ func (s *Service) Waiting() int64 { return s.waiting.Load() }
 // then held, refused for want of a replica, or shed by MaxConcurrentRequests. It is a counter,
 // so an autoscaler takes the rate between two reads; it costs the request path one atomic add.
 func (s *Service) Arrivals() uint64 { return s.arrivals.Load() }
+
+// holdOutcome is how one wait of a held request ended.
+type holdOutcome int
+
+const (
+	holdWoken holdOutcome = iota
+	holdClientGone
+	holdExpired
+	holdShutdown
+)
+
+// hold is the waiting a held request does, whatever it waits for (a first replica, a free
+// slot): bounded by MaxQueueWait, ended by the service or server shutting down, and by the
+// client hanging up, which the socket is peeked for every clientWatchInterval so that a
+// departed client stops counting as demand and holding a place in the queue.
+type hold struct {
+	s          *Service
+	ctx        *fasthttp.RequestCtx
+	timer      *time.Timer
+	tick       *time.Ticker
+	peek       <-chan time.Time
+	serverDone <-chan struct{}
+}
+
+func (s *Service) newHold(ctx *fasthttp.RequestCtx) *hold {
+	h := &hold{s: s, ctx: ctx, timer: time.NewTimer(s.cfg.MaxQueueWait)}
+	// The server's Done closes when it shuts down: a Gateway in front of this service is
+	// drained before the service is, and its held requests must not make it wait. A RequestCtx
+	// built by hand (a zero value) has no server and no connection: Done would dereference nil.
+	if ctx.Conn() != nil {
+		h.serverDone = ctx.Done()
+		h.tick = time.NewTicker(clientWatchInterval)
+		h.peek = h.tick.C
+	}
+	return h
+}
+
+func (h *hold) stop() {
+	h.timer.Stop()
+	if h.tick != nil {
+		h.tick.Stop()
+	}
+}
+
+// wait returns when ready fires or the hold ends.
+func (h *hold) wait(ready <-chan struct{}) holdOutcome {
+	for {
+		select {
+		case <-h.peek:
+			if clientGone(h.ctx.Conn()) {
+				return holdClientGone
+			}
+		case <-ready:
+			return holdWoken
+		case <-h.timer.C:
+			return holdExpired
+		case <-h.s.stopped:
+			return holdShutdown
+		case <-h.serverDone:
+			return holdShutdown
+		}
+	}
+}

@@ -430,7 +430,7 @@ func (s *Service) SetBackends(bs []Backend) {
 		close(old.ready) // after the Store: a woken request must find the replicas
 	}
 	if s.slots != nil {
-		s.slots.grant(next) // a new replica has free slots
+		s.slots.grant(s) // a new replica has free slots
 	}
 	if s.needs&policy.NeedsMetrics != 0 || s.cfg.ScrapeEngineMetrics {
 		if s.scraper == nil {

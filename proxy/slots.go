@@ -3,7 +3,6 @@ package proxy
 import (
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -57,16 +56,16 @@ func (q *slotQueue) freeSlots(pick []*policy.Replica, max int) int {
 	return n
 }
 
-// grant hands free slots of snap to the oldest waiters, as many as there are free slots. A
+// grant hands free slots of s's current snapshot to the oldest waiters, as many as there are free slots. A
 // request ending calls it, and so does every new snapshot (a replica joined or came back from
 // ejection). A granted waiter is out of the list; if a newcomer took the slot before it
 // looked, it queues again at the head.
-func (q *slotQueue) grant(snap *snapshot) {
+func (q *slotQueue) grant(s *Service) {
 	if q.queued.Load() == 0 {
 		return
 	}
 	q.mu.Lock()
-	n := q.freeSlots(snap.pick, len(q.list))
+	n := q.freeSlots(s.snap.Load().pick, len(q.list))
 	for i := range n {
 		q.list[i] <- struct{}{}
 	}
@@ -113,7 +112,7 @@ func (q *slotQueue) leave(w chan struct{}, s *Service) {
 	q.mu.Unlock()
 	select {
 	case <-w:
-		q.grant(s.snap.Load())
+		q.grant(s)
 	default:
 	}
 }
@@ -131,15 +130,10 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (*snapshot
 	if s.cfg.MaxQueuedRequests < 0 {
 		return nil, s.errs.slotsBusy
 	}
-	if s.waiting.Add(1) > int64(s.cfg.MaxQueuedRequests) {
-		s.waiting.Add(-1)
+	if !s.enterWaiting() {
 		return nil, s.errs.slotsQueueFull
 	}
-	s.obs.waitBegin()
-	defer func() {
-		s.waiting.Add(-1)
-		s.obs.waitEnd()
-	}()
+	defer s.leaveWaiting()
 
 	w := make(chan struct{}, 1)
 	if !q.enqueue(w, s, false) {
@@ -160,82 +154,9 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (*snapshot
 		case holdExpired:
 			q.leave(w, s)
 			return nil, s.errs.slotsTimeout
-		default:
+		case holdShutdown:
 			q.leave(w, s)
 			return nil, s.errs.shuttingDown
-		}
-	}
-}
-
-// belowCap appends to dst the replicas of all with room under the cap.
-func (q *slotQueue) belowCap(dst, all []*policy.Replica) []*policy.Replica {
-	for _, r := range all {
-		if r.InFlight.Load() < q.limit {
-			dst = append(dst, r)
-		}
-	}
-	return dst
-}
-
-// holdOutcome is how one wait of a held request ended.
-type holdOutcome int
-
-const (
-	holdWoken holdOutcome = iota
-	holdClientGone
-	holdExpired
-	holdShutdown
-)
-
-// hold is the waiting a held request does, whatever it waits for (a first replica, a free
-// slot): bounded by MaxQueueWait, ended by the service or server shutting down, and by the
-// client hanging up, which the socket is peeked for every clientWatchInterval so that a
-// departed client stops counting as demand and holding a place in the queue.
-type hold struct {
-	s          *Service
-	ctx        *fasthttp.RequestCtx
-	timer      *time.Timer
-	tick       *time.Ticker
-	peek       <-chan time.Time
-	serverDone <-chan struct{}
-}
-
-func (s *Service) newHold(ctx *fasthttp.RequestCtx) *hold {
-	h := &hold{s: s, ctx: ctx, timer: time.NewTimer(s.cfg.MaxQueueWait)}
-	// The server's Done closes when it shuts down: a Gateway in front of this service is
-	// drained before the service is, and its held requests must not make it wait. A RequestCtx
-	// built by hand (a zero value) has no server and no connection: Done would dereference nil.
-	if ctx.Conn() != nil {
-		h.serverDone = ctx.Done()
-		h.tick = time.NewTicker(clientWatchInterval)
-		h.peek = h.tick.C
-	}
-	return h
-}
-
-func (h *hold) stop() {
-	h.timer.Stop()
-	if h.tick != nil {
-		h.tick.Stop()
-	}
-}
-
-// wait returns when ready fires or the hold ends.
-func (h *hold) wait(ready <-chan struct{}) holdOutcome {
-	for {
-		select {
-		case <-h.peek:
-			if clientGone(h.ctx.Conn()) {
-				return holdClientGone
-			}
-		case <-ready:
-			return holdWoken
-		case <-h.timer.C:
-			return holdExpired
-		case <-h.s.stopped:
-			return holdShutdown
-		case <-h.serverDone:
-			return holdShutdown
 		}
 	}
 }
