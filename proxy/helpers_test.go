@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 )
 
@@ -88,6 +90,52 @@ func deadAddr(t *testing.T) string {
 
 var deadAddrs atomic.Int32
 
+// testLogger logs to t until the end of the test, then drops what comes: fasthttp's workers may
+// still log a closed connection after Shutdown returned, and writing to a finished test is a
+// data race (and a panic). Call it before registering the cleanups that stop the logging
+// goroutines, so that it closes after them.
+func testLogger(t *testing.T) *zap.Logger {
+	c := &closableCore{Core: zaptest.NewLogger(t).Core(), state: &closeState{}}
+	t.Cleanup(func() {
+		c.state.mu.Lock()
+		c.state.closed = true
+		c.state.mu.Unlock()
+	})
+	return zap.New(c)
+}
+
+type closeState struct {
+	mu     sync.RWMutex
+	closed bool
+}
+
+// closableCore is a zapcore.Core that stops writing once its state is closed; the cores With
+// derives share the state.
+type closableCore struct {
+	zapcore.Core
+	state *closeState
+}
+
+func (c *closableCore) With(fields []zapcore.Field) zapcore.Core {
+	return &closableCore{Core: c.Core.With(fields), state: c.state}
+}
+
+func (c *closableCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if c.Enabled(e.Level) {
+		return ce.AddCore(e, c)
+	}
+	return ce
+}
+
+func (c *closableCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
+	c.state.mu.RLock()
+	defer c.state.mu.RUnlock()
+	if c.state.closed {
+		return nil
+	}
+	return c.Core.Write(e, fields)
+}
+
 // startProxy serves a new Service on loopback and shuts it down at the end of the test.
 func startProxy(t *testing.T, cfg ServiceConfig, backends ...Backend) (*Service, string) {
 	t.Helper()
@@ -95,7 +143,7 @@ func startProxy(t *testing.T, cfg ServiceConfig, backends ...Backend) (*Service,
 		cfg.Name = "llama"
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = zaptest.NewLogger(t)
+		cfg.Logger = testLogger(t)
 	}
 	if cfg.HealthCheck == (HealthCheck{}) {
 		// Off unless a test asks: health checks would count as requests on the test's
@@ -241,6 +289,20 @@ func (g *gate) block(ctx context.Context) {
 }
 
 func (g *gate) open() { g.once.Do(func() { close(g.release) }) }
+
+// startGatedUpstream starts an upstream whose requests all wait for the gate. The gate opens at
+// the end of the test at the latest; a test that ends with requests held defers g.open, so
+// that they end before the proxy's shutdown waits for them.
+func startGatedUpstream(t *testing.T, name string) (*upstream, *gate) {
+	t.Helper()
+	g := newGate()
+	t.Cleanup(g.open)
+	u := startUpstream(t, name, func(w http.ResponseWriter, r *http.Request) {
+		g.wait(r.Context())
+		okHandler(w, r)
+	})
+	return u, g
+}
 
 func sseEvent(w io.Writer, data string) {
 	_, _ = fmt.Fprintf(w, "data: %s\n\n", data)
