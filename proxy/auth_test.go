@@ -97,12 +97,8 @@ func TestBadKeyHashIsAConfigError(t *testing.T) {
 }
 
 func TestConcurrencyLimitIs429(t *testing.T) {
-	g := newGate()
-	defer g.open()
-	u := startUpstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		g.wait(r.Context())
-		okHandler(w, r)
-	})
+	u, g := startGatedUpstream(t, "a")
+	defer g.open() // before the proxy's shutdown, which waits for held requests
 	svc, base := startProxy(t, ServiceConfig{MaxConcurrentRequests: 2}, backendsOf(u)...)
 	c := newClient(t)
 	done := make(chan result, 2)

@@ -197,12 +197,8 @@ func TestSlotsRefusals(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			g := newGate()
-			defer g.open()
-			u := startUpstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
-				g.wait(r.Context())
-				okHandler(w, r)
-			})
+			u, g := startGatedUpstream(t, "a")
+			defer g.open() // before the proxy's shutdown, which waits for held requests
 			tc.cfg.MaxInFlightPerReplica = 1
 			svc, base := startProxy(t, tc.cfg, backendsOf(u)...)
 			c := newClient(t)
@@ -235,12 +231,8 @@ func TestSlotsRefusals(t *testing.T) {
 	}
 
 	t.Run("client gone", func(t *testing.T) {
-		g := newGate()
-		defer g.open()
-		u := startUpstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
-			g.wait(r.Context())
-			okHandler(w, r)
-		})
+		u, g := startGatedUpstream(t, "a")
+		defer g.open() // before the proxy's shutdown, which waits for held requests
 		svc, base := startProxy(t, ServiceConfig{MaxInFlightPerReplica: 1}, backendsOf(u)...)
 		c := newClient(t)
 		busy := doAsync(c, base+"/v1/completions", `{}`)
