@@ -209,7 +209,8 @@ func (c *checker) limits(n *yaml.Node, field string) *Limits {
 		}
 	}
 	if e, ok := f["max_in_flight_per_replica"]; ok {
-		l.MaxInFlightPerReplica, _ = c.intAtLeast(e.value, joinField(field, "max_in_flight_per_replica"), 1)
+		// 0 learns each replica's batch size from its metrics; -1 turns late binding off.
+		l.MaxInFlightPerReplica, _ = c.intAtLeast(e.value, joinField(field, "max_in_flight_per_replica"), -1)
 	}
 	if e, ok := f["rate_limit_per_key"]; ok {
 		l.RateLimitPerKey = c.rateLimit(e, joinField(field, "rate_limit_per_key"))

@@ -266,9 +266,13 @@ func TestLimitsRateAndStreams(t *testing.T) {
 			limits: "    max_in_flight_per_replica: 16\n",
 			want:   &Limits{MaxInFlightPerReplica: 16},
 		},
-		"in flight per replica zero": {
-			limits:  "    max_in_flight_per_replica: 0\n",
-			wantErr: []wantErr{{5, 32, "service.limits.max_in_flight_per_replica", "must be at least 1, got 0"}},
+		"in flight per replica off": {
+			limits: "    max_in_flight_per_replica: -1\n",
+			want:   &Limits{MaxInFlightPerReplica: -1},
+		},
+		"in flight per replica below off": {
+			limits:  "    max_in_flight_per_replica: -2\n",
+			wantErr: []wantErr{{5, 32, "service.limits.max_in_flight_per_replica", "must be at least -1, got -2"}},
 		},
 		"streams above the request cap": {
 			limits:  "    max_concurrent_requests: 4\n    max_concurrent_streams: 5\n",

@@ -158,8 +158,10 @@ type Limits struct {
 	MaxConcurrentStreams int `json:"max_concurrent_streams,omitempty" yaml:"max_concurrent_streams,omitempty"`
 	// MaxInFlightPerReplica caps the requests each proxy has in flight on one replica; beyond
 	// it requests wait in the proxy (within max_queued_requests and max_queue_wait_seconds)
-	// and go to the first replica that frees a slot. Set to the engine's batch size (vLLM's
-	// max_num_seqs). Zero means no cap.
+	// and go to the first replica that frees a slot. Zero (the default) caps each replica at
+	// its engine's batch size, learned from its vLLM or TGI metrics, and sends a request that
+	// cannot wait on to a replica anyway; a positive value is a fixed cap (503 for a request
+	// that cannot wait); -1 turns late binding off.
 	MaxInFlightPerReplica int `json:"max_in_flight_per_replica,omitempty" yaml:"max_in_flight_per_replica,omitempty"`
 }
 

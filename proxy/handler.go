@@ -180,7 +180,7 @@ func (ex *exchange) pick(p policy.Picker, all []*policy.Replica, slots *slotQueu
 	}
 	ex.candidates = ex.candidates[:0]
 	for _, r := range all {
-		if (slots == nil || r.InFlight.Load() < slots.limit) && !slices.Contains(ex.tried, r) {
+		if (slots == nil || slots.free(r) > 0) && !slices.Contains(ex.tried, r) {
 			ex.candidates = append(ex.candidates, r)
 		}
 	}

@@ -137,18 +137,28 @@ func (c *closableCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 }
 
 // startProxy serves a new Service on loopback and shuts it down at the end of the test.
+// Health checks and learned late-binding caps are off unless the test asks: their requests
+// (GET /health, GET /metrics) would count on the test's upstreams, and its held handlers would
+// look hung (healthcheck_test.go and slots_test.go test them, the latter through serveProxy).
 func startProxy(t *testing.T, cfg ServiceConfig, backends ...Backend) (*Service, string) {
+	t.Helper()
+	if cfg.HealthCheck == (HealthCheck{}) {
+		cfg.HealthCheck.Interval = -1
+	}
+	if cfg.MaxInFlightPerReplica == 0 {
+		cfg.MaxInFlightPerReplica = -1
+	}
+	return serveProxy(t, cfg, backends...)
+}
+
+// serveProxy is startProxy with cfg's own defaults.
+func serveProxy(t *testing.T, cfg ServiceConfig, backends ...Backend) (*Service, string) {
 	t.Helper()
 	if cfg.Name == "" {
 		cfg.Name = "llama"
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = testLogger(t)
-	}
-	if cfg.HealthCheck == (HealthCheck{}) {
-		// Off unless a test asks: health checks would count as requests on the test's
-		// upstreams, and its held handlers would look hung (healthcheck_test.go tests them).
-		cfg.HealthCheck.Interval = -1
 	}
 	svc, err := NewService(cfg)
 	if err != nil {

@@ -24,6 +24,22 @@ const (
 	// stay short: llm-d scrapes every 50 ms; 100 ms costs a vLLM replica ten small requests per
 	// second, and the proxy's own in-flight counts cover what happens in between.
 	defaultScrapeInterval = 100 * time.Millisecond
+	// learnScrapeInterval is the interval of a service that scrapes only for late binding's
+	// learned caps (slots.go): often enough to catch a replica full during a short burst, and
+	// to notice within a fraction of a second that a cap learned too low has room; a quarter
+	// of llm_aware's rate, to keep the default cheap for the engine.
+	learnScrapeInterval = 250 * time.Millisecond
+	// scrapeFailuresBeforeBackoff consecutive failures (an error, a non-200, or no engine series
+	// in the answer) make a replica's scrapes back off, doubling the wait up to
+	// maxScrapeBackoff: a replica that is not vLLM or TGI then costs one request per
+	// maxScrapeBackoff, and an engine whose endpoint recovers is read again within that time.
+	scrapeFailuresBeforeBackoff = 3
+	maxScrapeBackoff            = 10 * time.Second
+	// maxProbeBackoff bounds how long a replica found full at its learned batch size goes
+	// without a probe beyond it (slotQueue.free). A probe that finds the engine full costs one
+	// request that waits in the engine instead of the proxy, so while probes keep finding it
+	// full they back off, doubling from the scrape interval up to this.
+	maxProbeBackoff = 30 * time.Second
 	// scrapeTimeout bounds one scrape, connection reuse and body included. Half of
 	// policy.DefaultMetricsStaleAfter: a replica too slow to answer goes stale within about a
 	// second, and its goroutine does not fall further behind than that.
@@ -41,15 +57,18 @@ const (
 var errNoScrapeSeries = errors.New("no vLLM or TGI load series in /metrics")
 
 // scraper polls every replica's Prometheus endpoint and stores the load signals that LLM-aware
-// pickers read (policy.NeedsMetrics) into the replica's atomics. Each replica has one goroutine
-// and one connection, so a slow or dead replica delays only its own scrapes; a failed scrape
-// leaves the replica's timestamp as it was, and the picker stops trusting the old values once
-// they are stale.
+// pickers read (policy.NeedsMetrics) into the replica's atomics, and learns each replica's batch
+// size from them (see learnBatchLimit). Each replica has one goroutine and one connection, so a
+// slow or dead replica delays only its own scrapes; a failed scrape leaves the replica's
+// timestamp as it was, and the picker stops trusting the old values once they are stale.
 type scraper struct {
 	interval time.Duration
 	timeout  time.Duration
 	log      *zap.Logger
 	dial     func(addr string) (net.Conn, error)
+	// batchLimitRaised, when set, is called from a scrape goroutine after a replica's learned
+	// batch size grew from (0: unknown) to.
+	batchLimitRaised func(r *policy.Replica, from, to int64)
 
 	// active counts running scrape goroutines, so tests can see them end.
 	active atomic.Int64
@@ -78,6 +97,35 @@ func newScraper(interval time.Duration, log *zap.Logger, dial func(addr string) 
 	}
 }
 
+// newScraper returns the scraper s needs, or nil when nothing reads engine metrics: every
+// 100 ms for a picker or autoscaler that scores on them, every learnScrapeInterval when only
+// learned late-binding caps do.
+func (s *Service) newScraper() *scraper {
+	var interval time.Duration
+	switch {
+	case s.needs&policy.NeedsMetrics != 0 || s.cfg.ScrapeEngineMetrics:
+		interval = defaultScrapeInterval
+	case s.slots != nil && s.slots.learned():
+		interval = learnScrapeInterval
+	default:
+		return nil
+	}
+	sc := newScraper(interval, s.log, s.dial)
+	if s.slots != nil && s.slots.learned() {
+		sc.batchLimitRaised = func(r *policy.Replica, from, to int64) {
+			level, msg := zap.DebugLevel, "replica batch size raised"
+			if from == 0 {
+				level, msg = zap.InfoLevel, "replica batch size learned from its metrics; requests beyond it wait in the proxy for the first free slot"
+			}
+			if ce := s.log.Check(level, msg); ce != nil {
+				ce.Write(zap.Int("replica_id", r.ID), zap.String("addr", r.Addr), zap.Int64("batch_size", to))
+			}
+			s.slots.grant(s) // a raised cap frees slots for waiting requests
+		}
+	}
+	return sc
+}
+
 // scrapeTarget is one replica's polling state. Everything but stop is owned by its goroutine.
 type scrapeTarget struct {
 	replica *policy.Replica
@@ -86,8 +134,10 @@ type scrapeTarget struct {
 	req     fasthttp.Request
 	resp    fasthttp.Response
 
-	failures int       // consecutive failed scrapes
-	logged   time.Time // when a failure was last logged
+	failures     int           // consecutive failed scrapes
+	logged       time.Time     // when a failure was last logged
+	saturated    bool          // the last scrape saw requests waiting beside a running batch
+	probeBackoff time.Duration // the wait before the next probe (ProbeAfter); 0 after a raise
 }
 
 // update makes the scraped set equal to replicas: it starts a goroutine for every replica
@@ -167,18 +217,33 @@ func (s *scraper) run(t *scrapeTarget) {
 	defer s.wg.Done()
 	defer s.active.Add(-1)
 	defer t.hc.CloseIdleConnections()
-	ticker := time.NewTicker(s.interval)
-	defer ticker.Stop()
+	var timer *time.Timer
 	for {
 		// Scrape at once, so a replica that just joined is scored on fresh values.
 		s.scrape(t)
+		wait := s.next(t)
+		if timer == nil {
+			timer = time.NewTimer(wait)
+			defer timer.Stop()
+		} else {
+			timer.Reset(wait) // the timer fired and was received: Reset starts afresh
+		}
 		select {
 		case <-t.stop:
 			return
-		case <-ticker.C:
-			// A scrape slower than the interval drops ticks instead of queueing them.
+		case <-timer.C:
 		}
 	}
+}
+
+// next returns how long t waits after a scrape: the interval, counted from the end of the
+// scrape so that a slow replica is not polled back to back, or a backoff after repeated failures.
+func (s *scraper) next(t *scrapeTarget) time.Duration {
+	over := t.failures - scrapeFailuresBeforeBackoff
+	if over <= 0 {
+		return s.interval
+	}
+	return min(s.interval<<min(over, 20), max(maxScrapeBackoff, s.interval))
 }
 
 // scrape reads the replica's /metrics once and publishes what it found.
@@ -207,6 +272,7 @@ func (s *scraper) scrape(t *scrapeTarget) {
 	}
 	m.UpdatedAt = time.Now().UnixNano()
 	t.replica.SetMetrics(m)
+	s.learnBatchLimit(t, m)
 	if t.failures > 0 {
 		if ce := s.log.Check(zap.DebugLevel, "replica metrics scrape recovered"); ce != nil {
 			ce.Write(zap.Int("replica_id", t.replica.ID), zap.String("addr", t.replica.Addr), zap.Int("failed_scrapes", t.failures))
@@ -215,8 +281,36 @@ func (s *scraper) scrape(t *scrapeTarget) {
 	}
 }
 
+// learnBatchLimit learns the replica's batch size (policy.Replica.BatchLimit) from a scrape.
+// It first sets it to the running count when two scrapes in a row found requests waiting: an
+// engine admits waiting requests at its next step, within tens of milliseconds, while it has
+// room, so one scrape can catch a request that has just arrived beside a batch with room to
+// spare, but requests still waiting a scrape interval later mean the batch is full (or the KV
+// cache is). A replica that reports no running requests is starting or stalled, not full. Once
+// set, any larger running count raises it: an engine never runs more than its batch. That is
+// how a cap learned too low recovers, through the probes beyond it (slotQueue.free): a raise
+// allows the next probe at once, and a scrape that finds the engine full at a known size backs
+// them off.
+func (s *scraper) learnBatchLimit(t *scrapeTarget, m policy.Metrics) {
+	full := m.Waiting > 0 && m.Running > 0
+	limit := t.replica.BatchLimit()
+	switch {
+	case (full && t.saturated || limit > 0 && m.Running > limit) && t.replica.RaiseBatchLimit(m.Running):
+		t.probeBackoff = 0
+		t.replica.SetProbeAfter(0)
+		if s.batchLimitRaised != nil {
+			s.batchLimitRaised(t.replica, limit, m.Running)
+		}
+	case full && limit > 0:
+		t.probeBackoff = min(max(2*t.probeBackoff, s.interval), maxProbeBackoff)
+		t.replica.SetProbeAfter(time.Now().Add(t.probeBackoff).UnixNano())
+	}
+	t.saturated = full
+}
+
 func (s *scraper) failed(t *scrapeTarget, err error) {
 	t.failures++
+	t.saturated = false
 	now := time.Now()
 	if t.failures > 1 && now.Sub(t.logged) < scrapeLogEvery {
 		return

@@ -377,21 +377,35 @@ func TestScrapeReplicaSim(t *testing.T) {
 	}
 }
 
-// TestServiceScrapesOnlyForLLMAwarePickers checks the wiring: an llm_aware service polls its
-// replicas from the first SetBackends, follows the replica set, and stops at Shutdown; a
-// service whose picker reads no engine metrics never scrapes.
-func TestServiceScrapesOnlyForLLMAwarePickers(t *testing.T) {
+// TestServiceScrapeWiring checks the wiring: an llm_aware service polls its replicas every
+// 100 ms from the first SetBackends, follows the replica set, and stops at Shutdown; a service
+// whose picker reads no engine metrics polls once a second, to learn batch sizes for late
+// binding, and never when late binding is off or has a configured cap.
+func TestServiceScrapeWiring(t *testing.T) {
 	sim := httptest.NewServer(replicasim.NewServer(replicasim.DefaultConfig()).Handler())
 	t.Cleanup(sim.Close)
 	backend := Backend{ID: 1, Addr: sim.Listener.Addr().String()}
 
-	plain, err := NewService(ServiceConfig{Name: "plain", Policy: "least_load"})
+	for _, limit := range []int{-1, 8} {
+		plain, err := NewService(ServiceConfig{Name: "plain", Policy: "least_load", MaxInFlightPerReplica: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain.SetBackends([]Backend{backend})
+		if plain.scraper != nil {
+			t.Errorf("a least_load service with max in flight per replica %d started a scraper", limit)
+		}
+	}
+	learning, err := NewService(ServiceConfig{Name: "learning", Policy: "least_load"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain.SetBackends([]Backend{backend})
-	if plain.scraper != nil {
-		t.Error("a least_load service started a scraper")
+	learning.SetBackends([]Backend{backend})
+	if learning.scraper == nil || learning.scraper.interval != learnScrapeInterval {
+		t.Errorf("a least_load service with learned caps has scraper %+v, want one every %v", learning.scraper, learnScrapeInterval)
+	}
+	if err := learning.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 
 	svc, err := NewService(ServiceConfig{Name: "smart", Policy: "llm_aware"})
@@ -399,6 +413,9 @@ func TestServiceScrapesOnlyForLLMAwarePickers(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc.SetBackends([]Backend{backend})
+	if svc.scraper.interval != defaultScrapeInterval {
+		t.Errorf("llm_aware scrapes every %v, want %v", svc.scraper.interval, defaultScrapeInterval)
+	}
 	r := svc.snap.Load().replicas[0]
 	waitFor(t, "a scrape of the replica", func() bool { return r.LoadMetrics().UpdatedAt > 0 })
 
@@ -418,5 +435,103 @@ func TestServiceScrapesOnlyForLLMAwarePickers(t *testing.T) {
 	svc.SetBackends([]Backend{backend}) // after Shutdown: must not start polling again
 	if n := svc.scraper.active.Load(); n != 0 {
 		t.Errorf("SetBackends after Shutdown started %d scrape goroutines", n)
+	}
+}
+
+// TestScrapeLearnsBatchLimit: a replica's batch size is its running count once two scrapes in
+// a row saw requests waiting, and it only grows.
+func TestScrapeLearnsBatchLimit(t *testing.T) {
+	type obs struct {
+		waiting, running int64
+		failed           bool
+	}
+	tests := map[string]struct {
+		scrapes []obs
+		want    int64
+	}{
+		"never full":                   {[]obs{{0, 3, false}, {0, 16, false}, {0, 16, false}}, 0},
+		"one scrape with a waiter":     {[]obs{{0, 3, false}, {1, 3, false}, {0, 4, false}}, 0},
+		"full twice in a row":          {[]obs{{2, 16, false}, {5, 16, false}}, 16},
+		"a failure in between":         {[]obs{{2, 16, false}, {0, 0, true}, {5, 16, false}}, 0},
+		"starting engine":              {[]obs{{4, 0, false}, {4, 0, false}}, 0},
+		"grows, never shrinks":         {[]obs{{1, 8, false}, {1, 8, false}, {1, 12, false}, {3, 6, false}, {3, 6, false}}, 12},
+		"the second scrape is counted": {[]obs{{1, 4, false}, {1, 9, false}}, 9},
+		"then any larger batch":        {[]obs{{1, 4, false}, {1, 4, false}, {0, 6, false}, {0, 5, false}}, 6},
+		"not before it is known":       {[]obs{{0, 6, false}, {1, 4, false}}, 0},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			var raised []int64
+			s := newScraper(time.Second, zaptest.NewLogger(t), defaultDial)
+			s.batchLimitRaised = func(_ *policy.Replica, _, to int64) { raised = append(raised, to) }
+			target := &scrapeTarget{replica: replicaAt(1, "127.0.0.1:1")}
+			for _, o := range tc.scrapes {
+				if o.failed {
+					s.failed(target, errNoScrapeSeries)
+					continue
+				}
+				s.learnBatchLimit(target, policy.Metrics{Waiting: o.waiting, Running: o.running})
+			}
+			if got := target.replica.BatchLimit(); got != tc.want {
+				t.Errorf("BatchLimit = %d, want %d", got, tc.want)
+			}
+			if tc.want > 0 && (len(raised) == 0 || raised[len(raised)-1] != tc.want) {
+				t.Errorf("raise hook saw %v, want it to end at %d", raised, tc.want)
+			}
+		})
+	}
+}
+
+// TestScrapeBacksProbesOff: each scrape that finds the engine full at its known batch size
+// doubles the wait before the next probe beyond it, up to maxProbeBackoff; a raise of the size
+// allows the next probe at once.
+func TestScrapeBacksProbesOff(t *testing.T) {
+	s := newScraper(250*time.Millisecond, zaptest.NewLogger(t), defaultDial)
+	target := &scrapeTarget{replica: replicaAt(1, "127.0.0.1:1")}
+	full := policy.Metrics{Waiting: 1, Running: 8}
+	s.learnBatchLimit(target, full)
+	s.learnBatchLimit(target, full) // learned: 8, probe at once
+	if target.replica.BatchLimit() != 8 || target.replica.ProbeAfter() != 0 {
+		t.Fatalf("after learning: size %d, probe after %d; want 8 and 0", target.replica.BatchLimit(), target.replica.ProbeAfter())
+	}
+	var waits []time.Duration
+	for range 9 {
+		before := time.Now()
+		s.learnBatchLimit(target, full)
+		waits = append(waits, time.Duration(target.replica.ProbeAfter()-before.UnixNano()).Round(250*time.Millisecond))
+	}
+	want := []time.Duration{250, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000}
+	for i := range want {
+		want[i] *= time.Millisecond
+	}
+	if diff := cmp.Diff(want, waits); diff != "" {
+		t.Errorf("probe waits (-want +got):\n%s", diff)
+	}
+	s.learnBatchLimit(target, policy.Metrics{Running: 9}) // a probe ran: the size grows
+	if target.replica.BatchLimit() != 9 || target.replica.ProbeAfter() != 0 {
+		t.Errorf("after a raise: size %d, probe after %d; want 9 and 0", target.replica.BatchLimit(), target.replica.ProbeAfter())
+	}
+}
+
+// TestScrapeBackoff: after scrapeFailuresBeforeBackoff failures in a row the wait doubles up
+// to maxScrapeBackoff, and one success restores the interval.
+func TestScrapeBackoff(t *testing.T) {
+	s := newScraper(100*time.Millisecond, zaptest.NewLogger(t), defaultDial)
+	target := &scrapeTarget{replica: replicaAt(1, "127.0.0.1:1")}
+	var got []time.Duration
+	for range 12 {
+		s.failed(target, errNoScrapeSeries)
+		got = append(got, s.next(target))
+	}
+	want := []time.Duration{100, 100, 100, 200, 400, 800, 1600, 3200, 6400, 10000, 10000, 10000}
+	for i := range want {
+		want[i] *= time.Millisecond
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("waits after each failure (-want +got):\n%s", diff)
+	}
+	target.failures = 0 // what a successful scrape does
+	if w := s.next(target); w != s.interval {
+		t.Errorf("wait after a success = %v, want %v", w, s.interval)
 	}
 }

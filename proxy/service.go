@@ -120,11 +120,14 @@ type ServiceConfig struct {
 	// request provably never reached a replica (dial error, or its connection pool was full),
 	// and always go to a replica not tried yet. Default DefaultMaxAttempts.
 	MaxAttempts int
-	// MaxInFlightPerReplica, when positive, caps the requests this proxy has in flight on each
-	// replica: beyond it requests wait in the proxy and go to the first replica that frees a
-	// slot (late binding, slots.go), within MaxQueuedRequests and MaxQueueWait. Set it to the
-	// engine's batch size (vLLM's max_num_seqs) and requests no longer queue inside one
-	// replica while another frees a slot sooner. Zero means no cap.
+	// MaxInFlightPerReplica caps the requests this proxy has in flight on each replica:
+	// beyond it requests wait in the proxy and go to the first replica that frees a slot (late
+	// binding, slots.go), within MaxQueuedRequests and MaxQueueWait, so that they no longer
+	// queue inside one replica while another frees a slot sooner. Zero (the default) caps each
+	// replica at its batch size as learned from its engine metrics, which means scraping them
+	// (once a second unless a picker or ScrapeEngineMetrics wants them more often), and never
+	// refuses a request for it; a positive value is a fixed cap, beyond which requests that
+	// cannot wait get 503; a negative value turns late binding off.
 	MaxInFlightPerReplica int
 
 	// Scale from zero.
@@ -208,9 +211,6 @@ func (c ServiceConfig) validate() error {
 	if c.MaxQueueWait < 0 {
 		errs = append(errs, fmt.Errorf("max queue wait: %v must not be negative", c.MaxQueueWait))
 	}
-	if c.MaxInFlightPerReplica < 0 {
-		errs = append(errs, fmt.Errorf("max in flight per replica: %d must not be negative", c.MaxInFlightPerReplica))
-	}
 	if c.MaxConcurrentStreams < 0 {
 		errs = append(errs, fmt.Errorf("max concurrent streams: %d must not be negative", c.MaxConcurrentStreams))
 	}
@@ -260,8 +260,9 @@ type Service struct {
 	dial func(addr string) (net.Conn, error)
 
 	// scraper polls replicas' /metrics for pickers that score on engine load
-	// (policy.NeedsMetrics); nil otherwise. It is made on the first SetBackends, so it uses
-	// the dial function tests install.
+	// (policy.NeedsMetrics), the autoscaler, and learned late-binding caps; nil when none
+	// wants them. It is made on the first SetBackends, so it uses the dial function tests
+	// install.
 	scraper *scraper
 	// health checks the replicas and ejects hung ones (healthcheck.go); made on the first
 	// SetBackends, like the scraper.
@@ -432,10 +433,10 @@ func (s *Service) SetBackends(bs []Backend) {
 	if s.slots != nil {
 		s.slots.grant(s) // a new replica has free slots
 	}
-	if s.needs&policy.NeedsMetrics != 0 || s.cfg.ScrapeEngineMetrics {
-		if s.scraper == nil {
-			s.scraper = newScraper(0, s.log, s.dial)
-		}
+	if s.scraper == nil {
+		s.scraper = s.newScraper()
+	}
+	if s.scraper != nil {
 		s.scraper.update(next.replicas) // a no-op after Shutdown closed it
 	}
 

@@ -1,30 +1,41 @@
 package proxy
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/ferryserve/ferry/policy"
 )
 
-// Late binding. With MaxInFlightPerReplica set, a request that finds every replica with that
-// many requests in flight waits in the proxy, first come first served, and goes to whichever
-// replica frees a slot first. An engine such as vLLM queues what exceeds its batch
-// (max_num_seqs) itself, but a request queued there is committed to that replica: it waits for
-// one of that replica's sequences to end, perhaps a long generation, while another replica
-// frees a slot sooner. Holding it here makes one queue served by every replica instead of one
-// queue per replica, which is what shortens the TTFT tail under bursts (bench/routing: see the
-// README). Knative's activator does the same for containerConcurrency.
+// Late binding. A request that finds every replica at its cap of requests in flight waits in
+// the proxy, first come first served, and goes to whichever replica frees a slot first. An
+// engine such as vLLM queues what exceeds its batch (max_num_seqs) itself, but a request queued
+// there is committed to that replica: it waits for one of that replica's sequences to end,
+// perhaps a long generation, while another replica frees a slot sooner. Holding it here makes
+// one queue served by every replica instead of one queue per replica, which is what shortens
+// the TTFT tail under bursts (bench/routing: see the README). Knative's activator does the same
+// for containerConcurrency.
+//
+// The cap is MaxInFlightPerReplica when set. By default it is each replica's batch size as
+// learned from its engine metrics (policy.Replica.BatchLimit, scrape.go), and a replica whose
+// size is not known yet has no cap. A learned cap only ever delays a request: when holding is
+// off, the queue is full or the wait expires, the request is sent on as it would be without a
+// cap, to be queued by the engine. A configured cap refuses it with 503 instead.
 //
 // The cap is per proxy: standalone proxies attached to one service each enforce it on the
-// requests they send.
+// requests they send. It is not exact either: checking for a free slot and counting the request
+// are two steps, so requests arriving at the same instant can each take the last slot. It keeps
+// work out of the engines' queues; the engines still enforce their batch size.
 //
-// A service without the cap has no slotQueue and pays one nil check. With it, a request that
-// finds a free replica and nobody waiting pays one atomic load per replica and no lock; the
-// lock is taken only while requests wait.
+// A service with the cap turned off has no slotQueue and pays one nil check. With it, a
+// request that finds a free replica and nobody waiting pays one or two atomic loads per
+// replica and no lock; the lock is taken only while requests wait.
 type slotQueue struct {
+	// limit is the configured cap; 0 means each replica's learned batch size.
 	limit int64
 	// queued counts waiters in list. It is raised before a waiter checks for a free slot and
 	// read by releasers after they free one, so that one of the two always sees the other
@@ -34,20 +45,64 @@ type slotQueue struct {
 	list   []chan struct{} // FIFO; each channel has room for the one grant it will receive
 }
 
+// newSlotQueue returns the queue for MaxInFlightPerReplica = limit: nil (no cap) when
+// negative, learned caps when zero.
 func newSlotQueue(limit int) *slotQueue {
-	if limit <= 0 {
+	if limit < 0 {
 		return nil
 	}
 	return &slotQueue{limit: int64(limit)}
 }
+
+// learned reports whether the caps are the replicas' learned batch sizes, which never refuse a
+// request.
+func (q *slotQueue) learned() bool { return q.limit == 0 }
+
+// free returns how many more requests r can take under its cap; noCap when it has none.
+//
+// A learned cap may be too low: learned from a moment when the KV cache, not the batch, was
+// full, or from a long prefill step that kept a request waiting. Since the proxy then never
+// sends more, the engine would never show a bigger batch. So now and then (ProbeAfter, set by
+// the scraper) a replica at its cap whose engine reported an empty queue at its last fresh
+// scrape takes one request beyond it: if the engine runs it, the next scrape sees more running
+// than the cap, the cap grows and the next probe may follow at once; if the engine is full
+// after all, that one request waits there, and probes back off (scrape.go).
+func (q *slotQueue) free(r *policy.Replica) int64 {
+	if q.limit > 0 {
+		return q.limit - r.InFlight.Load()
+	}
+	limit := r.BatchLimit()
+	if limit == 0 {
+		return noCap
+	}
+	n := r.InFlight.Load()
+	if n >= limit && mayProbe(r) {
+		limit++
+	}
+	return limit - n
+}
+
+// mayProbe reports whether r's probe time has come and its last scrape, if fresh, found no
+// request waiting in the engine.
+func mayProbe(r *policy.Replica) bool {
+	now := time.Now().UnixNano()
+	if now < r.ProbeAfter() {
+		return false
+	}
+	m := r.LoadMetrics()
+	return m.Waiting == 0 && now-m.UpdatedAt < int64(policy.DefaultMetricsStaleAfter)
+}
+
+// noCap is free's answer for a replica without a cap: more than any queue holds.
+const noCap = math.MaxInt32
 
 // freeSlots returns how many more requests the replicas of pick can take, counting at most
 // max.
 func (q *slotQueue) freeSlots(pick []*policy.Replica, max int) int {
 	n := 0
 	for _, r := range pick {
-		if free := q.limit - r.InFlight.Load(); free > 0 {
-			n += int(free)
+		if free := q.free(r); free > 0 {
+			n += int(min(free, noCap))
 			if n >= max {
 				return max
 			}
@@ -117,21 +172,24 @@ func (q *slotQueue) leave(w chan struct{}, s *Service) {
 	}
 }
 
-// awaitSlot returns a snapshot with a replica below the cap, at once when there is one and
-// nobody waits, or after waiting in line for one. When it gives up it returns nil and the body
-// of the 503 to answer (queue full, wait expired, shutting down), or nil, nil when the client
-// hung up while waiting. Waiting requests count in Waiting, as demand the replicas have not
-// seen, and share MaxQueuedRequests and MaxQueueWait with requests held for a first replica.
+// awaitSlot returns a snapshot with a replica below its cap, at once when there is one and
+// nobody waits, or after waiting in line for one. Under learned caps, a request that cannot
+// wait (holding off, queue full, wait expired) gets the current snapshot anyway, and the
+// picker's choice among full replicas. Under a configured cap it is refused instead: it
+// returns nil and the body of the 503 to answer. It returns nil and the shutdown answer when
+// the service or server is shutting down, and nil, nil when the client hung up while waiting.
+// Waiting requests count in Waiting, as demand the replicas have not seen, and share
+// MaxQueuedRequests and MaxQueueWait with requests held for a first replica.
 func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (*snapshot, []byte) {
 	q := s.slots
 	if q.queued.Load() == 0 && q.freeSlots(snap.pick, 1) > 0 {
 		return snap, nil
 	}
 	if s.cfg.MaxQueuedRequests < 0 {
-		return nil, s.errs.slotsBusy
+		return s.noSlot(snap, s.errs.slotsBusy)
 	}
 	if !s.enterWaiting() {
-		return nil, s.errs.slotsQueueFull
+		return s.noSlot(snap, s.errs.slotsQueueFull)
 	}
 	defer s.leaveWaiting()
 
@@ -153,10 +211,19 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (*snapshot
 			return nil, nil
 		case holdExpired:
 			q.leave(w, s)
-			return nil, s.errs.slotsTimeout
+			return s.noSlot(s.snap.Load(), s.errs.slotsTimeout)
 		case holdShutdown:
 			q.leave(w, s)
 			return nil, s.errs.shuttingDown
 		}
 	}
+}
+
+// noSlot is awaitSlot's answer to a request that cannot wait for a slot: sent on anyway under
+// learned caps, refused with refusal under a configured one.
+func (s *Service) noSlot(snap *snapshot, refusal []byte) (*snapshot, []byte) {
+	if s.slots.learned() {
+		return snap, nil
+	}
+	return nil, refusal
 }

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/valyala/fasthttp/fasthttputil"
 	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/policy"
 )
 
 // concurrency tracks how many requests a test upstream serves at once, and the most it ever did.
@@ -45,8 +48,24 @@ type heldUpstream struct {
 }
 
 func startHeldUpstream(t *testing.T, name string, release func(id string) <-chan struct{}) *heldUpstream {
+	return startEngineUpstream(t, name, 0, release)
+}
+
+// startEngineUpstream is a held upstream that also answers GET /metrics as a vLLM engine with
+// a batch of batch would: up to batch of its requests running, the rest waiting. With batch 0
+// it has no metrics (404).
+func startEngineUpstream(t *testing.T, name string, batch int64, release func(id string) <-chan struct{}) *heldUpstream {
 	h := &heldUpstream{}
 	h.upstream = startUpstream(t, name, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			if batch == 0 {
+				http.NotFound(w, r)
+				return
+			}
+			n := h.conc.now.Load()
+			fmt.Fprintf(w, "vllm:num_requests_running{model_name=\"m\"} %d\nvllm:num_requests_waiting{model_name=\"m\"} %d\n", min(n, batch), max(n-batch, 0))
+			return
+		}
 		h.conc.enter()
 		defer h.conc.exit()
 		raw, _ := io.ReadAll(r.Body)
@@ -89,7 +108,15 @@ func (r *releases) of(id string) chan struct{} {
 	return c
 }
 
-func (r *releases) release(id string) { close(r.of(id)) }
+// release lets request id finish; releasing it again does nothing.
+func (r *releases) release(id string) {
+	c := r.of(id)
+	select {
+	case <-c:
+	default:
+		close(c)
+	}
+}
 
 // TestSlotsLateBinding: with one slot per replica, a third request waits in the proxy rather
 // than at a busy replica, and goes to whichever replica finishes first; the next waiters follow
@@ -152,10 +179,14 @@ func TestSlotsNewReplicaTakesWaiters(t *testing.T) {
 	c := newClient(t)
 	url := base + "/v1/completions"
 	var pending []<-chan asyncResult
+	// One at a time: requests arriving at the same instant may overshoot the cap (slots.go).
 	for i := range 4 {
 		pending = append(pending, doAsync(c, url, fmt.Sprintf(`{"id":"%d"}`, i)))
+		waitFor(t, "the request to reach a or wait", func() bool { return a.hits.Load()+svc.Waiting() == int64(i+1) })
 	}
-	waitFor(t, "two requests on a and two waiting", func() bool { return a.hits.Load() == 2 && svc.Waiting() == 2 })
+	if a.hits.Load() != 2 || svc.Waiting() != 2 {
+		t.Fatalf("a has %d requests and %d wait, want 2 and 2", a.hits.Load(), svc.Waiting())
+	}
 
 	svc.SetBackends(backendsOf(a.upstream, b.upstream))
 	waitFor(t, "the waiters on b", func() bool { return b.hits.Load() == 2 })
@@ -320,15 +351,108 @@ func TestSlotsUnderLoad(t *testing.T) {
 	waitFor(t, "the queue and in-flight counts to drain", func() bool { return svc.Waiting() == 0 && svc.InFlight() == 0 })
 }
 
+// TestSlotsLearnedFromMetrics: by default each replica's cap is its batch size, learned from
+// its engine metrics once it has been seen full; beyond it requests wait in the proxy and go to
+// the first replica with a free slot; a learned cap never refuses a request: past
+// MaxQueuedRequests it goes to a replica anyway.
+func TestSlotsLearnedFromMetrics(t *testing.T) {
+	var rel releases
+	const batch = 2
+	a := startEngineUpstream(t, "a", batch, func(id string) <-chan struct{} { return rel.of(id) })
+	b := startEngineUpstream(t, "b", batch, func(id string) <-chan struct{} { return rel.of(id) })
+	svc, base := serveProxy(t, ServiceConfig{MaxQueuedRequests: 1, HealthCheck: HealthCheck{Interval: -1}}, backendsOf(a.upstream, b.upstream)...)
+	c := newClient(t)
+	url := base + "/v1/completions"
+
+	// Before anything is learned there is no cap: six requests reach the replicas, three
+	// each, and each engine queues one.
+	var pending []<-chan asyncResult
+	for i := 1; i <= 6; i++ {
+		pending = append(pending, doAsync(c, url, fmt.Sprintf(`{"id":"%d"}`, i)))
+		waitFor(t, "the request to reach a replica", func() bool { return len(a.ids())+len(b.ids()) == i })
+	}
+	if len(a.ids()) != 3 || len(b.ids()) != 3 {
+		t.Fatalf("replicas got %v and %v, want three each", a.ids(), b.ids())
+	}
+	replicas := svc.snap.Load().replicas
+	waitFor(t, "both batch sizes to be learned", func() bool {
+		return replicas[0].BatchLimit() == batch && replicas[1].BatchLimit() == batch
+	})
+
+	pending = append(pending, doAsync(c, url, `{"id":"7"}`))
+	waitFor(t, "request 7 to wait in the proxy", func() bool { return svc.Waiting() == 1 })
+	// The queue (MaxQueuedRequests 1) is full: request 8 goes to a replica anyway.
+	pending = append(pending, doAsync(c, url, `{"id":"8"}`))
+	waitFor(t, "request 8 to reach a replica", func() bool { return len(a.ids())+len(b.ids()) == 7 })
+	if svc.Waiting() != 1 {
+		t.Fatalf("Waiting = %d after request 8, want request 7 alone", svc.Waiting())
+	}
+
+	// Replica a drops to one request in flight, below its batch: request 7 goes there.
+	first := a
+	if len(b.ids()) < len(a.ids()) {
+		first = b // the one with three requests; the other has four since request 8
+	}
+	rel.release(first.ids()[0])
+	rel.release(first.ids()[1])
+	waitFor(t, "request 7 to reach the replica that freed slots", func() bool { return slices.Contains(first.ids(), "7") })
+	for i := 1; i <= 8; i++ {
+		rel.release(strconv.Itoa(i))
+	}
+	for i, p := range pending {
+		if res := receive(t, p); res.status != http.StatusOK {
+			t.Errorf("request %d: %d %s", i+1, res.status, res.body)
+		}
+	}
+}
+
+// TestSlotsLearnedCapProbes: a replica at its learned cap takes one more request while its last
+// fresh scrape showed no queue in the engine, so that a cap learned too low can grow; never
+// under a configured cap, nor on stale or queued metrics.
+func TestSlotsLearnedCapProbes(t *testing.T) {
+	now := time.Now().UnixNano()
+	tests := map[string]struct {
+		limit    int
+		learned  int64
+		inFlight int64
+		metrics  policy.Metrics
+		want     int64
+	}{
+		"unknown size":             {0, 0, 50, policy.Metrics{}, noCap},
+		"below the cap":            {0, 4, 1, policy.Metrics{Waiting: 3, UpdatedAt: now}, 3},
+		"at the cap, queue":        {0, 4, 4, policy.Metrics{Waiting: 1, Running: 4, UpdatedAt: now}, 0},
+		"at the cap, no queue":     {0, 4, 4, policy.Metrics{Running: 4, UpdatedAt: now}, 1},
+		"probe in flight":          {0, 4, 5, policy.Metrics{Running: 4, UpdatedAt: now}, 0},
+		"stale metrics":            {0, 4, 4, policy.Metrics{Running: 4, UpdatedAt: now - int64(2*policy.DefaultMetricsStaleAfter)}, 0},
+		"configured cap, no queue": {4, 0, 4, policy.Metrics{Running: 4, UpdatedAt: now}, 0},
+		"probes backed off":        {0, 4, 4, policy.Metrics{Running: 4, UpdatedAt: now}, 0},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			r := &policy.Replica{ID: 1}
+			r.RaiseBatchLimit(tc.learned)
+			r.InFlight.Store(tc.inFlight)
+			r.SetMetrics(tc.metrics)
+			if name == "probes backed off" {
+				r.SetProbeAfter(now + int64(time.Minute))
+			}
+			if got := newSlotQueue(tc.limit).free(r); got != tc.want {
+				t.Errorf("free = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
 // BenchmarkProxyNonStreamSlots is BenchmarkProxyNonStream's replicas=4 with a per-replica cap:
-// "free" leaves room (the common path: one load per replica, no lock), "saturated" has one slot
+// "none" has late binding off, "learned" is the default with no size learned (the replicas
+// have no engine metrics), "free" leaves room (the common path: one load per replica, no lock), "saturated" has one slot
 // per replica for 8 concurrent clients per core, so most requests wait in the queue and are
 // handed a slot by the request before them.
 func BenchmarkProxyNonStreamSlots(b *testing.B) {
 	for _, tc := range []struct {
 		name       string
 		limit, par int
-	}{{"none", 0, 1}, {"free", 1 << 20, 1}, {"saturated", 1, 8}} {
+	}{{"none", -1, 1}, {"learned", 0, 1}, {"free", 1 << 20, 1}, {"saturated", 1, 8}} {
 		b.Run(tc.name, func(b *testing.B) {
 			svc, err := NewService(ServiceConfig{Name: "bench", Logger: zap.NewNop(), MaxInFlightPerReplica: tc.limit})
 			if err != nil {

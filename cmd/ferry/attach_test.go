@@ -85,7 +85,7 @@ func (c *attachController) kill() {
 }
 
 // countingReplica is a simulated replica that counts the requests it served (the proxy's
-// health checks, GET /health, do not count).
+// health checks, GET /health, and scrapes, GET /metrics, do not count).
 type countingReplica struct {
 	*httptest.Server
 	hits atomic.Int64
@@ -96,7 +96,7 @@ func startCountingReplica(t *testing.T) *countingReplica {
 	r := &countingReplica{}
 	sim := replicasim.NewServer(replicasim.DefaultConfig()).Handler()
 	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if req.URL.Path != "/health" {
+		if req.URL.Path != "/health" && req.URL.Path != "/metrics" {
 			r.hits.Add(1)
 		}
 		sim.ServeHTTP(w, req)

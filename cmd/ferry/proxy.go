@@ -165,7 +165,7 @@ flight, streams included, to finish.`,
 	fl.StringVar(&f.tlsKey, "tls-key", "", "PEM private key for --tls-cert")
 	fl.IntVar(&f.maxConcurrent, "max-concurrent-requests", 0, "answer 429 beyond this many requests in flight (0: no cap)")
 	fl.IntVar(&f.maxStreams, "max-concurrent-streams", 0, "answer 429 to streaming requests beyond this many streams in flight (0: no cap)")
-	fl.IntVar(&f.maxPerReplica, "max-in-flight-per-replica", 0, "hold requests in the proxy beyond this many in flight on every replica, and send each to the first replica that frees a slot; set to the engine's batch size (0: no cap)")
+	fl.IntVar(&f.maxPerReplica, "max-in-flight-per-replica", 0, "hold requests in the proxy beyond this many in flight on every replica, and send each to the first replica that frees a slot (0: each replica's batch size, learned from its vLLM or TGI metrics; -1: off)")
 	fl.Float64Var(&f.rateLimit, "rate-limit", 0, "requests per second allowed per API key (per client address without keys); beyond it 429 (0: no limit)")
 	fl.IntVar(&f.rateBurst, "rate-limit-burst", 0, "requests a key may send at once under --rate-limit (default: one second's worth)")
 	fl.IntVar(&f.maxBodyMB, "max-body-mb", proxy.DefaultMaxRequestBodySize>>20, "largest request body accepted, in MiB")
@@ -280,8 +280,8 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		errs = append(errs, fmt.Errorf("--max-concurrent-streams %d: must not be negative", f.maxStreams))
 	}
 	opts.service.MaxConcurrentStreams = f.maxStreams
-	if f.maxPerReplica < 0 {
-		errs = append(errs, fmt.Errorf("--max-in-flight-per-replica %d: must not be negative", f.maxPerReplica))
+	if f.maxPerReplica < -1 {
+		errs = append(errs, fmt.Errorf("--max-in-flight-per-replica %d: want a positive cap, 0 (learn each replica's batch size) or -1 (off)", f.maxPerReplica))
 	}
 	opts.service.MaxInFlightPerReplica = f.maxPerReplica
 	switch {
