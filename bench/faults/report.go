@@ -303,7 +303,7 @@ func beforeAfter(b, a int) string {
 func (r *report) render(w io.Writer) {
 	o := r.opts
 	fmt.Fprintf(w, "# faults: %s\n\n", r.Started.Format(time.RFC3339))
-	fmt.Fprintf(w, "Service %q: %d local replica-sim replicas (startup delay %v, TTFT %v, ITL %v), readiness probe GET /health every 2s (timeout 15s), "+
+	fmt.Fprintf(w, "Service %q: %d local replica-sim replicas (startup delay %v, TTFT %v, ITL %v), readiness probe GET /health every 2s (timeout 15s), late binding off, "+
 		"each replica watching its own faults file. Load: %d closed-loop workers (%d non-streamed with max_tokens %d, %d streamed with max_tokens %d), "+
 		"%v before each fault and %v after the service healed. %s. Host: %v CPUs, load average %v at start, %v at end.\n\n",
 		serviceName, o.replicas, o.startupDelay, o.ttft, o.itl, o.workers, (o.workers+1)/2, o.plainTokens, o.workers/2, o.streamTokens,

@@ -90,8 +90,11 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 	}
 	argv := []string{opts.ferryBin, "proxy", "--listen", proxyAddr}
 	name, limit := splitPolicy(policy)
-	if limit == batchLimit {
+	switch limit {
+	case batchLimit:
 		limit = strconv.Itoa(opts.sim.maxNumSeqs)
+	case lateBindingOff:
+		limit = "-1"
 	}
 	if name != defaultPolicy {
 		argv = append(argv, "--policy", name)
@@ -150,9 +153,18 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 	return res, nil
 }
 
-// batchLimit in a --policies entry NAME@batch caps in-flight requests per replica at the
-// replicas' batch size, --sim-max-num-seqs.
-const batchLimit = "batch"
+// The limits a --policies entry NAME@LIMIT may name besides a number: batch caps in-flight
+// requests per replica at the replicas' batch size, --sim-max-num-seqs, as if configured; off
+// turns late binding off. Without "@" the proxy learns each replica's batch size from its
+// metrics, its default.
+const (
+	batchLimit     = "batch"
+	lateBindingOff = "off"
+)
+
+// roundRobinBaseline is what the default policy is measured against: round robin without late
+// binding, SkyServe's load balancer.
+const roundRobinBaseline = "round_robin@" + lateBindingOff
 
 // splitPolicy splits a --policies entry NAME@N into the policy and the proxy's
 // --max-in-flight-per-replica (late binding); limit is empty without "@".

@@ -398,17 +398,18 @@ func TestReplayStopsOnCancel(t *testing.T) {
 func TestReportChecks(t *testing.T) {
 	r := &report{opts: options{}}
 	r.add(&policyResult{Policy: defaultPolicy, Resolved: "least_load", TTFT: loadgen.Summary{P99Ms: 400}, RequestsImbal: 1.2, BusyImbal: ratio(math.NaN())})
-	r.add(&policyResult{Policy: "round_robin", TTFT: loadgen.Summary{P99Ms: 1000}})
+	r.add(&policyResult{Policy: "round_robin", TTFT: loadgen.Summary{P99Ms: 500}}) // with late binding: not the baseline
+	r.add(&policyResult{Policy: roundRobinBaseline, TTFT: loadgen.Summary{P99Ms: 1000}})
 	r.add(&policyResult{Policy: "llm_aware", Unavailable: "unknown policy"})
 	want := []check{
-		{Name: "default p99 TTFT ÷ round_robin p99 TTFT", Value: 0.4, Limit: "≤ 0.5", Pass: true},
+		{Name: "default p99 TTFT ÷ round_robin@off p99 TTFT", Value: 0.4, Limit: "≤ 0.5", Pass: true},
 		{Name: "default: busiest replica's requests ÷ mean", Value: 1.2, Limit: "≤ 1.5", Pass: true},
 	}
 	if diff := cmp.Diff(want, r.checks()); diff != "" {
 		t.Errorf("checks (-want +got):\n%s", diff)
 	}
-	if got := r.loadTable().Rows; len(got) != 2 || got[0][0] != "default (least_load)" {
-		t.Errorf("load table rows %q: want the two measured policies, default labelled", got)
+	if got := r.loadTable().Rows; len(got) != 3 || got[0][0] != "default (least_load)" {
+		t.Errorf("load table rows %q: want the three measured policies, default labelled", got)
 	}
 }
 
@@ -423,6 +424,8 @@ func TestOptionsValidate(t *testing.T) {
 		"bad follow-up":    {"--follow-up", "1.5"},
 		"negative sim":     {"--sim-itl", "-1ms"},
 		"stray argument":   {"extra"},
+		"zero limit":       {"--policies", "least_load@0"},
+		"unknown limit":    {"--policies", "least_load@auto"},
 	} {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%s: %q accepted", name, args)
