@@ -228,8 +228,8 @@ func TestLaunchOnDemandServes(t *testing.T) {
 func TestSpotPreemption(t *testing.T) {
 	e := newEnv(t, fakeec2.Options{}, goodKey)
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	notices := e.p.Notices(ctx)
+	stopWatcher(t, cancel, notices)
 	inst, err := e.p.Launch(ctx, spec("chat-2", "exec sleep 300", true))
 	if err != nil {
 		t.Fatal(err)
@@ -285,6 +285,17 @@ type fakeClock struct{ offset atomic.Int64 }
 func (c *fakeClock) now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
 func (c *fakeClock) advance(d time.Duration) { c.offset.Add(int64(d)) }
 
+// stopWatcher stops a notice watcher at the end of the test, also one that fails half-way, and
+// waits for it: its cleanup runs before the environment's (registered earlier, so run later),
+// so the watcher never polls a fake that is being torn down.
+func stopWatcher(t *testing.T, cancel context.CancelFunc, notices <-chan launcher.Notice) {
+	t.Cleanup(func() {
+		cancel()
+		for range notices {
+		}
+	})
+}
+
 func nextNotice(t *testing.T, notices <-chan launcher.Notice) launcher.Notice {
 	t.Helper()
 	select {
@@ -311,8 +322,8 @@ func TestSpotInterruptionWarning(t *testing.T) {
 			clock := &fakeClock{}
 			e := newEnv(t, fakeec2.Options{Now: clock.now, InterruptionStatus: status}, goodKey)
 			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
 			notices := e.p.Notices(ctx)
+			stopWatcher(t, cancel, notices)
 			warned, err := e.p.Launch(ctx, spec("chat-w", "exec sleep 300", true))
 			if err != nil {
 				t.Fatal(err)
@@ -382,8 +393,8 @@ func TestNoticesWithoutSpotRequestPermission(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
 	e.p.log = zap.New(core)
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	notices := e.p.Notices(ctx)
+	stopWatcher(t, cancel, notices)
 	inst, err := e.p.Launch(ctx, spec("chat-d", "exec sleep 300", true))
 	if err != nil {
 		t.Fatal(err)
