@@ -47,9 +47,9 @@ type Replica struct {
 	kvUsage   atomic.Uint64 // float64 bits
 	scrapedAt atomic.Int64  // unix nanoseconds; 0 = never scraped
 
-	// batchLimit is the largest decode batch the replica was seen running while requests
-	// waited for a slot: its engine's max_num_seqs, or what its KV cache holds. Zero until the
-	// scraper has seen the replica saturated. The proxy's late binding uses it as the replica's
+	// batchLimit is the largest decode batch the replica was seen running once it had been
+	// seen full: its engine's max_num_seqs, or what its KV cache holds. Zero until the scraper
+	// has seen the replica saturated. The proxy's late binding uses it as the replica's
 	// cap when none is configured.
 	batchLimit atomic.Int64
 	// probeAfter is when, in unix nanoseconds, the proxy may next send the replica one
@@ -108,10 +108,11 @@ func (r *Replica) LoadMetrics() Metrics {
 // BatchLimit returns the learned batch size (see RaiseBatchLimit), 0 while unknown.
 func (r *Replica) BatchLimit() int64 { return r.batchLimit.Load() }
 
-// RaiseBatchLimit records that the replica ran n requests while others waited, and reports
-// whether that raised its learned batch size. The size only grows: a saturated engine runs its
-// whole batch, so the largest such count is the batch size, and a smaller one (a KV cache
-// briefly full) is not a limit to keep. One goroutine (the replica's scraper) writes it.
+// RaiseBatchLimit records that the replica was seen running n requests at once (while others
+// waited, or beyond the size learned so far), and reports whether that raised its learned
+// batch size. The size only grows: an engine never runs more than its batch, so the largest
+// such count is the batch size, and a smaller one (a KV cache briefly full) is not a limit to
+// keep. One goroutine (the replica's scraper) writes it.
 func (r *Replica) RaiseBatchLimit(n int64) bool {
 	if n <= r.batchLimit.Load() {
 		return false

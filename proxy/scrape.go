@@ -101,17 +101,18 @@ func newScraper(interval time.Duration, log *zap.Logger, dial func(addr string) 
 // 100 ms for a picker or autoscaler that scores on them, every learnScrapeInterval when only
 // learned late-binding caps do.
 func (s *Service) newScraper() *scraper {
+	learning := s.slots != nil && s.slots.learned()
 	var interval time.Duration
 	switch {
 	case s.needs&policy.NeedsMetrics != 0 || s.cfg.ScrapeEngineMetrics:
 		interval = defaultScrapeInterval
-	case s.slots != nil && s.slots.learned():
+	case learning:
 		interval = learnScrapeInterval
 	default:
 		return nil
 	}
 	sc := newScraper(interval, s.log, s.dial)
-	if s.slots != nil && s.slots.learned() {
+	if learning {
 		sc.batchLimitRaised = func(r *policy.Replica, from, to int64) {
 			level, msg := zap.DebugLevel, "replica batch size raised"
 			if from == 0 {

@@ -125,7 +125,7 @@ type ServiceConfig struct {
 	// binding, slots.go), within MaxQueuedRequests and MaxQueueWait, so that they no longer
 	// queue inside one replica while another frees a slot sooner. Zero (the default) caps each
 	// replica at its batch size as learned from its engine metrics, which means scraping them
-	// (once a second unless a picker or ScrapeEngineMetrics wants them more often), and never
+	// (every 250 ms unless a picker or ScrapeEngineMetrics wants them more often), and never
 	// refuses a request for it; a positive value is a fixed cap, beyond which requests that
 	// cannot wait get 503; a negative value turns late binding off.
 	MaxInFlightPerReplica int
