@@ -121,7 +121,7 @@ func TestManagerWithLocalProcesses(t *testing.T) {
 		}
 	}()
 
-	m.SetTarget(2)
+	m.SetDesired(2)
 	waitPublished := func(want ...int) []Endpoint {
 		t.Helper()
 		var last []Endpoint

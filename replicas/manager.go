@@ -66,7 +66,7 @@ type Config struct {
 	// When set, Version must be its Target().
 	Rollout *Rollout
 	// InitialTarget, when set, is the target saved before a restart; otherwise the manager
-	// keeps what it finds until SetTarget.
+	// keeps what it finds until SetDesired.
 	InitialTarget *int
 }
 
@@ -111,7 +111,7 @@ type Manager struct {
 	mu sync.Mutex
 	// loaded is true once records were read from the store.
 	loaded bool
-	// desired is the target count; -1 until SetTarget or the first pass fixes it.
+	// desired is the target count; -1 until SetDesired or the first pass fixes it.
 	desired  int
 	replicas map[int]*replica
 	// instances is the latest List result, kept current with our own launches and
@@ -308,9 +308,9 @@ func (m *Manager) Notice(instance string, at time.Time) bool {
 	return true
 }
 
-// SetTarget sets how many replicas should run. Until it is first called the manager keeps
+// SetDesired sets how many replicas should run. Until it is first called the manager keeps
 // the replicas it finds (at least min_replicas), so a restart changes nothing.
-func (m *Manager) SetTarget(n int) {
+func (m *Manager) SetDesired(n int) {
 	n = max(n, 0)
 	m.mu.Lock()
 	changed := m.desired != n

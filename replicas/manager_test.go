@@ -154,7 +154,7 @@ func (h *harness) waitStatus(id int, want Status) {
 func TestManagerLaunchesTargetAndPublishes(t *testing.T) {
 	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
 	h.start()
-	h.m.SetTarget(2)
+	h.m.SetDesired(2)
 	h.waitReady(1, 2)
 
 	ready := h.m.Ready()
@@ -199,7 +199,7 @@ func TestManagerLaunchesTargetAndPublishes(t *testing.T) {
 func TestManagerReplacesEndedInstances(t *testing.T) {
 	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
 	h.start()
-	h.m.SetTarget(2)
+	h.m.SetDesired(2)
 	h.waitReady(1, 2)
 
 	h.prov.end(1, launcher.StateTerminated, "exit status 1")
@@ -219,7 +219,7 @@ func TestManagerReplacesEndedInstances(t *testing.T) {
 func TestManagerProbeFailureThreshold(t *testing.T) {
 	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
 	h.start()
-	h.m.SetTarget(1)
+	h.m.SetDesired(1)
 	h.waitReady(1)
 
 	h.prov.byReplica(1).healthy.Store(false)
@@ -237,7 +237,7 @@ func TestManagerProbeFailureThreshold(t *testing.T) {
 func TestManagerNotReadyRecovers(t *testing.T) {
 	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
 	h.start()
-	h.m.SetTarget(1)
+	h.m.SetDesired(1)
 	h.waitReady(1)
 	fi := h.prov.byReplica(1)
 	fi.healthy.Store(false)
@@ -254,7 +254,7 @@ func TestManagerInitialDelay(t *testing.T) {
 	prov.unhealthyAtStart = true
 	h := newHarness(t, prov, newFakeStore(), newFakeClock())
 	h.start()
-	h.m.SetTarget(1)
+	h.m.SetDesired(1)
 	h.waitStatus(1, StatusStarting)
 
 	h.clock.Advance(600 * time.Second)
@@ -274,7 +274,7 @@ func TestManagerLaunchErrorBacksOff(t *testing.T) {
 	prov.setLaunchErr(fmt.Errorf("%w: us-east-1a is full", launcher.ErrNoCapacity))
 	h := newHarness(t, prov, newFakeStore(), newFakeClock())
 	h.start()
-	h.m.SetTarget(1)
+	h.m.SetDesired(1)
 	h.waitStatus(1, StatusFailedProvision)
 	if r := h.record(1); !strings.Contains(r.Reason, "no capacity") {
 		t.Errorf("reason = %q, want the launch error", r.Reason)
@@ -287,12 +287,12 @@ func TestManagerLaunchErrorBacksOff(t *testing.T) {
 func TestManagerScaleDown(t *testing.T) {
 	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
 	h.start()
-	h.m.SetTarget(3)
+	h.m.SetDesired(3)
 	h.waitReady(1, 2, 3)
 	h.prov.byReplica(1).healthy.Store(false)
 	h.waitReady(2, 3)
 
-	h.m.SetTarget(1)
+	h.m.SetDesired(1)
 	h.waitReady(2)
 	eventually(t, "scaled-down records forgotten", func() bool {
 		return slices.Equal(ids(recordsAsEndpoints(h.m.Replicas())), []int{2}) && h.prov.count() == 1
@@ -307,11 +307,11 @@ func TestManagerDrainsBeforeTerminating(t *testing.T) {
 	var busy atomic.Int64 // requests the proxy still streams on the replica leaving
 	h.m.cfg.Busy = func(string) int64 { return busy.Load() }
 	h.start()
-	h.m.SetTarget(2)
+	h.m.SetDesired(2)
 	h.waitReady(1, 2)
 
 	busy.Store(1)
-	h.m.SetTarget(1)
+	h.m.SetDesired(1)
 	// Out of the READY set at once, but its instance lives while the stream runs: several
 	// passes (20 ms apart) must not terminate it.
 	h.waitReady(1)
@@ -334,9 +334,9 @@ func TestManagerDrainTimeout(t *testing.T) {
 	h.m.cfg.Busy = func(string) int64 { return 1 } // a stream that never ends
 	h.m.cfg.DrainTimeout = time.Minute
 	h.start()
-	h.m.SetTarget(2)
+	h.m.SetDesired(2)
 	h.waitReady(1, 2)
-	h.m.SetTarget(1)
+	h.m.SetDesired(1)
 	h.waitStatus(2, StatusShuttingDown)
 	h.m.safeReconcile(context.Background()) // draining starts counting at this pass's clock
 	clock.Advance(time.Minute)
@@ -355,7 +355,7 @@ func TestManagerAdoptsAfterRestart(t *testing.T) {
 	prov, store, clock := newFakeProvider(t), newFakeStore(), newFakeClock()
 	first := newHarness(t, prov, store, clock)
 	first.start()
-	first.m.SetTarget(2)
+	first.m.SetDesired(2)
 	first.waitReady(1, 2)
 	first.stop()
 	if prov.count() != 2 {
@@ -388,7 +388,7 @@ func TestManagerAdoptsUnrecordedInstance(t *testing.T) {
 	h := newHarness(t, prov, newFakeStore(), newFakeClock())
 	h.start()
 	h.waitReady(5)
-	h.m.SetTarget(2)
+	h.m.SetDesired(2)
 	h.waitReady(1, 5)
 	if prov.count() != 3 {
 		t.Errorf("%d instances, want svc-5, svc-1 and other-1 untouched", prov.count())
@@ -398,7 +398,7 @@ func TestManagerAdoptsUnrecordedInstance(t *testing.T) {
 func TestManagerShutdown(t *testing.T) {
 	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
 	h.start()
-	h.m.SetTarget(2)
+	h.m.SetDesired(2)
 	h.waitReady(1, 2)
 	ctx := context.Background()
 	if err := h.m.Shutdown(ctx); err != nil {
@@ -414,7 +414,7 @@ func TestManagerShutdown(t *testing.T) {
 		t.Errorf("READY set after Shutdown = %v", last)
 	}
 	// A pass after Shutdown launches nothing, even with a target.
-	h.m.SetTarget(2)
+	h.m.SetDesired(2)
 	h.m.reconcile(ctx)
 	if n := h.prov.count(); n != 0 || len(h.m.Replicas()) != 0 {
 		t.Errorf("after Shutdown a pass left %d instances and %d records", n, len(h.m.Replicas()))
@@ -447,7 +447,7 @@ func TestManagerShutdownWaitsForLaunches(t *testing.T) {
 	prov.launchBlock = make(chan struct{})
 	h := newHarness(t, prov, newFakeStore(), newFakeClock())
 	h.start()
-	h.m.SetTarget(1)
+	h.m.SetDesired(1)
 	h.waitStatus(1, StatusProvisioning)
 	done := make(chan error, 1)
 	go func() { done <- h.m.Shutdown(context.Background()) }()
@@ -475,7 +475,7 @@ func TestManagerSurvivesPanickingOnReady(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- m.Start(ctx) }()
-	m.SetTarget(1)
+	m.SetDesired(1)
 	eventually(t, "a READY replica", func() bool { return len(m.Ready()) == 1 })
 	cancel()
 	if err := <-done; err != nil {

@@ -161,8 +161,8 @@ func (m *Manager) Rollout() *Rollout {
 	return &r
 }
 
-// Target returns the version new replicas launch as.
-func (m *Manager) Target() int {
+// TargetVersion returns the version new replicas launch as.
+func (m *Manager) TargetVersion() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.target

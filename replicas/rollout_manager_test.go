@@ -46,14 +46,14 @@ func (h *harness) waitRollout(want RolloutState) Rollout {
 func TestManagerRollingUpdate(t *testing.T) {
 	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
 	h.start()
-	h.m.SetTarget(2)
+	h.m.SetDesired(2)
 	h.waitReady(1, 2)
 
 	_, before := h.pubs.last()
 	h.m.Update(Version{Number: 2, Task: v2Task()}, newRollout(configs.UpdateRolling))
 	r := h.waitRollout(RolloutSucceeded)
 	h.waitReady(3, 4)
-	if got := h.m.Target(); got != 2 {
+	if got := h.m.TargetVersion(); got != 2 {
 		t.Errorf("target version = %d, want 2", got)
 	}
 	for _, ep := range h.m.Ready() {
@@ -83,7 +83,7 @@ func TestManagerRollingUpdate(t *testing.T) {
 func TestManagerBlueGreenSwitchesAtOnce(t *testing.T) {
 	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
 	h.start()
-	h.m.SetTarget(2)
+	h.m.SetDesired(2)
 	h.waitReady(1, 2)
 
 	_, before := h.pubs.last()
@@ -101,7 +101,7 @@ func TestManagerBlueGreenSwitchesAtOnce(t *testing.T) {
 func TestManagerRollsBackWhenNewReplicasCrash(t *testing.T) {
 	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
 	h.start()
-	h.m.SetTarget(2)
+	h.m.SetDesired(2)
 	h.waitReady(1, 2)
 
 	h.prov.mu.Lock()
@@ -115,7 +115,7 @@ func TestManagerRollsBackWhenNewReplicasCrash(t *testing.T) {
 	if want := "replica 3 of version 2: FAILED: exit status 3"; r.Reason != want {
 		t.Errorf("reason = %q, want %q", r.Reason, want)
 	}
-	if got := h.m.Target(); got != 1 {
+	if got := h.m.TargetVersion(); got != 1 {
 		t.Errorf("target version after rollback = %d, want 1", got)
 	}
 	h.waitReady(1, 2)
@@ -130,7 +130,7 @@ func TestManagerRollsBackWhenNewReplicasCrash(t *testing.T) {
 func TestManagerServiceOnlyUpdateRelabels(t *testing.T) {
 	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
 	h.start()
-	h.m.SetTarget(2)
+	h.m.SetDesired(2)
 	h.waitReady(1, 2)
 
 	task := testTask()
@@ -149,7 +149,7 @@ func TestManagerResumesRolloutAfterRestart(t *testing.T) {
 	prov, store := newFakeProvider(t), newFakeStore()
 	h := newHarness(t, prov, store, newFakeClock())
 	h.start()
-	h.m.SetTarget(3)
+	h.m.SetDesired(3)
 	h.waitReady(1, 2, 3)
 	prov.mu.Lock()
 	prov.launchBlock = make(chan struct{}) // the new version's first launch hangs
@@ -188,7 +188,7 @@ func TestManagerResumesRolloutAfterRestart(t *testing.T) {
 func TestManagerRollbackDoesNotBackOffRestoredVersion(t *testing.T) {
 	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock()) // the clock stands still
 	h.start()
-	h.m.SetTarget(2)
+	h.m.SetDesired(2)
 	h.waitReady(1, 2)
 
 	h.prov.mu.Lock()

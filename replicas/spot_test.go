@@ -59,7 +59,7 @@ func TestManagerSpotMix(t *testing.T) {
 func TestManagerFollowsAnEndpointChange(t *testing.T) {
 	prov := newFakeProvider(t)
 	h := newHarness(t, prov, newFakeStore(), newFakeClock())
-	h.m.SetTarget(1)
+	h.m.SetDesired(1)
 	h.start()
 	h.waitReady(1)
 
@@ -100,7 +100,7 @@ func spotMixHarness(t *testing.T) (h *harness, prov *fakeProvider, kinds func() 
 		c.Task = task
 		c.Mix = autoscaler.MixFor(task.Resources, task.Service.ReplicaPolicy)
 	})
-	h.m.SetTarget(2)
+	h.m.SetDesired(2)
 	h.start()
 	kinds = func() (spot, onDemand []launcher.Spec) {
 		prov.mu.Lock()

@@ -109,8 +109,8 @@ type runner struct {
 	lbPending int     // arrivals the load balancer has not shipped yet
 	lbShipped int     // shipped, not yet read by a decision
 
-	// coldStarts is coldStart's scratch slice.
-	coldStarts []time.Duration
+	// sample is decide's, reused.
+	sample autoscaler.Sample
 
 	res   *Result
 	ttfts []float32
@@ -427,43 +427,46 @@ func (r *runner) failAll(reqs []*request, counter *int) {
 // decide runs the autoscaler and applies its target.
 func (r *runner) decide(s int) {
 	t := float64(s)
-	obs := autoscaler.Observation{Arrivals: r.arrived}
+	arrivals := r.arrived
 	if r.p.ReportEvery > 0 {
-		obs.Arrivals = r.lbShipped
+		arrivals = r.lbShipped
 		r.lbShipped = 0
 	}
 	r.arrived = 0
 
-	// In-flight as the controller reads it: the larger of the instant value and the mean
-	// over the interval (internal/controller/scaling.go samples 10 times per interval).
+	// What the controller's scale loop reads, through the same autoscaler.Observe: the
+	// in-flight count now and its mean over the interval, the engines of the replicas the load
+	// balancer routes to, and every replica for the READY count and the cold start.
 	area := r.goneArea + r.heldArea
 	r.goneArea, r.heldArea = 0, 0
 	instant := len(r.held)
-	readyAll, readySpot := 0, 0
+	r.sample.Replicas = r.sample.Replicas[:0]
+	readySpot := 0
 	for _, rep := range r.live {
 		area += rep.eng.takeArea()
 		instant += rep.eng.inFlight()
-		if rep.state == ready {
-			readyAll++
-			if rep.spot && !rep.noticed {
-				readySpot++
-			}
+		sr := autoscaler.Replica{LaunchedAt: simTime(rep.launchedAt), Ready: rep.state == ready, Live: rep.state != draining}
+		if rep.state != provisioning {
+			sr.ReadyAt = simTime(rep.readyAt)
+		}
+		r.sample.Replicas = append(r.sample.Replicas, sr)
+		if rep.state == ready && rep.spot && !rep.noticed {
+			readySpot++
 		}
 	}
-	obs.InFlight = max(float64(instant), area/float64(r.interval))
-	if r.p.Spec.WantsEngineLoad() && len(r.routable) > 0 {
-		e := autoscaler.EngineLoad{Replicas: len(r.routable)}
+	r.sample.Arrivals = arrivals
+	r.sample.InFlight, r.sample.InFlightMean = float64(instant), area/float64(r.interval)
+	r.sample.Engines = r.sample.Engines[:0]
+	if r.p.Spec.WantsEngineLoad() { // only then does Observe read them
 		for _, rep := range r.routable {
-			e.Waiting += float64(rep.eng.queued())
-			e.Running += float64(rep.eng.batch())
-			e.KVCacheUsage += rep.eng.kvUsage()
+			r.sample.Engines = append(r.sample.Engines, autoscaler.EngineLoad{Waiting: float64(rep.eng.queued()),
+				Running: float64(rep.eng.batch()), KVCacheUsage: rep.eng.kvUsage(), Replicas: 1})
 		}
-		e.KVCacheUsage /= float64(len(r.routable))
-		obs.Engine = &e
 	}
-	obs.ColdStart = r.coldStart()
+	r.sample.Target = r.target
+	obs, st := autoscaler.Observe(r.p.Spec, r.sample)
 
-	d := r.scaler.Decide(epoch.Add(time.Duration(s)*time.Second), obs, autoscaler.State{Ready: readyAll, Target: r.target})
+	d := r.scaler.Decide(simTime(t), obs, st)
 	if r.scored(t) {
 		switch {
 		case d.Target > r.target:
@@ -506,17 +509,8 @@ func (r *runner) drainNoticed(t float64) {
 	r.refreshRoutable()
 }
 
-// coldStart is Observation.ColdStart as the controller computes it: the median launch-to-READY
-// time of the live replicas that have been READY (draining ones were READY before).
-func (r *runner) coldStart() time.Duration {
-	r.coldStarts = r.coldStarts[:0]
-	for _, rep := range r.live {
-		if rep.state != provisioning {
-			r.coldStarts = append(r.coldStarts, time.Duration((rep.readyAt-rep.launchedAt)*float64(time.Second)))
-		}
-	}
-	return autoscaler.ColdStartOf(r.coldStarts)
-}
+// simTime is the wall time of simulated second t.
+func simTime(t float64) time.Time { return epoch.Add(time.Duration(t * float64(time.Second))) }
 
 // reconcile launches or stops replicas of one kind until want are live (provisioning or
 // READY). Scale-down stops replicas not serving yet first, then the newest (as

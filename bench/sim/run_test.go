@@ -294,8 +294,9 @@ func TestSimFerryRunsTheDefaults(t *testing.T) {
 	}
 }
 
-// TestSimObservesColdStart: the runner passes the controller's cold start, the median
-// launch-to-READY of the replicas that have been READY, and nothing before one is.
+// TestSimObservesColdStart: the runner's sample gives autoscaler.Observe the controller's cold
+// start, the median launch-to-READY of the replicas that have been READY, and nothing before
+// one is.
 func TestSimObservesColdStart(t *testing.T) {
 	m := testModel()
 	m.ColdStart = 90 * time.Second
@@ -307,8 +308,8 @@ func TestSimObservesColdStart(t *testing.T) {
 		if s >= 90 {
 			want = m.ColdStart
 		}
-		if got := r.coldStart(); got != want {
-			t.Fatalf("second %d: cold start %v, want %v", s, got, want)
+		if obs, _ := autoscaler.Observe(r.p.Spec, r.sample); obs.ColdStart != want {
+			t.Fatalf("second %d: cold start %v, want %v", s, obs.ColdStart, want)
 		}
 	}
 }

@@ -200,7 +200,7 @@ func TestAttachControllerAPI(t *testing.T) {
 	if inflight, _ := c.remoteLoad(s); inflight != 2 {
 		t.Errorf("remote in flight = %v, want 2", inflight)
 	}
-	if got := c.concurrency(s); got != 2 {
+	if got := (serviceLoad{c, s}).InFlight(); got != 2 {
 		t.Errorf("concurrency = %v, want the remote 2", got)
 	}
 

@@ -395,14 +395,14 @@ type service struct {
 	// update changes the proxy's settings.
 	front *proxy.Handover
 	mgr   *replicas.Manager
-	// scaler is nil for a fixed replica count; it is replaced (under mu) when an update
-	// changes the replica policy, and stopScaler ends its loop.
-	scaler     *scaler
-	stopScaler context.CancelFunc
-	ctx        context.Context // the service's lifetime
-	inner      sync.WaitGroup  // the service's goroutines
-	cancel     context.CancelFunc
-	done       chan struct{} // closed when the manager and the proxy listener have stopped
+	// scaleLoop is nil for a fixed replica count; it is replaced (under mu) when an update
+	// changes the replica policy, and stopScaleLoop ends it.
+	scaleLoop     *autoscaler.Loop
+	stopScaleLoop func()
+	ctx           context.Context // the service's lifetime
+	inner         sync.WaitGroup  // the service's goroutines
+	cancel        context.CancelFunc
+	done          chan struct{} // closed when the manager and the proxy listener have stopped
 
 	// attach is the service as standalone proxies follow it (attach.go).
 	attach attachState
@@ -466,10 +466,6 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 		initialTarget = &rec.Target
 	}
 	spec := autoscaler.SpecFor(task.Service.ReplicaPolicy)
-	var sc *scaler
-	if spec.Policy != "" {
-		sc = newScaler(spec)
-	}
 	var s *service
 	px, pcfg, err := c.newServiceProxy(rec.Name, task, func() { s.pokeScaler() })
 	if err != nil {
@@ -483,7 +479,7 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 	s = &service{
 		name: rec.Name, task: task, port: rec.Port, createdAt: rec.CreatedAt,
 		endpoint: scheme + addr, front: proxy.NewHandover(ln, px, c.log.Named("proxy").With(zap.String("service", rec.Name))),
-		scaler: sc, done: make(chan struct{}), status: rec.Status,
+		done: make(chan struct{}), status: rec.Status,
 	}
 	mgr, err := replicas.New(replicas.Config{
 		Service:   rec.Name,
@@ -514,7 +510,7 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 	case restored && rec.Target >= 0:
 		// The target saved before the restart; the scale loop resumes from it.
 		s.target, s.targetKnown = rec.Target, true
-	case sc == nil:
+	case spec.Policy == "":
 		c.setTarget(s, spec.Min)
 	case restored:
 		// The manager keeps what it finds until the scale loop's first decision, which
@@ -527,9 +523,7 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 
 	ctx, cancel := context.WithCancel(c.ctx)
 	s.ctx, s.cancel = ctx, cancel
-	if sc != nil {
-		c.startScaleLoop(s, sc)
-	}
+	c.startScaleLoop(s, spec)
 	s.inner.Add(2)
 	go func() {
 		defer s.inner.Done()
@@ -660,7 +654,7 @@ func (s *service) statusLocked(withTask bool) api.ServiceStatus {
 	target, scaling, task := s.target, s.scaling, s.task
 	s.mu.Unlock()
 	st := api.ServiceStatus{
-		Name: s.name, Version: s.mgr.Target(), Endpoint: s.endpoint, Policy: task.Service.LoadBalancingPolicy,
+		Name: s.name, Version: s.mgr.TargetVersion(), Endpoint: s.endpoint, Policy: task.Service.LoadBalancingPolicy,
 		CreatedAt: s.createdAt, TargetReplicas: target, Replicas: recs,
 		Autoscaler: task.Service.ReplicaPolicy.Autoscaler, Scaling: scaling, Update: s.mgr.Rollout(),
 	}

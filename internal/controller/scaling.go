@@ -2,150 +2,142 @@ package controller
 
 import (
 	"context"
-	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/autoscaler"
+	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/replicas"
 )
 
-// samplesPerDecision is how many times per decision interval the scale loop samples the
-// proxy's concurrency: one sample a second would read a burst that came and went between
-// two ticks as nothing, so each decision sees the tick's average (Knative's queue-proxy
-// averages per second the same way).
-const samplesPerDecision = 10
+// The scale loop itself is autoscaler.Loop; this file adapts a service to it: its proxies are
+// the LoadSource, its replica manager and saved target the Fleet.
 
-// scaler is one service's autoscaling state, owned by its scale loop.
-type scaler struct {
-	spec autoscaler.Spec
-	// kick asks the loop to decide now: a request arrived while the service has no replica.
-	kick chan struct{}
-
-	decider      autoscaler.Scaler
-	lastArrivals uint64
-	inflightSum  float64
-	samples      int
+// serviceLoad is a service's data plane as the autoscaler reads it: this process's proxy and
+// the attached ones.
+type serviceLoad struct {
+	c *Controller
+	s *service
 }
 
-func newScaler(spec autoscaler.Spec) *scaler {
-	return &scaler{spec: spec, kick: make(chan struct{}, 1)}
+var _ autoscaler.LoadSource = serviceLoad{}
+
+func (l serviceLoad) Arrivals() uint64 {
+	_, remote := l.c.remoteLoad(l.s)
+	return l.s.front.Arrivals() + remote
 }
 
-// poke is the proxy's OnColdRequest hook; it never blocks the request path.
-func (sc *scaler) poke() {
-	select {
-	case sc.kick <- struct{}{}:
-	default:
-	}
+// InFlight is requests being served plus requests the proxies hold for a replica or a slot.
+func (l serviceLoad) InFlight() float64 {
+	remote, _ := l.c.remoteLoad(l.s)
+	return float64(l.s.front.InFlight()+l.s.front.Waiting()) + remote
 }
 
-// scaleLoop runs the service's autoscaler: it samples the proxy's load, decides every
-// decision interval (at once when a request waits at zero), and hands the target to the
-// replica manager.
-func (c *Controller) scaleLoop(ctx context.Context, s *service) {
-	sc := s.scaler
-	interval := sc.spec.DecisionInterval
-	sample := time.NewTicker(interval / samplesPerDecision)
-	defer sample.Stop()
-	decide := time.NewTicker(interval)
-	defer decide.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-sample.C:
-			sc.inflightSum += c.concurrency(s)
-			sc.samples++
-			continue
-		case <-decide.C:
-		case <-sc.kick:
-		}
-		c.decide(s, time.Now())
-	}
-}
-
-// concurrency is what the autoscaler calls in-flight: requests being served plus requests the
-// proxy holds because no replica is READY, in this process's proxy and in attached ones.
-func (c *Controller) concurrency(s *service) float64 {
-	remote, _ := c.remoteLoad(s)
-	return float64(s.front.InFlight()+s.front.Waiting()) + remote
-}
-
-// decide runs one decision and applies it.
-func (c *Controller) decide(s *service, now time.Time) {
-	sc := s.scaler
-	ready := 0
-	live := 0
-	var coldStarts []time.Duration // launch to READY of each replica that got there
-	for _, r := range s.mgr.Replicas() {
-		if !r.LaunchedAt.IsZero() && r.ReadyAt.After(r.LaunchedAt) {
-			coldStarts = append(coldStarts, r.ReadyAt.Sub(r.LaunchedAt))
-		}
-		switch {
-		case r.Status == replicas.StatusReady:
-			ready++
-			live++
-		case !r.Status.Terminal() && r.Status != replicas.StatusShuttingDown:
-			live++
+// Engines are what the READY replicas last reported on /metrics to this process's proxy.
+func (l serviceLoad) Engines() []autoscaler.EngineLoad {
+	var out []autoscaler.EngineLoad
+	for _, r := range l.s.front.Current().ReplicaLoad() {
+		if r.Scraped {
+			out = append(out, autoscaler.EngineLoad{Waiting: r.Waiting, Running: r.Running, KVCacheUsage: r.KVCacheUsage, Replicas: 1})
 		}
 	}
+	return out
+}
+
+// serviceFleet is a service's replicas and target as the autoscaler reads and sets them.
+type serviceFleet struct {
+	c *Controller
+	s *service
+}
+
+var _ autoscaler.Fleet = serviceFleet{}
+
+func (f serviceFleet) Replicas() []autoscaler.Replica {
+	recs := f.s.mgr.Replicas()
+	out := make([]autoscaler.Replica, len(recs))
+	for i, r := range recs {
+		out[i] = autoscaler.Replica{LaunchedAt: r.LaunchedAt, ReadyAt: r.ReadyAt, Ready: r.Status == replicas.StatusReady,
+			Live: r.Status == replicas.StatusReady || (!r.Status.Terminal() && r.Status != replicas.StatusShuttingDown)}
+	}
+	return out
+}
+
+func (f serviceFleet) Target() (int, bool) {
+	f.s.mu.Lock()
+	defer f.s.mu.Unlock()
+	return f.s.target, f.s.targetKnown
+}
+
+func (f serviceFleet) SetTarget(d autoscaler.Decision) {
+	f.s.mu.Lock()
+	f.s.scaling = d.Reason
+	f.s.mu.Unlock()
+	f.c.setTarget(f.s, d.Target)
+}
+
+// setTarget saves a new replica target, then hands it to the manager: a restarted controller
+// resumes from the saved one instead of counting replicas mid-rollout.
+func (c *Controller) setTarget(s *service, n int) {
 	s.mu.Lock()
-	target, known := s.target, s.targetKnown
+	s.target, s.targetKnown = n, true
 	s.mu.Unlock()
-	if sc.decider == nil {
-		// A restarted controller resumes from the target it saved, else from the replicas it
-		// found, so a restart neither drops a loaded service to its minimum nor keeps it above
-		// what it had (mid-rollout, old and new replicas together are more than the target).
-		if !known {
-			target = max(live, target)
-		}
-		sc.decider = autoscaler.Resume(sc.spec, target)
+	if err := c.store.SetTarget(s.name, n); err != nil {
+		c.log.Warn("save replica target", zap.String("service", s.name), zap.Error(err))
 	}
+	s.mgr.SetDesired(n)
+}
 
-	_, remoteArrivals := c.remoteLoad(s)
-	arrivals := s.front.Arrivals() + remoteArrivals
-	obs := autoscaler.Observation{Arrivals: int(arrivals - sc.lastArrivals)}
-	sc.lastArrivals = arrivals
-	obs.InFlight = c.concurrency(s)
-	if sc.samples > 0 {
-		obs.InFlight = max(obs.InFlight, sc.inflightSum/float64(sc.samples))
+// pokeScaler is the proxy's OnColdRequest hook: decide now, a request waits at zero. It never
+// blocks the request path.
+func (s *service) pokeScaler() {
+	s.mu.Lock()
+	loop := s.scaleLoop
+	s.mu.Unlock()
+	if loop != nil {
+		loop.Poke()
 	}
-	sc.inflightSum, sc.samples = 0, 0
-	if sc.spec.WantsEngineLoad() {
-		obs.Engine = s.engineLoad()
-	}
-	obs.ColdStart = autoscaler.ColdStartOf(coldStarts)
+}
 
-	d := sc.decider.Decide(now, obs, autoscaler.State{Ready: ready, Target: target})
-	if d.Target == target {
+// startScaleLoop runs the service's autoscaler for spec (a fixed count has none) until the
+// service ends or restartScaler replaces it.
+func (c *Controller) startScaleLoop(s *service, spec autoscaler.Spec) {
+	if spec.Policy == "" {
 		return
 	}
+	loop := autoscaler.NewLoop(autoscaler.LoopConfig{Spec: spec, Load: serviceLoad{c, s}, Fleet: serviceFleet{c, s},
+		Logger: c.log.With(zap.String("service", s.name))})
+	ctx, cancel := context.WithCancel(s.ctx)
+	done := make(chan struct{})
 	s.mu.Lock()
-	s.scaling = d.Reason
+	s.scaleLoop = loop
+	s.stopScaleLoop = func() {
+		cancel()
+		<-done
+	}
 	s.mu.Unlock()
-	c.log.Info("scaling", zap.String("service", s.name), zap.Int("from", target), zap.Int("to", d.Target),
-		zap.Bool("panic", d.Panic), zap.String("reason", d.Reason), zap.Int("ready", ready))
-	c.setTarget(s, d.Target)
+	s.inner.Add(1)
+	go func() {
+		defer s.inner.Done()
+		defer close(done)
+		_ = loop.Start(ctx)
+	}()
 }
 
-// engineLoad sums what READY replicas last reported on /metrics; nil when none was scraped.
-func (s *service) engineLoad() *autoscaler.EngineLoad {
-	var e autoscaler.EngineLoad
-	kv := 0
-	for _, r := range s.front.Current().ReplicaLoad() {
-		if !r.Scraped {
-			continue
-		}
-		e.Waiting += r.Waiting
-		e.Running += r.Running
-		e.KVCacheUsage += r.KVCacheUsage
-		kv++
+// restartScaler makes a new replica policy take effect: the old scale loop stops, and a new
+// one (if the policy autoscales) resumes from the current target; a fixed count is set.
+func (c *Controller) restartScaler(s *service, task *configs.Task) {
+	s.mu.Lock()
+	stop := s.stopScaleLoop
+	s.stopScaleLoop, s.scaleLoop = nil, nil
+	s.mu.Unlock()
+	if stop != nil {
+		stop()
 	}
-	if kv == 0 {
-		return nil
+	spec := autoscaler.SpecFor(task.Service.ReplicaPolicy)
+	if spec.Policy == "" {
+		c.setTarget(s, spec.Min)
+		return
 	}
-	e.Replicas = kv
-	e.KVCacheUsage /= float64(kv)
-	return &e
+	c.startScaleLoop(s, spec)
+	c.log.Info("autoscaler replaced", zap.String("service", s.name), zap.String("policy", spec.Policy))
 }

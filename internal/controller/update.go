@@ -56,7 +56,7 @@ func (c *Controller) UpdateService(_ context.Context, name string, req api.Updat
 	if err != nil {
 		return api.ServiceStatus{}, err
 	}
-	cur := s.mgr.Target()
+	cur := s.mgr.TargetVersion()
 	next := cur + 1
 	launchedAs := map[int]int{}
 	for _, v := range versions {
@@ -138,75 +138,6 @@ func (c *Controller) applyServiceSection(s *service, task *configs.Task) {
 		c.restartScaler(s, task)
 	}
 	c.reconfigureProxy(s, old, task)
-}
-
-// setTarget saves a new replica target, then hands it to the manager: a restarted controller
-// resumes from the saved one instead of counting replicas mid-rollout.
-func (c *Controller) setTarget(s *service, n int) {
-	s.mu.Lock()
-	s.target, s.targetKnown = n, true
-	s.mu.Unlock()
-	if err := c.store.SetTarget(s.name, n); err != nil {
-		c.log.Warn("save replica target", zap.String("service", s.name), zap.Error(err))
-	}
-	s.mgr.SetTarget(n)
-}
-
-// pokeScaler is the proxy's OnColdRequest hook: decide now, a request waits at zero.
-func (s *service) pokeScaler() {
-	s.mu.Lock()
-	sc := s.scaler
-	s.mu.Unlock()
-	if sc != nil {
-		sc.poke()
-	}
-}
-
-// startScaleLoop runs sc as the service's scale loop until the service ends or
-// restartScaler replaces it.
-func (c *Controller) startScaleLoop(s *service, sc *scaler) {
-	ctx, cancel := context.WithCancel(s.ctx)
-	done := make(chan struct{})
-	s.mu.Lock()
-	s.scaler = sc
-	s.stopScaler = func() {
-		cancel()
-		<-done
-	}
-	s.mu.Unlock()
-	s.inner.Add(1)
-	go func() {
-		defer s.inner.Done()
-		defer close(done)
-		c.scaleLoop(ctx, s)
-	}()
-}
-
-// restartScaler makes a new replica policy take effect: the old scale loop stops, and a new
-// one (if the policy autoscales) resumes from the current target; a fixed count is set.
-func (c *Controller) restartScaler(s *service, task *configs.Task) {
-	s.mu.Lock()
-	stop := s.stopScaler
-	s.stopScaler = nil
-	s.mu.Unlock()
-	if stop != nil {
-		stop()
-	}
-	spec := autoscaler.SpecFor(task.Service.ReplicaPolicy)
-	if spec.Policy == "" {
-		s.mu.Lock()
-		s.scaler = nil
-		s.mu.Unlock()
-		c.setTarget(s, spec.Min)
-		return
-	}
-	s.mu.Lock()
-	target := s.target
-	s.mu.Unlock()
-	sc := newScaler(spec)
-	sc.decider = autoscaler.Resume(spec, target)
-	c.startScaleLoop(s, sc)
-	c.log.Info("autoscaler replaced", zap.String("service", s.name), zap.String("policy", spec.Policy))
 }
 
 // newServiceProxy builds the proxy for a service's task; onCold is its OnColdRequest hook.
