@@ -67,13 +67,8 @@ func (c *checker) service(e entry, res Resources, envs, secrets map[string]strin
 
 	lb, hasLB := f["load_balancing_policy"]
 	if hasLB {
-		lbField := joinField(field, "load_balancing_policy")
-		if v, ok := c.str(lb.value, lbField); ok {
-			if slices.Contains(lbPolicies, v) {
-				s.LoadBalancingPolicy = v
-			} else {
-				c.errorf(lb.value, lbField, "unknown policy %s%s", quoteShort(v), suggest(v, lbPolicies, "policies"))
-			}
+		if v, ok := c.oneOf(lb.value, joinField(field, "load_balancing_policy"), lbPolicies, "policy", "policies"); ok {
+			s.LoadBalancingPolicy = v
 		}
 	}
 
@@ -185,13 +180,8 @@ func (c *checker) update(n *yaml.Node, field string) Update {
 		return u
 	}
 	if e, ok := f["mode"]; ok {
-		mf := joinField(field, "mode")
-		if v, ok := c.str(e.value, mf); ok {
-			if slices.Contains(updateModes, v) {
-				u.Mode = v
-			} else {
-				c.errorf(e.value, mf, "unknown mode %s%s", quoteShort(v), suggest(v, updateModes, "modes"))
-			}
+		if v, ok := c.oneOf(e.value, joinField(field, "mode"), updateModes, "mode", "modes"); ok {
+			u.Mode = v
 		}
 	}
 	if e, ok := f["max_parallel"]; ok {
@@ -542,14 +532,9 @@ func (c *checker) replicaPolicy(e entry, useSpot bool) (ReplicaPolicy, *yaml.Nod
 		}
 	}
 	if n, ok := f["spot_placer"]; ok {
-		sf := joinField(field, "spot_placer")
-		if v, ok := c.str(n.value, sf); ok {
-			if slices.Contains(spotPlacers, v) {
-				p.SpotPlacer = v
-				spotOnly("spot_placer", true, n.value)
-			} else {
-				c.errorf(n.value, sf, "unknown spot placer %s%s", quoteShort(v), suggest(v, spotPlacers, "placers"))
-			}
+		if v, ok := c.oneOf(n.value, joinField(field, "spot_placer"), spotPlacers, "spot placer", "placers"); ok {
+			p.SpotPlacer = v
+			spotOnly("spot_placer", true, n.value)
 		}
 	}
 	return p, qpsNode
