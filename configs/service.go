@@ -30,6 +30,9 @@ var (
 	spotOnlyMsgSuffix = "spot-only field without use_spot: set resources.use_spot: true, or remove this field"
 )
 
+// policyField is the path of the replica_policy section, which several readers share.
+const policyField = "service.replica_policy"
+
 // SpotPlacerDynamicFallback is SkyServe's SpotHedge placer, the only spot_placer there is.
 const SpotPlacerDynamicFallback = "dynamic_fallback"
 
