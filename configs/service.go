@@ -446,64 +446,16 @@ func writeJSONString(buf *bytes.Buffer, s string) {
 // replicaPolicy reads replica_policy with its defaults and cross-field rules. It returns the
 // target_qps_per_replica node (nil if absent) for rules that depend on other sections.
 func (c *checker) replicaPolicy(e entry, useSpot bool) (ReplicaPolicy, *yaml.Node) {
-	const field = "service.replica_policy"
 	p := ReplicaPolicy{UpscaleDelaySeconds: DefaultUpscaleDelaySeconds, DownscaleDelaySeconds: DefaultDownscaleDelaySeconds}
-	f, ok := c.fields(e.value, field, policyKeys)
+	f, ok := c.fields(e.value, policyField, policyKeys)
 	if !ok {
 		return p, nil
 	}
-	min, minOK := 0, false
-	if m, ok := f["min_replicas"]; ok {
-		min, minOK = c.intAtLeast(m.value, joinField(field, "min_replicas"), 0)
-	} else {
-		c.errorf(e.keyNode, joinField(field, "min_replicas"), "required: how many replicas to keep running (0 scales to zero)")
-	}
-	p.MinReplicas, p.MaxReplicas = min, min
-	maxNode, hasMax := f["max_replicas"]
-	maxOK := minOK
-	if hasMax {
-		var max int
-		max, maxOK = c.intAtLeast(maxNode.value, joinField(field, "max_replicas"), 0)
-		if maxOK && minOK && max < min {
-			c.errorf(maxNode.value, joinField(field, "max_replicas"), "must be at least min_replicas (%d), got %d", min, max)
-			maxOK = false
-		}
-		if maxOK {
-			p.MaxReplicas = max
-		}
-	}
-
+	minOK, maxOK := c.replicaRange(e, f, &p)
 	var qpsNode *yaml.Node
 	if q, ok := f["target_qps_per_replica"]; ok {
 		qpsNode = q.value
-		qf := joinField(field, "target_qps_per_replica")
-		switch q.value.Kind {
-		case yaml.MappingNode:
-			ps, _ := c.pairs(q.value, qf)
-			if len(ps) == 0 {
-				c.errorf(q.value, qf, "empty mapping: give a QPS target for at least one accelerator")
-			}
-			m := map[string]float64{}
-			for _, a := range ps {
-				af := joinField(qf, a.key)
-				if !acceleratorNameRE.MatchString(a.key) {
-					c.errorf(a.keyNode, af, "bad accelerator name %s", quoteShort(a.key))
-					continue
-				}
-				if v, ok := c.positive(a.value, af); ok {
-					m[a.key] = v
-				}
-			}
-			if len(m) > 0 {
-				p.TargetQPSPerAccelerator = m
-			}
-		case yaml.ScalarNode:
-			if v, ok := c.positive(q.value, qf); ok {
-				p.TargetQPSPerReplica = v
-			}
-		default:
-			c.errorf(q.value, qf, "expected a number, or a mapping of accelerator to number, got %s", describe(q.value))
-		}
+		c.qpsTarget(q.value, &p)
 	}
 
 	scaling := c.resolveAutoscaler(f, p, minOK && maxOK, qpsNode != nil)
@@ -511,36 +463,98 @@ func (c *checker) replicaPolicy(e entry, useSpot bool) (ReplicaPolicy, *yaml.Nod
 	c.scalingFields(f, &p, scaling, minOK)
 
 	if n, ok := f["num_overprovision"]; ok {
-		p.NumOverprovision, _ = c.intAtLeast(n.value, joinField(field, "num_overprovision"), 0)
+		p.NumOverprovision, _ = c.intAtLeast(n.value, joinField(policyField, "num_overprovision"), 0)
 		p.NumOverprovisionSet = true
 	}
+	c.spotFallback(f, &p, useSpot)
+	return p, qpsNode
+}
 
-	// The fallback fields describe how spot and on-demand replicas mix; without spot they
-	// would silently do nothing, which is worse than an error.
+// replicaRange reads min_replicas (required) and max_replicas (min_replicas when left out).
+// minOK and maxOK say each was read without error: the choice of autoscaler depends on both.
+func (c *checker) replicaRange(e entry, f map[string]entry, p *ReplicaPolicy) (minOK, maxOK bool) {
+	min := 0
+	if m, ok := f["min_replicas"]; ok {
+		min, minOK = c.intAtLeast(m.value, joinField(policyField, "min_replicas"), 0)
+	} else {
+		c.errorf(e.keyNode, joinField(policyField, "min_replicas"), "required: how many replicas to keep running (0 scales to zero)")
+	}
+	p.MinReplicas, p.MaxReplicas = min, min
+	maxNode, hasMax := f["max_replicas"]
+	maxOK = minOK
+	if hasMax {
+		var max int
+		max, maxOK = c.intAtLeast(maxNode.value, joinField(policyField, "max_replicas"), 0)
+		if maxOK && minOK && max < min {
+			c.errorf(maxNode.value, joinField(policyField, "max_replicas"), "must be at least min_replicas (%d), got %d", min, max)
+			maxOK = false
+		}
+		if maxOK {
+			p.MaxReplicas = max
+		}
+	}
+	return minOK, maxOK
+}
+
+// qpsTarget reads target_qps_per_replica: one target for every replica, or a mapping of
+// accelerator to target for replicas that run on different accelerators.
+func (c *checker) qpsTarget(n *yaml.Node, p *ReplicaPolicy) {
+	qf := joinField(policyField, "target_qps_per_replica")
+	switch n.Kind {
+	case yaml.MappingNode:
+		ps, _ := c.pairs(n, qf)
+		if len(ps) == 0 {
+			c.errorf(n, qf, "empty mapping: give a QPS target for at least one accelerator")
+		}
+		m := map[string]float64{}
+		for _, a := range ps {
+			af := joinField(qf, a.key)
+			if !acceleratorNameRE.MatchString(a.key) {
+				c.errorf(a.keyNode, af, "bad accelerator name %s", quoteShort(a.key))
+				continue
+			}
+			if v, ok := c.positive(a.value, af); ok {
+				m[a.key] = v
+			}
+		}
+		if len(m) > 0 {
+			p.TargetQPSPerAccelerator = m
+		}
+	case yaml.ScalarNode:
+		if v, ok := c.positive(n, qf); ok {
+			p.TargetQPSPerReplica = v
+		}
+	default:
+		c.errorf(n, qf, "expected a number, or a mapping of accelerator to number, got %s", describe(n))
+	}
+}
+
+// spotFallback reads the fields that describe how spot and on-demand replicas mix. Without
+// spot they would silently do nothing, which is worse than an error.
+func (c *checker) spotFallback(f map[string]entry, p *ReplicaPolicy, useSpot bool) {
 	spotOnly := func(key string, set bool, n *yaml.Node) {
 		if set && !useSpot {
-			c.errorf(n, joinField(field, key), "%s", spotOnlyMsgSuffix)
+			c.errorf(n, joinField(policyField, key), "%s", spotOnlyMsgSuffix)
 		}
 	}
 	if n, ok := f["base_ondemand_fallback_replicas"]; ok {
-		if v, ok := c.intAtLeast(n.value, joinField(field, "base_ondemand_fallback_replicas"), 0); ok {
+		if v, ok := c.intAtLeast(n.value, joinField(policyField, "base_ondemand_fallback_replicas"), 0); ok {
 			p.BaseOndemandFallbackReplicas = v
 			spotOnly("base_ondemand_fallback_replicas", v > 0, n.value)
 		}
 	}
 	if n, ok := f["dynamic_ondemand_fallback"]; ok {
-		if v, ok := c.boolean(n.value, joinField(field, "dynamic_ondemand_fallback")); ok {
+		if v, ok := c.boolean(n.value, joinField(policyField, "dynamic_ondemand_fallback")); ok {
 			p.DynamicOndemandFallback = v
 			spotOnly("dynamic_ondemand_fallback", v, n.value)
 		}
 	}
 	if n, ok := f["spot_placer"]; ok {
-		if v, ok := c.oneOf(n.value, joinField(field, "spot_placer"), spotPlacers, "spot placer", "placers"); ok {
+		if v, ok := c.oneOf(n.value, joinField(policyField, "spot_placer"), spotPlacers, "spot placer", "placers"); ok {
 			p.SpotPlacer = v
 			spotOnly("spot_placer", true, n.value)
 		}
 	}
-	return p, qpsNode
 }
 
 // tls reads {keyfile, certfile}, expanding a leading ~ so the controller (which may run with
