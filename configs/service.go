@@ -67,70 +67,14 @@ func (c *checker) service(e entry, res Resources, envs, secrets map[string]strin
 	if p, ok := f["readiness_probe"]; ok {
 		s.ReadinessProbe = c.probe(p.value, joinField(field, "readiness_probe"))
 	}
-
-	lb, hasLB := f["load_balancing_policy"]
-	if hasLB {
+	if lb, ok := f["load_balancing_policy"]; ok {
 		if v, ok := c.oneOf(lb.value, joinField(field, "load_balancing_policy"), lbPolicies, "policy", "policies"); ok {
 			s.LoadBalancingPolicy = v
 		}
 	}
-
-	rep, hasRep := f["replicas"]
-	pol, hasPol := f["replica_policy"]
-	var qpsNode *yaml.Node
-	if hasRep && hasPol {
-		c.errorf(pol.keyNode, joinField(field, "replica_policy"), "replicas and replica_policy are exclusive: use replicas for a fixed count, or replica_policy to autoscale")
-	}
-	if hasPol {
-		s.ReplicaPolicy, qpsNode = c.replicaPolicy(pol, res.UseSpot)
-	} else {
-		n := 1
-		if hasRep {
-			if v, ok := c.intAtLeast(rep.value, joinField(field, "replicas"), 0); ok {
-				n = v
-			}
-		}
-		s.FixedReplicas = true
-		s.ReplicaPolicy = ReplicaPolicy{MinReplicas: n, MaxReplicas: n,
-			UpscaleDelaySeconds: DefaultUpscaleDelaySeconds, DownscaleDelaySeconds: DefaultDownscaleDelaySeconds}
-	}
-
-	// The per-accelerator QPS map and the instance-aware policy only make sense together: the
-	// policy divides in-flight requests by each replica's accelerator's target.
-	perAccelerator := s.ReplicaPolicy.TargetQPSPerAccelerator != nil
-	if perAccelerator && s.LoadBalancingPolicy != PolicyInstanceAwareLeastLoad {
-		c.errorf(qpsNode, joinField(field, "replica_policy.target_qps_per_replica"),
-			"a mapping of accelerator to QPS needs load_balancing_policy: %s (got %s)", PolicyInstanceAwareLeastLoad, s.LoadBalancingPolicy)
-	}
-	if s.LoadBalancingPolicy == PolicyInstanceAwareLeastLoad && !perAccelerator && hasLB {
-		c.errorf(lb.value, joinField(field, "load_balancing_policy"),
-			"%s needs replica_policy.target_qps_per_replica as a mapping of accelerator to QPS (e.g. {A100: 10, L4: 3})", PolicyInstanceAwareLeastLoad)
-	}
-	if perAccelerator {
-		c.checkQPSAccelerators(qpsNode, res)
-	}
-
-	portField := joinField(field, "ports")
-	if p, ok := f["ports"]; ok {
-		if p.value.Kind == yaml.SequenceNode {
-			c.errorf(p.value, portField, "expected one port (the port each replica serves on), got a list")
-		} else if lo, hi, ok := c.portRange(p.value, portField); ok {
-			if lo != hi {
-				c.errorf(p.value, portField, "expected one port (the port each replica serves on), got a range")
-			}
-			s.Port = lo
-		}
-	} else {
-		ports := candidatePorts(res)
-		switch len(ports) {
-		case 1:
-			s.Port = ports[0]
-		case 0:
-			c.errorf(e.keyNode, portField, "required: the port each replica serves on (set service.ports, or give exactly one port in resources.ports)")
-		default:
-			c.errorf(e.keyNode, portField, "required: resources.ports lists %d ports, so say which one replicas serve on", len(ports))
-		}
-	}
+	qpsNode := c.replicas(f, s, res.UseSpot)
+	c.checkPerAcceleratorQPS(f, s, qpsNode, res)
+	s.Port = c.servicePort(e, f, res)
 
 	if t, ok := f["tls"]; ok {
 		s.TLS = c.tls(t.value, joinField(field, "tls"))
@@ -148,6 +92,81 @@ func (c *checker) service(e entry, res Resources, envs, secrets map[string]strin
 		s.HealthCheck = c.healthCheck(h.value, joinField(field, "health_check"))
 	}
 	return s
+}
+
+// replicas reads replicas (a fixed count, 1 by default) or replica_policy (to autoscale) into s;
+// the two are exclusive. It returns the target_qps_per_replica node, nil if absent.
+func (c *checker) replicas(f map[string]entry, s *Service, useSpot bool) *yaml.Node {
+	rep, hasRep := f["replicas"]
+	pol, hasPol := f["replica_policy"]
+	if hasRep && hasPol {
+		c.errorf(pol.keyNode, policyField, "replicas and replica_policy are exclusive: use replicas for a fixed count, or replica_policy to autoscale")
+	}
+	if hasPol {
+		var qpsNode *yaml.Node
+		s.ReplicaPolicy, qpsNode = c.replicaPolicy(pol, useSpot)
+		return qpsNode
+	}
+	n := 1
+	if hasRep {
+		if v, ok := c.intAtLeast(rep.value, "service.replicas", 0); ok {
+			n = v
+		}
+	}
+	s.FixedReplicas = true
+	s.ReplicaPolicy = ReplicaPolicy{MinReplicas: n, MaxReplicas: n,
+		UpscaleDelaySeconds: DefaultUpscaleDelaySeconds, DownscaleDelaySeconds: DefaultDownscaleDelaySeconds}
+	return nil
+}
+
+// checkPerAcceleratorQPS checks that a per-accelerator QPS map and the instance-aware policy
+// come together (the policy divides in-flight requests by each replica's accelerator's
+// target), and that the map names accelerators the resources ask for.
+func (c *checker) checkPerAcceleratorQPS(f map[string]entry, s *Service, qpsNode *yaml.Node, res Resources) {
+	perAccelerator := s.ReplicaPolicy.TargetQPSPerAccelerator != nil
+	if perAccelerator && s.LoadBalancingPolicy != PolicyInstanceAwareLeastLoad {
+		c.errorf(qpsNode, joinField(policyField, "target_qps_per_replica"),
+			"a mapping of accelerator to QPS needs load_balancing_policy: %s (got %s)", PolicyInstanceAwareLeastLoad, s.LoadBalancingPolicy)
+	}
+	lb, hasLB := f["load_balancing_policy"]
+	if s.LoadBalancingPolicy == PolicyInstanceAwareLeastLoad && !perAccelerator && hasLB {
+		c.errorf(lb.value, "service.load_balancing_policy",
+			"%s needs replica_policy.target_qps_per_replica as a mapping of accelerator to QPS (e.g. {A100: 10, L4: 3})", PolicyInstanceAwareLeastLoad)
+	}
+	if perAccelerator {
+		c.checkQPSAccelerators(qpsNode, res)
+	}
+}
+
+// servicePort reads service.ports, the one port each replica serves on; when it is left out,
+// resources.ports may name it, if it lists exactly one. It returns 0 when there is none.
+func (c *checker) servicePort(e entry, f map[string]entry, res Resources) int {
+	const portField = "service.ports"
+	p, ok := f["ports"]
+	if !ok {
+		ports := candidatePorts(res)
+		switch len(ports) {
+		case 1:
+			return ports[0]
+		case 0:
+			c.errorf(e.keyNode, portField, "required: the port each replica serves on (set service.ports, or give exactly one port in resources.ports)")
+		default:
+			c.errorf(e.keyNode, portField, "required: resources.ports lists %d ports, so say which one replicas serve on", len(ports))
+		}
+		return 0
+	}
+	if p.value.Kind == yaml.SequenceNode {
+		c.errorf(p.value, portField, "expected one port (the port each replica serves on), got a list")
+		return 0
+	}
+	lo, hi, ok := c.portRange(p.value, portField)
+	if !ok {
+		return 0
+	}
+	if lo != hi {
+		c.errorf(p.value, portField, "expected one port (the port each replica serves on), got a range")
+	}
+	return lo
 }
 
 // healthCheck reads `service.health_check`.
