@@ -98,117 +98,169 @@ func (c *checker) resolveAutoscaler(f map[string]entry, p ReplicaPolicy, rangeOK
 // scalingFields reads the fields that tune the autoscaler into p, reporting any the chosen
 // autoscaler would not read: a field that silently does nothing is worse than an error.
 func (c *checker) scalingFields(f map[string]entry, p *ReplicaPolicy, s scaling, minOK bool) {
-	const field = "service.replica_policy"
-	// applies reports whether key is read by s, recording an error when it is not.
-	applies := func(key string, n *yaml.Node) bool {
-		if !s.known {
-			return true // still check the value's range
-		}
-		msg, why := "", s.why
-		switch {
-		case s.name == "":
-			msg = fmt.Sprintf("no effect with a fixed replica count (min_replicas = max_replicas = %d): raise max_replicas, or name an autoscaler", p.MinReplicas)
-		case slices.Contains(requestRateKeys, key) && s.windowed():
-			msg = fmt.Sprintf("%s only; %s and %s use stable_window_seconds and panic_window_seconds",
-				AutoscalerRequestRate, AutoscalerConcurrency, AutoscalerLLM)
-		case slices.Contains(windowedKeys, key) && !s.windowed():
-			msg = fmt.Sprintf("only with autoscaler: %s or %s; %s scales on target_qps_per_replica with upscale_delay_seconds and downscale_delay_seconds",
-				AutoscalerConcurrency, AutoscalerLLM, AutoscalerRequestRate)
-		case slices.Contains(llmKeys, key) && s.name != AutoscalerLLM:
-			msg = fmt.Sprintf("only with autoscaler: %s", AutoscalerLLM)
-			if why != "" {
-				// The default may have been picked because of this very field: say how to get llm.
-				why = fmt.Sprintf("the default autoscaler is %s; add autoscaler: %s", s.name, AutoscalerLLM)
-			}
-		default:
-			return true
-		}
-		if why != "" {
-			msg += " (" + why + ")"
-		}
-		c.errorf(n, joinField(field, key), "%s", msg)
-		return false
-	}
-
-	// SkyServe's delays stay allowed with a fixed count, as in SkyServe, and keep their
-	// defaults there; under concurrency and llm they are zero.
-	if s.windowed() {
-		p.UpscaleDelaySeconds, p.DownscaleDelaySeconds = 0, 0
-	}
-	for _, key := range requestRateKeys {
-		e, ok := f[key]
-		if !ok || (s.name != "" && !applies(key, e.value)) {
-			continue
-		}
-		if v, ok := c.intAtLeast(e.value, joinField(field, key), 0); ok {
-			if key == "upscale_delay_seconds" {
-				p.UpscaleDelaySeconds = v
-			} else {
-				p.DownscaleDelaySeconds = v
-			}
-		}
-	}
-
-	// read returns the node of key when it is present and read by the autoscaler.
-	read := func(key string) (*yaml.Node, string, bool) {
-		e, ok := f[key]
-		if !ok || !applies(key, e.value) {
-			return nil, "", false
-		}
-		return e.value, joinField(field, key), true
-	}
-	if n, kf, ok := read("target_inflight_per_replica"); ok {
+	t := &tuning{c: c, f: f, p: p, s: s}
+	t.requestRateDelays()
+	if n, kf, ok := t.read("target_inflight_per_replica"); ok {
 		p.TargetInflightPerReplica, _ = c.positive(n, kf)
 	}
+	t.windows()
+	t.scaleRates()
+	t.scaleToZeroGrace(minOK)
+	t.llmTargets()
+}
+
+// tuning is what the phases of scalingFields share: the replica_policy's fields, the policy
+// they fill in and the autoscaler that decides which of them apply.
+type tuning struct {
+	c *checker
+	f map[string]entry
+	p *ReplicaPolicy
+	s scaling
+}
+
+// ignores says why s's autoscaler does not read key, or "" when it does (or when the
+// autoscaler is not known, so that the value's range is still checked).
+func (s scaling) ignores(key string, minReplicas int) string {
+	if !s.known {
+		return ""
+	}
+	msg, why := "", s.why
+	switch {
+	case s.name == "":
+		msg = fmt.Sprintf("no effect with a fixed replica count (min_replicas = max_replicas = %d): raise max_replicas, or name an autoscaler", minReplicas)
+	case slices.Contains(requestRateKeys, key) && s.windowed():
+		msg = fmt.Sprintf("%s only; %s and %s use stable_window_seconds and panic_window_seconds",
+			AutoscalerRequestRate, AutoscalerConcurrency, AutoscalerLLM)
+	case slices.Contains(windowedKeys, key) && !s.windowed():
+		msg = fmt.Sprintf("only with autoscaler: %s or %s; %s scales on target_qps_per_replica with upscale_delay_seconds and downscale_delay_seconds",
+			AutoscalerConcurrency, AutoscalerLLM, AutoscalerRequestRate)
+	case slices.Contains(llmKeys, key) && s.name != AutoscalerLLM:
+		msg = fmt.Sprintf("only with autoscaler: %s", AutoscalerLLM)
+		if why != "" {
+			// The default may have been picked because of this very field: say how to get llm.
+			why = fmt.Sprintf("the default autoscaler is %s; add autoscaler: %s", s.name, AutoscalerLLM)
+		}
+	default:
+		return ""
+	}
+	if why != "" {
+		msg += " (" + why + ")"
+	}
+	return msg
+}
+
+// applies reports whether key is read by the autoscaler, recording an error when it is not.
+func (t *tuning) applies(key string, n *yaml.Node) bool {
+	msg := t.s.ignores(key, t.p.MinReplicas)
+	if msg == "" {
+		return true
+	}
+	t.c.errorf(n, joinField(policyField, key), "%s", msg)
+	return false
+}
+
+// read returns the node of key and its field when key is present and read by the autoscaler.
+func (t *tuning) read(key string) (*yaml.Node, string, bool) {
+	e, ok := t.f[key]
+	if !ok || !t.applies(key, e.value) {
+		return nil, "", false
+	}
+	return e.value, joinField(policyField, key), true
+}
+
+// requestRateDelays reads SkyServe's delays. They stay allowed with a fixed count, as in
+// SkyServe, and keep their defaults there; under concurrency and llm they are zero.
+func (t *tuning) requestRateDelays() {
+	if t.s.windowed() {
+		t.p.UpscaleDelaySeconds, t.p.DownscaleDelaySeconds = 0, 0
+	}
+	for _, key := range requestRateKeys {
+		e, ok := t.f[key]
+		if !ok || (t.s.name != "" && !t.applies(key, e.value)) {
+			continue
+		}
+		if v, ok := t.c.intAtLeast(e.value, joinField(policyField, key), 0); ok {
+			if key == "upscale_delay_seconds" {
+				t.p.UpscaleDelaySeconds = v
+			} else {
+				t.p.DownscaleDelaySeconds = v
+			}
+		}
+	}
+}
+
+// windows reads the stable and panic windows; the panic window must fit inside the stable
+// one, whether that was set or left to its default.
+func (t *tuning) windows() {
 	stable := defaultStableWindowSeconds
-	if n, kf, ok := read("stable_window_seconds"); ok {
-		if v, ok := c.intBetween(n, kf, minStableWindowSeconds, maxStableWindowSeconds); ok {
-			p.StableWindowSeconds, stable = v, v
+	if n, kf, ok := t.read("stable_window_seconds"); ok {
+		if v, ok := t.c.intBetween(n, kf, minStableWindowSeconds, maxStableWindowSeconds); ok {
+			t.p.StableWindowSeconds, stable = v, v
 		} else {
 			stable = 0 // unknown: skip the panic window's bound
 		}
 	}
-	if n, kf, ok := read("panic_window_seconds"); ok {
-		if v, ok := c.intAtLeast(n, kf, 1); ok {
-			switch {
-			case stable == 0:
-				p.PanicWindowSeconds = v
-			case v > stable && p.StableWindowSeconds == 0:
-				c.errorf(n, kf, "must be at most stable_window_seconds (%d, the default), got %d", stable, v)
-			case v > stable:
-				c.errorf(n, kf, "must be at most stable_window_seconds (%d), got %d", stable, v)
-			default:
-				p.PanicWindowSeconds = v
-			}
+	n, kf, ok := t.read("panic_window_seconds")
+	if !ok {
+		return
+	}
+	v, ok := t.c.intAtLeast(n, kf, 1)
+	if !ok {
+		return
+	}
+	switch {
+	case stable == 0:
+		t.p.PanicWindowSeconds = v
+	case v > stable && t.p.StableWindowSeconds == 0:
+		t.c.errorf(n, kf, "must be at most stable_window_seconds (%d, the default), got %d", stable, v)
+	case v > stable:
+		t.c.errorf(n, kf, "must be at most stable_window_seconds (%d), got %d", stable, v)
+	default:
+		t.p.PanicWindowSeconds = v
+	}
+}
+
+// scaleRates reads the panic threshold and the bounds on how fast a windowed autoscaler may
+// grow or shrink the replica count.
+func (t *tuning) scaleRates() {
+	if n, kf, ok := t.read("panic_threshold"); ok {
+		t.p.PanicThreshold, _ = t.c.numberAbove(n, kf, 1, maxPanicThreshold)
+	}
+	if n, kf, ok := t.read("max_scale_up_rate"); ok {
+		t.p.MaxScaleUpRate, _ = t.c.numberAbove(n, kf, 1, 0)
+	}
+	if n, kf, ok := t.read("max_scale_down_rate"); ok {
+		t.p.MaxScaleDownRate, _ = t.c.numberAbove(n, kf, 1, 0)
+	}
+}
+
+// scaleToZeroGrace reads scale_to_zero_grace_seconds, which only a policy that can reach zero
+// replicas uses. minOK says min_replicas was read without error.
+func (t *tuning) scaleToZeroGrace(minOK bool) {
+	n, kf, ok := t.read("scale_to_zero_grace_seconds")
+	if !ok {
+		return
+	}
+	if v, ok := t.c.intAtLeast(n, kf, 0); ok {
+		if minOK && t.p.MinReplicas > 0 {
+			t.c.errorf(n, kf, "only matters with min_replicas: 0 (min_replicas is %d)", t.p.MinReplicas)
+		} else {
+			t.p.ScaleToZeroGraceSeconds = v
 		}
 	}
-	if n, kf, ok := read("panic_threshold"); ok {
-		p.PanicThreshold, _ = c.numberAbove(n, kf, 1, maxPanicThreshold)
+}
+
+// llmTargets reads the engine-aware targets that only the llm autoscaler uses.
+func (t *tuning) llmTargets() {
+	if n, kf, ok := t.read("target_waiting_per_replica"); ok {
+		t.p.TargetWaitingPerReplica, _ = t.c.positive(n, kf)
 	}
-	if n, kf, ok := read("max_scale_up_rate"); ok {
-		p.MaxScaleUpRate, _ = c.numberAbove(n, kf, 1, 0)
-	}
-	if n, kf, ok := read("max_scale_down_rate"); ok {
-		p.MaxScaleDownRate, _ = c.numberAbove(n, kf, 1, 0)
-	}
-	if n, kf, ok := read("scale_to_zero_grace_seconds"); ok {
-		if v, ok := c.intAtLeast(n, kf, 0); ok {
-			if minOK && p.MinReplicas > 0 {
-				c.errorf(n, kf, "only matters with min_replicas: 0 (min_replicas is %d)", p.MinReplicas)
-			} else {
-				p.ScaleToZeroGraceSeconds = v
-			}
-		}
-	}
-	if n, kf, ok := read("target_waiting_per_replica"); ok {
-		p.TargetWaitingPerReplica, _ = c.positive(n, kf)
-	}
-	if n, kf, ok := read("target_kv_cache_usage"); ok {
-		if v, ok := c.positive(n, kf); ok {
+	if n, kf, ok := t.read("target_kv_cache_usage"); ok {
+		if v, ok := t.c.positive(n, kf); ok {
 			if v > 1 {
-				c.errorf(n, kf, "a fraction of the KV cache: must be at most 1, got %s", n.Value)
+				t.c.errorf(n, kf, "a fraction of the KV cache: must be at most 1, got %s", n.Value)
 			} else {
-				p.TargetKVCacheUsage = v
+				t.p.TargetKVCacheUsage = v
 			}
 		}
 	}

@@ -30,6 +30,9 @@ var (
 	spotOnlyMsgSuffix = "spot-only field without use_spot: set resources.use_spot: true, or remove this field"
 )
 
+// policyField is the path of the replica_policy section, which several readers share.
+const policyField = "service.replica_policy"
+
 // SpotPlacerDynamicFallback is SkyServe's SpotHedge placer, the only spot_placer there is.
 const SpotPlacerDynamicFallback = "dynamic_fallback"
 
@@ -64,75 +67,14 @@ func (c *checker) service(e entry, res Resources, envs, secrets map[string]strin
 	if p, ok := f["readiness_probe"]; ok {
 		s.ReadinessProbe = c.probe(p.value, joinField(field, "readiness_probe"))
 	}
-
-	lb, hasLB := f["load_balancing_policy"]
-	if hasLB {
-		lbField := joinField(field, "load_balancing_policy")
-		if v, ok := c.str(lb.value, lbField); ok {
-			if slices.Contains(lbPolicies, v) {
-				s.LoadBalancingPolicy = v
-			} else {
-				c.errorf(lb.value, lbField, "unknown policy %s%s", quoteShort(v), suggest(v, lbPolicies, "policies"))
-			}
+	if lb, ok := f["load_balancing_policy"]; ok {
+		if v, ok := c.oneOf(lb.value, joinField(field, "load_balancing_policy"), lbPolicies, "policy", "policies"); ok {
+			s.LoadBalancingPolicy = v
 		}
 	}
-
-	rep, hasRep := f["replicas"]
-	pol, hasPol := f["replica_policy"]
-	var qpsNode *yaml.Node
-	if hasRep && hasPol {
-		c.errorf(pol.keyNode, joinField(field, "replica_policy"), "replicas and replica_policy are exclusive: use replicas for a fixed count, or replica_policy to autoscale")
-	}
-	if hasPol {
-		s.ReplicaPolicy, qpsNode = c.replicaPolicy(pol, res.UseSpot)
-	} else {
-		n := 1
-		if hasRep {
-			if v, ok := c.intAtLeast(rep.value, joinField(field, "replicas"), 0); ok {
-				n = v
-			}
-		}
-		s.FixedReplicas = true
-		s.ReplicaPolicy = ReplicaPolicy{MinReplicas: n, MaxReplicas: n,
-			UpscaleDelaySeconds: DefaultUpscaleDelaySeconds, DownscaleDelaySeconds: DefaultDownscaleDelaySeconds}
-	}
-
-	// The per-accelerator QPS map and the instance-aware policy only make sense together: the
-	// policy divides in-flight requests by each replica's accelerator's target.
-	perAccelerator := s.ReplicaPolicy.TargetQPSPerAccelerator != nil
-	if perAccelerator && s.LoadBalancingPolicy != PolicyInstanceAwareLeastLoad {
-		c.errorf(qpsNode, joinField(field, "replica_policy.target_qps_per_replica"),
-			"a mapping of accelerator to QPS needs load_balancing_policy: %s (got %s)", PolicyInstanceAwareLeastLoad, s.LoadBalancingPolicy)
-	}
-	if s.LoadBalancingPolicy == PolicyInstanceAwareLeastLoad && !perAccelerator && hasLB {
-		c.errorf(lb.value, joinField(field, "load_balancing_policy"),
-			"%s needs replica_policy.target_qps_per_replica as a mapping of accelerator to QPS (e.g. {A100: 10, L4: 3})", PolicyInstanceAwareLeastLoad)
-	}
-	if perAccelerator {
-		c.checkQPSAccelerators(qpsNode, res)
-	}
-
-	portField := joinField(field, "ports")
-	if p, ok := f["ports"]; ok {
-		if p.value.Kind == yaml.SequenceNode {
-			c.errorf(p.value, portField, "expected one port (the port each replica serves on), got a list")
-		} else if lo, hi, ok := c.portRange(p.value, portField); ok {
-			if lo != hi {
-				c.errorf(p.value, portField, "expected one port (the port each replica serves on), got a range")
-			}
-			s.Port = lo
-		}
-	} else {
-		ports := candidatePorts(res)
-		switch len(ports) {
-		case 1:
-			s.Port = ports[0]
-		case 0:
-			c.errorf(e.keyNode, portField, "required: the port each replica serves on (set service.ports, or give exactly one port in resources.ports)")
-		default:
-			c.errorf(e.keyNode, portField, "required: resources.ports lists %d ports, so say which one replicas serve on", len(ports))
-		}
-	}
+	qpsNode := c.replicas(f, s, res.UseSpot)
+	c.checkPerAcceleratorQPS(f, s, qpsNode, res)
+	s.Port = c.servicePort(e, f, res)
 
 	if t, ok := f["tls"]; ok {
 		s.TLS = c.tls(t.value, joinField(field, "tls"))
@@ -150,6 +92,81 @@ func (c *checker) service(e entry, res Resources, envs, secrets map[string]strin
 		s.HealthCheck = c.healthCheck(h.value, joinField(field, "health_check"))
 	}
 	return s
+}
+
+// replicas reads replicas (a fixed count, 1 by default) or replica_policy (to autoscale) into s;
+// the two are exclusive. It returns the target_qps_per_replica node, nil if absent.
+func (c *checker) replicas(f map[string]entry, s *Service, useSpot bool) *yaml.Node {
+	rep, hasRep := f["replicas"]
+	pol, hasPol := f["replica_policy"]
+	if hasRep && hasPol {
+		c.errorf(pol.keyNode, policyField, "replicas and replica_policy are exclusive: use replicas for a fixed count, or replica_policy to autoscale")
+	}
+	if hasPol {
+		var qpsNode *yaml.Node
+		s.ReplicaPolicy, qpsNode = c.replicaPolicy(pol, useSpot)
+		return qpsNode
+	}
+	n := 1
+	if hasRep {
+		if v, ok := c.intAtLeast(rep.value, "service.replicas", 0); ok {
+			n = v
+		}
+	}
+	s.FixedReplicas = true
+	s.ReplicaPolicy = ReplicaPolicy{MinReplicas: n, MaxReplicas: n,
+		UpscaleDelaySeconds: DefaultUpscaleDelaySeconds, DownscaleDelaySeconds: DefaultDownscaleDelaySeconds}
+	return nil
+}
+
+// checkPerAcceleratorQPS checks that a per-accelerator QPS map and the instance-aware policy
+// come together (the policy divides in-flight requests by each replica's accelerator's
+// target), and that the map names accelerators the resources ask for.
+func (c *checker) checkPerAcceleratorQPS(f map[string]entry, s *Service, qpsNode *yaml.Node, res Resources) {
+	perAccelerator := s.ReplicaPolicy.TargetQPSPerAccelerator != nil
+	if perAccelerator && s.LoadBalancingPolicy != PolicyInstanceAwareLeastLoad {
+		c.errorf(qpsNode, joinField(policyField, "target_qps_per_replica"),
+			"a mapping of accelerator to QPS needs load_balancing_policy: %s (got %s)", PolicyInstanceAwareLeastLoad, s.LoadBalancingPolicy)
+	}
+	lb, hasLB := f["load_balancing_policy"]
+	if s.LoadBalancingPolicy == PolicyInstanceAwareLeastLoad && !perAccelerator && hasLB {
+		c.errorf(lb.value, "service.load_balancing_policy",
+			"%s needs replica_policy.target_qps_per_replica as a mapping of accelerator to QPS (e.g. {A100: 10, L4: 3})", PolicyInstanceAwareLeastLoad)
+	}
+	if perAccelerator {
+		c.checkQPSAccelerators(qpsNode, res)
+	}
+}
+
+// servicePort reads service.ports, the one port each replica serves on; when it is left out,
+// resources.ports may name it, if it lists exactly one. It returns 0 when there is none.
+func (c *checker) servicePort(e entry, f map[string]entry, res Resources) int {
+	const portField = "service.ports"
+	p, ok := f["ports"]
+	if !ok {
+		ports := candidatePorts(res)
+		switch len(ports) {
+		case 1:
+			return ports[0]
+		case 0:
+			c.errorf(e.keyNode, portField, "required: the port each replica serves on (set service.ports, or give exactly one port in resources.ports)")
+		default:
+			c.errorf(e.keyNode, portField, "required: resources.ports lists %d ports, so say which one replicas serve on", len(ports))
+		}
+		return 0
+	}
+	if p.value.Kind == yaml.SequenceNode {
+		c.errorf(p.value, portField, "expected one port (the port each replica serves on), got a list")
+		return 0
+	}
+	lo, hi, ok := c.portRange(p.value, portField)
+	if !ok {
+		return 0
+	}
+	if lo != hi {
+		c.errorf(p.value, portField, "expected one port (the port each replica serves on), got a range")
+	}
+	return lo
 }
 
 // healthCheck reads `service.health_check`.
@@ -185,13 +202,8 @@ func (c *checker) update(n *yaml.Node, field string) Update {
 		return u
 	}
 	if e, ok := f["mode"]; ok {
-		mf := joinField(field, "mode")
-		if v, ok := c.str(e.value, mf); ok {
-			if slices.Contains(updateModes, v) {
-				u.Mode = v
-			} else {
-				c.errorf(e.value, mf, "unknown mode %s%s", quoteShort(v), suggest(v, updateModes, "modes"))
-			}
+		if v, ok := c.oneOf(e.value, joinField(field, "mode"), updateModes, "mode", "modes"); ok {
+			u.Mode = v
 		}
 	}
 	if e, ok := f["max_parallel"]; ok {
@@ -453,64 +465,16 @@ func writeJSONString(buf *bytes.Buffer, s string) {
 // replicaPolicy reads replica_policy with its defaults and cross-field rules. It returns the
 // target_qps_per_replica node (nil if absent) for rules that depend on other sections.
 func (c *checker) replicaPolicy(e entry, useSpot bool) (ReplicaPolicy, *yaml.Node) {
-	const field = "service.replica_policy"
 	p := ReplicaPolicy{UpscaleDelaySeconds: DefaultUpscaleDelaySeconds, DownscaleDelaySeconds: DefaultDownscaleDelaySeconds}
-	f, ok := c.fields(e.value, field, policyKeys)
+	f, ok := c.fields(e.value, policyField, policyKeys)
 	if !ok {
 		return p, nil
 	}
-	min, minOK := 0, false
-	if m, ok := f["min_replicas"]; ok {
-		min, minOK = c.intAtLeast(m.value, joinField(field, "min_replicas"), 0)
-	} else {
-		c.errorf(e.keyNode, joinField(field, "min_replicas"), "required: how many replicas to keep running (0 scales to zero)")
-	}
-	p.MinReplicas, p.MaxReplicas = min, min
-	maxNode, hasMax := f["max_replicas"]
-	maxOK := minOK
-	if hasMax {
-		var max int
-		max, maxOK = c.intAtLeast(maxNode.value, joinField(field, "max_replicas"), 0)
-		if maxOK && minOK && max < min {
-			c.errorf(maxNode.value, joinField(field, "max_replicas"), "must be at least min_replicas (%d), got %d", min, max)
-			maxOK = false
-		}
-		if maxOK {
-			p.MaxReplicas = max
-		}
-	}
-
+	minOK, maxOK := c.replicaRange(e, f, &p)
 	var qpsNode *yaml.Node
 	if q, ok := f["target_qps_per_replica"]; ok {
 		qpsNode = q.value
-		qf := joinField(field, "target_qps_per_replica")
-		switch q.value.Kind {
-		case yaml.MappingNode:
-			ps, _ := c.pairs(q.value, qf)
-			if len(ps) == 0 {
-				c.errorf(q.value, qf, "empty mapping: give a QPS target for at least one accelerator")
-			}
-			m := map[string]float64{}
-			for _, a := range ps {
-				af := joinField(qf, a.key)
-				if !acceleratorNameRE.MatchString(a.key) {
-					c.errorf(a.keyNode, af, "bad accelerator name %s", quoteShort(a.key))
-					continue
-				}
-				if v, ok := c.positive(a.value, af); ok {
-					m[a.key] = v
-				}
-			}
-			if len(m) > 0 {
-				p.TargetQPSPerAccelerator = m
-			}
-		case yaml.ScalarNode:
-			if v, ok := c.positive(q.value, qf); ok {
-				p.TargetQPSPerReplica = v
-			}
-		default:
-			c.errorf(q.value, qf, "expected a number, or a mapping of accelerator to number, got %s", describe(q.value))
-		}
+		c.qpsTarget(q.value, &p)
 	}
 
 	scaling := c.resolveAutoscaler(f, p, minOK && maxOK, qpsNode != nil)
@@ -518,41 +482,98 @@ func (c *checker) replicaPolicy(e entry, useSpot bool) (ReplicaPolicy, *yaml.Nod
 	c.scalingFields(f, &p, scaling, minOK)
 
 	if n, ok := f["num_overprovision"]; ok {
-		p.NumOverprovision, _ = c.intAtLeast(n.value, joinField(field, "num_overprovision"), 0)
+		p.NumOverprovision, _ = c.intAtLeast(n.value, joinField(policyField, "num_overprovision"), 0)
 		p.NumOverprovisionSet = true
 	}
+	c.spotFallback(f, &p, useSpot)
+	return p, qpsNode
+}
 
-	// The fallback fields describe how spot and on-demand replicas mix; without spot they
-	// would silently do nothing, which is worse than an error.
+// replicaRange reads min_replicas (required) and max_replicas (min_replicas when left out).
+// minOK and maxOK say each was read without error: the choice of autoscaler depends on both.
+func (c *checker) replicaRange(e entry, f map[string]entry, p *ReplicaPolicy) (minOK, maxOK bool) {
+	min := 0
+	if m, ok := f["min_replicas"]; ok {
+		min, minOK = c.intAtLeast(m.value, joinField(policyField, "min_replicas"), 0)
+	} else {
+		c.errorf(e.keyNode, joinField(policyField, "min_replicas"), "required: how many replicas to keep running (0 scales to zero)")
+	}
+	p.MinReplicas, p.MaxReplicas = min, min
+	maxNode, hasMax := f["max_replicas"]
+	maxOK = minOK
+	if hasMax {
+		var max int
+		max, maxOK = c.intAtLeast(maxNode.value, joinField(policyField, "max_replicas"), 0)
+		if maxOK && minOK && max < min {
+			c.errorf(maxNode.value, joinField(policyField, "max_replicas"), "must be at least min_replicas (%d), got %d", min, max)
+			maxOK = false
+		}
+		if maxOK {
+			p.MaxReplicas = max
+		}
+	}
+	return minOK, maxOK
+}
+
+// qpsTarget reads target_qps_per_replica: one target for every replica, or a mapping of
+// accelerator to target for replicas that run on different accelerators.
+func (c *checker) qpsTarget(n *yaml.Node, p *ReplicaPolicy) {
+	qf := joinField(policyField, "target_qps_per_replica")
+	switch n.Kind {
+	case yaml.MappingNode:
+		ps, _ := c.pairs(n, qf)
+		if len(ps) == 0 {
+			c.errorf(n, qf, "empty mapping: give a QPS target for at least one accelerator")
+		}
+		m := map[string]float64{}
+		for _, a := range ps {
+			af := joinField(qf, a.key)
+			if !acceleratorNameRE.MatchString(a.key) {
+				c.errorf(a.keyNode, af, "bad accelerator name %s", quoteShort(a.key))
+				continue
+			}
+			if v, ok := c.positive(a.value, af); ok {
+				m[a.key] = v
+			}
+		}
+		if len(m) > 0 {
+			p.TargetQPSPerAccelerator = m
+		}
+	case yaml.ScalarNode:
+		if v, ok := c.positive(n, qf); ok {
+			p.TargetQPSPerReplica = v
+		}
+	default:
+		c.errorf(n, qf, "expected a number, or a mapping of accelerator to number, got %s", describe(n))
+	}
+}
+
+// spotFallback reads the fields that describe how spot and on-demand replicas mix. Without
+// spot they would silently do nothing, which is worse than an error.
+func (c *checker) spotFallback(f map[string]entry, p *ReplicaPolicy, useSpot bool) {
 	spotOnly := func(key string, set bool, n *yaml.Node) {
 		if set && !useSpot {
-			c.errorf(n, joinField(field, key), "%s", spotOnlyMsgSuffix)
+			c.errorf(n, joinField(policyField, key), "%s", spotOnlyMsgSuffix)
 		}
 	}
 	if n, ok := f["base_ondemand_fallback_replicas"]; ok {
-		if v, ok := c.intAtLeast(n.value, joinField(field, "base_ondemand_fallback_replicas"), 0); ok {
+		if v, ok := c.intAtLeast(n.value, joinField(policyField, "base_ondemand_fallback_replicas"), 0); ok {
 			p.BaseOndemandFallbackReplicas = v
 			spotOnly("base_ondemand_fallback_replicas", v > 0, n.value)
 		}
 	}
 	if n, ok := f["dynamic_ondemand_fallback"]; ok {
-		if v, ok := c.boolean(n.value, joinField(field, "dynamic_ondemand_fallback")); ok {
+		if v, ok := c.boolean(n.value, joinField(policyField, "dynamic_ondemand_fallback")); ok {
 			p.DynamicOndemandFallback = v
 			spotOnly("dynamic_ondemand_fallback", v, n.value)
 		}
 	}
 	if n, ok := f["spot_placer"]; ok {
-		sf := joinField(field, "spot_placer")
-		if v, ok := c.str(n.value, sf); ok {
-			if slices.Contains(spotPlacers, v) {
-				p.SpotPlacer = v
-				spotOnly("spot_placer", true, n.value)
-			} else {
-				c.errorf(n.value, sf, "unknown spot placer %s%s", quoteShort(v), suggest(v, spotPlacers, "placers"))
-			}
+		if v, ok := c.oneOf(n.value, joinField(policyField, "spot_placer"), spotPlacers, "spot placer", "placers"); ok {
+			p.SpotPlacer = v
+			spotOnly("spot_placer", true, n.value)
 		}
 	}
-	return p, qpsNode
 }
 
 // tls reads {keyfile, certfile}, expanding a leading ~ so the controller (which may run with

@@ -308,6 +308,20 @@ func (c *checker) str(n *yaml.Node, field string) (string, bool) {
 	return n.Value, true
 }
 
+// oneOf reads a string that must be one of valid; noun names one value in the error ("policy")
+// and plural the list of them ("policies").
+func (c *checker) oneOf(n *yaml.Node, field string, valid []string, noun, plural string) (string, bool) {
+	v, ok := c.str(n, field)
+	if !ok {
+		return "", false
+	}
+	if !slices.Contains(valid, v) {
+		c.errorf(n, field, "unknown %s %s%s", noun, quoteShort(v), suggest(v, valid, plural))
+		return "", false
+	}
+	return v, true
+}
+
 // scalarText reads any non-null scalar as the text written in the file, for env values and
 // headers, where `PORT: 8080` and `DEBUG: true` mean the strings "8080" and "true".
 func (c *checker) scalarText(n *yaml.Node, field string) (string, bool) {

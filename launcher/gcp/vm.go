@@ -49,25 +49,59 @@ func (p *Provider) instanceFor(spec launcher.Spec, zone string) (*computepb.Inst
 	if machineType == "" {
 		machineType = DefaultMachineType
 	}
-	hasGPU := pl.Accelerator != "" && pl.AcceleratorCount > 0
-	var accelerators []*computepb.AcceleratorConfig
-	if hasGPU && !slices.ContainsFunc(builtinGPUFamilies, func(f string) bool { return strings.HasPrefix(machineType, f) }) {
-		if pl.AcceleratorCount != math.Trunc(pl.AcceleratorCount) {
-			return nil, fmt.Errorf("gcp: %w: %v %s: GPUs attach whole", launcher.ErrInvalid, pl.AcceleratorCount, pl.Accelerator)
-		}
-		accType, ok := acceleratorTypes[strings.ToUpper(pl.Accelerator)]
-		if !ok {
-			accType = "nvidia-" + strings.ToLower(pl.Accelerator)
-		}
-		accelerators = append(accelerators, &computepb.AcceleratorConfig{
-			AcceleratorType:  proto.String("zones/" + zone + "/acceleratorTypes/" + accType),
-			AcceleratorCount: proto.Int32(int32(pl.AcceleratorCount)),
-		})
+	accelerators, err := guestAccelerators(pl, machineType, zone)
+	if err != nil {
+		return nil, err
 	}
-	for _, f := range builtinGPUFamilies {
-		hasGPU = hasGPU || strings.HasPrefix(machineType, f)
+	hasGPU := pl.Accelerator != "" && pl.AcceleratorCount > 0 || builtinGPU(machineType)
+	disk, err := p.bootDisk(spec, zone, hasGPU)
+	if err != nil {
+		return nil, err
 	}
+	meta, err := metadataFor(spec, hasGPU)
+	if err != nil {
+		return nil, err
+	}
+	return &computepb.Instance{
+		Name:              proto.String(name),
+		MachineType:       proto.String("zones/" + zone + "/machineTypes/" + machineType),
+		GuestAccelerators: accelerators,
+		Scheduling:        scheduling(pl.Spot, hasGPU),
+		Labels:            encodeLabels(ownedLabels(spec.Labels)),
+		Metadata:          meta,
+		Tags:              &computepb.Tags{Items: []string{networkTag, portTag(portOf(spec))}},
+		NetworkInterfaces: []*computepb.NetworkInterface{p.networkInterface()},
+		Disks:             []*computepb.AttachedDisk{disk},
+	}, nil
+}
 
+// builtinGPU reports whether machineType's GPUs come with it, so none are attached.
+func builtinGPU(machineType string) bool {
+	return slices.ContainsFunc(builtinGPUFamilies, func(f string) bool { return strings.HasPrefix(machineType, f) })
+}
+
+// guestAccelerators is the GPUs to attach to the VM: the placement's, unless its machine
+// type has GPUs of its own.
+func guestAccelerators(pl launcher.Placement, machineType, zone string) ([]*computepb.AcceleratorConfig, error) {
+	if pl.Accelerator == "" || pl.AcceleratorCount <= 0 || builtinGPU(machineType) {
+		return nil, nil
+	}
+	if pl.AcceleratorCount != math.Trunc(pl.AcceleratorCount) {
+		return nil, fmt.Errorf("gcp: %w: %v %s: GPUs attach whole", launcher.ErrInvalid, pl.AcceleratorCount, pl.Accelerator)
+	}
+	accType, ok := acceleratorTypes[strings.ToUpper(pl.Accelerator)]
+	if !ok {
+		accType = "nvidia-" + strings.ToLower(pl.Accelerator)
+	}
+	return []*computepb.AcceleratorConfig{{
+		AcceleratorType:  proto.String("zones/" + zone + "/acceleratorTypes/" + accType),
+		AcceleratorCount: proto.Int32(int32(pl.AcceleratorCount)),
+	}}, nil
+}
+
+// bootDisk is the VM's boot disk: the spec's image, else the provider's image for the
+// machine (with or without GPU drivers), deleted with the VM.
+func (p *Provider) bootDisk(spec launcher.Spec, zone string, hasGPU bool) (*computepb.AttachedDisk, error) {
 	image := spec.Resources.ImageID
 	switch {
 	case strings.HasPrefix(image, "docker:"):
@@ -81,65 +115,73 @@ func (p *Provider) instanceFor(spec launcher.Spec, zone string) (*computepb.Inst
 	if diskGB <= 0 {
 		diskGB = DefaultDiskSizeGB
 	}
+	return &computepb.AttachedDisk{
+		Boot:       proto.Bool(true),
+		AutoDelete: proto.Bool(true),
+		InitializeParams: &computepb.AttachedDiskInitializeParams{
+			SourceImage: proto.String(image),
+			DiskSizeGb:  proto.Int64(diskGB),
+			DiskType:    proto.String("zones/" + zone + "/diskTypes/pd-balanced"),
+		},
+	}, nil
+}
 
+// ownedLabels is the spec's labels plus the owner label, by which List finds Ferry's VMs.
+func ownedLabels(specLabels map[string]string) map[string]string {
 	labels := map[string]string{}
-	for k, v := range spec.Labels {
+	for k, v := range specLabels {
 		labels[k] = v
 	}
 	labels[launcher.LabelOwner] = "true"
+	return labels
+}
+
+// metadataFor is the VM's metadata: the startup script that runs the task, and the port and
+// price that List reads back.
+func metadataFor(spec launcher.Spec, hasGPU bool) (*computepb.Metadata, error) {
 	script, err := startupScript(spec)
 	if err != nil {
 		return nil, err
 	}
-	port := portOf(spec)
 	meta := []*computepb.Items{
 		{Key: proto.String(metaStartup), Value: proto.String(script)},
-		{Key: proto.String(metaPort), Value: proto.String(strconv.Itoa(port))},
-		{Key: proto.String(metaPrice), Value: proto.String(strconv.FormatFloat(pl.PricePerHour, 'f', -1, 64))},
+		{Key: proto.String(metaPort), Value: proto.String(strconv.Itoa(portOf(spec)))},
+		{Key: proto.String(metaPrice), Value: proto.String(strconv.FormatFloat(spec.Placement.PricePerHour, 'f', -1, 64))},
 	}
 	if hasGPU {
 		meta = append(meta, &computepb.Items{Key: proto.String("install-nvidia-driver"), Value: proto.String("True")})
 	}
+	return &computepb.Metadata{Items: meta}, nil
+}
 
-	sched := &computepb.Scheduling{AutomaticRestart: proto.Bool(true), OnHostMaintenance: proto.String("MIGRATE")}
-	if hasGPU {
-		// GCP cannot live-migrate a VM with GPUs.
-		sched.OnHostMaintenance = proto.String("TERMINATE")
-	}
-	if pl.Spot {
+// scheduling is how GCP treats the VM on host maintenance and, for spot, on preemption.
+func scheduling(spot, hasGPU bool) *computepb.Scheduling {
+	if spot {
 		// STOP, not DELETE: the stopped VM stays listed as preempted until the replica manager
 		// terminates it, so the preemption is seen even across a controller restart.
-		sched = &computepb.Scheduling{
+		return &computepb.Scheduling{
 			ProvisioningModel:         proto.String("SPOT"),
 			InstanceTerminationAction: proto.String("STOP"),
 			AutomaticRestart:          proto.Bool(false),
 			OnHostMaintenance:         proto.String("TERMINATE"),
 		}
 	}
+	sched := &computepb.Scheduling{AutomaticRestart: proto.Bool(true), OnHostMaintenance: proto.String("MIGRATE")}
+	if hasGPU {
+		// GCP cannot live-migrate a VM with GPUs.
+		sched.OnHostMaintenance = proto.String("TERMINATE")
+	}
+	return sched
+}
 
+// networkInterface attaches the VM to the provider's network, with a public address when the
+// provider is set to give one.
+func (p *Provider) networkInterface() *computepb.NetworkInterface {
 	nic := &computepb.NetworkInterface{Network: proto.String("global/networks/" + p.opts.Network)}
 	if p.opts.PublicIP {
 		nic.AccessConfigs = []*computepb.AccessConfig{{Name: proto.String("External NAT"), Type: proto.String("ONE_TO_ONE_NAT")}}
 	}
-	return &computepb.Instance{
-		Name:              proto.String(name),
-		MachineType:       proto.String("zones/" + zone + "/machineTypes/" + machineType),
-		GuestAccelerators: accelerators,
-		Scheduling:        sched,
-		Labels:            encodeLabels(labels),
-		Metadata:          &computepb.Metadata{Items: meta},
-		Tags:              &computepb.Tags{Items: []string{networkTag, portTag(port)}},
-		NetworkInterfaces: []*computepb.NetworkInterface{nic},
-		Disks: []*computepb.AttachedDisk{{
-			Boot:       proto.Bool(true),
-			AutoDelete: proto.Bool(true),
-			InitializeParams: &computepb.AttachedDiskInitializeParams{
-				SourceImage: proto.String(image),
-				DiskSizeGb:  proto.Int64(diskGB),
-				DiskType:    proto.String("zones/" + zone + "/diskTypes/pd-balanced"),
-			},
-		}},
-	}, nil
+	return nic
 }
 
 func portTag(port int) string { return "ferry-port-" + strconv.Itoa(port) }
