@@ -14,9 +14,9 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/ferryserve/ferry/autoscaler"
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/policy"
 )
 
 // Config configures a Manager for one service.
@@ -56,9 +56,6 @@ type Config struct {
 	// InfraRank orders infras by preference for scale-down (see planInput.InfraRank); nil
 	// treats every infra alike.
 	InfraRank map[string]int
-	// Mix splits the target between spot and on-demand replicas; the zero value launches
-	// every replica on-demand.
-	Mix autoscaler.MixSpec
 	// Versions are the service's other versions still known (older ones an update may keep or
 	// roll back to); Version and Task are the current one.
 	Versions []Version
@@ -517,7 +514,7 @@ func (m *Manager) passLocked() {
 		Instances:           m.instances,
 		Drain:               m.cfg.Busy != nil,
 		InfraRank:           m.cfg.InfraRank,
-		Mix:                 m.cfg.Mix,
+		Mix:                 m.mixLocked(),
 	}
 	for _, id := range sortedKeys(m.replicas) {
 		r := m.replicas[id]
@@ -656,7 +653,7 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 	if inst != nil {
 		followInstance(&r.rec, inst)
 	}
-	kind := r.rec.Spot && m.cfg.Mix.UseSpot // a service without spot is one pool
+	kind := r.rec.Spot && m.mixLocked().UseSpot // a service without spot is one pool
 	// Only the version being launched backs its launches off: the failures of a version
 	// rolled back from say nothing of the one restored.
 	current := m.launchedAsLocked(r.rec.Version) == m.launchedAsLocked(m.target)
@@ -707,6 +704,12 @@ func (m *Manager) forgetLocked(id int) {
 		m.log.Error("delete replica record", zap.Int("replica", id), zap.Error(err))
 	}
 	m.log.Debug("forgot replica", zap.Int("replica", id), zap.String("status", string(r.rec.Status)))
+}
+
+// mixLocked is how the target version's task splits replicas between spot and on-demand.
+func (m *Manager) mixLocked() policy.MixSpec {
+	task := m.taskLocked(m.target)
+	return MixFor(task.Resources, task.Service.ReplicaPolicy)
 }
 
 // liveLocked counts replicas that count toward the target.

@@ -7,9 +7,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/ferryserve/ferry/autoscaler"
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/policy"
 )
 
 // This file is the decision half of reconciliation: plan compares the replicas the manager
@@ -66,8 +66,8 @@ type planInput struct {
 	// first: burst replicas outside the cluster go before the cluster's own.
 	InfraRank map[string]int
 	// Mix splits Desired between spot and on-demand replicas (SkyServe's fallback semantics,
-	// autoscaler.Split); the zero value makes every replica on-demand.
-	Mix autoscaler.MixSpec
+	// policy.Split); the zero value makes every replica on-demand.
+	Mix policy.MixSpec
 	// Target is the version new replicas launch as; zero treats every replica as current
 	// (a service never updated).
 	Target int
@@ -452,7 +452,7 @@ func plan(in planInput) actions {
 		}
 	}
 	liveOnDemand := liveCount - liveSpot
-	want := autoscaler.Split(in.Desired, in.Mix, readySpot)
+	want := policy.Split(in.Desired, in.Mix, readySpot)
 	if in.Desired >= 0 && (liveSpot > want.Spot || liveOnDemand > want.OnDemand) {
 		scaleDown(current, map[bool]int{true: liveSpot - want.Spot, false: liveOnDemand - want.OnDemand}, "scaled down")
 	}

@@ -8,8 +8,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
-	"github.com/ferryserve/ferry/autoscaler"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/policy"
 )
 
 var t0 = time.Date(2025, 1, 2, 3, 0, 0, 0, time.UTC)
@@ -223,7 +223,7 @@ func TestPlan(t *testing.T) {
 		"spot mix: on-demand covers the spot replicas that are not READY yet": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 3
-				in.Mix = autoscaler.MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}
+				in.Mix = policy.MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}
 			}),
 			// spot 3-1 = 2; on-demand 1 base + 2 spot not READY = 3 (at most the target).
 			want: actions{LaunchSpot: 2, Launch: 3},
@@ -231,7 +231,7 @@ func TestPlan(t *testing.T) {
 		"spot mix: READY spot replicas retire the fallback on-demand ones": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 3
-				in.Mix = autoscaler.MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}
+				in.Mix = policy.MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}
 				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
 				s1.Spot, s2.Spot = true, true
 				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK), view(rec(3, StatusReady), probeOK),
@@ -249,7 +249,7 @@ func TestPlan(t *testing.T) {
 		"spot mix: a preempted spot replica is replaced and on-demand covers it meanwhile": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 2
-				in.Mix = autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}
+				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
 				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
 				s1.Spot, s2.Spot = true, true
 				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK)}
@@ -265,7 +265,7 @@ func TestPlan(t *testing.T) {
 		"spot mix: a noticed spot replica whose replacement serves drains and goes": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 2
-				in.Mix = autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}
+				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
 				s1, s2, s3 := rec(1, StatusReady), rec(2, StatusReady), rec(3, StatusReady)
 				s1.Spot, s2.Spot, s3.Spot = true, true, true
 				noticed := view(s2, probeOK)
@@ -282,7 +282,7 @@ func TestPlan(t *testing.T) {
 		"spot mix: a noticed spot replica serves on while its replacement and fallback launch": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 2
-				in.Mix = autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}
+				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
 				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
 				s1.Spot, s2.Spot = true, true
 				noticed := view(s2, probeOK)
@@ -295,7 +295,7 @@ func TestPlan(t *testing.T) {
 		"spot mix: spot launch failures back off spot launches only; the fallback goes ahead": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 2
-				in.Mix = autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}
+				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
 				in.SpotFailures, in.SpotLastFailure = 3, now.Add(-time.Second) // backoff 4 s, 3 s to go
 			}),
 			want: actions{Launch: 2, LaunchDeferredUntil: now.Add(3 * time.Second)},

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/policy"
 )
 
 // Environment variables every replica gets, so a program can tell which replica it is.
@@ -126,4 +127,10 @@ func accelerator(r configs.Resources) string {
 		return r.Accelerators[0].Name
 	}
 	return ""
+}
+
+// MixFor reads the spot part of a task: use_spot from its resources (every candidate agrees,
+// configs checks that) and the fallback fields of its replica policy.
+func MixFor(r configs.Resources, p configs.ReplicaPolicy) policy.MixSpec {
+	return policy.MixSpec{UseSpot: r.UseSpot, BaseOnDemand: p.BaseOndemandFallbackReplicas, DynamicFallback: p.DynamicOndemandFallback}
 }

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryserve/ferry/autoscaler"
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/policy"
 )
 
 // TestManagerSpotMix runs SkyServe's dynamic on-demand fallback with SpotHedge spreading: while
@@ -98,7 +98,6 @@ func spotMixHarness(t *testing.T) (h *harness, prov *fakeProvider, kinds func() 
 		task.Service.ReplicaPolicy = configs.ReplicaPolicy{MinReplicas: 2, MaxReplicas: 2,
 			DynamicOndemandFallback: true, SpotPlacer: configs.SpotPlacerDynamicFallback}
 		c.Task = task
-		c.Mix = autoscaler.MixFor(task.Resources, task.Service.ReplicaPolicy)
 	})
 	h.m.SetDesired(2)
 	h.start()
@@ -209,4 +208,11 @@ func newestSpot(h *harness, except int) int {
 		}
 	}
 	return id
+}
+
+func TestMixFor(t *testing.T) {
+	got := MixFor(configs.Resources{UseSpot: true}, configs.ReplicaPolicy{BaseOndemandFallbackReplicas: 2, DynamicOndemandFallback: true})
+	if want := (policy.MixSpec{UseSpot: true, BaseOnDemand: 2, DynamicFallback: true}); got != want {
+		t.Errorf("MixFor = %+v, want %+v", got, want)
+	}
 }

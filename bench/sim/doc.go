@@ -4,7 +4,7 @@
 //
 // Nothing here re-implements a decision: at each decision interval the runner asks an
 // autoscaler.Scaler for a target exactly as the controller does, splits it into spot and
-// on-demand with autoscaler.Split, and places spot replicas with policy.Zones. What the package
+// on-demand with policy.Split, and places spot replicas with policy.Zones. What the package
 // adds is the world those decisions act on: a fleet of replicas with cold starts, spot zones
 // that lose capacity when their trace says so (preempting what runs there), a load balancer
 // routing each request to the least loaded READY replica, and per replica a vLLM-like engine

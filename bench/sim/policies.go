@@ -7,6 +7,7 @@ import (
 
 	"github.com/ferryserve/ferry/autoscaler"
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/policy"
 	"github.com/ferryserve/ferry/proxy"
 	"github.com/ferryserve/ferry/replicas"
 )
@@ -43,8 +44,8 @@ type Policy struct {
 	Description string
 	// Spec is the autoscaler's configuration; DecisionInterval is how often it decides.
 	Spec autoscaler.Spec
-	// Mix splits each target between spot and on-demand (autoscaler.Split).
-	Mix    autoscaler.MixSpec
+	// Mix splits each target between spot and on-demand (policy.Split).
+	Mix    policy.MixSpec
 	Placer Placer
 	// Hold keeps requests at the proxy while no replica is READY (Ferry, up to
 	// proxy.DefaultMaxQueuedRequests for proxy.DefaultMaxQueueWait); without it they get 503
@@ -120,7 +121,7 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 		return Policy{
 			// Exactly what the controller makes of the YAML.
 			Spec:         autoscaler.SpecFor(rp),
-			Mix:          autoscaler.MixFor(res, rp),
+			Mix:          replicas.MixFor(res, rp),
 			Placer:       PlaceSpotHedge,
 			Hold:         true,
 			DrainTimeout: replicas.DefaultDrainTimeout,
@@ -169,14 +170,14 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 		},
 		"skyserve-spothedge": func() Policy {
 			p := sky
-			p.Mix = autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}
+			p.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
 			p.Placer = PlaceSpotHedge
 			p.Description = fmt.Sprintf("request_rate (%.2f QPS per replica, 300/1200 s delays, 20 s decisions), use_spot + dynamic_ondemand_fallback + dynamic_fallback placer, 503 while no replica is READY", pp.TargetQPS)
 			return p
 		},
 		"skyserve-spot": func() Policy {
 			p := sky
-			p.Mix = autoscaler.MixSpec{UseSpot: true}
+			p.Mix = policy.MixSpec{UseSpot: true}
 			p.Placer = PlaceCheapest
 			p.Description = "request_rate as skyserve-spothedge, spot only, cheapest zone with capacity, no fallback"
 			return p
@@ -184,7 +185,7 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 		"fixed-peak": func() Policy {
 			p := ferry
 			p.Spec = autoscaler.Spec{Min: pp.PeakReplicas, Max: pp.PeakReplicas}
-			p.Mix = autoscaler.MixSpec{}
+			p.Mix = policy.MixSpec{}
 			p.Placer = PlaceNone
 			p.Description = fmt.Sprintf("%d on-demand replicas, enough for the busiest minute at %.2f QPS each", pp.PeakReplicas, pp.TargetQPS)
 			return p
@@ -192,7 +193,7 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 		"ondemand": func() Policy {
 			p := ferry
 			p.Spec.Overprovision, p.Spec.LearnHeadroom = 0, false
-			p.Mix = autoscaler.MixSpec{}
+			p.Mix = policy.MixSpec{}
 			p.Placer = PlaceNone
 			p.Description = "ferry's autoscaler without overprovision or learned headroom, every replica on-demand (the cost baseline)"
 			return p

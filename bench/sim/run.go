@@ -477,7 +477,7 @@ func (r *runner) decide(s int) {
 	}
 	r.target = d.Target
 	r.need = max(0, d.Target-d.Overprovision)
-	mix := autoscaler.Split(d.Target, r.p.Mix, readySpot)
+	mix := policy.Split(d.Target, r.p.Mix, readySpot)
 	r.reconcile(true, mix.Spot, t)
 	r.reconcile(false, mix.OnDemand, t)
 	r.drainNoticed(t)

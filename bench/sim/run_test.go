@@ -11,6 +11,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/ferryserve/ferry/autoscaler"
+	"github.com/ferryserve/ferry/policy"
+	"github.com/ferryserve/ferry/replicas"
 )
 
 // sliceSource replays fixed arrivals.
@@ -31,11 +33,11 @@ func scriptedZone(name string, price float64, ticks ...float64) Zone {
 }
 
 func TestSimAvailabilityAndCost(t *testing.T) {
-	fixed := func(n int, mix autoscaler.MixSpec, placer Placer) Policy {
+	fixed := func(n int, mix policy.MixSpec, placer Placer) Policy {
 		return Policy{Name: "fixed", Spec: autoscaler.Spec{Min: n, Max: n}.WithDefaults(), Mix: mix, Placer: placer, Hold: true, DrainTimeout: time.Minute}
 	}
-	spotOnly := autoscaler.MixSpec{UseSpot: true}
-	fallback := autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}
+	spotOnly := policy.MixSpec{UseSpot: true}
+	fallback := policy.MixSpec{UseSpot: true, DynamicFallback: true}
 	up := []float64{1, 1, 1, 1, 1, 1, 1, 1, 1, 1}
 	tests := map[string]struct {
 		policy Policy
@@ -45,7 +47,7 @@ func TestSimAvailabilityAndCost(t *testing.T) {
 		// Two on-demand replicas ready 60 s after launch: the ticks at 0 s and 30 s of the
 		// 10-minute horizon miss them, the other 18 have them.
 		"on-demand cold start": {
-			policy: fixed(2, autoscaler.MixSpec{}, PlaceNone),
+			policy: fixed(2, policy.MixSpec{}, PlaceNone),
 			want:   Result{Ticks: 20, AvailableTicks: 18, OnDemandHours: 2 * 600.0 / 3600, OnDemandCost: 2 * 600.0 / 3600 * 3, Launches: 2},
 		},
 		// One spot replica in the only zone, which loses capacity at 180 s: preempted, and
@@ -276,7 +278,7 @@ func TestSimFerryRunsTheDefaults(t *testing.T) {
 		if p.Spec.TargetInflight != 0 || p.Spec.StableWindow != 0 || p.Spec.Overprovision != 0 || !p.Spec.LearnHeadroom {
 			t.Errorf("%s: %+v sets knobs the defaults learn", p.Name, p.Spec)
 		}
-		if want := (autoscaler.MixSpec{UseSpot: true, DynamicFallback: true}); p.Mix != want || autoscaler.MixFor(res, rp) != want || p.Placer != PlaceSpotHedge {
+		if want := (policy.MixSpec{UseSpot: true, DynamicFallback: true}); p.Mix != want || replicas.MixFor(res, rp) != want || p.Placer != PlaceSpotHedge {
 			t.Errorf("%s: mix %+v placer %v, want %+v and SpotHedge", p.Name, p.Mix, p.Placer, want)
 		}
 	}

@@ -487,7 +487,6 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 		Task:      task,
 		Provider:  c.provider.Scope(task.Resources),
 		InfraRank: c.infraRank(task.Resources),
-		Mix:       autoscaler.MixFor(task.Resources, task.Service.ReplicaPolicy),
 		Store:     c.store,
 		OnReady: func(eps []replicas.Endpoint) {
 			s.front.SetBackends(toBackends(eps))
