@@ -1,13 +1,9 @@
 package replicas
 
 import (
-	"cmp"
-	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
-	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/policy"
 )
@@ -166,519 +162,143 @@ func launchBackoff(n int) time.Duration {
 	return min(d, launchBackoffMax)
 }
 
-// plan decides one reconcile pass. It is pure: same input, same actions.
+// plan decides one reconcile pass. It is pure: same input, same actions. Each phase reads what
+// the earlier ones left in the pass, in the order below (Nomad's computeGroup reads this way).
 func plan(in planInput) actions {
-	var out actions
-	transitionAt := map[int]int{} // replica id → index in out.Transitions
-	move := func(id int, from, to Status, reason string, inst *launcher.Instance) {
-		if i, ok := transitionAt[id]; ok {
-			out.Transitions[i].To, out.Transitions[i].Reason = to, reason
-			return
-		}
-		transitionAt[id] = len(out.Transitions)
-		out.Transitions = append(out.Transitions, transition{ID: id, From: from, To: to, Reason: reason, Instance: inst})
-	}
-	terminate := func(replicaID int, inst *launcher.Instance, forget bool) {
-		out.Terminate = append(out.Terminate, termination{ReplicaID: replicaID, InstanceID: inst.ID, Forget: forget})
-	}
+	p := newPass(in)
+	p.attribute()     // instances to the replicas they are labelled with (plan_follow.go)
+	p.followRecords() // each known replica's status from its instance and probes
+	p.adoptUnowned()  // instances no record knows
+	p.splitVersions() // live replicas of the target version and of older ones (plan_scale.go)
+	p.weighRollout()  // how many new replicas are healthy, how many old ones stay
+	p.retireOld()     // old replicas beyond that go
+	p.scaleKinds()    // each kind to its share of the target
+	p.retireNoticed() // warned spot replicas go once their replacements serve
+	p.launch()        // what is missing, within backoff and the rollout's budget
+	p.judgeRollout()  // the rollout's verdict (plan_rollout.go)
+	p.forgetEnded()   // old failures beyond the few status shows
+	slices.Sort(p.out.Forget)
+	return p.out
+}
 
-	byReplica := map[int][]launcher.Instance{}
-	for _, inst := range in.Instances {
-		id, err := strconv.Atoi(inst.Labels[launcher.LabelReplicaID])
-		if err != nil || id <= 0 {
-			// Labelled with our service but no usable replica id: nothing can own it.
-			terminate(0, &inst, false)
-			continue
-		}
-		byReplica[id] = append(byReplica[id], inst)
-	}
+// pass is one plan in progress: its input, the actions decided so far, and what later phases
+// read of earlier ones.
+type pass struct {
+	in  planInput
+	out actions
+	// transitionAt indexes out.Transitions by replica id: a later phase moving the same replica
+	// again rewrites its transition instead of adding a second.
+	transitionAt map[int]int
+	// status is each replica's status after this pass; hasInstance and terminating say whether
+	// an instance still stands for it, for forgetEnded.
+	status      map[int]Status
+	hasInstance map[int]bool
+	terminating map[int]bool
+	// byReplica are the listed instances by the replica id on their label, until
+	// followRecords and adoptUnowned have claimed them.
+	byReplica map[int][]launcher.Instance
 
-	type candidate struct {
-		id    int
-		ready bool
-		spot  bool
-		rank  int
-		price float64
-		inst  *launcher.Instance
-		// current: of the target version (or one it reuses); healthySince as replicaView's.
-		current      bool
-		healthySince time.Time
-	}
-	launchedAs := func(v int) int {
-		if a, ok := in.LaunchedAs[v]; ok {
-			return a
-		}
-		return v
-	}
-	isCurrent := func(v int) bool { return in.Target == 0 || launchedAs(v) == launchedAs(in.Target) }
-	minHealthy := time.Duration(0)
-	if in.Rollout != nil {
-		minHealthy = time.Duration(in.Rollout.Policy.MinHealthySeconds) * time.Second
-	}
-	var rolloutFailure string // why the new version failed during this pass, if it did
-	rank := func(infra string) int {
-		if r, ok := in.InfraRank[infra]; ok {
-			return r
-		}
-		return len(in.InfraRank)
-	}
-	var alive []candidate   // live replicas that scale-down may pick
-	var noticed []candidate // live replicas of the target version whose instance will be reclaimed
-	liveCount := 0
-	launchingSpot := 0         // live spot replicas whose launch is under way (not in alive)
-	launching := 0             // live current replicas whose launch is under way
-	status := map[int]Status{} // status after this pass
-	hasInstance := map[int]bool{}
-	terminating := map[int]bool{}
+	// alive are live replicas that scale-down may pick; noticed the live replicas of the target
+	// version whose instance will be reclaimed; current and old split alive by version.
+	alive, noticed, current, old []candidate
+	// launching counts live current replicas whose launch is under way (not in alive), and
+	// launchingSpot the spot ones among them.
+	launching, launchingSpot int
+	// rolloutFailure says why the new version failed during this pass, if it did.
+	rolloutFailure string
 
-	for _, r := range in.Replicas {
-		rec := r.Record
-		inst, strays := pickInstance(rec, byReplica[rec.ID])
-		delete(byReplica, rec.ID)
-		for i := range strays {
-			terminate(0, &strays[i], false)
-		}
-		status[rec.ID] = rec.Status
-		hasInstance[rec.ID] = inst != nil
-		terminating[rec.ID] = r.Terminating
-		setStatus := func(to Status, reason string, adopted *launcher.Instance) {
-			move(rec.ID, rec.Status, to, reason, adopted)
-			status[rec.ID] = to
-		}
-		switch {
-		case r.Launching:
-			// Its outcome arrives outside the pass; it counts toward the target meanwhile (a
-			// launch of a version rolled back from goes once it has an instance).
-			if live(rec.Status) && isCurrent(rec.Version) {
-				liveCount++
-				launching++
-				if rec.Spot {
-					launchingSpot++
-				}
-			}
-		case rec.Status == StatusShuttingDown:
-			switch {
-			case r.Terminating, r.Draining:
-			case inst != nil:
-				terminate(rec.ID, inst, true)
-			default:
-				out.Forget = append(out.Forget, rec.ID)
-			}
-		case rec.Status.Terminal():
-			if inst != nil && !r.Terminating {
-				terminate(rec.ID, inst, false)
-			}
-		case !probeable(rec.Status):
-			// PROVISIONING (or PENDING/UNKNOWN from elsewhere) with no launch under way: the
-			// controller that launched it died. Follow the instance if it got made.
-			switch {
-			case inst != nil && inst.State != launcher.StateTerminated && inst.State != launcher.StatePreempted:
-				setStatus(StatusStarting, "adopted instance of an interrupted launch", inst)
-				liveCount++
-				alive = append(alive, candidate{id: rec.ID, spot: rec.Spot, rank: rank(inst.Infra), inst: inst, current: isCurrent(rec.Version)})
-			case inst != nil:
-				setStatus(StatusFailedProvision, "launch interrupted; instance ended: "+endReason(inst), nil)
-				terminate(rec.ID, inst, false)
-			default:
-				setStatus(StatusFailedProvision, "launch interrupted: no instance found", nil)
-			}
-		default:
-			if inst != nil && inst.Endpoint != "" && inst.Endpoint != rec.Endpoint {
-				out.Follow = append(out.Follow, *inst)
-			}
-			to, reason := liveStatus(in, r, inst)
-			if to != rec.Status {
-				setStatus(to, reason, nil)
-				if in.Rollout.Active() && rec.Version == in.Rollout.To && versionFailure(to) &&
-					(rec.ReadyAt.IsZero() || in.Now.Sub(rec.ReadyAt) < minHealthy) && rolloutFailure == "" {
-					rolloutFailure = fmt.Sprintf("replica %d of version %d: %s: %s", rec.ID, rec.Version, to, reason)
-				}
-			}
-			if !live(to) {
-				if inst != nil && !r.Terminating {
-					terminate(rec.ID, inst, false)
-				}
-				continue
-			}
-			if r.Noticed && isCurrent(rec.Version) {
-				// Going away soon: its replacement is launched as if it had gone, and it drains
-				// once the others are enough (below). A noticed replica of an older version
-				// stays in the rollout's accounting, and goes as the rollout says.
-				noticed = append(noticed, candidate{id: rec.ID, ready: to == StatusReady, spot: rec.Spot, inst: inst})
-				continue
-			}
-			liveCount++
-			c := candidate{id: rec.ID, ready: to == StatusReady, spot: rec.Spot, rank: rank(rec.Infra), price: rec.Price, inst: inst,
-				current: isCurrent(rec.Version)}
-			if c.ready {
-				c.healthySince = r.HealthySince
-			}
-			if c.current && rec.Version != in.Target && in.Target != 0 {
-				out.Relabel = append(out.Relabel, rec.ID)
-			}
-			alive = append(alive, c)
-		}
-		if s := status[rec.ID]; in.Rollout.Active() && rolloutFailure == "" && rec.Version == in.Rollout.To &&
-			versionFailure(s) && s == rec.Status && rec.ReadyAt.IsZero() && !rec.LaunchedAt.Before(in.Rollout.StartedAt) {
-			// Failed before this pass (e.g. while the controller was down).
-			rolloutFailure = fmt.Sprintf("replica %d of version %d: %s: %s", rec.ID, rec.Version, s, rec.Reason)
-		}
-	}
+	// Set by weighRollout: whether the rollout holds old replicas, how many new ones are
+	// healthy and since when, how many old ones stay, whether blue-green traffic moved, and
+	// how many old ones were live at the start of the pass.
+	holding    bool
+	healthy    int
+	progressAt time.Time
+	keepOld    int
+	switched   bool
+	oldLeft    int
+	// Set by scaleKinds: the live count by kind and the split of the target.
+	liveSpot, liveOnDemand int
+	want                   policy.Mix
+}
 
-	// Instances no record owns: adopt them.
-	for _, id := range sortedKeys(byReplica) {
-		inst, strays := pickInstance(Record{}, byReplica[id])
-		for i := range strays {
-			terminate(0, &strays[i], false)
-		}
-		rec := recordFromInstance(in.Service, id, inst)
-		switch inst.State {
-		case launcher.StateTerminated, launcher.StatePreempted:
-			rec.Status, rec.Reason = endStatus(inst), endReason(inst)
-			terminate(id, inst, false)
-		default:
-			rec.Status, rec.Reason = StatusStarting, "adopted"
-			liveCount++
-			current := isCurrent(rec.Version)
-			if current && in.Target != 0 {
-				rec.Version = in.Target
-			}
-			alive = append(alive, candidate{id: id, spot: rec.Spot, rank: rank(inst.Infra), inst: inst, current: current})
-		}
-		out.Adopt = append(out.Adopt, rec)
-		status[id] = rec.Status
-		hasInstance[id] = true
-	}
+// candidate is one live replica as scale-down and the rollout weigh it.
+type candidate struct {
+	id    int
+	ready bool
+	spot  bool
+	rank  int
+	price float64
+	inst  *launcher.Instance
+	// current: of the target version (or one it reuses); healthySince as replicaView's.
+	current      bool
+	healthySince time.Time
+}
 
-	// Replicas of older versions: as many stay as the rollout's mode says, the rest go.
-	var current, old []candidate
-	for _, c := range alive {
-		if c.current {
-			current = append(current, c)
-		} else {
-			old = append(old, c)
-		}
-	}
-	liveCount = launching + len(current)
-	holding := in.Rollout != nil && (in.Rollout.State == RolloutInProgress || in.Rollout.State == RolloutFailed)
-	healthy := 0
-	var progressAt time.Time
-	for _, c := range current {
-		if !c.ready {
-			continue
-		}
-		if !c.healthySince.IsZero() && in.Now.Sub(c.healthySince) >= minHealthy {
-			healthy++
-			if at := c.healthySince.Add(minHealthy); in.Rollout != nil && at.After(in.Rollout.ProgressAt) && at.After(progressAt) {
-				progressAt = at
-			}
-		}
-	}
-	keepOld := 0
-	switched := false
-	if holding && in.Desired >= 0 {
-		switch in.Rollout.Mode {
-		case configs.UpdateBlueGreen:
-			switched = in.Rollout.Switched || healthy >= in.SwitchAt
-			if !switched {
-				keepOld = in.Desired
-			}
-		default:
-			keepOld = max(0, in.Desired-healthy)
-		}
-	}
-	scaleDown := func(cands []candidate, excess map[bool]int, reason string) {
-		// Replicas not serving first, then the least preferred infra (burst replicas outside
-		// the cluster), then the most expensive (on-demand before spot), then the newest.
-		slices.SortFunc(cands, func(a, b candidate) int {
-			if a.ready != b.ready {
-				if a.ready {
-					return 1
-				}
-				return -1
-			}
-			if c := cmp.Compare(b.rank, a.rank); c != 0 {
-				return c
-			}
-			if c := cmp.Compare(b.price, a.price); c != 0 {
-				return c
-			}
-			return cmp.Compare(b.id, a.id)
-		})
-		for _, c := range cands {
-			if excess[c.spot] <= 0 {
-				continue
-			}
-			excess[c.spot]--
-			// An earlier transition of this pass keeps its From and now ends here.
-			move(c.id, status[c.id], StatusShuttingDown, reason, nil)
-			status[c.id] = StatusShuttingDown
-			if in.Drain && c.ready {
-				continue // out of the READY set now; terminated once drained
-			}
-			if c.inst != nil {
-				terminate(c.id, c.inst, true)
-			} else {
-				out.Forget = append(out.Forget, c.id)
-			}
-		}
-	}
-	// The rollout may end only once no old replica was live at the start of this pass: the
-	// READY set without them is then published before anyone reads the rollout as done.
-	oldLeft := len(old)
-	if in.Desired >= 0 && len(old) > keepOld {
-		// Old replicas are one pool whatever their kind: the new version's mix is what counts.
-		for i := range old {
-			old[i].spot = false
-		}
-		scaleDown(old, map[bool]int{false: len(old) - keepOld}, fmt.Sprintf("replaced by version %d", in.Target))
-	}
+func newPass(in planInput) *pass {
+	return &pass{in: in, transitionAt: map[int]int{}, status: map[int]Status{}, hasInstance: map[int]bool{},
+		terminating: map[int]bool{}, byReplica: map[int][]launcher.Instance{}}
+}
 
-	// Each kind is scaled to its share of Desired. A service without spot is one pool, whatever
-	// its replicas were launched as.
-	if !in.Mix.UseSpot {
-		launchingSpot = 0
-		for i := range current {
-			current[i].spot = false
-		}
+// move records a status change of one replica; a second change in the same pass keeps the
+// first's From.
+func (p *pass) move(id int, from, to Status, reason string, inst *launcher.Instance) {
+	p.status[id] = to
+	if i, ok := p.transitionAt[id]; ok {
+		p.out.Transitions[i].To, p.out.Transitions[i].Reason = to, reason
+		return
 	}
-	liveSpot, readySpot := launchingSpot, 0
-	for _, c := range current {
-		if c.spot {
-			liveSpot++
-			if c.ready {
-				readySpot++
-			}
-		}
-	}
-	liveOnDemand := liveCount - liveSpot
-	want := policy.Split(in.Desired, in.Mix, readySpot)
-	if in.Desired >= 0 && (liveSpot > want.Spot || liveOnDemand > want.OnDemand) {
-		scaleDown(current, map[bool]int{true: liveSpot - want.Spot, false: liveOnDemand - want.OnDemand}, "scaled down")
-	}
-	readyCurrent := 0
-	for _, c := range current {
-		if c.ready && status[c.id] == StatusReady { // not scaled down just now
-			readyCurrent++
-		}
-	}
-	if in.Desired >= 0 && len(noticed) > 0 && readyCurrent >= in.Desired {
-		// Its replacements serve: it takes no new request (one sent now would be cut at the
-		// reclaim), finishes those it has, and goes.
-		scaleDown(noticed, map[bool]int{true: len(noticed), false: len(noticed)}, "spot interruption notice; replaced")
-	}
-	if in.Desired >= 0 {
-		// deferred reports whether a kind's backoff holds its launches now.
-		deferred := func(failures int, last time.Time) bool {
-			notBefore := last.Add(launchBackoff(failures))
-			if failures > 0 && in.Now.Before(notBefore) {
-				if out.LaunchDeferredUntil.IsZero() || notBefore.Before(out.LaunchDeferredUntil) {
-					out.LaunchDeferredUntil = notBefore
-				}
-				return true
-			}
-			return false
-		}
-		if n := want.OnDemand - liveOnDemand; n > 0 && !deferred(in.ConsecutiveFailures, in.LastFailure) {
-			out.Launch = n
-		}
-		if n := want.Spot - liveSpot; n > 0 && !deferred(in.SpotFailures, in.SpotLastFailure) {
-			out.LaunchSpot = n
-		}
-		if holding {
-			// At most max_parallel new replicas starting (launched, not yet healthy) at once.
-			budget := max(0, maxParallel(in.Rollout.Policy, in.Desired)-(liveCount-healthy))
-			out.Launch = min(out.Launch, budget)
-			out.LaunchSpot = min(out.LaunchSpot, budget-out.Launch)
-		}
-	}
+	p.transitionAt[id] = len(p.out.Transitions)
+	p.out.Transitions = append(p.out.Transitions, transition{ID: id, From: from, To: to, Reason: reason, Instance: inst})
+}
 
-	if in.Rollout.Active() && in.Desired >= 0 {
-		out.Rollout = judgeRollout(in, rolloutFailure, switched, healthy, oldLeft, progressAt)
-	} else if in.Rollout != nil && in.Rollout.State == RolloutFailed && in.Desired >= 0 && oldLeft == 0 && healthy >= in.Desired {
-		// A failed rollout without rollback that came good after all (capacity came back).
-		out.Rollout = &rolloutChange{End: RolloutSucceeded, Reason: fmt.Sprintf("%d of %d replicas of version %d healthy", healthy, in.Desired, in.Target)}
+func (p *pass) terminate(replicaID int, inst *launcher.Instance, forget bool) {
+	p.out.Terminate = append(p.out.Terminate, termination{ReplicaID: replicaID, InstanceID: inst.ID, Forget: forget})
+}
+
+// isCurrent reports whether replicas of version v serve as the target version: they are it,
+// or it reuses their instances, or the service was never updated.
+func (p *pass) isCurrent(v int) bool {
+	return p.in.Target == 0 || p.in.launchedAs(v) == p.in.launchedAs(p.in.Target)
+}
+
+func (in *planInput) launchedAs(v int) int {
+	if a, ok := in.LaunchedAs[v]; ok {
+		return a
 	}
-	// Keep the newest KeepFailed terminal records for display; forget older ones once their
-	// instance is gone.
+	return v
+}
+
+// rank is an infra's place in the service's preference (later candidates rank higher).
+func (p *pass) rank(infra string) int {
+	if r, ok := p.in.InfraRank[infra]; ok {
+		return r
+	}
+	return len(p.in.InfraRank)
+}
+
+// minHealthy is how long a new replica must stay READY to count as healthy for the rollout.
+func (in *planInput) minHealthy() time.Duration {
+	if in.Rollout == nil {
+		return 0
+	}
+	return time.Duration(in.Rollout.Policy.MinHealthySeconds) * time.Second
+}
+
+// forgetEnded keeps the newest KeepFailed terminal records for display and forgets older ones
+// once their instance is gone.
+func (p *pass) forgetEnded() {
 	var ended []int
-	for id, s := range status {
+	for id, s := range p.status {
 		if s.Terminal() {
 			ended = append(ended, id)
 		}
 	}
 	slices.Sort(ended)
 	slices.Reverse(ended)
-	for _, id := range ended[min(len(ended), max(in.KeepFailed, 0)):] {
-		if !hasInstance[id] && !terminating[id] {
-			out.Forget = append(out.Forget, id)
+	for _, id := range ended[min(len(ended), max(p.in.KeepFailed, 0)):] {
+		if !p.hasInstance[id] && !p.terminating[id] {
+			p.out.Forget = append(p.out.Forget, id)
 		}
-	}
-	slices.Sort(out.Forget)
-	return out
-}
-
-// versionFailure reports whether a replica that ends in status s failed through its own
-// version (its program or image), as opposed to capacity or a preemption.
-func versionFailure(s Status) bool {
-	switch s {
-	case StatusFailed, StatusFailedInitialDelay, StatusFailedProbing:
-		return true
-	}
-	return false
-}
-
-// judgeRollout says whether an IN_PROGRESS rollout switches, succeeds or fails now.
-func judgeRollout(in planInput, failure string, switched bool, healthy, oldLeft int, progressAt time.Time) *rolloutChange {
-	r := in.Rollout
-	var ch rolloutChange
-	changed := false
-	if !progressAt.IsZero() {
-		ch.ProgressAt, changed = progressAt, true
-	}
-	deadline := time.Duration(r.Policy.ProgressDeadlineSeconds) * time.Second
-	last := r.ProgressAt
-	if last.IsZero() {
-		last = r.StartedAt
-	}
-	if !progressAt.IsZero() {
-		last = progressAt
-	}
-	if failure == "" && deadline > 0 && in.Now.Sub(last) >= deadline && healthy < in.Desired {
-		failure = fmt.Sprintf("no new replica became healthy within the progress deadline (%v)", deadline)
-	}
-	switch {
-	case failure != "":
-		ch.End, ch.Reason = RolloutFailed, failure
-		if r.FromServed && r.Policy.AutoRollback {
-			ch.End = RolloutRolledBack
-		}
-		return &ch
-	case switched && !r.Switched:
-		ch.Switched, changed = true, true
-	}
-	if oldLeft == 0 && healthy >= in.Desired && (r.Mode != configs.UpdateBlueGreen || switched) {
-		ch.End, ch.Reason = RolloutSucceeded, fmt.Sprintf("%d of %d replicas of version %d healthy", healthy, in.Desired, r.To)
-		return &ch
-	}
-	if !changed {
-		return nil
-	}
-	return &ch
-}
-
-// liveStatus is the status a STARTING, READY or NOT_READY replica moves to, from its instance
-// and its probes.
-func liveStatus(in planInput, r replicaView, inst *launcher.Instance) (Status, string) {
-	rec, probe := r.Record, r.Probe
-	switch {
-	case inst == nil:
-		return StatusFailed, "instance disappeared"
-	case inst.State == launcher.StatePreempted || inst.State == launcher.StateTerminated:
-		return endStatus(inst), endReason(inst)
-	}
-	switch rec.Status {
-	case StatusStarting:
-		if probe.OK {
-			return StatusReady, ""
-		}
-		if delay := in.InitialDelay; delay > 0 && in.Now.Sub(rec.LaunchedAt) >= delay {
-			return StatusFailedInitialDelay, fmt.Sprintf("not ready within %v of launch%s", delay, lastError(probe))
-		}
-	case StatusReady, StatusNotReady:
-		switch {
-		case probe.At.IsZero():
-			// Not probed yet by this manager (just restarted): keep what the store said.
-		case probe.OK:
-			return StatusReady, ""
-		case in.Now.Sub(probe.FailingSince) >= in.FailureThreshold:
-			return StatusFailedProbing, fmt.Sprintf("readiness probe failing for %v%s",
-				in.Now.Sub(probe.FailingSince).Round(time.Second), lastError(probe))
-		case rec.Status == StatusReady:
-			return StatusNotReady, "readiness probe failing" + lastError(probe)
-		}
-	}
-	return rec.Status, rec.Reason
-}
-
-func lastError(p probeState) string {
-	if p.Err == "" {
-		return ""
-	}
-	return ": " + p.Err
-}
-
-// endStatus is the status of a replica whose instance ended.
-func endStatus(inst *launcher.Instance) Status {
-	if inst.State == launcher.StatePreempted {
-		return StatusPreempted
-	}
-	return StatusFailed
-}
-
-func endReason(inst *launcher.Instance) string {
-	switch {
-	case inst.Reason != "":
-		return inst.Reason
-	case inst.State == launcher.StatePreempted:
-		return "preempted"
-	}
-	return "instance terminated"
-}
-
-// pickInstance chooses the instance that belongs to rec among those labelled with its id: the
-// one it recorded, else (no id recorded yet) a running one. The rest are strays.
-func pickInstance(rec Record, insts []launcher.Instance) (*launcher.Instance, []launcher.Instance) {
-	if len(insts) == 0 {
-		return nil, nil
-	}
-	best := -1
-	for i, inst := range insts {
-		switch {
-		case rec.InstanceID != "":
-			if inst.ID == rec.InstanceID {
-				best = i
-			}
-		case best < 0 || (insts[best].State != launcher.StateRunning && inst.State == launcher.StateRunning):
-			best = i
-		}
-	}
-	var strays []launcher.Instance
-	for i, inst := range insts {
-		if i != best && (best < 0 || inst.ID != insts[best].ID) { // a duplicate is not a stray
-			strays = append(strays, inst)
-		}
-	}
-	if best < 0 {
-		return nil, strays
-	}
-	return &insts[best], strays
-}
-
-// recordFromInstance rebuilds a record from an instance's labels and facts.
-func recordFromInstance(service string, id int, inst *launcher.Instance) Record {
-	version, _ := strconv.Atoi(inst.Labels[launcher.LabelVersion])
-	rec := Record{Service: service, ID: id, Version: version, LaunchedAt: inst.LaunchedAt}
-	followInstance(&rec, inst)
-	return rec
-}
-
-// followInstance copies what a record shows about its instance.
-func followInstance(rec *Record, inst *launcher.Instance) {
-	rec.InstanceID = inst.ID
-	rec.Endpoint = inst.Endpoint
-	rec.Infra = inst.Infra
-	rec.Zone = inst.Zone
-	rec.Price = inst.PricePerHour
-	// Spot is the kind the replica was launched as (its label), which the mix counts; an
-	// instance from before kinds were labelled tells by its capacity.
-	switch inst.Labels[LabelKind] {
-	case kindSpot:
-		rec.Spot = true
-	case kindOnDemand:
-		rec.Spot = false
-	default:
-		rec.Spot = inst.Spot
 	}
 }
 

@@ -1,0 +1,207 @@
+package replicas
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/policy"
+)
+
+// The middle phases of a plan: how many replicas of each version and kind stay, which go, and
+// how many to launch.
+
+// splitVersions divides the live replicas between the target version (current) and older
+// ones (old).
+func (p *pass) splitVersions() {
+	for _, c := range p.alive {
+		if c.current {
+			p.current = append(p.current, c)
+		} else {
+			p.old = append(p.old, c)
+		}
+	}
+}
+
+// liveCurrent is how many live replicas count toward the target: current ones and launches.
+func (p *pass) liveCurrent() int { return p.launching + len(p.current) }
+
+// weighRollout counts the new version's healthy replicas (READY for min_healthy_seconds) and
+// decides how many old ones the rollout keeps: rolling keeps what the new version cannot carry
+// yet, blue-green all of the target until traffic switches.
+func (p *pass) weighRollout() {
+	in, ro := p.in, p.in.Rollout
+	p.holding = ro != nil && (ro.State == RolloutInProgress || ro.State == RolloutFailed)
+	minHealthy := in.minHealthy()
+	for _, c := range p.current {
+		if !c.ready || c.healthySince.IsZero() || in.Now.Sub(c.healthySince) < minHealthy {
+			continue
+		}
+		p.healthy++
+		if at := c.healthySince.Add(minHealthy); ro != nil && at.After(ro.ProgressAt) && at.After(p.progressAt) {
+			p.progressAt = at
+		}
+	}
+	// The rollout may end only once no old replica was live at the start of this pass: the
+	// READY set without them is then published before anyone reads the rollout as done.
+	p.oldLeft = len(p.old)
+	if !p.holding || in.Desired < 0 {
+		return
+	}
+	switch ro.Mode {
+	case configs.UpdateBlueGreen:
+		p.switched = ro.Switched || p.healthy >= in.SwitchAt
+		if !p.switched {
+			p.keepOld = in.Desired
+		}
+	default:
+		p.keepOld = max(0, in.Desired-p.healthy)
+	}
+}
+
+// retireOld scales down the old replicas beyond what the rollout keeps. They are one pool
+// whatever their kind: the new version's mix is what counts.
+func (p *pass) retireOld() {
+	if p.in.Desired < 0 || len(p.old) <= p.keepOld {
+		return
+	}
+	for i := range p.old {
+		p.old[i].spot = false
+	}
+	p.scaleDown(p.old, map[bool]int{false: len(p.old) - p.keepOld}, 0, fmt.Sprintf("replaced by version %d", p.in.Target))
+}
+
+// scaleKinds splits the target between spot and on-demand (policy.Split) and scales each kind
+// down to its share, but never below the target's READY replicas: a READY replica of a kind
+// over its share (base_ondemand_fallback_replicas lowered, say) serves until the other kind's
+// replacements are READY. A service without spot is one pool, whatever its replicas were
+// launched as.
+func (p *pass) scaleKinds() {
+	if !p.in.Mix.UseSpot {
+		p.launchingSpot = 0
+		for i := range p.current {
+			p.current[i].spot = false
+		}
+	}
+	p.liveSpot = p.launchingSpot
+	readySpot := 0
+	for _, c := range p.current {
+		if c.spot {
+			p.liveSpot++
+			if c.ready {
+				readySpot++
+			}
+		}
+	}
+	p.liveOnDemand = p.liveCurrent() - p.liveSpot
+	p.want = policy.Split(p.in.Desired, p.in.Mix, readySpot)
+	if p.in.Desired >= 0 && (p.liveSpot > p.want.Spot || p.liveOnDemand > p.want.OnDemand) {
+		p.scaleDown(p.current, map[bool]int{true: p.liveSpot - p.want.Spot, false: p.liveOnDemand - p.want.OnDemand}, 0, "scaled down")
+	}
+}
+
+// retireNoticed drains the replicas warned of their reclaim once the others READY make the
+// target: a request sent to one now would be cut at the reclaim.
+func (p *pass) retireNoticed() {
+	if p.in.Desired < 0 || len(p.noticed) == 0 {
+		return
+	}
+	readyCurrent := 0
+	for _, c := range p.current {
+		if c.ready && p.status[c.id] == StatusReady { // not scaled down just now
+			readyCurrent++
+		}
+	}
+	if readyCurrent >= p.in.Desired {
+		n := len(p.noticed)
+		p.scaleDown(p.noticed, map[bool]int{true: n, false: n}, 0, "spot interruption notice; replaced")
+	}
+}
+
+// launch asks for each kind's missing replicas, unless that kind's launch backoff holds; during
+// a rollout at most max_parallel new replicas start at once.
+func (p *pass) launch() {
+	in := p.in
+	if in.Desired < 0 {
+		return
+	}
+	if n := p.want.OnDemand - p.liveOnDemand; n > 0 && !p.deferred(in.ConsecutiveFailures, in.LastFailure) {
+		p.out.Launch = n
+	}
+	if n := p.want.Spot - p.liveSpot; n > 0 && !p.deferred(in.SpotFailures, in.SpotLastFailure) {
+		p.out.LaunchSpot = n
+	}
+	if p.holding {
+		// Started means launched and not yet healthy.
+		budget := max(0, maxParallel(in.Rollout.Policy, in.Desired)-(p.liveCurrent()-p.healthy))
+		p.out.Launch = min(p.out.Launch, budget)
+		p.out.LaunchSpot = min(p.out.LaunchSpot, budget-p.out.Launch)
+	}
+}
+
+// deferred reports whether a kind's backoff after failures holds its launches now, and keeps
+// the earliest time one is allowed again in the actions.
+func (p *pass) deferred(failures int, last time.Time) bool {
+	notBefore := last.Add(launchBackoff(failures))
+	if failures <= 0 || !p.in.Now.Before(notBefore) {
+		return false
+	}
+	if p.out.LaunchDeferredUntil.IsZero() || notBefore.Before(p.out.LaunchDeferredUntil) {
+		p.out.LaunchDeferredUntil = notBefore
+	}
+	return true
+}
+
+// scaleDown takes up to excess[kind] of cands out of service, in scale-down order
+// (scaleDownOrder), keeping at least readyFloor of the READY ones. With Drain, a READY one only
+// leaves the READY set now and is terminated once drained.
+func (p *pass) scaleDown(cands []candidate, excess map[bool]int, readyFloor int, reason string) {
+	slices.SortFunc(cands, scaleDownOrder)
+	ready := 0
+	for _, c := range cands {
+		if c.ready && p.status[c.id] == StatusReady {
+			ready++
+		}
+	}
+	for _, c := range cands {
+		if excess[c.spot] <= 0 {
+			continue
+		}
+		if c.ready {
+			if ready <= readyFloor {
+				continue
+			}
+			ready--
+		}
+		excess[c.spot]--
+		p.move(c.id, p.status[c.id], StatusShuttingDown, reason, nil)
+		switch {
+		case p.in.Drain && c.ready:
+		case c.inst != nil:
+			p.terminate(c.id, c.inst, true)
+		default:
+			p.out.Forget = append(p.out.Forget, c.id)
+		}
+	}
+}
+
+// scaleDownOrder puts first the replicas to remove first: those not serving, then those on the
+// least preferred infra (burst replicas outside the cluster), then the most expensive
+// (on-demand before spot), then the newest.
+func scaleDownOrder(a, b candidate) int {
+	if a.ready != b.ready {
+		if a.ready {
+			return 1
+		}
+		return -1
+	}
+	if c := cmp.Compare(b.rank, a.rank); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(b.price, a.price); c != 0 {
+		return c
+	}
+	return cmp.Compare(b.id, a.id)
+}
