@@ -118,6 +118,9 @@ type Manager struct {
 	// eventSeq orders launch completions against List calls.
 	eventSeq uint64
 	gone     map[string]time.Time
+	// stopping are the instances whose Terminate is under way: a List may still show them,
+	// and a pass must neither terminate one again nor adopt it as a replica of its own.
+	stopping map[string]bool
 	// notices are the instances an infra warned will be reclaimed (spot interruption
 	// notices), with when; their replicas serve on but are replaced now.
 	notices map[string]time.Time
@@ -218,6 +221,7 @@ func New(cfg Config) (*Manager, error) {
 		desired:  -1,
 		replicas: map[int]*replica{},
 		gone:     map[string]time.Time{},
+		stopping: map[string]bool{},
 		notices:  map[string]time.Time{},
 		failures: map[bool]int{},
 		lastFail: map[bool]time.Time{},
@@ -472,7 +476,7 @@ func (m *Manager) observeLocked(insts []launcher.Instance, seq uint64) {
 	seen := map[string]bool{}
 	observed := make([]launcher.Instance, 0, len(insts))
 	for _, inst := range insts {
-		if _, ok := m.gone[inst.ID]; ok {
+		if _, ok := m.gone[inst.ID]; ok || m.stopping[inst.ID] {
 			continue
 		}
 		seen[inst.ID] = true
@@ -890,6 +894,11 @@ func (m *Manager) terminateLocked(t termination) {
 		}
 		r.terminating = true
 	}
+	if m.stopping[t.InstanceID] {
+		return
+	}
+	m.stopping[t.InstanceID] = true
+	m.instances = slices.DeleteFunc(m.instances, func(i launcher.Instance) bool { return i.ID == t.InstanceID })
 	ctx := m.workCtx
 	m.workers.Add(1)
 	go func() {
@@ -898,6 +907,7 @@ func (m *Manager) terminateLocked(t termination) {
 		err := m.cfg.Provider.Terminate(ctx, t.InstanceID)
 		m.mu.Lock()
 		defer m.mu.Unlock()
+		delete(m.stopping, t.InstanceID)
 		if r != nil {
 			r.terminating = false
 		}

@@ -94,6 +94,12 @@ func TestScaleKinds(t *testing.T) {
 			current:  []candidate{spot(1, true), spot(2, true), onDemand(3, true), onDemand(4, true)},
 			wantDown: []int{4, 2}, wantWant: policy.Mix{Spot: 1, OnDemand: 1},
 		},
+		"a READY replica over its kind's share stays while the other kind starts": {
+			// base_ondemand lowered to 0: the on-demand replica serves until the spot one is READY.
+			desired: 1, mix: policy.MixSpec{UseSpot: true}, launchingSpot: 1,
+			current:  []candidate{onDemand(1, true)},
+			wantWant: policy.Mix{Spot: 1},
+		},
 		"then goes once the other kind is READY": {
 			desired: 1, mix: policy.MixSpec{UseSpot: true},
 			current:  []candidate{onDemand(1, true), spot(2, true)},

@@ -98,7 +98,7 @@ func (p *pass) scaleKinds() {
 	p.liveOnDemand = p.liveCurrent() - p.liveSpot
 	p.want = policy.Split(p.in.Desired, p.in.Mix, readySpot)
 	if p.in.Desired >= 0 && (p.liveSpot > p.want.Spot || p.liveOnDemand > p.want.OnDemand) {
-		p.scaleDown(p.current, map[bool]int{true: p.liveSpot - p.want.Spot, false: p.liveOnDemand - p.want.OnDemand}, 0, "scaled down")
+		p.scaleDown(p.current, map[bool]int{true: p.liveSpot - p.want.Spot, false: p.liveOnDemand - p.want.OnDemand}, p.in.Desired, "scaled down")
 	}
 }
 
