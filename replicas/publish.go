@@ -1,0 +1,99 @@
+package replicas
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// readySet is an immutable published READY set.
+type readySet struct {
+	version   uint64
+	endpoints []Endpoint
+}
+
+// kickLoop asks the loop for a full pass now.
+func (m *Manager) kickLoop() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// setReadyLocked swaps in a new READY set if membership changed.
+func (m *Manager) setReadyLocked() {
+	var endpoints []Endpoint
+	if !m.shutdown {
+		var ready []Record
+		for _, id := range sortedKeys(m.replicas) {
+			if r := m.replicas[id]; r.rec.Status == StatusReady && r.rec.Endpoint != "" {
+				ready = append(ready, r.rec)
+			}
+		}
+		for _, rec := range serving(m.rollout, m.target, m.launchedAsLocked, ready) {
+			acc := accelerator(m.taskLocked(rec.Version).Resources)
+			endpoints = append(endpoints, Endpoint{ReplicaID: rec.ID, Version: rec.Version, Addr: rec.Endpoint, Accelerator: acc})
+		}
+	}
+	cur := m.ready.Load()
+	if slices.Equal(cur.endpoints, endpoints) {
+		return
+	}
+	m.ready.Store(&readySet{version: cur.version + 1, endpoints: endpoints})
+}
+
+// publish hands the current READY set to OnReady if it changed since the last call, or always
+// with force (Start's first publication, Shutdown).
+// The lock makes calls sequential, and each call sends the newest set, so the last change
+// is never lost.
+func (m *Manager) publish(force bool) {
+	m.pubMu.Lock()
+	defer m.pubMu.Unlock()
+	if force {
+		m.publishing.Store(true)
+	}
+	set := m.ready.Load()
+	if !m.publishing.Load() || (!force && set.version == m.published) {
+		return
+	}
+	m.published = set.version
+	m.log.Info("ready set", zap.Int("ready", len(set.endpoints)))
+	if m.cfg.OnReady == nil {
+		return
+	}
+	defer m.recoverPanic("OnReady")
+	m.cfg.OnReady(slices.Clone(set.endpoints))
+}
+
+// awaitFirstProbes waits until every probed replica has a first result, or firstProbesWait.
+func (m *Manager) awaitFirstProbes(ctx context.Context) {
+	deadline := time.NewTimer(firstProbesWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if m.firstProbesDone() {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (m *Manager) firstProbesDone() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, r := range m.replicas {
+		if r.stopProbe != nil && r.probe.At.IsZero() {
+			return false
+		}
+	}
+	return true
+}

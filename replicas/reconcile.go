@@ -1,0 +1,215 @@
+package replicas
+
+import (
+	"context"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// safeReconcile runs one full pass; a panic in it is logged and the loop goes on.
+func (m *Manager) safeReconcile(ctx context.Context) {
+	defer m.recoverPanic("reconcile")
+	m.reconcile(ctx)
+}
+
+// reconcile lists the service's instances and runs a pass against them.
+func (m *Manager) reconcile(ctx context.Context) {
+	m.mu.Lock()
+	if m.shutdown {
+		m.mu.Unlock()
+		return
+	}
+	if err := m.loadLocked(); err != nil {
+		m.mu.Unlock()
+		m.log.Warn("load replica records; will retry", zap.Error(err))
+		return
+	}
+	seq := m.eventSeq
+	m.mu.Unlock()
+
+	listCtx, cancel := context.WithTimeout(ctx, listTimeout)
+	insts, err := m.cfg.Provider.List(listCtx, m.selector)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Warn("list instances; will retry", zap.Error(err))
+		}
+		return
+	}
+
+	m.mu.Lock()
+	defer func() {
+		m.mu.Unlock()
+		m.publish(false)
+	}()
+	m.observeLocked(insts, seq)
+	m.passLocked()
+}
+
+// observeLocked takes a List result begun at seq as the current observation, minus instances
+// we terminated since, plus instances our launches made since.
+func (m *Manager) observeLocked(insts []launcher.Instance, seq uint64) {
+	now := time.Now()
+	for id, at := range m.gone {
+		if now.Sub(at) > goneTTL {
+			delete(m.gone, id)
+		}
+	}
+	seen := map[string]bool{}
+	observed := make([]launcher.Instance, 0, len(insts))
+	for _, inst := range insts {
+		if _, ok := m.gone[inst.ID]; ok || m.stopping[inst.ID] {
+			continue
+		}
+		seen[inst.ID] = true
+		observed = append(observed, inst)
+	}
+	for _, r := range m.replicas {
+		if r.launched != nil && r.launchSeq > seq && !seen[r.launched.ID] {
+			observed = append(observed, *r.launched)
+		}
+	}
+	m.instances = observed
+	m.observed = true
+	// A notice is kept while the instance is listed: it may be reclaimed late, or a List may
+	// begin before the notice and still show it running.
+	for id, at := range m.notices {
+		if !seen[id] && now.Sub(at) > goneTTL {
+			delete(m.notices, id)
+		}
+	}
+}
+
+// passLocked decides on the latest observation and acts on it.
+func (m *Manager) passLocked() {
+	if m.shutdown || !m.observed || !m.loaded || m.workCtx == nil || m.workCtx.Err() != nil {
+		return
+	}
+	now := m.cfg.Now()
+	in := planInput{
+		Now:                 now,
+		Service:             m.cfg.Service,
+		Desired:             m.desired,
+		InitialDelay:        m.initialDelay(),
+		FailureThreshold:    m.cfg.FailureThreshold,
+		ConsecutiveFailures: m.failures[false],
+		LastFailure:         m.lastFail[false],
+		SpotFailures:        m.failures[true],
+		SpotLastFailure:     m.lastFail[true],
+		KeepFailed:          keepFailed,
+		Instances:           m.instances,
+		Drain:               m.cfg.Busy != nil,
+		InfraRank:           m.cfg.InfraRank,
+		Mix:                 m.mixLocked(),
+	}
+	for _, id := range sortedKeys(m.replicas) {
+		r := m.replicas[id]
+		switch {
+		case r.rec.Status != StatusReady:
+			r.healthySince = time.Time{}
+		case r.healthySince.IsZero() && r.probe.OK:
+			r.healthySince = now
+		}
+		_, noticed := m.notices[r.rec.InstanceID]
+		in.Replicas = append(in.Replicas, replicaView{Record: r.rec, Probe: r.probe, Launching: r.launching,
+			Terminating: r.terminating, Draining: m.drainingLocked(now, r), HealthySince: r.healthySince,
+			Noticed: noticed && r.rec.InstanceID != ""})
+	}
+	m.versionInputLocked(&in)
+	acts := plan(in)
+	// A rollout decision (switch traffic, succeed, roll back) is saved before anything acts
+	// on it; then the pass is planned again under it. Each verdict ends or latches a state,
+	// so this settles within a few rounds.
+	for range 4 {
+		if acts.Rollout == nil || !m.rolloutChangedLocked(now, acts.Rollout) {
+			break
+		}
+		m.versionInputLocked(&in)
+		acts = plan(in)
+	}
+	m.applyLocked(now, acts)
+	if m.desired < 0 {
+		// First pass after a (re)start with no target yet: keep what runs.
+		m.desired = max(m.taskLocked(m.target).Service.ReplicaPolicy.MinReplicas, m.liveLocked())
+		m.log.Info("replica target taken from running replicas", zap.Int("target", m.desired))
+		m.kickLoop()
+	}
+	m.setReadyLocked()
+}
+
+// drainingLocked reports whether a scaled-down replica still serves requests it took while it
+// was READY, within the drain timeout.
+func (m *Manager) drainingLocked(now time.Time, r *replica) bool {
+	if m.cfg.Busy == nil || r.rec.Status != StatusShuttingDown || r.rec.Endpoint == "" {
+		return false
+	}
+	if r.drainingSince.IsZero() {
+		r.drainingSince = now
+	}
+	if now.Sub(r.drainingSince) >= m.cfg.DrainTimeout {
+		m.log.Warn("drain timed out; terminating with requests in flight", zap.Int("replica", r.rec.ID),
+			zap.Duration("drain_timeout", m.cfg.DrainTimeout))
+		return false
+	}
+	return m.cfg.Busy(r.rec.Endpoint) > 0
+}
+
+func (m *Manager) initialDelay() time.Duration {
+	if s := m.taskLocked(m.target).Service.ReadinessProbe.InitialDelaySeconds; s > 0 {
+		return time.Duration(s) * time.Second
+	}
+	return DefaultInitialDelay
+}
+
+// applyLocked carries out a plan. Each status change is saved before its action starts.
+func (m *Manager) applyLocked(now time.Time, acts actions) {
+	for _, rec := range acts.Adopt {
+		r := &replica{rec: rec}
+		m.replicas[rec.ID] = r
+		m.save(r)
+		m.log.Info("adopted replica", zap.Int("replica", rec.ID), zap.String("instance", rec.InstanceID),
+			zap.String("status", string(rec.Status)), zap.String("reason", rec.Reason))
+	}
+	for _, tr := range acts.Transitions {
+		if r := m.replicas[tr.ID]; r != nil {
+			if tr.To == StatusPreempted {
+				m.recordPreemptionLocked(r)
+			}
+			m.transitionLocked(now, r, tr.To, tr.Reason, tr.Instance)
+		}
+	}
+	for _, inst := range acts.Follow {
+		m.followLocked(inst)
+	}
+	for _, id := range acts.Relabel {
+		if r := m.replicas[id]; r != nil && r.rec.Version != m.target {
+			m.log.Info("replica relabelled", zap.Int("replica", id), zap.Int("from_version", r.rec.Version), zap.Int("to_version", m.target))
+			r.rec.Version = m.target
+			m.save(r)
+		}
+	}
+	for _, t := range acts.Terminate {
+		m.terminateLocked(t)
+	}
+	for _, id := range acts.Forget {
+		m.forgetLocked(id)
+	}
+	if !acts.LaunchDeferredUntil.IsZero() {
+		m.log.Debug("launch deferred after repeated failures", zap.Time("until", acts.LaunchDeferredUntil),
+			zap.Int("failures", m.failures[false]), zap.Int("spot_failures", m.failures[true]))
+	}
+	for range acts.Launch {
+		m.launchLocked(now, false)
+	}
+	for range acts.LaunchSpot {
+		m.launchLocked(now, true)
+	}
+	for _, r := range m.replicas {
+		if probeable(r.rec.Status) && r.rec.Endpoint != "" {
+			m.ensureProberLocked(r, 0)
+		}
+	}
+}
