@@ -58,6 +58,10 @@ func (s *fakeStore) SaveRollout(service string, r Rollout) error {
 	return nil
 }
 
+func (s *fakeStore) StartUpdate(service string, v Version, r Rollout) error {
+	return s.SaveRollout(service, r)
+}
+
 func (s *fakeStore) lastRollout() (Rollout, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -16,10 +16,9 @@ import (
 // launchLocked records a new PROVISIONING replica and starts its Launch in the background.
 func (m *Manager) launchLocked(now time.Time, spot bool) {
 	task := m.taskLocked(m.target)
-	id, err := m.nextIDLocked()
-	if err != nil {
-		m.log.Error("allocate replica id", zap.Error(err))
-		return
+	id, ok := m.nextIDLocked()
+	if !ok {
+		return // the pass could not reserve one (logged there); the next pass launches it
 	}
 	r := &replica{
 		rec: Record{
@@ -34,7 +33,7 @@ func (m *Manager) launchLocked(now time.Time, spot bool) {
 		launching: true,
 	}
 	m.replicas[id] = r
-	m.save(r)
+	m.saveLocked(r)
 	m.log.Info("replica status", zap.Int("replica", id), zap.String("to", string(StatusProvisioning)))
 	spec := replicaSpec(m.cfg.Service, m.target, task, id, spot)
 	if spot && task.Service.ReplicaPolicy.SpotPlacer == configs.SpotPlacerDynamicFallback {
@@ -43,11 +42,11 @@ func (m *Manager) launchLocked(now time.Time, spot bool) {
 	ctx := m.workCtx
 	m.workers.Add(1)
 	m.launches.Add(1)
-	go func() {
+	m.startLocked(func() {
 		defer m.workers.Done()
 		defer m.launches.Done()
 		m.runLaunch(ctx, r, spec)
-	}()
+	})
 }
 
 // spotByZoneLocked maps live spot replicas' instances to their zones, for SpotHedge.
@@ -96,7 +95,7 @@ func (m *Manager) runLaunch(ctx context.Context, r *replica, spec launcher.Spec)
 	}
 
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r.launching = false
 	now := m.cfg.Now()
 	if err != nil {
@@ -156,12 +155,12 @@ func (m *Manager) terminateLocked(t termination) {
 	m.instances = slices.DeleteFunc(m.instances, func(i launcher.Instance) bool { return i.ID == t.InstanceID })
 	ctx := m.workCtx
 	m.workers.Add(1)
-	go func() {
+	m.startLocked(func() {
 		defer m.workers.Done()
 		defer m.recoverPanic("terminate")
 		err := m.cfg.Provider.Terminate(ctx, t.InstanceID)
 		m.mu.Lock()
-		defer m.mu.Unlock()
+		defer m.unlock()
 		delete(m.stopping, t.InstanceID)
 		if r != nil {
 			r.terminating = false
@@ -176,5 +175,5 @@ func (m *Manager) terminateLocked(t termination) {
 		if t.Forget && r != nil && m.replicas[t.ReplicaID] == r {
 			m.forgetLocked(t.ReplicaID)
 		}
-	}()
+	})
 }

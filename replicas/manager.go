@@ -103,9 +103,23 @@ type Manager struct {
 	kick    chan struct{}
 	sem     chan struct{} // bounds concurrent launches
 
+	// loaded is true once records were read from the store (load).
+	loaded atomic.Bool
+
+	// rolloutMu serialises rollout writes (StartUpdate, a pass's verdict) so that a verdict
+	// on a rollout an update just replaced never overwrites it on disk. Take it before mu.
+	rolloutMu sync.Mutex
+	// flushMu lets one caller at a time run the queued effects (records.go).
+	flushMu sync.Mutex
+
 	mu sync.Mutex
-	// loaded is true once records were read from the store.
-	loaded bool
+	// effects are the store writes and provider calls queued under mu, run by unlock.
+	effects []effect
+	// spareIDs are replica ids reserved in the store for launches (reserveIDs).
+	spareIDs []int
+	// everReady is set once any replica was READY: a service that served and has no replica
+	// now is NO_REPLICA, not starting up, and a rollout from it has a version to go back to.
+	everReady bool
 	// desired is the target count; -1 until SetDesired or the first pass fixes it.
 	desired  int
 	replicas map[int]*replica
@@ -318,11 +332,11 @@ func (m *Manager) SetDesired(n int) {
 // Replicas returns a snapshot of every replica the service has, including recently failed
 // ones, ordered by id, for `serve status`.
 func (m *Manager) Replicas() []Record {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.loadLocked(); err != nil {
+	if err := m.load(); err != nil {
 		m.log.Warn("load replica records", zap.Error(err))
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	out := make([]Record, 0, len(m.replicas))
 	for _, id := range sortedKeys(m.replicas) {
 		out = append(out, m.replicas[id].rec)
@@ -340,11 +354,10 @@ func (m *Manager) Ready() []Endpoint {
 // first) and the records are deleted. It works whether or not Start runs, and calling it again
 // finishes what an interrupted call left.
 func (m *Manager) Shutdown(ctx context.Context) error {
-	m.mu.Lock()
-	if err := m.loadLocked(); err != nil {
-		m.mu.Unlock()
+	if err := m.load(); err != nil {
 		return fmt.Errorf("replicas: shutdown %s: %w", m.cfg.Service, err)
 	}
+	m.mu.Lock()
 	if !m.shutdown {
 		m.log.Info("shutting down service")
 	}
@@ -358,7 +371,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		}
 	}
 	m.setReadyLocked()
-	m.mu.Unlock()
+	m.unlock() // the SHUTTING_DOWN records are on disk before anything is terminated
 	m.publish(true)
 
 	launched := make(chan struct{})

@@ -72,13 +72,18 @@ func (m *Manager) probeOnce(ctx context.Context, r *replica, gen uint64, addr st
 
 // onProbe folds a probe result into r and, unless nothing can have changed, runs a pass.
 func (m *Manager) onProbe(r *replica, gen uint64, err error) {
+	if m.recordProbe(r, gen, err) {
+		m.pass()
+	}
+	m.publish(false)
+}
+
+// recordProbe folds a probe result into r and reports whether a pass may have something to do.
+func (m *Manager) recordProbe(r *replica, gen uint64, err error) bool {
 	m.mu.Lock()
-	defer func() {
-		m.mu.Unlock()
-		m.publish(false)
-	}()
+	defer m.mu.Unlock()
 	if m.shutdown || r.probeGen != gen || m.replicas[r.rec.ID] != r {
-		return
+		return false
 	}
 	prev := r.probe
 	r.probe = prev.record(m.cfg.Now(), err)
@@ -89,8 +94,5 @@ func (m *Manager) onProbe(r *replica, gen uint64, err error) {
 			m.log.Info("readiness probe passing", zap.Int("replica", r.rec.ID), zap.String("status", string(r.rec.Status)))
 		}
 	}
-	if prev.OK && r.probe.OK && r.rec.Status == StatusReady {
-		return
-	}
-	m.passLocked()
+	return !(prev.OK && r.probe.OK && r.rec.Status == StatusReady)
 }

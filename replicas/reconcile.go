@@ -17,14 +17,13 @@ func (m *Manager) safeReconcile(ctx context.Context) {
 
 // reconcile lists the service's instances and runs a pass against them.
 func (m *Manager) reconcile(ctx context.Context) {
+	if err := m.load(); err != nil {
+		m.log.Warn("load replica records; will retry", zap.Error(err))
+		return
+	}
 	m.mu.Lock()
 	if m.shutdown {
 		m.mu.Unlock()
-		return
-	}
-	if err := m.loadLocked(); err != nil {
-		m.mu.Unlock()
-		m.log.Warn("load replica records; will retry", zap.Error(err))
 		return
 	}
 	seq := m.eventSeq
@@ -41,12 +40,10 @@ func (m *Manager) reconcile(ctx context.Context) {
 	}
 
 	m.mu.Lock()
-	defer func() {
-		m.mu.Unlock()
-		m.publish(false)
-	}()
 	m.observeLocked(insts, seq)
-	m.passLocked()
+	m.mu.Unlock()
+	m.pass()
+	m.publish(false)
 }
 
 // observeLocked takes a List result begun at seq as the current observation, minus instances
@@ -83,12 +80,57 @@ func (m *Manager) observeLocked(insts []launcher.Instance, seq uint64) {
 	}
 }
 
-// passLocked decides on the latest observation and acts on it.
-func (m *Manager) passLocked() {
-	if m.shutdown || !m.observed || !m.loaded || m.workCtx == nil || m.workCtx.Err() != nil {
+// maxPassRounds bounds how often one pass plans again after writing what its plan needed.
+const maxPassRounds = 6
+
+// pass decides on the latest observation and acts on it; call it without the lock. What must
+// be on disk before the pass acts (a verdict on the rollout: it must not be undone by a restart
+// halfway; ids for new replicas) is written with the lock released, and the pass then plans
+// again on the state as it is by then. Each verdict ends or latches a state, so this settles
+// within a few rounds; a write that fails is not retried in the same pass.
+func (m *Manager) pass() {
+	var rolloutFailed, idsFailed bool
+	m.mu.Lock()
+	for round := 1; ; round++ {
+		if m.shutdown || !m.observed || !m.loaded.Load() || m.workCtx == nil || m.workCtx.Err() != nil {
+			m.unlock()
+			return
+		}
+		now := m.cfg.Now()
+		acts := plan(m.planInputLocked(now))
+		if round < maxPassRounds && acts.Rollout != nil && !rolloutFailed {
+			if next, changed := m.verdictLocked(now, acts.Rollout); changed {
+				prev := m.rollout
+				m.mu.Unlock()
+				rolloutFailed = !m.commitVerdict(prev, next, acts.Rollout)
+				m.mu.Lock()
+				continue
+			}
+		}
+		if n := acts.Launch + acts.LaunchSpot; round < maxPassRounds && n > len(m.spareIDs) && !idsFailed {
+			m.mu.Unlock()
+			if err := m.reserveIDs(n); err != nil {
+				m.log.Error("allocate replica ids; launching later", zap.Error(err))
+				idsFailed = true
+			}
+			m.mu.Lock()
+			continue
+		}
+		m.applyLocked(now, acts)
+		if m.desired < 0 {
+			// First pass after a (re)start with no target yet: keep what runs.
+			m.desired = max(m.taskLocked(m.target).Service.ReplicaPolicy.MinReplicas, m.liveLocked())
+			m.log.Info("replica target taken from running replicas", zap.Int("target", m.desired))
+			m.kickLoop()
+		}
+		m.setReadyLocked()
+		m.unlock()
 		return
 	}
-	now := m.cfg.Now()
+}
+
+// planInputLocked is what a pass decides on now.
+func (m *Manager) planInputLocked(now time.Time) planInput {
 	in := planInput{
 		Now:                 now,
 		Service:             m.cfg.Service,
@@ -119,25 +161,7 @@ func (m *Manager) passLocked() {
 			Noticed: noticed && r.rec.InstanceID != ""})
 	}
 	m.versionInputLocked(&in)
-	acts := plan(in)
-	// A rollout decision (switch traffic, succeed, roll back) is saved before anything acts
-	// on it; then the pass is planned again under it. Each verdict ends or latches a state,
-	// so this settles within a few rounds.
-	for range 4 {
-		if acts.Rollout == nil || !m.rolloutChangedLocked(now, acts.Rollout) {
-			break
-		}
-		m.versionInputLocked(&in)
-		acts = plan(in)
-	}
-	m.applyLocked(now, acts)
-	if m.desired < 0 {
-		// First pass after a (re)start with no target yet: keep what runs.
-		m.desired = max(m.taskLocked(m.target).Service.ReplicaPolicy.MinReplicas, m.liveLocked())
-		m.log.Info("replica target taken from running replicas", zap.Int("target", m.desired))
-		m.kickLoop()
-	}
-	m.setReadyLocked()
+	return in
 }
 
 // drainingLocked reports whether a scaled-down replica still serves requests it took while it
@@ -169,7 +193,7 @@ func (m *Manager) applyLocked(now time.Time, acts actions) {
 	for _, rec := range acts.Adopt {
 		r := &replica{rec: rec}
 		m.replicas[rec.ID] = r
-		m.save(r)
+		m.saveLocked(r)
 		m.log.Info("adopted replica", zap.Int("replica", rec.ID), zap.String("instance", rec.InstanceID),
 			zap.String("status", string(rec.Status)), zap.String("reason", rec.Reason))
 	}
@@ -188,7 +212,7 @@ func (m *Manager) applyLocked(now time.Time, acts actions) {
 		if r := m.replicas[id]; r != nil && r.rec.Version != m.target {
 			m.log.Info("replica relabelled", zap.Int("replica", id), zap.Int("from_version", r.rec.Version), zap.Int("to_version", m.target))
 			r.rec.Version = m.target
-			m.save(r)
+			m.saveLocked(r)
 		}
 	}
 	for _, t := range acts.Terminate {

@@ -29,7 +29,7 @@ func (m *Manager) followLocked(inst launcher.Instance) {
 		m.transitionLocked(m.cfg.Now(), r, StatusNotReady, "endpoint changed to "+inst.Endpoint, nil)
 		return
 	}
-	m.save(r)
+	m.saveLocked(r)
 }
 
 // transitionLocked moves r to status to, saves and logs it.
@@ -50,6 +50,7 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 			r.rec.ReadyAt = now
 		}
 		m.failures[kind] = 0
+		m.everReady = true
 	case to == StatusFailedProvision, to.Terminal() && to != StatusPreempted && r.rec.ReadyAt.IsZero():
 		// Replicas that never served: a broken program or image, or no capacity; back off
 		// relaunching that kind.
@@ -59,7 +60,7 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 	if !probeable(to) {
 		m.stopProberLocked(r)
 	}
-	m.save(r)
+	m.saveLocked(r)
 	fields := []zap.Field{zap.Int("replica", r.rec.ID), zap.String("from", string(from)),
 		zap.String("to", string(to)), zap.String("instance", r.rec.InstanceID)}
 	if reason != "" {
@@ -72,9 +73,56 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 	}
 }
 
-func (m *Manager) save(r *replica) {
-	if err := m.cfg.Store.SaveReplica(r.rec); err != nil {
-		m.log.Error("save replica record", zap.Int("replica", r.rec.ID), zap.Error(err))
+// The manager's lock is never held across a store write: a slow disk would stall every reader
+// of the service's state, the controller API among them. A status change updates the record in
+// memory under the lock and queues its write (saveLocked); a launch or termination is queued
+// behind the writes that must precede it (startLocked). Whoever releases the lock after queueing
+// runs the queue (unlock), in order, one caller at a time: a record is on disk before the
+// launch or termination that follows from it starts, as it was when the writes were made under
+// the lock.
+
+// effect is one queued store write or start of a provider call.
+type effect func()
+
+// saveLocked queues a write of r's record as it is now.
+func (m *Manager) saveLocked(r *replica) {
+	rec := r.rec
+	m.effects = append(m.effects, func() {
+		if err := m.cfg.Store.SaveReplica(rec); err != nil {
+			m.log.Error("save replica record", zap.Int("replica", rec.ID), zap.Error(err))
+		}
+	})
+}
+
+// startLocked queues work to start in its own goroutine once the writes queued before it are
+// done. The caller has counted it in m.workers (and m.launches) under the lock, so that Start
+// and Shutdown wait for it.
+func (m *Manager) startLocked(work func()) {
+	m.effects = append(m.effects, func() { go work() })
+}
+
+// unlock releases the lock, then runs what was queued under it.
+func (m *Manager) unlock() {
+	m.mu.Unlock()
+	m.flush()
+}
+
+// flush runs the queued effects in order. One caller at a time runs them, to the end of the
+// queue, so that effects queued by two passes never swap.
+func (m *Manager) flush() {
+	m.flushMu.Lock()
+	defer m.flushMu.Unlock()
+	for {
+		m.mu.Lock()
+		batch := m.effects
+		m.effects = nil
+		m.mu.Unlock()
+		if len(batch) == 0 {
+			return
+		}
+		for _, e := range batch {
+			e()
+		}
 	}
 }
 
@@ -86,9 +134,11 @@ func (m *Manager) forgetLocked(id int) {
 	}
 	m.stopProberLocked(r)
 	delete(m.replicas, id)
-	if err := m.cfg.Store.DeleteReplica(m.cfg.Service, id); err != nil {
-		m.log.Error("delete replica record", zap.Int("replica", id), zap.Error(err))
-	}
+	m.effects = append(m.effects, func() {
+		if err := m.cfg.Store.DeleteReplica(m.cfg.Service, id); err != nil {
+			m.log.Error("delete replica record", zap.Int("replica", id), zap.Error(err))
+		}
+	})
 	m.log.Debug("forgot replica", zap.Int("replica", id), zap.String("status", string(r.rec.Status)))
 }
 
@@ -109,33 +159,61 @@ func (m *Manager) liveLocked() int {
 	return n
 }
 
-// loadLocked reads the service's records from the store once.
-func (m *Manager) loadLocked() error {
-	if m.loaded {
+// load reads the service's records from the store, once, with the lock released.
+func (m *Manager) load() error {
+	if m.loaded.Load() {
 		return nil
 	}
 	recs, err := m.cfg.Store.ListReplicas(m.cfg.Service)
 	if err != nil {
 		return err
 	}
-	for _, rec := range recs {
-		m.replicas[rec.ID] = &replica{rec: rec}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.loaded.Load() {
+		for _, rec := range recs {
+			if _, ok := m.replicas[rec.ID]; !ok {
+				m.replicas[rec.ID] = &replica{rec: rec}
+			}
+			m.everReady = m.everReady || rec.Status == StatusReady
+		}
+		m.loaded.Store(true)
 	}
-	m.loaded = true
 	return nil
 }
 
-// nextIDLocked asks the store for an id no replica here holds (the store is the authority,
-// but a lost store must not hand out the id of an adopted replica).
-func (m *Manager) nextIDLocked() (int, error) {
+// reserveIDs asks the store, with the lock released, for n replica ids beyond those reserved
+// already; launches take them (nextIDLocked). The store is the authority, but a lost store must
+// not hand out the id of an adopted replica: such ids are skipped.
+func (m *Manager) reserveIDs(n int) error {
 	for range 1000 {
+		m.mu.Lock()
+		missing := n - len(m.spareIDs)
+		m.mu.Unlock()
+		if missing <= 0 {
+			return nil
+		}
 		id, err := m.cfg.Store.NextReplicaID(m.cfg.Service)
 		if err != nil {
-			return 0, err
+			return err
 		}
+		m.mu.Lock()
 		if _, taken := m.replicas[id]; !taken {
-			return id, nil
+			m.spareIDs = append(m.spareIDs, id)
+		}
+		m.mu.Unlock()
+	}
+	return errors.New("store keeps returning replica ids already in use")
+}
+
+// nextIDLocked takes a reserved id that no replica holds.
+func (m *Manager) nextIDLocked() (int, bool) {
+	for len(m.spareIDs) > 0 {
+		id := m.spareIDs[0]
+		m.spareIDs = m.spareIDs[1:]
+		if _, taken := m.replicas[id]; !taken {
+			return id, true
 		}
 	}
-	return 0, errors.New("store keeps returning replica ids already in use")
+	return 0, false
 }

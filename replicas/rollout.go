@@ -1,6 +1,8 @@
 package replicas
 
 import (
+	"errors"
+	"reflect"
 	"time"
 
 	"go.uber.org/zap"
@@ -88,9 +90,11 @@ func maxParallel(u configs.Update, desired int) int {
 }
 
 // RolloutStore persists rollouts; the controller's store implements it. SaveRollout also
-// records the service's current version (r.Target()), in one transaction.
+// records the service's current version (r.Target()), in one transaction; StartUpdate records
+// a new version and the rollout to it, in one transaction.
 type RolloutStore interface {
 	SaveRollout(service string, r Rollout) error
+	StartUpdate(service string, v Version, r Rollout) error
 }
 
 func launchedAsOr(v Version, number int) int {
@@ -121,9 +125,9 @@ func serving(r *Rollout, target int, launchedAs func(int) int, ready []Record) [
 	return old
 }
 
-// Update starts rolling the service out to version v under rollout r; the caller has saved
-// both. From here new replicas launch as r.Target() and each pass follows r.
-func (m *Manager) Update(v Version, r Rollout) {
+// startRollout starts rolling the service out to version v under rollout r, both saved. From
+// here new replicas launch as r.Target() and each pass follows r.
+func (m *Manager) startRollout(v Version, r Rollout) {
 	m.mu.Lock()
 	v.LaunchedAs = launchedAsOr(v, v.Number)
 	m.versions[v.Number] = v
@@ -203,9 +207,8 @@ func (m *Manager) versionInputLocked(in *planInput) {
 	}
 }
 
-// rolloutChangedLocked applies a plan's verdict on the rollout and saves it; it reports
-// whether anything changed.
-func (m *Manager) rolloutChangedLocked(now time.Time, ch *rolloutChange) bool {
+// verdictLocked is the rollout after a plan's verdict on it, and whether that changed it.
+func (m *Manager) verdictLocked(now time.Time, ch *rolloutChange) (Rollout, bool) {
 	r := *m.rollout
 	if !ch.ProgressAt.IsZero() && ch.ProgressAt.After(r.ProgressAt) {
 		r.ProgressAt = ch.ProgressAt
@@ -216,28 +219,40 @@ func (m *Manager) rolloutChangedLocked(now time.Time, ch *rolloutChange) bool {
 	if ch.End != "" {
 		r.State, r.Reason, r.FinishedAt = ch.End, ch.Reason, now
 	}
-	if r == *m.rollout {
-		return false
+	return r, r != *m.rollout
+}
+
+// commitVerdict saves next, the verdict ch on the rollout prev, and makes it the manager's,
+// unless an update replaced prev meanwhile (then the pass plans again under the new one). It
+// reports false when the save failed: acting on a decision that is not on disk could be undone
+// by a restart halfway, so the pass acts without it and the next one tries again.
+func (m *Manager) commitVerdict(prev *Rollout, next Rollout, ch *rolloutChange) bool {
+	m.rolloutMu.Lock()
+	defer m.rolloutMu.Unlock()
+	m.mu.Lock()
+	replaced := m.rollout != prev
+	m.mu.Unlock()
+	if replaced {
+		return true
 	}
 	if rs, ok := m.cfg.Store.(RolloutStore); ok {
-		if err := rs.SaveRollout(m.cfg.Service, r); err != nil {
-			// Acting on a decision that is not on disk could be undone by a restart halfway:
-			// wait for the next pass.
+		if err := rs.SaveRollout(m.cfg.Service, next); err != nil {
 			m.log.Error("save rollout; will retry", zap.Error(err))
 			return false
 		}
 	}
-	prev := m.rollout
-	m.rollout = &r
-	m.target = r.Target()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.rollout = &next
+	m.target = next.Target()
 	switch {
 	case ch.Switched && !prev.Switched:
-		m.log.Info("rollout switched traffic", zap.Int("to", r.To))
+		m.log.Info("rollout switched traffic", zap.Int("to", next.To))
 	case ch.End == RolloutSucceeded:
-		m.log.Info("rollout succeeded", zap.Int("version", r.To), zap.String("reason", r.Reason))
+		m.log.Info("rollout succeeded", zap.Int("version", next.To), zap.String("reason", next.Reason))
 	case ch.End != "":
-		m.log.Warn("rollout failed", zap.Int("from", r.From), zap.Int("to", r.To), zap.String("state", string(r.State)),
-			zap.String("reason", r.Reason))
+		m.log.Warn("rollout failed", zap.Int("from", next.From), zap.Int("to", next.To), zap.String("state", string(next.State)),
+			zap.String("reason", next.Reason))
 	}
 	// A rollback starts the old version's launches afresh.
 	if ch.End == RolloutRolledBack {
@@ -245,4 +260,82 @@ func (m *Manager) rolloutChangedLocked(now time.Time, ch *rolloutChange) bool {
 		m.lastFail = map[bool]time.Time{}
 	}
 	return true
+}
+
+// StartUpdate rolls the service out to a new version of its task (`serve update`): it numbers
+// the version, decides whether the running replicas can serve it as they are (only service:
+// changed: they are relabelled, not relaunched) and which version a failure rolls back to,
+// saves both in one write (RolloutStore.StartUpdate), and from then on launches the new
+// version. mode (rolling or blue_green) overrides task.Service.Update.Mode. It returns once the
+// rollout is on disk, not when it finishes.
+func (m *Manager) StartUpdate(task *configs.Task, mode string, now time.Time) (Version, Rollout, error) {
+	rs, ok := m.cfg.Store.(RolloutStore)
+	if !ok {
+		return Version{}, Rollout{}, errors.New("replicas: the store keeps no rollouts")
+	}
+	m.rolloutMu.Lock()
+	defer m.rolloutMu.Unlock()
+	m.mu.Lock()
+	v, r := m.nextRolloutLocked(task, mode, now)
+	m.mu.Unlock()
+	if err := rs.StartUpdate(m.cfg.Service, v, r); err != nil {
+		return Version{}, Rollout{}, err
+	}
+	m.startRollout(v, r)
+	return v, r, nil
+}
+
+// nextRolloutLocked decides the version and the rollout an update to task starts.
+func (m *Manager) nextRolloutLocked(task *configs.Task, mode string, now time.Time) (Version, Rollout) {
+	cur := m.target
+	next := cur + 1
+	for n := range m.versions {
+		next = max(next, n+1)
+	}
+	v := Version{Number: next, Task: task, LaunchedAs: next}
+	if onlyServiceChanged(m.taskLocked(cur), task) {
+		// Same program, resources and replica port as the version running now: its replicas
+		// are this version already.
+		v.LaunchedAs = m.launchedAsLocked(cur)
+	}
+	from, fromServed := m.stableVersionLocked(cur)
+	policy := task.Service.Update
+	policy.Mode = mode
+	r := Rollout{From: from, To: next, Mode: mode, Policy: policy, State: RolloutInProgress,
+		FromServed: fromServed, StartedAt: now, ProgressAt: now}
+	return v, r
+}
+
+// stableVersionLocked is the version a new rollout would roll back to, and whether it ever
+// served: the last version that served, not merely the current target (which may be a failed
+// one).
+func (m *Manager) stableVersionLocked(cur int) (int, bool) {
+	prev := m.rollout
+	switch {
+	case prev == nil:
+		served := m.everReady
+		for _, r := range m.replicas {
+			if r.rec.Version == cur && !r.rec.ReadyAt.IsZero() {
+				served = true
+			}
+		}
+		return cur, served
+	case prev.State == RolloutSucceeded:
+		return prev.To, true
+	default: // rolled back, failed or superseded mid-way: the rollout's own good version
+		return prev.From, prev.FromServed
+	}
+}
+
+// onlyServiceChanged reports whether b differs from a only in its service section, and not in
+// the port replicas serve on: then a's replicas can serve as b's.
+func onlyServiceChanged(a, b *configs.Task) bool {
+	if a == nil || b == nil || a.Service == nil || b.Service == nil || a.Service.Port != b.Service.Port {
+		return false
+	}
+	ac, bc := *a, *b
+	ac.Service, bc.Service = nil, nil
+	ac.Name, bc.Name = "", ""
+	ac.Source, bc.Source = "", ""
+	return reflect.DeepEqual(ac, bc)
 }

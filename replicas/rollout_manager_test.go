@@ -50,7 +50,7 @@ func TestManagerRollingUpdate(t *testing.T) {
 	h.waitReady(1, 2)
 
 	_, before := h.pubs.last()
-	h.m.Update(Version{Number: 2, Task: v2Task()}, newRollout(configs.UpdateRolling))
+	h.m.startRollout(Version{Number: 2, Task: v2Task()}, newRollout(configs.UpdateRolling))
 	r := h.waitRollout(RolloutSucceeded)
 	h.waitReady(3, 4)
 	if got := h.m.TargetVersion(); got != 2 {
@@ -87,7 +87,7 @@ func TestManagerBlueGreenSwitchesAtOnce(t *testing.T) {
 	h.waitReady(1, 2)
 
 	_, before := h.pubs.last()
-	h.m.Update(Version{Number: 2, Task: v2Task()}, newRollout(configs.UpdateBlueGreen))
+	h.m.startRollout(Version{Number: 2, Task: v2Task()}, newRollout(configs.UpdateBlueGreen))
 	h.waitRollout(RolloutSucceeded)
 	h.waitReady(3, 4)
 	// Never both versions at once, and never nothing.
@@ -107,7 +107,7 @@ func TestManagerRollsBackWhenNewReplicasCrash(t *testing.T) {
 	h.prov.mu.Lock()
 	h.prov.unhealthyAtStart = true
 	h.prov.mu.Unlock()
-	h.m.Update(Version{Number: 2, Task: v2Task()}, newRollout(configs.UpdateRolling))
+	h.m.startRollout(Version{Number: 2, Task: v2Task()}, newRollout(configs.UpdateRolling))
 	h.waitStatus(3, StatusStarting)
 	h.prov.end(3, launcher.StateTerminated, "exit status 3")
 
@@ -135,7 +135,7 @@ func TestManagerServiceOnlyUpdateRelabels(t *testing.T) {
 
 	task := testTask()
 	task.Service.LoadBalancingPolicy = configs.PolicyRoundRobin
-	h.m.Update(Version{Number: 2, Task: task, LaunchedAs: 1}, newRollout(configs.UpdateRolling))
+	h.m.startRollout(Version{Number: 2, Task: task, LaunchedAs: 1}, newRollout(configs.UpdateRolling))
 	h.waitRollout(RolloutSucceeded)
 	eventually(t, "replicas 1 and 2 relabelled to version 2", func() bool {
 		return h.record(1).Version == 2 && h.record(2).Version == 2
@@ -155,7 +155,7 @@ func TestManagerResumesRolloutAfterRestart(t *testing.T) {
 	prov.launchBlock = make(chan struct{}) // the new version's first launch hangs
 	prov.mu.Unlock()
 	r := newRollout(configs.UpdateRolling)
-	h.m.Update(Version{Number: 2, Task: v2Task()}, r)
+	h.m.startRollout(Version{Number: 2, Task: v2Task()}, r)
 	h.waitStatus(4, StatusProvisioning)
 	h.stop() // the controller dies mid-launch
 	prov.mu.Lock()
@@ -196,7 +196,7 @@ func TestManagerRollbackDoesNotBackOffRestoredVersion(t *testing.T) {
 	h.prov.mu.Unlock()
 	r := newRollout(configs.UpdateRolling)
 	r.Policy.MaxParallel = 2
-	h.m.Update(Version{Number: 2, Task: v2Task()}, r)
+	h.m.startRollout(Version{Number: 2, Task: v2Task()}, r)
 	h.waitStatus(3, StatusStarting)
 	h.waitStatus(4, StatusStarting)
 	h.prov.end(3, launcher.StateTerminated, "exit status 3")

@@ -11,15 +11,15 @@ import (
 	"github.com/ferryserve/ferry/replicas"
 )
 
-// Service statuses (SkyServe's names).
+// Service statuses (SkyServe's names; replicas.Manager.ServiceStatus decides them).
 const (
-	ServiceControllerInit = "CONTROLLER_INIT"
-	ServiceReplicaInit    = "REPLICA_INIT"
-	ServiceReady          = "READY"
-	ServiceNoReplica      = "NO_REPLICA"
-	ServiceShuttingDown   = "SHUTTING_DOWN"
-	ServiceFailed         = "FAILED"
-	ServiceFailedCleanup  = "FAILED_CLEANUP"
+	ServiceControllerInit = replicas.ServiceControllerInit
+	ServiceReplicaInit    = replicas.ServiceReplicaInit
+	ServiceReady          = replicas.ServiceReady
+	ServiceNoReplica      = replicas.ServiceNoReplica
+	ServiceShuttingDown   = replicas.ServiceShuttingDown
+	ServiceFailed         = replicas.ServiceFailed
+	ServiceFailedCleanup  = replicas.ServiceFailedCleanup
 )
 
 // Errors the server maps to HTTP statuses and the client maps back, so callers use errors.Is.

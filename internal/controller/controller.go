@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -106,82 +105,27 @@ func (o *Options) defaults() {
 	}
 }
 
-// watchNotices surfaces each infra's preemption notices as events in the log and hands them to
-// every service: the one whose replica runs there replaces it now, while it still serves (an
-// advance warning, such as EC2's two minutes, buys that much of the replacement's cold start),
-// and every service reconciles at once, so a replica already reclaimed is replaced without
-// waiting for its probes or the next pass.
+// watchNotices relays each infra's preemption notices to the services' replica managers
+// (replicas.RelayNotices).
 func (c *Controller) watchNotices(ctx context.Context, notifiers map[string]launcher.PreemptionNotifier) {
 	for name, n := range notifiers {
 		ch := n.Notices(ctx)
 		// Not in c.wg: it ends with ctx, which Start cancels only after waiting on c.wg.
-		go func() {
-			relay := noticeRelay{offer: c.offerNotice, now: time.Now}
-			retry := time.NewTicker(noticeRetryEvery)
-			defer retry.Stop()
-			for {
-				select {
-				case notice, ok := <-ch:
-					if !ok {
-						return
-					}
-					c.log.Warn("spot preemption notice", zap.String("infra", name), zap.String("instance", notice.InstanceID),
-						zap.Time("at", notice.At))
-					relay.add(notice)
-				case <-retry.C:
-					relay.retry()
-				}
-			}
-		}()
+		go replicas.RelayNotices(ctx, name, ch, c.managers, c.log)
 	}
 }
 
-// offerNotice hands a notice to every service and reports whether one of them runs a replica
-// on the instance; on the first offer the others reconcile at once.
-func (c *Controller) offerNotice(n launcher.Notice, first bool) bool {
+// managers are the replica managers of every service.
+func (c *Controller) managers() []*replicas.Manager {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	claimed := false
+	out := make([]*replicas.Manager, 0, len(c.services))
 	for _, s := range c.services {
-		if s.mgr == nil {
-			continue
-		}
-		if s.mgr.Notice(n.InstanceID, n.At) {
-			claimed = true
-		} else if first {
-			s.mgr.Resync()
+		if s.mgr != nil {
+			out = append(out, s.mgr)
 		}
 	}
-	return claimed
-}
-
-// noticeRetryEvery is how often notices no service claimed are offered again, and
-// maxPendingNotices how many are kept.
-const (
-	noticeRetryEvery  = time.Second
-	maxPendingNotices = 1024
-)
-
-// noticeRelay offers notices to the services and keeps those none claims yet, offering them
-// again until their instance's reclaim time: a controller started (or restarted) as an infra
-// warns may get the warning before its services have loaded their replica records, and an
-// infra announces each instance once.
-type noticeRelay struct {
-	// offer's first is true for a notice's first offer.
-	offer   func(n launcher.Notice, first bool) bool
-	now     func() time.Time
-	pending []launcher.Notice
-}
-
-func (r *noticeRelay) add(n launcher.Notice) {
-	if !r.offer(n, true) && r.now().Before(n.At) && len(r.pending) < maxPendingNotices {
-		r.pending = append(r.pending, n)
-	}
-}
-
-func (r *noticeRelay) retry() {
-	now := r.now()
-	r.pending = slices.DeleteFunc(r.pending, func(n launcher.Notice) bool { return !now.Before(n.At) || r.offer(n, false) })
+	return out
 }
 
 // rankTimeout bounds planning a new service's infra preference (it may ask clusters).
@@ -412,8 +356,8 @@ type service struct {
 
 	mu           sync.Mutex
 	shuttingDown bool
-	everReady    bool
-	status       string
+	// savedStatus is the status last written to the store.
+	savedStatus string
 	// scaling is the autoscaler's reason for the current target.
 	scaling string
 	// targetKnown is set once target was decided (or read from the store after a restart).
@@ -479,7 +423,7 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 	s = &service{
 		name: rec.Name, task: task, port: rec.Port, createdAt: rec.CreatedAt,
 		endpoint: scheme + addr, front: proxy.NewHandover(ln, px, c.log.Named("proxy").With(zap.String("service", rec.Name))),
-		done: make(chan struct{}), status: rec.Status,
+		done: make(chan struct{}), savedStatus: rec.Status,
 	}
 	mgr, err := replicas.New(replicas.Config{
 		Service:   rec.Name,
@@ -602,7 +546,7 @@ func (c *Controller) CreateService(_ context.Context, req api.CreateServiceReque
 		_ = c.store.DeleteService(req.Name)
 		return api.ServiceStatus{}, err
 	}
-	return s.statusLocked(false), nil
+	return s.status(false), nil
 }
 
 // bindServicePort binds the lowest free endpoint port not owned by another service. It holds
@@ -641,57 +585,32 @@ func (c *Controller) Services(names []string) ([]api.ServiceStatus, error) {
 		if !ok {
 			return nil, fmt.Errorf("service %q: %w", n, api.ErrNotFound)
 		}
-		out = append(out, s.statusLocked(true))
+		out = append(out, s.status(true))
 	}
 	return out, nil
 }
 
-// statusLocked builds the API view of a service.
-func (s *service) statusLocked(withTask bool) api.ServiceStatus {
+// status builds the API view of a service.
+func (s *service) status(withTask bool) api.ServiceStatus {
 	recs := s.mgr.Replicas()
 	s.mu.Lock()
-	target, scaling, task := s.target, s.scaling, s.task
+	target, scaling, task, down := s.target, s.scaling, s.task, s.shuttingDown
 	s.mu.Unlock()
 	st := api.ServiceStatus{
 		Name: s.name, Version: s.mgr.TargetVersion(), Endpoint: s.endpoint, Policy: task.Service.LoadBalancingPolicy,
 		CreatedAt: s.createdAt, TargetReplicas: target, Replicas: recs,
 		Autoscaler: task.Service.ReplicaPolicy.Autoscaler, Scaling: scaling, Update: s.mgr.Rollout(),
+		Status: s.mgr.ServiceStatus(down),
 	}
 	for _, r := range recs {
 		if r.Status == replicas.StatusReady {
 			st.ReadyReplicas++
 		}
 	}
-	s.mu.Lock()
-	st.Status = s.computeStatus(recs, st.ReadyReplicas)
-	s.mu.Unlock()
 	if withTask {
 		st.Task = task.Redacted()
 	}
 	return st
-}
-
-// computeStatus follows SkyServe: READY with any ready replica, REPLICA_INIT until the first
-// one, NO_REPLICA once none is left (or none is wanted). Called with s.mu held.
-func (s *service) computeStatus(recs []replicas.Record, ready int) string {
-	switch {
-	case s.shuttingDown:
-		return api.ServiceShuttingDown
-	case ready > 0:
-		s.everReady = true
-		return api.ServiceReady
-	case s.target == 0 || s.everReady:
-		return api.ServiceNoReplica
-	}
-	for _, r := range recs {
-		if !r.Status.Terminal() {
-			return api.ServiceReplicaInit
-		}
-	}
-	if len(recs) == 0 {
-		return api.ServiceControllerInit
-	}
-	return api.ServiceReplicaInit
 }
 
 // statusLoop persists service statuses so that an operator reading the store sees them.
@@ -708,10 +627,10 @@ func (c *Controller) statusLoop(ctx context.Context) {
 		c.mu.Lock()
 		var changed []api.ServiceStatus
 		for _, s := range c.services {
-			st := s.statusLocked(false)
+			st := s.status(false)
 			s.mu.Lock()
-			if st.Status != s.status {
-				s.status = st.Status
+			if st.Status != s.savedStatus {
+				s.savedStatus = st.Status
 				changed = append(changed, st)
 			}
 			s.mu.Unlock()

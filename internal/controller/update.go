@@ -12,7 +12,6 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/proxy"
-	"github.com/ferryserve/ferry/replicas"
 )
 
 // UpdateService implements api.Backend: it records the new version and the rollout to it,
@@ -43,7 +42,6 @@ func (c *Controller) UpdateService(_ context.Context, name string, req api.Updat
 	defer s.updateMu.Unlock()
 	s.mu.Lock()
 	down := s.shuttingDown
-	oldTask := s.task
 	s.mu.Unlock()
 	if down {
 		return api.ServiceStatus{}, fmt.Errorf("service %q is shutting down: %w", name, api.ErrConflict)
@@ -51,80 +49,15 @@ func (c *Controller) UpdateService(_ context.Context, name string, req api.Updat
 	if _, err := c.proxyConfig(name, task.Service); err != nil {
 		return api.ServiceStatus{}, fmt.Errorf("%v: %w", err, api.ErrInvalid)
 	}
-
-	versions, err := c.store.Versions(name)
+	// On disk before it returns: a controller killed from here on resumes this rollout.
+	v, r, err := s.mgr.StartUpdate(task, mode, time.Now())
 	if err != nil {
 		return api.ServiceStatus{}, err
 	}
-	cur := s.mgr.TargetVersion()
-	next := cur + 1
-	launchedAs := map[int]int{}
-	for _, v := range versions {
-		next = max(next, v.Number+1)
-		launchedAs[v.Number] = v.LaunchedAs
-	}
-	v := replicas.Version{Number: next, Task: task, LaunchedAs: next}
-	if onlyServiceChanged(oldTask, task) {
-		// Same program, resources and replica port: the running replicas are this version
-		// already, relabelled rather than relaunched.
-		v.LaunchedAs = cur
-		if a, ok := launchedAs[cur]; ok && a != 0 {
-			v.LaunchedAs = a
-		}
-	}
-	from, fromServed := c.stableVersion(s, cur)
-	policy := task.Service.Update
-	policy.Mode = mode
-	now := time.Now()
-	r := replicas.Rollout{From: from, To: next, Mode: mode, Policy: policy, State: replicas.RolloutInProgress,
-		FromServed: fromServed, StartedAt: now, ProgressAt: now}
-	// On disk first: a controller killed from here on resumes this rollout.
-	if err := c.store.StartUpdate(name, v, r); err != nil {
-		return api.ServiceStatus{}, err
-	}
-	c.log.Info("service update", zap.String("service", name), zap.Int("from", from), zap.Int("to", next),
-		zap.String("mode", mode), zap.Bool("relaunch", v.LaunchedAs == next), zap.Bool("rollback_possible", fromServed && policy.AutoRollback))
-	s.mgr.Update(v, r)
+	c.log.Info("service update", zap.String("service", name), zap.Int("from", r.From), zap.Int("to", r.To),
+		zap.String("mode", mode), zap.Bool("relaunch", v.LaunchedAs == v.Number), zap.Bool("rollback_possible", r.FromServed && r.Policy.AutoRollback))
 	c.applyServiceSection(s, task)
-
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return s.statusLocked(false), nil
-}
-
-// stableVersion is the version a new rollout would roll back to, and whether it ever served:
-// the last version that served, not merely the previous target (which may be a failed one).
-func (c *Controller) stableVersion(s *service, cur int) (int, bool) {
-	prev := s.mgr.Rollout()
-	switch {
-	case prev == nil:
-		s.mu.Lock()
-		served := s.everReady
-		s.mu.Unlock()
-		for _, r := range s.mgr.Replicas() {
-			if r.Version == cur && !r.ReadyAt.IsZero() {
-				served = true
-			}
-		}
-		return cur, served
-	case prev.State == replicas.RolloutSucceeded:
-		return prev.To, true
-	default: // rolled back, failed or superseded mid-way: the rollout's own good version
-		return prev.From, prev.FromServed
-	}
-}
-
-// onlyServiceChanged reports whether b differs from a only in its service section, and not in
-// the port replicas serve on: then a's replicas can serve as b's.
-func onlyServiceChanged(a, b *configs.Task) bool {
-	if a == nil || b == nil || a.Service == nil || b.Service == nil || a.Service.Port != b.Service.Port {
-		return false
-	}
-	ac, bc := *a, *b
-	ac.Service, bc.Service = nil, nil
-	ac.Name, bc.Name = "", ""
-	ac.Source, bc.Source = "", ""
-	return reflect.DeepEqual(ac, bc)
+	return s.status(false), nil
 }
 
 // applyServiceSection makes the service follow a new version's service section: the
