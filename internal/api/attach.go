@@ -235,7 +235,7 @@ func (s *server) replicaSet(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, rs)
+	WriteJSON(w, http.StatusOK, rs)
 }
 
 func (s *server) proxyLoad(w http.ResponseWriter, r *http.Request) {
@@ -263,7 +263,7 @@ func (c *Client) ReplicaSet(ctx context.Context, name string, after uint64, wait
 	q.Set("after", strconv.FormatUint(after, 10))
 	q.Set("wait", strconv.FormatFloat(max(wait, 0).Seconds(), 'f', -1, 64))
 	var rs ReplicaSet
-	err := c.do(ctx, http.MethodGet, "/v1/services/"+url.PathEscape(name)+"/replicaset?"+q.Encode(), nil, &rs)
+	err := c.Do(ctx, http.MethodGet, "/v1/services/"+url.PathEscape(name)+"/replicaset?"+q.Encode(), nil, &rs)
 	if err == nil && rs.Service != name {
 		err = fmt.Errorf("replica set of %q answered for %q", name, rs.Service)
 	}
@@ -272,7 +272,7 @@ func (c *Client) ReplicaSet(ctx context.Context, name string, after uint64, wait
 
 // ReportProxyLoad sends an attached proxy's load report.
 func (c *Client) ReportProxyLoad(ctx context.Context, name string, r ProxyLoadReport) error {
-	return c.do(ctx, http.MethodPost, "/v1/services/"+url.PathEscape(name)+"/proxyload", r, nil)
+	return c.Do(ctx, http.MethodPost, "/v1/services/"+url.PathEscape(name)+"/proxyload", r, nil)
 }
 
 // Apply adds this configuration of a service to a proxy's own (name, TLS, logs, metrics): the
