@@ -17,6 +17,7 @@ import (
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/home"
 	"github.com/ferryserve/ferry/proxy"
+	"github.com/ferryserve/ferry/proxy/attach"
 )
 
 // `ferry proxy --attach SERVICE`: a standalone proxy that follows a service's READY replica set
@@ -27,7 +28,7 @@ import (
 // Timing of an attached proxy.
 const (
 	// attachWatchWait is how long one long poll may be held by the controller.
-	attachWatchWait = api.DefaultReplicaSetWait
+	attachWatchWait = attach.DefaultPollWait
 	// attachWatchSlack is added to the poll's own deadline, for a controller that vanished
 	// without closing the connection.
 	attachWatchSlack = 15 * time.Second
@@ -133,7 +134,7 @@ type attachment struct {
 	mu   sync.Mutex
 	hand *proxy.Handover // nil until the controller first answered
 	// config and seq are what the proxy serves.
-	config api.ProxyConfig
+	config attach.ProxyConfig
 	seq    uint64
 	// current are the addresses of the set served; removed those that left it while
 	// requests were still in flight there, reported until they are idle.
@@ -198,25 +199,24 @@ func (a *attachment) watch(ctx context.Context) {
 }
 
 // poll is one long poll; it returns the controller's address for logs.
-func (a *attachment) poll(ctx context.Context, after uint64, wait time.Duration) (api.ReplicaSet, string, error) {
+func (a *attachment) poll(ctx context.Context, after uint64, wait time.Duration) (attach.ReplicaSet, string, error) {
 	c, addr, err := a.ctl.client()
 	if err != nil {
-		return api.ReplicaSet{}, "", err
+		return attach.ReplicaSet{}, "", err
 	}
 	ctx, cancel := context.WithTimeout(ctx, wait+attachWatchSlack)
 	defer cancel()
-	rs, err := c.ReplicaSet(ctx, a.service, after, wait)
+	rs, err := attach.PollReplicaSet(ctx, c, a.service, after, wait)
 	return rs, addr, err
 }
 
 // apply serves a replica set: the first answer starts the Handover, a new configuration hands
 // the listener over to a new Service, and new backends go to every Service. A Seq of 0 (the
 // controller has published no set yet) or the Seq already served changes nothing.
-func (a *attachment) apply(rs api.ReplicaSet) error {
-	backends := make([]proxy.Backend, len(rs.Backends))
-	addrs := make([]string, len(rs.Backends))
-	for i, b := range rs.Backends {
-		backends[i] = proxy.Backend{ID: b.ID, Addr: b.Addr, Accelerator: b.Accelerator, Version: b.Version}
+func (a *attachment) apply(rs attach.ReplicaSet) error {
+	backends := rs.Backends
+	addrs := make([]string, len(backends))
+	for i, b := range backends {
 		addrs[i] = b.Addr
 	}
 	a.mu.Lock()
@@ -310,7 +310,7 @@ func (a *attachment) reportLoop(ctx context.Context) {
 		c, _, err := a.ctl.client()
 		if err == nil {
 			rctx, cancel := context.WithTimeout(ctx, attachReportTimeout)
-			err = c.ReportProxyLoad(rctx, a.service, r)
+			err = attach.ReportLoad(rctx, c, a.service, r)
 			cancel()
 		}
 		switch {
@@ -329,13 +329,13 @@ func (a *attachment) reportLoop(ctx context.Context) {
 }
 
 // loadReport is the report to send now; false before the proxy serves.
-func (a *attachment) loadReport() (api.ProxyLoadReport, bool) {
+func (a *attachment) loadReport() (attach.LoadReport, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.hand == nil {
-		return api.ProxyLoadReport{}, false
+		return attach.LoadReport{}, false
 	}
-	r := api.ProxyLoadReport{
+	r := attach.LoadReport{
 		ProxyID:  a.id,
 		Seq:      a.seq,
 		InFlight: make(map[string]int64, len(a.current)+len(a.removed)),

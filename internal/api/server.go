@@ -31,11 +31,6 @@ type Backend interface {
 	// ControllerLogPath returns the controller's own log file ("" when it logs to a terminal).
 	ControllerLogPath() string
 	Status() ControllerStatus
-	// ReplicaSet long-polls a service's replica set for an attached proxy (see attach.go); it
-	// returns the current set when ctx ends.
-	ReplicaSet(ctx context.Context, name string, after uint64, wait time.Duration) (ReplicaSet, error)
-	// ReportProxyLoad records an attached proxy's load report.
-	ReportProxyLoad(name string, r ProxyLoadReport) error
 	// Stop asks the controller to exit; it returns at once.
 	Stop()
 }
@@ -74,8 +69,6 @@ func (s *server) routes(extra []Route) []Route {
 		{http.MethodDelete, "/v1/services/{name}", s.deleteService},
 		{http.MethodPost, "/v1/services/{name}/update", s.updateService},
 		{http.MethodGet, "/v1/services/{name}/replicas/{id}/logs", s.replicaLogs},
-		{http.MethodGet, "/v1/services/{name}/replicaset", s.replicaSet},
-		{http.MethodPost, "/v1/services/{name}/proxyload", s.proxyLoad},
 	}, extra...)
 }
 
