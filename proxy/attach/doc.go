@@ -1,7 +1,7 @@
 // Package attach is the protocol between the controller and standalone proxies that follow one
 // of its services (`ferry proxy --attach SERVICE`), so that several proxies can sit behind one
 // load balancer and still serve, drain and scale like the controller's own proxy. It holds both
-// ends: the controller's Hub and the routes that serve it, and the proxy's client calls.
+// ends: the controller's Hub and the Routes that serve it, and the proxy's Follower.
 //
 // Two routes of the controller API, behind its token, carry it:
 //
@@ -22,6 +22,7 @@
 // their arrivals, count as the service's load for the autoscaler. A proxy silent for a few
 // seconds is taken as gone, so a dead proxy never holds a drain for long.
 //
-// The controller is not in the request path: a proxy keeps serving the last set it had while
-// the controller is away, and finds a restarted one (on a new address) through FERRY_HOME.
+// The controller is not in the request path: a Follower keeps serving the last set it had
+// while the controller is away, and finds a restarted one (on a new address) through
+// FERRY_HOME, within about a second.
 package attach
