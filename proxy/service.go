@@ -71,13 +71,15 @@ const (
 	shutdownPoll = 10 * time.Millisecond
 )
 
-// Backend is one READY replica as the control plane hands it to the proxy.
+// Backend is one READY replica as the control plane hands it to the proxy. The JSON names are
+// those of the replica set attached proxies poll (proxy/attach), so the controller's proxy and
+// attached ones are handed the same values.
 type Backend struct {
-	ID int
+	ID int `json:"id"`
 	// Addr is host:port, without a scheme.
-	Addr        string
-	Accelerator string
-	Version     int
+	Addr        string `json:"addr"`
+	Accelerator string `json:"accelerator,omitempty"`
+	Version     int    `json:"version"`
 }
 
 // ServiceConfig configures one service's proxy. Zero values select the documented defaults.

@@ -18,31 +18,38 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/proxy"
+	"github.com/ferryserve/ferry/proxy/attach"
 )
 
-// attachController is the controller's API in front of a real ReplicaSetFeed; the embedded
-// Backend is nil, as an attached proxy calls nothing else. The real controller is in the
-// end-to-end test (e2e/attach_test.go).
+// attachController is the controller's API with only the attach routes, serving the service
+// "llama" from a real attach.Feed; an attached proxy calls nothing else. The real controller is
+// in the end-to-end test (e2e/attach_test.go).
 type attachController struct {
-	api.Backend
-	feed   api.ReplicaSetFeed
-	config atomic.Pointer[api.ProxyConfig]
+	feed   attach.Feed
+	config atomic.Pointer[attach.ProxyConfig]
 	srv    *httptest.Server
 
 	mu      sync.Mutex
-	reports []api.ProxyLoadReport
+	reports []attach.LoadReport
 }
 
-func (c *attachController) ReplicaSet(ctx context.Context, name string, after uint64, wait time.Duration) (api.ReplicaSet, error) {
+var _ attach.Service = (*attachController)(nil)
+
+func (c *attachController) find(name string) (attach.Service, error) {
 	if name != "llama" {
-		return api.ReplicaSet{}, fmt.Errorf("service %q: %w", name, api.ErrNotFound)
+		return nil, fmt.Errorf("service %q: %w", name, api.ErrNotFound)
 	}
-	rs := c.feed.Wait(ctx, after, wait)
-	rs.Service, rs.Config = name, *c.config.Load()
-	return rs, nil
+	return c, nil
 }
 
-func (c *attachController) ReportProxyLoad(_ string, r api.ProxyLoadReport) error {
+func (c *attachController) Poll(ctx context.Context, after uint64, wait time.Duration) attach.ReplicaSet {
+	rs := c.feed.Wait(ctx, after, wait)
+	rs.Config = *c.config.Load()
+	return rs
+}
+
+func (c *attachController) Report(r attach.LoadReport) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.reports = append(c.reports, r)
@@ -50,18 +57,18 @@ func (c *attachController) ReportProxyLoad(_ string, r api.ProxyLoadReport) erro
 }
 
 // lastReport returns the latest report, if any.
-func (c *attachController) lastReport() (api.ProxyLoadReport, bool) {
+func (c *attachController) lastReport() (attach.LoadReport, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.reports) == 0 {
-		return api.ProxyLoadReport{}, false
+		return attach.LoadReport{}, false
 	}
 	return c.reports[len(c.reports)-1], true
 }
 
 // startAttachController serves a controller API for h and publishes its address there, as a
 // starting controller does.
-func startAttachController(t *testing.T, h home.Home, cfg api.ProxyConfig) *attachController {
+func startAttachController(t *testing.T, h home.Home, cfg attach.ProxyConfig) *attachController {
 	t.Helper()
 	token, err := h.Token()
 	if err != nil {
@@ -69,7 +76,8 @@ func startAttachController(t *testing.T, h home.Home, cfg api.ProxyConfig) *atta
 	}
 	c := &attachController{}
 	c.config.Store(&cfg)
-	c.srv = httptest.NewServer(api.NewHandler(c, token, zaptest.NewLogger(t)))
+	log := zaptest.NewLogger(t)
+	c.srv = httptest.NewServer(api.NewHandler(nil, token, log, attach.Routes(c.find, log)...))
 	t.Cleanup(c.kill)
 	if err := h.WriteInfo(home.Info{PID: 1, Addr: c.srv.Listener.Addr().String()}); err != nil {
 		t.Fatal(err)
@@ -105,8 +113,8 @@ func startCountingReplica(t *testing.T) *countingReplica {
 	return r
 }
 
-func (r *countingReplica) backend(id int) api.AttachedBackend {
-	return api.AttachedBackend{ID: id, Addr: r.Listener.Addr().String(), Version: 1}
+func (r *countingReplica) backend(id int) proxy.Backend {
+	return proxy.Backend{ID: id, Addr: r.Listener.Addr().String(), Version: 1}
 }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
@@ -125,8 +133,8 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 func TestAttachedProxyFollowsController(t *testing.T) {
 	h := home.Home{Dir: t.TempDir()}
 	r1, r2 := startCountingReplica(t), startCountingReplica(t)
-	ctl := startAttachController(t, h, api.ProxyConfig{Policy: "round_robin"})
-	ctl.feed.Publish([]api.AttachedBackend{r1.backend(1)})
+	ctl := startAttachController(t, h, attach.ProxyConfig{Policy: "round_robin"})
+	ctl.feed.Publish([]proxy.Backend{r1.backend(1)})
 
 	opts, err := proxyFlags{listen: "127.0.0.1:0", attach: "llama", shutdownTimeout: 10 * time.Second}.parse()
 	if err != nil {
@@ -188,7 +196,7 @@ func TestAttachedProxyFollowsController(t *testing.T) {
 	}
 	waitUntil(t, "a report of the first set", reportedSeq(ctl, ctl.feed.Seq()))
 
-	ctl.feed.Publish([]api.AttachedBackend{r2.backend(2)})
+	ctl.feed.Publish([]proxy.Backend{r2.backend(2)})
 	waitUntil(t, "a report of the second set", reportedSeq(ctl, ctl.feed.Seq()))
 	mustServe("second set", 3)
 	if r2.hits.Load() != 3 {
@@ -208,8 +216,8 @@ func TestAttachedProxyFollowsController(t *testing.T) {
 	mustServe("controller down", 20)
 
 	// A new controller on another address, with another Seq and set: the proxy finds it.
-	ctl2 := startAttachController(t, h, api.ProxyConfig{Policy: "round_robin"})
-	ctl2.feed.Publish([]api.AttachedBackend{r1.backend(1), r2.backend(2)})
+	ctl2 := startAttachController(t, h, attach.ProxyConfig{Policy: "round_robin"})
+	ctl2.feed.Publish([]proxy.Backend{r1.backend(1), r2.backend(2)})
 	waitUntil(t, "a report of the restarted controller's set", reportedSeq(ctl2, ctl2.feed.Seq()))
 	before1, before2 := r1.hits.Load(), r2.hits.Load()
 	mustServe("after the restart", 4)
@@ -219,7 +227,7 @@ func TestAttachedProxyFollowsController(t *testing.T) {
 
 	// The service now requires an API key: new connections are served under it.
 	const key = "sk-ferry-attach-0123456789"
-	ctl2.config.Store(&api.ProxyConfig{Policy: "round_robin", AuthRequired: true, APIKeyHashes: []string{configs.HashAPIKey(key)}})
+	ctl2.config.Store(&attach.ProxyConfig{Policy: "round_robin", AuthRequired: true, APIKeyHashes: []string{configs.HashAPIKey(key)}})
 	ctl2.feed.Publish(nil)
 	waitUntil(t, "a report of the new configuration's Seq", reportedSeq(ctl2, ctl2.feed.Seq()))
 	client.CloseIdleConnections()

@@ -179,7 +179,6 @@ flight, streams included, to finish.`,
 
 // parse validates the flags and reports every problem at once.
 func (f proxyFlags) parse() (proxyOptions, error) {
-	var errs []error
 	opts := proxyOptions{
 		listen:          f.listen,
 		shutdownTimeout: f.shutdownTimeout,
@@ -187,6 +186,21 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		metricsListen:   f.metricsListen,
 		accessLog:       f.accessLog,
 	}
+	errs := f.parseServing(&opts)
+	if f.attach != "" {
+		return opts.attached(f, errs)
+	}
+	errs = append(errs, f.parseReplicas(&opts)...)
+	errs = append(errs, f.parseRouting(&opts)...)
+	errs = append(errs, f.parseKeys(&opts)...)
+	errs = append(errs, f.parseLimits(&opts)...)
+	return opts, errors.Join(errs...)
+}
+
+// parseServing checks how the proxy serves, with or without --attach: its listeners, the
+// metrics token, the shutdown timeout and TLS.
+func (f proxyFlags) parseServing(opts *proxyOptions) []error {
+	var errs []error
 	if f.metricsTokenFile != "" {
 		if f.metricsListen == "" {
 			errs = append(errs, errors.New("--metrics-token-file: goes with --metrics-listen"))
@@ -218,9 +232,12 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		}
 		opts.service.TLS = cfg
 	}
-	if f.attach != "" {
-		return opts.attached(f, errs)
-	}
+	return errs
+}
+
+// parseReplicas turns the fixed --replica list into backends.
+func (f proxyFlags) parseReplicas(opts *proxyOptions) []error {
+	var errs []error
 	if len(f.replicas) == 0 {
 		errs = append(errs, errors.New("--replica: at least one is required"))
 	}
@@ -238,6 +255,12 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		seen[addr] = true
 		opts.backends = append(opts.backends, proxy.Backend{ID: i + 1, Addr: addr, Accelerator: accelerator, Version: 1})
 	}
+	return errs
+}
+
+// parseRouting checks the load-balancing policy and its per-accelerator targets.
+func (f proxyFlags) parseRouting(opts *proxyOptions) []error {
+	var errs []error
 	for _, raw := range f.targetQPS {
 		accelerator, value, ok := strings.Cut(raw, "=")
 		qps, err := strconv.ParseFloat(value, 64)
@@ -253,6 +276,12 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 	if _, err := policy.New(f.policy, policy.Options{TargetQPSPerAccelerator: opts.service.TargetQPSPerAccelerator}); err != nil {
 		errs = append(errs, fmt.Errorf("--policy: %w", err))
 	}
+	return errs
+}
+
+// parseKeys reads the API keys from the environment; the proxy keeps only their hashes.
+func (f proxyFlags) parseKeys(opts *proxyOptions) []error {
+	var errs []error
 	for _, name := range f.apiKeyEnvs {
 		key := os.Getenv(name)
 		switch {
@@ -264,6 +293,12 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 			opts.service.APIKeyHashes = append(opts.service.APIKeyHashes, configs.HashAPIKey(key))
 		}
 	}
+	return errs
+}
+
+// parseLimits checks the request, stream, per-replica and rate limits.
+func (f proxyFlags) parseLimits(opts *proxyOptions) []error {
+	var errs []error
 	if f.maxConcurrent < 0 {
 		errs = append(errs, fmt.Errorf("--max-concurrent-requests %d: must not be negative", f.maxConcurrent))
 	}
@@ -293,7 +328,7 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		errs = append(errs, errors.New("--rate-limit-burst: goes with --rate-limit"))
 	}
 	opts.service.RateLimit = proxy.RateLimit{RequestsPerSecond: f.rateLimit, Burst: f.rateBurst}
-	return opts, errors.Join(errs...)
+	return errs
 }
 
 // attached finishes parse for --attach: the service's name, and no flag whose setting comes

@@ -27,7 +27,11 @@ func NewClient(base, token string) *Client {
 	return &Client{Base: strings.TrimRight(base, "/"), Token: token, HTTP: &http.Client{}}
 }
 
-func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+// Do sends an authenticated request to path (which carries its query), with in as its JSON
+// body unless in is nil, and decodes a 2xx answer into out (nil discards it). An answer of a
+// kind the API names (404, 409, 400, 401) is an *Error that errors.Is matches with ErrNotFound,
+// ErrConflict, ErrInvalid or ErrUnauthorized.
+func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -105,19 +109,19 @@ func (e *Error) Unwrap() error { return e.Kind }
 // ControllerStatus asks the controller who it is; the CLI uses it as the liveness check.
 func (c *Client) ControllerStatus(ctx context.Context) (ControllerStatus, error) {
 	var st ControllerStatus
-	err := c.do(ctx, http.MethodGet, "/v1/controller", nil, &st)
+	err := c.Do(ctx, http.MethodGet, "/v1/controller", nil, &st)
 	return st, err
 }
 
 // StopController asks the controller to exit.
 func (c *Client) StopController(ctx context.Context) error {
-	return c.do(ctx, http.MethodPost, "/v1/controller/stop", nil, nil)
+	return c.Do(ctx, http.MethodPost, "/v1/controller/stop", nil, nil)
 }
 
 // CreateService launches a service.
 func (c *Client) CreateService(ctx context.Context, req CreateServiceRequest) (ServiceStatus, error) {
 	var st ServiceStatus
-	err := c.do(ctx, http.MethodPost, "/v1/services", req, &st)
+	err := c.Do(ctx, http.MethodPost, "/v1/services", req, &st)
 	return st, err
 }
 
@@ -128,20 +132,20 @@ func (c *Client) Services(ctx context.Context, names ...string) ([]ServiceStatus
 		path += "?names=" + url.QueryEscape(strings.Join(names, ","))
 	}
 	var list []ServiceStatus
-	err := c.do(ctx, http.MethodGet, path, nil, &list)
+	err := c.Do(ctx, http.MethodGet, path, nil, &list)
 	return list, err
 }
 
 // DeleteService tears a service down and waits until its replicas are gone.
 func (c *Client) DeleteService(ctx context.Context, name string) error {
-	return c.do(ctx, http.MethodDelete, "/v1/services/"+url.PathEscape(name), nil, nil)
+	return c.Do(ctx, http.MethodDelete, "/v1/services/"+url.PathEscape(name), nil, nil)
 }
 
 // UpdateService starts a rollout of a service to a new task; it returns once the rollout is
 // recorded, not when it finishes (watch Services' Update).
 func (c *Client) UpdateService(ctx context.Context, name string, req UpdateServiceRequest) (ServiceStatus, error) {
 	var st ServiceStatus
-	err := c.do(ctx, http.MethodPost, "/v1/services/"+url.PathEscape(name)+"/update", req, &st)
+	err := c.Do(ctx, http.MethodPost, "/v1/services/"+url.PathEscape(name)+"/update", req, &st)
 	return st, err
 }
 

@@ -31,48 +31,45 @@ type Backend interface {
 	// ControllerLogPath returns the controller's own log file ("" when it logs to a terminal).
 	ControllerLogPath() string
 	Status() ControllerStatus
-	// ReplicaSet long-polls a service's replica set for an attached proxy (see attach.go); it
-	// returns the current set when ctx ends.
-	ReplicaSet(ctx context.Context, name string, after uint64, wait time.Duration) (ReplicaSet, error)
-	// ReportProxyLoad records an attached proxy's load report.
-	ReportProxyLoad(name string, r ProxyLoadReport) error
 	// Stop asks the controller to exit; it returns at once.
 	Stop()
 }
 
-// NewHandler returns the API's HTTP handler. Every request, whatever its path and whether or
-// not a route matches it, must carry "Authorization: Bearer TOKEN", also on loopback: the API
-// launches programs and reads their logs, so any local user or process that can reach the port
-// would otherwise own the machine's services. An empty token refuses everything.
-func NewHandler(b Backend, token string, log *zap.Logger) http.Handler {
+// NewHandler returns the API's HTTP handler: Backend's routes and the extra ones, which a
+// package that owns a protocol of its own adds (proxy/attach's). Every request, whatever its
+// path and whether or not a route matches it, must carry "Authorization: Bearer TOKEN", also on
+// loopback: the API launches programs and reads their logs, so any local user or process that
+// can reach the port would otherwise own the machine's services. An empty token refuses
+// everything.
+func NewHandler(b Backend, token string, log *zap.Logger, extra ...Route) http.Handler {
 	s := &server{b: b, log: log}
 	mux := http.NewServeMux()
-	for _, r := range s.routes() {
-		mux.HandleFunc(r.pattern, r.handler)
+	for _, r := range s.routes(extra) {
+		mux.HandleFunc(r.Method+" "+r.Pattern, r.Handler)
 	}
 	return requireToken(token, mux)
 }
 
-// route is one endpoint of the API.
-type route struct {
-	pattern string
-	handler http.HandlerFunc
+// Route is one endpoint of the API. Pattern is an http.ServeMux path pattern ("{name}"
+// wildcards are read with PathValue).
+type Route struct {
+	Method  string
+	Pattern string
+	Handler http.HandlerFunc
 }
 
-// routes lists every endpoint; NewHandler puts each behind the token.
-func (s *server) routes() []route {
-	return []route{
-		{"GET /v1/controller", s.controllerStatus},
-		{"POST /v1/controller/stop", s.controllerStop},
-		{"GET /v1/controller/logs", s.controllerLogs},
-		{"POST /v1/services", s.createService},
-		{"GET /v1/services", s.listServices},
-		{"DELETE /v1/services/{name}", s.deleteService},
-		{"POST /v1/services/{name}/update", s.updateService},
-		{"GET /v1/services/{name}/replicas/{id}/logs", s.replicaLogs},
-		{"GET /v1/services/{name}/replicaset", s.replicaSet},
-		{"POST /v1/services/{name}/proxyload", s.proxyLoad},
-	}
+// routes lists every endpoint, Backend's and then extra; NewHandler puts each behind the token.
+func (s *server) routes(extra []Route) []Route {
+	return append([]Route{
+		{http.MethodGet, "/v1/controller", s.controllerStatus},
+		{http.MethodPost, "/v1/controller/stop", s.controllerStop},
+		{http.MethodGet, "/v1/controller/logs", s.controllerLogs},
+		{http.MethodPost, "/v1/services", s.createService},
+		{http.MethodGet, "/v1/services", s.listServices},
+		{http.MethodDelete, "/v1/services/{name}", s.deleteService},
+		{http.MethodPost, "/v1/services/{name}/update", s.updateService},
+		{http.MethodGet, "/v1/services/{name}/replicas/{id}/logs", s.replicaLogs},
+	}, extra...)
 }
 
 // requireToken lets through only requests that carry the token. SHA-256 sums are compared in
@@ -96,11 +93,11 @@ type server struct {
 }
 
 func (s *server) controllerStatus(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, s.b.Status())
+	WriteJSON(w, http.StatusOK, s.b.Status())
 }
 
 func (s *server) controllerStop(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusAccepted, map[string]string{"status": "stopping"})
+	WriteJSON(w, http.StatusAccepted, map[string]string{"status": "stopping"})
 	s.b.Stop()
 }
 
@@ -116,7 +113,7 @@ func (s *server) createService(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, st)
+	WriteJSON(w, http.StatusCreated, st)
 }
 
 func (s *server) updateService(w http.ResponseWriter, r *http.Request) {
@@ -131,7 +128,7 @@ func (s *server) updateService(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusAccepted, st)
+	WriteJSON(w, http.StatusAccepted, st)
 }
 
 func (s *server) listServices(w http.ResponseWriter, r *http.Request) {
@@ -149,7 +146,7 @@ func (s *server) listServices(w http.ResponseWriter, r *http.Request) {
 	if list == nil {
 		list = []ServiceStatus{}
 	}
-	writeJSON(w, http.StatusOK, list)
+	WriteJSON(w, http.StatusOK, list)
 }
 
 func (s *server) deleteService(w http.ResponseWriter, r *http.Request) {
@@ -157,7 +154,7 @@ func (s *server) deleteService(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "deleted"})
+	WriteJSON(w, http.StatusOK, map[string]string{"status": "deleted"})
 }
 
 func (s *server) replicaLogs(w http.ResponseWriter, r *http.Request) {
@@ -278,7 +275,13 @@ func tailOffset(f *os.File, n int) (int64, error) {
 	return 0, nil
 }
 
-func (s *server) fail(w http.ResponseWriter, err error) {
+func (s *server) fail(w http.ResponseWriter, err error) { WriteError(w, s.log, err) }
+
+// WriteError answers err in the API's error shape (ErrorBody), with the status its kind maps
+// to, which the Client maps back: ErrNotFound 404, ErrConflict 409, ErrInvalid 400. Any other
+// error is the controller's own failure: 500, and logged to log unless log is nil. An *Error
+// answers its Msg alone, so a handler can word a bad request exactly.
+func WriteError(w http.ResponseWriter, log *zap.Logger, err error) {
 	switch {
 	case errors.Is(err, ErrNotFound):
 		writeError(w, http.StatusNotFound, "not_found", err.Error())
@@ -287,12 +290,15 @@ func (s *server) fail(w http.ResponseWriter, err error) {
 	case errors.Is(err, ErrInvalid):
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
 	default:
-		s.log.Error("api request failed", zap.Error(err))
+		if log != nil {
+			log.Error("api request failed", zap.Error(err))
+		}
 		writeError(w, http.StatusInternalServerError, "internal", err.Error())
 	}
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
+// WriteJSON answers v as JSON with status code.
+func WriteJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	enc := json.NewEncoder(w)
@@ -303,5 +309,5 @@ func writeError(w http.ResponseWriter, code int, kind, msg string) {
 	var body ErrorBody
 	body.Error.Message = msg
 	body.Error.Code = kind
-	writeJSON(w, code, body)
+	WriteJSON(w, code, body)
 }

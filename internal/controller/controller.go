@@ -28,6 +28,7 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/provision"
 	"github.com/ferryserve/ferry/proxy"
+	"github.com/ferryserve/ferry/proxy/attach"
 	"github.com/ferryserve/ferry/replicas"
 )
 
@@ -249,7 +250,7 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	}
 
 	srv := &http.Server{
-		Handler:           api.NewHandler(c, token, c.log.Named("api")),
+		Handler:           api.NewHandler(c, token, c.log.Named("api"), c.attachRoutes()...),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	serveErr := make(chan error, 1)
@@ -349,7 +350,7 @@ type service struct {
 	done          chan struct{} // closed when the manager and the proxy listener have stopped
 
 	// attach is the service as standalone proxies follow it (attach.go).
-	attach attachState
+	attach *attach.Hub
 
 	// updateMu serialises updates of this service.
 	updateMu sync.Mutex
@@ -425,6 +426,7 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 		endpoint: scheme + addr, front: proxy.NewHandover(ln, px, c.log.Named("proxy").With(zap.String("service", rec.Name))),
 		done: make(chan struct{}), savedStatus: rec.Status,
 	}
+	s.attach = c.newAttachHub(s, time.Now)
 	mgr, err := replicas.New(replicas.Config{
 		Service:   rec.Name,
 		Version:   rec.Version,
@@ -433,8 +435,9 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 		InfraRank: c.infraRank(task.Resources),
 		Store:     c.store,
 		OnReady: func(eps []replicas.Endpoint) {
-			s.front.SetBackends(toBackends(eps))
-			c.published(s, eps)
+			backends := toBackends(eps)
+			s.front.SetBackends(backends)
+			c.published(s, backends)
 		},
 		Logger:        c.log.Named("replicas"),
 		ProbeInterval: c.opts.ProbeInterval,

@@ -7,14 +7,14 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/configs"
-	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/proxy"
+	"github.com/ferryserve/ferry/proxy/attach"
 )
 
 // proxyConfig turns a service's YAML into its proxy's configuration. TLS files are read here, so
 // a bad certificate fails `serve up` with the file's name rather than every handshake later.
 func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.ServiceConfig, error) {
-	cfg := api.ProxyConfigFor(svc).Apply(proxy.ServiceConfig{
+	cfg := attach.ProxyConfigFor(svc).Apply(proxy.ServiceConfig{
 		Name:      name,
 		Logger:    c.log.Named("proxy"), // the proxy adds the service
 		Metrics:   c.metrics,

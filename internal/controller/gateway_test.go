@@ -9,7 +9,7 @@ import (
 )
 
 // TestProxyConfig: the controller's own proxy for a service enforces its API keys and every
-// limit of its YAML (an attached proxy gets the same through api.ProxyConfigFor).
+// limit of its YAML (an attached proxy gets the same through attach.ProxyConfigFor).
 func TestProxyConfig(t *testing.T) {
 	c := New(Options{})
 	svc := &configs.Service{

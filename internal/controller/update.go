@@ -12,6 +12,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/proxy"
+	"github.com/ferryserve/ferry/proxy/attach"
 )
 
 // UpdateService implements api.Backend: it records the new version and the rollout to it,
@@ -91,7 +92,7 @@ func (c *Controller) newServiceProxy(name string, task *configs.Task, onCold fun
 func (c *Controller) reconfigureProxy(s *service, old, task *configs.Task) {
 	// What the proxy is made of: the YAML's mapping to it, its TLS files and whether it
 	// scrapes the engines for the autoscaler.
-	same := reflect.DeepEqual(api.ProxyConfigFor(old.Service), api.ProxyConfigFor(task.Service)) &&
+	same := reflect.DeepEqual(attach.ProxyConfigFor(old.Service), attach.ProxyConfigFor(task.Service)) &&
 		reflect.DeepEqual(old.Service.TLS, task.Service.TLS) &&
 		autoscaler.SpecFor(old.Service.ReplicaPolicy).WantsEngineLoad() == autoscaler.SpecFor(task.Service.ReplicaPolicy).WantsEngineLoad()
 	if same {

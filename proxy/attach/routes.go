@@ -1,0 +1,96 @@
+package attach
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/internal/api"
+)
+
+// Service is one service as the attach routes serve it: in the controller its *Hub.
+type Service interface {
+	// Poll is a long poll for the service's replica set, as Feed.Wait, with its proxy
+	// configuration; it returns the current set when ctx ends.
+	Poll(ctx context.Context, after uint64, wait time.Duration) ReplicaSet
+	// Report records a proxy's load report.
+	Report(r LoadReport) error
+}
+
+// Routes are the two attach routes, for api.NewHandler, which puts them behind the
+// controller's token. find returns the named service, or an error that wraps api.ErrNotFound;
+// log gets the failures that are the controller's own.
+func Routes(find func(name string) (Service, error), log *zap.Logger) []api.Route {
+	h := handlers{find: find, log: log}
+	return []api.Route{
+		{Method: http.MethodGet, Pattern: "/v1/services/{name}/replicaset", Handler: h.replicaSet},
+		{Method: http.MethodPost, Pattern: "/v1/services/{name}/proxyload", Handler: h.proxyLoad},
+	}
+}
+
+type handlers struct {
+	find func(name string) (Service, error)
+	log  *zap.Logger
+}
+
+// invalid is a bad request answered with msg, worded as the API's own routes word theirs.
+func invalid(msg string) error { return &api.Error{Kind: api.ErrInvalid, Msg: msg} }
+
+// replicaSet serves GET .../replicaset?after=SEQ&wait=SECONDS.
+func (h handlers) replicaSet(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var after uint64
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			api.WriteError(w, h.log, invalid("after must be a non-negative integer"))
+			return
+		}
+		after = n
+	}
+	wait := DefaultPollWait
+	if v := q.Get("wait"); v != "" {
+		secs, err := strconv.ParseFloat(v, 64)
+		if err != nil || secs < 0 || math.IsNaN(secs) || math.IsInf(secs, 0) {
+			api.WriteError(w, h.log, invalid("wait must be a non-negative number of seconds"))
+			return
+		}
+		wait = min(time.Duration(secs*float64(time.Second)), MaxPollWait)
+	}
+	name := r.PathValue("name")
+	svc, err := h.find(name)
+	if err != nil {
+		api.WriteError(w, h.log, err)
+		return
+	}
+	rs := svc.Poll(r.Context(), after, wait)
+	rs.Service = name
+	api.WriteJSON(w, http.StatusOK, rs)
+}
+
+// proxyLoad serves POST .../proxyload.
+func (h handlers) proxyLoad(w http.ResponseWriter, r *http.Request) {
+	var rep LoadReport
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&rep); err != nil {
+		api.WriteError(w, h.log, invalid("decode report: "+err.Error()))
+		return
+	}
+	if rep.ProxyID == "" {
+		api.WriteError(w, h.log, invalid("proxy_id must not be empty"))
+		return
+	}
+	svc, err := h.find(r.PathValue("name"))
+	if err == nil {
+		err = svc.Report(rep)
+	}
+	if err != nil {
+		api.WriteError(w, h.log, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
