@@ -339,3 +339,33 @@ func onlyServiceChanged(a, b *configs.Task) bool {
 	ac.Source, bc.Source = "", ""
 	return reflect.DeepEqual(ac, bc)
 }
+
+// Resumed is what a restarted controller resumes a service as, from what the store kept.
+type Resumed struct {
+	// Version is the version new replicas launch as, and Task its task.
+	Version int
+	Task    *configs.Task
+	// Others are the service's other versions (Config.Versions).
+	Others []Version
+	// Disagreed is set when the rollout's target was not the version the service row said: a
+	// controller stopped between saving the two. The rollout wins.
+	Disagreed bool
+}
+
+// Resume picks the version a restored service runs: the latest rollout's target when there is
+// one, whatever the service row (version, task) says, else the row's.
+func Resume(version int, task *configs.Task, versions []Version, rollout *Rollout) Resumed {
+	r := Resumed{Version: version, Task: task}
+	if rollout != nil && rollout.Target() != version {
+		r.Version, r.Disagreed = rollout.Target(), true
+	}
+	for _, v := range versions {
+		switch {
+		case v.Number != r.Version:
+			r.Others = append(r.Others, v)
+		case rollout != nil:
+			r.Task = v.Task
+		}
+	}
+	return r
+}

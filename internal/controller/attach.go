@@ -1,12 +1,10 @@
 package controller
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
-	"github.com/ferryserve/ferry/proxy"
 	"github.com/ferryserve/ferry/proxy/attach"
 )
 
@@ -37,24 +35,11 @@ func (c *Controller) attachRoutes() []api.Route {
 
 // attachedService finds a service for the attach routes.
 func (c *Controller) attachedService(name string) (attach.Service, error) {
-	c.mu.Lock()
-	s, ok := c.services[name]
-	c.mu.Unlock()
-	if !ok {
-		return nil, fmt.Errorf("service %q: %w", name, api.ErrNotFound)
+	s, err := c.serviceNamed(name)
+	if err != nil {
+		return nil, err
 	}
 	return s.attach, nil
-}
-
-// published hands attached proxies the READY set s's own proxy just got.
-func (c *Controller) published(s *service, backends []proxy.Backend) {
-	s.attach.Publish(backends)
-}
-
-// configChanged tells attached proxies that the service's proxy configuration may have
-// changed. Call it after s.task was replaced.
-func (c *Controller) configChanged(s *service) {
-	s.attach.ConfigChanged()
 }
 
 // attachedTask is the service's current task; an update may replace it.

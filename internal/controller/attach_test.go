@@ -84,7 +84,7 @@ func TestAttachControllerAPI(t *testing.T) {
 	}
 
 	// Before the first set: Seq 0, and a configuration change has nothing to move.
-	c.configChanged(s)
+	s.attach.ConfigChanged()
 	rs, err := attach.PollReplicaSet(ctx, client, "llama", 0, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -94,7 +94,7 @@ func TestAttachControllerAPI(t *testing.T) {
 		t.Errorf("before any set (-want +got):\n%s", diff)
 	}
 
-	c.published(s, []proxy.Backend{{ID: 3, Version: 2, Addr: "10.0.0.3:8080", Accelerator: "L4"}})
+	s.attach.Publish([]proxy.Backend{{ID: 3, Version: 2, Addr: "10.0.0.3:8080", Accelerator: "L4"}})
 	rs, err = attach.PollReplicaSet(ctx, client, "llama", 0, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ func TestAttachControllerAPI(t *testing.T) {
 	s.mu.Lock()
 	s.task = &configs.Task{Service: &configs.Service{LoadBalancingPolicy: "least_load"}}
 	s.mu.Unlock()
-	c.configChanged(s)
+	s.attach.ConfigChanged()
 	rs, err = attach.PollReplicaSet(ctx, client, "llama", seq, time.Minute)
 	if err != nil {
 		t.Fatal(err)

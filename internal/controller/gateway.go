@@ -2,7 +2,6 @@ package controller
 
 import (
 	"fmt"
-	"sort"
 
 	"go.uber.org/zap"
 
@@ -58,16 +57,9 @@ func (c *Controller) updateGateway() {
 	if c.gateway == nil {
 		return
 	}
-	c.mu.Lock()
-	names := make([]string, 0, len(c.services))
-	for n := range c.services {
-		names = append(names, n)
+	var svcs []*proxy.Service
+	for _, s := range c.serviceList() {
+		svcs = append(svcs, s.front.Current())
 	}
-	sort.Strings(names)
-	svcs := make([]*proxy.Service, 0, len(names))
-	for _, n := range names {
-		svcs = append(svcs, c.services[n].front.Current())
-	}
-	c.mu.Unlock()
 	c.gateway.SetServices(svcs)
 }

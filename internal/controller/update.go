@@ -107,6 +107,6 @@ func (c *Controller) reconfigureProxy(s *service, old, task *configs.Task) {
 	px.SetBackends(s.front.Current().Backends())
 	s.front.Swap(px, c.opts.DrainTimeout)
 	c.updateGateway()
-	c.configChanged(s)
+	s.attach.ConfigChanged() // attached proxies fetch the new settings with the next Seq
 	c.log.Info("proxy settings replaced", zap.String("service", s.name), zap.String("policy", task.Service.LoadBalancingPolicy))
 }

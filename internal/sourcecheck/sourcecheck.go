@@ -1,6 +1,7 @@
-// Package sourcecheck holds checks on the shape of source code, for the security properties
-// no behavioural test can pin down reliably, such as a comparison of secrets taking the same
-// time whatever the input. Only test code imports it.
+// Package sourcecheck holds checks on the shape of source code, for the properties no
+// behavioural test can pin down reliably: a comparison of secrets taking the same time whatever
+// the input, and (its own test) the import rules of docs/ARCHITECTURE.md. Only test code imports
+// it.
 package sourcecheck
 
 import (

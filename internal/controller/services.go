@@ -1,0 +1,470 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/autoscaler"
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/internal/api"
+	"github.com/ferryserve/ferry/internal/store"
+	"github.com/ferryserve/ferry/proxy"
+	"github.com/ferryserve/ferry/proxy/attach"
+	"github.com/ferryserve/ferry/replicas"
+)
+
+// service is one running service: its proxy listener, its replica manager, its scale loop and
+// its hub for attached proxies.
+type service struct {
+	name      string
+	port      int
+	createdAt time.Time
+	endpoint  string
+
+	// front serves the endpoint: one proxy.Service, replaced in place (a handover) when an
+	// update changes the proxy's settings.
+	front *proxy.Handover
+	mgr   *replicas.Manager
+	// attach is the service as standalone proxies follow it (attach.go).
+	attach *attach.Hub
+
+	ctx    context.Context // the service's lifetime
+	cancel context.CancelFunc
+	inner  sync.WaitGroup // the service's goroutines
+	done   chan struct{}  // closed once they have stopped
+
+	// updateMu serialises updates of this service.
+	updateMu sync.Mutex
+
+	mu sync.Mutex
+	// task is the current version's: an update replaces it.
+	task *configs.Task
+	// scaleLoop is nil for a fixed replica count; it is replaced when an update changes the
+	// replica policy, and stopScaleLoop ends it.
+	scaleLoop     *autoscaler.Loop
+	stopScaleLoop func()
+	// target is the replica count asked for, and targetKnown whether it was decided (or read
+	// from the store after a restart); scaling is the autoscaler's reason for it.
+	target      int
+	targetKnown bool
+	scaling     string
+	// shuttingDown is set by serve down; savedStatus is the status last written to the store.
+	shuttingDown bool
+	savedStatus  string
+}
+
+// startService starts a service's proxy listener, replica manager and scale loop. ln may be a
+// listener already bound to rec.Port (a new service); without one the service is being
+// restored after a controller restart.
+func (c *Controller) startService(rec store.Service, ln net.Listener) (*service, error) {
+	if rec.Task == nil || rec.Task.Service == nil {
+		return nil, fmt.Errorf("service %q has no service section", rec.Name)
+	}
+	restored := ln == nil
+	addr := net.JoinHostPort(c.opts.ProxyHost, strconv.Itoa(rec.Port))
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", addr); err != nil {
+			return nil, fmt.Errorf("service %q endpoint %s: %w", rec.Name, addr, err)
+		}
+	}
+	resumed, rollout, err := c.resume(rec)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	s, err := c.newService(rec, resumed.Task, ln, addr)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if s.mgr, err = c.newManager(s, rec, resumed, rollout, restored); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	spec := autoscaler.SpecFor(resumed.Task.Service.ReplicaPolicy)
+	c.setInitialTarget(s, spec, rec, restored)
+	startTarget := s.target // the scale loop owns it from here
+	c.run(s, spec)
+
+	c.mu.Lock()
+	c.services[rec.Name] = s
+	c.mu.Unlock()
+	c.updateGateway()
+	c.log.Info("service started", zap.String("service", rec.Name), zap.Int("version", resumed.Version),
+		zap.String("endpoint", s.endpoint), zap.Int("target_replicas", startTarget), zap.String("autoscaler", spec.Policy))
+	return s, nil
+}
+
+// resume reads the service's versions and latest rollout from the store and picks the version
+// it runs (replicas.Resume).
+func (c *Controller) resume(rec store.Service) (replicas.Resumed, *replicas.Rollout, error) {
+	versions, err := c.store.Versions(rec.Name)
+	if err != nil {
+		return replicas.Resumed{}, nil, err
+	}
+	rollout, err := c.store.Rollout(rec.Name)
+	if err != nil {
+		return replicas.Resumed{}, nil, err
+	}
+	r := replicas.Resume(rec.Version, rec.Task, versions, rollout)
+	if r.Disagreed {
+		c.log.Warn("stored rollout and service version disagree; following the rollout", zap.String("service", rec.Name),
+			zap.Int("service_version", rec.Version), zap.Int("rollout_target", r.Version))
+	}
+	return r, rollout, nil
+}
+
+// newService builds the service's endpoint (its proxy on ln) and its attach hub.
+func (c *Controller) newService(rec store.Service, task *configs.Task, ln net.Listener, addr string) (*service, error) {
+	s := &service{name: rec.Name, task: task, port: rec.Port, createdAt: rec.CreatedAt, done: make(chan struct{}),
+		savedStatus: rec.Status}
+	px, pcfg, err := c.newServiceProxy(rec.Name, task, s.pokeScaler)
+	if err != nil {
+		return nil, err
+	}
+	scheme := "http://"
+	if pcfg.TLS != nil {
+		scheme = "https://"
+	}
+	s.endpoint = scheme + addr
+	s.front = proxy.NewHandover(ln, px, c.log.Named("proxy").With(zap.String("service", rec.Name)))
+	s.attach = c.newAttachHub(s, time.Now)
+	return s, nil
+}
+
+// newManager builds the service's replica manager. Its READY set goes to the service's own
+// proxy and to attached ones, as the same []proxy.Backend.
+func (c *Controller) newManager(s *service, rec store.Service, r replicas.Resumed, rollout *replicas.Rollout, restored bool) (*replicas.Manager, error) {
+	var initialTarget *int
+	if restored && rec.Target >= 0 {
+		initialTarget = &rec.Target
+	}
+	return replicas.New(replicas.Config{
+		Service:   rec.Name,
+		Version:   r.Version,
+		Task:      r.Task,
+		Provider:  c.provider.Scope(r.Task.Resources),
+		InfraRank: c.infraRank(r.Task.Resources),
+		Store:     c.store,
+		OnReady: func(eps []replicas.Endpoint) {
+			backends := toBackends(eps)
+			s.front.SetBackends(backends)
+			s.attach.Publish(backends)
+		},
+		Logger:        c.log.Named("replicas"),
+		ProbeInterval: c.opts.ProbeInterval,
+		Busy:          func(addr string) int64 { return c.busy(s, addr) },
+		DrainTimeout:  c.opts.DrainTimeout,
+		Versions:      r.Others,
+		Rollout:       rollout,
+		InitialTarget: initialTarget,
+	})
+}
+
+// setInitialTarget gives the manager the replica count to start from.
+func (c *Controller) setInitialTarget(s *service, spec autoscaler.Spec, rec store.Service, restored bool) {
+	switch {
+	case restored && rec.Target >= 0:
+		// The target saved before the restart; the scale loop resumes from it.
+		s.target, s.targetKnown = rec.Target, true
+	case spec.Policy == "":
+		c.setTarget(s, spec.Min)
+	case restored:
+		// The manager keeps what it finds until the scale loop's first decision, which
+		// resumes from those replicas.
+	default:
+		c.setTarget(s, spec.InitialTarget())
+	}
+}
+
+// run starts the service's goroutines: the scale loop, the replica manager and the endpoint.
+func (c *Controller) run(s *service, spec autoscaler.Spec) {
+	s.ctx, s.cancel = context.WithCancel(c.ctx)
+	c.startScaleLoop(s, spec)
+	c.spawn(&s.inner, "replica manager", func() {
+		if err := s.mgr.Start(s.ctx); err != nil && !errors.Is(err, context.Canceled) {
+			c.log.Error("replica manager stopped", zap.String("service", s.name), zap.Error(err))
+		}
+	})
+	c.spawn(&s.inner, "service endpoint", func() {
+		if err := s.front.Serve(); err != nil {
+			c.log.Error("proxy stopped", zap.String("service", s.name), zap.Error(err))
+		}
+	})
+	go func() {
+		<-s.ctx.Done()
+		s.inner.Wait()
+		close(s.done)
+	}()
+}
+
+// stop ends the service's loops without touching its replicas (controller shutdown).
+func (s *service) stop(ctx context.Context) {
+	s.cancel()
+	_ = s.front.Shutdown(ctx)
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+	}
+}
+
+// toBackends is the one conversion of a READY set from the replica manager's terms to the
+// proxy's, which attached proxies get on the wire too.
+func toBackends(eps []replicas.Endpoint) []proxy.Backend {
+	out := make([]proxy.Backend, len(eps))
+	for i, e := range eps {
+		out[i] = proxy.Backend{ID: e.ReplicaID, Addr: e.Addr, Accelerator: e.Accelerator, Version: e.Version}
+	}
+	return out
+}
+
+// rankTimeout bounds planning a new service's infra preference (it may ask clusters).
+const rankTimeout = 10 * time.Second
+
+// infraRank is the service's infra preference for scale-down: burst replicas on a later
+// candidate go first. Without an answer (a cluster unreachable) every infra ranks alike.
+func (c *Controller) infraRank(r configs.Resources) map[string]int {
+	ctx, cancel := context.WithTimeout(c.ctx, rankTimeout)
+	defer cancel()
+	rank, err := c.provider.Rank(ctx, r)
+	if err != nil {
+		c.log.Warn("no infra preference for scale-down", zap.Error(err))
+		return nil
+	}
+	return rank
+}
+
+// CreateService implements api.Backend. The name and the endpoint port are reserved under
+// c.mu; the store is written after it is released.
+func (c *Controller) CreateService(_ context.Context, req api.CreateServiceRequest) (api.ServiceStatus, error) {
+	if req.Task == nil || req.Task.Service == nil {
+		return api.ServiceStatus{}, fmt.Errorf("task has no service: section: %w", api.ErrInvalid)
+	}
+	if req.Name == "" {
+		return api.ServiceStatus{}, fmt.Errorf("service name is empty: %w", api.ErrInvalid)
+	}
+	if a := req.Task.Service.Auth; a != nil && len(a.KeyHashes) == 0 {
+		return api.ServiceStatus{}, fmt.Errorf("service.auth resolved no API keys (the CLI resolves them from keys_from_env and keys_file): %w", api.ErrInvalid)
+	}
+	ln, port, err := c.reserveService(req.Name)
+	if err != nil {
+		return api.ServiceStatus{}, err
+	}
+	defer c.releaseReservation(req.Name)
+	rec := store.Service{Name: req.Name, Version: 1, Task: req.Task, Port: port, Status: api.ServiceControllerInit, CreatedAt: time.Now()}
+	if err := c.store.CreateService(rec); err != nil {
+		ln.Close()
+		return api.ServiceStatus{}, err
+	}
+	s, err := c.startService(rec, ln)
+	if err != nil {
+		_ = c.store.DeleteService(req.Name)
+		return api.ServiceStatus{}, err
+	}
+	return s.status(false), nil
+}
+
+// reserveService claims a new service's name and binds the lowest free endpoint port not owned
+// by another service, holding the listener so that no other process can take the port between
+// choosing and serving. releaseReservation undoes the claim once the service runs or failed.
+func (c *Controller) reserveService(name string) (net.Listener, int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.services[name]; ok {
+		return nil, 0, fmt.Errorf("service %q %w; use 'ferry serve down %s' first", name, api.ErrConflict, name)
+	}
+	if _, ok := c.creating[name]; ok {
+		return nil, 0, fmt.Errorf("service %q is being created: %w", name, api.ErrConflict)
+	}
+	used := map[int]bool{}
+	for _, s := range c.services {
+		used[s.port] = true
+	}
+	for _, port := range c.creating {
+		used[port] = true
+	}
+	for port := c.opts.FirstServicePort; port < c.opts.FirstServicePort+1000 && port < 65536; port++ {
+		if used[port] {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(c.opts.ProxyHost, strconv.Itoa(port)))
+		if err == nil {
+			c.creating[name] = port
+			return ln, port, nil
+		}
+	}
+	return nil, 0, fmt.Errorf("no free endpoint port in %d-%d", c.opts.FirstServicePort, c.opts.FirstServicePort+999)
+}
+
+func (c *Controller) releaseReservation(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.creating, name)
+}
+
+// Services implements api.Backend.
+func (c *Controller) Services(names []string) ([]api.ServiceStatus, error) {
+	var svcs []*service
+	if len(names) == 0 {
+		svcs = c.serviceList()
+	}
+	for _, n := range names {
+		s, err := c.serviceNamed(n)
+		if err != nil {
+			return nil, err
+		}
+		svcs = append(svcs, s)
+	}
+	out := make([]api.ServiceStatus, 0, len(svcs))
+	for _, s := range svcs {
+		out = append(out, s.status(true))
+	}
+	return out, nil
+}
+
+// serviceNamed finds a running service.
+func (c *Controller) serviceNamed(name string) (*service, error) {
+	c.mu.Lock()
+	s, ok := c.services[name]
+	c.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("service %q: %w", name, api.ErrNotFound)
+	}
+	return s, nil
+}
+
+// status builds the API view of a service.
+func (s *service) status(withTask bool) api.ServiceStatus {
+	recs := s.mgr.Replicas()
+	s.mu.Lock()
+	target, scaling, task, down := s.target, s.scaling, s.task, s.shuttingDown
+	s.mu.Unlock()
+	st := api.ServiceStatus{
+		Name: s.name, Version: s.mgr.TargetVersion(), Endpoint: s.endpoint, Policy: task.Service.LoadBalancingPolicy,
+		CreatedAt: s.createdAt, TargetReplicas: target, Replicas: recs,
+		Autoscaler: task.Service.ReplicaPolicy.Autoscaler, Scaling: scaling, Update: s.mgr.Rollout(),
+		Status: s.mgr.ServiceStatus(down),
+	}
+	for _, r := range recs {
+		if r.Status == replicas.StatusReady {
+			st.ReadyReplicas++
+		}
+	}
+	if withTask {
+		st.Task = task.Redacted()
+	}
+	return st
+}
+
+// statusLoop persists service statuses so that an operator reading the store sees them.
+func (c *Controller) statusLoop(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		func() {
+			defer c.recoverPanic("status loop")
+			c.persistStatuses()
+		}()
+	}
+}
+
+// persistStatuses writes each service's status that changed since it was last written.
+func (c *Controller) persistStatuses() {
+	for _, s := range c.serviceList() {
+		st := s.status(false)
+		s.mu.Lock()
+		changed := st.Status != s.savedStatus
+		s.savedStatus = st.Status
+		s.mu.Unlock()
+		if !changed {
+			continue
+		}
+		c.log.Info("service status", zap.String("service", st.Name), zap.String("status", st.Status),
+			zap.Int("ready", st.ReadyReplicas), zap.Int("target", st.TargetReplicas))
+		if err := c.store.SetServiceStatus(st.Name, st.Status); err != nil && !errors.Is(err, store.ErrNotFound) {
+			c.log.Warn("persist service status", zap.String("service", st.Name), zap.Error(err))
+		}
+	}
+}
+
+// DeleteService implements api.Backend: drain the endpoint, terminate every replica, forget it.
+func (c *Controller) DeleteService(ctx context.Context, name string) error {
+	s, err := c.serviceNamed(name)
+	if err != nil {
+		return err
+	}
+	return c.down(ctx, s)
+}
+
+func (c *Controller) down(ctx context.Context, s *service) error {
+	s.mu.Lock()
+	s.shuttingDown = true
+	s.mu.Unlock()
+	// Persist first: a controller killed half-way finishes the job on restart.
+	if err := c.store.SetServiceStatus(s.name, api.ServiceShuttingDown); err != nil {
+		return err
+	}
+	c.log.Info("service shutting down", zap.String("service", s.name))
+	drainCtx, cancel := context.WithTimeout(ctx, c.opts.DrainTimeout)
+	defer cancel()
+	// The endpoint stops accepting first, and in-flight requests and streams finish, before
+	// their replicas go.
+	if err := s.front.Shutdown(drainCtx); err != nil {
+		c.log.Warn("drain did not finish", zap.String("service", s.name), zap.Error(err))
+	}
+	termCtx, termCancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer termCancel()
+	if err := s.mgr.Shutdown(termCtx); err != nil {
+		_ = c.store.SetServiceStatus(s.name, api.ServiceFailedCleanup)
+		return fmt.Errorf("terminate replicas of %q: %w", s.name, err)
+	}
+	s.cancel()
+	<-s.done
+	if err := c.store.DeleteService(s.name); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	delete(c.services, s.name)
+	c.mu.Unlock()
+	c.updateGateway()
+	c.log.Info("service down", zap.String("service", s.name))
+	return nil
+}
+
+// ReplicaLogPath implements api.Backend.
+func (c *Controller) ReplicaLogPath(name string, id int) (string, error) {
+	s, err := c.serviceNamed(name)
+	if err != nil {
+		return "", err
+	}
+	for _, r := range s.mgr.Replicas() {
+		if r.ID != id {
+			continue
+		}
+		if r.InstanceID == "" {
+			return "", fmt.Errorf("replica %d of %q has no log: %w", id, name, api.ErrNotFound)
+		}
+		p, err := c.provider.LogPath(r.InstanceID)
+		if err != nil {
+			return "", fmt.Errorf("replica %d of %q: %v: %w", id, name, err, api.ErrNotFound)
+		}
+		return p, nil
+	}
+	return "", fmt.Errorf("replica %d of %q: %w", id, name, api.ErrNotFound)
+}
+
+// ControllerLogPath implements api.Backend.
+func (c *Controller) ControllerLogPath() string { return c.opts.LogFile }

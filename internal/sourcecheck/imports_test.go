@@ -1,0 +1,116 @@
+package sourcecheck
+
+import (
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// The import rules of docs/ARCHITECTURE.md, checked on every production file of the module (no
+// tests, no bench or e2e drivers): data flows one way through the control plane, the pure
+// decision packages stay free of I/O, and the API routes without knowing the proxy.
+
+const module = "github.com/ferryserve/ferry/"
+
+// importRule says which of the module's packages a package (and those under it, unless a more
+// specific rule names them) may import. allow lists path prefixes.
+type importRule struct {
+	pkg   string
+	allow []string
+}
+
+var importRules = []importRule{
+	{"configs", nil}, // the schema imports no runtime package
+	{"policy", nil},  // pure decisions over snapshots: the standard library only
+	{"autoscaler", []string{"configs"}},
+	{"launcher", []string{"configs", "policy", "launcher"}}, // knows nothing of services or requests
+	{"replicas", []string{"configs", "launcher", "policy"}},  // not autoscaler (how many is handed in), not proxy
+	{"proxy", []string{"policy"}},
+	{"proxy/attach", []string{"configs", "proxy", "internal/api", "internal/home"}},
+	{"internal/api", []string{"configs", "replicas"}}, // routes; the proxy is not its business
+	{"internal/store", []string{"configs", "replicas"}},
+	{"internal/home", nil},
+	{"internal/infra", []string{"configs", "internal/home", "launcher"}},
+	{"internal/controller", []string{"autoscaler", "configs", "internal/api", "internal/home", "internal/infra", "internal/store",
+		"launcher", "policy", "proxy", "replicas"}},
+}
+
+// ruleFor is the most specific rule covering pkg.
+func ruleFor(pkg string) (importRule, bool) {
+	best, found := importRule{}, false
+	for _, r := range importRules {
+		if (pkg == r.pkg || strings.HasPrefix(pkg, r.pkg+"/")) && len(r.pkg) >= len(best.pkg) {
+			best, found = r, true
+		}
+	}
+	return best, found
+}
+
+func TestImportRules(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	checked := 0
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if d.IsDir() {
+			if strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		pkg := filepath.ToSlash(filepath.Dir(rel))
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		checked++
+		for _, imp := range f.Imports {
+			p, _ := strconv.Unquote(imp.Path.Value)
+			if !strings.HasPrefix(p, module) {
+				continue
+			}
+			checkImport(t, rel, pkg, strings.TrimPrefix(p, module))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 100 {
+		t.Fatalf("checked only %d files under %s: is the walk rooted right?", checked, root)
+	}
+}
+
+// checkImport fails t when the file rel of package pkg may not import dep.
+func checkImport(t *testing.T, rel, pkg, dep string) {
+	t.Helper()
+	switch {
+	case strings.HasPrefix(dep, "bench/") && !strings.HasPrefix(pkg, "bench/") && !strings.HasPrefix(pkg, "e2e") &&
+		!(pkg == "cmd/ferry" && (dep == "bench/replicasim" || dep == "bench/sim")):
+		t.Errorf("%s imports %s: production code imports no bench driver (the binary serves the replica simulator and runs ferry sim)", rel, dep)
+	case (strings.HasPrefix(dep, "cmd/") || dep == "internal/controller") && !strings.HasPrefix(pkg, "cmd/") &&
+		!strings.HasPrefix(pkg, "bench/") && !strings.HasPrefix(pkg, "e2e"):
+		t.Errorf("%s imports %s: only the binary wires the controller", rel, dep)
+	}
+	rule, ok := ruleFor(pkg)
+	if !ok || dep == pkg {
+		return
+	}
+	if !slices.ContainsFunc(rule.allow, func(a string) bool { return dep == a || strings.HasPrefix(dep, a+"/") }) {
+		t.Errorf("%s (package %s) imports %s; the rule for %s allows only %v", rel, pkg, dep, rule.pkg, rule.allow)
+	}
+}
