@@ -29,7 +29,7 @@ var importRules = []importRule{
 	{"policy", nil},  // pure decisions over snapshots: the standard library only
 	{"autoscaler", []string{"configs"}},
 	{"launcher", []string{"configs", "policy", "launcher"}}, // knows nothing of services or requests
-	{"replicas", []string{"configs", "launcher", "policy"}},  // not autoscaler (how many is handed in), not proxy
+	{"replicas", []string{"configs", "launcher", "policy"}}, // not autoscaler (how many is handed in), not proxy
 	{"proxy", []string{"policy"}},
 	{"proxy/attach", []string{"configs", "proxy", "internal/api", "internal/home"}},
 	{"internal/api", []string{"configs", "replicas"}}, // routes; the proxy is not its business
