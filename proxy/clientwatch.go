@@ -4,7 +4,6 @@ import (
 	"errors"
 	"net"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -24,13 +23,8 @@ import (
 //     as a TLS close_notify; elsewhere recv with MSG_PEEK|MSG_DONTWAIT). This is what nginx
 //     does (ngx_http_upstream_check_broken_connection), from its event loop. Like nginx without
 //     proxy_ignore_client_abort, a client that half-closes after its request counts as gone.
-//   - Knowing which upstream connection carries the exchange: fasthttp picks it inside
-//     HostClient.Do and does not say. Its transport sets the chosen connection's write deadline
-//     right after acquiring it, in the goroutine that called Do, so the handler calls Do holding
-//     the replica's binder with the exchange in it, and the connection's SetWriteDeadline (or
-//     Dial, for a new connection, before it connects) takes the exchange and lets go. Only the
-//     handler's Do may use hostClient.hc for that to hold; other requests to a replica (models,
-//     health checks, scrapes) use clients of their own.
+//   - Knowing which upstream connection carries the exchange, so that it can be closed:
+//     fasthttp picks it inside HostClient.Do and does not say (upstream.go binds them).
 
 // clientWatchInterval is how often client sockets are peeked at; a request older than one
 // interval is checked on each tick, so a departure is noticed within two.
@@ -39,95 +33,6 @@ const clientWatchInterval = 500 * time.Millisecond
 // errClientLeft ends an exchange whose client went away: its upstream connection was closed on
 // purpose, and the request must not be retried.
 var errClientLeft = errors.New("proxy: the client closed its connection before the response was done")
-
-// errStaleConn is a pooled connection that an abandoned exchange closed after fasthttp had
-// pooled it: nothing was sent on it, so the request may go to another replica.
-var errStaleConn = errors.New("proxy: pooled replica connection was closed for a departed client")
-
-// binder hands an exchange to the upstream connection fasthttp sends it on (see above).
-type binder struct {
-	mu   sync.Mutex
-	next atomic.Pointer[exchange]
-}
-
-// do sends ex's request to the replica with the binder held. A pooled connection that a
-// departed client's watcher closed is skipped (nothing was sent on it): the request goes out on
-// the next one, or a new one.
-func (c *hostClient) do(ex *exchange) (err error) {
-	for range 4 {
-		if err = c.doOnce(ex); !errors.Is(err, errStaleConn) {
-			return err
-		}
-	}
-	return err
-}
-
-func (c *hostClient) doOnce(ex *exchange) error {
-	c.binder.hold(ex)
-	defer c.binder.release(ex) // also if Do panics: a binder left held would stall the replica
-	return c.hc.Do(&ex.req, &ex.resp)
-}
-
-// hold is called before HostClient.Do; release after it, in the same goroutine.
-func (b *binder) hold(ex *exchange) {
-	b.mu.Lock()
-	ex.binding = true
-	b.next.Store(ex)
-}
-
-func (b *binder) release(ex *exchange) {
-	if ex.binding {
-		ex.binding = false
-		b.next.Store(nil)
-		b.mu.Unlock()
-	}
-}
-
-// take is called by a connection fasthttp acquired for the holder's request; it returns the
-// exchange (nil when no Do holds the binder) and lets the binder go.
-func (b *binder) take() *exchange {
-	ex := b.next.Swap(nil)
-	if ex == nil {
-		return nil
-	}
-	ex.binding = false
-	b.mu.Unlock()
-	return ex
-}
-
-// bind records that c carries ex's request until ex ends. A client that left before the
-// binding (abandon found no connection) has the connection closed here: abandon stores the flag
-// and then loads the connection, bind the other way round, so one of them sees the other, and
-// the CompareAndSwap in closeFor lets only one of them close it.
-func (c *healthConn) bind(ex *exchange) {
-	c.bound.Store(ex)
-	ex.upstream.Store(c)
-	if ex.clientLeft.Load() {
-		c.closeFor(ex)
-	}
-}
-
-// closeFor closes c if it still carries ex's request, and reports whether it did. The
-// connection is marked, so that if fasthttp had already pooled it (a response without a body
-// is pooled inside Do) its next user retries elsewhere instead of failing (SetWriteDeadline).
-func (c *healthConn) closeFor(ex *exchange) bool {
-	if !c.bound.CompareAndSwap(ex, nil) {
-		return false
-	}
-	c.clientLeft.Store(true)
-	_ = c.Conn.Close()
-	return true
-}
-
-// unbind is called when ex ends, before its connection may be pooled. It reports false when
-// abandon closed the connection first: the caller must then discard it, not pool it.
-func (ex *exchange) unbind() bool {
-	c := ex.upstream.Swap(nil)
-	if c == nil {
-		return true
-	}
-	return c.bound.CompareAndSwap(ex, nil) || !c.clientLeft.Load()
-}
 
 // clientWatch is a Service's set of exchanges whose clients are watched, an intrusive list so
 // that joining and leaving it allocates nothing.
