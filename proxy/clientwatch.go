@@ -3,7 +3,9 @@ package proxy
 import (
 	"errors"
 	"net"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -34,15 +36,43 @@ const clientWatchInterval = 500 * time.Millisecond
 // purpose, and the request must not be retried.
 var errClientLeft = errors.New("proxy: the client closed its connection before the response was done")
 
-// clientWatch is a Service's set of exchanges whose clients are watched, an intrusive list so
-// that joining and leaving it allocates nothing.
+// clientWatch is a Service's set of exchanges whose clients are watched: intrusive lists, so
+// that joining and leaving allocates nothing, in shards, so that requests joining and leaving
+// at once rarely wait for one another. Each exchange stays in the shard it was made for; only
+// the watcher walks them all.
 type clientWatch struct {
-	mu    sync.Mutex
-	head  *exchange
-	epoch uint64 // ticks so far; an exchange is checked once it has seen a whole tick
+	shards []watchShard
+	// made counts the exchanges made, to spread them over the shards.
+	made atomic.Uint32
+	// epoch counts ticks; an exchange is checked once it has seen a whole tick.
+	epoch atomic.Uint64
 	start sync.Once
-	// scratch holds the candidates of one tick, checked outside mu.
+	// scratch holds the candidates of one tick, checked outside the shards' locks. Only the
+	// watcher uses it.
 	scratch []watched
+}
+
+// watchShard is one list of watched exchanges, padded to its own cache line so that shards
+// locked by different cores do not slow each other.
+type watchShard struct {
+	mu   sync.Mutex
+	head *exchange
+	_    [48]byte
+}
+
+// init sizes the shards to the cores (four per core, a power of two): a request holds its
+// shard for a few pointer writes, so with this many two requests rarely meet.
+func (w *clientWatch) init() {
+	n := 1
+	for n < 4*runtime.GOMAXPROCS(0) {
+		n *= 2
+	}
+	w.shards = make([]watchShard, n)
+}
+
+// shardIndex returns the shard of a new exchange.
+func (w *clientWatch) shardIndex() uint32 {
+	return (w.made.Add(1) - 1) & uint32(len(w.shards)-1)
 }
 
 type watched struct {
@@ -58,36 +88,40 @@ func (s *Service) watch(ex *exchange, conn net.Conn) {
 	}
 	w := &s.clientWatch
 	w.start.Do(func() { go s.watchClients() })
-	w.mu.Lock()
+	sh := &w.shards[ex.watchShard]
+	sh.mu.Lock()
 	ex.watchGen++
-	ex.watchEpoch = w.epoch
+	ex.watchEpoch = w.epoch.Load()
 	ex.watchSeen = ex.progress.Load()
 	ex.clientConn = conn
-	ex.watchNext = w.head
-	if w.head != nil {
-		w.head.watchPrev = ex
+	ex.watchNext = sh.head
+	if sh.head != nil {
+		sh.head.watchPrev = ex
 	}
-	w.head = ex
+	sh.head = ex
 	ex.watching = true
-	w.mu.Unlock()
+	sh.mu.Unlock()
 }
 
 // unwatch removes ex from the set, if it is in it.
 func (s *Service) unwatch(ex *exchange) {
-	w := &s.clientWatch
-	w.mu.Lock()
-	if ex.watching {
-		if ex.watchPrev != nil {
-			ex.watchPrev.watchNext = ex.watchNext
-		} else {
-			w.head = ex.watchNext
-		}
-		if ex.watchNext != nil {
-			ex.watchNext.watchPrev = ex.watchPrev
-		}
-		ex.watchPrev, ex.watchNext, ex.watching, ex.clientConn = nil, nil, false, nil
+	// Only ex's own request writes watching, so it may read it without the lock: an exchange
+	// answered before it was watched takes no lock at all.
+	if !ex.watching {
+		return
 	}
-	w.mu.Unlock()
+	sh := &s.clientWatch.shards[ex.watchShard]
+	sh.mu.Lock()
+	if ex.watchPrev != nil {
+		ex.watchPrev.watchNext = ex.watchNext
+	} else {
+		sh.head = ex.watchNext
+	}
+	if ex.watchNext != nil {
+		ex.watchNext.watchPrev = ex.watchPrev
+	}
+	ex.watchPrev, ex.watchNext, ex.watching, ex.clientConn = nil, nil, false, nil
+	sh.mu.Unlock()
 }
 
 // watchClients peeks at the watched clients every clientWatchInterval until the service stops.
@@ -101,32 +135,42 @@ func (s *Service) watchClients() {
 			return
 		case <-tick.C:
 		}
-		w.mu.Lock()
-		w.epoch++
+		epoch := w.epoch.Add(1)
 		w.scratch = w.scratch[:0]
-		for ex := w.head; ex != nil; ex = ex.watchNext {
-			if p := ex.progress.Load(); p != ex.watchSeen {
-				ex.watchSeen = p // streaming: a departure shows when the next bytes are written
-				continue
-			}
-			if ex.watchEpoch+1 < w.epoch && !ex.clientLeft.Load() {
-				w.scratch = append(w.scratch, watched{ex: ex, gen: ex.watchGen, conn: ex.clientConn})
-			}
+		for i := range w.shards {
+			w.scratch = w.shards[i].candidates(epoch, w.scratch)
 		}
-		w.mu.Unlock()
 		for i := range w.scratch {
 			c := &w.scratch[i]
 			if !clientGone(c.conn) {
 				continue
 			}
-			w.mu.Lock()
+			sh := &w.shards[c.ex.watchShard]
+			sh.mu.Lock()
 			if c.ex.watching && c.ex.watchGen == c.gen { // still the same request
 				c.ex.abandon()
 			}
-			w.mu.Unlock()
+			sh.mu.Unlock()
 		}
 		clear(w.scratch) // do not pin pooled exchanges or connections
 	}
+}
+
+// candidates appends the shard's exchanges that are worth a peek at tick epoch: watched for a
+// whole tick, and with no response bytes since the last tick.
+func (sh *watchShard) candidates(epoch uint64, dst []watched) []watched {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for ex := sh.head; ex != nil; ex = ex.watchNext {
+		if p := ex.progress.Load(); p != ex.watchSeen {
+			ex.watchSeen = p // streaming: a departure shows when the next bytes are written
+			continue
+		}
+		if ex.watchEpoch+1 < epoch && !ex.clientLeft.Load() {
+			dst = append(dst, watched{ex: ex, gen: ex.watchGen, conn: ex.clientConn})
+		}
+	}
+	return dst
 }
 
 // abandon marks ex's client gone and closes the upstream connection carrying its request, so

@@ -346,7 +346,8 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	}
 	s.errs = s.errs.withLimitBodies(cfg.Name, cfg.RateLimit, keys != nil, cfg.MaxConcurrentStreams)
 	s.limiter = newRateLimiter(cfg.RateLimit, len(cfg.APIKeyHashes))
-	s.exchanges.New = func() any { return &exchange{svc: s} }
+	s.clientWatch.init()
+	s.exchanges.New = func() any { return &exchange{svc: s, watchShard: s.clientWatch.shardIndex()} }
 	s.snap.Store(&snapshot{ready: make(chan struct{})})
 	s.front.server = newServer(s.serveRequest, s.requestError, cfg.MaxRequestBodySize, cfg.RequestReadTimeout, s.log)
 	return s, nil
