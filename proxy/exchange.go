@@ -128,7 +128,7 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	if n > 0 {
 		ex.progress.Add(1)
 	}
-	if err == io.EOF && ex.client.bodyCut(&ex.resp) { // fasthttp can take a cut chunked body for a whole one
+	if err == io.EOF && ex.bodyCut() { // fasthttp can take a cut chunked body for a whole one
 		err = errBodyCut
 	}
 	if err != nil && err != io.EOF && ex.clientLeft.Load() {

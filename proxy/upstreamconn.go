@@ -4,12 +4,9 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/valyala/fasthttp"
 )
 
 // Every upstream connection is wrapped (healthConn) so that the proxy knows three things
@@ -46,26 +43,17 @@ type replicaHealth struct {
 
 	mu    sync.Mutex
 	conns map[*healthConn]struct{}
-	// byLocal finds a TCP connection by its local address, which a fasthttp.Response records.
-	byLocal map[netip.AddrPort]*healthConn
 }
 
 // track wraps a new upstream connection so that its reads count as progress, an ejection can
 // close it, and b can bind it to the exchanges it carries.
 func (h *replicaHealth) track(conn net.Conn, b *binder) *healthConn {
 	c := &healthConn{Conn: conn, owner: h, binder: b}
-	if tcp, ok := conn.LocalAddr().(*net.TCPAddr); ok && tcp.Port != 0 {
-		c.local = tcp.AddrPort()
-	}
 	h.mu.Lock()
 	if h.conns == nil {
 		h.conns = make(map[*healthConn]struct{})
-		h.byLocal = make(map[netip.AddrPort]*healthConn)
 	}
 	h.conns[c] = struct{}{}
-	if c.local.IsValid() {
-		h.byLocal[c.local] = c
-	}
 	h.mu.Unlock()
 	return c
 }
@@ -85,22 +73,15 @@ func (h *replicaHealth) abortConns() int {
 	return len(conns)
 }
 
-// bodyCut reports whether resp, whose body stream just returned io.EOF, was in fact cut: a
-// chunked body whose connection had seen the replica close it (see above). It runs once at the
-// end of a chunked response, never per read.
-func (c *hostClient) bodyCut(resp *fasthttp.Response) bool {
-	if resp.Header.ContentLength() != -1 { // -1: chunked; a sized body's end is checked by fasthttp
+// bodyCut reports whether ex's response, whose body stream just returned io.EOF, was in fact
+// cut: a chunked body whose connection had seen the replica close it (see above). The
+// connection is the one bound to ex (upstream.go), so no lookup and no lock is needed.
+func (ex *exchange) bodyCut() bool {
+	if ex.resp.Header.ContentLength() != -1 { // -1: chunked; a sized body's end is checked by fasthttp
 		return false
 	}
-	tcp, ok := resp.LocalAddr().(*net.TCPAddr)
-	if !ok {
-		return false
-	}
-	h := &c.health
-	h.mu.Lock()
-	conn := h.byLocal[tcp.AddrPort()]
-	h.mu.Unlock()
-	return conn != nil && conn.peerEOF.Load()
+	c := ex.upstream.Load()
+	return c != nil && c.peerEOF.Load()
 }
 
 // healthConn is an upstream connection as replicaHealth sees it.
@@ -108,7 +89,6 @@ type healthConn struct {
 	net.Conn
 	owner  *replicaHealth
 	binder *binder
-	local  netip.AddrPort
 	// aborted is set by an ejection; peerEOF when a read met the replica's end of the
 	// connection.
 	aborted atomic.Bool
@@ -176,9 +156,6 @@ func (c *healthConn) Close() error {
 		h := c.owner
 		h.mu.Lock()
 		delete(h.conns, c)
-		if h.byLocal[c.local] == c {
-			delete(h.byLocal, c.local)
-		}
 		h.mu.Unlock()
 	}
 	return c.Conn.Close()
