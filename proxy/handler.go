@@ -155,7 +155,7 @@ func (b *attemptBudget) more() bool {
 // fasthttp or its departed client's request ended; otherwise the attempt's error (nil when no
 // replica could be picked) and whether another replica may be tried.
 func (s *Service) tryReplica(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapshot, budget *attemptBudget, noHost bool) (done, retry bool, err error) {
-	replica := ex.pick(s.picker, snap.pick, s.slots)
+	replica := ex.pick(s.picker, snap, s.slots)
 	if replica == nil {
 		return false, false, nil
 	}
@@ -232,17 +232,18 @@ func (s *Service) endHold(ctx *fasthttp.RequestCtx, ex *exchange, refusal []byte
 	s.answeredSelf(ctx, nil)
 }
 
-// pick asks the picker for a replica, leaving out those already tried for this request, so a
-// retry never lands on the replica that just failed (SkyServe's retries can). Under a
-// per-replica cap (slots non-nil) it offers only replicas below it, unless none is (a retry may
-// exceed the cap rather than fail).
-func (ex *exchange) pick(p policy.Picker, all []*policy.Replica, slots *slotQueue) *policy.Replica {
+// pick asks the picker for a replica of snap's pick set, leaving out those already tried for
+// this request, so a retry never lands on the replica that just failed (SkyServe's retries
+// can). Under a per-replica cap (slots non-nil) it offers only replicas below it, unless none is
+// (a retry may exceed the cap rather than fail).
+func (ex *exchange) pick(p policy.Picker, snap *snapshot, slots *slotQueue) *policy.Replica {
+	all := snap.pick
 	if len(ex.tried) == 0 && slots == nil {
 		return p.Pick(&ex.info, all)
 	}
 	ex.candidates = ex.candidates[:0]
-	for _, r := range all {
-		if (slots == nil || slots.free(r) > 0) && !slices.Contains(ex.tried, r) {
+	for i, r := range all {
+		if (slots == nil || slots.free(r, snap.pickCaps[i]) > 0) && !slices.Contains(ex.tried, r) {
 			ex.candidates = append(ex.candidates, r)
 		}
 	}

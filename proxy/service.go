@@ -289,16 +289,19 @@ type Service struct {
 	mu sync.Mutex
 }
 
-// snapshot is an immutable replica set. replicas and clients are parallel: clients[i] talks to
-// replicas[i]. Nothing in a published snapshot is ever written again, except that an empty
-// snapshot's ready channel is closed once.
+// snapshot is an immutable replica set. replicas, clients and caps are parallel: clients[i]
+// talks to replicas[i], and caps[i] is what late binding learned about it (slots.go). Nothing in
+// a published snapshot is ever written again, except that an empty snapshot's ready channel is
+// closed once.
 type snapshot struct {
 	replicas []*policy.Replica
 	clients  []*hostClient
+	caps     []*learnedCap
 	backends []Backend
 	// pick is what the picker chooses from: replicas minus those the health checks ejected
-	// (healthcheck.go), the same slice when none is.
-	pick []*policy.Replica
+	// (healthcheck.go), the same slice when none is; pickCaps is parallel to it.
+	pick     []*policy.Replica
+	pickCaps []*learnedCap
 	// ready is set only in a snapshot without replicas: SetBackends closes it when it publishes
 	// one with replicas, waking the requests held for one (hold.go). Consecutive empty
 	// snapshots share it.
@@ -383,6 +386,7 @@ func (s *Service) SetBackends(bs []Backend) {
 	next := &snapshot{
 		replicas: make([]*policy.Replica, 0, len(bs)),
 		clients:  make([]*hostClient, 0, len(bs)),
+		caps:     make([]*learnedCap, 0, len(bs)),
 		backends: make([]Backend, 0, len(bs)),
 	}
 	kept := make(map[string]bool, len(bs))
@@ -399,10 +403,11 @@ func (s *Service) SetBackends(bs []Backend) {
 
 		var replica *policy.Replica
 		var client *hostClient
+		var learned *learnedCap
 		if i, ok := oldIndex[b.Addr]; ok {
 			client = old.clients[i]
 			if r := old.replicas[i]; r.ID == b.ID && r.Accelerator == b.Accelerator && r.Version == b.Version {
-				replica = r
+				replica, learned = r, old.caps[i]
 			}
 		}
 		if client == nil {
@@ -416,9 +421,11 @@ func (s *Service) SetBackends(bs []Backend) {
 			// Identity fields are read without locks by pickers, so a relabelled replica (same
 			// address, new id or version) gets a fresh Replica instead of a mutated one.
 			replica = &policy.Replica{ID: b.ID, Addr: b.Addr, Accelerator: b.Accelerator, Version: b.Version}
+			learned = &learnedCap{}
 		}
 		next.replicas = append(next.replicas, replica)
 		next.clients = append(next.clients, client)
+		next.caps = append(next.caps, learned)
 		next.backends = append(next.backends, b)
 	}
 	if p, ok := s.picker.(policy.Preparer); ok {
@@ -438,7 +445,7 @@ func (s *Service) SetBackends(bs []Backend) {
 		s.scraper = s.newScraper()
 	}
 	if s.scraper != nil {
-		s.scraper.update(next.replicas) // a no-op after Shutdown closed it
+		s.scraper.update(next.replicas, next.caps) // a no-op after Shutdown closed it
 	}
 
 	s.pruneDraining()

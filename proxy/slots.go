@@ -21,7 +21,7 @@ import (
 // for containerConcurrency.
 //
 // The cap is MaxInFlightPerReplica when set. By default it is each replica's batch size as
-// learned from its engine metrics (policy.Replica.BatchLimit, scrape.go), and a replica whose
+// learned from its engine metrics (learnedCap, scrape.go), and a replica whose
 // size is not known yet has no cap. A learned cap only ever delays a request: when holding is
 // off, the queue is full or the wait expires, the request is sent on as it would be without a
 // cap, to be queued by the engine. A configured cap refuses it with 503 instead.
@@ -45,6 +45,33 @@ type slotQueue struct {
 	list   []chan struct{} // FIFO; each channel has room for the one grant it will receive
 }
 
+// learnedCap is what late binding learns about one replica: its batch size, and when it may next
+// be probed beyond it. It belongs to one policy.Replica (a relabelled replica starts over), is
+// written by that replica's scraper alone and read by the request path; pickers never read it,
+// so it lives here rather than in policy.Replica.
+type learnedCap struct {
+	// size is the largest decode batch the replica was seen running once it had been seen
+	// full: its engine's max_num_seqs, or what its KV cache holds. Zero until the scraper has
+	// seen the replica saturated.
+	size atomic.Int64
+	// probeAfter is when, in unix nanoseconds, the replica may next take one request beyond
+	// size, to find out whether it was learned too low. The scraper backs probes off while they
+	// keep finding the engine full.
+	probeAfter atomic.Int64
+}
+
+// raise records that the replica was seen running n requests at once (while others waited, or
+// beyond the size learned so far), and reports whether that raised the learned size. The size
+// only grows: an engine never runs more than its batch, so the largest such count is the batch
+// size, and a smaller one (a KV cache briefly full) is not a limit to keep.
+func (c *learnedCap) raise(n int64) bool {
+	if n <= c.size.Load() {
+		return false
+	}
+	c.size.Store(n)
+	return true
+}
+
 // newSlotQueue returns the queue for MaxInFlightPerReplica = limit: nil (no cap) when
 // negative, learned caps when zero.
 func newSlotQueue(limit int) *slotQueue {
@@ -58,25 +85,26 @@ func newSlotQueue(limit int) *slotQueue {
 // request.
 func (q *slotQueue) learned() bool { return q.limit == 0 }
 
-// free returns how many more requests r can take under its cap; noCap when it has none.
+// free returns how many more requests r, whose learned cap is learned, can take under its cap;
+// noCap when it has none.
 //
 // A learned cap may be too low: learned from a moment when the KV cache, not the batch, was
 // full, or from a long prefill step that kept a request waiting. Since the proxy then never
-// sends more, the engine would never show a bigger batch. So now and then (ProbeAfter, set by
+// sends more, the engine would never show a bigger batch. So now and then (probeAfter, set by
 // the scraper) a replica at its cap whose engine reported an empty queue at its last fresh
 // scrape takes one request beyond it: if the engine runs it, the next scrape sees more running
 // than the cap, the cap grows and the next probe may follow at once; if the engine is full
 // after all, that one request waits there, and probes back off (scrape.go).
-func (q *slotQueue) free(r *policy.Replica) int64 {
+func (q *slotQueue) free(r *policy.Replica, learned *learnedCap) int64 {
 	if q.limit > 0 {
 		return q.limit - r.InFlight.Load()
 	}
-	limit := r.BatchLimit()
+	limit := learned.size.Load()
 	if limit == 0 {
 		return noCap
 	}
 	n := r.InFlight.Load()
-	if n >= limit && mayProbe(r) {
+	if n >= limit && mayProbe(r, learned) {
 		limit++
 	}
 	return limit - n
@@ -84,9 +112,9 @@ func (q *slotQueue) free(r *policy.Replica) int64 {
 
 // mayProbe reports whether r's probe time has come and its last scrape, if fresh, found no
 // request waiting in the engine.
-func mayProbe(r *policy.Replica) bool {
+func mayProbe(r *policy.Replica, learned *learnedCap) bool {
 	now := time.Now().UnixNano()
-	if now < r.ProbeAfter() {
+	if now < learned.probeAfter.Load() {
 		return false
 	}
 	m := r.LoadMetrics()
@@ -96,12 +124,12 @@ func mayProbe(r *policy.Replica) bool {
 // noCap is free's answer for a replica without a cap: more than any queue holds.
 const noCap = math.MaxInt32
 
-// freeSlots returns how many more requests the replicas of pick can take, counting at most
-// max.
-func (q *slotQueue) freeSlots(pick []*policy.Replica, max int) int {
+// freeSlots returns how many more requests the replicas of snap's pick set can take, counting
+// at most max.
+func (q *slotQueue) freeSlots(snap *snapshot, max int) int {
 	n := 0
-	for _, r := range pick {
-		if free := q.free(r); free > 0 {
+	for i, r := range snap.pick {
+		if free := q.free(r, snap.pickCaps[i]); free > 0 {
 			n += int(min(free, noCap))
 			if n >= max {
 				return max
@@ -120,7 +148,7 @@ func (q *slotQueue) grant(s *Service) {
 		return
 	}
 	q.mu.Lock()
-	n := q.freeSlots(s.snap.Load().pick, len(q.list))
+	n := q.freeSlots(s.snap.Load(), len(q.list))
 	for i := range n {
 		q.list[i] <- struct{}{}
 	}
@@ -138,7 +166,7 @@ func (q *slotQueue) enqueue(w chan struct{}, s *Service, head bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.queued.Add(1)
-	if (head || len(q.list) == 0) && q.freeSlots(s.snap.Load().pick, 1) > 0 {
+	if (head || len(q.list) == 0) && q.freeSlots(s.snap.Load(), 1) > 0 {
 		q.queued.Add(-1)
 		return false
 	}
@@ -182,7 +210,7 @@ func (q *slotQueue) leave(w chan struct{}, s *Service) {
 // MaxQueuedRequests and MaxQueueWait with requests held for a first replica.
 func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (*snapshot, []byte) {
 	q := s.slots
-	if q.queued.Load() == 0 && q.freeSlots(snap.pick, 1) > 0 {
+	if q.queued.Load() == 0 && q.freeSlots(snap, 1) > 0 {
 		return snap, nil
 	}
 	if s.cfg.MaxQueuedRequests < 0 {

@@ -374,9 +374,9 @@ func TestSlotsLearnedFromMetrics(t *testing.T) {
 	if len(a.ids()) != 3 || len(b.ids()) != 3 {
 		t.Fatalf("replicas got %v and %v, want three each", a.ids(), b.ids())
 	}
-	replicas := svc.snap.Load().replicas
+	caps := svc.snap.Load().caps
 	waitFor(t, "both batch sizes to be learned", func() bool {
-		return replicas[0].BatchLimit() == batch && replicas[1].BatchLimit() == batch
+		return caps[0].size.Load() == batch && caps[1].size.Load() == batch
 	})
 
 	pending = append(pending, doAsync(c, url, `{"id":"7"}`))
@@ -430,13 +430,14 @@ func TestSlotsLearnedCapProbes(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			r := &policy.Replica{ID: 1}
-			r.RaiseBatchLimit(tc.learned)
+			learned := &learnedCap{}
+			learned.raise(tc.learned)
 			r.InFlight.Store(tc.inFlight)
 			r.SetMetrics(tc.metrics)
 			if name == "probes backed off" {
-				r.SetProbeAfter(now + int64(time.Minute))
+				learned.probeAfter.Store(now + int64(time.Minute))
 			}
-			if got := newSlotQueue(tc.limit).free(r); got != tc.want {
+			if got := newSlotQueue(tc.limit).free(r, learned); got != tc.want {
 				t.Errorf("free = %d, want %d", got, tc.want)
 			}
 		})
