@@ -47,9 +47,9 @@ type clientWatch struct {
 	// epoch counts ticks; an exchange is checked once it has seen a whole tick.
 	epoch atomic.Uint64
 	start sync.Once
-	// scratch holds the candidates of one tick, checked outside the shards' locks. Only the
-	// watcher uses it.
-	scratch []watched
+	// candidates are the exchanges one tick peeks at, outside the shards' locks. Only the
+	// watcher uses them.
+	candidates []watched
 }
 
 // watchShard is one list of watched exchanges, padded to its own cache line so that shards
@@ -136,12 +136,12 @@ func (s *Service) watchClients() {
 		case <-tick.C:
 		}
 		epoch := w.epoch.Add(1)
-		w.scratch = w.scratch[:0]
+		w.candidates = w.candidates[:0]
 		for i := range w.shards {
-			w.scratch = w.shards[i].candidates(epoch, w.scratch)
+			w.candidates = w.shards[i].candidates(epoch, w.candidates)
 		}
-		for i := range w.scratch {
-			c := &w.scratch[i]
+		for i := range w.candidates {
+			c := &w.candidates[i]
 			if !clientGone(c.conn) {
 				continue
 			}
@@ -152,7 +152,7 @@ func (s *Service) watchClients() {
 			}
 			sh.mu.Unlock()
 		}
-		clear(w.scratch) // do not pin pooled exchanges or connections
+		clear(w.candidates) // do not pin pooled exchanges or connections
 	}
 }
 

@@ -58,7 +58,7 @@ type exchange struct {
 	// client went away. watchShard is the exchange's shard of the Service's clientWatch, set
 	// when it is made; the other watch fields are guarded by that shard's mu.
 	binding              bool
-	upstream             atomic.Pointer[healthConn]
+	upstream             atomic.Pointer[upstreamConn]
 	clientLeft           atomic.Bool
 	watchShard           uint32
 	watching             bool

@@ -37,12 +37,14 @@ import (
 type slotQueue struct {
 	// limit is the configured cap; 0 means each replica's learned batch size.
 	limit int64
-	// queued counts waiters in list. It is raised before a waiter checks for a free slot and
+	// queued counts the waiters. It is raised before a waiter checks for a free slot and
 	// read by releasers after they free one, so that one of the two always sees the other
 	// (Go's atomics are sequentially consistent): no wake-up is lost.
 	queued atomic.Int64
 	mu     sync.Mutex
-	list   []chan struct{} // FIFO; each channel has room for the one grant it will receive
+	// waiters are the requests waiting for a slot, first come first served; each channel has
+	// room for the one grant it will receive.
+	waiters []chan struct{}
 }
 
 // learnedCap is what late binding learns about one replica: its batch size, and when it may next
@@ -141,20 +143,20 @@ func (q *slotQueue) freeSlots(snap *snapshot, max int) int {
 
 // grant hands free slots of s's current snapshot to the oldest waiters, as many as there are free slots. A
 // request ending calls it, and so does every new snapshot (a replica joined or came back from
-// ejection). A granted waiter is out of the list; if a newcomer took the slot before it
+// ejection). A granted waiter is out of the queue; if a newcomer took the slot before it
 // looked, it queues again at the head.
 func (q *slotQueue) grant(s *Service) {
 	if q.queued.Load() == 0 {
 		return
 	}
 	q.mu.Lock()
-	n := q.freeSlots(s.snap.Load(), len(q.list))
+	n := q.freeSlots(s.snap.Load(), len(q.waiters))
 	for i := range n {
-		q.list[i] <- struct{}{}
+		q.waiters[i] <- struct{}{}
 	}
 	if n > 0 {
-		clear(q.list[:n])
-		q.list = q.list[n:]
+		clear(q.waiters[:n])
+		q.waiters = q.waiters[n:]
 		q.queued.Add(-int64(n))
 	}
 	q.mu.Unlock()
@@ -166,27 +168,27 @@ func (q *slotQueue) enqueue(w chan struct{}, s *Service, head bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.queued.Add(1)
-	if (head || len(q.list) == 0) && q.freeSlots(s.snap.Load(), 1) > 0 {
+	if (head || len(q.waiters) == 0) && q.freeSlots(s.snap.Load(), 1) > 0 {
 		q.queued.Add(-1)
 		return false
 	}
 	if head {
-		q.list = append(q.list, nil)
-		copy(q.list[1:], q.list)
-		q.list[0] = w
+		q.waiters = append(q.waiters, nil)
+		copy(q.waiters[1:], q.waiters)
+		q.waiters[0] = w
 	} else {
-		q.list = append(q.list, w)
+		q.waiters = append(q.waiters, w)
 	}
 	return true
 }
 
-// leave takes a waiter that gives up out of the list. A grant that reached it meanwhile is
+// leave takes a waiter that gives up out of the queue. A grant that reached it meanwhile is
 // passed on, so that the slot is not left idle while others wait.
 func (q *slotQueue) leave(w chan struct{}, s *Service) {
 	q.mu.Lock()
-	for i, c := range q.list {
+	for i, c := range q.waiters {
 		if c == w {
-			q.list = append(q.list[:i], q.list[i+1:]...)
+			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
 			q.queued.Add(-1)
 			q.mu.Unlock()
 			return

@@ -85,12 +85,12 @@ func (s *Service) newHostClient(addr string) *hostClient {
 				if err != nil {
 					return nil, &dialError{addr: addr, err: err}
 				}
-				hc := c.health.track(&deadlineConn{Conn: conn, readIdle: idle, writeIdle: idle}, &c.binder)
+				tracked := c.health.track(&deadlineConn{Conn: conn, readIdle: idle, writeIdle: idle}, &c.binder)
 				if ex != nil {
-					hc.bind(ex)
-					hc.fresh = true
+					tracked.bind(ex)
+					tracked.fresh = true
 				}
-				return hc, nil
+				return tracked, nil
 			},
 			MaxConns:            upstreamMaxConns,
 			MaxIdleConnDuration: upstreamMaxIdleConnDuration,
@@ -179,7 +179,7 @@ func (b *binder) take() *exchange {
 // binding (abandon found no connection) has the connection closed here: abandon stores the flag
 // and then loads the connection, bind the other way round, so one of them sees the other, and
 // the CompareAndSwap in closeFor lets only one of them close it.
-func (c *healthConn) bind(ex *exchange) {
+func (c *upstreamConn) bind(ex *exchange) {
 	c.bound.Store(ex)
 	ex.upstream.Store(c)
 	if ex.clientLeft.Load() {
@@ -190,7 +190,7 @@ func (c *healthConn) bind(ex *exchange) {
 // closeFor closes c if it still carries ex's request, and reports whether it did. The
 // connection is marked, so that if fasthttp had already pooled it (a response without a body
 // is pooled inside Do) its next user retries elsewhere instead of failing (SetWriteDeadline).
-func (c *healthConn) closeFor(ex *exchange) bool {
+func (c *upstreamConn) closeFor(ex *exchange) bool {
 	if !c.bound.CompareAndSwap(ex, nil) {
 		return false
 	}

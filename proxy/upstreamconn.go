@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Every upstream connection is wrapped (healthConn) so that the proxy knows three things
+// Every upstream connection is wrapped (upstreamConn) so that the proxy knows three things
 // fasthttp does not tell it:
 //
 //   - whether a replica is sending anything at all (replicaHealth.progress), which keeps the
@@ -42,16 +42,16 @@ type replicaHealth struct {
 	keptLogged time.Time
 
 	mu    sync.Mutex
-	conns map[*healthConn]struct{}
+	conns map[*upstreamConn]struct{}
 }
 
 // track wraps a new upstream connection so that its reads count as progress, an ejection can
 // close it, and b can bind it to the exchanges it carries.
-func (h *replicaHealth) track(conn net.Conn, b *binder) *healthConn {
-	c := &healthConn{Conn: conn, owner: h, binder: b}
+func (h *replicaHealth) track(conn net.Conn, b *binder) *upstreamConn {
+	c := &upstreamConn{Conn: conn, owner: h, binder: b}
 	h.mu.Lock()
 	if h.conns == nil {
-		h.conns = make(map[*healthConn]struct{})
+		h.conns = make(map[*upstreamConn]struct{})
 	}
 	h.conns[c] = struct{}{}
 	h.mu.Unlock()
@@ -61,7 +61,7 @@ func (h *replicaHealth) track(conn net.Conn, b *binder) *healthConn {
 // abortConns closes every open connection to the replica and reports how many it closed.
 func (h *replicaHealth) abortConns() int {
 	h.mu.Lock()
-	conns := make([]*healthConn, 0, len(h.conns))
+	conns := make([]*upstreamConn, 0, len(h.conns))
 	for c := range h.conns {
 		conns = append(conns, c)
 	}
@@ -84,8 +84,9 @@ func (ex *exchange) bodyCut() bool {
 	return c != nil && c.peerEOF.Load()
 }
 
-// healthConn is an upstream connection as replicaHealth sees it.
-type healthConn struct {
+// upstreamConn is one connection of a replica's upstream client: replicaHealth tracks it, and
+// it knows the exchange whose request it carries (upstream.go).
+type upstreamConn struct {
 	net.Conn
 	owner  *replicaHealth
 	binder *binder
@@ -105,7 +106,7 @@ type healthConn struct {
 
 // SetWriteDeadline is fasthttp's first call on a connection it acquired for a request, made by
 // the goroutine in HostClient.Do: the moment to learn which exchange the connection carries.
-func (c *healthConn) SetWriteDeadline(t time.Time) error {
+func (c *upstreamConn) SetWriteDeadline(t time.Time) error {
 	if c.clientLeft.Load() {
 		return errStaleConn
 	}
@@ -118,9 +119,9 @@ func (c *healthConn) SetWriteDeadline(t time.Time) error {
 }
 
 // NetConn returns the wrapped connection.
-func (c *healthConn) NetConn() net.Conn { return c.Conn }
+func (c *upstreamConn) NetConn() net.Conn { return c.Conn }
 
-func (c *healthConn) Read(p []byte) (int, error) {
+func (c *upstreamConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.owner.progress.Add(1)
@@ -139,7 +140,7 @@ func (c *healthConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (c *healthConn) Write(p []byte) (int, error) {
+func (c *upstreamConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	switch {
 	case err == nil:
@@ -151,7 +152,7 @@ func (c *healthConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-func (c *healthConn) Close() error {
+func (c *upstreamConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
 		h := c.owner
 		h.mu.Lock()
