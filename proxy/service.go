@@ -1,11 +1,26 @@
 // Package proxy is Ferry's data plane: it accepts client requests for one service, picks a READY
 // replica with a policy.Picker, forwards the request and streams the response back.
 //
-// The request path takes no lock and, for a non-streaming request, allocates nothing a benchmark
-// can avoid: it loads an immutable replica snapshot through an atomic.Pointer, bumps atomic
-// counters, and reuses pooled per-request state. Membership changes (SetBackends) build a new
-// snapshot and swap it in; requests already running keep the replica and upstream client they
-// picked until their stream ends.
+// The proxy's request path takes no service-wide lock and, for a non-streaming request,
+// allocates nothing a benchmark can avoid: it loads an immutable replica snapshot through an
+// atomic.Pointer, bumps atomic counters, and reuses pooled per-request state. The locks it does
+// take are narrow:
+//
+//   - one shard of the client-watch set, to join and leave it (clientwatch.go): 4×GOMAXPROCS
+//     shards, so concurrent requests rarely meet there;
+//   - the binder of the replica it is sent to, from the start of fasthttp's Do until fasthttp
+//     has acquired a connection (upstream.go says why it cannot go);
+//   - with RateLimit on and no API keys, one shard of the per-address limiter (ratelimit.go);
+//   - only while requests wait for a slot under MaxInFlightPerReplica, the slot queue's lock
+//     (slots.go).
+//
+// Opening or closing an upstream connection, not a request, takes its replica's
+// connection-set lock (upstreamconn.go). Pickers are the policy package's: least_load and the
+// other policies that read only counters lock nothing, while prefix_affinity and llm_aware
+// hold their service's prefix index for about a microsecond per pick (policy/prefix.go).
+//
+// Membership changes (SetBackends) build a new snapshot and swap it in; requests already
+// running keep the replica and upstream client they picked until their stream ends.
 package proxy
 
 import (

@@ -125,6 +125,15 @@ func (s *Service) newHostClient(addr string) *hostClient {
 var errStaleConn = errors.New("proxy: pooled replica connection was closed for a departed client")
 
 // binder hands an exchange to the upstream connection fasthttp sends it on (see above).
+//
+// It is the one per-replica lock every request takes, and fasthttp's API leaves no way around
+// it: the connection learns of the exchange in the goroutine that called Do, Go has no
+// goroutine-local storage, and nothing the connection's callbacks are given (the dial address,
+// a deadline) names the request, so only one Do per replica at a time can have its exchange
+// waiting to be taken. Acquiring the connection ourselves instead (HostClient.Transport) would
+// mean re-implementing fasthttp's streamed response body, which it does not export. The window
+// is short: it ends once fasthttp has acquired a connection, before a dial or any write, and
+// fasthttp serialises that acquisition on its own per-replica pool lock anyway.
 type binder struct {
 	mu   sync.Mutex
 	next atomic.Pointer[exchange]
