@@ -203,22 +203,6 @@ func (s *Service) tryReplica(ctx *fasthttp.RequestCtx, ex *exchange, snap *snaps
 	return false, retry, err
 }
 
-// send sends the request to the replica it began on, unless its client has left meanwhile, in
-// which case an answer is dropped too: nobody is left to take it.
-func (ex *exchange) send(c *hostClient) error {
-	if ex.clientLeft.Load() {
-		return errClientLeft // left between attempts: do not send it again
-	}
-	if err := c.do(ex); err != nil {
-		return err
-	}
-	if ex.clientLeft.Load() {
-		ex.discardResponse()
-		return errClientLeft
-	}
-	return nil
-}
-
 // endHold answers a request that waited for a replica or a slot in vain: 503 with refusal, or
 // 499 and a closed connection when refusal is nil (the client left while held).
 func (s *Service) endHold(ctx *fasthttp.RequestCtx, ex *exchange, refusal []byte) {

@@ -139,6 +139,22 @@ type binder struct {
 	next atomic.Pointer[exchange]
 }
 
+// send sends the request to the replica it began on, unless its client has left meanwhile, in
+// which case an answer is dropped too: nobody is left to take it.
+func (ex *exchange) send(c *hostClient) error {
+	if ex.clientLeft.Load() {
+		return errClientLeft // left between attempts: do not send it again
+	}
+	if err := c.do(ex); err != nil {
+		return err
+	}
+	if ex.clientLeft.Load() {
+		ex.discardResponse()
+		return errClientLeft
+	}
+	return nil
+}
+
 // do sends ex's request to the replica with the binder held. A pooled connection that a
 // departed client's watcher closed is skipped (nothing was sent on it): the request goes out on
 // the next one, or a new one.
