@@ -130,6 +130,8 @@ func TestSlotsLateBinding(t *testing.T) {
 	url := base + "/v1/completions"
 
 	r1 := doAsync(c, url, `{"id":"1"}`)
+	// One at a time: requests arriving at the same instant may overshoot the cap (slots.go).
+	waitFor(t, "request 1 on a replica", func() bool { return a.hits.Load()+b.hits.Load() == 1 })
 	r2 := doAsync(c, url, `{"id":"2"}`)
 	waitFor(t, "one request on each replica", func() bool { return a.hits.Load() == 1 && b.hits.Load() == 1 })
 	r3 := doAsync(c, url, `{"id":"3"}`)
