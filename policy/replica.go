@@ -46,15 +46,6 @@ type Replica struct {
 	running   atomic.Int64
 	kvUsage   atomic.Uint64 // float64 bits
 	scrapedAt atomic.Int64  // unix nanoseconds; 0 = never scraped
-
-	// batchLimit is the largest decode batch the replica was seen running once it had been
-	// seen full: its engine's max_num_seqs, or what its KV cache holds. Zero until the scraper
-	// has seen the replica saturated. The proxy's late binding uses it as the replica's
-	// cap when none is configured.
-	batchLimit atomic.Int64
-	// probeAfter is when, in unix nanoseconds, the proxy may next send the replica one
-	// request beyond its learned batch size, to find out whether the size was learned too low.
-	probeAfter atomic.Int64
 }
 
 // Preparer is an optional capability of a Picker: it resolves per-replica constants once per
@@ -104,30 +95,6 @@ func (r *Replica) LoadMetrics() Metrics {
 	m.KVCacheUsage = math.Float64frombits(r.kvUsage.Load())
 	return m
 }
-
-// BatchLimit returns the learned batch size (see RaiseBatchLimit), 0 while unknown.
-func (r *Replica) BatchLimit() int64 { return r.batchLimit.Load() }
-
-// RaiseBatchLimit records that the replica was seen running n requests at once (while others
-// waited, or beyond the size learned so far), and reports whether that raised its learned
-// batch size. The size only grows: an engine never runs more than its batch, so the largest
-// such count is the batch size, and a smaller one (a KV cache briefly full) is not a limit to
-// keep. One goroutine (the replica's scraper) writes it.
-func (r *Replica) RaiseBatchLimit(n int64) bool {
-	if n <= r.batchLimit.Load() {
-		return false
-	}
-	r.batchLimit.Store(n)
-	return true
-}
-
-// ProbeAfter returns when, in unix nanoseconds, the replica may next take one request beyond
-// its learned batch size; SetProbeAfter sets it. The proxy's scraper backs probes off while
-// they keep finding the engine full.
-func (r *Replica) ProbeAfter() int64 { return r.probeAfter.Load() }
-
-// SetProbeAfter sets ProbeAfter.
-func (r *Replica) SetProbeAfter(unixNano int64) { r.probeAfter.Store(unixNano) }
 
 func (r *Replica) loadCapacity() float64 { return math.Float64frombits(r.capacity.Load()) }
 

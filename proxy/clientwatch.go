@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -24,13 +25,8 @@ import (
 //     as a TLS close_notify; elsewhere recv with MSG_PEEK|MSG_DONTWAIT). This is what nginx
 //     does (ngx_http_upstream_check_broken_connection), from its event loop. Like nginx without
 //     proxy_ignore_client_abort, a client that half-closes after its request counts as gone.
-//   - Knowing which upstream connection carries the exchange: fasthttp picks it inside
-//     HostClient.Do and does not say. Its transport sets the chosen connection's write deadline
-//     right after acquiring it, in the goroutine that called Do, so the handler calls Do holding
-//     the replica's binder with the exchange in it, and the connection's SetWriteDeadline (or
-//     Dial, for a new connection, before it connects) takes the exchange and lets go. Only the
-//     handler's Do may use hostClient.hc for that to hold; other requests to a replica (models,
-//     health checks, scrapes) use clients of their own.
+//   - Knowing which upstream connection carries the exchange, so that it can be closed:
+//     fasthttp picks it inside HostClient.Do and does not say (upstream.go binds them).
 
 // clientWatchInterval is how often client sockets are peeked at; a request older than one
 // interval is checked on each tick, so a departure is noticed within two.
@@ -40,104 +36,43 @@ const clientWatchInterval = 500 * time.Millisecond
 // purpose, and the request must not be retried.
 var errClientLeft = errors.New("proxy: the client closed its connection before the response was done")
 
-// errStaleConn is a pooled connection that an abandoned exchange closed after fasthttp had
-// pooled it: nothing was sent on it, so the request may go to another replica.
-var errStaleConn = errors.New("proxy: pooled replica connection was closed for a departed client")
-
-// binder hands an exchange to the upstream connection fasthttp sends it on (see above).
-type binder struct {
-	mu   sync.Mutex
-	next atomic.Pointer[exchange]
-}
-
-// do sends ex's request to the replica with the binder held. A pooled connection that a
-// departed client's watcher closed is skipped (nothing was sent on it): the request goes out on
-// the next one, or a new one.
-func (c *hostClient) do(ex *exchange) (err error) {
-	for range 4 {
-		if err = c.doOnce(ex); !errors.Is(err, errStaleConn) {
-			return err
-		}
-	}
-	return err
-}
-
-func (c *hostClient) doOnce(ex *exchange) error {
-	c.binder.hold(ex)
-	defer c.binder.release(ex) // also if Do panics: a binder left held would stall the replica
-	return c.hc.Do(&ex.req, &ex.resp)
-}
-
-// hold is called before HostClient.Do; release after it, in the same goroutine.
-func (b *binder) hold(ex *exchange) {
-	b.mu.Lock()
-	ex.binding = true
-	b.next.Store(ex)
-}
-
-func (b *binder) release(ex *exchange) {
-	if ex.binding {
-		ex.binding = false
-		b.next.Store(nil)
-		b.mu.Unlock()
-	}
-}
-
-// take is called by a connection fasthttp acquired for the holder's request; it returns the
-// exchange (nil when no Do holds the binder) and lets the binder go.
-func (b *binder) take() *exchange {
-	ex := b.next.Swap(nil)
-	if ex == nil {
-		return nil
-	}
-	ex.binding = false
-	b.mu.Unlock()
-	return ex
-}
-
-// bind records that c carries ex's request until ex ends. A client that left before the
-// binding (abandon found no connection) has the connection closed here: abandon stores the flag
-// and then loads the connection, bind the other way round, so one of them sees the other, and
-// the CompareAndSwap in closeFor lets only one of them close it.
-func (c *healthConn) bind(ex *exchange) {
-	c.bound.Store(ex)
-	ex.upstream.Store(c)
-	if ex.clientLeft.Load() {
-		c.closeFor(ex)
-	}
-}
-
-// closeFor closes c if it still carries ex's request, and reports whether it did. The
-// connection is marked, so that if fasthttp had already pooled it (a response without a body
-// is pooled inside Do) its next user retries elsewhere instead of failing (SetWriteDeadline).
-func (c *healthConn) closeFor(ex *exchange) bool {
-	if !c.bound.CompareAndSwap(ex, nil) {
-		return false
-	}
-	c.clientLeft.Store(true)
-	_ = c.Conn.Close()
-	return true
-}
-
-// unbind is called when ex ends, before its connection may be pooled. It reports false when
-// abandon closed the connection first: the caller must then discard it, not pool it.
-func (ex *exchange) unbind() bool {
-	c := ex.upstream.Swap(nil)
-	if c == nil {
-		return true
-	}
-	return c.bound.CompareAndSwap(ex, nil) || !c.clientLeft.Load()
-}
-
-// clientWatch is a Service's set of exchanges whose clients are watched, an intrusive list so
-// that joining and leaving it allocates nothing.
+// clientWatch is a Service's set of exchanges whose clients are watched: intrusive lists, so
+// that joining and leaving allocates nothing, in shards, so that requests joining and leaving
+// at once rarely wait for one another. Each exchange stays in the shard it was made for; only
+// the watcher walks them all.
 type clientWatch struct {
-	mu    sync.Mutex
-	head  *exchange
-	epoch uint64 // ticks so far; an exchange is checked once it has seen a whole tick
+	shards []watchShard
+	// made counts the exchanges made, to spread them over the shards.
+	made atomic.Uint32
+	// epoch counts ticks; an exchange is checked once it has seen a whole tick.
+	epoch atomic.Uint64
 	start sync.Once
-	// scratch holds the candidates of one tick, checked outside mu.
-	scratch []watched
+	// candidates are the exchanges one tick peeks at, outside the shards' locks. Only the
+	// watcher uses them.
+	candidates []watched
+}
+
+// watchShard is one list of watched exchanges, padded to its own cache line so that shards
+// locked by different cores do not slow each other.
+type watchShard struct {
+	mu   sync.Mutex
+	head *exchange
+	_    [48]byte
+}
+
+// init sizes the shards to the cores (four per core, a power of two): a request holds its
+// shard for a few pointer writes, so with this many two requests rarely meet.
+func (w *clientWatch) init() {
+	n := 1
+	for n < 4*runtime.GOMAXPROCS(0) {
+		n *= 2
+	}
+	w.shards = make([]watchShard, n)
+}
+
+// shardIndex returns the shard of a new exchange.
+func (w *clientWatch) shardIndex() uint32 {
+	return (w.made.Add(1) - 1) & uint32(len(w.shards)-1)
 }
 
 type watched struct {
@@ -153,36 +88,40 @@ func (s *Service) watch(ex *exchange, conn net.Conn) {
 	}
 	w := &s.clientWatch
 	w.start.Do(func() { go s.watchClients() })
-	w.mu.Lock()
+	sh := &w.shards[ex.watchShard]
+	sh.mu.Lock()
 	ex.watchGen++
-	ex.watchEpoch = w.epoch
+	ex.watchEpoch = w.epoch.Load()
 	ex.watchSeen = ex.progress.Load()
 	ex.clientConn = conn
-	ex.watchNext = w.head
-	if w.head != nil {
-		w.head.watchPrev = ex
+	ex.watchNext = sh.head
+	if sh.head != nil {
+		sh.head.watchPrev = ex
 	}
-	w.head = ex
+	sh.head = ex
 	ex.watching = true
-	w.mu.Unlock()
+	sh.mu.Unlock()
 }
 
 // unwatch removes ex from the set, if it is in it.
 func (s *Service) unwatch(ex *exchange) {
-	w := &s.clientWatch
-	w.mu.Lock()
-	if ex.watching {
-		if ex.watchPrev != nil {
-			ex.watchPrev.watchNext = ex.watchNext
-		} else {
-			w.head = ex.watchNext
-		}
-		if ex.watchNext != nil {
-			ex.watchNext.watchPrev = ex.watchPrev
-		}
-		ex.watchPrev, ex.watchNext, ex.watching, ex.clientConn = nil, nil, false, nil
+	// Only ex's own request writes watching, so it may read it without the lock: an exchange
+	// answered before it was watched takes no lock at all.
+	if !ex.watching {
+		return
 	}
-	w.mu.Unlock()
+	sh := &s.clientWatch.shards[ex.watchShard]
+	sh.mu.Lock()
+	if ex.watchPrev != nil {
+		ex.watchPrev.watchNext = ex.watchNext
+	} else {
+		sh.head = ex.watchNext
+	}
+	if ex.watchNext != nil {
+		ex.watchNext.watchPrev = ex.watchPrev
+	}
+	ex.watchPrev, ex.watchNext, ex.watching, ex.clientConn = nil, nil, false, nil
+	sh.mu.Unlock()
 }
 
 // watchClients peeks at the watched clients every clientWatchInterval until the service stops.
@@ -196,32 +135,42 @@ func (s *Service) watchClients() {
 			return
 		case <-tick.C:
 		}
-		w.mu.Lock()
-		w.epoch++
-		w.scratch = w.scratch[:0]
-		for ex := w.head; ex != nil; ex = ex.watchNext {
-			if p := ex.progress.Load(); p != ex.watchSeen {
-				ex.watchSeen = p // streaming: a departure shows when the next bytes are written
-				continue
-			}
-			if ex.watchEpoch+1 < w.epoch && !ex.clientLeft.Load() {
-				w.scratch = append(w.scratch, watched{ex: ex, gen: ex.watchGen, conn: ex.clientConn})
-			}
+		epoch := w.epoch.Add(1)
+		w.candidates = w.candidates[:0]
+		for i := range w.shards {
+			w.candidates = w.shards[i].candidates(epoch, w.candidates)
 		}
-		w.mu.Unlock()
-		for i := range w.scratch {
-			c := &w.scratch[i]
+		for i := range w.candidates {
+			c := &w.candidates[i]
 			if !clientGone(c.conn) {
 				continue
 			}
-			w.mu.Lock()
+			sh := &w.shards[c.ex.watchShard]
+			sh.mu.Lock()
 			if c.ex.watching && c.ex.watchGen == c.gen { // still the same request
 				c.ex.abandon()
 			}
-			w.mu.Unlock()
+			sh.mu.Unlock()
 		}
-		clear(w.scratch) // do not pin pooled exchanges or connections
+		clear(w.candidates) // do not pin pooled exchanges or connections
 	}
+}
+
+// candidates appends the shard's exchanges that are worth a peek at tick epoch: watched for a
+// whole tick, and with no response bytes since the last tick.
+func (sh *watchShard) candidates(epoch uint64, dst []watched) []watched {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for ex := sh.head; ex != nil; ex = ex.watchNext {
+		if p := ex.progress.Load(); p != ex.watchSeen {
+			ex.watchSeen = p // streaming: a departure shows when the next bytes are written
+			continue
+		}
+		if ex.watchEpoch+1 < epoch && !ex.clientLeft.Load() {
+			dst = append(dst, watched{ex: ex, gen: ex.watchGen, conn: ex.clientConn})
+		}
+	}
+	return dst
 }
 
 // abandon marks ex's client gone and closes the upstream connection carrying its request, so

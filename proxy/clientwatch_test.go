@@ -219,7 +219,7 @@ func TestStaleConnectionIsSkipped(t *testing.T) {
 	}
 	c := svc.snap.Load().clientFor(svc.snap.Load().replicas[0])
 	c.health.mu.Lock()
-	var pooled []*healthConn
+	var pooled []*upstreamConn
 	for hc := range c.health.conns {
 		pooled = append(pooled, hc)
 	}

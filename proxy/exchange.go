@@ -55,10 +55,12 @@ type exchange struct {
 
 	// Client watching (clientwatch.go). binding is true while the handler holds the replica's
 	// binder; upstream is the connection carrying the request; clientLeft is set when the
-	// client went away. The watch fields are guarded by the Service's clientWatch.mu.
+	// client went away. watchShard is the exchange's shard of the Service's clientWatch, set
+	// when it is made; the other watch fields are guarded by that shard's mu.
 	binding              bool
-	upstream             atomic.Pointer[healthConn]
+	upstream             atomic.Pointer[upstreamConn]
 	clientLeft           atomic.Bool
+	watchShard           uint32
 	watching             bool
 	watchGen, watchEpoch uint64
 	// progress counts reads that brought response bytes; watchSeen is its value at the
@@ -126,7 +128,7 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	if n > 0 {
 		ex.progress.Add(1)
 	}
-	if err == io.EOF && ex.client.bodyCut(&ex.resp) { // fasthttp can take a cut chunked body for a whole one
+	if err == io.EOF && ex.bodyCut() { // fasthttp can take a cut chunked body for a whole one
 		err = errBodyCut
 	}
 	if err != nil && err != io.EOF && ex.clientLeft.Load() {

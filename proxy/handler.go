@@ -16,36 +16,31 @@ import (
 // returns before the response body has been streamed; the exchange releases the replica when
 // the stream ends. It can be mounted in any fasthttp.Server, though Serve adds the client
 // write-idle deadline and the JSON 413 for oversize bodies.
+//
+// It runs in two phases, as Caddy's reverse proxy splits ServeHTTP from its proxy loop:
+// admission decides whether and when the request goes to a replica at all (admit), and the
+// proxy loop sends it to one and retries on others while that is safe (proxyLoop).
 func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 	defer s.recoverPanic(ctx)
+	ex, snap := s.admit(ctx)
+	if ex == nil {
+		return // answered
+	}
+	s.proxyLoop(ctx, ex, snap)
+}
 
-	// Requests that no replica could ever serve are refused before they count as demand or
-	// wait for a replica.
-	key := -1 // which API key, for the rate limit
-	if s.keys != nil {
-		var ok bool
-		if key, ok = s.keys.match(&ctx.Request.Header); !ok {
-			s.unauthorized(ctx)
-			s.answeredSelf(ctx, nil)
-			return
-		}
-	}
-	if s.limiter != nil && !s.admitRate(ctx, key) {
-		s.answeredSelf(ctx, nil)
-		return
-	}
-	// The server enforces the limit while reading; this covers a Handler mounted elsewhere.
-	if len(ctx.Request.Body()) > s.cfg.MaxRequestBodySize {
-		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, s.errs.tooLarge)
-		s.answeredSelf(ctx, nil)
-		return
+// admit runs every check that may answer a request before any replica sees it: the client's
+// credentials, rate and body size, the body's readability, and then, holding it while there is
+// no replica or no free slot, the service's caps. It returns the request's exchange and the
+// snapshot to route it on, or nil when it has answered the request itself.
+func (s *Service) admit(ctx *fasthttp.RequestCtx) (*exchange, *snapshot) {
+	if !s.screen(ctx) {
+		return nil, nil
 	}
 	ex := s.acquireExchange()
 	if !ex.describe(ctx, s.needs, s.cfg.MaxConcurrentStreams > 0) {
-		s.releaseExchange(ex)
-		writeError(ctx, fasthttp.StatusBadRequest, s.errs.badJSON)
-		s.answeredSelf(ctx, nil)
-		return
+		s.refuse(ctx, ex, fasthttp.StatusBadRequest, s.errs.badJSON)
+		return nil, nil
 	}
 
 	s.arrivals.Add(1)
@@ -54,31 +49,65 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 		var refusal []byte
 		if snap, refusal = s.awaitReplicas(ctx, snap); snap == nil {
 			s.endHold(ctx, ex, refusal)
-			return
+			return nil, nil
 		}
 	}
 	// After the hold, so that requests released together by the first replica still respect
 	// the cap.
 	if limit := s.cfg.MaxConcurrentRequests; limit > 0 && s.inflight.Load() >= int64(limit) {
-		s.releaseExchange(ex)
-		writeError(ctx, fasthttp.StatusTooManyRequests, s.errs.overloaded)
-		s.answeredSelf(ctx, nil)
-		return
+		s.refuse(ctx, ex, fasthttp.StatusTooManyRequests, s.errs.overloaded)
+		return nil, nil
 	}
 	if s.slots != nil {
 		var refusal []byte
 		if snap, refusal = s.awaitSlot(ctx, snap); snap == nil {
 			s.endHold(ctx, ex, refusal)
-			return
+			return nil, nil
 		}
 	}
 	if !s.admitStream(ex) {
-		s.releaseExchange(ex)
-		writeError(ctx, fasthttp.StatusTooManyRequests, s.errs.tooManyStreams)
-		s.answeredSelf(ctx, nil)
-		return
+		s.refuse(ctx, ex, fasthttp.StatusTooManyRequests, s.errs.tooManyStreams)
+		return nil, nil
 	}
+	return ex, snap
+}
 
+// screen refuses requests that no replica could ever serve (no valid API key, over the
+// client's rate, too large) before they count as demand or wait for a replica. It reports
+// whether the request passed; when not, it has answered it.
+func (s *Service) screen(ctx *fasthttp.RequestCtx) bool {
+	key := -1 // which API key, for the rate limit
+	if s.keys != nil {
+		var ok bool
+		if key, ok = s.keys.match(&ctx.Request.Header); !ok {
+			s.unauthorized(ctx)
+			s.answeredSelf(ctx, nil)
+			return false
+		}
+	}
+	if s.limiter != nil && !s.admitRate(ctx, key) {
+		s.answeredSelf(ctx, nil)
+		return false
+	}
+	// The server enforces the limit while reading; this covers a Handler mounted elsewhere.
+	if len(ctx.Request.Body()) > s.cfg.MaxRequestBodySize {
+		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, s.errs.tooLarge)
+		s.answeredSelf(ctx, nil)
+		return false
+	}
+	return true
+}
+
+// refuse answers an admitted request with status and body without sending it anywhere.
+func (s *Service) refuse(ctx *fasthttp.RequestCtx, ex *exchange, status int, body []byte) {
+	s.releaseExchange(ex)
+	writeError(ctx, status, body)
+	s.answeredSelf(ctx, nil)
+}
+
+// proxyLoop sends an admitted request to the replicas of snap, one attempt at a time, until one
+// answers or retrying is no longer safe, and answers the last error when none did.
+func (s *Service) proxyLoop(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapshot) {
 	ex.prepare(ctx)
 	ex.observeRequest(ctx)
 	if s.keys != nil {
@@ -87,74 +116,91 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 
 	// An HTTP/1.0 client may send no Host; each replica then gets its own address.
 	noHost := len(ex.req.Header.Host()) == 0
-	attempts := min(s.cfg.MaxAttempts, len(snap.pick))
-	start := time.Now()
+	budget := attemptBudget{max: min(s.cfg.MaxAttempts, len(snap.pick)), start: time.Now()}
 	var lastErr error
 	s.watch(ex, ctx.Conn())
-	for attempt := range attempts {
-		replica := ex.pick(s.picker, snap.pick, s.slots)
-		if replica == nil {
-			break
-		}
-		client := snap.clientFor(replica)
-		if client == nil { // a picker must return a member of the slice it was given
-			s.log.Error("picker returned a replica outside the snapshot", zap.Int("replica_id", replica.ID))
-			break
-		}
-		if noHost {
-			ex.req.Header.SetHost(client.addr)
-		}
-
-		ex.begin(replica, client)
-		var err error
-		if ex.clientLeft.Load() {
-			err = errClientLeft // left between attempts: do not send it again
-		} else {
-			err = client.do(ex)
-		}
-		if err == nil && ex.clientLeft.Load() {
-			ex.discardResponse()
-			err = errClientLeft
-		}
-		if err == nil {
-			code := ex.resp.StatusCode()
-			if !retryableStatus(code) || attempt+1 >= attempts || time.Since(start) > retryBudget {
-				ex.respond(ctx)
-				return
-			}
-			// Nothing has reached the client yet: drop this answer and ask another replica.
-			err = &statusError{code: code}
-			ex.discardResponse()
-		}
-		if ex.clientLeft.Load() {
-			// Nobody to answer or retry for: the replica's connection is closed already.
-			ex.end()
-			ctx.SetStatusCode(statusClientClosedRequest)
-			ctx.SetConnectionClose()
-			ctx.Response.Header.SetBytesKV(headerXRequestID, ex.requestID)
-			s.answeredSelf(ctx, ex)
-			s.releaseExchange(ex)
+	for ; budget.attempt < budget.max; budget.attempt++ {
+		done, retry, err := s.tryReplica(ctx, ex, snap, &budget, noHost)
+		if done {
 			return
 		}
-		ex.observeAttemptFailed(err)
-		ex.end()
-		lastErr = err
-		retry := retryable(err) && attempt+1 < attempts && time.Since(start) <= retryBudget
-		if ce := s.log.Check(zap.WarnLevel, "replica request failed"); ce != nil {
-			ce.Write(zap.Int("replica_id", replica.ID), zap.String("addr", replica.Addr),
-				zap.Int("attempt", attempt+1), zap.Bool("retry", retry),
-				zap.ByteString("request_id", ex.requestID), zap.Error(err))
+		if err != nil {
+			lastErr = err
 		}
 		if !retry {
 			break
 		}
-		ex.tried = append(ex.tried, replica)
 	}
 
 	s.upstreamError(ctx, lastErr)
 	ctx.Response.Header.SetBytesKV(headerXRequestID, ex.requestID)
 	s.answeredSelf(ctx, ex)
 	s.releaseExchange(ex)
+}
+
+// attemptBudget is how far one request's attempts may go: at most max replicas, and no new
+// attempt once retryBudget has passed since start. attempt counts from 0.
+type attemptBudget struct {
+	attempt, max int
+	start        time.Time
+}
+
+// more reports whether another attempt may follow the current one.
+func (b *attemptBudget) more() bool {
+	return b.attempt+1 < b.max && time.Since(b.start) <= retryBudget
+}
+
+// tryReplica makes one attempt: pick a replica not tried yet, send the request to it, and judge
+// the answer. It reports done when the request has been answered, its response handed to
+// fasthttp or its departed client's request ended; otherwise the attempt's error (nil when no
+// replica could be picked) and whether another replica may be tried.
+func (s *Service) tryReplica(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapshot, budget *attemptBudget, noHost bool) (done, retry bool, err error) {
+	replica := ex.pick(s.picker, snap, s.slots)
+	if replica == nil {
+		return false, false, nil
+	}
+	client := snap.clientFor(replica)
+	if client == nil { // a picker must return a member of the slice it was given
+		s.log.Error("picker returned a replica outside the snapshot", zap.Int("replica_id", replica.ID))
+		return false, false, nil
+	}
+	if noHost {
+		ex.req.Header.SetHost(client.addr)
+	}
+
+	ex.begin(replica, client)
+	if err = ex.send(client); err == nil {
+		code := ex.resp.StatusCode()
+		if !retryableStatus(code) || !budget.more() {
+			ex.respond(ctx)
+			return true, false, nil
+		}
+		// Nothing has reached the client yet: drop this answer and ask another replica.
+		err = &statusError{code: code}
+		ex.discardResponse()
+	}
+	if ex.clientLeft.Load() {
+		// Nobody to answer or retry for: the replica's connection is closed already.
+		ex.end()
+		ctx.SetStatusCode(statusClientClosedRequest)
+		ctx.SetConnectionClose()
+		ctx.Response.Header.SetBytesKV(headerXRequestID, ex.requestID)
+		s.answeredSelf(ctx, ex)
+		s.releaseExchange(ex)
+		return true, false, nil
+	}
+	ex.observeAttemptFailed(err)
+	ex.end()
+	retry = retryable(err) && budget.more()
+	if ce := s.log.Check(zap.WarnLevel, "replica request failed"); ce != nil {
+		ce.Write(zap.Int("replica_id", replica.ID), zap.String("addr", replica.Addr),
+			zap.Int("attempt", budget.attempt+1), zap.Bool("retry", retry),
+			zap.ByteString("request_id", ex.requestID), zap.Error(err))
+	}
+	if retry {
+		ex.tried = append(ex.tried, replica)
+	}
+	return false, retry, err
 }
 
 // endHold answers a request that waited for a replica or a slot in vain: 503 with refusal, or
@@ -170,17 +216,18 @@ func (s *Service) endHold(ctx *fasthttp.RequestCtx, ex *exchange, refusal []byte
 	s.answeredSelf(ctx, nil)
 }
 
-// pick asks the picker for a replica, leaving out those already tried for this request, so a
-// retry never lands on the replica that just failed (SkyServe's retries can). Under a
-// per-replica cap (slots non-nil) it offers only replicas below it, unless none is (a retry may
-// exceed the cap rather than fail).
-func (ex *exchange) pick(p policy.Picker, all []*policy.Replica, slots *slotQueue) *policy.Replica {
+// pick asks the picker for a replica of snap's pick set, leaving out those already tried for
+// this request, so a retry never lands on the replica that just failed (SkyServe's retries
+// can). Under a per-replica cap (slots non-nil) it offers only replicas below it, unless none is
+// (a retry may exceed the cap rather than fail).
+func (ex *exchange) pick(p policy.Picker, snap *snapshot, slots *slotQueue) *policy.Replica {
+	all := snap.pick
 	if len(ex.tried) == 0 && slots == nil {
 		return p.Pick(&ex.info, all)
 	}
 	ex.candidates = ex.candidates[:0]
-	for _, r := range all {
-		if (slots == nil || slots.free(r) > 0) && !slices.Contains(ex.tried, r) {
+	for i, r := range all {
+		if (slots == nil || slots.free(r, snap.pickCaps[i]) > 0) && !slices.Contains(ex.tried, r) {
 			ex.candidates = append(ex.candidates, r)
 		}
 	}

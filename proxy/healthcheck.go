@@ -297,7 +297,7 @@ func (h *healthChecker) check(t *healthTarget) (err error) {
 // next's replicas. A replica that SetBackends removes stops counting as ejected.
 func (s *Service) updateHealthLocked(next *snapshot) {
 	if !s.cfg.HealthCheck.enabled() {
-		next.pick = next.replicas
+		next.pick, next.pickCaps = next.replicas, next.caps
 		return
 	}
 	if s.health == nil {
@@ -325,12 +325,13 @@ func (s *Service) updateHealthLocked(next *snapshot) {
 			}
 		}
 	}
-	next.pick = pickSet(next)
+	next.pick, next.pickCaps = pickSet(next)
 	h.update(next.clients)
 }
 
-// pickSet is the replicas of snap that are not ejected; the same slice when none is.
-func pickSet(snap *snapshot) []*policy.Replica {
+// pickSet is the replicas of snap that are not ejected, and their learned caps; the same
+// slices when none is.
+func pickSet(snap *snapshot) ([]*policy.Replica, []*learnedCap) {
 	n := 0
 	for _, c := range snap.clients {
 		if !c.health.ejected {
@@ -338,15 +339,17 @@ func pickSet(snap *snapshot) []*policy.Replica {
 		}
 	}
 	if n == len(snap.clients) {
-		return snap.replicas
+		return snap.replicas, snap.caps
 	}
 	pick := make([]*policy.Replica, 0, n)
+	caps := make([]*learnedCap, 0, n)
 	for i, c := range snap.clients {
 		if !c.health.ejected {
 			pick = append(pick, snap.replicas[i])
+			caps = append(caps, snap.caps[i])
 		}
 	}
-	return pick
+	return pick, caps
 }
 
 // setEjected moves the count of ejected replicas by delta. Called under the Service's mu.
@@ -415,7 +418,7 @@ func (s *Service) healthResult(c *hostClient, checkErr error) {
 // snapshot's members, clients and ready channel are shared: only the pick set differs.
 func (s *Service) publishPickLocked(cur *snapshot) {
 	next := *cur
-	next.pick = pickSet(cur)
+	next.pick, next.pickCaps = pickSet(cur)
 	s.snap.Store(&next)
 	if s.slots != nil {
 		s.slots.grant(s) // a replica back from ejection has free slots

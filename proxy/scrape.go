@@ -130,6 +130,7 @@ func (s *Service) newScraper() *scraper {
 // scrapeTarget is one replica's polling state. Everything but stop is owned by its goroutine.
 type scrapeTarget struct {
 	replica *policy.Replica
+	learned *learnedCap
 	hc      *fasthttp.HostClient
 	stop    chan struct{}
 	req     fasthttp.Request
@@ -138,26 +139,27 @@ type scrapeTarget struct {
 	failures     int           // consecutive failed scrapes
 	logged       time.Time     // when a failure was last logged
 	saturated    bool          // the last scrape saw requests waiting beside a running batch
-	probeBackoff time.Duration // the wait before the next probe (ProbeAfter); 0 after a raise
+	probeBackoff time.Duration // the wait before the next probe (learnedCap.probeAfter); 0 after a raise
 }
 
-// update makes the scraped set equal to replicas: it starts a goroutine for every replica
-// pointer it does not poll yet and stops those of replicas no longer listed. A replica the proxy
+// update makes the scraped set equal to replicas, whose learned caps are the parallel caps: it
+// starts a goroutine for every replica pointer it does not poll yet and stops those of replicas
+// no longer listed. A replica the proxy
 // rebuilt (same address, new identity) is a new pointer, so it starts with no stale values. It
 // does not wait for stopped goroutines; close does. After close it does nothing.
-func (s *scraper) update(replicas []*policy.Replica) {
+func (s *scraper) update(replicas []*policy.Replica, caps []*learnedCap) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return
 	}
 	listed := make(map[*policy.Replica]bool, len(replicas))
-	for _, r := range replicas {
+	for i, r := range replicas {
 		listed[r] = true
 		if _, ok := s.targets[r]; ok {
 			continue
 		}
-		t := s.newTarget(r)
+		t := s.newTarget(r, caps[i])
 		s.targets[r] = t
 		s.wg.Add(1)
 		s.active.Add(1)
@@ -187,9 +189,10 @@ func (s *scraper) close() {
 	s.wg.Wait()
 }
 
-func (s *scraper) newTarget(r *policy.Replica) *scrapeTarget {
+func (s *scraper) newTarget(r *policy.Replica, learned *learnedCap) *scrapeTarget {
 	t := &scrapeTarget{
 		replica: r,
+		learned: learned,
 		stop:    make(chan struct{}),
 		hc: &fasthttp.HostClient{
 			Addr: r.Addr,
@@ -282,7 +285,7 @@ func (s *scraper) scrape(t *scrapeTarget) {
 	}
 }
 
-// learnBatchLimit learns the replica's batch size (policy.Replica.BatchLimit) from a scrape.
+// learnBatchLimit learns the replica's batch size (learnedCap.size) from a scrape.
 // It first sets it to the running count when two scrapes in a row found requests waiting: an
 // engine admits waiting requests at its next step, within tens of milliseconds, while it has
 // room, so one scrape can catch a request that has just arrived beside a batch with room to
@@ -294,17 +297,17 @@ func (s *scraper) scrape(t *scrapeTarget) {
 // them off.
 func (s *scraper) learnBatchLimit(t *scrapeTarget, m policy.Metrics) {
 	full := m.Waiting > 0 && m.Running > 0
-	limit := t.replica.BatchLimit()
+	limit := t.learned.size.Load()
 	switch {
-	case (full && t.saturated || limit > 0 && m.Running > limit) && t.replica.RaiseBatchLimit(m.Running):
+	case (full && t.saturated || limit > 0 && m.Running > limit) && t.learned.raise(m.Running):
 		t.probeBackoff = 0
-		t.replica.SetProbeAfter(0)
+		t.learned.probeAfter.Store(0)
 		if s.batchLimitRaised != nil {
 			s.batchLimitRaised(t.replica, limit, m.Running)
 		}
 	case full && limit > 0:
 		t.probeBackoff = min(max(2*t.probeBackoff, s.interval), maxProbeBackoff)
-		t.replica.SetProbeAfter(time.Now().Add(t.probeBackoff).UnixNano())
+		t.learned.probeAfter.Store(time.Now().Add(t.probeBackoff).UnixNano())
 	}
 	t.saturated = full
 }

@@ -182,6 +182,15 @@ func newTestScraper(t *testing.T) *scraper {
 
 func replicaAt(id int, addr string) *policy.Replica { return &policy.Replica{ID: id, Addr: addr} }
 
+// updateFresh is scraper.update for replicas that have learned no cap yet.
+func updateFresh(s *scraper, rs ...*policy.Replica) {
+	caps := make([]*learnedCap, len(rs))
+	for i := range caps {
+		caps[i] = &learnedCap{}
+	}
+	s.update(rs, caps)
+}
+
 // withoutTime drops the timestamp, which tests check separately.
 func withoutTime(m policy.Metrics) policy.Metrics {
 	m.UpdatedAt = 0
@@ -193,7 +202,7 @@ func TestScrapeStoresEachEngineFormat(t *testing.T) {
 	rs := []*policy.Replica{replicaAt(1, vllm.addr()), replicaAt(2, old.addr()), replicaAt(3, tgi.addr())}
 	before := time.Now().UnixNano()
 	s := newTestScraper(t)
-	s.update(rs)
+	updateFresh(s, rs...)
 	want := []policy.Metrics{
 		{Waiting: 3, Running: 12, KVCacheUsage: 0.375},
 		{Waiting: 4, Running: 3, KVCacheUsage: 0.875},
@@ -228,7 +237,7 @@ func TestScrapeFailureLeavesValuesToGoStale(t *testing.T) {
 			e := startMetricsEndpoint(t, scrapeTGI)
 			r := replicaAt(1, e.addr())
 			s := newTestScraper(t)
-			s.update([]*policy.Replica{r})
+			updateFresh(s, r)
 			waitFor(t, "first scrape", func() bool { return r.LoadMetrics().UpdatedAt != 0 })
 			fail(e)
 			// Once a scrape has begun after the change, the next completed one failed.
@@ -246,10 +255,10 @@ func TestScrapeFailureLeavesValuesToGoStale(t *testing.T) {
 func TestScrapeUnreachableReplica(t *testing.T) {
 	r := replicaAt(1, deadAddr(t))
 	s := newTestScraper(t)
-	s.update([]*policy.Replica{r})
+	updateFresh(s, r)
 	e := startMetricsEndpoint(t, scrapeTGI)
 	live := replicaAt(2, e.addr())
-	s.update([]*policy.Replica{r, live})
+	updateFresh(s, r, live)
 	waitFor(t, "the live replica scraped", func() bool { return live.LoadMetrics().UpdatedAt != 0 })
 	waitFor(t, "the live replica scraped again", func() bool { return e.hits.Load() >= 5 })
 	if got := r.LoadMetrics(); got != (policy.Metrics{}) {
@@ -264,14 +273,14 @@ func TestScrapeFollowsReplicaSet(t *testing.T) {
 	ra, rb := replicaAt(1, a.addr()), replicaAt(2, b.addr())
 	s := newTestScraper(t)
 
-	s.update([]*policy.Replica{ra, rb})
-	s.update([]*policy.Replica{ra, rb}) // idempotent
+	updateFresh(s, ra, rb)
+	updateFresh(s, ra, rb) // idempotent
 	if got := s.active.Load(); got != 2 {
 		t.Fatalf("%d scrape goroutines for 2 replicas", got)
 	}
 	waitFor(t, "both scraped", func() bool { return ra.LoadMetrics().UpdatedAt != 0 && rb.LoadMetrics().UpdatedAt != 0 })
 
-	s.update([]*policy.Replica{rb})
+	updateFresh(s, rb)
 	waitFor(t, "a's goroutine to end", func() bool { return s.active.Load() == 1 })
 	hitsA, hitsB := a.hits.Load(), b.hits.Load()
 	waitFor(t, "b scraped on", func() bool { return b.hits.Load() >= hitsB+3 })
@@ -282,7 +291,7 @@ func TestScrapeFollowsReplicaSet(t *testing.T) {
 
 	// A rebuilt replica (same address, new pointer) is a new target.
 	rb2 := replicaAt(3, b.addr())
-	s.update([]*policy.Replica{rb2})
+	updateFresh(s, rb2)
 	waitFor(t, "the rebuilt replica scraped", func() bool { return rb2.LoadMetrics().UpdatedAt != 0 })
 	waitFor(t, "the old pointer's goroutine to end", func() bool { return s.active.Load() == 1 })
 
@@ -290,7 +299,7 @@ func TestScrapeFollowsReplicaSet(t *testing.T) {
 	if got := s.active.Load(); got != 0 {
 		t.Errorf("%d scrape goroutines after close", got)
 	}
-	s.update([]*policy.Replica{ra})
+	updateFresh(s, ra)
 	if got := s.active.Load(); got != 0 {
 		t.Errorf("update after close started %d goroutines", got)
 	}
@@ -313,7 +322,7 @@ func TestScrapeUsesTheDialer(t *testing.T) {
 	})
 	t.Cleanup(s.close)
 	r := replicaAt(1, "replica.invalid:8000")
-	s.update([]*policy.Replica{r})
+	updateFresh(s, r)
 	waitFor(t, "scraped through the dialer", func() bool { return r.LoadMetrics().UpdatedAt != 0 })
 	waitFor(t, "more scrapes", func() bool { return e.hits.Load() >= 5 })
 	if got := dials.Load(); got != 1 {
@@ -365,7 +374,7 @@ func TestScrapeReplicaSim(t *testing.T) {
 
 			r := replicaAt(1, sim.Listener.Addr().String())
 			s := newTestScraper(t)
-			s.update([]*policy.Replica{r})
+			updateFresh(s, r)
 			waitFor(t, "one running and two waiting", func() bool {
 				m := r.LoadMetrics()
 				return m.Running == 1 && m.Waiting == 2
@@ -464,7 +473,7 @@ func TestScrapeLearnsBatchLimit(t *testing.T) {
 			var raised []int64
 			s := newScraper(time.Second, zaptest.NewLogger(t), defaultDial)
 			s.batchLimitRaised = func(_ *policy.Replica, _, to int64) { raised = append(raised, to) }
-			target := &scrapeTarget{replica: replicaAt(1, "127.0.0.1:1")}
+			target := &scrapeTarget{replica: replicaAt(1, "127.0.0.1:1"), learned: &learnedCap{}}
 			for _, o := range tc.scrapes {
 				if o.failed {
 					s.failed(target, errNoScrapeSeries)
@@ -472,7 +481,7 @@ func TestScrapeLearnsBatchLimit(t *testing.T) {
 				}
 				s.learnBatchLimit(target, policy.Metrics{Waiting: o.waiting, Running: o.running})
 			}
-			if got := target.replica.BatchLimit(); got != tc.want {
+			if got := target.learned.size.Load(); got != tc.want {
 				t.Errorf("BatchLimit = %d, want %d", got, tc.want)
 			}
 			if tc.want > 0 && (len(raised) == 0 || raised[len(raised)-1] != tc.want) {
@@ -487,18 +496,18 @@ func TestScrapeLearnsBatchLimit(t *testing.T) {
 // allows the next probe at once.
 func TestScrapeBacksProbesOff(t *testing.T) {
 	s := newScraper(250*time.Millisecond, zaptest.NewLogger(t), defaultDial)
-	target := &scrapeTarget{replica: replicaAt(1, "127.0.0.1:1")}
+	target := &scrapeTarget{replica: replicaAt(1, "127.0.0.1:1"), learned: &learnedCap{}}
 	full := policy.Metrics{Waiting: 1, Running: 8}
 	s.learnBatchLimit(target, full)
 	s.learnBatchLimit(target, full) // learned: 8, probe at once
-	if target.replica.BatchLimit() != 8 || target.replica.ProbeAfter() != 0 {
-		t.Fatalf("after learning: size %d, probe after %d; want 8 and 0", target.replica.BatchLimit(), target.replica.ProbeAfter())
+	if target.learned.size.Load() != 8 || target.learned.probeAfter.Load() != 0 {
+		t.Fatalf("after learning: size %d, probe after %d; want 8 and 0", target.learned.size.Load(), target.learned.probeAfter.Load())
 	}
 	var waits []time.Duration
 	for range 9 {
 		before := time.Now()
 		s.learnBatchLimit(target, full)
-		waits = append(waits, time.Duration(target.replica.ProbeAfter()-before.UnixNano()).Round(250*time.Millisecond))
+		waits = append(waits, time.Duration(target.learned.probeAfter.Load()-before.UnixNano()).Round(250*time.Millisecond))
 	}
 	want := []time.Duration{250, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000}
 	for i := range want {
@@ -508,8 +517,8 @@ func TestScrapeBacksProbesOff(t *testing.T) {
 		t.Errorf("probe waits (-want +got):\n%s", diff)
 	}
 	s.learnBatchLimit(target, policy.Metrics{Running: 9}) // a probe ran: the size grows
-	if target.replica.BatchLimit() != 9 || target.replica.ProbeAfter() != 0 {
-		t.Errorf("after a raise: size %d, probe after %d; want 9 and 0", target.replica.BatchLimit(), target.replica.ProbeAfter())
+	if target.learned.size.Load() != 9 || target.learned.probeAfter.Load() != 0 {
+		t.Errorf("after a raise: size %d, probe after %d; want 9 and 0", target.learned.size.Load(), target.learned.probeAfter.Load())
 	}
 }
 
@@ -517,7 +526,7 @@ func TestScrapeBacksProbesOff(t *testing.T) {
 // to maxScrapeBackoff, and one success restores the interval.
 func TestScrapeBackoff(t *testing.T) {
 	s := newScraper(100*time.Millisecond, zaptest.NewLogger(t), defaultDial)
-	target := &scrapeTarget{replica: replicaAt(1, "127.0.0.1:1")}
+	target := &scrapeTarget{replica: replicaAt(1, "127.0.0.1:1"), learned: &learnedCap{}}
 	var got []time.Duration
 	for range 12 {
 		s.failed(target, errNoScrapeSeries)

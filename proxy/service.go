@@ -1,11 +1,26 @@
 // Package proxy is Ferry's data plane: it accepts client requests for one service, picks a READY
 // replica with a policy.Picker, forwards the request and streams the response back.
 //
-// The request path takes no lock and, for a non-streaming request, allocates nothing a benchmark
-// can avoid: it loads an immutable replica snapshot through an atomic.Pointer, bumps atomic
-// counters, and reuses pooled per-request state. Membership changes (SetBackends) build a new
-// snapshot and swap it in; requests already running keep the replica and upstream client they
-// picked until their stream ends.
+// The proxy's request path takes no service-wide lock and, for a non-streaming request,
+// allocates nothing a benchmark can avoid: it loads an immutable replica snapshot through an
+// atomic.Pointer, bumps atomic counters, and reuses pooled per-request state. The locks it does
+// take are narrow:
+//
+//   - one shard of the client-watch set, to join and leave it (clientwatch.go): 4×GOMAXPROCS
+//     shards, so concurrent requests rarely meet there;
+//   - the binder of the replica it is sent to, from the start of fasthttp's Do until fasthttp
+//     has acquired a connection (upstream.go says why it cannot go);
+//   - with RateLimit on and no API keys, one shard of the per-address limiter (ratelimit.go);
+//   - only while requests wait for a slot under MaxInFlightPerReplica, the slot queue's lock
+//     (slots.go).
+//
+// Opening or closing an upstream connection, not a request, takes its replica's
+// connection-set lock (upstreamconn.go). Pickers are the policy package's: least_load and the
+// other policies that read only counters lock nothing, while prefix_affinity and llm_aware
+// hold their service's prefix index for about a microsecond per pick (policy/prefix.go).
+//
+// Membership changes (SetBackends) build a new snapshot and swap it in; requests already
+// running keep the replica and upstream client they picked until their stream ends.
 package proxy
 
 import (
@@ -291,16 +306,19 @@ type Service struct {
 	mu sync.Mutex
 }
 
-// snapshot is an immutable replica set. replicas and clients are parallel: clients[i] talks to
-// replicas[i]. Nothing in a published snapshot is ever written again, except that an empty
-// snapshot's ready channel is closed once.
+// snapshot is an immutable replica set. replicas, clients and caps are parallel: clients[i]
+// talks to replicas[i], and caps[i] is what late binding learned about it (slots.go). Nothing in
+// a published snapshot is ever written again, except that an empty snapshot's ready channel is
+// closed once.
 type snapshot struct {
 	replicas []*policy.Replica
 	clients  []*hostClient
+	caps     []*learnedCap
 	backends []Backend
 	// pick is what the picker chooses from: replicas minus those the health checks ejected
-	// (healthcheck.go), the same slice when none is.
-	pick []*policy.Replica
+	// (healthcheck.go), the same slice when none is; pickCaps is parallel to it.
+	pick     []*policy.Replica
+	pickCaps []*learnedCap
 	// ready is set only in a snapshot without replicas: SetBackends closes it when it publishes
 	// one with replicas, waking the requests held for one (hold.go). Consecutive empty
 	// snapshots share it.
@@ -348,7 +366,8 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	}
 	s.errs = s.errs.withLimitBodies(cfg.Name, cfg.RateLimit, keys != nil, cfg.MaxConcurrentStreams)
 	s.limiter = newRateLimiter(cfg.RateLimit, len(cfg.APIKeyHashes))
-	s.exchanges.New = func() any { return &exchange{svc: s} }
+	s.clientWatch.init()
+	s.exchanges.New = func() any { return &exchange{svc: s, watchShard: s.clientWatch.shardIndex()} }
 	s.snap.Store(&snapshot{ready: make(chan struct{})})
 	s.front.server = newServer(s.serveRequest, s.requestError, cfg.MaxRequestBodySize, cfg.RequestReadTimeout, s.log)
 	return s, nil
@@ -384,6 +403,7 @@ func (s *Service) SetBackends(bs []Backend) {
 	next := &snapshot{
 		replicas: make([]*policy.Replica, 0, len(bs)),
 		clients:  make([]*hostClient, 0, len(bs)),
+		caps:     make([]*learnedCap, 0, len(bs)),
 		backends: make([]Backend, 0, len(bs)),
 	}
 	kept := make(map[string]bool, len(bs))
@@ -400,10 +420,11 @@ func (s *Service) SetBackends(bs []Backend) {
 
 		var replica *policy.Replica
 		var client *hostClient
+		var learned *learnedCap
 		if i, ok := oldIndex[b.Addr]; ok {
 			client = old.clients[i]
 			if r := old.replicas[i]; r.ID == b.ID && r.Accelerator == b.Accelerator && r.Version == b.Version {
-				replica = r
+				replica, learned = r, old.caps[i]
 			}
 		}
 		if client == nil {
@@ -417,9 +438,11 @@ func (s *Service) SetBackends(bs []Backend) {
 			// Identity fields are read without locks by pickers, so a relabelled replica (same
 			// address, new id or version) gets a fresh Replica instead of a mutated one.
 			replica = &policy.Replica{ID: b.ID, Addr: b.Addr, Accelerator: b.Accelerator, Version: b.Version}
+			learned = &learnedCap{}
 		}
 		next.replicas = append(next.replicas, replica)
 		next.clients = append(next.clients, client)
+		next.caps = append(next.caps, learned)
 		next.backends = append(next.backends, b)
 	}
 	if p, ok := s.picker.(policy.Preparer); ok {
@@ -439,7 +462,7 @@ func (s *Service) SetBackends(bs []Backend) {
 		s.scraper = s.newScraper()
 	}
 	if s.scraper != nil {
-		s.scraper.update(next.replicas) // a no-op after Shutdown closed it
+		s.scraper.update(next.replicas, next.caps) // a no-op after Shutdown closed it
 	}
 
 	s.pruneDraining()

@@ -21,7 +21,7 @@ import (
 // for containerConcurrency.
 //
 // The cap is MaxInFlightPerReplica when set. By default it is each replica's batch size as
-// learned from its engine metrics (policy.Replica.BatchLimit, scrape.go), and a replica whose
+// learned from its engine metrics (learnedCap, scrape.go), and a replica whose
 // size is not known yet has no cap. A learned cap only ever delays a request: when holding is
 // off, the queue is full or the wait expires, the request is sent on as it would be without a
 // cap, to be queued by the engine. A configured cap refuses it with 503 instead.
@@ -37,12 +37,41 @@ import (
 type slotQueue struct {
 	// limit is the configured cap; 0 means each replica's learned batch size.
 	limit int64
-	// queued counts waiters in list. It is raised before a waiter checks for a free slot and
+	// queued counts the waiters. It is raised before a waiter checks for a free slot and
 	// read by releasers after they free one, so that one of the two always sees the other
 	// (Go's atomics are sequentially consistent): no wake-up is lost.
 	queued atomic.Int64
 	mu     sync.Mutex
-	list   []chan struct{} // FIFO; each channel has room for the one grant it will receive
+	// waiters are the requests waiting for a slot, first come first served; each channel has
+	// room for the one grant it will receive.
+	waiters []chan struct{}
+}
+
+// learnedCap is what late binding learns about one replica: its batch size, and when it may next
+// be probed beyond it. It belongs to one policy.Replica (a relabelled replica starts over), is
+// written by that replica's scraper alone and read by the request path; pickers never read it,
+// so it lives here rather than in policy.Replica.
+type learnedCap struct {
+	// size is the largest decode batch the replica was seen running once it had been seen
+	// full: its engine's max_num_seqs, or what its KV cache holds. Zero until the scraper has
+	// seen the replica saturated.
+	size atomic.Int64
+	// probeAfter is when, in unix nanoseconds, the replica may next take one request beyond
+	// size, to find out whether it was learned too low. The scraper backs probes off while they
+	// keep finding the engine full.
+	probeAfter atomic.Int64
+}
+
+// raise records that the replica was seen running n requests at once (while others waited, or
+// beyond the size learned so far), and reports whether that raised the learned size. The size
+// only grows: an engine never runs more than its batch, so the largest such count is the batch
+// size, and a smaller one (a KV cache briefly full) is not a limit to keep.
+func (c *learnedCap) raise(n int64) bool {
+	if n <= c.size.Load() {
+		return false
+	}
+	c.size.Store(n)
+	return true
 }
 
 // newSlotQueue returns the queue for MaxInFlightPerReplica = limit: nil (no cap) when
@@ -58,25 +87,26 @@ func newSlotQueue(limit int) *slotQueue {
 // request.
 func (q *slotQueue) learned() bool { return q.limit == 0 }
 
-// free returns how many more requests r can take under its cap; noCap when it has none.
+// free returns how many more requests r, whose learned cap is learned, can take under its cap;
+// noCap when it has none.
 //
 // A learned cap may be too low: learned from a moment when the KV cache, not the batch, was
 // full, or from a long prefill step that kept a request waiting. Since the proxy then never
-// sends more, the engine would never show a bigger batch. So now and then (ProbeAfter, set by
+// sends more, the engine would never show a bigger batch. So now and then (probeAfter, set by
 // the scraper) a replica at its cap whose engine reported an empty queue at its last fresh
 // scrape takes one request beyond it: if the engine runs it, the next scrape sees more running
 // than the cap, the cap grows and the next probe may follow at once; if the engine is full
 // after all, that one request waits there, and probes back off (scrape.go).
-func (q *slotQueue) free(r *policy.Replica) int64 {
+func (q *slotQueue) free(r *policy.Replica, learned *learnedCap) int64 {
 	if q.limit > 0 {
 		return q.limit - r.InFlight.Load()
 	}
-	limit := r.BatchLimit()
+	limit := learned.size.Load()
 	if limit == 0 {
 		return noCap
 	}
 	n := r.InFlight.Load()
-	if n >= limit && mayProbe(r) {
+	if n >= limit && mayProbe(r, learned) {
 		limit++
 	}
 	return limit - n
@@ -84,9 +114,9 @@ func (q *slotQueue) free(r *policy.Replica) int64 {
 
 // mayProbe reports whether r's probe time has come and its last scrape, if fresh, found no
 // request waiting in the engine.
-func mayProbe(r *policy.Replica) bool {
+func mayProbe(r *policy.Replica, learned *learnedCap) bool {
 	now := time.Now().UnixNano()
-	if now < r.ProbeAfter() {
+	if now < learned.probeAfter.Load() {
 		return false
 	}
 	m := r.LoadMetrics()
@@ -96,12 +126,12 @@ func mayProbe(r *policy.Replica) bool {
 // noCap is free's answer for a replica without a cap: more than any queue holds.
 const noCap = math.MaxInt32
 
-// freeSlots returns how many more requests the replicas of pick can take, counting at most
-// max.
-func (q *slotQueue) freeSlots(pick []*policy.Replica, max int) int {
+// freeSlots returns how many more requests the replicas of snap's pick set can take, counting
+// at most max.
+func (q *slotQueue) freeSlots(snap *snapshot, max int) int {
 	n := 0
-	for _, r := range pick {
-		if free := q.free(r); free > 0 {
+	for i, r := range snap.pick {
+		if free := q.free(r, snap.pickCaps[i]); free > 0 {
 			n += int(min(free, noCap))
 			if n >= max {
 				return max
@@ -113,20 +143,20 @@ func (q *slotQueue) freeSlots(pick []*policy.Replica, max int) int {
 
 // grant hands free slots of s's current snapshot to the oldest waiters, as many as there are free slots. A
 // request ending calls it, and so does every new snapshot (a replica joined or came back from
-// ejection). A granted waiter is out of the list; if a newcomer took the slot before it
+// ejection). A granted waiter is out of the queue; if a newcomer took the slot before it
 // looked, it queues again at the head.
 func (q *slotQueue) grant(s *Service) {
 	if q.queued.Load() == 0 {
 		return
 	}
 	q.mu.Lock()
-	n := q.freeSlots(s.snap.Load().pick, len(q.list))
+	n := q.freeSlots(s.snap.Load(), len(q.waiters))
 	for i := range n {
-		q.list[i] <- struct{}{}
+		q.waiters[i] <- struct{}{}
 	}
 	if n > 0 {
-		clear(q.list[:n])
-		q.list = q.list[n:]
+		clear(q.waiters[:n])
+		q.waiters = q.waiters[n:]
 		q.queued.Add(-int64(n))
 	}
 	q.mu.Unlock()
@@ -138,27 +168,27 @@ func (q *slotQueue) enqueue(w chan struct{}, s *Service, head bool) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.queued.Add(1)
-	if (head || len(q.list) == 0) && q.freeSlots(s.snap.Load().pick, 1) > 0 {
+	if (head || len(q.waiters) == 0) && q.freeSlots(s.snap.Load(), 1) > 0 {
 		q.queued.Add(-1)
 		return false
 	}
 	if head {
-		q.list = append(q.list, nil)
-		copy(q.list[1:], q.list)
-		q.list[0] = w
+		q.waiters = append(q.waiters, nil)
+		copy(q.waiters[1:], q.waiters)
+		q.waiters[0] = w
 	} else {
-		q.list = append(q.list, w)
+		q.waiters = append(q.waiters, w)
 	}
 	return true
 }
 
-// leave takes a waiter that gives up out of the list. A grant that reached it meanwhile is
+// leave takes a waiter that gives up out of the queue. A grant that reached it meanwhile is
 // passed on, so that the slot is not left idle while others wait.
 func (q *slotQueue) leave(w chan struct{}, s *Service) {
 	q.mu.Lock()
-	for i, c := range q.list {
+	for i, c := range q.waiters {
 		if c == w {
-			q.list = append(q.list[:i], q.list[i+1:]...)
+			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
 			q.queued.Add(-1)
 			q.mu.Unlock()
 			return
@@ -182,7 +212,7 @@ func (q *slotQueue) leave(w chan struct{}, s *Service) {
 // MaxQueuedRequests and MaxQueueWait with requests held for a first replica.
 func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (*snapshot, []byte) {
 	q := s.slots
-	if q.queued.Load() == 0 && q.freeSlots(snap.pick, 1) > 0 {
+	if q.queued.Load() == 0 && q.freeSlots(snap, 1) > 0 {
 		return snap, nil
 	}
 	if s.cfg.MaxQueuedRequests < 0 {

@@ -130,6 +130,8 @@ func TestSlotsLateBinding(t *testing.T) {
 	url := base + "/v1/completions"
 
 	r1 := doAsync(c, url, `{"id":"1"}`)
+	// One at a time: requests arriving at the same instant may overshoot the cap (slots.go).
+	waitFor(t, "request 1 on a replica", func() bool { return a.hits.Load()+b.hits.Load() == 1 })
 	r2 := doAsync(c, url, `{"id":"2"}`)
 	waitFor(t, "one request on each replica", func() bool { return a.hits.Load() == 1 && b.hits.Load() == 1 })
 	r3 := doAsync(c, url, `{"id":"3"}`)
@@ -374,9 +376,9 @@ func TestSlotsLearnedFromMetrics(t *testing.T) {
 	if len(a.ids()) != 3 || len(b.ids()) != 3 {
 		t.Fatalf("replicas got %v and %v, want three each", a.ids(), b.ids())
 	}
-	replicas := svc.snap.Load().replicas
+	caps := svc.snap.Load().caps
 	waitFor(t, "both batch sizes to be learned", func() bool {
-		return replicas[0].BatchLimit() == batch && replicas[1].BatchLimit() == batch
+		return caps[0].size.Load() == batch && caps[1].size.Load() == batch
 	})
 
 	pending = append(pending, doAsync(c, url, `{"id":"7"}`))
@@ -430,13 +432,14 @@ func TestSlotsLearnedCapProbes(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			r := &policy.Replica{ID: 1}
-			r.RaiseBatchLimit(tc.learned)
+			learned := &learnedCap{}
+			learned.raise(tc.learned)
 			r.InFlight.Store(tc.inFlight)
 			r.SetMetrics(tc.metrics)
 			if name == "probes backed off" {
-				r.SetProbeAfter(now + int64(time.Minute))
+				learned.probeAfter.Store(now + int64(time.Minute))
 			}
-			if got := newSlotQueue(tc.limit).free(r); got != tc.want {
+			if got := newSlotQueue(tc.limit).free(r, learned); got != tc.want {
 				t.Errorf("free = %d, want %d", got, tc.want)
 			}
 		})

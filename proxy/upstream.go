@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -84,12 +85,12 @@ func (s *Service) newHostClient(addr string) *hostClient {
 				if err != nil {
 					return nil, &dialError{addr: addr, err: err}
 				}
-				hc := c.health.track(&deadlineConn{Conn: conn, readIdle: idle, writeIdle: idle}, &c.binder)
+				tracked := c.health.track(&deadlineConn{Conn: conn, readIdle: idle, writeIdle: idle}, &c.binder)
 				if ex != nil {
-					hc.bind(ex)
-					hc.fresh = true
+					tracked.bind(ex)
+					tracked.fresh = true
 				}
-				return hc, nil
+				return tracked, nil
 			},
 			MaxConns:            upstreamMaxConns,
 			MaxIdleConnDuration: upstreamMaxIdleConnDuration,
@@ -108,6 +109,129 @@ func (s *Service) newHostClient(addr string) *hostClient {
 		},
 	}
 	return c
+}
+
+// Sending the request upstream, and knowing which connection carries it. fasthttp picks the
+// connection inside HostClient.Do and does not say, but a departed client's watcher
+// (clientwatch.go) must close exactly that connection. Its transport sets the chosen
+// connection's write deadline right after acquiring it, in the goroutine that called Do, so the
+// handler calls Do holding the replica's binder with the exchange in it, and the connection's
+// SetWriteDeadline (or Dial, for a new connection, before it connects) takes the exchange and
+// lets go. Only the handler's Do may use hostClient.hc for that to hold; other requests to a
+// replica (models, health checks, scrapes) use clients of their own.
+
+// errStaleConn is a pooled connection that an abandoned exchange closed after fasthttp had
+// pooled it: nothing was sent on it, so the request may go to another replica.
+var errStaleConn = errors.New("proxy: pooled replica connection was closed for a departed client")
+
+// binder hands an exchange to the upstream connection fasthttp sends it on (see above).
+//
+// It is the one per-replica lock every request takes, and fasthttp's API leaves no way around
+// it: the connection learns of the exchange in the goroutine that called Do, Go has no
+// goroutine-local storage, and nothing the connection's callbacks are given (the dial address,
+// a deadline) names the request, so only one Do per replica at a time can have its exchange
+// waiting to be taken. Acquiring the connection ourselves instead (HostClient.Transport) would
+// mean re-implementing fasthttp's streamed response body, which it does not export. The window
+// is short: it ends once fasthttp has acquired a connection, before a dial or any write, and
+// fasthttp serialises that acquisition on its own per-replica pool lock anyway.
+type binder struct {
+	mu   sync.Mutex
+	next atomic.Pointer[exchange]
+}
+
+// send sends the request to the replica it began on, unless its client has left meanwhile, in
+// which case an answer is dropped too: nobody is left to take it.
+func (ex *exchange) send(c *hostClient) error {
+	if ex.clientLeft.Load() {
+		return errClientLeft // left between attempts: do not send it again
+	}
+	if err := c.do(ex); err != nil {
+		return err
+	}
+	if ex.clientLeft.Load() {
+		ex.discardResponse()
+		return errClientLeft
+	}
+	return nil
+}
+
+// do sends ex's request to the replica with the binder held. A pooled connection that a
+// departed client's watcher closed is skipped (nothing was sent on it): the request goes out on
+// the next one, or a new one.
+func (c *hostClient) do(ex *exchange) (err error) {
+	for range 4 {
+		if err = c.doOnce(ex); !errors.Is(err, errStaleConn) {
+			return err
+		}
+	}
+	return err
+}
+
+func (c *hostClient) doOnce(ex *exchange) error {
+	c.binder.hold(ex)
+	defer c.binder.release(ex) // also if Do panics: a binder left held would stall the replica
+	return c.hc.Do(&ex.req, &ex.resp)
+}
+
+// hold is called before HostClient.Do; release after it, in the same goroutine.
+func (b *binder) hold(ex *exchange) {
+	b.mu.Lock()
+	ex.binding = true
+	b.next.Store(ex)
+}
+
+func (b *binder) release(ex *exchange) {
+	if ex.binding {
+		ex.binding = false
+		b.next.Store(nil)
+		b.mu.Unlock()
+	}
+}
+
+// take is called by a connection fasthttp acquired for the holder's request; it returns the
+// exchange (nil when no Do holds the binder) and lets the binder go.
+func (b *binder) take() *exchange {
+	ex := b.next.Swap(nil)
+	if ex == nil {
+		return nil
+	}
+	ex.binding = false
+	b.mu.Unlock()
+	return ex
+}
+
+// bind records that c carries ex's request until ex ends. A client that left before the
+// binding (abandon found no connection) has the connection closed here: abandon stores the flag
+// and then loads the connection, bind the other way round, so one of them sees the other, and
+// the CompareAndSwap in closeFor lets only one of them close it.
+func (c *upstreamConn) bind(ex *exchange) {
+	c.bound.Store(ex)
+	ex.upstream.Store(c)
+	if ex.clientLeft.Load() {
+		c.closeFor(ex)
+	}
+}
+
+// closeFor closes c if it still carries ex's request, and reports whether it did. The
+// connection is marked, so that if fasthttp had already pooled it (a response without a body
+// is pooled inside Do) its next user retries elsewhere instead of failing (SetWriteDeadline).
+func (c *upstreamConn) closeFor(ex *exchange) bool {
+	if !c.bound.CompareAndSwap(ex, nil) {
+		return false
+	}
+	c.clientLeft.Store(true)
+	_ = c.Conn.Close()
+	return true
+}
+
+// unbind is called when ex ends, before its connection may be pooled. It reports false when
+// abandon closed the connection first: the caller must then discard it, not pool it.
+func (ex *exchange) unbind() bool {
+	c := ex.upstream.Swap(nil)
+	if c == nil {
+		return true
+	}
+	return c.bound.CompareAndSwap(ex, nil) || !c.clientLeft.Load()
 }
 
 func defaultDial(addr string) (net.Conn, error) {

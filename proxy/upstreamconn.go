@@ -4,15 +4,12 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/valyala/fasthttp"
 )
 
-// Every upstream connection is wrapped (healthConn) so that the proxy knows three things
+// Every upstream connection is wrapped (upstreamConn) so that the proxy knows three things
 // fasthttp does not tell it:
 //
 //   - whether a replica is sending anything at all (replicaHealth.progress), which keeps the
@@ -45,27 +42,18 @@ type replicaHealth struct {
 	keptLogged time.Time
 
 	mu    sync.Mutex
-	conns map[*healthConn]struct{}
-	// byLocal finds a TCP connection by its local address, which a fasthttp.Response records.
-	byLocal map[netip.AddrPort]*healthConn
+	conns map[*upstreamConn]struct{}
 }
 
 // track wraps a new upstream connection so that its reads count as progress, an ejection can
 // close it, and b can bind it to the exchanges it carries.
-func (h *replicaHealth) track(conn net.Conn, b *binder) *healthConn {
-	c := &healthConn{Conn: conn, owner: h, binder: b}
-	if tcp, ok := conn.LocalAddr().(*net.TCPAddr); ok && tcp.Port != 0 {
-		c.local = tcp.AddrPort()
-	}
+func (h *replicaHealth) track(conn net.Conn, b *binder) *upstreamConn {
+	c := &upstreamConn{Conn: conn, owner: h, binder: b}
 	h.mu.Lock()
 	if h.conns == nil {
-		h.conns = make(map[*healthConn]struct{})
-		h.byLocal = make(map[netip.AddrPort]*healthConn)
+		h.conns = make(map[*upstreamConn]struct{})
 	}
 	h.conns[c] = struct{}{}
-	if c.local.IsValid() {
-		h.byLocal[c.local] = c
-	}
 	h.mu.Unlock()
 	return c
 }
@@ -73,7 +61,7 @@ func (h *replicaHealth) track(conn net.Conn, b *binder) *healthConn {
 // abortConns closes every open connection to the replica and reports how many it closed.
 func (h *replicaHealth) abortConns() int {
 	h.mu.Lock()
-	conns := make([]*healthConn, 0, len(h.conns))
+	conns := make([]*upstreamConn, 0, len(h.conns))
 	for c := range h.conns {
 		conns = append(conns, c)
 	}
@@ -85,30 +73,23 @@ func (h *replicaHealth) abortConns() int {
 	return len(conns)
 }
 
-// bodyCut reports whether resp, whose body stream just returned io.EOF, was in fact cut: a
-// chunked body whose connection had seen the replica close it (see above). It runs once at the
-// end of a chunked response, never per read.
-func (c *hostClient) bodyCut(resp *fasthttp.Response) bool {
-	if resp.Header.ContentLength() != -1 { // -1: chunked; a sized body's end is checked by fasthttp
+// bodyCut reports whether ex's response, whose body stream just returned io.EOF, was in fact
+// cut: a chunked body whose connection had seen the replica close it (see above). The
+// connection is the one bound to ex (upstream.go), so no lookup and no lock is needed.
+func (ex *exchange) bodyCut() bool {
+	if ex.resp.Header.ContentLength() != -1 { // -1: chunked; a sized body's end is checked by fasthttp
 		return false
 	}
-	tcp, ok := resp.LocalAddr().(*net.TCPAddr)
-	if !ok {
-		return false
-	}
-	h := &c.health
-	h.mu.Lock()
-	conn := h.byLocal[tcp.AddrPort()]
-	h.mu.Unlock()
-	return conn != nil && conn.peerEOF.Load()
+	c := ex.upstream.Load()
+	return c != nil && c.peerEOF.Load()
 }
 
-// healthConn is an upstream connection as replicaHealth sees it.
-type healthConn struct {
+// upstreamConn is one connection of a replica's upstream client: replicaHealth tracks it, and
+// it knows the exchange whose request it carries (upstream.go).
+type upstreamConn struct {
 	net.Conn
 	owner  *replicaHealth
 	binder *binder
-	local  netip.AddrPort
 	// aborted is set by an ejection; peerEOF when a read met the replica's end of the
 	// connection.
 	aborted atomic.Bool
@@ -125,7 +106,7 @@ type healthConn struct {
 
 // SetWriteDeadline is fasthttp's first call on a connection it acquired for a request, made by
 // the goroutine in HostClient.Do: the moment to learn which exchange the connection carries.
-func (c *healthConn) SetWriteDeadline(t time.Time) error {
+func (c *upstreamConn) SetWriteDeadline(t time.Time) error {
 	if c.clientLeft.Load() {
 		return errStaleConn
 	}
@@ -138,9 +119,9 @@ func (c *healthConn) SetWriteDeadline(t time.Time) error {
 }
 
 // NetConn returns the wrapped connection.
-func (c *healthConn) NetConn() net.Conn { return c.Conn }
+func (c *upstreamConn) NetConn() net.Conn { return c.Conn }
 
-func (c *healthConn) Read(p []byte) (int, error) {
+func (c *upstreamConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.owner.progress.Add(1)
@@ -159,7 +140,7 @@ func (c *healthConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (c *healthConn) Write(p []byte) (int, error) {
+func (c *upstreamConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	switch {
 	case err == nil:
@@ -171,14 +152,11 @@ func (c *healthConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-func (c *healthConn) Close() error {
+func (c *upstreamConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
 		h := c.owner
 		h.mu.Lock()
 		delete(h.conns, c)
-		if h.byLocal[c.local] == c {
-			delete(h.byLocal, c.local)
-		}
 		h.mu.Unlock()
 	}
 	return c.Conn.Close()
