@@ -1,9 +1,10 @@
 // Package autoscaler decides how many replicas each service needs now. It never launches
-// anything itself: the controller hands its answer to the replica manager, and `ferry sim`
-// drives the very same code against traces.
+// anything itself: its scale loop (loop.go) hands the answer to a Fleet (the controller's adapter
+// over the replica manager), and `ferry sim` drives the very same Observe and Decide against
+// traces.
 //
-// A Scaler is fed one Observation per tick (the controller ticks every second) and answers with
-// a Decision. Its answer depends only on the sequence of (now, observation, state) it was given,
+// A Scaler is fed one Observation per decision (the loop decides every second, observe.go builds
+// the observation) and answers with a Decision. Its answer depends only on the sequence of (now, observation, state) it was given,
 // never on the wall clock or I/O, so tests script time and the simulator replays weeks in
 // seconds. Three policies share that contract:
 //

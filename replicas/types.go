@@ -1,8 +1,14 @@
 // Package replicas owns the replica lifecycle of one service: the state machine, readiness
 // probes, reconciliation of desired against actual instances, replacement of failed replicas,
-// and publication of the READY set to the proxy the moment it changes.
+// rollouts of new versions, and publication of the READY set to the proxy the moment it
+// changes; and, from the replicas, the service's SkyServe status (status.go) and the relay of
+// preemption notices to the service they concern (notices.go).
 //
-// It must not know which infra is behind an instance: it talks to a launcher.Provider.
+// A Manager reconciles in passes: plan (plan*.go) decides purely, in named phases, and the
+// manager applies the result (reconcile.go), writing records before the launches and
+// terminations that follow from them (records.go). How many replicas to run is handed in
+// (SetDesired); it must not know which infra is behind an instance: it talks to a
+// launcher.Provider.
 package replicas
 
 import (
