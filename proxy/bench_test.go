@@ -35,7 +35,12 @@ func memClient(ln *fasthttputil.InmemoryListener) *fasthttp.HostClient {
 	}
 }
 
-func benchRequests(b *testing.B, c *fasthttp.HostClient) {
+// benchRequests drives c with chat completions from every parallel goroutine; each answer must
+// be benchBody.
+func benchRequests(b *testing.B, c *fasthttp.HostClient) { benchRequestsWant(b, c, len(benchBody)) }
+
+// benchRequestsWant is benchRequests for answers of wantBytes.
+func benchRequestsWant(b *testing.B, c *fasthttp.HostClient, wantBytes int) {
 	body := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -52,8 +57,8 @@ func benchRequests(b *testing.B, c *fasthttp.HostClient) {
 			if err := c.Do(req, resp); err != nil {
 				b.Fatal(err)
 			}
-			if resp.StatusCode() != fasthttp.StatusOK || len(resp.Body()) != len(benchBody) {
-				b.Fatalf("got %d with %d bytes", resp.StatusCode(), len(resp.Body()))
+			if resp.StatusCode() != fasthttp.StatusOK || len(resp.Body()) != wantBytes {
+				b.Fatalf("got %d with %d bytes, want 200 with %d", resp.StatusCode(), len(resp.Body()), wantBytes)
 			}
 		}
 	})

@@ -79,28 +79,8 @@ func benchContended(b *testing.B, replicas int, handler fasthttp.RequestHandler,
 	go func() { _ = svc.Serve(ln) }()
 	b.Cleanup(func() { _ = svc.Shutdown(context.Background()) })
 
-	c := &fasthttp.HostClient{Addr: ln.Addr().String(), MaxConns: 4096}
-	body := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)
 	b.SetParallelism(contendedClientsPerCPU)
-	b.ReportAllocs()
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseRequest(req)
-		defer fasthttp.ReleaseResponse(resp)
-		req.Header.SetMethod(fasthttp.MethodPost)
-		req.SetRequestURI("http://bench/v1/chat/completions")
-		req.Header.SetContentType("application/json")
-		req.SetBody(body)
-		for pb.Next() {
-			if err := c.Do(req, resp); err != nil {
-				b.Fatal(err)
-			}
-			if resp.StatusCode() != fasthttp.StatusOK || len(resp.Body()) != wantBytes {
-				b.Fatalf("got %d with %d bytes, want 200 with %d", resp.StatusCode(), len(resp.Body()), wantBytes)
-			}
-		}
-	})
+	benchRequestsWant(b, &fasthttp.HostClient{Addr: ln.Addr().String(), MaxConns: 4096}, wantBytes)
 }
 
 // BenchmarkProxyNonStreamParallel is BenchmarkProxyNonStream under contention, over TCP: many
