@@ -111,6 +111,10 @@ type runner struct {
 
 	// sample is decide's, reused.
 	sample autoscaler.Sample
+	// preempted are the latest preempted replicas, which the controller's replica manager keeps
+	// among the records it shows (its newest keptEnded terminal ones), so that the cold start is
+	// sampled from the same replicas in both.
+	preempted []autoscaler.Replica
 
 	res   *Result
 	ttfts []float32
@@ -254,6 +258,7 @@ func (r *runner) spotCapacity(t float64) {
 				r.res.Preemptions++
 				r.res.timeline.preemptions = append(r.res.timeline.preemptions, t-r.warmup)
 			}
+			r.keepPreempted(rep)
 			r.remove(rep, &r.res.Failed)
 			return true
 		})
@@ -287,6 +292,22 @@ func (r *runner) spotNotices(t float64) {
 		if hit && r.zones != nil {
 			r.zones.Preempted(z.Name)
 		}
+	}
+}
+
+// keptEnded is how many ended replicas the controller's replica manager keeps for status
+// (replicas' keepFailed).
+const keptEnded = 10
+
+// keepPreempted records a preempted replica as the manager's records keep it.
+func (r *runner) keepPreempted(rep *replica) {
+	ended := autoscaler.Replica{LaunchedAt: simTime(rep.launchedAt)}
+	if rep.state != provisioning {
+		ended.ReadyAt = simTime(rep.readyAt)
+	}
+	r.preempted = append(r.preempted, ended)
+	if len(r.preempted) > keptEnded {
+		r.preempted = r.preempted[len(r.preempted)-keptEnded:]
 	}
 }
 
@@ -440,7 +461,7 @@ func (r *runner) decide(s int) {
 	area := r.goneArea + r.heldArea
 	r.goneArea, r.heldArea = 0, 0
 	instant := len(r.held)
-	r.sample.Replicas = r.sample.Replicas[:0]
+	r.sample.Replicas = append(r.sample.Replicas[:0], r.preempted...)
 	readySpot := 0
 	for _, rep := range r.live {
 		area += rep.eng.takeArea()
