@@ -7,7 +7,8 @@
 // account-style zone names that deliberately do not follow ID order), per-zone capacity per
 // instance type, a per-region vCPU quota for on-demand instances (VcpuLimitExceeded) and a
 // spot instance count limit (MaxSpotInstanceCountExceeded), spot prices from the catalog,
-// security groups, placement groups, injected errors per zone, and spot preemption: a spot
+// security groups, placement groups, each instance's metadata-service options (RunInstances'
+// MetadataOptions, validated and reported), injected errors per zone, and spot preemption: a spot
 // instance has a one-time spot request (DescribeSpotInstanceRequests), which shows EC2's
 // interruption warning while the instance runs out its notice (PreemptWithNotice).
 //
@@ -73,6 +74,10 @@ type Options struct {
 	Catalog *catalog.Catalog
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// MetadataDefaults are the account's instance-metadata defaults (what
+	// ModifyInstanceMetadataDefaults sets) for the MetadataOptions fields RunInstances leaves
+	// out; zero fields are EC2's own defaults (optional tokens, hop limit 1, endpoint enabled).
+	MetadataDefaults MetadataOptions
 	// InterruptionStatus is the status code a spot request gets at PreemptWithNotice's
 	// warning: StatusNoCapacity (default), which EC2 documents for one-time requests whose
 	// instances terminate on interruption, or StatusMarkedForTermination.

@@ -244,3 +244,50 @@ func readFile(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	return string(b), err
 }
+
+// TestRunInstancesMetadataOptions: the SDK's MetadataOptions reach the fake, are validated as
+// EC2 validates them, and come back in DescribeInstances.
+func TestRunInstancesMetadataOptions(t *testing.T) {
+	s := newServer(t, Options{MetadataDefaults: MetadataOptions{HopLimit: 2}})
+	c := client(s, "GOOD")
+	ctx := context.Background()
+	run := func(m *types.InstanceMetadataOptionsRequest) (*ec2.RunInstancesOutput, error) {
+		return c.RunInstances(ctx, &ec2.RunInstancesInput{ImageId: awssdk.String("ami-1"), MinCount: awssdk.Int32(1), MaxCount: awssdk.Int32(1), MetadataOptions: m})
+	}
+	out, err := run(&types.InstanceMetadataOptionsRequest{
+		HttpTokens: types.HttpTokensStateRequired, HttpPutResponseHopLimit: awssdk.Int32(1), HttpEndpoint: types.InstanceMetadataEndpointStateEnabled,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := awssdk.ToString(out.Instances[0].InstanceId)
+	desc, err := c.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mo := desc.Reservations[0].Instances[0].MetadataOptions
+	if mo == nil || mo.HttpTokens != types.HttpTokensStateRequired || awssdk.ToInt32(mo.HttpPutResponseHopLimit) != 1 || mo.HttpEndpoint != types.InstanceMetadataEndpointStateEnabled {
+		t.Fatalf("DescribeInstances metadata options %+v, want required tokens, hop limit 1, endpoint enabled", mo)
+	}
+	if _, err := run(nil); err != nil {
+		t.Fatal(err)
+	}
+	var got []MetadataOptions
+	for _, in := range s.Instances() {
+		got = append(got, in.Metadata)
+	}
+	want := []MetadataOptions{{HTTPTokens: "required", HopLimit: 1, HTTPEndpoint: "enabled"}, {HTTPTokens: "optional", HopLimit: 2, HTTPEndpoint: "enabled"}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("recorded metadata options (-want +got):\n%s", d)
+	}
+	for name, m := range map[string]*types.InstanceMetadataOptionsRequest{
+		"hop limit 0":  {HttpPutResponseHopLimit: awssdk.Int32(0)},
+		"hop limit 65": {HttpPutResponseHopLimit: awssdk.Int32(65)},
+		"tokens":       {HttpTokens: "sometimes"},
+	} {
+		var ae smithy.APIError
+		if _, err := run(m); !errors.As(err, &ae) || ae.ErrorCode() != "InvalidParameterValue" {
+			t.Errorf("%s: %v, want InvalidParameterValue", name, err)
+		}
+	}
+}

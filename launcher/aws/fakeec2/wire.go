@@ -219,21 +219,29 @@ type xmlGroup struct {
 }
 
 type xmlInstance struct {
-	InstanceID            string          `xml:"instanceId"`
-	ImageID               string          `xml:"imageId"`
-	State                 xmlState        `xml:"instanceState"`
-	PrivateDNSName        string          `xml:"privateDnsName"`
-	Reason                string          `xml:"reason"`
-	AmiLaunchIndex        int             `xml:"amiLaunchIndex"`
-	InstanceType          string          `xml:"instanceType"`
-	LaunchTime            string          `xml:"launchTime"`
-	Placement             xmlPlacement    `xml:"placement"`
-	PrivateIPAddress      string          `xml:"privateIpAddress,omitempty"`
-	GroupSet              []xmlGroup      `xml:"groupSet>item"`
-	StateReason           *xmlStateReason `xml:"stateReason,omitempty"`
-	InstanceLifecycle     string          `xml:"instanceLifecycle,omitempty"`
-	SpotInstanceRequestID string          `xml:"spotInstanceRequestId,omitempty"`
-	TagSet                []xmlTag        `xml:"tagSet>item"`
+	InstanceID            string             `xml:"instanceId"`
+	ImageID               string             `xml:"imageId"`
+	State                 xmlState           `xml:"instanceState"`
+	PrivateDNSName        string             `xml:"privateDnsName"`
+	Reason                string             `xml:"reason"`
+	AmiLaunchIndex        int                `xml:"amiLaunchIndex"`
+	InstanceType          string             `xml:"instanceType"`
+	LaunchTime            string             `xml:"launchTime"`
+	Placement             xmlPlacement       `xml:"placement"`
+	PrivateIPAddress      string             `xml:"privateIpAddress,omitempty"`
+	GroupSet              []xmlGroup         `xml:"groupSet>item"`
+	StateReason           *xmlStateReason    `xml:"stateReason,omitempty"`
+	InstanceLifecycle     string             `xml:"instanceLifecycle,omitempty"`
+	SpotInstanceRequestID string             `xml:"spotInstanceRequestId,omitempty"`
+	TagSet                []xmlTag           `xml:"tagSet>item"`
+	MetadataOptions       xmlMetadataOptions `xml:"metadataOptions"`
+}
+
+type xmlMetadataOptions struct {
+	State        string `xml:"state"`
+	HTTPTokens   string `xml:"httpTokens"`
+	HopLimit     int    `xml:"httpPutResponseHopLimit"`
+	HTTPEndpoint string `xml:"httpEndpoint"`
 }
 
 type xmlReservation struct {
