@@ -2,7 +2,8 @@
 // through aws-sdk-go-v2.
 //
 // A VM is bootstrapped by its user-data (a bash script: the spec's environment, FERRY_PORT and
-// FERRY_HOST, then launcher.RenderScript), never over SSH. Instances carry Ferry's labels as
+// FERRY_HOST, then launcher.RenderScript), never over SSH, and its metadata service answers
+// IMDSv2 only, with a hop limit of 1 (metadataOptions). Instances carry Ferry's labels as
 // tags, so a restarted controller adopts them with List. Instance ids are
 // "aws/<region>/<instance-id>". The service port is opened in one security group per region
 // (Options.SecurityGroup), created on first use. EC2 has no watch API: Launch polls
@@ -419,9 +420,10 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // userData is the VM's boot script: the environment, the port and host, then the spec's
 // script. Known limitation: EC2 has no secret channel into user-data, so Spec.SecretEnvs are
-// written here like any other variable, and anyone who may call DescribeInstanceAttribute or
-// reach the instance metadata service from the VM can read them. Keeping them apart needs
-// Secrets Manager or SSM Parameter Store and an instance profile that may read them.
+// written here like any other variable, and anyone who may call DescribeInstanceAttribute, or
+// any process on the VM (IMDSv2 with hop limit 1 stops forged requests and containers, not
+// them), can read them. Keeping them apart needs Secrets Manager or SSM Parameter Store and an
+// instance profile that may read them.
 func userData(spec launcher.Spec, port int) (string, error) {
 	var b strings.Builder
 	b.WriteString("#!/bin/bash\n# Ferry user-data for " + quote(spec.Name) + ".\n")
@@ -441,6 +443,21 @@ func userData(spec launcher.Spec, port int) (string, error) {
 		return "", fmt.Errorf("%w: %s: user-data is %d bytes, over EC2's 16 KiB limit; move setup into a script on the image", launcher.ErrInvalid, InfraName, b.Len())
 	}
 	return base64.StdEncoding.EncodeToString([]byte(b.String())), nil
+}
+
+// metadataOptions are every instance's: IMDSv2 only, hop limit 1, whatever the image or the
+// account defaults to. The user-data carries the task's environment, secrets included, and
+// the metadata service serves it to anyone who can make the VM send a request: IMDSv1 answers
+// a plain GET, which a server-side request forgery in the replica's program can make;
+// IMDSv2 first wants a PUT with a header for a session token, and a hop limit of 1 keeps that
+// token from reaching a container behind a bridge (one hop further). Processes on the VM
+// itself can still read it: see userData.
+func metadataOptions() *types.InstanceMetadataOptionsRequest {
+	return &types.InstanceMetadataOptionsRequest{
+		HttpTokens:              types.HttpTokensStateRequired,
+		HttpPutResponseHopLimit: awssdk.Int32(1),
+		HttpEndpoint:            types.InstanceMetadataEndpointStateEnabled,
+	}
 }
 
 func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
@@ -507,6 +524,7 @@ func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (
 		}},
 		// The replica manager owns the lifecycle: a VM that shuts itself down is gone.
 		InstanceInitiatedShutdownBehavior: types.ShutdownBehaviorTerminate,
+		MetadataOptions:                   metadataOptions(),
 	}
 	if lp.zone != "" || lp.placementGroup != "" {
 		in.Placement = &types.Placement{}
