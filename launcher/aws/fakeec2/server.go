@@ -7,7 +7,8 @@
 // account-style zone names that deliberately do not follow ID order), per-zone capacity per
 // instance type, a per-region vCPU quota for on-demand instances (VcpuLimitExceeded) and a
 // spot instance count limit (MaxSpotInstanceCountExceeded), spot prices from the catalog,
-// security groups, placement groups, each instance's metadata-service options (RunInstances'
+// security groups (ingress rules per source, CIDR block or security group, with descriptions,
+// authorized and revoked as EC2 does), placement groups, each instance's metadata-service options (RunInstances'
 // MetadataOptions, validated and reported), injected errors per zone, and spot preemption: a spot
 // instance has a one-time spot request (DescribeSpotInstanceRequests), which shows EC2's
 // interruption warning while the instance runs out its notice (PreemptWithNotice).
@@ -125,7 +126,7 @@ type zone struct{ id, name string }
 
 type securityGroup struct {
 	id, name, description string
-	rules                 []xmlIPPermission
+	rules                 []ingressRule
 	tags                  map[string]string
 }
 
@@ -357,6 +358,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out, err = s.describeSecurityGroups(m, reg, p)
 	case "AuthorizeSecurityGroupIngress":
 		out, err = s.authorizeSecurityGroupIngress(m, reg, p)
+	case "RevokeSecurityGroupIngress":
+		out, err = s.revokeSecurityGroupIngress(m, reg, p)
 	case "CreatePlacementGroup":
 		out, err = s.createPlacementGroup(m, reg, p)
 	case "DescribePlacementGroups":

@@ -317,14 +317,22 @@ type createSecurityGroupResponse struct {
 }
 
 type xmlIPRange struct {
-	CidrIP string `xml:"cidrIp"`
+	CidrIP      string `xml:"cidrIp"`
+	Description string `xml:"description,omitempty"`
+}
+
+type xmlUserIDGroupPair struct {
+	GroupID     string `xml:"groupId"`
+	UserID      string `xml:"userId"`
+	Description string `xml:"description,omitempty"`
 }
 
 type xmlIPPermission struct {
-	IPProtocol string       `xml:"ipProtocol"`
-	FromPort   int          `xml:"fromPort"`
-	ToPort     int          `xml:"toPort"`
-	IPRanges   []xmlIPRange `xml:"ipRanges>item"`
+	IPProtocol string               `xml:"ipProtocol"`
+	FromPort   int                  `xml:"fromPort"`
+	ToPort     int                  `xml:"toPort"`
+	IPRanges   []xmlIPRange         `xml:"ipRanges>item"`
+	Groups     []xmlUserIDGroupPair `xml:"groups>item"`
 }
 
 type xmlSecurityGroup struct {
