@@ -5,8 +5,9 @@
 // FERRY_HOST, then launcher.RenderScript), never over SSH, and its metadata service answers
 // IMDSv2 only, with a hop limit of 1 (metadataOptions). Instances carry Ferry's labels as
 // tags, so a restarted controller adopts them with List. Instance ids are
-// "aws/<region>/<instance-id>". The service port is opened in one security group per region
-// (Options.SecurityGroup), created on first use. EC2 has no watch API: Launch polls
+// "aws/<region>/<instance-id>". The service port is opened, to the proxies only, in one
+// security group per region (Options.SecurityGroup), created on first use; List narrows it
+// for instances an earlier controller launched (ingress.go). EC2 has no watch API: Launch polls
 // DescribeInstances with backoff until the VM runs, and Notices polls for spot interruption
 // warnings and terminations every Options.NoticeInterval.
 //
@@ -23,6 +24,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strconv"
@@ -65,10 +68,6 @@ const (
 	cleanupTimeout  = 2 * time.Minute
 )
 
-// DefaultIngressCIDRs are the private ranges the service port is opened to: the proxy reaches
-// replicas at their private IPs from inside the VPC, so the port is not opened to the internet.
-var DefaultIngressCIDRs = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
-
 // Tags Ferry sets besides the spec's labels. They are not reported as labels.
 const (
 	tagName           = "Name"
@@ -94,10 +93,14 @@ type Options struct {
 	Credentials awssdk.CredentialsProvider
 	// Profile selects a shared-config profile for the default chain.
 	Profile string
-	// SecurityGroup is the group opened for service ports; default DefaultSecurityGroup.
+	// SecurityGroup is the group every instance runs in, whose rules open the service ports;
+	// default DefaultSecurityGroup.
 	SecurityGroup string
-	// IngressCIDRs may reach the service port; default DefaultIngressCIDRs.
-	IngressCIDRs []string
+	// IngressCIDRs and IngressSecurityGroups (ids, in the instances' VPC) are all that may
+	// reach the service port: the controller and its attached proxies. With neither, the
+	// controller alone, at the address its host sends from to each replica (see ingress.go).
+	IngressCIDRs          []string
+	IngressSecurityGroups []string
 	// AMIs is the image per region for tasks without an "ami-" image_id.
 	AMIs map[string]string
 	// LaunchTimeout bounds the wait for a VM to run; default DefaultLaunchTimeout.
@@ -117,11 +120,17 @@ type Provider struct {
 	log     *zap.Logger
 	clients map[string]*ec2.Client
 
-	mu     sync.Mutex
-	zones  map[string]map[string]string // region -> AZ ID -> zone name
-	amis   map[string]string            // "region/gpu" -> default image found by name
-	groups map[string]string            // region -> security group id
-	opened map[string]bool              // "region/port" opened in the group
+	mu    sync.Mutex
+	zones map[string]map[string]string // region -> AZ ID -> zone name
+	amis  map[string]string            // "region/gpu" -> default image found by name
+
+	// sources are the configured ingress sources; none means the controller's route source.
+	sources []source
+	// routeSource is launcher.RouteSource; tests replace it.
+	routeSource func(ip string) (netip.Prefix, error)
+	// ingressMu serialises changes to the security groups; it is never held with mu.
+	ingressMu sync.Mutex
+	ingress   ingressState
 }
 
 var (
@@ -140,8 +149,9 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if opts.SecurityGroup == "" {
 		opts.SecurityGroup = DefaultSecurityGroup
 	}
-	if len(opts.IngressCIDRs) == 0 {
-		opts.IngressCIDRs = DefaultIngressCIDRs
+	sources, err := configuredSources(opts)
+	if err != nil {
+		return nil, err
 	}
 	if opts.LaunchTimeout <= 0 {
 		opts.LaunchTimeout = DefaultLaunchTimeout
@@ -176,7 +186,9 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}
 	p := &Provider{
 		opts: opts, log: opts.Logger.With(zap.String("infra", InfraName)), clients: map[string]*ec2.Client{},
-		zones: map[string]map[string]string{}, amis: map[string]string{}, groups: map[string]string{}, opened: map[string]bool{},
+		zones: map[string]map[string]string{}, amis: map[string]string{},
+		sources: sources, routeSource: launcher.RouteSource,
+		ingress: ingressState{groups: map[string]string{}, admitted: map[string]bool{}, narrowed: map[string]bool{}, adopted: map[string]time.Time{}},
 	}
 	for _, r := range opts.Regions {
 		p.clients[r] = ec2.NewFromConfig(cfg, func(o *ec2.Options) {
@@ -357,62 +369,10 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 		}
 		lp.zone = names[ids[0]]
 	}
-	if lp.securityGroup, err = p.ensureSecurityGroup(ctx, c, lp.region, lp.port); err != nil {
+	if lp.securityGroup, err = p.ensureIngress(ctx, lp.region, lp.port, ""); err != nil {
 		return lp, err
 	}
 	return lp, nil
-}
-
-// ensureSecurityGroup returns the id of region's Ferry security group, creating it and
-// opening port in it on first use. Concurrent launches and other controllers may race: a
-// duplicate group or rule is success.
-func (p *Provider) ensureSecurityGroup(ctx context.Context, c *ec2.Client, region string, port int) (string, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	id := p.groups[region]
-	if id == "" {
-		name := p.opts.SecurityGroup
-		found, err := c.DescribeSecurityGroups(ctx, &ec2.DescribeSecurityGroupsInput{
-			Filters: []types.Filter{{Name: awssdk.String("group-name"), Values: []string{name}}},
-		})
-		if err != nil {
-			return "", classify(err, "describe security group "+name)
-		}
-		if len(found.SecurityGroups) > 0 {
-			id = awssdk.ToString(found.SecurityGroups[0].GroupId)
-		} else {
-			created, err := c.CreateSecurityGroup(ctx, &ec2.CreateSecurityGroupInput{
-				GroupName:   awssdk.String(name),
-				Description: awssdk.String("Ferry replicas: service ports"),
-				TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypeSecurityGroup,
-					Tags: []types.Tag{{Key: awssdk.String(launcher.LabelOwner), Value: awssdk.String("true")}}}},
-			})
-			if err != nil {
-				return "", classify(err, "create security group "+name)
-			}
-			id = awssdk.ToString(created.GroupId)
-			p.log.Info("created security group", zap.String("region", region), zap.String("group", name), zap.String("id", id))
-		}
-		p.groups[region] = id
-	}
-	key := region + "/" + strconv.Itoa(port)
-	if !p.opened[key] {
-		var ranges []types.IpRange
-		for _, cidr := range p.opts.IngressCIDRs {
-			ranges = append(ranges, types.IpRange{CidrIp: awssdk.String(cidr), Description: awssdk.String("ferry service port")})
-		}
-		_, err := c.AuthorizeSecurityGroupIngress(ctx, &ec2.AuthorizeSecurityGroupIngressInput{
-			GroupId: awssdk.String(id),
-			IpPermissions: []types.IpPermission{{
-				IpProtocol: awssdk.String("tcp"), FromPort: awssdk.Int32(int32(port)), ToPort: awssdk.Int32(int32(port)), IpRanges: ranges,
-			}},
-		})
-		if err != nil && errorCode(err) != "InvalidPermission.Duplicate" {
-			return "", classify(err, fmt.Sprintf("open port %d in security group %s", port, id))
-		}
-		p.opened[key] = true
-	}
-	return id, nil
 }
 
 // envName is what bash accepts as a variable name.
@@ -495,6 +455,9 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		return launcher.Instance{}, err
 	}
 	insts, err := p.waitRunning(ctx, lp.region, []string{id})
+	if err == nil {
+		err = p.admitInstances(ctx, lp, insts)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			p.terminateQuietly(lp.region, []string{id})
@@ -502,6 +465,21 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		return launcher.Instance{}, err
 	}
 	return insts[0], nil
+}
+
+// admitInstances lets the controller reach the running instances' service port when no proxy
+// source is configured (its address is known only once an instance has one to route to).
+func (p *Provider) admitInstances(ctx context.Context, lp launchPlan, insts []launcher.Instance) error {
+	for _, in := range insts {
+		host, _, err := net.SplitHostPort(in.Endpoint)
+		if err != nil {
+			continue
+		}
+		if _, err := p.ensureIngress(ctx, lp.region, lp.port, host); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // run is one RunInstances call for one instance.
@@ -780,6 +758,7 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 			return nil, err
 		}
 	}
+	p.adoptIngress(ctx, out)
 	return out, nil
 }
 
