@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"net/url"
 	"os"
 	"regexp"
@@ -28,6 +29,8 @@ import (
 //	  endpoint: http://127.0.0.1:4566   # an EC2-compatible endpoint (tests, other clouds)
 //	  amis: {us-east-1: ami-0abc}       # image per region for tasks without image_id (default:
 //	                                    # the newest Deep Learning Base AMI, or Ubuntu 22.04 without GPUs)
+//	  proxy_cidrs: [10.0.3.0/24]        # who may reach replicas' service port: the controller and
+//	  proxy_security_groups: [sg-0abc1234]  # attached proxies (default: the controller's own address)
 //	gcp:                                # enables GCP (credentials: Application Default Credentials)
 //	  project: my-project               # required
 //	  regions: [us-central1]            # default us-central1
@@ -58,6 +61,11 @@ type CloudConfig struct {
 	Endpoint string `json:"endpoint,omitempty"`
 	// AMIs is AWS's image per region for tasks that set no image_id.
 	AMIs map[string]string `json:"amis,omitempty"`
+	// ProxyCIDRs and (AWS) ProxySecurityGroups are all that may reach replicas' service port:
+	// the controller and its attached proxies. Empty: the controller alone, at the address
+	// its host sends from to each replica.
+	ProxyCIDRs          []string `json:"proxy_cidrs,omitempty"`
+	ProxySecurityGroups []string `json:"proxy_security_groups,omitempty"`
 }
 
 // Default regions when a cloud section names none: the catalog's cheapest, most available.
@@ -75,7 +83,7 @@ type KubernetesContext struct {
 
 var (
 	ferryConfigKeys   = []string{"kubernetes", "aws", "gcp"}
-	awsKeys           = []string{"regions", "endpoint", "amis"}
+	awsKeys           = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups"}
 	gcpKeys           = []string{"project", "regions", "endpoint"}
 	kubernetesKeys    = []string{"kubeconfig", "provision_timeout_seconds", "contexts"}
 	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour"}
@@ -256,6 +264,17 @@ func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, default
 			}
 		}
 	}
+	if e, ok := f["proxy_cidrs"]; ok {
+		cc.ProxyCIDRs = c.stringList(e.value, joinField(field, "proxy_cidrs"), checkCIDR)
+	}
+	if e, ok := f["proxy_security_groups"]; ok {
+		cc.ProxySecurityGroups = c.stringList(e.value, joinField(field, "proxy_security_groups"), func(v string) string {
+			if !securityGroupRE.MatchString(v) {
+				return "is not a security group id (sg- and 8 or 17 hex digits)"
+			}
+			return ""
+		})
+	}
 	if e, ok := f["endpoint"]; ok {
 		fld := joinField(field, "endpoint")
 		if v, ok := c.str(e.value, fld); ok {
@@ -267,6 +286,41 @@ func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, default
 	}
 	return cc
 }
+
+// stringList reads a non-empty list of distinct strings, each passing check (which answers
+// what is wrong, or "").
+func (c *checker) stringList(n *yaml.Node, field string, check func(string) string) []string {
+	items := c.deref(n)
+	if items.Kind != yaml.SequenceNode || len(items.Content) == 0 {
+		c.errorf(n, field, "expected a non-empty list, got %s", describe(items))
+		return nil
+	}
+	var out []string
+	for i, item := range items.Content {
+		v, ok := c.str(item, indexField(field, i))
+		switch {
+		case !ok:
+		case check(v) != "":
+			c.errorf(item, indexField(field, i), "%s %s", quoteShort(v), check(v))
+		case slices.Contains(out, v):
+			c.errorf(item, indexField(field, i), "%s is listed twice", quoteShort(v))
+		default:
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// checkCIDR accepts an address range written as an address and a prefix length.
+func checkCIDR(v string) string {
+	if _, err := netip.ParsePrefix(v); err != nil {
+		return "is not a CIDR block (an address and a prefix length: 10.0.3.0/24, 203.0.113.7/32)"
+	}
+	return ""
+}
+
+// securityGroupRE is an EC2 security group id.
+var securityGroupRE = regexp.MustCompile(`^sg-([0-9a-f]{8}|[0-9a-f]{17})$`)
 
 // gcpProjectRE is a GCP project id.
 var gcpProjectRE = regexp.MustCompile(`^[a-z][-a-z0-9]{4,28}[a-z0-9]$`)

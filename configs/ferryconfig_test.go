@@ -83,13 +83,16 @@ aws:
   regions: [us-east-1, us-west-2]
   endpoint: http://127.0.0.1:4566
   amis: {us-east-1: ami-0123}
+  proxy_cidrs: [10.0.3.0/24, 203.0.113.7/32]
+  proxy_security_groups: [sg-0123456789abcdef0]
 gcp:
   project: ferry-test
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(&CloudConfig{Regions: []string{"us-east-1", "us-west-2"}, Endpoint: "http://127.0.0.1:4566", AMIs: map[string]string{"us-east-1": "ami-0123"}}, cfg.AWS); diff != "" {
+	if diff := cmp.Diff(&CloudConfig{Regions: []string{"us-east-1", "us-west-2"}, Endpoint: "http://127.0.0.1:4566", AMIs: map[string]string{"us-east-1": "ami-0123"},
+		ProxyCIDRs: []string{"10.0.3.0/24", "203.0.113.7/32"}, ProxySecurityGroups: []string{"sg-0123456789abcdef0"}}, cfg.AWS); diff != "" {
 		t.Errorf("aws (-want +got):\n%s", diff)
 	}
 	if diff := cmp.Diff(&CloudConfig{Project: "ferry-test", Regions: []string{DefaultGCPRegion}}, cfg.GCP); diff != "" {
@@ -103,6 +106,8 @@ gcp:
   regions: [us-east-1, us-east-1, US_WEST]
   endpoint: ftp://x
   project: p
+  proxy_cidrs: [10.0.0.0/33, 10.0.3.0/24, 10.0.3.0/24]
+  proxy_security_groups: [proxies]
 gcp:
   regions: []
 `))
@@ -112,8 +117,11 @@ gcp:
 		"config.yaml:2:35: aws.regions[2]:",
 		"config.yaml:3:13: aws.endpoint:",
 		"config.yaml:4:3: aws.project: unknown field",
-		"config.yaml:5:1: gcp.project: required",
-		"config.yaml:6:12: gcp.regions: expected a non-empty list",
+		"config.yaml:5:17: aws.proxy_cidrs[0]: \"10.0.0.0/33\" is not a CIDR block",
+		"config.yaml:5:43: aws.proxy_cidrs[2]: \"10.0.3.0/24\" is listed twice",
+		"config.yaml:6:27: aws.proxy_security_groups[0]: \"proxies\" is not a security group id",
+		"config.yaml:7:1: gcp.project: required",
+		"config.yaml:8:12: gcp.regions: expected a non-empty list",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d errors, want %d:\n%v", len(got), len(want), err)

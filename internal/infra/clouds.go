@@ -130,7 +130,8 @@ func openClouds(cfg *configs.FerryConfig, log *zap.Logger, problems map[string]e
 	defer cancel()
 	var out []cloud
 	if c := cfg.AWS; c != nil {
-		p, err := aws.New(ctx, aws.Options{Regions: c.Regions, Endpoint: c.Endpoint, AMIs: c.AMIs, Logger: log.Named("aws")})
+		p, err := aws.New(ctx, aws.Options{Regions: c.Regions, Endpoint: c.Endpoint, AMIs: c.AMIs,
+			IngressCIDRs: c.ProxyCIDRs, IngressSecurityGroups: c.ProxySecurityGroups, Logger: log.Named("aws")})
 		if err != nil {
 			problems[aws.InfraName] = err
 		} else {
