@@ -35,6 +35,8 @@ import (
 //	  project: my-project               # required
 //	  regions: [us-central1]            # default us-central1
 //	  endpoint: http://127.0.0.1:4567   # a Compute-compatible endpoint
+//	  proxy_cidrs: [10.128.0.5/32]      # who may reach replicas' service port: the controller and
+//	  proxy_tags: [ferry-proxy]         # attached proxies (default: the controller's own address)
 type FerryConfig struct {
 	// Kubernetes is nil when the file has no kubernetes section.
 	Kubernetes *KubernetesConfig `json:"kubernetes,omitempty"`
@@ -61,11 +63,12 @@ type CloudConfig struct {
 	Endpoint string `json:"endpoint,omitempty"`
 	// AMIs is AWS's image per region for tasks that set no image_id.
 	AMIs map[string]string `json:"amis,omitempty"`
-	// ProxyCIDRs and (AWS) ProxySecurityGroups are all that may reach replicas' service port:
-	// the controller and its attached proxies. Empty: the controller alone, at the address
-	// its host sends from to each replica.
+	// ProxyCIDRs, and AWS's ProxySecurityGroups or GCP's ProxyTags (network tags), are all
+	// that may reach replicas' service port: the controller and its attached proxies. Empty:
+	// the controller alone, at the address its host sends from to each replica.
 	ProxyCIDRs          []string `json:"proxy_cidrs,omitempty"`
 	ProxySecurityGroups []string `json:"proxy_security_groups,omitempty"`
+	ProxyTags           []string `json:"proxy_tags,omitempty"`
 }
 
 // Default regions when a cloud section names none: the catalog's cheapest, most available.
@@ -84,7 +87,7 @@ type KubernetesContext struct {
 var (
 	ferryConfigKeys   = []string{"kubernetes", "aws", "gcp"}
 	awsKeys           = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups"}
-	gcpKeys           = []string{"project", "regions", "endpoint"}
+	gcpKeys           = []string{"project", "regions", "endpoint", "proxy_cidrs", "proxy_tags"}
 	kubernetesKeys    = []string{"kubeconfig", "provision_timeout_seconds", "contexts"}
 	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour"}
 	maxKubeContexts   = 64
@@ -275,6 +278,14 @@ func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, default
 			return ""
 		})
 	}
+	if e, ok := f["proxy_tags"]; ok {
+		cc.ProxyTags = c.stringList(e.value, joinField(field, "proxy_tags"), func(v string) string {
+			if !networkTagRE.MatchString(v) {
+				return "is not a network tag (lowercase letters, digits and -, starting with a letter, at most 63)"
+			}
+			return ""
+		})
+	}
 	if e, ok := f["endpoint"]; ok {
 		fld := joinField(field, "endpoint")
 		if v, ok := c.str(e.value, fld); ok {
@@ -318,6 +329,9 @@ func checkCIDR(v string) string {
 	}
 	return ""
 }
+
+// networkTagRE is a GCE network tag (an RFC 1035 label).
+var networkTagRE = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // securityGroupRE is an EC2 security group id.
 var securityGroupRE = regexp.MustCompile(`^sg-([0-9a-f]{8}|[0-9a-f]{17})$`)

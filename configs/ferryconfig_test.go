@@ -87,6 +87,8 @@ aws:
   proxy_security_groups: [sg-0123456789abcdef0]
 gcp:
   project: ferry-test
+  proxy_cidrs: [10.128.0.5/32]
+  proxy_tags: [ferry-proxy]
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +97,7 @@ gcp:
 		ProxyCIDRs: []string{"10.0.3.0/24", "203.0.113.7/32"}, ProxySecurityGroups: []string{"sg-0123456789abcdef0"}}, cfg.AWS); diff != "" {
 		t.Errorf("aws (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(&CloudConfig{Project: "ferry-test", Regions: []string{DefaultGCPRegion}}, cfg.GCP); diff != "" {
+	if diff := cmp.Diff(&CloudConfig{Project: "ferry-test", Regions: []string{DefaultGCPRegion}, ProxyCIDRs: []string{"10.128.0.5/32"}, ProxyTags: []string{"ferry-proxy"}}, cfg.GCP); diff != "" {
 		t.Errorf("gcp (-want +got):\n%s", diff)
 	}
 	if cfg, err := ParseFerryConfig("config.yaml", []byte("aws:\n")); err != nil || cfg.AWS == nil || cfg.AWS.Regions[0] != DefaultAWSRegion {
@@ -110,6 +112,8 @@ gcp:
   proxy_security_groups: [proxies]
 gcp:
   regions: []
+  proxy_tags: [Proxy]
+  proxy_security_groups: [sg-0123456789abcdef0]
 `))
 	got := Errors(err)
 	want := []string{
@@ -122,6 +126,8 @@ gcp:
 		"config.yaml:6:27: aws.proxy_security_groups[0]: \"proxies\" is not a security group id",
 		"config.yaml:7:1: gcp.project: required",
 		"config.yaml:8:12: gcp.regions: expected a non-empty list",
+		"config.yaml:9:16: gcp.proxy_tags[0]: \"Proxy\" is not a network tag",
+		"config.yaml:10:3: gcp.proxy_security_groups: unknown field",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d errors, want %d:\n%v", len(got), len(want), err)

@@ -140,7 +140,8 @@ func openClouds(cfg *configs.FerryConfig, log *zap.Logger, problems map[string]e
 		}
 	}
 	if c := cfg.GCP; c != nil {
-		p, err := gcp.New(ctx, gcp.Options{Project: c.Project, Regions: c.Regions, Endpoint: c.Endpoint, Logger: log.Named("gcp")})
+		p, err := gcp.New(ctx, gcp.Options{Project: c.Project, Regions: c.Regions, Endpoint: c.Endpoint,
+			IngressCIDRs: c.ProxyCIDRs, IngressTags: c.ProxyTags, Logger: log.Named("gcp")})
 		if err != nil {
 			problems[gcp.InfraName] = err
 		} else {
