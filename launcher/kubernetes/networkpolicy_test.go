@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -229,5 +231,44 @@ func TestPolicyName(t *testing.T) {
 	}
 	if policyName("Chat_v2") == policyName("chat-v2") {
 		t.Error("a sanitised name collides with the plain one")
+	}
+}
+
+// TestLaunchNeedsNetworkPolicyPermission: a controller that may manage pods and secrets but
+// not NetworkPolicies launches nothing, rather than a pod anyone in the cluster can reach.
+func TestLaunchNeedsNetworkPolicyPermission(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	if err := c.AddGPUNode(ctx, "np-p100-0", "Tesla-P100-PCIE-16GB", 8); err != nil {
+		t.Fatal(err)
+	}
+	admin := newProvider(t, c, Options{})
+	ns := admin.Namespace()
+	rbac := c.Client().RbacV1()
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "pods-only"}, Rules: []rbacv1.PolicyRule{
+		{APIGroups: []string{""}, Resources: []string{"pods", "secrets"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
+	}}
+	if _, err := rbac.Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "pods-only"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "ferry-limited", APIGroup: rbacv1.GroupName}},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "pods-only"}}
+	if _, err := rbac.RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.RESTConfig()
+	cfg.Impersonate.UserName = "ferry-limited"
+	p, err := New(Options{RESTConfig: cfg, Context: "limited", Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	_, err = p.Launch(ctx, gpuSpec("svc-1", "P100", 1))
+	if !errors.Is(err, launcher.ErrUnauthorized) || !strings.Contains(err.Error(), "networkpolicies") {
+		t.Fatalf("launch without NetworkPolicy permission: %v, want ErrUnauthorized about networkpolicies", err)
+	}
+	if pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err != nil || len(pods.Items) != 0 {
+		t.Fatalf("pods after the refused launch: %v, %v; want none", pods, err)
 	}
 }
