@@ -24,6 +24,10 @@ import (
 //	    - name: gpu-cluster
 //	      namespace: ferry              # default: the context's namespace, else default
 //	      cost_per_hour: 0              # what one pod is taken to cost; default 0
+//	  proxy_pod_labels: {app.kubernetes.io/name: ferry}  # the pods that may reach replicas' service port:
+//	  proxy_namespace: ferry-system     # the controller's and proxies' (default: those labels, in the
+//	                                    # replicas' namespace)
+//	  proxy_cidrs: [203.0.113.7/32]     # and addresses, for a controller outside the cluster
 //	aws:                                # enables AWS (credentials: the SDK's default chain)
 //	  regions: [us-east-1, us-west-2]   # where replicas may go; default us-east-1
 //	  endpoint: http://127.0.0.1:4566   # an EC2-compatible endpoint (tests, other clouds)
@@ -52,6 +56,13 @@ type KubernetesConfig struct {
 	Kubeconfig              string              `json:"kubeconfig,omitempty"`
 	ProvisionTimeoutSeconds int                 `json:"provision_timeout_seconds,omitempty"`
 	Contexts                []KubernetesContext `json:"contexts,omitempty"`
+	// ProxyPodLabels and ProxyNamespace select the pods (the controller's and attached
+	// proxies') that each service's NetworkPolicy admits to its replicas' port; ProxyCIDRs
+	// add addresses. Empty: the provider's defaults (app.kubernetes.io/name=ferry, in the
+	// replicas' namespace).
+	ProxyPodLabels map[string]string `json:"proxy_pod_labels,omitempty"`
+	ProxyNamespace string            `json:"proxy_namespace,omitempty"`
+	ProxyCIDRs     []string          `json:"proxy_cidrs,omitempty"`
 }
 
 // CloudConfig is the aws or gcp section.
@@ -88,7 +99,7 @@ var (
 	ferryConfigKeys   = []string{"kubernetes", "aws", "gcp"}
 	awsKeys           = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups"}
 	gcpKeys           = []string{"project", "regions", "endpoint", "proxy_cidrs", "proxy_tags"}
-	kubernetesKeys    = []string{"kubeconfig", "provision_timeout_seconds", "contexts"}
+	kubernetesKeys    = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs"}
 	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour"}
 	maxKubeContexts   = 64
 	maxProvisionDelay = 24 * 3600
@@ -173,6 +184,7 @@ func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
 			k.ProvisionTimeoutSeconds = v
 		}
 	}
+	c.kubernetesProxies(f, k)
 	if e, ok := f["contexts"]; ok {
 		fld := joinField(field, "contexts")
 		items := c.deref(e.value)
@@ -200,6 +212,53 @@ func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
 	}
 	return k
 }
+
+// kubernetesProxies reads proxy_pod_labels, proxy_namespace and proxy_cidrs.
+func (c *checker) kubernetesProxies(f map[string]entry, k *KubernetesConfig) {
+	if e, ok := f["proxy_pod_labels"]; ok {
+		fld := joinField("kubernetes", "proxy_pod_labels")
+		ps, ok := c.pairs(e.value, fld)
+		if ok && len(ps) == 0 {
+			// An empty selector would admit every pod of the namespace.
+			c.errorf(e.value, fld, "expected at least one label")
+		}
+		for _, p := range ps {
+			kf := joinField(fld, p.key)
+			if !labelKeyRE.MatchString(p.key) || len(p.key) > 317 {
+				c.errorf(p.keyNode, kf, "%s is not a label key ([prefix/]name, name at most 63 characters)", quoteShort(p.key))
+				continue
+			}
+			if v, ok := c.str(p.value, kf); ok {
+				if !labelValueRE.MatchString(v) {
+					c.errorf(p.value, kf, "%s is not a label value (at most 63 letters, digits, -, _ and ., starting and ending with a letter or digit)", quoteShort(v))
+					continue
+				}
+				if k.ProxyPodLabels == nil {
+					k.ProxyPodLabels = map[string]string{}
+				}
+				k.ProxyPodLabels[p.key] = v
+			}
+		}
+	}
+	if e, ok := f["proxy_namespace"]; ok {
+		fld := joinField("kubernetes", "proxy_namespace")
+		if ns, ok := c.str(e.value, fld); ok {
+			if !dnsLabelRE.MatchString(ns) {
+				c.errorf(e.value, fld, "%s is not a namespace name (lowercase letters, digits and -, at most 63)", quoteShort(ns))
+			}
+			k.ProxyNamespace = ns
+		}
+	}
+	if e, ok := f["proxy_cidrs"]; ok {
+		k.ProxyCIDRs = c.stringList(e.value, joinField("kubernetes", "proxy_cidrs"), checkCIDR)
+	}
+}
+
+// Kubernetes label keys ([DNS subdomain prefix/]name) and values.
+var (
+	labelKeyRE   = regexp.MustCompile(`^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
+	labelValueRE = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$`)
+)
 
 // cloudConfig reads an aws or gcp section. An empty section (`aws: {}`) enables the cloud with
 // its defaults.

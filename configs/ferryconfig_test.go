@@ -19,6 +19,9 @@ kubernetes:
       namespace: ferry
       cost_per_hour: 1.5
     - spare
+  proxy_pod_labels: {app.kubernetes.io/name: ferry, app.kubernetes.io/component: proxy}
+  proxy_namespace: ferry-system
+  proxy_cidrs: [203.0.113.7/32]
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -27,6 +30,9 @@ kubernetes:
 		Kubeconfig:              "/etc/kube/config",
 		ProvisionTimeoutSeconds: 5,
 		Contexts:                []KubernetesContext{{Name: "gpu-cluster", Namespace: "ferry", CostPerHour: 1.5}, {Name: "spare"}},
+		ProxyPodLabels:          map[string]string{"app.kubernetes.io/name": "ferry", "app.kubernetes.io/component": "proxy"},
+		ProxyNamespace:          "ferry-system",
+		ProxyCIDRs:              []string{"203.0.113.7/32"},
 	}
 	if diff := cmp.Diff(want, cfg.Kubernetes); diff != "" {
 		t.Fatalf("(-want +got):\n%s", diff)
@@ -43,6 +49,9 @@ func TestParseFerryConfigErrors(t *testing.T) {
       cost_per_hour: -1
     - a
     - namespace: b
+  proxy_pod_labels: {"bad key!": x, app: "not a value"}
+  proxy_namespace: Ferry
+  proxy_cidrs: 10.0.0.0/8
 `))
 	got := Errors(err)
 	want := []string{
@@ -52,6 +61,10 @@ func TestParseFerryConfigErrors(t *testing.T) {
 		"config.yaml:7:22: kubernetes.contexts[0].cost_per_hour: must be 0 or more",
 		"config.yaml:8:7: kubernetes.contexts[1]: context \"a\" is listed twice",
 		"config.yaml:9:7: kubernetes.contexts[2]: a context needs a name",
+		"config.yaml:10:22: kubernetes.proxy_pod_labels.bad key!: \"bad key!\" is not a label key",
+		"config.yaml:10:42: kubernetes.proxy_pod_labels.app: \"not a value\" is not a label value",
+		"config.yaml:11:20: kubernetes.proxy_namespace: \"Ferry\" is not a namespace name",
+		"config.yaml:12:16: kubernetes.proxy_cidrs: expected a non-empty list",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d errors, want %d:\n%v", len(got), len(want), err)
@@ -60,6 +73,13 @@ func TestParseFerryConfigErrors(t *testing.T) {
 		if !strings.HasPrefix(got[i].Error(), w) {
 			t.Errorf("error %d = %q, want prefix %q", i, got[i].Error(), w)
 		}
+	}
+}
+
+func TestParseFerryConfigEmptyProxyPodLabels(t *testing.T) {
+	_, err := ParseFerryConfig("config.yaml", []byte("kubernetes:\n  proxy_pod_labels: {}\n"))
+	if got := Errors(err); len(got) != 1 || !strings.HasPrefix(got[0].Error(), "config.yaml:2:21: kubernetes.proxy_pod_labels: expected at least one label") {
+		t.Fatalf("errors %v, want one refusing the empty selector", got)
 	}
 }
 
