@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"net/url"
 	"os"
 	"regexp"
@@ -23,15 +24,23 @@ import (
 //	    - name: gpu-cluster
 //	      namespace: ferry              # default: the context's namespace, else default
 //	      cost_per_hour: 0              # what one pod is taken to cost; default 0
+//	  proxy_pod_labels: {app.kubernetes.io/name: ferry}  # the pods that may reach replicas' service port:
+//	  proxy_namespace: ferry-system     # the controller's and proxies' (default: those labels, in the
+//	                                    # replicas' namespace)
+//	  proxy_cidrs: [203.0.113.7/32]     # and addresses, for a controller outside the cluster
 //	aws:                                # enables AWS (credentials: the SDK's default chain)
 //	  regions: [us-east-1, us-west-2]   # where replicas may go; default us-east-1
 //	  endpoint: http://127.0.0.1:4566   # an EC2-compatible endpoint (tests, other clouds)
 //	  amis: {us-east-1: ami-0abc}       # image per region for tasks without image_id (default:
 //	                                    # the newest Deep Learning Base AMI, or Ubuntu 22.04 without GPUs)
+//	  proxy_cidrs: [10.0.3.0/24]        # who may reach replicas' service port: the controller and
+//	  proxy_security_groups: [sg-0abc1234]  # attached proxies (default: the controller's own address)
 //	gcp:                                # enables GCP (credentials: Application Default Credentials)
 //	  project: my-project               # required
 //	  regions: [us-central1]            # default us-central1
 //	  endpoint: http://127.0.0.1:4567   # a Compute-compatible endpoint
+//	  proxy_cidrs: [10.128.0.5/32]      # who may reach replicas' service port: the controller and
+//	  proxy_tags: [ferry-proxy]         # attached proxies (default: the controller's own address)
 type FerryConfig struct {
 	// Kubernetes is nil when the file has no kubernetes section.
 	Kubernetes *KubernetesConfig `json:"kubernetes,omitempty"`
@@ -47,6 +56,13 @@ type KubernetesConfig struct {
 	Kubeconfig              string              `json:"kubeconfig,omitempty"`
 	ProvisionTimeoutSeconds int                 `json:"provision_timeout_seconds,omitempty"`
 	Contexts                []KubernetesContext `json:"contexts,omitempty"`
+	// ProxyPodLabels and ProxyNamespace select the pods (the controller's and attached
+	// proxies') that each service's NetworkPolicy admits to its replicas' port; ProxyCIDRs
+	// add addresses. Empty: the provider's defaults (app.kubernetes.io/name=ferry, in the
+	// replicas' namespace).
+	ProxyPodLabels map[string]string `json:"proxy_pod_labels,omitempty"`
+	ProxyNamespace string            `json:"proxy_namespace,omitempty"`
+	ProxyCIDRs     []string          `json:"proxy_cidrs,omitempty"`
 }
 
 // CloudConfig is the aws or gcp section.
@@ -58,6 +74,12 @@ type CloudConfig struct {
 	Endpoint string `json:"endpoint,omitempty"`
 	// AMIs is AWS's image per region for tasks that set no image_id.
 	AMIs map[string]string `json:"amis,omitempty"`
+	// ProxyCIDRs, and AWS's ProxySecurityGroups or GCP's ProxyTags (network tags), are all
+	// that may reach replicas' service port: the controller and its attached proxies. Empty:
+	// the controller alone, at the address its host sends from to each replica.
+	ProxyCIDRs          []string `json:"proxy_cidrs,omitempty"`
+	ProxySecurityGroups []string `json:"proxy_security_groups,omitempty"`
+	ProxyTags           []string `json:"proxy_tags,omitempty"`
 }
 
 // Default regions when a cloud section names none: the catalog's cheapest, most available.
@@ -75,9 +97,9 @@ type KubernetesContext struct {
 
 var (
 	ferryConfigKeys   = []string{"kubernetes", "aws", "gcp"}
-	awsKeys           = []string{"regions", "endpoint", "amis"}
-	gcpKeys           = []string{"project", "regions", "endpoint"}
-	kubernetesKeys    = []string{"kubeconfig", "provision_timeout_seconds", "contexts"}
+	awsKeys           = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups"}
+	gcpKeys           = []string{"project", "regions", "endpoint", "proxy_cidrs", "proxy_tags"}
+	kubernetesKeys    = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs"}
 	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour"}
 	maxKubeContexts   = 64
 	maxProvisionDelay = 24 * 3600
@@ -162,6 +184,7 @@ func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
 			k.ProvisionTimeoutSeconds = v
 		}
 	}
+	c.kubernetesProxies(f, k)
 	if e, ok := f["contexts"]; ok {
 		fld := joinField(field, "contexts")
 		items := c.deref(e.value)
@@ -189,6 +212,53 @@ func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
 	}
 	return k
 }
+
+// kubernetesProxies reads proxy_pod_labels, proxy_namespace and proxy_cidrs.
+func (c *checker) kubernetesProxies(f map[string]entry, k *KubernetesConfig) {
+	if e, ok := f["proxy_pod_labels"]; ok {
+		fld := joinField("kubernetes", "proxy_pod_labels")
+		ps, ok := c.pairs(e.value, fld)
+		if ok && len(ps) == 0 {
+			// An empty selector would admit every pod of the namespace.
+			c.errorf(e.value, fld, "expected at least one label")
+		}
+		for _, p := range ps {
+			kf := joinField(fld, p.key)
+			if !labelKeyRE.MatchString(p.key) || len(p.key) > 317 {
+				c.errorf(p.keyNode, kf, "%s is not a label key ([prefix/]name, name at most 63 characters)", quoteShort(p.key))
+				continue
+			}
+			if v, ok := c.str(p.value, kf); ok {
+				if !labelValueRE.MatchString(v) {
+					c.errorf(p.value, kf, "%s is not a label value (at most 63 letters, digits, -, _ and ., starting and ending with a letter or digit)", quoteShort(v))
+					continue
+				}
+				if k.ProxyPodLabels == nil {
+					k.ProxyPodLabels = map[string]string{}
+				}
+				k.ProxyPodLabels[p.key] = v
+			}
+		}
+	}
+	if e, ok := f["proxy_namespace"]; ok {
+		fld := joinField("kubernetes", "proxy_namespace")
+		if ns, ok := c.str(e.value, fld); ok {
+			if !dnsLabelRE.MatchString(ns) {
+				c.errorf(e.value, fld, "%s is not a namespace name (lowercase letters, digits and -, at most 63)", quoteShort(ns))
+			}
+			k.ProxyNamespace = ns
+		}
+	}
+	if e, ok := f["proxy_cidrs"]; ok {
+		k.ProxyCIDRs = c.stringList(e.value, joinField("kubernetes", "proxy_cidrs"), checkCIDR)
+	}
+}
+
+// Kubernetes label keys ([DNS subdomain prefix/]name) and values.
+var (
+	labelKeyRE   = regexp.MustCompile(`^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
+	labelValueRE = regexp.MustCompile(`^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$`)
+)
 
 // cloudConfig reads an aws or gcp section. An empty section (`aws: {}`) enables the cloud with
 // its defaults.
@@ -256,6 +326,25 @@ func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, default
 			}
 		}
 	}
+	if e, ok := f["proxy_cidrs"]; ok {
+		cc.ProxyCIDRs = c.stringList(e.value, joinField(field, "proxy_cidrs"), checkCIDR)
+	}
+	if e, ok := f["proxy_security_groups"]; ok {
+		cc.ProxySecurityGroups = c.stringList(e.value, joinField(field, "proxy_security_groups"), func(v string) string {
+			if !securityGroupRE.MatchString(v) {
+				return "is not a security group id (sg- and 8 or 17 hex digits)"
+			}
+			return ""
+		})
+	}
+	if e, ok := f["proxy_tags"]; ok {
+		cc.ProxyTags = c.stringList(e.value, joinField(field, "proxy_tags"), func(v string) string {
+			if !networkTagRE.MatchString(v) {
+				return "is not a network tag (lowercase letters, digits and -, starting with a letter, at most 63)"
+			}
+			return ""
+		})
+	}
 	if e, ok := f["endpoint"]; ok {
 		fld := joinField(field, "endpoint")
 		if v, ok := c.str(e.value, fld); ok {
@@ -267,6 +356,44 @@ func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, default
 	}
 	return cc
 }
+
+// stringList reads a non-empty list of distinct strings, each passing check (which answers
+// what is wrong, or "").
+func (c *checker) stringList(n *yaml.Node, field string, check func(string) string) []string {
+	items := c.deref(n)
+	if items.Kind != yaml.SequenceNode || len(items.Content) == 0 {
+		c.errorf(n, field, "expected a non-empty list, got %s", describe(items))
+		return nil
+	}
+	var out []string
+	for i, item := range items.Content {
+		v, ok := c.str(item, indexField(field, i))
+		switch {
+		case !ok:
+		case check(v) != "":
+			c.errorf(item, indexField(field, i), "%s %s", quoteShort(v), check(v))
+		case slices.Contains(out, v):
+			c.errorf(item, indexField(field, i), "%s is listed twice", quoteShort(v))
+		default:
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// checkCIDR accepts an address range written as an address and a prefix length.
+func checkCIDR(v string) string {
+	if _, err := netip.ParsePrefix(v); err != nil {
+		return "is not a CIDR block (an address and a prefix length: 10.0.3.0/24, 203.0.113.7/32)"
+	}
+	return ""
+}
+
+// networkTagRE is a GCE network tag (an RFC 1035 label).
+var networkTagRE = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// securityGroupRE is an EC2 security group id.
+var securityGroupRE = regexp.MustCompile(`^sg-([0-9a-f]{8}|[0-9a-f]{17})$`)
 
 // gcpProjectRE is a GCP project id.
 var gcpProjectRE = regexp.MustCompile(`^[a-z][-a-z0-9]{4,28}[a-z0-9]$`)

@@ -19,6 +19,9 @@ kubernetes:
       namespace: ferry
       cost_per_hour: 1.5
     - spare
+  proxy_pod_labels: {app.kubernetes.io/name: ferry, app.kubernetes.io/component: proxy}
+  proxy_namespace: ferry-system
+  proxy_cidrs: [203.0.113.7/32]
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -27,6 +30,9 @@ kubernetes:
 		Kubeconfig:              "/etc/kube/config",
 		ProvisionTimeoutSeconds: 5,
 		Contexts:                []KubernetesContext{{Name: "gpu-cluster", Namespace: "ferry", CostPerHour: 1.5}, {Name: "spare"}},
+		ProxyPodLabels:          map[string]string{"app.kubernetes.io/name": "ferry", "app.kubernetes.io/component": "proxy"},
+		ProxyNamespace:          "ferry-system",
+		ProxyCIDRs:              []string{"203.0.113.7/32"},
 	}
 	if diff := cmp.Diff(want, cfg.Kubernetes); diff != "" {
 		t.Fatalf("(-want +got):\n%s", diff)
@@ -43,6 +49,9 @@ func TestParseFerryConfigErrors(t *testing.T) {
       cost_per_hour: -1
     - a
     - namespace: b
+  proxy_pod_labels: {"bad key!": x, app: "not a value"}
+  proxy_namespace: Ferry
+  proxy_cidrs: 10.0.0.0/8
 `))
 	got := Errors(err)
 	want := []string{
@@ -52,6 +61,10 @@ func TestParseFerryConfigErrors(t *testing.T) {
 		"config.yaml:7:22: kubernetes.contexts[0].cost_per_hour: must be 0 or more",
 		"config.yaml:8:7: kubernetes.contexts[1]: context \"a\" is listed twice",
 		"config.yaml:9:7: kubernetes.contexts[2]: a context needs a name",
+		"config.yaml:10:22: kubernetes.proxy_pod_labels.bad key!: \"bad key!\" is not a label key",
+		"config.yaml:10:42: kubernetes.proxy_pod_labels.app: \"not a value\" is not a label value",
+		"config.yaml:11:20: kubernetes.proxy_namespace: \"Ferry\" is not a namespace name",
+		"config.yaml:12:16: kubernetes.proxy_cidrs: expected a non-empty list",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d errors, want %d:\n%v", len(got), len(want), err)
@@ -60,6 +73,13 @@ func TestParseFerryConfigErrors(t *testing.T) {
 		if !strings.HasPrefix(got[i].Error(), w) {
 			t.Errorf("error %d = %q, want prefix %q", i, got[i].Error(), w)
 		}
+	}
+}
+
+func TestParseFerryConfigEmptyProxyPodLabels(t *testing.T) {
+	_, err := ParseFerryConfig("config.yaml", []byte("kubernetes:\n  proxy_pod_labels: {}\n"))
+	if got := Errors(err); len(got) != 1 || !strings.HasPrefix(got[0].Error(), "config.yaml:2:21: kubernetes.proxy_pod_labels: expected at least one label") {
+		t.Fatalf("errors %v, want one refusing the empty selector", got)
 	}
 }
 
@@ -83,16 +103,21 @@ aws:
   regions: [us-east-1, us-west-2]
   endpoint: http://127.0.0.1:4566
   amis: {us-east-1: ami-0123}
+  proxy_cidrs: [10.0.3.0/24, 203.0.113.7/32]
+  proxy_security_groups: [sg-0123456789abcdef0]
 gcp:
   project: ferry-test
+  proxy_cidrs: [10.128.0.5/32]
+  proxy_tags: [ferry-proxy]
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(&CloudConfig{Regions: []string{"us-east-1", "us-west-2"}, Endpoint: "http://127.0.0.1:4566", AMIs: map[string]string{"us-east-1": "ami-0123"}}, cfg.AWS); diff != "" {
+	if diff := cmp.Diff(&CloudConfig{Regions: []string{"us-east-1", "us-west-2"}, Endpoint: "http://127.0.0.1:4566", AMIs: map[string]string{"us-east-1": "ami-0123"},
+		ProxyCIDRs: []string{"10.0.3.0/24", "203.0.113.7/32"}, ProxySecurityGroups: []string{"sg-0123456789abcdef0"}}, cfg.AWS); diff != "" {
 		t.Errorf("aws (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(&CloudConfig{Project: "ferry-test", Regions: []string{DefaultGCPRegion}}, cfg.GCP); diff != "" {
+	if diff := cmp.Diff(&CloudConfig{Project: "ferry-test", Regions: []string{DefaultGCPRegion}, ProxyCIDRs: []string{"10.128.0.5/32"}, ProxyTags: []string{"ferry-proxy"}}, cfg.GCP); diff != "" {
 		t.Errorf("gcp (-want +got):\n%s", diff)
 	}
 	if cfg, err := ParseFerryConfig("config.yaml", []byte("aws:\n")); err != nil || cfg.AWS == nil || cfg.AWS.Regions[0] != DefaultAWSRegion {
@@ -103,8 +128,12 @@ gcp:
   regions: [us-east-1, us-east-1, US_WEST]
   endpoint: ftp://x
   project: p
+  proxy_cidrs: [10.0.0.0/33, 10.0.3.0/24, 10.0.3.0/24]
+  proxy_security_groups: [proxies]
 gcp:
   regions: []
+  proxy_tags: [Proxy]
+  proxy_security_groups: [sg-0123456789abcdef0]
 `))
 	got := Errors(err)
 	want := []string{
@@ -112,8 +141,13 @@ gcp:
 		"config.yaml:2:35: aws.regions[2]:",
 		"config.yaml:3:13: aws.endpoint:",
 		"config.yaml:4:3: aws.project: unknown field",
-		"config.yaml:5:1: gcp.project: required",
-		"config.yaml:6:12: gcp.regions: expected a non-empty list",
+		"config.yaml:5:17: aws.proxy_cidrs[0]: \"10.0.0.0/33\" is not a CIDR block",
+		"config.yaml:5:43: aws.proxy_cidrs[2]: \"10.0.3.0/24\" is listed twice",
+		"config.yaml:6:27: aws.proxy_security_groups[0]: \"proxies\" is not a security group id",
+		"config.yaml:7:1: gcp.project: required",
+		"config.yaml:8:12: gcp.regions: expected a non-empty list",
+		"config.yaml:9:16: gcp.proxy_tags[0]: \"Proxy\" is not a network tag",
+		"config.yaml:10:3: gcp.proxy_security_groups: unknown field",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d errors, want %d:\n%v", len(got), len(want), err)

@@ -70,6 +70,7 @@ func Open(h home.Home, opts Options) (*Set, error) {
 		if k := cfg.Kubernetes; k != nil {
 			o.Kubeconfig = k.Kubeconfig
 			o.ProvisionTimeout = time.Duration(k.ProvisionTimeoutSeconds) * time.Second
+			o.IngressPodLabels, o.IngressNamespace, o.IngressCIDRs = k.ProxyPodLabels, k.ProxyNamespace, k.ProxyCIDRs
 		}
 		p, err := kubernetes.New(o)
 		if err != nil {

@@ -2,10 +2,12 @@
 // through aws-sdk-go-v2.
 //
 // A VM is bootstrapped by its user-data (a bash script: the spec's environment, FERRY_PORT and
-// FERRY_HOST, then launcher.RenderScript), never over SSH. Instances carry Ferry's labels as
+// FERRY_HOST, then launcher.RenderScript), never over SSH, and its metadata service answers
+// IMDSv2 only, with a hop limit of 1 (metadataOptions). Instances carry Ferry's labels as
 // tags, so a restarted controller adopts them with List. Instance ids are
-// "aws/<region>/<instance-id>". The service port is opened in one security group per region
-// (Options.SecurityGroup), created on first use. EC2 has no watch API: Launch polls
+// "aws/<region>/<instance-id>". The service port is opened, to the proxies only, in one
+// security group per region (Options.SecurityGroup), created on first use; List narrows it
+// for instances an earlier controller launched (ingress.go). EC2 has no watch API: Launch polls
 // DescribeInstances with backoff until the VM runs, and Notices polls for spot interruption
 // warnings and terminations every Options.NoticeInterval.
 //
@@ -22,6 +24,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strconv"
@@ -64,10 +68,6 @@ const (
 	cleanupTimeout  = 2 * time.Minute
 )
 
-// DefaultIngressCIDRs are the private ranges the service port is opened to: the proxy reaches
-// replicas at their private IPs from inside the VPC, so the port is not opened to the internet.
-var DefaultIngressCIDRs = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
-
 // Tags Ferry sets besides the spec's labels. They are not reported as labels.
 const (
 	tagName           = "Name"
@@ -93,10 +93,14 @@ type Options struct {
 	Credentials awssdk.CredentialsProvider
 	// Profile selects a shared-config profile for the default chain.
 	Profile string
-	// SecurityGroup is the group opened for service ports; default DefaultSecurityGroup.
+	// SecurityGroup is the group every instance runs in, whose rules open the service ports;
+	// default DefaultSecurityGroup.
 	SecurityGroup string
-	// IngressCIDRs may reach the service port; default DefaultIngressCIDRs.
-	IngressCIDRs []string
+	// IngressCIDRs and IngressSecurityGroups (ids, in the instances' VPC) are all that may
+	// reach the service port: the controller and its attached proxies. With neither, the
+	// controller alone, at the address its host sends from to each replica (see ingress.go).
+	IngressCIDRs          []string
+	IngressSecurityGroups []string
 	// AMIs is the image per region for tasks without an "ami-" image_id.
 	AMIs map[string]string
 	// LaunchTimeout bounds the wait for a VM to run; default DefaultLaunchTimeout.
@@ -116,11 +120,17 @@ type Provider struct {
 	log     *zap.Logger
 	clients map[string]*ec2.Client
 
-	mu     sync.Mutex
-	zones  map[string]map[string]string // region -> AZ ID -> zone name
-	amis   map[string]string            // "region/gpu" -> default image found by name
-	groups map[string]string            // region -> security group id
-	opened map[string]bool              // "region/port" opened in the group
+	mu    sync.Mutex
+	zones map[string]map[string]string // region -> AZ ID -> zone name
+	amis  map[string]string            // "region/gpu" -> default image found by name
+
+	// sources are the configured ingress sources; none means the controller's route source.
+	sources []source
+	// routeSource is launcher.RouteSource; tests replace it.
+	routeSource func(ip string) (netip.Prefix, error)
+	// ingressMu serialises changes to the security groups; it is never held with mu.
+	ingressMu sync.Mutex
+	ingress   ingressState
 }
 
 var (
@@ -139,8 +149,9 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if opts.SecurityGroup == "" {
 		opts.SecurityGroup = DefaultSecurityGroup
 	}
-	if len(opts.IngressCIDRs) == 0 {
-		opts.IngressCIDRs = DefaultIngressCIDRs
+	sources, err := configuredSources(opts)
+	if err != nil {
+		return nil, err
 	}
 	if opts.LaunchTimeout <= 0 {
 		opts.LaunchTimeout = DefaultLaunchTimeout
@@ -175,7 +186,9 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}
 	p := &Provider{
 		opts: opts, log: opts.Logger.With(zap.String("infra", InfraName)), clients: map[string]*ec2.Client{},
-		zones: map[string]map[string]string{}, amis: map[string]string{}, groups: map[string]string{}, opened: map[string]bool{},
+		zones: map[string]map[string]string{}, amis: map[string]string{},
+		sources: sources, routeSource: launcher.RouteSource,
+		ingress: ingressState{groups: map[string]string{}, admitted: map[string]bool{}, narrowed: map[string]bool{}, adopted: map[string]time.Time{}},
 	}
 	for _, r := range opts.Regions {
 		p.clients[r] = ec2.NewFromConfig(cfg, func(o *ec2.Options) {
@@ -356,62 +369,10 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 		}
 		lp.zone = names[ids[0]]
 	}
-	if lp.securityGroup, err = p.ensureSecurityGroup(ctx, c, lp.region, lp.port); err != nil {
+	if lp.securityGroup, err = p.ensureIngress(ctx, lp.region, lp.port, ""); err != nil {
 		return lp, err
 	}
 	return lp, nil
-}
-
-// ensureSecurityGroup returns the id of region's Ferry security group, creating it and
-// opening port in it on first use. Concurrent launches and other controllers may race: a
-// duplicate group or rule is success.
-func (p *Provider) ensureSecurityGroup(ctx context.Context, c *ec2.Client, region string, port int) (string, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	id := p.groups[region]
-	if id == "" {
-		name := p.opts.SecurityGroup
-		found, err := c.DescribeSecurityGroups(ctx, &ec2.DescribeSecurityGroupsInput{
-			Filters: []types.Filter{{Name: awssdk.String("group-name"), Values: []string{name}}},
-		})
-		if err != nil {
-			return "", classify(err, "describe security group "+name)
-		}
-		if len(found.SecurityGroups) > 0 {
-			id = awssdk.ToString(found.SecurityGroups[0].GroupId)
-		} else {
-			created, err := c.CreateSecurityGroup(ctx, &ec2.CreateSecurityGroupInput{
-				GroupName:   awssdk.String(name),
-				Description: awssdk.String("Ferry replicas: service ports"),
-				TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypeSecurityGroup,
-					Tags: []types.Tag{{Key: awssdk.String(launcher.LabelOwner), Value: awssdk.String("true")}}}},
-			})
-			if err != nil {
-				return "", classify(err, "create security group "+name)
-			}
-			id = awssdk.ToString(created.GroupId)
-			p.log.Info("created security group", zap.String("region", region), zap.String("group", name), zap.String("id", id))
-		}
-		p.groups[region] = id
-	}
-	key := region + "/" + strconv.Itoa(port)
-	if !p.opened[key] {
-		var ranges []types.IpRange
-		for _, cidr := range p.opts.IngressCIDRs {
-			ranges = append(ranges, types.IpRange{CidrIp: awssdk.String(cidr), Description: awssdk.String("ferry service port")})
-		}
-		_, err := c.AuthorizeSecurityGroupIngress(ctx, &ec2.AuthorizeSecurityGroupIngressInput{
-			GroupId: awssdk.String(id),
-			IpPermissions: []types.IpPermission{{
-				IpProtocol: awssdk.String("tcp"), FromPort: awssdk.Int32(int32(port)), ToPort: awssdk.Int32(int32(port)), IpRanges: ranges,
-			}},
-		})
-		if err != nil && errorCode(err) != "InvalidPermission.Duplicate" {
-			return "", classify(err, fmt.Sprintf("open port %d in security group %s", port, id))
-		}
-		p.opened[key] = true
-	}
-	return id, nil
 }
 
 // envName is what bash accepts as a variable name.
@@ -419,9 +380,10 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // userData is the VM's boot script: the environment, the port and host, then the spec's
 // script. Known limitation: EC2 has no secret channel into user-data, so Spec.SecretEnvs are
-// written here like any other variable, and anyone who may call DescribeInstanceAttribute or
-// reach the instance metadata service from the VM can read them. Keeping them apart needs
-// Secrets Manager or SSM Parameter Store and an instance profile that may read them.
+// written here like any other variable, and anyone who may call DescribeInstanceAttribute, or
+// any process on the VM (IMDSv2 with hop limit 1 stops forged requests and containers, not
+// them), can read them. Keeping them apart needs Secrets Manager or SSM Parameter Store and an
+// instance profile that may read them.
 func userData(spec launcher.Spec, port int) (string, error) {
 	var b strings.Builder
 	b.WriteString("#!/bin/bash\n# Ferry user-data for " + quote(spec.Name) + ".\n")
@@ -441,6 +403,21 @@ func userData(spec launcher.Spec, port int) (string, error) {
 		return "", fmt.Errorf("%w: %s: user-data is %d bytes, over EC2's 16 KiB limit; move setup into a script on the image", launcher.ErrInvalid, InfraName, b.Len())
 	}
 	return base64.StdEncoding.EncodeToString([]byte(b.String())), nil
+}
+
+// metadataOptions are every instance's: IMDSv2 only, hop limit 1, whatever the image or the
+// account defaults to. The user-data carries the task's environment, secrets included, and
+// the metadata service serves it to anyone who can make the VM send a request: IMDSv1 answers
+// a plain GET, which a server-side request forgery in the replica's program can make;
+// IMDSv2 first wants a PUT with a header for a session token, and a hop limit of 1 keeps that
+// token from reaching a container behind a bridge (one hop further). Processes on the VM
+// itself can still read it: see userData.
+func metadataOptions() *types.InstanceMetadataOptionsRequest {
+	return &types.InstanceMetadataOptionsRequest{
+		HttpTokens:              types.HttpTokensStateRequired,
+		HttpPutResponseHopLimit: awssdk.Int32(1),
+		HttpEndpoint:            types.InstanceMetadataEndpointStateEnabled,
+	}
 }
 
 func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
@@ -478,6 +455,9 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		return launcher.Instance{}, err
 	}
 	insts, err := p.waitRunning(ctx, lp.region, []string{id})
+	if err == nil {
+		err = p.admitInstances(ctx, lp, insts)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			p.terminateQuietly(lp.region, []string{id})
@@ -485,6 +465,21 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		return launcher.Instance{}, err
 	}
 	return insts[0], nil
+}
+
+// admitInstances lets the controller reach the running instances' service port when no proxy
+// source is configured (its address is known only once an instance has one to route to).
+func (p *Provider) admitInstances(ctx context.Context, lp launchPlan, insts []launcher.Instance) error {
+	for _, in := range insts {
+		host, _, err := net.SplitHostPort(in.Endpoint)
+		if err != nil {
+			continue
+		}
+		if _, err := p.ensureIngress(ctx, lp.region, lp.port, host); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // run is one RunInstances call for one instance.
@@ -507,6 +502,7 @@ func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (
 		}},
 		// The replica manager owns the lifecycle: a VM that shuts itself down is gone.
 		InstanceInitiatedShutdownBehavior: types.ShutdownBehaviorTerminate,
+		MetadataOptions:                   metadataOptions(),
 	}
 	if lp.zone != "" || lp.placementGroup != "" {
 		in.Placement = &types.Placement{}
@@ -762,6 +758,7 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 			return nil, err
 		}
 	}
+	p.adoptIngress(ctx, out)
 	return out, nil
 }
 

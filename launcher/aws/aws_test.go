@@ -741,3 +741,42 @@ func TestDefaultImage(t *testing.T) {
 		t.Fatalf("images %v: want the newest Deep Learning Base AMI for the GPU instance and the newest Ubuntu for the CPU one", images)
 	}
 }
+
+// TestInstancesRequireIMDSv2: every instance, on-demand, spot and gang node, is launched with
+// IMDSv2 required and a hop limit of 1, so its user-data (which carries the task's secrets)
+// cannot be read with IMDSv1's plain GETs (SSRF) nor from a container one hop away, whatever
+// the account's defaults (here IMDSv1 allowed and a hop limit of 2).
+func TestInstancesRequireIMDSv2(t *testing.T) {
+	e := newEnv(t, fakeec2.Options{MetadataDefaults: fakeec2.MetadataOptions{HTTPTokens: "optional", HopLimit: 2}}, goodKey)
+	ctx := context.Background()
+	onDemand, err := e.p.Launch(ctx, spec("imds-od", "exec sleep 300", false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.p.Launch(ctx, spec("imds-spot", "exec sleep 300", true)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.p.LaunchGang(ctx, spec("imds-gang", "exec sleep 300", false), 2); err != nil {
+		t.Fatal(err)
+	}
+	want := fakeec2.MetadataOptions{HTTPTokens: "required", HopLimit: 1, HTTPEndpoint: "enabled"}
+	insts := e.fake.Instances()
+	if len(insts) != 4 {
+		t.Fatalf("%d instances, want 4", len(insts))
+	}
+	for _, in := range insts {
+		if in.Metadata != want {
+			t.Errorf("%s: metadata options %+v, want %+v", in.Tags["Name"], in.Metadata, want)
+		}
+	}
+	// As EC2 reports them to anyone who describes the instance.
+	c := ec2.New(ec2.Options{Region: testRegion, BaseEndpoint: awssdk.String(e.fake.URL()),
+		Credentials: credentials.NewStaticCredentialsProvider(goodKey, "secret", "")})
+	out, err := c.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{fakeInstance(t, e.fake, onDemand.ID).ID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mo := out.Reservations[0].Instances[0].MetadataOptions; mo == nil || mo.HttpTokens != types.HttpTokensStateRequired || awssdk.ToInt32(mo.HttpPutResponseHopLimit) != 1 {
+		t.Fatalf("described metadata options %+v, want required tokens and hop limit 1", mo)
+	}
+}

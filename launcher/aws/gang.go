@@ -64,6 +64,9 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 		ids = append(ids, id)
 	}
 	insts, err := p.waitRunning(ctx, lp.region, ids)
+	if err == nil {
+		err = p.admitInstances(ctx, lp, insts)
+	}
 	if err != nil {
 		return fail(err)
 	}

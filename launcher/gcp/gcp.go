@@ -10,6 +10,10 @@
 // as HTTP errors or as failed operations, become launcher.ErrNoCapacity, ErrQuota and
 // ErrInvalid so the provisioner fails over.
 //
+// The service port admits the proxies only: an allow rule for them and a deny rule for the
+// rest, both for the VMs tagged ferry-port-PORT; List narrows the rules Ferry made before for
+// VMs an earlier controller launched (firewall.go).
+//
 // Instance ids are "gcp/ZONE/NAME".
 package gcp
 
@@ -19,6 +23,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -105,9 +110,12 @@ type Options struct {
 	// PublicIP gives each VM an ephemeral external address and reports it as the endpoint,
 	// for a controller outside the VPC. Without it the endpoint is the internal address.
 	PublicIP bool
-	// FirewallSourceRanges may reach the service port; default the private ranges, or
-	// 0.0.0.0/0 with PublicIP.
-	FirewallSourceRanges []string
+	// IngressCIDRs and IngressTags (network tags of VMs in the network) are all that may reach
+	// the service port: the controller and its attached proxies. With neither, the controller
+	// alone, at the address its host sends from to each replica (see firewall.go); with
+	// PublicIP that is usually a NAT's, so list the public addresses here.
+	IngressCIDRs []string
+	IngressTags  []string
 	// SkipFirewall leaves firewall rules to the operator (no compute.firewalls permission).
 	SkipFirewall bool
 	// LaunchTimeout, PollInterval, NoticeInterval and NoticeLookback: see the Default* constants.
@@ -130,7 +138,14 @@ type Provider struct {
 	mu            sync.Mutex
 	allowed       map[string]bool // nil: every zone
 	launchedZones map[string]bool // zones launched into, listed even when not configured
-	firewallOK    map[int]bool
+
+	// ingressCIDRs are Options.IngressCIDRs in canonical form.
+	ingressCIDRs []string
+	// routeSource is launcher.RouteSource; tests replace it.
+	routeSource func(ip string) (netip.Prefix, error)
+	// fwMu serialises changes to the firewall rules; it is never held with mu.
+	fwMu sync.Mutex
+	fw   firewallState
 }
 
 var (
@@ -155,11 +170,9 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if opts.GPUImage == "" {
 		opts.GPUImage = DefaultGPUImage
 	}
-	if len(opts.FirewallSourceRanges) == 0 {
-		opts.FirewallSourceRanges = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
-		if opts.PublicIP {
-			opts.FirewallSourceRanges = []string{"0.0.0.0/0"}
-		}
+	cidrs, err := checkIngress(opts)
+	if err != nil {
+		return nil, err
 	}
 	if opts.LaunchTimeout <= 0 {
 		opts.LaunchTimeout = DefaultLaunchTimeout
@@ -190,9 +203,12 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	copts = append(copts, opts.ClientOptions...)
 
 	p := &Provider{opts: opts, log: opts.Logger.With(zap.String("infra", InfraName), zap.String("project", opts.Project)),
-		launchedZones: map[string]bool{}, firewallOK: map[int]bool{}}
+		launchedZones: map[string]bool{}, ingressCIDRs: cidrs, routeSource: launcher.RouteSource,
+		fw: firewallState{settled: map[int]bool{}, denied: map[int]bool{}, admitted: map[string]bool{}, adopted: map[int]time.Time{}}}
 	p.allowed = allowedZones(opts.Zones, opts.Regions)
-	var err error
+	if opts.PublicIP && !p.configured() && !opts.SkipFirewall {
+		p.log.Warn("replicas get public addresses but no proxy source is configured: the controller is admitted at its own address, which a NAT usually hides; set gcp.proxy_cidrs")
+	}
 	if p.instances, err = compute.NewInstancesRESTClient(ctx, copts...); err != nil {
 		return nil, fmt.Errorf("gcp: %w: instances client: %w", launcher.ErrUnauthorized, err)
 	}
@@ -348,7 +364,7 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.opts.LaunchTimeout)
 	defer cancel()
-	if err := p.ensureFirewall(ctx, portOf(spec)); err != nil {
+	if err := p.ensureFirewall(ctx, portOf(spec), ""); err != nil {
 		return launcher.Instance{}, err
 	}
 	p.mu.Lock()
@@ -375,6 +391,10 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		return launcher.Instance{}, launchError(fmt.Errorf("gcp: insert %s in %s: %w", vm.GetName(), zone, err))
 	}
 	running, err := p.waitRunning(ctx, zone, vm.GetName())
+	if err == nil {
+		// Without configured sources the controller is admitted once the VM has an address.
+		err = p.ensureFirewall(ctx, portOf(spec), address(running, p.opts.PublicIP))
+	}
 	if err != nil {
 		p.deleteQuietly(zone, vm.GetName())
 		return launcher.Instance{}, err
@@ -526,6 +546,7 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 	}
 	out := slices.Concat(perZone...)
 	slices.SortFunc(out, func(a, b launcher.Instance) int { return strings.Compare(a.ID, b.ID) })
+	p.adoptFirewall(ctx, out)
 	return out, nil
 }
 

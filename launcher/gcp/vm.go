@@ -1,9 +1,7 @@
 package gcp
 
 import (
-	"context"
 	"crypto/rand"
-	"errors"
 	"fmt"
 	"math"
 	"regexp"
@@ -12,7 +10,6 @@ import (
 	"strings"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
-	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ferryserve/ferry/launcher"
@@ -191,9 +188,12 @@ var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // startupScript is the VM's startup-script metadata: the environment, then the task.
 //
 // Known limitation: environment values, secrets (Spec.SecretEnvs) included, are written into
-// the metadata, which anyone with compute.instances.get on the project can read. Keeping them
-// apart needs Secret Manager and a service account on the VM; until then, treat the project's
-// viewers as able to read a task's secrets.
+// the metadata, which anyone with compute.instances.get on the project can read, and so can
+// any process on the VM, containers included, from the metadata server: it asks only for the
+// Metadata-Flavor: Google header, which stops forged requests that cannot set headers, and
+// GCE has no hop limit nor a way to turn it off per key. Keeping them apart needs Secret
+// Manager and a service account on the VM; until then, treat the project's viewers and
+// everything the replica runs as able to read a task's secrets.
 func startupScript(spec launcher.Spec) (string, error) {
 	var b strings.Builder
 	b.WriteString("#!/usr/bin/env bash\n# Ferry startup script (GCP startup-script metadata): environment, then setup and run.\n")
@@ -252,52 +252,4 @@ func randomSuffix() string {
 		b[i] = suffixAlphabet[int(b[i])%len(suffixAlphabet)]
 	}
 	return string(b[:])
-}
-
-// ensureFirewall creates, once per port, an ingress rule letting FirewallSourceRanges reach
-// the port on VMs tagged ferry-port-PORT. It exists already: fine (idempotent, also across
-// controllers racing to create it).
-func (p *Provider) ensureFirewall(ctx context.Context, port int) error {
-	if p.opts.SkipFirewall {
-		return nil
-	}
-	p.mu.Lock()
-	done := p.firewallOK[port]
-	p.mu.Unlock()
-	if done {
-		return nil
-	}
-	name := "ferry-allow-" + strconv.Itoa(port)
-	if p.opts.Network != DefaultNetwork {
-		name = "ferry-" + p.opts.Network + "-allow-" + strconv.Itoa(port)
-	}
-	_, err := p.firewalls.Get(ctx, &computepb.GetFirewallRequest{Project: p.opts.Project, Firewall: name})
-	if err != nil {
-		if err = classify(err, "get firewall "+name); !errors.Is(err, launcher.ErrNotFound) {
-			return err
-		}
-		op, err := p.firewalls.Insert(ctx, &computepb.InsertFirewallRequest{Project: p.opts.Project, FirewallResource: &computepb.Firewall{
-			Name:         proto.String(name),
-			Description:  proto.String("Ferry: the service port of Ferry's replicas"),
-			Network:      proto.String("global/networks/" + p.opts.Network),
-			Direction:    proto.String("INGRESS"),
-			Allowed:      []*computepb.Allowed{{IPProtocol: proto.String("tcp"), Ports: []string{strconv.Itoa(port)}}},
-			SourceRanges: p.opts.FirewallSourceRanges,
-			TargetTags:   []string{portTag(port)},
-		}})
-		switch {
-		case err != nil && isConflict(err):
-		case err != nil:
-			return classify(err, "insert firewall "+name)
-		default:
-			if err := p.waitGlobalOp(ctx, op.Proto()); err != nil {
-				return fmt.Errorf("gcp: insert firewall %s: %w", name, err)
-			}
-			p.log.Info("created firewall rule", zap.String("firewall", name), zap.Int("port", port))
-		}
-	}
-	p.mu.Lock()
-	p.firewallOK[port] = true
-	p.mu.Unlock()
-	return nil
 }

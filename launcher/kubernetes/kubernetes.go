@@ -7,6 +7,9 @@
 // ferry.managed=true` shows what Ferry made. The provider reads pods and nodes through watches
 // (informers), never a polling loop.
 //
+// Each service's pods are selected by a NetworkPolicy that admits their port from the
+// proxies only (networkpolicy.go).
+//
 // A pod the scheduler cannot place within ProvisionTimeout is deleted and its launch fails
 // with launcher.ErrNoCapacity: that is what lets the next candidate (another context, a cloud)
 // take the replica — cloud burst.
@@ -93,8 +96,15 @@ type Options struct {
 	// StartTimeout bounds the wait for a scheduled pod's IP; default DefaultStartTimeout.
 	StartTimeout time.Duration
 	// Image is used when a task sets no image_id; default DefaultImage.
-	Image  string
-	Logger *zap.Logger
+	Image string
+	// IngressPodLabels and IngressNamespace select the pods that may reach replicas' service
+	// port, the controller's and attached proxies' (default DefaultIngressPodLabels, in the
+	// replicas' namespace); IngressCIDRs add address ranges, for a controller outside the
+	// cluster. Each service's NetworkPolicy admits those only (networkpolicy.go).
+	IngressPodLabels map[string]string
+	IngressNamespace string
+	IngressCIDRs     []string
+	Logger           *zap.Logger
 	// RESTConfig, when set, is used instead of Kubeconfig (in-cluster or tests); Context then
 	// only names the infra.
 	RESTConfig *rest.Config
@@ -120,6 +130,11 @@ type Provider struct {
 	usedMu sync.Mutex
 	used   map[string]int64
 	usedAt time.Time
+
+	// policyMu orders the creation and deletion of pods against their services'
+	// NetworkPolicies, so that no pod runs without one; it guards policy.
+	policyMu sync.Mutex
+	policy   policyState
 }
 
 // usedTTL is how long a cluster-wide count of GPUs in use is reused: every launch plans, and
@@ -147,6 +162,9 @@ func New(opts Options) (*Provider, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
+	}
+	if err := checkIngressOptions(&opts); err != nil {
+		return nil, err
 	}
 	routeKlog(opts.Logger)
 	cfg := opts.RESTConfig
@@ -193,6 +211,7 @@ func New(opts Options) (*Provider, error) {
 		client: client,
 		infra:  infra,
 		ns:     ns,
+		policy: policyState{ports: map[string][]int32{}},
 	}, nil
 }
 
@@ -306,18 +325,9 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	if err != nil {
 		return launcher.Instance{}, err
 	}
-	secret := secretFor(pod, spec)
-	if secret != nil {
-		if _, err := p.client.CoreV1().Secrets(p.ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
-			return launcher.Instance{}, p.classify(err, "create secret "+secret.Name)
-		}
-	}
-	created, err := p.client.CoreV1().Pods(p.ns).Create(ctx, pod, metav1.CreateOptions{})
+	created, secret, err := p.createPod(ctx, pod, spec)
 	if err != nil {
-		if secret != nil {
-			p.deleteSecret(pod.Name)
-		}
-		return launcher.Instance{}, p.classify(err, "create pod "+pod.Name)
+		return launcher.Instance{}, err
 	}
 	if secret != nil {
 		// Owned by the pod, the cluster's garbage collector removes it with the pod even if
@@ -336,6 +346,30 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		return launcher.Instance{}, err
 	}
 	return p.instance(ready), nil
+}
+
+// createPod creates the pod, after its Secret (if it has secrets) and its service's
+// NetworkPolicy, so that it never runs unselected by one.
+func (p *Provider) createPod(ctx context.Context, pod *corev1.Pod, spec launcher.Spec) (*corev1.Pod, *corev1.Secret, error) {
+	p.policyMu.Lock()
+	defer p.policyMu.Unlock()
+	if err := p.ensurePolicy(ctx, pod.Labels[launcher.LabelService], pod.Spec.Containers[0].Ports[0].ContainerPort); err != nil {
+		return nil, nil, err
+	}
+	secret := secretFor(pod, spec)
+	if secret != nil {
+		if _, err := p.client.CoreV1().Secrets(p.ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+			return nil, nil, p.classify(err, "create secret "+secret.Name)
+		}
+	}
+	created, err := p.client.CoreV1().Pods(p.ns).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		if secret != nil {
+			p.deleteSecret(pod.Name)
+		}
+		return nil, nil, p.classify(err, "create pod "+pod.Name)
+	}
+	return created, secret, nil
 }
 
 // waitStarted watches the pod until it is scheduled and has an IP.
@@ -440,6 +474,9 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	service, known := p.podService(ctx, name)
+	p.policyMu.Lock()
+	defer p.policyMu.Unlock()
 	err = p.client.CoreV1().Pods(p.ns).Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return p.classify(err, "delete pod "+name)
@@ -449,7 +486,28 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 		return p.classify(err, "delete secret "+secretName(name))
 	}
 	p.log.Info("deleted pod", zap.String("pod", name))
+	if known {
+		if err := p.releasePolicy(ctx, service, name); err != nil {
+			// The pod is gone; List deletes the policy later.
+			p.log.Warn("delete the service's network policy", zap.String("pod", name), zap.Error(err))
+		}
+	}
 	return nil
+}
+
+// podService is the service label of a pod, from the watch cache or else the API server;
+// known is false when the pod is not found.
+func (p *Provider) podService(ctx context.Context, name string) (service string, known bool) {
+	if p.pods != nil {
+		if pod, err := p.pods.Pods(p.ns).Get(name); err == nil {
+			return pod.Labels[launcher.LabelService], true
+		}
+	}
+	pod, err := p.client.CoreV1().Pods(p.ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", false
+	}
+	return pod.Labels[launcher.LabelService], true
 }
 
 func (p *Provider) deletePod(name string) {
@@ -517,6 +575,7 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 		}
 	}
 	slices.SortFunc(out, func(a, b launcher.Instance) int { return strings.Compare(a.ID, b.ID) })
+	p.syncPolicies(ctx)
 	return out, nil
 }
 

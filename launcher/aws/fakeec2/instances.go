@@ -28,7 +28,57 @@ type instance struct {
 	endedAt                   time.Time
 	reason                    *xmlStateReason
 	transition                string
+	metadata                  MetadataOptions
 	vm                        *vm
+}
+
+// MetadataOptions are an instance's instance-metadata-service settings, as RunInstances'
+// MetadataOptions set them.
+type MetadataOptions struct {
+	// HTTPTokens is "required" (IMDSv2 only: every read needs a session token from a PUT) or
+	// "optional" (IMDSv1's plain GETs answer too).
+	HTTPTokens string
+	// HopLimit is the PUT response's IP TTL: 1 keeps the token from leaving the instance (a
+	// container behind a bridge, one hop further, gets none).
+	HopLimit int
+	// HTTPEndpoint is "enabled" or "disabled".
+	HTTPEndpoint string
+}
+
+// metadataOptions reads RunInstances' MetadataOptions.*, validated as EC2 does. Absent
+// fields get the account's defaults, else what EC2 gives an image that does not declare
+// IMDSv2 support: optional tokens, hop limit 1, endpoint enabled.
+func metadataOptions(p params, defaults MetadataOptions) (MetadataOptions, *APIError) {
+	m := MetadataOptions{HTTPTokens: "optional", HopLimit: 1, HTTPEndpoint: "enabled"}
+	if defaults.HTTPTokens != "" {
+		m.HTTPTokens = defaults.HTTPTokens
+	}
+	if defaults.HopLimit != 0 {
+		m.HopLimit = defaults.HopLimit
+	}
+	if defaults.HTTPEndpoint != "" {
+		m.HTTPEndpoint = defaults.HTTPEndpoint
+	}
+	if v := p.get("MetadataOptions.HttpTokens"); v != "" {
+		if v != "optional" && v != "required" {
+			return m, apiErr("InvalidParameterValue", "Value (%s) for parameter MetadataOptions.HttpTokens is invalid. Valid values: optional, required", v)
+		}
+		m.HTTPTokens = v
+	}
+	if v := p.get("MetadataOptions.HttpPutResponseHopLimit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 64 {
+			return m, apiErr("InvalidParameterValue", "Value (%s) for parameter MetadataOptions.HttpPutResponseHopLimit is invalid. It must be an integer from 1 to 64", v)
+		}
+		m.HopLimit = n
+	}
+	if v := p.get("MetadataOptions.HttpEndpoint"); v != "" {
+		if v != "enabled" && v != "disabled" {
+			return m, apiErr("InvalidParameterValue", "Value (%s) for parameter MetadataOptions.HttpEndpoint is invalid. Valid values: enabled, disabled", v)
+		}
+		m.HTTPEndpoint = v
+	}
+	return m, nil
 }
 
 // Instance is a snapshot of one fake instance, for tests.
@@ -42,6 +92,8 @@ type Instance struct {
 	SpotRequestID, SpotStatus string
 	// LogPath is the VM's output.
 	LogPath string
+	// Metadata is what RunInstances asked of the instance metadata service.
+	Metadata MetadataOptions
 }
 
 func (in *instance) live() bool { return in.state == "pending" || in.state == "running" }
@@ -74,7 +126,7 @@ func (s *Server) Instances() []Instance {
 		snap := Instance{
 			ID: in.id, Region: in.region, ZoneID: in.zone.id, ZoneName: in.zone.name, InstanceType: in.instanceType,
 			ImageID: in.imageID, State: in.state, PrivateIP: in.privateIP, PlacementGroup: in.placementGroup, Spot: in.spot,
-			Tags: maps.Clone(in.tags), LogPath: s.logPath(in.id),
+			Tags: maps.Clone(in.tags), LogPath: s.logPath(in.id), Metadata: in.metadata,
 		}
 		if in.reason != nil {
 			snap.StateReason = in.reason.Code
@@ -206,6 +258,10 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 	default:
 		return nil, apiErr("InvalidParameterValue", "Invalid market type %q", mt)
 	}
+	metadata, aerr := metadataOptions(p, s.opts.MetadataDefaults)
+	if aerr != nil {
+		return nil, aerr
+	}
 	userData := p.get("UserData")
 	script, err := base64.StdEncoding.DecodeString(userData)
 	if err != nil {
@@ -276,7 +332,7 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 		in := &instance{
 			id: newID("i-"), reservationID: rid, region: reg.name, imageID: imageID, instanceType: itype,
 			zone: z, placementGroup: pg, securityGroups: groups, spot: spot, privateIP: ip,
-			tags: maps.Clone(tags), launchTime: now, state: "pending",
+			tags: maps.Clone(tags), launchTime: now, state: "pending", metadata: metadata,
 		}
 		if spot {
 			in.request = newSpotRequest(now, p.get("InstanceMarketOptions.SpotOptions.MaxPrice"), requestTags)
@@ -318,6 +374,9 @@ func (s *Server) xmlInstance(in *instance, index int) xmlInstance {
 		Placement:   xmlPlacement{AvailabilityZone: in.zone.name, AvailabilityZoneID: in.zone.id, GroupName: in.placementGroup, Tenancy: "default"},
 		GroupSet:    in.securityGroups,
 		StateReason: in.reason, TagSet: tagSet(in.tags),
+		MetadataOptions: xmlMetadataOptions{
+			State: "applied", HTTPTokens: in.metadata.HTTPTokens, HopLimit: in.metadata.HopLimit, HTTPEndpoint: in.metadata.HTTPEndpoint,
+		},
 	}
 	if in.request != nil {
 		x.SpotInstanceRequestID = in.request.id

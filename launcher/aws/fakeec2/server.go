@@ -7,7 +7,9 @@
 // account-style zone names that deliberately do not follow ID order), per-zone capacity per
 // instance type, a per-region vCPU quota for on-demand instances (VcpuLimitExceeded) and a
 // spot instance count limit (MaxSpotInstanceCountExceeded), spot prices from the catalog,
-// security groups, placement groups, injected errors per zone, and spot preemption: a spot
+// security groups (ingress rules per source, CIDR block or security group, with descriptions,
+// authorized and revoked as EC2 does), placement groups, each instance's metadata-service options (RunInstances'
+// MetadataOptions, validated and reported), injected errors per zone, and spot preemption: a spot
 // instance has a one-time spot request (DescribeSpotInstanceRequests), which shows EC2's
 // interruption warning while the instance runs out its notice (PreemptWithNotice).
 //
@@ -73,6 +75,10 @@ type Options struct {
 	Catalog *catalog.Catalog
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// MetadataDefaults are the account's instance-metadata defaults (what
+	// ModifyInstanceMetadataDefaults sets) for the MetadataOptions fields RunInstances leaves
+	// out; zero fields are EC2's own defaults (optional tokens, hop limit 1, endpoint enabled).
+	MetadataDefaults MetadataOptions
 	// InterruptionStatus is the status code a spot request gets at PreemptWithNotice's
 	// warning: StatusNoCapacity (default), which EC2 documents for one-time requests whose
 	// instances terminate on interruption, or StatusMarkedForTermination.
@@ -120,7 +126,7 @@ type zone struct{ id, name string }
 
 type securityGroup struct {
 	id, name, description string
-	rules                 []xmlIPPermission
+	rules                 []ingressRule
 	tags                  map[string]string
 }
 
@@ -352,6 +358,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out, err = s.describeSecurityGroups(m, reg, p)
 	case "AuthorizeSecurityGroupIngress":
 		out, err = s.authorizeSecurityGroupIngress(m, reg, p)
+	case "RevokeSecurityGroupIngress":
+		out, err = s.revokeSecurityGroupIngress(m, reg, p)
 	case "CreatePlacementGroup":
 		out, err = s.createPlacementGroup(m, reg, p)
 	case "DescribePlacementGroups":

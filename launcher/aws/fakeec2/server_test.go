@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -243,4 +244,127 @@ func TestVMRunsUserDataOnItsAddress(t *testing.T) {
 func readFile(path string) (string, error) {
 	b, err := os.ReadFile(path)
 	return string(b), err
+}
+
+// TestRunInstancesMetadataOptions: the SDK's MetadataOptions reach the fake, are validated as
+// EC2 validates them, and come back in DescribeInstances.
+func TestRunInstancesMetadataOptions(t *testing.T) {
+	s := newServer(t, Options{MetadataDefaults: MetadataOptions{HopLimit: 2}})
+	c := client(s, "GOOD")
+	ctx := context.Background()
+	run := func(m *types.InstanceMetadataOptionsRequest) (*ec2.RunInstancesOutput, error) {
+		return c.RunInstances(ctx, &ec2.RunInstancesInput{ImageId: awssdk.String("ami-1"), MinCount: awssdk.Int32(1), MaxCount: awssdk.Int32(1), MetadataOptions: m})
+	}
+	out, err := run(&types.InstanceMetadataOptionsRequest{
+		HttpTokens: types.HttpTokensStateRequired, HttpPutResponseHopLimit: awssdk.Int32(1), HttpEndpoint: types.InstanceMetadataEndpointStateEnabled,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := awssdk.ToString(out.Instances[0].InstanceId)
+	desc, err := c.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mo := desc.Reservations[0].Instances[0].MetadataOptions
+	if mo == nil || mo.HttpTokens != types.HttpTokensStateRequired || awssdk.ToInt32(mo.HttpPutResponseHopLimit) != 1 || mo.HttpEndpoint != types.InstanceMetadataEndpointStateEnabled {
+		t.Fatalf("DescribeInstances metadata options %+v, want required tokens, hop limit 1, endpoint enabled", mo)
+	}
+	if _, err := run(nil); err != nil {
+		t.Fatal(err)
+	}
+	var got []MetadataOptions
+	for _, in := range s.Instances() {
+		got = append(got, in.Metadata)
+	}
+	want := []MetadataOptions{{HTTPTokens: "required", HopLimit: 1, HTTPEndpoint: "enabled"}, {HTTPTokens: "optional", HopLimit: 2, HTTPEndpoint: "enabled"}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("recorded metadata options (-want +got):\n%s", d)
+	}
+	for name, m := range map[string]*types.InstanceMetadataOptionsRequest{
+		"hop limit 0":  {HttpPutResponseHopLimit: awssdk.Int32(0)},
+		"hop limit 65": {HttpPutResponseHopLimit: awssdk.Int32(65)},
+		"tokens":       {HttpTokens: "sometimes"},
+	} {
+		var ae smithy.APIError
+		if _, err := run(m); !errors.As(err, &ae) || ae.ErrorCode() != "InvalidParameterValue" {
+			t.Errorf("%s: %v, want InvalidParameterValue", name, err)
+		}
+	}
+}
+
+// TestSecurityGroupIngress: rules per source (CIDR block or security group) with descriptions,
+// authorized and revoked through the SDK as EC2 does: a duplicate or a missing rule fails the
+// whole call and changes nothing.
+func TestSecurityGroupIngress(t *testing.T) {
+	s := newServer(t, Options{})
+	c := client(s, "GOOD")
+	ctx := context.Background()
+	group := func(name string) string {
+		out, err := c.CreateSecurityGroup(ctx, &ec2.CreateSecurityGroupInput{GroupName: awssdk.String(name), Description: awssdk.String(name)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return awssdk.ToString(out.GroupId)
+	}
+	replicas, proxies := group("replicas"), group("proxies")
+	perm := func(cidr, sg string) types.IpPermission {
+		p := types.IpPermission{IpProtocol: awssdk.String("tcp"), FromPort: awssdk.Int32(8080), ToPort: awssdk.Int32(8080)}
+		if cidr != "" {
+			p.IpRanges = []types.IpRange{{CidrIp: awssdk.String(cidr), Description: awssdk.String("from " + cidr)}}
+		}
+		if sg != "" {
+			p.UserIdGroupPairs = []types.UserIdGroupPair{{GroupId: awssdk.String(sg), Description: awssdk.String("from the proxies")}}
+		}
+		return p
+	}
+	authorize := func(p types.IpPermission) error {
+		_, err := c.AuthorizeSecurityGroupIngress(ctx, &ec2.AuthorizeSecurityGroupIngressInput{GroupId: awssdk.String(replicas), IpPermissions: []types.IpPermission{p}})
+		return err
+	}
+	revoke := func(p types.IpPermission) error {
+		_, err := c.RevokeSecurityGroupIngress(ctx, &ec2.RevokeSecurityGroupIngressInput{GroupId: awssdk.String(replicas), IpPermissions: []types.IpPermission{p}})
+		return err
+	}
+	code := func(err error) string {
+		var ae smithy.APIError
+		if errors.As(err, &ae) {
+			return ae.ErrorCode()
+		}
+		return fmt.Sprint(err)
+	}
+	if err := authorize(perm("10.0.3.17/32", proxies)); err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		err  error
+		want string
+	}{
+		"duplicate source with a new one": {authorize(perm("10.9.9.9/32", proxies)), "InvalidPermission.Duplicate"},
+		"unknown source group":            {authorize(perm("", "sg-0000000000000000f")), "InvalidGroup.NotFound"},
+		"malformed CIDR":                  {authorize(perm("10.0.0.300/32", "")), "InvalidParameterValue"},
+		"revoke a rule that is not there": {revoke(perm("10.9.9.9/32", proxies)), "InvalidPermission.NotFound"},
+	} {
+		if got := code(tc.err); got != tc.want {
+			t.Errorf("%s: %s, want %s", name, got, tc.want)
+		}
+	}
+	out, err := c.DescribeSecurityGroups(ctx, &ec2.DescribeSecurityGroupsInput{GroupIds: []string{replicas}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	perms := out.SecurityGroups[0].IpPermissions
+	if len(perms) != 1 || len(perms[0].IpRanges) != 1 || len(perms[0].UserIdGroupPairs) != 1 ||
+		awssdk.ToString(perms[0].IpRanges[0].CidrIp) != "10.0.3.17/32" || awssdk.ToString(perms[0].IpRanges[0].Description) != "from 10.0.3.17/32" ||
+		awssdk.ToString(perms[0].UserIdGroupPairs[0].GroupId) != proxies || awssdk.ToString(perms[0].UserIdGroupPairs[0].Description) != "from the proxies" {
+		t.Fatalf("described permissions %+v, want one for 8080 from the CIDR and the group, with descriptions", perms)
+	}
+	if err := revoke(types.IpPermission{IpProtocol: awssdk.String("tcp"), FromPort: awssdk.Int32(8080), ToPort: awssdk.Int32(8080),
+		IpRanges: []types.IpRange{{CidrIp: awssdk.String("10.0.3.17/32")}}}); err != nil {
+		t.Fatalf("revoke without the description: %v", err)
+	}
+	want := []IngressRule{{Protocol: "tcp", FromPort: 8080, ToPort: 8080, GroupID: proxies, Description: "from the proxies"}}
+	if d := cmp.Diff(want, s.IngressRules("us-east-1", "replicas")); d != "" {
+		t.Fatalf("rules after revoke (-want +got):\n%s", d)
+	}
 }

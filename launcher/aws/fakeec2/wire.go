@@ -219,21 +219,29 @@ type xmlGroup struct {
 }
 
 type xmlInstance struct {
-	InstanceID            string          `xml:"instanceId"`
-	ImageID               string          `xml:"imageId"`
-	State                 xmlState        `xml:"instanceState"`
-	PrivateDNSName        string          `xml:"privateDnsName"`
-	Reason                string          `xml:"reason"`
-	AmiLaunchIndex        int             `xml:"amiLaunchIndex"`
-	InstanceType          string          `xml:"instanceType"`
-	LaunchTime            string          `xml:"launchTime"`
-	Placement             xmlPlacement    `xml:"placement"`
-	PrivateIPAddress      string          `xml:"privateIpAddress,omitempty"`
-	GroupSet              []xmlGroup      `xml:"groupSet>item"`
-	StateReason           *xmlStateReason `xml:"stateReason,omitempty"`
-	InstanceLifecycle     string          `xml:"instanceLifecycle,omitempty"`
-	SpotInstanceRequestID string          `xml:"spotInstanceRequestId,omitempty"`
-	TagSet                []xmlTag        `xml:"tagSet>item"`
+	InstanceID            string             `xml:"instanceId"`
+	ImageID               string             `xml:"imageId"`
+	State                 xmlState           `xml:"instanceState"`
+	PrivateDNSName        string             `xml:"privateDnsName"`
+	Reason                string             `xml:"reason"`
+	AmiLaunchIndex        int                `xml:"amiLaunchIndex"`
+	InstanceType          string             `xml:"instanceType"`
+	LaunchTime            string             `xml:"launchTime"`
+	Placement             xmlPlacement       `xml:"placement"`
+	PrivateIPAddress      string             `xml:"privateIpAddress,omitempty"`
+	GroupSet              []xmlGroup         `xml:"groupSet>item"`
+	StateReason           *xmlStateReason    `xml:"stateReason,omitempty"`
+	InstanceLifecycle     string             `xml:"instanceLifecycle,omitempty"`
+	SpotInstanceRequestID string             `xml:"spotInstanceRequestId,omitempty"`
+	TagSet                []xmlTag           `xml:"tagSet>item"`
+	MetadataOptions       xmlMetadataOptions `xml:"metadataOptions"`
+}
+
+type xmlMetadataOptions struct {
+	State        string `xml:"state"`
+	HTTPTokens   string `xml:"httpTokens"`
+	HopLimit     int    `xml:"httpPutResponseHopLimit"`
+	HTTPEndpoint string `xml:"httpEndpoint"`
 }
 
 type xmlReservation struct {
@@ -309,14 +317,22 @@ type createSecurityGroupResponse struct {
 }
 
 type xmlIPRange struct {
-	CidrIP string `xml:"cidrIp"`
+	CidrIP      string `xml:"cidrIp"`
+	Description string `xml:"description,omitempty"`
+}
+
+type xmlUserIDGroupPair struct {
+	GroupID     string `xml:"groupId"`
+	UserID      string `xml:"userId"`
+	Description string `xml:"description,omitempty"`
 }
 
 type xmlIPPermission struct {
-	IPProtocol string       `xml:"ipProtocol"`
-	FromPort   int          `xml:"fromPort"`
-	ToPort     int          `xml:"toPort"`
-	IPRanges   []xmlIPRange `xml:"ipRanges>item"`
+	IPProtocol string               `xml:"ipProtocol"`
+	FromPort   int                  `xml:"fromPort"`
+	ToPort     int                  `xml:"toPort"`
+	IPRanges   []xmlIPRange         `xml:"ipRanges>item"`
+	Groups     []xmlUserIDGroupPair `xml:"groups>item"`
 }
 
 type xmlSecurityGroup struct {

@@ -1,14 +1,16 @@
 // Package fakecompute is an in-process Compute Engine: an HTTP server that speaks the Compute
 // REST/JSON API v1 for the subset Ferry's GCP provider calls through the real
 // cloud.google.com/go/compute REST clients — instances insert/get/list/delete, zone and global
-// operations get/list/wait, firewalls insert/get, zones list/get.
+// operations get/list/wait, firewalls insert/get/update/delete, zones list/get.
 //
 // Bodies are the API's JSON (computepb messages through protojson, the same encoding the
 // client uses), HTTP errors are Google's JSON error envelope, and failed operations carry
 // error.errors[].code with httpErrorStatusCode as GCP's do. The fake models per-zone capacity
 // per machine type (ZONE_RESOURCE_POOL_EXHAUSTED), a GPU quota per region (QUOTA_EXCEEDED),
 // GPU machines that must terminate on host maintenance (UNSUPPORTED_OPERATION), Spot VMs and
-// their preemption (Preempt), injected faults per zone, and bearer tokens that are refused.
+// their preemption (Preempt), injected faults per zone, bearer tokens that are refused, and
+// firewall rules with GCP's validation and defaults (priority 1000; an ingress rule naming no
+// source admits 0.0.0.0/0), which tests read back; traffic to VMs is not filtered.
 //
 // A VM boots by running its startup-script metadata with bash as a local process in its own
 // process group, with FERRY_HOST set to the VM's own loopback address (127.66.0.0/16, also its
@@ -160,6 +162,8 @@ func New(opts Options) *Server {
 	s.mux.HandleFunc("POST "+p+"zones/{zone}/operations/{op}/wait", s.getZoneOperation)
 	s.mux.HandleFunc("POST "+p+"global/firewalls", s.insertFirewall)
 	s.mux.HandleFunc("GET "+p+"global/firewalls/{name}", s.getFirewall)
+	s.mux.HandleFunc("PUT "+p+"global/firewalls/{name}", s.updateFirewall)
+	s.mux.HandleFunc("DELETE "+p+"global/firewalls/{name}", s.deleteFirewall)
 	s.mux.HandleFunc("GET "+p+"global/operations/{op}", s.getGlobalOperation)
 	s.mux.HandleFunc("POST "+p+"global/operations/{op}/wait", s.getGlobalOperation)
 	return s
@@ -820,67 +824,6 @@ func (s *Server) serveOperation(w http.ResponseWriter, r *http.Request, op *oper
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	writeJSON(w, op.pb)
-}
-
-func (s *Server) insertFirewall(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
-	if err != nil {
-		errInvalid("read body: " + err.Error()).write(w)
-		return
-	}
-	fw := &computepb.Firewall{}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(body, fw); err != nil {
-		errInvalid("Invalid JSON payload received. " + err.Error()).write(w)
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !nameRE.MatchString(fw.GetName()) {
-		errInvalid(fmt.Sprintf("Invalid value for field 'resource.name': '%s'.", fw.GetName())).write(w)
-		return
-	}
-	if len(fw.GetAllowed()) == 0 && len(fw.GetDenied()) == 0 {
-		errInvalid("Invalid value for field 'resource.allowed': ''. Exactly one of allowed or denied must be specified.").write(w)
-		return
-	}
-	if _, dup := s.firewalls[fw.GetName()]; dup {
-		errConflict("projects/" + s.opts.Project + "/global/firewalls/" + fw.GetName()).write(w)
-		return
-	}
-	s.nextID++
-	fw.Kind = proto.String("compute#firewall")
-	fw.Id = proto.Uint64(s.nextID)
-	fw.SelfLink = proto.String(s.baseURL() + "/global/firewalls/" + fw.GetName())
-	fw.CreationTimestamp = proto.String(time.Now().Format(timeLayout))
-	if fw.Network == nil {
-		fw.Network = proto.String(s.baseURL() + "/global/networks/default")
-	}
-	s.firewalls[fw.GetName()] = fw
-	op := s.newOperationLocked("", "insert", &computepb.Instance{SelfLink: fw.SelfLink, Id: fw.Id})
-	s.afterDelay(op, func() {})
-	writeJSON(w, op.pb)
-}
-
-func (s *Server) getFirewall(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	fw, ok := s.firewalls[r.PathValue("name")]
-	if !ok {
-		errNotFound("projects/" + s.opts.Project + "/global/firewalls/" + r.PathValue("name")).write(w)
-		return
-	}
-	writeJSON(w, fw)
-}
-
-// Firewall returns a copy of the named firewall rule.
-func (s *Server) Firewall(name string) (*computepb.Firewall, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	fw, ok := s.firewalls[name]
-	if !ok {
-		return nil, false
-	}
-	return proto.CloneOf(fw), true
 }
 
 func writeJSON(w http.ResponseWriter, m proto.Message) {

@@ -119,3 +119,50 @@ func TestListFilterAndWait(t *testing.T) {
 		t.Fatalf("unsupported filter: %v", err)
 	}
 }
+
+// TestFirewalls: insert, update (PUT replaces every field) and delete through the real client,
+// with GCP's validation and its default of 0.0.0.0/0 for an ingress rule with no source.
+func TestFirewalls(t *testing.T) {
+	fake := New(Options{Project: "p", Dir: t.TempDir()})
+	srv := httptest.NewServer(fake)
+	t.Cleanup(fake.Close)
+	t.Cleanup(srv.Close)
+	ctx := context.Background()
+	fc, err := compute.NewFirewallsRESTClient(ctx, option.WithEndpoint(srv.URL), option.WithoutAuthentication())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fc.Close() })
+	rule := func(ranges, tags []string) *computepb.Firewall {
+		return &computepb.Firewall{Name: proto.String("fw"), Allowed: []*computepb.Allowed{{IPProtocol: proto.String("tcp"), Ports: []string{"8080"}}},
+			SourceRanges: ranges, SourceTags: tags, TargetTags: []string{"t"}}
+	}
+	wait := func(op *compute.Operation, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := op.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait(fc.Insert(ctx, &computepb.InsertFirewallRequest{Project: "p", FirewallResource: rule(nil, nil)}))
+	if fw, _ := fake.Firewall("fw"); len(fw.GetSourceRanges()) != 1 || fw.GetSourceRanges()[0] != "0.0.0.0/0" || fw.GetPriority() != 1000 || fw.GetDirection() != "INGRESS" {
+		t.Fatalf("a rule with no source: %v; want 0.0.0.0/0, priority 1000, INGRESS", fw)
+	}
+	wait(fc.Update(ctx, &computepb.UpdateFirewallRequest{Project: "p", Firewall: "fw", FirewallResource: rule(nil, []string{"proxy"})}))
+	if fw, _ := fake.Firewall("fw"); len(fw.GetSourceRanges()) != 0 || len(fw.GetSourceTags()) != 1 || fw.GetId() == 0 {
+		t.Fatalf("after update: %v; want the tag only, same id", fw)
+	}
+	var gerr *googleapi.Error
+	if _, err := fc.Insert(ctx, &computepb.InsertFirewallRequest{Project: "p", FirewallResource: rule([]string{"10.0.0.0/33"}, nil)}); !errors.As(err, &gerr) || gerr.Code != 400 {
+		t.Errorf("a malformed range: %v, want 400", err)
+	}
+	if _, err := fc.Update(ctx, &computepb.UpdateFirewallRequest{Project: "p", Firewall: "nope", FirewallResource: rule([]string{"10.0.0.0/8"}, nil)}); !errors.As(err, &gerr) || gerr.Code != 404 {
+		t.Errorf("updating a missing rule: %v, want 404", err)
+	}
+	wait(fc.Delete(ctx, &computepb.DeleteFirewallRequest{Project: "p", Firewall: "fw"}))
+	if names := fake.Firewalls(); len(names) != 0 {
+		t.Fatalf("firewalls after delete: %v", names)
+	}
+}
