@@ -74,15 +74,18 @@ func (s *server) routes(extra []Route) []Route {
 
 // requireToken lets through only requests that carry the token. SHA-256 sums are compared in
 // constant time, so the time taken says neither how long the token is nor how much of it a
-// guess got right.
+// guess got right. A refused request's connection is closed, a let-through one's trusted
+// (see Server).
 func requireToken(token string, next http.Handler) http.Handler {
 	want := sha256.Sum256([]byte("Bearer " + token))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got := sha256.Sum256([]byte(r.Header.Get("Authorization")))
 		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 || token == "" {
+			refuseConnection(w)
 			writeError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong controller token")
 			return
 		}
+		trustConnection(r)
 		next.ServeHTTP(w, r)
 	})
 }

@@ -221,10 +221,7 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 		ln.Close()
 		return err
 	}
-	srv := &http.Server{
-		Handler:           api.NewHandler(c, token, c.log.Named("api"), c.attachRoutes()...),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
+	srv := api.NewServer(api.NewHandler(c, token, c.log.Named("api"), c.attachRoutes()...), 0, c.log.Named("api"))
 	serveErr := make(chan error, 1)
 	c.spawn(nil, "api server", func() { serveErr <- srv.Serve(ln) })
 	if err := h.WriteInfo(home.Info{PID: os.Getpid(), Addr: c.apiAddr, Version: c.opts.Version, StartedAt: c.startedAt}); err != nil {
@@ -305,7 +302,7 @@ func (c *Controller) startServing() error {
 
 // shutdown stops the API, the gateway and every service's loops and listener, leaving replicas
 // running for the next controller to adopt.
-func (c *Controller) shutdown(srv *http.Server) {
+func (c *Controller) shutdown(srv *api.Server) {
 	shutCtx, shutCancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer shutCancel()
 	_ = srv.Shutdown(shutCtx)

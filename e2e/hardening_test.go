@@ -1,0 +1,135 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Attacks a local user without the controller token, or a client of a service, could mount on
+// the controller and on local replicas, each reproduced against the real binary on loopback.
+
+// startLimitedController runs `ferry controller ARGS` for e's home in the background with at
+// most nofile open files (soft and hard, so the Go runtime cannot raise it), and waits until the
+// CLI reaches it.
+func (e *env) startLimitedController(t *testing.T, nofile int, args ...string) {
+	t.Helper()
+	logPath := filepath.Join(e.home, "controller.log")
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	script := fmt.Sprintf(`ulimit -Sn %d && ulimit -Hn %d && exec "$0" "$@"`, nofile, nofile)
+	c := exec.Command("bash", append([]string{"-c", script, ferryBin, "controller", "--log-file", logPath}, args...)...)
+	c.Env = append(e.cmd().Env, "FERRY_GATEWAY_ADDR=off", "FERRY_METRICS_ADDR=off")
+	c.Stdout, c.Stderr = logf, logf
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = c.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = c.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			_ = c.Process.Kill()
+			<-exited
+		}
+	})
+	eventually(t, 20*time.Second, "controller answers", func() (bool, string) {
+		out, errOut, err := e.run("controller", "status")
+		return err == nil && strings.Contains(out, "Controller: running"), out + errOut
+	})
+}
+
+// TestControllerAPIOutlastsIdleConnections: a local user without the token opens 240
+// connections to the controller's TCP API and leaves them idle, half of them after one request
+// that got 401. The controller runs with 256 open files, a common limit (macOS's default, many
+// containers'): before the API capped and timed out unauthenticated connections they took every
+// descriptor, and authorised calls, the CLI's included, waited for as long as the attacker
+// pleased. Now each authorised call answers within a second.
+func TestControllerAPIOutlastsIdleConnections(t *testing.T) {
+	e := newEnv(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	e.startLimitedController(t, 256, "--listen", addr)
+	tokenBytes, err := os.ReadFile(filepath.Join(e.home, "controller.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := strings.TrimSpace(string(tokenBytes))
+
+	// A fresh connection for every authorised call: a kept-alive one would dodge the attack.
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	authorised := func() (time.Duration, error) {
+		start := time.Now()
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/v1/services", nil)
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := client.Do(req)
+		if err != nil {
+			return time.Since(start), err
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return time.Since(start), fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
+		return time.Since(start), nil
+	}
+	// A service running, as on any machine that uses Ferry: its endpoint, replica logs and
+	// connections hold descriptors too.
+	e.mustRun("serve", "up", filepath.Join(repoRoot(), "configs/examples/quickstart.yaml"), "-y")
+	if _, err := authorised(); err != nil {
+		t.Fatalf("authorised call before the attack: %v", err)
+	}
+
+	const idle = 240
+	conns := make([]net.Conn, 0, idle)
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	// The whole attack gets 5 s, whatever the controller does with the connections.
+	attackDeadline := time.Now().Add(5 * time.Second)
+	for i := range idle {
+		c, err := net.DialTimeout("tcp", addr, time.Until(attackDeadline))
+		if err != nil {
+			break // refused: the attacker holds fewer
+		}
+		conns = append(conns, c)
+		if i%2 == 1 {
+			continue // connected, never says a word
+		}
+		_ = c.SetDeadline(attackDeadline)
+		if _, err := io.WriteString(c, "GET /v1/services HTTP/1.1\r\nHost: ferry\r\n\r\n"); err == nil {
+			_, _ = c.Read(make([]byte, 4096)) // the 401, then idle
+		}
+		_ = c.SetDeadline(time.Time{})
+	}
+	t.Logf("attacker holds %d connections", len(conns))
+
+	for round := range 3 {
+		took, err := authorised()
+		if err != nil || took > time.Second {
+			t.Errorf("round %d: authorised API call under %d idle connections: %v after %v, want an answer within 1s", round, len(conns), err, took)
+		}
+		start := time.Now()
+		out, errOut, err := e.run("serve", "status")
+		if took := time.Since(start); err != nil || took > time.Second {
+			t.Errorf("round %d: ferry serve status under %d idle connections: %v after %v, want an answer within 1s\n%s%s", round, len(conns), err, took, out, errOut)
+		}
+	}
+}
