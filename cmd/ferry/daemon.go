@@ -24,7 +24,10 @@ func connect(ctx context.Context, h home.Home) (*api.Client, api.ControllerStatu
 	if err != nil {
 		return nil, api.ControllerStatus{}, err
 	}
-	c := api.NewClient("http://"+info.Addr, tok)
+	c, err := api.ClientFor(h, info, tok)
+	if err != nil {
+		return nil, api.ControllerStatus{}, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	st, err := c.ControllerStatus(ctx)

@@ -67,8 +67,10 @@ type ServiceStatus struct {
 
 // ControllerStatus describes the running controller.
 type ControllerStatus struct {
-	PID       int       `json:"pid"`
-	Addr      string    `json:"addr"`
+	PID int `json:"pid"`
+	// Socket is the API's Unix socket; Addr its TCP address, empty without one.
+	Socket    string    `json:"socket,omitempty"`
+	Addr      string    `json:"addr,omitempty"`
 	Home      string    `json:"home"`
 	Version   string    `json:"version"`
 	StartedAt time.Time `json:"started_at"`

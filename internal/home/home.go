@@ -53,6 +53,11 @@ func (h Home) LockPath() string      { return filepath.Join(h.Dir, "controller.l
 func (h Home) ControllerLog() string { return filepath.Join(h.Dir, "controller.log") }
 func (h Home) LocalDir() string      { return filepath.Join(h.Dir, "local") }
 
+// SocketPath is the controller API's Unix socket (0600, in the 0700 home): how the CLI and
+// attached proxies on this machine reach the controller. It is the only listener unless the
+// controller is asked for a TCP address too.
+func (h Home) SocketPath() string { return filepath.Join(h.Dir, "controller.sock") }
+
 // Token returns the controller token, creating a random one (0600) on first use. A token file
 // that others may read (copied in, or made by hand) is made owner-only again before its token
 // is used: whoever reads it controls the controller.
@@ -119,8 +124,12 @@ func (h Home) waitToken() (string, error) {
 
 // Info is what a running controller publishes about itself.
 type Info struct {
-	PID       int       `json:"pid"`
-	Addr      string    `json:"addr"`
+	PID int `json:"pid"`
+	// Socket is the API's Unix socket: SocketPath, or a private directory of its own when that
+	// path is too long for a socket.
+	Socket string `json:"socket,omitempty"`
+	// Addr is the API's TCP address, empty unless the controller was asked to listen on one.
+	Addr      string    `json:"addr,omitempty"`
 	Version   string    `json:"version"`
 	StartedAt time.Time `json:"started_at"`
 }
