@@ -1,6 +1,9 @@
 package e2e
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net"
@@ -12,15 +15,17 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ferryserve/ferry/internal/testhttp"
 )
 
 // Attacks a local user without the controller token, or a client of a service, could mount on
 // the controller and on local replicas, each reproduced against the real binary on loopback.
 
-// startLimitedController runs `ferry controller ARGS` for e's home in the background with at
-// most nofile open files (soft and hard, so the Go runtime cannot raise it), and waits until the
-// CLI reaches it.
-func (e *env) startLimitedController(t *testing.T, nofile int, args ...string) {
+// startController runs `ferry controller ARGS` for e's home in the background, with at most
+// nofile open files unless it is 0 (soft and hard, so the Go runtime cannot raise it), and
+// waits until the CLI reaches it.
+func (e *env) startController(t *testing.T, nofile int, args ...string) {
 	t.Helper()
 	logPath := filepath.Join(e.home, "controller.log")
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
@@ -28,7 +33,10 @@ func (e *env) startLimitedController(t *testing.T, nofile int, args ...string) {
 		t.Fatal(err)
 	}
 	defer logf.Close()
-	script := fmt.Sprintf(`ulimit -Sn %d && ulimit -Hn %d && exec "$0" "$@"`, nofile, nofile)
+	script := `exec "$0" "$@"`
+	if nofile > 0 {
+		script = fmt.Sprintf(`ulimit -Sn %d && ulimit -Hn %d && exec "$0" "$@"`, nofile, nofile)
+	}
 	c := exec.Command("bash", append([]string{"-c", script, ferryBin, "controller", "--log-file", logPath}, args...)...)
 	c.Env = append(e.cmd().Env, "FERRY_GATEWAY_ADDR=off", "FERRY_METRICS_ADDR=off")
 	c.Stdout, c.Stderr = logf, logf
@@ -61,7 +69,7 @@ func (e *env) startLimitedController(t *testing.T, nofile int, args ...string) {
 func TestControllerAPIOutlastsIdleConnections(t *testing.T) {
 	e := newEnv(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	e.startLimitedController(t, 256, "--listen", addr)
+	e.startController(t, 256, "--listen", addr)
 	tokenBytes, err := os.ReadFile(filepath.Join(e.home, "controller.token"))
 	if err != nil {
 		t.Fatal(err)
@@ -132,4 +140,61 @@ func TestControllerAPIOutlastsIdleConnections(t *testing.T) {
 			t.Errorf("round %d: ferry serve status under %d idle connections: %v after %v, want an answer within 1s\n%s%s", round, len(conns), err, took, out, errOut)
 		}
 	}
+}
+
+// TestControllerAPIOffLoopbackNeedsTLS: asked to serve the API on every interface without TLS,
+// the controller refuses to start (it used to serve plain HTTP there, the token in every
+// request readable on the network). With a certificate it serves HTTPS there, pinned by clients
+// through the home's controller.crt, and plain HTTP gets no answer from the API.
+func TestControllerAPIOffLoopbackNeedsTLS(t *testing.T) {
+	e := newEnv(t)
+	port := freePort(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := e.cmd("controller", "--listen", fmt.Sprintf("0.0.0.0:%d", port))
+	c.Env = append(c.Env, "FERRY_GATEWAY_ADDR=off", "FERRY_METRICS_ADDR=off")
+	var out strings.Builder
+	c.Stdout, c.Stderr = &out, &out
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { <-ctx.Done(); _ = c.Process.Kill() }()
+	err := c.Wait()
+	if ctx.Err() != nil || err == nil || !strings.Contains(out.String(), "TLS") {
+		t.Fatalf("controller on 0.0.0.0 without TLS: %v (still running after 20s: %v); want it refused for want of TLS\n%s", err, ctx.Err() != nil, out.String())
+	}
+
+	certFile, keyFile := testhttp.WriteSelfSigned(t, t.TempDir())
+	e.startController(t, 0, "--listen", fmt.Sprintf("0.0.0.0:%d", port), "--api-tls-cert", certFile, "--api-tls-key", keyFile)
+	token, err := os.ReadFile(filepath.Join(e.home, "controller.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned, err := os.ReadFile(filepath.Join(e.home, "controller.crt"))
+	if err != nil {
+		t.Fatalf("the controller published no certificate: %v", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pinned) {
+		t.Fatalf("controller.crt holds no certificate:\n%s", pinned)
+	}
+	get := func(client *http.Client, url string) (int, error) {
+		req, _ := http.NewRequest(http.MethodGet, url, nil)
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	https := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	if code, err := get(https, fmt.Sprintf("https://127.0.0.1:%d/v1/services", port)); err != nil || code != http.StatusOK {
+		t.Fatalf("HTTPS with the published certificate: HTTP %d, %v", code, err)
+	}
+	plain := &http.Client{Timeout: 5 * time.Second}
+	if code, err := get(plain, fmt.Sprintf("http://127.0.0.1:%d/v1/services", port)); err == nil && code == http.StatusOK {
+		t.Fatal("plain HTTP to the controller's TLS address was served")
+	}
+	e.mustRun("serve", "status") // the CLI, on the socket
 }

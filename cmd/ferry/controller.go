@@ -32,7 +32,9 @@ func newControllerCmd() *cobra.Command {
 		Long: `Run Ferry's controller: it owns all state (SQLite under $FERRY_HOME, default ~/.ferry),
 launches and probes replicas, serves each service's endpoint, and answers the CLI on the Unix
 socket $FERRY_HOME/controller.sock (0600) with the token in $FERRY_HOME/controller.token. With
---listen it serves the same API on a TCP address too, for attached proxies on other machines.
+--listen it serves the same API on a TCP address too, for attached proxies on other machines:
+over HTTPS with --api-tls-cert and --api-tls-key, which an address off loopback requires (the
+certificate is copied to $FERRY_HOME/controller.crt, which clients pin).
 Prometheus metrics for every service
 are served apart from traffic on --metrics-addr (/metrics and /healthz; with
 --metrics-token-file, /metrics requires that file's token as a bearer token, which a Prometheus
@@ -42,6 +44,7 @@ sampled under load, as lines of the logger "access".
 Every other command starts it in the background when it is not running, so you rarely run this.`,
 		Example: "  ferry controller                 # foreground, logs to the terminal\n" +
 			"  ferry controller --metrics-addr 127.0.0.1:9500   # Prometheus metrics on another port\n" +
+			"  ferry controller --listen 10.0.0.5:7443 --api-tls-cert api.crt --api-tls-key api.key   # for proxies elsewhere\n" +
 			"  ferry controller status\n  ferry controller stop",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -75,6 +78,10 @@ Every other command starts it in the background when it is not running, so you r
 	f := cmd.Flags()
 	f.StringVar(&opts.Listen, "listen", envOr("FERRY_CONTROLLER_LISTEN", ""),
 		"also serve the API on this TCP address, host:port, for attached proxies on other machines; the CLI uses the socket in FERRY_HOME ($FERRY_CONTROLLER_LISTEN)")
+	f.StringVar(&opts.APITLSCert, "api-tls-cert", os.Getenv("FERRY_CONTROLLER_TLS_CERT"),
+		"serve --listen over HTTPS with this certificate (PEM); required off loopback ($FERRY_CONTROLLER_TLS_CERT)")
+	f.StringVar(&opts.APITLSKey, "api-tls-key", os.Getenv("FERRY_CONTROLLER_TLS_KEY"),
+		"the key of --api-tls-cert (PEM) ($FERRY_CONTROLLER_TLS_KEY)")
 	f.StringVar(&opts.ProxyHost, "proxy-host", "127.0.0.1", "address service endpoints listen on (0.0.0.0 to expose them)")
 	f.IntVar(&opts.FirstServicePort, "first-service-port", 30001, "lowest port a service endpoint gets")
 	f.DurationVar(&opts.ProbeInterval, "probe-interval", 2*time.Second, "how often replicas' readiness probes run")

@@ -1,7 +1,10 @@
 package api
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -28,7 +31,16 @@ func ClientFor(h home.Home, info home.Info, token string) (*Client, error) {
 			return NewSocketClient(path, token), nil
 		}
 	}
-	if info.Addr != "" {
+	switch {
+	case info.Addr != "" && info.TLS:
+		cfg, err := pinnedTLS(h)
+		if err != nil {
+			return nil, err
+		}
+		c := NewClient("https://"+info.Addr, token)
+		c.HTTP.Transport = &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}
+		return c, nil
+	case info.Addr != "":
 		return NewClient("http://"+info.Addr, token), nil
 	}
 	return nil, fmt.Errorf("%w: the controller of %s listens on no socket this process may use (%s) and on no TCP address", ErrUnreachable, h.Dir, h.SocketPath())
@@ -52,4 +64,40 @@ func NewSocketClient(path, token string) *Client {
 	}
 	// The host in the URL is never dialled; it names the controller in messages.
 	return &Client{Base: "http://ferry-controller", Token: token, HTTP: &http.Client{Transport: tr}, Where: "unix:" + path}
+}
+
+// pinnedTLS is how a client checks the controller's TLS certificate. With the certificate the
+// controller published in h (CertPath), the server must present exactly that one, whatever the
+// name or address it was reached by and whoever signed it, so a self-signed certificate works
+// with no CA to install; without it, the system's roots and the address's name decide, as for
+// any HTTPS server.
+func pinnedTLS(h home.Home) (*tls.Config, error) {
+	data, err := os.ReadFile(h.CertPath())
+	if errors.Is(err, os.ErrNotExist) {
+		return &tls.Config{MinVersion: tls.VersionTLS12}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("controller certificate: %w", err)
+	}
+	var pinned [][]byte
+	for block, rest := pem.Decode(data); block != nil; block, rest = pem.Decode(rest) {
+		if block.Type == "CERTIFICATE" {
+			pinned = append(pinned, block.Bytes)
+		}
+	}
+	if len(pinned) == 0 {
+		return nil, fmt.Errorf("controller certificate %s holds no certificate", h.CertPath())
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		// The chain and name checks are replaced by VerifyConnection's comparison with the
+		// pinned certificate, which is stricter: only that certificate is accepted.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) > 0 && bytes.Equal(cs.PeerCertificates[0].Raw, pinned[0]) {
+				return nil
+			}
+			return fmt.Errorf("the controller presented a certificate other than the one in %s", h.CertPath())
+		},
+	}, nil
 }

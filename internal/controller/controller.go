@@ -46,6 +46,8 @@ type Options struct {
 	// Listen is a TCP address for the API besides its Unix socket (attached proxies on other
 	// machines need one); empty or ListenerOff for none, the default.
 	Listen string
+	// APITLSCert and APITLSKey make Listen serve HTTPS; an address off loopback requires them.
+	APITLSCert, APITLSKey string
 	// ProxyHost is where service endpoints listen.
 	ProxyHost string
 	// FirstServicePort is the lowest port a service endpoint gets (SkyServe uses 30001+).
@@ -203,7 +205,7 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 		return err
 	}
 	defer closeState()
-	lns, err := listenAPI(h, c.opts.Listen)
+	lns, err := listenAPI(h, c.opts.Listen, apiTLS{c.opts.APITLSCert, c.opts.APITLSKey})
 	if err != nil {
 		return err
 	}
@@ -221,7 +223,8 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	}
 	srv := api.NewServer(api.NewHandler(c, token, c.log.Named("api"), c.attachRoutes()...), 0, c.log.Named("api"))
 	serveErr := lns.serve(c, srv)
-	if err := h.WriteInfo(home.Info{PID: os.Getpid(), Socket: c.apiSocket, Addr: c.apiAddr, Version: c.opts.Version, StartedAt: c.startedAt}); err != nil {
+	if err := h.WriteInfo(home.Info{PID: os.Getpid(), Socket: c.apiSocket, Addr: c.apiAddr, TLS: lns.tlsConfig != nil,
+		Version: c.opts.Version, StartedAt: c.startedAt}); err != nil {
 		return err
 	}
 	c.log.Info("controller started", zap.String("socket", c.apiSocket), zap.String("api", c.apiAddr), zap.String("home", h.Dir), zap.Int("pid", os.Getpid()))

@@ -58,6 +58,10 @@ func (h Home) LocalDir() string      { return filepath.Join(h.Dir, "local") }
 // controller is asked for a TCP address too.
 func (h Home) SocketPath() string { return filepath.Join(h.Dir, "controller.sock") }
 
+// CertPath is the certificate the controller's TCP API serves with TLS, published so that a
+// client reading this home can pin it (self-signed certificates included).
+func (h Home) CertPath() string { return filepath.Join(h.Dir, "controller.crt") }
+
 // Token returns the controller token, creating a random one (0600) on first use. A token file
 // that others may read (copied in, or made by hand) is made owner-only again before its token
 // is used: whoever reads it controls the controller.
@@ -129,7 +133,9 @@ type Info struct {
 	// path is too long for a socket.
 	Socket string `json:"socket,omitempty"`
 	// Addr is the API's TCP address, empty unless the controller was asked to listen on one.
-	Addr      string    `json:"addr,omitempty"`
+	Addr string `json:"addr,omitempty"`
+	// TLS says Addr serves HTTPS, with the certificate in CertPath.
+	TLS       bool      `json:"tls,omitempty"`
 	Version   string    `json:"version"`
 	StartedAt time.Time `json:"started_at"`
 }
