@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -197,4 +198,91 @@ func TestControllerAPIOffLoopbackNeedsTLS(t *testing.T) {
 		t.Fatal("plain HTTP to the controller's TLS address was served")
 	}
 	e.mustRun("serve", "status") // the CLI, on the socket
+}
+
+// TestAttachedProxyElsewhereHoldsOnlyTheAttachToken: an attached proxy on "another machine",
+// whose FERRY_HOME holds only what an attached proxy needs (controller.json, proxy.token and
+// controller.crt), follows the service over the controller's HTTPS address and serves it. Its
+// token, all that breaking into the proxy yields, is refused when it tries to create a service
+// (whose `run` would execute anything on the controller's machines), list services or read
+// the controller's log.
+func TestAttachedProxyElsewhereHoldsOnlyTheAttachToken(t *testing.T) {
+	e := newEnv(t)
+	apiAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	certFile, keyFile := testhttp.WriteSelfSigned(t, t.TempDir())
+	e.startController(t, 0, "--listen", apiAddr, "--api-tls-cert", certFile, "--api-tls-key", keyFile)
+	file := filepath.Join(t.TempDir(), "attached.yaml")
+	writeFile(t, file, attachYAML)
+	e.mustRun("serve", "up", file, "-y")
+
+	// The other machine's home: controller.json without the socket it cannot reach, and the
+	// two files an operator copies.
+	remote := &env{t: t, home: t.TempDir()}
+	var info map[string]any
+	raw, err := os.ReadFile(filepath.Join(e.home, "controller.json"))
+	if err == nil {
+		err = json.Unmarshal(raw, &info)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(info, "socket")
+	raw, _ = json.Marshal(info)
+	writeFile(t, filepath.Join(remote.home, "controller.json"), string(raw))
+	for _, name := range []string{"proxy.token", "controller.crt"} {
+		b, err := os.ReadFile(filepath.Join(e.home, name))
+		if err != nil {
+			t.Fatalf("the controller's home has no %s: %v", name, err)
+		}
+		writeFile(t, filepath.Join(remote.home, name), string(b))
+	}
+
+	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	proxyLog := remote.startProxyProcess(t, "proxy", "--attach", "attached", "--listen", listen)
+	client := &http.Client{Timeout: 30 * time.Second}
+	eventually(t, 30*time.Second, "the attached proxy serves", func() (bool, string) {
+		if err := completion(client, "http://"+listen); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
+	if b, _ := os.ReadFile(proxyLog); !strings.Contains(string(b), "https://"+apiAddr) {
+		t.Errorf("the proxy did not follow the controller at https://%s:\n%s", apiAddr, grepLines(string(b), "controller"))
+	}
+
+	token, err := os.ReadFile(filepath.Join(remote.home, "proxy.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned := x509.NewCertPool()
+	pinned.AppendCertsFromPEM(mustRead(t, filepath.Join(remote.home, "controller.crt")))
+	api := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pinned}}}
+	for _, call := range []struct{ method, path, body string }{
+		{http.MethodPost, "/v1/services", `{"name":"evil","task":{"run":"touch /tmp/ferry-e2e-evil","service":{"port":8080}}}`},
+		{http.MethodGet, "/v1/services", ""},
+		{http.MethodGet, "/v1/controller/logs", ""},
+	} {
+		req, _ := http.NewRequest(call.method, "https://"+apiAddr+call.path, strings.NewReader(call.body))
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(token)))
+		resp, err := api.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("%s %s with the attached proxy's token: HTTP %d, want 403", call.method, call.path, resp.StatusCode)
+		}
+	}
+	if out := e.mustRun("serve", "status"); strings.Contains(out, "evil") {
+		t.Errorf("a service was created with the attached proxy's token:\n%s", out)
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

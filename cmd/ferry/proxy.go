@@ -87,9 +87,14 @@ when a replica cannot be connected to.
 
 With --attach SERVICE the proxy follows a service that 'ferry serve up' runs, so that several
 proxies can sit behind one load balancer (a Kubernetes Service, say). It finds the controller
-through FERRY_HOME (the API address in controller.json, which must be reachable from the
-proxy, and the token beside it), watches the service's READY replicas with a long
-poll, takes the load-balancing policy, API keys and limits from the service's YAML, and reports
+through FERRY_HOME: controller.json names the API's Unix socket, which a proxy on the
+controller's machine uses, and its TCP address (a controller run with --listen), which a proxy
+elsewhere uses, over HTTPS pinned to controller.crt off loopback. It sends the attach token in
+proxy.token, which lets it follow services and report load and nothing else (the controller
+token in controller.token works too). On another machine FERRY_HOME needs only copies of
+controller.json, proxy.token and controller.crt. The proxy watches the service's READY
+replicas with a long poll, takes the load-balancing policy, API keys and limits from the
+service's YAML, and reports
 its load back, so that the autoscaler counts its traffic and a replica leaving is stopped only
 once this proxy's requests on it have finished. If the controller goes away the proxy keeps
 serving the last replica set it had, and finds a restarted controller within about a second.

@@ -33,8 +33,8 @@ func NewClient(base, token string) *Client {
 
 // Do sends an authenticated request to path (which carries its query), with in as its JSON
 // body unless in is nil, and decodes a 2xx answer into out (nil discards it). An answer of a
-// kind the API names (404, 409, 400, 401) is an *Error that errors.Is matches with ErrNotFound,
-// ErrConflict, ErrInvalid or ErrUnauthorized.
+// kind the API names (404, 409, 400, 401, 403) is an *Error that errors.Is matches with
+// ErrNotFound, ErrConflict, ErrInvalid, ErrUnauthorized or ErrForbidden.
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
@@ -93,6 +93,8 @@ func (c *Client) request(ctx context.Context, method, path string, body io.Reade
 		kind = ErrInvalid
 	case http.StatusUnauthorized:
 		kind = ErrUnauthorized
+	case http.StatusForbidden:
+		kind = ErrForbidden
 	default:
 		return nil, fmt.Errorf("controller: %s (HTTP %d)", msg, resp.StatusCode)
 	}

@@ -17,7 +17,7 @@ func TestClientFor(t *testing.T) {
 	const token = "t0ken-for-the-dial-test"
 	b := &countingBackend{}
 	h := home.Home{Dir: t.TempDir()}
-	tcp := httptest.NewServer(NewHandler(b, token, nil))
+	tcp := httptest.NewServer(NewHandler(b, Tokens{Full: token}, nil))
 	defer tcp.Close()
 	info := home.Info{Addr: tcp.Listener.Addr().String()}
 
@@ -33,7 +33,7 @@ func TestClientFor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := NewServer(NewHandler(b, token, nil), 0, nil)
+	srv := NewServer(NewHandler(b, Tokens{Full: token}, nil), 0, nil)
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 	c, err = ClientFor(h, info, token)

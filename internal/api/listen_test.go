@@ -23,7 +23,7 @@ func startServer(t *testing.T, token string, maxConns int) (string, *guardListen
 	}
 	b := &countingBackend{}
 	log := zaptest.NewLogger(t)
-	srv := NewServer(NewHandler(b, token, log, b.extraRoutes()...), maxConns, log)
+	srv := NewServer(NewHandler(b, Tokens{Full: token}, log, b.extraRoutes()...), maxConns, log)
 	guarded := srv.guard(ln).(*guardListener)
 	done := make(chan error, 1)
 	go func() { done <- srv.srv.Serve(guarded) }()

@@ -28,6 +28,8 @@ var (
 	ErrConflict     = errors.New("already exists")
 	ErrInvalid      = errors.New("invalid request")
 	ErrUnauthorized = errors.New("unauthorized")
+	// ErrForbidden is a valid token of too narrow a scope for the call (the attach token).
+	ErrForbidden = errors.New("forbidden")
 )
 
 // CreateServiceRequest launches a new service from a parsed, validated task.

@@ -196,7 +196,7 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 		return err
 	}
 	defer unlock()
-	token, err := h.Token()
+	tokens, err := apiTokens(h)
 	if err != nil {
 		return err
 	}
@@ -221,7 +221,7 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	if err := c.startServing(); err != nil {
 		return err
 	}
-	srv := api.NewServer(api.NewHandler(c, token, c.log.Named("api"), c.attachRoutes()...), 0, c.log.Named("api"))
+	srv := api.NewServer(api.NewHandler(c, tokens, c.log.Named("api"), c.attachRoutes()...), 0, c.log.Named("api"))
 	serveErr := lns.serve(c, srv)
 	if err := h.WriteInfo(home.Info{PID: os.Getpid(), Socket: c.apiSocket, Addr: c.apiAddr, TLS: lns.tlsConfig != nil,
 		Version: c.opts.Version, StartedAt: c.startedAt}); err != nil {
@@ -245,6 +245,16 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 		err = nil
 	}
 	return err
+}
+
+// apiTokens are the home's controller token and attach token, made on first use.
+func apiTokens(h home.Home) (api.Tokens, error) {
+	full, err := h.Token()
+	if err != nil {
+		return api.Tokens{}, err
+	}
+	attach, err := h.ProxyToken()
+	return api.Tokens{Full: full, Attach: attach}, err
 }
 
 // lockHome takes the home's lock, which one controller holds at a time.

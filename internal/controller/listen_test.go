@@ -71,7 +71,7 @@ func TestListenAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 		b := New(Options{Home: h})
-		srv := api.NewServer(api.NewHandler(b, "tok", nil), 0, nil)
+		srv := api.NewServer(api.NewHandler(b, api.Tokens{Full: "tok"}, nil), 0, nil)
 		go func() { _ = srv.Serve(l.socket) }()
 		defer srv.Close()
 		c, err := api.ClientFor(h, home.Info{Socket: l.socketPath}, "tok")
@@ -113,7 +113,7 @@ func TestAPIOffLoopbackNeedsTLS(t *testing.T) {
 		t.Fatalf("published certificate: %v\n%s", err, published)
 	}
 	b := New(Options{Home: h})
-	srv := api.NewServer(api.NewHandler(b, "tok", nil), 0, nil)
+	srv := api.NewServer(api.NewHandler(b, api.Tokens{Full: "tok"}, nil), 0, nil)
 	go func() { _ = srv.ServeTLS(l.tcp, l.tlsConfig) }()
 	defer srv.Close()
 	_, port, _ := net.SplitHostPort(l.tcpAddr())

@@ -11,8 +11,8 @@ import (
 )
 
 // controllerConn finds the controller through FERRY_HOME: its socket or address in the info
-// file and the token beside it, read again after forget (a restarted controller listens
-// elsewhere).
+// file and the attach token beside it (home.AttachToken), read again after forget (a
+// restarted controller listens elsewhere).
 type controllerConn struct {
 	home home.Home
 
@@ -31,7 +31,7 @@ func (cc *controllerConn) client() (*api.Client, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("no controller address in %s: %w", cc.home.InfoPath(), err)
 	}
-	token, err := cc.home.Token()
+	token, err := cc.home.AttachToken()
 	if err != nil {
 		return nil, "", err
 	}

@@ -23,13 +23,13 @@ type Service interface {
 }
 
 // Routes are the two attach routes, for api.NewHandler, which puts them behind the
-// controller's token. find returns the named service, or an error that wraps api.ErrNotFound;
+// controller's token or the attach token (api.ScopeAttach), the one attached proxies hold. find returns the named service, or an error that wraps api.ErrNotFound;
 // log gets the failures that are the controller's own.
 func Routes(find func(name string) (Service, error), log *zap.Logger) []api.Route {
 	h := handlers{find: find, log: log}
 	return []api.Route{
-		{Method: http.MethodGet, Pattern: "/v1/services/{name}/replicaset", Handler: h.replicaSet},
-		{Method: http.MethodPost, Pattern: "/v1/services/{name}/proxyload", Handler: h.proxyLoad},
+		{Method: http.MethodGet, Pattern: "/v1/services/{name}/replicaset", Handler: h.replicaSet, Scope: api.ScopeAttach},
+		{Method: http.MethodPost, Pattern: "/v1/services/{name}/proxyload", Handler: h.proxyLoad, Scope: api.ScopeAttach},
 	}
 }
 
