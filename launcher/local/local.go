@@ -17,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -419,39 +418,6 @@ func (p *Provider) instance(meta *metadata, state launcher.State, reason string)
 		LaunchedAt:   meta.LaunchedAt,
 		Reason:       reason,
 	}
-}
-
-// environ builds the replica's environment: the controller's own, minus its FERRY_* settings
-// (they may hold the controller's token), with PathPrepend first on PATH, then spec.Envs, then
-// FERRY_PORT and FERRY_HOST, which the provider owns.
-func (p *Provider) environ(spec launcher.Spec, port int) []string {
-	var env []string
-	path := ""
-	for _, kv := range os.Environ() {
-		k, v, _ := strings.Cut(kv, "=")
-		switch {
-		case k == "PATH":
-			path = v
-		case strings.HasPrefix(k, "FERRY_"):
-		default:
-			env = append(env, kv)
-		}
-	}
-	dirs := slices.Clone(p.opts.PathPrepend)
-	if path != "" {
-		dirs = append(dirs, path)
-	}
-	env = append(env, "PATH="+strings.Join(dirs, string(os.PathListSeparator)))
-	keys := make([]string, 0, len(spec.Envs))
-	for k := range spec.Envs {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		env = append(env, k+"="+spec.Envs[k])
-	}
-	// exec.Cmd keeps the last value of a duplicated key, so these win.
-	return append(env, "FERRY_PORT="+strconv.Itoa(port), "FERRY_HOST="+p.opts.Host)
 }
 
 // allocatePort asks the kernel for a free port on Host. The port is released before the replica
