@@ -286,3 +286,49 @@ func mustRead(t *testing.T, path string) []byte {
 	}
 	return b
 }
+
+// TestCLIEnvironmentStaysOutOfReplicas: the documented way to give a service its API key is
+// `CHAT_KEY=... ferry serve up` with keys_from_env: [CHAT_KEY]; a shell holds other secrets
+// too. None of them may reach a local replica, of this service or any later one: not through
+// the controller the CLI starts, which keeps only what it needs of the CLI's environment (its
+// cloud credentials among them), nor from the controller's own environment.
+func TestCLIEnvironmentStaysOutOfReplicas(t *testing.T) {
+	const key = "sk-ferry-e2e-chat-key-0123456789"
+	e := newEnv(t)
+	e.extraEnv = []string{"CHAT_KEY=" + key, "SHELL_SECRET=from-the-users-shell", "AWS_SECRET_ACCESS_KEY=ferry-e2e-cloud-secret",
+		"FERRY_GATEWAY_ADDR=off", "FERRY_METRICS_ADDR=off"}
+	dump := t.TempDir()
+	file := filepath.Join(t.TempDir(), "envdump.yaml")
+	writeFile(t, file, `name: envdump
+envs:
+  MODEL: ferry-sim-1b
+run: env > "$DUMP_DIR/replica-$FERRY_REPLICA_ID.env"; exec ferry replica-sim --port $FERRY_PORT --model $MODEL
+service:
+  readiness_probe: /health
+  replicas: 1
+  ports: 8080
+  auth:
+    keys_from_env: [CHAT_KEY]
+`)
+	e.mustRun("serve", "up", file, "-y", "--env", "DUMP_DIR="+dump)
+	replicaEnv := string(mustRead(t, filepath.Join(dump, "replica-1.env")))
+	controllerEnv := strings.ReplaceAll(string(mustRead(t, fmt.Sprintf("/proc/%d/environ", e.controllerPID()))), "\x00", "\n")
+	for _, name := range []string{"CHAT_KEY", "SHELL_SECRET", "AWS_SECRET_ACCESS_KEY", "FERRY_HOME"} {
+		if strings.Contains(replicaEnv, "\n"+name+"=") || strings.HasPrefix(replicaEnv, name+"=") {
+			t.Errorf("the replica's environment holds %s", name)
+		}
+	}
+	for _, name := range []string{"CHAT_KEY", "SHELL_SECRET"} {
+		if strings.Contains(controllerEnv, name+"=") {
+			t.Errorf("the controller's environment holds %s", name)
+		}
+	}
+	if !strings.Contains(controllerEnv, "AWS_SECRET_ACCESS_KEY=") {
+		t.Errorf("the controller lost the cloud credentials it launches with")
+	}
+	for _, want := range []string{"MODEL=ferry-sim-1b", "FERRY_SERVICE=envdump", "FERRY_PORT="} {
+		if !strings.Contains(replicaEnv, want) {
+			t.Errorf("the replica's environment lacks %s:\n%s", want, replicaEnv)
+		}
+	}
+}
