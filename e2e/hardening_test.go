@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -330,5 +331,53 @@ service:
 		if !strings.Contains(replicaEnv, want) {
 			t.Errorf("the replica's environment lacks %s:\n%s", want, replicaEnv)
 		}
+	}
+}
+
+// TestKeyInEnvsIsRefused: keys_from_env used to read a task's envs too, so a key written there
+// (or given with --env) was printed by serve up --dry-run, stored as written and returned by
+// serve status --json. Now serve up refuses it, pointing at the line, and shows the key
+// nowhere; a key given as a secret or in the environment still works.
+func TestKeyInEnvsIsRefused(t *testing.T) {
+	const key = "sk-ferry-e2e-key-in-envs-0123456789"
+	e := newEnv(t)
+	file := filepath.Join(t.TempDir(), "keyed.yaml")
+	yaml := `name: keyed
+envs:
+  CHAT_KEY: ` + key + `
+run: ferry replica-sim --port $FERRY_PORT --model ferry-sim-1b
+service:
+  readiness_probe: /health
+  replicas: 1
+  ports: 8080
+  auth:
+    keys_from_env: [CHAT_KEY]
+`
+	writeFile(t, file, yaml)
+	inCLI := filepath.Join(t.TempDir(), "keyed-cli.yaml")
+	writeFile(t, inCLI, strings.Replace(yaml, "envs:\n  CHAT_KEY: "+key+"\n", "", 1))
+	for _, args := range [][]string{
+		{"serve", "up", file, "--dry-run"},
+		{"serve", "up", file, "-y"},
+		{"serve", "up", inCLI, "--dry-run", "--env", "CHAT_KEY=" + key},
+	} {
+		out, errOut, err := e.run(args...)
+		if err == nil {
+			t.Errorf("ferry %s: accepted a key among the envs", strings.Join(args, " "))
+		}
+		if strings.Contains(out+errOut, key) {
+			t.Errorf("ferry %s shows the key:\n%s%s", strings.Join(args, " "), out, errOut)
+		}
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(filepath.Dir(args[2])) + `/keyed(-cli)?\.yaml:(10|8):21: service\.auth\.keys_from_env\[0\]: CHAT_KEY is one of the task's envs`).MatchString(errOut) {
+			t.Errorf("ferry %s: want a file:line error naming the rule, got:\n%s", strings.Join(args, " "), errOut)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(e.home, "controller.json")); err == nil {
+		t.Error("a controller was started for a refused task")
+	}
+	e.extraEnv = []string{"CHAT_KEY=" + key}
+	out := e.mustRun("serve", "up", inCLI, "-y")
+	if strings.Contains(out, key) || strings.Contains(e.mustRun("serve", "status", "--json"), key) {
+		t.Error("serve up or status shows the key given in the environment")
 	}
 }
