@@ -381,3 +381,40 @@ service:
 		t.Error("serve up or status shows the key given in the environment")
 	}
 }
+
+// TestLocalReplicaWorksOutsideFerryHome: a local replica used to run in its instance directory
+// under FERRY_HOME, two levels below controller.token and ferry.db, where a program that
+// serves or writes its working directory, or follows a relative path it was handed, reached
+// them. Now it works in a directory of its own outside FERRY_HOME, and none of the
+// controller's state is in or above it.
+func TestLocalReplicaWorksOutsideFerryHome(t *testing.T) {
+	e := newEnv(t)
+	e.extraEnv = []string{"FERRY_GATEWAY_ADDR=off", "FERRY_METRICS_ADDR=off"}
+	dump := t.TempDir()
+	file := filepath.Join(t.TempDir(), "cwd.yaml")
+	writeFile(t, file, `name: cwd
+run: |
+  pwd > "$DUMP_DIR/pwd"
+  ls -a . .. ../.. > "$DUMP_DIR/around"
+  exec ferry replica-sim --port $FERRY_PORT --model ferry-sim-1b
+service:
+  readiness_probe: /health
+  replicas: 1
+  ports: 8080
+`)
+	e.mustRun("serve", "up", file, "-y", "--env", "DUMP_DIR="+dump)
+	cwd := strings.TrimSpace(string(mustRead(t, filepath.Join(dump, "pwd"))))
+	if rel, err := filepath.Rel(e.home, cwd); err != nil || !strings.HasPrefix(rel, "..") {
+		t.Errorf("the replica works in %s, inside FERRY_HOME %s", cwd, e.home)
+	}
+	around := string(mustRead(t, filepath.Join(dump, "around")))
+	for _, name := range []string{"controller.token", "proxy.token", "ferry.db", "controller.sock"} {
+		if strings.Contains(around, name) {
+			t.Errorf("%s is in or above the replica's working directory %s:\n%s", name, cwd, around)
+		}
+	}
+	e.mustRun("serve", "down", "cwd", "-y")
+	if _, err := os.Stat(cwd); !os.IsNotExist(err) {
+		t.Errorf("the replica's working directory outlived it: %v", err)
+	}
+}

@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -51,5 +52,37 @@ func TestReplicaEnvironmentIsAllowListed(t *testing.T) {
 	}
 	if env["FERRY_PORT"] == "" || !strings.HasPrefix(env["PATH"], bin+":") {
 		t.Errorf("replica FERRY_PORT %q, PATH %q; want a port and %s first", env["FERRY_PORT"], env["PATH"], bin)
+	}
+}
+
+// TestReplicaWorksOutsideDir: a replica's working directory is a fresh one of its own under
+// WorkRoot, not its instance directory beside the controller's state (in Ferry, FERRY_HOME's
+// controller.token and ferry.db sit two levels up from it); Terminate removes it. A work root
+// inside Dir is refused.
+func TestReplicaWorksOutsideDir(t *testing.T) {
+	dir, root := t.TempDir(), t.TempDir()
+	p := newProvider(t, Options{Dir: dir, WorkRoot: root})
+	inst, err := p.Launch(context.Background(), launcher.Spec{Name: "cwd", Run: `pwd; echo "mode=$(stat -c %a .)"; sleep 300`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, inst.ID, logFile)
+	waitFor(t, 5*time.Second, "replica output", func() bool { return strings.Contains(readFile(t, logPath), "mode=") })
+	lines := strings.Split(readFile(t, logPath), "\n")
+	cwd := lines[0]
+	if filepath.Dir(cwd) != root || !strings.HasPrefix(filepath.Base(cwd), workDirPrefix) || strings.HasPrefix(cwd, dir) {
+		t.Fatalf("replica works in %s; want a directory of its own under %s, outside %s", cwd, root, dir)
+	}
+	if lines[1] != "mode=700" {
+		t.Errorf("working directory %s", lines[1])
+	}
+	if err := p.Terminate(context.Background(), inst.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(cwd); !os.IsNotExist(err) {
+		t.Errorf("working directory still there after Terminate: %v", err)
+	}
+	if _, err := New(Options{Dir: dir, WorkRoot: filepath.Join(dir, "work")}); err == nil {
+		t.Error("a work root inside Dir was accepted")
 	}
 }
