@@ -186,3 +186,33 @@ func getWithToken(t *testing.T, rw *bufio.ReadWriter, token string) {
 		t.Fatalf("HTTP %d, close %v: %s", resp.StatusCode, resp.Close, strings.TrimSpace(string(body)))
 	}
 }
+
+// TestSlowBodyTimesOut: a request whose body trickles in (or stops) is cut off after the body
+// timeout; the handler does not wait on it for ever.
+func TestSlowBodyTimesOut(t *testing.T) {
+	saved := bodyTimeout
+	bodyTimeout = 300 * time.Millisecond
+	t.Cleanup(func() { bodyTimeout = saved }) // registered first, so it runs after the server stopped
+	const token = "t0ken-for-the-body-test"
+	addr, _ := startServer(t, token, 8)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	start := time.Now()
+	_, err = io.WriteString(c, "POST /v1/services HTTP/1.1\r\nHost: ferry\r\nAuthorization: Bearer "+token+
+		"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"name\":")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer to a stalled body: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || time.Since(start) > 3*time.Second {
+		t.Fatalf("stalled body: HTTP %d after %v, want 400 after the body timeout", resp.StatusCode, time.Since(start))
+	}
+}

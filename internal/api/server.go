@@ -150,8 +150,7 @@ func (s *server) controllerStop(w http.ResponseWriter, _ *http.Request) {
 
 func (s *server) createService(w http.ResponseWriter, r *http.Request) {
 	var req CreateServiceRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20))
-	if err := dec.Decode(&req); err != nil {
+	if err := DecodeBody(w, r, maxTaskBytes, &req); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", "decode request: "+err.Error())
 		return
 	}
@@ -165,8 +164,7 @@ func (s *server) createService(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) updateService(w http.ResponseWriter, r *http.Request) {
 	var req UpdateServiceRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20))
-	if err := dec.Decode(&req); err != nil {
+	if err := DecodeBody(w, r, maxTaskBytes, &req); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", "decode request: "+err.Error())
 		return
 	}
@@ -176,6 +174,27 @@ func (s *server) updateService(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	WriteJSON(w, http.StatusAccepted, st)
+}
+
+// maxTaskBytes bounds a create or update request: a task is a few KB.
+const maxTaskBytes = 8 << 20
+
+// bodyTimeout bounds reading a request's JSON body. It applies to the body alone: the answer
+// may take as long as it needs (a long poll, serve down's drain). A variable for tests.
+var bodyTimeout = 30 * time.Second
+
+// DecodeBody decodes r's JSON body, of at most limit bytes, into v, read within 30 s. After a
+// failure the connection closes once answered: the rest of a body that stalled is not waited
+// for.
+func DecodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(bodyTimeout)) // not supported by test recorders
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit)).Decode(v); err != nil {
+		w.Header().Set("Connection", "close")
+		return err
+	}
+	_ = rc.SetReadDeadline(time.Time{})
+	return nil
 }
 
 func (s *server) listServices(w http.ResponseWriter, r *http.Request) {

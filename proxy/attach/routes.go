@@ -2,7 +2,6 @@ package attach
 
 import (
 	"context"
-	"encoding/json"
 	"math"
 	"net/http"
 	"strconv"
@@ -76,7 +75,7 @@ func (h handlers) replicaSet(w http.ResponseWriter, r *http.Request) {
 // proxyLoad serves POST .../proxyload.
 func (h handlers) proxyLoad(w http.ResponseWriter, r *http.Request) {
 	var rep LoadReport
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&rep); err != nil {
+	if err := api.DecodeBody(w, r, 1<<20, &rep); err != nil {
 		api.WriteError(w, h.log, invalid("decode report: "+err.Error()))
 		return
 	}
