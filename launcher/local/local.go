@@ -166,7 +166,9 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	inst, err := p.start(dir, work, id, port, spec)
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		p.removeWorkDir(work)
+		if work != spec.Workdir {
+			p.removeWorkDir(id, work)
+		}
 		return launcher.Instance{}, err
 	}
 	p.log.Info("launched instance", zap.String("instance", id), zap.String("name", spec.Name),
@@ -366,7 +368,7 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("terminate %s: %w", id, err)
 	}
-	p.removeWorkDir(meta.WorkDir)
+	p.removeWorkDir(meta.ID, meta.WorkDir)
 	p.log.Info("terminated instance", zap.String("instance", id), zap.String("name", meta.Name))
 	return nil
 }
@@ -395,10 +397,11 @@ func (p *Provider) stopGroup(ctx context.Context, meta *metadata) error {
 // workDirPrefix starts the name of every working directory Launch makes.
 const workDirPrefix = "ferry-replica-"
 
-// removeWorkDir removes a working directory Launch made: one directly under WorkRoot with its
-// prefix, never anything else a damaged instance.json might name.
-func (p *Provider) removeWorkDir(work string) {
-	if work == "" || filepath.Dir(work) != p.opts.WorkRoot || !strings.HasPrefix(filepath.Base(work), workDirPrefix) {
+// removeWorkDir removes the working directory Launch made for instance id (perhaps in another
+// controller process, with another WorkRoot): only a directory named for that instance, never
+// anything else a damaged instance.json might name.
+func (p *Provider) removeWorkDir(id, work string) {
+	if work == "" || !filepath.IsAbs(work) || !strings.HasPrefix(filepath.Base(work), workDirPrefix+id+"-") {
 		return
 	}
 	if err := os.RemoveAll(work); err != nil {
