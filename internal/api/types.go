@@ -1,6 +1,7 @@
 // Package api is the controller's HTTP+JSON API: the types on the wire, the server that puts
-// them in front of the controller, and the client the CLI uses. Every route requires the
-// controller's bearer token, loopback included.
+// them in front of the controller (on its Unix socket, and on TCP when asked for), and the
+// client the CLI and attached proxies use. Every route requires a bearer token, on the socket
+// too: the controller token, or for the two attach routes the narrower attach token.
 package api
 
 import (

@@ -116,11 +116,11 @@ func readToken(path string) (string, error) {
 // token reads the token in path, creating a random one on first use.
 func (h Home) token(path, what string) (string, error) {
 	tok, err := readToken(path)
-	if err != nil || tok != "" {
-		if err != nil {
-			err = fmt.Errorf("%s: %w", what, err)
-		}
-		return tok, err
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", what, err)
+	}
+	if tok != "" {
+		return tok, nil
 	}
 	if err := h.Ensure(); err != nil {
 		return "", err
