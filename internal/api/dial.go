@@ -3,13 +3,16 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -33,12 +36,14 @@ func ClientFor(h home.Home, info home.Info, token string) (*Client, error) {
 	}
 	switch {
 	case info.Addr != "" && info.TLS:
-		cfg, err := pinnedTLS(h)
+		cfg, pin, err := pinnedTLS(h)
 		if err != nil {
 			return nil, err
 		}
 		c := NewClient("https://"+info.Addr, token)
-		c.HTTP.Transport = &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true}
+		c.HTTP.Transport = sharedTransport("tls:"+info.Addr+"#"+pin, func() *http.Transport {
+			return &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: true, IdleConnTimeout: IdleTimeout / 2}
+		})
 		return c, nil
 	case info.Addr != "":
 		return NewClient("http://"+info.Addr, token), nil
@@ -54,30 +59,45 @@ func usableSocket(path string) bool {
 
 // NewSocketClient returns a client for the controller listening on the Unix socket at path.
 func NewSocketClient(path, token string) *Client {
-	var d net.Dialer
-	tr := &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, "unix", path)
-		},
-		MaxIdleConnsPerHost: 4,
-		IdleConnTimeout:     IdleTimeout / 2,
-	}
+	tr := sharedTransport("unix:"+path, func() *http.Transport {
+		var d net.Dialer
+		return &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return d.DialContext(ctx, "unix", path)
+			},
+			MaxIdleConnsPerHost: 4,
+			IdleConnTimeout:     IdleTimeout / 2,
+		}
+	})
 	// The host in the URL is never dialled; it names the controller in messages.
 	return &Client{Base: "http://ferry-controller", Token: token, HTTP: &http.Client{Transport: tr}, Where: "unix:" + path}
+}
+
+// transports are shared, per socket and per pinned TLS address, as http.DefaultTransport is for
+// plain TCP: a caller that makes a client for every call (a status poll) reuses the idle
+// connections of the last one instead of leaving each client's open on the controller.
+var transports sync.Map // key → *http.Transport
+
+func sharedTransport(key string, build func() *http.Transport) *http.Transport {
+	if t, ok := transports.Load(key); ok {
+		return t.(*http.Transport)
+	}
+	t, _ := transports.LoadOrStore(key, build())
+	return t.(*http.Transport)
 }
 
 // pinnedTLS is how a client checks the controller's TLS certificate. With the certificate the
 // controller published in h (CertPath), the server must present exactly that one, whatever the
 // name or address it was reached by and whoever signed it, so a self-signed certificate works
 // with no CA to install; without it, the system's roots and the address's name decide, as for
-// any HTTPS server.
-func pinnedTLS(h home.Home) (*tls.Config, error) {
+// any HTTPS server. pin names the pinned certificate (its SHA-256), "" for none.
+func pinnedTLS(h home.Home) (cfg *tls.Config, pin string, err error) {
 	data, err := os.ReadFile(h.CertPath())
 	if errors.Is(err, os.ErrNotExist) {
-		return &tls.Config{MinVersion: tls.VersionTLS12}, nil
+		return &tls.Config{MinVersion: tls.VersionTLS12}, "", nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("controller certificate: %w", err)
+		return nil, "", fmt.Errorf("controller certificate: %w", err)
 	}
 	var pinned [][]byte
 	for block, rest := pem.Decode(data); block != nil; block, rest = pem.Decode(rest) {
@@ -86,8 +106,9 @@ func pinnedTLS(h home.Home) (*tls.Config, error) {
 		}
 	}
 	if len(pinned) == 0 {
-		return nil, fmt.Errorf("controller certificate %s holds no certificate", h.CertPath())
+		return nil, "", fmt.Errorf("controller certificate %s holds no certificate", h.CertPath())
 	}
+	sum := sha256.Sum256(pinned[0])
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		// The chain and name checks are replaced by VerifyConnection's comparison with the
@@ -99,5 +120,5 @@ func pinnedTLS(h home.Home) (*tls.Config, error) {
 			}
 			return fmt.Errorf("the controller presented a certificate other than the one in %s", h.CertPath())
 		},
-	}, nil
+	}, hex.EncodeToString(sum[:]), nil
 }
