@@ -49,7 +49,9 @@ func HashAPIKey(key string) string {
 }
 
 // auth reads service.auth. Keys are resolved only by Load (the CLI, which has the user's
-// environment and files); Parse keeps the declaration and leaves KeyHashes to the caller.
+// environment and files); Parse keeps the declaration and leaves KeyHashes to the caller. A key
+// comes from a secret of the task or from the environment of the CLI, never from the task's
+// envs: those are shown and kept in the clear, so naming one is an error.
 func (c *checker) auth(n *yaml.Node, field string, envs, secrets map[string]string) *Auth {
 	f, ok := c.fields(n, field, authKeys)
 	if !ok {
@@ -96,14 +98,16 @@ func (c *checker) auth(n *yaml.Node, field string, envs, secrets map[string]stri
 				c.errorf(item, itf, "%s is not an environment variable name", quoteShort(name))
 				continue
 			}
+			if _, inEnvs := envs[name]; inEnvs {
+				c.errorf(item, itf, "%s is one of the task's envs (set in envs: or with --env), which serve up prints and the controller stores and returns as written: "+
+					"make it a secret instead (under secrets:, or --secret %s=...), or leave it out of the task and export it in serve up's environment", name, name)
+				continue
+			}
 			a.KeysFromEnv = append(a.KeysFromEnv, name)
 			if c.lookupEnv == nil {
 				continue
 			}
 			v, ok := secrets[name]
-			if !ok {
-				v, ok = envs[name]
-			}
 			if !ok || v == "" {
 				v, ok = c.lookupEnv(name)
 			}

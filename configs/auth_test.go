@@ -79,6 +79,20 @@ func TestLoadResolvesAPIKeys(t *testing.T) {
 			yaml:    head + "    {}\n",
 			wantErr: []wantErr{{5, 5, "service.auth", "give keys_from_env"}},
 		},
+		"key in the task's envs": {
+			yaml:    "run: serve\nenvs:\n  FERRY_KEY: " + keyA + "\nservice:\n  ports: 8080\n  auth:\n    keys_from_env: [FERRY_KEY]\n",
+			wantErr: []wantErr{{7, 21, "service.auth.keys_from_env[0]", "FERRY_KEY is one of the task's envs"}},
+		},
+		"key given with --env": {
+			yaml:    head + "    keys_from_env: [FERRY_KEY]\n",
+			ov:      Overrides{Envs: map[string]string{"FERRY_KEY": keyA}},
+			wantErr: []wantErr{{5, 21, "service.auth.keys_from_env[0]", "FERRY_KEY is one of the task's envs"}},
+		},
+		"key in the envs and the environment": {
+			yaml:    "run: serve\nenvs:\n  FERRY_KEY: " + keyA + "\nservice:\n  ports: 8080\n  auth:\n    keys_from_env: [FERRY_KEY]\n",
+			env:     map[string]string{"FERRY_KEY": keyB},
+			wantErr: []wantErr{{7, 21, "service.auth.keys_from_env[0]", "FERRY_KEY is one of the task's envs"}},
+		},
 		"bad variable name": {
 			yaml:    head + "    keys_from_env: [\"MY-KEY\"]\n",
 			wantErr: []wantErr{{5, 21, "service.auth.keys_from_env[0]", "not an environment variable name"}},
@@ -122,6 +136,19 @@ func TestLoadResolvesAPIKeys(t *testing.T) {
 				t.Errorf("Redacted keeps key hashes")
 			}
 		})
+	}
+}
+
+// TestParseRefusesKeyInEnvs: the controller, which parses without the user's environment,
+// refuses a key named in the envs too.
+func TestParseRefusesKeyInEnvs(t *testing.T) {
+	_, err := Parse("svc.yaml", []byte("run: serve\nenvs:\n  K: "+keyA+"\nservice:\n  ports: 8080\n  auth:\n    keys_from_env: K\n"), Overrides{})
+	want := []wantErr{{7, 20, "service.auth.keys_from_env", "K is one of the task's envs"}}
+	if diff := cmp.Diff(want, project(Errors(err), want)); diff != "" {
+		t.Errorf("errors (-want +got):\n%s\nfull: %v", diff, err)
+	}
+	if err != nil && strings.Contains(err.Error(), keyA) {
+		t.Errorf("error shows the key: %v", err)
 	}
 }
 

@@ -14,8 +14,9 @@ import (
 const RedactedValue = "<redacted>"
 
 // Redacted returns a deep copy of t that is safe to print, log or send to a client: every
-// secret value, and every probe header that carries credentials (Authorization, cookies,
-// tokens, API keys), is replaced by RedactedValue. t itself is not changed.
+// secret value, every env that keys_from_env reads an API key from (KeyEnvs), and every probe
+// header that carries credentials (Authorization, cookies, tokens, API keys), is replaced by
+// RedactedValue. t itself is not changed.
 func (t *Task) Redacted() *Task {
 	if t == nil {
 		return nil
@@ -23,6 +24,9 @@ func (t *Task) Redacted() *Task {
 	out := *t
 	out.Resources = t.Resources.clone()
 	out.Envs = maps.Clone(t.Envs)
+	for _, name := range t.KeyEnvs() {
+		out.Envs[name] = RedactedValue
+	}
 	out.FileMounts = maps.Clone(t.FileMounts)
 	if t.Secrets != nil {
 		out.Secrets = make(map[string]string, len(t.Secrets))
@@ -66,6 +70,22 @@ func (t *Task) Redacted() *Task {
 		out.Service = &s
 	}
 	return &out
+}
+
+// KeyEnvs are the names service.auth.keys_from_env takes API keys from that are also among the
+// task's envs. Parsing refuses them, as envs are shown and stored as written; a task stored
+// before that rule may still have them, and Redacted hides their values.
+func (t *Task) KeyEnvs() []string {
+	if t == nil || t.Service == nil || t.Service.Auth == nil {
+		return nil
+	}
+	var out []string
+	for _, name := range t.Service.Auth.KeysFromEnv {
+		if _, ok := t.Envs[name]; ok {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // sensitiveHeader reports whether a header's value is a credential.

@@ -79,6 +79,31 @@ func TestRedacted(t *testing.T) {
 	}
 }
 
+// TestRedactedHidesKeysKeptInEnvs: a task stored before keys_from_env refused the envs may
+// hold an API key there; whatever shows the task (status, --dry-run, serve update) redacts it.
+func TestRedactedHidesKeysKeptInEnvs(t *testing.T) {
+	const key = "sk-stored-before-the-rule-0123456789"
+	task := &Task{Run: "serve", Envs: map[string]string{"CHAT_KEY": key, "MODEL": "m"},
+		Service: &Service{Port: 8080, Auth: &Auth{KeysFromEnv: []string{"CHAT_KEY"}}}}
+	red := task.Redacted()
+	if diff := cmp.Diff(map[string]string{"CHAT_KEY": RedactedValue, "MODEL": "m"}, red.Envs); diff != "" {
+		t.Errorf("redacted envs (-want +got):\n%s", diff)
+	}
+	shown, err := task.ResolvedYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(shown), key) {
+		t.Errorf("resolved YAML shows the key:\n%s", shown)
+	}
+	if task.Envs["CHAT_KEY"] != key {
+		t.Error("Redacted modified the original task")
+	}
+	if diff := cmp.Diff([]string{"CHAT_KEY"}, task.KeyEnvs()); diff != "" {
+		t.Errorf("KeyEnvs (-want +got):\n%s", diff)
+	}
+}
+
 func TestResolvedYAML(t *testing.T) {
 	task := parseSecretTask(t)
 	out, err := task.ResolvedYAML()

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -182,8 +183,8 @@ func assertOwnerOnly(t *testing.T, dir string) {
 	}
 }
 
-// TestControllerAPIRequiresToken: the controller refuses a request without its token, even on
-// loopback.
+// TestControllerAPIRequiresToken: the controller listens on its Unix socket alone, 0600, and
+// refuses a request there without its token.
 func TestControllerAPIRequiresToken(t *testing.T) {
 	e := newEnv(t)
 	e.mustRun("serve", "status")
@@ -191,16 +192,30 @@ func TestControllerAPIRequiresToken(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := regexp.MustCompile(`"addr": "([^"]+)"`).FindSubmatch(b)
-	if addr == nil {
-		t.Fatalf("no addr in %s", b)
+	var info struct {
+		Socket string `json:"socket"`
+		Addr   string `json:"addr"`
 	}
+	if err := json.Unmarshal(b, &info); err != nil {
+		t.Fatal(err)
+	}
+	if info.Socket != filepath.Join(e.home, "controller.sock") || info.Addr != "" {
+		t.Fatalf("controller.json: socket %q, addr %q; want the home's socket and no TCP address", info.Socket, info.Addr)
+	}
+	fi, err := os.Stat(info.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("%s is %v, want a socket, srw-------", info.Socket, fi.Mode())
+	}
+	client := unixClient(info.Socket)
 	for _, auth := range []string{"", "Bearer wrong"} {
-		req, _ := http.NewRequest("GET", "http://"+string(addr[1])+"/v1/services", nil)
+		req, _ := http.NewRequest("GET", "http://ferry/v1/services", nil)
 		if auth != "" {
 			req.Header.Set("Authorization", auth)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := client.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -209,6 +224,16 @@ func TestControllerAPIRequiresToken(t *testing.T) {
 			t.Errorf("Authorization %q: HTTP %d, want 401", auth, resp.StatusCode)
 		}
 	}
+}
+
+// unixClient sends every request to the Unix socket at path.
+func unixClient(path string) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", path)
+		},
+	}}
 }
 
 // TestStandaloneProxy fronts two replica-sim processes with `ferry proxy` and no controller.

@@ -126,7 +126,7 @@ func LastLines(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], " / ")
 }
 
-// apiClient is a client for the controller running now: its address and token are read on
+// apiClient is a client for the controller running now: its socket and token are read on
 // every call, so a restarted controller is found.
 func (f *Ferry) apiClient() (*api.Client, error) {
 	info, err := f.Home.ReadInfo()
@@ -137,7 +137,7 @@ func (f *Ferry) apiClient() (*api.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return api.NewClient("http://"+info.Addr, strings.TrimSpace(string(tok))), nil
+	return api.ClientFor(f.Home, info, strings.TrimSpace(string(tok)))
 }
 
 // Status is the service as the controller reports it.

@@ -77,7 +77,7 @@ func startAttachController(t *testing.T, h home.Home, cfg attach.ProxyConfig) *a
 	c := &attachController{}
 	c.config.Store(&cfg)
 	log := zaptest.NewLogger(t)
-	c.srv = httptest.NewServer(api.NewHandler(nil, token, log, attach.Routes(c.find, log)...))
+	c.srv = httptest.NewServer(api.NewHandler(nil, api.Tokens{Full: token}, log, attach.Routes(c.find, log)...))
 	t.Cleanup(c.kill)
 	if err := h.WriteInfo(home.Info{PID: 1, Addr: c.srv.Listener.Addr().String()}); err != nil {
 		t.Fatal(err)

@@ -30,8 +30,12 @@ func newControllerCmd() *cobra.Command {
 		Use:   "controller",
 		Short: "Run the controller daemon in the foreground (the CLI starts it for you)",
 		Long: `Run Ferry's controller: it owns all state (SQLite under $FERRY_HOME, default ~/.ferry),
-launches and probes replicas, serves each service's endpoint, and answers the CLI over HTTP on
-loopback with the token in $FERRY_HOME/controller.token. Prometheus metrics for every service
+launches and probes replicas, serves each service's endpoint, and answers the CLI on the Unix
+socket $FERRY_HOME/controller.sock (0600) with the token in $FERRY_HOME/controller.token. With
+--listen it serves the same API on a TCP address too, for attached proxies on other machines:
+over HTTPS with --api-tls-cert and --api-tls-key, which an address off loopback requires (the
+certificate is copied to $FERRY_HOME/controller.crt, which clients pin).
+Prometheus metrics for every service
 are served apart from traffic on --metrics-addr (/metrics and /healthz; with
 --metrics-token-file, /metrics requires that file's token as a bearer token, which a Prometheus
 scrape config sends with authorization: {credentials_file: FILE}), and requests are logged,
@@ -40,6 +44,7 @@ sampled under load, as lines of the logger "access".
 Every other command starts it in the background when it is not running, so you rarely run this.`,
 		Example: "  ferry controller                 # foreground, logs to the terminal\n" +
 			"  ferry controller --metrics-addr 127.0.0.1:9500   # Prometheus metrics on another port\n" +
+			"  ferry controller --listen 10.0.0.5:7443 --api-tls-cert api.crt --api-tls-key api.key   # for proxies elsewhere\n" +
 			"  ferry controller status\n  ferry controller stop",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -71,7 +76,12 @@ Every other command starts it in the background when it is not running, so you r
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&opts.Listen, "listen", "127.0.0.1:0", "controller API address (keep it on loopback)")
+	f.StringVar(&opts.Listen, "listen", envOr("FERRY_CONTROLLER_LISTEN", ""),
+		"also serve the API on this TCP address, host:port, for attached proxies on other machines; the CLI uses the socket in FERRY_HOME ($FERRY_CONTROLLER_LISTEN)")
+	f.StringVar(&opts.APITLSCert, "api-tls-cert", os.Getenv("FERRY_CONTROLLER_TLS_CERT"),
+		"serve --listen over HTTPS with this certificate (PEM); required off loopback ($FERRY_CONTROLLER_TLS_CERT)")
+	f.StringVar(&opts.APITLSKey, "api-tls-key", os.Getenv("FERRY_CONTROLLER_TLS_KEY"),
+		"the key of --api-tls-cert (PEM) ($FERRY_CONTROLLER_TLS_KEY)")
 	f.StringVar(&opts.ProxyHost, "proxy-host", "127.0.0.1", "address service endpoints listen on (0.0.0.0 to expose them)")
 	f.IntVar(&opts.FirstServicePort, "first-service-port", 30001, "lowest port a service endpoint gets")
 	f.DurationVar(&opts.ProbeInterval, "probe-interval", 2*time.Second, "how often replicas' readiness probes run")
@@ -127,8 +137,8 @@ func newControllerStatusCmd() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "Controller: not running (home %s)\n", h.Dir)
 				return nil
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "Controller: running\n  pid:      %d\n  api:      %s\n  gateway:  %s\n  metrics:  %s\n  home:     %s\n  version:  %s\n  uptime:   %s\n  services: %d\n",
-				st.PID, st.Addr, orOff(st.Gateway), orOff(st.Metrics), st.Home, st.Version, humanDuration(time.Since(st.StartedAt)), st.Services)
+			fmt.Fprintf(cmd.OutOrStdout(), "Controller: running\n  pid:      %d\n  socket:   %s\n  api:      %s\n  gateway:  %s\n  metrics:  %s\n  home:     %s\n  version:  %s\n  uptime:   %s\n  services: %d\n",
+				st.PID, st.Socket, orOff(st.Addr), orOff(st.Gateway), orOff(st.Metrics), st.Home, st.Version, humanDuration(time.Since(st.StartedAt)), st.Services)
 			return nil
 		},
 	}

@@ -7,11 +7,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/internal/infra"
+	"github.com/ferryserve/ferry/launcher/local"
 )
 
 // connect returns a client for a live controller, or nil when none answers.
@@ -24,7 +28,10 @@ func connect(ctx context.Context, h home.Home) (*api.Client, api.ControllerStatu
 	if err != nil {
 		return nil, api.ControllerStatus{}, err
 	}
-	c := api.NewClient("http://"+info.Addr, tok)
+	c, err := api.ClientFor(h, info, tok)
+	if err != nil {
+		return nil, api.ControllerStatus{}, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	st, err := c.ControllerStatus(ctx)
@@ -53,7 +60,7 @@ func ensureController(ctx context.Context, h home.Home, progress io.Writer) (*ap
 	}
 	defer logf.Close()
 	cmd := exec.Command(self, "controller", "--log-file", h.ControllerLog())
-	cmd.Env = append(os.Environ(), home.Env+"="+h.Dir)
+	cmd.Env = daemonEnv(os.Environ(), h)
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	cmd.Dir = "/"
@@ -84,6 +91,36 @@ func ensureController(ctx context.Context, h home.Home, progress io.Writer) (*ap
 		}
 	}
 	return nil, fmt.Errorf("controller did not answer within %s; see %s", api.WaitTimeout, h.ControllerLog())
+}
+
+// daemonEnv is the environment of a controller the CLI starts: of the CLI's own (environ),
+// only what the controller needs, and FERRY_HOME. The daemon outlives the command that
+// started it and launches every later replica of every service, so a secret in the user's
+// shell (a key passed as `CHAT_KEY=... ferry serve up` for keys_from_env, a token exported long
+// ago) must not live on in it. What it keeps: its own FERRY_ settings, the cloud and cluster
+// credentials its infras read (infra.CredentialEnv), what local replicas inherit
+// (local.BaseEnv: PATH, HOME, locale, TMPDIR, GPUs), the proxy and CA settings of its own
+// HTTPS clients, and the Go runtime's knobs.
+func daemonEnv(environ []string, h home.Home) []string {
+	var env []string
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		if k != home.Env && daemonNeeds(k) {
+			env = append(env, kv)
+		}
+	}
+	return append(env, home.Env+"="+h.Dir)
+}
+
+// daemonRuntimeEnv are the variables of the daemon's own runtime that daemonEnv keeps.
+var daemonRuntimeEnv = []string{
+	"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+	"GODEBUG", "GOGC", "GOMEMLIMIT", "GOMAXPROCS", "GOTRACEBACK", "GORACE", "GOCOVERDIR",
+}
+
+func daemonNeeds(name string) bool {
+	return strings.HasPrefix(name, "FERRY_") || infra.CredentialEnv(name) || local.BaseEnv(name) ||
+		slices.Contains(daemonRuntimeEnv, name)
 }
 
 // binDir is the directory of the running ferry binary, put first on local replicas' PATH so

@@ -76,24 +76,24 @@ type proxyOptions struct {
 	attach string
 }
 
-func newProxyCmd() *cobra.Command {
-	var f proxyFlags
-	cmd := &cobra.Command{
-		Use:   "proxy",
-		Short: "Run a standalone proxy for a service of the controller, or in front of fixed replicas",
-		Long: `Run Ferry's data plane on its own: one OpenAI-compatible endpoint that balances requests
+// proxyLong is `ferry proxy --help`.
+const proxyLong = `Run Ferry's data plane on its own: one OpenAI-compatible endpoint that balances requests
 across replicas, streams responses (SSE included), and retries a request on another replica
 when a replica cannot be connected to.
 
 With --attach SERVICE the proxy follows a service that 'ferry serve up' runs, so that several
 proxies can sit behind one load balancer (a Kubernetes Service, say). It finds the controller
-through FERRY_HOME (the API address in controller.json, which must be reachable from the
-proxy, and the token beside it), watches the service's READY replicas with a long
-poll, takes the load-balancing policy, API keys and limits from the service's YAML, and reports
-its load back, so that the autoscaler counts its traffic and a replica leaving is stopped only
-once this proxy's requests on it have finished. If the controller goes away the proxy keeps
-serving the last replica set it had, and finds a restarted controller within about a second.
-Until the controller first answers, connections wait. A change of policy, keys or limits
+through FERRY_HOME: controller.json names the API's Unix socket, which a proxy on the
+controller's machine uses, and its TCP address (a controller run with --listen), which a proxy
+elsewhere uses, over HTTPS pinned to controller.crt off loopback. It sends the attach token in
+proxy.token, which lets it follow services and report load and nothing else (the controller
+token in controller.token works too). On another machine FERRY_HOME needs only copies of
+controller.json, proxy.token and controller.crt. The proxy watches the service's READY replicas
+with a long poll, takes the load-balancing policy, API keys and limits from the service's YAML,
+and reports its load back, so that the autoscaler counts its traffic and a replica leaving is
+stopped only once this proxy's requests on it have finished. If the controller goes away the
+proxy keeps serving the last replica set it had, and finds a restarted controller within about a
+second. Until the controller first answers, connections wait. A change of policy, keys or limits
 applies to new connections; requests in flight finish under the old settings. --replica,
 --policy, --target-qps, --api-key-env, --name and the limit flags do not go with --attach.
 
@@ -110,7 +110,14 @@ writes one line per request (sampled under load: each second the first 100, then
 with its id, path, status, replica and timings, never headers, query strings or bodies.
 
 SIGINT or SIGTERM stops accepting connections and waits up to --shutdown-timeout for requests in
-flight, streams included, to finish.`,
+flight, streams included, to finish.`
+
+func newProxyCmd() *cobra.Command {
+	var f proxyFlags
+	cmd := &cobra.Command{
+		Use:   "proxy",
+		Short: "Run a standalone proxy for a service of the controller, or in front of fixed replicas",
+		Long:  proxyLong,
 		Example: `  # Follow the service "llama" of the controller in FERRY_HOME (default ~/.ferry)
   ferry serve up llama.yaml
   FERRY_HOME=~/.ferry ferry proxy --attach llama --listen 0.0.0.0:8000 --metrics-listen 127.0.0.1:9465

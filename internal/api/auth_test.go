@@ -47,8 +47,8 @@ var _ Backend = (*countingBackend)(nil)
 func (b *countingBackend) extraRoutes() []Route {
 	hit := func(w http.ResponseWriter, _ *http.Request) { b.hit(); w.WriteHeader(http.StatusNoContent) }
 	return []Route{
-		{Method: http.MethodGet, Pattern: "/v1/services/{name}/replicaset", Handler: hit},
-		{Method: http.MethodPost, Pattern: "/v1/services/{name}/proxyload", Handler: hit},
+		{Method: http.MethodGet, Pattern: "/v1/services/{name}/replicaset", Handler: hit, Scope: ScopeAttach},
+		{Method: http.MethodPost, Pattern: "/v1/services/{name}/proxyload", Handler: hit, Scope: ScopeAttach},
 	}
 }
 
@@ -73,7 +73,7 @@ func TestEveryRouteRequiresToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := &countingBackend{logPath: logPath}
-	srv := httptest.NewServer(NewHandler(b, token, zaptest.NewLogger(t), b.extraRoutes()...)) // loopback
+	srv := httptest.NewServer(NewHandler(b, Tokens{Full: token}, zaptest.NewLogger(t), b.extraRoutes()...)) // loopback
 	t.Cleanup(srv.Close)
 
 	refused := map[string]func(*http.Request){
@@ -136,12 +136,54 @@ func TestEveryRouteRequiresToken(t *testing.T) {
 	}
 }
 
+// TestAttachTokenOnlyFollows: the attach token, which attached proxies hold, reaches the two
+// attach routes and nothing else: every other route (creating a service first among them,
+// whose `run` would execute anything) answers 403 and reaches nothing. The controller token
+// still reaches every route, the attach ones included.
+func TestAttachTokenOnlyFollows(t *testing.T) {
+	const full, attach = "full-t0ken-0123456789abcdef", "attach-t0ken-0123456789abcdef"
+	b := &countingBackend{logPath: filepath.Join(t.TempDir(), "log")}
+	if err := os.WriteFile(b.logPath, []byte("line\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := NewHandler(b, Tokens{Full: full, Attach: attach}, zaptest.NewLogger(t), b.extraRoutes()...)
+	send := func(r Route, token string) int {
+		path := strings.NewReplacer("{name}", "llama", "{id}", "1").Replace(r.Pattern)
+		req := httptest.NewRequest(r.Method, path, strings.NewReader(`{"proxy_id":"p"}`))
+		req.Header.Set("Authorization", "Bearer "+token)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w.Code
+	}
+	attachRoutes := 0
+	for _, r := range (&server{}).routes(b.extraRoutes()) {
+		before := b.calls.Load()
+		code := send(r, attach)
+		switch {
+		case r.Scope == ScopeAttach:
+			attachRoutes++
+			if code == http.StatusUnauthorized || code == http.StatusForbidden || b.calls.Load() == before {
+				t.Errorf("%s %s with the attach token: HTTP %d, want it served", r.Method, r.Pattern, code)
+			}
+		case code != http.StatusForbidden || b.calls.Load() != before:
+			t.Errorf("%s %s with the attach token: HTTP %d (reached the controller: %v), want 403", r.Method, r.Pattern, code, b.calls.Load() != before)
+		}
+		before = b.calls.Load()
+		if code := send(r, full); code == http.StatusUnauthorized || code == http.StatusForbidden || b.calls.Load() == before {
+			t.Errorf("%s %s with the controller token: HTTP %d, want it served", r.Method, r.Pattern, code)
+		}
+	}
+	if attachRoutes != 2 {
+		t.Fatalf("%d attach routes, want 2", attachRoutes)
+	}
+}
+
 // TestEmptyTokenRefusesEverything: a controller that somehow has no token must not read
 // "Bearer " (or nothing) as a match. The handler is called directly, so the header reaches it
 // exactly as written.
 func TestEmptyTokenRefusesEverything(t *testing.T) {
 	b := &countingBackend{}
-	h := NewHandler(b, "", zaptest.NewLogger(t), b.extraRoutes()...)
+	h := NewHandler(b, Tokens{}, zaptest.NewLogger(t), b.extraRoutes()...)
 	for _, auth := range []string{"", "Bearer", "Bearer ", "Bearer  "} {
 		req := httptest.NewRequest(http.MethodGet, "/v1/services", nil)
 		if auth != "" {

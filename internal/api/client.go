@@ -13,24 +13,28 @@ import (
 	"time"
 )
 
-// Client talks to one controller.
+// Client talks to one controller. ClientFor makes one from what the controller published in
+// its home.
 type Client struct {
-	// Base is "http://127.0.0.1:PORT".
+	// Base is the URL prefix of every call: "http://127.0.0.1:PORT" over TCP.
 	Base  string
 	Token string
 	HTTP  *http.Client
+	// Where names the controller's listener in messages: "unix:PATH" or Base.
+	Where string
 }
 
-// NewClient returns a client with sane timeouts for request/response calls. Streaming calls
-// (logs) use the same transport without a whole-request timeout.
+// NewClient returns a client for the controller at base, over TCP. Calls have no whole-request
+// timeout (logs stream); callers bound them with their context.
 func NewClient(base, token string) *Client {
-	return &Client{Base: strings.TrimRight(base, "/"), Token: token, HTTP: &http.Client{}}
+	base = strings.TrimRight(base, "/")
+	return &Client{Base: base, Token: token, HTTP: &http.Client{}, Where: base}
 }
 
 // Do sends an authenticated request to path (which carries its query), with in as its JSON
 // body unless in is nil, and decodes a 2xx answer into out (nil discards it). An answer of a
-// kind the API names (404, 409, 400, 401) is an *Error that errors.Is matches with ErrNotFound,
-// ErrConflict, ErrInvalid or ErrUnauthorized.
+// kind the API names (404, 409, 400, 401, 403) is an *Error that errors.Is matches with
+// ErrNotFound, ErrConflict, ErrInvalid, ErrUnauthorized or ErrForbidden.
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
@@ -89,6 +93,8 @@ func (c *Client) request(ctx context.Context, method, path string, body io.Reade
 		kind = ErrInvalid
 	case http.StatusUnauthorized:
 		kind = ErrUnauthorized
+	case http.StatusForbidden:
+		kind = ErrForbidden
 	default:
 		return nil, fmt.Errorf("controller: %s (HTTP %d)", msg, resp.StatusCode)
 	}

@@ -35,19 +35,37 @@ type Backend interface {
 	Stop()
 }
 
+// Tokens are the credentials the API accepts. Full may call every route; Attach only the
+// routes of ScopeAttach, what an attached proxy calls. An empty token matches nothing.
+type Tokens struct {
+	Full   string
+	Attach string
+}
+
+// Scope is what a route requires of the token.
+type Scope int
+
+const (
+	// ScopeFull routes take the controller token alone; a Route's zero Scope is this one.
+	ScopeFull Scope = iota
+	// ScopeAttach routes take the attach token or the controller token: they read a
+	// service's replica set and take load reports, and launch nothing.
+	ScopeAttach
+)
+
 // NewHandler returns the API's HTTP handler: Backend's routes and the extra ones, which a
 // package that owns a protocol of its own adds (proxy/attach's). Every request, whatever its
 // path and whether or not a route matches it, must carry "Authorization: Bearer TOKEN", also on
-// loopback: the API launches programs and reads their logs, so any local user or process that
-// can reach the port would otherwise own the machine's services. An empty token refuses
-// everything.
-func NewHandler(b Backend, token string, log *zap.Logger, extra ...Route) http.Handler {
+// the socket and loopback: the API launches programs and reads their logs, so any process that
+// could call it without a token would own the machine's services. A token of too narrow a
+// scope for its route gets 403.
+func NewHandler(b Backend, tokens Tokens, log *zap.Logger, extra ...Route) http.Handler {
 	s := &server{b: b, log: log}
 	mux := http.NewServeMux()
 	for _, r := range s.routes(extra) {
-		mux.HandleFunc(r.Method+" "+r.Pattern, r.Handler)
+		mux.HandleFunc(r.Method+" "+r.Pattern, requireScope(r.Scope, r.Handler))
 	}
-	return requireToken(token, mux)
+	return requireToken(tokens, mux)
 }
 
 // Route is one endpoint of the API. Pattern is an http.ServeMux path pattern ("{name}"
@@ -56,35 +74,64 @@ type Route struct {
 	Method  string
 	Pattern string
 	Handler http.HandlerFunc
+	// Scope is the token the route requires: ScopeFull unless set.
+	Scope Scope
 }
 
 // routes lists every endpoint, Backend's and then extra; NewHandler puts each behind the token.
 func (s *server) routes(extra []Route) []Route {
 	return append([]Route{
-		{http.MethodGet, "/v1/controller", s.controllerStatus},
-		{http.MethodPost, "/v1/controller/stop", s.controllerStop},
-		{http.MethodGet, "/v1/controller/logs", s.controllerLogs},
-		{http.MethodPost, "/v1/services", s.createService},
-		{http.MethodGet, "/v1/services", s.listServices},
-		{http.MethodDelete, "/v1/services/{name}", s.deleteService},
-		{http.MethodPost, "/v1/services/{name}/update", s.updateService},
-		{http.MethodGet, "/v1/services/{name}/replicas/{id}/logs", s.replicaLogs},
+		{http.MethodGet, "/v1/controller", s.controllerStatus, ScopeFull},
+		{http.MethodPost, "/v1/controller/stop", s.controllerStop, ScopeFull},
+		{http.MethodGet, "/v1/controller/logs", s.controllerLogs, ScopeFull},
+		{http.MethodPost, "/v1/services", s.createService, ScopeFull},
+		{http.MethodGet, "/v1/services", s.listServices, ScopeFull},
+		{http.MethodDelete, "/v1/services/{name}", s.deleteService, ScopeFull},
+		{http.MethodPost, "/v1/services/{name}/update", s.updateService, ScopeFull},
+		{http.MethodGet, "/v1/services/{name}/replicas/{id}/logs", s.replicaLogs, ScopeFull},
 	}, extra...)
 }
 
-// requireToken lets through only requests that carry the token. SHA-256 sums are compared in
-// constant time, so the time taken says neither how long the token is nor how much of it a
-// guess got right.
-func requireToken(token string, next http.Handler) http.Handler {
-	want := sha256.Sum256([]byte("Bearer " + token))
+// scopeKey is the request context key of the Scope the request's token grants.
+type scopeKey struct{}
+
+// requireToken lets through only requests that carry one of the tokens, noting the scope it
+// grants for requireScope. SHA-256 sums are compared in constant time, against both tokens
+// every time, so the time taken says neither how long a token is, nor how much of it a guess
+// got right, nor which token a guess came close to. A refused request's connection is
+// closed, a let-through one's trusted (see Server).
+func requireToken(tokens Tokens, next http.Handler) http.Handler {
+	full := sha256.Sum256([]byte("Bearer " + tokens.Full))
+	attach := sha256.Sum256([]byte("Bearer " + tokens.Attach))
+	hasFull, hasAttach := tokens.Full != "", tokens.Attach != ""
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got := sha256.Sum256([]byte(r.Header.Get("Authorization")))
-		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 || token == "" {
+		isFull := subtle.ConstantTimeCompare(got[:], full[:]) == 1 && hasFull
+		isAttach := subtle.ConstantTimeCompare(got[:], attach[:]) == 1 && hasAttach
+		if !isFull && !isAttach {
+			refuseConnection(w)
 			writeError(w, http.StatusUnauthorized, "unauthorized", "missing or wrong controller token")
 			return
 		}
-		next.ServeHTTP(w, r)
+		trustConnection(r)
+		scope := ScopeAttach
+		if isFull {
+			scope = ScopeFull
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), scopeKey{}, scope)))
 	})
+}
+
+// requireScope runs h only for a token that may call a route of scope need.
+func requireScope(need Scope, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		granted, ok := r.Context().Value(scopeKey{}).(Scope)
+		if !ok || (granted != ScopeFull && granted != need) {
+			writeError(w, http.StatusForbidden, "forbidden", "this token may only follow services and report load (an attached proxy's); this call needs the controller token")
+			return
+		}
+		h(w, r)
+	}
 }
 
 type server struct {
@@ -103,8 +150,7 @@ func (s *server) controllerStop(w http.ResponseWriter, _ *http.Request) {
 
 func (s *server) createService(w http.ResponseWriter, r *http.Request) {
 	var req CreateServiceRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20))
-	if err := dec.Decode(&req); err != nil {
+	if err := DecodeBody(w, r, maxTaskBytes, &req); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", "decode request: "+err.Error())
 		return
 	}
@@ -118,8 +164,7 @@ func (s *server) createService(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) updateService(w http.ResponseWriter, r *http.Request) {
 	var req UpdateServiceRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 8<<20))
-	if err := dec.Decode(&req); err != nil {
+	if err := DecodeBody(w, r, maxTaskBytes, &req); err != nil {
 		writeError(w, http.StatusBadRequest, "invalid_request", "decode request: "+err.Error())
 		return
 	}
@@ -129,6 +174,27 @@ func (s *server) updateService(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	WriteJSON(w, http.StatusAccepted, st)
+}
+
+// maxTaskBytes bounds a create or update request: a task is a few KB.
+const maxTaskBytes = 8 << 20
+
+// bodyTimeout bounds reading a request's JSON body. It applies to the body alone: the answer
+// may take as long as it needs (a long poll, serve down's drain). A variable for tests.
+var bodyTimeout = 30 * time.Second
+
+// DecodeBody decodes r's JSON body, of at most limit bytes, into v, read within 30 s. After a
+// failure the connection closes once answered: the rest of a body that stalled is not waited
+// for.
+func DecodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(bodyTimeout)) // not supported by test recorders
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit)).Decode(v); err != nil {
+		w.Header().Set("Connection", "close")
+		return err
+	}
+	_ = rc.SetReadDeadline(time.Time{})
+	return nil
 }
 
 func (s *server) listServices(w http.ResponseWriter, r *http.Request) {
@@ -278,7 +344,8 @@ func tailOffset(f *os.File, n int) (int64, error) {
 func (s *server) fail(w http.ResponseWriter, err error) { WriteError(w, s.log, err) }
 
 // WriteError answers err in the API's error shape (ErrorBody), with the status its kind maps
-// to, which the Client maps back: ErrNotFound 404, ErrConflict 409, ErrInvalid 400. Any other
+// to, which the Client maps back: ErrNotFound 404, ErrConflict 409, ErrInvalid 400,
+// ErrForbidden 403. Any other
 // error is the controller's own failure: 500, and logged to log unless log is nil. An *Error
 // answers its Msg alone, so a handler can word a bad request exactly.
 func WriteError(w http.ResponseWriter, log *zap.Logger, err error) {
@@ -289,6 +356,8 @@ func WriteError(w http.ResponseWriter, log *zap.Logger, err error) {
 		writeError(w, http.StatusConflict, "conflict", err.Error())
 	case errors.Is(err, ErrInvalid):
 		writeError(w, http.StatusBadRequest, "invalid_request", err.Error())
+	case errors.Is(err, ErrForbidden):
+		writeError(w, http.StatusForbidden, "forbidden", err.Error())
 	default:
 		if log != nil {
 			log.Error("api request failed", zap.Error(err))

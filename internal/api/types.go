@@ -1,6 +1,7 @@
 // Package api is the controller's HTTP+JSON API: the types on the wire, the server that puts
-// them in front of the controller, and the client the CLI uses. Every route requires the
-// controller's bearer token, loopback included.
+// them in front of the controller (on its Unix socket, and on TCP when asked for), and the
+// client the CLI and attached proxies use. Every route requires a bearer token, on the socket
+// too: the controller token, or for the two attach routes the narrower attach token.
 package api
 
 import (
@@ -28,6 +29,8 @@ var (
 	ErrConflict     = errors.New("already exists")
 	ErrInvalid      = errors.New("invalid request")
 	ErrUnauthorized = errors.New("unauthorized")
+	// ErrForbidden is a valid token of too narrow a scope for the call (the attach token).
+	ErrForbidden = errors.New("forbidden")
 )
 
 // CreateServiceRequest launches a new service from a parsed, validated task.
@@ -67,8 +70,10 @@ type ServiceStatus struct {
 
 // ControllerStatus describes the running controller.
 type ControllerStatus struct {
-	PID       int       `json:"pid"`
-	Addr      string    `json:"addr"`
+	PID int `json:"pid"`
+	// Socket is the API's Unix socket; Addr its TCP address, empty without one.
+	Socket    string    `json:"socket,omitempty"`
+	Addr      string    `json:"addr,omitempty"`
 	Home      string    `json:"home"`
 	Version   string    `json:"version"`
 	StartedAt time.Time `json:"started_at"`

@@ -66,7 +66,7 @@ func TestAttachControllerAPI(t *testing.T) {
 	clock := &testClock{now: time.Now()}
 	c, s := newAttachTestService(t, clock)
 	const token = "attach-controller-test-token"
-	srv := httptest.NewServer(api.NewHandler(c, token, c.log, c.attachRoutes()...))
+	srv := httptest.NewServer(api.NewHandler(c, api.Tokens{Full: token}, c.log, c.attachRoutes()...))
 	t.Cleanup(srv.Close)
 	client := api.NewClient(srv.URL, token)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -15,8 +15,6 @@ package controller
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"runtime/debug"
@@ -45,8 +43,11 @@ var ErrAlreadyRunning = errors.New("a controller is already running for this FER
 // Options configure a controller.
 type Options struct {
 	Home home.Home
-	// Listen is the API address; loopback by default because the token is the only guard.
+	// Listen is a TCP address for the API besides its Unix socket (attached proxies on other
+	// machines need one); empty or ListenerOff for none, the default.
 	Listen string
+	// APITLSCert and APITLSKey make Listen serve HTTPS; an address off loopback requires them.
+	APITLSCert, APITLSKey string
 	// ProxyHost is where service endpoints listen.
 	ProxyHost string
 	// FirstServicePort is the lowest port a service endpoint gets (SkyServe uses 30001+).
@@ -93,9 +94,6 @@ const DefaultMetricsAddr = "127.0.0.1:9464"
 const ListenerOff = "off"
 
 func (o *Options) defaults() {
-	if o.Listen == "" {
-		o.Listen = "127.0.0.1:0"
-	}
 	if o.ProxyHost == "" {
 		o.ProxyHost = "127.0.0.1"
 	}
@@ -152,6 +150,8 @@ type Controller struct {
 	infras    *infra.Set
 	provider  *provision.Provisioner
 	startedAt time.Time
+	// apiSocket is the API's Unix socket; apiAddr its TCP address, "" without one.
+	apiSocket string
 	apiAddr   string
 
 	stopOnce sync.Once
@@ -196,7 +196,7 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 		return err
 	}
 	defer unlock()
-	token, err := h.Token()
+	tokens, err := apiTokens(h)
 	if err != nil {
 		return err
 	}
@@ -205,11 +205,12 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 		return err
 	}
 	defer closeState()
-	ln, err := net.Listen("tcp", c.opts.Listen)
+	lns, err := listenAPI(h, c.opts.Listen, apiTLS{c.opts.APITLSCert, c.opts.APITLSKey})
 	if err != nil {
-		return fmt.Errorf("controller API listen on %s: %w", c.opts.Listen, err)
+		return err
 	}
-	c.apiAddr = ln.Addr().String()
+	defer lns.close()
+	c.apiSocket, c.apiAddr = lns.socketPath, lns.tcpAddr()
 	c.startedAt = time.Now()
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -218,19 +219,15 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	c.watchNotices(ctx, c.infras.Notifiers())
 	defer c.stopMetrics()
 	if err := c.startServing(); err != nil {
-		ln.Close()
 		return err
 	}
-	srv := &http.Server{
-		Handler:           api.NewHandler(c, token, c.log.Named("api"), c.attachRoutes()...),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
-	serveErr := make(chan error, 1)
-	c.spawn(nil, "api server", func() { serveErr <- srv.Serve(ln) })
-	if err := h.WriteInfo(home.Info{PID: os.Getpid(), Addr: c.apiAddr, Version: c.opts.Version, StartedAt: c.startedAt}); err != nil {
+	srv := api.NewServer(api.NewHandler(c, tokens, c.log.Named("api"), c.attachRoutes()...), 0, c.log.Named("api"))
+	serveErr := lns.serve(c, srv)
+	if err := h.WriteInfo(home.Info{PID: os.Getpid(), Socket: c.apiSocket, Addr: c.apiAddr, TLS: lns.tlsConfig != nil,
+		Version: c.opts.Version, StartedAt: c.startedAt}); err != nil {
 		return err
 	}
-	c.log.Info("controller started", zap.String("api", c.apiAddr), zap.String("home", h.Dir), zap.Int("pid", os.Getpid()))
+	c.log.Info("controller started", zap.String("socket", c.apiSocket), zap.String("api", c.apiAddr), zap.String("home", h.Dir), zap.Int("pid", os.Getpid()))
 	c.spawn(&c.wg, "status loop", func() { c.statusLoop(ctx) })
 
 	select {
@@ -248,6 +245,16 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 		err = nil
 	}
 	return err
+}
+
+// apiTokens are the home's controller token and attach token, made on first use.
+func apiTokens(h home.Home) (api.Tokens, error) {
+	full, err := h.Token()
+	if err != nil {
+		return api.Tokens{}, err
+	}
+	attach, err := h.ProxyToken()
+	return api.Tokens{Full: full, Attach: attach}, err
 }
 
 // lockHome takes the home's lock, which one controller holds at a time.
@@ -305,7 +312,7 @@ func (c *Controller) startServing() error {
 
 // shutdown stops the API, the gateway and every service's loops and listener, leaving replicas
 // running for the next controller to adopt.
-func (c *Controller) shutdown(srv *http.Server) {
+func (c *Controller) shutdown(srv *api.Server) {
 	shutCtx, shutCancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer shutCancel()
 	_ = srv.Shutdown(shutCtx)
@@ -372,7 +379,7 @@ func (c *Controller) Status() api.ControllerStatus {
 	c.mu.Lock()
 	n := len(c.services)
 	c.mu.Unlock()
-	st := api.ControllerStatus{PID: os.Getpid(), Addr: c.apiAddr, Home: c.opts.Home.Dir, Version: c.opts.Version,
+	st := api.ControllerStatus{PID: os.Getpid(), Socket: c.apiSocket, Addr: c.apiAddr, Home: c.opts.Home.Dir, Version: c.opts.Version,
 		StartedAt: c.startedAt, Services: n}
 	if c.gatewayAddr != "" {
 		st.Gateway = "http://" + c.gatewayAddr

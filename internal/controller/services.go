@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -251,8 +252,8 @@ func (c *Controller) CreateService(_ context.Context, req api.CreateServiceReque
 	if req.Name == "" {
 		return api.ServiceStatus{}, fmt.Errorf("service name is empty: %w", api.ErrInvalid)
 	}
-	if a := req.Task.Service.Auth; a != nil && len(a.KeyHashes) == 0 {
-		return api.ServiceStatus{}, fmt.Errorf("service.auth resolved no API keys (the CLI resolves them from keys_from_env and keys_file): %w", api.ErrInvalid)
+	if err := checkAuth(req.Task); err != nil {
+		return api.ServiceStatus{}, err
 	}
 	ln, port, err := c.reserveService(req.Name)
 	if err != nil {
@@ -270,6 +271,24 @@ func (c *Controller) CreateService(_ context.Context, req api.CreateServiceReque
 		return api.ServiceStatus{}, err
 	}
 	return s.status(false), nil
+}
+
+// checkAuth refuses a task whose service.auth the CLI did not resolve, or that takes an API
+// key from one of its envs, which are stored and shown as written (a CLI older than that rule,
+// or a client of the API that is no CLI, could send one).
+func checkAuth(task *configs.Task) error {
+	a := task.Service.Auth
+	if a == nil {
+		return nil
+	}
+	if len(a.KeyHashes) == 0 {
+		return fmt.Errorf("service.auth resolved no API keys (the CLI resolves them from keys_from_env and keys_file): %w", api.ErrInvalid)
+	}
+	if names := task.KeyEnvs(); len(names) > 0 {
+		return fmt.Errorf("service.auth.keys_from_env takes keys from %s, among the task's envs, which are stored and shown as written; make them secrets: %w",
+			strings.Join(names, ", "), api.ErrInvalid)
+	}
+	return nil
 }
 
 // reserveService claims a new service's name and binds the lowest free endpoint port not owned

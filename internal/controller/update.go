@@ -23,8 +23,8 @@ func (c *Controller) UpdateService(_ context.Context, name string, req api.Updat
 	if task == nil || task.Service == nil {
 		return api.ServiceStatus{}, fmt.Errorf("task has no service: section: %w", api.ErrInvalid)
 	}
-	if a := task.Service.Auth; a != nil && len(a.KeyHashes) == 0 {
-		return api.ServiceStatus{}, fmt.Errorf("service.auth resolved no API keys (the CLI resolves them from keys_from_env and keys_file): %w", api.ErrInvalid)
+	if err := checkAuth(task); err != nil {
+		return api.ServiceStatus{}, err
 	}
 	mode := task.Service.Update.Mode
 	if req.Mode != "" {

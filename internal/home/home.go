@@ -53,20 +53,74 @@ func (h Home) LockPath() string      { return filepath.Join(h.Dir, "controller.l
 func (h Home) ControllerLog() string { return filepath.Join(h.Dir, "controller.log") }
 func (h Home) LocalDir() string      { return filepath.Join(h.Dir, "local") }
 
+// SocketPath is the controller API's Unix socket (0600, in the 0700 home): how the CLI and
+// attached proxies on this machine reach the controller. It is the only listener unless the
+// controller is asked for a TCP address too.
+func (h Home) SocketPath() string { return filepath.Join(h.Dir, "controller.sock") }
+
+// CertPath is the certificate the controller's TCP API serves with TLS, published so that a
+// client reading this home can pin it (self-signed certificates included).
+func (h Home) CertPath() string { return filepath.Join(h.Dir, "controller.crt") }
+
 // Token returns the controller token, creating a random one (0600) on first use. A token file
 // that others may read (copied in, or made by hand) is made owner-only again before its token
 // is used: whoever reads it controls the controller.
-func (h Home) Token() (string, error) {
-	b, err := os.ReadFile(h.TokenPath())
-	if err == nil {
-		if tok := strings.TrimSpace(string(b)); tok != "" {
-			if err := ownerOnly(h.TokenPath(), 0o600); err != nil {
-				return "", fmt.Errorf("controller token: %w", err)
-			}
+func (h Home) Token() (string, error) { return h.token(h.TokenPath(), "controller token") }
+
+// ProxyTokenPath is the attach token's file: the credential for attached proxies, which may
+// follow services and report their load and nothing else (not create a service, whose `run`
+// would execute anything on the controller's machines).
+func (h Home) ProxyTokenPath() string { return filepath.Join(h.Dir, "proxy.token") }
+
+// ProxyToken returns the attach token, creating a random one (0600) on first use; the
+// controller does at start.
+func (h Home) ProxyToken() (string, error) { return h.token(h.ProxyTokenPath(), "attach token") }
+
+// AttachToken is the token an attached proxy sends: the attach token when the home holds one,
+// else the controller token, which may do everything an attach token may. It creates neither:
+// a proxy's home (a copy of controller.json, proxy.token and controller.crt on another
+// machine) must not grow a controller token of its own.
+func (h Home) AttachToken() (string, error) {
+	for _, path := range []string{h.ProxyTokenPath(), h.TokenPath()} {
+		tok, err := readToken(path)
+		if err != nil {
+			return "", err
+		}
+		if tok != "" {
 			return tok, nil
 		}
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("read controller token: %w", err)
+	}
+	return "", fmt.Errorf("no token for an attached proxy in %s: copy %s there from the controller's FERRY_HOME", h.Dir, filepath.Base(h.ProxyTokenPath()))
+}
+
+// readToken reads the token in path, "" when the file does not exist or is empty; a file that
+// others may read is made owner-only first.
+func readToken(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", nil
+	}
+	if err := ownerOnly(path, 0o600); err != nil {
+		return "", err
+	}
+	return tok, nil
+}
+
+// token reads the token in path, creating a random one on first use.
+func (h Home) token(path, what string) (string, error) {
+	tok, err := readToken(path)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", what, err)
+	}
+	if tok != "" {
+		return tok, nil
 	}
 	if err := h.Ensure(); err != nil {
 		return "", err
@@ -75,14 +129,14 @@ func (h Home) Token() (string, error) {
 	if _, err := rand.Read(raw); err != nil {
 		return "", err
 	}
-	tok := hex.EncodeToString(raw)
+	tok = hex.EncodeToString(raw)
 	// O_EXCL makes concurrent first uses agree: the loser reads the winner's token.
-	f, err := os.OpenFile(h.TokenPath(), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, os.ErrExist) {
-		return h.waitToken()
+		return waitToken(path)
 	}
 	if err != nil {
-		return "", fmt.Errorf("create controller token: %w", err)
+		return "", fmt.Errorf("create %s: %w", what, err)
 	}
 	defer f.Close()
 	if _, err := f.WriteString(tok + "\n"); err != nil {
@@ -106,21 +160,27 @@ func ownerOnly(path string, perm os.FileMode) error {
 	return nil
 }
 
-func (h Home) waitToken() (string, error) {
+func waitToken(path string) (string, error) {
 	for range 50 {
-		b, err := os.ReadFile(h.TokenPath())
+		b, err := os.ReadFile(path)
 		if err == nil && strings.TrimSpace(string(b)) != "" {
 			return strings.TrimSpace(string(b)), nil
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return "", errors.New("controller token file exists but stays empty")
+	return "", fmt.Errorf("%s exists but stays empty", path)
 }
 
 // Info is what a running controller publishes about itself.
 type Info struct {
-	PID       int       `json:"pid"`
-	Addr      string    `json:"addr"`
+	PID int `json:"pid"`
+	// Socket is the API's Unix socket: SocketPath, or a private directory of its own when that
+	// path is too long for a socket.
+	Socket string `json:"socket,omitempty"`
+	// Addr is the API's TCP address, empty unless the controller was asked to listen on one.
+	Addr string `json:"addr,omitempty"`
+	// TLS says Addr serves HTTPS, with the certificate in CertPath.
+	TLS       bool      `json:"tls,omitempty"`
 	Version   string    `json:"version"`
 	StartedAt time.Time `json:"started_at"`
 }

@@ -80,3 +80,37 @@ func TestWriteInfoIsOwnerOnly(t *testing.T) {
 		t.Errorf("controller.json mode %o, want 600", m)
 	}
 }
+
+// TestAttachToken: an attached proxy sends the attach token when its home holds one, else the
+// controller token; with neither it errs and creates no token of its own.
+func TestAttachToken(t *testing.T) {
+	h := Home{Dir: t.TempDir()}
+	if _, err := h.AttachToken(); err == nil {
+		t.Fatal("AttachToken in an empty home: no error")
+	}
+	for _, path := range []string{h.TokenPath(), h.ProxyTokenPath()} {
+		if _, err := os.Stat(path); !os.IsNotExist(err) {
+			t.Fatalf("AttachToken created %s", path)
+		}
+	}
+	full, err := h.Token()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := h.AttachToken(); err != nil || got != full {
+		t.Fatalf("with only the controller token: %q, %v; want it", got, err)
+	}
+	scoped, err := h.ProxyToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if scoped == full || len(scoped) < 32 {
+		t.Fatalf("attach token %q: want a random one of its own", scoped)
+	}
+	if m := mode(t, h.ProxyTokenPath()); m != 0o600 {
+		t.Errorf("proxy.token mode %o, want 600", m)
+	}
+	if got, err := h.AttachToken(); err != nil || got != scoped {
+		t.Fatalf("with both: %q, %v; want the attach token", got, err)
+	}
+}

@@ -32,7 +32,7 @@ var importRules = []importRule{
 	{"replicas", []string{"configs", "launcher", "policy"}}, // not autoscaler (how many is handed in), not proxy
 	{"proxy", []string{"policy"}},
 	{"proxy/attach", []string{"configs", "proxy", "internal/api", "internal/home"}},
-	{"internal/api", []string{"configs", "replicas"}}, // routes; the proxy is not its business
+	{"internal/api", []string{"configs", "internal/home", "replicas"}}, // routes; the proxy is not its business
 	{"internal/store", []string{"configs", "replicas"}},
 	{"internal/home", nil},
 	{"internal/infra", []string{"configs", "internal/home", "launcher"}},

@@ -1,10 +1,12 @@
 // Package local runs replicas as process groups on this machine: Ferry's embedded default infra,
 // used on a laptop and in every end-to-end test.
 //
-// Each instance lives in its own directory under Options.Dir, holding the script it runs, its
+// Each instance has its own directory under Options.Dir, holding the script it runs, its
 // output log and instance.json. Everything a controller needs to find and stop an instance is in
 // that directory, so a controller that restarts adopts the processes an earlier one started:
-// replicas run in their own session and process group and outlive the controller.
+// replicas run in their own session and process group and outlive the controller. A replica
+// works in a directory of its own outside Options.Dir (under Options.WorkRoot), so that its
+// working directory is not next to the controller's state (the token, the store).
 package local
 
 import (
@@ -17,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +36,10 @@ type Options struct {
 	// Dir holds one directory per instance plus logs/ for the output of terminated ones, e.g.
 	// $FERRY_HOME/local. It is created (0700) if missing.
 	Dir string
+	// WorkRoot is where each replica without a task workdir gets its working directory (a
+	// fresh 0700 "ferry-replica-*" directory, removed by Terminate); default os.TempDir(). It
+	// must not be inside Dir.
+	WorkRoot string
 	// PathPrepend lists directories put first on the replicas' PATH; the controller passes the
 	// ferry binary's directory so that `run: ferry replica-sim` works without installing it.
 	PathPrepend []string
@@ -110,6 +115,15 @@ func New(opts Options) (*Provider, error) {
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("local provider: %w", err)
 	}
+	if opts.WorkRoot == "" {
+		opts.WorkRoot = os.TempDir()
+	}
+	if opts.WorkRoot, err = filepath.Abs(opts.WorkRoot); err != nil {
+		return nil, fmt.Errorf("local provider: %w", err)
+	}
+	if rel, err := filepath.Rel(opts.Dir, opts.WorkRoot); err == nil && !strings.HasPrefix(rel, "..") {
+		return nil, fmt.Errorf("local provider: replicas' work root %s is inside %s, beside the controller's state", opts.WorkRoot, opts.Dir)
+	}
 	return &Provider{
 		opts:        opts,
 		log:         opts.Logger.With(zap.String("infra", configs.InfraLocal)),
@@ -142,9 +156,19 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return launcher.Instance{}, fmt.Errorf("create instance dir: %w", err)
 	}
-	inst, err := p.start(dir, id, port, spec)
+	work := spec.Workdir
+	if work == "" {
+		if work, err = os.MkdirTemp(p.opts.WorkRoot, workDirPrefix+id+"-"); err != nil {
+			_ = os.RemoveAll(dir)
+			return launcher.Instance{}, fmt.Errorf("create working directory: %w", err)
+		}
+	}
+	inst, err := p.start(dir, work, id, port, spec)
 	if err != nil {
 		_ = os.RemoveAll(dir)
+		if work != spec.Workdir {
+			p.removeWorkDir(id, work)
+		}
 		return launcher.Instance{}, err
 	}
 	p.log.Info("launched instance", zap.String("instance", id), zap.String("name", spec.Name),
@@ -152,7 +176,8 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	return inst, nil
 }
 
-func (p *Provider) start(dir, id string, port int, spec launcher.Spec) (launcher.Instance, error) {
+// start runs spec's script from dir in the working directory work.
+func (p *Provider) start(dir, work, id string, port int, spec launcher.Spec) (launcher.Instance, error) {
 	script := filepath.Join(dir, scriptFile)
 	if err := os.WriteFile(script, []byte(launcher.RenderScript(spec)), 0o600); err != nil {
 		return launcher.Instance{}, fmt.Errorf("write run script: %w", err)
@@ -164,10 +189,7 @@ func (p *Provider) start(dir, id string, port int, spec launcher.Spec) (launcher
 	defer out.Close() // the child holds its own descriptor
 
 	cmd := exec.Command("bash", script)
-	cmd.Dir = dir
-	if spec.Workdir != "" {
-		cmd.Dir = spec.Workdir
-	}
+	cmd.Dir = work
 	cmd.Env = p.environ(spec, port)
 	cmd.Stdin = nil // /dev/null
 	cmd.Stdout = out
@@ -199,6 +221,9 @@ func (p *Provider) start(dir, id string, port int, spec launcher.Spec) (launcher
 		StartTime:  st.StartTime,
 		Endpoint:   net.JoinHostPort(p.opts.Host, strconv.Itoa(port)),
 		LaunchedAt: time.Now().UTC(),
+	}
+	if work != spec.Workdir {
+		meta.WorkDir = work
 	}
 	if err := saveMetadata(dir, meta); err != nil {
 		_ = signalGroup(pid, syscall.SIGKILL)
@@ -343,6 +368,7 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("terminate %s: %w", id, err)
 	}
+	p.removeWorkDir(meta.ID, meta.WorkDir)
 	p.log.Info("terminated instance", zap.String("instance", id), zap.String("name", meta.Name))
 	return nil
 }
@@ -366,6 +392,21 @@ func (p *Provider) stopGroup(ctx context.Context, meta *metadata) error {
 		return nil
 	}
 	return fmt.Errorf("process group %d still alive after SIGKILL", meta.PGID)
+}
+
+// workDirPrefix starts the name of every working directory Launch makes.
+const workDirPrefix = "ferry-replica-"
+
+// removeWorkDir removes the working directory Launch made for instance id (perhaps in another
+// controller process, with another WorkRoot): only a directory named for that instance, never
+// anything else a damaged instance.json might name.
+func (p *Provider) removeWorkDir(id, work string) {
+	if work == "" || !filepath.IsAbs(work) || !strings.HasPrefix(filepath.Base(work), workDirPrefix+id+"-") {
+		return
+	}
+	if err := os.RemoveAll(work); err != nil {
+		p.log.Warn("remove replica working directory", zap.String("dir", work), zap.Error(err))
+	}
 }
 
 // waitGone polls until meta's group has no live member, d passes or ctx ends.
@@ -419,39 +460,6 @@ func (p *Provider) instance(meta *metadata, state launcher.State, reason string)
 		LaunchedAt:   meta.LaunchedAt,
 		Reason:       reason,
 	}
-}
-
-// environ builds the replica's environment: the controller's own, minus its FERRY_* settings
-// (they may hold the controller's token), with PathPrepend first on PATH, then spec.Envs, then
-// FERRY_PORT and FERRY_HOST, which the provider owns.
-func (p *Provider) environ(spec launcher.Spec, port int) []string {
-	var env []string
-	path := ""
-	for _, kv := range os.Environ() {
-		k, v, _ := strings.Cut(kv, "=")
-		switch {
-		case k == "PATH":
-			path = v
-		case strings.HasPrefix(k, "FERRY_"):
-		default:
-			env = append(env, kv)
-		}
-	}
-	dirs := slices.Clone(p.opts.PathPrepend)
-	if path != "" {
-		dirs = append(dirs, path)
-	}
-	env = append(env, "PATH="+strings.Join(dirs, string(os.PathListSeparator)))
-	keys := make([]string, 0, len(spec.Envs))
-	for k := range spec.Envs {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		env = append(env, k+"="+spec.Envs[k])
-	}
-	// exec.Cmd keeps the last value of a duplicated key, so these win.
-	return append(env, "FERRY_PORT="+strconv.Itoa(port), "FERRY_HOST="+p.opts.Host)
 }
 
 // allocatePort asks the kernel for a free port on Host. The port is released before the replica

@@ -51,6 +51,9 @@ func newProvider(t *testing.T, opts Options) *Provider {
 	if opts.Dir == "" {
 		opts.Dir = t.TempDir()
 	}
+	if opts.WorkRoot == "" {
+		opts.WorkRoot = t.TempDir() // replicas a test leaves to exit leave their directories
+	}
 	p, err := New(opts)
 	if err != nil {
 		t.Fatal(err)

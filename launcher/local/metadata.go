@@ -21,6 +21,9 @@ type metadata struct {
 	StartTime  uint64    `json:"start_time"`
 	Endpoint   string    `json:"endpoint"`
 	LaunchedAt time.Time `json:"launched_at"`
+	// WorkDir is the working directory Launch made for the replica, removed with it; empty
+	// when the task named its own.
+	WorkDir string `json:"work_dir,omitempty"`
 	// ExitReason and ExitedAt are written by the controller process that started the replica,
 	// the only one that can wait for it and so learn its exit status.
 	ExitReason string    `json:"exit_reason,omitempty"`

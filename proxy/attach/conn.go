@@ -10,8 +10,9 @@ import (
 	"github.com/ferryserve/ferry/internal/home"
 )
 
-// controllerConn finds the controller through FERRY_HOME: its address in the info file and
-// the token beside it, read again after forget (a restarted controller listens elsewhere).
+// controllerConn finds the controller through FERRY_HOME: its socket or address in the info
+// file and the attach token beside it (home.AttachToken), read again after forget (a
+// restarted controller listens elsewhere).
 type controllerConn struct {
 	home home.Home
 
@@ -30,11 +31,15 @@ func (cc *controllerConn) client() (*api.Client, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("no controller address in %s: %w", cc.home.InfoPath(), err)
 	}
-	token, err := cc.home.Token()
+	token, err := cc.home.AttachToken()
 	if err != nil {
 		return nil, "", err
 	}
-	cc.c, cc.addr = api.NewClient("http://"+info.Addr, token), info.Addr
+	c, err := api.ClientFor(cc.home, info, token)
+	if err != nil {
+		return nil, "", err
+	}
+	cc.c, cc.addr = c, c.Where
 	return cc.c, cc.addr, nil
 }
 

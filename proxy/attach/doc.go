@@ -3,7 +3,9 @@
 // load balancer and still serve, drain and scale like the controller's own proxy. It holds both
 // ends: the controller's Hub and the Routes that serve it, and the proxy's Follower.
 //
-// Two routes of the controller API, behind its token, carry it:
+// Two routes of the controller API carry it, behind the attach token (proxy.token in
+// FERRY_HOME, api.ScopeAttach), which may call these two and nothing else, or the controller
+// token:
 //
 //	GET  /v1/services/{name}/replicaset?after=SEQ&wait=SECONDS  long poll for the READY set
 //	POST /v1/services/{name}/proxyload                         the proxy's load, every 500 ms
@@ -23,6 +25,7 @@
 // seconds is taken as gone, so a dead proxy never holds a drain for long.
 //
 // The controller is not in the request path: a Follower keeps serving the last set it had
-// while the controller is away, and finds a restarted one (on a new address) through
-// FERRY_HOME, within about a second.
+// while the controller is away, and finds a restarted one through FERRY_HOME (its socket on
+// this machine, its TCP address from another, pinned to controller.crt when it serves TLS),
+// within about a second.
 package attach

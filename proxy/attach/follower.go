@@ -45,8 +45,9 @@ type FollowerConfig struct {
 	Base proxy.ServiceConfig
 	// Listener is where the proxy serves; Start closes it.
 	Listener net.Listener
-	// Home is the FERRY_HOME of the controller: its address and token are read there, again
-	// after every failure, as a restarted controller listens elsewhere.
+	// Home is the FERRY_HOME of the controller, or a copy of what a proxy needs of it
+	// (controller.json, proxy.token, controller.crt): its address and token are read there,
+	// again after every failure, as a restarted controller listens elsewhere.
 	Home home.Home
 	// DrainTimeout bounds how long requests in flight may finish: under an old configuration
 	// after a new one took over, and when Start's ctx ends.
@@ -321,7 +322,7 @@ func (f *Follower) reportLoop(ctx context.Context) {
 		}
 		switch {
 		case err == nil || ctx.Err() != nil:
-		case (errors.Is(err, api.ErrInvalid) || errors.Is(err, api.ErrUnauthorized)) && time.Since(lastWarn) >= warnEvery:
+		case (errors.Is(err, api.ErrInvalid) || errors.Is(err, api.ErrUnauthorized) || errors.Is(err, api.ErrForbidden)) && time.Since(lastWarn) >= warnEvery:
 			// The controller is there and refuses the report: it will not count this
 			// proxy's requests when it drains a replica.
 			f.log.Warn("load report rejected by the controller", zap.Error(err))

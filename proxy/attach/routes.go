@@ -2,7 +2,6 @@ package attach
 
 import (
 	"context"
-	"encoding/json"
 	"math"
 	"net/http"
 	"strconv"
@@ -23,13 +22,13 @@ type Service interface {
 }
 
 // Routes are the two attach routes, for api.NewHandler, which puts them behind the
-// controller's token. find returns the named service, or an error that wraps api.ErrNotFound;
+// controller's token or the attach token (api.ScopeAttach), the one attached proxies hold. find returns the named service, or an error that wraps api.ErrNotFound;
 // log gets the failures that are the controller's own.
 func Routes(find func(name string) (Service, error), log *zap.Logger) []api.Route {
 	h := handlers{find: find, log: log}
 	return []api.Route{
-		{Method: http.MethodGet, Pattern: "/v1/services/{name}/replicaset", Handler: h.replicaSet},
-		{Method: http.MethodPost, Pattern: "/v1/services/{name}/proxyload", Handler: h.proxyLoad},
+		{Method: http.MethodGet, Pattern: "/v1/services/{name}/replicaset", Handler: h.replicaSet, Scope: api.ScopeAttach},
+		{Method: http.MethodPost, Pattern: "/v1/services/{name}/proxyload", Handler: h.proxyLoad, Scope: api.ScopeAttach},
 	}
 }
 
@@ -76,7 +75,7 @@ func (h handlers) replicaSet(w http.ResponseWriter, r *http.Request) {
 // proxyLoad serves POST .../proxyload.
 func (h handlers) proxyLoad(w http.ResponseWriter, r *http.Request) {
 	var rep LoadReport
-	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&rep); err != nil {
+	if err := api.DecodeBody(w, r, 1<<20, &rep); err != nil {
 		api.WriteError(w, h.log, invalid("decode report: "+err.Error()))
 		return
 	}

@@ -68,7 +68,7 @@ func startAttachServer(t *testing.T) (*fakeService, *api.Client) {
 		return llama, nil
 	}
 	log := zaptest.NewLogger(t)
-	srv := httptest.NewServer(api.NewHandler(nil, attachToken, log, Routes(find, log)...))
+	srv := httptest.NewServer(api.NewHandler(nil, api.Tokens{Full: attachToken}, log, Routes(find, log)...))
 	t.Cleanup(srv.Close)
 	return llama, api.NewClient(srv.URL, attachToken)
 }
