@@ -98,6 +98,7 @@ func NewGateway(cfg GatewayConfig) *Gateway {
 	}
 	g.table.Store(&gatewayTable{byModel: map[string]*Service{}})
 	g.front.server = newServer(g.Handler, g.requestError, cfg.MaxRequestBodySize, defaultRequestReadTimeout, g.log)
+	g.front.log = g.log
 	return g
 }
 

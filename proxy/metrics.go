@@ -412,8 +412,10 @@ func NewRegistry() (*prometheus.Registry, *Metrics, error) {
 // ServeAdmin serves AdminHandler(g, token) on ln until the returned stop is called. Timeouts are
 // short: a scrape is one small request a few times a minute, so no client may hold a connection
 // long, while Prometheus's keep-alive connection between scrapes (15–60 s apart) survives the
-// idle timeout. stop lets a scrape in progress finish until ctx ends, then closes the listener
-// and waits for the server to be gone, so the address is free on return.
+// idle timeout. Accept errors that pass (out of file descriptors, say) are waited out, as on
+// the traffic listeners (accept.go), so metrics come back with the descriptors. stop lets a
+// scrape in progress finish until ctx ends, then closes the listener and waits for the server
+// to be gone, so the address is free on return.
 func ServeAdmin(ln net.Listener, g prometheus.Gatherer, token string, log *zap.Logger) (stop func(context.Context)) {
 	srv := &http.Server{
 		Handler:           AdminHandler(g, token),
@@ -426,7 +428,7 @@ func ServeAdmin(ln net.Listener, g prometheus.Gatherer, token string, log *zap.L
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(newRetryingListener(ln, log)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("metrics listener stopped", zap.Error(err))
 		}
 	}()

@@ -37,11 +37,12 @@ func newServer(handler fasthttp.RequestHandler, onError func(*fasthttp.RequestCt
 	}
 }
 
-// wrapListener gives accepted connections the per-write idle deadline and, with tlsConfig,
-// terminates TLS. TLS goes over the idle-deadline conn, so the deadline covers the raw socket
-// writes and fasthttp still sees a *tls.Conn (ctx.IsTLS, X-Forwarded-Proto: https).
-func wrapListener(ln net.Listener, idle time.Duration, tlsConfig *tls.Config) net.Listener {
-	var wrapped net.Listener = &writeIdleListener{Listener: ln, idle: idle}
+// wrapListener retries temporary accept errors (accept.go), gives accepted connections the
+// per-write idle deadline and, with tlsConfig, terminates TLS. TLS goes over the idle-deadline
+// conn, so the deadline covers the raw socket writes and fasthttp still sees a *tls.Conn
+// (ctx.IsTLS, X-Forwarded-Proto: https).
+func wrapListener(ln net.Listener, idle time.Duration, tlsConfig *tls.Config, log *zap.Logger) net.Listener {
+	var wrapped net.Listener = &writeIdleListener{Listener: newRetryingListener(ln, log), idle: idle}
 	if tlsConfig != nil {
 		wrapped = tls.NewListener(wrapped, tlsConfig)
 	}
@@ -52,6 +53,8 @@ func wrapListener(ln net.Listener, idle time.Duration, tlsConfig *tls.Config) ne
 // the listeners it serves on.
 type frontend struct {
 	server *fasthttp.Server
+	// log gets the listeners' accept errors.
+	log *zap.Logger
 
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -60,7 +63,7 @@ type frontend struct {
 
 // serve wraps ln (idle deadline, TLS) and serves it until shutdown, then returns nil.
 func (f *frontend) serve(ln net.Listener, idle time.Duration, tlsConfig *tls.Config) error {
-	wrapped := wrapListener(ln, idle, tlsConfig)
+	wrapped := wrapListener(ln, idle, tlsConfig, f.log)
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()

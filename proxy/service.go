@@ -370,6 +370,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	s.exchanges.New = func() any { return &exchange{svc: s, watchShard: s.clientWatch.shardIndex()} }
 	s.snap.Store(&snapshot{ready: make(chan struct{})})
 	s.front.server = newServer(s.serveRequest, s.requestError, cfg.MaxRequestBodySize, cfg.RequestReadTimeout, s.log)
+	s.front.log = s.log
 	return s, nil
 }
 
