@@ -27,7 +27,10 @@ type GatewayConfig struct {
 	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
 	// TLS, when set, terminates TLS on every listener.
-	TLS    *tls.Config
+	TLS *tls.Config
+	// Guard applies the process's ClientLimits; pass the one the services share. Nil shares the
+	// process default.
+	Guard  *Guard
 	Logger *zap.Logger
 	// Metrics counts the requests the gateway answers itself (unknown model, bad JSON) in
 	// ferry_gateway_errors_total; pass the Metrics the services share. Nil counts none.
@@ -98,7 +101,7 @@ func NewGateway(cfg GatewayConfig) *Gateway {
 	}
 	g.table.Store(&gatewayTable{byModel: map[string]*Service{}})
 	g.front.server = newServer(g.Handler, g.requestError, cfg.MaxRequestBodySize, defaultRequestReadTimeout, g.log)
-	g.front.log = g.log
+	g.front.guard, g.front.log = guardOr(cfg.Guard), g.log
 	return g
 }
 

@@ -37,12 +37,14 @@ func newServer(handler fasthttp.RequestHandler, onError func(*fasthttp.RequestCt
 	}
 }
 
-// wrapListener retries temporary accept errors (accept.go), gives accepted connections the
-// per-write idle deadline and, with tlsConfig, terminates TLS. TLS goes over the idle-deadline
-// conn, so the deadline covers the raw socket writes and fasthttp still sees a *tls.Conn
-// (ctx.IsTLS, X-Forwarded-Proto: https).
-func wrapListener(ln net.Listener, idle time.Duration, tlsConfig *tls.Config, log *zap.Logger) net.Listener {
-	var wrapped net.Listener = &writeIdleListener{Listener: newRetryingListener(ln, log), idle: idle}
+// wrapListener is how a client reaches the HTTP server: accept errors that pass are waited out
+// (accept.go), connections beyond the Guard's caps refused (guard.go), accepted connections get
+// the per-write idle deadline and, with tlsConfig, TLS is terminated. TLS goes over the
+// idle-deadline conn, so the deadline covers the raw socket writes and fasthttp still sees a
+// *tls.Conn (ctx.IsTLS, X-Forwarded-Proto: https).
+func wrapListener(ln net.Listener, idle time.Duration, tlsConfig *tls.Config, guard *Guard, log *zap.Logger) net.Listener {
+	capped := &guardedListener{Listener: newRetryingListener(ln, log), guard: guard, plain: tlsConfig == nil, log: log}
+	var wrapped net.Listener = &writeIdleListener{Listener: capped, idle: idle}
 	if tlsConfig != nil {
 		wrapped = tls.NewListener(wrapped, tlsConfig)
 	}
@@ -53,8 +55,9 @@ func wrapListener(ln net.Listener, idle time.Duration, tlsConfig *tls.Config, lo
 // the listeners it serves on.
 type frontend struct {
 	server *fasthttp.Server
-	// log gets the listeners' accept errors.
-	log *zap.Logger
+	// guard caps the client connections of every listener; log gets their accept errors.
+	guard *Guard
+	log   *zap.Logger
 
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -63,7 +66,7 @@ type frontend struct {
 
 // serve wraps ln (idle deadline, TLS) and serves it until shutdown, then returns nil.
 func (f *frontend) serve(ln net.Listener, idle time.Duration, tlsConfig *tls.Config) error {
-	wrapped := wrapListener(ln, idle, tlsConfig, f.log)
+	wrapped := wrapListener(ln, idle, tlsConfig, f.guard, f.log)
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()

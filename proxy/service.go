@@ -15,7 +15,8 @@
 //     (slots.go).
 //
 // Opening or closing an upstream connection, not a request, takes its replica's
-// connection-set lock (upstreamconn.go). Pickers are the policy package's: least_load and the
+// connection-set lock (upstreamconn.go); accepting or closing a client connection takes the
+// Guard's per-address lock, only while MaxConnectionsPerAddr is set (guard.go). Pickers are the policy package's: least_load and the
 // other policies that read only counters lock nothing, while prefix_affinity and llm_aware
 // hold their service's prefix index for about a microsecond per pick (policy/prefix.go).
 //
@@ -121,6 +122,9 @@ type ServiceConfig struct {
 	RateLimit RateLimit
 	// TLS, when set, makes Serve terminate TLS on every listener (see LoadTLS).
 	TLS *tls.Config
+	// Guard applies the process's ClientLimits (connections, request bodies being read) to this
+	// service's clients together with every other listener's; nil shares the process default.
+	Guard *Guard
 	// RequestReadTimeout bounds reading one request's headers and body, so slow-loris clients
 	// cannot hold connections; it never covers the response. Default 60 s.
 	RequestReadTimeout time.Duration
@@ -370,7 +374,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	s.exchanges.New = func() any { return &exchange{svc: s, watchShard: s.clientWatch.shardIndex()} }
 	s.snap.Store(&snapshot{ready: make(chan struct{})})
 	s.front.server = newServer(s.serveRequest, s.requestError, cfg.MaxRequestBodySize, cfg.RequestReadTimeout, s.log)
-	s.front.log = s.log
+	s.front.guard, s.front.log = guardOr(cfg.Guard), s.log
 	return s, nil
 }
 

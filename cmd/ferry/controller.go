@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -25,6 +26,7 @@ func newControllerCmd() *cobra.Command {
 		opts             controller.Options
 		logLevel         string
 		metricsTokenFile string
+		envErrs          []error // settings in the environment that do not parse
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -43,6 +45,9 @@ Every other command starts it in the background when it is not running, so you r
 			"  ferry controller status\n  ferry controller stop",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := errors.Join(envErrs...); err != nil {
+				return err
+			}
 			h, err := home.Default()
 			if err != nil {
 				return err
@@ -84,6 +89,10 @@ Every other command starts it in the background when it is not running, so you r
 		"admin listener for Prometheus /metrics and /healthz, host:port; empty or \"off\" to disable ($FERRY_METRICS_ADDR)")
 	f.StringVar(&metricsTokenFile, "metrics-token-file", os.Getenv("FERRY_METRICS_TOKEN_FILE"),
 		"require the token in this file as \"Authorization: Bearer\" on /metrics; /healthz stays open ($FERRY_METRICS_TOKEN_FILE)")
+	f.IntVar(&opts.ClientLimits.MaxConnections, "max-connections", envInt("FERRY_MAX_CONNECTIONS", &envErrs),
+		"refuse client connections beyond this many open at once over every service endpoint and the gateway, with 503 (0: half the file-descriptor limit; $FERRY_MAX_CONNECTIONS)")
+	f.IntVar(&opts.ClientLimits.MaxConnectionsPerAddr, "max-connections-per-ip", envInt("FERRY_MAX_CONNECTIONS_PER_IP", &envErrs),
+		"refuse a client address's connections beyond this many open at once, with 429 (0: no cap; $FERRY_MAX_CONNECTIONS_PER_IP)")
 	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
 	return cmd
 }
@@ -95,6 +104,20 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// envInt is envOr for an integer setting, 0 when unset; a value that is not an integer is added
+// to errs, for the command to report.
+func envInt(name string, errs *[]error) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("$%s %q: want an integer", name, v))
+	}
+	return n
 }
 
 func newLogger(level string) (*zap.Logger, error) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -49,6 +50,8 @@ type proxyFlags struct {
 	rateLimit        float64
 	rateBurst        int
 	accessLog        bool
+	maxConns         int
+	maxConnsPerIP    int
 	// attach is the service to follow through the controller; empty for a fixed replica list.
 	attach string
 	// set tells which of attachConflicts were given on the command line.
@@ -71,6 +74,8 @@ type proxyOptions struct {
 	// metricsToken, when set, is the bearer token /metrics requires.
 	metricsToken string
 	accessLog    bool
+	// clientLimits are the process's, shared by its listeners (proxy.Guard).
+	clientLimits proxy.ClientLimits
 	// attach is the service followed through the controller (attach.go); service then holds
 	// only what the command line sets (name, TLS) and backends is empty.
 	attach string
@@ -152,7 +157,12 @@ flight, streams included, to finish.`,
 			return runProxy(ctx, opts, log)
 		},
 	}
-	fl := cmd.Flags()
+	f.define(cmd.Flags())
+	return cmd
+}
+
+// define declares the flags of `ferry proxy` on fl.
+func (f *proxyFlags) define(fl *pflag.FlagSet) {
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:8000", "address to serve on, host:port")
 	fl.StringVar(&f.name, "name", "default", "service name, shown in errors and logs")
 	fl.StringVar(&f.policy, "policy", policy.Default, "load balancing policy: "+strings.Join(policy.Names(), ", "))
@@ -173,8 +183,9 @@ flight, streams included, to finish.`,
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve Prometheus /metrics and /healthz on this address, host:port (default: off)")
 	fl.StringVar(&f.metricsTokenFile, "metrics-token-file", "", "require this file's token as \"Authorization: Bearer\" on /metrics (/healthz stays open)")
 	fl.BoolVar(&f.accessLog, "access-log", false, "log one line per request (sampled under load)")
+	fl.IntVar(&f.maxConns, "max-connections", 0, "refuse client connections beyond this many open at once, with 503 (0: half the process's file-descriptor limit)")
+	fl.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "refuse a client address's connections beyond this many open at once, with 429 (0: no cap; leave it off behind a load balancer)")
 	fl.StringVar(&f.attach, "attach", "", "follow this service of the controller in FERRY_HOME instead of fixed replicas")
-	return cmd
 }
 
 // parse validates the flags and reports every problem at once.
@@ -223,6 +234,7 @@ func (f proxyFlags) parseServing(opts *proxyOptions) []error {
 	if f.shutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout %v: must not be negative", f.shutdownTimeout))
 	}
+	errs = append(errs, f.parseClientLimits(opts)...)
 	if (f.tlsCert == "") != (f.tlsKey == "") {
 		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
 	} else if f.tlsCert != "" {
@@ -232,6 +244,19 @@ func (f proxyFlags) parseServing(opts *proxyOptions) []error {
 		}
 		opts.service.TLS = cfg
 	}
+	return errs
+}
+
+// parseClientLimits checks the process-wide caps on clients, which hold with or without --attach.
+func (f proxyFlags) parseClientLimits(opts *proxyOptions) []error {
+	var errs []error
+	if f.maxConns < 0 {
+		errs = append(errs, fmt.Errorf("--max-connections %d: must not be negative", f.maxConns))
+	}
+	if f.maxConnsPerIP < 0 {
+		errs = append(errs, fmt.Errorf("--max-connections-per-ip %d: must not be negative", f.maxConnsPerIP))
+	}
+	opts.clientLimits = proxy.ClientLimits{MaxConnections: f.maxConns, MaxConnectionsPerAddr: f.maxConnsPerIP}
 	return errs
 }
 
@@ -435,10 +460,16 @@ func serveProxy(ctx context.Context, opts proxyOptions, ln, adminLn net.Listener
 }
 
 // proxyBaseConfig is the part of a service's proxy configuration that comes from the command
-// line: name, TLS, logs and metrics (served on adminLn unless it is nil). stop ends the admin
-// listener.
+// line: name, TLS, the process's client limits, logs and metrics (served on adminLn unless it is
+// nil). stop ends the admin listener.
 func proxyBaseConfig(opts proxyOptions, adminLn net.Listener, log *zap.Logger) (cfg proxy.ServiceConfig, stop func(), err error) {
 	cfg = opts.service
+	if cfg.Guard, err = proxy.NewGuard(opts.clientLimits); err != nil {
+		if adminLn != nil {
+			adminLn.Close()
+		}
+		return cfg, nil, err
+	}
 	cfg.Logger = log
 	if opts.accessLog {
 		cfg.AccessLog = log.Named("access")

@@ -63,8 +63,10 @@ func TestProxySurvivesDescriptorFlood(t *testing.T) {
 	}))
 	t.Cleanup(replica.Close)
 	tests := map[string][]string{
-		// The flood reaches EMFILE: accepting must wait and go on.
-		"default flags": nil,
+		// The default connection cap, half the descriptor limit, refuses the flood's excess.
+		"default caps": nil,
+		// A cap above the limit lets the flood reach EMFILE: accepting must wait and go on.
+		"cap above the descriptor limit": {"--max-connections", "100000"},
 	}
 	for name, extra := range tests {
 		t.Run(name, func(t *testing.T) {
