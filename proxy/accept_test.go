@@ -56,7 +56,7 @@ func TestServingSurvivesAcceptErrors(t *testing.T) {
 			return "/v1/chat/completions", `{}`, served
 		},
 		"gateway": func(t *testing.T, ln net.Listener) (string, string, <-chan error) {
-			svc := newTestService(t, ServiceConfig{Name: "a", HealthCheck: HealthCheck{Interval: -1}}, backendsOf(u))
+			svc, _ := startProxy(t, ServiceConfig{Name: "a"}, backendsOf(u)...)
 			g := NewGateway(GatewayConfig{Logger: zaptest.NewLogger(t)})
 			g.SetServices([]*Service{svc})
 			served := make(chan error, 1)

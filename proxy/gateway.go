@@ -63,6 +63,10 @@ type gatewayTable struct {
 	byModel map[string]*Service
 	// models is the /v1/models listing, in a stable order.
 	models []gatewayModel
+	// allKeyed is set when there are services and every one requires an API key; keys then
+	// holds all their keys, so a request carrying none of them is refused at its headers.
+	allKeyed bool
+	keys     *apiKeys
 }
 
 type gatewayModel struct {
@@ -100,7 +104,7 @@ func NewGateway(cfg GatewayConfig) *Gateway {
 		g.accessLog = sampledAccessLogger(cfg.AccessLog, zap.String("listener", "gateway"))
 	}
 	g.table.Store(&gatewayTable{byModel: map[string]*Service{}})
-	g.front.server = newServer(g.Handler, g.requestError, cfg.MaxRequestBodySize, defaultRequestReadTimeout, g.log)
+	g.front.server = newServer(g.Handler, g.requestError, g.headerReceived, cfg.MaxRequestBodySize, defaultRequestReadTimeout, g.log)
 	g.front.guard, g.front.log = guardOr(cfg.Guard), g.log
 	return g
 }
@@ -123,9 +127,14 @@ func (g *Gateway) rebuild() {
 	defer g.mu.Unlock()
 	services := slices.Clone(g.services)
 	sort.Slice(services, func(i, j int) bool { return services[i].Name() < services[j].Name() })
-	t := &gatewayTable{byModel: make(map[string]*Service, len(services))}
+	t := &gatewayTable{byModel: make(map[string]*Service, len(services)), allKeyed: len(services) > 0, keys: &apiKeys{}}
 	for _, s := range services {
 		t.byModel[s.Name()] = s
+		if s.keys == nil {
+			t.allKeyed = false
+		} else {
+			t.keys.hashes = append(t.keys.hashes, s.keys.hashes...)
+		}
 	}
 	for _, s := range services {
 		for _, id := range s.Models() {
@@ -148,6 +157,10 @@ var (
 
 // Handler routes one request.
 func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
+	if v := g.front.guard.bodies.take(&ctx.Request.Header); v.refusal != refuseNone {
+		g.reject(ctx, fasthttp.StatusServiceUnavailable, g.errs.bodiesBusy, reasonBodiesBusy)
+		return
+	}
 	path := ctx.Path()
 	t := g.table.Load()
 	switch {
@@ -163,6 +176,12 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		return
 	case !ctx.IsPost():
 		g.reject(ctx, fasthttp.StatusNotFound, g.errs.notFound, reasonUnknownPath)
+		return
+	}
+	if t.allKeyed && len(ctx.Request.Body()) == 0 && !t.keys.allows(&ctx.Request.Header) {
+		// No service would take it; headerReceived may have cut its body.
+		g.reject(ctx, fasthttp.StatusUnauthorized, g.errs.unauthorized, reasonUnauthorized)
+		ctx.Response.Header.SetBytesKV(headerWWWAuthenticate, bearerChallenge)
 		return
 	}
 	f, err := scanBody(ctx.Request.Body())
@@ -228,6 +247,7 @@ func (g *Gateway) listModels(ctx *fasthttp.RequestCtx, t *gatewayTable, id []byt
 }
 
 func (g *Gateway) requestError(ctx *fasthttp.RequestCtx, err error) {
+	g.front.guard.bodies.take(&ctx.Request.Header) // the body will not be read further
 	g.errs.writeRequestError(ctx, err)
 	g.observe(ctx, ctx.Response.StatusCode(), reasonBadRequest)
 }
@@ -239,7 +259,9 @@ const (
 	reasonBadJSON      = "bad_json"
 	reasonNoModel      = "no_model"
 	reasonUnknownModel = "unknown_model"
-	reasonBadRequest   = "bad_request" // unreadable HTTP: too large, malformed, too slow
+	reasonBadRequest   = "bad_request"  // unreadable HTTP: too large, malformed, too slow
+	reasonUnauthorized = "unauthorized" // no service's API key, when every service requires one
+	reasonBodiesBusy   = "bodies_busy"  // the process's budget of bodies being read is spent
 )
 
 // reject writes one of the gateway's own errors and records it.

@@ -91,6 +91,9 @@ type Guard struct {
 	// perAddr counts open connections by client address, when MaxConnectionsPerAddr is set.
 	addrMu  sync.Mutex
 	perAddr map[[16]byte]int32
+	// bodies is the budget of request bodies being read, and the verdicts of requests judged at
+	// their headers (budget.go, prescreen.go).
+	bodies bodyBudget
 }
 
 // NewGuard validates limits and returns a Guard applying them, with the defaults for zero
@@ -104,6 +107,7 @@ func NewGuard(limits ClientLimits) (*Guard, error) {
 	if limits.MaxConnectionsPerAddr > 0 {
 		g.perAddr = make(map[[16]byte]int32)
 	}
+	g.bodies.init(limits.MaxBufferedBodyBytes)
 	return g, nil
 }
 
@@ -177,6 +181,12 @@ func (g *Guard) removeAddr(addr [16]byte) {
 
 // OpenConnections is the number of client connections open on the process's listeners.
 func (g *Guard) OpenConnections() int64 { return g.open.Load() }
+
+// BufferedBodyBytes is how much of MaxBufferedBodyBytes the request bodies being read hold.
+func (g *Guard) BufferedBodyBytes() int64 {
+	n, _ := g.bodies.reading()
+	return n
+}
 
 // guardedConn is an admitted client connection; closing it gives its place back, once.
 type guardedConn struct {

@@ -60,8 +60,7 @@ func exchangeOn(c net.Conn, host string) (*http.Response, string, error) {
 func TestConnectionCaps(t *testing.T) {
 	u := modelServer(t, "a", "model-a")
 	guard := newTestGuard(t, ClientLimits{MaxConnections: 3})
-	_, base := startProxy(t, ServiceConfig{Name: "a", Guard: guard}, backendsOf(u)...)
-	svc := newTestService(t, ServiceConfig{Name: "a", Guard: guard, HealthCheck: HealthCheck{Interval: -1}}, backendsOf(u))
+	svc, base := startProxy(t, ServiceConfig{Name: "a", Guard: guard}, backendsOf(u)...)
 	gw := startGatewayWith(t, GatewayConfig{Logger: zaptest.NewLogger(t), Guard: guard}, svc)
 	svcAddr, gwAddr := strings.TrimPrefix(base, "http://"), strings.TrimPrefix(gw, "http://")
 

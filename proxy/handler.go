@@ -22,7 +22,12 @@ import (
 // proxy loop sends it to one and retries on others while that is safe (proxyLoop).
 func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 	defer s.recoverPanic(ctx)
-	ex, snap := s.admit(ctx)
+	v := s.front.guard.bodies.take(&ctx.Request.Header)
+	if v.refusal != refuseNone {
+		s.refuseAtHeaders(ctx)
+		return
+	}
+	ex, snap := s.admit(ctx, v.key)
 	if ex == nil {
 		return // answered
 	}
@@ -31,10 +36,11 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 
 // admit runs every check that may answer a request before any replica sees it: the client's
 // credentials, rate and body size, the body's readability, and then, holding it while there is
-// no replica or no free slot, the service's caps. It returns the request's exchange and the
+// no replica or no free slot, the service's caps. key is 1 + the index of the API key already
+// matched at the request's headers, 0 when none was. It returns the request's exchange and the
 // snapshot to route it on, or nil when it has answered the request itself.
-func (s *Service) admit(ctx *fasthttp.RequestCtx) (*exchange, *snapshot) {
-	if !s.screen(ctx) {
+func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32) (*exchange, *snapshot) {
+	if !s.screen(ctx, key) {
 		return nil, nil
 	}
 	ex := s.acquireExchange()
@@ -73,11 +79,12 @@ func (s *Service) admit(ctx *fasthttp.RequestCtx) (*exchange, *snapshot) {
 }
 
 // screen refuses requests that no replica could ever serve (no valid API key, over the
-// client's rate, too large) before they count as demand or wait for a replica. It reports
-// whether the request passed; when not, it has answered it.
-func (s *Service) screen(ctx *fasthttp.RequestCtx) bool {
-	key := -1 // which API key, for the rate limit
-	if s.keys != nil {
+// client's rate, too large) before they count as demand or wait for a replica. matched is
+// 1 + the index of the key matched at the headers, 0 when none was. It reports whether the
+// request passed; when not, it has answered it.
+func (s *Service) screen(ctx *fasthttp.RequestCtx, matched int32) bool {
+	key := int(matched) - 1 // which API key, for the rate limit
+	if s.keys != nil && matched == 0 {
 		var ok bool
 		if key, ok = s.keys.match(&ctx.Request.Header); !ok {
 			s.unauthorized(ctx)
@@ -96,6 +103,13 @@ func (s *Service) screen(ctx *fasthttp.RequestCtx) bool {
 		return false
 	}
 	return true
+}
+
+// refuseAtHeaders answers a request whose body the server did not read because the budget of
+// bodies being read was spent (prescreen.go).
+func (s *Service) refuseAtHeaders(ctx *fasthttp.RequestCtx) {
+	writeError(ctx, fasthttp.StatusServiceUnavailable, s.errs.bodiesBusy)
+	s.answeredSelf(ctx, nil)
 }
 
 // refuse answers an admitted request with status and body without sending it anywhere.

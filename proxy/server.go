@@ -13,11 +13,14 @@ import (
 )
 
 // newServer is the client-facing HTTP server of a service or a gateway: the same limits and
-// timeouts on every listener a client can reach.
-func newServer(handler fasthttp.RequestHandler, onError func(*fasthttp.RequestCtx, error), maxBody int, readTimeout time.Duration, log *zap.Logger) *fasthttp.Server {
+// timeouts on every listener a client can reach, and requests judged at their headers
+// (prescreen.go).
+func newServer(handler fasthttp.RequestHandler, onError func(*fasthttp.RequestCtx, error), onHeaders func(*fasthttp.RequestHeader) fasthttp.RequestConfig,
+	maxBody int, readTimeout time.Duration, log *zap.Logger) *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:      handler,
-		ErrorHandler: onError,
+		Handler:        handler,
+		ErrorHandler:   onError,
+		HeaderReceived: onHeaders,
 		// ReadTimeout limits a slow request; WriteTimeout stays 0 because fasthttp applies it to
 		// the whole response, which would cut long streams. Stalled clients are instead caught
 		// by the per-write idle deadline on accepted connections (see wrapListener).

@@ -12,13 +12,16 @@
 //     has acquired a connection (upstream.go says why it cannot go);
 //   - with RateLimit on and no API keys, one shard of the per-address limiter (ratelimit.go);
 //   - only while requests wait for a slot under MaxInFlightPerReplica, the slot queue's lock
-//     (slots.go).
+//     (slots.go);
+//   - only for a body over 16 KiB or chunked, and for requests arriving while such a body is
+//     being read, the process's body budget (budget.go), at the headers and in the handler.
 //
 // Opening or closing an upstream connection, not a request, takes its replica's
 // connection-set lock (upstreamconn.go); accepting or closing a client connection takes the
-// Guard's per-address lock, only while MaxConnectionsPerAddr is set (guard.go). Pickers are the policy package's: least_load and the
-// other policies that read only counters lock nothing, while prefix_affinity and llm_aware
-// hold their service's prefix index for about a microsecond per pick (policy/prefix.go).
+// Guard's per-address lock, only while MaxConnectionsPerAddr is set (guard.go). Pickers are
+// the policy package's: least_load and the other policies that read only counters lock
+// nothing, while prefix_affinity and llm_aware hold their service's prefix index for about a
+// microsecond per pick (policy/prefix.go).
 //
 // Membership changes (SetBackends) build a new snapshot and swap it in; requests already
 // running keep the replica and upstream client they picked until their stream ends.
@@ -373,7 +376,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	s.clientWatch.init()
 	s.exchanges.New = func() any { return &exchange{svc: s, watchShard: s.clientWatch.shardIndex()} }
 	s.snap.Store(&snapshot{ready: make(chan struct{})})
-	s.front.server = newServer(s.serveRequest, s.requestError, cfg.MaxRequestBodySize, cfg.RequestReadTimeout, s.log)
+	s.front.server = newServer(s.serveRequest, s.requestError, s.headerReceived, cfg.MaxRequestBodySize, cfg.RequestReadTimeout, s.log)
 	s.front.guard, s.front.log = guardOr(cfg.Guard), s.log
 	return s, nil
 }

@@ -27,6 +27,7 @@ func newControllerCmd() *cobra.Command {
 		logLevel         string
 		metricsTokenFile string
 		envErrs          []error // settings in the environment that do not parse
+		bufferedMB       int
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -62,6 +63,7 @@ Every other command starts it in the background when it is not running, so you r
 					return fmt.Errorf("--metrics-token-file: %w", err)
 				}
 			}
+			opts.ClientLimits.MaxBufferedBodyBytes = int64(bufferedMB) << 20
 			opts.Home = h
 			opts.Version = version()
 			opts.Logger = log
@@ -93,6 +95,8 @@ Every other command starts it in the background when it is not running, so you r
 		"refuse client connections beyond this many open at once over every service endpoint and the gateway, with 503 (0: half the file-descriptor limit; $FERRY_MAX_CONNECTIONS)")
 	f.IntVar(&opts.ClientLimits.MaxConnectionsPerAddr, "max-connections-per-ip", envInt("FERRY_MAX_CONNECTIONS_PER_IP", &envErrs),
 		"refuse a client address's connections beyond this many open at once, with 429 (0: no cap; $FERRY_MAX_CONNECTIONS_PER_IP)")
+	f.IntVar(&bufferedMB, "max-buffered-body-mb", envInt("FERRY_MAX_BUFFERED_BODY_MB", &envErrs),
+		"request bodies being read at once, in MiB by their announced length; beyond it 503 at the request's headers (0: 512; $FERRY_MAX_BUFFERED_BODY_MB)")
 	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
 	return cmd
 }

@@ -52,6 +52,7 @@ type proxyFlags struct {
 	accessLog        bool
 	maxConns         int
 	maxConnsPerIP    int
+	maxBufferedMB    int
 	// attach is the service to follow through the controller; empty for a fixed replica list.
 	attach string
 	// set tells which of attachConflicts were given on the command line.
@@ -184,6 +185,7 @@ func (f *proxyFlags) define(fl *pflag.FlagSet) {
 	fl.StringVar(&f.metricsTokenFile, "metrics-token-file", "", "require this file's token as \"Authorization: Bearer\" on /metrics (/healthz stays open)")
 	fl.BoolVar(&f.accessLog, "access-log", false, "log one line per request (sampled under load)")
 	fl.IntVar(&f.maxConns, "max-connections", 0, "refuse client connections beyond this many open at once, with 503 (0: half the process's file-descriptor limit)")
+	fl.IntVar(&f.maxBufferedMB, "max-buffered-body-mb", proxy.DefaultMaxBufferedBodyBytes>>20, "request bodies being read at once, in MiB by their announced length; beyond it 503 at the request's headers")
 	fl.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "refuse a client address's connections beyond this many open at once, with 429 (0: no cap; leave it off behind a load balancer)")
 	fl.StringVar(&f.attach, "attach", "", "follow this service of the controller in FERRY_HOME instead of fixed replicas")
 }
@@ -247,6 +249,9 @@ func (f proxyFlags) parseServing(opts *proxyOptions) []error {
 	return errs
 }
 
+// maxBufferedBodyMB bounds --max-buffered-body-mb: 1 TiB is far beyond any machine's memory.
+const maxBufferedBodyMB = 1 << 20
+
 // parseClientLimits checks the process-wide caps on clients, which hold with or without --attach.
 func (f proxyFlags) parseClientLimits(opts *proxyOptions) []error {
 	var errs []error
@@ -256,7 +261,11 @@ func (f proxyFlags) parseClientLimits(opts *proxyOptions) []error {
 	if f.maxConnsPerIP < 0 {
 		errs = append(errs, fmt.Errorf("--max-connections-per-ip %d: must not be negative", f.maxConnsPerIP))
 	}
-	opts.clientLimits = proxy.ClientLimits{MaxConnections: f.maxConns, MaxConnectionsPerAddr: f.maxConnsPerIP}
+	if f.maxBufferedMB < 1 || f.maxBufferedMB > maxBufferedBodyMB {
+		errs = append(errs, fmt.Errorf("--max-buffered-body-mb %d: want 1 to %d", f.maxBufferedMB, maxBufferedBodyMB))
+	}
+	opts.clientLimits = proxy.ClientLimits{MaxConnections: f.maxConns, MaxConnectionsPerAddr: f.maxConnsPerIP,
+		MaxBufferedBodyBytes: int64(f.maxBufferedMB) << 20}
 	return errs
 }
 
