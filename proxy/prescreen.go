@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -11,10 +12,41 @@ import (
 // that will be refused anyway has its body cut: no valid API key (answered 401), or a body
 // that would exceed the process's budget of bodies being read (503 with Retry-After, budget.go).
 // A body over the service's limit needs nothing here: fasthttp answers 413 before reading it.
+// A request framed both by Transfer-Encoding and by Content-Length is served, then its connection
+// closed.
 //
 // Missing keys are refused at every size. A presented key is checked here only for a large body
 // (over smallBodySize, or chunked), where the key index is handed to the handler so the key is
 // hashed once; a small body is read and its key checked by screen, as before.
+
+var nameContentLength = []byte("Content-Length")
+
+// closeIfFramedTwice closes the connection after a request whose headers carry both
+// Transfer-Encoding and Content-Length, as RFC 9112 §6.1 requires: fasthttp reads it by its
+// Transfer-Encoding, while whoever sent it on may have read it by its length, and the rest of the
+// connection would then mean different requests to them and to us (request smuggling). The
+// parsed header keeps only one of the two, so the raw header lines are read.
+func closeIfFramedTwice(h *fasthttp.RequestHeader) {
+	var te, cl bool
+	for raw := h.RawHeaders(); len(raw) > 0; {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		name, _, _ := bytes.Cut(line, []byte{':'})
+		switch len(name) {
+		case len(nameContentLength):
+			cl = cl || bytes.EqualFold(name, nameContentLength)
+		case len(nameTransferEncoding):
+			te = te || bytes.EqualFold(name, nameTransferEncoding)
+		}
+	}
+	if te && cl {
+		h.SetConnectionClose()
+	}
+}
 
 // cutBody makes the server skip a refused request's body and close the connection after the
 // answer: the body is never read, and left on the connection its bytes would be taken for the
@@ -44,6 +76,7 @@ func (s *Service) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConf
 	if !ok {
 		return fasthttp.RequestConfig{}
 	}
+	closeIfFramedTwice(h)
 	var key int32
 	if s.keys != nil {
 		if len(presentedKey(h)) == 0 {
@@ -89,6 +122,7 @@ func (g *Gateway) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConf
 	if !ok {
 		return fasthttp.RequestConfig{}
 	}
+	closeIfFramedTwice(h)
 	if t := g.table.Load(); t.allKeyed {
 		if len(presentedKey(h)) == 0 || large && !t.keys.allows(h) {
 			cutBody(h) // Handler answers 401

@@ -271,3 +271,33 @@ func TestGatewayBodyBudget(t *testing.T) {
 		t.Fatalf("over the budget: %d", resp.StatusCode)
 	}
 }
+
+// TestAmbiguousFramingClosesConnection: a request with both Transfer-Encoding and Content-Length
+// is read by its Transfer-Encoding and answered, and then its connection is closed (RFC 9112
+// §6.1): whoever sent it may disagree with us about where it ended (request smuggling). It used
+// to be kept alive.
+func TestAmbiguousFramingClosesConnection(t *testing.T) {
+	u := startUpstream(t, "a", readingHandler)
+	_, base := startProxy(t, ServiceConfig{}, backendsOf(u)...)
+	addr := strings.TrimPrefix(base, "http://")
+	tests := map[string]string{
+		"chunked, then length": "Transfer-Encoding: chunked\r\nContent-Length: 9\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+		"length, then chunked": "Content-Length: 9\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+		"identity and length":  "Transfer-Encoding: identity\r\nContent-Length: 2\r\n\r\n{}",
+	}
+	for name, rest := range tests {
+		t.Run(name, func(t *testing.T) {
+			conn, br := headersOnly(t, addr, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"+rest)
+			resp := answerWithin(t, conn, br, 5*time.Second)
+			if resp.StatusCode != 200 || !resp.Close {
+				t.Errorf("got %d, close %v; want 200 and the connection closed", resp.StatusCode, resp.Close)
+			}
+		})
+	}
+	t.Run("plain chunked stays open", func(t *testing.T) {
+		conn, br := headersOnly(t, addr, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+		if resp := answerWithin(t, conn, br, 5*time.Second); resp.StatusCode != 200 || resp.Close {
+			t.Errorf("got %d, close %v; want 200 on a kept connection", resp.StatusCode, resp.Close)
+		}
+	})
+}
