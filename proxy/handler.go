@@ -278,7 +278,8 @@ func (ex *exchange) describe(ctx *fasthttp.RequestCtx, needs policy.Needs, wantS
 }
 
 // prepare builds the upstream request from the client's: same method, URI, headers and body,
-// minus hop-by-hop headers, plus X-Forwarded-For, X-Forwarded-Proto and X-Request-Id.
+// minus hop-by-hop headers, plus X-Forwarded-For, X-Forwarded-Proto and X-Request-Id (the
+// client's when it is a sane id, else a new one).
 func (ex *exchange) prepare(ctx *fasthttp.RequestCtx) {
 	req := &ex.req
 	ctx.Request.Header.CopyTo(&req.Header)
@@ -309,7 +310,7 @@ func (ex *exchange) prepare(ctx *fasthttp.RequestCtx) {
 		req.Header.SetBytesKV(headerXForwardedProto, schemeHTTP)
 	}
 
-	if id := req.Header.PeekBytes(headerXRequestID); len(id) > 0 {
+	if id := req.Header.PeekBytes(headerXRequestID); saneRequestID(id) {
 		ex.requestID = append(ex.requestID[:0], id...)
 	} else {
 		ex.requestID = appendRequestID(ex.requestID[:0])

@@ -662,7 +662,7 @@ func (s *Service) rejectedRequest(ctx *fasthttp.RequestCtx) {
 func (s *Service) recordSelfAnswer(ctx *fasthttp.RequestCtx, ex *exchange, start time.Time) {
 	id := ctx.Response.Header.PeekBytes(headerXRequestID)
 	if len(id) == 0 {
-		if id = ctx.Request.Header.PeekBytes(headerXRequestID); len(id) == 0 {
+		if id = ctx.Request.Header.PeekBytes(headerXRequestID); !saneRequestID(id) {
 			var buf [40]byte
 			ctx.Response.Header.SetBytesKV(headerXRequestID, appendRequestID(buf[:0]))
 		} else {
