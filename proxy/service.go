@@ -32,6 +32,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"slices"
@@ -39,6 +40,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -552,11 +554,39 @@ func (s *Service) Shutdown(ctx context.Context) error {
 }
 
 // fasthttpLogger sends fasthttp's own messages (mostly clients misbehaving) to debug level, so a
-// client flood cannot flood the logs.
+// client flood cannot flood the logs. An error in them is replaced by its kind: fasthttp quotes
+// the offending header line or value in its parse errors, and that may be an API key.
 type fasthttpLogger struct{ log *zap.Logger }
 
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	if ce := l.log.Check(zap.DebugLevel, "http server"); ce != nil {
-		ce.Write(zap.String("detail", fmt.Sprintf(format, args...)))
+		safe := make([]any, len(args))
+		for i, a := range args {
+			if err, ok := a.(error); ok {
+				a = errorKind(err)
+			}
+			safe[i] = a
+		}
+		ce.Write(zap.String("detail", fmt.Sprintf(format, safe...)))
+	}
+}
+
+// errorKind says what went wrong reading a request without quoting it: the text of errors known
+// to carry no request content, a generic kind for the others.
+func errorKind(err error) string {
+	var small *fasthttp.ErrSmallBuffer
+	var op *net.OpError
+	switch {
+	case isTimeout(err):
+		return "timeout"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection closed mid-request"
+	case errors.As(err, &small):
+		return "request headers too large"
+	case errors.As(err, &op), errors.Is(err, fasthttp.ErrBodyTooLarge), errors.Is(err, fasthttp.ErrDuplicateContentLength),
+		errors.Is(err, fasthttp.ErrUnsupportedTransferEncoding), errors.Is(err, fasthttp.ErrGetOnly):
+		return err.Error()
+	default:
+		return "malformed request (not shown: it may quote request headers)"
 	}
 }
