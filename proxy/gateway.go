@@ -193,12 +193,33 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		g.reject(ctx, fasthttp.StatusBadRequest, g.errs.noModel, reasonNoModel)
 		return
 	}
-	svc := t.byModel[string(f.Model)] // no allocation: the compiler reads the bytes in place
+	model, ok := unescapedModel(f.Model)
+	if !ok {
+		g.reject(ctx, fasthttp.StatusBadRequest, g.errs.badJSON, reasonBadJSON)
+		return
+	}
+	svc := t.byModel[string(model)] // no allocation: the compiler reads the bytes in place
 	if svc == nil {
-		g.reject(ctx, fasthttp.StatusNotFound, modelNotFound(f.Model), reasonUnknownModel)
+		g.reject(ctx, fasthttp.StatusNotFound, modelNotFound(model), reasonUnknownModel)
 		return
 	}
 	svc.Handler(ctx)
+}
+
+// unescapedModel is the value of the body's "model" string from its JSON spelling (scanBody
+// leaves escapes in place): "ferry\u002dsim" is ferry-sim. Only a model with an escape, which
+// no client needs to send, costs a decode.
+func unescapedModel(raw []byte) ([]byte, bool) {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw, true
+	}
+	quoted := make([]byte, 0, len(raw)+2)
+	quoted = append(append(append(quoted, '"'), raw...), '"')
+	var s string
+	if err := json.Unmarshal(quoted, &s); err != nil {
+		return nil, false
+	}
+	return []byte(s), true
 }
 
 // modelNotFound is OpenAI's 404 for an unknown model. It echoes the model name as OpenAI does,

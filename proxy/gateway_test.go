@@ -240,3 +240,22 @@ func TestGatewayHoldsServiceScaledToZero(t *testing.T) {
 	}
 	waitFor(t, "model-a from the new replica", func() bool { return cmp.Equal(listModels(t, c, base), want) })
 }
+
+// TestGatewayUnescapesModel: the gateway routes on the model's value, not its JSON spelling:
+// "ferry\u002dsim" is ferry-sim. It used to look up the escaped bytes and answer 404.
+func TestGatewayUnescapesModel(t *testing.T) {
+	u := modelServer(t, "sim-replica", "org/model-1")
+	svc, _ := startProxy(t, ServiceConfig{Name: "ferry-sim"}, backendsOf(u)...)
+	base := startGateway(t, svc)
+	c := newClient(t)
+	waitFor(t, "model discovery", func() bool { return slices.Contains(svc.Models(), "org/model-1") })
+	for _, body := range []string{`{"model":"ferry\u002dsim"}`, `{"model":"org\/model-1"}`, `{"model":"\u0066erry-sim"}`} {
+		if res := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body)); res.status != 200 {
+			t.Errorf("%s: %d %s", body, res.status, res.body)
+		}
+	}
+	res := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"model":"ferry\u002dnone"}`))
+	if res.status != 404 || !strings.Contains(res.body, "ferry-none") {
+		t.Errorf("unknown escaped model: %d %s, want 404 naming ferry-none", res.status, res.body)
+	}
+}
