@@ -63,10 +63,11 @@ type gatewayTable struct {
 	byModel map[string]*Service
 	// models is the /v1/models listing, in a stable order.
 	models []gatewayModel
-	// allKeyed is set when there are services and every one requires an API key; keys then
-	// holds all their keys, so a request carrying none of them is refused at its headers.
-	allKeyed bool
-	keys     *apiKeys
+	// keys holds the API keys of every service that requires one (anyKeyed); when there are
+	// services and all require one (allKeyed), a request carrying none of them is refused at
+	// its headers.
+	keys               *apiKeys
+	anyKeyed, allKeyed bool
 }
 
 type gatewayModel struct {
@@ -133,6 +134,7 @@ func (g *Gateway) rebuild() {
 		if s.keys == nil {
 			t.allKeyed = false
 		} else {
+			t.anyKeyed = true
 			t.keys.hashes = append(t.keys.hashes, s.keys.hashes...)
 		}
 	}
@@ -198,12 +200,33 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		g.reject(ctx, fasthttp.StatusBadRequest, g.errs.badJSON, reasonBadJSON)
 		return
 	}
-	svc := t.byModel[string(model)] // no allocation: the compiler reads the bytes in place
-	if svc == nil {
+	g.route(ctx, t, t.byModel[string(model)], model) // no allocation: the compiler reads the bytes in place
+}
+
+// route hands the request to svc (nil: no service serves model) so that a caller learns nothing
+// about models it may not use. Without a key of any service, an unknown model gets 401 like a
+// protected one, when some service requires a key; with one service's key, another's protected
+// model gets 404 like an unknown one. A protected service's key is matched here once and its
+// index handed to the service.
+func (g *Gateway) route(ctx *fasthttp.RequestCtx, t *gatewayTable, svc *Service, model []byte) {
+	h := &ctx.Request.Header
+	switch {
+	case svc == nil && t.anyKeyed && !t.keys.allows(h):
+		g.reject(ctx, fasthttp.StatusUnauthorized, g.errs.unauthorized, reasonUnauthorized)
+		ctx.Response.Header.SetBytesKV(headerWWWAuthenticate, bearerChallenge)
+	case svc == nil:
 		g.reject(ctx, fasthttp.StatusNotFound, modelNotFound(model), reasonUnknownModel)
-		return
+	case svc.keys == nil:
+		svc.Handler(ctx)
+	default:
+		if i, ok := svc.keys.match(h); ok {
+			svc.handle(ctx, int32(i)+1)
+		} else if t.keys.allows(h) {
+			g.reject(ctx, fasthttp.StatusNotFound, modelNotFound(model), reasonUnknownModel)
+		} else {
+			svc.Handler(ctx) // 401, from the service, as any request without a valid key
+		}
 	}
-	svc.Handler(ctx)
 }
 
 // unescapedModel is the value of the body's "model" string from its JSON spelling (scanBody
@@ -222,14 +245,14 @@ func unescapedModel(raw []byte) ([]byte, bool) {
 	return []byte(s), true
 }
 
-// modelNotFound is OpenAI's 404 for an unknown model. It echoes the model name as OpenAI does,
-// cut short so a huge name cannot bloat the answer.
+// modelNotFound is OpenAI's 404 for a model that does not exist or that the caller may not use.
+// It echoes the model name as OpenAI does, cut short so a huge name cannot bloat the answer.
 func modelNotFound(model []byte) []byte {
 	const maxEcho = 256
 	if len(model) > maxEcho {
 		model = model[:maxEcho]
 	}
-	return openAIError(fmt.Sprintf("The model `%s` does not exist", model), "invalid_request_error", "model_not_found")
+	return openAIError(fmt.Sprintf("The model `%s` does not exist or you do not have access to it", model), "invalid_request_error", "model_not_found")
 }
 
 type modelObject struct {

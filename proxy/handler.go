@@ -21,13 +21,22 @@ import (
 // admission decides whether and when the request goes to a replica at all (admit), and the
 // proxy loop sends it to one and retries on others while that is safe (proxyLoop).
 func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
+	s.handle(ctx, 0)
+}
+
+// handle is Handler for a request whose API key, when key > 0, was matched already: key is 1 +
+// its index (a gateway matches it to route).
+func (s *Service) handle(ctx *fasthttp.RequestCtx, key int32) {
 	defer s.recoverPanic(ctx)
 	v := s.front.guard.bodies.take(&ctx.Request.Header)
 	if v.refusal != refuseNone {
 		s.refuseAtHeaders(ctx)
 		return
 	}
-	ex, snap := s.admit(ctx, v.key)
+	if key == 0 {
+		key = v.key
+	}
+	ex, snap := s.admit(ctx, key)
 	if ex == nil {
 		return // answered
 	}
