@@ -26,6 +26,7 @@ type errorBodies struct {
 	badJSON        []byte // 400: the body is not a JSON object
 	internal       []byte // 500
 	unauthorized   []byte // 401
+	authFailures   []byte // 429: too many failed API key attempts from one address
 	bodiesBusy     []byte // 503: the process's budget of request bodies being read is spent
 	streamCut      []byte // the SSE event that ends a stream the replica broke
 	overloaded     []byte // 429: the service's concurrency limit
@@ -71,6 +72,8 @@ func newErrorBodies(service string, maxBody int) errorBodies {
 			"upstream_error", "stream_interrupted")),
 		unauthorized: openAIError("missing or incorrect API key: send it as \"Authorization: Bearer KEY\"",
 			"invalid_request_error", "invalid_api_key"),
+		authFailures: openAIError("too many requests with a missing or incorrect API key from your address; retry after the seconds in Retry-After",
+			"rate_limit_error", "too_many_auth_failures"),
 		bodiesBusy: openAIError("the proxy is reading as many request bodies as it may hold at once; retry shortly",
 			"service_unavailable", "server_busy"),
 		overloaded: openAIError(fmt.Sprintf("service %q is at its limit of concurrent requests; retry shortly", service),

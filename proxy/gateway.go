@@ -49,8 +49,11 @@ type Gateway struct {
 	log   *zap.Logger
 	front frontend
 	errs  gatewayErrors
-	// accessLog is cfg.AccessLog, sampled; nil when there is none.
-	accessLog *zap.Logger
+	// accessLog is cfg.AccessLog, sampled; nil when there is none. refusedLog is the same with a
+	// sampler of its own, for refused API keys (accesslog.go).
+	accessLog, refusedLog *zap.Logger
+	// authFailures limits failed API key attempts per address (auth.go).
+	authFailures *rateLimiter
 
 	// table is the current model → service map; the request path only loads it.
 	table atomic.Pointer[gatewayTable]
@@ -92,8 +95,9 @@ func NewGateway(cfg GatewayConfig) *Gateway {
 		cfg.IdleTimeout = DefaultIdleTimeout
 	}
 	g := &Gateway{
-		cfg: cfg,
-		log: cfg.Logger.With(zap.String("listener", "gateway")),
+		cfg:          cfg,
+		authFailures: newAuthFailureLimiter(),
+		log:          cfg.Logger.With(zap.String("listener", "gateway")),
 		errs: gatewayErrors{
 			errorBodies: newErrorBodies("gateway", cfg.MaxRequestBodySize),
 			noModel:     openAIError("you must provide a model parameter", "invalid_request_error", "missing_model"),
@@ -103,6 +107,7 @@ func NewGateway(cfg GatewayConfig) *Gateway {
 	}
 	if cfg.AccessLog != nil {
 		g.accessLog = sampledAccessLogger(cfg.AccessLog, zap.String("listener", "gateway"))
+		g.refusedLog = sampledAccessLogger(cfg.AccessLog, zap.String("listener", "gateway"))
 	}
 	g.table.Store(&gatewayTable{byModel: map[string]*Service{}})
 	g.front.server = newServer(g.Handler, g.requestError, g.headerReceived, cfg.MaxRequestBodySize, defaultRequestReadTimeout, g.log)
@@ -182,8 +187,7 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 	}
 	if t.allKeyed && len(ctx.Request.Body()) == 0 && !t.keys.allows(&ctx.Request.Header) {
 		// No service would take it; headerReceived may have cut its body.
-		g.reject(ctx, fasthttp.StatusUnauthorized, g.errs.unauthorized, reasonUnauthorized)
-		ctx.Response.Header.SetBytesKV(headerWWWAuthenticate, bearerChallenge)
+		g.unauthorized(ctx)
 		return
 	}
 	f, err := scanBody(ctx.Request.Body())
@@ -212,8 +216,7 @@ func (g *Gateway) route(ctx *fasthttp.RequestCtx, t *gatewayTable, svc *Service,
 	h := &ctx.Request.Header
 	switch {
 	case svc == nil && t.anyKeyed && !t.keys.allows(h):
-		g.reject(ctx, fasthttp.StatusUnauthorized, g.errs.unauthorized, reasonUnauthorized)
-		ctx.Response.Header.SetBytesKV(headerWWWAuthenticate, bearerChallenge)
+		g.unauthorized(ctx)
 	case svc == nil:
 		g.reject(ctx, fasthttp.StatusNotFound, modelNotFound(model), reasonUnknownModel)
 	case svc.keys == nil:
@@ -308,6 +311,12 @@ const (
 	reasonBodiesBusy   = "bodies_busy"  // the process's budget of bodies being read is spent
 )
 
+// unauthorized refuses a request that carries no key of any service (refuseKey).
+func (g *Gateway) unauthorized(ctx *fasthttp.RequestCtx) {
+	refuseKey(ctx, g.authFailures, &g.errs.errorBodies)
+	g.observe(ctx, ctx.Response.StatusCode(), reasonUnauthorized)
+}
+
 // reject writes one of the gateway's own errors and records it.
 func (g *Gateway) reject(ctx *fasthttp.RequestCtx, status int, body []byte, reason string) {
 	writeError(ctx, status, body)
@@ -321,10 +330,14 @@ func (g *Gateway) observe(ctx *fasthttp.RequestCtx, status int, reason string) {
 	if g.cfg.Metrics != nil {
 		g.cfg.Metrics.gatewayErrors.WithLabelValues(strconv.Itoa(status), reason).Inc()
 	}
-	if g.accessLog == nil {
+	log := g.accessLog
+	if reason == reasonUnauthorized {
+		log = g.refusedLog
+	}
+	if log == nil {
 		return
 	}
-	ce := g.accessLog.Check(zap.InfoLevel, accessLogMessage)
+	ce := log.Check(zap.InfoLevel, accessLogMessage)
 	if ce == nil {
 		return
 	}

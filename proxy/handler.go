@@ -97,7 +97,6 @@ func (s *Service) screen(ctx *fasthttp.RequestCtx, matched int32) bool {
 		var ok bool
 		if key, ok = s.keys.match(&ctx.Request.Header); !ok {
 			s.unauthorized(ctx)
-			s.answeredSelf(ctx, nil)
 			return false
 		}
 	}

@@ -259,10 +259,12 @@ type Service struct {
 	// obs records metrics and the access log (metrics.go).
 	obs observability
 
-	// limiter applies RateLimit; nil without one. streams counts admitted streaming requests
-	// while MaxConcurrentStreams is set (limits.go).
-	limiter *rateLimiter
-	streams atomic.Int64
+	// limiter applies RateLimit; nil without one. authFailures limits failed API key attempts
+	// per address (auth.go); nil without keys. streams counts admitted streaming requests while
+	// MaxConcurrentStreams is set (limits.go).
+	limiter      *rateLimiter
+	authFailures *rateLimiter
+	streams      atomic.Int64
 
 	// snap is the current replica set; the request path only ever loads it.
 	snap atomic.Pointer[snapshot]
@@ -375,6 +377,9 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	}
 	s.errs = s.errs.withLimitBodies(cfg.Name, cfg.RateLimit, keys != nil, cfg.MaxConcurrentStreams)
 	s.limiter = newRateLimiter(cfg.RateLimit, len(cfg.APIKeyHashes))
+	if keys != nil {
+		s.authFailures = newAuthFailureLimiter()
+	}
 	s.clientWatch.init()
 	s.exchanges.New = func() any { return &exchange{svc: s, watchShard: s.clientWatch.shardIndex()} }
 	s.snap.Store(&snapshot{ready: make(chan struct{})})
