@@ -332,3 +332,6 @@ func (c *trackedConn) Close() error {
 	}
 	return c.Conn.Close()
 }
+
+// NetConn returns the wrapped connection: clientGone looks through it for the socket.
+func (c *trackedConn) NetConn() net.Conn { return c.Conn }
