@@ -35,12 +35,12 @@ func closeIfFramedTwice(h *fasthttp.RequestHeader) {
 		} else {
 			raw = nil
 		}
-		name, _, _ := bytes.Cut(line, []byte{':'})
-		switch len(name) {
-		case len(nameContentLength):
-			cl = cl || bytes.EqualFold(name, nameContentLength)
-		case len(nameTransferEncoding):
-			te = te || bytes.EqualFold(name, nameTransferEncoding)
+		// fasthttp has refused a name followed by anything but its colon.
+		switch {
+		case len(line) > len(nameContentLength) && line[len(nameContentLength)] == ':':
+			cl = cl || bytes.EqualFold(line[:len(nameContentLength)], nameContentLength)
+		case len(line) > len(nameTransferEncoding) && line[len(nameTransferEncoding)] == ':':
+			te = te || bytes.EqualFold(line[:len(nameTransferEncoding)], nameTransferEncoding)
 		}
 	}
 	if te && cl {
