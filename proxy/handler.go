@@ -15,7 +15,8 @@ import (
 // While the service has no ready replica it first holds the request for one (hold.go). It
 // returns before the response body has been streamed; the exchange releases the replica when
 // the stream ends. It can be mounted in any fasthttp.Server, though Serve adds the client
-// write-idle deadline and the JSON 413 for oversize bodies.
+// write-idle deadline, the JSON 413 for oversize bodies, the connection caps and the judgement
+// at the headers that keeps refused bodies unread (prescreen.go).
 //
 // It runs in two phases, as Caddy's reverse proxy splits ServeHTTP from its proxy loop:
 // admission decides whether and when the request goes to a replica at all (admit), and the
