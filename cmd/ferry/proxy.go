@@ -261,8 +261,8 @@ func (f proxyFlags) parseClientLimits(opts *proxyOptions) []error {
 	if f.maxConnsPerIP < 0 {
 		errs = append(errs, fmt.Errorf("--max-connections-per-ip %d: must not be negative", f.maxConnsPerIP))
 	}
-	if f.maxBufferedMB < 1 || f.maxBufferedMB > maxBufferedBodyMB {
-		errs = append(errs, fmt.Errorf("--max-buffered-body-mb %d: want 1 to %d", f.maxBufferedMB, maxBufferedBodyMB))
+	if f.maxBufferedMB < 0 || f.maxBufferedMB > maxBufferedBodyMB {
+		errs = append(errs, fmt.Errorf("--max-buffered-body-mb %d: want 1 to %d (0: the default)", f.maxBufferedMB, maxBufferedBodyMB))
 	}
 	opts.clientLimits = proxy.ClientLimits{MaxConnections: f.maxConns, MaxConnectionsPerAddr: f.maxConnsPerIP,
 		MaxBufferedBodyBytes: int64(f.maxBufferedMB) << 20}

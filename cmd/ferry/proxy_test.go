@@ -113,7 +113,7 @@ func TestProxyFlags(t *testing.T) {
 			},
 		},
 		"negative connection caps":       {edit: func(f *proxyFlags) { f.maxConns, f.maxConnsPerIP = -1, -1 }, wantErr: "--max-connections-per-ip -1"},
-		"no body budget":                 {edit: func(f *proxyFlags) { f.maxBufferedMB = 0 }, wantErr: "--max-buffered-body-mb 0"},
+		"no body budget":                 {edit: func(f *proxyFlags) { f.maxBufferedMB = -1 }, wantErr: "--max-buffered-body-mb -1"},
 		"rate too slow":                  {edit: func(f *proxyFlags) { f.rateLimit = 0.0001 }, wantErr: "--rate-limit 0.0001"},
 		"burst without rate":             {edit: func(f *proxyFlags) { f.rateBurst = 3 }, wantErr: "--rate-limit-burst: goes with --rate-limit"},
 		"attach with rate limit":         {edit: func(f *proxyFlags) { f.replicas, f.attach, f.set = nil, "llama", map[string]bool{"rate-limit": true} }, wantErr: "--rate-limit does not go with --attach"},
