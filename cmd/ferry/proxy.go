@@ -115,6 +115,12 @@ open. --access-log
 writes one line per request (sampled under load: each second the first 100, then every 100th)
 with its id, path, status, replica and timings, never headers, query strings or bodies.
 
+A request without a valid API key is refused as soon as its headers arrive, before its body
+is read. --max-connections (default: half the process's file-descriptor limit) and
+--max-connections-per-ip (default: off, right behind a load balancer) cap client connections;
+--max-buffered-body-mb caps the request bodies being read at once, by their announced length.
+These hold with or without --attach.
+
 SIGINT or SIGTERM stops accepting connections and waits up to --shutdown-timeout for requests in
 flight, streams included, to finish.`,
 		Example: `  # Follow the service "llama" of the controller in FERRY_HOME (default ~/.ferry)
