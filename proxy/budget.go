@@ -23,8 +23,8 @@ const smallBodySize = 16 << 10
 //
 // A verdict whose request never reaches a handler (the client left between headers and body in
 // a way fasthttp does not report) is dropped when the same pooled header starts its next
-// request, or once expired: its body cannot still be being read after the server's read
-// timeout.
+// request, or, once expired, when a reservation needs its room: its body cannot still be being
+// read after the server's read timeout.
 type bodyBudget struct {
 	limit int64
 	// count is len(pending), read without the lock: the request path's only cost while no

@@ -17,7 +17,7 @@ import (
 //
 // Missing keys are refused at every size. A presented key is checked here only for a large body
 // (over smallBodySize, or chunked), where the key index is handed to the handler so the key is
-// hashed once; a small body is read and its key checked by screen, as before.
+// hashed once; a small body is read first and its key checked by screen.
 
 var nameContentLength = []byte("Content-Length")
 
