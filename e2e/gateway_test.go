@@ -151,8 +151,13 @@ service:
 	if code, body := chat(gw, "acme/private-8b", ""); code != 401 {
 		t.Errorf("gateway → private without key: %d %s", code, body)
 	}
-	if code, body := chat(gw, "nonexistent/model", ""); code != 404 || !strings.Contains(body, "model_not_found") {
-		t.Errorf("gateway → unknown model: %d %s", code, body)
+	// Without any service's key an unknown model looks like a protected one; with a key, like
+	// a model the caller may not use.
+	if code, body := chat(gw, "nonexistent/model", ""); code != 401 || !strings.Contains(body, "invalid_api_key") {
+		t.Errorf("gateway → unknown model without a key: %d %s", code, body)
+	}
+	if code, body := chat(gw, "nonexistent/model", key); code != 404 || !strings.Contains(body, "model_not_found") {
+		t.Errorf("gateway → unknown model with a key: %d %s", code, body)
 	}
 
 	// Each service counts the requests it answered, direct or via the gateway: private 200 once

@@ -14,7 +14,8 @@ import (
 // then every accessLogThereafter-th. A quiet service logs every request; one at 10,000 requests
 // a second writes about 200 lines a second instead of stalling on its log sink, and the metrics
 // still count every request. Sampling is per Service, so a flood on one service cannot crowd
-// another's lines out.
+// another's lines out, and requests refused for their API key are sampled apart from the rest
+// (with the same budget), so a flood of wrong keys cannot crowd out the requests served.
 const (
 	accessLogTick       = time.Second
 	accessLogFirst      = 100
@@ -63,12 +64,19 @@ type accessRecord struct {
 	bytesOut  int64
 	usage     tokenUsage
 	problem   string // what went wrong: an upstream error kind, "client_closed", or ""
+	// unauthorized marks a request refused for its API key: its line goes through the
+	// refused-key sampler.
+	unauthorized bool
 }
 
 // logAccess writes r's line at Info, if the logger's level and sampler let it through; only then
 // are the fields built, so a dropped line costs a level check and a sampler counter.
 func (o *observability) logAccess(r *accessRecord) {
-	ce := o.accessLog.Check(zap.InfoLevel, accessLogMessage)
+	log := o.accessLog
+	if r.unauthorized {
+		log = o.refusedLog
+	}
+	ce := log.Check(zap.InfoLevel, accessLogMessage)
 	if ce == nil {
 		return
 	}

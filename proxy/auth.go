@@ -81,10 +81,39 @@ func presentedKey(h *fasthttp.RequestHeader) []byte {
 	return bytes.TrimSpace(h.PeekBytes(headerAPIKey))
 }
 
-// unauthorized answers 401 in OpenAI's shape, with a Bearer challenge.
-func (s *Service) unauthorized(ctx *fasthttp.RequestCtx) {
-	writeError(ctx, fasthttp.StatusUnauthorized, s.errs.unauthorized)
+// Failed API key attempts allowed per client address (an IPv6 client by its /64): a burst of
+// authFailureBurst, refilled at authFailuresPerSecond. Keys are too long to guess, but each
+// attempt costs a hash, an answer and a log line.
+const (
+	authFailuresPerSecond = 5
+	authFailureBurst      = 20
+)
+
+// newAuthFailureLimiter counts failed key attempts per client address.
+func newAuthFailureLimiter() *rateLimiter {
+	return newRateLimiter(RateLimit{RequestsPerSecond: authFailuresPerSecond, Burst: authFailureBurst}, 0)
+}
+
+// refuseKey answers a request without a valid API key: 401 with a Bearer challenge, or, once
+// its address has failed more than the limiter allows, 429 with Retry-After and the connection
+// closed, so that each further guess costs a new connection. It reports whether it answered 401.
+func refuseKey(ctx *fasthttp.RequestCtx, failures *rateLimiter, errs *errorBodies) bool {
+	if wait, ok := failures.admitAddr(ctx.RemoteIP(), failures.now()); !ok {
+		writeError(ctx, fasthttp.StatusTooManyRequests, errs.authFailures)
+		setRetryAfter(ctx, wait)
+		ctx.SetConnectionClose()
+		return false
+	}
+	writeError(ctx, fasthttp.StatusUnauthorized, errs.unauthorized)
 	ctx.Response.Header.SetBytesKV(headerWWWAuthenticate, bearerChallenge)
+	return true
+}
+
+// unauthorized refuses a request to the service without a valid API key (refuseKey), and logs
+// it apart from the requests served (accesslog.go).
+func (s *Service) unauthorized(ctx *fasthttp.RequestCtx) {
+	refuseKey(ctx, s.authFailures, &s.errs)
+	s.recordSelfAnswer(ctx, nil, ctx.Time(), true)
 }
 
 // stripCredentials removes the client's key from the upstream request: it is the gateway's

@@ -257,3 +257,13 @@ func TestTLSClientLeavingClosesReplicaRequest(t *testing.T) {
 	waitFor(t, "the replica to see its request closed", func() bool { return busy.cancelled.Load() == 1 })
 	waitFor(t, "InFlight to drop to 0", func() bool { return svc.InFlight() == 0 })
 }
+
+// TestHandoverClientLeavingClosesReplicaRequest: a client of a Handover (every service endpoint
+// of the controller, every attached proxy) that leaves gets its replica request closed too: the
+// watcher must see through the Handover's connection wrapper to the socket.
+func TestHandoverClientLeavingClosesReplicaRequest(t *testing.T) {
+	busy := startWaitingReplica(t, "busy", time.Minute)
+	_, base := startHandover(t, newTestService(t, ServiceConfig{HealthCheck: HealthCheck{Interval: -1}, MaxInFlightPerReplica: -1}, []Backend{{ID: 1, Addr: busy.addr(), Version: 1}}))
+	sendAndLeave(t, base, "/v1/chat/completions", busy, false)
+	waitFor(t, "the replica to see its request closed", func() bool { return busy.cancelled.Load() == 1 })
+}

@@ -26,6 +26,8 @@ type errorBodies struct {
 	badJSON        []byte // 400: the body is not a JSON object
 	internal       []byte // 500
 	unauthorized   []byte // 401
+	authFailures   []byte // 429: too many failed API key attempts from one address
+	bodiesBusy     []byte // 503: the process's budget of request bodies being read is spent
 	streamCut      []byte // the SSE event that ends a stream the replica broke
 	overloaded     []byte // 429: the service's concurrency limit
 	rateLimited    []byte // 429: the client's rate limit (limits.go)
@@ -70,6 +72,10 @@ func newErrorBodies(service string, maxBody int) errorBodies {
 			"upstream_error", "stream_interrupted")),
 		unauthorized: openAIError("missing or incorrect API key: send it as \"Authorization: Bearer KEY\"",
 			"invalid_request_error", "invalid_api_key"),
+		authFailures: openAIError("too many requests with a missing or incorrect API key from your address; retry after the seconds in Retry-After",
+			"rate_limit_error", "too_many_auth_failures"),
+		bodiesBusy: openAIError("the proxy is reading as many request bodies as it may hold at once; retry shortly",
+			"service_unavailable", "server_busy"),
 		overloaded: openAIError(fmt.Sprintf("service %q is at its limit of concurrent requests; retry shortly", service),
 			"rate_limit_error", "rate_limit_exceeded"),
 	}
@@ -156,6 +162,7 @@ func (s *Service) upstreamError(ctx *fasthttp.RequestCtx, err error) {
 // requestError is the server's ErrorHandler: the request could not be read, so the handler never
 // ran. It answers in the same JSON shape as every other proxy error.
 func (s *Service) requestError(ctx *fasthttp.RequestCtx, err error) {
+	s.front.guard.bodies.take(&ctx.Request.Header) // the body will not be read further
 	s.errs.writeRequestError(ctx, err)
 	s.rejectedRequest(ctx)
 }

@@ -47,13 +47,19 @@ const fuzzKey = "sk-ferry-fuzz-0123456789abcdef"
 // front of a service: API key check, rate limit, body scan, stream limit, then a replica that
 // cannot be reached. Whatever the request, the proxy answers with one of its own statuses in
 // OpenAI's error shape, never panics (500), never lets a request without the key past the key
-// check, never echoes credentials, and gives back every slot it took. Seeds:
-// testdata/fuzz/FuzzRequest.
+// check (401, or 429 once its address has sent too many wrong keys), never echoes credentials,
+// and gives back every slot it took, its share of the body budget included. The request is
+// judged at its headers first, as the server does (prescreen.go). Seeds: testdata/fuzz/FuzzRequest.
 func FuzzRequest(f *testing.F) {
 	f.Add([]byte("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + fuzzKey + "\r\nContent-Length: 15\r\n\r\n{\"stream\":true}"))
 	f.Add([]byte("GET /v1/models HTTP/1.1\r\nHost: x\r\napi-key: " + fuzzKey + "\r\n\r\n"))
+	guard, err := NewGuard(ClientLimits{MaxBufferedBodyBytes: 4 << 10})
+	if err != nil {
+		f.Fatal(err)
+	}
 	svc, err := NewService(ServiceConfig{
 		Name:                 "fuzz",
+		Guard:                guard,
 		Logger:               zap.NewNop(),
 		APIKeyHashes:         []string{hashKey(fuzzKey), hashKey("sk-ferry-other-key-0123456789")},
 		RateLimit:            RateLimit{RequestsPerSecond: 1e6, Burst: 1e6},
@@ -74,6 +80,7 @@ func FuzzRequest(f *testing.F) {
 		}
 		var ctx fasthttp.RequestCtx
 		ctx.Init(&req, remote, nil)
+		svc.headerReceived(&ctx.Request.Header)
 		svc.Handler(&ctx)
 
 		status := ctx.Response.StatusCode()
@@ -90,7 +97,9 @@ func FuzzRequest(f *testing.F) {
 		if err := json.Unmarshal(body, &e); err != nil || e.Error.Code == "" {
 			t.Fatalf("status %d with a body not in OpenAI's error shape: %q", status, body)
 		}
-		if status != fasthttp.StatusUnauthorized && !bytes.Contains(raw, []byte(fuzzKey)) && !bytes.Contains(raw, []byte("sk-ferry-other-key")) {
+		// Past the burst of wrong keys from one address, a key check answers 429 instead of 401.
+		refusedKey := status == fasthttp.StatusUnauthorized || e.Error.Code == "too_many_auth_failures"
+		if !refusedKey && !bytes.Contains(raw, []byte(fuzzKey)) && !bytes.Contains(raw, []byte("sk-ferry-other-key")) {
 			t.Fatalf("admitted past the key check (%d) without a key: %q", status, raw)
 		}
 		if auth := ctx.Request.Header.Peek("Authorization"); len(auth) > 8 && bytes.Contains(body, auth) {
@@ -101,6 +110,9 @@ func FuzzRequest(f *testing.F) {
 		}
 		if n := svc.InFlight(); n != 0 {
 			t.Fatalf("%d requests still in flight after the request ended", n)
+		}
+		if n, pending := guard.bodies.reading(); n != 0 || pending != 0 {
+			t.Fatalf("%d bytes of the body budget and %d verdicts still held after the request ended", n, pending)
 		}
 	})
 }

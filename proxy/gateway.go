@@ -27,7 +27,10 @@ type GatewayConfig struct {
 	// DefaultIdleTimeout.
 	IdleTimeout time.Duration
 	// TLS, when set, terminates TLS on every listener.
-	TLS    *tls.Config
+	TLS *tls.Config
+	// Guard applies the process's ClientLimits; pass the one the services share. Nil shares the
+	// process default.
+	Guard  *Guard
 	Logger *zap.Logger
 	// Metrics counts the requests the gateway answers itself (unknown model, bad JSON) in
 	// ferry_gateway_errors_total; pass the Metrics the services share. Nil counts none.
@@ -46,8 +49,11 @@ type Gateway struct {
 	log   *zap.Logger
 	front frontend
 	errs  gatewayErrors
-	// accessLog is cfg.AccessLog, sampled; nil when there is none.
-	accessLog *zap.Logger
+	// accessLog is cfg.AccessLog, sampled; nil when there is none. refusedLog is the same with a
+	// sampler of its own, for refused API keys (accesslog.go).
+	accessLog, refusedLog *zap.Logger
+	// authFailures limits failed API key attempts per address (auth.go).
+	authFailures *rateLimiter
 
 	// table is the current model → service map; the request path only loads it.
 	table atomic.Pointer[gatewayTable]
@@ -60,6 +66,11 @@ type gatewayTable struct {
 	byModel map[string]*Service
 	// models is the /v1/models listing, in a stable order.
 	models []gatewayModel
+	// keys holds the API keys of every service that requires one (anyKeyed); when there are
+	// services and all require one (allKeyed), a request carrying none of them is refused at
+	// its headers.
+	keys               *apiKeys
+	anyKeyed, allKeyed bool
 }
 
 type gatewayModel struct {
@@ -84,8 +95,9 @@ func NewGateway(cfg GatewayConfig) *Gateway {
 		cfg.IdleTimeout = DefaultIdleTimeout
 	}
 	g := &Gateway{
-		cfg: cfg,
-		log: cfg.Logger.With(zap.String("listener", "gateway")),
+		cfg:          cfg,
+		authFailures: newAuthFailureLimiter(),
+		log:          cfg.Logger.With(zap.String("listener", "gateway")),
 		errs: gatewayErrors{
 			errorBodies: newErrorBodies("gateway", cfg.MaxRequestBodySize),
 			noModel:     openAIError("you must provide a model parameter", "invalid_request_error", "missing_model"),
@@ -95,9 +107,11 @@ func NewGateway(cfg GatewayConfig) *Gateway {
 	}
 	if cfg.AccessLog != nil {
 		g.accessLog = sampledAccessLogger(cfg.AccessLog, zap.String("listener", "gateway"))
+		g.refusedLog = sampledAccessLogger(cfg.AccessLog, zap.String("listener", "gateway"))
 	}
 	g.table.Store(&gatewayTable{byModel: map[string]*Service{}})
-	g.front.server = newServer(g.Handler, g.requestError, cfg.MaxRequestBodySize, defaultRequestReadTimeout, g.log)
+	g.front.server = newServer(g.Handler, g.requestError, g.headerReceived, cfg.MaxRequestBodySize, defaultRequestReadTimeout, g.log)
+	g.front.guard, g.front.log = guardOr(cfg.Guard), g.log
 	return g
 }
 
@@ -119,9 +133,15 @@ func (g *Gateway) rebuild() {
 	defer g.mu.Unlock()
 	services := slices.Clone(g.services)
 	sort.Slice(services, func(i, j int) bool { return services[i].Name() < services[j].Name() })
-	t := &gatewayTable{byModel: make(map[string]*Service, len(services))}
+	t := &gatewayTable{byModel: make(map[string]*Service, len(services)), allKeyed: len(services) > 0, keys: &apiKeys{}}
 	for _, s := range services {
 		t.byModel[s.Name()] = s
+		if s.keys == nil {
+			t.allKeyed = false
+		} else {
+			t.anyKeyed = true
+			t.keys.hashes = append(t.keys.hashes, s.keys.hashes...)
+		}
 	}
 	for _, s := range services {
 		for _, id := range s.Models() {
@@ -144,6 +164,10 @@ var (
 
 // Handler routes one request.
 func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
+	if v := g.front.guard.bodies.take(&ctx.Request.Header); v.refusal != refuseNone {
+		g.reject(ctx, fasthttp.StatusServiceUnavailable, g.errs.bodiesBusy, reasonBodiesBusy)
+		return
+	}
 	path := ctx.Path()
 	t := g.table.Load()
 	switch {
@@ -161,6 +185,11 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		g.reject(ctx, fasthttp.StatusNotFound, g.errs.notFound, reasonUnknownPath)
 		return
 	}
+	if t.allKeyed && len(ctx.Request.Body()) == 0 && !t.keys.allows(&ctx.Request.Header) {
+		// No service would take it; headerReceived may have cut its body.
+		g.unauthorized(ctx)
+		return
+	}
 	f, err := scanBody(ctx.Request.Body())
 	switch {
 	case err != nil:
@@ -170,22 +199,63 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		g.reject(ctx, fasthttp.StatusBadRequest, g.errs.noModel, reasonNoModel)
 		return
 	}
-	svc := t.byModel[string(f.Model)] // no allocation: the compiler reads the bytes in place
-	if svc == nil {
-		g.reject(ctx, fasthttp.StatusNotFound, modelNotFound(f.Model), reasonUnknownModel)
+	model, ok := unescapedModel(f.Model)
+	if !ok {
+		g.reject(ctx, fasthttp.StatusBadRequest, g.errs.badJSON, reasonBadJSON)
 		return
 	}
-	svc.Handler(ctx)
+	g.route(ctx, t, t.byModel[string(model)], model) // no allocation: the compiler reads the bytes in place
 }
 
-// modelNotFound is OpenAI's 404 for an unknown model. It echoes the model name as OpenAI does,
-// cut short so a huge name cannot bloat the answer.
+// route hands the request to svc (nil: no service serves model) so that a caller learns nothing
+// about models it may not use. Without a key of any service, an unknown model gets 401 like a
+// protected one, when some service requires a key; with one service's key, another's protected
+// model gets 404 like an unknown one. A protected service's key is matched here once and its
+// index handed to the service.
+func (g *Gateway) route(ctx *fasthttp.RequestCtx, t *gatewayTable, svc *Service, model []byte) {
+	h := &ctx.Request.Header
+	switch {
+	case svc == nil && t.anyKeyed && !t.keys.allows(h):
+		g.unauthorized(ctx)
+	case svc == nil:
+		g.reject(ctx, fasthttp.StatusNotFound, modelNotFound(model), reasonUnknownModel)
+	case svc.keys == nil:
+		svc.Handler(ctx)
+	default:
+		if i, ok := svc.keys.match(h); ok {
+			svc.handle(ctx, int32(i)+1)
+		} else if t.keys.allows(h) {
+			g.reject(ctx, fasthttp.StatusNotFound, modelNotFound(model), reasonUnknownModel)
+		} else {
+			svc.Handler(ctx) // 401, from the service, as any request without a valid key
+		}
+	}
+}
+
+// unescapedModel is the value of the body's "model" string from its JSON spelling (scanBody
+// leaves escapes in place): "ferry\u002dsim" is ferry-sim. Only a model with an escape, which
+// no client needs to send, costs a decode.
+func unescapedModel(raw []byte) ([]byte, bool) {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw, true
+	}
+	quoted := make([]byte, 0, len(raw)+2)
+	quoted = append(append(append(quoted, '"'), raw...), '"')
+	var s string
+	if err := json.Unmarshal(quoted, &s); err != nil {
+		return nil, false
+	}
+	return []byte(s), true
+}
+
+// modelNotFound is OpenAI's 404 for a model that does not exist or that the caller may not use.
+// It echoes the model name as OpenAI does, cut short so a huge name cannot bloat the answer.
 func modelNotFound(model []byte) []byte {
 	const maxEcho = 256
 	if len(model) > maxEcho {
 		model = model[:maxEcho]
 	}
-	return openAIError(fmt.Sprintf("The model `%s` does not exist", model), "invalid_request_error", "model_not_found")
+	return openAIError(fmt.Sprintf("The model `%s` does not exist or you do not have access to it", model), "invalid_request_error", "model_not_found")
 }
 
 type modelObject struct {
@@ -224,6 +294,7 @@ func (g *Gateway) listModels(ctx *fasthttp.RequestCtx, t *gatewayTable, id []byt
 }
 
 func (g *Gateway) requestError(ctx *fasthttp.RequestCtx, err error) {
+	g.front.guard.bodies.take(&ctx.Request.Header) // the body will not be read further
 	g.errs.writeRequestError(ctx, err)
 	g.observe(ctx, ctx.Response.StatusCode(), reasonBadRequest)
 }
@@ -235,8 +306,16 @@ const (
 	reasonBadJSON      = "bad_json"
 	reasonNoModel      = "no_model"
 	reasonUnknownModel = "unknown_model"
-	reasonBadRequest   = "bad_request" // unreadable HTTP: too large, malformed, too slow
+	reasonBadRequest   = "bad_request"  // unreadable HTTP: too large, malformed, too slow
+	reasonUnauthorized = "unauthorized" // no service's API key, when every service requires one
+	reasonBodiesBusy   = "bodies_busy"  // the process's budget of bodies being read is spent
 )
+
+// unauthorized refuses a request that carries no key of any service (refuseKey).
+func (g *Gateway) unauthorized(ctx *fasthttp.RequestCtx) {
+	refuseKey(ctx, g.authFailures, &g.errs.errorBodies)
+	g.observe(ctx, ctx.Response.StatusCode(), reasonUnauthorized)
+}
 
 // reject writes one of the gateway's own errors and records it.
 func (g *Gateway) reject(ctx *fasthttp.RequestCtx, status int, body []byte, reason string) {
@@ -251,10 +330,14 @@ func (g *Gateway) observe(ctx *fasthttp.RequestCtx, status int, reason string) {
 	if g.cfg.Metrics != nil {
 		g.cfg.Metrics.gatewayErrors.WithLabelValues(strconv.Itoa(status), reason).Inc()
 	}
-	if g.accessLog == nil {
+	log := g.accessLog
+	if reason == reasonUnauthorized {
+		log = g.refusedLog
+	}
+	if log == nil {
 		return
 	}
-	ce := g.accessLog.Check(zap.InfoLevel, accessLogMessage)
+	ce := log.Check(zap.InfoLevel, accessLogMessage)
 	if ce == nil {
 		return
 	}

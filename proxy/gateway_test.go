@@ -110,14 +110,16 @@ func TestGatewayRoutesByModel(t *testing.T) {
 		wantBody   string
 		wantCode   string
 	}{
-		"model id":            {body: `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[]}`, wantStatus: 200, wantBody: `{"served_by":"llama-replica"}`},
-		"service name":        {body: `{"model":"qwen","prompt":"hi"}`, wantStatus: 200, wantBody: `{"served_by":"qwen-replica"}`},
-		"other model id":      {body: `{"messages":[],"model":"Qwen/Qwen2.5-7B-Instruct"}`, wantStatus: 200, wantBody: `{"served_by":"qwen-replica"}`},
-		"unknown model":       {body: `{"model":"gpt-5"}`, wantStatus: 404, wantCode: "model_not_found"},
-		"no model":            {body: `{"prompt":"hi"}`, wantStatus: 400, wantCode: "missing_model"},
-		"bad JSON":            {body: `{"model":"llama",`, wantStatus: 400, wantCode: "invalid_json"},
-		"private without key": {body: `{"model":"private/model"}`, wantStatus: 401, wantCode: "invalid_api_key"},
-		"private with key":    {body: `{"model":"private"}`, headers: []string{"Authorization", "Bearer " + key}, wantStatus: 200, wantBody: `{"served_by":"private-replica"}`},
+		"model id":       {body: `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[]}`, wantStatus: 200, wantBody: `{"served_by":"llama-replica"}`},
+		"service name":   {body: `{"model":"qwen","prompt":"hi"}`, wantStatus: 200, wantBody: `{"served_by":"qwen-replica"}`},
+		"other model id": {body: `{"messages":[],"model":"Qwen/Qwen2.5-7B-Instruct"}`, wantStatus: 200, wantBody: `{"served_by":"qwen-replica"}`},
+		// A caller without any service's key cannot tell an unknown model from a protected one.
+		"unknown model":            {body: `{"model":"gpt-5"}`, wantStatus: 401, wantCode: "invalid_api_key"},
+		"unknown model with a key": {body: `{"model":"gpt-5"}`, headers: []string{"Authorization", "Bearer " + key}, wantStatus: 404, wantCode: "model_not_found"},
+		"no model":                 {body: `{"prompt":"hi"}`, wantStatus: 400, wantCode: "missing_model"},
+		"bad JSON":                 {body: `{"model":"llama",`, wantStatus: 400, wantCode: "invalid_json"},
+		"private without key":      {body: `{"model":"private/model"}`, wantStatus: 401, wantCode: "invalid_api_key"},
+		"private with key":         {body: `{"model":"private"}`, headers: []string{"Authorization", "Bearer " + key}, wantStatus: 200, wantBody: `{"served_by":"private-replica"}`},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -239,4 +241,75 @@ func TestGatewayHoldsServiceScaledToZero(t *testing.T) {
 		t.Errorf("held request: %d %s, want 200 from a", res.status, res.body)
 	}
 	waitFor(t, "model-a from the new replica", func() bool { return cmp.Equal(listModels(t, c, base), want) })
+}
+
+// TestGatewayUnescapesModel: the gateway routes on the model's value, not its JSON spelling:
+// "ferry\u002dsim" is ferry-sim. It used to look up the escaped bytes and answer 404.
+func TestGatewayUnescapesModel(t *testing.T) {
+	u := modelServer(t, "sim-replica", "org/model-1")
+	svc, _ := startProxy(t, ServiceConfig{Name: "ferry-sim"}, backendsOf(u)...)
+	base := startGateway(t, svc)
+	c := newClient(t)
+	waitFor(t, "model discovery", func() bool { return slices.Contains(svc.Models(), "org/model-1") })
+	for _, body := range []string{`{"model":"ferry\u002dsim"}`, `{"model":"org\/model-1"}`, `{"model":"\u0066erry-sim"}`} {
+		if res := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body)); res.status != 200 {
+			t.Errorf("%s: %d %s", body, res.status, res.body)
+		}
+	}
+	res := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"model":"ferry\u002dnone"}`))
+	if res.status != 404 || !strings.Contains(res.body, "ferry-none") {
+		t.Errorf("unknown escaped model: %d %s, want 404 naming ferry-none", res.status, res.body)
+	}
+}
+
+// TestGatewayHidesProtectedModels: asking for a model tells a caller nothing about models it may
+// not use. Without a key of any service, an unknown model and a protected one both get 401; with
+// one service's key, another service's protected model and an unknown one both get 404. The
+// gateway used to answer 401 for protected models and 404 for unknown ones, so anyone could list
+// the protected models by trying names.
+func TestGatewayHidesProtectedModels(t *testing.T) {
+	const keyA, keyB = "sk-ferry-aaaaaaaaaaaaaaaa", "sk-ferry-bbbbbbbbbbbbbbbb"
+	pub := modelServer(t, "pub-replica", "pub-model")
+	a := modelServer(t, "a-replica", "a-model")
+	b := modelServer(t, "b-replica", "b-model")
+	pubSvc, _ := startProxy(t, ServiceConfig{Name: "pub"}, backendsOf(pub)...)
+	aSvc, _ := startProxy(t, ServiceConfig{Name: "a", APIKeyHashes: []string{hashKey(keyA)}}, backendsOf(a)...)
+	bSvc, _ := startProxy(t, ServiceConfig{Name: "b", APIKeyHashes: []string{hashKey(keyB)}}, backendsOf(b)...)
+	base := startGateway(t, pubSvc, aSvc, bSvc)
+	c := newClient(t)
+	answer := func(model, key string) (int, string) {
+		var headers []string
+		if key != "" {
+			headers = []string{"Authorization", "Bearer " + key}
+		}
+		res := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"model":"`+model+`"}`), headers...)
+		if res.status == 200 {
+			return 200, ""
+		}
+		e := decodeError(t, res.body)
+		return res.status, e.Error.Type + "/" + e.Error.Code
+	}
+	tests := map[string]struct {
+		key        string
+		same       []string // models that must get the same answer
+		wantStatus int
+	}{
+		"no key":                {key: "", same: []string{"a", "b", "nonexistent"}, wantStatus: 401},
+		"a key of no service":   {key: "sk-ferry-cccccccccccccccc", same: []string{"a", "b", "nonexistent"}, wantStatus: 401},
+		"another service's key": {key: keyA, same: []string{"b", "nonexistent"}, wantStatus: 404},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			for _, model := range tc.same {
+				if status, kind := answer(model, tc.key); status != tc.wantStatus {
+					t.Errorf("model %q: %d %s, want %d like every model the caller may not use", model, status, kind, tc.wantStatus)
+				}
+			}
+		})
+	}
+	for model, key := range map[string]string{"pub": "", "a": keyA, "b": keyB} {
+		if status, kind := answer(model, key); status != 200 {
+			t.Errorf("model %q with its key: %d %s", model, status, kind)
+		}
+	}
 }

@@ -15,14 +15,29 @@ import (
 // While the service has no ready replica it first holds the request for one (hold.go). It
 // returns before the response body has been streamed; the exchange releases the replica when
 // the stream ends. It can be mounted in any fasthttp.Server, though Serve adds the client
-// write-idle deadline and the JSON 413 for oversize bodies.
+// write-idle deadline, the JSON 413 for oversize bodies, the connection caps and the judgement
+// at the headers that keeps refused bodies unread (prescreen.go).
 //
 // It runs in two phases, as Caddy's reverse proxy splits ServeHTTP from its proxy loop:
 // admission decides whether and when the request goes to a replica at all (admit), and the
 // proxy loop sends it to one and retries on others while that is safe (proxyLoop).
 func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
+	s.handle(ctx, 0)
+}
+
+// handle is Handler for a request whose API key, when key > 0, was matched already: key is 1 +
+// its index (a gateway matches it to route).
+func (s *Service) handle(ctx *fasthttp.RequestCtx, key int32) {
 	defer s.recoverPanic(ctx)
-	ex, snap := s.admit(ctx)
+	v := s.front.guard.bodies.take(&ctx.Request.Header)
+	if v.refusal != refuseNone {
+		s.refuseAtHeaders(ctx)
+		return
+	}
+	if key == 0 {
+		key = v.key
+	}
+	ex, snap := s.admit(ctx, key)
 	if ex == nil {
 		return // answered
 	}
@@ -31,10 +46,11 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 
 // admit runs every check that may answer a request before any replica sees it: the client's
 // credentials, rate and body size, the body's readability, and then, holding it while there is
-// no replica or no free slot, the service's caps. It returns the request's exchange and the
+// no replica or no free slot, the service's caps. key is 1 + the index of the API key already
+// matched at the request's headers, 0 when none was. It returns the request's exchange and the
 // snapshot to route it on, or nil when it has answered the request itself.
-func (s *Service) admit(ctx *fasthttp.RequestCtx) (*exchange, *snapshot) {
-	if !s.screen(ctx) {
+func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32) (*exchange, *snapshot) {
+	if !s.screen(ctx, key) {
 		return nil, nil
 	}
 	ex := s.acquireExchange()
@@ -73,15 +89,15 @@ func (s *Service) admit(ctx *fasthttp.RequestCtx) (*exchange, *snapshot) {
 }
 
 // screen refuses requests that no replica could ever serve (no valid API key, over the
-// client's rate, too large) before they count as demand or wait for a replica. It reports
-// whether the request passed; when not, it has answered it.
-func (s *Service) screen(ctx *fasthttp.RequestCtx) bool {
-	key := -1 // which API key, for the rate limit
-	if s.keys != nil {
+// client's rate, too large) before they count as demand or wait for a replica. matched is
+// 1 + the index of the key matched at the headers, 0 when none was. It reports whether the
+// request passed; when not, it has answered it.
+func (s *Service) screen(ctx *fasthttp.RequestCtx, matched int32) bool {
+	key := int(matched) - 1 // which API key, for the rate limit
+	if s.keys != nil && matched == 0 {
 		var ok bool
 		if key, ok = s.keys.match(&ctx.Request.Header); !ok {
 			s.unauthorized(ctx)
-			s.answeredSelf(ctx, nil)
 			return false
 		}
 	}
@@ -96,6 +112,13 @@ func (s *Service) screen(ctx *fasthttp.RequestCtx) bool {
 		return false
 	}
 	return true
+}
+
+// refuseAtHeaders answers a request whose body the server did not read because the budget of
+// bodies being read was spent (prescreen.go).
+func (s *Service) refuseAtHeaders(ctx *fasthttp.RequestCtx) {
+	writeError(ctx, fasthttp.StatusServiceUnavailable, s.errs.bodiesBusy)
+	s.answeredSelf(ctx, nil)
 }
 
 // refuse answers an admitted request with status and body without sending it anywhere.
@@ -264,7 +287,8 @@ func (ex *exchange) describe(ctx *fasthttp.RequestCtx, needs policy.Needs, wantS
 }
 
 // prepare builds the upstream request from the client's: same method, URI, headers and body,
-// minus hop-by-hop headers, plus X-Forwarded-For, X-Forwarded-Proto and X-Request-Id.
+// minus hop-by-hop headers, plus X-Forwarded-For, X-Forwarded-Proto and X-Request-Id (the
+// client's when it is a sane id, else a new one).
 func (ex *exchange) prepare(ctx *fasthttp.RequestCtx) {
 	req := &ex.req
 	ctx.Request.Header.CopyTo(&req.Header)
@@ -295,7 +319,7 @@ func (ex *exchange) prepare(ctx *fasthttp.RequestCtx) {
 		req.Header.SetBytesKV(headerXForwardedProto, schemeHTTP)
 	}
 
-	if id := req.Header.PeekBytes(headerXRequestID); len(id) > 0 {
+	if id := req.Header.PeekBytes(headerXRequestID); saneRequestID(id) {
 		ex.requestID = append(ex.requestID[:0], id...)
 	} else {
 		ex.requestID = appendRequestID(ex.requestID[:0])

@@ -54,7 +54,7 @@ func NewHandover(ln net.Listener, first *Service, log *zap.Logger) *Handover {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	h := &Handover{ln: ln, log: log, stopping: make(chan struct{})}
+	h := &Handover{ln: newRetryingListener(ln, log), log: log, stopping: make(chan struct{})}
 	h.cur = h.start(first)
 	return h
 }
@@ -73,9 +73,9 @@ func (h *Handover) start(svc *Service) *handoff {
 }
 
 // Serve accepts connections on the listener and hands each to the current Service until
-// Shutdown, then returns nil; it returns the listener's error if accepting fails otherwise.
+// Shutdown, then returns nil. Temporary accept errors (out of file descriptors, say) are waited
+// out (accept.go); it returns the listener's error only if accepting fails otherwise.
 func (h *Handover) Serve() error {
-	var backoff time.Duration
 	for {
 		conn, err := h.ln.Accept()
 		if err != nil {
@@ -85,17 +85,8 @@ func (h *Handover) Serve() error {
 			if closed {
 				return nil
 			}
-			// Out of file descriptors and the like pass; wait a little, as net/http does.
-			var te interface{ Temporary() bool }
-			if errors.As(err, &te) && te.Temporary() {
-				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-				h.log.Warn("accept failed; retrying", zap.Error(err), zap.Duration("in", backoff))
-				time.Sleep(backoff)
-				continue
-			}
 			return err
 		}
-		backoff = 0
 		h.dispatch(conn)
 	}
 }
@@ -341,3 +332,6 @@ func (c *trackedConn) Close() error {
 	}
 	return c.Conn.Close()
 }
+
+// NetConn returns the wrapped connection: clientGone looks through it for the socket.
+func (c *trackedConn) NetConn() net.Conn { return c.Conn }

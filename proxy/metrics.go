@@ -412,8 +412,10 @@ func NewRegistry() (*prometheus.Registry, *Metrics, error) {
 // ServeAdmin serves AdminHandler(g, token) on ln until the returned stop is called. Timeouts are
 // short: a scrape is one small request a few times a minute, so no client may hold a connection
 // long, while Prometheus's keep-alive connection between scrapes (15–60 s apart) survives the
-// idle timeout. stop lets a scrape in progress finish until ctx ends, then closes the listener
-// and waits for the server to be gone, so the address is free on return.
+// idle timeout. Accept errors that pass (out of file descriptors, say) are waited out, as on
+// the traffic listeners (accept.go), so metrics come back with the descriptors. stop lets a
+// scrape in progress finish until ctx ends, then closes the listener and waits for the server
+// to be gone, so the address is free on return.
 func ServeAdmin(ln net.Listener, g prometheus.Gatherer, token string, log *zap.Logger) (stop func(context.Context)) {
 	srv := &http.Server{
 		Handler:           AdminHandler(g, token),
@@ -426,7 +428,7 @@ func ServeAdmin(ln net.Listener, g prometheus.Gatherer, token string, log *zap.L
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(newRetryingListener(ln, log)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("metrics listener stopped", zap.Error(err))
 		}
 	}()
@@ -444,7 +446,9 @@ func ServeAdmin(ln net.Listener, g prometheus.Gatherer, token string, log *zap.L
 type observability struct {
 	metrics   *serviceMetrics // nil without ServiceConfig.Metrics
 	accessLog *zap.Logger     // nil without ServiceConfig.AccessLog; sampled, service attached
-	released  bool            // guarded by Service.mu: Shutdown has dropped the metrics references
+	// refusedLog is accessLog with a sampler of its own, for refused API keys (accesslog.go).
+	refusedLog *zap.Logger
+	released   bool // guarded by Service.mu: Shutdown has dropped the metrics references
 }
 
 func newObservability(cfg ServiceConfig) observability {
@@ -454,6 +458,7 @@ func newObservability(cfg ServiceConfig) observability {
 	}
 	if cfg.AccessLog != nil {
 		o.accessLog = newAccessLogger(cfg.AccessLog, cfg.Name)
+		o.refusedLog = newAccessLogger(cfg.AccessLog, cfg.Name)
 	}
 	return o
 }
@@ -648,19 +653,21 @@ func (ex *exchange) observeFinish(err error) {
 // sure the response carries a request id, then counts the request under replica "none" and logs
 // it. ex is the request's exchange if it still holds one (every attempt failed), else nil.
 func (s *Service) answeredSelf(ctx *fasthttp.RequestCtx, ex *exchange) {
-	s.recordSelfAnswer(ctx, ex, ctx.Time())
+	s.recordSelfAnswer(ctx, ex, ctx.Time(), false)
 }
 
 // rejectedRequest is answeredSelf for a request fasthttp could not read (ErrorHandler). The
 // handler never ran, so there is no start time and the duration is not observed.
 func (s *Service) rejectedRequest(ctx *fasthttp.RequestCtx) {
-	s.recordSelfAnswer(ctx, nil, time.Time{})
+	s.recordSelfAnswer(ctx, nil, time.Time{}, false)
 }
 
-func (s *Service) recordSelfAnswer(ctx *fasthttp.RequestCtx, ex *exchange, start time.Time) {
+// recordSelfAnswer counts and logs a request the proxy answered itself; unauthorized marks a
+// refused API key, whose log line is sampled apart.
+func (s *Service) recordSelfAnswer(ctx *fasthttp.RequestCtx, ex *exchange, start time.Time, unauthorized bool) {
 	id := ctx.Response.Header.PeekBytes(headerXRequestID)
 	if len(id) == 0 {
-		if id = ctx.Request.Header.PeekBytes(headerXRequestID); len(id) == 0 {
+		if id = ctx.Request.Header.PeekBytes(headerXRequestID); !saneRequestID(id) {
 			var buf [40]byte
 			ctx.Response.Header.SetBytesKV(headerXRequestID, appendRequestID(buf[:0]))
 		} else {
@@ -684,7 +691,7 @@ func (s *Service) recordSelfAnswer(ctx *fasthttp.RequestCtx, ex *exchange, start
 		rec := accessRecord{
 			requestID: id, method: ctx.Method(), uri: ctx.Request.Header.RequestURI(),
 			clientIP: clientAddr(ctx), status: status, replicaID: -1, duration: duration, ttft: -1,
-			bytesOut: int64(len(ctx.Response.Body())), usage: unknownUsage,
+			bytesOut: int64(len(ctx.Response.Body())), usage: unknownUsage, unauthorized: unauthorized,
 		}
 		if ex != nil {
 			rec.attempts, rec.problem = ex.obs.attempts, ex.obs.lastError.String()

@@ -23,6 +23,9 @@ const (
 	modelsFetchBackoff  = time.Second
 	// maxModelIDs bounds what one replica may add to the routing table.
 	maxModelIDs = 64
+	// maxModelsBody bounds a replica's /v1/models answer: 64 ids with vLLM's metadata each
+	// (permissions, max_model_len, root) take a few tens of KiB.
+	maxModelsBody = 1 << 20
 )
 
 var pathModels = []byte("/v1/models")
@@ -61,7 +64,7 @@ type modelList struct {
 func (c *hostClient) modelIDs(dial func(string) (net.Conn, error)) ([]string, error) {
 	hc := &fasthttp.HostClient{Addr: c.addr, Dial: dial, MaxConns: 1, MaxIdemponentCallAttempts: 1,
 		RetryIfErr: func(*fasthttp.Request, int, error) (bool, bool) { return false, false }, Name: "ferry-models",
-		SecureErrorLogMessage: true}
+		SecureErrorLogMessage: true, MaxResponseBodySize: maxModelsBody}
 	defer hc.CloseIdleConnections()
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)

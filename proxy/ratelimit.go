@@ -205,9 +205,14 @@ func (s *Service) admitRate(ctx *fasthttp.RequestCtx, key int) bool {
 		return true
 	}
 	writeError(ctx, fasthttp.StatusTooManyRequests, s.errs.rateLimited)
-	// Whole seconds, rounded up: a client that honours it is admitted on its next try.
+	setRetryAfter(ctx, wait)
+	return false
+}
+
+// setRetryAfter tells a refused client to wait, in whole seconds rounded up: a client that
+// honours it is admitted on its next try.
+func setRetryAfter(ctx *fasthttp.RequestCtx, wait time.Duration) {
 	secs := max(1, int64((wait+time.Second-1)/time.Second))
 	var buf [20]byte
 	ctx.Response.Header.SetBytesKV(headerRetryAfter, strconv.AppendInt(buf[:0], secs, 10))
-	return false
 }

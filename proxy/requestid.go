@@ -28,3 +28,23 @@ func appendRequestID(dst []byte) []byte {
 	dst = append(dst, requestIDPrefix...)
 	return strconv.AppendUint(dst, requestIDCounter.Add(1), 16)
 }
+
+// maxClientRequestID is the longest X-Request-Id a client may choose: a UUID is 36 characters,
+// and a trace id with a prefix rarely twice that.
+const maxClientRequestID = 128
+
+// saneRequestID reports whether a client's X-Request-Id is kept: 1 to maxClientRequestID visible
+// ASCII characters. Any other (8 KiB of it, spaces, control or non-ASCII bytes) would be
+// forwarded to every replica tried and written into every log line, so a generated id replaces
+// it.
+func saneRequestID(id []byte) bool {
+	if len(id) == 0 || len(id) > maxClientRequestID {
+		return false
+	}
+	for _, c := range id {
+		if c <= ' ' || c > '~' {
+			return false
+		}
+	}
+	return true
+}

@@ -13,11 +13,14 @@ import (
 )
 
 // newServer is the client-facing HTTP server of a service or a gateway: the same limits and
-// timeouts on every listener a client can reach.
-func newServer(handler fasthttp.RequestHandler, onError func(*fasthttp.RequestCtx, error), maxBody int, readTimeout time.Duration, log *zap.Logger) *fasthttp.Server {
+// timeouts on every listener a client can reach, and requests judged at their headers
+// (prescreen.go).
+func newServer(handler fasthttp.RequestHandler, onError func(*fasthttp.RequestCtx, error), onHeaders func(*fasthttp.RequestHeader) fasthttp.RequestConfig,
+	maxBody int, readTimeout time.Duration, log *zap.Logger) *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:      handler,
-		ErrorHandler: onError,
+		Handler:        handler,
+		ErrorHandler:   onError,
+		HeaderReceived: onHeaders,
 		// ReadTimeout limits a slow request; WriteTimeout stays 0 because fasthttp applies it to
 		// the whole response, which would cut long streams. Stalled clients are instead caught
 		// by the per-write idle deadline on accepted connections (see wrapListener).
@@ -37,11 +40,14 @@ func newServer(handler fasthttp.RequestHandler, onError func(*fasthttp.RequestCt
 	}
 }
 
-// wrapListener gives accepted connections the per-write idle deadline and, with tlsConfig,
-// terminates TLS. TLS goes over the idle-deadline conn, so the deadline covers the raw socket
-// writes and fasthttp still sees a *tls.Conn (ctx.IsTLS, X-Forwarded-Proto: https).
-func wrapListener(ln net.Listener, idle time.Duration, tlsConfig *tls.Config) net.Listener {
-	var wrapped net.Listener = &writeIdleListener{Listener: ln, idle: idle}
+// wrapListener is how a client reaches the HTTP server: accept errors that pass are waited out
+// (accept.go), connections beyond the Guard's caps refused (guard.go), accepted connections get
+// the per-write idle deadline and, with tlsConfig, TLS is terminated. TLS goes over the
+// idle-deadline conn, so the deadline covers the raw socket writes and fasthttp still sees a
+// *tls.Conn (ctx.IsTLS, X-Forwarded-Proto: https).
+func wrapListener(ln net.Listener, idle time.Duration, tlsConfig *tls.Config, guard *Guard, log *zap.Logger) net.Listener {
+	capped := &guardedListener{Listener: newRetryingListener(ln, log), guard: guard, plain: tlsConfig == nil, log: log}
+	var wrapped net.Listener = &writeIdleListener{Listener: capped, idle: idle}
 	if tlsConfig != nil {
 		wrapped = tls.NewListener(wrapped, tlsConfig)
 	}
@@ -52,6 +58,9 @@ func wrapListener(ln net.Listener, idle time.Duration, tlsConfig *tls.Config) ne
 // the listeners it serves on.
 type frontend struct {
 	server *fasthttp.Server
+	// guard caps the client connections of every listener; log gets their accept errors.
+	guard *Guard
+	log   *zap.Logger
 
 	mu        sync.Mutex
 	listeners []net.Listener
@@ -60,7 +69,7 @@ type frontend struct {
 
 // serve wraps ln (idle deadline, TLS) and serves it until shutdown, then returns nil.
 func (f *frontend) serve(ln net.Listener, idle time.Duration, tlsConfig *tls.Config) error {
-	wrapped := wrapListener(ln, idle, tlsConfig)
+	wrapped := wrapListener(ln, idle, tlsConfig, f.guard, f.log)
 	f.mu.Lock()
 	if f.closed {
 		f.mu.Unlock()

@@ -12,12 +12,16 @@
 //     has acquired a connection (upstream.go says why it cannot go);
 //   - with RateLimit on and no API keys, one shard of the per-address limiter (ratelimit.go);
 //   - only while requests wait for a slot under MaxInFlightPerReplica, the slot queue's lock
-//     (slots.go).
+//     (slots.go);
+//   - only for a body over 16 KiB or chunked, and for requests arriving while such a body is
+//     being read, the process's body budget (budget.go), at the headers and in the handler.
 //
 // Opening or closing an upstream connection, not a request, takes its replica's
-// connection-set lock (upstreamconn.go). Pickers are the policy package's: least_load and the
-// other policies that read only counters lock nothing, while prefix_affinity and llm_aware
-// hold their service's prefix index for about a microsecond per pick (policy/prefix.go).
+// connection-set lock (upstreamconn.go); accepting or closing a client connection takes the
+// Guard's per-address lock, only while MaxConnectionsPerAddr is set (guard.go). Pickers are
+// the policy package's: least_load and the other policies that read only counters lock
+// nothing, while prefix_affinity and llm_aware hold their service's prefix index for about a
+// microsecond per pick (policy/prefix.go).
 //
 // Membership changes (SetBackends) build a new snapshot and swap it in; requests already
 // running keep the replica and upstream client they picked until their stream ends.
@@ -28,6 +32,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"slices"
@@ -35,6 +40,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -121,6 +127,9 @@ type ServiceConfig struct {
 	RateLimit RateLimit
 	// TLS, when set, makes Serve terminate TLS on every listener (see LoadTLS).
 	TLS *tls.Config
+	// Guard applies the process's ClientLimits (connections, request bodies being read) to this
+	// service's clients together with every other listener's; nil shares the process default.
+	Guard *Guard
 	// RequestReadTimeout bounds reading one request's headers and body, so slow-loris clients
 	// cannot hold connections; it never covers the response. Default 60 s.
 	RequestReadTimeout time.Duration
@@ -250,10 +259,12 @@ type Service struct {
 	// obs records metrics and the access log (metrics.go).
 	obs observability
 
-	// limiter applies RateLimit; nil without one. streams counts admitted streaming requests
-	// while MaxConcurrentStreams is set (limits.go).
-	limiter *rateLimiter
-	streams atomic.Int64
+	// limiter applies RateLimit; nil without one. authFailures limits failed API key attempts
+	// per address (auth.go); nil without keys. streams counts admitted streaming requests while
+	// MaxConcurrentStreams is set (limits.go).
+	limiter      *rateLimiter
+	authFailures *rateLimiter
+	streams      atomic.Int64
 
 	// snap is the current replica set; the request path only ever loads it.
 	snap atomic.Pointer[snapshot]
@@ -366,10 +377,14 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	}
 	s.errs = s.errs.withLimitBodies(cfg.Name, cfg.RateLimit, keys != nil, cfg.MaxConcurrentStreams)
 	s.limiter = newRateLimiter(cfg.RateLimit, len(cfg.APIKeyHashes))
+	if keys != nil {
+		s.authFailures = newAuthFailureLimiter()
+	}
 	s.clientWatch.init()
 	s.exchanges.New = func() any { return &exchange{svc: s, watchShard: s.clientWatch.shardIndex()} }
 	s.snap.Store(&snapshot{ready: make(chan struct{})})
-	s.front.server = newServer(s.serveRequest, s.requestError, cfg.MaxRequestBodySize, cfg.RequestReadTimeout, s.log)
+	s.front.server = newServer(s.serveRequest, s.requestError, s.headerReceived, cfg.MaxRequestBodySize, cfg.RequestReadTimeout, s.log)
+	s.front.guard, s.front.log = guardOr(cfg.Guard), s.log
 	return s, nil
 }
 
@@ -544,11 +559,39 @@ func (s *Service) Shutdown(ctx context.Context) error {
 }
 
 // fasthttpLogger sends fasthttp's own messages (mostly clients misbehaving) to debug level, so a
-// client flood cannot flood the logs.
+// client flood cannot flood the logs. An error in them is replaced by its kind: fasthttp quotes
+// the offending header line or value in its parse errors, and that may be an API key.
 type fasthttpLogger struct{ log *zap.Logger }
 
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	if ce := l.log.Check(zap.DebugLevel, "http server"); ce != nil {
-		ce.Write(zap.String("detail", fmt.Sprintf(format, args...)))
+		safe := make([]any, len(args))
+		for i, a := range args {
+			if err, ok := a.(error); ok {
+				a = errorKind(err)
+			}
+			safe[i] = a
+		}
+		ce.Write(zap.String("detail", fmt.Sprintf(format, safe...)))
+	}
+}
+
+// errorKind says what went wrong reading a request without quoting it: the text of errors known
+// to carry no request content, a generic kind for the others.
+func errorKind(err error) string {
+	var small *fasthttp.ErrSmallBuffer
+	var op *net.OpError
+	switch {
+	case isTimeout(err):
+		return "timeout"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
+		return "connection closed mid-request"
+	case errors.As(err, &small):
+		return "request headers too large"
+	case errors.As(err, &op), errors.Is(err, fasthttp.ErrBodyTooLarge), errors.Is(err, fasthttp.ErrDuplicateContentLength),
+		errors.Is(err, fasthttp.ErrUnsupportedTransferEncoding), errors.Is(err, fasthttp.ErrGetOnly):
+		return err.Error()
+	default:
+		return "malformed request (not shown: it may quote request headers)"
 	}
 }

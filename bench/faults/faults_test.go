@@ -217,6 +217,31 @@ func TestJudge(t *testing.T) {
 			return r
 		}(), wantWhy: []string{"leftover process", "store: replica 3"}},
 		"skipped": {res: &scenarioResult{Kind: faultDiskFull, Skipped: "skipped: needs root"}},
+		"bodies refused, memory flat": {res: func() *scenarioResult {
+			r := healthy(faultUnauthBodies)
+			r.Bodies = &bodyAttackResult{Sent: 500, Refused: 500, PeakRSS: 70 << 20, HWM: 72 << 20}
+			return r
+		}()},
+		"bodies: memory and slow answers": {res: func() *scenarioResult {
+			r := healthy(faultUnauthBodies)
+			r.Bodies = &bodyAttackResult{Sent: 500, Refused: 490, Unanswered: 10, PeakRSS: 70 << 20, HWM: 3 << 30}
+			r.Plain.Failed, r.Plain.Sent = 1, 20
+			return r
+		}(), wantWhy: []string{"1 of 20 non-streamed", "RSS reached 3072 MiB", "10 of 500 unauthenticated"}},
+		"flood: failures during, none after": {res: func() *scenarioResult {
+			r := healthy(faultConnFlood)
+			r.Plain.Failed, r.Stream.Shed = 3, 2
+			r.ConnFloods = []*connFloodResult{{Target: "gateway", FDLimit: 1024, Opened: 1500, Alive: true, ServedAfterS: 0.5}}
+			return r
+		}()},
+		"flood: dead, silent, short": {res: func() *scenarioResult {
+			r := healthy(faultConnFlood)
+			r.PostFaultFailed = 2
+			r.ConnFloods = []*connFloodResult{{Target: "proxy", FDLimit: 512, Opened: 1500, ServedAfterS: 1},
+				{Target: "gateway", FDLimit: 1024, Opened: 1500, Alive: true, ServedAfterS: -1, LastError: "EOF"},
+				{Target: "other", FDLimit: 1024, Opened: 900, Alive: true, ServedAfterS: 1}}
+			return r
+		}(), wantWhy: []string{"2 keyed requests", "proxy stopped", "gateway did not serve", "not past its limit"}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -241,8 +266,8 @@ func TestParseFlags(t *testing.T) {
 	if o.workers != 4 || o.hangFor != 7*time.Second || o.floodStreams != 4*proxyConnsPerReplica+256 || !o.selected("7") || o.selected("1") {
 		t.Errorf("parsed %+v", o)
 	}
-	_, err = parseFlags([]string{"--replicas", "1", "--only", "9", "--error-rate", "0.8"})
-	for _, want := range []string{"--replicas=1", "--only=9", "--error-rate/--slow-rate"} {
+	_, err = parseFlags([]string{"--replicas", "1", "--only", "10", "--error-rate", "0.8", "--conn-flood", "1000"})
+	for _, want := range []string{"--replicas=1", "--only=10", "--error-rate/--slow-rate", "--conn-flood=1000"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("parseFlags error = %v, want it to mention %s", err, want)
 		}

@@ -32,15 +32,19 @@ import (
 type ferry struct {
 	*servicekit.Ferry
 	metricsAddr string // the controller's metrics listener
+	gatewayAddr string // the controller's gateway, which fault 9 floods
 	http        *http.Client
 }
 
-func newFerry(bin, homeDir, metricsAddr string, group *childproc.Group) (*ferry, error) {
+// newFerry drives homeDir with the controller's metrics on metricsAddr and, unlike the other
+// drivers, its gateway on: gatewayAddr, a free loopback port.
+func newFerry(bin, homeDir, metricsAddr, gatewayAddr string, group *childproc.Group) (*ferry, error) {
 	f, err := servicekit.NewFerry(bin, homeDir, serviceName, metricsAddr, group)
 	if err != nil {
 		return nil, err
 	}
-	return &ferry{Ferry: f, metricsAddr: metricsAddr, http: &http.Client{Timeout: 2 * time.Second}}, nil
+	f.Env = append(f.Env, "FERRY_GATEWAY_ADDR="+gatewayAddr) // the last of a name wins
+	return &ferry{Ferry: f, metricsAddr: metricsAddr, gatewayAddr: gatewayAddr, http: &http.Client{Timeout: 2 * time.Second}}, nil
 }
 
 // openFDs counts the open file descriptors of pid.

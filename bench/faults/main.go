@@ -7,7 +7,10 @@
 // a flood of slow streams. For each fault it reports requests, client-visible failures
 // (streams cut without an SSE error event counted apart, as defects), how long until the
 // replica set healed, and leaks afterwards (controller file descriptors and goroutines, replica
-// processes, store rows). It exits non-zero when a target is missed. See bench/README.md.
+// processes, store rows). Two more faults come from hostile clients, against a keyed standalone
+// proxy: clients announcing large bodies without a valid key, and a flood of idle connections
+// past the descriptor limits of that proxy and of the controller, whose gateway it also hits.
+// It exits non-zero when a target is missed. See bench/README.md.
 //
 //	go run ./bench/faults              # about 4 minutes
 //	go run ./bench/faults --short      # shorter faults and phases: what the tests run
@@ -51,6 +54,9 @@ type options struct {
 	floodStreams   int
 	floodRamp      time.Duration
 	floodHold      time.Duration
+	bodyClients    int
+	bodyFor        time.Duration
+	connFlood      int
 	healTimeout    time.Duration
 	leakWait       time.Duration
 	requestTimeout time.Duration
@@ -70,7 +76,7 @@ func main() {
 func parseFlags(args []string) (options, error) {
 	var o options
 	fs := pflag.NewFlagSet("faults", pflag.ContinueOnError)
-	fs.BoolVar(&o.short, "short", false, "shorter faults and phases (4 workers, 1s before and after, 4s hang, 6s flapping, 3s of errors and of disk full, 2s flood), unless set explicitly: what the tests run")
+	fs.BoolVar(&o.short, "short", false, "shorter faults and phases (4 workers, 1s before and after, 4s hang, 6s flapping, 3s of errors, of disk full and of body announcements, 2s flood), unless set explicitly: what the tests run")
 	fs.StringSliceVar(&o.only, "only", nil, "run only these scenarios, by key ("+strings.Join(scenarioKeys(), ",")+")")
 	fs.IntVar(&o.replicas, "replicas", 4, "replicas of the service")
 	fs.IntVar(&o.workers, "workers", 8, "closed-loop workers: half non-streamed requests (rounded up), half streams")
@@ -87,7 +93,10 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.tmpfsSize, "tmpfs-size", "64m", "size of the tmpfs FERRY_HOME lives on (needs root)")
 	fs.IntVar(&o.floodStreams, "flood-streams", 0, "streams of the connection-exhaustion flood (0: replicas × the proxy's 1024 connections per replica + 256)")
 	fs.DurationVar(&o.floodRamp, "flood-ramp", 2*time.Second, "how long opening the flood's streams takes")
-	fs.DurationVar(&o.floodHold, "flood-hold", 5*time.Second, "how long the flood's streams stay open after the last was opened")
+	fs.DurationVar(&o.floodHold, "flood-hold", 5*time.Second, "how long the flood's streams (and fault 9's connections) stay open after the last was opened")
+	fs.IntVar(&o.bodyClients, "body-clients", 100, "clients announcing 32 MiB bodies with a wrong key in fault 8 (plus 3 announcing 1 GiB without a key)")
+	fs.DurationVar(&o.bodyFor, "body-for", 8*time.Second, "how long fault 8's clients keep announcing bodies")
+	fs.IntVar(&o.connFlood, "conn-flood", 1500, "idle connections fault 9 opens to each of the standalone proxy (512 open files) and the gateway (1024)")
 	fs.DurationVar(&o.healTimeout, "heal-timeout", 90*time.Second, "give up on a service that has not healed after this long")
 	fs.DurationVar(&o.leakWait, "leak-wait", 25*time.Second, "how long descriptors and goroutines may take to come back down after a fault (idle upstream connections and fasthttp's idle server workers live 10-20s)")
 	fs.DurationVar(&o.requestTimeout, "request-timeout", 30*time.Second, "bound on one request, stream included")
@@ -121,6 +130,7 @@ func parseFlags(args []string) (options, error) {
 			{"disk-full-for", func() { o.diskFullFor = 3 * time.Second }},
 			{"flood-ramp", func() { o.floodRamp = 1500 * time.Millisecond }},
 			{"flood-hold", func() { o.floodHold = 2 * time.Second }},
+			{"body-for", func() { o.bodyFor = 3 * time.Second }},
 		}
 		for _, d := range shortDefaults {
 			if !fs.Changed(d.flag) {
@@ -153,7 +163,8 @@ func (o options) validate() error {
 	}{{"before", o.before, 10 * time.Minute}, {"after", o.after, 10 * time.Minute}, {"hang-for", o.hangFor, 10 * time.Minute},
 		{"flap-for", o.flapFor, 10 * time.Minute}, {"flap-period", o.flapPeriod, time.Minute}, {"errors-for", o.faultFor, 10 * time.Minute},
 		{"slow-delay", o.slowDelay, time.Minute}, {"disk-full-for", o.diskFullFor, 10 * time.Minute}, {"flood-ramp", o.floodRamp, time.Minute},
-		{"flood-hold", o.floodHold, 10 * time.Minute}, {"heal-timeout", o.healTimeout, 20 * time.Minute}, {"leak-wait", o.leakWait, 5 * time.Minute},
+		{"flood-hold", o.floodHold, 10 * time.Minute}, {"body-for", o.bodyFor, 10 * time.Minute},
+		{"heal-timeout", o.healTimeout, 20 * time.Minute}, {"leak-wait", o.leakWait, 5 * time.Minute},
 		{"request-timeout", o.requestTimeout, 5 * time.Minute}} {
 		if d.v <= 0 || d.v > d.limit {
 			bad(d.flag, d.v, fmt.Sprintf("must be positive and at most %v", d.limit))
@@ -164,6 +175,12 @@ func (o options) validate() error {
 	}
 	if o.floodStreams < 1 || o.floodStreams > 8000 {
 		bad("flood-streams", o.floodStreams, "must be between 1 and 8000")
+	}
+	if o.bodyClients < 1 || o.bodyClients > 1000 {
+		bad("body-clients", o.bodyClients, "must be between 1 and 1000")
+	}
+	if o.connFlood <= controllerNofile || o.connFlood > 8000 {
+		bad("conn-flood", o.connFlood, fmt.Sprintf("must be above the controller's limit of %d open files, and at most 8000", controllerNofile))
 	}
 	for _, d := range []struct {
 		flag string
@@ -277,7 +294,11 @@ func execute(ctx context.Context, opts options, stdout io.Writer, progress func(
 	if err != nil {
 		return nil, err
 	}
-	f, err := newFerry(opts.ferryBin, homeDir, metricsAddr, group)
+	gatewayAddr, err := benchkit.FreeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	f, err := newFerry(opts.ferryBin, homeDir, metricsAddr, gatewayAddr, group)
 	if err != nil {
 		return nil, err
 	}
@@ -336,6 +357,8 @@ func (o options) settings(home, metricsAddr string) map[string]any {
 		"errors_for_s": o.faultFor.Seconds(), "error_rate": o.errorRate, "slow_rate": o.slowRate, "slow_delay_s": o.slowDelay.Seconds(),
 		"disk_full_for_s": o.diskFullFor.Seconds(), "tmpfs_size": o.tmpfsSize, "flood_streams": o.floodStreams,
 		"flood_ramp_s": o.floodRamp.Seconds(), "flood_hold_s": o.floodHold.Seconds(), "startup_delay_s": o.startupDelay.Seconds(),
+		"body_clients": o.bodyClients, "body_for_s": o.bodyFor.Seconds(), "conn_flood": o.connFlood,
+		"proxy_nofile": proxyNofile, "controller_nofile": controllerNofile,
 		"ttft_ms": o.ttft.Seconds() * 1e3, "itl_ms": o.itl.Seconds() * 1e3, "plain_max_tokens": o.plainTokens,
 		"stream_max_tokens": o.streamTokens, "short": o.short, "ferry_home": home, "controller_metrics": metricsAddr,
 	}

@@ -65,6 +65,9 @@ type scenarioResult struct {
 	Filled              string       `json:"disk_filled,omitempty"`
 	ControllerRestarted string       `json:"controller_restarted,omitempty"`
 	Flood               *floodResult `json:"flood,omitempty"`
+	// Bodies is fault 8's attack, ConnFloods fault 9's per target (hostile.go).
+	Bodies     *bodyAttackResult  `json:"body_attack,omitempty"`
+	ConnFloods []*connFloodResult `json:"connection_floods,omitempty"`
 	// Retries are the controller proxy's attempts on another replica during the scenario;
 	// Ejections its health-check ejections.
 	Retries         int     `json:"retries"`
@@ -148,11 +151,15 @@ func (r *scenarioResult) judge(o options) {
 		fail("not completed: %s", r.Error)
 	}
 	overloadOK := r.Kind == faultExhaust
-	if n := r.Plain.Failed + shedUnlessOverload(r.Plain.Shed, overloadOK); n > 0 {
-		fail("%d of %d non-streamed requests failed (target: none while a healthy replica remains)", n, r.Plain.Sent)
-	}
-	if n := r.Stream.Failed + shedUnlessOverload(r.Stream.Shed, overloadOK); n > 0 {
-		fail("%d of %d streams failed before they started (they could have been retried)", n, r.Stream.Sent)
+	// Out of descriptors, a proxy cannot reach its replicas either: only requests after the flood
+	// count (PostFaultFailed, below).
+	if r.Kind != faultConnFlood {
+		if n := r.Plain.Failed + shedUnlessOverload(r.Plain.Shed, overloadOK); n > 0 {
+			fail("%d of %d non-streamed requests failed (target: none while a healthy replica remains)", n, r.Plain.Sent)
+		}
+		if n := r.Stream.Failed + shedUnlessOverload(r.Stream.Shed, overloadOK); n > 0 {
+			fail("%d of %d streams failed before they started (they could have been retried)", n, r.Stream.Sent)
+		}
 	}
 	if r.Stream.CutNoEvent > 0 {
 		fail("%d streams were cut without an SSE error event", r.Stream.CutNoEvent)
@@ -180,6 +187,8 @@ func (r *scenarioResult) judge(o options) {
 		if r.ControllerRestarted != "" {
 			fail("the controller did not survive the full disk: %s", r.ControllerRestarted)
 		}
+	case faultUnauthBodies, faultConnFlood:
+		r.judgeHostile(fail)
 	case faultExhaust:
 		if r.PostFaultFailed > 0 {
 			fail("%d requests started after the flood ended failed", r.PostFaultFailed)
@@ -210,6 +219,39 @@ func (r *scenarioResult) judge(o options) {
 		fail("store: %s", m)
 	}
 	r.Passed = len(r.Why) == 0
+}
+
+// judgeHostile applies the targets of faults 8 and 9 (hostile.go).
+func (r *scenarioResult) judgeHostile(fail func(string, ...any)) {
+	if b := r.Bodies; b != nil {
+		if peak := max(b.PeakRSS, b.HWM); peak > maxProxyRSS {
+			fail("the proxy's RSS reached %d MiB (target: at most %d MiB)", peak>>20, maxProxyRSS>>20)
+		}
+		if b.Slow+b.Unanswered > 0 {
+			fail("%d of %d unauthenticated requests were not refused within %v", b.Slow+b.Unanswered, b.Sent, attackAnswerWithin)
+		}
+		if b.Sent == 0 {
+			fail("no unauthenticated request was sent: the attack did not happen")
+		}
+	}
+	if r.Kind == faultConnFlood {
+		if r.PostFaultFailed > 0 {
+			fail("%d keyed requests started after the flood ended failed", r.PostFaultFailed)
+		}
+		if len(r.ConnFloods) == 0 && r.Error == "" {
+			fail("no connection flood was recorded")
+		}
+	}
+	for _, f := range r.ConnFloods {
+		switch {
+		case !f.Alive:
+			fail("%s stopped during the connection flood", f.Target)
+		case f.ServedAfterS < 0:
+			fail("%s did not serve a new connection within %v of the flood's end (last: %s)", f.Target, servedAgainWithin, f.LastError)
+		case f.Opened <= f.FDLimit:
+			fail("the flood opened %d connections to %s, not past its limit of %d open files", f.Opened, f.Target, f.FDLimit)
+		}
+	}
 }
 
 func shedUnlessOverload(shed int, overloadOK bool) int {
@@ -310,8 +352,13 @@ func (r *report) render(w io.Writer) {
 		o.before, o.after, r.Tmpfs, r.Host["cpus"], r.Host["loadavg_start"], r.Host["loadavg_end"])
 	fmt.Fprintf(w, "Faults: (1) SIGKILL of a replica's process group; (2) SIGSTOP of one for %v, then SIGCONT; (3) its /health alternating 200/503 every %v for %v; "+
 		"(4) --error-rate %v --slow-rate %v --slow-delay %v on one for %v; (5) SIGKILL of the controller, restarted by `ferry serve status`, load through `ferry proxy --attach`; "+
-		"(6) FERRY_HOME's file system filled for %v; (7) %d streams (max_tokens 2000) opened over %v and held %v, beyond the proxy's %d connections per replica.\n\n",
-		o.hangFor, o.flapPeriod, o.flapFor, o.errorRate, o.slowRate, o.slowDelay, o.faultFor, o.diskFullFor, o.floodStreams, o.floodRamp, o.floodHold, proxyConnsPerReplica)
+		"(6) FERRY_HOME's file system filled for %v; (7) %d streams (max_tokens 2000) opened over %v and held %v, beyond the proxy's %d connections per replica; "+
+		"(8) against a keyed `ferry proxy --replica --max-body-mb 1024`, %d clients announcing %d MiB bodies with a wrong key and %d announcing %d MiB without one, sending nothing, each again %v after its answer, for %v; "+
+		"(9) the controller restarted under a limit of %d open files with its gateway on, then %d idle connections each to the gateway and to a keyed `ferry proxy --replica --max-connections 100000` under a limit of %d, opened over %v and held %v. "+
+		"Faults 8 and 9 send keyed load through that standalone proxy.\n\n",
+		o.hangFor, o.flapPeriod, o.flapFor, o.errorRate, o.slowRate, o.slowDelay, o.faultFor, o.diskFullFor, o.floodStreams, o.floodRamp, o.floodHold, proxyConnsPerReplica,
+		o.bodyClients, attackBody>>20, hugeAttackers, hugeAttackBody>>20, attackPause, o.bodyFor,
+		controllerNofile, o.connFlood, proxyNofile, o.floodRamp, o.floodHold)
 
 	fmt.Fprintf(w, "## What clients saw\n\n")
 	t := &benchkit.Table{Header: []string{"fault", "load via", "fault s", "non-streamed sent", "non-streamed failed", "streams sent",
@@ -379,6 +426,8 @@ func (r *report) render(w io.Writer) {
 	}
 	t.Render(w)
 
+	r.renderHostile(w)
+
 	var details []string
 	for _, s := range r.Results {
 		if s.Flood != nil {
@@ -433,6 +482,37 @@ func (r *report) render(w io.Writer) {
 			}
 		}
 		fmt.Fprintf(w, "\n**All %d faults met their targets.**\n", ran)
+	}
+}
+
+// renderHostile adds the tables of faults 8 and 9, when they ran.
+func (r *report) renderHostile(w io.Writer) {
+	bodies := &benchkit.Table{Header: []string{"fault", "unauthenticated requests", "refused (401/429) within 1 s", "later", "unanswered",
+		"proxy RSS before, MiB", "peak RSS during, MiB", "VmHWM, MiB", "keyed requests failed"}}
+	floods := &benchkit.Table{Header: []string{"fault", "target", "open files limit", "connections", "opened", "refused 503/429", "closed", "held",
+		"alive after", "served a new connection after s"}}
+	for _, s := range r.Results {
+		if b := s.Bodies; b != nil {
+			bodies.Rows = append(bodies.Rows, []string{s.Key, fmt.Sprint(b.Sent), fmt.Sprint(b.Refused), fmt.Sprint(b.Slow), fmt.Sprint(b.Unanswered),
+				fmt.Sprint(b.BaseRSS >> 20), fmt.Sprint(b.PeakRSS >> 20), fmt.Sprint(b.HWM >> 20), fmt.Sprint(s.Plain.Failed + s.Stream.Failed)})
+		}
+		for _, f := range s.ConnFloods {
+			floods.Rows = append(floods.Rows, []string{s.Key, f.Target, fmt.Sprint(f.FDLimit), fmt.Sprint(f.Conns), fmt.Sprint(f.Opened),
+				fmt.Sprint(f.Refused), fmt.Sprint(f.Closed), fmt.Sprint(f.Held), fmt.Sprint(f.Alive), secs(f.ServedAfterS)})
+		}
+	}
+	if len(bodies.Rows) > 0 {
+		fmt.Fprintf(w, "\n## Clients announcing bodies without a valid key\n\n")
+		bodies.Render(w)
+		fmt.Fprintf(w, "\nTarget: every unauthenticated request refused within %v without its body being read, the proxy's RSS at most %d MiB, no keyed request failed.\n",
+			attackAnswerWithin, maxProxyRSS>>20)
+	}
+	if len(floods.Rows) > 0 {
+		fmt.Fprintf(w, "\n## Connection flood past the descriptor limit\n\n")
+		floods.Render(w)
+		fmt.Fprintf(w, "\nOpened: handshakes completed (the kernel's backlog takes them before the process accepts); refused: an OpenAI-shaped 503 or 429 with Retry-After, then closed; "+
+			"closed: without an answer; held: open and unanswered when the flood ended. Target: both processes alive, each serving a new connection within %v of the flood's end, "+
+			"and no keyed request started more than %v after it failed.\n", servedAgainWithin, settleAfterFlood)
 	}
 }
 

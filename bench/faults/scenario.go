@@ -55,6 +55,9 @@ const (
 	faultController faultKind = "controller"
 	faultDiskFull   faultKind = "disk_full"
 	faultExhaust    faultKind = "exhaust"
+	// Faults from hostile clients (hostile.go).
+	faultUnauthBodies faultKind = "unauthenticated_bodies"
+	faultConnFlood    faultKind = "connection_flood"
 )
 
 // scenarioDef is one fault under load.
@@ -65,6 +68,9 @@ type scenarioDef struct {
 	// ViaProxy sends the load through the standalone `ferry proxy --attach` instead of the
 	// controller's own endpoint (which dies with the controller).
 	ViaProxy bool
+	// Standalone sends keyed load through a `ferry proxy --replica` with an API key that the
+	// scenario starts in front of the READY replicas (hostile.go).
+	Standalone bool
 }
 
 // scenarios run in this order on the same service, each once the previous one healed.
@@ -77,6 +83,8 @@ func scenarios() []scenarioDef {
 		{Key: "5", Title: "controller SIGKILLed, restarted", Kind: faultController, ViaProxy: true},
 		{Key: "6", Title: "disk under FERRY_HOME full", Kind: faultDiskFull},
 		{Key: "7", Title: "upstream connections exhausted", Kind: faultExhaust},
+		{Key: "8", Title: "unauthenticated clients announcing large bodies", Kind: faultUnauthBodies, Standalone: true},
+		{Key: "9", Title: "connection flood past the descriptor limit", Kind: faultConnFlood, Standalone: true},
 	}
 }
 
@@ -101,6 +109,8 @@ type bench struct {
 	proxy        *childproc.Proc
 	proxyAddr    string
 	proxyMetrics string
+	// standalone is the keyed `ferry proxy --replica` of the running scenario, if it has one.
+	standalone *standaloneProxy
 	// proxyErr says why there is no attached proxy; scenarios that need one fail with it.
 	proxyErr error
 
@@ -151,7 +161,7 @@ func (b *bench) setup(ctx context.Context) error {
 	if b.endpoint, err = servicekit.EndpointAddr(st.Endpoint); err != nil {
 		return err
 	}
-	if err := b.waitServes(ctx, b.endpoint, nil); err != nil {
+	if err := b.waitServes(ctx, b.endpoint, "", nil); err != nil {
 		return fmt.Errorf("service endpoint %s: %w", b.endpoint, err)
 	}
 	b.proxyErr = b.startProxy(ctx)
@@ -181,20 +191,21 @@ func (b *bench) startProxy(ctx context.Context) error {
 		return err
 	}
 	b.proxy = p
-	if err := b.waitServes(ctx, addr, p); err != nil {
+	if err := b.waitServes(ctx, addr, "", p); err != nil {
 		return fmt.Errorf("`ferry proxy --attach %s --listen %s`: %w", serviceName, addr, err)
 	}
 	b.proxyAddr, b.proxyMetrics = addr, metrics
 	return nil
 }
 
-// waitServes polls addr with non-streamed requests until one succeeds, p (when given) exits,
-// or proxyReadyTimeout passes.
-func (b *bench) waitServes(ctx context.Context, addr string, p *childproc.Proc) error {
+// waitServes polls addr with non-streamed requests, with key when it is set, until one
+// succeeds, p (when given) exits, or proxyReadyTimeout passes.
+func (b *bench) waitServes(ctx context.Context, addr, key string, p *childproc.Proc) error {
 	c, err := newClient(addr, 1, 5*time.Second, 1, 1)
 	if err != nil {
 		return err
 	}
+	c.SetAPIKey(key)
 	defer c.closeIdle()
 	var last error
 	err = servicekit.PollUntil(ctx, proxyReadyTimeout, pollEvery, func() (bool, error) {
@@ -380,19 +391,19 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 		_, why := canMount()
 		return fmt.Errorf("cannot fill the disk under FERRY_HOME without a tmpfs: %s", why)
 	}
+	if def.Kind == faultConnFlood {
+		if err := b.restartControllerLimited(ctx, controllerNofile, res); err != nil {
+			return fmt.Errorf("restarting the controller under a descriptor limit: %w", err)
+		}
+	}
 	if _, err := b.waitHealed(ctx, b.opts.healTimeout); err != nil {
 		return fmt.Errorf("before the fault: %w", err)
 	}
-	addr := b.endpoint
-	res.Target = "service endpoint " + addr
-	if def.ViaProxy {
-		if b.proxyErr != nil {
-			res.Target = "ferry proxy --attach (unavailable)"
-			return fmt.Errorf("needs the attached proxy: %w", b.proxyErr)
-		}
-		addr = b.proxyAddr
-		res.Target = "ferry proxy --attach " + addr
+	addr, key, err := b.target(ctx, def, res)
+	if err != nil {
+		return err
 	}
+	defer b.stopStandalone()
 	res.LeaksBefore = b.leakSnapshot(ctx)
 	_, res.ejectionsBefore, _ = b.f.ejectedOn(ctx, b.f.metricsAddr)
 	retriesBefore := b.retries(ctx)
@@ -401,6 +412,7 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 	if err != nil {
 		return err
 	}
+	c.SetAPIKey(key)
 	bound := b.opts.before + b.opts.healTimeout + max(b.opts.hangFor, b.opts.flapFor, b.opts.faultFor, b.opts.diskFullFor) + b.opts.after + 2*time.Minute
 	b.progress("scenario %s (%s): %d workers on %s, %v before the fault", def.Key, def.Title, b.opts.workers, res.Target, b.opts.before)
 	ld := startLoad(c, b.opts.workers, bound)
@@ -456,6 +468,42 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *scenarioResu
 	}
 	b.checkProcessesAndStore(ctx, res)
 	return nil
+}
+
+// target is where def's load goes, and with which API key ("" for none): the service endpoint,
+// the attached proxy, or a standalone proxy started for the scenario (stopStandalone stops it).
+func (b *bench) target(ctx context.Context, def scenarioDef, res *scenarioResult) (addr, key string, err error) {
+	switch {
+	case def.ViaProxy:
+		if b.proxyErr != nil {
+			res.Target = "ferry proxy --attach (unavailable)"
+			return "", "", fmt.Errorf("needs the attached proxy: %w", b.proxyErr)
+		}
+		res.Target = "ferry proxy --attach " + b.proxyAddr
+		return b.proxyAddr, "", nil
+	case def.Standalone:
+		if def.Kind == faultConnFlood {
+			// A connection cap above the descriptor limit: the flood must reach EMFILE.
+			b.standalone, err = b.startStandalone(ctx, "proxy-nofile", proxyNofile, "--max-connections", "100000")
+		} else {
+			b.standalone, err = b.startStandalone(ctx, "proxy-bodies", 0, "--max-body-mb", "1024")
+		}
+		if err != nil {
+			return "", "", err
+		}
+		res.Target = "ferry proxy --replica " + b.standalone.addr
+		return b.standalone.addr, benchKey, nil
+	}
+	res.Target = "service endpoint " + b.endpoint
+	return b.endpoint, "", nil
+}
+
+// stopStandalone stops the scenario's standalone proxy, if any.
+func (b *bench) stopStandalone() {
+	if b.standalone != nil {
+		b.f.Group.Stop(b.standalone.proc)
+		b.standalone = nil
+	}
 }
 
 // retries is the controller's ferry_retries_total for the service, or -1.
@@ -537,6 +585,10 @@ func (b *bench) inject(ctx context.Context, def scenarioDef, res *scenarioResult
 		return b.fillDisk(ctx, res)
 	case faultExhaust:
 		return b.exhaust(ctx, res)
+	case faultUnauthBodies:
+		return b.attackBodies(ctx, res)
+	case faultConnFlood:
+		return b.floodConnections(ctx, res)
 	}
 	return time.Time{}, fmt.Errorf("unknown fault %q", def.Kind)
 }

@@ -26,7 +26,12 @@ type ChatClient struct {
 	plain, stream *fasthttp.HostClient
 	plainBody     []byte
 	streamBody    []byte
+	// apiKey, when set, goes with every request as "Authorization: Bearer".
+	apiKey string
 }
+
+// SetAPIKey makes every later request carry key as "Authorization: Bearer KEY".
+func (c *ChatClient) SetAPIKey(key string) { c.apiKey = key }
 
 // NewChatClient is a client for addr, which must be a loopback address, whose non-streamed
 // and streamed requests ask prompt with plainTokens and streamTokens max_tokens.
@@ -81,6 +86,9 @@ func (c *ChatClient) newRequest(body []byte) *fasthttp.Request {
 	req.SetRequestURI(ChatPath)
 	req.Header.SetHost(c.addr)
 	req.Header.SetContentType("application/json")
+	if c.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.apiKey)
+	}
 	req.SetBodyRaw(body)
 	return req
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -25,6 +26,8 @@ func newControllerCmd() *cobra.Command {
 		opts             controller.Options
 		logLevel         string
 		metricsTokenFile string
+		envErrs          []error // settings in the environment that do not parse
+		bufferedMB       int
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -48,6 +51,9 @@ Every other command starts it in the background when it is not running, so you r
 			"  ferry controller status\n  ferry controller stop",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := errors.Join(envErrs...); err != nil {
+				return err
+			}
 			h, err := home.Default()
 			if err != nil {
 				return err
@@ -62,6 +68,7 @@ Every other command starts it in the background when it is not running, so you r
 					return fmt.Errorf("--metrics-token-file: %w", err)
 				}
 			}
+			opts.ClientLimits.MaxBufferedBodyBytes = int64(bufferedMB) << 20
 			opts.Home = h
 			opts.Version = version()
 			opts.Logger = log
@@ -94,6 +101,12 @@ Every other command starts it in the background when it is not running, so you r
 		"admin listener for Prometheus /metrics and /healthz, host:port; empty or \"off\" to disable ($FERRY_METRICS_ADDR)")
 	f.StringVar(&metricsTokenFile, "metrics-token-file", os.Getenv("FERRY_METRICS_TOKEN_FILE"),
 		"require the token in this file as \"Authorization: Bearer\" on /metrics; /healthz stays open ($FERRY_METRICS_TOKEN_FILE)")
+	f.IntVar(&opts.ClientLimits.MaxConnections, "max-connections", envInt("FERRY_MAX_CONNECTIONS", &envErrs),
+		"refuse client connections beyond this many open at once over every service endpoint and the gateway, with 503 (0: half the file-descriptor limit; $FERRY_MAX_CONNECTIONS)")
+	f.IntVar(&opts.ClientLimits.MaxConnectionsPerAddr, "max-connections-per-ip", envInt("FERRY_MAX_CONNECTIONS_PER_IP", &envErrs),
+		"refuse a client address's connections beyond this many open at once, with 429 (0: no cap; $FERRY_MAX_CONNECTIONS_PER_IP)")
+	f.IntVar(&bufferedMB, "max-buffered-body-mb", envInt("FERRY_MAX_BUFFERED_BODY_MB", &envErrs),
+		"request bodies being read at once, in MiB by their announced length; beyond it 503 at the request's headers (0: 512; $FERRY_MAX_BUFFERED_BODY_MB)")
 	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
 	return cmd
 }
@@ -105,6 +118,20 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// envInt is envOr for an integer setting, 0 when unset; a value that is not an integer is added
+// to errs, for the command to report.
+func envInt(name string, errs *[]error) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("$%s %q: want an integer", name, v))
+	}
+	return n
 }
 
 func newLogger(level string) (*zap.Logger, error) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -49,6 +50,9 @@ type proxyFlags struct {
 	rateLimit        float64
 	rateBurst        int
 	accessLog        bool
+	maxConns         int
+	maxConnsPerIP    int
+	maxBufferedMB    int
 	// attach is the service to follow through the controller; empty for a fixed replica list.
 	attach string
 	// set tells which of attachConflicts were given on the command line.
@@ -71,6 +75,8 @@ type proxyOptions struct {
 	// metricsToken, when set, is the bearer token /metrics requires.
 	metricsToken string
 	accessLog    bool
+	// clientLimits are the process's, shared by its listeners (proxy.Guard).
+	clientLimits proxy.ClientLimits
 	// attach is the service followed through the controller (attach.go); service then holds
 	// only what the command line sets (name, TLS) and backends is empty.
 	attach string
@@ -108,6 +114,12 @@ Prometheus scrape config sends it with authorization: {credentials_file: FILE});
 open. --access-log
 writes one line per request (sampled under load: each second the first 100, then every 100th)
 with its id, path, status, replica and timings, never headers, query strings or bodies.
+
+A request without a valid API key is refused as soon as its headers arrive, before its body
+is read. --max-connections (default: half the process's file-descriptor limit) and
+--max-connections-per-ip (default: off, right behind a load balancer) cap client connections;
+--max-buffered-body-mb caps the request bodies being read at once, by their announced length.
+These hold with or without --attach.
 
 SIGINT or SIGTERM stops accepting connections and waits up to --shutdown-timeout for requests in
 flight, streams included, to finish.`
@@ -159,7 +171,12 @@ func newProxyCmd() *cobra.Command {
 			return runProxy(ctx, opts, log)
 		},
 	}
-	fl := cmd.Flags()
+	f.define(cmd.Flags())
+	return cmd
+}
+
+// define declares the flags of `ferry proxy` on fl.
+func (f *proxyFlags) define(fl *pflag.FlagSet) {
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:8000", "address to serve on, host:port")
 	fl.StringVar(&f.name, "name", "default", "service name, shown in errors and logs")
 	fl.StringVar(&f.policy, "policy", policy.Default, "load balancing policy: "+strings.Join(policy.Names(), ", "))
@@ -180,8 +197,10 @@ func newProxyCmd() *cobra.Command {
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve Prometheus /metrics and /healthz on this address, host:port (default: off)")
 	fl.StringVar(&f.metricsTokenFile, "metrics-token-file", "", "require this file's token as \"Authorization: Bearer\" on /metrics (/healthz stays open)")
 	fl.BoolVar(&f.accessLog, "access-log", false, "log one line per request (sampled under load)")
+	fl.IntVar(&f.maxConns, "max-connections", 0, "refuse client connections beyond this many open at once, with 503 (0: half the process's file-descriptor limit)")
+	fl.IntVar(&f.maxBufferedMB, "max-buffered-body-mb", proxy.DefaultMaxBufferedBodyBytes>>20, "request bodies being read at once, in MiB by their announced length; beyond it 503 at the request's headers")
+	fl.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "refuse a client address's connections beyond this many open at once, with 429 (0: no cap; leave it off behind a load balancer)")
 	fl.StringVar(&f.attach, "attach", "", "follow this service of the controller in FERRY_HOME instead of fixed replicas")
-	return cmd
 }
 
 // parse validates the flags and reports every problem at once.
@@ -230,6 +249,7 @@ func (f proxyFlags) parseServing(opts *proxyOptions) []error {
 	if f.shutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout %v: must not be negative", f.shutdownTimeout))
 	}
+	errs = append(errs, f.parseClientLimits(opts)...)
 	if (f.tlsCert == "") != (f.tlsKey == "") {
 		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
 	} else if f.tlsCert != "" {
@@ -239,6 +259,26 @@ func (f proxyFlags) parseServing(opts *proxyOptions) []error {
 		}
 		opts.service.TLS = cfg
 	}
+	return errs
+}
+
+// maxBufferedBodyMB bounds --max-buffered-body-mb: 1 TiB is far beyond any machine's memory.
+const maxBufferedBodyMB = 1 << 20
+
+// parseClientLimits checks the process-wide caps on clients, which hold with or without --attach.
+func (f proxyFlags) parseClientLimits(opts *proxyOptions) []error {
+	var errs []error
+	if f.maxConns < 0 {
+		errs = append(errs, fmt.Errorf("--max-connections %d: must not be negative", f.maxConns))
+	}
+	if f.maxConnsPerIP < 0 {
+		errs = append(errs, fmt.Errorf("--max-connections-per-ip %d: must not be negative", f.maxConnsPerIP))
+	}
+	if f.maxBufferedMB < 0 || f.maxBufferedMB > maxBufferedBodyMB {
+		errs = append(errs, fmt.Errorf("--max-buffered-body-mb %d: want 1 to %d (0: the default)", f.maxBufferedMB, maxBufferedBodyMB))
+	}
+	opts.clientLimits = proxy.ClientLimits{MaxConnections: f.maxConns, MaxConnectionsPerAddr: f.maxConnsPerIP,
+		MaxBufferedBodyBytes: int64(f.maxBufferedMB) << 20}
 	return errs
 }
 
@@ -442,10 +482,16 @@ func serveProxy(ctx context.Context, opts proxyOptions, ln, adminLn net.Listener
 }
 
 // proxyBaseConfig is the part of a service's proxy configuration that comes from the command
-// line: name, TLS, logs and metrics (served on adminLn unless it is nil). stop ends the admin
-// listener.
+// line: name, TLS, the process's client limits, logs and metrics (served on adminLn unless it is
+// nil). stop ends the admin listener.
 func proxyBaseConfig(opts proxyOptions, adminLn net.Listener, log *zap.Logger) (cfg proxy.ServiceConfig, stop func(), err error) {
 	cfg = opts.service
+	if cfg.Guard, err = proxy.NewGuard(opts.clientLimits); err != nil {
+		if adminLn != nil {
+			adminLn.Close()
+		}
+		return cfg, nil, err
+	}
 	cfg.Logger = log
 	if opts.accessLog {
 		cfg.AccessLog = log.Named("access")

@@ -24,7 +24,7 @@ func TestProxyFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := proxyFlags{listen: "127.0.0.1:8000", name: "svc", policy: "least_load", replicas: []string{"127.0.0.1:9001"},
-		maxBodyMB: 32, idleTimeout: time.Minute}
+		maxBodyMB: 32, idleTimeout: time.Minute, maxBufferedMB: 512}
 	tests := map[string]struct {
 		edit    func(*proxyFlags)
 		check   func(*testing.T, proxyOptions)
@@ -103,7 +103,17 @@ func TestProxyFlags(t *testing.T) {
 				}
 			},
 		},
-		"negative streams":               {edit: func(f *proxyFlags) { f.maxStreams = -1 }, wantErr: "--max-concurrent-streams -1"},
+		"negative streams": {edit: func(f *proxyFlags) { f.maxStreams = -1 }, wantErr: "--max-concurrent-streams -1"},
+		"connection caps": {
+			edit: func(f *proxyFlags) { f.maxConns, f.maxConnsPerIP, f.maxBufferedMB = 500, 20, 64 },
+			check: func(t *testing.T, o proxyOptions) {
+				if o.clientLimits != (proxy.ClientLimits{MaxConnections: 500, MaxConnectionsPerAddr: 20, MaxBufferedBodyBytes: 64 << 20}) {
+					t.Errorf("client limits %+v", o.clientLimits)
+				}
+			},
+		},
+		"negative connection caps":       {edit: func(f *proxyFlags) { f.maxConns, f.maxConnsPerIP = -1, -1 }, wantErr: "--max-connections-per-ip -1"},
+		"no body budget":                 {edit: func(f *proxyFlags) { f.maxBufferedMB = -1 }, wantErr: "--max-buffered-body-mb -1"},
 		"rate too slow":                  {edit: func(f *proxyFlags) { f.rateLimit = 0.0001 }, wantErr: "--rate-limit 0.0001"},
 		"burst without rate":             {edit: func(f *proxyFlags) { f.rateBurst = 3 }, wantErr: "--rate-limit-burst: goes with --rate-limit"},
 		"attach with rate limit":         {edit: func(f *proxyFlags) { f.replicas, f.attach, f.set = nil, "llama", map[string]bool{"rate-limit": true} }, wantErr: "--rate-limit does not go with --attach"},

@@ -78,6 +78,9 @@ type Options struct {
 	// BlockFor is how long a location that had no capacity is skipped; 0 is
 	// provision.DefaultBlockFor.
 	BlockFor time.Duration
+	// ClientLimits cap the client connections and the request bodies being read over every
+	// service endpoint and the gateway together (proxy.Guard); zero values are the defaults.
+	ClientLimits proxy.ClientLimits
 }
 
 // DefaultGatewayAddr is the gateway's address unless configured: the port just below the
@@ -163,6 +166,8 @@ type Controller struct {
 
 	gateway     *proxy.Gateway
 	gatewayAddr string // bound address, empty without a gateway
+	// guard applies ClientLimits to every service endpoint and the gateway.
+	guard *proxy.Guard
 
 	// registry holds the controller's metrics; metrics are the proxy metrics in it, shared by
 	// every service and the gateway. They are served on metricsAddr until stopAdmin (nil and
@@ -298,6 +303,11 @@ func (c *Controller) openState() (closeState func(), err error) {
 
 // startServing starts the metrics listener and the gateway, then restores every stored service.
 func (c *Controller) startServing() error {
+	guard, err := proxy.NewGuard(c.opts.ClientLimits)
+	if err != nil {
+		return err
+	}
+	c.guard = guard
 	if err := c.initMetrics(); err != nil {
 		return err
 	}

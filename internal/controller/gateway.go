@@ -15,6 +15,7 @@ import (
 func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.ServiceConfig, error) {
 	cfg := attach.ProxyConfigFor(svc).Apply(proxy.ServiceConfig{
 		Name:      name,
+		Guard:     c.guard,
 		Logger:    c.log.Named("proxy"), // the proxy adds the service
 		Metrics:   c.metrics,
 		AccessLog: c.log.Named("access"),
@@ -38,6 +39,7 @@ func (c *Controller) startGateway() error {
 		return err
 	}
 	c.gateway = proxy.NewGateway(proxy.GatewayConfig{
+		Guard:     c.guard,
 		Logger:    c.log.Named("gateway"),
 		Metrics:   c.metrics,
 		AccessLog: c.log.Named("access"),
