@@ -8,7 +8,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,6 +25,11 @@ const (
 	LabelReplicaID = "ferry.replica-id"
 	// LabelOwner marks instances made by Ferry at all.
 	LabelOwner = "ferry.managed"
+	// LabelJob is the job id on every node of a job; LabelAttempt counts its launches (1 first,
+	// +1 per recovery or restart), so that a restarted controller tells the current gang from
+	// the leftovers of an earlier one.
+	LabelJob     = "ferry.job"
+	LabelAttempt = "ferry.attempt"
 )
 
 // Spec is one instance to launch: what to run on it and how to recognise it later.
@@ -51,7 +58,51 @@ type Spec struct {
 	// (SpotHedge): it maps the caller's live spot instances (ids) to their ZoneKey, and zones
 	// holding fewer are tried first.
 	Spread map[string]string
+	// Job is set for a node of a job (nil for a service replica): what differs for a program
+	// that is meant to end.
+	Job *JobSpec
 }
+
+// JobSpec is what a job's node needs beyond a replica's.
+type JobSpec struct {
+	// Priority orders a provider's own scheduling where it has one (a Kubernetes
+	// PriorityClass): services run at ServingPriority; a job at or above it is never preempted
+	// for a service.
+	Priority int
+	// Preemptible says serving may take the node back: it then gets SIGTERM and Grace to
+	// checkpoint before it is stopped.
+	Preemptible bool
+	// Grace is how long the program has between SIGTERM and SIGKILL when stopped by anyone.
+	Grace time.Duration
+	// CheckpointDir is where the program keeps what must survive a recovery; the provider
+	// mounts or creates it and tells the program through EnvCheckpointDir. Its meaning per
+	// infra: local, a directory under FERRY_HOME; Kubernetes, a PersistentVolumeClaim named
+	// CheckpointClaim; clouds, see the provider.
+	CheckpointDir string
+	// CheckpointClaim names the job's PersistentVolumeClaim on Kubernetes.
+	CheckpointClaim string
+	// NodeIPs are the gang's addresses, rank 0 first, when they are known before launch (a
+	// provider's own LaunchGang fixes them, e.g. local loopback addresses). Otherwise the
+	// provider sets NodeIPsCommand.
+	NodeIPs []string
+	// NodeIPsCommand is a shell command that prints the gang's addresses one per line, rank 0
+	// first, once every node exists, and fails (or prints nothing) before: RenderScript waits
+	// for it before setup. Providers whose nodes learn their peers only after launch (pod IPs,
+	// VM private IPs) set it: a downward-API file, the instance metadata server.
+	NodeIPsCommand string
+}
+
+// ServingPriority is the priority of service replicas where an infra schedules by priority.
+// Jobs default below it (DefaultJobPriority), so serving wins unless a job says otherwise.
+const (
+	ServingPriority    = 1000
+	DefaultJobPriority = 500
+)
+
+// ExitSetupFailed is the exit status a job's node reports when its setup failed (the setup's
+// own status is in the log line before it): it tells FAILED_SETUP from a failing run. A run
+// that exits with it is taken for a setup failure; the number is unusual enough to be rare.
+const ExitSetupFailed = 223
 
 // ZoneKey names a zone across infras for spreading and blocking: "aws/use1-az4",
 // "gcp/us-central1-a"; the region where an infra has no zones, the infra alone where it has
@@ -109,6 +160,20 @@ type Instance struct {
 	LaunchedAt   time.Time `json:"launched_at"`
 	// Reason says why an instance ended (exit status, preemption notice), when known.
 	Reason string `json:"reason,omitempty"`
+	// ExitCode is the program's exit status once it ended by itself (State Terminated);
+	// nil while it runs, or when it was stopped, lost or preempted rather than exiting.
+	ExitCode *int `json:"exit_code,omitempty"`
+	// IP is the address other nodes of a gang reach this one at (a private IP, a pod IP, a
+	// loopback address on local); "" until known.
+	IP string `json:"ip,omitempty"`
+}
+
+// Exited reports whether the instance's program ended by itself, and with which status.
+func (i Instance) Exited() (int, bool) {
+	if i.ExitCode == nil {
+		return 0, false
+	}
+	return *i.ExitCode, true
 }
 
 // Provider is the one interface every infra implements. Extra abilities (spot notices, logs,
@@ -159,6 +224,20 @@ type Checker interface {
 type LogSource interface {
 	// LogPath returns a local file holding the instance's stdout and stderr.
 	LogPath(id string) (string, error)
+}
+
+// LogStreamer is an optional Provider capability for infras that keep an instance's output
+// where only their API reads it (a pod's log through the API server, a VM's console output).
+type LogStreamer interface {
+	// StreamLogs writes the instance's output to w: the last opts.Tail lines (all when
+	// negative), then with opts.Follow what follows until the instance ends or ctx ends.
+	StreamLogs(ctx context.Context, id string, opts LogOptions, w io.Writer) error
+}
+
+// LogOptions select what StreamLogs writes.
+type LogOptions struct {
+	Tail   int
+	Follow bool
 }
 
 // LogHinter is an optional Provider capability for infras that keep an instance's output
@@ -228,6 +307,14 @@ func GangName(name string, rank, n int) string {
 const (
 	EnvNodeRank = "SKYPILOT_NODE_RANK"
 	EnvNumNodes = "SKYPILOT_NUM_NODES"
+	// EnvNodeIPs lists the gang's addresses, one per line, rank 0 first.
+	EnvNodeIPs         = "SKYPILOT_NODE_IPS"
+	EnvNumGPUsPerNode  = "SKYPILOT_NUM_GPUS_PER_NODE"
+	EnvTaskID          = "SKYPILOT_TASK_ID"
+	EnvSetupNodeRank   = "SKYPILOT_SETUP_NODE_RANK"
+	EnvSetupNodeIPs    = "SKYPILOT_SETUP_NODE_IPS"
+	EnvCheckpointDir   = "FERRY_CHECKPOINT_DIR"
+	EnvPreemptionGrace = "FERRY_PREEMPTION_GRACE_SECONDS"
 	// LabelNodeRank is the node's rank among its gang.
 	LabelNodeRank = "ferry.node-rank"
 )
@@ -305,7 +392,12 @@ func GangNode(spec Spec, rank, n int) Spec {
 		s.Envs[k] = v
 	}
 	s.Envs[EnvNodeRank] = strconv.Itoa(rank)
+	s.Envs[EnvSetupNodeRank] = strconv.Itoa(rank)
 	s.Envs[EnvNumNodes] = strconv.Itoa(n)
+	if spec.Job != nil && len(spec.Job.NodeIPs) > 0 {
+		ips := strings.Join(spec.Job.NodeIPs, "\n")
+		s.Envs[EnvNodeIPs], s.Envs[EnvSetupNodeIPs] = ips, ips
+	}
 	return s
 }
 

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -468,6 +469,19 @@ func (p *Provisioner) LogPath(id string) (string, error) {
 		return "", fmt.Errorf("%w: %s keeps no local log for %s; read it with: %s", launcher.ErrNotFound, infraOf(id), id, h.LogHint(id))
 	}
 	return "", fmt.Errorf("%w: %s keeps no local log for %s", launcher.ErrNotFound, infraOf(id), id)
+}
+
+// StreamLogs reads an instance's output through its infra's API, for infras that keep it
+// there (Kubernetes, clouds); infras with a local file answer through LogPath instead.
+func (p *Provisioner) StreamLogs(ctx context.Context, id string, opts launcher.LogOptions, w io.Writer) error {
+	prov, err := p.owner(id)
+	if err != nil {
+		return err
+	}
+	if ls, ok := prov.(launcher.LogStreamer); ok {
+		return ls.StreamLogs(ctx, id, opts, w)
+	}
+	return fmt.Errorf("%w: %s cannot stream the output of %s", launcher.ErrNotFound, infraOf(id), id)
 }
 
 // Rank orders infras for scale-down: the position of the infra among the planner's choices
