@@ -234,6 +234,13 @@ type LogStreamer interface {
 	StreamLogs(ctx context.Context, id string, opts LogOptions, w io.Writer) error
 }
 
+// JobCleaner is an optional Provider capability: release what a job held beyond its
+// instances (its checkpoint PersistentVolumeClaim) once the job has ended for good. job is the
+// LabelJob value; cleaning a job that holds nothing is not an error.
+type JobCleaner interface {
+	CleanupJob(ctx context.Context, job string) error
+}
+
 // LogOptions select what StreamLogs writes.
 type LogOptions struct {
 	Tail   int

@@ -484,6 +484,19 @@ func (p *Provisioner) StreamLogs(ctx context.Context, id string, opts launcher.L
 	return fmt.Errorf("%w: %s cannot stream the output of %s", launcher.ErrNotFound, infraOf(id), id)
 }
 
+// CleanupJob asks every infra that keeps something of a job beyond its instances to release it.
+func (p *Provisioner) CleanupJob(ctx context.Context, job string) error {
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(p.infras)) {
+		if c, ok := p.infras[name].(launcher.JobCleaner); ok {
+			if err := c.CleanupJob(ctx, job); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Rank orders infras for scale-down: the position of the infra among the planner's choices
 // for r (lower is preferred, kept longer); an infra the plan does not name ranks last.
 func (p *Provisioner) Rank(ctx context.Context, r configs.Resources) (map[string]int, error) {
