@@ -77,7 +77,7 @@ func TestParseErrors(t *testing.T) {
 		},
 		"unknown key lists valid keys": {
 			yaml: "run: serve\ncolour: blue\n",
-			want: []wantErr{{2, 1, "colour", `unknown field "colour" (valid fields: name, workdir, num_nodes, resources, envs, secrets, file_mounts, setup, run, service)`}},
+			want: []wantErr{{2, 1, "colour", `unknown field "colour" (valid fields: name, workdir, num_nodes, resources, envs, secrets, file_mounts, setup, run, service, job)`}},
 		},
 		"unknown key deep inside": {
 			yaml: svc + "  replica_policy:\n    min_replicas: 1\n    max_replica: 2\n",
@@ -160,19 +160,19 @@ func TestParseErrors(t *testing.T) {
 		},
 		"empty run": {
 			yaml: "run: \"\"\n",
-			want: []wantErr{{1, 6, "run", "required: the command that starts the server"}},
+			want: []wantErr{{1, 6, "run", "required: the command the task runs (a service's starts its server)"}},
 		},
 		"blank run": {
 			yaml: "run: |\n  \n\nname: x\n",
-			want: []wantErr{{1, 6, "run", "required: the command that starts the server"}},
+			want: []wantErr{{1, 6, "run", "required: the command the task runs (a service's starts its server)"}},
 		},
 		"missing run": {
 			yaml: "name: api\n",
-			want: []wantErr{{1, 1, "run", "required: the command that starts the server"}},
+			want: []wantErr{{1, 1, "run", "required: the command the task runs (a service's starts its server)"}},
 		},
 		"null run": {
 			yaml: "run:\n",
-			want: []wantErr{{1, 1, "run", "required: the command that starts the server"}},
+			want: []wantErr{{1, 1, "run", "required: the command the task runs (a service's starts its server)"}},
 		},
 		"non-positive target": {
 			yaml: svc + "  replica_policy:\n    min_replicas: 1\n    max_replicas: 3\n    target_qps_per_replica: 0\n",

@@ -135,7 +135,7 @@ func (c *checker) syntaxError(err error) {
 	c.errs = append(c.errs, e)
 }
 
-var taskKeys = []string{"name", "workdir", "num_nodes", "resources", "envs", "secrets", "file_mounts", "setup", "run", "service"}
+var taskKeys = []string{"name", "workdir", "num_nodes", "resources", "envs", "secrets", "file_mounts", "setup", "run", "service", "job"}
 
 // nameRE is a DNS label: names become hostnames, Kubernetes object names and URL parts.
 var nameRE = regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
@@ -187,7 +187,7 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 	if e, ok := f["resources"]; ok {
 		resNode = e.value
 	}
-	res := c.resources(resNode, hasService)
+	res, recovery := c.resources(resNode, hasService)
 	t.Resources = res
 
 	t.Envs = c.envs(f, "envs", ov.Envs, nil)
@@ -220,19 +220,30 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 	if e, ok := f["run"]; ok {
 		if s, ok := c.str(e.value, "run"); ok {
 			if isBlank(s) {
-				c.errorf(e.value, "run", "required: the command that starts the server (got an empty string)")
+				c.errorf(e.value, "run", "required: the command the task runs (a service's starts its server) (got an empty string)")
 			}
 			t.Run = s
 		}
 	} else {
-		c.errorf(root, "run", "required: the command that starts the server")
+		c.errorf(root, "run", "required: the command the task runs (a service's starts its server)")
 	}
 
+	jobEntry, hasJob := f["job"]
 	if hasService {
 		t.Service = c.service(svcEntry, res, t.Envs, t.Secrets)
 		if t.NumNodes != 1 {
 			c.errorf(numNodes.value, "num_nodes", "a service runs one node per replica; got num_nodes %d (scale with replicas instead)", t.NumNodes)
 		}
+		if hasJob {
+			c.errorf(jobEntry.keyNode, "job", "a service has no job section: priorities and recovery are for tasks without service:")
+		}
+	} else {
+		var je *entry
+		if hasJob {
+			je = &jobEntry
+		}
+		job := c.job(je, recovery)
+		t.Job = &job
 	}
 	return t
 }

@@ -291,6 +291,10 @@ run: x
 				t.Fatalf("Parse: %v", err)
 			}
 			tc.want.Source = "task.yaml"
+			if tc.want.Service == nil && tc.want.Job == nil {
+				j := DefaultJob() // a task without service: is a job
+				tc.want.Job = &j
+			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("task mismatch (-want +got):\n%s", diff)
 			}

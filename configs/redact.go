@@ -34,6 +34,11 @@ func (t *Task) Redacted() *Task {
 			out.Secrets[k] = RedactedValue
 		}
 	}
+	if t.Job != nil {
+		j := *t.Job
+		j.Recovery.RecoverOnExitCodes = slices.Clone(j.Recovery.RecoverOnExitCodes)
+		out.Job = &j
+	}
 	if t.Service != nil {
 		s := *t.Service
 		s.ReplicaPolicy.TargetQPSPerAccelerator = maps.Clone(s.ReplicaPolicy.TargetQPSPerAccelerator)
@@ -189,6 +194,11 @@ func (t *Task) ResolvedYAML() ([]byte, error) {
 		}
 		doc.Service = rs
 	}
+	if j := r.Job; j != nil {
+		doc.Job = &resolvedJob{Priority: j.Priority, Preemptible: j.Preemptible, GracePeriodSeconds: j.GracePeriodSeconds}
+		rec := j.Recovery
+		doc.Resources.JobRecovery = &resolvedRecovery{Strategy: rec.Strategy, MaxRestartsOnErrors: rec.MaxRestartsOnErrors, RecoverOnExitCodes: rec.RecoverOnExitCodes}
+	}
 	var buf bytes.Buffer
 	buf.WriteString("# Resolved by Ferry: defaults filled in, secrets redacted.\n")
 	enc := yaml.NewEncoder(&buf)
@@ -240,6 +250,19 @@ type resolvedTask struct {
 	Setup      text              `yaml:"setup,omitempty"`
 	Run        text              `yaml:"run"`
 	Service    *resolvedService  `yaml:"service,omitempty"`
+	Job        *resolvedJob      `yaml:"job,omitempty"`
+}
+
+type resolvedJob struct {
+	Priority           int  `yaml:"priority"`
+	Preemptible        bool `yaml:"preemptible"`
+	GracePeriodSeconds int  `yaml:"grace_period_seconds"`
+}
+
+type resolvedRecovery struct {
+	Strategy            string `yaml:"strategy"`
+	MaxRestartsOnErrors int    `yaml:"max_restarts_on_errors"`
+	RecoverOnExitCodes  []int  `yaml:"recover_on_exit_codes,omitempty,flow"`
 }
 
 type resolvedResources struct {
@@ -253,6 +276,7 @@ type resolvedResources struct {
 	DiskSize     int                 `yaml:"disk_size,omitempty"`
 	AnyOf        []resolvedResources `yaml:"any_of,omitempty"`
 	Ordered      []resolvedResources `yaml:"ordered,omitempty"`
+	JobRecovery  *resolvedRecovery   `yaml:"job_recovery,omitempty"`
 }
 
 func toResolvedResources(r Resources) resolvedResources {

@@ -11,7 +11,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered"}
+var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered", "job_recovery"}
 
 // infraClouds are the first segments `infra` accepts ("*" means anywhere Ferry can launch).
 var infraClouds = []string{InfraLocal, "kubernetes", "k8s", "aws", "gcp", "*"}
@@ -130,9 +130,13 @@ type resourceSpec struct {
 
 // resources reads the `resources:` block (n may be nil) and resolves alternatives and the
 // default infra. isService turns on the rule that every candidate agrees on use_spot.
-func (c *checker) resources(n *yaml.Node, isService bool) Resources {
+func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 	const field = "resources"
 	top, f := c.resourceSpec(n, field)
+	var recovery *entry
+	if e, ok := f["job_recovery"]; ok {
+		recovery = &e
+	}
 	var anyOf, ordered []resourceSpec
 	if e, ok := f["any_of"]; ok {
 		anyOf = c.alternatives(e, joinField(field, "any_of"))
@@ -160,7 +164,7 @@ func (c *checker) resources(n *yaml.Node, isService bool) Resources {
 		c.checkSpotAgreement(&r, "any_of", anyOf, r.AnyOf)
 		c.checkSpotAgreement(&r, "ordered", ordered, r.Ordered)
 	}
-	return r
+	return r, recovery
 }
 
 // mergeAll resolves each alternative against the top-level fields. An alternative that
@@ -258,6 +262,9 @@ func (c *checker) alternatives(e entry, field string) []resourceSpec {
 			if nested, ok := f[k]; ok {
 				c.errorf(nested.keyNode, joinField(itemField, k), "alternatives cannot be nested: list every alternative at the top level")
 			}
+		}
+		if jr, ok := f["job_recovery"]; ok {
+			c.errorf(jr.keyNode, joinField(itemField, "job_recovery"), "job_recovery applies to the whole job: set it once, at the top of resources")
 		}
 		out = append(out, spec)
 	}

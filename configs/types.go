@@ -26,6 +26,8 @@ type Task struct {
 	Run string `json:"run"`
 	// Service is nil for a job.
 	Service *Service `json:"service,omitempty"`
+	// Job is set, defaults filled, for a job (no Service), and nil for a service.
+	Job *Job `json:"job,omitempty"`
 	// Source is the file the task was read from, for messages.
 	Source string `json:"-"`
 }
