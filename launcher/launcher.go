@@ -326,15 +326,30 @@ const (
 	LabelNodeRank = "ferry.node-rank"
 )
 
+// GangPreparer is an optional Provider capability for infras that can fix a gang's
+// addresses before launching it (local: a loopback address per node), so that every node
+// finds its peers in its environment (JobSpec.NodeIPs) and needs no NodeIPsCommand.
+type GangPreparer interface {
+	PrepareGang(spec Spec, n int) (Spec, error)
+}
+
 // LaunchGang launches n instances of spec, all or none: the provider's own GangLauncher when
-// it has one, else n concurrent Launch calls, terminating every launched instance if any
-// fails. Each node gets its rank in its labels and environment.
+// it has one, else n concurrent Launch calls (after PrepareGang where the provider has it),
+// terminating every launched instance if any fails. Each node gets its rank in its labels and
+// environment.
 func LaunchGang(ctx context.Context, p Provider, spec Spec, n int) ([]Instance, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("%w: a gang needs at least one node, got %d", ErrInvalid, n)
 	}
 	if g, ok := p.(GangLauncher); ok {
 		return g.LaunchGang(ctx, spec, n)
+	}
+	if g, ok := p.(GangPreparer); ok {
+		prepared, err := g.PrepareGang(spec, n)
+		if err != nil {
+			return nil, err
+		}
+		spec = prepared
 	}
 	return LaunchEach(ctx, p, spec, n)
 }

@@ -32,7 +32,7 @@ func BaseEnv(name string) bool {
 // environ builds the replica's environment: the controller's BaseEnv variables, with
 // PathPrepend first on PATH, then spec.Envs, then FERRY_PORT and FERRY_HOST, which the
 // provider owns.
-func (p *Provider) environ(spec launcher.Spec, port int) []string {
+func (p *Provider) environ(spec launcher.Spec, host string, port int) []string {
 	var env []string
 	path := ""
 	for _, kv := range os.Environ() {
@@ -52,6 +52,9 @@ func (p *Provider) environ(spec launcher.Spec, port int) []string {
 	for _, k := range slices.Sorted(maps.Keys(spec.Envs)) {
 		env = append(env, k+"="+spec.Envs[k])
 	}
+	if spec.Job != nil && spec.Job.CheckpointDir != "" {
+		env = append(env, launcher.EnvCheckpointDir+"="+spec.Job.CheckpointDir)
+	}
 	// exec.Cmd keeps the last value of a duplicated key, so these win.
-	return append(env, "FERRY_PORT="+strconv.Itoa(port), "FERRY_HOST="+p.opts.Host)
+	return append(env, "FERRY_PORT="+strconv.Itoa(port), "FERRY_HOST="+host)
 }

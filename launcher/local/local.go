@@ -148,9 +148,17 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	if err != nil {
 		return launcher.Instance{}, err
 	}
-	port, err := p.allocatePort()
+	host, err := p.nodeHost(spec)
 	if err != nil {
 		return launcher.Instance{}, err
+	}
+	port := spec.Port
+	if host == p.opts.Host || port == 0 {
+		// Replicas share one address, so each needs a port of its own; a job's node has an
+		// address of its own and keeps the task's port, as it would on a machine of its own.
+		if port, err = p.allocatePort(host); err != nil {
+			return launcher.Instance{}, err
+		}
 	}
 	dir := filepath.Join(p.opts.Dir, id)
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -163,7 +171,13 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 			return launcher.Instance{}, fmt.Errorf("create working directory: %w", err)
 		}
 	}
-	inst, err := p.start(dir, work, id, port, spec)
+	if spec.Job != nil && spec.Job.CheckpointDir != "" {
+		if err := os.MkdirAll(spec.Job.CheckpointDir, 0o700); err != nil {
+			_ = os.RemoveAll(dir)
+			return launcher.Instance{}, fmt.Errorf("create checkpoint directory: %w", err)
+		}
+	}
+	inst, err := p.start(dir, work, id, host, port, spec)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		if work != spec.Workdir {
@@ -177,7 +191,7 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 }
 
 // start runs spec's script from dir in the working directory work.
-func (p *Provider) start(dir, work, id string, port int, spec launcher.Spec) (launcher.Instance, error) {
+func (p *Provider) start(dir, work, id, host string, port int, spec launcher.Spec) (launcher.Instance, error) {
 	script := filepath.Join(dir, scriptFile)
 	if err := os.WriteFile(script, []byte(launcher.RenderScript(spec)), 0o600); err != nil {
 		return launcher.Instance{}, fmt.Errorf("write run script: %w", err)
@@ -189,8 +203,14 @@ func (p *Provider) start(dir, work, id string, port int, spec launcher.Spec) (la
 	defer out.Close() // the child holds its own descriptor
 
 	cmd := exec.Command("bash", script)
+	if spec.Job != nil {
+		// A job's status must outlive this controller: the wrapper writes it where a later
+		// one reads it. A node killed by a signal writes nothing: it did not end by itself.
+		cmd = exec.Command("bash", "-c", `bash "$0"; rc=$?; printf '%d\n' "$rc" > "$1.tmp" && mv "$1.tmp" "$1"; exit "$rc"`,
+			script, filepath.Join(dir, exitStatusFile))
+	}
 	cmd.Dir = work
-	cmd.Env = p.environ(spec, port)
+	cmd.Env = p.environ(spec, host, port)
 	cmd.Stdin = nil // /dev/null
 	cmd.Stdout = out
 	cmd.Stderr = out
@@ -219,8 +239,14 @@ func (p *Provider) start(dir, work, id string, port int, spec launcher.Spec) (la
 		PID:        pid,
 		PGID:       pid,
 		StartTime:  st.StartTime,
-		Endpoint:   net.JoinHostPort(p.opts.Host, strconv.Itoa(port)),
+		Endpoint:   net.JoinHostPort(host, strconv.Itoa(port)),
 		LaunchedAt: time.Now().UTC(),
+	}
+	if spec.Job != nil {
+		meta.Job, meta.StopGrace = true, spec.Job.Grace
+		if host != p.opts.Host {
+			meta.Host = host
+		}
 	}
 	if work != spec.Workdir {
 		meta.WorkDir = work
@@ -242,8 +268,12 @@ func (p *Provider) start(dir, work, id string, port int, spec launcher.Spec) (la
 func (p *Provider) wait(dir string, cmd *exec.Cmd, c *child) {
 	err := cmd.Wait()
 	reason := "process exited"
+	var code *int
 	if cmd.ProcessState != nil {
 		reason = cmd.ProcessState.String()
+		if c := cmd.ProcessState.ExitCode(); c >= 0 {
+			code = &c
+		}
 	} else if err != nil {
 		reason = err.Error()
 	}
@@ -258,6 +288,7 @@ func (p *Provider) wait(dir string, cmd *exec.Cmd, c *child) {
 	}
 	if meta.ExitReason == "" {
 		meta.ExitReason = reason
+		meta.ExitCode = code
 		meta.ExitedAt = time.Now().UTC()
 		if err := saveMetadata(dir, meta); err != nil {
 			p.log.Warn("record exit status", zap.String("instance", meta.ID), zap.Error(err))
@@ -292,7 +323,11 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 			continue
 		}
 		state, reason := p.state(meta)
-		out = append(out, p.instance(meta, state, reason))
+		inst := p.instance(meta, state, reason)
+		if state == launcher.StateTerminated {
+			inst.ExitCode = p.exitCode(meta)
+		}
+		out = append(out, inst)
 	}
 	return out, nil
 }
@@ -382,7 +417,11 @@ func (p *Provider) stopGroup(ctx context.Context, meta *metadata) error {
 	if err := signalGroup(meta.PGID, syscall.SIGTERM); err != nil {
 		return err
 	}
-	if waitGone(ctx, meta, p.opts.StopGrace) {
+	grace := p.opts.StopGrace
+	if meta.StopGrace > 0 {
+		grace = meta.StopGrace
+	}
+	if waitGone(ctx, meta, grace) {
 		return nil
 	}
 	if err := signalGroup(meta.PGID, syscall.SIGKILL); err != nil {
@@ -449,7 +488,12 @@ func (p *Provider) LogPath(id string) (string, error) {
 }
 
 func (p *Provider) instance(meta *metadata, state launcher.State, reason string) launcher.Instance {
+	ip := meta.Host
+	if ip == "" {
+		ip = p.opts.Host
+	}
 	return launcher.Instance{
+		IP:           ip,
 		ID:           meta.ID,
 		Name:         meta.Name,
 		Labels:       cloneLabels(meta.Labels),
@@ -464,11 +508,11 @@ func (p *Provider) instance(meta *metadata, state launcher.State, reason string)
 
 // allocatePort asks the kernel for a free port on Host. The port is released before the replica
 // binds it, so ports handed out recently are skipped to keep two replicas off the same one.
-func (p *Provider) allocatePort() (int, error) {
+func (p *Provider) allocatePort(host string) (int, error) {
 	for range 20 {
-		l, err := net.Listen("tcp", net.JoinHostPort(p.opts.Host, "0"))
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
-			return 0, fmt.Errorf("allocate port on %s: %w", p.opts.Host, err)
+			return 0, fmt.Errorf("allocate port on %s: %w", host, err)
 		}
 		port := l.Addr().(*net.TCPAddr).Port
 		_ = l.Close()
@@ -488,7 +532,7 @@ func (p *Provider) allocatePort() (int, error) {
 			return port, nil
 		}
 	}
-	return 0, fmt.Errorf("%w: no free port on %s", launcher.ErrNoCapacity, p.opts.Host)
+	return 0, fmt.Errorf("%w: no free port on %s", launcher.ErrNoCapacity, host)
 }
 
 const idPrefix = "local-"

@@ -122,7 +122,7 @@ func TestLaunchListTerminate(t *testing.T) {
 		t.Errorf("Endpoint = %q, want %s:<fresh port>", inst.Endpoint, DefaultHost)
 	}
 	want := launcher.Instance{ID: inst.ID, Name: "chat-3", Labels: labels, Endpoint: inst.Endpoint,
-		Infra: "local", State: launcher.StateRunning, LaunchedAt: inst.LaunchedAt}
+		Infra: "local", State: launcher.StateRunning, LaunchedAt: inst.LaunchedAt, IP: DefaultHost}
 	if diff := cmp.Diff(want, inst); diff != "" {
 		t.Errorf("Launch() mismatch (-want +got):\n%s", diff)
 	}

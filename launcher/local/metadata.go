@@ -28,6 +28,16 @@ type metadata struct {
 	// the only one that can wait for it and so learn its exit status.
 	ExitReason string    `json:"exit_reason,omitempty"`
 	ExitedAt   time.Time `json:"exited_at,omitzero"`
+	// ExitCode is the program's status when it ended by itself (not by a signal).
+	ExitCode *int `json:"exit_code,omitempty"`
+	// Host is the node's own address for a job's node (a loopback address of its own); empty
+	// for replicas, which share Options.Host.
+	Host string `json:"host,omitempty"`
+	// StopGrace is the job's grace between SIGTERM and SIGKILL; zero means Options.StopGrace.
+	StopGrace time.Duration `json:"stop_grace,omitempty"`
+	// Job marks a job's node: its script runs under a wrapper that records the exit status in
+	// exitStatusFile, so that a later controller, which cannot wait for it, still learns it.
+	Job bool `json:"job,omitempty"`
 }
 
 const (
@@ -35,6 +45,8 @@ const (
 	logFile      = "output.log"
 	scriptFile   = "run.sh"
 	logsDir      = "logs"
+	// exitStatusFile holds a job node's exit status, written by its wrapper as it ends.
+	exitStatusFile = "exit_status"
 )
 
 func loadMetadata(dir string) (*metadata, error) {
