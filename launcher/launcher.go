@@ -74,13 +74,14 @@ type JobSpec struct {
 	Preemptible bool
 	// Grace is how long the program has between SIGTERM and SIGKILL when stopped by anyone.
 	Grace time.Duration
-	// CheckpointDir is where the program keeps what must survive a recovery; the provider
-	// mounts or creates it and tells the program through EnvCheckpointDir. Its meaning per
-	// infra: local, a directory under FERRY_HOME; Kubernetes, a PersistentVolumeClaim named
-	// CheckpointClaim; clouds, see the provider.
-	CheckpointDir string
-	// CheckpointClaim names the job's PersistentVolumeClaim on Kubernetes.
+	// CheckpointClaim names the job's checkpoint storage (CheckpointClaim(job)), which
+	// survives recovery: a directory per claim on local, a PersistentVolumeClaim on
+	// Kubernetes; clouds, see the provider. The provider tells the program where it is
+	// through EnvCheckpointDir.
 	CheckpointClaim string
+	// CheckpointDir is where the claim appears inside a container or VM (its mount path),
+	// for infras that mount it; local ignores it.
+	CheckpointDir string
 	// NodeIPs are the gang's addresses, rank 0 first, when they are known before launch (a
 	// provider's own LaunchGang fixes them, e.g. local loopback addresses). Otherwise the
 	// provider sets NodeIPsCommand.
@@ -91,6 +92,10 @@ type JobSpec struct {
 	// VM private IPs) set it: a downward-API file, the instance metadata server.
 	NodeIPsCommand string
 }
+
+// CheckpointClaim names a job's checkpoint storage on every infra (a PersistentVolumeClaim on
+// Kubernetes, a directory on local): one per job, kept across its recoveries.
+func CheckpointClaim(job string) string { return "ferry-job-" + job + "-checkpoint" }
 
 // ServingPriority is the priority of service replicas where an infra schedules by priority.
 // Jobs default below it (DefaultJobPriority), so serving wins unless a job says otherwise.

@@ -52,8 +52,8 @@ func (p *Provider) environ(spec launcher.Spec, host string, port int) []string {
 	for _, k := range slices.Sorted(maps.Keys(spec.Envs)) {
 		env = append(env, k+"="+spec.Envs[k])
 	}
-	if spec.Job != nil && spec.Job.CheckpointDir != "" {
-		env = append(env, launcher.EnvCheckpointDir+"="+spec.Job.CheckpointDir)
+	if ckpt := p.checkpointDir(spec); ckpt != "" {
+		env = append(env, launcher.EnvCheckpointDir+"="+ckpt)
 	}
 	// exec.Cmd keeps the last value of a duplicated key, so these win.
 	return append(env, "FERRY_PORT="+strconv.Itoa(port), "FERRY_HOST="+host)

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"context"
 	"crypto/rand"
 	"fmt"
 	"net"
@@ -130,4 +131,30 @@ func (p *Provider) exitCode(meta *metadata) *int {
 		return nil
 	}
 	return &c
+}
+
+var _ launcher.JobCleaner = (*Provider)(nil)
+
+// checkpointDir is where a job's node keeps what survives recovery: one directory per claim
+// under CheckpointRoot, which every node of the gang shares (they run on this machine). A
+// container's mount path (JobSpec.CheckpointDir) means nothing here.
+func (p *Provider) checkpointDir(spec launcher.Spec) string {
+	if spec.Job == nil || spec.Job.CheckpointClaim == "" || !validClaim(spec.Job.CheckpointClaim) {
+		return ""
+	}
+	return filepath.Join(p.opts.CheckpointRoot, spec.Job.CheckpointClaim)
+}
+
+// CleanupJob removes the job's checkpoint directory (claim launcher.CheckpointClaim(job)).
+func (p *Provider) CleanupJob(_ context.Context, job string) error {
+	claim := launcher.CheckpointClaim(job)
+	if !validClaim(claim) {
+		return fmt.Errorf("%w: job %q", launcher.ErrInvalid, job)
+	}
+	return os.RemoveAll(filepath.Join(p.opts.CheckpointRoot, claim))
+}
+
+// validClaim keeps a claim a single path element.
+func validClaim(c string) bool {
+	return c != "" && c != "." && c != ".." && !strings.ContainsAny(c, `/\`+"\x00")
 }

@@ -123,12 +123,11 @@ func waitExited(t *testing.T, p *Provider, selector map[string]string, n int) []
 // finds rank 0 first in SKYPILOT_NODE_IPS, and talks to it over TCP; exit statuses come back.
 func TestJobGangRendezvousOverTCP(t *testing.T) {
 	p := newProvider(t, Options{})
-	ckpt := filepath.Join(t.TempDir(), "ckpt")
 	spec := launcher.Spec{
 		Name:   "ring",
 		Labels: map[string]string{"job": "ring"},
 		Port:   29500,
-		Job:    &launcher.JobSpec{CheckpointDir: ckpt},
+		Job:    &launcher.JobSpec{CheckpointClaim: "ring-ckpt"},
 		// Rank 0 serves one line on its own address and port 29500; rank 1 reads it from the
 		// first address in SKYPILOT_NODE_IPS, as torchrun's --master_addr does. bash's
 		// /dev/tcp connects; python is not needed.
@@ -165,7 +164,7 @@ exit 4`,
 			t.Errorf("rank %d: exit %v (%s); output:\n%s", rank, in.ExitCode, in.Reason, out)
 		}
 	}
-	heard, err := os.ReadFile(filepath.Join(ckpt, "heard"))
+	heard, err := os.ReadFile(filepath.Join(p.opts.CheckpointRoot, "ring-ckpt", "heard"))
 	if err != nil || strings.TrimSpace(string(heard)) != "hello from "+insts[0].IP {
 		t.Errorf("rank 1 heard %q (%v), want rank 0's greeting", heard, err)
 	}

@@ -48,6 +48,10 @@ type Options struct {
 	// StopGrace is how long Terminate waits after SIGTERM before SIGKILL; default 10s, time for
 	// a server to finish in-flight requests.
 	StopGrace time.Duration
+	// CheckpointRoot holds one directory per job checkpoint claim (JobSpec.CheckpointClaim),
+	// shared by the job's nodes and kept across its recoveries until CleanupJob; default
+	// Dir/checkpoints.
+	CheckpointRoot string
 	// Logger receives one line per launch and termination; nil means no logging.
 	Logger *zap.Logger
 }
@@ -118,6 +122,9 @@ func New(opts Options) (*Provider, error) {
 	if opts.WorkRoot == "" {
 		opts.WorkRoot = os.TempDir()
 	}
+	if opts.CheckpointRoot == "" {
+		opts.CheckpointRoot = filepath.Join(opts.Dir, checkpointsDir)
+	}
 	if opts.WorkRoot, err = filepath.Abs(opts.WorkRoot); err != nil {
 		return nil, fmt.Errorf("local provider: %w", err)
 	}
@@ -171,8 +178,8 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 			return launcher.Instance{}, fmt.Errorf("create working directory: %w", err)
 		}
 	}
-	if spec.Job != nil && spec.Job.CheckpointDir != "" {
-		if err := os.MkdirAll(spec.Job.CheckpointDir, 0o700); err != nil {
+	if ckpt := p.checkpointDir(spec); ckpt != "" {
+		if err := os.MkdirAll(ckpt, 0o700); err != nil {
 			_ = os.RemoveAll(dir)
 			return launcher.Instance{}, fmt.Errorf("create checkpoint directory: %w", err)
 		}
@@ -309,7 +316,7 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if !e.IsDir() || e.Name() == logsDir {
+		if !e.IsDir() || e.Name() == logsDir || e.Name() == checkpointsDir {
 			continue
 		}
 		meta, err := loadMetadata(filepath.Join(p.opts.Dir, e.Name()))
@@ -570,7 +577,7 @@ func validName(name string) error {
 
 // validID rejects ids that could escape Dir. Other ids that name nothing are merely unknown.
 func validID(id string) error {
-	if id == "" || id == "." || id == ".." || id == logsDir || strings.ContainsAny(id, `/\`+"\x00") {
+	if id == "" || id == "." || id == ".." || id == logsDir || id == checkpointsDir || strings.ContainsAny(id, `/\`+"\x00") {
 		return fmt.Errorf("%w: %q is not a local instance id", launcher.ErrInvalid, id)
 	}
 	return nil

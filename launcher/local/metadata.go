@@ -45,6 +45,8 @@ const (
 	logFile      = "output.log"
 	scriptFile   = "run.sh"
 	logsDir      = "logs"
+	// checkpointsDir is the default CheckpointRoot, beside the instances.
+	checkpointsDir = "checkpoints"
 	// exitStatusFile holds a job node's exit status, written by its wrapper as it ends.
 	exitStatusFile = "exit_status"
 )
