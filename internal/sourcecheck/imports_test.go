@@ -30,14 +30,15 @@ var importRules = []importRule{
 	{"autoscaler", []string{"configs"}},
 	{"launcher", []string{"configs", "policy", "launcher"}}, // knows nothing of services or requests
 	{"replicas", []string{"configs", "launcher", "policy"}}, // not autoscaler (how many is handed in), not proxy
+	{"jobs", []string{"configs", "launcher"}}, // never learns which cloud runs a node, nor that services exist
 	{"proxy", []string{"policy"}},
 	{"proxy/attach", []string{"configs", "proxy", "internal/api", "internal/home"}},
-	{"internal/api", []string{"configs", "internal/home", "replicas"}}, // routes; the proxy is not its business
-	{"internal/store", []string{"configs", "replicas"}},
+	{"internal/api", []string{"configs", "internal/home", "jobs", "replicas"}}, // routes; the proxy is not its business
+	{"internal/store", []string{"configs", "jobs", "replicas"}},
 	{"internal/home", nil},
 	{"internal/infra", []string{"configs", "internal/home", "launcher"}},
 	{"internal/controller", []string{"autoscaler", "configs", "internal/api", "internal/home", "internal/infra", "internal/store",
-		"launcher", "policy", "proxy", "replicas"}},
+		"jobs", "launcher", "policy", "proxy", "replicas"}},
 }
 
 // ruleFor is the most specific rule covering pkg.

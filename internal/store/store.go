@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/jobs"
 	"github.com/ferryserve/ferry/replicas"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
@@ -76,6 +77,14 @@ CREATE TABLE IF NOT EXISTS versions (
 	launched_as INTEGER NOT NULL,
 	created_at  INTEGER NOT NULL,
 	PRIMARY KEY (service, version)
+);
+CREATE TABLE IF NOT EXISTS jobs (
+	id         INTEGER PRIMARY KEY AUTOINCREMENT,
+	name       TEXT NOT NULL,
+	state      TEXT NOT NULL,
+	job_json   TEXT NOT NULL,
+	created_at INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS rollouts (
 	service      TEXT PRIMARY KEY,
@@ -457,4 +466,61 @@ func fromMillis(ms int64) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMilli(ms)
+}
+
+// CreateJob implements jobs.Store: the row's id is the job's (AUTOINCREMENT: never reused,
+// even after the newest job is deleted).
+func (s *Store) CreateJob(j jobs.Job) (int64, error) {
+	data, err := json.Marshal(j)
+	if err != nil {
+		return 0, err
+	}
+	now := millis(time.Now())
+	res, err := s.db.Exec(`INSERT INTO jobs (name, state, job_json, created_at, updated_at) VALUES (?, ?, ?, ?, ?)`,
+		j.Name, string(j.State), string(data), now, now)
+	if err != nil {
+		return 0, fmt.Errorf("create job: %w", err)
+	}
+	return res.LastInsertId()
+}
+
+// SaveJob implements jobs.Store.
+func (s *Store) SaveJob(j jobs.Job) error {
+	data, err := json.Marshal(j)
+	if err != nil {
+		return err
+	}
+	res, err := s.db.Exec(`UPDATE jobs SET name = ?, state = ?, job_json = ?, updated_at = ? WHERE id = ?`,
+		j.Name, string(j.State), string(data), millis(time.Now()), j.ID)
+	if err != nil {
+		return fmt.Errorf("save job %d: %w", j.ID, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("save job %d: %w", j.ID, ErrNotFound)
+	}
+	return nil
+}
+
+// ListJobs implements jobs.Store, oldest first.
+func (s *Store) ListJobs() ([]jobs.Job, error) {
+	rows, err := s.db.Query(`SELECT id, job_json FROM jobs ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("list jobs: %w", err)
+	}
+	defer rows.Close()
+	var out []jobs.Job
+	for rows.Next() {
+		var id int64
+		var data string
+		if err := rows.Scan(&id, &data); err != nil {
+			return nil, err
+		}
+		var j jobs.Job
+		if err := json.Unmarshal([]byte(data), &j); err != nil {
+			return nil, fmt.Errorf("job %d: %w", id, err)
+		}
+		j.ID = id
+		out = append(out, j)
+	}
+	return out, rows.Err()
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/jobs"
 	"github.com/ferryserve/ferry/replicas"
 	"github.com/google/go-cmp/cmp"
 )
@@ -249,5 +250,43 @@ func TestMigratesStoreWithoutTargetColumn(t *testing.T) {
 	defer s.Close()
 	if err := s.SetTarget("x", 1); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestJobsRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ferry.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task := &configs.Task{Name: "train", NumNodes: 2, Run: "train", Secrets: map[string]string{"HF_TOKEN": "hf_x"}}
+	j := jobs.Job{Name: "train", Task: task, State: jobs.Pending, Priority: 700, SubmittedAt: time.Now().Truncate(time.Millisecond)}
+	id1, err := s.CreateJob(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id2, err := s.CreateJob(j)
+	if err != nil || id2 != id1+1 {
+		t.Fatalf("ids %d, %d (%v): want consecutive", id1, id2, err)
+	}
+	j.ID, j.State, j.Nodes = id1, jobs.Running, []jobs.Node{{Rank: 0, InstanceID: "local-train-1"}, {Rank: 1, InstanceID: "local-train-2"}}
+	if err := s.SaveJob(j); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SaveJob(jobs.Job{ID: 99}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("saving an unknown job: %v", err)
+	}
+	s.Close()
+	s, err = Open(path) // a restarted controller
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := s.ListJobs()
+	if err != nil || len(got) != 2 {
+		t.Fatalf("ListJobs = %v, %v", got, err)
+	}
+	if got[0].ID != id1 || got[0].State != jobs.Running || len(got[0].Nodes) != 2 || got[0].Task.Secrets["HF_TOKEN"] != "hf_x" || got[0].Priority != 700 {
+		t.Errorf("job after restart: %+v", got[0])
 	}
 }

@@ -1,0 +1,238 @@
+package jobs
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// The queue: jobs waiting for capacity (PENDING, or RECOVERING with no nodes) are tried in
+// priority order, highest first, then in the order they were submitted, one launch at a time,
+// so that a higher-priority job gets freed capacity first. A job that does not fit is passed
+// over for the next (Kueue's BestEffortFIFO: a small job is not held behind a big one that
+// cannot start; a big gang can therefore wait while smaller ones keep taking capacity — give
+// it a higher priority). The queue runs at every poke (a job submitted or ended, capacity
+// freed) and every RetryInterval.
+
+// runQueue tries the queue until ctx ends.
+func (m *Manager) runQueue(ctx context.Context) {
+	t := time.NewTicker(m.cfg.RetryInterval)
+	defer t.Stop()
+	for {
+		m.schedule(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.poke:
+		case <-t.C:
+		}
+	}
+}
+
+// waiting returns the ids of the jobs that need a gang, in queue order.
+func (m *Manager) waiting() []int64 {
+	m.mu.Lock()
+	var js []*Job
+	for _, j := range m.jobs {
+		_, busy := m.active[j.ID]
+		if (j.State == Pending || j.State == Recovering) && len(j.Nodes) == 0 && !busy {
+			js = append(js, j)
+		}
+	}
+	slices.SortFunc(js, func(a, b *Job) int {
+		return cmp.Or(cmp.Compare(b.Priority, a.Priority), a.SubmittedAt.Compare(b.SubmittedAt), cmp.Compare(a.ID, b.ID))
+	})
+	ids := make([]int64, len(js))
+	for i, j := range js {
+		ids[i] = j.ID
+	}
+	m.mu.Unlock()
+	return ids
+}
+
+// schedule tries each waiting job once, in queue order.
+func (m *Manager) schedule(ctx context.Context) {
+	for _, id := range m.waiting() {
+		if ctx.Err() != nil {
+			return
+		}
+		m.launch(ctx, id)
+	}
+}
+
+// launch places job id's gang: the attempt is saved first (so that a controller killed
+// mid-launch recognises the half-made gang), then the provisioner tries placements best first.
+// No capacity anywhere leaves the job waiting, with the reason; a task no infra can run is
+// FAILED_NO_RESOURCE.
+func (m *Manager) launch(parent context.Context, id int64) {
+	ctx, done, ok := m.own(parent, id)
+	if !ok {
+		return
+	}
+	defer done()
+	j, ok := m.update(id, func(j *Job) bool {
+		if (j.State != Pending && j.State != Recovering) || len(j.Nodes) > 0 {
+			return false
+		}
+		j.Attempt++
+		if j.State == Pending {
+			j.setState(Starting, fmt.Sprintf("launching %d node(s)", j.Task.NumNodes), m.cfg.Now())
+		} else {
+			j.Reason = fmt.Sprintf("relaunching %d node(s)", j.Task.NumNodes)
+		}
+		return true
+	})
+	if !ok {
+		return
+	}
+	spec := m.spec(j)
+	insts, err := m.cfg.Provider.LaunchGang(ctx, spec, max(j.Task.NumNodes, 1))
+	if err != nil {
+		m.launchFailed(ctx, j, err)
+		return
+	}
+	started, ok := m.update(id, func(cur *Job) bool {
+		if cur.State == Cancelling {
+			cur.Nodes = nodesOf(insts)
+			return true
+		}
+		cur.Nodes = nodesOf(insts)
+		cur.CostSince = m.cfg.Now()
+		to := cur.Where()
+		cur.setState(Running, fmt.Sprintf("%d node(s) on %s", len(insts), to), m.cfg.Now())
+		if h := len(cur.History); h > 0 && cur.History[h-1].ResumedAt.IsZero() {
+			r := &cur.History[h-1]
+			r.ResumedAt, r.To = m.cfg.Now(), to
+			r.Lost = r.ResumedAt.Sub(r.At)
+		}
+		return true
+	})
+	if !ok {
+		return
+	}
+	if started.State == Cancelling {
+		m.release(ctx, id, Cancelled, "cancelled by the user")
+		return
+	}
+	m.log.Info("job running", zap.Int64("job", id), zap.Int("attempt", started.Attempt), zap.String("where", started.Where()),
+		zap.Float64("price_per_hour", started.PricePerHour()))
+	done() // the watch owns the nodes from here
+	m.startWatch(id)
+}
+
+// launchFailed records why a launch did not place the gang.
+func (m *Manager) launchFailed(ctx context.Context, j Job, err error) {
+	if ctx.Err() != nil {
+		// Cancelled (or the controller is stopping): a cancel finishes here; a stop leaves the
+		// job STARTING for the next controller to relaunch.
+		if cur, _ := m.Get(j.ID); cur.State == Cancelling {
+			m.release(context.WithoutCancel(ctx), j.ID, Cancelled, "cancelled by the user")
+		}
+		return
+	}
+	back := Pending
+	if j.State == Recovering {
+		back = Recovering
+	}
+	switch {
+	case errors.Is(err, launcher.ErrInvalid):
+		m.transition(j.ID, FailedNoResource, "no enabled infra can run it: "+err.Error(), nil)
+		m.release(ctx, j.ID, FailedNoResource, "")
+	default:
+		m.transition(j.ID, back, "waiting for capacity: "+err.Error(), nil)
+		m.log.Info("job waits for capacity", zap.Int64("job", j.ID), zap.Error(err))
+	}
+}
+
+// spec is what every node of job j's next gang runs.
+func (m *Manager) spec(j Job) launcher.Spec {
+	t := j.Task
+	id := strconv.FormatInt(j.ID, 10)
+	envs := maps.Clone(t.Envs)
+	if envs == nil {
+		envs = map[string]string{}
+	}
+	maps.Copy(envs, t.Secrets)
+	envs[launcher.EnvTaskID] = j.TaskID
+	envs[launcher.EnvNumGPUsPerNode] = strconv.Itoa(gpusPerNode(t.Resources))
+	envs["FERRY_JOB_ID"] = id
+	job := t.Job
+	if job == nil {
+		d := configs.DefaultJob()
+		job = &d
+	}
+	port := 0
+	if len(t.Resources.Ports) > 0 {
+		port = t.Resources.Ports[0]
+	}
+	return launcher.Spec{
+		// <name>-<job id>-<attempt>, and GangName adds the rank: unique across recoveries,
+		// so an ended gang's logs are never overwritten by the next one's.
+		Name:       fmt.Sprintf("%s-%s-%d", shortName(j.Name), id, j.Attempt),
+		Labels:     labelsFor(j.ID, j.Attempt),
+		Setup:      t.Setup,
+		Run:        t.Run,
+		Workdir:    t.Workdir,
+		Envs:       envs,
+		SecretEnvs: slices.Sorted(maps.Keys(t.Secrets)),
+		Port:       port,
+		Resources:  t.Resources,
+		Job: &launcher.JobSpec{
+			Priority:        job.Priority,
+			Preemptible:     job.Preemptible,
+			Grace:           time.Duration(job.GracePeriodSeconds) * time.Second,
+			CheckpointClaim: launcher.CheckpointClaim(id),
+			CheckpointDir:   m.cfg.CheckpointMount,
+		},
+	}
+}
+
+// gpusPerNode is SKYPILOT_NUM_GPUS_PER_NODE: the accelerator count each node asks for, rounded
+// up (SkyPilot rounds fractional GPUs up), the largest among the alternatives.
+func gpusPerNode(r configs.Resources) int {
+	n := 0.0
+	for _, c := range r.Candidates() {
+		for _, a := range c.Accelerators {
+			n = math.Max(n, a.Count)
+		}
+	}
+	return int(math.Ceil(n))
+}
+
+// shortName keeps instance names within what every infra accepts once ids are appended.
+func shortName(name string) string {
+	const most = 40
+	if len(name) > most {
+		name = name[:most]
+	}
+	for len(name) > 0 && name[len(name)-1] == '-' {
+		name = name[:len(name)-1]
+	}
+	return name
+}
+
+// nodesOf records a gang's instances in rank order.
+func nodesOf(insts []launcher.Instance) []Node {
+	out := make([]Node, len(insts))
+	for i, in := range insts {
+		rank := i
+		if r, err := strconv.Atoi(in.Labels[launcher.LabelNodeRank]); err == nil {
+			rank = r
+		}
+		out[i] = Node{Rank: rank, InstanceID: in.ID, IP: in.IP, Infra: in.Infra, Region: in.Region,
+			Zone: in.Zone, Spot: in.Spot, Price: in.PricePerHour}
+	}
+	slices.SortFunc(out, func(a, b Node) int { return cmp.Compare(a.Rank, b.Rank) })
+	return out
+}

@@ -1,0 +1,107 @@
+package jobs
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// startWatch runs the watch of job id's gang in a goroutine that owns its nodes.
+func (m *Manager) startWatch(id int64) {
+	ctx, done, ok := m.own(m.ctx, id)
+	if !ok {
+		return
+	}
+	m.spawn("watch", func() {
+		defer m.Poke() // after done: the queue may relaunch the job only once it is let go
+		defer done()
+		defer func() {
+			// A panic here would leave the job RUNNING with nobody watching: say so.
+			if r := recover(); r != nil {
+				m.transition(id, FailedController, fmt.Sprintf("the controller failed watching it: %v", r), nil)
+				m.release(context.WithoutCancel(ctx), id, FailedController, "")
+				panic(r)
+			}
+		}()
+		m.watch(ctx, id)
+	})
+}
+
+// watch looks at the gang every WatchInterval until it ends, it is cancelled, or ctx ends.
+func (m *Manager) watch(ctx context.Context, id int64) {
+	t := time.NewTicker(m.cfg.WatchInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if cur, err := m.Get(id); err == nil && cur.State == Cancelling {
+				m.release(context.WithoutCancel(ctx), id, Cancelled, "cancelled by the user")
+			}
+			return
+		case <-t.C:
+		}
+		if m.look(ctx, id) {
+			return
+		}
+	}
+}
+
+// look lists the job's nodes once and acts on what they say; true when the gang has ended.
+func (m *Manager) look(ctx context.Context, id int64) bool {
+	j, err := m.Get(id)
+	if err != nil || j.State != Running {
+		return true
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Minute)
+	insts, err := m.cfg.Provider.List(lctx, map[string]string{launcher.LabelJob: strconv.FormatInt(id, 10)})
+	cancel()
+	if err != nil {
+		// Judging a gang on a failed list would relaunch a healthy one: wait for the next.
+		m.log.Warn("list job nodes", zap.Int64("job", id), zap.Error(err))
+		return false
+	}
+	a := assess(insts, j.Attempt, max(j.Task.NumNodes, 1))
+	if a.verdict == stillRunning {
+		return false
+	}
+	m.end(ctx, j, a)
+	return true
+}
+
+// end acts on a gang that has ended: the verdict is saved first (with the nodes still
+// recorded, so that a controller killed now stops them on restart), then the nodes are
+// stopped, then the job goes on: a terminal state, or back to the queue to relaunch.
+func (m *Manager) end(ctx context.Context, j Job, a assessment) {
+	rec := configs.DefaultJob().Recovery
+	if j.Task.Job != nil {
+		rec = j.Task.Job.Recovery
+	}
+	nx := decide(a, rec, j.RestartsOnErrors)
+	now := m.cfg.Now()
+	m.transition(j.ID, nx.state, nx.reason, func(cur *Job) {
+		cur.ExitCodes = a.exitCodes
+		if !nx.relaunch {
+			return
+		}
+		if nx.onError {
+			cur.RestartsOnErrors++
+		} else {
+			cur.Recoveries++
+		}
+		cur.History = append(cur.History, Recovery{At: now, Reason: nx.reason, From: cur.Where(), OnError: nx.onError})
+	})
+	// EAGER_NEXT_REGION: keep the relaunch away from where the node was lost. FAILOVER tries
+	// the same place first, as SkyPilot's does.
+	if a.verdict == nodeLost && rec.Strategy == configs.RecoveryEagerNextRegion && a.lost != nil && a.lost.Infra != "" {
+		if p, ok := m.cfg.Provider.(interface{ Preempted(launcher.Instance) }); ok {
+			p.Preempted(*a.lost)
+		}
+	}
+	m.release(ctx, j.ID, nx.state, nx.reason)
+}
