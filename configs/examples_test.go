@@ -9,7 +9,8 @@ import (
 )
 
 // exampleOverrides supplies what the examples leave for the command line.
-var exampleOverrides = Overrides{Secrets: map[string]string{"HF_TOKEN": "hf_example"}}
+var exampleOverrides = Overrides{Secrets: map[string]string{"HF_TOKEN": "hf_example"},
+	Envs: map[string]string{"ENDPOINT": "http://127.0.0.1:30001", "PROMPTS": "prompts.txt"}}
 
 func TestExamplesParse(t *testing.T) {
 	paths, err := filepath.Glob("examples/*.yaml")
@@ -25,8 +26,8 @@ func TestExamplesParse(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Load: %v", err)
 			}
-			if task.Service == nil {
-				t.Fatalf("example is not a service")
+			if (task.Service == nil) == (task.Job == nil) {
+				t.Fatalf("example is neither a service nor a job")
 			}
 			out, err := task.ResolvedYAML()
 			if err != nil {

@@ -42,24 +42,28 @@ func (m *Manager) Logs(ctx context.Context, ref string, rank int, follow bool, w
 	}
 	n := j.Task.NumNodes
 	if rank < 0 || rank >= max(n, 1) {
-		return fmt.Errorf("%w: job %d has nodes 0–%d, not %d", launcher.ErrInvalid, j.ID, n-1, rank)
+		return fmt.Errorf("%w: job %d has nodes 0–%d, not %d", ErrInvalid, j.ID, max(n, 1)-1, rank)
 	}
-	seen := 0 // attempts already written
+	written := 0 // the attempt whose log was written last
 	for {
 		j, err = m.Get(j.ID)
 		if err != nil {
 			return err
 		}
-		if node, ok := nodeOf(j, rank); ok && j.Attempt > seen {
-			seen = j.Attempt
+		if node, ok := nodeOf(j, rank); ok && j.Attempt > written {
+			written = j.Attempt
 			if err := m.liveLog(ctx, j, node, follow, w); err != nil {
 				return err
 			}
-		} else if seen == 0 {
-			if err := m.archivedLog(j, rank, w); err != nil && !follow {
+		} else if written == 0 && len(j.Nodes) == 0 {
+			// No gang runs: the latest one's archive, if any has run.
+			a, err := m.archivedLog(j, rank, w)
+			switch {
+			case err == nil:
+				written = a
+			case !follow:
 				return err
 			}
-			seen = j.Attempt
 		}
 		if !follow || j.State.Terminal() {
 			return nil
@@ -82,8 +86,8 @@ func nodeOf(j Job, rank int) (Node, bool) {
 	return Node{}, false
 }
 
-// archivedLog writes the last archived log of rank.
-func (m *Manager) archivedLog(j Job, rank int, w io.Writer) error {
+// archivedLog writes the latest archived log of rank and returns its attempt.
+func (m *Manager) archivedLog(j Job, rank int, w io.Writer) (int, error) {
 	for a := j.Attempt; a >= 1; a-- {
 		f, err := os.Open(m.LogFile(j.ID, a, rank))
 		if err != nil {
@@ -91,9 +95,9 @@ func (m *Manager) archivedLog(j Job, rank int, w io.Writer) error {
 		}
 		defer f.Close()
 		_, err = io.Copy(w, f)
-		return err
+		return a, err
 	}
-	return fmt.Errorf("%w: job %d has no log for node %d yet", launcher.ErrNotFound, j.ID, rank)
+	return 0, fmt.Errorf("%w: job %d has no log for node %d yet", ErrNotFound, j.ID, rank)
 }
 
 // liveLog writes a running node's output; with follow, until the node leaves the job's gang.

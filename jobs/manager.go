@@ -68,6 +68,7 @@ const (
 var (
 	ErrNotFound = errors.New("no such job")
 	ErrEnded    = errors.New("job has ended")
+	ErrInvalid  = errors.New("invalid job request")
 )
 
 // Manager runs every job of a controller. It is safe for concurrent use.
@@ -167,7 +168,7 @@ func (m *Manager) spawn(what string, f func()) {
 // Submit queues a job for task (which must have no service section) and returns it PENDING.
 func (m *Manager) Submit(task *configs.Task) (Job, error) {
 	if task == nil || task.Service != nil {
-		return Job{}, fmt.Errorf("%w: a task with a service section is a service, not a job", launcher.ErrInvalid)
+		return Job{}, fmt.Errorf("%w: a task with a service section is a service, not a job", ErrInvalid)
 	}
 	spec := task.Job
 	if spec == nil {
@@ -185,7 +186,7 @@ func (m *Manager) Submit(task *configs.Task) (Job, error) {
 	if err == nil {
 		j.ID = id
 		// SkyPilot's managed form, stable across recoveries.
-		j.TaskID = fmt.Sprintf("sky-managed-%s_%s_%d", now.UTC().Format("2006-01-02-15-04-05-000000"), j.Name, id)
+		j.TaskID = fmt.Sprintf("sky-managed-%s-%06d_%s_%d", now.UTC().Format("2006-01-02-15-04-05"), now.Nanosecond()/1000, j.Name, id)
 		err = m.cfg.Store.SaveJob(j)
 	}
 	if err != nil {

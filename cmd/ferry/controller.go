@@ -107,8 +107,26 @@ Every other command starts it in the background when it is not running, so you r
 		"refuse a client address's connections beyond this many open at once, with 429 (0: no cap; $FERRY_MAX_CONNECTIONS_PER_IP)")
 	f.IntVar(&bufferedMB, "max-buffered-body-mb", envInt("FERRY_MAX_BUFFERED_BODY_MB", &envErrs),
 		"request bodies being read at once, in MiB by their announced length; beyond it 503 at the request's headers (0: 512; $FERRY_MAX_BUFFERED_BODY_MB)")
+	f.DurationVar(&opts.JobRetryInterval, "job-retry-interval", envDuration("FERRY_JOB_RETRY_INTERVAL", &envErrs),
+		"how often jobs waiting for capacity try to launch again (0: 15s; $FERRY_JOB_RETRY_INTERVAL)")
+	f.DurationVar(&opts.JobWatchInterval, "job-watch-interval", envDuration("FERRY_JOB_WATCH_INTERVAL", &envErrs),
+		"how often a running job's nodes are looked at (0: 2s; $FERRY_JOB_WATCH_INTERVAL)")
 	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
 	return cmd
+}
+
+// envDuration is envOr for a duration setting ("15s"), 0 when unset; a bad value is added to
+// errs.
+func envDuration(name string, errs *[]error) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("$%s %q: want a duration such as 15s", name, v))
+	}
+	return d
 }
 
 // envOr is the value of an environment variable, or def when it is unset. The CLI starts the

@@ -61,7 +61,7 @@ func printPlan(ctx context.Context, out io.Writer, task *configs.Task) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("no place to run this service: %w", err)
+		return fmt.Errorf("no place to run this task: %w", err)
 	}
 	nodes := max(task.NumNodes, 1)
 	fmt.Fprintf(out, "Considered resources (%d node%s), best first; a launch that finds no capacity moves down the list:\n", nodes, plural(nodes))

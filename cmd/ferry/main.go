@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -34,7 +35,22 @@ OpenAI-compatible endpoint in front of replicas that Ferry launches, probes, bal
 
 func main() {
 	if err := newRootCmd().Execute(); err != nil {
+		var ec exitCodeError
+		if errors.As(err, &ec) {
+			if ec.msg != "" {
+				fmt.Fprintln(os.Stderr, "ferry:", ec.msg)
+			}
+			os.Exit(ec.code)
+		}
 		fmt.Fprintln(os.Stderr, "ferry:", err)
 		os.Exit(1)
 	}
 }
+
+// exitCodeError makes the command exit with code (jobs launch exits with the job's status).
+type exitCodeError struct {
+	code int
+	msg  string
+}
+
+func (e exitCodeError) Error() string { return e.msg }

@@ -71,9 +71,21 @@ func (t *taskInput) register(fl *pflag.FlagSet, noWait, wait string, waitDefault
 	fl.DurationVar(&t.waitTime, "wait-timeout", waitDefault, wait)
 }
 
-// load reads and validates the task file with the --env and --secret values; YAML errors are
-// printed to errOut, each with its line.
+// load reads and validates a service's task file with the --env and --secret values; YAML
+// errors are printed to errOut, each with its line.
 func (t *taskInput) load(file, name string, errOut io.Writer) (*configs.Task, error) {
+	task, err := t.loadTask(file, name, errOut)
+	if err != nil {
+		return nil, err
+	}
+	if task.Service == nil {
+		return nil, fmt.Errorf("%s has no service: section; a service needs one (see configs/examples/quickstart.yaml), and a task without one is a job: ferry jobs launch %s", file, file)
+	}
+	return task, nil
+}
+
+// loadTask reads and validates any task file, service or job.
+func (t *taskInput) loadTask(file, name string, errOut io.Writer) (*configs.Task, error) {
 	envs, err := parseKVs("env", t.envs)
 	if err != nil {
 		return nil, err
@@ -86,9 +98,6 @@ func (t *taskInput) load(file, name string, errOut io.Writer) (*configs.Task, er
 	if err != nil {
 		printConfigErrors(errOut, err)
 		return nil, errors.New("the task YAML has errors; nothing was launched or changed")
-	}
-	if task.Service == nil {
-		return nil, fmt.Errorf("%s has no service: section; a service needs one (see configs/examples/quickstart.yaml)", file)
 	}
 	return task, nil
 }

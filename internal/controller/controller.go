@@ -31,6 +31,7 @@ import (
 	"github.com/ferryserve/ferry/internal/home"
 	"github.com/ferryserve/ferry/internal/infra"
 	"github.com/ferryserve/ferry/internal/store"
+	"github.com/ferryserve/ferry/jobs"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/provision"
 	"github.com/ferryserve/ferry/proxy"
@@ -78,6 +79,10 @@ type Options struct {
 	// BlockFor is how long a location that had no capacity is skipped; 0 is
 	// provision.DefaultBlockFor.
 	BlockFor time.Duration
+	// JobWatchInterval and JobRetryInterval pace the jobs manager: how often a running gang
+	// is looked at, and how often jobs waiting for capacity try again (0: the jobs defaults).
+	JobWatchInterval time.Duration
+	JobRetryInterval time.Duration
 	// ClientLimits cap the client connections and the request bodies being read over every
 	// service endpoint and the gateway together (proxy.Guard); zero values are the defaults.
 	ClientLimits proxy.ClientLimits
@@ -177,6 +182,9 @@ type Controller struct {
 	stopAdmin   func(context.Context)
 	metricsAddr string
 
+	// jobs runs every job on the same provisioner (jobs.go).
+	jobs *jobs.Manager
+
 	mu       sync.Mutex
 	services map[string]*service
 	// creating holds the names of services being created, with the endpoint port each has
@@ -226,7 +234,11 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	if err := c.startServing(); err != nil {
 		return err
 	}
-	srv := api.NewServer(api.NewHandler(c, tokens, c.log.Named("api"), c.attachRoutes()...), 0, c.log.Named("api"))
+	if err := c.startJobs(ctx); err != nil {
+		return err
+	}
+	defer func() { cancel(); c.jobs.Stop() }() // its goroutines end with ctx
+	srv := api.NewServer(api.NewHandler(c, tokens, c.log.Named("api"), append(c.attachRoutes(), c.jobRoutes()...)...), 0, c.log.Named("api"))
 	serveErr := lns.serve(c, srv)
 	if err := h.WriteInfo(home.Info{PID: os.Getpid(), Socket: c.apiSocket, Addr: c.apiAddr, TLS: lns.tlsConfig != nil,
 		Version: c.opts.Version, StartedAt: c.startedAt}); err != nil {

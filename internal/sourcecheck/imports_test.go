@@ -101,7 +101,7 @@ func checkImport(t *testing.T, rel, pkg, dep string) {
 	t.Helper()
 	switch {
 	case strings.HasPrefix(dep, "bench/") && !strings.HasPrefix(pkg, "bench/") && !strings.HasPrefix(pkg, "e2e") &&
-		!(pkg == "cmd/ferry" && (dep == "bench/replicasim" || dep == "bench/sim")):
+		!(pkg == "cmd/ferry" && (dep == "bench/replicasim" || dep == "bench/sim" || dep == "bench/trainsim")):
 		t.Errorf("%s imports %s: production code imports no bench driver (the binary serves the replica simulator and runs ferry sim)", rel, dep)
 	case (strings.HasPrefix(dep, "cmd/") || dep == "internal/controller") && !strings.HasPrefix(pkg, "cmd/") &&
 		!strings.HasPrefix(pkg, "bench/") && !strings.HasPrefix(pkg, "e2e"):
