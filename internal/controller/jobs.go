@@ -78,4 +78,3 @@ func (c *Controller) capacity() []api.Holding {
 	}
 	return out
 }
-

@@ -30,7 +30,7 @@ var importRules = []importRule{
 	{"autoscaler", []string{"configs"}},
 	{"launcher", []string{"configs", "policy", "launcher"}}, // knows nothing of services or requests
 	{"replicas", []string{"configs", "launcher", "policy"}}, // not autoscaler (how many is handed in), not proxy
-	{"jobs", []string{"configs", "launcher"}}, // never learns which cloud runs a node, nor that services exist
+	{"jobs", []string{"configs", "launcher"}},               // never learns which cloud runs a node, nor that services exist
 	{"proxy", []string{"policy"}},
 	{"proxy/attach", []string{"configs", "proxy", "internal/api", "internal/home"}},
 	{"internal/api", []string{"configs", "internal/home", "jobs", "replicas"}}, // routes; the proxy is not its business
