@@ -67,6 +67,7 @@ func newEnv(t *testing.T) *env {
 	t.Cleanup(func() {
 		// Tear everything down even when the test failed half-way, so no process outlives it.
 		_, _, _ = e.run("serve", "down", "-a", "-y")
+		e.stopJobs()
 		_, _, _ = e.run("controller", "stop")
 		if t.Failed() {
 			if b, err := os.ReadFile(filepath.Join(home, "controller.log")); err == nil {
