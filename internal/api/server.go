@@ -230,11 +230,68 @@ func (s *server) replicaLogs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	path, err := s.b.ReplicaLogPath(r.PathValue("name"), id)
-	if err != nil {
-		s.fail(w, err)
+	if err == nil {
+		s.streamFile(w, r, path)
 		return
 	}
-	s.streamFile(w, r, path)
+	// No local file: the infra may keep the output behind its API.
+	if ls, ok := s.b.(ReplicaLogStreamer); ok && errors.Is(err, ErrNotFound) {
+		opts, bad := logOptions(r)
+		if bad != "" {
+			writeError(w, http.StatusBadRequest, "invalid_request", bad)
+			return
+		}
+		buf := headerWriter{w: w}
+		if f, ok := w.(http.Flusher); ok {
+			buf.f = f
+		}
+		if serr := ls.StreamReplicaLog(r.Context(), r.PathValue("name"), id, opts, &buf); serr != nil && !buf.started {
+			s.fail(w, serr)
+		}
+		return
+	}
+	s.fail(w, err)
+}
+
+// ReplicaLogStreamer is an optional Backend capability: a replica's output read through its
+// infra's API when no local file holds it.
+type ReplicaLogStreamer interface {
+	StreamReplicaLog(ctx context.Context, service string, id int, opts LogOptions, w io.Writer) error
+}
+
+// logOptions reads tail and follow; bad says what is wrong with them.
+func logOptions(r *http.Request) (LogOptions, string) {
+	opts := LogOptions{Tail: -1}
+	if v := r.URL.Query().Get("tail"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return opts, "tail must be a non-negative integer"
+		}
+		opts.Tail = n
+	}
+	opts.Follow = r.URL.Query().Get("follow") == "1" || r.URL.Query().Get("follow") == "true"
+	return opts, ""
+}
+
+// headerWriter sends the 200 and text headers on the first write, so that an error before any
+// output can still be answered as an error; it flushes after every write.
+type headerWriter struct {
+	w       http.ResponseWriter
+	f       http.Flusher
+	started bool
+}
+
+func (h *headerWriter) Write(p []byte) (int, error) {
+	if !h.started {
+		h.w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		h.w.WriteHeader(http.StatusOK)
+		h.started = true
+	}
+	n, err := h.w.Write(p)
+	if h.f != nil {
+		h.f.Flush()
+	}
+	return n, err
 }
 
 func (s *server) controllerLogs(w http.ResponseWriter, r *http.Request) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/store"
+	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/proxy"
 	"github.com/ferryserve/ferry/proxy/attach"
 	"github.com/ferryserve/ferry/replicas"
@@ -465,6 +467,35 @@ func (c *Controller) down(ctx context.Context, s *service) error {
 
 // ReplicaLogPath implements api.Backend.
 func (c *Controller) ReplicaLogPath(name string, id int) (string, error) {
+	inst, err := c.replicaInstance(name, id)
+	if err != nil {
+		return "", err
+	}
+	p, err := c.provider.LogPath(inst)
+	if err != nil {
+		return "", fmt.Errorf("replica %d of %q: %v: %w", id, name, err, api.ErrNotFound)
+	}
+	return p, nil
+}
+
+// StreamReplicaLog implements api.ReplicaLogStreamer: the output of a replica whose infra keeps
+// it behind its API (a pod's log, a VM's console).
+func (c *Controller) StreamReplicaLog(ctx context.Context, name string, id int, opts api.LogOptions, w io.Writer) error {
+	inst, err := c.replicaInstance(name, id)
+	if err != nil {
+		return err
+	}
+	if err := c.provider.StreamLogs(ctx, inst, launcher.LogOptions{Tail: opts.Tail, Follow: opts.Follow}, w); err != nil {
+		if errors.Is(err, launcher.ErrNotFound) {
+			return fmt.Errorf("replica %d of %q: %v: %w", id, name, err, api.ErrNotFound)
+		}
+		return err
+	}
+	return nil
+}
+
+// replicaInstance is the instance id of a service's replica.
+func (c *Controller) replicaInstance(name string, id int) (string, error) {
 	s, err := c.serviceNamed(name)
 	if err != nil {
 		return "", err
@@ -476,11 +507,7 @@ func (c *Controller) ReplicaLogPath(name string, id int) (string, error) {
 		if r.InstanceID == "" {
 			return "", fmt.Errorf("replica %d of %q has no log: %w", id, name, api.ErrNotFound)
 		}
-		p, err := c.provider.LogPath(r.InstanceID)
-		if err != nil {
-			return "", fmt.Errorf("replica %d of %q: %v: %w", id, name, err, api.ErrNotFound)
-		}
-		return p, nil
+		return r.InstanceID, nil
 	}
 	return "", fmt.Errorf("replica %d of %q: %w", id, name, api.ErrNotFound)
 }
