@@ -210,6 +210,14 @@ func startupScript(spec launcher.Spec) (string, error) {
 	}
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(portOf(spec)) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
+	if spec.Job != nil {
+		boot, err := jobBoot(spec)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(boot)
+		return b.String(), nil
+	}
 	b.WriteString(launcher.RenderScript(spec))
 	return b.String(), nil
 }
