@@ -51,6 +51,9 @@ const (
 	DefaultRegion = "us-east-1"
 	// DefaultSecurityGroup is the security group Ferry creates per region for service ports.
 	DefaultSecurityGroup = "ferry"
+	// DefaultJobSecurityGroup is the security group Ferry creates per region in which a job's
+	// nodes reach each other.
+	DefaultJobSecurityGroup = "ferry-jobs"
 	// DefaultLaunchTimeout bounds the wait for a VM to reach running with a private IP. EC2
 	// usually takes under a minute; large GPU instances a few.
 	DefaultLaunchTimeout = 10 * time.Minute
@@ -96,6 +99,9 @@ type Options struct {
 	// SecurityGroup is the group every instance runs in, whose rules open the service ports;
 	// default DefaultSecurityGroup.
 	SecurityGroup string
+	// JobSecurityGroup is the group a job's nodes run in besides SecurityGroup, which admits
+	// all traffic between its members; default DefaultJobSecurityGroup (see ensureJobGroup).
+	JobSecurityGroup string
 	// IngressCIDRs and IngressSecurityGroups (ids, in the instances' VPC) are all that may
 	// reach the service port: the controller and its attached proxies. With neither, the
 	// controller alone, at the address its host sends from to each replica (see ingress.go).
@@ -156,6 +162,9 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if opts.SecurityGroup == "" {
 		opts.SecurityGroup = DefaultSecurityGroup
 	}
+	if opts.JobSecurityGroup == "" {
+		opts.JobSecurityGroup = DefaultJobSecurityGroup
+	}
 	sources, err := configuredSources(opts)
 	if err != nil {
 		return nil, err
@@ -198,7 +207,7 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 		opts: opts, log: opts.Logger.With(zap.String("infra", InfraName)), clients: map[string]*ec2.Client{},
 		zones: map[string]map[string]string{}, amis: map[string]string{}, exits: map[string]int{}, exitTries: map[string]time.Time{},
 		sources: sources, routeSource: launcher.RouteSource,
-		ingress: ingressState{groups: map[string]string{}, admitted: map[string]bool{}, narrowed: map[string]bool{}, adopted: map[string]time.Time{}},
+		ingress: ingressState{groups: map[string]string{}, admitted: map[string]bool{}, narrowed: map[string]bool{}, adopted: map[string]time.Time{}, jobGroups: map[string]string{}},
 	}
 	for _, r := range opts.Regions {
 		p.clients[r] = ec2.NewFromConfig(cfg, func(o *ec2.Options) {
@@ -330,7 +339,9 @@ func (p *Provider) defaultAMI(ctx context.Context, c *ec2.Client, region string,
 // launchPlan is what one RunInstances call needs, resolved from a spec.
 type launchPlan struct {
 	region, zone, ami, instanceType, securityGroup, placementGroup string
-	port                                                           int
+	// jobGroup is the job security group, for a job's nodes.
+	jobGroup string
+	port     int
 }
 
 // plan resolves region, zone, image, instance type, port and security group for spec.
@@ -381,6 +392,14 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 	}
 	if lp.securityGroup, err = p.ensureIngress(ctx, lp.region, lp.port, ""); err != nil {
 		return lp, err
+	}
+	if spec.Job != nil {
+		p.ingressMu.Lock()
+		lp.jobGroup, err = p.ensureJobGroup(ctx, c, lp.region)
+		p.ingressMu.Unlock()
+		if err != nil {
+			return lp, err
+		}
 	}
 	return lp, nil
 }
@@ -526,7 +545,7 @@ func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (
 		MinCount:         awssdk.Int32(1),
 		MaxCount:         awssdk.Int32(1),
 		UserData:         awssdk.String(ud),
-		SecurityGroupIds: []string{lp.securityGroup},
+		SecurityGroupIds: slices.DeleteFunc([]string{lp.securityGroup, lp.jobGroup}, func(g string) bool { return g == "" }),
 		ClientToken:      awssdk.String(randomHex(16)),
 		TagSpecifications: []types.TagSpecification{{
 			ResourceType: types.ResourceTypeInstance, Tags: instanceTags,

@@ -82,6 +82,11 @@ func TestJobGangTalksOverTCP(t *testing.T) {
 		}
 		ips = append(ips, in.IP)
 	}
+	// On EC2 the ranks reach each other only through a rule (the fake does not filter).
+	rules := e.fake.IngressRules(testRegion, DefaultJobSecurityGroup)
+	if len(rules) != 1 || rules[0].Protocol != "-1" || rules[0].GroupID == "" {
+		t.Fatalf("job security group rules %+v, want all traffic from the group itself", rules)
+	}
 	for _, in := range insts {
 		if rc := waitExited(t, e.p, in.ID); rc != 0 {
 			t.Fatalf("%s exited %d; console:\n%s", in.Name, rc, e.fake.ConsoleOutput(fakeInstance(t, e.fake, in.ID).ID))

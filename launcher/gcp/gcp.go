@@ -382,6 +382,11 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	if err := p.ensureFirewall(ctx, portOf(spec), ""); err != nil {
 		return launcher.Instance{}, err
 	}
+	if spec.Job != nil {
+		if err := p.ensureJobsRule(ctx); err != nil {
+			return launcher.Instance{}, err
+		}
+	}
 	p.mu.Lock()
 	p.launchedZones[zone] = true
 	p.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -80,13 +81,24 @@ func TestJobGangTalksOverTCP(t *testing.T) {
 		}
 		ips = append(ips, in.IP)
 	}
+	// On GCE the ranks reach each other only through a rule (the fake does not filter).
+	fw, ok := e.fake.Firewall("ferry-jobs")
+	if !ok || fw.GetPriority() >= allowPriority || !slices.Equal(fw.GetSourceTags(), []string{jobTag}) || !slices.Equal(fw.GetTargetTags(), []string{jobTag}) {
+		t.Fatalf("ferry-jobs rule %v, want job nodes admitted from job nodes above the deny rules", fw)
+	}
+	for _, in := range insts {
+		if vm, _, _ := e.fake.Instance(in.Name); !slices.Contains(vm.GetTags().GetItems(), jobTag) {
+			t.Fatalf("%s has network tags %v, want %s", in.Name, vm.GetTags().GetItems(), jobTag)
+		}
+	}
 	for _, in := range insts {
 		if rc := waitExited(t, e, in); rc != 0 {
 			t.Fatalf("%s exited %d; serial:\n%s", in.Name, rc, serial(e, in))
 		}
-		if vm, _, _ := e.fake.Instance(in.Name); vm.GetStatus() != "TERMINATED" {
-			t.Fatalf("%s is %s, want TERMINATED (powered off)", in.Name, vm.GetStatus())
-		}
+		waitFor(t, in.Name+" TERMINATED (powered off)", func() bool {
+			vm, _, _ := e.fake.Instance(in.Name)
+			return vm.GetStatus() == "TERMINATED"
+		})
 	}
 	rank0, rank1 := serial(e, insts[0]), serial(e, insts[1])
 	for _, want := range []string{"setup on rank 0", "node ips [" + ips[0] + " " + ips[1] + "]", `rank 0 heard "hello from rank 1" from ` + ips[1], exitMarker + "0"} {
