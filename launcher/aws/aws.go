@@ -11,6 +11,12 @@
 // DescribeInstances with backoff until the VM runs, and Notices polls for spot interruption
 // warnings and terminations every Options.NoticeInterval.
 //
+// A job's node (Spec.Job) boots the same way but is meant to end: it learns its gang's
+// addresses from an instance tag, hears spot interruption warnings from its metadata service,
+// and marks its exit status on the console before it powers off; List reports it as
+// Instance.ExitCode, StreamLogs serves the console (job.go, logs.go). LaunchGang puts a gang in
+// one cluster placement group (gang.go).
+//
 // Credentials come from the SDK's default chain (environment, shared config and credentials
 // files, SSO, IMDS) unless Options.Credentials is set; Options.Endpoint points the client at
 // a compatible cloud or at the in-project fake (launcher/aws/fakeec2).

@@ -3,6 +3,7 @@ package aws
 import (
 	"context"
 	"fmt"
+	"path"
 	"regexp"
 	"strconv"
 	"strings"
@@ -100,7 +101,8 @@ func jobBoot(spec launcher.Spec) (string, error) {
 	b.WriteString("ferry_state=${FERRY_STATE_DIR:-/var/lib/ferry}\nmkdir -p \"$ferry_state\"\n")
 	b.WriteString("export " + EnvPreemptionFile + "=\"$ferry_state/preemption\"\nrm -f \"$" + EnvPreemptionFile + "\"\n")
 	if dir := spec.Job.CheckpointDir; dir != "" {
-		b.WriteString("export " + launcher.EnvCheckpointDir + "=\"${FERRY_VM_ROOT:-}\"" + quote(dir) + "\n")
+		// An absolute path on the VM (a relative one is taken from /).
+		b.WriteString("export " + launcher.EnvCheckpointDir + "=\"${FERRY_VM_ROOT:-}\"" + quote(path.Join("/", dir)) + "\n")
 		b.WriteString("mkdir -p \"$" + launcher.EnvCheckpointDir + "\"\n")
 	}
 	b.WriteString("cat > \"$ferry_state/job.sh\" <<'" + eof + "'\n" + script)

@@ -14,6 +14,12 @@
 // rest, both for the VMs tagged ferry-port-PORT; List narrows the rules Ferry made before for
 // VMs an earlier controller launched (firewall.go).
 //
+// A job's node (Spec.Job) boots the same way but is meant to end: it learns its gang's
+// addresses from a metadata attribute set after insert, hears preemption notices from its
+// metadata server, and marks its exit status on the serial console before it powers off;
+// List reports it as Instance.ExitCode, StreamLogs serves serial port 1 (job.go, logs.go).
+// LaunchGang puts a gang in one zone (gang.go).
+//
 // Instance ids are "gcp/ZONE/NAME".
 package gcp
 
