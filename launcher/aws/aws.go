@@ -11,6 +11,12 @@
 // DescribeInstances with backoff until the VM runs, and Notices polls for spot interruption
 // warnings and terminations every Options.NoticeInterval.
 //
+// A job's node (Spec.Job) boots the same way but is meant to end: it learns its gang's
+// addresses from an instance tag, hears spot interruption warnings from its metadata service,
+// and marks its exit status on the console before it powers off; List reports it as
+// Instance.ExitCode, StreamLogs serves the console (job.go, logs.go). LaunchGang puts a gang in
+// one cluster placement group (gang.go).
+//
 // Credentials come from the SDK's default chain (environment, shared config and credentials
 // files, SSO, IMDS) unless Options.Credentials is set; Options.Endpoint points the client at
 // a compatible cloud or at the in-project fake (launcher/aws/fakeec2).
@@ -51,6 +57,9 @@ const (
 	DefaultRegion = "us-east-1"
 	// DefaultSecurityGroup is the security group Ferry creates per region for service ports.
 	DefaultSecurityGroup = "ferry"
+	// DefaultJobSecurityGroup is the security group Ferry creates per region in which a job's
+	// nodes reach each other.
+	DefaultJobSecurityGroup = "ferry-jobs"
 	// DefaultLaunchTimeout bounds the wait for a VM to reach running with a private IP. EC2
 	// usually takes under a minute; large GPU instances a few.
 	DefaultLaunchTimeout = 10 * time.Minute
@@ -96,6 +105,9 @@ type Options struct {
 	// SecurityGroup is the group every instance runs in, whose rules open the service ports;
 	// default DefaultSecurityGroup.
 	SecurityGroup string
+	// JobSecurityGroup is the group a job's nodes run in besides SecurityGroup, which admits
+	// all traffic between its members; default DefaultJobSecurityGroup (see ensureJobGroup).
+	JobSecurityGroup string
 	// IngressCIDRs and IngressSecurityGroups (ids, in the instances' VPC) are all that may
 	// reach the service port: the controller and its attached proxies. With neither, the
 	// controller alone, at the address its host sends from to each replica (see ingress.go).
@@ -109,6 +121,8 @@ type Options struct {
 	PollInterval time.Duration
 	// NoticeInterval is how often Notices polls; default DefaultNoticeInterval.
 	NoticeInterval time.Duration
+	// LogInterval is how often StreamLogs reads a followed console; default DefaultLogInterval.
+	LogInterval time.Duration
 	// MaxAttempts bounds the SDK's attempts per API call (0: the SDK's default, 3).
 	MaxAttempts int
 	Logger      *zap.Logger
@@ -123,6 +137,10 @@ type Provider struct {
 	mu    sync.Mutex
 	zones map[string]map[string]string // region -> AZ ID -> zone name
 	amis  map[string]string            // "region/gpu" -> default image found by name
+	// exits caches the exit status job nodes marked (instance id -> status); exitTries is
+	// when a node without one may be read again.
+	exits     map[string]int
+	exitTries map[string]time.Time
 
 	// sources are the configured ingress sources; none means the controller's route source.
 	sources []source
@@ -138,6 +156,7 @@ var (
 	_ launcher.Checker            = (*Provider)(nil)
 	_ launcher.GangLauncher       = (*Provider)(nil)
 	_ launcher.PreemptionNotifier = (*Provider)(nil)
+	_ launcher.LogStreamer        = (*Provider)(nil)
 )
 
 // New loads the SDK configuration (credentials are resolved lazily, on the first call) and
@@ -148,6 +167,9 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}
 	if opts.SecurityGroup == "" {
 		opts.SecurityGroup = DefaultSecurityGroup
+	}
+	if opts.JobSecurityGroup == "" {
+		opts.JobSecurityGroup = DefaultJobSecurityGroup
 	}
 	sources, err := configuredSources(opts)
 	if err != nil {
@@ -161,6 +183,9 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}
 	if opts.NoticeInterval <= 0 {
 		opts.NoticeInterval = DefaultNoticeInterval
+	}
+	if opts.LogInterval <= 0 {
+		opts.LogInterval = DefaultLogInterval
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
@@ -186,9 +211,9 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}
 	p := &Provider{
 		opts: opts, log: opts.Logger.With(zap.String("infra", InfraName)), clients: map[string]*ec2.Client{},
-		zones: map[string]map[string]string{}, amis: map[string]string{},
+		zones: map[string]map[string]string{}, amis: map[string]string{}, exits: map[string]int{}, exitTries: map[string]time.Time{},
 		sources: sources, routeSource: launcher.RouteSource,
-		ingress: ingressState{groups: map[string]string{}, admitted: map[string]bool{}, narrowed: map[string]bool{}, adopted: map[string]time.Time{}},
+		ingress: ingressState{groups: map[string]string{}, admitted: map[string]bool{}, narrowed: map[string]bool{}, adopted: map[string]time.Time{}, jobGroups: map[string]string{}},
 	}
 	for _, r := range opts.Regions {
 		p.clients[r] = ec2.NewFromConfig(cfg, func(o *ec2.Options) {
@@ -320,7 +345,9 @@ func (p *Provider) defaultAMI(ctx context.Context, c *ec2.Client, region string,
 // launchPlan is what one RunInstances call needs, resolved from a spec.
 type launchPlan struct {
 	region, zone, ami, instanceType, securityGroup, placementGroup string
-	port                                                           int
+	// jobGroup is the job security group, for a job's nodes.
+	jobGroup string
+	port     int
 }
 
 // plan resolves region, zone, image, instance type, port and security group for spec.
@@ -372,6 +399,14 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 	if lp.securityGroup, err = p.ensureIngress(ctx, lp.region, lp.port, ""); err != nil {
 		return lp, err
 	}
+	if spec.Job != nil {
+		p.ingressMu.Lock()
+		lp.jobGroup, err = p.ensureJobGroup(ctx, c, lp.region)
+		p.ingressMu.Unlock()
+		if err != nil {
+			return lp, err
+		}
+	}
 	return lp, nil
 }
 
@@ -398,7 +433,15 @@ func userData(spec launcher.Spec, port int) (string, error) {
 	}
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(port) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
-	b.WriteString(launcher.RenderScript(spec))
+	if spec.Job != nil {
+		boot, err := jobBoot(spec)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(boot)
+	} else {
+		b.WriteString(launcher.RenderScript(spec))
+	}
 	if b.Len() > 16*1024 {
 		return "", fmt.Errorf("%w: %s: user-data is %d bytes, over EC2's 16 KiB limit; move setup into a script on the image", launcher.ErrInvalid, InfraName, b.Len())
 	}
@@ -412,12 +455,19 @@ func userData(spec launcher.Spec, port int) (string, error) {
 // IMDSv2 first wants a PUT with a header for a session token, and a hop limit of 1 keeps that
 // token from reaching a container behind a bridge (one hop further). Processes on the VM
 // itself can still read it: see userData.
-func metadataOptions() *types.InstanceMetadataOptionsRequest {
-	return &types.InstanceMetadataOptionsRequest{
+//
+// A job's node also gets its tags in the metadata service (InstanceMetadataTags), where it
+// reads its gang's addresses (job.go); a replica's tags stay out of it.
+func metadataOptions(job bool) *types.InstanceMetadataOptionsRequest {
+	m := &types.InstanceMetadataOptionsRequest{
 		HttpTokens:              types.HttpTokensStateRequired,
 		HttpPutResponseHopLimit: awssdk.Int32(1),
 		HttpEndpoint:            types.InstanceMetadataEndpointStateEnabled,
 	}
+	if job {
+		m.InstanceMetadataTags = types.InstanceMetadataTagsStateEnabled
+	}
+	return m
 }
 
 func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
@@ -445,7 +495,10 @@ func tags(spec launcher.Spec, port int, placementGroup string) []types.Tag {
 // Launch runs one instance exactly at spec.Placement and returns once it is running with a
 // private IP (not once its program serves). A VM that does not run within LaunchTimeout, or
 // ends while starting, is terminated. If ctx ends first, the VM is left for List to adopt.
+//
+// A job's node launched alone learns its own address as its gang's (job.go).
 func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
+	spec, selfTag := jobSpec(spec)
 	lp, err := p.plan(ctx, spec, false)
 	if err != nil {
 		return launcher.Instance{}, err
@@ -457,6 +510,9 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	insts, err := p.waitRunning(ctx, lp.region, []string{id})
 	if err == nil {
 		err = p.admitInstances(ctx, lp, insts)
+	}
+	if err == nil && selfTag {
+		err = p.tagNodes(ctx, lp.region, insts)
 	}
 	if err != nil {
 		if ctx.Err() == nil {
@@ -495,14 +551,15 @@ func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (
 		MinCount:         awssdk.Int32(1),
 		MaxCount:         awssdk.Int32(1),
 		UserData:         awssdk.String(ud),
-		SecurityGroupIds: []string{lp.securityGroup},
+		SecurityGroupIds: slices.DeleteFunc([]string{lp.securityGroup, lp.jobGroup}, func(g string) bool { return g == "" }),
 		ClientToken:      awssdk.String(randomHex(16)),
 		TagSpecifications: []types.TagSpecification{{
 			ResourceType: types.ResourceTypeInstance, Tags: instanceTags,
 		}},
-		// The replica manager owns the lifecycle: a VM that shuts itself down is gone.
+		// The replica manager owns the lifecycle: a VM that shuts itself down is gone. A job's
+		// node powers off when its run ends (job.go).
 		InstanceInitiatedShutdownBehavior: types.ShutdownBehaviorTerminate,
-		MetadataOptions:                   metadataOptions(),
+		MetadataOptions:                   metadataOptions(spec.Job != nil),
 	}
 	if lp.zone != "" || lp.placementGroup != "" {
 		in.Placement = &types.Placement{}
@@ -612,6 +669,10 @@ func (p *Provider) started(region string, ids []string, out *ec2.DescribeInstanc
 			return nil, false, nil
 		default:
 			code, msg := stateReason(in)
+			if code == reasonInstanceShutdown && hasTag(in, launcher.LabelJob) {
+				// A job's node that ran and powered off between two polls.
+				break
+			}
 			kind := errors.New("ended while starting")
 			switch code {
 			case reasonSpotTermination:
@@ -624,6 +685,15 @@ func (p *Provider) started(region string, ids []string, out *ec2.DescribeInstanc
 		insts = append(insts, p.instance(region, in))
 	}
 	return insts, true, nil
+}
+
+func hasTag(in types.Instance, key string) bool {
+	for _, t := range in.Tags {
+		if awssdk.ToString(t.Key) == key {
+			return true
+		}
+	}
+	return false
 }
 
 func stateReason(in types.Instance) (code, message string) {
@@ -655,7 +725,7 @@ func (p *Provider) instance(region string, in types.Instance) launcher.Instance 
 	}
 	for k, v := range tagMap {
 		switch {
-		case k == tagName, k == tagPort, k == tagPrice, k == tagPlacementGroup, strings.HasPrefix(k, "aws:"):
+		case k == tagName, k == tagPort, k == tagPrice, k == tagPlacementGroup, k == tagNodeIPs, strings.HasPrefix(k, "aws:"):
 		default:
 			out.Labels[k] = v
 		}
@@ -668,6 +738,7 @@ func (p *Provider) instance(region string, in types.Instance) launcher.Instance 
 		out.LaunchedAt = *in.LaunchTime
 	}
 	if ip := awssdk.ToString(in.PrivateIpAddress); ip != "" {
+		out.IP = ip
 		port := tagMap[tagPort]
 		if port == "" {
 			port = strconv.Itoa(DefaultPort)
@@ -691,6 +762,31 @@ func (p *Provider) instance(region string, in types.Instance) launcher.Instance 
 		}
 		out.Reason = string(state) + ": " + msg
 	}
+	return out
+}
+
+// withExitCode adds the exit status a job's node marked before it powered off (job.go). While
+// EC2 has not posted it yet (console output lags on instances other than Nitro), a node still
+// shutting down is reported running, so that it is not taken for lost; once terminated
+// without a marked status, it is terminated with no exit code.
+func (p *Provider) withExitCode(ctx context.Context, region string, in types.Instance, out launcher.Instance) launcher.Instance {
+	if out.Labels[launcher.LabelJob] == "" || out.State != launcher.StateTerminated {
+		return out
+	}
+	if code, _ := stateReason(in); code != reasonInstanceShutdown {
+		return out
+	}
+	if rc, ok := p.exitCode(ctx, region, awssdk.ToString(in.InstanceId)); ok {
+		out.ExitCode = &rc
+		out.Reason = "exited with status " + strconv.Itoa(rc)
+		return out
+	}
+	if in.State.Name == types.InstanceStateNameShuttingDown {
+		out.State = launcher.StateRunning
+		out.Reason = "shutting down; its exit status is not in its console output yet"
+		return out
+	}
+	out.Reason += " (powered off without an exit status in its console output)"
 	return out
 }
 
@@ -752,7 +848,7 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 					return
 				}
 			}
-			out = append(out, p.instance(region, in))
+			out = append(out, p.withExitCode(ctx, region, in, p.instance(region, in)))
 		})
 		if err != nil {
 			return nil, err

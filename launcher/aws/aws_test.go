@@ -40,6 +40,9 @@ const (
 // TestMain builds the ferry binary so that a fake VM's user-data can run `ferry replica-sim`,
 // and keeps the SDK off the network and away from the host's AWS configuration.
 func TestMain(m *testing.M) {
+	if os.Getenv(envGangNode) != "" {
+		os.Exit(gangNode())
+	}
 	os.Exit(run(m))
 }
 
@@ -158,7 +161,7 @@ func TestLaunchOnDemandServes(t *testing.T) {
 	zoneName := e.fake.ZoneNames(testRegion)[testZoneID]
 	want := launcher.Instance{
 		ID: "aws/" + testRegion + "/" + fi.ID, Name: "chat-1", Infra: InfraName, Region: testRegion, Zone: zoneName,
-		Endpoint: fi.PrivateIP + ":8081", State: launcher.StateRunning, PricePerHour: 1.006,
+		Endpoint: fi.PrivateIP + ":8081", IP: fi.PrivateIP, State: launcher.StateRunning, PricePerHour: 1.006,
 		Labels: map[string]string{launcher.LabelService: "chat", launcher.LabelVersion: "1", launcher.LabelReplicaID: "chat-1", launcher.LabelOwner: "true"},
 	}
 	inst.LaunchedAt = time.Time{}
@@ -759,7 +762,9 @@ func TestInstancesRequireIMDSv2(t *testing.T) {
 	if _, err := e.p.LaunchGang(ctx, spec("imds-gang", "exec sleep 300", false), 2); err != nil {
 		t.Fatal(err)
 	}
-	want := fakeec2.MetadataOptions{HTTPTokens: "required", HopLimit: 1, HTTPEndpoint: "enabled"}
+	// A replica's tags stay out of the metadata service; a job's node reads its gang's
+	// addresses there (TestJobGang).
+	want := fakeec2.MetadataOptions{HTTPTokens: "required", HopLimit: 1, HTTPEndpoint: "enabled", InstanceMetadataTags: "disabled"}
 	insts := e.fake.Instances()
 	if len(insts) != 4 {
 		t.Fatalf("%d instances, want 4", len(insts))

@@ -21,11 +21,19 @@ import (
 // RunInstances call each: one call with MinCount=n would be atomic in EC2 but gives every node
 // the same user-data.
 //
+// A job's gang learns its addresses after launch: the nodes wait for them before setup, and
+// LaunchGang tags every node with them, rank 0 first, once all run (job.go). A gang that EC2
+// cannot fit in the zone (a capacity error on any node) is rolled back and the error wraps
+// launcher.ErrNoCapacity, so the provisioner tries the next zone or region.
+//
 // After a successful gang the placement group stays (it costs nothing; the account limit is
 // 500): deleting it when the gang's last node is terminated is not done yet.
 func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([]launcher.Instance, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("%w: a gang needs at least one node, got %d", launcher.ErrInvalid, n)
+	}
+	if spec.Job != nil && n > maxGang && len(spec.Job.NodeIPs) == 0 {
+		return nil, fmt.Errorf("%w: %s: a job's gang is at most %d nodes (its addresses go in one tag)", launcher.ErrInvalid, InfraName, maxGang)
 	}
 	if n == 1 {
 		inst, err := p.Launch(ctx, launcher.GangNode(spec, 0, 1))
@@ -34,6 +42,7 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 		}
 		return []launcher.Instance{inst}, nil
 	}
+	spec, tagIPs := jobSpec(spec)
 	lp, err := p.plan(ctx, spec, true)
 	if err != nil {
 		return nil, err
@@ -66,6 +75,9 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 	insts, err := p.waitRunning(ctx, lp.region, ids)
 	if err == nil {
 		err = p.admitInstances(ctx, lp, insts)
+	}
+	if err == nil && tagIPs {
+		err = p.tagNodes(ctx, lp.region, insts)
 	}
 	if err != nil {
 		return fail(err)

@@ -85,6 +85,8 @@ type ingressState struct {
 	admitted map[string]bool      // "region/port/source" the controller was admitted from
 	narrowed map[string]bool      // "region/port" narrowed
 	adopted  map[string]time.Time // "region/port" adopted by List: zero when done, else retry time
+	// jobGroups are the job security groups by region, made with their rule.
+	jobGroups map[string]string
 }
 
 func portKey(region string, port int) string { return region + "/" + strconv.Itoa(port) }
@@ -126,7 +128,49 @@ func (p *Provider) ensureGroup(ctx context.Context, c *ec2.Client, region string
 	if id := p.ingress.groups[region]; id != "" {
 		return id, nil
 	}
-	name := p.opts.SecurityGroup
+	id, err := p.findOrCreateGroup(ctx, c, region, p.opts.SecurityGroup, "Ferry replicas: service ports, from the proxies only")
+	if err != nil {
+		return "", err
+	}
+	p.ingress.groups[region] = id
+	return id, nil
+}
+
+// descGang is the rule of the job security group that lets its members reach each other.
+const descGang = "ferry: nodes of a job's gang reach each other"
+
+// ensureJobGroup returns the id of region's job security group (Options.JobSecurityGroup),
+// creating it on first use with one rule: all traffic from its own members. A job's nodes run
+// in it besides the Ferry group, so that a gang's ranks reach each other on any port (a
+// rendezvous, NCCL's sockets) while replicas stay reachable from the proxies only. Every job's
+// nodes in the region share it, so the nodes of two jobs can reach each other too; a group
+// per gang would keep them apart, at the cost of a group to delete per gang. Callers hold
+// ingressMu.
+func (p *Provider) ensureJobGroup(ctx context.Context, c *ec2.Client, region string) (string, error) {
+	if id := p.ingress.jobGroups[region]; id != "" {
+		return id, nil
+	}
+	id, err := p.findOrCreateGroup(ctx, c, region, p.opts.JobSecurityGroup, "Ferry job nodes: all traffic between the nodes of a gang")
+	if err != nil {
+		return "", err
+	}
+	_, err = c.AuthorizeSecurityGroupIngress(ctx, &ec2.AuthorizeSecurityGroupIngressInput{
+		GroupId: awssdk.String(id),
+		IpPermissions: []types.IpPermission{{
+			IpProtocol: awssdk.String("-1"), FromPort: awssdk.Int32(-1), ToPort: awssdk.Int32(-1),
+			UserIdGroupPairs: []types.UserIdGroupPair{{GroupId: awssdk.String(id), Description: awssdk.String(descGang)}},
+		}},
+	})
+	if err != nil && errorCode(err) != "InvalidPermission.Duplicate" {
+		return "", classify(err, "let the nodes in security group "+id+" reach each other")
+	}
+	p.ingress.jobGroups[region] = id
+	return id, nil
+}
+
+// findOrCreateGroup returns the id of the security group name, creating it when it is not
+// there. Callers hold ingressMu.
+func (p *Provider) findOrCreateGroup(ctx context.Context, c *ec2.Client, region, name, description string) (string, error) {
 	found, err := c.DescribeSecurityGroups(ctx, &ec2.DescribeSecurityGroupsInput{
 		Filters: []types.Filter{{Name: awssdk.String("group-name"), Values: []string{name}}},
 	})
@@ -139,7 +183,7 @@ func (p *Provider) ensureGroup(ctx context.Context, c *ec2.Client, region string
 	} else {
 		created, err := c.CreateSecurityGroup(ctx, &ec2.CreateSecurityGroupInput{
 			GroupName:   awssdk.String(name),
-			Description: awssdk.String("Ferry replicas: service ports, from the proxies only"),
+			Description: awssdk.String(description),
 			TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypeSecurityGroup,
 				Tags: []types.Tag{{Key: awssdk.String(launcher.LabelOwner), Value: awssdk.String("true")}}}},
 		})
@@ -149,7 +193,6 @@ func (p *Provider) ensureGroup(ctx context.Context, c *ec2.Client, region string
 		id = awssdk.ToString(created.GroupId)
 		p.log.Info("created security group", zap.String("region", region), zap.String("group", name), zap.String("id", id))
 	}
-	p.ingress.groups[region] = id
 	return id, nil
 }
 

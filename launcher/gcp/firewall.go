@@ -48,8 +48,66 @@ const (
 	adoptRetry = time.Minute
 )
 
+// A job's nodes carry the network tag jobTag, and one rule, ferry-jobs (priority
+// jobsPriority, above the deny rules), admits all TCP, UDP and ICMP from VMs with that tag to
+// VMs with that tag: a gang's ranks reach each other on any port (a rendezvous, NCCL's
+// sockets), the service port included, on any network, not only on the default network with
+// its default-allow-internal. Every job's nodes share it, so two jobs' nodes can reach each
+// other too; a tag and rule per gang would keep them apart.
+const (
+	jobTag       = "ferry-job"
+	jobsPriority = 890
+	descJobs     = "Ferry: the nodes of a job's gang reach each other"
+)
+
+// ensureJobsRule creates the ferry-jobs rule unless it exists (once per process).
+func (p *Provider) ensureJobsRule(ctx context.Context) error {
+	if p.opts.SkipFirewall {
+		return nil
+	}
+	p.fwMu.Lock()
+	defer p.fwMu.Unlock()
+	if p.fw.jobs {
+		return nil
+	}
+	name := "ferry-jobs"
+	if p.opts.Network != DefaultNetwork {
+		name = "ferry-" + p.opts.Network + "-jobs"
+	}
+	cur, err := p.getFirewall(ctx, name)
+	if err != nil {
+		return err
+	}
+	if cur == nil {
+		op, err := p.firewalls.Insert(ctx, &computepb.InsertFirewallRequest{Project: p.opts.Project, FirewallResource: &computepb.Firewall{
+			Name:        proto.String(name),
+			Description: proto.String(descJobs),
+			Network:     proto.String("global/networks/" + p.opts.Network),
+			Direction:   proto.String("INGRESS"),
+			Priority:    proto.Int32(jobsPriority),
+			Allowed: []*computepb.Allowed{
+				{IPProtocol: proto.String("tcp")}, {IPProtocol: proto.String("udp")}, {IPProtocol: proto.String("icmp")},
+			},
+			SourceTags: []string{jobTag},
+			TargetTags: []string{jobTag},
+		}})
+		switch {
+		case err != nil && !isConflict(err):
+			return classify(err, "insert firewall "+name)
+		case err == nil:
+			if err := p.waitGlobalOp(ctx, op.Proto()); err != nil {
+				return fmt.Errorf("gcp: insert firewall %s: %w", name, err)
+			}
+			p.log.Info("created firewall rule letting the nodes of a job reach each other", zap.String("firewall", name))
+		}
+	}
+	p.fw.jobs = true
+	return nil
+}
+
 // firewallState is what the provider has done to its firewall rules in this process.
 type firewallState struct {
+	jobs     bool              // the ferry-jobs rule is in place
 	settled  map[int]bool      // port: allow rule made what it should be, deny rule in place
 	denied   map[int]bool      // port: deny rule in place
 	admitted map[string]bool   // "port/source": the controller admitted from source

@@ -14,6 +14,12 @@
 // rest, both for the VMs tagged ferry-port-PORT; List narrows the rules Ferry made before for
 // VMs an earlier controller launched (firewall.go).
 //
+// A job's node (Spec.Job) boots the same way but is meant to end: it learns its gang's
+// addresses from a metadata attribute set after insert, hears preemption notices from its
+// metadata server, and marks its exit status on the serial console before it powers off;
+// List reports it as Instance.ExitCode, StreamLogs serves serial port 1 (job.go, logs.go).
+// LaunchGang puts a gang in one zone (gang.go).
+//
 // Instance ids are "gcp/ZONE/NAME".
 package gcp
 
@@ -123,7 +129,10 @@ type Options struct {
 	PollInterval   time.Duration
 	NoticeInterval time.Duration
 	NoticeLookback time.Duration
-	Logger         *zap.Logger
+	// LogInterval is how often StreamLogs reads a followed serial port; default
+	// DefaultLogInterval.
+	LogInterval time.Duration
+	Logger      *zap.Logger
 }
 
 // Provider launches Compute Engine VMs in one project. It is safe for concurrent use.
@@ -143,6 +152,10 @@ type Provider struct {
 	ingressCIDRs []string
 	// routeSource is launcher.RouteSource; tests replace it.
 	routeSource func(ip string) (netip.Prefix, error)
+	// exits caches the exit status stopped job nodes marked ("zone/name/id" -> status);
+	// exitTries is when a node without one may be read again. Both under mu.
+	exits     map[string]int
+	exitTries map[string]time.Time
 	// fwMu serialises changes to the firewall rules; it is never held with mu.
 	fwMu sync.Mutex
 	fw   firewallState
@@ -153,6 +166,7 @@ var (
 	_ launcher.Checker            = (*Provider)(nil)
 	_ launcher.PreemptionNotifier = (*Provider)(nil)
 	_ launcher.GangLauncher       = (*Provider)(nil)
+	_ launcher.LogStreamer        = (*Provider)(nil)
 )
 
 // New creates the REST clients. With ADC it resolves credentials now (an error here wraps
@@ -186,6 +200,9 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if opts.NoticeLookback <= 0 {
 		opts.NoticeLookback = DefaultNoticeLookback
 	}
+	if opts.LogInterval <= 0 {
+		opts.LogInterval = DefaultLogInterval
+	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
@@ -204,6 +221,7 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 
 	p := &Provider{opts: opts, log: opts.Logger.With(zap.String("infra", InfraName), zap.String("project", opts.Project)),
 		launchedZones: map[string]bool{}, ingressCIDRs: cidrs, routeSource: launcher.RouteSource,
+		exits: map[string]int{}, exitTries: map[string]time.Time{},
 		fw: firewallState{settled: map[int]bool{}, denied: map[int]bool{}, admitted: map[string]bool{}, adopted: map[int]time.Time{}}}
 	p.allowed = allowedZones(opts.Zones, opts.Regions)
 	if opts.PublicIP && !p.configured() && !opts.SkipFirewall {
@@ -352,7 +370,10 @@ func (p *Provider) Check(ctx context.Context) error {
 // If ctx ends while the insert request is in flight, GCP may still create the VM after the
 // clean-up delete found nothing; it carries Ferry's labels, so List reports it and the
 // reconciler adopts or terminates it.
+//
+// A job's node launched alone learns its own address as its gang's (job.go).
 func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
+	spec, selfTag := jobSpec(spec)
 	zone, err := p.zoneFor(spec.Placement)
 	if err != nil {
 		return launcher.Instance{}, err
@@ -366,6 +387,11 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	defer cancel()
 	if err := p.ensureFirewall(ctx, portOf(spec), ""); err != nil {
 		return launcher.Instance{}, err
+	}
+	if spec.Job != nil {
+		if err := p.ensureJobsRule(ctx); err != nil {
+			return launcher.Instance{}, err
+		}
 	}
 	p.mu.Lock()
 	p.launchedZones[zone] = true
@@ -395,12 +421,16 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		// Without configured sources the controller is admitted once the VM has an address.
 		err = p.ensureFirewall(ctx, portOf(spec), address(running, p.opts.PublicIP))
 	}
+	inst := p.toInstance(zone, running, nil)
+	if err == nil && selfTag {
+		err = p.setNodeIPs(ctx, []launcher.Instance{inst})
+	}
 	if err != nil {
 		p.deleteQuietly(zone, vm.GetName())
 		return launcher.Instance{}, err
 	}
 	log.Info("launched", zap.String("ip", running.GetNetworkInterfaces()[0].GetNetworkIP()))
-	return p.toInstance(zone, running, nil), nil
+	return inst, nil
 }
 
 // launchError turns a not-found on insert (a zone, machine or accelerator type that does
@@ -462,6 +492,11 @@ func (p *Provider) waitRunning(ctx context.Context, zone, name string) (*compute
 				return vm, nil
 			}
 		case "STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED":
+			if vm.GetStatus() == "TERMINATED" && decodeLabels(vm.GetLabels())[launcher.LabelJob] != "" && vm.GetLastStartTimestamp() != "" {
+				// A job's node that ran and powered off between two polls (a preempted one
+				// is told apart when listed).
+				return vm, nil
+			}
 			if isSpot(vm) {
 				return nil, fmt.Errorf("gcp: %w: Spot VM %s stopped while starting (%s)", launcher.ErrPreempted, name, vm.GetStatus())
 			}
@@ -575,7 +610,8 @@ func (p *Provider) listZone(ctx context.Context, zone, filter string) ([]launche
 	}
 	out := make([]launcher.Instance, 0, len(vms))
 	for _, vm := range vms {
-		out = append(out, p.toInstance(zone, vm, preempted))
+		inst := p.toInstance(zone, vm, preempted)
+		out = append(out, p.withExitCode(ctx, zone, vm, inst))
 	}
 	return out, nil
 }
@@ -649,6 +685,7 @@ func (p *Provider) toInstance(zone string, vm *computepb.Instance, preempted map
 	if ip, port := address(vm, p.opts.PublicIP), metadataValue(vm, metaPort); ip != "" && port != "" {
 		inst.Endpoint = net.JoinHostPort(ip, port)
 	}
+	inst.IP = address(vm, false)
 	switch vm.GetStatus() {
 	case "PROVISIONING", "STAGING", "REPAIRING", "PENDING":
 		inst.State = launcher.StatePending

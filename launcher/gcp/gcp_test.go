@@ -28,6 +28,9 @@ var testZones = []string{"us-central1-a", "us-central1-b", "us-east1-b"}
 // TestMain builds the ferry binary and puts it on PATH, so a fake VM's startup script can run
 // `ferry replica-sim` as a real replica would.
 func TestMain(m *testing.M) {
+	if os.Getenv(envGangNode) != "" {
+		os.Exit(gangNode())
+	}
 	os.Exit(func() int {
 		dir, err := os.MkdirTemp("", "ferry-gcp-test-")
 		if err != nil {

@@ -59,6 +59,10 @@ func (p *Provider) instanceFor(spec launcher.Spec, zone string) (*computepb.Inst
 	if err != nil {
 		return nil, err
 	}
+	tags := []string{networkTag, portTag(portOf(spec))}
+	if spec.Job != nil {
+		tags = append(tags, jobTag)
+	}
 	return &computepb.Instance{
 		Name:              proto.String(name),
 		MachineType:       proto.String("zones/" + zone + "/machineTypes/" + machineType),
@@ -66,7 +70,7 @@ func (p *Provider) instanceFor(spec launcher.Spec, zone string) (*computepb.Inst
 		Scheduling:        scheduling(pl.Spot, hasGPU),
 		Labels:            encodeLabels(ownedLabels(spec.Labels)),
 		Metadata:          meta,
-		Tags:              &computepb.Tags{Items: []string{networkTag, portTag(portOf(spec))}},
+		Tags:              &computepb.Tags{Items: tags},
 		NetworkInterfaces: []*computepb.NetworkInterface{p.networkInterface()},
 		Disks:             []*computepb.AttachedDisk{disk},
 	}, nil
@@ -210,6 +214,14 @@ func startupScript(spec launcher.Spec) (string, error) {
 	}
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(portOf(spec)) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
+	if spec.Job != nil {
+		boot, err := jobBoot(spec)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(boot)
+		return b.String(), nil
+	}
 	b.WriteString(launcher.RenderScript(spec))
 	return b.String(), nil
 }

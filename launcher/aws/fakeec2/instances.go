@@ -43,13 +43,16 @@ type MetadataOptions struct {
 	HopLimit int
 	// HTTPEndpoint is "enabled" or "disabled".
 	HTTPEndpoint string
+	// InstanceMetadataTags is "enabled" (the metadata service serves the instance's tags
+	// under meta-data/tags/instance) or "disabled", EC2's default.
+	InstanceMetadataTags string
 }
 
 // metadataOptions reads RunInstances' MetadataOptions.*, validated as EC2 does. Absent
 // fields get the account's defaults, else what EC2 gives an image that does not declare
 // IMDSv2 support: optional tokens, hop limit 1, endpoint enabled.
 func metadataOptions(p params, defaults MetadataOptions) (MetadataOptions, *APIError) {
-	m := MetadataOptions{HTTPTokens: "optional", HopLimit: 1, HTTPEndpoint: "enabled"}
+	m := MetadataOptions{HTTPTokens: "optional", HopLimit: 1, HTTPEndpoint: "enabled", InstanceMetadataTags: "disabled"}
 	if defaults.HTTPTokens != "" {
 		m.HTTPTokens = defaults.HTTPTokens
 	}
@@ -58,6 +61,9 @@ func metadataOptions(p params, defaults MetadataOptions) (MetadataOptions, *APIE
 	}
 	if defaults.HTTPEndpoint != "" {
 		m.HTTPEndpoint = defaults.HTTPEndpoint
+	}
+	if defaults.InstanceMetadataTags != "" {
+		m.InstanceMetadataTags = defaults.InstanceMetadataTags
 	}
 	if v := p.get("MetadataOptions.HttpTokens"); v != "" {
 		if v != "optional" && v != "required" {
@@ -77,6 +83,12 @@ func metadataOptions(p params, defaults MetadataOptions) (MetadataOptions, *APIE
 			return m, apiErr("InvalidParameterValue", "Value (%s) for parameter MetadataOptions.HttpEndpoint is invalid. Valid values: enabled, disabled", v)
 		}
 		m.HTTPEndpoint = v
+	}
+	if v := p.get("MetadataOptions.InstanceMetadataTags"); v != "" {
+		if v != "enabled" && v != "disabled" {
+			return m, apiErr("InvalidParameterValue", "Value (%s) for parameter MetadataOptions.InstanceMetadataTags is invalid. Valid values: enabled, disabled", v)
+		}
+		m.InstanceMetadataTags = v
 	}
 	return m, nil
 }
@@ -376,6 +388,7 @@ func (s *Server) xmlInstance(in *instance, index int) xmlInstance {
 		StateReason: in.reason, TagSet: tagSet(in.tags),
 		MetadataOptions: xmlMetadataOptions{
 			State: "applied", HTTPTokens: in.metadata.HTTPTokens, HopLimit: in.metadata.HopLimit, HTTPEndpoint: in.metadata.HTTPEndpoint,
+			InstanceMetadataTags: in.metadata.InstanceMetadataTags,
 		},
 	}
 	if in.request != nil {

@@ -145,9 +145,13 @@ func ingressRules(reg *region, p params) ([]ingressRule, *APIError) {
 	var rules []ingressRule
 	for i := 1; i <= p.indices("IpPermissions"); i++ {
 		pre := "IpPermissions." + strconv.Itoa(i)
+		proto := p.get(pre + ".IpProtocol")
 		from, err1 := strconv.Atoi(p.get(pre + ".FromPort"))
 		to, err2 := strconv.Atoi(p.get(pre + ".ToPort"))
-		proto := p.get(pre + ".IpProtocol")
+		if proto == "-1" {
+			// All traffic: EC2 ignores the ports.
+			from, to, err1, err2 = -1, -1, nil, nil
+		}
 		if err1 != nil || err2 != nil || proto == "" {
 			return nil, apiErr("InvalidParameterValue", "Invalid IpPermissions: protocol and ports are required")
 		}

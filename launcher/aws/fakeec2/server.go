@@ -13,11 +13,27 @@
 // instance has a one-time spot request (DescribeSpotInstanceRequests), which shows EC2's
 // interruption warning while the instance runs out its notice (PreemptWithNotice).
 //
-// A VM "boots" by running its user-data with bash as a local process in its own process
-// group, with FERRY_HOST set to a loopback address (127.A.x.y, from a /16 the server owns)
-// that is also the instance's private IP, so a server started by the user-data is reachable at
-// privateIp:port exactly as on a VPC. Output goes to LogDir/<instance-id>.log. Terminating or
-// preempting an instance, or closing the server, kills its process group.
+// A VM "boots" by running its user-data with bash as a local process in a session of its own
+// (the session is the machine: everything the user-data starts, in whatever process group,
+// dies with it), with FERRY_HOST set to a loopback address (127.A.x.y, from a /16 the server
+// owns) that is also the instance's private IP and is bindable, so a server started by the
+// user-data is reachable at privateIp:port exactly as on a VPC, and VMs talk to each other on
+// their private IPs. Output goes to LogDir/<instance-id>.log, which is the instance's console
+// output (GetConsoleOutput, base64, the last 64 KiB) and is kept after the instance ends.
+// Terminating or preempting an instance, or closing the server, sends SIGTERM to its session
+// and SIGKILL after KillGrace.
+//
+// A guest that powers off (poweroff, shutdown or halt on the VM's PATH, which stand in for
+// the guest's) shuts the instance down once its user-data ends: shutting-down, then
+// terminated, with state reason Client.InstanceInitiatedShutdown, as EC2 does with
+// InstanceInitiatedShutdownBehavior terminate. A user-data that just ends leaves the instance
+// running, as on EC2.
+//
+// Each VM reaches its instance metadata service (IMDSv2 tokens, instance tags when
+// InstanceMetadataTags is enabled, spot/instance-action once warned) at the URL in its
+// FERRY_IMDS_ENDPOINT, served by this server (imds.go), and gets a state directory and a
+// disk root of its own (FERRY_STATE_DIR, FERRY_VM_ROOT) so that VMs on one host do not share
+// a disk. CreateTags tags instances after launch.
 //
 // Credentials: every request must carry a SigV4 Authorization header; signatures are not
 // verified. The region is read from the header's credential scope, so one server is every
@@ -112,6 +128,7 @@ type Server struct {
 	closed     bool
 	vms        sync.WaitGroup
 	wakeups    map[*time.Timer]bool // pending reclaim checks, see wakeAfter
+	imdsTokens map[string]imdsToken // IMDSv2 session tokens
 	wakeWG     sync.WaitGroup
 }
 
@@ -170,7 +187,7 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		opts: opts, regions: map[string]*region{}, instances: map[string]*instance{},
 		zoneErrors: map[string]*APIError{}, capacity: map[string]int{}, spotPrices: map[string]float64{},
-		vcpus: map[string]int{}, tokens: map[string]string{}, wakeups: map[*time.Timer]bool{},
+		vcpus: map[string]int{}, tokens: map[string]string{}, wakeups: map[*time.Timer]bool{}, imdsTokens: map[string]imdsToken{},
 	}
 	if s.opts.LogDir == "" {
 		dir, err := os.MkdirTemp("", "fakeec2-")
@@ -304,6 +321,10 @@ func (s *Server) zoneID(z string) string {
 // ServeHTTP answers one EC2 Query API request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	reqID := newID("")
+	if rest, ok := strings.CutPrefix(r.URL.Path, imdsPrefix); ok {
+		s.serveIMDS(w, r, rest)
+		return
+	}
 	if r.Method != http.MethodPost {
 		writeError(w, reqID, apiErr("InvalidAction", "Only POST is supported"))
 		return
@@ -366,6 +387,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out, err = s.describePlacementGroups(m, reg, p)
 	case "DeletePlacementGroup":
 		out, err = s.deletePlacementGroup(m, reg, p)
+	case "GetConsoleOutput":
+		out, err = s.getConsoleOutput(m, reg, p)
+	case "CreateTags":
+		out, err = s.createTags(m, reg, p)
 	case "GetSpotPlacementScores":
 		out, err = s.getSpotPlacementScores(m, p)
 	default:

@@ -277,7 +277,10 @@ func TestRunInstancesMetadataOptions(t *testing.T) {
 	for _, in := range s.Instances() {
 		got = append(got, in.Metadata)
 	}
-	want := []MetadataOptions{{HTTPTokens: "required", HopLimit: 1, HTTPEndpoint: "enabled"}, {HTTPTokens: "optional", HopLimit: 2, HTTPEndpoint: "enabled"}}
+	want := []MetadataOptions{
+		{HTTPTokens: "required", HopLimit: 1, HTTPEndpoint: "enabled", InstanceMetadataTags: "disabled"},
+		{HTTPTokens: "optional", HopLimit: 2, HTTPEndpoint: "enabled", InstanceMetadataTags: "disabled"},
+	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("recorded metadata options (-want +got):\n%s", d)
 	}

@@ -238,10 +238,19 @@ type xmlInstance struct {
 }
 
 type xmlMetadataOptions struct {
-	State        string `xml:"state"`
-	HTTPTokens   string `xml:"httpTokens"`
-	HopLimit     int    `xml:"httpPutResponseHopLimit"`
-	HTTPEndpoint string `xml:"httpEndpoint"`
+	State                string `xml:"state"`
+	HTTPTokens           string `xml:"httpTokens"`
+	HopLimit             int    `xml:"httpPutResponseHopLimit"`
+	HTTPEndpoint         string `xml:"httpEndpoint"`
+	InstanceMetadataTags string `xml:"instanceMetadataTags"`
+}
+
+type getConsoleOutputResponse struct {
+	XMLName xml.Name `xml:"GetConsoleOutputResponse"`
+	meta
+	InstanceID string `xml:"instanceId"`
+	Timestamp  string `xml:"timestamp"`
+	Output     string `xml:"output,omitempty"`
 }
 
 type xmlReservation struct {

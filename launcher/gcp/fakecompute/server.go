@@ -12,10 +12,20 @@
 // firewall rules with GCP's validation and defaults (priority 1000; an ingress rule naming no
 // source admits 0.0.0.0/0), which tests read back; traffic to VMs is not filtered.
 //
-// A VM boots by running its startup-script metadata with bash as a local process in its own
-// process group, with FERRY_HOST set to the VM's own loopback address (127.66.0.0/16, also its
-// networkInterfaces[0].networkIP), so a replica on the fake cloud really serves. Its output
-// goes to a log file under Options.Dir. Delete, preemption and Close kill the process group.
+// A VM boots by running its startup-script metadata with bash as a local process in a session
+// of its own (the session is the machine), with FERRY_HOST set to the VM's own loopback address
+// (127.66.0.0/16, also its networkInterfaces[0].networkIP, bindable, so VMs reach each other
+// on it), so a replica on the fake cloud really serves. Its output goes to a log file under
+// Options.Dir, which is the VM's serial port 1 (instances.getSerialPortOutput, by byte offset,
+// the last 1 MiB) and is kept after the VM stops. Delete, preemption and Close kill the
+// session. A guest that powers off (poweroff, shutdown or halt on the VM's PATH stand in for
+// the guest's) stops the VM once its script ends: STOPPING, then TERMINATED, as on GCE.
+//
+// Each VM reaches its metadata server (instance attributes, which setMetadata changes after
+// insert, and instance/preempted) at the URL in its FERRY_GCE_METADATA_URL, served by this
+// handler under /_metadata/ (metadata.go), and gets a state directory and a disk root of its
+// own (FERRY_STATE_DIR, FERRY_VM_ROOT). PreemptWithNotice preempts a Spot VM with GCE's notice
+// (Options.PreemptionNotice); Preempt stops it at once.
 package fakecompute
 
 import (
@@ -69,7 +79,13 @@ type Options struct {
 	DeniedTokens map[string]int
 	// Env is added to every VM process's environment (after the server's own).
 	Env []string
+	// PreemptionNotice is how long a VM runs after PreemptWithNotice, GCE's 30 s by default;
+	// tests shorten it. VMs are told it in FERRY_GCE_PREEMPTION_NOTICE_SECONDS.
+	PreemptionNotice time.Duration
 }
+
+// DefaultPreemptionNotice is how long GCE lets a Spot VM run after its preemption notice.
+const DefaultPreemptionNotice = 30 * time.Second
 
 // DefaultOpDelay is Options.OpDelay's default.
 const DefaultOpDelay = 20 * time.Millisecond
@@ -96,15 +112,18 @@ type Server struct {
 	opts Options
 	mux  *http.ServeMux
 
-	mu        sync.Mutex
-	zones     map[string]*zoneState
-	firewalls map[string]*computepb.Firewall
-	globalOps map[string]*operation
-	capacity  map[string]int // zone + "/" + machine type → max live instances
-	gpuQuota  map[string]int // region → max GPUs in live instances
-	faults    map[string][]*Fault
-	closed    bool
-	nextID    uint64
+	mu sync.Mutex
+	// metadataHost is host:port the server was last reached at, where VMs find their
+	// metadata server (the fake is an http.Handler and does not know its listener).
+	metadataHost string
+	zones        map[string]*zoneState
+	firewalls    map[string]*computepb.Firewall
+	globalOps    map[string]*operation
+	capacity     map[string]int // zone + "/" + machine type → max live instances
+	gpuQuota     map[string]int // region → max GPUs in live instances
+	faults       map[string][]*Fault
+	closed       bool
+	nextID       uint64
 }
 
 type zoneState struct {
@@ -116,6 +135,8 @@ type instance struct {
 	pb   *computepb.Instance
 	gpus int
 	vm   *vm
+	// preempting is set from PreemptWithNotice until the VM stops.
+	preempting bool
 }
 
 type operation struct {
@@ -133,6 +154,9 @@ func New(opts Options) *Server {
 	}
 	if opts.OpDelay == 0 {
 		opts.OpDelay = DefaultOpDelay
+	}
+	if opts.PreemptionNotice <= 0 {
+		opts.PreemptionNotice = DefaultPreemptionNotice
 	}
 	var seed [8]byte
 	_, _ = rand.Read(seed[:])
@@ -157,6 +181,9 @@ func New(opts Options) *Server {
 	s.mux.HandleFunc("GET "+p+"zones/{zone}/instances", s.listInstances)
 	s.mux.HandleFunc("GET "+p+"zones/{zone}/instances/{name}", s.getInstance)
 	s.mux.HandleFunc("DELETE "+p+"zones/{zone}/instances/{name}", s.deleteInstance)
+	s.mux.HandleFunc("POST "+p+"zones/{zone}/instances/{name}/setMetadata", s.setMetadata)
+	s.mux.HandleFunc("GET "+p+"zones/{zone}/instances/{name}/serialPort", s.getSerialPortOutput)
+	s.mux.HandleFunc("GET "+metadataPrefix+"{zone}/{name}/computeMetadata/v1/{path...}", s.serveMetadata)
 	s.mux.HandleFunc("GET "+p+"zones/{zone}/operations", s.listZoneOperations)
 	s.mux.HandleFunc("GET "+p+"zones/{zone}/operations/{op}", s.getZoneOperation)
 	s.mux.HandleFunc("POST "+p+"zones/{zone}/operations/{op}/wait", s.getZoneOperation)
@@ -171,6 +198,11 @@ func New(opts Options) *Server {
 
 // ServeHTTP authenticates the request and routes it.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, metadataPrefix) {
+		// A VM's metadata server takes no credentials.
+		s.mux.ServeHTTP(w, r)
+		return
+	}
 	tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 	switch s.opts.DeniedTokens[tok] {
 	case 0:
@@ -281,6 +313,7 @@ func (s *Server) Preempt(name string) error {
 	s.finishLocked(op)
 	found.pb.Status = proto.String("TERMINATED")
 	found.pb.LastStopTimestamp = proto.String(now)
+	found.preempting = false
 	v := found.vm
 	found.vm = nil
 	if sch.GetInstanceTerminationAction() == "DELETE" {
@@ -374,6 +407,7 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.metadataHost = r.Host
 	zone, zs, ok := s.zone(w, r)
 	if !ok {
 		return
@@ -450,6 +484,11 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request) {
 	pb.MachineType = proto.String(s.zoneURL(zone) + "/machineTypes/" + machineType)
 	pb.Status = proto.String("PROVISIONING")
 	pb.CreationTimestamp = proto.String(time.Now().Format(timeLayout))
+	if pb.Metadata == nil {
+		pb.Metadata = &computepb.Metadata{}
+	}
+	pb.Metadata.Kind = proto.String("compute#metadata")
+	pb.Metadata.Fingerprint = proto.String(newFingerprint())
 	ip := nextAddr()
 	if len(pb.NetworkInterfaces) == 0 {
 		pb.NetworkInterfaces = []*computepb.NetworkInterface{{}}
@@ -470,7 +509,7 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request) {
 		if cur, ok := zs.instances[req.GetName()]; ok && cur == in && in.pb.GetStatus() == "PROVISIONING" {
 			in.pb.Status = proto.String("RUNNING")
 			in.pb.LastStartTimestamp = proto.String(time.Now().Format(timeLayout))
-			in.vm = s.boot(zone, in.pb)
+			in.vm = s.boot(zone, in)
 		}
 	})
 	writeJSON(w, op.pb)

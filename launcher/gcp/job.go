@@ -1,0 +1,283 @@
+package gcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"google.golang.org/api/googleapi"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// A job's node (Spec.Job set) is a VM that is meant to end. Its startup script differs from a
+// replica's in what happens around launcher.RenderScript:
+//
+//   - Its gang's addresses exist only once every node runs, so LaunchGang (or Launch, for a
+//     node launched alone) sets them afterwards as the metaNodeIPs attribute of every node
+//     (instances.setMetadata), one per line, rank 0 first, and the node reads them from its
+//     metadata server (Metadata-Flavor: Google) before setup.
+//   - The run is started in a process group of its own, and a watcher asks the metadata
+//     server's instance/preempted every second. When GCE begins a preemption it answers TRUE,
+//     and the watcher writes FERRY_PREEMPTION_GRACE_SECONDS=<seconds> (GCE's 30 s notice less
+//     the poll; GCE does not say the time itself) to the file FERRY_PREEMPTION_FILE names
+//     ($FERRY_STATE_DIR/preemption, /var/lib/ferry/preemption on a real VM), then sends SIGTERM
+//     to the run's process group. On GCE the guest also gets an ACPI shutdown at the notice,
+//     so the OS itself may send SIGTERM to every process first: a program should treat
+//     SIGTERM as "checkpoint now" and read the file if it is there, else assume 30 s. The node
+//     then prints no exit status and does not power off; GCE stops it and List reports it
+//     PREEMPTED (from the moment the preemption begins: its status is STOPPING meanwhile, and
+//     its program is checkpointing until it is TERMINATED, so leave it until then).
+//   - When the run ends by itself, the script prints the exit status on a marker line
+//     (exitMarker) to the serial console and powers the guest off; the VM goes TERMINATED and
+//     List reads the marker from serial port 1 into Instance.ExitCode. A failing setup shows
+//     as launcher.ExitSetupFailed.
+//
+// Checkpoints: JobSpec.CheckpointDir is a directory on the VM's boot disk (created before
+// setup and exported as FERRY_CHECKPOINT_DIR), deleted with the VM. It survives a restart of
+// the program on the same VM, and nothing else: a recovery launches new VMs, so a job recovered
+// on GCE starts from no checkpoint. What would make it hold is what SkyPilot does, a bucket
+// (GCS, gcsfuse) mounted or synced at that path; Ferry does not do that yet. On the fake the
+// directory is under the VM's own root (FERRY_VM_ROOT), so the fake does not make it survive
+// either.
+const (
+	// metaNodeIPs is the metadata attribute with a gang's addresses.
+	metaNodeIPs = "ferry-node-ips"
+	// exitMarker starts the line a job node prints with its run's exit status before it
+	// powers off.
+	exitMarker = "ferry-job-exit-status: "
+	// metadataDefault is the metadata server; EnvMetadataURL overrides it (the fake).
+	metadataDefault = "http://metadata.google.internal"
+	// EnvMetadataURL, when set in a VM's environment, replaces metadataDefault in what the
+	// startup script asks the metadata server. fakecompute sets it.
+	EnvMetadataURL = "FERRY_GCE_METADATA_URL"
+	// EnvPreemptionNotice, when set in a VM's environment, replaces GCE's 30 s notice in what
+	// the watcher reports (fakecompute sets it to its own).
+	EnvPreemptionNotice = "FERRY_GCE_PREEMPTION_NOTICE_SECONDS"
+	// EnvPreemptionFile names the file a job node's watcher writes at a preemption notice,
+	// before it sends SIGTERM: one line, FERRY_PREEMPTION_GRACE_SECONDS=<seconds>.
+	EnvPreemptionFile = "FERRY_PREEMPTION_FILE"
+	// preemptionPoll is how often (seconds) a job node asks whether it is being preempted.
+	preemptionPoll = 1
+)
+
+// metadataGet is a shell command printing a metadata value (path under computeMetadata/v1/),
+// failing when the server does not answer or has no such value.
+func metadataGet(path string) string {
+	return `curl -sf --max-time 5 -H 'Metadata-Flavor: Google' "${` + EnvMetadataURL + `:-` + metadataDefault + `}/computeMetadata/v1/` + path + `"`
+}
+
+// nodeIPsCommand prints the gang's addresses, one per line.
+var nodeIPsCommand = metadataGet("instance/attributes/" + metaNodeIPs)
+
+// jobSpec gives a job node the command that reads its gang's addresses, when neither they nor
+// a command are set; selfTag says the caller must then set the node's own address as its
+// gang's (a node launched alone). The caller's JobSpec is not changed.
+func jobSpec(spec launcher.Spec) (_ launcher.Spec, selfTag bool) {
+	if spec.Job == nil || len(spec.Job.NodeIPs) > 0 || spec.Job.NodeIPsCommand != "" {
+		return spec, false
+	}
+	job := *spec.Job
+	job.NodeIPsCommand = nodeIPsCommand
+	spec.Job = &job
+	return spec, true
+}
+
+// jobBoot is the part of a job node's startup script after its environment: see the comment
+// at the top of this file.
+func jobBoot(spec launcher.Spec) (string, error) {
+	script := launcher.RenderScript(spec)
+	const eof = "FERRY_JOB_SCRIPT_EOF"
+	if strings.Contains(script, "\n"+eof+"\n") {
+		return "", fmt.Errorf("gcp: %w: the task's script contains the line %s", launcher.ErrInvalid, eof)
+	}
+	var b strings.Builder
+	b.WriteString("ferry_state=${FERRY_STATE_DIR:-/var/lib/ferry}\nmkdir -p \"$ferry_state\"\n")
+	b.WriteString("export " + EnvPreemptionFile + "=\"$ferry_state/preemption\"\nrm -f \"$" + EnvPreemptionFile + "\"\n")
+	if dir := spec.Job.CheckpointDir; dir != "" {
+		// An absolute path on the VM (a relative one is taken from /).
+		b.WriteString("export " + launcher.EnvCheckpointDir + "=\"${FERRY_VM_ROOT:-}\"" + shellQuote(path.Join("/", dir)) + "\n")
+		b.WriteString("mkdir -p \"$" + launcher.EnvCheckpointDir + "\"\n")
+	}
+	b.WriteString("cat > \"$ferry_state/job.sh\" <<'" + eof + "'\n" + script)
+	if !strings.HasSuffix(script, "\n") {
+		b.WriteString("\n")
+	}
+	b.WriteString(eof + "\n")
+	b.WriteString(`# The run gets a process group of its own, for the watcher's SIGTERM.
+set -m
+bash "$ferry_state/job.sh" </dev/null &
+ferry_run=$!
+set +m
+ferry_watch() {
+  local left=$(( ${` + EnvPreemptionNotice + `:-30} - ` + strconv.Itoa(preemptionPoll) + ` ))
+  [ "$left" -ge 0 ] || left=0
+  while :; do
+    if [ "$(` + metadataGet("instance/preempted") + `)" = TRUE ]; then
+      printf '` + launcher.EnvPreemptionGrace + `=%s\n' "$left" > "$` + EnvPreemptionFile + `.tmp"
+      mv -f "$` + EnvPreemptionFile + `.tmp" "$` + EnvPreemptionFile + `"
+      echo "ferry: preemption notice, ${left}s left: SIGTERM to the run"
+      kill -TERM -- "-$ferry_run" 2>/dev/null
+      return
+    fi
+    sleep ` + strconv.Itoa(preemptionPoll) + `
+  done
+}
+ferry_watch &
+ferry_watcher=$!
+wait "$ferry_run"
+ferry_rc=$?
+kill "$ferry_watcher" 2>/dev/null
+if [ -e "$` + EnvPreemptionFile + `" ]; then
+  echo "ferry: the run ended with status $ferry_rc after a preemption notice; the VM is being stopped"
+  exec sleep infinity
+fi
+echo "` + exitMarker + `$ferry_rc"
+poweroff
+`)
+	return b.String(), nil
+}
+
+// exitStatusRE finds the marker at the end of a serial console line, whatever prefixes it (GCE's
+// guest agent prefixes startup-script output with its own).
+var exitStatusRE = regexp.MustCompile(`(?m)` + regexp.QuoteMeta(exitMarker) + `(\d+)\r?$`)
+
+// parseExitStatus is the last exit status marked in console output.
+func parseExitStatus(console string) (int, bool) {
+	all := exitStatusRE.FindAllStringSubmatch(console, -1)
+	if len(all) == 0 {
+		return 0, false
+	}
+	n, err := strconv.Atoi(all[len(all)-1][1])
+	return n, err == nil
+}
+
+// exitRetry is how long List waits before reading again the serial output of a stopped job
+// node that marked no exit status.
+const exitRetry = 15 * time.Second
+
+// exitCode reads (once, then from the cache) the exit status a stopped job node marked on its
+// serial console. key identifies the VM (zone, name and id, so a new VM of the same name is
+// read afresh). ok is false while it is not there.
+func (p *Provider) exitCode(ctx context.Context, zone string, vm *computepb.Instance) (int, bool) {
+	key := zone + "/" + vm.GetName() + "/" + strconv.FormatUint(vm.GetId(), 10)
+	p.mu.Lock()
+	code, known := p.exits[key]
+	retry := p.exitTries[key]
+	p.mu.Unlock()
+	if known {
+		return code, true
+	}
+	if time.Now().Before(retry) {
+		return 0, false
+	}
+	out, _, err := p.serialOutput(ctx, zone, vm.GetName(), 0)
+	code, found := parseExitStatus(out)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err == nil && found {
+		p.exits[key] = code
+		delete(p.exitTries, key)
+		return code, true
+	}
+	p.exitTries[key] = time.Now().Add(exitRetry)
+	return 0, false
+}
+
+// serialOutput reads serial port 1 from byte offset start; next is where the next read starts.
+func (p *Provider) serialOutput(ctx context.Context, zone, name string, start int64) (contents string, next int64, err error) {
+	out, err := p.instances.GetSerialPortOutput(ctx, &computepb.GetSerialPortOutputInstanceRequest{
+		Project: p.opts.Project, Zone: zone, Instance: name, Port: proto.Int32(1), Start: proto.Int64(start),
+	})
+	if err != nil {
+		return "", start, classify(err, "get serial port output of "+name)
+	}
+	return out.GetContents(), out.GetNext(), nil
+}
+
+// withExitCode adds the exit status a stopped job node marked before it powered off. A node
+// still STOPPING without one is reported running, so that it is not taken for lost.
+func (p *Provider) withExitCode(ctx context.Context, zone string, vm *computepb.Instance, inst launcher.Instance) launcher.Instance {
+	if inst.Labels[launcher.LabelJob] == "" || inst.State != launcher.StateTerminated {
+		return inst
+	}
+	if rc, ok := p.exitCode(ctx, zone, vm); ok {
+		inst.ExitCode = &rc
+		inst.Reason = "exited with status " + strconv.Itoa(rc)
+		return inst
+	}
+	if vm.GetStatus() == "STOPPING" {
+		inst.State = launcher.StateRunning
+		inst.Reason = "stopping; its exit status is not on its serial console yet"
+		return inst
+	}
+	inst.Reason += " (stopped without an exit status on its serial console)"
+	return inst
+}
+
+// setNodeIPs sets the gang's addresses, rank order, as an attribute of every node.
+func (p *Provider) setNodeIPs(ctx context.Context, insts []launcher.Instance) error {
+	ips := make([]string, len(insts))
+	for i, in := range insts {
+		ips[i] = in.IP
+	}
+	value := strings.Join(ips, "\n")
+	for _, in := range insts {
+		zone, name, err := parseID(in.ID)
+		if err != nil {
+			return err
+		}
+		if err := p.setMetadata(ctx, zone, name, metaNodeIPs, value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setMetadata sets one attribute of a VM, keeping the others: instances.setMetadata replaces
+// them all, against the fingerprint of what it replaces, so a concurrent change makes it fail
+// (412) and it is tried again on the new metadata.
+func (p *Provider) setMetadata(ctx context.Context, zone, name, key, value string) error {
+	for attempt := 0; ; attempt++ {
+		vm, err := p.instances.Get(ctx, &computepb.GetInstanceRequest{Project: p.opts.Project, Zone: zone, Instance: name})
+		if err != nil {
+			return classify(err, "get "+name)
+		}
+		md := vm.GetMetadata()
+		items := make([]*computepb.Items, 0, len(md.GetItems())+1)
+		for _, it := range md.GetItems() {
+			if it.GetKey() != key {
+				items = append(items, it)
+			}
+		}
+		items = append(items, &computepb.Items{Key: proto.String(key), Value: proto.String(value)})
+		op, err := p.instances.SetMetadata(ctx, &computepb.SetMetadataInstanceRequest{
+			Project: p.opts.Project, Zone: zone, Instance: name,
+			MetadataResource: &computepb.Metadata{Fingerprint: md.Fingerprint, Items: items},
+		})
+		if err == nil {
+			_, err = p.waitZoneOp(ctx, zone, op.Proto())
+			if err != nil {
+				return fmt.Errorf("gcp: set metadata of %s: %w", name, err)
+			}
+			return nil
+		}
+		if !isPrecondition(err) || attempt == 3 {
+			return classify(err, "set metadata of "+name)
+		}
+	}
+}
+
+// isPrecondition reports a 412: the metadata changed since it was read.
+func isPrecondition(err error) bool {
+	var gerr *googleapi.Error
+	return errors.As(err, &gerr) && gerr.Code == http.StatusPreconditionFailed
+}
