@@ -80,6 +80,10 @@ type CloudConfig struct {
 	ProxyCIDRs          []string `json:"proxy_cidrs,omitempty"`
 	ProxySecurityGroups []string `json:"proxy_security_groups,omitempty"`
 	ProxyTags           []string `json:"proxy_tags,omitempty"`
+	// CheckpointNFS is an NFSv4 share, "server:/export" (an EFS file system on AWS, a
+	// Filestore share on GCP), that job nodes mount for their checkpoints so that a recovery
+	// within its reach resumes; empty keeps each VM's checkpoint on its own disk.
+	CheckpointNFS string `json:"checkpoint_nfs,omitempty"`
 }
 
 // Default regions when a cloud section names none: the catalog's cheapest, most available.
@@ -97,8 +101,8 @@ type KubernetesContext struct {
 
 var (
 	ferryConfigKeys   = []string{"kubernetes", "aws", "gcp"}
-	awsKeys           = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups"}
-	gcpKeys           = []string{"project", "regions", "endpoint", "proxy_cidrs", "proxy_tags"}
+	awsKeys           = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs"}
+	gcpKeys           = []string{"project", "regions", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
 	kubernetesKeys    = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs"}
 	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour"}
 	maxKubeContexts   = 64
@@ -280,6 +284,16 @@ func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, default
 				c.errorf(e.value, fld, "%s is not a project id (6-30 lowercase letters, digits and -, starting with a letter)", quoteShort(v))
 			}
 			cc.Project = v
+		}
+	}
+	if e, ok := f["checkpoint_nfs"]; ok {
+		fld := joinField(field, "checkpoint_nfs")
+		if v, ok := c.str(e.value, fld); ok {
+			if host, export, found := strings.Cut(v, ":"); !found || host == "" || !strings.HasPrefix(export, "/") {
+				c.errorf(e.value, fld, "%s is not an NFS share: write server:/export, e.g. fs-0123456789abcdef0.efs.us-east-1.amazonaws.com:/", quoteShort(v))
+			} else {
+				cc.CheckpointNFS = v
+			}
 		}
 	}
 	if e, ok := f["regions"]; ok {

@@ -105,19 +105,23 @@ aws:
   amis: {us-east-1: ami-0123}
   proxy_cidrs: [10.0.3.0/24, 203.0.113.7/32]
   proxy_security_groups: [sg-0123456789abcdef0]
+  checkpoint_nfs: fs-0123.efs.us-east-1.amazonaws.com:/
 gcp:
   project: ferry-test
   proxy_cidrs: [10.128.0.5/32]
   proxy_tags: [ferry-proxy]
+  checkpoint_nfs: 10.0.0.2:/ckpt
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if diff := cmp.Diff(&CloudConfig{Regions: []string{"us-east-1", "us-west-2"}, Endpoint: "http://127.0.0.1:4566", AMIs: map[string]string{"us-east-1": "ami-0123"},
-		ProxyCIDRs: []string{"10.0.3.0/24", "203.0.113.7/32"}, ProxySecurityGroups: []string{"sg-0123456789abcdef0"}}, cfg.AWS); diff != "" {
+		ProxyCIDRs: []string{"10.0.3.0/24", "203.0.113.7/32"}, ProxySecurityGroups: []string{"sg-0123456789abcdef0"},
+		CheckpointNFS: "fs-0123.efs.us-east-1.amazonaws.com:/"}, cfg.AWS); diff != "" {
 		t.Errorf("aws (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(&CloudConfig{Project: "ferry-test", Regions: []string{DefaultGCPRegion}, ProxyCIDRs: []string{"10.128.0.5/32"}, ProxyTags: []string{"ferry-proxy"}}, cfg.GCP); diff != "" {
+	if diff := cmp.Diff(&CloudConfig{Project: "ferry-test", Regions: []string{DefaultGCPRegion}, ProxyCIDRs: []string{"10.128.0.5/32"}, ProxyTags: []string{"ferry-proxy"},
+		CheckpointNFS: "10.0.0.2:/ckpt"}, cfg.GCP); diff != "" {
 		t.Errorf("gcp (-want +got):\n%s", diff)
 	}
 	if cfg, err := ParseFerryConfig("config.yaml", []byte("aws:\n")); err != nil || cfg.AWS == nil || cfg.AWS.Regions[0] != DefaultAWSRegion {
@@ -134,6 +138,7 @@ gcp:
   regions: []
   proxy_tags: [Proxy]
   proxy_security_groups: [sg-0123456789abcdef0]
+  checkpoint_nfs: my-efs
 `))
 	got := Errors(err)
 	want := []string{
@@ -148,6 +153,7 @@ gcp:
 		"config.yaml:8:12: gcp.regions: expected a non-empty list",
 		"config.yaml:9:16: gcp.proxy_tags[0]: \"Proxy\" is not a network tag",
 		"config.yaml:10:3: gcp.proxy_security_groups: unknown field",
+		"config.yaml:11:19: gcp.checkpoint_nfs: \"my-efs\" is not an NFS share",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d errors, want %d:\n%v", len(got), len(want), err)

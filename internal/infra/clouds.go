@@ -131,7 +131,7 @@ func openClouds(cfg *configs.FerryConfig, log *zap.Logger, problems map[string]e
 	var out []cloud
 	if c := cfg.AWS; c != nil {
 		p, err := aws.New(ctx, aws.Options{Regions: c.Regions, Endpoint: c.Endpoint, AMIs: c.AMIs,
-			IngressCIDRs: c.ProxyCIDRs, IngressSecurityGroups: c.ProxySecurityGroups, Logger: log.Named("aws")})
+			IngressCIDRs: c.ProxyCIDRs, IngressSecurityGroups: c.ProxySecurityGroups, CheckpointNFS: c.CheckpointNFS, Logger: log.Named("aws")})
 		if err != nil {
 			problems[aws.InfraName] = err
 		} else {
@@ -141,7 +141,7 @@ func openClouds(cfg *configs.FerryConfig, log *zap.Logger, problems map[string]e
 	}
 	if c := cfg.GCP; c != nil {
 		p, err := gcp.New(ctx, gcp.Options{Project: c.Project, Regions: c.Regions, Endpoint: c.Endpoint,
-			IngressCIDRs: c.ProxyCIDRs, IngressTags: c.ProxyTags, Logger: log.Named("gcp")})
+			IngressCIDRs: c.ProxyCIDRs, IngressTags: c.ProxyTags, CheckpointNFS: c.CheckpointNFS, Logger: log.Named("gcp")})
 		if err != nil {
 			problems[gcp.InfraName] = err
 		} else {

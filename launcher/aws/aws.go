@@ -113,6 +113,10 @@ type Options struct {
 	// controller alone, at the address its host sends from to each replica (see ingress.go).
 	IngressCIDRs          []string
 	IngressSecurityGroups []string
+	// CheckpointNFS is an NFSv4 share ("fs-….efs.REGION.amazonaws.com:/", an EFS file system)
+	// that job nodes mount for their checkpoints, so that a recovery in reach of it resumes
+	// (launcher.CheckpointShell); empty keeps checkpoints on each VM's disk.
+	CheckpointNFS string
 	// AMIs is the image per region for tasks without an "ami-" image_id.
 	AMIs map[string]string
 	// LaunchTimeout bounds the wait for a VM to run; default DefaultLaunchTimeout.
@@ -419,7 +423,7 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // any process on the VM (IMDSv2 with hop limit 1 stops forged requests and containers, not
 // them), can read them. Keeping them apart needs Secrets Manager or SSM Parameter Store and an
 // instance profile that may read them.
-func userData(spec launcher.Spec, port int) (string, error) {
+func userData(spec launcher.Spec, port int, nfs string) (string, error) {
 	var b strings.Builder
 	b.WriteString("#!/bin/bash\n# Ferry user-data for " + quote(spec.Name) + ".\n")
 	for _, k := range slices.Sorted(maps.Keys(spec.Envs)) {
@@ -434,7 +438,7 @@ func userData(spec launcher.Spec, port int) (string, error) {
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(port) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
 	if spec.Job != nil {
-		boot, err := jobBoot(spec)
+		boot, err := jobBoot(spec, nfs)
 		if err != nil {
 			return "", err
 		}
@@ -540,7 +544,7 @@ func (p *Provider) admitInstances(ctx context.Context, lp launchPlan, insts []la
 
 // run is one RunInstances call for one instance.
 func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (string, error) {
-	ud, err := userData(spec, lp.port)
+	ud, err := userData(spec, lp.port, p.opts.CheckpointNFS)
 	if err != nil {
 		return "", err
 	}

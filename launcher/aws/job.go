@@ -3,7 +3,6 @@ package aws
 import (
 	"context"
 	"fmt"
-	"path"
 	"regexp"
 	"strconv"
 	"strings"
@@ -39,12 +38,14 @@ import (
 //     the console output into Instance.ExitCode. A failing setup shows as
 //     launcher.ExitSetupFailed.
 //
-// Checkpoints: JobSpec.CheckpointDir is a directory on the VM's own disk (created before
-// setup and exported as FERRY_CHECKPOINT_DIR). It survives a restart of the program on the
-// same VM, and nothing else: a recovery launches new VMs with new disks, so a job recovered on
-// EC2 starts from no checkpoint. What would make it hold is what SkyPilot does, a bucket (S3)
-// mounted or synced at that path; Ferry does not do that yet. On the fake the directory is
-// under the VM's own root (FERRY_VM_ROOT), so the fake does not make it survive either.
+// Checkpoints: with the cloud's checkpoint_nfs set (an EFS share), FERRY_CHECKPOINT_DIR is
+// the job's claim directory on it, mounted at launcher.CheckpointMountPoint
+// (launcher.CheckpointShell): every node of the gang and every later gang of the job within the
+// share's reach (its region) sees it, so a recovery in another zone resumes. Without it the
+// directory is on the VM's own disk (JobSpec.CheckpointDir) and survives nothing but a restart
+// of the program on the same VM, and the node's log says so. The fake shares one host directory
+// per region (FERRY_FAKE_NFS_ROOT) in place of the mount, and gives each VM its own disk root
+// (FERRY_VM_ROOT).
 const (
 	// tagNodeIPs holds a gang's private IPs, rank 0 first, separated by spaces.
 	tagNodeIPs = "ferry-node-ips"
@@ -91,7 +92,7 @@ func jobSpec(spec launcher.Spec) (_ launcher.Spec, selfTag bool) {
 
 // jobBoot is the part of a job node's user-data after its environment: see the comment at
 // the top of this file.
-func jobBoot(spec launcher.Spec) (string, error) {
+func jobBoot(spec launcher.Spec, nfs string) (string, error) {
 	script := launcher.RenderScript(spec)
 	const eof = "FERRY_JOB_SCRIPT_EOF"
 	if strings.Contains(script, "\n"+eof+"\n") {
@@ -100,11 +101,7 @@ func jobBoot(spec launcher.Spec) (string, error) {
 	var b strings.Builder
 	b.WriteString("ferry_state=${FERRY_STATE_DIR:-/var/lib/ferry}\nmkdir -p \"$ferry_state\"\n")
 	b.WriteString("export " + EnvPreemptionFile + "=\"$ferry_state/preemption\"\nrm -f \"$" + EnvPreemptionFile + "\"\n")
-	if dir := spec.Job.CheckpointDir; dir != "" {
-		// An absolute path on the VM (a relative one is taken from /).
-		b.WriteString("export " + launcher.EnvCheckpointDir + "=\"${FERRY_VM_ROOT:-}\"" + quote(path.Join("/", dir)) + "\n")
-		b.WriteString("mkdir -p \"$" + launcher.EnvCheckpointDir + "\"\n")
-	}
+	b.WriteString(launcher.CheckpointShell(nfs, spec.Job.CheckpointClaim, spec.Job.CheckpointDir))
 	b.WriteString("cat > \"$ferry_state/job.sh\" <<'" + eof + "'\n" + script)
 	if !strings.HasSuffix(script, "\n") {
 		b.WriteString("\n")

@@ -304,3 +304,51 @@ func TestConsoleWindows(t *testing.T) {
 		}
 	}
 }
+
+// TestJobCheckpointOnSharedFilesystem: with checkpoint_nfs, a job's checkpoint is its claim's
+// directory on the region's shared filesystem (the fake's stand-in for an EFS mount), so a node
+// launched later in another zone of the region, as a recovery is, finds what the first one
+// saved; without it the directory is the VM's own and the node says so.
+func TestJobCheckpointOnSharedFilesystem(t *testing.T) {
+	e := newEnv(t, fakeec2.Options{}, goodKey)
+	e.p.opts.CheckpointNFS = "fs-0123456789abcdef0.efs.us-east-1.amazonaws.com:/"
+	first := jobSpecFor("ckpt-a", "", `echo 41 > "$FERRY_CHECKPOINT_DIR/step"; echo "dir $FERRY_CHECKPOINT_DIR"`, false)
+	first.Job.CheckpointClaim = launcher.CheckpointClaim("7")
+	a, err := e.p.Launch(context.Background(), first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := waitExited(t, e.p, a.ID); code != 0 {
+		t.Fatalf("first node exited %d: %s", code, consoleOf(t, e, a.ID))
+	}
+	second := jobSpecFor("ckpt-b", "", `exit $(( $(cat "$FERRY_CHECKPOINT_DIR/step" 2>/dev/null || echo 0) + 1 ))`, false)
+	second.Job.CheckpointClaim = first.Job.CheckpointClaim
+	second.Placement.Zone = "use1-az2"
+	b, err := e.p.Launch(context.Background(), second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := waitExited(t, e.p, b.ID); code != 42 {
+		t.Errorf("the node in another zone exited %d, want 42 (it read the first node's checkpoint): %s", code, consoleOf(t, e, b.ID))
+	}
+
+	// Without a shared filesystem, each VM's checkpoint is its own.
+	e.p.opts.CheckpointNFS = ""
+	third := jobSpecFor("ckpt-c", "", second.Run, false)
+	third.Job.CheckpointClaim = first.Job.CheckpointClaim
+	c, err := e.p.Launch(context.Background(), third)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := waitExited(t, e.p, c.ID); code != 1 || !strings.Contains(consoleOf(t, e, c.ID), "does not survive a recovery") {
+		t.Errorf("without checkpoint_nfs: exit %d, console:\n%s", code, consoleOf(t, e, c.ID))
+	}
+}
+
+// consoleOf is an instance's console output as StreamLogs gives it.
+func consoleOf(t *testing.T, e env, id string) string {
+	t.Helper()
+	var b bytes.Buffer
+	_ = e.p.StreamLogs(context.Background(), id, launcher.LogOptions{Tail: -1}, &b)
+	return b.String()
+}

@@ -122,6 +122,10 @@ type Options struct {
 	// PublicIP that is usually a NAT's, so list the public addresses here.
 	IngressCIDRs []string
 	IngressTags  []string
+	// CheckpointNFS is an NFSv4 share ("server:/export", a Filestore instance) that job nodes
+	// mount for their checkpoints, so that a recovery in reach of it resumes
+	// (launcher.CheckpointShell); empty keeps checkpoints on each VM's disk.
+	CheckpointNFS string
 	// SkipFirewall leaves firewall rules to the operator (no compute.firewalls permission).
 	SkipFirewall bool
 	// LaunchTimeout, PollInterval, NoticeInterval and NoticeLookback: see the Default* constants.

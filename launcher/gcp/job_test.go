@@ -256,3 +256,28 @@ func TestParseExitStatus(t *testing.T) {
 		})
 	}
 }
+
+// TestJobCheckpointOnSharedFilesystem: with checkpoint_nfs, a node launched later in another
+// zone of the region (a recovery) finds the first node's checkpoint on the shared filesystem.
+func TestJobCheckpointOnSharedFilesystem(t *testing.T) {
+	e := newEnv(t, fakecompute.Options{}, Options{CheckpointNFS: "10.0.0.2:/checkpoints"})
+	first := jobSpecFor("ckpt-a", "", `echo 41 > "$FERRY_CHECKPOINT_DIR/step"`, false)
+	first.Job.CheckpointClaim = launcher.CheckpointClaim("7")
+	a, err := e.prov.Launch(context.Background(), first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := waitExited(t, e, a); code != 0 {
+		t.Fatalf("first node exited %d: %s", code, serial(e, a))
+	}
+	second := jobSpecFor("ckpt-b", "", `exit $(( $(cat "$FERRY_CHECKPOINT_DIR/step" 2>/dev/null || echo 0) + 1 ))`, false)
+	second.Job.CheckpointClaim = first.Job.CheckpointClaim
+	second.Placement.Zone = "us-central1-a"
+	b, err := e.prov.Launch(context.Background(), second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := waitExited(t, e, b); code != 42 {
+		t.Errorf("the node in another zone exited %d, want 42: %s", code, serial(e, b))
+	}
+}

@@ -55,7 +55,7 @@ func (p *Provider) instanceFor(spec launcher.Spec, zone string) (*computepb.Inst
 	if err != nil {
 		return nil, err
 	}
-	meta, err := metadataFor(spec, hasGPU)
+	meta, err := metadataFor(spec, hasGPU, p.opts.CheckpointNFS)
 	if err != nil {
 		return nil, err
 	}
@@ -139,8 +139,8 @@ func ownedLabels(specLabels map[string]string) map[string]string {
 
 // metadataFor is the VM's metadata: the startup script that runs the task, and the port and
 // price that List reads back.
-func metadataFor(spec launcher.Spec, hasGPU bool) (*computepb.Metadata, error) {
-	script, err := startupScript(spec)
+func metadataFor(spec launcher.Spec, hasGPU bool, nfs string) (*computepb.Metadata, error) {
+	script, err := startupScript(spec, nfs)
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +198,7 @@ var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // GCE has no hop limit nor a way to turn it off per key. Keeping them apart needs Secret
 // Manager and a service account on the VM; until then, treat the project's viewers and
 // everything the replica runs as able to read a task's secrets.
-func startupScript(spec launcher.Spec) (string, error) {
+func startupScript(spec launcher.Spec, nfs string) (string, error) {
 	var b strings.Builder
 	b.WriteString("#!/usr/bin/env bash\n# Ferry startup script (GCP startup-script metadata): environment, then setup and run.\n")
 	keys := make([]string, 0, len(spec.Envs))
@@ -215,7 +215,7 @@ func startupScript(spec launcher.Spec) (string, error) {
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(portOf(spec)) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
 	if spec.Job != nil {
-		boot, err := jobBoot(spec)
+		boot, err := jobBoot(spec, nfs)
 		if err != nil {
 			return "", err
 		}

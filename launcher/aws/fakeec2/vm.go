@@ -38,6 +38,9 @@ const (
 	// directory), so that VMs sharing the host's file system do not share a disk: on a real VM
 	// it is unset, and a new VM starts with an empty disk.
 	EnvVMRoot = "FERRY_VM_ROOT"
+	// EnvFakeNFSRoot is launcher.EnvFakeNFSRoot: the host directory standing for the
+	// region's shared checkpoint filesystem (launcher.CheckpointShell).
+	EnvFakeNFSRoot = "FERRY_FAKE_NFS_ROOT"
 	// envPowerOff is where the fake's poweroff stands in for the guest's: it leaves a file
 	// there, and the VM is shut down once its user-data ends.
 	envPowerOff = "FERRY_FAKE_POWEROFF"
@@ -82,6 +85,8 @@ func (s *Server) boot(in *instance, script []byte) (*vm, error) {
 		"PATH="+bin+string(os.PathListSeparator)+lastEnv(env, "PATH"),
 		EnvIMDSEndpoint+"="+s.URL()+imdsPrefix+in.id,
 		EnvStateDir+"="+stateDir, EnvVMRoot+"="+filepath.Join(stateDir, "disk"),
+		// One region's VMs share one network filesystem, as they would one EFS.
+		EnvFakeNFSRoot+"="+filepath.Join(s.opts.LogDir, "nfs", in.region),
 		envPowerOff+"="+filepath.Join(stateDir, "poweroff"))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// A session of its own so that terminate kills everything the user-data started; the

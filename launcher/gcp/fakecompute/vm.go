@@ -37,6 +37,9 @@ const (
 	// EnvVMRoot prefixes absolute paths on the VM's disk, so that VMs sharing the host's file
 	// system do not share a disk.
 	EnvVMRoot = "FERRY_VM_ROOT"
+	// EnvFakeNFSRoot is launcher.EnvFakeNFSRoot: the host directory standing for the
+	// region's shared checkpoint filesystem (launcher.CheckpointShell).
+	EnvFakeNFSRoot = "FERRY_FAKE_NFS_ROOT"
 	// envPowerOff is where the fake's poweroff leaves a file: the VM stops once its script
 	// ends.
 	envPowerOff = "FERRY_FAKE_POWEROFF"
@@ -91,6 +94,8 @@ func (s *Server) boot(zone string, in *instance) *vm {
 		EnvMetadataURL+"=http://"+s.metadataHost+metadataPrefix+zone+"/"+pb.GetName(),
 		EnvPreemptionNotice+"="+strconv.Itoa(int(s.opts.PreemptionNotice/time.Second)),
 		EnvStateDir+"="+filepath.Join(dir, "state"), EnvVMRoot+"="+filepath.Join(dir, "disk"),
+		// One region's VMs share one network filesystem, as they would one Filestore share.
+		EnvFakeNFSRoot+"="+filepath.Join(s.opts.Dir, "nfs", regionOf(zone)),
 		envPowerOff+"="+powerOff)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
