@@ -101,6 +101,9 @@ type Node struct {
 	Zone       string  `json:"zone,omitempty"`
 	Spot       bool    `json:"spot,omitempty"`
 	Price      float64 `json:"price_per_hour"`
+	// ReclaimAt is when the node's infra warned it would take it back (a spot interruption
+	// warning); zero when not warned.
+	ReclaimAt time.Time `json:"reclaim_at,omitzero"`
 }
 
 // Recovery is one relaunch: why, from where, and how long the job was not running.

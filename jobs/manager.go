@@ -348,6 +348,38 @@ func (m *Manager) Cancel(id int64) (Job, error) {
 // owner is the goroutine that owns a job's nodes: its launch, then its watch.
 type owner struct{ cancel context.CancelFunc }
 
+// Notice records an infra's warning that it will take an instance back (a spot interruption
+// warning). The node's program hears it from the node itself (the boot script's SIGTERM on
+// clouds, the pod's deletion grace on Kubernetes); the manager uses it to tell the failure of
+// the other nodes, whose peer is going, from a failing program. It reports whether the
+// instance is a job's node.
+func (m *Manager) Notice(n launcher.Notice) bool {
+	var id int64
+	m.mu.Lock()
+	for _, j := range m.jobs {
+		for _, node := range j.Nodes {
+			if node.InstanceID == n.InstanceID {
+				id = j.ID
+			}
+		}
+	}
+	m.mu.Unlock()
+	if id == 0 {
+		return false
+	}
+	m.update(id, func(j *Job) bool {
+		for i := range j.Nodes {
+			if j.Nodes[i].InstanceID == n.InstanceID && (j.Nodes[i].ReclaimAt.IsZero() || n.At.Before(j.Nodes[i].ReclaimAt)) {
+				j.Nodes[i].ReclaimAt = n.At
+				return true
+			}
+		}
+		return false
+	})
+	m.log.Warn("preemption warning for a job's node", zap.Int64("job", id), zap.String("instance", n.InstanceID), zap.Time("at", n.At))
+	return true
+}
+
 // own marks that a goroutine owns job id's nodes and returns its context and the func that
 // gives them up (idempotent, and a no-op once another owner took over); ok is false when
 // another goroutine already owns them.

@@ -471,3 +471,25 @@ func TestRestartMidLaunchRelaunches(t *testing.T) {
 		t.Errorf("nodes %v", j.Nodes)
 	}
 }
+
+// A node warned of its preemption takes its peers down with it (their rendezvous breaks): their
+// failure is the preemption's, recovered without counting against max_restarts_on_errors.
+func TestFailureBesideAWarnedNodeRecovers(t *testing.T) {
+	e := newEnv(t)
+	trigger := filepath.Join(t.TempDir(), "go")
+	j := e.submit(fmt.Sprintf("num_nodes: 2\nrun: |\n  if [ $SKYPILOT_NODE_RANK = 0 ] && [ ! -f %s.done ]; then\n    while [ ! -f %s ]; do sleep 0.05; done; touch %s.done; exit 1\n  fi\n  [ $SKYPILOT_NODE_RANK = 0 ] || exec sleep 600\n", trigger, trigger, trigger))
+	run := e.waitState(j.ID, jobs.Running)
+	if !e.m.Notice(launcher.Notice{InstanceID: run.Nodes[1].InstanceID, At: time.Now().Add(2 * time.Minute)}) {
+		t.Fatal("the notice was not taken for a job's node")
+	}
+	if e.m.Notice(launcher.Notice{InstanceID: "local-someone-else", At: time.Now()}) {
+		t.Error("a notice for no job's node was taken")
+	}
+	if err := os.WriteFile(trigger, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rec := e.waitFor(j.ID, 30*time.Second, "recovered", func(j jobs.Job) bool { return j.Attempt == 2 && j.State == jobs.Running })
+	if rec.Recoveries != 1 || rec.RestartsOnErrors != 0 || !strings.Contains(rec.History[0].Reason, "warned of its preemption") {
+		t.Errorf("recoveries %d restarts %d history %+v", rec.Recoveries, rec.RestartsOnErrors, rec.History)
+	}
+}

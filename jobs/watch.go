@@ -70,8 +70,32 @@ func (m *Manager) look(ctx context.Context, id int64) bool {
 	if a.verdict == stillRunning {
 		return false
 	}
+	if a.verdict == programFailed {
+		blameWarnedNode(&a, j, insts)
+	}
 	m.end(ctx, j, a)
 	return true
+}
+
+// blameWarnedNode turns a failure into a lost node when a node of the gang was warned of its
+// preemption: the others fail because their peer is going (a broken rendezvous), not because
+// of the program. SkyPilot checks the cluster the same way before counting a failure
+// (sky/jobs/controller.py).
+func blameWarnedNode(a *assessment, j Job, insts []launcher.Instance) {
+	for _, n := range j.Nodes {
+		if n.ReclaimAt.IsZero() {
+			continue
+		}
+		a.verdict = nodeLost
+		a.reason = fmt.Sprintf("node %d was warned of its preemption (reclaimed at %s); %s", n.Rank, n.ReclaimAt.UTC().Format(time.RFC3339), a.reason)
+		a.lost = &launcher.Instance{ID: n.InstanceID, Infra: n.Infra, Region: n.Region, Zone: n.Zone}
+		for i := range insts {
+			if insts[i].ID == n.InstanceID {
+				a.lost = &insts[i]
+			}
+		}
+		return
+	}
 }
 
 // end acts on a gang that has ended: the verdict is saved first (with the nodes still

@@ -119,13 +119,27 @@ func (o *Options) defaults() {
 	}
 }
 
-// watchNotices relays each infra's preemption notices to the services' replica managers
-// (replicas.RelayNotices).
+// watchNotices relays each infra's preemption notices to the jobs manager and to the
+// services' replica managers (replicas.RelayNotices). It runs once both exist.
 func (c *Controller) watchNotices(ctx context.Context, notifiers map[string]launcher.PreemptionNotifier) {
 	for name, n := range notifiers {
-		ch := n.Notices(ctx)
-		// Not in c.wg: it ends with ctx, which Start cancels only after waiting on c.wg.
-		c.spawn(nil, "notice relay", func() { replicas.RelayNotices(ctx, name, ch, c.managers, c.log) })
+		in := n.Notices(ctx)
+		out := make(chan launcher.Notice, cap(in))
+		// Not in c.wg: they end with ctx, which Start cancels only after waiting on c.wg.
+		c.spawn(nil, "notice tee", func() {
+			defer close(out)
+			for notice := range in {
+				if c.jobs.Notice(notice) {
+					continue // a job's node, not a replica
+				}
+				select {
+				case out <- notice:
+				case <-ctx.Done():
+					return
+				}
+			}
+		})
+		c.spawn(nil, "notice relay", func() { replicas.RelayNotices(ctx, name, out, c.managers, c.log) })
 	}
 }
 
@@ -229,7 +243,6 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	c.ctx = ctx
-	c.watchNotices(ctx, c.infras.Notifiers())
 	defer c.stopMetrics()
 	if err := c.startServing(); err != nil {
 		return err
@@ -237,6 +250,7 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	if err := c.startJobs(ctx); err != nil {
 		return err
 	}
+	c.watchNotices(ctx, c.infras.Notifiers())
 	defer func() { cancel(); c.jobs.Stop() }() // its goroutines end with ctx
 	srv := api.NewServer(api.NewHandler(c, tokens, c.log.Named("api"), append(c.attachRoutes(), c.jobRoutes()...)...), 0, c.log.Named("api"))
 	serveErr := lns.serve(c, srv)
