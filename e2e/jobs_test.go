@@ -270,3 +270,87 @@ func TestJobBatchInferenceThroughService(t *testing.T) {
 		t.Errorf("batch output:\n%s", out)
 	}
 }
+
+// spotJob is a 2-node spot training job on AWS, recovering to another zone on preemption.
+const spotJob = `name: spot-train
+num_nodes: 2
+resources:
+  infra: aws
+  accelerators: T4:1
+  use_spot: true
+  job_recovery: EAGER_NEXT_REGION
+run: |
+  MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)
+  echo "gpus $SKYPILOT_NUM_GPUS_PER_NODE"
+  ferry train-sim --master-addr=$MASTER_ADDR --master-port=8008 --steps=300 --step-time=50ms --checkpoint-every=5
+`
+
+// On the fake clouds, through the real AWS SDK: a 2-node spot gang in one zone; one node gets
+// EC2's interruption warning mid-run; the job recovers the whole gang in another zone, resumes
+// from the checkpoint on the region's shared filesystem, reports the time lost and succeeds.
+func TestJobSpotPreemptionRecoversInAnotherZone(t *testing.T) {
+	clouds := startFakeClouds(t)
+	e := newEnv(t)
+	e.extraEnv = append(append([]string{}, awsEnv...), "FERRY_JOB_WATCH_INTERVAL=200ms")
+	cfg := strings.Replace(clouds.config(), "  amis: {us-east-1: ami-0fe771}\n",
+		"  amis: {us-east-1: ami-0fe771}\n  checkpoint_nfs: fs-0123456789abcdef0.efs.us-east-1.amazonaws.com:/\n", 1)
+	writeFile(t, filepath.Join(e.home, "config.yaml"), cfg)
+	file := filepath.Join(t.TempDir(), "spot.yaml")
+	writeFile(t, file, spotJob)
+
+	id := e.launchDetached(file)
+	j := e.waitJob(id, 2*time.Minute, "runs", func(j jobView) bool { return j.State == "RUNNING" })
+	first := e.jobZones(id)
+	if len(first) != 1 {
+		t.Fatalf("the gang spans zones %v: want one", first)
+	}
+	eventually(t, time.Minute, "a checkpoint", func() (bool, string) {
+		log, _, _ := e.run("jobs", "logs", strconv.FormatInt(id, 10))
+		return strings.Contains(log, "step 30/300"), lastLines(log, 2)
+	})
+	// EC2's interruption warning for rank 1's VM, reclaimed a minute later.
+	victim := j.Nodes[1].InstanceID
+	if err := clouds.ec2.PreemptWithNotice(victim[strings.LastIndex(victim, "/")+1:], time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	rec := e.waitJob(id, 2*time.Minute, "recovered", func(j jobView) bool { return j.State == "RUNNING" && j.Attempt == 2 })
+	if rec.Recoveries != 1 || rec.RestartsOnErrors != 0 {
+		t.Errorf("want one recovery and no error restart: %+v", rec)
+	}
+	second := e.jobZones(id)
+	for z := range second {
+		if first[z] {
+			t.Errorf("recovered in the zone it was preempted in (%s)", z)
+		}
+	}
+	done := e.waitJob(id, 3*time.Minute, "succeeds", func(j jobView) bool { return j.State == "SUCCEEDED" && len(j.Nodes) == 0 })
+	if len(done.History) != 1 || done.History[0].Lost <= 0 || !strings.Contains(done.History[0].Reason, "preemption") {
+		t.Errorf("recovery not reported with its lost time: %+v", done.History)
+	}
+	log := e.mustRun("jobs", "logs", strconv.FormatInt(id, 10))
+	if !strings.Contains(log, "resuming from checkpoint at step") || !strings.Contains(log, "training done: 300 steps") || !strings.Contains(log, "gpus 1") {
+		t.Errorf("the recovered gang did not resume from its checkpoint:\n%s", lastLines(log, 20))
+	}
+	queue := e.mustRun("jobs", "queue")
+	if !strings.Contains(queue, "lost ") || !strings.Contains(queue, "to 1 recoveries") {
+		t.Errorf("queue does not show the time lost:\n%s", queue)
+	}
+}
+
+// jobZones are the zones the job's current nodes run in, from ferry capacity.
+func (e *env) jobZones(id int64) map[string]bool {
+	e.t.Helper()
+	var list []struct {
+		Kind, Owner, Zone, Infra string
+	}
+	if err := json.Unmarshal([]byte(e.mustRun("capacity", "--json")), &list); err != nil {
+		e.t.Fatal(err)
+	}
+	zones := map[string]bool{}
+	for _, h := range list {
+		if h.Kind == "job" && strings.HasSuffix(h.Owner, fmt.Sprintf("(%d)", id)) {
+			zones[h.Infra+"/"+h.Zone] = true
+		}
+	}
+	return zones
+}

@@ -37,6 +37,7 @@ func (m *Manager) startWatch(id int64) {
 func (m *Manager) watch(ctx context.Context, id int64) {
 	t := time.NewTicker(m.cfg.WatchInterval)
 	defer t.Stop()
+	var w watchState
 	for {
 		select {
 		case <-ctx.Done():
@@ -46,14 +47,26 @@ func (m *Manager) watch(ctx context.Context, id int64) {
 			return
 		case <-t.C:
 		}
-		if m.look(ctx, id) {
+		if m.look(ctx, id, &w) {
 			return
 		}
 	}
 }
 
+// watchState is what a watch remembers between looks.
+type watchState struct {
+	// failedAt is when a failure was first seen on a gang with spot nodes still up.
+	failedAt time.Time
+}
+
+// spotSettle is how long a failure on a gang whose spot nodes are still up waits for a
+// preemption warning before it is judged the program's: a peer being reclaimed breaks the
+// rendezvous before its own warning reaches the controller (the clouds' notice polls are 5 s
+// on AWS, 10 s on GCP).
+const spotSettle = 15 * time.Second
+
 // look lists the job's nodes once and acts on what they say; true when the gang has ended.
-func (m *Manager) look(ctx context.Context, id int64) bool {
+func (m *Manager) look(ctx context.Context, id int64, w *watchState) bool {
 	j, err := m.Get(id)
 	if err != nil || j.State != Running {
 		return true
@@ -73,8 +86,26 @@ func (m *Manager) look(ctx context.Context, id int64) bool {
 	if a.verdict == programFailed {
 		blameWarnedNode(&a, j, insts)
 	}
+	if a.verdict == programFailed && spotUp(j, insts) {
+		if w.failedAt.IsZero() {
+			w.failedAt = m.cfg.Now()
+		}
+		if m.cfg.Now().Sub(w.failedAt) < spotSettle {
+			return false
+		}
+	}
 	m.end(ctx, j, a)
 	return true
+}
+
+// spotUp reports whether a spot node of the gang is still running.
+func spotUp(j Job, insts []launcher.Instance) bool {
+	for _, in := range insts {
+		if in.Spot && in.State == launcher.StateRunning && in.Labels[launcher.LabelAttempt] == strconv.Itoa(j.Attempt) {
+			return true
+		}
+	}
+	return false
 }
 
 // blameWarnedNode turns a failure into a lost node when a node of the gang was warned of its
