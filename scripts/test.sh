@@ -33,6 +33,9 @@ fi
 step "test cluster binaries (scripts/testcluster/build.sh; first time ~8 min, then cached)"
 scripts/testcluster/build.sh
 
+step "Debian packages the tests' programs use (scripts/test-deps.sh)"
+scripts/test-deps.sh
+
 step "go test -race"
 go test -race -count=1 -timeout 30m ./...
 
