@@ -111,7 +111,15 @@ func (k *Kubelet) syncJob(ctx context.Context, key string, pod *corev1.Pod, node
 			grace = current.job.grace
 		}
 		current.job.stopping.Store(true)
-		k.stopping.Go(func() { current.proc.stop(grace) })
+		k.mu.Lock()
+		k.ending[current] = key
+		k.mu.Unlock()
+		k.stopping.Go(func() {
+			current.proc.stop(grace)
+			k.mu.Lock()
+			delete(k.ending, current)
+			k.mu.Unlock()
+		})
 		if pod == nil || same {
 			return
 		}

@@ -79,7 +79,8 @@ type Kubelet struct {
 	// deletionGrace is the grace period the first deletion of a pod asked for, by pod UID:
 	// kwok deletes pods at once, so the pod is often gone before its process is stopped.
 	deletionGrace map[types.UID]time.Duration
-	stopping      sync.WaitGroup // job processes being stopped in the background
+	stopping      sync.WaitGroup      // job processes being stopped in the background
+	ending        map[*replica]string // those processes, with their pod's key
 }
 
 // replica is the process run for one pod, and what it was started from.
@@ -115,6 +116,7 @@ func NewKubelet(c *Cluster, opts KubeletOptions) (*Kubelet, error) {
 	return &Kubelet{
 		cluster: c, opts: opts, synced: make(chan struct{}),
 		replicas: map[string]*replica{}, deletionGrace: map[types.UID]time.Duration{},
+		ending: map[*replica]string{},
 	}, nil
 }
 
@@ -356,13 +358,19 @@ func desiredReplica(pod *corev1.Pod, node *corev1.Node) (replicaSpec, bool) {
 	return spec, true
 }
 
-// Running returns the keys (namespace/name) of the pods whose replica process is alive, sorted.
+// Running returns the keys (namespace/name) of the pods whose process is alive, sorted: also
+// a deleted job pod's, until its process has exited within its grace period.
 func (k *Kubelet) Running() []string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	var keys []string
 	for key, r := range k.replicas {
 		if !r.proc.exited() {
+			keys = append(keys, key)
+		}
+	}
+	for r, key := range k.ending {
+		if !r.proc.exited() && !slices.Contains(keys, key) {
 			keys = append(keys, key)
 		}
 	}
