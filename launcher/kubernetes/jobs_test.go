@@ -618,3 +618,63 @@ func TestJobNodeLost(t *testing.T) {
 		return !slices.Contains(kubelet.Running(), p.Namespace()+"/"+insts[0].Name)
 	})
 }
+
+// TestAdoptedGangGetsItsAddresses: a gang whose controller stopped after creating its pods and
+// before writing their addresses waits; the next controller's List writes them, and the gang
+// runs.
+func TestAdoptedGangGetsItsAddresses(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	if err := c.AddGPUNode(ctx, "jd-p4-0", "Tesla-P4", 4); err != nil {
+		t.Fatal(err)
+	}
+	p := newProvider(t, c, Options{})
+	testcluster.StartKubelet(t, c, testcluster.KubeletOptions{})
+	if err := p.ensureStarted(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// What LaunchGang does up to its wait, as a controller killed right after would leave it.
+	spec := jobSpec(t, "adopted", "P4", `echo "nodes: $(echo $SKYPILOT_NODE_IPS)"`)
+	spec.Job.NodeIPsCommand = nodeIPsCommand
+	if err := p.ensureCheckpointClaim(ctx, spec, 2); err != nil {
+		t.Fatal(err)
+	}
+	for rank := range 2 {
+		node := launcher.GangNode(spec, rank, 2)
+		pod, err := p.podFor(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod.Annotations[annotationGangSize] = "2"
+		if _, err := p.create(ctx, pod, node); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	restarted, err := New(Options{Kubeconfig: c.Kubeconfig(), Context: c.Context(), Namespace: p.Namespace()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer restarted.Close()
+	var ended []launcher.Instance
+	eventually(t, "the adopted gang runs to its end", func() bool {
+		got, err := restarted.List(ctx, map[string]string{launcher.LabelJob: "adopted"})
+		if err != nil || len(got) != 2 {
+			return false
+		}
+		for _, inst := range got {
+			if code, ok := inst.Exited(); !ok || code != 0 {
+				return false
+			}
+		}
+		ended = got
+		return true
+	})
+	// Listed by id, "adopted-RANK-...": rank order.
+	want := "nodes: " + ended[0].IP + " " + ended[1].IP + "\n"
+	for _, inst := range ended {
+		if log := logOf(t, restarted, inst.ID); !strings.Contains(log, want) {
+			t.Errorf("%s log: %q, want %q", inst.Name, log, want)
+		}
+	}
+}

@@ -13,6 +13,17 @@
 // A pod the scheduler cannot place within ProvisionTimeout is deleted and its launch fails
 // with launcher.ErrNoCapacity: that is what lets the next candidate (another context, a cloud)
 // take the replica — cloud burst.
+//
+// Jobs' pods (launcher.Spec.Job) add priority classes, checkpoint claims, gangs and exit
+// codes (jobs.go); pod logs are read through the API server (logs.go).
+//
+// Permissions the controller needs: in the namespace, pods get, list, watch, create, patch
+// and delete; secrets create, patch and delete; networking.k8s.io networkpolicies get, list,
+// create, update and delete; persistentvolumeclaims get, list, create and delete (jobs'
+// checkpoints); pods/log get (logs). Cluster-wide: nodes list and watch (accelerators,
+// offerings; optional), pods list (GPUs in use; optional), scheduling.k8s.io priorityclasses
+// get and create (optional: without it nothing is prioritised, so services do not preempt
+// jobs).
 package kubernetes
 
 import (
