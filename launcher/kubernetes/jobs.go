@@ -116,8 +116,9 @@ type jobState struct {
 	classes map[string]string
 	// warnedClasses is set once the missing permission was logged.
 	warnedClasses bool
-	// ours are pods this provider is deleting, whose deletion leaves no tombstone.
-	ours map[string]bool
+	// ours are pods this provider is deleting, whose deletion leaves no tombstone, with when
+	// it began (forgotten after tombstoneTTL).
+	ours map[string]time.Time
 	// tombstones are job pods others deleted, by instance id.
 	tombstones map[string]tombstone
 }
@@ -488,24 +489,45 @@ func (p *Provider) onPodDeleted(obj any) {
 	}
 	p.jobs.mu.Lock()
 	defer p.jobs.mu.Unlock()
-	if p.jobs.ours[pod.Name] {
+	if _, ours := p.jobs.ours[pod.Name]; ours {
 		delete(p.jobs.ours, pod.Name)
 		return
 	}
-	inst := p.instance(pod)
+	inst := takenBack(p.instance(pod))
+	p.jobs.tombstones[inst.ID] = tombstone{inst: inst, at: time.Now()}
+}
+
+// takenBack is the instance of a job's pod that others deleted: unless it was preempted
+// already or its program had ended, the cluster took it (a lost or drained node, or someone's
+// kubectl delete), which is a preemption to whoever recovers the job.
+func takenBack(inst launcher.Instance) launcher.Instance {
 	if inst.State != launcher.StatePreempted && inst.ExitCode == nil {
-		// Not Ferry's doing and not the program's: the cluster took it (a lost or drained
-		// node, or someone's kubectl delete).
 		inst.State, inst.Reason = launcher.StatePreempted, "pod was deleted by the cluster or a user, not by Ferry"
 	}
-	p.jobs.tombstones[inst.ID] = tombstone{inst: inst, at: time.Now()}
+	return inst
+}
+
+// jobInstance is instance, also telling a job's pod that others are deleting (still
+// terminating) as taken back.
+func (p *Provider) jobInstance(pod *corev1.Pod) launcher.Instance {
+	inst := p.instance(pod)
+	if _, isJob := pod.Labels[launcher.LabelJob]; !isJob || pod.DeletionTimestamp == nil {
+		return inst
+	}
+	p.jobs.mu.Lock()
+	_, ours := p.jobs.ours[pod.Name]
+	p.jobs.mu.Unlock()
+	if ours {
+		return inst
+	}
+	return takenBack(inst)
 }
 
 // markOurs records that this provider deletes the pod, so its deletion leaves no tombstone.
 func (p *Provider) markOurs(name string) {
 	p.jobs.mu.Lock()
 	defer p.jobs.mu.Unlock()
-	p.jobs.ours[name] = true
+	p.jobs.ours[name] = time.Now()
 	delete(p.jobs.tombstones, p.infra+"/"+p.ns+"/"+name)
 }
 
@@ -514,6 +536,11 @@ func (p *Provider) tombstoned(selector map[string]string, now time.Time) []launc
 	p.jobs.mu.Lock()
 	defer p.jobs.mu.Unlock()
 	var out []launcher.Instance
+	for name, at := range p.jobs.ours {
+		if now.Sub(at) > tombstoneTTL {
+			delete(p.jobs.ours, name) // its deletion event never came: it was gone already
+		}
+	}
 	for id, t := range p.jobs.tombstones {
 		if now.Sub(t.at) > tombstoneTTL {
 			delete(p.jobs.tombstones, id)

@@ -19,6 +19,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/testcluster"
@@ -676,5 +677,49 @@ func TestAdoptedGangGetsItsAddresses(t *testing.T) {
 		if log := logOf(t, restarted, inst.ID); !strings.Contains(log, want) {
 			t.Errorf("%s log: %q, want %q", inst.Name, log, want)
 		}
+	}
+}
+
+// TestJobInstanceTakenBack covers how a pod being deleted reads: a job's pod that others
+// delete before its program ended was taken back (preempted); one Ferry deletes, or whose
+// program had ended, or a replica's, is terminated.
+func TestJobInstanceTakenBack(t *testing.T) {
+	p, err := New(Options{RESTConfig: &rest.Config{Host: "https://127.0.0.1:1"}, Context: "unit", Namespace: "ns"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleting := metav1.Now()
+	pod := func(name string, job bool, phase corev1.PodPhase, code *int32) *corev1.Pod {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Labels: map[string]string{launcher.LabelOwner: "true"}, DeletionTimestamp: &deleting},
+			Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: containerName}}},
+			Status:     corev1.PodStatus{Phase: phase},
+		}
+		if job {
+			pod.Labels[launcher.LabelJob] = "j"
+		}
+		if code != nil {
+			pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerName, State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: *code}}}}
+		}
+		return pod
+	}
+	three := int32(3)
+	p.markOurs("ours")
+	tests := map[string]struct {
+		pod  *corev1.Pod
+		want string
+	}{
+		"job pod deleted by others":     {pod("others", true, corev1.PodRunning, nil), "PREEMPTED none"},
+		"job pod Ferry deletes":         {pod("ours", true, corev1.PodRunning, nil), "TERMINATED none"},
+		"job pod that had exited":       {pod("exited", true, corev1.PodFailed, &three), "TERMINATED 3"},
+		"replica pod deleted by others": {pod("replica", false, corev1.PodRunning, nil), "TERMINATED none"},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			inst := p.jobInstance(tt.pod)
+			if got := string(inst.State) + " " + exitOf(inst); got != tt.want {
+				t.Errorf("got %s (%s), want %s", got, inst.Reason, tt.want)
+			}
+		})
 	}
 }

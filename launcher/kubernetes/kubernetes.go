@@ -234,7 +234,7 @@ func New(opts Options) (*Provider, error) {
 		infra:  infra,
 		ns:     ns,
 		policy: policyState{ports: map[string][]int32{}},
-		jobs:   jobState{classes: map[string]string{}, ours: map[string]bool{}, tombstones: map[string]tombstone{}},
+		jobs:   jobState{classes: map[string]string{}, ours: map[string]time.Time{}, tombstones: map[string]tombstone{}},
 	}, nil
 }
 
@@ -621,7 +621,7 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 	listed := map[string]bool{}
 	for _, pod := range pods {
 		if launcher.Matches(pod.Labels, selector) {
-			inst := p.instance(pod)
+			inst := p.jobInstance(pod)
 			out = append(out, inst)
 			listed[inst.ID] = true
 		}
