@@ -309,8 +309,11 @@ func (p *Provider) ensureJobPolicy(ctx context.Context, job string) error {
 // LaunchGang launches a job's n nodes in this cluster, all or nothing: every pod is created at
 // once; if any stays unschedulable past ProvisionTimeout, or fails before all run, every pod
 // is deleted and the error wraps launcher.ErrNoCapacity. Once all have IPs, each pod's
-// annotation gets the gang's addresses (see the Jobs comment). A spec without Job is n plain
-// launches (launcher.LaunchEach).
+// annotation gets the gang's addresses (see the Jobs comment). If ctx ends first, the pods
+// are deleted too: unlike a replica's, a gang's pods are no use to the next controller until
+// all run (a controller killed meanwhile leaves them; List completes a gang whose pods all run,
+// and the job's owner terminates one that never does). A spec without Job is n plain launches
+// (launcher.LaunchEach).
 func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([]launcher.Instance, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("%w: a gang needs at least one node, got %d", launcher.ErrInvalid, n)
