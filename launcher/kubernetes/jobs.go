@@ -50,6 +50,7 @@ import (
 //     ReadWriteOnce for one node, ReadWriteMany for a gang, whose nodes all mount it) and
 //     mounted at JobSpec.CheckpointDir (default /checkpoint), which FERRY_CHECKPOINT_DIR
 //     names. It outlives the job's pods, so a recovered gang finds it; CleanupJob deletes it.
+//     A CheckpointDir without a claim is an emptyDir, which ends with its pod.
 //   - Gang addresses. A gang's pods learn their peers' IPs only once all are running:
 //     LaunchGang then writes them, one per line in rank order, in the pod annotation
 //     ferry.dev/node-ips, which a downwardAPI volume at /etc/ferry/podinfo (FERRY_PODINFO_DIR)
