@@ -19,7 +19,8 @@
 //
 // kwok only moves pods through their phases; nothing runs in them. Kubelet starts a
 // `ferry replica-sim` for each Running pod, on the pod's loopback IP, so traffic really flows to
-// pods.
+// pods, and runs a job's pod's own command on the host, reporting its exit in the pod's status.
+// It also binds volume claims to host directories and serves pod logs to the API server.
 package testcluster
 
 import (
@@ -90,6 +91,9 @@ type Cluster struct {
 	kubeconfig string
 	restConfig *rest.Config
 	client     kubernetes.Interface
+	// kubeletPort is where the nodes' kubelet is (daemonEndpoints.kubeletEndpoint): the
+	// API server proxies pod logs there, and a Kubelet stand-in serves them.
+	kubeletPort int
 
 	releaseCIDR func()
 	procs       []*process // in start order; stopped in reverse
@@ -174,11 +178,12 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 	c.cidr, c.releaseCIDR = cidr, release
 
-	ports, err := freePorts(5)
+	ports, err := freePorts(6)
 	if err != nil {
 		return c, err
 	}
 	etcdPort, etcdPeerPort, apiPort, schedulerPort, kwokPort := ports[0], ports[1], ports[2], ports[3], ports[4]
+	c.kubeletPort = ports[5]
 	c.server = "https://127.0.0.1:" + strconv.Itoa(apiPort)
 
 	token, err := newToken()
@@ -243,8 +248,13 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 				"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 				"--service-cluster-ip-range=10.96.0.0/16",
 				// No controller-manager runs: nothing would create the service account a pod
-				// needs, and nothing would lift the not-ready taint from a new node.
-				"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+				// needs, nothing would lift the not-ready taint from a new node, and nothing
+				// would remove the protection finalizers of a deleted claim or volume.
+				"--disable-admission-plugins=ServiceAccount,TaintNodesByCondition,StorageObjectInUseProtection",
+				// kwok gives nodes the addresses InternalIP 127.0.0.1 and Hostname NAME; only
+				// the first reaches the kubelet stand-in (pod logs). With no
+				// --kubelet-certificate-authority its self-signed certificate is not verified.
+				"--kubelet-preferred-address-types=InternalIP",
 				"--allow-privileged=true",
 				"--enable-priority-and-fairness=false",
 				"--profiling=false",
@@ -275,6 +285,9 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 				"--manage-nodes-with-annotation-selector=" + KwokNodeAnnotation + "=fake",
 				"--cidr=" + cidr,
 				"--node-ip=127.0.0.1",
+				// Only advertised as the nodes' kubelet port: kwok itself serves on
+				// --server-address, and a Kubelet stand-in listens here.
+				"--node-port=" + strconv.Itoa(c.kubeletPort),
 				"--node-lease-duration-seconds=0", // the node/heartbeat Stage keeps nodes Ready
 				"--server-address=127.0.0.1:" + strconv.Itoa(kwokPort),
 			},
@@ -403,6 +416,10 @@ func (c *Cluster) RESTConfig() *rest.Config { return rest.CopyConfig(c.restConfi
 
 // Client is a clientset for the cluster's admin.
 func (c *Cluster) Client() kubernetes.Interface { return c.client }
+
+// KubeletPort is the port every node advertises for its kubelet, on 127.0.0.1: the API server
+// sends pod log requests there, and a running Kubelet stand-in answers them.
+func (c *Cluster) KubeletPort() int { return c.kubeletPort }
 
 // CIDR is the loopback range pod IPs come from, unique among the clusters running on this
 // machine, e.g. "127.183.20.0/24".

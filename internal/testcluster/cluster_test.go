@@ -118,6 +118,11 @@ func TestClusterSchedulesGPUPods(t *testing.T) {
 	if got, want := kubelet.Running(), []string{ns + "/sim"}; !slices.Equal(got, want) {
 		t.Errorf("Running() = %v, want %v", got, want)
 	}
+	// The pod's log, through the API server, which asks the kubelet stand-in.
+	logs, err := client.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil || !strings.Contains(string(logs), "serving model \"test-model\"") {
+		t.Errorf("pod log through the API server: %q, %v; want replica-sim's start line", logs, err)
+	}
 
 	big, err := client.CoreV1().Pods(ns).Create(ctx, gpuPod("too-big", 5, ""), metav1.CreateOptions{})
 	if err != nil {

@@ -28,34 +28,59 @@ const ReplicaSimArgsEnv = "REPLICA_SIM_ARGS"
 
 // KubeletOptions configure a Kubelet.
 type KubeletOptions struct {
-	// FerryBin is the ferry binary whose `replica-sim` runs each pod. Required.
+	// FerryBin is the ferry binary whose `replica-sim` runs each pod that is not a job's.
+	// Without it only job pods run anything.
 	FerryBin string
 
 	// LogDir receives one log per pod, <namespace>_<name>.log. Default: <cluster dir>/pods.
 	LogDir string
 
-	// StopGrace is how long a replica has to exit after SIGTERM before it gets SIGKILL.
-	// Default: 2 seconds.
+	// StopGrace is how long a replica has to exit after SIGTERM before it gets SIGKILL, and
+	// how long a job pod's process gets when the stand-in itself stops. (A job pod deleted
+	// while the stand-in runs gets its own grace period.) Default: 2 seconds.
 	StopGrace time.Duration
 }
 
 // Kubelet stands in for the kubelet on the cluster's kwok nodes: kwok marks pods Running with a
-// loopback IP, and Kubelet makes that true by running `ferry replica-sim` on the pod's IP and
-// port. It watches pods (an informer, not polling) and, for every pod bound to a kwok node that
-// is Running with an IP and not being deleted, runs one replica with
+// loopback IP, and Kubelet makes that true by running a process for each. It watches pods (an
+// informer, not polling) and, for every pod bound to a kwok node that is Running with an IP and
+// not being deleted, runs one process.
+//
+// A job's pod (labelled launcher.LabelJob) runs its first container's command and args on the
+// host, as a kubelet runs a container: see jobpods.go for what is resolved and what is not.
+// When the process exits the pod's status says so (Succeeded or Failed, with the container's
+// exit code); when the pod is deleted the process gets SIGTERM, then SIGKILL after the
+// deletion's grace period. It is never started twice.
+//
+// Any other pod runs, when FerryBin is set,
 //
 //	<FerryBin> replica-sim --host <pod IP> --port <first containerPort of the first container> $REPLICA_SIM_ARGS
 //
 // with the first container's literal env values added to the environment. When the pod is
 // deleted or leaves Running, the replica gets SIGTERM (SIGKILL after StopGrace). A replica that
 // exits by itself is not restarted: Running stops listing it, as a crashed container would be.
+//
+// It also binds PersistentVolumeClaims to host directories (volumes.go), as a provisioner and
+// the volume controller would, and serves the kubelet's /containerLogs endpoint on the nodes'
+// kubelet port, so that pod logs read through the API server work (containerlogs.go). Run one
+// Kubelet per cluster at a time: a second cannot take the port.
 type Kubelet struct {
 	cluster *Cluster
 	opts    KubeletOptions
 	synced  chan struct{} // closed once the informers have synced
 
+	// Set by Start.
+	pods corelisters.PodLister
+	pvcs corelisters.PersistentVolumeClaimLister
+	pvs  corelisters.PersistentVolumeLister
+
 	mu       sync.Mutex
 	replicas map[string]*replica // by pod key, namespace/name
+	// deletionGrace is the grace period the first deletion of a pod asked for, by pod UID:
+	// kwok deletes pods at once, so the pod is often gone before its process is stopped.
+	deletionGrace map[types.UID]time.Duration
+	stopping      sync.WaitGroup      // job processes being stopped in the background
+	ending        map[*replica]string // those processes, with their pod's key
 }
 
 // replica is the process run for one pod, and what it was started from.
@@ -63,6 +88,8 @@ type replica struct {
 	podUID types.UID
 	spec   replicaSpec
 	proc   *process
+	// job is set for a job pod's process.
+	job *jobProcess
 }
 
 // replicaSpec is what a pod asks to run. Two equal specs run the same process.
@@ -77,9 +104,6 @@ func (s replicaSpec) equal(o replicaSpec) bool {
 
 // NewKubelet returns a kubelet stand-in for the cluster; Start runs it.
 func NewKubelet(c *Cluster, opts KubeletOptions) (*Kubelet, error) {
-	if opts.FerryBin == "" {
-		return nil, errors.New("testcluster: KubeletOptions.FerryBin is required")
-	}
 	if opts.LogDir == "" {
 		opts.LogDir = filepath.Join(c.Dir(), "pods")
 	}
@@ -89,7 +113,11 @@ func NewKubelet(c *Cluster, opts KubeletOptions) (*Kubelet, error) {
 	if err := os.MkdirAll(opts.LogDir, 0o755); err != nil {
 		return nil, err
 	}
-	return &Kubelet{cluster: c, opts: opts, synced: make(chan struct{}), replicas: map[string]*replica{}}, nil
+	return &Kubelet{
+		cluster: c, opts: opts, synced: make(chan struct{}),
+		replicas: map[string]*replica{}, deletionGrace: map[types.UID]time.Duration{},
+		ending: map[*replica]string{},
+	}, nil
 }
 
 // RunKubelet runs a kubelet stand-in until ctx ends: NewKubelet followed by Start.
@@ -129,15 +157,27 @@ func StartKubelet(t testing.TB, c *Cluster, opts KubeletOptions) *Kubelet {
 }
 
 // Start runs the kubelet stand-in until ctx ends, then stops every replica and returns ctx's
-// error. It returns early only if its informers cannot start.
+// error. It returns early only if its informers cannot start or the kubelet port is taken.
 func (k *Kubelet) Start(ctx context.Context) (err error) {
+	logServer, err := k.listenLogs()
+	if err != nil {
+		return err
+	}
+	defer logServer.Close()
+
 	factory := informers.NewSharedInformerFactory(k.cluster.Client(), 0)
 	podInformer := factory.Core().V1().Pods()
 	nodeInformer := factory.Core().V1().Nodes()
+	pvcInformer := factory.Core().V1().PersistentVolumeClaims()
+	pvInformer := factory.Core().V1().PersistentVolumes()
 	pods, nodes := podInformer.Lister(), nodeInformer.Lister()
+	k.pvcs, k.pvs, k.pods = pvcInformer.Lister(), pvInformer.Lister(), pods
 
 	queue := workqueue.NewTyped[string]()
 	enqueuePod := func(obj any) {
+		if pod := podOf(obj); pod != nil && isJobPod(pod) && pod.DeletionTimestamp != nil && pod.DeletionGracePeriodSeconds != nil {
+			k.noteDeletion(pod.UID, time.Duration(*pod.DeletionGracePeriodSeconds)*time.Second)
+		}
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 			queue.Add(key)
 		}
@@ -161,20 +201,27 @@ func (k *Kubelet) Start(ctx context.Context) (err error) {
 			}
 		}
 	}
-	if _, err := podInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    enqueuePod,
-		UpdateFunc: func(_, obj any) { enqueuePod(obj) },
-		DeleteFunc: enqueuePod,
-	}); err != nil {
-		return err
+	// A job pod waits for its claims to be bound; claims are bound here too.
+	claimQueue := workqueue.NewTyped[string]()
+	enqueueClaim := func(obj any) {
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			claimQueue.Add(key)
+		}
+		all, _ := pods.List(labels.Everything())
+		for _, pod := range all {
+			enqueuePod(pod)
+		}
 	}
-	if _, err := nodeInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    enqueueNodePods,
-		UpdateFunc: func(_, obj any) { enqueueNodePods(obj) },
-		DeleteFunc: enqueueNodePods,
-	}); err != nil {
-		return err
+	for informer, handler := range map[cache.SharedIndexInformer]cache.ResourceEventHandlerFuncs{
+		podInformer.Informer():  {AddFunc: enqueuePod, UpdateFunc: func(_, obj any) { enqueuePod(obj) }, DeleteFunc: enqueuePod},
+		nodeInformer.Informer(): {AddFunc: enqueueNodePods, UpdateFunc: func(_, obj any) { enqueueNodePods(obj) }, DeleteFunc: enqueueNodePods},
+		pvcInformer.Informer():  {AddFunc: enqueueClaim, UpdateFunc: func(_, obj any) { enqueueClaim(obj) }, DeleteFunc: k.releaseClaim},
+	} {
+		if _, err := informer.AddEventHandler(handler); err != nil {
+			return err
+		}
 	}
+	_ = pvInformer.Informer() // registered before Start, for the claims' volumes
 
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
@@ -185,27 +232,61 @@ func (k *Kubelet) Start(ctx context.Context) (err error) {
 		}
 	}
 
-	workerDone := make(chan struct{})
-	go func() {
-		defer close(workerDone)
+	requeue := func(key string) {
+		time.AfterFunc(500*time.Millisecond, func() { queue.Add(key) })
+	}
+	var workers sync.WaitGroup
+	workers.Go(func() {
 		for {
 			key, shutdown := queue.Get()
 			if shutdown {
 				return
 			}
-			k.sync(key, pods, nodes)
+			k.sync(ctx, key, pods, nodes, requeue)
 			queue.Done(key)
 		}
-	}()
+	})
+	workers.Go(func() {
+		for {
+			key, shutdown := claimQueue.Get()
+			if shutdown {
+				return
+			}
+			if k.bindClaim(ctx, key) != nil {
+				time.AfterFunc(500*time.Millisecond, func() { claimQueue.Add(key) })
+			}
+			claimQueue.Done(key)
+		}
+	})
+	go func() { _ = logServer.serve() }()
 	close(k.synced)
 	<-ctx.Done()
 	queue.ShutDown()
-	<-workerDone
+	claimQueue.ShutDown()
+	workers.Wait()
 	return ctx.Err()
 }
 
-// sync brings the replica of one pod in line with the pod: a pure decision, then the action.
-func (k *Kubelet) sync(key string, pods corelisters.PodLister, nodes corelisters.NodeLister) {
+// podOf is the pod of an informer event, also from a deletion's tombstone.
+func podOf(obj any) *corev1.Pod {
+	if tombstone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tombstone.Obj
+	}
+	pod, _ := obj.(*corev1.Pod)
+	return pod
+}
+
+// noteDeletion remembers the grace period the first deletion of a pod asked for.
+func (k *Kubelet) noteDeletion(uid types.UID, grace time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, seen := k.deletionGrace[uid]; !seen {
+		k.deletionGrace[uid] = grace
+	}
+}
+
+// sync brings the process of one pod in line with the pod: a pure decision, then the action.
+func (k *Kubelet) sync(ctx context.Context, key string, pods corelisters.PodLister, nodes corelisters.NodeLister, requeue func(string)) {
 	var pod *corev1.Pod
 	var node *corev1.Node
 	if ns, name, err := cache.SplitMetaNamespaceKey(key); err == nil {
@@ -214,11 +295,17 @@ func (k *Kubelet) sync(key string, pods corelisters.PodLister, nodes corelisters
 	if pod != nil && pod.Spec.NodeName != "" {
 		node, _ = nodes.Get(pod.Spec.NodeName)
 	}
-	want, run := desiredReplica(pod, node)
-
 	k.mu.Lock()
 	current := k.replicas[key]
 	k.mu.Unlock()
+	if (current != nil && current.job != nil) || (pod != nil && isJobPod(pod)) {
+		k.syncJob(ctx, key, pod, node, current, requeue)
+		return
+	}
+	want, run := desiredReplica(pod, node)
+	if run && k.opts.FerryBin == "" {
+		run = false
+	}
 	if current != nil {
 		if run && current.podUID == pod.UID && current.spec.equal(want) {
 			return
@@ -271,13 +358,19 @@ func desiredReplica(pod *corev1.Pod, node *corev1.Node) (replicaSpec, bool) {
 	return spec, true
 }
 
-// Running returns the keys (namespace/name) of the pods whose replica process is alive, sorted.
+// Running returns the keys (namespace/name) of the pods whose process is alive, sorted: also
+// a deleted job pod's, until its process has exited within its grace period.
 func (k *Kubelet) Running() []string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	var keys []string
 	for key, r := range k.replicas {
 		if !r.proc.exited() {
+			keys = append(keys, key)
+		}
+	}
+	for r, key := range k.ending {
+		if !r.proc.exited() && !slices.Contains(keys, key) {
 			keys = append(keys, key)
 		}
 	}
@@ -290,7 +383,8 @@ func (k *Kubelet) LogPath(namespace, name string) string {
 	return filepath.Join(k.opts.LogDir, namespace+"_"+name+".log")
 }
 
-// stopAll stops every replica, in parallel, and waits for them.
+// stopAll stops every replica and job process, in parallel, and waits for them and for the
+// job processes already being stopped.
 func (k *Kubelet) stopAll() {
 	k.mu.Lock()
 	replicas := k.replicas
@@ -298,7 +392,11 @@ func (k *Kubelet) stopAll() {
 	k.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, r := range replicas {
+		if r.job != nil {
+			r.job.stopping.Store(true)
+		}
 		wg.Go(func() { r.proc.stop(k.opts.StopGrace) })
 	}
 	wg.Wait()
+	k.stopping.Wait()
 }

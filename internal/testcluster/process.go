@@ -23,6 +23,11 @@ type process struct {
 // startProcess starts bin in its own process group with stdout and stderr appended to logPath.
 // A nil env inherits the test's environment.
 func startProcess(name, logPath string, env []string, bin string, args ...string) (*process, error) {
+	return startProcessIn("", name, logPath, env, bin, args...)
+}
+
+// startProcessIn is startProcess with the working directory dir ("" is the test's).
+func startProcessIn(dir, name, logPath string, env []string, bin string, args ...string) (*process, error) {
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -30,6 +35,7 @@ func startProcess(name, logPath string, env []string, bin string, args ...string
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Env = env
+	cmd.Dir = dir
 	cmd.SysProcAttr = sysProcAttr()
 	if err := startCmd(cmd); err != nil {
 		_ = logFile.Close()

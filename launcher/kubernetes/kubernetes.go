@@ -13,6 +13,17 @@
 // A pod the scheduler cannot place within ProvisionTimeout is deleted and its launch fails
 // with launcher.ErrNoCapacity: that is what lets the next candidate (another context, a cloud)
 // take the replica — cloud burst.
+//
+// Jobs' pods (launcher.Spec.Job) add priority classes, checkpoint claims, gangs and exit
+// codes (jobs.go); pod logs are read through the API server (logs.go).
+//
+// Permissions the controller needs: in the namespace, pods get, list, watch, create, patch
+// and delete; secrets create, patch and delete; networking.k8s.io networkpolicies get, list,
+// create, update and delete; persistentvolumeclaims get, list, create and delete (jobs'
+// checkpoints); pods/log get (logs). Cluster-wide: nodes list and watch (accelerators,
+// offerings; optional), pods list (GPUs in use; optional), scheduling.k8s.io priorityclasses
+// get and create (optional: without it nothing is prioritised, so services do not preempt
+// jobs).
 package kubernetes
 
 import (
@@ -108,6 +119,11 @@ type Options struct {
 	// RESTConfig, when set, is used instead of Kubeconfig (in-cluster or tests); Context then
 	// only names the infra.
 	RESTConfig *rest.Config
+	// CheckpointSize is the storage a job's checkpoint claim asks for; default
+	// DefaultCheckpointSize. CheckpointStorageClass is its storage class ("" the cluster's
+	// default); a gang's claim needs one that offers ReadWriteMany.
+	CheckpointSize         string
+	CheckpointStorageClass string
 }
 
 // Provider launches pods in one namespace of one context. Create it with New; it connects
@@ -135,6 +151,9 @@ type Provider struct {
 	// NetworkPolicies, so that no pod runs without one; it guards policy.
 	policyMu sync.Mutex
 	policy   policyState
+
+	// jobs keeps priority classes, and the last state of jobs' pods deleted by others.
+	jobs jobState
 }
 
 // usedTTL is how long a cluster-wide count of GPUs in use is reused: every launch plans, and
@@ -162,6 +181,9 @@ func New(opts Options) (*Provider, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
+	}
+	if opts.CheckpointSize == "" {
+		opts.CheckpointSize = DefaultCheckpointSize
 	}
 	if err := checkIngressOptions(&opts); err != nil {
 		return nil, err
@@ -212,6 +234,7 @@ func New(opts Options) (*Provider, error) {
 		infra:  infra,
 		ns:     ns,
 		policy: policyState{ports: map[string][]int32{}},
+		jobs:   jobState{classes: map[string]string{}, ours: map[string]time.Time{}, tombstones: map[string]tombstone{}},
 	}, nil
 }
 
@@ -270,6 +293,9 @@ func (p *Provider) ensureStarted(ctx context.Context) error {
 	podInf := podFactory.Core().V1().Pods()
 	p.pods = podInf.Lister()
 	p.podsSync = podInf.Informer().HasSynced
+	if _, err := podInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: p.onPodDeleted}); err != nil {
+		return err
+	}
 	podFactory.Start(p.stop)
 	syncs := []cache.InformerSynced{p.podsSync}
 	if nodesAllowed {
@@ -317,7 +343,16 @@ func (p *Provider) Check(ctx context.Context) error {
 // Launch creates the pod and returns once it is scheduled and has an IP. An unschedulable pod
 // is deleted after ProvisionTimeout and the error wraps launcher.ErrNoCapacity. If ctx ends
 // first, the pod is left for the next controller to adopt.
+//
+// A job's node (spec.Job set) is a gang of one: LaunchGang.
 func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
+	if spec.Job != nil {
+		insts, err := p.LaunchGang(ctx, spec, 1)
+		if err != nil {
+			return launcher.Instance{}, err
+		}
+		return insts[0], nil
+	}
 	if err := p.ensureStarted(ctx); err != nil {
 		return launcher.Instance{}, err
 	}
@@ -325,9 +360,28 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	if err != nil {
 		return launcher.Instance{}, err
 	}
-	created, secret, err := p.createPod(ctx, pod, spec)
+	created, err := p.create(ctx, pod, spec)
 	if err != nil {
 		return launcher.Instance{}, err
+	}
+	ready, err := p.waitStarted(ctx, created)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.deletePod(created.Name)
+		}
+		return launcher.Instance{}, err
+	}
+	return p.instance(ready), nil
+}
+
+// create creates the pod in its priority class, with its Secret.
+func (p *Provider) create(ctx context.Context, pod *corev1.Pod, spec launcher.Spec) (*corev1.Pod, error) {
+	if err := p.ensurePriorityClass(ctx, pod, spec); err != nil {
+		return nil, err
+	}
+	created, secret, err := p.createPod(ctx, pod, spec)
+	if err != nil {
+		return nil, err
 	}
 	if secret != nil {
 		// Owned by the pod, the cluster's garbage collector removes it with the pod even if
@@ -337,15 +391,8 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 			p.log.Warn("set the pod as the secret's owner", zap.String("secret", secret.Name), zap.Error(err))
 		}
 	}
-	p.log.Info("created pod", zap.String("pod", created.Name), zap.String("node_selector", describeAffinity(created)))
-	ready, err := p.waitStarted(ctx, created)
-	if err != nil {
-		if ctx.Err() == nil {
-			p.deletePod(created.Name)
-		}
-		return launcher.Instance{}, err
-	}
-	return p.instance(ready), nil
+	p.log.Info("created pod", zap.String("pod", created.Name), zap.String("node_selector", describeAffinity(created)), zap.String("priority_class", created.Spec.PriorityClassName))
+	return created, nil
 }
 
 // createPod creates the pod, after its Secret (if it has secrets) and its service's
@@ -477,6 +524,7 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	service, known := p.podService(ctx, name)
 	p.policyMu.Lock()
 	defer p.policyMu.Unlock()
+	p.markOurs(name)
 	err = p.client.CoreV1().Pods(p.ns).Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return p.classify(err, "delete pod "+name)
@@ -513,6 +561,7 @@ func (p *Provider) podService(ctx context.Context, name string) (service string,
 func (p *Provider) deletePod(name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), deleteTimeout)
 	defer cancel()
+	p.markOurs(name)
 	if err := p.client.CoreV1().Pods(p.ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		p.log.Warn("delete pod of a failed launch", zap.String("pod", name), zap.Error(err))
 	}
@@ -569,13 +618,22 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 		return nil, err
 	}
 	out := make([]launcher.Instance, 0, len(pods))
+	listed := map[string]bool{}
 	for _, pod := range pods {
 		if launcher.Matches(pod.Labels, selector) {
-			out = append(out, p.instance(pod))
+			inst := p.jobInstance(pod)
+			out = append(out, inst)
+			listed[inst.ID] = true
+		}
+	}
+	for _, inst := range p.tombstoned(selector, time.Now()) {
+		if !listed[inst.ID] {
+			out = append(out, inst)
 		}
 	}
 	slices.SortFunc(out, func(a, b launcher.Instance) int { return strings.Compare(a.ID, b.ID) })
 	p.syncPolicies(ctx)
+	p.completeGangs(ctx, pods)
 	return out, nil
 }
 
@@ -714,7 +772,7 @@ func (p *Provider) podFor(spec launcher.Spec) (*corev1.Pod, error) {
 		corev1.EnvVar{Name: "FERRY_PORT", Value: strconv.Itoa(port)},
 		corev1.EnvVar{Name: "FERRY_HOST", Value: "0.0.0.0"})
 	infra := p.infra
-	return &corev1.Pod{
+	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:   name,
 			Labels: podLabels,
@@ -737,7 +795,11 @@ func (p *Provider) podFor(spec launcher.Spec) (*corev1.Pod, error) {
 				Resources: res,
 			}},
 		},
-	}, nil
+	}
+	if spec.Job != nil {
+		addJob(pod, spec.Job)
+	}
+	return pod, nil
 }
 
 // resourcesFor turns the chosen accelerator, cpus and memory into requests, and the GPU type
@@ -856,22 +918,38 @@ func (p *Provider) instance(pod *corev1.Pod) launcher.Instance {
 		LaunchedAt: pod.CreationTimestamp.Time,
 	}
 	inst.PricePerHour, _ = strconv.ParseFloat(pod.Annotations[annotationPrice], 64)
+	inst.IP = pod.Status.PodIP
 	if pod.Status.PodIP != "" && len(pod.Spec.Containers) > 0 && len(pod.Spec.Containers[0].Ports) > 0 {
 		inst.Endpoint = net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(int(pod.Spec.Containers[0].Ports[0].ContainerPort)))
 	}
 	switch {
 	case podPreempted(pod):
 		inst.State, inst.Reason = launcher.StatePreempted, podEndReason(pod)
-	case pod.DeletionTimestamp != nil:
-		inst.State, inst.Reason = launcher.StateTerminated, "pod is being deleted"
 	case pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded:
 		inst.State, inst.Reason = launcher.StateTerminated, podEndReason(pod)
+		inst.ExitCode = exitCode(pod)
+	case pod.DeletionTimestamp != nil:
+		inst.State, inst.Reason = launcher.StateTerminated, "pod is being deleted"
 	case pod.Status.Phase == corev1.PodRunning:
 		inst.State = launcher.StateRunning
 	default:
 		inst.State = launcher.StatePending
 	}
 	return inst
+}
+
+// exitCode is the exit status of the pod's program (its first container) once it ended.
+func exitCode(pod *corev1.Pod) *int {
+	if len(pod.Spec.Containers) == 0 {
+		return nil
+	}
+	for _, cs := range pod.Status.ContainerStatuses {
+		if cs.Name == pod.Spec.Containers[0].Name && cs.State.Terminated != nil {
+			code := int(cs.State.Terminated.ExitCode)
+			return &code
+		}
+	}
+	return nil
 }
 
 // podPreempted reports a pod that the cluster took away: evicted, preempted by a higher

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -23,7 +24,12 @@ import (
 // These tests run against a real API server, scheduler and kwok (internal/testcluster). Each
 // test has its own namespace and its own GPU product, so that they share one cluster.
 
-func TestMain(m *testing.M) { testcluster.Main(m) }
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(helperEnv); mode != "" {
+		runHelper(mode, os.Args[1:]) // a job's program (jobs_test.go), not the tests
+	}
+	testcluster.Main(m)
+}
 
 var nsSeq atomic.Int64
 

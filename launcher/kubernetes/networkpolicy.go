@@ -251,6 +251,9 @@ func (p *Provider) readPolicies(ctx context.Context) error {
 		return p.classify(err, "list network policies")
 	}
 	for _, np := range list.Items {
+		if _, isJob := np.Labels[launcher.LabelJob]; isJob {
+			continue // a job's own policy (jobs.go), not a service's
+		}
 		var ports []int32
 		for _, rule := range np.Spec.Ingress {
 			for _, port := range rule.Ports {
