@@ -63,6 +63,11 @@ type KubernetesConfig struct {
 	ProxyPodLabels map[string]string `json:"proxy_pod_labels,omitempty"`
 	ProxyNamespace string            `json:"proxy_namespace,omitempty"`
 	ProxyCIDRs     []string          `json:"proxy_cidrs,omitempty"`
+	// CheckpointSize and CheckpointStorageClass shape the PersistentVolumeClaim a job's
+	// checkpoint lives in ("10Gi" and the cluster's default class when empty). A gang's claim
+	// is ReadWriteMany, which the class must offer.
+	CheckpointSize         string `json:"checkpoint_size,omitempty"`
+	CheckpointStorageClass string `json:"checkpoint_storage_class,omitempty"`
 }
 
 // CloudConfig is the aws or gcp section.
@@ -103,7 +108,8 @@ var (
 	ferryConfigKeys   = []string{"kubernetes", "aws", "gcp"}
 	awsKeys           = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs"}
 	gcpKeys           = []string{"project", "regions", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
-	kubernetesKeys    = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs"}
+	kubernetesKeys    = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs",
+		"checkpoint_size", "checkpoint_storage_class"}
 	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour"}
 	maxKubeContexts   = 64
 	maxProvisionDelay = 24 * 3600
@@ -168,6 +174,12 @@ func ParseFerryConfig(filename string, data []byte) (cfg *FerryConfig, err error
 	return out, nil
 }
 
+// quantityRE is a Kubernetes storage quantity in binary or decimal units.
+var quantityRE = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$`)
+
+// dnsSubdomainRE is a Kubernetes object name (a DNS subdomain).
+var dnsSubdomainRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
 func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
 	const field = "kubernetes"
 	k := &KubernetesConfig{}
@@ -189,6 +201,26 @@ func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
 		}
 	}
 	c.kubernetesProxies(f, k)
+	if e, ok := f["checkpoint_size"]; ok {
+		fld := joinField(field, "checkpoint_size")
+		if v, ok := c.str(e.value, fld); ok {
+			if !quantityRE.MatchString(v) {
+				c.errorf(e.value, fld, "%s is not a storage size such as 10Gi or 500Mi", quoteShort(v))
+			} else {
+				k.CheckpointSize = v
+			}
+		}
+	}
+	if e, ok := f["checkpoint_storage_class"]; ok {
+		fld := joinField(field, "checkpoint_storage_class")
+		if v, ok := c.str(e.value, fld); ok {
+			if !dnsSubdomainRE.MatchString(v) {
+				c.errorf(e.value, fld, "%s is not a storage class name", quoteShort(v))
+			} else {
+				k.CheckpointStorageClass = v
+			}
+		}
+	}
 	if e, ok := f["contexts"]; ok {
 		fld := joinField(field, "contexts")
 		items := c.deref(e.value)

@@ -22,6 +22,8 @@ kubernetes:
   proxy_pod_labels: {app.kubernetes.io/name: ferry, app.kubernetes.io/component: proxy}
   proxy_namespace: ferry-system
   proxy_cidrs: [203.0.113.7/32]
+  checkpoint_size: 50Gi
+  checkpoint_storage_class: efs-sc
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -33,6 +35,8 @@ kubernetes:
 		ProxyPodLabels:          map[string]string{"app.kubernetes.io/name": "ferry", "app.kubernetes.io/component": "proxy"},
 		ProxyNamespace:          "ferry-system",
 		ProxyCIDRs:              []string{"203.0.113.7/32"},
+		CheckpointSize:          "50Gi",
+		CheckpointStorageClass:  "efs-sc",
 	}
 	if diff := cmp.Diff(want, cfg.Kubernetes); diff != "" {
 		t.Fatalf("(-want +got):\n%s", diff)
@@ -52,6 +56,8 @@ func TestParseFerryConfigErrors(t *testing.T) {
   proxy_pod_labels: {"bad key!": x, app: "not a value"}
   proxy_namespace: Ferry
   proxy_cidrs: 10.0.0.0/8
+  checkpoint_size: 10 GB
+  checkpoint_storage_class: EFS_SC
 `))
 	got := Errors(err)
 	want := []string{
@@ -65,6 +71,8 @@ func TestParseFerryConfigErrors(t *testing.T) {
 		"config.yaml:10:42: kubernetes.proxy_pod_labels.app: \"not a value\" is not a label value",
 		"config.yaml:11:20: kubernetes.proxy_namespace: \"Ferry\" is not a namespace name",
 		"config.yaml:12:16: kubernetes.proxy_cidrs: expected a non-empty list",
+		"config.yaml:13:20: kubernetes.checkpoint_size: \"10 GB\" is not a storage size",
+		"config.yaml:14:29: kubernetes.checkpoint_storage_class: \"EFS_SC\" is not a storage class name",
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d errors, want %d:\n%v", len(got), len(want), err)

@@ -222,8 +222,13 @@ func (k *Kubelet) jobCommand(pod *corev1.Pod, podDir string) (jobRun, error) {
 		}
 	}
 
+	path := os.Getenv("PATH")
+	if k.opts.FerryBin != "" {
+		// The image has ferry installed, as replica pods' do: `ferry train-sim` runs as written.
+		path = filepath.Dir(k.opts.FerryBin) + string(os.PathListSeparator) + path
+	}
 	run.env = []string{
-		"PATH=" + os.Getenv("PATH"), "HOME=" + podDir, "TMPDIR=" + os.TempDir(), "HOSTNAME=" + pod.Name,
+		"PATH=" + path, "HOME=" + podDir, "TMPDIR=" + os.TempDir(), "HOSTNAME=" + pod.Name,
 	}
 	for _, from := range container.EnvFrom {
 		values, err := k.envFrom(pod.Namespace, from)
