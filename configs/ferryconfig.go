@@ -105,10 +105,10 @@ type KubernetesContext struct {
 }
 
 var (
-	ferryConfigKeys   = []string{"kubernetes", "aws", "gcp"}
-	awsKeys           = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs"}
-	gcpKeys           = []string{"project", "regions", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
-	kubernetesKeys    = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs",
+	ferryConfigKeys = []string{"kubernetes", "aws", "gcp"}
+	awsKeys         = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs"}
+	gcpKeys         = []string{"project", "regions", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
+	kubernetesKeys  = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs",
 		"checkpoint_size", "checkpoint_storage_class"}
 	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour"}
 	maxKubeContexts   = 64
