@@ -74,7 +74,8 @@ type Job struct {
 	Ran        time.Duration `json:"ran"`
 	Recovered  time.Duration `json:"recovered"`
 
-	// Attempt counts gang launches (1 the first); nodes carry it in launcher.LabelAttempt.
+	// Attempt counts launch tries (1 the first), those that found no capacity included; nodes
+	// carry it in launcher.LabelAttempt, so every try's nodes are told apart.
 	Attempt int `json:"attempt"`
 	// Recoveries counts relaunches after a lost node; RestartsOnErrors those after a failing
 	// program (configs.JobRecovery.MaxRestartsOnErrors bounds them).

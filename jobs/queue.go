@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -86,9 +87,13 @@ func (m *Manager) launch(parent context.Context, id int64) {
 			return false
 		}
 		j.Attempt++
-		if j.State == Pending {
+		switch {
+		case strings.HasPrefix(j.Reason, waitingForCapacity):
+			// Trying again: it stays as it was, saying why it waits, rather than flickering
+			// through STARTING at every try.
+		case j.State == Pending:
 			j.setState(Starting, fmt.Sprintf("launching %d node(s)", j.Task.NumNodes), m.cfg.Now())
-		} else {
+		default:
 			j.Reason = fmt.Sprintf("relaunching %d node(s)", j.Task.NumNodes)
 		}
 		return true
@@ -131,6 +136,9 @@ func (m *Manager) launch(parent context.Context, id int64) {
 	m.startWatch(id)
 }
 
+// waitingForCapacity starts the reason of a job that found no capacity and is tried again.
+const waitingForCapacity = "waiting for capacity: "
+
 // launchFailed records why a launch did not place the gang.
 func (m *Manager) launchFailed(ctx context.Context, j Job, err error) {
 	if ctx.Err() != nil {
@@ -150,7 +158,7 @@ func (m *Manager) launchFailed(ctx context.Context, j Job, err error) {
 		m.transition(j.ID, FailedNoResource, "no enabled infra can run it: "+err.Error(), nil)
 		m.release(ctx, j.ID, FailedNoResource, "")
 	default:
-		m.transition(j.ID, back, "waiting for capacity: "+err.Error(), nil)
+		m.transition(j.ID, back, waitingForCapacity+err.Error(), nil)
 		m.log.Info("job waits for capacity", zap.Int64("job", j.ID), zap.Error(err))
 	}
 }

@@ -419,6 +419,11 @@ func (p *Provider) createPod(ctx context.Context, pod *corev1.Pod, spec launcher
 	return created, secret, nil
 }
 
+// preemptionWait bounds the wait for a pod the scheduler nominated to a node after preempting
+// lower-priority pods there: their longest grace (a job's, at most configs.MaxGracePeriodSeconds)
+// and then some.
+const preemptionWait = 150 * time.Second
+
 // waitStarted watches the pod until it is scheduled and has an IP.
 func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
 	lw := &cache.ListWatch{
@@ -462,18 +467,27 @@ func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 		}
 		return nil
 	}
-	scheduled, err := until(ctx, p.opts.ProvisionTimeout, func(cur *corev1.Pod) (bool, error) {
+	nominated := ""
+	waitScheduled := func(cur *corev1.Pod) (bool, error) {
 		if err := ended(cur); err != nil {
 			return false, err
 		}
 		if cur.Spec.NodeName != "" {
 			return true, nil
 		}
+		nominated = cur.Status.NominatedNodeName
 		if c := podCondition(cur, corev1.PodScheduled); c != nil && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
 			unschedulable = c.Message
 		}
 		return false, nil
-	})
+	}
+	scheduled, err := until(ctx, p.opts.ProvisionTimeout, waitScheduled)
+	if errors.Is(err, errTimeout) && nominated != "" {
+		// The scheduler preempted lower-priority pods (a preemptible job's) for this one and
+		// waits for them to end: they have their grace period to checkpoint, longer than a
+		// launch waits for an unschedulable pod. Capacity is coming; wait for it.
+		scheduled, err = until(ctx, preemptionWait, waitScheduled)
+	}
 	if err != nil {
 		if errors.Is(err, errTimeout) {
 			why := unschedulable
