@@ -53,7 +53,7 @@ func TestBadYAMLThroughCLI(t *testing.T) {
 				t.Fatalf("panicked or launched:\nstdout:\n%s\nstderr:\n%s", out, errOut)
 			}
 			if tc.want == "" {
-				if !strings.Contains(errOut, "no place to run this service") || !strings.Contains(errOut, "aws is not enabled") {
+				if !strings.Contains(errOut, "no place to run this task") || !strings.Contains(errOut, "aws is not enabled") {
 					t.Fatalf("want a clear 'aws is not enabled' error, got:\n%s", errOut)
 				}
 				return

@@ -98,6 +98,10 @@ func TestKubernetesJobsShareGPUsWithServices(t *testing.T) {
 	if inf := st.Replicas[0].Infra; inf != "kubernetes/"+k.cluster.Context() {
 		t.Fatalf("the service's replica went to %s: want the cluster, taken from the preemptible job", inf)
 	}
+	// serve logs reads the pod's output through the API server.
+	if out := k.mustRun("serve", "logs", "holder", strconv.Itoa(st.Replicas[0].ID)); !strings.Contains(out, "ferry replica-sim: serving model") {
+		t.Errorf("serve logs of a pod:\n%s", out)
+	}
 	rec := k.waitJob(id, time.Minute, "recovering, waiting for the GPU", func(j jobView) bool {
 		return j.State == "RECOVERING" && len(j.Nodes) == 0 && strings.Contains(j.Reason, "waiting for capacity")
 	})
@@ -123,6 +127,10 @@ func TestKubernetesJobsShareGPUsWithServices(t *testing.T) {
 	}
 	if inf := st.Replicas[0].Infra; inf != "aws" {
 		t.Errorf("the service's replica is on %s: want AWS, the job keeping the cluster's GPUs", inf)
+	}
+	// serve logs reads the VM's console output.
+	if out := k.mustRun("serve", "logs", "holder", strconv.Itoa(st.Replicas[0].ID)); !strings.Contains(out, "ferry replica-sim: serving model") {
+		t.Errorf("serve logs of a VM:\n%s", out)
 	}
 	if j := k.job(keep); j.State != "RUNNING" || j.Attempt != 1 {
 		t.Errorf("the non-preemptible job was disturbed: %+v", j)

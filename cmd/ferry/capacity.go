@@ -11,7 +11,6 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
-	"github.com/ferryserve/ferry/internal/home"
 )
 
 func init() { register(newCapacityCmd) }
@@ -28,15 +27,12 @@ is preemptible gives its Kubernetes GPUs back when a service needs them.`,
   ferry capacity --json | jq 'group_by(.infra)'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			h, err := home.Default()
+			ctx, stop, c, err := controllerFor(cmd, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			c, err := ensureController(cmd.Context(), h, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			list, err := c.Capacity(cmd.Context())
+			defer stop()
+			list, err := c.Capacity(ctx)
 			if err != nil {
 				return err
 			}

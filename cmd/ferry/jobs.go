@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -19,7 +17,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/ferryserve/ferry/internal/api"
-	"github.com/ferryserve/ferry/internal/home"
 	"github.com/ferryserve/ferry/jobs"
 )
 
@@ -83,37 +80,18 @@ func jobsLaunch(cmd *cobra.Command, file string, f jobLaunchFlags) error {
 	if task.Service != nil {
 		return fmt.Errorf("%s has a service: section, so it is a service: ferry serve up %s", file, file)
 	}
-	resolved, err := task.ResolvedYAML()
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(out, "Job spec (resolved, secrets redacted):\n%s\n", indent(string(resolved), "  "))
-	if err := printPlan(cmd.Context(), out, task); err != nil {
-		return err
-	}
 	name := task.Name
 	if name == "" {
 		name = "job"
 	}
-	if f.dryRun {
-		fmt.Fprintf(out, "Dry run: job %q is valid; nothing was launched.\n", name)
-		return nil
+	if proceed, err := reviewLaunch(cmd, task, "managed job", name, f.dryRun, f.yes); !proceed {
+		return err
 	}
-	if !f.yes && term.IsTerminal(int(os.Stdin.Fd())) {
-		if !confirm(cmd, fmt.Sprintf("Launching managed job %q. Proceed? [Y/n] ", name)) {
-			return errors.New("aborted")
-		}
-	}
-	h, err := home.Default()
+	ctx, stop, c, err := controllerFor(cmd, out)
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	c, err := ensureController(ctx, h, out)
-	if err != nil {
-		return err
-	}
 	st, err := c.LaunchJob(ctx, task)
 	if err != nil {
 		return err
@@ -189,15 +167,12 @@ func newJobsQueueCmd() *cobra.Command {
   ferry jobs queue --json | jq '.[] | {id, state, recoveries}'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			h, err := home.Default()
+			ctx, stop, c, err := controllerFor(cmd, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			c, err := ensureController(cmd.Context(), h, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			list, err := c.Jobs(cmd.Context())
+			defer stop()
+			list, err := c.Jobs(ctx)
 			if err != nil {
 				return err
 			}
@@ -283,16 +258,11 @@ func newJobsLogsCmd() *cobra.Command {
   ferry jobs logs finetune --node 1 -f`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			h, err := home.Default()
+			ctx, stop, c, err := controllerFor(cmd, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			c, err := ensureController(ctx, h, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
 			return c.JobLogs(ctx, args[0], node, follow, cmd.OutOrStdout())
 		},
 	}
@@ -313,17 +283,14 @@ func newJobsCancelCmd() *cobra.Command {
 			if all == (len(args) > 0) {
 				return errors.New("name the jobs to cancel, or --all (-a) for every unfinished one")
 			}
-			h, err := home.Default()
+			ctx, stop, c, err := controllerFor(cmd, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			c, err := ensureController(cmd.Context(), h, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
+			defer stop()
 			refs := args
 			if all {
-				list, err := c.Jobs(cmd.Context())
+				list, err := c.Jobs(ctx)
 				if err != nil {
 					return err
 				}
@@ -344,7 +311,7 @@ func newJobsCancelCmd() *cobra.Command {
 			}
 			var failed []error
 			for _, ref := range refs {
-				st, err := c.CancelJob(cmd.Context(), ref)
+				st, err := c.CancelJob(ctx, ref)
 				if err != nil {
 					failed = append(failed, fmt.Errorf("%s: %w", ref, err))
 					continue

@@ -156,34 +156,14 @@ func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 		name = "service-" + randomHex(2)
 	}
 
-	resolved, err := task.ResolvedYAML()
+	if proceed, err := reviewLaunch(cmd, task, "service", name, f.dryRun, f.yes); !proceed {
+		return err
+	}
+	ctx, stop, c, err := controllerFor(cmd, out)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "Service spec (resolved, secrets redacted):\n%s\n", indent(string(resolved), "  "))
-	if err := printPlan(cmd.Context(), out, task); err != nil {
-		return err
-	}
-	if f.dryRun {
-		fmt.Fprintf(out, "Dry run: service %q is valid; nothing was launched.\n", name)
-		return nil
-	}
-	if !f.yes && term.IsTerminal(int(os.Stdin.Fd())) {
-		if !confirm(cmd, fmt.Sprintf("Launching service %q. Proceed? [Y/n] ", name)) {
-			return errors.New("aborted")
-		}
-	}
-
-	h, err := home.Default()
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	c, err := ensureController(ctx, h, out)
-	if err != nil {
-		return err
-	}
 	fmt.Fprintf(out, "⚙︎ Launching service %q...\n", name)
 	st, err := c.CreateService(ctx, api.CreateServiceRequest{Name: name, Task: task})
 	if err != nil {
@@ -220,6 +200,48 @@ func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 		st.Endpoint, authArg, servedModel(ctx, st.Endpoint, authHeader))
 	fmt.Fprintf(out, "  ferry serve status %s\n  ferry serve down %s\n", name, name)
 	return nil
+}
+
+// reviewLaunch shows what launching task will do (the resolved spec, secrets redacted, and the
+// optimizer's table) and asks to proceed on a terminal unless yes; kind names it ("service",
+// "managed job"). proceed is false after a dry run (err nil) or a refusal (err set).
+func reviewLaunch(cmd *cobra.Command, task *configs.Task, kind, name string, dryRun, yes bool) (proceed bool, err error) {
+	out := cmd.OutOrStdout()
+	resolved, err := task.ResolvedYAML()
+	if err != nil {
+		return false, err
+	}
+	spec := kind
+	if i := strings.LastIndexByte(kind, ' '); i >= 0 {
+		spec = kind[i+1:]
+	}
+	fmt.Fprintf(out, "%s spec (resolved, secrets redacted):\n%s\n", strings.ToUpper(spec[:1])+spec[1:], indent(string(resolved), "  "))
+	if err := printPlan(cmd.Context(), out, task); err != nil {
+		return false, err
+	}
+	if dryRun {
+		fmt.Fprintf(out, "Dry run: %s %q is valid; nothing was launched.\n", spec, name)
+		return false, nil
+	}
+	if !yes && term.IsTerminal(int(os.Stdin.Fd())) && !confirm(cmd, fmt.Sprintf("Launching %s %q. Proceed? [Y/n] ", kind, name)) {
+		return false, errors.New("aborted")
+	}
+	return true, nil
+}
+
+// controllerFor returns a client for this home's controller, started if none runs, and a
+// context that ends at Ctrl-C or SIGTERM (stop releases it).
+func controllerFor(cmd *cobra.Command, progress io.Writer) (ctx context.Context, stop func(), c *api.Client, err error) {
+	h, err := home.Default()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, stop = signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	if c, err = ensureController(ctx, h, progress); err != nil {
+		stop()
+		return nil, nil, nil, err
+	}
+	return ctx, stop, c, nil
 }
 
 // servedModel asks the endpoint which model it serves, so the printed example works as is.
