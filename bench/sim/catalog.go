@@ -94,10 +94,10 @@ func ParseCatalog(r io.Reader) ([]CatalogRow, error) {
 		out = append(out, CatalogRow{
 			AcceleratorCount: count,
 			InstanceType:     strings.TrimSpace(rec[col["instance_type"]]),
-			Region:       strings.TrimSpace(rec[col["region"]]),
-			Zone:         strings.TrimSpace(rec[col["zone"]]),
-			OnDemand:     od,
-			Spot:         spot,
+			Region:           strings.TrimSpace(rec[col["region"]]),
+			Zone:             strings.TrimSpace(rec[col["zone"]]),
+			OnDemand:         od,
+			Spot:             spot,
 		})
 	}
 }

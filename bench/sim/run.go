@@ -80,7 +80,7 @@ type replica struct {
 	// counts it as gone.
 	warned, noticed bool
 	reclaimAt       float64
-	eng     *engine
+	eng             *engine
 }
 
 // runner simulates one policy.
@@ -97,8 +97,8 @@ type runner struct {
 	// blockedUntil is, per zone, until when Ferry's provisioner skips it (PlaceFerry).
 	blockedUntil []float64
 	interval     int // decision interval in seconds
-	warmup      float64
-	end         float64
+	warmup       float64
+	end          float64
 
 	nextID   int
 	live     []*replica // provisioning, ready and draining
@@ -143,10 +143,10 @@ func (w *World) newRunner(p Policy) *runner {
 	h := fnv.New64a()
 	h.Write([]byte(p.Name))
 	r := &runner{
-		w:           w,
-		p:           p,
-		rng:         rand.New(rand.NewPCG(w.Seed, h.Sum64())),
-		scaler:      autoscaler.New(p.Spec),
+		w:            w,
+		p:            p,
+		rng:          rand.New(rand.NewPCG(w.Seed, h.Sum64())),
+		scaler:       autoscaler.New(p.Spec),
 		zoneCap:      make([]int, len(w.Zones)),
 		blockedUntil: make([]float64, len(w.Zones)),
 		interval:     max(1, int(p.Spec.DecisionInterval/time.Second)),

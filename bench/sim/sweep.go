@@ -100,8 +100,8 @@ func SimulateSweep(ctx context.Context, o Options, progress io.Writer) (*Sweep, 
 		so := o
 		so.SpotDir = set.Path
 		so.Duration = min(o.Duration, setDuration(prices.Zones)-o.Warmup-o.SpotOffset).Truncate(time.Minute)
-		if so.Duration < time.Hour {
-			return nil, fmt.Errorf("spot set %s covers %v: too short for a %v warm-up and an hour scored from --spot-offset %v",
+		if so.Duration < 10*time.Minute {
+			return nil, fmt.Errorf("spot set %s covers %v: too short for a %v warm-up and 10 minutes scored from --spot-offset %v",
 				set.Name, setDuration(prices.Zones), o.Warmup, o.SpotOffset)
 		}
 		prices.Source = set.Name
@@ -122,7 +122,9 @@ func SimulateSweep(ctx context.Context, o Options, progress io.Writer) (*Sweep, 
 		}
 	}
 	// The longest first, so that the pool does not end on one long job.
-	slices.SortStableFunc(jobs, func(a, b job) int { return int(math.Copysign(1, b.weight-a.weight)) * min(1, int(math.Abs(b.weight-a.weight)*1000)) })
+	slices.SortStableFunc(jobs, func(a, b job) int {
+		return int(math.Copysign(1, b.weight-a.weight)) * min(1, int(math.Abs(b.weight-a.weight)*1000))
+	})
 	fns := make([]func(), len(jobs))
 	for i, j := range jobs {
 		fns[i] = j.fn
