@@ -192,3 +192,19 @@ func TestSimCapacityReading(t *testing.T) {
 		t.Error("ParseZone accepted moon-1")
 	}
 }
+
+// TestSimCapacityFloor: the least a fleet can cost is the zones' capacity on spot, cheapest
+// first, and on-demand for the rest.
+func TestSimCapacityFloor(t *testing.T) {
+	pr := &Prices{OnDemand: 3, Zones: []Zone{scriptedZone("dear", 2, 1), scriptedZone("cheap", 1, 1)}}
+	o := Options{Duration: time.Hour}
+	dollars, norm := capacityFloor(pr, o, 3)
+	// Each minute: 1 × $1 + 1 × $2 on spot and 1 × $3 on-demand, of 3 × $3; normalized
+	// 1 + 1 + 3 of 3 × 3.
+	if dollars < 6.0/9-1e-9 || dollars > 6.0/9+1e-9 || norm < 5.0/9-1e-9 || norm > 5.0/9+1e-9 {
+		t.Errorf("floor %v, %v; want 6/9 and 5/9", dollars, norm)
+	}
+	if d, n := capacityFloor(pr, o, 1); d != 1.0/3 || n != 1.0/3 {
+		t.Errorf("one replica's floor %v, %v; want the cheapest zone's 1/3 and 1/3", d, n)
+	}
+}

@@ -44,6 +44,9 @@ type SweepSet struct {
 	UpShare      float64       `json:"up_share"`
 	Horizon      time.Duration `json:"horizon"`
 	Notes        []string      `json:"notes"`
+	// Floors are, per fleet size, the capacity floor: the least any policy could pay for
+	// that fleet ÷ all on-demand's, at catalog prices and normalized (capacityFloor).
+	Floors map[int][2]float64 `json:"capacity_floors"`
 }
 
 // RunSweep runs the sweep of o and writes sweep.md (also on stdout), results.json and
@@ -105,7 +108,13 @@ func SimulateSweep(ctx context.Context, o Options, progress io.Writer) (*Sweep, 
 				set.Name, setDuration(prices.Zones), o.Warmup, o.SpotOffset)
 		}
 		prices.Source = set.Name
-		sw.Sets = append(sw.Sets, describeSet(set.Name, prices, so))
+		desc := describeSet(set.Name, prices, so)
+		desc.Floors = map[int][2]float64{}
+		for _, fleet := range o.Fleets {
+			dollars, norm := capacityFloor(prices, so, fleet)
+			desc.Floors[fleet] = [2]float64{dollars, norm}
+		}
+		sw.Sets = append(sw.Sets, desc)
 		in := &Inputs{Trace: trace, Prices: prices}
 		for _, fleet := range o.Fleets {
 			fo := so
@@ -170,6 +179,46 @@ func describeSet(name string, pr *Prices, o Options) SweepSet {
 	return s
 }
 
+// capacityFloor is the least a fleet of n could cost over o's horizon, relative to n
+// on-demand replicas, at catalog prices and normalized (on-demand = 3 × spot): minute by
+// minute, as many of the n as the zones hold on spot, cheapest zones first, the rest
+// on-demand, with no cold start, no spare and no reclaim. No policy pays less; where it is
+// above 0.5 the set does not hold enough spot capacity for the fleet to cost half of all
+// on-demand.
+func capacityFloor(pr *Prices, o Options, n int) (dollars, norm float64) {
+	zones := slices.Clone(pr.Zones)
+	slices.SortStableFunc(zones, func(a, b Zone) int { return cmpFloat(a.SpotPrice, b.SpotPrice) })
+	from := (o.SpotOffset + o.Warmup).Seconds()
+	to := from + o.Duration.Seconds()
+	var sumDollars, sumNorm, minutes float64
+	for t := from; t < to; t += 60 {
+		minutes++
+		left := n
+		for _, z := range zones {
+			take := min(left, z.Trace.Capacity(t))
+			sumDollars += float64(take) * z.SpotPrice
+			sumNorm += float64(take)
+			left -= take
+		}
+		sumDollars += float64(left) * pr.OnDemand
+		sumNorm += 3 * float64(left)
+	}
+	if minutes == 0 || n == 0 {
+		return 0, 0
+	}
+	return sumDollars / (minutes * float64(n) * pr.OnDemand), sumNorm / (minutes * 3 * float64(n))
+}
+
+func cmpFloat(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
 // capacityText is a set's capacity in a table cell.
 func (s SweepSet) capacityText() string {
 	if s.Probe {
@@ -201,9 +250,9 @@ func (sw *Sweep) verdicts() []verdict {
 			if v.ferry != nil && v.od != nil {
 				v.halfOD = v.ferry.CostVsOnDemand <= 0.5 && v.ferry.NormalizedVsOnDemand <= 0.5
 			}
-			// Enough spot capacity for the fleet and a spare: the zones' summed capacity
-			// covers fleet + 1 at least 95 % of the horizon (probed sets: a zone is up).
-			v.roomFor = set.Probe && set.UpShare > 0 || !set.Probe && set.MeanCapacity >= float64(v.fleet+1)
+			// Enough spot capacity for half of all on-demand's cost to be within reach.
+			f := set.Floors[v.fleet]
+			v.roomFor = f[0] <= 0.5 && f[1] <= 0.5
 			out = append(out, v)
 		}
 	}
@@ -234,7 +283,7 @@ func (sw *Sweep) Markdown() string {
 	}
 	b.WriteString("\n\n## Summary\n\n")
 	sw.summaryTable().Render(&b)
-	b.WriteString("\nferry beats SkyServe+SpotHedge (one spare, as in the paper) when its availability is at least as high and it costs no more at catalog prices and normalized; ≤ 0.5 × ondemand asks both costs to be at most half of all on-demand's.\n")
+	b.WriteString("\nferry beats SkyServe+SpotHedge (one spare, as in the paper) when its availability is at least as high and it costs no more at catalog prices and normalized; ≤ 0.5 × ondemand asks both costs to be at most half of all on-demand's. The capacity floor is the least any policy could pay for the fleet ÷ all on-demand's: minute by minute as much of it on spot as the zones hold, cheapest first, the rest on-demand, with no cold start, spare or reclaim; \"no (capacity)\" marks a fleet whose floor is above 0.5.\n")
 	b.WriteString("\n## Every run\n\n")
 	for _, rep := range sw.Runs {
 		fmt.Fprintf(&b, "### %s, fleet %d (%v scored)\n\n", rep.inputs.Prices.Source, rep.Options.Fleet, rep.Options.Duration)
@@ -248,7 +297,7 @@ func (sw *Sweep) Markdown() string {
 }
 
 func (sw *Sweep) summaryTable() *benchkit.Table {
-	t := &benchkit.Table{Header: []string{"spot set", "fleet", "avail %: ferry / sky+SH / sky+SH-0", "ferry ÷ sky+SH, $ / norm.", "ferry ÷ ondemand, $ / norm.", "sky+SH ÷ ondemand, $ / norm.", "beats sky+SH", "≤ 0.5 × ondemand"}}
+	t := &benchkit.Table{Header: []string{"spot set", "fleet", "avail %: ferry / sky+SH / sky+SH-0", "ferry ÷ sky+SH, $ / norm.", "ferry ÷ ondemand, $ / norm.", "sky+SH ÷ ondemand, $ / norm.", "capacity floor, $ / norm.", "beats sky+SH", "≤ 0.5 × ondemand"}}
 	pct := func(r *Result) string {
 		if r == nil {
 			return "–"
@@ -273,7 +322,9 @@ func (sw *Sweep) summaryTable() *benchkit.Table {
 		if !v.halfOD && !v.roomFor {
 			half = "no (capacity)"
 		}
-		t.Rows = append(t.Rows, []string{v.set.Name, fmt.Sprint(v.fleet), pct(v.ferry) + " / " + pct(v.sky) + " / " + pct(v.sky0), vsSky, vsOD, skyOD, yes(v.beatsSky), half})
+		f := v.set.Floors[v.fleet]
+		t.Rows = append(t.Rows, []string{v.set.Name, fmt.Sprint(v.fleet), pct(v.ferry) + " / " + pct(v.sky) + " / " + pct(v.sky0), vsSky, vsOD, skyOD,
+			fmt.Sprintf("%.3f / %.3f", f[0], f[1]), yes(v.beatsSky), half})
 	}
 	return t
 }
