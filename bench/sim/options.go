@@ -72,7 +72,7 @@ func DefaultOptions() Options {
 		AWSInstanceType: "p3.2xlarge",
 		GCPInstanceType: "n1-standard-8+n1-attach-V100",
 		Fleet:           6,
-		Duration:        48 * time.Hour,
+		Duration:        7 * 24 * time.Hour,
 		Warmup:          time.Hour,
 		Notice:          map[Provider]time.Duration{AWS: 2 * time.Minute, GCP: 30 * time.Second},
 		SLO:             SLO{TTFT: 2 * time.Second, TPOT: 100 * time.Millisecond},
@@ -104,7 +104,7 @@ func (o *Options) RegisterFlags(fs *pflag.FlagSet) {
 	awsNotice, gcpNotice := o.Notice[AWS], o.Notice[GCP]
 	fs.Var(noticeFlag{o, AWS, &awsNotice}, "aws-notice", "how long before a reclaim EC2 warns a spot instance the policy holds (0: no warning)")
 	fs.Var(noticeFlag{o, GCP, &gcpNotice}, "gcp-notice", "how long before a reclaim Compute Engine warns a Spot VM the policy holds (0: no warning)")
-	fs.DurationVar(&o.Duration, "duration", o.Duration, "scored simulated horizon (a sweep cuts it to what each spot set covers); the one-hour request trace loops over it")
+	fs.DurationVar(&o.Duration, "duration", o.Duration, "scored simulated horizon, cut to what the spot traces cover; the one-hour request trace loops over it")
 	fs.DurationVar(&o.Warmup, "warmup", o.Warmup, "unscored simulated time before the horizon, for fleets to settle")
 	fs.DurationVar(&o.SpotOffset, "spot-offset", o.SpotOffset, "where in the spot traces the simulation (warm-up included) starts")
 	fs.DurationVar(&o.SLO.TTFT, "slo-ttft", o.SLO.TTFT, "time-to-first-token SLO, waiting at the proxy included")

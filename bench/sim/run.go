@@ -94,11 +94,13 @@ type runner struct {
 	byPrice []int // zone indexes, cheapest first
 	// zoneCap is each zone's spot capacity now (Unbounded for a probed zone with capacity).
 	zoneCap []int
-	// blockedUntil is, per zone, until when Ferry's provisioner skips it (PlaceFerry).
-	blockedUntil []float64
-	interval     int // decision interval in seconds
-	warmup       float64
-	end          float64
+	// refusedUntil and lostUntil are, per zone, until when Ferry's provisioner tries it last
+	// (PlaceFerry): after it refused a launch (the location block, which a launch that
+	// succeeds there lifts) and after it took an instance back (the zone block).
+	refusedUntil, lostUntil []float64
+	interval                int // decision interval in seconds
+	warmup                  float64
+	end                     float64
 
 	nextID   int
 	live     []*replica // provisioning, ready and draining
@@ -148,7 +150,8 @@ func (w *World) newRunner(p Policy) *runner {
 		rng:          rand.New(rand.NewPCG(w.Seed, h.Sum64())),
 		scaler:       autoscaler.New(p.Spec),
 		zoneCap:      make([]int, len(w.Zones)),
-		blockedUntil: make([]float64, len(w.Zones)),
+		refusedUntil: make([]float64, len(w.Zones)),
+		lostUntil:    make([]float64, len(w.Zones)),
 		interval:     max(1, int(p.Spec.DecisionInterval/time.Second)),
 		warmup:       w.Warmup.Seconds(),
 		end:          (w.Warmup + w.Duration).Seconds(),
@@ -327,7 +330,7 @@ func (r *runner) zoneLost(i int, t float64) {
 	if r.zones != nil {
 		r.zones.Preempted(r.w.Zones[i].Name)
 	}
-	r.blockedUntil[i] = t + provision.DefaultBlockFor.Seconds()
+	r.lostUntil[i] = t + provision.DefaultBlockFor.Seconds()
 }
 
 // keptEnded is how many ended replicas the controller's replica manager keeps for status
@@ -652,16 +655,17 @@ func (r *runner) placeSpot(t float64) int {
 		counts := r.spotCounts()
 		states := make([]policy.ZoneState, len(r.w.Zones))
 		for i, z := range r.w.Zones {
-			states[i] = policy.ZoneState{Name: z.Name, SpotPrice: z.SpotPrice, Active: r.blockedUntil[i] <= t, Spot: counts[z.Name]}
+			states[i] = policy.ZoneState{Name: z.Name, SpotPrice: z.SpotPrice, Active: r.refusedUntil[i] <= t && r.lostUntil[i] <= t, Spot: counts[z.Name]}
 		}
 		// The provisioner tries the blocked zones too, after the others (blocked() sorts
 		// them last), and blocks a zone that refuses.
 		for _, i := range policy.SpotOrder(states) {
 			if r.free(i) > 0 {
+				r.refusedUntil[i] = 0
 				return i
 			}
 			r.res.RefusedSpotLaunches++
-			r.blockedUntil[i] = t + provision.DefaultBlockFor.Seconds()
+			r.refusedUntil[i] = t + provision.DefaultBlockFor.Seconds()
 		}
 	case PlaceCheapest:
 		for _, i := range r.byPrice {

@@ -105,6 +105,16 @@ func Run(ctx context.Context, o Options, stdout, progress io.Writer) (*Report, e
 	if err != nil {
 		return nil, err
 	}
+	// The horizon stops where the set's shortest zone does, as in the sweep: past it the
+	// traces would wrap and replay their start.
+	if covered := (setDuration(in.Prices.Zones) - o.Warmup - o.SpotOffset).Truncate(time.Minute); covered < o.Duration {
+		if covered < 10*time.Minute {
+			return nil, fmt.Errorf("--spot-traces %s covers %v: too short for a %v warm-up and 10 minutes scored from --spot-offset %v",
+				o.SpotDir, setDuration(in.Prices.Zones), o.Warmup, o.SpotOffset)
+		}
+		fmt.Fprintf(progress, "sim: the spot traces cover %v: scoring %v, not --duration %v\n", setDuration(in.Prices.Zones), covered, o.Duration)
+		o.Duration = covered
+	}
 	out, err := outDir(o.Out)
 	if err != nil {
 		return nil, err
