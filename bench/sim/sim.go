@@ -147,28 +147,22 @@ func outDir(dir string) (string, error) {
 	return os.MkdirTemp("", "ferry-sim-")
 }
 
-// Simulate runs the policies of o on loaded inputs, o.Parallel at a time.
+// Simulate runs the policies of o on loaded inputs, o.Parallel at a time, calibrating
+// target_qps_per_replica first when o leaves it 0.
 func Simulate(ctx context.Context, o Options, in *Inputs, progress io.Writer) (*Report, error) {
-	if o.TargetQPS == 0 {
+	calibrated := o.TargetQPS == 0
+	if calibrated {
 		qps, err := calibrate(o, in.Trace, progress)
 		if err != nil {
 			return nil, err
 		}
 		o.TargetQPS = qps
-		rep, err := simulate(ctx, o, in, progress)
-		if rep != nil {
-			rep.Calibrated = true
-		}
-		return rep, err
 	}
-	return simulate(ctx, o, in, progress)
-}
-
-func simulate(ctx context.Context, o Options, in *Inputs, progress io.Writer) (*Report, error) {
 	rep, jobs, err := prepare(o, in, progress)
 	if err != nil {
 		return nil, err
 	}
+	rep.Calibrated = calibrated
 	if err := runJobs(ctx, o.Parallel, jobs); err != nil {
 		return nil, err
 	}

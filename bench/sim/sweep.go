@@ -1,11 +1,11 @@
 package sim
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"html"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -131,9 +131,7 @@ func SimulateSweep(ctx context.Context, o Options, progress io.Writer) (*Sweep, 
 		}
 	}
 	// The longest first, so that the pool does not end on one long job.
-	slices.SortStableFunc(jobs, func(a, b job) int {
-		return int(math.Copysign(1, b.weight-a.weight)) * min(1, int(math.Abs(b.weight-a.weight)*1000))
-	})
+	slices.SortStableFunc(jobs, func(a, b job) int { return cmp.Compare(b.weight, a.weight) })
 	fns := make([]func(), len(jobs))
 	for i, j := range jobs {
 		fns[i] = j.fn
@@ -187,7 +185,7 @@ func describeSet(name string, pr *Prices, o Options) SweepSet {
 // on-demand.
 func capacityFloor(pr *Prices, o Options, n int) (dollars, norm float64) {
 	zones := slices.Clone(pr.Zones)
-	slices.SortStableFunc(zones, func(a, b Zone) int { return cmpFloat(a.SpotPrice, b.SpotPrice) })
+	slices.SortStableFunc(zones, func(a, b Zone) int { return cmp.Compare(a.SpotPrice, b.SpotPrice) })
 	from := (o.SpotOffset + o.Warmup).Seconds()
 	to := from + o.Duration.Seconds()
 	var sumDollars, sumNorm, minutes float64
@@ -207,16 +205,6 @@ func capacityFloor(pr *Prices, o Options, n int) (dollars, norm float64) {
 		return 0, 0
 	}
 	return sumDollars / (minutes * float64(n) * pr.OnDemand), sumNorm / (minutes * 3 * float64(n))
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // capacityText is a set's capacity in a table cell.
