@@ -42,7 +42,7 @@ and to summary.md, results.json and sim.svg in --out.
 Inputs default to files under DATA, which is $FERRY_DATA or else ../shared/data beside the
 repository. bench/README.md ("ferry sim") documents the model's constants, how the data are read,
 and results.`,
-		Example: `  # the fleet-size sweep over every spot trace in ../shared/data (about 4 minutes on 2 cores)
+		Example: `  # the fleet-size sweep over every spot trace in ../shared/data (4-6 minutes on 2 cores)
   ferry sim --sweep
 
   # one set, one fleet size, 48 simulated hours
