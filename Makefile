@@ -46,9 +46,9 @@ bench-proxy:
 bench-routing:
 	$(GO) run ./bench/routing $(BENCH_ARGS)
 
-## bench-sim: scaling policies on the Azure trace and AWS spot traces (ferry sim): SLO, availability, cost
+## bench-sim: the fleet-size sweep (ferry sim --sweep): every spot trace in ../shared/data at 3, 6, 12 and 24 replicas, Ferry against SkyServe+SpotHedge and all on-demand
 bench-sim:
-	$(GO) run ./cmd/ferry sim $(BENCH_ARGS)
+	$(GO) run ./cmd/ferry sim --sweep $(BENCH_ARGS)
 
 ## bench-updates: serve update under load (rolling, blue-green, crash + rollback, controller killed): failed requests, versions served
 bench-updates:

@@ -27,14 +27,23 @@ type MixSpec struct {
 	// BaseOnDemand is base_ondemand_fallback_replicas: on-demand replicas that always run.
 	BaseOnDemand int
 	// DynamicFallback is dynamic_ondemand_fallback: on-demand replicas stand in for spot
-	// replicas that are wanted but not READY (preempted, or no capacity), and go once spot
-	// replicas are READY again.
+	// replicas that are wanted but not READY (preempted, or no capacity), with one more
+	// against the next loss (Split), and go once spot replicas are READY again.
 	DynamicFallback bool
 }
 
-// Split divides a target between spot and on-demand with SkyServe's fallback semantics: spot
-// = target − base on-demand; on-demand = base + (dynamic ? spot wanted − spot READY : 0), at
-// most target. readySpot is the number of READY spot replicas.
+// Split divides a target between spot and on-demand: spot = target − base on-demand; on-demand
+// = base + (dynamic and spot READY short of spot wanted ? the shortfall + 1 : 0), at most the
+// target. readySpot is the number of READY spot replicas.
+//
+// The one more is SpotHedge's spare (N_extra), held only while it is needed. Reclaims come in
+// runs: a zone that took one instance back often takes more within minutes (the counted AWS
+// traces drop a zone's capacity over several ticks; a probed zone takes every instance at
+// once), and a replacement needs a whole cold start. So while spot falls short the fallback
+// covers the shortfall and the next loss, on capacity that is not reclaimed; once spot is
+// READY again it goes with the rest of the fallback. SkyServe keeps its spare all the time, on
+// spot, and when spot runs short stands on-demand in for it too: Ferry pays for the spare
+// only while spot is short (`ferry sim --sweep` in README.md compares the two).
 func Split(target int, m MixSpec, readySpot int) Mix {
 	target = max(target, 0)
 	if !m.UseSpot {
@@ -43,8 +52,8 @@ func Split(target int, m MixSpec, readySpot int) Mix {
 	base := min(m.BaseOnDemand, target)
 	spot := target - base
 	onDemand := base
-	if m.DynamicFallback {
-		onDemand += max(0, spot-readySpot)
+	if m.DynamicFallback && readySpot < spot {
+		onDemand += spot - readySpot + 1
 	}
 	return Mix{Spot: spot, OnDemand: min(onDemand, target)}
 }

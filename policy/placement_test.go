@@ -103,14 +103,18 @@ func TestSplit(t *testing.T) {
 		mix               MixSpec
 		want              Mix
 	}{
-		"no spot":                     {4, 0, MixSpec{}, Mix{OnDemand: 4}},
-		"spot only":                   {4, 1, MixSpec{UseSpot: true}, Mix{Spot: 4}},
-		"base on-demand":              {4, 3, MixSpec{UseSpot: true, BaseOnDemand: 1}, Mix{Spot: 3, OnDemand: 1}},
-		"base larger than target":     {1, 0, MixSpec{UseSpot: true, BaseOnDemand: 2}, Mix{OnDemand: 1}},
-		"dynamic covers missing spot": {4, 1, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 3}},
-		"dynamic with all spot ready": {4, 4, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4}},
-		"dynamic plus base":           {4, 0, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 3, OnDemand: 4}},
-		"negative target is zero":     {-1, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{}},
+		"no spot":                 {4, 0, MixSpec{}, Mix{OnDemand: 4}},
+		"spot only":               {4, 1, MixSpec{UseSpot: true}, Mix{Spot: 4}},
+		"base on-demand":          {4, 3, MixSpec{UseSpot: true, BaseOnDemand: 1}, Mix{Spot: 3, OnDemand: 1}},
+		"base larger than target": {1, 0, MixSpec{UseSpot: true, BaseOnDemand: 2}, Mix{OnDemand: 1}},
+		"dynamic covers missing spot and one more": {4, 1, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 4}},
+		"dynamic, one spot short":                  {4, 3, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 2}},
+		"dynamic with all spot ready":              {4, 4, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4}},
+		"dynamic with more spot ready than wanted": {4, 5, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4}},
+		"dynamic, no spot ready: at most target":   {4, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 4}},
+		"dynamic plus base":                        {4, 0, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 3, OnDemand: 4}},
+		"dynamic plus base, one spot short":        {4, 2, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 3, OnDemand: 3}},
+		"negative target is zero":                  {-1, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

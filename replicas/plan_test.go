@@ -246,7 +246,7 @@ func TestPlan(t *testing.T) {
 				Terminate: []termination{terminateGone(5), terminateGone(4)},
 			},
 		},
-		"spot mix: a preempted spot replica is replaced and on-demand covers it meanwhile": {
+		"spot mix: a preempted spot replica is replaced and on-demand covers it and one more meanwhile": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 2
 				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
@@ -259,7 +259,8 @@ func TestPlan(t *testing.T) {
 				Transitions: []transition{{ID: 2, From: StatusReady, To: StatusPreempted, Reason: "spot reclaimed"}},
 				Terminate:   []termination{terminateKeep(2)},
 				LaunchSpot:  1,
-				Launch:      1,
+				// The shortfall and one more (policy.Split), at most the target.
+				Launch: 2,
 			},
 		},
 		"spot mix: a noticed spot replica whose replacement serves drains and goes": {
@@ -279,7 +280,7 @@ func TestPlan(t *testing.T) {
 				Terminate:   []termination{terminateGone(2)},
 			},
 		},
-		"spot mix: a noticed spot replica serves on while its replacement and fallback launch": {
+		"spot mix: a noticed spot replica serves on while its replacement and fallback (one more) launch": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 2
 				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
@@ -290,7 +291,8 @@ func TestPlan(t *testing.T) {
 				in.Replicas = []replicaView{view(s1, probeOK), noticed}
 				in.Instances = running(1, 2)
 			}),
-			want: actions{LaunchSpot: 1, Launch: 1},
+			// The fallback covers the shortfall and one more (policy.Split).
+			want: actions{LaunchSpot: 1, Launch: 2},
 		},
 		"spot mix: spot launch failures back off spot launches only; the fallback goes ahead": {
 			in: withInput(func(in *planInput) {

@@ -41,12 +41,13 @@ func TestManagerSpotMix(t *testing.T) {
 	// One spot replica is preempted.
 	victim := spotIDs[0]
 	prov.end(victim, launcher.StatePreempted, "spot reclaimed")
-	eventually(t, "the preemption is reported, and a spot and an on-demand replica are launched", func() bool {
+	// The fallback covers the shortfall and one more (policy.Split): two on-demand launches.
+	eventually(t, "the preemption is reported, and a spot and two on-demand replicas are launched", func() bool {
 		prov.mu.Lock()
 		reported := len(prov.preempted) == 1 && prov.preempted[0].Labels[launcher.LabelReplicaID] != ""
 		prov.mu.Unlock()
 		spot, onDemand := kinds()
-		return reported && len(spot) == 3 && len(onDemand) == 3
+		return reported && len(spot) == 3 && len(onDemand) == 4
 	})
 	if h.status(victim) != StatusPreempted {
 		t.Errorf("victim %d is %s, want PREEMPTED", victim, h.status(victim))
@@ -161,12 +162,12 @@ func TestManagerReplacesNoticedReplica(t *testing.T) {
 		t.Fatalf("Notice(%s) of replica %d: not recognised", inst, victim)
 	}
 	h.m.Notice(inst, time.Now().Add(2*time.Minute)) // a repeated notice changes nothing
-	eventually(t, "a spot replacement and an on-demand fallback launched, the zone reported", func() bool {
+	eventually(t, "a spot replacement and the on-demand fallback (shortfall and one more) launched, the zone reported", func() bool {
 		prov.mu.Lock()
 		reported := len(prov.preempted) == 1 && prov.preempted[0].ID == inst
 		prov.mu.Unlock()
 		spot, onDemand := kinds()
-		return reported && len(spot) == 3 && len(onDemand) == 3
+		return reported && len(spot) == 3 && len(onDemand) == 4
 	})
 	if got := h.status(victim); got != StatusReady {
 		t.Errorf("noticed replica %d is %s; want READY until its instance goes", victim, got)
@@ -194,8 +195,8 @@ func TestManagerReplacesNoticedReplica(t *testing.T) {
 		t.Errorf("the warned replica %d is still published", victim)
 	}
 	spot, onDemand := kinds()
-	if len(spot) != 3 || len(onDemand) != 3 {
-		t.Errorf("%d spot and %d on-demand launches; want 3 and 3 (no second replacement)", len(spot), len(onDemand))
+	if len(spot) != 3 || len(onDemand) != 4 {
+		t.Errorf("%d spot and %d on-demand launches; want 3 and 4 (no second replacement)", len(spot), len(onDemand))
 	}
 }
 

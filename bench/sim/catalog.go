@@ -18,6 +18,8 @@ type CatalogRow struct {
 	Region       string
 	// Zone is the AWS Availability Zone ID (use1-az4), not an account's zone name.
 	Zone string
+	// AcceleratorCount is the row's GPUs (GCP's attachment rows come in 1, 2, 4 and 8).
+	AcceleratorCount int
 	// OnDemand and Spot are $/hour; 0 where the catalog has no price.
 	OnDemand, Spot float64
 }
@@ -85,21 +87,28 @@ func ParseCatalog(r io.Reader) ([]CatalogRow, error) {
 		if err != nil {
 			return nil, err
 		}
+		count := 0
+		if i, ok := col["accelerator_count"]; ok {
+			count, _ = strconv.Atoi(strings.TrimSpace(rec[i]))
+		}
 		out = append(out, CatalogRow{
-			InstanceType: strings.TrimSpace(rec[col["instance_type"]]),
-			Region:       strings.TrimSpace(rec[col["region"]]),
-			Zone:         strings.TrimSpace(rec[col["zone"]]),
-			OnDemand:     od,
-			Spot:         spot,
+			AcceleratorCount: count,
+			InstanceType:     strings.TrimSpace(rec[col["instance_type"]]),
+			Region:           strings.TrimSpace(rec[col["region"]]),
+			Zone:             strings.TrimSpace(rec[col["zone"]]),
+			OnDemand:         od,
+			Spot:             spot,
 		})
 	}
 }
 
 // Zone is a zone spot replicas can be placed in: its availability trace and its price.
 type Zone struct {
-	// Name is the trace's zone name (us-east-1a) and Region its region (us-east-1).
+	// Name is the trace's zone name (us-east-1a, us-central1-a) and Region its region.
 	Name, Region string
-	// AZID is the catalog row the price came from (use1-az1).
+	Provider     Provider
+	// AZID is the catalog row the price came from (use1-az1; for GCP, whose spot prices are
+	// regional, the region).
 	AZID string
 	// SpotPrice is $/hour for one replica on spot capacity here.
 	SpotPrice float64
@@ -110,6 +119,8 @@ type Zone struct {
 
 // Prices is the outcome of matching spot traces with the catalog.
 type Prices struct {
+	// Source is the spot set the zones came from.
+	Source       string
 	InstanceType string
 	Zones        []Zone
 	// OnDemand is $/hour for an on-demand replica: the lowest on-demand price of the
@@ -165,7 +176,7 @@ func MatchZones(rows []CatalogRow, instanceType string, traces []*SpotTrace) (*P
 			continue
 		}
 		row := byAZ[azid]
-		z := Zone{Name: tr.Zone, Region: region, AZID: azid, SpotPrice: row.Spot, Trace: tr}
+		z := Zone{Name: tr.Zone, Region: region, Provider: AWS, AZID: azid, SpotPrice: row.Spot, Trace: tr}
 		if z.SpotPrice == 0 {
 			prices := regionSpot[region]
 			if len(prices) == 0 {
@@ -190,15 +201,65 @@ func MatchZones(rows []CatalogRow, instanceType string, traces []*SpotTrace) (*P
 	return p, nil
 }
 
-// splitZoneName splits us-east-1a into us-east-1 and 'a'.
+// splitZoneName splits an AWS zone name, us-east-1a, into us-east-1 and 'a'.
 func splitZoneName(name string) (region string, letter byte, ok bool) {
-	if len(name) < 3 {
-		return "", 0, false
+	p, region, letter, ok := ParseZone(name)
+	return region, letter, ok && p == AWS
+}
+
+// MatchGCPZones prices each GCP trace zone with its region's catalog rows for machine, a
+// machine type or machine+attachment (n1-standard-8+n1-attach-V100: an n1 host with one V100
+// attached, priced as host row + one-GPU row, as GCP bills it). GCP's spot prices are the
+// same in every zone of a region, so a zone takes its region's price even where the catalog
+// lists the part in another zone of the region only (us-east1's V100 rows are us-east1-c's).
+// A zone whose region lacks a part is dropped, with a note.
+func MatchGCPZones(rows []CatalogRow, machine string, traces []*SpotTrace) (*Prices, error) {
+	parts := strings.Split(machine, "+")
+	type price struct{ od, spot float64 }
+	regional := map[string]map[string]price{} // part → region → price
+	for _, r := range rows {
+		if !slices.Contains(parts, r.InstanceType) || (strings.Contains(r.InstanceType, "-attach-") && r.AcceleratorCount != 1) {
+			continue
+		}
+		if regional[r.InstanceType] == nil {
+			regional[r.InstanceType] = map[string]price{}
+		}
+		if _, ok := regional[r.InstanceType][r.Region]; !ok {
+			regional[r.InstanceType][r.Region] = price{r.OnDemand, r.Spot}
+		}
 	}
-	letter = name[len(name)-1]
-	region = name[:len(name)-1]
-	last := region[len(region)-1]
-	return region, letter, letter >= 'a' && letter <= 'z' && last >= '0' && last <= '9'
+	for _, part := range parts {
+		if len(regional[part]) == 0 {
+			return nil, fmt.Errorf("catalog has no row for GCP %q (of %s)", part, machine)
+		}
+	}
+	p := &Prices{InstanceType: machine}
+	for _, tr := range traces {
+		_, region, _, _ := ParseZone(tr.Zone)
+		var sum price
+		missing := ""
+		for _, part := range parts {
+			pr, ok := regional[part][region]
+			if !ok || pr.od == 0 || pr.spot == 0 {
+				missing = part
+				break
+			}
+			sum.od += pr.od
+			sum.spot += pr.spot
+		}
+		if missing != "" {
+			p.Notes = append(p.Notes, fmt.Sprintf("%s dropped: the catalog has no %s on-demand and spot price in %s", tr.Zone, missing, region))
+			continue
+		}
+		if p.OnDemand == 0 || sum.od < p.OnDemand {
+			p.OnDemand = sum.od
+		}
+		p.Zones = append(p.Zones, Zone{Name: tr.Zone, Region: region, Provider: GCP, AZID: region, SpotPrice: sum.spot, Trace: tr})
+	}
+	if len(p.Zones) == 0 {
+		return nil, fmt.Errorf("no spot trace zone matched a %s catalog row", machine)
+	}
+	return p, nil
 }
 
 // median of a non-empty slice.

@@ -147,7 +147,7 @@ func TestSimParseSpotTraceErrors(t *testing.T) {
 }
 
 func TestSimMatchZones(t *testing.T) {
-	rows, err := LoadCatalog("testdata/aws-p3.csv")
+	rows, err := LoadCatalog("testdata/catalog/aws_gpu.csv")
 	if err != nil {
 		t.Fatal(err)
 	}

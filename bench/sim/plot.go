@@ -34,8 +34,8 @@ func (r *Report) SVG() []byte {
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="11">`+"\n",
 		plotWidth, height, plotWidth, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="14" font-weight="bold">ferry sim: load and READY replicas per policy (time-scale %g, spot traces from +%v)</text>`+"\n",
-		plotLeft, r.Options.TimeScale, r.Options.SpotOffset)
+	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="14" font-weight="bold">ferry sim: load and READY replicas per policy (time-scale %.3g, spot traces from +%v)</text>`+"\n",
+		plotLeft, r.TimeScale, r.Options.SpotOffset)
 	fmt.Fprintf(&b, `<g font-size="11"><rect x="%d" y="26" width="10" height="8" fill="%s"/><text x="%d" y="34">spot READY</text>`,
 		plotWidth-480, colorSpot, plotWidth-466)
 	fmt.Fprintf(&b, `<rect x="%d" y="26" width="10" height="8" fill="%s"/><text x="%d" y="34">on-demand READY</text>`,

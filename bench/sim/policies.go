@@ -25,6 +25,10 @@ const (
 	// PlaceCheapest is SkyPilot without a spot placer: the cheapest zone, failing over to the
 	// next cheapest when a zone refuses the launch. All replicas end up in the same zone.
 	PlaceCheapest
+	// PlaceFerry is what Ferry's provisioner does (launcher/provision): zones in
+	// policy.SpotOrder, a zone that refused a launch or warned of a reclaim skipped for
+	// provision.DefaultBlockFor, the launch failing over down the order.
+	PlaceFerry
 )
 
 func (p Placer) String() string {
@@ -33,6 +37,8 @@ func (p Placer) String() string {
 		return "spothedge"
 	case PlaceCheapest:
 		return "cheapest"
+	case PlaceFerry:
+		return "ferry"
 	}
 	return "none"
 }
@@ -44,9 +50,11 @@ type Policy struct {
 	Description string
 	// Spec is the autoscaler's configuration; DecisionInterval is how often it decides.
 	Spec autoscaler.Spec
-	// Mix splits each target between spot and on-demand (policy.Split).
-	Mix    policy.MixSpec
-	Placer Placer
+	// Mix splits each target between spot and on-demand: policy.Split for Ferry, SkyServe's
+	// own fallback (skyServeSplit) for SkyServe.
+	Mix      policy.MixSpec
+	SkyServe bool
+	Placer   Placer
 	// Hold keeps requests at the proxy while no replica is READY (Ferry, up to
 	// proxy.DefaultMaxQueuedRequests for proxy.DefaultMaxQueueWait); without it they get 503
 	// (SkyServe), which counts as an SLO miss.
@@ -62,10 +70,11 @@ type Policy struct {
 	ReportEvery time.Duration
 	// DrainTimeout bounds how long a scaled-down replica finishes its requests.
 	DrainTimeout time.Duration
-	// SpotNotice, when positive, is how long before a preemption the policy learns of it
-	// (EC2's interruption notice: 2 minutes) and starts the replacement, as Ferry's replica
-	// manager does (replicas.Manager.Notice); SkyServe waits for the preemption.
-	SpotNotice time.Duration
+	// Notices is true for a policy that acts on a cloud's reclaim warning (EC2's two
+	// minutes, Compute Engine's 30 s) as Ferry's replica manager does (replicas.Manager.Notice):
+	// the warned replica stops counting and its replacement starts; SkyServe waits for the
+	// preemption.
+	Notices bool
 }
 
 // SkyServe's defaults (sky/serve/constants.py), which the baselines run with.
@@ -74,12 +83,15 @@ const (
 	skyServeDownscaleDelay = 1200 * time.Second
 	skyServeLBSync         = 20 * time.Second
 	skyServeDrain          = 120 * time.Second
-	// ec2InterruptionNotice is how early EC2 warns a spot instance of its interruption.
-	ec2InterruptionNotice = 2 * time.Minute
+	// spotHedgeSpares is SpotHedge's N_extra in the paper and its artifact: one spot replica
+	// beyond the target.
+	spotHedgeSpares = 1
 )
 
 // PolicyParams are the figures the policies are sized with.
 type PolicyParams struct {
+	// Fleet is every policy's min_replicas.
+	Fleet int
 	// TargetQPS is SkyServe's target_qps_per_replica (Calibrate).
 	TargetQPS float64
 	// PeakReplicas is the fixed fleet that carries the trace's busiest minute at TargetQPS.
@@ -96,14 +108,14 @@ type PolicyParams struct {
 }
 
 // PolicyNames lists the policies in report order.
-var PolicyNames = []string{"ferry", "ferry-llm", "ferry-no-notice", "ferry-knative", "skyserve-spothedge", "skyserve-spot", "fixed-peak", "ondemand"}
+var PolicyNames = []string{"ferry", "ferry-llm", "ferry-no-notice", "ferry-knative", "skyserve-spothedge", "skyserve-spothedge-0", "skyserve-spot", "fixed-peak", "ondemand"}
 
 // FerryYAML is the service the ferry policies run, as a user writes it: the autoscaler named,
 // spot with SkyServe's dynamic on-demand fallback and SpotHedge placer, and nothing tuned. The
 // knobs of pp are set only when non-zero, as a YAML that sets them.
 func FerryYAML(autoscalerName string, pp PolicyParams) (configs.Resources, configs.ReplicaPolicy) {
 	return configs.Resources{UseSpot: true}, configs.ReplicaPolicy{
-		MinReplicas:              1,
+		MinReplicas:              max(pp.Fleet, 1),
 		MaxReplicas:              pp.MaxReplicas,
 		Autoscaler:               autoscalerName,
 		DynamicOndemandFallback:  true,
@@ -122,23 +134,24 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 			// Exactly what the controller makes of the YAML.
 			Spec:         autoscaler.SpecFor(rp),
 			Mix:          replicas.MixFor(res, rp),
-			Placer:       PlaceSpotHedge,
+			Placer:       PlaceFerry,
 			Hold:         true,
 			DrainTimeout: replicas.DefaultDrainTimeout,
-			SpotNotice:   ec2InterruptionNotice,
+			Notices:      true,
 		}
 	}
 	ferry := ferryFor(autoscaler.PolicyConcurrency)
 	sky := Policy{
 		Spec: autoscaler.Spec{
 			Policy:           autoscaler.PolicyRequestRate,
-			Min:              1,
+			Min:              max(pp.Fleet, 1),
 			Max:              pp.MaxReplicas,
 			TargetQPS:        pp.TargetQPS,
 			UpscaleDelay:     skyServeUpscaleDelay,
 			DownscaleDelay:   skyServeDownscaleDelay,
 			DecisionInterval: autoscaler.SkyServeDecisionInterval,
 		},
+		SkyServe:     true,
 		LBSync:       skyServeLBSync,
 		ReportEvery:  autoscaler.SkyServeDecisionInterval,
 		DrainTimeout: skyServeDrain,
@@ -146,7 +159,7 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 	build := map[string]func() Policy{
 		"ferry": func() Policy {
 			p := ferry
-			p.Description = "Ferry's defaults: `autoscaler: concurrency` (" + ferryKnobs(pp) + ", 1 s decisions), spot + dynamic on-demand fallback, SpotHedge placer, holds requests while no replica is READY"
+			p.Description = fmt.Sprintf("Ferry's defaults with min_replicas %d: `autoscaler: concurrency` (%s, 1 s decisions), spot + dynamic on-demand fallback as policy.Split divides it, zones in policy.SpotOrder as the provisioner tries them, acts on reclaim warnings, holds requests while no replica is READY", max(pp.Fleet, 1), ferryKnobs(pp))
 			return p
 		},
 		"ferry-llm": func() Policy {
@@ -156,13 +169,13 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 		},
 		"ferry-no-notice": func() Policy {
 			p := ferry
-			p.SpotNotice = 0
+			p.Notices = false
 			p.Description = "as ferry, replacing a spot replica only once it is reclaimed (an infra that gives no notice)"
 			return p
 		},
 		"ferry-knative": func() Policy {
 			p := ferry
-			p.Spec = autoscaler.Spec{Policy: autoscaler.PolicyConcurrency, Min: 1, Max: pp.MaxReplicas,
+			p.Spec = autoscaler.Spec{Policy: autoscaler.PolicyConcurrency, Min: max(pp.Fleet, 1), Max: pp.MaxReplicas,
 				TargetInflight: autoscaler.DefaultTargetInflight, StableWindow: autoscaler.DefaultStableWindow}
 			p.Description = fmt.Sprintf("as ferry with Knative's fixed knobs, Ferry's defaults before they were learned (target %d in flight, %v stable window, no overprovision)",
 				autoscaler.DefaultTargetInflight, autoscaler.DefaultStableWindow)
@@ -172,14 +185,23 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 			p := sky
 			p.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
 			p.Placer = PlaceSpotHedge
-			p.Description = fmt.Sprintf("request_rate (%.2f QPS per replica, 300/1200 s delays, 20 s decisions), use_spot + dynamic_ondemand_fallback + dynamic_fallback placer, 503 while no replica is READY", pp.TargetQPS)
+			p.Spec.Overprovision = spotHedgeSpares
+			p.Description = fmt.Sprintf("SkyServe+SpotHedge as in the paper: request_rate (min_replicas %d, %.2f QPS per replica, 300/1200 s delays, 20 s decisions), num_overprovision %d, use_spot + dynamic_ondemand_fallback + dynamic_fallback placer, 503 while no replica is READY",
+				max(pp.Fleet, 1), pp.TargetQPS, spotHedgeSpares)
+			return p
+		},
+		"skyserve-spothedge-0": func() Policy {
+			p := sky
+			p.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
+			p.Placer = PlaceSpotHedge
+			p.Description = "as skyserve-spothedge with no spare replica (num_overprovision 0)"
 			return p
 		},
 		"skyserve-spot": func() Policy {
 			p := sky
 			p.Mix = policy.MixSpec{UseSpot: true}
 			p.Placer = PlaceCheapest
-			p.Description = "request_rate as skyserve-spothedge, spot only, cheapest zone with capacity, no fallback"
+			p.Description = "request_rate as skyserve-spothedge-0, spot only, cheapest zone with capacity, no fallback"
 			return p
 		},
 		"fixed-peak": func() Policy {
@@ -195,7 +217,7 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 			p.Spec.Overprovision, p.Spec.LearnHeadroom = 0, false
 			p.Mix = policy.MixSpec{}
 			p.Placer = PlaceNone
-			p.Description = "ferry's autoscaler without overprovision or learned headroom, every replica on-demand (the cost baseline)"
+			p.Description = "ferry's autoscaler without overprovision or learned headroom, every replica on-demand (the cost baseline, never preempted)"
 			return p
 		},
 	}
@@ -244,3 +266,21 @@ var (
 	holdMaxQueued = proxy.DefaultMaxQueuedRequests
 	holdMaxWait   = proxy.DefaultMaxQueueWait
 )
+
+// skyServeSplit is SkyServe's own fallback (sky/serve/autoscalers.py,
+// FallbackRequestRateAutoscaler), which the SkyServe policies run: spot = target − base
+// on-demand, where the target includes num_overprovision; on-demand = base + (dynamic ? spot
+// wanted − spot READY : 0), at most the target. On-demand thus stands in for the spare too.
+func skyServeSplit(target int, m policy.MixSpec, readySpot int) policy.Mix {
+	target = max(target, 0)
+	if !m.UseSpot {
+		return policy.Mix{OnDemand: target}
+	}
+	base := min(m.BaseOnDemand, target)
+	spot := target - base
+	onDemand := base
+	if m.DynamicFallback {
+		onDemand += max(0, spot-readySpot)
+	}
+	return policy.Mix{Spot: spot, OnDemand: min(onDemand, target)}
+}

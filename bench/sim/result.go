@@ -18,11 +18,16 @@ type Result struct {
 	// SLOAttainment is MetSLO / Requests: failed, rejected and unservable requests are misses.
 	SLOAttainment float64 `json:"slo_attainment"`
 
-	// Availability is AvailableTicks / Ticks: 30 s ticks with at least the policy's target of
-	// READY replicas (SpotHedge's definition; replicas in cold start are not READY).
+	// Availability is AvailableTicks / Ticks: 30 s ticks with at least World.MinReady READY
+	// replicas, the same count for every policy (SpotHedge's definition; replicas in cold
+	// start are not READY).
 	Availability   float64 `json:"availability"`
 	AvailableTicks int     `json:"available_ticks"`
 	Ticks          int     `json:"ticks"`
+	// OwnTargetAvailability is OwnTargetTicks / Ticks: ticks with the policy's own target
+	// (without num_overprovision or headroom) READY, the simulator's earlier figure.
+	OwnTargetAvailability float64 `json:"own_target_availability"`
+	OwnTargetTicks        int     `json:"own_target_ticks"`
 
 	// Replica-hours from launch to termination (provisioning, READY and draining), and their
 	// cost at catalog prices.
@@ -33,8 +38,10 @@ type Result struct {
 	Cost          float64 `json:"cost_usd"`
 	// CostVsOnDemand is Cost over the ondemand policy's (0 when it did not run).
 	CostVsOnDemand float64 `json:"cost_vs_ondemand"`
-	// NormalizedCost is SpotHedge's: spot hours + 3 × on-demand hours.
-	NormalizedCost float64 `json:"normalized_cost"`
+	// NormalizedCost is SpotHedge's: spot hours + 3 × on-demand hours, and
+	// NormalizedVsOnDemand its ratio to the ondemand policy's.
+	NormalizedCost       float64 `json:"normalized_cost"`
+	NormalizedVsOnDemand float64 `json:"normalized_vs_ondemand"`
 
 	Preemptions int `json:"preemptions"`
 	// RefusedSpotLaunches counts launch attempts that a zone without capacity refused. The

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferryserve/ferry/autoscaler"
+	"github.com/ferryserve/ferry/launcher/provision"
 	"github.com/ferryserve/ferry/policy"
 )
 
@@ -21,6 +22,11 @@ import (
 type World struct {
 	Model Model
 	Zones []Zone
+	// Notice is how long before a reclaim each cloud warns the instances it takes back.
+	Notice map[Provider]time.Duration
+	// MinReady is the READY count availability is scored against, the same for every policy:
+	// the service's min_replicas, as SpotHedge's artifact scores it.
+	MinReady int
 	// OnDemandPrice is $/hour of an on-demand replica.
 	OnDemandPrice float64
 	// SpotOffset is where in the spot traces the simulation starts, in seconds.
@@ -69,10 +75,12 @@ type replica struct {
 	launchedAt, readyAt, drainUntil float64
 	// announced is true once the load balancer knows it is READY.
 	announced bool
-	// noticed is true once an interruption notice came: the replica serves on, but the
-	// fleet already counts it as gone.
-	noticed bool
-	eng     *engine
+	// warned is true once the cloud warned of its reclaim, due at reclaimAt; noticed is true
+	// when the policy acts on that warning: the replica serves on, but the fleet already
+	// counts it as gone.
+	warned, noticed bool
+	reclaimAt       float64
+	eng             *engine
 }
 
 // runner simulates one policy.
@@ -84,13 +92,15 @@ type runner struct {
 	scaler  autoscaler.Scaler
 	zones   *policy.Zones
 	byPrice []int // zone indexes, cheapest first
-	zoneUp  []bool
-	// zoneNoticed marks zones whose replicas got an interruption notice and that will be
-	// down at the end of it: they take no new replica.
-	zoneNoticed []bool
-	interval    int // decision interval in seconds
-	warmup      float64
-	end         float64
+	// zoneCap is each zone's spot capacity now (Unbounded for a probed zone with capacity).
+	zoneCap []int
+	// refusedUntil and lostUntil are, per zone, until when Ferry's provisioner tries it last
+	// (PlaceFerry): after it refused a launch (the location block, which a launch that
+	// succeeds there lifts) and after it took an instance back (the zone block).
+	refusedUntil, lostUntil []float64
+	interval                int // decision interval in seconds
+	warmup                  float64
+	end                     float64
 
 	nextID   int
 	live     []*replica // provisioning, ready and draining
@@ -135,18 +145,19 @@ func (w *World) newRunner(p Policy) *runner {
 	h := fnv.New64a()
 	h.Write([]byte(p.Name))
 	r := &runner{
-		w:           w,
-		p:           p,
-		rng:         rand.New(rand.NewPCG(w.Seed, h.Sum64())),
-		scaler:      autoscaler.New(p.Spec),
-		zoneUp:      make([]bool, len(w.Zones)),
-		zoneNoticed: make([]bool, len(w.Zones)),
-		interval:    max(1, int(p.Spec.DecisionInterval/time.Second)),
-		warmup:      w.Warmup.Seconds(),
-		end:         (w.Warmup + w.Duration).Seconds(),
-		target:      p.Spec.InitialTarget(),
-		need:        max(0, p.Spec.InitialTarget()-p.Spec.Overprovision),
-		res:         &Result{Policy: p.Name, Description: p.Description},
+		w:            w,
+		p:            p,
+		rng:          rand.New(rand.NewPCG(w.Seed, h.Sum64())),
+		scaler:       autoscaler.New(p.Spec),
+		zoneCap:      make([]int, len(w.Zones)),
+		refusedUntil: make([]float64, len(w.Zones)),
+		lostUntil:    make([]float64, len(w.Zones)),
+		interval:     max(1, int(p.Spec.DecisionInterval/time.Second)),
+		warmup:       w.Warmup.Seconds(),
+		end:          (w.Warmup + w.Duration).Seconds(),
+		target:       p.Spec.InitialTarget(),
+		need:         max(0, p.Spec.InitialTarget()-p.Spec.Overprovision),
+		res:          &Result{Policy: p.Name, Description: p.Description},
 	}
 	states := make([]policy.ZoneState, len(w.Zones))
 	for i, z := range w.Zones {
@@ -195,7 +206,7 @@ func (r *runner) second(s int) {
 		rep.eng.advance(t)
 	}
 	r.spotCapacity(t)
-	r.spotNotices(t)
+	r.reclaim(t)
 	for _, rep := range r.live {
 		if rep.state == provisioning && rep.readyAt <= t {
 			rep.state = ready
@@ -239,60 +250,87 @@ func (r *runner) second(s int) {
 	}
 }
 
-// spotCapacity reads the zones' availability at t and preempts spot replicas in zones that
-// lost it.
+// spotCapacity reads each zone's capacity at t. Where the zone now holds fewer spot instances
+// than the policy has there, the cloud takes back exactly the excess, newest first (the order
+// is the cloud's and unknown; newest keeps runs replayable): each such instance is warned now
+// and reclaimed its cloud's notice later (World.Notice), or at once with no notice. Only
+// instances the policy holds are warned, and nothing is known of a drop before it happens.
+// Instances already warned no longer count against the zone's capacity.
 func (r *runner) spotCapacity(t float64) {
 	for i, z := range r.w.Zones {
-		up := z.Trace.Available(r.w.SpotOffset + t)
-		r.zoneUp[i] = up
-		if up {
+		c := z.Trace.Capacity(r.w.SpotOffset + t)
+		r.zoneCap[i] = c
+		held := r.spotHeld(i)
+		if len(held) <= c {
 			continue
 		}
-		hit := false
-		r.live = slices.DeleteFunc(r.live, func(rep *replica) bool {
-			if !rep.spot || rep.zone != i {
-				return false
+		slices.SortFunc(held, func(a, b *replica) int { return b.id - a.id })
+		notice := r.w.Notice[z.Provider].Seconds()
+		acted := false
+		for _, rep := range held[:len(held)-c] {
+			rep.warned, rep.reclaimAt = true, t+notice
+			if r.p.Notices && notice > 0 {
+				rep.noticed, acted = true, true
 			}
-			hit = true
-			if r.scored(t) {
-				r.res.Preemptions++
-				r.res.timeline.preemptions = append(r.res.timeline.preemptions, t-r.warmup)
-			}
-			r.keepPreempted(rep)
-			r.remove(rep, &r.res.Failed)
-			return true
-		})
-		if hit && r.zones != nil {
-			r.zones.Preempted(z.Name)
+		}
+		if acted {
+			r.zoneLost(i, t)
 		}
 	}
 }
 
-// spotNotices gives spot replicas the interruption notice: when the policy acts on notices,
-// a zone whose trace drops within the notice period has its replicas counted as lost now, so
-// that replacements (and the on-demand fallback) start before the preemption. EC2 sends its
-// notice two minutes ahead; the trace's ticks do not say when within a tick capacity went, so
-// the notice is taken to come exactly SpotNotice before the tick that reads 0.
-func (r *runner) spotNotices(t float64) {
-	if r.p.SpotNotice <= 0 {
-		return
-	}
-	ahead := r.w.SpotOffset + t + r.p.SpotNotice.Seconds()
-	for i, z := range r.w.Zones {
-		r.zoneNoticed[i] = r.zoneUp[i] && !z.Trace.Available(ahead)
-		if !r.zoneNoticed[i] {
-			continue
-		}
-		hit := false
-		for _, rep := range r.live {
-			if rep.spot && rep.zone == i && !rep.noticed {
-				rep.noticed, hit = true, true
-			}
-		}
-		if hit && r.zones != nil {
-			r.zones.Preempted(z.Name)
+// spotHeld are the policy's spot instances in zone i that the cloud has not warned.
+func (r *runner) spotHeld(i int) []*replica {
+	var out []*replica
+	for _, rep := range r.live {
+		if rep.spot && rep.zone == i && !rep.warned {
+			out = append(out, rep)
 		}
 	}
+	return out
+}
+
+// free is how many more spot instances zone i takes now.
+func (r *runner) free(i int) int {
+	if r.zoneCap[i] == Unbounded {
+		return Unbounded
+	}
+	return max(0, r.zoneCap[i]-len(r.spotHeld(i)))
+}
+
+// reclaim preempts the warned instances whose notice has run out: what they hold fails. A
+// policy that did not act on the warning learns of the loss only now.
+func (r *runner) reclaim(t float64) {
+	lost := map[int]bool{}
+	r.live = slices.DeleteFunc(r.live, func(rep *replica) bool {
+		if !rep.warned || rep.reclaimAt > t {
+			return false
+		}
+		if r.scored(t) {
+			r.res.Preemptions++
+			r.res.timeline.preemptions = append(r.res.timeline.preemptions, t-r.warmup)
+		}
+		if !rep.noticed {
+			lost[rep.zone] = true
+		}
+		r.keepPreempted(rep)
+		r.remove(rep, &r.res.Failed)
+		return true
+	})
+	for i := range r.w.Zones {
+		if lost[i] {
+			r.zoneLost(i, t)
+		}
+	}
+}
+
+// zoneLost tells the placer that zone i took spot capacity back: SpotHedge marks it
+// preempted, Ferry's provisioner blocks it (launcher/provision's Preempted).
+func (r *runner) zoneLost(i int, t float64) {
+	if r.zones != nil {
+		r.zones.Preempted(r.w.Zones[i].Name)
+	}
+	r.lostUntil[i] = t + provision.DefaultBlockFor.Seconds()
 }
 
 // keptEnded is how many ended replicas the controller's replica manager keeps for status
@@ -499,6 +537,9 @@ func (r *runner) decide(s int) {
 	r.target = d.Target
 	r.need = max(0, d.Target-d.Overprovision)
 	mix := policy.Split(d.Target, r.p.Mix, readySpot)
+	if r.p.SkyServe {
+		mix = skyServeSplit(d.Target, r.p.Mix, readySpot)
+	}
 	r.reconcile(true, mix.Spot, t)
 	r.reconcile(false, mix.OnDemand, t)
 	r.drainNoticed(t)
@@ -577,7 +618,7 @@ func (r *runner) reconcile(spot bool, want int, t float64) {
 func (r *runner) launch(spot bool, t float64) bool {
 	rep := &replica{id: r.nextID, spot: spot, zone: -1, price: r.w.OnDemandPrice, launchedAt: t, readyAt: t + r.w.Model.ColdStart.Seconds()}
 	if spot {
-		zone := r.placeSpot()
+		zone := r.placeSpot(t)
 		if zone < 0 {
 			return false
 		}
@@ -593,38 +634,60 @@ func (r *runner) launch(spot bool, t float64) bool {
 }
 
 // placeSpot picks the zone for a new spot replica, trying zones until one has capacity (a
-// refused launch is known at once: EC2 answers InsufficientInstanceCapacity to the call).
-// It returns -1 when no zone takes it.
-func (r *runner) placeSpot() int {
+// refused launch is known at once: EC2 answers InsufficientInstanceCapacity to the call,
+// Compute Engine ZONE_RESOURCE_POOL_EXHAUSTED). It returns -1 when no zone takes it.
+func (r *runner) placeSpot(t float64) int {
 	switch r.p.Placer {
 	case PlaceSpotHedge:
 		for range r.w.Zones {
-			counts := map[string]int{}
-			for _, rep := range r.live {
-				if rep.spot && rep.state != draining && !rep.noticed {
-					counts[r.w.Zones[rep.zone].Name]++
-				}
-			}
-			name, ok := r.zones.Place(counts)
+			name, ok := r.zones.Place(r.spotCounts())
 			if !ok {
 				return -1
 			}
 			i := slices.IndexFunc(r.w.Zones, func(z Zone) bool { return z.Name == name })
-			if r.zoneUp[i] && !r.zoneNoticed[i] {
+			if r.free(i) > 0 {
 				return i
 			}
 			r.res.RefusedSpotLaunches++
 			r.zones.Preempted(name)
 		}
+	case PlaceFerry:
+		counts := r.spotCounts()
+		states := make([]policy.ZoneState, len(r.w.Zones))
+		for i, z := range r.w.Zones {
+			states[i] = policy.ZoneState{Name: z.Name, SpotPrice: z.SpotPrice, Active: r.refusedUntil[i] <= t && r.lostUntil[i] <= t, Spot: counts[z.Name]}
+		}
+		// The provisioner tries the blocked zones too, after the others (blocked() sorts
+		// them last), and blocks a zone that refuses.
+		for _, i := range policy.SpotOrder(states) {
+			if r.free(i) > 0 {
+				r.refusedUntil[i] = 0
+				return i
+			}
+			r.res.RefusedSpotLaunches++
+			r.refusedUntil[i] = t + provision.DefaultBlockFor.Seconds()
+		}
 	case PlaceCheapest:
 		for _, i := range r.byPrice {
-			if r.zoneUp[i] && !r.zoneNoticed[i] {
+			if r.free(i) > 0 {
 				return i
 			}
 			r.res.RefusedSpotLaunches++
 		}
 	}
 	return -1
+}
+
+// spotCounts is how many spot replicas the policy counts in each zone: live, not draining,
+// not warned of a reclaim it acts on.
+func (r *runner) spotCounts() map[string]int {
+	counts := map[string]int{}
+	for _, rep := range r.live {
+		if rep.spot && rep.state != draining && !rep.noticed {
+			counts[r.w.Zones[rep.zone].Name]++
+		}
+	}
+	return counts
 }
 
 // account adds second s to the scored figures: replica time and cost, availability ticks,
@@ -650,8 +713,11 @@ func (r *runner) account(s int) {
 	since := s - int(r.warmup)
 	if since%availabilityTick == 0 {
 		r.res.Ticks++
-		if readySpot+readyOD >= r.need {
+		if readySpot+readyOD >= r.w.MinReady {
 			r.res.AvailableTicks++
+		}
+		if readySpot+readyOD >= r.need {
+			r.res.OwnTargetTicks++
 		}
 	}
 	if since%60 == 0 {
@@ -659,10 +725,9 @@ func (r *runner) account(s int) {
 	}
 }
 
-// availabilityTick is SpotHedge's: availability is the share of 30 s ticks with at least the
-// target number of READY replicas. The target is the one the load asks for, without
-// num_overprovision (SkyServe's target_num_replicas): over-provisioned replicas are there to
-// mask preemptions and cold starts, as in SpotHedge, and are not owed.
+// availabilityTick is SpotHedge's: availability is the share of 30 s ticks with at least
+// World.MinReady READY replicas, the same count for every policy. OwnTargetTicks counts, for
+// comparison, the ticks with the policy's own target (without num_overprovision) READY.
 const availabilityTick = 30
 
 // finish derives the result's ratios and percentiles.
@@ -673,6 +738,7 @@ func (r *runner) finish() {
 	}
 	if res.Ticks > 0 {
 		res.Availability = float64(res.AvailableTicks) / float64(res.Ticks)
+		res.OwnTargetAvailability = float64(res.OwnTargetTicks) / float64(res.Ticks)
 	}
 	res.Cost = res.SpotCost + res.OnDemandCost
 	res.NormalizedCost = res.SpotHours + 3*res.OnDemandHours

@@ -27,9 +27,9 @@ func (s *sliceSource) next() (arrival, bool) {
 	return a, true
 }
 
-// scriptedZone is a zone with a hand-written availability trace of 60 s ticks.
+// scriptedZone is an AWS zone with a hand-written capacity trace of 60 s ticks.
 func scriptedZone(name string, price float64, ticks ...float64) Zone {
-	return Zone{Name: name, SpotPrice: price, Trace: &SpotTrace{Zone: name, Gap: 60, Data: ticks}}
+	return Zone{Name: name, Provider: AWS, SpotPrice: price, Trace: &SpotTrace{Zone: name, Provider: AWS, Gap: 60, Data: ticks}}
 }
 
 func TestSimAvailabilityAndCost(t *testing.T) {
@@ -48,46 +48,50 @@ func TestSimAvailabilityAndCost(t *testing.T) {
 		// 10-minute horizon miss them, the other 18 have them.
 		"on-demand cold start": {
 			policy: fixed(2, policy.MixSpec{}, PlaceNone),
-			want:   Result{Ticks: 20, AvailableTicks: 18, OnDemandHours: 2 * 600.0 / 3600, OnDemandCost: 2 * 600.0 / 3600 * 3, Launches: 2},
+			want:   Result{Ticks: 20, AvailableTicks: 18, OwnTargetTicks: 18, OnDemandHours: 2 * 600.0 / 3600, OnDemandCost: 2 * 600.0 / 3600 * 3, Launches: 2},
 		},
-		// One spot replica in the only zone, which loses capacity at 180 s: preempted, and
-		// no zone takes a new one; READY only during [60 s, 180 s).
+		// One spot replica in the only zone, which loses capacity at 180 s: EC2 warns it then
+		// and reclaims it two minutes later, at 300 s (this policy ignores the warning), and
+		// no zone takes a new one; READY only during [60 s, 300 s).
 		"spot preempted": {
 			policy: fixed(1, spotOnly, PlaceCheapest),
 			zones:  []Zone{scriptedZone("a", 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0)},
-			want:   Result{Ticks: 20, AvailableTicks: 4, SpotHours: 180.0 / 3600, SpotCost: 180.0 / 3600, Preemptions: 1, Launches: 1, RefusedSpotLaunches: 420},
+			want:   Result{Ticks: 20, AvailableTicks: 8, OwnTargetTicks: 8, SpotHours: 300.0 / 3600, SpotCost: 300.0 / 3600, Preemptions: 1, Launches: 1, RefusedSpotLaunches: 300},
 		},
-		// SpotHedge spreads two replicas over the two cheapest zones; until they are READY the
-		// dynamic fallback runs two on-demand ones (billed 0–60 s: they leave, drained, at
-		// 61 s). At 180 s the cheapest zone loses capacity: the fallback launches an on-demand
+		// SkyServe+SpotHedge spreads two replicas over the two cheapest zones; until they are
+		// READY the dynamic fallback runs two on-demand ones (billed 0–60 s: they leave,
+		// drained, at 61 s). At 180 s the cheapest zone loses capacity and EC2 warns; SkyServe
+		// ignores the warning, and at the reclaim, 300 s, the fallback launches an on-demand
 		// replica and SpotHedge a spot one in the zone that holds none (the dearest); both
-		// are READY at 240 s, and the on-demand one goes at 241 s.
+		// are READY at 360 s, and the on-demand one goes at 361 s.
 		"spothedge with fallback": {
-			policy: fixed(2, fallback, PlaceSpotHedge),
+			policy: func() Policy { p := fixed(2, fallback, PlaceSpotHedge); p.SkyServe = true; return p }(),
 			zones: []Zone{scriptedZone("cheap", 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0),
 				scriptedZone("mid", 2, up...), scriptedZone("dear", 4, up...)},
-			want: Result{Ticks: 20, AvailableTicks: 16, Preemptions: 1, Launches: 6,
-				SpotHours: (180 + 600 + 420) / 3600.0, SpotCost: (180*1 + 600*2 + 420*4) / 3600.0,
+			want: Result{Ticks: 20, AvailableTicks: 16, OwnTargetTicks: 16, Preemptions: 1, Launches: 6,
+				SpotHours: (300 + 600 + 300) / 3600.0, SpotCost: (300*1 + 600*2 + 300*4) / 3600.0,
 				OnDemandHours: 3 * 61 / 3600.0, OnDemandCost: 3 * 3 * 61 / 3600.0},
 		},
-		// With the interruption notice two minutes ahead, the replacement starts at 60 s in
-		// the next zone and is READY at 120 s, before the preemption at 180 s; the warned
-		// replica, idle, then drains and goes at 121 s, so nothing is preempted.
+		// The cheapest zone's capacity goes at 180 s and EC2 warns the replica there then,
+		// two minutes before the reclaim: the replacement starts at once in the next zone and
+		// is READY at 240 s; the warned replica, idle, drains and goes at 241 s, before its
+		// reclaim at 300 s, so nothing is preempted and no tick is short.
 		"spot notice": {
-			policy: func() Policy { p := fixed(1, spotOnly, PlaceSpotHedge); p.SpotNotice = 2 * time.Minute; return p }(),
+			policy: func() Policy { p := fixed(1, spotOnly, PlaceSpotHedge); p.Notices = true; return p }(),
 			zones: []Zone{scriptedZone("cheap", 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0),
 				scriptedZone("mid", 2, up...), scriptedZone("dear", 4, up...)},
-			want: Result{Ticks: 20, AvailableTicks: 18, Preemptions: 0, Launches: 2,
-				SpotHours: (121 + 540) / 3600.0, SpotCost: (121*1 + 540*2) / 3600.0},
+			want: Result{Ticks: 20, AvailableTicks: 18, OwnTargetTicks: 18, Preemptions: 0, Launches: 2,
+				SpotHours: (241 + 420) / 3600.0, SpotCost: (241*1 + 420*2) / 3600.0},
 		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			m := testModel()
 			m.ColdStart = time.Minute
-			w := World{Model: m, Zones: tc.zones, OnDemandPrice: 3, Duration: 10 * time.Minute, SLO: SLO{TTFT: time.Second, TPOT: time.Second}, Seed: 1}
+			w := World{Model: m, Zones: tc.zones, Notice: DefaultOptions().Notice, MinReady: tc.policy.Spec.Min, OnDemandPrice: 3,
+				Duration: 10 * time.Minute, SLO: SLO{TTFT: time.Second, TPOT: time.Second}, Seed: 1}
 			got := w.run(tc.policy, &sliceSource{})
-			got.Elapsed, got.Availability, got.Cost, got.NormalizedCost, got.Policy, got.Description = "", 0, 0, 0, "", ""
+			got.Elapsed, got.Availability, got.OwnTargetAvailability, got.Cost, got.NormalizedCost, got.Policy, got.Description = "", 0, 0, 0, 0, "", ""
 			got.timeline = timeline{}
 			if diff := cmp.Diff(tc.want, *got, cmp.AllowUnexported(Result{}, timeline{}), cmp.Comparer(func(a, b float64) bool { return math.Abs(a-b) < 1e-9 })); diff != "" {
 				t.Errorf("result (-want +got):\n%s", diff)
@@ -132,7 +136,7 @@ func TestSimRequestOutcomes(t *testing.T) {
 func testInputs(t testing.TB) *Inputs {
 	t.Helper()
 	o := DefaultOptions()
-	o.TracePath, o.SpotDir, o.CatalogPath = "testdata/conv-400.csv", "testdata/spot-real", "testdata/aws-p3.csv"
+	o.TracePath, o.SpotDir, o.CatalogDir = "testdata/conv-400.csv", "testdata/spot-real", "testdata/catalog"
 	in, err := Load(o)
 	if err != nil {
 		t.Fatal(err)
@@ -197,7 +201,7 @@ func TestSimEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, b := *byName["ferry"], *again.Results[0]
-	a.Elapsed, b.Elapsed, a.CostVsOnDemand, b.CostVsOnDemand = "", "", 0, 0
+	a.Elapsed, b.Elapsed, a.CostVsOnDemand, b.CostVsOnDemand, a.NormalizedVsOnDemand, b.NormalizedVsOnDemand = "", "", 0, 0, 0, 0
 	if diff := cmp.Diff(a, b, cmp.AllowUnexported(Result{}, timeline{})); diff != "" {
 		t.Errorf("a second run differs (-first +second):\n%s", diff)
 	}
@@ -278,8 +282,8 @@ func TestSimFerryRunsTheDefaults(t *testing.T) {
 		if p.Spec.TargetInflight != 0 || p.Spec.StableWindow != 0 || p.Spec.Overprovision != 0 || !p.Spec.LearnHeadroom {
 			t.Errorf("%s: %+v sets knobs the defaults learn", p.Name, p.Spec)
 		}
-		if want := (policy.MixSpec{UseSpot: true, DynamicFallback: true}); p.Mix != want || replicas.MixFor(res, rp) != want || p.Placer != PlaceSpotHedge {
-			t.Errorf("%s: mix %+v placer %v, want %+v and SpotHedge", p.Name, p.Mix, p.Placer, want)
+		if want := (policy.MixSpec{UseSpot: true, DynamicFallback: true}); p.Mix != want || replicas.MixFor(res, rp) != want || p.Placer != PlaceFerry || p.SkyServe || !p.Notices {
+			t.Errorf("%s: mix %+v placer %v skyserve %v notices %v, want %+v, the provisioner's placer, Split and notices", p.Name, p.Mix, p.Placer, p.SkyServe, p.Notices, want)
 		}
 	}
 	if od := ps[2].Spec; od.LearnHeadroom || od.Overprovision != 0 {

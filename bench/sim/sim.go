@@ -25,19 +25,45 @@ func Load(o Options) (*Inputs, error) {
 	if err != nil {
 		return nil, err
 	}
-	spots, err := LoadSpotTraces(o.SpotDir)
+	prices, err := newCatalogs(o).prices(o.SpotDir)
 	if err != nil {
 		return nil, err
-	}
-	rows, err := LoadCatalog(o.CatalogPath)
-	if err != nil {
-		return nil, err
-	}
-	prices, err := MatchZones(rows, o.InstanceType, spots)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", o.CatalogPath, err)
 	}
 	return &Inputs{Trace: trace, Prices: prices}, nil
+}
+
+// catalogs loads each cloud's catalog once, for the sets that need it.
+type catalogs struct {
+	o    Options
+	rows map[Provider][]CatalogRow
+}
+
+func newCatalogs(o Options) *catalogs { return &catalogs{o: o, rows: map[Provider][]CatalogRow{}} }
+
+// prices loads the spot set at path and prices its zones from its cloud's catalog.
+func (c *catalogs) prices(path string) (*Prices, error) {
+	spots, err := LoadSpotTraces(path)
+	if err != nil {
+		return nil, err
+	}
+	p := spots[0].Provider
+	file := filepath.Join(c.o.CatalogDir, string(p)+"_gpu.csv")
+	if c.rows[p] == nil {
+		if c.rows[p], err = LoadCatalog(file); err != nil {
+			return nil, err
+		}
+	}
+	var prices *Prices
+	if p == GCP {
+		prices, err = MatchGCPZones(c.rows[p], c.o.GCPInstanceType, spots)
+	} else {
+		prices, err = MatchZones(c.rows[p], c.o.AWSInstanceType, spots)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	prices.Source = path
+	return prices, nil
 }
 
 // Report is a run's whole outcome.
@@ -45,8 +71,11 @@ type Report struct {
 	Options Options `json:"options"`
 	// TargetQPS is SkyServe's target_qps_per_replica used, and Calibrated whether the
 	// simulator chose it.
-	TargetQPS    float64   `json:"target_qps_per_replica"`
-	Calibrated   bool      `json:"target_qps_calibrated"`
+	TargetQPS  float64 `json:"target_qps_per_replica"`
+	Calibrated bool    `json:"target_qps_calibrated"`
+	// TimeScale is the load's multiplier: Options.TimeScale, or the one that sizes the
+	// busiest minute to Options.Fleet.
+	TimeScale    float64   `json:"time_scale"`
 	PeakReplicas int       `json:"fixed_peak_replicas"`
 	MaxReplicas  int       `json:"max_replicas"`
 	Results      []*Result `json:"results"`
@@ -69,9 +98,22 @@ func Run(ctx context.Context, o Options, stdout, progress io.Writer) (*Report, e
 	if err := o.resolvePaths(); err != nil {
 		return nil, err
 	}
+	if o.Sweep {
+		return nil, RunSweep(ctx, o, stdout, progress)
+	}
 	in, err := Load(o)
 	if err != nil {
 		return nil, err
+	}
+	// The horizon stops where the set's shortest zone does, as in the sweep: past it the
+	// traces would wrap and replay their start.
+	if covered := (setDuration(in.Prices.Zones) - o.Warmup - o.SpotOffset).Truncate(time.Minute); covered < o.Duration {
+		if covered < 10*time.Minute {
+			return nil, fmt.Errorf("--spot-traces %s covers %v: too short for a %v warm-up and 10 minutes scored from --spot-offset %v",
+				o.SpotDir, setDuration(in.Prices.Zones), o.Warmup, o.SpotOffset)
+		}
+		fmt.Fprintf(progress, "sim: the spot traces cover %v: scoring %v, not --duration %v\n", setDuration(in.Prices.Zones), covered, o.Duration)
+		o.Duration = covered
 	}
 	out, err := outDir(o.Out)
 	if err != nil {
@@ -105,11 +147,36 @@ func outDir(dir string) (string, error) {
 	return os.MkdirTemp("", "ferry-sim-")
 }
 
-// Simulate runs the policies of o on loaded inputs, o.Parallel at a time.
+// Simulate runs the policies of o on loaded inputs, o.Parallel at a time, calibrating
+// target_qps_per_replica first when o leaves it 0.
 func Simulate(ctx context.Context, o Options, in *Inputs, progress io.Writer) (*Report, error) {
-	w := World{
+	calibrated := o.TargetQPS == 0
+	if calibrated {
+		qps, err := calibrate(o, in.Trace, progress)
+		if err != nil {
+			return nil, err
+		}
+		o.TargetQPS = qps
+	}
+	rep, jobs, err := prepare(o, in, progress)
+	if err != nil {
+		return nil, err
+	}
+	rep.Calibrated = calibrated
+	if err := runJobs(ctx, o.Parallel, jobs); err != nil {
+		return nil, err
+	}
+	rep.finish()
+	return rep, nil
+}
+
+// world is what every policy of one run shares.
+func world(o Options, in *Inputs) World {
+	return World{
 		Model:         o.Model,
 		Zones:         in.Prices.Zones,
+		Notice:        o.Notice,
+		MinReady:      o.Fleet,
 		OnDemandPrice: in.Prices.OnDemand,
 		SpotOffset:    o.SpotOffset.Seconds(),
 		Warmup:        o.Warmup,
@@ -117,19 +184,31 @@ func Simulate(ctx context.Context, o Options, in *Inputs, progress io.Writer) (*
 		SLO:           o.SLO,
 		Seed:          o.Seed,
 	}
-	rep := &Report{Options: o, TargetQPS: o.TargetQPS, inputs: in}
-	var err error
-	if rep.TargetQPS == 0 {
-		t0 := time.Now()
-		if rep.TargetQPS, err = Calibrate(w, in.Trace); err != nil {
-			return nil, err
-		}
-		rep.Calibrated = true
-		fmt.Fprintf(progress, "sim: calibrated target_qps_per_replica = %.2f in %v\n", rep.TargetQPS, time.Since(t0).Round(time.Millisecond))
+}
+
+// calibrate is Calibrate on o's model, with its time in progress.
+func calibrate(o Options, trace *Trace, progress io.Writer) (float64, error) {
+	t0 := time.Now()
+	w := World{Model: o.Model, SLO: o.SLO, Seed: o.Seed}
+	qps, err := Calibrate(w, trace)
+	if err != nil {
+		return 0, err
 	}
-	rep.PeakReplicas = int(math.Ceil(in.Trace.PeakRate(o.TimeScale)/rep.TargetQPS - 1e-9))
+	fmt.Fprintf(progress, "sim: calibrated target_qps_per_replica = %.2f in %v\n", qps, time.Since(t0).Round(time.Millisecond))
+	return qps, nil
+}
+
+// prepare sizes the run and returns its report, to be finished once jobs, one per policy,
+// have run.
+func prepare(o Options, in *Inputs, progress io.Writer) (*Report, []func(), error) {
+	rep := &Report{Options: o, TargetQPS: o.TargetQPS, TimeScale: o.TimeScale, inputs: in}
+	if rep.TimeScale == 0 {
+		rep.TimeScale = float64(o.Fleet) * o.TargetQPS / in.Trace.PeakRate(1)
+	}
+	rep.PeakReplicas = max(o.Fleet, int(math.Ceil(in.Trace.PeakRate(rep.TimeScale)/rep.TargetQPS-1e-9)))
 	rep.MaxReplicas = max(2*rep.PeakReplicas, rep.PeakReplicas+8)
 	policies, err := Policies(o.Policies, PolicyParams{
+		Fleet:          o.Fleet,
 		TargetQPS:      rep.TargetQPS,
 		PeakReplicas:   rep.PeakReplicas,
 		MaxReplicas:    rep.MaxReplicas,
@@ -138,43 +217,59 @@ func Simulate(ctx context.Context, o Options, in *Inputs, progress io.Writer) (*
 		Overprovision:  o.Overprovision,
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	w := world(o, in)
 	until := (o.Warmup + o.Duration).Seconds()
 	rep.Results = make([]*Result, len(policies))
-	jobs := make(chan int)
-	var wg sync.WaitGroup
 	var mu sync.Mutex
 	t0 := time.Now()
-	for range min(o.Parallel, len(policies)) {
+	label := func(p Policy) string {
+		if o.Sweep {
+			return fmt.Sprintf("%s fleet %d %s", in.Prices.Source, o.Fleet, p.Name)
+		}
+		return p.Name
+	}
+	jobs := make([]func(), len(policies))
+	for i, p := range policies {
+		jobs[i] = func() {
+			res := w.run(p, newLoopedTrace(in.Trace, rep.TimeScale, until))
+			rep.Results[i] = res
+			mu.Lock()
+			defer mu.Unlock()
+			fmt.Fprintf(progress, "sim: %-18s done in %s at +%v: SLO %.2f%%, availability %.2f%%, $%.0f\n",
+				label(p), res.Elapsed, time.Since(t0).Round(time.Millisecond), 100*res.SLOAttainment, 100*res.Availability, res.Cost)
+		}
+	}
+	return rep, jobs, nil
+}
+
+// runJobs runs jobs, parallel at a time, until all are done or ctx ends.
+func runJobs(ctx context.Context, parallel int, jobs []func()) error {
+	ch := make(chan func())
+	var wg sync.WaitGroup
+	for range min(parallel, len(jobs)) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := range jobs {
-				p := policies[i]
-				mu.Lock()
-				fmt.Fprintf(progress, "sim: %-18s started at +%v\n", p.Name, time.Since(t0).Round(time.Millisecond))
-				mu.Unlock()
-				res := w.run(p, newLoopedTrace(in.Trace, o.TimeScale, until))
-				rep.Results[i] = res
-				mu.Lock()
-				fmt.Fprintf(progress, "sim: %-18s done in %s: SLO %.2f%%, availability %.2f%%, $%.0f\n",
-					p.Name, res.Elapsed, 100*res.SLOAttainment, 100*res.Availability, res.Cost)
-				mu.Unlock()
+			for job := range ch {
+				job()
 			}
 		}()
 	}
-	for i := range policies {
+	for _, job := range jobs {
 		if ctx.Err() != nil {
 			break
 		}
-		jobs <- i
+		ch <- job
 	}
-	close(jobs)
+	close(ch)
 	wg.Wait()
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
+	return ctx.Err()
+}
+
+// finish relates every result to the ondemand policy's and samples the load for the plot.
+func (rep *Report) finish() {
 	var base *Result
 	for _, r := range rep.Results {
 		if r.Policy == "ondemand" {
@@ -184,17 +279,17 @@ func Simulate(ctx context.Context, o Options, in *Inputs, progress io.Writer) (*
 	if base != nil && base.Cost > 0 {
 		for _, r := range rep.Results {
 			r.CostVsOnDemand = r.Cost / base.Cost
+			r.NormalizedVsOnDemand = r.NormalizedCost / base.NormalizedCost
 		}
 	}
-	rep.loadPerMinute = loadPerMinute(in.Trace, o)
-	return rep, nil
+	rep.loadPerMinute = loadPerMinute(rep.inputs.Trace, rep.Options, rep.TimeScale)
 }
 
 // loadPerMinute counts the looped trace's arrivals in each scored minute, in requests/s.
-func loadPerMinute(t *Trace, o Options) []float64 {
+func loadPerMinute(t *Trace, o Options, scale float64) []float64 {
 	warm, until := o.Warmup.Seconds(), (o.Warmup + o.Duration).Seconds()
 	out := make([]float64, int(math.Ceil(o.Duration.Minutes())))
-	src := newLoopedTrace(t, o.TimeScale, until)
+	src := newLoopedTrace(t, scale, until)
 	for a, ok := src.next(); ok; a, ok = src.next() {
 		if a.at < warm {
 			continue

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -27,9 +28,10 @@ func init() { register(newFakeCloudCmd) }
 type fakeCloudFlags struct {
 	gcpListen, project, dir, spotTrace string
 	speedup                            float64
-	// interruptionNotice is how long a spot VM in a zone the trace takes down runs after its
-	// interruption warning.
-	interruptionNotice time.Duration
+	// interruptionNotice is how long an EC2 spot VM the trace reclaims runs after its
+	// interruption warning, and preemptionNotice how long a Compute Engine Spot VM runs after
+	// its preemption starts.
+	interruptionNotice, preemptionNotice time.Duration
 }
 
 // preemptPath is fakecloud's control endpoint, on the Compute listener.
@@ -126,14 +128,20 @@ startup script as a local process on a loopback address of its own, so replicas 
 clouds really serve traffic. Zones, vCPUs and spot prices come from the embedded catalog.
 
 It prints the config.yaml sections and environment that point Ferry at it. With --spot-trace
-it replays a directory of spot availability traces (../shared/data/spot-traces/availability/
-1-node/aws-02-15-2023, files named after their zone): while a zone's trace shows no capacity,
-launches there fail with InsufficientInstanceCapacity and its spot VMs get EC2's interruption
-warning, then are reclaimed --interruption-notice later. That notice is wall-clock time, not
-trace time: it is how long Ferry has to react, and Ferry (like the VMs' boots) runs at wall-clock
-speed whatever --speedup is.`,
+it replays one set of spot capacity traces (a directory of zone-named files under
+../shared/data/spot-traces, or a pattern such as DIR/*_v100_1.json), AWS or GCP, read as
+ferry sim reads them: a counted set's value is how many spot VMs the zone holds, so a spot launch
+beyond it fails (InsufficientInstanceCapacity on EC2, ZONE_RESOURCE_POOL_EXHAUSTED on Compute
+Engine) and a drop below what runs there reclaims exactly the excess, newest first; a 0/1 set's 1
+is capacity for any number and its 0 reclaims every spot VM in the zone. Only spot VMs that run
+are warned: EC2's get the interruption warning and are reclaimed --interruption-notice later,
+Compute Engine's get the preempted operation and are stopped --preemption-notice later.
+On-demand launches are never refused. A notice is wall-clock time, not trace time: it is how
+long Ferry has to react, and Ferry (like the VMs' boots) runs at wall-clock speed whatever
+--speedup is.`,
 		Example: `  ferry fakecloud
-  ferry fakecloud --spot-trace ../shared/data/spot-traces/availability/1-node/aws-02-15-2023 --speedup 300
+  ferry fakecloud --spot-trace ../shared/data/spot-traces/preemption/4-node/aws-08-03-2023 --speedup 300
+  ferry fakecloud --spot-trace ../shared/data/spot-traces/preemption/1-node/gcp-04-30-2023
   ferry fakecloud --spot-trace ../shared/data/spot-traces/availability/1-node/aws-02-15-2023 --interruption-notice 0`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -146,10 +154,12 @@ speed whatever --speedup is.`,
 	fl.StringVar(&f.gcpListen, "gcp-listen", "127.0.0.1:0", "address of the fake Compute endpoint (the EC2 one takes a free loopback port)")
 	fl.StringVar(&f.project, "project", "ferry-fake", "the GCP project the fake serves")
 	fl.StringVar(&f.dir, "dir", "", "where VMs keep their scripts and logs (default: a temporary directory)")
-	fl.StringVar(&f.spotTrace, "spot-trace", "", "directory of AWS spot availability traces to replay (zone-named JSON files)")
+	fl.StringVar(&f.spotTrace, "spot-trace", "", "one set of AWS or GCP spot capacity traces to replay: a directory of zone-named JSON files, or a pattern such as DIR/*_v100_1.json")
 	fl.Float64Var(&f.speedup, "speedup", 60, "trace seconds per wall-clock second when replaying --spot-trace")
 	fl.DurationVar(&f.interruptionNotice, "interruption-notice", fakeec2.InterruptionNotice,
-		"with --spot-trace, how long a spot VM runs after its interruption warning (wall-clock time, not scaled by --speedup; 0 reclaims at once)")
+		"with --spot-trace, how long an EC2 spot VM runs after its interruption warning (wall-clock time, not scaled by --speedup; 0 reclaims at once)")
+	fl.DurationVar(&f.preemptionNotice, "preemption-notice", fakecompute.PreemptionNotice,
+		"with --spot-trace, how long a Compute Engine Spot VM runs after its preemption starts (wall-clock time; 0 stops it at once)")
 	cmd.AddCommand(newFakeCloudPreemptCmd())
 	return cmd
 }
@@ -158,8 +168,8 @@ func runFakeCloud(ctx context.Context, out io.Writer, f fakeCloudFlags) error {
 	if f.speedup <= 0 {
 		return fmt.Errorf("--speedup must be positive, got %v", f.speedup)
 	}
-	if f.interruptionNotice < 0 {
-		return fmt.Errorf("--interruption-notice must not be negative, got %v", f.interruptionNotice)
+	if f.interruptionNotice < 0 || f.preemptionNotice < 0 {
+		return fmt.Errorf("--interruption-notice and --preemption-notice must not be negative, got %v and %v", f.interruptionNotice, f.preemptionNotice)
 	}
 	dir := f.dir
 	if dir == "" {
@@ -185,7 +195,19 @@ func runFakeCloud(ctx context.Context, out io.Writer, f fakeCloudFlags) error {
 		return err
 	}
 	defer ec2.Close()
-	gce := fakecompute.New(fakecompute.Options{Project: f.project, Dir: filepath.Join(dir, "gcp"), Env: vmEnv})
+	zones, gcpRegions := slices.Clone(fakecompute.DefaultZones), []string{"us-central1"}
+	for _, tr := range traces {
+		if tr.Provider != sim.GCP {
+			continue
+		}
+		if !slices.Contains(zones, tr.Zone) {
+			zones = append(zones, tr.Zone)
+		}
+		if !slices.Contains(gcpRegions, tr.Region) {
+			gcpRegions = append(gcpRegions, tr.Region)
+		}
+	}
+	gce := fakecompute.New(fakecompute.Options{Project: f.project, Zones: zones, Dir: filepath.Join(dir, "gcp"), Env: vmEnv})
 	defer gce.Close()
 	ln, err := net.Listen("tcp", f.gcpListen)
 	if err != nil {
@@ -223,7 +245,7 @@ aws:
   amis: {us-east-1: ami-0fa4ec10ad, us-east-2: ami-0fa4ec10ad, us-west-2: ami-0fa4ec10ad}
 gcp:
   project: %s
-  regions: [us-central1]
+  regions: [%s]
   endpoint: http://%s
 
 and give the controller (its first start) any static AWS credentials:
@@ -232,59 +254,141 @@ and give the controller (its first start) any static AWS credentials:
 
 Preempt a spot VM by hand with 'ferry fakecloud preempt [--notice 2m] INSTANCE_ID' (ids: ferry serve status --json).
 Ctrl-C stops the fakes and every VM.
-`, ec2.URL(), ln.Addr(), dir, ec2.URL(), f.project, ln.Addr())
+`, ec2.URL(), ln.Addr(), dir, ec2.URL(), f.project, strings.Join(gcpRegions, ", "), ln.Addr())
 
 	if len(traces) > 0 {
-		return replaySpotTraces(ctx, out, ec2, traces, f.speedup, f.interruptionNotice)
+		var cloud spotCloud = ec2Cloud{ec2, f.interruptionNotice}
+		if traces[0].Provider == sim.GCP {
+			cloud = gceCloud{gce, f.preemptionNotice}
+		}
+		return replaySpotTraces(ctx, out, cloud, traces, f.speedup)
 	}
 	<-ctx.Done()
 	return nil
 }
 
-// replaySpotTraces turns each zone's availability on and off as its trace says. When a zone
-// loses capacity, its spot VMs get EC2's interruption warning and are reclaimed notice later
-// (wall-clock time: see the fakecloud command's help).
-func replaySpotTraces(ctx context.Context, out io.Writer, ec2 *fakeec2.Server, traces []*sim.SpotTrace, speedup float64, notice time.Duration) error {
+// spotCloud is a fake cloud as the replay drives it.
+type spotCloud interface {
+	// setSpotCapacity limits the spot VMs zone holds; negative is unlimited.
+	setSpotCapacity(zone string, n int)
+	// held lists the zone's running spot VMs not yet warned, oldest first.
+	held(zone string) []string
+	// reclaim warns a VM and takes it back after the cloud's notice; it returns what it did.
+	reclaim(id string) (string, error)
+}
+
+// ec2Cloud is fake EC2: a reclaim is the interruption warning, then the reclaim notice later.
+type ec2Cloud struct {
+	s      *fakeec2.Server
+	notice time.Duration
+}
+
+func (c ec2Cloud) setSpotCapacity(zone string, n int) { c.s.SetSpotCapacity(zone, n) }
+
+func (c ec2Cloud) held(zone string) []string {
+	var out []string
+	for _, in := range c.s.Instances() { // launch order
+		warned := in.SpotStatus == fakeec2.StatusNoCapacity || in.SpotStatus == fakeec2.StatusMarkedForTermination
+		if in.Spot && in.ZoneName == zone && !warned && (in.State == "running" || in.State == "pending") {
+			out = append(out, in.ID)
+		}
+	}
+	return out
+}
+
+func (c ec2Cloud) reclaim(id string) (string, error) {
+	if err := c.s.PreemptWithNotice(id, c.notice); err != nil {
+		return "", err
+	}
+	if c.notice > 0 {
+		return fmt.Sprintf("interruption warning to %s, reclaimed in %v", id, c.notice), nil
+	}
+	return "preempted " + id, nil
+}
+
+// gceCloud is fake Compute Engine: a reclaim is a preemption, the VM stopped notice later.
+type gceCloud struct {
+	s      *fakecompute.Server
+	notice time.Duration
+}
+
+func (c gceCloud) setSpotCapacity(zone string, n int) { c.s.SetSpotCapacity(zone, n) }
+
+func (c gceCloud) held(zone string) []string {
+	var out []string
+	for _, vm := range c.s.SpotVMs() { // oldest first
+		if vm.Zone == zone && !vm.Preempting {
+			out = append(out, vm.Name)
+		}
+	}
+	return out
+}
+
+func (c gceCloud) reclaim(name string) (string, error) {
+	if err := c.s.PreemptWithNotice(name, c.notice); err != nil {
+		return "", err
+	}
+	if c.notice > 0 {
+		return fmt.Sprintf("preemption of %s, stopped in %v", name, c.notice), nil
+	}
+	return "preempted " + name, nil
+}
+
+// replaySpotTraces sets each zone's spot capacity as its trace says, tick after tick. Where a
+// zone now holds fewer spot VMs than run there, the cloud reclaims exactly the excess, newest
+// first, each with its cloud's notice (wall-clock time: see the fakecloud command's help).
+func replaySpotTraces(ctx context.Context, out io.Writer, cloud spotCloud, traces []*sim.SpotTrace, speedup float64) error {
 	gap := traces[0].Gap
 	tick := time.Duration(gap / speedup * float64(time.Second))
-	fmt.Fprintf(out, "Replaying %d zones' spot availability, a %v trace tick every %v.\n", len(traces), time.Duration(gap)*time.Second, tick)
-	available := map[string]bool{}
+	reading := "counts"
+	if traces[0].Probe {
+		reading = "0/1 probes, 1 read as unlimited"
+	}
+	fmt.Fprintf(out, "Replaying %d %s zones' spot capacity (%s), a %v trace tick every %v.\n",
+		len(traces), strings.ToUpper(string(traces[0].Provider)), reading, time.Duration(gap)*time.Second, tick)
+	capacity := map[string]int{}
 	t := time.NewTicker(tick)
 	defer t.Stop()
 	for i := 0; ; i++ {
-		at := float64(i) * gap
-		for _, tr := range traces {
-			up := tr.Available(at)
-			if was, seen := available[tr.Zone]; seen && was == up {
-				continue
-			}
-			available[tr.Zone] = up
-			if up {
-				ec2.ClearZone(tr.Zone)
-				fmt.Fprintf(out, "%s: %s has spot capacity\n", time.Duration(at)*time.Second, tr.Zone)
-				continue
-			}
-			ec2.FailZone(tr.Zone, "InsufficientInstanceCapacity")
-			for _, in := range ec2.Instances() {
-				warned := in.SpotStatus == fakeec2.StatusNoCapacity || in.SpotStatus == fakeec2.StatusMarkedForTermination
-				if !in.Spot || in.ZoneName != tr.Zone || warned || (in.State != "running" && in.State != "pending") {
-					continue
-				}
-				if err := ec2.PreemptWithNotice(in.ID, notice); err != nil {
-					continue
-				}
-				if notice > 0 {
-					fmt.Fprintf(out, "%s: interruption warning to %s in %s, reclaimed in %v\n", time.Duration(at)*time.Second, in.ID, tr.Zone, notice)
-				} else {
-					fmt.Fprintf(out, "%s: preempted %s in %s\n", time.Duration(at)*time.Second, in.ID, tr.Zone)
-				}
-			}
-			fmt.Fprintf(out, "%s: %s has no spot capacity\n", time.Duration(at)*time.Second, tr.Zone)
-		}
+		replayTick(out, cloud, traces, float64(i)*gap, capacity)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		}
+	}
+}
+
+// replayTick applies the traces at trace time at: each zone's capacity, and the reclaim of
+// what it no longer holds. capacity is the last capacity set per zone, to report changes.
+func replayTick(out io.Writer, cloud spotCloud, traces []*sim.SpotTrace, at float64, capacity map[string]int) {
+	stamp := time.Duration(at) * time.Second
+	for _, tr := range traces {
+		c := tr.Capacity(at)
+		if was, seen := capacity[tr.Zone]; !seen || was != c {
+			capacity[tr.Zone] = c
+			switch {
+			case c == sim.Unbounded:
+				cloud.setSpotCapacity(tr.Zone, -1)
+				fmt.Fprintf(out, "%s: %s has spot capacity\n", stamp, tr.Zone)
+			case c == 0:
+				cloud.setSpotCapacity(tr.Zone, 0)
+				fmt.Fprintf(out, "%s: %s has no spot capacity\n", stamp, tr.Zone)
+			default:
+				cloud.setSpotCapacity(tr.Zone, c)
+				fmt.Fprintf(out, "%s: %s has spot capacity for %d\n", stamp, tr.Zone, c)
+			}
+		}
+		held := cloud.held(tr.Zone)
+		if len(held) <= c {
+			continue
+		}
+		for _, id := range held[c:] {
+			did, err := cloud.reclaim(id)
+			if err != nil {
+				continue
+			}
+			fmt.Fprintf(out, "%s: %s in %s\n", stamp, did, tr.Zone)
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/http/httptest"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -18,6 +20,8 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/aws"
 	"github.com/ferryserve/ferry/launcher/aws/fakeec2"
+	"github.com/ferryserve/ferry/launcher/gcp"
+	"github.com/ferryserve/ferry/launcher/gcp/fakecompute"
 )
 
 // syncBuffer is a bytes.Buffer safe for the replay goroutine and the test.
@@ -41,6 +45,19 @@ func (s *syncBuffer) String() string {
 // newReplayEnv is a fake EC2, a provider on it, and a spot VM in us-east-1a.
 func newReplayEnv(t *testing.T) (*fakeec2.Server, *aws.Provider, launcher.Spec, launcher.Instance) {
 	t.Helper()
+	ec2, prov := newEC2Env(t)
+	spec := launcher.Spec{Name: "svc-1", Labels: map[string]string{launcher.LabelOwner: "true", launcher.LabelService: "svc"}, Run: "exec sleep 60", Port: 8080,
+		Placement: launcher.Placement{Infra: "aws", Region: "us-east-1", Zone: "us-east-1a", InstanceType: "g5.xlarge", Spot: true}}
+	inst, err := prov.Launch(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ec2, prov, spec, inst
+}
+
+// newEC2Env is a fake EC2 and a provider on it.
+func newEC2Env(t *testing.T) (*fakeec2.Server, *aws.Provider) {
+	t.Helper()
 	ec2, err := fakeec2.New(fakeec2.Options{LogDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -53,22 +70,16 @@ func newReplayEnv(t *testing.T) (*fakeec2.Server, *aws.Provider, launcher.Spec, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := launcher.Spec{Name: "svc-1", Labels: map[string]string{launcher.LabelOwner: "true", launcher.LabelService: "svc"}, Run: "exec sleep 60", Port: 8080,
-		Placement: launcher.Placement{Infra: "aws", Region: "us-east-1", Zone: "us-east-1a", InstanceType: "g5.xlarge", Spot: true}}
-	inst, err := prov.Launch(ctx, spec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ec2, prov, spec, inst
+	return ec2, prov
 }
 
-// startReplay replays traces (a tick every 100 ms) until the test ends.
-func startReplay(t *testing.T, ec2 *fakeec2.Server, traces []*sim.SpotTrace, notice time.Duration) *syncBuffer {
+// startReplay replays traces on cloud (a tick every 100 ms) until the test ends.
+func startReplay(t *testing.T, cloud spotCloud, traces []*sim.SpotTrace) *syncBuffer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var out syncBuffer
 	done := make(chan error, 1)
-	go func() { done <- replaySpotTraces(ctx, &out, ec2, traces, 600, notice) }()
+	go func() { done <- replaySpotTraces(ctx, &out, cloud, traces, 600) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return &out
 }
@@ -89,7 +100,8 @@ func waitOutput(t *testing.T, out *syncBuffer, want string) {
 // (Long enough that the replay does not wrap around during a test.)
 func downOnce() []*sim.SpotTrace {
 	updown := append([]float64{1, 0, 0}, slices.Repeat([]float64{1}, 1000)...)
-	return []*sim.SpotTrace{{Zone: "us-east-1a", Gap: 60, Data: updown}, {Zone: "us-east-1b", Gap: 60, Data: []float64{1}}}
+	return []*sim.SpotTrace{{Zone: "us-east-1a", Provider: sim.AWS, Gap: 60, Data: updown, Probe: true},
+		{Zone: "us-east-1b", Provider: sim.AWS, Gap: 60, Data: []float64{1}, Probe: true}}
 }
 
 // TestReplaySpotTraces: with no interruption notice, a zone whose trace drops to zero
@@ -97,14 +109,14 @@ func downOnce() []*sim.SpotTrace {
 func TestReplaySpotTraces(t *testing.T) {
 	ec2, prov, spec, inst := newReplayEnv(t)
 	ctx := context.Background()
-	out := startReplay(t, ec2, downOnce(), 0)
+	out := startReplay(t, ec2Cloud{ec2, 0}, downOnce())
 	waitOutput(t, out, "preempted")
 	got, err := prov.List(ctx, map[string]string{launcher.LabelService: "svc"})
 	if err != nil || len(got) != 1 || got[0].ID != inst.ID || got[0].State != launcher.StatePreempted {
 		t.Fatalf("after the zone went down: %+v, %v; want the instance preempted", got, err)
 	}
 	spec.Name = "svc-2"
-	if _, err := prov.Launch(ctx, spec); !errors.Is(err, launcher.ErrNoCapacity) && strings.Count(out.String(), "us-east-1a has spot capacity") < 2 {
+	if _, err := prov.Launch(ctx, spec); !errors.Is(err, launcher.ErrNoCapacity) && strings.Count(out.String(), "us-east-1a has spot capacity\n") < 2 {
 		t.Fatalf("launch into the downed zone: %v, want ErrNoCapacity", err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -126,7 +138,7 @@ func TestReplaySpotTracesGivesNotice(t *testing.T) {
 	ec2, prov, _, inst := newReplayEnv(t)
 	ctx := context.Background()
 	const notice = 3 * time.Second
-	out := startReplay(t, ec2, downOnce(), notice)
+	out := startReplay(t, ec2Cloud{ec2, notice}, downOnce())
 	waitOutput(t, out, "interruption warning to ")
 	var fi fakeec2.Instance
 	for _, in := range ec2.Instances() {
@@ -153,6 +165,95 @@ func TestReplaySpotTracesGivesNotice(t *testing.T) {
 	}
 	if n := strings.Count(out.String(), "interruption warning to "); n != 1 {
 		t.Fatalf("%d warnings, want 1; replay said:\n%s", n, out.String())
+	}
+}
+
+// TestReplaySpotTracesCounts: a counted zone refuses the spot VM beyond its count (not an
+// on-demand one), and a drop reclaims exactly the excess, the newest. Ticks are replayed by
+// hand.
+func TestReplaySpotTracesCounts(t *testing.T) {
+	ec2, prov := newEC2Env(t)
+	ctx := context.Background()
+	launch := func(name string, spot bool) (launcher.Instance, error) {
+		return prov.Launch(ctx, launcher.Spec{Name: name, Labels: map[string]string{launcher.LabelOwner: "true", launcher.LabelService: "svc", launcher.LabelReplicaID: name},
+			Run: "exec sleep 60", Port: 8080, Placement: launcher.Placement{Infra: "aws", Region: "us-east-1", Zone: "us-east-1a", InstanceType: "g5.xlarge", Spot: spot}})
+	}
+	traces := []*sim.SpotTrace{{Zone: "us-east-1a", Provider: sim.AWS, Gap: 300, Data: []float64{2, 1}}}
+	var out bytes.Buffer
+	capacity := map[string]int{}
+	replayTick(&out, ec2Cloud{ec2, 0}, traces, 0, capacity)
+	older, err := launch("svc-1", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer, err := launch("svc-2", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := launch("svc-3", true); !errors.Is(err, launcher.ErrNoCapacity) {
+		t.Fatalf("a third spot VM in a zone of capacity 2: %v, want ErrNoCapacity", err)
+	}
+	if _, err := launch("svc-4", false); err != nil {
+		t.Fatalf("an on-demand VM in the full zone: %v", err)
+	}
+	replayTick(&out, ec2Cloud{ec2, 0}, traces, 300, capacity)
+	got, err := prov.List(ctx, map[string]string{launcher.LabelService: "svc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]launcher.State{}
+	for _, in := range got {
+		states[in.ID] = in.State
+	}
+	if states[older.ID] != launcher.StateRunning || states[newer.ID] != launcher.StatePreempted {
+		t.Fatalf("after the drop to 1: older %s, newer %s; want the newer (only) preempted\n%s", states[older.ID], states[newer.ID], out.String())
+	}
+	want := "0s: us-east-1a has spot capacity for 2\n5m0s: us-east-1a has spot capacity for 1\n5m0s: preempted " + strings.TrimPrefix(newer.ID, "aws/us-east-1/") + " in us-east-1a\n"
+	if out.String() != want {
+		t.Errorf("replay said:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
+
+// TestReplaySpotTracesGCP: a GCP set's zones are served as GCP writes them; a zone that loses
+// capacity starts the preemption of its Spot VM (the operation Ferry's watcher reads), keeps
+// it running through the notice, and takes no new Spot VM. Ticks are replayed by hand.
+func TestReplaySpotTracesGCP(t *testing.T) {
+	traces, err := sim.LoadSpotTraces(filepath.Join(simTestdata, "spot-gcp"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zones := []string{"us-central1-a", "us-east1-b"}
+	gce := fakecompute.New(fakecompute.Options{Project: "p", Zones: zones, Dir: t.TempDir(), OpDelay: -1})
+	srv := httptest.NewServer(gce)
+	t.Cleanup(gce.Close)
+	t.Cleanup(srv.Close)
+	ctx := context.Background()
+	prov, err := gcp.New(ctx, gcp.Options{Project: "p", Endpoint: srv.URL, Zones: zones, PollInterval: 10 * time.Millisecond, LaunchTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prov.Close)
+	launch := func(name, zone string) (launcher.Instance, error) {
+		return prov.Launch(ctx, launcher.Spec{Name: name, Labels: map[string]string{launcher.LabelService: "svc", launcher.LabelReplicaID: name},
+			Run: "exec sleep 60", Port: 8080, Placement: launcher.Placement{Infra: gcp.InfraName, Region: "us-central1", Zone: zone, InstanceType: "n1-standard-4", Spot: true}})
+	}
+	inst, err := launch("svc-0", "us-central1-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := inst.ID[strings.LastIndex(inst.ID, "/")+1:]
+	// Tick 0 of the slice: both zones down.
+	var out bytes.Buffer
+	replayTick(&out, gceCloud{gce, time.Hour}, traces, 0, map[string]int{})
+	want := "0s: us-central1-a has no spot capacity\n0s: preemption of " + name + ", stopped in 1h0m0s in us-central1-a\n0s: us-east1-b has no spot capacity\n"
+	if out.String() != want {
+		t.Errorf("replay said:\n%s\nwant:\n%s", out.String(), want)
+	}
+	if vm, _, ok := gce.Instance(name); !ok || vm.GetStatus() != "RUNNING" {
+		t.Errorf("%s is %q during its notice, want RUNNING", name, vm.GetStatus())
+	}
+	if _, err := launch("svc-1", "us-central1-a"); !errors.Is(err, launcher.ErrNoCapacity) {
+		t.Errorf("a Spot VM in a zone without capacity: %v, want ErrNoCapacity", err)
 	}
 }
 

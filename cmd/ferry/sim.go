@@ -17,34 +17,42 @@ func newSimCmd() *cobra.Command {
 	opts := sim.DefaultOptions()
 	cmd := &cobra.Command{
 		Use:   "sim",
-		Short: "Simulate scaling policies on a request trace and spot-capacity traces, and score SLO, availability and cost",
+		Short: "Simulate serving policies on a request trace and spot-capacity traces, and score availability, cost and SLO",
 		Long: `sim replays a request trace (by default the Azure LLM conversation trace, looped over the
-horizon) and per-zone spot availability traces (by default 9 AWS zones of p3.2xlarge) against
-Ferry's own autoscaler and SpotHedge placer, with simulated V100 replicas that batch like vLLM.
+horizon) and one set of per-zone spot capacity traces (by default the counted 4-node AWS set)
+against Ferry's own autoscaler, spot/on-demand split and zone order, with simulated V100
+replicas that batch like vLLM, and scores them against SkyServe+SpotHedge (one spare, as in its
+paper, and none) and all on-demand.
 
-It compares Ferry as shipped (autoscaler: concurrency with nothing tuned, so the in-flight
-target, the stable window and the headroom are learned from the replicas; spot with on-demand
-fallback and SpotHedge; replacements started at EC2's 2-minute interruption notice; requests
-held while no replica is READY; also with the llm autoscaler, without notices, and with
-Knative's fixed knobs) with SkyServe's
-request-rate autoscaler with and without SpotHedge, a fixed on-demand fleet sized for the peak,
-and Ferry's autoscaler on on-demand only. The --ferry-* flags set the ferry policies' knobs as a
-YAML would. For each it reports SLO attainment, availability (30 s ticks with the target READY),
-replica-hours and cost at catalog prices, preemptions, scale events and TTFT percentiles, as a
-table on stdout and as summary.md, results.json and sim.svg (load and READY replicas over time)
-in --out.
+The spot model: a counted set's value is how many spot instances a zone holds, so a launch
+beyond it is refused and a drop reclaims exactly the excess, newest first; a 0/1 set's 1 is
+read as capacity for any number (as SpotHedge's artifact reads it). Each cloud warns only the
+instances it reclaims: EC2 two minutes ahead, Compute Engine 30 s (--aws-notice, --gcp-notice).
+GCP zones are named and priced (regionally) as GCP does.
+
+Every policy runs with min_replicas --fleet, and the load is scaled so that its busiest minute
+needs that many replicas. Availability is SpotHedge's: the share of 30 s ticks with at least
+--fleet READY replicas, the same for every policy. Cost counts every replica, spares included,
+at catalog prices and under SpotHedge's convention (on-demand = 3 × spot). Results go to stdout
+and to summary.md, results.json and sim.svg in --out.
+
+--sweep runs every set under --spot-root (../shared/data/spot-traces) at every fleet of
+--fleets (3, 6, 12, 24) in one pool and writes one table (sweep.md) and one plot (sweep.svg).
 
 Inputs default to files under DATA, which is $FERRY_DATA or else ../shared/data beside the
 repository. bench/README.md ("ferry sim") documents the model's constants, how the data are read,
 and results.`,
-		Example: `  # every policy over 24 simulated hours (about 10 s on 2 cores)
-  ferry sim
+		Example: `  # the fleet-size sweep over every spot trace in ../shared/data (4-6 minutes on 2 cores)
+  ferry sim --sweep
 
-  # the same with knobs set by hand instead of learned
-  ferry sim --ferry-target-inflight 1.75 --ferry-stable-window 20m --ferry-overprovision 2
+  # one set, one fleet size, 48 simulated hours
+  ferry sim --spot-traces ../shared/data/spot-traces/availability/16-node/aws-08-27-2023 --fleet 12
 
-  # twice the load, two policies, a 6-hour horizon starting 3 days into the spot traces
-  ferry sim --time-scale 2 --policies ferry,skyserve-spothedge --duration 6h --spot-offset 72h
+  # a GCP set, with a Spot VM warned 30 s ahead (the default) or not at all
+  ferry sim --spot-traces ../shared/data/spot-traces/preemption/1-node/gcp-04-30-2023 --gcp-notice 0
+
+  # one traced instance of a directory that holds several
+  ferry sim --spot-traces '../shared/data/spot-traces/availability/1-node/aws-10-26-2022/*_v100_1.json'
 
   # your own trace and a tighter SLO, report into ./out
   ferry sim --trace my-trace.csv --slo-ttft 1s --slo-tpot 50ms --out ./out`,

@@ -26,14 +26,14 @@ func simInputs(trace string) []string {
 	return []string{
 		"--trace", trace,
 		"--spot-traces", filepath.Join(simTestdata, "spot-real"),
-		"--catalog", filepath.Join(simTestdata, "aws-p3.csv"),
+		"--catalog", filepath.Join(simTestdata, "catalog"),
 	}
 }
 
 func TestSimCommand(t *testing.T) {
 	out := t.TempDir()
 	args := append(simInputs(filepath.Join(simTestdata, "conv-400.csv")),
-		"--duration", "30m", "--warmup", "5m", "--time-scale", "0.3", "--policies", "ferry,skyserve-spothedge,ondemand", "--out", out)
+		"--duration", "30m", "--warmup", "5m", "--fleet", "2", "--policies", "ferry,skyserve-spothedge,ondemand", "--out", out)
 	stdout, stderr, err := runSim(t, args...)
 	if err != nil {
 		t.Fatalf("ferry sim: %v\nstderr:\n%s", err, stderr)
@@ -75,6 +75,8 @@ func TestSimCommandBadInput(t *testing.T) {
 		"missing trace":  {simInputs(missing), []string{missing, "no such file"}},
 		"bad trace line": {simInputs(bad), []string{bad, "line 3"}},
 		"bad flag value": {append(simInputs(bad), "--time-scale", "-1"), []string{"--time-scale=-1"}},
+		"bad fleet":      {append(simInputs(bad), "--fleet", "0"), []string{"--fleet=0"}},
+		"bad notice":     {append(simInputs(bad), "--gcp-notice", "-1s"), []string{"--gcp-notice=-1s"}},
 		"unknown policy": {append(simInputs(bad), "--policies", "ferry,magic"), []string{"magic", "unknown policy"}},
 	}
 	for name, tc := range tests {
@@ -97,9 +99,36 @@ func TestSimCommandHelp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Examples:", "ferry sim --time-scale 2", "--spot-offset", "--slo-ttft", "--cold-start"} {
+	for _, want := range []string{"Examples:", "ferry sim --sweep", "--fleet", "--aws-notice", "--gcp-notice", "--spot-offset", "--slo-ttft", "--cold-start"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("help lacks %q", want)
 		}
+	}
+}
+
+// TestSimCommandSweep runs the sweep over testdata's two spot sets (an AWS 0/1 slice and a
+// GCP one) at two fleet sizes, briefly: one table, one plot.
+func TestSimCommandSweep(t *testing.T) {
+	out := t.TempDir()
+	stdout, stderr, err := runSim(t, "--sweep", "--trace", filepath.Join(simTestdata, "conv-400.csv"), "--spot-root", simTestdata,
+		"--catalog", filepath.Join(simTestdata, "catalog"), "--skyserve-target-qps", "0.25", "--fleets", "2,3",
+		"--duration", "30m", "--warmup", "5m", "--policies", "ferry,skyserve-spothedge,skyserve-spothedge-0,ondemand", "--out", out)
+	if err != nil {
+		t.Fatalf("ferry sim --sweep: %v\nstderr:\n%s", err, stderr)
+	}
+	for _, want := range []string{"## Summary", "| spot-real ", "| spot-gcp ", "us-central1-a us-east1-b", "beats sky+SH", "### spot-gcp, fleet 3", "sweep.svg"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
+	}
+	if n := strings.Count(stderr, " done in "); n != 2*2*4 {
+		t.Errorf("%d simulations done, want 2 sets × 2 fleets × 4 policies:\n%s", n, stderr)
+	}
+	svg, err := os.ReadFile(filepath.Join(out, "sweep.svg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(svg, []byte("<svg")) || !bytes.Contains(svg, []byte("spot-gcp")) || !bytes.HasSuffix(bytes.TrimSpace(svg), []byte("</svg>")) {
+		t.Errorf("sweep.svg is not a plot of both sets (%d bytes)", len(svg))
 	}
 }

@@ -199,7 +199,7 @@ while :; do sleep 0.1; done`, true))
 		t.Fatal(err)
 	}
 	waitFor(t, "training", func() bool { return strings.Contains(serial(e, in), "training") })
-	if err := e.fake.PreemptWithNotice(in.Name); err != nil {
+	if err := e.fake.PreemptWithNotice(in.Name, notice); err != nil {
 		t.Fatal(err)
 	}
 	re := regexp.MustCompile(`SIGTERM with ` + launcher.EnvPreemptionGrace + `=(\d+)\n`)

@@ -294,13 +294,16 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 		return nil, e
 	}
 	// Capacity, quota and price checks count live instances.
-	liveOfType, liveVCPUs, liveSpot := 0, 0, 0
+	liveOfType, liveVCPUs, liveSpot, zoneSpot := 0, 0, 0, 0
 	for _, in := range s.instances {
 		if !in.live() {
 			continue
 		}
 		if in.zone.id == z.id && in.instanceType == itype {
 			liveOfType++
+		}
+		if in.zone.id == z.id && in.spot && in.request.reclaimAt.IsZero() {
+			zoneSpot++
 		}
 		if in.region == reg.name {
 			if in.spot {
@@ -319,6 +322,9 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 		}
 		if lim := s.opts.SpotInstanceLimit; lim > 0 && liveSpot+minCount > lim {
 			return nil, apiErr("MaxSpotInstanceCountExceeded", "Max spot instance count exceeded")
+		}
+		if c, ok := s.spotCapacity[z.id]; ok && zoneSpot+minCount > c {
+			return nil, apiErr("InsufficientInstanceCapacity", "We currently do not have sufficient %s capacity in the Availability Zone you requested (%s). Our system will be working on provisioning additional capacity.", itype, z.name)
 		}
 	} else if lim := s.opts.VCPULimit; lim > 0 && liveVCPUs+minCount*s.vcpusOf(itype) > lim {
 		return nil, apiErr("VcpuLimitExceeded", "You have requested more vCPU capacity than your current vCPU limit of %d allows for the instance bucket that the specified instance type belongs to. Please visit http://aws.amazon.com/contact-us/ec2-request to request an adjustment to this limit.", lim)

@@ -121,15 +121,18 @@ type Server struct {
 	order      []string             // instance ids in launch order
 	zoneErrors map[string]*APIError // by zone id
 	capacity   map[string]int       // "zoneID/type" -> live instances allowed
-	spotPrices map[string]float64   // "zoneID/type" -> price
-	vcpus      map[string]int       // instance type -> vCPUs
-	tokens     map[string]string    // client token -> reservation id
-	nextIP     int
-	closed     bool
-	vms        sync.WaitGroup
-	wakeups    map[*time.Timer]bool // pending reclaim checks, see wakeAfter
-	imdsTokens map[string]imdsToken // IMDSv2 session tokens
-	wakeWG     sync.WaitGroup
+	// spotCapacity is zone ID → live spot instances allowed, of any type, not counting
+	// those warned of their interruption.
+	spotCapacity map[string]int
+	spotPrices   map[string]float64 // "zoneID/type" -> price
+	vcpus        map[string]int     // instance type -> vCPUs
+	tokens       map[string]string  // client token -> reservation id
+	nextIP       int
+	closed       bool
+	vms          sync.WaitGroup
+	wakeups      map[*time.Timer]bool // pending reclaim checks, see wakeAfter
+	imdsTokens   map[string]imdsToken // IMDSv2 session tokens
+	wakeWG       sync.WaitGroup
 }
 
 type region struct {
@@ -186,7 +189,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{
 		opts: opts, regions: map[string]*region{}, instances: map[string]*instance{},
-		zoneErrors: map[string]*APIError{}, capacity: map[string]int{}, spotPrices: map[string]float64{},
+		zoneErrors: map[string]*APIError{}, capacity: map[string]int{}, spotCapacity: map[string]int{}, spotPrices: map[string]float64{},
 		vcpus: map[string]int{}, tokens: map[string]string{}, wakeups: map[*time.Timer]bool{}, imdsTokens: map[string]imdsToken{},
 	}
 	if s.opts.LogDir == "" {
@@ -281,6 +284,20 @@ func (s *Server) SetCapacity(zone, instanceType string, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.capacity[s.zoneID(zone)+"/"+instanceType] = n
+}
+
+// SetSpotCapacity sets how many live spot instances zone (an AZ ID or name) holds, of any
+// type, not counting those already warned of their interruption: a spot RunInstances beyond
+// it fails with InsufficientInstanceCapacity, as EC2 answers when a pool runs out. On-demand
+// launches are not affected. Negative removes the limit.
+func (s *Server) SetSpotCapacity(zone string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n < 0 {
+		delete(s.spotCapacity, s.zoneID(zone))
+		return
+	}
+	s.spotCapacity[s.zoneID(zone)] = n
 }
 
 // SetSpotPrice sets the spot price of instanceType in zone (an AZ ID or name).

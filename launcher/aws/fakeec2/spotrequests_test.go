@@ -274,3 +274,32 @@ func TestDescribeSpotInstanceRequests(t *testing.T) {
 		t.Fatalf("%d requests in %d pages, want 7 in 2", n, calls)
 	}
 }
+
+// TestSpotCapacity: a zone's spot capacity refuses the spot instance beyond it with
+// InsufficientInstanceCapacity, not an on-demand one, and an instance warned of its
+// interruption no longer holds a place.
+func TestSpotCapacity(t *testing.T) {
+	clock := &testClock{}
+	s := newServer(t, Options{Now: clock.now})
+	c := client(s, "GOOD")
+	first := runOne(t, c, true, "")
+	zone := s.Instances()[0].ZoneName
+	s.SetSpotCapacity(zone, 1)
+	_, err := c.RunInstances(context.Background(), &ec2.RunInstancesInput{ImageId: awssdk.String("ami-1"), InstanceType: "g5.xlarge",
+		MinCount: awssdk.Int32(1), MaxCount: awssdk.Int32(1),
+		InstanceMarketOptions: &types.InstanceMarketOptionsRequest{MarketType: types.MarketTypeSpot}})
+	var apiErr smithy.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode() != "InsufficientInstanceCapacity" {
+		t.Fatalf("a second spot instance in a zone of spot capacity 1: %v, want InsufficientInstanceCapacity", err)
+	}
+	runOne(t, c, false, "")
+	if err := s.PreemptWithNotice(first, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	runOne(t, c, true, "")
+	s.SetSpotCapacity(zone, -1)
+	runOne(t, c, true, "")
+	if n := len(s.Instances()); n != 4 {
+		t.Errorf("%d instances, want 4", n)
+	}
+}

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -195,59 +194,4 @@ func (s *Server) getSerialPortOutput(w http.ResponseWriter, r *http.Request) {
 func (s *Server) SerialOutput(zone, name string) string {
 	b, _ := os.ReadFile(s.LogPath(zone, name))
 	return string(b)
-}
-
-// PreemptWithNotice preempts a Spot VM as GCE does: a compute.instances.preempted operation is
-// recorded and the VM goes to STOPPING at once, its metadata server answers
-// instance/preempted TRUE, and its processes keep running for Options.PreemptionNotice (GCE's
-// 30 s by default) before the VM is TERMINATED (or deleted, when its
-// instanceTerminationAction is DELETE) and its processes are killed. GCE also sends the guest
-// an ACPI shutdown at the notice, which makes the OS send SIGTERM to every process; the fake
-// does not, so that only the VM's own watcher signals its program.
-func (s *Server) PreemptWithNotice(name string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var (
-		found *instance
-		zone  string
-	)
-	for z, zs := range s.zones {
-		if in, ok := zs.instances[name]; ok {
-			found, zone = in, z
-		}
-	}
-	if found == nil {
-		return fmt.Errorf("fakecompute: no instance %q", name)
-	}
-	sch := found.pb.GetScheduling()
-	if sch.GetProvisioningModel() != "SPOT" && !sch.GetPreemptible() {
-		return fmt.Errorf("fakecompute: %s is not a Spot VM", name)
-	}
-	if found.pb.GetStatus() != "RUNNING" || found.preempting {
-		return fmt.Errorf("fakecompute: %s is %s, not RUNNING", name, found.pb.GetStatus())
-	}
-	op := s.newOperationLocked(zone, PreemptedOperation, found.pb)
-	op.pb.User = proto.String("system")
-	op.pb.StatusMessage = proto.String("Instance was preempted.")
-	s.finishLocked(op)
-	found.pb.Status = proto.String("STOPPING")
-	found.preempting = true
-	time.AfterFunc(s.opts.PreemptionNotice, func() {
-		s.mu.Lock()
-		if s.closed || found.pb.GetStatus() != "STOPPING" || !found.preempting {
-			s.mu.Unlock()
-			return
-		}
-		found.preempting = false
-		found.pb.Status = proto.String("TERMINATED")
-		found.pb.LastStopTimestamp = proto.String(time.Now().Format(timeLayout))
-		v := found.vm
-		found.vm = nil
-		if found.pb.GetScheduling().GetInstanceTerminationAction() == "DELETE" && s.zones[zone].instances[name] == found {
-			delete(s.zones[zone].instances, name)
-		}
-		s.mu.Unlock()
-		v.kill()
-	})
-	return nil
 }

@@ -55,6 +55,9 @@ import (
 var DefaultZones = []string{"us-central1-a", "us-central1-b", "us-central1-c", "us-east1-b", "us-east1-c",
 	"us-west1-a", "us-west1-b", "europe-west4-a", "asia-east1-a"}
 
+// PreemptionNotice is how long Compute Engine lets a Spot VM run once its preemption starts.
+const PreemptionNotice = 30 * time.Second
+
 // Operation types GCP records; PreemptedOperation is the one a Spot VM's preemption leaves.
 const (
 	PreemptedOperation = "compute.instances.preempted"
@@ -120,6 +123,9 @@ type Server struct {
 	firewalls    map[string]*computepb.Firewall
 	globalOps    map[string]*operation
 	capacity     map[string]int // zone + "/" + machine type → max live instances
+	// spotCapacity is zone → max live Spot VMs not yet told of their preemption.
+	spotCapacity map[string]int
+	timers       map[*time.Timer]bool
 	gpuQuota     map[string]int // region → max GPUs in live instances
 	faults       map[string][]*Fault
 	closed       bool
@@ -135,7 +141,7 @@ type instance struct {
 	pb   *computepb.Instance
 	gpus int
 	vm   *vm
-	// preempting is set from PreemptWithNotice until the VM stops.
+	// preempting is true from a preemption's notice until the VM stops.
 	preempting bool
 }
 
@@ -161,15 +167,17 @@ func New(opts Options) *Server {
 	var seed [8]byte
 	_, _ = rand.Read(seed[:])
 	s := &Server{
-		opts:      opts,
-		mux:       http.NewServeMux(),
-		zones:     map[string]*zoneState{},
-		firewalls: map[string]*computepb.Firewall{},
-		globalOps: map[string]*operation{},
-		capacity:  map[string]int{},
-		gpuQuota:  map[string]int{},
-		faults:    map[string][]*Fault{},
-		nextID:    binary.BigEndian.Uint64(seed[:]) >> 12,
+		opts:         opts,
+		mux:          http.NewServeMux(),
+		zones:        map[string]*zoneState{},
+		firewalls:    map[string]*computepb.Firewall{},
+		globalOps:    map[string]*operation{},
+		capacity:     map[string]int{},
+		spotCapacity: map[string]int{},
+		timers:       map[*time.Timer]bool{},
+		gpuQuota:     map[string]int{},
+		faults:       map[string][]*Fault{},
+		nextID:       binary.BigEndian.Uint64(seed[:]) >> 12,
 	}
 	for _, z := range opts.Zones {
 		s.zones[z] = &zoneState{instances: map[string]*instance{}, ops: map[string]*operation{}}
@@ -236,6 +244,55 @@ func (s *Server) SetCapacity(zone, machineType string, n int) {
 	s.capacity[zone+"/"+machineType] = n
 }
 
+// SetSpotCapacity limits how many live Spot VMs zone holds, of any machine type, not counting
+// those being preempted; an insert of a Spot VM beyond it fails with
+// ZONE_RESOURCE_POOL_EXHAUSTED (a Spot stockout). Negative removes the limit.
+func (s *Server) SetSpotCapacity(zone string, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n < 0 {
+		delete(s.spotCapacity, zone)
+		return
+	}
+	s.spotCapacity[zone] = n
+}
+
+// SpotVM is a live Spot VM as SpotVMs lists it.
+type SpotVM struct {
+	Name, Zone string
+	// Created orders VMs by age (creationTimestamp); Preempting is true once its preemption
+	// started.
+	Created    time.Time
+	Preempting bool
+}
+
+// SpotVMs lists the live (not TERMINATED) Spot VMs, oldest first.
+func (s *Server) SpotVMs() []SpotVM {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []SpotVM
+	for z, zs := range s.zones {
+		for _, in := range zs.instances {
+			if in.pb.GetStatus() == "TERMINATED" || !isSpotVM(in.pb) {
+				continue
+			}
+			created, _ := time.Parse(timeLayout, in.pb.GetCreationTimestamp())
+			out = append(out, SpotVM{Name: in.pb.GetName(), Zone: z, Created: created, Preempting: in.preempting})
+		}
+	}
+	slices.SortFunc(out, func(a, b SpotVM) int {
+		if c := a.Created.Compare(b.Created); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out
+}
+
+func isSpotVM(pb *computepb.Instance) bool {
+	return pb.GetScheduling().GetProvisioningModel() == "SPOT" || pb.GetScheduling().GetPreemptible()
+}
+
 // SetGPUQuota limits the GPUs (attached and built into a2/a3/g2 machine types) of live
 // instances in region; an insert beyond it fails with QUOTA_EXCEEDED. Negative removes it.
 func (s *Server) SetGPUQuota(region string, gpus int) {
@@ -282,7 +339,22 @@ func (s *Server) LogPath(zone, name string) string {
 // Preempt reclaims a Spot VM as GCP does: its processes are killed, it goes to TERMINATED
 // (or is deleted when its instanceTerminationAction is DELETE), and a DONE
 // compute.instances.preempted operation targeting it is recorded in its zone.
-func (s *Server) Preempt(name string) error {
+func (s *Server) Preempt(name string) error { return s.PreemptWithNotice(name, 0) }
+
+// PreemptWithNotice starts a Spot VM's preemption now, as GCP does, and ends it notice later:
+// the compute.instances.preempted operation is recorded at once (what Ferry's preemption
+// watcher reads), the VM is STOPPING through the notice (GCP's is 30 s,
+// Options.PreemptionNotice, which the VM's environment tells its boot script) while its
+// processes run on and its metadata server answers instance/preempted TRUE, then its
+// processes are killed and it goes to TERMINATED, or is deleted with
+// instanceTerminationAction DELETE. 0 does it all at once. From the start it no longer counts
+// against the zone's SetSpotCapacity. GCE also sends the guest an ACPI shutdown at the notice,
+// which makes the OS send SIGTERM to every process; the fake does not, so that only the VM's
+// own watcher signals a job's program.
+func (s *Server) PreemptWithNotice(name string, notice time.Duration) error {
+	if notice < 0 {
+		return fmt.Errorf("fakecompute: negative notice %v", notice)
+	}
 	s.mu.Lock()
 	var (
 		found *instance
@@ -297,31 +369,61 @@ func (s *Server) Preempt(name string) error {
 		s.mu.Unlock()
 		return fmt.Errorf("fakecompute: no instance %q", name)
 	}
-	sch := found.pb.GetScheduling()
-	if sch.GetProvisioningModel() != "SPOT" && !sch.GetPreemptible() {
+	if !isSpotVM(found.pb) {
 		s.mu.Unlock()
 		return fmt.Errorf("fakecompute: %s is not a Spot VM", name)
+	}
+	if found.preempting {
+		s.mu.Unlock()
+		return fmt.Errorf("fakecompute: %s is already being preempted", name)
 	}
 	if found.pb.GetStatus() == "TERMINATED" {
 		s.mu.Unlock()
 		return fmt.Errorf("fakecompute: %s is already TERMINATED", name)
 	}
-	now := time.Now().Format(timeLayout)
+	found.preempting = true
 	op := s.newOperationLocked(zone, PreemptedOperation, found.pb)
 	op.pb.User = proto.String("system")
 	op.pb.StatusMessage = proto.String("Instance was preempted.")
 	s.finishLocked(op)
-	found.pb.Status = proto.String("TERMINATED")
-	found.pb.LastStopTimestamp = proto.String(now)
-	found.preempting = false
-	v := found.vm
-	found.vm = nil
-	if sch.GetInstanceTerminationAction() == "DELETE" {
+	// GCE shows a preempted VM STOPPING through the notice; its metadata server answers
+	// instance/preempted TRUE (metadata.go) and its processes run on until the notice ends.
+	found.pb.Status = proto.String("STOPPING")
+	if notice == 0 {
+		v := s.stopPreemptedLocked(zone, name, found)
+		s.mu.Unlock()
+		v.kill()
+		return nil
+	}
+	var t *time.Timer
+	t = time.AfterFunc(notice, func() {
+		s.mu.Lock()
+		delete(s.timers, t)
+		if s.closed {
+			s.mu.Unlock()
+			return
+		}
+		v := s.stopPreemptedLocked(zone, name, found)
+		s.mu.Unlock()
+		v.kill()
+	})
+	s.timers[t] = true
+	s.mu.Unlock()
+	return nil
+}
+
+// stopPreemptedLocked ends a preempted VM's run and returns its process for the caller to
+// kill outside the lock.
+func (s *Server) stopPreemptedLocked(zone, name string, in *instance) *vm {
+	in.pb.Status = proto.String("TERMINATED")
+	in.pb.LastStopTimestamp = proto.String(time.Now().Format(timeLayout))
+	in.preempting = false
+	v := in.vm
+	in.vm = nil
+	if in.pb.GetScheduling().GetInstanceTerminationAction() == "DELETE" {
 		delete(s.zones[zone].instances, name)
 	}
-	s.mu.Unlock()
-	v.kill()
-	return nil
+	return v
 }
 
 // Close kills every VM process and stops pending operations. The HTTP listener is the
@@ -329,6 +431,10 @@ func (s *Server) Preempt(name string) error {
 func (s *Server) Close() {
 	s.mu.Lock()
 	s.closed = true
+	for t := range s.timers {
+		t.Stop()
+	}
+	clear(s.timers)
 	var vms []*vm
 	for _, zs := range s.zones {
 		for _, in := range zs.instances {
@@ -450,6 +556,18 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request) {
 		s.writeFailedOpLocked(w, zone, req, CodeUnsupportedOperation,
 			"Instances with guest accelerators do not support live migration.")
 		return
+	}
+	if limit, ok := s.spotCapacity[zone]; ok && isSpotVM(req) {
+		spot := 0
+		for _, in := range zs.instances {
+			if in.pb.GetStatus() != "TERMINATED" && !in.preempting && isSpotVM(in.pb) {
+				spot++
+			}
+		}
+		if spot >= limit {
+			s.writeFailedOpLocked(w, zone, req, CodeZoneResourcePoolExhausted, defaultMessage(CodeZoneResourcePoolExhausted, zone))
+			return
+		}
 	}
 	live, regionGPUs := 0, 0
 	for z, other := range s.zones {

@@ -166,3 +166,76 @@ func TestFirewalls(t *testing.T) {
 		t.Fatalf("firewalls after delete: %v", names)
 	}
 }
+
+func spotVM(name string) *computepb.Instance {
+	vm := vmResource(name)
+	vm.Scheduling = &computepb.Scheduling{ProvisioningModel: proto.String("SPOT")}
+	return vm
+}
+
+// TestSpotCapacityAndNotice: a zone's Spot capacity refuses the Spot VM beyond it (and no
+// on-demand one), and a preemption with notice records its operation at once, keeps the VM
+// RUNNING and frees its place in the zone's capacity.
+func TestSpotCapacityAndNotice(t *testing.T) {
+	fake, ic, oc := newClients(t, Options{Project: "p", OpDelay: -1})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const zone = "us-central1-a"
+	insert := func(vm *computepb.Instance) error {
+		op, err := ic.Insert(ctx, &computepb.InsertInstanceRequest{Project: "p", Zone: zone, InstanceResource: vm})
+		if err != nil {
+			return err
+		}
+		return op.Wait(ctx)
+	}
+	fake.SetSpotCapacity(zone, 1)
+	if err := insert(spotVM("spot-1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := insert(spotVM("spot-2")); err == nil {
+		t.Fatal("a second Spot VM fit a zone of Spot capacity 1")
+	}
+	if err := insert(vmResource("standard-1")); err != nil {
+		t.Fatalf("Spot capacity refused a standard VM: %v", err)
+	}
+
+	if err := fake.PreemptWithNotice("spot-1", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	vm, _, _ := fake.Instance("spot-1")
+	if vm.GetStatus() != "STOPPING" {
+		t.Errorf("spot-1 is %s during its notice, want STOPPING, as GCE shows it", vm.GetStatus())
+	}
+	ops := oc.List(ctx, &computepb.ListZoneOperationsRequest{Project: "p", Zone: zone})
+	preempted := 0
+	for {
+		op, err := ops.Next()
+		if errors.Is(err, iterator.Done) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if op.GetOperationType() == PreemptedOperation && op.GetTargetLink() != "" {
+			preempted++
+		}
+	}
+	if preempted != 1 {
+		t.Errorf("%d preempted operations at the notice, want 1", preempted)
+	}
+	if err := fake.PreemptWithNotice("spot-1", 0); err == nil {
+		t.Error("a second preemption of spot-1 during its notice was accepted")
+	}
+	if got := fake.SpotVMs(); len(got) != 1 || !got[0].Preempting {
+		t.Errorf("SpotVMs = %+v, want spot-1 preempting", got)
+	}
+	if err := insert(spotVM("spot-3")); err != nil {
+		t.Fatalf("the place of a VM being preempted was not freed: %v", err)
+	}
+	if err := fake.Preempt("spot-3"); err != nil {
+		t.Fatal(err)
+	}
+	if vm, _, _ := fake.Instance("spot-3"); vm.GetStatus() != "TERMINATED" {
+		t.Errorf("spot-3 is %s after a preemption without notice", vm.GetStatus())
+	}
+}
