@@ -222,7 +222,6 @@ func prepare(o Options, in *Inputs, progress io.Writer) (*Report, []func(), erro
 	w := world(o, in)
 	until := (o.Warmup + o.Duration).Seconds()
 	rep.Results = make([]*Result, len(policies))
-	var mu sync.Mutex
 	t0 := time.Now()
 	label := func(p Policy) string {
 		if o.Sweep {
@@ -235,14 +234,18 @@ func prepare(o Options, in *Inputs, progress io.Writer) (*Report, []func(), erro
 		jobs[i] = func() {
 			res := w.run(p, newLoopedTrace(in.Trace, rep.TimeScale, until))
 			rep.Results[i] = res
-			mu.Lock()
-			defer mu.Unlock()
+			progressMu.Lock()
+			defer progressMu.Unlock()
 			fmt.Fprintf(progress, "sim: %-18s done in %s at +%v: SLO %.2f%%, availability %.2f%%, $%.0f\n",
 				label(p), res.Elapsed, time.Since(t0).Round(time.Millisecond), 100*res.SLOAttainment, 100*res.Availability, res.Cost)
 		}
 	}
 	return rep, jobs, nil
 }
+
+// progressMu serialises progress lines: a sweep runs the jobs of many prepared runs at once,
+// all writing to one progress writer.
+var progressMu sync.Mutex
 
 // runJobs runs jobs, parallel at a time, until all are done or ctx ends.
 func runJobs(ctx context.Context, parallel int, jobs []func()) error {

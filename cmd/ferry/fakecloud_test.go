@@ -249,8 +249,8 @@ func TestReplaySpotTracesGCP(t *testing.T) {
 	if out.String() != want {
 		t.Errorf("replay said:\n%s\nwant:\n%s", out.String(), want)
 	}
-	if vm, _, ok := gce.Instance(name); !ok || vm.GetStatus() != "RUNNING" {
-		t.Errorf("%s is %q during its notice, want RUNNING", name, vm.GetStatus())
+	if vm, _, ok := gce.Instance(name); !ok || vm.GetStatus() != "STOPPING" {
+		t.Errorf("%s is %q during its notice, want STOPPING, as GCE shows it", name, vm.GetStatus())
 	}
 	if _, err := launch("svc-1", "us-central1-a"); !errors.Is(err, launcher.ErrNoCapacity) {
 		t.Errorf("a Spot VM in a zone without capacity: %v, want ErrNoCapacity", err)
