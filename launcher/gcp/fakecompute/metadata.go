@@ -247,7 +247,7 @@ func (s *Server) PreemptWithNotice(name string) error {
 			delete(s.zones[zone].instances, name)
 		}
 		s.mu.Unlock()
-		v.kill()
+		v.Kill(killWait)
 	})
 	return nil
 }

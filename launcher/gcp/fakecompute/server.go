@@ -49,6 +49,8 @@ import (
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/ferryserve/ferry/launcher/internal/fakevm"
 )
 
 // DefaultZones are the zones a Server serves when Options.Zones is empty: catalog zones.
@@ -134,7 +136,7 @@ type zoneState struct {
 type instance struct {
 	pb   *computepb.Instance
 	gpus int
-	vm   *vm
+	vm   *fakevm.VM
 	// preempting is set from PreemptWithNotice until the VM stops.
 	preempting bool
 }
@@ -320,7 +322,7 @@ func (s *Server) Preempt(name string) error {
 		delete(s.zones[zone].instances, name)
 	}
 	s.mu.Unlock()
-	v.kill()
+	v.Kill(killWait)
 	return nil
 }
 
@@ -329,7 +331,7 @@ func (s *Server) Preempt(name string) error {
 func (s *Server) Close() {
 	s.mu.Lock()
 	s.closed = true
-	var vms []*vm
+	var vms []*fakevm.VM
 	for _, zs := range s.zones {
 		for _, in := range zs.instances {
 			if in.vm != nil {
@@ -341,7 +343,7 @@ func (s *Server) Close() {
 	s.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, v := range vms {
-		wg.Go(v.kill)
+		wg.Go(func() { v.Kill(killWait) })
 	}
 	wg.Wait()
 }
@@ -764,7 +766,7 @@ func (s *Server) deleteInstance(w http.ResponseWriter, r *http.Request) {
 	in.vm = nil
 	op := s.newOperationLocked(zone, "delete", in.pb)
 	s.mu.Unlock()
-	v.kill()
+	v.Kill(killWait)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.afterDelay(op, func() {
