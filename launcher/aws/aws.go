@@ -141,10 +141,8 @@ type Provider struct {
 	mu    sync.Mutex
 	zones map[string]map[string]string // region -> AZ ID -> zone name
 	amis  map[string]string            // "region/gpu" -> default image found by name
-	// exits caches the exit status job nodes marked (instance id -> status); exitTries is
-	// when a node without one may be read again.
-	exits     map[string]int
-	exitTries map[string]time.Time
+	// exits caches the exit status job nodes marked, by instance id.
+	exits *launcher.ExitCodes
 
 	// sources are the configured ingress sources; none means the controller's route source.
 	sources []source
@@ -215,7 +213,7 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}
 	p := &Provider{
 		opts: opts, log: opts.Logger.With(zap.String("infra", InfraName)), clients: map[string]*ec2.Client{},
-		zones: map[string]map[string]string{}, amis: map[string]string{}, exits: map[string]int{}, exitTries: map[string]time.Time{},
+		zones: map[string]map[string]string{}, amis: map[string]string{}, exits: launcher.NewExitCodes(exitRetry),
 		sources: sources, routeSource: launcher.RouteSource,
 		ingress: ingressState{groups: map[string]string{}, admitted: map[string]bool{}, narrowed: map[string]bool{}, adopted: map[string]time.Time{}, jobGroups: map[string]string{}},
 	}
@@ -438,7 +436,7 @@ func userData(spec launcher.Spec, port int, nfs string) (string, error) {
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(port) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
 	if spec.Job != nil {
-		boot, err := jobBoot(spec, nfs)
+		boot, err := launcher.VMJobBoot(InfraName, spec, nfs, preemptionWatch)
 		if err != nil {
 			return "", err
 		}
@@ -502,7 +500,7 @@ func tags(spec launcher.Spec, port int, placementGroup string) []types.Tag {
 //
 // A job's node launched alone learns its own address as its gang's (job.go).
 func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
-	spec, selfTag := jobSpec(spec)
+	spec, selfTag := launcher.WithNodeIPsCommand(spec, nodeIPsCommand)
 	lp, err := p.plan(ctx, spec, false)
 	if err != nil {
 		return launcher.Instance{}, err

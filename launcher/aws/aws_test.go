@@ -25,6 +25,7 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/aws/fakeec2"
 	"github.com/ferryserve/ferry/launcher/catalog"
+	"github.com/ferryserve/ferry/launcher/internal/vmjobtest"
 )
 
 const (
@@ -40,8 +41,8 @@ const (
 // TestMain builds the ferry binary so that a fake VM's user-data can run `ferry replica-sim`,
 // and keeps the SDK off the network and away from the host's AWS configuration.
 func TestMain(m *testing.M) {
-	if os.Getenv(envGangNode) != "" {
-		os.Exit(gangNode())
+	if os.Getenv(vmjobtest.EnvGangNode) != "" {
+		os.Exit(vmjobtest.GangNode())
 	}
 	os.Exit(run(m))
 }

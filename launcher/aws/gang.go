@@ -42,7 +42,7 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 		}
 		return []launcher.Instance{inst}, nil
 	}
-	spec, tagIPs := jobSpec(spec)
+	spec, tagIPs := launcher.WithNodeIPsCommand(spec, nodeIPsCommand)
 	lp, err := p.plan(ctx, spec, true)
 	if err != nil {
 		return nil, err

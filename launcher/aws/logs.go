@@ -33,38 +33,32 @@ func (p *Provider) StreamLogs(ctx context.Context, id string, opts launcher.LogO
 	if err != nil {
 		return err
 	}
-	console, err := p.consoleOutput(ctx, region, iid)
-	if err != nil {
-		return err
-	}
-	if _, err := io.WriteString(w, tail(console, opts.Tail)); err != nil || !opts.Follow {
-		return err
-	}
-	t := time.NewTicker(p.opts.LogInterval)
-	defer t.Stop()
-	for {
-		ended, err := p.ended(ctx, region, iid)
-		if err != nil {
-			return err
-		}
-		next, err := p.consoleOutput(ctx, region, iid)
-		if err != nil {
-			return err
-		}
-		if _, err := io.WriteString(w, newOutput(console, next)); err != nil {
-			return err
-		}
-		console = next
-		if ended {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-t.C:
-		}
-	}
+	return launcher.StreamPolledLog(ctx, &consoleLog{p: p, region: region, iid: iid}, opts, p.opts.LogInterval, w)
 }
+
+// consoleLog is an instance's console output read again and again: each read is EC2's latest
+// window, of which only what follows the previous one is new.
+type consoleLog struct {
+	p           *Provider
+	region, iid string
+	last        string // the previous read's window
+}
+
+var _ launcher.PolledLog = (*consoleLog)(nil)
+
+// Read returns what the console window gained since the previous read (newOutput).
+func (c *consoleLog) Read(ctx context.Context) (string, error) {
+	next, err := c.p.consoleOutput(ctx, c.region, c.iid)
+	if err != nil {
+		return "", err
+	}
+	more := newOutput(c.last, next)
+	c.last = next
+	return more, nil
+}
+
+// Ended reports whether the instance has ended (or is ending).
+func (c *consoleLog) Ended(ctx context.Context) (bool, error) { return c.p.ended(ctx, c.region, c.iid) }
 
 // ended reports whether the instance has ended (or is ending): its output is then complete.
 func (p *Provider) ended(ctx context.Context, region, iid string) (bool, error) {
@@ -86,28 +80,6 @@ func (p *Provider) ended(ctx context.Context, region, iid string) (bool, error) 
 		}
 	}
 	return true, nil
-}
-
-// tail is the last n lines of s (all when n is negative).
-func tail(s string, n int) string {
-	if n < 0 || s == "" {
-		return s
-	}
-	if n == 0 {
-		return ""
-	}
-	end := len(s)
-	if strings.HasSuffix(s, "\n") {
-		end--
-	}
-	for i := 0; i < n; i++ {
-		j := strings.LastIndexByte(s[:end], '\n')
-		if j < 0 {
-			return s
-		}
-		end = j
-	}
-	return s[end+1:]
 }
 
 // newOutput is what next, a later read of a console that keeps its last 64 KiB, adds to prev:

@@ -27,7 +27,7 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 		return nil, err
 	}
 	spec.Placement.Zone = zone
-	spec, setIPs := jobSpec(spec)
+	spec, setIPs := launcher.WithNodeIPsCommand(spec, nodeIPsCommand)
 	insts, err := launcher.LaunchEach(ctx, p, spec, n)
 	if err == nil && setIPs {
 		if err = p.setNodeIPs(ctx, insts); err != nil {

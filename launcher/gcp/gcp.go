@@ -156,10 +156,8 @@ type Provider struct {
 	ingressCIDRs []string
 	// routeSource is launcher.RouteSource; tests replace it.
 	routeSource func(ip string) (netip.Prefix, error)
-	// exits caches the exit status stopped job nodes marked ("zone/name/id" -> status);
-	// exitTries is when a node without one may be read again. Both under mu.
-	exits     map[string]int
-	exitTries map[string]time.Time
+	// exits caches the exit status stopped job nodes marked, by "zone/name/id".
+	exits *launcher.ExitCodes
 	// fwMu serialises changes to the firewall rules; it is never held with mu.
 	fwMu sync.Mutex
 	fw   firewallState
@@ -225,8 +223,8 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 
 	p := &Provider{opts: opts, log: opts.Logger.With(zap.String("infra", InfraName), zap.String("project", opts.Project)),
 		launchedZones: map[string]bool{}, ingressCIDRs: cidrs, routeSource: launcher.RouteSource,
-		exits: map[string]int{}, exitTries: map[string]time.Time{},
-		fw: firewallState{settled: map[int]bool{}, denied: map[int]bool{}, admitted: map[string]bool{}, adopted: map[int]time.Time{}}}
+		exits: launcher.NewExitCodes(exitRetry),
+		fw:    firewallState{settled: map[int]bool{}, denied: map[int]bool{}, admitted: map[string]bool{}, adopted: map[int]time.Time{}}}
 	p.allowed = allowedZones(opts.Zones, opts.Regions)
 	if opts.PublicIP && !p.configured() && !opts.SkipFirewall {
 		p.log.Warn("replicas get public addresses but no proxy source is configured: the controller is admitted at its own address, which a NAT usually hides; set gcp.proxy_cidrs")
@@ -377,7 +375,7 @@ func (p *Provider) Check(ctx context.Context) error {
 //
 // A job's node launched alone learns its own address as its gang's (job.go).
 func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
-	spec, selfTag := jobSpec(spec)
+	spec, selfTag := launcher.WithNodeIPsCommand(spec, nodeIPsCommand)
 	zone, err := p.zoneFor(spec.Placement)
 	if err != nil {
 		return launcher.Instance{}, err

@@ -19,6 +19,7 @@ import (
 
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/gcp/fakecompute"
+	"github.com/ferryserve/ferry/launcher/internal/vmjobtest"
 )
 
 const project = "ferry-test"
@@ -28,8 +29,8 @@ var testZones = []string{"us-central1-a", "us-central1-b", "us-east1-b"}
 // TestMain builds the ferry binary and puts it on PATH, so a fake VM's startup script can run
 // `ferry replica-sim` as a real replica would.
 func TestMain(m *testing.M) {
-	if os.Getenv(envGangNode) != "" {
-		os.Exit(gangNode())
+	if os.Getenv(vmjobtest.EnvGangNode) != "" {
+		os.Exit(vmjobtest.GangNode())
 	}
 	os.Exit(func() int {
 		dir, err := os.MkdirTemp("", "ferry-gcp-test-")

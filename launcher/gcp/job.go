@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -24,21 +23,20 @@ import (
 //     node launched alone) sets them afterwards as the metaNodeIPs attribute of every node
 //     (instances.setMetadata), one per line, rank 0 first, and the node reads them from its
 //     metadata server (Metadata-Flavor: Google) before setup.
-//   - The run is started in a process group of its own, and a watcher asks the metadata
-//     server's instance/preempted every second. When GCE begins a preemption it answers TRUE,
-//     and the watcher writes FERRY_PREEMPTION_GRACE_SECONDS=<seconds> (GCE's 30 s notice less
-//     the poll; GCE does not say the time itself) to the file FERRY_PREEMPTION_FILE names
-//     ($FERRY_STATE_DIR/preemption, /var/lib/ferry/preemption on a real VM), then sends SIGTERM
-//     to the run's process group. On GCE the guest also gets an ACPI shutdown at the notice,
-//     so the OS itself may send SIGTERM to every process first: a program should treat
-//     SIGTERM as "checkpoint now" and read the file if it is there, else assume 30 s. The node
-//     then prints no exit status and does not power off; GCE stops it and List reports it
-//     PREEMPTED (from the moment the preemption begins: its status is STOPPING meanwhile, and
-//     its program is checkpointing until it is TERMINATED, so leave it until then).
+//   - Around the run is launcher.VMJobBoot's watcher, which asks the metadata server's
+//     instance/preempted every second. When GCE begins a preemption it answers TRUE, and the
+//     watcher writes to the preemption file GCE's 30 s notice less the poll (GCE does not say
+//     the time itself), then sends SIGTERM to the run. On GCE the guest also gets an ACPI
+//     shutdown at the notice, so the OS itself may send SIGTERM to every process first: a
+//     program should treat SIGTERM as "checkpoint now" and read the file if it is there, else
+//     assume 30 s. The node then prints no exit status and does not power off; GCE stops it
+//     and List reports it PREEMPTED (from the moment the preemption begins: its status is
+//     STOPPING meanwhile, and its program is checkpointing until it is TERMINATED, so leave it
+//     until then).
 //   - When the run ends by itself, the script prints the exit status on a marker line
-//     (exitMarker) to the serial console and powers the guest off; the VM goes TERMINATED and
-//     List reads the marker from serial port 1 into Instance.ExitCode. A failing setup shows
-//     as launcher.ExitSetupFailed.
+//     (launcher.ExitMarker) to the serial console and powers the guest off; the VM goes
+//     TERMINATED and List reads the marker from serial port 1 into Instance.ExitCode. A
+//     failing setup shows as launcher.ExitSetupFailed.
 //
 // Checkpoints: with the cloud's checkpoint_nfs set (an Filestore share), FERRY_CHECKPOINT_DIR is
 // the job's claim directory on it, mounted at launcher.CheckpointMountPoint
@@ -51,9 +49,6 @@ import (
 const (
 	// metaNodeIPs is the metadata attribute with a gang's addresses.
 	metaNodeIPs = "ferry-node-ips"
-	// exitMarker starts the line a job node prints with its run's exit status before it
-	// powers off.
-	exitMarker = "ferry-job-exit-status: "
 	// metadataDefault is the metadata server; EnvMetadataURL overrides it (the fake).
 	metadataDefault = "http://metadata.google.internal"
 	// EnvMetadataURL, when set in a VM's environment, replaces metadataDefault in what the
@@ -62,9 +57,6 @@ const (
 	// EnvPreemptionNotice, when set in a VM's environment, replaces GCE's 30 s notice in what
 	// the watcher reports (fakecompute sets it to its own).
 	EnvPreemptionNotice = "FERRY_GCE_PREEMPTION_NOTICE_SECONDS"
-	// EnvPreemptionFile names the file a job node's watcher writes at a preemption notice,
-	// before it sends SIGTERM: one line, FERRY_PREEMPTION_GRACE_SECONDS=<seconds>.
-	EnvPreemptionFile = "FERRY_PREEMPTION_FILE"
 	// preemptionPoll is how often (seconds) a job node asks whether it is being preempted.
 	preemptionPoll = 1
 )
@@ -78,82 +70,16 @@ func metadataGet(path string) string {
 // nodeIPsCommand prints the gang's addresses, one per line.
 var nodeIPsCommand = metadataGet("instance/attributes/" + metaNodeIPs)
 
-// jobSpec gives a job node the command that reads its gang's addresses, when neither they nor
-// a command are set; selfTag says the caller must then set the node's own address as its
-// gang's (a node launched alone). The caller's JobSpec is not changed.
-func jobSpec(spec launcher.Spec) (_ launcher.Spec, selfTag bool) {
-	if spec.Job == nil || len(spec.Job.NodeIPs) > 0 || spec.Job.NodeIPsCommand != "" {
-		return spec, false
-	}
-	job := *spec.Job
-	job.NodeIPsCommand = nodeIPsCommand
-	spec.Job = &job
-	return spec, true
-}
-
-// jobBoot is the part of a job node's startup script after its environment: see the comment
-// at the top of this file.
-func jobBoot(spec launcher.Spec, nfs string) (string, error) {
-	script := launcher.RenderScript(spec)
-	const eof = "FERRY_JOB_SCRIPT_EOF"
-	if strings.Contains(script, "\n"+eof+"\n") {
-		return "", fmt.Errorf("gcp: %w: the task's script contains the line %s", launcher.ErrInvalid, eof)
-	}
-	var b strings.Builder
-	b.WriteString("ferry_state=${FERRY_STATE_DIR:-/var/lib/ferry}\nmkdir -p \"$ferry_state\"\n")
-	b.WriteString("export " + EnvPreemptionFile + "=\"$ferry_state/preemption\"\nrm -f \"$" + EnvPreemptionFile + "\"\n")
-	b.WriteString(launcher.CheckpointShell(nfs, spec.Job.CheckpointClaim, spec.Job.CheckpointDir))
-	b.WriteString("cat > \"$ferry_state/job.sh\" <<'" + eof + "'\n" + script)
-	if !strings.HasSuffix(script, "\n") {
-		b.WriteString("\n")
-	}
-	b.WriteString(eof + "\n")
-	b.WriteString(`# The run gets a process group of its own, for the watcher's SIGTERM.
-set -m
-bash "$ferry_state/job.sh" </dev/null &
-ferry_run=$!
-set +m
-ferry_watch() {
-  local left=$(( ${` + EnvPreemptionNotice + `:-30} - ` + strconv.Itoa(preemptionPoll) + ` ))
-  [ "$left" -ge 0 ] || left=0
-  while :; do
-    if [ "$(` + metadataGet("instance/preempted") + `)" = TRUE ]; then
-      printf '` + launcher.EnvPreemptionGrace + `=%s\n' "$left" > "$` + EnvPreemptionFile + `.tmp"
-      mv -f "$` + EnvPreemptionFile + `.tmp" "$` + EnvPreemptionFile + `"
-      echo "ferry: preemption notice, ${left}s left: SIGTERM to the run"
-      kill -TERM -- "-$ferry_run" 2>/dev/null
-      return
-    fi
-    sleep ` + strconv.Itoa(preemptionPoll) + `
-  done
-}
-ferry_watch &
-ferry_watcher=$!
-wait "$ferry_run"
-ferry_rc=$?
-kill "$ferry_watcher" 2>/dev/null
-if [ -e "$` + EnvPreemptionFile + `" ]; then
-  echo "ferry: the run ended with status $ferry_rc after a preemption notice; the VM is being stopped"
-  exec sleep infinity
-fi
-echo "` + exitMarker + `$ferry_rc"
-poweroff
-`)
-	return b.String(), nil
-}
-
-// exitStatusRE finds the marker at the end of a serial console line, whatever prefixes it (GCE's
-// guest agent prefixes startup-script output with its own).
-var exitStatusRE = regexp.MustCompile(`(?m)` + regexp.QuoteMeta(exitMarker) + `(\d+)\r?$`)
-
-// parseExitStatus is the last exit status marked in console output.
-func parseExitStatus(console string) (int, bool) {
-	all := exitStatusRE.FindAllStringSubmatch(console, -1)
-	if len(all) == 0 {
-		return 0, false
-	}
-	n, err := strconv.Atoi(all[len(all)-1][1])
-	return n, err == nil
+// preemptionWatch is how a job node's watcher learns of a preemption: the metadata server's
+// instance/preempted turns TRUE when GCE begins one. GCE does not say the time it leaves, so
+// the watcher takes its 30 s notice (EnvPreemptionNotice where set) less the poll.
+var preemptionWatch = launcher.PreemptionWatch{
+	Locals: `local left=$(( ${` + EnvPreemptionNotice + `:-30} - ` + strconv.Itoa(preemptionPoll) + ` ))
+[ "$left" -ge 0 ] || left=0`,
+	Warned:  `[ "$(` + metadataGet("instance/preempted") + `)" = TRUE ]`,
+	Poll:    preemptionPoll,
+	Warning: "preemption notice",
+	Fate:    "the VM is being stopped",
 }
 
 // exitRetry is how long List waits before reading again the serial output of a stopped job
@@ -161,31 +87,14 @@ func parseExitStatus(console string) (int, bool) {
 const exitRetry = 15 * time.Second
 
 // exitCode reads (once, then from the cache) the exit status a stopped job node marked on its
-// serial console. key identifies the VM (zone, name and id, so a new VM of the same name is
-// read afresh). ok is false while it is not there.
+// serial console. The cache's key identifies the VM (zone, name and id, so a new VM of the
+// same name is read afresh). ok is false while it is not there.
 func (p *Provider) exitCode(ctx context.Context, zone string, vm *computepb.Instance) (int, bool) {
 	key := zone + "/" + vm.GetName() + "/" + strconv.FormatUint(vm.GetId(), 10)
-	p.mu.Lock()
-	code, known := p.exits[key]
-	retry := p.exitTries[key]
-	p.mu.Unlock()
-	if known {
-		return code, true
-	}
-	if time.Now().Before(retry) {
-		return 0, false
-	}
-	out, _, err := p.serialOutput(ctx, zone, vm.GetName(), 0)
-	code, found := parseExitStatus(out)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err == nil && found {
-		p.exits[key] = code
-		delete(p.exitTries, key)
-		return code, true
-	}
-	p.exitTries[key] = time.Now().Add(exitRetry)
-	return 0, false
+	return p.exits.Get(key, func() (string, error) {
+		out, _, err := p.serialOutput(ctx, zone, vm.GetName(), 0)
+		return out, err
+	})
 }
 
 // serialOutput reads serial port 1 from byte offset start; next is where the next read starts.

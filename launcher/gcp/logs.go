@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"strings"
 	"time"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
@@ -30,41 +29,35 @@ func (p *Provider) StreamLogs(ctx context.Context, id string, opts launcher.LogO
 	if err != nil {
 		return err
 	}
-	contents, next, err := p.serialOutput(ctx, zone, name, 0)
-	if err != nil {
-		return err
-	}
-	if _, err := io.WriteString(w, tail(contents, opts.Tail)); err != nil || !opts.Follow {
-		return err
-	}
-	t := time.NewTicker(p.opts.LogInterval)
-	defer t.Stop()
-	for {
-		ended, err := p.stopped(ctx, zone, name)
-		if err != nil {
-			return err
-		}
-		var more string
-		more, next, err = p.serialOutput(ctx, zone, name, next)
-		switch {
-		case errors.Is(err, launcher.ErrNotFound):
-			return nil // deleted: its output went with it
-		case err != nil:
-			return err
-		}
-		if _, err := io.WriteString(w, more); err != nil {
-			return err
-		}
-		if ended {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-t.C:
-		}
-	}
+	return launcher.StreamPolledLog(ctx, &serialLog{p: p, zone: zone, name: name}, opts, p.opts.LogInterval, w)
 }
+
+// serialLog is a VM's serial port 1 read on from the byte offset where the previous read ended.
+type serialLog struct {
+	p          *Provider
+	zone, name string
+	next       int64 // where the next read starts
+	read       bool  // whether a read has been made
+}
+
+var _ launcher.PolledLog = (*serialLog)(nil)
+
+// Read returns the port's output from where the previous read ended. After the first read a
+// VM that is not found was deleted, and its output went with it (io.EOF).
+func (s *serialLog) Read(ctx context.Context) (string, error) {
+	more, next, err := s.p.serialOutput(ctx, s.zone, s.name, s.next)
+	if errors.Is(err, launcher.ErrNotFound) && s.read {
+		return "", io.EOF
+	}
+	if err != nil {
+		return "", err
+	}
+	s.next, s.read = next, true
+	return more, nil
+}
+
+// Ended reports whether the VM no longer runs (or is gone).
+func (s *serialLog) Ended(ctx context.Context) (bool, error) { return s.p.stopped(ctx, s.zone, s.name) }
 
 // stopped reports whether the VM no longer runs (or is gone): its output is then complete.
 func (p *Provider) stopped(ctx context.Context, zone, name string) (bool, error) {
@@ -81,26 +74,4 @@ func (p *Provider) stopped(ctx context.Context, zone, name string) (bool, error)
 		return false, nil
 	}
 	return true, nil
-}
-
-// tail is the last n lines of s (all when n is negative).
-func tail(s string, n int) string {
-	if n < 0 || s == "" {
-		return s
-	}
-	if n == 0 {
-		return ""
-	}
-	end := len(s)
-	if strings.HasSuffix(s, "\n") {
-		end--
-	}
-	for i := 0; i < n; i++ {
-		j := strings.LastIndexByte(s[:end], '\n')
-		if j < 0 {
-			return s
-		}
-		end = j
-	}
-	return s[end+1:]
 }

@@ -215,7 +215,7 @@ func startupScript(spec launcher.Spec, nfs string) (string, error) {
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(portOf(spec)) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
 	if spec.Job != nil {
-		boot, err := jobBoot(spec, nfs)
+		boot, err := launcher.VMJobBoot(InfraName, spec, nfs, preemptionWatch)
 		if err != nil {
 			return "", err
 		}

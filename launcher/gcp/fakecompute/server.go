@@ -49,6 +49,8 @@ import (
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/ferryserve/ferry/launcher/internal/fakevm"
 )
 
 // DefaultZones are the zones a Server serves when Options.Zones is empty: catalog zones.
@@ -140,7 +142,7 @@ type zoneState struct {
 type instance struct {
 	pb   *computepb.Instance
 	gpus int
-	vm   *vm
+	vm   *fakevm.VM
 	// preempting is true from a preemption's notice until the VM stops.
 	preempting bool
 }
@@ -392,7 +394,7 @@ func (s *Server) PreemptWithNotice(name string, notice time.Duration) error {
 	if notice == 0 {
 		v := s.stopPreemptedLocked(zone, name, found)
 		s.mu.Unlock()
-		v.kill()
+		v.Kill(killWait)
 		return nil
 	}
 	var t *time.Timer
@@ -405,7 +407,7 @@ func (s *Server) PreemptWithNotice(name string, notice time.Duration) error {
 		}
 		v := s.stopPreemptedLocked(zone, name, found)
 		s.mu.Unlock()
-		v.kill()
+		v.Kill(killWait)
 	})
 	s.timers[t] = true
 	s.mu.Unlock()
@@ -414,7 +416,7 @@ func (s *Server) PreemptWithNotice(name string, notice time.Duration) error {
 
 // stopPreemptedLocked ends a preempted VM's run and returns its process for the caller to
 // kill outside the lock.
-func (s *Server) stopPreemptedLocked(zone, name string, in *instance) *vm {
+func (s *Server) stopPreemptedLocked(zone, name string, in *instance) *fakevm.VM {
 	in.pb.Status = proto.String("TERMINATED")
 	in.pb.LastStopTimestamp = proto.String(time.Now().Format(timeLayout))
 	in.preempting = false
@@ -435,7 +437,7 @@ func (s *Server) Close() {
 		t.Stop()
 	}
 	clear(s.timers)
-	var vms []*vm
+	var vms []*fakevm.VM
 	for _, zs := range s.zones {
 		for _, in := range zs.instances {
 			if in.vm != nil {
@@ -447,7 +449,7 @@ func (s *Server) Close() {
 	s.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, v := range vms {
-		wg.Go(v.kill)
+		wg.Go(func() { v.Kill(killWait) })
 	}
 	wg.Wait()
 }
@@ -882,7 +884,7 @@ func (s *Server) deleteInstance(w http.ResponseWriter, r *http.Request) {
 	in.vm = nil
 	op := s.newOperationLocked(zone, "delete", in.pb)
 	s.mu.Unlock()
-	v.kill()
+	v.Kill(killWait)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.afterDelay(op, func() {

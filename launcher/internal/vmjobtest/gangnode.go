@@ -1,4 +1,4 @@
-package gcp
+package vmjobtest
 
 import (
 	"bufio"
@@ -12,14 +12,14 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 )
 
-// envGangNode makes the test binary a node of a gang instead of running tests (TestMain): rank
-// 0 listens on the first of SKYPILOT_NODE_IPS and waits for every other rank, which dials it
-// from its own address; each prints what it heard and exits 0. It stands in for a
-// torchrun-style rendezvous over TCP.
-const envGangNode = "FERRY_TEST_GANG_NODE"
+// EnvGangNode makes a test binary a node of a gang instead of running tests (its TestMain
+// calls GangNode when it is set): rank 0 listens on the first of SKYPILOT_NODE_IPS and waits
+// for every other rank, which dials it from its own address; each prints what it heard and
+// exits 0. It stands in for a torchrun-style rendezvous over TCP.
+const EnvGangNode = "FERRY_TEST_GANG_NODE"
 
-// gangNode runs one node; it returns the process's exit status.
-func gangNode() int {
+// GangNode runs one node; it returns the process's exit status.
+func GangNode() int {
 	rank, _ := strconv.Atoi(os.Getenv(launcher.EnvNodeRank))
 	n, _ := strconv.Atoi(os.Getenv(launcher.EnvNumNodes))
 	ips := strings.Fields(os.Getenv(launcher.EnvNodeIPs))
