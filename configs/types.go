@@ -250,6 +250,7 @@ const (
 	PolicySessionAffinity        = "session_affinity"
 	PolicyPrefixAffinity         = "prefix_affinity"
 	PolicyLLMAware               = "llm_aware"
+	PolicyLeastTTFT              = "least_ttft"
 )
 
 // Autoscaler names accepted in `replica_policy.autoscaler`.
