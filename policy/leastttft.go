@@ -29,9 +29,9 @@ const (
 	fitDecay = 0.99
 	// holdWeight is the weight of a new sample in the mean time a request holds a batch slot.
 	holdWeight = 1.0 / 32
-	// costTolerance makes estimates within 5 % (or 1 ms) ties, broken by load: per-replica
-	// lines are noisy, and without it a replica whose line came out a little lower would take
-	// every request that no replica has cached.
+	// costTolerance makes estimates within 5 % (or 1 ms) ties, broken by cached tokens and
+	// then load: per-replica lines are noisy, and without it a replica whose line came out a
+	// little lower would take every request that no replica has cached.
 	costTolerance      = 0.05
 	costToleranceFloor = 1e-3
 	// correctionTokens is how many prompt tokens a replica must have been sent, and have
@@ -62,7 +62,8 @@ const (
 // Only replicas within the load bound (DefaultTTFTLoadFactor) are candidates; the least loaded
 // always is. When no candidate holds any of the prompt, the estimate cannot tell replicas apart
 // by cache and the pick is least_load's. Estimates within costTolerance are ties, broken by
-// fewer requests in flight, then at random.
+// more cached tokens (a hit saves the engine's compute for others even when the learned rate
+// says it saves this request little), then fewer requests in flight, then at random.
 //
 // Cost per pick: one hashing pass over the prompt, O(log blocks) lookups per replica, and
 // one LRU update of the chosen replica's index; no allocation (BenchmarkLeastTTFTPick).
@@ -193,10 +194,12 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 			cost += float64(ahead) * hold / float64(batch)
 		}
 		tolerance := max(costTolerance*min(cost, bestCost), costToleranceFloor)
+		tie := best != nil && cost <= bestCost+tolerance && cost >= bestCost-tolerance
 		switch {
-		case best == nil || cost < bestCost-tolerance || (cost <= bestCost+tolerance && load < bestLoad):
+		case best == nil || cost < bestCost-tolerance ||
+			(tie && (cached > bestCached || (cached == bestCached && load < bestLoad))):
 			best, bestState, bestCost, bestLoad, bestCached, bestAhead, ties = r, st, cost, load, cached, ahead, 1
-		case cost <= bestCost+tolerance && load == bestLoad:
+		case tie && cached == bestCached && load == bestLoad:
 			ties++
 			if p.rand()%ties == 0 {
 				best, bestState, bestCost, bestCached, bestAhead = r, st, cost, cached, ahead
