@@ -192,6 +192,9 @@ func (s *Service) tryReplica(ctx *fasthttp.RequestCtx, ex *exchange, snap *snaps
 	}
 
 	ex.begin(replica, client)
+	if s.learner != nil {
+		ex.sentAt, ex.firstAt = time.Now(), time.Time{}
+	}
 	if err = ex.send(client); err == nil {
 		code := ex.resp.StatusCode()
 		if !retryableStatus(code) || !budget.more() {
