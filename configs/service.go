@@ -57,7 +57,7 @@ func (c *checker) service(e entry, res Resources, envs, secrets map[string]strin
 	const field = "service"
 	s := &Service{
 		ReadinessProbe:      Probe{Path: DefaultProbePath, InitialDelaySeconds: DefaultInitialDelaySeconds, TimeoutSeconds: DefaultProbeTimeoutSeconds},
-		LoadBalancingPolicy: PolicyLeastLoad,
+		LoadBalancingPolicy: PolicyLeastTTFT,
 		Update:              DefaultUpdate(),
 	}
 	f, ok := c.fields(e.value, field, serviceKeys)

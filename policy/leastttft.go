@@ -89,9 +89,9 @@ func newLeastTTFT(opts Options) *leastTTFT {
 	return p
 }
 
-// Needs reports that the picker reads the prompt and model, and the replicas' metrics (batch
-// size, cache size, hit counters).
-func (*leastTTFT) Needs() Needs { return NeedsPrompt | NeedsMetrics }
+// Needs reports that the picker reads the prompt and model when the body has them, and the
+// replicas' metrics (batch size, cache size, hit counters).
+func (*leastTTFT) Needs() Needs { return NeedsPrompt | PromptOptional | NeedsMetrics }
 
 // Prepare gives every replica of a new snapshot its state, keeping the states (index and
 // learned figures) of replicas that stay and dropping those of replicas that left.

@@ -109,7 +109,7 @@ type Backend struct {
 type ServiceConfig struct {
 	// Name is the service name, used in error messages and logs. Required.
 	Name string
-	// Policy is the load-balancing policy name (policy.New); empty means least_load.
+	// Policy is the load-balancing policy name (policy.New); empty means policy.Default.
 	Policy string
 	// TargetQPSPerAccelerator feeds instance_aware_least_load.
 	TargetQPSPerAccelerator map[string]float64

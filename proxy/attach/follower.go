@@ -14,6 +14,7 @@ import (
 
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/policy"
 	"github.com/ferryserve/ferry/proxy"
 )
 
@@ -285,7 +286,7 @@ func (f *Follower) apply(rs ReplicaSet) error {
 
 func policyName(p string) string {
 	if p == "" {
-		return "least_load"
+		return policy.Default
 	}
 	return p
 }
