@@ -94,7 +94,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.requests, "requests", 1000, "trace records replayed per policy")
 	fs.Float64Var(&o.workload.Speedup, "speedup", 3, "divide the trace's inter-arrival times by this")
 	fs.IntVar(&o.replicas, "replicas", 4, "replica-sim processes")
-	fs.StringSliceVar(&o.policies, "policies", []string{defaultPolicy, roundRobinBaseline, "least_load@" + lateBindingOff, "power_of_two", "session_affinity", "prefix_affinity", "llm_aware", "least_load@" + batchLimit},
+	fs.StringSliceVar(&o.policies, "policies", []string{defaultPolicy, roundRobinBaseline, "least_load", "least_load@" + lateBindingOff, "power_of_two", "session_affinity", "prefix_affinity", "llm_aware", "least_load@" + batchLimit},
 		`policies to compare; "default" runs the proxy without --policy; NAME@N, NAME@batch and NAME@off set --max-in-flight-per-replica`)
 	fs.Int64Var(&seed, "seed", 1, "seed of the synthesized prompts and conversations")
 	fs.IntSliceVar(&o.workload.SystemPromptTokens, "system-prompts", []int{300, 900, 1300, 3900}, "lengths in tokens of the shared system prompts")

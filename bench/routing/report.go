@@ -207,9 +207,9 @@ func (r *report) checks() []check {
 		if rr != nil {
 			ratio("default p99 TTFT ÷ "+rr.Policy+" p99 TTFT", def.TTFT.P99Ms, rr.TTFT.P99Ms, 0.5)
 		}
-		ll := r.find("least_load@" + lateBindingOff)
+		ll := r.find("least_load") // with late binding, the default before least_ttft
 		if ll == nil {
-			ll = r.find("least_load")
+			ll = r.find("least_load@" + lateBindingOff)
 		}
 		if ll != nil {
 			ratio("default p50 TTFT ÷ "+ll.Policy+" p50 TTFT", def.TTFT.P50Ms, ll.TTFT.P50Ms, 1)
