@@ -109,7 +109,7 @@ type Backend struct {
 type ServiceConfig struct {
 	// Name is the service name, used in error messages and logs. Required.
 	Name string
-	// Policy is the load-balancing policy name (policy.New); empty means policy.Default.
+	// Policy is the load-balancing policy name (policy.New); empty means DefaultPolicy.
 	Policy string
 	// TargetQPSPerAccelerator feeds instance_aware_least_load.
 	TargetQPSPerAccelerator map[string]float64
@@ -247,6 +247,10 @@ func (c ServiceConfig) validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// DefaultPolicy is the load-balancing policy of a service that names none, for packages that
+// report it without importing policy.
+const DefaultPolicy = policy.Default
 
 // Service proxies one service's traffic to its READY replicas. Its methods are safe for
 // concurrent use.

@@ -14,7 +14,6 @@ import (
 
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/home"
-	"github.com/ferryserve/ferry/policy"
 	"github.com/ferryserve/ferry/proxy"
 )
 
@@ -286,7 +285,7 @@ func (f *Follower) apply(rs ReplicaSet) error {
 
 func policyName(p string) string {
 	if p == "" {
-		return policy.Default
+		return proxy.DefaultPolicy
 	}
 	return p
 }
