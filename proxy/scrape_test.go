@@ -399,10 +399,21 @@ func TestScrapeReplicaSim(t *testing.T) {
 			updateFresh(s, r)
 			waitFor(t, "one running and two waiting", func() bool {
 				m := r.LoadMetrics()
-				return m.Running == 1 && m.Waiting == 2
+				// vLLM counts the running request's prompt as a prefix-cache query just after
+				// admitting it.
+				return m.Running == 1 && m.Waiting == 2 && (m.PrefixQueries > 0) == tc.wantKV
 			})
-			if kv := r.LoadMetrics().KVCacheUsage; (kv > 0) != tc.wantKV {
+			m := r.LoadMetrics()
+			if kv := m.KVCacheUsage; (kv > 0) != tc.wantKV {
 				t.Errorf("KV-cache usage %v, want it reported: %v", kv, tc.wantKV)
+			}
+			// vLLM's cache size, for least_ttft; TGI has none.
+			wantCache := int64(0)
+			if tc.wantKV {
+				wantCache = int64(cfg.KVCacheBlocks) * 16
+			}
+			if m.CacheTokens != wantCache {
+				t.Errorf("cache %d tokens, want %d", m.CacheTokens, wantCache)
 			}
 		})
 	}
