@@ -57,7 +57,8 @@ const (
 //   - wait(r) is the time until a batch slot: with b the batch size learned from the replica's
 //     metrics (the largest running count seen while requests waited), a request that would
 //     be the k-th beyond b waits about k × hold / b, hold being the learned time a request
-//     holds a slot. Below b it is 0.
+//     holds a slot; k counts this proxy's requests in flight beyond b, or the engine's own
+//     waiting requests when a fresh scrape shows more. Below b it is 0.
 //
 // Only replicas within the load bound (DefaultTTFTLoadFactor) are candidates; the least loaded
 // always is. When no candidate holds any of the prompt, the estimate cannot tell replicas apart
@@ -72,6 +73,9 @@ type leastTTFT struct {
 	rand        func() uint64
 	factor      float64
 	cacheTokens int64 // a replica's cache size when it announces none
+	// now and staleAfter judge whether a replica's scraped queue is fresh enough to count.
+	now        func() time.Time
+	staleAfter int64
 
 	states atomic.Pointer[map[*Replica]*ttftReplica]
 
@@ -83,7 +87,8 @@ type leastTTFT struct {
 }
 
 func newLeastTTFT(opts Options) *leastTTFT {
-	p := &leastTTFT{rand: opts.Rand, factor: opts.TTFTLoadFactor, cacheTokens: opts.PrefixCacheTokens}
+	p := &leastTTFT{rand: opts.Rand, factor: opts.TTFTLoadFactor, cacheTokens: opts.PrefixCacheTokens,
+		now: opts.Now, staleAfter: int64(opts.MetricsStaleAfter)}
 	m := map[*Replica]*ttftReplica{}
 	p.states.Store(&m)
 	return p
@@ -156,6 +161,7 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 	}
 	mean := float64(total+1) / float64(len(replicas))
 	bound := max(p.factor*mean, mean+2)
+	now := p.now().UnixNano()
 	pooledBase, pooledRate, pooledHold := p.pooledLine()
 
 	var (
@@ -188,7 +194,7 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 			shared = shared || cached > 0
 		}
 		base, rate, hold := st.line(pooledBase, pooledRate, pooledHold)
-		ahead := st.ahead(load)
+		ahead := st.ahead(r, load, now, p.staleAfter)
 		cost := base + rate*float64(int64(blocks.tokens)-cached)
 		if batch := st.batch.Load(); ahead > 0 {
 			cost += float64(ahead) * hold / float64(batch)
@@ -207,7 +213,7 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 		}
 	}
 	if !shared {
-		best, bestState, bestCached, bestAhead = leastLoaded, leastState, 0, leastState.ahead(leastLoad)
+		best, bestState, bestCached, bestAhead = leastLoaded, leastState, 0, leastState.ahead(leastLoaded, leastLoad, now, p.staleAfter)
 	}
 	if blocks.n > 0 {
 		bestState.cache.record(blocks.hashes[:blocks.n])
@@ -279,14 +285,20 @@ type ttftReplica struct {
 	sentWindow, expectWindow  float64
 }
 
-// ahead returns how many requests would be ahead of one more in the replica's queue, by its
-// learned batch size; 0 while the batch is not known or has room.
-func (st *ttftReplica) ahead(load int64) int64 {
+// ahead returns how many requests would be ahead of one more in the replica's queue: those
+// this proxy has in flight beyond the learned batch size, or, if more, the requests the engine
+// itself reported waiting beside a full batch at a scrape fresher than staleAfter (other
+// proxies' requests among them); 0 while the batch is not known or has room.
+func (st *ttftReplica) ahead(r *Replica, load, now, staleAfter int64) int64 {
 	batch := st.batch.Load()
 	if batch <= 0 {
 		return 0
 	}
-	return max(load+1-batch, 0)
+	ahead := max(load+1-batch, 0)
+	if at := r.scrapedAt.Load(); at != 0 && now-at <= staleAfter && r.running.Load() >= batch {
+		ahead = max(ahead, r.waiting.Load()+1)
+	}
+	return ahead
 }
 
 // line returns the replica's prefill line and hold time: its own once it has enough samples,

@@ -53,8 +53,10 @@ func TestLeastTTFT(t *testing.T) {
 		sent   []byte
 		// loads are the replicas' in-flight counts at the pick; batches whether their batch
 		// size (batch) is known from their metrics.
-		loads      []int64
-		knowBatch  bool
+		loads     []int64
+		knowBatch bool
+		// engine, when set, is what each replica's fresh scrape says (its batch and queue).
+		engine     []Metrics
 		prompt     []byte
 		wantID     int
 		wantCached bool
@@ -84,6 +86,14 @@ func TestLeastTTFT(t *testing.T) {
 			holder: 1, sent: conversation(1, 2048, 1, 2048),
 			loads: []int64{4, 3, 4, 4}, knowBatch: true, prompt: conversation(1, 2048, 2, 2048), wantID: 2,
 		},
+		// The holder has room for this proxy's requests, but its engine reports a queue beside
+		// a full batch (another proxy's requests): 7 ahead, about 1.75 s, against a saving of
+		// about 2k tokens' prefill.
+		"the engine's own queue counts": {
+			holder: 1, sent: conversation(1, 2048, 2, 2048),
+			loads: []int64{1, 1, 0, 1}, engine: []Metrics{{Running: batch, Waiting: 6}, {Running: 1}, {Running: 0}, {Running: 1}},
+			prompt: conversation(1, 2048, 3, 2048), wantID: 3,
+		},
 		// ... but saving the prefill of about 50k tokens (2.5 s) is.
 		"a long saving waits for a full batch": {
 			holder: 1, sent: conversation(1, 2048, 4, 50000),
@@ -92,7 +102,8 @@ func TestLeastTTFT(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			p := newTTFTPicker(t, Options{})
+			now := time.Unix(1000, 0)
+			p := newTTFTPicker(t, Options{Now: func() time.Time { return now }})
 			rs := replicas(make([]int64, len(tc.loads)))
 			p.Prepare(rs)
 			if tc.holder > 0 {
@@ -101,8 +112,13 @@ func TestLeastTTFT(t *testing.T) {
 			}
 			for i, r := range rs {
 				r.InFlight.Store(tc.loads[i])
-				if tc.knowBatch {
+				if tc.knowBatch { // seen full long ago: the batch is known, the queue stale
 					r.SetMetrics(Metrics{Running: batch, Waiting: 1, UpdatedAt: 1})
+				}
+				if tc.engine != nil {
+					m := tc.engine[i]
+					m.UpdatedAt = now.UnixNano()
+					r.SetMetrics(m)
 				}
 			}
 			req := &Request{Model: []byte("m"), Prompt: tc.prompt}

@@ -127,10 +127,11 @@ type Options struct {
 	// PrefixCacheBlocks is how many prompt blocks (64 bytes of prompt, about 16 tokens, each)
 	// prefix_affinity and llm_aware remember. Zero means DefaultPrefixCacheBlocks.
 	PrefixCacheBlocks int
-	// MetricsStaleAfter is the age beyond which llm_aware ignores a replica's scraped metrics.
-	// Zero means DefaultMetricsStaleAfter.
+	// MetricsStaleAfter is the age beyond which llm_aware ignores a replica's scraped metrics,
+	// and least_ttft its scraped queue. Zero means DefaultMetricsStaleAfter.
 	MetricsStaleAfter time.Duration
-	// Now is llm_aware's clock, for judging staleness; nil means time.Now. Tests inject one.
+	// Now is llm_aware's and least_ttft's clock, for judging staleness; nil means time.Now.
+	// Tests inject one.
 	Now func() time.Time
 }
 
