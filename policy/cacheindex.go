@@ -14,9 +14,9 @@ const (
 	bytesPerToken = 4
 	// cacheBlockTokens is the index's block: 128 estimated tokens, eight of vLLM's 16-token
 	// blocks. Coarser than the engine's so that a 4k-token prompt costs 32 hashes and LRU
-	// updates, not 256 (BenchmarkLeastTTFTPick: 64-token blocks took 2.5 µs a pick, 128-token
-	// ones 2.0); the price is up to 127 tokens of a cached prefix counted as uncached, a few
-	// per cent of the prompts where caching matters.
+	// updates, not 256 (BenchmarkLeastTTFTPick, before record followed parent slots: 64-token
+	// blocks took 2.5 µs a pick, 128-token ones 2.0); the price is up to 127 tokens of a cached
+	// prefix counted as uncached, a few per cent of the prompts where caching matters.
 	cacheBlockTokens = 128
 	cacheBlockBytes  = cacheBlockTokens * bytesPerToken
 	// maxPromptBlocks bounds the work per request: the first 128k estimated tokens of a prompt
@@ -24,7 +24,7 @@ const (
 	// their remainder counts as uncached everywhere, which does not change which replica wins.
 	maxPromptBlocks = 1024
 	// minCacheBlocks and maxCacheBlocks bound one replica's index: at most 1<<16 blocks (8M
-	// tokens, more than an 8-GPU node's KV cache for a 70B model), 3.4 MiB (see replicaCache).
+	// tokens, more than an 8-GPU node's KV cache for a 70B model), 4.0 MiB (see replicaCache).
 	minCacheBlocks = 16
 	maxCacheBlocks = 1 << 16
 	// DefaultPrefixCacheTokens is the KV cache assumed for a replica that has not announced
@@ -75,9 +75,10 @@ func (b *promptBlocks) hash(model, prompt []byte) {
 // to binary-search instead of walking every block.
 //
 // Memory: a map entry (8-byte key, 4-byte slot, in Go's swiss tables at their load factor) and
-// a 16-byte list entry per block: 54 bytes a block measured when full (BenchmarkReplicaCacheMemory),
-// 3.4 MiB at maxCacheBlocks, about 110 KiB for a replica announcing 16k vLLM blocks of 16
-// tokens (2,048 index blocks). The list never grows beyond the largest limit set.
+// a 24-byte list entry per block: 65 bytes a block measured when full
+// (BenchmarkReplicaCacheMemory), 4.0 MiB at maxCacheBlocks, about 130 KiB for a replica
+// announcing 16k vLLM blocks of 16 tokens (2,048 index blocks). The list never grows beyond the
+// largest limit set.
 type replicaCache struct {
 	mu      sync.Mutex
 	limit   int
@@ -89,8 +90,9 @@ type replicaCache struct {
 }
 
 type cacheEntry struct {
-	hash       uint64
+	hash       uint64 // 0 while the slot is free
 	prev, next int32
+	parent     int32 // the slot of the block before this one in its chain when last recorded; -1 if none
 }
 
 func newReplicaCache(limit int) *replicaCache {
@@ -116,33 +118,60 @@ func (c *replicaCache) depth(hashes []uint64) int {
 
 // record notes that the replica was sent a prompt with these blocks: they become its most
 // recently used, the first block most recent, and the least recently used beyond the limit go.
+//
+// Each entry remembers the slot of the block before it in its chain (parent), so walking a
+// cached chain from its deepest block costs one map lookup, not one per block: a parent slot
+// is trusted only while it still holds the expected hash, else the map decides.
 func (c *replicaCache) record(hashes []uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for len(c.index) > c.limit {
 		c.evictOldest()
 	}
+	child := int32(-1) // the slot of block i+1, whose parent is block i
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
-		if slot, ok := c.index[h]; ok {
+		slot := int32(-1)
+		if child >= 0 {
+			if p := c.entries[child].parent; p >= 0 && c.entries[p].hash == h && h != 0 {
+				slot = p
+			}
+		}
+		if slot < 0 {
+			if s, ok := c.index[h]; ok {
+				slot = s
+			}
+		}
+		if slot >= 0 {
 			c.moveToFront(slot)
-			continue
-		}
-		if len(c.index) >= c.limit {
-			c.evictOldest()
-		}
-		var slot int32
-		if len(c.index) < len(c.entries) {
-			slot = c.free
-			c.free = c.entries[slot].next
 		} else {
-			slot = int32(len(c.entries))
-			c.entries = append(c.entries, cacheEntry{})
+			slot = c.insert(h)
 		}
-		c.entries[slot].hash = h
-		c.index[h] = slot
-		c.pushFront(slot)
+		if child >= 0 {
+			c.entries[child].parent = slot
+		}
+		child = slot
 	}
+}
+
+// insert adds h as the most recently used block, evicting the least recently used at the
+// limit, and returns its slot.
+func (c *replicaCache) insert(h uint64) int32 {
+	if len(c.index) >= c.limit {
+		c.evictOldest()
+	}
+	var slot int32
+	if len(c.index) < len(c.entries) {
+		slot = c.free
+		c.free = c.entries[slot].next
+	} else {
+		slot = int32(len(c.entries))
+		c.entries = append(c.entries, cacheEntry{})
+	}
+	c.entries[slot] = cacheEntry{hash: h, prev: -1, next: -1, parent: -1}
+	c.index[h] = slot
+	c.pushFront(slot)
+	return slot
 }
 
 // setLimit changes the bound; a smaller one takes effect at the next record.
@@ -163,7 +192,7 @@ func (c *replicaCache) evictOldest() {
 	slot := c.tail
 	c.unlink(slot)
 	delete(c.index, c.entries[slot].hash)
-	c.entries[slot].next = c.free
+	c.entries[slot] = cacheEntry{prev: -1, next: c.free, parent: -1}
 	c.free = slot
 }
 

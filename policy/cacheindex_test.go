@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -171,4 +173,55 @@ func BenchmarkReplicaCacheMemory(b *testing.B) {
 	bytes := float64(after.HeapAlloc) - float64(before.HeapAlloc)
 	b.ReportMetric(bytes/maxCacheBlocks, "B/block")
 	b.ReportMetric(bytes/(1<<20), "MiB/replica")
+}
+
+// The index behaves as a plain LRU list whatever the chains, limits and evictions: record's
+// shortcut through parent slots never changes what is held or in which order.
+func TestReplicaCacheMatchesAPlainLRU(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	c := newReplicaCache(40)
+	var model []uint64 // most recent first
+	conversations := make([][]uint64, 12)
+	for step := range 3000 {
+		if step%500 == 499 {
+			c.setLimit(8 + rng.IntN(60)) // applied at the next record, by both
+		}
+		k := rng.IntN(len(conversations))
+		switch rng.IntN(4) {
+		case 0: // a new conversation, sharing a prefix with another sometimes
+			n := 1 + rng.IntN(6)
+			var chain []uint64
+			if o := conversations[rng.IntN(len(conversations))]; len(o) > 0 && rng.IntN(2) == 0 {
+				chain = append(chain, o[:1+rng.IntN(len(o))]...)
+			}
+			for range n {
+				chain = append(chain, rng.Uint64()|1)
+			}
+			conversations[k] = chain
+		default: // the next turn of one
+			for range 1 + rng.IntN(3) {
+				conversations[k] = append(conversations[k], rng.Uint64()|1)
+			}
+		}
+		chain := conversations[k]
+		c.record(chain)
+		_, limit := c.size()
+		for len(model) > limit {
+			model = model[:len(model)-1]
+		}
+		for i := len(chain) - 1; i >= 0; i-- {
+			model = slices.DeleteFunc(model, func(h uint64) bool { return h == chain[i] })
+			model = append([]uint64{chain[i]}, model...)
+			if len(model) > limit {
+				model = model[:limit]
+			}
+		}
+		var got []uint64
+		for slot := c.head; slot >= 0; slot = c.entries[slot].next {
+			got = append(got, c.entries[slot].hash)
+		}
+		if !slices.Equal(got, model) {
+			t.Fatalf("step %d: index order differs from a plain LRU:\n got  %x\n want %x", step, got, model)
+		}
+	}
 }
