@@ -180,7 +180,7 @@ func TestParseErrors(t *testing.T) {
 		},
 		"map-form qps without instance-aware policy": {
 			yaml: "run: serve\nresources:\n  accelerators: {A100: 1}\n  ports: 8080\nservice:\n  replica_policy:\n    min_replicas: 1\n    max_replicas: 3\n    target_qps_per_replica: {A100: 5}\n",
-			want: []wantErr{{9, 29, "service.replica_policy.target_qps_per_replica", "needs load_balancing_policy: instance_aware_least_load (got least_load)"}},
+			want: []wantErr{{9, 29, "service.replica_policy.target_qps_per_replica", "needs load_balancing_policy: instance_aware_least_load (got least_ttft)"}},
 		},
 		"instance-aware policy without map-form qps": {
 			yaml: svc + "  replica_policy:\n    min_replicas: 1\n    max_replicas: 3\n    target_qps_per_replica: 5\n  load_balancing_policy: instance_aware_least_load\n",

@@ -53,7 +53,7 @@ func TestQuickstartExample(t *testing.T) {
 			FixedReplicas:       true,
 			ReplicaPolicy:       ReplicaPolicy{MinReplicas: 2, MaxReplicas: 2, UpscaleDelaySeconds: 300, DownscaleDelaySeconds: 1200},
 			Port:                8080,
-			LoadBalancingPolicy: PolicyLeastLoad,
+			LoadBalancingPolicy: PolicyLeastTTFT,
 			Update:              DefaultUpdate(),
 		},
 		Source: "examples/quickstart.yaml",

@@ -19,7 +19,7 @@ func defaultService(port int) *Service {
 		FixedReplicas:       true,
 		ReplicaPolicy:       ReplicaPolicy{MinReplicas: 1, MaxReplicas: 1, UpscaleDelaySeconds: 300, DownscaleDelaySeconds: 1200},
 		Port:                port,
-		LoadBalancingPolicy: PolicyLeastLoad,
+		LoadBalancingPolicy: PolicyLeastTTFT,
 		Update:              DefaultUpdate(),
 	}
 }

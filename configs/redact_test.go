@@ -116,7 +116,7 @@ func TestResolvedYAML(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"initial_delay_seconds: 1200", "timeout_seconds: 15", "upscale_delay_seconds: 300",
-		"downscale_delay_seconds: 1200", "load_balancing_policy: least_load", "HF_TOKEN: <redacted>", "infra: aws"} {
+		"downscale_delay_seconds: 1200", "load_balancing_policy: least_ttft", "HF_TOKEN: <redacted>", "infra: aws"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("ResolvedYAML lacks %q:\n%s", want, out)
 		}

@@ -25,7 +25,7 @@ var (
 		"stable_window_seconds", "panic_window_seconds", "panic_threshold", "max_scale_up_rate",
 		"max_scale_down_rate", "scale_to_zero_grace_seconds", "target_waiting_per_replica", "target_kv_cache_usage"}
 	tlsKeys           = []string{"keyfile", "certfile"}
-	lbPolicies        = []string{PolicyRoundRobin, PolicyLeastLoad, PolicyInstanceAwareLeastLoad, PolicyPowerOfTwo, PolicySessionAffinity, PolicyPrefixAffinity, PolicyLLMAware}
+	lbPolicies        = []string{PolicyRoundRobin, PolicyLeastLoad, PolicyInstanceAwareLeastLoad, PolicyPowerOfTwo, PolicySessionAffinity, PolicyPrefixAffinity, PolicyLLMAware, PolicyLeastTTFT}
 	spotPlacers       = []string{SpotPlacerDynamicFallback}
 	spotOnlyMsgSuffix = "spot-only field without use_spot: set resources.use_spot: true, or remove this field"
 )
@@ -57,7 +57,7 @@ func (c *checker) service(e entry, res Resources, envs, secrets map[string]strin
 	const field = "service"
 	s := &Service{
 		ReadinessProbe:      Probe{Path: DefaultProbePath, InitialDelaySeconds: DefaultInitialDelaySeconds, TimeoutSeconds: DefaultProbeTimeoutSeconds},
-		LoadBalancingPolicy: PolicyLeastLoad,
+		LoadBalancingPolicy: PolicyLeastTTFT,
 		Update:              DefaultUpdate(),
 	}
 	f, ok := c.fields(e.value, field, serviceKeys)

@@ -252,6 +252,7 @@ const (
 	PolicySessionAffinity        = "session_affinity"
 	PolicyPrefixAffinity         = "prefix_affinity"
 	PolicyLLMAware               = "llm_aware"
+	PolicyLeastTTFT              = "least_ttft"
 )
 
 // Autoscaler names accepted in `replica_policy.autoscaler`.

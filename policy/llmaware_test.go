@@ -170,7 +170,7 @@ func TestMetricsRoundTrip(t *testing.T) {
 	if got := r.LoadMetrics(); got != (Metrics{}) {
 		t.Errorf("never scraped: %+v, want zero", got)
 	}
-	want := Metrics{Waiting: 3, Running: 12, KVCacheUsage: 0.625, UpdatedAt: 42}
+	want := Metrics{Waiting: 3, Running: 12, KVCacheUsage: 0.625, CacheTokens: 65536, PrefixQueries: 1000, PrefixHits: 250, UpdatedAt: 42}
 	r.SetMetrics(want)
 	if diff := cmp.Diff(want, r.LoadMetrics()); diff != "" {
 		t.Errorf("LoadMetrics (-want +got):\n%s", diff)

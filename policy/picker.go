@@ -21,17 +21,18 @@ const (
 	SessionAffinity = "session_affinity"
 	PrefixAffinity  = "prefix_affinity"
 	LLMAware        = "llm_aware"
-	// Default is what an empty name selects: least_load, as in SkyServe, and the policy with
-	// the shortest p99 time to first token in bench/routing's replay of the Azure conversation
-	// trace (README "Measured": llm_aware and prefix_affinity hit the prefix cache more but
-	// have longer tails there).
-	Default = LeastLoad
+	LeastTTFT       = "least_ttft"
+	// Default is what an empty name selects: least_ttft, which on bench/routing beat
+	// least_load (SkyServe's default and Ferry's before) on TTFT p50 and p99 both on the Azure
+	// trace replay and on the multi-turn workload with long shared prefixes (README "Routing
+	// quality"). Without a prompt to read, or with nothing shared, it picks as least_load does.
+	Default = LeastTTFT
 )
 
 // Picker chooses the replica for one request. Pick returns nil when replicas is empty. It is
 // called concurrently from every request goroutine, so implementations keep no per-call state
 // except atomics (and their own bounded, synchronized caches), and must retain neither req nor
-// the slice, nor modify them. req is never nil.
+// the slice, nor modify them, except req.Estimate, which a Learner fills in. req is never nil.
 type Picker interface {
 	Pick(req *Request, replicas []*Replica) *Replica
 }
@@ -47,6 +48,26 @@ type Request struct {
 	Prompt []byte
 	// Model is the body's "model" field, unquoted; empty when absent.
 	Model []byte
+	// Estimate is what a Learner's Pick noted about its choice; the proxy hands it back to
+	// Learn with the request's outcome. The last Pick of a retried request wins.
+	Estimate Estimate
+}
+
+// Estimate is a Learner's note about one pick, carried by the request until it ends.
+type Estimate struct {
+	// Tokens is the prompt's estimated length in tokens; Cached how many of them the picker
+	// expected the chosen replica to have in its prefix cache.
+	Tokens, Cached int64
+	// Queued is set when the picker expected the request to wait for a batch slot.
+	Queued bool
+}
+
+// Learner is an optional capability of a Picker: it learns from how the requests it placed
+// turned out. The proxy calls Learn once for every request whose streamed 2xx response it
+// relayed, from the goroutine that ends the stream: ttft from sending the request to the
+// replica's first body byte, total to its last. It must be cheap and safe for concurrent use.
+type Learner interface {
+	Learn(r *Replica, est Estimate, ttft, total time.Duration)
 }
 
 // Needs says which Request fields a picker reads, so that the proxy parses request bodies only
@@ -62,6 +83,10 @@ const (
 	// (SetMetrics). Scraping costs a request per replica per interval, so only pickers that read
 	// LoadMetrics declare it.
 	NeedsMetrics
+	// PromptOptional, with NeedsPrompt, says the picker routes a request whose body is not a
+	// JSON object (Request.Prompt empty) by load, so the proxy must not refuse it: a service
+	// that is not an OpenAI API works under the default policy too.
+	PromptOptional
 )
 
 // NeedsOf returns what p reads of a Request: the result of its Needs method if it has one,
@@ -92,13 +117,21 @@ type Options struct {
 	// would hold more than max(f × mean, mean + 2) requests loses its affinity (see
 	// affinityBound). Zero means DefaultPrefixLoadFactor; otherwise it must be at least 1.
 	PrefixLoadFactor float64
+	// PrefixCacheTokens is the KV cache size, in tokens, least_ttft assumes for a replica that
+	// does not announce its own in vllm:cache_config_info. Zero means
+	// DefaultPrefixCacheTokens.
+	PrefixCacheTokens int64
+	// TTFTLoadFactor is least_ttft's load bound (see DefaultTTFTLoadFactor). Zero means the
+	// default; otherwise it must be at least 1.
+	TTFTLoadFactor float64
 	// PrefixCacheBlocks is how many prompt blocks (64 bytes of prompt, about 16 tokens, each)
 	// prefix_affinity and llm_aware remember. Zero means DefaultPrefixCacheBlocks.
 	PrefixCacheBlocks int
-	// MetricsStaleAfter is the age beyond which llm_aware ignores a replica's scraped metrics.
-	// Zero means DefaultMetricsStaleAfter.
+	// MetricsStaleAfter is the age beyond which llm_aware ignores a replica's scraped metrics,
+	// and least_ttft its scraped queue. Zero means DefaultMetricsStaleAfter.
 	MetricsStaleAfter time.Duration
-	// Now is llm_aware's clock, for judging staleness; nil means time.Now. Tests inject one.
+	// Now is llm_aware's and least_ttft's clock, for judging staleness; nil means time.Now.
+	// Tests inject one.
 	Now func() time.Time
 }
 
@@ -135,6 +168,12 @@ func (o Options) withDefaults() Options {
 	if o.PrefixCacheBlocks == 0 {
 		o.PrefixCacheBlocks = DefaultPrefixCacheBlocks
 	}
+	if o.PrefixCacheTokens == 0 {
+		o.PrefixCacheTokens = DefaultPrefixCacheTokens
+	}
+	if o.TTFTLoadFactor == 0 {
+		o.TTFTLoadFactor = DefaultTTFTLoadFactor
+	}
 	if o.MetricsStaleAfter == 0 {
 		o.MetricsStaleAfter = DefaultMetricsStaleAfter
 	}
@@ -154,6 +193,12 @@ func (o Options) validate() error {
 	if !(o.PrefixLoadFactor >= 1) || math.IsInf(o.PrefixLoadFactor, 0) {
 		errs = append(errs, fmt.Errorf("prefix load factor %v: must be a number of at least 1", o.PrefixLoadFactor))
 	}
+	if !(o.TTFTLoadFactor >= 1) || math.IsInf(o.TTFTLoadFactor, 0) {
+		errs = append(errs, fmt.Errorf("TTFT load factor %v: must be a number of at least 1", o.TTFTLoadFactor))
+	}
+	if o.PrefixCacheTokens < 1 {
+		errs = append(errs, fmt.Errorf("prefix cache tokens %d: must be positive", o.PrefixCacheTokens))
+	}
 	if o.PrefixCacheBlocks < 1 {
 		errs = append(errs, fmt.Errorf("prefix cache blocks %d: must be positive", o.PrefixCacheBlocks))
 	}
@@ -165,11 +210,10 @@ func (o Options) validate() error {
 
 // Names returns the policy names New accepts, for help text and validation messages.
 func Names() []string {
-	return []string{InstanceAwareLeastLoad, LeastLoad, LLMAware, PowerOfTwo, PrefixAffinity, RoundRobin, SessionAffinity}
+	return []string{InstanceAwareLeastLoad, LeastLoad, LeastTTFT, LLMAware, PowerOfTwo, PrefixAffinity, RoundRobin, SessionAffinity}
 }
 
-// New returns the picker named name. An empty name selects the default, least_load, as in
-// SkyServe.
+// New returns the picker named name. An empty name selects the default, least_ttft.
 func New(name string, opts Options) (Picker, error) {
 	if name == "" {
 		name = Default
@@ -194,6 +238,8 @@ func New(name string, opts Options) (Picker, error) {
 		return newPrefixAffinity(opts)
 	case LLMAware:
 		return newLLMAware(opts)
+	case LeastTTFT:
+		return newLeastTTFT(opts), nil
 	}
 	return nil, fmt.Errorf("unknown load balancing policy %q: want one of %s", name, strings.Join(Names(), ", "))
 }
@@ -207,6 +253,9 @@ var (
 	_ Picker   = (*sessionAffinity)(nil)
 	_ Picker   = (*prefixAffinity)(nil)
 	_ Picker   = (*llmAware)(nil)
+	_ Picker   = (*leastTTFT)(nil)
+	_ Preparer = (*leastTTFT)(nil)
+	_ Learner  = (*leastTTFT)(nil)
 )
 
 // roundRobin cycles through the snapshot with one shared counter. When the snapshot changes the

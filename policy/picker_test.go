@@ -58,15 +58,18 @@ func TestNew(t *testing.T) {
 		wantNeeds Needs
 		wantErr   string
 	}{
-		"round robin":          {name: RoundRobin},
-		"least load":           {name: LeastLoad},
-		"empty is the default": {name: ""},
-		"instance aware":       {name: InstanceAwareLeastLoad, opts: Options{TargetQPSPerAccelerator: map[string]float64{"A100": 2}}},
-		"power of two":         {name: PowerOfTwo},
-		"session affinity":     {name: SessionAffinity, wantNeeds: NeedsSession},
-		"prefix affinity":      {name: PrefixAffinity, wantNeeds: NeedsPrompt},
-		"llm aware":            {name: LLMAware, wantNeeds: NeedsPrompt | NeedsMetrics},
-		"tiny prefix cache":    {name: PrefixAffinity, opts: Options{PrefixCacheBlocks: 1}, wantNeeds: NeedsPrompt},
+		"round robin":           {name: RoundRobin},
+		"least load":            {name: LeastLoad},
+		"empty is the default":  {name: "", wantNeeds: NeedsPrompt | PromptOptional | NeedsMetrics},
+		"least ttft":            {name: LeastTTFT, wantNeeds: NeedsPrompt | PromptOptional | NeedsMetrics},
+		"ttft load factor":      {name: LeastTTFT, opts: Options{TTFTLoadFactor: 0.9}, wantErr: "TTFT load factor 0.9: must be a number of at least 1"},
+		"negative cache tokens": {name: LeastTTFT, opts: Options{PrefixCacheTokens: -5}, wantErr: "prefix cache tokens -5: must be positive"},
+		"instance aware":        {name: InstanceAwareLeastLoad, opts: Options{TargetQPSPerAccelerator: map[string]float64{"A100": 2}}},
+		"power of two":          {name: PowerOfTwo},
+		"session affinity":      {name: SessionAffinity, wantNeeds: NeedsSession},
+		"prefix affinity":       {name: PrefixAffinity, wantNeeds: NeedsPrompt},
+		"llm aware":             {name: LLMAware, wantNeeds: NeedsPrompt | NeedsMetrics},
+		"tiny prefix cache":     {name: PrefixAffinity, opts: Options{PrefixCacheBlocks: 1}, wantNeeds: NeedsPrompt},
 		"tuned": {
 			name:      LLMAware,
 			opts:      Options{SessionLoadFactor: 1, PrefixLoadFactor: 3, PrefixCacheBlocks: 100, MetricsStaleAfter: time.Minute},
@@ -87,7 +90,7 @@ func TestNew(t *testing.T) {
 		"every error at once": {
 			name:    "",
 			opts:    Options{SessionLoadFactor: -1, PrefixLoadFactor: -1},
-			wantErr: "load balancing policy least_load: session load factor -1: must be a number of at least 1\nprefix load factor -1",
+			wantErr: "load balancing policy least_ttft: session load factor -1: must be a number of at least 1\nprefix load factor -1",
 		},
 	}
 	for name, tc := range tests {

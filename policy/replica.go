@@ -46,6 +46,10 @@ type Replica struct {
 	running   atomic.Int64
 	kvUsage   atomic.Uint64 // float64 bits
 	scrapedAt atomic.Int64  // unix nanoseconds; 0 = never scraped
+	// The replica's prefix cache as last scraped: its size and its counters, for least_ttft.
+	cacheTokens   atomic.Int64
+	prefixQueries atomic.Uint64 // float64 bits
+	prefixHits    atomic.Uint64 // float64 bits
 }
 
 // Preparer is an optional capability of a Picker: it resolves per-replica constants once per
@@ -69,6 +73,13 @@ type Metrics struct {
 	// KVCacheUsage is the used share of the KV cache, 0 to 1 (vllm:kv_cache_usage_perc); TGI
 	// does not report it and it stays 0.
 	KVCacheUsage float64
+	// CacheTokens is the KV cache's size in tokens, num_gpu_blocks × block_size of
+	// vllm:cache_config_info; 0 when the replica does not say.
+	CacheTokens int64
+	// PrefixQueries and PrefixHits are the engine's prefix-cache counters, in prompt tokens
+	// looked up and found cached since it started (vllm:prefix_cache_queries_total and
+	// vllm:prefix_cache_hits_total); both 0 when it does not export them.
+	PrefixQueries, PrefixHits float64
 	// UpdatedAt is when the values were scraped, in unix nanoseconds; 0 means never. Pickers
 	// ignore values older than their staleness limit, so a replica whose endpoint stops
 	// answering falls back to being judged on in-flight requests alone.
@@ -83,6 +94,9 @@ func (r *Replica) SetMetrics(m Metrics) {
 	r.waiting.Store(m.Waiting)
 	r.running.Store(m.Running)
 	r.kvUsage.Store(math.Float64bits(m.KVCacheUsage))
+	r.cacheTokens.Store(m.CacheTokens)
+	r.prefixQueries.Store(math.Float64bits(m.PrefixQueries))
+	r.prefixHits.Store(math.Float64bits(m.PrefixHits))
 	r.scrapedAt.Store(m.UpdatedAt)
 }
 
@@ -93,6 +107,9 @@ func (r *Replica) LoadMetrics() Metrics {
 	m.Waiting = r.waiting.Load()
 	m.Running = r.running.Load()
 	m.KVCacheUsage = math.Float64frombits(r.kvUsage.Load())
+	m.CacheTokens = r.cacheTokens.Load()
+	m.PrefixQueries = math.Float64frombits(r.prefixQueries.Load())
+	m.PrefixHits = math.Float64frombits(r.prefixHits.Load())
 	return m
 }
 

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"sync/atomic"
+	"time"
 
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
@@ -52,6 +53,9 @@ type exchange struct {
 
 	// obs is what metrics and the access log record of the request (metrics.go).
 	obs exchangeObs
+	// sentAt and firstAt time the attempt that answered, from sending it to the replica's
+	// first body byte, for a picker that learns from TTFT (Service.learner); zero otherwise.
+	sentAt, firstAt time.Time
 
 	// Client watching (clientwatch.go). binding is true while the handler holds the replica's
 	// binder; upstream is the connection carrying the request; clientLeft is set when the
@@ -127,6 +131,9 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	n, err := ex.body.Read(p)
 	if n > 0 {
 		ex.progress.Add(1)
+		if ex.firstAt.IsZero() && ex.svc.learner != nil {
+			ex.firstAt = time.Now()
+		}
 	}
 	if err == io.EOF && ex.bodyCut() { // fasthttp can take a cut chunked body for a whole one
 		err = errBodyCut
@@ -180,8 +187,24 @@ func (ex *exchange) finish(err error) {
 		ex.logStreamEnd(err)
 	}
 	ex.observeFinish(err)
+	ex.learn(err)
 	ex.end()
 	ex.svc.releaseExchange(ex)
+}
+
+// learn tells a learning picker how a streamed answer went: its time to first byte and to the
+// end, against what the picker estimated (policy.Request.Estimate). Only a whole 2xx event
+// stream counts: a non-streamed answer's first byte comes after its last token, and a cut
+// stream's end says nothing about the replica's pace.
+func (ex *exchange) learn(err error) {
+	l := ex.svc.learner
+	if l == nil || ex.sentAt.IsZero() || ex.firstAt.IsZero() || !ex.sse || err != nil || ex.readErr != nil {
+		return
+	}
+	if code := ex.resp.StatusCode(); code < 200 || code > 299 {
+		return
+	}
+	l.Learn(ex.replica, ex.info.Estimate, ex.firstAt.Sub(ex.sentAt), time.Since(ex.sentAt))
 }
 
 func (ex *exchange) logStreamEnd(err error) {
@@ -219,6 +242,7 @@ func (s *Service) releaseExchange(ex *exchange) {
 	ex.readErr = nil
 	ex.sse, ex.pending = false, nil
 	ex.obs.reset()
+	ex.sentAt, ex.firstAt = time.Time{}, time.Time{}
 	ex.info = policy.Request{}
 	clear(ex.tried) // do not pin replicas of old snapshots
 	ex.tried = ex.tried[:0]

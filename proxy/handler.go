@@ -192,6 +192,9 @@ func (s *Service) tryReplica(ctx *fasthttp.RequestCtx, ex *exchange, snap *snaps
 	}
 
 	ex.begin(replica, client)
+	if s.learner != nil {
+		ex.sentAt, ex.firstAt = time.Now(), time.Time{}
+	}
 	if err = ex.send(client); err == nil {
 		code := ex.resp.StatusCode()
 		if !retryableStatus(code) || !budget.more() {
@@ -266,7 +269,8 @@ func (ex *exchange) pick(p policy.Picker, snap *snapshot, slots *slotQueue) *pol
 
 // describe fills what the picker reads of the request (needs) and, with wantStream, whether it
 // asks to stream. It reports false when the picker needs the prompt and the body is not a JSON
-// object: routing cannot read it, and no replica would accept it either.
+// object: routing cannot read it, and no replica would accept it either; unless the picker
+// takes the prompt as optional (policy.PromptOptional), when the request goes on without one.
 func (ex *exchange) describe(ctx *fasthttp.RequestCtx, needs policy.Needs, wantStream bool) bool {
 	ex.info = policy.Request{}
 	if needs&policy.NeedsSession != 0 {
@@ -275,8 +279,8 @@ func (ex *exchange) describe(ctx *fasthttp.RequestCtx, needs policy.Needs, wantS
 	needsPrompt := needs&policy.NeedsPrompt != 0
 	if (needsPrompt || wantStream) && ctx.IsPost() && !bytes.HasPrefix(ctx.Request.Header.ContentType(), contentTypeMultipart) {
 		f, err := scanBody(ctx.Request.Body())
-		if err != nil {
-			return !needsPrompt // not JSON: no stream, and the replica will say what is wrong
+		if err != nil { // not JSON: no stream, and the replica will say what is wrong
+			return !needsPrompt || needs&policy.PromptOptional != 0
 		}
 		if needsPrompt {
 			ex.info.Prompt, ex.info.Model = f.Prompt, f.Model

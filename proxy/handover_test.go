@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"go.uber.org/zap/zaptest"
+
+	"github.com/ferryserve/ferry/policy"
 )
 
 // startHandover serves a Handover with first on loopback and shuts it down at the end of the
@@ -38,10 +40,14 @@ func startHandover(t *testing.T, first *Service) (*Handover, string) {
 	return h, "http://" + ln.Addr().String()
 }
 
+// newTestService builds a Service on least_load unless cfg names a policy (see startProxy).
 func newTestService(t *testing.T, cfg ServiceConfig, backends []Backend) *Service {
 	t.Helper()
 	if cfg.Name == "" {
 		cfg.Name = "llama"
+	}
+	if cfg.Policy == "" {
+		cfg.Policy = policy.LeastLoad
 	}
 	cfg.Logger = zaptest.NewLogger(t)
 	svc, err := NewService(cfg)

@@ -18,6 +18,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+
+	"github.com/ferryserve/ferry/policy"
 )
 
 // waitTimeout bounds every poll for observed state. Generous: it only matters when a test fails.
@@ -137,11 +139,15 @@ func (c *closableCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 }
 
 // startProxy serves a new Service on loopback and shuts it down at the end of the test.
-// Health checks and learned late-binding caps are off unless the test asks: their requests
-// (GET /health, GET /metrics) would count on the test's upstreams, and its held handlers would
-// look hung (healthcheck_test.go and slots_test.go test them, the latter through serveProxy).
+// Health checks, learned late-binding caps and the default policy's scrapes are off unless the
+// test asks: their requests (GET /health, GET /metrics) would count on the test's upstreams,
+// and its held handlers would look hung (healthcheck_test.go and slots_test.go test them, the
+// latter through serveProxy; learn_test.go names least_ttft, the default).
 func startProxy(t *testing.T, cfg ServiceConfig, backends ...Backend) (*Service, string) {
 	t.Helper()
+	if cfg.Policy == "" {
+		cfg.Policy = policy.LeastLoad
+	}
 	if cfg.HealthCheck == (HealthCheck{}) {
 		cfg.HealthCheck.Interval = -1
 	}
@@ -151,9 +157,13 @@ func startProxy(t *testing.T, cfg ServiceConfig, backends ...Backend) (*Service,
 	return serveProxy(t, cfg, backends...)
 }
 
-// serveProxy is startProxy with cfg's own defaults.
+// serveProxy is startProxy with cfg's own defaults, but for the policy: least_load unless the
+// test names one, since the default scrapes every replica's /metrics every 100 ms.
 func serveProxy(t *testing.T, cfg ServiceConfig, backends ...Backend) (*Service, string) {
 	t.Helper()
+	if cfg.Policy == "" {
+		cfg.Policy = policy.LeastLoad
+	}
 	if cfg.Name == "" {
 		cfg.Name = "llama"
 	}

@@ -329,18 +329,24 @@ func (s *scraper) failed(t *scrapeTarget, err error) {
 // parseScrape reads the load series out of a Prometheus text exposition, without a full parse:
 // it looks at the metric name of every sample line and parses the value of only the few it
 // wants, summing each over its label sets (vLLM labels by model and, in recent versions, by
-// engine). It reports whether any wanted series was present.
+// engine). It reports whether any load series was present.
 //
 //   - waiting: vllm:num_requests_waiting, TGI's tgi_queue_size
 //   - running: vllm:num_requests_running, TGI's tgi_batch_current_size
 //   - KV-cache usage: vllm:kv_cache_usage_perc, or the deprecated vllm:gpu_cache_usage_perc when
 //     the new name is absent (older vLLM). TGI exports none.
+//   - the prefix cache's counters: vllm:prefix_cache_queries_total and _hits_total, or the
+//     deprecated vllm:gpu_prefix_cache_* when the new names are absent
+//   - the KV cache's size in tokens: num_gpu_blocks × block_size, labels of
+//     vllm:cache_config_info
 //
 // KV-cache usage is a fraction per engine, so it is averaged over label sets rather than summed.
 // Non-finite or negative samples are skipped; counts are rounded to whole requests.
 func parseScrape(body []byte) (policy.Metrics, bool) {
 	var waiting, running, kv, gpuKV float64
-	var kvSets, gpuKVSets int
+	var queries, hits, gpuQueries, gpuHits float64
+	var kvSets, gpuKVSets, counterSets int
+	var cacheTokens int64
 	found := false
 	for len(body) > 0 {
 		line := body
@@ -357,6 +363,11 @@ func parseScrape(body []byte) (policy.Metrics, bool) {
 		case "vllm:num_requests_waiting", "tgi_queue_size":
 		case "vllm:num_requests_running", "tgi_batch_current_size":
 		case "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc":
+		case "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total":
+		case "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total":
+		case "vllm:cache_config_info":
+			cacheTokens += cacheConfigTokens(line)
+			continue
 		default:
 			continue
 		}
@@ -364,31 +375,102 @@ func parseScrape(body []byte) (policy.Metrics, bool) {
 		if err != nil || !(v >= 0) || math.IsInf(v, 0) {
 			continue
 		}
-		found = true
 		switch string(name) {
 		case "vllm:num_requests_waiting", "tgi_queue_size":
 			waiting += v
+			found = true
 		case "vllm:num_requests_running", "tgi_batch_current_size":
 			running += v
+			found = true
 		case "vllm:kv_cache_usage_perc":
 			kv += v
 			kvSets++
+			found = true
 		case "vllm:gpu_cache_usage_perc":
 			gpuKV += v
 			gpuKVSets++
+			found = true
+		case "vllm:prefix_cache_queries_total":
+			queries += v
+			counterSets++
+		case "vllm:prefix_cache_hits_total":
+			hits += v
+		case "vllm:gpu_prefix_cache_queries_total":
+			gpuQueries += v
+		case "vllm:gpu_prefix_cache_hits_total":
+			gpuHits += v
 		}
 	}
 	if !found {
 		return policy.Metrics{}, false
 	}
-	m := policy.Metrics{Waiting: scrapeCount(waiting), Running: scrapeCount(running)}
+	m := policy.Metrics{Waiting: scrapeCount(waiting), Running: scrapeCount(running), CacheTokens: cacheTokens}
 	switch {
 	case kvSets > 0:
 		m.KVCacheUsage = min(kv/float64(kvSets), 1)
 	case gpuKVSets > 0:
 		m.KVCacheUsage = min(gpuKV/float64(gpuKVSets), 1)
 	}
+	if counterSets > 0 {
+		m.PrefixQueries, m.PrefixHits = queries, hits
+	} else {
+		m.PrefixQueries, m.PrefixHits = gpuQueries, gpuHits
+	}
 	return m, true
+}
+
+// cacheConfigTokens reads num_gpu_blocks × block_size from the labels of a
+// vllm:cache_config_info sample line; 0 when either is missing or not a positive number (vLLM
+// writes "None" before its memory profiling has sized the cache).
+func cacheConfigTokens(line []byte) int64 {
+	blocks := labelInt(line, "num_gpu_blocks")
+	size := labelInt(line, "block_size")
+	if blocks <= 0 || size <= 0 || blocks > 1<<40/size {
+		return 0
+	}
+	return blocks * size
+}
+
+// labelInt returns the value of label name in a sample line's label set as an integer, or 0.
+// Label values are matched quote-aware, so a value containing `name="` cannot spoof another.
+func labelInt(line []byte, name string) int64 {
+	open := bytes.IndexByte(line, '{')
+	if open < 0 {
+		return 0
+	}
+	labels := line[open:]
+	if end := labelSetEnd(labels); end > 0 {
+		labels = labels[1:end]
+	} else {
+		return 0
+	}
+	for len(labels) > 0 {
+		eq := bytes.IndexByte(labels, '=')
+		if eq < 0 || eq+1 >= len(labels) || labels[eq+1] != '"' {
+			return 0
+		}
+		key := bytes.TrimLeft(labels[:eq], " \t,")
+		rest := labels[eq+2:]
+		end := 0
+		for end < len(rest) && rest[end] != '"' {
+			if rest[end] == '\\' {
+				end++
+			}
+			end++
+		}
+		if end >= len(rest) {
+			return 0
+		}
+		if string(key) == name {
+			v, err := strconv.ParseInt(string(rest[:end]), 10, 64)
+			if err != nil {
+				return 0
+			}
+			return v
+		}
+		labels = rest[end+1:]
+	}
+	return 0
 }
 
 // scrapeCount rounds a summed gauge to whole requests, saturating far above any real count.

@@ -104,9 +104,31 @@ func TestParseScrape(t *testing.T) {
 			want: policy.Metrics{Running: 2, KVCacheUsage: 1}, wantFound: true,
 		},
 		"only the old KV name": {body: "vllm:gpu_cache_usage_perc 0.25\n", want: policy.Metrics{KVCacheUsage: 0.25}, wantFound: true},
-		"not an engine":        {body: "# HELP go_goroutines x\ngo_goroutines 12\nprocess_open_fds 9\n"},
-		"empty":                {body: ""},
-		"HTML":                 {body: "<html><body>Not Found</body></html>"},
+		// The prefix cache's size and counters sum over engines; the new counter names win.
+		"prefix cache": {
+			body: `vllm:num_requests_running{engine="0"} 1` + "\n" +
+				`vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="1000",note="num_gpu_blocks=\"9\""} 1.0` + "\n" +
+				`vllm:cache_config_info{engine="1", num_gpu_blocks="500",block_size="32"} 1.0` + "\n" +
+				`vllm:prefix_cache_queries_total{engine="0",model_name="m"} 800.0` + "\n" +
+				`vllm:prefix_cache_queries_total{engine="1",model_name="m"} 200.0` + "\n" +
+				`vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9` + "\n" +
+				`vllm:prefix_cache_hits_total{engine="0",model_name="m"} 300.0` + "\n" +
+				`vllm:gpu_prefix_cache_queries_total{model_name="m"} 7` + "\n",
+			want: policy.Metrics{Running: 1, CacheTokens: 1000*16 + 500*32, PrefixQueries: 1000, PrefixHits: 300}, wantFound: true,
+		},
+		"old prefix counters": {
+			body: "vllm:num_requests_running 2\nvllm:gpu_prefix_cache_queries_total 70\nvllm:gpu_prefix_cache_hits_total 7\n",
+			want: policy.Metrics{Running: 2, PrefixQueries: 70, PrefixHits: 7}, wantFound: true,
+		},
+		"cache size not known yet": {
+			body: "vllm:num_requests_running 2\n" + `vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1` + "\n" +
+				`vllm:cache_config_info{block_size="16"} 1` + "\n" + `vllm:cache_config_info{num_gpu_blocks="-4",block_size="16"} 1` + "\n",
+			want: policy.Metrics{Running: 2}, wantFound: true,
+		},
+		"cache info alone is not load": {body: `vllm:cache_config_info{block_size="16",num_gpu_blocks="10"} 1` + "\n"},
+		"not an engine":                {body: "# HELP go_goroutines x\ngo_goroutines 12\nprocess_open_fds 9\n"},
+		"empty":                        {body: ""},
+		"HTML":                         {body: "<html><body>Not Found</body></html>"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -377,10 +399,21 @@ func TestScrapeReplicaSim(t *testing.T) {
 			updateFresh(s, r)
 			waitFor(t, "one running and two waiting", func() bool {
 				m := r.LoadMetrics()
-				return m.Running == 1 && m.Waiting == 2
+				// vLLM counts the running request's prompt as a prefix-cache query just after
+				// admitting it.
+				return m.Running == 1 && m.Waiting == 2 && (m.PrefixQueries > 0) == tc.wantKV
 			})
-			if kv := r.LoadMetrics().KVCacheUsage; (kv > 0) != tc.wantKV {
+			m := r.LoadMetrics()
+			if kv := m.KVCacheUsage; (kv > 0) != tc.wantKV {
 				t.Errorf("KV-cache usage %v, want it reported: %v", kv, tc.wantKV)
+			}
+			// vLLM's cache size, for least_ttft; TGI has none.
+			wantCache := int64(0)
+			if tc.wantKV {
+				wantCache = int64(cfg.KVCacheBlocks) * 16
+			}
+			if m.CacheTokens != wantCache {
+				t.Errorf("cache %d tokens, want %d", m.CacheTokens, wantCache)
 			}
 		})
 	}

@@ -21,7 +21,9 @@
 // Guard's per-address lock, only while MaxConnectionsPerAddr is set (guard.go). Pickers are
 // the policy package's: least_load and the other policies that read only counters lock
 // nothing, while prefix_affinity and llm_aware hold their service's prefix index for about a
-// microsecond per pick (policy/prefix.go).
+// microsecond per pick (policy/prefix.go), and least_ttft takes each replica's index lock for
+// a few lookups and the chosen one's for its update, and a replica's learning lock once per
+// streamed answer (Learn) and once per new scrape (policy/leastttft.go).
 //
 // Membership changes (SetBackends) build a new snapshot and swap it in; requests already
 // running keep the replica and upstream client they picked until their stream ends.
@@ -107,7 +109,7 @@ type Backend struct {
 type ServiceConfig struct {
 	// Name is the service name, used in error messages and logs. Required.
 	Name string
-	// Policy is the load-balancing policy name (policy.New); empty means least_load.
+	// Policy is the load-balancing policy name (policy.New); empty means DefaultPolicy.
 	Policy string
 	// TargetQPSPerAccelerator feeds instance_aware_least_load.
 	TargetQPSPerAccelerator map[string]float64
@@ -246,6 +248,10 @@ func (c ServiceConfig) validate() error {
 	return errors.Join(errs...)
 }
 
+// DefaultPolicy is the load-balancing policy of a service that names none, for packages that
+// report it without importing policy.
+const DefaultPolicy = policy.Default
+
 // Service proxies one service's traffic to its READY replicas. Its methods are safe for
 // concurrent use.
 type Service struct {
@@ -253,9 +259,12 @@ type Service struct {
 	log    *zap.Logger
 	picker policy.Picker
 	needs  policy.Needs
-	keys   *apiKeys // nil: no auth
-	errs   errorBodies
-	front  frontend
+	// learner is the picker as a policy.Learner, fed each streamed answer's TTFT; nil when it
+	// learns nothing.
+	learner policy.Learner
+	keys    *apiKeys // nil: no auth
+	errs    errorBodies
+	front   frontend
 	// obs records metrics and the access log (metrics.go).
 	obs observability
 
@@ -375,6 +384,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 		slots:   newSlotQueue(cfg.MaxInFlightPerReplica),
 		obs:     newObservability(cfg),
 	}
+	s.learner, _ = picker.(policy.Learner)
 	s.errs = s.errs.withLimitBodies(cfg.Name, cfg.RateLimit, keys != nil, cfg.MaxConcurrentStreams)
 	s.limiter = newRateLimiter(cfg.RateLimit, len(cfg.APIKeyHashes))
 	if keys != nil {

@@ -139,7 +139,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	if seq.sleep(s.cfg.TTFT+time.Duration(promptTokens-cachedTokens)*s.cfg.PrefillPerToken+slow) != nil {
 		return
 	}
-	s.cache.insert(sc.hashes)
+	s.cache.insert(sc.hashes, int(s.genBlocksUsed.Load()))
 	s.metrics.promptTokens.Add(float64(promptTokens))
 	s.metrics.ttft.Observe(time.Since(start).Seconds())
 
@@ -221,6 +221,9 @@ type sequence struct {
 	timer     *time.Timer
 	holdsSlot bool
 	kvBlocks  int64
+	// promptBlocks are the blocks of kvBlocks that hold the prompt (the first holdKV); the
+	// rest hold generated tokens.
+	promptBlocks int64
 }
 
 // sleep waits d of simulated compute. It returns the context's error if the client leaves,
@@ -249,8 +252,12 @@ func (q *sequence) sleep(d time.Duration) error {
 // holdKV records that the sequence now holds the KV of tokens tokens.
 func (q *sequence) holdKV(tokens int) {
 	blocks := int64((tokens + blockTokens - 1) / blockTokens)
+	if q.kvBlocks == 0 {
+		q.promptBlocks = blocks
+	}
 	if blocks != q.kvBlocks {
 		q.server.kvBlocksUsed.Add(blocks - q.kvBlocks)
+		q.server.genBlocksUsed.Add(max(blocks-q.promptBlocks, 0) - max(q.kvBlocks-q.promptBlocks, 0))
 		q.kvBlocks = blocks
 	}
 }
@@ -259,7 +266,8 @@ func (q *sequence) holdKV(tokens int) {
 func (q *sequence) finish() {
 	if q.kvBlocks != 0 {
 		q.server.kvBlocksUsed.Add(-q.kvBlocks)
-		q.kvBlocks = 0
+		q.server.genBlocksUsed.Add(-max(q.kvBlocks-q.promptBlocks, 0))
+		q.kvBlocks, q.promptBlocks = 0, 0
 	}
 	if q.holdsSlot {
 		q.holdsSlot = false

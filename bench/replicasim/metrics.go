@@ -2,6 +2,7 @@ package replicasim
 
 import (
 	"net/http"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -38,7 +39,8 @@ type metrics struct {
 }
 
 // newMetrics registers engine's series; the gauges read the live values through the callbacks.
-func newMetrics(engine, model string, running, waiting, kvUsage func() float64) *metrics {
+// kvBlocks is the KV cache's size in blocks, announced as vLLM does in vllm:cache_config_info.
+func newMetrics(engine, model string, kvBlocks int, running, waiting, kvUsage func() float64) *metrics {
 	labels := prometheus.Labels{"model_name": model}
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
@@ -87,8 +89,28 @@ func newMetrics(engine, model string, running, waiting, kvUsage func() float64) 
 		// Deprecated in vLLM but still what older routers read.
 		gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", kvUsage),
 		m.prefixQueries, m.prefixHits, m.promptTokens, m.generationTokens, m.requestSuccess,
-		m.ttft, m.e2e,
+		m.ttft, m.e2e, cacheConfigInfo(kvBlocks),
 	)
 	m.handler = promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
 	return m
+}
+
+// cacheConfigInfo is vLLM's vllm:cache_config_info: a gauge of 1 whose labels are the engine's
+// cache settings as strings, among them the two a prefix-aware router sizes its picture of the
+// replica's cache by, num_gpu_blocks and block_size. (vLLM labels it with every CacheConfig
+// field; these are the ones the simulator has.)
+func cacheConfigInfo(kvBlocks int) prometheus.Collector {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
+		ConstLabels: prometheus.Labels{
+			"block_size":               strconv.Itoa(blockTokens),
+			"num_gpu_blocks":           strconv.Itoa(kvBlocks),
+			"enable_prefix_caching":    "True",
+			"prefix_caching_hash_algo": "xxhash",
+			"cache_dtype":              "auto",
+			"engine":                   "0",
+		},
+	})
+	g.Set(1)
+	return g
 }

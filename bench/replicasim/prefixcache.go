@@ -39,6 +39,13 @@ func blockHashes(dst []uint64, modelSeed uint64, prompt []byte) []uint64 {
 
 // prefixCache is an LRU set of block hashes: the blocks whose KV the replica still holds. The
 // list is intrusive over a slice so a hit or insert allocates nothing once the cache is warm.
+//
+// Recency follows vLLM's free-block queue: a finished request's blocks are freed last block
+// first, so a prompt's leading blocks are evicted after its trailing ones and a cached chain
+// shrinks from its end rather than losing its head (which would make the rest unreachable,
+// since a match stops at the first missing block). Blocks that running sequences hold for the
+// tokens they generate are not free for the cache either: insert evicts down to the capacity
+// minus those (KV pressure).
 type prefixCache struct {
 	mu       sync.Mutex
 	capacity int
@@ -46,6 +53,7 @@ type prefixCache struct {
 	entries  []lruEntry
 	head     int32 // most recently used, -1 when empty
 	tail     int32 // least recently used, -1 when empty
+	free     int32 // first entry not in use, chained by next; valid while len(index) < len(entries)
 }
 
 type lruEntry struct {
@@ -59,49 +67,66 @@ func newPrefixCache(capacity int) *prefixCache {
 		index:    make(map[uint64]int32, min(capacity, 1<<16)),
 		head:     -1,
 		tail:     -1,
+		free:     -1,
 	}
 }
 
 // match returns how many leading blocks of hashes are cached, at most limit, and marks them
-// recently used so that a hot shared prefix survives eviction.
+// recently used, the first most recently, so that a hot shared prefix survives eviction.
 func (c *prefixCache) match(hashes []uint64, limit int) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
 	for _, h := range hashes[:min(limit, len(hashes))] {
-		slot, ok := c.index[h]
-		if !ok {
+		if _, ok := c.index[h]; !ok {
 			break
 		}
-		c.moveToFront(slot)
 		n++
+	}
+	for i := n - 1; i >= 0; i-- {
+		c.moveToFront(c.index[hashes[i]])
 	}
 	return n
 }
 
-// insert records that the replica now holds the KV of every block in hashes, evicting the least
-// recently used blocks beyond capacity.
-func (c *prefixCache) insert(hashes []uint64) {
+// insert records that the replica now holds the KV of every block in hashes, touching them
+// last block first (see prefixCache), and evicts the least recently used blocks beyond the
+// capacity less reserved, the blocks running sequences hold outside the cache. At least the
+// prompt's own blocks stay, as vLLM cannot run a sequence without them.
+func (c *prefixCache) insert(hashes []uint64, reserved int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, h := range hashes {
+	limit := max(c.capacity-reserved, min(len(hashes), c.capacity), 1)
+	for i := len(hashes) - 1; i >= 0; i-- {
+		h := hashes[i]
 		if slot, ok := c.index[h]; ok {
 			c.moveToFront(slot)
 			continue
 		}
+		for len(c.index) >= limit {
+			c.evictOldest()
+		}
 		var slot int32
-		if len(c.entries) < c.capacity {
+		if n := len(c.index); n < len(c.entries) {
+			slot = c.free
+			c.free = c.entries[slot].next
+		} else {
 			slot = int32(len(c.entries))
 			c.entries = append(c.entries, lruEntry{})
-		} else {
-			slot = c.tail
-			c.unlink(slot)
-			delete(c.index, c.entries[slot].hash)
 		}
 		c.entries[slot].hash = h
 		c.index[h] = slot
 		c.pushFront(slot)
 	}
+}
+
+// evictOldest drops the least recently used block and puts its slot on the free list.
+func (c *prefixCache) evictOldest() {
+	slot := c.tail
+	c.unlink(slot)
+	delete(c.index, c.entries[slot].hash)
+	c.entries[slot].next = c.free
+	c.free = slot
 }
 
 // len is the number of cached blocks.

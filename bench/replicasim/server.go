@@ -37,6 +37,9 @@ type Server struct {
 	// kvBlocksUsed is the number of KV blocks held by running sequences (prompt plus generated
 	// tokens, 16 per block); over KVCacheBlocks it is vllm:kv_cache_usage_perc.
 	kvBlocksUsed atomic.Int64
+	// genBlocksUsed is the part of kvBlocksUsed that holds generated tokens: blocks the prefix
+	// cache cannot use while their sequences run.
+	genBlocksUsed atomic.Int64
 	// completed counts finished completions, for ExitAfter.
 	completed atomic.Int64
 
@@ -94,7 +97,7 @@ func NewServer(cfg Config) *Server {
 	if s.exit == nil {
 		s.exit = os.Exit
 	}
-	s.metrics = newMetrics(cfg.Engine, cfg.Model,
+	s.metrics = newMetrics(cfg.Engine, cfg.Model, cfg.KVCacheBlocks,
 		func() float64 { return float64(s.sched.runningGauge.Load()) },
 		func() float64 { return float64(s.sched.waitingGauge.Load()) },
 		s.kvCacheUsage,

@@ -412,7 +412,7 @@ func TestPrefixCacheIsScopedByModel(t *testing.T) {
 	a := blockHashes(nil, 1, prompt)
 	b := blockHashes(nil, 2, prompt)
 	c := newPrefixCache(100)
-	c.insert(a)
+	c.insert(a, 0)
 	if got := c.match(b, len(b)); got != 0 {
 		t.Errorf("another model's blocks matched %d, want 0", got)
 	}
@@ -423,24 +423,83 @@ func TestPrefixCacheIsScopedByModel(t *testing.T) {
 
 func TestPrefixCacheLRU(t *testing.T) {
 	c := newPrefixCache(3)
-	c.insert([]uint64{1, 2, 3})
-	if got := c.match([]uint64{1}, 1); got != 1 { // 1 becomes most recent; 2 is now the oldest
-		t.Fatalf("match(1) = %d", got)
+	c.insert([]uint64{1, 2, 3}, 0)                // freed last block first: 1 is the most recent, 3 the oldest
+	if got := c.match([]uint64{2}, 1); got != 1 { // 2 becomes most recent; 3 is still the oldest
+		t.Fatalf("match(2) = %d", got)
 	}
-	c.insert([]uint64{4})
+	c.insert([]uint64{4}, 0)
 	if c.len() != 3 {
 		t.Fatalf("len = %d, want capacity 3", c.len())
 	}
-	for h, want := range map[uint64]int{1: 1, 2: 0, 3: 1, 4: 1} {
+	for h, want := range map[uint64]int{1: 1, 2: 1, 3: 0, 4: 1} {
 		if got := c.match([]uint64{h}, 1); got != want {
 			t.Errorf("after eviction, match(%d) = %d, want %d", h, got, want)
 		}
 	}
-	if got := c.match([]uint64{1, 3, 2, 4}, 4); got != 2 {
+	if got := c.match([]uint64{1, 2, 3, 4}, 4); got != 2 {
 		t.Errorf("a chain stops at the first miss: matched %d, want 2", got)
 	}
-	if got := c.match([]uint64{1, 3, 4}, 1); got != 1 {
+	if got := c.match([]uint64{1, 2, 4}, 1); got != 1 {
 		t.Errorf("limit ignored: matched %d, want 1", got)
+	}
+}
+
+// A chain loses its tail before its head, as in vLLM, whose free-block queue takes a
+// finished request's blocks last block first: under pressure a conversation keeps the
+// longest prefix that fits, instead of losing its first block and with it every later one.
+func TestPrefixCacheEvictsTailsFirst(t *testing.T) {
+	c := newPrefixCache(6)
+	c.insert([]uint64{1, 2, 3, 4}, 0)
+	c.insert([]uint64{10, 11, 12}, 0) // one block over: the oldest is the first chain's tail
+	if got := c.match([]uint64{1, 2, 3, 4}, 4); got != 3 {
+		t.Errorf("first chain after one eviction: matched %d, want 3 (its tail went)", got)
+	}
+	if got := c.match([]uint64{10, 11, 12}, 3); got != 3 {
+		t.Errorf("second chain: matched %d, want 3", got)
+	}
+}
+
+// Blocks that running sequences hold for their generated tokens are not free for cached
+// prefixes: an insert under such pressure evicts down to what is left.
+func TestPrefixCacheShrinksUnderKVPressure(t *testing.T) {
+	c := newPrefixCache(10)
+	c.insert([]uint64{1, 2, 3, 4, 5, 6, 7, 8}, 0)
+	c.insert([]uint64{20, 21}, 6) // 6 blocks reserved: 4 left for the cache
+	if c.len() != 4 {
+		t.Fatalf("len = %d, want 4 (capacity 10 less 6 reserved)", c.len())
+	}
+	if got := c.match([]uint64{20, 21}, 2); got != 2 {
+		t.Errorf("the new prompt's blocks: matched %d, want 2", got)
+	}
+	if got := c.match([]uint64{1, 2, 3, 4, 5, 6, 7, 8}, 8); got != 2 {
+		t.Errorf("the old chain under pressure: matched %d, want its first 2 blocks", got)
+	}
+	c.insert([]uint64{30, 31, 32, 33, 34}, 100) // reserved beyond capacity: the prompt itself stays
+	if got := c.match([]uint64{30, 31, 32, 33, 34}, 5); got != 5 {
+		t.Errorf("a prompt under full pressure keeps its own blocks: matched %d, want 5", got)
+	}
+}
+
+// vllm:cache_config_info announces the cache's size the way vLLM does, for routers that size
+// their picture of a replica's cache by it.
+func TestMetricsAnnounceCacheConfig(t *testing.T) {
+	cfg := fastConfig()
+	cfg.KVCacheBlocks = 1234
+	_, base := startServer(t, cfg)
+	body := string(get(t, base+"/metrics").body)
+	var line string
+	for l := range strings.SplitSeq(body, "\n") {
+		if strings.HasPrefix(l, "vllm:cache_config_info{") {
+			line = l
+		}
+	}
+	for _, want := range []string{`block_size="16"`, `num_gpu_blocks="1234"`, `enable_prefix_caching="True"`} {
+		if !strings.Contains(line, want) {
+			t.Errorf("vllm:cache_config_info line %q lacks %s", line, want)
+		}
+	}
+	if !strings.HasSuffix(line, " 1") {
+		t.Errorf("vllm:cache_config_info line %q: want the value 1", line)
 	}
 }
 

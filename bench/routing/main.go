@@ -1,13 +1,17 @@
 // Command routing measures routing quality: N `ferry replica-sim` replicas with batching and
-// prefix caching behind `ferry proxy --policy P`, replaying a window of the Azure LLM inference
-// conversation trace as multi-turn conversations that share prefixes, and reporting TTFT,
+// prefix caching behind `ferry proxy --policy P`, replaying a workload and reporting TTFT,
 // end-to-end latency, throughput, per-replica load and prefix-cache hit rate for each policy.
-// Replicas are restarted between policies so every policy starts with cold caches. A policy
-// the proxy does not know is reported as such and the run goes on. See bench/README.md.
+// Two workloads: a window of the Azure LLM inference conversation trace, its arrivals and
+// lengths, dressed as conversations (--workload azure, the default), or synthesized multi-turn
+// chat sessions with long shared prefixes, growing histories and think time (--workload
+// multiturn). Replicas are restarted between policies so every policy starts with cold caches.
+// A policy the proxy does not know is reported as such and the run goes on. See
+// bench/README.md.
 //
 //	go run ./bench/routing                              # 1,000 requests, every policy
 //	go run ./bench/routing --requests 300 --policies round_robin,least_load
 //	go run ./bench/routing --policies round_robin@off,least_load,least_load@batch  # @N: late binding
+//	go run ./bench/routing --workload multiturn --policies default,round_robin@off,least_load
 package main
 
 import (
@@ -51,17 +55,20 @@ func (s simConfig) args() []string {
 }
 
 type options struct {
-	tracePath   string
-	start       int
-	requests    int
-	replicas    int
-	policies    []string
-	workload    workloadConfig
-	sim         simConfig
-	timeout     time.Duration
-	maxInFlight int
-	ferryBin    string
-	out         string
+	// workloadName is --workload; multiTurn its multi-turn settings.
+	workloadName string
+	multiTurn    multiTurnConfig
+	tracePath    string
+	start        int
+	requests     int
+	replicas     int
+	policies     []string
+	workload     workloadConfig
+	sim          simConfig
+	timeout      time.Duration
+	maxInFlight  int
+	ferryBin     string
+	out          string
 }
 
 func main() {
@@ -72,12 +79,22 @@ func parseFlags(args []string) (options, error) {
 	var o options
 	var seed int64
 	fs := pflag.NewFlagSet("routing", pflag.ContinueOnError)
+	fs.StringVar(&o.workloadName, "workload", workloadAzure, "azure: replay a window of the Azure conversation trace; multiturn: synthesized chat sessions with long shared prefixes (sets --sim-* defaults like issue 23's benchmark)")
+	fs.IntVar(&o.multiTurn.Conversations, "conversations", 700, "multiturn: conversations started")
+	fs.Float64Var(&o.multiTurn.MeanTurns, "turns", 3.9, "multiturn: mean turns per conversation (geometric)")
+	fs.Float64Var(&o.multiTurn.Sharing, "sharing", 0.7, "multiturn: share of conversations opening on a shared system prompt")
+	fs.Float64Var(&o.multiTurn.Rate, "rate", 47, "multiturn: offered requests per second (open loop)")
+	fs.DurationVar(&o.multiTurn.ThinkTime, "think-time", 5*time.Second, "multiturn: mean time between a conversation's turns (exponential)")
+	fs.IntVar(&o.multiTurn.UserTokens, "user-tokens", 120, "multiturn: median user message, tokens (log-normal)")
+	fs.IntVar(&o.multiTurn.AnswerTokens, "answer-tokens", 40, "multiturn: median answer and max_tokens, tokens (log-normal)")
+	fs.Float64Var(&o.multiTurn.Sigma, "length-sigma", 1, "multiturn: sigma of the log-normal message lengths (heavier tail when larger)")
+	fs.IntVar(&o.multiTurn.MaxPromptTokens, "max-prompt-tokens", 16000, "multiturn: a conversation ends before a longer prompt")
 	fs.StringVar(&o.tracePath, "trace", "", "Azure conversation trace CSV (default ../shared/data/traces/AzureLLMInferenceTrace_conv.csv beside the repo)")
 	fs.IntVar(&o.start, "start", 0, "index of the first trace record replayed")
 	fs.IntVar(&o.requests, "requests", 1000, "trace records replayed per policy")
 	fs.Float64Var(&o.workload.Speedup, "speedup", 3, "divide the trace's inter-arrival times by this")
 	fs.IntVar(&o.replicas, "replicas", 4, "replica-sim processes")
-	fs.StringSliceVar(&o.policies, "policies", []string{defaultPolicy, roundRobinBaseline, "least_load@" + lateBindingOff, "power_of_two", "session_affinity", "prefix_affinity", "llm_aware", "least_load@" + batchLimit},
+	fs.StringSliceVar(&o.policies, "policies", []string{defaultPolicy, roundRobinBaseline, "least_load", "least_load@" + lateBindingOff, "power_of_two", "session_affinity", "prefix_affinity", "llm_aware", "least_load@" + batchLimit},
 		`policies to compare; "default" runs the proxy without --policy; NAME@N, NAME@batch and NAME@off set --max-in-flight-per-replica`)
 	fs.Int64Var(&seed, "seed", 1, "seed of the synthesized prompts and conversations")
 	fs.IntSliceVar(&o.workload.SystemPromptTokens, "system-prompts", []int{300, 900, 1300, 3900}, "lengths in tokens of the shared system prompts")
@@ -107,12 +124,48 @@ func parseFlags(args []string) (options, error) {
 	}
 	o.workload.Seed = uint64(seed)
 	o.workload.Model = "ferry-sim"
+	o.multiTurn.Seed, o.multiTurn.Model = uint64(seed), o.workload.Model
+	if o.workloadName == workloadMultiTurn {
+		applyMultiTurnDefaults(fs, &o)
+	}
 	return o, o.validate()
+}
+
+// applyMultiTurnDefaults gives the multi-turn workload the replicas it is meant for, where a
+// flag was not set: like the vLLM simulator of issue 23's benchmark, 4 replicas whose prefill
+// costs time per uncached token, at most 8 running sequences each, and a KV cache of 6,000
+// 16-token blocks (96k tokens), small enough against the conversations' histories that LRU
+// eviction decides what stays cached. Its own system prompts are longer than the Azure
+// workload's: the few that many conversations open on are 800 to 4,000 tokens.
+func applyMultiTurnDefaults(fs *pflag.FlagSet, o *options) {
+	set := func(flag string, apply func()) {
+		if !fs.Changed(flag) {
+			apply()
+		}
+	}
+	set("sim-max-num-seqs", func() { o.sim.maxNumSeqs = 8 })
+	set("sim-kv-blocks", func() { o.sim.kvBlocks = 6000 })
+	set("sim-prefill-per-token", func() { o.sim.prefillPerToken = 40 * time.Microsecond })
+	set("sim-itl", func() { o.sim.itl = 5 * time.Millisecond })
+	o.multiTurn.SystemPromptTokens = o.workload.SystemPromptTokens
+	set("system-prompts", func() { o.multiTurn.SystemPromptTokens = []int{2000, 1200, 3000, 800, 4000, 1600} })
 }
 
 func (o options) validate() error {
 	var errs []error
 	bad := func(flag string, v any, rule string) { errs = append(errs, fmt.Errorf("--%s=%v: %s", flag, v, rule)) }
+	switch o.workloadName {
+	case workloadAzure:
+		if err := o.workload.validate(); err != nil {
+			errs = append(errs, err)
+		}
+	case workloadMultiTurn:
+		if err := o.multiTurn.validate(); err != nil {
+			errs = append(errs, err)
+		}
+	default:
+		bad("workload", o.workloadName, "must be "+workloadAzure+" or "+workloadMultiTurn)
+	}
 	if o.start < 0 {
 		bad("start", o.start, "must not be negative")
 	}
@@ -154,9 +207,6 @@ func (o options) validate() error {
 	if o.maxInFlight < 1 || o.maxInFlight > 16384 {
 		bad("max-in-flight", o.maxInFlight, "must be between 1 and 16384")
 	}
-	if err := o.workload.validate(); err != nil {
-		errs = append(errs, err)
-	}
 	return errors.Join(errs...)
 }
 
@@ -165,18 +215,7 @@ func run(opts options) error {
 	if err != nil {
 		return err
 	}
-	if opts.tracePath == "" {
-		opts.tracePath = filepath.Join(root, "..", "shared", "data", "traces", "AzureLLMInferenceTrace_conv.csv")
-	}
-	recs, err := readTrace(opts.tracePath)
-	if err != nil {
-		return err
-	}
-	win, err := window(recs, opts.start, opts.requests)
-	if err != nil {
-		return err
-	}
-	wl, err := synthesize(win, opts.workload)
+	wl, err := buildWorkload(root, &opts)
 	if err != nil {
 		return err
 	}
@@ -209,4 +248,23 @@ func run(opts options) error {
 		rep.add(res)
 	}
 	return rep.write(os.Stdout, opts.out)
+}
+
+// buildWorkload synthesizes the workload --workload names.
+func buildWorkload(root string, opts *options) (*workload, error) {
+	if opts.workloadName == workloadMultiTurn {
+		return synthesizeMultiTurn(opts.multiTurn)
+	}
+	if opts.tracePath == "" {
+		opts.tracePath = filepath.Join(root, "..", "shared", "data", "traces", "AzureLLMInferenceTrace_conv.csv")
+	}
+	recs, err := readTrace(opts.tracePath)
+	if err != nil {
+		return nil, err
+	}
+	win, err := window(recs, opts.start, opts.requests)
+	if err != nil {
+		return nil, err
+	}
+	return synthesize(win, opts.workload)
 }

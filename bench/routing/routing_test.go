@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -430,5 +431,143 @@ func TestOptionsValidate(t *testing.T) {
 		if _, err := parseFlags(args); err == nil {
 			t.Errorf("%s: %q accepted", name, args)
 		}
+	}
+}
+
+func testMultiTurnConfig() multiTurnConfig {
+	return multiTurnConfig{Seed: 7, Model: "m", Conversations: 300, MeanTurns: 4, Sharing: 0.7,
+		SystemPromptTokens: []int{1000, 400}, Rate: 40, ThinkTime: 5 * time.Second,
+		UserTokens: 100, AnswerTokens: 40, Sigma: 1, MaxPromptTokens: 8000}
+}
+
+func TestSynthesizeMultiTurn(t *testing.T) {
+	cfg := testMultiTurnConfig()
+	wl, err := synthesizeMultiTurn(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := synthesizeMultiTurn(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(again.Requests) != len(wl.Requests) || !bytes.Equal(again.Requests[17].Body, wl.Requests[17].Body) {
+		t.Error("the same seed gave a different workload")
+	}
+	st := wl.stats
+	if st.Requests < 1000 || st.Requests > 1400 || st.Conversations < 300 {
+		t.Errorf("%d requests in %d conversations, want about 300 × 4 in at least 300", st.Requests, st.Conversations)
+	}
+	if rate := float64(st.Requests) / st.DurationS; rate < 30 || rate > 45 || st.DurationS > 31 {
+		t.Errorf("offered %.1f req/s over %.0f s, want about 40 over 30 s (less the conversations cut at --max-prompt-tokens)", rate, st.DurationS)
+	}
+	firstHalf := 0
+	for _, r := range wl.Requests {
+		if r.At < 15*time.Second {
+			firstHalf++
+		}
+	}
+	if share := float64(firstHalf) / float64(st.Requests); share < 0.42 || share > 0.58 {
+		t.Errorf("%.2f of the requests in the first half of the window, want a steady rate", share)
+	}
+	// Each turn resends the previous turn's messages and its answer, then one user message;
+	// turns of one conversation come at least in order, apart by think time.
+	type seen struct {
+		messages []chatMessage
+		at       time.Duration
+		turn     int
+	}
+	last := map[int]seen{}
+	var longest, sum, joined int
+	systems := map[string]int{}
+	for i, r := range wl.Requests {
+		if i > 0 && r.At < wl.Requests[i-1].At {
+			t.Fatalf("request %d is sent before request %d", i, i-1)
+		}
+		var body chatRequest
+		if err := json.Unmarshal(r.Body, &body); err != nil {
+			t.Fatal(err)
+		}
+		if !body.Stream || !body.StreamOptions.IncludeUsage || body.MaxTokens != r.OutTokens || body.Model != "m" {
+			t.Fatalf("request %d: %s", i, r.Body)
+		}
+		n := len(body.Messages)
+		if body.Messages[0].Role != "system" || body.Messages[n-1].Role != "user" || n != 2*r.Turn {
+			t.Fatalf("request %d, turn %d: %d messages, want system, then user/assistant pairs, then user", i, r.Turn, n)
+		}
+		if prev, ok := last[r.Conversation]; ok {
+			if r.Turn != prev.turn+1 || r.At < prev.at || !slices.Equal(body.Messages[:n-2], prev.messages) {
+				t.Fatalf("conversation %d turn %d does not extend turn %d", r.Conversation, r.Turn, prev.turn)
+			}
+			if body.Messages[n-2].Role != "assistant" {
+				t.Fatalf("conversation %d turn %d: no answer before the new message", r.Conversation, r.Turn)
+			}
+		} else if r.Turn == 1 {
+			systems[body.Messages[0].Content]++
+		} else {
+			joined++ // under way when the window opened, as in a window of a trace
+		}
+		last[r.Conversation] = seen{messages: body.Messages, at: r.At, turn: r.Turn}
+		longest = max(longest, r.PromptTokens)
+		sum += r.PromptTokens
+		if r.PromptTokens > cfg.MaxPromptTokens {
+			t.Errorf("request %d: %d prompt tokens, over the limit", i, r.PromptTokens)
+		}
+	}
+	if joined == 0 || joined > st.Conversations/2 {
+		t.Errorf("%d of %d conversations were under way when the window opened, want some", joined, st.Conversations)
+	}
+	shared, opened := 0, 0
+	for _, n := range systems {
+		opened += n
+		if n > 1 {
+			shared += n
+		}
+	}
+	if share := float64(shared) / float64(opened); share < 0.6 || share > 0.8 {
+		t.Errorf("%.2f of conversations open on a shared system prompt, want about 0.7", share)
+	}
+	if mean := sum / len(wl.Requests); longest < 3*mean {
+		t.Errorf("longest prompt %d tokens, mean %d: want a heavy tail", longest, mean)
+	}
+	if st.ReusableShare < 0.4 {
+		t.Errorf("%.2f of prompt tokens reusable, want most of them", st.ReusableShare)
+	}
+}
+
+func TestMultiTurnFlags(t *testing.T) {
+	o, err := parseFlags([]string{"--workload", "multiturn", "--sim-kv-blocks", "500"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.sim.maxNumSeqs != 8 || o.sim.kvBlocks != 500 || o.multiTurn.Rate != 47 || len(o.multiTurn.SystemPromptTokens) != 6 {
+		t.Errorf("multi-turn defaults: %+v %+v", o.sim, o.multiTurn)
+	}
+	for name, args := range map[string][]string{
+		"unknown workload":  {"--workload", "trace"},
+		"no conversations":  {"--workload", "multiturn", "--conversations", "0"},
+		"sharing over 1":    {"--workload", "multiturn", "--sharing", "1.5"},
+		"zero rate":         {"--workload", "multiturn", "--rate", "0"},
+		"system too long":   {"--workload", "multiturn", "--system-prompts", "9000"},
+		"negative thinking": {"--workload", "multiturn", "--think-time", "-1s"},
+	} {
+		if _, err := parseFlags(args); err == nil {
+			t.Errorf("%s: %q accepted", name, args)
+		}
+	}
+}
+
+func TestReportChecksMultiTurn(t *testing.T) {
+	r := &report{opts: options{workloadName: workloadMultiTurn}}
+	r.add(&policyResult{Policy: defaultPolicy, TTFT: loadgen.Summary{P50Ms: 40, P99Ms: 800}, RequestsImbal: 1.1, BusyImbal: 1.3})
+	r.add(&policyResult{Policy: roundRobinBaseline, TTFT: loadgen.Summary{P50Ms: 100, P99Ms: 1000}})
+	want := []check{
+		{Name: "default p50 TTFT ÷ round_robin@off p50 TTFT", Value: 0.4, Limit: "≤ 0.5", Pass: true},
+		{Name: "default p99 TTFT ÷ round_robin@off p99 TTFT", Value: 0.8, Limit: "≤ 0.7", Pass: false},
+		{Name: "default: errors", Value: 0, Limit: "0", Pass: true},
+		{Name: "default: busiest replica's requests ÷ mean", Value: 1.1, Limit: "≤ 1.25", Pass: true},
+		{Name: "default: busiest replica's mean sequences ÷ mean", Value: 1.3, Limit: "≤ 1.25", Pass: false},
+	}
+	if diff := cmp.Diff(want, r.checks()); diff != "" {
+		t.Errorf("checks (-want +got):\n%s", diff)
 	}
 }

@@ -285,7 +285,7 @@ func (f *Follower) apply(rs ReplicaSet) error {
 
 func policyName(p string) string {
 	if p == "" {
-		return "least_load"
+		return proxy.DefaultPolicy
 	}
 	return p
 }

@@ -1,0 +1,431 @@
+package policy
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// least_ttft's constants.
+const (
+	// DefaultTTFTLoadFactor bounds least_ttft's load: a replica that would hold more than
+	// max(f × m, m + 2) requests, m the mean after placing this one, is not a candidate, so no
+	// replica runs more than 25 % above the mean however many prompts share its cache. The
+	// m + 2 term matters only when the service is nearly idle, where f × m is below a request
+	// and a cache hit is worth a request or two ahead (prefix_affinity's affinityBound).
+	DefaultTTFTLoadFactor = 1.25
+	// defaultPrefillSecondsPerToken and defaultHoldSeconds stand in for what least_ttft has not
+	// learned yet: 50 µs per token is a 7-8B model's prefill on one GPU, and a second is a
+	// typical chat answer. They only weigh a queue against a prefill until real figures arrive.
+	defaultPrefillSecondsPerToken = 50e-6
+	defaultHoldSeconds            = 1.0
+	// minReplicaSamples is how many observed TTFTs a replica needs before its own prefill line
+	// replaces the pooled one; minPooledSamples the same for the pooled line.
+	minReplicaSamples = 64
+	minPooledSamples  = 16
+	// fitDecay weighs the TTFT regression towards recent requests: each sample counts 0.99 of
+	// the one after it, an effective window of about 100 requests.
+	fitDecay = 0.99
+	// holdWeight is the weight of a new sample in the mean time a request holds a batch slot.
+	holdWeight = 1.0 / 32
+	// costTolerance makes estimates within 5 % (or 1 ms) ties, broken by cached tokens and
+	// then load: per-replica lines are noisy, and without it a replica whose line came out a
+	// little lower would take every request that no replica has cached.
+	costTolerance      = 0.05
+	costToleranceFloor = 1e-3
+	// correctionTokens is how many prompt tokens a replica must have been sent, and have
+	// looked up, between two corrections of its index's size from its hit counters.
+	correctionTokens = 1 << 16
+	// minCacheScale is the least share of the announced cache the index keeps after
+	// corrections: a replica whose hit counters say it holds far less than announced (other
+	// proxies share it, or running sequences crowd its cache) still keeps some picture.
+	minCacheScale = 1.0 / 8
+)
+
+// leastTTFT estimates each replica's time to first token for the request and picks the least:
+//
+//	ttft(r) = wait(r) + base(r) + rate(r) × uncached(r)
+//
+// where:
+//   - uncached(r) is the prompt's estimated tokens less those replica r holds in its KV cache,
+//     per a per-replica prefix index (replicaCache) updated on every pick and sized like the
+//     replica's cache: num_gpu_blocks × block_size from vllm:cache_config_info, or the
+//     configured size, scaled by what the replica's own hit counters say (correct);
+//   - base(r) and rate(r) are a line fitted to the observed TTFT of requests against their
+//     uncached tokens (Learn): a replica's own after minReplicaSamples, the pool's before;
+//   - wait(r) is the time until a batch slot: with b the batch size learned from the replica's
+//     metrics (the largest running count seen while requests waited), a request that would
+//     be the k-th beyond b waits about k × hold / b, hold being the learned time a request
+//     holds a slot; k counts this proxy's requests in flight beyond b, or the engine's own
+//     waiting requests when a fresh scrape shows more. Below b it is 0.
+//
+// Only replicas within the load bound (DefaultTTFTLoadFactor) are candidates; the least loaded
+// always is. When no candidate holds any of the prompt, the estimate cannot tell replicas apart
+// by cache and the pick is least_load's. Estimates within costTolerance are ties, broken by
+// more cached tokens (a hit saves the engine's compute for others even when the learned rate
+// says it saves this request little), then fewer requests in flight, then at random.
+//
+// Cost per pick: one hashing pass over the prompt, O(log blocks) lookups per replica, and
+// one LRU update of the chosen replica's index; no allocation (BenchmarkLeastTTFTPick).
+// Memory: replicaCache's, per replica.
+type leastTTFT struct {
+	rand        func() uint64
+	factor      float64
+	cacheTokens int64 // a replica's cache size when it announces none
+	// now and staleAfter judge whether a replica's scraped queue is fresh enough to count.
+	now        func() time.Time
+	staleAfter int64
+
+	states atomic.Pointer[map[*Replica]*ttftReplica]
+
+	mu     sync.Mutex // serializes changes to states; guards pooled
+	pooled ttftFit
+	// The pooled line and hold, published for lock-free reads.
+	pooledBase, pooledRate, pooledHold atomic.Uint64 // float64 bits
+	pooledSamples                      atomic.Int64
+}
+
+func newLeastTTFT(opts Options) *leastTTFT {
+	p := &leastTTFT{rand: opts.Rand, factor: opts.TTFTLoadFactor, cacheTokens: opts.PrefixCacheTokens,
+		now: opts.Now, staleAfter: int64(opts.MetricsStaleAfter)}
+	m := map[*Replica]*ttftReplica{}
+	p.states.Store(&m)
+	return p
+}
+
+// Needs reports that the picker reads the prompt and model when the body has them, and the
+// replicas' metrics (batch size, cache size, hit counters).
+func (*leastTTFT) Needs() Needs { return NeedsPrompt | PromptOptional | NeedsMetrics }
+
+// Prepare gives every replica of a new snapshot its state, keeping the states (index and
+// learned figures) of replicas that stay and dropping those of replicas that left.
+func (p *leastTTFT) Prepare(replicas []*Replica) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := *p.states.Load()
+	next := make(map[*Replica]*ttftReplica, len(replicas))
+	for _, r := range replicas {
+		st, ok := old[r]
+		if !ok {
+			st = p.newState()
+		}
+		next[r] = st
+	}
+	p.states.Store(&next)
+}
+
+// state returns r's state, creating it for a replica Prepare has not seen.
+func (p *leastTTFT) state(r *Replica) *ttftReplica {
+	if st, ok := (*p.states.Load())[r]; ok {
+		return st
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old := *p.states.Load()
+	if st, ok := old[r]; ok {
+		return st
+	}
+	next := make(map[*Replica]*ttftReplica, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	st := p.newState()
+	next[r] = st
+	p.states.Store(&next)
+	return st
+}
+
+func (p *leastTTFT) newState() *ttftReplica {
+	st := &ttftReplica{cache: newReplicaCache(cacheLimit(p.cacheTokens, 1)), scale: 1}
+	return st
+}
+
+// cacheLimit is the index size, in blocks, for a cache of tokens scaled by scale.
+func cacheLimit(tokens int64, scale float64) int {
+	blocks := float64(tokens) * scale / cacheBlockTokens
+	return int(min(max(blocks, minCacheBlocks), maxCacheBlocks))
+}
+
+func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
+	if len(replicas) == 0 {
+		return nil
+	}
+	var blocks promptBlocks
+	if len(req.Prompt) > 0 {
+		blocks.hash(req.Model, req.Prompt)
+	}
+	var total int64
+	for _, r := range replicas {
+		total += r.InFlight.Load()
+	}
+	mean := float64(total+1) / float64(len(replicas))
+	bound := max(p.factor*mean, mean+2)
+	now := p.now().UnixNano()
+	pooledBase, pooledRate, pooledHold := p.pooledLine()
+
+	var (
+		best, leastLoaded       *Replica
+		bestState, leastState   *ttftReplica
+		bestCost                float64
+		bestLoad, leastLoad     int64
+		bestCached, bestAhead   int64
+		ties, leastTies, shared = uint64(0), uint64(0), false
+	)
+	for _, r := range replicas {
+		st := p.state(r)
+		st.refresh(r, p.cacheTokens)
+		load := r.InFlight.Load()
+		switch {
+		case leastLoaded == nil || load < leastLoad:
+			leastLoaded, leastState, leastLoad, leastTies = r, st, load, 1
+		case load == leastLoad:
+			leastTies++
+			if p.rand()%leastTies == 0 {
+				leastLoaded, leastState = r, st
+			}
+		}
+		if float64(load+1) > bound {
+			continue
+		}
+		var cached int64
+		if blocks.n > 0 {
+			cached = min(int64(st.cache.depth(blocks.hashes[:blocks.n]))*cacheBlockTokens, int64(blocks.tokens))
+			shared = shared || cached > 0
+		}
+		base, rate, hold := st.line(pooledBase, pooledRate, pooledHold)
+		ahead := st.ahead(r, load, now, p.staleAfter)
+		cost := base + rate*float64(int64(blocks.tokens)-cached)
+		if batch := st.batch.Load(); ahead > 0 {
+			cost += float64(ahead) * hold / float64(batch)
+		}
+		tolerance := max(costTolerance*min(cost, bestCost), costToleranceFloor)
+		tie := best != nil && cost <= bestCost+tolerance && cost >= bestCost-tolerance
+		switch {
+		case best == nil || cost < bestCost-tolerance ||
+			(tie && (cached > bestCached || (cached == bestCached && load < bestLoad))):
+			best, bestState, bestCost, bestLoad, bestCached, bestAhead, ties = r, st, cost, load, cached, ahead, 1
+		case tie && cached == bestCached && load == bestLoad:
+			ties++
+			if p.rand()%ties == 0 {
+				best, bestState, bestCost, bestCached, bestAhead = r, st, cost, cached, ahead
+			}
+		}
+	}
+	if !shared {
+		best, bestState, bestCached, bestAhead = leastLoaded, leastState, 0, leastState.ahead(leastLoaded, leastLoad, now, p.staleAfter)
+	}
+	if blocks.n > 0 {
+		bestState.cache.record(blocks.hashes[:blocks.n])
+	}
+	bestState.sentTokens.Add(int64(blocks.tokens))
+	bestState.expectedHits.Add(bestCached)
+	req.Estimate = Estimate{Tokens: int64(blocks.tokens), Cached: bestCached, Queued: bestAhead > 0}
+	return best
+}
+
+// pooledLine returns the line and hold learned over every replica, or the defaults.
+func (p *leastTTFT) pooledLine() (base, rate, hold float64) {
+	base, rate, hold = 0, defaultPrefillSecondsPerToken, defaultHoldSeconds
+	if p.pooledSamples.Load() >= minPooledSamples {
+		base = math.Float64frombits(p.pooledBase.Load())
+		rate = math.Float64frombits(p.pooledRate.Load())
+		hold = math.Float64frombits(p.pooledHold.Load())
+	}
+	return base, rate, hold
+}
+
+// Learn fits the prefill line and the slot hold time to a request's outcome: ttft from sending
+// it to its first streamed byte, total to the end of its stream, est what Pick noted. A request
+// that Pick expected to queue tells nothing about prefill and is left out of the line.
+func (p *leastTTFT) Learn(r *Replica, est Estimate, ttft, total time.Duration) {
+	if ttft <= 0 || total < ttft || est.Tokens <= 0 || est.Queued {
+		return
+	}
+	x, y, hold := float64(est.Tokens-est.Cached), ttft.Seconds(), total.Seconds()
+	p.state(r).learn(x, y, hold)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pooled.add(x, y)
+	if base, rate, ok := p.pooled.line(); ok {
+		p.pooledBase.Store(math.Float64bits(base))
+		p.pooledRate.Store(math.Float64bits(rate))
+	}
+	p.pooled.hold = ewma(p.pooled.hold, hold, p.pooled.n)
+	p.pooledHold.Store(math.Float64bits(p.pooled.hold))
+	p.pooledSamples.Store(int64(p.pooled.n))
+}
+
+// ttftReplica is what least_ttft knows of one replica: its prefix index, what it learned of
+// its prefill and batch, and the bookkeeping that corrects the index from its hit counters.
+type ttftReplica struct {
+	cache *replicaCache
+
+	// sentTokens and expectedHits accumulate, per pick, the prompt tokens sent to the replica
+	// and those the index expected it to have cached; correct compares them with its counters.
+	sentTokens, expectedHits atomic.Int64
+	// batch is the replica's batch size as learned from its metrics; 0 until seen full.
+	batch atomic.Int64
+	// seenAt is the UpdatedAt of the last scrape folded in.
+	seenAt atomic.Int64
+	// The replica's own line and hold, published for lock-free reads once fitted.
+	base, rate, hold atomic.Uint64 // float64 bits
+	samples          atomic.Int64
+
+	mu  sync.Mutex // guards what follows
+	fit ttftFit
+	// announced is the cache size the replica last announced; scale the correction applied.
+	announced int64
+	scale     float64
+	// The counters at the last scrape, and the window since the last correction: tokens the
+	// engine looked up and found, and tokens sent and expected cached.
+	counted                   bool
+	lastQueries, lastHits     float64
+	engineQueries, engineHits float64
+	sentWindow, expectWindow  float64
+}
+
+// ahead returns how many requests would be ahead of one more in the replica's queue: those
+// this proxy has in flight beyond the learned batch size, or, if more, the requests the engine
+// itself reported waiting beside a full batch at a scrape fresher than staleAfter (other
+// proxies' requests among them); 0 while the batch is not known or has room.
+func (st *ttftReplica) ahead(r *Replica, load, now, staleAfter int64) int64 {
+	batch := st.batch.Load()
+	if batch <= 0 {
+		return 0
+	}
+	ahead := max(load+1-batch, 0)
+	if at := r.scrapedAt.Load(); at != 0 && now-at <= staleAfter && r.running.Load() >= batch {
+		ahead = max(ahead, r.waiting.Load()+1)
+	}
+	return ahead
+}
+
+// line returns the replica's prefill line and hold time: its own once it has enough samples,
+// else the pooled ones given.
+func (st *ttftReplica) line(pooledBase, pooledRate, pooledHold float64) (base, rate, hold float64) {
+	if st.samples.Load() < minReplicaSamples {
+		return pooledBase, pooledRate, pooledHold
+	}
+	return math.Float64frombits(st.base.Load()), math.Float64frombits(st.rate.Load()), math.Float64frombits(st.hold.Load())
+}
+
+func (st *ttftReplica) learn(x, y, hold float64) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.fit.add(x, y)
+	st.fit.hold = ewma(st.fit.hold, hold, st.fit.n)
+	base, rate, ok := st.fit.line()
+	if !ok {
+		return
+	}
+	st.base.Store(math.Float64bits(base))
+	st.rate.Store(math.Float64bits(rate))
+	st.hold.Store(math.Float64bits(st.fit.hold))
+	st.samples.Store(int64(st.fit.n))
+}
+
+// refresh folds a new scrape of r into the state: the batch size, the announced cache size,
+// and the hit counters that correct the index's size. It costs one atomic load when there is
+// nothing new.
+func (st *ttftReplica) refresh(r *Replica, configuredTokens int64) {
+	updated := r.scrapedAt.Load()
+	if updated == 0 || updated == st.seenAt.Load() {
+		return
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if updated == st.seenAt.Load() {
+		return
+	}
+	st.seenAt.Store(updated)
+	m := r.LoadMetrics()
+	// An engine never runs more than its batch, and requests wait only when it is full (or its
+	// KV cache is): the largest running count seen beside waiting requests is the batch size.
+	if m.Waiting > 0 && m.Running > st.batch.Load() {
+		st.batch.Store(m.Running)
+	}
+	limitChanged := false
+	if m.CacheTokens > 0 && m.CacheTokens != st.announced {
+		st.announced, limitChanged = m.CacheTokens, true
+	}
+	if m.PrefixQueries > 0 {
+		if st.counted && m.PrefixQueries >= st.lastQueries && m.PrefixHits >= st.lastHits {
+			st.engineQueries += m.PrefixQueries - st.lastQueries
+			st.engineHits += m.PrefixHits - st.lastHits
+		}
+		st.counted, st.lastQueries, st.lastHits = true, m.PrefixQueries, m.PrefixHits
+		st.sentWindow += float64(st.sentTokens.Swap(0))
+		st.expectWindow += float64(st.expectedHits.Swap(0))
+		if st.engineQueries >= correctionTokens && st.sentWindow >= correctionTokens {
+			limitChanged = st.correct() || limitChanged
+		}
+	}
+	if limitChanged {
+		tokens := st.announced
+		if tokens == 0 {
+			tokens = configuredTokens
+		}
+		st.cache.setLimit(cacheLimit(tokens, st.scale))
+	}
+}
+
+// correct compares the share of prompt tokens the replica found cached with the share the
+// index expected over the same window, and resizes the index: an index that expects much more
+// than the engine finds is larger than what the engine keeps (its cache is crowded by running
+// sequences, or by other proxies' requests), so it shrinks by 15 %; one that expects no more
+// than the engine finds grows back by 10 %, up to the announced size. Between the two it is
+// left alone, so noise does not make it drift. It reports whether the scale changed.
+func (st *ttftReplica) correct() bool {
+	engine := st.engineHits / st.engineQueries
+	expected := st.expectWindow / st.sentWindow
+	st.engineQueries, st.engineHits, st.sentWindow, st.expectWindow = 0, 0, 0, 0
+	scale := st.scale
+	switch {
+	case engine < 0.8*expected:
+		scale = max(scale*0.85, minCacheScale)
+	case engine >= 0.95*expected:
+		scale = min(scale*1.1, 1)
+	}
+	changed := scale != st.scale
+	st.scale = scale
+	return changed
+}
+
+// ttftFit is an exponentially weighted least-squares line of TTFT (seconds) against uncached
+// prompt tokens, and the mean time a request holds a batch slot.
+type ttftFit struct {
+	w, x, y, xx, xy float64
+	n               int
+	hold            float64
+}
+
+func (f *ttftFit) add(x, y float64) {
+	f.w = f.w*fitDecay + 1
+	f.x = f.x*fitDecay + x
+	f.y = f.y*fitDecay + y
+	f.xx = f.xx*fitDecay + x*x
+	f.xy = f.xy*fitDecay + x*y
+	f.n++
+}
+
+// line returns the fitted base and rate. ok is false until the prompts seen differ in length by
+// more than a block on average (no slope can be told before); the rate is never negative.
+func (f *ttftFit) line() (base, rate float64, ok bool) {
+	if f.n < 2 {
+		return 0, 0, false
+	}
+	mx, my := f.x/f.w, f.y/f.w
+	vx := f.xx/f.w - mx*mx
+	if vx < cacheBlockTokens*cacheBlockTokens {
+		return 0, 0, false
+	}
+	rate = max((f.xy/f.w-mx*my)/vx, 0)
+	return max(my-rate*mx, 0), rate, true
+}
+
+// ewma folds v into mean, the n-th sample (n counts v): a plain mean for the first samples,
+// then holdWeight per sample.
+func ewma(mean, v float64, n int) float64 {
+	return mean + (v-mean)*max(holdWeight, 1/float64(max(n, 1)))
+}
