@@ -298,6 +298,19 @@ var (
 
 // cloudConfig reads an aws or gcp section. An empty section (`aws: {}`) enables the cloud with
 // its defaults.
+// nfsShare reads an NFS share, "server:/export".
+func (c *checker) nfsShare(n *yaml.Node, field string) string {
+	v, ok := c.str(n, field)
+	if !ok {
+		return ""
+	}
+	if host, export, found := strings.Cut(v, ":"); !found || host == "" || !strings.HasPrefix(export, "/") {
+		c.errorf(n, field, "%s is not an NFS share: write server:/export, e.g. fs-0123456789abcdef0.efs.us-east-1.amazonaws.com:/", quoteShort(v))
+		return ""
+	}
+	return v
+}
+
 func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, defaultRegion string) *CloudConfig {
 	cc := &CloudConfig{}
 	n = c.deref(n)
@@ -319,14 +332,7 @@ func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, default
 		}
 	}
 	if e, ok := f["checkpoint_nfs"]; ok {
-		fld := joinField(field, "checkpoint_nfs")
-		if v, ok := c.str(e.value, fld); ok {
-			if host, export, found := strings.Cut(v, ":"); !found || host == "" || !strings.HasPrefix(export, "/") {
-				c.errorf(e.value, fld, "%s is not an NFS share: write server:/export, e.g. fs-0123456789abcdef0.efs.us-east-1.amazonaws.com:/", quoteShort(v))
-			} else {
-				cc.CheckpointNFS = v
-			}
-		}
+		cc.CheckpointNFS = c.nfsShare(e.value, joinField(field, "checkpoint_nfs"))
 	}
 	if e, ok := f["regions"]; ok {
 		fld := joinField(field, "regions")
