@@ -13,7 +13,6 @@ import (
 	"strings"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -93,14 +92,8 @@ var metadataKeyRE = regexp.MustCompile(`^[a-zA-Z0-9-_]{1,128}$`)
 // validated, and the change is made when the returned operation is DONE, with a new
 // fingerprint.
 func (s *Server) setMetadata(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
-	if err != nil {
-		errInvalid("read body: " + err.Error()).write(w)
-		return
-	}
 	req := &computepb.Metadata{}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(body, req); err != nil {
-		errInvalid("Invalid JSON payload received. " + err.Error()).write(w)
+	if !decodeBody(w, r, req) {
 		return
 	}
 	s.mu.Lock()

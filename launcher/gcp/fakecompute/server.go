@@ -500,17 +500,26 @@ func (s *Server) getZone(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-var nameRE = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
-
-func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request) {
+// decodeBody reads a request body of at most 4 MiB into msg as the API's JSON; it answers 400
+// and reports false when it cannot.
+func decodeBody(w http.ResponseWriter, r *http.Request, msg proto.Message) bool {
 	body, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
 	if err != nil {
 		errInvalid("read body: " + err.Error()).write(w)
-		return
+		return false
 	}
-	req := &computepb.Instance{}
-	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(body, req); err != nil {
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(body, msg); err != nil {
 		errInvalid("Invalid JSON payload received. " + err.Error()).write(w)
+		return false
+	}
+	return true
+}
+
+var nameRE = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request) {
+	req := &computepb.Instance{}
+	if !decodeBody(w, r, req) {
 		return
 	}
 	s.mu.Lock()
