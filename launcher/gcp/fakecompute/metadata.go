@@ -98,14 +98,8 @@ func (s *Server) setMetadata(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	zone, zs, ok := s.zone(w, r)
+	zone, in, ok := s.instanceAt(w, r)
 	if !ok {
-		return
-	}
-	name := r.PathValue("name")
-	in, ok := zs.instances[name]
-	if !ok {
-		errNotFound("projects/" + s.opts.Project + "/zones/" + zone + "/instances/" + name).write(w)
 		return
 	}
 	if req.GetFingerprint() != in.pb.GetMetadata().GetFingerprint() {
@@ -150,16 +144,9 @@ const serialLimit = 1 << 20
 // the VM stops, until it is deleted.
 func (s *Server) getSerialPortOutput(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
-	zone, zs, ok := s.zone(w, r)
-	if !ok {
-		s.mu.Unlock()
-		return
-	}
-	name := r.PathValue("name")
-	in, ok := zs.instances[name]
+	zone, in, ok := s.instanceAt(w, r)
 	s.mu.Unlock()
 	if !ok {
-		errNotFound("projects/" + s.opts.Project + "/zones/" + zone + "/instances/" + name).write(w)
 		return
 	}
 	q := r.URL.Query()
@@ -172,7 +159,7 @@ func (s *Server) getSerialPortOutput(w http.ResponseWriter, r *http.Request) {
 		errInvalid("Invalid value for field 'start': '" + q.Get("start") + "'.").write(w)
 		return
 	}
-	data, _ := os.ReadFile(s.LogPath(zone, name))
+	data, _ := os.ReadFile(s.LogPath(zone, in.pb.GetName()))
 	total := int64(len(data))
 	oldest := max(0, total-serialLimit)
 	start = min(max(start, oldest), total)

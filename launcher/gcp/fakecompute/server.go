@@ -874,18 +874,25 @@ func paginate[T any](r *http.Request, items []T) ([]T, *string, error) {
 	return items[start:end], nil, nil
 }
 
-func (s *Server) deleteInstance(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
+// instanceAt is the instance the request's path names ({zone}, {name}), or a 404 (or the
+// zone's error) already written. Called with s.mu held.
+func (s *Server) instanceAt(w http.ResponseWriter, r *http.Request) (zone string, in *instance, ok bool) {
 	zone, zs, ok := s.zone(w, r)
 	if !ok {
-		s.mu.Unlock()
-		return
+		return "", nil, false
 	}
 	name := r.PathValue("name")
-	in, ok := zs.instances[name]
+	if in, ok = zs.instances[name]; !ok {
+		errNotFound("projects/" + s.opts.Project + "/zones/" + zone + "/instances/" + name).write(w)
+	}
+	return zone, in, ok
+}
+
+func (s *Server) deleteInstance(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	zone, in, ok := s.instanceAt(w, r)
 	if !ok {
 		s.mu.Unlock()
-		errNotFound("projects/" + s.opts.Project + "/zones/" + zone + "/instances/" + name).write(w)
 		return
 	}
 	in.pb.Status = proto.String("STOPPING")
@@ -897,8 +904,8 @@ func (s *Server) deleteInstance(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.afterDelay(op, func() {
-		if zs.instances[name] == in {
-			delete(zs.instances, name)
+		if zs := s.zones[zone]; zs.instances[in.pb.GetName()] == in {
+			delete(zs.instances, in.pb.GetName())
 		}
 	})
 	writeJSON(w, op.pb)
