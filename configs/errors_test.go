@@ -150,7 +150,7 @@ func TestParseErrors(t *testing.T) {
 			yaml: "run: serve\nresources:\n  accelerators: {A100: 0, \"8x\": 1, L4: many}\n",
 			want: []wantErr{
 				{3, 24, "resources.accelerators.A100", "must be greater than 0"},
-				{3, 27, "resources.accelerators.8x", "bad accelerator name"},
+				{3, 27, "resources.accelerators.8x", "bad accelerator string"},
 				{3, 40, "resources.accelerators.L4", `expected a number, got string "many"`},
 			},
 		},

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -149,9 +150,36 @@ func nameProblem(name string) string {
 		return fmt.Sprintf("%s is %d characters; names are at most 63", quoteShort(name), len(name))
 	}
 	if !nameRE.MatchString(name) {
-		return fmt.Sprintf("%s is not a valid name: use lowercase letters, digits and '-', starting with a letter and not ending with '-'", quoteShort(name))
+		hint := ""
+		if s := dnsName(name); s != "" {
+			// SkyPilot allows upper case, '_' and '.'; Ferry's names become hostnames and
+			// Kubernetes object names.
+			hint = fmt.Sprintf(" (e.g. name: %s)", s)
+		}
+		return fmt.Sprintf("%s is not a valid name: use lowercase letters, digits and '-', starting with a letter and not ending with '-'%s", quoteShort(name), hint)
 	}
 	return ""
+}
+
+// dnsName is name made valid (lower case, other characters as '-'), or "" if nothing is left.
+func dnsName(name string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(name) {
+		switch {
+		case r >= 'a' && r <= 'z' || r >= '0' && r <= '9':
+			b.WriteRune(r)
+		case b.Len() > 0 && !strings.HasSuffix(b.String(), "-"):
+			b.WriteByte('-')
+		}
+	}
+	s := strings.TrimLeft(strings.TrimRight(b.String(), "-"), "0123456789-")
+	if len(s) > 63 {
+		s = strings.TrimRight(s[:63], "-")
+	}
+	if !nameRE.MatchString(s) {
+		return ""
+	}
+	return s
 }
 
 func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (string, bool)) *Task {
@@ -172,9 +200,6 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 			c.errorf(nil, "name", "%s (given on the command line)", msg)
 		}
 	}
-	if e, ok := f["workdir"]; ok {
-		t.Workdir, _ = c.str(e.value, "workdir")
-	}
 	numNodes, hasNumNodes := f["num_nodes"]
 	if hasNumNodes {
 		if n, ok := c.intAtLeast(numNodes.value, "num_nodes", 1); ok {
@@ -193,9 +218,13 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 	t.Envs = c.envs(f, "envs", ov.Envs, nil)
 	t.Secrets = c.envs(f, "secrets", ov.Secrets, lookupEnv)
 	c.checkOverlap(f, t.Envs, t.Secrets)
+	vars := substitutionVars(t.Envs, t.Secrets)
 
+	if e, ok := f["workdir"]; ok {
+		t.Workdir, _ = c.str(c.substituted(e.value, vars), "workdir")
+	}
 	if e, ok := f["file_mounts"]; ok {
-		ps, _ := c.pairs(e.value, "file_mounts")
+		ps, _ := c.pairs(c.substituted(e.value, vars), "file_mounts")
 		for _, p := range ps {
 			field := joinField("file_mounts", p.key)
 			if p.key == "" {
@@ -230,6 +259,7 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 
 	jobEntry, hasJob := f["job"]
 	if hasService {
+		svcEntry.value = c.substituted(svcEntry.value, vars)
 		t.Service = c.service(svcEntry, res, t.Envs, t.Secrets)
 		if t.NumNodes != 1 {
 			c.errorf(numNodes.value, "num_nodes", "a service runs one node per replica; got num_nodes %d (scale with replicas instead)", t.NumNodes)

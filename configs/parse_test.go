@@ -209,8 +209,13 @@ service:
 		},
 		"accelerator list and port range": {
 			yaml: "run: x\nresources:\n  infra: '*'\n  accelerators: [A100:8, tpu-v5e-8]\n  ports: [\"8000-8002\", 8001, 9000]\n",
+			// A list is SkyPilot's order of preference: one ordered alternative per accelerator.
 			want: &Task{NumNodes: 1, Run: "x",
-				Resources: Resources{Infra: "*", Accelerators: []Accelerator{{"A100", 8}, {"tpu-v5e-8", 1}}, Ports: []int{8000, 8001, 8002, 9000}}},
+				Resources: Resources{Infra: "*", Accelerators: []Accelerator{{"A100", 8}, {"tpu-v5e-8", 1}}, Ports: []int{8000, 8001, 8002, 9000},
+					Ordered: []Resources{
+						{Infra: "*", Accelerators: []Accelerator{{"A100", 8}}, Ports: []int{8000, 8001, 8002, 9000}},
+						{Infra: "*", Accelerators: []Accelerator{{"tpu-v5e-8", 1}}, Ports: []int{8000, 8001, 8002, 9000}},
+					}}},
 		},
 		"overrides add and replace envs, secrets and name": {
 			yaml: "name: a\nrun: x\nenvs:\n  A: \"1\"\n  B: \"2\"\nsecrets:\n  TOKEN:\n",

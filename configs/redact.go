@@ -74,7 +74,38 @@ func (t *Task) Redacted() *Task {
 		}
 		out.Service = &s
 	}
+	scrubSecrets(&out, t.Secrets)
 	return &out
+}
+
+// scrubSecrets replaces secret values that `$NAME` substitution put into workdir, file_mounts or
+// the readiness probe (SkyPilot substitutes inline secrets too), so they are never shown.
+func scrubSecrets(t *Task, secrets map[string]string) {
+	var pairs []string
+	for _, v := range secrets {
+		if v != "" {
+			pairs = append(pairs, v, RedactedValue)
+		}
+	}
+	if len(pairs) == 0 {
+		return
+	}
+	r := strings.NewReplacer(pairs...)
+	t.Workdir = r.Replace(t.Workdir)
+	if t.FileMounts != nil {
+		fm := make(map[string]string, len(t.FileMounts))
+		for k, v := range t.FileMounts {
+			fm[r.Replace(k)] = r.Replace(v)
+		}
+		t.FileMounts = fm
+	}
+	if t.Service != nil {
+		p := &t.Service.ReadinessProbe
+		p.Path, p.PostData = r.Replace(p.Path), r.Replace(p.PostData)
+		for k, v := range p.Headers {
+			p.Headers[k] = r.Replace(v)
+		}
+	}
 }
 
 // KeyEnvs are the names service.auth.keys_from_env takes API keys from that are also among the
@@ -267,13 +298,17 @@ type resolvedRecovery struct {
 
 type resolvedResources struct {
 	Infra        text                `yaml:"infra,omitempty"`
-	Accelerators []string            `yaml:"accelerators,omitempty,flow"`
+	InstanceType text                `yaml:"instance_type,omitempty"`
+	Accelerators *yaml.Node          `yaml:"accelerators,omitempty"`
 	CPUs         text                `yaml:"cpus,omitempty"`
 	Memory       text                `yaml:"memory,omitempty"`
 	UseSpot      bool                `yaml:"use_spot,omitempty"`
 	Ports        []int               `yaml:"ports,omitempty,flow"`
 	ImageID      text                `yaml:"image_id,omitempty"`
 	DiskSize     int                 `yaml:"disk_size,omitempty"`
+	DiskTier     text                `yaml:"disk_tier,omitempty"`
+	Labels       map[string]text     `yaml:"labels,omitempty"`
+	Autostop     *Autostop           `yaml:"autostop,omitempty"`
 	AnyOf        []resolvedResources `yaml:"any_of,omitempty"`
 	Ordered      []resolvedResources `yaml:"ordered,omitempty"`
 	JobRecovery  *resolvedRecovery   `yaml:"job_recovery,omitempty"`
@@ -281,16 +316,34 @@ type resolvedResources struct {
 
 func toResolvedResources(r Resources) resolvedResources {
 	out := resolvedResources{
-		Infra:    text(r.Infra),
-		CPUs:     text(r.CPUs),
-		Memory:   text(r.Memory),
-		UseSpot:  r.UseSpot,
-		Ports:    r.Ports,
-		ImageID:  text(r.ImageID),
-		DiskSize: r.DiskSize,
+		Infra:        text(r.Infra),
+		InstanceType: text(r.InstanceType),
+		CPUs:         text(r.CPUs),
+		Memory:       text(r.Memory),
+		UseSpot:      r.UseSpot,
+		Ports:        r.Ports,
+		ImageID:      text(r.ImageID),
+		DiskSize:     r.DiskSize,
+		DiskTier:     text(r.DiskTier),
+		Labels:       textMap(r.Labels),
+		Autostop:     r.Autostop,
 	}
-	for _, a := range r.Accelerators {
-		out.Accelerators = append(out.Accelerators, a.Spec())
+	if r.isPreferenceList() {
+		// Written back as the list it came from, which means the same ordered alternatives.
+		out.Accelerators = &yaml.Node{Kind: yaml.SequenceNode, Style: yaml.FlowStyle}
+		for _, a := range r.Accelerators {
+			out.Accelerators.Content = append(out.Accelerators.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: a.Spec()})
+		}
+		return out
+	}
+	if len(r.Accelerators) > 0 {
+		// A mapping is a set, as in SkyPilot: {A100: 1, L4: 0.5}.
+		out.Accelerators = &yaml.Node{Kind: yaml.MappingNode, Style: yaml.FlowStyle}
+		for _, a := range r.Accelerators {
+			out.Accelerators.Content = append(out.Accelerators.Content,
+				&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: a.Name},
+				&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: formatCount(a.Count)})
+		}
 	}
 	for _, alt := range r.AnyOf {
 		out.AnyOf = append(out.AnyOf, toResolvedResources(alt))

@@ -2,7 +2,9 @@ package configs
 
 import (
 	"fmt"
+	"maps"
 	"math"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -11,7 +13,8 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered", "job_recovery"}
+var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered", "job_recovery",
+	"instance_type", "labels", "autostop", "disk_tier"}
 
 // infraClouds are the first segments `infra` accepts ("*" means anywhere Ferry can launch).
 var infraClouds = []string{InfraLocal, "kubernetes", "k8s", "aws", "gcp", "*"}
@@ -104,6 +107,11 @@ func (r Resources) clone() Resources {
 	out := r
 	out.Accelerators = slices.Clone(r.Accelerators)
 	out.Ports = slices.Clone(r.Ports)
+	out.Labels = maps.Clone(r.Labels)
+	if r.Autostop != nil {
+		a := *r.Autostop
+		out.Autostop = &a
+	}
 	out.AnyOf = cloneAll(r.AnyOf)
 	out.Ordered = cloneAll(r.Ordered)
 	return out
@@ -126,6 +134,9 @@ type resourceSpec struct {
 	r     Resources
 	given map[string]*yaml.Node // YAML key, or "location" for infra/cloud/region/zone
 	node  *yaml.Node
+	// preferred says accelerators was a list, which SkyPilot reads as an order of preference
+	// (a mapping or a single string is a set: the cheapest wins).
+	preferred bool
 }
 
 // resources reads the `resources:` block (n may be nil) and resolves alternatives and the
@@ -163,8 +174,84 @@ func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 	if isService {
 		c.checkSpotAgreement(&r, "any_of", anyOf, r.AnyOf)
 		c.checkSpotAgreement(&r, "ordered", ordered, r.Ordered)
+		if at := top.given["autostop"]; at != nil {
+			c.errorf(at, joinField(field, "autostop"), "a service has no idle cluster to stop: its replicas scale with the load; to scale to zero when idle write service.replica_policy: {min_replicas: 0, max_replicas: N} (scale_to_zero_grace_seconds sets how long it waits)")
+		}
 	}
+	c.preferredAccelerators(&r, top, anyOf, ordered, f)
 	return r, recovery
+}
+
+// preferredAccelerators applies SkyPilot's reading of an accelerators list, an order of
+// preference: [L4:1, A100:1] tries every L4 placement before any A100 one, which is Ferry's
+// ordered. A mapping or a string stays a set (r.Accelerators; the cheapest wins).
+func (c *checker) preferredAccelerators(r *Resources, top resourceSpec, anyOf, ordered []resourceSpec, f map[string]entry) {
+	const field = "resources.accelerators"
+	accNode := top.given["accelerators"]
+	switch {
+	case top.preferred && len(anyOf) > 0:
+		c.errorf(accNode, field, "a list of accelerators is an order of preference, which any_of (cheapest first) contradicts: write a set {%s} or drop any_of", acceleratorSet(top.r.Accelerators))
+		return
+	case len(top.r.Accelerators) > 1 && f["ordered"].value != nil:
+		c.errorf(accNode, field, "several accelerators with ordered: give each ordered alternative its own accelerators instead")
+		return
+	case top.preferred:
+		r.Ordered = make([]Resources, len(top.r.Accelerators))
+		for i, a := range r.Accelerators {
+			alt := r.clone()
+			alt.AnyOf, alt.Ordered = nil, nil
+			alt.Accelerators = []Accelerator{a}
+			r.Ordered[i] = alt
+		}
+		return
+	}
+	// Inside ordered, an alternative's list expands in place; inside any_of it is a set.
+	if !slices.ContainsFunc(ordered, func(s resourceSpec) bool { return s.preferred }) {
+		return
+	}
+	var out []Resources
+	for i, spec := range ordered {
+		if !spec.preferred {
+			out = append(out, r.Ordered[i])
+			continue
+		}
+		for _, a := range r.Ordered[i].Accelerators {
+			alt := r.Ordered[i].clone()
+			alt.Accelerators = []Accelerator{a}
+			out = append(out, alt)
+		}
+	}
+	if len(out) > maxAlternatives {
+		c.errorf(f["ordered"].value, "resources.ordered", "%d alternatives once accelerator lists are expanded; at most %d are allowed", len(out), maxAlternatives)
+		return
+	}
+	r.Ordered = out
+}
+
+// isPreferenceList reports whether r's ordered alternatives are exactly its accelerators list,
+// one each, as preferredAccelerators builds them.
+func (r Resources) isPreferenceList() bool {
+	if len(r.Accelerators) < 2 || len(r.Ordered) != len(r.Accelerators) || len(r.AnyOf) > 0 {
+		return false
+	}
+	for i, a := range r.Accelerators {
+		want := r.clone()
+		want.AnyOf, want.Ordered = nil, nil
+		want.Accelerators = []Accelerator{a}
+		if !reflect.DeepEqual(want, r.Ordered[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// acceleratorSet writes accelerators as the body of a YAML flow mapping: "L4: 1, A100: 1".
+func acceleratorSet(accs []Accelerator) string {
+	parts := make([]string, len(accs))
+	for i, a := range accs {
+		parts[i] = a.Name + ": " + formatCount(a.Count)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // mergeAll resolves each alternative against the top-level fields. An alternative that
@@ -201,6 +288,19 @@ func mergeAll(top Resources, alts []resourceSpec) []Resources {
 		}
 		if alt.given["disk_size"] != nil {
 			m.DiskSize = a.DiskSize
+		}
+		if alt.given["disk_tier"] != nil {
+			m.DiskTier = a.DiskTier
+		}
+		if alt.given["instance_type"] != nil {
+			m.InstanceType = a.InstanceType
+		}
+		if alt.given["labels"] != nil {
+			// As SkyPilot: an alternative's labels update the top-level ones.
+			if m.Labels == nil {
+				m.Labels = map[string]string{}
+			}
+			maps.Copy(m.Labels, a.Labels)
 		}
 		if m.Infra == "" {
 			m.Infra = "*"
@@ -266,6 +366,9 @@ func (c *checker) alternatives(e entry, field string) []resourceSpec {
 		if jr, ok := f["job_recovery"]; ok {
 			c.errorf(jr.keyNode, joinField(itemField, "job_recovery"), "job_recovery applies to the whole job: set it once, at the top of resources")
 		}
+		if as, ok := f["autostop"]; ok {
+			c.errorf(as.keyNode, joinField(itemField, "autostop"), "autostop applies to the whole task: set it once, at the top of resources")
+		}
 		out = append(out, spec)
 	}
 	return out
@@ -281,6 +384,7 @@ func (c *checker) resourceSpec(n *yaml.Node, field string) (resourceSpec, map[st
 		if accs, ok := c.accelerators(e.value, joinField(field, "accelerators")); ok {
 			s.r.Accelerators = accs
 			s.given["accelerators"] = e.value
+			s.preferred = e.value.Kind == yaml.SequenceNode && len(accs) > 1
 		}
 	}
 	if e, ok := f["cpus"]; ok {
@@ -323,6 +427,7 @@ func (c *checker) resourceSpec(n *yaml.Node, field string) (resourceSpec, map[st
 			s.given["disk_size"] = e.value
 		}
 	}
+	c.extraResourceFields(&s, f, field)
 	return s, f
 }
 
@@ -516,12 +621,19 @@ func (c *checker) accelerators(n *yaml.Node, field string) ([]Accelerator, bool)
 		ok := true
 		for _, p := range ps {
 			f := joinField(field, p.key)
-			if !acceleratorNameRE.MatchString(p.key) {
-				c.errorf(p.keyNode, f, "bad accelerator name %s: expected letters, digits and -, starting with a letter (e.g. A100)", quoteShort(p.key))
+			// YAML flow style reads {L4:1, A100:1} as keys "L4:1" with null values; SkyPilot
+			// joins key and value back into "NAME:COUNT", and so does Ferry.
+			a, problem := ParseAccelerator(p.key)
+			if problem != nil {
+				c.errorf(p.keyNode, f, "%s", problem.Error())
 				ok = false
 				continue
 			}
-			a := Accelerator{Name: p.key, Count: 1}
+			if strings.Contains(p.key, ":") && !isNull(p.value) {
+				c.errorf(p.value, f, "the count is given twice: write {%s: %s} or {%s}", a.Name, p.value.Value, a.Spec())
+				ok = false
+				continue
+			}
 			if !isNull(p.value) {
 				v, good := c.positive(p.value, f)
 				if good {

@@ -50,11 +50,38 @@ type Resources struct {
 	Ports    []int  `json:"ports,omitempty"`
 	ImageID  string `json:"image_id,omitempty"`
 	DiskSize int    `json:"disk_size,omitempty"`
+	// DiskTier is SkyPilot's disk_tier (DiskTierLow … DiskTierBest); "" leaves each infra's
+	// default (the medium tier on VMs).
+	DiskTier string `json:"disk_tier,omitempty"`
+	// InstanceType pins a cloud instance type (p4d.24xlarge, a2-highgpu-1g); the optimizer
+	// plans only that type.
+	InstanceType string `json:"instance_type,omitempty"`
+	// Labels go on every instance: pod labels on Kubernetes, tags on AWS, labels on GCP.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Autostop is resources.autostop; nil when the YAML leaves it out or says false.
+	Autostop *Autostop `json:"autostop,omitempty"`
 	// AnyOf alternatives: the cheapest feasible one wins.
 	AnyOf []Resources `json:"any_of,omitempty"`
 	// Ordered alternatives: the first feasible one wins.
 	Ordered []Resources `json:"ordered,omitempty"`
 }
+
+// Autostop is SkyPilot's resources.autostop. Ferry has no long-lived clusters: a job's nodes
+// are torn down when it ends, which is autodown with no idle wait, so a job accepts every
+// spelling; a service scales with replica_policy instead (see the README).
+type Autostop struct {
+	IdleMinutes int  `json:"idle_minutes" yaml:"idle_minutes"`
+	Down        bool `json:"down" yaml:"down"`
+}
+
+// Disk tiers, SkyPilot's names.
+const (
+	DiskTierLow    = "low"
+	DiskTierMedium = "medium"
+	DiskTierHigh   = "high"
+	DiskTierUltra  = "ultra"
+	DiskTierBest   = "best"
+)
 
 // Accelerator is a GPU (or TPU) type and how many of it one node needs.
 type Accelerator struct {
