@@ -187,15 +187,16 @@ func (m *Manager) spec(j Job) launcher.Spec {
 	return launcher.Spec{
 		// <name>-<job id>-<attempt>, and GangName adds the rank: unique across recoveries,
 		// so an ended gang's logs are never overwritten by the next one's.
-		Name:       fmt.Sprintf("%s-%s-%d", shortName(j.Name), id, j.Attempt),
-		Labels:     labelsFor(j.ID, j.Attempt),
-		Setup:      t.Setup,
-		Run:        t.Run,
-		Workdir:    t.Workdir,
-		Envs:       envs,
-		SecretEnvs: slices.Sorted(maps.Keys(t.Secrets)),
-		Port:       port,
-		Resources:  t.Resources,
+		Name:         fmt.Sprintf("%s-%s-%d", shortName(j.Name), id, j.Attempt),
+		Labels:       withTaskLabels(t.Resources.Labels, labelsFor(j.ID, j.Attempt)),
+		InstanceType: t.Resources.InstanceType,
+		Setup:        t.Setup,
+		Run:          t.Run,
+		Workdir:      t.Workdir,
+		Envs:         envs,
+		SecretEnvs:   slices.Sorted(maps.Keys(t.Secrets)),
+		Port:         port,
+		Resources:    t.Resources,
 		Job: &launcher.JobSpec{
 			Priority:        job.Priority,
 			Preemptible:     job.Preemptible,
@@ -204,6 +205,16 @@ func (m *Manager) spec(j Job) launcher.Spec {
 			CheckpointDir:   m.cfg.CheckpointMount,
 		},
 	}
+}
+
+// withTaskLabels adds the task's resources.labels under Ferry's own (configs keeps them apart).
+func withTaskLabels(task, own map[string]string) map[string]string {
+	out := maps.Clone(task)
+	if out == nil {
+		out = map[string]string{}
+	}
+	maps.Copy(out, own)
+	return out
 }
 
 // gpusPerNode is SKYPILOT_NUM_GPUS_PER_NODE: the accelerator count each node asks for, rounded

@@ -51,6 +51,9 @@ type Spec struct {
 	// Instance.Endpoint and tells the program through FERRY_PORT.
 	Port      int
 	Resources configs.Resources
+	// InstanceType is resources.instance_type: the one cloud instance type the task may run
+	// on ("" lets the optimizer choose).
+	InstanceType string
 	// Placement is where the optimizer chose to put the instance; a provider launches exactly
 	// there (zero fields mean the provider's default).
 	Placement Placement

@@ -61,22 +61,29 @@ func replicaSpec(service string, version int, task *configs.Task, id int, spot b
 	if spot {
 		kind = kindSpot
 	}
+	// The task's resources.labels (configs keeps them off Ferry's ferry.* keys).
+	labels := maps.Clone(task.Resources.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	maps.Copy(labels, map[string]string{
+		launcher.LabelOwner:     "true",
+		launcher.LabelService:   service,
+		launcher.LabelVersion:   strconv.Itoa(version),
+		launcher.LabelReplicaID: strconv.Itoa(id),
+		LabelKind:               kind,
+	})
 	return launcher.Spec{
-		Name: replicaName(service, id),
-		Labels: map[string]string{
-			launcher.LabelOwner:     "true",
-			launcher.LabelService:   service,
-			launcher.LabelVersion:   strconv.Itoa(version),
-			launcher.LabelReplicaID: strconv.Itoa(id),
-			LabelKind:               kind,
-		},
-		Setup:      task.Setup,
-		Run:        task.Run,
-		Workdir:    task.Workdir,
-		Envs:       envs,
-		SecretEnvs: slices.Sorted(maps.Keys(task.Secrets)),
-		Port:       port,
-		Resources:  withSpot(task.Resources, spot),
+		Name:         replicaName(service, id),
+		Labels:       labels,
+		InstanceType: task.Resources.InstanceType,
+		Setup:        task.Setup,
+		Run:          task.Run,
+		Workdir:      task.Workdir,
+		Envs:         envs,
+		SecretEnvs:   slices.Sorted(maps.Keys(task.Secrets)),
+		Port:         port,
+		Resources:    withSpot(task.Resources, spot),
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 )
 
@@ -122,9 +123,23 @@ func (p *Provider) bootDisk(spec launcher.Spec, zone string, hasGPU bool) (*comp
 		InitializeParams: &computepb.AttachedDiskInitializeParams{
 			SourceImage: proto.String(image),
 			DiskSizeGb:  proto.Int64(diskGB),
-			DiskType:    proto.String("zones/" + zone + "/diskTypes/pd-balanced"),
+			DiskType:    proto.String("zones/" + zone + "/diskTypes/" + diskType(spec.Resources.DiskTier)),
 		},
 	}, nil
+}
+
+// diskType is the persistent disk type of a disk_tier, after SkyPilot's GCP mapping (low
+// pd-standard, medium pd-balanced, high pd-ssd). ultra and best are pd-ssd too: pd-extreme, the
+// one faster type, attaches only to n2 machines with 64+ vCPUs and the m series, none of which
+// is in Ferry's catalog, so asking for it would fail every launch.
+func diskType(tier string) string {
+	switch tier {
+	case configs.DiskTierLow:
+		return "pd-standard"
+	case configs.DiskTierHigh, configs.DiskTierUltra, configs.DiskTierBest:
+		return "pd-ssd"
+	}
+	return "pd-balanced"
 }
 
 // ownedLabels is the spec's labels plus the owner label, by which List finds Ferry's VMs.
