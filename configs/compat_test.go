@@ -357,3 +357,41 @@ func TestEnvSubstitutionKeepsAliasesApart(t *testing.T) {
 		t.Errorf("post_data %s", task.Service.ReadinessProbe.PostData)
 	}
 }
+
+// TestImageIDMatchesInfra: an image a named infra cannot boot fails at parse time (and so at
+// --dry-run), not at launch.
+func TestImageIDMatchesInfra(t *testing.T) {
+	tests := map[string]struct {
+		yaml string
+		want []wantErr
+	}{
+		"kubernetes needs a container": {
+			yaml: "run: x\nresources:\n  infra: kubernetes\n  image_id: ubuntu:22.04\n",
+			want: []wantErr{{4, 13, "resources.image_id", "write image_id: docker:IMAGE"}},
+		},
+		"aws takes an AMI": {
+			yaml: "run: x\nresources:\n  infra: aws\n  image_id: projects/p/global/images/i\n",
+			want: []wantErr{{4, 13, "resources.image_id", "an AMI (ami-...)"}},
+		},
+		"gcp is not given an AMI, per alternative": {
+			yaml: "run: x\nresources:\n  ordered:\n    - {infra: aws, image_id: ami-123}\n    - {infra: gcp, image_id: ami-123}\n",
+			want: []wantErr{{5, 30, "resources.ordered[1].image_id", "is an AWS AMI"}},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := Parse("task.yaml", []byte(tc.yaml), Overrides{})
+			if err == nil {
+				t.Fatal("want errors, got none")
+			}
+			if diff := cmp.Diff(tc.want, project(Errors(err), tc.want)); diff != "" {
+				t.Errorf("errors (-want +got):\n%s\nfull error:\n%v", diff, err)
+			}
+		})
+	}
+	for _, ok := range []string{"infra: kubernetes\n  image_id: docker:vllm/vllm-openai", "infra: aws\n  image_id: ami-0abc", "infra: aws\n  image_id: docker:vllm/vllm-openai", "infra: gcp\n  image_id: projects/p/global/images/i"} {
+		if _, err := Parse("task.yaml", []byte("run: x\nresources:\n  "+ok+"\n"), Overrides{}); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+}

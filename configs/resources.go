@@ -179,7 +179,54 @@ func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 		}
 	}
 	c.preferredAccelerators(&r, top, anyOf, ordered, f)
+	c.checkImages(r, top, slices.Concat(anyOf, ordered))
 	return r, recovery
+}
+
+// checkImages refuses an image_id the candidate's infra would refuse at launch, so that
+// --dry-run never calls valid what launch will not run. Only candidates that name their infra
+// are checked; the optimizer keeps the others off infras that cannot take the image.
+func (c *checker) checkImages(r Resources, top resourceSpec, specs []resourceSpec) {
+	cands := r.Candidates()
+	for i, cand := range cands {
+		explicit := top.given["location"] != nil || (len(specs) == len(cands) && specs[i].given["location"] != nil)
+		problem := imageProblem(cand.Cloud, cand.ImageID)
+		if problem == "" || !explicit {
+			continue
+		}
+		at, field := top.given["image_id"], "resources.image_id"
+		if len(specs) == len(cands) {
+			if n := specs[i].given["image_id"]; n != nil {
+				at = n
+				if len(r.AnyOf) > 0 {
+					field = indexField("resources.any_of", i) + ".image_id"
+				} else {
+					field = indexField("resources.ordered", i) + ".image_id"
+				}
+			}
+		}
+		c.errorf(at, field, "%s", problem)
+		if at == top.given["image_id"] {
+			return // one message for the top-level image
+		}
+	}
+}
+
+// imageProblem says why cloud cannot boot image, or "".
+func imageProblem(cloud, image string) string {
+	if image == "" {
+		return ""
+	}
+	docker := strings.HasPrefix(image, "docker:")
+	switch {
+	case cloud == "kubernetes" && !docker:
+		return fmt.Sprintf("%s: Kubernetes runs container images; write image_id: docker:IMAGE", quoteShort(image))
+	case cloud == "aws" && !docker && !strings.HasPrefix(image, "ami-"):
+		return fmt.Sprintf("%s: on AWS image_id is an AMI (ami-...) or a container (docker:IMAGE)", quoteShort(image))
+	case cloud == "gcp" && strings.HasPrefix(image, "ami-"):
+		return fmt.Sprintf("%s is an AWS AMI; on GCP write a disk image (projects/PROJECT/global/images/NAME) or a container (docker:IMAGE)", quoteShort(image))
+	}
+	return ""
 }
 
 // preferredAccelerators applies SkyPilot's reading of an accelerators list, an order of
