@@ -342,7 +342,7 @@ func toResolvedResources(r Resources) resolvedResources {
 		for _, a := range r.Accelerators {
 			out.Accelerators.Content = append(out.Accelerators.Content,
 				&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: a.Name},
-				&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!float", Value: formatCount(a.Count)})
+				&yaml.Node{Kind: yaml.ScalarNode, Tag: countTag(a.Count), Value: formatCount(a.Count)})
 		}
 	}
 	for _, alt := range r.AnyOf {
@@ -352,6 +352,14 @@ func toResolvedResources(r Resources) resolvedResources {
 		out.Ordered = append(out.Ordered, toResolvedResources(alt))
 	}
 	return out
+}
+
+// countTag is the YAML tag a count reads back as, so the encoder writes no explicit tag.
+func countTag(v float64) string {
+	if v == float64(int64(v)) {
+		return "!!int"
+	}
+	return "!!float"
 }
 
 type resolvedService struct {

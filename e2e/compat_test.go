@@ -1,0 +1,131 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// planRowRE matches a row of the optimizer's table and captures its infra.
+var planRowRE = regexp.MustCompile(`(?m)^(local|kubernetes/\S+|aws|gcp)\s`)
+
+// TestSkyPilotExamplesDryRun runs `--dry-run` on every YAML of configs/testdata/skypilot
+// (written in the shape of SkyPilot's published serving and jobs examples) through the real
+// binary, on a home where every infra is enabled: local, the test cluster's context (with an
+// L40S node) and both fake clouds. Each must be called valid with a plan, and what SkyPilot
+// would have filled in must show in the resolved spec.
+func TestSkyPilotExamplesDryRun(t *testing.T) {
+	k := newKubeEnv(t, "NVIDIA-L40S", 1, 1, 2)
+	clouds := startFakeClouds(t)
+	k.extraEnv = awsEnv
+	cfg, err := os.ReadFile(filepath.Join(k.home, "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(k.home, "config.yaml"), string(cfg)+clouds.config())
+	kube := "kubernetes/" + k.cluster.Context()
+
+	tests := []struct {
+		file string
+		job  bool
+		// wantInfras must each have a row in the plan.
+		wantInfras []string
+		// wantShown must appear in the output (the resolved spec or the plan).
+		wantShown []string
+	}{
+		{file: "vllm.yaml", wantShown: []string{
+			`"model":"meta-llama/Meta-Llama-3.1-8B-Instruct"`,
+			"accelerators: {L4: 1, A10G: 1, A10: 1, A100: 1, A100-80GB: 1}",
+			"HF_TOKEN: <redacted>",
+		}},
+		{file: "sglang.yaml", wantShown: []string{"instance_aware_least_load", "disk_tier: best", "app.example.com/engine: sglang"}},
+		{file: "tgi.yaml", wantShown: []string{"accelerators: ['L4:1', 'A10G:1', 'A100:1']"}},
+		{file: "gemma-kubernetes.yaml", wantInfras: []string{kube}, wantShown: []string{
+			`"model":"google/gemma-2b-it"`, "X-Model: google/gemma-2b-it", "L40S",
+		}},
+		{file: "http-server.yaml", wantShown: []string{"workdir: ."}},
+		{file: "minimal.yaml"},
+		{file: "torchrun.yaml", job: true, wantShown: []string{"/checkpoints/run-1: s3://my-checkpoints/run-1", "idle_minutes: 10"}},
+		{file: "batch.yaml", job: true, wantInfras: []string{"gcp"}, wantShown: []string{"instance_type: n1-standard-8", "disk_tier: high"}},
+	}
+	files, err := filepath.Glob(filepath.Join(repoRoot(), "configs/testdata/skypilot/*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != len(tests) {
+		t.Fatalf("%d compatibility YAMLs but %d cases: give every YAML a case", len(files), len(tests))
+	}
+	for _, tc := range tests {
+		t.Run(tc.file, func(t *testing.T) {
+			path := filepath.Join("configs/testdata/skypilot", tc.file)
+			args := []string{"serve", "up", path, "--dry-run", "--secret", "HF_TOKEN=hf_e2e_compat"}
+			if tc.job {
+				args = []string{"jobs", "launch", path, "--dry-run"}
+			}
+			out := k.mustRun(args...)
+			if !strings.Contains(out, "Dry run:") || !strings.Contains(out, "is valid; nothing was launched") {
+				t.Fatalf("not called valid:\n%s", out)
+			}
+			if strings.Contains(out, "hf_e2e_compat") {
+				t.Fatalf("the dry run printed a secret:\n%s", out)
+			}
+			var infras []string
+			for _, m := range planRowRE.FindAllStringSubmatch(out, -1) {
+				if !slices.Contains(infras, m[1]) {
+					infras = append(infras, m[1])
+				}
+			}
+			if len(infras) == 0 {
+				t.Fatalf("no plan rows:\n%s", out)
+			}
+			for _, want := range tc.wantInfras {
+				if !slices.Contains(infras, want) {
+					t.Errorf("plan has no %s row (infras %v):\n%s", want, infras, out)
+				}
+			}
+			for _, want := range tc.wantShown {
+				if !strings.Contains(out, want) {
+					t.Errorf("output lacks %q:\n%s", want, out)
+				}
+			}
+			t.Logf("%s: planned on %v", tc.file, infras)
+		})
+	}
+}
+
+// TestDryRunRefusesWhatLaunchRefuses: a YAML the named infra cannot run fails --dry-run with
+// the file, line and column, and nothing is launched.
+func TestDryRunRefusesWhatLaunchRefuses(t *testing.T) {
+	e := newEnv(t)
+	dir := t.TempDir()
+	cases := map[string]struct{ yaml, want string }{
+		"vm image on kubernetes": {
+			yaml: "run: x\nresources:\n  infra: kubernetes\n  image_id: ami-0123\nservice:\n  ports: 8000\n",
+			want: "bad.yaml:4:13: resources.image_id:",
+		},
+		"autostop on a service": {
+			yaml: "run: x\nresources:\n  autostop: 10\nservice:\n  ports: 8000\n",
+			want: "bad.yaml:3:3: resources.autostop:",
+		},
+		"disk tier on kubernetes": {
+			yaml: "run: x\nresources:\n  infra: kubernetes\n  disk_tier: high\nservice:\n  ports: 8000\n",
+			want: "bad.yaml:4:14: resources.disk_tier:",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			file := filepath.Join(dir, "bad.yaml")
+			writeFile(t, file, tc.yaml)
+			out, errOut, err := e.run("serve", "up", file, "--dry-run")
+			if err == nil {
+				t.Fatalf("--dry-run called it valid:\n%s", out)
+			}
+			if !strings.Contains(errOut, tc.want) {
+				t.Fatalf("stderr lacks %q:\n%s", tc.want, errOut)
+			}
+		})
+	}
+}
