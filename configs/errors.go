@@ -87,6 +87,8 @@ type checker struct {
 	// lookupEnv is the user's environment under Load, nil under Parse. With it the checker also
 	// reads the files a task names (service.auth.keys_file).
 	lookupEnv func(string) (string, bool)
+	// task says a task file is being read: unknown fields SkyPilot knows get its own message.
+	taskFile bool
 }
 
 // maxNodeVisits is far above any real task file and far below what would take noticeable time.

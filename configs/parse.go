@@ -53,6 +53,7 @@ func Parse(filename string, data []byte, ov Overrides) (*Task, error) {
 func parse(filename string, data []byte, ov Overrides, lookupEnv func(string) (string, bool)) (task *Task, err error) {
 	c := newChecker(filename)
 	c.lookupEnv = lookupEnv
+	c.taskFile = true
 	defer func() {
 		// Parse must never take a caller down; a panic here is a bug, reported as a problem
 		// with the file rather than a crash of the controller that received it.

@@ -214,6 +214,10 @@ func (c *checker) fields(n *yaml.Node, field string, allowed []string) (map[stri
 	out := make(map[string]entry, len(ps))
 	for _, p := range ps {
 		if !slices.Contains(allowed, p.key) {
+			if why := unsupportedReason(field, p.key); why != "" && c.taskFile {
+				c.errorf(p.keyNode, joinField(field, p.key), "SkyPilot's %s is not supported by Ferry: %s", p.key, why)
+				continue
+			}
 			c.errorf(p.keyNode, joinField(field, p.key), "unknown field %s%s", quoteShort(p.key), suggest(p.key, allowed, "fields"))
 			continue
 		}
