@@ -141,6 +141,8 @@ type Provider struct {
 	mu    sync.Mutex
 	zones map[string]map[string]string // region -> AZ ID -> zone name
 	amis  map[string]string            // "region/gpu" -> default image found by name
+	// rootDevices caches each image's root device name (disk.go).
+	rootDevices sync.Map
 	// exits caches the exit status job nodes marked, by instance id.
 	exits *launcher.ExitCodes
 
@@ -547,14 +549,19 @@ func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (
 		return "", err
 	}
 	instanceTags := tags(spec, lp.port, lp.placementGroup)
+	volumes, err := p.rootVolume(ctx, p.clients[lp.region], lp.ami, spec.Resources)
+	if err != nil {
+		return "", err
+	}
 	in := &ec2.RunInstancesInput{
-		ImageId:          awssdk.String(lp.ami),
-		InstanceType:     types.InstanceType(lp.instanceType),
-		MinCount:         awssdk.Int32(1),
-		MaxCount:         awssdk.Int32(1),
-		UserData:         awssdk.String(ud),
-		SecurityGroupIds: slices.DeleteFunc([]string{lp.securityGroup, lp.jobGroup}, func(g string) bool { return g == "" }),
-		ClientToken:      awssdk.String(randomHex(16)),
+		BlockDeviceMappings: volumes,
+		ImageId:             awssdk.String(lp.ami),
+		InstanceType:        types.InstanceType(lp.instanceType),
+		MinCount:            awssdk.Int32(1),
+		MaxCount:            awssdk.Int32(1),
+		UserData:            awssdk.String(ud),
+		SecurityGroupIds:    slices.DeleteFunc([]string{lp.securityGroup, lp.jobGroup}, func(g string) bool { return g == "" }),
+		ClientToken:         awssdk.String(randomHex(16)),
 		TagSpecifications: []types.TagSpecification{{
 			ResourceType: types.ResourceTypeInstance, Tags: instanceTags,
 		}},

@@ -4,6 +4,7 @@ import (
 	"encoding/xml"
 	"path"
 	"slices"
+	"strings"
 )
 
 // Public images every region of the fake has, as EC2 lists them: the owners and name patterns
@@ -22,13 +23,14 @@ const (
 )
 
 type xmlImage struct {
-	ImageID      string `xml:"imageId"`
-	Name         string `xml:"name"`
-	OwnerID      string `xml:"imageOwnerId"`
-	OwnerAlias   string `xml:"imageOwnerAlias,omitempty"`
-	CreationDate string `xml:"creationDate"`
-	State        string `xml:"imageState"`
-	Architecture string `xml:"architecture"`
+	ImageID        string `xml:"imageId"`
+	Name           string `xml:"name"`
+	OwnerID        string `xml:"imageOwnerId"`
+	OwnerAlias     string `xml:"imageOwnerAlias,omitempty"`
+	CreationDate   string `xml:"creationDate"`
+	State          string `xml:"imageState"`
+	Architecture   string `xml:"architecture"`
+	RootDeviceName string `xml:"rootDeviceName"`
 }
 
 type describeImagesResponse struct {
@@ -43,8 +45,18 @@ func (s *Server) describeImages(m meta, p params) (any, *APIError) {
 	owners := p.list("Owner")
 	f := p.filters()
 	out := &describeImagesResponse{meta: m}
+	if ids := p.list("ImageId"); len(ids) > 0 {
+		// RunInstances takes any ami- id, so every such id names an image here.
+		for _, id := range ids {
+			if !strings.HasPrefix(id, "ami-") {
+				return nil, apiErr("InvalidAMIID.Malformed", "Invalid id: %q (expecting \"ami-...\")", id)
+			}
+			out.Images = append(out.Images, xmlImage{ImageID: id, Name: id, State: "available", Architecture: "x86_64", RootDeviceName: defaultRootDevice})
+		}
+		return out, nil
+	}
 	for _, img := range publicImages {
-		img.State, img.Architecture = "available", "x86_64"
+		img.State, img.Architecture, img.RootDeviceName = "available", "x86_64", defaultRootDevice
 		if len(owners) > 0 && !slices.Contains(owners, img.OwnerID) && (img.OwnerAlias == "" || !slices.Contains(owners, img.OwnerAlias)) {
 			continue
 		}

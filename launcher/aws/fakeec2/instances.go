@@ -29,6 +29,7 @@ type instance struct {
 	reason                    *xmlStateReason
 	transition                string
 	metadata                  MetadataOptions
+	root                      RootVolume
 	vm                        *vm
 }
 
@@ -106,6 +107,8 @@ type Instance struct {
 	LogPath string
 	// Metadata is what RunInstances asked of the instance metadata service.
 	Metadata MetadataOptions
+	// Root is the boot volume RunInstances asked for.
+	Root RootVolume
 }
 
 func (in *instance) live() bool { return in.state == "pending" || in.state == "running" }
@@ -138,7 +141,7 @@ func (s *Server) Instances() []Instance {
 		snap := Instance{
 			ID: in.id, Region: in.region, ZoneID: in.zone.id, ZoneName: in.zone.name, InstanceType: in.instanceType,
 			ImageID: in.imageID, State: in.state, PrivateIP: in.privateIP, PlacementGroup: in.placementGroup, Spot: in.spot,
-			Tags: maps.Clone(in.tags), LogPath: s.logPath(in.id), Metadata: in.metadata,
+			Tags: maps.Clone(in.tags), LogPath: s.logPath(in.id), Metadata: in.metadata, Root: in.root,
 		}
 		if in.reason != nil {
 			snap.StateReason = in.reason.Code
@@ -274,6 +277,10 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 	if aerr != nil {
 		return nil, aerr
 	}
+	root, aerr := rootVolume(p)
+	if aerr != nil {
+		return nil, aerr
+	}
 	userData := p.get("UserData")
 	script, err := base64.StdEncoding.DecodeString(userData)
 	if err != nil {
@@ -350,7 +357,7 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 		in := &instance{
 			id: newID("i-"), reservationID: rid, region: reg.name, imageID: imageID, instanceType: itype,
 			zone: z, placementGroup: pg, securityGroups: groups, spot: spot, privateIP: ip,
-			tags: maps.Clone(tags), launchTime: now, state: "pending", metadata: metadata,
+			tags: maps.Clone(tags), launchTime: now, state: "pending", metadata: metadata, root: root,
 		}
 		if spot {
 			in.request = newSpotRequest(now, p.get("InstanceMarketOptions.SpotOptions.MaxPrice"), requestTags)
