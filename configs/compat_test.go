@@ -249,11 +249,7 @@ func TestCompatFieldErrors(t *testing.T) {
 			if err == nil {
 				t.Fatal("want errors, got none")
 			}
-			var got []*Error
-			for _, e := range Errors(err) {
-				got = append(got, e)
-			}
-			if diff := cmp.Diff(tc.want, project(got, tc.want)); diff != "" {
+			if diff := cmp.Diff(tc.want, project(Errors(err), tc.want)); diff != "" {
 				t.Errorf("errors (-want +got):\n%s\nfull error:\n%v", diff, err)
 			}
 		})
