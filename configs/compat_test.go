@@ -408,3 +408,31 @@ func TestSkyPilotFieldsNotSupported(t *testing.T) {
 		t.Errorf("errors (-want +got):\n%s\nfull error:\n%v", diff, err)
 	}
 }
+
+// TestAWSLimitsAtParseTime: a task that can only go to AWS and that AWS refuses (user-data
+// over 16 KiB, a gang over 16 nodes) fails at parse time, so --dry-run says so.
+func TestAWSLimitsAtParseTime(t *testing.T) {
+	big := strings.Repeat("echo padding\n", 1400)
+	_, err := Parse("task.yaml", []byte("num_nodes: 17\nresources:\n  infra: aws\nrun: |\n"+indentLines(big)), Overrides{})
+	want := []wantErr{
+		{1, 12, "num_nodes", "at most 16 nodes"},
+		{4, 6, "run", "EC2 user-data, at most 16384 bytes"},
+	}
+	if diff := cmp.Diff(want, project(Errors(err), want)); diff != "" {
+		t.Errorf("errors (-want +got):\n%s\nfull error:\n%v", diff, err)
+	}
+	// The same task with another infra allowed is left to the optimizer.
+	if _, err := Parse("task.yaml", []byte("num_nodes: 17\nresources:\n  any_of: [{infra: aws}, {infra: gcp}]\nrun: |\n"+indentLines(big)), Overrides{}); err != nil {
+		t.Errorf("any_of with gcp: %v", err)
+	}
+}
+
+func indentLines(s string) string {
+	var b strings.Builder
+	for _, line := range strings.SplitAfter(s, "\n") {
+		if line != "" {
+			b.WriteString("  " + line)
+		}
+	}
+	return b.String()
+}

@@ -276,6 +276,7 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 		job := c.job(je, recovery)
 		t.Job = &job
 	}
+	c.checkInfraLimits(t, f)
 	return t
 }
 
