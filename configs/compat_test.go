@@ -223,8 +223,13 @@ func TestCompatFieldErrors(t *testing.T) {
 			yaml: "run: x\nresources:\n  disk_tier: fast\n  any_of:\n    - {infra: local, disk_tier: high}\n",
 			want: []wantErr{
 				{3, 14, "resources.disk_tier", "unknown disk tier \"fast\""},
+				{5, 22, "resources.any_of[0].disk_tier", "set it once, at the top of resources"},
 				{5, 33, "resources.any_of[0].disk_tier", "disk_tier: best"},
 			},
+		},
+		"labels in an alternative": {
+			yaml: "run: x\nresources:\n  ordered:\n    - {infra: aws, labels: {a: b}}\n",
+			want: []wantErr{{4, 20, "resources.ordered[0].labels", "set it once"}},
 		},
 		"autostop spellings": {
 			yaml: "run: x\nresources:\n  autostop: {idle_minutes: 5m, down: maybe, wait_for: ssh, after: 1}\n",

@@ -336,18 +336,8 @@ func mergeAll(top Resources, alts []resourceSpec) []Resources {
 		if alt.given["disk_size"] != nil {
 			m.DiskSize = a.DiskSize
 		}
-		if alt.given["disk_tier"] != nil {
-			m.DiskTier = a.DiskTier
-		}
 		if alt.given["instance_type"] != nil {
 			m.InstanceType = a.InstanceType
-		}
-		if alt.given["labels"] != nil {
-			// As SkyPilot: an alternative's labels update the top-level ones.
-			if m.Labels == nil {
-				m.Labels = map[string]string{}
-			}
-			maps.Copy(m.Labels, a.Labels)
 		}
 		if m.Infra == "" {
 			m.Infra = "*"
@@ -413,8 +403,11 @@ func (c *checker) alternatives(e entry, field string) []resourceSpec {
 		if jr, ok := f["job_recovery"]; ok {
 			c.errorf(jr.keyNode, joinField(itemField, "job_recovery"), "job_recovery applies to the whole job: set it once, at the top of resources")
 		}
-		if as, ok := f["autostop"]; ok {
-			c.errorf(as.keyNode, joinField(itemField, "autostop"), "autostop applies to the whole task: set it once, at the top of resources")
+		// The launcher sees the top-level block, not which alternative a placement came from.
+		for _, k := range []string{"autostop", "labels", "disk_tier"} {
+			if e, ok := f[k]; ok {
+				c.errorf(e.keyNode, joinField(itemField, k), "%s applies to every node of the task: set it once, at the top of resources", k)
+			}
 		}
 		out = append(out, spec)
 	}
