@@ -211,12 +211,14 @@ func TestCompatFieldErrors(t *testing.T) {
 			want: []wantErr{{3, 18, "resources.instance_type", "is not an instance type name"}},
 		},
 		"bad label key and value": {
-			yaml: "run: x\nresources:\n  labels:\n    -bad: ok\n    good: 'not ok!'\n    ferry.service: x\n    kubernetes.io/x: y\n",
+			yaml: "run: x\nresources:\n  labels:\n    -bad: ok\n    good: 'not ok!'\n    ferry.service: x\n    kubernetes.io/x: y\n    Team: a\n    long: " + strings.Repeat("A", 30) + "\n",
 			want: []wantErr{
 				{4, 5, "resources.labels.-bad", "the rule of Kubernetes labels"},
 				{5, 11, "resources.labels.good", "label value"},
 				{6, 5, "resources.labels.ferry.service", "Ferry's own"},
 				{7, 5, "resources.labels.kubernetes.io/x", "reserved by Kubernetes"},
+				{8, 5, "resources.labels.Team", "start with a lowercase letter"},
+				{9, 11, "resources.labels.long", "is 90 characters as a GCP label"},
 			},
 		},
 		"disk_tier unknown and on local": {

@@ -88,9 +88,9 @@ func (c *checker) diskTier(s *resourceSpec, n *yaml.Node, field, explicit string
 	s.given["disk_tier"] = n
 }
 
-// labels reads resources.labels: names to string values, each a valid Kubernetes label (the
-// one shape every infra carries: pod labels as they are, AWS tags as they are, GCP labels
-// through the provider's reversible escaping).
+// labels reads resources.labels: names to string values, each a valid Kubernetes label that
+// also fits GCP once escaped (the strictest of the three: pod labels and AWS tags carry them as
+// they are, GCP labels through launcher/gcp's reversible escaping).
 func (c *checker) labels(n *yaml.Node, field string) (map[string]string, bool) {
 	ps, ok := c.pairs(n, field)
 	if !ok {
@@ -122,6 +122,11 @@ func (c *checker) labels(n *yaml.Node, field string) (map[string]string, bool) {
 			ok = false
 			continue
 		}
+		if gcpLabelLen(v) > 63 {
+			c.errorf(p.value, lf, "label value %s is %d characters as a GCP label (each character outside a-z, 0-9 and - takes 3); GCP allows 63", quoteShort(v), gcpLabelLen(v))
+			ok = false
+			continue
+		}
 		out[p.key] = v
 	}
 	return out, ok
@@ -146,8 +151,26 @@ func labelKeyProblem(k string) string {
 		return fmt.Sprintf("label %s: the prefix before / must be a DNS subdomain such as example.com", quoteShort(k))
 	case len(name) > 63 || !labelNameRE.MatchString(name):
 		return fmt.Sprintf("label key %s: at most 63 letters, digits, '-', '_' and '.', starting and ending with a letter or digit, optionally after a prefix such as example.com/ (the rule of Kubernetes labels)", quoteShort(k))
+	case k[0] < 'a' || k[0] > 'z':
+		return fmt.Sprintf("label key %s: GCP label keys start with a lowercase letter", quoteShort(k))
+	case gcpLabelLen(k) > 63:
+		return fmt.Sprintf("label key %s is %d characters as a GCP label (each character outside a-z, 0-9 and - takes 3); GCP allows 63", quoteShort(k), gcpLabelLen(k))
 	}
 	return ""
+}
+
+// gcpLabelLen is the length of s once launcher/gcp escapes it into a GCP label (labels.go):
+// a byte outside [a-z0-9-] becomes "_xx".
+func gcpLabelLen(s string) int {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' {
+			n++
+		} else {
+			n += 3
+		}
+	}
+	return n
 }
 
 // autostop reads SkyPilot's spellings: true (5 idle minutes), false (none), minutes as a
