@@ -41,4 +41,3 @@ func nodeOf(f map[string]entry, key string) *yaml.Node {
 	}
 	return nil
 }
-
