@@ -94,6 +94,11 @@ func TestSkyPilotExamplesDryRun(t *testing.T) {
 			t.Logf("%s: planned on %v", tc.file, infras)
 		})
 	}
+	// --env replaces the YAML's value before it is substituted into the probe, as in SkyPilot.
+	out := k.mustRun("serve", "up", "configs/testdata/skypilot/vllm.yaml", "--dry-run", "--secret", "HF_TOKEN=x", "--env", "MODEL_NAME=Qwen/Qwen2.5-7B-Instruct")
+	if !strings.Contains(out, `"model":"Qwen/Qwen2.5-7B-Instruct"`) {
+		t.Errorf("--env MODEL_NAME did not reach the probe:\n%s", out)
+	}
 }
 
 // TestDryRunRefusesWhatLaunchRefuses: a YAML the named infra cannot run fails --dry-run with
