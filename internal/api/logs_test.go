@@ -80,7 +80,6 @@ func TestCopyLogFileTailAndFollow(t *testing.T) {
 // streamingBackend serves replica 1's log as a stream and knows no other replica.
 type streamingBackend struct {
 	countingBackend
-	follow chan LogOptions
 }
 
 func (b *streamingBackend) StreamReplicaLog(ctx context.Context, service string, id int, opts LogOptions, w io.Writer) error {
