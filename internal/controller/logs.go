@@ -44,6 +44,15 @@ func (c *Controller) ReplicaLogPath(name string, id int) (string, error) {
 // ctx ends. An unknown service or replica is api.ErrNotFound.
 func (c *Controller) StreamReplicaLog(ctx context.Context, name string, id int, opts api.LogOptions, w io.Writer) error {
 	inst, err := c.replicaInstance(name, id)
+	for opts.Follow && errors.Is(err, errNoInstanceYet) {
+		// Following a replica still being placed waits for its instance.
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(logRetry):
+		}
+		inst, err = c.replicaInstance(name, id)
+	}
 	if err != nil {
 		return err
 	}
@@ -120,6 +129,9 @@ func (c *Controller) replicaRuns(name string, id int, inst string) bool {
 	return false
 }
 
+// errNoInstanceYet marks a replica that is being placed: it has no instance, so no log, yet.
+var errNoInstanceYet = errors.New("no instance yet, so no log")
+
 // replicaInstance is the instance id of a service's replica.
 func (c *Controller) replicaInstance(name string, id int) (string, error) {
 	s, err := c.serviceNamed(name)
@@ -127,11 +139,13 @@ func (c *Controller) replicaInstance(name string, id int) (string, error) {
 		return "", err
 	}
 	for _, r := range s.mgr.Replicas() {
-		if r.ID != id {
+		switch {
+		case r.ID != id:
 			continue
-		}
-		if r.InstanceID == "" {
-			return "", fmt.Errorf("replica %d of %q has no instance yet, so no log: %w", id, name, api.ErrNotFound)
+		case r.InstanceID == "" && r.Status.Terminal():
+			return "", fmt.Errorf("replica %d of %q ended (%s) without an instance, so it has no log: %w", id, name, r.Status, api.ErrNotFound)
+		case r.InstanceID == "":
+			return "", fmt.Errorf("replica %d of %q has %w: %w", id, name, errNoInstanceYet, api.ErrNotFound)
 		}
 		return r.InstanceID, nil
 	}
