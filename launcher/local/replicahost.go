@@ -45,6 +45,7 @@ func (p *Provider) replicaHost(port int) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	var lastErr error
 	for range 100 {
 		ip, err := randomLoopback()
 		if err != nil {
@@ -59,7 +60,7 @@ func (p *Provider) replicaHost(port int) (string, error) {
 				"a local replica on a fixed port must bind $FERRY_HOST (e.g. --host $FERRY_HOST), not 0.0.0.0", ErrPortHeld, port, port)
 		}
 		if err != nil {
-			used[ip] = true // not bindable here
+			used[ip], lastErr = true, err // not bindable here (or the port is privileged)
 			continue
 		}
 		_ = l.Close()
@@ -67,7 +68,7 @@ func (p *Provider) replicaHost(port int) (string, error) {
 			return ip, nil
 		}
 	}
-	return "", fmt.Errorf("%w: no free loopback address for a replica on port %d", launcher.ErrNoCapacity, port)
+	return "", fmt.Errorf("%w: no loopback address here takes a replica on port %d (last: %v)", launcher.ErrNoCapacity, port, lastErr)
 }
 
 // reserveHost records ip as handed out, unless it was handed out within hostQuarantine.
