@@ -508,7 +508,11 @@ func newServeLogsCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "logs NAME [REPLICA_ID]",
-		Short: "Print a replica's output (setup and run), or the controller's log",
+		Short: "Print a replica's output (setup and run) on any infra, or the controller's log",
+		Long: `Print a replica's output: a local replica's output file, a Kubernetes pod's log (through the
+API server), an AWS or GCP VM's console output; or, with --controller, the controller's log.
+--follow keeps printing until the replica ends (fails, is replaced or scaled down, or the
+service goes down) or you interrupt it.`,
 		Example: `  ferry serve logs quickstart 1
   ferry serve logs quickstart 2 --follow --tail 20
   ferry serve logs quickstart --controller`,
@@ -541,7 +545,7 @@ func newServeLogsCmd() *cobra.Command {
 			return c.ReplicaLogs(ctx, args[0], id, opts, cmd.OutOrStdout())
 		},
 	}
-	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new output")
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new output until the replica ends")
 	cmd.Flags().IntVar(&tail, "tail", -1, "print only the last N lines (default: all)")
 	cmd.Flags().BoolVar(&ctrl, "controller", false, "print the controller's log instead of a replica's")
 	return cmd

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -17,7 +16,6 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/store"
-	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/proxy"
 	"github.com/ferryserve/ferry/proxy/attach"
 	"github.com/ferryserve/ferry/replicas"
@@ -463,53 +461,6 @@ func (c *Controller) down(ctx context.Context, s *service) error {
 	c.updateGateway()
 	c.log.Info("service down", zap.String("service", s.name))
 	return nil
-}
-
-// ReplicaLogPath implements api.Backend.
-func (c *Controller) ReplicaLogPath(name string, id int) (string, error) {
-	inst, err := c.replicaInstance(name, id)
-	if err != nil {
-		return "", err
-	}
-	p, err := c.provider.LogPath(inst)
-	if err != nil {
-		return "", fmt.Errorf("replica %d of %q: %v: %w", id, name, err, api.ErrNotFound)
-	}
-	return p, nil
-}
-
-// StreamReplicaLog implements api.ReplicaLogStreamer: the output of a replica whose infra keeps
-// it behind its API (a pod's log, a VM's console).
-func (c *Controller) StreamReplicaLog(ctx context.Context, name string, id int, opts api.LogOptions, w io.Writer) error {
-	inst, err := c.replicaInstance(name, id)
-	if err != nil {
-		return err
-	}
-	if err := c.provider.StreamLogs(ctx, inst, launcher.LogOptions{Tail: opts.Tail, Follow: opts.Follow}, w); err != nil {
-		if errors.Is(err, launcher.ErrNotFound) {
-			return fmt.Errorf("replica %d of %q: %v: %w", id, name, err, api.ErrNotFound)
-		}
-		return err
-	}
-	return nil
-}
-
-// replicaInstance is the instance id of a service's replica.
-func (c *Controller) replicaInstance(name string, id int) (string, error) {
-	s, err := c.serviceNamed(name)
-	if err != nil {
-		return "", err
-	}
-	for _, r := range s.mgr.Replicas() {
-		if r.ID != id {
-			continue
-		}
-		if r.InstanceID == "" {
-			return "", fmt.Errorf("replica %d of %q has no log: %w", id, name, api.ErrNotFound)
-		}
-		return r.InstanceID, nil
-	}
-	return "", fmt.Errorf("replica %d of %q: %w", id, name, api.ErrNotFound)
 }
 
 // ControllerLogPath implements api.Backend.

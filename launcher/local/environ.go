@@ -30,8 +30,8 @@ func BaseEnv(name string) bool {
 }
 
 // environ builds the replica's environment: the controller's BaseEnv variables, with
-// PathPrepend first on PATH, then spec.Envs, then FERRY_PORT and FERRY_HOST, which the
-// provider owns.
+// PathPrepend first on PATH, a replica's SkyPilot node variables, then spec.Envs, then
+// FERRY_PORT and FERRY_HOST, which the provider owns.
 func (p *Provider) environ(spec launcher.Spec, host string, port int) []string {
 	var env []string
 	path := ""
@@ -49,6 +49,10 @@ func (p *Provider) environ(spec launcher.Spec, host string, port int) []string {
 		dirs = append(dirs, path)
 	}
 	env = append(env, "PATH="+strings.Join(dirs, string(os.PathListSeparator)))
+	if spec.Job == nil {
+		// A replica is a one-node task to SkyPilot's programs; a task's envs may override.
+		env = append(env, launcher.EnvNodeIPs+"="+host, launcher.EnvNodeRank+"=0", launcher.EnvNumNodes+"=1")
+	}
 	for _, k := range slices.Sorted(maps.Keys(spec.Envs)) {
 		env = append(env, k+"="+spec.Envs[k])
 	}

@@ -74,13 +74,15 @@ func (p *Provider) nodeHost(spec launcher.Spec) (string, error) {
 	return ip.String(), nil
 }
 
-// hostsInUse are the addresses of live job nodes.
+// hostsInUse are the addresses of live instances (job nodes, fixed-port replicas) and of those
+// being launched.
 func (p *Provider) hostsInUse() (map[string]bool, error) {
 	entries, err := os.ReadDir(p.opts.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("list local instances: %w", err)
 	}
 	used := map[string]bool{p.opts.Host: true}
+	p.recentlyHanded(used)
 	for _, e := range entries {
 		if meta, err := loadMetadata(filepath.Join(p.opts.Dir, e.Name())); err == nil && meta.Host != "" {
 			used[meta.Host] = true

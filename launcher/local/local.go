@@ -84,6 +84,9 @@ type Provider struct {
 	children map[string]*child
 	// recentPorts maps a port handed out to when, see portQuarantine.
 	recentPorts map[int]time.Time
+	// recentHosts maps a loopback address handed to a replica to when, so that two launches
+	// do not pick the same one before either has written its instance.json.
+	recentHosts map[string]time.Time
 }
 
 // child tracks one process this Provider started; done closes once Wait returned.
@@ -136,11 +139,14 @@ func New(opts Options) (*Provider, error) {
 		log:         opts.Logger.With(zap.String("infra", configs.InfraLocal)),
 		children:    map[string]*child{},
 		recentPorts: map[int]time.Time{},
+		recentHosts: map[string]time.Time{},
 	}, nil
 }
 
-// Launch starts spec as `bash run.sh` in a new session and process group, on a freshly
-// allocated port that it passes as FERRY_PORT, and returns once the process exists.
+// Launch starts spec as `bash run.sh` in a new session and process group and returns once the
+// process exists. A replica whose run takes $FERRY_PORT gets a free port on Options.Host; one
+// whose run fixes the task's port gets a loopback address of its own (FERRY_HOST) with that
+// port (see fixedPort).
 func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
 	if err := validName(spec.Name); err != nil {
 		return launcher.Instance{}, err
@@ -160,9 +166,16 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		return launcher.Instance{}, err
 	}
 	port := spec.Port
-	if host == p.opts.Host || port == 0 {
-		// Replicas share one address, so each needs a port of its own; a job's node has an
-		// address of its own and keeps the task's port, as it would on a machine of its own.
+	switch {
+	case spec.Job == nil && fixedPort(spec):
+		// The run fixes its port (`--port 8000`): an address of its own keeps it, as on a
+		// machine of its own, so two replicas can both serve on it.
+		if host, err = p.replicaHost(port); err != nil {
+			return launcher.Instance{}, err
+		}
+	case host == p.opts.Host || port == 0:
+		// Replicas that take $FERRY_PORT share one address, so each needs a port of its own;
+		// a job's node has an address of its own and keeps the task's port.
 		if port, err = p.allocatePort(host); err != nil {
 			return launcher.Instance{}, err
 		}
@@ -251,9 +264,9 @@ func (p *Provider) start(dir, work, id, host string, port int, spec launcher.Spe
 	}
 	if spec.Job != nil {
 		meta.Job, meta.StopGrace = true, spec.Job.Grace
-		if host != p.opts.Host {
-			meta.Host = host
-		}
+	}
+	if host != p.opts.Host {
+		meta.Host = host
 	}
 	if work != spec.Workdir {
 		meta.WorkDir = work

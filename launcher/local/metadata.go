@@ -30,8 +30,8 @@ type metadata struct {
 	ExitedAt   time.Time `json:"exited_at,omitzero"`
 	// ExitCode is the program's status when it ended by itself (not by a signal).
 	ExitCode *int `json:"exit_code,omitempty"`
-	// Host is the node's own address for a job's node (a loopback address of its own); empty
-	// for replicas, which share Options.Host.
+	// Host is the instance's own loopback address: a job's node's, or a replica's whose run
+	// fixes its port; empty for replicas that share Options.Host.
 	Host string `json:"host,omitempty"`
 	// StopGrace is the job's grace between SIGTERM and SIGKILL; zero means Options.StopGrace.
 	StopGrace time.Duration `json:"stop_grace,omitempty"`

@@ -1,0 +1,98 @@
+package local
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// Replicas on a fixed port. SkyPilot's serving tasks fix their port in the run command
+// (`vllm serve ... --port 8000` with `ports: 8000`), as each replica has a machine of its own.
+// Locally, such a replica gets a loopback address of its own (127.x.y.z, as a job's node does:
+// Linux routes all of 127.0.0.0/8 to lo) and keeps the task's port, so two replicas both listen
+// on 8000 and the proxy and probes dial each at its own address. The program must bind that
+// address, $FERRY_HOST: a program binding 0.0.0.0:8000 holds the port on every address, so only
+// one such replica runs per port, and the next launch says why.
+//
+// A network namespace per replica would let an unmodified 0.0.0.0 bind work too, but without
+// root a fresh namespace has no route out (a model download fails) and the proxy cannot dial
+// into it; the loopback address needs no privilege and keeps the replica's network as it is.
+
+// fixedPort reports whether spec's program serves on the task's port itself rather than on
+// $FERRY_PORT: its setup and run never mention FERRY_PORT.
+func fixedPort(spec launcher.Spec) bool {
+	return spec.Port > 0 && !strings.Contains(spec.Setup+"\n"+spec.Run, "FERRY_PORT")
+}
+
+// hostQuarantine keeps an address handed to a replica from being handed out again before its
+// instance.json names it.
+const hostQuarantine = time.Minute
+
+// ErrPortHeld is the launch error of a fixed-port replica whose port some program holds on
+// every address (a 0.0.0.0 bind); it wraps launcher.ErrNoCapacity, as no address here can
+// serve on it.
+var ErrPortHeld = fmt.Errorf("%w: port held on all local addresses", launcher.ErrNoCapacity)
+
+// replicaHost picks an unused loopback address on which port is free, and reserves it.
+func (p *Provider) replicaHost(port int) (string, error) {
+	used, err := p.hostsInUse()
+	if err != nil {
+		return "", err
+	}
+	var lastErr error
+	for range 100 {
+		ip, err := randomLoopback()
+		if err != nil {
+			return "", err
+		}
+		if used[ip] {
+			continue
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return "", fmt.Errorf("%w: a program listens on *:%d, so no replica can have port %d on an address of its own; "+
+				"a local replica on a fixed port must bind $FERRY_HOST (e.g. --host $FERRY_HOST), not 0.0.0.0", ErrPortHeld, port, port)
+		}
+		if err != nil {
+			used[ip], lastErr = true, err // not bindable here (or the port is privileged)
+			continue
+		}
+		_ = l.Close()
+		if p.reserveHost(ip) {
+			return ip, nil
+		}
+	}
+	return "", fmt.Errorf("%w: no loopback address here takes a replica on port %d (last: %v)", launcher.ErrNoCapacity, port, lastErr)
+}
+
+// reserveHost records ip as handed out, unless it was handed out within hostQuarantine.
+func (p *Provider) reserveHost(ip string) bool {
+	now := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for h, at := range p.recentHosts {
+		if now.Sub(at) > hostQuarantine {
+			delete(p.recentHosts, h)
+		}
+	}
+	if _, taken := p.recentHosts[ip]; taken {
+		return false
+	}
+	p.recentHosts[ip] = now
+	return true
+}
+
+// recentlyHanded adds the addresses reserved within hostQuarantine to used.
+func (p *Provider) recentlyHanded(used map[string]bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for h := range p.recentHosts {
+		used[h] = true
+	}
+}
