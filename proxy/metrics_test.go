@@ -791,3 +791,35 @@ func TestMetricsQueued(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkObserveStream is BenchmarkObserveRequest for an event stream, whose reads are counted
+// for TPOT and whose end observes it: the hooks must stay allocation-free.
+func BenchmarkObserveStream(b *testing.B) {
+	m, _ := newTestMetrics(b)
+	svc, err := NewService(ServiceConfig{Name: "bench", Logger: zap.NewNop(), Metrics: m})
+	if err != nil {
+		b.Fatal(err)
+	}
+	svc.SetBackends([]Backend{{ID: 1, Addr: "10.0.0.1:8000", Version: 1}})
+	snap := svc.snap.Load()
+	var req fasthttp.Request
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.SetRequestURI("/v1/chat/completions")
+	var ctx fasthttp.RequestCtx
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}, nil)
+	ex := svc.acquireExchange()
+	ex.resp.SetStatusCode(fasthttp.StatusOK)
+	ex.sse = true
+	b.ReportAllocs()
+	for b.Loop() {
+		ex.observeRequest(&ctx)
+		ex.obs.start = time.Now()
+		ex.begin(snap.replicas[0], snap.clients[0])
+		for _, ev := range benchEvents {
+			ex.observeRead(ev)
+		}
+		ex.observeFinish(nil)
+		ex.end()
+		ex.obs.reset()
+	}
+}
