@@ -23,7 +23,7 @@ RUN mkdir -p /rootfs/etc/ssl/certs /rootfs/tmp /rootfs/home/ferry/.ferry \
  && cp /etc/ssl/certs/ca-certificates.crt /rootfs/etc/ssl/certs/ \
  && echo 'ferry:x:10001:10001:ferry:/home/ferry:/sbin/nologin' > /rootfs/etc/passwd \
  && echo 'ferry:x:10001:' > /rootfs/etc/group \
- && chmod 1777 /rootfs/tmp && chown -R 10001:10001 /rootfs/home/ferry
+ && chmod 1777 /rootfs/tmp
 
 # Local replicas run their setup/run through bash, so this image keeps a shell.
 FROM debian:bookworm-slim AS local
@@ -36,7 +36,9 @@ CMD ["--help"]
 
 # The default: no shell, no package manager, nothing but the static binary and the files above.
 FROM scratch
-COPY --from=build /rootfs/ /
+COPY --from=build /rootfs/etc /etc
+COPY --from=build /rootfs/tmp /tmp
+COPY --from=build --chown=10001:10001 /rootfs/home/ferry /home/ferry
 COPY --from=build /out/ferry /usr/local/bin/ferry
 USER 10001:10001
 ENV FERRY_HOME=/home/ferry/.ferry HOME=/home/ferry
