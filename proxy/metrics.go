@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +29,9 @@ var (
 	// ttftBuckets are finest between 25 ms and 1 s, where prefill on a healthy replica lands, and
 	// reach two minutes for prompts queued behind a saturated batch.
 	ttftBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2.5, 5, 10, 20, 30, 60, 120}
+	// tpotBuckets span a decode step: a few ms for a small model alone on its GPU, tens of ms in
+	// a full batch, up to a second for a swapped or preempted one.
+	tpotBuckets = []float64{0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1}
 )
 
 // replicaNone is the replica label of requests the proxy answered itself (no ready replica, body
@@ -40,7 +44,9 @@ const replicaNone = "none"
 //	ferry_request_duration_seconds{service}              request received to last response byte, streams included
 //	ferry_time_to_first_token_seconds{service}           request received to first body byte from the replica (2xx only)
 //	ferry_requests_in_flight{service}                    requests sent to a replica whose response has not ended
-//	ferry_requests_waiting{service}                      requests held while the service has no ready replica
+//	ferry_time_per_output_token_seconds{service}         a whole 2xx event stream's time after its first token, per later token
+//	ferry_requests_waiting{service}                      requests waiting in the proxy: held for a first replica or queued for a slot
+//	ferry_requests_queued{service}                       of those, the ones queued for a slot on a full replica (late binding, slots.go)
 //	ferry_retries_total{service}                         attempts on another replica after a failed one
 //	ferry_upstream_errors_total{service,replica,kind}    kind: dial, pool_full, reset, timeout, status_5xx, stream_cut
 //	ferry_prompt_tokens_total{service}                   from the "usage" a 2xx response reports
@@ -63,8 +69,10 @@ const replicaNone = "none"
 type Metrics struct {
 	duration         *prometheus.HistogramVec
 	ttft             *prometheus.HistogramVec
+	tpot             *prometheus.HistogramVec
 	inFlight         *prometheus.GaugeVec
 	waiting          *prometheus.GaugeVec
+	queued           *prometheus.GaugeVec
 	retries          *prometheus.CounterVec
 	clientAborts     *prometheus.CounterVec
 	promptTokens     *prometheus.CounterVec
@@ -95,14 +103,26 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 				"for 2xx responses; for non-streaming requests it is the time to first byte.",
 			Buckets: ttftBuckets,
 		}, []string{"service"}),
+		tpot: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "ferry_time_per_output_token_seconds",
+			Help: "For a whole 2xx event stream: the time from its first body byte to its end, over its output " +
+				"tokens after the first (the usage it reports, else one per data event).",
+			Buckets: tpotBuckets,
+		}, []string{"service"}),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_requests_in_flight",
 			Help: "Requests sent to a replica whose response has not finished streaming.",
 		}, []string{"service"}),
 		waiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "ferry_requests_waiting",
-			Help: "Requests held for a replica while the service has none ready (scale from zero); " +
+			Help: "Requests waiting in the proxy: held while the service has no ready replica (scale from zero), " +
+				"or queued for a slot (ferry_requests_queued); " +
 				"those refused for a full queue or an expired wait count in ferry_requests_total as 503 with replica=\"none\".",
+		}, []string{"service"}),
+		queued: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "ferry_requests_queued",
+			Help: "Requests queued for a free slot while every replica is at its in-flight cap (late binding); " +
+				"they also count in ferry_requests_waiting.",
 		}, []string{"service"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ferry_retries_total",
@@ -134,7 +154,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		replicas: map[replicaKey]*replicaMetrics{},
 		health:   newHealthMetrics(),
 	}
-	collectors := []prometheus.Collector{m.duration, m.ttft, m.inFlight, m.waiting, m.retries, m.clientAborts, m.promptTokens,
+	collectors := []prometheus.Collector{m.duration, m.ttft, m.tpot, m.inFlight, m.waiting, m.queued, m.retries, m.clientAborts, m.promptTokens,
 		m.completionTokens, m.gatewayErrors, replicaCollector{m}, m.health}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
@@ -154,8 +174,10 @@ type serviceMetrics struct {
 	refs             int // guarded by m.mu
 	duration         prometheus.Observer
 	ttft             prometheus.Observer
+	tpot             prometheus.Observer
 	inFlight         prometheus.Gauge
 	waiting          prometheus.Gauge
+	queued           prometheus.Gauge
 	retries          prometheus.Counter
 	clientAborts     prometheus.Counter
 	promptTokens     prometheus.Counter
@@ -177,8 +199,10 @@ func (m *Metrics) acquireService(name string) *serviceMetrics {
 		refs:             1,
 		duration:         m.duration.WithLabelValues(name),
 		ttft:             m.ttft.WithLabelValues(name),
+		tpot:             m.tpot.WithLabelValues(name),
 		inFlight:         m.inFlight.WithLabelValues(name),
 		waiting:          m.waiting.WithLabelValues(name),
+		queued:           m.queued.WithLabelValues(name),
 		retries:          m.retries.WithLabelValues(name),
 		clientAborts:     m.clientAborts.WithLabelValues(name),
 		promptTokens:     m.promptTokens.WithLabelValues(name),
@@ -200,19 +224,22 @@ func (sm *serviceMetrics) release() {
 	}
 	delete(m.services, sm.name)
 	for _, vec := range []interface{ DeleteLabelValues(...string) bool }{
-		m.duration, m.ttft, m.inFlight, m.waiting, m.retries, m.clientAborts, m.promptTokens, m.completionTokens,
+		m.duration, m.ttft, m.tpot, m.inFlight, m.waiting, m.queued, m.retries, m.clientAborts, m.promptTokens, m.completionTokens,
 	} {
 		vec.DeleteLabelValues(sm.name)
 	}
 	sm.none.releaseLocked()
 }
 
-// observe records one finished request's service-level figures; ttft < 0 means none, and a
-// negative token count means the response did not report it.
-func (sm *serviceMetrics) observe(duration, ttft time.Duration, usage tokenUsage) {
+// observe records one finished request's service-level figures; ttft and tpot < 0 mean none, and
+// a negative token count means the response did not report it.
+func (sm *serviceMetrics) observe(duration, ttft, tpot time.Duration, usage tokenUsage) {
 	sm.duration.Observe(duration.Seconds())
 	if ttft >= 0 {
 		sm.ttft.Observe(ttft.Seconds())
+	}
+	if tpot >= 0 {
+		sm.tpot.Observe(tpot.Seconds())
 	}
 	if usage.prompt >= 0 {
 		sm.promptTokens.Add(float64(usage.prompt))
@@ -465,7 +492,7 @@ func newObservability(cfg ServiceConfig) observability {
 
 func (o *observability) on() bool { return o.metrics != nil || o.accessLog != nil }
 
-// waitBegin and waitEnd bracket a request held for a replica (hold.go).
+// waitBegin and waitEnd bracket a request held for a replica or a slot (hold.go).
 func (o *observability) waitBegin() {
 	if o.metrics != nil {
 		o.metrics.waiting.Inc()
@@ -475,6 +502,19 @@ func (o *observability) waitBegin() {
 func (o *observability) waitEnd() {
 	if o.metrics != nil {
 		o.metrics.waiting.Dec()
+	}
+}
+
+// queueBegin and queueEnd bracket a request queued for a slot (slots.go), within waitBegin/End.
+func (o *observability) queueBegin() {
+	if o.metrics != nil {
+		o.metrics.queued.Inc()
+	}
+}
+
+func (o *observability) queueEnd() {
+	if o.metrics != nil {
+		o.metrics.queued.Dec()
 	}
 }
 
@@ -524,6 +564,9 @@ type exchangeObs struct {
 	firstByte time.Time // first body byte from the replica; zero until then
 	attempts  int
 	bytesOut  int64
+	// events counts "data:" fields of an event stream: one per decode step as vLLM and TGI
+	// stream by default, the token count when the stream reports no usage.
+	events    int64
 	replica   *replicaMetrics   // series of the replica being tried; nil without Metrics
 	lastError upstreamErrorKind // of the last failed attempt
 	// method, uri and clientIP are copied for the access log: fasthttp may reset the client
@@ -536,7 +579,7 @@ type exchangeObs struct {
 // reset readies o for the next request, keeping its buffers.
 func (o *exchangeObs) reset() {
 	o.start, o.firstByte = time.Time{}, time.Time{}
-	o.attempts, o.bytesOut = 0, 0
+	o.attempts, o.bytesOut, o.events = 0, 0, 0
 	o.replica, o.lastError = nil, noUpstreamError
 	o.method, o.uri, o.clientIP = o.method[:0], o.uri[:0], netip.Addr{}
 	o.tail.n = 0
@@ -598,6 +641,10 @@ func (ex *exchange) observeRead(p []byte) {
 		o.firstByte = time.Now()
 	}
 	o.bytesOut += int64(len(p))
+	if ex.sse {
+		// A field split across two reads is missed; replicas write an event per write.
+		o.events += int64(bytes.Count(p, sseData))
+	}
 	o.tail.write(p)
 }
 
@@ -627,7 +674,11 @@ func (ex *exchange) observeFinish(err error) {
 	}
 
 	if sm := so.metrics; sm != nil {
-		sm.observe(duration, ttft, usage)
+		tpot := time.Duration(-1)
+		if ttft >= 0 && ex.sse && err == nil && streamErr == noUpstreamError {
+			tpot = timePerOutputToken(duration-ttft, usage.completion, o.events)
+		}
+		sm.observe(duration, ttft, tpot, usage)
 		if rm := o.replica; rm != nil {
 			rm.countRequest(status)
 			if status >= 500 {
@@ -698,6 +749,23 @@ func (s *Service) recordSelfAnswer(ctx *fasthttp.RequestCtx, ex *exchange, start
 		}
 		s.obs.logAccess(&rec)
 	}
+}
+
+// sseData starts an event stream's data field ("data: [DONE]" included).
+var sseData = []byte("data:")
+
+// timePerOutputToken is vLLM's TPOT: the decode time after the first token over the tokens
+// after it. completion is the usage the stream reported (< 0: none); without it, every data
+// event but the closing [DONE] counts as a token. -1 when fewer than two tokens came.
+func timePerOutputToken(decode time.Duration, completion, events int64) time.Duration {
+	tokens := completion
+	if tokens < 0 {
+		tokens = events - 1
+	}
+	if tokens < 2 || decode < 0 {
+		return -1
+	}
+	return decode / time.Duration(tokens-1)
 }
 
 func sinceStart(start time.Time) time.Duration {

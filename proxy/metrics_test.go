@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -674,4 +675,151 @@ func BenchmarkCountRequest(b *testing.B) {
 			rm.countRequest(fasthttp.StatusOK)
 		}
 	})
+}
+
+func TestTimePerOutputToken(t *testing.T) {
+	tests := map[string]struct {
+		decode             time.Duration
+		completion, events int64
+		want               time.Duration
+	}{
+		"usage reported":           {decode: 90 * time.Millisecond, completion: 10, events: 3, want: 10 * time.Millisecond},
+		"events without usage":     {decode: 90 * time.Millisecond, completion: -1, events: 11, want: 10 * time.Millisecond},
+		"one token":                {decode: time.Second, completion: 1, events: 5, want: -1},
+		"only the first and DONE":  {decode: time.Second, completion: -1, events: 2, want: -1},
+		"no events, no usage":      {decode: time.Second, completion: -1, events: 0, want: -1},
+		"clock went back (ignore)": {decode: -time.Millisecond, completion: 10, want: -1},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := timePerOutputToken(tc.decode, tc.completion, tc.events); got != tc.want {
+				t.Errorf("timePerOutputToken(%v, %d, %d) = %v, want %v", tc.decode, tc.completion, tc.events, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestMetricsTimePerOutputToken streams through the proxy from a real upstream: a whole event
+// stream is observed once, as its decode time (first byte to end) over the tokens after the
+// first; the usage it reports wins over counting events; a JSON answer is not observed.
+func TestMetricsTimePerOutputToken(t *testing.T) {
+	const decodeDelay = 30 * time.Millisecond
+	tests := map[string]struct {
+		usage     string // a final usage chunk, or none
+		wantSteps float64
+		stream    bool
+	}{
+		"events counted":  {stream: true, wantSteps: 2}, // first, second, third: 2 steps after the first
+		"usage reported":  {stream: true, usage: `{"usage":{"prompt_tokens":3,"completion_tokens":5}}`, wantSteps: 4},
+		"not a stream":    {},
+		"usage, not SSE ": {usage: `{"usage":{"prompt_tokens":3,"completion_tokens":5}}`},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			u := startUpstream(t, "sse", func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				if !tc.stream {
+					w.Header().Set("Content-Type", "application/json")
+					time.Sleep(decodeDelay)
+					_, _ = io.WriteString(w, tc.usage+"\n")
+					return
+				}
+				w.Header().Set("Content-Type", "text/event-stream")
+				sseEvent(w, "first")
+				time.Sleep(decodeDelay)
+				sseEvent(w, "second")
+				sseEvent(w, "third")
+				if tc.usage != "" {
+					sseEvent(w, tc.usage)
+				}
+				sseEvent(w, "[DONE]")
+			})
+			m, reg := newTestMetrics(t)
+			_, base := startProxy(t, ServiceConfig{Metrics: m}, backendsOf(u)...)
+			res := do(t, newClient(t), http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"stream":true}`))
+			if res.status != http.StatusOK {
+				t.Fatalf("status %d: %s", res.status, res.body)
+			}
+			waitForRequests(t, reg, 1)
+			tpot, _ := gatherSeries(t, reg, "ferry_time_per_output_token_seconds", "service", "llama")
+			if tc.wantSteps == 0 {
+				if tpot.count != 0 {
+					t.Fatalf("TPOT observed %v times for a non-stream answer, want none", tpot.count)
+				}
+				return
+			}
+			ttft, _ := gatherSeries(t, reg, "ferry_time_to_first_token_seconds", "service", "llama")
+			duration, _ := gatherSeries(t, reg, "ferry_request_duration_seconds", "service", "llama")
+			if tpot.count != 1 || tpot.sum < decodeDelay.Seconds()/tc.wantSteps {
+				t.Fatalf("TPOT: %v observations summing to %vs, want 1 of at least %v/%v", tpot.count, tpot.sum, decodeDelay, tc.wantSteps)
+			}
+			// The same clock readings: decode time over the steps, to the nanosecond's rounding.
+			if decode := duration.sum - ttft.sum; math.Abs(tpot.sum*tc.wantSteps-decode) > 1e-6 {
+				t.Errorf("TPOT %vs × %v steps != duration - TTFT = %vs", tpot.sum, tc.wantSteps, decode)
+			}
+		})
+	}
+}
+
+// TestMetricsQueued holds a request in the slot queue behind a replica at its cap: it counts in
+// ferry_requests_queued and ferry_requests_waiting while it waits, and in neither once served.
+func TestMetricsQueued(t *testing.T) {
+	u, g := startGatedUpstream(t, "busy")
+	t.Cleanup(g.open)
+	m, reg := newTestMetrics(t)
+	_, base := startProxy(t, ServiceConfig{Metrics: m, MaxInFlightPerReplica: 1}, backendsOf(u)...)
+	client := newClient(t)
+	done := make(chan result, 2)
+	for range 2 {
+		go func() { done <- do(t, client, http.MethodPost, base+"/v1/completions", strings.NewReader(`{}`)) }()
+	}
+	waitFor(t, "one request queued", func() bool {
+		return seriesValue(t, reg, "ferry_requests_queued", "service", "llama") == 1
+	})
+	if got := seriesValue(t, reg, "ferry_requests_waiting", "service", "llama"); got != 1 {
+		t.Errorf("waiting while one is queued = %v, want 1", got)
+	}
+	g.open()
+	for range 2 {
+		if res := <-done; res.status != http.StatusOK {
+			t.Fatalf("status %d: %s", res.status, res.body)
+		}
+	}
+	for _, name := range []string{"ferry_requests_queued", "ferry_requests_waiting"} {
+		if got := seriesValue(t, reg, name, "service", "llama"); got != 0 {
+			t.Errorf("%s after both answered = %v, want 0", name, got)
+		}
+	}
+}
+
+// BenchmarkObserveStream is BenchmarkObserveRequest for an event stream, whose reads are counted
+// for TPOT and whose end observes it: the hooks must stay allocation-free.
+func BenchmarkObserveStream(b *testing.B) {
+	m, _ := newTestMetrics(b)
+	svc, err := NewService(ServiceConfig{Name: "bench", Logger: zap.NewNop(), Metrics: m})
+	if err != nil {
+		b.Fatal(err)
+	}
+	svc.SetBackends([]Backend{{ID: 1, Addr: "10.0.0.1:8000", Version: 1}})
+	snap := svc.snap.Load()
+	var req fasthttp.Request
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.SetRequestURI("/v1/chat/completions")
+	var ctx fasthttp.RequestCtx
+	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40000}, nil)
+	ex := svc.acquireExchange()
+	ex.resp.SetStatusCode(fasthttp.StatusOK)
+	ex.sse = true
+	b.ReportAllocs()
+	for b.Loop() {
+		ex.observeRequest(&ctx)
+		ex.obs.start = time.Now()
+		ex.begin(snap.replicas[0], snap.clients[0])
+		for _, ev := range benchEvents {
+			ex.observeRead(ev)
+		}
+		ex.observeFinish(nil)
+		ex.end()
+		ex.obs.reset()
+	}
 }

@@ -227,6 +227,8 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (*snapshot
 	if !q.enqueue(w, s, false) {
 		return s.snap.Load(), nil
 	}
+	s.obs.queueBegin()
+	defer s.obs.queueEnd()
 	h := s.newHold(ctx)
 	defer h.stop()
 	for {

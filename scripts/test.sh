@@ -33,6 +33,9 @@ fi
 step "test cluster binaries (scripts/testcluster/build.sh; first time ~8 min, then cached)"
 scripts/testcluster/build.sh
 
+step "helm for the chart's test (scripts/helm.sh; first time a few minutes, then cached)"
+scripts/helm.sh >/dev/null
+
 step "Debian packages the tests' programs use (scripts/test-deps.sh)"
 scripts/test-deps.sh
 

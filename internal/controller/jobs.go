@@ -30,7 +30,8 @@ func (c *Controller) startJobs(ctx context.Context) error {
 		return err
 	}
 	c.jobs = m
-	return nil
+	// The fleet's gauges read the jobs manager too: exported from here on.
+	return c.registry.Register(fleetCollector{c})
 }
 
 // jobRoutes are the jobs API and the capacity view.

@@ -8,8 +8,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/ferryserve/ferry/jobs"
 	"github.com/ferryserve/ferry/proxy"
 )
 
@@ -79,4 +81,81 @@ func (c *Controller) metricsURL() string {
 		return ""
 	}
 	return "http://" + c.metricsAddr + "/metrics"
+}
+
+// fleetCollector exports what the controller knows of its fleet, computed at each scrape from
+// the replica managers, the scale loops' targets and the jobs manager, so nothing on their
+// paths changes to keep a gauge up to date:
+//
+//	ferry_replicas{service,status,kind,infra,zone}   replica records by SkyServe status; kind spot or on_demand
+//	ferry_autoscaler_target_replicas{service}        the replica count asked for (autoscaler or fixed), once decided
+//	ferry_jobs{state}                                managed jobs by state, terminal ones included
+//	ferry_cost_dollars_per_hour{workload,name,kind}  the catalog price of every instance held now (what `ferry capacity` lists)
+//
+// Only the leader's controller runs services and jobs, so these series come from it alone.
+type fleetCollector struct{ c *Controller }
+
+var (
+	replicasDesc = prometheus.NewDesc("ferry_replicas",
+		"Replicas by status (PROVISIONING, READY, ...), kind (spot, on_demand), infra and zone (\"none\" when the infra has none).",
+		[]string{"service", "status", "kind", "infra", "zone"}, nil)
+	targetDesc = prometheus.NewDesc("ferry_autoscaler_target_replicas",
+		"The replica count the service asks for: the autoscaler's last decision or the fixed count.",
+		[]string{"service"}, nil)
+	jobsDesc = prometheus.NewDesc("ferry_jobs", "Managed jobs by state, terminal states included.", []string{"state"}, nil)
+	costDesc = prometheus.NewDesc("ferry_cost_dollars_per_hour",
+		"What the instances held now cost per hour, at the catalog price each was launched at; workload is service or job.",
+		[]string{"workload", "name", "kind"}, nil)
+)
+
+var _ prometheus.Collector = fleetCollector{}
+
+func (f fleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{replicasDesc, targetDesc, jobsDesc, costDesc} {
+		ch <- d
+	}
+}
+
+func (f fleetCollector) Collect(ch chan<- prometheus.Metric) {
+	type replicaKey struct{ service, status, kind, infra, zone string }
+	type costKey struct{ workload, name, kind string }
+	counts, cost := map[replicaKey]int{}, map[costKey]float64{}
+	for _, s := range f.c.serviceList() {
+		if target, known := (serviceFleet{f.c, s}).Target(); known {
+			ch <- prometheus.MustNewConstMetric(targetDesc, prometheus.GaugeValue, float64(target), s.name)
+		}
+		for _, r := range s.mgr.Replicas() {
+			counts[replicaKey{s.name, string(r.Status), capacityKind(r.Spot), orNone(r.Infra), orNone(r.Zone)}]++
+		}
+	}
+	states := map[jobs.State]int{}
+	for _, j := range f.c.jobs.List() {
+		states[j.State]++
+	}
+	for _, h := range f.c.capacity() {
+		cost[costKey{h.Kind, h.Owner, capacityKind(h.Spot)}] += h.PricePerHour
+	}
+	for k, n := range counts {
+		ch <- prometheus.MustNewConstMetric(replicasDesc, prometheus.GaugeValue, float64(n), k.service, k.status, k.kind, k.infra, k.zone)
+	}
+	for state, n := range states {
+		ch <- prometheus.MustNewConstMetric(jobsDesc, prometheus.GaugeValue, float64(n), string(state))
+	}
+	for k, dollars := range cost {
+		ch <- prometheus.MustNewConstMetric(costDesc, prometheus.GaugeValue, dollars, k.workload, k.name, k.kind)
+	}
+}
+
+func capacityKind(spot bool) string {
+	if spot {
+		return "spot"
+	}
+	return "on_demand"
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }

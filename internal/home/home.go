@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -154,11 +155,19 @@ func ownerOnly(path string, perm os.FileMode) error {
 	if info.Mode().Perm()&0o077 == 0 {
 		return nil
 	}
-	if err := os.Chmod(path, perm); err != nil {
+	if err := chmod(path, perm); err != nil {
+		// A Kubernetes Secret volume is read-only, and kubelet makes its files readable by the
+		// pod's fsGroup: accepted, as long as others cannot read it.
+		if errors.Is(err, syscall.EROFS) && info.Mode().Perm()&0o007 == 0 {
+			return nil
+		}
 		return fmt.Errorf("%s is readable by others and cannot be made private: %w", path, err)
 	}
 	return nil
 }
+
+// chmod is os.Chmod; tests stand in for a read-only file system with it.
+var chmod = os.Chmod
 
 func waitToken(path string) (string, error) {
 	for range 50 {

@@ -3,6 +3,8 @@ package home
 import (
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -112,5 +114,41 @@ func TestAttachToken(t *testing.T) {
 	}
 	if got, err := h.AttachToken(); err != nil || got != scoped {
 		t.Fatalf("with both: %q, %v; want the attach token", got, err)
+	}
+}
+
+// TestSecretVolumeToken: a token on a read-only mount (a Kubernetes Secret volume, which kubelet
+// makes readable by the pod's fsGroup) is used when only its group may read it, and refused
+// when others may.
+func TestSecretVolumeToken(t *testing.T) {
+	chmod = func(string, os.FileMode) error { return &os.PathError{Op: "chmod", Err: syscall.EROFS} }
+	t.Cleanup(func() { chmod = os.Chmod })
+	tests := map[string]struct {
+		mode    os.FileMode
+		wantErr bool
+	}{
+		"group-readable, as kubelet mounts it": {mode: 0o440},
+		"readable by others":                   {mode: 0o444, wantErr: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			h := Home{Dir: t.TempDir()}
+			if err := os.WriteFile(h.ProxyTokenPath(), []byte("mounted-token\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(h.ProxyTokenPath(), tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			tok, err := h.ProxyToken()
+			if tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), "cannot be made private") {
+					t.Fatalf("ProxyToken() = %q, %v; want the file refused", tok, err)
+				}
+				return
+			}
+			if err != nil || tok != "mounted-token" {
+				t.Fatalf("ProxyToken() = %q, %v", tok, err)
+			}
+		})
 	}
 }

@@ -1,0 +1,67 @@
+{{/* The release's full name, at most 63 characters (a DNS label). */}}
+{{- define "ferry.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ferry.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels on every object. app.kubernetes.io/name is what replicas' NetworkPolicies admit. */}}
+{{- define "ferry.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "ferry.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selector labels of one component (controller or proxy): pass (list $ "controller"). */}}
+{{- define "ferry.selectorLabels" -}}
+{{- $ := index . 0 -}}
+app.kubernetes.io/name: {{ include "ferry.name" $ }}
+app.kubernetes.io/instance: {{ $.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "ferry.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "ferry.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ferry.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "ferry.replicasNamespace" -}}
+{{- default .Release.Namespace .Values.replicas.namespace -}}
+{{- end -}}
+
+{{- define "ferry.controllerService" -}}
+{{- printf "%s-controller" (include "ferry.fullname" .) -}}
+{{- end -}}
+
+{{- define "ferry.tokensSecret" -}}
+{{- default (printf "%s-tokens" (include "ferry.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{- define "ferry.controllerTLSSecret" -}}
+{{- default (printf "%s-controller-tls" (include "ferry.fullname" .)) .Values.tls.controller.secretName -}}
+{{- end -}}
+
+{{/* The controller API's URL as proxies reach it: the Service, over HTTPS. */}}
+{{- define "ferry.controllerURL" -}}
+{{- printf "https://%s.%s.svc:%d" (include "ferry.controllerService" .) .Release.Namespace (int .Values.controller.apiPort) -}}
+{{- end -}}
