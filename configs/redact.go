@@ -274,6 +274,7 @@ type resolvedResources struct {
 	Ports        []int               `yaml:"ports,omitempty,flow"`
 	ImageID      text                `yaml:"image_id,omitempty"`
 	DiskSize     int                 `yaml:"disk_size,omitempty"`
+	GPUShare     *GPUShare           `yaml:"gpu_share,omitempty"`
 	AnyOf        []resolvedResources `yaml:"any_of,omitempty"`
 	Ordered      []resolvedResources `yaml:"ordered,omitempty"`
 	JobRecovery  *resolvedRecovery   `yaml:"job_recovery,omitempty"`
@@ -288,6 +289,7 @@ func toResolvedResources(r Resources) resolvedResources {
 		Ports:    r.Ports,
 		ImageID:  text(r.ImageID),
 		DiskSize: r.DiskSize,
+		GPUShare: r.GPUShare,
 	}
 	for _, a := range r.Accelerators {
 		out.Accelerators = append(out.Accelerators, a.Spec())

@@ -50,6 +50,9 @@ type Resources struct {
 	Ports    []int  `json:"ports,omitempty"`
 	ImageID  string `json:"image_id,omitempty"`
 	DiskSize int    `json:"disk_size,omitempty"`
+	// GPUShare is `gpu_share`: memory and core shares, type and UUID pins, binpack or spread
+	// (gpushare.go). Nil when not written.
+	GPUShare *GPUShare `json:"gpu_share,omitempty"`
 	// AnyOf alternatives: the cheapest feasible one wins.
 	AnyOf []Resources `json:"any_of,omitempty"`
 	// Ordered alternatives: the first feasible one wins.
