@@ -183,3 +183,14 @@ func TestParseGPUShareErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestFerryConfigGPUSchedulerName(t *testing.T) {
+	cfg, err := ParseFerryConfig("config.yaml", []byte("kubernetes:\n  gpu_scheduler_name: hami-scheduler-v2\n"))
+	if err != nil || cfg.Kubernetes.GPUSchedulerName != "hami-scheduler-v2" {
+		t.Fatalf("got %+v, %v; want gpu_scheduler_name hami-scheduler-v2", cfg.Kubernetes, err)
+	}
+	_, err = ParseFerryConfig("config.yaml", []byte("kubernetes:\n  gpu_scheduler_name: HAMi Scheduler\n"))
+	if got := Errors(err); len(got) != 1 || got[0].Error() != `config.yaml:2:23: kubernetes.gpu_scheduler_name: "HAMi Scheduler" is not a scheduler name (lowercase letters, digits, '-' and '.')` {
+		t.Fatalf("errors %v, want the bad name at 2:23", got)
+	}
+}
