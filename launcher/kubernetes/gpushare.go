@@ -197,7 +197,7 @@ func (p *Provider) sharedResources(req corev1.ResourceRequirements, acc string, 
 	}
 	switch {
 	case sharing == 0:
-		return req, nil, fmt.Errorf("%w: %s cannot share GPUs: no node advertises HAMi (the %s annotation, or %s/%s allocatable)", launcher.ErrNoCapacity, p.infra, AnnotationHAMiRegister, ResourceGPUMem, ResourceGPUCores)
+		return req, nil, fmt.Errorf("%w: %s cannot share GPUs: no node advertises HAMi (the %s annotation, or %s and %s allocatable)", launcher.ErrNoCapacity, p.infra, AnnotationHAMiRegister, ResourceGPUMem, ResourceGPUCores)
 	case typed == 0:
 		return req, nil, fmt.Errorf("%w: %s: no node that shares GPUs has %d x %s", launcher.ErrNoCapacity, p.infra, share.GPUs, acc)
 	case len(hosts) == 0:
