@@ -49,6 +49,7 @@ func (p *Provider) environ(spec launcher.Spec, host string, port int) []string {
 		dirs = append(dirs, path)
 	}
 	env = append(env, "PATH="+strings.Join(dirs, string(os.PathListSeparator)))
+	env = append(env, gpuShareEnv(spec)...) // gpushare.go; the task's own envs override it
 	for _, k := range slices.Sorted(maps.Keys(spec.Envs)) {
 		env = append(env, k+"="+spec.Envs[k])
 	}
