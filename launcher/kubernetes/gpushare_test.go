@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ferryserve/ferry/configs"
@@ -235,6 +236,14 @@ func TestGPUSharePinnedType(t *testing.T) {
 	if avoid.Spec.NodeName != "gsp-sxm" || byUUID.Spec.NodeName != "gsp-sxm" {
 		t.Errorf("avoiding PCIE landed on %s, pinning the SXM GPU's UUID on %s; want gsp-sxm for both", avoid.Spec.NodeName, byUUID.Spec.NodeName)
 	}
+
+	// A whole GPU with a type pin is no share: the default scheduler, the pin as node affinity
+	// (other tests' SXM A100 nodes are left out) and as HAMi's annotation.
+	whole := launchAll(t, p, shareSpec("svc-8", "A100", 1, pin))[0]
+	checkSharedPod(t, whole, corev1.DefaultSchedulerName, map[corev1.ResourceName]int64{ResourceGPU: 1}, map[string]string{AnnotationUseGPUType: "PCIE"})
+	if _, ok := whole.Spec.Containers[0].Resources.Limits[ResourceGPUCores]; ok || whole.Spec.NodeName != "gsp-pcie" {
+		t.Errorf("whole pinned GPU on %s with limits %v; want gsp-pcie and no share", whole.Spec.NodeName, whole.Spec.Containers[0].Resources.Limits)
+	}
 }
 
 // checkSharedPod checks the scheduler, the requests (equal to the limits) and the annotations
@@ -255,5 +264,87 @@ func checkSharedPod(t *testing.T, pod *corev1.Pod, scheduler string, want map[co
 		if pod.Annotations[k] != v {
 			t.Errorf("pod %s: annotation %s=%q, want %q", pod.Name, k, pod.Annotations[k], v)
 		}
+	}
+}
+
+func TestNodeShare(t *testing.T) {
+	qty := func(v int64) resource.Quantity { return *resource.NewQuantity(v, resource.DecimalSI) }
+	node := func(ann map[string]string, labels map[string]string, alloc corev1.ResourceList) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: ann, Labels: labels}, Status: corev1.NodeStatus{Allocatable: alloc}}
+	}
+	register := `[{"id":"GPU-a","index":0,"count":10,"devmem":40960,"devcore":100,"type":"NVIDIA-A100-SXM4-40GB","health":true},` +
+		`{"id":"GPU-b","index":1,"count":10,"devmem":40960,"devcore":100,"type":"NVIDIA-A100-SXM4-40GB","health":true}]`
+	tests := map[string]struct {
+		n         *corev1.Node
+		want      shareNode
+		wantOK    bool
+		wantCount int64 // nodeGPU's count: physical GPUs on a sharing node
+	}{
+		"HAMi's register annotation": {
+			n: node(map[string]string{AnnotationHAMiRegister: register}, map[string]string{LabelGPUProduct: "NVIDIA-A100-SXM4-40GB"},
+				corev1.ResourceList{ResourceGPU: qty(20)}),
+			want:   shareNode{devices: 2, memMiB: 81920, cores: 200, uuids: []string{"GPU-a", "GPU-b"}, types: []string{"NVIDIA-A100-SXM4-40GB"}, register: true},
+			wantOK: true, wantCount: 2,
+		},
+		"allocatable alone, count from the label": {
+			n: node(nil, map[string]string{LabelGPUProduct: "NVIDIA-L4", LabelGPUCount: "4"},
+				corev1.ResourceList{ResourceGPU: qty(40), ResourceGPUMem: qty(4 * 23034), ResourceGPUCores: qty(400)}),
+			want:   shareNode{devices: 4, memMiB: 4 * 23034, cores: 400},
+			wantOK: true, wantCount: 4,
+		},
+		"a garbled annotation falls back to allocatable": {
+			n: node(map[string]string{AnnotationHAMiRegister: "GPU-a,10,40960,100,A100,0,true:"}, map[string]string{LabelGPUProduct: "NVIDIA-L4"},
+				corev1.ResourceList{ResourceGPU: qty(10), ResourceGPUCores: qty(100)}),
+			want:   shareNode{devices: 1, cores: 100},
+			wantOK: true, wantCount: 1,
+		},
+		"a plain GPU node does not share": {
+			n:         node(nil, map[string]string{LabelGPUProduct: "NVIDIA-L4"}, corev1.ResourceList{ResourceGPU: qty(8)}),
+			wantCount: 8,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, ok := nodeShare(tc.n)
+			if ok != tc.wantOK {
+				t.Fatalf("nodeShare ok = %v, want %v", ok, tc.wantOK)
+			}
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(shareNode{})); diff != "" {
+				t.Errorf("nodeShare (-want +got):\n%s", diff)
+			}
+			if _, _, _, count := nodeGPU(tc.n); count != tc.wantCount {
+				t.Errorf("nodeGPU count %d, want %d", count, tc.wantCount)
+			}
+		})
+	}
+}
+
+func TestPodShare(t *testing.T) {
+	qty := func(v int64) resource.Quantity { return *resource.NewQuantity(v, resource.DecimalSI) }
+	pod := func(limits corev1.ResourceList) *corev1.Pod {
+		return &corev1.Pod{Spec: corev1.PodSpec{Containers: []corev1.Container{{Resources: corev1.ResourceRequirements{Limits: limits}}}}}
+	}
+	tests := map[string]struct {
+		pod             *corev1.Pod
+		wantMem, wantCo int64
+		wantUses        bool
+	}{
+		"MiB and cores, two GPUs": {pod: pod(corev1.ResourceList{ResourceGPU: qty(2), ResourceGPUMem: qty(3000), ResourceGPUCores: qty(30)}),
+			wantMem: 6000, wantCo: 60, wantUses: true},
+		"a percentage of a 40960 MiB GPU": {pod: pod(corev1.ResourceList{ResourceGPU: qty(1), ResourceGPUMemPercentage: qty(25), ResourceGPUCores: qty(25)}),
+			wantMem: 10240, wantCo: 25, wantUses: true},
+		"memory only reserves no cores": {pod: pod(corev1.ResourceList{ResourceGPU: qty(1), ResourceGPUMem: qty(1000)}),
+			wantMem: 1000, wantUses: true},
+		"a whole GPU takes all of it": {pod: pod(corev1.ResourceList{ResourceGPU: qty(1)}),
+			wantMem: 40960, wantCo: 100, wantUses: true},
+		"no GPU": {pod: pod(corev1.ResourceList{corev1.ResourceCPU: qty(2)})},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			mem, cores, uses := podShare(tc.pod, 40960)
+			if mem != tc.wantMem || cores != tc.wantCo || uses != tc.wantUses {
+				t.Errorf("podShare = %d MiB, %d%% cores, %v; want %d, %d, %v", mem, cores, uses, tc.wantMem, tc.wantCo, tc.wantUses)
+			}
+		})
 	}
 }
