@@ -244,6 +244,15 @@ func TestGPUSharePinnedType(t *testing.T) {
 	if _, ok := whole.Spec.Containers[0].Resources.Limits[ResourceGPUCores]; ok || whole.Spec.NodeName != "gsp-pcie" {
 		t.Errorf("whole pinned GPU on %s with limits %v; want gsp-pcie and no share", whole.Spec.NodeName, whole.Spec.Containers[0].Resources.Limits)
 	}
+
+	// A pin no node passes is refused before a pod is made, shared or whole.
+	nowhere := &configs.GPUShare{UseTypes: []string{"SXM5"}}
+	for _, count := range []float64{0.25, 1} {
+		_, err := p.Launch(context.Background(), shareSpec("svc-9", "A100", count, nowhere))
+		if !errors.Is(err, launcher.ErrNoCapacity) || !strings.Contains(err.Error(), "passes gpu_share's type and UUID pins") {
+			t.Errorf("A100:%v pinned to SXM5: %v, want ErrNoCapacity naming the pins", count, err)
+		}
+	}
 }
 
 // checkSharedPod checks the scheduler, the requests (equal to the limits) and the annotations

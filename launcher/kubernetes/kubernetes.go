@@ -859,9 +859,14 @@ func (p *Provider) resourcesFor(spec launcher.Spec) (corev1.ResourceRequirements
 	if err != nil {
 		return req, nil, err
 	}
+	pinnedOut := false
 	for _, n := range nodes {
 		name, label, value, c := nodeGPU(n)
-		if !strings.EqualFold(name, acc) || !admitsNode(n, r.GPUShare) {
+		if !strings.EqualFold(name, acc) {
+			continue
+		}
+		if !admitsNode(n, r.GPUShare) {
+			pinnedOut = true
 			continue
 		}
 		most = max(most, c)
@@ -870,6 +875,8 @@ func (p *Provider) resourcesFor(spec launcher.Spec) (corev1.ResourceRequirements
 		}
 	}
 	switch {
+	case len(values) == 0 && pinnedOut:
+		return req, nil, fmt.Errorf("%w: %s: no %s node passes gpu_share's type and UUID pins", launcher.ErrNoCapacity, p.infra, acc)
 	case len(values) == 0:
 		return req, nil, fmt.Errorf("%w: %s: no node has %s", launcher.ErrNoCapacity, p.infra, acc)
 	case most < int64(count):
