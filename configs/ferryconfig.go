@@ -28,6 +28,7 @@ import (
 //	  proxy_namespace: ferry-system     # the controller's and proxies' (default: those labels, in the
 //	                                    # replicas' namespace)
 //	  proxy_cidrs: [203.0.113.7/32]     # and addresses, for a controller outside the cluster
+//	  gpu_scheduler_name: hami-scheduler  # the scheduler of pods that share a GPU (HAMi's)
 //	aws:                                # enables AWS (credentials: the SDK's default chain)
 //	  regions: [us-east-1, us-west-2]   # where replicas may go; default us-east-1
 //	  endpoint: http://127.0.0.1:4566   # an EC2-compatible endpoint (tests, other clouds)
@@ -68,6 +69,9 @@ type KubernetesConfig struct {
 	// is ReadWriteMany, which the class must offer.
 	CheckpointSize         string `json:"checkpoint_size,omitempty"`
 	CheckpointStorageClass string `json:"checkpoint_storage_class,omitempty"`
+	// GPUSchedulerName is the schedulerName of pods that share a GPU ("" is HAMi's
+	// hami-scheduler); clusters that deploy HAMi under another name set it.
+	GPUSchedulerName string `json:"gpu_scheduler_name,omitempty"`
 }
 
 // CloudConfig is the aws or gcp section.
@@ -109,7 +113,7 @@ var (
 	awsKeys         = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs"}
 	gcpKeys         = []string{"project", "regions", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
 	kubernetesKeys  = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs",
-		"checkpoint_size", "checkpoint_storage_class"}
+		"checkpoint_size", "checkpoint_storage_class", "gpu_scheduler_name"}
 	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour"}
 	maxKubeContexts   = 64
 	maxProvisionDelay = 24 * 3600
@@ -218,6 +222,16 @@ func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
 				c.errorf(e.value, fld, "%s is not a storage class name", quoteShort(v))
 			} else {
 				k.CheckpointStorageClass = v
+			}
+		}
+	}
+	if e, ok := f["gpu_scheduler_name"]; ok {
+		fld := joinField(field, "gpu_scheduler_name")
+		if v, ok := c.str(e.value, fld); ok {
+			if !dnsSubdomainRE.MatchString(v) {
+				c.errorf(e.value, fld, "%s is not a scheduler name (lowercase letters, digits, '-' and '.')", quoteShort(v))
+			} else {
+				k.GPUSchedulerName = v
 			}
 		}
 	}

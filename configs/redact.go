@@ -309,6 +309,7 @@ type resolvedResources struct {
 	DiskTier     text                `yaml:"disk_tier,omitempty"`
 	Labels       map[string]text     `yaml:"labels,omitempty"`
 	Autostop     *Autostop           `yaml:"autostop,omitempty"`
+	GPUShare     *GPUShare           `yaml:"gpu_share,omitempty"`
 	AnyOf        []resolvedResources `yaml:"any_of,omitempty"`
 	Ordered      []resolvedResources `yaml:"ordered,omitempty"`
 	JobRecovery  *resolvedRecovery   `yaml:"job_recovery,omitempty"`
@@ -327,6 +328,7 @@ func toResolvedResources(r Resources) resolvedResources {
 		DiskTier:     text(r.DiskTier),
 		Labels:       textMap(r.Labels),
 		Autostop:     r.Autostop,
+		GPUShare:     r.GPUShare,
 	}
 	if r.isPreferenceList() {
 		// Written back as the list it came from, which means the same ordered alternatives.

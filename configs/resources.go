@@ -14,7 +14,7 @@ import (
 )
 
 var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered", "job_recovery",
-	"instance_type", "labels", "autostop", "disk_tier"}
+	"instance_type", "labels", "autostop", "disk_tier", "gpu_share"}
 
 // infraClouds are the first segments `infra` accepts ("*" means anywhere Ferry can launch).
 var infraClouds = []string{InfraLocal, "kubernetes", "k8s", "aws", "gcp", "*"}
@@ -114,6 +114,7 @@ func (r Resources) clone() Resources {
 	}
 	out.AnyOf = cloneAll(r.AnyOf)
 	out.Ordered = cloneAll(r.Ordered)
+	out.GPUShare = r.GPUShare.clone()
 	return out
 }
 
@@ -170,6 +171,7 @@ func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 	r.AnyOf = mergeAll(top.r, anyOf)
 	r.Ordered = mergeAll(top.r, ordered)
 	fillLocation(&r)
+	c.checkGPUShares(top, slices.Concat(anyOf, ordered), r)
 
 	if isService {
 		c.checkSpotAgreement(&r, "any_of", anyOf, r.AnyOf)
@@ -327,6 +329,9 @@ func mergeAll(top Resources, alts []resourceSpec) []Resources {
 		if alt.given["use_spot"] != nil {
 			m.UseSpot = a.UseSpot
 		}
+		if alt.given["gpu_share"] != nil {
+			m.GPUShare = a.GPUShare.clone()
+		}
 		if alt.given["ports"] != nil {
 			m.Ports = slices.Clone(a.Ports)
 		}
@@ -459,6 +464,11 @@ func (c *checker) resourceSpec(n *yaml.Node, field string) (resourceSpec, map[st
 				s.r.ImageID = v
 				s.given["image_id"] = e.value
 			}
+		}
+	}
+	if e, ok := f["gpu_share"]; ok {
+		if v, ok := c.gpuShare(e.value, joinField(field, "gpu_share")); ok {
+			s.r.GPUShare, s.given["gpu_share"] = v, e.value
 		}
 	}
 	if e, ok := f["disk_size"]; ok {

@@ -60,6 +60,9 @@ type Resources struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Autostop is resources.autostop; nil when the YAML leaves it out or says false.
 	Autostop *Autostop `json:"autostop,omitempty"`
+	// GPUShare is `gpu_share`: memory and core shares, type and UUID pins, binpack or spread
+	// (gpushare.go). Nil when not written.
+	GPUShare *GPUShare `json:"gpu_share,omitempty"`
 	// AnyOf alternatives: the cheapest feasible one wins.
 	AnyOf []Resources `json:"any_of,omitempty"`
 	// Ordered alternatives: the first feasible one wins.

@@ -214,6 +214,9 @@ type Offering struct {
 	// Total and Free count accelerators across the infra, where it knows them (-1 unknown).
 	Total int `json:"total"`
 	Free  int `json:"free"`
+	// SharesGPU is set when some node with this accelerator shares GPUs (HAMi), so a
+	// fractional or memory/cores request (configs.Resources.SharedGPU) fits here.
+	SharesGPU bool `json:"shares_gpu,omitempty"`
 }
 
 // Offerer is an optional Provider capability for infras whose shapes are not in the catalog

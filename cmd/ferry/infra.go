@@ -120,6 +120,7 @@ func showGPUs(ctx context.Context, out io.Writer, which, name string) error {
 			} else if err := optimizer.WriteKubernetesGPUs(out, infras, name); err != nil {
 				return err
 			}
+			writeSharedGPUs(ctx, out, kubeCapacities(set), name) // gpushare.go
 			for _, n := range slices.Sorted(maps.Keys(errs)) {
 				fmt.Fprintf(out, "  %s: %v\n", n, errs[n])
 			}

@@ -72,6 +72,7 @@ func Open(h home.Home, opts Options) (*Set, error) {
 			o.ProvisionTimeout = time.Duration(k.ProvisionTimeoutSeconds) * time.Second
 			o.IngressPodLabels, o.IngressNamespace, o.IngressCIDRs = k.ProxyPodLabels, k.ProxyNamespace, k.ProxyCIDRs
 			o.CheckpointSize, o.CheckpointStorageClass = k.CheckpointSize, k.CheckpointStorageClass
+			o.GPUSchedulerName = k.GPUSchedulerName
 		}
 		p, err := kubernetes.New(o)
 		if err != nil {

@@ -98,6 +98,9 @@ type Cluster struct {
 	releaseCIDR func()
 	procs       []*process // in start order; stopped in reverse
 	stopOnce    sync.Once
+	// extra are components tests start later (StartSharingScheduler); Stop stops them first.
+	extraMu sync.Mutex
+	extra   []*process
 }
 
 // Start builds the binaries if needed (see scripts/testcluster/build.sh), starts etcd,
@@ -390,6 +393,11 @@ func waitReady(ctx context.Context, checks []check, timeout time.Duration) error
 // Nothing in the cluster is worth a graceful shutdown, so all get SIGKILL. Safe to call twice.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
+		c.extraMu.Lock()
+		for _, p := range c.extra {
+			p.stop(0)
+		}
+		c.extraMu.Unlock()
 		for i := len(c.procs) - 1; i >= 0; i-- {
 			c.procs[i].stop(0)
 		}

@@ -2,7 +2,9 @@ package testcluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,16 +29,77 @@ const (
 // "NVIDIA-A100-SXM4-40GB"), 32 CPUs, 256Gi of memory and room for 110 pods, and waits until it is
 // Ready. It is labelled type=kwok, nvidia.com/gpu.product and nvidia.com/gpu.count.
 func (c *Cluster) AddGPUNode(ctx context.Context, name, product string, gpus int) error {
+	return c.addNode(ctx, name, product, gpus, nil, corev1.ResourceList{
+		GPUResource: *resource.NewQuantity(int64(gpus), resource.DecimalSI),
+	})
+}
+
+// HAMi's resources, annotation and default split (ANCHORS.md §3).
+const (
+	HAMiGPUMem           = "nvidia.com/gpumem"
+	HAMiGPUMemPercentage = "nvidia.com/gpumem-percentage"
+	HAMiGPUCores         = "nvidia.com/gpucores"
+	HAMiRegister         = "hami.io/node-nvidia-register"
+	// HAMiSplit is HAMi's default deviceSplitCount: nvidia.com/gpu counts this many slots per GPU.
+	HAMiSplit = 10
+)
+
+// AddHAMiNode creates a GPU node as HAMi's device plugin presents one: gpus physical GPUs of
+// memMiB each, registered in the hami.io/node-nvidia-register annotation (one JSON entry per
+// GPU, UUID "GPU-<node>-<index>"), and nvidia.com/gpu allocatable in HAMiSplit slots per GPU.
+// Unlike a real HAMi node, it also advertises nvidia.com/gpumem (MiB), gpumem-percentage and
+// gpucores (100 per GPU) in allocatable, so that a plain kube-scheduler accounts for shares
+// (HAMi's own extender does that accounting from the annotation instead).
+func (c *Cluster) AddHAMiNode(ctx context.Context, name, product string, gpus, memMiB int) error {
+	type device struct {
+		ID      string `json:"id"`
+		Index   int    `json:"index"`
+		Count   int    `json:"count"`
+		DevMem  int    `json:"devmem"`
+		DevCore int    `json:"devcore"`
+		Type    string `json:"type"`
+		Numa    int    `json:"numa"`
+		Mode    string `json:"mode"`
+		Health  bool   `json:"health"`
+	}
+	devs := make([]device, gpus)
+	for i := range devs {
+		devs[i] = device{ID: HAMiUUID(name, i), Index: i, Count: HAMiSplit, DevMem: memMiB, DevCore: 100,
+			Type: product, Mode: "hami-core", Health: true}
+	}
+	register, err := json.Marshal(devs)
+	if err != nil {
+		return err
+	}
+	q := func(v int) resource.Quantity { return *resource.NewQuantity(int64(v), resource.DecimalSI) }
+	return c.addNode(ctx, name, product, gpus, map[string]string{HAMiRegister: string(register)}, corev1.ResourceList{
+		GPUResource:          q(gpus * HAMiSplit),
+		HAMiGPUMem:           q(gpus * memMiB),
+		HAMiGPUMemPercentage: q(gpus * 100),
+		HAMiGPUCores:         q(gpus * 100),
+	})
+}
+
+// HAMiUUID is the UUID AddHAMiNode gives a node's GPU.
+func HAMiUUID(node string, index int) string {
+	return "GPU-" + node + "-" + strconv.Itoa(index)
+}
+
+// addNode creates a kwok node with the GPU labels, 32 CPUs, 256Gi of memory, room for 110 pods
+// and the given GPU resources, and waits until it is Ready.
+func (c *Cluster) addNode(ctx context.Context, name, product string, gpus int, annotations map[string]string, gpuResources corev1.ResourceList) error {
 	resources := corev1.ResourceList{
 		corev1.ResourceCPU:    resource.MustParse("32"),
 		corev1.ResourceMemory: resource.MustParse("256Gi"),
 		corev1.ResourcePods:   resource.MustParse("110"),
-		GPUResource:           *resource.NewQuantity(int64(gpus), resource.DecimalSI),
 	}
+	maps.Copy(resources, gpuResources)
+	ann := map[string]string{KwokNodeAnnotation: "fake"}
+	maps.Copy(ann, annotations)
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        name,
-			Annotations: map[string]string{KwokNodeAnnotation: "fake"},
+			Annotations: ann,
 			Labels: map[string]string{
 				"type":                   "kwok",
 				"kubernetes.io/hostname": name,

@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // Node labels that name a node's GPU. NVIDIA's GPU feature discovery (and the GPU operator) set
@@ -71,11 +72,15 @@ func canonicalGPU(value string) string {
 }
 
 // nodeGPU returns the node's accelerator (catalog name), the label and value that say so, and
-// how many it can allocate. A node without a known GPU label returns "".
+// how many it can allocate. A node without a known GPU label returns "". A node that shares
+// GPUs counts its physical GPUs, not HAMi's virtual slots.
 func nodeGPU(n *corev1.Node) (name, label, value string, count int64) {
 	q, ok := n.Status.Allocatable[ResourceGPU]
 	if !ok || q.Value() <= 0 {
 		return "", "", "", 0
+	}
+	if s, ok := nodeShare(n); ok && s.devices > 0 {
+		q = *resource.NewQuantity(min(s.devices, q.Value()), resource.DecimalSI)
 	}
 	for _, l := range gpuLabels {
 		if v := n.Labels[l]; v != "" {

@@ -119,6 +119,9 @@ type Options struct {
 	// RESTConfig, when set, is used instead of Kubeconfig (in-cluster or tests); Context then
 	// only names the infra.
 	RESTConfig *rest.Config
+	// GPUSchedulerName is the scheduler of pods that share a GPU; default
+	// DefaultGPUSchedulerName (HAMi's). Clusters name it differently.
+	GPUSchedulerName string
 	// CheckpointSize is the storage a job's checkpoint claim asks for; default
 	// DefaultCheckpointSize. CheckpointStorageClass is its storage class ("" the cluster's
 	// default); a gang's claim needs one that offers ReadWriteMany.
@@ -181,6 +184,9 @@ func New(opts Options) (*Provider, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
+	}
+	if opts.GPUSchedulerName == "" {
+		opts.GPUSchedulerName = DefaultGPUSchedulerName
 	}
 	if opts.CheckpointSize == "" {
 		opts.CheckpointSize = DefaultCheckpointSize
@@ -684,6 +690,9 @@ func (p *Provider) Offerings(ctx context.Context) ([]launcher.Offering, error) {
 			o = &launcher.Offering{Accelerator: name, PricePerHour: p.opts.CostPerHour}
 			byGPU[name] = o
 		}
+		if _, shares := nodeShare(n); shares {
+			o.SharesGPU = true
+		}
 		o.AcceleratorCount = math.Max(o.AcceleratorCount, float64(count))
 		o.VCPUs = math.Max(o.VCPUs, vcpus)
 		o.MemoryGiB = math.Max(o.MemoryGiB, mem)
@@ -810,6 +819,7 @@ func (p *Provider) podFor(spec launcher.Spec) (*corev1.Pod, error) {
 			}},
 		},
 	}
+	p.applyGPUShare(pod, spec.Resources, sharesGPU(res))
 	if spec.Job != nil {
 		addJob(pod, spec.Job)
 	}
@@ -834,8 +844,8 @@ func (p *Provider) resourcesFor(spec launcher.Spec) (corev1.ResourceRequirements
 	if acc == "" {
 		return req, nil, nil
 	}
-	if count != math.Trunc(count) || count < 1 {
-		return req, nil, fmt.Errorf("%w: %s: %v x %s: Kubernetes allocates whole GPUs", launcher.ErrInvalid, p.infra, count, acc)
+	if share, ok := r.SharedGPU(configs.Accelerator{Name: acc, Count: count}); ok {
+		return p.sharedResources(req, acc, share, r.GPUShare) // gpushare.go
 	}
 	gpus := *resource.NewQuantity(int64(count), resource.DecimalSI)
 	req.Requests[ResourceGPU], req.Limits[ResourceGPU] = gpus, gpus
@@ -849,9 +859,14 @@ func (p *Provider) resourcesFor(spec launcher.Spec) (corev1.ResourceRequirements
 	if err != nil {
 		return req, nil, err
 	}
+	pinnedOut := false
 	for _, n := range nodes {
 		name, label, value, c := nodeGPU(n)
 		if !strings.EqualFold(name, acc) {
+			continue
+		}
+		if !admitsNode(n, r.GPUShare) {
+			pinnedOut = true
 			continue
 		}
 		most = max(most, c)
@@ -860,6 +875,8 @@ func (p *Provider) resourcesFor(spec launcher.Spec) (corev1.ResourceRequirements
 		}
 	}
 	switch {
+	case len(values) == 0 && pinnedOut:
+		return req, nil, fmt.Errorf("%w: %s: no %s node passes gpu_share's type and UUID pins", launcher.ErrNoCapacity, p.infra, acc)
 	case len(values) == 0:
 		return req, nil, fmt.Errorf("%w: %s: no node has %s", launcher.ErrNoCapacity, p.infra, acc)
 	case most < int64(count):

@@ -249,12 +249,13 @@ func TestInvalidRequests(t *testing.T) {
 	c := testcluster.Shared(t)
 	p := newProvider(t, c, Options{})
 	ctx := context.Background()
-	half := gpuSpec("svc-1", "A100", 0.5)
+	// A fractional GPU is no longer invalid: it shares a GPU where HAMi runs
+	// (TestGPUShareRefusedWithoutHAMi).
 	badImage := gpuSpec("svc-2", "A100", 1)
 	badImage.Resources.ImageID = "ami-123"
 	badLabel := gpuSpec("svc-3", "A100", 1)
 	badLabel.Labels[launcher.LabelService] = "not a label value!"
-	for name, spec := range map[string]launcher.Spec{"fractional GPU": half, "image_id": badImage, "label": badLabel} {
+	for name, spec := range map[string]launcher.Spec{"image_id": badImage, "label": badLabel} {
 		if _, err := p.Launch(ctx, spec); !errors.Is(err, launcher.ErrInvalid) {
 			t.Errorf("%s: %v, want ErrInvalid", name, err)
 		}

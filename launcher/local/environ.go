@@ -53,6 +53,7 @@ func (p *Provider) environ(spec launcher.Spec, host string, port int) []string {
 		// A replica is a one-node task to SkyPilot's programs; a task's envs may override.
 		env = append(env, launcher.EnvNodeIPs+"="+host, launcher.EnvNodeRank+"=0", launcher.EnvNumNodes+"=1")
 	}
+	env = append(env, gpuShareEnv(spec)...) // gpushare.go; the task's own envs override it
 	for _, k := range slices.Sorted(maps.Keys(spec.Envs)) {
 		env = append(env, k+"="+spec.Envs[k])
 	}

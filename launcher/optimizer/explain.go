@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/catalog"
 )
 
@@ -107,8 +108,8 @@ func (req *request) reasons(cat *catalog.Catalog, infras []Infra) []string {
 		for _, acc := range req.wanted() {
 			switch inf.Kind {
 			case Kubernetes:
-				if _, ok := fittingOffering(inf, acc); !ok {
-					out = append(out, kubeReason(inf, acc))
+				if _, ok := fittingOffering(inf, acc, req.shares(acc)); !ok {
+					out = append(out, kubeReason(inf, acc, req.shares(acc)))
 				}
 			case Cloud:
 				out = append(out, req.cloudReason(cat, inf, acc))
@@ -121,9 +122,12 @@ func (req *request) reasons(cat *catalog.Catalog, infras []Infra) []string {
 	return out
 }
 
-func kubeReason(inf *Infra, acc configs.Accelerator) string {
-	if acc.Count != math.Trunc(acc.Count) {
-		return fmt.Sprintf("%s allocates whole GPUs only (nvidia.com/gpu); %s runs on local", inf.Name, acc.Spec())
+func kubeReason(inf *Infra, acc configs.Accelerator, shared bool) string {
+	named := func(o launcher.Offering) bool { return strings.EqualFold(o.Accelerator, acc.Name) }
+	sharing := func(o launcher.Offering) bool { return named(o) && o.SharesGPU }
+	if shared && slices.ContainsFunc(inf.Offerings, named) && !slices.ContainsFunc(inf.Offerings, sharing) {
+		return fmt.Sprintf("%s cannot share %s GPUs: no %s node advertises HAMi (the hami.io/node-nvidia-register annotation, or nvidia.com/gpumem and nvidia.com/gpucores allocatable); %s runs on local or on a context with HAMi",
+			inf.Name, acc.Name, acc.Name, acc.Spec())
 	}
 	most, name := -1.0, acc.Name
 	for _, o := range inf.Offerings {
@@ -145,8 +149,8 @@ func (req *request) cloudReason(cat *catalog.Catalog, inf *Infra, acc configs.Ac
 		return inf.Name + " has no CPU-only instance types in the catalog"
 	case len(rows) == 0:
 		return fmt.Sprintf("%s has no %s", inf.Name, acc.Name)
-	case acc.Count != math.Trunc(acc.Count):
-		return fmt.Sprintf("%s sells whole GPUs only (a fraction such as %s runs on local)", inf.Name, acc.Spec())
+	case acc.Count != math.Trunc(acc.Count) || req.shares(acc):
+		return fmt.Sprintf("%s sells whole GPUs only (a fraction or gpu_share such as %s runs on local, or on Kubernetes with HAMi)", inf.Name, acc.Spec())
 	}
 	what := "CPU-only instance types"
 	if acc.Name != "" {

@@ -221,10 +221,19 @@ type request struct {
 	memory quantity
 	spot   bool
 	target target
+	// share is the task's gpu_share: with it, or a fractional count, an accelerator is a
+	// shared request that only local and sharing Kubernetes contexts take.
+	share *configs.GPUShare
+}
+
+// shares reports whether acc is a shared GPU request.
+func (req *request) shares(acc configs.Accelerator) bool {
+	_, ok := configs.Resources{GPUShare: req.share}.SharedGPU(acc)
+	return ok
 }
 
 func newRequest(alt int, r configs.Resources) (request, error) {
-	req := request{alt: alt, accs: r.Accelerators, spot: r.UseSpot}
+	req := request{alt: alt, accs: r.Accelerators, spot: r.UseSpot, share: r.GPUShare}
 	var err error
 	if req.cpus, err = parseQuantity("cpus", r.CPUs); err != nil {
 		return request{}, err
@@ -266,7 +275,7 @@ func (req *request) plan(out []Candidate, cat *catalog.Catalog, infras []Infra) 
 			out = append(out, req.localCandidate(inf))
 		case Kubernetes:
 			for _, acc := range req.wanted() {
-				if o, ok := fittingOffering(inf, acc); ok {
+				if o, ok := fittingOffering(inf, acc, req.shares(acc)); ok {
 					out = append(out, req.kubeCandidate(inf, acc, o))
 				}
 			}
@@ -287,8 +296,9 @@ func (req *request) localCandidate(inf *Infra) Candidate {
 	return Candidate{Placement: p, Alternative: req.alt}
 }
 
-// fittingOffering finds the offering of a Kubernetes infra that can hold acc on one node.
-func fittingOffering(inf *Infra, acc configs.Accelerator) (launcher.Offering, bool) {
+// fittingOffering finds the offering of a Kubernetes infra that can hold acc on one node; a
+// shared request needs an offering that shares GPUs.
+func fittingOffering(inf *Infra, acc configs.Accelerator, shared bool) (launcher.Offering, bool) {
 	for _, o := range inf.Offerings {
 		if acc.Name == "" {
 			if o.Accelerator == "" {
@@ -296,9 +306,9 @@ func fittingOffering(inf *Infra, acc configs.Accelerator) (launcher.Offering, bo
 			}
 			continue
 		}
-		// nvidia.com/gpu is an integer resource: a fraction (time-slicing, MIG) is not
-		// something a pod can request, so a fractional count fits local only.
-		if strings.EqualFold(o.Accelerator, acc.Name) && o.AcceleratorCount >= acc.Count && acc.Count == math.Trunc(acc.Count) {
+		// nvidia.com/gpu is an integer resource: a fraction is HAMi's memory and cores
+		// share of one GPU, which only a context that shares GPUs takes.
+		if strings.EqualFold(o.Accelerator, acc.Name) && o.AcceleratorCount >= acc.Count && (o.SharesGPU || !shared) {
 			return o, true
 		}
 	}
@@ -329,7 +339,7 @@ func (req *request) kubeCandidate(inf *Infra, acc configs.Accelerator, o launche
 // cloudCandidates appends a candidate per catalog row that fits. rows are one cloud's rows for
 // one accelerator, ordered by count, instance type, region and zone.
 func (req *request) cloudCandidates(out []Candidate, inf *Infra, acc configs.Accelerator, rows []catalog.Row) []Candidate {
-	if acc.Count != math.Trunc(acc.Count) {
+	if acc.Count != math.Trunc(acc.Count) || req.shares(acc) {
 		return out // clouds sell whole GPUs
 	}
 	count := int(acc.Count)

@@ -456,7 +456,7 @@ func TestPlanNoCandidate(t *testing.T) {
 		"fractions only share on kubernetes": {
 			r:       configs.Resources{Infra: "gcp", Accelerators: accs(t, "T4:0.5")},
 			infras:  everything,
-			wantErr: "no candidate for T4:0.5 on gcp: gcp sells whole GPUs only (a fraction such as T4:0.5 runs on local)",
+			wantErr: "no candidate for T4:0.5 on gcp: gcp sells whole GPUs only (a fraction or gpu_share such as T4:0.5 runs on local, or on Kubernetes with HAMi)",
 		},
 		"region without the GPU": {
 			r:       configs.Resources{Infra: "aws/eu-west-1", UseSpot: true, Accelerators: accs(t, "H100:8")},
