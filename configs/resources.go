@@ -152,12 +152,11 @@ func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 	for _, alt := range slices.Concat(anyOf, ordered) {
 		located = located || alt.given["location"] != nil
 	}
-	if !located {
-		top.r.Infra = InfraLocal
-	}
+	// No infra anywhere: "" lets the optimizer choose among every enabled infra, local only
+	// where it fits (launcher/optimizer).
 	r := top.r
-	r.AnyOf = mergeAll(top.r, anyOf)
-	r.Ordered = mergeAll(top.r, ordered)
+	r.AnyOf = mergeAll(top.r, anyOf, located)
+	r.Ordered = mergeAll(top.r, ordered, located)
 	fillLocation(&r)
 
 	if isService {
@@ -168,8 +167,8 @@ func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 }
 
 // mergeAll resolves each alternative against the top-level fields. An alternative that
-// leaves infra unset while a sibling sets it may run anywhere ("*").
-func mergeAll(top Resources, alts []resourceSpec) []Resources {
+// leaves infra unset while a sibling (or the top) sets it may run anywhere ("*").
+func mergeAll(top Resources, alts []resourceSpec, located bool) []Resources {
 	if len(alts) == 0 {
 		return nil
 	}
@@ -202,7 +201,7 @@ func mergeAll(top Resources, alts []resourceSpec) []Resources {
 		if alt.given["disk_size"] != nil {
 			m.DiskSize = a.DiskSize
 		}
-		if m.Infra == "" {
+		if m.Infra == "" && located {
 			m.Infra = "*"
 		}
 		fillLocation(&m)
