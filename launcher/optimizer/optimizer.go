@@ -8,23 +8,32 @@
 //   - Alternatives: any_of alternatives compete on price as one group; ordered alternatives are
 //     planned one after another, every candidate of ordered[0] before any of ordered[1]. A
 //     placement an earlier alternative already produced is not repeated.
-//   - Infra: "*" is every enabled infra except local; "kubernetes" every enabled context;
-//     "kubernetes/CTX" that context; "aws[/REGION[/ZONE]]" and "gcp[/REGION[/ZONE]]" that cloud,
-//     narrowed to a region and zone; "local" the embedded infra, which runs anything at $0
-//     (it simulates replicas, so accelerators, cpus and memory are not checked).
+//   - Infra: none written is every enabled infra, as in SkyPilot, with local a candidate only
+//     for what this machine has (local.go: its CPUs and memory, and the GPUs the ferry config
+//     declares; none by default); "*" is every enabled infra except local; "kubernetes" every
+//     enabled context; "kubernetes/CTX" that context; "aws[/REGION[/ZONE]]" and
+//     "gcp[/REGION[/ZONE]]" that cloud, narrowed to a region and zone; "local" the embedded
+//     infra, which then runs anything at $0 (development against simulated replicas, so
+//     accelerators, cpus and memory are not checked).
+//   - instance_type pins a catalog instance type (instancetype.go): it implies the type's
+//     accelerators, vCPUs and memory, conflicting ones are an error, and only its cloud plans.
 //   - Accelerators are alternatives: any one of them, with exactly the requested count per
 //     instance on a cloud. A fractional count (A100:0.5) shares a GPU, which only
 //     local can do; a Kubernetes context fits when one of its offerings carries the GPU with at
 //     least the requested count per node. A request without accelerators fits every context and
-//     the clouds' CPU-only instance types (the catalog has GCP n1 only).
+//     the clouds' CPU-only instance types (GCP n1; AWS c/m/r 6i and 7i in us-east-1).
 //   - cpus and memory ("4" exactly, "4+" at least) filter cloud instance types. On Kubernetes
 //     they are the pod's request and do not filter.
 //   - use_spot prices clouds at spot and drops instance types without a spot price; otherwise
 //     the on-demand price is used and rows without one are dropped. Kubernetes is not dropped
 //     by use_spot: a cluster already paid for beats any spot VM, and its pods are not
 //     preemptible, so their placements say Spot=false.
-//   - Order within a group: local, then Kubernetes contexts (by cost per hour, then name), then
-//     cloud instances by price ascending, ties broken by cloud, region, zone, instance type.
+//   - Order within a group: own capacity first, then priced clouds. Local (when it is a
+//     candidate), then Kubernetes contexts (by cost per hour, then name), then cloud instances
+//     by price ascending, ties broken by cloud, region, zone, instance type. A context's
+//     cost_per_hour orders contexts and shows in the plan, but never sends a task to a cloud
+//     while a cluster fits: the cluster is already paid for, and bursting out of it is the
+//     product's promise (Kubernetes first, then spot and on-demand VMs).
 //   - AWS zones: the catalog has Availability Zone IDs (use1-az4), which are the same physical
 //     zone in every account, while YAML zones are account-specific names (us-east-1a). With
 //     Infra.ZoneNames (the account's ID → name map from DescribeAvailabilityZones) placements
@@ -111,7 +120,7 @@ func Plan(r configs.Resources, infras []Infra) ([]Candidate, error) {
 	alts := r.Candidates()
 	reqs := make([]request, len(alts))
 	for i, alt := range alts {
-		req, err := newRequest(i, alt)
+		req, err := newRequest(i, alt, cat)
 		if err != nil {
 			return nil, err
 		}
@@ -221,9 +230,11 @@ type request struct {
 	memory quantity
 	spot   bool
 	target target
+	// instanceType pins one catalog instance type (clouds only); "" is any.
+	instanceType string
 }
 
-func newRequest(alt int, r configs.Resources) (request, error) {
+func newRequest(alt int, r configs.Resources, cat *catalog.Catalog) (request, error) {
 	req := request{alt: alt, accs: r.Accelerators, spot: r.UseSpot}
 	var err error
 	if req.cpus, err = parseQuantity("cpus", r.CPUs); err != nil {
@@ -238,6 +249,11 @@ func newRequest(alt int, r configs.Resources) (request, error) {
 	for _, a := range r.Accelerators {
 		if !(a.Count > 0) || math.IsInf(a.Count, 0) {
 			return request{}, fmt.Errorf("%w: accelerator %s: count must be positive", launcher.ErrInvalid, a.Spec())
+		}
+	}
+	if r.InstanceType != "" {
+		if err := req.pinInstanceType(cat, r.InstanceType); err != nil {
+			return request{}, err
 		}
 	}
 	return req, nil
@@ -263,8 +279,11 @@ func (req *request) plan(out []Candidate, cat *catalog.Catalog, infras []Infra) 
 		}
 		switch inf.Kind {
 		case Local:
-			out = append(out, req.localCandidate(inf))
+			out = req.localCandidates(out, inf)
 		case Kubernetes:
+			if req.instanceType != "" {
+				continue // an instance type is a cloud's
+			}
 			for _, acc := range req.wanted() {
 				if o, ok := fittingOffering(inf, acc); ok {
 					out = append(out, req.kubeCandidate(inf, acc, o))
@@ -277,14 +296,6 @@ func (req *request) plan(out []Candidate, cat *catalog.Catalog, infras []Infra) 
 		}
 	}
 	return out
-}
-
-func (req *request) localCandidate(inf *Infra) Candidate {
-	p := launcher.Placement{Infra: inf.Name, VCPUs: req.cpus.value, MemoryGiB: req.memory.value}
-	if len(req.accs) > 0 {
-		p.Accelerator, p.AcceleratorCount = req.accs[0].Name, req.accs[0].Count
-	}
-	return Candidate{Placement: p, Alternative: req.alt}
 }
 
 // fittingOffering finds the offering of a Kubernetes infra that can hold acc on one node.
@@ -337,7 +348,7 @@ func (req *request) cloudCandidates(out []Candidate, inf *Infra, acc configs.Acc
 	start := len(out)
 	for i := range rows {
 		row := &rows[i]
-		if row.AcceleratorCount != count || !req.target.inRegion(row) {
+		if row.AcceleratorCount != count || !req.target.inRegion(row) || (req.instanceType != "" && row.InstanceType != req.instanceType) {
 			continue
 		}
 		zone, ok := req.target.zoneOf(inf, row, byName)
