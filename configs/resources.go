@@ -11,7 +11,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered", "job_recovery"}
+var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered", "job_recovery", "objective"}
 
 // infraClouds are the first segments `infra` accepts ("*" means anywhere Ferry can launch).
 var infraClouds = []string{InfraLocal, "kubernetes", "k8s", "aws", "gcp", "*"}
@@ -137,6 +137,9 @@ func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 	if e, ok := f["job_recovery"]; ok {
 		recovery = &e
 	}
+	if e, ok := f["objective"]; ok {
+		top.r.Objective = c.objective(e.value, joinField(field, "objective"))
+	}
 	var anyOf, ordered []resourceSpec
 	if e, ok := f["any_of"]; ok {
 		anyOf = c.alternatives(e, joinField(field, "any_of"))
@@ -159,7 +162,7 @@ func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 	r.Ordered = mergeAll(top.r, ordered, located)
 	fillLocation(&r)
 
-	if isService {
+	if isService && !r.Objective.PerWork() {
 		c.checkSpotAgreement(&r, "any_of", anyOf, r.AnyOf)
 		c.checkSpotAgreement(&r, "ordered", ordered, r.Ordered)
 	}
@@ -226,7 +229,7 @@ func (c *checker) checkSpotAgreement(r *Resources, key string, specs []resourceS
 			at = specs[i].node
 		}
 		c.errorf(at, indexField("resources."+key, i)+".use_spot",
-			"all candidates of a service must agree on use_spot (%s[0] is %s, %s[%d] is %s); mix spot and on-demand with replica_policy.base_ondemand_fallback_replicas or dynamic_ondemand_fallback",
+			"all candidates of a service must agree on use_spot (%s[0] is %s, %s[%d] is %s); mix spot and on-demand with replica_policy.base_ondemand_fallback_replicas or dynamic_ondemand_fallback, or rank them by expected cost with resources.objective: cost_per_token",
 			key, spotWord(first), key, i, spotWord(merged[i].UseSpot))
 	}
 	r.UseSpot = first
@@ -261,6 +264,9 @@ func (c *checker) alternatives(e entry, field string) []resourceSpec {
 			if nested, ok := f[k]; ok {
 				c.errorf(nested.keyNode, joinField(itemField, k), "alternatives cannot be nested: list every alternative at the top level")
 			}
+		}
+		if o, ok := f["objective"]; ok {
+			c.errorf(o.keyNode, joinField(itemField, "objective"), "objective applies to every alternative: set it once, at the top of resources")
 		}
 		if jr, ok := f["job_recovery"]; ok {
 			c.errorf(jr.keyNode, joinField(itemField, "job_recovery"), "job_recovery applies to the whole job: set it once, at the top of resources")

@@ -54,6 +54,8 @@ type Resources struct {
 	// InstanceType pins a catalog instance type (SkyPilot's instance_type): it implies the
 	// type's accelerators, cpus and memory.
 	InstanceType string `json:"instance_type,omitempty"`
+	// Objective is what the optimizer minimises among the candidates (objective.go).
+	Objective Objective `json:"objective,omitzero"`
 	// AnyOf alternatives: the cheapest feasible one wins.
 	AnyOf []Resources `json:"any_of,omitempty"`
 	// Ordered alternatives: the first feasible one wins.

@@ -110,6 +110,12 @@ type Candidate struct {
 	// Alternative indexes Resources.Candidates(): which any_of or ordered entry this is (0 for
 	// a resources block without alternatives).
 	Alternative int
+	// Score is the value the objective ranks by (objective.go): the price per hour under
+	// cost_per_hour. Scored is false when the objective cannot value this placement; Why
+	// explains the score in a few words.
+	Score  float64
+	Scored bool
+	Why    string
 }
 
 // Plan returns where r may run among the enabled infras, best first, priced from the embedded
@@ -132,7 +138,12 @@ func Plan(r configs.Resources, infras []Infra) ([]Candidate, error) {
 	raw := make([]Candidate, 0, capacityHint(reqs, cat, infras))
 	bounds := []int{0}
 	for i := range reqs {
+		start := len(raw)
 		raw = reqs[i].plan(raw, cat, infras)
+		for j := start; j < len(raw); j++ {
+			sc := scoreOf(r.Objective, &raw[j])
+			raw[j].Score, raw[j].Scored, raw[j].Why = sc.value, sc.ok, sc.why
+		}
 		if len(r.Ordered) > 0 || i == len(reqs)-1 {
 			bounds = append(bounds, len(raw))
 		}
@@ -402,6 +413,15 @@ func compareCandidates(a, b *Candidate) int {
 	pa, pb := &a.Placement, &b.Placement
 	ta, tb := tier(pa), tier(pb)
 	if c := cmp.Compare(ta, tb); c != 0 {
+		return c
+	}
+	if a.Scored != b.Scored {
+		if a.Scored {
+			return -1
+		}
+		return 1
+	}
+	if c := cmp.Compare(a.Score, b.Score); c != 0 {
 		return c
 	}
 	if c := cmp.Compare(pa.PricePerHour, pb.PricePerHour); c != 0 {
