@@ -593,5 +593,8 @@ func fillFromPlacement(inst *launcher.Instance, pl launcher.Placement) {
 	if inst.PricePerHour == 0 {
 		inst.PricePerHour = pl.PricePerHour
 	}
+	if inst.Accelerator == "" {
+		inst.Accelerator = pl.Accelerator
+	}
 	inst.Spot = inst.Spot || pl.Spot
 }
