@@ -116,8 +116,8 @@ type Spec struct {
 	// smallest of them, the fallback.
 	TargetQPSPerAccelerator map[string]float64
 	TargetQPS               float64
-	UpscaleDelay   time.Duration
-	DownscaleDelay time.Duration
+	UpscaleDelay            time.Duration
+	DownscaleDelay          time.Duration
 	// DecisionInterval is how often Decide is called; request_rate counts its delays in
 	// decisions of this length (SkyServe: 20 s, Ferry: 1 s).
 	DecisionInterval time.Duration
