@@ -51,3 +51,18 @@ func TestReadyCarriesPlacedAccelerator(t *testing.T) {
 		t.Errorf("published accelerators %v, want L4 and H100 (not the task's \"\" for alternatives)", seen)
 	}
 }
+
+// A service whose alternatives mix spot and on-demand under a per-work objective launches them
+// as written; without one, a replica's kind still decides every alternative's pricing.
+func TestWithSpotKeepsAMixedObjective(t *testing.T) {
+	mixed := configs.Resources{Objective: configs.Objective{Minimize: configs.ObjectiveCostPerToken},
+		AnyOf: []configs.Resources{{UseSpot: true, Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}}, {Accelerators: []configs.Accelerator{{Name: "A100", Count: 1}}}}}
+	got := withSpot(mixed, false)
+	if !got.AnyOf[0].UseSpot || got.AnyOf[1].UseSpot {
+		t.Errorf("per-work objective: alternatives %v/%v, want spot/on-demand as written", got.AnyOf[0].UseSpot, got.AnyOf[1].UseSpot)
+	}
+	mixed.Objective = configs.Objective{}
+	if got := withSpot(mixed, false); got.AnyOf[0].UseSpot {
+		t.Error("cost_per_hour: the on-demand kind must make every alternative on-demand")
+	}
+}
