@@ -20,7 +20,7 @@ func TestLifetimes(t *testing.T) {
 // the catalog, the spot gang is interrupted, and the flip price is where the costs meet.
 func TestRunGangShort(t *testing.T) {
 	o := DefaultGangOptions()
-	o.SpotDir = "testdata/spot-preempt"
+	o.SpotDir = "gangdata/spot-preempt"
 	o.GPUs, o.Steps, o.Speeds = []int{4}, 6000, []float64{1, 4}
 	var out strings.Builder
 	results, err := RunGang(o, &out)
