@@ -107,3 +107,23 @@ func (c *checker) objective(n *yaml.Node, field string) Objective {
 	}
 	return o
 }
+
+// resolvedObjective is the objective in ResolvedYAML: the mapping form, which reads back.
+type resolvedObjective struct {
+	Minimize          string  `yaml:"minimize"`
+	CheckpointMinutes float64 `yaml:"checkpoint_minutes,omitempty"`
+	RestartMinutes    float64 `yaml:"restart_minutes,omitempty"`
+	ModelSize         string  `yaml:"model_size,omitempty"`
+}
+
+// withObjective adds a chosen objective to the top of resolved resources (alternatives share it).
+func (r resolvedResources) withObjective(o Objective) resolvedResources {
+	if o.Minimize == "" {
+		return r
+	}
+	r.Objective = &resolvedObjective{Minimize: o.Minimize, CheckpointMinutes: o.CheckpointMinutes, RestartMinutes: o.RestartMinutes}
+	if o.ModelSizeB > 0 {
+		r.Objective.ModelSize = strconv.FormatFloat(o.ModelSizeB, 'f', -1, 64) + "B"
+	}
+	return r
+}

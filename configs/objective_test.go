@@ -49,3 +49,27 @@ func TestParseObjective(t *testing.T) {
 		})
 	}
 }
+
+// The resolved YAML serve up prints names the objective, and reads back to the same one.
+func TestObjectiveResolvedYAMLRoundTrips(t *testing.T) {
+	src := "run: x\nnum_nodes: 2\nresources:\n  objective: {minimize: cost_per_step, checkpoint_minutes: 10, model_size: 70B}\n  accelerators: A100:1\n"
+	task, err := Parse("t.yaml", []byte(src), Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := task.ResolvedYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "objective:") || !strings.Contains(string(out), "model_size: 70B") {
+		t.Fatalf("resolved YAML lacks the objective:\n%s", out)
+	}
+	again, err := Parse("resolved.yaml", out, Overrides{})
+	if err != nil {
+		t.Fatalf("resolved YAML does not parse: %v\n%s", err, out)
+	}
+	want := Objective{Minimize: ObjectiveCostPerStep, CheckpointMinutes: 10, ModelSizeB: 70, Nodes: 2}
+	if diff := cmp.Diff(want, again.Resources.Objective); diff != "" {
+		t.Errorf("objective after a round trip (-want +got):\n%s", diff)
+	}
+}
