@@ -35,7 +35,7 @@ clean:
 
 # Whole-system benchmarks (bench/README.md). Extra flags go in BENCH_ARGS, for example
 # make bench-proxy BENCH_ARGS='--duration 3s --streams5k 1000'.
-.PHONY: bench-proxy bench-routing bench-sim bench-updates bench-faults
+.PHONY: bench-proxy bench-routing bench-sim bench-gang bench-updates bench-faults
 
 ## bench-proxy: proxy cost on loopback, backend direct vs ferry proxy vs nginx (installs nginx if missing)
 bench-proxy:
@@ -49,6 +49,10 @@ bench-routing:
 ## bench-sim: the fleet-size sweep (ferry sim --sweep): every spot trace in ../shared/data at 3, 6, 12 and 24 replicas, Ferry against SkyServe+SpotHedge and all on-demand
 bench-sim:
 	$(GO) run ./cmd/ferry sim --sweep $(BENCH_ARGS)
+
+## bench-gang: cost per unit of work, N×1-GPU spot against 1×N-GPU on-demand for a data-parallel job on the spot preemption traces (ferry sim gang)
+bench-gang:
+	$(GO) run ./cmd/ferry sim gang $(BENCH_ARGS)
 
 ## bench-updates: serve update under load (rolling, blue-green, crash + rollback, controller killed): failed requests, versions served
 bench-updates:

@@ -64,6 +64,9 @@ type State struct {
 	Ready int
 	// Target is the replica count currently asked for (the previous decision's Target).
 	Target int
+	// LiveAccelerators and ReadyAccelerators are the accelerator of each live (launching,
+	// starting or READY) and each READY replica, for a per-accelerator QPS target.
+	LiveAccelerators, ReadyAccelerators []string
 }
 
 // Decision is a Scaler's answer for one tick.

@@ -16,6 +16,9 @@ type Replica struct {
 	// Live is true while it counts toward the target (launching, starting, READY or not ready
 	// for a while); a scale loop with no target yet resumes from the live count.
 	Live bool
+	// Accelerator is the GPU type it was placed with ("" when unknown), for a per-accelerator
+	// target_qps_per_replica.
+	Accelerator string
 }
 
 // Sample is what a scale loop read during one decision interval.
@@ -52,6 +55,15 @@ func Observe(spec Spec, s Sample) (Observation, State) {
 		}
 		if r.Ready {
 			st.Ready++
+		}
+		if len(spec.TargetQPSPerAccelerator) == 0 {
+			continue
+		}
+		if r.Ready {
+			st.ReadyAccelerators = append(st.ReadyAccelerators, r.Accelerator)
+		}
+		if r.Live {
+			st.LiveAccelerators = append(st.LiveAccelerators, r.Accelerator)
 		}
 	}
 	obs.ColdStart = ColdStartOf(coldStarts)

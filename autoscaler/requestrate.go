@@ -31,12 +31,15 @@ func newRequestRate(spec Spec) *requestRate {
 	}
 }
 
-func (r *requestRate) Decide(now time.Time, obs Observation, _ State) Decision {
+func (r *requestRate) Decide(now time.Time, obs Observation, st State) Decision {
 	r.arrived.record(now, float64(obs.Arrivals))
 	sum, _ := r.arrived.total()
 	qps := sum / qpsWindow.Seconds()
 	raw := r.spec.Min
-	if r.spec.TargetQPS > 0 {
+	switch {
+	case len(r.spec.TargetQPSPerAccelerator) > 0:
+		raw = clip(instanceAwareTarget(r.spec.TargetQPSPerAccelerator, qps, st), r.spec.Min, r.spec.Max)
+	case r.spec.TargetQPS > 0:
 		raw = clip(ceilReplicas(qps/r.spec.TargetQPS), r.spec.Min, r.spec.Max)
 	}
 	reason := fmt.Sprintf("qps %.2f", qps)

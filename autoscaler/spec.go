@@ -111,10 +111,13 @@ type Spec struct {
 	// num_overprovision is 0.
 	LearnHeadroom bool
 
-	// request_rate.
-	TargetQPS      float64
-	UpscaleDelay   time.Duration
-	DownscaleDelay time.Duration
+	// request_rate. TargetQPSPerAccelerator, when set, is the per-accelerator form: the
+	// target follows the live replicas' own targets (instanceaware.go); TargetQPS is then the
+	// smallest of them, the fallback.
+	TargetQPSPerAccelerator map[string]float64
+	TargetQPS               float64
+	UpscaleDelay            time.Duration
+	DownscaleDelay          time.Duration
 	// DecisionInterval is how often Decide is called; request_rate counts its delays in
 	// decisions of this length (SkyServe: 20 s, Ferry: 1 s).
 	DecisionInterval time.Duration
@@ -193,13 +196,14 @@ func SpecFor(p configs.ReplicaPolicy) Spec {
 		TargetKVCacheUsage: p.TargetKVCacheUsage,
 	}
 	if s.Policy == PolicyRequestRate && s.TargetQPS <= 0 {
-		// The per-accelerator map form: SkyServe scales on the smallest target, so that no
-		// accelerator type is overloaded.
+		// The per-accelerator map form: SkyServe's InstanceAwareRequestRateAutoscaler, with the
+		// smallest target as the fallback for replicas of unknown type.
 		for _, q := range p.TargetQPSPerAccelerator {
 			if s.TargetQPS <= 0 || q < s.TargetQPS {
 				s.TargetQPS = q
 			}
 		}
+		s.TargetQPSPerAccelerator = p.TargetQPSPerAccelerator
 	}
 	return s.WithDefaults()
 }

@@ -48,6 +48,8 @@ type FerryConfig struct {
 	// AWS and GCP are nil when their sections are absent (the cloud is not enabled).
 	AWS *CloudConfig `json:"aws,omitempty"`
 	GCP *CloudConfig `json:"gcp,omitempty"`
+	// Local describes this machine's GPUs (nil: none); see LocalConfig.
+	Local *LocalConfig `json:"local,omitempty"`
 	// Source is the file read, for messages.
 	Source string `json:"-"`
 }
@@ -109,7 +111,7 @@ type KubernetesContext struct {
 }
 
 var (
-	ferryConfigKeys = []string{"kubernetes", "aws", "gcp"}
+	ferryConfigKeys = []string{"kubernetes", "aws", "gcp", "local"}
 	awsKeys         = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs"}
 	gcpKeys         = []string{"project", "regions", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
 	kubernetesKeys  = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs",
@@ -162,6 +164,9 @@ func ParseFerryConfig(filename string, data []byte) (cfg *FerryConfig, err error
 		if isNull(v) && k.Value == "gcp" {
 			c.errorf(k, "gcp.project", "required: the GCP project to launch VMs in")
 		}
+	}
+	if e, ok := f["local"]; ok {
+		out.Local = c.localConfig(e.value)
 	}
 	if e, ok := f["aws"]; ok {
 		out.AWS = c.cloudConfig(e.value, "aws", awsKeys, DefaultAWSRegion)

@@ -214,7 +214,7 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 		resNode = e.value
 	}
 	res, recovery := c.resources(resNode, hasService)
-	t.Resources = res
+	t.Resources = res.withNodes(t.NumNodes)
 
 	t.Envs = c.envs(f, "envs", ov.Envs, nil)
 	t.Secrets = c.envs(f, "secrets", ov.Secrets, lookupEnv)

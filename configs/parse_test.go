@@ -24,8 +24,10 @@ func defaultService(port int) *Service {
 	}
 }
 
+// local is what a task without infra resolves to: no infra, which the optimizer reads as
+// every enabled infra (local where it fits).
 func local() Resources {
-	return Resources{Infra: InfraLocal, Cloud: InfraLocal}
+	return Resources{}
 }
 
 func TestParse(t *testing.T) {
@@ -49,7 +51,7 @@ func TestParse(t *testing.T) {
 		"service port from the single resources port": {
 			yaml: "run: serve\nresources:\n  ports: \"9000\"\nservice:\n  readiness_probe: /health\n",
 			want: &Task{NumNodes: 1, Run: "serve",
-				Resources: Resources{Infra: InfraLocal, Cloud: InfraLocal, Ports: []int{9000}},
+				Resources: Resources{Ports: []int{9000}},
 				Service: func() *Service {
 					s := defaultService(9000)
 					s.ReadinessProbe.Path = "/health"
@@ -186,12 +188,12 @@ service:
 				}(),
 			},
 		},
-		"ordered alternatives default to local when nothing sets infra": {
+		"ordered alternatives leave infra to the optimizer when nothing sets it": {
 			yaml: "run: x\nresources:\n  ordered:\n    - accelerators: L4\n    - cpus: 2\n",
 			want: &Task{NumNodes: 1, Run: "x",
-				Resources: Resources{Infra: InfraLocal, Cloud: InfraLocal, Ordered: []Resources{
-					{Infra: InfraLocal, Cloud: InfraLocal, Accelerators: []Accelerator{{"L4", 1}}},
-					{Infra: InfraLocal, Cloud: InfraLocal, CPUs: "2"},
+				Resources: Resources{Ordered: []Resources{
+					{Accelerators: []Accelerator{{"L4", 1}}},
+					{CPUs: "2"},
 				}},
 			},
 		},

@@ -148,7 +148,7 @@ func (t *Task) ResolvedYAML() ([]byte, error) {
 		Name:       text(r.Name),
 		Workdir:    text(r.Workdir),
 		NumNodes:   r.NumNodes,
-		Resources:  toResolvedResources(r.Resources),
+		Resources:  toResolvedResources(r.Resources).withObjective(r.Resources.Objective),
 		Envs:       textMap(r.Envs),
 		Secrets:    textMap(r.Secrets),
 		FileMounts: textMap(r.FileMounts),
@@ -313,6 +313,7 @@ type resolvedResources struct {
 	AnyOf        []resolvedResources `yaml:"any_of,omitempty"`
 	Ordered      []resolvedResources `yaml:"ordered,omitempty"`
 	JobRecovery  *resolvedRecovery   `yaml:"job_recovery,omitempty"`
+	Objective    *resolvedObjective  `yaml:"objective,omitempty"`
 }
 
 func toResolvedResources(r Resources) resolvedResources {

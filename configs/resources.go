@@ -14,7 +14,7 @@ import (
 )
 
 var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered", "job_recovery",
-	"instance_type", "labels", "autostop", "disk_tier", "gpu_share"}
+	"instance_type", "labels", "autostop", "disk_tier", "gpu_share", "objective"}
 
 // infraClouds are the first segments `infra` accepts ("*" means anywhere Ferry can launch).
 var infraClouds = []string{InfraLocal, "kubernetes", "k8s", "aws", "gcp", "*"}
@@ -149,6 +149,9 @@ func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 	if e, ok := f["job_recovery"]; ok {
 		recovery = &e
 	}
+	if e, ok := f["objective"]; ok {
+		top.r.Objective = c.objective(e.value, joinField(field, "objective"))
+	}
 	var anyOf, ordered []resourceSpec
 	if e, ok := f["any_of"]; ok {
 		anyOf = c.alternatives(e, joinField(field, "any_of"))
@@ -164,18 +167,19 @@ func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 	for _, alt := range slices.Concat(anyOf, ordered) {
 		located = located || alt.given["location"] != nil
 	}
-	if !located {
-		top.r.Infra = InfraLocal
-	}
+	// No infra anywhere: "" lets the optimizer choose among every enabled infra, local only
+	// where it fits (launcher/optimizer).
 	r := top.r
-	r.AnyOf = mergeAll(top.r, anyOf)
-	r.Ordered = mergeAll(top.r, ordered)
+	r.AnyOf = mergeAll(top.r, anyOf, located)
+	r.Ordered = mergeAll(top.r, ordered, located)
 	fillLocation(&r)
 	c.checkGPUShares(top, slices.Concat(anyOf, ordered), r)
 
-	if isService {
+	if isService && !r.Objective.PerWork() {
 		c.checkSpotAgreement(&r, "any_of", anyOf, r.AnyOf)
 		c.checkSpotAgreement(&r, "ordered", ordered, r.Ordered)
+	}
+	if isService {
 		if at := top.given["autostop"]; at != nil {
 			c.errorf(at, joinField(field, "autostop"), "a service has no idle cluster to stop: its replicas scale with the load; to scale to zero when idle write service.replica_policy: {min_replicas: 0, max_replicas: N} (scale_to_zero_grace_seconds sets how long it waits)")
 		}
@@ -304,8 +308,8 @@ func acceleratorSet(accs []Accelerator) string {
 }
 
 // mergeAll resolves each alternative against the top-level fields. An alternative that
-// leaves infra unset while a sibling sets it may run anywhere ("*").
-func mergeAll(top Resources, alts []resourceSpec) []Resources {
+// leaves infra unset while a sibling (or the top) sets it may run anywhere ("*").
+func mergeAll(top Resources, alts []resourceSpec, located bool) []Resources {
 	if len(alts) == 0 {
 		return nil
 	}
@@ -344,7 +348,7 @@ func mergeAll(top Resources, alts []resourceSpec) []Resources {
 		if alt.given["instance_type"] != nil {
 			m.InstanceType = a.InstanceType
 		}
-		if m.Infra == "" {
+		if m.Infra == "" && located {
 			m.Infra = "*"
 		}
 		fillLocation(&m)
@@ -369,7 +373,7 @@ func (c *checker) checkSpotAgreement(r *Resources, key string, specs []resourceS
 			at = specs[i].node
 		}
 		c.errorf(at, indexField("resources."+key, i)+".use_spot",
-			"all candidates of a service must agree on use_spot (%s[0] is %s, %s[%d] is %s); mix spot and on-demand with replica_policy.base_ondemand_fallback_replicas or dynamic_ondemand_fallback",
+			"all candidates of a service must agree on use_spot (%s[0] is %s, %s[%d] is %s); mix spot and on-demand with replica_policy.base_ondemand_fallback_replicas or dynamic_ondemand_fallback, or rank them by expected cost with resources.objective: cost_per_token",
 			key, spotWord(first), key, i, spotWord(merged[i].UseSpot))
 	}
 	r.UseSpot = first
@@ -404,6 +408,9 @@ func (c *checker) alternatives(e entry, field string) []resourceSpec {
 			if nested, ok := f[k]; ok {
 				c.errorf(nested.keyNode, joinField(itemField, k), "alternatives cannot be nested: list every alternative at the top level")
 			}
+		}
+		if o, ok := f["objective"]; ok {
+			c.errorf(o.keyNode, joinField(itemField, "objective"), "objective applies to every alternative: set it once, at the top of resources")
 		}
 		if jr, ok := f["job_recovery"]; ok {
 			c.errorf(jr.keyNode, joinField(itemField, "job_recovery"), "job_recovery applies to the whole job: set it once, at the top of resources")

@@ -35,8 +35,9 @@ type Task struct {
 // Resources is one `resources:` block. AnyOf and Ordered hold alternatives; each alternative
 // inherits the fields set at the top level and overrides what it sets itself.
 type Resources struct {
-	// Infra is "local" (the embedded default), "kubernetes[/context]", "aws[/region[/zone]]" or
-	// "gcp[/region[/zone]]". Cloud/Region/Zone are the older spelling of the same thing.
+	// Infra is "local", "kubernetes[/context]", "aws[/region[/zone]]", "gcp[/region[/zone]]" or
+	// "*" (every enabled infra but local); "" (none written) is every enabled infra, local
+	// only where it fits. Cloud/Region/Zone are the older spelling of the same thing.
 	Infra  string `json:"infra,omitempty"`
 	Cloud  string `json:"cloud,omitempty"`
 	Region string `json:"region,omitempty"`
@@ -63,6 +64,8 @@ type Resources struct {
 	// GPUShare is `gpu_share`: memory and core shares, type and UUID pins, binpack or spread
 	// (gpushare.go). Nil when not written.
 	GPUShare *GPUShare `json:"gpu_share,omitempty"`
+	// Objective is what the optimizer minimises among the candidates (objective.go).
+	Objective Objective `json:"objective,omitzero"`
 	// AnyOf alternatives: the cheapest feasible one wins.
 	AnyOf []Resources `json:"any_of,omitempty"`
 	// Ordered alternatives: the first feasible one wins.

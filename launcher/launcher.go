@@ -158,14 +158,17 @@ type Instance struct {
 	Name   string            `json:"name"`
 	Labels map[string]string `json:"labels"`
 	// Endpoint is host:port where the program's service port is reachable from the proxy.
-	Endpoint     string    `json:"endpoint"`
-	Infra        string    `json:"infra"`
-	Region       string    `json:"region,omitempty"`
-	Zone         string    `json:"zone,omitempty"`
-	Spot         bool      `json:"spot"`
-	PricePerHour float64   `json:"price_per_hour"`
-	State        State     `json:"state"`
-	LaunchedAt   time.Time `json:"launched_at"`
+	Endpoint     string  `json:"endpoint"`
+	Infra        string  `json:"infra"`
+	Region       string  `json:"region,omitempty"`
+	Zone         string  `json:"zone,omitempty"`
+	Spot         bool    `json:"spot"`
+	PricePerHour float64 `json:"price_per_hour"`
+	// Accelerator is the GPU type the instance was placed with ("" when none or unknown):
+	// instance-aware routing and autoscaling weigh a replica by it.
+	Accelerator string    `json:"accelerator,omitempty"`
+	State       State     `json:"state"`
+	LaunchedAt  time.Time `json:"launched_at"`
 	// Reason says why an instance ended (exit status, preemption notice), when known.
 	Reason string `json:"reason,omitempty"`
 	// ExitCode is the program's exit status once it ended by itself (State Terminated);

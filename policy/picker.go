@@ -328,7 +328,9 @@ func newInstanceAware(targets map[string]float64, rnd func() uint64) (*instanceA
 			errs = append(errs, fmt.Errorf("target QPS for accelerator %q is %v: must be a positive number", name, qps))
 			continue
 		}
-		copied[name] = qps
+		// Keys match placements ignoring case, and SkyServe also allows "A100:1".
+		base, _, _ := strings.Cut(name, ":")
+		copied[strings.ToLower(base)] = qps
 		minimum = min(minimum, qps)
 	}
 	if len(errs) > 0 {
@@ -345,7 +347,7 @@ func (p *instanceAware) Prepare(replicas []*Replica) {
 }
 
 func (p *instanceAware) target(accelerator string) float64 {
-	if qps, ok := p.targets[accelerator]; ok {
+	if qps, ok := p.targets[strings.ToLower(accelerator)]; ok {
 		return qps
 	}
 	return p.minimum

@@ -260,6 +260,8 @@ func TestInstanceAwareLeastLoad(t *testing.T) {
 		"prepared":           {loads: []int64{6, 2}, accelerators: []string{"H100", "L4"}, prepare: true, wantIDs: []int{1}},
 		// 4/4 = 2/2 = 1: tie, both chosen over many draws.
 		"tie across types": {loads: []int64{4, 2, 5}, accelerators: []string{"H100", "A100", "L4"}, wantIDs: []int{1, 2}},
+		// Placements and YAML keys may differ in case ("a100" from a cluster's node label).
+		"case ignored": {loads: []int64{3, 2}, accelerators: []string{"h100", "L4"}, wantIDs: []int{1}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -376,4 +378,18 @@ func chatPrompt(system, conversation int) string {
 	}
 	sb.WriteString(`"}]`)
 	return sb.String()
+}
+
+// SkyServe also accepts "A100:1" as a key; it means the A100.
+func TestInstanceAwareKeysWithCount(t *testing.T) {
+	p, err := New(InstanceAwareLeastLoad, Options{TargetQPSPerAccelerator: map[string]float64{"H100:1": 4, "L4:1": 1}, Rand: seeded(5)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := replicas([]int64{3, 1}, "H100", "L4") // 3/4 < 1/1
+	for range 20 {
+		if got := p.Pick(&Request{}, rs).ID; got != 1 {
+			t.Fatalf("picked %d, want the H100 (1)", got)
+		}
+	}
 }

@@ -283,6 +283,9 @@ func followInstance(rec *Record, inst *launcher.Instance) {
 	rec.Infra = inst.Infra
 	rec.Zone = inst.Zone
 	rec.Price = inst.PricePerHour
+	if inst.Accelerator != "" {
+		rec.Accelerator = inst.Accelerator // a listed instance may not know; keep the launch's
+	}
 	// Spot is the kind the replica was launched as (its label), which the mix counts; an
 	// instance from before kinds were labelled tells by its capacity.
 	switch inst.Labels[LabelKind] {

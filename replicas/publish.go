@@ -34,6 +34,9 @@ func (m *Manager) setReadyLocked() {
 		}
 		for _, rec := range serving(m.rollout, m.target, m.launchedAsLocked, ready) {
 			acc := accelerator(m.taskLocked(rec.Version).Resources)
+			if rec.Accelerator != "" {
+				acc = rec.Accelerator // where it was placed, among the task's alternatives
+			}
 			endpoints = append(endpoints, Endpoint{ReplicaID: rec.ID, Version: rec.Version, Addr: rec.Endpoint, Accelerator: acc})
 		}
 	}

@@ -88,9 +88,15 @@ func replicaSpec(service string, version int, task *configs.Task, id int, spot b
 }
 
 // withSpot asks for spot or on-demand capacity in r and every alternative: a service's spot
-// and on-demand fallback replicas share one resources block.
+// and on-demand fallback replicas share one resources block. Alternatives that mix spot and
+// on-demand under a cost-per-work objective are left as written: the optimizer weighs each
+// one's expected cost, interruptions included, and the fallback split does not apply.
 func withSpot(r configs.Resources, spot bool) configs.Resources {
-	if r.UseSpot == spot && !slices.ContainsFunc(slices.Concat(r.AnyOf, r.Ordered), func(a configs.Resources) bool { return a.UseSpot != spot }) {
+	alts := slices.Concat(r.AnyOf, r.Ordered)
+	if r.Objective.PerWork() && slices.ContainsFunc(alts, func(a configs.Resources) bool { return a.UseSpot != alts[0].UseSpot }) {
+		return r
+	}
+	if r.UseSpot == spot && !slices.ContainsFunc(alts, func(a configs.Resources) bool { return a.UseSpot != spot }) {
 		return r
 	}
 	r.UseSpot = spot

@@ -47,18 +47,21 @@ func (s Status) Terminal() bool {
 
 // Record is what the store keeps about one replica, and what `serve status` shows.
 type Record struct {
-	Service    string    `json:"service"`
-	ID         int       `json:"id"`
-	Version    int       `json:"version"`
-	Status     Status    `json:"status"`
-	InstanceID string    `json:"instance_id,omitempty"`
-	Endpoint   string    `json:"endpoint,omitempty"`
-	Infra      string    `json:"infra,omitempty"`
-	Zone       string    `json:"zone,omitempty"`
-	Spot       bool      `json:"spot"`
-	Price      float64   `json:"price_per_hour"`
-	Resources  string    `json:"resources,omitempty"`
-	LaunchedAt time.Time `json:"launched_at"`
+	Service    string  `json:"service"`
+	ID         int     `json:"id"`
+	Version    int     `json:"version"`
+	Status     Status  `json:"status"`
+	InstanceID string  `json:"instance_id,omitempty"`
+	Endpoint   string  `json:"endpoint,omitempty"`
+	Infra      string  `json:"infra,omitempty"`
+	Zone       string  `json:"zone,omitempty"`
+	Spot       bool    `json:"spot"`
+	Price      float64 `json:"price_per_hour"`
+	Resources  string  `json:"resources,omitempty"`
+	// Accelerator is the GPU type the replica was placed with, when the launch said (not
+	// persisted: a restarted controller falls back to the task's single accelerator).
+	Accelerator string    `json:"accelerator,omitempty"`
+	LaunchedAt  time.Time `json:"launched_at"`
 	// ReadyAt is the first time the replica passed its readiness probe (zero if never).
 	ReadyAt time.Time `json:"ready_at"`
 	// Reason explains the latest failure or why the replica waits, for status output.

@@ -65,7 +65,7 @@ func printPlan(ctx context.Context, out io.Writer, task *configs.Task) error {
 	}
 	nodes := max(task.NumNodes, 1)
 	fmt.Fprintf(out, "Considered resources (%d node%s), best first; a launch that finds no capacity moves down the list:\n", nodes, plural(nodes))
-	if err := optimizer.WriteTable(out, cands, 0, tableRows); err != nil {
+	if err := optimizer.WriteObjectiveTable(out, cands, 0, tableRows, task.Resources.Objective); err != nil {
 		return err
 	}
 	fmt.Fprintln(out)

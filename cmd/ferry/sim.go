@@ -65,5 +65,37 @@ and results.`,
 		},
 	}
 	opts.RegisterFlags(cmd.Flags())
+	cmd.AddCommand(newSimGangCmd())
+	return cmd
+}
+
+// newSimGangCmd is `ferry sim gang`: N×1-GPU spot against 1×N-GPU on-demand for a
+// data-parallel job, on the spot preemption traces.
+func newSimGangCmd() *cobra.Command {
+	o := sim.DefaultGangOptions()
+	cmd := &cobra.Command{
+		Use:   "gang",
+		Short: "Compare N one-GPU spot instances with one N-GPU on-demand instance for a data-parallel job",
+		Long: `gang replays the spot preemption traces (by default the 1-node V100 set, p3.2xlarge) under a
+gang of N one-V100 spot nodes and prices the same job on one N-V100 on-demand instance, from
+the embedded catalog. It prints $/step, completion time and interruptions for each shape, and
+where the choice flips: the spot price, and the interruption rate (the traces replayed faster).
+bench/sim/gang.go states the model.`,
+		Example: `  ferry sim gang
+  ferry sim gang --gpus 8 --checkpoint 10m --restart 5m`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := sim.RunGang(o, cmd.OutOrStdout())
+			return err
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&o.SpotDir, "spot-traces", o.SpotDir, "preemption traces (default DATA/spot-traces/preemption/1-node/aws-04-22-2023)")
+	fl.IntSliceVar(&o.GPUs, "gpus", o.GPUs, "gang sizes N (an on-demand type with N V100s must exist: 1, 4, 8)")
+	fl.IntVar(&o.Steps, "steps", o.Steps, "steps the job needs")
+	fl.DurationVar(&o.StepTime, "step-time", o.StepTime, "one step on N GPUs")
+	fl.DurationVar(&o.Checkpoint, "checkpoint", o.Checkpoint, "computing time between checkpoints")
+	fl.DurationVar(&o.Restart, "restart", o.Restart, "from every node alive to computing again")
+	fl.Float64SliceVar(&o.Speeds, "speeds", o.Speeds, "trace replay speeds tried for the interruption-rate flip point")
 	return cmd
 }

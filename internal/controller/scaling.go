@@ -56,7 +56,7 @@ func (f serviceFleet) Replicas() []autoscaler.Replica {
 	recs := f.s.mgr.Replicas()
 	out := make([]autoscaler.Replica, len(recs))
 	for i, r := range recs {
-		out[i] = autoscaler.Replica{LaunchedAt: r.LaunchedAt, ReadyAt: r.ReadyAt, Ready: r.Status == replicas.StatusReady,
+		out[i] = autoscaler.Replica{LaunchedAt: r.LaunchedAt, ReadyAt: r.ReadyAt, Ready: r.Status == replicas.StatusReady, Accelerator: r.Accelerator,
 			Live: r.Status == replicas.StatusReady || (!r.Status.Terminal() && r.Status != replicas.StatusShuttingDown)}
 	}
 	return out

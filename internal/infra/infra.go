@@ -163,7 +163,7 @@ func (s *Set) Clouds() []launcher.Provider {
 // Kubernetes cluster what it has. A cluster that cannot answer is left with no offerings
 // (and is therefore not a candidate); its error is returned alongside.
 func (s *Set) Infras(ctx context.Context, r configs.Resources) ([]optimizer.Infra, map[string]error) {
-	out := []optimizer.Infra{{Name: configs.InfraLocal, Kind: optimizer.Local}}
+	out := []optimizer.Infra{{Name: configs.InfraLocal, Kind: optimizer.Local, Offerings: s.localOfferings()}}
 	errs := map[string]error{}
 	for _, k := range s.Kube {
 		if !usable(r, k.Infra()) {

@@ -1,6 +1,7 @@
 // Package catalog is the price list the optimizer reads: GPU instance types on AWS and GCP with
-// their on-demand and spot prices per zone. The data is copied from SkyPilot's catalog and
-// embedded in the binary, so planning a launch needs no network and gives the same answer on
+// their on-demand and spot prices per zone (copied from SkyPilot's catalog), AWS CPU instance
+// types with on-demand prices per region (from Karpenter's price table), and what each
+// accelerator does per hour (throughput.go). The data is embedded in the binary, so planning a launch needs no network and gives the same answer on
 // every machine. README.md records where the numbers come from and what is wrong with them.
 package catalog
 
@@ -30,6 +31,9 @@ var awsCSV []byte
 //go:embed data/gcp_gpu.csv
 var gcpCSV []byte
 
+//go:embed data/aws_cpu.csv
+var awsCPUCSV []byte
+
 // Row is one instance type in one zone with its prices: a complete VM, ready to launch. GCP
 // host-plus-GPU pairs (n1 with T4, V100, P100) are already composed into one row.
 type Row struct {
@@ -48,7 +52,8 @@ type Row struct {
 	SpotPerHour     float64
 	Region          string
 	// Zone is an AWS Availability Zone ID (use1-az4, the same physical zone in every account)
-	// or a GCP zone name (us-central1-a).
+	// or a GCP zone name (us-central1-a); "" for a row priced per region (AWS CPU types),
+	// which any zone of the region may take.
 	Zone string
 }
 
@@ -66,6 +71,9 @@ func (r Row) Price(spot bool) (float64, bool) {
 type Catalog struct {
 	rows   []Row
 	groups []group
+	// types maps an instance type to its rows (in Rows order); names lists them sorted.
+	types map[string][]Row
+	names []string
 }
 
 // group is the run of rows that share a cloud and an accelerator name.
@@ -75,7 +83,7 @@ type group struct {
 }
 
 var defaultCatalog = sync.OnceValue(func() *Catalog {
-	c, err := Parse(bytes.NewReader(awsCSV), bytes.NewReader(gcpCSV))
+	c, err := Parse(bytes.NewReader(awsCSV), bytes.NewReader(gcpCSV), bytes.NewReader(awsCPUCSV))
 	if err != nil {
 		// The data is compiled in and a test parses it; failing here is a build defect.
 		panic("catalog: embedded data is malformed: " + err.Error())
@@ -87,11 +95,19 @@ var defaultCatalog = sync.OnceValue(func() *Catalog {
 func Default() *Catalog { return defaultCatalog() }
 
 // Parse reads an AWS and a GCP catalog file in the format of data/*.csv (columns found by
-// header name), composes GCP n1 host rows with their GPU attachments, and indexes the result.
-func Parse(aws, gcp io.Reader) (*Catalog, error) {
+// header name), and any more AWS files (the CPU types), composes GCP n1 host rows with their
+// GPU attachments, and indexes the result.
+func Parse(aws, gcp io.Reader, moreAWS ...io.Reader) (*Catalog, error) {
 	awsRows, err := parseFile(AWS, "aws_gpu.csv", aws)
 	if err != nil {
 		return nil, err
+	}
+	for i, r := range moreAWS {
+		more, err := parseFile(AWS, fmt.Sprintf("aws file %d", i+2), r)
+		if err != nil {
+			return nil, err
+		}
+		awsRows = append(awsRows, more...)
 	}
 	gcpRows, err := parseFile(GCP, "gcp_gpu.csv", gcp)
 	if err != nil {
@@ -112,8 +128,23 @@ func Parse(aws, gcp io.Reader) (*Catalog, error) {
 		c.groups = append(c.groups, group{cloud: rows[start].Cloud, accelerator: rows[start].Accelerator, rows: rows[start:end:end]})
 		start = end
 	}
+	c.types = map[string][]Row{}
+	for _, r := range rows {
+		if c.types[r.InstanceType] == nil {
+			c.names = append(c.names, r.InstanceType)
+		}
+		c.types[r.InstanceType] = append(c.types[r.InstanceType], r)
+	}
+	slices.Sort(c.names)
 	return c, nil
 }
+
+// InstanceType returns the rows of one instance type (every cloud, region and zone that has
+// it), matched exactly; nil when the catalog has no such type.
+func (c *Catalog) InstanceType(name string) []Row { return c.types[name] }
+
+// InstanceTypes returns every instance type name, sorted. The slice is shared.
+func (c *Catalog) InstanceTypes() []string { return c.names }
 
 // compareRows orders by cloud, accelerator (ignoring case), count, instance type, region, zone:
 // rows that differ only in location sit together, which the optimizer relies on.
@@ -201,8 +232,8 @@ func parseFile(cloud, name string, r io.Reader) ([]Row, error) {
 		}
 		switch {
 		case p.err != nil:
-		case row.InstanceType == "" || row.Region == "" || row.Zone == "":
-			p.err = errors.New("instance_type, region and zone are required")
+		case row.InstanceType == "" || row.Region == "":
+			p.err = errors.New("instance_type and region are required")
 		case (row.Accelerator == "") != (row.AcceleratorCount == 0):
 			p.err = errors.New("accelerator and accelerator_count must be given together")
 		}

@@ -1,6 +1,7 @@
 package catalog
 
 import (
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -24,7 +25,8 @@ func TestDefaultParsesEmbeddedData(t *testing.T) {
 	}
 	// GCP: 530 file rows − 68 g2-attach − 119 n1-attach + 584 composed n1 VMs (119
 	// attachments × 5 n1 shapes, minus the 11 zones' n1-standard-16 + 1×V100, over GCP's cap).
-	want := map[string]int{AWS: 479, GCP: 530 - 68 - 119 + 119*5 - 11}
+	// AWS: 479 GPU rows + 54 CPU types (c/m/r 6i and 7i, us-east-1, one row per region).
+	want := map[string]int{AWS: 479 + 54, GCP: 530 - 68 - 119 + 119*5 - 11}
 	if diff := cmp.Diff(want, counts); diff != "" {
 		t.Errorf("rows per cloud (-want +got):\n%s", diff)
 	}
@@ -109,8 +111,14 @@ func TestLookup(t *testing.T) {
 			}
 		}
 	}
-	if rows := c.Lookup(AWS, ""); len(rows) != 0 {
-		t.Errorf("AWS has no CPU-only rows in the extract, Lookup returned %d", len(rows))
+	cpu := c.Lookup(AWS, "")
+	if len(cpu) != 54 {
+		t.Errorf("AWS CPU-only rows = %d, want 54 (aws_cpu.csv)", len(cpu))
+	}
+	for _, r := range cpu {
+		if r.Region != "us-east-1" || r.Zone != "" || r.SpotPerHour != 0 || r.OnDemandPerHour <= 0 {
+			t.Errorf("AWS CPU row %+v: want us-east-1, no zone, on-demand price only", r)
+		}
 	}
 	if rows := c.Lookup(GCP, "L4"); len(rows) != 17*8 {
 		t.Errorf("GCP L4 rows = %d, want 136 (g2-standard only)", len(rows))
@@ -186,5 +194,35 @@ func TestParseComposesOnlyWithinAZone(t *testing.T) {
 	}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("composed rows (-want +got):\n%s", diff)
+	}
+}
+
+// The CPU rows' vCPUs, memory and price are Karpenter's and AWS's published figures (see
+// README.md); these are spot checks of the generated file against those sources.
+func TestAWSCPUTypes(t *testing.T) {
+	c := Default()
+	want := map[string]Row{
+		"m7i.large":    {Cloud: AWS, InstanceType: "m7i.large", VCPUs: 2, MemoryGiB: 8, OnDemandPerHour: 0.1008, Region: "us-east-1"},
+		"c6i.xlarge":   {Cloud: AWS, InstanceType: "c6i.xlarge", VCPUs: 4, MemoryGiB: 8, OnDemandPerHour: 0.17, Region: "us-east-1"},
+		"r7i.48xlarge": {Cloud: AWS, InstanceType: "r7i.48xlarge", VCPUs: 192, MemoryGiB: 1536, OnDemandPerHour: 12.7008, Region: "us-east-1"},
+	}
+	for name, w := range want {
+		rows := c.InstanceType(name)
+		if len(rows) != 1 {
+			t.Fatalf("InstanceType(%q) = %d rows, want 1", name, len(rows))
+		}
+		if diff := cmp.Diff(w, rows[0]); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", name, diff)
+		}
+	}
+	if c.InstanceType("m7i.metal-24xl") != nil {
+		t.Error("metal sizes are not in the catalog (vCPUs not derivable from the name)")
+	}
+	if got := c.InstanceType("g5.xlarge"); len(got) == 0 || got[0].Accelerator != "A10G" {
+		t.Errorf("InstanceType(g5.xlarge) = %v, want the A10G rows", got)
+	}
+	names := c.InstanceTypes()
+	if !slices.IsSorted(names) || !slices.Contains(names, "a2-highgpu-1g") || !slices.Contains(names, "c7i.large") {
+		t.Errorf("InstanceTypes: sorted %v, %d names", slices.IsSorted(names), len(names))
 	}
 }

@@ -87,7 +87,7 @@ func describe(r configs.Resources) string {
 	default:
 		s = "any instance"
 	}
-	if t, err := parseTarget(r); err == nil && !t.anywhere {
+	if t, err := parseTarget(r); err == nil && !t.anywhere && !t.auto {
 		s += " on " + t.spec
 	}
 	if r.UseSpot {
@@ -105,6 +105,14 @@ func (req *request) reasons(cat *catalog.Catalog, infras []Infra) []string {
 			continue
 		}
 		admitted = true
+		switch {
+		case inf.Kind == Local && req.target.auto:
+			out = append(out, req.localReasons(inf)...)
+			continue
+		case inf.Kind == Kubernetes && req.instanceType != "":
+			out = append(out, inf.Name+" has no instance types (give accelerators, cpus and memory)")
+			continue
+		}
 		for _, acc := range req.wanted() {
 			switch inf.Kind {
 			case Kubernetes:
@@ -144,6 +152,11 @@ func kubeReason(inf *Infra, acc configs.Accelerator, shared bool) string {
 // cloudReason replays the row filters in order and names the first that left nothing.
 func (req *request) cloudReason(cat *catalog.Catalog, inf *Infra, acc configs.Accelerator) string {
 	rows := cat.Lookup(inf.Name, acc.Name)
+	if req.instanceType != "" {
+		if rows = cat.InstanceType(req.instanceType); len(rows) == 0 || rows[0].Cloud != inf.Name {
+			return fmt.Sprintf("%s has no instance type %s", inf.Name, req.instanceType)
+		}
+	}
 	switch {
 	case len(rows) == 0 && acc.Name == "":
 		return inf.Name + " has no CPU-only instance types in the catalog"
@@ -237,6 +250,8 @@ func (t *target) notEnabled(infras []Infra) string {
 	switch {
 	case t.anywhere:
 		return "no infra other than local is enabled (local runs only when asked for by name)"
+	case t.auto:
+		return "no infra is enabled"
 	case t.kind == Kubernetes && t.name == "":
 		return "no Kubernetes context is enabled"
 	case t.kind == Kubernetes:

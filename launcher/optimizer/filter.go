@@ -15,7 +15,9 @@ import (
 type target struct {
 	// anywhere is "*": every enabled infra except local.
 	anywhere bool
-	kind     Kind
+	// auto is no infra written: every enabled infra, local only where it fits (localFit).
+	auto bool
+	kind Kind
 	// name is the exact infra ("kubernetes/CTX", "aws"); "" admits every infra of the kind.
 	name         string
 	region, zone string
@@ -23,15 +25,18 @@ type target struct {
 	spec string
 }
 
-// parseTarget reads Infra (or, when empty, the older Cloud/Region/Zone). An empty location is
-// "*". A first segment other than local, kubernetes (k8s) and * names a cloud, which only
+// parseTarget reads Infra (or, when empty, the older Cloud/Region/Zone). No location at all is
+// auto; "*" is anywhere. A first segment other than local, kubernetes (k8s) and * names a cloud, which only
 // admits an enabled Cloud infra of that name.
 func parseTarget(r configs.Resources) (target, error) {
 	spec := r.Infra
 	if spec == "" && r.Cloud != "" {
 		spec = strings.Join(nonEmpty(r.Cloud, r.Region, r.Zone), "/")
 	}
-	if spec == "" || spec == "*" {
+	switch spec {
+	case "":
+		return target{auto: true, spec: "every enabled infra"}, nil
+	case "*":
 		return target{anywhere: true, spec: "*"}, nil
 	}
 	bad := func(why string) (target, error) {
@@ -79,6 +84,9 @@ func nonEmpty(parts ...string) []string {
 
 // admits reports whether the alternative may use inf.
 func (t *target) admits(inf *Infra) bool {
+	if t.auto {
+		return true
+	}
 	if t.anywhere {
 		return inf.Kind != Local
 	}
@@ -98,6 +106,11 @@ func (t *target) unresolvedZone(inf *Infra) bool {
 // zoneOf returns the zone a row's placement carries, and whether the zone filter admits it.
 // byName is unresolvedZone's answer: every zone of the region stands for the named zone.
 func (t *target) zoneOf(inf *Infra, row *catalog.Row, byName bool) (string, bool) {
+	if row.Zone == "" {
+		// Priced per region: any zone of it, the filter's if there is one (the provider
+		// resolves a name or AZ ID), else the provider's choice.
+		return t.zone, true
+	}
 	zone := row.Zone
 	if inf.ZoneNames != nil {
 		name, ok := inf.ZoneNames[row.Zone]

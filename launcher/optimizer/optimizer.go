@@ -8,23 +8,32 @@
 //   - Alternatives: any_of alternatives compete on price as one group; ordered alternatives are
 //     planned one after another, every candidate of ordered[0] before any of ordered[1]. A
 //     placement an earlier alternative already produced is not repeated.
-//   - Infra: "*" is every enabled infra except local; "kubernetes" every enabled context;
-//     "kubernetes/CTX" that context; "aws[/REGION[/ZONE]]" and "gcp[/REGION[/ZONE]]" that cloud,
-//     narrowed to a region and zone; "local" the embedded infra, which runs anything at $0
-//     (it simulates replicas, so accelerators, cpus and memory are not checked).
+//   - Infra: none written is every enabled infra, as in SkyPilot, with local a candidate only
+//     for what this machine has (local.go: its CPUs and memory, and the GPUs the ferry config
+//     declares; none by default); "*" is every enabled infra except local; "kubernetes" every
+//     enabled context; "kubernetes/CTX" that context; "aws[/REGION[/ZONE]]" and
+//     "gcp[/REGION[/ZONE]]" that cloud, narrowed to a region and zone; "local" the embedded
+//     infra, which then runs anything at $0 (development against simulated replicas, so
+//     accelerators, cpus and memory are not checked).
+//   - instance_type pins a catalog instance type (instancetype.go): it implies the type's
+//     accelerators, vCPUs and memory, conflicting ones are an error, and only its cloud plans.
 //   - Accelerators are alternatives: any one of them, with exactly the requested count per
 //     instance on a cloud. A fractional count (A100:0.5) shares a GPU, which only
 //     local can do; a Kubernetes context fits when one of its offerings carries the GPU with at
 //     least the requested count per node. A request without accelerators fits every context and
-//     the clouds' CPU-only instance types (the catalog has GCP n1 only).
+//     the clouds' CPU-only instance types (GCP n1; AWS c/m/r 6i and 7i in us-east-1).
 //   - cpus and memory ("4" exactly, "4+" at least) filter cloud instance types. On Kubernetes
 //     they are the pod's request and do not filter.
 //   - use_spot prices clouds at spot and drops instance types without a spot price; otherwise
 //     the on-demand price is used and rows without one are dropped. Kubernetes is not dropped
 //     by use_spot: a cluster already paid for beats any spot VM, and its pods are not
 //     preemptible, so their placements say Spot=false.
-//   - Order within a group: local, then Kubernetes contexts (by cost per hour, then name), then
-//     cloud instances by price ascending, ties broken by cloud, region, zone, instance type.
+//   - Order within a group: own capacity first, then priced clouds. Local (when it is a
+//     candidate), then Kubernetes contexts (by cost per hour, then name), then cloud instances
+//     by price ascending, ties broken by cloud, region, zone, instance type. A context's
+//     cost_per_hour orders contexts and shows in the plan, but never sends a task to a cloud
+//     while a cluster fits: the cluster is already paid for, and bursting out of it is the
+//     product's promise (Kubernetes first, then spot and on-demand VMs).
 //   - AWS zones: the catalog has Availability Zone IDs (use1-az4), which are the same physical
 //     zone in every account, while YAML zones are account-specific names (us-east-1a). With
 //     Infra.ZoneNames (the account's ID → name map from DescribeAvailabilityZones) placements
@@ -101,6 +110,12 @@ type Candidate struct {
 	// Alternative indexes Resources.Candidates(): which any_of or ordered entry this is (0 for
 	// a resources block without alternatives).
 	Alternative int
+	// Score is the value the objective ranks by (objective.go): the price per hour under
+	// cost_per_hour. Scored is false when the objective cannot value this placement; Why
+	// explains the score in a few words.
+	Score  float64
+	Scored bool
+	Why    string
 }
 
 // Plan returns where r may run among the enabled infras, best first, priced from the embedded
@@ -111,7 +126,7 @@ func Plan(r configs.Resources, infras []Infra) ([]Candidate, error) {
 	alts := r.Candidates()
 	reqs := make([]request, len(alts))
 	for i, alt := range alts {
-		req, err := newRequest(i, alt)
+		req, err := newRequest(i, alt, cat)
 		if err != nil {
 			return nil, err
 		}
@@ -123,7 +138,12 @@ func Plan(r configs.Resources, infras []Infra) ([]Candidate, error) {
 	raw := make([]Candidate, 0, capacityHint(reqs, cat, infras))
 	bounds := []int{0}
 	for i := range reqs {
+		start := len(raw)
 		raw = reqs[i].plan(raw, cat, infras)
+		for j := start; j < len(raw); j++ {
+			sc := scoreOf(r.Objective, &raw[j])
+			raw[j].Score, raw[j].Scored, raw[j].Why = sc.value, sc.ok, sc.why
+		}
 		if len(r.Ordered) > 0 || i == len(reqs)-1 {
 			bounds = append(bounds, len(raw))
 		}
@@ -224,6 +244,8 @@ type request struct {
 	// share is the task's gpu_share: with it, or a fractional count, an accelerator is a
 	// shared request that only local and sharing Kubernetes contexts take.
 	share *configs.GPUShare
+	// instanceType pins one catalog instance type (clouds only); "" is any.
+	instanceType string
 }
 
 // shares reports whether acc is a shared GPU request.
@@ -232,7 +254,7 @@ func (req *request) shares(acc configs.Accelerator) bool {
 	return ok
 }
 
-func newRequest(alt int, r configs.Resources) (request, error) {
+func newRequest(alt int, r configs.Resources, cat *catalog.Catalog) (request, error) {
 	req := request{alt: alt, accs: r.Accelerators, spot: r.UseSpot, share: r.GPUShare}
 	var err error
 	if req.cpus, err = parseQuantity("cpus", r.CPUs); err != nil {
@@ -247,6 +269,11 @@ func newRequest(alt int, r configs.Resources) (request, error) {
 	for _, a := range r.Accelerators {
 		if !(a.Count > 0) || math.IsInf(a.Count, 0) {
 			return request{}, fmt.Errorf("%w: accelerator %s: count must be positive", launcher.ErrInvalid, a.Spec())
+		}
+	}
+	if r.InstanceType != "" {
+		if err := req.pinInstanceType(cat, r.InstanceType); err != nil {
+			return request{}, err
 		}
 	}
 	return req, nil
@@ -272,8 +299,11 @@ func (req *request) plan(out []Candidate, cat *catalog.Catalog, infras []Infra) 
 		}
 		switch inf.Kind {
 		case Local:
-			out = append(out, req.localCandidate(inf))
+			out = req.localCandidates(out, inf)
 		case Kubernetes:
+			if req.instanceType != "" {
+				continue // an instance type is a cloud's
+			}
 			for _, acc := range req.wanted() {
 				if o, ok := fittingOffering(inf, acc, req.shares(acc)); ok {
 					out = append(out, req.kubeCandidate(inf, acc, o))
@@ -286,14 +316,6 @@ func (req *request) plan(out []Candidate, cat *catalog.Catalog, infras []Infra) 
 		}
 	}
 	return out
-}
-
-func (req *request) localCandidate(inf *Infra) Candidate {
-	p := launcher.Placement{Infra: inf.Name, VCPUs: req.cpus.value, MemoryGiB: req.memory.value}
-	if len(req.accs) > 0 {
-		p.Accelerator, p.AcceleratorCount = req.accs[0].Name, req.accs[0].Count
-	}
-	return Candidate{Placement: p, Alternative: req.alt}
 }
 
 // fittingOffering finds the offering of a Kubernetes infra that can hold acc on one node; a
@@ -347,7 +369,7 @@ func (req *request) cloudCandidates(out []Candidate, inf *Infra, acc configs.Acc
 	start := len(out)
 	for i := range rows {
 		row := &rows[i]
-		if row.AcceleratorCount != count || !req.target.inRegion(row) {
+		if row.AcceleratorCount != count || !req.target.inRegion(row) || (req.instanceType != "" && row.InstanceType != req.instanceType) {
 			continue
 		}
 		zone, ok := req.target.zoneOf(inf, row, byName)
@@ -401,6 +423,15 @@ func compareCandidates(a, b *Candidate) int {
 	pa, pb := &a.Placement, &b.Placement
 	ta, tb := tier(pa), tier(pb)
 	if c := cmp.Compare(ta, tb); c != 0 {
+		return c
+	}
+	if a.Scored != b.Scored {
+		if a.Scored {
+			return -1
+		}
+		return 1
+	}
+	if c := cmp.Compare(a.Score, b.Score); c != 0 {
 		return c
 	}
 	if c := cmp.Compare(pa.PricePerHour, pb.PricePerHour); c != 0 {

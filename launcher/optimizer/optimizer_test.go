@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
@@ -187,7 +188,7 @@ func TestPlanPicksCheapest(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			if diff := cmp.Diff(tc.want, first(t, tc.r, tc.infras)); diff != "" {
+			if diff := cmp.Diff(tc.want, first(t, tc.r, tc.infras), cmpopts.IgnoreFields(Candidate{}, "Score", "Scored", "Why")); diff != "" {
 				t.Errorf("first candidate (-want +got):\n%s", diff)
 			}
 		})
@@ -484,10 +485,26 @@ func TestPlanNoCandidate(t *testing.T) {
 			infras:  everything,
 			wantErr: "no candidate for L4:1 with cpus=64+ on gcp: gcp has L4:1 only with 4, 8, 12, 16, 32 vCPUs, not 64+",
 		},
-		"aws has no CPU-only types": {
-			r:       configs.Resources{Infra: "aws", CPUs: "4"},
+		// The CPU rows are priced only in us-east-1 (Karpenter's table; catalog README).
+		"aws CPU-only types outside us-east-1": {
+			r:       configs.Resources{Infra: "aws/us-west-2", CPUs: "2"},
 			infras:  everything,
-			wantErr: "no candidate for cpus=4 on aws: aws has no CPU-only instance types in the catalog",
+			wantErr: "no candidate for cpus=2 on aws/us-west-2: aws has CPU-only instance types only in us-east-1",
+		},
+		"local without GPUs, no infra named": {
+			r:       configs.Resources{Accelerators: accs(t, "T4:1")},
+			infras:  []Infra{local},
+			wantErr: "no candidate for T4:1: local has no T4 (declare this machine's GPUs under local.accelerators in Ferry's config.yaml, or write infra: local to run there regardless)",
+		},
+		"local too small, no infra named": {
+			r:       configs.Resources{CPUs: "8", Memory: "4+"},
+			infras:  []Infra{{Name: "local", Kind: Local, Offerings: LocalOfferings(2, 7.5, accs(t, "L4:1"))}},
+			wantErr: "no candidate for cpus=8, memory=4+: local has 2 vCPUs, not 8",
+		},
+		"local declared fewer GPUs": {
+			r:       configs.Resources{Accelerators: accs(t, "L4:2")},
+			infras:  []Infra{{Name: "local", Kind: Local, Offerings: LocalOfferings(2, 7.5, accs(t, "L4:1"))}},
+			wantErr: "no candidate for L4:2: local has only 1 L4",
 		},
 		"nothing enabled": {
 			r:       configs.Resources{Infra: "*", Accelerators: accs(t, "L4:1")},

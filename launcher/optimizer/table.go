@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 )
 
@@ -16,19 +18,34 @@ import (
 // (plus the chosen row if it is further down) and the rest are summarised as
 // "... and 151 more (gcp 147, aws 4)".
 func WriteTable(w io.Writer, cands []Candidate, chosen, limit int) error {
+	return WriteObjectiveTable(w, cands, chosen, limit, configs.Objective{})
+}
+
+// WriteObjectiveTable is WriteTable for a plan ranked by o: with a cost-per-work objective it
+// adds the objective's column (each row's score, "-" where it has none) and a line saying
+// why the chosen candidate won.
+func WriteObjectiveTable(w io.Writer, cands []Candidate, chosen, limit int, o configs.Objective) error {
 	shown := len(cands)
 	if limit > 0 && limit < shown {
 		shown = limit
 	}
-	t := newTable("INFRA", "INSTANCE", "vCPUs", "Mem(GB)", "GPUS", "REGION/ZONE", "COST ($/hr)", "CHOSEN")
+	header := []string{"INFRA", "INSTANCE", "vCPUs", "Mem(GB)", "GPUS", "REGION/ZONE", "COST ($/hr)", "CHOSEN"}
+	if o.PerWork() {
+		header = slices.Insert(header, 7, strings.ToUpper(o.Minimize)+" ("+Unit(o)+")")
+	}
+	t := newTable(header...)
 	row := func(i int) {
 		p := &cands[i].Placement
 		mark := ""
 		if i == chosen {
 			mark = "✔"
 		}
-		t.row(p.Infra, instance(p), orDash(p.VCPUs), orDash(p.MemoryGiB), gpus(p), location(p),
-			fmt.Sprintf("$ %.2f", p.PricePerHour), mark)
+		cells := []string{p.Infra, instance(p), orDash(p.VCPUs), orDash(p.MemoryGiB), gpus(p), location(p),
+			fmt.Sprintf("$ %.2f", p.PricePerHour), mark}
+		if o.PerWork() {
+			cells = slices.Insert(cells, 7, scoreCell(&cands[i]))
+		}
+		t.row(cells...)
 	}
 	for i := range shown {
 		row(i)
@@ -39,7 +56,48 @@ func WriteTable(w io.Writer, cands []Candidate, chosen, limit int) error {
 	if shown < len(cands) {
 		t.line(hidden(cands, shown, chosen))
 	}
+	if o.PerWork() && chosen >= 0 && chosen < len(cands) {
+		t.line(whyChosen(cands, chosen, o))
+	}
 	return t.flush(w)
+}
+
+func scoreCell(c *Candidate) string {
+	if !c.Scored {
+		return "-"
+	}
+	return fmt.Sprintf("$ %.4g", c.Score)
+}
+
+// whyChosen explains the chosen candidate against the best one of another shape or pricing,
+// or says it is own capacity.
+func whyChosen(cands []Candidate, chosen int, o configs.Objective) string {
+	c := &cands[chosen]
+	head := fmt.Sprintf("Objective %s (%s): chose %s", o.Minimize, Unit(o), describePlacement(&c.Placement))
+	if tier(&c.Placement) < 2 {
+		return head + ": own capacity ranks before priced clouds"
+	}
+	if !c.Scored {
+		return head + ": nothing could be scored (" + c.Why + "), so by price"
+	}
+	head += fmt.Sprintf(" at $ %.4g (%s)", c.Score, c.Why)
+	for i := range cands {
+		r := &cands[i]
+		if i == chosen || !r.Scored || (r.Placement.Accelerator == c.Placement.Accelerator &&
+			r.Placement.AcceleratorCount == c.Placement.AcceleratorCount && r.Placement.Spot == c.Placement.Spot) {
+			continue
+		}
+		return head + fmt.Sprintf(", vs %s at $ %.4g (%s)", describePlacement(&r.Placement), r.Score, r.Why)
+	}
+	return head
+}
+
+func describePlacement(p *launcher.Placement) string {
+	s := gpus(p) + " " + instance(p)
+	if p.Accelerator == "" {
+		s = instance(p)
+	}
+	return s + " on " + p.Infra
 }
 
 // hidden summarises the rows WriteTable leaves out, counted per infra in order of appearance.

@@ -413,11 +413,14 @@ func (p *Provisioner) Scope(r configs.Resources) *Provisioner {
 }
 
 // InfraMatches reports whether an infra filter from a task ("", "*", "local", "kubernetes",
-// "kubernetes/CTX", "aws", "aws/REGION[/ZONE]") admits the enabled infra name. "*" is every
-// infra but local: local replicas are for development and tests, chosen by name.
+// "kubernetes/CTX", "aws", "aws/REGION[/ZONE]") admits the enabled infra name. "" (no infra
+// written) is every infra; the optimizer plans local only for what the machine has. "*" is
+// every infra but local: local replicas for a task that asks anywhere are chosen by name.
 func InfraMatches(filter, name string) bool {
 	switch filter {
-	case "", "*":
+	case "":
+		return true
+	case "*":
 		return name != configs.InfraLocal
 	case configs.InfraLocal:
 		return name == configs.InfraLocal
@@ -589,6 +592,9 @@ func fillFromPlacement(inst *launcher.Instance, pl launcher.Placement) {
 	}
 	if inst.PricePerHour == 0 {
 		inst.PricePerHour = pl.PricePerHour
+	}
+	if inst.Accelerator == "" {
+		inst.Accelerator = pl.Accelerator
 	}
 	inst.Spot = inst.Spot || pl.Spot
 }

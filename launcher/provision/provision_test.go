@@ -261,6 +261,7 @@ func TestInfraMatches(t *testing.T) {
 		want         bool
 	}{
 		{"", "aws", true},
+		{"", configs.InfraLocal, true},
 		{"*", "kubernetes/test", true},
 		{"*", configs.InfraLocal, false},
 		{configs.InfraLocal, configs.InfraLocal, true},

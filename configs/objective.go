@@ -1,0 +1,129 @@
+package configs
+
+import (
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Objectives the optimizer can minimise (resources.objective).
+const (
+	// ObjectiveCostPerHour ranks by price per hour: the default, SkyPilot's only one.
+	ObjectiveCostPerHour = "cost_per_hour"
+	// ObjectiveCostPerToken ranks serving placements by dollars per generated token.
+	ObjectiveCostPerToken = "cost_per_token"
+	// ObjectiveCostPerStep ranks training placements by dollars per unit of work, counting the
+	// work a spot interruption loses.
+	ObjectiveCostPerStep = "cost_per_step"
+)
+
+var objectives = []string{ObjectiveCostPerHour, ObjectiveCostPerToken, ObjectiveCostPerStep}
+
+// Objective is what the optimizer minimises, and the facts the cost-per-work objectives need.
+// Zero fields take the optimizer's defaults (launcher/optimizer/objective.go).
+//
+//	objective: cost_per_step
+//	objective: {minimize: cost_per_step, checkpoint_minutes: 10, restart_minutes: 5}
+//	objective: {minimize: cost_per_token, model_size: 70B}
+type Objective struct {
+	// Minimize is one of the Objective* names; "" is cost_per_hour.
+	Minimize string `json:"minimize,omitempty"`
+	// CheckpointMinutes and RestartMinutes size the work a spot interruption loses: half a
+	// checkpoint interval on average, plus the restart.
+	CheckpointMinutes float64 `json:"checkpoint_minutes,omitempty"`
+	RestartMinutes    float64 `json:"restart_minutes,omitempty"`
+	// ModelSizeB is the served model's size in billions of parameters ("70B" in YAML).
+	ModelSizeB float64 `json:"model_size_b,omitempty"`
+	// Nodes is the task's num_nodes (not written under objective): a spot gang is interrupted
+	// whenever any of its nodes is.
+	Nodes int `json:"-"`
+}
+
+// withNodes records the task's gang size in a per-work objective of r and of its alternatives.
+func (r Resources) withNodes(n int) Resources {
+	if !r.Objective.PerWork() {
+		return r
+	}
+	r.Objective.Nodes = n
+	for i := range r.AnyOf {
+		r.AnyOf[i].Objective.Nodes = n
+	}
+	for i := range r.Ordered {
+		r.Ordered[i].Objective.Nodes = n
+	}
+	return r
+}
+
+// PerWork reports whether the objective ranks by cost per unit of work (then spot and
+// on-demand candidates may be mixed: their expected costs are comparable).
+func (o Objective) PerWork() bool {
+	return o.Minimize == ObjectiveCostPerToken || o.Minimize == ObjectiveCostPerStep
+}
+
+var objectiveKeys = []string{"minimize", "checkpoint_minutes", "restart_minutes", "model_size"}
+
+// objective reads resources.objective: a name, or a mapping with minimize and its facts.
+func (c *checker) objective(n *yaml.Node, field string) Objective {
+	var o Objective
+	name := func(v *yaml.Node, f string) {
+		s, ok := c.str(v, f)
+		if !ok {
+			return
+		}
+		for _, valid := range objectives {
+			if s == valid {
+				o.Minimize = s
+				return
+			}
+		}
+		c.errorf(v, f, "unknown objective %s%s", quoteShort(s), suggest(s, objectives, "objective"))
+	}
+	if n.Kind != yaml.MappingNode {
+		name(n, field)
+		return o
+	}
+	f, _ := c.fields(n, field, objectiveKeys)
+	if e, ok := f["minimize"]; ok {
+		name(e.value, joinField(field, "minimize"))
+	} else {
+		c.errorf(n, joinField(field, "minimize"), "required: one of %s", strings.Join(objectives, ", "))
+	}
+	if e, ok := f["checkpoint_minutes"]; ok {
+		o.CheckpointMinutes, _ = c.numberAbove(e.value, joinField(field, "checkpoint_minutes"), 0, 7*24*60)
+	}
+	if e, ok := f["restart_minutes"]; ok {
+		o.RestartMinutes, _ = c.numberAbove(e.value, joinField(field, "restart_minutes"), 0, 7*24*60)
+	}
+	if e, ok := f["model_size"]; ok {
+		fld := joinField(field, "model_size")
+		s, _ := c.str(e.value, fld)
+		v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSuffix(s, "B"), "b"), 64)
+		if err != nil || !(v > 0) || v > 100000 {
+			c.errorf(e.value, fld, "expected a model size in billions of parameters such as 8B or 70B, got %s", quoteShort(s))
+		} else {
+			o.ModelSizeB = v
+		}
+	}
+	return o
+}
+
+// resolvedObjective is the objective in ResolvedYAML: the mapping form, which reads back.
+type resolvedObjective struct {
+	Minimize          string  `yaml:"minimize"`
+	CheckpointMinutes float64 `yaml:"checkpoint_minutes,omitempty"`
+	RestartMinutes    float64 `yaml:"restart_minutes,omitempty"`
+	ModelSize         string  `yaml:"model_size,omitempty"`
+}
+
+// withObjective adds a chosen objective to the top of resolved resources (alternatives share it).
+func (r resolvedResources) withObjective(o Objective) resolvedResources {
+	if o.Minimize == "" {
+		return r
+	}
+	r.Objective = &resolvedObjective{Minimize: o.Minimize, CheckpointMinutes: o.CheckpointMinutes, RestartMinutes: o.RestartMinutes}
+	if o.ModelSizeB > 0 {
+		r.Objective.ModelSize = strconv.FormatFloat(o.ModelSizeB, 'f', -1, 64) + "B"
+	}
+	return r
+}
