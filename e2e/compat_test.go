@@ -31,24 +31,25 @@ func TestSkyPilotExamplesDryRun(t *testing.T) {
 	tests := []struct {
 		file string
 		job  bool
-		// wantInfras must each have a row in the plan.
-		wantInfras []string
+		// wantInfras must each have a row in the plan; notInfras must have none (a GPU task
+		// without infra never lands on this GPU-less machine).
+		wantInfras, notInfras []string
 		// wantShown must appear in the output (the resolved spec or the plan).
 		wantShown []string
 	}{
-		{file: "vllm.yaml", wantShown: []string{
+		{file: "vllm.yaml", wantInfras: []string{"gcp", "aws"}, notInfras: []string{"local"}, wantShown: []string{
 			`"model":"meta-llama/Meta-Llama-3.1-8B-Instruct"`,
 			"accelerators: {L4: 1, A10G: 1, A10: 1, A100: 1, A100-80GB: 1}",
 			"HF_TOKEN: <redacted>",
 		}},
-		{file: "sglang.yaml", wantShown: []string{"instance_aware_least_load", "disk_tier: best", "app.example.com/engine: sglang"}},
-		{file: "tgi.yaml", wantShown: []string{"accelerators: ['L4:1', 'A10G:1', 'A100:1']"}},
+		{file: "sglang.yaml", wantInfras: []string{"gcp", "aws"}, notInfras: []string{"local"}, wantShown: []string{"instance_aware_least_load", "disk_tier: best", "app.example.com/engine: sglang"}},
+		{file: "tgi.yaml", wantInfras: []string{"gcp", "aws"}, notInfras: []string{"local"}, wantShown: []string{"accelerators: ['L4:1', 'A10G:1', 'A100:1']"}},
 		{file: "gemma-kubernetes.yaml", wantInfras: []string{kube}, wantShown: []string{
 			`"model":"google/gemma-2b-it"`, "X-Model: google/gemma-2b-it", "L40S",
 		}},
-		{file: "http-server.yaml", wantShown: []string{"workdir: ."}},
+		{file: "http-server.yaml", wantInfras: []string{"local", kube, "aws"}, wantShown: []string{"workdir: ."}},
 		{file: "minimal.yaml"},
-		{file: "torchrun.yaml", job: true, wantShown: []string{"/checkpoints/run-1: s3://my-checkpoints/run-1", "idle_minutes: 10"}},
+		{file: "torchrun.yaml", job: true, wantInfras: []string{"gcp"}, notInfras: []string{"local"}, wantShown: []string{"/checkpoints/run-1: s3://my-checkpoints/run-1", "idle_minutes: 10"}},
 		{file: "batch.yaml", job: true, wantInfras: []string{"gcp"}, wantShown: []string{"instance_type: n1-standard-8", "disk_tier: high"}},
 	}
 	files, err := filepath.Glob(filepath.Join(repoRoot(), "configs/testdata/skypilot/*.yaml"))
@@ -84,6 +85,11 @@ func TestSkyPilotExamplesDryRun(t *testing.T) {
 			for _, want := range tc.wantInfras {
 				if !slices.Contains(infras, want) {
 					t.Errorf("plan has no %s row (infras %v):\n%s", want, infras, out)
+				}
+			}
+			for _, not := range tc.notInfras {
+				if slices.Contains(infras, not) {
+					t.Errorf("plan has a %s row (infras %v):\n%s", not, infras, out)
 				}
 			}
 			for _, want := range tc.wantShown {
