@@ -34,7 +34,7 @@ var importRules = []importRule{
 	{"proxy", []string{"policy"}},
 	{"proxy/attach", []string{"configs", "proxy", "internal/api", "internal/home"}},
 	{"internal/api", []string{"configs", "internal/home", "jobs", "replicas"}}, // routes; the proxy is not its business
-	{"internal/store", []string{"configs", "jobs", "replicas"}},
+	{"internal/store", []string{"configs", "jobs", "replicas", "internal/store"}}, // kubestore and storetest build on the interface
 	{"internal/home", nil},
 	{"internal/infra", []string{"configs", "internal/home", "launcher"}},
 	{"internal/controller", []string{"autoscaler", "configs", "internal/api", "internal/home", "internal/infra", "internal/store",
