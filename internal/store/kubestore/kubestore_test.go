@@ -12,10 +12,10 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/store"
-	"github.com/ferryserve/ferry/jobs"
 	"github.com/ferryserve/ferry/internal/store/kubestore"
 	"github.com/ferryserve/ferry/internal/store/storetest"
 	"github.com/ferryserve/ferry/internal/testcluster"
+	"github.com/ferryserve/ferry/jobs"
 )
 
 func TestMain(m *testing.M) { testcluster.Main(m) }
