@@ -253,6 +253,9 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	if err := c.startJobs(ctx); err != nil {
 		return err
 	}
+	if err := c.watchFerryServices(ctx); err != nil {
+		return err
+	}
 	c.watchNotices(ctx, c.infras.Notifiers())
 	defer func() { cancel(); c.jobs.Stop() }() // its goroutines end with ctx
 	srv := api.NewServer(api.NewHandler(c, tokens, c.log.Named("api"), append(c.attachRoutes(), c.jobRoutes()...)...), 0, c.log.Named("api"))
