@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -20,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ferryserve/ferry/internal/testcluster"
+	"github.com/ferryserve/ferry/internal/testhttp"
 )
 
 var (
@@ -90,7 +93,7 @@ const fsvcSpec = `  resources:
 // getTable is `kubectl get fsvc`: the API server's table of FerryServices, printer columns and
 // all, as name -> column -> cell.
 func getTable(ctx context.Context, c *testcluster.Cluster, ns string) (map[string]map[string]string, error) {
-	raw, err := c.Client().Discovery().RESTClient().Get().AbsPath("/apis/ferry.dev/v1alpha1/namespaces/" + ns + "/ferryservices").
+	raw, err := c.Client().Discovery().RESTClient().Get().AbsPath("/apis/ferry.dev/v1alpha1/namespaces/"+ns+"/ferryservices").
 		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").DoRaw(ctx)
 	if err != nil {
 		return nil, err
@@ -228,4 +231,92 @@ func checkRejections(t *testing.T, ctx context.Context, c *testcluster.Cluster, 
 	if err != nil || table["bad-policy"]["Status"] != "INVALID" {
 		t.Errorf("kubectl get fsvc for bad-policy: %v, %v", table["bad-policy"], err)
 	}
+}
+
+// TestFerryServiceWebhook: with the controller's validating webhook registered, the API server
+// itself refuses at apply time what Ferry's validation refuses, with its message; a valid
+// FerryService passes.
+func TestFerryServiceWebhook(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	dyn, err := dynamic.NewForConfig(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	installFerryServiceCRD(t, dyn)
+	ns := "e2e-fsvc-webhook"
+	if _, err := c.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile := testhttp.WriteSelfSigned(t, t.TempDir())
+	addr := freeLoopbackAddr(t)
+	e := newEnv(t)
+	e.extraEnv = []string{"FERRY_STORE=kubernetes", "KUBECONFIG=" + c.Kubeconfig(), "FERRY_NAMESPACE=" + ns,
+		"FERRY_WEBHOOK_ADDR=" + addr, "FERRY_WEBHOOK_TLS_CERT=" + certFile, "FERRY_WEBHOOK_TLS_KEY=" + keyFile}
+	e.mustRun("serve", "status")
+	registerWebhook(t, c, ns, addr, certFile)
+
+	bad := strings.Replace(fmt.Sprintf(fsvcSpec, 1), "    replicas: 1\n", "    replica_policy:\n      min_replica: 1\n", 1)
+	var applyErr error
+	eventually(t, 30*time.Second, "the API server refuses, through the webhook, what configs refuses", func() (bool, string) {
+		applyErr = applyFerryService(ctx, dyn, ns, "bad-policy", bad)
+		if applyErr == nil { // registered a moment ago: not in force yet
+			_ = dyn.Resource(fsvcGVR).Namespace(ns).Delete(ctx, "bad-policy", metav1.DeleteOptions{})
+			return false, "accepted"
+		}
+		return true, ""
+	})
+	if !strings.Contains(applyErr.Error(), "denied the request") || !strings.Contains(applyErr.Error(), "min_replica") {
+		t.Errorf("refusal does not carry configs' message: %v", applyErr)
+	}
+	if err := applyFerryService(ctx, dyn, ns, "good", fmt.Sprintf(fsvcSpec, 0)); err != nil {
+		t.Fatalf("the webhook refused a valid FerryService: %v", err)
+	}
+	waitFerryService(t, ctx, c, ns, "good", "NO_REPLICA", "0/0")
+	if err := dyn.Resource(fsvcGVR).Namespace(ns).Delete(ctx, "good", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// registerWebhook points the API server at the controller's webhook for FerryServices in ns; the
+// API server runs on this host, so it reaches the loopback address.
+func registerWebhook(t *testing.T, c *testcluster.Cluster, ns, addr, certFile string) {
+	t.Helper()
+	ca, err := os.ReadFile(certFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "https://" + addr + "/validate-ferryservice"
+	fail, none, timeout := admissionregistrationv1.Fail, admissionregistrationv1.SideEffectClassNone, int32(10)
+	cfg := &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: "ferryservices-" + ns},
+		Webhooks: []admissionregistrationv1.ValidatingWebhook{{
+			Name:         "ferryservices.ferry.dev",
+			ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url, CABundle: ca},
+			Rules: []admissionregistrationv1.RuleWithOperations{{
+				Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Create, admissionregistrationv1.Update},
+				Rule: admissionregistrationv1.Rule{APIGroups: []string{"ferry.dev"}, APIVersions: []string{"v1alpha1"},
+					Resources: []string{"ferryservices"}},
+			}},
+			NamespaceSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": ns}},
+			FailurePolicy:           &fail,
+			SideEffects:             &none,
+			AdmissionReviewVersions: []string{"v1"},
+			TimeoutSeconds:          &timeout,
+		}}}
+	hooks := c.Client().AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	if _, err := hooks.Create(context.Background(), cfg, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Registered after newEnv, so removed before the controller stops.
+	t.Cleanup(func() { _ = hooks.Delete(context.Background(), cfg.Name, metav1.DeleteOptions{}) })
 }

@@ -125,7 +125,7 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 		return err
 	}
 	u := obj.(*unstructured.Unstructured)
-	task, err := fs.parse(u)
+	task, err := parseFerryService(u)
 	if err != nil {
 		return fs.setStatus(ctx, u, statusFields{Status: statusInvalid, Message: err.Error(), Reason: "Invalid"})
 	}
@@ -147,8 +147,9 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 	return fs.refresh(ctx, u, gen)
 }
 
-// parse runs the spec through Ferry's own task validation, as a task file would be.
-func (fs *ferryServices) parse(u *unstructured.Unstructured) (*configs.Task, error) {
+// parseFerryService runs the spec through Ferry's own task validation, as a task file would
+// be, and the checks serve up adds.
+func parseFerryService(u *unstructured.Unstructured) (*configs.Task, error) {
 	spec, _, _ := unstructured.NestedMap(u.Object, "spec")
 	data, err := yaml.Marshal(spec)
 	if err != nil {
@@ -161,7 +162,7 @@ func (fs *ferryServices) parse(u *unstructured.Unstructured) (*configs.Task, err
 	if task.Service == nil {
 		return nil, errors.New("spec has no service: section")
 	}
-	return task, nil
+	return task, checkAuth(task)
 }
 
 // statusLoop keeps every FerryService's status current.
