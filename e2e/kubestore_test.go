@@ -146,6 +146,18 @@ func TestFerryServiceApplied(t *testing.T) {
 	chatPlain(t, st.Endpoint)
 	checkStateInAPIServer(t, ctx, c, e, ns, "chat")
 
+	// A restarted controller reads its state back from the API server and adopts the running
+	// replicas: the same ids at the same endpoints, nothing relaunched.
+	before := st.ready()
+	e.mustRun("controller", "stop")
+	eventually(t, 60*time.Second, "the restarted controller adopts both replicas", func() (bool, string) {
+		st, err := e.status("chat")
+		if err != nil {
+			return false, err.Error()
+		}
+		return st.Status == "READY" && fmt.Sprint(st.ready()) == fmt.Sprint(before), fmt.Sprintf("%s %v, want %v", st.Status, st.ready(), before)
+	})
+
 	// A spec change is a serve update.
 	if err := applyFerryService(ctx, dyn, ns, "chat", fmt.Sprintf(fsvcSpec, 1)); err != nil {
 		t.Fatal(err)
