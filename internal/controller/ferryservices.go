@@ -30,7 +30,7 @@ import (
 // keeps its status current for `kubectl get fsvc`. The spec is run through configs.Parse, the
 // same validation as a task file; what it rejects is reported in status (INVALID) and never
 // launched. Status writes carry the leader's term in status.fence, which the fencing policy
-// checks (charts/ferry/templates/fencing-policy.yaml).
+// checks (charts/ferry/templates/fencing-policy-status.yaml).
 
 // FerryServiceGVR is the FerryService resource.
 var FerryServiceGVR = schema.GroupVersionResource{Group: "ferry.dev", Version: "v1alpha1", Resource: "ferryservices"}

@@ -28,18 +28,19 @@ import (
 	"github.com/ferryserve/ferry/internal/testcluster"
 )
 
-// installFence renders charts/ferry/templates/fencing-policy.yaml for ns and lease (the two
-// template values it uses) and creates its policies and bindings. They are left in place: their
+// installFence renders charts/ferry/templates/fencing-policy.yaml and fencing-policy-status.yaml
+// for ns and lease (the two template values they use) and creates their policies and bindings. They are left in place: their
 // bindings match only ns, and the kube-apiserver (1.34) does not restart its Lease informer when
 // the last policy with a Lease param goes and a new one comes, so a later test's policy would
 // never see its Lease ("no params found").
 func installFence(t *testing.T, client kubernetes.Interface, ns, lease string) {
 	t.Helper()
-	text := string(readRepoFile(t, "charts/ferry/templates/fencing-policy.yaml"))
+	text := string(readRepoFile(t, "charts/ferry/templates/fencing-policy.yaml")) + "\n---\n" +
+		string(readRepoFile(t, "charts/ferry/templates/fencing-policy-status.yaml"))
 	text = strings.ReplaceAll(text, "{{ .Release.Namespace }}", ns)
 	text = regexp.MustCompile(`\{\{ \.Values\.leaderElection\.leaseName[^}]*\}\}`).ReplaceAllString(text, lease)
 	if strings.Contains(text, "{{") {
-		t.Fatalf("fencing-policy.yaml uses template values this test does not fill in:\n%s", text)
+		t.Fatalf("the fencing policies use template values this test does not fill in:\n%s", text)
 	}
 	ctx := context.Background()
 	reg := client.AdmissionregistrationV1()
@@ -68,11 +69,11 @@ func installFence(t *testing.T, client kubernetes.Interface, ns, lease string) {
 				t.Fatal(err)
 			}
 		default:
-			t.Fatalf("fencing-policy.yaml: unexpected kind %q", meta.Kind)
+			t.Fatalf("fencing policies: unexpected kind %q", meta.Kind)
 		}
 	}
 	if policies != 2 {
-		t.Fatalf("fencing-policy.yaml: %d policies, want the state's and FerryService status's", policies)
+		t.Fatalf("fencing policies: %d, want the state's and FerryService status's", policies)
 	}
 }
 
