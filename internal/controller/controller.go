@@ -44,6 +44,11 @@ var ErrAlreadyRunning = errors.New("a controller is already running for this FER
 // Options configure a controller.
 type Options struct {
 	Home home.Home
+	// Store says where the state is: SQLite in Home (the default) or the Kubernetes API
+	// (store.go).
+	Store StoreOptions
+	// Webhook serves the FerryService validating webhook (webhook.go).
+	Webhook WebhookOptions
 	// Listen is a TCP address for the API besides its Unix socket (attached proxies on other
 	// machines need one); empty or ListenerOff for none, the default.
 	Listen string
@@ -168,7 +173,7 @@ func (c *Controller) serviceList() []*service {
 type Controller struct {
 	opts      Options
 	log       *zap.Logger
-	store     *store.Store
+	store     store.Store
 	infras    *infra.Set
 	provider  *provision.Provisioner
 	startedAt time.Time
@@ -244,10 +249,18 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	defer cancel()
 	c.ctx = ctx
 	defer c.stopMetrics()
+	stopWebhook, err := c.startWebhook()
+	if err != nil {
+		return err
+	}
+	defer stopWebhook()
 	if err := c.startServing(); err != nil {
 		return err
 	}
 	if err := c.startJobs(ctx); err != nil {
+		return err
+	}
+	if err := c.watchFerryServices(ctx); err != nil {
 		return err
 	}
 	c.watchNotices(ctx, c.infras.Notifiers())
@@ -307,7 +320,7 @@ func lockHome(h home.Home) (unlock func(), err error) {
 // openState opens the store and the enabled infras (the provisioner over them).
 func (c *Controller) openState() (closeState func(), err error) {
 	h := c.opts.Home
-	c.store, err = store.Open(h.StorePath())
+	c.store, err = c.openStore()
 	if err != nil {
 		return nil, err
 	}
