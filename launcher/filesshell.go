@@ -23,7 +23,9 @@ const filesEOF = "FERRY_FILES_EOF"
 // it exports EnvWorkdir ($HOME/sky_workdir under EnvFilesRoot), unpacks the local files it
 // carries (tar.gz, base64 in here-documents) at their remote paths, and fetches every bucket
 // object by the URL b made for it now (presigned S3 GETs expire after a week; GCS media URLs
-// are authorised with the VM's metadata token). The VM needs bash, base64, tar and curl.
+// are authorised with the VM's metadata token). The VM needs bash, base64, tar and curl. A step
+// that fails calls the shell function ferry_files_fail with what failed, which the caller
+// defines (VMBoot).
 // limit bounds the packed local files, after compression and base64, which the cloud's
 // user-data or metadata value must hold; beyond it the error says to use a bucket.
 func FilesShell(ctx context.Context, infra string, f Files, b Buckets, limit int) (string, error) {
@@ -44,7 +46,7 @@ func FilesShell(ctx context.Context, infra string, f Files, b Buckets, limit int
 		if packed > limit {
 			return fmt.Errorf("%w: %s: the workdir and local file_mounts pack to over %d KiB, more than the boot script can carry; put them in a bucket (s3:// or gs://) and mount that instead", ErrFiles, infra, limit/1024)
 		}
-		sh.WriteString("mkdir -p " + dir + "\nbase64 -d <<'" + filesEOF + "' | tar -xzf - -C " + dir + "\n" + payload + filesEOF + "\n")
+		sh.WriteString("mkdir -p " + dir + "\nbase64 -d <<'" + filesEOF + "' | tar -xzf - -C " + dir + " || ferry_files_fail " + shellQuote("unpack "+src) + "\n" + payload + filesEOF + "\n")
 		return nil
 	}
 	if f.Workdir != "" {
@@ -132,7 +134,7 @@ func fetchLines(ctx context.Context, sh *strings.Builder, b Buckets, m FileMount
 		if d.NeedsGCSAuth {
 			auth = "1"
 		}
-		sh.WriteString("ferry_fetch " + shellQuote(d.URL) + " " + target + " " + auth + "\n")
+		sh.WriteString("ferry_fetch " + shellQuote(d.URL) + " " + target + " " + auth + " || ferry_files_fail " + shellQuote("fetch "+m.Src) + "\n")
 	}
 	return nil
 }

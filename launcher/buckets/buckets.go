@@ -37,8 +37,8 @@ type Options struct {
 	// S3Region is the signing region when the bucket's own cannot be learnt; default
 	// AWS_REGION, else us-east-1.
 	S3Region string
-	// S3Credentials overrides the SDK's default credential chain.
-	S3Credentials awssdk.CredentialsProvider
+	// Credentials overrides the SDK's default credential chain for S3.
+	Credentials awssdk.CredentialsProvider
 	// GCSEndpoint is the JSON API's root ("http://127.0.0.1:PORT"); empty is
 	// STORAGE_EMULATOR_HOST when set, else https://storage.googleapis.com.
 	GCSEndpoint string
@@ -178,8 +178,8 @@ func (c *Client) gcsRoot() string {
 func (c *Client) s3Client(ctx context.Context) (*s3.Client, error) {
 	c.s3Once.Do(func() {
 		load := []func(*config.LoadOptions) error{config.WithRegion(c.opts.S3Region)}
-		if c.opts.S3Credentials != nil {
-			load = append(load, config.WithCredentialsProvider(c.opts.S3Credentials))
+		if c.opts.Credentials != nil {
+			load = append(load, config.WithCredentialsProvider(c.opts.Credentials))
 		}
 		cfg, err := config.LoadDefaultConfig(ctx, load...)
 		if err != nil {

@@ -33,10 +33,10 @@ func newFakes(t *testing.T) (*fakes3.Server, *fakegcs.Server, *buckets.Client) {
 		put("data", "one.bin", []byte("single"))
 	}
 	c := buckets.New(buckets.Options{
-		S3Endpoint:    s3.URL(),
-		S3Credentials: credentials.NewStaticCredentialsProvider("AKID", "SECRET", ""),
-		GCSEndpoint:   gcs.URL(),
-		GCSOptions:    []option.ClientOption{option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: "tok"}))},
+		S3Endpoint:  s3.URL(),
+		Credentials: credentials.NewStaticCredentialsProvider("AKID", "SECRET", ""),
+		GCSEndpoint: gcs.URL(),
+		GCSOptions:  []option.ClientOption{option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: "tok"}))},
 	})
 	return s3, gcs, c
 }

@@ -29,7 +29,7 @@ func TestFileMountsLocal(t *testing.T) {
 	s3.Put("models", "llama/sub/w.bin", []byte("weights"))
 	gcs.Put("ds", "train.txt", []byte("from-gcs"))
 	b := buckets.New(buckets.Options{
-		S3Endpoint: s3.URL(), S3Credentials: credentials.NewStaticCredentialsProvider("AKID", "SECRET", ""),
+		S3Endpoint: s3.URL(), Credentials: credentials.NewStaticCredentialsProvider("AKID", "SECRET", ""),
 		GCSEndpoint: gcs.URL(), GCSOptions: []option.ClientOption{option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: "tok"}))},
 	})
 	src := t.TempDir()
@@ -60,7 +60,7 @@ func TestFileMountsLocal(t *testing.T) {
 func TestFileMountsLocalErrors(t *testing.T) {
 	s3 := fakes3.New()
 	t.Cleanup(s3.Close)
-	b := buckets.New(buckets.Options{S3Endpoint: s3.URL(), S3Credentials: credentials.NewStaticCredentialsProvider("AKID", "SECRET", "")})
+	b := buckets.New(buckets.Options{S3Endpoint: s3.URL(), Credentials: credentials.NewStaticCredentialsProvider("AKID", "SECRET", "")})
 	p := newProvider(t, Options{Buckets: b})
 	for name, mounts := range map[string]map[string]string{
 		"missing local path": {"/data": "/nonexistent/ferry-test-path"},
