@@ -27,6 +27,9 @@ type VMBootOptions struct {
 	Buckets Buckets
 	// FilesLimit bounds the packed local files the boot script carries (FilesShell).
 	FilesLimit int
+	// GCSToken says the VM has a Google service account whose metadata token may read gs://
+	// mounts (GCP); elsewhere a gs:// mount is refused.
+	GCSToken bool
 	// NFS and Watch are a job node's (VMJobBoot).
 	NFS   string
 	Watch PreemptionWatch
@@ -45,6 +48,13 @@ func VMBoot(ctx context.Context, infra string, spec Spec, o VMBootOptions) (stri
 		return "", fmt.Errorf("%s: %w", infra, err)
 	}
 	var b strings.Builder
+	if !o.GCSToken {
+		for _, m := range files.Mounts {
+			if m.Bucket != nil && m.Bucket.Scheme == "gs" {
+				return "", fmt.Errorf("%w: %s: file_mounts.%s: %s needs a Google service account on the VM, which %s VMs do not have; copy the data to s3:// (presigned downloads work anywhere)", ErrFiles, infra, m.Dst, m.Src, infra)
+			}
+		}
+	}
 	sh, err := FilesShell(ctx, infra, files, o.Buckets, o.FilesLimit)
 	if err != nil {
 		return "", err

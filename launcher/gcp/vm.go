@@ -56,7 +56,7 @@ func (p *Provider) instanceFor(ctx context.Context, spec launcher.Spec, zone str
 	if err != nil {
 		return nil, err
 	}
-	meta, err := metadataFor(ctx, spec, hasGPU, launcher.VMBootOptions{Buckets: p.opts.Buckets, NFS: p.opts.CheckpointNFS})
+	meta, err := metadataFor(ctx, spec, hasGPU, launcher.VMBootOptions{Buckets: p.opts.Buckets, NFS: p.opts.CheckpointNFS, GCSToken: true})
 	if err != nil {
 		return nil, err
 	}
