@@ -136,6 +136,10 @@ func ParseFileMounts(m map[string]string) ([]FileMount, error) {
 	return mounts, errors.Join(errs...)
 }
 
+// Remote splits the mount's remote path: inHome says it is under the home directory, rel is
+// the clean path below home or below /.
+func (m FileMount) Remote() (rel string, inHome bool, err error) { return remotePath(m.Dst) }
+
 // remotePath splits a mount's remote path: home says it is under the home directory, rel is
 // the clean path below home or below /.
 func remotePath(dst string) (rel string, home bool, err error) {
@@ -248,6 +252,10 @@ func objectPath(u BucketURL, key string) string {
 	}
 	return strings.TrimPrefix(strings.TrimPrefix(key, u.Prefix), "/")
 }
+
+// KeyPath is where the object key listed under b lands, relative to its mount's path: "" for
+// the one object b names.
+func (b BucketURL) KeyPath(key string) string { return objectPath(b, key) }
 
 // DirPrefix is the prefix a bucket URL's directory lists under: "data" lists "data/...", not
 // "database".

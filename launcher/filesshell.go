@@ -145,7 +145,7 @@ func packTarGz(src, name string) (string, error) {
 	var buf bytes.Buffer
 	gz := gzip.NewWriter(&buf)
 	tw := tar.NewWriter(gz)
-	if err := writeTar(tw, src, name); err != nil {
+	if err := writeTar(tw, src, name, ""); err != nil {
 		return "", err
 	}
 	if err := errors.Join(tw.Close(), gz.Close()); err != nil {
@@ -161,8 +161,8 @@ func packTarGz(src, name string) (string, error) {
 	return out.String(), nil
 }
 
-// writeTar adds src to tw: a file as name, a directory's tree relative to it.
-func writeTar(tw *tar.Writer, src, name string) error {
+// writeTar adds src to tw under prefix: a file as name, a directory's tree relative to it.
+func writeTar(tw *tar.Writer, src, name, prefix string) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
@@ -196,7 +196,7 @@ func writeTar(tw *tar.Writer, src, name string) error {
 		if err != nil {
 			return err
 		}
-		hdr.Name = filepath.ToSlash(rel)
+		hdr.Name = prefix + filepath.ToSlash(rel)
 		hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "", ""
 		if err := tw.WriteHeader(hdr); err != nil {
 			return err
@@ -212,4 +212,57 @@ func writeTar(tw *tar.Writer, src, name string) error {
 		_, err = io.Copy(tw, f)
 		return err
 	})
+}
+
+// PackLocal packs f's local files into one tar.gz for an instance that unpacks them in one
+// place (a pod's init container): the workdir under "workdir/", the i-th mount (in f.Mounts'
+// order) under "mounts/<i>/", a single file as "mounts/<i>/<its remote name>". Bucket mounts
+// are not packed. limit bounds the packed size.
+func PackLocal(f Files, limit int, what string) ([]byte, error) {
+	var buf bytes.Buffer
+	gz := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(gz)
+	if f.Workdir != "" {
+		if err := tarDir(tw, "workdir/"); err != nil {
+			return nil, err
+		}
+		if err := writeTar(tw, f.Workdir, "", "workdir/"); err != nil {
+			return nil, err
+		}
+	}
+	for i, m := range f.Mounts {
+		if m.Bucket != nil {
+			continue
+		}
+		info, err := os.Stat(m.Src)
+		if err != nil {
+			return nil, fmt.Errorf("%w: file_mounts.%s: local path %s: %v", ErrFiles, m.Dst, m.Src, err)
+		}
+		name := ""
+		if !info.IsDir() {
+			name = path.Base(m.Dst)
+		}
+		prefix := fmt.Sprintf("mounts/%d/", i)
+		if err := tarDir(tw, prefix); err != nil {
+			return nil, err
+		}
+		if err := writeTar(tw, m.Src, name, prefix); err != nil {
+			return nil, err
+		}
+		if buf.Len() > limit {
+			break
+		}
+	}
+	if err := errors.Join(tw.Close(), gz.Close()); err != nil {
+		return nil, err
+	}
+	if buf.Len() > limit {
+		return nil, fmt.Errorf("%w: the workdir and local file_mounts pack to over %d KiB, more than %s can carry; put them in a bucket (s3://) and mount that instead", ErrFiles, limit/1024, what)
+	}
+	return buf.Bytes(), nil
+}
+
+// tarDir adds an empty directory entry, so that an empty source still unpacks to a directory.
+func tarDir(tw *tar.Writer, name string) error {
+	return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755})
 }
