@@ -265,3 +265,44 @@ func (b BucketURL) DirPrefix() string {
 	}
 	return b.Prefix + "/"
 }
+
+// Channel limits on packed local files (tar.gz, before base64 where the channel is text).
+const (
+	// AWSUserDataLimit is EC2's bound on user-data; the script around the files counts too.
+	AWSUserDataLimit = 16 * 1024
+	// GCPMetadataLimit is GCE's bound on one metadata value (the startup script).
+	GCPMetadataLimit = 256 * 1024
+	// KubernetesFilesLimit is what a pod's files ConfigMap holds for packed files: 1 MiB less
+	// room for the download list.
+	KubernetesFilesLimit = 1<<20 - 64<<10
+)
+
+// FilesFit says whether infra kind ("local", "kubernetes", "aws", "gcp") can deliver f, whose
+// local files pack to packed bytes (PackLocal): the launch's checks that need no bucket, for
+// --dry-run. A VM's boot script adds its own size and a URL per bucket object, so a pass here
+// is not a promise there; a failure is.
+func FilesFit(f Files, kind string, packed int) error {
+	for _, m := range f.Mounts {
+		if m.Bucket != nil && m.Bucket.Scheme == "gs" && (kind == "aws" || kind == "kubernetes") {
+			return fmt.Errorf("%w: file_mounts.%s: %s: %s has no Google credentials to fetch it with; copy the data to s3://", ErrFiles, m.Dst, m.Src, kind)
+		}
+	}
+	limit, what := 0, ""
+	switch kind {
+	case "aws":
+		limit, what = AWSUserDataLimit, "EC2's 16 KiB of user-data"
+	case "gcp":
+		limit, what = GCPMetadataLimit, "GCE's 256 KiB startup script"
+	case "kubernetes":
+		limit, what = KubernetesFilesLimit, "a Kubernetes ConfigMap (1 MiB)"
+	default:
+		return nil
+	}
+	if kind != "kubernetes" {
+		packed = (packed + 2) / 3 * 4 // base64 in the script
+	}
+	if packed > limit {
+		return fmt.Errorf("%w: the workdir and local file_mounts pack to %d KiB, more than %s can carry; put them in a bucket (s3://) and mount that instead", ErrFiles, (packed+1023)/1024, what)
+	}
+	return nil
+}

@@ -219,8 +219,10 @@ func writeTar(tw *tar.Writer, src, name, prefix string) error {
 // order) under "mounts/<i>/", a single file as "mounts/<i>/<its remote name>". Bucket mounts
 // are not packed. limit bounds the packed size.
 func PackLocal(f Files, limit int, what string) ([]byte, error) {
+	tooBig := fmt.Errorf("%w: the workdir and local file_mounts pack to over %d KiB, more than %s can carry; put them in a bucket (s3://) and mount that instead", ErrFiles, limit/1024, what)
 	var buf bytes.Buffer
-	gz := gzip.NewWriter(&buf)
+	// Packing stops at the limit, so a large workdir is never held in memory whole.
+	gz := gzip.NewWriter(&capWriter{w: &buf, left: limit, err: tooBig})
 	tw := tar.NewWriter(gz)
 	if f.Workdir != "" {
 		if err := tarDir(tw, "workdir/"); err != nil {
@@ -249,17 +251,29 @@ func PackLocal(f Files, limit int, what string) ([]byte, error) {
 		if err := writeTar(tw, m.Src, name, prefix); err != nil {
 			return nil, err
 		}
-		if buf.Len() > limit {
-			break
-		}
 	}
-	if err := errors.Join(tw.Close(), gz.Close()); err != nil {
+	if err := tw.Close(); err != nil {
 		return nil, err
 	}
-	if buf.Len() > limit {
-		return nil, fmt.Errorf("%w: the workdir and local file_mounts pack to over %d KiB, more than %s can carry; put them in a bucket (s3://) and mount that instead", ErrFiles, limit/1024, what)
+	if err := gz.Close(); err != nil {
+		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// capWriter fails with err once more than left bytes were written.
+type capWriter struct {
+	w    io.Writer
+	left int
+	err  error
+}
+
+func (c *capWriter) Write(p []byte) (int, error) {
+	if len(p) > c.left {
+		return 0, c.err
+	}
+	c.left -= len(p)
+	return c.w.Write(p)
 }
 
 // tarDir adds an empty directory entry, so that an empty source still unpacks to a directory.

@@ -420,7 +420,7 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 }
 
 // userDataLimit is EC2's bound on user-data, before base64.
-const userDataLimit = 16 * 1024
+const userDataLimit = launcher.AWSUserDataLimit
 
 // envName is what bash accepts as a variable name.
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)

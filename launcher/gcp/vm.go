@@ -245,7 +245,7 @@ func startupScript(ctx context.Context, spec launcher.Spec, o launcher.VMBootOpt
 }
 
 // metadataValueLimit is GCE's bound on one metadata value (the startup script).
-const metadataValueLimit = 256 * 1024
+const metadataValueLimit = launcher.GCPMetadataLimit
 
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"

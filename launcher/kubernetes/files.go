@@ -41,7 +41,7 @@ const (
 	filesFetch        = "fetch.sh"
 	configMapMaxBytes = 1 << 20
 	// filesPackLimit leaves room in the ConfigMap for fetch.sh.
-	filesPackLimit = configMapMaxBytes - 64<<10
+	filesPackLimit = launcher.KubernetesFilesLimit
 )
 
 // filesConfigMapName is the ConfigMap holding a pod's files.
