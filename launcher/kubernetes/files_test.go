@@ -120,3 +120,60 @@ func writeTestFile(t *testing.T, path, body string) {
 		t.Fatal(err)
 	}
 }
+
+// TestReplicaFilesPodSpec: a service replica's pod with a workdir and mounts starts (kwok runs
+// it past its init container, as a kubelet would once the init container exits 0), with the
+// init container in the task's image, the files volume at FilesDir, each absolute mount as a
+// subPath and the workdir in the environment.
+func TestReplicaFilesPodSpec(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	if err := c.AddGPUNode(ctx, "fm-a10-0", "NVIDIA-A10G", 1); err != nil {
+		t.Fatal(err)
+	}
+	b := vmjobtest.NewBuckets(t, "unused")
+	p := newProvider(t, c, Options{Buckets: b.Client})
+	work, local := t.TempDir(), t.TempDir()
+	writeTestFile(t, filepath.Join(work, "app.py"), "app")
+	writeTestFile(t, filepath.Join(local, "w.bin"), "w")
+	spec := gpuSpec("svc-files", "A10G", 1)
+	spec.Resources.ImageID = "docker:vllm/vllm-openai:v0.6"
+	spec.Workdir = work
+	spec.FileMounts = map[string]string{"/models/w.bin": filepath.Join(local, "w.bin"), "/data": "s3://models/llama"}
+	inst, err := p.Launch(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod, err := c.Client().CoreV1().Pods(p.Namespace()).Get(ctx, inst.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pod.Spec.InitContainers) != 1 || pod.Spec.InitContainers[0].Image != "vllm/vllm-openai:v0.6" {
+		t.Fatalf("init containers %+v, want one in the task's image", pod.Spec.InitContainers)
+	}
+	mounts := map[string]string{}
+	for _, m := range pod.Spec.Containers[0].VolumeMounts {
+		if m.Name == filesVolume {
+			mounts[m.MountPath] = m.SubPath
+		}
+	}
+	want := map[string]string{FilesDir: "", "/data": "mounts/0", "/models/w.bin": "mounts/1/w.bin"}
+	if len(mounts) != len(want) {
+		t.Errorf("files mounts %v, want %v", mounts, want)
+	}
+	for path, sub := range want {
+		if got, ok := mounts[path]; !ok || got != sub {
+			t.Errorf("mount %s: subPath %q (present %v), want %q", path, got, ok, sub)
+		}
+	}
+	env := map[string]string{}
+	for _, e := range pod.Spec.Containers[0].Env {
+		env[e.Name] = e.Value
+	}
+	if env[launcher.EnvWorkdir] != FilesDir+"/workdir" || env[EnvFilesDir] != FilesDir {
+		t.Errorf("env %v lacks the workdir and files dir", env)
+	}
+	if err := p.Terminate(ctx, inst.ID); err != nil {
+		t.Fatal(err)
+	}
+}
