@@ -232,7 +232,7 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 				c.errorf(p.keyNode, "file_mounts", "a mount needs a remote path as its key")
 				continue
 			}
-			if src, ok := c.str(p.value, field); ok {
+			if src, ok := c.fileMountSource(p.value, field); ok {
 				if src == "" {
 					c.errorf(p.value, field, "a mount needs a local path or bucket URI")
 					continue

@@ -193,6 +193,7 @@ func (m *Manager) spec(j Job) launcher.Spec {
 		Setup:        t.Setup,
 		Run:          t.Run,
 		Workdir:      t.Workdir,
+		FileMounts:   t.FileMounts,
 		Envs:         envs,
 		SecretEnvs:   slices.Sorted(maps.Keys(t.Secrets)),
 		Port:         port,

@@ -38,9 +38,13 @@ type Spec struct {
 	Name   string
 	Labels map[string]string
 	// Setup runs before Run, in the same shell environment.
-	Setup   string
-	Run     string
+	Setup string
+	Run   string
+	// Workdir is the task's local workdir (absolute), synced to ~/sky_workdir on the
+	// instance, where setup and run start (files.go).
 	Workdir string
+	// FileMounts maps remote paths to absolute local paths or s3:// and gs:// URLs (files.go).
+	FileMounts map[string]string
 	// Envs includes secrets; providers must never log values.
 	Envs map[string]string
 	// SecretEnvs names the keys of Envs that are secrets, for infras that can keep them apart

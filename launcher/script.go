@@ -27,7 +27,8 @@ func RenderScript(spec Spec) string {
 		b.WriteString("export " + EnvNodeIPs + " " + EnvSetupNodeIPs + "=\"$" + EnvNodeIPs + "\"\n")
 	}
 	if spec.Workdir != "" {
-		b.WriteString("cd -- " + shellQuote(spec.Workdir) + "\n")
+		// The provider synced the workdir and says where (files.go); run starts there.
+		b.WriteString("cd -- \"${" + EnvWorkdir + ":?ferry: the workdir was not synced}\"\n")
 	}
 	if strings.TrimSpace(spec.Setup) != "" {
 		b.WriteString("# setup\n")

@@ -77,9 +77,10 @@ func VMJobBoot(infra string, spec Spec, nfs string, w PreemptionWatch) (string, 
 		b.WriteString("\n")
 	}
 	b.WriteString(vmJobEOF + "\n")
+	b.WriteString(dockerSetup(spec))
 	b.WriteString(`# The run gets a process group of its own, for the watcher's SIGTERM.
 set -m
-bash "$ferry_state/job.sh" </dev/null &
+` + runCommand(spec, `"$ferry_state/job.sh"`) + ` </dev/null &
 ferry_run=$!
 set +m
 ferry_watch() {

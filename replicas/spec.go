@@ -80,6 +80,7 @@ func replicaSpec(service string, version int, task *configs.Task, id int, spot b
 		Setup:        task.Setup,
 		Run:          task.Run,
 		Workdir:      task.Workdir,
+		FileMounts:   task.FileMounts,
 		Envs:         envs,
 		SecretEnvs:   slices.Sorted(maps.Keys(task.Secrets)),
 		Port:         port,

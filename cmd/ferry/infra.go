@@ -69,7 +69,7 @@ func printPlan(ctx context.Context, out io.Writer, task *configs.Task) error {
 		return err
 	}
 	fmt.Fprintln(out)
-	return nil
+	return printFiles(out, task, cands)
 }
 
 func plural(n int) string {

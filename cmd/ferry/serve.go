@@ -99,6 +99,12 @@ func (t *taskInput) loadTask(file, name string, errOut io.Writer) (*configs.Task
 		printConfigErrors(errOut, err)
 		return nil, errors.New("the task YAML has errors; nothing was launched or changed")
 	}
+	// workdir and local file_mounts are relative to where the CLI runs, as in SkyPilot.
+	cwd, _ := os.Getwd()
+	home, _ := os.UserHomeDir()
+	if err := configs.ResolveFiles(task, cwd, home); err != nil {
+		return nil, fmt.Errorf("%w\nnothing was launched or changed", err)
+	}
 	return task, nil
 }
 

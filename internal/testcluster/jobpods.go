@@ -42,6 +42,9 @@ import (
 //     wrote into its own code finds nothing. This is the stand-in's one big departure from a
 //     real node: programs meant for it take their paths from the environment (Ferry's do:
 //     FERRY_CHECKPOINT_DIR, FERRY_PODINFO_DIR).
+//   - Init containers run first, one after another, each as a host process like the first
+//     container (its command, environment and mounts); one that fails fails the pod. A
+//     configMap volume is a directory of the pod's own holding the ConfigMap's keys as files.
 //   - Output goes to the pod's log (LogPath), which the /containerLogs endpoint serves.
 //   - Exit: the pod's status becomes Succeeded (exit 0) or Failed, with the first container's
 //     state terminated {exitCode, reason Completed or Error}; a process killed by signal N
@@ -133,7 +136,7 @@ func (k *Kubelet) syncJob(ctx context.Context, key string, pod *corev1.Pod, node
 		k.reportExit(ctx, pod, 137, "ContainerStatusUnknown", "the process was lost with an earlier kubelet stand-in")
 		return
 	}
-	run, err := k.jobCommand(pod, podDir)
+	run, err := k.jobCommand(pod, podDir, pod.Spec.Containers[0])
 	logPath := k.LogPath(pod.Namespace, pod.Name)
 	if errors.Is(err, errNotReady) {
 		requeue(key)
@@ -141,6 +144,13 @@ func (k *Kubelet) syncJob(ctx context.Context, key string, pod *corev1.Pod, node
 	}
 	if err == nil {
 		err = os.WriteFile(marker, nil, 0o644)
+	}
+	if err == nil {
+		var code int
+		if code, err = k.runInitContainers(pod, podDir, logPath); err == nil && code != 0 {
+			k.reportExit(ctx, pod, code, "Init:Error", "an init container failed")
+			return
+		}
 	}
 	var proc *process
 	if err == nil {
@@ -178,9 +188,9 @@ type jobRun struct {
 	downward []downwardVolume
 }
 
-// jobCommand resolves what a job pod's first container runs, making its volumes' directories.
-func (k *Kubelet) jobCommand(pod *corev1.Pod, podDir string) (jobRun, error) {
-	container := pod.Spec.Containers[0]
+// jobCommand resolves what a job pod's container runs (its first, or an init container),
+// making its volumes' directories.
+func (k *Kubelet) jobCommand(pod *corev1.Pod, podDir string, container corev1.Container) (jobRun, error) {
 	cmdline := append(slices.Clone(container.Command), container.Args...)
 	if len(container.Command) == 0 {
 		return jobRun{}, errors.New("the stand-in runs no images: the container must give its command")
@@ -206,6 +216,10 @@ func (k *Kubelet) jobCommand(pod *corev1.Pod, podDir string) (jobRun, error) {
 		case v.DownwardAPI != nil:
 			run.downward = append(run.downward, downwardVolume{dir: dir, items: v.DownwardAPI.Items})
 		case v.EmptyDir != nil:
+		case v.ConfigMap != nil:
+			if err := k.writeConfigMap(pod.Namespace, v.ConfigMap.Name, dir); err != nil {
+				return jobRun{}, err
+			}
 		default:
 			continue
 		}
@@ -477,4 +491,47 @@ func appendLog(path, line string) {
 	}
 	defer f.Close()
 	_, _ = f.WriteString(line + "\n")
+}
+
+// runInitContainers runs the pod's init containers in order, their output in the pod's log;
+// code is the first non-zero exit status.
+func (k *Kubelet) runInitContainers(pod *corev1.Pod, podDir, logPath string) (code int, err error) {
+	for _, c := range pod.Spec.InitContainers {
+		run, err := k.jobCommand(pod, podDir, c)
+		if err != nil {
+			return 0, fmt.Errorf("init container %s: %w", c.Name, err)
+		}
+		proc, err := startProcessIn(podDir, "init container "+c.Name+" of "+pod.Name, logPath, run.env, run.bin, run.args...)
+		if err != nil {
+			return 0, err
+		}
+		<-proc.done
+		if code := exitStatus(proc.err); code != 0 {
+			appendLog(logPath, fmt.Sprintf("kubelet stand-in: init container %s exited with %d", c.Name, code))
+			return code, nil
+		}
+	}
+	return 0, nil
+}
+
+// writeConfigMap writes a ConfigMap's keys (data and binaryData) as files in dir.
+func (k *Kubelet) writeConfigMap(ns, name, dir string) error {
+	cm, err := k.cluster.Client().CoreV1().ConfigMaps(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("%w: config map %s: %v", errNotReady, name, err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for key, v := range cm.Data {
+		if err := os.WriteFile(filepath.Join(dir, key), []byte(v), 0o644); err != nil {
+			return err
+		}
+	}
+	for key, v := range cm.BinaryData {
+		if err := os.WriteFile(filepath.Join(dir, key), v, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -47,6 +47,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/buckets"
 )
 
 // Defaults for Options.
@@ -117,6 +118,9 @@ type Options struct {
 	// that job nodes mount for their checkpoints, so that a recovery in reach of it resumes
 	// (launcher.CheckpointShell); empty keeps checkpoints on each VM's disk.
 	CheckpointNFS string
+	// Buckets lists the s3:// and gs:// sources of file_mounts and presigns their downloads;
+	// nil is buckets.New with the controller's own credentials.
+	Buckets launcher.Buckets
 	// AMIs is the image per region for tasks without an "ami-" image_id.
 	AMIs map[string]string
 	// LaunchTimeout bounds the wait for a VM to run; default DefaultLaunchTimeout.
@@ -193,6 +197,9 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
+	}
+	if opts.Buckets == nil {
+		opts.Buckets = buckets.New(buckets.Options{Credentials: opts.Credentials})
 	}
 	load := []func(*config.LoadOptions) error{config.WithRegion(opts.Regions[0])}
 	if opts.Credentials != nil {
@@ -374,9 +381,9 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 	switch img := spec.Resources.ImageID; {
 	case strings.HasPrefix(img, "ami-"):
 		lp.ami = img
-	case img != "":
-		return lp, fmt.Errorf("%w: %s: image_id %q is not an AMI (ami-...); container images are not supported on VMs", launcher.ErrInvalid, InfraName, img)
-	default:
+	case img != "" && launcher.DockerImage(spec) == "":
+		return lp, fmt.Errorf("%w: %s: image_id %q is neither an AMI (ami-...) nor a container image (docker:IMAGE)", launcher.ErrInvalid, InfraName, img)
+	default: // a docker: image runs on the default image, which the boot script gives docker
 		lp.ami = p.opts.AMIs[lp.region]
 		if lp.ami == "" {
 			if lp.ami, err = p.defaultAMI(ctx, c, lp.region, pl.Accelerator != ""); err != nil {
@@ -414,6 +421,9 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 	return lp, nil
 }
 
+// userDataLimit is EC2's bound on user-data, before base64.
+const userDataLimit = launcher.AWSUserDataLimit
+
 // envName is what bash accepts as a variable name.
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
@@ -423,7 +433,7 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // any process on the VM (IMDSv2 with hop limit 1 stops forged requests and containers, not
 // them), can read them. Keeping them apart needs Secrets Manager or SSM Parameter Store and an
 // instance profile that may read them.
-func userData(spec launcher.Spec, port int, nfs string) (string, error) {
+func userData(ctx context.Context, spec launcher.Spec, port int, o launcher.VMBootOptions) (string, error) {
 	var b strings.Builder
 	b.WriteString("#!/bin/bash\n# Ferry user-data for " + quote(spec.Name) + ".\n")
 	for _, k := range slices.Sorted(maps.Keys(spec.Envs)) {
@@ -437,17 +447,19 @@ func userData(spec launcher.Spec, port int, nfs string) (string, error) {
 	}
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(port) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
-	if spec.Job != nil {
-		boot, err := launcher.VMJobBoot(InfraName, spec, nfs, preemptionWatch)
-		if err != nil {
-			return "", err
-		}
-		b.WriteString(boot)
-	} else {
-		b.WriteString(launcher.RenderScript(spec))
+	o.Watch = preemptionWatch
+	o.FilesLimit = userDataLimit - b.Len()
+	boot, err := launcher.VMBoot(ctx, InfraName, spec, o)
+	if err != nil {
+		return "", err
 	}
-	if b.Len() > 16*1024 {
-		return "", fmt.Errorf("%w: %s: user-data is %d bytes, over EC2's 16 KiB limit; move setup into a script on the image", launcher.ErrInvalid, InfraName, b.Len())
+	b.WriteString(boot)
+	if b.Len() > userDataLimit {
+		what := "move setup into a script on the image"
+		if spec.Workdir != "" || len(spec.FileMounts) > 0 {
+			what = "put the workdir and file_mounts in a bucket and mount that (each object adds a presigned URL), or move setup into a script on the image"
+		}
+		return "", fmt.Errorf("%w: %s: user-data is %d bytes, over EC2's 16 KiB limit; %s", launcher.ErrFiles, InfraName, b.Len(), what)
 	}
 	return base64.StdEncoding.EncodeToString([]byte(b.String())), nil
 }
@@ -544,7 +556,7 @@ func (p *Provider) admitInstances(ctx context.Context, lp launchPlan, insts []la
 
 // run is one RunInstances call for one instance.
 func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (string, error) {
-	ud, err := userData(spec, lp.port, p.opts.CheckpointNFS)
+	ud, err := userData(ctx, spec, lp.port, launcher.VMBootOptions{Buckets: p.opts.Buckets, NFS: p.opts.CheckpointNFS})
 	if err != nil {
 		return "", err
 	}

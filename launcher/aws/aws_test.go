@@ -703,11 +703,11 @@ func TestSecurityGroupIsReused(t *testing.T) {
 func TestUserData(t *testing.T) {
 	s := spec("x", "echo hi", false)
 	s.Envs["BAD-NAME"] = "v"
-	if _, err := userData(s, 80, ""); !errors.Is(err, launcher.ErrInvalid) {
+	if _, err := userData(context.Background(), s, 80, launcher.VMBootOptions{}); !errors.Is(err, launcher.ErrInvalid) {
 		t.Fatalf("bad env name: %v, want ErrInvalid", err)
 	}
 	s = spec("x", strings.Repeat("#", 17*1024), false)
-	if _, err := userData(s, 80, ""); !errors.Is(err, launcher.ErrInvalid) {
+	if _, err := userData(context.Background(), s, 80, launcher.VMBootOptions{}); !errors.Is(err, launcher.ErrInvalid) {
 		t.Fatalf("oversized user-data: %v, want ErrInvalid", err)
 	}
 }

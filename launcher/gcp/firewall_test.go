@@ -1,6 +1,7 @@
 package gcp
 
 import (
+	"context"
 	"errors"
 	"net/netip"
 	"strings"
@@ -135,7 +136,7 @@ func (e *env) insertOldRule(t *testing.T, fw *computepb.Firewall) {
 func (e *env) insertOldVM(t *testing.T, s launcher.Spec) {
 	t.Helper()
 	ctx := testCtx(t)
-	vm, err := e.prov.instanceFor(s, "us-central1-a")
+	vm, err := e.prov.instanceFor(context.Background(), s, "us-central1-a")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/buckets"
 	"github.com/ferryserve/ferry/launcher/catalog"
 )
 
@@ -126,6 +127,9 @@ type Options struct {
 	// mount for their checkpoints, so that a recovery in reach of it resumes
 	// (launcher.CheckpointShell); empty keeps checkpoints on each VM's disk.
 	CheckpointNFS string
+	// Buckets lists the s3:// and gs:// sources of file_mounts and makes their download URLs;
+	// nil is buckets.New with the controller's own credentials.
+	Buckets launcher.Buckets
 	// SkipFirewall leaves firewall rules to the operator (no compute.firewalls permission).
 	SkipFirewall bool
 	// LaunchTimeout, PollInterval, NoticeInterval and NoticeLookback: see the Default* constants.
@@ -220,6 +224,13 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}
 	copts = append(copts, option.WithUserAgent("ferry"))
 	copts = append(copts, opts.ClientOptions...)
+	if opts.Buckets == nil {
+		var gcs []option.ClientOption
+		if opts.Token != "" {
+			gcs = append(gcs, option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: opts.Token, TokenType: "Bearer"})))
+		}
+		opts.Buckets = buckets.New(buckets.Options{GCSOptions: gcs})
+	}
 
 	p := &Provider{opts: opts, log: opts.Logger.With(zap.String("infra", InfraName), zap.String("project", opts.Project)),
 		launchedZones: map[string]bool{}, ingressCIDRs: cidrs, routeSource: launcher.RouteSource,
@@ -381,7 +392,7 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		return launcher.Instance{}, err
 	}
 	spec.Placement.Zone = zone
-	vm, err := p.instanceFor(spec, zone)
+	vm, err := p.instanceFor(ctx, spec, zone)
 	if err != nil {
 		return launcher.Instance{}, err
 	}

@@ -1,6 +1,7 @@
 package gcp
 
 import (
+	"context"
 	"crypto/rand"
 	"fmt"
 	"math"
@@ -37,7 +38,7 @@ func portOf(spec launcher.Spec) int {
 }
 
 // instanceFor builds the VM resource for spec in zone.
-func (p *Provider) instanceFor(spec launcher.Spec, zone string) (*computepb.Instance, error) {
+func (p *Provider) instanceFor(ctx context.Context, spec launcher.Spec, zone string) (*computepb.Instance, error) {
 	name, err := vmName(spec.Name)
 	if err != nil {
 		return nil, err
@@ -56,7 +57,7 @@ func (p *Provider) instanceFor(spec launcher.Spec, zone string) (*computepb.Inst
 	if err != nil {
 		return nil, err
 	}
-	meta, err := metadataFor(spec, hasGPU, p.opts.CheckpointNFS)
+	meta, err := metadataFor(ctx, spec, hasGPU, launcher.VMBootOptions{Buckets: p.opts.Buckets, NFS: p.opts.CheckpointNFS, GCSToken: true})
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +75,20 @@ func (p *Provider) instanceFor(spec launcher.Spec, zone string) (*computepb.Inst
 		Tags:              &computepb.Tags{Items: tags},
 		NetworkInterfaces: []*computepb.NetworkInterface{p.networkInterface()},
 		Disks:             []*computepb.AttachedDisk{disk},
+		ServiceAccounts:   serviceAccounts(spec),
 	}, nil
+}
+
+// serviceAccounts gives a VM that mounts gs:// buckets the project's default service account
+// with read-only storage scope: its startup script fetches the objects with that account's
+// metadata token (launcher.FilesShell), so the account must be able to read the buckets.
+func serviceAccounts(spec launcher.Spec) []*computepb.ServiceAccount {
+	for _, src := range spec.FileMounts {
+		if strings.HasPrefix(src, "gs://") {
+			return []*computepb.ServiceAccount{{Email: proto.String("default"), Scopes: []string{"https://www.googleapis.com/auth/devstorage.read_only"}}}
+		}
+	}
+	return nil
 }
 
 // builtinGPU reports whether machineType's GPUs come with it, so none are attached.
@@ -106,8 +120,11 @@ func guestAccelerators(pl launcher.Placement, machineType, zone string) ([]*comp
 func (p *Provider) bootDisk(spec launcher.Spec, zone string, hasGPU bool) (*computepb.AttachedDisk, error) {
 	image := spec.Resources.ImageID
 	switch {
-	case strings.HasPrefix(image, "docker:"):
-		return nil, fmt.Errorf("gcp: %w: image_id %q: GCP VMs boot disk images (projects/P/global/images/I), not containers", launcher.ErrInvalid, image)
+	case launcher.DockerImage(spec) != "" && hasGPU:
+		// The container runs on the default image, which the startup script gives docker.
+		image = p.opts.GPUImage
+	case launcher.DockerImage(spec) != "":
+		image = p.opts.Image
 	case image == "" && hasGPU:
 		image = p.opts.GPUImage
 	case image == "":
@@ -154,8 +171,8 @@ func ownedLabels(specLabels map[string]string) map[string]string {
 
 // metadataFor is the VM's metadata: the startup script that runs the task, and the port and
 // price that List reads back.
-func metadataFor(spec launcher.Spec, hasGPU bool, nfs string) (*computepb.Metadata, error) {
-	script, err := startupScript(spec, nfs)
+func metadataFor(ctx context.Context, spec launcher.Spec, hasGPU bool, o launcher.VMBootOptions) (*computepb.Metadata, error) {
+	script, err := startupScript(ctx, spec, o)
 	if err != nil {
 		return nil, err
 	}
@@ -213,7 +230,7 @@ var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // GCE has no hop limit nor a way to turn it off per key. Keeping them apart needs Secret
 // Manager and a service account on the VM; until then, treat the project's viewers and
 // everything the replica runs as able to read a task's secrets.
-func startupScript(spec launcher.Spec, nfs string) (string, error) {
+func startupScript(ctx context.Context, spec launcher.Spec, o launcher.VMBootOptions) (string, error) {
 	var b strings.Builder
 	b.WriteString("#!/usr/bin/env bash\n# Ferry startup script (GCP startup-script metadata): environment, then setup and run.\n")
 	keys := make([]string, 0, len(spec.Envs))
@@ -229,17 +246,21 @@ func startupScript(spec launcher.Spec, nfs string) (string, error) {
 	}
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(portOf(spec)) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
-	if spec.Job != nil {
-		boot, err := launcher.VMJobBoot(InfraName, spec, nfs, preemptionWatch)
-		if err != nil {
-			return "", err
-		}
-		b.WriteString(boot)
-		return b.String(), nil
+	o.Watch = preemptionWatch
+	o.FilesLimit = metadataValueLimit - b.Len()
+	boot, err := launcher.VMBoot(ctx, InfraName, spec, o)
+	if err != nil {
+		return "", err
 	}
-	b.WriteString(launcher.RenderScript(spec))
+	b.WriteString(boot)
+	if b.Len() > metadataValueLimit {
+		return "", fmt.Errorf("%w: %s: the startup script is %d bytes, over GCE's 256 KiB limit on a metadata value; put the workdir and file_mounts in a bucket and mount that, or move setup into a script on the image", launcher.ErrFiles, InfraName, b.Len())
+	}
 	return b.String(), nil
 }
+
+// metadataValueLimit is GCE's bound on one metadata value (the startup script).
+const metadataValueLimit = launcher.GCPMetadataLimit
 
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"

@@ -63,6 +63,7 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/buckets"
 )
 
 // Defaults for Options.
@@ -99,6 +100,9 @@ type Options struct {
 	Context string
 	// Namespace is where pods go; "" is the context's namespace, else "default".
 	Namespace string
+	// Buckets lists the s3:// sources of file_mounts and presigns their downloads (files.go);
+	// nil is buckets.New with the controller's own credentials.
+	Buckets launcher.Buckets
 	// CostPerHour is what one pod is taken to cost, for the optimizer and status (default 0:
 	// a cluster the user already pays for comes first).
 	CostPerHour float64
@@ -187,6 +191,9 @@ func New(opts Options) (*Provider, error) {
 	}
 	if opts.GPUSchedulerName == "" {
 		opts.GPUSchedulerName = DefaultGPUSchedulerName
+	}
+	if opts.Buckets == nil {
+		opts.Buckets = buckets.New(buckets.Options{})
 	}
 	if opts.CheckpointSize == "" {
 		opts.CheckpointSize = DefaultCheckpointSize
@@ -385,9 +392,24 @@ func (p *Provider) create(ctx context.Context, pod *corev1.Pod, spec launcher.Sp
 	if err := p.ensurePriorityClass(ctx, pod, spec); err != nil {
 		return nil, err
 	}
-	created, secret, err := p.createPod(ctx, pod, spec)
+	files, err := p.attachFiles(ctx, pod, spec)
 	if err != nil {
 		return nil, err
+	}
+	if files != nil {
+		if err := p.createFiles(ctx, files); err != nil {
+			return nil, err
+		}
+	}
+	created, secret, err := p.createPod(ctx, pod, spec)
+	if err != nil {
+		if files != nil {
+			_ = p.deleteFiles(context.WithoutCancel(ctx), pod.Name)
+		}
+		return nil, err
+	}
+	if files != nil {
+		p.ownFiles(ctx, created)
 	}
 	if secret != nil {
 		// Owned by the pod, the cluster's garbage collector removes it with the pod even if
@@ -553,6 +575,9 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	if err != nil && !apierrors.IsNotFound(err) {
 		return p.classify(err, "delete secret "+secretName(name))
 	}
+	if err := p.deleteFiles(ctx, name); err != nil {
+		return err
+	}
 	p.log.Info("deleted pod", zap.String("pod", name))
 	if known {
 		if err := p.releasePolicy(ctx, service, name); err != nil {
@@ -586,6 +611,9 @@ func (p *Provider) deletePod(name string) {
 		p.log.Warn("delete pod of a failed launch", zap.String("pod", name), zap.Error(err))
 	}
 	p.deleteSecret(name)
+	if err := p.deleteFiles(ctx, name); err != nil {
+		p.log.Warn("delete the files of a failed launch", zap.String("pod", name), zap.Error(err))
+	}
 }
 
 // deleteSecret removes the pod's Secret, if it has one.

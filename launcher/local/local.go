@@ -29,6 +29,7 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/buckets"
 )
 
 // Options configures a Provider.
@@ -36,9 +37,9 @@ type Options struct {
 	// Dir holds one directory per instance plus logs/ for the output of terminated ones, e.g.
 	// $FERRY_HOME/local. It is created (0700) if missing.
 	Dir string
-	// WorkRoot is where each replica without a task workdir gets its working directory (a
-	// fresh 0700 "ferry-replica-*" directory, removed by Terminate); default os.TempDir(). It
-	// must not be inside Dir.
+	// WorkRoot is where each instance gets its working directory (a fresh 0700
+	// "ferry-replica-*" directory, removed by Terminate), which holds the copy of the task's
+	// workdir; default os.TempDir(). It must not be inside Dir.
 	WorkRoot string
 	// PathPrepend lists directories put first on the replicas' PATH; the controller passes the
 	// ferry binary's directory so that `run: ferry replica-sim` works without installing it.
@@ -54,6 +55,9 @@ type Options struct {
 	CheckpointRoot string
 	// Logger receives one line per launch and termination; nil means no logging.
 	Logger *zap.Logger
+	// Buckets reads the s3:// and gs:// sources of file_mounts; nil is buckets.New with the
+	// machine's own credentials.
+	Buckets launcher.Buckets
 }
 
 // Defaults for Options.
@@ -113,6 +117,9 @@ func New(opts Options) (*Provider, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
+	}
+	if opts.Buckets == nil {
+		opts.Buckets = buckets.New(buckets.Options{})
 	}
 	dir, err := filepath.Abs(opts.Dir)
 	if err != nil {
@@ -184,12 +191,15 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return launcher.Instance{}, fmt.Errorf("create instance dir: %w", err)
 	}
-	work := spec.Workdir
-	if work == "" {
-		if work, err = os.MkdirTemp(p.opts.WorkRoot, workDirPrefix+id+"-"); err != nil {
-			_ = os.RemoveAll(dir)
-			return launcher.Instance{}, fmt.Errorf("create working directory: %w", err)
-		}
+	work, err := os.MkdirTemp(p.opts.WorkRoot, workDirPrefix+id+"-")
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return launcher.Instance{}, fmt.Errorf("create working directory: %w", err)
+	}
+	if err := p.syncFiles(ctx, spec, dir, work); err != nil {
+		_ = os.RemoveAll(dir)
+		p.removeWorkDir(id, work)
+		return launcher.Instance{}, err
 	}
 	if ckpt := p.checkpointDir(spec); ckpt != "" {
 		if err := os.MkdirAll(ckpt, 0o700); err != nil {
@@ -200,9 +210,7 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	inst, err := p.start(dir, work, id, host, port, spec)
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		if work != spec.Workdir {
-			p.removeWorkDir(id, work)
-		}
+		p.removeWorkDir(id, work)
 		return launcher.Instance{}, err
 	}
 	p.log.Info("launched instance", zap.String("instance", id), zap.String("name", spec.Name),
@@ -230,7 +238,7 @@ func (p *Provider) start(dir, work, id, host string, port int, spec launcher.Spe
 			script, filepath.Join(dir, exitStatusFile))
 	}
 	cmd.Dir = work
-	cmd.Env = p.environ(spec, host, port)
+	cmd.Env = append(p.environ(spec, host, port), filesEnv(spec, dir, work)...)
 	cmd.Stdin = nil // /dev/null
 	cmd.Stdout = out
 	cmd.Stderr = out
@@ -268,9 +276,7 @@ func (p *Provider) start(dir, work, id, host string, port int, spec launcher.Spe
 	if host != p.opts.Host {
 		meta.Host = host
 	}
-	if work != spec.Workdir {
-		meta.WorkDir = work
-	}
+	meta.WorkDir = work
 	if err := saveMetadata(dir, meta); err != nil {
 		_ = signalGroup(pid, syscall.SIGKILL)
 		_ = cmd.Wait()

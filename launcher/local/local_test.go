@@ -289,12 +289,15 @@ func TestWorkdirSetupAndPath(t *testing.T) {
 		t.Fatal(err)
 	}
 	work := t.TempDir()
+	if err := os.WriteFile(filepath.Join(work, "in-workdir.txt"), []byte("synced"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	p := newProvider(t, Options{PathPrepend: []string{bin}})
 	inst, err := p.Launch(context.Background(), launcher.Spec{
 		Name:    "wd",
 		Workdir: work,
 		Setup:   "export FROM_SETUP=yes",
-		Run:     `hello-ferry; echo "pwd=$(pwd) setup=$FROM_SETUP"`,
+		Run:     `hello-ferry; echo "pwd=$(pwd) setup=$FROM_SETUP"; cat in-workdir.txt; echo; touch made-by-run`,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -304,10 +307,15 @@ func TestWorkdirSetupAndPath(t *testing.T) {
 		t.Errorf("Reason = %q, want exit status 0", got)
 	}
 	out := readFile(t, filepath.Join(p.opts.Dir, inst.ID, logFile))
-	for _, want := range []string{"hello-from-path", "pwd=" + work + " setup=yes"} {
+	// The run starts in a copy of the workdir, as SkyPilot's does in ~/sky_workdir: what it
+	// writes there never reaches the user's directory.
+	for _, want := range []string{"hello-from-path", "pwd=" + p.opts.WorkRoot + "/" + workDirPrefix, " setup=yes", "\nsynced\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output %q lacks %q", out, want)
 		}
+	}
+	if _, err := os.Stat(filepath.Join(work, "made-by-run")); !os.IsNotExist(err) {
+		t.Errorf("the run wrote into the user's workdir (stat: %v)", err)
 	}
 }
 

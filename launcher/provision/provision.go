@@ -236,8 +236,8 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 		}
 		switch {
 		case errors.Is(err, launcher.ErrInvalid):
-			// Invalid for this infra (its image or shape rules: a docker: image on a VM, an
-			// AMI on Kubernetes); another infra may take the same request. Not a block: the
+			// Invalid for this infra (its image or shape rules: an AMI on Kubernetes, files
+			// too big for a VM's boot script); another infra may take the same request. Not a block: the
 			// next launch of the same task would fail here the same way, and says so.
 			remaining = slices.DeleteFunc(remaining, func(o Choice) bool { return o.Infra == c.Infra })
 		case errors.Is(err, launcher.ErrUnauthorized):

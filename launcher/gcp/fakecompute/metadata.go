@@ -24,10 +24,11 @@ const metadataPrefix = "/_metadata/"
 // serveMetadata answers a VM's metadata server as GCE does for what Ferry's startup scripts
 // read under computeMetadata/v1/: instance/attributes/ (the keys) and instance/attributes/KEY,
 // instance/preempted (FALSE, TRUE once a preemption has begun), instance/id, instance/name,
-// instance/zone, instance/network-interfaces/0/ip and project/project-id. A request must
+// instance/zone, instance/network-interfaces/0/ip, project/project-id and, for a VM with a
+// service account, instance/service-accounts/default/token (Options.ServiceAccountToken). A request must
 // carry Metadata-Flavor: Google (403 without) and must not carry X-Forwarded-For (403), and
 // the answer carries Metadata-Flavor: Google. A VM that is not running has no server (502).
-// Not modelled: wait_for_change, recursive and JSON answers, and service-account tokens.
+// Not modelled: wait_for_change, recursive and JSON answers, token scopes.
 func (s *Server) serveMetadata(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get("Metadata-Flavor") != "Google" || r.Header.Get("X-Forwarded-For") != "" {
 		http.Error(w, "Missing Metadata-Flavor:Google header.", http.StatusForbidden)
@@ -75,6 +76,13 @@ func (s *Server) serveMetadata(w http.ResponseWriter, r *http.Request) {
 		body = pb.GetNetworkInterfaces()[0].GetNetworkIP()
 	case path == "project/project-id":
 		body = s.opts.Project
+	case path == "instance/service-accounts/default/token" && len(pb.GetServiceAccounts()) > 0:
+		// GCE serves a token only to a VM that has a service account.
+		token := s.opts.ServiceAccountToken
+		if token == "" {
+			token = DefaultServiceAccountToken
+		}
+		body = `{"access_token":"` + token + `","expires_in":3599,"token_type":"Bearer"}`
 	default:
 		http.NotFound(w, r)
 		return

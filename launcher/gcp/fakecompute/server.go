@@ -87,7 +87,13 @@ type Options struct {
 	// PreemptionNotice is how long a VM runs after PreemptWithNotice, GCE's 30 s by default;
 	// tests shorten it. VMs are told it in FERRY_GCE_PREEMPTION_NOTICE_SECONDS.
 	PreemptionNotice time.Duration
+	// ServiceAccountToken is the access token a VM with a service account gets from its
+	// metadata server; default DefaultServiceAccountToken.
+	ServiceAccountToken string
 }
+
+// DefaultServiceAccountToken is Options.ServiceAccountToken's default.
+const DefaultServiceAccountToken = "fake-gce-sa-token"
 
 // DefaultPreemptionNotice is how long GCE lets a Spot VM run after its preemption notice.
 const DefaultPreemptionNotice = 30 * time.Second

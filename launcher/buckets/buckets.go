@@ -1,0 +1,348 @@
+// Package buckets reads the s3:// and gs:// sources of file_mounts through the AWS and Google
+// SDKs: listing, reading (local instances) and download URLs for instances without
+// credentials of their own (presigned S3 GETs; GCS media URLs the VM authorises with its
+// metadata token).
+package buckets
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/aws/smithy-go"
+	"google.golang.org/api/googleapi"
+	"google.golang.org/api/option"
+	storage "google.golang.org/api/storage/v1"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// Options point the clients at endpoints other than AWS's and Google's (the fakes, a
+// compatible store) and bound what one mount may hold.
+type Options struct {
+	// S3Endpoint, when set, is used with path-style addressing (e.g. "http://127.0.0.1:PORT").
+	// Empty uses the SDK's own resolution, which honours AWS_ENDPOINT_URL_S3.
+	S3Endpoint string
+	// S3Region is the signing region when the bucket's own cannot be learnt; default
+	// AWS_REGION, else us-east-1.
+	S3Region string
+	// Credentials overrides the SDK's default credential chain for S3.
+	Credentials awssdk.CredentialsProvider
+	// GCSEndpoint is the JSON API's root ("http://127.0.0.1:PORT"); empty is
+	// STORAGE_EMULATOR_HOST when set, else https://storage.googleapis.com.
+	GCSEndpoint string
+	// GCSOptions are added to the GCS client (credentials); with a GCSEndpoint and none, the
+	// client sends no credentials.
+	GCSOptions []option.ClientOption
+	// PresignExpiry is how long an S3 download URL stays valid; default 24 hours.
+	PresignExpiry time.Duration
+	// MaxObjects bounds the objects one mount may list; default 10000.
+	MaxObjects int
+}
+
+// Client implements launcher.Buckets. Safe for concurrent use; its SDK clients are made on
+// first use, so a machine without cloud credentials pays nothing until a task mounts a bucket.
+type Client struct {
+	opts Options
+
+	s3Once sync.Once
+	s3     *s3.Client
+	s3Err  error
+
+	gcsOnce sync.Once
+	gcs     *storage.Service
+	gcsErr  error
+
+	mu      sync.Mutex
+	regions map[string]string // bucket -> its region
+}
+
+var _ launcher.Buckets = (*Client)(nil)
+
+// New returns a Client; it contacts nothing.
+func New(opts Options) *Client {
+	if opts.PresignExpiry <= 0 {
+		opts.PresignExpiry = 24 * time.Hour
+	}
+	if opts.MaxObjects <= 0 {
+		opts.MaxObjects = 10000
+	}
+	if opts.S3Region == "" {
+		opts.S3Region = os.Getenv("AWS_REGION")
+	}
+	if opts.S3Region == "" {
+		opts.S3Region = "us-east-1"
+	}
+	if opts.GCSEndpoint == "" {
+		if h := os.Getenv("STORAGE_EMULATOR_HOST"); h != "" {
+			if !strings.Contains(h, "://") {
+				h = "http://" + h
+			}
+			opts.GCSEndpoint = h
+		}
+	}
+	return &Client{opts: opts, regions: map[string]string{}}
+}
+
+// List returns the objects under u: the one object u names, else those under u's prefix as a
+// directory.
+func (c *Client) List(ctx context.Context, u launcher.BucketURL) ([]launcher.BucketObject, error) {
+	var objs []launcher.BucketObject
+	var err error
+	switch u.Scheme {
+	case "s3":
+		objs, err = c.listS3(ctx, u)
+	case "gs":
+		objs, err = c.listGCS(ctx, u)
+	default:
+		return nil, fmt.Errorf("%w: %s: unsupported scheme", launcher.ErrFiles, u)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(objs) == 0 {
+		return nil, fmt.Errorf("%w: %s: no objects there", launcher.ErrFiles, u)
+	}
+	if len(objs) > c.opts.MaxObjects {
+		return nil, fmt.Errorf("%w: %s: over %d objects; mount a narrower prefix", launcher.ErrFiles, u, c.opts.MaxObjects)
+	}
+	return objs, nil
+}
+
+// Open reads one object.
+func (c *Client) Open(ctx context.Context, u launcher.BucketURL, key string) (io.ReadCloser, error) {
+	switch u.Scheme {
+	case "s3":
+		cl, err := c.s3For(ctx, u.Bucket)
+		if err != nil {
+			return nil, err
+		}
+		out, err := cl.GetObject(ctx, &s3.GetObjectInput{Bucket: &u.Bucket, Key: &key})
+		if err != nil {
+			return nil, s3Error(u, err)
+		}
+		return out.Body, nil
+	case "gs":
+		svc, err := c.gcsService(ctx)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := svc.Objects.Get(u.Bucket, key).Context(ctx).Download()
+		if err != nil {
+			return nil, gcsError(u, err)
+		}
+		return resp.Body, nil
+	}
+	return nil, fmt.Errorf("%w: %s: unsupported scheme", launcher.ErrFiles, u)
+}
+
+// DownloadURL is a presigned GET for S3, the JSON API's media URL for GCS.
+func (c *Client) DownloadURL(ctx context.Context, u launcher.BucketURL, key string) (launcher.Download, error) {
+	switch u.Scheme {
+	case "s3":
+		cl, err := c.s3For(ctx, u.Bucket)
+		if err != nil {
+			return launcher.Download{}, err
+		}
+		req, err := s3.NewPresignClient(cl).PresignGetObject(ctx, &s3.GetObjectInput{Bucket: &u.Bucket, Key: &key},
+			s3.WithPresignExpires(c.opts.PresignExpiry))
+		if err != nil {
+			return launcher.Download{}, fmt.Errorf("presign %s/%s: %w", u.Bucket, key, err)
+		}
+		return launcher.Download{URL: req.URL}, nil
+	case "gs":
+		return launcher.Download{URL: c.gcsRoot() + "/storage/v1/b/" + url.PathEscape(u.Bucket) + "/o/" + url.PathEscape(key) + "?alt=media", NeedsGCSAuth: true}, nil
+	}
+	return launcher.Download{}, fmt.Errorf("%w: %s: unsupported scheme", launcher.ErrFiles, u)
+}
+
+func (c *Client) gcsRoot() string {
+	if c.opts.GCSEndpoint != "" {
+		return strings.TrimSuffix(c.opts.GCSEndpoint, "/")
+	}
+	return "https://storage.googleapis.com"
+}
+
+// s3Client is the client for region.
+func (c *Client) s3Client(ctx context.Context) (*s3.Client, error) {
+	c.s3Once.Do(func() {
+		load := []func(*config.LoadOptions) error{config.WithRegion(c.opts.S3Region)}
+		if c.opts.Credentials != nil {
+			load = append(load, config.WithCredentialsProvider(c.opts.Credentials))
+		}
+		cfg, err := config.LoadDefaultConfig(ctx, load...)
+		if err != nil {
+			c.s3Err = fmt.Errorf("s3: load SDK config: %w", err)
+			return
+		}
+		c.s3 = s3.NewFromConfig(cfg, func(o *s3.Options) {
+			if c.opts.S3Endpoint != "" {
+				o.BaseEndpoint = awssdk.String(c.opts.S3Endpoint)
+				o.UsePathStyle = true
+			}
+		})
+	})
+	return c.s3, c.s3Err
+}
+
+// s3For is the client that signs for bucket's region, learnt once per bucket by HeadBucket
+// (which also tells a missing bucket early).
+func (c *Client) s3For(ctx context.Context, bucket string) (*s3.Client, error) {
+	cl, err := c.s3Client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	region, known := c.regions[bucket]
+	c.mu.Unlock()
+	if !known {
+		out, err := cl.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: &bucket})
+		region = c.opts.S3Region
+		switch {
+		case err == nil && awssdk.ToString(out.BucketRegion) != "":
+			region = awssdk.ToString(out.BucketRegion)
+		case err != nil:
+			if r := redirectRegion(err); r != "" {
+				region = r
+			} else {
+				return nil, s3Error(launcher.BucketURL{Scheme: "s3", Bucket: bucket}, err)
+			}
+		}
+		c.mu.Lock()
+		c.regions[bucket] = region
+		c.mu.Unlock()
+	}
+	if region == c.opts.S3Region {
+		return cl, nil
+	}
+	return s3.New(cl.Options(), func(o *s3.Options) { o.Region = region }), nil
+}
+
+// redirectRegion is the region S3 names when it answers a HEAD for a bucket elsewhere (301).
+func redirectRegion(err error) string {
+	var re interface{ HTTPStatusCode() int }
+	if !errors.As(err, &re) || re.HTTPStatusCode() != http.StatusMovedPermanently {
+		return ""
+	}
+	var resp interface{ HTTPResponse() *http.Response }
+	if errors.As(err, &resp) && resp.HTTPResponse() != nil {
+		return resp.HTTPResponse().Header.Get("X-Amz-Bucket-Region")
+	}
+	return ""
+}
+
+func (c *Client) listS3(ctx context.Context, u launcher.BucketURL) ([]launcher.BucketObject, error) {
+	cl, err := c.s3For(ctx, u.Bucket)
+	if err != nil {
+		return nil, err
+	}
+	if u.Prefix != "" && !strings.HasSuffix(u.Prefix, "/") {
+		if out, err := cl.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &u.Bucket, Key: &u.Prefix}); err == nil {
+			return []launcher.BucketObject{{Key: u.Prefix, Size: awssdk.ToInt64(out.ContentLength)}}, nil
+		}
+	}
+	var objs []launcher.BucketObject
+	prefix := u.DirPrefix()
+	p := s3.NewListObjectsV2Paginator(cl, &s3.ListObjectsV2Input{Bucket: &u.Bucket, Prefix: &prefix})
+	for p.HasMorePages() && len(objs) <= c.opts.MaxObjects {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, s3Error(u, err)
+		}
+		for _, o := range page.Contents {
+			if strings.HasSuffix(awssdk.ToString(o.Key), "/") {
+				continue // a console-made "folder"
+			}
+			objs = append(objs, launcher.BucketObject{Key: awssdk.ToString(o.Key), Size: awssdk.ToInt64(o.Size)})
+		}
+	}
+	return objs, nil
+}
+
+// s3Error says what a missing bucket or a refusal means for the task.
+func s3Error(u launcher.BucketURL, err error) error {
+	var nsb *s3types.NoSuchBucket
+	var api smithy.APIError
+	switch {
+	case errors.As(err, &nsb):
+		return fmt.Errorf("%w: s3://%s: bucket not found", launcher.ErrFiles, u.Bucket)
+	case errors.As(err, &api) && (api.ErrorCode() == "NotFound" || api.ErrorCode() == "NoSuchBucket"):
+		return fmt.Errorf("%w: s3://%s: bucket not found", launcher.ErrFiles, u.Bucket)
+	case errors.As(err, &api) && (api.ErrorCode() == "AccessDenied" || api.ErrorCode() == "Forbidden"):
+		return fmt.Errorf("%w: %s: access denied to this machine's AWS credentials", launcher.ErrFiles, u)
+	}
+	return fmt.Errorf("%s: %w", u, err)
+}
+
+func (c *Client) gcsService(ctx context.Context) (*storage.Service, error) {
+	c.gcsOnce.Do(func() {
+		var opts []option.ClientOption
+		if c.opts.GCSEndpoint != "" {
+			opts = append(opts, option.WithEndpoint(c.gcsRoot()+"/storage/v1/"))
+			if len(c.opts.GCSOptions) == 0 {
+				opts = append(opts, option.WithoutAuthentication())
+			}
+		}
+		opts = append(opts, c.opts.GCSOptions...)
+		c.gcs, c.gcsErr = storage.NewService(ctx, opts...)
+		if c.gcsErr != nil {
+			c.gcsErr = fmt.Errorf("gcs: %w", c.gcsErr)
+		}
+	})
+	return c.gcs, c.gcsErr
+}
+
+func (c *Client) listGCS(ctx context.Context, u launcher.BucketURL) ([]launcher.BucketObject, error) {
+	svc, err := c.gcsService(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if u.Prefix != "" && !strings.HasSuffix(u.Prefix, "/") {
+		if o, err := svc.Objects.Get(u.Bucket, u.Prefix).Context(ctx).Do(); err == nil {
+			return []launcher.BucketObject{{Key: o.Name, Size: int64(o.Size)}}, nil
+		}
+	}
+	var objs []launcher.BucketObject
+	call := svc.Objects.List(u.Bucket).Prefix(u.DirPrefix()).Context(ctx)
+	err = call.Pages(ctx, func(page *storage.Objects) error {
+		for _, o := range page.Items {
+			if !strings.HasSuffix(o.Name, "/") {
+				objs = append(objs, launcher.BucketObject{Key: o.Name, Size: int64(o.Size)})
+			}
+		}
+		if len(objs) > c.opts.MaxObjects {
+			return errTooMany
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errTooMany) {
+		return nil, gcsError(u, err)
+	}
+	return objs, nil
+}
+
+var errTooMany = errors.New("too many objects")
+
+func gcsError(u launcher.BucketURL, err error) error {
+	var ge *googleapi.Error
+	if errors.As(err, &ge) {
+		switch ge.Code {
+		case http.StatusNotFound:
+			return fmt.Errorf("%w: %s: bucket or object not found", launcher.ErrFiles, u)
+		case http.StatusForbidden, http.StatusUnauthorized:
+			return fmt.Errorf("%w: %s: access denied to this machine's Google credentials", launcher.ErrFiles, u)
+		}
+	}
+	return fmt.Errorf("%s: %w", u, err)
+}

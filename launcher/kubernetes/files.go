@@ -1,0 +1,194 @@
+package kubernetes
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// A pod's workdir and file mounts reach it through a ConfigMap of its own (<pod>-files,
+// owned by the pod): files.tar.gz holds the local files (launcher.PackLocal) and fetch.sh
+// downloads each s3:// object by a presigned URL made at launch. An init container, in the
+// task's own image (it needs sh, tar, and curl or wget for buckets), unpacks and fetches them
+// into an emptyDir mounted at FilesDir; the task's container mounts each absolute mount path
+// from it (subPath), and links ~/sky_workdir and the ~/ mounts to it when it starts, its run
+// starting in the workdir. A ConfigMap holds at most 1 MiB, so larger local files must go
+// through a bucket; the error says so. gs:// is refused: a pod has no Google credentials that
+// Ferry can count on.
+const (
+	// FilesDir is where a pod's files are unpacked (EnvFilesDir tells the program).
+	FilesDir = "/ferry/files"
+	// EnvFilesDir names FilesDir in the pod's environment.
+	EnvFilesDir       = "FERRY_FILES_DIR"
+	filesSrcDir       = "/ferry/files-src"
+	filesVolume       = "ferry-files"
+	filesSrcVolume    = "ferry-files-src"
+	filesInitName     = "ferry-files"
+	filesArchive      = "files.tar.gz"
+	filesFetch        = "fetch.sh"
+	configMapMaxBytes = 1 << 20
+	// filesPackLimit leaves room in the ConfigMap for fetch.sh.
+	filesPackLimit = launcher.KubernetesFilesLimit
+)
+
+// filesConfigMapName is the ConfigMap holding a pod's files.
+func filesConfigMapName(pod string) string { return pod + "-files" }
+
+// filesInitScript is the init container's command.
+const filesInitScript = `set -e
+cd "$` + EnvFilesDir + `"
+tar -xzf "$FERRY_FILES_SRC/` + filesArchive + `"
+sh "$FERRY_FILES_SRC/` + filesFetch + `"
+`
+
+// attachFiles adds spec's files to pod (volumes, init container, mounts, the links its
+// command makes first) and returns the ConfigMap to create before it; nil without files.
+func (p *Provider) attachFiles(ctx context.Context, pod *corev1.Pod, spec launcher.Spec) (*corev1.ConfigMap, error) {
+	files, err := launcher.SpecFiles(spec)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.infra, err)
+	}
+	if files.Empty() {
+		return nil, nil
+	}
+	archive, err := launcher.PackLocal(files, filesPackLimit, "a Kubernetes ConfigMap (1 MiB)")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.infra, err)
+	}
+	fetch, subPaths, err := p.fetchScript(ctx, files)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.infra, err)
+	}
+	if n := len(archive) + len(fetch); n > configMapMaxBytes {
+		return nil, fmt.Errorf("%w: %s: the files and %d download URLs need %d bytes, over a ConfigMap's 1 MiB; mount fewer objects (a narrower prefix) or fewer local files", launcher.ErrFiles, p.infra, strings.Count(fetch, "\nferry_get "), n)
+	}
+	ctr := &pod.Spec.Containers[0]
+	pod.Spec.Volumes = append(pod.Spec.Volumes,
+		corev1.Volume{Name: filesSrcVolume, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+			LocalObjectReference: corev1.LocalObjectReference{Name: filesConfigMapName(pod.Name)}}}},
+		corev1.Volume{Name: filesVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+	pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{
+		Name: filesInitName, Image: ctr.Image, Command: []string{"/bin/sh", "-c", filesInitScript},
+		Env: []corev1.EnvVar{{Name: "FERRY_FILES_SRC", Value: filesSrcDir}, {Name: EnvFilesDir, Value: FilesDir}},
+		VolumeMounts: []corev1.VolumeMount{
+			{Name: filesSrcVolume, MountPath: filesSrcDir, ReadOnly: true},
+			{Name: filesVolume, MountPath: FilesDir},
+		},
+	})
+	ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: filesVolume, MountPath: FilesDir})
+	ctr.Env = append(ctr.Env, corev1.EnvVar{Name: EnvFilesDir, Value: FilesDir})
+	var links strings.Builder
+	if files.Workdir != "" {
+		ctr.Env = append(ctr.Env, corev1.EnvVar{Name: launcher.EnvWorkdir, Value: FilesDir + "/workdir"})
+		links.WriteString(`ln -sfn "$` + launcher.EnvWorkdir + `" "$HOME/` + launcher.WorkdirName + `"` + "\n")
+	}
+	for i, m := range files.Mounts {
+		rel, inHome, _ := m.Remote() // SpecFiles checked it
+		if !inHome {
+			ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: filesVolume, MountPath: "/" + rel, SubPath: subPaths[i]})
+			continue
+		}
+		target := `"$HOME"/` + shellQuote(rel)
+		links.WriteString(`mkdir -p "$(dirname ` + target + `)" && ln -sfn "$` + EnvFilesDir + `"/` + shellQuote(subPaths[i]) + " " + target + "\n")
+	}
+	ctr.Command[len(ctr.Command)-1] = links.String() + ctr.Command[len(ctr.Command)-1]
+	return &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: filesConfigMapName(pod.Name), Labels: maps.Clone(pod.Labels)},
+		BinaryData: map[string][]byte{filesArchive: archive},
+		Data:       map[string]string{filesFetch: fetch},
+	}, nil
+}
+
+// fetchScript is fetch.sh: a download per bucket object, by presigned URL. subPaths[i] is
+// where mount i lands under FilesDir.
+func (p *Provider) fetchScript(ctx context.Context, files launcher.Files) (string, []string, error) {
+	var b strings.Builder
+	b.WriteString(`ferry_get() {
+  mkdir -p "$(dirname "$2")"
+  if command -v curl >/dev/null 2>&1; then curl -fsSL --retry 3 -o "$2" "$1"; else wget -q -O "$2" "$1"; fi ||
+    { echo "ferry: download of $2 failed" >&2; exit 1; }
+}
+`)
+	subPaths := make([]string, len(files.Mounts))
+	for i, m := range files.Mounts {
+		dir := "mounts/" + strconv.Itoa(i)
+		subPaths[i] = dir
+		if m.Bucket == nil {
+			if info, err := os.Stat(m.Src); err == nil && !info.IsDir() {
+				subPaths[i] = dir + "/" + path.Base(m.Dst)
+			}
+			continue
+		}
+		if m.Bucket.Scheme != "s3" {
+			return "", nil, fmt.Errorf("%w: file_mounts.%s: %s: a pod has no Google credentials Ferry can count on; copy the data to s3:// (presigned downloads work anywhere) or use a PersistentVolumeClaim", launcher.ErrFiles, m.Dst, m.Src)
+		}
+		if p.opts.Buckets == nil {
+			return "", nil, fmt.Errorf("%w: file_mounts.%s: no bucket client configured", launcher.ErrFiles, m.Dst)
+		}
+		objs, err := p.opts.Buckets.List(ctx, *m.Bucket)
+		if err != nil {
+			return "", nil, fmt.Errorf("file_mounts.%s: %w", m.Dst, err)
+		}
+		b.WriteString("echo " + shellQuote(fmt.Sprintf("ferry: fetching %d objects of %s", len(objs), m.Src)) + "\n")
+		for _, o := range objs {
+			rel := m.Bucket.KeyPath(o.Key)
+			if rel == "" {
+				rel = path.Base(m.Dst)
+				subPaths[i] = dir + "/" + rel
+			} else if !filepath.IsLocal(rel) {
+				return "", nil, fmt.Errorf("%w: file_mounts.%s: object %q leaves its mount", launcher.ErrFiles, m.Dst, o.Key)
+			}
+			d, err := p.opts.Buckets.DownloadURL(ctx, *m.Bucket, o.Key)
+			if err != nil {
+				return "", nil, fmt.Errorf("file_mounts.%s: %w", m.Dst, err)
+			}
+			b.WriteString("ferry_get " + shellQuote(d.URL) + ` "$` + EnvFilesDir + `"/` + shellQuote(dir+"/"+rel) + "\n")
+		}
+	}
+	return b.String(), subPaths, nil
+}
+
+// shellQuote quotes s for sh as one word.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// createFiles creates the pod's files ConfigMap.
+func (p *Provider) createFiles(ctx context.Context, cm *corev1.ConfigMap) error {
+	if _, err := p.client.CoreV1().ConfigMaps(p.ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		return p.classify(err, "create config map "+cm.Name)
+	}
+	p.log.Info("created the pod's files", zap.String("config_map", cm.Name), zap.Int("archive_bytes", len(cm.BinaryData[filesArchive])))
+	return nil
+}
+
+// ownFiles makes the pod the owner of its files ConfigMap, so that the cluster removes it with
+// the pod even if Ferry never gets to.
+func (p *Provider) ownFiles(ctx context.Context, pod *corev1.Pod) {
+	patch := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"Pod","name":%q,"uid":%q}]}}`, pod.Name, pod.UID)
+	if _, err := p.client.CoreV1().ConfigMaps(p.ns).Patch(ctx, filesConfigMapName(pod.Name), types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		p.log.Warn("set the pod as its files' owner", zap.String("pod", pod.Name), zap.Error(err))
+	}
+}
+
+// deleteFiles removes the pod's files ConfigMap, if it has one.
+func (p *Provider) deleteFiles(ctx context.Context, pod string) error {
+	err := p.client.CoreV1().ConfigMaps(p.ns).Delete(ctx, filesConfigMapName(pod), metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return p.classify(err, "delete config map "+filesConfigMapName(pod))
+	}
+	return nil
+}

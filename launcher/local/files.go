@@ -1,0 +1,55 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// A local instance has no filesystem of its own, so its files are copies in its own
+// directories: the task's workdir is copied into the instance's working directory (where run
+// starts, EnvWorkdir), and file mounts go under the instance's files root (EnvFilesRoot, in its
+// directory under Dir): /data lands at $FERRY_FILES_ROOT/data and ~/x at
+// $FERRY_FILES_ROOT$HOME/x. A program reads them through those variables; nothing is written
+// at a mount's own path on this machine. Both are removed with the instance.
+
+// filesDir is the files root's name in an instance's directory.
+const filesDir = "files"
+
+// syncFiles copies spec's workdir into work and its mounts under dir's files root, logging
+// progress; a missing path or bucket fails the launch with launcher.ErrFiles.
+func (p *Provider) syncFiles(ctx context.Context, spec launcher.Spec, dir, work string) error {
+	files, err := launcher.SpecFiles(spec)
+	if err != nil {
+		return err
+	}
+	if files.Empty() {
+		return nil
+	}
+	if n, err := files.LocalBytes(); err == nil {
+		p.log.Info("syncing files", zap.String("name", spec.Name), zap.Int64("local_bytes", n), zap.Int("mounts", len(files.Mounts)))
+	}
+	root := filepath.Join(dir, filesDir)
+	progress := func(msg string) { p.log.Info("sync", zap.String("name", spec.Name), zap.String("files", msg)) }
+	if err := launcher.SyncFilesLocal(ctx, files, p.opts.Buckets, work, root, filepath.Join(root, os.Getenv("HOME")), progress); err != nil {
+		return fmt.Errorf("%s: %w", spec.Name, err)
+	}
+	return nil
+}
+
+// filesEnv tells the program where its files are.
+func filesEnv(spec launcher.Spec, dir, work string) []string {
+	var env []string
+	if spec.Workdir != "" {
+		env = append(env, launcher.EnvWorkdir+"="+work)
+	}
+	if len(spec.FileMounts) > 0 {
+		env = append(env, launcher.EnvFilesRoot+"="+filepath.Join(dir, filesDir))
+	}
+	return env
+}

@@ -1,0 +1,155 @@
+package launcher
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// DockerPrefix starts an image_id that names a container image ("docker:vllm/vllm-openai").
+const DockerPrefix = "docker:"
+
+// DockerImage is the container image spec asks for, "" when it asks for none.
+func DockerImage(spec Spec) string {
+	img, ok := strings.CutPrefix(spec.Resources.ImageID, DockerPrefix)
+	if !ok {
+		return ""
+	}
+	return img
+}
+
+// VMBootOptions is what a VM cloud gives VMBoot.
+type VMBootOptions struct {
+	// Buckets lists bucket mounts and makes their download URLs.
+	Buckets Buckets
+	// FilesLimit bounds the packed local files the boot script carries (FilesShell).
+	FilesLimit int
+	// GCSToken says the VM has a Google service account whose metadata token may read gs://
+	// mounts (GCP); elsewhere a gs:// mount is refused.
+	GCSToken bool
+	// NFS and Watch are a job node's (VMJobBoot).
+	NFS   string
+	Watch PreemptionWatch
+}
+
+// VMBoot is the part of a VM's boot script after its environment: the task's files
+// (FilesShell), then the task, on the VM or, for an image_id docker:IMAGE, in that container
+// as SkyPilot runs one: docker installed if missing, the image pulled, and the container run
+// on the host's network (--net=host), with every GPU (--gpus all) where the VM has GPUs, the
+// workdir, file mounts, state and checkpoint directories bound at the same paths, and the
+// task's environment passed by name (values stay out of the command line). Setup and run both
+// run inside it, and the container's exit status is the run's (a job node's exit marker).
+func VMBoot(ctx context.Context, infra string, spec Spec, o VMBootOptions) (string, error) {
+	files, err := SpecFiles(spec)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", infra, err)
+	}
+	var b strings.Builder
+	if !o.GCSToken {
+		for _, m := range files.Mounts {
+			if m.Bucket != nil && m.Bucket.Scheme == "gs" {
+				return "", fmt.Errorf("%w: %s: file_mounts.%s: %s needs a Google service account on the VM, which %s VMs do not have; copy the data to s3:// (presigned downloads work anywhere)", ErrFiles, infra, m.Dst, m.Src, infra)
+			}
+		}
+	}
+	sh, err := FilesShell(ctx, infra, files, o.Buckets, o.FilesLimit)
+	if err != nil {
+		return "", err
+	}
+	if sh != "" {
+		b.WriteString(filesFail(spec))
+		b.WriteString(sh)
+	}
+	if spec.Job != nil {
+		boot, err := VMJobBoot(infra, spec, o.NFS, o.Watch)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(boot)
+		return b.String(), nil
+	}
+	if DockerImage(spec) == "" {
+		b.WriteString(RenderScript(spec))
+		return b.String(), nil
+	}
+	script := RenderScript(spec)
+	if strings.Contains(script, "\n"+vmJobEOF+"\n") {
+		return "", fmt.Errorf("%w: %s: the task's script contains the line %s", ErrInvalid, infra, vmJobEOF)
+	}
+	b.WriteString("ferry_state=${FERRY_STATE_DIR:-/var/lib/ferry}\nmkdir -p \"$ferry_state\"\n")
+	b.WriteString("cat > \"$ferry_state/task.sh\" <<'" + vmJobEOF + "'\n" + script + vmJobEOF + "\n")
+	b.WriteString(dockerSetup(spec))
+	b.WriteString("exec " + runCommand(spec, `"$ferry_state/task.sh"`) + "\n")
+	return b.String(), nil
+}
+
+// dockerSetup installs docker where the VM lacks it, pulls the task's image and builds the
+// container's command line in the array ferry_docker (runCommand runs it).
+func dockerSetup(spec Spec) string {
+	img := DockerImage(spec)
+	if img == "" {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(`command -v docker >/dev/null || { echo "ferry: installing docker"; curl -fsSL https://get.docker.com | sh; }
+echo "ferry: pulling "` + shellQuote(img) + `
+docker pull ` + shellQuote(img) + ` || { echo "ferry: docker pull failed" >&2; exit 1; }
+ferry_docker=(docker run --rm --net=host)
+`)
+	if spec.Placement.Accelerator != "" && spec.Placement.AcceleratorCount > 0 {
+		b.WriteString("ferry_docker+=(--gpus all)\n")
+	}
+	b.WriteString(`ferry_docker+=(-v "$ferry_state:$ferry_state")` + "\n")
+	if spec.Workdir != "" {
+		b.WriteString(`ferry_docker+=(-v "$` + EnvWorkdir + `:$` + EnvWorkdir + `")` + "\n")
+	}
+	for _, dst := range slices.Sorted(maps.Keys(spec.FileMounts)) {
+		rel, inHome, err := remotePath(dst)
+		if err != nil {
+			continue // SpecFiles refused it already
+		}
+		in := "/" + shellQuote(rel)
+		if inHome {
+			in = `"$ferry_home"/` + shellQuote(rel)
+		}
+		// The VM's copy is under the files root; in the container it is at the mount's path.
+		b.WriteString(`ferry_docker+=(-v "$ferry_files"` + in + `:` + in + `)` + "\n")
+	}
+	b.WriteString(`[ -z "${` + EnvCheckpointDir + `:-}" ] || ferry_docker+=(-v "$` + EnvCheckpointDir + `:$` + EnvCheckpointDir + `")` + "\n")
+	envs := slices.Sorted(maps.Keys(spec.Envs))
+	envs = append(envs, "FERRY_PORT", "FERRY_HOST", EnvFilesRoot, EnvWorkdir, EnvCheckpointDir)
+	if spec.Job != nil {
+		envs = append(envs, EnvPreemptionFile)
+	}
+	b.WriteString("ferry_docker+=(")
+	for i, k := range slices.Compact(envs) {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		b.WriteString("-e " + k)
+	}
+	b.WriteString(" " + shellQuote(img) + ")\n")
+	return b.String()
+}
+
+// runCommand runs the script at path (a shell word): with bash on the VM, or in the task's
+// container (dockerSetup).
+func runCommand(spec Spec, path string) string {
+	if DockerImage(spec) == "" {
+		return "bash " + path
+	}
+	return `"${ferry_docker[@]}" bash ` + path
+}
+
+// filesFail defines ferry_files_fail: a replica's boot stops there (the replica never becomes
+// ready, its console says why); a job node ends as a failed setup, with its exit marker, so
+// the job fails instead of waiting.
+func filesFail(spec Spec) string {
+	if spec.Job == nil {
+		return "ferry_files_fail() { echo \"ferry: files: $1 failed\" >&2; exit 1; }\n"
+	}
+	return "ferry_files_fail() { echo \"ferry: files: $1 failed\" >&2; echo \"" + ExitMarker + strconv.Itoa(ExitSetupFailed) + "\"; poweroff; exit 1; }\n"
+}
