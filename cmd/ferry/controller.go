@@ -28,6 +28,7 @@ func newControllerCmd() *cobra.Command {
 		metricsTokenFile string
 		envErrs          []error // settings in the environment that do not parse
 		bufferedMB       int
+		election         electionFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "controller",
@@ -73,6 +74,9 @@ Every other command starts it in the background when it is not running, so you r
 			opts.Version = version()
 			opts.Logger = log
 			opts.PathPrepend = binDir()
+			if opts.Elector, err = election.elector(cmd.Flags(), opts.Listen, opts.APITLSCert != "", log); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			err = controller.New(opts).Start(ctx)
@@ -111,6 +115,7 @@ Every other command starts it in the background when it is not running, so you r
 		"how often jobs waiting for capacity try to launch again (0: 15s; $FERRY_JOB_RETRY_INTERVAL)")
 	f.DurationVar(&opts.JobWatchInterval, "job-watch-interval", envDuration("FERRY_JOB_WATCH_INTERVAL", &envErrs),
 		"how often a running job's nodes are looked at (0: 2s; $FERRY_JOB_WATCH_INTERVAL)")
+	addElectionFlags(f, &election, &envErrs) // last: it adds the Kubernetes flags unless the store's did
 	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
 	return cmd
 }

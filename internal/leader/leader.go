@@ -129,11 +129,12 @@ func (e *Elector) Identity() string { return e.cfg.Identity }
 
 // wrote records a successful Lease write; only this identity's count as renewals.
 func (e *Elector) wrote(started time.Time, rec rl.LeaderElectionRecord) {
-	if rec.HolderIdentity != e.cfg.Identity {
-		return
-	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if rec.HolderIdentity != e.cfg.Identity {
+		e.leading = false // the release on the way out
+		return
+	}
 	if e.done {
 		return
 	}
@@ -161,6 +162,9 @@ func (e *Elector) Run(ctx context.Context, cb Callbacks) error {
 		RenewDeadline: e.cfg.RenewDeadline,
 		RetryPeriod:   e.cfg.RetryPeriod,
 		Name:          e.cfg.Name,
+		// A leader that stops cleanly hands over at once rather than after LeaseDuration; the
+		// term moves, so writes it still has in flight are refused.
+		ReleaseOnCancel: true,
 		Callbacks: leaderelection.LeaderCallbacks{
 			OnStartedLeading: func(lctx context.Context) {
 				term, holder, _ := e.Term()

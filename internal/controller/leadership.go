@@ -1,0 +1,162 @@
+package controller
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/internal/api"
+	"github.com/ferryserve/ferry/internal/leader"
+)
+
+// High availability. With Options.Elector several controllers share one store (the Kubernetes
+// one) and one Lease. Each starts as a follower: it serves its API, but runs no service, scale
+// loop or job, and launches nothing. Its API forwards to the leader (the URL the leader wrote
+// on the Lease), except its own status, stop and logs; attached proxies' feed is answered 503
+// with X-Ferry-Leader, so that a proxy talks to the leader directly (proxy/attach).
+//
+// On winning the Lease the controller does what a restarted controller does (lead): it loads
+// every service from the store, and the replica managers and the jobs manager adopt what is in
+// flight (running replicas, strays, a rollout half-way, jobs in any saved state), then start
+// their loops. Every store write carries the term (leader.Elector.Term), so a deposed leader
+// cannot write, and a launch is always preceded by the write of its record.
+//
+// On losing the Lease the controller exits (Start returns leader.ErrLost): the loops, managers
+// and in-flight launches are not built to be demoted in place, client-go advises exiting, and
+// the process manager (a Deployment) brings it back as a follower. Fencing covers the moments
+// before it is gone.
+
+// HeaderLeader names the leader's API URL in a follower's 503 answers.
+const HeaderLeader = "X-Ferry-Leader"
+
+// headerForwarded marks a request a follower forwarded, so that it is never forwarded twice
+// (two followers that each think the other leads).
+const headerForwarded = "X-Ferry-Forwarded-By"
+
+// campaign runs the election until ctx ends and returns the API handler: the follower's until
+// this controller leads, the leader's from then on. A failed lead or lost leadership goes to
+// leaderErr, which ends Start.
+func (c *Controller) campaign(ctx context.Context, tokens api.Tokens) http.Handler {
+	e := c.opts.Elector
+	c.spawn(&c.wg, "leader election", func() {
+		err := e.Run(ctx, leader.Callbacks{OnStartedLeading: func(lctx context.Context) {
+			c.leadWG.Add(1)
+			defer c.leadWG.Done()
+			c.becomeLeader(ctx, tokens)
+		}})
+		if errors.Is(err, leader.ErrLost) {
+			c.fail(err)
+		}
+	})
+	follower := api.NewHandler(c, tokens, c.log.Named("api"))
+	fwd := c.forwarder()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h := c.api.Load(); h != nil {
+			(*h).ServeHTTP(w, r)
+			return
+		}
+		if followerLocal(r) {
+			follower.ServeHTTP(w, r)
+			return
+		}
+		c.toLeader(w, r, fwd)
+	})
+}
+
+// becomeLeader leads with Start's context: the loops it starts end with the controller, and
+// a lost Lease ends the controller.
+func (c *Controller) becomeLeader(ctx context.Context, tokens api.Tokens) {
+	term, holder, _ := c.opts.Elector.Term()
+	c.log.Info("elected: loading state and adopting what is in flight", zap.Int64("term", term), zap.String("identity", holder))
+	if err := c.lead(ctx); err != nil {
+		c.fail(fmt.Errorf("start leading: %w", err))
+		return
+	}
+	h := c.leaderHandler(tokens)
+	c.api.Store(&h)
+	c.log.Info("leading", zap.Int("services", len(c.serviceList())))
+}
+
+// fail ends Start with err (the first of several).
+func (c *Controller) fail(err error) {
+	select {
+	case c.leaderErr <- err:
+	default:
+	}
+}
+
+// followerLocal reports whether a follower answers r itself: its own status, stop and logs.
+func followerLocal(r *http.Request) bool {
+	return r.URL.Path == "/v1/controller" || r.URL.Path == "/v1/controller/stop" || r.URL.Path == "/v1/controller/logs"
+}
+
+// attachFeed reports whether r is an attached proxy's (replica set or load report): answered
+// 503, not forwarded, so that the proxy finds the leader itself and a follower's death does not
+// cut its long poll.
+func attachFeed(r *http.Request) bool {
+	return strings.HasSuffix(r.URL.Path, "/replicaset") || strings.HasSuffix(r.URL.Path, "/proxyload")
+}
+
+// toLeader forwards r to the leader, or answers 503 naming it when it cannot.
+func (c *Controller) toLeader(w http.ResponseWriter, r *http.Request, fwd *httputil.ReverseProxy) {
+	e := c.opts.Elector
+	id, to, err := e.Leader(r.Context())
+	if err != nil {
+		c.log.Warn("read the lease", zap.Error(err))
+	}
+	if to != "" {
+		w.Header().Set(HeaderLeader, to)
+	}
+	target, perr := url.Parse(to)
+	if id == "" || to == "" || perr != nil || id == e.Identity() || attachFeed(r) || r.Header.Get(headerForwarded) != "" {
+		msg := "this controller is a follower and no leader is known yet; retry shortly"
+		if to != "" {
+			msg = "this controller is a follower; the leader is " + to
+		}
+		var body api.ErrorBody
+		body.Error.Code, body.Error.Message = "not_leader", msg
+		w.Header().Set("Retry-After", "1")
+		api.WriteJSON(w, http.StatusServiceUnavailable, body)
+		return
+	}
+	r.Header.Set(headerForwarded, e.Identity())
+	fwd.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), leaderURLKey{}, target)))
+}
+
+type leaderURLKey struct{}
+
+// forwarder proxies a request to the leader URL in its context, streaming (logs, long polls)
+// as it comes. Off loopback the leader serves HTTPS with the certificate every controller
+// shares (--api-tls-cert), which is what it is verified against.
+func (c *Controller) forwarder() *httputil.ReverseProxy {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if c.opts.APITLSCert != "" {
+		if pem, err := os.ReadFile(c.opts.APITLSCert); err == nil {
+			pool := x509.NewCertPool()
+			pool.AppendCertsFromPEM(pem)
+			tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+		}
+	}
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(pr.In.Context().Value(leaderURLKey{}).(*url.URL))
+		},
+		Transport:     tr,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			var body api.ErrorBody
+			body.Error.Code, body.Error.Message = "leader_unreachable", "forward to the leader: "+err.Error()
+			w.Header().Set("Retry-After", "1")
+			api.WriteJSON(w, http.StatusBadGateway, body)
+		},
+	}
+}
