@@ -61,7 +61,7 @@ type env struct {
 	t     *testing.T
 	home  string
 	prov  *gangs
-	store *store.Store
+	store *store.SQLite
 	m     *jobs.Manager
 	stop  func()
 }
@@ -73,7 +73,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := store.Open(filepath.Join(home, "ferry.db"))
+	st, err := store.OpenSQLite(filepath.Join(home, "ferry.db"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -173,7 +173,7 @@ func (c *Controller) serviceList() []*service {
 type Controller struct {
 	opts      Options
 	log       *zap.Logger
-	store     *store.Store
+	store     store.Store
 	infras    *infra.Set
 	provider  *provision.Provisioner
 	startedAt time.Time
@@ -367,7 +367,7 @@ func lockHome(h home.Home) (unlock func(), err error) {
 // openState opens the store and the enabled infras (the provisioner over them).
 func (c *Controller) openState() (closeState func(), err error) {
 	h := c.opts.Home
-	c.store, err = store.Open(h.StorePath())
+	c.store, err = store.OpenSQLite(h.StorePath())
 	if err != nil {
 		return nil, err
 	}

@@ -21,8 +21,9 @@ import (
 // ErrNotFound is returned when a service does not exist.
 var ErrNotFound = errors.New("not found")
 
-// Store is safe for concurrent use (database/sql serialises through one connection).
-type Store struct {
+// SQLite is the embedded Store, safe for concurrent use (database/sql serialises through one
+// connection).
+type SQLite struct {
 	db *sql.DB
 }
 
@@ -98,8 +99,8 @@ var migrations = []struct{ table, column, decl string }{
 	{"services", "target", "INTEGER NOT NULL DEFAULT -1"},
 }
 
-// Open opens (creating if needed) the database at path with owner-only permissions.
-func Open(path string) (*Store, error) {
+// OpenSQLite opens (creating if needed) the database at path with owner-only permissions.
+func OpenSQLite(path string) (*SQLite, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
@@ -124,7 +125,7 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate schema in %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	return &SQLite{db: db}, nil
 }
 
 func migrate(db *sql.DB) error {
@@ -143,10 +144,10 @@ func migrate(db *sql.DB) error {
 }
 
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *SQLite) Close() error { return s.db.Close() }
 
 // CreateService inserts a new service; it fails if the name exists.
-func (s *Store) CreateService(svc Service) error {
+func (s *SQLite) CreateService(svc Service) error {
 	task, err := json.Marshal(svc.Task)
 	if err != nil {
 		return err
@@ -177,14 +178,14 @@ func (s *Store) CreateService(svc Service) error {
 }
 
 // SetTarget records a service's replica target.
-func (s *Store) SetTarget(name string, n int) error {
+func (s *SQLite) SetTarget(name string, n int) error {
 	_, err := s.db.Exec(`UPDATE services SET target = ? WHERE name = ?`, n, name)
 	return err
 }
 
 // StartUpdate records a new version and the rollout to it in one transaction: a controller
 // killed right after still finds both.
-func (s *Store) StartUpdate(service string, v replicas.Version, r replicas.Rollout) error {
+func (s *SQLite) StartUpdate(service string, v replicas.Version, r replicas.Rollout) error {
 	task, err := json.Marshal(v.Task)
 	if err != nil {
 		return err
@@ -212,7 +213,7 @@ func (s *Store) StartUpdate(service string, v replicas.Version, r replicas.Rollo
 
 // SaveRollout implements replicas.RolloutStore: it saves the rollout and makes its target the
 // service's current version.
-func (s *Store) SaveRollout(service string, r replicas.Rollout) error {
+func (s *SQLite) SaveRollout(service string, r replicas.Rollout) error {
 	tx, err := s.db.Begin()
 	if err != nil {
 		return err
@@ -249,7 +250,7 @@ func saveRollout(tx *sql.Tx, service string, r replicas.Rollout, now int64) erro
 }
 
 // Versions returns the service's recorded versions, oldest first.
-func (s *Store) Versions(service string) ([]replicas.Version, error) {
+func (s *SQLite) Versions(service string) ([]replicas.Version, error) {
 	rows, err := s.db.Query(`SELECT version, task_json, launched_as FROM versions WHERE service = ? ORDER BY version`, service)
 	if err != nil {
 		return nil, err
@@ -274,7 +275,7 @@ func (s *Store) Versions(service string) ([]replicas.Version, error) {
 }
 
 // Rollout returns the service's latest rollout, or nil if it never had one.
-func (s *Store) Rollout(service string) (*replicas.Rollout, error) {
+func (s *SQLite) Rollout(service string) (*replicas.Rollout, error) {
 	var b string
 	err := s.db.QueryRow(`SELECT rollout_json FROM rollouts WHERE service = ?`, service).Scan(&b)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -291,7 +292,7 @@ func (s *Store) Rollout(service string) (*replicas.Rollout, error) {
 }
 
 // SetServiceStatus records a service's status.
-func (s *Store) SetServiceStatus(name, status string) error {
+func (s *SQLite) SetServiceStatus(name, status string) error {
 	res, err := s.db.Exec(`UPDATE services SET status = ?, updated_at = ? WHERE name = ?`,
 		status, time.Now().UnixMilli(), name)
 	if err != nil {
@@ -304,7 +305,7 @@ func (s *Store) SetServiceStatus(name, status string) error {
 }
 
 // GetService returns one service.
-func (s *Store) GetService(name string) (Service, error) {
+func (s *SQLite) GetService(name string) (Service, error) {
 	row := s.db.QueryRow(`SELECT name, version, task_json, port, status, target, created_at, updated_at
 		FROM services WHERE name = ?`, name)
 	svc, err := scanService(row)
@@ -315,7 +316,7 @@ func (s *Store) GetService(name string) (Service, error) {
 }
 
 // ListServices returns every service ordered by name.
-func (s *Store) ListServices() ([]Service, error) {
+func (s *SQLite) ListServices() ([]Service, error) {
 	rows, err := s.db.Query(`SELECT name, version, task_json, port, status, target, created_at, updated_at
 		FROM services ORDER BY name`)
 	if err != nil {
@@ -334,7 +335,7 @@ func (s *Store) ListServices() ([]Service, error) {
 }
 
 // DeleteService removes a service and its replica rows.
-func (s *Store) DeleteService(name string) error {
+func (s *SQLite) DeleteService(name string) error {
 	tx, err := s.db.Begin()
 	if err != nil {
 		return err
@@ -373,13 +374,13 @@ func scanService(row scanner) (Service, error) {
 }
 
 var (
-	_ replicas.Store        = (*Store)(nil)
-	_ replicas.RolloutStore = (*Store)(nil)
+	_ replicas.Store        = (*SQLite)(nil)
+	_ replicas.RolloutStore = (*SQLite)(nil)
 )
 
 // NextReplicaID hands out replica ids that are never reused within a service, as SkyServe does,
 // so that logs and status lines about an old replica never get confused with a new one.
-func (s *Store) NextReplicaID(service string) (int, error) {
+func (s *SQLite) NextReplicaID(service string) (int, error) {
 	var id int
 	err := s.db.QueryRow(`UPDATE services SET next_replica_id = next_replica_id + 1
 		WHERE name = ? RETURNING next_replica_id - 1`, service).Scan(&id)
@@ -394,7 +395,7 @@ func (s *Store) NextReplicaID(service string) (int, error) {
 
 // SaveReplica inserts or updates a replica row. It also moves the service's id counter past
 // the id, so an instance adopted from a label can never collide with a later replica.
-func (s *Store) SaveReplica(r replicas.Record) error {
+func (s *SQLite) SaveReplica(r replicas.Record) error {
 	tx, err := s.db.Begin()
 	if err != nil {
 		return err
@@ -421,13 +422,13 @@ func (s *Store) SaveReplica(r replicas.Record) error {
 }
 
 // DeleteReplica forgets a replica.
-func (s *Store) DeleteReplica(service string, id int) error {
+func (s *SQLite) DeleteReplica(service string, id int) error {
 	_, err := s.db.Exec(`DELETE FROM replicas WHERE service = ? AND id = ?`, service, id)
 	return err
 }
 
 // ListReplicas returns a service's replica rows ordered by id.
-func (s *Store) ListReplicas(service string) ([]replicas.Record, error) {
+func (s *SQLite) ListReplicas(service string) ([]replicas.Record, error) {
 	rows, err := s.db.Query(`SELECT service, id, version, status, instance_id, endpoint, infra, zone,
 			spot, price, resources, launched_at, ready_at, reason
 		FROM replicas WHERE service = ? ORDER BY id`, service)
@@ -470,7 +471,7 @@ func fromMillis(ms int64) time.Time {
 
 // CreateJob implements jobs.Store: the row's id is the job's (AUTOINCREMENT: never reused,
 // even after the newest job is deleted).
-func (s *Store) CreateJob(j jobs.Job) (int64, error) {
+func (s *SQLite) CreateJob(j jobs.Job) (int64, error) {
 	data, err := json.Marshal(j)
 	if err != nil {
 		return 0, err
@@ -485,7 +486,7 @@ func (s *Store) CreateJob(j jobs.Job) (int64, error) {
 }
 
 // SaveJob implements jobs.Store.
-func (s *Store) SaveJob(j jobs.Job) error {
+func (s *SQLite) SaveJob(j jobs.Job) error {
 	data, err := json.Marshal(j)
 	if err != nil {
 		return err
@@ -502,7 +503,7 @@ func (s *Store) SaveJob(j jobs.Job) error {
 }
 
 // ListJobs implements jobs.Store, oldest first.
-func (s *Store) ListJobs() ([]jobs.Job, error) {
+func (s *SQLite) ListJobs() ([]jobs.Job, error) {
 	rows, err := s.db.Query(`SELECT id, job_json FROM jobs ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("list jobs: %w", err)

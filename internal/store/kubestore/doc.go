@@ -1,0 +1,48 @@
+// Package kubestore keeps the controller's state (store.Store) as objects in a Kubernetes API
+// server, so that a second controller can take over from a dead one with nothing on a local disk.
+//
+// # Records are labelled ConfigMaps, secrets are Secrets
+//
+// Every record is one ConfigMap labelled app.kubernetes.io/managed-by=ferry and ferry.dev/kind:
+//
+//	ferry-state             the job id counter
+//	ferry-svc-NAME          a service: its row, its rollout and every version (one key each)
+//	ferry-rep-NAME-ID       a replica
+//	ferry-job-ID            a job
+//
+// The tasks in them are Task.Redacted(); the full tasks (secret envs, API key hashes, probe
+// credentials) are in a Secret of the same name, so RBAC can give "read the state" without "read
+// the keys".
+//
+// Why ConfigMaps and not custom resources with status subresources: the fence. Every write must
+// carry the leader's term where the API server can check it (the ValidatingAdmissionPolicy in
+// charts/ferry/templates/fencing-policy.yaml compares the ferry.dev/term and ferry.dev/holder
+// annotations with the Lease). A write to a /status subresource cannot carry it: the API server
+// resets metadata to the stored object's before admission, so a deposed leader's status write
+// would pass with the term of the last legitimate write. Records must therefore be written
+// whole, which leaves a status subresource with nothing to do. ConfigMaps then need no
+// per-kind CRD to install and upgrade, come with typed informers, and every record is far below
+// the 1 MiB object limit (a service with its versions is kilobytes per version). What they lack,
+// kubectl get columns, the user-facing FerryService custom resource gives: it has a status
+// subresource, written by the controller, and is what people look at.
+//
+// # Concurrency
+//
+// Reads come from informer caches (one watch on the namespace's Ferry ConfigMaps, one on its
+// Secrets), so status reads and the replica manager's lists cost no request. Every
+// read-modify-write (counters, a service's row, rollout and versions) sends the resourceVersion it
+// read; a conflict re-reads from the API server and retries, a bounded number of times. A write
+// waits until the cache holds what it wrote, so a caller reads its own writes.
+//
+// The replica id counter is in the service's ConfigMap and the job id counter in ferry-state: an
+// id is handed out only by an update that succeeded against the resourceVersion it read, so two
+// controllers can never both hand out the same id.
+//
+// # Fencing
+//
+// Options.Fence says whether this controller leads and with which term; when it does not, every
+// write is refused here (ErrNotLeader), and a write already in flight when leadership was lost is
+// refused by the API server. Deletes cannot carry annotations, so a delete first stamps the
+// object (a fenced update) and then deletes it with that update's resourceVersion as
+// precondition.
+package kubestore

@@ -1,0 +1,314 @@
+package kubestore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	listerscorev1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/ferryserve/ferry/internal/store"
+)
+
+// Labels and annotations on every object kubestore writes.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedBy      = "ferry"
+	LabelKind      = "ferry.dev/kind"
+	LabelService   = "ferry.dev/service"
+	// AnnotationTerm and AnnotationHolder fence writes: the fencing policy admits a write only
+	// when they are the Lease's spec.leaseTransitions and spec.holderIdentity.
+	AnnotationTerm   = "ferry.dev/term"
+	AnnotationHolder = "ferry.dev/holder"
+)
+
+// ErrNotLeader is returned by every write while Options.Fence reports that this controller does
+// not lead.
+var ErrNotLeader = errors.New("kubestore: not the leader: refusing to write")
+
+// Options configure Open.
+type Options struct {
+	Config    *rest.Config
+	Namespace string
+	// Fence reports the leader's term, ok false when this controller does not lead. Nil means
+	// no leader election: writes carry no fence (and a namespace with the fencing policy
+	// installed refuses them).
+	Fence func() (term int64, ok bool)
+	// Holder is this controller's identity in the Lease (--id), stamped beside the term.
+	Holder string
+}
+
+// Store is a store.Store on the API server. Create with Open.
+type Store struct {
+	client  kubernetes.Interface
+	ns      string
+	opts    Options
+	cms     listerscorev1.ConfigMapNamespaceLister
+	secrets listerscorev1.SecretNamespaceLister
+	stop    context.CancelFunc
+}
+
+var _ store.Store = (*Store)(nil)
+
+// maxRetries bounds the re-read-and-retry of a read-modify-write that meets conflicts.
+const maxRetries = 20
+
+// cacheWait bounds how long a write waits for the informer to show it.
+const cacheWait = 30 * time.Second
+
+// Open starts the informers of the namespace's Ferry objects and returns once they have synced.
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	if opts.Config == nil || opts.Namespace == "" {
+		return nil, errors.New("kubestore: Config and Namespace are required")
+	}
+	client, err := kubernetes.NewForConfig(opts.Config)
+	if err != nil {
+		return nil, fmt.Errorf("kubestore: %w", err)
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(opts.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelManagedBy + "=" + ManagedBy }))
+	cms := factory.Core().V1().ConfigMaps()
+	secrets := factory.Core().V1().Secrets()
+	cmInformer, secretInformer := cms.Informer(), secrets.Informer()
+	runCtx, stop := context.WithCancel(context.Background())
+	factory.Start(runCtx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), cmInformer.HasSynced, secretInformer.HasSynced) {
+		stop()
+		factory.Shutdown()
+		return nil, fmt.Errorf("kubestore: informers of namespace %s did not sync: %w", opts.Namespace, context.Cause(ctx))
+	}
+	s := &Store{client: client, ns: opts.Namespace, opts: opts,
+		cms: cms.Lister().ConfigMaps(opts.Namespace), secrets: secrets.Lister().Secrets(opts.Namespace),
+		stop: func() { stop(); factory.Shutdown() }}
+	return s, nil
+}
+
+// Close stops the informers.
+func (s *Store) Close() error {
+	s.stop()
+	return nil
+}
+
+// ctx is the context of one store call: the store.Store interface has none, so calls are bounded
+// here instead.
+func (s *Store) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), time.Minute)
+}
+
+// objectMeta is the metadata of a new object of kind.
+func objectMeta(name, kind, service string) metav1.ObjectMeta {
+	l := map[string]string{LabelManagedBy: ManagedBy, LabelKind: kind}
+	if service != "" {
+		l[LabelService] = service
+	}
+	return metav1.ObjectMeta{Name: name, Labels: l}
+}
+
+// nameRE is what a service name must be to name objects (configs' rule for names).
+var nameRE = regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
+
+func checkName(service string) error {
+	if len(service) > 200 || !nameRE.MatchString(service) {
+		return fmt.Errorf("kubestore: service name %q: want lower-case letters, digits and '-', starting with a letter", service)
+	}
+	return nil
+}
+
+// kindSelector selects the objects of one kind (and service, when not empty).
+func kindSelector(kind, service string) labels.Selector {
+	set := labels.Set{LabelManagedBy: ManagedBy, LabelKind: kind}
+	if service != "" {
+		set[LabelService] = service
+	}
+	return labels.SelectorFromSet(set)
+}
+
+// wrapNotFound turns the API's NotFound into store.ErrNotFound.
+func wrapNotFound(err error, what string) error {
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("%s: %w", what, store.ErrNotFound)
+	}
+	return err
+}
+
+// newerOrSame reports whether resourceVersion have is at least want. Resource versions are
+// etcd revisions; the API asks clients not to compare them, but the cache's only other
+// promise, equality, cannot tell a newer write apart from a lost one.
+func newerOrSame(have, want string) bool {
+	h, err1 := strconv.ParseUint(have, 10, 64)
+	w, err2 := strconv.ParseUint(want, 10, 64)
+	if err1 != nil || err2 != nil {
+		return have == want
+	}
+	return h >= w
+}
+
+// waitCache waits until get shows the object at resourceVersion rv or later (rv "" : until it
+// is gone), so that the writer reads its own write.
+func waitCache(get func() (metav1.Object, error), rv string) error {
+	deadline := time.Now().Add(cacheWait)
+	for {
+		obj, err := get()
+		switch {
+		case rv == "" && apierrors.IsNotFound(err):
+			return nil
+		case err == nil && rv != "" && newerOrSame(obj.GetResourceVersion(), rv):
+			return nil
+		case err == nil && rv == "" && obj.GetDeletionTimestamp() != nil:
+			return nil
+		case err != nil && !apierrors.IsNotFound(err):
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("kubestore: the cache did not show the write within %v", cacheWait)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// objects is one kind of object (ConfigMaps, Secrets) as the write helpers need it.
+type objects[T metav1.Object] struct {
+	s        *Store
+	cached   func(name string) (T, error)
+	get      func(ctx context.Context, name string) (T, error)
+	create   func(ctx context.Context, obj T) (T, error)
+	update   func(ctx context.Context, obj T) (T, error)
+	del      func(ctx context.Context, name string, opts metav1.DeleteOptions) error
+	deepCopy func(T) T
+}
+
+func (s *Store) configMaps() objects[*corev1.ConfigMap] {
+	c := s.client.CoreV1().ConfigMaps(s.ns)
+	return objects[*corev1.ConfigMap]{s: s, cached: s.cms.Get,
+		get: func(ctx context.Context, name string) (*corev1.ConfigMap, error) {
+			return c.Get(ctx, name, metav1.GetOptions{})
+		},
+		create: func(ctx context.Context, o *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+			return c.Create(ctx, o, metav1.CreateOptions{})
+		},
+		update: func(ctx context.Context, o *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+			return c.Update(ctx, o, metav1.UpdateOptions{})
+		},
+		del: c.Delete, deepCopy: (*corev1.ConfigMap).DeepCopy}
+}
+
+func (s *Store) secretObjects() objects[*corev1.Secret] {
+	c := s.client.CoreV1().Secrets(s.ns)
+	return objects[*corev1.Secret]{s: s, cached: s.secrets.Get,
+		get: func(ctx context.Context, name string) (*corev1.Secret, error) {
+			return c.Get(ctx, name, metav1.GetOptions{})
+		},
+		create: func(ctx context.Context, o *corev1.Secret) (*corev1.Secret, error) {
+			return c.Create(ctx, o, metav1.CreateOptions{})
+		},
+		update: func(ctx context.Context, o *corev1.Secret) (*corev1.Secret, error) {
+			return c.Update(ctx, o, metav1.UpdateOptions{})
+		},
+		del: c.Delete, deepCopy: (*corev1.Secret).DeepCopy}
+}
+
+func (o objects[T]) wait(name, rv string) error {
+	return waitCache(func() (metav1.Object, error) { return o.cached(name) }, rv)
+}
+
+// Create creates obj, fenced, and waits for the cache to show it.
+func (o objects[T]) Create(obj T) (T, error) {
+	var zero T
+	if err := o.s.fenceObject(obj); err != nil {
+		return zero, err
+	}
+	ctx, cancel := o.s.ctx()
+	defer cancel()
+	out, err := o.create(ctx, obj)
+	if err != nil {
+		return zero, err
+	}
+	return out, o.wait(out.GetName(), out.GetResourceVersion())
+}
+
+// Update is a read-modify-write of the named object: mutate changes a copy of the cached
+// object, which is sent with its resourceVersion; on a conflict the object is read again from
+// the API server and mutate runs again. A mutate error ends it as is.
+func (o objects[T]) Update(name string, mutate func(T) error) (T, error) {
+	var zero T
+	ctx, cancel := o.s.ctx()
+	defer cancel()
+	cur, err := o.cached(name)
+	for attempt := 0; ; attempt++ {
+		if err != nil {
+			return zero, err
+		}
+		obj := o.deepCopy(cur)
+		if err := mutate(obj); err != nil {
+			return zero, err
+		}
+		if err := o.s.fenceObject(obj); err != nil {
+			return zero, err
+		}
+		out, uerr := o.update(ctx, obj)
+		if uerr == nil {
+			return out, o.wait(name, out.GetResourceVersion())
+		}
+		if !apierrors.IsConflict(uerr) || attempt == maxRetries {
+			return zero, uerr
+		}
+		cur, err = o.get(ctx, name)
+	}
+}
+
+// Delete stamps the fence on the named object (a write the policy checks) and deletes it on the
+// condition that nothing changed since. Gone already is success.
+func (o objects[T]) Delete(name string) error {
+	stamped, err := o.Update(name, func(T) error { return nil })
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	ctx, cancel := o.s.ctx()
+	defer cancel()
+	rv := stamped.GetResourceVersion()
+	err = o.del(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	return o.wait(name, "")
+}
+
+// fenceObject stamps obj's metadata with the leader's term and holder, or refuses when not
+// leading.
+func (s *Store) fenceObject(obj metav1.Object) error {
+	if s.opts.Fence == nil {
+		return nil
+	}
+	term, ok := s.opts.Fence()
+	if !ok {
+		return ErrNotLeader
+	}
+	a := obj.GetAnnotations()
+	if a == nil {
+		a = map[string]string{}
+	}
+	a[AnnotationTerm] = strconv.FormatInt(term, 10)
+	a[AnnotationHolder] = s.opts.Holder
+	obj.SetAnnotations(a)
+	return nil
+}
+
+func jsonString(v any) (string, error) {
+	b, err := json.Marshal(v)
+	return string(b), err
+}

@@ -1,0 +1,334 @@
+package kubestore
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/internal/store"
+	"github.com/ferryserve/ferry/replicas"
+)
+
+// Keys of a service's ConfigMap and Secret.
+const (
+	keyService       = "service.json"
+	keyRollout       = "rollout.json"
+	keyVersionPrefix = "version-"
+	suffixRecord     = ".json"
+	suffixTask       = ".task.json" // in the Secret: the full task of a version
+)
+
+// serviceRow is the service's own record, keyService in its ConfigMap.
+type serviceRow struct {
+	Version       int       `json:"version"`
+	Port          int       `json:"port"`
+	Status        string    `json:"status"`
+	Target        int       `json:"target"`
+	NextReplicaID int       `json:"next_replica_id"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
+}
+
+// versionRecord is one version, keyVersionPrefix+N+suffixRecord; Task is redacted, the full task
+// is in the Secret.
+type versionRecord struct {
+	Number     int           `json:"number"`
+	LaunchedAs int           `json:"launched_as"`
+	Task       *configs.Task `json:"task"`
+	CreatedAt  time.Time     `json:"created_at"`
+}
+
+func serviceObject(name string) string { return "ferry-svc-" + name }
+func versionKey(n int) string          { return keyVersionPrefix + strconv.Itoa(n) + suffixRecord }
+func versionTaskKey(n int) string      { return keyVersionPrefix + strconv.Itoa(n) + suffixTask }
+
+func putJSON(cm *corev1.ConfigMap, key string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+	cm.Data[key] = string(b)
+	return nil
+}
+
+func getJSON(cm *corev1.ConfigMap, key string, v any) (bool, error) {
+	s, ok := cm.Data[key]
+	if !ok {
+		return false, nil
+	}
+	if err := json.Unmarshal([]byte(s), v); err != nil {
+		return true, fmt.Errorf("kubestore: %s %s: %w", cm.Name, key, err)
+	}
+	return true, nil
+}
+
+// CreateService implements store.Store.
+func (s *Store) CreateService(svc store.Service) error {
+	if err := checkName(svc.Name); err != nil {
+		return err
+	}
+	name := serviceObject(svc.Name)
+	if _, err := s.cms.Get(name); err == nil {
+		return fmt.Errorf("create service %q: it exists", svc.Name)
+	}
+	now := time.Now().UTC()
+	cm := &corev1.ConfigMap{ObjectMeta: objectMeta(name, "service", svc.Name)}
+	row := serviceRow{Version: svc.Version, Port: svc.Port, Status: svc.Status, Target: -1, NextReplicaID: 1, CreatedAt: now, UpdatedAt: now}
+	if err := putJSON(cm, keyService, row); err != nil {
+		return err
+	}
+	if err := putJSON(cm, versionKey(svc.Version), versionRecord{Number: svc.Version, LaunchedAs: svc.Version, Task: svc.Task.Redacted(), CreatedAt: now}); err != nil {
+		return err
+	}
+	if _, err := s.configMaps().Create(cm); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create service %q: it exists", svc.Name)
+		}
+		return fmt.Errorf("create service %q: %w", svc.Name, err)
+	}
+	// A Secret left by a service of the same name whose deletion failed starts afresh.
+	if err := s.putSecret(name, "service", svc.Name, true, map[string]any{versionTaskKey(svc.Version): svc.Task}); err != nil {
+		_ = s.configMaps().Delete(name)
+		return fmt.Errorf("create service %q: %w", svc.Name, err)
+	}
+	return nil
+}
+
+// putSecret writes keys (JSON-encoded) into the named Secret, creating it when missing; reset
+// drops the keys it had.
+func (s *Store) putSecret(name, kind, service string, reset bool, keys map[string]any) error {
+	data := map[string][]byte{}
+	for k, v := range keys {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		data[k] = b
+	}
+	mutate := func(sec *corev1.Secret) error {
+		if reset || sec.Data == nil {
+			sec.Data = map[string][]byte{}
+		}
+		for k, v := range data {
+			sec.Data[k] = v
+		}
+		return nil
+	}
+	objs := s.secretObjects()
+	_, err := objs.Update(name, mutate)
+	if !apierrors.IsNotFound(err) {
+		return err
+	}
+	sec := &corev1.Secret{ObjectMeta: objectMeta(name, kind, service), Type: corev1.SecretTypeOpaque, Data: data}
+	_, err = objs.Create(sec)
+	if apierrors.IsAlreadyExists(err) { // created meanwhile: merge into it
+		_, err = objs.Update(name, mutate)
+	}
+	return err
+}
+
+// secretJSON decodes key of the named Secret into v; a missing key is an error, since the
+// record that names it would otherwise be read with redacted values.
+func (s *Store) secretJSON(name, key string, v any) error {
+	sec, err := s.secrets.Get(name)
+	if err != nil {
+		return fmt.Errorf("kubestore: secret %s: %w", name, err)
+	}
+	b, ok := sec.Data[key]
+	if !ok {
+		return fmt.Errorf("kubestore: secret %s has no %s", name, key)
+	}
+	return json.Unmarshal(b, v)
+}
+
+// serviceConfigMap is the cached ConfigMap of a service, store.ErrNotFound when there is none.
+func (s *Store) serviceConfigMap(service string) (*corev1.ConfigMap, error) {
+	cm, err := s.cms.Get(serviceObject(service))
+	return cm, wrapNotFound(err, fmt.Sprintf("service %q", service))
+}
+
+// GetService implements store.Store.
+func (s *Store) GetService(name string) (store.Service, error) {
+	cm, err := s.serviceConfigMap(name)
+	if err != nil {
+		return store.Service{}, err
+	}
+	return s.readService(name, cm)
+}
+
+func (s *Store) readService(name string, cm *corev1.ConfigMap) (store.Service, error) {
+	var row serviceRow
+	if ok, err := getJSON(cm, keyService, &row); err != nil || !ok {
+		return store.Service{}, fmt.Errorf("kubestore: service %q: no row (%v)", name, err)
+	}
+	task := new(configs.Task)
+	if err := s.secretJSON(cm.Name, versionTaskKey(row.Version), task); err != nil {
+		return store.Service{}, fmt.Errorf("service %q: %w", name, err)
+	}
+	return store.Service{Name: name, Version: row.Version, Task: task, Port: row.Port, Status: row.Status, Target: row.Target,
+		CreatedAt: row.CreatedAt, UpdatedAt: row.UpdatedAt}, nil
+}
+
+// ListServices implements store.Store.
+func (s *Store) ListServices() ([]store.Service, error) {
+	cms, err := s.cms.List(kindSelector("service", ""))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]store.Service, 0, len(cms))
+	for _, cm := range cms {
+		svc, err := s.readService(cm.Labels[LabelService], cm)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, svc)
+	}
+	slices.SortFunc(out, func(a, b store.Service) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// updateRow is a read-modify-write of a service's ConfigMap through its row.
+func (s *Store) updateRow(service string, mutate func(cm *corev1.ConfigMap, row *serviceRow) error) error {
+	_, err := s.configMaps().Update(serviceObject(service), func(cm *corev1.ConfigMap) error {
+		var row serviceRow
+		if _, err := getJSON(cm, keyService, &row); err != nil {
+			return err
+		}
+		if err := mutate(cm, &row); err != nil {
+			return err
+		}
+		row.UpdatedAt = time.Now().UTC()
+		return putJSON(cm, keyService, row)
+	})
+	return wrapNotFound(err, fmt.Sprintf("service %q", service))
+}
+
+// SetServiceStatus implements store.Store.
+func (s *Store) SetServiceStatus(name, status string) error {
+	return s.updateRow(name, func(_ *corev1.ConfigMap, row *serviceRow) error { row.Status = status; return nil })
+}
+
+// SetTarget implements store.Store. A service that is gone has no target to keep.
+func (s *Store) SetTarget(name string, n int) error {
+	err := s.updateRow(name, func(_ *corev1.ConfigMap, row *serviceRow) error { row.Target = n; return nil })
+	if apierrors.IsNotFound(err) || errorsIsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// StartUpdate implements replicas.RolloutStore: the version, the rollout and the service's
+// current version change in one write of the service's ConfigMap. The new version's full task
+// goes to the Secret first: nothing names it until that write.
+func (s *Store) StartUpdate(service string, v replicas.Version, r replicas.Rollout) error {
+	cm, err := s.serviceConfigMap(service)
+	if err != nil {
+		return err
+	}
+	if _, ok := cm.Data[versionKey(v.Number)]; ok {
+		return fmt.Errorf("record version %d of %q: it exists", v.Number, service)
+	}
+	if err := s.putSecret(cm.Name, "service", service, false, map[string]any{versionTaskKey(v.Number): v.Task}); err != nil {
+		return err
+	}
+	rec := versionRecord{Number: v.Number, LaunchedAs: v.LaunchedAs, Task: v.Task.Redacted(), CreatedAt: time.Now().UTC()}
+	return s.updateRow(service, func(cm *corev1.ConfigMap, row *serviceRow) error {
+		if _, ok := cm.Data[versionKey(v.Number)]; ok {
+			return fmt.Errorf("record version %d of %q: it exists", v.Number, service)
+		}
+		if err := putJSON(cm, versionKey(v.Number), rec); err != nil {
+			return err
+		}
+		return setRollout(cm, row, service, r)
+	})
+}
+
+// SaveRollout implements replicas.RolloutStore: it saves the rollout and makes its target the
+// service's current version.
+func (s *Store) SaveRollout(service string, r replicas.Rollout) error {
+	return s.updateRow(service, func(cm *corev1.ConfigMap, row *serviceRow) error { return setRollout(cm, row, service, r) })
+}
+
+func setRollout(cm *corev1.ConfigMap, row *serviceRow, service string, r replicas.Rollout) error {
+	if _, ok := cm.Data[versionKey(r.Target())]; !ok {
+		return fmt.Errorf("save rollout of %q: version %d: %w", service, r.Target(), store.ErrNotFound)
+	}
+	r.NewHealthy, r.NewReady, r.OldLive, r.Desired = 0, 0, 0, 0 // live counts are not state
+	row.Version = r.Target()
+	return putJSON(cm, keyRollout, r)
+}
+
+// Versions implements store.Store.
+func (s *Store) Versions(service string) ([]replicas.Version, error) {
+	cm, err := s.cms.Get(serviceObject(service))
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []replicas.Version
+	for key := range cm.Data {
+		if !strings.HasPrefix(key, keyVersionPrefix) {
+			continue
+		}
+		var rec versionRecord
+		if _, err := getJSON(cm, key, &rec); err != nil {
+			return nil, err
+		}
+		task := new(configs.Task)
+		if err := s.secretJSON(cm.Name, versionTaskKey(rec.Number), task); err != nil {
+			return nil, fmt.Errorf("version %d of %q: %w", rec.Number, service, err)
+		}
+		out = append(out, replicas.Version{Number: rec.Number, Task: task, LaunchedAs: rec.LaunchedAs})
+	}
+	slices.SortFunc(out, func(a, b replicas.Version) int { return a.Number - b.Number })
+	return out, nil
+}
+
+// Rollout implements store.Store.
+func (s *Store) Rollout(service string) (*replicas.Rollout, error) {
+	cm, err := s.cms.Get(serviceObject(service))
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r replicas.Rollout
+	if ok, err := getJSON(cm, keyRollout, &r); err != nil || !ok {
+		return nil, err
+	}
+	return &r, nil
+}
+
+// DeleteService implements store.Store: replicas first, so that a delete cut short leaves a
+// service whose replicas a next attempt still finds.
+func (s *Store) DeleteService(name string) error {
+	reps, err := s.cms.List(kindSelector("replica", name))
+	if err != nil {
+		return err
+	}
+	for _, cm := range reps {
+		if err := s.configMaps().Delete(cm.Name); err != nil {
+			return fmt.Errorf("delete service %q: %w", name, err)
+		}
+	}
+	if err := s.configMaps().Delete(serviceObject(name)); err != nil {
+		return fmt.Errorf("delete service %q: %w", name, err)
+	}
+	if err := s.secretObjects().Delete(serviceObject(name)); err != nil {
+		return fmt.Errorf("delete service %q: %w", name, err)
+	}
+	return nil
+}
