@@ -55,6 +55,8 @@ type Hub struct {
 	// arrivals sums every proxy's arrivals since this controller first heard of it; it never
 	// goes down, as the autoscaler takes its rate.
 	arrivals uint64
+	// sharing is the proxy count last handed out (ReplicaSet.Proxies).
+	sharing int
 }
 
 var _ Service = (*Hub)(nil)
@@ -113,6 +115,9 @@ func (h *Hub) Poll(ctx context.Context, after uint64, wait time.Duration) Replic
 	if h.cfg.Config != nil {
 		rs.Config = h.cfg.Config()
 	}
+	h.mu.Lock()
+	rs.Proxies = max(h.sharing, 1)
+	h.mu.Unlock()
 	return rs
 }
 
@@ -121,7 +126,9 @@ func (h *Hub) Report(r LoadReport) error {
 	if r.ProxyID == "" {
 		return fmt.Errorf("proxy load report without a proxy id: %w", api.ErrInvalid)
 	}
-	h.record(r, h.cfg.Now())
+	if h.record(r, h.cfg.Now()) && h.feed.Seq() != 0 {
+		h.feed.Publish(nil) // the proxies' shares of each replica changed
+	}
 	if r.Waiting > 0 && h.cfg.OnWaiting != nil {
 		h.cfg.OnWaiting()
 	}
@@ -143,9 +150,10 @@ func (h *Hub) Load() (inflight float64, arrivals uint64) {
 	return h.load(h.cfg.Now())
 }
 
-// record stores a report. A proxy's arrivals count from its first report on; a counter that
-// goes down (the same id restarted) counts from zero again.
-func (h *Hub) record(r LoadReport, now time.Time) {
+// record stores a report and reports whether the number of proxies sharing the replicas (those
+// with a fresh report) changed. A proxy's arrivals count from its first report on; a counter
+// that goes down (the same id restarted) counts from zero again.
+func (h *Hub) record(r LoadReport, now time.Time) (sharingChanged bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.proxies == nil {
@@ -164,11 +172,20 @@ func (h *Hub) record(r LoadReport, now time.Time) {
 		// controller restart) is not load of the last decision interval.
 		h.proxies[r.ProxyID] = &attachedProxy{report: r, at: now}
 	}
+	fresh := 0
 	for id, p := range h.proxies {
 		if now.Sub(p.at) > reportForget {
 			delete(h.proxies, id)
 		}
+		if now.Sub(p.at) <= reportFresh {
+			fresh++
+		}
 	}
+	if fresh != h.sharing {
+		h.sharing = fresh
+		return true
+	}
+	return false
 }
 
 // busy is Busy with the current Seq and the controller's start time passed in.
