@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -74,7 +75,7 @@ Every other command starts it in the background when it is not running, so you r
 			opts.Version = version()
 			opts.Logger = log
 			opts.PathPrepend = binDir()
-			if opts.Elector, err = election.elector(cmd.Flags(), opts.Listen, opts.APITLSCert != "", log); err != nil {
+			if err := election.apply(&opts, log); err != nil {
 				return err
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
@@ -115,9 +116,20 @@ Every other command starts it in the background when it is not running, so you r
 		"how often jobs waiting for capacity try to launch again (0: 15s; $FERRY_JOB_RETRY_INTERVAL)")
 	f.DurationVar(&opts.JobWatchInterval, "job-watch-interval", envDuration("FERRY_JOB_WATCH_INTERVAL", &envErrs),
 		"how often a running job's nodes are looked at (0: 2s; $FERRY_JOB_WATCH_INTERVAL)")
-	addElectionFlags(f, &election, &envErrs) // last: it adds the Kubernetes flags unless the store's did
+	addStoreFlags(f, &opts.Store)
+	addElectionFlags(f, &election, &envErrs)
 	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
 	return cmd
+}
+
+// addStoreFlags adds --store and the Kubernetes connection flags (shared with --leader-elect:
+// the Lease lives beside the state).
+func addStoreFlags(f *pflag.FlagSet, o *controller.StoreOptions) {
+	f.StringVar(&o.Kind, "store", envOr("FERRY_STORE", controller.StoreSQLite),
+		"where the state is: sqlite (a file in FERRY_HOME) or kubernetes (objects in --namespace, for controllers that fail over) ($FERRY_STORE)")
+	f.StringVar(&o.Kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig for --store kubernetes (default: in-cluster; $KUBECONFIG)")
+	f.StringVar(&o.Context, "kube-context", "", "context of --kubeconfig (default: its current context)")
+	f.StringVar(&o.Namespace, "namespace", os.Getenv("FERRY_NAMESPACE"), "namespace of the state (default: the pod's, else ferry; $FERRY_NAMESPACE)")
 }
 
 // envDuration is envOr for a duration setting ("15s"), 0 when unset; a bad value is added to

@@ -9,10 +9,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"go.uber.org/zap"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/ferryserve/ferry/internal/controller"
 	"github.com/ferryserve/ferry/internal/leader"
 )
 
@@ -28,8 +26,8 @@ type electionFlags struct {
 	advertise string
 }
 
-// addElectionFlags adds the election flags, and the Kubernetes connection flags unless the
-// store's flags already did (they are shared: the Lease lives beside the store's objects).
+// addElectionFlags adds the election flags; the Lease is reached with the store's Kubernetes
+// flags and lives in its namespace.
 func addElectionFlags(f *pflag.FlagSet, ef *electionFlags, envErrs *[]error) {
 	f.BoolVar(&ef.enabled, "leader-elect", envBool("FERRY_LEADER_ELECT", envErrs),
 		"run as one of several controllers over --store kubernetes: follow until this one holds the Lease --lease-name, then lead ($FERRY_LEADER_ELECT)")
@@ -37,45 +35,32 @@ func addElectionFlags(f *pflag.FlagSet, ef *electionFlags, envErrs *[]error) {
 	f.StringVar(&ef.id, "id", "", "this controller's identity in the Lease (default: hostname-pid)")
 	f.StringVar(&ef.advertise, "advertise-url", os.Getenv("FERRY_ADVERTISE_URL"),
 		"the URL other controllers and attached proxies reach this controller's --listen API at (default: from --listen, with $POD_IP or the hostname for an unspecified host; $FERRY_ADVERTISE_URL)")
-	if f.Lookup("kubeconfig") == nil {
-		f.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig for the Kubernetes store and the Lease (default: in-cluster; $KUBECONFIG)")
-	}
-	if f.Lookup("kube-context") == nil {
-		f.String("kube-context", "", "context of --kubeconfig (default: its current context)")
-	}
-	if f.Lookup("namespace") == nil {
-		f.String("namespace", os.Getenv("FERRY_NAMESPACE"), "namespace of the state and the Lease (default: the pod's, else ferry; $FERRY_NAMESPACE)")
-	}
 }
 
-// elector builds the Elector from the flags; nil without --leader-elect.
-func (ef electionFlags) elector(f *pflag.FlagSet, listen string, tls bool, log *zap.Logger) (*leader.Elector, error) {
+// apply gives opts an Elector, and the store the term to fence its writes with; nothing
+// without --leader-elect.
+func (ef electionFlags) apply(opts *controller.Options, log *zap.Logger) error {
 	if !ef.enabled {
-		return nil, nil
+		return nil
 	}
-	if st, err := f.GetString("store"); err == nil && st != "kubernetes" {
-		return nil, errors.New("--leader-elect requires --store kubernetes: the controllers must share their state")
+	if opts.Store.Kind != controller.StoreKubernetes {
+		return errors.New("--leader-elect requires --store kubernetes: the controllers must share their state")
 	}
-	advertise, err := advertiseURL(ef.advertise, listen, tls)
+	advertise, err := advertiseURL(ef.advertise, opts.Listen, opts.APITLSCert != "")
 	if err != nil {
-		return nil, err
+		return err
 	}
-	kubeconfig, _ := f.GetString("kubeconfig")
-	kubeContext, _ := f.GetString("kube-context")
-	ns, _ := f.GetString("namespace")
-	cfg, err := kubeRESTConfig(kubeconfig, kubeContext)
+	e, err := opts.Store.Elector(leader.Config{Name: ef.lease, Identity: ef.id, URL: advertise, Logger: log.Named("leader")})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if ns == "" {
-		ns = inClusterNamespace()
+	opts.Elector = e
+	opts.Store.Fence = func() (int64, bool) {
+		term, _, ok := e.Term()
+		return term, ok
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return leader.New(leader.Config{Client: cs.CoordinationV1(), Namespace: ns, Name: ef.lease, Identity: ef.id, URL: advertise,
-		Logger: log.Named("leader")})
+	opts.Store.Holder = e.Identity()
+	return nil
 }
 
 // advertiseURL is --advertise-url, or the URL of --listen: http(s)://HOST:PORT, where an
@@ -107,35 +92,6 @@ func advertiseURL(explicit, listen string, tls bool) (string, error) {
 		scheme = "https"
 	}
 	return scheme + "://" + net.JoinHostPort(host, port), nil
-}
-
-// kubeRESTConfig is the in-cluster configuration without a kubeconfig, else the kubeconfig's
-// context.
-func kubeRESTConfig(kubeconfig, context string) (*rest.Config, error) {
-	if kubeconfig == "" && context == "" {
-		if cfg, err := rest.InClusterConfig(); err == nil {
-			return cfg, nil
-		}
-	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	if kubeconfig != "" {
-		rules.ExplicitPath = kubeconfig
-	}
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: context}).ClientConfig()
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes configuration: %w", err)
-	}
-	return cfg, nil
-}
-
-// inClusterNamespace is the pod's namespace, else "ferry".
-func inClusterNamespace() string {
-	if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil {
-		if ns := strings.TrimSpace(string(b)); ns != "" {
-			return ns
-		}
-	}
-	return "ferry"
 }
 
 // envBool is envOr for a boolean setting, false when unset; a bad value is added to errs.

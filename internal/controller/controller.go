@@ -46,6 +46,9 @@ var ErrAlreadyRunning = errors.New("a controller is already running for this FER
 // Options configure a controller.
 type Options struct {
 	Home home.Home
+	// Store says where the state is: SQLite in Home (the default) or the Kubernetes API
+	// (store.go).
+	Store StoreOptions
 	// Listen is a TCP address for the API besides its Unix socket (attached proxies on other
 	// machines need one); empty or ListenerOff for none, the default.
 	Listen string
@@ -367,7 +370,7 @@ func lockHome(h home.Home) (unlock func(), err error) {
 // openState opens the store and the enabled infras (the provisioner over them).
 func (c *Controller) openState() (closeState func(), err error) {
 	h := c.opts.Home
-	c.store, err = store.OpenSQLite(h.StorePath())
+	c.store, err = c.openStore()
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"go.uber.org/zap"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/leader"
@@ -159,4 +160,19 @@ func (c *Controller) forwarder() *httputil.ReverseProxy {
 			api.WriteJSON(w, http.StatusBadGateway, body)
 		},
 	}
+}
+
+// Elector is a leader election on the Lease cfg.Name in the store's namespace, through the
+// store's API server: cfg's Client and Namespace are filled in.
+func (o StoreOptions) Elector(cfg leader.Config) (*leader.Elector, error) {
+	rc, err := o.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Client, cfg.Namespace = cs.CoordinationV1(), o.namespace()
+	return leader.New(cfg)
 }

@@ -10,10 +10,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/store"
 	"github.com/ferryserve/ferry/internal/store/kubestore"
 	"github.com/ferryserve/ferry/internal/store/storetest"
 	"github.com/ferryserve/ferry/internal/testcluster"
+	"github.com/ferryserve/ferry/jobs"
 )
 
 func TestMain(m *testing.M) { testcluster.Main(m) }
@@ -53,4 +55,85 @@ func opener(c *testcluster.Cluster, ns string) storetest.Opener {
 func TestKubeContract(t *testing.T) {
 	c := testcluster.Shared(t)
 	storetest.Run(t, func(t *testing.T) storetest.Opener { return opener(c, newNamespace(t, c)) })
+}
+
+func jobsJob() jobs.Job {
+	return jobs.Job{Name: "j", Task: &configs.Task{Run: "x"}, State: jobs.Pending}
+}
+
+// TestSecretsStayInSecrets: the ConfigMaps (readable with the state) hold the redacted task;
+// the values are only in the Secret of the same name; every object carries the fence.
+func TestSecretsStayInSecrets(t *testing.T) {
+	c := testcluster.Shared(t)
+	ns := newNamespace(t, c)
+	s := opener(c, ns)(t)
+	task := &configs.Task{Run: "serve", Secrets: map[string]string{"HF_TOKEN": "hf_sekrit"}}
+	if err := s.CreateService(store.Service{Name: "chat", Version: 1, Task: task, Port: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateJob(jobs.Job{Name: "train", Task: task, State: jobs.Pending}); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cms, err := c.Client().CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: kubestore.LabelManagedBy + "=" + kubestore.ManagedBy})
+	if err != nil || len(cms.Items) != 3 { // the service, the job, the job counter
+		t.Fatalf("ConfigMaps: %d, %v; want 3", len(cms.Items), err)
+	}
+	for _, cm := range cms.Items {
+		for k, v := range cm.Data {
+			if strings.Contains(v, "hf_sekrit") {
+				t.Errorf("ConfigMap %s key %s holds the secret value", cm.Name, k)
+			}
+		}
+		if cm.Annotations[kubestore.AnnotationTerm] != "1" || cm.Annotations[kubestore.AnnotationHolder] != "test" {
+			t.Errorf("ConfigMap %s annotations %v: want the fence", cm.Name, cm.Annotations)
+		}
+	}
+	secrets, err := c.Client().CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: kubestore.LabelManagedBy + "=" + kubestore.ManagedBy})
+	if err != nil || len(secrets.Items) != 2 {
+		t.Fatalf("Secrets: %d, %v; want the service's and the job's", len(secrets.Items), err)
+	}
+	for _, sec := range secrets.Items {
+		found := false
+		for _, v := range sec.Data {
+			found = found || strings.Contains(string(v), "hf_sekrit")
+		}
+		if !found {
+			t.Errorf("Secret %s does not hold the task's secret", sec.Name)
+		}
+	}
+}
+
+// TestConcurrentWritesAreNotLost: two controllers' stores change different fields of the same
+// service row at once; conflicts are re-read and retried, so neither write overwrites the other.
+func TestConcurrentWritesAreNotLost(t *testing.T) {
+	c := testcluster.Shared(t)
+	ns := newNamespace(t, c)
+	open := opener(c, ns)
+	a, b := open(t), open(t)
+	if err := a.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{}, Port: 1, Status: "INIT"}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 8
+	errs := make(chan error, 2*n)
+	for i := range n {
+		go func() { errs <- a.SetTarget("chat", i) }()
+		go func() { _, err := b.NextReplicaID("chat"); errs <- err }()
+	}
+	for range 2 * n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.SetServiceStatus("chat", "READY"); err != nil {
+		t.Fatal(err)
+	}
+	id, err := a.NextReplicaID("chat")
+	if err != nil || id != n+1 {
+		t.Errorf("next id after %d concurrent allocations = %d, %v; want %d", n, id, err, n+1)
+	}
+	got, err := a.GetService("chat")
+	if err != nil || got.Status != "READY" || got.Target < 0 || got.Target >= n {
+		t.Errorf("service after concurrent writes: %+v, %v; want READY and a target set", got, err)
+	}
 }
