@@ -70,6 +70,12 @@ func TestHAControllerFailover(t *testing.T) {
 		t.Fatalf("serve up:\n%s", out)
 	}
 	before := replicaInstances(t, a.env)
+	// The follower answers the CLI by forwarding to the leader, and sends attached proxies
+	// there with 503 and X-Ferry-Leader.
+	if got := replicaInstances(t, b.env); fmt.Sprint(got) != fmt.Sprint(before) {
+		t.Fatalf("serve status through the follower: %v, want %v as the leader says", got, before)
+	}
+	checkFollowerRedirects(t, b.url, a.url)
 	launched := instanceDirs(t, shared)
 	if len(before) != 2 || len(launched) != 2 {
 		t.Fatalf("after serve up: replicas %v, instances launched %v; want 2 of each", before, launched)
@@ -115,6 +121,13 @@ func TestHAControllerFailover(t *testing.T) {
 		after := replicaInstances(t, b.env)
 		return fmt.Sprint(after) == fmt.Sprint(before), fmt.Sprint(after)
 	})
+	connected := regexp.MustCompile(`connected to the controller.*` + regexp.QuoteMeta(b.url))
+	for _, log := range proxyLogs {
+		eventually(t, 20*time.Second, "proxy "+log+" follows the new leader", func() (bool, string) {
+			raw, err := os.ReadFile(log)
+			return err == nil && connected.Match(raw), grepLines(string(raw), "controller")
+		})
+	}
 	atTakeover := load.ok.Load()
 	eventually(t, 20*time.Second, "traffic after the takeover", func() (bool, string) {
 		return load.ok.Load()-atTakeover >= 50, fmt.Sprint(load.ok.Load() - atTakeover)
@@ -131,17 +144,30 @@ func TestHAControllerFailover(t *testing.T) {
 	if got := replicaInstances(t, b.env); fmt.Sprint(got) != fmt.Sprint(before) {
 		t.Errorf("replicas %v before the failover, %v after", before, got)
 	}
-	for _, log := range proxyLogs {
-		raw, err := os.ReadFile(log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !regexp.MustCompile(`connected to the controller.*` + regexp.QuoteMeta(b.url)).Match(raw) {
-			t.Errorf("proxy log %s: never connected to the new leader %s:\n%s", log, b.url, grepLines(string(raw), "controller"))
-		}
-	}
 	b.mustRun("serve", "down", "ha", "-y")
 }
+
+// checkFollowerRedirects asks the follower at url for the attach feed and wants 503 naming
+// the leader.
+func checkFollowerRedirects(t *testing.T, url, leaderURL string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url+"/v1/services/ha/replicaset?wait=0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+haToken("proxy.token"))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("X-Ferry-Leader") != leaderURL {
+		t.Fatalf("the follower's attach feed: HTTP %d, X-Ferry-Leader %q; want 503 and %s", resp.StatusCode, resp.Header.Get("X-Ferry-Leader"), leaderURL)
+	}
+}
+
+// haToken is the token both controllers share in file name.
+func haToken(name string) string { return "ha-e2e-" + name + "-0123456789abcdef" }
 
 // haController is one `ferry controller --leader-elect` process with a home of its own whose
 // tokens are the other controllers' and whose local/ is shared.
@@ -158,7 +184,7 @@ func newHAController(t *testing.T, c *testcluster.Cluster, ns, id, sharedLocal s
 	e := &env{t: t, home: shortTempDir(t, "ferry-ha-home-")}
 	// One set of tokens for both controllers: a forwarded request carries the caller's.
 	for _, name := range []string{"controller.token", "proxy.token"} {
-		writeFile(t, filepath.Join(e.home, name), "ha-e2e-"+name+"-0123456789abcdef\n")
+		writeFile(t, filepath.Join(e.home, name), haToken(name)+"\n")
 	}
 	if err := os.Symlink(sharedLocal, filepath.Join(e.home, "local")); err != nil {
 		t.Fatal(err)

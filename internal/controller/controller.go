@@ -209,7 +209,9 @@ type Controller struct {
 
 	// Leadership (leadership.go). leadMu guards closeState, which lead sets; leadWG counts a
 	// lead in progress; leaderErr carries a failed lead or lost leadership to Start; api is
-	// the leader's API handler once this controller leads (nil while it follows).
+	// the leader's API handler once this controller leads (nil while it follows), when
+	// leading is closed.
+	leading    chan struct{}
 	leadMu     sync.Mutex
 	closeState func()
 	leadWG     sync.WaitGroup
@@ -227,7 +229,7 @@ type Controller struct {
 func New(opts Options) *Controller {
 	opts.defaults()
 	return &Controller{opts: opts, log: opts.Logger, stopCh: make(chan struct{}), services: map[string]*service{},
-		creating: map[string]int{}, leaderErr: make(chan error, 1)}
+		creating: map[string]int{}, leaderErr: make(chan error, 1), leading: make(chan struct{})}
 }
 
 // Start takes the home lock, serves the API and, unless it must first win an election

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"go.uber.org/zap"
 	"k8s.io/client-go/kubernetes"
@@ -84,6 +85,7 @@ func (c *Controller) becomeLeader(ctx context.Context, tokens api.Tokens) {
 	}
 	h := c.leaderHandler(tokens)
 	c.api.Store(&h)
+	close(c.leading)
 	c.log.Info("leading", zap.Int("services", len(c.serviceList())))
 }
 
@@ -107,9 +109,24 @@ func attachFeed(r *http.Request) bool {
 	return strings.HasSuffix(r.URL.Path, "/replicaset") || strings.HasSuffix(r.URL.Path, "/proxyload")
 }
 
-// toLeader forwards r to the leader, or answers 503 naming it when it cannot.
+// electedWait bounds how long a request waits for this controller, just elected, to load
+// its state and adopt what is in flight (usually a fraction of a second).
+const electedWait = 30 * time.Second
+
+// toLeader forwards r to the leader, or answers 503 naming it when it cannot. While this
+// controller holds the Lease but is still loading, r waits for it to lead.
 func (c *Controller) toLeader(w http.ResponseWriter, r *http.Request, fwd *httputil.ReverseProxy) {
 	e := c.opts.Elector
+	if _, _, ok := e.Term(); ok {
+		select {
+		case <-c.leading:
+			(*c.api.Load()).ServeHTTP(w, r)
+			return
+		case <-r.Context().Done():
+			return
+		case <-time.After(electedWait):
+		}
+	}
 	id, to, err := e.Leader(r.Context())
 	if err != nil {
 		c.log.Warn("read the lease", zap.Error(err))
