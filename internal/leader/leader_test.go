@@ -8,6 +8,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	coordinationclient "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	rl "k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/ferryserve/ferry/internal/testcluster"
 )
@@ -27,8 +29,9 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 // TestTakeoverMovesTheTerm runs two candidates on one Lease of the real API server: the first
-// leads with term 0; when it dies without releasing the Lease (its context ends, as a SIGKILL
-// would leave things), the second takes over with term 1, and the first's Term is no longer ok.
+// leads with term 0 and writes its URL on the Lease, which the second reads; when the first
+// stops (it releases the Lease), the second takes over with term 1, and the first's Term is no
+// longer ok. A holder killed outright is e2e's TestHAControllerFailover.
 func TestTakeoverMovesTheTerm(t *testing.T) {
 	c := testcluster.Shared(t)
 	ctx := context.Background()
@@ -132,3 +135,34 @@ func TestLosingTheLeaseEndsRunWithErrLost(t *testing.T) {
 		t.Fatal("Term ok after leadership was lost")
 	}
 }
+
+// TestTermInDoubt: Term is ok only while the last renewal by this identity is younger than the
+// renew deadline, and not after a write that gave the Lease away (the release).
+func TestTermInDoubt(t *testing.T) {
+	e, err := New(Config{Client: fakeLeases{}, Namespace: "ns", Name: "l", Identity: "me"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := e.Term(); ok {
+		t.Fatal("ok before any write")
+	}
+	mine := rl.LeaderElectionRecord{HolderIdentity: "me", LeaderTransitions: 4}
+	e.wrote(time.Now(), mine)
+	if term, holder, ok := e.Term(); term != 4 || holder != "me" || !ok {
+		t.Fatalf("after a renewal: %d, %q, %v; want 4, me, true", term, holder, ok)
+	}
+	e.wrote(time.Now().Add(-DefaultRenewDeadline-time.Second), mine)
+	if _, _, ok := e.Term(); ok {
+		t.Fatal("ok with the last renewal older than the renew deadline")
+	}
+	e.wrote(time.Now(), mine)
+	e.wrote(time.Now(), rl.LeaderElectionRecord{LeaderTransitions: 4}) // released
+	if _, _, ok := e.Term(); ok {
+		t.Fatal("ok after the Lease was released")
+	}
+}
+
+// fakeLeases satisfies Config.Client for tests that never reach the API server.
+type fakeLeases struct{}
+
+func (fakeLeases) Leases(string) coordinationclient.LeaseInterface { return nil }
