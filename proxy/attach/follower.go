@@ -251,7 +251,7 @@ func (f *Follower) apply(rs ReplicaSet) error {
 		f.kickReport()
 		return nil
 	}
-	if rs.Seq == 0 || rs.Seq == f.seq {
+	if rs.Seq == 0 || rs.Seq == f.seq && rs.Proxies == f.shares {
 		return nil
 	}
 	if !reflect.DeepEqual(rs.Config, f.config) || rs.Proxies != f.shares {

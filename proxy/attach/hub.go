@@ -55,8 +55,6 @@ type Hub struct {
 	// arrivals sums every proxy's arrivals since this controller first heard of it; it never
 	// goes down, as the autoscaler takes its rate.
 	arrivals uint64
-	// sharing is the proxy count last handed out (ReplicaSet.Proxies).
-	sharing int
 }
 
 var _ Service = (*Hub)(nil)
@@ -115,9 +113,7 @@ func (h *Hub) Poll(ctx context.Context, after uint64, wait time.Duration) Replic
 	if h.cfg.Config != nil {
 		rs.Config = h.cfg.Config()
 	}
-	h.mu.Lock()
-	rs.Proxies = max(h.sharing, 1)
-	h.mu.Unlock()
+	rs.Proxies = h.sharing(h.cfg.Now())
 	return rs
 }
 
@@ -126,9 +122,7 @@ func (h *Hub) Report(r LoadReport) error {
 	if r.ProxyID == "" {
 		return fmt.Errorf("proxy load report without a proxy id: %w", api.ErrInvalid)
 	}
-	if h.record(r, h.cfg.Now()) && h.feed.Seq() != 0 {
-		h.feed.Publish(nil) // the proxies' shares of each replica changed
-	}
+	h.record(r, h.cfg.Now())
 	if r.Waiting > 0 && h.cfg.OnWaiting != nil {
 		h.cfg.OnWaiting()
 	}
@@ -150,10 +144,9 @@ func (h *Hub) Load() (inflight float64, arrivals uint64) {
 	return h.load(h.cfg.Now())
 }
 
-// record stores a report and reports whether the number of proxies sharing the replicas (those
-// with a fresh report) changed. A proxy's arrivals count from its first report on; a counter
-// that goes down (the same id restarted) counts from zero again.
-func (h *Hub) record(r LoadReport, now time.Time) (sharingChanged bool) {
+// record stores a report. A proxy's arrivals count from its first report on; a counter that
+// goes down (the same id restarted) counts from zero again.
+func (h *Hub) record(r LoadReport, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.proxies == nil {
@@ -172,20 +165,26 @@ func (h *Hub) record(r LoadReport, now time.Time) (sharingChanged bool) {
 		// controller restart) is not load of the last decision interval.
 		h.proxies[r.ProxyID] = &attachedProxy{report: r, at: now}
 	}
-	fresh := 0
 	for id, p := range h.proxies {
 		if now.Sub(p.at) > reportForget {
 			delete(h.proxies, id)
 		}
+	}
+}
+
+// sharing is how many proxies share the replicas: those with a fresh report, at least 1. It
+// travels with every poll answer without moving Seq (a proxy that joins or leaves changes no
+// replica set), so proxies take a new share with their next answer, within a long poll.
+func (h *Hub) sharing(now time.Time) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, p := range h.proxies {
 		if now.Sub(p.at) <= reportFresh {
-			fresh++
+			n++
 		}
 	}
-	if fresh != h.sharing {
-		h.sharing = fresh
-		return true
-	}
-	return false
+	return max(n, 1)
 }
 
 // busy is Busy with the current Seq and the controller's start time passed in.

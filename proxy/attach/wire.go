@@ -28,7 +28,8 @@ type ReplicaSet struct {
 	Config   ProxyConfig     `json:"config"`
 	// Proxies is how many attached proxies share the replicas (those that reported lately,
 	// at least 1): each takes that share of a replica's in-flight cap
-	// (proxy.ServiceConfig.ReplicaShares). A change moves Seq.
+	// (proxy.ServiceConfig.ReplicaShares). It does not move Seq: a proxy applies a new count
+	// from any answer.
 	Proxies int `json:"proxies,omitempty"`
 }
 
