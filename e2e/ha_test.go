@@ -145,6 +145,30 @@ func TestHAControllerFailover(t *testing.T) {
 		t.Errorf("replicas %v before the failover, %v after", before, got)
 	}
 	b.mustRun("serve", "down", "ha", "-y")
+
+	// A leader whose Lease is taken over (as by a controller that judged it expired) exits.
+	eventually(t, 10*time.Second, "the Lease taken from ctl-b", func() (bool, string) {
+		leases := c.Client().CoordinationV1().Leases(ns)
+		lease, err := leases.Get(ctx, haLease, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		thief := "thief"
+		lease.Spec.HolderIdentity = &thief
+		_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
+	select {
+	case <-b.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("ctl-b still runs 30s after losing the Lease")
+	}
+	if code := b.cmd.ProcessState.ExitCode(); code == 0 {
+		t.Errorf("ctl-b exited with 0 after losing the Lease")
+	}
+	if raw, _ := os.ReadFile(filepath.Join(b.home, "controller.log")); !strings.Contains(string(raw), "leadership lost") {
+		t.Errorf("ctl-b's log does not say it lost leadership:\n%s", lastLines(string(raw), 10))
+	}
 }
 
 // checkFollowerRedirects asks the follower at url for the attach feed and wants 503 naming
