@@ -49,6 +49,8 @@ type Options struct {
 	// Store says where the state is: SQLite in Home (the default) or the Kubernetes API
 	// (store.go).
 	Store StoreOptions
+	// Webhook serves the FerryService validating webhook (webhook.go).
+	Webhook WebhookOptions
 	// Listen is a TCP address for the API besides its Unix socket (attached proxies on other
 	// machines need one); empty or ListenerOff for none, the default.
 	Listen string
@@ -259,6 +261,11 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	defer cancel()
 	c.ctx = ctx
 	defer c.stopMetrics()
+	stopWebhook, err := c.startWebhook()
+	if err != nil {
+		return err
+	}
+	defer stopWebhook()
 	if err := c.startAdmin(); err != nil {
 		return err
 	}
@@ -317,6 +324,9 @@ func (c *Controller) lead(ctx context.Context) error {
 		return err
 	}
 	if err := c.startJobs(ctx); err != nil {
+		return err
+	}
+	if err := c.watchFerryServices(ctx); err != nil {
 		return err
 	}
 	c.watchNotices(ctx, c.infras.Notifiers())

@@ -18,11 +18,15 @@
 // carry the leader's term where the API server can check it (the ValidatingAdmissionPolicy in
 // charts/ferry/templates/fencing-policy.yaml compares the ferry.dev/term and ferry.dev/holder
 // annotations with the Lease). A write to a /status subresource cannot carry it: the API server
-// resets metadata to the stored object's before admission, so a deposed leader's status write
-// would pass with the term of the last legitimate write. Records must therefore be written
-// whole, which leaves a status subresource with nothing to do. ConfigMaps then need no
-// per-kind CRD to install and upgrade, come with typed informers, and every record is far below
-// the 1 MiB object limit (a service with its versions is kilobytes per version). What they lack,
+// resets metadata to the stored object's (a status write's annotations are dropped), so one
+// policy over annotations cannot fence status writes, and the fence would have to be repeated
+// inside every kind's status. Records are therefore written whole, in one object each where
+// SQLite used one transaction (a version, the rollout to it and the current version change in
+// one write of the service's ConfigMap), which leaves a status subresource with nothing to do. ConfigMaps then need no
+// per-kind CRD to install and upgrade, and come with typed informers. Every record is far below
+// the 1 MiB object limit except, in time, a service's: it keeps every version (a few kilobytes
+// of task each), as SQLite does, so hundreds of updates fit; pruning versions no replica runs is
+// not done yet, and a write past the limit fails with the API server's error. What they lack,
 // kubectl get columns, the user-facing FerryService custom resource gives: it has a status
 // subresource, written by the controller, and is what people look at.
 //

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ferryserve/ferry/configs"
@@ -101,6 +102,12 @@ func TestSecretsStayInSecrets(t *testing.T) {
 		if !found {
 			t.Errorf("Secret %s does not hold the task's secret", sec.Name)
 		}
+	}
+	if err := s.DeleteService("chat"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Client().CoreV1().Secrets(ns).Get(ctx, "ferry-svc-chat", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the service's Secret after DeleteService: %v, want it gone", err)
 	}
 }
 

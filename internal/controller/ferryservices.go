@@ -1,0 +1,248 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+
+	"go.uber.org/zap"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+	"sigs.k8s.io/yaml"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/internal/api"
+)
+
+// FerryService objects (charts/ferry/crds) declare services with kubectl: the leader, on the
+// Kubernetes store, brings each up (serve up), applies a changed spec (serve update, once per
+// generation: status.observedGeneration), takes it down when the object goes (serve down), and
+// keeps its status current for `kubectl get fsvc`. The spec is run through configs.Parse, the
+// same validation as a task file; what it rejects is reported in status (INVALID) and never
+// launched.
+
+// FerryServiceGVR is the FerryService resource.
+var FerryServiceGVR = schema.GroupVersionResource{Group: "ferry.dev", Version: "v1alpha1", Resource: "ferryservices"}
+
+// statusInvalid is a FerryService's status when its spec is rejected.
+const statusInvalid = "INVALID"
+
+// ferryServices follows the namespace's FerryService objects.
+type ferryServices struct {
+	c      *Controller
+	client dynamic.ResourceInterface
+	lister cache.GenericNamespaceLister
+	queue  workqueue.TypedRateLimitingInterface[string]
+	log    *zap.Logger
+	// applied is the generation last brought up or updated per name, so that a status write
+	// that failed does not apply the same generation twice; only the worker touches it.
+	applied map[string]int64
+}
+
+// watchFerryServices starts following FerryServices when the store is Kubernetes and the CRD is
+// installed, until ctx ends.
+func (c *Controller) watchFerryServices(ctx context.Context) error {
+	if c.opts.Store.Kind != StoreKubernetes {
+		return nil
+	}
+	cfg, err := c.opts.Store.restConfig()
+	if err != nil {
+		return err
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	ns := c.opts.Store.namespace()
+	client := dyn.Resource(FerryServiceGVR).Namespace(ns)
+	if _, err := client.List(ctx, metav1.ListOptions{Limit: 1}); apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
+		c.log.Warn("FerryServices cannot be listed (CRD not installed, or no RBAC): services declared with kubectl are not followed", zap.Error(err))
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("list FerryServices: %w", err)
+	}
+	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, ns, nil)
+	inf := factory.ForResource(FerryServiceGVR)
+	fs := &ferryServices{c: c, client: client, lister: inf.Lister().ByNamespace(ns), log: c.log.Named("ferryservices"), applied: map[string]int64{},
+		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
+	enqueue := func(obj any) {
+		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+			fs.queue.Add(key)
+		}
+	}
+	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue,
+		UpdateFunc: func(_, obj any) { enqueue(obj) }, DeleteFunc: enqueue}); err != nil {
+		return err
+	}
+	factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		return fmt.Errorf("FerryService informer did not sync: %w", context.Cause(ctx))
+	}
+	c.spawn(&c.wg, "ferryservice worker", func() { fs.work(ctx) })
+	c.spawn(&c.wg, "ferryservice status", func() { fs.statusLoop(ctx) })
+	go func() { <-ctx.Done(); fs.queue.ShutDown(); factory.Shutdown() }()
+	return nil
+}
+
+// work reconciles queued FerryServices one at a time; an error retries with backoff.
+func (fs *ferryServices) work(ctx context.Context) {
+	for {
+		key, quit := fs.queue.Get()
+		if quit {
+			return
+		}
+		_, name, _ := cache.SplitMetaNamespaceKey(key)
+		if err := fs.reconcile(ctx, name); err != nil && ctx.Err() == nil {
+			fs.log.Warn("reconcile FerryService", zap.String("service", name), zap.Error(err))
+			fs.queue.AddRateLimited(key)
+		} else {
+			fs.queue.Forget(key)
+		}
+		fs.queue.Done(key)
+	}
+}
+
+// reconcile brings the service to what the named FerryService declares.
+func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
+	obj, err := fs.lister.Get(name)
+	if apierrors.IsNotFound(err) {
+		// The object owns the service of its name: gone, so is the service.
+		if err := fs.c.DeleteService(ctx, name); err != nil && !errors.Is(err, api.ErrNotFound) {
+			return err
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	u := obj.(*unstructured.Unstructured)
+	task, err := parseFerryService(u)
+	if err != nil {
+		return fs.setStatus(ctx, u, statusFields{Status: statusInvalid, Message: err.Error(), Reason: "Invalid"})
+	}
+	gen := u.GetGeneration()
+	observed, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
+	_, missing := fs.c.serviceNamed(name)
+	switch {
+	case missing != nil:
+		_, err = fs.c.CreateService(ctx, api.CreateServiceRequest{Name: name, Task: task})
+	case observed != gen && fs.applied[name] != gen:
+		_, err = fs.c.UpdateService(ctx, name, api.UpdateServiceRequest{Task: task})
+	default:
+		return nil
+	}
+	if err != nil {
+		return fs.setStatus(ctx, u, statusFields{Status: statusInvalid, Message: err.Error(), Reason: "Rejected"})
+	}
+	fs.applied[name] = gen
+	return fs.refresh(ctx, u, gen)
+}
+
+// parseFerryService runs the spec through Ferry's own task validation, as a task file would
+// be, and the checks serve up adds.
+func parseFerryService(u *unstructured.Unstructured) (*configs.Task, error) {
+	spec, _, _ := unstructured.NestedMap(u.Object, "spec")
+	data, err := yaml.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	task, err := configs.Parse(fmt.Sprintf("ferryservice/%s/%s spec", u.GetNamespace(), u.GetName()), data, configs.Overrides{Name: u.GetName()})
+	if err != nil {
+		return nil, err
+	}
+	if task.Service == nil {
+		return nil, errors.New("spec has no service: section")
+	}
+	return task, checkAuth(task)
+}
+
+// statusLoop keeps every FerryService's status current.
+func (fs *ferryServices) statusLoop(ctx context.Context) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		objs, err := fs.lister.List(labels.Everything())
+		if err != nil {
+			continue
+		}
+		for _, obj := range objs {
+			u := obj.(*unstructured.Unstructured)
+			if st, _, _ := unstructured.NestedString(u.Object, "status", "status"); st == statusInvalid {
+				continue
+			}
+			observed, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
+			if err := fs.refresh(ctx, u, observed); err != nil && !apierrors.IsConflict(err) {
+				fs.log.Debug("refresh FerryService status", zap.String("service", u.GetName()), zap.Error(err))
+			}
+		}
+	}
+}
+
+// refresh writes the running service's status into the object, observedGeneration as given.
+func (fs *ferryServices) refresh(ctx context.Context, u *unstructured.Unstructured, generation int64) error {
+	list, err := fs.c.Services([]string{u.GetName()})
+	if err != nil || len(list) != 1 {
+		return err
+	}
+	st := list[0]
+	return fs.setStatus(ctx, u, statusFields{Status: st.Status, Ready: st.ReadyReplicas, Target: st.TargetReplicas,
+		Endpoint: st.Endpoint, Version: st.Version, Generation: generation, Message: st.Message, Reason: "Running"})
+}
+
+// statusFields is what a FerryService's status says.
+type statusFields struct {
+	Status, Endpoint, Message, Reason string
+	Ready, Target, Version            int
+	Generation                        int64
+}
+
+// setStatus writes st as u's status when it differs from what u shows; only the leader writes.
+func (fs *ferryServices) setStatus(ctx context.Context, u *unstructured.Unstructured, st statusFields) error {
+	if f := fs.c.opts.Store.Fence; f != nil {
+		if _, ok := f(); !ok {
+			return nil
+		}
+	}
+	ready := "False"
+	if st.Status == "READY" {
+		ready = "True"
+	}
+	status := map[string]any{"status": st.Status, "replicas": fmt.Sprintf("%d/%d", st.Ready, st.Target),
+		"readyReplicas": int64(st.Ready), "targetReplicas": int64(st.Target), "endpoint": st.Endpoint,
+		"version": int64(st.Version), "observedGeneration": st.Generation, "message": st.Message}
+	old, _, _ := unstructured.NestedMap(u.Object, "status")
+	cond := map[string]any{"type": "Ready", "status": ready, "reason": st.Reason, "message": st.Message,
+		"observedGeneration": u.GetGeneration()}
+	if oldConds, ok := old["conditions"].([]any); ok && len(oldConds) == 1 {
+		prev, _ := oldConds[0].(map[string]any)
+		cond["lastTransitionTime"] = prev["lastTransitionTime"]
+		if prev["status"] != ready {
+			cond["lastTransitionTime"] = nil
+		}
+	}
+	if cond["lastTransitionTime"] == nil {
+		cond["lastTransitionTime"] = time.Now().UTC().Format(time.RFC3339)
+	}
+	status["conditions"] = []any{cond}
+	if reflect.DeepEqual(old, status) {
+		return nil
+	}
+	out := u.DeepCopy()
+	out.Object["status"] = status
+	_, err := fs.client.UpdateStatus(ctx, out, metav1.UpdateOptions{})
+	return err
+}
