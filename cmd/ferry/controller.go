@@ -117,13 +117,18 @@ Every other command starts it in the background when it is not running, so you r
 	f.DurationVar(&opts.JobWatchInterval, "job-watch-interval", envDuration("FERRY_JOB_WATCH_INTERVAL", &envErrs),
 		"how often a running job's nodes are looked at (0: 2s; $FERRY_JOB_WATCH_INTERVAL)")
 	addStoreFlags(f, &opts.Store)
+	addWebhookFlags(f, &opts)
+	addElectionFlags(f, &election, &envErrs)
+	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
+	return cmd
+}
+
+// addWebhookFlags adds the FerryService webhook's flags.
+func addWebhookFlags(f *pflag.FlagSet, opts *controller.Options) {
 	f.StringVar(&opts.Webhook.Addr, "webhook-addr", os.Getenv("FERRY_WEBHOOK_ADDR"),
 		"serve the FerryService validating webhook on this host:port, over HTTPS with --webhook-tls-cert and --webhook-tls-key ($FERRY_WEBHOOK_ADDR)")
 	f.StringVar(&opts.Webhook.CertFile, "webhook-tls-cert", os.Getenv("FERRY_WEBHOOK_TLS_CERT"), "the webhook's certificate (PEM) ($FERRY_WEBHOOK_TLS_CERT)")
 	f.StringVar(&opts.Webhook.KeyFile, "webhook-tls-key", os.Getenv("FERRY_WEBHOOK_TLS_KEY"), "the key of --webhook-tls-cert (PEM) ($FERRY_WEBHOOK_TLS_KEY)")
-	addElectionFlags(f, &election, &envErrs)
-	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
-	return cmd
 }
 
 // addStoreFlags adds --store and the Kubernetes connection flags (shared with --leader-elect:
