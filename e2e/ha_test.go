@@ -81,12 +81,13 @@ func TestHAControllerFailover(t *testing.T) {
 		t.Fatalf("after serve up: replicas %v, instances launched %v; want 2 of each", before, launched)
 	}
 
-	// Two proxies, each following whichever controller leads, with only the attach token.
+	// Two proxies, each following whichever controller leads, with only the attach token: one
+	// given both controllers' URLs, the other only the follower's (as a single Service URL in
+	// front of both would be), which names the leader.
 	proxyHome := &env{t: t, home: shortTempDir(t, "ferry-ha-proxy-")}
 	copyFile(t, filepath.Join(a.home, "proxy.token"), filepath.Join(proxyHome.home, "proxy.token"))
-	controllers := a.url + "," + b.url
 	var endpoints, proxyLogs []string
-	for range 2 {
+	for _, controllers := range []string{a.url + "," + b.url, b.url} {
 		listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		proxyLogs = append(proxyLogs, proxyHome.startProxyProcess(t, "proxy", "--attach", "ha", "--controller", controllers, "--listen", listen))
 		endpoints = append(endpoints, "http://"+listen)

@@ -108,8 +108,9 @@ second. Until the controller first answers, connections wait. A change of policy
 applies to new connections; requests in flight finish under the old settings. --replica,
 --policy, --target-qps, --api-key-env, --name and the limit flags do not go with --attach.
 With --controller URL[,URL...] (controllers run with --leader-elect) the proxy follows whichever
-of them leads instead of controller.json, trying the next URL after any failure (a follower
-answers 503 with X-Ferry-Leader), and keeps serving its last replica set through a failover.
+of them leads instead of controller.json: a follower's 503 names the leader (X-Ferry-Leader),
+tried next, and any other failure moves to the next URL; one Service URL in front of every
+controller works too. It keeps serving its last replica set through a failover.
 Each of N attached proxies takes 1/N of a replica's in-flight cap (the controller counts them).
 
 Without --attach the replica list is fixed; every replica is treated as READY. A replica is

@@ -3,6 +3,7 @@ package attach
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"sync"
@@ -23,6 +24,8 @@ type controllerConn struct {
 
 	mu   sync.Mutex
 	next int
+	// hint is the leader a follower named, tried once before the next of urls.
+	hint string
 	c    *api.Client
 	addr string
 }
@@ -64,6 +67,9 @@ func (cc *controllerConn) info() (home.Info, error) {
 		return info, nil
 	}
 	raw := cc.urls[cc.next%len(cc.urls)]
+	if cc.hint != "" {
+		raw = cc.hint
+	}
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 		return home.Info{}, fmt.Errorf("controller URL %q: want http://HOST:PORT or https://HOST:PORT", raw)
@@ -73,12 +79,23 @@ func (cc *controllerConn) info() (home.Info, error) {
 	return home.Info{Addr: u.Host, TLS: u.Scheme == "https"}, nil
 }
 
-// forget makes the next client() read FERRY_HOME again, or take the next URL.
-func (cc *controllerConn) forget() {
+// forget makes the next client() read FERRY_HOME again, or take the leader a follower named
+// in err (NotLeaderError), else the next URL. A hint is taken once: if it fails too, the list
+// goes on. So a single URL in front of every controller (a Kubernetes Service) works as well
+// as one per controller.
+func (cc *controllerConn) forget(err error) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	cc.c = nil
-	cc.next++
+	var nl *NotLeaderError
+	switch {
+	case errors.As(err, &nl) && cc.hint == "" && len(cc.urls) > 0:
+		cc.hint = nl.Leader
+	case cc.hint != "":
+		cc.hint = ""
+	default:
+		cc.next++
+	}
 }
 
 // newProxyID is random per process, so the controller tells a restarted proxy from the old.

@@ -1,6 +1,7 @@
 package attach
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -26,13 +27,22 @@ func TestControllerConnRotates(t *testing.T) {
 			t.Fatalf("token %q, want the home's proxy.token", c.Token)
 		}
 		got = append(got, addr)
-		cc.forget()
+		cc.forget(errors.New("refused"))
 	}
 	want := []string{"http://127.0.0.1:1001", "http://127.0.0.1:1002", "http://127.0.0.1:1001"}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Fatalf("addresses in turn %v, want %v", got, want)
 		}
+	}
+	// A follower's answer naming the leader: that URL next, once, then the list again.
+	cc.forget(&NotLeaderError{Leader: "http://127.0.0.1:2000", Err: errors.New("503")})
+	if _, addr, _ := cc.client(); addr != "http://127.0.0.1:2000" {
+		t.Fatalf("after a follower named the leader: %s, want it", addr)
+	}
+	cc.forget(errors.New("refused"))
+	if _, addr, _ := cc.client(); addr != "http://127.0.0.1:1002" {
+		t.Fatalf("after the named leader failed too: %s, want the list's next", addr)
 	}
 	bad := &controllerConn{home: h, urls: []string{"127.0.0.1:1001"}}
 	if _, _, err := bad.client(); err == nil {

@@ -180,7 +180,7 @@ func (f *Follower) watch(ctx context.Context) {
 			}
 			// Whatever went wrong, the next poll asks the controller anew: it may be a new
 			// one, with different Seqs.
-			f.ctl.forget()
+			f.ctl.forget(err)
 			after = 0
 			if connected || time.Since(lastWarn) >= warnEvery {
 				f.log.Warn("controller unavailable; serving the last replica set and retrying", zap.Error(err))
