@@ -1,9 +1,10 @@
 package controller
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/http"
@@ -154,14 +155,20 @@ type leaderURLKey struct{}
 
 // forwarder proxies a request to the leader URL in its context, streaming (logs, long polls)
 // as it comes. Off loopback the leader serves HTTPS with the certificate every controller
-// shares (--api-tls-cert), which is what it is verified against.
+// shares (--api-tls-cert): the leader must present exactly that one, whatever address it is
+// reached at (a pod IP is in no certificate), as attached proxies pin it (api.ClientFor).
 func (c *Controller) forwarder() *httputil.ReverseProxy {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if c.opts.APITLSCert != "" {
-		if pem, err := os.ReadFile(c.opts.APITLSCert); err == nil {
-			pool := x509.NewCertPool()
-			pool.AppendCertsFromPEM(pem)
-			tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if pinned := c.ownCertificate(); pinned != nil {
+		tr.TLSClientConfig = &tls.Config{
+			MinVersion:         tls.VersionTLS12,
+			InsecureSkipVerify: true, // replaced by the stricter comparison below
+			VerifyConnection: func(cs tls.ConnectionState) error {
+				if len(cs.PeerCertificates) > 0 && bytes.Equal(cs.PeerCertificates[0].Raw, pinned) {
+					return nil
+				}
+				return errors.New("the leader presented a certificate other than --api-tls-cert")
+			},
 		}
 	}
 	return &httputil.ReverseProxy{
@@ -192,4 +199,21 @@ func (o StoreOptions) Elector(cfg leader.Config) (*leader.Elector, error) {
 	}
 	cfg.Client, cfg.Namespace = cs.CoordinationV1(), o.namespace()
 	return leader.New(cfg)
+}
+
+// ownCertificate is the DER of --api-tls-cert's first certificate; nil without one.
+func (c *Controller) ownCertificate() []byte {
+	if c.opts.APITLSCert == "" {
+		return nil
+	}
+	data, err := os.ReadFile(c.opts.APITLSCert)
+	if err != nil {
+		return nil
+	}
+	for block, rest := pem.Decode(data); block != nil; block, rest = pem.Decode(rest) {
+		if block.Type == "CERTIFICATE" {
+			return block.Bytes
+		}
+	}
+	return nil
 }
