@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -28,7 +29,8 @@ import (
 // generation: status.observedGeneration), takes it down when the object goes (serve down), and
 // keeps its status current for `kubectl get fsvc`. The spec is run through configs.Parse, the
 // same validation as a task file; what it rejects is reported in status (INVALID) and never
-// launched.
+// launched. Status writes carry the leader's term in status.fence, which the fencing policy
+// checks (charts/ferry/templates/fencing-policy-status.yaml).
 
 // FerryServiceGVR is the FerryService resource.
 var FerryServiceGVR = schema.GroupVersionResource{Group: "ferry.dev", Version: "v1alpha1", Resource: "ferryservices"}
@@ -212,10 +214,14 @@ type statusFields struct {
 
 // setStatus writes st as u's status when it differs from what u shows; only the leader writes.
 func (fs *ferryServices) setStatus(ctx context.Context, u *unstructured.Unstructured, st statusFields) error {
+	var fence map[string]any
 	if f := fs.c.opts.Store.Fence; f != nil {
-		if _, ok := f(); !ok {
+		term, ok := f()
+		if !ok {
 			return nil
 		}
+		// The fencing policy checks these on /status writes, which cannot carry annotations.
+		fence = map[string]any{"term": strconv.FormatInt(term, 10), "holder": fs.c.opts.Store.Holder}
 	}
 	ready := "False"
 	if st.Status == "READY" {
@@ -238,6 +244,9 @@ func (fs *ferryServices) setStatus(ctx context.Context, u *unstructured.Unstruct
 		cond["lastTransitionTime"] = time.Now().UTC().Format(time.RFC3339)
 	}
 	status["conditions"] = []any{cond}
+	if fence != nil {
+		status["fence"] = fence
+	}
 	if reflect.DeepEqual(old, status) {
 		return nil
 	}

@@ -16,6 +16,9 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
@@ -25,46 +28,66 @@ import (
 	"github.com/ferryserve/ferry/internal/testcluster"
 )
 
-// installFence renders charts/ferry/templates/fencing-policy.yaml for ns and lease (the two
-// template values it uses) and creates its policy and binding.
+// installFence renders charts/ferry/templates/fencing-policy.yaml and fencing-policy-status.yaml
+// for ns and lease (the two template values they use) and creates their policies and bindings. They are left in place: their
+// bindings match only ns, and the kube-apiserver (1.34) does not restart its Lease informer when
+// the last policy with a Lease param goes and a new one comes, so a later test's policy would
+// never see its Lease ("no params found").
 func installFence(t *testing.T, client kubernetes.Interface, ns, lease string) {
+	t.Helper()
+	text := string(readRepoFile(t, "charts/ferry/templates/fencing-policy.yaml")) + "\n---\n" +
+		string(readRepoFile(t, "charts/ferry/templates/fencing-policy-status.yaml"))
+	text = strings.ReplaceAll(text, "{{ .Release.Namespace }}", ns)
+	text = regexp.MustCompile(`\{\{ \.Values\.leaderElection\.leaseName[^}]*\}\}`).ReplaceAllString(text, lease)
+	if strings.Contains(text, "{{") {
+		t.Fatalf("the fencing policies use template values this test does not fill in:\n%s", text)
+	}
+	ctx := context.Background()
+	reg := client.AdmissionregistrationV1()
+	policies := 0
+	for _, doc := range bytes.Split([]byte(text), []byte("\n---\n")) {
+		var meta metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &meta); err != nil {
+			t.Fatal(err)
+		}
+		switch meta.Kind {
+		case "ValidatingAdmissionPolicy":
+			var p admissionv1.ValidatingAdmissionPolicy
+			if err := yaml.UnmarshalStrict(doc, &p); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := reg.ValidatingAdmissionPolicies().Create(ctx, &p, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			policies++
+		case "ValidatingAdmissionPolicyBinding":
+			var b admissionv1.ValidatingAdmissionPolicyBinding
+			if err := yaml.UnmarshalStrict(doc, &b); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := reg.ValidatingAdmissionPolicyBindings().Create(ctx, &b, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			t.Fatalf("fencing policies: unexpected kind %q", meta.Kind)
+		}
+	}
+	if policies != 2 {
+		t.Fatalf("fencing policies: %d, want the state's and FerryService status's", policies)
+	}
+}
+
+func readRepoFile(t *testing.T, path string) []byte {
 	t.Helper()
 	root, err := testcluster.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile(filepath.Join(root, "charts/ferry/templates/fencing-policy.yaml"))
+	raw, err := os.ReadFile(filepath.Join(root, path))
 	if err != nil {
 		t.Fatal(err)
 	}
-	text := strings.ReplaceAll(string(raw), "{{ .Release.Namespace }}", ns)
-	text = regexp.MustCompile(`\{\{ \.Values\.leaderElection\.leaseName[^}]*\}\}`).ReplaceAllString(text, lease)
-	if strings.Contains(text, "{{") {
-		t.Fatalf("fencing-policy.yaml uses template values this test does not fill in:\n%s", text)
-	}
-	docs := bytes.Split([]byte(text), []byte("\n---\n"))
-	if len(docs) != 2 {
-		t.Fatalf("fencing-policy.yaml: %d documents, want the policy and its binding", len(docs))
-	}
-	var policy admissionv1.ValidatingAdmissionPolicy
-	var binding admissionv1.ValidatingAdmissionPolicyBinding
-	if err := yaml.UnmarshalStrict(docs[0], &policy); err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.UnmarshalStrict(docs[1], &binding); err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if _, err := client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, &policy, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, &binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Delete(ctx, binding.Name, metav1.DeleteOptions{})
-		_ = client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Delete(ctx, policy.Name, metav1.DeleteOptions{})
-	})
+	return raw
 }
 
 func setLease(t *testing.T, client kubernetes.Interface, ns, name, holder string, transitions int32) {
@@ -100,17 +123,18 @@ func openFenced(t *testing.T, c *testcluster.Cluster, ns, holder string, term in
 	return s
 }
 
-// eventually retries write until it fails with a fence rejection (the API server applies a new
-// policy, binding or lease a moment after it stores them), bounded; it returns the last error.
-func eventuallyRejected(t *testing.T, write func() error) error {
+// eventuallyRejected retries write until the API server refuses it with a message containing
+// want (a new policy, binding or lease takes effect a moment after it is stored, and until the
+// policy sees the lease it refuses for want of it), bounded; it returns that error.
+func eventuallyRejected(t *testing.T, want string, write func() error) error {
 	t.Helper()
 	var err error
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		if err = write(); apierrors.IsForbidden(err) || apierrors.IsInvalid(err) {
+		if err = write(); (apierrors.IsForbidden(err) || apierrors.IsInvalid(err)) && strings.Contains(err.Error(), want) {
 			return err
 		}
 	}
-	t.Fatalf("the API server never refused the write; last error: %v", err)
+	t.Fatalf("the API server never refused the write for %q; last error: %v", want, err)
 	return nil
 }
 
@@ -128,13 +152,10 @@ func TestFenceRejectsStaleTerm(t *testing.T) {
 	// test knows the policy is in force.
 	never := openFenced(t, c, ns, "ctl-a", 2)
 	probes := 0
-	err := eventuallyRejected(t, func() error {
+	eventuallyRejected(t, "ferry.dev/term 2 is not the lease term 3", func() error {
 		probes++
 		return never.CreateService(store.Service{Name: fmt.Sprintf("probe-%d", probes), Version: 1, Task: &configs.Task{}, Port: 1})
 	})
-	if !strings.Contains(err.Error(), "ferry.dev/term 2 is not the lease term 3") {
-		t.Errorf("rejection does not say why: %v", err)
-	}
 
 	a := openFenced(t, c, ns, "ctl-a", 3)
 	if err := a.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{Run: "x"}, Port: 1}); err != nil {
@@ -146,10 +167,7 @@ func TestFenceRejectsStaleTerm(t *testing.T) {
 
 	// ctl-b takes over: a's writes are refused although a still believes it leads.
 	setLease(t, client, ns, lease, "ctl-b", 4)
-	err = eventuallyRejected(t, func() error { return a.SetServiceStatus("chat", "READY") })
-	if !strings.Contains(err.Error(), "is not the lease term 4") {
-		t.Errorf("rejection does not say why: %v", err)
-	}
+	eventuallyRejected(t, "is not the lease term 4", func() error { return a.SetServiceStatus("chat", "READY") })
 	if _, err := a.NextReplicaID("chat"); err == nil {
 		t.Error("the deposed leader handed out a replica id")
 	}
@@ -193,5 +211,80 @@ func TestNotLeaderRefusesLocally(t *testing.T) {
 	cms, err := c.Client().CoreV1().ConfigMaps(ns).List(context.Background(), metav1.ListOptions{LabelSelector: kubestore.LabelManagedBy + "=" + kubestore.ManagedBy})
 	if err != nil || len(cms.Items) != 0 {
 		t.Errorf("objects written while not leading: %v, %v", cms, err)
+	}
+}
+
+var (
+	crdGVR  = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+	fsvcGVR = schema.GroupVersionResource{Group: "ferry.dev", Version: "v1alpha1", Resource: "ferryservices"}
+)
+
+// installCRD creates the FerryService CRD from charts/ferry/crds and waits until it is served.
+func installCRD(t *testing.T, dyn dynamic.Interface) {
+	t.Helper()
+	var crd unstructured.Unstructured
+	if err := yaml.Unmarshal(readRepoFile(t, "charts/ferry/crds/ferryservices.ferry.dev.yaml"), &crd.Object); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := dyn.Resource(crdGVR).Create(ctx, &crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := dyn.Resource(fsvcGVR).Namespace("default").List(ctx, metav1.ListOptions{}); err == nil {
+			return
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the FerryService CRD is not served: %v", err)
+		}
+	}
+}
+
+// TestFenceGuardsFerryServiceStatus: a FerryService's spec is people's to write, unfenced; its
+// status, which only the leader writes, must carry the lease's term and holder in status.fence.
+func TestFenceGuardsFerryServiceStatus(t *testing.T) {
+	c := testcluster.Shared(t)
+	client := c.Client()
+	dyn, err := dynamic.NewForConfig(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	installCRD(t, dyn)
+	ns := newNamespace(t, c)
+	setLease(t, client, ns, "ferry-controller", "ctl-a", 3)
+	installFence(t, client, ns, "ferry-controller")
+	ctx := context.Background()
+	res := dyn.Resource(fsvcGVR).Namespace(ns)
+	obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "ferry.dev/v1alpha1", "kind": "FerryService",
+		"metadata": map[string]any{"name": "chat"}, "spec": map[string]any{"run": "x", "service": map[string]any{"replicas": int64(1)}}}}
+	if _, err := res.Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("a person's create, unfenced, was refused: %v", err)
+	}
+	writeStatus := func(term, holder string) error {
+		cur, err := res.Get(ctx, "chat", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Object["status"] = map[string]any{"status": "READY", "fence": map[string]any{"term": term, "holder": holder}}
+		_, err = res.UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	}
+	eventuallyRejected(t, "status.fence term 2 holder ctl-a is not the lease term 3", func() error { return writeStatus("2", "ctl-a") })
+	if err := writeStatus("3", "ctl-a"); err != nil {
+		t.Fatalf("the leader's status write was refused: %v", err)
+	}
+	setLease(t, client, ns, "ferry-controller", "ctl-b", 4)
+	eventuallyRejected(t, "is not the lease term 4", func() error { return writeStatus("3", "ctl-a") })
+	if err := writeStatus("4", "ctl-b"); err != nil {
+		t.Fatalf("the new leader's status write was refused: %v", err)
+	}
+	cur, err := res.Get(ctx, "chat", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unstructured.SetNestedField(cur.Object, int64(2), "spec", "service", "replicas"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := res.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Errorf("a person's spec update, unfenced, was refused: %v", err)
 	}
 }

@@ -24,9 +24,9 @@ func TestMain(m *testing.M) { testcluster.Main(m) }
 var nsSeq atomic.Int64
 
 // newNamespace makes a namespace of the test's own on the shared cluster.
-func newNamespace(t *testing.T, c *testcluster.Cluster) string {
+func newNamespace(t testing.TB, c *testcluster.Cluster) string {
 	t.Helper()
-	name := strings.ToLower(strings.NewReplacer("_", "-", "/", "-").Replace(t.Name()))
+	name := strings.ToLower(strings.NewReplacer("_", "-", "/", "-", "=", "-").Replace(t.Name()))
 	name = fmt.Sprintf("ks%d-%s", nsSeq.Add(1), name)
 	if len(name) > 63 {
 		name = strings.TrimRight(name[:63], "-")

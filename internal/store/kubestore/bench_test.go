@@ -1,0 +1,53 @@
+package kubestore_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/internal/store"
+	"github.com/ferryserve/ferry/internal/store/kubestore"
+	"github.com/ferryserve/ferry/internal/testcluster"
+	"github.com/ferryserve/ferry/replicas"
+)
+
+// BenchmarkKubeWrites: what the replica manager's writes cost on the API server; a write
+// returns once the store's own cache shows it.
+func BenchmarkKubeWrites(b *testing.B) {
+	c := testcluster.Shared(b)
+	st, err := kubestore.Open(context.Background(), kubestore.Options{Config: c.RESTConfig(), Namespace: newNamespace(b, c),
+		Fence: func() (int64, bool) { return 1, true }, Holder: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.CreateService(store.Service{Name: "bench", Version: 1, Task: &configs.Task{Run: "x"}, Port: 1}); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("SaveReplica", func(b *testing.B) {
+		b.ReportAllocs()
+		r := replicas.Record{Service: "bench", ID: 1, Version: 1, Status: replicas.StatusStarting}
+		for i := range b.N {
+			r.Reason = string(rune('a' + i%26))
+			if err := st.SaveReplica(r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("NextReplicaID", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			if _, err := st.NextReplicaID("bench"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("ListReplicas", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			if _, err := st.ListReplicas("bench"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
