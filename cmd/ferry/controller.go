@@ -46,6 +46,10 @@ are served apart from traffic on --metrics-addr (/metrics and /healthz; with
 scrape config sends with authorization: {credentials_file: FILE}), and requests are logged,
 sampled under load, as lines of the logger "access".
 
+With --store kubernetes --leader-elect several controllers share their state in the API server and
+elect a leader on a Lease; the others follow (forwarding the API to the leader, launching nothing)
+and one takes over within about 10 s of the leader's death (README: High availability).
+
 Every other command starts it in the background when it is not running, so you rarely run this.`,
 		Example: "  ferry controller                 # foreground, logs to the terminal\n" +
 			"  ferry controller --metrics-addr 127.0.0.1:9500   # Prometheus metrics on another port\n" +
