@@ -22,19 +22,8 @@ import (
 
 func init() { register(newControllerCmd) }
 
-func newControllerCmd() *cobra.Command {
-	var (
-		opts             controller.Options
-		logLevel         string
-		metricsTokenFile string
-		envErrs          []error // settings in the environment that do not parse
-		bufferedMB       int
-		election         electionFlags
-	)
-	cmd := &cobra.Command{
-		Use:   "controller",
-		Short: "Run the controller daemon in the foreground (the CLI starts it for you)",
-		Long: `Run Ferry's controller: it owns all state (SQLite under $FERRY_HOME, default ~/.ferry),
+// controllerLong is `ferry controller --help`.
+const controllerLong = `Run Ferry's controller: it owns all state (SQLite under $FERRY_HOME, default ~/.ferry),
 launches and probes replicas, serves each service's endpoint, and answers the CLI on the Unix
 socket $FERRY_HOME/controller.sock (0600) with the token in $FERRY_HOME/controller.token. With
 --listen it serves the same API on a TCP address too, for attached proxies on other machines:
@@ -50,7 +39,21 @@ With --store kubernetes --leader-elect several controllers share their state in 
 elect a leader on a Lease; the others follow (forwarding the API to the leader, launching nothing)
 and one takes over within about 10 s of the leader's death (README: High availability).
 
-Every other command starts it in the background when it is not running, so you rarely run this.`,
+Every other command starts it in the background when it is not running, so you rarely run this.`
+
+func newControllerCmd() *cobra.Command {
+	var (
+		opts             controller.Options
+		logLevel         string
+		metricsTokenFile string
+		envErrs          []error // settings in the environment that do not parse
+		bufferedMB       int
+		election         electionFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "Run the controller daemon in the foreground (the CLI starts it for you)",
+		Long:  controllerLong,
 		Example: "  ferry controller                 # foreground, logs to the terminal\n" +
 			"  ferry controller --metrics-addr 127.0.0.1:9500   # Prometheus metrics on another port\n" +
 			"  ferry controller --listen 10.0.0.5:7443 --api-tls-cert api.crt --api-tls-key api.key   # for proxies elsewhere\n" +
