@@ -157,6 +157,11 @@ type ServiceConfig struct {
 	// refuses a request for it; a positive value is a fixed cap, beyond which requests that
 	// cannot wait get 503; a negative value turns late binding off.
 	MaxInFlightPerReplica int
+	// ReplicaShares is how many proxies share each replica (attached proxies: the controller
+	// tells them); 0 or 1 means this proxy alone. A configured cap becomes this proxy's floor
+	// share, at least 1, so N proxies never exceed it together; a learned batch size the
+	// rounded-up share, as a learned cap only delays requests and the engine queues the rest.
+	ReplicaShares int
 
 	// Scale from zero.
 
@@ -381,7 +386,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 		errs:    newErrorBodies(cfg.Name, cfg.MaxRequestBodySize).withHoldBodies(cfg.Name, cfg.MaxQueuedRequests, cfg.MaxQueueWait),
 		dial:    defaultDial,
 		stopped: make(chan struct{}),
-		slots:   newSlotQueue(cfg.MaxInFlightPerReplica),
+		slots:   newSlotQueue(cfg.MaxInFlightPerReplica, cfg.ReplicaShares),
 		obs:     newObservability(cfg),
 	}
 	s.learner, _ = picker.(policy.Learner)

@@ -35,8 +35,10 @@ import (
 // request that finds a free replica and nobody waiting pays one or two atomic loads per
 // replica and no lock; the lock is taken only while requests wait.
 type slotQueue struct {
-	// limit is the configured cap; 0 means each replica's learned batch size.
-	limit int64
+	// limit is the configured cap; 0 means each replica's learned batch size. shares (≥ 1)
+	// divides either among the proxies that share the replicas.
+	limit  int64
+	shares int64
 	// queued counts the waiters. It is raised before a waiter checks for a free slot and
 	// read by releasers after they free one, so that one of the two always sees the other
 	// (Go's atomics are sequentially consistent): no wake-up is lost.
@@ -76,11 +78,15 @@ func (c *learnedCap) raise(n int64) bool {
 
 // newSlotQueue returns the queue for MaxInFlightPerReplica = limit: nil (no cap) when
 // negative, learned caps when zero.
-func newSlotQueue(limit int) *slotQueue {
+func newSlotQueue(limit, shares int) *slotQueue {
 	if limit < 0 {
 		return nil
 	}
-	return &slotQueue{limit: int64(limit)}
+	shares = max(shares, 1)
+	if limit > 0 {
+		limit = max(limit/shares, 1)
+	}
+	return &slotQueue{limit: int64(limit), shares: int64(shares)}
 }
 
 // learned reports whether the caps are the replicas' learned batch sizes, which never refuse a
@@ -105,6 +111,7 @@ func (q *slotQueue) free(r *policy.Replica, learned *learnedCap) int64 {
 	if limit == 0 {
 		return noCap
 	}
+	limit = (limit + q.shares - 1) / q.shares
 	n := r.InFlight.Load()
 	if n >= limit && mayProbe(r, learned) {
 		limit++

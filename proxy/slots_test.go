@@ -415,19 +415,25 @@ func TestSlotsLearnedCapProbes(t *testing.T) {
 	now := time.Now().UnixNano()
 	tests := map[string]struct {
 		limit    int
+		shares   int
 		learned  int64
 		inFlight int64
 		metrics  policy.Metrics
 		want     int64
 	}{
-		"unknown size":             {0, 0, 50, policy.Metrics{}, noCap},
-		"below the cap":            {0, 4, 1, policy.Metrics{Waiting: 3, UpdatedAt: now}, 3},
-		"at the cap, queue":        {0, 4, 4, policy.Metrics{Waiting: 1, Running: 4, UpdatedAt: now}, 0},
-		"at the cap, no queue":     {0, 4, 4, policy.Metrics{Running: 4, UpdatedAt: now}, 1},
-		"probe in flight":          {0, 4, 5, policy.Metrics{Running: 4, UpdatedAt: now}, 0},
-		"stale metrics":            {0, 4, 4, policy.Metrics{Running: 4, UpdatedAt: now - int64(2*policy.DefaultMetricsStaleAfter)}, 0},
-		"configured cap, no queue": {4, 0, 4, policy.Metrics{Running: 4, UpdatedAt: now}, 0},
-		"probes backed off":        {0, 4, 4, policy.Metrics{Running: 4, UpdatedAt: now}, 0},
+		"unknown size":             {0, 1, 0, 50, policy.Metrics{}, noCap},
+		"below the cap":            {0, 1, 4, 1, policy.Metrics{Waiting: 3, UpdatedAt: now}, 3},
+		"at the cap, queue":        {0, 1, 4, 4, policy.Metrics{Waiting: 1, Running: 4, UpdatedAt: now}, 0},
+		"at the cap, no queue":     {0, 1, 4, 4, policy.Metrics{Running: 4, UpdatedAt: now}, 1},
+		"probe in flight":          {0, 1, 4, 5, policy.Metrics{Running: 4, UpdatedAt: now}, 0},
+		"stale metrics":            {0, 1, 4, 4, policy.Metrics{Running: 4, UpdatedAt: now - int64(2*policy.DefaultMetricsStaleAfter)}, 0},
+		"configured cap, no queue": {4, 1, 0, 4, policy.Metrics{Running: 4, UpdatedAt: now}, 0},
+		"probes backed off":        {0, 1, 4, 4, policy.Metrics{Running: 4, UpdatedAt: now}, 0},
+		// Shared by three proxies: a configured 8 is 2 each (never 9 together), a learned 8
+		// is 3 each (rounded up: it only delays).
+		"configured cap, 3 shares":    {8, 3, 0, 1, policy.Metrics{Waiting: 3, UpdatedAt: now}, 1},
+		"learned cap, 3 shares":       {0, 3, 8, 1, policy.Metrics{Waiting: 3, UpdatedAt: now}, 2},
+		"configured cap, many shares": {2, 5, 0, 0, policy.Metrics{}, 1},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -439,7 +445,7 @@ func TestSlotsLearnedCapProbes(t *testing.T) {
 			if name == "probes backed off" {
 				learned.probeAfter.Store(now + int64(time.Minute))
 			}
-			if got := newSlotQueue(tc.limit).free(r, learned); got != tc.want {
+			if got := newSlotQueue(tc.limit, tc.shares).free(r, learned); got != tc.want {
 				t.Errorf("free = %d, want %d", got, tc.want)
 			}
 		})

@@ -42,6 +42,7 @@ func serveAttached(ctx context.Context, opts proxyOptions, h home.Home, ln, admi
 		Base:         base,
 		Listener:     ln,
 		Home:         h,
+		Controllers:  opts.controllers,
 		DrainTimeout: opts.shutdownTimeout,
 		Logger:       log,
 	}).Start(ctx)

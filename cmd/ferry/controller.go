@@ -22,18 +22,8 @@ import (
 
 func init() { register(newControllerCmd) }
 
-func newControllerCmd() *cobra.Command {
-	var (
-		opts             controller.Options
-		logLevel         string
-		metricsTokenFile string
-		envErrs          []error // settings in the environment that do not parse
-		bufferedMB       int
-	)
-	cmd := &cobra.Command{
-		Use:   "controller",
-		Short: "Run the controller daemon in the foreground (the CLI starts it for you)",
-		Long: `Run Ferry's controller: it owns all state (SQLite under $FERRY_HOME, default ~/.ferry),
+// controllerLong is `ferry controller --help`.
+const controllerLong = `Run Ferry's controller: it owns all state (SQLite under $FERRY_HOME, default ~/.ferry),
 launches and probes replicas, serves each service's endpoint, and answers the CLI on the Unix
 socket $FERRY_HOME/controller.sock (0600) with the token in $FERRY_HOME/controller.token. With
 --listen it serves the same API on a TCP address too, for attached proxies on other machines:
@@ -45,7 +35,25 @@ are served apart from traffic on --metrics-addr (/metrics and /healthz; with
 scrape config sends with authorization: {credentials_file: FILE}), and requests are logged,
 sampled under load, as lines of the logger "access".
 
-Every other command starts it in the background when it is not running, so you rarely run this.`,
+With --store kubernetes --leader-elect several controllers share their state in the API server and
+elect a leader on a Lease; the others follow (forwarding the API to the leader, launching nothing)
+and one takes over within about 10 s of the leader's death (README: High availability).
+
+Every other command starts it in the background when it is not running, so you rarely run this.`
+
+func newControllerCmd() *cobra.Command {
+	var (
+		opts             controller.Options
+		logLevel         string
+		metricsTokenFile string
+		envErrs          []error // settings in the environment that do not parse
+		bufferedMB       int
+		election         electionFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "controller",
+		Short: "Run the controller daemon in the foreground (the CLI starts it for you)",
+		Long:  controllerLong,
 		Example: "  ferry controller                 # foreground, logs to the terminal\n" +
 			"  ferry controller --metrics-addr 127.0.0.1:9500   # Prometheus metrics on another port\n" +
 			"  ferry controller --listen 10.0.0.5:7443 --api-tls-cert api.crt --api-tls-key api.key   # for proxies elsewhere\n" +
@@ -74,6 +82,9 @@ Every other command starts it in the background when it is not running, so you r
 			opts.Version = version()
 			opts.Logger = log
 			opts.PathPrepend = binDir()
+			if err := election.apply(&opts, log); err != nil {
+				return err
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			err = controller.New(opts).Start(ctx)
@@ -113,12 +124,18 @@ Every other command starts it in the background when it is not running, so you r
 	f.DurationVar(&opts.JobWatchInterval, "job-watch-interval", envDuration("FERRY_JOB_WATCH_INTERVAL", &envErrs),
 		"how often a running job's nodes are looked at (0: 2s; $FERRY_JOB_WATCH_INTERVAL)")
 	addStoreFlags(f, &opts.Store)
+	addWebhookFlags(f, &opts)
+	addElectionFlags(f, &election, &envErrs)
+	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
+	return cmd
+}
+
+// addWebhookFlags adds the FerryService webhook's flags.
+func addWebhookFlags(f *pflag.FlagSet, opts *controller.Options) {
 	f.StringVar(&opts.Webhook.Addr, "webhook-addr", os.Getenv("FERRY_WEBHOOK_ADDR"),
 		"serve the FerryService validating webhook on this host:port, over HTTPS with --webhook-tls-cert and --webhook-tls-key ($FERRY_WEBHOOK_ADDR)")
 	f.StringVar(&opts.Webhook.CertFile, "webhook-tls-cert", os.Getenv("FERRY_WEBHOOK_TLS_CERT"), "the webhook's certificate (PEM) ($FERRY_WEBHOOK_TLS_CERT)")
 	f.StringVar(&opts.Webhook.KeyFile, "webhook-tls-key", os.Getenv("FERRY_WEBHOOK_TLS_KEY"), "the key of --webhook-tls-cert (PEM) ($FERRY_WEBHOOK_TLS_KEY)")
-	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
-	return cmd
 }
 
 // addStoreFlags adds --store and the Kubernetes connection flags (shared with --leader-elect:

@@ -55,6 +55,8 @@ type proxyFlags struct {
 	maxBufferedMB    int
 	// attach is the service to follow through the controller; empty for a fixed replica list.
 	attach string
+	// controllers are the API URLs of several controllers, one leading (--controller).
+	controllers []string
 	// set tells which of attachConflicts were given on the command line.
 	set map[string]bool
 }
@@ -80,6 +82,9 @@ type proxyOptions struct {
 	// attach is the service followed through the controller (attach.go); service then holds
 	// only what the command line sets (name, TLS) and backends is empty.
 	attach string
+	// controllers, when set, replace FERRY_HOME's controller.json: the proxy follows whichever
+	// of them leads.
+	controllers []string
 }
 
 // proxyLong is `ferry proxy --help`.
@@ -102,6 +107,11 @@ proxy keeps serving the last replica set it had, and finds a restarted controlle
 second. Until the controller first answers, connections wait. A change of policy, keys or limits
 applies to new connections; requests in flight finish under the old settings. --replica,
 --policy, --target-qps, --api-key-env, --name and the limit flags do not go with --attach.
+With --controller URL[,URL...] (controllers run with --leader-elect) the proxy follows whichever
+of them leads instead of controller.json: a follower's 503 names the leader (X-Ferry-Leader),
+tried next, and any other failure moves to the next URL; one Service URL in front of every
+controller works too. It keeps serving its last replica set through a failover.
+Each of N attached proxies takes 1/N of a replica's in-flight cap (the controller counts them).
 
 Without --attach the replica list is fixed; every replica is treated as READY. A replica is
 host:port or http://host:port; append #ACCELERATOR (for example #A100) to weight it under
@@ -201,6 +211,7 @@ func (f *proxyFlags) define(fl *pflag.FlagSet) {
 	fl.IntVar(&f.maxBufferedMB, "max-buffered-body-mb", proxy.DefaultMaxBufferedBodyBytes>>20, "request bodies being read at once, in MiB by their announced length; beyond it 503 at the request's headers")
 	fl.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "refuse a client address's connections beyond this many open at once, with 429 (0: no cap; leave it off behind a load balancer)")
 	fl.StringVar(&f.attach, "attach", "", "follow this service of the controller in FERRY_HOME instead of fixed replicas")
+	fl.StringSliceVar(&f.controllers, "controller", nil, "with --attach: the API URLs of the controllers (http(s)://HOST:PORT, comma-separated or repeated) when several run with --leader-elect; the proxy follows whichever leads, with FERRY_HOME's proxy.token (and controller.crt for https)")
 }
 
 // parse validates the flags and reports every problem at once.
@@ -213,6 +224,14 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		accessLog:       f.accessLog,
 	}
 	errs := f.parseServing(&opts)
+	for _, u := range f.controllers {
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			errs = append(errs, fmt.Errorf("--controller %q: want http://HOST:PORT or https://HOST:PORT", u))
+		}
+	}
+	if len(f.controllers) > 0 && f.attach == "" {
+		errs = append(errs, errors.New("--controller goes with --attach"))
+	}
 	if f.attach != "" {
 		return opts.attached(f, errs)
 	}
@@ -382,6 +401,7 @@ func (f proxyFlags) parseLimits(opts *proxyOptions) []error {
 // from the service's YAML.
 func (opts proxyOptions) attached(f proxyFlags, errs []error) (proxyOptions, error) {
 	opts.attach = f.attach
+	opts.controllers = f.controllers
 	opts.service = proxy.ServiceConfig{Name: f.attach, TLS: opts.service.TLS}
 	given := map[string]bool{"replica": len(f.replicas) > 0, "target-qps": len(f.targetQPS) > 0, "api-key-env": len(f.apiKeyEnvs) > 0}
 	for _, name := range attachConflicts {

@@ -70,6 +70,21 @@ func TestProxyFlags(t *testing.T) {
 			},
 		},
 		"attach with a replica": {edit: func(f *proxyFlags) { f.attach = "llama" }, wantErr: "--replica does not go with --attach"},
+		"attach to several controllers": {
+			edit: func(f *proxyFlags) {
+				f.replicas, f.attach, f.tlsCert, f.tlsKey, f.controllers = nil, "llama", "", "", []string{"http://10.0.0.1:8787", "https://ferry.svc:8787"}
+			},
+			check: func(t *testing.T, o proxyOptions) {
+				if len(o.controllers) != 2 || o.controllers[1] != "https://ferry.svc:8787" {
+					t.Errorf("controllers %v", o.controllers)
+				}
+			},
+		},
+		"controller without a scheme": {
+			edit:    func(f *proxyFlags) { f.replicas, f.attach, f.controllers = nil, "llama", []string{"10.0.0.1:8787"} },
+			wantErr: `--controller "10.0.0.1:8787": want http://HOST:PORT`,
+		},
+		"controller without attach": {edit: func(f *proxyFlags) { f.controllers = []string{"http://10.0.0.1:8787"} }, wantErr: "--controller goes with --attach"},
 		"attach with a policy flag": {
 			edit:    func(f *proxyFlags) { f.replicas, f.attach, f.set = nil, "llama", map[string]bool{"policy": true} },
 			wantErr: "--policy does not go with --attach",

@@ -90,7 +90,7 @@ func TestAttachControllerAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantConfig := attach.ProxyConfig{Policy: "round_robin", AuthRequired: true, APIKeyHashes: []string{"h1"}, MaxConcurrentRequests: 7}
-	if diff := cmp.Diff(attach.ReplicaSet{Service: "llama", Backends: []proxy.Backend{}, Config: wantConfig}, rs); diff != "" {
+	if diff := cmp.Diff(attach.ReplicaSet{Service: "llama", Backends: []proxy.Backend{}, Config: wantConfig, Proxies: 1}, rs); diff != "" {
 		t.Errorf("before any set (-want +got):\n%s", diff)
 	}
 

@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -30,6 +31,7 @@ import (
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/home"
 	"github.com/ferryserve/ferry/internal/infra"
+	"github.com/ferryserve/ferry/internal/leader"
 	"github.com/ferryserve/ferry/internal/store"
 	"github.com/ferryserve/ferry/jobs"
 	"github.com/ferryserve/ferry/launcher"
@@ -91,6 +93,9 @@ type Options struct {
 	// ClientLimits cap the client connections and the request bodies being read over every
 	// service endpoint and the gateway together (proxy.Guard); zero values are the defaults.
 	ClientLimits proxy.ClientLimits
+	// Elector, when set, makes this controller one of several over shared state: it follows
+	// (forwards its API to the leader, runs nothing) until the Elector makes it lead.
+	Elector *leader.Elector
 }
 
 // DefaultGatewayAddr is the gateway's address unless configured: the port just below the
@@ -204,6 +209,17 @@ type Controller struct {
 	// jobs runs every job on the same provisioner (jobs.go).
 	jobs *jobs.Manager
 
+	// Leadership (leadership.go). leadMu guards closeState, which lead sets; leadWG counts a
+	// lead in progress; leaderErr carries a failed lead or lost leadership to Start; api is
+	// the leader's API handler once this controller leads (nil while it follows), when
+	// leading is closed.
+	leading    chan struct{}
+	leadMu     sync.Mutex
+	closeState func()
+	leadWG     sync.WaitGroup
+	leaderErr  chan error
+	api        atomic.Pointer[http.Handler]
+
 	mu       sync.Mutex
 	services map[string]*service
 	// creating holds the names of services being created, with the endpoint port each has
@@ -215,12 +231,13 @@ type Controller struct {
 func New(opts Options) *Controller {
 	opts.defaults()
 	return &Controller{opts: opts, log: opts.Logger, stopCh: make(chan struct{}), services: map[string]*service{},
-		creating: map[string]int{}}
+		creating: map[string]int{}, leaderErr: make(chan error, 1), leading: make(chan struct{})}
 }
 
-// Start takes the home lock, restores every service (adopting its running replicas), serves
-// the API, and blocks until ctx ends or Stop is called. Replicas keep running after it returns:
-// a restarted controller adopts them.
+// Start takes the home lock, serves the API and, unless it must first win an election
+// (Options.Elector, leadership.go), restores every service (adopting its running replicas);
+// it blocks until ctx ends, Stop is called or leadership is lost. Replicas keep running after
+// it returns: a restarted controller, or the next leader, adopts them.
 func (c *Controller) Start(ctx context.Context) (err error) {
 	h := c.opts.Home
 	unlock, err := lockHome(h)
@@ -232,11 +249,6 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	closeState, err := c.openState()
-	if err != nil {
-		return err
-	}
-	defer closeState()
 	lns, err := listenAPI(h, c.opts.Listen, apiTLS{c.opts.APITLSCert, c.opts.APITLSKey})
 	if err != nil {
 		return err
@@ -254,30 +266,32 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 		return err
 	}
 	defer stopWebhook()
-	if err := c.startServing(); err != nil {
+	if err := c.startAdmin(); err != nil {
 		return err
 	}
-	if err := c.startJobs(ctx); err != nil {
-		return err
+	defer c.stopLeading()
+	var handler http.Handler
+	if c.opts.Elector == nil {
+		if err := c.lead(ctx); err != nil {
+			return err
+		}
+		handler = c.leaderHandler(tokens)
+	} else {
+		handler = c.campaign(ctx, tokens)
 	}
-	if err := c.watchFerryServices(ctx); err != nil {
-		return err
-	}
-	c.watchNotices(ctx, c.infras.Notifiers())
-	defer func() { cancel(); c.jobs.Stop() }() // its goroutines end with ctx
-	srv := api.NewServer(api.NewHandler(c, tokens, c.log.Named("api"), append(c.attachRoutes(), c.jobRoutes()...)...), 0, c.log.Named("api"))
+	srv := api.NewServer(handler, 0, c.log.Named("api"))
 	serveErr := lns.serve(c, srv)
 	if err := h.WriteInfo(home.Info{PID: os.Getpid(), Socket: c.apiSocket, Addr: c.apiAddr, TLS: lns.tlsConfig != nil,
 		Version: c.opts.Version, StartedAt: c.startedAt}); err != nil {
 		return err
 	}
 	c.log.Info("controller started", zap.String("socket", c.apiSocket), zap.String("api", c.apiAddr), zap.String("home", h.Dir), zap.Int("pid", os.Getpid()))
-	c.spawn(&c.wg, "status loop", func() { c.statusLoop(ctx) })
 
 	select {
 	case <-ctx.Done():
 	case <-c.stopCh:
 	case err = <-serveErr:
+	case err = <-c.leaderErr:
 	}
 	c.log.Info("controller stopping")
 	cancel()
@@ -289,6 +303,54 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 		err = nil
 	}
 	return err
+}
+
+// lead opens the state and starts everything only the leader runs: every stored service with
+// its replica manager and scale loop (adopting running replicas and rollouts), the gateway,
+// the jobs manager (adopting jobs in flight), the notice relay and the status loop, until ctx
+// ends. stopLeading undoes it.
+func (c *Controller) lead(ctx context.Context) error {
+	closeState, err := c.openState()
+	if err != nil {
+		return err
+	}
+	c.leadMu.Lock()
+	c.closeState = closeState
+	c.leadMu.Unlock()
+	if err := c.startGateway(); err != nil {
+		return err
+	}
+	if err := c.restore(); err != nil {
+		return err
+	}
+	if err := c.startJobs(ctx); err != nil {
+		return err
+	}
+	if err := c.watchFerryServices(ctx); err != nil {
+		return err
+	}
+	c.watchNotices(ctx, c.infras.Notifiers())
+	c.spawn(&c.wg, "status loop", func() { c.statusLoop(ctx) })
+	return nil
+}
+
+// stopLeading stops the jobs manager (its goroutines end with Start's context) and closes
+// the state lead opened; Start defers it.
+func (c *Controller) stopLeading() {
+	c.leadWG.Wait()
+	c.leadMu.Lock()
+	defer c.leadMu.Unlock()
+	if c.jobs != nil {
+		c.jobs.Stop()
+	}
+	if c.closeState != nil {
+		c.closeState()
+	}
+}
+
+// leaderHandler is the API as the leader serves it.
+func (c *Controller) leaderHandler(tokens api.Tokens) http.Handler {
+	return api.NewHandler(c, tokens, c.log.Named("api"), append(c.attachRoutes(), c.jobRoutes()...)...)
 }
 
 // apiTokens are the home's controller token and attach token, made on first use.
@@ -340,8 +402,9 @@ func (c *Controller) openState() (closeState func(), err error) {
 	}, nil
 }
 
-// startServing starts the metrics listener and the gateway, then restores every stored service.
-func (c *Controller) startServing() error {
+// startAdmin makes the client guard and the metrics, and serves the metrics listener: a
+// follower serves /healthz too.
+func (c *Controller) startAdmin() error {
 	guard, err := proxy.NewGuard(c.opts.ClientLimits)
 	if err != nil {
 		return err
@@ -350,18 +413,13 @@ func (c *Controller) startServing() error {
 	if err := c.initMetrics(); err != nil {
 		return err
 	}
-	if err := c.startMetrics(); err != nil {
-		return err
-	}
-	if err := c.startGateway(); err != nil {
-		return err
-	}
-	return c.restore()
+	return c.startMetrics()
 }
 
 // shutdown stops the API, the gateway and every service's loops and listener, leaving replicas
 // running for the next controller to adopt.
 func (c *Controller) shutdown(srv *api.Server) {
+	c.leadWG.Wait() // a lead in progress (its context has ended) adds no service after this
 	shutCtx, shutCancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer shutCancel()
 	_ = srv.Shutdown(shutCtx)

@@ -37,7 +37,8 @@ var importRules = []importRule{
 	{"internal/store", []string{"configs", "jobs", "replicas", "internal/store"}}, // kubestore and storetest build on the interface
 	{"internal/home", nil},
 	{"internal/infra", []string{"configs", "internal/home", "launcher"}},
-	{"internal/controller", []string{"autoscaler", "configs", "internal/api", "internal/home", "internal/infra", "internal/store",
+	{"internal/leader", nil}, // client-go's election only; the controller hands its term to the store
+	{"internal/controller", []string{"autoscaler", "configs", "internal/api", "internal/home", "internal/infra", "internal/leader", "internal/store",
 		"jobs", "launcher", "policy", "proxy", "replicas"}},
 }
 

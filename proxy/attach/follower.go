@@ -49,6 +49,10 @@ type FollowerConfig struct {
 	// (controller.json, proxy.token, controller.crt): its address and token are read there,
 	// again after every failure, as a restarted controller listens elsewhere.
 	Home home.Home
+	// Controllers, when set, are the API URLs of several controllers of which one leads
+	// (`ferry proxy --controller`): the proxy follows whichever answers, trying the next on any
+	// failure, and reads only the attach token and certificate from Home.
+	Controllers []string
 	// DrainTimeout bounds how long requests in flight may finish: under an old configuration
 	// after a new one took over, and when Start's ctx ends.
 	DrainTimeout time.Duration
@@ -76,8 +80,9 @@ type Follower struct {
 
 	mu   sync.Mutex
 	hand *proxy.Handover // nil until the controller first answered
-	// config and seq are what the proxy serves.
+	// config, shares and seq are what the proxy serves.
 	config ProxyConfig
+	shares int
 	seq    uint64
 	// current are the addresses of the set served; removed those that left it while
 	// requests were still in flight there, reported until they are idle.
@@ -96,7 +101,7 @@ func NewFollower(cfg FollowerConfig) *Follower {
 		base:    cfg.Base,
 		drain:   cfg.DrainTimeout,
 		ln:      cfg.Listener,
-		ctl:     &controllerConn{home: cfg.Home},
+		ctl:     &controllerConn{home: cfg.Home, urls: cfg.Controllers},
 		rootLog: log,
 		log:     log.With(zap.String("service", cfg.Service)),
 		id:      newProxyID(),
@@ -175,7 +180,7 @@ func (f *Follower) watch(ctx context.Context) {
 			}
 			// Whatever went wrong, the next poll asks the controller anew: it may be a new
 			// one, with different Seqs.
-			f.ctl.forget()
+			f.ctl.forget(err)
 			after = 0
 			if connected || time.Since(lastWarn) >= warnEvery {
 				f.log.Warn("controller unavailable; serving the last replica set and retrying", zap.Error(err))
@@ -229,7 +234,7 @@ func (f *Follower) apply(rs ReplicaSet) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.hand == nil {
-		svc, err := proxy.NewService(rs.Config.Apply(f.base))
+		svc, err := proxy.NewService(f.serviceConfig(rs))
 		if err != nil {
 			return fmt.Errorf("the controller's configuration of service %q: %w", f.service, err)
 		}
@@ -237,7 +242,7 @@ func (f *Follower) apply(rs ReplicaSet) error {
 			svc.SetBackends(backends)
 			f.seq, f.current = rs.Seq, addrs
 		}
-		f.config = rs.Config
+		f.config, f.shares = rs.Config, rs.Proxies
 		f.hand = proxy.NewHandover(f.ln, svc, f.log)
 		go func() { f.served <- f.hand.Serve() }()
 		f.log.Info("proxy serving", zap.String("endpoint", "http://"+f.ln.Addr().String()),
@@ -246,11 +251,11 @@ func (f *Follower) apply(rs ReplicaSet) error {
 		f.kickReport()
 		return nil
 	}
-	if rs.Seq == 0 || rs.Seq == f.seq {
+	if rs.Seq == 0 || rs.Seq == f.seq && rs.Proxies == f.shares {
 		return nil
 	}
-	if !reflect.DeepEqual(rs.Config, f.config) {
-		svc, err := proxy.NewService(rs.Config.Apply(f.base))
+	if !reflect.DeepEqual(rs.Config, f.config) || rs.Proxies != f.shares {
+		svc, err := proxy.NewService(f.serviceConfig(rs))
 		if err != nil {
 			// A configuration this proxy cannot serve (a policy newer than its binary, say):
 			// keep the old one rather than stop serving.
@@ -258,9 +263,9 @@ func (f *Follower) apply(rs ReplicaSet) error {
 		} else {
 			svc.SetBackends(backends)
 			f.hand.Swap(svc, f.drain)
-			f.config = rs.Config
+			f.config, f.shares = rs.Config, rs.Proxies
 			f.log.Info("proxy configuration changed; new connections use it", zap.String("policy", policyName(rs.Config.Policy)),
-				zap.Bool("auth", rs.Config.AuthRequired))
+				zap.Bool("auth", rs.Config.AuthRequired), zap.Int("proxies_sharing_replicas", rs.Proxies))
 		}
 	}
 	f.hand.SetBackends(backends) // the new Service has them; those draining get them too
@@ -281,6 +286,14 @@ func (f *Follower) apply(rs ReplicaSet) error {
 	f.seq, f.current = rs.Seq, addrs
 	f.kickReport()
 	return nil
+}
+
+// serviceConfig is the proxy configuration of rs: the service's, with this proxy's share of
+// each replica.
+func (f *Follower) serviceConfig(rs ReplicaSet) proxy.ServiceConfig {
+	cfg := rs.Config.Apply(f.base)
+	cfg.ReplicaShares = rs.Proxies
+	return cfg
 }
 
 func policyName(p string) string {

@@ -113,6 +113,7 @@ func (h *Hub) Poll(ctx context.Context, after uint64, wait time.Duration) Replic
 	if h.cfg.Config != nil {
 		rs.Config = h.cfg.Config()
 	}
+	rs.Proxies = h.sharing(h.cfg.Now())
 	return rs
 }
 
@@ -169,6 +170,21 @@ func (h *Hub) record(r LoadReport, now time.Time) {
 			delete(h.proxies, id)
 		}
 	}
+}
+
+// sharing is how many proxies share the replicas: those with a fresh report, at least 1. It
+// travels with every poll answer without moving Seq (a proxy that joins or leaves changes no
+// replica set), so proxies take a new share with their next answer, within a long poll.
+func (h *Hub) sharing(now time.Time) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, p := range h.proxies {
+		if now.Sub(p.at) <= reportFresh {
+			n++
+		}
+	}
+	return max(n, 1)
 }
 
 // busy is Busy with the current Seq and the controller's start time passed in.

@@ -145,3 +145,31 @@ func TestHubReport(t *testing.T) {
 		t.Errorf("in flight = %v, want the 2 waiting", inflight)
 	}
 }
+
+// TestHubSharesReplicasAmongProxies: every poll answer says how many proxies reported lately
+// (at least 1), without moving Seq: proxies joining or leaving change no replica set.
+func TestHubSharesReplicasAmongProxies(t *testing.T) {
+	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	h := NewHub(HubConfig{Now: func() time.Time { return now }})
+	h.Publish([]proxy.Backend{{ID: 1, Addr: "10.0.0.1:8080"}})
+	first := h.Poll(context.Background(), 0, 0)
+	if first.Proxies != 1 {
+		t.Fatalf("Proxies with none reporting = %d, want 1", first.Proxies)
+	}
+	for _, id := range []string{"a", "b"} {
+		if err := h.Report(LoadReport{ProxyID: id, Seq: first.Seq}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	two := h.Poll(context.Background(), first.Seq, 0)
+	if two.Proxies != 2 || two.Seq != first.Seq {
+		t.Fatalf("after two proxies reported: Proxies %d, Seq %d (was %d); want 2 and the same Seq", two.Proxies, two.Seq, first.Seq)
+	}
+	now = now.Add(reportFresh + time.Second) // b goes silent; a reports on
+	if err := h.Report(LoadReport{ProxyID: "a", Seq: two.Seq}); err != nil {
+		t.Fatal(err)
+	}
+	if one := h.Poll(context.Background(), two.Seq, 0); one.Proxies != 1 {
+		t.Fatalf("after b went silent: Proxies %d, want 1", one.Proxies)
+	}
+}

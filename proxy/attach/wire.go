@@ -26,6 +26,11 @@ type ReplicaSet struct {
 	// Backends are the READY replicas exactly as the controller hands them to its own proxy.
 	Backends []proxy.Backend `json:"backends"`
 	Config   ProxyConfig     `json:"config"`
+	// Proxies is how many attached proxies share the replicas (those that reported lately,
+	// at least 1): each takes that share of a replica's in-flight cap
+	// (proxy.ServiceConfig.ReplicaShares). It does not move Seq: a proxy applies a new count
+	// from any answer.
+	Proxies int `json:"proxies,omitempty"`
 }
 
 // LoadReport is what an attached proxy tells the controller about itself, about twice a
