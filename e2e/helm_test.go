@@ -38,14 +38,17 @@ service:
 run: ferry replica-sim --port $FERRY_PORT --model ferry-sim-1b
 `
 
-// The priority makes the launcher create a PriorityClass, the one cluster-scoped write.
+// The priority makes the launcher create a PriorityClass, the one cluster-scoped write; the
+// workdir travels in a ConfigMap the pod owns (files.go), the replicas namespace's other write.
 const rbacJobYAML = `name: rbac-job
 resources:
   infra: kubernetes
   accelerators: T4:1
 job: {priority: 500}
+workdir: WORKDIR
 run: |
   echo hello-from-the-chart-rbac
+  cat note.txt
   sleep 600
 `
 
@@ -80,7 +83,12 @@ func TestChartRBACRunsReplicasAndJobs(t *testing.T) {
 
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "svc.yaml"), rbacServiceYAML)
-	writeFile(t, filepath.Join(dir, "job.yaml"), rbacJobYAML)
+	workdir := filepath.Join(dir, "work")
+	if err := os.Mkdir(workdir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(workdir, "note.txt"), "note-from-the-workdir\n")
+	writeFile(t, filepath.Join(dir, "job.yaml"), strings.Replace(rbacJobYAML, "WORKDIR", workdir, 1))
 	defer k.stopJobs()
 	if out := k.mustRun("serve", "up", filepath.Join(dir, "svc.yaml"), "-y"); !strings.Contains(out, "1/1 READY") {
 		t.Fatalf("serve up as the chart's ServiceAccount:\n%s", out)
@@ -94,7 +102,7 @@ func TestChartRBACRunsReplicasAndJobs(t *testing.T) {
 	k.waitJob(id, 2*time.Minute, "the job RUNNING", func(j jobView) bool { return j.State == "RUNNING" })
 	eventually(t, 30*time.Second, "the running node's log read through pods/log", func() (bool, string) {
 		logs, errOut, err := k.run("jobs", "logs", strconv.FormatInt(id, 10))
-		return err == nil && strings.Contains(logs, "hello-from-the-chart-rbac"), logs + errOut
+		return err == nil && strings.Contains(logs, "hello-from-the-chart-rbac") && strings.Contains(logs, "note-from-the-workdir"), logs + errOut
 	})
 	k.mustRun("jobs", "cancel", strconv.FormatInt(id, 10), "-y")
 	k.waitJob(id, time.Minute, "the job CANCELLED", func(j jobView) bool { return j.State == "CANCELLED" })
