@@ -47,7 +47,7 @@ func TestSkyPilotExamplesDryRun(t *testing.T) {
 		{file: "gemma-kubernetes.yaml", wantInfras: []string{kube}, wantShown: []string{
 			`"model":"google/gemma-2b-it"`, "X-Model: google/gemma-2b-it", "L40S",
 		}},
-		{file: "http-server.yaml", wantInfras: []string{"local", kube, "aws"}, wantShown: []string{"workdir: ."}},
+		{file: "http-server.yaml", wantInfras: []string{"local", kube, "aws"}, wantShown: []string{"workdir: " + repoRoot()}},
 		{file: "minimal.yaml"},
 		{file: "torchrun.yaml", job: true, wantInfras: []string{"gcp"}, notInfras: []string{"local"}, wantShown: []string{"/checkpoints/run-1: s3://my-checkpoints/run-1", "idle_minutes: 10"}},
 		{file: "batch.yaml", job: true, wantInfras: []string{"gcp"}, wantShown: []string{"instance_type: n1-standard-8", "disk_tier: high"}},
