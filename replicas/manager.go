@@ -238,12 +238,10 @@ func New(cfg Config) (*Manager, error) {
 		gone:     map[string]time.Time{},
 		stopping: map[string]bool{},
 		notices:  map[string]time.Time{},
-		// window.go
-		windowEnds: map[string]time.Time{},
-		failures:   map[bool]int{},
-		lastFail:   map[bool]time.Time{},
-		versions:   map[int]Version{},
-		target:     cfg.Version,
+		failures: map[bool]int{},
+		lastFail: map[bool]time.Time{},
+		versions: map[int]Version{},
+		target:   cfg.Version,
 	}
 	for _, v := range cfg.Versions {
 		m.versions[v.Number] = v

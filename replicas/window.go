@@ -30,6 +30,9 @@ func (m *Manager) deferNotice(instance string, at time.Time) bool {
 		}
 	}
 	if ours {
+		if m.windowEnds == nil {
+			m.windowEnds = map[string]time.Time{}
+		}
 		if _, known := m.windowEnds[instance]; !known {
 			m.log.Info("replica's reservation ends: replacing it ahead", zap.String("instance", instance), zap.Time("ends", at),
 				zap.Time("replaced_from", at.Add(-m.cfg.WindowLead)))
