@@ -259,7 +259,7 @@ func nodesOf(insts []launcher.Instance) []Node {
 			rank = r
 		}
 		out[i] = Node{Rank: rank, InstanceID: in.ID, IP: in.IP, Infra: in.Infra, Region: in.Region,
-			Zone: in.Zone, Spot: in.Spot, Price: in.PricePerHour}
+			Zone: in.Zone, Spot: in.Spot, Price: in.PricePerHour, WindowEnd: in.WindowEnd}
 	}
 	slices.SortFunc(out, func(a, b Node) int { return cmp.Compare(a.Rank, b.Rank) })
 	return out
