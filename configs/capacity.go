@@ -133,8 +133,8 @@ func ParseDuration(s string) (time.Duration, bool) {
 }
 
 // capacity reads resources.capacity; rs are the resolved candidates, to check the mode
-// against where they may run.
-func (c *checker) capacity(e entry, field string, rs []Resources) *Capacity {
+// against where they may run, and isService refuses what only a job can do.
+func (c *checker) capacity(e entry, field string, rs []Resources, isService bool) *Capacity {
 	n := c.deref(e.value)
 	f, ok := c.fields(n, field, capacityKeys)
 	if !ok {
@@ -164,7 +164,7 @@ func (c *checker) capacity(e entry, field string, rs []Resources) *Capacity {
 	if !good {
 		return nil
 	}
-	if !c.capacityAgrees(out, f, field, rs) {
+	if !c.capacityAgrees(out, f, field, rs) || (isService && !c.serviceCapacity(out, f, field)) {
 		return nil
 	}
 	if out.Mode == CapacityReserved && out.Reservation == "" {
@@ -195,6 +195,21 @@ func (c *checker) capacityAgrees(cp *Capacity, f map[string]entry, field string,
 			at = f["reservation"].value
 		}
 		c.errorf(at, joinField(field, "mode"), "local has no reservations: give infra (gcp, aws, kubernetes or *) to use one")
+		return false
+	}
+	return true
+}
+
+// serviceCapacity refuses what a service's replicas cannot do: wait in a cloud's queue (each
+// relaunch would queue a new request), or stop at a run limit (replicas run until scaled
+// down; in a reservation they are replaced before it ends).
+func (c *checker) serviceCapacity(cp *Capacity, f map[string]entry, field string) bool {
+	if cp.Mode == CapacityQueued {
+		c.errorf(f["mode"].value, joinField(field, "mode"), "a service's replicas do not wait in a cloud's queue: queued is for jobs; use on_demand, or reserved for a reservation or capacity block")
+		return false
+	}
+	if e, ok := f["max_run_duration"]; ok {
+		c.errorf(e.keyNode, joinField(field, "max_run_duration"), "max_run_duration is a job's run limit: a service's replicas run until scaled down (in a reservation they are replaced before it ends)")
 		return false
 	}
 	return true

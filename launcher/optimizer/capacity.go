@@ -281,9 +281,9 @@ func formatWait(d time.Duration) string {
 // waitCell and windowCell are the plan table's WAIT and WINDOW columns.
 func waitCell(c *Candidate) string {
 	switch {
-	case c.Placement.Queued && c.Wait > 0:
+	case c.Placement.Queued && c.Wait >= time.Second:
 		return "~" + formatWait(c.Wait)
-	case c.Wait > 0:
+	case c.Wait >= time.Second:
 		return formatWait(c.Wait)
 	case c.Placement.Queued:
 		return "queued"
