@@ -33,6 +33,10 @@ type Capacity struct {
 	// Reservation is the reservation or capacity block a reserved task uses, by name or id,
 	// or ReservationAny; "" unless Mode is reserved.
 	Reservation string `json:"reservation,omitempty"`
+	// NoQueue keeps a queued task out of the cloud's queue, leaving it reserved capacity
+	// first, then on-demand and spot. The parser sets it for services: a replica that
+	// waited would be relaunched under a new name, queueing a new request each time.
+	NoQueue bool `json:"no_queue,omitempty"`
 }
 
 // Capacity modes.
@@ -41,7 +45,8 @@ const (
 	// within the infra's provision timeout moves on to the next candidate, then fails.
 	CapacityOnDemand = "on_demand"
 	// CapacityQueued also takes capacity already paid for (an unused reservation) and waits in
-	// the cloud's queue (flex-start, a ProvisioningRequest) for the rest.
+	// the cloud's queue (flex-start, a ProvisioningRequest) for the rest; a service's replicas
+	// never wait in a queue (NoQueue).
 	CapacityQueued = "queued"
 	// CapacityReserved takes only a reservation or capacity block, waiting for its window.
 	CapacityReserved = "reserved"
@@ -200,14 +205,10 @@ func (c *checker) capacityAgrees(cp *Capacity, f map[string]entry, field string,
 	return true
 }
 
-// serviceCapacity refuses what a service's replicas cannot do: wait in a cloud's queue (each
-// relaunch would queue a new request), or stop at a run limit (replicas run until scaled
-// down; in a reservation they are replaced before it ends).
+// serviceCapacity keeps a service out of the cloud's queue (NoQueue) and refuses a run limit:
+// replicas run until scaled down (in a reservation they are replaced before it ends).
 func (c *checker) serviceCapacity(cp *Capacity, f map[string]entry, field string) bool {
-	if cp.Mode == CapacityQueued {
-		c.errorf(f["mode"].value, joinField(field, "mode"), "a service's replicas do not wait in a cloud's queue: queued is for jobs; use on_demand, or reserved for a reservation or capacity block")
-		return false
-	}
+	cp.NoQueue = true
 	if e, ok := f["max_run_duration"]; ok {
 		c.errorf(e.keyNode, joinField(field, "max_run_duration"), "max_run_duration is a job's run limit: a service's replicas run until scaled down (in a reservation they are replaced before it ends)")
 		return false

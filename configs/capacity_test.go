@@ -220,13 +220,20 @@ func TestServiceCapacity(t *testing.T) {
 	if cp := task.Resources.Capacity; cp == nil || cp.Mode != CapacityReserved {
 		t.Fatalf("a service in a reservation: %+v", cp)
 	}
-	for yaml, want := range map[string]wantErr{
-		head + "  capacity:\n    mode: queued\n":         {7, 11, "resources.capacity.mode", "queued is for jobs"},
-		head + "  capacity:\n    max_run_duration: 4h\n": {7, 5, "resources.capacity.max_run_duration", "a job's run limit"},
-	} {
-		_, err := Parse("svc.yaml", []byte(yaml), Overrides{})
-		if diff := cmp.Diff([]wantErr{want}, project(Errors(err), []wantErr{want})); diff != "" {
-			t.Errorf("errors mismatch (-want +got):\n%s\nfull error:\n%v", diff, err)
-		}
+	task, err = Parse("svc.yaml", []byte(head+"  capacity: {mode: queued}\n"), Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp := task.Resources.Capacity; cp == nil || cp.Mode != CapacityQueued || !cp.NoQueue {
+		t.Fatalf("a queued service: %+v, want it kept out of the cloud's queue", cp)
+	}
+	job, err := Parse("job.yaml", []byte("run: x\nresources:\n  capacity: {mode: queued}\n"), Overrides{})
+	if err != nil || job.Resources.Capacity.NoQueue {
+		t.Fatalf("a queued job: %+v, %v; want it free to queue", job.Resources.Capacity, err)
+	}
+	want := wantErr{7, 5, "resources.capacity.max_run_duration", "a job's run limit"}
+	_, err = Parse("svc.yaml", []byte(head+"  capacity:\n    max_run_duration: 4h\n"), Overrides{})
+	if diff := cmp.Diff([]wantErr{want}, project(Errors(err), []wantErr{want})); diff != "" {
+		t.Errorf("errors mismatch (-want +got):\n%s\nfull error:\n%v", diff, err)
 	}
 }
