@@ -127,6 +127,12 @@ type Options struct {
 	NoticeInterval time.Duration
 	// LogInterval is how often StreamLogs reads a followed console; default DefaultLogInterval.
 	LogInterval time.Duration
+	// CapacityBlockTerminationLead is how long before a capacity block's end EC2 terminates
+	// its instances; default DefaultCapacityBlockTerminationLead (capacityblocks.go).
+	CapacityBlockTerminationLead time.Duration
+	// ReservationNoticeLead is how long before that Notices warns of it; default
+	// launcher.DefaultWindowLead.
+	ReservationNoticeLead time.Duration
 	// MaxAttempts bounds the SDK's attempts per API call (0: the SDK's default, 3).
 	MaxAttempts int
 	Logger      *zap.Logger
@@ -161,6 +167,8 @@ var (
 	_ launcher.GangLauncher       = (*Provider)(nil)
 	_ launcher.PreemptionNotifier = (*Provider)(nil)
 	_ launcher.LogStreamer        = (*Provider)(nil)
+	_ launcher.Reserver           = (*Provider)(nil)
+	_ launcher.Offerer            = (*Provider)(nil)
 )
 
 // New loads the SDK configuration (credentials are resolved lazily, on the first call) and
@@ -190,6 +198,12 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}
 	if opts.LogInterval <= 0 {
 		opts.LogInterval = DefaultLogInterval
+	}
+	if opts.CapacityBlockTerminationLead <= 0 {
+		opts.CapacityBlockTerminationLead = DefaultCapacityBlockTerminationLead
+	}
+	if opts.ReservationNoticeLead <= 0 {
+		opts.ReservationNoticeLead = launcher.DefaultWindowLead
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
@@ -352,6 +366,8 @@ type launchPlan struct {
 	// jobGroup is the job security group, for a job's nodes.
 	jobGroup string
 	port     int
+	// reservation is the Capacity Reservation or block to launch into (reservations.go).
+	reservation *reservedLaunch
 }
 
 // plan resolves region, zone, image, instance type, port and security group for spec.
@@ -384,11 +400,16 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 			}
 		}
 	}
+	if lp.reservation, err = p.resolveReservation(ctx, spec, lp.region, pl.Zone); err != nil {
+		return lp, err
+	}
 	switch {
 	case pl.Zone != "":
 		if lp.zone, err = p.zoneName(ctx, lp.region, pl.Zone); err != nil {
 			return lp, err
 		}
+	case lp.reservation != nil:
+		lp.zone = lp.reservation.zone
 	case needZone:
 		names, err := p.ZoneNames(ctx, lp.region)
 		if err != nil {
@@ -603,6 +624,10 @@ func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (
 	if spec.Placement.Spot {
 		market = "spot"
 	}
+	if lp.reservation != nil {
+		reserve(in, lp.reservation)
+		market = "reserved (" + lp.reservation.id + ")"
+	}
 	out, err := p.clients[lp.region].RunInstances(ctx, in)
 	if err != nil {
 		return "", classify(err, fmt.Sprintf("run %s %s in %s", market, lp.instanceType, where))
@@ -766,10 +791,14 @@ func (p *Provider) instance(region string, in types.Instance) launcher.Instance 
 		out.State = launcher.StateRunning
 	default:
 		out.State = launcher.StateTerminated
-		if code == reasonSpotTermination {
-			out.State = launcher.StatePreempted
-		}
 		out.Reason = string(state) + ": " + msg
+		switch {
+		case code == reasonSpotTermination:
+			out.State = launcher.StatePreempted
+		case in.InstanceLifecycle == types.InstanceLifecycleTypeCapacityBlock && strings.HasPrefix(code, "Server."):
+			// EC2 ended it with its capacity block: gone like a preempted spot instance.
+			out.State, out.Reason = launcher.StatePreempted, blockReason(in)
+		}
 	}
 	return out
 }

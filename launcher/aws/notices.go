@@ -38,8 +38,14 @@ var spotWarningCodes = []string{"marked-for-termination", "instance-terminated-n
 //     may not call DescribeSpotInstanceRequests (logged once per region, after which the region
 //     is polled for shutdowns only).
 //
+//   - for an instance in a capacity block, Options.ReservationNoticeLead before EC2 begins
+//     terminating the block's instances, with At that time (capacityblocks.go):
+//     DescribeInstances, filtered to Ferry's capacity-block instances, and
+//     DescribeCapacityReservations for their blocks' end dates.
+//
 // An instance's warning and its shutdown are one notice. Both calls are made once per region
-// per poll; the credentials need ec2:DescribeSpotInstanceRequests and ec2:DescribeInstances.
+// per poll; the credentials need ec2:DescribeSpotInstanceRequests, ec2:DescribeInstances and
+// ec2:DescribeCapacityReservations.
 func (p *Provider) Notices(ctx context.Context) <-chan launcher.Notice {
 	seen := map[string]bool{}
 	noWarnings := map[string]bool{} // regions whose credentials may not read spot requests
@@ -62,6 +68,7 @@ func (p *Provider) pollPreemptions(ctx context.Context, seen, noWarnings map[str
 	}{
 		{"spot interruption warnings", p.spotWarnings},
 		{"spot preemptions", p.spotTerminations},
+		{"capacity block ends", p.blockEnds},
 	}
 	for _, region := range p.opts.Regions {
 		for i, pl := range polls {
