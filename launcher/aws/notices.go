@@ -31,6 +31,7 @@ var spotWarningCodes = []string{"marked-for-termination", "instance-terminated-n
 //   - at EC2's interruption warning, two minutes ahead: DescribeSpotInstanceRequests, filtered
 //     to requests tagged as Ferry's (Launch tags a spot request like its instance) whose
 //     status code carries the warning, with At the warning's time plus InterruptionNotice;
+//
 //   - failing that, once the instance shuts down: DescribeInstances, filtered to Ferry's
 //     shutting-down or terminated spot instances with reason Server.SpotInstanceTermination,
 //     with At the time it was seen. This catches a warning that fell between two polls, an
