@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -34,8 +35,9 @@ run: ferry replica-sim --model $MODEL
 // before EC2 begins terminating the block's instances Ferry has replaced the replica with an
 // on-demand one, READY before the old one drains, with no request failing under steady load.
 //
-// The block is scripted on the fake: active now, and ending so that EC2's terminations (30
-// minutes before its end, as on EC2) begin 11 minutes from now; the provider warns of them
+// The block is offered by the fake and bought with `ferry capacity-blocks buy`: active now, and
+// ending so that EC2's terminations (30 minutes before its end, as on EC2) begin 11 minutes
+// from now; the provider warns of them
 // its default 10 minutes ahead, so the block's replica serves about a minute before it is
 // replaced.
 func TestServiceReplacedBeforeCapacityBlockEnds(t *testing.T) {
@@ -53,12 +55,25 @@ func TestServiceReplacedBeforeCapacityBlockEnds(t *testing.T) {
 			break
 		}
 	}
+	// The account buys the block through Ferry, which never buys one unasked.
 	now := time.Now()
 	terminates := now.Add(launcher.DefaultWindowLead + time.Minute)
-	block, err := clouds.ec2.AddReservation(fakeec2.Reservation{Zone: zone, InstanceType: "g5.xlarge", Count: 1,
-		Type: fakeec2.ReservationTypeCapacityBlock, Start: now.Add(-time.Hour), End: terminates.Add(fakeec2.DefaultCapacityBlockTerminationLead)})
+	offering, err := clouds.ec2.OfferCapacityBlock(fakeec2.BlockOffering{Zone: zone, InstanceType: "g5.xlarge", InstanceCount: 1,
+		Start: now, End: terminates.Add(fakeec2.DefaultCapacityBlockTerminationLead), UpfrontFee: 31.5})
 	if err != nil {
 		t.Fatal(err)
+	}
+	offers := e.mustRun("capacity-blocks", "--instance-type", "g5.xlarge", "--count", "1", "--duration", "1d")
+	if !strings.Contains(offers, offering) || !strings.Contains(offers, "31.50 USD") {
+		t.Fatalf("capacity-blocks does not list the offering %s:\n%s", offering, offers)
+	}
+	bought := regexp.MustCompile(`Bought (cr-[0-9a-f]+)`).FindStringSubmatch(e.mustRun("capacity-blocks", "buy", offering, "--yes"))
+	if bought == nil {
+		t.Fatal("capacity-blocks buy printed no reservation")
+	}
+	block := bought[1]
+	if list := e.mustRun("show-gpus", "--reservations"); !strings.Contains(list, block) || !strings.Contains(list, "aws-capacity-block") {
+		t.Fatalf("show-gpus --reservations does not list %s:\n%s", block, list)
 	}
 	plan := e.mustRun("serve", "up", file, "--dry-run")
 	first := ""
@@ -109,6 +124,9 @@ func TestServiceReplacedBeforeCapacityBlockEnds(t *testing.T) {
 			case r.Status == "READY" && reservationOf(clouds.ec2, r.InstanceID) == "":
 				ready = r.InstanceID
 			}
+		}
+		if oldStatus != "READY" && oldStatus != "gone" && ready == "" {
+			t.Fatalf("the block's replica %d is %s with no READY replacement", inBlock.id, oldStatus)
 		}
 		replacement = ready
 		return ready != "" && oldStatus == "gone", fmt.Sprintf("block replica %d %s; READY outside the block %q", inBlock.id, oldStatus, ready)
