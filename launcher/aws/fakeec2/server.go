@@ -11,7 +11,10 @@
 // authorized and revoked as EC2 does), placement groups, each instance's metadata-service options (RunInstances'
 // MetadataOptions, validated and reported), injected errors per zone, and spot preemption: a spot
 // instance has a one-time spot request (DescribeSpotInstanceRequests), which shows EC2's
-// interruption warning while the instance runs out its notice (PreemptWithNotice).
+// interruption warning while the instance runs out its notice (PreemptWithNotice). Capacity
+// Reservations and Capacity Blocks for ML (reservations.go, capacityblocks.go): scripted
+// offerings, purchases, launches into a reservation counted against it, and a block's instances
+// terminated before its end, as EC2 does.
 //
 // A VM "boots" by running its user-data with bash as a local process in a session of its own
 // (the session is the machine: everything the user-data starts, in whatever process group,
