@@ -38,8 +38,8 @@ run: ferry replica-sim --model $MODEL
 // The block is offered by the fake and bought with `ferry capacity-blocks buy`: active now, and
 // ending so that EC2's terminations (30 minutes before its end, as on EC2) begin 11 minutes
 // from now; the provider warns of them
-// its default 10 minutes ahead, so the block's replica serves about a minute before it is
-// replaced.
+// (and the replicas' default lead is) 10 minutes ahead, so the block's replica serves about a
+// minute before its replacement starts.
 func TestServiceReplacedBeforeCapacityBlockEnds(t *testing.T) {
 	clouds := startFakeClouds(t)
 	e := newEnv(t)
@@ -111,13 +111,18 @@ func TestServiceReplacedBeforeCapacityBlockEnds(t *testing.T) {
 
 	// The warning comes about a minute after the launch; the replacement must serve and the
 	// block's replica be gone before EC2 would terminate it.
+	// Not before the lead either: the block's replica serves its window until then.
 	var replacement string
+	var replacedAt time.Time
 	eventually(t, time.Until(terminates), "the block's replica replaced by a READY one outside the block, and gone", func() (bool, string) {
 		if st, err = e.status("blocky"); err != nil {
 			return false, err.Error()
 		}
 		oldStatus, ready := "gone", ""
 		for _, r := range st.Replicas {
+			if r.ID != inBlock.id && replacedAt.IsZero() {
+				replacedAt = time.Now()
+			}
 			switch {
 			case r.ID == inBlock.id:
 				oldStatus = r.Status
@@ -132,6 +137,9 @@ func TestServiceReplacedBeforeCapacityBlockEnds(t *testing.T) {
 		return ready != "" && oldStatus == "gone", fmt.Sprintf("block replica %d %s; READY outside the block %q", inBlock.id, oldStatus, ready)
 	})
 	load.stop()
+	if early := terminates.Add(-launcher.DefaultWindowLead).Sub(replacedAt); early > 5*time.Second {
+		t.Errorf("the replacement appeared %v before the lead began", early.Round(time.Second))
+	}
 	if time.Now().After(terminates) {
 		t.Fatalf("replaced only after EC2 began terminating the block's instances (%s)", terminates.Format(time.RFC3339))
 	}

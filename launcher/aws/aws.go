@@ -159,6 +159,8 @@ type Provider struct {
 	// ingressMu serialises changes to the security groups; it is never held with mu.
 	ingressMu sync.Mutex
 	ingress   ingressState
+	// windows caches capacity blocks' ends for List (reservations.go).
+	windows windowCache
 }
 
 var (
@@ -545,6 +547,7 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		}
 		return launcher.Instance{}, err
 	}
+	lp.setWindow(insts)
 	return insts[0], nil
 }
 
@@ -869,7 +872,8 @@ func (p *Provider) terminateQuietly(region string, ids []string) {
 	}
 }
 
-// List returns Ferry's instances whose tags include selector, in every configured region.
+// List returns Ferry's instances whose tags include selector, in every configured region, those
+// in a capacity block with the block's WindowEnd (reservations.go).
 // Instances that ended are reported as StatePreempted (spot termination) or StateTerminated
 // with EC2's reason while EC2 still shows them (about an hour), except those terminated through
 // the API (Terminate, or a person in the console): they are already gone for the caller.
@@ -879,6 +883,7 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 		filters = append(filters, types.Filter{Name: awssdk.String("tag:" + k), Values: []string{selector[k]}})
 	}
 	var out []launcher.Instance
+	var inBlocks []blockInstance
 	for _, region := range p.opts.Regions {
 		err := p.describe(ctx, region, filters, func(in types.Instance) {
 			if in.State != nil && in.State.Name == types.InstanceStateNameTerminated {
@@ -886,12 +891,16 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 					return
 				}
 			}
+			if cr := awssdk.ToString(in.CapacityReservationId); cr != "" && in.InstanceLifecycle == types.InstanceLifecycleTypeCapacityBlock {
+				inBlocks = append(inBlocks, blockInstance{index: len(out), region: region, reservation: cr})
+			}
 			out = append(out, p.withExitCode(ctx, region, in, p.instance(region, in)))
 		})
 		if err != nil {
 			return nil, err
 		}
 	}
+	p.setWindowEnds(ctx, out, inBlocks)
 	p.adoptIngress(ctx, out)
 	return out, nil
 }

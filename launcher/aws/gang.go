@@ -77,6 +77,7 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 	if err != nil {
 		return fail(err)
 	}
+	lp.setWindow(insts)
 	p.log.Info("gang running", zap.String("name", spec.Name), zap.Int("nodes", n), zap.String("placement_group", lp.placementGroup))
 	return insts, nil
 }

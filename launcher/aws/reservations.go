@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
@@ -217,6 +219,17 @@ func (p *Provider) resolveReservation(ctx context.Context, spec launcher.Spec, r
 	return nil, fmt.Errorf("%w: %s: no active capacity reservation %s for %s in %s with room", launcher.ErrNoCapacity, InfraName, want, spec.Placement.InstanceType, where)
 }
 
+// setWindow sets WindowEnd on instances launched into a capacity block: when EC2 begins
+// terminating them.
+func (lp *launchPlan) setWindow(insts []launcher.Instance) {
+	if lp.reservation == nil || !lp.reservation.block {
+		return
+	}
+	for i := range insts {
+		insts[i].WindowEnd = lp.reservation.end
+	}
+}
+
 // reserve aims a RunInstances call at a reservation: a capacity block also needs its market
 // type, and only targeted launches may enter it.
 func reserve(in *ec2.RunInstancesInput, r *reservedLaunch) {
@@ -225,5 +238,63 @@ func reserve(in *ec2.RunInstancesInput, r *reservedLaunch) {
 	}
 	if r.block {
 		in.InstanceMarketOptions = &types.InstanceMarketOptionsRequest{MarketType: types.MarketTypeCapacityBlock}
+	}
+}
+
+// blockEndTTL is how long a capacity block's end is trusted once read: fixed once bought, it
+// moves only if the block is extended.
+const blockEndTTL = 5 * time.Minute
+
+// windowCache holds capacity blocks' ends (when EC2 begins terminating their instances) by
+// reservation id, so that List reports Instance.WindowEnd without a call per pass.
+type windowCache struct {
+	mu sync.Mutex
+	m  map[string]cachedEnd
+}
+
+type cachedEnd struct {
+	end, read time.Time
+}
+
+// blockInstance is an instance of List's answer that runs in a capacity block.
+type blockInstance struct {
+	index               int
+	region, reservation string
+}
+
+// setWindowEnds fills Instance.WindowEnd for the instances List found in capacity blocks, so
+// that a replica in one is replaced its lead before EC2 terminates it (replicas/window.go).
+// An end that cannot be read is left zero and logged: Notices still warns of it.
+func (p *Provider) setWindowEnds(ctx context.Context, out []launcher.Instance, found []blockInstance) {
+	now := time.Now()
+	p.windows.mu.Lock()
+	if p.windows.m == nil {
+		p.windows.m = map[string]cachedEnd{}
+	}
+	stale := map[string][]string{} // region -> reservation ids to read
+	for _, b := range found {
+		if c, ok := p.windows.m[b.reservation]; !ok || now.Sub(c.read) > blockEndTTL {
+			if !slices.Contains(stale[b.region], b.reservation) {
+				stale[b.region] = append(stale[b.region], b.reservation)
+			}
+		}
+	}
+	p.windows.mu.Unlock()
+	for region, ids := range stale {
+		crs, err := p.describeReservations(ctx, region, ids)
+		if err != nil {
+			p.log.Warn("read capacity block ends", zap.String("region", region), zap.Strings("reservations", ids), zap.Error(err))
+			continue
+		}
+		p.windows.mu.Lock()
+		for _, cr := range crs {
+			p.windows.m[awssdk.ToString(cr.CapacityReservationId)] = cachedEnd{end: p.reservationOffer(region, cr).End, read: now}
+		}
+		p.windows.mu.Unlock()
+	}
+	p.windows.mu.Lock()
+	defer p.windows.mu.Unlock()
+	for _, b := range found {
+		out[b.index].WindowEnd = p.windows.m[b.reservation].end
 	}
 }

@@ -55,6 +55,11 @@ func TestLaunchIntoCapacityBlock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	terminates := end.Add(-fakeec2.DefaultCapacityBlockTerminationLead)
+	listed, err := e.p.List(ctx, map[string]string{launcher.LabelReplicaID: "chat-block"})
+	if err != nil || len(listed) != 1 || !listed[0].WindowEnd.Equal(terminates) || !inst.WindowEnd.Equal(terminates) {
+		t.Fatalf("window end: launched %v, listed %+v (%v); want %v", inst.WindowEnd, listed, err, terminates)
+	}
 	fi := fakeInstance(t, e.fake, inst.ID)
 	if fi.Reservation != block || !fi.CapacityBlock || fi.ZoneID != testZoneID {
 		t.Fatalf("instance in %q (block %v) in %s, want block %s in %s", fi.Reservation, fi.CapacityBlock, fi.ZoneID, block, testZoneID)
@@ -63,8 +68,8 @@ func TestLaunchIntoCapacityBlock(t *testing.T) {
 		t.Fatalf("launch into a full block: %v, want ErrNoCapacity", err)
 	}
 	n := nextNotice(t, notices)
-	if want := end.Add(-fakeec2.DefaultCapacityBlockTerminationLead); n.InstanceID != inst.ID || !n.At.Equal(want) {
-		t.Fatalf("notice %+v, want %s at %s", n, inst.ID, want)
+	if n.InstanceID != inst.ID || !n.At.Equal(terminates) {
+		t.Fatalf("notice %+v, want %s at %s", n, inst.ID, terminates)
 	}
 
 	clock.advance(6 * time.Minute)
