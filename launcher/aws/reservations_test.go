@@ -205,3 +205,51 @@ func TestBuyCapacityBlock(t *testing.T) {
 		t.Fatalf("bought %+v", r)
 	}
 }
+
+// TestGangInCapacityBlock: a gang in a block goes without a placement group (the block's
+// instances are placed together already), all in the block, each with its window end; a gang
+// the block has no room for is rolled back.
+func TestGangInCapacityBlock(t *testing.T) {
+	e := newEnv(t, fakeec2.Options{}, goodKey)
+	ctx := context.Background()
+	now := time.Now().Truncate(time.Second)
+	end := now.Add(2 * time.Hour)
+	block, err := e.fake.AddReservation(fakeec2.Reservation{Zone: testZoneID, InstanceType: testType, Count: 2,
+		Type: fakeec2.ReservationTypeCapacityBlock, Start: now.Add(-time.Minute), End: end})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := len(e.fake.PlacementGroups(testRegion))
+	insts, err := launcher.LaunchGang(ctx, e.p, reservedSpec("train", block), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range insts {
+		fi := fakeInstance(t, e.fake, in.ID)
+		if fi.Reservation != block || fi.PlacementGroup != "" || !in.WindowEnd.Equal(end.Add(-fakeec2.DefaultCapacityBlockTerminationLead)) {
+			t.Fatalf("node %s: reservation %q, placement group %q, window end %v", in.Name, fi.Reservation, fi.PlacementGroup, in.WindowEnd)
+		}
+	}
+	if after := len(e.fake.PlacementGroups(testRegion)); after != before {
+		t.Fatalf("placement groups %d → %d, want none made for a gang in a block", before, after)
+	}
+	// One slot free again: a gang of two starts a node, fails on the second, and is rolled back.
+	if err := e.p.Terminate(ctx, insts[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := launcher.LaunchGang(ctx, e.p, reservedSpec("more", block), 2); !errors.Is(err, launcher.ErrNoCapacity) {
+		t.Fatalf("a gang of 2 into a block with room for 1: %v, want ErrNoCapacity", err)
+	}
+	started := 0
+	for _, fi := range e.fake.Instances() {
+		if strings.HasPrefix(fi.Tags[tagName], "more-") {
+			started++
+			if fi.State != "shutting-down" && fi.State != "terminated" {
+				t.Fatalf("the failed gang's node %s is %s, not rolled back", fi.ID, fi.State)
+			}
+		}
+	}
+	if started != 1 {
+		t.Fatalf("%d nodes of the failed gang were started, want 1 (the one the block had room for)", started)
+	}
+}
