@@ -24,7 +24,7 @@ func reservedSpec(name, reservation string) launcher.Spec {
 // (launcher.ErrQueued, saying until when); one into an active block lands in its zone and
 // counts against it; Notices warns of the block's end ReservationNoticeLead ahead, with At when
 // EC2 begins terminating its instances, 30 minutes before the end; and once EC2 has, List
-// reports the instance preempted by its block.
+// reports the instance preempted by its block. At the first block's start, its launch goes in.
 func TestLaunchIntoCapacityBlock(t *testing.T) {
 	clock := &fakeClock{}
 	e := newEnv(t, fakeec2.Options{Now: clock.now}, goodKey)
@@ -80,6 +80,16 @@ func TestLaunchIntoCapacityBlock(t *testing.T) {
 		}
 		return got[0].State == launcher.StatePreempted && strings.Contains(got[0].Reason, "capacity block "+block), fmt.Sprintf("%+v", got[0])
 	})
+
+	// The first block's start: the waiting launch goes in.
+	clock.advance(time.Hour)
+	started, err := e.p.Launch(ctx, reservedSpec("chat-later", later))
+	if err != nil {
+		t.Fatalf("launch once the block started: %v", err)
+	}
+	if fi := fakeInstance(t, e.fake, started.ID); fi.Reservation != later {
+		t.Fatalf("instance in %q, want %s", fi.Reservation, later)
+	}
 }
 
 // TestReservationsAndOfferings: the account's live reservations are listed with their use,
