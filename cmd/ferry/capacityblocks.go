@@ -72,7 +72,12 @@ func newCapacityBlocksBuyCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "buy OFFERING-ID",
 		Short: "Buy an EC2 Capacity Block offering (charges its upfront fee to the AWS account)",
-		Args:  cobra.ExactArgs(1),
+		Long: `Buys the offering (PurchaseCapacityBlock, Linux/UNIX) after you type "buy": the upfront fee is
+charged at once and is not refunded. The block is a Capacity Reservation (cr-…) that tasks with
+resources.capacity mode queued or reserved use during its window.`,
+		Example: `  ferry capacity-blocks buy cb-offer-0123456789abcdef0
+  ferry capacity-blocks buy cb-offer-0123456789abcdef0 --region us-east-2 --yes`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !yes && !confirmPurchase(cmd.InOrStdin(), cmd.OutOrStdout(), args[0]) {
 				return fmt.Errorf("not bought")
