@@ -347,7 +347,15 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 	if err := p.ensureJobPolicy(ctx, spec.Labels[launcher.LabelJob]); err != nil {
 		return nil, err
 	}
+	if p.queuedProvisioning(spec) {
+		return p.launchQueued(ctx, spec, pods, nodes) // provreq.go
+	}
+	return p.startGang(ctx, spec, pods, nodes)
+}
 
+// startGang creates the gang's pods and waits until all run, all or nothing (LaunchGang).
+func (p *Provider) startGang(ctx context.Context, spec launcher.Spec, pods []*corev1.Pod, nodes []launcher.Spec) ([]launcher.Instance, error) {
+	n := len(pods)
 	created := make([]*corev1.Pod, 0, n)
 	rollback := func() {
 		for _, pod := range created {
@@ -456,7 +464,7 @@ func (p *Provider) completeGangs(ctx context.Context, pods []*corev1.Pod) {
 }
 
 // CleanupJob deletes what the job held beyond its pods: its checkpoint claims (those Ferry
-// created, labelled with the job) and its NetworkPolicy.
+// created, labelled with the job), its NetworkPolicy, and its ProvisioningRequests.
 func (p *Provider) CleanupJob(ctx context.Context, job string) error {
 	if errs := validation.IsValidLabelValue(job); len(errs) > 0 || job == "" {
 		return fmt.Errorf("%w: job %q: %s", launcher.ErrInvalid, job, strings.Join(errs, "; "))
@@ -475,6 +483,9 @@ func (p *Provider) CleanupJob(ctx context.Context, job string) error {
 	err = p.client.NetworkingV1().NetworkPolicies(p.ns).Delete(ctx, jobPolicyName(job), metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return p.classify(err, "delete network policy "+jobPolicyName(job))
+	}
+	if p.opts.QueuedProvisioning != nil {
+		return p.cleanupRequests(ctx, job) // provreq.go
 	}
 	return nil
 }

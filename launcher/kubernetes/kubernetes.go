@@ -53,6 +53,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	listerscorev1 "k8s.io/client-go/listers/core/v1"
@@ -127,6 +128,12 @@ type Options struct {
 	// default); a gang's claim needs one that offers ReadWriteMany.
 	CheckpointSize         string
 	CheckpointStorageClass string
+	// QueuedProvisioning marks a context whose cluster autoscaler provisions capacity for
+	// ProvisioningRequests of its class: queued jobs go through one (provreq.go). nil: none.
+	QueuedProvisioning *configs.QueuedProvisioning
+	// KueueLocalQueue is the LocalQueue queued jobs are submitted to where Kueue runs; ""
+	// looks for one (kueue.go).
+	KueueLocalQueue string
 }
 
 // Provider launches pods in one namespace of one context. Create it with New; it connects
@@ -135,6 +142,7 @@ type Provider struct {
 	opts   Options
 	log    *zap.Logger
 	client kubernetes.Interface
+	dyn    dynamic.Interface // ProvisioningRequests, Kueue's LocalQueues
 	infra  string
 	ns     string
 
@@ -232,11 +240,16 @@ func New(opts Options) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: context %q: %w", ctxName, err)
 	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: context %q: %w", ctxName, err)
+	}
 	infra := InfraName + "/" + ctxName
 	return &Provider{
 		opts:   opts,
 		log:    opts.Logger.With(zap.String("infra", infra), zap.String("namespace", ns)),
 		client: client,
+		dyn:    dyn,
 		infra:  infra,
 		ns:     ns,
 		policy: policyState{ports: map[string][]int32{}},
@@ -639,9 +652,13 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 	}
 	out := make([]launcher.Instance, 0, len(pods))
 	listed := map[string]bool{}
+	revoked := p.revokedRequests(ctx, pods) // provreq.go
 	for _, pod := range pods {
 		if launcher.Matches(pod.Labels, selector) {
 			inst := p.jobInstance(pod)
+			if why, ok := revoked[pod.Annotations[AnnotationConsumeProvReq]]; ok && inst.ExitCode == nil {
+				inst.State, inst.Reason = launcher.StatePreempted, why
+			}
 			out = append(out, inst)
 			listed[inst.ID] = true
 		}
