@@ -36,7 +36,7 @@ import (
 //   - a request it can meet gets Accepted=True at once, then, after Delay, its nodes (kwok
 //     nodes, Ready, with the pool's label) and Provisioned=True; one it cannot meet (no pool
 //     fits, or the pool is out of nodes) gets Failed=True with the reason;
-//   - Revoke sets CapacityRevoked=True and deletes the request's nodes with their pods.
+//   - Revoke sets CapacityRevoked=True; Reclaim deletes the request's nodes with their pods.
 //
 // It proves that Ferry creates valid objects (the API server checks them against the real
 // CRD schema), waits for Provisioned before making pods, and consumes the nodes made for it.
@@ -97,6 +97,9 @@ type AutoscalerOptions struct {
 	// Delay is the time between accepting a request and provisioning it.
 	Delay time.Duration
 	Pools []NodePool
+	// Namespace limits the stand-in to one namespace's requests ("" all), so that tests
+	// sharing the cluster do not serve each other's.
+	Namespace string
 }
 
 // Autoscaler is the stand-in cluster autoscaler (see above).
@@ -108,6 +111,7 @@ type Autoscaler struct {
 	mu      sync.Mutex
 	decided map[string]bool     // ns/name of requests handled
 	nodes   map[string][]string // ns/name → nodes added for it
+	poolOf  map[string]string   // ns/name → the pool they came from
 	used    map[string]int      // pool → nodes added
 	events  []string            // what it did, in order, for test failure messages
 	wg      sync.WaitGroup
@@ -123,7 +127,7 @@ func StartAutoscaler(t testing.TB, c *Cluster, opts AutoscalerOptions) *Autoscal
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &Autoscaler{c: c, dyn: dyn, opts: opts, decided: map[string]bool{}, nodes: map[string][]string{}, used: map[string]int{}}
+	a := &Autoscaler{c: c, dyn: dyn, opts: opts, decided: map[string]bool{}, nodes: map[string][]string{}, poolOf: map[string]string{}, used: map[string]int{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	a.wg.Add(1)
 	go func() {
@@ -142,7 +146,7 @@ func (a *Autoscaler) run(ctx context.Context) {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	for {
-		list, err := a.dyn.Resource(provReqGVR).Namespace(metav1.NamespaceAll).List(ctx, metav1.ListOptions{})
+		list, err := a.dyn.Resource(provReqGVR).Namespace(a.opts.Namespace).List(ctx, metav1.ListOptions{})
 		if err == nil {
 			for i := range list.Items {
 				a.consider(ctx, &list.Items[i])
@@ -299,29 +303,40 @@ func (a *Autoscaler) provision(ctx context.Context, req *unstructured.Unstructur
 		names = append(names, name)
 	}
 	a.mu.Lock()
-	a.nodes[key] = names
+	a.nodes[key], a.poolOf[key] = names, pool.Name
 	a.mu.Unlock()
 	a.record("provisioned %s: %s", key, strings.Join(names, ","))
 	a.setCondition(ctx, req, "Provisioned", "Provisioned", "nodes "+strings.Join(names, ", ")+" added")
 }
 
-// Revoke takes a provisioned request's capacity back: CapacityRevoked=True, and its nodes are
-// deleted with their pods, as when a cloud reclaims the VMs.
+// Revoke says a provisioned request's capacity is taken back (CapacityRevoked=True), as a
+// cloud does before it reclaims the VMs; Reclaim then removes them.
 func (a *Autoscaler) Revoke(ctx context.Context, namespace, name string) error {
-	key := namespace + "/" + name
 	obj, err := a.dyn.Resource(provReqGVR).Namespace(namespace).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
-	a.setCondition(ctx, obj, "CapacityRevoked", "CapacityRevoked", "the nodes were reclaimed")
+	a.setCondition(ctx, obj, "CapacityRevoked", "CapacityRevoked", "the nodes are being reclaimed")
+	a.record("revoked %s/%s", namespace, name)
+	return nil
+}
+
+// Reclaim deletes a request's nodes with their pods (Cluster.DeleteNode) and returns them to
+// their pool.
+func (a *Autoscaler) Reclaim(ctx context.Context, namespace, name string) error {
+	key := namespace + "/" + name
 	a.mu.Lock()
 	nodes := a.nodes[key]
+	delete(a.nodes, key)
 	a.mu.Unlock()
 	var errs []error
 	for _, n := range nodes {
 		errs = append(errs, a.c.DeleteNode(ctx, n))
 	}
-	a.record("revoked %s: deleted %s", key, strings.Join(nodes, ","))
+	a.mu.Lock()
+	a.used[a.poolOf[key]] -= len(nodes)
+	a.mu.Unlock()
+	a.record("reclaimed %s: deleted %s", key, strings.Join(nodes, ","))
 	return errors.Join(errs...)
 }
 

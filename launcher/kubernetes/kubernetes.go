@@ -726,7 +726,7 @@ func (p *Provider) Offerings(ctx context.Context) ([]launcher.Offering, error) {
 		}
 		out = append(out, *o)
 	}
-	return out, nil
+	return append(out, p.queuedOfferings()...), nil // provreq.go
 }
 
 // gpusInUse sums GPU requests of unfinished pods per node, across namespaces, at most usedTTL
@@ -889,6 +889,11 @@ func (p *Provider) resourcesFor(spec launcher.Spec) (corev1.ResourceRequirements
 		most = max(most, c)
 		if !slices.Contains(values[label], value) {
 			values[label] = append(values[label], value)
+		}
+	}
+	if len(values) == 0 || most < int64(count) {
+		if aff, ok := p.queuedAffinity(spec, acc, count, values); ok {
+			return req, aff, nil // nodes its queue will make (provreq.go)
 		}
 	}
 	switch {

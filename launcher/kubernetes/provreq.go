@@ -166,12 +166,7 @@ func (p *Provider) launchQueued(ctx context.Context, spec launcher.Spec, pods []
 		return nil, fmt.Errorf("%w: %s: ProvisioningRequest %s not provisioned within max_wait %v (%s); withdrawn",
 			launcher.ErrNoCapacity, p.infra, req.Name, c.MaxWait, why)
 	}
-	return nil, queuedError(since, fmt.Sprintf("%s: ProvisioningRequest %s/%s for %d node(s): %s", p.infra, p.ns, req.Name, len(pods), why))
-}
-
-// queuedError is launcher.ErrQueued with since-when and why.
-func queuedError(since time.Time, why string) error {
-	return fmt.Errorf("%w since %s: %s", launcher.ErrQueued, since.UTC().Format(time.RFC3339), why)
+	return nil, launcher.Queued(since, "%s: ProvisioningRequest %s/%s for %d node(s): %s", p.infra, p.ns, req.Name, len(pods), why)
 }
 
 // liveRequest is the job's request to wait on or consume: a failed one is kept (it answers
@@ -345,4 +340,69 @@ func fromUnstructured(u *unstructured.Unstructured) (*provReq, error) {
 		return nil, fmt.Errorf("read ProvisioningRequest %s: %w", u.GetName(), err)
 	}
 	return &req, nil
+}
+
+// gkeAccelerators are GKE's cloud.google.com/gke-accelerator values for catalog GPUs: a queued
+// node pool scaled to zero has no node whose labels Ferry could copy, so a queued pod asks for
+// the label GKE's nodes will carry.
+var gkeAccelerators = map[string]string{
+	"T4": "nvidia-tesla-t4", "L4": "nvidia-l4", "P4": "nvidia-tesla-p4", "P100": "nvidia-tesla-p100",
+	"V100": "nvidia-tesla-v100", "A100": "nvidia-tesla-a100", "A100-80GB": "nvidia-a100-80gb",
+	"H100": "nvidia-h100-80gb", "H100-MEGA": "nvidia-h100-mega-80gb", "H200": "nvidia-h200-141gb",
+	"B200": "nvidia-b200",
+}
+
+// queuedAccelerator is the context's queued pool offering acc with at least count per node.
+func (p *Provider) queuedAccelerator(acc string, count float64) (configs.Accelerator, bool) {
+	if p.opts.QueuedProvisioning == nil {
+		return configs.Accelerator{}, false
+	}
+	for _, a := range p.opts.QueuedProvisioning.Accelerators {
+		if strings.EqualFold(a.Name, acc) && a.Count >= count {
+			return a, true
+		}
+	}
+	return configs.Accelerator{}, false
+}
+
+// queuedAffinity is the node affinity of a queued pod whose GPU no ready node has (enough
+// of): the values of nodes that carry it, plus GKE's label for the nodes the queue makes.
+func (p *Provider) queuedAffinity(spec launcher.Spec, acc string, count float64, values map[string][]string) (*corev1.Affinity, bool) {
+	if !p.queuedProvisioning(spec) {
+		return nil, false
+	}
+	if _, ok := p.queuedAccelerator(acc, count); !ok {
+		return nil, false
+	}
+	out := map[string][]string{}
+	for k, v := range values {
+		out[k] = slices.Clone(v)
+	}
+	label, value := LabelGPUProduct, acc
+	if v, ok := gkeAccelerators[canonicalGPU(acc)]; ok {
+		label, value = LabelGKEAccelerator, v
+	}
+	if !slices.Contains(out[label], value) {
+		out[label] = append(out[label], value)
+		slices.Sort(out[label])
+	}
+	return gpuAffinity(out), true
+}
+
+// queueWaitUnknown is the QueueWait of a queued pool: the cluster does not say how long its
+// queue is, and a positive QueueWait is what marks an offering as queued capacity.
+const queueWaitUnknown = time.Nanosecond
+
+// queuedOfferings are the configured queued pools' GPUs: capacity reached through a
+// ProvisioningRequest, with an unknown wait and no count of free GPUs.
+func (p *Provider) queuedOfferings() []launcher.Offering {
+	if p.opts.QueuedProvisioning == nil {
+		return nil
+	}
+	var out []launcher.Offering
+	for _, a := range p.opts.QueuedProvisioning.Accelerators {
+		out = append(out, launcher.Offering{Accelerator: a.Name, AcceleratorCount: a.Count, PricePerHour: p.opts.CostPerHour,
+			QueueWait: queueWaitUnknown, Total: -1, Free: -1})
+	}
+	return out
 }
