@@ -347,6 +347,15 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 	if err := p.ensureJobPolicy(ctx, spec.Labels[launcher.LabelJob]); err != nil {
 		return nil, err
 	}
+	if queuedSpec(spec) {
+		queue, err := p.kueueQueue(ctx) // kueue.go
+		if err != nil {
+			return nil, err
+		}
+		if queue != "" {
+			return p.launchKueue(ctx, spec, queue, pods, nodes)
+		}
+	}
 	if p.queuedProvisioning(spec) {
 		return p.launchQueued(ctx, spec, pods, nodes) // provreq.go
 	}
@@ -371,7 +380,18 @@ func (p *Provider) startGang(ctx context.Context, spec launcher.Spec, pods []*co
 		created = append(created, c)
 	}
 	p.log.Info("created gang", zap.String("job", spec.Labels[launcher.LabelJob]), zap.Int("nodes", n), zap.String("first", created[0].Name))
+	return p.awaitGang(ctx, created)
+}
 
+// awaitGang waits until the gang's created pods (rank order) all run, then writes their
+// addresses; if any fails first, every pod is deleted and the error wraps ErrNoCapacity.
+func (p *Provider) awaitGang(ctx context.Context, created []*corev1.Pod) ([]launcher.Instance, error) {
+	n := len(created)
+	rollback := func() {
+		for _, pod := range created {
+			p.deletePod(pod.Name)
+		}
+	}
 	// Wait for all; the first to fail ends the others' waits.
 	waitCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

@@ -165,6 +165,8 @@ type Provider struct {
 
 	// jobs keeps priority classes, and the last state of jobs' pods deleted by others.
 	jobs jobState
+	// kueue caches whether Kueue runs and its LocalQueue (kueue.go).
+	kueue kueueState
 }
 
 // usedTTL is how long a cluster-wide count of GPUs in use is reused: every launch plans, and

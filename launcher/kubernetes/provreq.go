@@ -135,10 +135,14 @@ func judgeRequest(req *provReq) (reqState, string) {
 	return reqWaiting, "not yet accepted by the cluster autoscaler"
 }
 
+// queuedSpec reports a job's gang that may wait in a queue for its capacity.
+func queuedSpec(spec launcher.Spec) bool {
+	return spec.Job != nil && (spec.Placement.Queued || spec.Resources.Capacity.ModeOf() == configs.CapacityQueued)
+}
+
 // queuedProvisioning reports whether spec's gang goes through a ProvisioningRequest here.
 func (p *Provider) queuedProvisioning(spec launcher.Spec) bool {
-	return p.opts.QueuedProvisioning != nil && spec.Job != nil &&
-		(spec.Placement.Queued || spec.Resources.Capacity.ModeOf() == configs.CapacityQueued)
+	return p.opts.QueuedProvisioning != nil && queuedSpec(spec)
 }
 
 // launchQueued is LaunchGang through a ProvisioningRequest (see the comment above).

@@ -63,7 +63,7 @@ func queuedProvider(t *testing.T, c *testcluster.Cluster, perNode float64) *Prov
 	})
 }
 
-func queuedSpec(t *testing.T, job string, attempt string) launcher.Spec {
+func queuedJobSpec(t *testing.T, job string, attempt string) launcher.Spec {
 	spec := jobSpec(t, job, "T4", "sleep 600")
 	spec.Labels[launcher.LabelAttempt] = attempt
 	spec.Name = job + "-" + attempt
@@ -143,7 +143,7 @@ func TestQueuedGangWaitsForProvisioning(t *testing.T) {
 		{Name: "qp-t4", Label: LabelGKEAccelerator, Value: "nvidia-tesla-t4", GPUs: 1, MaxNodes: 2},
 	}})
 
-	insts, err := launchUntilPlaced(t, c, p, queuedSpec(t, "qjob", "1"), 2)
+	insts, err := launchUntilPlaced(t, c, p, queuedJobSpec(t, "qjob", "1"), 2)
 	if err != nil {
 		t.Fatalf("LaunchGang: %v (stand-in: %v)", err, as.Events())
 	}
@@ -209,7 +209,7 @@ func TestQueuedGangWaitsForProvisioning(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	insts, err = launchUntilPlaced(t, c, p, queuedSpec(t, "qjob", "2"), 2)
+	insts, err = launchUntilPlaced(t, c, p, queuedJobSpec(t, "qjob", "2"), 2)
 	if err != nil || len(insts) != 2 {
 		t.Fatalf("relaunch: %v, %v (stand-in: %v)", insts, err, as.Events())
 	}
@@ -239,13 +239,13 @@ func TestQueuedGangRefused(t *testing.T) {
 	testcluster.StartAutoscaler(t, c, testcluster.AutoscalerOptions{Namespace: p.ns, Pools: []testcluster.NodePool{
 		{Name: "qr-t4", Label: LabelGKEAccelerator, Value: "nvidia-tesla-t4", GPUs: 1, MaxNodes: 8},
 	}})
-	spec := queuedSpec(t, "refused", "1")
+	spec := queuedJobSpec(t, "refused", "1")
 	spec.Resources.Accelerators[0].Count = 4
 	_, err := launchUntilPlaced(t, c, p, spec, 2)
 	if !errors.Is(err, launcher.ErrInvalid) || !strings.Contains(err.Error(), "NoNodePoolFits") {
 		t.Fatalf("err = %v, want ErrInvalid with the autoscaler's reason", err)
 	}
-	spec = queuedSpec(t, "refused", "2")
+	spec = queuedJobSpec(t, "refused", "2")
 	spec.Resources.Accelerators[0].Count = 4
 	if _, err2 := p.LaunchGang(context.Background(), spec, 2); !errors.Is(err2, launcher.ErrInvalid) {
 		t.Fatalf("next try: %v, want the same refusal", err2)
