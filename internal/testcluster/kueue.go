@@ -232,7 +232,9 @@ func (k *Kueue) admitPass(ctx context.Context) error {
 	k.mu.Lock()
 	var held int64
 	for name := range k.admitted {
-		if !slices.ContainsFunc(groups[name], func(p corev1.Pod) bool { return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed }) {
+		if !slices.ContainsFunc(groups[name], func(p corev1.Pod) bool {
+			return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
+		}) {
 			delete(k.admitted, name) // ended or deleted: its quota is free
 			continue
 		}
