@@ -117,7 +117,8 @@ type Autoscaler struct {
 	wg      sync.WaitGroup
 }
 
-// StartAutoscaler starts the stand-in, which runs until the test ends.
+// StartAutoscaler starts the stand-in, which runs until the test ends and then deletes the
+// nodes it added.
 func StartAutoscaler(t testing.TB, c *Cluster, opts AutoscalerOptions) *Autoscaler {
 	t.Helper()
 	if opts.Class == "" {
@@ -137,6 +138,16 @@ func StartAutoscaler(t testing.TB, c *Cluster, opts AutoscalerOptions) *Autoscal
 	t.Cleanup(func() {
 		cancel()
 		a.wg.Wait()
+		// Its nodes go with it: tests sharing the cluster must not find them.
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for _, nodes := range a.nodes {
+			for _, n := range nodes {
+				if err := c.DeleteNode(context.Background(), n); err != nil {
+					t.Errorf("stand-in autoscaler: %v", err)
+				}
+			}
+		}
 	})
 	return a
 }

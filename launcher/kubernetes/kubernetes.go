@@ -893,10 +893,8 @@ func (p *Provider) resourcesFor(spec launcher.Spec) (corev1.ResourceRequirements
 			values[label] = append(values[label], value)
 		}
 	}
-	if len(values) == 0 || most < int64(count) {
-		if aff, ok := p.queuedAffinity(spec, acc, count, values); ok {
-			return req, aff, nil // nodes its queue will make (provreq.go)
-		}
+	if aff, ok := p.queuedAffinity(spec, acc, count, values); ok {
+		return req, aff, nil // the nodes its queue makes (provreq.go)
 	}
 	switch {
 	case len(values) == 0 && pinnedOut:

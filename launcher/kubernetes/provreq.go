@@ -369,8 +369,10 @@ func (p *Provider) queuedAccelerator(acc string, count float64) (configs.Acceler
 	return configs.Accelerator{}, false
 }
 
-// queuedAffinity is the node affinity of a queued pod whose GPU no ready node has (enough
-// of): the values of nodes that carry it, plus GKE's label for the nodes the queue makes.
+// queuedAffinity is the node affinity of a queued pod: the label the queue's nodes will carry.
+// On GKE that is cloud.google.com/gke-accelerator, which its on-demand GPU nodes carry too;
+// elsewhere the product label, with the values nodes that already carry acc have, else its
+// catalog name.
 func (p *Provider) queuedAffinity(spec launcher.Spec, acc string, count float64, values map[string][]string) (*corev1.Affinity, bool) {
 	if !p.queuedProvisioning(spec) {
 		return nil, false
@@ -378,19 +380,14 @@ func (p *Provider) queuedAffinity(spec launcher.Spec, acc string, count float64,
 	if _, ok := p.queuedAccelerator(acc, count); !ok {
 		return nil, false
 	}
-	out := map[string][]string{}
-	for k, v := range values {
-		out[k] = slices.Clone(v)
-	}
-	label, value := LabelGPUProduct, acc
 	if v, ok := gkeAccelerators[canonicalGPU(acc)]; ok {
-		label, value = LabelGKEAccelerator, v
+		return gpuAffinity(map[string][]string{LabelGKEAccelerator: {v}}), true
 	}
-	if !slices.Contains(out[label], value) {
-		out[label] = append(out[label], value)
-		slices.Sort(out[label])
+	product := slices.Clone(values[LabelGPUProduct])
+	if len(product) == 0 {
+		product = []string{acc}
 	}
-	return gpuAffinity(out), true
+	return gpuAffinity(map[string][]string{LabelGPUProduct: product}), true
 }
 
 // queueWaitUnknown is the QueueWait of a queued pool: the cluster does not say how long its
