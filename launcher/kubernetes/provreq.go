@@ -407,3 +407,39 @@ func (p *Provider) queuedOfferings() []launcher.Offering {
 	}
 	return out
 }
+
+var _ launcher.QueueWithdrawer = (*Provider)(nil)
+
+// WithdrawQueued drops job's requests and Kueue pod groups that attempt's running gang does
+// not use: the gang started elsewhere (another context, a cloud), and capacity arriving later
+// here would be for nobody.
+func (p *Provider) WithdrawQueued(ctx context.Context, job string, attempt int) error {
+	if err := p.ensureStarted(ctx); err != nil {
+		return err
+	}
+	sel := labels.SelectorFromSet(labels.Set{launcher.LabelOwner: "true", launcher.LabelJob: job})
+	a := strconv.Itoa(attempt)
+	if p.opts.QueuedProvisioning != nil {
+		list, err := p.dyn.Resource(ProvisioningRequestGVR).Namespace(p.ns).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return p.classify(err, "list the job's ProvisioningRequests")
+		}
+		if list != nil {
+			for _, item := range list.Items {
+				if item.GetAnnotations()[annotationConsumedBy] != a {
+					p.deleteRequest(ctx, item.GetName())
+				}
+			}
+		}
+	}
+	pods, err := p.pods.Pods(p.ns).List(sel)
+	if err != nil {
+		return err
+	}
+	for _, pod := range pods {
+		if pod.Labels[LabelKueuePodGroup] != "" && (gated(pod) || pod.Labels[launcher.LabelAttempt] != a) && pod.DeletionTimestamp == nil {
+			p.deletePod(pod.Name) // a group still queued in Kueue, or an earlier attempt's
+		}
+	}
+	return nil
+}

@@ -189,6 +189,12 @@ func TestQueuedGangWaitsForProvisioning(t *testing.T) {
 	if req.Annotations[annotationConsumedBy] != "1" {
 		t.Errorf("request not marked consumed by attempt 1: %v", req.Annotations)
 	}
+	if err := p.WithdrawQueued(ctx, "qjob", 1); err != nil {
+		t.Fatal(err)
+	}
+	if got := requests(t, p, "qjob"); len(got) != 1 {
+		t.Fatalf("WithdrawQueued dropped the request the running gang consumes")
+	}
 
 	// Revoked: the pods read as preempted with the reason; once reclaimed, the next attempt
 	// replaces the spent request.
@@ -255,5 +261,30 @@ func TestQueuedGangRefused(t *testing.T) {
 	}
 	if pods := jobPods(t, c, p, "refused"); len(pods) != 0 {
 		t.Fatalf("%d pods of a refused gang", len(pods))
+	}
+}
+
+// TestWithdrawQueued: a gang that started elsewhere withdraws its waiting request here, with
+// its template (TestQueuedGangWaitsForProvisioning checks that a consumed one is kept).
+func TestWithdrawQueued(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	p := queuedProvider(t, c, 1)
+	_, err := p.LaunchGang(ctx, queuedJobSpec(t, "elsewhere", "1"), 2) // no autoscaler: it waits
+	if _, ok := launcher.AsQueued(err); !ok {
+		t.Fatalf("LaunchGang: %v, want ErrQueued", err)
+	}
+	reqs := requests(t, p, "elsewhere")
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests", len(reqs))
+	}
+	if err := p.WithdrawQueued(ctx, "elsewhere", 1); err != nil {
+		t.Fatal(err)
+	}
+	if got := requests(t, p, "elsewhere"); len(got) != 0 {
+		t.Errorf("%d requests left after WithdrawQueued", len(got))
+	}
+	if _, err := c.Client().CoreV1().PodTemplates(p.ns).Get(ctx, reqs[0].Name, metav1.GetOptions{}); err == nil {
+		t.Errorf("template %s left after WithdrawQueued", reqs[0].Name)
 	}
 }
