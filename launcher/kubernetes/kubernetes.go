@@ -23,7 +23,8 @@
 // checkpoints); pods/log get (logs). Cluster-wide: nodes list and watch (accelerators,
 // offerings; optional), pods list (GPUs in use; optional), scheduling.k8s.io priorityclasses
 // get and create (optional: without it nothing is prioritised, so services do not preempt
-// jobs).
+// jobs). Queued jobs add podtemplates and autoscaling.x-k8s.io provisioningrequests (get, list,
+// create, patch, delete; provreq.go) and kueue.x-k8s.io localqueues list (kueue.go).
 package kubernetes
 
 import (
