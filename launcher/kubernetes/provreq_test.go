@@ -288,3 +288,29 @@ func TestWithdrawQueued(t *testing.T) {
 		t.Errorf("template %s left after WithdrawQueued", reqs[0].Name)
 	}
 }
+
+// TestQueuedRequestAdoptedAfterRestart: a controller that restarts while its job waits finds
+// the job's request and waits on it, rather than queueing a second time.
+func TestQueuedRequestAdoptedAfterRestart(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	first := queuedProvider(t, c, 1)
+	spec := queuedJobSpec(t, "adopted", "1")
+	if _, err := first.LaunchGang(ctx, spec, 2); !errors.Is(err, launcher.ErrQueued) {
+		t.Fatalf("LaunchGang: %v, want ErrQueued", err)
+	}
+	before := requests(t, first, "adopted")
+	first.Close()
+	second, err := New(first.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(second.Close)
+	_, err = second.LaunchGang(ctx, spec, 2)
+	if q, ok := launcher.AsQueued(err); !ok || !strings.Contains(q.Reason, before[0].Name) || !q.Since.Equal(before[0].CreationTimestamp.Time) {
+		t.Fatalf("after the restart: %v, want ErrQueued on %s since its creation", err, before[0].Name)
+	}
+	if after := requests(t, second, "adopted"); len(after) != 1 || after[0].Name != before[0].Name {
+		t.Fatalf("requests after the restart: %d, want the one made before", len(after))
+	}
+}
