@@ -655,7 +655,7 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 	}
 	out := make([]launcher.Instance, 0, len(pods))
 	listed := map[string]bool{}
-	revoked := p.revokedRequests(ctx, pods) // provreq.go
+	revoked := p.revokedRequests(ctx, pods, selector) // provreq.go
 	for _, pod := range pods {
 		if launcher.Matches(pod.Labels, selector) {
 			inst := p.jobInstance(pod)

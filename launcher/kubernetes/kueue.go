@@ -128,7 +128,7 @@ func kueueGroupName(job, attempt string) string { return "ferry-" + job + "-" + 
 // launchKueue is LaunchGang through a Kueue LocalQueue (see the comment above).
 func (p *Provider) launchKueue(ctx context.Context, spec launcher.Spec, queue string, pods []*corev1.Pod, nodes []launcher.Spec) ([]launcher.Instance, error) {
 	job := spec.Labels[launcher.LabelJob]
-	group, err := p.kueueGroup(job, len(pods))
+	group, err := p.kueueGroup(ctx, job, len(pods))
 	if err != nil {
 		return nil, err
 	}
@@ -153,16 +153,17 @@ func gated(pod *corev1.Pod) bool {
 }
 
 // kueueGroup is the job's live pod group, in rank order, or nil. An incomplete or partly ended
-// group is deleted: it can never be admitted or run as a whole.
-func (p *Provider) kueueGroup(job string, n int) ([]*corev1.Pod, error) {
+// group is deleted: it can never be admitted or run as a whole. It asks the API server, not
+// the watch cache, which may not show a group just submitted.
+func (p *Provider) kueueGroup(ctx context.Context, job string, n int) ([]*corev1.Pod, error) {
 	sel := labels.SelectorFromSet(labels.Set{launcher.LabelOwner: "true", launcher.LabelJob: job})
-	all, err := p.pods.Pods(p.ns).List(sel)
+	all, err := p.client.CoreV1().Pods(p.ns).List(ctx, metav1.ListOptions{LabelSelector: sel.String()})
 	if err != nil {
-		return nil, err
+		return nil, p.classify(err, "list the job's pods")
 	}
 	var group []*corev1.Pod
-	for _, pod := range all {
-		if pod.Labels[LabelKueuePodGroup] != "" && pod.DeletionTimestamp == nil {
+	for i := range all.Items {
+		if pod := &all.Items[i]; pod.Labels[LabelKueuePodGroup] != "" && pod.DeletionTimestamp == nil {
 			group = append(group, pod)
 		}
 	}

@@ -269,9 +269,9 @@ func (p *Provider) consume(ctx context.Context, spec launcher.Spec, req *provReq
 	return insts, nil
 }
 
-// revokedRequests maps the requests consumed by pods whose capacity was taken back
-// (CapacityRevoked, BookingExpired) to why; List reports those pods preempted.
-func (p *Provider) revokedRequests(ctx context.Context, pods []*corev1.Pod) map[string]string {
+// revokedRequests maps the requests consumed by the pods selector matches whose capacity was
+// taken back (CapacityRevoked, BookingExpired) to why; List reports those pods preempted.
+func (p *Provider) revokedRequests(ctx context.Context, pods []*corev1.Pod, selector map[string]string) map[string]string {
 	if p.opts.QueuedProvisioning == nil {
 		return nil
 	}
@@ -279,7 +279,7 @@ func (p *Provider) revokedRequests(ctx context.Context, pods []*corev1.Pod) map[
 	seen := map[string]bool{}
 	for _, pod := range pods {
 		name := pod.Annotations[AnnotationConsumeProvReq]
-		if name == "" || seen[name] || pod.DeletionTimestamp != nil {
+		if name == "" || seen[name] || pod.DeletionTimestamp != nil || !launcher.Matches(pod.Labels, selector) {
 			continue
 		}
 		seen[name] = true
