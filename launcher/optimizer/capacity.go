@@ -281,12 +281,12 @@ func formatWait(d time.Duration) string {
 // waitCell and windowCell are the plan table's WAIT and WINDOW columns.
 func waitCell(c *Candidate) string {
 	switch {
-	case c.Placement.Queued && c.Wait > 0:
+	case c.Placement.Queued && c.Wait >= time.Second:
 		return "~" + formatWait(c.Wait)
+	case c.Placement.Queued: // a queue that does not say how long (a Kubernetes node pool)
+		return "queued"
 	case c.Wait > 0:
 		return formatWait(c.Wait)
-	case c.Placement.Queued:
-		return "queued"
 	}
 	return "-"
 }
