@@ -229,3 +229,26 @@ run: |
 		t.Errorf("the program wrote %q in its grace, want saved", got)
 	}
 }
+
+// A controller restarted while a job waits in a cloud's queue asks for the same request: the
+// wait, its start and the attempt survive.
+func TestQueuedJobSurvivesRestart(t *testing.T) {
+	e := newEnv(t)
+	since := time.Now().Add(-time.Hour).Truncate(time.Second)
+	q := withQueue(e, since)
+	j := e.submit("resources:\n  capacity: {mode: queued}\nrun: exec sleep 600\n")
+	e.waitFor(j.ID, 10*time.Second, "queued", func(j jobs.Job) bool { return j.InQueue })
+	q.mu.Lock()
+	first := q.names[0]
+	q.mu.Unlock()
+
+	q2 := withQueue(e, since.Add(time.Minute)) // a new controller process, same store
+	e.waitFor(j.ID, 10*time.Second, "asked again after the restart", func(jobs.Job) bool { return q2.calls() >= 2 })
+	w, _ := e.m.Get(j.ID)
+	q2.mu.Lock()
+	defer q2.mu.Unlock()
+	if q2.names[0] != first || q2.attempts[0] != "1" || w.Attempt != 1 || !w.WaitingSince.Equal(since) || w.State != jobs.Pending {
+		t.Fatalf("after the restart: asked for %s attempt %s (want %s, 1); job attempt %d, waiting since %v (want %v), %s",
+			q2.names[0], q2.attempts[0], first, w.Attempt, w.WaitingSince, since, w.State)
+	}
+}

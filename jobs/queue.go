@@ -137,7 +137,7 @@ func (m *Manager) launch(parent context.Context, id int64) {
 		zap.Float64("price_per_hour", started.PricePerHour()))
 	done() // the watch owns the nodes from here
 	m.startWatch(id)
-	m.withdrawQueued(ctx, started)
+	m.spawn("withdraw", func() { m.withdrawQueued(ctx, started) }) // capacity.go
 }
 
 // waitingForCapacity starts the reason of a job that found no capacity and is tried again.
