@@ -276,6 +276,9 @@ func (r *Resources) setCapacity(cp *Capacity) {
 type QueuedProvisioning struct {
 	// Class is the ProvisioningRequest's provisioningClassName.
 	Class string `json:"class"`
+	// Accelerators are the GPUs the queued node pools create, with the count one node has
+	// (accelerators: [H100:8]): a pool scaled to zero shows no node, so Ferry offers these.
+	Accelerators []Accelerator `json:"accelerators,omitempty"`
 }
 
 // DefaultProvisioningClass is GKE's class for queued provisioning (Dynamic Workload Scheduler).
@@ -290,7 +293,7 @@ func (c *checker) queuedProvisioning(n *yaml.Node, field string) *QueuedProvisio
 		}
 		return nil
 	}
-	f, ok := c.fields(n, field, []string{"class"})
+	f, ok := c.fields(n, field, []string{"class", "accelerators"})
 	if !ok {
 		return nil
 	}
@@ -306,6 +309,11 @@ func (c *checker) queuedProvisioning(n *yaml.Node, field string) *QueuedProvisio
 			return nil
 		}
 		q.Class = v
+	}
+	if e, ok := f["accelerators"]; ok {
+		if q.Accelerators, ok = c.accelerators(c.deref(e.value), joinField(field, "accelerators")); !ok {
+			return nil
+		}
 	}
 	return q
 }

@@ -190,6 +190,7 @@ kubernetes:
     - {name: gke-a3, queued_provisioning: true}
     - {name: other, queued_provisioning: {class: check-capacity.autoscaling.x-k8s.io}}
     - {name: plain, queued_provisioning: false}
+    - {name: pools, queued_provisioning: {accelerators: [T4:1, H100:8]}}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -198,6 +199,8 @@ kubernetes:
 		{Name: "gke-a3", QueuedProvisioning: &QueuedProvisioning{Class: DefaultProvisioningClass}},
 		{Name: "other", QueuedProvisioning: &QueuedProvisioning{Class: "check-capacity.autoscaling.x-k8s.io"}},
 		{Name: "plain"},
+		{Name: "pools", QueuedProvisioning: &QueuedProvisioning{Class: DefaultProvisioningClass,
+			Accelerators: []Accelerator{{Name: "T4", Count: 1}, {Name: "H100", Count: 8}}}},
 	}
 	if diff := cmp.Diff(want, cfg.Kubernetes.Contexts); diff != "" {
 		t.Errorf("contexts (-want +got):\n%s", diff)

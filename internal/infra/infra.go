@@ -71,13 +71,15 @@ func Open(h home.Home, opts Options) (*Set, error) {
 	}
 	infras := []provision.Infra{{Name: configs.InfraLocal, Provider: s.Local}}
 	for _, kc := range kubeContexts(cfg.Kubernetes) {
-		o := kubernetes.Options{Context: kc.Name, Namespace: kc.Namespace, CostPerHour: kc.CostPerHour, Logger: opts.Logger.Named("kubernetes")}
+		o := kubernetes.Options{Context: kc.Name, Namespace: kc.Namespace, CostPerHour: kc.CostPerHour, Logger: opts.Logger.Named("kubernetes"),
+			QueuedProvisioning: kc.QueuedProvisioning}
 		if k := cfg.Kubernetes; k != nil {
 			o.Kubeconfig = k.Kubeconfig
 			o.ProvisionTimeout = time.Duration(k.ProvisionTimeoutSeconds) * time.Second
 			o.IngressPodLabels, o.IngressNamespace, o.IngressCIDRs = k.ProxyPodLabels, k.ProxyNamespace, k.ProxyCIDRs
 			o.CheckpointSize, o.CheckpointStorageClass = k.CheckpointSize, k.CheckpointStorageClass
 			o.GPUSchedulerName = k.GPUSchedulerName
+			o.KueueLocalQueue = k.KueueLocalQueue
 		}
 		p, err := kubernetes.New(o)
 		if err != nil {

@@ -283,10 +283,10 @@ func waitCell(c *Candidate) string {
 	switch {
 	case c.Placement.Queued && c.Wait >= time.Second:
 		return "~" + formatWait(c.Wait)
+	case c.Placement.Queued: // a queue that does not say how long (a Kubernetes node pool)
+		return "queued"
 	case c.Wait >= time.Second:
 		return formatWait(c.Wait)
-	case c.Placement.Queued:
-		return "queued"
 	}
 	return "-"
 }
