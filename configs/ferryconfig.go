@@ -72,6 +72,9 @@ type KubernetesConfig struct {
 	// GPUSchedulerName is the schedulerName of pods that share a GPU ("" is HAMi's
 	// hami-scheduler); clusters that deploy HAMi under another name set it.
 	GPUSchedulerName string `json:"gpu_scheduler_name,omitempty"`
+	// KueueLocalQueue is the Kueue LocalQueue queued jobs are submitted to ("": detected,
+	// see capacity.go).
+	KueueLocalQueue string `json:"kueue_local_queue,omitempty"`
 }
 
 // CloudConfig is the aws or gcp section.
@@ -106,6 +109,9 @@ type KubernetesContext struct {
 	Name        string  `json:"name"`
 	Namespace   string  `json:"namespace,omitempty"`
 	CostPerHour float64 `json:"cost_per_hour,omitempty"`
+	// QueuedProvisioning is set for a context whose cluster provisions nodes for queued
+	// requests (GKE's queued provisioning), nil otherwise (capacity.go).
+	QueuedProvisioning *QueuedProvisioning `json:"queued_provisioning,omitempty"`
 }
 
 var (
@@ -113,8 +119,8 @@ var (
 	awsKeys         = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs"}
 	gcpKeys         = []string{"project", "regions", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
 	kubernetesKeys  = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs",
-		"checkpoint_size", "checkpoint_storage_class", "gpu_scheduler_name"}
-	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour"}
+		"checkpoint_size", "checkpoint_storage_class", "gpu_scheduler_name", "kueue_local_queue"}
+	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour", "queued_provisioning"}
 	maxKubeContexts   = 64
 	maxProvisionDelay = 24 * 3600
 )
@@ -234,6 +240,9 @@ func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
 				k.GPUSchedulerName = v
 			}
 		}
+	}
+	if e, ok := f["kueue_local_queue"]; ok {
+		k.KueueLocalQueue = c.kueueLocalQueue(e.value, joinField(field, "kueue_local_queue"))
 	}
 	if e, ok := f["contexts"]; ok {
 		fld := joinField(field, "contexts")
@@ -498,6 +507,9 @@ func (c *checker) kubeContext(n *yaml.Node, field string) (KubernetesContext, bo
 				}
 				ctx.CostPerHour = v
 			}
+		}
+		if e, ok := f["queued_provisioning"]; ok {
+			ctx.QueuedProvisioning = c.queuedProvisioning(e.value, joinField(field, "queued_provisioning"))
 		}
 	}
 	if strings.TrimSpace(ctx.Name) == "" {

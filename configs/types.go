@@ -63,6 +63,9 @@ type Resources struct {
 	// GPUShare is `gpu_share`: memory and core shares, type and UUID pins, binpack or spread
 	// (gpushare.go). Nil when not written.
 	GPUShare *GPUShare `json:"gpu_share,omitempty"`
+	// Capacity is `capacity` (capacity.go): queued or reserved capacity. Nil when not written
+	// (on-demand); set only at the top of resources, and copied into every alternative.
+	Capacity *Capacity `json:"capacity,omitempty"`
 	// AnyOf alternatives: the cheapest feasible one wins.
 	AnyOf []Resources `json:"any_of,omitempty"`
 	// Ordered alternatives: the first feasible one wins.
