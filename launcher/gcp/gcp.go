@@ -147,6 +147,8 @@ type Provider struct {
 	zoneOps   *compute.ZoneOperationsClient
 	globalOps *compute.GlobalOperationsClient
 	firewalls *compute.FirewallsClient
+	// capacityClients list and read reservations (reservations.go).
+	capacityClients
 
 	mu            sync.Mutex
 	allowed       map[string]bool // nil: every zone
@@ -244,6 +246,10 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 		p.Close()
 		return nil, fmt.Errorf("gcp: %w: firewalls client: %w", launcher.ErrUnauthorized, err)
 	}
+	if err = p.newCapacityClients(ctx, copts); err != nil {
+		p.Close()
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -291,6 +297,7 @@ func (p *Provider) Close() {
 	if p.firewalls != nil {
 		_ = p.firewalls.Close()
 	}
+	p.capacityClients.close()
 }
 
 // Infra is "gcp".
@@ -381,12 +388,22 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		return launcher.Instance{}, err
 	}
 	spec.Placement.Zone = zone
+	if flexWanted(spec) {
+		return p.launchFlex(ctx, spec, selfTag)
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opts.LaunchTimeout)
+	defer cancel()
+	reserved, err := p.reservationFor(ctx, &spec, zone)
+	if err != nil {
+		return launcher.Instance{}, err
+	}
 	vm, err := p.instanceFor(spec, zone)
 	if err != nil {
 		return launcher.Instance{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.opts.LaunchTimeout)
-	defer cancel()
+	if reserved != nil {
+		reserved.reserve(vm)
+	}
 	if err := p.ensureFirewall(ctx, portOf(spec), ""); err != nil {
 		return launcher.Instance{}, err
 	}

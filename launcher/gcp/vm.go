@@ -230,7 +230,7 @@ func startupScript(spec launcher.Spec, nfs string) (string, error) {
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(portOf(spec)) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
 	if spec.Job != nil {
-		boot, err := launcher.VMJobBoot(InfraName, spec, nfs, preemptionWatch)
+		boot, err := launcher.VMJobBoot(InfraName, spec, nfs, watchFor(spec))
 		if err != nil {
 			return "", err
 		}
