@@ -134,10 +134,10 @@ func (p *Provider) Reservations(ctx context.Context) ([]launcher.ReservationOffe
 // reservation whose window has not started.
 func (zr zoneReservations) offers(zone string, now time.Time) []launcher.ReservationOffer {
 	var out []launcher.ReservationOffer
-	ends := map[string]time.Time{}
+	ends, names := map[string]time.Time{}, map[string]string{}
 	for _, f := range zr.future {
 		_, end := futureWindow(f)
-		ends[reservationNameOf(f)] = end
+		ends[reservationNameOf(f)], names[reservationNameOf(f)] = end, f.GetName()
 	}
 	for _, r := range zr.reservations {
 		sku := r.GetSpecificReservation()
@@ -147,6 +147,9 @@ func (zr zoneReservations) offers(zone string, now time.Time) []launcher.Reserva
 		o.End, _ = time.Parse(time.RFC3339, r.GetDeleteAtTime())
 		if end, ok := ends[r.GetName()]; ok && o.End.IsZero() {
 			o.End = end
+		}
+		if name, ok := names[r.GetName()]; ok {
+			o.Name = name // delivered for a future reservation, found by its name too
 		}
 		out = append(out, o)
 	}
