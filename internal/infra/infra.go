@@ -211,7 +211,7 @@ func usable(r configs.Resources, name string) bool {
 // Plan runs the optimizer over the enabled infras.
 func (s *Set) Plan(ctx context.Context, r configs.Resources) ([]optimizer.Candidate, error) {
 	infras, errs := s.Infras(ctx, r)
-	cands, err := optimizer.Plan(r, infras)
+	cands, err := optimizer.PlanCapacity(r, infras, time.Now())
 	if err == nil {
 		cands = s.inRegions(cands)
 		cands = optimizer.DemoteLowScoreRegions(cands, s.regionScores(ctx, r), len(r.Ordered) > 0)

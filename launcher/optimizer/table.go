@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -20,15 +21,24 @@ func WriteTable(w io.Writer, cands []Candidate, chosen, limit int) error {
 	if limit > 0 && limit < shown {
 		shown = limit
 	}
-	t := newTable("INFRA", "INSTANCE", "vCPUs", "Mem(GB)", "GPUS", "REGION/ZONE", "COST ($/hr)", "CHOSEN")
+	header := []string{"INFRA", "INSTANCE", "vCPUs", "Mem(GB)", "GPUS", "REGION/ZONE", "COST ($/hr)", "CHOSEN"}
+	capacity := hasCapacity(cands)
+	if capacity {
+		header = slices.Insert(header, 7, "WAIT", "WINDOW")
+	}
+	t := newTable(header...)
 	row := func(i int) {
 		p := &cands[i].Placement
 		mark := ""
 		if i == chosen {
 			mark = "✔"
 		}
-		t.row(p.Infra, instance(p), orDash(p.VCPUs), orDash(p.MemoryGiB), gpus(p), location(p),
-			fmt.Sprintf("$ %.2f", p.PricePerHour), mark)
+		cells := []string{p.Infra, instance(p), orDash(p.VCPUs), orDash(p.MemoryGiB), gpus(p), location(p),
+			fmt.Sprintf("$ %.2f", p.PricePerHour), mark}
+		if capacity {
+			cells = slices.Insert(cells, 7, waitCell(&cands[i]), windowCell(p))
+		}
+		t.row(cells...)
 	}
 	for i := range shown {
 		row(i)
@@ -70,8 +80,13 @@ func instance(p *launcher.Placement) string {
 	if s == "" {
 		s = "-"
 	}
-	if p.Spot {
+	switch {
+	case p.Spot:
 		s += "[Spot]"
+	case p.Reservation != "":
+		s += "[Reserved " + p.Reservation + "]"
+	case p.Queued:
+		s += "[Queued]"
 	}
 	return s
 }
