@@ -17,13 +17,14 @@ import (
 	"google.golang.org/api/iterator"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/catalog"
 )
 
-// Flex-start (Dynamic Workload Scheduler's queue, through the instances API). A task with
-// resources.capacity.mode queued (or a placement the optimizer marked Queued) on an
-// accelerator-optimized machine type gets flex-start VMs: provisioningModel FLEX_START, the
+// Flex-start (Dynamic Workload Scheduler's queue, through the instances API). Offerings offer
+// the accelerator-optimized machine types as queued capacity (flexOfferings); a placement the
+// optimizer took from them (Placement.Queued, for resources.capacity.mode queued) gets
+// flex-start VMs: provisioningModel FLEX_START, the
 // task's max_run_duration as maxRunDuration (GCE's limit, 7 days, when it sets none), then
 // instanceTerminationAction DELETE, no reservation, and max_wait as
 // params.requestValidForDuration. GCE keeps such a VM PENDING until it has the capacity.
@@ -49,18 +50,36 @@ const maxFlexRun = 7 * 24 * time.Hour
 // G4).
 var flexFamilies = []string{"a2-", "a3-", "a4-", "g2-"}
 
-// flexWanted reports whether spec's VMs wait in GCE's flex-start queue.
+// flexWanted reports whether spec's VMs wait in GCE's flex-start queue: the optimizer chose
+// queued capacity (a flexOfferings row) for it.
 func flexWanted(spec launcher.Spec) bool {
-	if spec.Placement.Spot || wantedReservation(spec) != "" {
-		return false
+	return spec.Placement.Queued && !spec.Placement.Spot && wantedReservation(spec) == ""
+}
+
+// flexCapable reports a machine type flex-start serves.
+func flexCapable(machineType string) bool {
+	return slices.ContainsFunc(flexFamilies, func(f string) bool { return strings.HasPrefix(machineType, f) })
+}
+
+// queueWaitUnknown is the QueueWait of flex-start capacity: GCE does not say how long its
+// queue is (a request waits up to two hours), and a positive QueueWait is what marks an
+// offering as queued.
+const queueWaitUnknown = time.Nanosecond
+
+// flexOfferings are the catalog's rows that flex-start serves in the allowed zones, as queued
+// capacity. Their price is the catalog's on-demand price: flex-start is billed at a discount
+// the catalog does not carry, so the plan shows an upper bound.
+func (p *Provider) flexOfferings() []launcher.Offering {
+	var out []launcher.Offering
+	for _, r := range catalog.Default().Rows() {
+		if r.Cloud != catalog.GCP || !flexCapable(r.InstanceType) || r.Zone == "" || !p.zoneAllowed(r.Zone) || r.OnDemandPerHour <= 0 {
+			continue
+		}
+		out = append(out, launcher.Offering{InstanceType: r.InstanceType, Accelerator: r.Accelerator,
+			AcceleratorCount: float64(r.AcceleratorCount), VCPUs: r.VCPUs, MemoryGiB: r.MemoryGiB, Region: r.Region,
+			Zone: r.Zone, PricePerHour: r.OnDemandPerHour, QueueWait: queueWaitUnknown, Total: -1, Free: -1})
 	}
-	if spec.Placement.Queued {
-		return true
-	}
-	c := spec.Resources.Capacity
-	mt := spec.Placement.InstanceType
-	return c != nil && c.Mode == configs.CapacityQueued &&
-		slices.ContainsFunc(flexFamilies, func(f string) bool { return strings.HasPrefix(mt, f) })
+	return out
 }
 
 // flexLimits are the VM's run limit and how long its request may wait (0: GCE's default).

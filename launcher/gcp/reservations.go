@@ -240,11 +240,11 @@ func catalogRow(machineType, accelerator, zone string) (catalog.Row, bool) {
 }
 
 // Offerings are the reservations a VM may be launched into, one offering each, with the
-// reservation on it: delivered ones with room, and future ones not yet started. Every other
-// shape comes from the catalog.
+// reservation on it (delivered ones with room, and future ones not yet started), and the
+// flex-start queue's machine types (flexOfferings). Every other shape comes from the catalog.
 func (p *Provider) Offerings(ctx context.Context) ([]launcher.Offering, error) {
 	offers, err := p.Reservations(ctx)
-	var out []launcher.Offering
+	out := p.flexOfferings()
 	for _, o := range offers {
 		if o.Kind == launcher.KindGCPReservation && o.Free() == 0 {
 			continue

@@ -78,6 +78,12 @@ func TestReservationsAndOfferings(t *testing.T) {
 		t.Fatalf("Reservations =\n%+v\nwant\n%+v", got, want)
 	}
 	offers, err := e.prov.Offerings(ctx)
+	queued := slices.DeleteFunc(slices.Clone(offers), func(o launcher.Offering) bool { return o.QueueWait == 0 })
+	if !slices.ContainsFunc(queued, func(o launcher.Offering) bool { return o.InstanceType == "a3-highgpu-8g" && o.Zone == "us-central1-a" }) ||
+		slices.ContainsFunc(queued, func(o launcher.Offering) bool { return !flexCapable(o.InstanceType) || !slices.Contains(testZones, o.Zone) }) {
+		t.Errorf("flex-start offerings %+v: want the allowed zones' accelerator-optimized machines only", queued)
+	}
+	offers = slices.DeleteFunc(offers, func(o launcher.Offering) bool { return o.QueueWait > 0 })
 	if err != nil || len(offers) != 2 {
 		t.Fatalf("Offerings = %+v, %v", offers, err)
 	}
@@ -102,6 +108,7 @@ func TestReservationsAndOfferings(t *testing.T) {
 		t.Errorf("after a launch: %+v", got)
 	}
 	offers, _ = e.prov.Offerings(ctx)
+	offers = slices.DeleteFunc(offers, func(o launcher.Offering) bool { return o.QueueWait > 0 })
 	if len(offers) != 1 || offers[0].Reservation.ID != "block-res" {
 		t.Errorf("a full reservation is still offered: %+v", offers)
 	}
@@ -200,7 +207,7 @@ func TestJobStoppedBeforeWindowEnd(t *testing.T) {
 // flexJob is a job spec that queues for capacity on an a3 machine.
 func flexJob(name, run string, capacity configs.Capacity) launcher.Spec {
 	s := jobSpecFor(name, "", run, false)
-	s.Placement.InstanceType = "a3-highgpu-8g"
+	s.Placement.InstanceType, s.Placement.Queued = "a3-highgpu-8g", true
 	s.Resources.Capacity = &capacity
 	return s
 }
