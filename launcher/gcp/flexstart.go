@@ -291,3 +291,34 @@ func (p *Provider) flexReady(ctx context.Context, vms []zonedVM, spec launcher.S
 	p.log.Info("flex-start VMs running", zap.String("zone", vms[0].zone), zap.Int("vms", len(vms)))
 	return insts, nil
 }
+
+// WithdrawQueued is launcher.QueueWithdrawer (h21core's jobs call it once a gang runs).
+var _ launcher.JobCleaner = (*Provider)(nil)
+
+// WithdrawQueued deletes job's flex-start VMs still waiting in GCE's queue (PENDING): its gang
+// runs, so they would start for nobody. A wait for a reservation's window holds nothing.
+func (p *Provider) WithdrawQueued(ctx context.Context, job string, _ int) error {
+	return p.deleteJobVMs(ctx, job, func(vm *computepb.Instance) bool { return vm.GetStatus() == "PENDING" })
+}
+
+// CleanupJob deletes every VM of an ended job that is left: queued flex-start VMs the job never
+// used, or ones that GCE started after it ended. (Checkpoints on checkpoint_nfs are kept.)
+func (p *Provider) CleanupJob(ctx context.Context, job string) error {
+	return p.deleteJobVMs(ctx, job, func(*computepb.Instance) bool { return true })
+}
+
+func (p *Provider) deleteJobVMs(ctx context.Context, job string, which func(*computepb.Instance) bool) error {
+	vms, err := p.rawList(ctx, map[string]string{launcher.LabelJob: job})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, v := range vms {
+		if which(v.vm) {
+			if err := p.delete(ctx, v.zone, v.vm.GetName()); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -305,3 +305,31 @@ func TestFlexStartRunLimitNoticed(t *testing.T) {
 		t.Fatal("no notice of the run limit")
 	}
 }
+
+// A queued request is withdrawn (its VMs deleted) when the job's gang runs elsewhere, and
+// whatever is left of a job goes when it ends.
+func TestFlexStartWithdrawn(t *testing.T) {
+	e := newEnv(t, fakecompute.Options{}, Options{})
+	ctx := testCtx(t)
+	s := flexJob("withdrawn", "exit 0", configs.Capacity{Mode: configs.CapacityQueued, MaxRunDuration: time.Hour})
+	if _, err := e.prov.LaunchGang(ctx, s, 2); !errors.Is(err, launcher.ErrQueued) {
+		t.Fatalf("LaunchGang = %v", err)
+	}
+	other := spec("other-job", launcher.Placement{Zone: "us-central1-a"})
+	other.Labels = map[string]string{launcher.LabelJob: "8", launcher.LabelAttempt: "1"}
+	if _, err := e.prov.Launch(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.prov.WithdrawQueued(ctx, vmjobtest.Job, 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.fake.FlexQueued("us-central1-b"); n != 0 {
+		t.Fatalf("%d VMs still queued after the withdrawal", n)
+	}
+	if err := e.prov.CleanupJob(ctx, "8"); err != nil {
+		t.Fatal(err)
+	}
+	if vms, _ := e.prov.List(ctx, nil); len(vms) != 0 {
+		t.Fatalf("left after CleanupJob: %+v", vms)
+	}
+}
