@@ -80,7 +80,9 @@ func TestReservationsAndOfferings(t *testing.T) {
 	offers, err := e.prov.Offerings(ctx)
 	queued := slices.DeleteFunc(slices.Clone(offers), func(o launcher.Offering) bool { return o.QueueWait == 0 })
 	if !slices.ContainsFunc(queued, func(o launcher.Offering) bool { return o.InstanceType == "a3-highgpu-8g" && o.Zone == "us-central1-a" }) ||
-		slices.ContainsFunc(queued, func(o launcher.Offering) bool { return !flexCapable(o.InstanceType) || !slices.Contains(testZones, o.Zone) }) {
+		slices.ContainsFunc(queued, func(o launcher.Offering) bool {
+			return !flexCapable(o.InstanceType) || !slices.Contains(testZones, o.Zone)
+		}) {
 		t.Errorf("flex-start offerings %+v: want the allowed zones' accelerator-optimized machines only", queued)
 	}
 	offers = slices.DeleteFunc(offers, func(o launcher.Offering) bool { return o.QueueWait > 0 })

@@ -298,8 +298,7 @@ func (s *Server) insertFutureReservation(w http.ResponseWriter, r *http.Request)
 	}
 	pb.Status = &computepb.FutureReservationStatus{ProcurementStatus: proto.String(ProcurementApproved)}
 	s.future[key] = pb
-	s.atLocked(start, func() { s.startWindowLocked(zone, req.GetName()) })
-	s.atLocked(end, func() { s.endWindowLocked(zone, req.GetName()) })
+	s.scheduleWindowLocked(zone, req.GetName(), start, end)
 	op := s.newOperationLocked(zone, "insert", s.stubTarget(pb.GetSelfLink()))
 	s.afterDelay(op, func() {})
 	writeJSON(w, op.pb)
@@ -355,6 +354,51 @@ func (s *Server) atLocked(t time.Time, f func()) {
 		s.mu.Unlock()
 	})
 	s.timers[timer] = true
+}
+
+// scheduleWindowLocked starts and ends a future reservation's window at its times; a timer
+// whose time is no longer the window's (SetWindow moved it) does nothing.
+func (s *Server) scheduleWindowLocked(zone, name string, start, end time.Time) {
+	current := func() (time.Time, time.Time) {
+		fr, ok := s.future[zone+"/"+name]
+		if !ok {
+			return time.Time{}, time.Time{}
+		}
+		st, en, _ := validateFuture(fr)
+		return st, en
+	}
+	s.atLocked(start, func() {
+		if st, _ := current(); st.Equal(start) {
+			s.startWindowLocked(zone, name)
+		}
+	})
+	s.atLocked(end, func() {
+		if _, en := current(); en.Equal(end) {
+			s.endWindowLocked(zone, name)
+		}
+	})
+}
+
+// SetWindow moves a future reservation's window (scripted time: a test that saw a job wait for
+// a window far off opens it now), and its reservation's end if it was delivered.
+func (s *Server) SetWindow(zone, name string, start, end time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fr, ok := s.future[zone+"/"+name]
+	if !ok {
+		return fmt.Errorf("fakecompute: no future reservation %s in %s", name, zone)
+	}
+	if !end.After(start) {
+		return fmt.Errorf("fakecompute: window end %s is not after its start %s", end, start)
+	}
+	start, end = start.Truncate(time.Second), end.Truncate(time.Second)
+	fr.TimeWindow = &computepb.FutureReservationTimeWindow{StartTime: proto.String(start.UTC().Format(time.RFC3339)),
+		EndTime: proto.String(end.UTC().Format(time.RFC3339))}
+	if res, ok := s.reservations[zone+"/"+fr.GetReservationName()]; ok {
+		res.DeleteAtTime = proto.String(end.UTC().Format(time.RFC3339))
+	}
+	s.scheduleWindowLocked(zone, name, start, end)
+	return nil
 }
 
 // startWindowLocked delivers a future reservation: its reservation is made, READY until the

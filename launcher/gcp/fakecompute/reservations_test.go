@@ -238,3 +238,45 @@ func TestFlexStartRequestExpires(t *testing.T) {
 		t.Error("an expired request was fulfilled")
 	}
 }
+
+// SetWindow moves a future reservation's window: the old times no longer act, the new ones do.
+func TestSetWindow(t *testing.T) {
+	fake, _, rc, fc := capacityClients(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	now := time.Now().UTC()
+	op, err := fc.Insert(ctx, &computepb.InsertFutureReservationRequest{Project: "p", Zone: zoneA, FutureReservationResource: &computepb.FutureReservation{
+		Name: proto.String("moved"), ReservationMode: proto.String("CALENDAR"),
+		TimeWindow: &computepb.FutureReservationTimeWindow{StartTime: proto.String(now.Add(time.Hour).Format(time.RFC3339)), EndTime: proto.String(now.Add(2 * time.Hour).Format(time.RFC3339))},
+		SpecificSkuProperties: &computepb.FutureReservationSpecificSKUProperties{TotalCount: proto.Int64(1),
+			InstanceProperties: &computepb.AllocationSpecificSKUAllocationReservedInstanceProperties{MachineType: proto.String("a3-highgpu-8g")}},
+	}})
+	if err == nil {
+		err = op.Wait(ctx)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.SetWindow(zoneA, "moved", now.Add(-time.Second), now.Add(2*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var gerr *googleapi.Error
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		fr, err := fc.Get(ctx, &computepb.GetFutureReservationRequest{Project: "p", Zone: zoneA, FutureReservation: "moved"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fr.GetStatus().GetProcurementStatus() == ProcurementExpired {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the moved window did not end: %v", fr.GetStatus())
+		}
+	}
+	if _, err := rc.Get(ctx, &computepb.GetReservationRequest{Project: "p", Zone: zoneA, Reservation: "moved"}); !errors.As(err, &gerr) || gerr.Code != http.StatusNotFound {
+		t.Errorf("reservation after the moved window: %v", err)
+	}
+	if err := fake.SetWindow(zoneA, "moved", now, now); err == nil {
+		t.Error("an empty window was accepted")
+	}
+}
