@@ -90,6 +90,14 @@ type Job struct {
 	// added up.
 	Cost      float64   `json:"cost"`
 	CostSince time.Time `json:"cost_since,omitzero"`
+
+	// WaitingSince is when the job began waiting for capacity (the cloud's own time for a
+	// queued request), zero while it is not waiting; InQueue says its last launch is held in
+	// a cloud's queue (launcher.ErrQueued), which the next try finds again (capacity.go).
+	WaitingSince time.Time `json:"waiting_since,omitzero"`
+	InQueue      bool      `json:"in_queue,omitempty"`
+	// RunUntil is when the current gang is stopped: its start plus capacity.max_run_duration.
+	RunUntil time.Time `json:"run_until,omitzero"`
 }
 
 // Node is one node of a job's current gang.

@@ -112,3 +112,11 @@ func AsQueued(err error) (QueuedError, bool) {
 // DefaultWindowLead is how long before a reservation's end a service replica in it is
 // replaced (configurable in replicas): enough to launch and warm a replacement.
 const DefaultWindowLead = 10 * time.Minute
+
+// QueueWithdrawer is an optional Provider capability of infras that hold queued requests for a
+// job (a ProvisioningRequest, a resize request, a wait for a reservation's window): withdraw
+// job's requests that no running node of attempt uses. The jobs manager calls it when a gang
+// has started (perhaps on another infra); CleanupJob withdraws everything when the job ends.
+type QueueWithdrawer interface {
+	WithdrawQueued(ctx context.Context, job string, attempt int) error
+}

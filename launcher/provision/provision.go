@@ -235,6 +235,10 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 			return nil, err
 		}
 		switch {
+		case errors.Is(err, launcher.ErrQueued):
+			// Held in the infra's queue, or for a reservation's window: the place is ours
+			// once it comes, so neither block it nor try further (capacity.go).
+			return nil, err
 		case errors.Is(err, launcher.ErrInvalid):
 			// Invalid for this infra (its image or shape rules: a docker: image on a VM, an
 			// AMI on Kubernetes); another infra may take the same request. Not a block: the
