@@ -292,8 +292,10 @@ func (p *Provider) flexReady(ctx context.Context, vms []zonedVM, spec launcher.S
 	return insts, nil
 }
 
-// WithdrawQueued is launcher.QueueWithdrawer (h21core's jobs call it once a gang runs).
-var _ launcher.JobCleaner = (*Provider)(nil)
+var (
+	_ launcher.QueueWithdrawer = (*Provider)(nil)
+	_ launcher.JobCleaner      = (*Provider)(nil)
+)
 
 // WithdrawQueued deletes job's flex-start VMs still waiting in GCE's queue (PENDING): its gang
 // runs, so they would start for nobody. A wait for a reservation's window holds nothing.
