@@ -45,6 +45,7 @@ const reservedJobYAML = `name: in-block
 resources:
   infra: gcp
   instance_type: a3-highgpu-8g
+  accelerators: H100:8
   capacity:
     mode: reserved
     reservation: e2e-block
@@ -106,7 +107,7 @@ func TestJobInGCPCalendarReservation(t *testing.T) {
 		return strings.Contains(log, "checkpoint saved"), lastLines(log, 3)
 	})
 	log := clouds.gce.SerialOutput(zone, name)
-	if !strings.Contains(log, "got SIGTERM: FERRY_PREEMPTION_GRACE=") || !strings.Contains(log, "capacity window end") {
+	if !strings.Contains(log, "got SIGTERM: FERRY_PREEMPTION_GRACE_SECONDS=") || !strings.Contains(log, "capacity window end") {
 		t.Errorf("the run was not told the window's end:\n%s", lastLines(log, 8))
 	}
 	eventually(t, time.Minute, "the VM deleted at the window's end", func() (bool, string) {
@@ -123,6 +124,7 @@ num_nodes: 2
 resources:
   infra: gcp
   instance_type: a3-highgpu-8g
+  accelerators: H100:8
   capacity:
     mode: queued
     max_wait: 10m
