@@ -181,6 +181,10 @@ type Instance struct {
 	// IP is the address other nodes of a gang reach this one at (a private IP, a pod IP, a
 	// loopback address on local); "" until known.
 	IP string `json:"ip,omitempty"`
+	// WindowEnd is when the reservation or capacity block the instance runs in ends, and the
+	// instance with it (zero: none); the provisioner fills it from the placement, a provider's
+	// List reports it where it can (capacity.go).
+	WindowEnd time.Time `json:"window_end,omitzero"`
 }
 
 // Exited reports whether the instance's program ended by itself, and with which status.

@@ -111,6 +111,8 @@ Every other command starts it in the background when it is not running, so you r
 		"how often jobs waiting for capacity try to launch again (0: 15s; $FERRY_JOB_RETRY_INTERVAL)")
 	f.DurationVar(&opts.JobWatchInterval, "job-watch-interval", envDuration("FERRY_JOB_WATCH_INTERVAL", &envErrs),
 		"how often a running job's nodes are looked at (0: 2s; $FERRY_JOB_WATCH_INTERVAL)")
+	f.DurationVar(&opts.WindowLead, "window-lead", envDuration("FERRY_WINDOW_LEAD", &envErrs),
+		"how long before a reservation or capacity block ends its replicas are replaced (0: 10m; $FERRY_WINDOW_LEAD)")
 	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
 	return cmd
 }

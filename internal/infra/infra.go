@@ -5,6 +5,7 @@
 package infra
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,9 @@ type Options struct {
 	Logger      *zap.Logger
 	// BlockFor overrides provision.DefaultBlockFor.
 	BlockFor time.Duration
+	// WindowLead is how long before a reservation's end its replicas are replaced (0:
+	// launcher.DefaultWindowLead); the optimizer leaves windows shorter than it.
+	WindowLead time.Duration
 }
 
 // Set is the enabled infras and the provisioner over them.
@@ -48,6 +52,7 @@ type Set struct {
 	Provisioner *provision.Provisioner
 	clouds      []cloud
 	log         *zap.Logger
+	windowLead  time.Duration
 }
 
 // Open reads the config and builds the providers. Nothing is contacted yet.
@@ -59,7 +64,7 @@ func Open(h home.Home, opts Options) (*Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Set{Config: cfg, Problems: map[string]error{}, log: opts.Logger}
+	s := &Set{Config: cfg, Problems: map[string]error{}, log: opts.Logger, windowLead: cmp.Or(opts.WindowLead, launcher.DefaultWindowLead)}
 	s.Local, err = local.New(local.Options{Dir: h.LocalDir(), PathPrepend: opts.PathPrepend, Logger: opts.Logger.Named("local")})
 	if err != nil {
 		return nil, err
@@ -211,7 +216,7 @@ func usable(r configs.Resources, name string) bool {
 // Plan runs the optimizer over the enabled infras.
 func (s *Set) Plan(ctx context.Context, r configs.Resources) ([]optimizer.Candidate, error) {
 	infras, errs := s.Infras(ctx, r)
-	cands, err := optimizer.PlanCapacity(r, infras, time.Now())
+	cands, err := optimizer.PlanCapacity(r, infras, optimizer.CapacityOptions{Now: time.Now(), MinWindow: s.windowLead})
 	if err == nil {
 		cands = s.inRegions(cands)
 		cands = optimizer.DemoteLowScoreRegions(cands, s.regionScores(ctx, r), len(r.Ordered) > 0)

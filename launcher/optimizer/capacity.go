@@ -27,9 +27,18 @@ import (
 // queued keeps all three. Candidates of every alternative share one tier (a free reservation
 // beats ordered[0] at a price); within a tier earlier alternatives come first.
 
-// PlanCapacity is Plan for resources that may use queued or reserved capacity; now is the
-// planning time, against which windows and waits are measured.
-func PlanCapacity(r configs.Resources, infras []Infra, now time.Time) ([]Candidate, error) {
+// CapacityOptions are what PlanCapacity measures windows against.
+type CapacityOptions struct {
+	// Now is the planning time.
+	Now time.Time
+	// MinWindow is the least a window with an end must have left once the task can start
+	// in it: a service replica is replaced that long before the end (replicas' window
+	// lead), so a window shorter than it would be left as soon as entered.
+	MinWindow time.Duration
+}
+
+// PlanCapacity is Plan for resources that may use queued or reserved capacity.
+func PlanCapacity(r configs.Resources, infras []Infra, o CapacityOptions) ([]Candidate, error) {
 	mode := r.Capacity.ModeOf()
 	base := withoutCapacityOfferings(infras)
 	var plain []Candidate
@@ -40,7 +49,7 @@ func PlanCapacity(r configs.Resources, infras []Infra, now time.Time) ([]Candida
 			return plain, planErr
 		}
 	}
-	reserved, queued, unmet, err := capacityCandidates(r, infras, now)
+	reserved, queued, unmet, err := capacityCandidates(r, infras, o)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +84,7 @@ func isCapacityOffering(o launcher.Offering) bool { return o.Reservation != nil 
 
 // capacityCandidates returns the reserved and queued candidates of every alternative, sorted
 // each, and why the capacity offerings that did not fit were left out.
-func capacityCandidates(r configs.Resources, infras []Infra, now time.Time) (reserved, queued []Candidate, unmet []string, err error) {
+func capacityCandidates(r configs.Resources, infras []Infra, opts CapacityOptions) (reserved, queued []Candidate, unmet []string, err error) {
 	cp := r.Capacity
 	for ai, alt := range r.Candidates() {
 		m, err := newCapacityMatch(ai, alt)
@@ -88,7 +97,7 @@ func capacityCandidates(r configs.Resources, infras []Infra, now time.Time) (res
 				if !isCapacityOffering(o) {
 					continue
 				}
-				c, why := m.candidate(inf, o, cp, now)
+				c, why := m.candidate(inf, o, cp, opts)
 				switch {
 				case why != "":
 					unmet = append(unmet, why)
@@ -153,7 +162,8 @@ func newCapacityMatch(alt int, r configs.Resources) (capacityMatch, error) {
 
 // candidate turns a capacity offering of inf into a candidate for this alternative, or says
 // why it does not fit ("" reason with a zero candidate: not this alternative's to mention).
-func (m *capacityMatch) candidate(inf *Infra, o launcher.Offering, cp *configs.Capacity, now time.Time) (Candidate, string) {
+func (m *capacityMatch) candidate(inf *Infra, o launcher.Offering, cp *configs.Capacity, opts CapacityOptions) (Candidate, string) {
+	now := opts.Now
 	acc, ok := m.fits(inf, o)
 	if !ok {
 		return Candidate{}, ""
@@ -171,7 +181,7 @@ func (m *capacityMatch) candidate(inf *Infra, o launcher.Offering, cp *configs.C
 	}
 	c := Candidate{Alternative: m.alt}
 	if res := o.Reservation; res != nil {
-		why := reservationProblem(*res, cp, now)
+		why := reservationProblem(*res, cp, opts)
 		if why != "" {
 			return Candidate{}, fmt.Sprintf("%s: reservation %s %s", where, res.ID, why)
 		}
@@ -222,8 +232,12 @@ func (m *capacityMatch) fits(inf *Infra, o launcher.Offering) (configs.Accelerat
 }
 
 // reservationProblem says why res cannot take the task now or within its wait ("" if it can).
-func reservationProblem(res launcher.ReservationOffer, cp *configs.Capacity, now time.Time) string {
-	name := cp.Reservation
+func reservationProblem(res launcher.ReservationOffer, cp *configs.Capacity, opts CapacityOptions) string {
+	now, name := opts.Now, cp.Reservation
+	from := now
+	if res.Start.After(now) {
+		from = res.Start
+	}
 	switch {
 	case name != "" && name != configs.ReservationAny && name != res.ID && name != res.Name:
 		return "is not " + name
@@ -235,6 +249,9 @@ func reservationProblem(res launcher.ReservationOffer, cp *configs.Capacity, now
 		return fmt.Sprintf("starts in %s, beyond max_wait %s", formatWait(res.Start.Sub(now)), formatWait(cp.MaxWait))
 	case cp.MaxRunDuration > 0 && !res.Covers(now, cp.MaxRunDuration):
 		return fmt.Sprintf("ends %s, before max_run_duration %s would", res.End.UTC().Format(time.RFC3339), formatWait(cp.MaxRunDuration))
+	case !res.End.IsZero() && res.End.Sub(from) <= opts.MinWindow:
+		return fmt.Sprintf("ends %s, within %s of the start (a replica is replaced that long before the end)",
+			res.End.UTC().Format(time.RFC3339), formatWait(opts.MinWindow))
 	}
 	return ""
 }

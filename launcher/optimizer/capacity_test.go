@@ -38,7 +38,7 @@ func TestPlanCapacityPrefersUnusedReservation(t *testing.T) {
 		block("cr-later", capNow.Add(time.Hour), capNow.Add(5*time.Hour), 4, 0),
 		block("cr-free", capNow.Add(-time.Hour), capNow.Add(6*time.Hour), 2, 1),
 	}
-	cands, err := PlanCapacity(h100(t, &configs.Capacity{Mode: configs.CapacityQueued, MaxWait: 2 * time.Hour}), []Infra{awsCap}, capNow)
+	cands, err := PlanCapacity(h100(t, &configs.Capacity{Mode: configs.CapacityQueued, MaxWait: 2 * time.Hour}), []Infra{awsCap}, CapacityOptions{Now: capNow})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,17 +91,17 @@ func TestPlanCapacityModes(t *testing.T) {
 		none bool
 	}{
 		"no capacity: reservations and queues are not Plan's": {cp: nil, want: []string{"od"}},
-		"on_demand: the same":                                 {cp: &configs.Capacity{Mode: configs.CapacityOnDemand}, want: []string{"od"}},
-		"reserved any: only reservations, active first":       {cp: &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "any"}, want: []string{"cr-b", "cr-a"}},
-		"reserved by name":                                    {cp: &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "cr-a"}, want: []string{"cr-a"}},
-		"max_run_duration longer than the window":             {cp: &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "any", MaxRunDuration: 2 * time.Hour}, want: []string{"cr-b"}},
-		"window opens after max_wait":                         {cp: &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "cr-a", MaxWait: 10 * time.Minute}, none: true},
-		"queued: the 3h queue is past max_wait":               {cp: &configs.Capacity{Mode: configs.CapacityQueued, MaxWait: time.Hour}, want: []string{"cr-b", "cr-a", "od"}},
-		"queued without a limit ends in the queue":            {cp: &configs.Capacity{Mode: configs.CapacityQueued}, want: []string{"cr-b", "cr-a", "od"}},
+		"on_demand: the same":                           {cp: &configs.Capacity{Mode: configs.CapacityOnDemand}, want: []string{"od"}},
+		"reserved any: only reservations, active first": {cp: &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "any"}, want: []string{"cr-b", "cr-a"}},
+		"reserved by name":                              {cp: &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "cr-a"}, want: []string{"cr-a"}},
+		"max_run_duration longer than the window":       {cp: &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "any", MaxRunDuration: 2 * time.Hour}, want: []string{"cr-b"}},
+		"window opens after max_wait":                   {cp: &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "cr-a", MaxWait: 10 * time.Minute}, none: true},
+		"queued: the 3h queue is past max_wait":         {cp: &configs.Capacity{Mode: configs.CapacityQueued, MaxWait: time.Hour}, want: []string{"cr-b", "cr-a", "od"}},
+		"queued without a limit ends in the queue":      {cp: &configs.Capacity{Mode: configs.CapacityQueued}, want: []string{"cr-b", "cr-a", "od"}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			cands, err := PlanCapacity(h100(t, tc.cp), infras, capNow)
+			cands, err := PlanCapacity(h100(t, tc.cp), infras, CapacityOptions{Now: capNow})
 			if tc.none {
 				var nc *NoCandidateError
 				if !errors.As(err, &nc) || !strings.Contains(err.Error(), "beyond max_wait 10m") {
@@ -146,11 +146,11 @@ func TestPlanCapacityKubernetesQueue(t *testing.T) {
 		{Accelerator: "A100", AcceleratorCount: 8, QueueWait: 20 * time.Minute, Total: -1, Free: -1},
 	}}
 	r := configs.Resources{Infra: "kubernetes", Accelerators: accs(t, "A100:2")}
-	if _, err := PlanCapacity(r, []Infra{gke}, capNow); err == nil {
+	if _, err := PlanCapacity(r, []Infra{gke}, CapacityOptions{Now: capNow}); err == nil {
 		t.Fatal("an on-demand task was planned onto a queued node pool")
 	}
 	r.Capacity = &configs.Capacity{Mode: configs.CapacityQueued}
-	cands, err := PlanCapacity(r, []Infra{gke}, capNow)
+	cands, err := PlanCapacity(r, []Infra{gke}, CapacityOptions{Now: capNow})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,9 +160,33 @@ func TestPlanCapacityKubernetesQueue(t *testing.T) {
 }
 
 func TestPlanCapacityReservedNoneSaysWhy(t *testing.T) {
-	_, err := PlanCapacity(h100(t, &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "any"}), []Infra{aws}, capNow)
+	_, err := PlanCapacity(h100(t, &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "any"}), []Infra{aws}, CapacityOptions{Now: capNow})
 	var nc *NoCandidateError
 	if !errors.As(err, &nc) || !strings.Contains(err.Error(), "no enabled infra offers a reservation") {
 		t.Fatalf("err = %v", err)
+	}
+}
+
+// A window that ends within the replicas' lead is left: a replica would be replaced as soon
+// as it started there.
+func TestPlanCapacityLeavesWindowsShorterThanTheLead(t *testing.T) {
+	awsCap := aws
+	awsCap.Offerings = []launcher.Offering{
+		block("cr-ending", capNow.Add(-time.Hour), capNow.Add(5*time.Minute), 2, 0),
+		block("cr-short", capNow.Add(time.Hour), capNow.Add(time.Hour+10*time.Minute), 2, 0),
+		block("cr-long", capNow.Add(-time.Hour), capNow.Add(2*time.Hour), 2, 0),
+	}
+	cp := &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "any"}
+	cands, err := PlanCapacity(h100(t, cp), []Infra{awsCap}, CapacityOptions{Now: capNow, MinWindow: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cands) != 1 || cands[0].Placement.Reservation != "cr-long" {
+		t.Fatalf("candidates %+v, want cr-long alone", cands)
+	}
+	cp.Reservation = "cr-ending"
+	_, err = PlanCapacity(h100(t, cp), []Infra{awsCap}, CapacityOptions{Now: capNow, MinWindow: 10 * time.Minute})
+	if err == nil || !strings.Contains(err.Error(), "within 10m of the start") {
+		t.Fatalf("err = %v, want the window too short for the lead", err)
 	}
 }

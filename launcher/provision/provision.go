@@ -595,4 +595,7 @@ func fillFromPlacement(inst *launcher.Instance, pl launcher.Placement) {
 		inst.PricePerHour = pl.PricePerHour
 	}
 	inst.Spot = inst.Spot || pl.Spot
+	if inst.WindowEnd.IsZero() {
+		inst.WindowEnd = pl.WindowEnd
+	}
 }
