@@ -705,6 +705,7 @@ func (p *Provider) toInstance(zone string, vm *computepb.Instance, preempted map
 		inst.Endpoint = net.JoinHostPort(ip, port)
 	}
 	inst.IP = address(vm, false)
+	inst.WindowEnd = endOf(vm) // its reservation's end or run limit (reservations.go)
 	switch vm.GetStatus() {
 	case "PROVISIONING", "STAGING", "REPAIRING", "PENDING":
 		inst.State = launcher.StatePending

@@ -160,6 +160,9 @@ func TestFutureReservationQueuesUntilWindow(t *testing.T) {
 	if vm.GetScheduling().GetProvisioningModel() != "RESERVATION_BOUND" || !slices.Equal(vm.GetReservationAffinity().GetValues(), []string{"later-res"}) {
 		t.Errorf("node scheduling %v, affinity %v", vm.GetScheduling(), vm.GetReservationAffinity())
 	}
+	if got := vmjobtest.Listed(t, e.prov, in.ID); !got.WindowEnd.Equal(end) {
+		t.Errorf("listed with WindowEnd %s, want the window's end %s", got.WindowEnd, end)
+	}
 	select {
 	case n := <-notices:
 		if n.InstanceID != in.ID || !n.At.Equal(end) {
