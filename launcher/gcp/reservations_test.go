@@ -120,6 +120,26 @@ func TestReservationsAndOfferings(t *testing.T) {
 	checkError(t, err, launcher.ErrInvalid)
 }
 
+// watchNotices starts the provider's notice watcher until the test ends, and waits for it to
+// stop before the provider's clients close.
+func (e *env) watchNotices(t *testing.T) <-chan launcher.Notice {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := e.prov.Notices(ctx)
+	out := make(chan launcher.Notice, 16)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for n := range ch {
+			select {
+			case out <- n:
+			default: // the test reads only the first
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return out
+}
+
 // reservedJob is a job node that asks for the named reservation (resources.capacity).
 func reservedJob(name, zone, reservation, run string, grace time.Duration) launcher.Spec {
 	s := jobSpecFor(name, "", run, false)
@@ -151,7 +171,7 @@ func TestFutureReservationQueuesUntilWindow(t *testing.T) {
 	if err := e.fake.StartWindow("us-central1-b", "later"); err != nil {
 		t.Fatal(err)
 	}
-	notices := e.prov.Notices(ctx)
+	notices := e.watchNotices(t)
 	in, err := e.prov.Launch(ctx, s)
 	if err != nil {
 		t.Fatal(err)
@@ -286,8 +306,8 @@ func TestFlexStartExpires(t *testing.T) {
 // A flex-start VM's run limit is noticed ahead of time, at its start plus maxRunDuration.
 func TestFlexStartRunLimitNoticed(t *testing.T) {
 	e := newEnv(t, fakecompute.Options{}, Options{})
-	ctx, cancel := context.WithCancel(testCtx(t))
-	defer cancel()
+	ctx := testCtx(t)
+	notices := e.watchNotices(t)
 	s := flexJob("limited", "exec sleep 300", configs.Capacity{Mode: configs.CapacityQueued, MaxRunDuration: time.Hour})
 	if _, err := e.prov.Launch(ctx, s); !errors.Is(err, launcher.ErrQueued) {
 		t.Fatalf("Launch = %v", err)
@@ -302,7 +322,7 @@ func TestFlexStartRunLimitNoticed(t *testing.T) {
 	vm, _, _ := e.fake.Instance(in.Name)
 	started, _ := time.Parse(time.RFC3339, vm.GetLastStartTimestamp())
 	select {
-	case n := <-e.prov.Notices(ctx):
+	case n := <-notices:
 		if n.InstanceID != in.ID || n.At.Sub(started) < 59*time.Minute || n.At.Sub(started) > 61*time.Minute {
 			t.Errorf("notice %+v; want %s about an hour after its start %s", n, in.ID, started)
 		}
