@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -97,7 +98,7 @@ func TestJobInGCPCalendarReservation(t *testing.T) {
 	if created.Before(start) {
 		t.Errorf("the node's VM was made at %s, before the window's start %s", created, start)
 	}
-	if vm.GetScheduling().GetProvisioningModel() != "RESERVATION_BOUND" || vm.GetReservationAffinity().GetValues()[0] != "e2e-block-res" {
+	if vm.GetScheduling().GetProvisioningModel() != "RESERVATION_BOUND" || !slices.Equal(vm.GetReservationAffinity().GetValues(), []string{"e2e-block-res"}) {
 		t.Errorf("node scheduling %v, affinity %v: want bound to e2e-block-res", vm.GetScheduling(), vm.GetReservationAffinity())
 	}
 

@@ -218,7 +218,9 @@ func (p *Provider) insertFlex(ctx context.Context, specs []launcher.Spec, zone s
 			err = p.insertAndWait(ctx, zone, vm)
 		}
 		if err != nil {
-			p.deleteQuietly(zone, vm.GetName())
+			if vm != nil {
+				p.deleteQuietly(zone, vm.GetName())
+			}
 			for _, v := range out {
 				p.deleteQuietly(zone, v.vm.GetName())
 			}

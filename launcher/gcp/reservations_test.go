@@ -229,6 +229,27 @@ func TestJobStoppedBeforeWindowEnd(t *testing.T) {
 	}
 }
 
+// A job's run limit (max_run_duration) reaches its node's program as SIGTERM its grace
+// period before the limit, counted from the node's boot, when that comes before the end of
+// its window.
+func TestJobRunLimitSIGTERM(t *testing.T) {
+	e := newEnv(t, fakecompute.Options{}, Options{})
+	s := jobSpecFor("limited", "", vmjobtest.PreemptibleRun, false)
+	s.Resources.Capacity = &configs.Capacity{Mode: configs.CapacityOnDemand, MaxRunDuration: 4 * time.Second}
+	s.Job.Grace = 2 * time.Second
+	s.Placement.WindowEnd = time.Now().Add(time.Hour)
+	in, err := e.prov.Launch(testCtx(t), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.cloud()
+	vmjobtest.WaitTraining(t, c, in)
+	if left := vmjobtest.WaitWarned(t, c, in); left < 0 || left > 2 {
+		t.Fatalf("%d s left at SIGTERM, want at most the 2 s grace (the run limit, not the window's end)", left)
+	}
+	waitFor(t, "checkpointed", func() bool { return strings.Contains(c.Console(in), "checkpointed") })
+}
+
 // flexJob is a job spec that queues for capacity on an a3 machine.
 func flexJob(name, run string, capacity configs.Capacity) launcher.Spec {
 	s := jobSpecFor(name, "", run, false)
