@@ -66,7 +66,9 @@ run: |
 func TestJobInGCPCalendarReservation(t *testing.T) {
 	clouds := startFakeClouds(t)
 	e := newEnv(t)
-	e.extraEnv = append(append([]string{}, awsEnv...), "FERRY_JOB_RETRY_INTERVAL=500ms", "FERRY_JOB_WATCH_INTERVAL=200ms")
+	// The window lead (replicas are replaced that long before a window ends, and the optimizer
+	// takes no window shorter) is shortened with the window.
+	e.extraEnv = append(append([]string{}, awsEnv...), "FERRY_JOB_RETRY_INTERVAL=500ms", "FERRY_JOB_WATCH_INTERVAL=200ms", "FERRY_WINDOW_LEAD=5s")
 	writeFile(t, filepath.Join(e.home, "config.yaml"), clouds.config())
 	start := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
 	clouds.futureReservation(t, "us-central1-b", "e2e-block", 1, start, start.Add(time.Hour))
