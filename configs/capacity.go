@@ -33,6 +33,10 @@ type Capacity struct {
 	// Reservation is the reservation or capacity block a reserved task uses, by name or id,
 	// or ReservationAny; "" unless Mode is reserved.
 	Reservation string `json:"reservation,omitempty"`
+	// NoQueue keeps a queued task out of the cloud's queue, leaving it reserved capacity
+	// first, then on-demand and spot. The parser sets it for services: a replica that
+	// waited would be relaunched under a new name, queueing a new request each time.
+	NoQueue bool `json:"no_queue,omitempty"`
 }
 
 // Capacity modes.
@@ -41,7 +45,8 @@ const (
 	// within the infra's provision timeout moves on to the next candidate, then fails.
 	CapacityOnDemand = "on_demand"
 	// CapacityQueued also takes capacity already paid for (an unused reservation) and waits in
-	// the cloud's queue (flex-start, a ProvisioningRequest) for the rest.
+	// the cloud's queue (flex-start, a ProvisioningRequest) for the rest; a service's replicas
+	// never wait in a queue (NoQueue).
 	CapacityQueued = "queued"
 	// CapacityReserved takes only a reservation or capacity block, waiting for its window.
 	CapacityReserved = "reserved"
@@ -133,8 +138,8 @@ func ParseDuration(s string) (time.Duration, bool) {
 }
 
 // capacity reads resources.capacity; rs are the resolved candidates, to check the mode
-// against where they may run.
-func (c *checker) capacity(e entry, field string, rs []Resources) *Capacity {
+// against where they may run, and isService refuses what only a job can do.
+func (c *checker) capacity(e entry, field string, rs []Resources, isService bool) *Capacity {
 	n := c.deref(e.value)
 	f, ok := c.fields(n, field, capacityKeys)
 	if !ok {
@@ -164,7 +169,7 @@ func (c *checker) capacity(e entry, field string, rs []Resources) *Capacity {
 	if !good {
 		return nil
 	}
-	if !c.capacityAgrees(out, f, field, rs) {
+	if !c.capacityAgrees(out, f, field, rs) || (isService && !c.serviceCapacity(out, f, field)) {
 		return nil
 	}
 	if out.Mode == CapacityReserved && out.Reservation == "" {
@@ -195,6 +200,17 @@ func (c *checker) capacityAgrees(cp *Capacity, f map[string]entry, field string,
 			at = f["reservation"].value
 		}
 		c.errorf(at, joinField(field, "mode"), "local has no reservations: give infra (gcp, aws, kubernetes or *) to use one")
+		return false
+	}
+	return true
+}
+
+// serviceCapacity keeps a service out of the cloud's queue (NoQueue) and refuses a run limit:
+// replicas run until scaled down (in a reservation they are replaced before it ends).
+func (c *checker) serviceCapacity(cp *Capacity, f map[string]entry, field string) bool {
+	cp.NoQueue = true
+	if e, ok := f["max_run_duration"]; ok {
+		c.errorf(e.keyNode, joinField(field, "max_run_duration"), "max_run_duration is a job's run limit: a service's replicas run until scaled down (in a reservation they are replaced before it ends)")
 		return false
 	}
 	return true

@@ -210,3 +210,30 @@ kubernetes:
 		t.Fatalf("errors %v, want the unknown key at line 3", got)
 	}
 }
+
+func TestServiceCapacity(t *testing.T) {
+	const head = "run: serve\nservice: {readiness_probe: /, replicas: 1, ports: 8080}\nresources:\n  infra: aws\n  accelerators: H100:8\n"
+	task, err := Parse("svc.yaml", []byte(head+"  capacity: {reservation: cr-0abc12345def67890}\n"), Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp := task.Resources.Capacity; cp == nil || cp.Mode != CapacityReserved {
+		t.Fatalf("a service in a reservation: %+v", cp)
+	}
+	task, err = Parse("svc.yaml", []byte(head+"  capacity: {mode: queued}\n"), Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp := task.Resources.Capacity; cp == nil || cp.Mode != CapacityQueued || !cp.NoQueue {
+		t.Fatalf("a queued service: %+v, want it kept out of the cloud's queue", cp)
+	}
+	job, err := Parse("job.yaml", []byte("run: x\nresources:\n  capacity: {mode: queued}\n"), Overrides{})
+	if err != nil || job.Resources.Capacity.NoQueue {
+		t.Fatalf("a queued job: %+v, %v; want it free to queue", job.Resources.Capacity, err)
+	}
+	want := wantErr{7, 5, "resources.capacity.max_run_duration", "a job's run limit"}
+	_, err = Parse("svc.yaml", []byte(head+"  capacity:\n    max_run_duration: 4h\n"), Overrides{})
+	if diff := cmp.Diff([]wantErr{want}, project(Errors(err), []wantErr{want})); diff != "" {
+		t.Errorf("errors mismatch (-want +got):\n%s\nfull error:\n%v", diff, err)
+	}
+}

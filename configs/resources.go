@@ -174,7 +174,7 @@ func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 	fillLocation(&r)
 	c.checkGPUShares(top, slices.Concat(anyOf, ordered), r)
 	if e, ok := f["capacity"]; ok {
-		r.setCapacity(c.capacity(e, joinField(field, "capacity"), r.Candidates()))
+		r.setCapacity(c.capacity(e, joinField(field, "capacity"), r.Candidates(), isService))
 	}
 
 	if isService {

@@ -20,9 +20,10 @@ import (
 // the request it made instead of queueing again. Only capacity.max_wait (mode queued or
 // reserved) ends the wait: the job is then FAILED_NO_RESOURCE and its request withdrawn.
 //
-// capacity.max_run_duration bounds each gang from the moment its nodes started: then every
-// node gets SIGTERM and the job's grace_period_seconds to checkpoint (the provider's Terminate,
-// as for a cancel), and the job ends FAILED, saying it reached its max_run_duration. FAILED,
+// capacity.max_run_duration bounds each gang from the moment its nodes started, and a
+// reservation's end (launcher.Instance.WindowEnd) bounds a gang in it, less the job's grace:
+// then every node gets SIGTERM and the job's grace_period_seconds to checkpoint (the
+// provider's Terminate, as for a cancel), and the job ends FAILED, saying which limit it hit. FAILED,
 // not SUCCEEDED: the program did not finish by itself (as a Kubernetes Job past its
 // activeDeadlineSeconds fails, and SkyPilot has no timeout state); nor is it recovered, since
 // the limit is the user's and would be hit again. Resubmit to go on from a checkpoint kept
@@ -67,14 +68,35 @@ func (m *Manager) waitedTooLong(j Job, err error) bool {
 	return true
 }
 
+// Run limits: RunLimit's values.
+const (
+	limitMaxRun      = "max_run_duration"
+	limitReservation = "reservation"
+)
+
 // started moves job j to RUNNING with reason: the wait is over, and the run limit starts.
+// A gang in a reservation is stopped its grace before the reservation ends, so that it
+// checkpoints before the cloud takes the nodes.
 func (m *Manager) started(j *Job, reason string) {
 	now := m.cfg.Now()
-	j.WaitingSince, j.InQueue, j.RunUntil = time.Time{}, false, time.Time{}
+	j.WaitingSince, j.InQueue, j.RunUntil, j.RunLimit = time.Time{}, false, time.Time{}, ""
 	if cp := j.Task.Resources.Capacity; cp != nil && cp.MaxRunDuration > 0 {
-		j.RunUntil = now.Add(cp.MaxRunDuration)
+		j.RunUntil, j.RunLimit = now.Add(cp.MaxRunDuration), limitMaxRun
+	}
+	grace := time.Duration(graceOf(*j)) * time.Second
+	for _, n := range j.Nodes {
+		if end := n.WindowEnd.Add(-grace); !n.WindowEnd.IsZero() && (j.RunUntil.IsZero() || end.Before(j.RunUntil)) {
+			j.RunUntil, j.RunLimit = end, limitReservation
+		}
 	}
 	j.setState(Running, reason, now)
+}
+
+func graceOf(j Job) int {
+	if j.Task.Job != nil {
+		return j.Task.Job.GracePeriodSeconds
+	}
+	return configs.DefaultJob().GracePeriodSeconds
 }
 
 // withdrawQueued asks the infras to drop job id's queued requests that its running gang does
@@ -94,15 +116,21 @@ func (m *Manager) withdrawQueued(ctx context.Context, j Job) {
 // timeUp stops job j's gang at its run limit: the verdict first (with the nodes recorded, so
 // that a controller killed now stops them on restart), then the nodes, with the job's grace.
 func (m *Manager) timeUp(ctx context.Context, j Job) {
-	grace := configs.DefaultJob().GracePeriodSeconds
-	if j.Task.Job != nil {
-		grace = j.Task.Job.GracePeriodSeconds
+	grace := graceOf(j)
+	var reason string
+	if j.RunLimit == limitReservation {
+		reason = fmt.Sprintf("its reservation ends at %s: stopped with SIGTERM and %ds to checkpoint before it does",
+			j.RunUntil.Add(time.Duration(grace)*time.Second).UTC().Format(time.RFC3339), grace)
+	} else {
+		var limit time.Duration
+		if cp := j.Task.Resources.Capacity; cp != nil {
+			limit = cp.MaxRunDuration
+		}
+		reason = fmt.Sprintf("reached its max_run_duration of %s (nodes started %s): stopped with SIGTERM and %ds to checkpoint",
+			configs.FormatDuration(limit), j.RunUntil.Add(-limit).UTC().Format(time.RFC3339), grace)
 	}
-	limit := j.Task.Resources.Capacity.MaxRunDuration
-	reason := fmt.Sprintf("reached its max_run_duration of %s (nodes started %s): stopped with SIGTERM and %ds to checkpoint",
-		configs.FormatDuration(limit), j.RunUntil.Add(-limit).UTC().Format(time.RFC3339), grace)
 	m.transition(j.ID, Failed, reason, nil)
-	m.log.Info("job reached its max_run_duration", zap.Int64("job", j.ID), zap.Duration("limit", limit))
+	m.log.Info("job reached its run limit", zap.Int64("job", j.ID), zap.String("limit", j.RunLimit), zap.Time("at", j.RunUntil))
 	m.release(ctx, j.ID, Failed, reason)
 }
 

@@ -173,3 +173,82 @@ run: |
 		}
 	}
 }
+
+// inWindow is the env's provider launching into a reservation that ends at end, as the
+// provisioner reports an instance placed there.
+type inWindow struct {
+	*gangs
+	end time.Time
+}
+
+func (w *inWindow) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([]launcher.Instance, error) {
+	insts, err := w.gangs.LaunchGang(ctx, spec, n)
+	for i := range insts {
+		insts[i].WindowEnd = w.end
+	}
+	return insts, err
+}
+
+// A gang in a reservation is stopped its grace before the reservation ends, cleanly: SIGTERM,
+// the grace to checkpoint, FAILED saying the reservation ended. A max_run_duration beyond the
+// window does not postpone it.
+func TestJobStopsBeforeItsReservationEnds(t *testing.T) {
+	e := newEnv(t)
+	end := time.Now().Add(3 * time.Second).Truncate(time.Second)
+	w := &inWindow{gangs: e.prov, end: end}
+	e.stop()
+	m, err := jobs.New(jobs.Config{Provider: w, Store: e.store, Dir: filepath.Join(e.home, "jobs"),
+		WatchInterval: 50 * time.Millisecond, RetryInterval: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.m, e.stop = m, func() { cancel(); m.Stop() }
+
+	out := t.TempDir()
+	j := e.submit(fmt.Sprintf(`resources:
+  capacity: {max_run_duration: 1h}
+job: {grace_period_seconds: 2}
+envs: {OUT: %s}
+run: |
+  trap 'echo saved > "$OUT/ckpt"; exit 0' TERM
+  while true; do sleep 0.05; done
+`, out))
+	r := e.waitState(j.ID, jobs.Running)
+	if !r.RunUntil.Equal(end.Add(-2*time.Second)) || r.RunLimit != "reservation" || !r.Nodes[0].WindowEnd.Equal(end) {
+		t.Fatalf("run until %v (%s), node window %v; want the reservation's end %v less the 2s grace", r.RunUntil, r.RunLimit, r.Nodes[0].WindowEnd, end)
+	}
+	f := e.waitState(j.ID, jobs.Failed)
+	if want := "its reservation ends at " + end.UTC().Format(time.RFC3339); !strings.Contains(f.Reason, want) {
+		t.Errorf("reason %q lacks %q", f.Reason, want)
+	}
+	if got := read(t, filepath.Join(out, "ckpt")); got != "saved\n" {
+		t.Errorf("the program wrote %q in its grace, want saved", got)
+	}
+}
+
+// A controller restarted while a job waits in a cloud's queue asks for the same request: the
+// wait, its start and the attempt survive.
+func TestQueuedJobSurvivesRestart(t *testing.T) {
+	e := newEnv(t)
+	since := time.Now().Add(-time.Hour).Truncate(time.Second)
+	q := withQueue(e, since)
+	j := e.submit("resources:\n  capacity: {mode: queued}\nrun: exec sleep 600\n")
+	e.waitFor(j.ID, 10*time.Second, "queued", func(j jobs.Job) bool { return j.InQueue })
+	q.mu.Lock()
+	first := q.names[0]
+	q.mu.Unlock()
+
+	q2 := withQueue(e, since.Add(time.Minute)) // a new controller process, same store
+	e.waitFor(j.ID, 10*time.Second, "asked again after the restart", func(jobs.Job) bool { return q2.calls() >= 2 })
+	w, _ := e.m.Get(j.ID)
+	q2.mu.Lock()
+	defer q2.mu.Unlock()
+	if q2.names[0] != first || q2.attempts[0] != "1" || w.Attempt != 1 || !w.WaitingSince.Equal(since) || w.State != jobs.Pending {
+		t.Fatalf("after the restart: asked for %s attempt %s (want %s, 1); job attempt %d, waiting since %v (want %v), %s",
+			q2.names[0], q2.attempts[0], first, w.Attempt, w.WaitingSince, since, w.State)
+	}
+}

@@ -137,7 +137,7 @@ func (m *Manager) launch(parent context.Context, id int64) {
 		zap.Float64("price_per_hour", started.PricePerHour()))
 	done() // the watch owns the nodes from here
 	m.startWatch(id)
-	m.withdrawQueued(ctx, started)
+	m.spawn("withdraw", func() { m.withdrawQueued(ctx, started) }) // capacity.go
 }
 
 // waitingForCapacity starts the reason of a job that found no capacity and is tried again.
@@ -259,7 +259,7 @@ func nodesOf(insts []launcher.Instance) []Node {
 			rank = r
 		}
 		out[i] = Node{Rank: rank, InstanceID: in.ID, IP: in.IP, Infra: in.Infra, Region: in.Region,
-			Zone: in.Zone, Spot: in.Spot, Price: in.PricePerHour}
+			Zone: in.Zone, Spot: in.Spot, Price: in.PricePerHour, WindowEnd: in.WindowEnd}
 	}
 	slices.SortFunc(out, func(a, b Node) int { return cmp.Compare(a.Rank, b.Rank) })
 	return out

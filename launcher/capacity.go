@@ -109,6 +109,10 @@ func AsQueued(err error) (QueuedError, bool) {
 	return QueuedError{}, false
 }
 
+// QueueWaitUnknown is an Offering's QueueWait when the queue's wait cannot be told: still
+// queued capacity, ranked before the queues known to be longer.
+const QueueWaitUnknown time.Duration = 1
+
 // DefaultWindowLead is how long before a reservation's end a service replica in it is
 // replaced (configurable in replicas): enough to launch and warm a replacement.
 const DefaultWindowLead = 10 * time.Minute

@@ -95,7 +95,7 @@ case ("a100" matches A100 and A100-80GB).`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if reservations {
-				return showReservations(cmd.Context(), cmd.OutOrStdout()) // reservations.go
+				return showReservations(cmd.Context(), cmd.OutOrStdout(), infraFlag) // reservations.go
 			}
 			name := ""
 			if len(args) == 1 {

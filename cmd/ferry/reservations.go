@@ -8,18 +8,27 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/ferryserve/ferry/internal/infra"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/provision"
 )
 
 // showReservations is `ferry show-gpus --reservations`: the reservations and capacity blocks
 // every enabled infra holds (launcher.Reserver), with their windows and use.
-func showReservations(ctx context.Context, out io.Writer) error {
+// which (--infra) keeps one infra's.
+func showReservations(ctx context.Context, out io.Writer, which string) error {
 	return withInfras(ctx, func(ctx context.Context, set *infra.Set) error {
 		list, errs := set.Reservations(ctx)
+		if which = strings.ToLower(which); which == "k8s" {
+			which = "kubernetes"
+		}
+		if which != "" {
+			list = slices.DeleteFunc(list, func(r launcher.ReservationOffer) bool { return !provision.InfraMatches(which, r.Infra) })
+		}
 		return writeReservations(out, list, errs, time.Now())
 	})
 }

@@ -24,7 +24,7 @@ import (
 //   - then queued capacity, shortest expected wait first, then price.
 //
 // capacity.mode on_demand (or none) is Plan unchanged; reserved keeps only the first tier;
-// queued keeps all three. Candidates of every alternative share one tier (a free reservation
+// queued keeps all three, or the first two with NoQueue (a service). Candidates of every alternative share one tier (a free reservation
 // beats ordered[0] at a price); within a tier earlier alternatives come first.
 
 // CapacityOptions are what PlanCapacity measures windows against.
@@ -54,7 +54,7 @@ func PlanCapacity(r configs.Resources, infras []Infra, o CapacityOptions) ([]Can
 		return nil, err
 	}
 	out := slices.Concat(reserved, plain)
-	if mode == configs.CapacityQueued {
+	if mode == configs.CapacityQueued && !r.Capacity.NoQueue {
 		out = append(out, queued...)
 	}
 	if len(out) == 0 {
@@ -281,9 +281,9 @@ func formatWait(d time.Duration) string {
 // waitCell and windowCell are the plan table's WAIT and WINDOW columns.
 func waitCell(c *Candidate) string {
 	switch {
-	case c.Placement.Queued && c.Wait > 0:
+	case c.Placement.Queued && c.Wait >= time.Second:
 		return "~" + formatWait(c.Wait)
-	case c.Wait > 0:
+	case c.Wait >= time.Second:
 		return formatWait(c.Wait)
 	case c.Placement.Queued:
 		return "queued"

@@ -97,6 +97,7 @@ func TestPlanCapacityModes(t *testing.T) {
 		"max_run_duration longer than the window":       {cp: &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "any", MaxRunDuration: 2 * time.Hour}, want: []string{"cr-b"}},
 		"window opens after max_wait":                   {cp: &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "cr-a", MaxWait: 10 * time.Minute}, none: true},
 		"queued: the 3h queue is past max_wait":         {cp: &configs.Capacity{Mode: configs.CapacityQueued, MaxWait: time.Hour}, want: []string{"cr-b", "cr-a", "od"}},
+		"a queued service never queues":                 {cp: &configs.Capacity{Mode: configs.CapacityQueued, NoQueue: true}, want: []string{"cr-b", "cr-a", "od"}},
 		"queued without a limit ends in the queue":      {cp: &configs.Capacity{Mode: configs.CapacityQueued}, want: []string{"cr-b", "cr-a", "od"}},
 	}
 	for name, tc := range tests {
@@ -127,7 +128,7 @@ func TestPlanCapacityModes(t *testing.T) {
 			if strings.Join(got, ",") != strings.Join(tc.want, ",") {
 				t.Errorf("order %v, want %v", got, tc.want)
 			}
-			wantQueue := tc.cp != nil && tc.cp.Mode == configs.CapacityQueued && tc.cp.MaxWait == 0
+			wantQueue := tc.cp != nil && tc.cp.Mode == configs.CapacityQueued && tc.cp.MaxWait == 0 && !tc.cp.NoQueue
 			if queued != wantQueue {
 				t.Errorf("queued candidate present = %v, want %v", queued, wantQueue)
 			}
