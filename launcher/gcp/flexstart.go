@@ -215,6 +215,7 @@ func (p *Provider) insertFlex(ctx context.Context, specs []launcher.Spec, zone s
 		vm, err := p.instanceFor(s, zone)
 		if err == nil {
 			flexVM(vm, run, wait)
+			withGrace(vm, s)
 			err = p.insertAndWait(ctx, zone, vm)
 		}
 		if err != nil {

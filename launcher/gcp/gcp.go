@@ -404,6 +404,7 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	if reserved != nil {
 		reserved.reserve(vm)
 	}
+	withGrace(vm, spec)
 	if err := p.ensureFirewall(ctx, portOf(spec), ""); err != nil {
 		return launcher.Instance{}, err
 	}
@@ -538,13 +539,14 @@ func (p *Provider) deleteQuietly(zone, name string) {
 	}
 }
 
-// Terminate deletes the VM and waits for the delete operation. A VM that is already gone is
-// not an error.
+// Terminate deletes the VM and waits for the delete operation; a running job node's program is
+// stopped with its grace period first. A VM that is already gone is not an error.
 func (p *Provider) Terminate(ctx context.Context, id string) error {
 	zone, name, err := parseID(id)
 	if err != nil {
 		return err
 	}
+	p.stopGracefully(ctx, zone, name) // a job node's run gets SIGTERM and its grace (stop.go)
 	return p.delete(ctx, zone, name)
 }
 

@@ -339,12 +339,16 @@ func (t reservationTarget) reserve(vm *computepb.Instance) {
 	}
 }
 
-// watchFor is the job node's watcher for spec: GCE's preemption notice, and, when the node's
-// capacity ends at a known time (its reservation's window) or after a run limit
-// (resources.capacity.max_run_duration, GCE's maxRunDuration), that end: the run gets SIGTERM
-// its grace period (at least the poll) before it, with the seconds left in the preemption
-// file, so it checkpoints before GCE stops the VM.
+// watchFor is the job node's watcher for spec: GCE's preemption notice; Ferry's stop request
+// (metaStop, which Terminate sets, stop.go); and, when the node's capacity ends at a known time
+// (its reservation's window) or after a run limit (resources.capacity.max_run_duration, GCE's
+// maxRunDuration, counted from boot), that end. On any of them the run gets SIGTERM: for an
+// end, its grace period (at least the poll) before it; for a stop request, with its grace
+// ahead. The seconds left go to the preemption file, so it checkpoints before the VM goes.
 func watchFor(spec launcher.Spec) launcher.PreemptionWatch {
+	if spec.Job == nil {
+		return preemptionWatch
+	}
 	end := ""
 	if !spec.Placement.WindowEnd.IsZero() {
 		end = strconv.FormatInt(spec.Placement.WindowEnd.Unix(), 10)
@@ -357,16 +361,28 @@ func watchFor(spec launcher.Spec) launcher.PreemptionWatch {
 			end = `$(( ` + run + ` < ` + end + ` ? ` + run + ` : ` + end + ` ))`
 		}
 	}
-	if end == "" || spec.Job == nil {
-		return preemptionWatch
-	}
-	grace := max(int64(spec.Job.Grace/time.Second), preemptionPoll)
 	w := preemptionWatch
-	w.Locals += "\nlocal ferry_end=" + end + "\nlocal ferry_stop=$(( ferry_end - " + strconv.FormatInt(grace, 10) + " ))"
-	w.Warned = `{ [ "$(date +%s)" -ge "$ferry_stop" ] || ` + preemptionWatch.Warned + `; }`
-	w.SecondsLeft = `if [ "$(date +%s)" -ge "$ferry_stop" ]; then left=$(( ferry_end - $(date +%s) )); [ "$left" -ge 0 ] || left=0; fi`
-	w.Warning = "capacity window end or preemption notice"
+	stopAsked := `[ "$(` + metadataGet("instance/attributes/"+metaStop) + `)" = TRUE ]`
+	w.Locals += "\nlocal ferry_grace=" + strconv.FormatInt(graceSeconds(spec), 10)
+	w.Warned = `{ ` + stopAsked + ` || ` + preemptionWatch.Warned + `; }`
+	w.SecondsLeft = `if ` + stopAsked + `; then left=$ferry_grace; fi`
+	w.Warning = "stop request or preemption notice"
+	if end != "" {
+		w.Locals += "\nlocal ferry_end=" + end + "\nlocal ferry_stop=$(( ferry_end - ferry_grace ))"
+		w.Warned = `{ [ "$(date +%s)" -ge "$ferry_stop" ] || ` + stopAsked + ` || ` + preemptionWatch.Warned + `; }`
+		w.SecondsLeft = `if [ "$(date +%s)" -ge "$ferry_stop" ]; then left=$(( ferry_end - $(date +%s) )); [ "$left" -ge 0 ] || left=0; elif ` +
+			stopAsked + `; then left=$ferry_grace; fi`
+		w.Warning = "capacity window end, stop request or preemption notice"
+	}
 	return w
+}
+
+// graceSeconds is a job node's grace period in whole seconds, at least the watcher's poll.
+func graceSeconds(spec launcher.Spec) int64 {
+	if spec.Job == nil {
+		return preemptionPoll
+	}
+	return max(int64(spec.Job.Grace/time.Second), preemptionPoll)
 }
 
 // reservationFor resolves the reservation spec asks for in zone (nil: none) and sets the
