@@ -75,6 +75,12 @@ func TestJobInGCPCalendarReservation(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "reserved.yaml")
 	writeFile(t, file, reservedJobYAML)
 
+	// The listing reads it through the provider's Reservations.
+	list := e.mustRun("show-gpus", "--reservations")
+	if !strings.Contains(list, "e2e-block-res") || !strings.Contains(list, "gcp-future-reservation") || !strings.Contains(list, "a3-highgpu-8g") {
+		t.Errorf("show-gpus --reservations lacks the future reservation:\n%s", list)
+	}
+
 	id := e.launchDetached(file)
 	j := e.waitJob(id, time.Minute, "pending for the window", func(j jobView) bool {
 		return j.State == "PENDING" && strings.Contains(j.Reason, "starts at "+start.Format(time.RFC3339))
