@@ -74,6 +74,9 @@ type KubernetesConfig struct {
 	// GPUSchedulerName is the schedulerName of pods that share a GPU ("" is HAMi's
 	// hami-scheduler); clusters that deploy HAMi under another name set it.
 	GPUSchedulerName string `json:"gpu_scheduler_name,omitempty"`
+	// KueueLocalQueue is the Kueue LocalQueue queued jobs are submitted to ("": detected,
+	// see capacity.go).
+	KueueLocalQueue string `json:"kueue_local_queue,omitempty"`
 }
 
 // CloudConfig is the aws or gcp section.
@@ -108,6 +111,9 @@ type KubernetesContext struct {
 	Name        string  `json:"name"`
 	Namespace   string  `json:"namespace,omitempty"`
 	CostPerHour float64 `json:"cost_per_hour,omitempty"`
+	// QueuedProvisioning is set for a context whose cluster provisions nodes for queued
+	// requests (GKE's queued provisioning), nil otherwise (capacity.go).
+	QueuedProvisioning *QueuedProvisioning `json:"queued_provisioning,omitempty"`
 }
 
 var (
@@ -115,8 +121,8 @@ var (
 	awsKeys         = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs"}
 	gcpKeys         = []string{"project", "regions", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
 	kubernetesKeys  = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs",
-		"checkpoint_size", "checkpoint_storage_class", "gpu_scheduler_name"}
-	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour"}
+		"checkpoint_size", "checkpoint_storage_class", "gpu_scheduler_name", "kueue_local_queue"}
+	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour", "queued_provisioning"}
 	maxKubeContexts   = 64
 	maxProvisionDelay = 24 * 3600
 )
@@ -239,6 +245,9 @@ func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
 				k.GPUSchedulerName = v
 			}
 		}
+	}
+	if e, ok := f["kueue_local_queue"]; ok {
+		k.KueueLocalQueue = c.kueueLocalQueue(e.value, joinField(field, "kueue_local_queue"))
 	}
 	if e, ok := f["contexts"]; ok {
 		fld := joinField(field, "contexts")
@@ -503,6 +512,9 @@ func (c *checker) kubeContext(n *yaml.Node, field string) (KubernetesContext, bo
 				}
 				ctx.CostPerHour = v
 			}
+		}
+		if e, ok := f["queued_provisioning"]; ok {
+			ctx.QueuedProvisioning = c.queuedProvisioning(e.value, joinField(field, "queued_provisioning"))
 		}
 	}
 	if strings.TrimSpace(ctx.Name) == "" {

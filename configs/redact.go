@@ -310,6 +310,7 @@ type resolvedResources struct {
 	Labels       map[string]text     `yaml:"labels,omitempty"`
 	Autostop     *Autostop           `yaml:"autostop,omitempty"`
 	GPUShare     *GPUShare           `yaml:"gpu_share,omitempty"`
+	Capacity     *Capacity           `yaml:"capacity,omitempty"`
 	AnyOf        []resolvedResources `yaml:"any_of,omitempty"`
 	Ordered      []resolvedResources `yaml:"ordered,omitempty"`
 	JobRecovery  *resolvedRecovery   `yaml:"job_recovery,omitempty"`
@@ -330,6 +331,7 @@ func toResolvedResources(r Resources) resolvedResources {
 		Labels:       textMap(r.Labels),
 		Autostop:     r.Autostop,
 		GPUShare:     r.GPUShare,
+		Capacity:     r.Capacity,
 	}
 	if r.isPreferenceList() {
 		// Written back as the list it came from, which means the same ordered alternatives.
@@ -348,11 +350,14 @@ func toResolvedResources(r Resources) resolvedResources {
 				&yaml.Node{Kind: yaml.ScalarNode, Tag: countTag(a.Count), Value: formatCount(a.Count)})
 		}
 	}
+	// capacity is written once, at the top, where it is read; alternatives inherit it.
 	for _, alt := range r.AnyOf {
 		out.AnyOf = append(out.AnyOf, toResolvedResources(alt))
+		out.AnyOf[len(out.AnyOf)-1].Capacity = nil
 	}
 	for _, alt := range r.Ordered {
 		out.Ordered = append(out.Ordered, toResolvedResources(alt))
+		out.Ordered[len(out.Ordered)-1].Capacity = nil
 	}
 	return out
 }

@@ -14,7 +14,7 @@ import (
 )
 
 var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered", "job_recovery",
-	"instance_type", "labels", "autostop", "disk_tier", "gpu_share", "objective"}
+	"instance_type", "labels", "autostop", "disk_tier", "gpu_share", "objective", "capacity"}
 
 // infraClouds are the first segments `infra` accepts ("*" means anywhere Ferry can launch).
 var infraClouds = []string{InfraLocal, "kubernetes", "k8s", "aws", "gcp", "*"}
@@ -115,6 +115,7 @@ func (r Resources) clone() Resources {
 	out.AnyOf = cloneAll(r.AnyOf)
 	out.Ordered = cloneAll(r.Ordered)
 	out.GPUShare = r.GPUShare.clone()
+	out.Capacity = r.Capacity.clone()
 	return out
 }
 
@@ -174,6 +175,9 @@ func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 	r.Ordered = mergeAll(top.r, ordered, located)
 	fillLocation(&r)
 	c.checkGPUShares(top, slices.Concat(anyOf, ordered), r)
+	if e, ok := f["capacity"]; ok {
+		r.setCapacity(c.capacity(e, joinField(field, "capacity"), r.Candidates(), isService))
+	}
 
 	if isService && !r.Objective.PerWork() {
 		c.checkSpotAgreement(&r, "any_of", anyOf, r.AnyOf)
@@ -416,7 +420,7 @@ func (c *checker) alternatives(e entry, field string) []resourceSpec {
 			c.errorf(jr.keyNode, joinField(itemField, "job_recovery"), "job_recovery applies to the whole job: set it once, at the top of resources")
 		}
 		// The launcher sees the top-level block, not which alternative a placement came from.
-		for _, k := range []string{"autostop", "labels", "disk_tier"} {
+		for _, k := range []string{"autostop", "labels", "disk_tier", "capacity"} {
 			if e, ok := f[k]; ok {
 				c.errorf(e.keyNode, joinField(itemField, k), "%s applies to every node of the task: set it once, at the top of resources", k)
 			}

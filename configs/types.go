@@ -66,6 +66,9 @@ type Resources struct {
 	GPUShare *GPUShare `json:"gpu_share,omitempty"`
 	// Objective is what the optimizer minimises among the candidates (objective.go).
 	Objective Objective `json:"objective,omitzero"`
+	// Capacity is `capacity` (capacity.go): queued or reserved capacity. Nil when not written
+	// (on-demand); set only at the top of resources, and copied into every alternative.
+	Capacity *Capacity `json:"capacity,omitempty"`
 	// AnyOf alternatives: the cheapest feasible one wins.
 	AnyOf []Resources `json:"any_of,omitempty"`
 	// Ordered alternatives: the first feasible one wins.

@@ -52,7 +52,7 @@ func (m *Manager) adopt(ctx context.Context, id int64) {
 			m.update(id, func(cur *Job) bool {
 				cur.Nodes = nodesOf(current)
 				cur.CostSince = m.cfg.Now()
-				cur.setState(Running, "adopted after a controller restart", m.cfg.Now())
+				m.started(cur, "adopted after a controller restart")
 				return true
 			})
 			m.stopStrays(ctx, id, j.Attempt)

@@ -90,6 +90,16 @@ type Job struct {
 	// added up.
 	Cost      float64   `json:"cost"`
 	CostSince time.Time `json:"cost_since,omitzero"`
+
+	// WaitingSince is when the job began waiting for capacity (the cloud's own time for a
+	// queued request), zero while it is not waiting; InQueue says its last launch is held in
+	// a cloud's queue (launcher.ErrQueued), which the next try finds again (capacity.go).
+	WaitingSince time.Time `json:"waiting_since,omitzero"`
+	InQueue      bool      `json:"in_queue,omitempty"`
+	// RunUntil is when the current gang is stopped: its start plus capacity.max_run_duration,
+	// or its grace before its reservation ends if that is sooner; RunLimit says which.
+	RunUntil time.Time `json:"run_until,omitzero"`
+	RunLimit string    `json:"run_limit,omitempty"`
 }
 
 // Node is one node of a job's current gang.
@@ -105,6 +115,8 @@ type Node struct {
 	// ReclaimAt is when the node's infra warned it would take it back (a spot interruption
 	// warning); zero when not warned.
 	ReclaimAt time.Time `json:"reclaim_at,omitzero"`
+	// WindowEnd is when the reservation the node runs in ends, and the node with it.
+	WindowEnd time.Time `json:"window_end,omitzero"`
 }
 
 // Recovery is one relaunch: why, from where, and how long the job was not running.

@@ -309,7 +309,7 @@ func (m *Manager) transition(id int64, s State, reason string, also func(j *Job)
 // Cancel stops a job in any state that is not over: a waiting job is CANCELLED at once; one
 // with nodes goes CANCELLING while they stop (with the job's grace), then CANCELLED.
 func (m *Manager) Cancel(id int64) (Job, error) {
-	var hadNodes bool
+	var hadNodes, queued bool
 	var stop context.CancelFunc
 	j, ok := m.update(id, func(j *Job) bool { // runs under m.mu
 		if j.State.Terminal() || j.State == Cancelling {
@@ -319,6 +319,7 @@ func (m *Manager) Cancel(id int64) (Job, error) {
 			stop = o.cancel
 		}
 		hadNodes = len(j.Nodes) > 0 || stop != nil
+		queued = j.InQueue
 		if hadNodes {
 			j.setState(Cancelling, "cancelled by the user; stopping its nodes", m.cfg.Now())
 		} else {
@@ -339,7 +340,8 @@ func (m *Manager) Cancel(id int64) (Job, error) {
 	m.log.Info("job cancelled", zap.Int64("job", id), zap.String("state", string(j.State)))
 	if stop != nil {
 		stop() // the launch or the watch sees CANCELLING and stops the nodes
-	} else if hadNodes {
+	} else if hadNodes || queued {
+		// Also a request held in a cloud's queue: release withdraws it (CleanupJob).
 		m.spawn("cancel", func() { m.release(m.ctx, id, Cancelled, "cancelled by the user") })
 	}
 	return j, nil

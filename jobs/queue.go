@@ -86,9 +86,12 @@ func (m *Manager) launch(parent context.Context, id int64) {
 		if (j.State != Pending && j.State != Recovering) || len(j.Nodes) > 0 {
 			return false
 		}
-		j.Attempt++
+		if !j.InQueue {
+			// A queued request is found again by its attempt's labels (capacity.go).
+			j.Attempt++
+		}
 		switch {
-		case strings.HasPrefix(j.Reason, waitingForCapacity):
+		case strings.HasPrefix(j.Reason, waitingForCapacity) || j.InQueue:
 			// Trying again: it stays as it was, saying why it waits, rather than flickering
 			// through STARTING at every try.
 		case j.State == Pending:
@@ -115,7 +118,7 @@ func (m *Manager) launch(parent context.Context, id int64) {
 		cur.Nodes = nodesOf(insts)
 		cur.CostSince = m.cfg.Now()
 		to := cur.Where()
-		cur.setState(Running, fmt.Sprintf("%d node(s) on %s", len(insts), to), m.cfg.Now())
+		m.started(cur, fmt.Sprintf("%d node(s) on %s", len(insts), to))
 		if h := len(cur.History); h > 0 && cur.History[h-1].ResumedAt.IsZero() {
 			r := &cur.History[h-1]
 			r.ResumedAt, r.To = m.cfg.Now(), to
@@ -134,6 +137,7 @@ func (m *Manager) launch(parent context.Context, id int64) {
 		zap.Float64("price_per_hour", started.PricePerHour()))
 	done() // the watch owns the nodes from here
 	m.startWatch(id)
+	m.spawn("withdraw", func() { m.withdrawQueued(ctx, started) }) // capacity.go
 }
 
 // waitingForCapacity starts the reason of a job that found no capacity and is tried again.
@@ -157,8 +161,13 @@ func (m *Manager) launchFailed(ctx context.Context, j Job, err error) {
 	case errors.Is(err, launcher.ErrInvalid):
 		m.transition(j.ID, FailedNoResource, "no enabled infra can run it: "+err.Error(), nil)
 		m.release(ctx, j.ID, FailedNoResource, "")
+	case m.waitedTooLong(j, err):
+		m.release(ctx, j.ID, FailedNoResource, "") // withdraws a queued request (capacity.go)
 	default:
-		m.transition(j.ID, back, waitingForCapacity+err.Error(), nil)
+		since := waitStart(j, err, m.cfg.Now())
+		m.transition(j.ID, back, waitReason(err, since), func(cur *Job) {
+			cur.WaitingSince, cur.InQueue = since, errors.Is(err, launcher.ErrQueued)
+		})
 		m.log.Info("job waits for capacity", zap.Int64("job", j.ID), zap.Error(err))
 	}
 }
@@ -251,7 +260,7 @@ func nodesOf(insts []launcher.Instance) []Node {
 			rank = r
 		}
 		out[i] = Node{Rank: rank, InstanceID: in.ID, IP: in.IP, Infra: in.Infra, Region: in.Region,
-			Zone: in.Zone, Spot: in.Spot, Price: in.PricePerHour}
+			Zone: in.Zone, Spot: in.Spot, Price: in.PricePerHour, WindowEnd: in.WindowEnd}
 	}
 	slices.SortFunc(out, func(a, b Node) int { return cmp.Compare(a.Rank, b.Rank) })
 	return out

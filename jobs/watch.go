@@ -37,6 +37,8 @@ func (m *Manager) startWatch(id int64) {
 func (m *Manager) watch(ctx context.Context, id int64) {
 	t := time.NewTicker(m.cfg.WatchInterval)
 	defer t.Stop()
+	limit, stopLimit := m.deadline(id) // capacity.go
+	defer stopLimit()
 	var w watchState
 	for {
 		select {
@@ -46,6 +48,7 @@ func (m *Manager) watch(ctx context.Context, id int64) {
 			}
 			return
 		case <-t.C:
+		case <-limit:
 		}
 		if m.look(ctx, id, &w) {
 			return
@@ -69,6 +72,10 @@ const spotSettle = 15 * time.Second
 func (m *Manager) look(ctx context.Context, id int64, w *watchState) bool {
 	j, err := m.Get(id)
 	if err != nil || j.State != Running {
+		return true
+	}
+	if !j.RunUntil.IsZero() && !m.cfg.Now().Before(j.RunUntil) {
+		m.timeUp(ctx, j)
 		return true
 	}
 	lctx, cancel := context.WithTimeout(ctx, time.Minute)

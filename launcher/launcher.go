@@ -143,6 +143,13 @@ type Placement struct {
 	MemoryGiB        float64 `json:"memory_gib,omitempty"`
 	Spot             bool    `json:"spot,omitempty"`
 	PricePerHour     float64 `json:"price_per_hour"`
+	// Reservation, Queued and the window are where the capacity comes from (capacity.go):
+	// the reservation or block id to launch into ("" none), whether to wait in the cloud's
+	// queue, and the reservation's window (zero: none; the nodes end at WindowEnd).
+	Reservation string    `json:"reservation,omitempty"`
+	Queued      bool      `json:"queued,omitempty"`
+	WindowStart time.Time `json:"window_start,omitzero"`
+	WindowEnd   time.Time `json:"window_end,omitzero"`
 }
 
 // State is an instance's state as its infra reports it.
@@ -181,6 +188,10 @@ type Instance struct {
 	// IP is the address other nodes of a gang reach this one at (a private IP, a pod IP, a
 	// loopback address on local); "" until known.
 	IP string `json:"ip,omitempty"`
+	// WindowEnd is when the reservation or capacity block the instance runs in ends, and the
+	// instance with it (zero: none); the provisioner fills it from the placement, a provider's
+	// List reports it where it can (capacity.go).
+	WindowEnd time.Time `json:"window_end,omitzero"`
 }
 
 // Exited reports whether the instance's program ended by itself, and with which status.
@@ -224,6 +235,10 @@ type Offering struct {
 	// SharesGPU is set when some node with this accelerator shares GPUs (HAMi), so a
 	// fractional or memory/cores request (configs.Resources.SharedGPU) fits here.
 	SharesGPU bool `json:"shares_gpu,omitempty"`
+	// Reservation is set for capacity already reserved (paid for whether used or not);
+	// QueueWait for capacity reached through the cloud's queue: its expected wait (capacity.go).
+	Reservation *ReservationOffer `json:"reservation,omitempty"`
+	QueueWait   time.Duration     `json:"queue_wait,omitempty"`
 }
 
 // Offerer is an optional Provider capability for infras whose shapes are not in the catalog
@@ -280,6 +295,9 @@ var (
 	ErrInvalid      = errors.New("invalid request")
 	ErrPreempted    = errors.New("preempted")
 	ErrNotFound     = errors.New("instance not found")
+	// ErrQueued says the launch is waiting in the cloud's queue or for a reservation's window
+	// (QueuedError): not a failure, the caller keeps the task pending (capacity.go).
+	ErrQueued = errors.New("waiting for capacity")
 )
 
 // IsRetryable reports whether a launch error is about the location (capacity, quota,

@@ -51,6 +51,9 @@ type Config struct {
 	Busy func(addr string) int64
 	// DrainTimeout bounds how long a scaled-down replica drains; default DefaultDrainTimeout.
 	DrainTimeout time.Duration
+	// WindowLead is how long before its reservation's end a replica is replaced (window.go);
+	// default launcher.DefaultWindowLead.
+	WindowLead time.Duration
 	// InfraRank orders infras by preference for scale-down (see planInput.InfraRank); nil
 	// treats every infra alike.
 	InfraRank map[string]int
@@ -136,6 +139,9 @@ type Manager struct {
 	// notices are the instances an infra warned will be reclaimed (spot interruption
 	// notices), with when; their replicas serve on but are replaced now.
 	notices map[string]time.Time
+	// windowEnds are instances whose reservation ends later than the lead: noticed once
+	// within it (window.go).
+	windowEnds map[string]time.Time
 	// versions by number, target the version new replicas launch as, rollout the latest
 	// rollout (nil if none).
 	versions map[int]Version
@@ -208,6 +214,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = DefaultDrainTimeout
+	}
+	if cfg.WindowLead <= 0 {
+		cfg.WindowLead = launcher.DefaultWindowLead
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -293,6 +302,9 @@ func (m *Manager) Resync() { m.kickLoop() }
 // loss; its zone is avoided for spot launches from now on. It reports whether the instance was
 // this service's; other instances are ignored.
 func (m *Manager) Notice(instance string, at time.Time) bool {
+	if m.deferNotice(instance, at) { // a reservation's end, known ahead: window.go
+		return true
+	}
 	m.mu.Lock()
 	var hit *replica
 	for _, r := range m.replicas {

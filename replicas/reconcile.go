@@ -147,6 +147,7 @@ func (m *Manager) planInputLocked(now time.Time) planInput {
 		InfraRank:           m.cfg.InfraRank,
 		Mix:                 m.mixLocked(),
 	}
+	m.dueWindowsLocked(now) // window.go
 	for _, id := range sortedKeys(m.replicas) {
 		r := m.replicas[id]
 		switch {

@@ -158,10 +158,10 @@ func TestManagerReplacesNoticedReplica(t *testing.T) {
 	if h.m.Notice("not-ours", time.Now()) {
 		t.Error("Notice of an unknown instance reported it as this service's")
 	}
-	if !h.m.Notice(inst, time.Now().Add(2*time.Minute)) {
+	if !h.m.Notice(inst, h.clock.Now().Add(2*time.Minute)) {
 		t.Fatalf("Notice(%s) of replica %d: not recognised", inst, victim)
 	}
-	h.m.Notice(inst, time.Now().Add(2*time.Minute)) // a repeated notice changes nothing
+	h.m.Notice(inst, h.clock.Now().Add(2*time.Minute)) // a repeated notice changes nothing
 	eventually(t, "a spot replacement and the on-demand fallback (shortfall and one more) launched, the zone reported", func() bool {
 		prov.mu.Lock()
 		reported := len(prov.preempted) == 1 && prov.preempted[0].ID == inst

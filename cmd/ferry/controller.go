@@ -126,6 +126,8 @@ func newControllerCmd() *cobra.Command {
 	addStoreFlags(f, &opts.Store)
 	addWebhookFlags(f, &opts)
 	addElectionFlags(f, &election, &envErrs)
+	f.DurationVar(&opts.WindowLead, "window-lead", envDuration("FERRY_WINDOW_LEAD", &envErrs),
+		"how long before a reservation or capacity block ends its replicas are replaced (0: 10m; $FERRY_WINDOW_LEAD)")
 	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
 	return cmd
 }

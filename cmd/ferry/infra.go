@@ -81,6 +81,7 @@ func plural(n int) string {
 
 func newShowGPUsCmd() *cobra.Command {
 	var infraFlag string
+	var reservations bool
 	cmd := &cobra.Command{
 		Use:   "show-gpus [NAME]",
 		Short: "List the GPUs each infra offers, with prices",
@@ -89,9 +90,13 @@ live), and AWS and GCP from the embedded SkyPilot catalog. NAME filters by GPU n
 case ("a100" matches A100 and A100-80GB).`,
 		Example: `  ferry show-gpus
   ferry show-gpus a100 --infra gcp
-  ferry show-gpus --infra kubernetes`,
+  ferry show-gpus --infra kubernetes
+  ferry show-gpus --reservations`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if reservations {
+				return showReservations(cmd.Context(), cmd.OutOrStdout(), infraFlag) // reservations.go
+			}
 			name := ""
 			if len(args) == 1 {
 				name = args[0]
@@ -100,6 +105,7 @@ case ("a100" matches A100 and A100-80GB).`,
 		},
 	}
 	cmd.Flags().StringVar(&infraFlag, "infra", "", "only this infra: kubernetes, aws or gcp")
+	cmd.Flags().BoolVar(&reservations, "reservations", false, "list reservations and capacity blocks, with their windows and use")
 	return cmd
 }
 

@@ -238,6 +238,9 @@ func details(j api.JobStatus) string {
 	if j.State == jobs.Failed || j.State == jobs.FailedSetup {
 		parts = append(parts, fmt.Sprintf("exit codes %v", j.ExitCodes))
 	}
+	if !j.RunUntil.IsZero() && j.State == jobs.Running {
+		parts = append(parts, "max_run_duration stops it at "+j.RunUntil.UTC().Format(time.RFC3339))
+	}
 	var lost time.Duration
 	for _, r := range j.History {
 		lost += r.Lost

@@ -90,6 +90,9 @@ type Options struct {
 	// is looked at, and how often jobs waiting for capacity try again (0: the jobs defaults).
 	JobWatchInterval time.Duration
 	JobRetryInterval time.Duration
+	// WindowLead is how long before a reservation's end its replicas are replaced (0:
+	// launcher.DefaultWindowLead).
+	WindowLead time.Duration
 	// ClientLimits cap the client connections and the request bodies being read over every
 	// service endpoint and the gateway together (proxy.Guard); zero values are the defaults.
 	ClientLimits proxy.ClientLimits
@@ -386,7 +389,7 @@ func (c *Controller) openState() (closeState func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	infras, err := infra.Open(h, infra.Options{PathPrepend: c.opts.PathPrepend, Logger: c.log, BlockFor: c.opts.BlockFor})
+	infras, err := infra.Open(h, infra.Options{PathPrepend: c.opts.PathPrepend, Logger: c.log, BlockFor: c.opts.BlockFor, WindowLead: c.opts.WindowLead})
 	if err != nil {
 		c.store.Close()
 		return nil, err

@@ -164,6 +164,7 @@ func (c *Controller) newManager(s *service, rec store.Service, r replicas.Resume
 		ProbeInterval: c.opts.ProbeInterval,
 		Busy:          func(addr string) int64 { return c.busy(s, addr) },
 		DrainTimeout:  c.opts.DrainTimeout,
+		WindowLead:    c.opts.WindowLead,
 		Versions:      r.Others,
 		Rollout:       rollout,
 		InitialTarget: initialTarget,

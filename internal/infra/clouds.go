@@ -193,6 +193,9 @@ func (c cloud) optimizerInfra(ctx context.Context, r configs.Resources) (optimiz
 			inf.ZoneNames = names
 		}
 	}
+	if r.Capacity.Queued() {
+		errs = append(errs, c.capacityOfferings(ctx, &inf))
+	}
 	return inf, errors.Join(errs...)
 }
 

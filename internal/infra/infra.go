@@ -5,6 +5,7 @@
 package infra
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,9 @@ type Options struct {
 	Logger      *zap.Logger
 	// BlockFor overrides provision.DefaultBlockFor.
 	BlockFor time.Duration
+	// WindowLead is how long before a reservation's end its replicas are replaced (0:
+	// launcher.DefaultWindowLead); the optimizer leaves windows shorter than it.
+	WindowLead time.Duration
 }
 
 // Set is the enabled infras and the provisioner over them.
@@ -48,6 +52,7 @@ type Set struct {
 	Provisioner *provision.Provisioner
 	clouds      []cloud
 	log         *zap.Logger
+	windowLead  time.Duration
 }
 
 // Open reads the config and builds the providers. Nothing is contacted yet.
@@ -59,20 +64,22 @@ func Open(h home.Home, opts Options) (*Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Set{Config: cfg, Problems: map[string]error{}, log: opts.Logger}
+	s := &Set{Config: cfg, Problems: map[string]error{}, log: opts.Logger, windowLead: cmp.Or(opts.WindowLead, launcher.DefaultWindowLead)}
 	s.Local, err = local.New(local.Options{Dir: h.LocalDir(), PathPrepend: opts.PathPrepend, Logger: opts.Logger.Named("local")})
 	if err != nil {
 		return nil, err
 	}
 	infras := []provision.Infra{{Name: configs.InfraLocal, Provider: s.Local}}
 	for _, kc := range kubeContexts(cfg.Kubernetes) {
-		o := kubernetes.Options{Context: kc.Name, Namespace: kc.Namespace, CostPerHour: kc.CostPerHour, Logger: opts.Logger.Named("kubernetes")}
+		o := kubernetes.Options{Context: kc.Name, Namespace: kc.Namespace, CostPerHour: kc.CostPerHour, Logger: opts.Logger.Named("kubernetes"),
+			QueuedProvisioning: kc.QueuedProvisioning}
 		if k := cfg.Kubernetes; k != nil {
 			o.Kubeconfig = k.Kubeconfig
 			o.ProvisionTimeout = time.Duration(k.ProvisionTimeoutSeconds) * time.Second
 			o.IngressPodLabels, o.IngressNamespace, o.IngressCIDRs = k.ProxyPodLabels, k.ProxyNamespace, k.ProxyCIDRs
 			o.CheckpointSize, o.CheckpointStorageClass = k.CheckpointSize, k.CheckpointStorageClass
 			o.GPUSchedulerName = k.GPUSchedulerName
+			o.KueueLocalQueue = k.KueueLocalQueue
 		}
 		p, err := kubernetes.New(o)
 		if err != nil {
@@ -211,7 +218,7 @@ func usable(r configs.Resources, name string) bool {
 // Plan runs the optimizer over the enabled infras.
 func (s *Set) Plan(ctx context.Context, r configs.Resources) ([]optimizer.Candidate, error) {
 	infras, errs := s.Infras(ctx, r)
-	cands, err := optimizer.Plan(r, infras)
+	cands, err := optimizer.PlanCapacity(r, infras, optimizer.CapacityOptions{Now: time.Now(), MinWindow: s.windowLead})
 	if err == nil {
 		cands = s.inRegions(cands)
 		cands = optimizer.DemoteLowScoreRegions(cands, s.regionScores(ctx, r), len(r.Ordered) > 0)

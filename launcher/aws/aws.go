@@ -131,6 +131,12 @@ type Options struct {
 	NoticeInterval time.Duration
 	// LogInterval is how often StreamLogs reads a followed console; default DefaultLogInterval.
 	LogInterval time.Duration
+	// CapacityBlockTerminationLead is how long before a capacity block's end EC2 terminates
+	// its instances; default DefaultCapacityBlockTerminationLead (capacityblocks.go).
+	CapacityBlockTerminationLead time.Duration
+	// ReservationNoticeLead is how long before that Notices warns of it; default
+	// launcher.DefaultWindowLead.
+	ReservationNoticeLead time.Duration
 	// MaxAttempts bounds the SDK's attempts per API call (0: the SDK's default, 3).
 	MaxAttempts int
 	Logger      *zap.Logger
@@ -157,6 +163,8 @@ type Provider struct {
 	// ingressMu serialises changes to the security groups; it is never held with mu.
 	ingressMu sync.Mutex
 	ingress   ingressState
+	// windows caches capacity blocks' ends for List (reservations.go).
+	windows windowCache
 }
 
 var (
@@ -165,6 +173,8 @@ var (
 	_ launcher.GangLauncher       = (*Provider)(nil)
 	_ launcher.PreemptionNotifier = (*Provider)(nil)
 	_ launcher.LogStreamer        = (*Provider)(nil)
+	_ launcher.Reserver           = (*Provider)(nil)
+	_ launcher.Offerer            = (*Provider)(nil)
 )
 
 // New loads the SDK configuration (credentials are resolved lazily, on the first call) and
@@ -194,6 +204,12 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}
 	if opts.LogInterval <= 0 {
 		opts.LogInterval = DefaultLogInterval
+	}
+	if opts.CapacityBlockTerminationLead <= 0 {
+		opts.CapacityBlockTerminationLead = DefaultCapacityBlockTerminationLead
+	}
+	if opts.ReservationNoticeLead <= 0 {
+		opts.ReservationNoticeLead = launcher.DefaultWindowLead
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
@@ -359,6 +375,8 @@ type launchPlan struct {
 	// jobGroup is the job security group, for a job's nodes.
 	jobGroup string
 	port     int
+	// reservation is the Capacity Reservation or block to launch into (reservations.go).
+	reservation *reservedLaunch
 }
 
 // plan resolves region, zone, image, instance type, port and security group for spec.
@@ -391,11 +409,16 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 			}
 		}
 	}
+	if lp.reservation, err = p.resolveReservation(ctx, spec, lp.region, pl.Zone); err != nil {
+		return lp, err
+	}
 	switch {
 	case pl.Zone != "":
 		if lp.zone, err = p.zoneName(ctx, lp.region, pl.Zone); err != nil {
 			return lp, err
 		}
+	case lp.reservation != nil:
+		lp.zone = lp.reservation.zone
 	case needZone:
 		names, err := p.ZoneNames(ctx, lp.region)
 		if err != nil {
@@ -536,6 +559,7 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		}
 		return launcher.Instance{}, err
 	}
+	lp.setWindow(insts)
 	return insts[0], nil
 }
 
@@ -614,6 +638,10 @@ func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (
 	market := "on-demand"
 	if spec.Placement.Spot {
 		market = "spot"
+	}
+	if lp.reservation != nil {
+		reserve(in, lp.reservation)
+		market = "reserved (" + lp.reservation.id + ")"
 	}
 	out, err := p.clients[lp.region].RunInstances(ctx, in)
 	if err != nil {
@@ -778,10 +806,14 @@ func (p *Provider) instance(region string, in types.Instance) launcher.Instance 
 		out.State = launcher.StateRunning
 	default:
 		out.State = launcher.StateTerminated
-		if code == reasonSpotTermination {
-			out.State = launcher.StatePreempted
-		}
 		out.Reason = string(state) + ": " + msg
+		switch {
+		case code == reasonSpotTermination:
+			out.State = launcher.StatePreempted
+		case in.InstanceLifecycle == types.InstanceLifecycleTypeCapacityBlock && strings.HasPrefix(code, "Server."):
+			// EC2 ended it with its capacity block: gone like a preempted spot instance.
+			out.State, out.Reason = launcher.StatePreempted, blockReason(in)
+		}
 	}
 	return out
 }
@@ -852,7 +884,8 @@ func (p *Provider) terminateQuietly(region string, ids []string) {
 	}
 }
 
-// List returns Ferry's instances whose tags include selector, in every configured region.
+// List returns Ferry's instances whose tags include selector, in every configured region, those
+// in a capacity block with the block's WindowEnd (reservations.go).
 // Instances that ended are reported as StatePreempted (spot termination) or StateTerminated
 // with EC2's reason while EC2 still shows them (about an hour), except those terminated through
 // the API (Terminate, or a person in the console): they are already gone for the caller.
@@ -862,6 +895,7 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 		filters = append(filters, types.Filter{Name: awssdk.String("tag:" + k), Values: []string{selector[k]}})
 	}
 	var out []launcher.Instance
+	var inBlocks []blockInstance
 	for _, region := range p.opts.Regions {
 		err := p.describe(ctx, region, filters, func(in types.Instance) {
 			if in.State != nil && in.State.Name == types.InstanceStateNameTerminated {
@@ -869,12 +903,16 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 					return
 				}
 			}
+			if cr := awssdk.ToString(in.CapacityReservationId); cr != "" && in.InstanceLifecycle == types.InstanceLifecycleTypeCapacityBlock {
+				inBlocks = append(inBlocks, blockInstance{index: len(out), region: region, reservation: cr})
+			}
 			out = append(out, p.withExitCode(ctx, region, in, p.instance(region, in)))
 		})
 		if err != nil {
 			return nil, err
 		}
 	}
+	p.setWindowEnds(ctx, out, inBlocks)
 	p.adoptIngress(ctx, out)
 	return out, nil
 }

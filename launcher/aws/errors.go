@@ -26,6 +26,9 @@ var (
 		"InsufficientCapacityOnOutpost":        true,
 		"SpotMaxPriceTooLow":                   true,
 		"Unsupported":                          true,
+		// A targeted reservation or capacity block that is full (or, in a race with its start,
+		// not active yet): another placement may have room.
+		"ReservationCapacityExceeded": true,
 	}
 	quotaCodes = map[string]bool{
 		"MaxSpotInstanceCountExceeded": true,
@@ -68,7 +71,8 @@ func classify(err error, what string) error {
 		kind = launcher.ErrUnauthorized
 	case strings.HasPrefix(code, "InvalidParameter"), strings.HasPrefix(code, "InvalidAMIID."),
 		code == "MissingParameter", code == "InvalidInstanceType", code == "InvalidUserData.Malformed",
-		strings.HasPrefix(code, "InvalidGroup."), strings.HasPrefix(code, "InvalidPlacementGroup."):
+		strings.HasPrefix(code, "InvalidGroup."), strings.HasPrefix(code, "InvalidPlacementGroup."),
+		strings.HasPrefix(code, "InvalidCapacityReservationId."):
 		kind = launcher.ErrInvalid
 	default:
 		return fmt.Errorf("%s: %s: %w", InfraName, what, err)

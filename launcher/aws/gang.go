@@ -48,15 +48,10 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 		return nil, err
 	}
 	c := p.clients[lp.region]
-	lp.placementGroup = placementGroupName(spec.Name)
-	_, err = c.CreatePlacementGroup(ctx, &ec2.CreatePlacementGroupInput{
-		GroupName: awssdk.String(lp.placementGroup),
-		Strategy:  types.PlacementStrategyCluster,
-		TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypePlacementGroup,
-			Tags: []types.Tag{{Key: awssdk.String(launcher.LabelOwner), Value: awssdk.String("true")}}}},
-	})
-	if err != nil {
-		return nil, classify(err, "create placement group "+lp.placementGroup)
+	if lp.reservation == nil {
+		if err := p.createPlacementGroup(ctx, c, &lp, spec.Name); err != nil {
+			return nil, err
+		}
 	}
 	var ids []string
 	fail := func(err error) ([]launcher.Instance, error) {
@@ -82,14 +77,35 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 	if err != nil {
 		return fail(err)
 	}
+	lp.setWindow(insts)
 	p.log.Info("gang running", zap.String("name", spec.Name), zap.Int("nodes", n), zap.String("placement_group", lp.placementGroup))
 	return insts, nil
+}
+
+// createPlacementGroup makes the gang's cluster placement group. A gang in a capacity block
+// goes without one: the block's instances are already placed close together ("Work with
+// Capacity Blocks": "there is no need to use a cluster placement group").
+func (p *Provider) createPlacementGroup(ctx context.Context, c *ec2.Client, lp *launchPlan, name string) error {
+	lp.placementGroup = placementGroupName(name)
+	_, err := c.CreatePlacementGroup(ctx, &ec2.CreatePlacementGroupInput{
+		GroupName: awssdk.String(lp.placementGroup),
+		Strategy:  types.PlacementStrategyCluster,
+		TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypePlacementGroup,
+			Tags: []types.Tag{{Key: awssdk.String(launcher.LabelOwner), Value: awssdk.String("true")}}}},
+	})
+	if err != nil {
+		return classify(err, "create placement group "+lp.placementGroup)
+	}
+	return nil
 }
 
 // rollBack terminates a failed gang's nodes, waits (bounded) until they are terminated so the
 // placement group is no longer in use, and deletes the group.
 func (p *Provider) rollBack(region, group string, ids []string) {
 	p.terminateQuietly(region, ids)
+	if group == "" {
+		return // a gang in a capacity block has no placement group
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	c := p.clients[region]

@@ -24,9 +24,9 @@ const InterruptionNotice = 2 * time.Minute
 // time is when the warning was given.
 var spotWarningCodes = []string{"marked-for-termination", "instance-terminated-no-capacity"}
 
-// Notices reports Ferry's spot instances that EC2 reclaims, until ctx ends. EC2 has no watch
-// API, so a goroutine polls every Options.NoticeInterval, 5s by default, and sends each
-// instance once:
+// Notices reports Ferry's instances that EC2 reclaims (spot, and those in capacity blocks that
+// end), until ctx ends. EC2 has no watch API, so a goroutine polls every
+// Options.NoticeInterval, 5s by default, and sends each instance once:
 //
 //   - at EC2's interruption warning, two minutes ahead: DescribeSpotInstanceRequests, filtered
 //     to requests tagged as Ferry's (Launch tags a spot request like its instance) whose
@@ -36,10 +36,15 @@ var spotWarningCodes = []string{"marked-for-termination", "instance-terminated-n
 //     with At the time it was seen. This catches a warning that fell between two polls, an
 //     instance launched before Launch tagged spot requests, and an account whose credentials
 //     may not call DescribeSpotInstanceRequests (logged once per region, after which the region
-//     is polled for shutdowns only).
+//     is polled for shutdowns only);
+//   - for an instance in a capacity block, Options.ReservationNoticeLead before EC2 begins
+//     terminating the block's instances, with At that time (capacityblocks.go):
+//     DescribeInstances, filtered to Ferry's capacity-block instances, and
+//     DescribeCapacityReservations for their blocks' end dates.
 //
-// An instance's warning and its shutdown are one notice. Both calls are made once per region
-// per poll; the credentials need ec2:DescribeSpotInstanceRequests and ec2:DescribeInstances.
+// An instance's warning and its shutdown are one notice. The calls are made once per region
+// per poll; the credentials need ec2:DescribeSpotInstanceRequests, ec2:DescribeInstances and
+// ec2:DescribeCapacityReservations.
 func (p *Provider) Notices(ctx context.Context) <-chan launcher.Notice {
 	seen := map[string]bool{}
 	noWarnings := map[string]bool{} // regions whose credentials may not read spot requests
@@ -62,6 +67,7 @@ func (p *Provider) pollPreemptions(ctx context.Context, seen, noWarnings map[str
 	}{
 		{"spot interruption warnings", p.spotWarnings},
 		{"spot preemptions", p.spotTerminations},
+		{"capacity block ends", p.blockEnds},
 	}
 	for _, region := range p.opts.Regions {
 		for i, pl := range polls {

@@ -27,6 +27,9 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 		return nil, err
 	}
 	spec.Placement.Zone = zone
+	if flexWanted(spec) {
+		return p.launchFlexGang(ctx, spec, n)
+	}
 	spec, setIPs := launcher.WithNodeIPsCommand(spec, nodeIPsCommand)
 	insts, err := launcher.LaunchEach(ctx, p, spec, n)
 	if err == nil && setIPs {

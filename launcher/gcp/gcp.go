@@ -151,6 +151,8 @@ type Provider struct {
 	zoneOps   *compute.ZoneOperationsClient
 	globalOps *compute.GlobalOperationsClient
 	firewalls *compute.FirewallsClient
+	// capacityClients list and read reservations (reservations.go).
+	capacityClients
 
 	mu            sync.Mutex
 	allowed       map[string]bool // nil: every zone
@@ -255,6 +257,10 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 		p.Close()
 		return nil, fmt.Errorf("gcp: %w: firewalls client: %w", launcher.ErrUnauthorized, err)
 	}
+	if err = p.newCapacityClients(ctx, copts); err != nil {
+		p.Close()
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -302,6 +308,7 @@ func (p *Provider) Close() {
 	if p.firewalls != nil {
 		_ = p.firewalls.Close()
 	}
+	p.capacityClients.close()
 }
 
 // Infra is "gcp".
@@ -392,12 +399,23 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		return launcher.Instance{}, err
 	}
 	spec.Placement.Zone = zone
+	if flexWanted(spec) {
+		return p.launchFlex(ctx, spec, selfTag)
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.opts.LaunchTimeout)
+	defer cancel()
+	reserved, err := p.reservationFor(ctx, &spec, zone)
+	if err != nil {
+		return launcher.Instance{}, err
+	}
 	vm, err := p.instanceFor(ctx, spec, zone)
 	if err != nil {
 		return launcher.Instance{}, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.opts.LaunchTimeout)
-	defer cancel()
+	if reserved != nil {
+		reserved.reserve(vm)
+	}
+	withGrace(vm, spec)
 	if err := p.ensureFirewall(ctx, portOf(spec), ""); err != nil {
 		return launcher.Instance{}, err
 	}
@@ -532,13 +550,14 @@ func (p *Provider) deleteQuietly(zone, name string) {
 	}
 }
 
-// Terminate deletes the VM and waits for the delete operation. A VM that is already gone is
-// not an error.
+// Terminate deletes the VM and waits for the delete operation; a running job node's program is
+// stopped with its grace period first. A VM that is already gone is not an error.
 func (p *Provider) Terminate(ctx context.Context, id string) error {
 	zone, name, err := parseID(id)
 	if err != nil {
 		return err
 	}
+	p.stopGracefully(ctx, zone, name) // a job node's run gets SIGTERM and its grace (stop.go)
 	return p.delete(ctx, zone, name)
 }
 
@@ -699,6 +718,7 @@ func (p *Provider) toInstance(zone string, vm *computepb.Instance, preempted map
 		inst.Endpoint = net.JoinHostPort(ip, port)
 	}
 	inst.IP = address(vm, false)
+	inst.WindowEnd = endOf(vm) // its reservation's end or run limit (reservations.go)
 	switch vm.GetStatus() {
 	case "PROVISIONING", "STAGING", "REPAIRING", "PENDING":
 		inst.State = launcher.StatePending

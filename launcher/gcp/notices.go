@@ -19,11 +19,13 @@ import (
 // DefaultNoticeInterval, 10s) it lists the compute.instances.preempted operations of the
 // listed zones and sends one Notice per new operation, with the time the preemption began
 // (GCP stops the VM about 30 seconds later; from outside the VM there is no earlier warning).
-// Preemptions up to NoticeLookback before the call are reported too. The channel is closed
+// Preemptions up to NoticeLookback before the call are reported too. A VM that GCE will end at a
+// known time (its calendar reservation's end, its maxRunDuration) is noticed once, as soon as
+// it runs, with that time (windowNotices). The channel is closed
 // when ctx ends. Notices may name VMs Ferry did not make; callers ignore unknown ids.
 func (p *Provider) Notices(ctx context.Context) <-chan launcher.Notice {
 	since := time.Now().Add(-p.opts.NoticeLookback)
-	seen := map[string]bool{}
+	seen, ends := map[string]bool{}, map[string]bool{}
 	return launcher.PollNotices(ctx, p.opts.NoticeInterval, func(ctx context.Context, ch chan<- launcher.Notice) (ok bool) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -31,7 +33,7 @@ func (p *Provider) Notices(ctx context.Context) <-chan launcher.Notice {
 				ok = false
 			}
 		}()
-		return p.pollPreemptions(ctx, since, seen, ch)
+		return p.pollPreemptions(ctx, since, seen, ch) && p.pollWindowEnds(ctx, ends, ch)
 	})
 }
 

@@ -246,7 +246,7 @@ func startupScript(ctx context.Context, spec launcher.Spec, o launcher.VMBootOpt
 	}
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(portOf(spec)) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
-	o.Watch = preemptionWatch
+	o.Watch = watchFor(spec)
 	o.FilesLimit = metadataValueLimit - b.Len()
 	boot, err := launcher.VMBoot(ctx, InfraName, spec, o)
 	if err != nil {

@@ -347,7 +347,24 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 	if err := p.ensureJobPolicy(ctx, spec.Labels[launcher.LabelJob]); err != nil {
 		return nil, err
 	}
+	if queuedSpec(spec) {
+		queue, err := p.kueueQueue(ctx) // kueue.go
+		if err != nil {
+			return nil, err
+		}
+		if queue != "" {
+			return p.launchKueue(ctx, spec, queue, pods, nodes)
+		}
+	}
+	if p.queuedProvisioning(spec) {
+		return p.launchQueued(ctx, spec, pods, nodes) // provreq.go
+	}
+	return p.startGang(ctx, spec, pods, nodes)
+}
 
+// startGang creates the gang's pods and waits until all run, all or nothing (LaunchGang).
+func (p *Provider) startGang(ctx context.Context, spec launcher.Spec, pods []*corev1.Pod, nodes []launcher.Spec) ([]launcher.Instance, error) {
+	n := len(pods)
 	created := make([]*corev1.Pod, 0, n)
 	rollback := func() {
 		for _, pod := range created {
@@ -363,7 +380,18 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 		created = append(created, c)
 	}
 	p.log.Info("created gang", zap.String("job", spec.Labels[launcher.LabelJob]), zap.Int("nodes", n), zap.String("first", created[0].Name))
+	return p.awaitGang(ctx, created)
+}
 
+// awaitGang waits until the gang's created pods (rank order) all run, then writes their
+// addresses; if any fails first, every pod is deleted and the error wraps ErrNoCapacity.
+func (p *Provider) awaitGang(ctx context.Context, created []*corev1.Pod) ([]launcher.Instance, error) {
+	n := len(created)
+	rollback := func() {
+		for _, pod := range created {
+			p.deletePod(pod.Name)
+		}
+	}
 	// Wait for all; the first to fail ends the others' waits.
 	waitCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -456,7 +484,7 @@ func (p *Provider) completeGangs(ctx context.Context, pods []*corev1.Pod) {
 }
 
 // CleanupJob deletes what the job held beyond its pods: its checkpoint claims (those Ferry
-// created, labelled with the job) and its NetworkPolicy.
+// created, labelled with the job), its NetworkPolicy, and its ProvisioningRequests.
 func (p *Provider) CleanupJob(ctx context.Context, job string) error {
 	if errs := validation.IsValidLabelValue(job); len(errs) > 0 || job == "" {
 		return fmt.Errorf("%w: job %q: %s", launcher.ErrInvalid, job, strings.Join(errs, "; "))
@@ -475,6 +503,9 @@ func (p *Provider) CleanupJob(ctx context.Context, job string) error {
 	err = p.client.NetworkingV1().NetworkPolicies(p.ns).Delete(ctx, jobPolicyName(job), metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return p.classify(err, "delete network policy "+jobPolicyName(job))
+	}
+	if p.opts.QueuedProvisioning != nil {
+		return p.cleanupRequests(ctx, job) // provreq.go
 	}
 	return nil
 }

@@ -23,7 +23,8 @@
 // checkpoints); pods/log get (logs). Cluster-wide: nodes list and watch (accelerators,
 // offerings; optional), pods list (GPUs in use; optional), scheduling.k8s.io priorityclasses
 // get and create (optional: without it nothing is prioritised, so services do not preempt
-// jobs).
+// jobs). Queued jobs add podtemplates and autoscaling.x-k8s.io provisioningrequests (get, list,
+// create, patch, delete; provreq.go) and kueue.x-k8s.io localqueues list (kueue.go).
 package kubernetes
 
 import (
@@ -53,6 +54,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	listerscorev1 "k8s.io/client-go/listers/core/v1"
@@ -131,6 +133,12 @@ type Options struct {
 	// default); a gang's claim needs one that offers ReadWriteMany.
 	CheckpointSize         string
 	CheckpointStorageClass string
+	// QueuedProvisioning marks a context whose cluster autoscaler provisions capacity for
+	// ProvisioningRequests of its class: queued jobs go through one (provreq.go). nil: none.
+	QueuedProvisioning *configs.QueuedProvisioning
+	// KueueLocalQueue is the LocalQueue queued jobs are submitted to where Kueue runs; ""
+	// looks for one (kueue.go).
+	KueueLocalQueue string
 }
 
 // Provider launches pods in one namespace of one context. Create it with New; it connects
@@ -139,6 +147,7 @@ type Provider struct {
 	opts   Options
 	log    *zap.Logger
 	client kubernetes.Interface
+	dyn    dynamic.Interface // ProvisioningRequests, Kueue's LocalQueues
 	infra  string
 	ns     string
 
@@ -161,6 +170,8 @@ type Provider struct {
 
 	// jobs keeps priority classes, and the last state of jobs' pods deleted by others.
 	jobs jobState
+	// kueue caches whether Kueue runs and its LocalQueue (kueue.go).
+	kueue kueueState
 }
 
 // usedTTL is how long a cluster-wide count of GPUs in use is reused: every launch plans, and
@@ -239,11 +250,16 @@ func New(opts Options) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: context %q: %w", ctxName, err)
 	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: context %q: %w", ctxName, err)
+	}
 	infra := InfraName + "/" + ctxName
 	return &Provider{
 		opts:   opts,
 		log:    opts.Logger.With(zap.String("infra", infra), zap.String("namespace", ns)),
 		client: client,
+		dyn:    dyn,
 		infra:  infra,
 		ns:     ns,
 		policy: policyState{ports: map[string][]int32{}},
@@ -667,9 +683,13 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 	}
 	out := make([]launcher.Instance, 0, len(pods))
 	listed := map[string]bool{}
+	revoked := p.revokedRequests(ctx, pods, selector) // provreq.go
 	for _, pod := range pods {
 		if launcher.Matches(pod.Labels, selector) {
 			inst := p.jobInstance(pod)
+			if why, ok := revoked[pod.Annotations[AnnotationConsumeProvReq]]; ok && inst.ExitCode == nil {
+				inst.State, inst.Reason = launcher.StatePreempted, why
+			}
 			out = append(out, inst)
 			listed[inst.ID] = true
 		}
@@ -737,7 +757,7 @@ func (p *Provider) Offerings(ctx context.Context) ([]launcher.Offering, error) {
 		}
 		out = append(out, *o)
 	}
-	return out, nil
+	return append(out, p.queuedOfferings()...), nil // provreq.go
 }
 
 // gpusInUse sums GPU requests of unfinished pods per node, across namespaces, at most usedTTL
@@ -901,6 +921,9 @@ func (p *Provider) resourcesFor(spec launcher.Spec) (corev1.ResourceRequirements
 		if !slices.Contains(values[label], value) {
 			values[label] = append(values[label], value)
 		}
+	}
+	if aff, ok := p.queuedAffinity(spec, acc, count, values); ok {
+		return req, aff, nil // the nodes its queue makes (provreq.go)
 	}
 	switch {
 	case len(values) == 0 && pinnedOut:

@@ -51,6 +51,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
@@ -107,6 +108,10 @@ type Infra struct {
 // Candidate is one place to launch, with the alternative of Resources.Candidates() it satisfies.
 type Candidate struct {
 	Placement launcher.Placement
+	// Wait is how long the task is expected to wait for this capacity (a queue, a reservation
+	// window not yet open), and Free how many instances a reservation has left (capacity.go).
+	Wait time.Duration
+	Free int
 	// Alternative indexes Resources.Candidates(): which any_of or ordered entry this is (0 for
 	// a resources block without alternatives).
 	Alternative int

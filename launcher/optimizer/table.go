@@ -30,6 +30,10 @@ func WriteObjectiveTable(w io.Writer, cands []Candidate, chosen, limit int, o co
 		shown = limit
 	}
 	header := []string{"INFRA", "INSTANCE", "vCPUs", "Mem(GB)", "GPUS", "REGION/ZONE", "COST ($/hr)", "CHOSEN"}
+	capacity := hasCapacity(cands)
+	if capacity {
+		header = slices.Insert(header, 7, "WAIT", "WINDOW")
+	}
 	if o.PerWork() {
 		header = slices.Insert(header, 7, strings.ToUpper(o.Minimize)+" ("+Unit(o)+")")
 	}
@@ -42,6 +46,9 @@ func WriteObjectiveTable(w io.Writer, cands []Candidate, chosen, limit int, o co
 		}
 		cells := []string{p.Infra, instance(p), orDash(p.VCPUs), orDash(p.MemoryGiB), gpus(p), location(p),
 			fmt.Sprintf("$ %.2f", p.PricePerHour), mark}
+		if capacity {
+			cells = slices.Insert(cells, 7, waitCell(&cands[i]), windowCell(p))
+		}
 		if o.PerWork() {
 			cells = slices.Insert(cells, 7, scoreCell(&cands[i]))
 		}
@@ -128,8 +135,13 @@ func instance(p *launcher.Placement) string {
 	if s == "" {
 		s = "-"
 	}
-	if p.Spot {
+	switch {
+	case p.Spot:
 		s += "[Spot]"
+	case p.Reservation != "":
+		s += "[Reserved " + p.Reservation + "]"
+	case p.Queued:
+		s += "[Queued]"
 	}
 	return s
 }

@@ -235,6 +235,10 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 			return nil, err
 		}
 		switch {
+		case errors.Is(err, launcher.ErrQueued):
+			// Held in the infra's queue, or for a reservation's window: the place is ours
+			// once it comes, so neither block it nor try further (capacity.go).
+			return nil, err
 		case errors.Is(err, launcher.ErrInvalid):
 			// Invalid for this infra (its image or shape rules: an AMI on Kubernetes, files
 			// too big for a VM's boot script); another infra may take the same request. Not a block: the
@@ -597,4 +601,7 @@ func fillFromPlacement(inst *launcher.Instance, pl launcher.Placement) {
 		inst.Accelerator = pl.Accelerator
 	}
 	inst.Spot = inst.Spot || pl.Spot
+	if inst.WindowEnd.IsZero() {
+		inst.WindowEnd = pl.WindowEnd
+	}
 }

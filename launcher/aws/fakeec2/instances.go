@@ -31,6 +31,11 @@ type instance struct {
 	metadata                  MetadataOptions
 	root                      RootVolume
 	vm                        *vm
+	// reservation is the Capacity Reservation (an ODCR or a capacity block) the instance
+	// runs in, "" for none; block is set for a capacity block (instance lifecycle
+	// capacity-block).
+	reservation string
+	block       bool
 }
 
 // MetadataOptions are an instance's instance-metadata-service settings, as RunInstances'
@@ -109,6 +114,10 @@ type Instance struct {
 	Metadata MetadataOptions
 	// Root is the boot volume RunInstances asked for.
 	Root RootVolume
+	// Reservation is the Capacity Reservation it runs in ("" for none); CapacityBlock is set
+	// when that is a capacity block.
+	Reservation   string
+	CapacityBlock bool
 }
 
 func (in *instance) live() bool { return in.state == "pending" || in.state == "running" }
@@ -117,6 +126,7 @@ func (in *instance) live() bool { return in.state == "pending" || in.state == "r
 // interruption warning scheduled, shutdown. Callers hold s.mu.
 func (s *Server) advance() {
 	now := s.opts.Now()
+	s.endBlocks(now)
 	for _, in := range s.instances {
 		if in.state == "pending" && !now.Before(in.launchTime.Add(s.opts.BootDelay)) {
 			in.state = "running"
@@ -142,6 +152,7 @@ func (s *Server) Instances() []Instance {
 			ID: in.id, Region: in.region, ZoneID: in.zone.id, ZoneName: in.zone.name, InstanceType: in.instanceType,
 			ImageID: in.imageID, State: in.state, PrivateIP: in.privateIP, PlacementGroup: in.placementGroup, Spot: in.spot,
 			Tags: maps.Clone(in.tags), LogPath: s.logPath(in.id), Metadata: in.metadata, Root: in.root,
+			Reservation: in.reservation, CapacityBlock: in.block,
 		}
 		if in.reason != nil {
 			snap.StateReason = in.reason.Code
@@ -263,8 +274,9 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 		groups = append(groups, xmlGroup{GroupID: g.id, GroupName: g.name})
 	}
 	spot := false
-	switch mt := p.get("InstanceMarketOptions.MarketType"); mt {
-	case "":
+	mt := p.get("InstanceMarketOptions.MarketType")
+	switch mt {
+	case "", ReservationTypeCapacityBlock:
 	case "spot":
 		spot = true
 		if aerr := checkSpotOptions(p); aerr != nil {
@@ -272,6 +284,11 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 		}
 	default:
 		return nil, apiErr("InvalidParameterValue", "Invalid market type %q", mt)
+	}
+	zoneGiven := p.get("Placement.AvailabilityZone") != "" || p.get("Placement.AvailabilityZoneId") != ""
+	res, aerr := s.launchReservation(reg, p, &z, zoneGiven, itype, mt, minCount)
+	if aerr != nil {
+		return nil, aerr
 	}
 	metadata, aerr := metadataOptions(p, s.opts.MetadataDefaults)
 	if aerr != nil {
@@ -333,11 +350,14 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 		if c, ok := s.spotCapacity[z.id]; ok && zoneSpot+minCount > c {
 			return nil, apiErr("InsufficientInstanceCapacity", "We currently do not have sufficient %s capacity in the Availability Zone you requested (%s). Our system will be working on provisioning additional capacity.", itype, z.name)
 		}
-	} else if lim := s.opts.VCPULimit; lim > 0 && liveVCPUs+minCount*s.vcpusOf(itype) > lim {
+	} else if lim := s.opts.VCPULimit; res == nil && lim > 0 && liveVCPUs+minCount*s.vcpusOf(itype) > lim {
 		return nil, apiErr("VcpuLimitExceeded", "You have requested more vCPU capacity than your current vCPU limit of %d allows for the instance bucket that the specified instance type belongs to. Please visit http://aws.amazon.com/contact-us/ec2-request to request an adjustment to this limit.", lim)
 	}
 	count := maxCount
-	if c, ok := s.capacity[z.id+"/"+itype]; ok || s.opts.DefaultCapacity > 0 {
+	if res != nil {
+		// Reserved capacity: the reservation's room, checked for minCount already.
+		count = min(count, s.available(res, s.opts.Now()))
+	} else if c, ok := s.capacity[z.id+"/"+itype]; ok || s.opts.DefaultCapacity > 0 {
 		if !ok {
 			c = s.opts.DefaultCapacity
 		}
@@ -361,6 +381,9 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 		}
 		if spot {
 			in.request = newSpotRequest(now, p.get("InstanceMarketOptions.SpotOptions.MaxPrice"), requestTags)
+		}
+		if res != nil {
+			in.reservation, in.block = res.ID, res.Type == ReservationTypeCapacityBlock
 		}
 		s.instances[in.id] = in
 		s.order = append(s.order, in.id)
@@ -414,6 +437,13 @@ func (s *Server) xmlInstance(in *instance, index int) xmlInstance {
 	if in.spot {
 		x.InstanceLifecycle = "spot"
 	}
+	if in.block {
+		x.InstanceLifecycle = ReservationTypeCapacityBlock
+	}
+	if in.reservation != "" {
+		x.CapacityReservationID = in.reservation
+		x.CapacityReservationSpecification = &xmlCapacityReservationSpecification{Target: &xmlCapacityReservationTarget{ID: in.reservation}}
+	}
 	return x
 }
 
@@ -431,7 +461,8 @@ func (s *Server) describeInstances(m meta, reg *region, p params) (any, *APIErro
 	for name := range filters {
 		switch {
 		case strings.HasPrefix(name, "tag:"), name == "tag-key", name == "instance-state-name", name == "instance-lifecycle",
-			name == "instance-id", name == "placement-group-name", name == "availability-zone", name == "instance-type":
+			name == "instance-id", name == "placement-group-name", name == "availability-zone", name == "instance-type",
+			name == "capacity-reservation-id":
 		default:
 			return nil, apiErr("InvalidParameterValue", "The filter '%s' is invalid", name)
 		}
@@ -445,10 +476,15 @@ func (s *Server) describeInstances(m meta, reg *region, p params) (any, *APIErro
 			case "instance-state-name":
 				return []string{in.state}
 			case "instance-lifecycle":
-				if in.spot {
+				switch {
+				case in.spot:
 					return []string{"spot"}
+				case in.block:
+					return []string{ReservationTypeCapacityBlock}
 				}
 				return nil
+			case "capacity-reservation-id":
+				return []string{in.reservation}
 			case "instance-id":
 				return []string{in.id}
 			case "placement-group-name":

@@ -11,7 +11,10 @@
 // authorized and revoked as EC2 does), placement groups, each instance's metadata-service options (RunInstances'
 // MetadataOptions, validated and reported), injected errors per zone, and spot preemption: a spot
 // instance has a one-time spot request (DescribeSpotInstanceRequests), which shows EC2's
-// interruption warning while the instance runs out its notice (PreemptWithNotice).
+// interruption warning while the instance runs out its notice (PreemptWithNotice). Capacity
+// Reservations and Capacity Blocks for ML (reservations.go, capacityblocks.go): scripted
+// offerings, purchases, launches into a reservation counted against it, and a block's instances
+// terminated before its end, as EC2 does.
 //
 // A VM "boots" by running its user-data with bash as a local process in a session of its own
 // (the session is the machine: everything the user-data starts, in whatever process group,
@@ -99,6 +102,9 @@ type Options struct {
 	// warning: StatusNoCapacity (default), which EC2 documents for one-time requests whose
 	// instances terminate on interruption, or StatusMarkedForTermination.
 	InterruptionStatus string
+	// CapacityBlockTerminationLead is how long before a capacity block's end its instances are
+	// terminated; default DefaultCapacityBlockTerminationLead, EC2's 30 minutes (capacityblocks.go).
+	CapacityBlockTerminationLead time.Duration
 }
 
 // Spot termination reason EC2 reports in an instance's StateReason.
@@ -133,6 +139,7 @@ type Server struct {
 	wakeups      map[*time.Timer]bool // pending reclaim checks, see wakeAfter
 	imdsTokens   map[string]imdsToken // IMDSv2 session tokens
 	wakeWG       sync.WaitGroup
+	book         reservationBook // capacity reservations and blocks (reservations.go)
 }
 
 type region struct {
@@ -171,6 +178,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.CapacityBlockTerminationLead <= 0 {
+		opts.CapacityBlockTerminationLead = DefaultCapacityBlockTerminationLead
 	}
 	switch opts.InterruptionStatus {
 	case "":
@@ -410,6 +420,12 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out, err = s.createTags(m, reg, p)
 	case "GetSpotPlacementScores":
 		out, err = s.getSpotPlacementScores(m, p)
+	case "DescribeCapacityReservations":
+		out, err = s.describeCapacityReservations(m, reg, p)
+	case "DescribeCapacityBlockOfferings":
+		out, err = s.describeCapacityBlockOfferings(m, reg, p)
+	case "PurchaseCapacityBlock":
+		out, err = s.purchaseCapacityBlock(m, reg, p)
 	default:
 		err = apiErr("InvalidAction", "The action %s is not valid for this web service.", action)
 	}

@@ -235,6 +235,17 @@ type xmlInstance struct {
 	SpotInstanceRequestID string             `xml:"spotInstanceRequestId,omitempty"`
 	TagSet                []xmlTag           `xml:"tagSet>item"`
 	MetadataOptions       xmlMetadataOptions `xml:"metadataOptions"`
+	// CapacityReservationID and its specification: the reservation the instance runs in.
+	CapacityReservationID            string                               `xml:"capacityReservationId,omitempty"`
+	CapacityReservationSpecification *xmlCapacityReservationSpecification `xml:"capacityReservationSpecification,omitempty"`
+}
+
+type xmlCapacityReservationSpecification struct {
+	Target *xmlCapacityReservationTarget `xml:"capacityReservationTarget,omitempty"`
+}
+
+type xmlCapacityReservationTarget struct {
+	ID string `xml:"capacityReservationId"`
 }
 
 type xmlMetadataOptions struct {

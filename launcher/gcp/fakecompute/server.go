@@ -138,6 +138,8 @@ type Server struct {
 	faults       map[string][]*Fault
 	closed       bool
 	nextID       uint64
+	// capacityState holds reservations and the flex-start queue (reservations.go, flexstart.go).
+	capacityState
 }
 
 type zoneState struct {
@@ -208,6 +210,7 @@ func New(opts Options) *Server {
 	s.mux.HandleFunc("PUT "+p+"global/firewalls/{name}", s.updateFirewall)
 	s.mux.HandleFunc("DELETE "+p+"global/firewalls/{name}", s.deleteFirewall)
 	s.mux.HandleFunc("GET "+p+"global/operations/{op}", s.getGlobalOperation)
+	s.routeCapacity(p)
 	s.mux.HandleFunc("POST "+p+"global/operations/{op}/wait", s.getGlobalOperation)
 	return s
 }
@@ -559,6 +562,14 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request) {
 		errConflict("projects/" + s.opts.Project + "/zones/" + zone + "/instances/" + req.GetName()).write(w)
 		return
 	}
+	if bad, code, msg := s.checkReservationLocked(zone, req); bad != nil || code != "" {
+		if bad != nil {
+			bad.write(w)
+		} else {
+			s.writeFailedOpLocked(w, zone, req, code, msg)
+		}
+		return
+	}
 	machineType := lastSegment(req.GetMachineType())
 	gpus := builtinGPUs(machineType)
 	for _, a := range req.GetGuestAccelerators() {
@@ -600,7 +611,7 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if limit, ok := s.capacity[zone+"/"+machineType]; ok && live >= limit {
+	if limit, ok := s.capacity[zone+"/"+machineType]; ok && live >= limit && !reservedOrQueued(req) {
 		s.writeFailedOpLocked(w, zone, req, CodeZoneResourcePoolExhausted, defaultMessage(CodeZoneResourcePoolExhausted, zone))
 		return
 	}
@@ -640,14 +651,25 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request) {
 	in := &instance{pb: pb, gpus: gpus}
 	zs.instances[req.GetName()] = in
 	op := s.newOperationLocked(zone, "insert", pb)
-	s.afterDelay(op, func() {
-		if cur, ok := zs.instances[req.GetName()]; ok && cur == in && in.pb.GetStatus() == "PROVISIONING" {
-			in.pb.Status = proto.String("RUNNING")
-			in.pb.LastStartTimestamp = proto.String(time.Now().Format(timeLayout))
-			in.vm = s.boot(zone, in)
-		}
-	})
+	if s.queueFlexLocked(zone, in) {
+		s.afterDelay(op, func() {})
+		writeJSON(w, op.pb)
+		return
+	}
+	s.afterDelay(op, func() { s.runLocked(zone, in) })
 	writeJSON(w, op.pb)
+}
+
+// runLocked starts a PROVISIONING VM that is still there: RUNNING, its script booted, and its
+// run limit (maxRunDuration, a calendar reservation's end) scheduled.
+func (s *Server) runLocked(zone string, in *instance) {
+	if cur, ok := s.zones[zone].instances[in.pb.GetName()]; !ok || cur != in || in.pb.GetStatus() != "PROVISIONING" {
+		return
+	}
+	in.pb.Status = proto.String("RUNNING")
+	in.pb.LastStartTimestamp = proto.String(time.Now().Format(timeLayout))
+	in.vm = s.boot(zone, in)
+	s.scheduleEndLocked(zone, in)
 }
 
 // validateInsert checks what GCP rejects synchronously with 400.
@@ -664,6 +686,9 @@ func (s *Server) validateInsert(req *computepb.Instance) (apiError, bool) {
 		}
 	}
 	sch := req.GetScheduling()
+	if e, bad := validateFlex(req); bad {
+		return e, true
+	}
 	if sch.GetProvisioningModel() == "SPOT" {
 		if sch.GetAutomaticRestart() {
 			return errInvalid("Invalid value for field 'resource.scheduling.automaticRestart': 'true'. Spot VMs cannot be automatically restarted."), true

@@ -1,0 +1,32 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// A launch that an infra holds in its queue or for a reservation's window returns
+// launcher.ErrQueued from Launch and LaunchGang at once: the remaining placements are not
+// tried (the queued one was ranked before them, or they failed already), and the location is
+// not blocked. The caller tries again later with the same spec, which the infra recognises.
+
+var _ launcher.QueueWithdrawer = (*Provisioner)(nil)
+
+// WithdrawQueued asks every infra that holds queued requests to drop job's requests that no
+// running node of attempt uses.
+func (p *Provisioner) WithdrawQueued(ctx context.Context, job string, attempt int) error {
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(p.infras)) {
+		if w, ok := p.infras[name].(launcher.QueueWithdrawer); ok {
+			if err := w.WithdrawQueued(ctx, job, attempt); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
