@@ -32,6 +32,8 @@ const offeringsTimeout = 10 * time.Second
 type Options struct {
 	// PathPrepend goes first on local replicas' PATH (the ferry binary's directory).
 	PathPrepend []string
+	// Supervisor is the ferry binary, for local replicas on a fixed port (local.Options).
+	Supervisor string
 	Logger      *zap.Logger
 	// BlockFor overrides provision.DefaultBlockFor.
 	BlockFor time.Duration
@@ -60,7 +62,7 @@ func Open(h home.Home, opts Options) (*Set, error) {
 		return nil, err
 	}
 	s := &Set{Config: cfg, Problems: map[string]error{}, log: opts.Logger}
-	s.Local, err = local.New(local.Options{Dir: h.LocalDir(), PathPrepend: opts.PathPrepend, Logger: opts.Logger.Named("local")})
+	s.Local, err = local.New(local.Options{Dir: h.LocalDir(), PathPrepend: opts.PathPrepend, Supervisor: opts.Supervisor, Logger: opts.Logger.Named("local")})
 	if err != nil {
 		return nil, err
 	}
