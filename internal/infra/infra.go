@@ -34,7 +34,7 @@ type Options struct {
 	PathPrepend []string
 	// Supervisor is the ferry binary, for local replicas on a fixed port (local.Options).
 	Supervisor string
-	Logger      *zap.Logger
+	Logger     *zap.Logger
 	// BlockFor overrides provision.DefaultBlockFor.
 	BlockFor time.Duration
 }
