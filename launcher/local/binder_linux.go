@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -56,9 +57,14 @@ func (b *binder) handle(n *seccompNotif) seccompNotifResp {
 	if addrLen < unix.SizeofSockaddrInet4 || addrLen > unix.SizeofSockaddrAny {
 		return pass
 	}
-	// The pidfd is opened before the id is checked: if the id is still valid then, the pid
-	// named the notifying process when the pidfd was made, not a later one reusing the pid.
-	pidfd, err := unix.PidfdOpen(int(n.Pid), 0)
+	// n.Pid is the calling thread; pidfd_open wants its process. Both are looked up before
+	// the id is checked: if the id is still valid then, the thread was alive all along, so
+	// neither id can have been reused by another process meanwhile.
+	tgid, err := threadGroup(int(n.Pid))
+	if err != nil {
+		return pass
+	}
+	pidfd, err := unix.PidfdOpen(tgid, 0)
 	if err != nil {
 		return pass
 	}
@@ -97,6 +103,20 @@ func (b *binder) handle(n *seccompNotif) seccompNotifResp {
 
 func (b *binder) notifValid(id uint64) bool {
 	return ioctlPtr(b.listener, seccompIoctlNotifIDValid, unsafe.Pointer(&id)) == nil
+}
+
+// threadGroup is the process (thread group id) of thread tid.
+func threadGroup(tid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(tid) + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("no Tgid in /proc/%d/status", tid)
 }
 
 // readTargetMem reads n bytes at addr in process pid's memory.

@@ -250,7 +250,11 @@ func waitWorkload(pid int) unix.WaitStatus {
 func exitLike(ws unix.WaitStatus) {
 	if ws.Signaled() {
 		sig := ws.Signal()
+		// The kernel's default action, not the Go runtime's (which ignores SIGUSR1, say): an
+		// all-zero struct sigaction is SIG_DFL on every architecture.
+		var dfl [4]uint64
 		signal.Reset(sig)
+		_, _, _ = unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig), uintptr(unsafe.Pointer(&dfl)), 0, 8, 0, 0)
 		_ = unix.Kill(os.Getpid(), sig)
 		time.Sleep(100 * time.Millisecond) // a signal whose default is not to terminate
 		os.Exit(128 + int(sig))
