@@ -164,10 +164,11 @@ func supervise(c superviseConfig) {
 // startWorkload starts argv under the bind filter and returns its pid and the filter's
 // listener; listener is -1 (and the log says why) when argv runs without the filter.
 func startWorkload(argv []string) (int, int, error) {
-	self, err := os.Executable()
-	fds, perr := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
-	if err != nil || perr != nil {
-		fmt.Fprintf(os.Stderr, "ferry: binds stay as the program makes them (no supervisor: %v)\n", errors.Join(err, perr))
+	// This very binary, even if its file was replaced or removed since (an upgrade).
+	const self = "/proc/self/exe"
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ferry: binds stay as the program makes them (no supervisor: %v)\n", err)
 		pid, err := startPlain(argv)
 		return pid, -1, err
 	}
