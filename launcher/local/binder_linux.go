@@ -13,13 +13,16 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// binder answers the workload's bind(2) notifications: a bind of the task's port on the
-// wildcard address or 127.0.0.1 is done on a duplicate of the program's socket, to the
-// replica's own address; the kernel carries out every other bind as the program asked.
+// binder answers the workload's bind(2) and connect(2) notifications. A bind of the task's
+// port on the wildcard address or loopback (0.0.0.0, 127.0.0.1, ::, ::1) is done on a duplicate
+// of the program's socket, to the replica's own address; so is a connect to one of those with
+// the task's port, so that the replica's own processes still reach its server at
+// localhost:8000 (SGLang's warm-up request, a run's `curl localhost:8000` wait loop). The
+// kernel carries out every other bind and connect as the program asked.
 //
 // Only the task's port moves. A replica's internal ports (a metrics port, a worker's
-// rendezvous) keep their addresses, so its processes that dial 127.0.0.1 still find them.
-// 127.0.0.1 moves with the wildcard: two replicas binding 127.0.0.1:8000 collide just the same.
+// rendezvous) keep their addresses. 127.0.0.1 moves with the wildcard: two replicas binding
+// 127.0.0.1:8000 collide just the same.
 type binder struct {
 	listener int
 	host     string
@@ -27,7 +30,12 @@ type binder struct {
 }
 
 // serve handles notifications until the listener fails (every filtered process is gone).
+// Every connect the replica makes waits for it, so the common case, a call left to the kernel,
+// is answered at once, with one read of the target's memory.
 func (b *binder) serve() {
+	// Switch straight to the target after answering (Linux 6.6+; older kernels refuse, fine).
+	flags := uint64(unix.SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP)
+	_ = ioctlPtr(b.listener, seccompIoctlNotifSetFlags, unsafe.Pointer(&flags))
 	for {
 		var n seccompNotif // the kernel wants it zeroed
 		if err := ioctlPtr(b.listener, unix.SECCOMP_IOCTL_NOTIF_RECV, unsafe.Pointer(&n)); err != nil {
@@ -36,10 +44,22 @@ func (b *binder) serve() {
 			}
 			return
 		}
-		resp := b.handle(&n)
-		// ENOENT: the target died (or its bind was interrupted) meanwhile; nothing to answer.
-		_ = ioctlPtr(b.listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
+		raw, to, ok := b.decide(&n)
+		switch {
+		case !ok:
+			b.send(seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE})
+		case n.Data.Nr == unix.SYS_CONNECT:
+			go func() { b.send(b.carryOut(&n, raw, to)) }() // a blocking connect may wait
+		default:
+			b.send(b.carryOut(&n, raw, to))
+		}
 	}
+}
+
+// send answers a notification. ENOENT, the target died (or its call was interrupted)
+// meanwhile, needs no answer.
+func (b *binder) send(resp seccompNotifResp) {
+	_ = ioctlPtr(b.listener, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
 }
 
 func ioctlPtr(fd int, req uint, arg unsafe.Pointer) error {
@@ -50,34 +70,27 @@ func ioctlPtr(fd int, req uint, arg unsafe.Pointer) error {
 	return nil
 }
 
-// handle decides one bind: done here (the response carries its result) or left to the kernel.
-func (b *binder) handle(n *seccompNotif) seccompNotifResp {
-	pass := seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
-	sockfd, addrPtr, addrLen := int(int32(n.Data.Args[0])), n.Data.Args[1], n.Data.Args[2]
+// decide reads the address of n's bind or connect and says where it goes instead, if anywhere.
+// Leaving a call to the kernel is always safe, so what is read is checked only before acting
+// on it (socketOf).
+func (b *binder) decide(n *seccompNotif) ([]byte, unix.Sockaddr, bool) {
+	addrPtr, addrLen := n.Data.Args[1], n.Data.Args[2]
 	if addrLen < unix.SizeofSockaddrInet4 || addrLen > unix.SizeofSockaddrAny {
-		return pass
+		return nil, nil, false
 	}
-	// n.Pid is the calling thread; pidfd_open wants its process. Both are looked up before
-	// the id is checked: if the id is still valid then, the thread was alive all along, so
-	// neither id can have been reused by another process meanwhile.
-	tgid, err := threadGroup(int(n.Pid))
-	if err != nil {
-		return pass
-	}
-	pidfd, err := unix.PidfdOpen(tgid, 0)
-	if err != nil {
-		return pass
-	}
-	defer unix.Close(pidfd)
 	raw, err := readTargetMem(int(n.Pid), addrPtr, int(addrLen))
-	if err != nil || !b.notifValid(n.ID) {
-		return pass
+	if err != nil {
+		return nil, nil, false
 	}
 	to, ok := b.target(raw)
-	if !ok {
-		return pass
-	}
-	fd, err := unix.PidfdGetfd(pidfd, sockfd, 0)
+	return raw, to, ok
+}
+
+// carryOut does n's call, whose address raw moves to to, on a duplicate of the target's socket;
+// the response carries its result (or leaves the call to the kernel if that cannot be done).
+func (b *binder) carryOut(n *seccompNotif, raw []byte, to unix.Sockaddr) seccompNotifResp {
+	pass := seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
+	fd, err := b.socketOf(n)
 	if err != nil {
 		return pass // not ours to reach (another user's process); the kernel decides
 	}
@@ -87,8 +100,12 @@ func (b *binder) handle(n *seccompNotif) seccompNotifResp {
 			return pass // an IPv6-only socket cannot take an IPv4 address; see README
 		}
 	}
+	op := unix.Bind
+	if n.Data.Nr == unix.SYS_CONNECT {
+		op = unix.Connect
+	}
 	resp := seccompNotifResp{ID: n.ID}
-	if err := unix.Bind(fd, to); err != nil {
+	if err := op(fd, to); err != nil {
 		var errno unix.Errno
 		if !errors.As(err, &errno) {
 			errno = unix.EINVAL
@@ -96,9 +113,31 @@ func (b *binder) handle(n *seccompNotif) seccompNotifResp {
 		resp.Error = -int32(errno)
 		return resp
 	}
-	fmt.Fprintf(os.Stderr, "ferry: bind %s moved to %s, this replica's own address\n",
-		describeSockaddr(raw), netip.AddrPortFrom(netip.MustParseAddr(b.host), uint16(b.port)))
+	if n.Data.Nr == unix.SYS_BIND {
+		fmt.Fprintf(os.Stderr, "ferry: bind %s moved to %s, this replica's own address\n",
+			describeSockaddr(raw), netip.AddrPortFrom(netip.MustParseAddr(b.host), uint16(b.port)))
+	}
 	return resp
+}
+
+// socketOf duplicates the socket that n's call is about, out of the calling process.
+func (b *binder) socketOf(n *seccompNotif) (int, error) {
+	// n.Pid is the calling thread; pidfd_open wants its process. The memory decide read, the
+	// thread group and the pidfd all come before the id is checked: if the id is still valid
+	// then, the thread was alive all along, so no id was reused by another process meanwhile.
+	tgid, err := threadGroup(int(n.Pid))
+	if err != nil {
+		return -1, err
+	}
+	pidfd, err := unix.PidfdOpen(tgid, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(pidfd)
+	if !b.notifValid(n.ID) {
+		return -1, unix.ESRCH
+	}
+	return unix.PidfdGetfd(pidfd, int(int32(n.Data.Args[0])), 0)
 }
 
 func (b *binder) notifValid(id uint64) bool {
@@ -119,30 +158,33 @@ func threadGroup(tid int) (int, error) {
 	return 0, fmt.Errorf("no Tgid in /proc/%d/status", tid)
 }
 
-// readTargetMem reads n bytes at addr in process pid's memory.
-func readTargetMem(pid int, addr uint64, n int) ([]byte, error) {
-	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/mem")
+// readTargetMem reads n bytes at addr in thread tid's memory (one system call; the same
+// access check as /proc/TID/mem).
+func readTargetMem(tid int, addr uint64, n int) ([]byte, error) {
+	buf := make([]byte, n)
+	local := []unix.Iovec{{Base: &buf[0]}}
+	local[0].SetLen(n)
+	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: n}}
+	got, err := unix.ProcessVMReadv(tid, local, remote, 0)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	buf := make([]byte, n)
-	if _, err := f.ReadAt(buf, int64(addr)); err != nil {
-		return nil, err
+	if got != n {
+		return nil, unix.EFAULT
 	}
 	return buf, nil
 }
 
-// target is where a bind of raw (a struct sockaddr) goes instead, if it moves at all: a bind
-// of the task's port on 0.0.0.0 or 127.0.0.1 (IPv4), or on :: or their IPv4-mapped forms
-// (IPv6, the replica's address mapped).
+// target is where a bind of or connect to raw (a struct sockaddr) goes instead, if it moves
+// at all: the task's port on 0.0.0.0 or 127.0.0.1 (IPv4), or on ::, ::1 or the IPv4-mapped
+// forms (IPv6, the replica's address mapped).
 func (b *binder) target(raw []byte) (unix.Sockaddr, bool) {
 	addr, ok := parseSockaddr(raw)
 	if !ok || int(addr.Port()) != b.port {
 		return nil, false
 	}
 	ip := addr.Addr()
-	if !ip.Unmap().IsUnspecified() && ip.Unmap() != netip.AddrFrom4([4]byte{127, 0, 0, 1}) {
+	if !ip.Unmap().IsUnspecified() && ip.Unmap() != netip.AddrFrom4([4]byte{127, 0, 0, 1}) && ip != netip.IPv6Loopback() {
 		return nil, false
 	}
 	own, err := netip.ParseAddr(b.host)

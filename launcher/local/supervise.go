@@ -10,10 +10,12 @@ import (
 // address: the first replica would keep every other off it. So a fixed-port replica runs under
 // a supervisor, the ferry binary re-executed as `ferry local-supervise`, which moves such binds
 // to the replica's own address, as bypass4netns does for rootless containers: the workload runs
-// under a seccomp filter that hands every bind(2) to the supervisor (user notification), and
-// the supervisor binds a wildcard or 127.0.0.1 bind of the task's port, on a duplicate of the
-// program's socket, to $FERRY_HOST instead. Every other bind goes through untouched, as do all
-// other system calls. The supervisor is not on the request path: it acts on bind only.
+// under a seccomp filter that hands every bind(2) and connect(2) to the supervisor (user
+// notification), and the supervisor binds a wildcard or loopback bind of the task's port, on a
+// duplicate of the program's socket, to $FERRY_HOST instead, and connects a connect to
+// localhost on that port there too (binder_linux.go). Every other bind and connect goes
+// through untouched, as do all other system calls. The supervisor is not on the request path:
+// the proxy's connections are accepted, not made, by the replica.
 //
 // The supervisor is the process the provider starts and records (pid and process group), so
 // adoption, state and Terminate work as before: the workload and everything it starts stay in

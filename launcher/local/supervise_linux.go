@@ -39,8 +39,12 @@ type (
 	}
 )
 
-// seccompIoctlNotifIDValid is SECCOMP_IOCTL_NOTIF_ID_VALID, SECCOMP_IOW(2, __u64).
-const seccompIoctlNotifIDValid = 0x40082102
+const (
+	// seccompIoctlNotifIDValid is SECCOMP_IOCTL_NOTIF_ID_VALID, SECCOMP_IOW(2, __u64).
+	seccompIoctlNotifIDValid = 0x40082102
+	// seccompIoctlNotifSetFlags is SECCOMP_IOCTL_NOTIF_SET_FLAGS, SECCOMP_IOW(4, __u64).
+	seccompIoctlNotifSetFlags = 0x40082104
+)
 
 // superviseSupported: the provider starts replicas under Supervise only where it works.
 const superviseSupported = true
@@ -98,7 +102,7 @@ func runWorkload(argv []string) {
 	os.Exit(127)
 }
 
-// installBindFilter installs a filter that hands bind(2) to a listener and allows the rest, and
+// installBindFilter installs a filter that hands bind(2) and connect(2) to a listener and allows the rest, and
 // returns the listener. Without CAP_SYS_ADMIN the kernel requires no_new_privs first.
 func installBindFilter() (int, error) {
 	arch := auditArch()
@@ -107,9 +111,10 @@ func installBindFilter() (int, error) {
 	}
 	prog := []unix.SockFilter{
 		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: uint32(unsafe.Offsetof(seccompData{}.Arch))},
-		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jf: 3, K: arch}, // another ABI: allow
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jf: 4, K: arch}, // another ABI: allow
 		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: uint32(unsafe.Offsetof(seccompData{}.Nr))},
-		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jf: 1, K: unix.SYS_BIND},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 1, K: unix.SYS_BIND},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jf: 1, K: unix.SYS_CONNECT},
 		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_USER_NOTIF},
 		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ALLOW},
 	}

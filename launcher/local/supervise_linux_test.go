@@ -45,7 +45,8 @@ func denySeccompThenExec(argv []string) {
 
 // buildBinder builds ferry-test-bind GREETING NETWORK=ADDR...: it listens on each address,
 // prints "bound NETWORK=ADDR LOCAL" for each (where the socket really is), then answers every
-// connection with "GREETING LOCAL".
+// connection with "GREETING LOCAL". With dial=ADDR arguments only, it dials each, prints
+// "dialed ADDR: LINE" with the line read, and exits.
 func buildBinder(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -53,12 +54,14 @@ func buildBinder(t *testing.T) string {
 	if err := os.WriteFile(src, []byte(`package main
 
 import (
+	"bufio"
 	"fmt"
 	"net"
 	"os"
 	"runtime"
 	"strings"
 	"syscall"
+	"time"
 )
 
 func init() {
@@ -69,7 +72,22 @@ func init() {
 	}
 }
 
+func dial(addr string) {
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		fmt.Println("dial", addr, err)
+		return
+	}
+	defer c.Close()
+	line, err := bufio.NewReader(c).ReadString('\n')
+	fmt.Printf("dialed %s: %s (%v)\n", addr, strings.TrimSpace(line), err)
+}
+
 func main() {
+	if strings.HasPrefix(os.Args[2], "dial=") {
+		listen()
+		return
+	}
 	if os.Getenv("OFF_MAIN") != "" {
 		done := make(chan struct{})
 		go func() { listen(); close(done) }()
@@ -87,6 +105,10 @@ func listen() {
 	}
 	for _, a := range os.Args[2:] {
 		network, addr, _ := strings.Cut(a, "=")
+		if network == "dial" {
+			dial(addr)
+			continue
+		}
 		l, err := net.Listen(network, addr)
 		if err != nil {
 			fmt.Println("listen", a, err)
@@ -318,6 +340,50 @@ func TestSupervisorUnavailableFallsBack(t *testing.T) {
 		}
 		if strings.Contains(log, "moved") {
 			t.Errorf("%s: a bind moved without a supervisor:\n%s", tc.name, log)
+		}
+	}
+}
+
+// The replica's own processes still reach its server where they expect it, on localhost with
+// the task's port (SGLang's warm-up request, a run's wait loop): blocking (bash) and
+// non-blocking (Go) connects to 127.0.0.1, localhost, 0.0.0.0 and [::1] go to its address; a
+// connect to another port is left alone.
+func TestSupervisorMovesLoopbackConnects(t *testing.T) {
+	outside, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer outside.Close()
+	go func() {
+		for {
+			c, err := outside.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Write([]byte("outside\n"))
+			c.Close()
+		}
+	}()
+	p := supervisedProvider(t, "")
+	port := freePort(t)
+	P, O := strconv.Itoa(port), strconv.Itoa(outside.Addr().(*net.TCPAddr).Port)
+	in := launchFixed(t, p, "conn", port, `ferry-test-bind conn tcp4=0.0.0.0:`+P+` &
+for i in $(seq 300); do read -r line </dev/tcp/127.0.0.1/`+P+` && break; sleep 0.1; done 2>/dev/null
+echo "bash got: $line"
+ferry-test-bind dial dial=localhost:`+P+` dial=0.0.0.0:`+P+` dial=[::1]:`+P+` dial=127.0.0.1:`+O+`
+echo done
+wait`)
+	log := logOf(t, p, in.ID, "done\n")
+	server := "conn " + in.Endpoint
+	for _, want := range []string{
+		"bash got: " + server + "\n",
+		"dialed localhost:" + P + ": " + server + " (<nil>)\n",
+		"dialed 0.0.0.0:" + P + ": " + server + " (<nil>)\n",
+		"dialed [::1]:" + P + ": " + server + " (<nil>)\n",
+		"dialed 127.0.0.1:" + O + ": outside (<nil>)\n",
+	} {
+		if !strings.Contains(log, want) {
+			t.Errorf("want %q in the replica's log:\n%s", want, log)
 		}
 	}
 }
