@@ -34,8 +34,8 @@ type binder struct {
 // is answered at once, with one read of the target's memory.
 func (b *binder) serve() {
 	// Switch straight to the target after answering (Linux 6.6+; older kernels refuse, fine).
-	flags := uint64(unix.SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP)
-	_ = ioctlPtr(b.listener, seccompIoctlNotifSetFlags, unsafe.Pointer(&flags))
+	// This ioctl takes the flags themselves, not a pointer to them.
+	_, _, _ = unix.Syscall(unix.SYS_IOCTL, uintptr(b.listener), seccompIoctlNotifSetFlags, unix.SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP)
 	for {
 		var n seccompNotif // the kernel wants it zeroed
 		if err := ioctlPtr(b.listener, unix.SECCOMP_IOCTL_NOTIF_RECV, unsafe.Pointer(&n)); err != nil {
