@@ -2,7 +2,10 @@ package local
 
 import (
 	"context"
+	"encoding/binary"
+	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -384,6 +387,56 @@ wait`)
 	} {
 		if !strings.Contains(log, want) {
 			t.Errorf("want %q in the replica's log:\n%s", want, log)
+		}
+	}
+}
+
+// Which addresses move: the task's port on a wildcard or loopback address, IPv4 or IPv6; not
+// another port, not another address, not another family, not a truncated sockaddr.
+func TestBinderTarget(t *testing.T) {
+	b := &binder{host: "127.7.8.9", port: 8000}
+	v4 := func(a [4]byte, port int) []byte {
+		sa := make([]byte, unix.SizeofSockaddrInet4)
+		binary.NativeEndian.PutUint16(sa, unix.AF_INET)
+		binary.BigEndian.PutUint16(sa[2:], uint16(port))
+		copy(sa[4:], a[:])
+		return sa
+	}
+	v6 := func(a string, port int) []byte {
+		sa := make([]byte, unix.SizeofSockaddrInet6)
+		binary.NativeEndian.PutUint16(sa, unix.AF_INET6)
+		binary.BigEndian.PutUint16(sa[2:], uint16(port))
+		ip := netip.MustParseAddr(a).As16()
+		copy(sa[8:], ip[:])
+		return sa
+	}
+	own4 := &unix.SockaddrInet4{Port: 8000, Addr: [4]byte{127, 7, 8, 9}}
+	own6 := &unix.SockaddrInet6{Port: 8000, Addr: netip.MustParseAddr("::ffff:127.7.8.9").As16()}
+	unixSock := make([]byte, 110)
+	binary.NativeEndian.PutUint16(unixSock, unix.AF_UNIX)
+	for _, tc := range []struct {
+		name string
+		raw  []byte
+		want unix.Sockaddr
+	}{
+		{"0.0.0.0", v4([4]byte{}, 8000), own4},
+		{"127.0.0.1", v4([4]byte{127, 0, 0, 1}, 8000), own4},
+		{"::", v6("::", 8000), own6},
+		{"::1", v6("::1", 8000), own6},
+		{"::ffff:0.0.0.0", v6("::ffff:0.0.0.0", 8000), own6},
+		{"::ffff:127.0.0.1", v6("::ffff:127.0.0.1", 8000), own6},
+		{"another port", v4([4]byte{}, 8001), nil},
+		{"port 0", v4([4]byte{}, 0), nil},
+		{"its own address", v4([4]byte{127, 7, 8, 9}, 8000), nil},
+		{"another loopback", v4([4]byte{127, 0, 0, 2}, 8000), nil},
+		{"a real address", v6("fd00::2", 8000), nil},
+		{"AF_UNIX", unixSock, nil},
+		{"truncated v6", v6("::", 8000)[:20], nil},
+		{"truncated v4", v4([4]byte{}, 8000)[:6], nil},
+	} {
+		got, ok := b.target(tc.raw)
+		if ok != (tc.want != nil) || ok && fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: target = %v, %v; want %v", tc.name, got, ok, tc.want)
 		}
 	}
 }
