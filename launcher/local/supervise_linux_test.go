@@ -440,3 +440,25 @@ func TestBinderTarget(t *testing.T) {
 		}
 	}
 }
+
+// Only a replica on the task's own port runs supervised: one taking $FERRY_PORT, which shares
+// 127.0.0.1, runs as before, its recorded process the shell itself.
+func TestFerryPortReplicaUnsupervised(t *testing.T) {
+	p := supervisedProvider(t, "")
+	in, err := p.Launch(context.Background(), launcher.Spec{Name: "dyn", Port: 8000, Run: `sleep 30 # --port $FERRY_PORT`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Terminate(context.Background(), in.ID) })
+	meta, err := loadMetadata(filepath.Join(p.opts.Dir, in.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(meta.PID) + "/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if args := strings.Split(string(cmdline), "\x00"); args[0] != "bash" {
+		t.Errorf("a $FERRY_PORT replica runs %q, want bash directly", args)
+	}
+}
