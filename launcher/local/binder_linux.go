@@ -105,7 +105,9 @@ func (b *binder) carryOut(n *seccompNotif, raw []byte, to unix.Sockaddr) seccomp
 		op = unix.Connect
 	}
 	resp := seccompNotifResp{ID: n.ID}
-	if err := op(fd, to); err != nil {
+	// EISCONN: a connect restarted after we made it (a kernel without WAIT_KILLABLE_RECV) is
+	// connected where it should be.
+	if err := op(fd, to); err != nil && !(n.Data.Nr == unix.SYS_CONNECT && errors.Is(err, unix.EISCONN)) {
 		var errno unix.Errno
 		if !errors.As(err, &errno) {
 			errno = unix.EINVAL

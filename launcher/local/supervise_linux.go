@@ -102,8 +102,9 @@ func runWorkload(argv []string) {
 	os.Exit(127)
 }
 
-// installBindFilter installs a filter that hands bind(2) and connect(2) to a listener and allows the rest, and
-// returns the listener. Without CAP_SYS_ADMIN the kernel requires no_new_privs first.
+// installBindFilter installs a filter that hands bind(2) and connect(2) to a listener and
+// allows the rest, and returns the listener. Without CAP_SYS_ADMIN the kernel requires
+// no_new_privs first.
 func installBindFilter() (int, error) {
 	arch := auditArch()
 	if arch == 0 {
@@ -120,7 +121,11 @@ func installBindFilter() (int, error) {
 	}
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
 	// TSYNC_ESRCH lets TSYNC go with NEW_LISTENER (both would report through the return value).
-	flags := uintptr(unix.SECCOMP_FILTER_FLAG_NEW_LISTENER | unix.SECCOMP_FILTER_FLAG_TSYNC | unix.SECCOMP_FILTER_FLAG_TSYNC_ESRCH)
+	// WAIT_KILLABLE_RECV (Linux 5.19+): once the supervisor holds a call, only a fatal signal
+	// interrupts it; another one would restart the call after the supervisor did it (a second
+	// bind of the bound socket fails). Older kernels refuse the flag and go without.
+	flags := uintptr(unix.SECCOMP_FILTER_FLAG_NEW_LISTENER | unix.SECCOMP_FILTER_FLAG_TSYNC |
+		unix.SECCOMP_FILTER_FLAG_TSYNC_ESRCH | unix.SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV)
 	install := func() (int, error) {
 		fd, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&fprog)))
 		runtime.KeepAlive(prog)
@@ -130,11 +135,22 @@ func installBindFilter() (int, error) {
 		return int(fd), nil
 	}
 	fd, err := install()
-	if errors.Is(err, unix.EACCES) {
-		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-			return -1, fmt.Errorf("set no_new_privs: %w", err)
+	for retried := map[unix.Errno]bool{}; err != nil; fd, err = install() {
+		errno, _ := err.(unix.Errno)
+		if retried[errno] {
+			break
 		}
-		fd, err = install()
+		retried[errno] = true
+		switch errno {
+		case unix.EINVAL: // checked before EACCES
+			flags &^= unix.SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV
+		case unix.EACCES:
+			if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+				return -1, fmt.Errorf("set no_new_privs: %w", err)
+			}
+		default:
+			return -1, fmt.Errorf("install seccomp filter: %w", err)
+		}
 	}
 	if err != nil {
 		return -1, fmt.Errorf("install seccomp filter: %w", err)
