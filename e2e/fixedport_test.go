@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,18 +15,18 @@ import (
 )
 
 // fixedPortYAML is SkyPilot's serving shape: the run names its port itself rather than taking
-// $FERRY_PORT, and binds the replica's own address.
+// $FERRY_PORT; it binds the address given (%[2]s).
 const fixedPortYAML = `name: fixed
 resources:
   infra: local
-  ports: %d
+  ports: %[1]d
 service:
   readiness_probe:
     path: /health
     initial_delay_seconds: 30
   replicas: 2
   load_balancing_policy: round_robin
-run: ferry replica-sim --host $FERRY_HOST --port %d --model ferry-sim-1b
+run: ferry replica-sim --host %[2]s --port %[1]d --model ferry-sim-1b
 `
 
 // TestLocalReplicasOnFixedPort: two local replicas of a service whose run listens on a fixed
@@ -33,10 +34,58 @@ run: ferry replica-sim --host $FERRY_HOST --port %d --model ferry-sim-1b
 // reaches each (counted by each replica's own /metrics), and a restarted controller adopts them
 // at the same addresses.
 func TestLocalReplicasOnFixedPort(t *testing.T) {
+	testFixedPort(t, "$FERRY_HOST")
+}
+
+// TestLocalReplicasOnFixedPortWildcard: the same with an unmodified run that binds the port on
+// every address (0.0.0.0, as vLLM and `python -m http.server` do): the replica's supervisor
+// moves each bind to the replica's own address, and `serve down` stops every process.
+func TestLocalReplicasOnFixedPortWildcard(t *testing.T) {
+	e, port := testFixedPort(t, "0.0.0.0")
+	sims := processesWith("replica-sim", "--port "+strconv.Itoa(port))
+	if len(sims) != 2 {
+		t.Fatalf("%d replica-sim processes on port %d, want 2", len(sims), port)
+	}
+	e.mustRun("serve", "down", "fixed", "-y")
+	eventually(t, 30*time.Second, "every replica process gone", func() (bool, string) {
+		left := processesWith("replica-sim", "--port "+strconv.Itoa(port))
+		return len(left) == 0, fmt.Sprint(left)
+	})
+}
+
+// processesWith lists the pids whose command line holds every one of parts.
+func processesWith(parts ...string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, en := range entries {
+		pid, err := strconv.Atoi(en.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + en.Name() + "/cmdline")
+		cmdline := strings.ReplaceAll(string(b), "\x00", " ")
+		if err != nil || !alive(pid) {
+			continue
+		}
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(cmdline, p)
+		}
+		if all && !strings.Contains(cmdline, "local-supervise") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// testFixedPort serves fixedPortYAML with its run binding host and checks what
+// TestLocalReplicasOnFixedPort says; it returns the environment and the port.
+func testFixedPort(t *testing.T, host string) (*env, int) {
+	t.Helper()
 	port := freeTCPPort(t)
 	e := newEnv(t)
 	file := filepath.Join(t.TempDir(), "fixed.yaml")
-	writeFile(t, file, fmt.Sprintf(fixedPortYAML, port, port))
+	writeFile(t, file, fmt.Sprintf(fixedPortYAML, port, host))
 	e.mustRun("serve", "up", file, "-y")
 
 	var st serviceStatus
@@ -99,6 +148,7 @@ func TestLocalReplicasOnFixedPort(t *testing.T) {
 		return fmt.Sprint(after.ready()) == fmt.Sprint(ready), fmt.Sprintf("%v, before %v", after.ready(), ready)
 	})
 	chatPlain(t, st.Endpoint)
+	return e, port
 }
 
 // freeTCPPort is a port nothing listens on, on any address, right now.

@@ -82,6 +82,7 @@ func newControllerCmd() *cobra.Command {
 			opts.Version = version()
 			opts.Logger = log
 			opts.PathPrepend = binDir()
+			opts.Supervisor, _ = os.Executable() // "" runs fixed-port replicas unsupervised
 			if err := election.apply(&opts, log); err != nil {
 				return err
 			}

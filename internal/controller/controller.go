@@ -71,6 +71,8 @@ type Options struct {
 	LogFile string
 	// PathPrepend goes first on every local replica's PATH (the ferry binary's directory).
 	PathPrepend []string
+	// Supervisor is the ferry binary, for local replicas on a fixed port (local.Options).
+	Supervisor string
 	// GatewayAddr is the shared endpoint where a request's "model" picks the service; empty or
 	// ListenerOff disables it. If the default address is taken the controller runs without a gateway
 	// (logged); any other address that cannot be bound is an error.
@@ -389,7 +391,7 @@ func (c *Controller) openState() (closeState func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	infras, err := infra.Open(h, infra.Options{PathPrepend: c.opts.PathPrepend, Logger: c.log, BlockFor: c.opts.BlockFor, WindowLead: c.opts.WindowLead})
+	infras, err := infra.Open(h, infra.Options{PathPrepend: c.opts.PathPrepend, Supervisor: c.opts.Supervisor, Logger: c.log, BlockFor: c.opts.BlockFor, WindowLead: c.opts.WindowLead})
 	if err != nil {
 		c.store.Close()
 		return nil, err

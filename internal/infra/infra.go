@@ -33,7 +33,9 @@ const offeringsTimeout = 10 * time.Second
 type Options struct {
 	// PathPrepend goes first on local replicas' PATH (the ferry binary's directory).
 	PathPrepend []string
-	Logger      *zap.Logger
+	// Supervisor is the ferry binary, for local replicas on a fixed port (local.Options).
+	Supervisor string
+	Logger     *zap.Logger
 	// BlockFor overrides provision.DefaultBlockFor.
 	BlockFor time.Duration
 	// WindowLead is how long before a reservation's end its replicas are replaced (0:
@@ -65,7 +67,7 @@ func Open(h home.Home, opts Options) (*Set, error) {
 		return nil, err
 	}
 	s := &Set{Config: cfg, Problems: map[string]error{}, log: opts.Logger, windowLead: cmp.Or(opts.WindowLead, launcher.DefaultWindowLead)}
-	s.Local, err = local.New(local.Options{Dir: h.LocalDir(), PathPrepend: opts.PathPrepend, Logger: opts.Logger.Named("local")})
+	s.Local, err = local.New(local.Options{Dir: h.LocalDir(), PathPrepend: opts.PathPrepend, Supervisor: opts.Supervisor, Logger: opts.Logger.Named("local")})
 	if err != nil {
 		return nil, err
 	}

@@ -53,6 +53,10 @@ type Options struct {
 	// shared by the job's nodes and kept across its recoveries until CleanupJob; default
 	// Dir/checkpoints.
 	CheckpointRoot string
+	// Supervisor is the ferry binary, which runs a fixed-port replica under `ferry
+	// local-supervise` (supervise.go) so that its binds of 0.0.0.0 go to its own address; ""
+	// runs such replicas as any other, where only binds of $FERRY_HOST share the port.
+	Supervisor string
 	// Logger receives one line per launch and termination; nil means no logging.
 	Logger *zap.Logger
 	// Buckets reads the s3:// and gs:// sources of file_mounts; nil is buckets.New with the
@@ -230,27 +234,32 @@ func (p *Provider) start(dir, work, id, host string, port int, spec launcher.Spe
 	}
 	defer out.Close() // the child holds its own descriptor
 
-	cmd := exec.Command("bash", script)
+	argv := []string{"bash", script}
 	if spec.Job != nil {
 		// A job's status must outlive this controller: the wrapper writes it where a later
 		// one reads it. A node killed by a signal writes nothing: it did not end by itself.
-		cmd = exec.Command("bash", "-c", `bash "$0"; rc=$?; printf '%d\n' "$rc" > "$1.tmp" && mv "$1.tmp" "$1"; exit "$rc"`,
-			script, filepath.Join(dir, exitStatusFile))
+		argv = []string{"bash", "-c", `bash "$0"; rc=$?; printf '%d\n' "$rc" > "$1.tmp" && mv "$1.tmp" "$1"; exit "$rc"`,
+			script, filepath.Join(dir, exitStatusFile)}
 	}
-	cmd.Dir = work
-	cmd.Env = append(p.environ(spec, host, port), filesEnv(spec, dir, work)...)
-	cmd.Stdin = nil // /dev/null
-	cmd.Stdout = out
-	cmd.Stderr = out
-	// A new session: its own process group (pgid = pid) so Terminate can signal every process
-	// the replica started, no controlling terminal, and no signal from the controller's
-	// terminal or its death reaches it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		if errors.Is(err, exec.ErrNotFound) {
-			return launcher.Instance{}, fmt.Errorf("%w: start replica: %v", launcher.ErrInvalid, err)
+	env := append(p.environ(spec, host, port), filesEnv(spec, dir, work)...)
+	var cmd *exec.Cmd
+	if superviseSupported && p.opts.Supervisor != "" && spec.Job == nil && fixedPort(spec) {
+		// supervise.go: binds of the task's port on 0.0.0.0 move to host. A supervisor that
+		// does not start leaves the replica as it was without one.
+		cmd = replicaCommand(p.opts.Supervisor, superviseArgs(host, port, argv), work, env, out)
+		if err := cmd.Start(); err != nil {
+			p.log.Warn("start replica supervisor; running without", zap.String("instance", id), zap.Error(err))
+			cmd = nil
 		}
-		return launcher.Instance{}, fmt.Errorf("start replica: %w", err)
+	}
+	if cmd == nil {
+		cmd = replicaCommand(argv[0], argv[1:], work, env, out)
+		if err := cmd.Start(); err != nil {
+			if errors.Is(err, exec.ErrNotFound) {
+				return launcher.Instance{}, fmt.Errorf("%w: start replica: %v", launcher.ErrInvalid, err)
+			}
+			return launcher.Instance{}, fmt.Errorf("start replica: %w", err)
+		}
 	}
 	pid := cmd.Process.Pid
 	// The child is not reaped before Wait, so its stat is readable even if it already exited.
@@ -288,6 +297,21 @@ func (p *Provider) start(dir, work, id, host string, port int, spec launcher.Spe
 	p.mu.Unlock()
 	go p.wait(dir, cmd, c)
 	return p.instance(meta, launcher.StateRunning, ""), nil
+}
+
+// replicaCommand runs name args in a new session, in work with env, output to out.
+func replicaCommand(name string, args []string, work string, env []string, out *os.File) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.Dir = work
+	cmd.Env = env
+	cmd.Stdin = nil // /dev/null
+	cmd.Stdout = out
+	cmd.Stderr = out
+	// A new session: its own process group (pgid = pid) so Terminate can signal every process
+	// the replica started, no controlling terminal, and no signal from the controller's
+	// terminal or its death reaches it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	return cmd
 }
 
 // wait reaps a child we started and records how it ended, which only its parent can learn.

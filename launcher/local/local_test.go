@@ -25,6 +25,12 @@ import (
 const helperLaunchEnv = "FERRY_LOCAL_TEST_LAUNCH_DIR"
 
 func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == SuperviseCommand {
+		os.Exit(Supervise(os.Args[2:])) // the test binary stands in for `ferry local-supervise`
+	}
+	if len(os.Args) > 1 && os.Args[1] == denySeccompCommand {
+		denySeccompThenExec(os.Args[2:]) // supervise_linux_test.go
+	}
 	if dir := os.Getenv(helperLaunchEnv); dir != "" {
 		p, err := New(Options{Dir: dir})
 		if err != nil {

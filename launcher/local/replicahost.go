@@ -16,9 +16,10 @@ import (
 // (`vllm serve ... --port 8000` with `ports: 8000`), as each replica has a machine of its own.
 // Locally, such a replica gets a loopback address of its own (127.x.y.z, as a job's node does:
 // Linux routes all of 127.0.0.0/8 to lo) and keeps the task's port, so two replicas both listen
-// on 8000 and the proxy and probes dial each at its own address. The program must bind that
-// address, $FERRY_HOST: a program binding 0.0.0.0:8000 holds the port on every address, so only
-// one such replica runs per port, and the next launch says why.
+// on 8000 and the proxy and probes dial each at its own address. A program that binds
+// 0.0.0.0:8000 instead (the usual default) is moved there by the replica's supervisor
+// (supervise.go); without one, such a bind holds the port on every address, so only one such
+// replica runs per port, and the next launch says why.
 //
 // A network namespace per replica would let an unmodified 0.0.0.0 bind work too, but without
 // root a fresh namespace has no route out (a model download fails) and the proxy cannot dial
@@ -56,6 +57,8 @@ func (p *Provider) replicaHost(port int) (string, error) {
 		}
 		l, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
 		if errors.Is(err, syscall.EADDRINUSE) {
+			// A supervised replica's 0.0.0.0 bind is on its own address: this is another
+			// program, or a replica that runs without a supervisor (see its log).
 			return "", fmt.Errorf("%w: a program listens on *:%d, so no replica can have port %d on an address of its own; "+
 				"a local replica on a fixed port must bind $FERRY_HOST (e.g. --host $FERRY_HOST), not 0.0.0.0", ErrPortHeld, port, port)
 		}

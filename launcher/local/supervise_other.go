@@ -1,0 +1,17 @@
+//go:build !linux
+
+package local
+
+import (
+	"fmt"
+	"os"
+)
+
+const superviseSupported = false
+
+// Supervise is `ferry local-supervise`; only Linux has the seccomp user notification it needs,
+// and the provider starts it nowhere else.
+func Supervise(args []string) int {
+	fmt.Fprintln(os.Stderr, "ferry "+SuperviseCommand+": supported on Linux only")
+	return 2
+}
