@@ -1,12 +1,18 @@
 package e2e
 
 import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // planRowRE matches a row of the optimizer's table and captures its infra.
@@ -138,5 +144,55 @@ func TestDryRunRefusesWhatLaunchRefuses(t *testing.T) {
 				t.Fatalf("stderr lacks %q:\n%s", tc.want, errOut)
 			}
 		})
+	}
+}
+
+// TestSkyPilotExamplesServed serves the compatibility YAMLs a machine without GPUs can run, as
+// written: with no infra they plan on local, and their unmodified runs bind every address on a
+// fixed port (python's http.server), so two replicas of one service need their own addresses
+// (launcher/local's supervisor). The http-server example's workdir comes through `$WORKDIR`
+// from --env, as in SkyPilot.
+func TestSkyPilotExamplesServed(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Fatalf("python3 is needed to serve SkyPilot's http examples (scripts/test-deps.sh installs it): %v", err)
+	}
+	e := newEnv(t)
+	cases := []struct {
+		file, name, path, want string
+		replicas               int
+		args                   []string
+	}{
+		{file: "minimal.yaml", name: "minimal", path: "/", want: "Directory listing", replicas: 1},
+		{file: "http-server.yaml", name: "http-server", path: "/", want: "Hi, SkyPilot here!", replicas: 2,
+			args: []string{"--env", "WORKDIR=configs/testdata/skypilot/http_server"}},
+	}
+	for _, tc := range cases {
+		args := append([]string{"serve", "up", filepath.Join("configs/testdata/skypilot", tc.file), "-n", tc.name, "-y"}, tc.args...)
+		e.mustRun(args...)
+		var st serviceStatus
+		eventually(t, 90*time.Second, tc.name+" READY", func() (bool, string) {
+			var err error
+			if st, err = e.status(tc.name); err != nil {
+				return false, err.Error()
+			}
+			return len(st.ready()) == tc.replicas, fmt.Sprintf("%+v", st.Replicas)
+		})
+		for id, ep := range st.ready() {
+			if _, port, _ := net.SplitHostPort(ep); port != "8080" {
+				t.Errorf("%s replica %d at %s, want the task's port 8080", tc.name, id, ep)
+			}
+		}
+		for i := range 2 * tc.replicas {
+			resp, err := http.Get(st.Endpoint + tc.path)
+			if err != nil {
+				t.Fatalf("%s request %d: %v", tc.name, i, err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), tc.want) {
+				t.Fatalf("%s request %d: %d %q, want 200 with %q", tc.name, i, resp.StatusCode, body, tc.want)
+			}
+		}
+		e.mustRun("serve", "down", tc.name, "-y")
 	}
 }
