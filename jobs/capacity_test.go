@@ -149,7 +149,7 @@ func TestMaxRunDurationStopsWithGrace(t *testing.T) {
 	out := t.TempDir()
 	j := e.submit(fmt.Sprintf(`num_nodes: 2
 resources:
-  capacity: {max_run_duration: 1s}
+  capacity: {max_run_duration: 3s}
 job: {grace_period_seconds: 20}
 envs: {OUT: %s}
 run: |
@@ -157,11 +157,11 @@ run: |
   while true; do sleep 0.05; done
 `, out))
 	r := e.waitState(j.ID, jobs.Running)
-	if r.RunUntil.Sub(r.StateSince) != time.Second {
-		t.Errorf("run_until %v is not 1s after the nodes started (%v)", r.RunUntil, r.StateSince)
+	if r.RunUntil.Sub(r.StateSince) != 3*time.Second {
+		t.Errorf("run_until %v is not 3s after the nodes started (%v)", r.RunUntil, r.StateSince)
 	}
 	f := e.waitState(j.ID, jobs.Failed)
-	if !strings.Contains(f.Reason, "reached its max_run_duration of 1s") || !strings.Contains(f.Reason, "SIGTERM and 20s to checkpoint") {
+	if !strings.Contains(f.Reason, "reached its max_run_duration of 3s") || !strings.Contains(f.Reason, "SIGTERM and 20s to checkpoint") {
 		t.Errorf("reason %q", f.Reason)
 	}
 	if f.EndedAt.Before(r.RunUntil) {
@@ -194,7 +194,8 @@ func (w *inWindow) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 // window does not postpone it.
 func TestJobStopsBeforeItsReservationEnds(t *testing.T) {
 	e := newEnv(t)
-	end := time.Now().Add(3 * time.Second).Truncate(time.Second)
+	// Far enough ahead that a loaded machine sees the job RUNNING before end less its grace.
+	end := time.Now().Add(8 * time.Second).Truncate(time.Second)
 	w := &inWindow{gangs: e.prov, end: end}
 	e.stop()
 	m, err := jobs.New(jobs.Config{Provider: w, Store: e.store, Dir: filepath.Join(e.home, "jobs"),
