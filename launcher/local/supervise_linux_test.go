@@ -454,9 +454,16 @@ func TestFerryPortReplicaUnsupervised(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(meta.PID) + "/cmdline")
-	if err != nil {
-		t.Fatal(err)
+	// A process just started may show an empty cmdline for a moment (seen under load).
+	var cmdline []byte
+	for range 50 {
+		if cmdline, err = os.ReadFile("/proc/" + strconv.Itoa(meta.PID) + "/cmdline"); err != nil {
+			t.Fatal(err)
+		}
+		if len(cmdline) > 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if args := strings.Split(string(cmdline), "\x00"); args[0] != "bash" {
 		t.Errorf("a $FERRY_PORT replica runs %q, want bash directly", args)
