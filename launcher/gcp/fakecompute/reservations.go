@@ -159,14 +159,30 @@ func consumes(pb *computepb.Instance, name string) bool {
 func (s *Server) listReservations(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	zone, _, ok := s.zone(w, r)
-	if !ok {
-		return
+	if zone, _, ok := s.zone(w, r); ok {
+		writeZonedList(w, r, zone, s.reservations, func(pb *computepb.Reservation) *computepb.Reservation { return s.reservationView(zone, pb) },
+			func(page []*computepb.Reservation, next *string) proto.Message {
+				return &computepb.ReservationList{Kind: proto.String("compute#reservationList"), Items: page, NextPageToken: next}
+			})
 	}
-	var items []*computepb.Reservation
-	for _, key := range slices.Sorted(maps.Keys(s.reservations)) {
-		if pb := s.reservations[key]; lastSegment(pb.GetZone()) == zone {
-			items = append(items, s.reservationView(zone, pb))
+}
+
+func (s *Server) getReservation(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if zone, _, ok := s.zone(w, r); ok {
+		writeZonedGet(w, r, "projects/"+s.opts.Project+"/zones/"+zone+"/reservations/", s.reservations[zone+"/"+r.PathValue("name")],
+			func(pb *computepb.Reservation) *computepb.Reservation { return s.reservationView(zone, pb) })
+	}
+}
+
+// writeZonedList answers a list of the zone's items of m (keyed "ZONE/NAME"), in key order,
+// each shown through view, a page at a time in the response wrap makes. s.mu is held.
+func writeZonedList[T interface{ GetZone() string }](w http.ResponseWriter, r *http.Request, zone string, m map[string]T, view func(T) T, wrap func([]T, *string) proto.Message) {
+	var items []T
+	for _, key := range slices.Sorted(maps.Keys(m)) {
+		if pb := m[key]; lastSegment(pb.GetZone()) == zone {
+			items = append(items, view(pb))
 		}
 	}
 	page, next, err := paginate(r, items)
@@ -174,22 +190,21 @@ func (s *Server) listReservations(w http.ResponseWriter, r *http.Request) {
 		errInvalid(err.Error()).write(w)
 		return
 	}
-	writeJSON(w, &computepb.ReservationList{Kind: proto.String("compute#reservationList"), Items: page, NextPageToken: next})
+	writeJSON(w, wrap(page, next))
 }
 
-func (s *Server) getReservation(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	zone, _, ok := s.zone(w, r)
-	if !ok {
+// writeZonedGet answers a get of item {name}, shown through view, or GCE's 404 naming
+// collection+name when item is nil (not in the map). s.mu is held.
+func writeZonedGet[T interface {
+	comparable
+	proto.Message
+}](w http.ResponseWriter, r *http.Request, collection string, item T, view func(T) T) {
+	var none T
+	if item == none {
+		errNotFound(collection + r.PathValue("name")).write(w)
 		return
 	}
-	pb, ok := s.reservations[zone+"/"+r.PathValue("name")]
-	if !ok {
-		errNotFound("projects/" + s.opts.Project + "/zones/" + zone + "/reservations/" + r.PathValue("name")).write(w)
-		return
-	}
-	writeJSON(w, s.reservationView(zone, pb))
+	writeJSON(w, view(item))
 }
 
 func (s *Server) deleteReservation(w http.ResponseWriter, r *http.Request) {
@@ -488,35 +503,19 @@ func (s *Server) EndWindow(zone, name string) error {
 func (s *Server) listFutureReservations(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	zone, _, ok := s.zone(w, r)
-	if !ok {
-		return
+	if zone, _, ok := s.zone(w, r); ok {
+		writeZonedList(w, r, zone, s.future, proto.CloneOf[*computepb.FutureReservation],
+			func(page []*computepb.FutureReservation, next *string) proto.Message {
+				return &computepb.FutureReservationsListResponse{Kind: proto.String("compute#futureReservationsListResponse"), Items: page, NextPageToken: next}
+			})
 	}
-	var items []*computepb.FutureReservation
-	for _, key := range slices.Sorted(maps.Keys(s.future)) {
-		if pb := s.future[key]; lastSegment(pb.GetZone()) == zone {
-			items = append(items, proto.CloneOf(pb))
-		}
-	}
-	page, next, err := paginate(r, items)
-	if err != nil {
-		errInvalid(err.Error()).write(w)
-		return
-	}
-	writeJSON(w, &computepb.FutureReservationsListResponse{Kind: proto.String("compute#futureReservationsListResponse"), Items: page, NextPageToken: next})
 }
 
 func (s *Server) getFutureReservation(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	zone, _, ok := s.zone(w, r)
-	if !ok {
-		return
+	if zone, _, ok := s.zone(w, r); ok {
+		writeZonedGet(w, r, "projects/"+s.opts.Project+"/zones/"+zone+"/futureReservations/", s.future[zone+"/"+r.PathValue("name")],
+			func(pb *computepb.FutureReservation) *computepb.FutureReservation { return pb })
 	}
-	pb, ok := s.future[zone+"/"+r.PathValue("name")]
-	if !ok {
-		errNotFound("projects/" + s.opts.Project + "/zones/" + zone + "/futureReservations/" + r.PathValue("name")).write(w)
-		return
-	}
-	writeJSON(w, pb)
 }
