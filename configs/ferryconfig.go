@@ -216,35 +216,14 @@ func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
 		}
 	}
 	c.kubernetesProxies(f, k)
-	if e, ok := f["checkpoint_size"]; ok {
-		fld := joinField(field, "checkpoint_size")
-		if v, ok := c.str(e.value, fld); ok {
-			if !quantityRE.MatchString(v) {
-				c.errorf(e.value, fld, "%s is not a storage size such as 10Gi or 500Mi", quoteShort(v))
-			} else {
-				k.CheckpointSize = v
-			}
-		}
+	if v, ok := c.matching(f, field, "checkpoint_size", quantityRE, "is not a storage size such as 10Gi or 500Mi"); ok {
+		k.CheckpointSize = v
 	}
-	if e, ok := f["checkpoint_storage_class"]; ok {
-		fld := joinField(field, "checkpoint_storage_class")
-		if v, ok := c.str(e.value, fld); ok {
-			if !dnsSubdomainRE.MatchString(v) {
-				c.errorf(e.value, fld, "%s is not a storage class name", quoteShort(v))
-			} else {
-				k.CheckpointStorageClass = v
-			}
-		}
+	if v, ok := c.matching(f, field, "checkpoint_storage_class", dnsSubdomainRE, "is not a storage class name"); ok {
+		k.CheckpointStorageClass = v
 	}
-	if e, ok := f["gpu_scheduler_name"]; ok {
-		fld := joinField(field, "gpu_scheduler_name")
-		if v, ok := c.str(e.value, fld); ok {
-			if !dnsSubdomainRE.MatchString(v) {
-				c.errorf(e.value, fld, "%s is not a scheduler name (lowercase letters, digits, '-' and '.')", quoteShort(v))
-			} else {
-				k.GPUSchedulerName = v
-			}
-		}
+	if v, ok := c.matching(f, field, "gpu_scheduler_name", dnsSubdomainRE, "is not a scheduler name (lowercase letters, digits, '-' and '.')"); ok {
+		k.GPUSchedulerName = v
 	}
 	if e, ok := f["kueue_local_queue"]; ok {
 		k.KueueLocalQueue = c.kueueLocalQueue(e.value, joinField(field, "kueue_local_queue"))
@@ -526,3 +505,22 @@ func (c *checker) kubeContext(n *yaml.Node, field string) (KubernetesContext, bo
 
 // dnsLabelRE is a Kubernetes namespace (an RFC 1123 label).
 var dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// matching reads the optional string f[key] and returns it when re matches it; otherwise it
+// reports "VALUE <why>" at the value and returns false.
+func (c *checker) matching(f map[string]entry, field, key string, re *regexp.Regexp, why string) (string, bool) {
+	e, ok := f[key]
+	if !ok {
+		return "", false
+	}
+	fld := joinField(field, key)
+	v, ok := c.str(e.value, fld)
+	if !ok {
+		return "", false
+	}
+	if !re.MatchString(v) {
+		c.errorf(e.value, fld, "%s %s", quoteShort(v), why)
+		return "", false
+	}
+	return v, true
+}
