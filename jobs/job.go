@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
 )
 
 // State is a job's status, SkyPilot's names.
@@ -100,6 +101,9 @@ type Job struct {
 	// or its grace before its reservation ends if that is sooner; RunLimit says which.
 	RunUntil time.Time `json:"run_until,omitzero"`
 	RunLimit string    `json:"run_limit,omitempty"`
+	// LeftBehind is what stopping the job's nodes could not reach (an infra that did not
+	// answer): the provisioner's janitor stops it once the infra answers again.
+	LeftBehind []launcher.Leftover `json:"left_behind,omitempty"`
 }
 
 // Node is one node of a job's current gang.

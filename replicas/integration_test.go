@@ -153,7 +153,7 @@ func TestManagerWithLocalProcesses(t *testing.T) {
 		}
 	}
 
-	if err := m.Shutdown(context.Background()); err != nil {
+	if _, err := m.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if last, _ := pubs.last(); len(last) != 0 {

@@ -165,6 +165,12 @@ func (m *Manager) terminateLocked(t termination) {
 		if r != nil {
 			r.terminating = false
 		}
+		if _, left := launcher.LeftBehind(err); left {
+			// Its infra did not answer: the provider's janitor stops it once it does, so
+			// the replica goes as if it were gone.
+			m.log.Warn("instance left to stop when its infra answers again", zap.String("instance", t.InstanceID), zap.Error(err))
+			err = nil
+		}
 		if err != nil {
 			m.log.Warn("terminate instance; will retry", zap.String("instance", t.InstanceID), zap.Error(err))
 			return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"runtime/debug"
 	"slices"
@@ -130,6 +131,8 @@ type Manager struct {
 	// terminations so that probe-triggered passes need not list again.
 	instances []launcher.Instance
 	observed  bool
+	// gaps are the parts of the infras the last List could not read (Unknown).
+	gaps []launcher.Gap
 	// eventSeq orders launch completions against List calls.
 	eventSeq uint64
 	gone     map[string]time.Time
@@ -365,9 +368,17 @@ func (m *Manager) Ready() []Endpoint {
 // published, every instance of the service is terminated (launches under way are waited for
 // first) and the records are deleted. It works whether or not Start runs, and calling it again
 // finishes what an interrupted call left.
-func (m *Manager) Shutdown(ctx context.Context) error {
+//
+// An infra that does not answer does not hold the rest up: what could not be stopped there —
+// the instances its records name, and whatever else of the service the infra may hold, launched
+// before now — is handed to the provider's janitor (launcher.LeftoverKeeper), which stops it
+// once the infra answers again, and returned so the caller can say exactly what is left.
+func (m *Manager) Shutdown(ctx context.Context) ([]launcher.Leftover, error) {
+	fail := func(err error) ([]launcher.Leftover, error) {
+		return nil, fmt.Errorf("replicas: shutdown %s: %w", m.cfg.Service, err)
+	}
 	if err := m.load(); err != nil {
-		return fmt.Errorf("replicas: shutdown %s: %w", m.cfg.Service, err)
+		return fail(err)
 	}
 	m.mu.Lock()
 	if !m.shutdown {
@@ -383,6 +394,10 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 		}
 	}
 	m.setReadyLocked()
+	recs := make([]Record, 0, len(m.replicas))
+	for _, id := range sortedKeys(m.replicas) {
+		recs = append(recs, m.replicas[id].rec)
+	}
 	m.unlock() // the SHUTTING_DOWN records are on disk before anything is terminated
 	m.publish(true)
 
@@ -394,35 +409,30 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	select {
 	case <-launched:
 	case <-ctx.Done():
-		return fmt.Errorf("replicas: shutdown %s: waiting for launches: %w", m.cfg.Service, ctx.Err())
+		return fail(fmt.Errorf("waiting for launches: %w", ctx.Err()))
 	}
 
 	insts, err := m.cfg.Provider.List(ctx, m.selector)
+	gaps, partial := launcher.Partial(err)
+	if !partial {
+		return fail(fmt.Errorf("list instances: %w", err))
+	}
+	left, err := m.terminateAll(ctx, insts)
 	if err != nil {
-		return fmt.Errorf("replicas: shutdown %s: list instances: %w", m.cfg.Service, err)
+		return fail(err)
 	}
-	errs := make([]error, len(insts))
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, maxConcurrentLaunches)
-	for i, inst := range insts {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			if err := m.cfg.Provider.Terminate(ctx, inst.ID); err != nil {
-				errs[i] = fmt.Errorf("terminate %s: %w", inst.ID, err)
-			}
-		})
+	unlisted, err := m.leaveUnlisted(now, gaps, recs)
+	if err != nil {
+		return fail(err)
 	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("replicas: shutdown %s: %w", m.cfg.Service, err)
-	}
+	left = append(left, unlisted...)
 
-	recs, err := m.cfg.Store.ListReplicas(m.cfg.Service)
+	stored, err := m.cfg.Store.ListReplicas(m.cfg.Service)
 	if err != nil {
-		return fmt.Errorf("replicas: shutdown %s: %w", m.cfg.Service, err)
+		return fail(err)
 	}
-	for _, rec := range recs {
+	var errs []error
+	for _, rec := range stored {
 		if err := m.cfg.Store.DeleteReplica(m.cfg.Service, rec.ID); err != nil {
 			errs = append(errs, err)
 		}
@@ -435,10 +445,78 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	m.instances = nil
 	m.mu.Unlock()
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("replicas: shutdown %s: delete records: %w", m.cfg.Service, err)
+		return fail(fmt.Errorf("delete records: %w", err))
 	}
-	m.log.Info("service shut down", zap.Int("instances_terminated", len(insts)))
-	return nil
+	m.log.Info("service shut down", zap.Int("instances_terminated", len(insts)-len(left)+len(unlisted)), zap.Int("left_behind", len(left)))
+	return left, nil
+}
+
+// terminateAll terminates insts at once (bounded), returning what the provider left to its
+// janitor and failing on anything else.
+func (m *Manager) terminateAll(ctx context.Context, insts []launcher.Instance) ([]launcher.Leftover, error) {
+	errs := make([]error, len(insts))
+	lefts := make([]*launcher.Leftover, len(insts))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, maxConcurrentLaunches)
+	for i, inst := range insts {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			err := m.cfg.Provider.Terminate(ctx, inst.ID)
+			if l, ok := launcher.LeftBehind(err); ok {
+				lefts[i] = &l
+				return
+			}
+			if err != nil {
+				errs[i] = fmt.Errorf("terminate %s: %w", inst.ID, err)
+			}
+		})
+	}
+	wg.Wait()
+	var left []launcher.Leftover
+	for _, l := range lefts {
+		if l != nil {
+			left = append(left, *l)
+		}
+	}
+	return left, errors.Join(errs...)
+}
+
+// leaveUnlisted hands the janitor what a shutdown could not list: in each gap, the instances
+// the records name there and any other instance of the service launched before now. A zone
+// that does not exist holds nothing.
+func (m *Manager) leaveUnlisted(now time.Time, gaps []launcher.Gap, recs []Record) ([]launcher.Leftover, error) {
+	var out []launcher.Leftover
+	infras := map[string]launcher.Gap{}
+	for _, g := range gaps {
+		if !errors.Is(g.Err, launcher.ErrNotFound) {
+			infras[g.Infra] = g
+		}
+	}
+	if len(infras) == 0 {
+		return nil, nil
+	}
+	keeper, ok := m.cfg.Provider.(launcher.LeftoverKeeper)
+	if !ok {
+		return nil, fmt.Errorf("list instances: %w", launcher.PartialList(gaps))
+	}
+	owner := "service " + m.cfg.Service
+	for _, rec := range recs {
+		if g, in := launcher.InGaps(gaps, rec.Infra, "", rec.Zone); in && rec.InstanceID != "" && !errors.Is(g.Err, launcher.ErrNotFound) {
+			out = append(out, launcher.Leftover{Infra: rec.Infra, InstanceID: rec.InstanceID, Owner: owner, Reason: g.Err.Error(), Since: now})
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(infras)) {
+		out = append(out, launcher.Leftover{Infra: name, Selector: maps.Clone(m.selector), Before: now, Owner: owner,
+			Reason: infras[name].Err.Error(), Since: now})
+	}
+	for i := range out {
+		out[i].Key = launcher.LeftoverKey(out[i])
+		if err := keeper.LeaveBehind(out[i]); err != nil {
+			return nil, fmt.Errorf("record what is left on %s: %w", out[i].Infra, err)
+		}
+	}
+	return out, nil
 }
 
 func (m *Manager) recoverPanic(what string) {

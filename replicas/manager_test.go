@@ -401,7 +401,7 @@ func TestManagerShutdown(t *testing.T) {
 	h.m.SetDesired(2)
 	h.waitReady(1, 2)
 	ctx := context.Background()
-	if err := h.m.Shutdown(ctx); err != nil {
+	if _, err := h.m.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := h.prov.count(); n != 0 {
@@ -419,7 +419,7 @@ func TestManagerShutdown(t *testing.T) {
 	if n := h.prov.count(); n != 0 || len(h.m.Replicas()) != 0 {
 		t.Errorf("after Shutdown a pass left %d instances and %d records", n, len(h.m.Replicas()))
 	}
-	if err := h.m.Shutdown(ctx); err != nil {
+	if _, err := h.m.Shutdown(ctx); err != nil {
 		t.Errorf("second Shutdown = %v", err)
 	}
 }
@@ -431,7 +431,7 @@ func TestManagerShutdownWithoutStart(t *testing.T) {
 	_ = store.SaveReplica(Record{Service: "svc", ID: 1, Status: StatusReady, InstanceID: inst.ID})
 	_ = store.SaveReplica(Record{Service: "svc", ID: 2, Status: StatusFailed})
 	h := newHarness(t, prov, store, newFakeClock())
-	if err := h.m.Shutdown(context.Background()); err != nil {
+	if _, err := h.m.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if prov.count() != 0 {
@@ -450,7 +450,7 @@ func TestManagerShutdownWaitsForLaunches(t *testing.T) {
 	h.m.SetDesired(1)
 	h.waitStatus(1, StatusProvisioning)
 	done := make(chan error, 1)
-	go func() { done <- h.m.Shutdown(context.Background()) }()
+	go func() { _, err := h.m.Shutdown(context.Background()); done <- err }()
 	eventually(t, "replica marked SHUTTING_DOWN", func() bool {
 		r, _ := h.store.get("svc", 1)
 		return r.Status == StatusShuttingDown

@@ -2,6 +2,8 @@ package replicas
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -32,7 +34,8 @@ func (m *Manager) reconcile(ctx context.Context) {
 	listCtx, cancel := context.WithTimeout(ctx, listTimeout)
 	insts, err := m.cfg.Provider.List(listCtx, m.selector)
 	cancel()
-	if err != nil {
+	gaps, partial := launcher.Partial(err)
+	if !partial {
 		if ctx.Err() == nil {
 			m.log.Warn("list instances; will retry", zap.Error(err))
 		}
@@ -40,15 +43,20 @@ func (m *Manager) reconcile(ctx context.Context) {
 	}
 
 	m.mu.Lock()
-	m.observeLocked(insts, seq)
+	m.noteGapsLocked(gaps)
+	m.observeLocked(insts, gaps, seq)
 	m.mu.Unlock()
 	m.pass()
 	m.publish(false)
 }
 
 // observeLocked takes a List result begun at seq as the current observation, minus instances
-// we terminated since, plus instances our launches made since.
-func (m *Manager) observeLocked(insts []launcher.Instance, seq uint64) {
+// we terminated since, plus instances our launches made since. Where the List had gaps (an
+// infra or zone that did not answer), what is there is unknown, not gone: the instances last
+// seen there stay as they were, and a replica recorded there that this manager never saw (it
+// just restarted) keeps the instance its record names. Their replicas go on serving while
+// their own probes pass.
+func (m *Manager) observeLocked(insts []launcher.Instance, gaps []launcher.Gap, seq uint64) {
 	now := time.Now()
 	for id, at := range m.gone {
 		if now.Sub(at) > goneTTL {
@@ -66,8 +74,12 @@ func (m *Manager) observeLocked(insts []launcher.Instance, seq uint64) {
 	}
 	for _, r := range m.replicas {
 		if r.launched != nil && r.launchSeq > seq && !seen[r.launched.ID] {
+			seen[r.launched.ID] = true
 			observed = append(observed, *r.launched)
 		}
+	}
+	if len(gaps) > 0 {
+		observed = m.keepUnknownLocked(observed, seen, gaps)
 	}
 	m.instances = observed
 	m.observed = true
@@ -237,4 +249,67 @@ func (m *Manager) applyLocked(now time.Time, acts actions) {
 			m.ensureProberLocked(r, 0)
 		}
 	}
+}
+
+// keepUnknownLocked adds to observed what lies in the List's gaps and the List could not show:
+// the instances of the last observation there, and the instances of replica records there that
+// were never observed.
+func (m *Manager) keepUnknownLocked(observed []launcher.Instance, seen map[string]bool, gaps []launcher.Gap) []launcher.Instance {
+	unknown := func(id string) bool {
+		_, gone := m.gone[id]
+		return id != "" && !seen[id] && !gone && !m.stopping[id]
+	}
+	for _, inst := range m.instances {
+		if _, in := launcher.InGaps(gaps, inst.Infra, inst.Region, inst.Zone); in && unknown(inst.ID) {
+			seen[inst.ID] = true
+			observed = append(observed, inst)
+		}
+	}
+	for _, id := range sortedKeys(m.replicas) {
+		rec := m.replicas[id].rec
+		if _, in := launcher.InGaps(gaps, rec.Infra, "", rec.Zone); in && unknown(rec.InstanceID) && rec.Infra != "" {
+			seen[rec.InstanceID] = true
+			observed = append(observed, instanceOfRecord(rec))
+		}
+	}
+	return observed
+}
+
+// instanceOfRecord is the instance a record names, as the record knows it: running, for an
+// infra that cannot say otherwise now.
+func instanceOfRecord(rec Record) launcher.Instance {
+	return launcher.Instance{
+		ID: rec.InstanceID, Endpoint: rec.Endpoint, Infra: rec.Infra, Zone: rec.Zone, Spot: rec.Spot,
+		PricePerHour: rec.Price, Accelerator: rec.Accelerator, State: launcher.StateRunning, LaunchedAt: rec.LaunchedAt,
+		Labels: map[string]string{launcher.LabelService: rec.Service, launcher.LabelReplicaID: strconv.Itoa(rec.ID),
+			launcher.LabelVersion: strconv.Itoa(rec.Version), launcher.LabelOwner: "true"},
+	}
+}
+
+// noteGapsLocked keeps the List's gaps for Unknown, and logs when they change.
+func (m *Manager) noteGapsLocked(gaps []launcher.Gap) {
+	was := make([]string, len(m.gaps))
+	for i, g := range m.gaps {
+		was[i] = g.Where()
+	}
+	now := make([]string, len(gaps))
+	for i, g := range gaps {
+		now[i] = g.Where()
+	}
+	if !slices.Equal(was, now) {
+		if len(gaps) > 0 {
+			m.log.Warn("instances on some infras are unknown: their replicas are kept as last seen", zap.Error(launcher.PartialList(slices.Clone(gaps))))
+		} else if len(m.gaps) > 0 {
+			m.log.Info("every infra listed again")
+		}
+	}
+	m.gaps = gaps
+}
+
+// Unknown are the parts of the infras the last List could not read: the replicas there are kept
+// as last seen.
+func (m *Manager) Unknown() []launcher.Gap {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.gaps)
 }

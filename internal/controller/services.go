@@ -447,7 +447,7 @@ func (c *Controller) down(ctx context.Context, s *service) error {
 	}
 	termCtx, termCancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer termCancel()
-	if err := s.mgr.Shutdown(termCtx); err != nil {
+	if _, err := s.mgr.Shutdown(termCtx); err != nil {
 		_ = c.store.SetServiceStatus(s.name, api.ServiceFailedCleanup)
 		return fmt.Errorf("terminate replicas of %q: %w", s.name, err)
 	}

@@ -22,10 +22,16 @@ var _ launcher.QueueWithdrawer = (*Provisioner)(nil)
 func (p *Provisioner) WithdrawQueued(ctx context.Context, job string, attempt int) error {
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(p.infras)) {
-		if w, ok := p.infras[name].(launcher.QueueWithdrawer); ok {
-			if err := w.WithdrawQueued(ctx, job, attempt); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", name, err))
-			}
+		w, ok := p.infras[name].(launcher.QueueWithdrawer)
+		if !ok {
+			continue
+		}
+		err := p.health.Allow(name, "")
+		if err == nil {
+			err = p.call(ctx, name, p.opts.CallTimeout, func(ctx context.Context) error { return w.WithdrawQueued(ctx, job, attempt) })
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 		}
 	}
 	return errors.Join(errs...)

@@ -3,6 +3,12 @@
 // then clouds by price), tries them in order, and fails over: a capacity or quota error blocks
 // that location for a while and the next placement is tried. List and Terminate reach the
 // infras that could hold the caller's instances.
+//
+// One broken infra never stalls the others (README "When an infra fails"): every call has a
+// deadline and feeds the infra's circuit breaker (health.go); List asks the infras at once and
+// reports one that fails or is slow as a launcher.Gap rather than failing whole; an infra that
+// is down is skipped at once; what a Terminate could not reach is kept as a leftover that the
+// janitor stops once its infra answers again (janitor.go).
 package provision
 
 import (
@@ -50,12 +56,31 @@ type Infra struct {
 	Provider launcher.Provider
 }
 
+// Deadlines of the calls the provisioner makes to an infra.
+const (
+	// DefaultListTimeout bounds one infra's List: a real cloud answers in well under a second.
+	DefaultListTimeout = 10 * time.Second
+	// DefaultStraggleFor is the least a List waits for an infra before reporting it as a gap
+	// (its call goes on to its deadline): three times the infra's last answer, if longer.
+	DefaultStraggleFor = 2 * time.Second
+	// DefaultCallTimeout bounds a Terminate (some wait for the cloud's operation).
+	DefaultCallTimeout = 2 * time.Minute
+)
+
 // Options configures a Provisioner.
 type Options struct {
 	Infras  []Infra
 	Planner Planner
 	// BlockFor is how long a failed location is skipped; default DefaultBlockFor.
 	BlockFor time.Duration
+	// ListTimeout, StraggleFor and CallTimeout are the calls' deadlines (the Default values
+	// when zero).
+	ListTimeout, StraggleFor, CallTimeout time.Duration
+	// Health holds the infras' breakers; nil makes one with the default options.
+	Health *Health
+	// JanitorInterval is how often leftovers on infras that are up are retried (default 10s;
+	// also whenever a breaker closes).
+	JanitorInterval time.Duration
 	// Now is the clock blocks use; nil is time.Now.
 	Now    func() time.Time
 	Logger *zap.Logger
@@ -67,8 +92,11 @@ type Provisioner struct {
 	log    *zap.Logger
 	infras map[string]launcher.Provider
 
-	// blocks are shared with scoped copies: a location full for one service is full for all.
-	blocks *blockSet
+	// blocks, health and the janitor are shared with scoped copies: a location full for one
+	// service is full for all, an infra down for one is down for all.
+	blocks  *blockSet
+	health  *Health
+	janitor *janitor
 	// spread is this Provisioner's own (a scoped copy's: one service's).
 	spread *spreadState
 }
@@ -123,7 +151,16 @@ func New(opts Options) (*Provisioner, error) {
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	p := &Provisioner{opts: opts, log: opts.Logger, infras: map[string]launcher.Provider{}, blocks: &blockSet{m: map[string]block{}}, spread: newSpreadState()}
+	opts.ListTimeout = cmp.Or(opts.ListTimeout, DefaultListTimeout)
+	opts.StraggleFor = cmp.Or(opts.StraggleFor, DefaultStraggleFor)
+	opts.CallTimeout = cmp.Or(opts.CallTimeout, DefaultCallTimeout)
+	opts.JanitorInterval = cmp.Or(opts.JanitorInterval, defaultJanitorInterval)
+	if opts.Health == nil {
+		opts.Health = NewHealth(HealthOptions{Now: opts.Now})
+	}
+	p := &Provisioner{opts: opts, log: opts.Logger, infras: map[string]launcher.Provider{}, blocks: &blockSet{m: map[string]block{}},
+		health: opts.Health, spread: newSpreadState()}
+	p.janitor = newJanitor(p)
 	for _, in := range opts.Infras {
 		if in.Name == "" || in.Provider == nil {
 			return nil, fmt.Errorf("provision: infra %q has no name or provider", in.Name)
@@ -132,9 +169,13 @@ func New(opts Options) (*Provisioner, error) {
 			return nil, fmt.Errorf("provision: infra %q enabled twice", in.Name)
 		}
 		p.infras[in.Name] = in.Provider
+		p.health.Register(in.Name)
 	}
 	return p, nil
 }
+
+// Health is the infras' breakers, shared by every scoped copy.
+func (p *Provisioner) Health() *Health { return p.health }
 
 // Plan returns the placements for r, best first, with blocked ones last: what a launch would
 // try, in order, each saying whether a recent failure blocks it and why.
@@ -207,6 +248,14 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 		var c Choice
 		var release func(id string, at time.Time)
 		c, remaining, release = p.next(remaining, spec.Spread)
+		if down := p.health.Allow(c.Infra, c.Zone); down != nil {
+			// Down or throttled: not tried, and neither is the rest of it while it is.
+			release("", p.opts.Now())
+			remaining = slices.DeleteFunc(remaining, func(o Choice) bool { return p.health.Allow(o.Infra, o.Zone) != nil })
+			allInvalid = false
+			reasons = append(reasons, describe(c.Placement)+": "+down.Error())
+			continue
+		}
 		s := spec
 		s.Placement = c.Placement
 		var insts []launcher.Instance
@@ -219,6 +268,7 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 		} else {
 			insts, err = launcher.LaunchGang(ctx, prov, s, n)
 		}
+		p.health.Observe(c.Infra, launchZone(c, err), err)
 		placedID := ""
 		if err == nil && len(insts) > 0 {
 			placedID = insts[0].ID
@@ -249,6 +299,11 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 			p.blockInfra(c.Infra, err)
 			remaining = slices.DeleteFunc(remaining, func(o Choice) bool { return o.Infra == c.Infra })
 			allInvalid = false
+		case launcher.IsInfraFault(err) || errors.Is(err, context.DeadlineExceeded):
+			// The infra failed, not the location: skip the rest of it for this launch; its
+			// breaker decides when it is tried again (health.go).
+			remaining = slices.DeleteFunc(remaining, func(o Choice) bool { return o.Infra == c.Infra })
+			allInvalid = false
 		default:
 			p.block(c.Placement, err)
 			allInvalid = false
@@ -262,6 +317,15 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 		kind = launcher.ErrInvalid // no infra can run it as written: retrying will not help
 	}
 	return nil, fmt.Errorf("%w: every location failed (%d): %s", kind, len(reasons), strings.Join(reasons, "; "))
+}
+
+// launchZone is the breaker a launch's outcome counts for: a zone that does not exist is the
+// zone's fault; anything else is the infra's.
+func launchZone(c Choice, err error) string {
+	if errors.Is(err, launcher.ErrNotFound) && c.Zone != "" {
+		return c.Zone
+	}
+	return ""
 }
 
 // blockInfra skips every location of an infra (bad credentials) for the block time.
@@ -354,6 +418,17 @@ func (p *Provisioner) markBlockedLocked(c *Choice, now time.Time) {
 			c.BlockedUntil, c.BlockedBecause = b.until, b.reason
 		}
 	}
+	var down *DownError
+	if err := p.health.Allow(c.Infra, c.Zone); errors.As(err, &down) {
+		until := down.State.RetryAt
+		if until.Before(now) {
+			until = now.Add(time.Second) // a probe is due: about now
+		}
+		if until.After(c.BlockedUntil) {
+			c.BlockedUntil = until
+		}
+		c.BlockedBecause = err.Error()
+	}
 }
 
 // blocked is 1 for a blocked choice, 0 for one that may be tried: unblocked choices sort first.
@@ -404,7 +479,8 @@ func zoneBlockKey(pl launcher.Placement) string {
 // service's replica manager lists only where its replicas may be, so an unreachable cluster
 // does not stall a service that never runs there.
 func (p *Provisioner) Scope(r configs.Resources) *Provisioner {
-	scoped := &Provisioner{opts: p.opts, log: p.log, infras: map[string]launcher.Provider{}, blocks: p.blocks, spread: newSpreadState()}
+	scoped := &Provisioner{opts: p.opts, log: p.log, infras: map[string]launcher.Provider{}, blocks: p.blocks, health: p.health,
+		janitor: p.janitor, spread: newSpreadState()}
 	for name, prov := range p.infras {
 		for _, c := range r.Candidates() {
 			if InfraMatches(c.Infra, name) {
@@ -439,28 +515,55 @@ func InfraMatches(filter, name string) bool {
 	return cloud == name // aws/us-east-1 is served by the aws infra
 }
 
-// Terminate routes to the infra whose id prefix matches.
+// Terminate routes to the infra whose id prefix matches, within CallTimeout. An infra that is
+// down, or fails the call as an infra (unavailable, throttled, no answer in time), leaves the
+// instance to the janitor: the error is a *launcher.LeftBehindError, and the instance is
+// stopped once the infra answers again.
 func (p *Provisioner) Terminate(ctx context.Context, id string) error {
-	prov, err := p.owner(id)
+	name, err := p.ownerName(id)
 	if err != nil {
 		return err
 	}
 	p.spread.forget(id)
-	return prov.Terminate(ctx, id)
+	if down := p.health.Allow(name, ""); down != nil {
+		return p.leave(launcher.Leftover{Infra: name, InstanceID: id}, down)
+	}
+	err = p.call(ctx, name, p.opts.CallTimeout, func(ctx context.Context) error { return p.infras[name].Terminate(ctx, id) })
+	switch {
+	case err == nil:
+		p.janitor.forget(id) // stopped by its owner after all
+	case launcher.IsInfraFault(err) || Class(err) == ClassTimeout:
+		return p.leave(launcher.Leftover{Infra: name, InstanceID: id}, err)
+	}
+	return err
 }
 
-// List merges every infra's instances. An infra that cannot answer fails the whole List: a
-// partial answer would read as instances gone, and their replicas would be replaced.
-func (p *Provisioner) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
-	var out []launcher.Instance
-	for _, name := range slices.Sorted(maps.Keys(p.infras)) {
-		insts, err := p.infras[name].List(ctx, selector)
-		if err != nil {
-			return nil, fmt.Errorf("list %s: %w", name, err)
-		}
-		out = append(out, insts...)
+// call runs fn against infra within timeout and records its outcome in the infra's breaker. A
+// call its deadline cut is reported as unavailable (and counted as a timeout) unless ctx
+// itself ended.
+func (p *Provisioner) call(ctx context.Context, infra string, timeout time.Duration, fn func(context.Context) error) error {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	err := timedOut(ctx, cctx, timeout, fn(cctx))
+	p.health.Observe(infra, "", err)
+	return err
+}
+
+// timedOut marks err as the infra's timeout when the call's own deadline (not its caller's)
+// ended it.
+func timedOut(parent, call context.Context, timeout time.Duration, err error) error {
+	if err != nil && parent.Err() == nil && errors.Is(call.Err(), context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: no answer within %v: %w (%w)", launcher.ErrUnavailable, timeout, err, context.DeadlineExceeded)
 	}
-	return out, nil
+	if err != nil && errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, launcher.ErrUnavailable) {
+		return fmt.Errorf("%w: no answer within %v: %w", launcher.ErrUnavailable, timeout, err)
+	}
+	return err
+}
+
+// List merges every infra's instances (listing.go).
+func (p *Provisioner) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
+	return p.ListIn(ctx, slices.Sorted(maps.Keys(p.infras)), selector)
 }
 
 // LogPath finds an instance's log where its infra keeps one locally.
@@ -486,22 +589,42 @@ func (p *Provisioner) StreamLogs(ctx context.Context, id string, opts launcher.L
 		return err
 	}
 	if ls, ok := prov.(launcher.LogStreamer); ok {
+		if down := p.health.Allow(infraOfProvider(p, prov), ""); down != nil {
+			return down
+		}
 		return ls.StreamLogs(ctx, id, opts, w)
 	}
 	return fmt.Errorf("%w: %s cannot stream the output of %s", launcher.ErrNotFound, infraOf(id), id)
 }
 
-// CleanupJob asks every infra that keeps something of a job beyond its instances to release it.
+// CleanupJob asks every infra that keeps something of a job beyond its instances to release
+// it, each within CallTimeout; an infra that is down is not asked, and says so in the error.
 func (p *Provisioner) CleanupJob(ctx context.Context, job string) error {
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(p.infras)) {
-		if c, ok := p.infras[name].(launcher.JobCleaner); ok {
-			if err := c.CleanupJob(ctx, job); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", name, err))
-			}
+		c, ok := p.infras[name].(launcher.JobCleaner)
+		if !ok {
+			continue
+		}
+		err := p.health.Allow(name, "")
+		if err == nil {
+			err = p.call(ctx, name, p.opts.CallTimeout, func(ctx context.Context) error { return c.CleanupJob(ctx, job) })
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// infraOfProvider is the name prov is enabled under.
+func infraOfProvider(p *Provisioner, prov launcher.Provider) string {
+	for name, q := range p.infras {
+		if q == prov {
+			return name
+		}
+	}
+	return ""
 }
 
 // Rank orders infras for scale-down: the position of the infra among the planner's choices
@@ -520,9 +643,18 @@ func (p *Provisioner) Rank(ctx context.Context, r configs.Resources) (map[string
 	return rank, nil
 }
 
-// owner finds the provider of an instance id: ids start with their infra's name ("kubernetes/
-// ctx/ns/pod", "aws/..."), except local ids ("local-...").
+// owner finds the provider of an instance id.
 func (p *Provisioner) owner(id string) (launcher.Provider, error) {
+	name, err := p.ownerName(id)
+	if err != nil {
+		return nil, err
+	}
+	return p.infras[name], nil
+}
+
+// ownerName finds the infra of an instance id: ids start with their infra's name
+// ("kubernetes/ctx/ns/pod", "aws/..."), except local ids ("local-...").
+func (p *Provisioner) ownerName(id string) (string, error) {
 	best := ""
 	for name := range p.infras {
 		local := name == configs.InfraLocal && strings.HasPrefix(id, name+"-")
@@ -531,9 +663,9 @@ func (p *Provisioner) owner(id string) (launcher.Provider, error) {
 		}
 	}
 	if best == "" {
-		return nil, fmt.Errorf("%w: instance %q belongs to no enabled infra", launcher.ErrNotFound, id)
+		return "", fmt.Errorf("%w: instance %q belongs to no enabled infra", launcher.ErrNotFound, id)
 	}
-	return p.infras[best], nil
+	return best, nil
 }
 
 func infraOf(id string) string {

@@ -58,6 +58,7 @@ import (
 	"time"
 
 	"github.com/ferryserve/ferry/launcher/catalog"
+	"github.com/ferryserve/ferry/launcher/fakefault"
 )
 
 // Options configures a Server. Zero values are usable.
@@ -116,7 +117,9 @@ const (
 
 // Server is a fake EC2 endpoint. Create it with New and Close it when done.
 type Server struct {
-	opts    Options
+	opts Options
+	// outages are the API-level faults set on this fake (Outages).
+	outages fakefault.Switch
 	ln      net.Listener
 	srv     *http.Server
 	tempDir bool
@@ -346,6 +349,10 @@ func (s *Server) zoneID(z string) string {
 }
 
 // ServeHTTP answers one EC2 Query API request.
+// Outages is the fake's outage switch: while a fault is set, the API requests it matches fail
+// as a real endpoint fails (launcher/fakefault).
+func (s *Server) Outages() *fakefault.Switch { return &s.outages }
+
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	reqID := newID("")
 	if rest, ok := strings.CutPrefix(r.URL.Path, imdsPrefix); ok {

@@ -50,6 +50,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/ferryserve/ferry/launcher/fakefault"
 	"github.com/ferryserve/ferry/launcher/internal/fakevm"
 )
 
@@ -121,7 +122,9 @@ type Fault struct {
 // every VM process.
 type Server struct {
 	opts Options
-	mux  *http.ServeMux
+	// outages are the API-level faults set on this fake (Outages).
+	outages fakefault.Switch
+	mux     *http.ServeMux
 
 	mu sync.Mutex
 	// metadataHost is host:port the server was last reached at, where VMs find their
@@ -216,6 +219,10 @@ func New(opts Options) *Server {
 }
 
 // ServeHTTP authenticates the request and routes it.
+// Outages is the fake's outage switch: while a fault is set, the API requests it matches fail
+// as a real endpoint fails (launcher/fakefault).
+func (s *Server) Outages() *fakefault.Switch { return &s.outages }
+
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if strings.HasPrefix(r.URL.Path, metadataPrefix) {
 		// A VM's metadata server takes no credentials.

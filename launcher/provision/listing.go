@@ -1,0 +1,114 @@
+package provision
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// Listing across infras. A List asks every infra at once, each within ListTimeout. What one
+// infra cannot answer — an error, its breaker open, or no answer within its straggle wait — is
+// a launcher.Gap in a *launcher.PartialListError returned with what the others listed, so that
+// a caller treats that infra's instances as unknown: never as gone, and never as a reason to
+// wait for everyone. A straggling call goes on in the background to its deadline, and its
+// outcome still feeds the breaker: a hung endpoint is found out once, by one call, and then
+// skipped by everybody until a probe finds it answering (health.go).
+
+// ListIn is List over the named infras only: a job lists where its nodes run. A name not
+// enabled here is a gap.
+func (p *Provisioner) ListIn(ctx context.Context, infras []string, selector map[string]string) ([]launcher.Instance, error) {
+	type answer struct {
+		insts []launcher.Instance
+		gaps  []launcher.Gap
+	}
+	start := time.Now()
+	answers := make([]chan answer, len(infras))
+	for i, name := range infras {
+		ch := make(chan answer, 1)
+		answers[i] = ch
+		prov, ok := p.infras[name]
+		switch {
+		case !ok:
+			ch <- answer{gaps: []launcher.Gap{{Infra: name, Err: fmt.Errorf("%w: %s is not enabled here", launcher.ErrNotFound, name)}}}
+			continue
+		case p.health.Allow(name, "") != nil:
+			ch <- answer{gaps: []launcher.Gap{{Infra: name, Err: p.health.Allow(name, "")}}}
+			continue
+		}
+		go func() {
+			insts, gaps := p.listOne(ctx, name, prov, selector)
+			ch <- answer{insts, gaps}
+		}()
+	}
+	var out []launcher.Instance
+	var gaps []launcher.Gap
+	for i, name := range infras {
+		wait := p.health.listWait(name, p.opts.StraggleFor, p.opts.ListTimeout)
+		timer := time.NewTimer(time.Until(start.Add(wait)))
+		select {
+		case a := <-answers[i]:
+			out = append(out, a.insts...)
+			gaps = append(gaps, a.gaps...)
+		case <-timer.C:
+			gaps = append(gaps, launcher.Gap{Infra: name, Err: fmt.Errorf("%w: %s did not answer within %v (still waiting)", launcher.ErrUnavailable, name, wait.Round(time.Millisecond))})
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, ctx.Err()
+		}
+		timer.Stop()
+	}
+	return out, launcher.PartialList(gaps)
+}
+
+// listOne lists one infra within ListTimeout, outliving the caller's wait (not its values) so
+// that a hung infra's timeout is always recorded, and records the outcome: the infra answered
+// or not, and for each zone or region it reports, whether that part could be read.
+func (p *Provisioner) listOne(ctx context.Context, name string, prov launcher.Provider, selector map[string]string) ([]launcher.Instance, []launcher.Gap) {
+	parent := context.WithoutCancel(ctx)
+	cctx, cancel := context.WithTimeout(parent, p.opts.ListTimeout)
+	defer cancel()
+	began := time.Now()
+	insts, err := prov.List(cctx, selector)
+	err = timedOut(parent, cctx, p.opts.ListTimeout, err)
+	gaps, partial := launcher.Partial(err)
+	if !partial {
+		p.health.Observe(name, "", err)
+		return nil, []launcher.Gap{{Infra: name, Err: err}}
+	}
+	p.health.observeList(name, gaps)
+	if len(gaps) == 0 {
+		p.health.listed(name, time.Since(began))
+	}
+	for i := range gaps {
+		gaps[i].Infra = name // a provider's gap is always its own
+	}
+	return insts, gaps
+}
+
+// observeList records a List of infra that answered, save for gaps: the infra is up, each
+// gap's zone (or region) failed, every other zone known to the breakers answered.
+func (h *Health) observeList(infra string, gaps []launcher.Gap) {
+	whole := slices.IndexFunc(gaps, func(g launcher.Gap) bool { return g.Zone == "" && g.Region == "" })
+	if whole >= 0 {
+		h.Observe(infra, "", gaps[whole].Err)
+		return
+	}
+	h.Observe(infra, "", nil)
+	failed := map[string]bool{}
+	for _, g := range gaps {
+		part := g.Zone
+		if part == "" {
+			part = g.Region
+		}
+		failed[part] = true
+		h.Observe(infra, part, g.Err)
+	}
+	for _, s := range h.States() {
+		if s.Infra == infra && s.Zone != "" && !failed[s.Zone] && s.State != StateUp {
+			h.Observe(infra, s.Zone, nil)
+		}
+	}
+}
