@@ -20,10 +20,6 @@ import (
 // ListIn is List over the named infras only: a job lists where its nodes run. A name not
 // enabled here is a gap.
 func (p *Provisioner) ListIn(ctx context.Context, infras []string, selector map[string]string) ([]launcher.Instance, error) {
-	type answer struct {
-		insts []launcher.Instance
-		gaps  []launcher.Gap
-	}
 	start := time.Now()
 	answers := make([]chan answer, len(infras))
 	for i, name := range infras {
@@ -46,21 +42,46 @@ func (p *Provisioner) ListIn(ctx context.Context, infras []string, selector map[
 	var out []launcher.Instance
 	var gaps []launcher.Gap
 	for i, name := range infras {
-		wait := p.health.listWait(name, p.opts.StraggleFor, p.opts.ListTimeout)
-		timer := time.NewTimer(time.Until(start.Add(wait)))
-		select {
-		case a := <-answers[i]:
+		a, ok, err := awaitAnswer(ctx, answers[i], start.Add(p.health.listWait(name, p.opts.StraggleFor, p.opts.ListTimeout)))
+		switch {
+		case err != nil:
+			return nil, err
+		case !ok:
+			gaps = append(gaps, launcher.Gap{Infra: name, Err: fmt.Errorf("%w: %s did not answer within %v (still waiting)",
+				launcher.ErrUnavailable, name, time.Since(start).Round(time.Millisecond))})
+		default:
 			out = append(out, a.insts...)
 			gaps = append(gaps, a.gaps...)
-		case <-timer.C:
-			gaps = append(gaps, launcher.Gap{Infra: name, Err: fmt.Errorf("%w: %s did not answer within %v (still waiting)", launcher.ErrUnavailable, name, wait.Round(time.Millisecond))})
-		case <-ctx.Done():
-			timer.Stop()
-			return nil, ctx.Err()
 		}
-		timer.Stop()
 	}
 	return out, launcher.PartialList(gaps)
+}
+
+// answer is one infra's part of a List.
+type answer struct {
+	insts []launcher.Instance
+	gaps  []launcher.Gap
+}
+
+// awaitAnswer waits for ch until deadline: the answer and true, or false once the deadline
+// passed without one (an answer already there wins over a deadline already past), or ctx's
+// error.
+func awaitAnswer(ctx context.Context, ch <-chan answer, deadline time.Time) (answer, bool, error) {
+	select {
+	case a := <-ch:
+		return a, true, nil
+	default:
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case a := <-ch:
+		return a, true, nil
+	case <-timer.C:
+		return answer{}, false, nil
+	case <-ctx.Done():
+		return answer{}, false, ctx.Err()
+	}
 }
 
 // listOne lists one infra within ListTimeout, outliving the caller's wait (not its values) so

@@ -24,6 +24,10 @@ type scripted struct {
 	insts []launcher.Instance
 	term  []string
 	lsErr error
+	// lsHang, when set, makes List wait for it to close or for its ctx to end.
+	lsHang chan struct{}
+	// termErr fails Terminate.
+	termErr error
 	// hold, when set, makes Launch wait for it to close (launches under way at once).
 	hold chan struct{}
 }
@@ -54,11 +58,24 @@ func (s *scripted) Launch(_ context.Context, spec launcher.Spec) (launcher.Insta
 func (s *scripted) Terminate(_ context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.termErr != nil {
+		return s.termErr
+	}
 	s.term = append(s.term, id)
 	return nil
 }
 
-func (s *scripted) List(_ context.Context, sel map[string]string) ([]launcher.Instance, error) {
+func (s *scripted) List(ctx context.Context, sel map[string]string) ([]launcher.Instance, error) {
+	s.mu.Lock()
+	hang := s.lsHang
+	s.mu.Unlock()
+	if hang != nil {
+		select {
+		case <-hang:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.lsErr != nil {
@@ -245,8 +262,9 @@ func TestTerminateAndListRoute(t *testing.T) {
 		t.Fatalf("List = %v, %v; want the pod and the local process", got, err)
 	}
 	provs["aws"].lsErr = errors.New("RequestLimitExceeded")
-	if _, err := p.List(ctx, nil); err == nil || !strings.Contains(err.Error(), "list aws") {
-		t.Fatalf("List with aws failing: err = %v, want it to fail", err)
+	got, err = p.List(ctx, map[string]string{launcher.LabelService: "svc"})
+	if gaps, partial := launcher.Partial(err); !partial || len(gaps) != 1 || gaps[0].Infra != "aws" || len(got) != 2 {
+		t.Fatalf("List with aws failing = %v, %v; want the pod and the local process, and aws as a gap", got, err)
 	}
 	// A service that may only run in the cluster does not wait on aws.
 	scoped := p.Scope(configs.Resources{Infra: "kubernetes"})
