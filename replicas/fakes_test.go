@@ -132,6 +132,41 @@ type fakeProvider struct {
 	terminated       []string
 	launchBlock      chan struct{} // when set, Launch waits for it to close
 	preempted        []launcher.Instance
+	// gaps, when set, are reported by List, which then lists nothing they cover: the infra
+	// (or part of it) does not answer. Terminate of an instance they cover is left behind.
+	gaps []launcher.Gap
+	// leftovers are what was left behind (LeftoverKeeper).
+	leftovers []launcher.Leftover
+	lists     int
+}
+
+// LeaveBehind implements launcher.LeftoverKeeper.
+func (p *fakeProvider) LeaveBehind(l launcher.Leftover) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.leftovers = append(p.leftovers, l)
+	return nil
+}
+
+// Leftovers implements launcher.LeftoverKeeper.
+func (p *fakeProvider) Leftovers() []launcher.Leftover {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.leftovers)
+}
+
+// setGaps makes List and Terminate fail over gaps (none: answer again).
+func (p *fakeProvider) setGaps(gaps ...launcher.Gap) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.gaps = gaps
+}
+
+// listsSince counts the Lists answered.
+func (p *fakeProvider) listCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lists
 }
 
 // Preempted implements PreemptionRecorder.
@@ -215,6 +250,13 @@ func (p *fakeProvider) addLocked(name string, labels map[string]string, healthy 
 func (p *fakeProvider) Terminate(ctx context.Context, id string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if fi, ok := p.insts[id]; ok {
+		if g, in := launcher.InGaps(p.gaps, fi.inst.Infra, fi.inst.Region, fi.inst.Zone); in {
+			l := launcher.Leftover{Infra: fi.inst.Infra, InstanceID: id, Reason: g.Err.Error()}
+			p.leftovers = append(p.leftovers, l)
+			return &launcher.LeftBehindError{Leftover: l, Err: g.Err}
+		}
+	}
 	p.terminated = append(p.terminated, id)
 	if fi, ok := p.insts[id]; ok {
 		fi.srv.Close()
@@ -226,8 +268,12 @@ func (p *fakeProvider) Terminate(ctx context.Context, id string) error {
 func (p *fakeProvider) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.lists++
 	var out []launcher.Instance
 	for _, fi := range p.insts {
+		if _, hidden := launcher.InGaps(p.gaps, fi.inst.Infra, fi.inst.Region, fi.inst.Zone); hidden {
+			continue
+		}
 		if launcher.Matches(fi.inst.Labels, selector) {
 			out = append(out, fi.inst)
 		}
@@ -238,7 +284,7 @@ func (p *fakeProvider) List(ctx context.Context, selector map[string]string) ([]
 		}
 		return 1
 	})
-	return out, nil
+	return out, launcher.PartialList(slices.Clone(p.gaps))
 }
 
 // byReplica finds the instance of a replica id.
