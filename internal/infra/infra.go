@@ -12,6 +12,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -169,38 +171,86 @@ func (s *Set) Clouds() []launcher.Provider {
 }
 
 // Infras returns the optimizer's view of every enabled infra that r may use, asking each such
-// Kubernetes cluster what it has. A cluster that cannot answer is left with no offerings
-// (and is therefore not a candidate); its error is returned alongside.
+// Kubernetes cluster what it has, all at once, each within offeringsTimeout. A cluster that
+// cannot answer is left with no offerings (and is therefore not a candidate); its error is
+// returned alongside. An infra whose breaker is open (launcher/provision/health.go) is not
+// asked and not planned: its DownError is returned as its error, and Down lists it.
 func (s *Set) Infras(ctx context.Context, r configs.Resources) ([]optimizer.Infra, map[string]error) {
 	out := []optimizer.Infra{{Name: configs.InfraLocal, Kind: optimizer.Local, Offerings: s.localOfferings()}}
-	errs := map[string]error{}
+	type ask struct {
+		name string
+		fn   func(context.Context) (optimizer.Infra, error)
+	}
+	var asks []ask
 	for _, k := range s.Kube {
-		if !usable(r, k.Infra()) {
-			continue
-		}
-		inf := optimizer.Infra{Name: k.Infra(), Kind: optimizer.Kubernetes}
-		octx, cancel := context.WithTimeout(ctx, offeringsTimeout)
-		offers, err := k.Offerings(octx)
-		cancel()
-		if err != nil {
-			errs[k.Infra()] = err
-		}
-		inf.Offerings = offers
-		out = append(out, inf)
+		asks = append(asks, ask{k.Infra(), func(ctx context.Context) (optimizer.Infra, error) {
+			offers, err := k.Offerings(ctx)
+			return optimizer.Infra{Name: k.Infra(), Kind: optimizer.Kubernetes, Offerings: offers}, err
+		}})
 	}
 	for _, c := range s.clouds {
-		if !usable(r, c.name) {
+		asks = append(asks, ask{c.name, func(ctx context.Context) (optimizer.Infra, error) {
+			return c.optimizerInfra(ctx, r) // on error: planned with AZ IDs; the provider resolves them at launch
+		}})
+	}
+	asks = slices.DeleteFunc(asks, func(a ask) bool { return !usable(r, a.name) })
+	infras := make([]optimizer.Infra, len(asks))
+	errs := make([]error, len(asks))
+	planned := make([]bool, len(asks))
+	var wg sync.WaitGroup
+	for i, a := range asks {
+		if err := s.health().Allow(a.name, ""); err != nil {
+			errs[i] = err
 			continue
 		}
-		octx, cancel := context.WithTimeout(ctx, offeringsTimeout)
-		inf, err := c.optimizerInfra(octx, r)
-		cancel()
-		if err != nil {
-			errs[c.name] = err // planned with AZ IDs; the provider resolves them at launch
-		}
-		out = append(out, inf)
+		planned[i] = true
+		wg.Go(func() {
+			octx, cancel := context.WithTimeout(ctx, offeringsTimeout)
+			defer cancel()
+			infras[i], errs[i] = a.fn(octx)
+			s.observe(ctx, octx, a.name, errs[i])
+		})
 	}
-	return out, errs
+	wg.Wait()
+	errMap := map[string]error{}
+	for i, a := range asks {
+		if planned[i] {
+			out = append(out, infras[i])
+		}
+		if errs[i] != nil {
+			errMap[a.name] = errs[i]
+		}
+	}
+	return out, errMap
+}
+
+// health is the provisioner's breakers.
+func (s *Set) health() *provision.Health { return s.Provisioner.Health() }
+
+// observe feeds what asking an infra found into its breaker: an answer, or the infra failing
+// (a question cut by its own deadline is its timeout). Other errors of these optional
+// questions (no permission to read spot prices, say) say nothing of whether the infra can
+// launch and list, and are not counted.
+func (s *Set) observe(parent, call context.Context, name string, err error) {
+	if err != nil && parent.Err() == nil && errors.Is(call.Err(), context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w: %w (%w)", launcher.ErrUnavailable, err, context.DeadlineExceeded)
+	}
+	switch provision.Class(err) {
+	case "", provision.ClassTimeout, provision.ClassUnavailable, provision.ClassThrottled:
+		s.health().Observe(name, "", err)
+	}
+}
+
+// Down are the enabled infras r may use whose breakers are open: the plan skips them, and the
+// optimizer table says why.
+func (s *Set) Down(r configs.Resources) []launcher.InfraState {
+	var out []launcher.InfraState
+	for _, st := range s.health().States() {
+		if st.Zone == "" && st.State != launcher.InfraUp && usable(r, st.Infra) {
+			out = append(out, st)
+		}
+	}
+	return out
 }
 
 // AllInfras is Infras for every enabled infra, for `show-gpus` and `check`.
@@ -242,11 +292,12 @@ func (s *Set) Plan(ctx context.Context, r configs.Resources) ([]optimizer.Candid
 func (s *Set) regionScores(ctx context.Context, r configs.Resources) map[string]map[string]int {
 	out := map[string]map[string]int{}
 	for _, c := range s.clouds {
-		if !usable(r, c.name) {
+		if !usable(r, c.name) || s.health().Allow(c.name, "") != nil {
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, offeringsTimeout)
 		scores, err := c.regionScores(sctx, r)
+		s.observe(ctx, sctx, c.name, err)
 		cancel()
 		if err != nil {
 			s.log.Warn("no spot placement scores; planning by price", zap.String("infra", c.name), zap.Error(err))

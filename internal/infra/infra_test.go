@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/aws/fakeec2"
 )
 
@@ -76,5 +78,38 @@ func TestPlanRanksSpotRegions(t *testing.T) {
 	}
 	if cands[0].Placement.Region != "us-east-1" || !seenWest {
 		t.Fatalf("first %+v, want us-east-1 first and us-west-2 still listed", cands[0].Placement)
+	}
+}
+
+// TestPlanSkipsADownInfra: an infra whose breaker is open is neither asked nor planned, and
+// Down says why; once it answers again it is planned as before.
+func TestPlanSkipsADownInfra(t *testing.T) {
+	ec2, err := fakeec2.New(fakeec2.Options{LogDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ec2.Close()
+	s := openWithFakeAWS(t, ec2)
+	r := configs.Resources{Infra: "aws", Accelerators: []configs.Accelerator{{Name: "A10G", Count: 1}}}
+	ctx := context.Background()
+	if _, err := s.Plan(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		s.Provisioner.Health().Observe("aws", "", fmt.Errorf("%w: 503 Unavailable", launcher.ErrUnavailable))
+	}
+	if _, err := s.Plan(ctx, r); err == nil || !strings.Contains(err.Error(), "aws down since") {
+		t.Fatalf("plan with aws down: %v, want it refused saying aws is down", err)
+	}
+	down := s.Down(r)
+	if len(down) != 1 || down[0].Infra != "aws" || down[0].State != launcher.InfraDown {
+		t.Fatalf("Down = %+v, want aws", down)
+	}
+	if got := s.Down(configs.Resources{Infra: configs.InfraLocal}); len(got) != 0 {
+		t.Fatalf("Down for a local task = %+v, want none", got)
+	}
+	s.Provisioner.Health().Observe("aws", "", nil)
+	if cands, err := s.Plan(ctx, r); err != nil || len(cands) == 0 || cands[0].Placement.Infra != "aws" {
+		t.Fatalf("plan after aws answered: %v, %v", cands, err)
 	}
 }
