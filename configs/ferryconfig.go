@@ -84,6 +84,10 @@ type CloudConfig struct {
 	// Project is GCP's project id (required there; AWS has none).
 	Project string   `json:"project,omitempty"`
 	Regions []string `json:"regions,omitempty"`
+	// Zones (GCP) narrows the cloud to these zones: where the project may not use every zone
+	// of its regions, Ferry neither plans, launches nor lists beyond them. Their regions are
+	// enabled with them.
+	Zones []string `json:"zones,omitempty"`
 	// Endpoint overrides the API endpoint: an in-project fake in tests, or a compatible cloud.
 	Endpoint string `json:"endpoint,omitempty"`
 	// AMIs is AWS's image per region for tasks that set no image_id.
@@ -119,7 +123,7 @@ type KubernetesContext struct {
 var (
 	ferryConfigKeys = []string{"kubernetes", "aws", "gcp", "local"}
 	awsKeys         = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs"}
-	gcpKeys         = []string{"project", "regions", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
+	gcpKeys         = []string{"project", "regions", "zones", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
 	kubernetesKeys  = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs",
 		"checkpoint_size", "checkpoint_storage_class", "gpu_scheduler_name", "kueue_local_queue"}
 	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour", "queued_provisioning"}
@@ -318,6 +322,34 @@ func (c *checker) nfsShare(n *yaml.Node, field string) string {
 	return v
 }
 
+// zones reads gcp.zones: zone names (REGION-LETTER), each enabling its region.
+func (c *checker) zones(n *yaml.Node, field string, cc *CloudConfig) {
+	items := c.deref(n)
+	if items.Kind != yaml.SequenceNode || len(items.Content) == 0 {
+		c.errorf(n, field, "expected a non-empty list of zones, got %s", describe(items))
+		return
+	}
+	for i, item := range items.Content {
+		v, ok := c.str(item, indexField(field, i))
+		if !ok {
+			continue
+		}
+		cut := strings.LastIndexByte(v, '-')
+		if !regionRE.MatchString(v) || cut <= 0 || len(v)-cut != 2 {
+			c.errorf(item, indexField(field, i), "%s is not a zone name (REGION-x, e.g. us-central1-a)", quoteShort(v))
+			continue
+		}
+		if slices.Contains(cc.Zones, v) {
+			c.errorf(item, indexField(field, i), "zone %s is listed twice", quoteShort(v))
+			continue
+		}
+		cc.Zones = append(cc.Zones, v)
+		if region := v[:cut]; !slices.Contains(cc.Regions, region) {
+			cc.Regions = append(cc.Regions, region)
+		}
+	}
+}
+
 func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, defaultRegion string) *CloudConfig {
 	cc := &CloudConfig{}
 	n = c.deref(n)
@@ -361,6 +393,9 @@ func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, default
 				}
 			}
 		}
+	}
+	if e, ok := f["zones"]; ok {
+		c.zones(e.value, joinField(field, "zones"), cc)
 	}
 	if len(cc.Regions) == 0 {
 		cc.Regions = []string{defaultRegion}

@@ -28,6 +28,8 @@ type cloud struct {
 	name     string
 	provider launcher.Provider
 	regions  []string
+	// zones, when set, are the only zones planned (gcp.zones).
+	zones []string
 	// zoneNames, when the provider can tell, maps AWS AZ IDs to this account's zone names.
 	zoneNames func(ctx context.Context, region string) (map[string]string, error)
 	// spotPrices, when the provider can tell, are live spot prices in a region by instance
@@ -140,12 +142,16 @@ func openClouds(cfg *configs.FerryConfig, log *zap.Logger, problems map[string]e
 		}
 	}
 	if c := cfg.GCP; c != nil {
-		p, err := gcp.New(ctx, gcp.Options{Project: c.Project, Regions: c.Regions, Endpoint: c.Endpoint,
+		regions := c.Regions
+		if len(c.Zones) > 0 {
+			regions = nil // the zones alone: each enabled its region for planning (cloud.zones)
+		}
+		p, err := gcp.New(ctx, gcp.Options{Project: c.Project, Regions: regions, Zones: c.Zones, Endpoint: c.Endpoint,
 			IngressCIDRs: c.ProxyCIDRs, IngressTags: c.ProxyTags, CheckpointNFS: c.CheckpointNFS, Logger: log.Named("gcp")})
 		if err != nil {
 			problems[gcp.InfraName] = err
 		} else {
-			out = append(out, cloud{name: p.Infra(), provider: p, regions: c.Regions})
+			out = append(out, cloud{name: p.Infra(), provider: p, regions: c.Regions, zones: c.Zones})
 		}
 	}
 	return out
@@ -199,14 +205,21 @@ func (c cloud) optimizerInfra(ctx context.Context, r configs.Resources) (optimiz
 	return inf, errors.Join(errs...)
 }
 
-// inRegions keeps cloud candidates in the regions the config enables; other infras pass.
+// inRegions keeps cloud candidates in the regions (and, where the config names them, the
+// zones) the config enables; other infras pass.
 func (s *Set) inRegions(cands []optimizer.Candidate) []optimizer.Candidate {
-	allowed := map[string][]string{}
+	allowed := map[string]cloud{}
 	for _, c := range s.clouds {
-		allowed[c.name] = c.regions
+		allowed[c.name] = c
 	}
 	return slices.DeleteFunc(cands, func(c optimizer.Candidate) bool {
-		regions, isCloud := allowed[c.Placement.Infra]
-		return isCloud && !slices.ContainsFunc(regions, func(r string) bool { return strings.EqualFold(r, c.Placement.Region) })
+		cl, isCloud := allowed[c.Placement.Infra]
+		if !isCloud {
+			return false
+		}
+		if !slices.ContainsFunc(cl.regions, func(r string) bool { return strings.EqualFold(r, c.Placement.Region) }) {
+			return true
+		}
+		return len(cl.zones) > 0 && c.Placement.Zone != "" && !slices.Contains(cl.zones, c.Placement.Zone)
 	})
 }

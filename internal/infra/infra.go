@@ -101,16 +101,32 @@ func Open(h home.Home, opts Options) (*Set, error) {
 	for _, c := range s.clouds {
 		infras = append(infras, provision.Infra{Name: c.name, Provider: c.provider})
 	}
+	health := provision.NewHealth(provision.HealthOptions{OnChange: func(st launcher.InfraState) { logHealth(opts.Logger, st) }})
 	s.Provisioner, err = provision.New(provision.Options{
 		Infras:   infras,
 		Planner:  provision.PlannerFunc(s.plan),
 		BlockFor: opts.BlockFor,
+		Health:   health,
 		Logger:   opts.Logger.Named("provision"),
 	})
 	if err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// logHealth says when an infra (or a zone of one) goes down, is throttled, or answers again:
+// one line per change, not per failed call.
+func logHealth(log *zap.Logger, st launcher.InfraState) {
+	switch st.State {
+	case launcher.InfraUp:
+		log.Info("infra answers again", zap.String("infra", st.Where()))
+	case launcher.InfraThrottled:
+		log.Warn("infra throttles Ferry; backing off", zap.String("infra", st.Where()), zap.Time("retry_at", st.RetryAt), zap.String("error", st.LastError))
+	default:
+		log.Warn("infra down: skipped until a probe finds it answering", zap.String("infra", st.Where()), zap.Int("failures", st.Failures),
+			zap.String("class", st.LastClass), zap.String("error", st.LastError))
+	}
 }
 
 // ConfigPath is Ferry's settings file in h.
