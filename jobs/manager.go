@@ -48,6 +48,10 @@ type Config struct {
 	// RetryInterval paces launch attempts of jobs waiting for capacity; default 15s. A job
 	// ending or being cancelled tries the queue at once.
 	RetryInterval time.Duration
+	// LaunchHold is the longest the queue waits for one launch before it tries the next job
+	// (the launch goes on); default 2s, so that a fast launch keeps priority order and a slow
+	// or hung infra holds only its own job (queue.go).
+	LaunchHold time.Duration
 	// CheckpointMount is where a job's checkpoint claim appears in containers; default
 	// DefaultCheckpointMount.
 	CheckpointMount string
@@ -59,6 +63,7 @@ type Config struct {
 const (
 	DefaultWatchInterval   = 2 * time.Second
 	DefaultRetryInterval   = 15 * time.Second
+	DefaultLaunchHold      = 2 * time.Second
 	DefaultCheckpointMount = "/ferry/checkpoint"
 	// terminateTimeout bounds stopping one node (its grace included).
 	terminateTimeout = 3 * time.Minute
@@ -108,6 +113,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.RetryInterval <= 0 {
 		cfg.RetryInterval = DefaultRetryInterval
+	}
+	if cfg.LaunchHold <= 0 {
+		cfg.LaunchHold = DefaultLaunchHold
 	}
 	if cfg.CheckpointMount == "" {
 		cfg.CheckpointMount = DefaultCheckpointMount
