@@ -91,7 +91,7 @@ func (m *Manager) stopStrays(ctx context.Context, id int64, attempt int) {
 		return
 	}
 	m.spawn("strays", func() {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), terminateTimeout)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StopTimeout)
 		defer cancel()
 		insts, err := m.cfg.Provider.List(ctx, map[string]string{launcher.LabelJob: strconv.FormatInt(id, 10)})
 		if err != nil {
