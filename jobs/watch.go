@@ -79,7 +79,17 @@ const spotSettle = 15 * time.Second
 // look lists the job's nodes once and acts on what they say; true when the gang has ended.
 func (m *Manager) look(ctx context.Context, id int64, w *watchState) bool {
 	j, err := m.Get(id)
-	if err != nil || j.State != Running {
+	if err != nil {
+		return true
+	}
+	switch j.State {
+	case Running:
+	case Cancelling:
+		// Cancelled as its launch handed the gang to this watch: the cancel reached the launch,
+		// and the watch owns the nodes now.
+		m.release(context.WithoutCancel(ctx), id, Cancelled, "cancelled by the user")
+		return true
+	default:
 		return true
 	}
 	if !j.RunUntil.IsZero() && !m.cfg.Now().Before(j.RunUntil) {
