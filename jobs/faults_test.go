@@ -469,6 +469,15 @@ func TestHungLaunchDoesNotHoldTheQueue(t *testing.T) {
 	if cur, _ := e.m.Get(stuck.ID); cur.State != jobs.Starting || cur.Attempt != 1 || c.launchCalls(stuck.ID) != 1 {
 		t.Fatalf("hung job %s attempt %d launched %d times; want STARTING, attempt 1, launched once", cur.State, cur.Attempt, c.launchCalls(stuck.ID))
 	}
+	// A cancel cuts a hung launch short.
+	also := e.submit("name: also\nresources:\n  infra: gcp\nrun: train\n")
+	e.waitFor(also.ID, 20*time.Second, "began its launch", func(jobs.Job) bool { return c.launchCalls(also.ID) == 1 })
+	if _, err := e.m.Cancel(also.ID); err != nil {
+		t.Fatal(err)
+	}
+	if done := e.waitState(also.ID, jobs.Cancelled); done.Reason != "cancelled by the user" || len(done.LeftBehind) != 0 {
+		t.Errorf("cancelled during its launch: reason %q, left behind %v", done.Reason, done.LeftBehind)
+	}
 	c.up() // the launch returns
 	r := e.waitState(stuck.ID, jobs.Running)
 	if r.Attempt != 1 || len(r.Nodes) != 2 || c.launchCalls(stuck.ID) != 1 {
