@@ -106,7 +106,7 @@ func (m *Manager) withdrawQueued(ctx context.Context, j Job) {
 	if !ok {
 		return
 	}
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), terminateTimeout)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StopTimeout)
 	defer cancel()
 	if err := w.WithdrawQueued(wctx, strconv.FormatInt(j.ID, 10), j.Attempt); err != nil {
 		m.log.Warn("withdraw queued requests", zap.Int64("job", j.ID), zap.Error(err))

@@ -167,6 +167,7 @@ func (j *Job) clone() Job {
 	c.Nodes = slices.Clone(j.Nodes)
 	c.History = slices.Clone(j.History)
 	c.ExitCodes = slices.Clone(j.ExitCodes)
+	c.LeftBehind = slices.Clone(j.LeftBehind)
 	return c
 }
 

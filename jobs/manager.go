@@ -1,9 +1,11 @@
 package jobs
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -48,6 +50,14 @@ type Config struct {
 	// RetryInterval paces launch attempts of jobs waiting for capacity; default 15s. A job
 	// ending or being cancelled tries the queue at once.
 	RetryInterval time.Duration
+	// LaunchHold is the longest the queue waits for one launch before it tries the next job
+	// (the launch goes on); default 2s, so that a fast launch keeps priority order and a slow
+	// or hung infra holds only its own job (queue.go).
+	LaunchHold time.Duration
+	// StopTimeout bounds each step of stopping a job's nodes (listing them, terminating them
+	// with their grace, releasing the job's storage): what has not stopped by then is left to
+	// the provisioner, and the job ends anyway; default 3m.
+	StopTimeout time.Duration
 	// CheckpointMount is where a job's checkpoint claim appears in containers; default
 	// DefaultCheckpointMount.
 	CheckpointMount string
@@ -59,9 +69,9 @@ type Config struct {
 const (
 	DefaultWatchInterval   = 2 * time.Second
 	DefaultRetryInterval   = 15 * time.Second
+	DefaultLaunchHold      = 2 * time.Second
+	DefaultStopTimeout     = 3 * time.Minute
 	DefaultCheckpointMount = "/ferry/checkpoint"
-	// terminateTimeout bounds stopping one node (its grace included).
-	terminateTimeout = 3 * time.Minute
 )
 
 // Errors callers act on.
@@ -108,6 +118,12 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.RetryInterval <= 0 {
 		cfg.RetryInterval = DefaultRetryInterval
+	}
+	if cfg.LaunchHold <= 0 {
+		cfg.LaunchHold = DefaultLaunchHold
+	}
+	if cfg.StopTimeout <= 0 {
+		cfg.StopTimeout = DefaultStopTimeout
 	}
 	if cfg.CheckpointMount == "" {
 		cfg.CheckpointMount = DefaultCheckpointMount
@@ -405,65 +421,180 @@ func (m *Manager) own(parent context.Context, id int64) (context.Context, func()
 }
 
 // release stops every node of job id (all attempts), archives their logs, then records the
-// job in state final (already set, or set now) with no nodes. It is how every gang ends.
+// job in state final (already set, or set now) with no nodes. It is how every gang ends. What
+// could not be stopped because its infra did not answer is left to the provisioner, recorded
+// in Job.LeftBehind and said in the job's reason: the job ends anyway, within a few
+// StopTimeouts whatever its infras do.
 func (m *Manager) release(ctx context.Context, id int64, final State, reason string) {
 	j, err := m.Get(id)
 	if err != nil {
 		return
 	}
-	m.stopNodes(ctx, j)
+	left := m.stopNodes(ctx, j)
 	if final.Terminal() || j.State == Cancelling {
 		// The nodes are gone; what outlives them (the checkpoint claim) goes before the job
 		// reads as ended.
-		if c, ok := m.cfg.Provider.(launcher.JobCleaner); ok {
-			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), terminateTimeout)
-			if err := c.CleanupJob(cctx, strconv.FormatInt(id, 10)); err != nil {
-				m.log.Warn("release job storage", zap.Int64("job", id), zap.Error(err))
-			}
-			cancel()
-		}
+		m.cleanupJob(ctx, id)
 	}
 	m.update(id, func(j *Job) bool {
 		j.account(m.cfg.Now())
 		j.Nodes = nil
+		j.LeftBehind = mergeLeftovers(j.LeftBehind, left)
 		if j.State == Cancelling {
 			// Cancelled while its gang was ending for another reason: the cancel wins.
 			final, reason = Cancelled, "cancelled by the user"
 		}
 		if j.State != final {
-			j.setState(final, reason, m.cfg.Now())
+			j.setState(final, withLeftNote(reason, left), m.cfg.Now())
+		} else {
+			j.Reason = withLeftNote(j.Reason, left)
 		}
 		return true
 	})
 	m.Poke() // capacity was freed
 }
 
-// stopNodes archives the logs of, then terminates, every instance labelled with the job
-// (the record's nodes and any leftover of another attempt). It outlives ctx: nodes must not
-// be left running because a request went away.
-func (m *Manager) stopNodes(ctx context.Context, j Job) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), terminateTimeout)
+// cleanupJob releases what outlives job id's nodes (its checkpoint claim, a request held in a
+// cloud's queue). An infra that does not answer is logged, not fatal, and waited for at most
+// StopTimeout: the claim is the provider's to release once it can.
+func (m *Manager) cleanupJob(ctx context.Context, id int64) {
+	c, ok := m.cfg.Provider.(launcher.JobCleaner)
+	if !ok {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StopTimeout)
 	defer cancel()
-	insts, err := m.cfg.Provider.List(ctx, map[string]string{launcher.LabelJob: strconv.FormatInt(j.ID, 10)})
-	if err != nil {
-		m.log.Warn("list job nodes to stop; stopping the recorded ones", zap.Int64("job", j.ID), zap.Error(err))
-		for _, n := range j.Nodes {
-			insts = append(insts, launcher.Instance{ID: n.InstanceID,
-				Labels: map[string]string{launcher.LabelNodeRank: strconv.Itoa(n.Rank), launcher.LabelAttempt: strconv.Itoa(j.Attempt)}})
+	errc := make(chan error, 1)
+	go func() { errc <- c.CleanupJob(cctx, strconv.FormatInt(id, 10)) }()
+	select {
+	case err := <-errc:
+		if err != nil {
+			m.log.Warn("release job storage", zap.Int64("job", id), zap.Error(err))
+		}
+	case <-cctx.Done():
+		m.log.Warn("release job storage: no answer in time; the job ends without waiting", zap.Int64("job", id),
+			zap.Duration("waited", m.cfg.StopTimeout))
+	}
+}
+
+// stopNodes archives the logs of, then terminates, every instance labelled with the job (the
+// record's nodes and any leftover of another attempt), on the infras its nodes run on. It
+// outlives ctx: nodes must not be left running because a request went away. What it cannot
+// reach — a recorded node in a gap of the listing, a Terminate that left its node behind or
+// failed as an infra, one that did not return within StopTimeout, and, per infra that could
+// not be listed, any other node of the job launched before now — is handed to the provider
+// (launcher.LeftoverKeeper) and returned.
+func (m *Manager) stopNodes(ctx context.Context, j Job) []launcher.Leftover {
+	ctx = context.WithoutCancel(ctx)
+	lctx, cancel := context.WithTimeout(ctx, min(m.cfg.StopTimeout, time.Minute))
+	insts, err := m.listJob(lctx, j)
+	cancel()
+	insts, gaps := listGaps(j, insts, err)
+	if len(gaps) > 0 {
+		m.log.Warn("job nodes to stop cannot all be listed; what cannot is left to stop when its infra answers",
+			zap.Int64("job", j.ID), zap.String("where", gapsWhere(gaps)), zap.Error(gapErr(gaps)))
+	}
+	now := m.cfg.Now()
+	owner := fmt.Sprintf("job %d", j.ID)
+	var left []launcher.Leftover
+	for _, n := range j.Nodes {
+		if slices.ContainsFunc(insts, func(in launcher.Instance) bool { return in.ID == n.InstanceID }) {
+			continue
+		}
+		if g, ok := covers(gaps, n.Infra, n.Region, n.Zone); ok {
+			left = append(left, launcher.Leftover{Infra: n.Infra, InstanceID: n.InstanceID, Reason: g.String()})
 		}
 	}
-	var wg sync.WaitGroup
+	for _, g := range gaps {
+		if g.Infra == "" || slices.ContainsFunc(left, func(l launcher.Leftover) bool { return l.InstanceID == "" && l.Infra == g.Infra }) {
+			continue
+		}
+		if !slices.Contains(jobInfras(j), g.Infra) && !mayHoldUnrecorded(j) {
+			continue // nothing of the job was there
+		}
+		left = append(left, launcher.Leftover{Infra: g.Infra, Selector: map[string]string{launcher.LabelJob: strconv.FormatInt(j.ID, 10)},
+			Before: now, Reason: g.String()})
+	}
+	left = append(left, m.terminateAll(ctx, j, insts)...)
+	keeper, _ := m.cfg.Provider.(launcher.LeftoverKeeper)
+	for i := range left {
+		l := &left[i]
+		l.Owner = owner
+		if l.Since.IsZero() {
+			l.Since = now
+		}
+		if l.Key == "" {
+			l.Key = launcher.LeftoverKey(*l)
+		}
+		if keeper == nil {
+			m.log.Error("job node left on an infra that did not answer, and nothing will stop it: stop it by hand",
+				zap.Int64("job", j.ID), zap.String("infra", l.Infra), zap.String("what", l.Describe()), zap.String("reason", l.Reason))
+			continue
+		}
+		if err := keeper.LeaveBehind(*l); err != nil {
+			m.log.Error("record a job node left behind", zap.Int64("job", j.ID), zap.String("what", l.Describe()), zap.Error(err))
+		}
+	}
+	return left
+}
+
+// mayHoldUnrecorded reports whether job j may have nodes it has not recorded anywhere: a
+// launch in flight or cut short (STARTING, or cancelled meanwhile), or a request held in a
+// cloud's queue that may have been granted.
+func mayHoldUnrecorded(j Job) bool {
+	return len(j.Nodes) == 0 && (j.InQueue || j.State == Starting || j.State == Cancelling)
+}
+
+// terminateAll archives the logs of and terminates insts, each in its own goroutine, waiting
+// for them at most StopTimeout: an instance whose Terminate left it behind, failed as an
+// infra, or did not return in time is returned as a leftover.
+func (m *Manager) terminateAll(ctx context.Context, j Job, insts []launcher.Instance) []launcher.Leftover {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.StopTimeout)
+	defer cancel()
+	type stopped struct {
+		in  launcher.Instance
+		err error
+	}
+	results := make(chan stopped, len(insts))
 	for _, in := range insts {
-		wg.Add(1)
+		// Not spawned: a Terminate that ignores its deadline must not hold the job, nor Stop.
 		go func() {
-			defer wg.Done()
+			defer func() {
+				if r := recover(); r != nil {
+					results <- stopped{in, fmt.Errorf("terminate panicked: %v", r)}
+				}
+			}()
 			m.archiveLog(ctx, j.ID, in)
-			if err := m.cfg.Provider.Terminate(ctx, in.ID); err != nil {
-				m.log.Warn("stop job node", zap.Int64("job", j.ID), zap.String("instance", in.ID), zap.Error(err))
-			}
+			results <- stopped{in, m.cfg.Provider.Terminate(ctx, in.ID)}
 		}()
 	}
-	wg.Wait()
+	var left []launcher.Leftover
+	pending := map[string]launcher.Instance{}
+	for _, in := range insts {
+		pending[in.ID] = in
+	}
+	for len(pending) > 0 {
+		select {
+		case r := <-results:
+			delete(pending, r.in.ID)
+			if l, ok := launcher.LeftBehind(r.err); ok {
+				l.Infra, l.InstanceID = cmp.Or(l.Infra, r.in.Infra), cmp.Or(l.InstanceID, r.in.ID)
+				l.Reason = cmp.Or(l.Reason, r.err.Error())
+				left = append(left, l)
+			} else if r.err != nil && (launcher.IsInfraFault(r.err) || errors.Is(r.err, context.DeadlineExceeded)) {
+				left = append(left, launcher.Leftover{Infra: r.in.Infra, InstanceID: r.in.ID, Reason: r.err.Error()})
+			} else if r.err != nil {
+				m.log.Warn("stop job node", zap.Int64("job", j.ID), zap.String("instance", r.in.ID), zap.Error(r.err))
+			}
+		case <-ctx.Done():
+			for _, in := range slices.SortedFunc(maps.Values(pending), func(a, b launcher.Instance) int { return cmp.Compare(a.ID, b.ID) }) {
+				left = append(left, launcher.Leftover{Infra: in.Infra, InstanceID: in.ID,
+					Reason: fmt.Sprintf("%v: did not stop within %v", launcher.ErrUnavailable, m.cfg.StopTimeout)})
+			}
+			return left
+		}
+	}
+	return left
 }
 
 // LogFile is where an ended node's output is kept: Dir/<id>/attempt-<a>-node-<rank>.log.

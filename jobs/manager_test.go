@@ -64,6 +64,10 @@ type env struct {
 	store *store.SQLite
 	m     *jobs.Manager
 	stop  func()
+	// provider, when set, is what the manager runs on instead of prov; tune adjusts its
+	// config.
+	provider jobs.Provider
+	tune     func(*jobs.Config)
 }
 
 func newEnv(t *testing.T) *env {
@@ -93,8 +97,15 @@ func newEnv(t *testing.T) *env {
 
 // start runs a manager (a controller process) over the env's store and nodes.
 func (e *env) start() {
-	m, err := jobs.New(jobs.Config{Provider: e.prov, Store: e.store, Dir: filepath.Join(e.home, "jobs"),
-		WatchInterval: 50 * time.Millisecond, RetryInterval: 200 * time.Millisecond})
+	cfg := jobs.Config{Provider: e.prov, Store: e.store, Dir: filepath.Join(e.home, "jobs"),
+		WatchInterval: 50 * time.Millisecond, RetryInterval: 200 * time.Millisecond}
+	if e.provider != nil {
+		cfg.Provider = e.provider
+	}
+	if e.tune != nil {
+		e.tune(&cfg)
+	}
+	m, err := jobs.New(cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -19,12 +19,18 @@ import (
 )
 
 // The queue: jobs waiting for capacity (PENDING, or RECOVERING with no nodes) are tried in
-// priority order, highest first, then in the order they were submitted, one launch at a time,
-// so that a higher-priority job gets freed capacity first. A job that does not fit is passed
-// over for the next (Kueue's BestEffortFIFO: a small job is not held behind a big one that
-// cannot start; a big gang can therefore wait while smaller ones keep taking capacity — give
-// it a higher priority). The queue runs at every poke (a job submitted or ended, capacity
-// freed) and every RetryInterval.
+// priority order, highest first, then in the order they were submitted, so that a
+// higher-priority job gets freed capacity first. A job that does not fit is passed over for the
+// next (Kueue's BestEffortFIFO: a small job is not held behind a big one that cannot start; a
+// big gang can therefore wait while smaller ones keep taking capacity — give it a higher
+// priority). The queue runs at every poke (a job submitted or ended, capacity freed) and every
+// RetryInterval.
+//
+// Each launch runs in its own goroutine, and the queue waits for it at most LaunchHold before
+// it goes on to the next job: a fast launch (local, Kubernetes) still keeps priority order,
+// while one held by a slow or hung infra (a cloud waiting for a VM, an endpoint that never
+// answers) holds only its own job. That job stays owned by its launch, and is not tried again,
+// until the launch returns.
 
 // runQueue tries the queue until ctx ends.
 func (m *Manager) runQueue(ctx context.Context) {
@@ -62,26 +68,51 @@ func (m *Manager) waiting() []int64 {
 	return ids
 }
 
-// schedule tries each waiting job once, in queue order.
+// schedule tries each waiting job once, in queue order, waiting for each launch at most
+// LaunchHold.
 func (m *Manager) schedule(ctx context.Context) {
 	for _, id := range m.waiting() {
 		if ctx.Err() != nil {
 			return
 		}
-		m.launch(ctx, id)
+		launched := m.startLaunch(ctx, id)
+		if launched == nil {
+			continue
+		}
+		hold := time.NewTimer(m.cfg.LaunchHold)
+		select {
+		case <-launched:
+		case <-hold.C:
+			m.log.Info("a job's launch is taking long; the queue goes on without it", zap.Int64("job", id),
+				zap.Duration("held", m.cfg.LaunchHold))
+		case <-ctx.Done():
+		}
+		hold.Stop()
 	}
+}
+
+// startLaunch launches job id's gang in a goroutine that owns the job until the launch
+// returns, and returns a channel closed then; nil when another goroutine owns the job.
+func (m *Manager) startLaunch(parent context.Context, id int64) <-chan struct{} {
+	ctx, done, ok := m.own(parent, id)
+	if !ok {
+		return nil
+	}
+	launched := make(chan struct{})
+	m.spawn("launch", func() {
+		defer close(launched)
+		defer done()
+		m.launch(ctx, id, done)
+	})
+	return launched
 }
 
 // launch places job id's gang: the attempt is saved first (so that a controller killed
 // mid-launch recognises the half-made gang), then the provisioner tries placements best first.
-// No capacity anywhere leaves the job waiting, with the reason; a task no infra can run is
-// FAILED_NO_RESOURCE.
-func (m *Manager) launch(parent context.Context, id int64) {
-	ctx, done, ok := m.own(parent, id)
-	if !ok {
-		return
-	}
-	defer done()
+// No capacity anywhere, or an infra that failed, leaves the job waiting, with the reason; a task
+// no infra can run is FAILED_NO_RESOURCE. done gives up the job's ownership, handed to the
+// watch once the gang runs.
+func (m *Manager) launch(ctx context.Context, id int64, done func()) {
 	j, ok := m.update(id, func(j *Job) bool {
 		if (j.State != Pending && j.State != Recovering) || len(j.Nodes) > 0 {
 			return false
@@ -158,12 +189,14 @@ func (m *Manager) launchFailed(ctx context.Context, j Job, err error) {
 		back = Recovering
 	}
 	switch {
-	case errors.Is(err, launcher.ErrInvalid):
+	case errors.Is(err, launcher.ErrInvalid) && !launcher.IsInfraFault(err):
+		// Invalid everywhere. An infra that failed (down, throttled, refusing credentials) is
+		// no verdict on the task: the job then waits for it, or for another, as for capacity.
 		m.transition(j.ID, FailedNoResource, "no enabled infra can run it: "+err.Error(), nil)
 		m.release(ctx, j.ID, FailedNoResource, "")
 	case m.waitedTooLong(j, err):
 		m.release(ctx, j.ID, FailedNoResource, "") // withdraws a queued request (capacity.go)
-	default:
+	default: // no capacity, held in a cloud's queue, or an infra that failed
 		since := waitStart(j, err, m.cfg.Now())
 		m.transition(j.ID, back, waitReason(err, since), func(cur *Job) {
 			cur.WaitingSince, cur.InQueue = since, errors.Is(err, launcher.ErrQueued)

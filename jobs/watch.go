@@ -60,6 +60,14 @@ func (m *Manager) watch(ctx context.Context, id int64) {
 type watchState struct {
 	// failedAt is when a failure was first seen on a gang with spot nodes still up.
 	failedAt time.Time
+	// unknownSince is when a gap first hid a node of the gang (zero while every node is seen),
+	// and hiddenWhere names the gaps the job's reason last reported: the reason and the log
+	// change when what is hidden changes, not at every look.
+	unknownSince time.Time
+	hiddenWhere  string
+	// seenReason is the job's reason before its nodes were hidden, given back when they are
+	// seen again; unknownReason is the one the watch set meanwhile.
+	seenReason, unknownReason string
 }
 
 // spotSettle is how long a failure on a gang whose spot nodes are still up waits for a
@@ -71,7 +79,17 @@ const spotSettle = 15 * time.Second
 // look lists the job's nodes once and acts on what they say; true when the gang has ended.
 func (m *Manager) look(ctx context.Context, id int64, w *watchState) bool {
 	j, err := m.Get(id)
-	if err != nil || j.State != Running {
+	if err != nil {
+		return true
+	}
+	switch j.State {
+	case Running:
+	case Cancelling:
+		// Cancelled as its launch handed the gang to this watch: the cancel reached the launch,
+		// and the watch owns the nodes now.
+		m.release(context.WithoutCancel(ctx), id, Cancelled, "cancelled by the user")
+		return true
+	default:
 		return true
 	}
 	if !j.RunUntil.IsZero() && !m.cfg.Now().Before(j.RunUntil) {
@@ -79,13 +97,19 @@ func (m *Manager) look(ctx context.Context, id int64, w *watchState) bool {
 		return true
 	}
 	lctx, cancel := context.WithTimeout(ctx, time.Minute)
-	insts, err := m.cfg.Provider.List(lctx, map[string]string{launcher.LabelJob: strconv.FormatInt(id, 10)})
+	insts, err := m.listJob(lctx, j)
 	cancel()
-	if err != nil {
-		// Judging a gang on a failed list would relaunch a healthy one: wait for the next.
-		m.log.Warn("list job nodes", zap.Int64("job", id), zap.Error(err))
+	if ctx.Err() != nil {
+		return false // cancelled: the watch's caller decides
+	}
+	insts, gaps := listGaps(j, insts, err)
+	if hidden := hiddenNodes(j, gaps); len(hidden) > 0 {
+		// Judging a gang on a list that could not see its nodes would relaunch a healthy one,
+		// or fail a finished one: it is unknown until its infra answers.
+		m.unknown(j, w, hidden)
 		return false
 	}
+	m.seen(j, w)
 	a := assess(insts, j.Attempt, max(j.Task.NumNodes, 1))
 	if a.verdict == stillRunning {
 		return false
@@ -103,6 +127,50 @@ func (m *Manager) look(ctx context.Context, id int64, w *watchState) bool {
 	}
 	m.end(ctx, j, a)
 	return true
+}
+
+// unknown records that gaps hide nodes of job j's gang: the job stays RUNNING and its reason
+// says which infras do not answer and since when — once per change of what is hidden, not at
+// every look.
+func (m *Manager) unknown(j Job, w *watchState, hidden []launcher.Gap) {
+	where := gapsWhere(hidden)
+	if where == w.hiddenWhere {
+		return
+	}
+	if w.unknownSince.IsZero() {
+		w.unknownSince, w.seenReason = m.cfg.Now(), j.Reason
+	}
+	w.hiddenWhere = where
+	reason := fmt.Sprintf("nodes on %s not answering since %s; the gang is judged once they answer again: %v",
+		where, w.unknownSince.UTC().Format(time.RFC3339), gapErr(hidden))
+	w.unknownReason = reason
+	m.update(j.ID, func(cur *Job) bool {
+		if cur.State != Running {
+			return false
+		}
+		cur.Reason = reason
+		return true
+	})
+	m.log.Warn("job's nodes cannot be listed; the gang is not judged until they can", zap.Int64("job", j.ID),
+		zap.String("where", where), zap.Time("since", w.unknownSince), zap.Error(gapErr(hidden)))
+}
+
+// seen records that every node of job j's gang is seen again, giving the job back its reason.
+func (m *Manager) seen(j Job, w *watchState) {
+	if w.unknownSince.IsZero() {
+		return
+	}
+	m.log.Info("job's nodes answer again", zap.Int64("job", j.ID), zap.String("where", w.hiddenWhere),
+		zap.Duration("after", m.cfg.Now().Sub(w.unknownSince)))
+	reason, mine := w.seenReason, w.unknownReason
+	m.update(j.ID, func(cur *Job) bool {
+		if cur.State != Running || cur.Reason != mine {
+			return false
+		}
+		cur.Reason = reason
+		return true
+	})
+	w.unknownSince, w.hiddenWhere, w.seenReason, w.unknownReason = time.Time{}, "", "", ""
 }
 
 // spotUp reports whether a spot node of the gang is still running.
