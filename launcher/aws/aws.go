@@ -41,6 +41,7 @@ import (
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
@@ -73,6 +74,17 @@ const (
 	DefaultNoticeInterval = 5 * time.Second
 	// DefaultPort is the service port when the spec gives none.
 	DefaultPort = 8080
+	// DefaultRequestTimeout bounds one HTTP request to EC2, from dial to the answer's last
+	// byte. EC2 answers in well under a second; an endpoint that accepts and never answers
+	// would otherwise hold a call (and whatever waits on it) until the caller's own deadline,
+	// which a background loop or a long Launch does not have.
+	DefaultRequestTimeout = 30 * time.Second
+	// DefaultMaxAttempts is how many times the SDK tries one API call: with its jittered
+	// back-off (a second or two after throttling), a call against an endpoint that is down
+	// fails within about three RequestTimeouts.
+	DefaultMaxAttempts = 3
+	// maxRetryBackoff caps the SDK's wait between two attempts of a call.
+	maxRetryBackoff = 5 * time.Second
 
 	maxPollInterval = 10 * time.Second
 	cleanupTimeout  = 2 * time.Minute
@@ -137,9 +149,13 @@ type Options struct {
 	// ReservationNoticeLead is how long before that Notices warns of it; default
 	// launcher.DefaultWindowLead.
 	ReservationNoticeLead time.Duration
-	// MaxAttempts bounds the SDK's attempts per API call (0: the SDK's default, 3).
+	// MaxAttempts bounds the SDK's attempts per API call; default DefaultMaxAttempts.
 	MaxAttempts int
-	Logger      *zap.Logger
+	// RequestTimeout bounds each HTTP request to EC2, so that a hung endpoint is cut even
+	// inside a long operation (Launch's wait for a VM, the notice poll); default
+	// DefaultRequestTimeout.
+	RequestTimeout time.Duration
+	Logger         *zap.Logger
 }
 
 // Provider launches EC2 instances in the configured regions. It is safe for concurrent use.
@@ -211,13 +227,22 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if opts.ReservationNoticeLead <= 0 {
 		opts.ReservationNoticeLead = launcher.DefaultWindowLead
 	}
+	if opts.MaxAttempts <= 0 {
+		opts.MaxAttempts = DefaultMaxAttempts
+	}
+	if opts.RequestTimeout <= 0 {
+		opts.RequestTimeout = DefaultRequestTimeout
+	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
 	if opts.Buckets == nil {
 		opts.Buckets = buckets.New(buckets.Options{Credentials: opts.Credentials})
 	}
-	load := []func(*config.LoadOptions) error{config.WithRegion(opts.Regions[0])}
+	// One HTTP client with a per-request timeout for every call, the credential chain's
+	// included (an IMDS or SSO endpoint can hang too).
+	httpClient := awshttp.NewBuildableClient().WithTimeout(opts.RequestTimeout)
+	load := []func(*config.LoadOptions) error{config.WithRegion(opts.Regions[0]), config.WithHTTPClient(httpClient)}
 	if opts.Credentials != nil {
 		load = append(load, config.WithCredentialsProvider(opts.Credentials))
 	}
@@ -228,11 +253,13 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: load SDK config: %w", InfraName, err)
 	}
+	// The SDK's standard retryer backs off with jitter (longer after throttling) and stops
+	// retrying when too many attempts failed lately (its retry quota); bounded here so that a
+	// call against a failing endpoint gives up in time for the caller to go elsewhere.
 	cfg.Retryer = func() awssdk.Retryer {
 		return retry.NewStandard(func(o *retry.StandardOptions) {
-			if opts.MaxAttempts > 0 {
-				o.MaxAttempts = opts.MaxAttempts
-			}
+			o.MaxAttempts = opts.MaxAttempts
+			o.MaxBackoff = maxRetryBackoff
 			o.Retryables = append([]retry.IsErrorRetryable{noRetryCapacity}, o.Retryables...)
 		})
 	}
