@@ -176,9 +176,9 @@ type Provider struct {
 	sources []source
 	// routeSource is launcher.RouteSource; tests replace it.
 	routeSource func(ip string) (netip.Prefix, error)
-	// ingressMu serialises changes to the security groups; it is never held with mu.
-	ingressMu sync.Mutex
-	ingress   ingressState
+	// ingress is each region's security-group state, with the lock that serialises changes
+	// to them (ingress.go); the map is fixed in New. A region's lock is never held with mu.
+	ingress map[string]*regionIngress
 	// windows caches capacity blocks' ends for List (reservations.go).
 	windows windowCache
 }
@@ -267,9 +267,10 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 		opts: opts, log: opts.Logger.With(zap.String("infra", InfraName)), clients: map[string]*ec2.Client{},
 		zones: map[string]map[string]string{}, amis: map[string]string{}, exits: launcher.NewExitCodes(exitRetry),
 		sources: sources, routeSource: launcher.RouteSource,
-		ingress: ingressState{groups: map[string]string{}, admitted: map[string]bool{}, narrowed: map[string]bool{}, adopted: map[string]time.Time{}, jobGroups: map[string]string{}},
+		ingress: map[string]*regionIngress{},
 	}
 	for _, r := range opts.Regions {
+		p.ingress[r] = newRegionIngress()
 		p.clients[r] = ec2.NewFromConfig(cfg, func(o *ec2.Options) {
 			o.Region = r
 			if opts.Endpoint != "" {
@@ -461,9 +462,10 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 		return lp, err
 	}
 	if spec.Job != nil {
-		p.ingressMu.Lock()
+		ri := p.ingress[lp.region]
+		ri.mu.Lock()
 		lp.jobGroup, err = p.ensureJobGroup(ctx, c, lp.region)
-		p.ingressMu.Unlock()
+		ri.mu.Unlock()
 		if err != nil {
 			return lp, err
 		}
