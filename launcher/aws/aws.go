@@ -287,14 +287,31 @@ func (p *Provider) Infra() string { return InfraName }
 // Regions are the regions the provider launches in and lists.
 func (p *Provider) Regions() []string { return slices.Clone(p.opts.Regions) }
 
-// Check reports whether EC2 answers with the configured credentials in every region.
+// Check reports whether EC2 answers with the configured credentials in every region. The
+// regions are asked at once, each within the request timeout, so that one that hangs does not
+// hide the others' answers; the error names every region that failed, and wraps each one's
+// error (launcher.ErrUnauthorized, ErrUnavailable, ErrThrottled).
 func (p *Provider) Check(ctx context.Context) error {
-	for _, r := range p.opts.Regions {
-		if _, err := p.clients[r].DescribeAvailabilityZones(ctx, &ec2.DescribeAvailabilityZonesInput{}); err != nil {
-			return classify(err, "describe availability zones in "+r)
+	errs := make([]error, len(p.opts.Regions))
+	var wg sync.WaitGroup
+	for i, r := range p.opts.Regions {
+		wg.Go(func() {
+			if _, err := p.clients[r].DescribeAvailabilityZones(ctx, &ec2.DescribeAvailabilityZonesInput{}); err != nil {
+				errs[i] = classify(err, "describe availability zones in "+r)
+			}
+		})
+	}
+	wg.Wait()
+	var failed []string
+	for i, err := range errs {
+		if err != nil {
+			failed = append(failed, p.opts.Regions[i])
 		}
 	}
-	return nil
+	if len(failed) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s: %d of %d region(s) failing (%s): %w", InfraName, len(failed), len(p.opts.Regions), strings.Join(failed, ", "), errors.Join(errs...))
 }
 
 // ZoneNames returns region's Availability Zones as AZ ID (use1-az4, the catalog's and the
@@ -918,28 +935,78 @@ func (p *Provider) terminateQuietly(region string, ids []string) {
 // Instances that ended are reported as StatePreempted (spot termination) or StateTerminated
 // with EC2's reason while EC2 still shows them (about an hour), except those terminated through
 // the API (Terminate, or a person in the console): they are already gone for the caller.
+//
+// EC2's API is regional, and a region fails on its own (an outage, throttling, a region not
+// enabled for the account): regions are listed at once, and one that fails or has not answered
+// when ctx ends is a launcher.Gap{Infra: "aws", Region: r} in a launcher.PartialList error
+// returned with what the other regions listed, so that callers treat its instances as unknown
+// rather than gone. Only when every region fails alike for a reason that is not the infra's
+// (the credentials, say) is that reason returned alone.
 func (p *Provider) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
 	filters := []types.Filter{{Name: awssdk.String("tag:" + launcher.LabelOwner), Values: []string{"true"}}}
 	for _, k := range slices.Sorted(maps.Keys(selector)) {
 		filters = append(filters, types.Filter{Name: awssdk.String("tag:" + k), Values: []string{selector[k]}})
 	}
+	type answer struct {
+		insts []launcher.Instance
+		err   error
+	}
+	answers := make([]chan answer, len(p.opts.Regions))
+	for i, region := range p.opts.Regions {
+		answers[i] = make(chan answer, 1)
+		go func() {
+			insts, err := p.listRegion(ctx, region, filters)
+			answers[i] <- answer{insts, err}
+		}()
+	}
+	var out []launcher.Instance
+	var gaps []launcher.Gap
+	for i, region := range p.opts.Regions {
+		var a answer
+		select {
+		case a = <-answers[i]:
+		case <-ctx.Done():
+			// The calls end with ctx too; this only keeps a call that does not from
+			// holding the answer of the regions that did.
+			select {
+			case a = <-answers[i]:
+			default:
+				a.err = fmt.Errorf("%w: %s: region %s did not answer before the list's deadline: %w", launcher.ErrUnavailable, InfraName, region, context.Cause(ctx))
+			}
+		}
+		if a.err != nil {
+			gaps = append(gaps, launcher.Gap{Infra: InfraName, Region: region, Err: a.err})
+			continue
+		}
+		out = append(out, a.insts...)
+	}
+	if len(gaps) == len(p.opts.Regions) && !slices.ContainsFunc(gaps, func(g launcher.Gap) bool {
+		return launcher.IsInfraFault(g.Err) && !errors.Is(g.Err, launcher.ErrUnauthorized)
+	}) {
+		// Nothing listed, and not for the infra's failing: the whole list failed (an
+		// invalid filter, a caller that cancelled), as the callers' errors say.
+		return nil, gaps[0].Err
+	}
+	return out, launcher.PartialList(gaps)
+}
+
+// listRegion lists Ferry's instances in one region whose tags match filters.
+func (p *Provider) listRegion(ctx context.Context, region string, filters []types.Filter) ([]launcher.Instance, error) {
 	var out []launcher.Instance
 	var inBlocks []blockInstance
-	for _, region := range p.opts.Regions {
-		err := p.describe(ctx, region, filters, func(in types.Instance) {
-			if in.State != nil && in.State.Name == types.InstanceStateNameTerminated {
-				if code, _ := stateReason(in); code == reasonUserShutdown {
-					return
-				}
+	err := p.describe(ctx, region, filters, func(in types.Instance) {
+		if in.State != nil && in.State.Name == types.InstanceStateNameTerminated {
+			if code, _ := stateReason(in); code == reasonUserShutdown {
+				return
 			}
-			if cr := awssdk.ToString(in.CapacityReservationId); cr != "" && in.InstanceLifecycle == types.InstanceLifecycleTypeCapacityBlock {
-				inBlocks = append(inBlocks, blockInstance{index: len(out), region: region, reservation: cr})
-			}
-			out = append(out, p.withExitCode(ctx, region, in, p.instance(region, in)))
-		})
-		if err != nil {
-			return nil, err
 		}
+		if cr := awssdk.ToString(in.CapacityReservationId); cr != "" && in.InstanceLifecycle == types.InstanceLifecycleTypeCapacityBlock {
+			inBlocks = append(inBlocks, blockInstance{index: len(out), region: region, reservation: cr})
+		}
+		out = append(out, p.withExitCode(ctx, region, in, p.instance(region, in)))
+	})
+	if err != nil {
+		return nil, err
 	}
 	p.setWindowEnds(ctx, out, inBlocks)
 	p.adoptIngress(ctx, out)
