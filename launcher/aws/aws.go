@@ -601,7 +601,7 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			p.terminateQuietly(lp.region, []string{id})
+			p.cleanUp(err, func() { p.terminateQuietly(lp.region, []string{id}) })
 		}
 		return launcher.Instance{}, err
 	}
@@ -724,7 +724,14 @@ func (p *Provider) waitRunning(ctx context.Context, region string, ids []string)
 			// EC2 is eventually consistent: a new instance may not be visible yet.
 			last = "not visible yet"
 		case wctx.Err() == nil:
-			return nil, classify(err, "describe instances")
+			err = classify(err, "describe instances")
+			if !errors.Is(err, launcher.ErrThrottled) {
+				return nil, err
+			}
+			// Throttled even after the SDK's retries: EC2 is up and the VM is most likely
+			// starting; poll again, later, rather than give up a launch that went through.
+			last = "unknown (throttled: " + err.Error() + ")"
+			wait = maxPollInterval
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -915,6 +922,20 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	}
 	p.log.Info("terminated instance", zap.String("id", id))
 	return nil
+}
+
+// cleanUp runs a failed launch's clean-up (terminate what it started, delete its placement
+// group): before the launch returns when it failed for its own reasons, so that the caller
+// finds nothing left behind; in the background when EC2 itself failed (unavailable or
+// throttled), since the clean-up's calls would wait out the same failure, for up to
+// cleanupTimeout, while the caller should be trying another zone or infra. What the
+// background clean-up cannot stop carries Ferry's labels, and List shows it.
+func (p *Provider) cleanUp(launchErr error, cleanup func()) {
+	if errors.Is(launchErr, launcher.ErrUnavailable) || errors.Is(launchErr, launcher.ErrThrottled) {
+		go cleanup()
+		return
+	}
+	cleanup()
 }
 
 // terminateQuietly terminates instances of a failed launch, outliving the launch's ctx.
