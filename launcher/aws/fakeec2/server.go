@@ -134,6 +134,9 @@ type Server struct {
 	closeOnce sync.Once
 	// held counts the requests a hang or delay fault holds now (Held).
 	held atomic.Int64
+	// calls counts API requests by action and region, faulted ones included (Calls).
+	callsMu sync.Mutex
+	calls   map[string]int
 
 	mu         sync.Mutex
 	regions    map[string]*region
@@ -215,7 +218,7 @@ func New(opts Options) (*Server, error) {
 		opts: opts, regions: map[string]*region{}, instances: map[string]*instance{},
 		zoneErrors: map[string]*APIError{}, capacity: map[string]int{}, spotCapacity: map[string]int{}, spotPrices: map[string]float64{},
 		vcpus: map[string]int{}, tokens: map[string]string{}, wakeups: map[*time.Timer]bool{}, imdsTokens: map[string]imdsToken{},
-		stopping: make(chan struct{}),
+		stopping: make(chan struct{}), calls: map[string]int{},
 	}
 	if s.opts.LogDir == "" {
 		dir, err := os.MkdirTemp("", "fakeec2-")
@@ -388,6 +391,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	action := p.get("Action")
+	s.countCall(action, regionName)
 	if f, ok := s.outages.Match(s.faultRequest(action, regionName, p)); ok {
 		if (f.Delay > 0 || f.Hang) && !s.hold(r, f) {
 			panic(http.ErrAbortHandler) // nobody to answer: drop the connection
@@ -463,6 +467,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeXML(w, http.StatusOK, out)
+}
+
+func (s *Server) countCall(action, regionName string) {
+	s.callsMu.Lock()
+	defer s.callsMu.Unlock()
+	s.calls[action+"/"+regionName]++
+}
+
+// Calls is how many requests for action in regionName the server has received (answered,
+// faulted or held): a test tells a caller that backs off from one that hammers a failing
+// endpoint.
+func (s *Server) Calls(action, regionName string) int {
+	s.callsMu.Lock()
+	defer s.callsMu.Unlock()
+	return s.calls[action+"/"+regionName]
 }
 
 // authorize reads the access key and region from a SigV4 Authorization header:
