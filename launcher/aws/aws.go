@@ -17,6 +17,13 @@
 // Instance.ExitCode, StreamLogs serves the console (job.go, logs.go). LaunchGang puts a gang in
 // one cluster placement group (gang.go).
 //
+// When EC2 fails (an outage, throttling, an endpoint that hangs) the failure stays its region's:
+// every HTTP request is cut by Options.RequestTimeout and the SDK's retries are bounded; errors
+// wrap launcher.ErrThrottled or launcher.ErrUnavailable (errors.go); List and Check ask the
+// regions at once, and List reports a region it could not read as a launcher.Gap; launches,
+// the notice poll and a followed console in one region never wait on another's calls, and
+// the background polls back off from a failing region and log the failure once.
+//
 // Credentials come from the SDK's default chain (environment, shared config and credentials
 // files, SSO, IMDS) unless Options.Credentials is set; Options.Endpoint points the client at
 // a compatible cloud or at the in-project fake (launcher/aws/fakeec2).
