@@ -154,6 +154,12 @@ func TestFaultRate(t *testing.T) {
 	if failed == 0 || passed == 0 {
 		t.Fatalf("%d throttled, %d answered: want some of each at rate 0.5", failed, passed)
 	}
+	if n := s.Calls("DescribeAvailabilityZones", "us-east-1"); n != 100 {
+		t.Fatalf("Calls counted %d requests, want 100, faulted ones included", n)
+	}
+	if n := s.Calls("DescribeAvailabilityZones", "us-west-2"); n != 0 {
+		t.Fatalf("Calls counted %d requests in a region asked nothing", n)
+	}
 }
 
 // TestFaultFor: a fault with For ends by itself: the endpoint recovers.
