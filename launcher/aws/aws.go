@@ -964,58 +964,20 @@ func (p *Provider) terminateQuietly(region string, ids []string) {
 // with EC2's reason while EC2 still shows them (about an hour), except those terminated through
 // the API (Terminate, or a person in the console): they are already gone for the caller.
 //
-// EC2's API is regional, and a region fails on its own (an outage, throttling, a region not
-// enabled for the account): regions are listed at once, and one that fails or has not answered
-// when ctx ends is a launcher.Gap{Infra: "aws", Region: r} in a launcher.PartialList error
-// returned with what the other regions listed, so that callers treat its instances as unknown
-// rather than gone. Only when every region fails alike for a reason that is not the infra's
-// (the credentials, say) is that reason returned alone.
+// Regions are listed at once (perRegion), and one that fails or has not answered when ctx ends
+// is a launcher.Gap{Infra: "aws", Region: r} in a launcher.PartialList error returned with what
+// the other regions listed, so that callers treat its instances as unknown rather than gone.
+// Only when every region fails for a reason that is not the infra's failing (the credentials,
+// say) is that reason returned alone (regionsError).
 func (p *Provider) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
 	filters := []types.Filter{{Name: awssdk.String("tag:" + launcher.LabelOwner), Values: []string{"true"}}}
 	for _, k := range slices.Sorted(maps.Keys(selector)) {
 		filters = append(filters, types.Filter{Name: awssdk.String("tag:" + k), Values: []string{selector[k]}})
 	}
-	type answer struct {
-		insts []launcher.Instance
-		err   error
-	}
-	answers := make([]chan answer, len(p.opts.Regions))
-	for i, region := range p.opts.Regions {
-		answers[i] = make(chan answer, 1)
-		go func() {
-			insts, err := p.listRegion(ctx, region, filters)
-			answers[i] <- answer{insts, err}
-		}()
-	}
-	var out []launcher.Instance
-	var gaps []launcher.Gap
-	for i, region := range p.opts.Regions {
-		var a answer
-		select {
-		case a = <-answers[i]:
-		case <-ctx.Done():
-			// The calls end with ctx too; this only keeps a call that does not from
-			// holding the answer of the regions that did.
-			select {
-			case a = <-answers[i]:
-			default:
-				a.err = fmt.Errorf("%w: %s: region %s did not answer before the list's deadline: %w", launcher.ErrUnavailable, InfraName, region, context.Cause(ctx))
-			}
-		}
-		if a.err != nil {
-			gaps = append(gaps, launcher.Gap{Infra: InfraName, Region: region, Err: a.err})
-			continue
-		}
-		out = append(out, a.insts...)
-	}
-	if len(gaps) == len(p.opts.Regions) && !slices.ContainsFunc(gaps, func(g launcher.Gap) bool {
-		return launcher.IsInfraFault(g.Err) && !errors.Is(g.Err, launcher.ErrUnauthorized)
-	}) {
-		// Nothing listed, and not for the infra's failing: the whole list failed (an
-		// invalid filter, a caller that cancelled), as the callers' errors say.
-		return nil, gaps[0].Err
-	}
-	return out, launcher.PartialList(gaps)
+	out, gaps := perRegion(ctx, p.opts.Regions, func(ctx context.Context, region string) ([]launcher.Instance, error) {
+		return p.listRegion(ctx, region, filters)
+	})
+	return out, p.regionsError(gaps)
 }
 
 // listRegion lists Ferry's instances in one region whose tags match filters.

@@ -503,3 +503,39 @@ func TestStreamLogsRidesOutAFault(t *testing.T) {
 		t.Errorf("the recovery was logged %d times, want once", n)
 	}
 }
+
+// TestReservationsWithOneRegionFailing: the reservations and offerings of the healthy region
+// come back with a gap for the failing one, instead of nothing.
+func TestReservationsWithOneRegionFailing(t *testing.T) {
+	e := newEnv(t, fakeec2.Options{}, goodKey)
+	p, _ := faultProvider(t, e.fake, nil)
+	ctx := context.Background()
+	east, err := e.fake.AddReservation(fakeec2.Reservation{Zone: testZoneID, InstanceType: testType, Count: 2, Match: fakeec2.MatchTargeted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.fake.AddReservation(fakeec2.Reservation{Zone: "usw2-az1", InstanceType: testType, Count: 2, Match: fakeec2.MatchTargeted}); err != nil {
+		t.Fatal(err)
+	}
+	e.fake.Outages().Set(fakefault.Fault{Region: westRegion, Status: 503})
+
+	rs, err := p.Reservations(ctx)
+	if got := gapWheres(t, err); !slices.Equal(got, []string{"aws/" + westRegion}) || !errors.Is(err, launcher.ErrUnavailable) {
+		t.Fatalf("Reservations: gaps %v (%v), want %s alone, unavailable", got, err, westRegion)
+	}
+	if len(rs) != 1 || rs[0].ID != east {
+		t.Fatalf("Reservations listed %+v, want %s alone", rs, east)
+	}
+	offers, err := p.Offerings(ctx)
+	if got := gapWheres(t, err); !slices.Equal(got, []string{"aws/" + westRegion}) {
+		t.Fatalf("Offerings: gaps %v (%v), want %s alone", got, err, westRegion)
+	}
+	if len(offers) != 1 || offers[0].Reservation.ID != east {
+		t.Fatalf("Offerings %+v, want %s alone", offers, east)
+	}
+
+	e.fake.Outages().Clear()
+	if rs, err := p.Reservations(ctx); err != nil || len(rs) != 2 {
+		t.Fatalf("Reservations after the fault: %d, %v; want both regions'", len(rs), err)
+	}
+}
