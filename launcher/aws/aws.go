@@ -17,6 +17,13 @@
 // Instance.ExitCode, StreamLogs serves the console (job.go, logs.go). LaunchGang puts a gang in
 // one cluster placement group (gang.go).
 //
+// When EC2 fails (an outage, throttling, an endpoint that hangs) the failure stays its region's:
+// every HTTP request is cut by Options.RequestTimeout and the SDK's retries are bounded; errors
+// wrap launcher.ErrThrottled or launcher.ErrUnavailable (errors.go); List and Check ask the
+// regions at once, and List reports a region it could not read as a launcher.Gap; launches,
+// the notice poll and a followed console in one region never wait on another's calls, and
+// the background polls back off from a failing region and log the failure once.
+//
 // Credentials come from the SDK's default chain (environment, shared config and credentials
 // files, SSO, IMDS) unless Options.Credentials is set; Options.Endpoint points the client at
 // a compatible cloud or at the in-project fake (launcher/aws/fakeec2).
@@ -41,6 +48,7 @@ import (
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
@@ -73,6 +81,17 @@ const (
 	DefaultNoticeInterval = 5 * time.Second
 	// DefaultPort is the service port when the spec gives none.
 	DefaultPort = 8080
+	// DefaultRequestTimeout bounds one HTTP request to EC2, from dial to the answer's last
+	// byte. EC2 answers in well under a second; an endpoint that accepts and never answers
+	// would otherwise hold a call (and whatever waits on it) until the caller's own deadline,
+	// which a background loop or a long Launch does not have.
+	DefaultRequestTimeout = 30 * time.Second
+	// DefaultMaxAttempts is how many times the SDK tries one API call: with its jittered
+	// back-off (a second or two after throttling), a call against an endpoint that is down
+	// fails within about three RequestTimeouts.
+	DefaultMaxAttempts = 3
+	// maxRetryBackoff caps the SDK's wait between two attempts of a call.
+	maxRetryBackoff = 5 * time.Second
 
 	maxPollInterval = 10 * time.Second
 	cleanupTimeout  = 2 * time.Minute
@@ -137,9 +156,13 @@ type Options struct {
 	// ReservationNoticeLead is how long before that Notices warns of it; default
 	// launcher.DefaultWindowLead.
 	ReservationNoticeLead time.Duration
-	// MaxAttempts bounds the SDK's attempts per API call (0: the SDK's default, 3).
+	// MaxAttempts bounds the SDK's attempts per API call; default DefaultMaxAttempts.
 	MaxAttempts int
-	Logger      *zap.Logger
+	// RequestTimeout bounds each HTTP request to EC2, so that a hung endpoint is cut even
+	// inside a long operation (Launch's wait for a VM, the notice poll); default
+	// DefaultRequestTimeout.
+	RequestTimeout time.Duration
+	Logger         *zap.Logger
 }
 
 // Provider launches EC2 instances in the configured regions. It is safe for concurrent use.
@@ -160,9 +183,9 @@ type Provider struct {
 	sources []source
 	// routeSource is launcher.RouteSource; tests replace it.
 	routeSource func(ip string) (netip.Prefix, error)
-	// ingressMu serialises changes to the security groups; it is never held with mu.
-	ingressMu sync.Mutex
-	ingress   ingressState
+	// ingress is each region's security-group state, with the lock that serialises changes
+	// to them (ingress.go); the map is fixed in New. A region's lock is never held with mu.
+	ingress map[string]*regionIngress
 	// windows caches capacity blocks' ends for List (reservations.go).
 	windows windowCache
 }
@@ -211,13 +234,22 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if opts.ReservationNoticeLead <= 0 {
 		opts.ReservationNoticeLead = launcher.DefaultWindowLead
 	}
+	if opts.MaxAttempts <= 0 {
+		opts.MaxAttempts = DefaultMaxAttempts
+	}
+	if opts.RequestTimeout <= 0 {
+		opts.RequestTimeout = DefaultRequestTimeout
+	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
 	if opts.Buckets == nil {
 		opts.Buckets = buckets.New(buckets.Options{Credentials: opts.Credentials})
 	}
-	load := []func(*config.LoadOptions) error{config.WithRegion(opts.Regions[0])}
+	// One HTTP client with a per-request timeout for every call, the credential chain's
+	// included (an IMDS or SSO endpoint can hang too).
+	httpClient := awshttp.NewBuildableClient().WithTimeout(opts.RequestTimeout)
+	load := []func(*config.LoadOptions) error{config.WithRegion(opts.Regions[0]), config.WithHTTPClient(httpClient)}
 	if opts.Credentials != nil {
 		load = append(load, config.WithCredentialsProvider(opts.Credentials))
 	}
@@ -228,11 +260,13 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: load SDK config: %w", InfraName, err)
 	}
+	// The SDK's standard retryer backs off with jitter (longer after throttling) and stops
+	// retrying when too many attempts failed lately (its retry quota); bounded here so that a
+	// call against a failing endpoint gives up in time for the caller to go elsewhere.
 	cfg.Retryer = func() awssdk.Retryer {
 		return retry.NewStandard(func(o *retry.StandardOptions) {
-			if opts.MaxAttempts > 0 {
-				o.MaxAttempts = opts.MaxAttempts
-			}
+			o.MaxAttempts = opts.MaxAttempts
+			o.MaxBackoff = maxRetryBackoff
 			o.Retryables = append([]retry.IsErrorRetryable{noRetryCapacity}, o.Retryables...)
 		})
 	}
@@ -240,9 +274,10 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 		opts: opts, log: opts.Logger.With(zap.String("infra", InfraName)), clients: map[string]*ec2.Client{},
 		zones: map[string]map[string]string{}, amis: map[string]string{}, exits: launcher.NewExitCodes(exitRetry),
 		sources: sources, routeSource: launcher.RouteSource,
-		ingress: ingressState{groups: map[string]string{}, admitted: map[string]bool{}, narrowed: map[string]bool{}, adopted: map[string]time.Time{}, jobGroups: map[string]string{}},
+		ingress: map[string]*regionIngress{},
 	}
 	for _, r := range opts.Regions {
+		p.ingress[r] = newRegionIngress()
 		p.clients[r] = ec2.NewFromConfig(cfg, func(o *ec2.Options) {
 			o.Region = r
 			if opts.Endpoint != "" {
@@ -259,14 +294,31 @@ func (p *Provider) Infra() string { return InfraName }
 // Regions are the regions the provider launches in and lists.
 func (p *Provider) Regions() []string { return slices.Clone(p.opts.Regions) }
 
-// Check reports whether EC2 answers with the configured credentials in every region.
+// Check reports whether EC2 answers with the configured credentials in every region. The
+// regions are asked at once, each within the request timeout, so that one that hangs does not
+// hide the others' answers; the error names every region that failed, and wraps each one's
+// error (launcher.ErrUnauthorized, ErrUnavailable, ErrThrottled).
 func (p *Provider) Check(ctx context.Context) error {
-	for _, r := range p.opts.Regions {
-		if _, err := p.clients[r].DescribeAvailabilityZones(ctx, &ec2.DescribeAvailabilityZonesInput{}); err != nil {
-			return classify(err, "describe availability zones in "+r)
+	errs := make([]error, len(p.opts.Regions))
+	var wg sync.WaitGroup
+	for i, r := range p.opts.Regions {
+		wg.Go(func() {
+			if _, err := p.clients[r].DescribeAvailabilityZones(ctx, &ec2.DescribeAvailabilityZonesInput{}); err != nil {
+				errs[i] = classify(err, "describe availability zones in "+r)
+			}
+		})
+	}
+	wg.Wait()
+	var failed []string
+	for i, err := range errs {
+		if err != nil {
+			failed = append(failed, p.opts.Regions[i])
 		}
 	}
-	return nil
+	if len(failed) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s: %d of %d region(s) failing (%s): %w", InfraName, len(failed), len(p.opts.Regions), strings.Join(failed, ", "), errors.Join(errs...))
 }
 
 // ZoneNames returns region's Availability Zones as AZ ID (use1-az4, the catalog's and the
@@ -434,9 +486,10 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 		return lp, err
 	}
 	if spec.Job != nil {
-		p.ingressMu.Lock()
+		ri := p.ingress[lp.region]
+		ri.mu.Lock()
 		lp.jobGroup, err = p.ensureJobGroup(ctx, c, lp.region)
-		p.ingressMu.Unlock()
+		ri.mu.Unlock()
 		if err != nil {
 			return lp, err
 		}
@@ -555,7 +608,7 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			p.terminateQuietly(lp.region, []string{id})
+			p.cleanUp(err, func() { p.terminateQuietly(lp.region, []string{id}) })
 		}
 		return launcher.Instance{}, err
 	}
@@ -678,7 +731,14 @@ func (p *Provider) waitRunning(ctx context.Context, region string, ids []string)
 			// EC2 is eventually consistent: a new instance may not be visible yet.
 			last = "not visible yet"
 		case wctx.Err() == nil:
-			return nil, classify(err, "describe instances")
+			err = classify(err, "describe instances")
+			if !errors.Is(err, launcher.ErrThrottled) {
+				return nil, err
+			}
+			// Throttled even after the SDK's retries: EC2 is up and the VM is most likely
+			// starting; poll again, later, rather than give up a launch that went through.
+			last = "unknown (throttled: " + err.Error() + ")"
+			wait = maxPollInterval
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -871,6 +931,20 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	return nil
 }
 
+// cleanUp runs a failed launch's clean-up (terminate what it started, delete its placement
+// group): before the launch returns when it failed for its own reasons, so that the caller
+// finds nothing left behind; in the background when EC2 itself failed (unavailable or
+// throttled), since the clean-up's calls would wait out the same failure, for up to
+// cleanupTimeout, while the caller should be trying another zone or infra. What the
+// background clean-up cannot stop carries Ferry's labels, and List shows it.
+func (p *Provider) cleanUp(launchErr error, cleanup func()) {
+	if errors.Is(launchErr, launcher.ErrUnavailable) || errors.Is(launchErr, launcher.ErrThrottled) {
+		go cleanup()
+		return
+	}
+	cleanup()
+}
+
 // terminateQuietly terminates instances of a failed launch, outliving the launch's ctx.
 func (p *Provider) terminateQuietly(region string, ids []string) {
 	if len(ids) == 0 {
@@ -889,28 +963,40 @@ func (p *Provider) terminateQuietly(region string, ids []string) {
 // Instances that ended are reported as StatePreempted (spot termination) or StateTerminated
 // with EC2's reason while EC2 still shows them (about an hour), except those terminated through
 // the API (Terminate, or a person in the console): they are already gone for the caller.
+//
+// Regions are listed at once (perRegion), and one that fails or has not answered when ctx ends
+// is a launcher.Gap{Infra: "aws", Region: r} in a launcher.PartialList error returned with what
+// the other regions listed, so that callers treat its instances as unknown rather than gone.
+// Only when every region fails for a reason that is not the infra's failing (the credentials,
+// say) is that reason returned alone (regionsError).
 func (p *Provider) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
 	filters := []types.Filter{{Name: awssdk.String("tag:" + launcher.LabelOwner), Values: []string{"true"}}}
 	for _, k := range slices.Sorted(maps.Keys(selector)) {
 		filters = append(filters, types.Filter{Name: awssdk.String("tag:" + k), Values: []string{selector[k]}})
 	}
+	out, gaps := perRegion(ctx, p.opts.Regions, func(ctx context.Context, region string) ([]launcher.Instance, error) {
+		return p.listRegion(ctx, region, filters)
+	})
+	return out, p.regionsError(gaps)
+}
+
+// listRegion lists Ferry's instances in one region whose tags match filters.
+func (p *Provider) listRegion(ctx context.Context, region string, filters []types.Filter) ([]launcher.Instance, error) {
 	var out []launcher.Instance
 	var inBlocks []blockInstance
-	for _, region := range p.opts.Regions {
-		err := p.describe(ctx, region, filters, func(in types.Instance) {
-			if in.State != nil && in.State.Name == types.InstanceStateNameTerminated {
-				if code, _ := stateReason(in); code == reasonUserShutdown {
-					return
-				}
+	err := p.describe(ctx, region, filters, func(in types.Instance) {
+		if in.State != nil && in.State.Name == types.InstanceStateNameTerminated {
+			if code, _ := stateReason(in); code == reasonUserShutdown {
+				return
 			}
-			if cr := awssdk.ToString(in.CapacityReservationId); cr != "" && in.InstanceLifecycle == types.InstanceLifecycleTypeCapacityBlock {
-				inBlocks = append(inBlocks, blockInstance{index: len(out), region: region, reservation: cr})
-			}
-			out = append(out, p.withExitCode(ctx, region, in, p.instance(region, in)))
-		})
-		if err != nil {
-			return nil, err
 		}
+		if cr := awssdk.ToString(in.CapacityReservationId); cr != "" && in.InstanceLifecycle == types.InstanceLifecycleTypeCapacityBlock {
+			inBlocks = append(inBlocks, blockInstance{index: len(out), region: region, reservation: cr})
+		}
+		out = append(out, p.withExitCode(ctx, region, in, p.instance(region, in)))
+	})
+	if err != nil {
+		return nil, err
 	}
 	p.setWindowEnds(ctx, out, inBlocks)
 	p.adoptIngress(ctx, out)

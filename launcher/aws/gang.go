@@ -56,7 +56,7 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 	var ids []string
 	fail := func(err error) ([]launcher.Instance, error) {
 		if ctx.Err() == nil || len(ids) == 0 {
-			p.rollBack(lp.region, lp.placementGroup, ids)
+			p.cleanUp(err, func() { p.rollBack(lp.region, lp.placementGroup, ids) })
 		}
 		return nil, fmt.Errorf("gang of %d in %s: %w", n, lp.zone, err)
 	}

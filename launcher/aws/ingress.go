@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
@@ -79,14 +80,22 @@ func configuredSources(opts Options) ([]source, error) {
 	return out, nil
 }
 
-// ingressState is what the provider has done to its security groups in this process.
-type ingressState struct {
-	groups   map[string]string    // region -> security group id
+// regionIngress is what the provider has done to one region's security groups in this
+// process. Its mutex serialises changes to them, and is held across the calls that make them:
+// one per region, so that a region whose endpoint hangs or fails holds up only its own
+// launches, never another region's.
+type regionIngress struct {
+	mu       sync.Mutex
+	group    string               // the Ferry security group's id
 	admitted map[string]bool      // "region/port/source" the controller was admitted from
 	narrowed map[string]bool      // "region/port" narrowed
 	adopted  map[string]time.Time // "region/port" adopted by List: zero when done, else retry time
-	// jobGroups are the job security groups by region, made with their rule.
-	jobGroups map[string]string
+	// jobGroup is the job security group's id, made with its rule.
+	jobGroup string
+}
+
+func newRegionIngress() *regionIngress {
+	return &regionIngress{admitted: map[string]bool{}, narrowed: map[string]bool{}, adopted: map[string]time.Time{}}
 }
 
 func portKey(region string, port int) string { return region + "/" + strconv.Itoa(port) }
@@ -101,8 +110,9 @@ func (p *Provider) ensureIngress(ctx context.Context, region string, port int, i
 	if err != nil {
 		return "", err
 	}
-	p.ingressMu.Lock()
-	defer p.ingressMu.Unlock()
+	ri := p.ingress[region]
+	ri.mu.Lock()
+	defer ri.mu.Unlock()
 	id, err := p.ensureGroup(ctx, c, region)
 	if err != nil {
 		return "", err
@@ -113,26 +123,26 @@ func (p *Provider) ensureIngress(ctx context.Context, region string, port int, i
 			return "", err
 		}
 	}
-	if key := portKey(region, port); !p.ingress.narrowed[key] {
+	if key := portKey(region, port); !ri.narrowed[key] {
 		if err := p.narrow(ctx, c, region, id, port); err != nil {
 			return "", err
 		}
-		p.ingress.narrowed[key] = true
+		ri.narrowed[key] = true
 	}
 	return id, nil
 }
 
 // ensureGroup returns the id of region's Ferry security group, creating it on first use.
-// Callers hold ingressMu.
+// Callers hold the region's ingress lock.
 func (p *Provider) ensureGroup(ctx context.Context, c *ec2.Client, region string) (string, error) {
-	if id := p.ingress.groups[region]; id != "" {
+	if id := p.ingress[region].group; id != "" {
 		return id, nil
 	}
 	id, err := p.findOrCreateGroup(ctx, c, region, p.opts.SecurityGroup, "Ferry replicas: service ports, from the proxies only")
 	if err != nil {
 		return "", err
 	}
-	p.ingress.groups[region] = id
+	p.ingress[region].group = id
 	return id, nil
 }
 
@@ -145,9 +155,9 @@ const descGang = "ferry: nodes of a job's gang reach each other"
 // rendezvous, NCCL's sockets) while replicas stay reachable from the proxies only. Every job's
 // nodes in the region share it, so the nodes of two jobs can reach each other too; a group
 // per gang would keep them apart, at the cost of a group to delete per gang. Callers hold
-// ingressMu.
+// the region's ingress lock.
 func (p *Provider) ensureJobGroup(ctx context.Context, c *ec2.Client, region string) (string, error) {
-	if id := p.ingress.jobGroups[region]; id != "" {
+	if id := p.ingress[region].jobGroup; id != "" {
 		return id, nil
 	}
 	id, err := p.findOrCreateGroup(ctx, c, region, p.opts.JobSecurityGroup, "Ferry job nodes: all traffic between the nodes of a gang")
@@ -164,12 +174,12 @@ func (p *Provider) ensureJobGroup(ctx context.Context, c *ec2.Client, region str
 	if err != nil && errorCode(err) != "InvalidPermission.Duplicate" {
 		return "", classify(err, "let the nodes in security group "+id+" reach each other")
 	}
-	p.ingress.jobGroups[region] = id
+	p.ingress[region].jobGroup = id
 	return id, nil
 }
 
 // findOrCreateGroup returns the id of the security group name, creating it when it is not
-// there. Callers hold ingressMu.
+// there. Callers hold the region's ingress lock.
 func (p *Provider) findOrCreateGroup(ctx context.Context, c *ec2.Client, region, name, description string) (string, error) {
 	found, err := c.DescribeSecurityGroups(ctx, &ec2.DescribeSecurityGroupsInput{
 		Filters: []types.Filter{{Name: awssdk.String("group-name"), Values: []string{name}}},
@@ -197,8 +207,8 @@ func (p *Provider) findOrCreateGroup(ctx context.Context, c *ec2.Client, region,
 }
 
 // admitController admits the address this host sends from to ip. When it cannot be told, the
-// port stays closed to the controller, and the log says what to configure. Callers hold
-// ingressMu.
+// port stays closed to the controller, and the log says what to configure. Callers hold the
+// region's ingress lock.
 func (p *Provider) admitController(ctx context.Context, c *ec2.Client, region, groupID string, port int, ip string) error {
 	prefix, err := p.routeSource(ip)
 	if err != nil {
@@ -208,13 +218,13 @@ func (p *Provider) admitController(ctx context.Context, c *ec2.Client, region, g
 	}
 	src := source{cidr: prefix.String()}
 	key := portKey(region, port) + "/" + src.String()
-	if p.ingress.admitted[key] {
+	if p.ingress[region].admitted[key] {
 		return nil
 	}
 	if err := p.authorize(ctx, c, groupID, port, src, descController); err != nil {
 		return err
 	}
-	p.ingress.admitted[key] = true
+	p.ingress[region].admitted[key] = true
 	p.log.Info("admitted the controller to the service port (no proxy sources configured)", zap.String("region", region),
 		zap.String("security_group", groupID), zap.Int("port", port), zap.String("source", src.String()))
 	return nil
@@ -231,7 +241,7 @@ func (p *Provider) authorize(ctx context.Context, c *ec2.Client, groupID string,
 }
 
 // narrow makes port's rules in the group the configured sources (admitted first), revoking
-// the rules Ferry added that no longer belong. Callers hold ingressMu.
+// the rules Ferry added that no longer belong. Callers hold the region's ingress lock.
 func (p *Provider) narrow(ctx context.Context, c *ec2.Client, region, groupID string, port int) error {
 	out, err := c.DescribeSecurityGroups(ctx, &ec2.DescribeSecurityGroupsInput{GroupIds: []string{groupID}})
 	if err != nil {
@@ -320,10 +330,14 @@ func (p *Provider) adoptIngress(ctx context.Context, insts []launcher.Instance) 
 		if err != nil || perr != nil {
 			continue
 		}
+		ri := p.ingress[in.Region]
+		if ri == nil {
+			continue
+		}
 		key := portKey(in.Region, port)
-		p.ingressMu.Lock()
-		retryAt, seen := p.ingress.adopted[key]
-		p.ingressMu.Unlock()
+		ri.mu.Lock()
+		retryAt, seen := ri.adopted[key]
+		ri.mu.Unlock()
 		if seen && (retryAt.IsZero() || time.Now().Before(retryAt)) {
 			continue
 		}
@@ -332,8 +346,8 @@ func (p *Provider) adoptIngress(ctx context.Context, insts []launcher.Instance) 
 			next = time.Now().Add(adoptRetry)
 			p.log.Warn("could not set the service port's ingress for adopted instances; retrying later", zap.String("region", in.Region), zap.Int("port", port), zap.Error(err))
 		}
-		p.ingressMu.Lock()
-		p.ingress.adopted[key] = next
-		p.ingressMu.Unlock()
+		ri.mu.Lock()
+		ri.adopted[key] = next
+		ri.mu.Unlock()
 	}
 }

@@ -3,12 +3,14 @@ package aws
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"io"
 	"strings"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/launcher"
 )
@@ -28,6 +30,11 @@ const DefaultLogInterval = 5 * time.Second
 // needs its whole log belongs in CloudWatch Logs (its agent on the image) or in its checkpoint
 // bucket; EC2 ships nothing else off the VM. The output stays readable for as long as EC2
 // shows the terminated instance (about an hour).
+//
+// Once following, a read that fails for EC2's own reasons (unavailable, throttled) does not
+// end the stream: the instance is still there, and its output will be too. The reads back off
+// (the interval doubled per failure up to maxLogBackoff) until EC2 answers again or ctx ends,
+// and the log says so when it starts and when it ends, not at every read.
 func (p *Provider) StreamLogs(ctx context.Context, id string, opts launcher.LogOptions, w io.Writer) error {
 	region, iid, err := p.parseID(id)
 	if err != nil {
@@ -36,29 +43,78 @@ func (p *Provider) StreamLogs(ctx context.Context, id string, opts launcher.LogO
 	return launcher.StreamPolledLog(ctx, &consoleLog{p: p, region: region, iid: iid}, opts, p.opts.LogInterval, w)
 }
 
+// maxLogBackoff caps the wait between two reads of a console whose reads fail.
+const maxLogBackoff = time.Minute
+
 // consoleLog is an instance's console output read again and again: each read is EC2's latest
 // window, of which only what follows the previous one is new.
 type consoleLog struct {
 	p           *Provider
 	region, iid string
 	last        string // the previous read's window
+	// read is set once the first read succeeded: the stream is following.
+	read bool
+	// failingSince is when reads began failing for EC2's reasons; zero while they work.
+	failingSince time.Time
 }
 
 var _ launcher.PolledLog = (*consoleLog)(nil)
 
 // Read returns what the console window gained since the previous read (newOutput).
 func (c *consoleLog) Read(ctx context.Context) (string, error) {
-	next, err := c.p.consoleOutput(ctx, c.region, c.iid)
+	var next string
+	err := c.retry(ctx, func(ctx context.Context) (err error) {
+		next, err = c.p.consoleOutput(ctx, c.region, c.iid)
+		return err
+	})
 	if err != nil {
 		return "", err
 	}
+	c.read = true
 	more := newOutput(c.last, next)
 	c.last = next
 	return more, nil
 }
 
 // Ended reports whether the instance has ended (or is ending).
-func (c *consoleLog) Ended(ctx context.Context) (bool, error) { return c.p.ended(ctx, c.region, c.iid) }
+func (c *consoleLog) Ended(ctx context.Context) (bool, error) {
+	var ended bool
+	err := c.retry(ctx, func(ctx context.Context) (err error) {
+		ended, err = c.p.ended(ctx, c.region, c.iid)
+		return err
+	})
+	return ended, err
+}
+
+// retry calls call, and while following calls it again as long as it fails for EC2's own
+// reasons, waiting longer each time, until it succeeds, fails otherwise, or ctx ends.
+func (c *consoleLog) retry(ctx context.Context, call func(context.Context) error) error {
+	wait := c.p.opts.LogInterval
+	for {
+		err := call(ctx)
+		if err == nil && !c.failingSince.IsZero() {
+			c.p.log.Info("EC2 serves the console output again", zap.String("instance", c.iid), zap.String("region", c.region),
+				zap.Duration("failed_for", time.Since(c.failingSince).Round(time.Millisecond)))
+			c.failingSince = time.Time{}
+		}
+		if err == nil || !c.read || ctx.Err() != nil || !(errors.Is(err, launcher.ErrUnavailable) || errors.Is(err, launcher.ErrThrottled)) {
+			return err
+		}
+		if c.failingSince.IsZero() {
+			c.failingSince = time.Now()
+			c.p.log.Warn("EC2 fails to serve the console output; reading it less often until it answers",
+				zap.String("instance", c.iid), zap.String("region", c.region), zap.Error(err))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return context.Cause(ctx)
+		case <-t.C:
+		}
+		wait = min(wait*2, max(maxLogBackoff, c.p.opts.LogInterval))
+	}
+}
 
 // ended reports whether the instance has ended (or is ending): its output is then complete.
 func (p *Provider) ended(ctx context.Context, region, iid string) (bool, error) {

@@ -101,19 +101,22 @@ func (p *Provider) describeReservations(ctx context.Context, region string, ids 
 
 // Reservations lists the account's live Capacity Reservations and Capacity Blocks in every
 // configured region, with how many instances run in each (launcher.Reserver). The
-// credentials need ec2:DescribeCapacityReservations.
+// credentials need ec2:DescribeCapacityReservations. The regions are asked at once; a region
+// that fails is left out, named in a launcher.PartialList error returned with the others'
+// reservations (regions.go).
 func (p *Provider) Reservations(ctx context.Context) ([]launcher.ReservationOffer, error) {
-	var out []launcher.ReservationOffer
-	for _, region := range p.opts.Regions {
+	out, gaps := perRegion(ctx, p.opts.Regions, func(ctx context.Context, region string) ([]launcher.ReservationOffer, error) {
 		crs, err := p.describeReservations(ctx, region, nil)
 		if err != nil {
 			return nil, err
 		}
+		var offers []launcher.ReservationOffer
 		for _, cr := range crs {
-			out = append(out, p.reservationOffer(region, cr))
+			offers = append(offers, p.reservationOffer(region, cr))
 		}
-	}
-	return out, nil
+		return offers, nil
+	})
+	return out, p.regionsError(gaps)
 }
 
 // Offerings are the account's reservations as places to launch (launcher.Offerer): one per
@@ -122,15 +125,16 @@ func (p *Provider) Reservations(ctx context.Context) ([]launcher.ReservationOffe
 // optimizer ranks them first). Zone is the reservation's AZ ID, as the catalog's zones are.
 // A block whose instances EC2 terminates within Options.ReservationNoticeLead is left out: a
 // replica launched there would be replaced at once. On-demand and spot shapes stay the
-// catalog's.
+// catalog's. As with Reservations, a region that fails is a gap in a launcher.PartialList
+// error returned with the other regions' offerings.
 func (p *Provider) Offerings(ctx context.Context) ([]launcher.Offering, error) {
 	now := time.Now()
-	var out []launcher.Offering
-	for _, region := range p.opts.Regions {
+	out, gaps := perRegion(ctx, p.opts.Regions, func(ctx context.Context, region string) ([]launcher.Offering, error) {
 		crs, err := p.describeReservations(ctx, region, nil)
 		if err != nil {
 			return nil, err
 		}
+		var offers []launcher.Offering
 		for _, cr := range crs {
 			r := p.reservationOffer(region, cr)
 			if !r.End.IsZero() && !now.Add(p.opts.ReservationNoticeLead).Before(r.End) {
@@ -144,10 +148,11 @@ func (p *Provider) Offerings(ctx context.Context) ([]launcher.Offering, error) {
 				o.Accelerator, o.AcceleratorCount, o.VCPUs, o.MemoryGiB = row.Accelerator, float64(row.AcceleratorCount), row.VCPUs, row.MemoryGiB
 				o.Total, o.Free = r.Count*row.AcceleratorCount, r.Free()*row.AcceleratorCount
 			}
-			out = append(out, o)
+			offers = append(offers, o)
 		}
-	}
-	return out, nil
+		return offers, nil
+	})
+	return out, p.regionsError(gaps)
 }
 
 // reservedLaunch is what a launch into a reservation needs.

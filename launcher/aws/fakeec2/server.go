@@ -38,6 +38,11 @@
 // disk root of its own (FERRY_STATE_DIR, FERRY_VM_ROOT) so that VMs on one host do not share
 // a disk. CreateTags tags instances after launch.
 //
+// Outages (Outages, faults.go): the fault switch of launcher/fakefault turns matching API
+// requests into EC2's answers in an outage (503 Unavailable, 500 InternalError, throttling
+// with RequestLimitExceeded), late answers, or connections that never answer, per action,
+// region or zone, for tests and for `ferry fakecloud --fault`.
+//
 // Credentials: every request must carry a SigV4 Authorization header; signatures are not
 // verified. The region is read from the header's credential scope, so one server is every
 // region. Access keys in Options.BadAccessKeys get AuthFailure, in DeniedAccessKeys
@@ -55,6 +60,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ferryserve/ferry/launcher/catalog"
@@ -123,6 +129,14 @@ type Server struct {
 	ln      net.Listener
 	srv     *http.Server
 	tempDir bool
+	// stopping is closed by Close, releasing requests held by a hang or delay fault.
+	stopping  chan struct{}
+	closeOnce sync.Once
+	// held counts the requests a hang or delay fault holds now (Held).
+	held atomic.Int64
+	// calls counts API requests by action and region, faulted ones included (Calls).
+	callsMu sync.Mutex
+	calls   map[string]int
 
 	mu         sync.Mutex
 	regions    map[string]*region
@@ -204,6 +218,7 @@ func New(opts Options) (*Server, error) {
 		opts: opts, regions: map[string]*region{}, instances: map[string]*instance{},
 		zoneErrors: map[string]*APIError{}, capacity: map[string]int{}, spotCapacity: map[string]int{}, spotPrices: map[string]float64{},
 		vcpus: map[string]int{}, tokens: map[string]string{}, wakeups: map[*time.Timer]bool{}, imdsTokens: map[string]imdsToken{},
+		stopping: make(chan struct{}), calls: map[string]int{},
 	}
 	if s.opts.LogDir == "" {
 		dir, err := os.MkdirTemp("", "fakeec2-")
@@ -258,10 +273,11 @@ func (s *Server) URL() string { return "http://" + s.ln.Addr().String() }
 // LogDir is where VMs' user-data and logs are written.
 func (s *Server) LogDir() string { return s.opts.LogDir }
 
-// Close stops serving, cancels scheduled reclaims, kills every VM and waits for their
-// processes to end.
+// Close stops serving (requests a hang fault holds are dropped), cancels scheduled reclaims,
+// kills every VM and waits for their processes to end.
 func (s *Server) Close() error {
 	err := s.srv.Close()
+	s.closeOnce.Do(func() { close(s.stopping) })
 	s.mu.Lock()
 	s.closed = true
 	s.stopWakeups()
@@ -348,11 +364,11 @@ func (s *Server) zoneID(z string) string {
 	return z
 }
 
-// ServeHTTP answers one EC2 Query API request.
 // Outages is the fake's outage switch: while a fault is set, the API requests it matches fail
-// as a real endpoint fails (launcher/fakefault).
+// as a real endpoint fails (launcher/fakefault; faults.go says how EC2's are answered).
 func (s *Server) Outages() *fakefault.Switch { return &s.outages }
 
+// ServeHTTP answers one EC2 Query API request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	reqID := newID("")
 	if rest, ok := strings.CutPrefix(r.URL.Path, imdsPrefix); ok {
@@ -375,6 +391,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	action := p.get("Action")
+	s.countCall(action, regionName)
+	if f, ok := s.outages.Match(s.faultRequest(action, regionName, p)); ok {
+		if (f.Delay > 0 || f.Hang) && !s.hold(r, f) {
+			panic(http.ErrAbortHandler) // nobody to answer: drop the connection
+		}
+		if aerr := faultError(f); aerr != nil {
+			writeError(w, reqID, aerr)
+			return
+		}
+	}
 	if slices.Contains(s.opts.DeniedAccessKeys, akid) && action != "DescribeAvailabilityZones" || slices.Contains(s.opts.DeniedActions, action) {
 		writeError(w, reqID, apiErr("UnauthorizedOperation", "You are not authorized to perform this operation. User: arn:aws:iam::%s:user/%s is not authorized to perform: ec2:%s", ownerID, akid, action))
 		return
@@ -441,6 +467,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeXML(w, http.StatusOK, out)
+}
+
+func (s *Server) countCall(action, regionName string) {
+	s.callsMu.Lock()
+	defer s.callsMu.Unlock()
+	s.calls[action+"/"+regionName]++
+}
+
+// Calls is how many requests for action in regionName the server has received (answered,
+// faulted or held): a test tells a caller that backs off from one that hammers a failing
+// endpoint.
+func (s *Server) Calls(action, regionName string) int {
+	s.callsMu.Lock()
+	defer s.callsMu.Unlock()
+	return s.calls[action+"/"+regionName]
 }
 
 // authorize reads the access key and region from a SigV4 Authorization header:

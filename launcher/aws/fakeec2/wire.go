@@ -41,9 +41,9 @@ func StatusFor(code string) int {
 		return http.StatusUnauthorized
 	case "UnauthorizedOperation", "OptInRequired", "Blocked":
 		return http.StatusForbidden
-	case "InsufficientInstanceCapacity", "InsufficientCapacity", "InternalError", "InsufficientHostCapacity":
+	case "InsufficientInstanceCapacity", "InsufficientCapacity", "InternalError", "InternalFailure", "InsufficientHostCapacity":
 		return http.StatusInternalServerError
-	case "Unavailable", "RequestLimitExceeded":
+	case "Unavailable", "ServiceUnavailable", "RequestLimitExceeded":
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusBadRequest
