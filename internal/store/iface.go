@@ -2,10 +2,12 @@ package store
 
 import (
 	"github.com/ferryserve/ferry/jobs"
+	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/replicas"
 )
 
-// Store is the controller's state: services with their versions and rollout, replicas, jobs.
+// Store is the controller's state: services with their versions and rollout, replicas, jobs, and
+// the leftovers the provisioner still has to stop on infras that did not answer.
 // SQLite (this package) is the embedded default for one machine; internal/store/kubestore keeps
 // the same state as objects in a Kubernetes API server for controllers that fail over. Both pass
 // the same contract tests (internal/store/storetest).
@@ -15,6 +17,9 @@ type Store interface {
 	replicas.Store
 	replicas.RolloutStore
 	jobs.Store
+	// Ledger keeps the leftovers across restarts and failovers; a PutLeftover without a key
+	// is refused.
+	launcher.Ledger
 
 	// CreateService records a new service at version 1 (its first version recorded too); it
 	// fails if the name exists.

@@ -92,9 +92,20 @@ CREATE TABLE IF NOT EXISTS rollouts (
 	rollout_json TEXT NOT NULL,
 	updated_at   INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS leftovers (
+	key             TEXT PRIMARY KEY,
+	infra           TEXT NOT NULL,
+	instance_id     TEXT NOT NULL DEFAULT '',
+	selector_json   TEXT NOT NULL DEFAULT '',
+	launched_before TEXT NOT NULL DEFAULT '',
+	owner           TEXT NOT NULL DEFAULT '',
+	reason          TEXT NOT NULL DEFAULT '',
+	since           TEXT NOT NULL DEFAULT ''
+);
 `
 
-// migrations add columns that later versions need to a store made by an earlier one.
+// migrations add columns that later versions need to a store made by an earlier one. A table
+// added later needs none: its CREATE TABLE IF NOT EXISTS in schema runs on every open.
 var migrations = []struct{ table, column, decl string }{
 	{"services", "target", "INTEGER NOT NULL DEFAULT -1"},
 }

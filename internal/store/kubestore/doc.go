@@ -9,6 +9,7 @@
 //	ferry-svc-NAME          a service: its row, its rollout and every version (one key each)
 //	ferry-rep-NAME-ID       a replica
 //	ferry-job-ID            a job
+//	ferry-left-HASH         a leftover to stop (launcher.Leftover), named by a hash of its key
 //
 // The tasks in them are Task.Redacted(); the full tasks (secret envs, API key hashes, probe
 // credentials) are in a Secret of the same name, so RBAC can give "read the state" without "read

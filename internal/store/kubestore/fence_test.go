@@ -26,6 +26,7 @@ import (
 	"github.com/ferryserve/ferry/internal/store"
 	"github.com/ferryserve/ferry/internal/store/kubestore"
 	"github.com/ferryserve/ferry/internal/testcluster"
+	"github.com/ferryserve/ferry/launcher"
 )
 
 // installFence renders charts/ferry/templates/fencing-policy.yaml and fencing-policy-status.yaml
@@ -174,6 +175,9 @@ func TestFenceRejectsStaleTerm(t *testing.T) {
 	if err := a.DeleteService("chat"); err == nil {
 		t.Error("the deposed leader deleted the service")
 	}
+	if err := a.PutLeftover(launcher.Leftover{Key: "i-9", Infra: "aws", InstanceID: "i-9"}); err == nil {
+		t.Error("the deposed leader recorded a leftover")
+	}
 	// The right term from the wrong holder is refused too.
 	if err := openFenced(t, c, ns, "ctl-a", 4).SetServiceStatus("chat", "READY"); !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
 		t.Errorf("write by ctl-a with ctl-b's term: %v, want refused", err)
@@ -189,6 +193,27 @@ func TestFenceRejectsStaleTerm(t *testing.T) {
 	}
 	if err := b.DeleteService("chat"); err != nil {
 		t.Fatalf("the new leader's delete was refused: %v", err)
+	}
+	if err := b.PutLeftover(launcher.Leftover{Key: "i-9", Infra: "aws", InstanceID: "i-9"}); err != nil {
+		t.Fatalf("the new leader's leftover was refused: %v", err)
+	}
+	// The deposed leader's delete must reach the API server to be refused: wait until its
+	// cache shows the leftover (a delete of what it does not see sends nothing).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if got, err := a.ListLeftovers(); err == nil && len(got) == 1 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the deposed leader's cache never showed the new leader's leftover: %+v, %v", got, err)
+		}
+	}
+	if err := a.DeleteLeftover("i-9"); err == nil {
+		t.Error("the deposed leader forgot a leftover")
+	}
+	if got, err := b.ListLeftovers(); err != nil || len(got) != 1 {
+		t.Errorf("leftovers after the deposed leader's delete: %+v, %v; want i-9 kept", got, err)
+	}
+	if err := b.DeleteLeftover("i-9"); err != nil {
+		t.Fatalf("the new leader's delete of a leftover was refused: %v", err)
 	}
 }
 
@@ -207,6 +232,9 @@ func TestNotLeaderRefusesLocally(t *testing.T) {
 	}
 	if _, err := s.CreateJob(jobsJob()); !errors.Is(err, kubestore.ErrNotLeader) {
 		t.Errorf("CreateJob while not leading: %v, want ErrNotLeader", err)
+	}
+	if err := s.PutLeftover(launcher.Leftover{Key: "i-1", Infra: "aws", InstanceID: "i-1"}); !errors.Is(err, kubestore.ErrNotLeader) {
+		t.Errorf("PutLeftover while not leading: %v, want ErrNotLeader", err)
 	}
 	cms, err := c.Client().CoreV1().ConfigMaps(ns).List(context.Background(), metav1.ListOptions{LabelSelector: kubestore.LabelManagedBy + "=" + kubestore.ManagedBy})
 	if err != nil || len(cms.Items) != 0 {

@@ -271,7 +271,14 @@ func (o objects[T]) Update(name string, mutate func(T) error) (T, error) {
 // Delete stamps the fence on the named object (a write the policy checks) and deletes it on the
 // condition that nothing changed since. Gone already is success.
 func (o objects[T]) Delete(name string) error {
-	stamped, err := o.Update(name, func(T) error { return nil })
+	return o.DeleteIf(name, func(T) error { return nil })
+}
+
+// DeleteIf is Delete of an object that check accepts when it is stamped (on the object read for
+// the stamp, so the delete's precondition covers what check saw); check's error ends it as is,
+// with nothing written.
+func (o objects[T]) DeleteIf(name string, check func(T) error) error {
+	stamped, err := o.Update(name, check)
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

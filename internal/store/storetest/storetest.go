@@ -36,6 +36,8 @@ var Tests = []struct {
 	{"VersionsAndRollouts", testVersionsAndRollouts},
 	{"JobsRoundTrip", testJobsRoundTrip},
 	{"JobIDsUniqueAcrossStores", testJobIDsUniqueAcrossStores},
+	{"LeftoversLedger", testLeftoversLedger},
+	{"LeftoverWithoutKeyRefused", testLeftoverWithoutKeyRefused},
 }
 
 // Run runs every test of the contract on fresh state from fresh.
