@@ -325,6 +325,13 @@ func (c *Controller) lead(ctx context.Context) error {
 	if err := c.startGateway(); err != nil {
 		return err
 	}
+	// Breaker probes and the janitor: leftovers an earlier controller kept in the store are
+	// stopped once their infras answer (launcher/provision/janitor.go).
+	c.spawn(&c.wg, "provisioner", func() {
+		if err := c.provider.Run(ctx, c.store); err != nil {
+			c.log.Error("provisioner janitor stopped", zap.Error(err))
+		}
+	})
 	if err := c.restore(); err != nil {
 		return err
 	}
