@@ -562,6 +562,11 @@ func newServeDownCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "down [NAMES...]",
 		Short: "Tear services down: drain their endpoints, terminate every replica, forget them",
+		Long: `Tear services down: drain their endpoints, terminate every replica and forget them. An infra
+that does not answer (down, throttling, hung) does not hold the rest up: what Ferry could not
+stop there is listed — instance ids, or for an infra that could not even be listed, every
+instance of the service there launched before the teardown — and the controller stops it once
+that infra answers again, after a restart too. The command succeeds all the same.`,
 		Example: `  ferry serve down quickstart -y
   ferry serve down -a -y`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -602,11 +607,17 @@ func newServeDownCmd() *cobra.Command {
 			var errs []error
 			for _, n := range names {
 				fmt.Fprintf(out, "⚙︎ Tearing down %q (draining, then terminating replicas)...\n", n)
-				if err := c.DeleteService(cmd.Context(), n); err != nil {
+				res, err := c.DeleteService(cmd.Context(), n)
+				if err != nil {
 					errs = append(errs, fmt.Errorf("%s: %w", n, err))
 					continue
 				}
-				fmt.Fprintf(out, "✓ Service %q is down.\n", n)
+				if len(res.LeftBehind) == 0 {
+					fmt.Fprintf(out, "✓ Service %q is down.\n", n)
+					continue
+				}
+				fmt.Fprintf(out, "✓ Service %q is down, except what could not be reached:\n", n)
+				printLeftBehind(out, res.LeftBehind)
 			}
 			return errors.Join(errs...)
 		},
