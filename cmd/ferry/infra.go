@@ -273,7 +273,7 @@ func writeInfraHealth(out io.Writer, h api.InfraHealth, now time.Time) {
 	for _, s := range h.States {
 		fmt.Fprintf(out, "  %s: %s\n", s.Where(), stateLine(s, now))
 		if s.LastError != "" && (s.State != launcher.InfraUp || s.Failures > 0) {
-			fmt.Fprintf(out, "    last error (%s): %s\n", orDash(s.LastClass), s.LastError)
+			fmt.Fprintf(out, "    last error (%s): %s\n", orDash(s.LastClass), oneLine(s.LastError))
 		}
 	}
 	if len(h.Errors) > 0 {
@@ -350,7 +350,7 @@ func printLeftBehind(out io.Writer, left []launcher.Leftover) {
 		ls := byInfra[infra]
 		reason := ""
 		if ls[0].Reason != "" {
-			reason = " (" + ls[0].Reason + ")"
+			reason = " (" + clip(oneLine(ls[0].Reason), reasonRunes) + ")"
 		}
 		fmt.Fprintf(out, "  Left on %s, which did not answer%s:\n", infra, reason)
 		for _, l := range ls {
@@ -363,4 +363,14 @@ func printLeftBehind(out io.Writer, left []launcher.Leftover) {
 	}
 	fmt.Fprintf(out, "  Ferry stops %s when %s answers again, after a controller restart too; 'ferry check' shows what is still left.\n",
 		what, strings.Join(infras, " or "))
+}
+
+// reasonRunes is how much of an infra's error a line about what it holds repeats: enough to
+// tell a refused connection from a throttle; `ferry check` prints it whole.
+const reasonRunes = 200
+
+// oneLine joins the lines of an error (errors.Join puts one per failing zone) with "; ", so
+// that it reads on one line or in a table cell.
+func oneLine(s string) string {
+	return strings.ReplaceAll(strings.TrimSpace(s), "\n", "; ")
 }

@@ -227,7 +227,7 @@ func printInfrasNotUp(out io.Writer, h api.InfraHealth, now time.Time) {
 	for _, s := range h.NotUp() {
 		line := fmt.Sprintf("%s is %s", s.Where(), stateLine(s, now))
 		if s.LastError != "" {
-			line += ": " + clip(s.LastError, 160)
+			line += ": " + clip(oneLine(s.LastError), reasonRunes)
 		}
 		switch s.State {
 		case launcher.InfraDown:

@@ -522,7 +522,7 @@ func printUnknown(out io.Writer, s api.ServiceStatus, verbose bool) {
 		}
 		reason := ""
 		if p.Reason != "" {
-			reason = " (" + p.Reason + ")"
+			reason = " (" + clip(oneLine(p.Reason), reasonRunes) + ")"
 		}
 		switch {
 		case len(ids) == 1:
@@ -550,7 +550,7 @@ func printServiceInfras(out io.Writer, list []api.ServiceStatus, now time.Time) 
 		for _, st := range s.Infras {
 			lastErr := "-"
 			if st.LastError != "" && (st.State != launcher.InfraUp || st.Failures > 0) {
-				lastErr = clip(st.LastError, 100)
+				lastErr = clip(oneLine(st.LastError), 100)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, st.Where(), stateLine(st, now), lastErr)
 		}
