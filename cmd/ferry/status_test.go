@@ -7,11 +7,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -430,4 +432,71 @@ func scrape(ctx context.Context, t *testing.T, url string) string {
 		t.Fatalf("GET %s: %d, %v", url, resp.StatusCode, err)
 	}
 	return string(body)
+}
+
+// scriptedJobs answers the jobs routes with a job that is CANCELLING for its first looks and
+// then ended with what it left; "stuck" never ends.
+type scriptedJobs struct {
+	looks  atomic.Int32
+	ending int32
+	final  jobs.Job
+}
+
+func (s *scriptedJobs) Find(ref string) (jobs.Job, error) {
+	if ref == "stuck" || ref == "8" {
+		return jobs.Job{ID: 8, Name: "stuck", State: jobs.Cancelling}, nil
+	}
+	if s.looks.Add(1) <= s.ending {
+		return jobs.Job{ID: s.final.ID, Name: s.final.Name, State: jobs.Cancelling}, nil
+	}
+	return s.final, nil
+}
+func (s *scriptedJobs) Submit(*configs.Task) (jobs.Job, error) { return jobs.Job{}, jobs.ErrInvalid }
+func (s *scriptedJobs) List() []jobs.Job                       { return nil }
+func (s *scriptedJobs) Cancel(int64) (jobs.Job, error)         { return jobs.Job{}, jobs.ErrInvalid }
+func (s *scriptedJobs) Logs(context.Context, string, int, bool, io.Writer) error {
+	return jobs.ErrInvalid
+}
+
+// TestWaitCancelled: jobs cancel waits until a job has ended and prints what it left and that
+// Ferry finishes it; a job still stopping when the wait is over is said to go on, and that is
+// no failure.
+func TestWaitCancelled(t *testing.T) {
+	left := []launcher.Leftover{{Infra: "gcp", InstanceID: "gcp/us-central1-a/train-3-0", Owner: "job 3", Reason: "gcp down"}}
+	js := &scriptedJobs{ending: 3, final: jobs.Job{ID: 3, Name: "train", State: jobs.Cancelled,
+		Reason: "cancelled by the user; 1 node(s) left on gcp, stopped when gcp answers again", LeftBehind: left}}
+	const token = "wait-cancelled-test-token-0123456789"
+	srv := httptest.NewServer(api.NewHandler(nil, api.Tokens{Full: token}, zap.NewNop(), api.JobRoutes(js, zap.NewNop())...))
+	defer srv.Close()
+	c := api.NewClient(srv.URL, token)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	var b bytes.Buffer
+	if err := waitCancelled(ctx, c, []api.JobStatus{{Job: jobs.Job{ID: 3, Name: "train", State: jobs.Cancelling}}}, 30*time.Second, &b); err != nil {
+		t.Fatal(err)
+	}
+	want := `Job 3 (train): CANCELLED: cancelled by the user; 1 node(s) left on gcp, stopped when gcp answers again
+  Left on gcp, which did not answer (gcp down):
+    gcp/us-central1-a/train-3-0
+  Ferry stops it when gcp answers again, after a controller restart too; 'ferry check' shows what is still left.
+`
+	if diff := cmp.Diff(want, b.String()); diff != "" {
+		t.Errorf("waited (-want +got):\n%s", diff)
+	}
+	if n := js.looks.Load(); n != 4 {
+		t.Errorf("looked %d times, want until the job ended (4)", n)
+	}
+
+	b.Reset()
+	began := time.Now()
+	if err := waitCancelled(ctx, c, []api.JobStatus{{Job: jobs.Job{ID: 8, Name: "stuck", State: jobs.Cancelling}}}, time.Second, &b); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took > 20*time.Second {
+		t.Errorf("a wait of 1s took %s", took)
+	}
+	if want := "Job 8 (stuck) is still CANCELLING; Ferry goes on stopping it (follow it with ferry jobs queue).\n"; b.String() != want {
+		t.Errorf("stuck job: %q, want %q", b.String(), want)
+	}
 }
