@@ -275,7 +275,12 @@ func details(j api.JobStatus) string {
 		parts = append(parts, fmt.Sprintf("lost %s to %d recoveries", short(lost), len(j.History)))
 	}
 	if n := len(j.LeftBehind); n > 0 {
-		parts = append(parts, fmt.Sprintf("%d left on %s until it answers", n, strings.Join(leftoverInfras(j.LeftBehind), ", ")))
+		infras := leftoverInfras(j.LeftBehind)
+		when := infras[0] + " answers again"
+		if len(infras) > 1 {
+			when = "each infra answers again"
+		}
+		parts = append(parts, fmt.Sprintf("%d left behind on %s, stopped once %s", n, strings.Join(infras, ", "), when))
 	}
 	return strings.Join(parts, "; ")
 }

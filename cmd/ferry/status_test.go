@@ -185,7 +185,7 @@ func TestPrintLeftBehindAndQueue(t *testing.T) {
 	}}, now)
 	out := b.String()
 	for _, want := range []string{
-		"3 left on aws, gcp until it answers",
+		"3 left behind on aws, gcp, stopped once each infra answers again",
 		"gcp is down for 1m 0s after 3 failures: infra unavailable: connection refused; launches skip it, and jobs with nodes there are kept as last seen until it answers.",
 		"aws/us-east-2 is throttled for 1s; next try in 1s: throttled; Ferry calls it less often until it stops asking.",
 	} {
