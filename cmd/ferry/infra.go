@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/home"
 	"github.com/ferryserve/ferry/internal/infra"
 	"github.com/ferryserve/ferry/launcher"
@@ -160,11 +162,17 @@ func infraConfigPath() string {
 func newCheckCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "check",
-		Short: "Say which infras Ferry can launch on, and why not",
+		Short: "Say which infras Ferry can launch on, and why not; with a controller running, how they fared",
 		Long: `Check each infra: local always works; each Kubernetes context from the config (or the
 kubeconfig's current context) is asked for its version and whether Ferry may list pods in its
 namespace; AWS and GCP, when their sections are in the config, are asked for their zones with
-the credentials of each SDK's standard chain.`,
+the credentials of each SDK's standard chain.
+
+When a controller is running, also show its view, read from its memory: each infra's (and
+zone's or region's) breaker — up, down (calls skip it until a probe answers) or throttled —
+since when, its last error, the errors counted by class, and what teardowns left behind on an
+infra that did not answer, which the controller stops once it answers again. check never
+starts a controller.`,
 		Example: `  ferry check`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -179,6 +187,8 @@ func check(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer set.Close()
+	// Last, whatever the checks found: the controller's view explains a failing infra best.
+	defer printControllerView(ctx, out, time.Now())
 	fmt.Fprintf(out, "Checking infras (config: %s)\n", infraConfigPath())
 	fmt.Fprintln(out, "  local: enabled (replicas are processes on this machine)")
 	usable := 1
@@ -225,4 +235,142 @@ func check(ctx context.Context, out io.Writer) error {
 		return errors.New("no usable infra")
 	}
 	return nil
+}
+
+// printControllerView prints the running controller's view of its infras, for `ferry check`,
+// or says that none runs: check reports on this machine's settings, and must not start a
+// daemon to do so.
+func printControllerView(ctx context.Context, out io.Writer, now time.Time) {
+	h, err := home.Default()
+	if err != nil {
+		return
+	}
+	c, st, err := connect(ctx, h)
+	if err != nil {
+		fmt.Fprintln(out, "\nNo controller is running: while one runs, check also shows its breakers, error counts and what teardowns left behind.")
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, infraViewTimeout)
+	defer cancel()
+	health, err := c.Infras(ctx)
+	if err != nil {
+		fmt.Fprintf(out, "\nThe controller (pid %d) did not say how its infras fare: %v\n", st.PID, err)
+		return
+	}
+	fmt.Fprintf(out, "\nThe controller's view (pid %d, up %s):\n", st.PID, humanDuration(now.Sub(st.StartedAt)))
+	writeInfraHealth(out, health, now)
+}
+
+// infraViewTimeout bounds asking the controller for its view of the infras: it answers from
+// memory, so a slow answer means the controller itself is in trouble.
+const infraViewTimeout = 5 * time.Second
+
+// writeInfraHealth prints the controller's breakers, error counts and leftovers.
+func writeInfraHealth(out io.Writer, h api.InfraHealth, now time.Time) {
+	if len(h.States) == 0 {
+		fmt.Fprintln(out, "  no infra known yet")
+	}
+	for _, s := range h.States {
+		fmt.Fprintf(out, "  %s: %s\n", s.Where(), stateLine(s, now))
+		if s.LastError != "" && (s.State != launcher.InfraUp || s.Failures > 0) {
+			fmt.Fprintf(out, "    last error (%s): %s\n", orDash(s.LastClass), oneLine(s.LastError))
+		}
+	}
+	if len(h.Errors) > 0 {
+		fmt.Fprintf(out, "  errors counted: %s\n", errorCounts(h.Errors))
+	}
+	if len(h.Leftovers) == 0 {
+		fmt.Fprintln(out, "  nothing left behind")
+		return
+	}
+	fmt.Fprintln(out, "  left behind, stopped once their infra answers again:")
+	for _, l := range h.Leftovers {
+		fmt.Fprintf(out, "    %s: %s (%s, for %s)\n", l.Infra, l.Describe(), cmp.Or(l.Owner, "no owner"), humanDuration(now.Sub(l.Since)))
+	}
+}
+
+// stateLine says how a breaker stands: "up for 2h 3m", "down for 12s after 3 failure(s);
+// next probe in 4s", "throttled for 3s; next try in 1s".
+func stateLine(s launcher.InfraState, now time.Time) string {
+	line := s.State
+	if !s.Since.IsZero() {
+		line += " for " + humanDuration(now.Sub(s.Since))
+	}
+	switch s.State {
+	case launcher.InfraDown:
+		line += fmt.Sprintf(" after %d failure%s", s.Failures, plural(s.Failures))
+		if !s.RetryAt.IsZero() {
+			line += "; next probe " + inOrNow(s.RetryAt.Sub(now))
+		}
+	case launcher.InfraThrottled:
+		if !s.RetryAt.IsZero() {
+			line += "; next try " + inOrNow(s.RetryAt.Sub(now))
+		}
+	default:
+		if s.Failures > 0 {
+			line += fmt.Sprintf(" (%d failure%s in a row)", s.Failures, plural(s.Failures))
+		}
+	}
+	return line
+}
+
+func inOrNow(d time.Duration) string {
+	if d <= 0 {
+		return "now"
+	}
+	return "in " + humanDuration(d)
+}
+
+// errorCounts renders counts by infra then class: "aws: throttled 1; gcp: not_found 3, unavailable 12".
+func errorCounts(errs []api.InfraErrors) string {
+	var parts []string
+	for i := 0; i < len(errs); {
+		infra := errs[i].Infra
+		var classes []string
+		for ; i < len(errs) && errs[i].Infra == infra; i++ {
+			classes = append(classes, fmt.Sprintf("%s %d", errs[i].Class, errs[i].Count))
+		}
+		parts = append(parts, infra+": "+strings.Join(classes, ", "))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// printLeftBehind says what a teardown could not stop, infra by infra, and that the
+// controller stops it once that infra answers again: the command succeeded for the rest.
+func printLeftBehind(out io.Writer, left []launcher.Leftover) {
+	if len(left) == 0 {
+		return
+	}
+	byInfra := map[string][]launcher.Leftover{}
+	for _, l := range left {
+		byInfra[l.Infra] = append(byInfra[l.Infra], l)
+	}
+	infras := slices.Sorted(maps.Keys(byInfra))
+	for _, infra := range infras {
+		ls := byInfra[infra]
+		reason := ""
+		if ls[0].Reason != "" {
+			reason = " (" + clip(oneLine(ls[0].Reason), reasonRunes) + ")"
+		}
+		fmt.Fprintf(out, "  Left on %s, which did not answer%s:\n", infra, reason)
+		for _, l := range ls {
+			fmt.Fprintf(out, "    %s\n", l.Describe())
+		}
+	}
+	what := "them"
+	if len(left) == 1 {
+		what = "it"
+	}
+	fmt.Fprintf(out, "  Ferry stops %s when %s answers again, after a controller restart too; 'ferry check' shows what is still left.\n",
+		what, strings.Join(infras, " or "))
+}
+
+// reasonRunes is how much of an infra's error a line about what it holds repeats: enough to
+// tell a refused connection from a throttle; `ferry check` prints it whole.
+const reasonRunes = 200
+
+// oneLine joins the lines of an error (errors.Join puts one per failing zone) with "; ", so
+// that it reads on one line or in a table cell.
+func oneLine(s string) string {
+	return strings.ReplaceAll(strings.TrimSpace(s), "\n", "; ")
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/jobs"
+	"github.com/ferryserve/ferry/launcher"
 )
 
 func init() { register(newJobsCmd) }
@@ -162,6 +163,9 @@ func newJobsQueueCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "queue",
 		Short: "List jobs: unfinished ones and those that ended in the last hour (--all: every one)",
+		Long: `List jobs: unfinished ones and those that ended in the last hour (--all: every one). Under the
+table, a line for each infra (or zone or region) that does not take calls now: launches skip it
+and the jobs whose nodes run there are kept as last seen until it answers again.`,
 		Example: `  ferry jobs queue
   ferry jobs queue --all
   ferry jobs queue --json | jq '.[] | {id, state, recoveries}'`,
@@ -189,6 +193,10 @@ func newJobsQueueCmd() *cobra.Command {
 				return enc.Encode(list)
 			}
 			printJobs(out, list, now)
+			// A controller from before /v1/infras answers 404: the table is all it can say.
+			if health, err := c.Infras(ctx); err == nil {
+				printInfrasNotUp(out, health, now)
+			}
 			return nil
 		},
 	}
@@ -211,6 +219,24 @@ func printJobs(out io.Writer, list []api.JobStatus, now time.Time) {
 			j.Recoveries+j.RestartsOnErrors, j.State, orDash(j.Where), j.PricePerHour, j.Cost, details(j))
 	}
 	_ = tw.Flush()
+}
+
+// printInfrasNotUp adds under the queue a line per infra, zone or region that does not take
+// calls: why a job waits or keeps a state it cannot check is there, not in the job.
+func printInfrasNotUp(out io.Writer, h api.InfraHealth, now time.Time) {
+	for _, s := range h.NotUp() {
+		line := fmt.Sprintf("%s is %s", s.Where(), stateLine(s, now))
+		if s.LastError != "" {
+			line += ": " + clip(oneLine(s.LastError), reasonRunes)
+		}
+		switch s.State {
+		case launcher.InfraDown:
+			line += "; launches skip it, and jobs with nodes there are kept as last seen until it answers."
+		default:
+			line += "; Ferry calls it less often until it stops asking."
+		}
+		fmt.Fprintln(out, line)
+	}
 }
 
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
@@ -248,6 +274,14 @@ func details(j api.JobStatus) string {
 	if lost > 0 {
 		parts = append(parts, fmt.Sprintf("lost %s to %d recoveries", short(lost), len(j.History)))
 	}
+	if n := len(j.LeftBehind); n > 0 {
+		infras := leftoverInfras(j.LeftBehind)
+		when := infras[0] + " answers again"
+		if len(infras) > 1 {
+			when = "each infra answers again"
+		}
+		parts = append(parts, fmt.Sprintf("%d left behind on %s, stopped once %s", n, strings.Join(infras, ", "), when))
+	}
 	return strings.Join(parts, "; ")
 }
 
@@ -275,13 +309,18 @@ func newJobsLogsCmd() *cobra.Command {
 }
 
 func newJobsCancelCmd() *cobra.Command {
-	var all, yes bool
+	var all, yes, noWait bool
+	var waitTime time.Duration
 	cmd := &cobra.Command{
 		Use:   "cancel [ID|NAME...]",
 		Short: "Cancel jobs in any state that has not ended; their nodes get SIGTERM and the job's grace",
+		Long: `Cancel jobs in any state that has not ended: their nodes get SIGTERM and the job's grace, then
+are stopped. The command waits (up to --wait-timeout, or not at all with --no-wait) until each
+job has ended, and lists what could not be stopped on an infra that did not answer: the
+controller stops it once that infra answers again, after a restart too.`,
 		Example: `  ferry jobs cancel 3
   ferry jobs cancel finetune nightly -y
-  ferry jobs cancel -a -y`,
+  ferry jobs cancel -a -y --no-wait`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if all == (len(args) > 0) {
 				return errors.New("name the jobs to cancel, or --all (-a) for every unfinished one")
@@ -291,6 +330,7 @@ func newJobsCancelCmd() *cobra.Command {
 				return err
 			}
 			defer stop()
+			out := cmd.OutOrStdout()
 			refs := args
 			if all {
 				list, err := c.Jobs(ctx)
@@ -303,7 +343,7 @@ func newJobsCancelCmd() *cobra.Command {
 					}
 				}
 				if len(refs) == 0 {
-					fmt.Fprintln(cmd.OutOrStdout(), "No unfinished jobs.")
+					fmt.Fprintln(out, "No unfinished jobs.")
 					return nil
 				}
 			}
@@ -313,18 +353,91 @@ func newJobsCancelCmd() *cobra.Command {
 				}
 			}
 			var failed []error
+			var cancelled []api.JobStatus
 			for _, ref := range refs {
 				st, err := c.CancelJob(ctx, ref)
 				if err != nil {
 					failed = append(failed, fmt.Errorf("%s: %w", ref, err))
 					continue
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "Job %d (%s): %s\n", st.ID, st.Name, st.State)
+				if noWait || st.State.Terminal() {
+					printCancelled(out, st)
+					continue
+				}
+				fmt.Fprintf(out, "Job %d (%s): %s%s\n", st.ID, st.Name, st.State, because(st.Reason))
+				cancelled = append(cancelled, st)
+			}
+			if len(cancelled) > 0 {
+				failed = append(failed, waitCancelled(ctx, c, cancelled, waitTime, out))
 			}
 			return errors.Join(failed...)
 		},
 	}
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "cancel every unfinished job")
 	cmd.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask for confirmation")
+	cmd.Flags().BoolVar(&noWait, "no-wait", false, "return once the jobs are cancelling, without waiting for them to end")
+	cmd.Flags().DurationVar(&waitTime, "wait-timeout", defaultCancelWait, "how long to wait for the jobs to end")
 	return cmd
+}
+
+// defaultCancelWait bounds how long `jobs cancel` waits for its jobs to end: a node's grace is
+// at most configs.MaxGracePeriodSeconds (2 min), and stopping it takes a cloud a minute more.
+const defaultCancelWait = 5 * time.Minute
+
+// cancelPoll is how often `jobs cancel` looks at the jobs it waits for.
+const cancelPoll = 250 * time.Millisecond
+
+// waitCancelled waits until every job in sts has ended, printing each as it does, within
+// timeout. Jobs still stopping then are said to go on: the cancel stands, and nothing failed.
+func waitCancelled(ctx context.Context, c *api.Client, sts []api.JobStatus, timeout time.Duration, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t := time.NewTicker(cancelPoll)
+	defer t.Stop()
+	waiting := sts
+	for len(waiting) > 0 {
+		select {
+		case <-ctx.Done():
+			for _, st := range waiting {
+				fmt.Fprintf(out, "Job %d (%s) is still %s; Ferry goes on stopping it (follow it with ferry jobs queue).\n", st.ID, st.Name, st.State)
+			}
+			return nil
+		case <-t.C:
+		}
+		var still []api.JobStatus
+		for _, st := range waiting {
+			cur, err := c.Job(ctx, strconv.FormatInt(st.ID, 10))
+			switch {
+			case err != nil && ctx.Err() != nil:
+				still = append(still, st)
+			case err != nil:
+				return fmt.Errorf("job %d: %w", st.ID, err)
+			case cur.State.Terminal():
+				printCancelled(out, cur)
+			default:
+				still = append(still, cur)
+			}
+		}
+		waiting = still
+	}
+	return nil
+}
+
+// printCancelled says how a cancelled job ended and what of it is left on infras that did not
+// answer.
+func printCancelled(out io.Writer, st api.JobStatus) {
+	fmt.Fprintf(out, "Job %d (%s): %s%s\n", st.ID, st.Name, st.State, because(st.Reason))
+	printLeftBehind(out, st.LeftBehind)
+}
+
+// leftoverInfras are the infras that hold leftovers, by name.
+func leftoverInfras(left []launcher.Leftover) []string {
+	var out []string
+	for _, l := range left {
+		if !slices.Contains(out, l.Infra) {
+			out = append(out, l.Infra)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

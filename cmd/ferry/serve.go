@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -27,6 +28,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/replicas"
 )
 
@@ -408,7 +410,7 @@ func newServeStatusCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "show failed replicas, reasons and the load-balancing policy")
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "show failed replicas, reasons, the load-balancing policy and the health of the replicas' infras")
 	cmd.Flags().BoolVar(&endpoint, "endpoint", false, "print only the endpoint of the one named service")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the services as JSON (secrets redacted), for scripts")
 	return cmd
@@ -475,12 +477,94 @@ func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time
 			line := fmt.Sprintf("%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%s", s.Name, r.ID, r.Version, ep, launched,
 				orDash(r.Infra), orDash(r.Zone), kind, r.Price, orDash(r.Resources), r.Status)
 			if verbose {
-				line += "\t" + orDash(r.Reason)
+				reason := r.Reason
+				if g, unknown := unknownPart(s.Unknown, r); unknown {
+					reason = strings.TrimSuffix("instance unknown: "+g.Gap().Where()+" did not answer; "+reason, "; ")
+				}
+				line += "\t" + orDash(reason)
 			}
 			fmt.Fprintln(tw, line)
 		}
 	}
 	tw.Flush()
+	for _, s := range list {
+		printUnknown(out, s, verbose)
+	}
+	if verbose {
+		printServiceInfras(out, list, now)
+	}
+}
+
+// unknownPart is the part of an infra the service could not list that holds r, when r holds
+// an instance: r's status is then as last seen, not as the infra has it now.
+func unknownPart(parts []api.UnknownPart, r replicas.Record) (api.UnknownPart, bool) {
+	if r.InstanceID == "" || r.Status.Terminal() {
+		return api.UnknownPart{}, false
+	}
+	for _, p := range parts {
+		if p.Gap().Covers(r.Infra, "", r.Zone) {
+			return p, true
+		}
+	}
+	return api.UnknownPart{}, false
+}
+
+// printUnknown says which replicas' instances are unknown because their infra did not answer
+// the service's last listing: they are kept as last seen, neither replaced nor counted gone.
+// Parts that hold none of the service's replicas are mentioned with -v only.
+func printUnknown(out io.Writer, s api.ServiceStatus, verbose bool) {
+	for _, p := range s.Unknown {
+		var ids []string
+		for _, r := range s.Replicas {
+			if _, in := unknownPart([]api.UnknownPart{p}, r); in {
+				ids = append(ids, strconv.Itoa(r.ID))
+			}
+		}
+		reason := ""
+		if p.Reason != "" {
+			reason = " (" + clip(oneLine(p.Reason), reasonRunes) + ")"
+		}
+		switch {
+		case len(ids) == 1:
+			fmt.Fprintf(out, "%s: %s did not answer the last listing%s: replica %s there is kept as last seen; its instance is unknown, not gone.\n",
+				s.Name, p.Gap().Where(), reason, ids[0])
+		case len(ids) > 1:
+			fmt.Fprintf(out, "%s: %s did not answer the last listing%s: replicas %s there are kept as last seen; their instances are unknown, not gone.\n",
+				s.Name, p.Gap().Where(), reason, strings.Join(ids, ", "))
+		case verbose:
+			fmt.Fprintf(out, "%s: %s did not answer the last listing%s; none of its replicas is there.\n", s.Name, p.Gap().Where(), reason)
+		}
+	}
+}
+
+// printServiceInfras shows, for -v, the breakers of the infras each service's replicas are on
+// (and of those its listing could not read), from the controller's memory.
+func printServiceInfras(out io.Writer, list []api.ServiceStatus, now time.Time) {
+	if !slices.ContainsFunc(list, func(s api.ServiceStatus) bool { return len(s.Infras) > 0 }) {
+		return
+	}
+	fmt.Fprintln(out, "\nInfras of the replicas")
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE_NAME\tINFRA\tSTATE\tLAST ERROR")
+	for _, s := range list {
+		for _, st := range s.Infras {
+			lastErr := "-"
+			if st.LastError != "" && (st.State != launcher.InfraUp || st.Failures > 0) {
+				lastErr = clip(oneLine(st.LastError), 100)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", s.Name, st.Where(), stateLine(st, now), lastErr)
+		}
+	}
+	tw.Flush()
+}
+
+// clip shortens s to n runes for a table cell.
+func clip(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
 }
 
 // serviceCost is what a service's replicas cost per hour now: every replica that holds an
@@ -562,6 +646,11 @@ func newServeDownCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "down [NAMES...]",
 		Short: "Tear services down: drain their endpoints, terminate every replica, forget them",
+		Long: `Tear services down: drain their endpoints, terminate every replica and forget them. An infra
+that does not answer (down, throttling, hung) does not hold the rest up: what Ferry could not
+stop there is listed — instance ids, or for an infra that could not even be listed, every
+instance of the service there launched before the teardown — and the controller stops it once
+that infra answers again, after a restart too. The command succeeds all the same.`,
 		Example: `  ferry serve down quickstart -y
   ferry serve down -a -y`,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -602,11 +691,17 @@ func newServeDownCmd() *cobra.Command {
 			var errs []error
 			for _, n := range names {
 				fmt.Fprintf(out, "⚙︎ Tearing down %q (draining, then terminating replicas)...\n", n)
-				if err := c.DeleteService(cmd.Context(), n); err != nil {
+				res, err := c.DeleteService(cmd.Context(), n)
+				if err != nil {
 					errs = append(errs, fmt.Errorf("%s: %w", n, err))
 					continue
 				}
-				fmt.Fprintf(out, "✓ Service %q is down.\n", n)
+				if len(res.LeftBehind) == 0 {
+					fmt.Fprintf(out, "✓ Service %q is down.\n", n)
+					continue
+				}
+				fmt.Fprintf(out, "✓ Service %q is down, except what could not be reached:\n", n)
+				printLeftBehind(out, res.LeftBehind)
 			}
 			return errors.Join(errs...)
 		},

@@ -29,8 +29,11 @@ func (b *countingBackend) CreateService(context.Context, CreateServiceRequest) (
 	b.hit()
 	return ServiceStatus{}, nil
 }
-func (b *countingBackend) Services([]string) ([]ServiceStatus, error)  { b.hit(); return nil, nil }
-func (b *countingBackend) DeleteService(context.Context, string) error { b.hit(); return nil }
+func (b *countingBackend) Services([]string) ([]ServiceStatus, error) { b.hit(); return nil, nil }
+func (b *countingBackend) DeleteService(context.Context, string) (DeleteServiceResult, error) {
+	b.hit()
+	return DeleteServiceResult{}, nil
+}
 func (b *countingBackend) UpdateService(context.Context, string, UpdateServiceRequest) (ServiceStatus, error) {
 	b.hit()
 	return ServiceStatus{}, nil
@@ -38,6 +41,7 @@ func (b *countingBackend) UpdateService(context.Context, string, UpdateServiceRe
 func (b *countingBackend) ReplicaLogPath(string, int) (string, error) { b.hit(); return b.logPath, nil }
 func (b *countingBackend) ControllerLogPath() string                  { b.hit(); return b.logPath }
 func (b *countingBackend) Status() ControllerStatus                   { b.hit(); return ControllerStatus{} }
+func (b *countingBackend) Infras() InfraHealth                        { b.hit(); return InfraHealth{} }
 func (b *countingBackend) Stop()                                      { b.hit() }
 
 var _ Backend = (*countingBackend)(nil)

@@ -142,11 +142,6 @@ func (c *Client) Services(ctx context.Context, names ...string) ([]ServiceStatus
 	return list, err
 }
 
-// DeleteService tears a service down and waits until its replicas are gone.
-func (c *Client) DeleteService(ctx context.Context, name string) error {
-	return c.Do(ctx, http.MethodDelete, "/v1/services/"+url.PathEscape(name), nil, nil)
-}
-
 // UpdateService starts a rollout of a service to a new task; it returns once the rollout is
 // recorded, not when it finishes (watch Services' Update).
 func (c *Client) UpdateService(ctx context.Context, name string, req UpdateServiceRequest) (ServiceStatus, error) {

@@ -19,7 +19,9 @@ type Backend interface {
 	// Services returns the named services, or all when names is empty; unknown names are
 	// ErrNotFound.
 	Services(names []string) ([]ServiceStatus, error)
-	DeleteService(ctx context.Context, name string) error
+	// DeleteService tears the service down: what it could not stop (an infra that did not
+	// answer) is in LeftBehind, not an error.
+	DeleteService(ctx context.Context, name string) (DeleteServiceResult, error)
 	// UpdateService starts a rollout of the service to req.Task and returns at once.
 	UpdateService(ctx context.Context, name string, req UpdateServiceRequest) (ServiceStatus, error)
 	// ReplicaLogPath returns a local file with a replica's output.
@@ -27,6 +29,9 @@ type Backend interface {
 	// ControllerLogPath returns the controller's own log file ("" when it logs to a terminal).
 	ControllerLogPath() string
 	Status() ControllerStatus
+	// Infras is the controller's view of its infras, from memory: it answers at once,
+	// whatever an infra does.
+	Infras() InfraHealth
 	// Stop asks the controller to exit; it returns at once.
 	Stop()
 }
@@ -85,6 +90,7 @@ func (s *server) routes(extra []Route) []Route {
 		{http.MethodDelete, "/v1/services/{name}", s.deleteService, ScopeFull},
 		{http.MethodPost, "/v1/services/{name}/update", s.updateService, ScopeFull},
 		{http.MethodGet, "/v1/services/{name}/replicas/{id}/logs", s.replicaLogs, ScopeFull},
+		{http.MethodGet, "/v1/infras", s.infras, ScopeFull},
 	}, extra...)
 }
 
@@ -209,14 +215,6 @@ func (s *server) listServices(w http.ResponseWriter, r *http.Request) {
 		list = []ServiceStatus{}
 	}
 	WriteJSON(w, http.StatusOK, list)
-}
-
-func (s *server) deleteService(w http.ResponseWriter, r *http.Request) {
-	if err := s.b.DeleteService(r.Context(), r.PathValue("name")); err != nil {
-		s.fail(w, err)
-		return
-	}
-	WriteJSON(w, http.StatusOK, map[string]string{"status": "deleted"})
 }
 
 func (s *server) fail(w http.ResponseWriter, err error) { WriteError(w, s.log, err) }

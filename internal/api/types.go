@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/replicas"
 )
 
@@ -66,6 +67,14 @@ type ServiceStatus struct {
 	Update *replicas.Rollout `json:"update,omitempty"`
 	// Message explains a FAILED or waiting state.
 	Message string `json:"message,omitempty"`
+	// Unknown are the parts of the infras the replica manager's last listing could not read:
+	// replicas there are kept as last seen, since an infra that does not answer says nothing
+	// about whether they still run.
+	Unknown []UnknownPart `json:"unknown,omitempty"`
+	// Infras are the breakers of the infras (and their zones) the service's replicas are on
+	// or that its listing could not read, so that a READY replica on a failing infra is seen
+	// for what it is. Read from the controller's memory.
+	Infras []launcher.InfraState `json:"infras,omitempty"`
 }
 
 // ControllerStatus describes the running controller.

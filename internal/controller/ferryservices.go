@@ -118,7 +118,7 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 	obj, err := fs.lister.Get(name)
 	if apierrors.IsNotFound(err) {
 		// The object owns the service of its name: gone, so is the service.
-		if err := fs.c.DeleteService(ctx, name); err != nil && !errors.Is(err, api.ErrNotFound) {
+		if _, err := fs.c.DeleteService(ctx, name); err != nil && !errors.Is(err, api.ErrNotFound) {
 			return err
 		}
 		return nil

@@ -12,6 +12,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/jobs"
+	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/provision"
 	"github.com/ferryserve/ferry/proxy"
 )
 
@@ -92,7 +94,8 @@ func (c *Controller) metricsURL() string {
 //	ferry_jobs{state}                                managed jobs by state, terminal ones included
 //	ferry_cost_dollars_per_hour{workload,name,kind}  the catalog price of every instance held now (what `ferry capacity` lists)
 //
-// Only the leader's controller runs services and jobs, so these series come from it alone.
+// and the provisioner's view of the infras (infraCollector). Only the leader's controller runs
+// services and jobs, so these series come from it alone.
 type fleetCollector struct{ c *Controller }
 
 var (
@@ -114,6 +117,7 @@ func (f fleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{replicasDesc, targetDesc, jobsDesc, costDesc} {
 		ch <- d
 	}
+	infraCollector{}.Describe(ch)
 }
 
 func (f fleetCollector) Collect(ch chan<- prometheus.Metric) {
@@ -129,8 +133,10 @@ func (f fleetCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	states := map[jobs.State]int{}
-	for _, j := range f.c.jobs.List() {
-		states[j.State]++
+	if f.c.jobs != nil {
+		for _, j := range f.c.jobs.List() {
+			states[j.State]++
+		}
 	}
 	for _, h := range f.c.capacity() {
 		cost[costKey{h.Kind, h.Owner, capacityKind(h.Spot)}] += h.PricePerHour
@@ -143,6 +149,65 @@ func (f fleetCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for k, dollars := range cost {
 		ch <- prometheus.MustNewConstMetric(costDesc, prometheus.GaugeValue, dollars, k.workload, k.name, k.kind)
+	}
+	if f.c.provider != nil {
+		infraCollector{f.c.provider}.Collect(ch)
+	}
+}
+
+// infraCollector exports the provisioner's breakers, the errors they counted and the
+// leftovers its janitor holds, read at each scrape, so that an alert fires on an infra that
+// fails without anyone running `ferry check`:
+//
+//	ferry_infra_up{infra,zone}             1 when calls go (up, or throttled: it answers), 0 when down; zone "" is the whole infra
+//	ferry_infra_errors_total{infra,class}  failures by class (provision.Class*: unavailable, throttled, timeout, ...)
+//	ferry_infra_leftovers{infra}           what teardowns could not stop there, waiting for the infra to answer
+//
+// Every enabled infra has its up and leftovers series from the start (0 leftovers), so that
+// a rate or an absence alert does not wait for the first failure.
+type infraCollector struct{ p *provision.Provisioner }
+
+var (
+	infraUpDesc = prometheus.NewDesc("ferry_infra_up",
+		"Whether calls to an infra (zone \"\") or to one of its zones or regions go: 1 up or throttled, 0 down (its breaker open).",
+		[]string{"infra", "zone"}, nil)
+	infraErrorsDesc = prometheus.NewDesc("ferry_infra_errors_total",
+		"Failed calls to an infra by class: timeout, unavailable, throttled, unauthorized, not_found, capacity, quota, invalid, other.",
+		[]string{"infra", "class"}, nil)
+	infraLeftoversDesc = prometheus.NewDesc("ferry_infra_leftovers",
+		"Instances (or selectors over an infra that could not be listed) that a teardown could not stop, which Ferry stops when the infra answers again.",
+		[]string{"infra"}, nil)
+)
+
+var _ prometheus.Collector = infraCollector{}
+
+func (infraCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- infraUpDesc
+	ch <- infraErrorsDesc
+	ch <- infraLeftoversDesc
+}
+
+func (ic infraCollector) Collect(ch chan<- prometheus.Metric) {
+	h := ic.p.Health()
+	left := map[string]int{}
+	for _, s := range h.States() {
+		up := 1.0
+		if s.State == launcher.InfraDown {
+			up = 0
+		}
+		ch <- prometheus.MustNewConstMetric(infraUpDesc, prometheus.GaugeValue, up, s.Infra, s.Zone)
+		if _, seen := left[s.Infra]; !seen && s.Zone == "" {
+			left[s.Infra] = 0
+		}
+	}
+	for k, n := range h.Errors() {
+		ch <- prometheus.MustNewConstMetric(infraErrorsDesc, prometheus.CounterValue, float64(n), k.Infra, k.Class)
+	}
+	for _, l := range ic.p.Leftovers() {
+		left[l.Infra]++
+	}
+	for infra, n := range left {
+		ch <- prometheus.MustNewConstMetric(infraLeftoversDesc, prometheus.GaugeValue, float64(n), infra)
 	}
 }
 

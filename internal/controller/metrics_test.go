@@ -2,6 +2,7 @@ package controller
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -10,8 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/ferryserve/ferry/launcher"
 )
 
 // TestStartMetrics covers the metrics listener's address rules: off, a free address, the default
@@ -143,4 +147,81 @@ func TestMetricsToken(t *testing.T) {
 			t.Errorf("GET %s with %q: %d, want %d", tc.path, tc.auth, got, tc.want)
 		}
 	}
+}
+
+// TestInfraMetrics: the infra series follow the breakers through a scripted outage of gcp
+// (three refused calls open its breaker, a zone that does not exist opens the zone's),
+// throttling on aws (still up: it answers), leftovers on gcp, and gcp's recovery; the error
+// counters only grow. They are scraped through the collector the controller registers.
+func TestInfraMetrics(t *testing.T) {
+	clock := &scriptedClock{now: time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)}
+	c := New(Options{})
+	if err := c.initMetrics(); err != nil {
+		t.Fatal(err)
+	}
+	c.provider = newHealthProvisioner(t, clock)
+	if err := c.registry.Register(fleetCollector{c}); err != nil {
+		t.Fatal(err)
+	}
+	names := []string{"ferry_infra_up", "ferry_infra_errors_total", "ferry_infra_leftovers"}
+	expect := func(step, body string) {
+		t.Helper()
+		head := `# HELP ferry_infra_errors_total Failed calls to an infra by class: timeout, unavailable, throttled, unauthorized, not_found, capacity, quota, invalid, other.
+# TYPE ferry_infra_errors_total counter
+# HELP ferry_infra_leftovers Instances (or selectors over an infra that could not be listed) that a teardown could not stop, which Ferry stops when the infra answers again.
+# TYPE ferry_infra_leftovers gauge
+# HELP ferry_infra_up Whether calls to an infra (zone "") or to one of its zones or regions go: 1 up or throttled, 0 down (its breaker open).
+# TYPE ferry_infra_up gauge
+`
+		if err := testutil.GatherAndCompare(c.registry, strings.NewReader(head+body), names...); err != nil {
+			t.Errorf("%s: %v", step, err)
+		}
+	}
+
+	expect("every infra known, none failed", `ferry_infra_leftovers{infra="aws"} 0
+ferry_infra_leftovers{infra="gcp"} 0
+ferry_infra_leftovers{infra="local"} 0
+ferry_infra_up{infra="aws",zone=""} 1
+ferry_infra_up{infra="gcp",zone=""} 1
+ferry_infra_up{infra="local",zone=""} 1
+`)
+
+	h := c.provider.Health()
+	refused := fmt.Errorf("%w: connection refused", launcher.ErrUnavailable)
+	clock.Add(time.Second)
+	for range 3 {
+		h.Observe("gcp", "", refused)
+		h.Observe("gcp", "us-central1-f", fmt.Errorf("zone us-central1-f: %w", launcher.ErrNotFound))
+	}
+	h.Observe("aws", "", fmt.Errorf("%w: RequestLimitExceeded", launcher.ErrThrottled))
+	for _, id := range []string{"gcp/us-central1-a/chat-1", "gcp/us-central1-a/chat-2"} {
+		if err := c.provider.LeaveBehind(launcher.Leftover{Infra: "gcp", InstanceID: id, Owner: "service chat"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect("gcp down, aws throttled, two left on gcp", `ferry_infra_errors_total{class="not_found",infra="gcp"} 3
+ferry_infra_errors_total{class="throttled",infra="aws"} 1
+ferry_infra_errors_total{class="unavailable",infra="gcp"} 3
+ferry_infra_leftovers{infra="aws"} 0
+ferry_infra_leftovers{infra="gcp"} 2
+ferry_infra_leftovers{infra="local"} 0
+ferry_infra_up{infra="aws",zone=""} 1
+ferry_infra_up{infra="gcp",zone=""} 0
+ferry_infra_up{infra="gcp",zone="us-central1-f"} 0
+ferry_infra_up{infra="local",zone=""} 1
+`)
+
+	clock.Add(10 * time.Second)
+	h.Observe("gcp", "", nil) // a probe answered
+	expect("gcp answers again", `ferry_infra_errors_total{class="not_found",infra="gcp"} 3
+ferry_infra_errors_total{class="throttled",infra="aws"} 1
+ferry_infra_errors_total{class="unavailable",infra="gcp"} 3
+ferry_infra_leftovers{infra="aws"} 0
+ferry_infra_leftovers{infra="gcp"} 2
+ferry_infra_leftovers{infra="local"} 0
+ferry_infra_up{infra="aws",zone=""} 1
+ferry_infra_up{infra="gcp",zone=""} 1
+ferry_infra_up{infra="gcp",zone="us-central1-f"} 0
+ferry_infra_up{infra="local",zone=""} 1
+`)
 }

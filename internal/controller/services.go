@@ -16,6 +16,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/store"
+	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/proxy"
 	"github.com/ferryserve/ferry/proxy/attach"
 	"github.com/ferryserve/ferry/replicas"
@@ -345,7 +346,9 @@ func (c *Controller) Services(names []string) ([]api.ServiceStatus, error) {
 	}
 	out := make([]api.ServiceStatus, 0, len(svcs))
 	for _, s := range svcs {
-		out = append(out, s.status(true))
+		st := s.status(true)
+		c.addInfraHealth(s, &st)
+		out = append(out, st)
 	}
 	return out, nil
 }
@@ -421,21 +424,33 @@ func (c *Controller) persistStatuses() {
 }
 
 // DeleteService implements api.Backend: drain the endpoint, terminate every replica, forget it.
-func (c *Controller) DeleteService(ctx context.Context, name string) error {
+// What an infra that did not answer kept is handed to the provisioner's janitor and returned,
+// so that the caller can say exactly what is left: the service is down all the same.
+func (c *Controller) DeleteService(ctx context.Context, name string) (api.DeleteServiceResult, error) {
 	s, err := c.serviceNamed(name)
 	if err != nil {
-		return err
+		return api.DeleteServiceResult{}, err
 	}
-	return c.down(ctx, s)
+	left, err := c.takeDown(ctx, s)
+	return api.DeleteServiceResult{LeftBehind: left}, err
 }
 
+// down takes s down, for a serve down that a restart interrupted: the janitor has what is
+// left, and logs it.
 func (c *Controller) down(ctx context.Context, s *service) error {
+	_, err := c.takeDown(ctx, s)
+	return err
+}
+
+// takeDown drains s's endpoint, stops its replicas and forgets it, returning what could not
+// be stopped.
+func (c *Controller) takeDown(ctx context.Context, s *service) ([]launcher.Leftover, error) {
 	s.mu.Lock()
 	s.shuttingDown = true
 	s.mu.Unlock()
 	// Persist first: a controller killed half-way finishes the job on restart.
 	if err := c.store.SetServiceStatus(s.name, api.ServiceShuttingDown); err != nil {
-		return err
+		return nil, err
 	}
 	c.log.Info("service shutting down", zap.String("service", s.name))
 	drainCtx, cancel := context.WithTimeout(ctx, c.opts.DrainTimeout)
@@ -447,21 +462,26 @@ func (c *Controller) down(ctx context.Context, s *service) error {
 	}
 	termCtx, termCancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer termCancel()
-	if _, err := s.mgr.Shutdown(termCtx); err != nil {
+	left, err := s.mgr.Shutdown(termCtx)
+	if err != nil {
 		_ = c.store.SetServiceStatus(s.name, api.ServiceFailedCleanup)
-		return fmt.Errorf("terminate replicas of %q: %w", s.name, err)
+		return nil, fmt.Errorf("terminate replicas of %q: %w", s.name, err)
 	}
 	s.cancel()
 	<-s.done
 	if err := c.store.DeleteService(s.name); err != nil {
-		return err
+		return nil, err
 	}
 	c.mu.Lock()
 	delete(c.services, s.name)
 	c.mu.Unlock()
 	c.updateGateway()
-	c.log.Info("service down", zap.String("service", s.name))
-	return nil
+	if len(left) > 0 {
+		c.log.Warn("service down; what an infra that did not answer holds is left to the janitor", zap.String("service", s.name), zap.Int("left_behind", len(left)))
+	} else {
+		c.log.Info("service down", zap.String("service", s.name))
+	}
+	return left, nil
 }
 
 // ControllerLogPath implements api.Backend.
