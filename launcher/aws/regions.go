@@ -56,13 +56,23 @@ func perRegion[T any](ctx context.Context, regions []string, read func(ctx conte
 // regionsError is the error of a read of every region that left gaps: a launcher.PartialList
 // naming them, to be returned with what the other regions read; or, when every region failed
 // and none for the infra's own failing (an invalid request, a caller that gave up, credentials
-// refused everywhere), the first region's error alone, as the whole read failed.
+// refused everywhere), the first region's error alone, as the whole read failed; when every
+// region failed for the infra's own failing, one gap for the whole infra.
 func (p *Provider) regionsError(gaps []launcher.Gap) error {
 	infraFault := func(g launcher.Gap) bool {
 		return launcher.IsInfraFault(g.Err) && !errors.Is(g.Err, launcher.ErrUnauthorized)
 	}
 	if len(gaps) > 0 && len(gaps) == len(p.opts.Regions) && !slices.ContainsFunc(gaps, infraFault) {
 		return gaps[0].Err
+	}
+	if len(gaps) > 1 && len(gaps) == len(p.opts.Regions) {
+		// Every region failed: that is the infra failing, which its breaker must see as such
+		// (a gap per region would read as regions failing one by one).
+		errs := make([]error, len(gaps))
+		for i, g := range gaps {
+			errs[i] = fmt.Errorf("%s: %w", g.Region, g.Err)
+		}
+		return launcher.PartialList([]launcher.Gap{{Infra: InfraName, Err: errors.Join(errs...)}})
 	}
 	return launcher.PartialList(gaps)
 }
