@@ -17,13 +17,16 @@ func (c cloud) capacityOfferings(ctx context.Context, inf *optimizer.Infra) erro
 		return nil
 	}
 	offers, err := o.Offerings(ctx)
-	if err != nil {
+	if _, partial := launcher.Partial(err); err != nil && !partial {
 		return fmt.Errorf("reservations and queues: %w", err)
 	}
-	for _, off := range offers {
+	for _, off := range offers { // with a partial answer: what the parts that answered hold
 		if off.Reservation != nil || off.QueueWait > 0 {
 			inf.Offerings = append(inf.Offerings, off)
 		}
+	}
+	if err != nil {
+		return fmt.Errorf("reservations and queues: %w", err)
 	}
 	return nil
 }
@@ -55,7 +58,9 @@ func (s *Set) Reservations(ctx context.Context) ([]launcher.ReservationOffer, ma
 		cancel()
 		if err != nil {
 			errs[n.name] = err
-			continue
+			if _, partial := launcher.Partial(err); !partial {
+				continue
+			} // else: a region or zone did not answer; the others' reservations are listed
 		}
 		for _, res := range list {
 			if res.Infra == "" {
