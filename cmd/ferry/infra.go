@@ -56,9 +56,16 @@ func withInfras(ctx context.Context, f func(context.Context, *infra.Set) error) 
 // printPlan prints SkyPilot's optimizer table for the task: every candidate placement, best
 // first, the first chosen. A task no enabled infra can run is refused here, before anything
 // is launched, with the optimizer's reasons.
+//
+// Infras the running controller finds down (its breakers, when one runs) are neither asked nor
+// planned, and a line under the table says why: planning never waits on a cloud the controller
+// already knows is not answering.
 func printPlan(ctx context.Context, out io.Writer, task *configs.Task) error {
 	var cands []optimizer.Candidate
+	var down []launcher.InfraState
 	err := withInfras(ctx, func(ctx context.Context, set *infra.Set) (err error) {
+		set.Provisioner.Health().Adopt(controllerBreakers(ctx))
+		down = set.Down(task.Resources)
 		cands, err = set.Plan(ctx, task.Resources)
 		return err
 	})
@@ -70,8 +77,31 @@ func printPlan(ctx context.Context, out io.Writer, task *configs.Task) error {
 	if err := optimizer.WriteObjectiveTable(out, cands, 0, tableRows, task.Resources.Objective); err != nil {
 		return err
 	}
+	for _, s := range down {
+		fmt.Fprintf(out, "Skipped %s, %s: %s (ferry check shows it).\n", s.Where(), stateLine(s, time.Now()), oneLine(s.LastError))
+	}
 	fmt.Fprintln(out)
 	return printFiles(out, task, cands)
+}
+
+// controllerBreakers are the running controller's breakers; none when no controller runs (the
+// plan does not start one) or it does not answer at once.
+func controllerBreakers(ctx context.Context) []launcher.InfraState {
+	h, err := home.Default()
+	if err != nil {
+		return nil
+	}
+	c, _, err := connect(ctx, h)
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, infraViewTimeout)
+	defer cancel()
+	health, err := c.Infras(ctx)
+	if err != nil {
+		return nil
+	}
+	return health.States
 }
 
 func plural(n int) string {

@@ -351,6 +351,17 @@ func TestCLIWhileGCPRefusesEveryCall(t *testing.T) {
 		t.Errorf("jobs queue: %v\n%s", err, out)
 	}
 
+	// The optimizer table skips what the controller finds down, says why, and does not wait
+	// on it.
+	began = time.Now()
+	out, err = ferryRun(ctx, t, "serve", "up", svcFile, "--dry-run")
+	if err != nil || !strings.Contains(out, "Skipped gcp, down for ") || regexp.MustCompile(`(?m)^gcp\s`).MatchString(out) {
+		t.Errorf("serve up --dry-run with gcp down: %v\n%s", err, out)
+	}
+	if took := time.Since(began); took > 5*time.Second {
+		t.Errorf("the plan took %s with gcp down", took)
+	}
+
 	st, err := c.ControllerStatus(ctx)
 	if err != nil || st.Metrics == "" {
 		t.Fatalf("controller status: %+v, %v", st, err)

@@ -378,3 +378,22 @@ func (h *Health) listWait(infra string, straggle, limit time.Duration) time.Dura
 	}
 	return min(d, limit)
 }
+
+// Adopt takes the breakers another process keeps (the controller's, for the CLI's plan) as
+// its own: an infra the controller finds down is not asked again from here, and the plan says
+// why. States that are up change nothing.
+func (h *Health) Adopt(states []InfraState) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, s := range states {
+		if s.State == StateUp {
+			continue
+		}
+		b := h.breakerLocked(s.Infra, s.Zone)
+		b.state = s
+		if b.state.RetryAt.IsZero() || b.state.RetryAt.Before(h.opts.Now()) {
+			b.state.RetryAt = h.opts.Now().Add(h.opts.OpenFor)
+		}
+		b.openFor = h.opts.OpenFor
+	}
+}
