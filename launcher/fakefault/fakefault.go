@@ -246,7 +246,10 @@ func (s *Switch) Wait(ctx context.Context, f Fault, stop <-chan struct{}) bool {
 			return false
 		case <-changed:
 		case <-expired:
-			return true
+			return ctx.Err() == nil // a client that gave up meanwhile gets nothing
+		}
+		if ctx.Err() != nil {
+			return false
 		}
 	}
 }

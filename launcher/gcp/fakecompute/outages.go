@@ -1,6 +1,8 @@
 package fakecompute
 
 import (
+	"bytes"
+	"io"
 	"net/http"
 	"strconv"
 
@@ -73,6 +75,14 @@ func (s *Server) fault(w http.ResponseWriter, r *http.Request, op string) bool {
 		return false
 	}
 	if f.Delay > 0 || f.Hang {
+		// Read the body first: the server notices a client that gives up (r.Context ends)
+		// only once the body is read, and a hung insert must not be served after its client
+		// has gone.
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+		if err != nil {
+			panic(http.ErrAbortHandler)
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		if !s.outages.Wait(r.Context(), f, s.stop) {
 			// The client gave up or the fake is closing: drop the connection without an
 			// answer, as an endpoint that dies does (not an empty 200).

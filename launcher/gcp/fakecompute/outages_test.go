@@ -212,6 +212,22 @@ func TestOutageHang(t *testing.T) {
 		t.Fatal("Clear did not release the hung list")
 	}
 
+	// A hung insert whose client gave up is not served when the hang ends: nobody would know
+	// of its VM.
+	e.fake.Outages().Set(fakefault.Fault{Hang: true, Ops: []string{OpInstancesInsert}})
+	ictx, icancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err = e.ic.Insert(ictx, &computepb.InsertInstanceRequest{Project: "p", Zone: "us-central1-a", InstanceResource: vmResource("orphan")})
+	icancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a hung insert: %v, want the client's deadline", err)
+	}
+	e.fake.Outages().Clear()
+	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		if _, _, ok := e.fake.Instance("orphan"); ok {
+			t.Fatal("a hung insert was served after its client had gone")
+		}
+	}
+
 	e.fake.Outages().Set(fakefault.Fault{Hang: true})
 	go func() { answered <- e.list(context.Background(), "us-central1-a") }()
 	select {

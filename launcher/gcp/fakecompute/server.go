@@ -68,6 +68,7 @@ const (
 	waitLimit          = 2 * time.Minute // GCP's operations.wait returns by then even if not DONE
 	killWait           = 10 * time.Second
 	timeLayout         = "2006-01-02T15:04:05.000-07:00"
+	maxBody            = 4 << 20 // the largest request body read
 )
 
 // Options configures a Server.
@@ -528,7 +529,7 @@ func (s *Server) getZone(w http.ResponseWriter, r *http.Request) {
 // decodeBody reads a request body of at most 4 MiB into msg as the API's JSON; it answers 400
 // and reports false when it cannot.
 func decodeBody(w http.ResponseWriter, r *http.Request, msg proto.Message) bool {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
 	if err != nil {
 		errInvalid("read body: " + err.Error()).write(w)
 		return false
