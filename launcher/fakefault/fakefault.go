@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -62,6 +63,8 @@ type Switch struct {
 	rng    *rand.Rand
 	// cleared is closed when the faults change, releasing hung requests of a cleared hang.
 	cleared chan struct{}
+	// held counts the requests in Wait.
+	held atomic.Int64
 }
 
 type active struct {
@@ -209,6 +212,8 @@ func RegionOf(zone string) string {
 // Setting or clearing other faults does not release it. It reports whether the fake should go
 // on to answer (false: the client is gone or the fake stopped).
 func (s *Switch) Wait(ctx context.Context, f Fault, stop <-chan struct{}) bool {
+	s.held.Add(1)
+	defer s.held.Add(-1)
 	if f.Delay > 0 {
 		t := time.NewTimer(f.Delay)
 		defer t.Stop()
@@ -253,6 +258,10 @@ func (s *Switch) Wait(ctx context.Context, f Fault, stop <-chan struct{}) bool {
 		}
 	}
 }
+
+// Held is how many requests Wait holds now (hung or delayed): a test knows from it that a
+// client's giving up has reached the fake.
+func (s *Switch) Held() int { return int(s.held.Load()) }
 
 // Parse reads a fault spec, as `ferry fakecloud --fault` takes them:
 //

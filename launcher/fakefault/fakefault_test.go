@@ -265,8 +265,14 @@ func TestWaitHang(t *testing.T) {
 		cctx, cancel := context.WithCancel(ctx)
 		ch := waitAsync(cctx, &s, f, nil)
 		held(t, ch, "hang set")
+		if n := s.Held(); n != 1 {
+			t.Fatalf("Held() = %d while one request hangs", n)
+		}
 		cancel()
 		released(t, ch, false, "client gone")
+		if n := s.Held(); n != 0 {
+			t.Fatalf("Held() = %d after the request was dropped", n)
+		}
 	})
 	t.Run("fake stops", func(t *testing.T) {
 		var s Switch

@@ -221,6 +221,11 @@ func TestOutageHang(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a hung insert: %v, want the client's deadline", err)
 	}
+	for deadline := time.Now().Add(10 * time.Second); e.fake.Outages().Held() > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the fake still holds the insert its client gave up")
+		}
+	}
 	e.fake.Outages().Clear()
 	for end := time.Now().Add(300 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		if _, _, ok := e.fake.Instance("orphan"); ok {
