@@ -109,11 +109,11 @@ func isRequestTimeout(err error) bool {
 }
 
 // newHTTPClient is the HTTP client every REST client of the provider shares: the one the
-// Compute clients would build from copts (credentials, endpoint, user agent; the same defaults
-// they use), with each request cut after timeout.
+// Compute clients would build from copts (credentials, endpoint, user agent; the defaults they
+// use, but the deprecated plain default endpoint, which the template replaces), with each
+// request cut after timeout.
 func newHTTPClient(ctx context.Context, copts []option.ClientOption, timeout time.Duration) (*http.Client, error) {
 	defaults := []option.ClientOption{
-		internaloption.WithDefaultEndpoint("https://compute.googleapis.com"),
 		internaloption.WithDefaultEndpointTemplate("https://compute.UNIVERSE_DOMAIN"),
 		internaloption.WithDefaultMTLSEndpoint("https://compute.mtls.googleapis.com"),
 		internaloption.WithDefaultUniverseDomain("googleapis.com"),
