@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http/httptest"
 	"path/filepath"
 	"regexp"
@@ -17,6 +18,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 
 	"github.com/ferryserve/ferry/bench/sim"
+	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/aws"
 	"github.com/ferryserve/ferry/launcher/aws/fakeec2"
@@ -360,5 +362,263 @@ func TestFakeCloudPreemptCommand(t *testing.T) {
 				t.Fatalf("fakecloud preempt %v: %v, want an error saying %q", tc.args, err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// fakeCloudRun is a `ferry fakecloud` command running until the test ends, and what it said.
+type fakeCloudRun struct {
+	out *syncBuffer
+	// config is the config.yaml it printed, parsed; control its control endpoint.
+	config  *configs.FerryConfig
+	control string
+}
+
+// startFakeCloud runs `ferry fakecloud ARGS...` through the root command, as a user would,
+// and waits for it to print its config.
+func startFakeCloud(t *testing.T, args ...string) *fakeCloudRun {
+	t.Helper()
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	ctx, cancel := context.WithCancel(context.Background())
+	run := &fakeCloudRun{out: &syncBuffer{}}
+	cmd := newRootCmd()
+	cmd.SetOut(run.out)
+	cmd.SetErr(run.out)
+	cmd.SetArgs(append([]string{"fakecloud", "--gcp-listen", "127.0.0.1:0", "--dir", t.TempDir()}, args...))
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("fakecloud: %v", err)
+		}
+	})
+	re := regexp.MustCompile(`(?s)Add to \$FERRY_HOME/config.yaml:\n\n(.*?)\n\nand give`)
+	deadline := time.Now().Add(30 * time.Second)
+	var m []string
+	for m = re.FindStringSubmatch(run.out.String()); m == nil; m = re.FindStringSubmatch(run.out.String()) {
+		select {
+		case err := <-done:
+			t.Fatalf("fakecloud ended: %v\n%s", err, run.out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fakecloud did not start:\n%s", run.out.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cfg, err := configs.ParseFerryConfig("printed", []byte(m[1]))
+	if err != nil {
+		t.Fatalf("the printed config does not parse: %v\n%s", err, m[1])
+	}
+	if cfg.GCP == nil || cfg.AWS == nil {
+		t.Fatalf("the printed config lacks a cloud:\n%s", m[1])
+	}
+	run.config, run.control = cfg, cfg.GCP.Endpoint
+	return run
+}
+
+// gcpProvider is the GCP provider as the printed config sets it up.
+func (r *fakeCloudRun) gcpProvider(t *testing.T) *gcp.Provider {
+	t.Helper()
+	c := r.config.GCP
+	prov, err := gcp.New(context.Background(), gcp.Options{Project: c.Project, Regions: c.Regions, Endpoint: c.Endpoint, RequestTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(prov.Close)
+	return prov
+}
+
+// fault runs `ferry fakecloud fault ARGS...` against the running fakecloud.
+func (r *fakeCloudRun) fault(args ...string) (string, error) {
+	cmd := newRootCmd()
+	var stdout bytes.Buffer
+	cmd.SetOut(&stdout)
+	cmd.SetErr(&bytes.Buffer{})
+	cmd.SetArgs(append([]string{"fakecloud", "fault", "--control", r.control}, args...))
+	err := cmd.ExecuteContext(context.Background())
+	return stdout.String(), err
+}
+
+// TestFakeCloudPrintsWhatItServes: the config `ferry fakecloud` prints parses, and Ferry's
+// providers set up from it find every zone of every region it names served: the GCP provider
+// lists us-central1-f too (the fake used to lack it, and every List failed), and a GCP trace's
+// regions are served whole.
+func TestFakeCloudPrintsWhatItServes(t *testing.T) {
+	for name, args := range map[string][]string{
+		"default":   nil,
+		"gcp trace": {"--spot-trace", filepath.Join(simTestdata, "spot-gcp")},
+	} {
+		t.Run(name, func(t *testing.T) {
+			run := startFakeCloud(t, args...)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			prov := run.gcpProvider(t)
+			if err := prov.Check(ctx); err != nil {
+				t.Fatalf("GCP as printed (regions %v): %v\n%s", run.config.GCP.Regions, err, run.out.String())
+			}
+			if _, err := prov.List(ctx, nil); err != nil {
+				t.Fatalf("GCP List as printed (regions %v): %v", run.config.GCP.Regions, err)
+			}
+			if !strings.Contains(run.out.String(), "us-central1-f") {
+				t.Errorf("the printed config does not say the fake serves us-central1-f:\n%s", run.out.String())
+			}
+			a := run.config.AWS
+			awsProv, err := aws.New(ctx, aws.Options{Regions: a.Regions, Endpoint: a.Endpoint, AMIs: a.AMIs,
+				Credentials: awssdk.NewCredentialsCache(credentials.NewStaticCredentialsProvider("AKIATEST", "secret", ""))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := awsProv.List(ctx, nil); err != nil {
+				t.Fatalf("AWS List as printed (regions %v): %v", a.Regions, err)
+			}
+			for _, region := range a.Regions {
+				if a.AMIs[region] == "" {
+					t.Errorf("the printed config has no AMI for %s", region)
+				}
+			}
+		})
+	}
+	regions, zones := gcpServed(nil)
+	if !slices.Equal(regions, []string{"us-central1"}) || !slices.Contains(zones, "us-central1-f") {
+		t.Fatalf("gcpServed() = %v, %v; want us-central1 with every catalog zone", regions, zones)
+	}
+}
+
+// TestFakeCloudFaults: `ferry fakecloud --fault` breaks the fakes from the start; `ferry
+// fakecloud fault` sets, lists and clears faults while it runs; what GCP answers follows.
+// (Whether fake EC2 honours its switch is fakeec2's business; here its switch holds the
+// fault.)
+func TestFakeCloudFaults(t *testing.T) {
+	run := startFakeCloud(t, "--fault", "gcp=503,zone=us-central1-f", "--fault", "aws=throttle,rate=0.5",
+		"--fault", "gcp=404,zone=us-central1-b,for=1h")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if !strings.Contains(run.out.String(), "Faults set: aws=throttle,rate=0.5 gcp=503,zone=us-central1-f gcp=404,zone=us-central1-b,for=") {
+		t.Errorf("fakecloud did not say which faults it set:\n%s", run.out.String())
+	}
+	prov := run.gcpProvider(t)
+	gapsOf := func() map[string]error {
+		t.Helper()
+		_, err := prov.List(ctx, nil)
+		gaps, ok := launcher.Partial(err)
+		if !ok {
+			t.Fatalf("List: %v, want a partial list", err)
+		}
+		out := map[string]error{}
+		for _, g := range gaps {
+			out[g.Zone] = g.Err
+		}
+		return out
+	}
+	gaps := gapsOf()
+	if len(gaps) != 2 || !errors.Is(gaps["us-central1-f"], launcher.ErrUnavailable) || !errors.Is(gaps["us-central1-b"], launcher.ErrNotFound) {
+		t.Fatalf("with --fault set, List's gaps are %v; want us-central1-f unavailable and us-central1-b not found", gaps)
+	}
+
+	list, err := run.fault("list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^aws=throttle,rate=0.5\ngcp=503,zone=us-central1-f\ngcp=404,zone=us-central1-b,for=(59m5\ds|1h0m0s)\n$`).MatchString(list) {
+		t.Fatalf("fault list said:\n%s", list)
+	}
+
+	// set replaces the named clouds' faults, and says what is set now.
+	said, err := run.fault("set", "gcp=hang,ops=instances.insert", "aws=503")
+	if err != nil || said != "aws=503\ngcp=hang,ops=instances.insert\n" {
+		t.Fatalf("fault set said %q, %v", said, err)
+	}
+	if _, err := prov.List(ctx, nil); err != nil {
+		t.Fatalf("with only inserts hanging, List: %v", err)
+	}
+	if said, err := run.fault("set", "gcp=503,region=us-central1"); err != nil || said != "aws=503\ngcp=503,region=us-central1\n" {
+		t.Fatalf("fault set gcp said %q, %v (aws's fault should stay)", said, err)
+	}
+	if gaps := gapsOf(); len(gaps) != 4 {
+		t.Fatalf("with us-central1 down, gaps %v; want its 4 zones", gaps)
+	}
+
+	for name, tc := range map[string]struct {
+		args    []string
+		wantErr string
+	}{
+		"unknown cloud":   {[]string{"set", "gcp=500", "azure=503"}, "CLOUD aws or gcp"},
+		"no cloud":        {[]string{"set", "503"}, "CLOUD aws or gcp"},
+		"bad spec":        {[]string{"set", "gcp=bogus"}, "kind must be"},
+		"bad key":         {[]string{"set", "gcp=503,colour=red"}, "unknown key"},
+		"nothing to set":  {[]string{"set"}, "requires at least 1 arg"},
+		"clear an azure":  {[]string{"clear", "azure"}, "no fake cloud"},
+		"list takes none": {[]string{"list", "gcp"}, "unknown command"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := run.fault(tc.args...); err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("fault %v: %v, want an error saying %q", tc.args, err, tc.wantErr)
+			}
+		})
+	}
+	if list, err := run.fault("list"); err != nil || list != "aws=503\ngcp=503,region=us-central1\n" {
+		t.Fatalf("after refused commands the faults are %q, %v; want them unchanged", list, err)
+	}
+
+	if said, err := run.fault("clear", "gcp"); err != nil || said != "aws=503\n" {
+		t.Fatalf("fault clear gcp said %q, %v", said, err)
+	}
+	if _, err := prov.List(ctx, nil); err != nil {
+		t.Fatalf("after fault clear gcp, List: %v", err)
+	}
+	if said, err := run.fault("clear"); err != nil || said != "no faults set\n" {
+		t.Fatalf("fault clear said %q, %v", said, err)
+	}
+	if list, err := run.fault("list"); err != nil || list != "no faults set\n" {
+		t.Fatalf("fault list after clear: %q, %v", list, err)
+	}
+	if !strings.Contains(run.out.String(), "faults set: gcp=hang,ops=instances.insert aws=503 (by command)") ||
+		!strings.Contains(run.out.String(), "faults cleared on every cloud (by command)") {
+		t.Errorf("fakecloud did not log the commands:\n%s", run.out.String())
+	}
+}
+
+// TestFakeCloudFaultFlagRefused: a wrong --fault stops fakecloud before it serves.
+func TestFakeCloudFaultFlagRefused(t *testing.T) {
+	for spec, wantErr := range map[string]string{
+		"gcp=bogus":   "kind must be",
+		"azure=503":   "CLOUD aws or gcp",
+		"503":         "CLOUD aws or gcp",
+		"aws=slow":    "slow needs delay",
+		"gcp=503,x=1": "unknown key",
+	} {
+		err := runFakeCloud(context.Background(), io.Discard, fakeCloudFlags{gcpListen: "127.0.0.1:0", project: "p", dir: t.TempDir(), speedup: 60, faults: []string{spec}})
+		if err == nil || !strings.Contains(err.Error(), "--fault") || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("--fault %s: %v, want an error saying %q", spec, err, wantErr)
+		}
+	}
+}
+
+// TestFakeCloudFaultHelp: the fault flag and command explain the spec with examples.
+func TestFakeCloudFaultHelp(t *testing.T) {
+	for _, args := range [][]string{{"fakecloud", "--help"}, {"fakecloud", "fault", "--help"}, {"fakecloud", "fault", "set", "--help"}} {
+		cmd := newRootCmd()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetArgs(args)
+		if err := cmd.Execute(); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"gcp=503", "Example"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%v does not show %q:\n%s", args, want, out.String())
+			}
+		}
+	}
+	cmd := newRootCmd()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetArgs([]string{"fakecloud", "fault", "--help"})
+	_ = cmd.Execute()
+	for _, want := range []string{"hang", "throttle", "zone=", "for=", "instances.list", "DescribeInstances", "fault clear gcp"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("fakecloud fault --help does not explain %q:\n%s", want, out.String())
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -62,6 +63,8 @@ type Switch struct {
 	rng    *rand.Rand
 	// cleared is closed when the faults change, releasing hung requests of a cleared hang.
 	cleared chan struct{}
+	// held counts the requests in Wait.
+	held atomic.Int64
 }
 
 type active struct {
@@ -128,7 +131,8 @@ func (s *Switch) Faults() []Fault {
 	return out
 }
 
-// Match returns the first fault in force that takes r (Rate drawn here).
+// Match returns the first fault in force that takes r (Rate drawn here), with For set to what
+// is left of it, so that a hang holds the request only until the fault ends.
 func (s *Switch) Match(r Request) (Fault, bool) {
 	now := time.Now()
 	s.mu.Lock()
@@ -145,9 +149,34 @@ func (s *Switch) Match(r Request) (Fault, bool) {
 				continue
 			}
 		}
-		return a.Fault, true
+		f := a.Fault
+		if !a.until.IsZero() {
+			f.For = a.until.Sub(now)
+		}
+		return f, true
 	}
 	return Fault{}, false
+}
+
+// inForce reports whether f (as Match returned it) is still set and not expired: a change to
+// other faults does not release a request f holds.
+func (s *Switch) inForce(f Fault) bool {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, a := range s.faults {
+		if (a.until.IsZero() || now.Before(a.until)) && a.sameAs(f) {
+			return true
+		}
+	}
+	return false
+}
+
+// sameAs compares every field but For, which Match rewrites.
+func (f Fault) sameAs(g Fault) bool {
+	return f.Region == g.Region && f.Zone == g.Zone && slices.Equal(f.Ops, g.Ops) && f.Status == g.Status &&
+		f.Code == g.Code && f.Message == g.Message && f.Throttle == g.Throttle && f.Hang == g.Hang &&
+		f.Delay == g.Delay && f.Rate == g.Rate
 }
 
 func (f Fault) matches(r Request) bool {
@@ -165,10 +194,10 @@ func (f Fault) matches(r Request) bool {
 }
 
 // RegionOf is a GCP or AWS zone's region: "us-central1-a" → "us-central1", "us-east-1a" →
-// "us-east-1".
+// "us-east-1"; a region is its own ("us-east-1").
 func RegionOf(zone string) string {
 	if i := strings.LastIndexByte(zone, '-'); i > 0 && i < len(zone)-1 {
-		if tail := zone[i+1:]; len(tail) == 1 {
+		if tail := zone[i+1:]; len(tail) == 1 && tail[0] >= 'a' && tail[0] <= 'z' {
 			return zone[:i] // GCP: REGION-x
 		}
 	}
@@ -179,9 +208,12 @@ func RegionOf(zone string) string {
 }
 
 // Wait holds a request that matched f before the fake answers it: Delay, then for a hang until
-// the client gives up (ctx), the fault is cleared, or the fake stops (stop). It reports whether
-// the fake should go on to answer (false: the client is gone or the fake stopped).
+// the client gives up (ctx), the fault is cleared or ends (For), or the fake stops (stop).
+// Setting or clearing other faults does not release it. It reports whether the fake should go
+// on to answer (false: the client is gone or the fake stopped).
 func (s *Switch) Wait(ctx context.Context, f Fault, stop <-chan struct{}) bool {
+	s.held.Add(1)
+	defer s.held.Add(-1)
 	if f.Delay > 0 {
 		t := time.NewTimer(f.Delay)
 		defer t.Stop()
@@ -196,29 +228,40 @@ func (s *Switch) Wait(ctx context.Context, f Fault, stop <-chan struct{}) bool {
 	if !f.Hang {
 		return true
 	}
-	s.mu.Lock()
-	if s.cleared == nil {
-		s.cleared = make(chan struct{})
-	}
-	cleared := s.cleared
-	s.mu.Unlock()
 	var expired <-chan time.Time
 	if f.For > 0 {
 		t := time.NewTimer(f.For)
 		defer t.Stop()
 		expired = t.C
 	}
-	select {
-	case <-ctx.Done():
-		return false
-	case <-stop:
-		return false
-	case <-cleared:
-		return true
-	case <-expired:
-		return true
+	for {
+		s.mu.Lock()
+		if s.cleared == nil {
+			s.cleared = make(chan struct{})
+		}
+		changed := s.cleared
+		s.mu.Unlock()
+		if !s.inForce(f) {
+			return true // cleared before (or while) this request began waiting
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-stop:
+			return false
+		case <-changed:
+		case <-expired:
+			return ctx.Err() == nil // a client that gave up meanwhile gets nothing
+		}
+		if ctx.Err() != nil {
+			return false
+		}
 	}
 }
+
+// Held is how many requests Wait holds now (hung or delayed): a test knows from it that a
+// client's giving up has reached the fake.
+func (s *Switch) Held() int { return int(s.held.Load()) }
 
 // Parse reads a fault spec, as `ferry fakecloud --fault` takes them:
 //
@@ -282,7 +325,7 @@ func Parse(spec string) (Fault, error) {
 	return f, nil
 }
 
-// String is the fault as Parse reads it.
+// String is the fault as Parse reads it (a Message with a comma in it does not survive the trip).
 func (f Fault) String() string {
 	var parts []string
 	switch {
@@ -304,14 +347,24 @@ func (f Fault) String() string {
 	add("region", f.Region)
 	add("ops", strings.Join(f.Ops, "|"))
 	add("code", f.Code)
+	add("message", f.Message)
 	if f.Rate > 0 && f.Rate < 1 {
 		add("rate", strconv.FormatFloat(f.Rate, 'g', -1, 64))
 	}
 	if f.For > 0 {
-		add("for", f.For.Round(time.Second).String())
+		add("for", roundFor(f.For).String())
 	}
 	if f.Delay > 0 {
 		add("delay", f.Delay.String())
 	}
 	return strings.Join(parts, ",")
+}
+
+// roundFor shows what is left of a fault in whole seconds, or in milliseconds under a second,
+// never as 0s (which Parse would read as "until cleared").
+func roundFor(d time.Duration) time.Duration {
+	if d >= time.Second {
+		return d.Round(time.Second)
+	}
+	return max(d.Round(time.Millisecond), time.Millisecond)
 }

@@ -22,7 +22,12 @@ import (
 //     error.errors[].code (ZONE_RESOURCE_POOL_EXHAUSTED, QUOTA_EXCEEDED, UNSUPPORTED_OPERATION)
 //     and httpErrorStatusCode. This is how capacity and quota failures usually arrive.
 //
-// Both are matched on codes, never on message text.
+// Both are matched on codes, never on message text. An error that never reached the API (a
+// refused or reset connection, a request its deadline cut: RequestTimeout, transport.go) is
+// launcher.ErrUnavailable through launcher.ClassifyTransport. Throttling (rateLimitExceeded,
+// userRateLimitExceeded, HTTP 429) is launcher.ErrThrottled; the API failing (backendError,
+// internalError, HTTP 5xx without a code that says otherwise) is launcher.ErrUnavailable, so
+// that the provisioner's breakers count them against GCP rather than against the request.
 
 // sentinels maps a normalised reason or operation error code (lowercase, no underscores) to
 // the launcher error it means.
@@ -47,9 +52,14 @@ var sentinels = map[string]error{
 	"resourcenotfound":                     launcher.ErrNotFound,
 }
 
-// transient reasons are never classified by their HTTP status: a 403 rate limit is not a
-// permission problem.
-var transient = map[string]bool{"ratelimitexceeded": true, "userratelimitexceeded": true, "backenderror": true}
+// infraReasons are the reasons that say the API itself failed or throttled. They are read
+// before the HTTP status: a 403 rate limit is not a permission problem.
+var infraReasons = map[string]error{
+	"ratelimitexceeded":     launcher.ErrThrottled,
+	"userratelimitexceeded": launcher.ErrThrottled,
+	"backenderror":          launcher.ErrUnavailable,
+	"internalerror":         launcher.ErrUnavailable,
+}
 
 func normalise(code string) string {
 	return strings.ToLower(strings.ReplaceAll(code, "_", ""))
@@ -63,12 +73,12 @@ func classify(err error, what string) error {
 	}
 	var gerr *googleapi.Error
 	if !errors.As(err, &gerr) {
-		return fmt.Errorf("gcp: %s: %w", what, err)
+		return fmt.Errorf("gcp: %s: %w", what, launcher.ClassifyTransport(err))
 	}
 	for _, item := range gerr.Errors {
 		r := normalise(item.Reason)
-		if transient[r] {
-			return fmt.Errorf("gcp: %s: %w", what, err)
+		if s, ok := infraReasons[r]; ok {
+			return fmt.Errorf("gcp: %s: %w: %w", what, s, err)
 		}
 		if s, ok := sentinels[r]; ok {
 			return fmt.Errorf("gcp: %s: %w: %w", what, s, err)
@@ -80,6 +90,8 @@ func classify(err error, what string) error {
 	return fmt.Errorf("gcp: %s: %w", what, err)
 }
 
+// byStatus is the launcher error an HTTP status means when no reason said: throttled for 429,
+// unavailable for 5xx.
 func byStatus(code int) error {
 	switch code {
 	case http.StatusUnauthorized, http.StatusForbidden:
@@ -88,6 +100,12 @@ func byStatus(code int) error {
 		return launcher.ErrInvalid
 	case http.StatusNotFound:
 		return launcher.ErrNotFound
+	}
+	if s := launcher.ClassifyHTTPStatus(code); s != nil {
+		return s
+	}
+	if code >= 500 && code < 600 {
+		return launcher.ErrUnavailable
 	}
 	return nil
 }

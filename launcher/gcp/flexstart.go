@@ -169,27 +169,44 @@ type zonedVM struct {
 
 // rawList lists Ferry's VMs whose labels include selector, in every listed zone.
 func (p *Provider) rawList(ctx context.Context, selector map[string]string) ([]zonedVM, error) {
+	filter := ownedFilter(selector)
+	var out []zonedVM
+	for _, zone := range p.listZones() {
+		vms, err := p.rawListZone(ctx, zone, filter)
+		if err != nil {
+			return nil, err
+		}
+		for _, vm := range vms {
+			out = append(out, zonedVM{zone: zone, vm: vm})
+		}
+	}
+	return out, nil
+}
+
+// ownedFilter is the API filter for Ferry's VMs whose labels include selector.
+func ownedFilter(selector map[string]string) string {
 	sel := maps.Clone(selector)
 	if sel == nil {
 		sel = map[string]string{}
 	}
 	sel[launcher.LabelOwner] = "true"
-	filter := labelFilter(encodeLabels(sel))
-	var out []zonedVM
-	for _, zone := range p.listZones() {
-		it := p.instances.List(ctx, &computepb.ListInstancesRequest{Project: p.opts.Project, Zone: zone, Filter: proto.String(filter)})
-		for {
-			vm, err := it.Next()
-			if errors.Is(err, iterator.Done) {
-				break
-			}
-			if err != nil {
-				return nil, classify(err, "list instances in "+zone)
-			}
-			out = append(out, zonedVM{zone: zone, vm: vm})
+	return labelFilter(encodeLabels(sel))
+}
+
+// rawListZone lists the VMs of zone that filter matches.
+func (p *Provider) rawListZone(ctx context.Context, zone, filter string) ([]*computepb.Instance, error) {
+	var out []*computepb.Instance
+	it := p.instances.List(ctx, &computepb.ListInstancesRequest{Project: p.opts.Project, Zone: zone, Filter: proto.String(filter)})
+	for {
+		vm, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			return out, nil
 		}
+		if err != nil {
+			return nil, classify(err, "list instances in "+zone)
+		}
+		out = append(out, vm)
 	}
-	return out, nil
 }
 
 // insertFlex queues one flex-start VM per spec in zone; if any insert fails, those made are

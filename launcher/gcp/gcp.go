@@ -41,6 +41,7 @@ import (
 	"github.com/google/uuid"
 	"go.uber.org/zap"
 	"golang.org/x/oauth2"
+	"google.golang.org/api/googleapi"
 	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
 	"google.golang.org/protobuf/proto"
@@ -140,7 +141,13 @@ type Options struct {
 	// LogInterval is how often StreamLogs reads a followed serial port; default
 	// DefaultLogInterval.
 	LogInterval time.Duration
-	Logger      *zap.Logger
+	// RequestTimeout cuts each HTTP request to the API that has not been answered by then
+	// (default DefaultRequestTimeout), even inside a long call such as Launch: a hung endpoint
+	// fails a call with launcher.ErrUnavailable instead of holding it (transport.go).
+	// MaxAttempts bounds the SDK's retries of a call it retries (default DefaultMaxAttempts).
+	RequestTimeout time.Duration
+	MaxAttempts    int
+	Logger         *zap.Logger
 }
 
 // Provider launches Compute Engine VMs in one project. It is safe for concurrent use.
@@ -211,6 +218,12 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if opts.LogInterval <= 0 {
 		opts.LogInterval = DefaultLogInterval
 	}
+	if opts.RequestTimeout <= 0 {
+		opts.RequestTimeout = DefaultRequestTimeout
+	}
+	if opts.MaxAttempts <= 0 {
+		opts.MaxAttempts = DefaultMaxAttempts
+	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
@@ -233,6 +246,12 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 		}
 		opts.Buckets = buckets.New(buckets.Options{GCSOptions: gcs})
 	}
+
+	hc, err := newHTTPClient(ctx, copts, opts.RequestTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("gcp: %w: http client: %w", launcher.ErrUnauthorized, err)
+	}
+	copts = append(copts, option.WithHTTPClient(hc))
 
 	p := &Provider{opts: opts, log: opts.Logger.With(zap.String("infra", InfraName), zap.String("project", opts.Project)),
 		launchedZones: map[string]bool{}, ingressCIDRs: cidrs, routeSource: launcher.RouteSource,
@@ -260,6 +279,10 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if err = p.newCapacityClients(ctx, copts); err != nil {
 		p.Close()
 		return nil, err
+	}
+	for _, callOptions := range []any{p.instances.CallOptions, p.zoneOps.CallOptions, p.globalOps.CallOptions,
+		p.firewalls.CallOptions, p.reservations.CallOptions, p.futureRes.CallOptions} {
+		boundRetries(callOptions, opts.MaxAttempts)
 	}
 	return p, nil
 }
@@ -371,17 +394,72 @@ func (p *Provider) zoneFor(pl launcher.Placement) (string, error) {
 	return "", fmt.Errorf("gcp: %w: no allowed zone in region %q", launcher.ErrInvalid, pl.Region)
 }
 
-// Check reports whether the project answers and instances may be listed in an allowed zone.
+// Check asks every zone List reads whether it answers (listing one VM at most), all at once.
+// Its error names each zone that failed, so that `ferry check` shows which part of GCP is down:
+// it wraps a *launcher.PartialListError whose gaps carry each zone's classified error
+// (errors.Is finds launcher.ErrUnavailable, ErrThrottled, ErrUnauthorized, or ErrNotFound for a
+// zone that does not exist).
 func (p *Provider) Check(ctx context.Context) error {
 	zones := p.listZones()
 	if len(zones) == 0 {
 		return fmt.Errorf("gcp: %w: no zone allowed", launcher.ErrInvalid)
 	}
-	it := p.instances.List(ctx, &computepb.ListInstancesRequest{Project: p.opts.Project, Zone: zones[0], MaxResults: proto.Uint32(1)})
-	if _, err := it.Next(); err != nil && !errors.Is(err, iterator.Done) {
-		return classify(err, "list instances in "+zones[0])
+	_, gaps := eachZone(ctx, zones, func(ctx context.Context, zone string) (struct{}, error) {
+		it := p.instances.List(ctx, &computepb.ListInstancesRequest{Project: p.opts.Project, Zone: zone, MaxResults: proto.Uint32(1)})
+		if _, err := it.Next(); err != nil && !errors.Is(err, iterator.Done) {
+			return struct{}{}, classify(err, "list instances in "+zone)
+		}
+		return struct{}{}, nil
+	})
+	if len(gaps) == 0 {
+		return nil
 	}
-	return nil
+	return fmt.Errorf("gcp: %d of %d zones failing: %w", len(gaps), len(zones), launcher.PartialList(gaps))
+}
+
+// eachZone calls fn for every zone at once and returns the answers in zone order. A zone whose
+// call failed, or that has not answered when ctx ends, is a gap and its answer the zero value;
+// the others are good. Calls that did not answer go on in the background until their requests
+// are cut (RequestTimeout): the REST clients' List requests do not carry ctx, so only the
+// HTTP client can end them.
+func eachZone[T any](ctx context.Context, zones []string, fn func(ctx context.Context, zone string) (T, error)) ([]T, []launcher.Gap) {
+	type answer struct {
+		i   int
+		v   T
+		err error
+	}
+	ch := make(chan answer, len(zones)) // buffered: a late answer never blocks its goroutine
+	for i, zone := range zones {
+		go func() {
+			v, err := fn(ctx, zone)
+			ch <- answer{i, v, err}
+		}()
+	}
+	out := make([]T, len(zones))
+	errs := make([]error, len(zones))
+	answered := make([]bool, len(zones))
+collect:
+	for range zones {
+		select {
+		case a := <-ch:
+			out[a.i], errs[a.i], answered[a.i] = a.v, a.err, true
+		case <-ctx.Done():
+			break collect
+		}
+	}
+	var gaps []launcher.Gap
+	for i, zone := range zones {
+		err := errs[i]
+		if !answered[i] {
+			err = fmt.Errorf("gcp: %s did not answer before the call ended: %w", zone, launcher.ClassifyTransport(context.Cause(ctx)))
+		}
+		if err != nil {
+			var zero T
+			out[i] = zero
+			gaps = append(gaps, launcher.Gap{Infra: InfraName, Region: regionOf(zone), Zone: zone, Err: err})
+		}
+	}
+	return out, gaps
 }
 
 // Launch inserts the VM, waits for the insert operation, then for RUNNING with an address,
@@ -433,8 +511,9 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 		Project: p.opts.Project, Zone: zone, InstanceResource: vm, RequestId: proto.String(uuid.NewString()),
 	})
 	if err != nil {
-		if ctx.Err() != nil {
-			// Cancelled mid-request: the insert may have been accepted.
+		if ctx.Err() != nil || !errors.As(err, new(*googleapi.Error)) {
+			// Cancelled or cut mid-request (no answer from the API): the insert may have been
+			// accepted.
 			p.deleteQuietly(zone, vm.GetName())
 		}
 		return launcher.Instance{}, launchError(classify(err, "insert "+vm.GetName()+" in "+zone))
@@ -475,12 +554,19 @@ func launchError(classified error) error {
 
 // waitZoneOp waits for a zone operation with operations.wait (which returns when the
 // operation is DONE or after two minutes) and returns its error as an *OperationError.
+//
+// A wait is a long poll, which RequestTimeout may cut before GCP ends it: then a get, answered
+// at once, tells an operation that is still running (wait again) from an endpoint that hangs
+// (the get is cut too, and the wait fails with launcher.ErrUnavailable).
 func (p *Provider) waitZoneOp(ctx context.Context, zone string, op *computepb.Operation) (*computepb.Operation, error) {
 	for i := 0; op.GetStatus() != computepb.Operation_DONE; i++ {
 		if i == maxOpWaits {
 			return op, fmt.Errorf("operation %s is not done after %d waits", op.GetName(), i)
 		}
 		next, err := p.zoneOps.Wait(ctx, &computepb.WaitZoneOperationRequest{Project: p.opts.Project, Zone: zone, Operation: op.GetName()})
+		if err != nil && isRequestTimeout(err) && ctx.Err() == nil {
+			next, err = p.zoneOps.Get(ctx, &computepb.GetZoneOperationRequest{Project: p.opts.Project, Zone: zone, Operation: op.GetName()})
+		}
 		if err != nil {
 			return op, classify(err, "wait for operation "+op.GetName())
 		}
@@ -489,12 +575,16 @@ func (p *Provider) waitZoneOp(ctx context.Context, zone string, op *computepb.Op
 	return op, operationError(op)
 }
 
+// waitGlobalOp is waitZoneOp for a global operation.
 func (p *Provider) waitGlobalOp(ctx context.Context, op *computepb.Operation) error {
 	for i := 0; op.GetStatus() != computepb.Operation_DONE; i++ {
 		if i == maxOpWaits {
 			return fmt.Errorf("operation %s is not done after %d waits", op.GetName(), i)
 		}
 		next, err := p.globalOps.Wait(ctx, &computepb.WaitGlobalOperationRequest{Project: p.opts.Project, Operation: op.GetName()})
+		if err != nil && isRequestTimeout(err) && ctx.Err() == nil {
+			next, err = p.globalOps.Get(ctx, &computepb.GetGlobalOperationRequest{Project: p.opts.Project, Operation: op.GetName()})
+		}
 		if err != nil {
 			return classify(err, "wait for operation "+op.GetName())
 		}
@@ -593,42 +683,29 @@ func parseID(id string) (zone, name string, err error) {
 // List returns Ferry's VMs (labelled ferry.managed=true) whose labels include selector, in
 // every listed zone, filtered by the API. A stopped Spot VM with a
 // compute.instances.preempted operation is reported as StatePreempted.
+//
+// Zones are listed at once. A zone that fails, or has not answered when ctx ends, is a
+// launcher.Gap{Infra: "gcp", Region, Zone} in a *launcher.PartialListError returned with the
+// VMs of the zones that answered: what it holds is unknown, not gone, and one broken zone
+// never hides the others. A zone that does not exist (404) is a gap whose Err wraps
+// launcher.ErrNotFound: it holds nothing.
 func (p *Provider) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
-	sel := maps.Clone(selector)
-	if sel == nil {
-		sel = map[string]string{}
-	}
-	sel[launcher.LabelOwner] = "true"
-	filter := labelFilter(encodeLabels(sel))
-	zones := p.listZones()
-	perZone := make([][]launcher.Instance, len(zones))
-	errs := make([]error, len(zones))
-	var wg sync.WaitGroup
-	for i, zone := range zones {
-		wg.Go(func() { perZone[i], errs[i] = p.listZone(ctx, zone, filter) })
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return nil, err
-	}
+	filter := ownedFilter(selector)
+	perZone, gaps := eachZone(ctx, p.listZones(), func(ctx context.Context, zone string) ([]launcher.Instance, error) {
+		return p.listZone(ctx, zone, filter)
+	})
 	out := slices.Concat(perZone...)
 	slices.SortFunc(out, func(a, b launcher.Instance) int { return strings.Compare(a.ID, b.ID) })
-	p.adoptFirewall(ctx, out)
-	return out, nil
+	if ctx.Err() == nil {
+		p.adoptFirewall(ctx, out)
+	}
+	return out, launcher.PartialList(gaps)
 }
 
 func (p *Provider) listZone(ctx context.Context, zone, filter string) ([]launcher.Instance, error) {
-	var vms []*computepb.Instance
-	it := p.instances.List(ctx, &computepb.ListInstancesRequest{Project: p.opts.Project, Zone: zone, Filter: proto.String(filter)})
-	for {
-		vm, err := it.Next()
-		if errors.Is(err, iterator.Done) {
-			break
-		}
-		if err != nil {
-			return nil, classify(err, "list instances in "+zone)
-		}
-		vms = append(vms, vm)
+	vms, err := p.rawListZone(ctx, zone, filter)
+	if err != nil {
+		return nil, err
 	}
 	var preempted map[uint64]*computepb.Operation
 	for _, vm := range vms {

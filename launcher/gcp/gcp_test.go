@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,18 +56,22 @@ type env struct {
 	fake *fakecompute.Server
 	url  string
 	prov *Provider
+	// requests counts the API requests the fake was sent, by method and path.
+	requests *requestCounter
 }
 
-// newEnv starts a fake Compute API and a provider aimed at it.
+// newEnv starts a fake Compute API and a provider aimed at it (the test's logger unless popts
+// has one).
 func newEnv(t *testing.T, fopts fakecompute.Options, popts Options) *env {
 	t.Helper()
 	fopts.Project = project
 	fopts.Zones = testZones
 	fopts.Dir = t.TempDir()
 	fake := fakecompute.New(fopts)
-	srv := httptest.NewServer(fake)
-	t.Cleanup(fake.Close)
+	counter := &requestCounter{next: fake, n: map[string]int{}}
+	srv := httptest.NewServer(counter)
 	t.Cleanup(srv.Close)
+	t.Cleanup(fake.Close) // first: it drops the requests a hang holds, which srv.Close waits for
 	popts.Project = project
 	popts.Endpoint = srv.URL
 	if popts.Zones == nil {
@@ -75,13 +80,37 @@ func newEnv(t *testing.T, fopts fakecompute.Options, popts Options) *env {
 	popts.PollInterval = 10 * time.Millisecond
 	popts.NoticeInterval = 20 * time.Millisecond
 	popts.LaunchTimeout = 30 * time.Second
-	popts.Logger = zaptest.NewLogger(t)
+	if popts.Logger == nil {
+		popts.Logger = zaptest.NewLogger(t)
+	}
 	prov, err := New(context.Background(), popts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(prov.Close)
-	return &env{fake: fake, url: srv.URL, prov: prov}
+	return &env{fake: fake, url: srv.URL, prov: prov, requests: counter}
+}
+
+// requestCounter counts the requests it passes on, by "METHOD PATH".
+type requestCounter struct {
+	next http.Handler
+	mu   sync.Mutex
+	n    map[string]int
+}
+
+func (c *requestCounter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.mu.Lock()
+	c.n[r.Method+" "+r.URL.Path]++
+	c.mu.Unlock()
+	c.next.ServeHTTP(w, r)
+}
+
+// count is how many requests were sent as "METHOD PATH", the path under the project.
+func (c *requestCounter) count(methodPath string) int {
+	method, path, _ := strings.Cut(methodPath, " ")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[method+" /compute/v1/projects/"+project+"/"+path]
 }
 
 func testCtx(t *testing.T) context.Context {

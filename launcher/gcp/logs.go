@@ -3,10 +3,13 @@ package gcp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"time"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
+	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/launcher"
 )
@@ -33,31 +36,90 @@ func (p *Provider) StreamLogs(ctx context.Context, id string, opts launcher.LogO
 }
 
 // serialLog is a VM's serial port 1 read on from the byte offset where the previous read ended.
+//
+// Once it has been read, the API failing (unavailable or throttling) does not end a followed
+// log: reads are skipped for a back-off that doubles from LogInterval up to maxLogBackoff
+// (logged when the failure starts and when it ends), and the error ends the stream only after
+// maxLogOutage of failing. Nothing is lost meanwhile: the next read starts at the same offset.
 type serialLog struct {
 	p          *Provider
 	zone, name string
 	next       int64 // where the next read starts
 	read       bool  // whether a read has been made
+	ended      bool  // whether Ended said the VM stopped: the next read is the last
+	down       outage
 }
+
+// Back-off of a followed serial port whose reads fail.
+const (
+	maxLogBackoff = time.Minute
+	maxLogOutage  = 10 * time.Minute
+)
 
 var _ launcher.PolledLog = (*serialLog)(nil)
 
 // Read returns the port's output from where the previous read ended. After the first read a
 // VM that is not found was deleted, and its output went with it (io.EOF).
 func (s *serialLog) Read(ctx context.Context) (string, error) {
+	if s.read && !s.down.due(time.Now()) {
+		return "", nil
+	}
 	more, next, err := s.p.serialOutput(ctx, s.zone, s.name, s.next)
 	if errors.Is(err, launcher.ErrNotFound) && s.read {
 		return "", io.EOF
 	}
 	if err != nil {
-		return "", err
+		if s.read && !s.ended {
+			return "", s.failed(err)
+		}
+		return "", err // the first read, or the last (the VM stopped): nothing to wait for
 	}
+	s.answered()
 	s.next, s.read = next, true
 	return more, nil
 }
 
-// Ended reports whether the VM no longer runs (or is gone).
-func (s *serialLog) Ended(ctx context.Context) (bool, error) { return s.p.stopped(ctx, s.zone, s.name) }
+// Ended reports whether the VM no longer runs (or is gone); while the API fails, it has not.
+func (s *serialLog) Ended(ctx context.Context) (bool, error) {
+	if !s.down.due(time.Now()) {
+		return false, nil
+	}
+	ended, err := s.p.stopped(ctx, s.zone, s.name)
+	if err != nil {
+		return false, s.failed(err)
+	}
+	s.answered()
+	s.ended = ended
+	return ended, nil
+}
+
+// failed backs the port off after an infra fault, and returns the errors that end the stream:
+// any other, and one that has lasted maxLogOutage.
+func (s *serialLog) failed(err error) error {
+	if !errors.Is(err, launcher.ErrUnavailable) && !errors.Is(err, launcher.ErrThrottled) {
+		return err
+	}
+	now := time.Now()
+	if s.down.failures > 0 && now.Sub(s.down.since) >= maxLogOutage {
+		return fmt.Errorf("gcp: serial port of %s unreadable for %v: %w", s.name, now.Sub(s.down.since).Round(time.Second), err)
+	}
+	wait, first := s.down.fail(now, s.p.opts.LogInterval, maxLogBackoff, rand.Float64())
+	log := s.p.log.With(zap.String("zone", s.zone), zap.String("instance", s.name))
+	if first {
+		log.Warn("following a serial port: the API is not answering; reading it less often until it does", zap.Error(err))
+	} else {
+		log.Debug("following a serial port: the API is still not answering", zap.Int("failed_reads", s.down.failures), zap.Duration("next_in", wait))
+	}
+	return nil
+}
+
+// answered ends a run of failures, saying so.
+func (s *serialLog) answered() {
+	if run := s.down.end(); run.failures > 0 {
+		s.p.log.Info("following a serial port: the API answers again", zap.String("zone", s.zone), zap.String("instance", s.name),
+			zap.Duration("failing_for", time.Since(run.since).Round(time.Millisecond)))
+	}
+}
 
 // stopped reports whether the VM no longer runs (or is gone): its output is then complete.
 func (p *Provider) stopped(ctx context.Context, zone, name string) (bool, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,7 +12,6 @@ import (
 
 	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
-	"go.uber.org/zap"
 	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
 	"google.golang.org/protobuf/proto"
@@ -408,42 +406,6 @@ func (p *Provider) reservationFor(ctx context.Context, spec *launcher.Spec, zone
 	}
 	spec.Placement.Reservation = t.name
 	return &t, nil
-}
-
-// pollWindowEnds sends one Notice per running Ferry VM that GCE will end at a known time (see
-// endOf), with that time, well ahead of it; false when ctx ended. sent keeps the VMs still
-// listed that were noticed.
-func (p *Provider) pollWindowEnds(ctx context.Context, sent map[string]bool, ch chan<- launcher.Notice) bool {
-	vms, err := p.rawList(ctx, nil)
-	if err != nil {
-		if ctx.Err() != nil {
-			return false
-		}
-		p.log.Warn("list VMs for window ends", zap.Error(err))
-		return true
-	}
-	listed := map[string]bool{}
-	for _, v := range vms {
-		at := endOf(v.vm)
-		if at.IsZero() || v.vm.GetStatus() != "RUNNING" {
-			continue
-		}
-		key := v.zone + "/" + v.vm.GetName() + "/" + strconv.FormatUint(v.vm.GetId(), 10)
-		listed[key] = true
-		if sent[key] {
-			continue
-		}
-		n := launcher.Notice{InstanceID: InfraName + "/" + v.zone + "/" + v.vm.GetName(), At: at}
-		select {
-		case ch <- n:
-		case <-ctx.Done():
-			return false
-		}
-		p.log.Info("capacity window ends", zap.String("instance", n.InstanceID), zap.Time("at", at))
-	}
-	clear(sent)
-	maps.Copy(sent, listed)
-	return true
 }
 
 // endOf is when GCE will end a VM: its resourceStatus.scheduling.terminationTimestamp, else

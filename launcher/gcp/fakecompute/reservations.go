@@ -59,13 +59,13 @@ type capacityState struct {
 func (s *Server) routeCapacity(p string) {
 	s.capacityState = capacityState{reservations: map[string]*computepb.Reservation{},
 		future: map[string]*computepb.FutureReservation{}, flexDelay: -1, flexTimer: map[string]bool{}}
-	s.mux.HandleFunc("POST "+p+"zones/{zone}/reservations", s.insertReservation)
-	s.mux.HandleFunc("GET "+p+"zones/{zone}/reservations", s.listReservations)
-	s.mux.HandleFunc("GET "+p+"zones/{zone}/reservations/{name}", s.getReservation)
-	s.mux.HandleFunc("DELETE "+p+"zones/{zone}/reservations/{name}", s.deleteReservation)
-	s.mux.HandleFunc("POST "+p+"zones/{zone}/futureReservations", s.insertFutureReservation)
-	s.mux.HandleFunc("GET "+p+"zones/{zone}/futureReservations", s.listFutureReservations)
-	s.mux.HandleFunc("GET "+p+"zones/{zone}/futureReservations/{name}", s.getFutureReservation)
+	s.route("POST "+p+"zones/{zone}/reservations", OpReservationsInsert, s.insertReservation)
+	s.route("GET "+p+"zones/{zone}/reservations", OpReservationsList, s.listReservations)
+	s.route("GET "+p+"zones/{zone}/reservations/{name}", OpReservationsGet, s.getReservation)
+	s.route("DELETE "+p+"zones/{zone}/reservations/{name}", OpReservationsDelete, s.deleteReservation)
+	s.route("POST "+p+"zones/{zone}/futureReservations", OpFutureReservationsInsert, s.insertFutureReservation)
+	s.route("GET "+p+"zones/{zone}/futureReservations", OpFutureReservationsList, s.listFutureReservations)
+	s.route("GET "+p+"zones/{zone}/futureReservations/{name}", OpFutureReservationsGet, s.getFutureReservation)
 }
 
 // stubTarget is what an operation on a reservation targets.

@@ -8,7 +8,8 @@
 // error.errors[].code with httpErrorStatusCode as GCP's do. The fake models per-zone capacity
 // per machine type (ZONE_RESOURCE_POOL_EXHAUSTED), a GPU quota per region (QUOTA_EXCEEDED),
 // GPU machines that must terminate on host maintenance (UNSUPPORTED_OPERATION), Spot VMs and
-// their preemption (Preempt), injected faults per zone, bearer tokens that are refused, and
+// their preemption (Preempt), insert failures per zone (InjectFault), outages of any method in
+// any zone — error statuses, throttling, hangs (Outages, outages.go) — bearer tokens that are refused, and
 // firewall rules with GCP's validation and defaults (priority 1000; an ingress rule naming no
 // source admits 0.0.0.0/0), which tests read back; traffic to VMs is not filtered.
 //
@@ -67,6 +68,7 @@ const (
 	waitLimit          = 2 * time.Minute // GCP's operations.wait returns by then even if not DONE
 	killWait           = 10 * time.Second
 	timeLayout         = "2006-01-02T15:04:05.000-07:00"
+	maxBody            = 4 << 20 // the largest request body read
 )
 
 // Options configures a Server.
@@ -102,7 +104,8 @@ const DefaultPreemptionNotice = 30 * time.Second
 // DefaultOpDelay is Options.OpDelay's default.
 const DefaultOpDelay = 20 * time.Millisecond
 
-// Fault is an injected error for the next inserts in a zone.
+// Fault is an injected error for the next inserts in a zone: what GCP says about a request it
+// accepted (capacity, quota). An outage of the API itself is set on Outages.
 type Fault struct {
 	// Code is an operation error code: CodeZoneResourcePoolExhausted, CodeQuotaExceeded,
 	// CodeUnsupportedOperation, or any other.
@@ -122,9 +125,12 @@ type Fault struct {
 // every VM process.
 type Server struct {
 	opts Options
-	// outages are the API-level faults set on this fake (Outages).
-	outages fakefault.Switch
-	mux     *http.ServeMux
+	// outages are the API-level faults set on this fake (Outages); stop is closed by Close,
+	// releasing the requests a hang holds.
+	outages  fakefault.Switch
+	stop     chan struct{}
+	stopOnce sync.Once
+	mux      *http.ServeMux
 
 	mu sync.Mutex
 	// metadataHost is host:port the server was last reached at, where VMs find their
@@ -181,6 +187,7 @@ func New(opts Options) *Server {
 	_, _ = rand.Read(seed[:])
 	s := &Server{
 		opts:         opts,
+		stop:         make(chan struct{}),
 		mux:          http.NewServeMux(),
 		zones:        map[string]*zoneState{},
 		firewalls:    map[string]*computepb.Firewall{},
@@ -196,33 +203,34 @@ func New(opts Options) *Server {
 		s.zones[z] = &zoneState{instances: map[string]*instance{}, ops: map[string]*operation{}}
 	}
 	p := "/compute/v1/projects/{project}/"
-	s.mux.HandleFunc("GET "+p+"zones", s.listZones)
-	s.mux.HandleFunc("GET "+p+"zones/{zone}", s.getZone)
-	s.mux.HandleFunc("POST "+p+"zones/{zone}/instances", s.insertInstance)
-	s.mux.HandleFunc("GET "+p+"zones/{zone}/instances", s.listInstances)
-	s.mux.HandleFunc("GET "+p+"zones/{zone}/instances/{name}", s.getInstance)
-	s.mux.HandleFunc("DELETE "+p+"zones/{zone}/instances/{name}", s.deleteInstance)
-	s.mux.HandleFunc("POST "+p+"zones/{zone}/instances/{name}/setMetadata", s.setMetadata)
-	s.mux.HandleFunc("GET "+p+"zones/{zone}/instances/{name}/serialPort", s.getSerialPortOutput)
+	s.route("GET "+p+"zones", OpZonesList, s.listZones)
+	s.route("GET "+p+"zones/{zone}", OpZonesGet, s.getZone)
+	s.route("POST "+p+"zones/{zone}/instances", OpInstancesInsert, s.insertInstance)
+	s.route("GET "+p+"zones/{zone}/instances", OpInstancesList, s.listInstances)
+	s.route("GET "+p+"zones/{zone}/instances/{name}", OpInstancesGet, s.getInstance)
+	s.route("DELETE "+p+"zones/{zone}/instances/{name}", OpInstancesDelete, s.deleteInstance)
+	s.route("POST "+p+"zones/{zone}/instances/{name}/setMetadata", OpInstancesSetMetadata, s.setMetadata)
+	s.route("GET "+p+"zones/{zone}/instances/{name}/serialPort", OpInstancesGetSerialPort, s.getSerialPortOutput)
 	s.mux.HandleFunc("GET "+metadataPrefix+"{zone}/{name}/computeMetadata/v1/{path...}", s.serveMetadata)
-	s.mux.HandleFunc("GET "+p+"zones/{zone}/operations", s.listZoneOperations)
-	s.mux.HandleFunc("GET "+p+"zones/{zone}/operations/{op}", s.getZoneOperation)
-	s.mux.HandleFunc("POST "+p+"zones/{zone}/operations/{op}/wait", s.getZoneOperation)
-	s.mux.HandleFunc("POST "+p+"global/firewalls", s.insertFirewall)
-	s.mux.HandleFunc("GET "+p+"global/firewalls/{name}", s.getFirewall)
-	s.mux.HandleFunc("PUT "+p+"global/firewalls/{name}", s.updateFirewall)
-	s.mux.HandleFunc("DELETE "+p+"global/firewalls/{name}", s.deleteFirewall)
-	s.mux.HandleFunc("GET "+p+"global/operations/{op}", s.getGlobalOperation)
+	s.route("GET "+p+"zones/{zone}/operations", OpZoneOperationsList, s.listZoneOperations)
+	s.route("GET "+p+"zones/{zone}/operations/{op}", OpZoneOperationsGet, s.getZoneOperation)
+	s.route("POST "+p+"zones/{zone}/operations/{op}/wait", OpZoneOperationsWait, s.getZoneOperation)
+	s.route("POST "+p+"global/firewalls", OpFirewallsInsert, s.insertFirewall)
+	s.route("GET "+p+"global/firewalls/{name}", OpFirewallsGet, s.getFirewall)
+	s.route("PUT "+p+"global/firewalls/{name}", OpFirewallsUpdate, s.updateFirewall)
+	s.route("DELETE "+p+"global/firewalls/{name}", OpFirewallsDelete, s.deleteFirewall)
+	s.route("GET "+p+"global/operations/{op}", OpGlobalOperationsGet, s.getGlobalOperation)
 	s.routeCapacity(p)
-	s.mux.HandleFunc("POST "+p+"global/operations/{op}/wait", s.getGlobalOperation)
+	s.route("POST "+p+"global/operations/{op}/wait", OpGlobalOperationsWait, s.getGlobalOperation)
 	return s
 }
 
-// ServeHTTP authenticates the request and routes it.
 // Outages is the fake's outage switch: while a fault is set, the API requests it matches fail
-// as a real endpoint fails (launcher/fakefault).
+// as a real endpoint fails (outages.go names the operations; launcher/fakefault the faults).
 func (s *Server) Outages() *fakefault.Switch { return &s.outages }
 
+// ServeHTTP authenticates the request and routes it; each API method meets the outage switch
+// on its way (route).
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if strings.HasPrefix(r.URL.Path, metadataPrefix) {
 		// A VM's metadata server takes no credentials.
@@ -444,9 +452,11 @@ func (s *Server) stopPreemptedLocked(zone, name string, in *instance) *fakevm.VM
 	return v
 }
 
-// Close kills every VM process and stops pending operations. The HTTP listener is the
-// caller's (httptest.Server.Close).
+// Close kills every VM process, stops pending operations and drops the requests a hang holds
+// (so that closing the HTTP listener, which is the caller's, does not wait on them; close this
+// first). It may be called more than once.
 func (s *Server) Close() {
+	s.stopOnce.Do(func() { close(s.stop) })
 	s.mu.Lock()
 	s.closed = true
 	for t := range s.timers {
@@ -519,7 +529,7 @@ func (s *Server) getZone(w http.ResponseWriter, r *http.Request) {
 // decodeBody reads a request body of at most 4 MiB into msg as the API's JSON; it answers 400
 // and reports false when it cannot.
 func decodeBody(w http.ResponseWriter, r *http.Request, msg proto.Message) bool {
-	body, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
 	if err != nil {
 		errInvalid("read body: " + err.Error()).write(w)
 		return false

@@ -23,8 +23,8 @@ func newClients(t *testing.T, opts Options) (*Server, *compute.InstancesClient, 
 	opts.Dir = t.TempDir()
 	fake := New(opts)
 	srv := httptest.NewServer(fake)
-	t.Cleanup(fake.Close)
 	t.Cleanup(srv.Close)
+	t.Cleanup(fake.Close) // first: it drops requests a hang holds, which srv.Close waits for
 	ctx := context.Background()
 	copts := []option.ClientOption{option.WithEndpoint(srv.URL), option.WithoutAuthentication()}
 	ic, err := compute.NewInstancesRESTClient(ctx, copts...)
