@@ -535,8 +535,9 @@ func TestFakeCloudFaults(t *testing.T) {
 	if said, err := run.fault("set", "gcp=503,region=us-central1"); err != nil || said != "aws=503\ngcp=503,region=us-central1\n" {
 		t.Fatalf("fault set gcp said %q, %v (aws's fault should stay)", said, err)
 	}
-	if gaps := gapsOf(); len(gaps) != 4 {
-		t.Fatalf("with us-central1 down, gaps %v; want its 4 zones", gaps)
+	// Every zone of the provider's region failing is GCP failing: one gap naming each zone.
+	if gaps := gapsOf(); len(gaps) != 1 || gaps[""] == nil || !strings.Contains(gaps[""].Error(), "us-central1-f") {
+		t.Fatalf("with us-central1 down, gaps %v; want the whole infra, naming its 4 zones", gaps)
 	}
 
 	for name, tc := range map[string]struct {

@@ -691,7 +691,8 @@ func parseID(id string) (zone, name string, err error) {
 // launcher.ErrNotFound: it holds nothing.
 func (p *Provider) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
 	filter := ownedFilter(selector)
-	perZone, gaps := eachZone(ctx, p.listZones(), func(ctx context.Context, zone string) ([]launcher.Instance, error) {
+	zones := p.listZones()
+	perZone, gaps := eachZone(ctx, zones, func(ctx context.Context, zone string) ([]launcher.Instance, error) {
 		return p.listZone(ctx, zone, filter)
 	})
 	out := slices.Concat(perZone...)
@@ -699,7 +700,21 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 	if ctx.Err() == nil {
 		p.adoptFirewall(ctx, out)
 	}
-	return out, launcher.PartialList(gaps)
+	return out, wholeIfEveryZone(gaps, len(zones))
+}
+
+// wholeIfEveryZone is the List's error: a gap per failing zone, or, when no zone answered and
+// none for not existing, one gap for the whole infra naming each zone (GCP failing, which its
+// breaker must see as such, not as zones failing one by one).
+func wholeIfEveryZone(gaps []launcher.Gap, zones int) error {
+	if len(gaps) < 2 || len(gaps) != zones || slices.ContainsFunc(gaps, func(g launcher.Gap) bool { return errors.Is(g.Err, launcher.ErrNotFound) }) {
+		return launcher.PartialList(gaps)
+	}
+	errs := make([]error, len(gaps))
+	for i, g := range gaps {
+		errs[i] = fmt.Errorf("%s: %w", g.Zone, g.Err)
+	}
+	return launcher.PartialList([]launcher.Gap{{Infra: InfraName, Err: errors.Join(errs...)}})
 }
 
 func (p *Provider) listZone(ctx context.Context, zone, filter string) ([]launcher.Instance, error) {
