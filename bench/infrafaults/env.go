@@ -29,8 +29,8 @@ import (
 // The infras the driver runs: the machine itself, fake EC2 and Compute Engine in this process
 // (their VMs are local processes on loopback addresses of their own), and a real Kubernetes API
 // server (internal/testcluster) whose kubelet stand-in runs pods as local processes. Ferry's
-// controller reaches the API server through a proxy the driver can stop: what a client sees
-// while the API server is down for an upgrade.
+// controller reaches the API server through a proxy the driver can stop (testcluster.APIProxy):
+// what a client sees while the API server is down for an upgrade.
 
 // Infra names as Ferry writes them.
 const (
@@ -55,10 +55,11 @@ type env struct {
 	ec2     *fakeec2.Server
 	gce     *fakecompute.Server
 	gceSrv  *http.Server
+	gceAddr string
 	cluster *testcluster.Cluster
 	// stopKubelet ends the kubelet stand-in and waits for it.
 	stopKubelet func()
-	apiDoor     *testcluster.Door
+	apiDoor     *testcluster.APIProxy
 	ns      string
 	// marks is where job nodes write the time they exit (every infra's nodes are processes on
 	// this machine).
@@ -115,6 +116,7 @@ func (e *env) startClouds() error {
 	if err != nil {
 		return err
 	}
+	e.gceAddr = ln.Addr().String()
 	e.gceSrv = &http.Server{Handler: e.gce, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = e.gceSrv.Serve(ln) }()
 	return nil
@@ -145,7 +147,7 @@ func (e *env) startCluster(ctx context.Context) error {
 		_ = kubelet.Start(kctx)
 	}()
 	e.stopKubelet = func() { cancel(); <-done }
-	e.apiDoor, err = testcluster.NewDoor(e.cluster)
+	e.apiDoor, err = e.cluster.StartAPIProxy()
 	return err
 }
 
@@ -164,7 +166,7 @@ kubernetes:
   contexts:
     - name: %s
       namespace: %s
-`, e.ec2.URL(), strings.Join(gcpZones, ", "), e.gceSrv.Addr, e.apiDoor.Kubeconfig(), e.cluster.Context(), e.ns)
+`, e.ec2.URL(), strings.Join(gcpZones, ", "), e.gceAddr, e.apiDoor.Kubeconfig(), e.cluster.Context(), e.ns)
 }
 
 // close stops everything setup started; the controller and what it launched go first.

@@ -83,7 +83,7 @@ func scenarios() []scenarioDef {
 			inject: awsSet(fakefault.Fault{Throttle: true, Rate: 0.6}), heal: awsClear},
 		{Key: "kube-down", Title: "the Kubernetes API server stops mid-run", Failing: infraKube, Healthy: infraAWS,
 			inject: func(e *env, _ xState) error { e.apiDoor.Stop(); return nil },
-			heal:   func(e *env) error { e.apiDoor.Start(); return nil }},
+			heal:   func(e *env) error { return e.apiDoor.Start() }},
 		{Key: "gcp-recovers", Title: "GCP answers 503, then recovers by itself (controller restarted meanwhile)", Failing: infraGCP, Healthy: infraAWS,
 			Recovers: true, inject: nil, heal: nil},
 	}

@@ -292,6 +292,26 @@ type SpotVM struct {
 	Preempting bool
 }
 
+// VM is one VM as the fake holds it: what a test asks of the cloud itself, not of Ferry.
+type VM struct {
+	Name, Zone, Status string
+	Labels             map[string]string
+}
+
+// VMs lists every VM the fake holds, whatever its status, by zone and name.
+func (s *Server) VMs() []VM {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []VM
+	for z, zs := range s.zones {
+		for _, in := range zs.instances {
+			out = append(out, VM{Name: in.pb.GetName(), Zone: z, Status: in.pb.GetStatus(), Labels: maps.Clone(in.pb.GetLabels())})
+		}
+	}
+	slices.SortFunc(out, func(a, b VM) int { return strings.Compare(a.Zone+"/"+a.Name, b.Zone+"/"+b.Name) })
+	return out
+}
+
 // SpotVMs lists the live (not TERMINATED) Spot VMs, oldest first.
 func (s *Server) SpotVMs() []SpotVM {
 	s.mu.Lock()
