@@ -26,7 +26,9 @@ import (
 // down to them, the way a dead process does: new connections are refused (the port has no
 // listener) and open ones are cut, watches included. Start makes it answer again on the same
 // address, so the clients reconnect by themselves, as they would to a restarted API server.
-// The cluster and every other test go on talking to the real address, undisturbed.
+// Hang makes it look hung instead: connections are accepted and never answered, which only a
+// client's own deadlines end. The cluster and every other test go on talking to the real
+// address, undisturbed.
 //
 //	c := testcluster.Shared(t)
 //	proxy := c.APIProxy(t) // closed when the test ends
@@ -40,13 +42,14 @@ type APIProxy struct {
 	restConfig *rest.Config
 	kubeconfig string
 
-	mu     sync.Mutex
-	ln     net.Listener          // nil while stopped
-	conns  map[net.Conn]struct{} // both ends of every open connection
-	closed bool
-	// gen counts Stops: a connection accepted before one is not relayed after it.
+	mu      sync.Mutex
+	ln      net.Listener          // nil while stopped
+	hanging bool                  // connections are accepted and never answered
+	conns   map[net.Conn]struct{} // both ends of every open connection
+	closed  bool
+	// gen counts changes of behaviour: a connection accepted before one is not served after it.
 	gen int
-	wg  sync.WaitGroup // accept loops and relays
+	wg  sync.WaitGroup // accept loops and the goroutines serving connections
 }
 
 // APIProxy starts a proxy in front of the cluster's API server for one test, and closes it
@@ -76,7 +79,10 @@ func (c *Cluster) StartAPIProxy() (*APIProxy, error) {
 		_ = ln.Close()
 		return nil, err
 	}
-	p.serve(ln)
+	p.mu.Lock()
+	p.ln = ln
+	p.serveLocked(ln)
+	p.mu.Unlock()
 	return p, nil
 }
 
@@ -126,24 +132,62 @@ func (p *APIProxy) Stopped() bool {
 // Stopping a stopped proxy does nothing.
 func (p *APIProxy) Stop() {
 	p.mu.Lock()
-	p.gen++
+	p.cutLocked()
+	p.hanging = false
 	if p.ln != nil {
 		_ = p.ln.Close()
 		p.ln = nil
 	}
-	for conn := range p.conns {
-		_ = conn.Close()
-	}
-	clear(p.conns)
 	p.mu.Unlock()
 	p.wg.Wait()
 }
 
-// Start makes the API server reachable through the proxy again, on the same address. Starting
-// a running proxy does nothing; a closed one cannot start.
+// Start makes the API server answer through the proxy again, on the same address, after Stop
+// or Hang (whose connections it cuts, so that their clients reconnect). Starting a running
+// proxy does nothing; a closed one cannot start.
 func (p *APIProxy) Start() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.hanging {
+		p.cutLocked()
+		p.hanging = false
+	}
+	return p.listenLocked()
+}
+
+// Hang makes the API server look hung through the proxy: it cuts every open connection, and
+// accepts new ones but never answers them — no TLS handshake, no byte — until Start or Stop.
+func (p *APIProxy) Hang() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.listenLocked(); err != nil {
+		return err
+	}
+	p.cutLocked()
+	p.hanging = true
+	return nil
+}
+
+// Close stops the proxy for good.
+func (p *APIProxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.Stop()
+}
+
+// cutLocked closes every open connection, and makes connections accepted before it go
+// unserved. Callers hold mu.
+func (p *APIProxy) cutLocked() {
+	p.gen++
+	for conn := range p.conns {
+		_ = conn.Close()
+	}
+	clear(p.conns)
+}
+
+// listenLocked listens on the proxy's address again, unless it does already. Callers hold mu.
+func (p *APIProxy) listenLocked() error {
 	switch {
 	case p.closed:
 		return errors.New("testcluster: the API server proxy is closed")
@@ -152,10 +196,9 @@ func (p *APIProxy) Start() error {
 	}
 	// The port is outside the ephemeral range, but a connection the proxy just cut may still
 	// hold it for a moment on some systems: try for a few seconds.
-	var err error
 	for deadline := time.Now().Add(5 * time.Second); ; {
-		var ln net.Listener
-		if ln, err = net.Listen("tcp", p.addr); err == nil {
+		ln, err := net.Listen("tcp", p.addr)
+		if err == nil {
 			p.ln = ln
 			p.serveLocked(ln)
 			return nil
@@ -167,25 +210,9 @@ func (p *APIProxy) Start() error {
 	}
 }
 
-// Close stops the proxy for good.
-func (p *APIProxy) Close() {
-	p.mu.Lock()
-	p.closed = true
-	p.mu.Unlock()
-	p.Stop()
-}
-
-func (p *APIProxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.ln = ln
-	p.serveLocked(ln)
-}
-
-// serveLocked accepts connections on ln until it is closed, and relays each to the API server.
-// Callers hold mu.
+// serveLocked accepts connections on ln until it is closed, and relays each to the API server,
+// or swallows it while hanging. Callers hold mu.
 func (p *APIProxy) serveLocked(ln net.Listener) {
-	gen := p.gen
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -195,40 +222,54 @@ func (p *APIProxy) serveLocked(ln net.Listener) {
 				return // closed by Stop
 			}
 			p.mu.Lock()
-			if p.gen != gen { // stopped meanwhile
+			if p.ln != ln { // accepted just before Stop closed ln: refused after all
 				p.mu.Unlock()
 				_ = client.Close()
 				continue
 			}
+			gen, hanging := p.gen, p.hanging
 			p.conns[client] = struct{}{}
 			p.wg.Add(1)
 			p.mu.Unlock()
-			go p.relay(gen, client)
+			if hanging {
+				go p.swallow(client)
+			} else {
+				go p.relay(gen, client)
+			}
 		}
 	}()
 }
 
-// relay connects client to the API server and copies both ways until either side ends or Stop
-// cuts both.
+// forget closes conns and stops tracking them.
+func (p *APIProxy) forget(conns ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range conns {
+		_ = c.Close()
+		delete(p.conns, c)
+	}
+}
+
+// swallow reads what the client sends and never answers, until the connection is cut.
+func (p *APIProxy) swallow(client net.Conn) {
+	defer p.wg.Done()
+	_, _ = io.Copy(io.Discard, client)
+	p.forget(client)
+}
+
+// relay connects client to the API server and copies both ways until either side ends or the
+// proxy cuts both.
 func (p *APIProxy) relay(gen int, client net.Conn) {
 	defer p.wg.Done()
-	forget := func(conns ...net.Conn) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for _, c := range conns {
-			_ = c.Close()
-			delete(p.conns, c)
-		}
-	}
 	server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 	if err != nil {
-		forget(client)
+		p.forget(client)
 		return
 	}
 	p.mu.Lock()
-	if p.gen != gen { // stopped while dialling: client is cut already
+	if p.gen != gen { // cut while dialling: client is closed already
 		p.mu.Unlock()
-		forget(client, server)
+		p.forget(client, server)
 		return
 	}
 	p.conns[server] = struct{}{}
@@ -236,11 +277,11 @@ func (p *APIProxy) relay(gen int, client net.Conn) {
 	var copiers sync.WaitGroup
 	copiers.Go(func() {
 		_, _ = io.Copy(server, client)
-		forget(client, server)
+		p.forget(client, server)
 	})
 	copiers.Go(func() {
 		_, _ = io.Copy(client, server)
-		forget(client, server)
+		p.forget(client, server)
 	})
 	copiers.Wait()
 }

@@ -102,3 +102,54 @@ func TestAPIProxyStopStart(t *testing.T) {
 		t.Error("a closed proxy started again")
 	}
 }
+
+// TestAPIProxyHang: hanging, the proxy accepts connections and never answers, so a request
+// ends only by its client's deadline; started again, it answers.
+func TestAPIProxyHang(t *testing.T) {
+	c := Shared(t)
+	proxy := c.APIProxy(t)
+	cfg := proxy.RESTConfig()
+	cfg.Timeout = 2 * time.Second
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{}); err != nil {
+		t.Fatalf("through the proxy: %v", err)
+	}
+
+	if err := proxy.Hang(); err != nil {
+		t.Fatal(err)
+	}
+	if proxy.Stopped() {
+		t.Error("a hanging proxy says it is stopped")
+	}
+	began := time.Now()
+	_, err = client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+	took := time.Since(began)
+	if err == nil || errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("request through a hanging proxy: %v, want no answer", err)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("request through a hanging proxy: %v, want its deadline exceeded", err)
+	}
+	if took < cfg.Timeout || took > cfg.Timeout+10*time.Second {
+		t.Errorf("request through a hanging proxy ended after %v, want its timeout %v", took, cfg.Timeout)
+	}
+
+	if err := proxy.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("through the proxy after the hang: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
