@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/url"
 	"os"
@@ -171,25 +172,26 @@ func ids(insts []launcher.Instance) []string {
 }
 
 // TestAPIServerStopped: the API server goes away mid-run (an APIProxy stopped). Launch and
-// Terminate fail at once with ErrUnavailable; List goes on returning the cached pods, and once
+// Terminate (and Check, CleanupJob, StreamLogs) fail at once with ErrUnavailable; List goes on returning the cached pods, and once
 // the watch has failed for the threshold, with a whole-cluster gap — even for a pod deleted
 // meanwhile, which it cannot know is gone. Back, List is complete and current again and
 // Launch and Terminate work.
 func TestAPIServerStopped(t *testing.T) {
 	c := testcluster.Shared(t)
 	ctx := context.Background()
-	if err := c.AddGPUNode(ctx, "faults-h200-0", "NVIDIA-H200", 4); err != nil {
+	if err := c.AddGPUNode(ctx, "faults-p100-0", "Tesla-P100-PCIE-16GB", 4); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.DeleteNode(context.Background(), "faults-p100-0") })
 	proxy := c.APIProxy(t)
 	opts := faultOptions(proxy)
 	p := newProvider(t, c, opts)
 
-	kept, err := p.Launch(ctx, gpuSpec("svc-kept", "H200", 1))
+	kept, err := p.Launch(ctx, gpuSpec("svc-kept", "P100", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	lost, err := p.Launch(ctx, gpuSpec("svc-lost", "H200", 1))
+	lost, err := p.Launch(ctx, gpuSpec("svc-lost", "P100", 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +204,7 @@ func TestAPIServerStopped(t *testing.T) {
 	bound := 3*opts.RequestTimeout + 5*time.Second
 
 	err = within(t, "Launch with the API server down", bound, func() error {
-		_, err := p.Launch(ctx, gpuSpec("svc-new", "H200", 1))
+		_, err := p.Launch(ctx, gpuSpec("svc-new", "P100", 1))
 		return err
 	})
 	if !errors.Is(err, launcher.ErrUnavailable) || errors.Is(err, launcher.ErrNoCapacity) {
@@ -215,6 +217,16 @@ func TestAPIServerStopped(t *testing.T) {
 	err = within(t, "Check with the API server down", bound, func() error { return p.Check(ctx) })
 	if !errors.Is(err, launcher.ErrUnavailable) {
 		t.Errorf("Check with the API server down: %v, want ErrUnavailable", err)
+	}
+	err = within(t, "CleanupJob with the API server down", bound, func() error { return p.CleanupJob(ctx, "job-1") })
+	if !errors.Is(err, launcher.ErrUnavailable) {
+		t.Errorf("CleanupJob with the API server down: %v, want ErrUnavailable", err)
+	}
+	err = within(t, "StreamLogs with the API server down", bound, func() error {
+		return p.StreamLogs(ctx, kept.ID, launcher.LogOptions{Tail: 10}, io.Discard)
+	})
+	if !errors.Is(err, launcher.ErrUnavailable) {
+		t.Errorf("StreamLogs with the API server down: %v, want ErrUnavailable", err)
 	}
 	// Meanwhile the cluster changes behind Ferry's back.
 	now := int64(0)
@@ -291,7 +303,7 @@ func TestAPIServerStopped(t *testing.T) {
 	}
 	lctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	again, err := p.Launch(lctx, gpuSpec("svc-again", "H200", 1))
+	again, err := p.Launch(lctx, gpuSpec("svc-again", "P100", 1))
 	if err != nil {
 		t.Fatalf("Launch after the outage: %v", err)
 	}
@@ -311,6 +323,7 @@ func TestAPIServerHangs(t *testing.T) {
 	if err := c.AddGPUNode(ctx, "faults-b200-0", "NVIDIA-B200", 2); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = c.DeleteNode(context.Background(), "faults-b200-0") })
 	proxy := c.APIProxy(t)
 	opts := faultOptions(proxy)
 	p := newProvider(t, c, opts)
