@@ -404,7 +404,7 @@ func (p *Provider) ensureStarted(ctx context.Context) error {
 func (p *Provider) newInformerHealth(what string) *watchHealth {
 	h := newWatchHealth(what, p.opts.WatchFailureThreshold)
 	h.onStale = func(since time.Time, err error) {
-		p.log.Warn("the API server has not answered the watch for a while: List reports the cluster's pods as unknown until it does",
+		p.log.Warn("the API server has not answered a watch for a while: what it shows is unknown until it does (List reports a gap, Offerings fails)",
 			zap.String("watch", what), zap.Time("since", since), zap.Error(err))
 	}
 	h.onRecover = func(since time.Time) {
