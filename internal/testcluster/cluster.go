@@ -21,6 +21,10 @@
 // `ferry replica-sim` for each Running pod, on the pod's loopback IP, so traffic really flows to
 // pods, and runs a job's pod's own command on the host, reporting its exit in the pod's status.
 // It also binds volume claims to host directories and serves pod logs to the API server.
+//
+// A test that needs the API server to go away mid-run (an upgrade, a lost control plane) puts
+// an APIProxy in front of it (Cluster.APIProxy): stopping the proxy refuses and cuts that
+// test's connections only, and starting it brings the API server back on the same address.
 package testcluster
 
 import (

@@ -412,23 +412,30 @@ func (p *Provider) awaitGang(ctx context.Context, created []*corev1.Pod) ([]laun
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if errors.Is(err, launcher.ErrNoCapacity) {
-			return nil, fmt.Errorf("gang of %d: %w", n, err)
-		}
-		return nil, fmt.Errorf("%w: gang of %d: %w", launcher.ErrNoCapacity, n, err)
+		return nil, gangError(n, err)
 	}
 	if err := p.annotateNodeIPs(ctx, started); err != nil {
 		rollback()
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("%w: gang of %d: %w", launcher.ErrNoCapacity, n, err)
+		return nil, gangError(n, err)
 	}
 	out := make([]launcher.Instance, n)
 	for rank, pod := range started {
 		out[rank] = p.instance(pod)
 	}
 	return out, nil
+}
+
+// gangError is why a gang of n did not start: a node that failed to start is a lack of
+// capacity (the next infra may have it), unless the cluster itself failed (faults.go), which
+// its breaker must see as such.
+func gangError(n int, err error) error {
+	if errors.Is(err, launcher.ErrNoCapacity) || launcher.IsInfraFault(err) {
+		return fmt.Errorf("gang of %d: %w", n, err)
+	}
+	return fmt.Errorf("%w: gang of %d: %w", launcher.ErrNoCapacity, n, err)
 }
 
 // annotateNodeIPs writes the gang's IPs, rank order, on each of its pods.

@@ -14,6 +14,11 @@
 // with launcher.ErrNoCapacity: that is what lets the next candidate (another context, a cloud)
 // take the replica — cloud burst.
 //
+// An API server that fails costs the rest of Ferry nothing: every error is classified
+// (launcher.ErrThrottled, launcher.ErrUnavailable), every request has a deadline
+// (Options.RequestTimeout), and List, which reads the watch cache, reports the whole cluster as
+// a launcher.Gap once the watch has failed for Options.WatchFailureThreshold (faults.go).
+//
 // Jobs' pods (launcher.Spec.Job) add priority classes, checkpoint claims, gangs and exit
 // codes (jobs.go); pod logs are read through the API server (logs.go).
 //
@@ -55,7 +60,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	listerscorev1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
@@ -139,6 +143,13 @@ type Options struct {
 	// KueueLocalQueue is the LocalQueue queued jobs are submitted to where Kueue runs; ""
 	// looks for one (kueue.go).
 	KueueLocalQueue string
+	// RequestTimeout bounds each request to the API server, so that a hung one is cut even
+	// inside a long Launch; default DefaultRequestTimeout (faults.go).
+	RequestTimeout time.Duration
+	// WatchFailureThreshold is how long the watches may fail before List reports the whole
+	// cluster as a gap and a launch waiting for its pod gives up; default
+	// DefaultWatchFailureThreshold (faults.go).
+	WatchFailureThreshold time.Duration
 }
 
 // Provider launches pods in one namespace of one context. Create it with New; it connects
@@ -146,10 +157,13 @@ type Options struct {
 type Provider struct {
 	opts   Options
 	log    *zap.Logger
-	client kubernetes.Interface
-	dyn    dynamic.Interface // ProvisioningRequests, Kueue's LocalQueues
-	infra  string
-	ns     string
+	client kubernetes.Interface // every request, each within RequestTimeout
+	// streams is client without RequestTimeout, for what streams for minutes: watches and
+	// followed logs (faults.go).
+	streams kubernetes.Interface
+	dyn     dynamic.Interface // ProvisioningRequests, Kueue's LocalQueues
+	infra   string
+	ns      string
 
 	startMu  sync.Mutex
 	started  bool
@@ -157,6 +171,9 @@ type Provider struct {
 	pods     listerscorev1.PodLister
 	nodes    listerscorev1.NodeLister // nil when nodes may not be listed
 	podsSync cache.InformerSynced
+	// podsHealth and nodesHealth say whether the informers' watches work (faults.go);
+	// nodesHealth is nil when nodes may not be listed.
+	podsHealth, nodesHealth *watchHealth
 
 	// usedMu guards the last cluster-wide count of GPUs in use (see gpusInUse).
 	usedMu sync.Mutex
@@ -209,6 +226,12 @@ func New(opts Options) (*Provider, error) {
 	if opts.CheckpointSize == "" {
 		opts.CheckpointSize = DefaultCheckpointSize
 	}
+	if opts.RequestTimeout <= 0 {
+		opts.RequestTimeout = DefaultRequestTimeout
+	}
+	if opts.WatchFailureThreshold <= 0 {
+		opts.WatchFailureThreshold = DefaultWatchFailureThreshold
+	}
 	if err := checkIngressOptions(&opts); err != nil {
 		return nil, err
 	}
@@ -246,7 +269,14 @@ func New(opts Options) (*Provider, error) {
 	}
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "ferry"
+	streamCfg := rest.CopyConfig(cfg)
+	streamCfg.Timeout = 0 // bounded otherwise (faults.go)
+	cfg.Timeout = opts.RequestTimeout
 	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: context %q: %w", ctxName, err)
+	}
+	streams, err := kubernetes.NewForConfig(streamCfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: context %q: %w", ctxName, err)
 	}
@@ -256,14 +286,15 @@ func New(opts Options) (*Provider, error) {
 	}
 	infra := InfraName + "/" + ctxName
 	return &Provider{
-		opts:   opts,
-		log:    opts.Logger.With(zap.String("infra", infra), zap.String("namespace", ns)),
-		client: client,
-		dyn:    dyn,
-		infra:  infra,
-		ns:     ns,
-		policy: policyState{ports: map[string][]int32{}},
-		jobs:   jobState{classes: map[string]string{}, ours: map[string]time.Time{}, tombstones: map[string]tombstone{}},
+		opts:    opts,
+		log:     opts.Logger.With(zap.String("infra", infra), zap.String("namespace", ns)),
+		client:  client,
+		streams: streams,
+		dyn:     dyn,
+		infra:   infra,
+		ns:      ns,
+		policy:  policyState{ports: map[string][]int32{}},
+		jobs:    jobState{classes: map[string]string{}, ours: map[string]time.Time{}, tombstones: map[string]tombstone{}},
 	}, nil
 }
 
@@ -290,6 +321,10 @@ func (p *Provider) Close() {
 	if p.started {
 		close(p.stop)
 		p.started = false
+		p.podsHealth.close()
+		if p.nodesHealth != nil {
+			p.nodesHealth.close()
+		}
 	}
 }
 
@@ -314,25 +349,43 @@ func (p *Provider) ensureStarted(ctx context.Context) error {
 		p.log.Warn("nodes may not be listed: accelerators are not checked before launch and show-gpus knows nothing", zap.Error(err))
 	}
 	p.stop = make(chan struct{})
-	podFactory := informers.NewSharedInformerFactoryWithOptions(p.client, 0,
-		informers.WithNamespace(p.ns),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+	podsHealth := p.newInformerHealth("pods")
+	podInf := cache.NewSharedIndexInformer(observedListWatch(podsHealth, p.opts.RequestTimeout,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.LabelSelector = launcher.LabelOwner + "=true"
-		}))
-	podInf := podFactory.Core().V1().Pods()
-	p.pods = podInf.Lister()
-	p.podsSync = podInf.Informer().HasSynced
-	if _, err := podInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: p.onPodDeleted}); err != nil {
+			return p.client.CoreV1().Pods(p.ns).List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.LabelSelector = launcher.LabelOwner + "=true"
+			return p.streams.CoreV1().Pods(p.ns).Watch(ctx, o)
+		}), &corev1.Pod{}, 0, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	if err := podInf.SetWatchErrorHandlerWithContext(watchErrorHandler(podsHealth, p.log)); err != nil {
 		return err
 	}
-	podFactory.Start(p.stop)
-	syncs := []cache.InformerSynced{p.podsSync}
+	if _, err := podInf.AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: p.onPodDeleted}); err != nil {
+		return err
+	}
+	p.pods = listerscorev1.NewPodLister(podInf.GetIndexer())
+	p.podsHealth = podsHealth
+	syncs := []cache.InformerSynced{podInf.HasSynced}
+	go podInf.Run(p.stop)
+	p.nodesHealth = nil
 	if nodesAllowed {
-		nodeFactory := informers.NewSharedInformerFactory(p.client, 0)
-		nodeInf := nodeFactory.Core().V1().Nodes()
-		p.nodes = nodeInf.Lister()
-		syncs = append(syncs, nodeInf.Informer().HasSynced)
-		nodeFactory.Start(p.stop)
+		nodesHealth := p.newInformerHealth("nodes")
+		nodeInf := cache.NewSharedIndexInformer(observedListWatch(nodesHealth, p.opts.RequestTimeout,
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return p.client.CoreV1().Nodes().List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return p.streams.CoreV1().Nodes().Watch(ctx, o)
+			}), &corev1.Node{}, 0, cache.Indexers{})
+		if err := nodeInf.SetWatchErrorHandlerWithContext(watchErrorHandler(nodesHealth, p.log)); err != nil {
+			return err
+		}
+		p.nodes = listerscorev1.NewNodeLister(nodeInf.GetIndexer())
+		p.nodesHealth = nodesHealth
+		syncs = append(syncs, nodeInf.HasSynced)
+		go nodeInf.Run(p.stop)
 	}
 	p.podsSync = func() bool {
 		for _, s := range syncs {
@@ -346,14 +399,43 @@ func (p *Provider) ensureStarted(ctx context.Context) error {
 	return p.waitSynced(ctx)
 }
 
+// newInformerHealth is the health of one of the provider's informers, which logs when its
+// watch has failed for WatchFailureThreshold and when it works again — never per retry.
+func (p *Provider) newInformerHealth(what string) *watchHealth {
+	h := newWatchHealth(what, p.opts.WatchFailureThreshold)
+	h.onStale = func(since time.Time, err error) {
+		p.log.Warn("the API server has not answered a watch for a while: what it shows is unknown until it does (List reports a gap, Offerings fails)",
+			zap.String("watch", what), zap.Time("since", since), zap.Error(err))
+	}
+	h.onRecover = func(since time.Time) {
+		p.log.Info("the API server answers the watch again", zap.String("watch", what), zap.Duration("failed_for", time.Since(since).Round(time.Millisecond)))
+	}
+	return h
+}
+
+// waitSynced waits for the informers' first sync, within informerSyncTimeout; an API server
+// that fails the watches for WatchFailureThreshold meanwhile ends the wait at once.
 func (p *Provider) waitSynced(ctx context.Context) error {
 	if p.podsSync() {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, informerSyncTimeout)
 	defer cancel()
-	if !cache.WaitForCacheSync(ctx.Done(), p.podsSync) {
-		return fmt.Errorf("kubernetes %s: watches did not sync: %w", p.infra, context.Cause(ctx))
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for !p.podsSync() {
+		if err := errors.Join(p.podsHealth.staleErr(p.infra), p.nodesHealth.staleErr(p.infra)); err != nil {
+			return err
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			err := fmt.Errorf("kubernetes %s: watches did not sync: %w", p.infra, context.Cause(ctx))
+			if fault := infraFault(err); fault != nil {
+				return fmt.Errorf("%w: %w", fault, err)
+			}
+			return err
+		}
 	}
 	return nil
 }
@@ -469,17 +551,30 @@ func (p *Provider) createPod(ctx context.Context, pod *corev1.Pod, spec launcher
 const preemptionWait = 150 * time.Second
 
 // waitStarted watches the pod until it is scheduled and has an IP.
+//
+// The wait has a watch of its own. Once that has failed for WatchFailureThreshold, the API
+// server is down: the wait ends with launcher.ErrUnavailable, rather than, after
+// ProvisionTimeout, with a lack of capacity nobody saw.
 func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", pod.Name).String()
+	caller := ctx
+	ctx, down := context.WithCancelCause(ctx)
+	defer down(nil)
+	health := newWatchHealth("pod "+pod.Name, p.opts.WatchFailureThreshold)
+	defer health.close()
+	health.onStale = func(since time.Time, err error) {
+		down(fmt.Errorf("%w: %s: the API server has not answered the watch of pod %s since %s: %v",
+			launcher.ErrUnavailable, p.infra, pod.Name, since.Format(time.RFC3339), err))
+	}
+	byName := fields.OneTermEqualSelector("metadata.name", pod.Name).String()
+	lw := observedListWatch(health, p.opts.RequestTimeout,
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = byName
 			return p.client.CoreV1().Pods(p.ns).List(ctx, o)
 		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", pod.Name).String()
-			return p.client.CoreV1().Pods(p.ns).Watch(ctx, o)
-		},
-	}
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = byName
+			return p.streams.CoreV1().Pods(p.ns).Watch(ctx, o)
+		})
 	var unschedulable string
 	// until returns errTimeout when timeout passed first (UntilWithSync reports that as its
 	// own "timed out waiting for the condition").
@@ -540,7 +635,7 @@ func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 			}
 			return nil, fmt.Errorf("%w: %s: pod unschedulable for %v: %s", launcher.ErrNoCapacity, p.infra, p.opts.ProvisionTimeout, why)
 		}
-		return nil, p.waitError(ctx, err)
+		return nil, p.waitError(caller, ctx, err)
 	}
 	started, err := until(ctx, p.opts.StartTimeout, func(cur *corev1.Pod) (bool, error) {
 		if err := ended(cur); err != nil {
@@ -552,14 +647,19 @@ func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 		if errors.Is(err, errTimeout) {
 			return nil, fmt.Errorf("%s: pod %s on node %s got no IP within %v", p.infra, scheduled.Name, scheduled.Spec.NodeName, p.opts.StartTimeout)
 		}
-		return nil, p.waitError(ctx, err)
+		return nil, p.waitError(caller, ctx, err)
 	}
 	return started, nil
 }
 
-func (p *Provider) waitError(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
+// waitError is the error of a wait for a pod that ended by err: the caller's context's, the
+// API server's failure that ended it, or err.
+func (p *Provider) waitError(caller, wait context.Context, err error) error {
+	if caller.Err() != nil {
+		return caller.Err()
+	}
+	if cause := context.Cause(wait); cause != nil {
+		return cause
 	}
 	return fmt.Errorf("%s: %w", p.infra, err)
 }
@@ -663,7 +763,9 @@ func secretFor(pod *corev1.Pod, spec launcher.Spec) *corev1.Secret {
 	}
 }
 
-// List returns Ferry's pods whose labels match selector, from the watch cache.
+// List returns Ferry's pods whose labels match selector, from the watch cache. Once the watch
+// has failed for WatchFailureThreshold, the cached pods come with a whole-cluster
+// launcher.Gap (launcher.PartialList): they are what was last seen, not what is (faults.go).
 func (p *Provider) List(ctx context.Context, selector map[string]string) ([]launcher.Instance, error) {
 	if err := p.ensureStarted(ctx); err != nil {
 		return nil, err
@@ -681,9 +783,16 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 	if err != nil {
 		return nil, err
 	}
+	// While the watch fails, so would the requests below, each after its own timeout: they
+	// only complete what the cache shows, and wait for the API server to answer again.
+	since, _, _ := p.podsHealth.failing()
+	answering := since.IsZero()
 	out := make([]launcher.Instance, 0, len(pods))
 	listed := map[string]bool{}
-	revoked := p.revokedRequests(ctx, pods, selector) // provreq.go
+	var revoked map[string]string
+	if answering {
+		revoked = p.revokedRequests(ctx, pods, selector) // provreq.go
+	}
 	for _, pod := range pods {
 		if launcher.Matches(pod.Labels, selector) {
 			inst := p.jobInstance(pod)
@@ -700,8 +809,13 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 		}
 	}
 	slices.SortFunc(out, func(a, b launcher.Instance) int { return strings.Compare(a.ID, b.ID) })
-	p.syncPolicies(ctx)
-	p.completeGangs(ctx, pods)
+	if err := p.podsHealth.staleErr(p.infra); err != nil {
+		return out, launcher.PartialList([]launcher.Gap{{Infra: p.infra, Err: err}})
+	}
+	if answering {
+		p.syncPolicies(ctx)
+		p.completeGangs(ctx, pods)
+	}
 	return out, nil
 }
 
@@ -713,6 +827,9 @@ func (p *Provider) Offerings(ctx context.Context) ([]launcher.Offering, error) {
 	}
 	if p.nodes == nil {
 		return nil, fmt.Errorf("%w: %s: nodes may not be listed", launcher.ErrUnauthorized, p.infra)
+	}
+	if err := p.nodesHealth.staleErr(p.infra); err != nil {
+		return nil, err // the nodes, and what is free on them, are unknown
 	}
 	nodes, err := p.nodes.List(labels.Everything())
 	if err != nil {
@@ -1078,24 +1195,6 @@ func nodeReady(n *corev1.Node) bool {
 		}
 	}
 	return false
-}
-
-// classify maps API errors onto the launcher's typed errors, which decide failover.
-func (p *Provider) classify(err error, what string) error {
-	var kind error
-	switch {
-	case apierrors.IsUnauthorized(err):
-		kind = launcher.ErrUnauthorized
-	case apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota"):
-		kind = launcher.ErrQuota
-	case apierrors.IsForbidden(err):
-		kind = launcher.ErrUnauthorized
-	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
-		kind = launcher.ErrInvalid
-	default:
-		return fmt.Errorf("%s: %s: %w", p.infra, what, err)
-	}
-	return fmt.Errorf("%w: %s: %s: %v", kind, p.infra, what, err)
 }
 
 // podName is a DNS-1123 label from the instance name plus a random suffix, so that a name

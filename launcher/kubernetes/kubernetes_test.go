@@ -33,7 +33,8 @@ func TestMain(m *testing.M) {
 
 var nsSeq atomic.Int64
 
-// newProvider makes a namespace and a provider for it.
+// newProvider makes a namespace and a provider for it, through the cluster's kubeconfig unless
+// opts names another (an APIProxy's).
 func newProvider(t *testing.T, c *testcluster.Cluster, opts Options) *Provider {
 	t.Helper()
 	ns := "t" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36) + "-" + strconv.FormatInt(nsSeq.Add(1), 10)
@@ -45,7 +46,9 @@ func newProvider(t *testing.T, c *testcluster.Cluster, opts Options) *Provider {
 		_ = c.Client().CoreV1().Pods(ns).DeleteCollection(context.Background(), metav1.DeleteOptions{}, metav1.ListOptions{})
 		_ = c.Client().CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
 	})
-	opts.Kubeconfig = c.Kubeconfig()
+	if opts.Kubeconfig == "" {
+		opts.Kubeconfig = c.Kubeconfig()
+	}
 	opts.Context = c.Context()
 	opts.Namespace = ns
 	p, err := New(opts)

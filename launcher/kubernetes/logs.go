@@ -27,7 +27,12 @@ func (p *Provider) StreamLogs(ctx context.Context, id string, opts launcher.LogO
 		tail := int64(opts.Tail)
 		logOpts.TailLines = &tail
 	}
-	stream, err := p.client.CoreV1().Pods(p.ns).GetLogs(name, logOpts).Stream(ctx)
+	// A followed log streams for as long as the container runs: not within RequestTimeout.
+	client := p.client
+	if opts.Follow {
+		client = p.streams
+	}
+	stream, err := client.CoreV1().Pods(p.ns).GetLogs(name, logOpts).Stream(ctx)
 	if err != nil {
 		switch {
 		case apierrors.IsNotFound(err):
@@ -43,7 +48,8 @@ func (p *Provider) StreamLogs(ctx context.Context, id string, opts launcher.LogO
 		if ctx.Err() != nil {
 			return nil // the caller stopped following
 		}
-		return fmt.Errorf("%s: read the log of pod %s: %w", p.infra, name, err)
+		// The stream was cut: whatever broke it lies between here and the node.
+		return fmt.Errorf("%w: %s: read the log of pod %s: %w", launcher.ErrUnavailable, p.infra, name, err)
 	}
 	return nil
 }
