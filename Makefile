@@ -58,6 +58,7 @@ bench-gang:
 bench-updates:
 	$(GO) run ./bench/updates $(BENCH_ARGS)
 
-## bench-faults: one fault at a time under load (replica killed, hung, flapping, 500s/slow, controller killed, disk full, connections exhausted): failures, healing, leaks
+## bench-faults: one fault at a time under load: replicas and the controller (replica killed, hung, flapping, 500s/slow, controller killed, disk full, connections exhausted; bench/faults), then whole infras (GCP 503, a zone 404, EC2 hung and throttling, the Kubernetes API server stopped, a cloud that recovers; bench/infrafaults)
 bench-faults:
 	$(GO) run ./bench/faults $(BENCH_ARGS)
+	$(GO) run ./bench/infrafaults $(INFRA_BENCH_ARGS)

@@ -43,6 +43,9 @@ const (
 // gcpZones are the Compute zones the fake serves and Ferry may use.
 var gcpZones = []string{"us-central1-a", "us-central1-b", "us-central1-c"}
 
+// simModel is the model every replica serves.
+const simModel = "infrafaults-sim"
+
 // kubeGPU is the product of the test cluster's nodes: the Kubernetes services and jobs ask
 // for one, so nothing else lands there.
 const kubeGPU = "T4"
@@ -230,6 +233,18 @@ func (e *env) service(ctx context.Context, name string) (api.ServiceStatus, erro
 	return list[0], nil
 }
 
+// services asks the controller for every service, as `serve status` does.
+func (e *env) services(ctx context.Context) error {
+	c, err := e.client()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = c.Services(ctx)
+	return err
+}
+
 // job is one job as the controller reports it.
 func (e *env) job(ctx context.Context, ref string) (api.JobStatus, error) {
 	c, err := e.client()
@@ -246,7 +261,8 @@ func (e *env) job(ctx context.Context, ref string) (api.JobStatus, error) {
 func serviceTask(name, infra string) string {
 	res := "  infra: " + infra + "\n"
 	if infra == infraKube {
-		res += "  accelerators: " + kubeGPU + ":1\n"
+		// The kubelet stand-in runs replica-sim itself, with these arguments.
+		res += "  accelerators: " + kubeGPU + ":1\nenvs:\n  " + testcluster.ReplicaSimArgsEnv + ": --model " + simModel + "\n"
 	}
 	return fmt.Sprintf(`name: %s
 resources:
@@ -256,8 +272,8 @@ resources:
     initial_delay_seconds: 120
   replicas: 1
   ports: 8080
-run: ferry replica-sim --port ${FERRY_PORT:-8080} --model infrafaults-sim
-`, name, res)
+run: ferry replica-sim --port ${FERRY_PORT:-8080} --model %s
+`, name, res, simModel)
 }
 
 // jobTask is a job of nodes on infra whose nodes each write the time they exit to the marks

@@ -12,6 +12,8 @@ import (
 // load is a steady closed loop of non-streamed chat completions against one endpoint: two
 // clients, bounded in count and time, counting what failed.
 type load struct {
+	// gate is held for reading by each request and for writing while the load is paused.
+	gate     sync.RWMutex
 	mu       sync.Mutex
 	sent     int
 	failed   int
@@ -50,7 +52,9 @@ func startLoad(endpoint string) *load {
 				if time.Now().After(deadline) {
 					return
 				}
+				l.gate.RLock()
 				err := post(client, endpoint, body)
+				l.gate.RUnlock()
 				l.mu.Lock()
 				l.sent++
 				if err != nil {
@@ -93,3 +97,10 @@ func (l *load) stop() loadCounts {
 	l.wg.Wait()
 	return l.snapshot()
 }
+
+// pause waits for the requests in flight and holds the next ones until resume: for a
+// controller restart, which takes its own endpoints down (an attached proxy would keep them).
+func (l *load) pause() { l.gate.Lock() }
+
+// resume lets a paused load go on.
+func (l *load) resume() { l.gate.Unlock() }

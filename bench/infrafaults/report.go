@@ -37,9 +37,10 @@ type result struct {
 	FailingFailed     int    `json:"failing_failed"`
 	FailingFirstError string `json:"failing_first_error,omitempty"`
 	// `ferry serve status` while the fault lasted.
-	StatusCalls  int     `json:"status_calls"`
-	StatusMaxS   float64 `json:"status_max_s"`
-	StatusErrors int     `json:"status_errors"`
+	StatusCalls   int     `json:"status_calls"`
+	StatusMaxS    float64 `json:"status_max_s"`
+	StatusAPIMaxS float64 `json:"status_api_max_s"`
+	StatusErrors  int     `json:"status_errors"`
 	// Teardown on the failing infra under the fault: how long, and the instances the output
 	// names as left behind; the job's leftovers as its status gives them.
 	DownS      float64  `json:"down_s"`
@@ -88,8 +89,11 @@ func (r *result) judge(b *bench) {
 	if r.FailingFailed > 0 {
 		why = append(why, fmt.Sprintf("%d of %d requests to the service on %s failed (%s)", r.FailingFailed, r.FailingRequests, r.Failing, r.FailingFirstError))
 	}
-	if r.StatusMaxS > statusTarget.Seconds() || r.StatusErrors > 0 {
-		why = append(why, fmt.Sprintf("serve status took up to %.2fs (%d errors in %d calls), want under %v", r.StatusMaxS, r.StatusErrors, r.StatusCalls, statusTarget))
+	// The controller's answer is judged always; the CLI's wall time (a process start on a
+	// machine the test suite keeps busy) in a full run only.
+	if r.StatusAPIMaxS > statusTarget.Seconds() || (!b.opts.short && r.StatusMaxS > statusTarget.Seconds()) || r.StatusErrors > 0 {
+		why = append(why, fmt.Sprintf("serve status took up to %.2fs (the API %.2fs; %d errors in %d calls), want under %v",
+			r.StatusMaxS, r.StatusAPIMaxS, r.StatusErrors, r.StatusCalls, statusTarget))
 	}
 	if len(r.Unreported) > 0 {
 		why = append(why, fmt.Sprintf("teardown left %v on %s without saying so", r.Unreported, r.Failing))
@@ -129,13 +133,13 @@ func (r *report) markdown() string {
 	fmt.Fprintf(&b, "# Infra faults (%s, load %s)\n\n", r.Started.Format(time.DateTime), r.LoadAvg)
 	fmt.Fprintf(&b, "READY before any fault: local %.1fs, aws %.1fs, gcp %.1fs.\n\n", r.Baselines[infraLocal], r.Baselines[infraAWS], r.Baselines[infraGCP])
 	t := benchkit.Table{Header: []string{"fault", "new local svc READY", "new healthy svc READY", "jobs done after last exit (local / healthy)",
-		"failed requests (local / failing infra's svc)", "serve status max", "teardown on the failing infra", "cleaned after recovery", "verdict"}}
+		"failed requests (local / failing infra's svc)", "serve status max (CLI / API)", "teardown on the failing infra", "cleaned after recovery", "verdict"}}
 	for _, s := range r.Results {
 		t.Rows = append(t.Rows, []string{
 			s.Key, secs(s.LocalReadyS), fmt.Sprintf("%s (%s)", secs(s.HealthyReadyS), s.Healthy),
 			secs(s.LocalJobEndS) + " / " + secs(s.HealthyJobEndS),
 			fmt.Sprintf("%d/%d / %d/%d", s.LocalFailed, s.LocalRequests, s.FailingFailed, s.FailingRequests),
-			fmt.Sprintf("%.2fs (%d calls)", s.StatusMaxS, s.StatusCalls),
+			fmt.Sprintf("%.2fs / %.3fs (%d calls)", s.StatusMaxS, s.StatusAPIMaxS, s.StatusCalls),
 			teardownCell(s), secs(s.CleanedAfterS), verdict(s),
 		})
 	}

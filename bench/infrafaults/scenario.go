@@ -216,7 +216,7 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *result) erro
 	if def.Recovers {
 		// Teardown first, then a controller restart, while the outage lasts: the restarted
 		// controller must find the leftovers in its store and the new work must not wait.
-		if err := b.underOutage(ctx, def, svcX, xInstances, jobXID, xLoad, res); err != nil {
+		if err := b.underOutage(ctx, def, svcX, xInstances, jobXID, xLoad, status, res); err != nil {
 			return err
 		}
 		if err := sleep(ctx, time.Until(began.Add(b.opts.outage))); err != nil {
@@ -236,7 +236,7 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *result) erro
 	healed := time.Now()
 	res.FaultS = healed.Sub(began).Seconds()
 	st := status.stop()
-	res.StatusCalls, res.StatusMaxS, res.StatusErrors = st.calls, st.max.Seconds(), st.errors
+	res.StatusCalls, res.StatusMaxS, res.StatusAPIMaxS, res.StatusErrors = st.calls, st.max.Seconds(), st.apiMax.Seconds(), st.errors
 	b.progress("  %s answers again; waiting for it to hold nothing of %s and job %s", def.Failing, svcX, jobXID)
 	res.CleanedAfterS = b.waitClean(ctx, def.Failing, svcX, jobXID, healed)
 	return nil
@@ -244,7 +244,7 @@ func (b *bench) scenario(ctx context.Context, def scenarioDef, res *result) erro
 
 // underOutage is the recovering scenario's part while its cloud is down: teardown there, the
 // controller SIGKILLed and restarted, then the new work elsewhere.
-func (b *bench) underOutage(ctx context.Context, def scenarioDef, svcX string, xInstances []string, jobXID string, xLoad *load, res *result) error {
+func (b *bench) underOutage(ctx context.Context, def scenarioDef, svcX string, xInstances []string, jobXID string, xLoad *load, status *statusProbe, res *result) error {
 	// The service on the down cloud serves on meanwhile.
 	if err := sleep(ctx, min(5*time.Second, b.opts.outage/4)); err != nil {
 		return err
@@ -253,7 +253,17 @@ func (b *bench) underOutage(ctx context.Context, def scenarioDef, svcX string, x
 	res.FailingRequests, res.FailingFailed, res.FailingFirstError = xs.sent, xs.failed, xs.firstErr
 	b.progress("  %s down for %v: teardown there, then the controller SIGKILLed and restarted", def.Failing, b.opts.outage)
 	b.teardownFailing(ctx, svcX, xInstances, jobXID, res)
-	if err := b.e.killController(ctx); err != nil {
+	// The steady service's endpoint is the controller's own listener: its load pauses while
+	// the controller restarts (what the infra fault does to it is measured before and after).
+	b.steady.pause()
+	status.pause()
+	err := b.e.killController(ctx)
+	if err == nil {
+		_, err = b.e.waitReady(ctx, localService, time.Now(), b.opts.readyLimit)
+	}
+	status.resume()
+	b.steady.resume()
+	if err != nil {
 		return fmt.Errorf("restart the controller: %w", err)
 	}
 	res.ControllerRestarted = true
@@ -409,11 +419,20 @@ func (b *bench) teardown(ctx context.Context) []string {
 // statusProbe times `ferry serve status` while a fault lasts.
 type statusProbe struct {
 	stopOnce func() statusStats
+	// gate is held by each call and, while a controller restarts, by pause.
+	gate *sync.Mutex
 }
+
+// pause waits for the call in flight and holds the next until resume.
+func (p *statusProbe) pause() { p.gate.Lock() }
+
+func (p *statusProbe) resume() { p.gate.Unlock() }
 
 type statusStats struct {
 	calls, errors int
-	max           time.Duration
+	// max is the CLI's wall time (a process start included); apiMax the controller's answer
+	// to the same question over its API.
+	max, apiMax time.Duration
 }
 
 func (p *statusProbe) stop() statusStats { return p.stopOnce() }
@@ -422,20 +441,28 @@ func (p *statusProbe) stop() statusStats { return p.stopOnce() }
 func (b *bench) startStatusProbe() *statusProbe {
 	done := make(chan struct{})
 	result := make(chan statusStats, 1)
+	gate := &sync.Mutex{}
 	go func() {
 		var st statusStats
 		t := time.NewTicker(b.opts.statusEvery)
 		defer t.Stop()
 		for {
+			gate.Lock()
 			cmd := exec.Command(b.e.f.Bin, "serve", "status")
 			cmd.Env = b.e.f.Env
 			began := time.Now()
 			err := cmd.Run()
 			st.max = max(st.max, time.Since(began))
+			began = time.Now()
+			if err == nil {
+				err = b.e.services(context.Background())
+			}
+			st.apiMax = max(st.apiMax, time.Since(began))
 			st.calls++
 			if err != nil {
 				st.errors++
 			}
+			gate.Unlock()
 			select {
 			case <-done:
 				result <- st
@@ -446,7 +473,7 @@ func (b *bench) startStatusProbe() *statusProbe {
 	}()
 	var once sync.Once
 	var st statusStats
-	return &statusProbe{stopOnce: func() statusStats {
+	return &statusProbe{gate: gate, stopOnce: func() statusStats {
 		once.Do(func() { close(done); st = <-result })
 		return st
 	}}
