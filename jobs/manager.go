@@ -487,14 +487,24 @@ func (m *Manager) cleanupJob(ctx context.Context, id int64) {
 func (m *Manager) stopNodes(ctx context.Context, j Job) []launcher.Leftover {
 	ctx = context.WithoutCancel(ctx)
 	lctx, cancel := context.WithTimeout(ctx, min(m.cfg.StopTimeout, time.Minute))
-	insts, err := m.listJob(lctx, j)
+	var insts []launcher.Instance
+	var err error
+	if len(j.History) > 0 {
+		// An earlier gang ran elsewhere, and a node of it may have outlived its stop: look
+		// everywhere (an infra that does not answer is a gap like any other).
+		insts, err = m.cfg.Provider.List(lctx, map[string]string{launcher.LabelJob: strconv.FormatInt(j.ID, 10)})
+	} else {
+		insts, err = m.listJob(lctx, j)
+	}
 	cancel()
 	insts, gaps := listGaps(j, insts, err)
 	if len(gaps) > 0 {
 		m.log.Warn("job nodes to stop cannot all be listed; what cannot is left to stop when its infra answers",
 			zap.Int64("job", j.ID), zap.String("where", gapsWhere(gaps)), zap.Error(gapErr(gaps)))
 	}
-	now := m.cfg.Now()
+	// Seconds truncated: some infras keep creation times so, and a node launched right after
+	// must never count as older.
+	now := m.cfg.Now().Truncate(time.Second)
 	owner := fmt.Sprintf("job %d", j.ID)
 	var left []launcher.Leftover
 	for _, n := range j.Nodes {

@@ -200,3 +200,32 @@ type InfraState struct {
 
 // Where names it: "gcp" or "gcp/us-central1-f".
 func (s InfraState) Where() string { return ZoneKey(s.Infra, "", s.Zone) }
+
+// Skipping parts that are known to be down. The provisioner passes its breakers to a List
+// through the List's context; a provider that lists part by part (GCP's zones, EC2's regions)
+// asks Skip before each part and reports a part that is down as a gap at once, instead of
+// waiting on it again until its deadline.
+
+type skipKey struct{}
+
+// WithSkip returns ctx carrying skip, which says why a part of the infra (a region, a zone in
+// it) is not to be asked now, or nil.
+func WithSkip(ctx context.Context, skip func(region, zone string) error) context.Context {
+	return context.WithValue(ctx, skipKey{}, skip)
+}
+
+// Skip is why the part at region and zone is not to be asked now (nil: ask it), as the
+// context's WithSkip says; nil without one.
+func Skip(ctx context.Context, region, zone string) error {
+	if f, ok := ctx.Value(skipKey{}).(func(region, zone string) error); ok {
+		return f(region, zone)
+	}
+	return nil
+}
+
+// Locator is an optional Provider capability: where an instance id lies (its region and zone,
+// as far as the id tells), so that a call about that instance that fails is charged to that
+// part of the infra, not to all of it.
+type Locator interface {
+	Locate(id string) (region, zone string)
+}

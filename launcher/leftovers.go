@@ -31,8 +31,9 @@ type Leftover struct {
 	Since  time.Time `json:"since"`
 }
 
-// LeftoverKey is the ledger key of a leftover: its instance id, or its infra, selector and
-// cut-off time.
+// LeftoverKey is the ledger key of a leftover: its instance id, or its infra and selector. A
+// later teardown of the same selector replaces an earlier one's leftover (its later cut-off
+// covers what the earlier did), so retried teardowns do not pile up entries.
 func LeftoverKey(l Leftover) string {
 	if l.InstanceID != "" {
 		return l.InstanceID
@@ -45,7 +46,6 @@ func LeftoverKey(l Leftover) string {
 		}
 		b.WriteString(k + "=" + l.Selector[k])
 	}
-	b.WriteString("|" + l.Before.UTC().Format(time.RFC3339Nano))
 	return b.String()
 }
 

@@ -39,7 +39,7 @@ func (m *Manager) launchLocked(now time.Time, spot bool) {
 	if spot && task.Service.ReplicaPolicy.SpotPlacer == configs.SpotPlacerDynamicFallback {
 		spec.Spread = m.spotByZoneLocked()
 	}
-	ctx := m.workCtx
+	ctx := m.launchCtx
 	m.workers.Add(1)
 	m.launches.Add(1)
 	m.startLocked(func() {

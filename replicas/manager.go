@@ -155,8 +155,12 @@ type Manager struct {
 	lastFail map[bool]time.Time
 	shutdown bool
 	workCtx  context.Context
-	workers  sync.WaitGroup
-	launches sync.WaitGroup
+	// launchCtx is workCtx for launches, which Shutdown cancels (cancelLaunches): a teardown
+	// does not wait out a launch hung on an infra that does not answer.
+	launchCtx      context.Context
+	cancelLaunches context.CancelFunc
+	workers        sync.WaitGroup
+	launches       sync.WaitGroup
 
 	ready atomic.Pointer[readySet]
 	// publishing turns on at Start's first publication: until then changes are not sent, so
@@ -273,8 +277,10 @@ func (m *Manager) Start(ctx context.Context) error {
 		cancel()
 		m.workers.Wait()
 	}()
+	launchCtx, cancelLaunches := context.WithCancel(workCtx)
 	m.mu.Lock()
 	m.workCtx = workCtx
+	m.launchCtx, m.cancelLaunches = launchCtx, cancelLaunches
 	m.mu.Unlock()
 
 	m.safeReconcile(workCtx)
@@ -394,9 +400,8 @@ func (m *Manager) Shutdown(ctx context.Context) ([]launcher.Leftover, error) {
 		}
 	}
 	m.setReadyLocked()
-	recs := make([]Record, 0, len(m.replicas))
-	for _, id := range sortedKeys(m.replicas) {
-		recs = append(recs, m.replicas[id].rec)
+	if m.cancelLaunches != nil {
+		m.cancelLaunches() // what a cut launch made anyway is found below, or left behind
 	}
 	m.unlock() // the SHUTTING_DOWN records are on disk before anything is terminated
 	m.publish(true)
@@ -412,6 +417,16 @@ func (m *Manager) Shutdown(ctx context.Context) ([]launcher.Leftover, error) {
 		return fail(fmt.Errorf("waiting for launches: %w", ctx.Err()))
 	}
 
+	// The cut-off of what is left unlisted: every launch has returned, so whatever it made is
+	// older (seconds truncated, as some infras keep creation times: an instance of a service
+	// re-created under the same name right away is never counted).
+	before := m.cfg.Now().Truncate(time.Second)
+	m.mu.Lock()
+	recs := make([]Record, 0, len(m.replicas))
+	for _, id := range sortedKeys(m.replicas) {
+		recs = append(recs, m.replicas[id].rec)
+	}
+	m.mu.Unlock()
 	insts, err := m.cfg.Provider.List(ctx, m.selector)
 	gaps, partial := launcher.Partial(err)
 	if !partial {
@@ -421,7 +436,7 @@ func (m *Manager) Shutdown(ctx context.Context) ([]launcher.Leftover, error) {
 	if err != nil {
 		return fail(err)
 	}
-	unlisted, err := m.leaveUnlisted(now, gaps, recs)
+	unlisted, err := m.leaveUnlisted(before, gaps, recs)
 	if err != nil {
 		return fail(err)
 	}
@@ -474,10 +489,19 @@ func (m *Manager) terminateAll(ctx context.Context, insts []launcher.Instance) (
 	}
 	wg.Wait()
 	var left []launcher.Leftover
+	keeper, _ := m.cfg.Provider.(launcher.LeftoverKeeper)
 	for _, l := range lefts {
-		if l != nil {
-			left = append(left, *l)
+		if l == nil {
+			continue
 		}
+		// The provider kept it without knowing whose it was: say so, for `ferry check`.
+		l.Owner = "service " + m.cfg.Service
+		if keeper != nil {
+			if err := keeper.LeaveBehind(*l); err != nil {
+				m.log.Warn("record what is left", zap.String("instance", l.InstanceID), zap.Error(err))
+			}
+		}
+		left = append(left, *l)
 	}
 	return left, errors.Join(errs...)
 }
@@ -502,7 +526,7 @@ func (m *Manager) leaveUnlisted(now time.Time, gaps []launcher.Gap, recs []Recor
 	}
 	owner := "service " + m.cfg.Service
 	for _, rec := range recs {
-		if g, in := launcher.InGaps(gaps, rec.Infra, "", rec.Zone); in && rec.InstanceID != "" && !errors.Is(g.Err, launcher.ErrNotFound) {
+		if g, in := m.inGaps(gaps, rec); in && rec.InstanceID != "" && !errors.Is(g.Err, launcher.ErrNotFound) {
 			out = append(out, launcher.Leftover{Infra: rec.Infra, InstanceID: rec.InstanceID, Owner: owner, Reason: g.Err.Error(), Since: now})
 		}
 	}

@@ -442,25 +442,31 @@ func TestManagerShutdownWithoutStart(t *testing.T) {
 	}
 }
 
-func TestManagerShutdownWaitsForLaunches(t *testing.T) {
+// Shutdown cuts the launches under way (one hung on an infra that does not answer must not
+// hold the teardown) and waits for them to return before it lists what to terminate.
+func TestManagerShutdownCutsLaunches(t *testing.T) {
 	prov := newFakeProvider(t)
 	prov.launchBlock = make(chan struct{})
+	defer close(prov.launchBlock)
 	h := newHarness(t, prov, newFakeStore(), newFakeClock())
 	h.start()
 	h.m.SetDesired(1)
 	h.waitStatus(1, StatusProvisioning)
 	done := make(chan error, 1)
 	go func() { _, err := h.m.Shutdown(context.Background()); done <- err }()
-	eventually(t, "replica marked SHUTTING_DOWN", func() bool {
-		r, _ := h.store.get("svc", 1)
-		return r.Status == StatusShuttingDown
-	})
-	close(prov.launchBlock)
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Shutdown waited for a launch that hangs")
 	}
 	if prov.count() != 0 {
-		t.Error("the instance launched during Shutdown survived it")
+		t.Error("an instance survived Shutdown")
+	}
+	if recs, _ := h.store.ListReplicas("svc"); len(recs) != 0 {
+		t.Errorf("records left: %+v", recs)
 	}
 }
 

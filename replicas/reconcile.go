@@ -2,6 +2,7 @@ package replicas
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"time"
@@ -255,6 +256,8 @@ func (m *Manager) applyLocked(now time.Time, acts actions) {
 // the instances of the last observation there, and the instances of replica records there that
 // were never observed.
 func (m *Manager) keepUnknownLocked(observed []launcher.Instance, seen map[string]bool, gaps []launcher.Gap) []launcher.Instance {
+	// A zone that does not exist holds nothing: what was recorded there is gone.
+	gaps = slices.DeleteFunc(slices.Clone(gaps), func(g launcher.Gap) bool { return errors.Is(g.Err, launcher.ErrNotFound) })
 	unknown := func(id string) bool {
 		_, gone := m.gone[id]
 		return id != "" && !seen[id] && !gone && !m.stopping[id]
@@ -267,12 +270,22 @@ func (m *Manager) keepUnknownLocked(observed []launcher.Instance, seen map[strin
 	}
 	for _, id := range sortedKeys(m.replicas) {
 		rec := m.replicas[id].rec
-		if _, in := launcher.InGaps(gaps, rec.Infra, "", rec.Zone); in && unknown(rec.InstanceID) && rec.Infra != "" {
+		if _, in := m.inGaps(gaps, rec); in && unknown(rec.InstanceID) && rec.Infra != "" {
 			seen[rec.InstanceID] = true
 			observed = append(observed, instanceOfRecord(rec))
 		}
 	}
 	return observed
+}
+
+// inGaps is the gap a record's instance lies in, its region told by the provider where the
+// record lacks it (a region's gap must not cover another region's instances).
+func (m *Manager) inGaps(gaps []launcher.Gap, rec Record) (launcher.Gap, bool) {
+	region := ""
+	if l, ok := m.cfg.Provider.(launcher.Locator); ok && rec.InstanceID != "" {
+		region, _ = l.Locate(rec.InstanceID)
+	}
+	return launcher.InGaps(gaps, rec.Infra, region, rec.Zone)
 }
 
 // instanceOfRecord is the instance a record names, as the record knows it: running, for an

@@ -904,6 +904,17 @@ func (p *Provider) withExitCode(ctx context.Context, region string, in types.Ins
 }
 
 // parseID splits "aws/REGION/INSTANCE-ID".
+var _ launcher.Locator = (*Provider)(nil)
+
+// Locate is the region of an instance id ("aws/REGION/ID"): EC2's API is regional.
+func (p *Provider) Locate(id string) (region, zone string) {
+	region, _, err := p.parseID(id)
+	if err != nil {
+		return "", ""
+	}
+	return region, ""
+}
+
 func (p *Provider) parseID(id string) (region, instanceID string, err error) {
 	rest, ok := strings.CutPrefix(id, InfraName+"/")
 	region, instanceID, ok2 := strings.Cut(rest, "/")

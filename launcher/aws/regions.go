@@ -26,6 +26,10 @@ func perRegion[T any](ctx context.Context, regions []string, read func(ctx conte
 	answers := make([]chan answer, len(regions))
 	for i, region := range regions {
 		answers[i] = make(chan answer, 1)
+		if err := launcher.Skip(ctx, region, ""); err != nil {
+			answers[i] <- answer{err: err} // known to be down: not asked again (the provisioner probes it)
+			continue
+		}
 		go func() {
 			items, err := read(ctx, region)
 			answers[i] <- answer{items, err}

@@ -430,6 +430,11 @@ func eachZone[T any](ctx context.Context, zones []string, fn func(ctx context.Co
 	}
 	ch := make(chan answer, len(zones)) // buffered: a late answer never blocks its goroutine
 	for i, zone := range zones {
+		if err := launcher.Skip(ctx, regionOf(zone), zone); err != nil {
+			var zero T
+			ch <- answer{i, zero, err} // known to be down: not asked again (the provisioner probes it)
+			continue
+		}
 		go func() {
 			v, err := fn(ctx, zone)
 			ch <- answer{i, v, err}
@@ -666,6 +671,17 @@ func (p *Provider) delete(ctx context.Context, zone, name string) error {
 	}
 	p.log.Info("deleted", zap.String("zone", zone), zap.String("instance", name))
 	return nil
+}
+
+var _ launcher.Locator = (*Provider)(nil)
+
+// Locate is the region and zone of an instance id ("gcp/ZONE/NAME").
+func (p *Provider) Locate(id string) (region, zone string) {
+	zone, _, err := parseID(id)
+	if err != nil {
+		return "", ""
+	}
+	return regionOf(zone), zone
 }
 
 // parseID splits "gcp/ZONE/NAME".

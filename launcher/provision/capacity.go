@@ -26,9 +26,10 @@ func (p *Provisioner) WithdrawQueued(ctx context.Context, job string, attempt in
 		if !ok {
 			continue
 		}
-		err := p.health.Allow(name, "")
+		err := p.health.Allow(name)
 		if err == nil {
-			err = p.call(ctx, name, p.opts.CallTimeout, func(ctx context.Context) error { return w.WithdrawQueued(ctx, job, attempt) })
+			err = p.call(ctx, p.opts.CallTimeout, func(ctx context.Context) error { return w.WithdrawQueued(ctx, job, attempt) })
+			p.observeCall(name, "", err)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))

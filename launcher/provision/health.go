@@ -146,15 +146,18 @@ func (e *DownError) Unwrap() error {
 	return launcher.ErrUnavailable
 }
 
-// Allow says whether a call to infra (and zone, if not "") may go now: nil, or a *DownError
-// saying why not. Callers never wait on an open breaker: Run probes it.
-func (h *Health) Allow(infra, zone string) error {
+// Allow says whether a call to infra (and to the parts named, a region and a zone of it,
+// where not "") may go now: nil, or a *DownError saying why not. Callers never wait on an open
+// breaker: Run probes it.
+func (h *Health) Allow(infra string, parts ...string) error {
 	now := h.opts.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	keys := []string{infra}
-	if zone != "" {
-		keys = append(keys, launcher.ZoneKey(infra, "", zone))
+	for _, part := range parts {
+		if part != "" {
+			keys = append(keys, launcher.ZoneKey(infra, "", part))
+		}
 	}
 	for _, key := range keys {
 		b := h.breakers[key]

@@ -28,14 +28,15 @@ func (p *Provisioner) ListIn(ctx context.Context, infras []string, selector map[
 		prov, ok := p.infras[name]
 		switch {
 		case !ok:
-			ch <- answer{gaps: []launcher.Gap{{Infra: name, Err: fmt.Errorf("%w: %s is not enabled here", launcher.ErrNotFound, name)}}}
+			// Not enabled now (its setup failed, say): what it holds is unknown, not gone.
+			ch <- answer{gaps: []launcher.Gap{{Infra: name, Err: fmt.Errorf("%w: %s is not enabled here", launcher.ErrUnavailable, name)}}}
 			continue
-		case p.health.Allow(name, "") != nil:
-			ch <- answer{gaps: []launcher.Gap{{Infra: name, Err: p.health.Allow(name, "")}}}
+		case p.health.Allow(name) != nil:
+			ch <- answer{gaps: []launcher.Gap{{Infra: name, Err: p.health.Allow(name)}}}
 			continue
 		}
 		go func() {
-			insts, gaps := p.listOne(ctx, name, prov, selector)
+			insts, gaps := p.listOne(ctx, name, prov, selector, true)
 			ch <- answer{insts, gaps}
 		}()
 	}
@@ -86,13 +87,18 @@ func awaitAnswer(ctx context.Context, ch <-chan answer, deadline time.Time) (ans
 
 // listOne lists one infra within ListTimeout, outliving the caller's wait (not its values) so
 // that a hung infra's timeout is always recorded, and records the outcome: the infra answered
-// or not, and for each zone or region it reports, whether that part could be read.
-func (p *Provisioner) listOne(ctx context.Context, name string, prov launcher.Provider, selector map[string]string) ([]launcher.Instance, []launcher.Gap) {
+// or not, and for each zone or region it reports, whether that part could be read. With skip,
+// the parts whose breakers are open are reported as gaps without being asked
+// (launcher.WithSkip); a probe asks every part. A provider that panics is a gap.
+func (p *Provisioner) listOne(ctx context.Context, name string, prov launcher.Provider, selector map[string]string, skip bool) (insts []launcher.Instance, gaps []launcher.Gap) {
 	parent := context.WithoutCancel(ctx)
+	if skip {
+		parent = launcher.WithSkip(parent, func(region, zone string) error { return p.health.Allow(name, region, zone) })
+	}
 	cctx, cancel := context.WithTimeout(parent, p.opts.ListTimeout)
 	defer cancel()
 	began := time.Now()
-	insts, err := prov.List(cctx, selector)
+	insts, err := safeList(cctx, prov, selector)
 	err = timedOut(parent, cctx, p.opts.ListTimeout, err)
 	gaps, partial := launcher.Partial(err)
 	if !partial {
@@ -132,4 +138,15 @@ func (h *Health) observeList(infra string, gaps []launcher.Gap) {
 			h.Observe(infra, s.Zone, nil)
 		}
 	}
+}
+
+// safeList is prov.List with a panic turned into an error: a provider's bug must not take the
+// controller down from a goroutine no caller recovers.
+func safeList(ctx context.Context, prov launcher.Provider, selector map[string]string) (insts []launcher.Instance, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			insts, err = nil, fmt.Errorf("list panicked: %v", r)
+		}
+	}()
+	return prov.List(ctx, selector)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -271,4 +272,173 @@ func TestJanitorResumesFromTheLedgerAndWaitsForTheInfra(t *testing.T) {
 	if s := p.Health().State("aws", ""); s.State != StateUp {
 		t.Fatalf("aws %+v after its probe answered", s)
 	}
+}
+
+// zonal lists two zones of "gcp", asking each unless the List's context says to skip it;
+// zone b hangs until its context ends while hangB is set.
+type zonal struct {
+	scripted
+	mu     sync.Mutex
+	hangB  bool
+	asked  map[string]int
+	termed []string
+	failB  error
+}
+
+func (z *zonal) List(ctx context.Context, sel map[string]string) ([]launcher.Instance, error) {
+	var out []launcher.Instance
+	var gaps []launcher.Gap
+	for _, zone := range []string{"us-central1-a", "us-central1-b"} {
+		if err := launcher.Skip(ctx, "us-central1", zone); err != nil {
+			gaps = append(gaps, launcher.Gap{Infra: "gcp", Region: "us-central1", Zone: zone, Err: err})
+			continue
+		}
+		z.mu.Lock()
+		z.asked[zone]++
+		hang := z.hangB && zone == "us-central1-b"
+		z.mu.Unlock()
+		if hang {
+			<-ctx.Done()
+			gaps = append(gaps, launcher.Gap{Infra: "gcp", Region: "us-central1", Zone: zone, Err: fmt.Errorf("%w: %w", launcher.ErrUnavailable, ctx.Err())})
+			continue
+		}
+		out = append(out, running("gcp", "gcp/"+zone+"/svc-"+zone, svcLabels))
+	}
+	return out, launcher.PartialList(gaps)
+}
+
+func (z *zonal) Locate(id string) (string, string) {
+	parts := strings.Split(id, "/")
+	return "us-central1", parts[1]
+}
+
+func (z *zonal) Terminate(_ context.Context, id string) error {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if strings.Contains(id, "us-central1-b") && z.failB != nil {
+		return z.failB
+	}
+	z.termed = append(z.termed, id)
+	return nil
+}
+
+func (z *zonal) count(zone string) int {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return z.asked[zone]
+}
+
+// A hung zone costs one List its straggle wait; then its breaker is open and the next Lists
+// skip it at once, reading the other zone; the infra stays up. Terminates in a failing zone
+// are charged to that zone, never to the whole infra.
+func TestAHungZoneIsSkippedAndChargedToItself(t *testing.T) {
+	p, _ := newLive(t, nil)
+	z := &zonal{asked: map[string]int{}, hangB: true}
+	p.infras["gcp"] = z
+	got, err := p.ListIn(context.Background(), []string{"gcp"}, svcLabels)
+	if gaps, _ := launcher.Partial(err); len(gaps) != 1 || len(got) != 0 {
+		t.Fatalf("first List = %v, %v; want the straggling infra as a gap", got, err)
+	}
+	eventually(t, 5*time.Second, "zone b's breaker open after its timeout", func() bool {
+		return p.Health().State("gcp", "us-central1-b").State == StateDown
+	})
+	began := time.Now()
+	got, err = p.ListIn(context.Background(), []string{"gcp"}, svcLabels)
+	gaps, _ := launcher.Partial(err)
+	if time.Since(began) > 500*time.Millisecond || len(gaps) != 1 || gaps[0].Zone != "us-central1-b" || len(got) != 1 {
+		t.Fatalf("List with zone b down took %v: %v, %v; want zone a's instance and zone b skipped at once", time.Since(began), got, err)
+	}
+	if n := z.count("us-central1-b"); n != 1 {
+		t.Fatalf("zone b asked %d times, want once (then skipped)", n)
+	}
+	if s := p.Health().State("gcp", ""); s.State != StateUp {
+		t.Fatalf("the infra %+v, want up: one zone failed", s)
+	}
+	// Terminates in zone b are left behind without a call; the infra stays up.
+	for i := range 4 {
+		err := p.Terminate(context.Background(), fmt.Sprintf("gcp/us-central1-b/vm-%d", i))
+		if _, left := launcher.LeftBehind(err); !left {
+			t.Fatalf("terminate in the down zone: %v, want left behind", err)
+		}
+	}
+	z.mu.Lock()
+	z.hangB = false
+	z.failB = fmt.Errorf("%w: 503", launcher.ErrUnavailable)
+	z.mu.Unlock()
+	p.Health().Observe("gcp", "us-central1-b", nil) // as a probe would
+	for i := range 4 {
+		_ = p.Terminate(context.Background(), fmt.Sprintf("gcp/us-central1-b/vm-%d", i))
+	}
+	if s := p.Health().State("gcp", ""); s.State != StateUp {
+		t.Fatalf("the infra after 4 failing terminates in one zone: %+v, want up", s)
+	}
+	if s := p.Health().State("gcp", "us-central1-b"); s.State != StateDown {
+		t.Fatalf("zone b after 4 failing terminates: %+v, want down", s)
+	}
+	if err := p.Terminate(context.Background(), "gcp/us-central1-a/vm-ok"); err != nil {
+		t.Fatalf("terminate in the healthy zone: %v", err)
+	}
+}
+
+// panicky lists by panicking.
+type panicky struct{ scripted }
+
+func (*panicky) List(context.Context, map[string]string) ([]launcher.Instance, error) {
+	panic("provider bug")
+}
+
+func TestAPanickingListIsAGap(t *testing.T) {
+	p, provs := newLive(t, nil)
+	p.infras["aws"] = &panicky{}
+	provs[configs.InfraLocal].insts = []launcher.Instance{running("local", "local-svc-1", svcLabels)}
+	got, err := p.List(context.Background(), svcLabels)
+	gaps, partial := launcher.Partial(err)
+	if !partial || len(gaps) != 1 || gaps[0].Infra != "aws" || !strings.Contains(gaps[0].Err.Error(), "panicked") || len(got) != 1 {
+		t.Fatalf("List = %v, %v; want the local instance and aws a gap", got, err)
+	}
+}
+
+// flakyLedger fails its first puts.
+type flakyLedger struct {
+	memLedger
+	failPuts int
+}
+
+func (l *flakyLedger) PutLeftover(x launcher.Leftover) error {
+	l.mu.Lock()
+	if l.failPuts > 0 {
+		l.failPuts--
+		l.mu.Unlock()
+		return errors.New("disk full")
+	}
+	l.mu.Unlock()
+	return l.memLedger.PutLeftover(x)
+}
+
+// A leftover the store could not take is kept and written at a later sweep.
+func TestLeftoverWrittenOnceTheStoreTakesIt(t *testing.T) {
+	p, provs := newLive(t, nil)
+	provs["gcp"].termErr = fmt.Errorf("%w: 503", launcher.ErrUnavailable)
+	ledger := &flakyLedger{failPuts: 1}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = p.Run(ctx, ledger)
+	}()
+	defer func() { cancel(); <-done }()
+	eventually(t, 5*time.Second, "the janitor open", func() bool {
+		p.janitor.mu.Lock()
+		defer p.janitor.mu.Unlock()
+		return p.janitor.ledger != nil
+	})
+	err := p.Terminate(context.Background(), "gcp/us-central1-a/svc-1")
+	left, ok := launcher.LeftBehind(err)
+	if !ok || left.Key == "" || left.Since.IsZero() {
+		t.Fatalf("Terminate = %v; want it left behind, with its key and since", err)
+	}
+	if ledger.len() != 0 {
+		t.Fatal("the failing put stored it")
+	}
+	eventually(t, 5*time.Second, "the leftover written at a later sweep", func() bool { return ledger.len() == 1 })
 }

@@ -248,10 +248,10 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 		var c Choice
 		var release func(id string, at time.Time)
 		c, remaining, release = p.next(remaining, spec.Spread)
-		if down := p.health.Allow(c.Infra, c.Zone); down != nil {
+		if down := p.health.Allow(c.Infra, c.Region, c.Zone); down != nil {
 			// Down or throttled: not tried, and neither is the rest of it while it is.
 			release("", p.opts.Now())
-			remaining = slices.DeleteFunc(remaining, func(o Choice) bool { return p.health.Allow(o.Infra, o.Zone) != nil })
+			remaining = slices.DeleteFunc(remaining, func(o Choice) bool { return p.health.Allow(o.Infra, o.Region, o.Zone) != nil })
 			allInvalid = false
 			reasons = append(reasons, describe(c.Placement)+": "+down.Error())
 			continue
@@ -268,7 +268,7 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 		} else {
 			insts, err = launcher.LaunchGang(ctx, prov, s, n)
 		}
-		p.health.Observe(c.Infra, launchZone(c, err), err)
+		p.observeCall(c.Infra, launchPart(c, err), err)
 		placedID := ""
 		if err == nil && len(insts) > 0 {
 			placedID = insts[0].ID
@@ -319,13 +319,32 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 	return nil, fmt.Errorf("%w: every location failed (%d): %s", kind, len(reasons), strings.Join(reasons, "; "))
 }
 
-// launchZone is the breaker a launch's outcome counts for: a zone that does not exist is the
-// zone's fault; anything else is the infra's.
-func launchZone(c Choice, err error) string {
-	if errors.Is(err, launcher.ErrNotFound) && c.Zone != "" {
-		return c.Zone
+// launchPart is the breaker a launch's outcome counts for: its zone (or region) — a launch
+// that fails tells of the place it went to, and a whole infra that fails shows in its listing
+// — except refused credentials and throttling, which are the account's, on the whole infra.
+func launchPart(c Choice, err error) string {
+	if errors.Is(err, launcher.ErrUnauthorized) || errors.Is(err, launcher.ErrThrottled) {
+		return ""
 	}
-	return ""
+	return cmp.Or(c.Zone, c.Region)
+}
+
+// observeCall records the outcome of a call about one instance or place (a launch, a
+// terminate, a cleanup) in the breaker of part (its zone or region; "" for the whole infra):
+// an answer about the request or the place closes it, the infra failing (unavailable,
+// throttled, unauthorized, our own deadline) counts against it, and anything else (a program
+// that ended while starting, a provider's own whole-operation timeout) says nothing of the
+// infra's health.
+func (p *Provisioner) observeCall(infra, part string, err error) {
+	switch {
+	case launcher.IsInfraFault(err):
+		p.health.Observe(infra, part, err)
+	case errors.Is(err, launcher.ErrNotFound) && part != "":
+		p.health.Observe(infra, part, err) // a zone that does not exist
+	case err == nil, errors.Is(err, launcher.ErrNoCapacity), errors.Is(err, launcher.ErrQuota), errors.Is(err, launcher.ErrInvalid),
+		errors.Is(err, launcher.ErrQueued), errors.Is(err, launcher.ErrPreempted), errors.Is(err, launcher.ErrNotFound):
+		p.health.Observe(infra, part, nil)
+	}
 }
 
 // blockInfra skips every location of an infra (bad credentials) for the block time.
@@ -419,7 +438,7 @@ func (p *Provisioner) markBlockedLocked(c *Choice, now time.Time) {
 		}
 	}
 	var down *DownError
-	if err := p.health.Allow(c.Infra, c.Zone); errors.As(err, &down) {
+	if err := p.health.Allow(c.Infra, c.Region, c.Zone); errors.As(err, &down) {
 		until := down.State.RetryAt
 		if until.Before(now) {
 			until = now.Add(time.Second) // a probe is due: about now
@@ -525,40 +544,59 @@ func (p *Provisioner) Terminate(ctx context.Context, id string) error {
 		return err
 	}
 	p.spread.forget(id)
-	if down := p.health.Allow(name, ""); down != nil {
+	region, zone := p.locate(name, id)
+	if down := p.health.Allow(name, region, zone); down != nil {
 		return p.leave(launcher.Leftover{Infra: name, InstanceID: id}, down)
 	}
-	err = p.call(ctx, name, p.opts.CallTimeout, func(ctx context.Context) error { return p.infras[name].Terminate(ctx, id) })
+	err = p.call(ctx, p.opts.CallTimeout, func(ctx context.Context) error { return p.infras[name].Terminate(ctx, id) })
+	p.observeCall(name, cmp.Or(zone, region), err)
 	switch {
 	case err == nil:
 		p.janitor.forget(id) // stopped by its owner after all
-	case launcher.IsInfraFault(err) || Class(err) == ClassTimeout:
+	case launcher.IsInfraFault(err):
 		return p.leave(launcher.Leftover{Infra: name, InstanceID: id}, err)
 	}
 	return err
 }
 
-// call runs fn against infra within timeout and records its outcome in the infra's breaker. A
-// call its deadline cut is reported as unavailable (and counted as a timeout) unless ctx
-// itself ended.
-func (p *Provisioner) call(ctx context.Context, infra string, timeout time.Duration, fn func(context.Context) error) error {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	err := timedOut(ctx, cctx, timeout, fn(cctx))
-	p.health.Observe(infra, "", err)
-	return err
+var _ launcher.Locator = (*Provisioner)(nil)
+
+// Locate is where an instance lies, as far as its infra's provider can tell from the id.
+func (p *Provisioner) Locate(id string) (region, zone string) {
+	name, err := p.ownerName(id)
+	if err != nil {
+		return "", ""
+	}
+	return p.locate(name, id)
 }
 
-// timedOut marks err as the infra's timeout when the call's own deadline (not its caller's)
-// ended it.
-func timedOut(parent, call context.Context, timeout time.Duration, err error) error {
-	if err != nil && parent.Err() == nil && errors.Is(call.Err(), context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%w: no answer within %v: %w (%w)", launcher.ErrUnavailable, timeout, err, context.DeadlineExceeded)
+// locate is where an instance of infra lies, as far as its provider can tell from the id.
+func (p *Provisioner) locate(infra, id string) (region, zone string) {
+	if l, ok := p.infras[infra].(launcher.Locator); ok {
+		return l.Locate(id)
 	}
-	if err != nil && errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, launcher.ErrUnavailable) {
+	return "", ""
+}
+
+// call runs fn within timeout; a call its own deadline cut (not its caller's) is the infra's
+// timeout (timedOut). The caller records the outcome where it belongs (observeCall).
+func (p *Provisioner) call(ctx context.Context, timeout time.Duration, fn func(context.Context) error) error {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return timedOut(ctx, cctx, timeout, fn(cctx))
+}
+
+// timedOut marks err as the infra's timeout (ErrUnavailable with context.DeadlineExceeded)
+// when the call's own deadline ended it while its caller still waited. A caller's deadline
+// or cancel that ended it is left as it is: not the infra's fault, and not recorded.
+func timedOut(parent, call context.Context, timeout time.Duration, err error) error {
+	if err == nil || parent.Err() != nil || !errors.Is(call.Err(), context.DeadlineExceeded) || errors.Is(err, launcher.ErrUnavailable) {
+		return err
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%w: no answer within %v: %w", launcher.ErrUnavailable, timeout, err)
 	}
-	return err
+	return fmt.Errorf("%w: no answer within %v: %w (%w)", launcher.ErrUnavailable, timeout, err, context.DeadlineExceeded)
 }
 
 // List merges every infra's instances (listing.go).
@@ -589,7 +627,7 @@ func (p *Provisioner) StreamLogs(ctx context.Context, id string, opts launcher.L
 		return err
 	}
 	if ls, ok := prov.(launcher.LogStreamer); ok {
-		if down := p.health.Allow(infraOfProvider(p, prov), ""); down != nil {
+		if down := p.health.Allow(infraOfProvider(p, prov)); down != nil {
 			return down
 		}
 		return ls.StreamLogs(ctx, id, opts, w)
@@ -606,9 +644,10 @@ func (p *Provisioner) CleanupJob(ctx context.Context, job string) error {
 		if !ok {
 			continue
 		}
-		err := p.health.Allow(name, "")
+		err := p.health.Allow(name)
 		if err == nil {
-			err = p.call(ctx, name, p.opts.CallTimeout, func(ctx context.Context) error { return c.CleanupJob(ctx, job) })
+			err = p.call(ctx, p.opts.CallTimeout, func(ctx context.Context) error { return c.CleanupJob(ctx, job) })
+			p.observeCall(name, "", err)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))
