@@ -63,7 +63,7 @@ type env struct {
 	// stopKubelet ends the kubelet stand-in and waits for it.
 	stopKubelet func()
 	apiDoor     *testcluster.APIProxy
-	ns      string
+	ns          string
 	// marks is where job nodes write the time they exit (every infra's nodes are processes on
 	// this machine).
 	marks string
