@@ -120,6 +120,48 @@ func BuildFerry(root, dir string) (string, error) {
 	return bin, nil
 }
 
+// Prepare is what a driver that runs ferry does first: its output directory (OutDir under the
+// repository, made absolute) and the ferry binary (built there when bin is "", made absolute,
+// and reached through a link named ferry when it is named otherwise, since replicas' run lines
+// call `ferry replica-sim` from PATH).
+func Prepare(driver, out, bin string) (absOut, absBin string, err error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return "", "", err
+	}
+	if out, err = OutDir(root, driver, out); err != nil {
+		return "", "", err
+	}
+	if out, err = filepath.Abs(out); err != nil {
+		return "", "", err
+	}
+	if bin == "" {
+		if bin, err = BuildFerry(root, out); err != nil {
+			return "", "", err
+		}
+	}
+	if bin, err = filepath.Abs(bin); err != nil {
+		return "", "", err
+	}
+	if filepath.Base(bin) != "ferry" {
+		link := filepath.Join(out, "bin", "ferry")
+		if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
+			return "", "", err
+		}
+		_ = os.Remove(link)
+		if err := os.Symlink(bin, link); err != nil {
+			return "", "", err
+		}
+		bin = link
+	}
+	return out, bin, nil
+}
+
+// Progress writes one line of a driver's progress to stderr, with the time of day.
+func Progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
 // LoadAvg is the host's 1, 5 and 15 minute load averages, or "" where /proc has none.
 func LoadAvg() string {
 	b, err := os.ReadFile("/proc/loadavg")

@@ -56,25 +56,8 @@ func TestFaultsShort(t *testing.T) {
 		if _, err := os.Stat(log); err != nil {
 			log = filepath.Join(out, "home", "controller.log")
 		}
-		t.Logf("controller.log, warnings and errors:\n%s", logLevels(log, "warn", "error"))
+		t.Logf("controller.log, warnings and errors:\n%s", servicekit.LogLevels(log, "warn", "error"))
 	}
-}
-
-// logLevels returns the lines of a zap JSON log at the given levels, at most the last 60.
-func logLevels(path string, levels ...string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	var keep []string
-	for _, line := range strings.Split(string(b), "\n") {
-		for _, l := range levels {
-			if strings.Contains(line, `"level":"`+l+`"`) {
-				keep = append(keep, line)
-			}
-		}
-	}
-	return strings.Join(keep[max(0, len(keep)-60):], "\n")
 }
 
 func sseChunk(content string) string {

@@ -209,10 +209,7 @@ func run(opts options) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	defer servicekit.OnSignal(cancel)()
-	progress := func(format string, args ...any) {
-		fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-	}
-	rep, err := execute(ctx, opts, os.Stdout, progress)
+	rep, err := execute(ctx, opts, os.Stdout, benchkit.Progress)
 	if err != nil {
 		return err
 	}
@@ -226,35 +223,8 @@ func run(opts options) error {
 // report. It returns the report whatever the verdicts; an error means the run itself could not
 // be completed.
 func execute(ctx context.Context, opts options, stdout io.Writer, progress func(string, ...any)) (rep *report, err error) {
-	root, err := benchkit.RepoRoot()
-	if err != nil {
+	if opts.out, opts.ferryBin, err = benchkit.Prepare("faults", opts.out, opts.ferryBin); err != nil {
 		return nil, err
-	}
-	if opts.out, err = benchkit.OutDir(root, "faults", opts.out); err != nil {
-		return nil, err
-	}
-	if opts.out, err = filepath.Abs(opts.out); err != nil {
-		return nil, err
-	}
-	if opts.ferryBin == "" {
-		if opts.ferryBin, err = benchkit.BuildFerry(root, opts.out); err != nil {
-			return nil, err
-		}
-	}
-	if opts.ferryBin, err = filepath.Abs(opts.ferryBin); err != nil {
-		return nil, err
-	}
-	if filepath.Base(opts.ferryBin) != "ferry" {
-		// Replicas' run lines call `ferry replica-sim` from PATH.
-		link := filepath.Join(opts.out, "bin", "ferry")
-		if err := os.MkdirAll(filepath.Dir(link), 0o755); err != nil {
-			return nil, err
-		}
-		_ = os.Remove(link)
-		if err := os.Symlink(opts.ferryBin, link); err != nil {
-			return nil, err
-		}
-		opts.ferryBin = link
 	}
 	rep = &report{
 		Started: time.Now(),

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -50,25 +49,8 @@ func TestInfraFaultsShort(t *testing.T) {
 		t.Errorf("teardown: %s", p)
 	}
 	if t.Failed() {
-		t.Logf("controller.log, warnings and errors:\n%s", logLevels(filepath.Join(out, "home", "controller.log"), "warn", "error"))
+		t.Logf("controller.log, warnings and errors:\n%s", servicekit.LogLevels(filepath.Join(out, "home", "controller.log"), "warn", "error"))
 	}
-}
-
-// logLevels returns the lines of a zap JSON log at the given levels, at most the last 80.
-func logLevels(path string, levels ...string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	var keep []string
-	for _, line := range strings.Split(string(b), "\n") {
-		for _, l := range levels {
-			if strings.Contains(line, `"level":"`+l+`"`) {
-				keep = append(keep, line)
-			}
-		}
-	}
-	return strings.Join(keep[max(0, len(keep)-80):], "\n")
 }
 
 func TestParseFlags(t *testing.T) {

@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -107,10 +106,7 @@ func run(opts options) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	defer servicekit.OnSignal(cancel)()
-	progress := func(format string, args ...any) {
-		fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-	}
-	rep, err := execute(ctx, opts, os.Stdout, progress)
+	rep, err := execute(ctx, opts, os.Stdout, benchkit.Progress)
 	if err != nil {
 		return err
 	}
@@ -124,23 +120,8 @@ func run(opts options) error {
 // scenarios and writes the report. It returns the report whatever the verdicts; an error means
 // the run itself could not be completed.
 func execute(ctx context.Context, opts options, stdout io.Writer, progress func(string, ...any)) (*report, error) {
-	root, err := benchkit.RepoRoot()
-	if err != nil {
-		return nil, err
-	}
-	if opts.out, err = benchkit.OutDir(root, "infrafaults", opts.out); err != nil {
-		return nil, err
-	}
-	if opts.out, err = filepath.Abs(opts.out); err != nil {
-		return nil, err
-	}
-	if opts.ferryBin == "" {
-		progress("building ferry")
-		if opts.ferryBin, err = benchkit.BuildFerry(root, opts.out); err != nil {
-			return nil, err
-		}
-	}
-	if opts.ferryBin, err = filepath.Abs(opts.ferryBin); err != nil {
+	var err error
+	if opts.out, opts.ferryBin, err = benchkit.Prepare("infrafaults", opts.out, opts.ferryBin); err != nil {
 		return nil, err
 	}
 	e, err := setup(ctx, opts, progress)

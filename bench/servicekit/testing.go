@@ -1,7 +1,9 @@
 package servicekit
 
 import (
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ferryserve/ferry/bench/benchkit"
@@ -28,4 +30,22 @@ func ShortRunEnv(t *testing.T) (bin, out string) {
 	t.Setenv("FERRY_GATEWAY_ADDR", "off")
 	t.Setenv("FERRY_METRICS_ADDR", "off")
 	return bin, out
+}
+
+// LogLevels returns the lines of a zap JSON log at the given levels, at most the last 80: what a
+// failed driver test prints of the controller's log.
+func LogLevels(path string, levels ...string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var keep []string
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, l := range levels {
+			if strings.Contains(line, `"level":"`+l+`"`) {
+				keep = append(keep, line)
+			}
+		}
+	}
+	return strings.Join(keep[max(0, len(keep)-80):], "\n")
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -56,25 +55,8 @@ func TestUpdatesShort(t *testing.T) {
 	}
 	if t.Failed() {
 		// The output directory goes with the test: keep what explains the failure.
-		t.Logf("controller.log, warnings and errors:\n%s", logLevels(filepath.Join(out, "home", "controller.log"), "warn", "error"))
+		t.Logf("controller.log, warnings and errors:\n%s", servicekit.LogLevels(filepath.Join(out, "home", "controller.log"), "warn", "error"))
 	}
-}
-
-// logLevels returns the lines of a zap JSON log at the given levels, at most the last 60.
-func logLevels(path string, levels ...string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	var keep []string
-	for _, line := range strings.Split(string(b), "\n") {
-		for _, l := range levels {
-			if strings.Contains(line, `"level":"`+l+`"`) {
-				keep = append(keep, line)
-			}
-		}
-	}
-	return strings.Join(keep[max(0, len(keep)-60):], "\n")
 }
 
 func TestModelOfJSON(t *testing.T) {

@@ -33,8 +33,8 @@ var importRules = []importRule{
 	{"jobs", []string{"configs", "launcher"}},               // never learns which cloud runs a node, nor that services exist
 	{"proxy", []string{"policy"}},
 	{"proxy/attach", []string{"configs", "proxy", "internal/api", "internal/home"}},
-	{"internal/api", []string{"configs", "internal/home", "jobs", "replicas"}},    // routes; the proxy is not its business
-	{"internal/store", []string{"configs", "jobs", "replicas", "internal/store"}}, // kubestore and storetest build on the interface
+	{"internal/api", []string{"configs", "internal/home", "jobs", "launcher", "replicas"}},    // routes; the proxy is not its business; launcher for infra health and leftovers
+	{"internal/store", []string{"configs", "jobs", "launcher", "replicas", "internal/store"}}, // kubestore and storetest build on the interface; launcher for the leftovers ledger
 	{"internal/home", nil},
 	{"internal/infra", []string{"configs", "internal/home", "launcher"}},
 	{"internal/leader", nil}, // client-go's election only; the controller hands its term to the store
