@@ -243,16 +243,20 @@ func (s *Set) Infras(ctx context.Context, r configs.Resources) ([]optimizer.Infr
 // health is the provisioner's breakers.
 func (s *Set) health() *provision.Health { return s.Provisioner.Health() }
 
-// observe feeds what asking an infra found into its breaker: an answer, or the infra failing
-// (a question cut by its own deadline is its timeout). Other errors of these optional
-// questions (no permission to read spot prices, say) say nothing of whether the infra can
-// launch and list, and are not counted.
+// observe feeds the infra failing, as asking it for the plan found, into its breaker (a
+// question cut by its own deadline is its timeout). Successes are not counted: much of the plan
+// is the catalog's, with no call at all, and must not read as the infra answering. Other
+// errors of these optional questions (no permission to read spot prices, say) say nothing of
+// whether the infra can launch and list.
 func (s *Set) observe(parent, call context.Context, name string, err error) {
-	if err != nil && parent.Err() == nil && errors.Is(call.Err(), context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
+	if err == nil || parent.Err() != nil {
+		return
+	}
+	if errors.Is(call.Err(), context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
 		err = fmt.Errorf("%w: %w (%w)", launcher.ErrUnavailable, err, context.DeadlineExceeded)
 	}
 	switch provision.Class(err) {
-	case "", provision.ClassTimeout, provision.ClassUnavailable, provision.ClassThrottled:
+	case provision.ClassTimeout, provision.ClassUnavailable, provision.ClassThrottled:
 		s.health().Observe(name, "", err)
 	}
 }
