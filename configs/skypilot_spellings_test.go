@@ -1,20 +1,14 @@
 package configs
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/ferryserve/ferry/internal/testhttp"
 )
 
 // The spellings SkyPilot accepts that Ferry refused before issue 34, each in SkyPilot's own
@@ -393,7 +387,7 @@ func TestSkyPilotTLSPathsResolvedWhereTheCLIRuns(t *testing.T) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	writeTestKeyPair(t, filepath.Join(dir, "key.pem"), filepath.Join(dir, "cert.pem"))
+	testhttp.WriteSelfSigned(t, dir)
 	// examples/serve/https/service.yaml
 	service := filepath.Join(dir, "service.yaml")
 	writeTestFile(t, service, `service:
@@ -453,25 +447,4 @@ func writeTestFile(t *testing.T, path, text string) {
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// writeTestKeyPair writes a self-signed certificate for localhost and its key, as PEM.
-func writeTestKeyPair(t *testing.T, keyPath, certPath string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "localhost"},
-		DNSNames: []string{"localhost"}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeTestFile(t, certPath, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})))
-	writeTestFile(t, keyPath, string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})))
 }
