@@ -148,15 +148,16 @@ run: python3 server.py
 
 func TestSkyPilotInfraWildcards(t *testing.T) {
 	tests := map[string]struct{ infra, want string }{
-		"zone in any region of gcp (issue 34)": {"gcp/*/us-central1-a", "gcp/us-central1/us-central1-a"},
-		"region on any cloud (issue 34)":       {"*/us-east-1", "aws/us-east-1"},
-		"gcp region on any cloud":              {"*/us-central1", "gcp/us-central1"},
-		"SkyPilot's documented example":        {"aws/*/us-east-1a", "aws/us-east-1/us-east-1a"},
-		"zone on any cloud":                    {"*/*/us-central1-b", "gcp/us-central1/us-central1-b"},
-		"any region":                           {"aws/*", "aws"},
-		"any zone":                             {"gcp/us-central1/*", "gcp/us-central1"},
-		"any context":                          {"k8s/*", "kubernetes"},
-		"anything":                             {"*/*/*", "*"},
+		"zone in any region of gcp (issue 34)":  {"gcp/*/us-central1-a", "gcp/us-central1/us-central1-a"},
+		"region on any cloud (issue 34)":        {"*/us-east-1", "aws/us-east-1"},
+		"gcp region on any cloud":               {"*/us-central1", "gcp/us-central1"},
+		"SkyPilot's documented example":         {"aws/*/us-east-1a", "aws/us-east-1/us-east-1a"},
+		"agent/skills/.../advanced-patterns.md": {"*/us-east-1/us-east-1a", "aws/us-east-1/us-east-1a"},
+		"zone on any cloud":                     {"*/*/us-central1-b", "gcp/us-central1/us-central1-b"},
+		"any region":                            {"aws/*", "aws"},
+		"any zone":                              {"gcp/us-central1/*", "gcp/us-central1"},
+		"any context":                           {"k8s/*", "kubernetes"},
+		"anything":                              {"*/*/*", "*"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -290,6 +291,32 @@ func TestSkyPilotPerRegionImageID(t *testing.T) {
 }
 
 func TestSkyPilotAlternativesOnCloudsFerryLacks(t *testing.T) {
+	// agent/skills/skypilot/references/advanced-patterns.md, "mixed-gpus.yaml"
+	const mixed = `# mixed-gpus.yaml
+name: mixed-gpu-training
+
+resources:
+  any_of:
+    - infra: aws
+      accelerators: A10g:4
+    - infra: gcp
+      accelerators: L4:4
+    - infra: azure
+      accelerators: A100:1
+    - infra: lambda
+      accelerators: A100:1
+
+run: |
+  python train.py
+`
+	task := parseOK(t, mixed, Overrides{})
+	if diff := cmp.Diff([]string{"4x A10g (aws)", "4x L4 (gcp)"}, strs(task.Resources.AnyOf)); diff != "" {
+		t.Errorf("mixed-gpus.yaml: kept alternatives (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"resources.any_of[2]", "resources.any_of[3]"}, noteFields(task.Notes)); diff != "" {
+		t.Errorf("mixed-gpus.yaml: notes (-want +got):\n%s", diff)
+	}
+
 	const yaml = `run: x
 resources:
   accelerators: A100:8
@@ -301,7 +328,7 @@ resources:
     - infra: fluidstack
       accelerators: H100:8
 `
-	task := parseOK(t, yaml, Overrides{})
+	task = parseOK(t, yaml, Overrides{})
 	if diff := cmp.Diff([]string{"8x A100 (aws)"}, strs(task.Resources.AnyOf)); diff != "" {
 		t.Errorf("kept alternatives (-want +got):\n%s", diff)
 	}
