@@ -89,6 +89,14 @@ type checker struct {
 	lookupEnv func(string) (string, bool)
 	// task says a task file is being read: unknown fields SkyPilot knows get its own message.
 	taskFile bool
+	// cwd is the directory the CLI runs in, under Load ("" under Parse): SkyPilot resolves a
+	// service's relative TLS paths against it.
+	cwd string
+	// taskCloud is the one cloud every candidate of the task runs on ("" when they may run on
+	// several, or none is named): a storage mapping's default store (storage.go).
+	taskCloud string
+	// notes are what the task file says that Ferry accepted but reads its own way (notes.go).
+	notes []Note
 }
 
 // maxNodeVisits is far above any real task file and far below what would take noticeable time.

@@ -155,8 +155,8 @@ func TestParseErrors(t *testing.T) {
 			},
 		},
 		"accelerator listed twice": {
-			yaml: "run: serve\nresources:\n  accelerators: [A100, a100:2]\n",
-			want: []wantErr{{3, 24, "resources.accelerators[1]", `accelerator "a100" listed twice`}},
+			yaml: "run: serve\nresources:\n  accelerators: [A100:2, a100:2]\n",
+			want: []wantErr{{3, 26, "resources.accelerators[1]", `accelerator "a100:2" listed twice`}},
 		},
 		"empty run": {
 			yaml: "run: \"\"\n",
@@ -241,8 +241,8 @@ func TestParseErrors(t *testing.T) {
 			want: []wantErr{{2, 12, "num_nodes", "must be at least 1, got 0"}},
 		},
 		"bad name": {
-			yaml: "name: My_Service\nrun: serve\n",
-			want: []wantErr{{1, 7, "name", `"My_Service" is not a valid name`}},
+			yaml: "name: my service!\nrun: serve\n",
+			want: []wantErr{{1, 7, "name", `"my service!" is not a valid name`}},
 		},
 		"bad name override": {
 			yaml: "run: serve\n",
@@ -281,8 +281,12 @@ func TestParseErrors(t *testing.T) {
 			want: []wantErr{{3, 10, "resources.infra", `unknown infra "awz"; did you mean "aws"?`}},
 		},
 		"infra unknown cloud without a close match": {
+			yaml: "run: serve\nresources:\n  infra: moon\n",
+			want: []wantErr{{3, 10, "resources.infra", `unknown infra "moon" (valid infra: local, kubernetes, k8s, aws, gcp, *)`}},
+		},
+		"infra on a cloud Ferry lacks": {
 			yaml: "run: serve\nresources:\n  infra: azure\n",
-			want: []wantErr{{3, 10, "resources.infra", `unknown infra "azure" (valid infra: local, kubernetes, k8s, aws, gcp, *)`}},
+			want: []wantErr{{3, 10, "resources.infra", "Ferry does not launch on azure: it launches on local, kubernetes, aws and gcp"}},
 		},
 		"infra zone outside region": {
 			yaml: "run: serve\nresources:\n  infra: aws/us-east-1/us-west-2a\n",
@@ -456,7 +460,7 @@ func TestErrorString(t *testing.T) {
 }
 
 func TestErrorsUnwrapsJoinedAndWrapped(t *testing.T) {
-	_, err := Parse("t.yaml", []byte("run: serve\nnum_nodes: x\nname: X\n"), Overrides{})
+	_, err := Parse("t.yaml", []byte("run: serve\nnum_nodes: x\nname: X!\n"), Overrides{})
 	wrapped := fmt.Errorf("serve up: %w", err)
 	got := Errors(wrapped)
 	if len(got) != 2 {

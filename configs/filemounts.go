@@ -31,8 +31,12 @@ func (c *checker) fileMountSource(n *yaml.Node, field string) (string, bool) {
 	}
 	src, hasSource := f["source"]
 	if !hasSource {
-		c.errorf(n, field, "a storage mapping without source asks for a new bucket, which Ferry does not create: create it, upload the files and write %s: s3://BUCKET/PATH (or gs://)", field)
-		return "", false
+		// {name: BUCKET, store: s3}: an existing bucket (storage.go).
+		bucket := c.namedBucket(n, f, field)
+		src = entry{value: &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: bucket, Line: n.Line, Column: n.Column}}
+		if bucket == "" {
+			return "", false
+		}
 	}
 	if src.value.Kind == yaml.SequenceNode {
 		c.errorf(src.value, joinField(field, "source"), "a list of sources is uploaded to a new bucket by SkyPilot, which Ferry does not do: mount each path on its own")

@@ -31,9 +31,9 @@ func TestFileMountMappings(t *testing.T) {
 			yaml:    "run: x\nfile_mounts:\n  /ckpt:\n    source: s3://b\n    mode: MOUNT_CACHED\n",
 			wantErr: []wantErr{{5, 11, "file_mounts./ckpt.mode", "mounts the bucket with FUSE"}},
 		},
-		"a new bucket": {
+		"a named bucket without a store": {
 			yaml:    "run: x\nfile_mounts:\n  /out:\n    name: my-bucket\n    mode: MOUNT\n",
-			wantErr: []wantErr{{4, 5, "file_mounts./out", "Ferry does not create"}},
+			wantErr: []wantErr{{4, 5, "file_mounts./out.store", "say which store holds the bucket"}},
 		},
 		"upload a local source": {
 			yaml:    "run: x\nfile_mounts:\n  /out:\n    name: my-bucket\n    source: ./out\n",

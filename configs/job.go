@@ -76,7 +76,7 @@ var (
 func (c *checker) job(e *entry, recovery *entry) Job {
 	j := DefaultJob()
 	if recovery != nil {
-		j.Recovery = c.jobRecovery(recovery.value, "resources.job_recovery")
+		j.Recovery = c.jobRecovery(recovery.value, joinField("resources", recovery.key))
 	}
 	if e == nil {
 		return j
@@ -181,4 +181,22 @@ func upper(s string) string {
 		}
 	}
 	return string(b)
+}
+
+// recoveryEntry is resources.job_recovery, or spot_recovery, its older name, which SkyPilot
+// still reads with a deprecation warning (and Ferry with a note). The two are exclusive.
+func (c *checker) recoveryEntry(f map[string]entry) *entry {
+	jr, hasJob := f["job_recovery"]
+	sr, hasSpot := f["spot_recovery"]
+	switch {
+	case hasSpot && hasJob:
+		c.errorf(sr.keyNode, "resources.spot_recovery", "spot_recovery is the older name of job_recovery: give only job_recovery")
+		return &jr
+	case hasSpot:
+		c.notef(sr.keyNode, "resources.spot_recovery", "spot_recovery is deprecated: read as job_recovery (write job_recovery, as SkyPilot asks)")
+		return &sr
+	case hasJob:
+		return &jr
+	}
+	return nil
 }

@@ -54,6 +54,10 @@ func parse(filename string, data []byte, ov Overrides, lookupEnv func(string) (s
 	c := newChecker(filename)
 	c.lookupEnv = lookupEnv
 	c.taskFile = true
+	if lookupEnv != nil {
+		// Load: relative service.tls paths are resolved where the CLI runs (tls.go).
+		c.cwd, _ = os.Getwd()
+	}
 	defer func() {
 		// Parse must never take a caller down; a panic here is a bug, reported as a problem
 		// with the file rather than a crash of the controller that received it.
@@ -71,6 +75,7 @@ func parse(filename string, data []byte, ov Overrides, lookupEnv func(string) (s
 		return nil, err
 	}
 	t.Source = filename
+	t.Notes = c.sortedNotes()
 	return t, nil
 }
 
@@ -162,6 +167,26 @@ func nameProblem(name string) string {
 	return ""
 }
 
+// skypilotNameRE is the task names SkyPilot accepts (sky/task.py's _VALID_NAME_REGEX, with
+// either case): letters and digits, joined by one or two of '.', '_' and '-'.
+var skypilotNameRE = regexp.MustCompile(`(?i)^[a-z0-9]+([._-]{1,2}[a-z0-9]+)*$`)
+
+// taskName reads the file's name. A name SkyPilot accepts but that is not a DNS label
+// (minGPT-ddp, bert_qa) is used in its DNS-safe form, with a note: Ferry's names become
+// hostnames and Kubernetes object names.
+func (c *checker) taskName(at *yaml.Node, name string) string {
+	msg := nameProblem(name)
+	if msg == "" {
+		return name
+	}
+	if safe := dnsName(name); safe != "" && len(name) <= 63 && skypilotNameRE.MatchString(name) {
+		c.notef(at, "name", "%s is used as %s: Ferry's names become hostnames and Kubernetes object names (lowercase letters, digits and '-'); -n NAME gives another", quoteShort(name), quoteShort(safe))
+		return safe
+	}
+	c.errorf(at, "name", "%s", msg)
+	return name
+}
+
 // dnsName is name made valid (lower case, other characters as '-'), or "" if nothing is left.
 func dnsName(name string) string {
 	var b strings.Builder
@@ -188,11 +213,9 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 	t := &Task{NumNodes: 1}
 
 	if e, ok := f["name"]; ok {
-		if s, ok := c.str(e.value, "name"); ok {
-			t.Name = s
-			if msg := nameProblem(s); msg != "" {
-				c.errorf(e.value, "name", "%s", msg)
-			}
+		// -n replaces the file's name whatever it is, so only the type is checked then.
+		if s, ok := c.str(e.value, "name"); ok && ov.Name == "" {
+			t.Name = c.taskName(e.value, s)
 		}
 	}
 	if ov.Name != "" {
@@ -215,6 +238,7 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 	}
 	res, recovery := c.resources(resNode, hasService)
 	t.Resources = res.withNodes(t.NumNodes)
+	c.taskCloud = onlyCloud(res)
 
 	t.Envs = c.envs(f, "envs", ov.Envs, nil)
 	t.Secrets = c.envs(f, "secrets", ov.Secrets, lookupEnv)

@@ -342,9 +342,17 @@ func toResolvedResources(r Resources) resolvedResources {
 		return out
 	}
 	if len(r.Accelerators) > 0 {
-		// A mapping is a set, as in SkyPilot: {A100: 1, L4: 0.5}.
+		// A mapping is a set, as in SkyPilot: {A100: 1, L4: 0.5}. A GPU at several counts is
+		// written as SkyPilot's keys, {A100:4: null, A100:8: null}, as names would repeat.
 		out.Accelerators = &yaml.Node{Kind: yaml.MappingNode, Style: yaml.FlowStyle}
+		specKeys := repeatsName(r.Accelerators)
 		for _, a := range r.Accelerators {
+			if specKeys {
+				out.Accelerators.Content = append(out.Accelerators.Content,
+					&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: a.Spec()},
+					&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Value: "null"})
+				continue
+			}
 			out.Accelerators.Content = append(out.Accelerators.Content,
 				&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: a.Name},
 				&yaml.Node{Kind: yaml.ScalarNode, Tag: countTag(a.Count), Value: formatCount(a.Count)})
@@ -360,6 +368,19 @@ func toResolvedResources(r Resources) resolvedResources {
 		out.Ordered[len(out.Ordered)-1].Capacity = nil
 	}
 	return out
+}
+
+// repeatsName reports whether an accelerator name appears twice (at different counts).
+func repeatsName(accs []Accelerator) bool {
+	seen := map[string]bool{}
+	for _, a := range accs {
+		key := strings.ToLower(a.Name)
+		if seen[key] {
+			return true
+		}
+		seen[key] = true
+	}
+	return false
 }
 
 // countTag is the YAML tag a count reads back as, so the encoder writes no explicit tag.

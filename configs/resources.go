@@ -14,13 +14,7 @@ import (
 )
 
 var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered", "job_recovery",
-	"instance_type", "labels", "autostop", "disk_tier", "gpu_share", "objective", "capacity"}
-
-// infraClouds are the first segments `infra` accepts ("*" means anywhere Ferry can launch).
-var infraClouds = []string{InfraLocal, "kubernetes", "k8s", "aws", "gcp", "*"}
-
-// regionRE is the shape of AWS and GCP region and zone names (us-east-1, us-central1-a).
-var regionRE = regexp.MustCompile(`^[a-z0-9]+(-[a-z0-9]+)*$`)
+	"instance_type", "labels", "autostop", "disk_tier", "gpu_share", "objective", "capacity", "spot_recovery"}
 
 // acceleratorNameRE is an accelerator type such as A100, H100-80GB or tpu-v5e-8.
 var acceleratorNameRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9-]*$`)
@@ -139,30 +133,31 @@ type resourceSpec struct {
 	// preferred says accelerators was a list, which SkyPilot reads as an order of preference
 	// (a mapping or a single string is a set: the cheapest wins).
 	preferred bool
+	// images is a per-region image_id (images.go), nil when image_id is a string or absent.
+	images []regionImage
 }
 
 // resources reads the `resources:` block (n may be nil) and resolves alternatives and the
 // default infra. isService turns on the rule that every candidate agrees on use_spot.
 func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 	const field = "resources"
-	top, f := c.resourceSpec(n, field)
-	var recovery *entry
-	if e, ok := f["job_recovery"]; ok {
-		recovery = &e
-	}
+	top, f := c.resourceSpec(n, field, "")
+	recovery := c.recoveryEntry(f)
 	if e, ok := f["objective"]; ok {
 		top.r.Objective = c.objective(e.value, joinField(field, "objective"))
 	}
 	var anyOf, ordered []resourceSpec
 	if e, ok := f["any_of"]; ok {
-		anyOf = c.alternatives(e, joinField(field, "any_of"))
+		anyOf = c.dropLacking(top, c.alternatives(e, joinField(field, "any_of"), cloudOf(top)), joinField(field, "any_of"), e.value)
 	}
 	if e, ok := f["ordered"]; ok {
-		ordered = c.alternatives(e, joinField(field, "ordered"))
+		ordered = c.dropLacking(top, c.alternatives(e, joinField(field, "ordered"), cloudOf(top)), joinField(field, "ordered"), e.value)
 		if _, both := f["any_of"]; both {
 			c.errorf(e.keyNode, joinField(field, "ordered"), "any_of and ordered are exclusive: any_of takes the cheapest feasible alternative, ordered the first feasible one")
 		}
 	}
+	c.checkLackingTop(&top, f)
+	anyOf, ordered = c.splitRegionImages(&top, anyOf, ordered)
 
 	located := top.given["location"] != nil
 	for _, alt := range slices.Concat(anyOf, ordered) {
@@ -391,7 +386,7 @@ func spotWord(spot bool) string {
 }
 
 // alternatives reads an any_of or ordered list.
-func (c *checker) alternatives(e entry, field string) []resourceSpec {
+func (c *checker) alternatives(e entry, field, inheritCloud string) []resourceSpec {
 	if e.value.Kind != yaml.SequenceNode {
 		c.errorf(e.value, field, "expected a list of resource mappings, got %s", describe(e.value))
 		return nil
@@ -407,7 +402,7 @@ func (c *checker) alternatives(e entry, field string) []resourceSpec {
 	out := make([]resourceSpec, 0, len(e.value.Content))
 	for i, item := range e.value.Content {
 		itemField := indexField(field, i)
-		spec, f := c.resourceSpec(item, itemField)
+		spec, f := c.resourceSpec(item, itemField, inheritCloud)
 		for _, k := range []string{"any_of", "ordered"} {
 			if nested, ok := f[k]; ok {
 				c.errorf(nested.keyNode, joinField(itemField, k), "alternatives cannot be nested: list every alternative at the top level")
@@ -416,8 +411,10 @@ func (c *checker) alternatives(e entry, field string) []resourceSpec {
 		if o, ok := f["objective"]; ok {
 			c.errorf(o.keyNode, joinField(itemField, "objective"), "objective applies to every alternative: set it once, at the top of resources")
 		}
-		if jr, ok := f["job_recovery"]; ok {
-			c.errorf(jr.keyNode, joinField(itemField, "job_recovery"), "job_recovery applies to the whole job: set it once, at the top of resources")
+		for _, k := range []string{"job_recovery", "spot_recovery"} {
+			if jr, ok := f[k]; ok {
+				c.errorf(jr.keyNode, joinField(itemField, k), "%s applies to the whole job: set it once, at the top of resources", k)
+			}
 		}
 		// The launcher sees the top-level block, not which alternative a placement came from.
 		for _, k := range []string{"autostop", "labels", "disk_tier", "capacity"} {
@@ -431,11 +428,12 @@ func (c *checker) alternatives(e entry, field string) []resourceSpec {
 }
 
 // resourceSpec reads one resources mapping (the top level or one alternative).
-func (c *checker) resourceSpec(n *yaml.Node, field string) (resourceSpec, map[string]entry) {
+// inheritCloud is the cloud an alternative inherits from the top ("" at the top).
+func (c *checker) resourceSpec(n *yaml.Node, field, inheritCloud string) (resourceSpec, map[string]entry) {
 	n = c.deref(n)
 	s := resourceSpec{given: map[string]*yaml.Node{}, node: n}
 	f, _ := c.fields(n, field, resourceKeys)
-	c.location(&s, f, field)
+	c.location(&s, f, field, inheritCloud)
 	if e, ok := f["accelerators"]; ok {
 		if accs, ok := c.accelerators(e.value, joinField(field, "accelerators")); ok {
 			s.r.Accelerators = accs
@@ -450,7 +448,7 @@ func (c *checker) resourceSpec(n *yaml.Node, field string) (resourceSpec, map[st
 		}
 	}
 	if e, ok := f["memory"]; ok {
-		if v, ok := c.quantity(e.value, joinField(field, "memory")); ok {
+		if v, ok := c.memory(e.value, joinField(field, "memory")); ok {
 			s.r.Memory = v
 			s.given["memory"] = e.value
 		}
@@ -467,7 +465,9 @@ func (c *checker) resourceSpec(n *yaml.Node, field string) (resourceSpec, map[st
 			s.given["ports"] = e.value
 		}
 	}
-	if e, ok := f["image_id"]; ok {
+	if e, ok := f["image_id"]; ok && e.value.Kind == yaml.MappingNode {
+		c.regionImages(&s, e.value, joinField(field, "image_id"))
+	} else if ok {
 		if v, ok := c.str(e.value, joinField(field, "image_id")); ok {
 			if v == "" {
 				c.errorf(e.value, joinField(field, "image_id"), "empty image_id: give an image (e.g. docker:vllm/vllm-openai:latest) or leave image_id out")
@@ -483,7 +483,7 @@ func (c *checker) resourceSpec(n *yaml.Node, field string) (resourceSpec, map[st
 		}
 	}
 	if e, ok := f["disk_size"]; ok {
-		if v, ok := c.intAtLeast(e.value, joinField(field, "disk_size"), 1); ok {
+		if v, ok := c.diskSize(e.value, joinField(field, "disk_size")); ok {
 			s.r.DiskSize = v
 			s.given["disk_size"] = e.value
 		}
@@ -492,158 +492,16 @@ func (c *checker) resourceSpec(n *yaml.Node, field string) (resourceSpec, map[st
 	return s, f
 }
 
-// location reads infra, or the legacy cloud/region/zone, into a canonical infra string.
-func (c *checker) location(s *resourceSpec, f map[string]entry, field string) {
-	legacy := []string{"cloud", "region", "zone"}
-	if infra, ok := f["infra"]; ok {
-		for _, k := range legacy {
-			if e, ok := f[k]; ok {
-				c.errorf(e.keyNode, joinField(field, k), "cannot be combined with infra: infra replaces cloud, region and zone")
-			}
-		}
-		v, ok := c.str(infra.value, joinField(field, "infra"))
-		if !ok {
-			return
-		}
-		canon, problem := parseInfra(v)
-		if problem != "" {
-			c.errorf(infra.value, joinField(field, "infra"), "%s", problem)
-			return
-		}
-		s.r.Infra = canon
-		s.given["location"] = infra.value
-		return
-	}
-
-	vals := map[string]string{}
-	for _, k := range legacy {
-		if e, ok := f[k]; ok {
-			if v, ok := c.str(e.value, joinField(field, k)); ok {
-				vals[k] = strings.TrimSpace(v)
-			} else {
-				return
-			}
-		}
-	}
-	if len(vals) == 0 {
-		return
-	}
-	cloud, ok := f["cloud"]
-	if !ok {
-		for _, k := range []string{"region", "zone"} {
-			if e, ok := f[k]; ok {
-				c.errorf(e.keyNode, joinField(field, k), "needs cloud (or write infra: CLOUD/REGION[/ZONE])")
-				return
-			}
-		}
-	}
-	cl := strings.ToLower(vals["cloud"])
-	region, zone := vals["region"], vals["zone"]
-	if zone != "" && cl != "aws" && cl != "gcp" {
-		c.errorf(f["zone"].keyNode, joinField(field, "zone"), "only aws and gcp have zones, not %s", quoteShort(vals["cloud"]))
-		return
-	}
-	if zone != "" && region == "" {
-		region = regionOfZone(cl, zone)
-	}
-	spec := vals["cloud"]
-	for _, part := range []string{region, zone} {
-		if part != "" {
-			spec += "/" + part
-		}
-	}
-	canon, problem := parseInfra(spec)
-	if problem != "" {
-		c.errorf(cloud.value, joinField(field, "cloud"), "%s", problem)
-		return
-	}
-	s.r.Infra = canon
-	s.given["location"] = cloud.value
-}
-
-// regionOfZone infers a zone's region, as SkyPilot does when only `zone` is given:
-// us-east-1a is in us-east-1 (AWS), us-central1-a in us-central1 (GCP).
-func regionOfZone(cloud, zone string) string {
-	if cloud == "gcp" {
-		if i := strings.LastIndexByte(zone, '-'); i > 0 {
-			return zone[:i]
-		}
-		return zone
-	}
-	return strings.TrimRight(zone, "abcdefghijklmnopqrstuvwxyz")
-}
-
-// parseInfra validates an infra string and returns its canonical form (cloud lower-cased,
-// k8s spelled kubernetes), or a problem to report.
-func parseInfra(s string) (canon, problem string) {
-	const shape = "use local, kubernetes[/CONTEXT], aws[/REGION[/ZONE]], gcp[/REGION[/ZONE]] or *"
-	if s == "*" {
-		return "*", ""
-	}
-	cloud, rest, hasRest := strings.Cut(s, "/")
-	switch lc := strings.ToLower(cloud); lc {
-	case InfraLocal:
-		if hasRest {
-			return "", fmt.Sprintf("%s: local takes no region or zone", quoteShort(s))
-		}
-		return InfraLocal, ""
-	case "kubernetes", "k8s":
-		if !hasRest {
-			return "kubernetes", ""
-		}
-		if strings.TrimSpace(rest) == "" || strings.ContainsFunc(rest, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
-			return "", fmt.Sprintf("%s: expected kubernetes/CONTEXT with a context name after the /", quoteShort(s))
-		}
-		return "kubernetes/" + rest, ""
-	case "aws", "gcp":
-		if !hasRest {
-			return lc, ""
-		}
-		parts := strings.Split(rest, "/")
-		if len(parts) > 2 {
-			return "", fmt.Sprintf("%s: expected %s[/REGION[/ZONE]]", quoteShort(s), lc)
-		}
-		for _, p := range parts {
-			if !regionRE.MatchString(p) {
-				return "", fmt.Sprintf("%s: %s is not a region or zone name (lowercase letters, digits and -)", quoteShort(s), quoteShort(p))
-			}
-		}
-		if len(parts) == 2 && !strings.HasPrefix(parts[1], parts[0]) {
-			return "", fmt.Sprintf("%s: zone %s is not in region %s", quoteShort(s), quoteShort(parts[1]), quoteShort(parts[0]))
-		}
-		return lc + "/" + rest, ""
-	case "":
-		return "", "empty infra: " + shape
-	default:
-		return "", fmt.Sprintf("unknown infra %s%s", quoteShort(cloud), suggest(lc, infraClouds, "infra"))
-	}
-}
-
-// fillLocation derives Cloud/Region/Zone from the canonical Infra, so callers may read either
-// spelling. ("*" and "" leave them empty.)
-func fillLocation(r *Resources) {
-	r.Cloud, r.Region, r.Zone = "", "", ""
-	if r.Infra == "" || r.Infra == "*" {
-		return
-	}
-	cloud, rest, _ := strings.Cut(r.Infra, "/")
-	r.Cloud = cloud
-	if cloud == "kubernetes" {
-		r.Region = rest // the context
-		return
-	}
-	r.Region, r.Zone, _ = strings.Cut(rest, "/")
-}
-
 // accelerators reads "A100:1", a list of such strings, or a map name → count; every form is a
-// set of alternatives.
+// set of alternatives. One GPU may appear at several counts ({A100:4, A100:8}, SkyPilot's Llama
+// 3 and Mixtral examples): each NAME:COUNT is a candidate of its own.
 func (c *checker) accelerators(n *yaml.Node, field string) ([]Accelerator, bool) {
 	var out []Accelerator
 	seen := map[string]bool{}
 	add := func(a Accelerator, at *yaml.Node, f string) {
-		key := strings.ToLower(a.Name)
+		key := strings.ToLower(a.Spec())
 		if seen[key] {
-			c.errorf(at, f, "accelerator %s listed twice", quoteShort(a.Name))
+			c.errorf(at, f, "accelerator %s listed twice", quoteShort(a.Spec()))
 			return
 		}
 		seen[key] = true

@@ -2,6 +2,7 @@ package configs
 
 import (
 	"fmt"
+	"math"
 	"regexp"
 	"slices"
 	"strconv"
@@ -233,4 +234,67 @@ func (c *checker) idleMinutes(n *yaml.Node, field string) (int, bool) {
 		return 0, false
 	}
 	return v * unit, true
+}
+
+// sizeRE is SkyPilot's size with a unit (constants.MEMORY_SIZE_UNITS, case-insensitive as
+// its documentation says): a number, then KB, KI, MB, MI, GB, GI, TB, TI, PB or PI, and for
+// memory an optional + (at least).
+var sizeRE = regexp.MustCompile(`(?i)^([0-9]+(?:\.[0-9]+)?)\s*([kmgtp][bi])(\+?)$`)
+
+// unitGB is each unit's size in GB, in powers of two as SkyPilot counts them (1TB is 1024 GB).
+var unitGB = map[byte]float64{'k': 1.0 / (1 << 20), 'm': 1.0 / (1 << 10), 'g': 1, 't': 1 << 10, 'p': 1 << 20}
+
+// sizeGB converts a size with a unit to GB; ok is false when s has no unit.
+func sizeGB(s string) (gb float64, atLeast, ok bool) {
+	m := sizeRE.FindStringSubmatch(strings.TrimSpace(s))
+	if m == nil {
+		return 0, false, false
+	}
+	num, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		return 0, false, false
+	}
+	return num * unitGB[strings.ToLower(m[2])[0]], m[3] == "+", true
+}
+
+// diskSize reads disk_size in GB: an integer, or SkyPilot's string with a unit ("1024GB",
+// "1TB"), rounded down to whole GB as SkyPilot does.
+func (c *checker) diskSize(n *yaml.Node, field string) (int, bool) {
+	if !isScalar(n, "!!str") {
+		return c.intAtLeast(n, field, 1)
+	}
+	text := strings.TrimSpace(n.Value)
+	gb := 0.0
+	if v, err := strconv.Atoi(text); err == nil {
+		gb = float64(v)
+	} else if size, atLeast, ok := sizeGB(text); ok && !atLeast {
+		gb = math.Floor(size)
+	} else {
+		c.errorf(n, field, "expected GB as an integer (256) or a size with a unit such as \"1024GB\" or \"1TB\", got %s", describe(n))
+		return 0, false
+	}
+	if gb < 1 || gb > maxInt {
+		c.errorf(n, field, "%s is out of range: between 1 GB and %d GB", quoteShort(n.Value), maxInt)
+		return 0, false
+	}
+	return int(gb), true
+}
+
+// memory reads resources.memory: what quantity reads, or SkyPilot's size with a unit ("64GB",
+// "32GB+"), kept in GB.
+func (c *checker) memory(n *yaml.Node, field string) (string, bool) {
+	if isScalar(n, "!!str") {
+		if gb, atLeast, ok := sizeGB(n.Value); ok {
+			if !(gb > 0) || gb > maxInt {
+				c.errorf(n, field, "%s is out of range", quoteShort(n.Value))
+				return "", false
+			}
+			out := strconv.FormatFloat(gb, 'f', -1, 64)
+			if atLeast {
+				out += "+"
+			}
+			return out, true
+		}
+	}
+	return c.quantity(n, field)
 }

@@ -576,46 +576,6 @@ func (c *checker) spotFallback(f map[string]entry, p *ReplicaPolicy, useSpot boo
 	}
 }
 
-// tls reads {keyfile, certfile}, expanding a leading ~ so the controller (which may run with
-// another working directory) finds the files.
-func (c *checker) tls(n *yaml.Node, field string) *TLS {
-	f, ok := c.fields(n, field, tlsKeys)
-	if !ok {
-		return nil
-	}
-	out := &TLS{}
-	good := true
-	for _, k := range tlsKeys {
-		kf := joinField(field, k)
-		e, present := f[k]
-		if !present {
-			c.errorf(n, kf, "required: TLS needs both keyfile and certfile")
-			good = false
-			continue
-		}
-		v, ok := c.str(e.value, kf)
-		if !ok {
-			good = false
-			continue
-		}
-		if v == "" {
-			c.errorf(e.value, kf, "empty path")
-			good = false
-			continue
-		}
-		v = expandHome(v)
-		if k == "keyfile" {
-			out.KeyFile = v
-		} else {
-			out.CertFile = v
-		}
-	}
-	if !good {
-		return nil
-	}
-	return out
-}
-
 // expandHome replaces a leading "~" or "~/" with the user's home directory.
 func expandHome(p string) string {
 	if p != "~" && !strings.HasPrefix(p, "~/") {

@@ -29,7 +29,6 @@ var skypilotUnsupported = map[string]string{
 	"resources.priority":          "a job's priority is job.priority in Ferry (0-10000; services stand at 1000)",
 	"resources.priority_class":    "Ferry sets the pod's priority from job.priority: remove priority_class",
 	"resources.volumes":           "Ferry does not create SkyPilot volumes: use file_mounts, and remove volumes",
-	"resources.spot_recovery":     "the older name of job_recovery: write job_recovery",
 }
 
 // indexRE strips list indexes and alternatives from a field path, so that every resources

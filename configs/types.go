@@ -30,6 +30,10 @@ type Task struct {
 	Job *Job `json:"job,omitempty"`
 	// Source is the file the task was read from, for messages.
 	Source string `json:"-"`
+	// Notes are what Ferry accepted but reads its own way (a deprecated spelling, alternatives
+	// on clouds Ferry lacks dropped from the plan, a name made DNS-safe), in file order. The CLI
+	// prints them with the plan; they are not sent to the controller.
+	Notes []Note `json:"-"`
 }
 
 // Resources is one `resources:` block. AnyOf and Ordered hold alternatives; each alternative

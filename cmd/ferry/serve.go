@@ -224,6 +224,7 @@ func reviewLaunch(cmd *cobra.Command, task *configs.Task, kind, name string, dry
 		spec = kind[i+1:]
 	}
 	fmt.Fprintf(out, "%s spec (resolved, secrets redacted):\n%s\n", strings.ToUpper(spec[:1])+spec[1:], indent(string(resolved), "  "))
+	printNotes(out, task.Notes)
 	if err := printPlan(cmd.Context(), out, task); err != nil {
 		return false, err
 	}
@@ -235,6 +236,18 @@ func reviewLaunch(cmd *cobra.Command, task *configs.Task, kind, name string, dry
 		return false, errors.New("aborted")
 	}
 	return true, nil
+}
+
+// printNotes says what Ferry accepted in the task file but reads its own way (a deprecated
+// spelling, alternatives on clouds it lacks dropped, a name made DNS-safe), each with its place
+// in the file, so that a plan never does something other than what the file says silently.
+func printNotes(out io.Writer, notes []configs.Note) {
+	for _, n := range notes {
+		fmt.Fprintf(out, "Note: %s\n", n)
+	}
+	if len(notes) > 0 {
+		fmt.Fprintln(out)
+	}
 }
 
 // controllerFor returns a client for this home's controller, started if none runs, and a

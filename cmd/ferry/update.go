@@ -71,6 +71,7 @@ func serveUpdate(cmd *cobra.Command, name, file string, f updateFlags) error {
 		return err
 	}
 	fmt.Fprintf(out, "New version's spec (resolved, secrets redacted):\n%s\n", indent(string(resolved), "  "))
+	printNotes(out, task.Notes)
 	h, err := home.Default()
 	if err != nil {
 		return err

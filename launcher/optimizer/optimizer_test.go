@@ -603,3 +603,37 @@ func TestPlanLiveSpotPrices(t *testing.T) {
 		t.Fatalf("an on-demand plan used the spot price: %+v", got.Placement)
 	}
 }
+
+// TestPlanOneGPUAtSeveralCounts: SkyPilot's Mixtral example asks {A100:4, A100:8, ...}; each
+// NAME:COUNT is a candidate of its own, on the clouds (an instance type per count) and on a
+// cluster whose nodes hold the larger count.
+func TestPlanOneGPUAtSeveralCounts(t *testing.T) {
+	task, err := configs.Parse("mixtral.yaml", []byte("run: x\nresources:\n  accelerators: {A100:4, A100:8}\n"), configs.Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cands, err := Plan(task.Resources, []Infra{lab, gcp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type shape struct {
+		infra, instanceType string
+		count               float64
+	}
+	seen := map[shape]bool{}
+	for _, c := range cands {
+		seen[shape{c.Placement.Infra, c.Placement.InstanceType, c.Placement.AcceleratorCount}] = true
+	}
+	for _, want := range []shape{
+		{"kubernetes/lab", "", 4}, {"kubernetes/lab", "", 8},
+		{"gcp", "a2-highgpu-4g", 4}, {"gcp", "a2-highgpu-8g", 8},
+	} {
+		if !seen[want] {
+			t.Errorf("no candidate %+v among %d: %v", want, len(cands), seen)
+		}
+	}
+	// At equal price (a cluster already paid for) the order written wins: 4 before 8.
+	if c := cands[0].Placement; c.Infra != "kubernetes/lab" || c.AcceleratorCount != 4 {
+		t.Errorf("first candidate %+v, want 4x A100 on kubernetes/lab", c)
+	}
+}
