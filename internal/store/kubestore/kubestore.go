@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"regexp"
 	"strconv"
 	"time"
@@ -58,11 +59,15 @@ type Store struct {
 	cms     listerscorev1.ConfigMapNamespaceLister
 	secrets listerscorev1.SecretNamespaceLister
 	stop    context.CancelFunc
+	// stamped, when set (by tests), runs between a delete's stamp and the delete itself: where
+	// another writer's change makes the delete's precondition fail.
+	stamped func(name string)
 }
 
 var _ store.Store = (*Store)(nil)
 
-// maxRetries bounds the re-read-and-retry of a read-modify-write that meets conflicts.
+// maxRetries bounds the re-read-and-retry of a read-modify-write or a delete that meets
+// conflicts: with pause's backoff, 20 retries wait less than 4 s in all.
 const maxRetries = 20
 
 // cacheWait bounds how long a write waits for the informer to show it.
@@ -238,14 +243,39 @@ func (o objects[T]) Create(obj T) (T, error) {
 	return out, o.wait(out.GetName(), out.GetResourceVersion())
 }
 
-// Update is a read-modify-write of the named object: mutate changes a copy of the cached
-// object, which is sent with its resourceVersion; on a conflict the object is read again from
-// the API server and mutate runs again. A mutate error ends it as is.
+// Update is a read-modify-write of the named object: mutate changes a copy of the object, which
+// is sent with its resourceVersion; on a conflict the object is read again from the API server
+// and mutate runs again on it, after a jittered pause, at most maxRetries times. Every attempt is
+// fenced anew, so a controller that stopped leading meanwhile stops there. A mutate error ends
+// it as is. It returns once the cache shows the write, so the caller reads its own write.
 func (o objects[T]) Update(name string, mutate func(T) error) (T, error) {
-	var zero T
 	ctx, cancel := o.s.ctx()
 	defer cancel()
-	cur, err := o.cached(name)
+	out, err := o.write(ctx, name, false, mutate)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return out, o.wait(name, out.GetResourceVersion())
+}
+
+// read is the named object from the cache or, when fresh or when the cache does not have it,
+// from the API server: an object another controller created a moment ago may not be in this
+// one's cache yet, and "not found" must be the API server's answer, not a lagging cache's.
+func (o objects[T]) read(ctx context.Context, name string, fresh bool) (T, error) {
+	if !fresh {
+		cur, err := o.cached(name)
+		if !apierrors.IsNotFound(err) {
+			return cur, err
+		}
+	}
+	return o.get(ctx, name)
+}
+
+// write is Update without the wait for the cache; fresh skips the cache for the first read.
+func (o objects[T]) write(ctx context.Context, name string, fresh bool, mutate func(T) error) (T, error) {
+	var zero T
+	cur, err := o.read(ctx, name, fresh)
 	for attempt := 0; ; attempt++ {
 		if err != nil {
 			return zero, err
@@ -259,10 +289,16 @@ func (o objects[T]) Update(name string, mutate func(T) error) (T, error) {
 		}
 		out, uerr := o.update(ctx, obj)
 		if uerr == nil {
-			return out, o.wait(name, out.GetResourceVersion())
+			return out, nil
 		}
-		if !apierrors.IsConflict(uerr) || attempt == maxRetries {
+		if !apierrors.IsConflict(uerr) {
 			return zero, uerr
+		}
+		if attempt == maxRetries {
+			return zero, fmt.Errorf("kubestore: update %s: still conflicting after %d fresh reads: %w", name, maxRetries, uerr)
+		}
+		if err := pause(ctx, attempt); err != nil {
+			return zero, err
 		}
 		cur, err = o.get(ctx, name)
 	}
@@ -276,23 +312,61 @@ func (o objects[T]) Delete(name string) error {
 
 // DeleteIf is Delete of an object that check accepts when it is stamped (on the object read for
 // the stamp, so the delete's precondition covers what check saw); check's error ends it as is,
-// with nothing written.
+// with nothing written. A write that lands between the stamp and the delete (the status loop,
+// the other controller's last write before a failover) fails the delete's precondition: the
+// object is then read again from the API server, checked and stamped again, and the delete
+// retried, bounded as Update is. Gone already, or gone meanwhile, is success.
 func (o objects[T]) DeleteIf(name string, check func(T) error) error {
-	stamped, err := o.Update(name, check)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
 	ctx, cancel := o.s.ctx()
 	defer cancel()
-	rv := stamped.GetResourceVersion()
-	err = o.del(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return err
+	for attempt := 0; ; attempt++ {
+		stamped, err := o.write(ctx, name, attempt > 0, check)
+		if apierrors.IsNotFound(err) {
+			return o.wait(name, "")
+		}
+		if err != nil {
+			return err
+		}
+		if o.s.stamped != nil {
+			o.s.stamped(name)
+		}
+		rv := stamped.GetResourceVersion()
+		err = o.del(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+		if err == nil || apierrors.IsNotFound(err) {
+			return o.wait(name, "")
+		}
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+		if attempt == maxRetries {
+			return fmt.Errorf("kubestore: delete %s: still changed under the delete after %d fresh reads: %w", name, maxRetries, err)
+		}
+		if err := pause(ctx, attempt); err != nil {
+			return err
+		}
 	}
-	return o.wait(name, "")
+}
+
+// Backoff of a write that met a conflict: exponential from backoffBase, at most backoffCap.
+const (
+	backoffBase = 4 * time.Millisecond
+	backoffCap  = 250 * time.Millisecond
+)
+
+// pause waits before retry attempt+1 of a write that met a conflict: a random time between half
+// and all of the exponential backoff, so that writers that collided (many goroutines, two
+// controllers across a failover) do not collide again in step. The jitter needs no seed: it
+// decides nothing but when to try again.
+func pause(ctx context.Context, attempt int) error {
+	d := min(backoffBase<<min(attempt, 16), backoffCap)
+	t := time.NewTimer(d/2 + rand.N(d/2+1))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
 }
 
 // fenceObject stamps obj's metadata with the leader's term and holder, or refuses when not
