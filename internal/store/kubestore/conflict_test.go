@@ -2,6 +2,7 @@ package kubestore
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -160,5 +161,79 @@ func TestDeleteSeesPastAStaleCache(t *testing.T) {
 		return nil
 	}); err != nil {
 		t.Errorf("an update through a cache that had not seen the object: %v, want it written", err)
+	}
+}
+
+// TestReplicaCreatedDuringDeleteIsRemoved makes the narrowest race of a status write with
+// DeleteService happen for sure: the replica's writer has found its service not being deleted,
+// and the whole delete runs before its create. The writer must see that, remove the record it
+// made and fail with ErrNotFound, so that no record outlives the service.
+func TestReplicaCreatedDuringDeleteIsRemoved(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	ns := generatedNamespace(t, c, "ks-create-during-delete-")
+	s, err := Open(ctx, Options{Config: c.RESTConfig(), Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{}, Port: 1}); err != nil {
+		t.Fatal(err)
+	}
+	s.creating = func(string) {
+		s.creating = nil
+		if err := s.DeleteService("chat"); err != nil {
+			t.Errorf("DeleteService: %v", err)
+		}
+	}
+	err = s.SaveReplica(replicas.Record{Service: "chat", ID: 1, Version: 1, Status: replicas.StatusShuttingDown})
+	if !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("SaveReplica racing DeleteService: %v, want ErrNotFound", err)
+	}
+	if _, err := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, replicaObject("chat", 1), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the replica's record after its service was deleted: %v, want gone", err)
+	}
+}
+
+// TestWritesLeaveAMarkedObjectAlone: from a delete's mark on, Ferry's writers do not change the
+// object (which would fail the delete's precondition and, with writers that never stop, starve
+// it): the service's status is kept as it was, ids and records are refused as for a service
+// that is gone.
+func TestWritesLeaveAMarkedObjectAlone(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	ns := generatedNamespace(t, c, "ks-marked-")
+	s, err := Open(ctx, Options{Config: c.RESTConfig(), Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{}, Port: 1, Status: "SHUTTING_DOWN"}); err != nil {
+		t.Fatal(err)
+	}
+	ctxMark, cancel := s.ctx()
+	defer cancel()
+	markedCM, err := s.configMaps().mark(ctxMark, serviceObject("chat"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetServiceStatus("chat", "READY"); err != nil {
+		t.Errorf("SetServiceStatus of a service being deleted: %v, want the write dropped", err)
+	}
+	if _, err := s.NextReplicaID("chat"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("NextReplicaID of a service being deleted: %v, want ErrNotFound", err)
+	}
+	if err := s.SaveReplica(replicas.Record{Service: "chat", ID: 1, Version: 1}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("SaveReplica of a service being deleted: %v, want ErrNotFound", err)
+	}
+	got, err := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, serviceObject("chat"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ResourceVersion != markedCM.ResourceVersion {
+		t.Errorf("the marked service's ConfigMap was written: resourceVersion %s, marked at %s", got.ResourceVersion, markedCM.ResourceVersion)
+	}
+	if svc, err := s.GetService("chat"); err != nil || svc.Status != "SHUTTING_DOWN" {
+		t.Errorf("a service being deleted reads %+v, %v; want it, SHUTTING_DOWN, until it is gone", svc, err)
 	}
 }

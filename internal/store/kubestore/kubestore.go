@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"regexp"
 	"strconv"
@@ -14,6 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	listerscorev1 "k8s.io/client-go/listers/core/v1"
@@ -33,6 +36,9 @@ const (
 	// when they are the Lease's spec.leaseTransitions and spec.holderIdentity.
 	AnnotationTerm   = "ferry.dev/term"
 	AnnotationHolder = "ferry.dev/holder"
+	// AnnotationDeleting marks an object a delete is removing: writers leave it alone, so
+	// that nothing changes it between the mark and the delete (see DeleteIf).
+	AnnotationDeleting = "ferry.dev/deleting"
 )
 
 // ErrNotLeader is returned by every write while Options.Fence reports that this controller does
@@ -59,9 +65,11 @@ type Store struct {
 	cms     listerscorev1.ConfigMapNamespaceLister
 	secrets listerscorev1.SecretNamespaceLister
 	stop    context.CancelFunc
-	// stamped, when set (by tests), runs between a delete's stamp and the delete itself: where
-	// another writer's change makes the delete's precondition fail.
-	stamped func(name string)
+	// Test hooks, nil but in tests. stamped runs between a delete's stamp and the delete
+	// itself: where another writer's change makes the delete's precondition fail. creating runs
+	// before a replica's record is created, after its service was found not being deleted.
+	stamped  func(name string)
+	creating func(name string)
 }
 
 var _ store.Store = (*Store)(nil)
@@ -190,6 +198,7 @@ type objects[T metav1.Object] struct {
 	get      func(ctx context.Context, name string) (T, error)
 	create   func(ctx context.Context, obj T) (T, error)
 	update   func(ctx context.Context, obj T) (T, error)
+	patch    func(ctx context.Context, name string, mergePatch []byte) (T, error)
 	del      func(ctx context.Context, name string, opts metav1.DeleteOptions) error
 	deepCopy func(T) T
 }
@@ -206,6 +215,9 @@ func (s *Store) configMaps() objects[*corev1.ConfigMap] {
 		update: func(ctx context.Context, o *corev1.ConfigMap) (*corev1.ConfigMap, error) {
 			return c.Update(ctx, o, metav1.UpdateOptions{})
 		},
+		patch: func(ctx context.Context, name string, p []byte) (*corev1.ConfigMap, error) {
+			return c.Patch(ctx, name, types.MergePatchType, p, metav1.PatchOptions{})
+		},
 		del: c.Delete, deepCopy: (*corev1.ConfigMap).DeepCopy}
 }
 
@@ -220,6 +232,9 @@ func (s *Store) secretObjects() objects[*corev1.Secret] {
 		},
 		update: func(ctx context.Context, o *corev1.Secret) (*corev1.Secret, error) {
 			return c.Update(ctx, o, metav1.UpdateOptions{})
+		},
+		patch: func(ctx context.Context, name string, p []byte) (*corev1.Secret, error) {
+			return c.Patch(ctx, name, types.MergePatchType, p, metav1.PatchOptions{})
 		},
 		del: c.Delete, deepCopy: (*corev1.Secret).DeepCopy}
 }
@@ -277,6 +292,9 @@ func (o objects[T]) write(ctx context.Context, name string, fresh bool, mutate f
 	var zero T
 	cur, err := o.read(ctx, name, fresh)
 	for attempt := 0; ; attempt++ {
+		if err == nil && marked(cur) {
+			err = errMarked(name)
+		}
 		if err != nil {
 			return zero, err
 		}
@@ -310,17 +328,32 @@ func (o objects[T]) Delete(name string) error {
 	return o.DeleteIf(name, func(T) error { return nil })
 }
 
-// DeleteIf is Delete of an object that check accepts when it is stamped (on the object read for
-// the stamp, so the delete's precondition covers what check saw); check's error ends it as is,
-// with nothing written. A write that lands between the stamp and the delete (the status loop,
-// the other controller's last write before a failover) fails the delete's precondition: the
-// object is then read again from the API server, checked and stamped again, and the delete
-// retried, bounded as Update is. Gone already, or gone meanwhile, is success.
+// DeleteIf is Delete of an object that check accepts. The object is marked first
+// (AnnotationDeleting, with the fence: a write the policy checks) by a merge patch, which
+// applies to whatever the object is by then and so cannot be refused for a conflict: a delete
+// is never starved by writers that keep changing the object. From the mark on, writers leave
+// the object alone (Update refuses it as gone), so the delete, conditional on the mark's
+// resourceVersion, succeeds unless someone outside Ferry wrote meanwhile; then the object is
+// read again from the API server and marked and deleted again, bounded as Update is. check
+// runs on the object read before the mark and again on the marked one (a failure then takes
+// the mark off); its error ends it as is. Gone already, or gone meanwhile, is success.
 func (o objects[T]) DeleteIf(name string, check func(T) error) error {
 	ctx, cancel := o.s.ctx()
 	defer cancel()
 	for attempt := 0; ; attempt++ {
-		stamped, err := o.write(ctx, name, attempt > 0, check)
+		cur, err := o.read(ctx, name, attempt > 0)
+		if err == nil {
+			err = check(cur)
+		}
+		var done T
+		if err == nil {
+			done, err = o.mark(ctx, name, true)
+		}
+		if err == nil {
+			if err = check(done); err != nil {
+				_, _ = o.mark(ctx, name, false)
+			}
+		}
 		if apierrors.IsNotFound(err) {
 			return o.wait(name, "")
 		}
@@ -330,7 +363,7 @@ func (o objects[T]) DeleteIf(name string, check func(T) error) error {
 		if o.s.stamped != nil {
 			o.s.stamped(name)
 		}
-		rv := stamped.GetResourceVersion()
+		rv := done.GetResourceVersion()
 		err = o.del(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
 		if err == nil || apierrors.IsNotFound(err) {
 			return o.wait(name, "")
@@ -345,6 +378,38 @@ func (o objects[T]) DeleteIf(name string, check func(T) error) error {
 			return err
 		}
 	}
+}
+
+// mark sets (or, !on, removes) AnnotationDeleting on the named object with a merge patch that
+// carries the fence.
+func (o objects[T]) mark(ctx context.Context, name string, on bool) (T, error) {
+	var zero T
+	a, err := o.s.fence()
+	if err != nil {
+		return zero, err
+	}
+	annotations := map[string]any{}
+	for k, v := range a {
+		annotations[k] = v
+	}
+	annotations[AnnotationDeleting] = nil
+	if on {
+		annotations[AnnotationDeleting] = "true"
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+	if err != nil {
+		return zero, err
+	}
+	return o.patch(ctx, name, patch)
+}
+
+// marked reports whether a delete is removing obj.
+func marked(obj metav1.Object) bool { return obj.GetAnnotations()[AnnotationDeleting] != "" }
+
+// errMarked is what a write to an object being deleted gets: not found (it is as good as
+// gone), and errBeingDeleted.
+func errMarked(name string) error {
+	return fmt.Errorf("kubestore: %s: %w (%w)", name, apierrors.NewNotFound(schema.GroupResource{}, name), errBeingDeleted)
 }
 
 // Backoff of a write that met a conflict: exponential from backoffBase, at most backoffCap.
@@ -369,22 +434,31 @@ func pause(ctx context.Context, attempt int) error {
 	}
 }
 
-// fenceObject stamps obj's metadata with the leader's term and holder, or refuses when not
-// leading.
-func (s *Store) fenceObject(obj metav1.Object) error {
+// fence is the annotations that fence a write, none without leader election; it refuses when
+// not leading.
+func (s *Store) fence() (map[string]string, error) {
 	if s.opts.Fence == nil {
-		return nil
+		return nil, nil
 	}
 	term, ok := s.opts.Fence()
 	if !ok {
-		return ErrNotLeader
+		return nil, ErrNotLeader
+	}
+	return map[string]string{AnnotationTerm: strconv.FormatInt(term, 10), AnnotationHolder: s.opts.Holder}, nil
+}
+
+// fenceObject stamps obj's metadata with the leader's term and holder, or refuses when not
+// leading.
+func (s *Store) fenceObject(obj metav1.Object) error {
+	f, err := s.fence()
+	if err != nil || f == nil {
+		return err
 	}
 	a := obj.GetAnnotations()
 	if a == nil {
 		a = map[string]string{}
 	}
-	a[AnnotationTerm] = strconv.FormatInt(term, 10)
-	a[AnnotationHolder] = s.opts.Holder
+	maps.Copy(a, f)
 	obj.SetAnnotations(a)
 	return nil
 }

@@ -25,19 +25,12 @@ var errBeingDeleted = fmt.Errorf("being deleted: %w", store.ErrNotFound)
 
 func errDeleting(service string) error { return fmt.Errorf("service %q: %w", service, errBeingDeleted) }
 
-// deleting reports whether a service's ConfigMap is marked by DeleteService.
-func deleting(cm *corev1.ConfigMap) bool {
-	var row serviceRow
-	_, err := getJSON(cm, keyService, &row)
-	return err == nil && row.Deleting
-}
-
 // cachedDeleting reports whether the cache shows service marked by DeleteService. A replica's
 // writer asks it on every attempt: once its cache shows the mark it stops writing the record,
 // which the delete is about to remove (a writer whose cache lags is retried like any other).
 func (s *Store) cachedDeleting(service string) bool {
 	cm, err := s.cms.Get(serviceObject(service))
-	return err == nil && deleting(cm)
+	return err == nil && marked(cm)
 }
 
 // NextReplicaID implements replicas.Store: the counter in the service's row moves by an update
@@ -105,13 +98,16 @@ func (s *Store) createReplica(name string, r replicas.Record) error {
 	if err := putJSON(cm, keyReplica, r); err != nil {
 		return err
 	}
+	if s.creating != nil {
+		s.creating(name)
+	}
 	if _, err := s.configMaps().Create(cm); err != nil {
 		return err
 	}
 	ctx, cancel := s.ctx()
 	defer cancel()
 	svc, err := s.client.CoreV1().ConfigMaps(s.ns).Get(ctx, serviceObject(r.Service), metav1.GetOptions{})
-	if err == nil && !deleting(svc) {
+	if err == nil && !marked(svc) {
 		return nil
 	}
 	if err != nil && !apierrors.IsNotFound(err) {

@@ -29,17 +29,13 @@ const (
 
 // serviceRow is the service's own record, keyService in its ConfigMap.
 type serviceRow struct {
-	Version       int    `json:"version"`
-	Port          int    `json:"port"`
-	Status        string `json:"status"`
-	Target        int    `json:"target"`
-	NextReplicaID int    `json:"next_replica_id"`
-	// Deleting is set by DeleteService before it lists the replicas to delete: from then on the
-	// service's row is written no more, and no replica record is created (see createReplica) or
-	// updated for it, so nothing keeps changing what the delete removes.
-	Deleting  bool      `json:"deleting,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Version       int       `json:"version"`
+	Port          int       `json:"port"`
+	Status        string    `json:"status"`
+	Target        int       `json:"target"`
+	NextReplicaID int       `json:"next_replica_id"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
 }
 
 // versionRecord is one version, keyVersionPrefix+N+suffixRecord; Task is redacted, the full task
@@ -224,16 +220,12 @@ func (s *Store) ListServices() ([]store.Service, error) {
 }
 
 // updateRow is a read-modify-write of a service's ConfigMap through its row. A service being
-// deleted is written no more (errDeleting): its delete must not be starved by writers that keep
-// changing the object under it.
+// deleted (marked by DeleteService) is written no more: errDeleting.
 func (s *Store) updateRow(service string, mutate func(cm *corev1.ConfigMap, row *serviceRow) error) error {
 	_, err := s.configMaps().Update(serviceObject(service), func(cm *corev1.ConfigMap) error {
 		var row serviceRow
 		if _, err := getJSON(cm, keyService, &row); err != nil {
 			return err
-		}
-		if row.Deleting {
-			return errDeleting(service)
 		}
 		if err := mutate(cm, &row); err != nil {
 			return err
@@ -241,6 +233,9 @@ func (s *Store) updateRow(service string, mutate func(cm *corev1.ConfigMap, row 
 		row.UpdatedAt = time.Now().UTC()
 		return putJSON(cm, keyService, row)
 	})
+	if errors.Is(err, errBeingDeleted) {
+		return errDeleting(service)
+	}
 	return wrapNotFound(err, fmt.Sprintf("service %q", service))
 }
 
@@ -275,7 +270,7 @@ func (s *Store) StartUpdate(service string, v replicas.Version, r replicas.Rollo
 	if _, ok := cm.Data[versionKey(v.Number)]; ok {
 		return fmt.Errorf("record version %d of %q: it exists", v.Number, service)
 	}
-	if deleting(cm) {
+	if marked(cm) {
 		return errDeleting(service)
 	}
 	if err := s.updateSecret(cm.Name, map[string]any{versionTaskKey(v.Number): v.Task}); err != nil {
@@ -353,25 +348,18 @@ func (s *Store) Rollout(service string) (*replicas.Rollout, error) {
 }
 
 // DeleteService implements store.Store: replicas first, so that a delete cut short leaves a
-// service whose replicas a next attempt still finds. The service is marked Deleting before the
-// replicas are listed, from the API server rather than the cache, so that the list is complete:
-// a replica record created after the mark is removed by its writer (createReplica). Every
-// delete retries on conflicts, and what is gone already (a delete that was cut short, or the
-// other controller's) is success.
+// service whose replicas a next attempt still finds. The service's ConfigMap is marked
+// (AnnotationDeleting) before the replicas are listed, from the API server rather than the
+// cache, so that the list is complete: from the mark on, the service's row is written no more
+// and no replica record is created for it (a record created after the mark is removed by its
+// writer, see createReplica). What is gone already (a delete cut short, or the other
+// controller's) is success.
 func (s *Store) DeleteService(name string) error {
-	_, err := s.configMaps().Update(serviceObject(name), func(cm *corev1.ConfigMap) error {
-		var row serviceRow
-		if _, err := getJSON(cm, keyService, &row); err != nil {
-			return err
-		}
-		row.Deleting = true
-		return putJSON(cm, keyService, row)
-	})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("delete service %q: %w", name, err)
-	}
 	ctx, cancel := s.ctx()
 	defer cancel()
+	if _, err := s.configMaps().mark(ctx, serviceObject(name), true); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete service %q: %w", name, err)
+	}
 	reps, err := s.client.CoreV1().ConfigMaps(s.ns).List(ctx, metav1.ListOptions{LabelSelector: kindSelector("replica", name).String()})
 	if err != nil {
 		return fmt.Errorf("delete service %q: list its replicas: %w", name, err)

@@ -43,6 +43,7 @@ type Writers struct {
 
 	mu         sync.Mutex
 	wrote      int
+	refused    int
 	waiters    map[int]chan struct{}
 	status     []string
 	targets    []int
@@ -137,6 +138,13 @@ func (w *Writers) attempts(yield func(int) bool) {
 	}
 }
 
+// Refused is the number of the set's writes that failed with an allowed error.
+func (w *Writers) Refused() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.refused
+}
+
 // outcome records the result of one write: ok runs (under the lock) when it succeeded.
 func (w *Writers) outcome(what string, err error, ok func()) bool {
 	w.mu.Lock()
@@ -144,6 +152,8 @@ func (w *Writers) outcome(what string, err error, ok func()) bool {
 	if err != nil {
 		if w.Allowed == nil || !w.Allowed(err) {
 			w.unexpected = append(w.unexpected, fmt.Errorf("%s %s: %w", w.Name, what, err))
+		} else {
+			w.refused++
 		}
 		return false
 	}
