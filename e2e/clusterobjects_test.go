@@ -20,8 +20,9 @@ import (
 // testNamespace creates a namespace named by the API server from prefix (a new one on every
 // run) and removes it when the test ends, after the test's own cleanups (register it before
 // them). The test cluster runs no controller-manager to empty a deleted namespace, so what the
-// tests leave in one (Ferry's ConfigMaps and Secrets, the controllers' Lease, pods) is deleted
-// here, and the namespace is then finalized by hand rather than left Terminating.
+// tests leave in one (Ferry's ConfigMaps and Secrets, the controllers' Lease, pods, the chart's
+// ServiceAccount and Roles) is deleted here, and the namespace is then finalized by hand rather
+// than left Terminating.
 func testNamespace(t *testing.T, c *testcluster.Cluster, prefix string) string {
 	t.Helper()
 	ctx := context.Background()
@@ -48,6 +49,9 @@ func removeNamespace(c *testcluster.Cluster, ns string) error {
 		core.ConfigMaps(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, all),
 		core.Secrets(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, all),
 		c.Client().CoordinationV1().Leases(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, all),
+		core.ServiceAccounts(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, all),
+		c.Client().RbacV1().Roles(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, all),
+		c.Client().RbacV1().RoleBindings(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, all),
 	}
 	if err := core.Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		errs = append(errs, err)
