@@ -18,7 +18,6 @@ import (
 	"time"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
@@ -50,10 +49,7 @@ const haLease = "ferry-controller"
 func TestHAControllerFailover(t *testing.T) {
 	c := testcluster.Shared(t)
 	ctx := context.Background()
-	ns := "ha-failover"
-	if _, err := c.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := testNamespace(t, c, "ha-failover-") // removed last, once the controllers are stopped
 	installFencePolicy(t, c.Client(), ns, haLease)
 
 	shared := shortTempDir(t, "ferry-ha-local-")

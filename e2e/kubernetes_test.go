@@ -34,14 +34,19 @@ func newKubeEnv(t *testing.T, product string, nodes, gpusPerNode, provisionTimeo
 	c := testcluster.Shared(t)
 	ctx := context.Background()
 	for i := range nodes {
-		if err := c.AddGPUNode(ctx, fmt.Sprintf("%s-%d", strings.ToLower(product), i), product, gpusPerNode); err != nil {
+		name := fmt.Sprintf("%s-%d", strings.ToLower(product), i)
+		if err := c.AddGPUNode(ctx, name, product, gpusPerNode); err != nil {
 			t.Fatal(err)
 		}
+		// Removed last (registered first), once the namespace's pods are gone, so that the
+		// next run (go test -count=N) can add it again.
+		t.Cleanup(func() {
+			if err := c.DeleteNode(context.Background(), name); err != nil {
+				t.Errorf("delete node %s: %v", name, err)
+			}
+		})
 	}
-	ns := strings.ToLower(strings.NewReplacer("_", "-", "/", "-").Replace(t.Name()))
-	if _, err := c.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := testNamespace(t, c, strings.ToLower(strings.NewReplacer("_", "-", "/", "-").Replace(t.Name()))+"-")
 	testcluster.StartKubelet(t, c, testcluster.KubeletOptions{FerryBin: ferryBin})
 	e := newEnv(t)
 	writeFile(t, filepath.Join(e.home, "config.yaml"), fmt.Sprintf(`kubernetes:
@@ -230,6 +235,7 @@ func TestKubernetesControllerKilledMidLaunch(t *testing.T) {
 	if err := k.cluster.AddGPUNode(context.Background(), "nvidia-h100-80gb-hbm3-1", "NVIDIA-H100-80GB-HBM3", 2); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = k.cluster.DeleteNode(context.Background(), "nvidia-h100-80gb-hbm3-1") }) // for the next run
 
 	// Any command starts a new controller, which adopts and completes the service.
 	eventually(t, 60*time.Second, "4 READY after the restart", func() (bool, string) {

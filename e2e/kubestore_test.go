@@ -12,7 +12,6 @@ import (
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -127,10 +126,7 @@ func TestFerryServiceApplied(t *testing.T) {
 		t.Fatal(err)
 	}
 	installFerryServiceCRD(t, dyn)
-	ns := "e2e-fsvc"
-	if _, err := c.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := testNamespace(t, c, "e2e-fsvc-") // before newEnv: removed once the controller stopped
 	e := newEnv(t)
 	e.extraEnv = []string{"FERRY_STORE=kubernetes", "KUBECONFIG=" + c.Kubeconfig(), "FERRY_NAMESPACE=" + ns}
 	e.mustRun("serve", "status") // starts the controller on the Kubernetes store
@@ -256,10 +252,7 @@ func TestFerryServiceWebhook(t *testing.T) {
 		t.Fatal(err)
 	}
 	installFerryServiceCRD(t, dyn)
-	ns := "e2e-fsvc-webhook"
-	if _, err := c.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := testNamespace(t, c, "e2e-fsvc-webhook-") // before newEnv: removed once the controller stopped
 	certFile, keyFile := testhttp.WriteSelfSigned(t, t.TempDir())
 	addr := freeLoopbackAddr(t)
 	e := newEnv(t)

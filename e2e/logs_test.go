@@ -177,6 +177,7 @@ func TestServeLogsKubernetes(t *testing.T) {
 		if err := k.cluster.AddGPUNode(context.Background(), "tesla-v100-sxm2-16gb-1", "Tesla-V100-SXM2-16GB", 1); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = k.cluster.DeleteNode(context.Background(), "tesla-v100-sxm2-16gb-1") }) // for the next run
 	}
 	checkReplicaLogs(t, k.env, "klogs", faults, waiting, addNode)
 }

@@ -121,8 +121,11 @@ func OpenSQLite(path string) (*SQLite, error) {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	// WAL keeps readers (status) from blocking the writer; busy_timeout rides out the rare
-	// overlap with an exiting controller during a restart.
-	dsn := "file:" + path + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(ON)"
+	// overlap with an exiting controller during a restart. Transactions begin IMMEDIATE: they
+	// take the write lock at BEGIN, waiting for it under busy_timeout, so that one that reads
+	// before it writes can never fail to upgrade (SQLITE_BUSY, which no timeout retries) when
+	// another handle on the file wrote meanwhile: SQLite's equivalent of a conflict.
+	dsn := "file:" + path + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(ON)&_txlock=immediate"
 	db, err := sql.Open("sqlite", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open store: %w", err)
@@ -405,7 +408,9 @@ func (s *SQLite) NextReplicaID(service string) (int, error) {
 }
 
 // SaveReplica inserts or updates a replica row. It also moves the service's id counter past
-// the id, so an instance adopted from a label can never collide with a later replica.
+// the id, so an instance adopted from a label can never collide with a later replica. The
+// service must exist: a status write that comes after DeleteService (a replica's last
+// transition, racing the delete) fails with ErrNotFound and leaves no row behind.
 func (s *SQLite) SaveReplica(r replicas.Record) error {
 	tx, err := s.db.Begin()
 	if err != nil {
@@ -425,9 +430,12 @@ func (s *SQLite) SaveReplica(r replicas.Record) error {
 	if err != nil {
 		return fmt.Errorf("save replica %s/%d: %w", r.Service, r.ID, err)
 	}
-	if _, err := tx.Exec(`UPDATE services SET next_replica_id = MAX(next_replica_id, ? + 1) WHERE name = ?`,
-		r.ID, r.Service); err != nil {
+	res, err := tx.Exec(`UPDATE services SET next_replica_id = MAX(next_replica_id, ? + 1) WHERE name = ?`, r.ID, r.Service)
+	if err != nil {
 		return err
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("save replica %s/%d: service %q: %w", r.Service, r.ID, r.Service, ErrNotFound)
 	}
 	return tx.Commit()
 }

@@ -2,14 +2,19 @@ package kubestore
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	listerscorev1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/store"
 	"github.com/ferryserve/ferry/internal/testcluster"
+	"github.com/ferryserve/ferry/replicas"
 )
 
 // TestConflictRereadsAndRetries makes the conflict happen for sure: between the store's read
@@ -18,10 +23,7 @@ import (
 func TestConflictRereadsAndRetries(t *testing.T) {
 	c := testcluster.Shared(t)
 	ctx := context.Background()
-	ns := "ks-conflict"
-	if _, err := c.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := generatedNamespace(t, c, "ks-conflict-")
 	s, err := Open(ctx, Options{Config: c.RESTConfig(), Namespace: ns})
 	if err != nil {
 		t.Fatal(err)
@@ -61,5 +63,177 @@ func TestConflictRereadsAndRetries(t *testing.T) {
 	}
 	if svc, err := s.GetService("chat"); err != nil || svc.Target != 7 {
 		t.Errorf("the store's change: %+v, %v; want target 7", svc, err)
+	}
+}
+
+// TestDeleteRetriesWhenChangedUnderIt makes the failure of issue 42 happen for sure: between a
+// delete's stamp and the delete itself another writer (the status loop, the other controller's
+// last write before a failover) changes the object, so the delete's precondition fails. The
+// store must read again, stamp again and delete; and a delete of what is gone is success.
+func TestDeleteRetriesWhenChangedUnderIt(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	ns := generatedNamespace(t, c, "ks-delete-conflict-")
+	s, err := Open(ctx, Options{Config: c.RESTConfig(), Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{}, Port: 1, Status: "READY"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SaveReplica(replicas.Record{Service: "chat", ID: 1, Version: 1, Status: replicas.StatusReady}); err != nil {
+		t.Fatal(err)
+	}
+	cms := c.Client().CoreV1().ConfigMaps(ns)
+	stamps := map[string]int{}
+	s.stamped = func(name string) {
+		stamps[name]++
+		if stamps[name] > 1 {
+			return
+		}
+		other, err := cms.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Errorf("the other writer's read: %v", err)
+			return
+		}
+		other.Data["note"] = "written between the stamp and the delete"
+		if _, err := cms.Update(ctx, other, metav1.UpdateOptions{}); err != nil {
+			t.Errorf("the other writer's write: %v", err)
+		}
+	}
+	if err := s.DeleteReplica("chat", 1); err != nil {
+		t.Fatalf("DeleteReplica with a write under it: %v", err)
+	}
+	if err := s.DeleteService("chat"); err != nil {
+		t.Fatalf("DeleteService with a write under each delete: %v", err)
+	}
+	// The service's ConfigMap: stamped, changed under the delete, stamped again; then its
+	// Secret of the same name, once.
+	want := map[string]int{replicaObject("chat", 1): 2, serviceObject("chat"): 3}
+	for name, n := range want {
+		if stamps[name] != n {
+			t.Errorf("%s stamped %d times, want %d (a precondition failure, then the retry)", name, stamps[name], n)
+		}
+		if _, err := cms.Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("%s after its delete: %v, want gone", name, err)
+		}
+	}
+	if err := s.DeleteReplica("chat", 1); err != nil {
+		t.Errorf("DeleteReplica of a record gone already: %v, want success", err)
+	}
+	if err := s.DeleteService("chat"); err != nil {
+		t.Errorf("DeleteService of a service gone already: %v, want success", err)
+	}
+}
+
+// TestDeleteSeesPastAStaleCache: an object another controller created a moment ago may not be
+// in this store's cache yet (here: a cache that never saw it); a delete, and an update, must
+// ask the API server before they call it gone.
+func TestDeleteSeesPastAStaleCache(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	ns := generatedNamespace(t, c, "ks-delete-stale-")
+	s, err := Open(ctx, Options{Config: c.RESTConfig(), Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cms := c.Client().CoreV1().ConfigMaps(ns)
+	for _, name := range []string{"ferry-left-0000000000000001", "ferry-left-0000000000000002"} {
+		if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: objectMeta(name, kindLeftover, "")}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.cms = listerscorev1.NewConfigMapLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})).ConfigMaps(ns)
+	if err := s.configMaps().Delete("ferry-left-0000000000000001"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cms.Get(ctx, "ferry-left-0000000000000001", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("after a delete through a cache that had not seen the object: %v, want it gone", err)
+	}
+	// write is Update without its wait for the cache to show the write, which this one never will.
+	s.cms = listerscorev1.NewConfigMapLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})).ConfigMaps(ns)
+	ctxWrite, cancel := s.ctx()
+	defer cancel()
+	if _, err := s.configMaps().write(ctxWrite, "ferry-left-0000000000000002", false, func(cm *corev1.ConfigMap) error {
+		cm.Data = map[string]string{"note": "updated"}
+		return nil
+	}); err != nil {
+		t.Errorf("an update through a cache that had not seen the object: %v, want it written", err)
+	}
+}
+
+// TestReplicaCreatedDuringDeleteIsRemoved makes the narrowest race of a status write with
+// DeleteService happen for sure: the replica's writer has found its service not being deleted,
+// and the whole delete runs before its create. The writer must see that, remove the record it
+// made and fail with ErrNotFound, so that no record outlives the service.
+func TestReplicaCreatedDuringDeleteIsRemoved(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	ns := generatedNamespace(t, c, "ks-create-during-delete-")
+	s, err := Open(ctx, Options{Config: c.RESTConfig(), Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{}, Port: 1}); err != nil {
+		t.Fatal(err)
+	}
+	s.creating = func(string) {
+		s.creating = nil
+		if err := s.DeleteService("chat"); err != nil {
+			t.Errorf("DeleteService: %v", err)
+		}
+	}
+	err = s.SaveReplica(replicas.Record{Service: "chat", ID: 1, Version: 1, Status: replicas.StatusShuttingDown})
+	if !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("SaveReplica racing DeleteService: %v, want ErrNotFound", err)
+	}
+	if _, err := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, replicaObject("chat", 1), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the replica's record after its service was deleted: %v, want gone", err)
+	}
+}
+
+// TestWritesLeaveAMarkedObjectAlone: from a delete's mark on, Ferry's writers do not change the
+// object (which would fail the delete's precondition and, with writers that never stop, starve
+// it): the service's status is kept as it was, ids and records are refused as for a service
+// that is gone.
+func TestWritesLeaveAMarkedObjectAlone(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	ns := generatedNamespace(t, c, "ks-marked-")
+	s, err := Open(ctx, Options{Config: c.RESTConfig(), Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{}, Port: 1, Status: "SHUTTING_DOWN"}); err != nil {
+		t.Fatal(err)
+	}
+	ctxMark, cancel := s.ctx()
+	defer cancel()
+	markedCM, err := s.configMaps().mark(ctxMark, serviceObject("chat"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetServiceStatus("chat", "READY"); err != nil {
+		t.Errorf("SetServiceStatus of a service being deleted: %v, want the write dropped", err)
+	}
+	if _, err := s.NextReplicaID("chat"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("NextReplicaID of a service being deleted: %v, want ErrNotFound", err)
+	}
+	if err := s.SaveReplica(replicas.Record{Service: "chat", ID: 1, Version: 1}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("SaveReplica of a service being deleted: %v, want ErrNotFound", err)
+	}
+	got, err := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, serviceObject("chat"), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ResourceVersion != markedCM.ResourceVersion {
+		t.Errorf("the marked service's ConfigMap was written: resourceVersion %s, marked at %s", got.ResourceVersion, markedCM.ResourceVersion)
+	}
+	if svc, err := s.GetService("chat"); err != nil || svc.Status != "SHUTTING_DOWN" {
+		t.Errorf("a service being deleted reads %+v, %v; want it, SHUTTING_DOWN, until it is gone", svc, err)
 	}
 }

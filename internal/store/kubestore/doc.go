@@ -35,9 +35,21 @@
 //
 // Reads come from informer caches (one watch on the namespace's Ferry ConfigMaps, one on its
 // Secrets), so status reads and the replica manager's lists cost no request. Every
-// read-modify-write (counters, a service's row, rollout and versions) sends the resourceVersion it
-// read; a conflict re-reads from the API server and retries, a bounded number of times. A write
-// waits until the cache holds what it wrote, so a caller reads its own writes.
+// read-modify-write (counters, a service's row, rollout and versions, a replica's record) sends
+// the resourceVersion it read; a conflict re-reads from the API server and retries, after a
+// jittered exponential pause, a bounded number of times. "Not found" is the API server's word,
+// never a lagging cache's: an object the other controller created a moment ago may not be in
+// this one's cache yet. A write waits until the cache holds what it wrote, so a caller reads
+// its own writes.
+//
+// A delete marks the object first (ferry.dev/deleting, with the fence) by a merge patch, which
+// cannot conflict, then deletes it on the condition that it is still as marked. From the mark
+// on, writers leave the object alone, so a delete is neither refused nor starved because the
+// status loop or the other controller's last writes before a failover keep changing it (issue
+// 42); should someone else change it, the delete reads, marks and tries again. A delete of what
+// is gone is success. DeleteService marks the service before it lists (from the API server) the
+// replicas to delete, and no replica record is created for a marked service, so no record
+// outlives its service.
 //
 // The replica id counter is in the service's ConfigMap and the job id counter in ferry-state: an
 // id is handed out only by an update that succeeded against the resourceVersion it read, so two
@@ -47,7 +59,7 @@
 //
 // Options.Fence says whether this controller leads and with which term; when it does not, every
 // write is refused here (ErrNotLeader), and a write already in flight when leadership was lost is
-// refused by the API server. Deletes cannot carry annotations, so a delete first stamps the
-// object (a fenced update) and then deletes it with that update's resourceVersion as
+// refused by the API server. Deletes cannot carry annotations, so a delete first marks the
+// object (a fenced patch) and then deletes it with that patch's resourceVersion as
 // precondition.
 package kubestore

@@ -74,7 +74,9 @@ func (s *Store) CreateJob(j jobs.Job) (int64, error) {
 // SaveJob implements jobs.Store.
 func (s *Store) SaveJob(j jobs.Job) error {
 	name := jobObject(j.ID)
-	if _, err := s.cms.Get(name); err != nil {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	if _, err := s.configMaps().read(ctx, name, false); err != nil {
 		return wrapNotFound(err, fmt.Sprintf("save job %d", j.ID))
 	}
 	var stored configs.Task

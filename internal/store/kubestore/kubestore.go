@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"regexp"
 	"strconv"
 	"time"
@@ -13,6 +15,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	listerscorev1 "k8s.io/client-go/listers/core/v1"
@@ -32,6 +36,9 @@ const (
 	// when they are the Lease's spec.leaseTransitions and spec.holderIdentity.
 	AnnotationTerm   = "ferry.dev/term"
 	AnnotationHolder = "ferry.dev/holder"
+	// AnnotationDeleting marks an object a delete is removing: writers leave it alone, so
+	// that nothing changes it between the mark and the delete (see DeleteIf).
+	AnnotationDeleting = "ferry.dev/deleting"
 )
 
 // ErrNotLeader is returned by every write while Options.Fence reports that this controller does
@@ -58,11 +65,17 @@ type Store struct {
 	cms     listerscorev1.ConfigMapNamespaceLister
 	secrets listerscorev1.SecretNamespaceLister
 	stop    context.CancelFunc
+	// Test hooks, nil but in tests. stamped runs between a delete's stamp and the delete
+	// itself: where another writer's change makes the delete's precondition fail. creating runs
+	// before a replica's record is created, after its service was found not being deleted.
+	stamped  func(name string)
+	creating func(name string)
 }
 
 var _ store.Store = (*Store)(nil)
 
-// maxRetries bounds the re-read-and-retry of a read-modify-write that meets conflicts.
+// maxRetries bounds the re-read-and-retry of a read-modify-write or a delete that meets
+// conflicts: with pause's backoff, 20 retries wait less than 4 s in all.
 const maxRetries = 20
 
 // cacheWait bounds how long a write waits for the informer to show it.
@@ -185,6 +198,7 @@ type objects[T metav1.Object] struct {
 	get      func(ctx context.Context, name string) (T, error)
 	create   func(ctx context.Context, obj T) (T, error)
 	update   func(ctx context.Context, obj T) (T, error)
+	patch    func(ctx context.Context, name string, mergePatch []byte) (T, error)
 	del      func(ctx context.Context, name string, opts metav1.DeleteOptions) error
 	deepCopy func(T) T
 }
@@ -201,6 +215,9 @@ func (s *Store) configMaps() objects[*corev1.ConfigMap] {
 		update: func(ctx context.Context, o *corev1.ConfigMap) (*corev1.ConfigMap, error) {
 			return c.Update(ctx, o, metav1.UpdateOptions{})
 		},
+		patch: func(ctx context.Context, name string, p []byte) (*corev1.ConfigMap, error) {
+			return c.Patch(ctx, name, types.MergePatchType, p, metav1.PatchOptions{})
+		},
 		del: c.Delete, deepCopy: (*corev1.ConfigMap).DeepCopy}
 }
 
@@ -215,6 +232,9 @@ func (s *Store) secretObjects() objects[*corev1.Secret] {
 		},
 		update: func(ctx context.Context, o *corev1.Secret) (*corev1.Secret, error) {
 			return c.Update(ctx, o, metav1.UpdateOptions{})
+		},
+		patch: func(ctx context.Context, name string, p []byte) (*corev1.Secret, error) {
+			return c.Patch(ctx, name, types.MergePatchType, p, metav1.PatchOptions{})
 		},
 		del: c.Delete, deepCopy: (*corev1.Secret).DeepCopy}
 }
@@ -238,15 +258,43 @@ func (o objects[T]) Create(obj T) (T, error) {
 	return out, o.wait(out.GetName(), out.GetResourceVersion())
 }
 
-// Update is a read-modify-write of the named object: mutate changes a copy of the cached
-// object, which is sent with its resourceVersion; on a conflict the object is read again from
-// the API server and mutate runs again. A mutate error ends it as is.
+// Update is a read-modify-write of the named object: mutate changes a copy of the object, which
+// is sent with its resourceVersion; on a conflict the object is read again from the API server
+// and mutate runs again on it, after a jittered pause, at most maxRetries times. Every attempt is
+// fenced anew, so a controller that stopped leading meanwhile stops there. A mutate error ends
+// it as is. It returns once the cache shows the write, so the caller reads its own write.
 func (o objects[T]) Update(name string, mutate func(T) error) (T, error) {
-	var zero T
 	ctx, cancel := o.s.ctx()
 	defer cancel()
-	cur, err := o.cached(name)
+	out, err := o.write(ctx, name, false, mutate)
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return out, o.wait(name, out.GetResourceVersion())
+}
+
+// read is the named object from the cache or, when fresh or when the cache does not have it,
+// from the API server: an object another controller created a moment ago may not be in this
+// one's cache yet, and "not found" must be the API server's answer, not a lagging cache's.
+func (o objects[T]) read(ctx context.Context, name string, fresh bool) (T, error) {
+	if !fresh {
+		cur, err := o.cached(name)
+		if !apierrors.IsNotFound(err) {
+			return cur, err
+		}
+	}
+	return o.get(ctx, name)
+}
+
+// write is Update without the wait for the cache; fresh skips the cache for the first read.
+func (o objects[T]) write(ctx context.Context, name string, fresh bool, mutate func(T) error) (T, error) {
+	var zero T
+	cur, err := o.read(ctx, name, fresh)
 	for attempt := 0; ; attempt++ {
+		if err == nil && marked(cur) {
+			err = errMarked(name)
+		}
 		if err != nil {
 			return zero, err
 		}
@@ -259,10 +307,16 @@ func (o objects[T]) Update(name string, mutate func(T) error) (T, error) {
 		}
 		out, uerr := o.update(ctx, obj)
 		if uerr == nil {
-			return out, o.wait(name, out.GetResourceVersion())
+			return out, nil
 		}
-		if !apierrors.IsConflict(uerr) || attempt == maxRetries {
+		if !apierrors.IsConflict(uerr) {
 			return zero, uerr
+		}
+		if attempt == maxRetries {
+			return zero, fmt.Errorf("kubestore: update %s: still conflicting after %d fresh reads: %w", name, maxRetries, uerr)
+		}
+		if err := pause(ctx, attempt); err != nil {
+			return zero, err
 		}
 		cur, err = o.get(ctx, name)
 	}
@@ -274,43 +328,137 @@ func (o objects[T]) Delete(name string) error {
 	return o.DeleteIf(name, func(T) error { return nil })
 }
 
-// DeleteIf is Delete of an object that check accepts when it is stamped (on the object read for
-// the stamp, so the delete's precondition covers what check saw); check's error ends it as is,
-// with nothing written.
+// DeleteIf is Delete of an object that check accepts. The object is marked first
+// (AnnotationDeleting, with the fence: a write the policy checks) by a merge patch, which
+// applies to whatever the object is by then and so cannot be refused for a conflict: a delete
+// is never starved by writers that keep changing the object. From the mark on, writers leave
+// the object alone (Update refuses it as gone), so the delete, conditional on the mark's
+// resourceVersion, succeeds unless someone outside Ferry wrote meanwhile; then the object is
+// read again from the API server and marked and deleted again, bounded as Update is. check
+// runs on the object read before the mark and again on the marked one (a failure then takes
+// the mark off); its error ends it as is. Gone already, or gone meanwhile, is success.
 func (o objects[T]) DeleteIf(name string, check func(T) error) error {
-	stamped, err := o.Update(name, check)
-	if apierrors.IsNotFound(err) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
 	ctx, cancel := o.s.ctx()
 	defer cancel()
-	rv := stamped.GetResourceVersion()
-	err = o.del(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return err
+	for attempt := 0; ; attempt++ {
+		cur, err := o.read(ctx, name, attempt > 0)
+		if err == nil {
+			err = check(cur)
+		}
+		var done T
+		if err == nil {
+			done, err = o.mark(ctx, name, true)
+		}
+		if err == nil {
+			if err = check(done); err != nil {
+				_, _ = o.mark(ctx, name, false)
+			}
+		}
+		if apierrors.IsNotFound(err) {
+			return o.wait(name, "")
+		}
+		if err != nil {
+			return err
+		}
+		if o.s.stamped != nil {
+			o.s.stamped(name)
+		}
+		rv := done.GetResourceVersion()
+		err = o.del(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
+		if err == nil || apierrors.IsNotFound(err) {
+			return o.wait(name, "")
+		}
+		if !apierrors.IsConflict(err) {
+			return err
+		}
+		if attempt == maxRetries {
+			return fmt.Errorf("kubestore: delete %s: still changed under the delete after %d fresh reads: %w", name, maxRetries, err)
+		}
+		if err := pause(ctx, attempt); err != nil {
+			return err
+		}
 	}
-	return o.wait(name, "")
+}
+
+// mark sets (or, !on, removes) AnnotationDeleting on the named object with a merge patch that
+// carries the fence.
+func (o objects[T]) mark(ctx context.Context, name string, on bool) (T, error) {
+	var zero T
+	a, err := o.s.fence()
+	if err != nil {
+		return zero, err
+	}
+	annotations := map[string]any{}
+	for k, v := range a {
+		annotations[k] = v
+	}
+	annotations[AnnotationDeleting] = nil
+	if on {
+		annotations[AnnotationDeleting] = "true"
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+	if err != nil {
+		return zero, err
+	}
+	return o.patch(ctx, name, patch)
+}
+
+// marked reports whether a delete is removing obj.
+func marked(obj metav1.Object) bool { return obj.GetAnnotations()[AnnotationDeleting] != "" }
+
+// errMarked is what a write to an object being deleted gets: not found (it is as good as
+// gone), and errBeingDeleted.
+func errMarked(name string) error {
+	return fmt.Errorf("kubestore: %s: %w (%w)", name, apierrors.NewNotFound(schema.GroupResource{}, name), errBeingDeleted)
+}
+
+// Backoff of a write that met a conflict: exponential from backoffBase, at most backoffCap.
+const (
+	backoffBase = 4 * time.Millisecond
+	backoffCap  = 250 * time.Millisecond
+)
+
+// pause waits before retry attempt+1 of a write that met a conflict: a random time between half
+// and all of the exponential backoff, so that writers that collided (many goroutines, two
+// controllers across a failover) do not collide again in step. The jitter needs no seed: it
+// decides nothing but when to try again.
+func pause(ctx context.Context, attempt int) error {
+	d := min(backoffBase<<min(attempt, 16), backoffCap)
+	t := time.NewTimer(d/2 + rand.N(d/2+1))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-t.C:
+		return nil
+	}
+}
+
+// fence is the annotations that fence a write, none without leader election; it refuses when
+// not leading.
+func (s *Store) fence() (map[string]string, error) {
+	if s.opts.Fence == nil {
+		return nil, nil
+	}
+	term, ok := s.opts.Fence()
+	if !ok {
+		return nil, ErrNotLeader
+	}
+	return map[string]string{AnnotationTerm: strconv.FormatInt(term, 10), AnnotationHolder: s.opts.Holder}, nil
 }
 
 // fenceObject stamps obj's metadata with the leader's term and holder, or refuses when not
 // leading.
 func (s *Store) fenceObject(obj metav1.Object) error {
-	if s.opts.Fence == nil {
-		return nil
-	}
-	term, ok := s.opts.Fence()
-	if !ok {
-		return ErrNotLeader
+	f, err := s.fence()
+	if err != nil || f == nil {
+		return err
 	}
 	a := obj.GetAnnotations()
 	if a == nil {
 		a = map[string]string{}
 	}
-	a[AnnotationTerm] = strconv.FormatInt(term, 10)
-	a[AnnotationHolder] = s.opts.Holder
+	maps.Copy(a, f)
 	obj.SetAnnotations(a)
 	return nil
 }

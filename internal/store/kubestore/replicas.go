@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ferryserve/ferry/internal/store"
 	"github.com/ferryserve/ferry/replicas"
@@ -18,8 +19,23 @@ func replicaObject(service string, id int) string { return fmt.Sprintf("ferry-re
 
 func errorsIsNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
 
+// errBeingDeleted is the error of a write to a service being deleted: for the caller the
+// service is gone (store.ErrNotFound).
+var errBeingDeleted = fmt.Errorf("being deleted: %w", store.ErrNotFound)
+
+func errDeleting(service string) error { return fmt.Errorf("service %q: %w", service, errBeingDeleted) }
+
+// cachedDeleting reports whether the cache shows service marked by DeleteService. A replica's
+// writer asks it on every attempt: once its cache shows the mark it stops writing the record,
+// which the delete is about to remove (a writer whose cache lags is retried like any other).
+func (s *Store) cachedDeleting(service string) bool {
+	cm, err := s.cms.Get(serviceObject(service))
+	return err == nil && marked(cm)
+}
+
 // NextReplicaID implements replicas.Store: the counter in the service's row moves by an update
 // conditional on the resourceVersion it read, so an id is handed out once across controllers.
+// A service being deleted hands out none.
 func (s *Store) NextReplicaID(service string) (int, error) {
 	var id int
 	err := s.updateRow(service, func(_ *corev1.ConfigMap, row *serviceRow) error {
@@ -33,33 +49,20 @@ func (s *Store) NextReplicaID(service string) (int, error) {
 	return id, nil
 }
 
-// SaveReplica implements replicas.Store. An id at or past the counter (an adopted instance)
-// moves the counter past it first, so a later replica can never collide with it.
+// SaveReplica implements replicas.Store: the record is updated where it exists, else created
+// (createReplica). Its service must exist: a status write that comes after DeleteService (a
+// replica's last transition, racing the delete) fails with store.ErrNotFound and leaves nothing.
 func (s *Store) SaveReplica(r replicas.Record) error {
 	if err := checkName(r.Service); err != nil {
 		return err
 	}
-	if cm, err := s.cms.Get(serviceObject(r.Service)); err == nil {
-		var row serviceRow
-		if _, err := getJSON(cm, keyService, &row); err == nil && r.ID >= row.NextReplicaID {
-			err := s.updateRow(r.Service, func(_ *corev1.ConfigMap, row *serviceRow) error {
-				row.NextReplicaID = max(row.NextReplicaID, r.ID+1)
-				return nil
-			})
-			if err != nil && !errorsIsNotFound(err) {
-				return fmt.Errorf("save replica %s/%d: %w", r.Service, r.ID, err)
-			}
-		}
-	}
 	name := replicaObject(r.Service, r.ID)
-	objs := s.configMaps()
-	_, err := objs.Update(name, func(cm *corev1.ConfigMap) error { return putJSON(cm, keyReplica, r) })
-	if apierrors.IsNotFound(err) {
-		cm := &corev1.ConfigMap{ObjectMeta: objectMeta(name, "replica", r.Service)}
-		if err := putJSON(cm, keyReplica, r); err != nil {
-			return err
+	err := s.updateReplica(name, r)
+	for attempt := 0; apierrors.IsNotFound(err) && attempt < 2; attempt++ {
+		err = s.createReplica(name, r)
+		if apierrors.IsAlreadyExists(err) { // created meanwhile by another writer: update it
+			err = s.updateReplica(name, r)
 		}
-		_, err = objs.Create(cm)
 	}
 	if err != nil {
 		return fmt.Errorf("save replica %s/%d: %w", r.Service, r.ID, err)
@@ -67,7 +70,56 @@ func (s *Store) SaveReplica(r replicas.Record) error {
 	return nil
 }
 
-// DeleteReplica implements replicas.Store.
+func (s *Store) updateReplica(name string, r replicas.Record) error {
+	_, err := s.configMaps().Update(name, func(cm *corev1.ConfigMap) error {
+		if s.cachedDeleting(r.Service) {
+			return errDeleting(r.Service)
+		}
+		return putJSON(cm, keyReplica, r)
+	})
+	return err
+}
+
+// createReplica creates the record of a replica that has none. First the service's id counter
+// moves past the id (an adopted instance's), so that a later replica can never get it; that
+// write also refuses a service that is gone or being deleted. After the create, the service is
+// read again from the API server: DeleteService marks the service before it lists the replicas
+// to delete, so a record created before the mark is in that list, and one created after it is
+// seen here and deleted again. Either way no record outlives its service.
+func (s *Store) createReplica(name string, r replicas.Record) error {
+	err := s.updateRow(r.Service, func(_ *corev1.ConfigMap, row *serviceRow) error {
+		row.NextReplicaID = max(row.NextReplicaID, r.ID+1)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: objectMeta(name, "replica", r.Service)}
+	if err := putJSON(cm, keyReplica, r); err != nil {
+		return err
+	}
+	if s.creating != nil {
+		s.creating(name)
+	}
+	if _, err := s.configMaps().Create(cm); err != nil {
+		return err
+	}
+	ctx, cancel := s.ctx()
+	defer cancel()
+	svc, err := s.client.CoreV1().ConfigMaps(s.ns).Get(ctx, serviceObject(r.Service), metav1.GetOptions{})
+	if err == nil && !marked(svc) {
+		return nil
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return err
+	}
+	if err := s.configMaps().Delete(name); err != nil {
+		return fmt.Errorf("remove the record made while the service was deleted: %w", err)
+	}
+	return errDeleting(r.Service)
+}
+
+// DeleteReplica implements replicas.Store; a record already gone is success.
 func (s *Store) DeleteReplica(service string, id int) error {
 	return s.configMaps().Delete(replicaObject(service, id))
 }

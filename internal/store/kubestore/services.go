@@ -2,6 +2,7 @@ package kubestore
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/store"
@@ -107,25 +109,12 @@ func (s *Store) CreateService(svc store.Service) error {
 // putSecret writes keys (JSON-encoded) into the named Secret, creating it when missing; reset
 // drops the keys it had.
 func (s *Store) putSecret(name, kind, service string, reset bool, keys map[string]any) error {
-	data := map[string][]byte{}
-	for k, v := range keys {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return err
-		}
-		data[k] = b
-	}
-	mutate := func(sec *corev1.Secret) error {
-		if reset || sec.Data == nil {
-			sec.Data = map[string][]byte{}
-		}
-		for k, v := range data {
-			sec.Data[k] = v
-		}
-		return nil
+	data, mutate, err := secretKeys(reset, keys)
+	if err != nil {
+		return err
 	}
 	objs := s.secretObjects()
-	_, err := objs.Update(name, mutate)
+	_, err = objs.Update(name, mutate)
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
@@ -135,6 +124,39 @@ func (s *Store) putSecret(name, kind, service string, reset bool, keys map[strin
 		_, err = objs.Update(name, mutate)
 	}
 	return err
+}
+
+// updateSecret writes keys into the named Secret, which must exist: a write to a record being
+// deleted must not bring its Secret back.
+func (s *Store) updateSecret(name string, keys map[string]any) error {
+	_, mutate, err := secretKeys(false, keys)
+	if err != nil {
+		return err
+	}
+	_, err = s.secretObjects().Update(name, mutate)
+	return err
+}
+
+// secretKeys encodes keys, and returns the mutation that writes them into a Secret (dropping
+// the keys it had when reset).
+func secretKeys(reset bool, keys map[string]any) (map[string][]byte, func(*corev1.Secret) error, error) {
+	data := map[string][]byte{}
+	for k, v := range keys {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, nil, err
+		}
+		data[k] = b
+	}
+	return data, func(sec *corev1.Secret) error {
+		if reset || sec.Data == nil {
+			sec.Data = map[string][]byte{}
+		}
+		for k, v := range data {
+			sec.Data[k] = v
+		}
+		return nil
+	}, nil
 }
 
 // secretJSON decodes key of the named Secret into v; a missing key is an error, since the
@@ -197,7 +219,8 @@ func (s *Store) ListServices() ([]store.Service, error) {
 	return out, nil
 }
 
-// updateRow is a read-modify-write of a service's ConfigMap through its row.
+// updateRow is a read-modify-write of a service's ConfigMap through its row. A service being
+// deleted (marked by DeleteService) is written no more: errDeleting.
 func (s *Store) updateRow(service string, mutate func(cm *corev1.ConfigMap, row *serviceRow) error) error {
 	_, err := s.configMaps().Update(serviceObject(service), func(cm *corev1.ConfigMap) error {
 		var row serviceRow
@@ -210,12 +233,21 @@ func (s *Store) updateRow(service string, mutate func(cm *corev1.ConfigMap, row 
 		row.UpdatedAt = time.Now().UTC()
 		return putJSON(cm, keyService, row)
 	})
+	if errors.Is(err, errBeingDeleted) {
+		return errDeleting(service)
+	}
 	return wrapNotFound(err, fmt.Sprintf("service %q", service))
 }
 
-// SetServiceStatus implements store.Store.
+// SetServiceStatus implements store.Store. The status of a service being deleted stays what it
+// was when the delete began (SHUTTING_DOWN, when the controller takes it down) and the write is
+// dropped: the service is going, and a delete cut short finds that status on the next start.
 func (s *Store) SetServiceStatus(name, status string) error {
-	return s.updateRow(name, func(_ *corev1.ConfigMap, row *serviceRow) error { row.Status = status; return nil })
+	err := s.updateRow(name, func(_ *corev1.ConfigMap, row *serviceRow) error { row.Status = status; return nil })
+	if errors.Is(err, errBeingDeleted) {
+		return nil
+	}
+	return err
 }
 
 // SetTarget implements store.Store. A service that is gone has no target to keep.
@@ -238,8 +270,11 @@ func (s *Store) StartUpdate(service string, v replicas.Version, r replicas.Rollo
 	if _, ok := cm.Data[versionKey(v.Number)]; ok {
 		return fmt.Errorf("record version %d of %q: it exists", v.Number, service)
 	}
-	if err := s.putSecret(cm.Name, "service", service, false, map[string]any{versionTaskKey(v.Number): v.Task}); err != nil {
-		return err
+	if marked(cm) {
+		return errDeleting(service)
+	}
+	if err := s.updateSecret(cm.Name, map[string]any{versionTaskKey(v.Number): v.Task}); err != nil {
+		return wrapNotFound(err, fmt.Sprintf("record version %d of %q", v.Number, service))
 	}
 	rec := versionRecord{Number: v.Number, LaunchedAs: v.LaunchedAs, Task: v.Task.Redacted(), CreatedAt: time.Now().UTC()}
 	return s.updateRow(service, func(cm *corev1.ConfigMap, row *serviceRow) error {
@@ -313,13 +348,23 @@ func (s *Store) Rollout(service string) (*replicas.Rollout, error) {
 }
 
 // DeleteService implements store.Store: replicas first, so that a delete cut short leaves a
-// service whose replicas a next attempt still finds.
+// service whose replicas a next attempt still finds. The service's ConfigMap is marked
+// (AnnotationDeleting) before the replicas are listed, from the API server rather than the
+// cache, so that the list is complete: from the mark on, the service's row is written no more
+// and no replica record is created for it (a record created after the mark is removed by its
+// writer, see createReplica). What is gone already (a delete cut short, or the other
+// controller's) is success.
 func (s *Store) DeleteService(name string) error {
-	reps, err := s.cms.List(kindSelector("replica", name))
-	if err != nil {
-		return err
+	ctx, cancel := s.ctx()
+	defer cancel()
+	if _, err := s.configMaps().mark(ctx, serviceObject(name), true); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete service %q: %w", name, err)
 	}
-	for _, cm := range reps {
+	reps, err := s.client.CoreV1().ConfigMaps(s.ns).List(ctx, metav1.ListOptions{LabelSelector: kindSelector("replica", name).String()})
+	if err != nil {
+		return fmt.Errorf("delete service %q: list its replicas: %w", name, err)
+	}
+	for _, cm := range reps.Items {
 		if err := s.configMaps().Delete(cm.Name); err != nil {
 			return fmt.Errorf("delete service %q: %w", name, err)
 		}

@@ -38,6 +38,8 @@ var Tests = []struct {
 	{"JobIDsUniqueAcrossStores", testJobIDsUniqueAcrossStores},
 	{"LeftoversLedger", testLeftoversLedger},
 	{"LeftoverWithoutKeyRefused", testLeftoverWithoutKeyRefused},
+	{"ReplicaOfMissingServiceRefused", testReplicaOfMissingServiceRefused},
+	{"RacingWritesAndDeletes", testRacingWritesAndDeletes},
 }
 
 // Run runs every test of the contract on fresh state from fresh.
@@ -316,4 +318,38 @@ func testJobIDsUniqueAcrossStores(t *testing.T, open Opener) {
 		return s.CreateJob(jobs.Job{Name: "j", Task: &configs.Task{Run: "x"}, State: jobs.Pending})
 	})
 	checkDistinct(t, ids, 1)
+}
+
+// testReplicaOfMissingServiceRefused: a replica record needs its service. A status write that
+// comes after DeleteService (a replica's last transition racing the delete) must not bring a
+// record back, which the next service of that name would then adopt; and deleting what is
+// gone already is success.
+func testReplicaOfMissingServiceRefused(t *testing.T, open Opener) {
+	s := open(t)
+	rec := replicas.Record{Service: "gone", ID: 1, Version: 1, Status: replicas.StatusReady}
+	if err := s.SaveReplica(rec); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("SaveReplica of a service never created: %v, want ErrNotFound", err)
+	}
+	must(t, s.CreateService(store.Service{Name: "gone", Version: 1, Task: &configs.Task{}, Port: 1}))
+	must(t, s.SaveReplica(rec))
+	must(t, s.DeleteService("gone"))
+	rec.Status = replicas.StatusShuttingDown
+	if err := s.SaveReplica(rec); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("SaveReplica after DeleteService: %v, want ErrNotFound", err)
+	}
+	if _, err := s.NextReplicaID("gone"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("NextReplicaID after DeleteService: %v, want ErrNotFound", err)
+	}
+	must(t, s.DeleteReplica("gone", 1))
+	must(t, s.DeleteService("gone"))
+	must(t, s.DeleteLeftover("never-put"))
+	s.Close()
+	s = open(t) // what the next controller reads
+	if got, err := s.ListReplicas("gone"); err != nil || len(got) != 0 {
+		t.Errorf("records of the deleted service: %+v, %v; want none", got, err)
+	}
+	must(t, s.CreateService(store.Service{Name: "gone", Version: 1, Task: &configs.Task{}, Port: 1}))
+	if got, err := s.ListReplicas("gone"); err != nil || len(got) != 0 {
+		t.Errorf("a new service of the same name starts with records %+v, %v; want none", got, err)
+	}
 }
