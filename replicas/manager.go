@@ -176,9 +176,9 @@ type replica struct {
 	probe       probeState
 	launching   bool
 	terminating bool
-	// launched is the instance our Launch returned, and launchSeq when; a List begun before
-	// then may not show it yet.
-	launched  *launcher.Instance
+	// launched are the instances our launch returned (a gang's nodes, head first), and
+	// launchSeq when; a List begun before then may not show them yet.
+	launched  []launcher.Instance
 	launchSeq uint64
 	// drainingSince is when a scale-down took the replica out of the READY set (in memory
 	// only: a restarted controller drains again, bounded by the same timeout).
@@ -190,6 +190,11 @@ type replica struct {
 	// stopped one's.
 	stopProbe context.CancelFunc
 	probeGen  uint64
+}
+
+// hasNode reports whether instance id is the replica's, or a node of its gang.
+func (r *replica) hasNode(id string) bool {
+	return id != "" && (r.rec.InstanceID == id || slices.Contains(r.rec.Nodes, id))
 }
 
 // New checks cfg, applies defaults and returns a Manager that does nothing until Start.
@@ -317,7 +322,7 @@ func (m *Manager) Notice(instance string, at time.Time) bool {
 	m.mu.Lock()
 	var hit *replica
 	for _, r := range m.replicas {
-		if r.rec.InstanceID == instance && live(r.rec.Status) {
+		if r.hasNode(instance) && live(r.rec.Status) {
 			hit = r
 			break
 		}

@@ -58,6 +58,11 @@ type Record struct {
 	Spot       bool    `json:"spot"`
 	Price      float64 `json:"price_per_hour"`
 	Resources  string  `json:"resources,omitempty"`
+	// Nodes are the instances of a multi-node replica (num_nodes > 1), rank order: the head,
+	// InstanceID, first. Empty for a replica of one node. The SQLite store does not keep them:
+	// a restarted controller finds a gang again by the replica id and rank on its nodes, and
+	// the first pass fills them in.
+	Nodes []string `json:"nodes,omitempty"`
 	// Accelerator is the GPU type the replica was placed with, when the launch said (not
 	// persisted: a restarted controller falls back to the task's single accelerator).
 	Accelerator string    `json:"accelerator,omitempty"`
