@@ -1,0 +1,240 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// multiNodeYAML is SkyPilot's multi-node serving shape (llm/deepseek-r1: num_nodes under a
+// service, the head found as the first line of SKYPILOT_NODE_IPS, the rank in
+// SKYPILOT_NODE_RANK) on local: each replica is a gang of two processes, each on a loopback
+// address of its own with the task's port (%[1]d). The head serves once its worker has joined,
+// as SGLang's head waits for its ranks; the worker runs its rank's server and stays up while
+// the head is up.
+const multiNodeYAML = `name: multinode
+resources:
+  infra: local
+  ports: %[1]d
+num_nodes: 2
+service:
+  readiness_probe:
+    path: /health
+    initial_delay_seconds: 60
+  replicas: 2
+  load_balancing_policy: round_robin
+run: |
+  HEAD=$(echo "$SKYPILOT_NODE_IPS" | head -n1)
+  WORKER=$(echo "$SKYPILOT_NODE_IPS" | sed -n 2p)
+  up() { (exec 3<>"/dev/tcp/$1/%[1]d") 2>/dev/null; }
+  if [ "$SKYPILOT_NODE_RANK" = 0 ]; then
+    until up "$WORKER"; do sleep 0.1; done
+    exec ferry replica-sim --host "$HEAD" --port %[1]d --model ferry-sim-1b
+  fi
+  ferry replica-sim --host "$FERRY_HOST" --port %[1]d --model rank-$SKYPILOT_NODE_RANK-of-$SKYPILOT_NUM_NODES &
+  until up "$HEAD"; do sleep 0.1; done
+  while up "$HEAD"; do sleep 0.2; done
+`
+
+// gangNode is one node of a local replica, from the local provider's instance metadata.
+type gangNode struct {
+	ID, Endpoint string
+	PID, PGID    int
+}
+
+// gangNodes maps each live replica id to its nodes by rank.
+func (e *env) gangNodes() map[int]map[int]gangNode {
+	e.t.Helper()
+	out := map[int]map[int]gangNode{}
+	matches, _ := filepath.Glob(filepath.Join(e.home, "local", "*", "instance.json"))
+	for _, m := range matches {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			continue
+		}
+		var meta struct {
+			ID       string            `json:"id"`
+			PID      int               `json:"pid"`
+			PGID     int               `json:"pgid"`
+			Endpoint string            `json:"endpoint"`
+			Labels   map[string]string `json:"labels"`
+		}
+		if json.Unmarshal(b, &meta) != nil || !alive(meta.PID) {
+			continue
+		}
+		id, err1 := strconv.Atoi(meta.Labels["ferry.replica-id"])
+		rank, err2 := strconv.Atoi(meta.Labels["ferry.node-rank"])
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		if out[id] == nil {
+			out[id] = map[int]gangNode{}
+		}
+		out[id][rank] = gangNode{ID: meta.ID, Endpoint: meta.Endpoint, PID: meta.PID, PGID: meta.PGID}
+	}
+	return out
+}
+
+// replicaNodes reads each replica's node list from `serve status --json`.
+func (e *env) replicaNodes(name string) map[int][]string {
+	e.t.Helper()
+	var list []struct {
+		Replicas []struct {
+			ID    int      `json:"id"`
+			Nodes []string `json:"nodes"`
+		} `json:"replicas"`
+	}
+	if err := json.Unmarshal([]byte(e.mustRun("serve", "status", name, "--json")), &list); err != nil || len(list) != 1 {
+		e.t.Fatalf("serve status --json: %v", err)
+	}
+	out := map[int][]string{}
+	for _, r := range list[0].Replicas {
+		out[r.ID] = r.Nodes
+	}
+	return out
+}
+
+// checkGangs fails t unless every READY replica of st is a whole gang: both nodes' processes
+// alive, the replica's instance and endpoint its head's, each node on an address of its own.
+func checkGangs(t *testing.T, st serviceStatus, gangs map[int]map[int]gangNode) {
+	t.Helper()
+	for _, r := range st.Replicas {
+		if r.Status != "READY" {
+			continue
+		}
+		g := gangs[r.ID]
+		head, worker := g[0], g[1]
+		if len(g) != 2 || head.PID == 0 || worker.PID == 0 {
+			t.Fatalf("READY replica %d has nodes %+v, want 2 alive", r.ID, g)
+		}
+		if r.InstanceID != head.ID || r.Endpoint != head.Endpoint {
+			t.Fatalf("replica %d: instance %s at %s, want its head %s at %s", r.ID, r.InstanceID, r.Endpoint, head.ID, head.Endpoint)
+		}
+		hh, _, _ := net.SplitHostPort(head.Endpoint)
+		wh, _, _ := net.SplitHostPort(worker.Endpoint)
+		if hh == wh || !strings.HasPrefix(hh, "127.") || !strings.HasPrefix(wh, "127.") {
+			t.Fatalf("replica %d: head at %s, worker at %s: want loopback addresses of their own", r.ID, head.Endpoint, worker.Endpoint)
+		}
+	}
+}
+
+// TestMultiNodeReplicas: a service of two replicas, each a gang of two local processes,
+// serves through the proxy from the heads; a replica is READY with both its nodes up; when one
+// node of a replica dies (its head still answering), the whole replica is replaced by a new
+// gang while requests keep succeeding on the other; a restarted controller adopts the gangs
+// as they run; serve down stops every node.
+func TestMultiNodeReplicas(t *testing.T) {
+	port := freeTCPPort(t)
+	e := newEnv(t)
+	file := filepath.Join(t.TempDir(), "multinode.yaml")
+	writeFile(t, file, fmt.Sprintf(multiNodeYAML, port))
+	e.mustRun("serve", "up", file, "-y")
+
+	var st serviceStatus
+	eventually(t, 90*time.Second, "2 READY replicas", func() (bool, string) {
+		var err error
+		if st, err = e.status("multinode"); err != nil {
+			return false, err.Error()
+		}
+		return len(st.ready()) == 2, fmt.Sprintf("%+v", st.Replicas)
+	})
+	gangs := e.gangNodes()
+	checkGangs(t, st, gangs)
+	chatPlain(t, st.Endpoint)
+
+	ids := slices.Sorted(maps.Keys(st.ready()))
+	victim, other := ids[0], ids[1]
+	victimHead, otherGang := gangs[victim][0], gangs[other]
+
+	t.Run("a lost node replaces its whole replica; the other serves on", func(t *testing.T) {
+		load := startSteadyLoad(st.Endpoint)
+		defer load.stop()
+		eventually(t, 30*time.Second, "requests flowing", func() (bool, string) { return load.sent.Load() >= 10, fmt.Sprint(load.sent.Load()) })
+		// The worker's machine dies: every process of its node. Its head still answers probes.
+		if err := syscall.Kill(-gangs[victim][1].PGID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		var after serviceStatus
+		eventually(t, 90*time.Second, "a new gang READY in place of the broken one", func() (bool, string) {
+			var err error
+			if after, err = e.status("multinode"); err != nil {
+				return false, err.Error()
+			}
+			ready := after.ready()
+			_, victimReady := ready[victim]
+			newOne := slices.ContainsFunc(slices.Collect(maps.Keys(ready)), func(id int) bool { return id > other })
+			return len(ready) == 2 && !victimReady && newOne && !alive(victimHead.PID), fmt.Sprintf("%+v", after.Replicas)
+		})
+		sentBefore := load.sent.Load()
+		eventually(t, 30*time.Second, "requests served by the new gang too", func() (bool, string) {
+			return load.sent.Load() >= sentBefore+10, fmt.Sprint(load.sent.Load())
+		})
+		load.stop()
+		if n := load.failed.Load(); n > 0 {
+			t.Errorf("%d of %d requests failed while the replica was replaced; first: %v", n, load.sent.Load(), load.firstErr.Load())
+		}
+		now := e.gangNodes()
+		checkGangs(t, after, now)
+		if now[other][0].PID != otherGang[0].PID || now[other][1].PID != otherGang[1].PID {
+			t.Errorf("the other replica's nodes changed: %+v -> %+v", otherGang, now[other])
+		}
+		if len(now[victim]) != 0 {
+			t.Errorf("the broken replica left nodes running: %+v", now[victim])
+		}
+	})
+
+	t.Run("a restarted controller adopts the gangs", func(t *testing.T) {
+		before := e.gangNodes()
+		ctrl := e.controllerPID()
+		if err := syscall.Kill(ctrl, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "controller gone", func() (bool, string) { return !alive(ctrl), "alive" })
+		eventually(t, 60*time.Second, "both gangs READY again, their nodes known", func() (bool, string) {
+			st, err := e.status("multinode")
+			if err != nil {
+				return false, err.Error()
+			}
+			nodes := e.replicaNodes("multinode")
+			whole := 0
+			for id := range st.ready() {
+				if len(nodes[id]) == 2 {
+					whole++
+				}
+			}
+			return whole == 2, fmt.Sprintf("%+v nodes %v", st.Replicas, nodes)
+		})
+		if after := e.gangNodes(); fmt.Sprint(after) != fmt.Sprint(before) {
+			t.Fatalf("gangs not adopted as they ran: before %v, after %v", before, after)
+		}
+		st, err := e.status("multinode")
+		if err != nil {
+			t.Fatal(err)
+		}
+		chatPlain(t, st.Endpoint)
+	})
+
+	t.Run("serve down stops every node", func(t *testing.T) {
+		nodes := e.gangNodes()
+		e.mustRun("serve", "down", "multinode", "-y")
+		for id, g := range nodes {
+			for rank, n := range g {
+				if alive(n.PID) {
+					t.Errorf("replica %d node %d (pid %d) still running after serve down", id, rank, n.PID)
+				}
+			}
+		}
+		if left := processesWith("replica-sim", "--port "+strconv.Itoa(port)); len(left) != 0 {
+			t.Errorf("replica-sim processes left: %v", left)
+		}
+	})
+}
