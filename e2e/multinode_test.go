@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ferryserve/ferry/launcher/aws/fakeec2"
 )
 
 // multiNodeYAML is SkyPilot's multi-node serving shape (llm/deepseek-r1: num_nodes under a
@@ -32,7 +34,11 @@ service:
     initial_delay_seconds: 60
   replicas: 2
   load_balancing_policy: round_robin
-run: |
+` + multiNodeRun
+
+// multiNodeRun is the gang's program: the head serves once its worker answers; the worker
+// serves its rank and stays up while the head answers.
+const multiNodeRun = `run: |
   HEAD=$(echo "$SKYPILOT_NODE_IPS" | head -n1)
   WORKER=$(echo "$SKYPILOT_NODE_IPS" | sed -n 2p)
   up() { (exec 3<>"/dev/tcp/$1/%[1]d") 2>/dev/null; }
@@ -40,7 +46,7 @@ run: |
     until up "$WORKER"; do sleep 0.1; done
     exec ferry replica-sim --host "$HEAD" --port %[1]d --model ferry-sim-1b
   fi
-  ferry replica-sim --host "$FERRY_HOST" --port %[1]d --model rank-$SKYPILOT_NODE_RANK-of-$SKYPILOT_NUM_NODES &
+  ferry replica-sim --host "$WORKER" --port %[1]d --model rank-$SKYPILOT_NODE_RANK-of-$SKYPILOT_NUM_NODES &
   until up "$HEAD"; do sleep 0.1; done
   while up "$HEAD"; do sleep 0.2; done
 `
@@ -237,4 +243,89 @@ func TestMultiNodeReplicas(t *testing.T) {
 			t.Errorf("replica-sim processes left: %v", left)
 		}
 	})
+}
+
+// multiNodeSpotYAML is the same gang as spot VMs on the fake EC2: one replica of two nodes.
+const multiNodeSpotYAML = `name: mnspot
+resources:
+  infra: aws
+  accelerators: A10G:1
+  use_spot: true
+  ports: %[1]d
+num_nodes: 2
+service:
+  readiness_probe:
+    path: /health
+    initial_delay_seconds: 120
+  replicas: 1
+` + multiNodeRun
+
+// TestMultiNodeReplicaOnFakeCloud: on the fake EC2 a replica's gang is two spot VMs in one
+// placement group, which learn each other's addresses from the instance metadata (as a job's
+// gang does); the head serves through the proxy; when the cloud reclaims the worker, the
+// whole replica goes (on the worker's interruption warning, or PREEMPTED once the listing shows
+// it reclaimed), its head VM is terminated, and a new gang serves in its place.
+func TestMultiNodeReplicaOnFakeCloud(t *testing.T) {
+	clouds := startFakeClouds(t)
+	e := newEnv(t)
+	e.extraEnv = awsEnv
+	writeFile(t, filepath.Join(e.home, "config.yaml"), clouds.config())
+	file := filepath.Join(t.TempDir(), "mnspot.yaml")
+	writeFile(t, file, fmt.Sprintf(multiNodeSpotYAML, 8080))
+	e.mustRun("serve", "up", file, "-y")
+
+	var st serviceStatus
+	var nodes []string
+	eventually(t, 120*time.Second, "the gang READY", func() (bool, string) {
+		var err error
+		if st, err = e.status("mnspot"); err != nil {
+			return false, err.Error()
+		}
+		ready := st.ready()
+		for id := range ready {
+			nodes = e.replicaNodes("mnspot")[id]
+		}
+		return len(ready) == 1 && len(nodes) == 2, fmt.Sprintf("%+v nodes %v", st.Replicas, nodes)
+	})
+	vms := map[string]fakeec2.Instance{}
+	for _, in := range clouds.ec2.Instances() {
+		vms[in.ID] = in
+	}
+	vm := func(id string) fakeec2.Instance { return vms[id[strings.LastIndex(id, "/")+1:]] }
+	head, worker := vm(nodes[0]), vm(nodes[1])
+	if head.State != "running" || worker.State != "running" || head.ZoneName != worker.ZoneName ||
+		head.PlacementGroup == "" || head.PlacementGroup != worker.PlacementGroup || !head.Spot || !worker.Spot {
+		t.Fatalf("gang VMs: head %+v, worker %+v; want two running spot VMs in one zone and placement group", head, worker)
+	}
+	old := st.Replicas[0]
+	if old.InstanceID != nodes[0] || !strings.HasPrefix(old.Endpoint, head.PrivateIP+":") {
+		t.Fatalf("replica %s at %s, want its head %s at %s", old.InstanceID, old.Endpoint, nodes[0], head.PrivateIP)
+	}
+	chatPlain(t, st.Endpoint)
+
+	clouds.preempt(t, nodes[1])
+	eventually(t, 120*time.Second, "the preempted gang replaced whole", func() (bool, string) {
+		var err error
+		if st, err = e.status("mnspot"); err != nil {
+			return false, err.Error()
+		}
+		headState := ""
+		for _, in := range clouds.ec2.Instances() {
+			if in.ID == head.ID {
+				headState = in.State
+			}
+		}
+		oldStatus, newReady := "", false
+		for _, r := range st.Replicas {
+			if r.ID == old.ID {
+				oldStatus = r.Status
+			}
+			newReady = newReady || (r.ID > old.ID && r.Status == "READY")
+		}
+		// The cloud's interruption warning for the worker may replace the replica first (it is
+		// then retired and forgotten), or the listing finds the worker reclaimed (PREEMPTED).
+		return newReady && (oldStatus == "PREEMPTED" || oldStatus == "") && (headState == "terminated" || headState == "shutting-down"),
+			fmt.Sprintf("replicas %+v, old head VM %s", st.Replicas, headState)
+	})
+	chatPlain(t, st.Endpoint)
 }
