@@ -13,8 +13,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/ferryserve/ferry/launcher/aws/fakeec2"
 )
 
 // multiNodeYAML is SkyPilot's multi-node serving shape (llm/deepseek-r1: num_nodes under a
@@ -245,11 +243,12 @@ func TestMultiNodeReplicas(t *testing.T) {
 	})
 }
 
-// multiNodeSpotYAML is the same gang as spot VMs on the fake EC2: one replica of two nodes.
+// multiNodeSpotYAML is the same gang as spot VMs on a fake cloud (%[2]s, with accelerator
+// %[3]s): one replica of two nodes.
 const multiNodeSpotYAML = `name: mnspot
 resources:
-  infra: aws
-  accelerators: A10G:1
+  infra: %[2]s
+  accelerators: %[3]s
   use_spot: true
   ports: %[1]d
 num_nodes: 2
@@ -260,18 +259,53 @@ service:
   replicas: 1
 ` + multiNodeRun
 
-// TestMultiNodeReplicaOnFakeCloud: on the fake EC2 a replica's gang is two spot VMs in one
-// placement group, which learn each other's addresses from the instance metadata (as a job's
-// gang does); the head serves through the proxy; when the cloud reclaims the worker, the
-// whole replica goes (on the worker's interruption warning, or PREEMPTED once the listing shows
-// it reclaimed), its head VM is terminated, and a new gang serves in its place.
-func TestMultiNodeReplicaOnFakeCloud(t *testing.T) {
+// gangVM is what a fake cloud says of one VM of a gang.
+type gangVM struct {
+	state, zone, group, ip string
+}
+
+// vm reads instance id (the replica's "infra/.../name") from the fake cloud it is on.
+func (f *fakeClouds) vm(t *testing.T, id string) gangVM {
+	t.Helper()
+	name := id[strings.LastIndex(id, "/")+1:]
+	if strings.HasPrefix(id, "aws/") {
+		for _, in := range f.ec2.Instances() {
+			if in.ID == name {
+				return gangVM{state: in.State, zone: in.ZoneName, group: in.PlacementGroup, ip: in.PrivateIP}
+			}
+		}
+		return gangVM{}
+	}
+	in, zone, ok := f.gce.Instance(name)
+	if !ok {
+		return gangVM{state: "deleted"}
+	}
+	ip := ""
+	if nics := in.GetNetworkInterfaces(); len(nics) > 0 {
+		ip = nics[0].GetNetworkIP()
+	}
+	return gangVM{state: strings.ToLower(in.GetStatus()), zone: zone, ip: ip}
+}
+
+// TestMultiNodeReplicaOnFakeClouds: on the fake EC2 and Compute Engine a replica's gang is two
+// spot VMs in one zone (one placement group on EC2), which learn each other's addresses from
+// their instance metadata as a job's gang does; the head serves through the proxy; when the
+// cloud reclaims the worker, the whole replica goes (on the worker's interruption warning, or
+// PREEMPTED once the listing shows it reclaimed), its head VM is stopped, and a new gang serves
+// in its place.
+func TestMultiNodeReplicaOnFakeClouds(t *testing.T) {
+	for infra, gpu := range map[string]string{"aws": "A10G:1", "gcp": "L4:1"} {
+		t.Run(infra, func(t *testing.T) { testGangOnFakeCloud(t, infra, gpu) })
+	}
+}
+
+func testGangOnFakeCloud(t *testing.T, infra, gpu string) {
 	clouds := startFakeClouds(t)
 	e := newEnv(t)
 	e.extraEnv = awsEnv
 	writeFile(t, filepath.Join(e.home, "config.yaml"), clouds.config())
 	file := filepath.Join(t.TempDir(), "mnspot.yaml")
-	writeFile(t, file, fmt.Sprintf(multiNodeSpotYAML, 8080))
+	writeFile(t, file, fmt.Sprintf(multiNodeSpotYAML, 8080, infra, gpu))
 	e.mustRun("serve", "up", file, "-y")
 
 	var st serviceStatus
@@ -287,19 +321,14 @@ func TestMultiNodeReplicaOnFakeCloud(t *testing.T) {
 		}
 		return len(ready) == 1 && len(nodes) == 2, fmt.Sprintf("%+v nodes %v", st.Replicas, nodes)
 	})
-	vms := map[string]fakeec2.Instance{}
-	for _, in := range clouds.ec2.Instances() {
-		vms[in.ID] = in
-	}
-	vm := func(id string) fakeec2.Instance { return vms[id[strings.LastIndex(id, "/")+1:]] }
-	head, worker := vm(nodes[0]), vm(nodes[1])
-	if head.State != "running" || worker.State != "running" || head.ZoneName != worker.ZoneName ||
-		head.PlacementGroup == "" || head.PlacementGroup != worker.PlacementGroup || !head.Spot || !worker.Spot {
-		t.Fatalf("gang VMs: head %+v, worker %+v; want two running spot VMs in one zone and placement group", head, worker)
+	head, worker := clouds.vm(t, nodes[0]), clouds.vm(t, nodes[1])
+	if head.state != "running" || worker.state != "running" || head.zone == "" || head.zone != worker.zone ||
+		(infra == "aws" && (head.group == "" || head.group != worker.group)) {
+		t.Fatalf("gang VMs: head %+v, worker %+v; want two running VMs in one zone (and placement group on EC2)", head, worker)
 	}
 	old := st.Replicas[0]
-	if old.InstanceID != nodes[0] || !strings.HasPrefix(old.Endpoint, head.PrivateIP+":") {
-		t.Fatalf("replica %s at %s, want its head %s at %s", old.InstanceID, old.Endpoint, nodes[0], head.PrivateIP)
+	if old.InstanceID != nodes[0] || head.ip == "" || !strings.HasPrefix(old.Endpoint, head.ip+":") {
+		t.Fatalf("replica %s at %s, want its head %s at %s", old.InstanceID, old.Endpoint, nodes[0], head.ip)
 	}
 	chatPlain(t, st.Endpoint)
 
@@ -309,12 +338,6 @@ func TestMultiNodeReplicaOnFakeCloud(t *testing.T) {
 		if st, err = e.status("mnspot"); err != nil {
 			return false, err.Error()
 		}
-		headState := ""
-		for _, in := range clouds.ec2.Instances() {
-			if in.ID == head.ID {
-				headState = in.State
-			}
-		}
 		oldStatus, newReady := "", false
 		for _, r := range st.Replicas {
 			if r.ID == old.ID {
@@ -322,10 +345,11 @@ func TestMultiNodeReplicaOnFakeCloud(t *testing.T) {
 			}
 			newReady = newReady || (r.ID > old.ID && r.Status == "READY")
 		}
+		headState := clouds.vm(t, nodes[0]).state
 		// The cloud's interruption warning for the worker may replace the replica first (it is
 		// then retired and forgotten), or the listing finds the worker reclaimed (PREEMPTED).
-		return newReady && (oldStatus == "PREEMPTED" || oldStatus == "") && (headState == "terminated" || headState == "shutting-down"),
-			fmt.Sprintf("replicas %+v, old head VM %s", st.Replicas, headState)
+		return newReady && (oldStatus == "PREEMPTED" || oldStatus == "") && headState != "running",
+			fmt.Sprintf("replicas %+v, old head VM %q", st.Replicas, headState)
 	})
 	chatPlain(t, st.Endpoint)
 }
