@@ -141,6 +141,7 @@ func TestMultiNodeReplicas(t *testing.T) {
 	e := newEnv(t)
 	file := filepath.Join(t.TempDir(), "multinode.yaml")
 	writeFile(t, file, fmt.Sprintf(multiNodeYAML, port))
+	upAt := time.Now()
 	e.mustRun("serve", "up", file, "-y")
 
 	var st serviceStatus
@@ -151,6 +152,7 @@ func TestMultiNodeReplicas(t *testing.T) {
 		}
 		return len(st.ready()) == 2, fmt.Sprintf("%+v", st.Replicas)
 	})
+	t.Logf("2 gangs of 2 nodes READY %.1fs after serve up began", time.Since(upAt).Seconds())
 	gangs := e.gangNodes()
 	checkGangs(t, st, gangs)
 	chatPlain(t, st.Endpoint)
@@ -164,6 +166,7 @@ func TestMultiNodeReplicas(t *testing.T) {
 		defer load.stop()
 		eventually(t, 30*time.Second, "requests flowing", func() (bool, string) { return load.sent.Load() >= 10, fmt.Sprint(load.sent.Load()) })
 		// The worker's machine dies: every process of its node. Its head still answers probes.
+		killedAt := time.Now()
 		if err := syscall.Kill(-gangs[victim][1].PGID, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -178,11 +181,13 @@ func TestMultiNodeReplicas(t *testing.T) {
 			newOne := slices.ContainsFunc(slices.Collect(maps.Keys(ready)), func(id int) bool { return id > other })
 			return len(ready) == 2 && !victimReady && newOne && !alive(victimHead.PID), fmt.Sprintf("%+v", after.Replicas)
 		})
+		t.Logf("replica %d replaced whole: a new gang READY %.1fs after its worker was killed", victim, time.Since(killedAt).Seconds())
 		sentBefore := load.sent.Load()
 		eventually(t, 30*time.Second, "requests served by the new gang too", func() (bool, string) {
 			return load.sent.Load() >= sentBefore+10, fmt.Sprint(load.sent.Load())
 		})
 		load.stop()
+		t.Logf("steady load through the proxy: %d requests, %d failed", load.sent.Load(), load.failed.Load())
 		if n := load.failed.Load(); n > 0 {
 			t.Errorf("%d of %d requests failed while the replica was replaced; first: %v", n, load.sent.Load(), load.firstErr.Load())
 		}
