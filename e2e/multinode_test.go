@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -13,6 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // multiNodeYAML is SkyPilot's multi-node serving shape (llm/deepseek-r1: num_nodes under a
@@ -355,6 +359,81 @@ func testGangOnFakeCloud(t *testing.T, infra, gpu string) {
 		// then retired and forgotten), or the listing finds the worker reclaimed (PREEMPTED).
 		return newReady && (oldStatus == "PREEMPTED" || oldStatus == "") && headState != "running",
 			fmt.Sprintf("replicas %+v, old head VM %q", st.Replicas, headState)
+	})
+	chatPlain(t, st.Endpoint)
+}
+
+// kubeMultiNodeYAML is one replica of two pods on the test cluster's H200 nodes, one GPU each.
+// The cluster's kubelet stand-in runs `ferry replica-sim $REPLICA_SIM_ARGS` in every pod that is
+// no job's.
+const kubeMultiNodeYAML = `name: mnkube
+resources:
+  infra: kubernetes
+  accelerators: H200:1
+  ports: 8080
+num_nodes: 2
+envs:
+  REPLICA_SIM_ARGS: --model ferry-sim-1b
+service:
+  readiness_probe:
+    path: /health
+    initial_delay_seconds: 120
+  replicas: 1
+run: ferry replica-sim --port $FERRY_PORT --model ferry-sim-1b
+`
+
+// TestMultiNodeReplicaOnKubernetes: on a real API server and scheduler a replica's gang is two
+// pods created together, each told the gang's pod IPs (rank order) through its annotation; the
+// head's pod serves; when the worker's pod is deleted, the whole replica is replaced by a new
+// gang and the head's pod goes too.
+func TestMultiNodeReplicaOnKubernetes(t *testing.T) {
+	k := newKubeEnv(t, "NVIDIA-H200", 2, 2, 30)
+	file := filepath.Join(t.TempDir(), "mnkube.yaml")
+	writeFile(t, file, kubeMultiNodeYAML)
+	k.mustRun("serve", "up", file, "-y")
+
+	var st serviceStatus
+	eventually(t, 120*time.Second, "the gang READY", func() (bool, string) {
+		var err error
+		if st, err = k.status("mnkube"); err != nil {
+			return false, err.Error()
+		}
+		return len(st.ready()) == 1 && len(k.replicaNodes("mnkube")[st.Replicas[0].ID]) == 2, fmt.Sprintf("%+v", st.Replicas)
+	})
+	old := st.Replicas[0].ID
+	byRank := map[string]corev1.Pod{}
+	for _, p := range k.pods("mnkube") {
+		if p.Labels["ferry.replica-id"] == strconv.Itoa(old) {
+			byRank[p.Labels["ferry.node-rank"]] = p
+		}
+	}
+	head, worker := byRank["0"], byRank["1"]
+	ips := head.Status.PodIP + "\n" + worker.Status.PodIP
+	if len(byRank) != 2 || head.Annotations["ferry.dev/node-ips"] != ips || worker.Annotations["ferry.dev/node-ips"] != ips {
+		t.Fatalf("gang pods %v: want ranks 0 and 1, each told %q", byRank, ips)
+	}
+	if ep := st.Replicas[0].Endpoint; !strings.HasPrefix(ep, head.Status.PodIP+":") {
+		t.Fatalf("replica at %s, want its head's pod %s", ep, head.Status.PodIP)
+	}
+	chatPlain(t, st.Endpoint)
+
+	zero := int64(0)
+	if err := k.cluster.Client().CoreV1().Pods(k.ns).Delete(context.Background(), worker.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 120*time.Second, "a new gang READY, the old head's pod gone", func() (bool, string) {
+		var err error
+		if st, err = k.status("mnkube"); err != nil {
+			return false, err.Error()
+		}
+		oldPods := 0
+		for _, p := range k.pods("mnkube") {
+			if p.Labels["ferry.replica-id"] == strconv.Itoa(old) {
+				oldPods++
+			}
+		}
+		_, oldReady := st.ready()[old]
+		return len(st.ready()) == 1 && !oldReady && oldPods == 0, fmt.Sprintf("%+v, %d pods of replica %d", st.Replicas, oldPods, old)
 	})
 	chatPlain(t, st.Endpoint)
 }
