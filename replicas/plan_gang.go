@@ -75,7 +75,7 @@ func pickGang(rec Record, insts []launcher.Instance) (gang, []launcher.Instance)
 	for i := range others {
 		o := &others[i]
 		r := nodeRank(*o)
-		if r > len(g.nodes) || !sameLocation(*head, *o) || !namedBy(rec, r, o.ID) {
+		if r > len(g.nodes) || !mayBeNode(rec, r, *head, *o) {
 			strays = append(strays, *o)
 			continue
 		}
@@ -93,10 +93,13 @@ func pickGang(rec Record, insts []launcher.Instance) (gang, []launcher.Instance)
 	return g, strays
 }
 
-// namedBy reports whether instance id may be rank r of rec's gang: the record names it, or
-// names no instance for that rank.
-func namedBy(rec Record, r int, id string) bool {
-	return r >= len(rec.Nodes) || rec.Nodes[r] == "" || rec.Nodes[r] == id
+// mayBeNode reports whether o may be rank r of the gang rec's head leads: the node the record
+// names for that rank or, when it names none, one in the head's location.
+func mayBeNode(rec Record, r int, head, o launcher.Instance) bool {
+	if r < len(rec.Nodes) && rec.Nodes[r] != "" {
+		return o.ID == rec.Nodes[r]
+	}
+	return sameLocation(head, o)
 }
 
 // sameLocation reports whether two instances are in one location, as a gang's nodes are.
