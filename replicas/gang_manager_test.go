@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 )
 
@@ -261,4 +262,45 @@ func TestManagerAdoptsGangsAfterRestart(t *testing.T) {
 	if launches != 4 || len(terminated) != 0 {
 		t.Fatalf("after restart: %d node launches and terminated %v; want the first 4 and none", launches, terminated)
 	}
+}
+
+// TestManagerRollingUpdateToAndBetweenGangs: a rolling update from one-node replicas to
+// 2-node gangs launches the new version as gangs, and one between gang versions stops every
+// node of the old gangs.
+func TestManagerRollingUpdateToAndBetweenGangs(t *testing.T) {
+	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
+	h.start()
+	h.m.SetDesired(2)
+	h.waitReady(1, 2)
+
+	gangs := v2Task()
+	gangs.NumNodes = 2
+	h.m.startRollout(Version{Number: 2, Task: gangs}, newRollout(configs.UpdateRolling))
+	h.waitRollout(RolloutSucceeded)
+	h.waitReady(3, 4)
+	old := map[int][]string{3: h.record(3).Nodes, 4: h.record(4).Nodes}
+	for id, nodes := range old {
+		if len(nodes) != 2 {
+			t.Fatalf("replica %d of version 2 has nodes %v, want a gang of 2", id, nodes)
+		}
+	}
+	eventually(t, "version 1's instances stopped", func() bool { return h.prov.count() == 4 })
+
+	v3 := v2Task()
+	v3.NumNodes, v3.Run = 2, "serve-v3 --port $FERRY_PORT"
+	r := newRollout(configs.UpdateRolling)
+	r.From, r.To = 2, 3
+	h.m.startRollout(Version{Number: 3, Task: v3}, r)
+	h.waitRollout(RolloutSucceeded)
+	h.waitReady(5, 6)
+	eventually(t, "version 2's gangs stopped, every node", func() bool {
+		for _, nodes := range old {
+			for _, id := range nodes {
+				if !h.prov.wasTerminated(id) {
+					return false
+				}
+			}
+		}
+		return h.prov.count() == 4
+	})
 }
