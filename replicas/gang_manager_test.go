@@ -304,3 +304,32 @@ func TestManagerRollingUpdateToAndBetweenGangs(t *testing.T) {
 		return h.prov.count() == 4
 	})
 }
+
+// TestManagerGangShutdownLeavesWhatItCannotReach: a teardown that cannot list the gangs' infra
+// names every node of each gang as left behind, and the rest of the service by selector.
+func TestManagerGangShutdownLeavesWhatItCannotReach(t *testing.T) {
+	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock(), withNodes(2))
+	h.start()
+	h.m.SetDesired(2)
+	h.waitReady(1, 2)
+	want := slices.Concat(h.record(1).Nodes, h.record(2).Nodes)
+	h.prov.setGaps(fakeDown)
+	left, err := h.m.Shutdown(context.Background())
+	if err != nil {
+		t.Fatalf("Shutdown with the infra down: %v, want success with leftovers", err)
+	}
+	var ids []string
+	selectors := 0
+	for _, l := range left {
+		if l.InstanceID != "" {
+			ids = append(ids, l.InstanceID)
+		} else if l.Selector[launcher.LabelService] == "svc" {
+			selectors++
+		}
+	}
+	slices.Sort(ids)
+	slices.Sort(want)
+	if !slices.Equal(ids, want) || selectors != 1 {
+		t.Fatalf("left behind %+v; want every node %v and one selector", left, want)
+	}
+}

@@ -512,8 +512,8 @@ func (m *Manager) terminateAll(ctx context.Context, insts []launcher.Instance) (
 }
 
 // leaveUnlisted hands the janitor what a shutdown could not list: in each gap, the instances
-// the records name there and any other instance of the service launched before now. A zone
-// that does not exist holds nothing.
+// the records name there (every node of a gang) and any other instance of the service launched
+// before now. A zone that does not exist holds nothing.
 func (m *Manager) leaveUnlisted(now time.Time, gaps []launcher.Gap, recs []Record) ([]launcher.Leftover, error) {
 	var out []launcher.Leftover
 	infras := map[string]launcher.Gap{}
@@ -531,8 +531,15 @@ func (m *Manager) leaveUnlisted(now time.Time, gaps []launcher.Gap, recs []Recor
 	}
 	owner := "service " + m.cfg.Service
 	for _, rec := range recs {
-		if g, in := m.inGaps(gaps, rec); in && rec.InstanceID != "" && !errors.Is(g.Err, launcher.ErrNotFound) {
-			out = append(out, launcher.Leftover{Infra: rec.Infra, InstanceID: rec.InstanceID, Owner: owner, Reason: g.Err.Error(), Since: now})
+		g, in := m.inGaps(gaps, rec)
+		if !in || rec.InstanceID == "" || errors.Is(g.Err, launcher.ErrNotFound) {
+			continue
+		}
+		// The head, and the other nodes of its gang: one location, one gap.
+		for _, id := range append([]string{rec.InstanceID}, rec.Nodes...) {
+			if !slices.ContainsFunc(out, func(l launcher.Leftover) bool { return l.InstanceID == id }) {
+				out = append(out, launcher.Leftover{Infra: rec.Infra, InstanceID: id, Owner: owner, Reason: g.Err.Error(), Since: now})
+			}
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(infras)) {
