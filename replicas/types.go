@@ -4,6 +4,10 @@
 // changes; and, from the replicas, the service's SkyServe status (status.go) and the relay of
 // preemption notices to the service they concern (notices.go).
 //
+// A replica of several nodes (num_nodes > 1) is a gang launched all or nothing in one location,
+// served and probed through its head, and judged, replaced and stopped as a whole
+// (plan_gang.go).
+//
 // A Manager reconciles in passes: plan (plan*.go) decides purely, in named phases, and the
 // manager applies the result (reconcile.go), writing records before the launches and
 // terminations that follow from them (records.go). How many replicas to run is handed in
