@@ -232,10 +232,6 @@ func TestParseErrors(t *testing.T) {
 			yaml: "run: serve\nresources:\n  ports: [8000, 9000]\nservice:\n  replicas: 1\n",
 			want: []wantErr{{4, 1, "service.ports", "resources.ports lists 2 ports"}},
 		},
-		"service with several nodes": {
-			yaml: svc + "num_nodes: 2\n",
-			want: []wantErr{{4, 12, "num_nodes", "a service runs one node per replica"}},
-		},
 		"num_nodes zero": {
 			yaml: "run: serve\nnum_nodes: 0\n",
 			want: []wantErr{{2, 12, "num_nodes", "must be at least 1, got 0"}},

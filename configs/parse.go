@@ -286,9 +286,7 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 	if hasService {
 		svcEntry.value = c.substituted(svcEntry.value, vars)
 		t.Service = c.service(svcEntry, res, t.Envs, t.Secrets)
-		if t.NumNodes != 1 {
-			c.errorf(numNodes.value, "num_nodes", "a service runs one node per replica; got num_nodes %d (scale with replicas instead)", t.NumNodes)
-		}
+		c.replicaNodes(t, f) // service.go
 		if hasJob {
 			c.errorf(jobEntry.keyNode, "job", "a service has no job section: priorities and recovery are for tasks without service:")
 		}

@@ -51,6 +51,22 @@ var jsonIntRE = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
 // maxPostData bounds the probe body: it is sent every few seconds to every replica.
 const maxPostData = 64 << 10
 
+// replicaNodes checks num_nodes under service:. A replica of several nodes is a gang (SkyServe's
+// multi-node replicas: one model split over machines by tensor or pipeline parallelism),
+// launched all or nothing in one location, its head (rank 0) serving; a gang on AWS is at most
+// awsMaxGang nodes (checkInfraLimits checks jobs').
+func (c *checker) replicaNodes(t *Task, f map[string]entry) {
+	if t.NumNodes <= awsMaxGang {
+		return
+	}
+	for _, cand := range t.Resources.Candidates() {
+		if cand.Cloud != "aws" {
+			return
+		}
+	}
+	c.errorf(nodeOf(f, "num_nodes"), "num_nodes", "a replica's gang on AWS is at most %d nodes (got %d): lower num_nodes or let it run on Kubernetes or GCP", awsMaxGang, t.NumNodes)
+}
+
 // service reads the `service:` section; res is the resolved resources, needed for use_spot,
 // ports and accelerator names.
 func (c *checker) service(e entry, res Resources, envs, secrets map[string]string) *Service {

@@ -125,13 +125,15 @@ type fakeProvider struct {
 	mu sync.Mutex
 	// unhealthyAtStart makes new instances answer 503 until made healthy.
 	unhealthyAtStart bool
-	launchErr        error
-	seq              int
-	insts            map[string]*fakeInstance
-	specs            []launcher.Spec
-	terminated       []string
-	launchBlock      chan struct{} // when set, Launch waits for it to close
-	preempted        []launcher.Instance
+	// nodesPending makes the nodes of a gang other than its head start PENDING.
+	nodesPending bool
+	launchErr    error
+	seq          int
+	insts        map[string]*fakeInstance
+	specs        []launcher.Spec
+	terminated   []string
+	launchBlock  chan struct{} // when set, Launch waits for it to close
+	preempted    []launcher.Instance
 	// gaps, when set, are reported by List, which then lists nothing they cover: the infra
 	// (or part of it) does not answer. Terminate of an instance they cover is left behind.
 	gaps []launcher.Gap
@@ -242,6 +244,9 @@ func (p *fakeProvider) addLocked(name string, labels map[string]string, healthy 
 		Infra:      "fake",
 		State:      launcher.StateRunning,
 		LaunchedAt: time.Now(),
+	}
+	if p.nodesPending && labels[launcher.LabelNodeRank] != "" && labels[launcher.LabelNodeRank] != "0" {
+		fi.inst.State = launcher.StatePending
 	}
 	p.insts[fi.inst.ID] = fi
 	return fi.inst

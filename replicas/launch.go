@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -39,13 +40,13 @@ func (m *Manager) launchLocked(now time.Time, spot bool) {
 	if spot && task.Service.ReplicaPolicy.SpotPlacer == configs.SpotPlacerDynamicFallback {
 		spec.Spread = m.spotByZoneLocked()
 	}
-	ctx := m.launchCtx
+	ctx, nodes := m.launchCtx, gangSize(task)
 	m.workers.Add(1)
 	m.launches.Add(1)
 	m.startLocked(func() {
 		defer m.workers.Done()
 		defer m.launches.Done()
-		m.runLaunch(ctx, r, spec)
+		m.runLaunch(ctx, r, spec, nodes)
 	})
 }
 
@@ -80,15 +81,16 @@ type PreemptionRecorder interface {
 	Preempted(inst launcher.Instance)
 }
 
-// runLaunch calls the provider outside the lock and records the outcome.
-func (m *Manager) runLaunch(ctx context.Context, r *replica, spec launcher.Spec) {
+// runLaunch calls the provider outside the lock and records the outcome: one instance, or a
+// gang of nodes (all or none, in one location), whose head serves.
+func (m *Manager) runLaunch(ctx context.Context, r *replica, spec launcher.Spec, nodes int) {
 	var (
-		inst launcher.Instance
-		err  error
+		insts []launcher.Instance
+		err   error
 	)
 	select {
 	case m.sem <- struct{}{}:
-		inst, err = m.safeLaunch(ctx, spec)
+		insts, err = m.safeLaunch(ctx, spec, nodes)
 		<-m.sem
 	case <-ctx.Done():
 		err = ctx.Err()
@@ -110,36 +112,59 @@ func (m *Manager) runLaunch(ctx context.Context, r *replica, spec launcher.Spec)
 		return
 	}
 	m.eventSeq++
-	r.launched, r.launchSeq = &inst, m.eventSeq
-	// A List that overlapped the launch may already hold this instance; a second copy would
-	// read as a stray of its own replica and be terminated.
-	if i := slices.IndexFunc(m.instances, func(o launcher.Instance) bool { return o.ID == inst.ID }); i >= 0 {
-		m.instances[i] = inst
-	} else {
-		m.instances = append(m.instances, inst)
+	r.launched, r.launchSeq = insts, m.eventSeq
+	for _, inst := range insts {
+		// A List that overlapped the launch may already hold this instance; a second copy
+		// would read as a stray of its own replica and be terminated.
+		if i := slices.IndexFunc(m.instances, func(o launcher.Instance) bool { return o.ID == inst.ID }); i >= 0 {
+			m.instances[i] = inst
+		} else {
+			m.instances = append(m.instances, inst)
+		}
 	}
+	g, _ := pickGang(Record{}, insts)
+	inst := g.judged(false)
+	r.rec.Nodes = g.ids()
 	if m.shutdown || m.replicas[r.rec.ID] != r {
 		// Shutdown lists and terminates every instance after launches finish.
-		m.transitionLocked(now, r, StatusShuttingDown, "service shutting down", &inst)
+		m.transitionLocked(now, r, StatusShuttingDown, "service shutting down", inst)
 		return
 	}
 	r.rec.LaunchedAt = now // the initial delay counts from here
-	m.transitionLocked(now, r, StatusStarting, "", &inst)
+	m.transitionLocked(now, r, StatusStarting, "", inst)
 	m.ensureProberLocked(r, firstProbeAfterLaunch)
 }
 
-// safeLaunch turns a panicking provider into a failed launch.
-func (m *Manager) safeLaunch(ctx context.Context, spec launcher.Spec) (inst launcher.Instance, err error) {
+// safeLaunch launches one instance, or a gang of nodes through launcher.LaunchGang (the
+// provisioner's: all in one location, failing over as a whole), and turns a panicking provider
+// into a failed launch. A gang comes back head first, ranked; an incomplete one is an error.
+func (m *Manager) safeLaunch(ctx context.Context, spec launcher.Spec, nodes int) (insts []launcher.Instance, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			m.log.Error("provider Launch panicked", zap.Any("panic", p), zap.ByteString("stack", debug.Stack()))
-			err = fmt.Errorf("provider panicked: %v", p)
+			insts, err = nil, fmt.Errorf("provider panicked: %v", p)
 		}
 	}()
-	return m.cfg.Provider.Launch(ctx, spec)
+	if nodes <= 1 {
+		inst, err := m.cfg.Provider.Launch(ctx, spec)
+		if err != nil {
+			return nil, err
+		}
+		return []launcher.Instance{inst}, nil
+	}
+	insts, err = launcher.LaunchGang(ctx, m.cfg.Provider, spec, nodes)
+	if err != nil {
+		return nil, err
+	}
+	slices.SortStableFunc(insts, func(a, b launcher.Instance) int { return nodeRank(a) - nodeRank(b) })
+	if len(insts) != nodes || nodeRank(insts[0]) != 0 {
+		return nil, fmt.Errorf("launch returned %d of a gang of %d nodes", len(insts), nodes)
+	}
+	return insts, nil
 }
 
-// terminateLocked starts Terminate for one instance in the background.
+// terminateLocked starts Terminate for one instance, or every node of a replica's gang, in the
+// background.
 func (m *Manager) terminateLocked(t termination) {
 	r := m.replicas[t.ReplicaID]
 	if r != nil {
@@ -148,38 +173,64 @@ func (m *Manager) terminateLocked(t termination) {
 		}
 		r.terminating = true
 	}
-	if m.stopping[t.InstanceID] {
+	var ids []string
+	for _, id := range append([]string{t.InstanceID}, t.Nodes...) {
+		if !m.stopping[id] && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		if r != nil {
+			r.terminating = false // another termination stops them
+		}
 		return
 	}
-	m.stopping[t.InstanceID] = true
-	m.instances = slices.DeleteFunc(m.instances, func(i launcher.Instance) bool { return i.ID == t.InstanceID })
+	for _, id := range ids {
+		m.stopping[id] = true
+	}
+	m.instances = slices.DeleteFunc(m.instances, func(i launcher.Instance) bool { return slices.Contains(ids, i.ID) })
 	ctx := m.workCtx
 	m.workers.Add(1)
 	m.startLocked(func() {
 		defer m.workers.Done()
 		defer m.recoverPanic("terminate")
-		err := m.cfg.Provider.Terminate(ctx, t.InstanceID)
+		errs := make([]error, len(ids))
+		var wg sync.WaitGroup
+		for i, id := range ids {
+			wg.Go(func() { errs[i] = m.cfg.Provider.Terminate(ctx, id) })
+		}
+		wg.Wait()
 		m.mu.Lock()
 		defer m.unlock()
-		delete(m.stopping, t.InstanceID)
 		if r != nil {
 			r.terminating = false
 		}
-		if _, left := launcher.LeftBehind(err); left {
-			// Its infra did not answer: the provider's janitor stops it once it does, so
-			// the replica goes as if it were gone.
-			m.log.Warn("instance left to stop when its infra answers again", zap.String("instance", t.InstanceID), zap.Error(err))
-			err = nil
+		stopped := true
+		for i, id := range ids {
+			stopped = m.terminatedLocked(t.ReplicaID, id, errs[i]) && stopped
 		}
-		if err != nil {
-			m.log.Warn("terminate instance; will retry", zap.String("instance", t.InstanceID), zap.Error(err))
-			return
-		}
-		m.gone[t.InstanceID] = time.Now()
-		m.instances = slices.DeleteFunc(m.instances, func(i launcher.Instance) bool { return i.ID == t.InstanceID })
-		m.log.Info("terminated instance", zap.Int("replica", t.ReplicaID), zap.String("instance", t.InstanceID))
-		if t.Forget && r != nil && m.replicas[t.ReplicaID] == r {
+		if stopped && t.Forget && r != nil && m.replicas[t.ReplicaID] == r {
 			m.forgetLocked(t.ReplicaID)
 		}
 	})
+}
+
+// terminatedLocked records how the Terminate of one instance of replica went, and reports
+// whether the instance is gone (or left to the provider's janitor).
+func (m *Manager) terminatedLocked(replica int, id string, err error) bool {
+	delete(m.stopping, id)
+	if _, left := launcher.LeftBehind(err); left {
+		// Its infra did not answer: the provider's janitor stops it once it does, so the
+		// replica goes as if it were gone.
+		m.log.Warn("instance left to stop when its infra answers again", zap.String("instance", id), zap.Error(err))
+		err = nil
+	}
+	if err != nil {
+		m.log.Warn("terminate instance; will retry", zap.String("instance", id), zap.Error(err))
+		return false
+	}
+	m.gone[id] = time.Now()
+	m.instances = slices.DeleteFunc(m.instances, func(i launcher.Instance) bool { return i.ID == id })
+	m.log.Info("terminated instance", zap.Int("replica", replica), zap.String("instance", id))
+	return true
 }

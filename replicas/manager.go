@@ -176,9 +176,9 @@ type replica struct {
 	probe       probeState
 	launching   bool
 	terminating bool
-	// launched is the instance our Launch returned, and launchSeq when; a List begun before
-	// then may not show it yet.
-	launched  *launcher.Instance
+	// launched are the instances our launch returned (a gang's nodes, head first), and
+	// launchSeq when; a List begun before then may not show them yet.
+	launched  []launcher.Instance
 	launchSeq uint64
 	// drainingSince is when a scale-down took the replica out of the READY set (in memory
 	// only: a restarted controller drains again, bounded by the same timeout).
@@ -190,6 +190,11 @@ type replica struct {
 	// stopped one's.
 	stopProbe context.CancelFunc
 	probeGen  uint64
+}
+
+// hasNode reports whether instance id is the replica's, or a node of its gang.
+func (r *replica) hasNode(id string) bool {
+	return id != "" && (r.rec.InstanceID == id || slices.Contains(r.rec.Nodes, id))
 }
 
 // New checks cfg, applies defaults and returns a Manager that does nothing until Start.
@@ -317,7 +322,7 @@ func (m *Manager) Notice(instance string, at time.Time) bool {
 	m.mu.Lock()
 	var hit *replica
 	for _, r := range m.replicas {
-		if r.rec.InstanceID == instance && live(r.rec.Status) {
+		if r.hasNode(instance) && live(r.rec.Status) {
 			hit = r
 			break
 		}
@@ -507,8 +512,8 @@ func (m *Manager) terminateAll(ctx context.Context, insts []launcher.Instance) (
 }
 
 // leaveUnlisted hands the janitor what a shutdown could not list: in each gap, the instances
-// the records name there and any other instance of the service launched before now. A zone
-// that does not exist holds nothing.
+// the records name there (every node of a gang) and any other instance of the service launched
+// before now. A zone that does not exist holds nothing.
 func (m *Manager) leaveUnlisted(now time.Time, gaps []launcher.Gap, recs []Record) ([]launcher.Leftover, error) {
 	var out []launcher.Leftover
 	infras := map[string]launcher.Gap{}
@@ -526,8 +531,15 @@ func (m *Manager) leaveUnlisted(now time.Time, gaps []launcher.Gap, recs []Recor
 	}
 	owner := "service " + m.cfg.Service
 	for _, rec := range recs {
-		if g, in := m.inGaps(gaps, rec); in && rec.InstanceID != "" && !errors.Is(g.Err, launcher.ErrNotFound) {
-			out = append(out, launcher.Leftover{Infra: rec.Infra, InstanceID: rec.InstanceID, Owner: owner, Reason: g.Err.Error(), Since: now})
+		g, in := m.inGaps(gaps, rec)
+		if !in || rec.InstanceID == "" || errors.Is(g.Err, launcher.ErrNotFound) {
+			continue
+		}
+		// The head, and the other nodes of its gang: one location, one gap.
+		for _, id := range append([]string{rec.InstanceID}, rec.Nodes...) {
+			if !slices.ContainsFunc(out, func(l launcher.Leftover) bool { return l.InstanceID == id }) {
+				out = append(out, launcher.Leftover{Infra: rec.Infra, InstanceID: id, Owner: owner, Reason: g.Err.Error(), Since: now})
+			}
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(infras)) {

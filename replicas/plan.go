@@ -33,6 +33,9 @@ type replicaView struct {
 	// Noticed is true once the infra warned that the replica's instance will be reclaimed: it
 	// serves on, but no longer counts toward the target and is never picked for scale-down.
 	Noticed bool
+	// InGap is set when the replica's location lies in a part of the infras the last List could
+	// not read: a node of its gang missing from that List is unknown, not lost.
+	InGap bool
 }
 
 // planInput is everything a decision depends on.
@@ -99,6 +102,9 @@ type termination struct {
 	InstanceID string
 	// Forget deletes the record once the instance is gone (scale-down): it was not a failure.
 	Forget bool
+	// Nodes are the other listed nodes of a multi-node replica, stopped with InstanceID: a
+	// replica never leaves part of its gang behind.
+	Nodes []string
 }
 
 // actions is a plan's result, applied in field order.
@@ -111,6 +117,9 @@ type actions struct {
 	// Follow are replicas whose instance now reports an endpoint the record lacks (a pod that
 	// got its IP after an interrupted launch was adopted).
 	Follow []launcher.Instance
+	// Gangs are live multi-node replicas whose listed nodes differ from those their record
+	// names (adopted, or a restarted controller's first pass): the record follows them.
+	Gangs []gangNodes
 	// Forget are records to delete now: scaled down with no instance left, or old failures.
 	Forget []int
 	// Launch and LaunchSpot are how many new on-demand and spot replicas to launch.
@@ -197,6 +206,9 @@ type pass struct {
 	// byReplica are the listed instances by the replica id on their label, until
 	// followRecords and adoptUnowned have claimed them.
 	byReplica map[int][]launcher.Instance
+	// workers are the listed nodes beyond the head of each multi-node replica, stopped with it
+	// (terminate).
+	workers map[int][]launcher.Instance
 
 	// alive are live replicas that scale-down may pick; noticed the live replicas of the target
 	// version whose instance will be reclaimed; current and old split alive by version.
@@ -236,7 +248,7 @@ type candidate struct {
 
 func newPass(in planInput) *pass {
 	return &pass{in: in, transitionAt: map[int]int{}, status: map[int]Status{}, hasInstance: map[int]bool{},
-		terminating: map[int]bool{}, byReplica: map[int][]launcher.Instance{}}
+		terminating: map[int]bool{}, byReplica: map[int][]launcher.Instance{}, workers: map[int][]launcher.Instance{}}
 }
 
 // move records a status change of one replica; a second change in the same pass keeps the
@@ -251,8 +263,17 @@ func (p *pass) move(id int, from, to Status, reason string, inst *launcher.Insta
 	p.out.Transitions = append(p.out.Transitions, transition{ID: id, From: from, To: to, Reason: reason, Instance: inst})
 }
 
+// terminate stops inst and, for a replica, every other node of its gang.
 func (p *pass) terminate(replicaID int, inst *launcher.Instance, forget bool) {
-	p.out.Terminate = append(p.out.Terminate, termination{ReplicaID: replicaID, InstanceID: inst.ID, Forget: forget})
+	t := termination{ReplicaID: replicaID, InstanceID: inst.ID, Forget: forget}
+	if replicaID != 0 {
+		for _, w := range p.workers[replicaID] {
+			if w.ID != inst.ID && !slices.Contains(t.Nodes, w.ID) {
+				t.Nodes = append(t.Nodes, w.ID)
+			}
+		}
+	}
+	p.out.Terminate = append(p.out.Terminate, t)
 }
 
 // isCurrent reports whether replicas of version v serve as the target version: they are it,

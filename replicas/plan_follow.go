@@ -23,16 +23,23 @@ func (p *pass) attribute() {
 	}
 }
 
-// followRecords claims each known replica's instance (any other instance with its id is a
-// stray) and moves the replica on from what the instance and its probes say.
+// followRecords claims each known replica's instance, or its gang's nodes (plan_gang.go; any
+// other instance with its id is a stray), and moves the replica on from what the instance and
+// its probes say.
 func (p *pass) followRecords() {
 	for _, r := range p.in.Replicas {
 		rec := r.Record
-		inst, strays := pickInstance(rec, p.byReplica[rec.ID])
+		g, strays := pickGang(rec, p.byReplica[rec.ID])
 		delete(p.byReplica, rec.ID)
-		for i := range strays {
-			p.terminate(0, &strays[i], false)
+		if !r.Launching {
+			// A launch under way is left to make or roll back what it will: a gang's launch may
+			// still be failing over from a location where it made some nodes.
+			for i := range strays {
+				p.terminate(0, &strays[i], false)
+			}
 		}
+		inst := g.judged(r.InGap)
+		p.workers[rec.ID] = g.listed()
 		p.status[rec.ID] = rec.Status
 		p.hasInstance[rec.ID] = inst != nil
 		p.terminating[rec.ID] = r.Terminating
@@ -44,9 +51,9 @@ func (p *pass) followRecords() {
 		case rec.Status.Terminal():
 			p.followEnded(r, inst)
 		case !probeable(rec.Status):
-			p.followInterruptedLaunch(rec, inst)
+			p.followInterruptedLaunch(rec, inst, g)
 		default:
-			p.followLive(r, inst)
+			p.followLive(r, inst, g)
 		}
 	}
 }
@@ -92,10 +99,11 @@ func (p *pass) followEnded(r replicaView, inst *launcher.Instance) {
 // followInterruptedLaunch resolves a PROVISIONING replica (or PENDING/UNKNOWN from elsewhere)
 // with no launch under way: the controller that launched it died. The replica follows its
 // instance if one was made.
-func (p *pass) followInterruptedLaunch(rec Record, inst *launcher.Instance) {
+func (p *pass) followInterruptedLaunch(rec Record, inst *launcher.Instance, g gang) {
 	switch {
 	case inst != nil && inst.State != launcher.StateTerminated && inst.State != launcher.StatePreempted:
 		p.move(rec.ID, rec.Status, StatusStarting, "adopted instance of an interrupted launch", inst)
+		p.followNodes(rec, g)
 		p.alive = append(p.alive, candidate{id: rec.ID, spot: rec.Spot, rank: p.rank(inst.Infra), inst: inst, current: p.isCurrent(rec.Version)})
 	case inst != nil:
 		p.move(rec.ID, rec.Status, StatusFailedProvision, "launch interrupted; instance ended: "+endReason(inst), nil)
@@ -107,12 +115,15 @@ func (p *pass) followInterruptedLaunch(rec Record, inst *launcher.Instance) {
 
 // followLive moves a STARTING, READY or NOT_READY replica on (liveStatus) and files it: gone,
 // warned of its reclaim (noticed), or alive for the later phases.
-func (p *pass) followLive(r replicaView, inst *launcher.Instance) {
+func (p *pass) followLive(r replicaView, inst *launcher.Instance, g gang) {
 	rec := r.Record
 	if inst != nil && inst.Endpoint != "" && inst.Endpoint != rec.Endpoint {
 		p.out.Follow = append(p.out.Follow, *inst)
 	}
 	to, reason := liveStatus(p.in, r, inst)
+	if live(to) {
+		p.followNodes(rec, g)
+	}
 	if to != rec.Status {
 		p.move(rec.ID, rec.Status, to, reason, nil)
 		if ro := p.in.Rollout; ro.Active() && rec.Version == ro.To && versionFailure(to) &&
@@ -157,11 +168,17 @@ func (p *pass) failRollout(rec Record, s Status, reason string) {
 // recorded as such and terminated.
 func (p *pass) adoptUnowned() {
 	for _, id := range sortedKeys(p.byReplica) {
-		inst, strays := pickInstance(Record{}, p.byReplica[id])
+		g, strays := pickGang(Record{}, p.byReplica[id])
 		for i := range strays {
 			p.terminate(0, &strays[i], false)
 		}
+		if g.head == nil {
+			continue // nodes of a gang without its head: strays, all of them
+		}
+		inst := g.judged(false)
+		p.workers[id] = g.listed()
 		rec := recordFromInstance(p.in.Service, id, inst)
+		rec.Nodes = g.ids()
 		switch inst.State {
 		case launcher.StateTerminated, launcher.StatePreempted:
 			rec.Status, rec.Reason = endStatus(inst), endReason(inst)
@@ -192,7 +209,7 @@ func liveStatus(in planInput, r replicaView, inst *launcher.Instance) (Status, s
 	}
 	switch rec.Status {
 	case StatusStarting:
-		if probe.OK {
+		if probe.OK && allUp(inst) {
 			return StatusReady, ""
 		}
 		if delay := in.InitialDelay; delay > 0 && in.Now.Sub(rec.LaunchedAt) >= delay {
@@ -202,6 +219,9 @@ func liveStatus(in planInput, r replicaView, inst *launcher.Instance) (Status, s
 		switch {
 		case probe.At.IsZero():
 			// Not probed yet by this manager (just restarted): keep what the store said.
+		case probe.OK && !allUp(inst):
+			// The head serves, but a node of its gang does not run: not a whole replica.
+			return StatusNotReady, inst.Reason
 		case probe.OK:
 			return StatusReady, ""
 		case in.Now.Sub(probe.FailingSince) >= in.FailureThreshold:

@@ -1,6 +1,7 @@
 package replicas
 
 import (
+	"maps"
 	"strconv"
 	"testing"
 	"time"
@@ -43,7 +44,15 @@ func drawPlanInput(t *rapid.T) planInput {
 	}
 	for range rapid.IntRange(0, 2).Draw(t, "unowned") {
 		id := rapid.IntRange(1, 12).Draw(t, "unownedID")
-		in.Instances = append(in.Instances, drawInstance(t, id, rapid.IntRange(1, max(in.Target, 1)).Draw(t, "unownedVersion"), "u"))
+		head := drawInstance(t, id, rapid.IntRange(1, max(in.Target, 1)).Draw(t, "unownedVersion"), "u")
+		var workers []launcher.Instance
+		if size := rapid.SampledFrom([]int{1, 2, 3}).Draw(t, "unownedNodes"); size > 1 {
+			workers = drawGang(t, &head, size)
+		}
+		if rapid.IntRange(0, 4).Draw(t, "unownedHeadless") > 0 {
+			in.Instances = append(in.Instances, head)
+		}
+		in.Instances = append(in.Instances, workers...)
 	}
 	return in
 }
@@ -97,6 +106,7 @@ func drawReplica(t *rapid.T, in *planInput, id int) (replicaView, []launcher.Ins
 		v.Probe = rapid.SampledFrom([]probeState{probeOK, probeFailing, notProbedYet}).Draw(t, "probe")
 	}
 	var insts []launcher.Instance
+	size := rapid.SampledFrom([]int{1, 1, 2, 3}).Draw(t, "nodes")
 	if v.Launching || rapid.IntRange(0, 4).Draw(t, "noInstance") == 0 {
 		return v, nil
 	}
@@ -106,10 +116,48 @@ func drawReplica(t *rapid.T, in *planInput, id int) (replicaView, []launcher.Ins
 		own.Labels[LabelKind] = kindSpot
 	}
 	insts = append(insts, own)
+	if size > 1 {
+		workers := drawGang(t, &own, size)
+		insts = append(insts[:0], own)
+		insts = append(insts, workers...)
+		if rapid.Bool().Draw(t, "nodesRecorded") {
+			v.Record.Nodes = []string{own.ID}
+			for rank := 1; rank < size; rank++ {
+				v.Record.Nodes = append(v.Record.Nodes, own.ID+"-"+strconv.Itoa(rank))
+			}
+		}
+		v.InGap = rapid.IntRange(0, 3).Draw(t, "inGap") == 0
+	}
 	if rapid.IntRange(0, 6).Draw(t, "stray") == 0 {
 		insts = append(insts, drawInstance(t, id, version, "s"))
 	}
 	return v, insts
+}
+
+// drawGang makes head the head of a gang of size nodes and draws its other nodes: each
+// listed or not, in any state, and now and then one elsewhere than the head (a stray).
+func drawGang(t *rapid.T, head *launcher.Instance, size int) []launcher.Instance {
+	head.Labels[launcher.LabelNodeRank] = "0"
+	head.Labels[LabelNodes] = strconv.Itoa(size)
+	var out []launcher.Instance
+	for rank := 1; rank < size; rank++ {
+		if rapid.IntRange(0, 4).Draw(t, "nodeMissing") == 0 {
+			continue
+		}
+		n := *head
+		n.ID = head.ID + "-" + strconv.Itoa(rank)
+		n.Labels = maps.Clone(head.Labels)
+		n.Labels[launcher.LabelNodeRank] = strconv.Itoa(rank)
+		n.State = rapid.SampledFrom([]launcher.State{launcher.StateRunning, launcher.StateRunning, launcher.StatePending,
+			launcher.StateTerminated, launcher.StatePreempted}).Draw(t, "nodeState")
+		out = append(out, n)
+		if rapid.IntRange(0, 5).Draw(t, "nodeElsewhere") == 0 {
+			far := n
+			far.ID, far.Zone = n.ID+"-far", "elsewhere"
+			out = append(out, far)
+		}
+	}
+	return out
 }
 
 // drawInstance draws an instance labelled with replica id; a suffix makes a second one (a
@@ -282,7 +330,7 @@ func TestPlanKeepsReadyReplicasBelowTarget(t *testing.T) {
 		ready := map[int]bool{}
 		for _, r := range in.Replicas {
 			// READY now and staying so but for this pass's scale-down: its probe passes.
-			if to, _ := liveStatus(in, r, instanceOf(in, r.Record)); r.Record.Status == StatusReady && to == StatusReady &&
+			if to, _ := liveStatus(in, r, instanceOf(in, r)); r.Record.Status == StatusReady && to == StatusReady &&
 				p.isCurrent(r.Record.Version) && !r.Noticed {
 				ready[r.Record.ID] = true
 			}
@@ -308,26 +356,35 @@ func TestPlanLaunchesOncePerSlot(t *testing.T) {
 		checkShares(t, next, again, countAfter(next, again))
 		terminated := map[string]bool{}
 		for _, term := range out.Terminate {
-			terminated[term.InstanceID] = true
+			for _, id := range append([]string{term.InstanceID}, term.Nodes...) {
+				terminated[id] = true
+			}
 		}
 		for _, term := range again.Terminate {
-			if terminated[term.InstanceID] {
-				t.Fatalf("instance %s terminated again for replica %d\nfirst %+v\nsecond %+v", term.InstanceID, term.ReplicaID, out, again)
+			for _, id := range append([]string{term.InstanceID}, term.Nodes...) {
+				if terminated[id] {
+					t.Fatalf("instance %s terminated again for replica %d\nfirst %+v\nsecond %+v", id, term.ReplicaID, out, again)
+				}
 			}
 		}
 	})
 }
 
-// instanceOf is the instance followRecords would pick for rec.
-func instanceOf(in planInput, rec Record) *launcher.Instance {
+// instanceOf is the instance followRecords would judge r's replica by (its gang's, plan_gang.go).
+func instanceOf(in planInput, r replicaView) *launcher.Instance {
+	g, _ := pickGang(r.Record, labelledWith(in, r.Record.ID))
+	return g.judged(r.InGap)
+}
+
+// labelledWith are the listed instances that carry replica id.
+func labelledWith(in planInput, id int) []launcher.Instance {
 	var mine []launcher.Instance
 	for _, i := range in.Instances {
-		if i.Labels[launcher.LabelReplicaID] == strconv.Itoa(rec.ID) {
+		if i.Labels[launcher.LabelReplicaID] == strconv.Itoa(id) {
 			mine = append(mine, i)
 		}
 	}
-	inst, _ := pickInstance(rec, mine)
-	return inst
+	return mine
 }
 
 // applied is in after the manager carried out out (manager.applyLocked), at the same instant:
@@ -340,6 +397,9 @@ func applied(in planInput, out actions) planInput {
 	for _, term := range out.Terminate {
 		terminating[term.ReplicaID] = true
 		stopping[term.InstanceID] = true
+		for _, id := range term.Nodes {
+			stopping[id] = true
+		}
 	}
 	// The manager leaves instances under termination out of what it lists (observeLocked).
 	next.Instances = nil

@@ -74,9 +74,14 @@ func (m *Manager) observeLocked(insts []launcher.Instance, gaps []launcher.Gap, 
 		observed = append(observed, inst)
 	}
 	for _, r := range m.replicas {
-		if r.launched != nil && r.launchSeq > seq && !seen[r.launched.ID] {
-			seen[r.launched.ID] = true
-			observed = append(observed, *r.launched)
+		if r.launchSeq <= seq {
+			continue
+		}
+		for _, inst := range r.launched {
+			if !seen[inst.ID] {
+				seen[inst.ID] = true
+				observed = append(observed, inst)
+			}
 		}
 	}
 	if len(gaps) > 0 {
@@ -169,13 +174,32 @@ func (m *Manager) planInputLocked(now time.Time) planInput {
 		case r.healthySince.IsZero() && r.probe.OK:
 			r.healthySince = now
 		}
-		_, noticed := m.notices[r.rec.InstanceID]
 		in.Replicas = append(in.Replicas, replicaView{Record: r.rec, Probe: r.probe, Launching: r.launching,
 			Terminating: r.terminating, Draining: m.drainingLocked(now, r), HealthySince: r.healthySince,
-			Noticed: noticed && r.rec.InstanceID != ""})
+			Noticed: m.noticedLocked(r), InGap: m.inGapLocked(r.rec)})
 	}
 	m.versionInputLocked(&in)
 	return in
+}
+
+// noticedLocked reports whether an infra warned that the replica's instance, or a node of its
+// gang, will be reclaimed.
+func (m *Manager) noticedLocked(r *replica) bool {
+	for id := range m.notices {
+		if r.hasNode(id) {
+			return true
+		}
+	}
+	return false
+}
+
+// inGapLocked reports whether rec's instance lies where the last List could not read.
+func (m *Manager) inGapLocked(rec Record) bool {
+	if len(m.gaps) == 0 || rec.Infra == "" {
+		return false
+	}
+	g, in := m.inGaps(m.gaps, rec)
+	return in && !errors.Is(g.Err, launcher.ErrNotFound)
 }
 
 // drainingLocked reports whether a scaled-down replica still serves requests it took while it
@@ -221,6 +245,12 @@ func (m *Manager) applyLocked(now time.Time, acts actions) {
 	}
 	for _, inst := range acts.Follow {
 		m.followLocked(inst)
+	}
+	for _, g := range acts.Gangs {
+		if r := m.replicas[g.ID]; r != nil {
+			r.rec.Nodes = g.Nodes
+			m.saveLocked(r)
+		}
 	}
 	for _, id := range acts.Relabel {
 		if r := m.replicas[id]; r != nil && r.rec.Version != m.target {

@@ -2,6 +2,7 @@ package replicas
 
 import (
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +25,11 @@ const (
 // landed on (a spot replica placed on a Kubernetes cluster is still the spot kind).
 const LabelKind = "ferry.kind"
 
+// LabelNodes is a multi-node replica's gang size, on each of its nodes (a replica of one node
+// has none): a pass tells a gang that lost a node from a replica of one node by what the nodes
+// themselves say, so a restarted controller judges an adopted gang with nothing from the store.
+const LabelNodes = "ferry.nodes"
+
 // Kind label values.
 const (
 	kindSpot     = "spot"
@@ -43,7 +49,7 @@ func serviceSelector(service string) map[string]string {
 // replicaSpec is what the launcher runs for replica id. Envs hold the task's secrets: the
 // result must never be logged.
 func replicaSpec(service string, version int, task *configs.Task, id int, spot bool) launcher.Spec {
-	envs := make(map[string]string, len(task.Envs)+len(task.Secrets)+3)
+	envs := make(map[string]string, len(task.Envs)+len(task.Secrets)+4)
 	for k, v := range task.Envs {
 		envs[k] = v
 	}
@@ -53,6 +59,10 @@ func replicaSpec(service string, version int, task *configs.Task, id int, spot b
 	envs[EnvService] = service
 	envs[EnvReplicaID] = strconv.Itoa(id)
 	envs[EnvSkyPilotReplica] = strconv.Itoa(id)
+	if _, set := envs[launcher.EnvNumGPUsPerNode]; !set {
+		// SkyPilot's serving examples size tensor parallelism by it (vLLM's --tensor-parallel-size).
+		envs[launcher.EnvNumGPUsPerNode] = strconv.Itoa(gpusPerNode(task.Resources))
+	}
 	port := 0
 	if task.Service != nil {
 		port = task.Service.Port
@@ -73,7 +83,7 @@ func replicaSpec(service string, version int, task *configs.Task, id int, spot b
 		launcher.LabelReplicaID: strconv.Itoa(id),
 		LabelKind:               kind,
 	})
-	return launcher.Spec{
+	spec := launcher.Spec{
 		Name:         replicaName(service, id),
 		Labels:       labels,
 		InstanceType: task.Resources.InstanceType,
@@ -86,6 +96,30 @@ func replicaSpec(service string, version int, task *configs.Task, id int, spot b
 		Port:         port,
 		Resources:    withSpot(task.Resources, spot),
 	}
+	if n := gangSize(task); n > 1 {
+		spec.Labels[LabelNodes] = strconv.Itoa(n)
+		// Infras deliver a gang's addresses (SKYPILOT_NODE_IPS) to nodes that carry a JobSpec:
+		// a replica's nodes get one at serving priority, never preemptible for a service.
+		spec.Job = &launcher.JobSpec{Priority: launcher.ServingPriority}
+	}
+	return spec
+}
+
+// gangSize is how many nodes each replica of task runs on: num_nodes.
+func gangSize(task *configs.Task) int {
+	return max(task.NumNodes, 1)
+}
+
+// gpusPerNode is SKYPILOT_NUM_GPUS_PER_NODE for a replica: the most GPUs any candidate of its
+// resources asks for (as jobs count it; a task allowing several counts gets the largest).
+func gpusPerNode(r configs.Resources) int {
+	n := 0.0
+	for _, c := range r.Candidates() {
+		for _, a := range c.Accelerators {
+			n = math.Max(n, a.Count)
+		}
+	}
+	return int(math.Ceil(n))
 }
 
 // withSpot asks for spot or on-demand capacity in r and every alternative: a service's spot

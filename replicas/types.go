@@ -4,6 +4,10 @@
 // changes; and, from the replicas, the service's SkyServe status (status.go) and the relay of
 // preemption notices to the service they concern (notices.go).
 //
+// A replica of several nodes (num_nodes > 1) is a gang launched all or nothing in one location,
+// served and probed through its head, and judged, replaced and stopped as a whole
+// (plan_gang.go).
+//
 // A Manager reconciles in passes: plan (plan*.go) decides purely, in named phases, and the
 // manager applies the result (reconcile.go), writing records before the launches and
 // terminations that follow from them (records.go). How many replicas to run is handed in
@@ -58,6 +62,11 @@ type Record struct {
 	Spot       bool    `json:"spot"`
 	Price      float64 `json:"price_per_hour"`
 	Resources  string  `json:"resources,omitempty"`
+	// Nodes are the instances of a multi-node replica (num_nodes > 1), rank order: the head,
+	// InstanceID, first. Empty for a replica of one node. The SQLite store does not keep them:
+	// a restarted controller finds a gang again by the replica id and rank on its nodes, and
+	// the first pass fills them in.
+	Nodes []string `json:"nodes,omitempty"`
 	// Accelerator is the GPU type the replica was placed with, when the launch said (not
 	// persisted: a restarted controller falls back to the task's single accelerator).
 	Accelerator string    `json:"accelerator,omitempty"`

@@ -25,7 +25,7 @@ func (m *Manager) deferNotice(instance string, at time.Time) bool {
 	m.mu.Lock()
 	ours := false
 	for _, r := range m.replicas {
-		if r.rec.InstanceID == instance && live(r.rec.Status) {
+		if r.hasNode(instance) && live(r.rec.Status) {
 			ours = true
 		}
 	}
@@ -66,7 +66,7 @@ func (m *Manager) noticeWindowLocked(now time.Time, id string, end time.Time) {
 		return
 	}
 	for _, r := range m.replicas {
-		if r.rec.InstanceID == id && live(r.rec.Status) {
+		if r.hasNode(id) && live(r.rec.Status) {
 			m.notices[id] = end
 			m.log.Warn("reservation ends soon: replacing the replica before it does",
 				zap.Int("replica", r.rec.ID), zap.String("instance", id), zap.Time("ends", end))
