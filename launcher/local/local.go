@@ -222,6 +222,14 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	return inst, nil
 }
 
+// supervised reports whether spec runs under the supervisor that moves its binds of 0.0.0.0
+// to its own address: a replica whose run fixes its port, and every node of a multi-node
+// replica (a gang of a service: each node has an address of its own, and SkyPilot's serving
+// examples bind the same port on 0.0.0.0 on every node).
+func supervised(spec launcher.Spec) bool {
+	return fixedPort(spec) && (spec.Job == nil || spec.Labels[launcher.LabelService] != "")
+}
+
 // start runs spec's script from dir in the working directory work.
 func (p *Provider) start(dir, work, id, host string, port int, spec launcher.Spec) (launcher.Instance, error) {
 	script := filepath.Join(dir, scriptFile)
@@ -243,7 +251,7 @@ func (p *Provider) start(dir, work, id, host string, port int, spec launcher.Spe
 	}
 	env := append(p.environ(spec, host, port), filesEnv(spec, dir, work)...)
 	var cmd *exec.Cmd
-	if superviseSupported && p.opts.Supervisor != "" && spec.Job == nil && fixedPort(spec) {
+	if superviseSupported && p.opts.Supervisor != "" && supervised(spec) {
 		// supervise.go: binds of the task's port on 0.0.0.0 move to host. A supervisor that
 		// does not start leaves the replica as it was without one.
 		cmd = replicaCommand(p.opts.Supervisor, superviseArgs(host, port, argv), work, env, out)

@@ -469,3 +469,35 @@ func TestFerryPortReplicaUnsupervised(t *testing.T) {
 		t.Errorf("a $FERRY_PORT replica runs %q, want bash directly", args)
 	}
 }
+
+// The nodes of a multi-node replica (a service's gang: each node at an address of its own)
+// that all bind the task's port on 0.0.0.0, as SkyPilot's multi-node serving examples do, each
+// get it at their own address; a job's gang is left as it is.
+func TestSupervisorMovesAServiceGangsWildcardBinds(t *testing.T) {
+	p := supervisedProvider(t, "")
+	port := freePort(t)
+	P := strconv.Itoa(port)
+	spec := launcher.Spec{Name: "gang", Labels: map[string]string{launcher.LabelService: "gang", "service": "bind"}, Port: port,
+		Run: "exec ferry-test-bind node$SKYPILOT_NODE_RANK tcp4=0.0.0.0:" + P, Job: &launcher.JobSpec{Priority: launcher.ServingPriority}}
+	nodes, err := launcher.LaunchGang(context.Background(), p, spec, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range nodes {
+		t.Cleanup(func() { _ = p.Terminate(context.Background(), in.ID) })
+	}
+	for rank, in := range nodes {
+		recordedIsSupervisor(t, p, in.ID)
+		if got, want := greeting(t, in.Endpoint), "node"+strconv.Itoa(rank)+" "+in.Endpoint; got != want {
+			t.Errorf("node %d at %s answered %q, want %q", rank, in.Endpoint, got, want)
+		}
+	}
+	if !supervised(spec) {
+		t.Fatal("a service gang's node is not supervised")
+	}
+	job := spec
+	job.Labels = map[string]string{launcher.LabelJob: "7"}
+	if supervised(job) {
+		t.Fatal("a job's node is supervised")
+	}
+}
