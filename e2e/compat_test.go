@@ -257,8 +257,7 @@ var skypilotExamples = []exampleCase{
 	{file: "examples/serve/min_replicas_zero.yaml"},
 	{file: "examples/serve/load_balancing_policies_example.yaml"},
 	{file: "examples/serve/policy/spot_hedge.yaml"},
-	{file: "examples/serve/multi_node/multi_node.yaml", refused: "num_nodes: a service runs one node per replica",
-		resolvedBy: "multi-node replicas (h34c)"},
+	{file: "examples/serve/multi_node/multi_node.yaml"},
 	{file: "llm/gpt-oss/gpt-oss-vllm.sky.yaml", refused: "resources.infra: Ferry does not launch on nebius",
 		resolvedBy: "none: nebius is a cloud Ferry does not launch on"},
 	// Jobs: single-node, distributed PyTorch, torchtitan, fine-tuning, managed jobs.
