@@ -14,7 +14,7 @@ import (
 )
 
 var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered", "job_recovery",
-	"instance_type", "labels", "autostop", "disk_tier", "gpu_share", "objective", "capacity"}
+	"instance_type", "labels", "autostop", "disk_tier", "gpu_share", "objective", "capacity", "network_tier"}
 
 // infraClouds are the first segments `infra` accepts ("*" means anywhere Ferry can launch).
 var infraClouds = []string{InfraLocal, "kubernetes", "k8s", "aws", "gcp", "*"}
@@ -420,7 +420,7 @@ func (c *checker) alternatives(e entry, field string) []resourceSpec {
 			c.errorf(jr.keyNode, joinField(itemField, "job_recovery"), "job_recovery applies to the whole job: set it once, at the top of resources")
 		}
 		// The launcher sees the top-level block, not which alternative a placement came from.
-		for _, k := range []string{"autostop", "labels", "disk_tier", "capacity"} {
+		for _, k := range []string{"autostop", "labels", "disk_tier", "capacity", "network_tier"} {
 			if e, ok := f[k]; ok {
 				c.errorf(e.keyNode, joinField(itemField, k), "%s applies to every node of the task: set it once, at the top of resources", k)
 			}
@@ -489,6 +489,7 @@ func (c *checker) resourceSpec(n *yaml.Node, field string) (resourceSpec, map[st
 		}
 	}
 	c.extraResourceFields(&s, f, field)
+	c.networkTier(&s, f, field) // network.go
 	return s, f
 }
 
