@@ -427,3 +427,11 @@ func (c *checker) podContainers(n *yaml.Node, field string) {
 		}
 	}
 }
+
+// KubernetesConfig is the task's config.kubernetes, nil when it sets none (or t is nil).
+func (t *Task) KubernetesConfig() *KubernetesTaskConfig {
+	if t == nil || t.Config == nil {
+		return nil
+	}
+	return t.Config.Kubernetes
+}

@@ -60,13 +60,13 @@ func TestGitWorkdirErrors(t *testing.T) {
 		yaml string
 		want wantErr
 	}{
-		"no url": {"run: x\nworkdir:\n  ref: main\n", wantErr{3, 3, "workdir.url", "required: the git repository to clone"}},
+		"no url":      {"run: x\nworkdir:\n  ref: main\n", wantErr{3, 3, "workdir.url", "required: the git repository to clone"}},
 		"unknown key": {"run: x\nworkdir:\n  url: https://h/r.git\n  branch: main\n", wantErr{4, 3, "workdir.branch", `unknown field "branch" (valid fields: url, ref)`}},
 		"credentials in the url": {"run: x\nworkdir: {url: 'https://user:tok@github.com/o/r.git'}\n",
 			wantErr{2, 16, "workdir.url", "secrets: {GIT_TOKEN: null}"}},
 		"a ref that reads as an option": {"run: x\nworkdir: {url: 'https://h/r.git', ref: --upload-pack=x}\n",
 			wantErr{2, 40, "workdir.ref", "is not a branch, tag or commit name"}},
-		"not a url": {"run: x\nworkdir: {url: 'github.com/o/r'}\n", wantErr{2, 16, "workdir.url", "is not a git repository URL"}},
+		"not a url":         {"run: x\nworkdir: {url: 'github.com/o/r'}\n", wantErr{2, 16, "workdir.url", "is not a git repository URL"}},
 		"an unknown scheme": {"run: x\nworkdir: {url: 'ftp://h/r.git'}\n", wantErr{2, 16, "workdir.url", "not ftp"}},
 	}
 	for name, tc := range tests {

@@ -235,6 +235,8 @@ func (m *Manager) spec(j Job) launcher.Spec {
 		Setup:        t.Setup,
 		Run:          t.Run,
 		Workdir:      t.Workdir,
+		GitWorkdir:   t.GitWorkdir,
+		Kubernetes:   t.KubernetesConfig(),
 		FileMounts:   t.FileMounts,
 		Envs:         envs,
 		SecretEnvs:   slices.Sorted(maps.Keys(t.Secrets)),
