@@ -1,6 +1,9 @@
 package launcher
 
 import (
+	"net/http"
+	"net/http/cgi"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -125,5 +128,55 @@ func TestGitWorkdirWithoutGit(t *testing.T) {
 	exit, ok := err.(*exec.ExitError)
 	if !ok || exit.ExitCode() != ExitSetupFailed || !strings.Contains(string(out), "git is not installed") || strings.Contains(string(out), "ran") {
 		t.Fatalf("want a failed setup saying git is missing, got %v:\n%s", err, out)
+	}
+}
+
+// TestGitWorkdirPrivateRepository: a repository served over HTTP with a password (git's own
+// http-backend behind basic auth, as a forge serves one) is cloned with the task's GIT_TOKEN,
+// which stays out of the clone; without it the clone fails and says what to give.
+func TestGitWorkdirPrivateRepository(t *testing.T) {
+	url, _ := gitRepo(t)
+	root := filepath.Dir(strings.TrimPrefix(url, "file://"))
+	out, err := exec.Command("git", "--exec-path").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	backend := &cgi.Handler{Path: filepath.Join(strings.TrimSpace(string(out)), "git-http-backend"),
+		Env: []string{"GIT_PROJECT_ROOT=" + root, "GIT_HTTP_EXPORT_ALL=1"}}
+	const token = "ghp_s3cret"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pass, ok := r.BasicAuth(); !ok || pass != token {
+			w.Header().Set("WWW-Authenticate", `Basic realm="git"`)
+			http.Error(w, "authentication required", http.StatusUnauthorized)
+			return
+		}
+		backend.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	repo := srv.URL + "/" + filepath.Base(strings.TrimPrefix(url, "file://"))
+	for _, tc := range []struct {
+		name     string
+		envs     map[string]string
+		wantCode int
+		wantOut  string
+	}{
+		{"with GIT_TOKEN", map[string]string{"GIT_TOKEN": token}, 0, "version one"},
+		{"without", map[string]string{}, 1, "GIT_TOKEN or GIT_SSH_KEY"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			home := t.TempDir()
+			tc.envs["HOME"] = home
+			code, out := runScript(t, Spec{Name: "n", GitWorkdir: &configs.GitWorkdir{URL: repo, Ref: "v1"},
+				Run: `echo "version $(cat version.txt)"`, Envs: tc.envs})
+			if code != tc.wantCode || !strings.Contains(out, tc.wantOut) {
+				t.Fatalf("exit %d, want %d with %q:\n%s", code, tc.wantCode, tc.wantOut, out)
+			}
+			if cfg, err := os.ReadFile(filepath.Join(home, WorkdirName, ".git", "config")); err == nil && strings.Contains(string(cfg), token) {
+				t.Errorf("the token is in the clone's .git/config:\n%s", cfg)
+			}
+			if strings.Contains(out, token) {
+				t.Errorf("the token is in the output:\n%s", out)
+			}
+		})
 	}
 }
