@@ -122,10 +122,12 @@ func TestElasticJobOnTheCluster(t *testing.T) {
 	marker := filepath.Join(t.TempDir(), "done")
 	file := filepath.Join(t.TempDir(), "workers.yaml")
 	writeFile(t, file, fmt.Sprintf(elasticWorkers, marker))
+	submitted := time.Now()
 	id := k.launchDetached(file)
 	idStr := strconv.FormatInt(id, 10)
 
 	small := k.waitJob(id, 2*time.Minute, "runs on 2 of 4", func(j jobView) bool { return j.State == "RUNNING" && len(j.Nodes) == 2 })
+	t.Logf("figure: running on 2 of 4 nodes %v after submission (sizes 4 and 3 each unschedulable for provision_timeout 3s)", time.Since(submitted).Round(100*time.Millisecond))
 	if !strings.Contains(small.Reason, "2 of 4 node(s)") || k.elasticOf(id).GangSize != 2 {
 		t.Errorf("small gang: %q, %+v", small.Reason, k.elasticOf(id))
 	}
@@ -135,7 +137,9 @@ func TestElasticJobOnTheCluster(t *testing.T) {
 	})
 
 	k.cordon(false, nodes[2], nodes[3])
+	uncordoned := time.Now()
 	k.waitJob(id, 2*time.Minute, "grows to 4", func(j jobView) bool { return j.State == "RUNNING" && len(j.Nodes) == 4 })
+	t.Logf("figure: running on 4 nodes %v after capacity returned (grow interval 4s: FERRY_JOB_RETRY_INTERVAL=1s)", time.Since(uncordoned).Round(100*time.Millisecond))
 	if ev := k.elasticOf(id); ev.Resizes != 1 || ev.GangSize != 4 {
 		t.Errorf("after growing: %+v, want one resize to 4", ev)
 	}
@@ -159,9 +163,11 @@ func TestElasticJobOnTheCluster(t *testing.T) {
 			}
 		}
 	}
+	lost := time.Now()
 	three := k.waitJob(id, 3*time.Minute, "recovers on 3", func(j jobView) bool {
 		return j.State == "RUNNING" && len(j.Nodes) == 3 && j.Recoveries == big.Recoveries+1
 	})
+	t.Logf("figure: running on 3 nodes %v after a pod was deleted with one node cordoned", time.Since(lost).Round(100*time.Millisecond))
 	if !strings.Contains(three.Reason, "3 of 4 node(s)") {
 		t.Errorf("reason %q", three.Reason)
 	}

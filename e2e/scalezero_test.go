@@ -50,10 +50,12 @@ func TestScaleToZeroFromTheStart(t *testing.T) {
 		t.Fatalf("after serve up: target %d, replicas %+v; want none", st.TargetReplicas, st.Replicas)
 	}
 	// The first request wakes it: held until a replica is READY, then served.
+	woke := time.Now()
 	resp, err := (&http.Client{Timeout: 2 * time.Minute}).Get(st.Endpoint + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("figure: the first request answered %v after it was sent (held while a replica launched from zero)", time.Since(woke).Round(10*time.Millisecond))
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "Hi, SkyPilot here!") {
