@@ -6,7 +6,8 @@
 // the queue) → STARTING (its gang launching) → RUNNING ↔ RECOVERING → SUCCEEDED, FAILED,
 // FAILED_SETUP, FAILED_NO_RESOURCE, FAILED_CONTROLLER or CANCELLED (through CANCELLING).
 // The Manager owns every job: the queue (queue.go), launching a gang (launch.go), watching
-// its nodes and judging how they ended (watch.go, assess.go). Every state is saved before it
+// its nodes and judging how they ended (watch.go, assess.go), and an elastic job's size
+// (elastic.go: SkyPilot's DYNAMIC_NODE_SET). Every state is saved before it
 // is acted on, so that a controller killed at any point adopts what runs and launches nothing
 // twice (Manager.Start).
 //
