@@ -10,10 +10,10 @@ import (
 	"github.com/ferryserve/ferry/launcher/optimizer"
 )
 
-// printNotes says, under a plan, what the task's SkyPilot fields do with it that the table
+// printPlanNotes says, under a plan, what the task's SkyPilot fields do with it that the table
 // does not show: network_tier, config.kubernetes, a git workdir, an elastic job's sizes. A
 // pod_config that cannot make a pod fails the plan, as its launch would.
-func printNotes(out io.Writer, task *configs.Task, cands []optimizer.Candidate) error {
+func printPlanNotes(out io.Writer, task *configs.Task, cands []optimizer.Candidate) error {
 	var notes []string
 	if n := optimizer.NetworkNote(task.Resources, cands); n != "" {
 		notes = append(notes, n)

@@ -43,7 +43,7 @@ func TestPlanNotes(t *testing.T) {
 				t.Fatal(err)
 			}
 			var out bytes.Buffer
-			err = printNotes(&out, task, cands)
+			err = printPlanNotes(&out, task, cands)
 			if tc.wantErr {
 				if !errors.Is(err, launcher.ErrInvalid) {
 					t.Fatalf("err = %v, want the pod_config's ErrInvalid", err)
