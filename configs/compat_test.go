@@ -402,12 +402,12 @@ func TestImageIDMatchesInfra(t *testing.T) {
 // TestSkyPilotFieldsNotSupported: a SkyPilot field Ferry does not act on is an error that says
 // what to write instead, wherever a resources mapping may hold it.
 func TestSkyPilotFieldsNotSupported(t *testing.T) {
-	const yaml = "run: x\nvolumes: {}\nevent_callback: cb.sh\nresources:\n  network_tier: best\n  any_of:\n    - {infra: aws, container_image: vllm/vllm-openai}\n  _docker_login_config: {}\n"
+	const yaml = "run: x\nvolumes: {}\nevent_callback: cb.sh\nresources:\n  local_disk: nvme\n  any_of:\n    - {infra: aws, container_image: vllm/vllm-openai}\n  _docker_login_config: {}\n"
 	_, err := Parse("task.yaml", []byte(yaml), Overrides{})
 	want := []wantErr{
 		{2, 1, "volumes", "use file_mounts"},
 		{3, 1, "event_callback", "ferry serve status --json"},
-		{5, 3, "resources.network_tier", "SkyPilot's network_tier is not supported by Ferry"},
+		{5, 3, "resources.local_disk", "SkyPilot's local_disk is not supported by Ferry"},
 		{7, 20, "resources.any_of[0].container_image", "write image_id: docker:IMAGE"},
 		{8, 3, "resources._docker_login_config", "internal fields"},
 	}

@@ -77,7 +77,7 @@ func TestParseErrors(t *testing.T) {
 		},
 		"unknown key lists valid keys": {
 			yaml: "run: serve\ncolour: blue\n",
-			want: []wantErr{{2, 1, "colour", `unknown field "colour" (valid fields: name, workdir, num_nodes, resources, envs, secrets, file_mounts, setup, run, service, job)`}},
+			want: []wantErr{{2, 1, "colour", `unknown field "colour" (valid fields: name, workdir, num_nodes, resources, envs, secrets, file_mounts, setup, run, service, job, config)`}},
 		},
 		"unknown key deep inside": {
 			yaml: svc + "  replica_policy:\n    min_replicas: 1\n    max_replica: 2\n",

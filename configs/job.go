@@ -31,6 +31,8 @@ type JobRecovery struct {
 	MaxRestartsOnErrors int `json:"max_restarts_on_errors"`
 	// RecoverOnExitCodes always recover, without counting against MaxRestartsOnErrors.
 	RecoverOnExitCodes []int `json:"recover_on_exit_codes,omitempty"`
+	// MinNodes is the fewest nodes an elastic job (RecoveryDynamicNodeSet) runs on (elastic.go).
+	MinNodes int `json:"min_nodes,omitempty"`
 }
 
 // Recovery strategies, SkyPilot's names. EAGER_NEXT_REGION is SkyPilot's default.
@@ -67,8 +69,8 @@ func DefaultJob() Job {
 
 var (
 	jobKeys         = []string{"priority", "preemptible", "grace_period_seconds"}
-	jobRecoveryKeys = []string{"strategy", "max_restarts_on_errors", "recover_on_exit_codes"}
-	recoveryNames   = []string{RecoveryFailover, RecoveryEagerNextRegion}
+	jobRecoveryKeys = []string{"strategy", "max_restarts_on_errors", "recover_on_exit_codes", "min_nodes"}
+	recoveryNames   = []string{RecoveryFailover, RecoveryEagerNextRegion, RecoveryDynamicNodeSet}
 )
 
 // job reads the top-level `job:` section (Ferry's: SkyPilot sets priorities through
@@ -134,13 +136,16 @@ func (c *checker) jobRecovery(n *yaml.Node, field string) JobRecovery {
 	if e, ok := f["recover_on_exit_codes"]; ok {
 		r.RecoverOnExitCodes = c.exitCodes(e.value, joinField(field, "recover_on_exit_codes"))
 	}
+	if e, ok := f["min_nodes"]; ok {
+		c.minNodes(e.value, field, &r) // elastic.go
+	}
 	return r
 }
 
 // strategy accepts SkyPilot's names in any case, and none.
 func (c *checker) strategy(n *yaml.Node, s, field string) (string, bool) {
 	switch up := upper(s); up {
-	case RecoveryFailover, RecoveryEagerNextRegion, RecoveryNone:
+	case RecoveryFailover, RecoveryEagerNextRegion, RecoveryNone, RecoveryDynamicNodeSet:
 		return up, true
 	}
 	c.errorf(n, field, "unknown recovery strategy %s%s, or none", quoteShort(s), suggest(upper(s), recoveryNames, "strategies"))

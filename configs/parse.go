@@ -142,7 +142,7 @@ func (c *checker) syntaxError(err error) {
 	c.errs = append(c.errs, e)
 }
 
-var taskKeys = []string{"name", "workdir", "num_nodes", "resources", "envs", "secrets", "file_mounts", "setup", "run", "service", "job"}
+var taskKeys = []string{"name", "workdir", "num_nodes", "resources", "envs", "secrets", "file_mounts", "setup", "run", "service", "job", "config"}
 
 // nameRE is a DNS label: names become hostnames, Kubernetes object names and URL parts.
 var nameRE = regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
@@ -246,7 +246,10 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 	vars := substitutionVars(t.Envs, t.Secrets)
 
 	if e, ok := f["workdir"]; ok {
-		t.Workdir, _ = c.str(c.substituted(e.value, vars), "workdir")
+		c.workdir(t, c.substituted(e.value, vars)) // workdir.go: a directory or a git repository
+	}
+	if e, ok := f["config"]; ok {
+		t.Config = c.taskConfig(e.value) // taskconfig.go
 	}
 	if e, ok := f["file_mounts"]; ok {
 		ps, _ := c.pairs(c.substituted(e.value, vars), "file_mounts")
@@ -296,6 +299,7 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 			je = &jobEntry
 		}
 		job := c.job(je, recovery)
+		c.checkElastic(&job, t.NumNodes, recovery, numNodes.value) // elastic.go
 		t.Job = &job
 	}
 	c.checkInfraLimits(t, f)

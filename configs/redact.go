@@ -146,7 +146,6 @@ func (t *Task) ResolvedYAML() ([]byte, error) {
 	r := t.Redacted()
 	doc := resolvedTask{
 		Name:       text(r.Name),
-		Workdir:    text(r.Workdir),
 		NumNodes:   r.NumNodes,
 		Resources:  toResolvedResources(r.Resources).withObjective(r.Resources.Objective),
 		Envs:       textMap(r.Envs),
@@ -155,6 +154,7 @@ func (t *Task) ResolvedYAML() ([]byte, error) {
 		Setup:      text(r.Setup),
 		Run:        text(r.Run),
 	}
+	doc.Workdir, doc.Config = resolvedWorkdir(r), r.Config // workdir.go, taskconfig.go
 	if s := r.Service; s != nil {
 		rs := &resolvedService{
 			ReadinessProbe: resolvedProbe{
@@ -228,7 +228,7 @@ func (t *Task) ResolvedYAML() ([]byte, error) {
 	if j := r.Job; j != nil {
 		doc.Job = &resolvedJob{Priority: j.Priority, Preemptible: j.Preemptible, GracePeriodSeconds: j.GracePeriodSeconds}
 		rec := j.Recovery
-		doc.Resources.JobRecovery = &resolvedRecovery{Strategy: rec.Strategy, MaxRestartsOnErrors: rec.MaxRestartsOnErrors, RecoverOnExitCodes: rec.RecoverOnExitCodes}
+		doc.Resources.JobRecovery = &resolvedRecovery{Strategy: rec.Strategy, MaxRestartsOnErrors: rec.MaxRestartsOnErrors, RecoverOnExitCodes: rec.RecoverOnExitCodes, MinNodes: rec.MinNodes}
 	}
 	var buf bytes.Buffer
 	buf.WriteString("# Resolved by Ferry: defaults filled in, secrets redacted.\n")
@@ -272,7 +272,7 @@ func textMap(m map[string]string) map[string]text {
 // left out: Infra says the same, and the two spellings may not be combined in one file.
 type resolvedTask struct {
 	Name       text              `yaml:"name,omitempty"`
-	Workdir    text              `yaml:"workdir,omitempty"`
+	Workdir    any               `yaml:"workdir,omitempty"`
 	NumNodes   int               `yaml:"num_nodes"`
 	Resources  resolvedResources `yaml:"resources"`
 	Envs       map[string]text   `yaml:"envs,omitempty"`
@@ -282,6 +282,7 @@ type resolvedTask struct {
 	Run        text              `yaml:"run"`
 	Service    *resolvedService  `yaml:"service,omitempty"`
 	Job        *resolvedJob      `yaml:"job,omitempty"`
+	Config     *TaskConfig       `yaml:"config,omitempty"`
 }
 
 type resolvedJob struct {
@@ -294,6 +295,7 @@ type resolvedRecovery struct {
 	Strategy            string `yaml:"strategy"`
 	MaxRestartsOnErrors int    `yaml:"max_restarts_on_errors"`
 	RecoverOnExitCodes  []int  `yaml:"recover_on_exit_codes,omitempty,flow"`
+	MinNodes            int    `yaml:"min_nodes,omitempty"`
 }
 
 type resolvedResources struct {
@@ -307,6 +309,7 @@ type resolvedResources struct {
 	ImageID      text                `yaml:"image_id,omitempty"`
 	DiskSize     int                 `yaml:"disk_size,omitempty"`
 	DiskTier     text                `yaml:"disk_tier,omitempty"`
+	NetworkTier  text                `yaml:"network_tier,omitempty"`
 	Labels       map[string]text     `yaml:"labels,omitempty"`
 	Autostop     *Autostop           `yaml:"autostop,omitempty"`
 	GPUShare     *GPUShare           `yaml:"gpu_share,omitempty"`
@@ -328,6 +331,7 @@ func toResolvedResources(r Resources) resolvedResources {
 		ImageID:      text(r.ImageID),
 		DiskSize:     r.DiskSize,
 		DiskTier:     text(r.DiskTier),
+		NetworkTier:  text(r.NetworkTier),
 		Labels:       textMap(r.Labels),
 		Autostop:     r.Autostop,
 		GPUShare:     r.GPUShare,
@@ -361,11 +365,11 @@ func toResolvedResources(r Resources) resolvedResources {
 	// capacity is written once, at the top, where it is read; alternatives inherit it.
 	for _, alt := range r.AnyOf {
 		out.AnyOf = append(out.AnyOf, toResolvedResources(alt))
-		out.AnyOf[len(out.AnyOf)-1].Capacity = nil
+		out.AnyOf[len(out.AnyOf)-1].Capacity, out.AnyOf[len(out.AnyOf)-1].NetworkTier = nil, ""
 	}
 	for _, alt := range r.Ordered {
 		out.Ordered = append(out.Ordered, toResolvedResources(alt))
-		out.Ordered[len(out.Ordered)-1].Capacity = nil
+		out.Ordered[len(out.Ordered)-1].Capacity, out.Ordered[len(out.Ordered)-1].NetworkTier = nil, ""
 	}
 	return out
 }

@@ -14,7 +14,7 @@ import (
 )
 
 var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered", "job_recovery",
-	"instance_type", "labels", "autostop", "disk_tier", "gpu_share", "objective", "capacity", "spot_recovery"}
+	"instance_type", "labels", "autostop", "disk_tier", "gpu_share", "objective", "capacity", "spot_recovery", "network_tier"}
 
 // acceleratorNameRE is an accelerator type such as A100, H100-80GB or tpu-v5e-8.
 var acceleratorNameRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9-]*$`)
@@ -417,7 +417,7 @@ func (c *checker) alternatives(e entry, field, inheritCloud string) []resourceSp
 			}
 		}
 		// The launcher sees the top-level block, not which alternative a placement came from.
-		for _, k := range []string{"autostop", "labels", "disk_tier", "capacity"} {
+		for _, k := range []string{"autostop", "labels", "disk_tier", "capacity", "network_tier"} {
 			if e, ok := f[k]; ok {
 				c.errorf(e.keyNode, joinField(itemField, k), "%s applies to every node of the task: set it once, at the top of resources", k)
 			}
@@ -489,6 +489,7 @@ func (c *checker) resourceSpec(n *yaml.Node, field, inheritCloud string) (resour
 		}
 	}
 	c.extraResourceFields(&s, f, field)
+	c.networkTier(&s, f, field) // network.go
 	return s, f
 }
 

@@ -12,7 +12,6 @@ var skypilotUnsupported = map[string]string{
 	"event_callback":    "Ferry runs no event callbacks: follow `ferry serve status --json` or `ferry jobs queue` instead, and remove event_callback",
 	"volumes":           "Ferry does not create SkyPilot volumes: use file_mounts for files and buckets (a job's checkpoints go to $FERRY_CHECKPOINT_DIR), and remove volumes",
 	"volume_mounts":     "Ferry does not create SkyPilot volumes: use file_mounts for files and buckets, and remove volume_mounts",
-	"config":            "per-task SkyPilot config is not read: Kubernetes and cloud settings go in Ferry's config.yaml; remove config",
 	"experimental":      "per-task SkyPilot config overrides are not read: Kubernetes and cloud settings go in Ferry's config.yaml; remove experimental",
 	"inputs":            "experimental in SkyPilot and not read by Ferry: remove inputs",
 	"outputs":           "experimental in SkyPilot and not read by Ferry: remove outputs",
@@ -20,7 +19,6 @@ var skypilotUnsupported = map[string]string{
 	"managed_secrets":   "Ferry has no secret store: write secrets: {NAME: null} and pass --secret NAME",
 	"api_server_access": "Ferry has no API server for tasks to reach: remove api_server_access",
 
-	"resources.network_tier":      "Ferry does not choose network tiers: remove network_tier",
 	"resources.ephemeral_storage": "not supported: size the disk with disk_size",
 	"resources.local_disk":        "not supported: pin an instance_type that has local NVMe disks",
 	"resources.max_hourly_cost":   "not supported: --dry-run prints every candidate with its price; narrow with infra or instance_type",

@@ -10,6 +10,9 @@ type Task struct {
 	Name string `json:"name,omitempty"`
 	// Workdir is a local directory the task's commands run in.
 	Workdir string `json:"workdir,omitempty"`
+	// GitWorkdir is workdir's mapping form, a git repository cloned on each node (workdir.go);
+	// nil for a local workdir or none.
+	GitWorkdir *GitWorkdir `json:"git_workdir,omitempty"`
 	// NumNodes is the gang size for multi-node jobs; services use 1.
 	NumNodes int `json:"num_nodes"`
 	// Resources says what each node needs and where it may run.
@@ -28,6 +31,8 @@ type Task struct {
 	Service *Service `json:"service,omitempty"`
 	// Job is set, defaults filled, for a job (no Service), and nil for a service.
 	Job *Job `json:"job,omitempty"`
+	// Config is SkyPilot's per-task `config:` as far as Ferry acts on it (taskconfig.go).
+	Config *TaskConfig `json:"config,omitempty"`
 	// Source is the file the task was read from, for messages.
 	Source string `json:"-"`
 	// Notes are what Ferry accepted but reads its own way (a deprecated spelling, alternatives
@@ -58,6 +63,9 @@ type Resources struct {
 	// DiskTier is SkyPilot's disk_tier (DiskTierLow … DiskTierBest); "" leaves each infra's
 	// default (the medium tier on VMs).
 	DiskTier string `json:"disk_tier,omitempty"`
+	// NetworkTier is SkyPilot's network_tier (NetworkTierStandard, NetworkTierBest; network.go);
+	// "" is standard.
+	NetworkTier string `json:"network_tier,omitempty"`
 	// InstanceType pins a cloud instance type (p4d.24xlarge, a2-highgpu-1g); the optimizer
 	// plans only that type.
 	InstanceType string `json:"instance_type,omitempty"`

@@ -62,7 +62,7 @@ func launchHidden(j Job, insts []launcher.Instance, gaps []launcher.Gap) []launc
 	}
 	current, _ := currentGang(j, insts)
 	switch {
-	case len(current) >= max(j.Task.NumNodes, 1):
+	case len(current) >= gangSize(j):
 		return nil // the whole gang is seen
 	case len(current) > 0:
 		if g, ok := covers(gaps, current[0].Infra, current[0].Region, current[0].Zone); ok {
@@ -129,7 +129,7 @@ func (m *Manager) adoptLater(ctx context.Context, j Job, hidden []launcher.Gap) 
 // the gaps that do not matter to it (adopt).
 func (m *Manager) adoptAs(ctx context.Context, j Job, insts []launcher.Instance) {
 	id := j.ID
-	n := max(j.Task.NumNodes, 1)
+	n := gangSize(j)
 	current, stray := currentGang(j, insts)
 	log := m.log.With(zap.Int64("job", id), zap.String("state", string(j.State)), zap.Int("attempt", j.Attempt))
 	// unchanged guards each change below: a cancel that came meanwhile wins, and whatever was

@@ -6,7 +6,8 @@
 // the queue) → STARTING (its gang launching) → RUNNING ↔ RECOVERING → SUCCEEDED, FAILED,
 // FAILED_SETUP, FAILED_NO_RESOURCE, FAILED_CONTROLLER or CANCELLED (through CANCELLING).
 // The Manager owns every job: the queue (queue.go), launching a gang (launch.go), watching
-// its nodes and judging how they ended (watch.go, assess.go). Every state is saved before it
+// its nodes and judging how they ended (watch.go, assess.go), and an elastic job's size
+// (elastic.go: SkyPilot's DYNAMIC_NODE_SET). Every state is saved before it
 // is acted on, so that a controller killed at any point adopts what runs and launches nothing
 // twice (Manager.Start).
 //
@@ -80,9 +81,14 @@ type Job struct {
 	Attempt int `json:"attempt"`
 	// Recoveries counts relaunches after a lost node; RestartsOnErrors those after a failing
 	// program (configs.JobRecovery.MaxRestartsOnErrors bounds them).
-	Recoveries       int        `json:"recoveries"`
-	RestartsOnErrors int        `json:"restarts_on_errors"`
-	History          []Recovery `json:"history,omitempty"`
+	Recoveries       int `json:"recoveries"`
+	RestartsOnErrors int `json:"restarts_on_errors"`
+	// Resizes counts an elastic job's relaunches at a larger size (elastic.go).
+	Resizes int        `json:"resizes,omitempty"`
+	History []Recovery `json:"history,omitempty"`
+	// GangSize is the size of the current (or last tried) gang: num_nodes, or fewer for an
+	// elastic job (DYNAMIC_NODE_SET); 0 in jobs saved before it was kept, which is num_nodes.
+	GangSize int `json:"gang_size,omitempty"`
 	// Nodes is the current gang, rank order; empty while none runs.
 	Nodes []Node `json:"nodes,omitempty"`
 	// ExitCodes are the last gang's statuses by rank (-1: did not exit by itself).
@@ -135,6 +141,8 @@ type Recovery struct {
 	Lost      time.Duration `json:"lost,omitempty"`
 	// OnError marks a restart after the program failed, rather than a lost node.
 	OnError bool `json:"on_error,omitempty"`
+	// Resize marks an elastic job's relaunch at a larger size, once capacity returned.
+	Resize bool `json:"resize,omitempty"`
 }
 
 // PricePerHour is what the current gang costs per hour.

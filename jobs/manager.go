@@ -61,6 +61,11 @@ type Config struct {
 	// CheckpointMount is where a job's checkpoint claim appears in containers; default
 	// DefaultCheckpointMount.
 	CheckpointMount string
+	// GrowInterval paces an elastic job's asks for its missing nodes while it runs below
+	// num_nodes (elastic.go); default four RetryIntervals. GrowProbeTimeout bounds one ask;
+	// default DefaultGrowProbeTimeout.
+	GrowInterval     time.Duration
+	GrowProbeTimeout time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 }
@@ -72,6 +77,8 @@ const (
 	DefaultLaunchHold      = 2 * time.Second
 	DefaultStopTimeout     = 3 * time.Minute
 	DefaultCheckpointMount = "/ferry/checkpoint"
+	// DefaultGrowProbeTimeout covers a pod's provision timeout and a VM's launch.
+	DefaultGrowProbeTimeout = 5 * time.Minute
 )
 
 // Errors callers act on.
@@ -127,6 +134,12 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.CheckpointMount == "" {
 		cfg.CheckpointMount = DefaultCheckpointMount
+	}
+	if cfg.GrowInterval <= 0 {
+		cfg.GrowInterval = growWait(cfg.RetryInterval)
+	}
+	if cfg.GrowProbeTimeout <= 0 {
+		cfg.GrowProbeTimeout = DefaultGrowProbeTimeout
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

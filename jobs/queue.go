@@ -109,38 +109,64 @@ func (m *Manager) startLaunch(parent context.Context, id int64) <-chan struct{} 
 
 // launch places job id's gang: the attempt is saved first (so that a controller killed
 // mid-launch recognises the half-made gang), then the provisioner tries placements best first.
-// No capacity anywhere, or an infra that failed, leaves the job waiting, with the reason; a task
-// no infra can run is FAILED_NO_RESOURCE. done gives up the job's ownership, handed to the
-// watch once the gang runs.
+// An elastic job tries smaller gangs down to its min_nodes (elastic.go), each an attempt of its
+// own. No capacity anywhere, or an infra that failed, leaves the job waiting, with the reason;
+// a task no infra can run is FAILED_NO_RESOURCE. done gives up the job's ownership, handed to
+// the watch once the gang runs.
 func (m *Manager) launch(ctx context.Context, id int64, done func()) {
-	j, ok := m.update(id, func(j *Job) bool {
-		if (j.State != Pending && j.State != Recovering) || len(j.Nodes) > 0 {
+	first, err := m.Get(id)
+	if err != nil {
+		return
+	}
+	sizes := launchSizes(first)
+	for i, size := range sizes {
+		j, ok := m.attempt(id, size, i > 0)
+		if !ok {
+			return
+		}
+		insts, err := m.cfg.Provider.LaunchGang(ctx, m.spec(j), size)
+		if err == nil {
+			m.placed(ctx, id, insts, done)
+			return
+		}
+		if i+1 < len(sizes) && smallerMayFit(ctx, err) {
+			m.log.Info("an elastic job's gang does not fit; trying one node fewer", zap.Int64("job", id),
+				zap.Int("nodes", size), zap.Int("min_nodes", sizes[len(sizes)-1]), zap.Error(err))
+			continue
+		}
+		m.launchFailed(ctx, j, err)
+		return
+	}
+}
+
+// attempt saves the next launch of job id, a gang of size nodes, before it is made; again says
+// an elastic launch tries a smaller gang after its larger one found no room.
+func (m *Manager) attempt(id int64, size int, again bool) (Job, bool) {
+	return m.update(id, func(j *Job) bool {
+		waiting := j.State == Pending || j.State == Recovering || (again && j.State == Starting)
+		if !waiting || len(j.Nodes) > 0 {
 			return false
 		}
 		if !j.InQueue {
 			// A queued request is found again by its attempt's labels (capacity.go).
 			j.Attempt++
 		}
+		j.GangSize = size
 		switch {
 		case strings.HasPrefix(j.Reason, waitingForCapacity) || j.InQueue:
 			// Trying again: it stays as it was, saying why it waits, rather than flickering
 			// through STARTING at every try.
 		case j.State == Pending:
-			j.setState(Starting, fmt.Sprintf("launching %d node(s)", j.Task.NumNodes), m.cfg.Now())
+			j.setState(Starting, fmt.Sprintf("launching %d node(s)", size), m.cfg.Now())
 		default:
-			j.Reason = fmt.Sprintf("relaunching %d node(s)", j.Task.NumNodes)
+			j.Reason = fmt.Sprintf("relaunching %d node(s)", size)
 		}
 		return true
 	})
-	if !ok {
-		return
-	}
-	spec := m.spec(j)
-	insts, err := m.cfg.Provider.LaunchGang(ctx, spec, max(j.Task.NumNodes, 1))
-	if err != nil {
-		m.launchFailed(ctx, j, err)
-		return
-	}
+}
+
+// placed records job id's launched gang and hands it to a watch.
+func (m *Manager) placed(ctx context.Context, id int64, insts []launcher.Instance, done func()) {
 	started, ok := m.update(id, func(cur *Job) bool {
 		if cur.State == Cancelling {
 			cur.Nodes = nodesOf(insts)
@@ -149,7 +175,7 @@ func (m *Manager) launch(ctx context.Context, id int64, done func()) {
 		cur.Nodes = nodesOf(insts)
 		cur.CostSince = m.cfg.Now()
 		to := cur.Where()
-		m.started(cur, fmt.Sprintf("%d node(s) on %s", len(insts), to))
+		m.started(cur, runningReason(*cur, len(insts), to))
 		if h := len(cur.History); h > 0 && cur.History[h-1].ResumedAt.IsZero() {
 			r := &cur.History[h-1]
 			r.ResumedAt, r.To = m.cfg.Now(), to
@@ -165,7 +191,7 @@ func (m *Manager) launch(ctx context.Context, id int64, done func()) {
 		return
 	}
 	m.log.Info("job running", zap.Int64("job", id), zap.Int("attempt", started.Attempt), zap.String("where", started.Where()),
-		zap.Float64("price_per_hour", started.PricePerHour()))
+		zap.Int("nodes", len(started.Nodes)), zap.Float64("price_per_hour", started.PricePerHour()))
 	done() // the watch owns the nodes from here
 	m.startWatch(id)
 	m.spawn("withdraw", func() { m.withdrawQueued(ctx, started) }) // capacity.go
@@ -235,6 +261,8 @@ func (m *Manager) spec(j Job) launcher.Spec {
 		Setup:        t.Setup,
 		Run:          t.Run,
 		Workdir:      t.Workdir,
+		GitWorkdir:   t.GitWorkdir,
+		Kubernetes:   t.KubernetesConfig(),
 		FileMounts:   t.FileMounts,
 		Envs:         envs,
 		SecretEnvs:   slices.Sorted(maps.Keys(t.Secrets)),

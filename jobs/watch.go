@@ -68,6 +68,8 @@ type watchState struct {
 	// seenReason is the job's reason before its nodes were hidden, given back when they are
 	// seen again; unknownReason is the one the watch set meanwhile.
 	seenReason, unknownReason string
+	// grewAt is when an elastic job last asked for its missing nodes (elastic.go).
+	grewAt time.Time
 }
 
 // spotSettle is how long a failure on a gang whose spot nodes are still up waits for a
@@ -110,9 +112,9 @@ func (m *Manager) look(ctx context.Context, id int64, w *watchState) bool {
 		return false
 	}
 	m.seen(j, w)
-	a := assess(insts, j.Attempt, max(j.Task.NumNodes, 1))
+	a := assess(insts, j.Attempt, gangSize(j))
 	if a.verdict == stillRunning {
-		return false
+		return m.maybeGrow(ctx, j, w) // elastic.go
 	}
 	if a.verdict == programFailed {
 		blameWarnedNode(&a, j, insts)

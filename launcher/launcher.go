@@ -43,6 +43,9 @@ type Spec struct {
 	// Workdir is the task's local workdir (absolute), synced to ~/sky_workdir on the
 	// instance, where setup and run start (files.go).
 	Workdir string
+	// GitWorkdir, when set, is a git repository the instance clones into its workdir at launch
+	// (gitworkdir.go), instead of a local directory synced there.
+	GitWorkdir *configs.GitWorkdir
 	// FileMounts maps remote paths to absolute local paths or s3:// and gs:// URLs (files.go).
 	FileMounts map[string]string
 	// Envs includes secrets; providers must never log values.
@@ -68,6 +71,10 @@ type Spec struct {
 	// Job is set for a node of a job (nil for a service replica): what differs for a program
 	// that is meant to end.
 	Job *JobSpec
+	// Kubernetes is the task's config.kubernetes (pod_config, custom_metadata,
+	// provision_timeout), which the Kubernetes provider applies to its pods; other infras
+	// ignore it. Nil when the task sets none.
+	Kubernetes *configs.KubernetesTaskConfig
 }
 
 // JobSpec is what a job's node needs beyond a replica's.

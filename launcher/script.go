@@ -26,7 +26,10 @@ func RenderScript(spec Spec) string {
 		b.WriteString("until " + EnvNodeIPs + "=$(" + spec.Job.NodeIPsCommand + ") && [ -n \"$" + EnvNodeIPs + "\" ]; do sleep 1; done\n")
 		b.WriteString("export " + EnvNodeIPs + " " + EnvSetupNodeIPs + "=\"$" + EnvNodeIPs + "\"\n")
 	}
-	if spec.Workdir != "" {
+	if spec.GitWorkdir != nil {
+		b.WriteString(GitCloneShell(*spec.GitWorkdir, spec.Job != nil)) // gitworkdir.go
+	}
+	if spec.Workdir != "" || spec.GitWorkdir != nil {
 		// The provider synced the workdir and says where (files.go); run starts there.
 		b.WriteString("cd -- \"${" + EnvWorkdir + ":?ferry: the workdir was not synced}\"\n")
 	}

@@ -90,6 +90,8 @@ func replicaSpec(service string, version int, task *configs.Task, id int, spot b
 		Setup:        task.Setup,
 		Run:          task.Run,
 		Workdir:      task.Workdir,
+		GitWorkdir:   task.GitWorkdir,
+		Kubernetes:   task.KubernetesConfig(),
 		FileMounts:   task.FileMounts,
 		Envs:         envs,
 		SecretEnvs:   slices.Sorted(maps.Keys(task.Secrets)),

@@ -80,6 +80,9 @@ func printPlan(ctx context.Context, out io.Writer, task *configs.Task) error {
 	for _, s := range down {
 		fmt.Fprintf(out, "Skipped %s, %s: %s (ferry check shows it).\n", s.Where(), stateLine(s, time.Now()), oneLine(s.LastError))
 	}
+	if err := printPlanNotes(out, task, cands); err != nil { // plannotes.go
+		return err
+	}
 	fmt.Fprintln(out)
 	return printFiles(out, task, cands)
 }

@@ -203,9 +203,13 @@ func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 		authHeader = "Bearer " + os.Getenv(keyVar)
 		authArg = fmt.Sprintf(" -H \"Authorization: Bearer $%s\"", keyVar)
 	}
+	model, zero := exampleModel(ctx, c, name, st.Endpoint, authHeader) // servezero.go
+	if zero {
+		fmt.Fprintf(out, "No replica runs yet (min_replicas: 0): the first request launches one and waits for it.\n")
+	}
 	fmt.Fprintf(out, "\nTry it:\n  curl%s %s/v1/models\n", authArg, st.Endpoint)
 	fmt.Fprintf(out, "  curl %s/v1/chat/completions%s -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"%s\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n",
-		st.Endpoint, authArg, servedModel(ctx, st.Endpoint, authHeader))
+		st.Endpoint, authArg, model)
 	fmt.Fprintf(out, "  ferry serve status %s\n  ferry serve down %s\n", name, name)
 	return nil
 }

@@ -620,7 +620,7 @@ func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 		}
 		return false, nil
 	}
-	scheduled, err := until(ctx, p.opts.ProvisionTimeout, waitScheduled)
+	scheduled, err := until(ctx, p.provisionTimeout(pod), waitScheduled)
 	if errors.Is(err, errTimeout) && nominated != "" {
 		// The scheduler preempted lower-priority pods (a preemptible job's) for this one and
 		// waits for them to end: they have their grace period to checkpoint, longer than a
@@ -633,7 +633,7 @@ func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 			if why == "" {
 				why = "not scheduled"
 			}
-			return nil, fmt.Errorf("%w: %s: pod unschedulable for %v: %s", launcher.ErrNoCapacity, p.infra, p.opts.ProvisionTimeout, why)
+			return nil, fmt.Errorf("%w: %s: pod unschedulable for %v: %s", launcher.ErrNoCapacity, p.infra, p.provisionTimeout(pod), why)
 		}
 		return nil, p.waitError(caller, ctx, err)
 	}
@@ -988,7 +988,7 @@ func (p *Provider) podFor(spec launcher.Spec) (*corev1.Pod, error) {
 	if spec.Job != nil {
 		addJob(pod, spec.Job)
 	}
-	return pod, nil
+	return withPodConfig(pod, spec.Kubernetes) // podconfig.go
 }
 
 // resourcesFor turns the chosen accelerator, cpus and memory into requests, and the GPU type

@@ -250,6 +250,10 @@ func (p *Provider) start(dir, work, id, host string, port int, spec launcher.Spe
 			script, filepath.Join(dir, exitStatusFile)}
 	}
 	env := append(p.environ(spec, host, port), filesEnv(spec, dir, work)...)
+	if spec.GitWorkdir != nil && spec.Workdir == "" {
+		// The script clones the repository into the working directory (launcher/gitworkdir.go).
+		env = append(env, launcher.EnvWorkdir+"="+work)
+	}
 	var cmd *exec.Cmd
 	if superviseSupported && p.opts.Supervisor != "" && supervised(spec) {
 		// supervise.go: binds of the task's port on 0.0.0.0 move to host. A supervisor that

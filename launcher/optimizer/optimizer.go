@@ -186,6 +186,7 @@ func Plan(r configs.Resources, infras []Infra) ([]Candidate, error) {
 	if len(out) == 0 {
 		return nil, explain(r, alts, reqs, cat, infras)
 	}
+	preferNetwork(r, out) // network.go
 	return out, nil
 }
 
