@@ -232,15 +232,12 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 				c.errorf(p.keyNode, "file_mounts", "a mount needs a remote path as its key")
 				continue
 			}
-			if src, ok := c.fileMountSource(p.value, field); ok {
+			if src, mode, ok := c.fileMountSource(p.value, field, t.Resources); ok {
 				if src == "" {
 					c.errorf(p.value, field, "a mount needs a local path or bucket URI")
 					continue
 				}
-				if t.FileMounts == nil {
-					t.FileMounts = map[string]string{}
-				}
-				t.FileMounts[p.key] = src
+				t.addFileMount(p.key, src, mode)
 			}
 		}
 	}
