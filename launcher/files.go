@@ -69,6 +69,9 @@ func (b BucketURL) String() string { return b.Scheme + "://" + b.Bucket + "/" + 
 type BucketObject struct {
 	Key  string
 	Size int64
+	// ETag names the object's content (S3's ETag, GCS's MD5 hash): a mounted bucket's sync
+	// tells a changed object by it.
+	ETag string
 }
 
 // Download is how an instance fetches one object without credentials of its own: a URL and,

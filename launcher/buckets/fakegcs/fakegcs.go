@@ -1,15 +1,25 @@
 // Package fakegcs is an in-process stand-in for the Google Cloud Storage JSON API on loopback,
 // for the subset Ferry's file_mounts use: objects.list (prefix, pageToken, maxResults),
-// objects.get (metadata, and the object's bytes with alt=media), with the API's JSON error
-// envelope (404 for a missing bucket or object).
+// objects.get (metadata, and the object's bytes with alt=media), and for mounted buckets
+// objects.insert (uploadType=media, and multipart as the Go client sends it) and
+// objects.delete, with the API's JSON error envelope (404 for a missing bucket or object).
+// Objects carry md5Hash (base64, as GCS gives it).
 //
 // Credentials: with Options.Token set, every request must carry "Authorization: Bearer
 // TOKEN" (401 without, 403 with another); this is how a test tells that a VM used the token
-// its metadata server gave. Media downloads are counted (Downloads).
+// its metadata server gave. Media downloads are counted (Downloads), and every write is recorded
+// with the token it carried (Writes).
 package fakegcs
 
 import (
+	"crypto/md5"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -32,6 +42,14 @@ type Server struct {
 	mu        sync.Mutex
 	buckets   map[string]map[string][]byte
 	downloads int
+	writes    []Write
+}
+
+// Write is one insert or delete served.
+type Write struct {
+	Method, Bucket, Name string
+	// Token is the bearer token the request carried.
+	Token string
 }
 
 // New starts a server on loopback; Close stops it.
@@ -40,6 +58,8 @@ func New(opts Options) *Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /storage/v1/b/{bucket}/o", s.list)
 	mux.HandleFunc("GET /storage/v1/b/{bucket}/o/{object...}", s.get)
+	mux.HandleFunc("DELETE /storage/v1/b/{bucket}/o/{object...}", s.delete)
+	mux.HandleFunc("POST /upload/storage/v1/b/{bucket}/o", s.insert)
 	s.srv = httptest.NewServer(s.auth(mux))
 	return s
 }
@@ -58,6 +78,30 @@ func (s *Server) Put(bucket, name string, body []byte) {
 		s.buckets[bucket] = map[string][]byte{}
 	}
 	s.buckets[bucket][name] = body
+}
+
+// MakeBucket makes an empty bucket.
+func (s *Server) MakeBucket(bucket string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.buckets[bucket] == nil {
+		s.buckets[bucket] = map[string][]byte{}
+	}
+}
+
+// Get is an object's body.
+func (s *Server) Get(bucket, name string) ([]byte, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	body, ok := s.buckets[bucket][name]
+	return body, ok
+}
+
+// Writes are the writes served, in order.
+func (s *Server) Writes() []Write {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.writes)
 }
 
 // Downloads is how many alt=media GETs were served.
@@ -85,10 +129,17 @@ func (s *Server) auth(next http.Handler) http.Handler {
 }
 
 type object struct {
-	Kind   string `json:"kind"`
-	Name   string `json:"name"`
-	Bucket string `json:"bucket"`
-	Size   string `json:"size"`
+	Kind    string `json:"kind"`
+	Name    string `json:"name"`
+	Bucket  string `json:"bucket"`
+	Size    string `json:"size"`
+	MD5Hash string `json:"md5Hash"`
+}
+
+// newObject is an object's metadata as the API gives it.
+func newObject(bucket, name string, body []byte) object {
+	sum := md5.Sum(body)
+	return object{Kind: "storage#object", Name: name, Bucket: bucket, Size: strconv.Itoa(len(body)), MD5Hash: base64.StdEncoding.EncodeToString(sum[:])}
 }
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
@@ -122,7 +173,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		out.NextPageToken = names[max-1]
 	}
 	for _, n := range names {
-		out.Items = append(out.Items, object{Kind: "storage#object", Name: n, Bucket: bucket, Size: strconv.Itoa(len(objs[n]))})
+		out.Items = append(out.Items, newObject(bucket, n, objs[n]))
 	}
 	writeJSON(w, out)
 }
@@ -147,7 +198,89 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		_, _ = w.Write(body)
 		return
 	}
-	writeJSON(w, object{Kind: "storage#object", Name: name, Bucket: bucket, Size: strconv.Itoa(len(body))})
+	writeJSON(w, newObject(bucket, name, body))
+}
+
+// insert stores an uploaded object: uploadType=media (the body, name in the query) or
+// multipart (multipart/related: the object's JSON metadata, then its bytes).
+func (s *Server) insert(w http.ResponseWriter, r *http.Request) {
+	bucket, q := r.PathValue("bucket"), r.URL.Query()
+	name, body, err := readUpload(r, q.Get("uploadType"), q.Get("name"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	objs, ok := s.buckets[bucket]
+	if !ok {
+		writeError(w, http.StatusNotFound, "The specified bucket does not exist.")
+		return
+	}
+	s.writes = append(s.writes, Write{Method: http.MethodPost, Bucket: bucket, Name: name, Token: bearer(r)})
+	objs[name] = body
+	writeJSON(w, newObject(bucket, name, body))
+}
+
+func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
+	bucket, name := r.PathValue("bucket"), r.PathValue("object")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	objs, ok := s.buckets[bucket]
+	if !ok {
+		writeError(w, http.StatusNotFound, "The specified bucket does not exist.")
+		return
+	}
+	if _, ok := objs[name]; !ok {
+		writeError(w, http.StatusNotFound, "No such object: "+bucket+"/"+name)
+		return
+	}
+	s.writes = append(s.writes, Write{Method: http.MethodDelete, Bucket: bucket, Name: name, Token: bearer(r)})
+	delete(objs, name)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// readUpload reads an insert's object name and bytes.
+func readUpload(r *http.Request, uploadType, name string) (string, []byte, error) {
+	switch uploadType {
+	case "media":
+		body, err := io.ReadAll(r.Body)
+		if name == "" {
+			return "", nil, errors.New("uploadType=media needs name")
+		}
+		return name, body, err
+	case "multipart":
+		mediaType, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		if err != nil || !strings.HasPrefix(mediaType, "multipart/") {
+			return "", nil, errors.New("uploadType=multipart needs a multipart body")
+		}
+		mr := multipart.NewReader(r.Body, params["boundary"])
+		var meta struct {
+			Name string `json:"name"`
+		}
+		part, err := mr.NextPart()
+		if err == nil {
+			err = json.NewDecoder(part).Decode(&meta)
+		}
+		if err != nil {
+			return "", nil, fmt.Errorf("multipart metadata: %v", err)
+		}
+		if part, err = mr.NextPart(); err != nil {
+			return "", nil, fmt.Errorf("multipart media: %v", err)
+		}
+		body, err := io.ReadAll(part)
+		if meta.Name == "" {
+			meta.Name = name
+		}
+		return meta.Name, body, err
+	}
+	return "", nil, fmt.Errorf("uploadType %q is not modelled (media, multipart)", uploadType)
+}
+
+// bearer is the request's bearer token.
+func bearer(r *http.Request) string {
+	tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return tok
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
