@@ -236,6 +236,7 @@ func (m *Manager) spec(j Job) launcher.Spec {
 		Run:          t.Run,
 		Workdir:      t.Workdir,
 		FileMounts:   t.FileMounts,
+		MountModes:   t.MountModes,
 		Envs:         envs,
 		SecretEnvs:   slices.Sorted(maps.Keys(t.Secrets)),
 		Port:         port,

@@ -81,6 +81,7 @@ func replicaSpec(service string, version int, task *configs.Task, id int, spot b
 		Run:          task.Run,
 		Workdir:      task.Workdir,
 		FileMounts:   task.FileMounts,
+		MountModes:   task.MountModes,
 		Envs:         envs,
 		SecretEnvs:   slices.Sorted(maps.Keys(task.Secrets)),
 		Port:         port,

@@ -18,7 +18,7 @@ import (
 // gs:// where no infra has Google credentials). Candidates that cannot carry them are named:
 // a launch skips them.
 func printFiles(out io.Writer, task *configs.Task, cands []optimizer.Candidate) error {
-	files, err := launcher.SpecFiles(launcher.Spec{Workdir: task.Workdir, FileMounts: task.FileMounts})
+	files, err := launcher.SpecFiles(launcher.Spec{Workdir: task.Workdir, FileMounts: task.FileMounts, MountModes: task.MountModes})
 	if err != nil {
 		return err
 	}

@@ -64,6 +64,12 @@ type synced struct {
 // Mirror is one mounted bucket prefix and its directory. Not safe for concurrent use: one
 // goroutine runs its rounds.
 type Mirror struct {
+	// WriteBack, when positive, holds a changed file back until it has not changed for that
+	// long (rclone's --vfs-write-back): it is pending meanwhile.
+	WriteBack time.Duration
+	// Clock tells the time for WriteBack; default time.Now.
+	Clock func() time.Time
+
 	store Store
 	url   launcher.BucketURL
 	dir   string
@@ -105,13 +111,12 @@ func (m *Mirror) Sync(ctx context.Context) (Stats, error) {
 	return st, nil
 }
 
-// Run runs a round at every tick until ctx ends, then a last push and pull with final (a
-// context of its own, so that it runs after ctx ended), telling report after each round.
-func (m *Mirror) Run(ctx, final context.Context, tick <-chan time.Time, report func(Stats, error)) {
+// Run runs a round at every tick until ctx ends, telling report after each round. A last
+// round, if one is wanted, is the caller's.
+func (m *Mirror) Run(ctx context.Context, tick <-chan time.Time, report func(Stats, error)) {
 	for {
 		select {
 		case <-ctx.Done():
-			report(m.Sync(final))
 			return
 		case <-tick:
 			report(m.Sync(ctx))
@@ -161,8 +166,16 @@ func (m *Mirror) push(ctx context.Context, st *Stats) error {
 	if err != nil {
 		return err
 	}
+	now := time.Now()
+	if m.Clock != nil {
+		now = m.Clock()
+	}
 	for _, rel := range slices.Sorted(maps.Keys(local)) {
-		if info := local[rel]; m.changed(rel, info) {
+		info := local[rel]
+		if m.WriteBack > 0 && now.Sub(info.ModTime()) < m.WriteBack {
+			continue // still held back: pending
+		}
+		if m.changed(rel, info) {
 			if err := m.upload(ctx, rel, info); err != nil {
 				return err
 			}

@@ -167,8 +167,7 @@ func (w writingStore) ListMount(ctx context.Context, u launcher.BucketURL) ([]la
 }
 
 // TestPendingAndRun: a file written during a round is pending after it (MOUNT_CACHED's "to
-// upload"), and goes up at the next tick or, at the latest, in the round Run makes when its
-// context ends.
+// upload"), and goes up at the next tick.
 func TestPendingAndRun(t *testing.T) {
 	b := newBuckets(t)["s3"]
 	dir := t.TempDir()
@@ -188,7 +187,7 @@ func TestPendingAndRun(t *testing.T) {
 	rounds := make(chan bucketsync.Stats, 2)
 	done := make(chan struct{})
 	go func() {
-		m.Run(ctx, context.Background(), tick, func(st bucketsync.Stats, err error) {
+		m.Run(ctx, tick, func(st bucketsync.Stats, err error) {
 			if err != nil {
 				t.Error(err)
 			}
@@ -201,9 +200,32 @@ func TestPendingAndRun(t *testing.T) {
 		t.Errorf("tick round %+v, want the pending file uploaded", st)
 	}
 	cancel()
-	<-rounds
 	<-done
 	if got, ok := b.get("run/late.txt"); !ok || string(got) != "written during the round" {
 		t.Errorf("bucket has %q %v", got, ok)
+	}
+}
+
+// TestWriteBack: with a write-back delay, a file goes up only once it has not changed for
+// that long, and is pending until then (rclone's --vfs-write-back).
+func TestWriteBack(t *testing.T) {
+	b := newBuckets(t)["gs"]
+	dir := t.TempDir()
+	m := bucketsync.New(b.client, b.url, dir)
+	now := time.Now()
+	m.WriteBack, m.Clock = time.Second, func() time.Time { return now }
+	write(t, filepath.Join(dir, "model.bin"), "weights")
+	if err := os.Chtimes(filepath.Join(dir, "model.bin"), now, now.Add(-500*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if st := sync(t, m); st.Uploaded != 0 || st.Pending != 1 {
+		t.Fatalf("round half a second after the write: %+v, want it pending", st)
+	}
+	now = now.Add(600 * time.Millisecond)
+	if st := sync(t, m); st.Uploaded != 1 || st.Pending != 0 {
+		t.Fatalf("round past the write-back delay: %+v, want it uploaded", st)
+	}
+	if got, _ := b.get("run/model.bin"); string(got) != "weights" {
+		t.Errorf("bucket has %q", got)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/ferryserve/ferry/launcher"
 )
@@ -19,8 +20,10 @@ type mountArgs struct {
 	logFile string
 	// endpoint is goofys's --endpoint.
 	endpoint string
-	// cached says the mount keeps rclone's VFS cache (it logs its upload queue).
-	cached bool
+	// cached says the mount keeps rclone's VFS cache (it logs its upload queue, holds writes
+	// back for writeBack, and leaves what is not uploaded at unmount in its cache).
+	cached    bool
+	writeBack time.Duration
 	// foreground is goofys -f and gcsfuse --foreground: no daemon.
 	foreground bool
 }
@@ -147,6 +150,14 @@ func parseRclone(args []string) (mountArgs, error) {
 	bucket, prefix, _ := strings.Cut(path, "/")
 	m = mountArgs{url: launcher.BucketURL{Scheme: scheme, Bucket: bucket, Prefix: prefix}, dir: pos[2], logFile: flags["--log-file"],
 		endpoint: flags["--s3-endpoint"], cached: flags["--vfs-cache-mode"] == "full" || flags["--vfs-cache-mode"] == "writes"}
+	if m.cached {
+		m.writeBack = 5 * time.Second // rclone's default
+		if wb, ok := flags["--vfs-write-back"]; ok {
+			if m.writeBack, err = time.ParseDuration(wb); err != nil {
+				return m, fmt.Errorf("--vfs-write-back: %v", err)
+			}
+		}
+	}
 	if bucket == "" {
 		return m, errors.New("no bucket")
 	}

@@ -168,12 +168,21 @@ func runMount(name string, m mountArgs, ready *os.File) error {
 	if d, err := time.ParseDuration(os.Getenv(envInterval)); err == nil && d > 0 {
 		interval = d
 	}
+	mirror.WriteBack = m.writeBack
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
+	mirror.Run(ctx, ticker.C, func(st bucketsync.Stats, err error) { logRound(name, m, st, err) })
+	if m.cached {
+		// rclone leaves what it has not uploaded in its cache for the next mount: the boot
+		// script must wait for the uploads before it unmounts.
+		return nil
+	}
+	// goofys and gcsfuse uploaded every closed file at its close.
 	final, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyTimeout)
 	defer cancel()
-	mirror.Run(ctx, final, ticker.C, func(st bucketsync.Stats, err error) { logRound(name, m, st, err) })
-	return nil
+	st, err = mirror.Sync(final)
+	logRound(name, m, st, err)
+	return err
 }
 
 // logRound logs a round as the client would: rclone's VFS cache line (which the boot script's

@@ -12,8 +12,11 @@
 // once the bucket is mounted): the bucket's objects are there before it returns, a file
 // written there reaches the bucket within a round (FAKEFUSE_INTERVAL, default 100ms), an object
 // written elsewhere appears within a round, and unmounting (or SIGTERM) makes a last round
-// first. As rclone with --log-file does, the rclone stand-in logs "vfs cache: cleaned: ...
-// to upload N, uploading 0" after each round, which the boot script's flush waits on.
+// first, as everything closed on a goofys or gcsfuse mount is uploaded already. The rclone
+// stand-in of a VFS-cached mount models rclone's write-back instead: a file goes up only once
+// it has not changed for --vfs-write-back, it logs "vfs cache: cleaned: ... to upload N,
+// uploading 0" after each round as rclone does (which the boot script's flush waits on), and
+// an unmount leaves what was not uploaded behind.
 //
 // What differs from the real clients: writes reach the bucket a round after close, not at
 // close (goofys, gcsfuse) or after --vfs-write-back (rclone); nothing is mounted, so the mount
