@@ -208,7 +208,7 @@ func gcsCopyToken(ctx context.Context, f Files, b Buckets) (string, error) {
 	}
 	tok, err := r.GCSReadToken(ctx, us)
 	if err != nil {
-		return "", fmt.Errorf("%w: a token to read %s with: %v", ErrFiles, us[0], err)
+		return "", fmt.Errorf("%w: %s cannot be fetched on a VM without Google credentials: the controller could not lend it a token (%v); give the controller Application Default Credentials, or copy the data to s3://", ErrFiles, us[0], err)
 	}
 	return tok, nil
 }

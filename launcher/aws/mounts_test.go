@@ -79,3 +79,27 @@ func TestJobMountsRefused(t *testing.T) {
 		t.Errorf("a VM that only copies got instance profile %q", in[0].InstanceProfile)
 	}
 }
+
+// TestJobCopiesGCS: a gs:// copy on an EC2 VM (which has no Google credentials) is fetched
+// with a token the controller lends it: its own Google token narrowed, by Google's Security
+// Token Service (the fake GCS stands in), to reading that prefix. The VM reads the objects
+// with the narrowed token, never the controller's own.
+func TestJobCopiesGCS(t *testing.T) {
+	e := newEnv(t, fakeec2.Options{}, goodKey)
+	b := vmjobtest.NewBuckets(t, "controller-token")
+	e.p.opts.Buckets = vmjobtest.LendingClient(b, "controller-token")
+	s := jobSpecFor("gs-copy", "", `cat "$FERRY_FILES_ROOT/data/part-0.txt"`, false)
+	s.FileMounts = map[string]string{"/data": "gs://datasets/train"}
+	in, err := e.p.Launch(vmjobtest.Context(t), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.cloud(e.p)
+	if got := vmjobtest.WaitExited(t, c, in); got != 0 || !strings.Contains(c.Console(in), "gcs-part") {
+		t.Fatalf("exit %d; console:\n%s", got, c.Console(in))
+	}
+	readers := b.GCS.Readers()
+	if len(readers) != 1 || !strings.HasPrefix(readers[0], "narrowed-") {
+		t.Errorf("GCS reads with tokens %q, want one narrowed token (never the controller's own)", readers)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
+	"golang.org/x/oauth2"
 	"google.golang.org/api/googleapi"
 	"google.golang.org/api/option"
 	storage "google.golang.org/api/storage/v1"
@@ -46,6 +47,13 @@ type Options struct {
 	// GCSOptions are added to the GCS client (credentials); with a GCSEndpoint and none, the
 	// client sends no credentials.
 	GCSOptions []option.ClientOption
+	// GCSTokenSource is the controller's Google credentials for the read tokens it lends VMs
+	// without a service account (GCSReadToken); default Application Default Credentials,
+	// except with a GCSEndpoint, where none is lent.
+	GCSTokenSource oauth2.TokenSource
+	// STSClient makes the token exchange that narrows a lent token (Google's Security Token
+	// Service, sts.googleapis.com); default http.DefaultClient. Tests route it to a fake.
+	STSClient *http.Client
 	// PresignExpiry is how long an S3 download URL stays valid; default 24 hours.
 	PresignExpiry time.Duration
 	// MaxObjects bounds the objects one mount may list; default 10000.

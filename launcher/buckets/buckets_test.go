@@ -193,3 +193,58 @@ func TestPutDeleteListMount(t *testing.T) {
 		t.Errorf("GCS writes %+v, want an insert and a delete with the client's token", w)
 	}
 }
+
+// TestGCSReadTokenNarrows: the token lent to a VM without Google credentials is the
+// controller's narrowed by a Credential Access Boundary: it reads objects under the copied
+// prefix and nothing else, and writes nothing; without credentials to lend, none is made.
+func TestGCSReadTokenNarrows(t *testing.T) {
+	_, gcs, _ := newFakes(t)
+	gcsURL, _ := url.Parse(gcs.URL())
+	sts := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Host != "sts.googleapis.com" {
+			return nil, errors.New("token exchange sent to " + r.URL.Host)
+		}
+		r = r.Clone(r.Context())
+		r.URL.Scheme, r.URL.Host, r.Host = gcsURL.Scheme, gcsURL.Host, gcsURL.Host
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+	c := buckets.New(buckets.Options{GCSEndpoint: gcs.URL(), STSClient: sts,
+		GCSTokenSource: oauth2.StaticTokenSource(&oauth2.Token{AccessToken: "tok"})})
+	ctx := context.Background()
+	tok, err := c.GCSReadToken(ctx, []launcher.BucketURL{{Scheme: "gs", Bucket: "data", Prefix: "models"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok == "tok" || tok == "" {
+		t.Fatalf("lent token %q, want a narrowed one", tok)
+	}
+	get := func(method, path string) int {
+		req, _ := http.NewRequest(method, gcs.URL()+path, nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for path, want := range map[string]int{
+		"/storage/v1/b/data/o/models%2Fa.txt?alt=media": http.StatusOK,
+		"/storage/v1/b/data/o/one.bin?alt=media":        http.StatusForbidden,
+	} {
+		if got := get(http.MethodGet, path); got != want {
+			t.Errorf("GET %s with the lent token = %d, want %d", path, got, want)
+		}
+	}
+	if got := get(http.MethodDelete, "/storage/v1/b/data/o/models%2Fa.txt"); got != http.StatusForbidden {
+		t.Errorf("DELETE with the lent token = %d, want 403", got)
+	}
+	noCreds := buckets.New(buckets.Options{GCSEndpoint: gcs.URL()})
+	if _, err := noCreds.GCSReadToken(ctx, []launcher.BucketURL{{Scheme: "gs", Bucket: "data"}}); err == nil {
+		t.Error("a client with no credentials to lend made a token")
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

@@ -7,7 +7,11 @@
 //
 // Credentials: with Options.Token set, every request must carry "Authorization: Bearer
 // TOKEN" (401 without, 403 with another); this is how a test tells that a VM used the token
-// its metadata server gave. Media downloads are counted (Downloads), and every write is recorded
+// its metadata server gave. The server is also Google's Security Token Service for narrowed
+// tokens (POST /v1/token, a token exchange with a Credential Access Boundary, as
+// golang.org/x/oauth2/google/downscope sends it; the subject must be Options.Token): a
+// narrowed token reads (GET) only objects its boundary's rules allow (a bucket, and the
+// prefix of a resource.name.startsWith condition), and writes nothing. Media downloads are counted (Downloads), and every write is recorded
 // with the token it carried (Writes).
 package fakegcs
 
@@ -42,7 +46,10 @@ type Server struct {
 	mu        sync.Mutex
 	buckets   map[string]map[string][]byte
 	downloads int
+	readers   []string // the bearer token of each media download
 	writes    []Write
+	// narrowed are the tokens the token exchange issued: token -> readable "bucket/prefix"s.
+	narrowed map[string][]string
 }
 
 // Write is one insert or delete served.
@@ -54,13 +61,16 @@ type Write struct {
 
 // New starts a server on loopback; Close stops it.
 func New(opts Options) *Server {
-	s := &Server{opts: opts, buckets: map[string]map[string][]byte{}}
+	s := &Server{opts: opts, buckets: map[string]map[string][]byte{}, narrowed: map[string][]string{}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /storage/v1/b/{bucket}/o", s.list)
 	mux.HandleFunc("GET /storage/v1/b/{bucket}/o/{object...}", s.get)
 	mux.HandleFunc("DELETE /storage/v1/b/{bucket}/o/{object...}", s.delete)
 	mux.HandleFunc("POST /upload/storage/v1/b/{bucket}/o", s.insert)
-	s.srv = httptest.NewServer(s.auth(mux))
+	root := http.NewServeMux()
+	root.HandleFunc("POST /v1/token", s.exchange)
+	root.Handle("/", s.auth(mux))
+	s.srv = httptest.NewServer(root)
 	return s
 }
 
@@ -104,6 +114,13 @@ func (s *Server) Writes() []Write {
 	return slices.Clone(s.writes)
 }
 
+// Readers are the bearer tokens of the media downloads served, in order.
+func (s *Server) Readers() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.readers)
+}
+
 // Downloads is how many alt=media GETs were served.
 func (s *Server) Downloads() int {
 	s.mu.Lock()
@@ -119,13 +136,83 @@ func (s *Server) auth(next http.Handler) http.Handler {
 			case !ok:
 				writeError(w, http.StatusUnauthorized, "Anonymous caller does not have storage.objects.get access.")
 				return
-			case got != s.opts.Token:
+			case got != s.opts.Token && !s.narrowedMay(got, r):
 				writeError(w, http.StatusForbidden, "The caller does not have permission")
 				return
 			}
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// narrowedMay says whether narrowed token tok may make request r: a GET of an object its
+// boundary covers.
+func (s *Server) narrowedMay(tok string, r *http.Request) bool {
+	s.mu.Lock()
+	allowed := s.narrowed[tok]
+	s.mu.Unlock()
+	rest, ok := strings.CutPrefix(r.URL.Path, "/storage/v1/b/")
+	if !ok || r.Method != http.MethodGet {
+		return false
+	}
+	bucket, object, _ := strings.Cut(rest, "/o/")
+	for _, a := range allowed {
+		b, prefix, _ := strings.Cut(a, "/")
+		if b == bucket && object != "" && strings.HasPrefix(object, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// exchange is the Security Token Service's token exchange for a Credential Access Boundary.
+func (s *Server) exchange(w http.ResponseWriter, r *http.Request) {
+	if err := r.ParseForm(); err != nil || r.PostForm.Get("grant_type") != "urn:ietf:params:oauth:grant-type:token-exchange" {
+		writeError(w, http.StatusBadRequest, "not a token exchange")
+		return
+	}
+	if s.opts.Token != "" && r.PostForm.Get("subject_token") != s.opts.Token {
+		writeError(w, http.StatusUnauthorized, "invalid subject token")
+		return
+	}
+	var opts struct {
+		AccessBoundary struct {
+			AccessBoundaryRules []struct {
+				AvailableResource     string   `json:"availableResource"`
+				AvailablePermissions  []string `json:"availablePermissions"`
+				AvailabilityCondition *struct {
+					Expression string `json:"expression"`
+				} `json:"availabilityCondition"`
+			} `json:"accessBoundaryRules"`
+		} `json:"accessBoundary"`
+	}
+	if err := json.Unmarshal([]byte(r.PostForm.Get("options")), &opts); err != nil {
+		writeError(w, http.StatusBadRequest, "options: "+err.Error())
+		return
+	}
+	var allowed []string
+	for _, rule := range opts.AccessBoundary.AccessBoundaryRules {
+		bucket, ok := strings.CutPrefix(rule.AvailableResource, "//storage.googleapis.com/projects/_/buckets/")
+		if !ok || !slices.Equal(rule.AvailablePermissions, []string{"inRole:roles/storage.objectViewer"}) {
+			writeError(w, http.StatusBadRequest, "the fake narrows to storage.objectViewer on buckets only")
+			return
+		}
+		prefix := ""
+		if c := rule.AvailabilityCondition; c != nil {
+			p, ok := strings.CutPrefix(c.Expression, "resource.name.startsWith('projects/_/buckets/"+bucket+"/objects/")
+			if !ok || !strings.HasSuffix(p, "')") {
+				writeError(w, http.StatusBadRequest, "the fake knows only resource.name.startsWith conditions")
+				return
+			}
+			prefix = strings.TrimSuffix(p, "')")
+		}
+		allowed = append(allowed, bucket+"/"+prefix)
+	}
+	s.mu.Lock()
+	tok := fmt.Sprintf("narrowed-%d", len(s.narrowed)+1)
+	s.narrowed[tok] = allowed
+	s.mu.Unlock()
+	writeJSON(w, map[string]any{"access_token": tok, "issued_token_type": "urn:ietf:params:oauth:token-type:access_token", "token_type": "Bearer", "expires_in": 3600})
 }
 
 type object struct {
@@ -194,6 +281,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.URL.Query().Get("alt") == "media" {
 		s.downloads++
+		s.readers = append(s.readers, bearer(r))
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		_, _ = w.Write(body)
 		return

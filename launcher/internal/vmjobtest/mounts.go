@@ -1,11 +1,18 @@
 package vmjobtest
 
 import (
+	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"golang.org/x/oauth2"
+	"google.golang.org/api/option"
+
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/buckets"
 	"github.com/ferryserve/ferry/launcher/buckets/fakefuse"
 )
 
@@ -77,4 +84,30 @@ func CheckMount(t *testing.T, c Cloud, url string, mode configs.MountMode, get f
 	if got := WaitExited(t, c, second); got != 0 || !strings.Contains(c.Console(second), "next node reads step 2") {
 		t.Errorf("second node: exit %d; console:\n%s", got, c.Console(second))
 	}
+}
+
+// LendingClient is a bucket client for b's fakes that lends VMs narrowed Google tokens
+// (buckets.Client.GCSReadToken), made from rootToken by b's fake GCS acting as Google's
+// Security Token Service.
+func LendingClient(b Buckets, rootToken string) *buckets.Client {
+	sts := &http.Client{Transport: rerouteTo{target: b.GCS.URL()}}
+	return buckets.New(buckets.Options{
+		S3Endpoint: b.S3.URL(), Credentials: credentials.NewStaticCredentialsProvider("AKIDFILES", "secret", ""),
+		GCSEndpoint: b.GCS.URL(), GCSOptions: []option.ClientOption{option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: rootToken}))},
+		GCSTokenSource: oauth2.StaticTokenSource(&oauth2.Token{AccessToken: rootToken}), STSClient: sts,
+	})
+}
+
+// rerouteTo sends every request to target's host, keeping its path: sts.googleapis.com for a
+// test.
+type rerouteTo struct{ target string }
+
+func (r rerouteTo) RoundTrip(req *http.Request) (*http.Response, error) {
+	u, err := url.Parse(r.target)
+	if err != nil {
+		return nil, err
+	}
+	req = req.Clone(req.Context())
+	req.URL.Scheme, req.URL.Host, req.Host = u.Scheme, u.Host, u.Host
+	return http.DefaultTransport.RoundTrip(req)
 }
