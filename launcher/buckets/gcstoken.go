@@ -91,6 +91,8 @@ func readRules(us []launcher.BucketURL) ([]downscope.AccessBoundaryRule, error) 
 	if len(rules) > maxBoundaryRules {
 		return nil, fmt.Errorf("%w: %d gs:// sources; a lent token covers at most %d", launcher.ErrFiles, len(rules), maxBoundaryRules)
 	}
-	slices.SortFunc(rules, func(a, b downscope.AccessBoundaryRule) int { return strings.Compare(a.AvailableResource, b.AvailableResource) })
+	slices.SortFunc(rules, func(a, b downscope.AccessBoundaryRule) int {
+		return strings.Compare(a.AvailableResource, b.AvailableResource)
+	})
 	return rules, nil
 }
