@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -255,4 +256,20 @@ func resolvedFileMounts(t *Task) map[string]any {
 type resolvedMount struct {
 	Source text      `yaml:"source"`
 	Mode   MountMode `yaml:"mode"`
+}
+
+// instanceProfileRE is IAM's rule for an instance profile's name.
+var instanceProfileRE = regexp.MustCompile(`^[\w+=,.@-]{1,128}$`)
+
+// instanceProfile reads aws.mount_instance_profile: an IAM instance profile's name.
+func (c *checker) instanceProfile(n *yaml.Node, field string) string {
+	v, ok := c.str(n, field)
+	if !ok {
+		return ""
+	}
+	if !instanceProfileRE.MatchString(v) {
+		c.errorf(n, field, "%s is not an instance profile name (1-128 letters, digits and +=,.@_-; the name, not the ARN)", quoteShort(v))
+		return ""
+	}
+	return v
 }

@@ -175,3 +175,17 @@ func TestResolveFiles(t *testing.T) {
 		t.Errorf("missing workdir: err = %v", err)
 	}
 }
+
+// TestMountInstanceProfile: aws.mount_instance_profile names the IAM instance profile of VMs
+// that mount s3:// buckets; an ARN is refused with what to write.
+func TestMountInstanceProfile(t *testing.T) {
+	cfg, err := ParseFerryConfig("config.yaml", []byte("aws:\n  mount_instance_profile: ferry-mounts\n"))
+	if err != nil || cfg.AWS.MountInstanceProfile != "ferry-mounts" {
+		t.Fatalf("cfg %+v, err %v", cfg, err)
+	}
+	_, err = ParseFerryConfig("config.yaml", []byte("aws:\n  mount_instance_profile: arn:aws:iam::123:instance-profile/x\n"))
+	want := []wantErr{{2, 27, "aws.mount_instance_profile", "not the ARN"}}
+	if diff := cmp.Diff(want, project(Errors(err), want)); diff != "" {
+		t.Errorf("errors (-want +got):\n%s\n%v", diff, err)
+	}
+}

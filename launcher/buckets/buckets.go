@@ -34,7 +34,8 @@ import (
 // compatible store) and bound what one mount may hold.
 type Options struct {
 	// S3Endpoint, when set, is used with path-style addressing (e.g. "http://127.0.0.1:PORT").
-	// Empty uses the SDK's own resolution, which honours AWS_ENDPOINT_URL_S3.
+	// Empty is AWS_ENDPOINT_URL_S3 when set (path-style too, as S3-compatible stores and the
+	// fake want), else AWS's own endpoints.
 	S3Endpoint string
 	// S3Region is the signing region when the bucket's own cannot be learnt; default
 	// AWS_REGION, else us-east-1.
@@ -86,6 +87,9 @@ func New(opts Options) *Client {
 	}
 	if opts.MaxObjects <= 0 {
 		opts.MaxObjects = 10000
+	}
+	if opts.S3Endpoint == "" {
+		opts.S3Endpoint = os.Getenv("AWS_ENDPOINT_URL_S3")
 	}
 	if opts.S3Region == "" {
 		opts.S3Region = os.Getenv("AWS_REGION")

@@ -23,10 +23,7 @@ const metadataTimeout = 10 * time.Second
 
 // newStore is the bucket client the mount uses, with the machine's credentials.
 func newStore(m mountArgs) (*buckets.Client, error) {
-	endpoint := m.endpoint
-	if endpoint == "" {
-		endpoint = os.Getenv("AWS_ENDPOINT_URL_S3")
-	}
+	endpoint := m.endpoint // else buckets.New reads AWS_ENDPOINT_URL_S3
 	var creds awssdk.CredentialsProvider
 	if id := os.Getenv("AWS_ACCESS_KEY_ID"); id != "" {
 		creds = credentials.NewStaticCredentialsProvider(id, os.Getenv("AWS_SECRET_ACCESS_KEY"), os.Getenv("AWS_SESSION_TOKEN"))
