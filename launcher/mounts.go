@@ -53,7 +53,7 @@ func MountFits(m FileMount, kind string) error {
 // mountFuncs are the shell functions the mount commands use: installing a missing client
 // (as root, or through sudo), the CPU architecture's name in release files, unmounting.
 const mountFuncs = `# mounts: buckets mounted with FUSE (SkyPilot's MOUNT and MOUNT_CACHED)
-ferry_mounts="${FERRY_STATE_DIR:-/var/lib/ferry}/mounts"
+ferry_mounts="${FERRY_MOUNTS_DIR:-${FERRY_STATE_DIR:-/var/lib/ferry}/mounts}"
 mkdir -p "$ferry_mounts"
 ferry_sudo() { if [ "$(id -u)" = 0 ] || ! command -v sudo >/dev/null; then "$@"; else sudo -n "$@"; fi; }
 ferry_arch() { case "$(uname -m)" in aarch64|arm64) echo arm64 ;; *) echo amd64 ;; esac; }
@@ -141,6 +141,24 @@ func mountsEnd(dirs []string, cachedLogs []string) string {
 // at its path (under the files root on a fake VM), failing the boot with ferry_files_fail
 // when one cannot be mounted, and define ferry_mounts_end. "" when nothing is mounted.
 func mountsShell(f Files) (string, error) {
+	return MountScript(f, func(_ int, m FileMount) (string, error) {
+		rel, inHome, err := remotePath(m.Dst)
+		if err != nil {
+			return "", err
+		}
+		if inHome {
+			return `"$ferry_files$ferry_home"/` + shellQuote(rel), nil
+		}
+		return `"$ferry_files"/` + shellQuote(rel), nil
+	}, "ferry_files_fail")
+}
+
+// MountScript is the shell that mounts f's mounted buckets, the i-th at the shell word dir
+// gives for it, with the FUSE client SkyPilot uses; when one cannot be mounted it runs fail,
+// a shell command, with what failed as its argument. It defines ferry_mounts_end, which waits
+// for MOUNT_CACHED uploads and unmounts (to run when the task ends). "" when nothing is
+// mounted.
+func MountScript(f Files, dir func(i int, m FileMount) (string, error), fail string) (string, error) {
 	var b strings.Builder
 	var dirs, cachedLogs []string
 	for i, m := range f.Mounts {
@@ -150,16 +168,12 @@ func mountsShell(f Files) (string, error) {
 		if len(dirs) == 0 {
 			b.WriteString(mountFuncs)
 		}
-		rel, inHome, err := remotePath(m.Dst)
+		dir, err := dir(i, m)
 		if err != nil {
 			return "", err
 		}
-		dir := `"$ferry_files"/` + shellQuote(rel)
-		if inHome {
-			dir = `"$ferry_files$ferry_home"/` + shellQuote(rel)
-		}
 		b.WriteString("echo " + shellQuote(fmt.Sprintf("ferry: mounting %s at %s (%s)", m.Src, m.Dst, m.Mode)) + "\n")
-		b.WriteString("mkdir -p " + dir + " && { " + mountCommand(m, i, dir) + "; } || ferry_files_fail " + shellQuote("mount "+m.Src) + "\n")
+		b.WriteString("mkdir -p " + dir + " && { " + mountCommand(m, i, dir) + "; } || " + fail + " " + shellQuote("mount "+m.Src) + "\n")
 		dirs = append(dirs, dir)
 		if m.Mode == configs.ModeMountCached {
 			cachedLogs = append(cachedLogs, `"$ferry_mounts"/`+strconv.Itoa(i)+".log")
