@@ -373,12 +373,7 @@ func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, default
 			cc.Project = v
 		}
 	}
-	if e, ok := f["checkpoint_nfs"]; ok {
-		cc.CheckpointNFS = c.nfsShare(e.value, joinField(field, "checkpoint_nfs"))
-	}
-	if e, ok := f["mount_instance_profile"]; ok {
-		cc.MountInstanceProfile = c.instanceProfile(e.value, joinField(field, "mount_instance_profile"))
-	}
+	c.cloudStorage(f, field, cc)
 	if e, ok := f["regions"]; ok {
 		fld := joinField(field, "regions")
 		items := c.deref(e.value)

@@ -273,3 +273,13 @@ func (c *checker) instanceProfile(n *yaml.Node, field string) string {
 	}
 	return v
 }
+
+// cloudStorage reads a cloud section's storage keys: checkpoint_nfs, mount_instance_profile.
+func (c *checker) cloudStorage(f map[string]entry, field string, cc *CloudConfig) {
+	if e, ok := f["checkpoint_nfs"]; ok {
+		cc.CheckpointNFS = c.nfsShare(e.value, joinField(field, "checkpoint_nfs"))
+	}
+	if e, ok := f["mount_instance_profile"]; ok {
+		cc.MountInstanceProfile = c.instanceProfile(e.value, joinField(field, "mount_instance_profile"))
+	}
+}
