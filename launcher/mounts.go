@@ -114,16 +114,24 @@ func mountCommand(m FileMount, i int, dir string) string {
 // mountsEnd defines ferry_mounts_end, which a job node runs after its run: it waits until
 // every MOUNT_CACHED mount's rclone has uploaded what was written (a cleaned line logged after
 // the wait began that says nothing is queued or uploading; rclone logs one every
-// --vfs-cache-poll-interval), then unmounts every mount, deepest first.
+// --vfs-cache-poll-interval, 10 s), giving up on an rclone that logged nothing for a minute
+// (it died: what it had not uploaded stays in its cache), then unmounts every mount, deepest
+// first.
 func mountsEnd(dirs []string, cachedLogs []string) string {
 	var b strings.Builder
 	b.WriteString("ferry_mounts_end() {\n")
 	for _, log := range cachedLogs {
 		b.WriteString(`  ferry_seen=$(grep -c "vfs cache: cleaned:" ` + log + ` 2>/dev/null)
+  ferry_last=$ferry_seen ferry_quiet=0
   echo "ferry: waiting for MOUNT_CACHED uploads to finish"
   while :; do
     ferry_now=$(grep -c "vfs cache: cleaned:" ` + log + ` 2>/dev/null)
     if [ "${ferry_now:-0}" -gt "${ferry_seen:-0}" ] && grep "vfs cache: cleaned:" ` + log + ` | tail -n 1 | grep -q "in use 0, to upload 0, uploading 0"; then
+      break
+    fi
+    if [ "${ferry_now:-0}" = "${ferry_last:-0}" ]; then ferry_quiet=$((ferry_quiet + 1)); else ferry_quiet=0 ferry_last=$ferry_now; fi
+    if [ "$ferry_quiet" -ge "${FERRY_MOUNT_FLUSH_QUIET:-60}" ]; then
+      echo "ferry: rclone logged nothing for a minute: its uploads may be incomplete" >&2
       break
     fi
     sleep 1
