@@ -210,3 +210,33 @@ type GCSReader interface {
 	// GCSReadToken is a bearer token that reads the objects under us, valid for a while.
 	GCSReadToken(ctx context.Context, us []BucketURL) (string, error)
 }
+
+// mountLister is what CheckMounts needs of a bucket client: launcher/buckets.Client.
+type mountLister interface {
+	ListMount(ctx context.Context, u BucketURL) ([]BucketObject, error)
+}
+
+// CheckMounts checks, with the controller's credentials, that every bucket f mounts exists,
+// so that a missing one fails the launch with what to do rather than the instance's boot.
+// Ferry creates no buckets. A client that cannot list checks nothing.
+func CheckMounts(ctx context.Context, f Files, b Buckets) error {
+	l, ok := b.(mountLister)
+	if !ok {
+		return nil
+	}
+	for _, m := range f.Mounts {
+		if !m.Mounted() {
+			continue
+		}
+		u := *m.Bucket
+		u.Prefix = u.DirPrefix()
+		if _, err := l.ListMount(ctx, u); err != nil {
+			create := "aws s3 mb s3://" + u.Bucket
+			if u.Scheme == "gs" {
+				create = "gcloud storage buckets create gs://" + u.Bucket
+			}
+			return fmt.Errorf("file_mounts.%s: %w (Ferry mounts existing buckets and creates none: %s)", m.Dst, err, create)
+		}
+	}
+	return nil
+}

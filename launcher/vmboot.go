@@ -57,6 +57,9 @@ func VMBoot(ctx context.Context, infra string, spec Spec, o VMBootOptions) (stri
 	if err := vmBuckets(infra, files, o); err != nil {
 		return "", err
 	}
+	if err := CheckMounts(ctx, files, o.Buckets); err != nil {
+		return "", fmt.Errorf("%s: %w", infra, err)
+	}
 	sh, err := FilesShell(ctx, infra, files, o.Buckets, o.FilesLimit)
 	if err != nil {
 		return "", err

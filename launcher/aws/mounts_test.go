@@ -70,7 +70,13 @@ func TestJobMountsRefused(t *testing.T) {
 		t.Errorf("%d instances after refused launches", n)
 	}
 	e.p.opts.MountInstanceProfile = "ferry-mounts"
-	s := jobSpecFor("copies", "", "true", false)
+	s := jobSpecFor("no-bucket", "", "true", false)
+	s.FileMounts = map[string]string{"/data": "s3://no-such-bucket/ckpt"}
+	s.MountModes = map[string]configs.MountMode{"/data": configs.ModeMount}
+	if _, err := e.p.Launch(vmjobtest.Context(t), s); !errors.Is(err, launcher.ErrFiles) || !strings.Contains(err.Error(), "aws s3 mb s3://no-such-bucket") {
+		t.Fatalf("mounting a missing bucket: %v, want ErrFiles saying how to create it", err)
+	}
+	s = jobSpecFor("copies", "", "true", false)
 	s.FileMounts = map[string]string{"/data": "s3://models/llama"}
 	if _, err := e.p.Launch(vmjobtest.Context(t), s); err != nil {
 		t.Fatal(err)

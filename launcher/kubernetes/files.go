@@ -70,6 +70,9 @@ func (p *Provider) attachFiles(ctx context.Context, pod *corev1.Pod, spec launch
 			copies.Mounts = append(copies.Mounts, m)
 		}
 	}
+	if err := launcher.CheckMounts(ctx, mounted, p.opts.Buckets); err != nil {
+		return nil, fmt.Errorf("%s: %w", p.infra, err)
+	}
 	if err := p.attachMounts(pod, spec, mounted); err != nil {
 		return nil, err
 	}
