@@ -92,9 +92,6 @@ type checker struct {
 	// cwd is the directory the CLI runs in, under Load ("" under Parse): SkyPilot resolves a
 	// service's relative TLS paths against it.
 	cwd string
-	// taskCloud is the one cloud every candidate of the task runs on ("" when they may run on
-	// several, or none is named): a storage mapping's default store (storage.go).
-	taskCloud string
 	// notes are what the task file says that Ferry accepted but reads its own way (notes.go).
 	notes []Note
 }

@@ -102,6 +102,9 @@ type CloudConfig struct {
 	// Filestore share on GCP), that job nodes mount for their checkpoints so that a recovery
 	// within its reach resumes; empty keeps each VM's checkpoint on its own disk.
 	CheckpointNFS string `json:"checkpoint_nfs,omitempty"`
+	// MountInstanceProfile (AWS) is the IAM instance profile of VMs that mount s3:// buckets
+	// (file_mounts mode MOUNT, MOUNT_CACHED; launcher/mounts.go); empty refuses such mounts.
+	MountInstanceProfile string `json:"mount_instance_profile,omitempty"`
 }
 
 // Default regions when a cloud section names none: the catalog's cheapest, most available.
@@ -122,7 +125,7 @@ type KubernetesContext struct {
 
 var (
 	ferryConfigKeys = []string{"kubernetes", "aws", "gcp", "local"}
-	awsKeys         = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs"}
+	awsKeys         = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs", "mount_instance_profile"}
 	gcpKeys         = []string{"project", "regions", "zones", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
 	kubernetesKeys  = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs",
 		"checkpoint_size", "checkpoint_storage_class", "gpu_scheduler_name", "kueue_local_queue"}
@@ -370,9 +373,7 @@ func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, default
 			cc.Project = v
 		}
 	}
-	if e, ok := f["checkpoint_nfs"]; ok {
-		cc.CheckpointNFS = c.nfsShare(e.value, joinField(field, "checkpoint_nfs"))
-	}
+	c.cloudStorage(f, field, cc)
 	if e, ok := f["regions"]; ok {
 		fld := joinField(field, "regions")
 		items := c.deref(e.value)

@@ -238,7 +238,6 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 	}
 	res, recovery := c.resources(resNode, hasService)
 	t.Resources = res.withNodes(t.NumNodes)
-	c.taskCloud = onlyCloud(res)
 
 	t.Envs = c.envs(f, "envs", ov.Envs, nil)
 	t.Secrets = c.envs(f, "secrets", ov.Secrets, lookupEnv)
@@ -259,15 +258,12 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 				c.errorf(p.keyNode, "file_mounts", "a mount needs a remote path as its key")
 				continue
 			}
-			if src, ok := c.fileMountSource(p.value, field); ok {
+			if src, mode, ok := c.fileMountSource(p.value, field, t.Resources); ok {
 				if src == "" {
 					c.errorf(p.value, field, "a mount needs a local path or bucket URI")
 					continue
 				}
-				if t.FileMounts == nil {
-					t.FileMounts = map[string]string{}
-				}
-				t.FileMounts[p.key] = src
+				t.addFileMount(p.key, src, mode)
 			}
 		}
 	}

@@ -28,6 +28,7 @@ func (t *Task) Redacted() *Task {
 		out.Envs[name] = RedactedValue
 	}
 	out.FileMounts = maps.Clone(t.FileMounts)
+	out.MountModes = maps.Clone(t.MountModes)
 	if t.Secrets != nil {
 		out.Secrets = make(map[string]string, len(t.Secrets))
 		for k := range t.Secrets {
@@ -99,6 +100,13 @@ func scrubSecrets(t *Task, secrets map[string]string) {
 		}
 		t.FileMounts = fm
 	}
+	if t.MountModes != nil {
+		modes := make(map[string]MountMode, len(t.MountModes))
+		for k, v := range t.MountModes {
+			modes[r.Replace(k)] = v
+		}
+		t.MountModes = modes
+	}
 	if t.Service != nil {
 		p := &t.Service.ReadinessProbe
 		p.Path, p.PostData = r.Replace(p.Path), r.Replace(p.PostData)
@@ -150,7 +158,7 @@ func (t *Task) ResolvedYAML() ([]byte, error) {
 		Resources:  toResolvedResources(r.Resources).withObjective(r.Resources.Objective),
 		Envs:       textMap(r.Envs),
 		Secrets:    textMap(r.Secrets),
-		FileMounts: textMap(r.FileMounts),
+		FileMounts: resolvedFileMounts(r),
 		Setup:      text(r.Setup),
 		Run:        text(r.Run),
 	}
@@ -277,7 +285,7 @@ type resolvedTask struct {
 	Resources  resolvedResources `yaml:"resources"`
 	Envs       map[string]text   `yaml:"envs,omitempty"`
 	Secrets    map[string]text   `yaml:"secrets,omitempty"`
-	FileMounts map[string]text   `yaml:"file_mounts,omitempty"`
+	FileMounts map[string]any    `yaml:"file_mounts,omitempty"`
 	Setup      text              `yaml:"setup,omitempty"`
 	Run        text              `yaml:"run"`
 	Service    *resolvedService  `yaml:"service,omitempty"`

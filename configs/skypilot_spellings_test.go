@@ -382,9 +382,13 @@ run: x
 	if got := task.FileMounts["/checkpoint"]; got != "s3://checkpoint-bucket-resnet" || !strings.Contains(task.Notes[0].Msg, "store s3: the task runs on aws only") {
 		t.Errorf("store from cloud: %q, notes %v", got, task.Notes)
 	}
-	parseErrs(t, "file_mounts:\n  /c:\n    name: b\n    mode: COPY\n  /d:\n    name: b\n    store: azure\n    mode: COPY\nrun: x\n", Overrides{}, []wantErr{
-		{3, 5, "file_mounts./c.store", "required with name and no source"},
-		{7, 12, "file_mounts./d.store", `unknown store "azure"`},
+	// No store and several clouds: S3, one bucket wherever a recovery lands.
+	task = parseOK(t, "file_mounts:\n  /c:\n    name: b\n    mode: COPY\nrun: x\n", Overrides{})
+	if got := task.FileMounts["/c"]; got != "s3://b" || !strings.Contains(task.Notes[0].Msg, "no store given: S3") {
+		t.Errorf("store for several clouds: %q, notes %v", got, task.Notes)
+	}
+	parseErrs(t, "file_mounts:\n  /d:\n    name: b\n    store: azure\n    mode: COPY\nrun: x\n", Overrides{}, []wantErr{
+		{4, 12, "file_mounts./d.store", `store "azure" is not supported by Ferry`},
 	})
 }
 

@@ -21,8 +21,11 @@ type Task struct {
 	Envs map[string]string `json:"envs,omitempty"`
 	// Secrets are environment variables whose values are never logged or shown.
 	Secrets map[string]string `json:"secrets,omitempty"`
-	// FileMounts maps a remote path to a local path or bucket URI (parsed, not yet acted on).
+	// FileMounts maps a remote path to a local path or bucket URI (filemounts.go).
 	FileMounts map[string]string `json:"file_mounts,omitempty"`
+	// MountModes holds the bucket mounts of FileMounts that are mounted, not copied: remote
+	// path → ModeMount or ModeMountCached. Every other mount is copied (ModeCopy).
+	MountModes map[string]MountMode `json:"mount_modes,omitempty"`
 	// Setup runs once per node before Run.
 	Setup string `json:"setup,omitempty"`
 	// Run is the main command; for a service it must start the server on the service port.

@@ -264,6 +264,7 @@ func (m *Manager) spec(j Job) launcher.Spec {
 		GitWorkdir:   t.GitWorkdir,
 		Kubernetes:   t.KubernetesConfig(),
 		FileMounts:   t.FileMounts,
+		MountModes:   t.MountModes,
 		Envs:         envs,
 		SecretEnvs:   slices.Sorted(maps.Keys(t.Secrets)),
 		Port:         port,

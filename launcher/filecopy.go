@@ -24,6 +24,9 @@ func SyncFilesLocal(ctx context.Context, f Files, b Buckets, workdir, root, home
 		}
 	}
 	for _, m := range f.Mounts {
+		if m.Mounted() {
+			continue // the provider keeps it in step with the bucket (launcher/local)
+		}
 		rel, inHome, err := remotePath(m.Dst)
 		if err != nil {
 			return err

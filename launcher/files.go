@@ -12,12 +12,15 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/ferryserve/ferry/configs"
 )
 
 // A task's files reach its instances as SkyPilot's do: `workdir` is copied to ~/sky_workdir,
 // where setup and run start, and each `file_mounts` entry puts a local file or directory, or a
 // bucket prefix (s3://, gs://), at its remote path (relative and ~/ paths are under the home
-// directory). Every infra copies them (SkyPilot's COPY mode; MOUNT is refused by configs):
+// directory). Every infra copies them (SkyPilot's COPY mode), except the buckets a task mounts
+// (MOUNT, MOUNT_CACHED: mounts.go):
 //
 //   - local: copied by the provider into the instance's own directory tree (FERRY_FILES_ROOT),
 //     buckets read through the SDKs (Buckets);
@@ -52,6 +55,14 @@ type FileMount struct {
 	Src string
 	// Bucket is set for a bucket URL.
 	Bucket *BucketURL
+	// Mode is how a bucket reaches the instance: configs.ModeCopy (also every local source),
+	// or mounted with FUSE (configs.ModeMount, configs.ModeMountCached: mounts.go).
+	Mode configs.MountMode
+}
+
+// Mounted says the mount is a bucket mounted, not copied.
+func (m FileMount) Mounted() bool {
+	return m.Bucket != nil && (m.Mode == configs.ModeMount || m.Mode == configs.ModeMountCached)
 }
 
 // BucketURL is a parsed s3:// or gs:// source: a bucket and an object prefix (a single
@@ -69,6 +80,9 @@ func (b BucketURL) String() string { return b.Scheme + "://" + b.Bucket + "/" + 
 type BucketObject struct {
 	Key  string
 	Size int64
+	// ETag names the object's content (S3's ETag, GCS's MD5 hash): a mounted bucket's sync
+	// tells a changed object by it.
+	ETag string
 }
 
 // Download is how an instance fetches one object without credentials of its own: a URL and,
@@ -117,7 +131,7 @@ func ParseFileMounts(m map[string]string) ([]FileMount, error) {
 	var errs []error
 	for _, dst := range slices.Sorted(maps.Keys(m)) {
 		src := m[dst]
-		fm := FileMount{Dst: dst, Src: src}
+		fm := FileMount{Dst: dst, Src: src, Mode: configs.ModeCopy}
 		if b, isURL, err := ParseBucketURL(src); err != nil {
 			errs = append(errs, fmt.Errorf("file_mounts.%s: %w", dst, err))
 			continue
@@ -195,6 +209,11 @@ type Files struct {
 func SpecFiles(spec Spec) (Files, error) {
 	mounts, err := ParseFileMounts(spec.FileMounts)
 	errs := []error{err}
+	for i, m := range mounts {
+		if mode, ok := spec.MountModes[m.Dst]; ok && m.Bucket != nil {
+			mounts[i].Mode = mode
+		}
+	}
 	f := Files{Workdir: spec.Workdir, Mounts: mounts}
 	if f.Workdir != "" {
 		switch info, err := os.Stat(f.Workdir); {
@@ -283,8 +302,8 @@ const (
 // is not a promise there; a failure is.
 func FilesFit(f Files, kind string, packed int) error {
 	for _, m := range f.Mounts {
-		if m.Bucket != nil && m.Bucket.Scheme == "gs" && (kind == "aws" || kind == "kubernetes") {
-			return fmt.Errorf("%w: file_mounts.%s: %s: %s has no Google credentials to fetch it with; copy the data to s3://", ErrFiles, m.Dst, m.Src, kind)
+		if err := mountFits(m, kind); err != nil {
+			return err
 		}
 	}
 	limit, what := 0, ""
@@ -303,6 +322,21 @@ func FilesFit(f Files, kind string, packed int) error {
 	}
 	if packed > limit {
 		return fmt.Errorf("%w: the workdir and local file_mounts pack to %d KiB, more than %s can carry; put them in a bucket (s3://) and mount that instead", ErrFiles, (packed+1023)/1024, what)
+	}
+	return nil
+}
+
+// mountFits says whether infra kind can deliver bucket mount m: copy it (gs:// needs Google
+// credentials where the instance fetches it) or mount it (FUSE with the machine's own
+// credentials for the bucket's cloud: mounts.go).
+func mountFits(m FileMount, kind string) error {
+	switch {
+	case m.Bucket == nil:
+		return nil
+	case m.Mounted():
+		return MountFits(m, kind)
+	case m.Bucket.Scheme == "gs" && kind == "kubernetes":
+		return fmt.Errorf("%w: file_mounts.%s: %s: a pod has no Google credentials Ferry can count on to fetch it with; copy the data to s3:// or mount it (mode: MOUNT)", ErrFiles, m.Dst, m.Src)
 	}
 	return nil
 }

@@ -65,6 +65,9 @@ func FilesShell(ctx context.Context, infra string, f Files, b Buckets, limit int
 		if inHome {
 			base = `"$ferry_files$ferry_home"/`
 		}
+		if m.Mounted() {
+			continue // mountsShell
+		}
 		if m.Bucket != nil {
 			if !fetches {
 				sh.WriteString(fetchFunc)
@@ -88,6 +91,11 @@ func FilesShell(ctx context.Context, infra string, f Files, b Buckets, limit int
 			return "", err
 		}
 	}
+	mounts, err := mountsShell(f)
+	if err != nil {
+		return "", err
+	}
+	sh.WriteString(mounts)
 	return sh.String(), nil
 }
 

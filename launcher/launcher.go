@@ -48,6 +48,9 @@ type Spec struct {
 	GitWorkdir *configs.GitWorkdir
 	// FileMounts maps remote paths to absolute local paths or s3:// and gs:// URLs (files.go).
 	FileMounts map[string]string
+	// MountModes are the bucket mounts of FileMounts that are mounted, not copied (mounts.go):
+	// configs.ModeMount or configs.ModeMountCached by remote path.
+	MountModes map[string]configs.MountMode
 	// Envs includes secrets; providers must never log values.
 	Envs map[string]string
 	// SecretEnvs names the keys of Envs that are secrets, for infras that can keep them apart

@@ -28,8 +28,14 @@ type VMBootOptions struct {
 	// FilesLimit bounds the packed local files the boot script carries (FilesShell).
 	FilesLimit int
 	// GCSToken says the VM has a Google service account whose metadata token may read gs://
-	// mounts (GCP); elsewhere a gs:// mount is refused.
+	// mounts, and mount them (GCP); elsewhere a gs:// copy is fetched with a token Buckets
+	// gives (GCSReader), and a gs:// mount is refused.
 	GCSToken bool
+	// S3Role says the VM runs with an IAM instance profile whose role mounts s3:// buckets
+	// (AWS with a mount instance profile configured); without it an s3:// mount is refused.
+	S3Role bool
+	// S3RoleHint says, in the refusal, how to give the VM that role.
+	S3RoleHint string
 	// NFS and Watch are a job node's (VMJobBoot).
 	NFS   string
 	Watch PreemptionWatch
@@ -48,12 +54,11 @@ func VMBoot(ctx context.Context, infra string, spec Spec, o VMBootOptions) (stri
 		return "", fmt.Errorf("%s: %w", infra, err)
 	}
 	var b strings.Builder
-	if !o.GCSToken {
-		for _, m := range files.Mounts {
-			if m.Bucket != nil && m.Bucket.Scheme == "gs" {
-				return "", fmt.Errorf("%w: %s: file_mounts.%s: %s needs a Google service account on the VM, which %s VMs do not have; copy the data to s3:// (presigned downloads work anywhere)", ErrFiles, infra, m.Dst, m.Src, infra)
-			}
-		}
+	if err := vmBuckets(infra, files, o); err != nil {
+		return "", err
+	}
+	if err := CheckMounts(ctx, files, o.Buckets); err != nil {
+		return "", fmt.Errorf("%s: %w", infra, err)
 	}
 	sh, err := FilesShell(ctx, infra, files, o.Buckets, o.FilesLimit)
 	if err != nil {
@@ -61,6 +66,17 @@ func VMBoot(ctx context.Context, infra string, spec Spec, o VMBootOptions) (stri
 	}
 	if sh != "" {
 		b.WriteString(filesFail(spec))
+		if !o.GCSToken {
+			// The token is a secret in the user-data, as the task's secrets are: it reads
+			// the copied buckets for an hour at most.
+			tok, err := gcsCopyToken(ctx, files, o.Buckets)
+			if err != nil {
+				return "", fmt.Errorf("%s: %w", infra, err)
+			}
+			if tok != "" {
+				b.WriteString("ferry_gcs_token=" + shellQuote(tok) + "\n")
+			}
+		}
 		b.WriteString(sh)
 	}
 	if spec.Job != nil {
@@ -152,4 +168,50 @@ func filesFail(spec Spec) string {
 		return "ferry_files_fail() { echo \"ferry: files: $1 failed\" >&2; exit 1; }\n"
 	}
 	return "ferry_files_fail() { echo \"ferry: files: $1 failed\" >&2; echo \"" + ExitMarker + strconv.Itoa(ExitSetupFailed) + "\"; poweroff; exit 1; }\n"
+}
+
+// vmBuckets checks that a VM on infra can reach f's buckets: a mount needs the VM's own
+// credentials for its cloud (MountFits, and an instance profile on AWS); a gs:// copy the VM's
+// service account, or a token from the controller's Google credentials.
+func vmBuckets(infra string, f Files, o VMBootOptions) error {
+	for _, m := range f.Mounts {
+		switch {
+		case m.Bucket == nil:
+		case m.Mounted():
+			if err := MountFits(m, infra); err != nil {
+				return fmt.Errorf("%s: %w", infra, err)
+			}
+			if m.Bucket.Scheme == "s3" && !o.S3Role {
+				return fmt.Errorf("%w: %s: file_mounts.%s: %s (mode %s) is mounted with the VM's own AWS credentials, an IAM instance profile whose role can read and write the bucket, and none is configured: %s; or write mode: COPY", ErrFiles, infra, m.Dst, m.Src, m.Mode, o.S3RoleHint)
+			}
+		case m.Bucket.Scheme == "gs" && !o.GCSToken:
+			if _, ok := o.Buckets.(GCSReader); !ok {
+				return fmt.Errorf("%w: %s: file_mounts.%s: %s needs Google credentials to fetch, which %s VMs do not have and the controller cannot lend; copy the data to s3:// (presigned downloads work anywhere)", ErrFiles, infra, m.Dst, m.Src, infra)
+			}
+		}
+	}
+	return nil
+}
+
+// gcsCopyToken is the token a VM without a Google service account fetches f's gs:// copies
+// with, from b (GCSReader); "" when f copies none.
+func gcsCopyToken(ctx context.Context, f Files, b Buckets) (string, error) {
+	var us []BucketURL
+	for _, m := range f.Mounts {
+		if m.Bucket != nil && m.Bucket.Scheme == "gs" && !m.Mounted() {
+			us = append(us, *m.Bucket)
+		}
+	}
+	if len(us) == 0 {
+		return "", nil
+	}
+	r, ok := b.(GCSReader)
+	if !ok {
+		return "", fmt.Errorf("%w: the bucket client cannot lend a token for gs://", ErrFiles)
+	}
+	tok, err := r.GCSReadToken(ctx, us)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s cannot be fetched on a VM without Google credentials: the controller could not lend it a token (%v); give the controller Application Default Credentials, or copy the data to s3://", ErrFiles, us[0], err)
+	}
+	return tok, nil
 }

@@ -100,7 +100,7 @@ ferry_watcher=$!
 wait "$ferry_run"
 ferry_rc=$?
 kill "$ferry_watcher" 2>/dev/null
-if [ -e "$` + EnvPreemptionFile + `" ]; then
+` + mountsEndCall(spec) + `if [ -e "$` + EnvPreemptionFile + `" ]; then
   echo "ferry: the run ended with status $ferry_rc after a ` + w.Warning + `; ` + w.Fate + `"
   exec sleep infinity
 fi

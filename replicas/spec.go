@@ -93,6 +93,7 @@ func replicaSpec(service string, version int, task *configs.Task, id int, spot b
 		GitWorkdir:   task.GitWorkdir,
 		Kubernetes:   task.KubernetesConfig(),
 		FileMounts:   task.FileMounts,
+		MountModes:   task.MountModes,
 		Envs:         envs,
 		SecretEnvs:   slices.Sorted(maps.Keys(task.Secrets)),
 		Port:         port,

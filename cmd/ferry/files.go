@@ -18,7 +18,7 @@ import (
 // gs:// where no infra has Google credentials). Candidates that cannot carry them are named:
 // a launch skips them.
 func printFiles(out io.Writer, task *configs.Task, cands []optimizer.Candidate) error {
-	files, err := launcher.SpecFiles(launcher.Spec{Workdir: task.Workdir, FileMounts: task.FileMounts})
+	files, err := launcher.SpecFiles(launcher.Spec{Workdir: task.Workdir, FileMounts: task.FileMounts, MountModes: task.MountModes})
 	if err != nil {
 		return err
 	}
@@ -39,13 +39,16 @@ func printFiles(out io.Writer, task *configs.Task, cands []optimizer.Candidate) 
 	default:
 		packedLen, packedSize = len(packed), sizeOf(int64(len(packed)))
 	}
-	fmt.Fprintf(out, "Files (copied at each launch; local ones %s, %s packed):\n", sizeOf(local), packedSize)
+	fmt.Fprintf(out, "Files (copied at each launch unless mounted; local ones %s, %s packed):\n", sizeOf(local), packedSize)
 	if files.Workdir != "" {
 		fmt.Fprintf(out, "  ~/%s <- %s\n", launcher.WorkdirName, files.Workdir)
 	}
 	for _, m := range files.Mounts {
 		note := ""
-		if m.Bucket != nil {
+		switch {
+		case m.Mounted():
+			note = fmt.Sprintf(" (mounted, %s: reads and writes reach the bucket)", m.Mode)
+		case m.Bucket != nil:
 			note = " (listed at launch)"
 		}
 		fmt.Fprintf(out, "  %s <- %s%s\n", m.Dst, m.Src, note)

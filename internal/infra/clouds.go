@@ -133,7 +133,8 @@ func openClouds(cfg *configs.FerryConfig, log *zap.Logger, problems map[string]e
 	var out []cloud
 	if c := cfg.AWS; c != nil {
 		p, err := aws.New(ctx, aws.Options{Regions: c.Regions, Endpoint: c.Endpoint, AMIs: c.AMIs,
-			IngressCIDRs: c.ProxyCIDRs, IngressSecurityGroups: c.ProxySecurityGroups, CheckpointNFS: c.CheckpointNFS, Logger: log.Named("aws")})
+			IngressCIDRs: c.ProxyCIDRs, IngressSecurityGroups: c.ProxySecurityGroups, CheckpointNFS: c.CheckpointNFS,
+			MountInstanceProfile: c.MountInstanceProfile, Logger: log.Named("aws")})
 		if err != nil {
 			problems[aws.InfraName] = err
 		} else {

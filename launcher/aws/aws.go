@@ -140,6 +140,10 @@ type Options struct {
 	// Buckets lists the s3:// and gs:// sources of file_mounts and presigns their downloads;
 	// nil is buckets.New with the controller's own credentials.
 	Buckets launcher.Buckets
+	// MountInstanceProfile is the IAM instance profile a VM that mounts s3:// buckets (MOUNT,
+	// MOUNT_CACHED) runs with: its role must read and write them (mounts.go). Empty refuses
+	// such mounts.
+	MountInstanceProfile string
 	// AMIs is the image per region for tasks without an "ami-" image_id.
 	AMIs map[string]string
 	// LaunchTimeout bounds the wait for a VM to run; default DefaultLaunchTimeout.
@@ -633,7 +637,7 @@ func (p *Provider) admitInstances(ctx context.Context, lp launchPlan, insts []la
 
 // run is one RunInstances call for one instance.
 func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (string, error) {
-	ud, err := userData(ctx, spec, lp.port, launcher.VMBootOptions{Buckets: p.opts.Buckets, NFS: p.opts.CheckpointNFS})
+	ud, err := userData(ctx, spec, lp.port, p.bootOptions())
 	if err != nil {
 		return "", err
 	}
@@ -658,6 +662,7 @@ func (p *Provider) run(ctx context.Context, lp launchPlan, spec launcher.Spec) (
 		// node powers off when its run ends (job.go).
 		InstanceInitiatedShutdownBehavior: types.ShutdownBehaviorTerminate,
 		MetadataOptions:                   metadataOptions(spec.Job != nil),
+		IamInstanceProfile:                p.mountProfile(spec),
 	}
 	if lp.zone != "" || lp.placementGroup != "" {
 		in.Placement = &types.Placement{}

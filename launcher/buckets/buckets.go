@@ -1,7 +1,8 @@
 // Package buckets reads the s3:// and gs:// sources of file_mounts through the AWS and Google
 // SDKs: listing, reading (local instances) and download URLs for instances without
 // credentials of their own (presigned S3 GETs; GCS media URLs the VM authorises with its
-// metadata token).
+// metadata token); and writes the objects of a mounted bucket that is kept in sync from a
+// directory (launcher/buckets/bucketsync).
 package buckets
 
 import (
@@ -21,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	s3types "github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
+	"golang.org/x/oauth2"
 	"google.golang.org/api/googleapi"
 	"google.golang.org/api/option"
 	storage "google.golang.org/api/storage/v1"
@@ -32,7 +34,8 @@ import (
 // compatible store) and bound what one mount may hold.
 type Options struct {
 	// S3Endpoint, when set, is used with path-style addressing (e.g. "http://127.0.0.1:PORT").
-	// Empty uses the SDK's own resolution, which honours AWS_ENDPOINT_URL_S3.
+	// Empty is AWS_ENDPOINT_URL_S3 when set (path-style too, as S3-compatible stores and the
+	// fake want), else AWS's own endpoints.
 	S3Endpoint string
 	// S3Region is the signing region when the bucket's own cannot be learnt; default
 	// AWS_REGION, else us-east-1.
@@ -45,6 +48,13 @@ type Options struct {
 	// GCSOptions are added to the GCS client (credentials); with a GCSEndpoint and none, the
 	// client sends no credentials.
 	GCSOptions []option.ClientOption
+	// GCSTokenSource is the controller's Google credentials for the read tokens it lends VMs
+	// without a service account (GCSReadToken); default Application Default Credentials,
+	// except with a GCSEndpoint, where none is lent.
+	GCSTokenSource oauth2.TokenSource
+	// STSClient makes the token exchange that narrows a lent token (Google's Security Token
+	// Service, sts.googleapis.com); default http.DefaultClient. Tests route it to a fake.
+	STSClient *http.Client
 	// PresignExpiry is how long an S3 download URL stays valid; default 24 hours.
 	PresignExpiry time.Duration
 	// MaxObjects bounds the objects one mount may list; default 10000.
@@ -78,6 +88,9 @@ func New(opts Options) *Client {
 	if opts.MaxObjects <= 0 {
 		opts.MaxObjects = 10000
 	}
+	if opts.S3Endpoint == "" {
+		opts.S3Endpoint = os.Getenv("AWS_ENDPOINT_URL_S3")
+	}
 	if opts.S3Region == "" {
 		opts.S3Region = os.Getenv("AWS_REGION")
 	}
@@ -96,8 +109,21 @@ func New(opts Options) *Client {
 }
 
 // List returns the objects under u: the one object u names, else those under u's prefix as a
-// directory.
+// directory. None is an error: a copy of nothing is a mistake in the task.
 func (c *Client) List(ctx context.Context, u launcher.BucketURL) ([]launcher.BucketObject, error) {
+	objs, err := c.ListMount(ctx, u)
+	if err != nil {
+		return nil, err
+	}
+	if len(objs) == 0 {
+		return nil, fmt.Errorf("%w: %s: no objects there", launcher.ErrFiles, u)
+	}
+	return objs, nil
+}
+
+// ListMount returns the objects under u as List does, but none is no error: a mounted
+// bucket (an empty checkpoint directory) may start empty. The bucket must exist.
+func (c *Client) ListMount(ctx context.Context, u launcher.BucketURL) ([]launcher.BucketObject, error) {
 	var objs []launcher.BucketObject
 	var err error
 	switch u.Scheme {
@@ -111,13 +137,64 @@ func (c *Client) List(ctx context.Context, u launcher.BucketURL) ([]launcher.Buc
 	if err != nil {
 		return nil, err
 	}
-	if len(objs) == 0 {
-		return nil, fmt.Errorf("%w: %s: no objects there", launcher.ErrFiles, u)
-	}
 	if len(objs) > c.opts.MaxObjects {
 		return nil, fmt.Errorf("%w: %s: over %d objects; mount a narrower prefix", launcher.ErrFiles, u, c.opts.MaxObjects)
 	}
 	return objs, nil
+}
+
+// Put uploads one object and returns its ETag (ListMount's for the same content).
+func (c *Client) Put(ctx context.Context, u launcher.BucketURL, key string, body io.ReadSeeker, size int64) (string, error) {
+	switch u.Scheme {
+	case "s3":
+		cl, err := c.s3For(ctx, u.Bucket)
+		if err != nil {
+			return "", err
+		}
+		out, err := cl.PutObject(ctx, &s3.PutObjectInput{Bucket: &u.Bucket, Key: &key, Body: body, ContentLength: &size})
+		if err != nil {
+			return "", s3Error(u, err)
+		}
+		return awssdk.ToString(out.ETag), nil
+	case "gs":
+		svc, err := c.gcsService(ctx)
+		if err != nil {
+			return "", err
+		}
+		o, err := svc.Objects.Insert(u.Bucket, &storage.Object{Name: key}).Media(body, googleapi.ChunkSize(0)).Context(ctx).Do()
+		if err != nil {
+			return "", gcsError(u, err)
+		}
+		return o.Md5Hash, nil
+	}
+	return "", fmt.Errorf("%w: %s: unsupported scheme", launcher.ErrFiles, u)
+}
+
+// Delete removes one object; one already gone is no error.
+func (c *Client) Delete(ctx context.Context, u launcher.BucketURL, key string) error {
+	switch u.Scheme {
+	case "s3":
+		cl, err := c.s3For(ctx, u.Bucket)
+		if err != nil {
+			return err
+		}
+		if _, err := cl.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &u.Bucket, Key: &key}); err != nil {
+			return s3Error(u, err)
+		}
+		return nil
+	case "gs":
+		svc, err := c.gcsService(ctx)
+		if err != nil {
+			return err
+		}
+		err = svc.Objects.Delete(u.Bucket, key).Context(ctx).Do()
+		var ge *googleapi.Error
+		if err != nil && !(errors.As(err, &ge) && ge.Code == http.StatusNotFound) {
+			return gcsError(u, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: %s: unsupported scheme", launcher.ErrFiles, u)
 }
 
 // Open reads one object.
@@ -249,7 +326,7 @@ func (c *Client) listS3(ctx context.Context, u launcher.BucketURL) ([]launcher.B
 	}
 	if u.Prefix != "" && !strings.HasSuffix(u.Prefix, "/") {
 		if out, err := cl.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &u.Bucket, Key: &u.Prefix}); err == nil {
-			return []launcher.BucketObject{{Key: u.Prefix, Size: awssdk.ToInt64(out.ContentLength)}}, nil
+			return []launcher.BucketObject{{Key: u.Prefix, Size: awssdk.ToInt64(out.ContentLength), ETag: awssdk.ToString(out.ETag)}}, nil
 		}
 	}
 	var objs []launcher.BucketObject
@@ -264,7 +341,7 @@ func (c *Client) listS3(ctx context.Context, u launcher.BucketURL) ([]launcher.B
 			if strings.HasSuffix(awssdk.ToString(o.Key), "/") {
 				continue // a console-made "folder"
 			}
-			objs = append(objs, launcher.BucketObject{Key: awssdk.ToString(o.Key), Size: awssdk.ToInt64(o.Size)})
+			objs = append(objs, launcher.BucketObject{Key: awssdk.ToString(o.Key), Size: awssdk.ToInt64(o.Size), ETag: awssdk.ToString(o.ETag)})
 		}
 	}
 	return objs, nil
@@ -310,7 +387,7 @@ func (c *Client) listGCS(ctx context.Context, u launcher.BucketURL) ([]launcher.
 	}
 	if u.Prefix != "" && !strings.HasSuffix(u.Prefix, "/") {
 		if o, err := svc.Objects.Get(u.Bucket, u.Prefix).Context(ctx).Do(); err == nil {
-			return []launcher.BucketObject{{Key: o.Name, Size: int64(o.Size)}}, nil
+			return []launcher.BucketObject{{Key: o.Name, Size: int64(o.Size), ETag: o.Md5Hash}}, nil
 		}
 	}
 	var objs []launcher.BucketObject
@@ -318,7 +395,7 @@ func (c *Client) listGCS(ctx context.Context, u launcher.BucketURL) ([]launcher.
 	err = call.Pages(ctx, func(page *storage.Objects) error {
 		for _, o := range page.Items {
 			if !strings.HasSuffix(o.Name, "/") {
-				objs = append(objs, launcher.BucketObject{Key: o.Name, Size: int64(o.Size)})
+				objs = append(objs, launcher.BucketObject{Key: o.Name, Size: int64(o.Size), ETag: o.Md5Hash})
 			}
 		}
 		if len(objs) > c.opts.MaxObjects {

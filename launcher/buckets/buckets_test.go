@@ -1,6 +1,7 @@
 package buckets_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -52,8 +53,8 @@ func TestListOpenAndDownloadURLs(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := []launcher.BucketObject{{Key: "models/a.txt", Size: 5}, {Key: "models/sub/b.txt", Size: 5}}
-			if len(objs) != 2 || objs[0] != want[0] || objs[1] != want[1] {
-				t.Fatalf("List(%s) = %v, want %v", dir, objs, want)
+			if len(objs) != 2 || objs[0].Key != want[0].Key || objs[1].Key != want[1].Key || objs[0].Size != 5 || objs[0].ETag == "" {
+				t.Fatalf("List(%s) = %v, want %v with ETags", dir, objs, want)
 			}
 			one, err := c.List(ctx, launcher.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "one.bin"})
 			if err != nil || len(one) != 1 || one[0].Key != "one.bin" {
@@ -139,3 +140,111 @@ func replaceQuery(t *testing.T, raw, key, value string) string {
 	u.RawQuery = q.Encode()
 	return u.String()
 }
+
+// TestPutDeleteListMount: a mounted bucket's sync writes through Put and Delete, with the
+// client's credentials, and lists an empty prefix as nothing, not an error; a Put's ETag is
+// the one a listing shows for the same content.
+func TestPutDeleteListMount(t *testing.T) {
+	s3, gcs, c := newFakes(t)
+	ctx := context.Background()
+	for _, scheme := range []string{"s3", "gs"} {
+		t.Run(scheme, func(t *testing.T) {
+			dir := launcher.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "ckpt/"}
+			objs, err := c.ListMount(ctx, dir)
+			if err != nil || len(objs) != 0 {
+				t.Fatalf("ListMount(empty prefix) = %v, %v; want nothing, no error", objs, err)
+			}
+			body := []byte(`{"step": 20}`)
+			tag, err := c.Put(ctx, dir, "ckpt/run/checkpoint.json", bytes.NewReader(body), int64(len(body)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			objs, err = c.ListMount(ctx, dir)
+			if err != nil || len(objs) != 1 || objs[0].Key != "ckpt/run/checkpoint.json" || objs[0].ETag != tag || tag == "" {
+				t.Fatalf("ListMount after Put = %v, %v; want the object with ETag %q", objs, err, tag)
+			}
+			r, err := c.Open(ctx, dir, "ckpt/run/checkpoint.json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := io.ReadAll(r)
+			r.Close()
+			if string(got) != string(body) {
+				t.Errorf("read back %q, want %q", got, body)
+			}
+			if err := c.Delete(ctx, dir, "ckpt/run/checkpoint.json"); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Delete(ctx, dir, "ckpt/run/checkpoint.json"); err != nil {
+				t.Errorf("deleting a deleted object: %v, want no error", err)
+			}
+			if objs, err := c.ListMount(ctx, dir); err != nil || len(objs) != 0 {
+				t.Errorf("ListMount after Delete = %v, %v", objs, err)
+			}
+			if _, err := c.ListMount(ctx, launcher.BucketURL{Scheme: scheme, Bucket: "missing"}); !errors.Is(err, launcher.ErrFiles) {
+				t.Errorf("ListMount(missing bucket) = %v, want ErrFiles", err)
+			}
+		})
+	}
+	if w := s3.Writes(); len(w) != 3 || w[0].Method != http.MethodPut || w[0].AccessKey != "AKID" {
+		t.Errorf("S3 writes %+v, want a PUT and two DELETEs signed by AKID", w)
+	}
+	if w := gcs.Writes(); len(w) != 2 || w[0].Token != "tok" {
+		t.Errorf("GCS writes %+v, want an insert and a delete with the client's token", w)
+	}
+}
+
+// TestGCSReadTokenNarrows: the token lent to a VM without Google credentials is the
+// controller's narrowed by a Credential Access Boundary: it reads objects under the copied
+// prefix and nothing else, and writes nothing; without credentials to lend, none is made.
+func TestGCSReadTokenNarrows(t *testing.T) {
+	_, gcs, _ := newFakes(t)
+	gcsURL, _ := url.Parse(gcs.URL())
+	sts := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.URL.Host != "sts.googleapis.com" {
+			return nil, errors.New("token exchange sent to " + r.URL.Host)
+		}
+		r = r.Clone(r.Context())
+		r.URL.Scheme, r.URL.Host, r.Host = gcsURL.Scheme, gcsURL.Host, gcsURL.Host
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+	c := buckets.New(buckets.Options{GCSEndpoint: gcs.URL(), STSClient: sts,
+		GCSTokenSource: oauth2.StaticTokenSource(&oauth2.Token{AccessToken: "tok"})})
+	ctx := context.Background()
+	tok, err := c.GCSReadToken(ctx, []launcher.BucketURL{{Scheme: "gs", Bucket: "data", Prefix: "models"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok == "tok" || tok == "" {
+		t.Fatalf("lent token %q, want a narrowed one", tok)
+	}
+	get := func(method, path string) int {
+		req, _ := http.NewRequest(method, gcs.URL()+path, nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for path, want := range map[string]int{
+		"/storage/v1/b/data/o/models%2Fa.txt?alt=media": http.StatusOK,
+		"/storage/v1/b/data/o/one.bin?alt=media":        http.StatusForbidden,
+	} {
+		if got := get(http.MethodGet, path); got != want {
+			t.Errorf("GET %s with the lent token = %d, want %d", path, got, want)
+		}
+	}
+	if got := get(http.MethodDelete, "/storage/v1/b/data/o/models%2Fa.txt"); got != http.StatusForbidden {
+		t.Errorf("DELETE with the lent token = %d, want 403", got)
+	}
+	noCreds := buckets.New(buckets.Options{GCSEndpoint: gcs.URL()})
+	if _, err := noCreds.GCSReadToken(ctx, []launcher.BucketURL{{Scheme: "gs", Bucket: "data"}}); err == nil {
+		t.Error("a client with no credentials to lend made a token")
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

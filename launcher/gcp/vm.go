@@ -79,16 +79,26 @@ func (p *Provider) instanceFor(ctx context.Context, spec launcher.Spec, zone str
 	}, nil
 }
 
-// serviceAccounts gives a VM that mounts gs:// buckets the project's default service account
-// with read-only storage scope: its startup script fetches the objects with that account's
-// metadata token (launcher.FilesShell), so the account must be able to read the buckets.
+// serviceAccounts gives a VM with gs:// file_mounts the project's default service account:
+// its startup script fetches copied objects with that account's metadata token
+// (launcher.FilesShell), so the account must be able to read the buckets, with the read-only
+// storage scope; a VM that mounts a gs:// bucket (MOUNT, MOUNT_CACHED: launcher/mounts.go)
+// gets the read-write scope, and the account must be able to write it.
 func serviceAccounts(spec launcher.Spec) []*computepb.ServiceAccount {
-	for _, src := range spec.FileMounts {
-		if strings.HasPrefix(src, "gs://") {
-			return []*computepb.ServiceAccount{{Email: proto.String("default"), Scopes: []string{"https://www.googleapis.com/auth/devstorage.read_only"}}}
+	scope := ""
+	for dst, src := range spec.FileMounts {
+		switch {
+		case !strings.HasPrefix(src, "gs://"):
+		case spec.MountModes[dst] != "":
+			scope = "https://www.googleapis.com/auth/devstorage.read_write"
+		case scope == "":
+			scope = "https://www.googleapis.com/auth/devstorage.read_only"
 		}
 	}
-	return nil
+	if scope == "" {
+		return nil
+	}
+	return []*computepb.ServiceAccount{{Email: proto.String("default"), Scopes: []string{scope}}}
 }
 
 // builtinGPU reports whether machineType's GPUs come with it, so none are attached.

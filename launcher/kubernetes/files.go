@@ -54,16 +54,37 @@ tar -xzf "$FERRY_FILES_SRC/` + filesArchive + `"
 sh "$FERRY_FILES_SRC/` + filesFetch + `"
 `
 
-// attachFiles adds spec's files to pod (volumes, init container, mounts, the links its
-// command makes first) and returns the ConfigMap to create before it; nil without files.
+// attachFiles adds spec's files to pod: the buckets it mounts (mounts.go), and what it copies
+// (volumes, init container, mounts, the links its command makes first); it returns the
+// ConfigMap to create before the pod, nil when nothing is copied.
 func (p *Provider) attachFiles(ctx context.Context, pod *corev1.Pod, spec launcher.Spec) (*corev1.ConfigMap, error) {
 	files, err := launcher.SpecFiles(spec)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p.infra, err)
 	}
-	if files.Empty() {
+	copies, mounted := launcher.Files{Workdir: files.Workdir}, launcher.Files{}
+	for _, m := range files.Mounts {
+		if m.Mounted() {
+			mounted.Mounts = append(mounted.Mounts, m)
+		} else {
+			copies.Mounts = append(copies.Mounts, m)
+		}
+	}
+	if err := launcher.CheckMounts(ctx, mounted, p.opts.Buckets); err != nil {
+		return nil, fmt.Errorf("%s: %w", p.infra, err)
+	}
+	if err := p.attachMounts(pod, spec, mounted); err != nil {
+		return nil, err
+	}
+	if copies.Empty() {
 		return nil, nil
 	}
+	return p.attachCopies(ctx, pod, copies)
+}
+
+// attachCopies adds the files pod copies at start: local files in a ConfigMap, bucket objects
+// fetched by presigned URLs, both unpacked by an init container.
+func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files launcher.Files) (*corev1.ConfigMap, error) {
 	archive, err := launcher.PackLocal(files, filesPackLimit, "a Kubernetes ConfigMap (1 MiB)")
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p.infra, err)

@@ -12,7 +12,7 @@ import (
 )
 
 // A local instance has no filesystem of its own, so its files are copies in its own
-// directories: the task's workdir is copied into the instance's working directory (where run
+// directories (and its mounted buckets directories kept in step with them: mounts.go): the task's workdir is copied into the instance's working directory (where run
 // starts, EnvWorkdir), and file mounts go under the instance's files root (EnvFilesRoot, in its
 // directory under Dir): /data lands at $FERRY_FILES_ROOT/data and ~/x at
 // $FERRY_FILES_ROOT$HOME/x. A program reads them through those variables; nothing is written
@@ -35,8 +35,12 @@ func (p *Provider) syncFiles(ctx context.Context, spec launcher.Spec, dir, work 
 		p.log.Info("syncing files", zap.String("name", spec.Name), zap.Int64("local_bytes", n), zap.Int("mounts", len(files.Mounts)))
 	}
 	root := filepath.Join(dir, filesDir)
+	home := filepath.Join(root, os.Getenv("HOME"))
 	progress := func(msg string) { p.log.Info("sync", zap.String("name", spec.Name), zap.String("files", msg)) }
-	if err := launcher.SyncFilesLocal(ctx, files, p.opts.Buckets, work, root, filepath.Join(root, os.Getenv("HOME")), progress); err != nil {
+	if err := launcher.SyncFilesLocal(ctx, files, p.opts.Buckets, work, root, home, progress); err != nil {
+		return fmt.Errorf("%s: %w", spec.Name, err)
+	}
+	if err := p.startMounts(ctx, filepath.Base(dir), dir, files, root, home); err != nil {
 		return fmt.Errorf("%s: %w", spec.Name, err)
 	}
 	return nil

@@ -95,6 +95,8 @@ type Provider struct {
 	// recentHosts maps a loopback address handed to a replica to when, so that two launches
 	// do not pick the same one before either has written its instance.json.
 	recentHosts map[string]time.Time
+	// mounts are the mounted buckets kept in step with instances' directories (mounts.go).
+	mounts localMounts
 }
 
 // child tracks one process this Provider started; done closes once Wait returned.
@@ -451,6 +453,7 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 		case <-time.After(reapWait):
 		}
 	}
+	p.stopMounts(id) // their last round, before their directories go
 
 	p.mu.Lock()
 	defer p.mu.Unlock()

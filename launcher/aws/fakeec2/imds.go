@@ -27,7 +27,9 @@ type imdsToken struct {
 // one when the instance's HttpTokens is required (401 without, or with an expired one); an
 // endpoint that is disabled answers 403. meta-data/ serves instance-id, local-ipv4,
 // placement/availability-zone, tags/instance[/KEY] (only with InstanceMetadataTags enabled,
-// else 404, as EC2) and spot/instance-action (404 until the instance gets its interruption
+// else 404, as EC2), iam/security-credentials/[ROLE] (an instance launched with an IAM
+// instance profile: its role, named as the profile, and that role's temporary credentials,
+// RoleAccessKey's; 404 without one) and spot/instance-action (404 until the instance gets its interruption
 // warning, then EC2's {"action":"terminate","time":...}). Not modelled: the hop limit (every
 // request here comes from the host), IPv6, and requests with X-Forwarded-For, which EC2
 // refuses for tokens.
@@ -102,6 +104,15 @@ func (s *Server) serveIMDS(w http.ResponseWriter, r *http.Request, rest string) 
 			return
 		}
 		body = v
+	case key == "iam/security-credentials" || key == "iam/security-credentials/":
+		if in.profile == "" {
+			http.NotFound(w, r)
+			return
+		}
+		body = in.profile
+	case key == "iam/security-credentials/"+in.profile && in.profile != "":
+		b, _ := json.Marshal(roleCredentials(in, now))
+		body = string(b)
 	case key == "spot/instance-action":
 		if in.request == nil || in.request.reclaimAt.IsZero() {
 			http.NotFound(w, r)
@@ -201,3 +212,28 @@ func (s *Server) ConsoleOutput(id string) string {
 }
 
 func encodeBase64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+
+// RoleCredentials are the temporary credentials the metadata service gives for an instance's
+// role, in EC2's JSON.
+type RoleCredentials struct {
+	Code            string
+	LastUpdated     string
+	Type            string
+	AccessKeyID     string `json:"AccessKeyId"`
+	SecretAccessKey string
+	Token           string
+	Expiration      string
+}
+
+// roleCredentials are in's role's credentials, valid six hours from now.
+func roleCredentials(in *instance, now time.Time) RoleCredentials {
+	return RoleCredentials{Code: "Success", LastUpdated: now.UTC().Format(time.RFC3339), Type: "AWS-HMAC",
+		AccessKeyID: RoleAccessKey(in.id), SecretAccessKey: "fake-role-secret-" + in.id, Token: "fake-role-session-" + in.id,
+		Expiration: now.Add(6 * time.Hour).UTC().Format(time.RFC3339)}
+}
+
+// RoleAccessKey is the access key id of the role credentials an instance's metadata service
+// gives: a test tells by it that a request was signed with the instance's role.
+func RoleAccessKey(instanceID string) string {
+	return "ASIAFAKE" + strings.ToUpper(strings.TrimPrefix(instanceID, "i-"))
+}

@@ -36,6 +36,9 @@ type instance struct {
 	// capacity-block).
 	reservation string
 	block       bool
+	// profile is the IAM instance profile RunInstances gave (IamInstanceProfile.Name), ""
+	// for none: the metadata service serves its role's credentials (imds.go).
+	profile string
 }
 
 // MetadataOptions are an instance's instance-metadata-service settings, as RunInstances'
@@ -118,6 +121,8 @@ type Instance struct {
 	// when that is a capacity block.
 	Reservation   string
 	CapacityBlock bool
+	// InstanceProfile is the IAM instance profile it runs with ("" for none).
+	InstanceProfile string
 }
 
 func (in *instance) live() bool { return in.state == "pending" || in.state == "running" }
@@ -152,7 +157,7 @@ func (s *Server) Instances() []Instance {
 			ID: in.id, Region: in.region, ZoneID: in.zone.id, ZoneName: in.zone.name, InstanceType: in.instanceType,
 			ImageID: in.imageID, State: in.state, PrivateIP: in.privateIP, PlacementGroup: in.placementGroup, Spot: in.spot,
 			Tags: maps.Clone(in.tags), LogPath: s.logPath(in.id), Metadata: in.metadata, Root: in.root,
-			Reservation: in.reservation, CapacityBlock: in.block,
+			Reservation: in.reservation, CapacityBlock: in.block, InstanceProfile: in.profile,
 		}
 		if in.reason != nil {
 			snap.StateReason = in.reason.Code
@@ -298,6 +303,10 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 	if aerr != nil {
 		return nil, aerr
 	}
+	profile := p.get("IamInstanceProfile.Name")
+	if arn := p.get("IamInstanceProfile.Arn"); profile == "" && arn != "" {
+		profile = arn[strings.LastIndex(arn, "/")+1:]
+	}
 	userData := p.get("UserData")
 	script, err := base64.StdEncoding.DecodeString(userData)
 	if err != nil {
@@ -378,6 +387,7 @@ func (s *Server) runInstances(m meta, reg *region, p params) (any, *APIError) {
 			id: newID("i-"), reservationID: rid, region: reg.name, imageID: imageID, instanceType: itype,
 			zone: z, placementGroup: pg, securityGroups: groups, spot: spot, privateIP: ip,
 			tags: maps.Clone(tags), launchTime: now, state: "pending", metadata: metadata, root: root,
+			profile: profile,
 		}
 		if spot {
 			in.request = newSpotRequest(now, p.get("InstanceMarketOptions.SpotOptions.MaxPrice"), requestTags)

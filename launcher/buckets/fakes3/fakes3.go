@@ -1,18 +1,26 @@
 // Package fakes3 is an in-process stand-in for Amazon S3 on loopback, for the subset Ferry's
 // file_mounts use with path-style addressing: HeadBucket, ListObjectsV2 (prefix, max-keys,
-// continuation tokens), GetObject and HeadObject, with S3's XML error envelope (NoSuchBucket,
-// NoSuchKey) and statuses.
+// continuation tokens), GetObject and HeadObject, and for mounted buckets PutObject and
+// DeleteObject, with S3's XML error envelope (NoSuchBucket, NoSuchKey) and statuses. Objects
+// carry S3's ETag (the body's MD5, quoted) in listings and headers.
 //
 // Credentials: a request must carry either a SigV4 Authorization header (the SDK's own
 // calls) or a presigned query (X-Amz-Algorithm AWS4-HMAC-SHA256, X-Amz-Credential,
 // X-Amz-Date, X-Amz-Expires, X-Amz-SignedHeaders, X-Amz-Signature), and a presigned URL is
 // refused once expired (403 AccessDenied). Signatures are not verified. Every presigned GET
-// served is counted (Presigned), so a test can tell a VM used one.
+// served is counted (Presigned), so a test can tell a VM used one; every write is recorded with
+// the access key that signed it (Writes), so a test can tell whose credentials a mount used.
+// A presigned URL only reads.
 package fakes3
 
 import (
+	"bytes"
+	"crypto/md5"
+	"encoding/hex"
 	"encoding/xml"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -29,6 +37,17 @@ type Server struct {
 	mu        sync.Mutex
 	buckets   map[string]map[string][]byte // bucket -> key -> body
 	presigned int
+	writes    []Write
+}
+
+// Write is one PutObject or DeleteObject served.
+type Write struct {
+	Method, Bucket, Key string
+	// AccessKey is the access key id in the request's SigV4 credential scope.
+	AccessKey string
+	// SessionToken says the request carried X-Amz-Security-Token (temporary credentials,
+	// such as an instance profile's).
+	SessionToken bool
 }
 
 // New starts a server on loopback; Close stops it.
@@ -54,6 +73,30 @@ func (s *Server) Put(bucket, key string, body []byte) {
 	s.buckets[bucket][key] = body
 }
 
+// MakeBucket makes an empty bucket.
+func (s *Server) MakeBucket(bucket string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.buckets[bucket] == nil {
+		s.buckets[bucket] = map[string][]byte{}
+	}
+}
+
+// Get is an object's body.
+func (s *Server) Get(bucket, key string) ([]byte, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	body, ok := s.buckets[bucket][key]
+	return body, ok
+}
+
+// Writes are the writes served, in order.
+func (s *Server) Writes() []Write {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.writes)
+}
+
 // Presigned is how many presigned GETs were served.
 func (s *Server) Presigned() int {
 	s.mu.Lock()
@@ -74,16 +117,41 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, "AccessDenied", "no SigV4 Authorization header")
 		return
 	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		writeError(w, http.StatusMethodNotAllowed, "MethodNotAllowed", "read-only fake")
+	bucket, key, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
+	write := r.Method == http.MethodPut || r.Method == http.MethodDelete
+	switch {
+	case write && (presigned || key == ""):
+		writeError(w, http.StatusForbidden, "AccessDenied", "this fake takes writes of objects, signed by a SigV4 header")
+		return
+	case !write && r.Method != http.MethodGet && r.Method != http.MethodHead:
+		writeError(w, http.StatusMethodNotAllowed, "MethodNotAllowed", "not modelled")
 		return
 	}
-	bucket, key, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/")
+	var body []byte
+	if r.Method == http.MethodPut {
+		var err error
+		if body, err = readBody(r); err != nil {
+			writeError(w, http.StatusBadRequest, "IncompleteBody", err.Error())
+			return
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	objs, ok := s.buckets[bucket]
 	if !ok {
 		writeError(w, http.StatusNotFound, "NoSuchBucket", "The specified bucket does not exist")
+		return
+	}
+	if write {
+		s.writes = append(s.writes, Write{Method: r.Method, Bucket: bucket, Key: key,
+			AccessKey: accessKey(r.Header.Get("Authorization")), SessionToken: r.Header.Get("X-Amz-Security-Token") != ""})
+		if r.Method == http.MethodPut {
+			objs[key] = body
+			w.Header().Set("ETag", etag(body))
+			return
+		}
+		delete(objs, key)
+		w.WriteHeader(http.StatusNoContent)
 		return
 	}
 	switch {
@@ -101,6 +169,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			s.presigned++
 		}
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		w.Header().Set("ETag", etag(body))
 		w.Header().Set("Last-Modified", time.Unix(0, 0).UTC().Format(http.TimeFormat))
 		if r.Method == http.MethodGet {
 			_, _ = w.Write(body)
@@ -149,6 +218,7 @@ type listResult struct {
 type listItem struct {
 	Key  string `xml:"Key"`
 	Size int    `xml:"Size"`
+	ETag string `xml:"ETag"`
 }
 
 // list answers ListObjectsV2: keys in order; the continuation token is the last key sent.
@@ -179,7 +249,7 @@ func (s *Server) list(w http.ResponseWriter, bucket string, objs map[string][]by
 		res.NextContinuationToken = keys[max-1]
 	}
 	for _, k := range keys {
-		res.Contents = append(res.Contents, listItem{Key: k, Size: len(objs[k])})
+		res.Contents = append(res.Contents, listItem{Key: k, Size: len(objs[k]), ETag: etag(objs[k])})
 	}
 	res.KeyCount = len(res.Contents)
 	w.Header().Set("Content-Type", "application/xml")
@@ -190,4 +260,47 @@ func writeError(w http.ResponseWriter, status int, code, msg string) {
 	w.Header().Set("Content-Type", "application/xml")
 	w.WriteHeader(status)
 	fmt.Fprintf(w, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>%s</Code><Message>%s</Message></Error>", code, msg)
+}
+
+// etag is S3's ETag of a single-part object: its MD5, hex, quoted.
+func etag(body []byte) string {
+	sum := md5.Sum(body)
+	return `"` + hex.EncodeToString(sum[:]) + `"`
+}
+
+// accessKey is the access key id in a SigV4 Authorization header's credential scope.
+func accessKey(auth string) string {
+	_, rest, _ := strings.Cut(auth, "Credential=")
+	key, _, _ := strings.Cut(rest, "/")
+	return key
+}
+
+// readBody reads a PutObject's body: as sent, or decoded from the SDK's aws-chunked encoding
+// (chunks of hex size ";chunk-signature=..." CRLF data CRLF, then trailers), which it uses to
+// send a checksum after the data.
+func readBody(r *http.Request) ([]byte, error) {
+	raw, err := io.ReadAll(r.Body)
+	if err != nil {
+		return nil, err
+	}
+	if !strings.Contains(r.Header.Get("Content-Encoding"), "aws-chunked") {
+		return raw, nil
+	}
+	var out []byte
+	for {
+		line, rest, ok := bytes.Cut(raw, []byte("\r\n"))
+		if !ok {
+			return nil, errors.New("aws-chunked body ends in a chunk header")
+		}
+		sizeHex, _, _ := strings.Cut(string(line), ";")
+		n, err := strconv.ParseInt(strings.TrimSpace(sizeHex), 16, 64)
+		if err != nil || n < 0 || int64(len(rest)) < n {
+			return nil, fmt.Errorf("bad aws-chunked chunk size %q", sizeHex)
+		}
+		if n == 0 {
+			return out, nil
+		}
+		out = append(out, rest[:n]...)
+		raw = bytes.TrimPrefix(rest[n:], []byte("\r\n"))
+	}
 }
