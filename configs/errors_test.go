@@ -371,6 +371,11 @@ func TestParseErrors(t *testing.T) {
 			yaml: "run: a\n---\nrun: b\n",
 			want: []wantErr{{2, 1, "", "a second YAML document"}},
 		},
+		// SkyPilot's examples/elastic_training/job.yaml opens with a job group's header.
+		"a job group": {
+			yaml: "---\nname: elastic-train\nexecution: parallel\nprimary_tasks:\n  - controller\n\n---\nname: controller\nrun: x\n",
+			want: []wantErr{{7, 1, "", "a SkyPilot job group (several tasks launched together), which Ferry does not run"}},
+		},
 		"merge key with a scalar": {
 			yaml: "run: serve\n<<: 5\n",
 			want: []wantErr{{2, 5, "", "a merge key (<<) takes a mapping or a list of mappings"}},

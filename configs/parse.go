@@ -111,7 +111,11 @@ func (c *checker) document(data []byte) (root *yaml.Node) {
 		c.syntaxError(err)
 		return nil
 	default:
-		c.errorf(&extra, "", "a second YAML document (after ---): a task file holds one task")
+		if isJobGroup(&doc) {
+			c.errorf(&extra, "", "a SkyPilot job group (several tasks launched together), which Ferry does not run: put each task in a file of its own and launch each (a service with ferry serve up, a job with ferry jobs launch)")
+		} else {
+			c.errorf(&extra, "", "a second YAML document (after ---): a task file holds one task")
+		}
 		return nil
 	}
 	if len(doc.Content) > 0 {
@@ -126,6 +130,21 @@ func (c *checker) document(data []byte) (root *yaml.Node) {
 		return nil
 	}
 	return root
+}
+
+// isJobGroup says whether doc is a SkyPilot job group's header (execution or primary_tasks
+// beside its name), which SkyPilot follows with one document per task.
+func isJobGroup(doc *yaml.Node) bool {
+	if len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		return false
+	}
+	m := doc.Content[0].Content
+	for i := 0; i+1 < len(m); i += 2 {
+		if m[i].Value == "execution" || m[i].Value == "primary_tasks" {
+			return true
+		}
+	}
+	return false
 }
 
 // syntaxError turns yaml.v3's "yaml: line N: msg" into a positioned Error.
