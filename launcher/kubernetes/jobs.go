@@ -139,8 +139,10 @@ func jobPriority(job *launcher.JobSpec) int32 {
 }
 
 // priorityClassFor is the PriorityClass a pod of spec runs in, its value and preemption policy.
+// A service's replica runs at serving priority even when it is a gang of nodes (which carry a
+// JobSpec so that they get the gang's addresses).
 func priorityClassFor(spec launcher.Spec) (string, int32, corev1.PreemptionPolicy) {
-	if spec.Job == nil {
+	if spec.Job == nil || spec.Labels[launcher.LabelService] != "" {
 		return ServingPriorityClass, launcher.ServingPriority, corev1.PreemptLowerPriority
 	}
 	value := jobPriority(spec.Job)
@@ -458,16 +460,16 @@ func (p *Provider) annotateNodeIPs(ctx context.Context, pods []*corev1.Pod) erro
 
 // completeGangs writes the addresses of gangs whose pods all run but lack them: a controller
 // that stopped between a gang's start and its annotation leaves such a gang, which waits
-// forever otherwise. A gang is the pods of one job attempt; its size is in each pod.
+// forever otherwise. A gang is the pods of one job attempt, or of one service replica; its
+// size is in each pod.
 func (p *Provider) completeGangs(ctx context.Context, pods []*corev1.Pod) {
-	type gangKey struct{ job, attempt string }
+	type gangKey struct{ job, attempt, service, replica string }
 	gangs := map[gangKey][]*corev1.Pod{}
 	for _, pod := range pods {
-		job, ok := pod.Labels[launcher.LabelJob]
-		if !ok || pod.Annotations[annotationGangSize] == "" || pod.Annotations[AnnotationNodeIPs] != "" || pod.DeletionTimestamp != nil {
+		k := gangKey{pod.Labels[launcher.LabelJob], pod.Labels[launcher.LabelAttempt], pod.Labels[launcher.LabelService], pod.Labels[launcher.LabelReplicaID]}
+		if (k.job == "" && (k.service == "" || k.replica == "")) || pod.Annotations[annotationGangSize] == "" || pod.Annotations[AnnotationNodeIPs] != "" || pod.DeletionTimestamp != nil {
 			continue
 		}
-		k := gangKey{job, pod.Labels[launcher.LabelAttempt]}
 		gangs[k] = append(gangs[k], pod)
 	}
 	for _, members := range gangs {
@@ -483,9 +485,9 @@ func (p *Provider) completeGangs(ctx context.Context, pods []*corev1.Pod) {
 			return ra - rb
 		})
 		if err := p.annotateNodeIPs(ctx, members); err != nil {
-			p.log.Warn("complete an adopted gang's addresses", zap.String("job", members[0].Labels[launcher.LabelJob]), zap.Error(err))
+			p.log.Warn("complete an adopted gang's addresses", zap.String("gang", members[0].Name), zap.Error(err))
 		} else {
-			p.log.Info("completed an adopted gang's addresses", zap.String("job", members[0].Labels[launcher.LabelJob]), zap.Int("nodes", size))
+			p.log.Info("completed an adopted gang's addresses", zap.String("gang", members[0].Name), zap.Int("nodes", size))
 		}
 	}
 }

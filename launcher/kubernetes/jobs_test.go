@@ -636,21 +636,28 @@ func TestAdoptedGangGetsItsAddresses(t *testing.T) {
 	if err := p.ensureStarted(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// What LaunchGang does up to its wait, as a controller killed right after would leave it.
-	spec := jobSpec(t, "adopted", "P4", `echo "nodes: $(echo $SKYPILOT_NODE_IPS)"`)
-	spec.Job.NodeIPsCommand = nodeIPsCommand
-	if err := p.ensureCheckpointClaim(ctx, spec, 2); err != nil {
+	// What LaunchGang does up to its wait, as a controller killed right after would leave it:
+	// a job's gang, and a multi-node service replica's (told apart by service and replica id).
+	const run = `echo "nodes: $(echo $SKYPILOT_NODE_IPS)"`
+	job := jobSpec(t, "adopted", "P4", run)
+	job.Job.NodeIPsCommand = nodeIPsCommand
+	if err := p.ensureCheckpointClaim(ctx, job, 2); err != nil {
 		t.Fatal(err)
 	}
-	for rank := range 2 {
-		node := launcher.GangNode(spec, rank, 2)
-		pod, err := p.podFor(node)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pod.Annotations[annotationGangSize] = "2"
-		if _, err := p.create(ctx, pod, node); err != nil {
-			t.Fatal(err)
+	replica := jobSpec(t, "adopted-svc", "P4", run)
+	replica.Labels = map[string]string{launcher.LabelOwner: "true", launcher.LabelService: "adopted-svc", launcher.LabelReplicaID: "1"}
+	replica.Job = &launcher.JobSpec{Priority: launcher.ServingPriority, NodeIPsCommand: nodeIPsCommand}
+	for _, spec := range []launcher.Spec{job, replica} {
+		for rank := range 2 {
+			node := launcher.GangNode(spec, rank, 2)
+			pod, err := p.podFor(node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pod.Annotations[annotationGangSize] = "2"
+			if _, err := p.create(ctx, pod, node); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 
@@ -659,26 +666,46 @@ func TestAdoptedGangGetsItsAddresses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer restarted.Close()
-	var ended []launcher.Instance
-	eventually(t, "the adopted gang runs to its end", func() bool {
-		got, err := restarted.List(ctx, map[string]string{launcher.LabelJob: "adopted"})
-		if err != nil || len(got) != 2 {
-			return false
-		}
-		for _, inst := range got {
-			if code, ok := inst.Exited(); !ok || code != 0 {
+	for _, selector := range []map[string]string{{launcher.LabelJob: "adopted"}, {launcher.LabelService: "adopted-svc"}} {
+		eventually(t, fmt.Sprintf("the adopted gang %v gets its addresses", selector), func() bool {
+			got, err := restarted.List(ctx, selector)
+			if err != nil || len(got) != 2 || got[0].IP == "" || got[1].IP == "" {
 				return false
 			}
-		}
-		ended = got
-		return true
-	})
-	// Listed by id, "adopted-RANK-...": rank order.
+			// Listed by id, "NAME-RANK-...": rank order.
+			want := got[0].IP + "\n" + got[1].IP
+			for _, inst := range got {
+				pod, err := c.Client().CoreV1().Pods(p.Namespace()).Get(ctx, inst.Name, metav1.GetOptions{})
+				if err != nil || pod.Annotations[AnnotationNodeIPs] != want {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	// The job's program read them as SKYPILOT_NODE_IPS.
+	ended := waitEnded(t, restarted, "adopted", 2)
 	want := "nodes: " + ended[0].IP + " " + ended[1].IP + "\n"
 	for _, inst := range ended {
 		if log := logOf(t, restarted, inst.ID); !strings.Contains(log, want) {
 			t.Errorf("%s log: %q, want %q", inst.Name, log, want)
 		}
+	}
+}
+
+// TestReplicaGangRunsAtServingPriority: a service replica's gang carries a JobSpec (for its
+// addresses) but is served, so it runs in the serving class, which may preempt batch jobs.
+func TestReplicaGangRunsAtServingPriority(t *testing.T) {
+	replica := launcher.Spec{
+		Labels: map[string]string{launcher.LabelService: "svc", launcher.LabelReplicaID: "1"},
+		Job:    &launcher.JobSpec{Priority: launcher.ServingPriority},
+	}
+	if class, value, policy := priorityClassFor(replica); class != ServingPriorityClass || value != launcher.ServingPriority || policy != corev1.PreemptLowerPriority {
+		t.Errorf("replica gang: %s %d %s, want the serving class", class, value, policy)
+	}
+	job := launcher.Spec{Labels: map[string]string{launcher.LabelJob: "j"}, Job: &launcher.JobSpec{Priority: 2000}}
+	if class, value, policy := priorityClassFor(job); class != "ferry-job-2000" || value != 2000 || policy != corev1.PreemptNever {
+		t.Errorf("job: %s %d %s, want ferry-job-2000 that preempts nothing", class, value, policy)
 	}
 }
 
