@@ -141,7 +141,7 @@ func parseRclone(args []string) (mountArgs, error) {
 	scheme := map[string]string{"s3": "s3", "gcs": "gs"}[remote]
 	switch {
 	case scheme == "":
-		return m, fmt.Errorf("remote %q: the stand-in knows :s3: and :gcs:", pos[1])
+		return m, fmt.Errorf("remote %q: the stand-in knows only the s3 and gcs backends (:s3:BUCKET/PATH, :gcs:BUCKET/PATH)", pos[1])
 	case scheme == "s3" && flags["--s3-env-auth"] != "true":
 		return m, errors.New(":s3: without --s3-env-auth=true reads no credentials from the machine")
 	case scheme == "gs" && flags["--gcs-env-auth"] != "true":
