@@ -211,16 +211,18 @@ type GCSReader interface {
 	GCSReadToken(ctx context.Context, us []BucketURL) (string, error)
 }
 
-// mountLister is what CheckMounts needs of a bucket client: launcher/buckets.Client.
-type mountLister interface {
-	ListMount(ctx context.Context, u BucketURL) ([]BucketObject, error)
+// bucketChecker is what CheckMounts needs of a bucket client: launcher/buckets.Client.
+type bucketChecker interface {
+	// CheckBucket says whether u's bucket exists and these credentials may list u, reading
+	// at most one object: a mounted bucket may hold any number.
+	CheckBucket(ctx context.Context, u BucketURL) error
 }
 
 // CheckMounts checks, with the controller's credentials, that every bucket f mounts exists,
 // so that a missing one fails the launch with what to do rather than the instance's boot.
-// Ferry creates no buckets. A client that cannot list checks nothing.
+// Ferry creates no buckets. A client that cannot check checks nothing.
 func CheckMounts(ctx context.Context, f Files, b Buckets) error {
-	l, ok := b.(mountLister)
+	l, ok := b.(bucketChecker)
 	if !ok {
 		return nil
 	}
@@ -230,7 +232,7 @@ func CheckMounts(ctx context.Context, f Files, b Buckets) error {
 		}
 		u := *m.Bucket
 		u.Prefix = u.DirPrefix()
-		if _, err := l.ListMount(ctx, u); err != nil {
+		if err := l.CheckBucket(ctx, u); err != nil {
 			create := "aws s3 mb s3://" + u.Bucket
 			if u.Scheme == "gs" {
 				create = "gcloud storage buckets create gs://" + u.Bucket

@@ -143,6 +143,33 @@ func (c *Client) ListMount(ctx context.Context, u launcher.BucketURL) ([]launche
 	return objs, nil
 }
 
+// CheckBucket says whether u's bucket exists and these credentials may list u's prefix,
+// reading one object at most: the check before a bucket is mounted, whatever it holds.
+func (c *Client) CheckBucket(ctx context.Context, u launcher.BucketURL) error {
+	prefix := u.DirPrefix()
+	switch u.Scheme {
+	case "s3":
+		cl, err := c.s3For(ctx, u.Bucket)
+		if err != nil {
+			return err
+		}
+		if _, err := cl.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: &u.Bucket, Prefix: &prefix, MaxKeys: awssdk.Int32(1)}); err != nil {
+			return s3Error(u, err)
+		}
+	case "gs":
+		svc, err := c.gcsService(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := svc.Objects.List(u.Bucket).Prefix(prefix).MaxResults(1).Context(ctx).Do(); err != nil {
+			return gcsError(u, err)
+		}
+	default:
+		return fmt.Errorf("%w: %s: unsupported scheme", launcher.ErrFiles, u)
+	}
+	return nil
+}
+
 // Put uploads one object and returns its ETag (ListMount's for the same content).
 func (c *Client) Put(ctx context.Context, u launcher.BucketURL, key string, body io.ReadSeeker, size int64) (string, error) {
 	switch u.Scheme {

@@ -248,3 +248,34 @@ func TestGCSReadTokenNarrows(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestCheckBucketWhateverItHolds: the check before a mount reads one object at most, so a
+// bucket holding more than a copy may list is mounted; a missing bucket is ErrFiles.
+func TestCheckBucketWhateverItHolds(t *testing.T) {
+	s3, gcs, _ := newFakes(t)
+	c := buckets.New(buckets.Options{
+		S3Endpoint:  s3.URL(),
+		Credentials: credentials.NewStaticCredentialsProvider("AKID", "SECRET", ""),
+		GCSEndpoint: gcs.URL(),
+		GCSOptions:  []option.ClientOption{option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: "tok"}))},
+		MaxObjects:  1,
+	})
+	ctx := context.Background()
+	for _, scheme := range []string{"s3", "gs"} {
+		t.Run(scheme, func(t *testing.T) {
+			models := launcher.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "models/"}
+			if _, err := c.ListMount(ctx, models); err == nil {
+				t.Fatal("ListMount of two objects with MaxObjects 1: no error; the test would prove nothing")
+			}
+			if err := c.CheckBucket(ctx, models); err != nil {
+				t.Errorf("CheckBucket(two objects) = %v, want nil", err)
+			}
+			if err := c.CheckBucket(ctx, launcher.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "empty/"}); err != nil {
+				t.Errorf("CheckBucket(empty prefix) = %v, want nil", err)
+			}
+			if err := c.CheckBucket(ctx, launcher.BucketURL{Scheme: scheme, Bucket: "missing"}); !errors.Is(err, launcher.ErrFiles) {
+				t.Errorf("CheckBucket(missing bucket) = %v, want ErrFiles", err)
+			}
+		})
+	}
+}
