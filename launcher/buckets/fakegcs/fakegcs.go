@@ -238,9 +238,8 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	objs, ok := s.buckets[bucket]
+	objs, ok := s.bucket(w, bucket)
 	if !ok {
-		writeError(w, http.StatusNotFound, "The specified bucket does not exist.")
 		return
 	}
 	var names []string
@@ -269,9 +268,8 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	bucket, name := r.PathValue("bucket"), r.PathValue("object")
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	objs, ok := s.buckets[bucket]
+	objs, ok := s.bucket(w, bucket)
 	if !ok {
-		writeError(w, http.StatusNotFound, "The specified bucket does not exist.")
 		return
 	}
 	body, ok := objs[name]
@@ -300,9 +298,8 @@ func (s *Server) insert(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	objs, ok := s.buckets[bucket]
+	objs, ok := s.bucket(w, bucket)
 	if !ok {
-		writeError(w, http.StatusNotFound, "The specified bucket does not exist.")
 		return
 	}
 	s.writes = append(s.writes, Write{Method: http.MethodPost, Bucket: bucket, Name: name, Token: bearer(r)})
@@ -314,9 +311,8 @@ func (s *Server) delete(w http.ResponseWriter, r *http.Request) {
 	bucket, name := r.PathValue("bucket"), r.PathValue("object")
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	objs, ok := s.buckets[bucket]
+	objs, ok := s.bucket(w, bucket)
 	if !ok {
-		writeError(w, http.StatusNotFound, "The specified bucket does not exist.")
 		return
 	}
 	if _, ok := objs[name]; !ok {
@@ -381,4 +377,14 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"code": code, "message": msg,
 		"errors": []map[string]string{{"message": msg, "domain": "global", "reason": "notFound"}}}})
+}
+
+// bucket is the named bucket's objects; a missing bucket answers 404, as GCS does. The
+// caller holds s.mu.
+func (s *Server) bucket(w http.ResponseWriter, name string) (map[string][]byte, bool) {
+	objs, ok := s.buckets[name]
+	if !ok {
+		writeError(w, http.StatusNotFound, "The specified bucket does not exist.")
+	}
+	return objs, ok
 }
