@@ -52,14 +52,7 @@ func TestParseCapacity(t *testing.T) {
 			if diff := cmp.Diff(tc.want, task.Resources.Capacity); diff != "" {
 				t.Errorf("Capacity (-want +got):\n%s", diff)
 			}
-			out, err := task.ResolvedYAML()
-			if err != nil {
-				t.Fatal(err)
-			}
-			again, err := Parse("resolved.yaml", out, Overrides{})
-			if err != nil {
-				t.Fatalf("resolved YAML does not parse: %v\n%s", err, out)
-			}
+			again, out := reparse(t, task)
 			if diff := cmp.Diff(task.Resources.Capacity, again.Resources.Capacity); diff != "" {
 				t.Errorf("round trip (-first +again):\n%s\n%s", diff, out)
 			}

@@ -42,14 +42,7 @@ func TestElasticJobRecovery(t *testing.T) {
 			if !task.Job.Recovery.Elastic() {
 				t.Error("not elastic")
 			}
-			out, err := task.ResolvedYAML()
-			if err != nil {
-				t.Fatal(err)
-			}
-			again, err := Parse("resolved.yaml", out, Overrides{})
-			if err != nil {
-				t.Fatalf("resolved YAML does not parse: %v\n%s", err, out)
-			}
+			again, out := reparse(t, task)
 			if diff := cmp.Diff(task.Job, again.Job); diff != "" {
 				t.Errorf("resolved YAML changed the job (-first +again):\n%s\n%s", diff, out)
 			}

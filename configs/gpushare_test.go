@@ -75,14 +75,7 @@ func TestParseGPUShare(t *testing.T) {
 				t.Errorf("SharesGPU = %v, want %v", r.SharesGPU(), tc.wantOK)
 			}
 			// ResolvedYAML writes gpu_share back in a spelling that parses to the same thing.
-			out, err := task.ResolvedYAML()
-			if err != nil {
-				t.Fatal(err)
-			}
-			again, err := Parse("resolved.yaml", out, Overrides{})
-			if err != nil {
-				t.Fatalf("resolved YAML does not parse: %v\n%s", err, out)
-			}
+			again, out := reparse(t, task)
 			if diff := cmp.Diff(r.GPUShare, again.Resources.GPUShare); diff != "" {
 				t.Errorf("round trip (-first +again):\n%s\n%s", diff, out)
 			}

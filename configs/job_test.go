@@ -46,14 +46,7 @@ func TestParseJob(t *testing.T) {
 				t.Errorf("job (-want +got):\n%s", diff)
 			}
 			// What `jobs launch --dry-run` shows parses back to the same job.
-			out, err := task.ResolvedYAML()
-			if err != nil {
-				t.Fatal(err)
-			}
-			again, err := Parse("resolved.yaml", out, Overrides{})
-			if err != nil {
-				t.Fatalf("resolved YAML does not parse: %v\n%s", err, out)
-			}
+			again, out := reparse(t, task)
 			if diff := cmp.Diff(task.Job, again.Job); diff != "" {
 				t.Errorf("resolved YAML changed the job (-first +again):\n%s\n%s", diff, out)
 			}

@@ -39,14 +39,7 @@ func TestNetworkTier(t *testing.T) {
 			t.Errorf("candidate %d: network_tier %q", i, c.NetworkTier)
 		}
 	}
-	out, err := task.ResolvedYAML()
-	if err != nil {
-		t.Fatal(err)
-	}
-	again, err := Parse("resolved.yaml", out, Overrides{})
-	if err != nil {
-		t.Fatalf("resolved YAML does not parse: %v\n%s", err, out)
-	}
+	again, out := reparse(t, task)
 	if diff := cmp.Diff(task.Resources, again.Resources); diff != "" {
 		t.Errorf("resolved YAML changed resources (-first +again):\n%s\n%s", diff, out)
 	}

@@ -31,6 +31,20 @@ func parseOK(t *testing.T, yaml string, ov Overrides) *Task {
 }
 
 // parseErrs parses yaml and compares its errors with want (messages as substrings).
+// reparse parses task's resolved YAML (what --dry-run shows) back, and returns it with the YAML.
+func reparse(t *testing.T, task *Task) (*Task, []byte) {
+	t.Helper()
+	out, err := task.ResolvedYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := Parse("resolved.yaml", out, Overrides{})
+	if err != nil {
+		t.Fatalf("resolved YAML does not parse: %v\n%s", err, out)
+	}
+	return again, out
+}
+
 func parseErrs(t *testing.T, yaml string, ov Overrides, want []wantErr) {
 	t.Helper()
 	_, err := Parse("task.yaml", []byte(yaml), ov)

@@ -103,14 +103,7 @@ config:
 				t.Errorf("config (-want +got):\n%s", diff)
 			}
 			// --dry-run shows it, and what it shows parses back to the same.
-			out, err := task.ResolvedYAML()
-			if err != nil {
-				t.Fatal(err)
-			}
-			again, err := Parse("resolved.yaml", out, Overrides{})
-			if err != nil {
-				t.Fatalf("resolved YAML does not parse: %v\n%s", err, out)
-			}
+			again, out := reparse(t, task)
 			if diff := cmp.Diff(task.Config, again.Config); diff != "" {
 				t.Errorf("resolved YAML changed config (-first +again):\n%s\n%s", diff, out)
 			}

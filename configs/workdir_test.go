@@ -36,14 +36,7 @@ func TestGitWorkdir(t *testing.T) {
 			if task.Workdir != "" {
 				t.Errorf("Workdir = %q: a repository is not a local directory", task.Workdir)
 			}
-			out, err := task.ResolvedYAML()
-			if err != nil {
-				t.Fatal(err)
-			}
-			again, err := Parse("resolved.yaml", out, Overrides{})
-			if err != nil {
-				t.Fatalf("resolved YAML does not parse: %v\n%s", err, out)
-			}
+			again, out := reparse(t, task)
 			if diff := cmp.Diff(task.GitWorkdir, again.GitWorkdir); diff != "" {
 				t.Errorf("resolved YAML changed the workdir (-first +again):\n%s\n%s", diff, out)
 			}
