@@ -279,7 +279,7 @@ var skypilotExamples = []exampleCase{
 	{file: "llm/gpt-oss-finetuning/gpt-oss-20b-lora.yaml", dir: "llm/gpt-oss-finetuning"},
 	{file: "examples/aws_efa/efa_vm.yaml"},
 	{file: "examples/aws_efa/nccl_efa.yaml", refused: "no Kubernetes context is enabled",
-		resolvedBy: "a Kubernetes cluster with A100:8 nodes (infra: kubernetes; this machine enables local, AWS and GCP): TestPodConfigJobOnTheCluster plans and runs it on the test cluster"},
+		resolvedBy: "a Kubernetes cluster with A100:8 nodes (infra: kubernetes; this machine enables local, AWS and GCP): TestPodConfigJobOnTheCluster runs its config: (pod_config) on the test cluster, adapted to its T4 nodes"},
 	{file: "examples/elastic_training/job.yaml", refused: "a SkyPilot job group",
 		resolvedBy: "job groups, not built yet; each of its tasks in a file of its own is accepted (elastic recovery, git workdir: TestElasticJobOnTheCluster)"},
 	{file: "examples/deepspeed-multinode/sky.yaml", refused: "sky-key does not exist",
