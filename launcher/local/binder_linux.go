@@ -149,8 +149,8 @@ func (b *binder) bind(n *seccompNotif) seccompNotifResp {
 		}
 	}
 	fd, err := b.socketOf(n)
-	if errors.Is(err, unix.EBADF) || errors.Is(err, unix.ENOTSOCK) {
-		return fail(err.(unix.Errno))
+	if errors.Is(err, unix.EBADF) {
+		return fail(unix.EBADF) // no such descriptor in the program, as the kernel would answer
 	}
 	if err != nil {
 		return b.passThrough(n, fmt.Errorf("reach its socket: %w", err))
@@ -161,7 +161,9 @@ func (b *binder) bind(n *seccompNotif) seccompNotifResp {
 		return fail(errno)
 	}
 	if err := bindAs(fd, int(n.Pid), addr); err != nil {
-		return fail(err.(unix.Errno))
+		errno := unix.EINVAL
+		errors.As(err, &errno)
+		return fail(errno)
 	}
 	if moved {
 		fmt.Fprintf(os.Stderr, "ferry: bind %s moved to %s, this replica's own address\n",
