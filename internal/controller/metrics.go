@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -56,25 +55,21 @@ func (c *Controller) startMetrics() error {
 	return nil
 }
 
-// MetricsTokenFile is the file in FERRY_HOME whose token /metrics requires when no
-// Options.MetricsToken is given. The controller the CLI starts on first use gets no
-// --metrics-token-file, so a token the user sets there protects /metrics however the
-// controller was started; the Helm chart mounts its metrics token at the same place.
-const MetricsTokenFile = "metrics.token"
-
 // maxTokenFileSize bounds reading a token file: it holds one token.
 const maxTokenFileSize = 4 << 10
 
-// metricsToken is the token /metrics requires: Options.MetricsToken, else the home's
-// metrics.token when there is one, else none. A token file others may read is tightened to
-// 0600 first; one that is empty, short or holds more than one token is an error, not an open
-// /metrics.
+// metricsToken is the token /metrics requires: Options.MetricsToken, else the one in the
+// home's metrics.token when there is one (home.MetricsTokenPath), else none. The controller
+// the CLI starts on first use gets no --metrics-token-file, so a token the user puts there
+// protects /metrics however the controller was started; the Helm chart mounts its metrics
+// token at the same place. A file that is there but empty, short or holds more than one token
+// is an error, not an open /metrics.
 func (c *Controller) metricsToken() (string, error) {
 	if c.opts.MetricsToken != "" || c.opts.Home.Dir == "" {
 		return c.opts.MetricsToken, nil
 	}
-	path := filepath.Join(c.opts.Home.Dir, MetricsTokenFile)
-	info, err := os.Lstat(path)
+	path := c.opts.Home.MetricsTokenPath()
+	info, err := os.Stat(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil
 	}
@@ -82,18 +77,12 @@ func (c *Controller) metricsToken() (string, error) {
 		return "", fmt.Errorf("metrics token: %w", err)
 	}
 	if !info.Mode().IsRegular() || info.Size() > maxTokenFileSize {
-		return "", fmt.Errorf("metrics token: %s must be a regular file holding one token (at most %d bytes)", path, maxTokenFileSize)
+		return "", fmt.Errorf("metrics token: %s must be a file holding one token (at most %d bytes)", path, maxTokenFileSize)
 	}
-	if info.Mode().Perm()&0o077 != 0 {
-		if err := os.Chmod(path, 0o600); err != nil {
-			return "", fmt.Errorf("metrics token: tighten %s to 0600: %w", path, err)
-		}
-	}
-	b, err := os.ReadFile(path)
+	tok, err := c.opts.Home.MetricsToken()
 	if err != nil {
-		return "", fmt.Errorf("metrics token: %w", err)
+		return "", err
 	}
-	tok := strings.TrimSpace(string(b))
 	if len(tok) < proxy.MinAdminTokenLength || strings.ContainsAny(tok, " \t\r\n") {
 		return "", fmt.Errorf("metrics token: %s must hold one token of at least %d characters without whitespace (remove the file to serve /metrics without a token)",
 			path, proxy.MinAdminTokenLength)

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -168,11 +167,12 @@ func TestMetricsTokenInHome(t *testing.T) {
 		"others may read": {content: token, mode: 0o644},
 		"short":           {content: "abc123", mode: 0o600, wantErr: "at least 16 characters"},
 		"two tokens":      {content: token + " " + token, mode: 0o600, wantErr: "without whitespace"},
+		"empty":           {content: "\n", mode: 0o600, wantErr: "at least 16 characters"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
-			path := filepath.Join(dir, MetricsTokenFile)
+			path := home.Home{Dir: dir}.MetricsTokenPath()
 			if tc.content != "" {
 				if err := os.WriteFile(path, []byte(tc.content), tc.mode); err != nil {
 					t.Fatal(err)
