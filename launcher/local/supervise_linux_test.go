@@ -657,3 +657,32 @@ func TestSupervisorMovesAServiceGangsWildcardBinds(t *testing.T) {
 		t.Fatal("a job's node is supervised")
 	}
 }
+
+// TestBindAddressUnspec: Linux binds an AF_INET socket given AF_UNSPEC with INADDR_ANY as
+// AF_INET, so the binder moves that form of 0.0.0.0:PORT too (left as it is, it held the port
+// on every address); on an IPv6 socket the kernel refuses it, and so it stays as it is.
+func TestBindAddressUnspec(t *testing.T) {
+	b := &binder{host: "127.7.8.9", port: 8000}
+	unspec := make([]byte, unix.SizeofSockaddrInet4)
+	binary.NativeEndian.PutUint16(unspec, unix.AF_UNSPEC)
+	binary.BigEndian.PutUint16(unspec[2:], 8000)
+	for _, tc := range []struct {
+		domain    int
+		wantMoved bool
+	}{{unix.AF_INET, true}, {unix.AF_INET6, false}} {
+		fd, err := unix.Socket(tc.domain, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr, moved, errno := b.bindAddress(fd, os.Getpid(), unspec)
+		unix.Close(fd)
+		if errno != 0 || moved != tc.wantMoved {
+			t.Errorf("domain %d: moved %v (errno %v), want %v", tc.domain, moved, errno, tc.wantMoved)
+		}
+		if moved {
+			if sa, ok := parseSockaddr(addr); !ok || sa.String() != "127.7.8.9:8000" {
+				t.Errorf("moved to %v, want 127.7.8.9:8000", sa)
+			}
+		}
+	}
+}
