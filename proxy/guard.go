@@ -26,8 +26,11 @@ type ClientLimits struct {
 	// make the proxy fail to reach its replicas.
 	MaxConnections int
 	// MaxConnectionsPerAddr caps the open connections of one client address (an IPv6 client by
-	// its /64); more are answered 429 and closed. Zero, the default, caps nothing: behind a load
-	// balancer, an ingress or a NAT many clients share one address.
+	// its /64); more are answered 429 and closed. Zero selects the default, a quarter of
+	// MaxConnections but at least 16 (all of them when MaxConnections is lower), so that one
+	// client opening connections and sending nothing holds at most a quarter of the slots and
+	// never starves the others. NoConnectionCapPerAddr turns it off: behind a load balancer, an
+	// ingress or a NAT many clients share one address.
 	MaxConnectionsPerAddr int
 	// MaxBufferedBodyBytes bounds the request bodies being read at once, counted at their
 	// announced Content-Length (a chunked body as the service's largest allowed body) from the
@@ -44,12 +47,22 @@ type ClientLimits struct {
 // clients announcing large bodies and sending them slowly (or never) can hold no more.
 const DefaultMaxBufferedBodyBytes = 512 << 20
 
+// NoConnectionCapPerAddr as ClientLimits.MaxConnectionsPerAddr caps no client address.
+const NoConnectionCapPerAddr = -1
+
+// minDefaultMaxConnectionsPerAddr keeps the default per-address cap useful to a client that
+// opens a few parallel connections on a proxy with a small connection cap.
+const minDefaultMaxConnectionsPerAddr = 16
+
 // minDefaultMaxConnections keeps a process with a tiny descriptor limit serving a few clients.
 const minDefaultMaxConnections = 64
 
 func (l ClientLimits) withDefaults() ClientLimits {
 	if l.MaxConnections == 0 {
 		l.MaxConnections = defaultMaxConnections()
+	}
+	if l.MaxConnectionsPerAddr == 0 {
+		l.MaxConnectionsPerAddr = max(l.MaxConnections/4, min(l.MaxConnections, minDefaultMaxConnectionsPerAddr))
 	}
 	if l.MaxBufferedBodyBytes == 0 {
 		l.MaxBufferedBodyBytes = DefaultMaxBufferedBodyBytes
@@ -62,8 +75,8 @@ func (l ClientLimits) validate() error {
 	if l.MaxConnections < 0 {
 		errs = append(errs, fmt.Errorf("max connections: %d must not be negative", l.MaxConnections))
 	}
-	if l.MaxConnectionsPerAddr < 0 {
-		errs = append(errs, fmt.Errorf("max connections per address: %d must not be negative", l.MaxConnectionsPerAddr))
+	if l.MaxConnectionsPerAddr < NoConnectionCapPerAddr {
+		errs = append(errs, fmt.Errorf("max connections per address: %d must be positive, 0 (the default) or %d (no cap)", l.MaxConnectionsPerAddr, NoConnectionCapPerAddr))
 	}
 	if l.MaxBufferedBodyBytes < 0 {
 		errs = append(errs, fmt.Errorf("max buffered body bytes: %d must not be negative", l.MaxBufferedBodyBytes))
@@ -88,7 +101,8 @@ type Guard struct {
 	limits ClientLimits
 	// open counts the client connections admitted and not closed yet.
 	open atomic.Int64
-	// perAddr counts open connections by client address, when MaxConnectionsPerAddr is set.
+	// perAddr counts open connections by client address, unless MaxConnectionsPerAddr is
+	// NoConnectionCapPerAddr.
 	addrMu  sync.Mutex
 	perAddr map[[16]byte]int32
 	// bodies is the budget of request bodies being read, and the verdicts of requests judged at

@@ -153,10 +153,79 @@ func TestClientLimitsValidate(t *testing.T) {
 		}
 	}
 	g := newTestGuard(t, ClientLimits{})
-	if lim := g.Limits(); lim.MaxConnections < minDefaultMaxConnections || lim.MaxConnectionsPerAddr != 0 || lim.MaxBufferedBodyBytes != DefaultMaxBufferedBodyBytes {
+	if lim := g.Limits(); lim.MaxConnections < minDefaultMaxConnections || lim.MaxConnectionsPerAddr != lim.MaxConnections/4 || lim.MaxBufferedBodyBytes != DefaultMaxBufferedBodyBytes {
 		t.Errorf("defaults %+v", lim)
 	}
 }
+
+// TestDefaultConnectionCapPerAddress: the per-address cap is on unless turned off, a quarter
+// of the connection cap, at least 16, and never above the connection cap itself; so one
+// address never holds every slot when MaxConnections is 64 or more.
+func TestDefaultConnectionCapPerAddress(t *testing.T) {
+	tests := map[string]struct {
+		limits      ClientLimits
+		wantPerAddr int
+	}{
+		"a 256-descriptor limit's cap":  {ClientLimits{MaxConnections: 128}, 32},
+		"a large cap":                   {ClientLimits{MaxConnections: 500_000}, 125_000},
+		"the smallest default cap":      {ClientLimits{MaxConnections: minDefaultMaxConnections}, 16},
+		"a cap below sixteen":           {ClientLimits{MaxConnections: 3}, 3},
+		"a cap where 16 is above a 1/4": {ClientLimits{MaxConnections: 40}, 16},
+		"set":                           {ClientLimits{MaxConnections: 128, MaxConnectionsPerAddr: 100}, 100},
+		"off":                           {ClientLimits{MaxConnections: 128, MaxConnectionsPerAddr: NoConnectionCapPerAddr}, NoConnectionCapPerAddr},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := newTestGuard(t, tc.limits).Limits().MaxConnectionsPerAddr; got != tc.wantPerAddr {
+				t.Errorf("MaxConnectionsPerAddr = %d, want %d", got, tc.wantPerAddr)
+			}
+		})
+	}
+}
+
+// TestConnectionCapPerAddressOff: with the cap off one address may hold every slot.
+func TestConnectionCapPerAddressOff(t *testing.T) {
+	u := startUpstream(t, "a", okHandler)
+	guard := newTestGuard(t, ClientLimits{MaxConnections: 64, MaxConnectionsPerAddr: NoConnectionCapPerAddr})
+	_, base := startProxy(t, ServiceConfig{Guard: guard}, backendsOf(u)...)
+	addr := strings.TrimPrefix(base, "http://")
+	for i := range 20 {
+		if resp, body, err := exchangeOn(dialFrom(t, "127.0.0.1", addr), "x"); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("connection %d from one address with no per-address cap: %v %v %s", i, resp, err, body)
+		}
+	}
+}
+
+// BenchmarkAdmitConn is the cost of admitting and closing a client connection, with and
+// without the per-address count (a map under a lock), once per connection, not per request.
+func BenchmarkAdmitConn(b *testing.B) {
+	for name, perAddr := range map[string]int{"per-address cap on": 0, "per-address cap off": NoConnectionCapPerAddr} {
+		b.Run(name, func(b *testing.B) {
+			g, err := NewGuard(ClientLimits{MaxConnections: 1 << 20, MaxConnectionsPerAddr: perAddr})
+			if err != nil {
+				b.Fatal(err)
+			}
+			c := fakeTCPConn{remote: &net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 40000}}
+			b.ReportAllocs()
+			for b.Loop() {
+				admitted, refusal := g.admitConn(c)
+				if refusal != connAdmitted {
+					b.Fatal("refused")
+				}
+				_ = admitted.Close()
+			}
+		})
+	}
+}
+
+// fakeTCPConn is a connection with a remote address and nothing else, for BenchmarkAdmitConn.
+type fakeTCPConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (c fakeTCPConn) RemoteAddr() net.Addr { return c.remote }
+func (c fakeTCPConn) Close() error         { return nil }
 
 // TestRetryingListenerStopsOnClose: a listener closed while it waits out an accept error
 // returns at once, so Shutdown is not held up by the backoff.

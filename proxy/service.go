@@ -18,7 +18,7 @@
 //
 // Opening or closing an upstream connection, not a request, takes its replica's
 // connection-set lock (upstreamconn.go); accepting or closing a client connection takes the
-// Guard's per-address lock, only while MaxConnectionsPerAddr is set (guard.go). Pickers are
+// Guard's per-address lock, unless the per-address cap is off (guard.go). Pickers are
 // the policy package's: least_load and the other policies that read only counters lock
 // nothing, while prefix_affinity and llm_aware hold their service's prefix index for about a
 // microsecond per pick (policy/prefix.go), and least_ttft takes each replica's index lock for

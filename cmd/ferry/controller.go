@@ -117,7 +117,7 @@ func newControllerCmd() *cobra.Command {
 	f.IntVar(&opts.ClientLimits.MaxConnections, "max-connections", envInt("FERRY_MAX_CONNECTIONS", &envErrs),
 		"refuse client connections beyond this many open at once over every service endpoint and the gateway, with 503 (0: half the file-descriptor limit; $FERRY_MAX_CONNECTIONS)")
 	f.IntVar(&opts.ClientLimits.MaxConnectionsPerAddr, "max-connections-per-ip", envInt("FERRY_MAX_CONNECTIONS_PER_IP", &envErrs),
-		"refuse a client address's connections beyond this many open at once, with 429 (0: no cap; $FERRY_MAX_CONNECTIONS_PER_IP)")
+		"refuse a client address's connections beyond this many open at once, with 429 (0: a quarter of --max-connections, at least 16; -1: no cap, right behind a load balancer; $FERRY_MAX_CONNECTIONS_PER_IP)")
 	f.IntVar(&bufferedMB, "max-buffered-body-mb", envInt("FERRY_MAX_BUFFERED_BODY_MB", &envErrs),
 		"request bodies being read at once, in MiB by their announced length; beyond it 503 at the request's headers (0: 512; $FERRY_MAX_BUFFERED_BODY_MB)")
 	f.DurationVar(&opts.JobRetryInterval, "job-retry-interval", envDuration("FERRY_JOB_RETRY_INTERVAL", &envErrs),

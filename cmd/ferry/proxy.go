@@ -127,7 +127,9 @@ with its id, path, status, replica and timings, never headers, query strings or 
 
 A request without a valid API key is refused as soon as its headers arrive, before its body
 is read. --max-connections (default: half the process's file-descriptor limit) and
---max-connections-per-ip (default: off, right behind a load balancer) cap client connections;
+--max-connections-per-ip (default: a quarter of --max-connections, at least 16, so that one
+idle client cannot hold every slot; -1 turns it off, right behind a load balancer) cap client
+connections;
 --max-buffered-body-mb caps the request bodies being read at once, by their announced length.
 These hold with or without --attach.
 
@@ -209,7 +211,7 @@ func (f *proxyFlags) define(fl *pflag.FlagSet) {
 	fl.BoolVar(&f.accessLog, "access-log", false, "log one line per request (sampled under load)")
 	fl.IntVar(&f.maxConns, "max-connections", 0, "refuse client connections beyond this many open at once, with 503 (0: half the process's file-descriptor limit)")
 	fl.IntVar(&f.maxBufferedMB, "max-buffered-body-mb", proxy.DefaultMaxBufferedBodyBytes>>20, "request bodies being read at once, in MiB by their announced length; beyond it 503 at the request's headers")
-	fl.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "refuse a client address's connections beyond this many open at once, with 429 (0: no cap; leave it off behind a load balancer)")
+	fl.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "refuse a client address's connections beyond this many open at once, with 429 (0: a quarter of --max-connections, at least 16; -1: no cap, right behind a load balancer)")
 	fl.StringVar(&f.attach, "attach", "", "follow this service of the controller in FERRY_HOME instead of fixed replicas")
 	fl.StringSliceVar(&f.controllers, "controller", nil, "with --attach: the API URLs of the controllers (http(s)://HOST:PORT, comma-separated or repeated) when several run with --leader-elect; the proxy follows whichever leads, with FERRY_HOME's proxy.token (and controller.crt for https)")
 }
@@ -290,8 +292,8 @@ func (f proxyFlags) parseClientLimits(opts *proxyOptions) []error {
 	if f.maxConns < 0 {
 		errs = append(errs, fmt.Errorf("--max-connections %d: must not be negative", f.maxConns))
 	}
-	if f.maxConnsPerIP < 0 {
-		errs = append(errs, fmt.Errorf("--max-connections-per-ip %d: must not be negative", f.maxConnsPerIP))
+	if f.maxConnsPerIP < proxy.NoConnectionCapPerAddr {
+		errs = append(errs, fmt.Errorf("--max-connections-per-ip %d: want a positive cap, 0 (the default) or -1 (no cap)", f.maxConnsPerIP))
 	}
 	if f.maxBufferedMB < 0 || f.maxBufferedMB > maxBufferedBodyMB {
 		errs = append(errs, fmt.Errorf("--max-buffered-body-mb %d: want 1 to %d (0: the default)", f.maxBufferedMB, maxBufferedBodyMB))

@@ -127,7 +127,15 @@ func TestProxyFlags(t *testing.T) {
 				}
 			},
 		},
-		"negative connection caps":       {edit: func(f *proxyFlags) { f.maxConns, f.maxConnsPerIP = -1, -1 }, wantErr: "--max-connections-per-ip -1"},
+		"per-address cap off": {
+			edit: func(f *proxyFlags) { f.maxConnsPerIP = -1 },
+			check: func(t *testing.T, o proxyOptions) {
+				if o.clientLimits.MaxConnectionsPerAddr != proxy.NoConnectionCapPerAddr {
+					t.Errorf("client limits %+v", o.clientLimits)
+				}
+			},
+		},
+		"negative connection caps":       {edit: func(f *proxyFlags) { f.maxConns, f.maxConnsPerIP = -1, -2 }, wantErr: "--max-connections-per-ip -2"},
 		"no body budget":                 {edit: func(f *proxyFlags) { f.maxBufferedMB = -1 }, wantErr: "--max-buffered-body-mb -1"},
 		"rate too slow":                  {edit: func(f *proxyFlags) { f.rateLimit = 0.0001 }, wantErr: "--rate-limit 0.0001"},
 		"burst without rate":             {edit: func(f *proxyFlags) { f.rateBurst = 3 }, wantErr: "--rate-limit-burst: goes with --rate-limit"},

@@ -7,6 +7,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -175,15 +176,64 @@ func (c *Controller) forwarder() *httputil.ReverseProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(pr.In.Context().Value(leaderURLKey{}).(*url.URL))
 		},
-		Transport:     tr,
+		Transport:     leaderTransport{tr},
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			var body api.ErrorBody
+			status := http.StatusBadGateway
 			body.Error.Code, body.Error.Message = "leader_unreachable", "forward to the leader: "+err.Error()
+			if errors.Is(err, errLeaderInClear) {
+				status, body.Error.Code, body.Error.Message = http.StatusServiceUnavailable, "leader_not_tls", err.Error()
+				c.log.Warn("not forwarding to the leader", zap.Error(err))
+			}
 			w.Header().Set("Retry-After", "1")
-			api.WriteJSON(w, http.StatusBadGateway, body)
+			api.WriteJSON(w, status, body)
 		},
 	}
+}
+
+// errLeaderInClear refuses to forward a request, and the controller token it carries, to a
+// leader whose URL would send it in clear text over a network: whoever can write the Lease, or
+// watch the network, would get the token.
+var errLeaderInClear = errors.New("refusing to send the controller token in clear text")
+
+// leaderTransport forwards to the leader only over HTTPS, or plain HTTP on loopback (two
+// controllers on one machine). Checking each request at the transport holds for every way a
+// request reaches the leader.
+type leaderTransport struct{ http.RoundTripper }
+
+var _ http.RoundTripper = leaderTransport{}
+
+func (t leaderTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if err := leaderURLSafe(r.URL); err != nil {
+		if r.Body != nil {
+			_ = r.Body.Close()
+		}
+		return nil, err
+	}
+	return t.RoundTripper.RoundTrip(r)
+}
+
+// leaderURLSafe accepts https, and http to a loopback address (an IP literal or localhost).
+func leaderURLSafe(u *url.URL) error {
+	switch {
+	case u.Scheme == "https":
+		return nil
+	case u.Scheme == "http" && isLoopbackHost(u.Hostname()):
+		return nil
+	}
+	return fmt.Errorf("%w: the leader's API URL %s on the Lease is not https; run every controller with --api-tls-cert and --api-tls-key so the leader announces an https URL",
+		errLeaderInClear, u.Scheme+"://"+u.Host)
+}
+
+// isLoopbackHost reports whether host is a loopback IP or localhost; a name that would need
+// DNS is not, since DNS could send it anywhere.
+func isLoopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Elector is a leader election on the Lease cfg.Name in the store's namespace, through the

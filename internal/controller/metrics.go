@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
+	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -41,10 +44,50 @@ func (c *Controller) startMetrics() error {
 	if ln == nil {
 		return err
 	}
-	c.stopAdmin = proxy.ServeAdmin(ln, c.registry, c.opts.MetricsToken, c.log.Named("metrics"))
+	token, err := c.metricsToken()
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	c.stopAdmin = proxy.ServeAdmin(ln, c.registry, token, c.log.Named("metrics"))
 	c.metricsAddr = ln.Addr().String()
-	c.log.Info("metrics serving", zap.String("endpoint", c.metricsURL()), zap.Bool("token_required", c.opts.MetricsToken != ""))
+	c.log.Info("metrics serving", zap.String("endpoint", c.metricsURL()), zap.Bool("token_required", token != ""))
 	return nil
+}
+
+// maxTokenFileSize bounds reading a token file: it holds one token.
+const maxTokenFileSize = 4 << 10
+
+// metricsToken is the token /metrics requires: Options.MetricsToken, else the one in the
+// home's metrics.token when there is one (home.MetricsTokenPath), else none. The controller
+// the CLI starts on first use gets no --metrics-token-file, so a token the user puts there
+// protects /metrics however the controller was started; the Helm chart mounts its metrics
+// token at the same place. A file that is there but empty, short or holds more than one token
+// is an error, not an open /metrics.
+func (c *Controller) metricsToken() (string, error) {
+	if c.opts.MetricsToken != "" || c.opts.Home.Dir == "" {
+		return c.opts.MetricsToken, nil
+	}
+	path := c.opts.Home.MetricsTokenPath()
+	info, err := os.Stat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("metrics token: %w", err)
+	}
+	if !info.Mode().IsRegular() || info.Size() > maxTokenFileSize {
+		return "", fmt.Errorf("metrics token: %s must be a file holding one token (at most %d bytes)", path, maxTokenFileSize)
+	}
+	tok, err := c.opts.Home.MetricsToken()
+	if err != nil {
+		return "", err
+	}
+	if len(tok) < proxy.MinAdminTokenLength || strings.ContainsAny(tok, " \t\r\n") {
+		return "", fmt.Errorf("metrics token: %s must hold one token of at least %d characters without whitespace (remove the file to serve /metrics without a token)",
+			path, proxy.MinAdminTokenLength)
+	}
+	return tok, nil
 }
 
 // stopMetrics closes the metrics listener and waits until its address is free. Start calls it

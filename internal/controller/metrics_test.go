@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/ferryserve/ferry/internal/home"
 	"github.com/ferryserve/ferry/launcher"
 )
 
@@ -147,6 +149,83 @@ func TestMetricsToken(t *testing.T) {
 			t.Errorf("GET %s with %q: %d, want %d", tc.path, tc.auth, got, tc.want)
 		}
 	}
+}
+
+// TestMetricsTokenInHome: with no MetricsToken, a metrics.token in FERRY_HOME protects
+// /metrics (the controller the CLI starts gets no flag); a file others may read is tightened to
+// 0600, and a short or malformed token stops the controller rather than leave /metrics open.
+func TestMetricsTokenInHome(t *testing.T) {
+	const token = "home-metrics-token-0123456789"
+	tests := map[string]struct {
+		content  string // "" writes no file
+		mode     os.FileMode
+		wantErr  string
+		wantOpen bool
+	}{
+		"no file":         {wantOpen: true},
+		"a token":         {content: token + "\n", mode: 0o600},
+		"others may read": {content: token, mode: 0o644},
+		"short":           {content: "abc123", mode: 0o600, wantErr: "at least 16 characters"},
+		"two tokens":      {content: token + " " + token, mode: 0o600, wantErr: "without whitespace"},
+		"empty":           {content: "\n", mode: 0o600, wantErr: "at least 16 characters"},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := home.Home{Dir: dir}.MetricsTokenPath()
+			if tc.content != "" {
+				if err := os.WriteFile(path, []byte(tc.content), tc.mode); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chmod(path, tc.mode); err != nil { // past the umask
+					t.Fatal(err)
+				}
+			}
+			c := New(Options{MetricsAddr: "127.0.0.1:0", Home: home.Home{Dir: dir}})
+			if err := c.initMetrics(); err != nil {
+				t.Fatal(err)
+			}
+			err := c.startMetrics()
+			defer c.stopMetrics()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || strings.Contains(err.Error(), tc.content) {
+					t.Fatalf("startMetrics error = %v, want %q without the file's content", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]int{"": http.StatusUnauthorized, "Bearer " + token: http.StatusOK}
+			if tc.wantOpen {
+				want[""] = http.StatusOK
+			}
+			for auth, code := range want {
+				if got := getStatus(t, "http://"+c.metricsAddr+"/metrics", auth); got != code {
+					t.Errorf("GET /metrics with %q: %d, want %d", auth, got, code)
+				}
+			}
+			if info, err := os.Stat(path); err == nil && info.Mode().Perm() != 0o600 {
+				t.Errorf("%s is %v, want 0600", path, info.Mode().Perm())
+			}
+		})
+	}
+}
+
+// getStatus is the status of GET url with the Authorization header auth ("" for none).
+func getStatus(t *testing.T, url, auth string) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // TestInfraMetrics: the infra series follow the breakers through a scripted outage of gcp

@@ -68,6 +68,20 @@ func (h Home) CertPath() string { return filepath.Join(h.Dir, "controller.crt") 
 // is used: whoever reads it controls the controller.
 func (h Home) Token() (string, error) { return h.token(h.TokenPath(), "controller token") }
 
+// MetricsTokenPath is where a token for the controller's /metrics may be put; the controller
+// never makes one (without it /metrics is open, as Prometheus scrapes usually are).
+func (h Home) MetricsTokenPath() string { return filepath.Join(h.Dir, "metrics.token") }
+
+// MetricsToken is the token in MetricsTokenPath, "" when there is no such file or it is empty.
+// A file others may read is made private first, as the other tokens are.
+func (h Home) MetricsToken() (string, error) {
+	tok, err := readToken(h.MetricsTokenPath())
+	if err != nil {
+		return "", fmt.Errorf("metrics token: %w", err)
+	}
+	return tok, nil
+}
+
 // ProxyTokenPath is the attach token's file: the credential for attached proxies, which may
 // follow services and report their load and nothing else (not create a service, whose `run`
 // would execute anything on the controller's machines).

@@ -13,9 +13,12 @@ import (
 // under a seccomp filter that hands every bind(2) and connect(2) to the supervisor (user
 // notification), and the supervisor binds a wildcard or loopback bind of the task's port, on a
 // duplicate of the program's socket, to $FERRY_HOST instead, and connects a connect to
-// localhost on that port there too (binder_linux.go). Every other bind and connect goes
-// through untouched, as do all other system calls. The supervisor is not on the request path:
-// the proxy's connections are accepted, not made, by the replica.
+// localhost on that port there too (binder_linux.go). It performs every other bind too, with
+// the address it read, so that no thread of the program can change the address after it was
+// read; other connects and all other system calls go through untouched. A call it must leave
+// to the kernel because of an error is logged, and if its loop ends the program's binds and
+// connects fail (ENOSYS) rather than wait. The supervisor is not on the request path: the
+// proxy's connections are accepted, not made, by the replica.
 //
 // The supervisor is the process the provider starts and records (pid and process group), so
 // adoption, state and Terminate work as before: the workload and everything it starts stay in

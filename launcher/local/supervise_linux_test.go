@@ -1,8 +1,10 @@
 package local
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -58,13 +60,17 @@ func buildBinder(t *testing.T) string {
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 func init() {
@@ -86,7 +92,72 @@ func dial(addr string) {
 	fmt.Printf("dialed %s: %s (%v)\n", addr, strings.TrimSpace(line), err)
 }
 
+// race binds fresh sockets to a struct sockaddr_in that another thread keeps switching
+// between 0.0.0.0:OTHER, a port a socket of its own holds (so those binds fail and take no
+// ephemeral port, which could be PORT), and 0.0.0.0:PORT, and says whether a bind ever got
+// 0.0.0.0:PORT.
+func race(port int) {
+	holder, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		fmt.Println("hold a port:", err)
+		os.Exit(5)
+	}
+	other := holder.Addr().(*net.TCPAddr).Port
+	var sa [4]uint32
+	word := func(p int) uint32 {
+		var b [4]byte
+		binary.NativeEndian.PutUint16(b[:], syscall.AF_INET)
+		binary.BigEndian.PutUint16(b[2:], uint16(p))
+		return binary.NativeEndian.Uint32(b[:])
+	}
+	zero, task := word(other), word(port)
+	atomic.StoreUint32(&sa[0], zero)
+	var stop atomic.Bool
+	go func() {
+		runtime.LockOSThread()
+		for !stop.Load() {
+			atomic.StoreUint32(&sa[0], task)
+			atomic.StoreUint32(&sa[0], zero)
+		}
+	}()
+	const tries = 20000
+	for i := 1; i <= tries; i++ {
+		fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+		if err != nil {
+			fmt.Println("socket:", err)
+			os.Exit(5)
+		}
+		_, _, errno := syscall.Syscall(syscall.SYS_BIND, uintptr(fd), uintptr(unsafe.Pointer(&sa[0])), 16)
+		if errno == 0 {
+			got, _ := syscall.Getsockname(fd)
+			if in, ok := got.(*syscall.SockaddrInet4); ok && in.Port == port && in.Addr == [4]byte{} {
+				fmt.Printf("raced: bound 0.0.0.0:%d after %d tries\n", port, i)
+				return
+			}
+		}
+		syscall.Close(fd)
+	}
+	stop.Store(true)
+	fmt.Printf("held: %d tries, none bound 0.0.0.0:%d\n", tries, port)
+}
+
+// badConnect connects with an address the kernel cannot read.
+func badConnect() {
+	fd, _ := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	_, _, errno := syscall.Syscall(syscall.SYS_CONNECT, uintptr(fd), 8, 16)
+	fmt.Println("bad connect:", errno)
+}
+
 func main() {
+	if p, ok := strings.CutPrefix(os.Args[2], "race="); ok {
+		port, _ := strconv.Atoi(p)
+		race(port)
+		select {}
+	}
+	if os.Args[2] == "badconnect" {
+		badConnect()
+		select {}
+	}
 	if strings.HasPrefix(os.Args[2], "dial=") {
 		listen()
 		return
@@ -253,6 +324,91 @@ func TestSupervisorMovesWildcardBinds(t *testing.T) {
 		if err := syscall.Kill(-meta.PGID, 0); err != syscall.ESRCH {
 			t.Errorf("%s's process group %d outlived Terminate (%v)", in.Name, meta.PGID, err)
 		}
+	}
+}
+
+// A program cannot race the supervisor: while one thread binds fresh sockets to an address
+// another thread switches between 0.0.0.0:OTHER and 0.0.0.0:PORT, no bind gets 0.0.0.0:PORT. (The
+// supervisor used to leave binds it did not move to the kernel, which read the address again:
+// one got 0.0.0.0:PORT within a few hundred tries.) A connect whose address cannot be read is
+// left to the kernel, and the log says so.
+func TestSupervisorBindCannotBeRaced(t *testing.T) {
+	p := supervisedProvider(t, "")
+	port := freePort(t)
+	in := launchFixed(t, p, "racer", port, "exec ferry-test-bind racer race="+strconv.Itoa(port))
+	recordedIsSupervisor(t, p, in.ID)
+	log := logOf(t, p, in.ID, "tries")
+	if !strings.Contains(log, "held: 20000 tries") {
+		t.Errorf("a racing thread made a bind of 0.0.0.0:%d go through unmoved:\n%s", port, log)
+	}
+
+	bad := launchFixed(t, p, "badconnect", freePort(t), "exec ferry-test-bind bad badconnect")
+	recordedIsSupervisor(t, p, bad.ID)
+	log = logOf(t, p, bad.ID, "bad connect:")
+	if !strings.Contains(log, "ferry: connect of thread ") || !strings.Contains(log, "left to the kernel as the program asked: read its address") {
+		t.Errorf("a connect left to the kernel after an error was not logged:\n%s", log)
+	}
+}
+
+// TestSupervisorBindsUnixSockets: the supervisor binds Unix sockets too, as the program would:
+// a relative path in the program's working directory, the file's mode from the program's
+// umask, and an abstract name; and the program serves on them.
+func TestSupervisorBindsUnixSockets(t *testing.T) {
+	p := supervisedProvider(t, "")
+	dir := t.TempDir()
+	abstract := "@ferry-test-" + strconv.Itoa(os.Getpid())
+	in := launchFixed(t, p, "unix", freePort(t), "cd "+dir+" && umask 077 && exec ferry-test-bind unix unix=rel.sock unix="+abstract)
+	recordedIsSupervisor(t, p, in.ID)
+	logOf(t, p, in.ID, "bound unix="+abstract)
+	info, err := os.Stat(filepath.Join(dir, "rel.sock"))
+	if err != nil {
+		t.Fatalf("the relative socket is not in the program's working directory: %v", err)
+	}
+	if info.Mode().Type() != os.ModeSocket || info.Mode().Perm() != 0o700 {
+		t.Errorf("rel.sock is %v, want a socket with mode 0700 (umask 077)", info.Mode())
+	}
+	for _, addr := range []string{filepath.Join(dir, "rel.sock"), abstract} {
+		c, err := net.DialTimeout("unix", addr, 5*time.Second)
+		if err != nil {
+			t.Fatalf("dial %s: %v", addr, err)
+		}
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		c.Close()
+		if !strings.HasPrefix(line, "unix ") {
+			t.Errorf("%s answered %q", addr, line)
+		}
+	}
+}
+
+// TestBinderLoopEndFailsCalls: when the supervisor's loop ends (here its receive fails), the
+// workload's binds fail with ENOSYS instead of waiting forever for an answer.
+func TestBinderLoopEndFailsCalls(t *testing.T) {
+	dir := buildBinder(t)
+	pid, listener, err := startWorkload([]string{filepath.Join(dir, "ferry-test-bind"), "x", "tcp4=127.0.0.1:0"})
+	if err != nil || listener < 0 {
+		t.Fatalf("start the workload: pid %d, listener %d, %v", pid, listener, err)
+	}
+	b := &binder{listener: listener, host: "127.0.0.1", port: 1, recv: func(*seccompNotif) error { return unix.EIO }}
+	go b.serve()
+	exited := make(chan unix.WaitStatus, 1)
+	go func() {
+		var ws unix.WaitStatus
+		for {
+			if _, err := unix.Wait4(pid, &ws, 0, nil); !errors.Is(err, unix.EINTR) {
+				break
+			}
+		}
+		exited <- ws
+	}()
+	select {
+	case ws := <-exited:
+		if ws.ExitStatus() != 5 { // ferry-test-bind: listen failed
+			t.Errorf("the workload ended with %v, want exit status 5 (its bind failed)", ws)
+		}
+	case <-time.After(20 * time.Second):
+		_ = unix.Kill(pid, unix.SIGKILL)
+		<-exited
+		t.Fatal("the workload's bind still waits 20 s after the supervisor's loop ended")
 	}
 }
 
@@ -499,5 +655,34 @@ func TestSupervisorMovesAServiceGangsWildcardBinds(t *testing.T) {
 	job.Labels = map[string]string{launcher.LabelJob: "7"}
 	if supervised(job) {
 		t.Fatal("a job's node is supervised")
+	}
+}
+
+// TestBindAddressUnspec: Linux binds an AF_INET socket given AF_UNSPEC with INADDR_ANY as
+// AF_INET, so the binder moves that form of 0.0.0.0:PORT too (left as it is, it held the port
+// on every address); on an IPv6 socket the kernel refuses it, and so it stays as it is.
+func TestBindAddressUnspec(t *testing.T) {
+	b := &binder{host: "127.7.8.9", port: 8000}
+	unspec := make([]byte, unix.SizeofSockaddrInet4)
+	binary.NativeEndian.PutUint16(unspec, unix.AF_UNSPEC)
+	binary.BigEndian.PutUint16(unspec[2:], 8000)
+	for _, tc := range []struct {
+		domain    int
+		wantMoved bool
+	}{{unix.AF_INET, true}, {unix.AF_INET6, false}} {
+		fd, err := unix.Socket(tc.domain, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr, moved, errno := b.bindAddress(fd, os.Getpid(), unspec)
+		unix.Close(fd)
+		if errno != 0 || moved != tc.wantMoved {
+			t.Errorf("domain %d: moved %v (errno %v), want %v", tc.domain, moved, errno, tc.wantMoved)
+		}
+		if moved {
+			if sa, ok := parseSockaddr(addr); !ok || sa.String() != "127.7.8.9:8000" {
+				t.Errorf("moved to %v, want 127.7.8.9:8000", sa)
+			}
+		}
 	}
 }
