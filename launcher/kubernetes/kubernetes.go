@@ -485,7 +485,8 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	return p.instance(ready), nil
 }
 
-// create creates the pod in its priority class, with its Secret.
+// create creates the pod in its priority class, with its files, Secret and Ferry's security
+// defaults.
 func (p *Provider) create(ctx context.Context, pod *corev1.Pod, spec launcher.Spec) (*corev1.Pod, error) {
 	if err := p.ensurePriorityClass(ctx, pod, spec); err != nil {
 		return nil, err
@@ -494,6 +495,7 @@ func (p *Provider) create(ctx context.Context, pod *corev1.Pod, spec launcher.Sp
 	if err != nil {
 		return nil, err
 	}
+	restrict(pod) // after pod_config and the files: what they set wins (securitycontext.go)
 	if files != nil {
 		if err := p.createFiles(ctx, files); err != nil {
 			return nil, err
@@ -540,7 +542,7 @@ func (p *Provider) createPod(ctx context.Context, pod *corev1.Pod, spec launcher
 		if secret != nil {
 			p.deleteSecret(pod.Name)
 		}
-		return nil, nil, p.classify(err, "create pod "+pod.Name)
+		return nil, nil, podSecurityHint(p.classify(err, "create pod "+pod.Name))
 	}
 	return created, secret, nil
 }
