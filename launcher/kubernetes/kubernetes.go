@@ -146,6 +146,13 @@ type Options struct {
 	// RequestTimeout bounds each request to the API server, so that a hung one is cut even
 	// inside a long Launch; default DefaultRequestTimeout (faults.go).
 	RequestTimeout time.Duration
+	// ServingPriority is the value of the PriorityClass services' pods run in; nil is
+	// launcher.ServingPriority, or MaxPriority when that is lower. Jobs' classes keep their
+	// distance to it (jobs.go).
+	ServingPriority *int32
+	// MaxPriority caps every PriorityClass the provider creates or uses, the cluster admin's
+	// bound (the chart enforces it in the API server too); nil: no cap.
+	MaxPriority *int32
 	// WatchFailureThreshold is how long the watches may fail before List reports the whole
 	// cluster as a gap and a launch waiting for its pod gives up; default
 	// DefaultWatchFailureThreshold (faults.go).
@@ -231,6 +238,9 @@ func New(opts Options) (*Provider, error) {
 	}
 	if opts.WatchFailureThreshold <= 0 {
 		opts.WatchFailureThreshold = DefaultWatchFailureThreshold
+	}
+	if err := checkPriorityOptions(&opts); err != nil {
+		return nil, err
 	}
 	if err := checkIngressOptions(&opts); err != nil {
 		return nil, err
