@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
@@ -32,7 +33,8 @@ var policyKinds = map[string]bool{
 // policies on the test cluster and acts as the controller (impersonation): a PriorityClass, or
 // a pod in one, above replicas.maxPriority is refused and one at the cap admitted; a Secret
 // not labelled as Ferry's is refused to create or delete in the replicas' namespace while a
-// labelled one is admitted. The rendered config.yaml carries both priority values.
+// labelled one is admitted; the Lease is the controller's own only. The rendered config.yaml
+// carries both priority values.
 func TestChartPoliciesOnTheCluster(t *testing.T) {
 	c := testcluster.Shared(t)
 	ctx := context.Background()
@@ -104,6 +106,13 @@ func TestChartPoliciesOnTheCluster(t *testing.T) {
 		t.Errorf("the admin's own pod refused (the cap binds Ferry's account only): %v", err)
 	}
 	checkSecretsPolicy(t, ctx, admin, ferry, replicasNS, dry)
+	// The Lease by its name only.
+	if _, err := ferry.CoordinationV1().Leases(ns).Get(ctx, "ferry-controller", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the controller's own Lease: %v, want not found (allowed)", err)
+	}
+	if _, err := ferry.CoordinationV1().Leases(ns).Get(ctx, "someone-elses", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("another Lease: %v, want forbidden", err)
+	}
 }
 
 // checkSecretsPolicy: as the controller, only Secrets labelled as Ferry's may be written.
