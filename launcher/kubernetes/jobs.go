@@ -153,7 +153,8 @@ func (p *Provider) priorityClassFor(spec launcher.Spec) (string, int32, corev1.P
 		if serving == launcher.ServingPriority {
 			return ServingPriorityClass, serving, corev1.PreemptLowerPriority
 		}
-		// Classes are cluster-wide: a name per value keeps Ferrys configured apart apart.
+		// Classes are cluster-wide: a name per value, so Ferrys configured at different values
+		// never share one.
 		return ServingPriorityClass + "-" + strconv.Itoa(int(serving)), serving, corev1.PreemptLowerPriority
 	}
 	value := int64(jobPriority(spec.Job)) - launcher.ServingPriority + int64(serving)
