@@ -57,8 +57,8 @@ run: |
   sleep 600
 `
 
-// TestChartRBACRunsReplicasAndJobs installs the chart's ServiceAccount and RBAC (rendered by
-// helm) on the test cluster and runs a controller as that ServiceAccount (kubeconfig
+// TestChartRBACRunsReplicasAndJobs installs the chart's ServiceAccount, RBAC and admission
+// policies (but the fence; rendered by helm) on the test cluster and runs a controller as that ServiceAccount (kubeconfig
 // impersonation): a replica pod comes up and serves, a job with a priority runs and its log is
 // read, cancelling it and serve down remove the pods, and the controller never meets "forbidden". The same
 // identity cannot read Secrets in another namespace, so the check has teeth.
@@ -186,8 +186,8 @@ func installChartRBAC(t *testing.T, ctx context.Context, k *kubeEnv) {
 		}
 		installed++
 	}
-	if installed != 11 {
-		t.Fatalf("installed %d objects, want 11 (ServiceAccount, 2 Roles and bindings, ClusterRole and binding, the secrets and priority-cap policies and bindings)", installed)
+	if installed != 13 {
+		t.Fatalf("installed %d objects, want 13 (ServiceAccount, 2 Roles and bindings, ClusterRole and binding, the secrets, pods and priority-cap policies and bindings)", installed)
 	}
 	waitSecretsPolicy(t, ctx, k)
 }

@@ -139,3 +139,55 @@ func checkSecretsPolicy(t *testing.T, ctx context.Context, admin, ferry kubernet
 		t.Error("the controller took someone else's Secret by labelling it")
 	}
 }
+
+// TestChartPodsNeverRunAsTheController: with the replicas in the release's namespace (the
+// default), the controller's account may create a replica's pod but not one that runs as the
+// controller's own service account, which a task's pod_config could name to take its rights.
+func TestChartPodsNeverRunAsTheController(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	ns := "chart-pods"
+	createNamespace(t, ctx, c, ns)
+	disco, err := discovery.NewDiscoveryClientForConfig(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco))
+	for _, o := range render(t, ns, kubeVersion, []string{"proxy.attach=llama"}) {
+		if !policyKinds[o.GetKind()] {
+			continue
+		}
+		res := resourceFor(t, dyn, mapper, o)
+		if _, err := res.Create(ctx, o, metav1.CreateOptions{FieldValidation: "Strict"}); err != nil {
+			t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+		t.Cleanup(func() { _ = res.Delete(context.Background(), o.GetName(), metav1.DeleteOptions{}) })
+	}
+	cfg := c.RESTConfig()
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + ns + ":ferry"}
+	ferry, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	pod := func(sa string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "replica"}, Spec: corev1.PodSpec{
+			ServiceAccountName: sa, Containers: []corev1.Container{{Name: "c", Image: "x"}}}}
+	}
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		_, err := ferry.CoreV1().Pods(ns).Create(ctx, pod("ferry"), dry)
+		return err != nil && strings.Contains(err.Error(), "may not run as the controller's service account"), nil
+	})
+	if err != nil {
+		t.Fatalf("a pod as the controller's service account was never refused: %v", err)
+	}
+	for _, sa := range []string{"", "default", "training-jobs"} {
+		if _, err := ferry.CoreV1().Pods(ns).Create(ctx, pod(sa), dry); err != nil {
+			t.Errorf("a pod with service account %q refused: %v", sa, err)
+		}
+	}
+}
