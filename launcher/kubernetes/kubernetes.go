@@ -20,7 +20,9 @@
 // a launcher.Gap once the watch has failed for Options.WatchFailureThreshold (faults.go).
 //
 // Jobs' pods (launcher.Spec.Job) add priority classes, checkpoint claims, gangs and exit
-// codes (jobs.go); pod logs are read through the API server (logs.go).
+// codes (jobs.go); pod logs are read through the API server (logs.go). Every pod mounts no
+// service-account token and runs with a restricted security context unless its task asks for
+// more (securitycontext.go).
 //
 // Permissions the controller needs: in the namespace, pods get, list, watch, create, patch
 // and delete; secrets create, patch and delete; networking.k8s.io networkpolicies get, list,
