@@ -29,6 +29,8 @@ import (
 //	                                    # replicas' namespace)
 //	  proxy_cidrs: [203.0.113.7/32]     # and addresses, for a controller outside the cluster
 //	  gpu_scheduler_name: hami-scheduler  # the scheduler of pods that share a GPU (HAMi's)
+//	  serving_priority: 1000            # services' PriorityClass value; jobs' keep their distance
+//	  max_priority: 1000                # no PriorityClass Ferry creates or uses is above (default: none)
 //	aws:                                # enables AWS (credentials: the SDK's default chain)
 //	  regions: [us-east-1, us-west-2]   # where replicas may go; default us-east-1
 //	  endpoint: http://127.0.0.1:4566   # an EC2-compatible endpoint (tests, other clouds)
@@ -77,7 +79,21 @@ type KubernetesConfig struct {
 	// KueueLocalQueue is the Kueue LocalQueue queued jobs are submitted to ("": detected,
 	// see capacity.go).
 	KueueLocalQueue string `json:"kueue_local_queue,omitempty"`
+	// ServingPriority is the value of the PriorityClass services' pods run in (nil:
+	// DefaultServingPriority, or MaxPriority when that is lower); jobs' classes keep their
+	// distance to it. MaxPriority caps every class Ferry creates or uses (nil: no cap but the
+	// API's): the cluster admin's bound, so that Ferry's pods never preempt pods above it.
+	ServingPriority *int `json:"serving_priority,omitempty"`
+	MaxPriority     *int `json:"max_priority,omitempty"`
 }
+
+// DefaultServingPriority is the Kubernetes priority of services' pods when the config sets
+// none: ServingPriority, where services stand against jobs.
+const DefaultServingPriority = ServingPriority
+
+// maxUserPriority bounds PriorityClass values: the API reserves those above 1e9 for the
+// system's classes.
+const maxUserPriority = 1_000_000_000
 
 // CloudConfig is the aws or gcp section.
 type CloudConfig struct {
@@ -128,7 +144,7 @@ var (
 	awsKeys         = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs", "mount_instance_profile"}
 	gcpKeys         = []string{"project", "regions", "zones", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
 	kubernetesKeys  = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs",
-		"checkpoint_size", "checkpoint_storage_class", "gpu_scheduler_name", "kueue_local_queue"}
+		"checkpoint_size", "checkpoint_storage_class", "gpu_scheduler_name", "kueue_local_queue", "serving_priority", "max_priority"}
 	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour", "queued_provisioning"}
 	maxKubeContexts   = 64
 	maxProvisionDelay = 24 * 3600
@@ -235,6 +251,7 @@ func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
 	if e, ok := f["kueue_local_queue"]; ok {
 		k.KueueLocalQueue = c.kueueLocalQueue(e.value, joinField(field, "kueue_local_queue"))
 	}
+	c.kubernetesPriorities(f, k)
 	if e, ok := f["contexts"]; ok {
 		fld := joinField(field, "contexts")
 		items := c.deref(e.value)
@@ -261,6 +278,31 @@ func (c *checker) kubernetesConfig(n *yaml.Node) *KubernetesConfig {
 		}
 	}
 	return k
+}
+
+// kubernetesPriorities reads serving_priority and max_priority, which must not cross.
+func (c *checker) kubernetesPriorities(f map[string]entry, k *KubernetesConfig) {
+	read := func(key string) *int {
+		e, ok := f[key]
+		if !ok {
+			return nil
+		}
+		fld := joinField("kubernetes", key)
+		v, ok := c.integer(e.value, fld)
+		if ok && (v > maxUserPriority || v < -maxUserPriority) {
+			c.errorf(e.value, fld, "must be between -%d and %d (higher values are the system's), got %d", maxUserPriority, maxUserPriority, v)
+			return nil
+		}
+		if !ok {
+			return nil
+		}
+		return &v
+	}
+	k.ServingPriority, k.MaxPriority = read("serving_priority"), read("max_priority")
+	if k.ServingPriority != nil && k.MaxPriority != nil && *k.ServingPriority > *k.MaxPriority {
+		c.errorf(f["serving_priority"].value, joinField("kubernetes", "serving_priority"),
+			"%d is above kubernetes.max_priority %d: set it at most %d, or ask the cluster's admin for a higher cap", *k.ServingPriority, *k.MaxPriority, *k.MaxPriority)
+	}
 }
 
 // kubernetesProxies reads proxy_pod_labels, proxy_namespace and proxy_cidrs.

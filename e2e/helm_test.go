@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -21,6 +23,7 @@ import (
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -31,6 +34,8 @@ resources:
   accelerators: T4:1
 envs:
   REPLICA_SIM_ARGS: --model ferry-sim-1b  # what the test cluster's kubelet stand-in runs
+secrets:
+  RBAC_TOKEN: null  # the pod's environment Secret: a write the chart's secrets policy must admit
 service:
   readiness_probe: /health
   replicas: 1
@@ -52,8 +57,8 @@ run: |
   sleep 600
 `
 
-// TestChartRBACRunsReplicasAndJobs installs the chart's ServiceAccount and RBAC (rendered by
-// helm) on the test cluster and runs a controller as that ServiceAccount (kubeconfig
+// TestChartRBACRunsReplicasAndJobs installs the chart's ServiceAccount, RBAC and admission
+// policies (but the fence; rendered by helm) on the test cluster and runs a controller as that ServiceAccount (kubeconfig
 // impersonation): a replica pod comes up and serves, a job with a priority runs and its log is
 // read, cancelling it and serve down remove the pods, and the controller never meets "forbidden". The same
 // identity cannot read Secrets in another namespace, so the check has teeth.
@@ -90,7 +95,7 @@ func TestChartRBACRunsReplicasAndJobs(t *testing.T) {
 	writeFile(t, filepath.Join(workdir, "note.txt"), "note-from-the-workdir\n")
 	writeFile(t, filepath.Join(dir, "job.yaml"), strings.Replace(rbacJobYAML, "WORKDIR", workdir, 1))
 	defer k.stopJobs()
-	if out := k.mustRun("serve", "up", filepath.Join(dir, "svc.yaml"), "-y"); !strings.Contains(out, "1/1 READY") {
+	if out := k.mustRun("serve", "up", filepath.Join(dir, "svc.yaml"), "--secret", "RBAC_TOKEN=not-a-real-token", "-y"); !strings.Contains(out, "1/1 READY") {
 		t.Fatalf("serve up as the chart's ServiceAccount:\n%s", out)
 	}
 	st, err := k.status("rbac-svc")
@@ -157,7 +162,11 @@ func installChartRBAC(t *testing.T, ctx context.Context, k *kubeEnv) {
 		}
 		o := &unstructured.Unstructured{Object: raw}
 		switch o.GetKind() {
-		case "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding":
+		case "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
+			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			if strings.HasPrefix(o.GetName(), "ferry-fence") {
+				continue // no Lease here: the fence is e2e/ha_test.go's
+			}
 		default:
 			continue
 		}
@@ -177,9 +186,24 @@ func installChartRBAC(t *testing.T, ctx context.Context, k *kubeEnv) {
 		}
 		installed++
 	}
-	if installed != 7 {
-		t.Fatalf("installed %d RBAC objects, want 7 (ServiceAccount, 2 Roles and bindings, ClusterRole and binding)", installed)
+	if installed != 13 {
+		t.Fatalf("installed %d objects, want 13 (ServiceAccount, 2 Roles and bindings, ClusterRole and binding, the secrets, pods and priority-cap policies and bindings)", installed)
 	}
+	waitSecretsPolicy(t, ctx, k)
+}
+
+// waitSecretsPolicy waits until the API server enforces the chart's secrets policy (it loads
+// policies asynchronously), so that the controller's writes meet it.
+func waitSecretsPolicy(t *testing.T, ctx context.Context, k *kubeEnv) {
+	t.Helper()
+	cfg := k.cluster.RESTConfig()
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:" + k.ns + ":ferry"}
+	client := kubernetes.NewForConfigOrDie(cfg)
+	probe := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "not-ferrys"}}
+	eventually(t, 30*time.Second, "the secrets policy enforced", func() (bool, string) {
+		_, err := client.CoreV1().Secrets(k.ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return err != nil && strings.Contains(err.Error(), "Ferry writes only"), fmt.Sprint(err)
+	})
 }
 
 // impersonatingKubeconfig writes a copy of path whose context acts as user (the admin

@@ -78,6 +78,7 @@ var valueSets = map[string][]string{
 		"proxy.attach=llama",
 		"replicas.namespace=REPLICAS_NS",
 		"replicas.managePriorityClasses=false",
+		"replicas.maxPriority=null",
 		"auth.existingSecret=my-tokens",
 		"auth.metricsToken=true",
 		"tls.controller.secretName=my-controller-tls",
@@ -280,6 +281,10 @@ func checkObjects(t *testing.T, name, ns, replicasNS string, objs []*unstructure
 		t.Fatal("no controller Deployment")
 	}
 	args := containerArgs(t, ctl)
+	checkSecretsNarrowed(t, byKindName, ns, replicasNSFor(name, ns, replicasNS))
+	if _, capped := byKindName["ValidatingAdmissionPolicy/ferry-priority-cap-"+ns]; capped != (name != "everything else") {
+		t.Errorf("priority cap policy rendered %v with replicas.maxPriority %s", capped, map[bool]string{true: "null", false: "1000"}[name == "everything else"])
+	}
 	switch name {
 	case "no proxies":
 		if slices.Contains(args, "--leader-elect") || !slices.Contains(args, "--store=sqlite") {
@@ -373,4 +378,34 @@ func containerArgs(t *testing.T, deploy *unstructured.Unstructured) []string {
 	}
 	args, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
 	return args
+}
+
+// checkSecretsNarrowed: in the replicas' namespace the controller may create, patch and delete
+// Secrets (pods' environments) but not read any, and the secrets policy, bound to both
+// namespaces, limits its writes to Secrets labelled as Ferry's (policies_test.go shows the API
+// server enforcing it).
+func checkSecretsNarrowed(t *testing.T, byKindName map[string]*unstructured.Unstructured, ns, replicasNS string) {
+	t.Helper()
+	if role := byKindName["Role/ferry-replicas"]; role != nil {
+		rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+		for _, r := range rules {
+			resources, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "resources")
+			verbs, _, _ := unstructured.NestedStringSlice(r.(map[string]any), "verbs")
+			if slices.Contains(resources, "secrets") && slices.ContainsFunc(verbs, func(v string) bool { return v != "create" && v != "patch" && v != "delete" }) {
+				t.Errorf("replicas Role grants %v on secrets, want create, patch and delete only", verbs)
+			}
+		}
+	}
+	binding := byKindName["ValidatingAdmissionPolicyBinding/ferry-secrets-"+ns]
+	if binding == nil || byKindName["ValidatingAdmissionPolicy/ferry-secrets-"+ns] == nil {
+		t.Fatal("no secrets policy and binding")
+	}
+	exprs, _, _ := unstructured.NestedSlice(binding.Object, "spec", "matchResources", "namespaceSelector", "matchExpressions")
+	if len(exprs) != 1 {
+		t.Fatalf("secrets policy binding selects %v", exprs)
+	}
+	values, _, _ := unstructured.NestedStringSlice(exprs[0].(map[string]any), "values")
+	if !slices.Contains(values, ns) || !slices.Contains(values, replicasNS) {
+		t.Errorf("secrets policy bound to namespaces %v, want %s and %s", values, ns, replicasNS)
+	}
 }

@@ -84,6 +84,7 @@ func Open(h home.Home, opts Options) (*Set, error) {
 			o.CheckpointSize, o.CheckpointStorageClass = k.CheckpointSize, k.CheckpointStorageClass
 			o.GPUSchedulerName = k.GPUSchedulerName
 			o.KueueLocalQueue = k.KueueLocalQueue
+			o.ServingPriority, o.MaxPriority = int32Of(k.ServingPriority), int32Of(k.MaxPriority)
 		}
 		p, err := kubernetes.New(o)
 		if err != nil {
@@ -348,4 +349,12 @@ func mapErrs(m map[string]error) []error {
 		out = append(out, fmt.Errorf("%s: %w", name, err))
 	}
 	return out
+}
+
+// int32Of is *v as an int32 (configs bounds priorities to the API's range), nil for nil.
+func int32Of(v *int) *int32 {
+	if v == nil {
+		return nil
+	}
+	return new(int32(*v))
 }

@@ -41,7 +41,10 @@ import (
 //     service's pod then stays Pending, its launch fails with launcher.ErrNoCapacity after
 //     ProvisionTimeout, and the service bursts elsewhere. The classes are created on first
 //     use; where the controller may not create them, pods run without one (logged once) and
-//     nothing preempts anything.
+//     nothing preempts anything. Options.ServingPriority moves the whole band (services'
+//     class is then "ferry-serving-<value>", and jobs keep their distance to it);
+//     Options.MaxPriority caps it: no class Ferry creates or uses is above, and a job's value
+//     is lowered to it.
 //   - Grace. terminationGracePeriodSeconds is JobSpec.Grace (Kubernetes' 30 s when zero),
 //     rounded up to whole seconds: the time between SIGTERM and SIGKILL when the pod is
 //     preempted, evicted or deleted. FERRY_PREEMPTION_GRACE_SECONDS says it to the program.
@@ -87,7 +90,8 @@ const (
 	DefaultCheckpointDir = "/checkpoint"
 	// DefaultCheckpointSize is the storage a checkpoint claim asks for.
 	DefaultCheckpointSize = "10Gi"
-	// ServingPriorityClass is the PriorityClass of services' pods.
+	// ServingPriorityClass is the PriorityClass of services' pods at launcher.ServingPriority;
+	// at another configured value its name ends in "-VALUE".
 	ServingPriorityClass = "ferry-serving"
 
 	podInfoVolume    = "ferry-podinfo"
@@ -140,13 +144,24 @@ func jobPriority(job *launcher.JobSpec) int32 {
 
 // priorityClassFor is the PriorityClass a pod of spec runs in, its value and preemption policy.
 // A service's replica runs at serving priority even when it is a gang of nodes (which carry a
-// JobSpec so that they get the gang's addresses).
-func priorityClassFor(spec launcher.Spec) (string, int32, corev1.PreemptionPolicy) {
+// JobSpec so that they get the gang's addresses). A job's class keeps its distance to
+// launcher.ServingPriority from the configured serving value (so the order of jobs and
+// services is the same at any serving value), capped at MaxPriority.
+func (p *Provider) priorityClassFor(spec launcher.Spec) (string, int32, corev1.PreemptionPolicy) {
+	serving := *p.opts.ServingPriority
 	if spec.Job == nil || spec.Labels[launcher.LabelService] != "" {
-		return ServingPriorityClass, launcher.ServingPriority, corev1.PreemptLowerPriority
+		if serving == launcher.ServingPriority {
+			return ServingPriorityClass, serving, corev1.PreemptLowerPriority
+		}
+		// Classes are cluster-wide: a name per value, so Ferrys configured at different values
+		// never share one.
+		return ServingPriorityClass + "-" + strconv.Itoa(int(serving)), serving, corev1.PreemptLowerPriority
 	}
-	value := jobPriority(spec.Job)
-	return "ferry-job-" + strconv.Itoa(int(value)), value, corev1.PreemptNever
+	value := int64(jobPriority(spec.Job)) - launcher.ServingPriority + int64(serving)
+	if m := p.opts.MaxPriority; m != nil {
+		value = min(value, int64(*m))
+	}
+	return "ferry-job-" + strconv.FormatInt(value, 10), int32(value), corev1.PreemptNever
 }
 
 // addJob shapes a job node's pod: grace, downward-API addresses, checkpoint.
@@ -186,7 +201,7 @@ func addJob(pod *corev1.Pod, job *launcher.JobSpec) {
 // ensurePriorityClass makes sure the pod's PriorityClass exists, creating it on first use. A
 // controller that may not create classes runs the pod without one (logged once).
 func (p *Provider) ensurePriorityClass(ctx context.Context, pod *corev1.Pod, spec launcher.Spec) error {
-	name, value, policy := priorityClassFor(spec)
+	name, value, policy := p.priorityClassFor(spec)
 	p.jobs.mu.Lock()
 	have, known := p.jobs.classes[name]
 	p.jobs.mu.Unlock()
@@ -199,7 +214,7 @@ func (p *Provider) ensurePriorityClass(ctx context.Context, pod *corev1.Pod, spe
 		ObjectMeta:       metav1.ObjectMeta{Name: name, Labels: map[string]string{labelManagedBy: "ferry", launcher.LabelOwner: "true"}},
 		Value:            value,
 		PreemptionPolicy: &policy,
-		Description:      "Ferry: services at " + strconv.Itoa(launcher.ServingPriority) + " preempt preemptible jobs below it; jobs never preempt",
+		Description:      "Ferry: services at " + strconv.Itoa(int(*p.opts.ServingPriority)) + " preempt preemptible jobs below it; jobs never preempt",
 	}
 	cur, err := api.Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -219,6 +234,9 @@ func (p *Provider) ensurePriorityClass(ctx context.Context, pod *corev1.Pod, spe
 		name = ""
 	case err != nil:
 		return p.classify(err, "ensure priority class "+name)
+	case p.opts.MaxPriority != nil && cur.Value > *p.opts.MaxPriority:
+		return fmt.Errorf("%w: %s: priority class %s has value %d, above kubernetes.max_priority %d: delete it (kubectl delete priorityclass %s) so that Ferry creates it at %d, or raise the cap",
+			launcher.ErrInvalid, p.infra, name, cur.Value, *p.opts.MaxPriority, name, value)
 	case cur.Value != value:
 		p.log.Warn("priority class exists with another value; using it", zap.String("class", name), zap.Int32("value", cur.Value), zap.Int32("want", value))
 	}
@@ -595,4 +613,19 @@ func (p *Provider) tombstoned(selector map[string]string, now time.Time) []launc
 		}
 	}
 	return out
+}
+
+// checkPriorityOptions defaults ServingPriority and refuses one above MaxPriority.
+func checkPriorityOptions(opts *Options) error {
+	if opts.ServingPriority == nil {
+		serving := int32(launcher.ServingPriority)
+		if opts.MaxPriority != nil {
+			serving = min(serving, *opts.MaxPriority)
+		}
+		opts.ServingPriority = &serving
+	}
+	if m := opts.MaxPriority; m != nil && *opts.ServingPriority > *m {
+		return fmt.Errorf("kubernetes: %w: serving priority %d is above the maximum priority %d", launcher.ErrInvalid, *opts.ServingPriority, *m)
+	}
+	return nil
 }

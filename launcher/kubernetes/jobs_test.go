@@ -696,15 +696,16 @@ func TestAdoptedGangGetsItsAddresses(t *testing.T) {
 // TestReplicaGangRunsAtServingPriority: a service replica's gang carries a JobSpec (for its
 // addresses) but is served, so it runs in the serving class, which may preempt batch jobs.
 func TestReplicaGangRunsAtServingPriority(t *testing.T) {
+	p := offlineProvider(t)
 	replica := launcher.Spec{
 		Labels: map[string]string{launcher.LabelService: "svc", launcher.LabelReplicaID: "1"},
 		Job:    &launcher.JobSpec{Priority: launcher.ServingPriority},
 	}
-	if class, value, policy := priorityClassFor(replica); class != ServingPriorityClass || value != launcher.ServingPriority || policy != corev1.PreemptLowerPriority {
+	if class, value, policy := p.priorityClassFor(replica); class != ServingPriorityClass || value != launcher.ServingPriority || policy != corev1.PreemptLowerPriority {
 		t.Errorf("replica gang: %s %d %s, want the serving class", class, value, policy)
 	}
 	job := launcher.Spec{Labels: map[string]string{launcher.LabelJob: "j"}, Job: &launcher.JobSpec{Priority: 2000}}
-	if class, value, policy := priorityClassFor(job); class != "ferry-job-2000" || value != 2000 || policy != corev1.PreemptNever {
+	if class, value, policy := p.priorityClassFor(job); class != "ferry-job-2000" || value != 2000 || policy != corev1.PreemptNever {
 		t.Errorf("job: %s %d %s, want ferry-job-2000 that preempts nothing", class, value, policy)
 	}
 }

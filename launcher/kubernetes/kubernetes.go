@@ -20,7 +20,9 @@
 // a launcher.Gap once the watch has failed for Options.WatchFailureThreshold (faults.go).
 //
 // Jobs' pods (launcher.Spec.Job) add priority classes, checkpoint claims, gangs and exit
-// codes (jobs.go); pod logs are read through the API server (logs.go).
+// codes (jobs.go); pod logs are read through the API server (logs.go). Every pod mounts no
+// service-account token and runs with a restricted security context unless its task asks for
+// more (securitycontext.go).
 //
 // Permissions the controller needs: in the namespace, pods get, list, watch, create, patch
 // and delete; secrets create, patch and delete; networking.k8s.io networkpolicies get, list,
@@ -146,6 +148,13 @@ type Options struct {
 	// RequestTimeout bounds each request to the API server, so that a hung one is cut even
 	// inside a long Launch; default DefaultRequestTimeout (faults.go).
 	RequestTimeout time.Duration
+	// ServingPriority is the value of the PriorityClass services' pods run in; nil is
+	// launcher.ServingPriority, or MaxPriority when that is lower. Jobs' classes keep their
+	// distance to it (jobs.go).
+	ServingPriority *int32
+	// MaxPriority caps every PriorityClass the provider creates or uses, the cluster admin's
+	// bound (the chart enforces it in the API server too); nil: no cap.
+	MaxPriority *int32
 	// WatchFailureThreshold is how long the watches may fail before List reports the whole
 	// cluster as a gap and a launch waiting for its pod gives up; default
 	// DefaultWatchFailureThreshold (faults.go).
@@ -231,6 +240,9 @@ func New(opts Options) (*Provider, error) {
 	}
 	if opts.WatchFailureThreshold <= 0 {
 		opts.WatchFailureThreshold = DefaultWatchFailureThreshold
+	}
+	if err := checkPriorityOptions(&opts); err != nil {
+		return nil, err
 	}
 	if err := checkIngressOptions(&opts); err != nil {
 		return nil, err
@@ -485,7 +497,8 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	return p.instance(ready), nil
 }
 
-// create creates the pod in its priority class, with its Secret.
+// create creates the pod in its priority class, with its files, Secret and Ferry's security
+// defaults.
 func (p *Provider) create(ctx context.Context, pod *corev1.Pod, spec launcher.Spec) (*corev1.Pod, error) {
 	if err := p.ensurePriorityClass(ctx, pod, spec); err != nil {
 		return nil, err
@@ -494,6 +507,7 @@ func (p *Provider) create(ctx context.Context, pod *corev1.Pod, spec launcher.Sp
 	if err != nil {
 		return nil, err
 	}
+	restrict(pod) // after pod_config and the files: what they set wins (securitycontext.go)
 	if files != nil {
 		if err := p.createFiles(ctx, files); err != nil {
 			return nil, err
@@ -540,7 +554,7 @@ func (p *Provider) createPod(ctx context.Context, pod *corev1.Pod, spec launcher
 		if secret != nil {
 			p.deleteSecret(pod.Name)
 		}
-		return nil, nil, p.classify(err, "create pod "+pod.Name)
+		return nil, nil, podSecurityHint(p.classify(err, "create pod "+pod.Name))
 	}
 	return created, secret, nil
 }
