@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"os"
 	"path/filepath"
@@ -74,4 +76,58 @@ service:
 		}
 	}
 	assertOwnerOnly(t, e.home)
+}
+
+// TestStoreKeyWrongOrMissing: with store.key replaced or removed, the CLI says the key is
+// wrong or missing and what to do (the controller refuses to start: no panic, no new key, no
+// secret lost); with the key back, the service and its secret are there.
+func TestStoreKeyWrongOrMissing(t *testing.T) {
+	e := newEnv(t)
+	yaml := `name: keyed
+secrets:
+  HF_TOKEN: null
+run: exec ferry replica-sim --port $FERRY_PORT
+service:
+  readiness_probe: /health
+  replicas: 0
+  ports: 8080
+`
+	file := filepath.Join(t.TempDir(), "keyed.yaml")
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.mustRun("serve", "up", file, "--secret", "HF_TOKEN=hf_keyed_secret", "-y")
+	e.mustRun("controller", "stop")
+	keyPath := filepath.Join(e.home, "store.key")
+	key, err := os.ReadFile(keyPath)
+	if err != nil {
+		t.Fatalf("no store.key in FERRY_HOME: %v", err)
+	}
+
+	other := make([]byte, 32)
+	_, _ = rand.Read(other)
+	if err := os.WriteFile(keyPath, []byte(base64.StdEncoding.EncodeToString(other)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, err := e.run("serve", "status")
+	if err == nil || !strings.Contains(errOut, keyPath+" is not the key the store's secrets were sealed with: restore that key file") || strings.Contains(errOut, "panic") {
+		t.Errorf("with another key: %v\n%s", err, errOut)
+	}
+	if err := os.Remove(keyPath); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, err = e.run("serve", "status")
+	if err == nil || !strings.Contains(errOut, "which is missing: restore that file") {
+		t.Errorf("without a key: %v\n%s", err, errOut)
+	}
+	if _, err := os.Stat(keyPath); err == nil {
+		t.Error("a new store.key was made for a store sealed with another")
+	}
+
+	if err := os.WriteFile(keyPath, key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := e.mustRun("serve", "status", "keyed"); !strings.Contains(out, "keyed") {
+		t.Errorf("with the key back, status lacks the service:\n%s", out)
+	}
 }
