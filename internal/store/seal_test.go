@@ -350,3 +350,22 @@ func cloneMap(m map[string]string) map[string]string {
 	}
 	return out
 }
+
+// BenchmarkGetServiceWithSecrets is a whole read of a service whose task has sealed values
+// (serve status reads every service so), for scale against BenchmarkSealTask/open.
+func BenchmarkGetServiceWithSecrets(b *testing.B) {
+	s, err := OpenSQLite(filepath.Join(b.TempDir(), "ferry.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.CreateService(Service{Name: "chat", Version: 1, Task: secretTask("serve"), Port: 1}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.GetService("chat"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
