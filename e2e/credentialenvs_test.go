@@ -70,9 +70,18 @@ service:
 		}
 		seen.Write(b)
 	}
+	// The local replica's script gets its environment from the process, not written out.
+	scripts := mustGlob(t, filepath.Join(e.home, "local", "*", "run.sh"))
+	if len(scripts) == 0 {
+		t.Error("no replica script under FERRY_HOME/local")
+	}
+	for _, f := range scripts {
+		b, _ := os.ReadFile(f)
+		seen.Write(b)
+	}
 	for _, s := range []string{hfToken, apiKey} {
 		if strings.Contains(seen.String(), s) {
-			t.Errorf("%s reached user-visible output, the controller log or ferry.db in clear", s)
+			t.Errorf("%s reached user-visible output, the controller log, a replica script or ferry.db in clear", s)
 		}
 	}
 	assertOwnerOnly(t, e.home)

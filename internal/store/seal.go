@@ -84,32 +84,35 @@ func loadKey(path string, create bool) (*sealer, error) {
 	return &sealer{aead: aead, path: path}, nil
 }
 
-// createKey writes a new key to path, unless another process did first (O_EXCL): then it
-// reads that one.
+// createKey writes a new key to path, unless another process did first: then it reads that
+// one. The key is written to a temporary file and linked into place, so no reader ever sees a
+// partial key, and link(2) fails rather than replace a key that exists.
 func createKey(path string) ([]byte, error) {
 	raw := make([]byte, 32)
-	if _, err := rand.Read(raw); err != nil {
-		return nil, err
-	}
+	_, _ = rand.Read(raw) // it never returns an error (Go 1.24)
 	data := []byte(base64.StdEncoding.EncodeToString(raw) + "\n")
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return os.ReadFile(path)
-	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".store.key-*") // mode 0600
 	if err != nil {
 		return nil, err
 	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		os.Remove(path)
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
 		return nil, err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(path)
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
 		return nil, err
 	}
-	return data, f.Close()
+	if err := tmp.Close(); err != nil {
+		return nil, err
+	}
+	if err := os.Link(tmp.Name(), path); errors.Is(err, fs.ErrExist) {
+		return os.ReadFile(path)
+	} else if err != nil {
+		return nil, err
+	}
+	return data, nil
 }
 
 // seal encrypts value, bound to field and name.

@@ -369,3 +369,46 @@ func BenchmarkGetServiceWithSecrets(b *testing.B) {
 		}
 	}
 }
+
+// TestConcurrentFirstOpensShareOneKey: handles opening a new store at once all end up with the
+// one key that was made (none reads a partial key or replaces another's), and each reads what
+// the others wrote.
+func TestConcurrentFirstOpensShareOneKey(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ferry.db")
+	const n = 4
+	stores := make(chan *SQLite, n)
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			s, err := OpenSQLite(path)
+			if err != nil {
+				errs <- err
+				return
+			}
+			stores <- s
+		}()
+	}
+	var opened []*SQLite
+	for range n {
+		select {
+		case err := <-errs:
+			t.Errorf("concurrent first open: %v", err)
+		case s := <-stores:
+			opened = append(opened, s)
+			defer s.Close()
+		}
+	}
+	if len(opened) != n {
+		t.Fatalf("%d of %d opened", len(opened), n)
+	}
+	fillStore(t, opened[0])
+	for _, s := range opened[1:] {
+		checkReadsBack(t, s)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(path))
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".store.key-") {
+			t.Errorf("temporary key file %s left behind", e.Name())
+		}
+	}
+}
