@@ -14,9 +14,9 @@ import (
 const RedactedValue = "<redacted>"
 
 // Redacted returns a deep copy of t that is safe to print, log or send to a client: every
-// secret value, every env that keys_from_env reads an API key from (KeyEnvs), and every probe
-// header that carries credentials (Authorization, cookies, tokens, API keys), is replaced by
-// RedactedValue. t itself is not changed.
+// secret value, every env named like a credential (CredentialEnv) or that keys_from_env reads an
+// API key from (KeyEnvs), and every probe header that carries credentials (Authorization,
+// cookies, tokens, API keys), is replaced by RedactedValue. t itself is not changed.
 func (t *Task) Redacted() *Task {
 	if t == nil {
 		return nil
@@ -26,6 +26,11 @@ func (t *Task) Redacted() *Task {
 	out.Envs = maps.Clone(t.Envs)
 	for _, name := range t.KeyEnvs() {
 		out.Envs[name] = RedactedValue
+	}
+	for name := range t.Envs {
+		if CredentialEnv(name) {
+			out.Envs[name] = RedactedValue
+		}
 	}
 	out.FileMounts = maps.Clone(t.FileMounts)
 	out.MountModes = maps.Clone(t.MountModes)
@@ -75,13 +80,75 @@ func (t *Task) Redacted() *Task {
 		}
 		out.Service = &s
 	}
-	scrubSecrets(&out, t.Secrets)
+	scrubSecrets(&out, t.secretValues())
 	return &out
+}
+
+// secretValues are the values Redacted scrubs from other fields: the secrets', and those of
+// envs named like a credential of at least minScrubbed bytes (an env such as CACHE_KEY=1 must
+// not turn every 1 in a path into <redacted>; its own value is hidden whatever its length).
+func (t *Task) secretValues() []string {
+	const minScrubbed = 4
+	var out []string
+	for _, v := range t.Secrets {
+		out = append(out, v)
+	}
+	for k, v := range t.Envs {
+		if CredentialEnv(k) && len(v) >= minScrubbed {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// CredentialEnv reports whether an env's name says its value is a credential: *_TOKEN, *_KEY,
+// *_PAT, *_APIKEY and anything with SECRET, PASSWORD, PASSWD, CREDENTIAL or PRIVATE_KEY in it
+// (HF_TOKEN, AWS_SECRET_ACCESS_KEY, OPENAI_API_KEY, DB_PASSWORD, ...), in any case, as are
+// TOKEN, APIKEY and API_KEY themselves. Such an env is treated as a secret everywhere but in its
+// name: shown as RedactedValue, encrypted in the store, put in a Kubernetes Secret, and still
+// given to the replica as written.
+func CredentialEnv(name string) bool {
+	n := strings.ToUpper(name)
+	switch n {
+	case "TOKEN", "APIKEY", "API_KEY", "PASSWORD":
+		return true
+	}
+	for _, suffix := range []string{"_TOKEN", "_KEY", "_PAT", "_APIKEY"} {
+		if strings.HasSuffix(n, suffix) {
+			return true
+		}
+	}
+	for _, word := range []string{"SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "PRIVATE_KEY"} {
+		if strings.Contains(n, word) {
+			return true
+		}
+	}
+	return false
+}
+
+// SecretEnvNames are the names of the task's environment that are secrets, sorted: every
+// secret and every env named like a credential (CredentialEnv). Infras that can keep secrets
+// apart (a Kubernetes Secret) do so for all of them (launcher.Spec.SecretEnvs).
+func (t *Task) SecretEnvNames() []string {
+	if t == nil {
+		return nil
+	}
+	var out []string
+	for k := range t.Secrets {
+		out = append(out, k)
+	}
+	for k := range t.Envs {
+		if _, dup := t.Secrets[k]; !dup && CredentialEnv(k) {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // scrubSecrets replaces secret values that `$NAME` substitution put into workdir, file_mounts or
 // the readiness probe (SkyPilot substitutes inline secrets too), so they are never shown.
-func scrubSecrets(t *Task, secrets map[string]string) {
+func scrubSecrets(t *Task, secrets []string) {
 	var pairs []string
 	for _, v := range secrets {
 		if v != "" {

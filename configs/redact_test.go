@@ -217,3 +217,63 @@ service:
 		}
 	}
 }
+
+func TestCredentialEnv(t *testing.T) {
+	for name, want := range map[string]bool{
+		"HF_TOKEN": true, "hf_token": true, "HUGGING_FACE_HUB_TOKEN": true, "AWS_SECRET_ACCESS_KEY": true,
+		"AWS_SESSION_TOKEN": true, "OPENAI_API_KEY": true, "WANDB_API_KEY": true, "DB_PASSWORD": true,
+		"PGPASSWORD": true, "MYSQL_ROOT_PASSWD": true, "CLIENT_SECRET": true, "SECRET": true,
+		"GITHUB_PAT": true, "GOOGLE_APPLICATION_CREDENTIALS": true, "SSH_PRIVATE_KEY_PEM": true,
+		"TOKEN": true, "API_KEY": true, "ANTHROPIC_APIKEY": true,
+		"MODEL": false, "MAX_TOKENS": false, "TOKENIZER": false, "KEYS_DIR": false, "PORT": false,
+		"AWS_ACCESS_KEY_ID": false, "HF_HOME": false, "MONKEY": false,
+	} {
+		if got := CredentialEnv(name); got != want {
+			t.Errorf("CredentialEnv(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+// TestRedactedHidesCredentialEnvs: an env named like a credential is shown nowhere (Redacted,
+// hence serve status --json and the job API, and ResolvedYAML, hence --dry-run), also where
+// `$NAME` substitution copied it, while the task keeps it for the replica.
+func TestRedactedHidesCredentialEnvs(t *testing.T) {
+	const src = `name: chat
+run: serve
+envs:
+  MODEL: m
+  HF_TOKEN: hf_env_token_31337
+  AWS_SECRET_ACCESS_KEY: aws/secret+key/0042
+  DB_PASSWORD: hunter2-pw
+  CACHE_KEY: "1"
+file_mounts:
+  /data: https://example.com/d?token=$HF_TOKEN
+`
+	task, err := Parse("chat.yaml", []byte(src), Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	red := task.Redacted()
+	want := map[string]string{"MODEL": "m", "HF_TOKEN": RedactedValue, "AWS_SECRET_ACCESS_KEY": RedactedValue,
+		"DB_PASSWORD": RedactedValue, "CACHE_KEY": RedactedValue}
+	if diff := cmp.Diff(want, red.Envs); diff != "" {
+		t.Errorf("redacted envs (-want +got):\n%s", diff)
+	}
+	shown, err := task.ResolvedYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dump := cmp.Diff(nil, red) + string(shown)
+	for _, v := range []string{"hf_env_token_31337", "aws/secret+key/0042", "hunter2-pw"} {
+		if strings.Contains(dump, v) {
+			t.Errorf("the redacted task or resolved YAML shows %q:\n%s", v, shown)
+		}
+	}
+	if task.Envs["HF_TOKEN"] != "hf_env_token_31337" || !strings.Contains(task.FileMounts["/data"], "hf_env_token_31337") {
+		t.Errorf("Redacted changed the task the replica gets: %v %v", task.Envs, task.FileMounts)
+	}
+	wantNames := []string{"AWS_SECRET_ACCESS_KEY", "CACHE_KEY", "DB_PASSWORD", "HF_TOKEN"}
+	if diff := cmp.Diff(wantNames, task.SecretEnvNames()); diff != "" {
+		t.Errorf("SecretEnvNames (-want +got):\n%s", diff)
+	}
+}

@@ -266,7 +266,7 @@ func (m *Manager) spec(j Job) launcher.Spec {
 		FileMounts:   t.FileMounts,
 		MountModes:   t.MountModes,
 		Envs:         envs,
-		SecretEnvs:   slices.Sorted(maps.Keys(t.Secrets)),
+		SecretEnvs:   t.SecretEnvNames(),
 		Port:         port,
 		Resources:    t.Resources,
 		Job: &launcher.JobSpec{

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/internal/testcluster"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/local"
 )
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(serverEnv) == "1" {
 		os.Exit(serveReplica())
 	}
-	os.Exit(m.Run())
+	os.Exit(testcluster.Main(m))
 }
 
 type replicaIdentity struct {

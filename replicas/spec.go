@@ -95,7 +95,7 @@ func replicaSpec(service string, version int, task *configs.Task, id int, spot b
 		FileMounts:   task.FileMounts,
 		MountModes:   task.MountModes,
 		Envs:         envs,
-		SecretEnvs:   slices.Sorted(maps.Keys(task.Secrets)),
+		SecretEnvs:   task.SecretEnvNames(),
 		Port:         port,
 		Resources:    withSpot(task.Resources, spot),
 	}

@@ -59,6 +59,7 @@ func ensureController(ctx context.Context, h home.Home, progress io.Writer) (*ap
 		return nil, err
 	}
 	defer logf.Close()
+	logStart, _ := logf.Seek(0, io.SeekEnd)
 	cmd := exec.Command(self, "controller", "--log-file", h.ControllerLog())
 	cmd.Env = daemonEnv(os.Environ(), h)
 	cmd.Stdout = logf
@@ -84,13 +85,38 @@ func ensureController(ctx context.Context, h home.Home, progress io.Writer) (*ap
 			if c, _, cerr := connect(ctx, h); cerr == nil {
 				return c, nil
 			}
-			return nil, fmt.Errorf("controller exited at start (%v); see %s", err, h.ControllerLog())
+			return nil, fmt.Errorf("controller exited at start (%v)%s; see %s", err, startFailure(h.ControllerLog(), logStart), h.ControllerLog())
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	return nil, fmt.Errorf("controller did not answer within %s; see %s", api.WaitTimeout, h.ControllerLog())
+}
+
+// startFailure is the error a controller that exited at start wrote last (its "ferry: ..."
+// line) in its log from offset on, as ": <error>", or "" when there is none: a store it cannot
+// open (say, with the wrong key) is then said where the user looks.
+func startFailure(log string, offset int64) string {
+	f, err := os.Open(log)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return ""
+	}
+	data, _ := io.ReadAll(io.LimitReader(f, 1<<20))
+	last := ""
+	for _, line := range strings.Split(string(data), "\n") {
+		if msg, ok := strings.CutPrefix(line, "ferry: "); ok {
+			last = msg
+		}
+	}
+	if last == "" {
+		return ""
+	}
+	return ": " + last
 }
 
 // daemonEnv is the environment of a controller the CLI starts: of the CLI's own (environ),

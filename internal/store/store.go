@@ -25,13 +25,16 @@ var ErrNotFound = errors.New("not found")
 // connection).
 type SQLite struct {
 	db *sql.DB
+	// seal seals the tasks' secrets and credential-named envs (seal.go).
+	seal *sealer
 }
 
 // Service is one service row.
 type Service struct {
 	Name    string
 	Version int
-	// Task holds secrets: the store file is 0600 and the task is never logged.
+	// Task holds secrets: the store file is 0600, the secrets in it are sealed (seal.go), and
+	// the task is never logged.
 	Task *configs.Task
 	// Port is the proxy listener's port, kept so that the endpoint survives controller restarts.
 	Port   int
@@ -92,6 +95,10 @@ CREATE TABLE IF NOT EXISTS rollouts (
 	rollout_json TEXT NOT NULL,
 	updated_at   INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS meta (
+	key   TEXT PRIMARY KEY,
+	value TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS leftovers (
 	key             TEXT PRIMARY KEY,
 	infra           TEXT NOT NULL,
@@ -110,7 +117,9 @@ var migrations = []struct{ table, column, decl string }{
 	{"services", "target", "INTEGER NOT NULL DEFAULT -1"},
 }
 
-// OpenSQLite opens (creating if needed) the database at path with owner-only permissions.
+// OpenSQLite opens (creating if needed) the database at path with owner-only permissions, and
+// its key (KeyPath: store.key beside it unless FERRY_STORE_KEY_FILE names another; created on
+// first use). A store whose key is missing or wrong is refused with ErrStoreKey.
 func OpenSQLite(path string) (*SQLite, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
@@ -139,7 +148,12 @@ func OpenSQLite(path string) (*SQLite, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate schema in %s: %w", path, err)
 	}
-	return &SQLite{db: db}, nil
+	seal, err := setupKey(db, KeyPath(path))
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	return &SQLite{db: db, seal: seal}, nil
 }
 
 func migrate(db *sql.DB) error {
@@ -162,7 +176,7 @@ func (s *SQLite) Close() error { return s.db.Close() }
 
 // CreateService inserts a new service; it fails if the name exists.
 func (s *SQLite) CreateService(svc Service) error {
-	task, err := json.Marshal(svc.Task)
+	task, err := json.Marshal(s.seal.sealTask(svc.Task))
 	if err != nil {
 		return err
 	}
@@ -200,7 +214,7 @@ func (s *SQLite) SetTarget(name string, n int) error {
 // StartUpdate records a new version and the rollout to it in one transaction: a controller
 // killed right after still finds both.
 func (s *SQLite) StartUpdate(service string, v replicas.Version, r replicas.Rollout) error {
-	task, err := json.Marshal(v.Task)
+	task, err := json.Marshal(s.seal.sealTask(v.Task))
 	if err != nil {
 		return err
 	}
@@ -283,6 +297,9 @@ func (s *SQLite) Versions(service string) ([]replicas.Version, error) {
 		if err := json.Unmarshal([]byte(taskJSON), v.Task); err != nil {
 			return nil, fmt.Errorf("version %d of %q: decode task: %w", v.Number, service, err)
 		}
+		if err := s.seal.openTask(v.Task); err != nil {
+			return nil, fmt.Errorf("version %d of %q: %w", v.Number, service, err)
+		}
 		out = append(out, v)
 	}
 	return out, rows.Err()
@@ -322,7 +339,7 @@ func (s *SQLite) SetServiceStatus(name, status string) error {
 func (s *SQLite) GetService(name string) (Service, error) {
 	row := s.db.QueryRow(`SELECT name, version, task_json, port, status, target, created_at, updated_at
 		FROM services WHERE name = ?`, name)
-	svc, err := scanService(row)
+	svc, err := s.scanService(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Service{}, fmt.Errorf("service %q: %w", name, ErrNotFound)
 	}
@@ -339,7 +356,7 @@ func (s *SQLite) ListServices() ([]Service, error) {
 	defer rows.Close()
 	var out []Service
 	for rows.Next() {
-		svc, err := scanService(rows)
+		svc, err := s.scanService(rows)
 		if err != nil {
 			return nil, err
 		}
@@ -369,7 +386,7 @@ func (s *SQLite) DeleteService(name string) error {
 
 type scanner interface{ Scan(dest ...any) error }
 
-func scanService(row scanner) (Service, error) {
+func (s *SQLite) scanService(row scanner) (Service, error) {
 	var (
 		svc              Service
 		taskJSON         string
@@ -381,6 +398,9 @@ func scanService(row scanner) (Service, error) {
 	svc.Task = new(configs.Task)
 	if err := json.Unmarshal([]byte(taskJSON), svc.Task); err != nil {
 		return Service{}, fmt.Errorf("service %q: decode task: %w", svc.Name, err)
+	}
+	if err := s.seal.openTask(svc.Task); err != nil {
+		return Service{}, fmt.Errorf("service %q: %w", svc.Name, err)
 	}
 	svc.CreatedAt = time.UnixMilli(created)
 	svc.UpdatedAt = time.UnixMilli(updated)
@@ -491,6 +511,7 @@ func fromMillis(ms int64) time.Time {
 // CreateJob implements jobs.Store: the row's id is the job's (AUTOINCREMENT: never reused,
 // even after the newest job is deleted).
 func (s *SQLite) CreateJob(j jobs.Job) (int64, error) {
+	j.Task = s.seal.sealTask(j.Task)
 	data, err := json.Marshal(j)
 	if err != nil {
 		return 0, err
@@ -506,6 +527,7 @@ func (s *SQLite) CreateJob(j jobs.Job) (int64, error) {
 
 // SaveJob implements jobs.Store.
 func (s *SQLite) SaveJob(j jobs.Job) error {
+	j.Task = s.seal.sealTask(j.Task)
 	data, err := json.Marshal(j)
 	if err != nil {
 		return err
@@ -537,6 +559,9 @@ func (s *SQLite) ListJobs() ([]jobs.Job, error) {
 		}
 		var j jobs.Job
 		if err := json.Unmarshal([]byte(data), &j); err != nil {
+			return nil, fmt.Errorf("job %d: %w", id, err)
+		}
+		if err := s.seal.openTask(j.Task); err != nil {
 			return nil, fmt.Errorf("job %d: %w", id, err)
 		}
 		j.ID = id

@@ -11,9 +11,9 @@
 //	ferry-job-ID            a job
 //	ferry-left-HASH         a leftover to stop (launcher.Leftover), named by a hash of its key
 //
-// The tasks in them are Task.Redacted(); the full tasks (secret envs, API key hashes, probe
-// credentials) are in a Secret of the same name, so RBAC can give "read the state" without "read
-// the keys".
+// The tasks in them are Task.Redacted(); the full tasks (secrets, envs named like a credential,
+// API key hashes, probe credentials) are in a Secret of the same name, so RBAC can give "read
+// the state" without "read the keys".
 //
 // Why ConfigMaps and not custom resources with status subresources: the fence. Every write must
 // carry the leader's term where the API server can check it (the ValidatingAdmissionPolicy in
