@@ -1,0 +1,270 @@
+package e2e
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/ferryserve/ferry/internal/testcluster"
+	"github.com/ferryserve/ferry/internal/testhttp"
+)
+
+// A FerryService is a tenant's: whoever may create one in the controller's namespace must not
+// make Ferry read the controller's files, run on its host or use its bucket credentials
+// (internal/controller/tenancy.go). These tests apply FerryServices through the real API
+// server, with replicas as pods on a kwok node run by the kubelet stand-in.
+
+// newFerryServiceEnv is a controller on the Kubernetes store in a namespace of its own, whose
+// FerryServices' replicas are pods in the same namespace, on a node of two A10G GPUs; extraEnv
+// is added to the controller's environment. It returns the env, the namespace and a dynamic
+// client.
+func newFerryServiceEnv(t *testing.T, prefix string, extraEnv ...string) (*env, string, dynamic.Interface) {
+	t.Helper()
+	c := testcluster.Shared(t)
+	dyn, err := dynamic.NewForConfig(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	installFerryServiceCRD(t, dyn)
+	ns := testNamespace(t, c, prefix) // before newEnv: removed once the controller stopped
+	node := "a10g-" + ns
+	if err := c.AddGPUNode(context.Background(), node, "NVIDIA-A10G", 2); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.DeleteNode(context.Background(), node) })
+	testcluster.StartKubelet(t, c, testcluster.KubeletOptions{FerryBin: ferryBin})
+	e := newEnv(t)
+	writeFile(t, filepath.Join(e.home, "config.yaml"), fmt.Sprintf("kubernetes:\n  kubeconfig: %s\n  provision_timeout_seconds: 30\n  contexts:\n    - name: %s\n      namespace: %s\n",
+		c.Kubeconfig(), c.Context(), ns))
+	e.extraEnv = append([]string{"FERRY_STORE=kubernetes", "KUBECONFIG=" + c.Kubeconfig(), "FERRY_NAMESPACE=" + ns}, extraEnv...)
+	e.mustRun("serve", "status") // starts the controller on the Kubernetes store
+	return e, ns, dyn
+}
+
+// tenancyRefusal is a FerryService a tenant may not have Ferry run, and what the refusal says.
+type tenancyRefusal struct {
+	name, spec, want string
+}
+
+// tenancyRefusals are the ways a tenant could reach the controller: its host (infra local),
+// its files (a workdir or file mount on its filesystem: here the controller's home, with its
+// tokens), its bucket credentials (an s3:// source), and a ConfigMap of the namespace that its
+// owner did not label for FerryServices (Ferry's own state, say).
+func tenancyRefusals(home string) []tenancyRefusal {
+	base := fmt.Sprintf(fsvcSpec, 1)
+	return []tenancyRefusal{
+		{name: "local-infra", spec: strings.Replace(base, "    infra: kubernetes\n    accelerators: A10G:1\n", "    infra: local\n", 1),
+			want: "resources.infra: local runs the replicas' commands on the controller's own host"},
+		{name: "controller-workdir", spec: base + "  workdir: " + home + "\n",
+			want: "workdir: " + home + " is a path on the controller's filesystem"},
+		{name: "controller-token", spec: base + "  file_mounts:\n    /tmp/token: " + filepath.Join(home, "controller.token") + "\n",
+			want: "is a path on the controller's filesystem"},
+		{name: "sa-token", spec: base + "  file_mounts:\n    /tmp/sa: /var/run/secrets/kubernetes.io/serviceaccount/token\n",
+			want: "is a path on the controller's filesystem"},
+		{name: "s3-source", spec: base + "  file_mounts:\n    /data: s3://any-bucket/models\n",
+			want: "would be listed and presigned with the controller's bucket credentials"},
+	}
+}
+
+// TestFerryServiceTenancyRefused: without the webhook, each FerryService that asks for the
+// controller's host, files or credentials is never launched (no pod, no service) and says why
+// in its status: INVALID, and a Tenancy condition False with the rule it broke. A ConfigMap
+// source its owner did not label is refused the same way, and one that does not exist waits.
+func TestFerryServiceTenancyRefused(t *testing.T) {
+	e, ns, dyn := newFerryServiceEnv(t, "e2e-tenancy-")
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	cases := tenancyRefusals(e.home)
+	if _, err := c.Client().CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "unlabelled"},
+		Data: map[string]string{"x": "y"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cases = append(cases,
+		tenancyRefusal{name: "unlabelled-configmap", spec: fmt.Sprintf(fsvcSpec, 1) + "  workdir: configmap://unlabelled\n",
+			want: "ConfigMap unlabelled is not labelled ferry.dev/files=true"},
+		tenancyRefusal{name: "missing-configmap", spec: fmt.Sprintf(fsvcSpec, 1) + "  workdir: configmap://nowhere\n",
+			want: "no ConfigMap nowhere in the FerryService's namespace"})
+	for _, tc := range cases {
+		if err := applyFerryService(ctx, dyn, ns, tc.name, tc.spec); err != nil {
+			t.Fatalf("%s: the API server refused what the controller should: %v", tc.name, err)
+		}
+	}
+	for _, tc := range cases {
+		eventually(t, 30*time.Second, tc.name+"'s status says INVALID with a Tenancy condition False and why", func() (bool, string) {
+			u, err := dyn.Resource(fsvcGVR).Namespace(ns).Get(ctx, tc.name, metav1.GetOptions{})
+			if err != nil {
+				return false, err.Error()
+			}
+			st, _, _ := unstructured.NestedString(u.Object, "status", "status")
+			cond := condition(u, "Tenancy")
+			return st == "INVALID" && cond["status"] == "False" && strings.Contains(fmt.Sprint(cond["message"]), tc.want), fmt.Sprintf("%s %v", st, cond)
+		})
+	}
+	out := e.mustRun("serve", "status", "--json")
+	for _, tc := range cases {
+		if strings.Contains(out, `"`+tc.name+`"`) {
+			t.Errorf("%s was brought up as a service:\n%s", tc.name, out)
+		}
+	}
+	if pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err != nil || len(pods.Items) != 0 {
+		t.Errorf("pods made for refused FerryServices: %d, %v", len(pods.Items), err)
+	}
+}
+
+// condition is the status condition of u of type typ (nil when none).
+func condition(u *unstructured.Unstructured, typ string) map[string]any {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		if m, ok := c.(map[string]any); ok && m["type"] == typ {
+			return m
+		}
+	}
+	return nil
+}
+
+// TestFerryServiceConfigMapSources: a FerryService's workdir and file_mounts from ConfigMaps of
+// its namespace, labelled ferry.dev/files=true, reach its pods (the pod's files archive holds
+// them and nothing of the controller's), the service serves, and its Tenancy condition says
+// Accepted.
+func TestFerryServiceConfigMapSources(t *testing.T) {
+	e, ns, dyn := newFerryServiceEnv(t, "e2e-tenancy-cm-")
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	labels := map[string]string{"ferry.dev/files": "true"}
+	for _, cm := range []*corev1.ConfigMap{
+		{ObjectMeta: metav1.ObjectMeta{Name: "code", Labels: labels}, Data: map[string]string{"serve.py": "print('tenant code')\n"}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "settings", Labels: labels}, Data: map[string]string{"app.yaml": "model: sim\n", "other.txt": "unused\n"}},
+	} {
+		if _, err := c.Client().CoreV1().ConfigMaps(ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec := fmt.Sprintf(fsvcSpec, 1) + "  workdir: configmap://code\n  file_mounts:\n    /etc/app: configmap://settings\n    /etc/app.yaml: configmap://settings/app.yaml\n"
+	if err := applyFerryService(ctx, dyn, ns, "tenant", spec); err != nil {
+		t.Fatal(err)
+	}
+	waitFerryService(t, ctx, c, ns, "tenant", "READY", "1/1")
+	st, err := e.status("tenant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	chatPlain(t, st.Endpoint)
+	u, err := dyn.Resource(fsvcGVR).Namespace(ns).Get(ctx, "tenant", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cond := condition(u, "Tenancy"); cond["status"] != "True" || cond["reason"] != "Accepted" {
+		t.Errorf("Tenancy condition %v, want True Accepted", cond)
+	}
+	files := podFiles(t, c, ns, "tenant")
+	want := map[string]string{"workdir/serve.py": "print('tenant code')\n", "mounts/0/app.yaml": "model: sim\n",
+		"mounts/0/other.txt": "unused\n", "mounts/1/app.yaml": "model: sim\n"}
+	for name, content := range want {
+		var found bool
+		for got, data := range files {
+			if strings.HasSuffix(got, name) && data == content {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("the pod's files lack %s = %q; they hold %v", name, content, keys(files))
+		}
+	}
+	for name := range files {
+		if strings.Contains(name, "token") || strings.Contains(name, "ferry.db") {
+			t.Errorf("the pod's files hold %s", name)
+		}
+	}
+}
+
+// podFiles reads the files archive of service's one pod: path -> content.
+func podFiles(t *testing.T, c *testcluster.Cluster, ns, service string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ferry.service=" + service})
+	if err != nil || len(pods.Items) == 0 {
+		t.Fatalf("pods of %s: %v", service, err)
+	}
+	cm, err := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, pods.Items[0].Name+"-files", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the pod's files ConfigMap: %v", err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(cm.BinaryData["files.tar.gz"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[h.Name] = string(b)
+		}
+	}
+}
+
+func keys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// TestFerryServiceTenancyWebhook: with the webhook registered, the API server itself refuses
+// at apply time each FerryService that asks for the controller's host, files or credentials,
+// with the rule's message; one whose sources are the tenant's ConfigMaps is admitted.
+func TestFerryServiceTenancyWebhook(t *testing.T) {
+	certFile, keyFile := testhttp.WriteSelfSigned(t, t.TempDir())
+	addr := freeLoopbackAddr(t)
+	e, ns, dyn := newFerryServiceEnv(t, "e2e-tenancy-webhook-",
+		"FERRY_WEBHOOK_ADDR="+addr, "FERRY_WEBHOOK_TLS_CERT="+certFile, "FERRY_WEBHOOK_TLS_KEY="+keyFile)
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	registerWebhook(t, c, ns, addr, certFile)
+	cases := tenancyRefusals(e.home)
+	first := cases[0]
+	eventually(t, 30*time.Second, "the webhook is in force", func() (bool, string) {
+		if err := applyFerryService(ctx, dyn, ns, first.name, first.spec); err == nil { // registered a moment ago
+			_ = dyn.Resource(fsvcGVR).Namespace(ns).Delete(ctx, first.name, metav1.DeleteOptions{})
+			return false, "accepted"
+		}
+		return true, ""
+	})
+	for _, tc := range cases {
+		err := applyFerryService(ctx, dyn, ns, tc.name, tc.spec)
+		if err == nil || !strings.Contains(err.Error(), "denied the request") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v; want the webhook's refusal saying %q", tc.name, err, tc.want)
+		}
+	}
+	good := fmt.Sprintf(fsvcSpec, 0) + "  workdir: configmap://code\n"
+	if err := applyFerryService(ctx, dyn, ns, "good", good); err != nil {
+		t.Fatalf("the webhook refused a FerryService with a ConfigMap workdir: %v", err)
+	}
+	if err := dyn.Resource(fsvcGVR).Namespace(ns).Delete(ctx, "good", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
