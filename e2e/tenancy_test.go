@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -169,7 +170,10 @@ func TestFerryServiceConfigMapSources(t *testing.T) {
 	if cond := condition(u, "Tenancy"); cond["status"] != "True" || cond["reason"] != "Accepted" {
 		t.Errorf("Tenancy condition %v, want True Accepted", cond)
 	}
-	files := podFiles(t, c, ns, "tenant")
+	files, err := podFiles(ctx, c, ns, "tenant")
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := map[string]string{"workdir/serve.py": "print('tenant code')\n", "mounts/0/app.yaml": "model: sim\n",
 		"mounts/0/other.txt": "unused\n", "mounts/1/app.yaml": "model: sim\n"}
 	for name, content := range want {
@@ -188,38 +192,77 @@ func TestFerryServiceConfigMapSources(t *testing.T) {
 			t.Errorf("the pod's files hold %s", name)
 		}
 	}
+
+	// The snapshot is taken per generation; a controller restarted after the ConfigMap changed
+	// (its snapshot gone, as with a controller pod's disk) rolls the service to the new content.
+	code, err := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, "code", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	code.Data["serve.py"] = "print('tenant code, v2')\n"
+	if _, err := c.Client().CoreV1().ConfigMaps(ns).Update(ctx, code, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.mustRun("controller", "stop")
+	if err := os.RemoveAll(filepath.Join(e.home, "ferryservice-files")); err != nil { // a new pod's empty disk
+		t.Fatal(err)
+	}
+	e.mustRun("serve", "status") // the controller again
+	eventually(t, 90*time.Second, "the restarted controller rolls the service's one pod to the ConfigMap's new content", func() (bool, string) {
+		files, err := podFiles(ctx, c, ns, "tenant")
+		if err != nil {
+			return false, err.Error()
+		}
+		for name, data := range files {
+			if strings.HasSuffix(name, "workdir/serve.py") {
+				return data == "print('tenant code, v2')\n", data
+			}
+		}
+		return false, fmt.Sprint(keys(files))
+	})
+	if st, err := e.status("tenant"); err != nil || st.Version != 2 {
+		t.Errorf("after the roll: version %d, %v; want 2", st.Version, err)
+	}
 }
 
-// podFiles reads the files archive of service's one pod: path -> content.
-func podFiles(t *testing.T, c *testcluster.Cluster, ns, service string) map[string]string {
-	t.Helper()
-	ctx := context.Background()
-	pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ferry.service=" + service})
-	if err != nil || len(pods.Items) == 0 {
-		t.Fatalf("pods of %s: %v", service, err)
-	}
-	cm, err := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, pods.Items[0].Name+"-files", metav1.GetOptions{})
+// podFiles reads the files archive of service's one pod: path -> content. More than one pod
+// (a roll under way) is an error.
+func podFiles(ctx context.Context, c *testcluster.Cluster, ns, service string) (map[string]string, error) {
+	list, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ferry.service=" + service})
 	if err != nil {
-		t.Fatalf("the pod's files ConfigMap: %v", err)
+		return nil, err
+	}
+	var pods []corev1.Pod
+	for _, p := range list.Items {
+		if p.DeletionTimestamp == nil {
+			pods = append(pods, p)
+		}
+	}
+	if len(pods) != 1 {
+		return nil, fmt.Errorf("%d pods of %s, want 1", len(pods), service)
+	}
+	cm, err := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, pods[0].Name+"-files", metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("the pod's files ConfigMap: %w", err)
 	}
 	zr, err := gzip.NewReader(bytes.NewReader(cm.BinaryData["files.tar.gz"]))
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	out := map[string]string{}
 	tr := tar.NewReader(zr)
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return out
+			return out, nil
 		}
 		if err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		if h.Typeflag == tar.TypeReg {
 			b, err := io.ReadAll(tr)
 			if err != nil {
-				t.Fatal(err)
+				return nil, err
 			}
 			out[h.Name] = string(b)
 		}
