@@ -311,3 +311,39 @@ func TestFerryServiceTenancyWebhook(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestFerryServiceNameOfACLIService: a FerryService named like a service the operator started
+// with the CLI neither updates that service nor, when deleted, takes it down; its status says
+// the name is taken.
+func TestFerryServiceNameOfACLIService(t *testing.T) {
+	e, ns, dyn := newFerryServiceEnv(t, "e2e-tenancy-name-")
+	ctx := context.Background()
+	file := filepath.Join(t.TempDir(), "operator.yaml")
+	writeFile(t, file, "name: operator\n"+strings.ReplaceAll(strings.TrimSuffix(fmt.Sprintf(fsvcSpec, 1), "\n"), "\n  ", "\n")[2:]+"\n")
+	e.mustRun("serve", "up", file, "-y")
+
+	if err := applyFerryService(ctx, dyn, ns, "operator", fmt.Sprintf(fsvcSpec, 2)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the FerryService's status says the name is taken", func() (bool, string) {
+		u, err := dyn.Resource(fsvcGVR).Namespace(ns).Get(ctx, "operator", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		st, _, _ := unstructured.NestedString(u.Object, "status", "status")
+		cond := condition(u, "Tenancy")
+		return st == "INVALID" && cond["status"] == "False" && strings.Contains(fmt.Sprint(cond["message"]), "no FerryService brought up"), fmt.Sprintf("%s %v", st, cond)
+	})
+	if err := dyn.Resource(fsvcGVR).Namespace(ns).Delete(ctx, "operator", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// One worker takes FerryServices in turn: once a later one is up, the deletion was handled.
+	if err := applyFerryService(ctx, dyn, ns, "marker", fmt.Sprintf(fsvcSpec, 0)); err != nil {
+		t.Fatal(err)
+	}
+	waitFerryService(t, ctx, testcluster.Shared(t), ns, "marker", "NO_REPLICA", "0/0")
+	st, err := e.status("operator")
+	if err != nil || st.Version != 1 || st.TargetReplicas != 1 {
+		t.Errorf("the operator's service after the tenant's object came and went: version %d, target %d, %v; want version 1, target 1, still up", st.Version, st.TargetReplicas, err)
+	}
+}

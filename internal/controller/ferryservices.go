@@ -53,7 +53,9 @@ type ferryServices struct {
 	queue      workqueue.TypedRateLimitingInterface[string]
 	log        *zap.Logger
 	// applied is the generation last brought up or updated per name, so that a status write
-	// that failed does not apply the same generation twice; only the worker touches it.
+	// that failed does not apply the same generation twice; its keys are the names whose
+	// services FerryServices own (a restarted controller learns them from observedGeneration
+	// in their status). Only the worker touches it.
 	applied map[string]int64
 }
 
@@ -129,7 +131,12 @@ func (fs *ferryServices) work(ctx context.Context) {
 func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 	obj, err := fs.lister.Get(name)
 	if apierrors.IsNotFound(err) {
-		// The object owns the service of its name: gone, so is the service.
+		// The object owned the service of its name: gone, so is the service. A service it
+		// never owned (one started with the CLI) stays.
+		if _, owned := fs.applied[name]; !owned {
+			return nil
+		}
+		delete(fs.applied, name)
 		if _, err := fs.c.DeleteService(ctx, name); err != nil && !errors.Is(err, api.ErrNotFound) {
 			return err
 		}
@@ -139,6 +146,12 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 		return err
 	}
 	u := obj.(*unstructured.Unstructured)
+	if observed, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration"); observed > 0 {
+		// Only the leader writes a generation it brought up (a restarted one learns it here).
+		if _, known := fs.applied[name]; !known {
+			fs.applied[name] = observed
+		}
+	}
 	task, err := parseFerryService(u)
 	if err != nil {
 		return fs.setStatus(ctx, u, invalidStatus(err, "Invalid"))
@@ -157,6 +170,15 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 	switch {
 	case missing != nil:
 		_, err = fs.c.CreateService(ctx, api.CreateServiceRequest{Name: name, Task: task})
+	case !fs.owns(name):
+		// A service of this name that no FerryService brought up is the operator's (serve up):
+		// a tenant's object must not update it, nor take it down when deleted. Retried: it may
+		// be one going down, or the operator's, taken down later.
+		taken := &TenancyError{Problems: []string{fmt.Sprintf("a service named %s runs that no FerryService brought up (started with the CLI): name this FerryService otherwise", name)}}
+		if err := fs.setStatus(ctx, u, invalidStatus(taken, "NameTaken")); err != nil {
+			return err
+		}
+		return taken
 	case observed != gen && fs.applied[name] != gen:
 		_, err = fs.c.UpdateService(ctx, name, api.UpdateServiceRequest{Task: task})
 	case fromConfigMaps && filesMoved(svc, task):
@@ -171,6 +193,12 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 	}
 	fs.applied[name] = gen
 	return fs.refresh(ctx, u, gen)
+}
+
+// owns says whether name's service was brought up by its FerryService.
+func (fs *ferryServices) owns(name string) bool {
+	_, ok := fs.applied[name]
+	return ok
 }
 
 // invalidStatus is the status of a FerryService refused for err; reason says at which step.
