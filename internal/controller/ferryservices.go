@@ -33,7 +33,11 @@ import (
 // keeps its status current for `kubectl get fsvc`. The spec is run through configs.Parse, the
 // same validation as a task file; what it rejects is reported in status (INVALID) and never
 // launched. Status writes carry the leader's term in status.fence, which the fencing policy
-// checks (charts/ferry/templates/fencing-policy-status.yaml).
+// checks (charts/ferry/templates/fencing-policy-status.yaml). Whoever may create FerryServices
+// is a tenant, not the operator: the spec is also held to tenancy.go's rules (nothing of the
+// controller's host, files or credentials; workdir and file_mounts from the namespace's
+// ConfigMaps), shown in a Tenancy condition, and an object updates or deletes only a service
+// that a FerryService brought up, never one started with the CLI.
 
 // FerryServiceGVR is the FerryService resource.
 var FerryServiceGVR = schema.GroupVersionResource{Group: "ferry.dev", Version: "v1alpha1", Resource: "ferryservices"}
