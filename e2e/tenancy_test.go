@@ -347,3 +347,50 @@ func TestFerryServiceNameOfACLIService(t *testing.T) {
 		t.Errorf("the operator's service after the tenant's object came and went: version %d, target %d, %v; want version 1, target 1, still up", st.Version, st.TargetReplicas, err)
 	}
 }
+
+// TestFerryServiceBrokenBeforeTheRules: a service a FerryService brought up before the tenancy
+// rules, which breaks them (infra local: its replicas run on the controller's host), is taken
+// down by the upgraded controller, and the object's status says so. The state an older
+// controller left is made by hand: the service started with the CLI, the object's status
+// claiming it (observedGeneration), as only a leader writes it.
+func TestFerryServiceBrokenBeforeTheRules(t *testing.T) {
+	e, ns, dyn := newFerryServiceEnv(t, "e2e-tenancy-legacy-")
+	ctx := context.Background()
+	spec := strings.Replace(fmt.Sprintf(fsvcSpec, 1), "    infra: kubernetes\n    accelerators: A10G:1\n", "    infra: local\n", 1)
+	if err := applyFerryService(ctx, dyn, ns, "legacy", spec); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the refused FerryService shows INVALID", func() (bool, string) {
+		u, err := dyn.Resource(fsvcGVR).Namespace(ns).Get(ctx, "legacy", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		st, _, _ := unstructured.NestedString(u.Object, "status", "status")
+		return st == "INVALID", st
+	})
+	file := filepath.Join(t.TempDir(), "legacy.yaml")
+	writeFile(t, file, "name: legacy\nresources:\n  infra: local\nservice:\n  readiness_probe: /health\n  replicas: 1\n  ports: 8080\nrun: ferry replica-sim --port $FERRY_PORT --model ferry-sim-1b\n")
+	e.mustRun("serve", "up", file, "-y")
+	eventually(t, 30*time.Second, "the object's status claims the service, as an older leader's did", func() (bool, string) {
+		u, err := dyn.Resource(fsvcGVR).Namespace(ns).Get(ctx, "legacy", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		if err := unstructured.SetNestedField(u.Object, int64(1), "status", "observedGeneration"); err != nil {
+			return false, err.Error()
+		}
+		if _, err := dyn.Resource(fsvcGVR).Namespace(ns).UpdateStatus(ctx, u, metav1.UpdateOptions{}); err != nil {
+			return false, err.Error()
+		}
+		return true, ""
+	})
+	eventually(t, 60*time.Second, "the service that breaks the rules is taken down, and the status says so", func() (bool, string) {
+		u, err := dyn.Resource(fsvcGVR).Namespace(ns).Get(ctx, "legacy", metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error()
+		}
+		msg := fmt.Sprint(condition(u, "Tenancy")["message"])
+		_, errOut, err := e.run("serve", "status", "legacy", "--json")
+		return err != nil && strings.Contains(errOut, "not found") && strings.Contains(msg, "was taken down"), msg + " / " + errOut
+	})
+}

@@ -158,7 +158,7 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 	}
 	task, err := parseFerryService(u)
 	if err != nil {
-		return fs.setStatus(ctx, u, invalidStatus(err, "Invalid"))
+		return fs.refuse(ctx, u, err)
 	}
 	fromConfigMaps, err := resolveSources(ctx, fs.configMaps, fs.files, task)
 	if err != nil {
@@ -197,6 +197,48 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 	}
 	fs.applied[name] = gen
 	return fs.refresh(ctx, u, gen)
+}
+
+// takenDownNote ends the message of a refusal that took the object's service down.
+const takenDownNote = " (its service, brought up before these rules, was taken down)"
+
+// refuse shows why u's spec is refused. A service u brought up before the tenancy rules
+// that breaks them (infra local, the controller's files) is taken down: left up, it would go
+// on launching replicas as it was declared.
+func (fs *ferryServices) refuse(ctx context.Context, u *unstructured.Unstructured, err error) error {
+	var te *TenancyError
+	if svc, missing := fs.c.serviceNamed(u.GetName()); errors.As(err, &te) && missing == nil && fs.owns(u.GetName()) && fs.breaksTenancy(svc) {
+		if _, downErr := fs.c.DeleteService(ctx, u.GetName()); downErr != nil && !errors.Is(downErr, api.ErrNotFound) {
+			return downErr
+		}
+		delete(fs.applied, u.GetName())
+		err = fmt.Errorf("%w%s", err, takenDownNote)
+	} else if old, _, _ := unstructured.NestedString(u.Object, "status", "message"); old == err.Error()+takenDownNote {
+		err = fmt.Errorf("%w%s", err, takenDownNote) // the same refusal: keep saying what it did
+	}
+	return fs.setStatus(ctx, u, invalidStatus(err, "Invalid"))
+}
+
+// breaksTenancy says whether s runs a task a FerryService may not declare now; its snapshots
+// of ConfigMaps count as ConfigMaps.
+func (fs *ferryServices) breaksTenancy(s *service) bool {
+	s.mu.Lock()
+	t := *s.task
+	s.mu.Unlock()
+	snapshot := func(p string) string {
+		if rel, err := filepath.Rel(fs.files, p); err == nil && filepath.IsLocal(rel) {
+			return configMapScheme + "snapshot"
+		}
+		return p
+	}
+	if t.GitWorkdir == nil && t.Workdir != "" {
+		t.Workdir = snapshot(t.Workdir)
+	}
+	t.FileMounts = maps.Clone(t.FileMounts)
+	for dst, src := range t.FileMounts {
+		t.FileMounts[dst] = snapshot(src)
+	}
+	return checkTenancy(&t) != nil
 }
 
 // owns says whether name's service was brought up by its FerryService.

@@ -9,6 +9,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
+
+	"github.com/ferryserve/ferry/configs"
 )
 
 // tenancyBase is a FerryService spec a tenant may apply; each case adds or replaces lines.
@@ -112,5 +114,31 @@ func TestWriteSnapshot(t *testing.T) {
 	}
 	if _, err := writeSnapshot(root, map[string][]byte{"../escape": nil}); err == nil {
 		t.Error("a key that leaves the directory was written")
+	}
+}
+
+// TestBreaksTenancy: a running service's snapshots of ConfigMaps are the tenant's sources, not
+// the controller's files; a path elsewhere, or infra local, breaks the rules.
+func TestBreaksTenancy(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "ferryservice-files", "tenant")
+	fs := &ferryServices{files: root}
+	kube := configs.Resources{Infra: "kubernetes"}
+	tests := map[string]struct {
+		task *configs.Task
+		want bool
+	}{
+		"snapshots": {task: &configs.Task{Resources: kube, Service: &configs.Service{}, Workdir: filepath.Join(root, "abc"),
+			FileMounts: map[string]string{"/etc/a": filepath.Join(root, "def", "a.yaml")}}},
+		"the controller's home":   {task: &configs.Task{Resources: kube, Service: &configs.Service{}, Workdir: filepath.Dir(root)}, want: true},
+		"a path beside the root":  {task: &configs.Task{Resources: kube, Service: &configs.Service{}, FileMounts: map[string]string{"/t": root + "-x/token"}}, want: true},
+		"infra local":             {task: &configs.Task{Resources: configs.Resources{Infra: configs.InfraLocal}, Service: &configs.Service{}}, want: true},
+		"kubernetes and no files": {task: &configs.Task{Resources: kube, Service: &configs.Service{}}},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if got := fs.breaksTenancy(&service{task: tc.task}); got != tc.want {
+				t.Errorf("breaksTenancy = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
