@@ -78,8 +78,13 @@ func applyFerryService(ctx context.Context, dyn dynamic.Interface, ns, name, spe
 	return err
 }
 
+// fsvcSpec is a FerryService a tenant may apply: replicas in the cluster (a FerryService may
+// not run on the controller's host, tenancy_test.go).
 const fsvcSpec = `  resources:
-    infra: local
+    infra: kubernetes
+    accelerators: A10G:1
+  envs:
+    REPLICA_SIM_ARGS: --model ferry-sim-1b
   service:
     readiness_probe:
       path: /health
@@ -115,21 +120,13 @@ func getTable(ctx context.Context, c *testcluster.Cluster, ns string) (map[strin
 }
 
 // TestFerryServiceApplied: with --store kubernetes, a FerryService applied through the API (as
-// kubectl apply would) comes up on local replicas, serves, shows its status in the printer
+// kubectl apply would) comes up on replicas in the cluster, serves, shows its status in the printer
 // columns, follows a spec change, reports what Ferry's validation rejects, and goes with its
 // object; the state lives in the API server, not in SQLite.
 func TestFerryServiceApplied(t *testing.T) {
 	c := testcluster.Shared(t)
 	ctx := context.Background()
-	dyn, err := dynamic.NewForConfig(c.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	installFerryServiceCRD(t, dyn)
-	ns := testNamespace(t, c, "e2e-fsvc-") // before newEnv: removed once the controller stopped
-	e := newEnv(t)
-	e.extraEnv = []string{"FERRY_STORE=kubernetes", "KUBECONFIG=" + c.Kubeconfig(), "FERRY_NAMESPACE=" + ns}
-	e.mustRun("serve", "status") // starts the controller on the Kubernetes store
+	e, ns, dyn := newFerryServiceEnv(t, "e2e-fsvc-")
 
 	if err := applyFerryService(ctx, dyn, ns, "chat", fmt.Sprintf(fsvcSpec, 2)); err != nil {
 		t.Fatal(err)
@@ -247,18 +244,10 @@ func checkRejections(t *testing.T, ctx context.Context, c *testcluster.Cluster, 
 func TestFerryServiceWebhook(t *testing.T) {
 	c := testcluster.Shared(t)
 	ctx := context.Background()
-	dyn, err := dynamic.NewForConfig(c.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	installFerryServiceCRD(t, dyn)
-	ns := testNamespace(t, c, "e2e-fsvc-webhook-") // before newEnv: removed once the controller stopped
 	certFile, keyFile := testhttp.WriteSelfSigned(t, t.TempDir())
 	addr := freeLoopbackAddr(t)
-	e := newEnv(t)
-	e.extraEnv = []string{"FERRY_STORE=kubernetes", "KUBECONFIG=" + c.Kubeconfig(), "FERRY_NAMESPACE=" + ns,
-		"FERRY_WEBHOOK_ADDR=" + addr, "FERRY_WEBHOOK_TLS_CERT=" + certFile, "FERRY_WEBHOOK_TLS_KEY=" + keyFile}
-	e.mustRun("serve", "status")
+	_, ns, dyn := newFerryServiceEnv(t, "e2e-fsvc-webhook-",
+		"FERRY_WEBHOOK_ADDR="+addr, "FERRY_WEBHOOK_TLS_CERT="+certFile, "FERRY_WEBHOOK_TLS_KEY="+keyFile)
 	registerWebhook(t, c, ns, addr, certFile)
 
 	bad := strings.Replace(fmt.Sprintf(fsvcSpec, 1), "    replicas: 1\n", "    replica_policy:\n      min_replica: 1\n", 1)

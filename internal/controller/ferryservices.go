@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"time"
@@ -16,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/workqueue"
 	"sigs.k8s.io/yaml"
@@ -30,7 +33,11 @@ import (
 // keeps its status current for `kubectl get fsvc`. The spec is run through configs.Parse, the
 // same validation as a task file; what it rejects is reported in status (INVALID) and never
 // launched. Status writes carry the leader's term in status.fence, which the fencing policy
-// checks (charts/ferry/templates/fencing-policy-status.yaml).
+// checks (charts/ferry/templates/fencing-policy-status.yaml). Whoever may create FerryServices
+// is a tenant, not the operator: the spec is also held to tenancy.go's rules (nothing of the
+// controller's host, files or credentials; workdir and file_mounts from the namespace's
+// ConfigMaps), shown in a Tenancy condition, and an object updates or deletes only a service
+// that a FerryService brought up, never one started with the CLI.
 
 // FerryServiceGVR is the FerryService resource.
 var FerryServiceGVR = schema.GroupVersionResource{Group: "ferry.dev", Version: "v1alpha1", Resource: "ferryservices"}
@@ -43,10 +50,16 @@ type ferryServices struct {
 	c      *Controller
 	client dynamic.ResourceInterface
 	lister cache.GenericNamespaceLister
-	queue  workqueue.TypedRateLimitingInterface[string]
-	log    *zap.Logger
+	// configMaps are the namespace's, read for configmap:// sources (tenancy.go); files is
+	// where their snapshots are written.
+	configMaps configMapGetter
+	files      string
+	queue      workqueue.TypedRateLimitingInterface[string]
+	log        *zap.Logger
 	// applied is the generation last brought up or updated per name, so that a status write
-	// that failed does not apply the same generation twice; only the worker touches it.
+	// that failed does not apply the same generation twice; its keys are the names whose
+	// services FerryServices own (a restarted controller learns them from observedGeneration
+	// in their status). Only the worker touches it.
 	applied map[string]int64
 }
 
@@ -64,6 +77,10 @@ func (c *Controller) watchFerryServices(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
 	ns := c.opts.Store.namespace()
 	client := dyn.Resource(FerryServiceGVR).Namespace(ns)
 	if _, err := client.List(ctx, metav1.ListOptions{Limit: 1}); apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
@@ -75,6 +92,7 @@ func (c *Controller) watchFerryServices(ctx context.Context) error {
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, ns, nil)
 	inf := factory.ForResource(FerryServiceGVR)
 	fs := &ferryServices{c: c, client: client, lister: inf.Lister().ByNamespace(ns), log: c.log.Named("ferryservices"), applied: map[string]int64{},
+		configMaps: kube.CoreV1().ConfigMaps(ns), files: filepath.Join(c.opts.Home.Dir, "ferryservice-files", ns),
 		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
@@ -117,7 +135,12 @@ func (fs *ferryServices) work(ctx context.Context) {
 func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 	obj, err := fs.lister.Get(name)
 	if apierrors.IsNotFound(err) {
-		// The object owns the service of its name: gone, so is the service.
+		// The object owned the service of its name: gone, so is the service. A service it
+		// never owned (one started with the CLI) stays.
+		if _, owned := fs.applied[name]; !owned {
+			return nil
+		}
+		delete(fs.applied, name)
 		if _, err := fs.c.DeleteService(ctx, name); err != nil && !errors.Is(err, api.ErrNotFound) {
 			return err
 		}
@@ -127,26 +150,124 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 		return err
 	}
 	u := obj.(*unstructured.Unstructured)
+	if observed, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration"); observed > 0 {
+		// Only the leader writes a generation it brought up (a restarted one learns it here).
+		if _, known := fs.applied[name]; !known {
+			fs.applied[name] = observed
+		}
+	}
 	task, err := parseFerryService(u)
 	if err != nil {
-		return fs.setStatus(ctx, u, statusFields{Status: statusInvalid, Message: err.Error(), Reason: "Invalid"})
+		return fs.refuse(ctx, u, err)
+	}
+	fromConfigMaps, err := resolveSources(ctx, fs.configMaps, fs.files, task)
+	if err != nil {
+		// A ConfigMap made or labelled later is found by a retry.
+		if st := fs.setStatus(ctx, u, invalidStatus(err, "SourceUnavailable")); st != nil {
+			return st
+		}
+		return err
 	}
 	gen := u.GetGeneration()
 	observed, _, _ := unstructured.NestedInt64(u.Object, "status", "observedGeneration")
-	_, missing := fs.c.serviceNamed(name)
+	svc, missing := fs.c.serviceNamed(name)
 	switch {
 	case missing != nil:
 		_, err = fs.c.CreateService(ctx, api.CreateServiceRequest{Name: name, Task: task})
+	case !fs.owns(name):
+		// A service of this name that no FerryService brought up is the operator's (serve up):
+		// a tenant's object must not update it, nor take it down when deleted. Retried: it may
+		// be one going down, or the operator's, taken down later.
+		taken := &TenancyError{Problems: []string{fmt.Sprintf("a service named %s runs that no FerryService brought up (started with the CLI): name this FerryService otherwise", name)}}
+		if err := fs.setStatus(ctx, u, invalidStatus(taken, "NameTaken")); err != nil {
+			return err
+		}
+		return taken
 	case observed != gen && fs.applied[name] != gen:
+		_, err = fs.c.UpdateService(ctx, name, api.UpdateServiceRequest{Task: task})
+	case fromConfigMaps && filesMoved(svc, task):
+		// A controller restarted after a source ConfigMap changed: its snapshot is no more, so
+		// the service rolls to the ConfigMap's content now.
 		_, err = fs.c.UpdateService(ctx, name, api.UpdateServiceRequest{Task: task})
 	default:
 		return nil
 	}
 	if err != nil {
-		return fs.setStatus(ctx, u, statusFields{Status: statusInvalid, Message: err.Error(), Reason: "Rejected"})
+		return fs.setStatus(ctx, u, invalidStatus(err, "Rejected"))
 	}
 	fs.applied[name] = gen
 	return fs.refresh(ctx, u, gen)
+}
+
+// takenDownNote ends the message of a refusal that took the object's service down.
+const takenDownNote = " (its service, brought up before these rules, was taken down)"
+
+// refuse shows why u's spec is refused. A service u brought up before the tenancy rules
+// that breaks them (infra local, the controller's files) is taken down: left up, it would go
+// on launching replicas as it was declared.
+func (fs *ferryServices) refuse(ctx context.Context, u *unstructured.Unstructured, err error) error {
+	var te *TenancyError
+	if svc, missing := fs.c.serviceNamed(u.GetName()); errors.As(err, &te) && missing == nil && fs.owns(u.GetName()) && fs.breaksTenancy(svc) {
+		if _, downErr := fs.c.DeleteService(ctx, u.GetName()); downErr != nil && !errors.Is(downErr, api.ErrNotFound) {
+			return downErr
+		}
+		delete(fs.applied, u.GetName())
+		err = fmt.Errorf("%w%s", err, takenDownNote)
+	} else if old, _, _ := unstructured.NestedString(u.Object, "status", "message"); old == err.Error()+takenDownNote {
+		err = fmt.Errorf("%w%s", err, takenDownNote) // the same refusal: keep saying what it did
+	}
+	return fs.setStatus(ctx, u, invalidStatus(err, "Invalid"))
+}
+
+// breaksTenancy says whether s runs a task a FerryService may not declare now; its snapshots
+// of ConfigMaps count as ConfigMaps.
+func (fs *ferryServices) breaksTenancy(s *service) bool {
+	s.mu.Lock()
+	t := *s.task
+	s.mu.Unlock()
+	snapshot := func(p string) string {
+		if rel, err := filepath.Rel(fs.files, p); err == nil && filepath.IsLocal(rel) {
+			return configMapScheme + "snapshot"
+		}
+		return p
+	}
+	if t.GitWorkdir == nil && t.Workdir != "" {
+		t.Workdir = snapshot(t.Workdir)
+	}
+	t.FileMounts = maps.Clone(t.FileMounts)
+	for dst, src := range t.FileMounts {
+		t.FileMounts[dst] = snapshot(src)
+	}
+	return checkTenancy(&t) != nil
+}
+
+// owns says whether name's service was brought up by its FerryService.
+func (fs *ferryServices) owns(name string) bool {
+	_, ok := fs.applied[name]
+	return ok
+}
+
+// invalidStatus is the status of a FerryService refused for err; reason says at which step.
+// A tenancy refusal says so in the Tenancy condition as well.
+func invalidStatus(err error, reason string) statusFields {
+	st := statusFields{Status: statusInvalid, Message: err.Error(), Reason: reason, Tenancy: "Unknown", TenancyReason: "NotChecked"}
+	var te *TenancyError
+	switch {
+	case errors.As(err, &te):
+		st.Reason, st.Tenancy, st.TenancyReason = "TenancyRefused", "False", "Refused"
+	case reason == "SourceUnavailable":
+		st.Tenancy, st.TenancyReason = "False", reason
+	case reason == "Rejected":
+		st.Tenancy, st.TenancyReason = "True", "Accepted"
+	}
+	return st
+}
+
+// filesMoved says whether s runs with other workdir or file_mounts sources than t.
+func filesMoved(s *service, t *configs.Task) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.task.Workdir != t.Workdir || !maps.Equal(s.task.FileMounts, t.FileMounts)
 }
 
 // parseFerryService runs the spec through Ferry's own task validation, as a task file would
@@ -164,7 +285,10 @@ func parseFerryService(u *unstructured.Unstructured) (*configs.Task, error) {
 	if task.Service == nil {
 		return nil, errors.New("spec has no service: section")
 	}
-	return task, checkAuth(task)
+	if err := checkAuth(task); err != nil {
+		return nil, err
+	}
+	return task, checkTenancy(task)
 }
 
 // statusLoop keeps every FerryService's status current.
@@ -202,14 +326,18 @@ func (fs *ferryServices) refresh(ctx context.Context, u *unstructured.Unstructur
 	}
 	st := list[0]
 	return fs.setStatus(ctx, u, statusFields{Status: st.Status, Ready: st.ReadyReplicas, Target: st.TargetReplicas,
-		Endpoint: st.Endpoint, Version: st.Version, Generation: generation, Message: st.Message, Reason: "Running"})
+		Endpoint: st.Endpoint, Version: st.Version, Generation: generation, Message: st.Message, Reason: "Running",
+		Tenancy: "True", TenancyReason: "Accepted"})
 }
 
 // statusFields is what a FerryService's status says.
 type statusFields struct {
 	Status, Endpoint, Message, Reason string
-	Ready, Target, Version            int
-	Generation                        int64
+	// Tenancy is the Tenancy condition's status (True, False, Unknown): whether the spec keeps
+	// to what a tenant may have Ferry do (tenancy.go), and TenancyReason why.
+	Tenancy, TenancyReason string
+	Ready, Target, Version int
+	Generation             int64
 }
 
 // setStatus writes st as u's status when it differs from what u shows; only the leader writes.
@@ -231,19 +359,13 @@ func (fs *ferryServices) setStatus(ctx context.Context, u *unstructured.Unstruct
 		"readyReplicas": int64(st.Ready), "targetReplicas": int64(st.Target), "endpoint": st.Endpoint,
 		"version": int64(st.Version), "observedGeneration": st.Generation, "message": st.Message}
 	old, _, _ := unstructured.NestedMap(u.Object, "status")
-	cond := map[string]any{"type": "Ready", "status": ready, "reason": st.Reason, "message": st.Message,
-		"observedGeneration": u.GetGeneration()}
-	if oldConds, ok := old["conditions"].([]any); ok && len(oldConds) == 1 {
-		prev, _ := oldConds[0].(map[string]any)
-		cond["lastTransitionTime"] = prev["lastTransitionTime"]
-		if prev["status"] != ready {
-			cond["lastTransitionTime"] = nil
-		}
+	tenancyMsg := ""
+	if st.Tenancy != "True" {
+		tenancyMsg = st.Message
 	}
-	if cond["lastTransitionTime"] == nil {
-		cond["lastTransitionTime"] = time.Now().UTC().Format(time.RFC3339)
-	}
-	status["conditions"] = []any{cond}
+	status["conditions"] = conditions(old, u.GetGeneration(),
+		map[string]any{"type": "Ready", "status": ready, "reason": st.Reason, "message": st.Message},
+		map[string]any{"type": "Tenancy", "status": st.Tenancy, "reason": st.TenancyReason, "message": tenancyMsg})
 	if fence != nil {
 		status["fence"] = fence
 	}
@@ -254,4 +376,28 @@ func (fs *ferryServices) setStatus(ctx context.Context, u *unstructured.Unstruct
 	out.Object["status"] = status
 	_, err := fs.client.UpdateStatus(ctx, out, metav1.UpdateOptions{})
 	return err
+}
+
+// conditions completes conds with generation and each one's lastTransitionTime: kept from old's
+// condition of the same type while its status holds, now when it changes.
+func conditions(old map[string]any, generation int64, conds ...map[string]any) []any {
+	prev := map[any]map[string]any{}
+	if oldConds, ok := old["conditions"].([]any); ok {
+		for _, c := range oldConds {
+			if m, ok := c.(map[string]any); ok {
+				prev[m["type"]] = m
+			}
+		}
+	}
+	out := make([]any, len(conds))
+	for i, c := range conds {
+		c["observedGeneration"] = generation
+		if p, ok := prev[c["type"]]; ok && p["status"] == c["status"] && p["lastTransitionTime"] != nil {
+			c["lastTransitionTime"] = p["lastTransitionTime"]
+		} else {
+			c["lastTransitionTime"] = time.Now().UTC().Format(time.RFC3339)
+		}
+		out[i] = c
+	}
+	return out
 }

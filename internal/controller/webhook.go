@@ -19,7 +19,9 @@ import (
 // The FerryService webhook: the CRD's schema and CEL rules cannot say everything configs
 // checks (the keys of replica_policy, probe and autoscaler rules, cross-field rules), so the
 // API server asks the controller, which runs the very validation a task file gets, and refuses
-// what it refuses at `kubectl apply` time with configs' own message. Every controller serves
+// what it refuses at `kubectl apply` time with configs' own message, and the tenancy rules
+// a FerryService is held to (tenancy.go: no paths on the controller's host, no infra local,
+// no buckets read with the controller's credentials). Every controller serves
 // it, follower or leader: it reads no state. Without the webhook installed, the same check
 // still runs before anything launches and shows in the object's status (ferryservices.go).
 
