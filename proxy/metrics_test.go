@@ -703,7 +703,7 @@ func TestTimePerOutputToken(t *testing.T) {
 // stream is observed once, as its decode time (first byte to end) over the tokens after the
 // first; the usage it reports wins over counting events; a JSON answer is not observed.
 func TestMetricsTimePerOutputToken(t *testing.T) {
-	const decodeDelay = 30 * time.Millisecond
+	const decodeDelay = 60 * time.Millisecond
 	tests := map[string]struct {
 		usage     string // a final usage chunk, or none
 		wantSteps float64
@@ -750,8 +750,11 @@ func TestMetricsTimePerOutputToken(t *testing.T) {
 			}
 			ttft, _ := gatherSeries(t, reg, "ferry_time_to_first_token_seconds", "service", "llama")
 			duration, _ := gatherSeries(t, reg, "ferry_request_duration_seconds", "service", "llama")
-			if tpot.count != 1 || tpot.sum < decodeDelay.Seconds()/tc.wantSteps {
-				t.Fatalf("TPOT: %v observations summing to %vs, want 1 of at least %v/%v", tpot.count, tpot.sum, decodeDelay, tc.wantSteps)
+			// The decode time spans the upstream's pause, less however late the proxy read the
+			// first event on a busy host: a third of the pause tells it from a clock started at
+			// the last event.
+			if tpot.count != 1 || tpot.sum*tc.wantSteps < decodeDelay.Seconds()/3 {
+				t.Fatalf("TPOT: %v observations summing to %vs, want 1 of at least %v/3/%v", tpot.count, tpot.sum, decodeDelay, tc.wantSteps)
 			}
 			// The same clock readings: decode time over the steps, to the nanosecond's rounding.
 			if decode := duration.sum - ttft.sum; math.Abs(tpot.sum*tc.wantSteps-decode) > 1e-6 {

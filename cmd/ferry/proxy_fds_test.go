@@ -70,21 +70,7 @@ func TestProxySurvivesDescriptorFlood(t *testing.T) {
 	}
 	for name, extra := range tests {
 		t.Run(name, func(t *testing.T) {
-			addr := freeAddr(t)
-			args := append([]string{"proxy", "--listen", addr, "--replica", replica.Listener.Addr().String(), "--api-key-env", "FERRY_FLOOD_KEY"}, extra...)
-			cmd := exec.Command(os.Args[0], args...)
-			cmd.Env = append(os.Environ(), asFerryEnv+"=1", nofileEnv+"=256", "FERRY_FLOOD_KEY="+key)
-			var logs syncBuffer
-			cmd.Stdout, cmd.Stderr = &logs, &logs
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			exited := make(chan error, 1)
-			go func() { exited <- cmd.Wait() }()
-			t.Cleanup(func() {
-				_ = cmd.Process.Kill()
-				<-exited
-			})
+			addr, logs, exited := startLimitedProxy(t, replica.Listener.Addr().String(), key, extra...)
 			alive := func(when string) {
 				t.Helper()
 				select {
@@ -112,6 +98,29 @@ func TestProxySurvivesDescriptorFlood(t *testing.T) {
 			alive("after the flood")
 		})
 	}
+}
+
+// startLimitedProxy starts `ferry proxy --replica replica` with a limit of 256 file
+// descriptors, keyed by key, and extra flags. It returns its address, its output, and a
+// channel that receives its exit (put back by whoever reads it).
+func startLimitedProxy(t *testing.T, replica, key string, extra ...string) (string, *syncBuffer, chan error) {
+	t.Helper()
+	addr := freeAddr(t)
+	args := append([]string{"proxy", "--listen", addr, "--replica", replica, "--api-key-env", "FERRY_LIMITED_KEY"}, extra...)
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), asFerryEnv+"=1", nofileEnv+"=256", "FERRY_LIMITED_KEY="+key)
+	logs := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	return addr, logs, exited
 }
 
 // freeAddr is a loopback address nothing listens on.

@@ -6,8 +6,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 )
@@ -25,20 +23,7 @@ func TestIdleClientCannotStarveOthers(t *testing.T) {
 		_, _ = io.WriteString(w, `{"ok":true}`)
 	}))
 	t.Cleanup(replica.Close)
-	addr := freeAddr(t)
-	cmd := exec.Command(os.Args[0], "proxy", "--listen", addr, "--replica", replica.Listener.Addr().String(), "--api-key-env", "FERRY_STARVE_KEY")
-	cmd.Env = append(os.Environ(), asFerryEnv+"=1", nofileEnv+"=256", "FERRY_STARVE_KEY="+key)
-	var logs syncBuffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	addr, logs, _ := startLimitedProxy(t, replica.Listener.Addr().String(), key)
 	keyed := func() error { return keyedRequest("http://"+addr, key) }
 	if err := pollFor(10*time.Second, keyed); err != nil {
 		t.Fatalf("ferry proxy never served: %v\n%s", err, lastLines(logs.String(), 8))

@@ -38,7 +38,7 @@ import (
 //     which may mean local) runs the replicas' commands on the controller's own host.
 //   - No service.tls (files on the controller's host) and no config.kubernetes pod_config or
 //     custom_metadata (a partial pod can mount host paths, run privileged or take another
-//     service account): those are the operator's, in Ferry's config.yaml.
+//     service account): only a task the operator gives through the CLI or API may set those.
 
 // FilesLabel is the label, with value "true", by which a ConfigMap's owner lets FerryServices
 // of its namespace use it as a workdir or file_mounts source. Ferry's own ConfigMaps never
@@ -105,7 +105,7 @@ func checkTenancy(t *configs.Task) error {
 		add("service.tls: keyfile and certfile are files on the controller's host: terminate TLS in front of the endpoint (an Ingress or a Gateway)")
 	}
 	if k := t.Config; k != nil && k.Kubernetes != nil && (len(k.Kubernetes.PodConfig) > 0 || len(k.Kubernetes.CustomMetadata) > 0) {
-		add("config.kubernetes: pod_config and custom_metadata can mount host paths, run privileged or take another service account; they are the operator's (Ferry's config.yaml), not a FerryService's")
+		add("config.kubernetes: pod_config and custom_metadata can mount host paths, run privileged or take another service account; only a task given to the CLI or the API (the operator) may set them, not a FerryService")
 	}
 	if len(problems) == 0 {
 		return nil
