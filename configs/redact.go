@@ -230,75 +230,8 @@ func (t *Task) ResolvedYAML() ([]byte, error) {
 		Run:        text(r.Run),
 	}
 	doc.Workdir, doc.Config = resolvedWorkdir(r), r.Config // workdir.go, taskconfig.go
-	if s := r.Service; s != nil {
-		rs := &resolvedService{
-			ReadinessProbe: resolvedProbe{
-				Path:                text(s.ReadinessProbe.Path),
-				InitialDelaySeconds: s.ReadinessProbe.InitialDelaySeconds,
-				TimeoutSeconds:      s.ReadinessProbe.TimeoutSeconds,
-				PostData:            text(s.ReadinessProbe.PostData),
-				Headers:             textMap(s.ReadinessProbe.Headers),
-			},
-			Ports:               s.Port,
-			LoadBalancingPolicy: s.LoadBalancingPolicy,
-		}
-		if s.TLS != nil {
-			rs.TLS = &resolvedTLS{KeyFile: text(s.TLS.KeyFile), CertFile: text(s.TLS.CertFile)}
-		}
-		if s.Auth != nil {
-			ra := &resolvedAuth{KeysFile: text(s.Auth.KeysFile)}
-			for _, name := range s.Auth.KeysFromEnv {
-				ra.KeysFromEnv = append(ra.KeysFromEnv, text(name))
-			}
-			rs.Auth = ra
-		}
-		rs.Limits = s.Limits
-		rs.HealthCheck = s.HealthCheck
-		if s.Update != DefaultUpdate() {
-			u := s.Update
-			rs.Update = &u
-		}
-		if s.FixedReplicas {
-			n := s.ReplicaPolicy.MinReplicas
-			rs.Replicas = &n
-		} else {
-			p := s.ReplicaPolicy
-			rp := &resolvedPolicy{
-				// Written only when the YAML set it: absent, concurrency and llm learn a headroom.
-				NumOverprovision:             ifSet(p.NumOverprovisionSet, p.NumOverprovision),
-				MinReplicas:                  p.MinReplicas,
-				MaxReplicas:                  p.MaxReplicas,
-				Autoscaler:                   p.Autoscaler,
-				BaseOndemandFallbackReplicas: p.BaseOndemandFallbackReplicas,
-				DynamicOndemandFallback:      p.DynamicOndemandFallback,
-				SpotPlacer:                   p.SpotPlacer,
-				// The windowed autoscalers' fields are written as given: their zero means
-				// the autoscaler package's default, which is not this package's to show.
-				TargetInflightPerReplica: p.TargetInflightPerReplica,
-				StableWindowSeconds:      p.StableWindowSeconds,
-				PanicWindowSeconds:       p.PanicWindowSeconds,
-				PanicThreshold:           p.PanicThreshold,
-				MaxScaleUpRate:           p.MaxScaleUpRate,
-				MaxScaleDownRate:         p.MaxScaleDownRate,
-				ScaleToZeroGraceSeconds:  p.ScaleToZeroGraceSeconds,
-				TargetWaitingPerReplica:  p.TargetWaitingPerReplica,
-				TargetKVCacheUsage:       p.TargetKVCacheUsage,
-			}
-			// SkyServe's delays belong to request_rate (and are accepted with a fixed count);
-			// concurrency and llm reject them.
-			if p.Autoscaler == "" || p.Autoscaler == AutoscalerRequestRate {
-				up, down := p.UpscaleDelaySeconds, p.DownscaleDelaySeconds
-				rp.UpscaleDelaySeconds, rp.DownscaleDelaySeconds = &up, &down
-			}
-			switch {
-			case p.TargetQPSPerAccelerator != nil:
-				rp.TargetQPSPerReplica = p.TargetQPSPerAccelerator
-			case p.TargetQPSPerReplica > 0:
-				rp.TargetQPSPerReplica = p.TargetQPSPerReplica
-			}
-			rs.ReplicaPolicy = rp
-		}
-		doc.Service = rs
+	if r.Service != nil {
+		doc.Service = toResolvedService(r.Service)
 	}
 	if j := r.Job; j != nil {
 		doc.Job = &resolvedJob{Priority: j.Priority, Preemptible: j.Preemptible, GracePeriodSeconds: j.GracePeriodSeconds}
@@ -529,4 +462,80 @@ func ifSet(set bool, v int) *int {
 		return nil
 	}
 	return &v
+}
+
+// toResolvedService is a service block as --dry-run shows it, defaults filled in.
+func toResolvedService(s *Service) *resolvedService {
+	rs := &resolvedService{
+		ReadinessProbe: resolvedProbe{
+			Path:                text(s.ReadinessProbe.Path),
+			InitialDelaySeconds: s.ReadinessProbe.InitialDelaySeconds,
+			TimeoutSeconds:      s.ReadinessProbe.TimeoutSeconds,
+			PostData:            text(s.ReadinessProbe.PostData),
+			Headers:             textMap(s.ReadinessProbe.Headers),
+		},
+		Ports:               s.Port,
+		LoadBalancingPolicy: s.LoadBalancingPolicy,
+	}
+	if s.TLS != nil {
+		rs.TLS = &resolvedTLS{KeyFile: text(s.TLS.KeyFile), CertFile: text(s.TLS.CertFile)}
+	}
+	if s.Auth != nil {
+		ra := &resolvedAuth{KeysFile: text(s.Auth.KeysFile)}
+		for _, name := range s.Auth.KeysFromEnv {
+			ra.KeysFromEnv = append(ra.KeysFromEnv, text(name))
+		}
+		rs.Auth = ra
+	}
+	rs.Limits = s.Limits
+	rs.HealthCheck = s.HealthCheck
+	if s.Update != DefaultUpdate() {
+		u := s.Update
+		rs.Update = &u
+	}
+	if s.FixedReplicas {
+		n := s.ReplicaPolicy.MinReplicas
+		rs.Replicas = &n
+	} else {
+		rs.ReplicaPolicy = toResolvedPolicy(s.ReplicaPolicy)
+	}
+	return rs
+}
+
+// toResolvedPolicy is a replica_policy as --dry-run shows it: the fields its autoscaler reads.
+func toResolvedPolicy(p ReplicaPolicy) *resolvedPolicy {
+	rp := &resolvedPolicy{
+		// Written only when the YAML set it: absent, concurrency and llm learn a headroom.
+		NumOverprovision:             ifSet(p.NumOverprovisionSet, p.NumOverprovision),
+		MinReplicas:                  p.MinReplicas,
+		MaxReplicas:                  p.MaxReplicas,
+		Autoscaler:                   p.Autoscaler,
+		BaseOndemandFallbackReplicas: p.BaseOndemandFallbackReplicas,
+		DynamicOndemandFallback:      p.DynamicOndemandFallback,
+		SpotPlacer:                   p.SpotPlacer,
+		// The windowed autoscalers' fields are written as given: their zero means
+		// the autoscaler package's default, which is not this package's to show.
+		TargetInflightPerReplica: p.TargetInflightPerReplica,
+		StableWindowSeconds:      p.StableWindowSeconds,
+		PanicWindowSeconds:       p.PanicWindowSeconds,
+		PanicThreshold:           p.PanicThreshold,
+		MaxScaleUpRate:           p.MaxScaleUpRate,
+		MaxScaleDownRate:         p.MaxScaleDownRate,
+		ScaleToZeroGraceSeconds:  p.ScaleToZeroGraceSeconds,
+		TargetWaitingPerReplica:  p.TargetWaitingPerReplica,
+		TargetKVCacheUsage:       p.TargetKVCacheUsage,
+	}
+	// SkyServe's delays belong to request_rate (and are accepted with a fixed count);
+	// concurrency and llm reject them.
+	if p.Autoscaler == "" || p.Autoscaler == AutoscalerRequestRate {
+		up, down := p.UpscaleDelaySeconds, p.DownscaleDelaySeconds
+		rp.UpscaleDelaySeconds, rp.DownscaleDelaySeconds = &up, &down
+	}
+	switch {
+	case p.TargetQPSPerAccelerator != nil:
+		rp.TargetQPSPerReplica = p.TargetQPSPerAccelerator
+	case p.TargetQPSPerReplica > 0:
+		rp.TargetQPSPerReplica = p.TargetQPSPerReplica
+	}
+	return rp
 }
