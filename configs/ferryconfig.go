@@ -417,25 +417,7 @@ func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, default
 	}
 	c.cloudStorage(f, field, cc)
 	if e, ok := f["regions"]; ok {
-		fld := joinField(field, "regions")
-		items := c.deref(e.value)
-		if items.Kind != yaml.SequenceNode || len(items.Content) == 0 {
-			c.errorf(e.value, fld, "expected a non-empty list of regions, got %s", describe(items))
-		} else {
-			for i, item := range items.Content {
-				if v, ok := c.str(item, indexField(fld, i)); ok {
-					if !regionRE.MatchString(v) {
-						c.errorf(item, indexField(fld, i), "%s is not a region name (lowercase letters, digits and -)", quoteShort(v))
-						continue
-					}
-					if slices.Contains(cc.Regions, v) {
-						c.errorf(item, indexField(fld, i), "region %s is listed twice", quoteShort(v))
-						continue
-					}
-					cc.Regions = append(cc.Regions, v)
-				}
-			}
-		}
+		cc.Regions = c.regions(e.value, joinField(field, "regions"))
 	}
 	if e, ok := f["zones"]; ok {
 		c.zones(e.value, joinField(field, "zones"), cc)
@@ -444,24 +426,7 @@ func (c *checker) cloudConfig(n *yaml.Node, field string, keys []string, default
 		cc.Regions = []string{defaultRegion}
 	}
 	if e, ok := f["amis"]; ok {
-		fld := joinField(field, "amis")
-		if ps, ok := c.pairs(e.value, fld); ok {
-			cc.AMIs = map[string]string{}
-			for _, p := range ps {
-				kf := joinField(fld, p.key)
-				if !regionRE.MatchString(p.key) {
-					c.errorf(p.keyNode, kf, "%s is not a region name", quoteShort(p.key))
-					continue
-				}
-				if v, ok := c.str(p.value, kf); ok {
-					if !strings.HasPrefix(v, "ami-") {
-						c.errorf(p.value, kf, "%s is not an AMI id (ami-...)", quoteShort(v))
-						continue
-					}
-					cc.AMIs[p.key] = v
-				}
-			}
-		}
+		cc.AMIs = c.amis(e.value, joinField(field, "amis"))
 	}
 	if e, ok := f["proxy_cidrs"]; ok {
 		cc.ProxyCIDRs = c.stringList(e.value, joinField(field, "proxy_cidrs"), checkCIDR)
@@ -601,4 +566,51 @@ func (c *checker) matching(f map[string]entry, field, key string, re *regexp.Reg
 		return "", false
 	}
 	return v, true
+}
+
+// regions reads a cloud's regions: a non-empty list of distinct region names.
+func (c *checker) regions(n *yaml.Node, fld string) []string {
+	var out []string
+	items := c.deref(n)
+	if items.Kind != yaml.SequenceNode || len(items.Content) == 0 {
+		c.errorf(n, fld, "expected a non-empty list of regions, got %s", describe(items))
+		return nil
+	}
+	for i, item := range items.Content {
+		v, ok := c.str(item, indexField(fld, i))
+		switch {
+		case !ok:
+		case !regionRE.MatchString(v):
+			c.errorf(item, indexField(fld, i), "%s is not a region name (lowercase letters, digits and -)", quoteShort(v))
+		case slices.Contains(out, v):
+			c.errorf(item, indexField(fld, i), "region %s is listed twice", quoteShort(v))
+		default:
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// amis reads aws.amis: an AMI id per region.
+func (c *checker) amis(n *yaml.Node, fld string) map[string]string {
+	ps, ok := c.pairs(n, fld)
+	if !ok {
+		return nil
+	}
+	out := map[string]string{}
+	for _, p := range ps {
+		kf := joinField(fld, p.key)
+		if !regionRE.MatchString(p.key) {
+			c.errorf(p.keyNode, kf, "%s is not a region name", quoteShort(p.key))
+			continue
+		}
+		if v, ok := c.str(p.value, kf); ok {
+			if !strings.HasPrefix(v, "ami-") {
+				c.errorf(p.value, kf, "%s is not an AMI id (ami-...)", quoteShort(v))
+				continue
+			}
+			out[p.key] = v
+		}
+	}
+	return out
 }
