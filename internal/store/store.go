@@ -156,19 +156,27 @@ func OpenSQLite(path string) (*SQLite, error) {
 	return &SQLite{db: db, seal: seal}, nil
 }
 
+// migrate runs in one transaction, which begins IMMEDIATE (see the DSN): handles opening an old
+// store at once take turns, and the second finds the column the first added instead of adding it
+// again ("duplicate column name").
 func migrate(db *sql.DB) error {
+	tx, err := db.Begin()
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
 	for _, m := range migrations {
 		var n int
-		if err := db.QueryRow(`SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`, m.table, m.column).Scan(&n); err != nil {
+		if err := tx.QueryRow(`SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`, m.table, m.column).Scan(&n); err != nil {
 			return err
 		}
 		if n == 0 {
-			if _, err := db.Exec(fmt.Sprintf(`ALTER TABLE %s ADD COLUMN %s %s`, m.table, m.column, m.decl)); err != nil {
+			if _, err := tx.Exec(fmt.Sprintf(`ALTER TABLE %s ADD COLUMN %s %s`, m.table, m.column, m.decl)); err != nil {
 				return err
 			}
 		}
 	}
-	return nil
+	return tx.Commit()
 }
 
 // Close closes the database.
