@@ -15,7 +15,8 @@ import (
 	"github.com/ferryserve/ferry/jobs"
 	"github.com/ferryserve/ferry/replicas"
 
-	_ "modernc.org/sqlite" // registers the "sqlite" driver
+	sqlite "modernc.org/sqlite" // also registers the "sqlite" driver
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // ErrNotFound is returned when a service does not exist.
@@ -140,13 +141,13 @@ func OpenSQLite(path string) (*SQLite, error) {
 		return nil, fmt.Errorf("open store: %w", err)
 	}
 	db.SetMaxOpenConns(1)
-	if _, err := db.Exec(schema); err != nil {
+	if err := connect(db); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("create schema in %s: %w", path, err)
+		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	if err := migrate(db); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("migrate schema in %s: %w", path, err)
+		return nil, fmt.Errorf("create schema in %s: %w", path, err)
 	}
 	seal, err := setupKey(db, KeyPath(path))
 	if err != nil {
@@ -156,15 +157,34 @@ func OpenSQLite(path string) (*SQLite, error) {
 	return &SQLite{db: db, seal: seal}, nil
 }
 
-// migrate runs in one transaction, which begins IMMEDIATE (see the DSN): handles opening an old
-// store at once take turns, and the second finds the column the first added instead of adding it
-// again ("duplicate column name").
+// connect opens the first connection, waiting out the other handles that are opening a new
+// store at the same moment: switching a new file to WAL takes an exclusive lock, and SQLite
+// reports SQLITE_BUSY for it at once rather than through busy_timeout.
+func connect(db *sql.DB) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for wait := time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
+		err := db.Ping()
+		var e *sqlite.Error
+		if err == nil || !errors.As(err, &e) || e.Code()&0xff != sqlite3.SQLITE_BUSY || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(wait)
+	}
+}
+
+// migrate creates the schema and adds missing columns in one transaction, which begins
+// IMMEDIATE (see the DSN): handles opening a new or old store at once take turns under
+// busy_timeout, and the second finds the tables and columns the first made instead of racing it
+// ("database is locked" on an autocommit CREATE, "duplicate column name" on ALTER).
 func migrate(db *sql.DB) error {
 	tx, err := db.Begin()
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	if _, err := tx.Exec(schema); err != nil {
+		return err
+	}
 	for _, m := range migrations {
 		var n int
 		if err := tx.QueryRow(`SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`, m.table, m.column).Scan(&n); err != nil {
