@@ -11,7 +11,10 @@
 // the bucket, as the last close wins on a FUSE mount. What a reader sees is a FUSE mount's
 // close-to-open consistency, delayed by up to a round: a file written and closed here is in the
 // bucket after the next round; an object written elsewhere is here after the next round.
-// Symbolic links, devices and empty directories are not synced (buckets hold none).
+// Symbolic links, devices and empty directories are not synced (buckets hold none), and a round
+// never reads or writes outside the directory: every path is opened through an os.Root of it,
+// so a symbolic link that a program in the instance puts in place of a subdirectory (pointing at
+// the controller's home, say) fails that file's transfer instead of being followed.
 package bucketsync
 
 import (
@@ -91,13 +94,18 @@ func (m *Mirror) Sync(ctx context.Context) (Stats, error) {
 	if err := os.MkdirAll(m.dir, 0o755); err != nil {
 		return st, err
 	}
-	if err := m.push(ctx, &st); err != nil {
+	root, err := os.OpenRoot(m.dir)
+	if err != nil {
+		return st, err
+	}
+	defer root.Close()
+	if err := m.push(ctx, root, &st); err != nil {
 		return st, fmt.Errorf("upload to %s: %w", m.url, err)
 	}
-	if err := m.pull(ctx, &st); err != nil {
+	if err := m.pull(ctx, root, &st); err != nil {
 		return st, fmt.Errorf("download from %s: %w", m.url, err)
 	}
-	local, err := m.walk()
+	local, err := walk(root)
 	if err != nil {
 		return st, err
 	}
@@ -124,10 +132,10 @@ func (m *Mirror) Run(ctx context.Context, tick <-chan time.Time, report func(Sta
 	}
 }
 
-// walk lists the regular files under dir by slash path.
-func (m *Mirror) walk() (map[string]fs.FileInfo, error) {
+// walk lists the regular files under root by slash path.
+func walk(root *os.Root) (map[string]fs.FileInfo, error) {
 	files := map[string]fs.FileInfo{}
-	err := filepath.WalkDir(m.dir, func(p string, d fs.DirEntry, err error) error {
+	err := fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil // removed while we walked
@@ -144,11 +152,7 @@ func (m *Mirror) walk() (map[string]fs.FileInfo, error) {
 			}
 			return err
 		}
-		rel, err := filepath.Rel(m.dir, p)
-		if err != nil {
-			return err
-		}
-		files[filepath.ToSlash(rel)] = info
+		files[p] = info
 		return nil
 	})
 	return files, err
@@ -161,8 +165,8 @@ func (m *Mirror) changed(rel string, info fs.FileInfo) bool {
 }
 
 // push uploads new and changed files and deletes the objects of deleted ones.
-func (m *Mirror) push(ctx context.Context, st *Stats) error {
-	local, err := m.walk()
+func (m *Mirror) push(ctx context.Context, root *os.Root, st *Stats) error {
+	local, err := walk(root)
 	if err != nil {
 		return err
 	}
@@ -176,7 +180,7 @@ func (m *Mirror) push(ctx context.Context, st *Stats) error {
 			continue // still held back: pending
 		}
 		if m.changed(rel, info) {
-			if err := m.upload(ctx, rel, info); err != nil {
+			if err := m.upload(ctx, root, rel, info); err != nil {
 				return err
 			}
 			st.Uploaded++
@@ -196,8 +200,8 @@ func (m *Mirror) push(ctx context.Context, st *Stats) error {
 
 // upload writes one file to its object. The state keeps the file's form from before the
 // read: a write during the upload shows as a change, uploaded again next round.
-func (m *Mirror) upload(ctx context.Context, rel string, info fs.FileInfo) error {
-	f, err := os.Open(filepath.Join(m.dir, filepath.FromSlash(rel)))
+func (m *Mirror) upload(ctx context.Context, root *os.Root, rel string, info fs.FileInfo) error {
+	f, err := root.Open(filepath.FromSlash(rel))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // removed since the walk: the next round deletes its object
 	}
@@ -215,7 +219,7 @@ func (m *Mirror) upload(ctx context.Context, rel string, info fs.FileInfo) error
 
 // pull downloads new and changed objects over files that did not change here, and removes
 // the files of deleted objects that did not.
-func (m *Mirror) pull(ctx context.Context, st *Stats) error {
+func (m *Mirror) pull(ctx context.Context, root *os.Root, st *Stats) error {
 	objs, err := m.store.ListMount(ctx, m.url)
 	if err != nil {
 		return err
@@ -228,36 +232,50 @@ func (m *Mirror) pull(ctx context.Context, st *Stats) error {
 		}
 		remote[rel] = o
 	}
+	var skipped []error
 	for _, rel := range slices.Sorted(maps.Keys(remote)) {
 		o := remote[rel]
 		if s, ok := m.state[rel]; ok && s.etag == o.ETag {
 			continue
 		}
-		if m.localChange(rel) {
+		if _, err := root.Lstat(filepath.FromSlash(rel)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			// Its place in the directory cannot be reached from inside it (a symbolic link
+			// out of it on the way): the other files still sync, and the round reports it.
+			skipped = append(skipped, fmt.Errorf("%s: %w", rel, err))
+			continue
+		}
+		if m.localChange(root, rel) {
 			continue // written here since the push: it goes up next round
 		}
-		if err := m.download(ctx, rel, o); err != nil {
-			return err
+		if err := m.download(ctx, root, rel, o); err != nil {
+			var pe *fs.PathError
+			if !errors.As(err, &pe) {
+				return err // the bucket's side: the round stops
+			}
+			// This file's place in the directory (a symbolic link out of it, a file where a
+			// directory goes): the others still sync, and the round reports it.
+			skipped = append(skipped, fmt.Errorf("%s: %w", rel, err))
+			continue
 		}
 		st.Downloaded++
 	}
 	for _, rel := range slices.Sorted(maps.Keys(m.state)) {
-		if _, ok := remote[rel]; ok || m.localChange(rel) {
+		if _, ok := remote[rel]; ok || m.localChange(root, rel) {
 			continue
 		}
-		if err := os.Remove(filepath.Join(m.dir, filepath.FromSlash(rel))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := root.Remove(filepath.FromSlash(rel)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return err
 		}
 		delete(m.state, rel)
 		st.Deleted++
 	}
-	return nil
+	return errors.Join(skipped...)
 }
 
 // localChange says whether the file at rel changed since its last sync (a file there that was
 // never synced is a change; none where none was synced is not).
-func (m *Mirror) localChange(rel string) bool {
-	info, err := os.Stat(filepath.Join(m.dir, filepath.FromSlash(rel)))
+func (m *Mirror) localChange(root *os.Root, rel string) bool {
+	info, err := root.Stat(filepath.FromSlash(rel))
 	if err != nil {
 		_, was := m.state[rel]
 		return !was && !errors.Is(err, fs.ErrNotExist)
@@ -266,9 +284,9 @@ func (m *Mirror) localChange(rel string) bool {
 }
 
 // download replaces the file at rel with object o, whole (a reader never sees half of it).
-func (m *Mirror) download(ctx context.Context, rel string, o launcher.BucketObject) error {
-	path := filepath.Join(m.dir, filepath.FromSlash(rel))
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+func (m *Mirror) download(ctx context.Context, root *os.Root, rel string, o launcher.BucketObject) error {
+	path := filepath.FromSlash(rel)
+	if err := root.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
 	r, err := m.store.Open(ctx, m.url, o.Key)
@@ -276,24 +294,25 @@ func (m *Mirror) download(ctx context.Context, rel string, o launcher.BucketObje
 		return err
 	}
 	defer r.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".bucketsync-*")
+	tmpName := filepath.Join(filepath.Dir(path), fmt.Sprintf(".bucketsync-%d-%d", os.Getpid(), time.Now().UnixNano()))
+	tmp, err := root.OpenFile(tmpName, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return err
 	}
 	if _, err := io.Copy(tmp, r); err != nil {
 		tmp.Close()
-		os.Remove(tmp.Name())
+		root.Remove(tmpName)
 		return err
 	}
 	if err := tmp.Close(); err != nil {
-		os.Remove(tmp.Name())
+		root.Remove(tmpName)
 		return err
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
+	if err := root.Rename(tmpName, path); err != nil {
+		root.Remove(tmpName)
 		return err
 	}
-	info, err := os.Stat(path)
+	info, err := root.Stat(path)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -227,5 +228,55 @@ func TestWriteBack(t *testing.T) {
 	}
 	if got, _ := b.get("run/model.bin"); string(got) != "weights" {
 		t.Errorf("bucket has %q", got)
+	}
+}
+
+// TestSymlinkOutOfTheMountIsNotFollowed: a program in the instance that puts a symbolic link out
+// of the directory in place of a subdirectory (at the controller's home, say) gets neither the
+// bucket's objects written there nor the files there uploaded; the mount's other files still
+// sync, and the round reports the one it skipped.
+func TestSymlinkOutOfTheMountIsNotFollowed(t *testing.T) {
+	b := newBuckets(t)["s3"]
+	b.put(t, "run/keys/authorized_keys", "attacker's key")
+	b.put(t, "run/ok.txt", "fine")
+	outside := t.TempDir()
+	write(t, filepath.Join(outside, "secret"), "the controller's secret")
+	dir := filepath.Join(t.TempDir(), "mnt")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(dir, "keys")); err != nil {
+		t.Fatal(err)
+	}
+	m := bucketsync.New(b.client, b.url, dir)
+	st, err := m.Sync(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "keys/authorized_keys") {
+		t.Errorf("round error %v, want one naming the skipped file", err)
+	}
+	if _, err := os.Stat(filepath.Join(outside, "authorized_keys")); !os.IsNotExist(err) {
+		t.Errorf("an object was written through the link, out of the mount (%v)", err)
+	}
+	if read(filepath.Join(dir, "ok.txt")) != "fine" || st.Downloaded != 1 {
+		t.Errorf("the mount's other object: %q, %+v", read(filepath.Join(dir, "ok.txt")), st)
+	}
+	if _, ok := b.get("run/keys/secret"); ok {
+		t.Errorf("a file out of the mount was uploaded through the link")
+	}
+
+	// Swapped in after the first round, for a file the mirror already holds: still confined.
+	write(t, filepath.Join(dir, "sub/own.txt"), "own")
+	if _, err := m.Sync(context.Background()); err == nil {
+		t.Fatalf("the skipped file is still reported each round: want an error")
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(dir, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	b.put(t, "run/sub/own.txt", "changed elsewhere")
+	_, _ = m.Sync(context.Background())
+	if read(filepath.Join(outside, "own.txt")) != "<open "+filepath.Join(outside, "own.txt")+": no such file or directory>" {
+		t.Errorf("an object was written through a link swapped in later: %q", read(filepath.Join(outside, "own.txt")))
 	}
 }
