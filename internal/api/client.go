@@ -1,116 +1,34 @@
 package api
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/internal/rpc"
 )
 
-// Client talks to one controller. ClientFor makes one from what the controller published in
-// its home.
-type Client struct {
-	// Base is the URL prefix of every call: "http://127.0.0.1:PORT" over TCP.
-	Base  string
-	Token string
-	HTTP  *http.Client
-	// Where names the controller's listener in messages: "unix:PATH" or Base.
-	Where string
-}
+// Client is the controller's client with the domain's calls (services, logs, jobs) on top of
+// the generic one.
+type Client struct{ *rpc.Client }
 
-// NewClient returns a client for the controller at base, over TCP. Calls have no whole-request
-// timeout (logs stream); callers bound them with their context.
-func NewClient(base, token string) *Client {
-	base = strings.TrimRight(base, "/")
-	return &Client{Base: base, Token: token, HTTP: &http.Client{}, Where: base}
-}
+// NewClient returns a client for the controller at base, over TCP (rpc.NewClient).
+func NewClient(base, token string) *Client { return &Client{rpc.NewClient(base, token)} }
 
-// Do sends an authenticated request to path (which carries its query), with in as its JSON
-// body unless in is nil, and decodes a 2xx answer into out (nil discards it). An answer of a
-// kind the API names (404, 409, 400, 401, 403) is an *Error that errors.Is matches with
-// ErrNotFound, ErrConflict, ErrInvalid, ErrUnauthorized or ErrForbidden.
-func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	resp, err := c.request(ctx, method, path, body)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if out == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		return nil
-	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-		return fmt.Errorf("%s %s: decode response: %w", method, path, err)
-	}
-	return nil
-}
-
-// request sends a request and turns a non-2xx answer into a typed error.
-func (c *Client) request(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, body)
+// ClientFor returns a client for the controller h's controller.json (info) describes
+// (rpc.ClientFor).
+func ClientFor(h home.Home, info home.Info, token string) (*Client, error) {
+	c, err := rpc.ClientFor(h, info, token)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Authorization", "Bearer "+c.Token)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.HTTP.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode/100 == 2 {
-		return resp, nil
-	}
-	defer resp.Body.Close()
-	var eb ErrorBody
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	msg := strings.TrimSpace(string(raw))
-	if json.Unmarshal(raw, &eb) == nil && eb.Error.Message != "" {
-		msg = eb.Error.Message
-	}
-	var kind error
-	switch resp.StatusCode {
-	case http.StatusNotFound:
-		kind = ErrNotFound
-	case http.StatusConflict:
-		kind = ErrConflict
-	case http.StatusBadRequest:
-		kind = ErrInvalid
-	case http.StatusUnauthorized:
-		kind = ErrUnauthorized
-	case http.StatusForbidden:
-		kind = ErrForbidden
-	default:
-		return nil, fmt.Errorf("controller: %s (HTTP %d)", msg, resp.StatusCode)
-	}
-	return nil, &Error{Kind: kind, Msg: msg}
+	return &Client{c}, nil
 }
-
-// Error is a controller error of a known kind; errors.Is matches the kind.
-type Error struct {
-	Kind error
-	Msg  string
-}
-
-func (e *Error) Error() string { return e.Msg }
-
-// Unwrap lets errors.Is(err, ErrNotFound) work on client errors.
-func (e *Error) Unwrap() error { return e.Kind }
 
 // ControllerStatus asks the controller who it is; the CLI uses it as the liveness check.
 func (c *Client) ControllerStatus(ctx context.Context) (ControllerStatus, error) {
@@ -176,7 +94,7 @@ func (c *Client) copyLog(ctx context.Context, path string, opts LogOptions, w io
 	if opts.Follow {
 		q.Set("follow", "1")
 	}
-	resp, err := c.request(ctx, http.MethodGet, path+"?"+q.Encode(), nil)
+	resp, err := c.Request(ctx, http.MethodGet, path+"?"+q.Encode(), nil)
 	if err != nil {
 		return err
 	}

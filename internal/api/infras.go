@@ -123,7 +123,7 @@ func (c *Client) Infras(ctx context.Context) (InfraHealth, error) {
 // left_behind (a controller from before it said what was left), is nothing left.
 func (c *Client) DeleteService(ctx context.Context, name string) (DeleteServiceResult, error) {
 	path := "/v1/services/" + url.PathEscape(name)
-	resp, err := c.request(ctx, http.MethodDelete, path, nil)
+	resp, err := c.Request(ctx, http.MethodDelete, path, nil)
 	if err != nil {
 		return DeleteServiceResult{}, err
 	}

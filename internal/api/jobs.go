@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/internal/rpc"
 	"github.com/ferryserve/ferry/jobs"
 )
 
@@ -116,15 +117,15 @@ func jobError(err error) error {
 func (h jobHandlers) launch(w http.ResponseWriter, r *http.Request) {
 	var req LaunchJobRequest
 	if err := DecodeBody(w, r, maxTaskBytes, &req); err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request", "decode request: "+err.Error())
+		rpc.WriteErrorCode(w, http.StatusBadRequest, "invalid_request", "decode request: "+err.Error())
 		return
 	}
 	if req.Task == nil {
-		writeError(w, http.StatusBadRequest, "invalid_request", "missing task")
+		rpc.WriteErrorCode(w, http.StatusBadRequest, "invalid_request", "missing task")
 		return
 	}
 	if problem := checkJobTask(req.Task); problem != "" {
-		writeError(w, http.StatusBadRequest, "invalid_request", problem)
+		rpc.WriteErrorCode(w, http.StatusBadRequest, "invalid_request", problem)
 		return
 	}
 	j, err := h.j.Submit(req.Task)
@@ -170,7 +171,7 @@ func (h jobHandlers) logs(w http.ResponseWriter, r *http.Request) {
 	if v := r.URL.Query().Get("node"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			writeError(w, http.StatusBadRequest, "invalid_request", "node must be a rank, 0 or more")
+			rpc.WriteErrorCode(w, http.StatusBadRequest, "invalid_request", "node must be a rank, 0 or more")
 			return
 		}
 		rank = n
@@ -182,7 +183,7 @@ func (h jobHandlers) logs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if j.Task != nil && rank >= max(j.Task.NumNodes, 1) {
-		writeError(w, http.StatusBadRequest, "invalid_request", fmt.Sprintf("job %d has nodes 0–%d", j.ID, max(j.Task.NumNodes, 1)-1))
+		rpc.WriteErrorCode(w, http.StatusBadRequest, "invalid_request", fmt.Sprintf("job %d has nodes 0–%d", j.ID, max(j.Task.NumNodes, 1)-1))
 		return
 	}
 	follow := r.URL.Query().Get("follow") == "1"
@@ -260,7 +261,7 @@ func (c *Client) JobLogs(ctx context.Context, ref string, rank int, follow bool,
 	if follow {
 		q.Set("follow", "1")
 	}
-	resp, err := c.request(ctx, http.MethodGet, "/v1/jobs/"+url.PathEscape(ref)+"/logs?"+q.Encode(), nil)
+	resp, err := c.Request(ctx, http.MethodGet, "/v1/jobs/"+url.PathEscape(ref)+"/logs?"+q.Encode(), nil)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/ferryserve/ferry/internal/rpc"
 )
 
 // ReplicaLogStreamer is an optional Backend capability: a replica's output on any infra (a
@@ -21,12 +23,12 @@ type ReplicaLogStreamer interface {
 func (s *server) replicaLogs(w http.ResponseWriter, r *http.Request) {
 	id, err := strconv.Atoi(r.PathValue("id"))
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid_request", "replica id must be an integer")
+		rpc.WriteErrorCode(w, http.StatusBadRequest, "invalid_request", "replica id must be an integer")
 		return
 	}
 	opts, bad := logOptions(r)
 	if bad != "" {
-		writeError(w, http.StatusBadRequest, "invalid_request", bad)
+		rpc.WriteErrorCode(w, http.StatusBadRequest, "invalid_request", bad)
 		return
 	}
 	ls, ok := s.b.(ReplicaLogStreamer)
@@ -106,7 +108,7 @@ func (h *headerWriter) Write(p []byte) (int, error) {
 func (s *server) controllerLogs(w http.ResponseWriter, r *http.Request) {
 	opts, bad := logOptions(r)
 	if bad != "" {
-		writeError(w, http.StatusBadRequest, "invalid_request", bad)
+		rpc.WriteErrorCode(w, http.StatusBadRequest, "invalid_request", bad)
 		return
 	}
 	path := s.b.ControllerLogPath()

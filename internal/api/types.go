@@ -5,7 +5,6 @@
 package api
 
 import (
-	"errors"
 	"time"
 
 	"github.com/ferryserve/ferry/configs"
@@ -22,16 +21,6 @@ const (
 	ServiceShuttingDown   = replicas.ServiceShuttingDown
 	ServiceFailed         = replicas.ServiceFailed
 	ServiceFailedCleanup  = replicas.ServiceFailedCleanup
-)
-
-// Errors the server maps to HTTP statuses and the client maps back, so callers use errors.Is.
-var (
-	ErrNotFound     = errors.New("not found")
-	ErrConflict     = errors.New("already exists")
-	ErrInvalid      = errors.New("invalid request")
-	ErrUnauthorized = errors.New("unauthorized")
-	// ErrForbidden is a valid token of too narrow a scope for the call (the attach token).
-	ErrForbidden = errors.New("forbidden")
 )
 
 // CreateServiceRequest launches a new service from a parsed, validated task.
@@ -92,12 +81,4 @@ type ControllerStatus struct {
 	// Metrics is the Prometheus scrape URL of the controller's metrics listener; empty when it
 	// is off or its default address was taken.
 	Metrics string `json:"metrics,omitempty"`
-}
-
-// ErrorBody is the JSON shape of every API error.
-type ErrorBody struct {
-	Error struct {
-		Message string `json:"message"`
-		Code    string `json:"code"`
-	} `json:"error"`
 }

@@ -68,7 +68,7 @@ func TestAttachControllerAPI(t *testing.T) {
 	const token = "attach-controller-test-token"
 	srv := httptest.NewServer(api.NewHandler(c, api.Tokens{Full: token}, c.log, c.attachRoutes()...))
 	t.Cleanup(srv.Close)
-	client := api.NewClient(srv.URL, token)
+	client := api.NewClient(srv.URL, token).Client
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	report := func(service string, r attach.LoadReport) error { return attach.ReportLoad(ctx, client, service, r) }

@@ -32,13 +32,14 @@ var importRules = []importRule{
 	{"replicas", []string{"configs", "launcher", "policy"}}, // not autoscaler (how many is handed in), not proxy
 	{"jobs", []string{"configs", "launcher"}},               // never learns which cloud runs a node, nor that services exist
 	{"proxy", []string{"policy"}},
-	{"proxy/attach", []string{"configs", "proxy", "internal/api", "internal/home"}},
-	{"internal/api", []string{"configs", "internal/home", "jobs", "launcher", "replicas"}},    // routes; the proxy is not its business; launcher for infra health and leftovers
-	{"internal/store", []string{"configs", "jobs", "launcher", "replicas", "internal/store"}}, // kubestore and storetest build on the interface; launcher for the leftovers ledger
+	{"proxy/attach", []string{"configs", "proxy", "internal/rpc", "internal/home"}},                        // the standalone proxy links neither jobs, replicas nor launcher
+	{"internal/rpc", []string{"internal/home"}},                                                            // tokens, routes, errors, dialing: no domain
+	{"internal/api", []string{"configs", "internal/home", "internal/rpc", "jobs", "launcher", "replicas"}}, // routes; the proxy is not its business; launcher for infra health and leftovers
+	{"internal/store", []string{"configs", "jobs", "launcher", "replicas", "internal/store"}},              // kubestore and storetest build on the interface; launcher for the leftovers ledger
 	{"internal/home", nil},
 	{"internal/infra", []string{"configs", "internal/home", "launcher"}},
 	{"internal/leader", nil}, // client-go's election only; the controller hands its term to the store
-	{"internal/controller", []string{"autoscaler", "configs", "internal/api", "internal/home", "internal/infra", "internal/leader", "internal/store",
+	{"internal/controller", []string{"autoscaler", "configs", "internal/api", "internal/rpc", "internal/home", "internal/infra", "internal/leader", "internal/store",
 		"jobs", "launcher", "policy", "proxy", "replicas"}},
 }
 

@@ -8,13 +8,13 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/ferryserve/ferry/internal/api"
+	"github.com/ferryserve/ferry/internal/rpc"
 )
 
 // PollReplicaSet long-polls a service's replica set: it returns at once when the controller's
 // Seq differs from after (pass 0 for the current set), else when the set changes or after wait
 // (at most MaxPollWait; 0 answers at once with the current set). Cancel ctx to give up.
-func PollReplicaSet(ctx context.Context, c *api.Client, service string, after uint64, wait time.Duration) (ReplicaSet, error) {
+func PollReplicaSet(ctx context.Context, c *rpc.Client, service string, after uint64, wait time.Duration) (ReplicaSet, error) {
 	q := url.Values{}
 	q.Set("after", strconv.FormatUint(after, 10))
 	q.Set("wait", strconv.FormatFloat(max(wait, 0).Seconds(), 'f', -1, 64))
@@ -58,7 +58,7 @@ func (l *leaderCapture) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // withCapture is c with its transport wrapped by capture, for one call.
-func withCapture(c *api.Client, capture *leaderCapture) *api.Client {
+func withCapture(c *rpc.Client, capture *leaderCapture) *rpc.Client {
 	hc := http.Client{}
 	if c.HTTP != nil {
 		hc = *c.HTTP
@@ -74,6 +74,6 @@ func withCapture(c *api.Client, capture *leaderCapture) *api.Client {
 }
 
 // ReportLoad sends an attached proxy's load report.
-func ReportLoad(ctx context.Context, c *api.Client, service string, r LoadReport) error {
+func ReportLoad(ctx context.Context, c *rpc.Client, service string, r LoadReport) error {
 	return c.Do(ctx, http.MethodPost, "/v1/services/"+url.PathEscape(service)+"/proxyload", r, nil)
 }

@@ -8,8 +8,8 @@ import (
 	"net/url"
 	"sync"
 
-	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/internal/rpc"
 )
 
 // controllerConn finds the controller: through FERRY_HOME (its socket or address in the info
@@ -26,11 +26,11 @@ type controllerConn struct {
 	next int
 	// hint is the leader a follower named, tried once before the next of urls.
 	hint string
-	c    *api.Client
+	c    *rpc.Client
 	addr string
 }
 
-func (cc *controllerConn) client() (*api.Client, string, error) {
+func (cc *controllerConn) client() (*rpc.Client, string, error) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	if cc.c != nil {
@@ -44,11 +44,11 @@ func (cc *controllerConn) client() (*api.Client, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	var c *api.Client
+	var c *rpc.Client
 	if len(cc.urls) > 0 && !info.TLS {
-		c = api.NewClient("http://"+info.Addr, token) // never the home's socket: it is one controller's
+		c = rpc.NewClient("http://"+info.Addr, token) // never the home's socket: it is one controller's
 	} else {
-		c, err = api.ClientFor(cc.home, info, token)
+		c, err = rpc.ClientFor(cc.home, info, token)
 	}
 	if err != nil {
 		return nil, "", err

@@ -4,7 +4,7 @@
 // ends: the controller's Hub and the Routes that serve it, and the proxy's Follower.
 //
 // Two routes of the controller API carry it, behind the attach token (proxy.token in
-// FERRY_HOME, api.ScopeAttach), which may call these two and nothing else, or the controller
+// FERRY_HOME, rpc.ScopeAttach), which may call these two and nothing else, or the controller
 // token:
 //
 //	GET  /v1/services/{name}/replicaset?after=SEQ&wait=SECONDS  long poll for the READY set

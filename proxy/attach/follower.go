@@ -12,8 +12,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/internal/rpc"
 	"github.com/ferryserve/ferry/proxy"
 )
 
@@ -335,7 +335,7 @@ func (f *Follower) reportLoop(ctx context.Context) {
 		}
 		switch {
 		case err == nil || ctx.Err() != nil:
-		case (errors.Is(err, api.ErrInvalid) || errors.Is(err, api.ErrUnauthorized) || errors.Is(err, api.ErrForbidden)) && time.Since(lastWarn) >= warnEvery:
+		case (errors.Is(err, rpc.ErrInvalid) || errors.Is(err, rpc.ErrUnauthorized) || errors.Is(err, rpc.ErrForbidden)) && time.Since(lastWarn) >= warnEvery:
 			// The controller is there and refuses the report: it will not count this
 			// proxy's requests when it drains a replica.
 			f.log.Warn("load report rejected by the controller", zap.Error(err))

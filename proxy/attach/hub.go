@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ferryserve/ferry/internal/api"
+	"github.com/ferryserve/ferry/internal/rpc"
 	"github.com/ferryserve/ferry/proxy"
 )
 
@@ -117,10 +117,10 @@ func (h *Hub) Poll(ctx context.Context, after uint64, wait time.Duration) Replic
 	return rs
 }
 
-// Report records a proxy's load report; one without a ProxyID is api.ErrInvalid.
+// Report records a proxy's load report; one without a ProxyID is rpc.ErrInvalid.
 func (h *Hub) Report(r LoadReport) error {
 	if r.ProxyID == "" {
-		return fmt.Errorf("proxy load report without a proxy id: %w", api.ErrInvalid)
+		return fmt.Errorf("proxy load report without a proxy id: %w", rpc.ErrInvalid)
 	}
 	h.record(r, h.cfg.Now())
 	if r.Waiting > 0 && h.cfg.OnWaiting != nil {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryserve/ferry/internal/api"
+	"github.com/ferryserve/ferry/internal/rpc"
 	"github.com/ferryserve/ferry/proxy"
 )
 
@@ -132,7 +132,7 @@ func TestHubStoppingAnswersPolls(t *testing.T) {
 func TestHubReport(t *testing.T) {
 	pokes := 0
 	h := NewHub(HubConfig{OnWaiting: func() { pokes++ }})
-	if err := h.Report(LoadReport{}); !errors.Is(err, api.ErrInvalid) {
+	if err := h.Report(LoadReport{}); !errors.Is(err, rpc.ErrInvalid) {
 		t.Errorf("report without an id: %v, want ErrInvalid", err)
 	}
 	if err := h.Report(LoadReport{ProxyID: "p", InFlight: map[string]int64{"x": 1}}); err != nil || pokes != 0 {

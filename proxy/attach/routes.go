@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/ferryserve/ferry/internal/api"
+	"github.com/ferryserve/ferry/internal/rpc"
 )
 
 // Service is one service as the attach routes serve it: in the controller its *Hub.
@@ -21,14 +21,14 @@ type Service interface {
 	Report(r LoadReport) error
 }
 
-// Routes are the two attach routes, for api.NewHandler, which puts them behind the
-// controller's token or the attach token (api.ScopeAttach), the one attached proxies hold. find returns the named service, or an error that wraps api.ErrNotFound;
+// Routes are the two attach routes, for rpc.NewHandler, which puts them behind the
+// controller's token or the attach token (rpc.ScopeAttach), the one attached proxies hold. find returns the named service, or an error that wraps rpc.ErrNotFound;
 // log gets the failures that are the controller's own.
-func Routes(find func(name string) (Service, error), log *zap.Logger) []api.Route {
+func Routes(find func(name string) (Service, error), log *zap.Logger) []rpc.Route {
 	h := handlers{find: find, log: log}
-	return []api.Route{
-		{Method: http.MethodGet, Pattern: "/v1/services/{name}/replicaset", Handler: h.replicaSet, Scope: api.ScopeAttach},
-		{Method: http.MethodPost, Pattern: "/v1/services/{name}/proxyload", Handler: h.proxyLoad, Scope: api.ScopeAttach},
+	return []rpc.Route{
+		{Method: http.MethodGet, Pattern: "/v1/services/{name}/replicaset", Handler: h.replicaSet, Scope: rpc.ScopeAttach},
+		{Method: http.MethodPost, Pattern: "/v1/services/{name}/proxyload", Handler: h.proxyLoad, Scope: rpc.ScopeAttach},
 	}
 }
 
@@ -38,7 +38,7 @@ type handlers struct {
 }
 
 // invalid is a bad request answered with msg, worded as the API's own routes word theirs.
-func invalid(msg string) error { return &api.Error{Kind: api.ErrInvalid, Msg: msg} }
+func invalid(msg string) error { return &rpc.Error{Kind: rpc.ErrInvalid, Msg: msg} }
 
 // replicaSet serves GET .../replicaset?after=SEQ&wait=SECONDS.
 func (h handlers) replicaSet(w http.ResponseWriter, r *http.Request) {
@@ -47,7 +47,7 @@ func (h handlers) replicaSet(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("after"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
-			api.WriteError(w, h.log, invalid("after must be a non-negative integer"))
+			rpc.WriteError(w, h.log, invalid("after must be a non-negative integer"))
 			return
 		}
 		after = n
@@ -56,7 +56,7 @@ func (h handlers) replicaSet(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("wait"); v != "" {
 		secs, err := strconv.ParseFloat(v, 64)
 		if err != nil || secs < 0 || math.IsNaN(secs) || math.IsInf(secs, 0) {
-			api.WriteError(w, h.log, invalid("wait must be a non-negative number of seconds"))
+			rpc.WriteError(w, h.log, invalid("wait must be a non-negative number of seconds"))
 			return
 		}
 		wait = min(time.Duration(secs*float64(time.Second)), MaxPollWait)
@@ -64,23 +64,23 @@ func (h handlers) replicaSet(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	svc, err := h.find(name)
 	if err != nil {
-		api.WriteError(w, h.log, err)
+		rpc.WriteError(w, h.log, err)
 		return
 	}
 	rs := svc.Poll(r.Context(), after, wait)
 	rs.Service = name
-	api.WriteJSON(w, http.StatusOK, rs)
+	rpc.WriteJSON(w, http.StatusOK, rs)
 }
 
 // proxyLoad serves POST .../proxyload.
 func (h handlers) proxyLoad(w http.ResponseWriter, r *http.Request) {
 	var rep LoadReport
-	if err := api.DecodeBody(w, r, 1<<20, &rep); err != nil {
-		api.WriteError(w, h.log, invalid("decode report: "+err.Error()))
+	if err := rpc.DecodeBody(w, r, 1<<20, &rep); err != nil {
+		rpc.WriteError(w, h.log, invalid("decode report: "+err.Error()))
 		return
 	}
 	if rep.ProxyID == "" {
-		api.WriteError(w, h.log, invalid("proxy_id must not be empty"))
+		rpc.WriteError(w, h.log, invalid("proxy_id must not be empty"))
 		return
 	}
 	svc, err := h.find(r.PathValue("name"))
@@ -88,7 +88,7 @@ func (h handlers) proxyLoad(w http.ResponseWriter, r *http.Request) {
 		err = svc.Report(rep)
 	}
 	if err != nil {
-		api.WriteError(w, h.log, err)
+		rpc.WriteError(w, h.log, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

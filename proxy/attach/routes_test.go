@@ -13,7 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/ferryserve/ferry/internal/api"
+	"github.com/ferryserve/ferry/internal/rpc"
 	"github.com/ferryserve/ferry/proxy"
 )
 
@@ -58,19 +58,19 @@ const attachToken = "attach-test-token"
 
 // startAttachServer serves the attach routes of one service, "llama", behind the controller
 // API's token.
-func startAttachServer(t *testing.T) (*fakeService, *api.Client) {
+func startAttachServer(t *testing.T) (*fakeService, *rpc.Client) {
 	t.Helper()
 	llama := &fakeService{entered: make(chan uint64, 1)}
 	find := func(name string) (Service, error) {
 		if name != "llama" {
-			return nil, fmt.Errorf("service %q: %w", name, api.ErrNotFound)
+			return nil, fmt.Errorf("service %q: %w", name, rpc.ErrNotFound)
 		}
 		return llama, nil
 	}
 	log := zaptest.NewLogger(t)
-	srv := httptest.NewServer(api.NewHandler(nil, api.Tokens{Full: attachToken}, log, Routes(find, log)...))
+	srv := httptest.NewServer(rpc.NewHandler(rpc.Tokens{Full: attachToken}, Routes(find, log)))
 	t.Cleanup(srv.Close)
-	return llama, api.NewClient(srv.URL, attachToken)
+	return llama, rpc.NewClient(srv.URL, attachToken)
 }
 
 // testCtx bounds one call: a poll that should answer at once but waits fails the test instead
@@ -224,25 +224,25 @@ func TestProxyLoadReportRoundTrip(t *testing.T) {
 		t.Errorf("reports (-want +got):\n%s", diff)
 	}
 	err := ReportLoad(testCtx(t), c, "llama", LoadReport{Seq: 1})
-	if !errors.Is(err, api.ErrInvalid) {
+	if !errors.Is(err, rpc.ErrInvalid) {
 		t.Errorf("report without a proxy id: %v, want ErrInvalid", err)
 	}
 }
 
 func TestAttachRoutesUnknownServiceAndToken(t *testing.T) {
 	_, c := startAttachServer(t)
-	if _, err := PollReplicaSet(testCtx(t), c, "nope", 0, 0); !errors.Is(err, api.ErrNotFound) {
+	if _, err := PollReplicaSet(testCtx(t), c, "nope", 0, 0); !errors.Is(err, rpc.ErrNotFound) {
 		t.Errorf("replica set of an unknown service: %v, want ErrNotFound", err)
 	}
-	if err := ReportLoad(testCtx(t), c, "nope", LoadReport{ProxyID: "p"}); !errors.Is(err, api.ErrNotFound) {
+	if err := ReportLoad(testCtx(t), c, "nope", LoadReport{ProxyID: "p"}); !errors.Is(err, rpc.ErrNotFound) {
 		t.Errorf("report for an unknown service: %v, want ErrNotFound", err)
 	}
 	for _, token := range []string{"", "wrong"} {
-		bad := api.NewClient(c.Base, token)
-		if _, err := PollReplicaSet(testCtx(t), bad, "llama", 0, 0); !errors.Is(err, api.ErrUnauthorized) {
+		bad := rpc.NewClient(c.Base, token)
+		if _, err := PollReplicaSet(testCtx(t), bad, "llama", 0, 0); !errors.Is(err, rpc.ErrUnauthorized) {
 			t.Errorf("replica set with token %q: %v, want ErrUnauthorized", token, err)
 		}
-		if err := ReportLoad(testCtx(t), bad, "llama", LoadReport{ProxyID: "p"}); !errors.Is(err, api.ErrUnauthorized) {
+		if err := ReportLoad(testCtx(t), bad, "llama", LoadReport{ProxyID: "p"}); !errors.Is(err, rpc.ErrUnauthorized) {
 			t.Errorf("report with token %q: %v, want ErrUnauthorized", token, err)
 		}
 	}

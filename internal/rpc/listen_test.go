@@ -1,4 +1,4 @@
-package api
+package rpc
 
 import (
 	"bufio"
@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 )
 
-// startServer serves NewHandler(b, token) through NewServer with maxConns per listener on a
+// startServer serves NewHandler(token, testRoutes()) through NewServer with maxConns per listener on a
 // loopback listener, and returns its address.
 func startServer(t *testing.T, token string, maxConns int) (string, *guardListener) {
 	t.Helper()
@@ -21,9 +21,8 @@ func startServer(t *testing.T, token string, maxConns int) (string, *guardListen
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := &countingBackend{}
 	log := zaptest.NewLogger(t)
-	srv := NewServer(NewHandler(b, Tokens{Full: token}, log, b.extraRoutes()...), maxConns, log)
+	srv := NewServer(NewHandler(Tokens{Full: token}, testRoutes()), maxConns, log)
 	guarded := srv.guard(ln).(*guardListener)
 	done := make(chan error, 1)
 	go func() { done <- srv.srv.Serve(guarded) }()
