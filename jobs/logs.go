@@ -130,36 +130,14 @@ func (m *Manager) liveLog(ctx context.Context, j Job, node Node, follow bool, w 
 		}
 	}
 	if ls, ok := m.cfg.Provider.(launcher.LogStreamer); ok {
-		cw := &countingWriter{w: w}
-		for {
-			err := ls.StreamLogs(ctx, node.InstanceID, launcher.LogOptions{Tail: -1, Follow: true}, cw)
-			switch {
-			case err == nil, ctx.Err() != nil, errors.Is(err, launcher.ErrNotFound):
-				return nil // the node ended, went, or the follower left
-			case cw.n > 0:
-				return err // output was written: starting over would repeat it
-			}
-			// A node that has not started yet (a pod still Pending) has no log to follow.
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(time.Second):
-			}
+		// A node that has not started yet (a pod still Pending) has no log to follow yet.
+		err := launcher.StreamLogsRetrying(ctx, ls, node.InstanceID, launcher.LogOptions{Tail: -1, Follow: true}, w, time.Second)
+		if errors.Is(err, launcher.ErrNotFound) {
+			return nil // the node went
 		}
+		return err
 	}
 	return fmt.Errorf("%w: no log for %s", launcher.ErrNotFound, node.InstanceID)
-}
-
-// countingWriter counts what reached w.
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
 }
 
 // followFile copies path to w and then what is appended, until ctx ends. A file moved away

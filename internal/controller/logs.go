@@ -71,23 +71,11 @@ func (c *Controller) StreamReplicaLog(ctx context.Context, name string, id int, 
 // streamInfraLog reads an instance's output through its infra's API. Following a replica that
 // has no log yet (a pod still Pending) waits for one, as long as the replica runs.
 func (c *Controller) streamInfraLog(ctx context.Context, name string, id int, inst string, opts api.LogOptions, w io.Writer) error {
-	cw := &countingWriter{w: w}
-	for {
-		err := c.provider.StreamLogs(ctx, inst, launcher.LogOptions{Tail: opts.Tail, Follow: opts.Follow}, cw)
-		switch {
-		case err == nil, opts.Follow && ctx.Err() != nil:
-			return nil // the replica ended or the client left
-		case errors.Is(err, launcher.ErrNotFound):
-			return fmt.Errorf("replica %d of %q: %v: %w", id, name, err, api.ErrNotFound)
-		case !opts.Follow || cw.n > 0:
-			return err // output was written: starting over would repeat it
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(logRetry):
-		}
+	err := launcher.StreamLogsRetrying(ctx, c.provider, inst, launcher.LogOptions{Tail: opts.Tail, Follow: opts.Follow}, w, logRetry)
+	if errors.Is(err, launcher.ErrNotFound) {
+		return fmt.Errorf("replica %d of %q: %v: %w", id, name, err, api.ErrNotFound)
 	}
+	return err
 }
 
 // cancelWhenReplicaEnds calls cancel once replica id of service name no longer runs on
@@ -150,16 +138,4 @@ func (c *Controller) replicaInstance(name string, id int) (string, error) {
 		return r.InstanceID, nil
 	}
 	return "", fmt.Errorf("service %q has no replica %d (see 'ferry serve status %s'): %w", name, id, name, api.ErrNotFound)
-}
-
-// countingWriter counts what reached w.
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
 }
