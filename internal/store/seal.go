@@ -198,23 +198,24 @@ func setupKey(db *sql.DB, keyPath string) (*sealer, error) {
 	if err != nil {
 		return nil, err
 	}
-	tx, err := db.Begin()
+	sealed := s
+	err = inTx(db, func(tx *sql.Tx) error {
+		// Another handle may have sealed the store since the read above; BEGIN IMMEDIATE
+		// holds the write lock now.
+		if err := tx.QueryRow(`SELECT value FROM meta WHERE key = ?`, metaKeyCheck).Scan(&check); err == nil {
+			sealed, err = verifyKey(keyPath, check)
+			return err
+		}
+		if err := sealRows(tx, s); err != nil {
+			return fmt.Errorf("seal the secrets the store holds: %w", err)
+		}
+		_, err := tx.Exec(`INSERT INTO meta (key, value) VALUES (?, ?)`, metaKeyCheck, s.seal("meta", metaKeyCheck, keyCheckPlain))
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-	// Another handle may have sealed the store since the read above; BEGIN IMMEDIATE holds
-	// the write lock now.
-	if err := tx.QueryRow(`SELECT value FROM meta WHERE key = ?`, metaKeyCheck).Scan(&check); err == nil {
-		return verifyKey(keyPath, check)
-	}
-	if err := sealRows(tx, s); err != nil {
-		return nil, fmt.Errorf("seal the secrets the store holds: %w", err)
-	}
-	if _, err := tx.Exec(`INSERT INTO meta (key, value) VALUES (?, ?)`, metaKeyCheck, s.seal("meta", metaKeyCheck, keyCheckPlain)); err != nil {
-		return nil, err
-	}
-	return s, tx.Commit()
+	return sealed, nil
 }
 
 // verifyKey loads the key file, which must exist, and checks it against the stored check.

@@ -177,27 +177,40 @@ func connect(db *sql.DB) error {
 // busy_timeout, and the second finds the tables and columns the first made instead of racing it
 // ("database is locked" on an autocommit CREATE, "duplicate column name" on ALTER).
 func migrate(db *sql.DB) error {
+	return inTx(db, func(tx *sql.Tx) error {
+		if _, err := tx.Exec(schema); err != nil {
+			return err
+		}
+		for _, m := range migrations {
+			var n int
+			if err := tx.QueryRow(`SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`, m.table, m.column).Scan(&n); err != nil {
+				return err
+			}
+			if n == 0 {
+				if _, err := tx.Exec(fmt.Sprintf(`ALTER TABLE %s ADD COLUMN %s %s`, m.table, m.column, m.decl)); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// inTx runs fn in one transaction (IMMEDIATE: see OpenSQLite) and commits it if fn returns
+// nil; otherwise it rolls back.
+func inTx(db *sql.DB, fn func(*sql.Tx) error) error {
 	tx, err := db.Begin()
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-	if _, err := tx.Exec(schema); err != nil {
+	if err := fn(tx); err != nil {
 		return err
-	}
-	for _, m := range migrations {
-		var n int
-		if err := tx.QueryRow(`SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?`, m.table, m.column).Scan(&n); err != nil {
-			return err
-		}
-		if n == 0 {
-			if _, err := tx.Exec(fmt.Sprintf(`ALTER TABLE %s ADD COLUMN %s %s`, m.table, m.column, m.decl)); err != nil {
-				return err
-			}
-		}
 	}
 	return tx.Commit()
 }
+
+func (s *SQLite) inTx(fn func(*sql.Tx) error) error { return inTx(s.db, fn) }
 
 // Close closes the database.
 func (s *SQLite) Close() error { return s.db.Close() }
@@ -209,28 +222,25 @@ func (s *SQLite) CreateService(svc Service) error {
 		return err
 	}
 	now := time.Now().UnixMilli()
-	tx, err := s.db.Begin()
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-	_, err = tx.Exec(`INSERT INTO services (name, version, task_json, port, status, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`, svc.Name, svc.Version, string(task), svc.Port, svc.Status, now, now)
-	if err != nil {
-		return fmt.Errorf("create service %q: %w", svc.Name, err)
-	}
-	// A failed serve up leaves rows of a service of the same name behind only if deleting it
-	// failed too; start its history afresh.
-	for _, q := range []string{`DELETE FROM versions WHERE service = ?`, `DELETE FROM rollouts WHERE service = ?`} {
-		if _, err := tx.Exec(q, svc.Name); err != nil {
-			return err
+	return s.inTx(func(tx *sql.Tx) error {
+		_, err := tx.Exec(`INSERT INTO services (name, version, task_json, port, status, created_at, updated_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?)`, svc.Name, svc.Version, string(task), svc.Port, svc.Status, now, now)
+		if err != nil {
+			return fmt.Errorf("create service %q: %w", svc.Name, err)
 		}
-	}
-	if _, err := tx.Exec(`INSERT INTO versions (service, version, task_json, launched_as, created_at) VALUES (?, ?, ?, ?, ?)`,
-		svc.Name, svc.Version, string(task), svc.Version, now); err != nil {
-		return fmt.Errorf("create service %q: %w", svc.Name, err)
-	}
-	return tx.Commit()
+		// A failed serve up leaves rows of a service of the same name behind only if deleting it
+		// failed too; start its history afresh.
+		for _, q := range []string{`DELETE FROM versions WHERE service = ?`, `DELETE FROM rollouts WHERE service = ?`} {
+			if _, err := tx.Exec(q, svc.Name); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(`INSERT INTO versions (service, version, task_json, launched_as, created_at) VALUES (?, ?, ?, ?, ?)`,
+			svc.Name, svc.Version, string(task), svc.Version, now); err != nil {
+			return fmt.Errorf("create service %q: %w", svc.Name, err)
+		}
+		return nil
+	})
 }
 
 // SetTarget records a service's replica target.
@@ -247,38 +257,32 @@ func (s *SQLite) StartUpdate(service string, v replicas.Version, r replicas.Roll
 		return err
 	}
 	now := time.Now().UnixMilli()
-	tx, err := s.db.Begin()
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-	// A store from before versions were kept has the current task only on the service row.
-	if _, err := tx.Exec(`INSERT OR IGNORE INTO versions (service, version, task_json, launched_as, created_at)
-		SELECT name, version, task_json, version, created_at FROM services WHERE name = ?`, service); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(`INSERT INTO versions (service, version, task_json, launched_as, created_at) VALUES (?, ?, ?, ?, ?)`,
-		service, v.Number, string(task), v.LaunchedAs, now); err != nil {
-		return fmt.Errorf("record version %d of %q: %w", v.Number, service, err)
-	}
-	if err := saveRollout(tx, service, r, now); err != nil {
-		return err
-	}
-	return tx.Commit()
+	return s.inTx(func(tx *sql.Tx) error {
+		// A store from before versions were kept has the current task only on the service row.
+		if _, err := tx.Exec(`INSERT OR IGNORE INTO versions (service, version, task_json, launched_as, created_at)
+			SELECT name, version, task_json, version, created_at FROM services WHERE name = ?`, service); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(`INSERT INTO versions (service, version, task_json, launched_as, created_at) VALUES (?, ?, ?, ?, ?)`,
+			service, v.Number, string(task), v.LaunchedAs, now); err != nil {
+			return fmt.Errorf("record version %d of %q: %w", v.Number, service, err)
+		}
+		if err := saveRollout(tx, service, r, now); err != nil {
+			return err
+		}
+		return nil
+	})
 }
 
 // SaveRollout implements replicas.RolloutStore: it saves the rollout and makes its target the
 // service's current version.
 func (s *SQLite) SaveRollout(service string, r replicas.Rollout) error {
-	tx, err := s.db.Begin()
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-	if err := saveRollout(tx, service, r, time.Now().UnixMilli()); err != nil {
-		return err
-	}
-	return tx.Commit()
+	return s.inTx(func(tx *sql.Tx) error {
+		if err := saveRollout(tx, service, r, time.Now().UnixMilli()); err != nil {
+			return err
+		}
+		return nil
+	})
 }
 
 func saveRollout(tx *sql.Tx, service string, r replicas.Rollout, now int64) error {
@@ -395,21 +399,18 @@ func (s *SQLite) ListServices() ([]Service, error) {
 
 // DeleteService removes a service and its replica rows.
 func (s *SQLite) DeleteService(name string) error {
-	tx, err := s.db.Begin()
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-	for _, q := range []string{`DELETE FROM replicas WHERE service = ?`, `DELETE FROM versions WHERE service = ?`,
-		`DELETE FROM rollouts WHERE service = ?`} {
-		if _, err := tx.Exec(q, name); err != nil {
+	return s.inTx(func(tx *sql.Tx) error {
+		for _, q := range []string{`DELETE FROM replicas WHERE service = ?`, `DELETE FROM versions WHERE service = ?`,
+			`DELETE FROM rollouts WHERE service = ?`} {
+			if _, err := tx.Exec(q, name); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(`DELETE FROM services WHERE name = ?`, name); err != nil {
 			return err
 		}
-	}
-	if _, err := tx.Exec(`DELETE FROM services WHERE name = ?`, name); err != nil {
-		return err
-	}
-	return tx.Commit()
+		return nil
+	})
 }
 
 type scanner interface{ Scan(dest ...any) error }
@@ -460,32 +461,29 @@ func (s *SQLite) NextReplicaID(service string) (int, error) {
 // service must exist: a status write that comes after DeleteService (a replica's last
 // transition, racing the delete) fails with ErrNotFound and leaves no row behind.
 func (s *SQLite) SaveReplica(r replicas.Record) error {
-	tx, err := s.db.Begin()
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-	_, err = tx.Exec(`INSERT INTO replicas (service, id, version, status, instance_id, endpoint, infra, zone,
-			spot, price, resources, launched_at, ready_at, reason)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-		ON CONFLICT (service, id) DO UPDATE SET version = excluded.version, status = excluded.status,
-			instance_id = excluded.instance_id, endpoint = excluded.endpoint, infra = excluded.infra,
-			zone = excluded.zone, spot = excluded.spot, price = excluded.price,
-			resources = excluded.resources, launched_at = excluded.launched_at,
-			ready_at = excluded.ready_at, reason = excluded.reason`,
-		r.Service, r.ID, r.Version, string(r.Status), r.InstanceID, r.Endpoint, r.Infra, r.Zone,
-		r.Spot, r.Price, r.Resources, millis(r.LaunchedAt), millis(r.ReadyAt), r.Reason)
-	if err != nil {
-		return fmt.Errorf("save replica %s/%d: %w", r.Service, r.ID, err)
-	}
-	res, err := tx.Exec(`UPDATE services SET next_replica_id = MAX(next_replica_id, ? + 1) WHERE name = ?`, r.ID, r.Service)
-	if err != nil {
-		return err
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("save replica %s/%d: service %q: %w", r.Service, r.ID, r.Service, ErrNotFound)
-	}
-	return tx.Commit()
+	return s.inTx(func(tx *sql.Tx) error {
+		_, err := tx.Exec(`INSERT INTO replicas (service, id, version, status, instance_id, endpoint, infra, zone,
+				spot, price, resources, launched_at, ready_at, reason)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (service, id) DO UPDATE SET version = excluded.version, status = excluded.status,
+				instance_id = excluded.instance_id, endpoint = excluded.endpoint, infra = excluded.infra,
+				zone = excluded.zone, spot = excluded.spot, price = excluded.price,
+				resources = excluded.resources, launched_at = excluded.launched_at,
+				ready_at = excluded.ready_at, reason = excluded.reason`,
+			r.Service, r.ID, r.Version, string(r.Status), r.InstanceID, r.Endpoint, r.Infra, r.Zone,
+			r.Spot, r.Price, r.Resources, millis(r.LaunchedAt), millis(r.ReadyAt), r.Reason)
+		if err != nil {
+			return fmt.Errorf("save replica %s/%d: %w", r.Service, r.ID, err)
+		}
+		res, err := tx.Exec(`UPDATE services SET next_replica_id = MAX(next_replica_id, ? + 1) WHERE name = ?`, r.ID, r.Service)
+		if err != nil {
+			return err
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("save replica %s/%d: service %q: %w", r.Service, r.ID, r.Service, ErrNotFound)
+		}
+		return nil
+	})
 }
 
 // DeleteReplica forgets a replica.
