@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
+	"sync"
+	"time"
 )
 
 // RouteSource is the address this host sends from when it connects to ip: the source a
@@ -31,4 +34,58 @@ func RouteSource(ip string) (netip.Prefix, error) {
 		return netip.Prefix{}, fmt.Errorf("route source for %s: the kernel chose no address", ip)
 	}
 	return netip.PrefixFrom(src, src.BitLen()), nil
+}
+
+// IngressAdoption makes sure, once per key in this process, that the service port of each
+// running instance an earlier controller launched admits the proxies: an upgraded controller
+// narrows an old wide rule, and one that moved admits its new address, without waiting for a
+// launch. A key that failed is tried again after Retry. The zero value is ready (Retry: a
+// minute); safe for concurrent use.
+type IngressAdoption struct {
+	Retry time.Duration
+
+	mu     sync.Mutex
+	failed map[string]time.Time // key → zero when done, else when it last failed
+}
+
+// Adopt calls ensure for each running instance in insts with an endpoint, under the key that
+// key gives its port (false: skip it), unless that key was done or failed less than Retry ago.
+// ensure's error is logged by ensure's caller through failed.
+func (a *IngressAdoption) Adopt(insts []Instance, key func(in Instance, port int) (string, bool),
+	ensure func(in Instance, host string, port int) error, failed func(in Instance, port int, err error)) {
+	retry := a.Retry
+	if retry <= 0 {
+		retry = time.Minute
+	}
+	for _, in := range insts {
+		if in.State != StateRunning || in.Endpoint == "" {
+			continue
+		}
+		host, portStr, err := net.SplitHostPort(in.Endpoint)
+		port, perr := strconv.Atoi(portStr)
+		if err != nil || perr != nil {
+			continue
+		}
+		k, ok := key(in, port)
+		if !ok {
+			continue
+		}
+		a.mu.Lock()
+		failedAt, seen := a.failed[k]
+		a.mu.Unlock()
+		if seen && (failedAt.IsZero() || time.Since(failedAt) < retry) {
+			continue
+		}
+		at := time.Time{}
+		if err := ensure(in, host, port); err != nil {
+			at = time.Now()
+			failed(in, port, err)
+		}
+		a.mu.Lock()
+		if a.failed == nil {
+			a.failed = map[string]time.Time{}
+		}
+		a.failed[k] = at
+		a.mu.Unlock()
+	}
 }

@@ -190,6 +190,8 @@ type Provider struct {
 	// ingress is each region's security-group state, with the lock that serialises changes
 	// to them (ingress.go); the map is fixed in New. A region's lock is never held with mu.
 	ingress map[string]*regionIngress
+	// adoption: the ports of adopted instances whose ingress List has set (ingress.go).
+	adoption launcher.IngressAdoption
 	// windows caches capacity blocks' ends for List (reservations.go).
 	windows windowCache
 }

@@ -4,13 +4,11 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"net"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
@@ -41,8 +39,6 @@ const (
 	// descLegacy marks the rule Ferry added before it narrowed ingress: the service port open
 	// to 10.0.0.0/8, 172.16.0.0/12 and 192.168.0.0/16.
 	descLegacy = "ferry service port"
-	// adoptRetry is how long List waits before retrying an adopted port's ingress that failed.
-	adoptRetry = time.Minute
 )
 
 // source is one ingress source: a CIDR block or a security group id.
@@ -86,16 +82,15 @@ func configuredSources(opts Options) ([]source, error) {
 // launches, never another region's.
 type regionIngress struct {
 	mu       sync.Mutex
-	group    string               // the Ferry security group's id
-	admitted map[string]bool      // "region/port/source" the controller was admitted from
-	narrowed map[string]bool      // "region/port" narrowed
-	adopted  map[string]time.Time // "region/port" adopted by List: zero when done, else retry time
+	group    string          // the Ferry security group's id
+	admitted map[string]bool // "region/port/source" the controller was admitted from
+	narrowed map[string]bool // "region/port" narrowed
 	// jobGroup is the job security group's id, made with its rule.
 	jobGroup string
 }
 
 func newRegionIngress() *regionIngress {
-	return &regionIngress{admitted: map[string]bool{}, narrowed: map[string]bool{}, adopted: map[string]time.Time{}}
+	return &regionIngress{admitted: map[string]bool{}, narrowed: map[string]bool{}}
 }
 
 func portKey(region string, port int) string { return region + "/" + strconv.Itoa(port) }
@@ -317,37 +312,14 @@ func rulesOn(groups []types.SecurityGroup, port int) map[source]string {
 }
 
 // adoptIngress runs ensureIngress for the ports of instances an earlier controller launched,
-// once per region and port in this process (retried after adoptRetry on failure): an upgraded
-// controller narrows the old wide rule, and one that moved admits its new address, without
-// waiting for a launch.
+// once per region and port in this process (launcher.IngressAdoption).
 func (p *Provider) adoptIngress(ctx context.Context, insts []launcher.Instance) {
-	for _, in := range insts {
-		if in.State != launcher.StateRunning || in.Endpoint == "" {
-			continue
-		}
-		host, portStr, err := net.SplitHostPort(in.Endpoint)
-		port, perr := strconv.Atoi(portStr)
-		if err != nil || perr != nil {
-			continue
-		}
-		ri := p.ingress[in.Region]
-		if ri == nil {
-			continue
-		}
-		key := portKey(in.Region, port)
-		ri.mu.Lock()
-		retryAt, seen := ri.adopted[key]
-		ri.mu.Unlock()
-		if seen && (retryAt.IsZero() || time.Now().Before(retryAt)) {
-			continue
-		}
-		next := time.Time{}
-		if _, err := p.ensureIngress(ctx, in.Region, port, host); err != nil {
-			next = time.Now().Add(adoptRetry)
-			p.log.Warn("could not set the service port's ingress for adopted instances; retrying later", zap.String("region", in.Region), zap.Int("port", port), zap.Error(err))
-		}
-		ri.mu.Lock()
-		ri.adopted[key] = next
-		ri.mu.Unlock()
-	}
+	p.adoption.Adopt(insts, func(in launcher.Instance, port int) (string, bool) {
+		return portKey(in.Region, port), p.ingress[in.Region] != nil
+	}, func(in launcher.Instance, host string, port int) error {
+		_, err := p.ensureIngress(ctx, in.Region, port, host)
+		return err
+	}, func(in launcher.Instance, port int, err error) {
+		p.log.Warn("could not set the service port's ingress for adopted instances; retrying later", zap.String("region", in.Region), zap.Int("port", port), zap.Error(err))
+	})
 }

@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"go.uber.org/zap"
@@ -44,8 +42,6 @@ const (
 	descConfigured = "Ferry: the service port of Ferry's replicas, from the proxies in config.yaml"
 	descController = "Ferry: the service port of Ferry's replicas, from the controller's route source"
 	descDeny       = "Ferry: the service port of Ferry's replicas, closed to all but the ferry-allow rule"
-	// adoptRetry is how long List waits before retrying an adopted port's rules that failed.
-	adoptRetry = time.Minute
 )
 
 // A job's nodes carry the network tag jobTag, and one rule, ferry-jobs (priority
@@ -107,11 +103,10 @@ func (p *Provider) ensureJobsRule(ctx context.Context) error {
 
 // firewallState is what the provider has done to its firewall rules in this process.
 type firewallState struct {
-	jobs     bool              // the ferry-jobs rule is in place
-	settled  map[int]bool      // port: allow rule made what it should be, deny rule in place
-	denied   map[int]bool      // port: deny rule in place
-	admitted map[string]bool   // "port/source": the controller admitted from source
-	adopted  map[int]time.Time // port adopted by List: zero when done, else retry time
+	jobs     bool            // the ferry-jobs rule is in place
+	settled  map[int]bool    // port: allow rule made what it should be, deny rule in place
+	denied   map[int]bool    // port: deny rule in place
+	admitted map[string]bool // "port/source": the controller admitted from source
 }
 
 // networkTagRE is a GCE network tag.
@@ -326,32 +321,13 @@ func (p *Provider) ensureDeny(ctx context.Context, port int) error {
 }
 
 // adoptFirewall runs ensureFirewall for the ports of VMs an earlier controller launched, once
-// per port in this process (retried after adoptRetry on failure): an upgraded controller
-// narrows the old rule, and one that moved admits its new address, without waiting for a
-// launch.
+// per port in this process (launcher.IngressAdoption).
 func (p *Provider) adoptFirewall(ctx context.Context, insts []launcher.Instance) {
-	for _, in := range insts {
-		if in.State != launcher.StateRunning || in.Endpoint == "" {
-			continue
-		}
-		host, portStr, err := net.SplitHostPort(in.Endpoint)
-		port, perr := strconv.Atoi(portStr)
-		if err != nil || perr != nil {
-			continue
-		}
-		p.fwMu.Lock()
-		retryAt, seen := p.fw.adopted[port]
-		p.fwMu.Unlock()
-		if seen && (retryAt.IsZero() || time.Now().Before(retryAt)) {
-			continue
-		}
-		next := time.Time{}
-		if err := p.ensureFirewall(ctx, port, host); err != nil {
-			next = time.Now().Add(adoptRetry)
-			p.log.Warn("could not set the service port's firewall rules for adopted VMs; retrying later", zap.Int("port", port), zap.Error(err))
-		}
-		p.fwMu.Lock()
-		p.fw.adopted[port] = next
-		p.fwMu.Unlock()
-	}
+	p.adoption.Adopt(insts, func(_ launcher.Instance, port int) (string, bool) {
+		return strconv.Itoa(port), true
+	}, func(_ launcher.Instance, host string, port int) error {
+		return p.ensureFirewall(ctx, port, host)
+	}, func(_ launcher.Instance, port int, err error) {
+		p.log.Warn("could not set the service port's firewall rules for adopted VMs; retrying later", zap.Int("port", port), zap.Error(err))
+	})
 }

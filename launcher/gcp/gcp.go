@@ -174,6 +174,8 @@ type Provider struct {
 	// fwMu serialises changes to the firewall rules; it is never held with mu.
 	fwMu sync.Mutex
 	fw   firewallState
+	// adoption: the ports of adopted VMs whose firewall rules List has set (firewall.go).
+	adoption launcher.IngressAdoption
 }
 
 var (
@@ -256,7 +258,7 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	p := &Provider{opts: opts, log: opts.Logger.With(zap.String("infra", InfraName), zap.String("project", opts.Project)),
 		launchedZones: map[string]bool{}, ingressCIDRs: cidrs, routeSource: launcher.RouteSource,
 		exits: launcher.NewExitCodes(exitRetry),
-		fw:    firewallState{settled: map[int]bool{}, denied: map[int]bool{}, admitted: map[string]bool{}, adopted: map[int]time.Time{}}}
+		fw:    firewallState{settled: map[int]bool{}, denied: map[int]bool{}, admitted: map[string]bool{}}}
 	p.allowed = allowedZones(opts.Zones, opts.Regions)
 	if opts.PublicIP && !p.configured() && !opts.SkipFirewall {
 		p.log.Warn("replicas get public addresses but no proxy source is configured: the controller is admitted at its own address, which a NAT usually hides; set gcp.proxy_cidrs")
