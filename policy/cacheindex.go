@@ -3,6 +3,8 @@ package policy
 import (
 	"hash/maphash"
 	"sync"
+
+	"github.com/ferryserve/ferry/policy/blocklru"
 )
 
 // The per-replica prefix index of least_ttft. Unlike prefix_affinity's index (prefix.go), which
@@ -24,7 +26,7 @@ const (
 	// their remainder counts as uncached everywhere, which does not change which replica wins.
 	maxPromptBlocks = 1024
 	// minCacheBlocks and maxCacheBlocks bound one replica's index: at most 1<<16 blocks (8M
-	// tokens, more than an 8-GPU node's KV cache for a 70B model), 4.0 MiB (see replicaCache).
+	// tokens, more than an 8-GPU node's KV cache for a 70B model), 3.7 MiB (see replicaCache).
 	minCacheBlocks = 16
 	maxCacheBlocks = 1 << 16
 	// DefaultPrefixCacheTokens is the KV cache assumed for a replica that has not announced
@@ -75,28 +77,21 @@ func (b *promptBlocks) hash(model, prompt []byte) {
 // to binary-search instead of walking every block.
 //
 // Memory: a map entry (8-byte key, 4-byte slot, in Go's swiss tables at their load factor) and
-// a 24-byte list entry per block: 65 bytes a block measured when full
-// (BenchmarkReplicaCacheMemory), 4.0 MiB at maxCacheBlocks, about 130 KiB for a replica
+// a 16-byte list entry (policy/blocklru) and a 4-byte parent per block: 59 bytes a block
+// measured when full (BenchmarkReplicaCacheMemory), 3.7 MiB at maxCacheBlocks, about 120 KiB for a replica
 // announcing 16k vLLM blocks of 16 tokens (2,048 index blocks). The list never grows beyond the
 // largest limit set.
 type replicaCache struct {
-	mu      sync.Mutex
-	limit   int
-	index   map[uint64]int32 // block hash → slot in entries
-	entries []cacheEntry
-	head    int32 // most recently used; -1 when empty
-	tail    int32 // least recently used; -1 when empty
-	free    int32 // first unused slot, chained by next; valid while len(index) < len(entries)
-}
-
-type cacheEntry struct {
-	hash       uint64 // 0 while the slot is free
-	prev, next int32
-	parent     int32 // the slot of the block before this one in its chain when last recorded; -1 if none
+	mu    sync.Mutex
+	limit int
+	set   *blocklru.Set
+	// parents[slot] is the slot of the block before slot's in its chain when last recorded;
+	// -1 if none. Kept beside the set's slots, which are stable while a block is held.
+	parents []int32
 }
 
 func newReplicaCache(limit int) *replicaCache {
-	return &replicaCache{limit: limit, index: make(map[uint64]int32), head: -1, tail: -1, free: -1}
+	return &replicaCache{limit: limit, set: blocklru.New(0)}
 }
 
 // depth returns how many leading blocks of hashes the replica holds, assuming (see
@@ -107,7 +102,7 @@ func (c *replicaCache) depth(hashes []uint64) int {
 	lo, hi := 0, len(hashes) // the answer is in [lo, hi]
 	for lo < hi {
 		mid := (lo + hi + 1) / 2
-		if _, ok := c.index[hashes[mid-1]]; ok {
+		if c.set.Contains(hashes[mid-1]) {
 			lo = mid
 		} else {
 			hi = mid - 1
@@ -125,7 +120,7 @@ func (c *replicaCache) depth(hashes []uint64) int {
 func (c *replicaCache) record(hashes []uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for len(c.index) > c.limit {
+	for c.set.Len() > c.limit {
 		c.evictOldest()
 	}
 	child := int32(-1) // the slot of block i+1, whose parent is block i
@@ -133,22 +128,22 @@ func (c *replicaCache) record(hashes []uint64) {
 		h := hashes[i]
 		slot := int32(-1)
 		if child >= 0 {
-			if p := c.entries[child].parent; p >= 0 && c.entries[p].hash == h && h != 0 {
+			if p := c.parents[child]; p >= 0 && c.set.Hash(p) == h && h != 0 {
 				slot = p
 			}
 		}
 		if slot < 0 {
-			if s, ok := c.index[h]; ok {
+			if s, ok := c.set.Slot(h); ok {
 				slot = s
 			}
 		}
 		if slot >= 0 {
-			c.moveToFront(slot)
+			c.set.Touch(slot)
 		} else {
 			slot = c.insert(h)
 		}
 		if child >= 0 {
-			c.entries[child].parent = slot
+			c.parents[child] = slot
 		}
 		child = slot
 	}
@@ -157,20 +152,14 @@ func (c *replicaCache) record(hashes []uint64) {
 // insert adds h as the most recently used block, evicting the least recently used at the
 // limit, and returns its slot.
 func (c *replicaCache) insert(h uint64) int32 {
-	if len(c.index) >= c.limit {
+	if c.set.Len() >= c.limit {
 		c.evictOldest()
 	}
-	var slot int32
-	if len(c.index) < len(c.entries) {
-		slot = c.free
-		c.free = c.entries[slot].next
-	} else {
-		slot = int32(len(c.entries))
-		c.entries = append(c.entries, cacheEntry{})
+	slot := c.set.Insert(h)
+	if int(slot) == len(c.parents) {
+		c.parents = append(c.parents, -1)
 	}
-	c.entries[slot] = cacheEntry{hash: h, prev: -1, next: -1, parent: -1}
-	c.index[h] = slot
-	c.pushFront(slot)
+	c.parents[slot] = -1
 	return slot
 }
 
@@ -185,48 +174,9 @@ func (c *replicaCache) setLimit(limit int) {
 func (c *replicaCache) size() (held, limit int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.index), c.limit
+	return c.set.Len(), c.limit
 }
 
 func (c *replicaCache) evictOldest() {
-	slot := c.tail
-	c.unlink(slot)
-	delete(c.index, c.entries[slot].hash)
-	c.entries[slot] = cacheEntry{prev: -1, next: c.free, parent: -1}
-	c.free = slot
-}
-
-func (c *replicaCache) moveToFront(slot int32) {
-	if c.head == slot {
-		return
-	}
-	c.unlink(slot)
-	c.pushFront(slot)
-}
-
-func (c *replicaCache) unlink(slot int32) {
-	e := &c.entries[slot]
-	if e.prev >= 0 {
-		c.entries[e.prev].next = e.next
-	} else {
-		c.head = e.next
-	}
-	if e.next >= 0 {
-		c.entries[e.next].prev = e.prev
-	} else {
-		c.tail = e.prev
-	}
-	e.prev, e.next = -1, -1
-}
-
-func (c *replicaCache) pushFront(slot int32) {
-	e := &c.entries[slot]
-	e.prev, e.next = -1, c.head
-	if c.head >= 0 {
-		c.entries[c.head].prev = slot
-	}
-	c.head = slot
-	if c.tail < 0 {
-		c.tail = slot
-	}
+	c.parents[c.set.Evict()] = -1
 }

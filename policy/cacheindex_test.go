@@ -217,9 +217,7 @@ func TestReplicaCacheMatchesAPlainLRU(t *testing.T) {
 			}
 		}
 		var got []uint64
-		for slot := c.head; slot >= 0; slot = c.entries[slot].next {
-			got = append(got, c.entries[slot].hash)
-		}
+		c.set.Each(func(h uint64) { got = append(got, h) })
 		if !slices.Equal(got, model) {
 			t.Fatalf("step %d: index order differs from a plain LRU:\n got  %x\n want %x", step, got, model)
 		}

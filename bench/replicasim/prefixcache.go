@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/ferryserve/ferry/policy/blocklru"
 )
 
 const (
@@ -37,8 +39,8 @@ func blockHashes(dst []uint64, modelSeed uint64, prompt []byte) []uint64 {
 	return dst
 }
 
-// prefixCache is an LRU set of block hashes: the blocks whose KV the replica still holds. The
-// list is intrusive over a slice so a hit or insert allocates nothing once the cache is warm.
+// prefixCache is an LRU set of block hashes (policy/blocklru): the blocks whose KV the replica
+// still holds. A hit or insert allocates nothing once the cache is warm.
 //
 // Recency follows vLLM's free-block queue: a finished request's blocks are freed last block
 // first, so a prompt's leading blocks are evicted after its trailing ones and a cached chain
@@ -49,26 +51,11 @@ func blockHashes(dst []uint64, modelSeed uint64, prompt []byte) []uint64 {
 type prefixCache struct {
 	mu       sync.Mutex
 	capacity int
-	index    map[uint64]int32 // block hash → slot in entries
-	entries  []lruEntry
-	head     int32 // most recently used, -1 when empty
-	tail     int32 // least recently used, -1 when empty
-	free     int32 // first entry not in use, chained by next; valid while len(index) < len(entries)
-}
-
-type lruEntry struct {
-	hash       uint64
-	prev, next int32
+	set      *blocklru.Set
 }
 
 func newPrefixCache(capacity int) *prefixCache {
-	return &prefixCache{
-		capacity: capacity,
-		index:    make(map[uint64]int32, min(capacity, 1<<16)),
-		head:     -1,
-		tail:     -1,
-		free:     -1,
-	}
+	return &prefixCache{capacity: capacity, set: blocklru.New(min(capacity, 1<<16))}
 }
 
 // match returns how many leading blocks of hashes are cached, at most limit, and marks them
@@ -78,13 +65,14 @@ func (c *prefixCache) match(hashes []uint64, limit int) int {
 	defer c.mu.Unlock()
 	n := 0
 	for _, h := range hashes[:min(limit, len(hashes))] {
-		if _, ok := c.index[h]; !ok {
+		if !c.set.Contains(h) {
 			break
 		}
 		n++
 	}
 	for i := n - 1; i >= 0; i-- {
-		c.moveToFront(c.index[hashes[i]])
+		slot, _ := c.set.Slot(hashes[i])
+		c.set.Touch(slot)
 	}
 	return n
 }
@@ -99,74 +87,20 @@ func (c *prefixCache) insert(hashes []uint64, reserved int) {
 	limit := max(c.capacity-reserved, min(len(hashes), c.capacity), 1)
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
-		if slot, ok := c.index[h]; ok {
-			c.moveToFront(slot)
+		if slot, ok := c.set.Slot(h); ok {
+			c.set.Touch(slot)
 			continue
 		}
-		for len(c.index) >= limit {
-			c.evictOldest()
+		for c.set.Len() >= limit {
+			c.set.Evict()
 		}
-		var slot int32
-		if n := len(c.index); n < len(c.entries) {
-			slot = c.free
-			c.free = c.entries[slot].next
-		} else {
-			slot = int32(len(c.entries))
-			c.entries = append(c.entries, lruEntry{})
-		}
-		c.entries[slot].hash = h
-		c.index[h] = slot
-		c.pushFront(slot)
+		c.set.Insert(h)
 	}
-}
-
-// evictOldest drops the least recently used block and puts its slot on the free list.
-func (c *prefixCache) evictOldest() {
-	slot := c.tail
-	c.unlink(slot)
-	delete(c.index, c.entries[slot].hash)
-	c.entries[slot].next = c.free
-	c.free = slot
 }
 
 // len is the number of cached blocks.
 func (c *prefixCache) len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.index)
-}
-
-func (c *prefixCache) moveToFront(slot int32) {
-	if c.head == slot {
-		return
-	}
-	c.unlink(slot)
-	c.pushFront(slot)
-}
-
-func (c *prefixCache) unlink(slot int32) {
-	e := &c.entries[slot]
-	if e.prev >= 0 {
-		c.entries[e.prev].next = e.next
-	} else {
-		c.head = e.next
-	}
-	if e.next >= 0 {
-		c.entries[e.next].prev = e.prev
-	} else {
-		c.tail = e.prev
-	}
-	e.prev, e.next = -1, -1
-}
-
-func (c *prefixCache) pushFront(slot int32) {
-	e := &c.entries[slot]
-	e.prev, e.next = -1, c.head
-	if c.head >= 0 {
-		c.entries[c.head].prev = slot
-	}
-	c.head = slot
-	if c.tail < 0 {
-		c.tail = slot
-	}
+	return c.set.Len()
 }

@@ -25,15 +25,16 @@ type importRule struct {
 }
 
 var importRules = []importRule{
-	{"configs", nil}, // the schema imports no runtime package
-	{"policy", nil},  // pure decisions over snapshots: the standard library only
+	{"configs", nil},                        // the schema imports no runtime package
+	{"policy", []string{"policy/blocklru"}}, // pure decisions over snapshots: the standard library only, and its own LRU set
+	{"policy/blocklru", nil},
 	{"autoscaler", []string{"configs"}},
 	{"launcher", []string{"configs", "policy", "launcher"}}, // knows nothing of services or requests
 	{"replicas", []string{"configs", "launcher", "policy"}}, // not autoscaler (how many is handed in), not proxy
 	{"jobs", []string{"configs", "launcher"}},               // never learns which cloud runs a node, nor that services exist
 	{"proxy", []string{"policy"}},
-	{"proxy/attach", []string{"configs", "proxy", "internal/rpc", "internal/home"}},                        // the standalone proxy links neither jobs, replicas nor launcher
-	{"internal/rpc", []string{"internal/home"}},                                                            // tokens, routes, errors, dialing: no domain
+	{"proxy/attach", []string{"configs", "proxy", "internal/rpc", "internal/home"}}, // the standalone proxy links neither jobs, replicas nor launcher
+	{"internal/rpc", []string{"internal/home"}},                                     // tokens, routes, errors, dialing: no domain
 	{"internal/api", []string{"configs", "internal/home", "internal/rpc", "jobs", "launcher", "replicas"}}, // routes; the proxy is not its business; launcher for infra health and leftovers
 	{"internal/store", []string{"configs", "jobs", "launcher", "replicas", "internal/store"}},              // kubestore and storetest build on the interface; launcher for the leftovers ledger
 	{"internal/home", nil},
