@@ -20,15 +20,22 @@ var _ launcher.QueueWithdrawer = (*Provisioner)(nil)
 // WithdrawQueued asks every infra that holds queued requests to drop job's requests that no
 // running node of attempt uses.
 func (p *Provisioner) WithdrawQueued(ctx context.Context, job string, attempt int) error {
+	return fanOut(ctx, p, func(ctx context.Context, w launcher.QueueWithdrawer) error { return w.WithdrawQueued(ctx, job, attempt) })
+}
+
+// fanOut calls fn on every infra whose provider has the optional capability T, in name order,
+// each within CallTimeout and charged to its infra's breaker; an infra that is down is not
+// asked, and says so in the joined error.
+func fanOut[T any](ctx context.Context, p *Provisioner, fn func(context.Context, T) error) error {
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(p.infras)) {
-		w, ok := p.infras[name].(launcher.QueueWithdrawer)
+		c, ok := p.infras[name].(T)
 		if !ok {
 			continue
 		}
 		err := p.health.Allow(name)
 		if err == nil {
-			err = p.call(ctx, p.opts.CallTimeout, func(ctx context.Context) error { return w.WithdrawQueued(ctx, job, attempt) })
+			err = p.call(ctx, p.opts.CallTimeout, func(ctx context.Context) error { return fn(ctx, c) })
 			p.observeCall(name, "", err)
 		}
 		if err != nil {

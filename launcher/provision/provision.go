@@ -638,22 +638,7 @@ func (p *Provisioner) StreamLogs(ctx context.Context, id string, opts launcher.L
 // CleanupJob asks every infra that keeps something of a job beyond its instances to release
 // it, each within CallTimeout; an infra that is down is not asked, and says so in the error.
 func (p *Provisioner) CleanupJob(ctx context.Context, job string) error {
-	var errs []error
-	for _, name := range slices.Sorted(maps.Keys(p.infras)) {
-		c, ok := p.infras[name].(launcher.JobCleaner)
-		if !ok {
-			continue
-		}
-		err := p.health.Allow(name)
-		if err == nil {
-			err = p.call(ctx, p.opts.CallTimeout, func(ctx context.Context) error { return c.CleanupJob(ctx, job) })
-			p.observeCall(name, "", err)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", name, err))
-		}
-	}
-	return errors.Join(errs...)
+	return fanOut(ctx, p, func(ctx context.Context, c launcher.JobCleaner) error { return c.CleanupJob(ctx, job) })
 }
 
 // infraOfProvider is the name prov is enabled under.
