@@ -97,8 +97,10 @@ func capacityCandidates(r configs.Resources, infras []Infra, opts CapacityOption
 				if !isCapacityOffering(o) {
 					continue
 				}
-				c, why := m.candidate(inf, o, cp, opts)
+				c, why, ok := m.candidate(inf, o, cp, opts)
 				switch {
+				case !ok:
+					// Not this alternative's shape: neither a candidate nor a reason.
 				case why != "":
 					unmet = append(unmet, why)
 				case o.Reservation != nil:
@@ -161,12 +163,13 @@ func newCapacityMatch(alt int, r configs.Resources) (capacityMatch, error) {
 }
 
 // candidate turns a capacity offering of inf into a candidate for this alternative, or says
-// why it does not fit ("" reason with a zero candidate: not this alternative's to mention).
-func (m *capacityMatch) candidate(inf *Infra, o launcher.Offering, cp *configs.Capacity, opts CapacityOptions) (Candidate, string) {
+// why it cannot take the task (a reason); ok is false when the offering is not this
+// alternative's shape at all, which is neither.
+func (m *capacityMatch) candidate(inf *Infra, o launcher.Offering, cp *configs.Capacity, opts CapacityOptions) (c Candidate, why string, ok bool) {
 	now := opts.Now
 	acc, ok := m.fits(inf, o)
 	if !ok {
-		return Candidate{}, ""
+		return Candidate{}, "", false
 	}
 	where := inf.Name
 	if o.Zone != "" {
@@ -179,25 +182,24 @@ func (m *capacityMatch) candidate(inf *Infra, o launcher.Offering, cp *configs.C
 	if acc.Name == "" {
 		p.AcceleratorCount = 0
 	}
-	c := Candidate{Alternative: m.alt}
+	c = Candidate{Alternative: m.alt}
 	if res := o.Reservation; res != nil {
-		why := reservationProblem(*res, cp, opts)
-		if why != "" {
-			return Candidate{}, fmt.Sprintf("%s: reservation %s %s", where, res.ID, why)
+		if why := reservationProblem(*res, cp, opts); why != "" {
+			return Candidate{}, fmt.Sprintf("%s: reservation %s %s", where, res.ID, why), true
 		}
 		p.Reservation, p.WindowStart, p.WindowEnd = res.ID, res.Start, res.End
 		p.Region, p.Zone = cmp.Or(p.Region, res.Region), cmp.Or(p.Zone, res.Zone)
 		c.Wait, c.Free = max(0, res.Start.Sub(now)), res.Free()
 		c.Placement = p // PricePerHour 0: paid for whether used or not
-		return c, ""
+		return c, "", true
 	}
 	if cp.MaxWait > 0 && o.QueueWait > cp.MaxWait {
 		return Candidate{}, fmt.Sprintf("%s: the queue for %s is expected to take %s, beyond max_wait %s", where, o.Accelerator,
-			formatWait(o.QueueWait), formatWait(cp.MaxWait))
+			formatWait(o.QueueWait), formatWait(cp.MaxWait)), true
 	}
 	p.Queued, p.PricePerHour = true, o.PricePerHour
 	c.Placement, c.Wait = p, o.QueueWait
-	return c, ""
+	return c, "", true
 }
 
 // fits reports whether o has what the alternative asks for on inf, and which accelerator.
@@ -217,6 +219,11 @@ func (m *capacityMatch) fits(inf *Infra, o launcher.Offering) (configs.Accelerat
 		return configs.Accelerator{}, false
 	}
 	if len(m.accs) == 0 {
+		if m.instanceType != "" {
+			// The instance type names its accelerators, as in Plan: a p4d.24xlarge task takes a
+			// p4d.24xlarge reservation with its A100s.
+			return configs.Accelerator{Name: o.Accelerator, Count: o.AcceleratorCount}, true
+		}
 		return configs.Accelerator{}, o.Accelerator == ""
 	}
 	for _, a := range m.accs {

@@ -191,3 +191,51 @@ func TestPlanCapacityLeavesWindowsShorterThanTheLead(t *testing.T) {
 		t.Fatalf("err = %v, want the window too short for the lead", err)
 	}
 }
+
+// TestPlanCapacityOfferingOfAnotherShapeIsNoCandidate: a reservation of another accelerator
+// (L4 offered, H100 asked) is neither a candidate nor a reason; before, it became a blank
+// placement ranked first, and the plan table a blank row.
+func TestPlanCapacityOfferingOfAnotherShapeIsNoCandidate(t *testing.T) {
+	awsCap := aws
+	l4 := block("cr-l4", capNow.Add(-time.Hour), capNow.Add(3*time.Hour), 2, 0)
+	l4.InstanceType, l4.Accelerator, l4.AcceleratorCount = "g6.xlarge", "L4", 1
+	awsCap.Offerings = []launcher.Offering{l4, block("cr-h100", capNow.Add(-time.Hour), capNow.Add(3*time.Hour), 2, 0)}
+	cands, err := PlanCapacity(h100(t, &configs.Capacity{Mode: configs.CapacityReserved}), []Infra{awsCap}, CapacityOptions{Now: capNow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cands) != 1 || cands[0].Placement.Reservation != "cr-h100" {
+		t.Fatalf("candidates %+v, want the H100 reservation alone", cands)
+	}
+	for _, c := range cands {
+		if c.Placement.Infra == "" || c.Placement.InstanceType == "" {
+			t.Errorf("a blank placement: %+v", c)
+		}
+	}
+	// Only the L4 reservation: no candidate, and the reason is not a blank one.
+	awsCap.Offerings = []launcher.Offering{l4}
+	_, err = PlanCapacity(h100(t, &configs.Capacity{Mode: configs.CapacityReserved}), []Infra{awsCap}, CapacityOptions{Now: capNow})
+	var nc *NoCandidateError
+	if !errors.As(err, &nc) {
+		t.Fatalf("only another shape's reservation: %v, want a NoCandidateError", err)
+	}
+}
+
+// TestPlanCapacityInstanceTypeWithoutAccelerators: a task that names its instance type and no
+// accelerators takes that type's reservation and queue, as Plan takes its on-demand rows.
+func TestPlanCapacityInstanceTypeWithoutAccelerators(t *testing.T) {
+	awsCap := aws
+	awsCap.Offerings = []launcher.Offering{block("cr-p5", capNow.Add(-time.Hour), capNow.Add(3*time.Hour), 2, 0), flexStart(30 * time.Minute)}
+	r := configs.Resources{Infra: "aws", InstanceType: "p5.48xlarge", Capacity: &configs.Capacity{Mode: configs.CapacityQueued}}
+	cands, err := PlanCapacity(r, []Infra{awsCap}, CapacityOptions{Now: capNow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, last := cands[0].Placement, cands[len(cands)-1].Placement
+	if first.Reservation != "cr-p5" || first.Accelerator != "H100" || first.AcceleratorCount != 8 {
+		t.Errorf("first candidate %+v, want the p5.48xlarge block with its 8 H100s", first)
+	}
+	if !last.Queued || last.InstanceType != "p5.48xlarge" {
+		t.Errorf("last candidate %+v, want the p5.48xlarge queue", last)
+	}
+}
