@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	compute "cloud.google.com/go/compute/apiv1"
@@ -113,19 +112,20 @@ func (p *Provider) listReservations(ctx context.Context, zone string) (zoneReser
 
 // Reservations lists the reservations and the future reservations not yet delivered in every
 // listed zone: a delivered one appears as the reservation GCP made for it, with its end.
+//
+// Zones are asked at once, as List asks them: a zone that fails is a launcher.Gap in a
+// *launcher.PartialListError returned with the other zones' reservations, so one broken zone
+// never hides the reservations of the rest.
 func (p *Provider) Reservations(ctx context.Context) ([]launcher.ReservationOffer, error) {
 	zones := p.listZones()
-	per := make([][]launcher.ReservationOffer, len(zones))
-	errs := make([]error, len(zones))
-	var wg sync.WaitGroup
-	for i, zone := range zones {
-		wg.Go(func() {
-			zr, err := p.listReservations(ctx, zone)
-			per[i], errs[i] = zr.offers(zone, time.Now()), err
-		})
-	}
-	wg.Wait()
-	return slices.Concat(per...), errors.Join(errs...)
+	per, gaps := eachZone(ctx, zones, func(ctx context.Context, zone string) ([]launcher.ReservationOffer, error) {
+		zr, err := p.listReservations(ctx, zone)
+		if err != nil {
+			return nil, err
+		}
+		return zr.offers(zone, time.Now()), nil
+	})
+	return slices.Concat(per...), wholeIfEveryZone(gaps, len(zones))
 }
 
 // offers are a zone's reservations as ReservationOffers: every reservation, and every future

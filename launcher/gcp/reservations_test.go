@@ -13,6 +13,7 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/fakefault"
 	"github.com/ferryserve/ferry/launcher/gcp/fakecompute"
 	"github.com/ferryserve/ferry/launcher/internal/vmjobtest"
 )
@@ -377,5 +378,31 @@ func TestFlexStartWithdrawn(t *testing.T) {
 	}
 	if vms, _ := e.prov.List(ctx, nil); len(vms) != 0 {
 		t.Fatalf("left after CleanupJob: %+v", vms)
+	}
+}
+
+// TestOneFailingZoneHidesNoReservations: a zone whose reservations cannot be listed is a gap;
+// the other zones' reservations and offerings are still returned with it (before, the error
+// was a plain join, which the planner could not tell from GCP failing whole, and every zone's
+// reservations were dropped).
+func TestOneFailingZoneHidesNoReservations(t *testing.T) {
+	e := newEnv(t, fakecompute.Options{}, Options{})
+	ctx := testCtx(t)
+	e.insertReservation(t, "us-central1-a", "h100s", "a3-highgpu-8g", 1)
+	e.fake.Outages().Set(fakefault.Fault{Status: 503, Zone: "us-central1-b"})
+	got, err := e.prov.Reservations(ctx)
+	gaps, partial := launcher.Partial(err)
+	if !partial || len(gaps) != 1 || gaps[0].Zone != "us-central1-b" {
+		t.Fatalf("Reservations error %v: want a partial list with one gap, us-central1-b", err)
+	}
+	if len(got) != 1 || got[0].ID != "h100s" {
+		t.Fatalf("Reservations = %+v, want h100s from the zone that answered", got)
+	}
+	offers, err := e.prov.Offerings(ctx)
+	if _, partial := launcher.Partial(err); !partial {
+		t.Fatalf("Offerings error %v: want a partial list", err)
+	}
+	if !slices.ContainsFunc(offers, func(o launcher.Offering) bool { return o.Reservation != nil && o.Reservation.ID == "h100s" }) {
+		t.Errorf("Offerings %+v lack h100s", offers)
 	}
 }
