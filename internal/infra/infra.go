@@ -256,9 +256,17 @@ func (s *Set) observe(parent, call context.Context, name string, err error) {
 	if errors.Is(call.Err(), context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
 		err = fmt.Errorf("%w: %w (%w)", launcher.ErrUnavailable, err, context.DeadlineExceeded)
 	}
-	switch provision.Class(err) {
-	case provision.ClassTimeout, provision.ClassUnavailable, provision.ClassThrottled:
-		s.health().Observe(name, "", err)
+	// A partial answer (a region or zone that did not answer) is charged to those parts: one
+	// zone that cannot list its reservations must not read as the whole infra failing.
+	gaps, partial := launcher.Partial(err)
+	if !partial {
+		gaps = []launcher.Gap{{Err: err}}
+	}
+	for _, g := range gaps {
+		switch provision.Class(g.Err) {
+		case provision.ClassTimeout, provision.ClassUnavailable, provision.ClassThrottled:
+			s.health().Observe(name, cmp.Or(g.Zone, g.Region), g.Err)
+		}
 	}
 }
 

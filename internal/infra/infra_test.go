@@ -12,6 +12,7 @@ import (
 	"github.com/ferryserve/ferry/internal/home"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/aws/fakeec2"
+	"github.com/ferryserve/ferry/launcher/fakefault"
 )
 
 // openWithFakeAWS opens a Set whose only cloud is the fake EC2 in two regions.
@@ -111,5 +112,39 @@ func TestPlanSkipsADownInfra(t *testing.T) {
 	s.Provisioner.Health().Observe("aws", "", nil)
 	if cands, err := s.Plan(ctx, r); err != nil || len(cands) == 0 || cands[0].Placement.Infra != "aws" {
 		t.Fatalf("plan after aws answered: %v, %v", cands, err)
+	}
+}
+
+// TestPlanChargesAFailingRegionToThatRegion: a region whose reservations cannot be listed is a
+// gap of the plan's capacity question, charged to that region's breaker: after many plans the
+// infra is still up and planned, and the other region's placements are still offered.
+func TestPlanChargesAFailingRegionToThatRegion(t *testing.T) {
+	ec2, err := fakeec2.New(fakeec2.Options{LogDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ec2.Close()
+	s := openWithFakeAWS(t, ec2)
+	ec2.Outages().Set(fakefault.Fault{Status: 503, Region: "us-west-2", Ops: []string{"DescribeCapacityReservations"}})
+	r := configs.Resources{Infra: "aws", Accelerators: []configs.Accelerator{{Name: "A10G", Count: 1}},
+		Capacity: &configs.Capacity{Mode: configs.CapacityQueued}}
+	ctx := context.Background()
+	for range 5 {
+		cands, err := s.Plan(ctx, r)
+		if err != nil || len(cands) == 0 {
+			t.Fatalf("plan with one region's reservations failing: %v, %v", cands, err)
+		}
+	}
+	if down := s.Down(r); len(down) != 0 {
+		t.Fatalf("Down = %+v: one region's failing reservations must not take aws down", down)
+	}
+	var west launcher.InfraState
+	for _, st := range s.Provisioner.Health().States() {
+		if st.Infra == "aws" && st.Zone == "us-west-2" {
+			west = st
+		}
+	}
+	if west.Failures == 0 {
+		t.Errorf("us-west-2's breaker saw no failure (%+v): the gap was charged elsewhere", west)
 	}
 }
