@@ -38,7 +38,14 @@ func openInfras() (*infra.Set, error) {
 	if err != nil {
 		return nil, err
 	}
-	return infra.Open(h, infra.Options{})
+	// The controller's --window-lead travels as FERRY_WINDOW_LEAD when the CLI starts it; the
+	// CLI's own plan (serve up's table) must leave out the same short windows.
+	var errs []error
+	lead := envDuration("FERRY_WINDOW_LEAD", &errs)
+	if len(errs) > 0 {
+		return nil, errs[0]
+	}
+	return infra.Open(h, infra.Options{WindowLead: lead})
 }
 
 // withInfras runs f with this machine's infras, bounding what f asks of them by askTimeout.

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
@@ -40,4 +42,22 @@ func TestParseKVs(t *testing.T) {
 			t.Errorf("parseKVs(%q) accepted", bad)
 		}
 	}
+}
+
+// TestCLIPlanReadsTheWindowLead: the CLI's own plan (serve up's table) takes the controller's
+// window lead from FERRY_WINDOW_LEAD, as the controller it starts does; a bad value is an
+// error naming the variable, not a silent default.
+func TestCLIPlanReadsTheWindowLead(t *testing.T) {
+	t.Setenv("FERRY_HOME", t.TempDir())
+	t.Setenv("KUBECONFIG", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("FERRY_WINDOW_LEAD", "ten minutes")
+	if _, err := openInfras(); err == nil || !strings.Contains(err.Error(), "FERRY_WINDOW_LEAD") {
+		t.Fatalf("openInfras with a bad FERRY_WINDOW_LEAD: %v, want an error naming it", err)
+	}
+	t.Setenv("FERRY_WINDOW_LEAD", "20m")
+	s, err := openInfras()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
 }

@@ -3,6 +3,7 @@ package infra
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,5 +75,35 @@ func TestReservationsAndReservedPlan(t *testing.T) {
 	list, errs = s.Reservations(ctx)
 	if len(list) != 0 || errs["gcp"] == nil {
 		t.Fatalf("Reservations = %+v, %v; want gcp's error", list, errs)
+	}
+}
+
+// TestWindowLeadAppliesToServicesOnly: a capacity block with five minutes left is no place for
+// a service's replica (it would be replaced at once: the plan says so), but a job in reserved
+// mode takes it and runs to its end.
+func TestWindowLeadAppliesToServicesOnly(t *testing.T) {
+	ec2, err := fakeec2.New(fakeec2.Options{LogDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ec2.Close()
+	s := openWithFakeAWS(t, ec2)
+	now := time.Now()
+	block := launcher.ReservationOffer{ID: "cb-ending", Start: now.Add(-time.Hour), End: now.Add(5 * time.Minute), Count: 1,
+		Kind: launcher.KindAWSCapacityBlock, Region: "us-central1", Zone: "us-central1-a", InstanceType: "a3-highgpu-8g", Accelerator: "H100"}
+	s.clouds = append(s.clouds, cloud{name: "gcp", provider: reserverCloud{list: []launcher.ReservationOffer{block}}, regions: []string{"us-central1"}})
+	ctx := context.Background()
+
+	job := configs.Resources{Infra: "gcp", Accelerators: []configs.Accelerator{{Name: "H100", Count: 8}},
+		Capacity: &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "cb-ending"}}
+	cands, err := s.Plan(ctx, job)
+	if err != nil || cands[0].Placement.Reservation != "cb-ending" {
+		t.Fatalf("job plan: %+v, %v; want the ending block", cands, err)
+	}
+	service := job
+	service.Capacity = &configs.Capacity{Mode: configs.CapacityReserved, Reservation: "cb-ending", NoQueue: true}
+	_, err = s.Plan(ctx, service)
+	if err == nil || !strings.Contains(err.Error(), "within 10m of the start") {
+		t.Fatalf("service plan: %v, want the block left out for ending within the replicas' lead", err)
 	}
 }

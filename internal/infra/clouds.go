@@ -127,14 +127,14 @@ func spotTypes(cloudName string, r configs.Resources) []string {
 
 // openClouds builds the providers of the config's aws and gcp sections. A cloud that cannot be
 // set up (no credentials) is reported in problems and left out.
-func openClouds(cfg *configs.FerryConfig, log *zap.Logger, problems map[string]error) []cloud {
+func openClouds(cfg *configs.FerryConfig, windowLead time.Duration, log *zap.Logger, problems map[string]error) []cloud {
 	ctx, cancel := context.WithTimeout(context.Background(), cloudSetupTimeout)
 	defer cancel()
 	var out []cloud
 	if c := cfg.AWS; c != nil {
 		p, err := aws.New(ctx, aws.Options{Regions: c.Regions, Endpoint: c.Endpoint, AMIs: c.AMIs,
 			IngressCIDRs: c.ProxyCIDRs, IngressSecurityGroups: c.ProxySecurityGroups, CheckpointNFS: c.CheckpointNFS,
-			MountInstanceProfile: c.MountInstanceProfile, Logger: log.Named("aws")})
+			MountInstanceProfile: c.MountInstanceProfile, ReservationNoticeLead: windowLead, Logger: log.Named("aws")})
 		if err != nil {
 			problems[aws.InfraName] = err
 		} else {

@@ -98,7 +98,7 @@ func Open(h home.Home, opts Options) (*Set, error) {
 		s.Kube = append(s.Kube, p)
 		infras = append(infras, provision.Infra{Name: p.Infra(), Provider: p})
 	}
-	s.clouds = openClouds(cfg, opts.Logger, s.Problems)
+	s.clouds = openClouds(cfg, s.windowLead, opts.Logger, s.Problems)
 	for _, c := range s.clouds {
 		infras = append(infras, provision.Infra{Name: c.name, Provider: c.provider})
 	}
@@ -299,7 +299,14 @@ func usable(r configs.Resources, name string) bool {
 // Plan runs the optimizer over the enabled infras.
 func (s *Set) Plan(ctx context.Context, r configs.Resources) ([]optimizer.Candidate, error) {
 	infras, errs := s.Infras(ctx, r)
-	cands, err := optimizer.PlanCapacity(r, infras, optimizer.CapacityOptions{Now: time.Now(), MinWindow: s.windowLead})
+	opts := optimizer.CapacityOptions{Now: time.Now()}
+	if r.Capacity != nil && r.Capacity.NoQueue {
+		// A service's replica is replaced windowLead before its window ends, so a shorter
+		// window is no place for one. A job runs in a window until its end (or its
+		// max_run_duration): no lead applies to it.
+		opts.MinWindow = s.windowLead
+	}
+	cands, err := optimizer.PlanCapacity(r, infras, opts)
 	if err == nil {
 		cands = s.inRegions(cands)
 		cands = optimizer.DemoteLowScoreRegions(cands, s.regionScores(ctx, r), len(r.Ordered) > 0)

@@ -123,9 +123,9 @@ func (p *Provider) Reservations(ctx context.Context) ([]launcher.ReservationOffe
 // Capacity Reservation or Capacity Block that is active or scheduled, with its window and
 // free room, shaped from the catalog, at PricePerHour 0 (paid for whether used or not; the
 // optimizer ranks them first). Zone is the reservation's AZ ID, as the catalog's zones are.
-// A block whose instances EC2 terminates within Options.ReservationNoticeLead is left out: a
-// replica launched there would be replaced at once. On-demand and spot shapes stay the
-// catalog's. As with Reservations, a region that fails is a gap in a launcher.PartialList
+// A block close to its end is offered too: the optimizer leaves out, for a service, windows
+// shorter than the replicas' window lead (saying so), and a job may use a block to its end.
+// On-demand and spot shapes stay the catalog's. As with Reservations, a region that fails is a gap in a launcher.PartialList
 // error returned with the other regions' offerings.
 func (p *Provider) Offerings(ctx context.Context) ([]launcher.Offering, error) {
 	now := time.Now()
@@ -137,8 +137,8 @@ func (p *Provider) Offerings(ctx context.Context) ([]launcher.Offering, error) {
 		var offers []launcher.Offering
 		for _, cr := range crs {
 			r := p.reservationOffer(region, cr)
-			if !r.End.IsZero() && !now.Add(p.opts.ReservationNoticeLead).Before(r.End) {
-				continue
+			if !r.End.IsZero() && !now.Before(r.End) {
+				continue // over
 			}
 			o := launcher.Offering{InstanceType: r.InstanceType, Region: region, Zone: awssdk.ToString(cr.AvailabilityZoneId), Total: -1, Free: -1, Reservation: &r}
 			if o.Zone == "" {
