@@ -20,7 +20,9 @@ var _ launcher.QueueWithdrawer = (*Provisioner)(nil)
 // WithdrawQueued asks every infra that holds queued requests to drop job's requests that no
 // running node of attempt uses.
 func (p *Provisioner) WithdrawQueued(ctx context.Context, job string, attempt int) error {
-	return fanOut(ctx, p, func(ctx context.Context, w launcher.QueueWithdrawer) error { return w.WithdrawQueued(ctx, job, attempt) })
+	return fanOut(ctx, p, func(ctx context.Context, w launcher.QueueWithdrawer) error {
+		return w.WithdrawQueued(ctx, job, attempt)
+	})
 }
 
 // fanOut calls fn on every infra whose provider has the optional capability T, in name order,
