@@ -265,14 +265,22 @@ func details(j api.JobStatus) string {
 		parts = append(parts, fmt.Sprintf("exit codes %v", j.ExitCodes))
 	}
 	if !j.RunUntil.IsZero() && j.State == jobs.Running {
-		parts = append(parts, "max_run_duration stops it at "+j.RunUntil.UTC().Format(time.RFC3339))
+		what := "max_run_duration stops it at "
+		if j.RunLimit == "reservation" {
+			what = "its reservation's end stops it at "
+		}
+		parts = append(parts, what+j.RunUntil.UTC().Format(time.RFC3339))
 	}
 	var lost time.Duration
 	for _, r := range j.History {
 		lost += r.Lost
 	}
 	if lost > 0 {
-		parts = append(parts, fmt.Sprintf("lost %s to %d recoveries", short(lost), len(j.History)))
+		took := short(lost)
+		if lost < time.Second {
+			took = "<1s" // short rounds it to nothing: "lost - to ..."
+		}
+		parts = append(parts, fmt.Sprintf("lost %s to %d %s", took, len(j.History), map[bool]string{true: "recovery", false: "recoveries"}[len(j.History) == 1]))
 	}
 	if n := len(j.LeftBehind); n > 0 {
 		infras := leftoverInfras(j.LeftBehind)
