@@ -44,7 +44,7 @@ run: ferry replica-sim --port $FERRY_PORT --model ferry-sim-1b
 `
 
 // The priority makes the launcher create a PriorityClass, the one cluster-scoped write; the
-// workdir travels in a ConfigMap the pod owns (files.go), the replicas namespace's other write.
+// workdir travels in a Secret the pod owns (files.go), written under the chart's secrets policy.
 const rbacJobYAML = `name: rbac-job
 resources:
   infra: kubernetes
