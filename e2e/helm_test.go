@@ -44,7 +44,7 @@ run: ferry replica-sim --port $FERRY_PORT --model ferry-sim-1b
 `
 
 // The priority makes the launcher create a PriorityClass, the one cluster-scoped write; the
-// workdir travels in a ConfigMap the pod owns (files.go), the replicas namespace's other write.
+// workdir travels in a Secret the pod owns (files.go), written under the chart's secrets policy.
 const rbacJobYAML = `name: rbac-job
 resources:
   infra: kubernetes
@@ -61,7 +61,9 @@ run: |
 // policies (but the fence; rendered by helm) on the test cluster and runs a controller as that ServiceAccount (kubeconfig
 // impersonation): a replica pod comes up and serves, a job with a priority runs and its log is
 // read, cancelling it and serve down remove the pods, and the controller never meets "forbidden". The same
-// identity cannot read Secrets in another namespace, so the check has teeth.
+// identity cannot read Secrets in another namespace, so the check has teeth. The controller
+// keeps its state on the API server (--store kubernetes) under the chart's state Role, which
+// reads no Secret but the state key: the service's secret values are sealed in a ConfigMap.
 func TestChartRBACRunsReplicasAndJobs(t *testing.T) {
 	k := newKubeEnv(t, "Tesla-T4", 1, 2, 30)
 	ctx := context.Background()
@@ -75,15 +77,18 @@ func TestChartRBACRunsReplicasAndJobs(t *testing.T) {
     - name: `+k.cluster.Context()+`
       namespace: `+k.ns+`
 `)
-	k.extraEnv = []string{"FERRY_JOB_RETRY_INTERVAL=1s", "FERRY_JOB_WATCH_INTERVAL=200ms"}
+	k.extraEnv = []string{"FERRY_JOB_RETRY_INTERVAL=1s", "FERRY_JOB_WATCH_INTERVAL=200ms",
+		"FERRY_STORE=kubernetes", "KUBECONFIG=" + kubeconfig, "FERRY_NAMESPACE=" + k.ns}
 
 	asSA, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
 	client := kubernetes.NewForConfigOrDie(asSA)
-	if _, err := client.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
-		t.Fatalf("the chart's ServiceAccount listing kube-system's Secrets: %v, want forbidden", err)
+	for _, ns := range []string{"kube-system", k.ns} {
+		if _, err := client.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+			t.Fatalf("the chart's ServiceAccount listing %s's Secrets: %v, want forbidden", ns, err)
+		}
 	}
 
 	dir := t.TempDir()
@@ -103,6 +108,9 @@ func TestChartRBACRunsReplicasAndJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	chatPlain(t, st.Endpoint)
+	if sealed, err := k.cluster.Client().CoreV1().ConfigMaps(k.ns).Get(ctx, "ferry-svc-rbac-svc.sealed", metav1.GetOptions{}); err != nil || strings.Contains(fmt.Sprint(sealed.Data), "not-a-real-token") {
+		t.Errorf("the service's sealed values in the state: %v (plain token: %v)", err, err == nil)
+	}
 	id := k.launchDetached(filepath.Join(dir, "job.yaml"))
 	k.waitJob(id, 2*time.Minute, "the job RUNNING", func(j jobView) bool { return j.State == "RUNNING" })
 	eventually(t, 30*time.Second, "the running node's log read through pods/log", func() (bool, string) {

@@ -225,8 +225,8 @@ func TestFerryServiceConfigMapSources(t *testing.T) {
 	}
 }
 
-// podFiles reads the files archive of service's one pod: path -> content. More than one pod
-// (a roll under way) is an error.
+// podFiles reads the files archive of service's one pod, from the files Secret it owns: path ->
+// content. More than one pod (a roll under way) is an error.
 func podFiles(ctx context.Context, c *testcluster.Cluster, ns, service string) (map[string]string, error) {
 	list, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ferry.service=" + service})
 	if err != nil {
@@ -241,11 +241,14 @@ func podFiles(ctx context.Context, c *testcluster.Cluster, ns, service string) (
 	if len(pods) != 1 {
 		return nil, fmt.Errorf("%d pods of %s, want 1", len(pods), service)
 	}
-	cm, err := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, pods[0].Name+"-files", metav1.GetOptions{})
+	files, err := c.Client().CoreV1().Secrets(ns).Get(ctx, pods[0].Name+"-files", metav1.GetOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("the pod's files ConfigMap: %w", err)
+		return nil, fmt.Errorf("the pod's files Secret: %w", err)
 	}
-	zr, err := gzip.NewReader(bytes.NewReader(cm.BinaryData["files.tar.gz"]))
+	if len(files.OwnerReferences) != 1 || files.OwnerReferences[0].UID != pods[0].UID {
+		return nil, fmt.Errorf("the pod's files Secret is owned by %+v, want the pod", files.OwnerReferences)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(files.Data["files.tar.gz"]))
 	if err != nil {
 		return nil, err
 	}

@@ -291,7 +291,7 @@ const (
 	AWSUserDataLimit = 16 * 1024
 	// GCPMetadataLimit is GCE's bound on one metadata value (the startup script).
 	GCPMetadataLimit = 256 * 1024
-	// KubernetesFilesLimit is what a pod's files ConfigMap holds for packed files: 1 MiB less
+	// KubernetesFilesLimit is what a pod's files Secret holds for packed files: 1 MiB less
 	// room for the download list.
 	KubernetesFilesLimit = 1<<20 - 64<<10
 )
@@ -313,7 +313,7 @@ func FilesFit(f Files, kind string, packed int) error {
 	case "gcp":
 		limit, what = GCPMetadataLimit, "GCE's 256 KiB startup script"
 	case "kubernetes":
-		limit, what = KubernetesFilesLimit, "a Kubernetes ConfigMap (1 MiB)"
+		limit, what = KubernetesFilesLimit, "a Kubernetes Secret (1 MiB)"
 	default:
 		return nil
 	}

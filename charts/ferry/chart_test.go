@@ -89,6 +89,7 @@ var valueSets = map[string][]string{
 		"proxy.replicas=3",
 		"proxy.service.type=LoadBalancer",
 		"controller.replicas=3",
+		"controller.migrateStateSecrets=true",
 		"controller.extraArgs[0]=--probe-interval=5s",
 		"controller.config.aws.regions[0]=us-east-1",
 		"serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::111122223333:role/ferry",
@@ -282,6 +283,7 @@ func checkObjects(t *testing.T, name, ns, replicasNS string, objs []*unstructure
 	}
 	args := containerArgs(t, ctl)
 	checkSecretsNarrowed(t, byKindName, ns, replicasNSFor(name, ns, replicasNS))
+	checkStateSecretReads(t, byKindName["Role/ferry-state"], name == "everything else")
 	if _, capped := byKindName["ValidatingAdmissionPolicy/ferry-priority-cap-"+ns]; capped != (name != "everything else") {
 		t.Errorf("priority cap policy rendered %v with replicas.maxPriority %s", capped, map[bool]string{true: "null", false: "1000"}[name == "everything else"])
 	}
@@ -378,6 +380,38 @@ func containerArgs(t *testing.T, deploy *unstructured.Unstructured) []string {
 	}
 	args, _, _ := unstructured.NestedStringSlice(containers[0].(map[string]any), "args")
 	return args
+}
+
+// checkStateSecretReads: in the release's namespace the controller may neither list nor watch
+// Secrets (RBAC cannot narrow either to Ferry's), and gets only the state key, by name, unless
+// migrate (controller.migrateStateSecrets, an upgrade's one start) adds get and delete.
+func checkStateSecretReads(t *testing.T, role *unstructured.Unstructured, migrate bool) {
+	t.Helper()
+	if role == nil {
+		t.Fatal("no state Role")
+	}
+	rules, _, _ := unstructured.NestedSlice(role.Object, "rules")
+	unnamedGet := false
+	for _, r := range rules {
+		rule := r.(map[string]any)
+		resources, _, _ := unstructured.NestedStringSlice(rule, "resources")
+		if !slices.Contains(resources, "secrets") {
+			continue
+		}
+		verbs, _, _ := unstructured.NestedStringSlice(rule, "verbs")
+		names, _, _ := unstructured.NestedStringSlice(rule, "resourceNames")
+		if slices.Contains(verbs, "list") || slices.Contains(verbs, "watch") {
+			t.Errorf("state Role grants %v on secrets: no list or watch wanted", verbs)
+		}
+		if slices.Contains(verbs, "get") && len(names) == 0 {
+			unnamedGet = true
+		} else if slices.Contains(verbs, "get") && !slices.Equal(names, []string{"ferry-state-key"}) {
+			t.Errorf("state Role gets secrets %v, want ferry-state-key only", names)
+		}
+	}
+	if unnamedGet != migrate {
+		t.Errorf("state Role gets every Secret: %v, want %v (controller.migrateStateSecrets)", unnamedGet, migrate)
+	}
 }
 
 // checkSecretsNarrowed: in the replicas' namespace the controller may create, patch and delete

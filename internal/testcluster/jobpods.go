@@ -44,7 +44,10 @@ import (
 //     FERRY_CHECKPOINT_DIR, FERRY_PODINFO_DIR).
 //   - Init containers run first, one after another, each as a host process like the first
 //     container (its command, environment and mounts); one that fails fails the pod. A
-//     configMap volume is a directory of the pod's own holding the ConfigMap's keys as files.
+//     configMap or secret volume is a directory of the pod's own holding the object's keys as
+//     files (or only its items, at their paths), with the volume's defaultMode (or an item's
+//     mode) as a kubelet sets it: 0644 unless the pod says otherwise. A missing object keeps
+//     the pod from starting until it exists, as a kubelet retries the mount.
 //   - Output goes to the pod's log (LogPath), which the /containerLogs endpoint serves.
 //   - Exit: the pod's status becomes Succeeded (exit 0) or Failed, with the first container's
 //     state terminated {exitCode, reason Completed or Error}; a process killed by signal N
@@ -217,7 +220,11 @@ func (k *Kubelet) jobCommand(pod *corev1.Pod, podDir string, container corev1.Co
 			run.downward = append(run.downward, downwardVolume{dir: dir, items: v.DownwardAPI.Items})
 		case v.EmptyDir != nil:
 		case v.ConfigMap != nil:
-			if err := k.writeConfigMap(pod.Namespace, v.ConfigMap.Name, dir); err != nil {
+			if err := k.writeConfigMap(pod.Namespace, v.ConfigMap, dir); err != nil {
+				return jobRun{}, err
+			}
+		case v.Secret != nil:
+			if err := k.writeSecret(pod.Namespace, v.Secret, dir); err != nil {
 				return jobRun{}, err
 			}
 		default:
@@ -515,21 +522,60 @@ func (k *Kubelet) runInitContainers(pod *corev1.Pod, podDir, logPath string) (co
 }
 
 // writeConfigMap writes a ConfigMap's keys (data and binaryData) as files in dir.
-func (k *Kubelet) writeConfigMap(ns, name, dir string) error {
-	cm, err := k.cluster.Client().CoreV1().ConfigMaps(ns).Get(context.Background(), name, metav1.GetOptions{})
+func (k *Kubelet) writeConfigMap(ns string, v *corev1.ConfigMapVolumeSource, dir string) error {
+	cm, err := k.cluster.Client().CoreV1().ConfigMaps(ns).Get(context.Background(), v.Name, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("%w: config map %s: %v", errNotReady, name, err)
+		return fmt.Errorf("%w: config map %s: %v", errNotReady, v.Name, err)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+	data := maps.Clone(cm.BinaryData)
+	if data == nil {
+		data = map[string][]byte{}
 	}
-	for key, v := range cm.Data {
-		if err := os.WriteFile(filepath.Join(dir, key), []byte(v), 0o644); err != nil {
-			return err
+	for key, value := range cm.Data {
+		data[key] = []byte(value)
+	}
+	return writeVolumeFiles(dir, data, v.Items, v.DefaultMode)
+}
+
+// writeSecret writes a Secret's keys as files in dir.
+func (k *Kubelet) writeSecret(ns string, v *corev1.SecretVolumeSource, dir string) error {
+	sec, err := k.cluster.Client().CoreV1().Secrets(ns).Get(context.Background(), v.SecretName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("%w: secret %s: %v", errNotReady, v.SecretName, err)
+	}
+	return writeVolumeFiles(dir, sec.Data, v.Items, v.DefaultMode)
+}
+
+// writeVolumeFiles writes data as a kubelet fills a configMap or secret volume: every key as a
+// file, or only items (each at its path), with the item's mode, else defaultMode, else 0644.
+// The mode is set with chmod, so the process's umask does not narrow it.
+func writeVolumeFiles(dir string, data map[string][]byte, items []corev1.KeyToPath, defaultMode *int32) error {
+	mode := os.FileMode(corev1.SecretVolumeSourceDefaultMode)
+	if defaultMode != nil {
+		mode = os.FileMode(*defaultMode)
+	}
+	if len(items) == 0 {
+		for key := range data {
+			items = append(items, corev1.KeyToPath{Key: key, Path: key})
 		}
 	}
-	for key, v := range cm.BinaryData {
-		if err := os.WriteFile(filepath.Join(dir, key), v, 0o644); err != nil {
+	for _, item := range items {
+		value, ok := data[item.Key]
+		if !ok {
+			return fmt.Errorf("%w: volume key %s is missing", errNotReady, item.Key)
+		}
+		m := mode
+		if item.Mode != nil {
+			m = os.FileMode(*item.Mode)
+		}
+		path := filepath.Join(dir, filepath.Clean("/"+item.Path))
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(path, value, m); err != nil {
+			return err
+		}
+		if err := os.Chmod(path, m); err != nil {
 			return err
 		}
 	}

@@ -134,7 +134,8 @@ func TestExitStatus(t *testing.T) {
 }
 
 // TestKubeletRunsJobPod runs a job pod through the stand-in: its environment from literals, a
-// ConfigMap, a Secret (envFrom) and the downward API, a mount path rewritten to the host, a
+// ConfigMap, a Secret (envFrom) and the downward API, a mount path rewritten to the host, secret
+// volumes with a kubelet's file modes (0644 by default, defaultMode and items' paths), a
 // downwardAPI file that follows an annotation changed while it runs, its exit code in the pod's
 // status, and its log through the API server.
 func TestKubeletRunsJobPod(t *testing.T) {
@@ -161,21 +162,27 @@ func TestKubeletRunsJobPod(t *testing.T) {
 	pod := gpuPod("job", 1, "")
 	pod.Labels = map[string]string{launcher.LabelJob: "j"}
 	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
+	ownerRead := int32(0o400)
 	pod.Spec.Volumes = []corev1.Volume{
 		{Name: "data", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 		{Name: "info", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{
 			{Path: "go", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['go']"}},
 		}}}},
+		{Name: "sec-all", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "sec"}}},
+		{Name: "sec-items", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "sec",
+			DefaultMode: &ownerRead, Items: []corev1.KeyToPath{{Key: "B", Path: "sub/b"}}}}},
 	}
 	ctr := &pod.Spec.Containers[0]
 	ctr.Command = []string{"/bin/bash", "-c", `
 echo "A=$A B=$S_B name=$MY_NAME ip=$MY_IP host=$FERRY_HOST"
 echo "data=$DATA"
+echo "secret files: $(stat -c %a "$SEC_ALL/B") $(stat -c %a "$SEC_ITEMS/sub/b") $(cat "$SEC_ITEMS/sub/b")"
 until [ "$(cat "$INFO/go" 2>/dev/null)" = yes ]; do sleep 0.05; done
 echo "told to go"
 exit 3
 `}
-	ctr.VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}, {Name: "info", MountPath: "/info"}}
+	ctr.VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}, {Name: "info", MountPath: "/info"},
+		{Name: "sec-all", MountPath: "/sec-all"}, {Name: "sec-items", MountPath: "/sec-items"}}
 	ctr.EnvFrom = []corev1.EnvFromSource{{Prefix: "S_", SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "sec"}}}}
 	ctr.Env = []corev1.EnvVar{
 		{Name: "A", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "cm"}, Key: "A"}}},
@@ -183,6 +190,8 @@ exit 3
 		{Name: "MY_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
 		{Name: "DATA", Value: "/data/sub"},
 		{Name: "INFO", Value: "/info"},
+		{Name: "SEC_ALL", Value: "/sec-all"},
+		{Name: "SEC_ITEMS", Value: "/sec-items"},
 	}
 	pod, err := client.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
@@ -192,7 +201,7 @@ exit 3
 		return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != ""
 	})
 	ip := pod.Status.PodIP
-	want := fmt.Sprintf("A=from-cm B=from-secret name=job ip=%s host=%s\ndata=%s/", ip, ip, filepath.Join(c.Dir(), "kubelet", "pods", string(pod.UID), "volumes", "data"))
+	want := fmt.Sprintf("A=from-cm B=from-secret name=job ip=%s host=%s\ndata=%s/sub\nsecret files: 644 400 from-secret\n", ip, ip, filepath.Join(c.Dir(), "kubelet", "pods", string(pod.UID), "volumes", "data"))
 	waitFor(ctx, t, "the job's first lines", func() bool {
 		data, _ := os.ReadFile(kubelet.LogPath(ns, "job"))
 		return strings.Contains(string(data), want)

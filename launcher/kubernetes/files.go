@@ -19,33 +19,41 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 )
 
-// A pod's workdir and file mounts reach it through a ConfigMap of its own (<pod>-files,
-// owned by the pod): files.tar.gz holds the local files (launcher.PackLocal) and fetch.sh
-// downloads each s3:// object by a presigned URL made at launch. An init container, in the
-// task's own image (it needs sh, tar, and curl or wget for buckets), unpacks and fetches them
-// into an emptyDir mounted at FilesDir; the task's container mounts each absolute mount path
-// from it (subPath), and links ~/sky_workdir and the ~/ mounts to it when it starts, its run
-// starting in the workdir. A ConfigMap holds at most 1 MiB, so larger local files must go
-// through a bucket; the error says so. gs:// is refused: a pod has no Google credentials that
-// Ferry can count on.
+// A pod's workdir and file mounts reach it through a Secret of its own (<pod>-files, owned by
+// the pod): files.tar.gz holds the local files (launcher.PackLocal) and fetch.sh downloads each
+// s3:// object by a presigned URL made at launch. Both are the tenant's to read and no one
+// else's: a workdir holds .env files, and a presigned URL is a credential for its object until
+// it expires, so they travel in a Secret, which RBAC keeps apart from ConfigMaps (pods from
+// before kept them in a ConfigMap of the same name: it still works, and Terminate removes it).
+// An init container, in the task's own image (it needs sh, tar, and curl or wget for buckets),
+// unpacks and fetches them into an emptyDir mounted at FilesDir; the task's container mounts
+// each absolute mount path from it (subPath), and links ~/sky_workdir and the ~/ mounts to it
+// when it starts, its run starting in the workdir. A Secret holds at most 1 MiB, so larger
+// local files must go through a bucket; the error says so. gs:// is refused: a pod has no
+// Google credentials that Ferry can count on.
 const (
 	// FilesDir is where a pod's files are unpacked (EnvFilesDir tells the program).
 	FilesDir = "/ferry/files"
 	// EnvFilesDir names FilesDir in the pod's environment.
-	EnvFilesDir       = "FERRY_FILES_DIR"
-	filesSrcDir       = "/ferry/files-src"
-	filesVolume       = "ferry-files"
-	filesSrcVolume    = "ferry-files-src"
-	filesInitName     = "ferry-files"
-	filesArchive      = "files.tar.gz"
-	filesFetch        = "fetch.sh"
-	configMapMaxBytes = 1 << 20
-	// filesPackLimit leaves room in the ConfigMap for fetch.sh.
+	EnvFilesDir    = "FERRY_FILES_DIR"
+	filesSrcDir    = "/ferry/files-src"
+	filesVolume    = "ferry-files"
+	filesSrcVolume = "ferry-files-src"
+	filesInitName  = "ferry-files"
+	filesArchive   = "files.tar.gz"
+	filesFetch     = "fetch.sh"
+	secretMaxBytes = 1 << 20
+	// filesPackLimit leaves room in the Secret for fetch.sh.
 	filesPackLimit = launcher.KubernetesFilesLimit
+	// filesMode is the files' mode in the secret volume: a kubelet's default (0644), which
+	// the init container reads as whatever user the pod runs as; the emptyDir it unpacks into
+	// is what the task sees.
+	filesMode = 0o644
 )
 
-// filesConfigMapName is the ConfigMap holding a pod's files.
-func filesConfigMapName(pod string) string { return pod + "-files" }
+// filesObjectName is the Secret holding a pod's files (and, for pods from before, the
+// ConfigMap that did).
+func filesObjectName(pod string) string { return pod + "-files" }
 
 // filesInitScript is the init container's command.
 const filesInitScript = `set -e
@@ -56,8 +64,8 @@ sh "$FERRY_FILES_SRC/` + filesFetch + `"
 
 // attachFiles adds spec's files to pod: the buckets it mounts (mounts.go), and what it copies
 // (volumes, init container, mounts, the links its command makes first); it returns the
-// ConfigMap to create before the pod, nil when nothing is copied.
-func (p *Provider) attachFiles(ctx context.Context, pod *corev1.Pod, spec launcher.Spec) (*corev1.ConfigMap, error) {
+// Secret to create before the pod, nil when nothing is copied.
+func (p *Provider) attachFiles(ctx context.Context, pod *corev1.Pod, spec launcher.Spec) (*corev1.Secret, error) {
 	files, err := launcher.SpecFiles(spec)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p.infra, err)
@@ -82,10 +90,10 @@ func (p *Provider) attachFiles(ctx context.Context, pod *corev1.Pod, spec launch
 	return p.attachCopies(ctx, pod, copies)
 }
 
-// attachCopies adds the files pod copies at start: local files in a ConfigMap, bucket objects
-// fetched by presigned URLs, both unpacked by an init container.
-func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files launcher.Files) (*corev1.ConfigMap, error) {
-	archive, err := launcher.PackLocal(files, filesPackLimit, "a Kubernetes ConfigMap (1 MiB)")
+// attachCopies adds the files pod copies at start: local files in a Secret, bucket objects
+// fetched by presigned URLs (listed in the same Secret), both unpacked by an init container.
+func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files launcher.Files) (*corev1.Secret, error) {
+	archive, err := launcher.PackLocal(files, filesPackLimit, "a Kubernetes Secret (1 MiB)")
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p.infra, err)
 	}
@@ -93,13 +101,14 @@ func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files laun
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p.infra, err)
 	}
-	if n := len(archive) + len(fetch); n > configMapMaxBytes {
-		return nil, fmt.Errorf("%w: %s: the files and %d download URLs need %d bytes, over a ConfigMap's 1 MiB; mount fewer objects (a narrower prefix) or fewer local files", launcher.ErrFiles, p.infra, strings.Count(fetch, "\nferry_get "), n)
+	if n := len(archive) + len(fetch); n > secretMaxBytes {
+		return nil, fmt.Errorf("%w: %s: the files and %d download URLs need %d bytes, over a Secret's 1 MiB; mount fewer objects (a narrower prefix) or fewer local files", launcher.ErrFiles, p.infra, strings.Count(fetch, "\nferry_get "), n)
 	}
 	ctr := &pod.Spec.Containers[0]
+	mode := int32(filesMode)
 	pod.Spec.Volumes = append(pod.Spec.Volumes,
-		corev1.Volume{Name: filesSrcVolume, VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
-			LocalObjectReference: corev1.LocalObjectReference{Name: filesConfigMapName(pod.Name)}}}},
+		corev1.Volume{Name: filesSrcVolume, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: filesObjectName(pod.Name), DefaultMode: &mode}}},
 		corev1.Volume{Name: filesVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
 	pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{
 		Name: filesInitName, Image: ctr.Image, Command: []string{"/bin/sh", "-c", filesInitScript},
@@ -126,10 +135,10 @@ func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files laun
 		links.WriteString(`mkdir -p "$(dirname ` + target + `)" && ln -sfn "$` + EnvFilesDir + `"/` + shellQuote(subPaths[i]) + " " + target + "\n")
 	}
 	ctr.Command[len(ctr.Command)-1] = links.String() + ctr.Command[len(ctr.Command)-1]
-	return &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: filesConfigMapName(pod.Name), Labels: maps.Clone(pod.Labels)},
-		BinaryData: map[string][]byte{filesArchive: archive},
-		Data:       map[string]string{filesFetch: fetch},
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: filesObjectName(pod.Name), Labels: maps.Clone(pod.Labels)},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{filesArchive: archive, filesFetch: []byte(fetch)},
 	}, nil
 }
 
@@ -187,29 +196,36 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// createFiles creates the pod's files ConfigMap.
-func (p *Provider) createFiles(ctx context.Context, cm *corev1.ConfigMap) error {
-	if _, err := p.client.CoreV1().ConfigMaps(p.ns).Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-		return p.classify(err, "create config map "+cm.Name)
+// createFiles creates the pod's files Secret.
+func (p *Provider) createFiles(ctx context.Context, files *corev1.Secret) error {
+	if _, err := p.client.CoreV1().Secrets(p.ns).Create(ctx, files, metav1.CreateOptions{}); err != nil {
+		return p.classify(err, "create secret "+files.Name)
 	}
-	p.log.Info("created the pod's files", zap.String("config_map", cm.Name), zap.Int("archive_bytes", len(cm.BinaryData[filesArchive])))
+	p.log.Info("created the pod's files", zap.String("secret", files.Name), zap.Int("archive_bytes", len(files.Data[filesArchive])))
 	return nil
 }
 
-// ownFiles makes the pod the owner of its files ConfigMap, so that the cluster removes it with
+// ownFiles makes the pod the owner of its files Secret, so that the cluster removes it with
 // the pod even if Ferry never gets to.
 func (p *Provider) ownFiles(ctx context.Context, pod *corev1.Pod) {
 	patch := fmt.Sprintf(`{"metadata":{"ownerReferences":[{"apiVersion":"v1","kind":"Pod","name":%q,"uid":%q}]}}`, pod.Name, pod.UID)
-	if _, err := p.client.CoreV1().ConfigMaps(p.ns).Patch(ctx, filesConfigMapName(pod.Name), types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+	if _, err := p.client.CoreV1().Secrets(p.ns).Patch(ctx, filesObjectName(pod.Name), types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		p.log.Warn("set the pod as its files' owner", zap.String("pod", pod.Name), zap.Error(err))
 	}
 }
 
-// deleteFiles removes the pod's files ConfigMap, if it has one.
+// deleteFiles removes the pod's files Secret, if it has one, and the files ConfigMap of a pod
+// launched before files moved to Secrets (the pod owns it, so the cluster removes it too; this
+// is for one whose owner was never set).
 func (p *Provider) deleteFiles(ctx context.Context, pod string) error {
-	err := p.client.CoreV1().ConfigMaps(p.ns).Delete(ctx, filesConfigMapName(pod), metav1.DeleteOptions{})
+	name := filesObjectName(pod)
+	err := p.client.CoreV1().Secrets(p.ns).Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
-		return p.classify(err, "delete config map "+filesConfigMapName(pod))
+		return p.classify(err, "delete secret "+name)
+	}
+	err = p.client.CoreV1().ConfigMaps(p.ns).Delete(ctx, name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return p.classify(err, "delete config map "+name)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -18,10 +19,11 @@ import (
 )
 
 // TestJobFiles: a job pod's workdir and file mounts (a local directory and file, an S3
-// prefix) reach it through its ConfigMap and init container; the run starts in the workdir,
-// ~/sky_workdir and the ~/ mount are links, and the absolute mounts are at their paths (the
-// stand-in maps paths in the environment to the volume's host directory). Terminate removes
-// the ConfigMap.
+// prefix) reach it through its Secret (owned by the pod; no ConfigMap holds the files or the
+// presigned URLs) and init container; the run starts in the workdir, ~/sky_workdir and the ~/
+// mount are links, and the absolute mounts are at their paths (the stand-in maps paths in the
+// environment to the volume's host directory). Terminate removes the Secret, and the files
+// ConfigMap a pod launched before files moved to Secrets has.
 func TestJobFiles(t *testing.T) {
 	c := testcluster.Shared(t)
 	ctx := context.Background()
@@ -50,12 +52,23 @@ cd ~/sky_workdir && test -f train.py && echo linked-workdir`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm, err := c.Client().CoreV1().ConfigMaps(p.Namespace()).Get(ctx, filesConfigMapName(inst.Name), metav1.GetOptions{})
+	files, err := c.Client().CoreV1().Secrets(p.Namespace()).Get(ctx, filesObjectName(inst.Name), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cm.OwnerReferences) != 1 || cm.OwnerReferences[0].Name != inst.Name {
-		t.Errorf("config map owners %+v, want the pod", cm.OwnerReferences)
+	if len(files.OwnerReferences) != 1 || files.OwnerReferences[0].Name != inst.Name || files.OwnerReferences[0].Kind != "Pod" {
+		t.Errorf("files Secret owners %+v, want the pod", files.OwnerReferences)
+	}
+	if !strings.Contains(string(files.Data[filesFetch]), "X-Amz-Signature") {
+		t.Errorf("the files Secret's fetch.sh holds no presigned URL:\n%s", files.Data[filesFetch])
+	}
+	if _, err := c.Client().CoreV1().ConfigMaps(p.Namespace()).Get(ctx, filesObjectName(inst.Name), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("files ConfigMap: %v, want none", err)
+	}
+	// What a launch before files moved to Secrets left: Terminate removes it too.
+	legacy := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: filesObjectName(inst.Name), Labels: files.Labels}}
+	if _, err := c.Client().CoreV1().ConfigMaps(p.Namespace()).Create(ctx, legacy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	ended := waitEnded(t, p, "files", 1)
 	log := logOf(t, p, ended[0].ID)
@@ -73,19 +86,22 @@ cd ~/sky_workdir && test -f train.py && echo linked-workdir`)
 	if err := p.Terminate(ctx, ended[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Client().CoreV1().ConfigMaps(p.Namespace()).Get(ctx, cm.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("config map after Terminate: %v, want NotFound", err)
+	if _, err := c.Client().CoreV1().Secrets(p.Namespace()).Get(ctx, files.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("files Secret after Terminate: %v, want NotFound", err)
+	}
+	if _, err := c.Client().CoreV1().ConfigMaps(p.Namespace()).Get(ctx, files.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("files ConfigMap of an older launch after Terminate: %v, want NotFound", err)
 	}
 }
 
-// TestJobFilesRefused: past a ConfigMap's 1 MiB, gs://, a missing bucket: ErrFiles before any
+// TestJobFilesRefused: past a Secret's 1 MiB, gs://, a missing bucket: ErrFiles before any
 // pod exists, the first saying to use a bucket.
 func TestJobFilesRefused(t *testing.T) {
 	c := testcluster.Shared(t)
 	b := vmjobtest.NewBuckets(t, "unused")
 	p := newProvider(t, c, Options{Buckets: b.Client})
 	big := t.TempDir()
-	noise := make([]byte, configMapMaxBytes)
+	noise := make([]byte, secretMaxBytes)
 	_, _ = rand.Read(noise)
 	writeTestFile(t, filepath.Join(big, "blob"), string(noise))
 	for name, mutate := range map[string]func(*launcher.Spec){

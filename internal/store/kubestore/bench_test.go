@@ -51,3 +51,27 @@ func BenchmarkKubeWrites(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkKubeReads: a read of a service with its full task (the status loop's and the
+// replica manager's), from the cache; the task's secret values are unsealed on each read.
+func BenchmarkKubeReads(b *testing.B) {
+	c := testcluster.Shared(b)
+	st, err := kubestore.Open(context.Background(), kubestore.Options{Config: c.RESTConfig(), Namespace: newNamespace(b, c),
+		Fence: func() (int64, bool) { return 1, true }, Holder: "bench"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	task := &configs.Task{Run: "vllm serve", Envs: map[string]string{"MODEL": "m", "HF_TOKEN": "hf_x"}, Secrets: map[string]string{"API_KEY": "k"}}
+	if err := st.CreateService(store.Service{Name: "bench", Version: 1, Task: task, Port: 1}); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("GetService", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			if _, err := st.GetService("bench"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -108,9 +108,9 @@ func TestDeleteRetriesWhenChangedUnderIt(t *testing.T) {
 	if err := s.DeleteService("chat"); err != nil {
 		t.Fatalf("DeleteService with a write under each delete: %v", err)
 	}
-	// The service's ConfigMap: stamped, changed under the delete, stamped again; then its
-	// Secret of the same name, once.
-	want := map[string]int{replicaObject("chat", 1): 2, serviceObject("chat"): 3}
+	// Each ConfigMap (the replica's, the service's, its sealed values'): stamped, changed under
+	// the delete, stamped again.
+	want := map[string]int{replicaObject("chat", 1): 2, serviceObject("chat"): 2, sealedObject(serviceObject("chat")): 2}
 	for name, n := range want {
 		if stamps[name] != n {
 			t.Errorf("%s stamped %d times, want %d (a precondition failure, then the retry)", name, stamps[name], n)

@@ -1,7 +1,7 @@
 // Package kubestore keeps the controller's state (store.Store) as objects in a Kubernetes API
 // server, so that a second controller can take over from a dead one with nothing on a local disk.
 //
-// # Records are labelled ConfigMaps, secrets are Secrets
+// # Records are labelled ConfigMaps, their secrets sealed
 //
 // Every record is one ConfigMap labelled app.kubernetes.io/managed-by=ferry and ferry.dev/kind:
 //
@@ -12,8 +12,12 @@
 //	ferry-left-HASH         a leftover to stop (launcher.Leftover), named by a hash of its key
 //
 // The tasks in them are Task.Redacted(); the full tasks (secrets, envs named like a credential,
-// API key hashes, probe credentials) are in a Secret of the same name, so RBAC can give "read
-// the state" without "read the keys".
+// API key hashes, probe credentials) are in a ConfigMap beside the record's, NAME.sealed (kind
+// sealed), each value encrypted (AES-256-GCM) under the state key, which is the one Secret the
+// store uses: ferry-state-key, read by name (sealed.go). So RBAC can give "read the state"
+// without "read the keys", and the controller itself needs no list or watch on Secrets, which
+// RBAC could not narrow to Ferry's: its Role gets the key by resourceNames. Stores written
+// before kept the full tasks in a Secret per record; Open moves them (see sealed.go).
 //
 // Why ConfigMaps and not custom resources with status subresources: the fence. Every write must
 // carry the leader's term where the API server can check it (the ValidatingAdmissionPolicy in
@@ -33,8 +37,8 @@
 //
 // # Concurrency
 //
-// Reads come from informer caches (one watch on the namespace's Ferry ConfigMaps, one on its
-// Secrets), so status reads and the replica manager's lists cost no request. Every
+// Reads come from an informer cache (one watch on the namespace's Ferry ConfigMaps), so status
+// reads and the replica manager's lists cost no request. Every
 // read-modify-write (counters, a service's row, rollout and versions, a replica's record) sends
 // the resourceVersion it read; a conflict re-reads from the API server and retries, after a
 // jittered exponential pause, a bounded number of times. "Not found" is the API server's word,

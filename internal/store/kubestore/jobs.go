@@ -48,8 +48,8 @@ func (s *Store) nextJobID() (int64, error) {
 	return 0, fmt.Errorf("kubestore: %s: created and gone again", stateObject)
 }
 
-// CreateJob implements jobs.Store. The full task goes to the job's Secret before the job's
-// ConfigMap names the job.
+// CreateJob implements jobs.Store. The full task is sealed before the job's ConfigMap names the
+// job.
 func (s *Store) CreateJob(j jobs.Job) (int64, error) {
 	id, err := s.nextJobID()
 	if err != nil {
@@ -57,7 +57,7 @@ func (s *Store) CreateJob(j jobs.Job) (int64, error) {
 	}
 	j.ID = id
 	name := jobObject(id)
-	if err := s.putSecret(name, "job", "", true, map[string]any{keyJobTask: j.Task}); err != nil {
+	if err := s.putSecret(name, "", true, map[string]any{keyJobTask: j.Task}); err != nil {
 		return 0, fmt.Errorf("create job: %w", err)
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: objectMeta(name, "job", "")}
@@ -81,7 +81,7 @@ func (s *Store) SaveJob(j jobs.Job) error {
 	}
 	var stored configs.Task
 	if err := s.secretJSON(name, keyJobTask, &stored); err != nil || !sameTask(&stored, j.Task) {
-		if err := s.putSecret(name, "job", "", false, map[string]any{keyJobTask: j.Task}); err != nil {
+		if err := s.putSecret(name, "", false, map[string]any{keyJobTask: j.Task}); err != nil {
 			return fmt.Errorf("save job %d: %w", j.ID, err)
 		}
 	}

@@ -59,12 +59,12 @@ type Options struct {
 
 // Store is a store.Store on the API server. Create with Open.
 type Store struct {
-	client  kubernetes.Interface
-	ns      string
-	opts    Options
-	cms     listerscorev1.ConfigMapNamespaceLister
-	secrets listerscorev1.SecretNamespaceLister
-	stop    context.CancelFunc
+	client kubernetes.Interface
+	ns     string
+	opts   Options
+	cms    listerscorev1.ConfigMapNamespaceLister
+	key    stateKey
+	stop   context.CancelFunc
 	// Test hooks, nil but in tests. stamped runs between a delete's stamp and the delete
 	// itself: where another writer's change makes the delete's precondition fail. creating runs
 	// before a replica's record is created, after its service was found not being deleted.
@@ -81,7 +81,9 @@ const maxRetries = 20
 // cacheWait bounds how long a write waits for the informer to show it.
 const cacheWait = 30 * time.Second
 
-// Open starts the informers of the namespace's Ferry objects and returns once they have synced.
+// Open starts the informer of the namespace's Ferry ConfigMaps and returns once it has synced
+// and the records from before sealing are sealed (see migrate). Secrets are read by name only:
+// no informer lists or watches them.
 func Open(ctx context.Context, opts Options) (*Store, error) {
 	if opts.Config == nil || opts.Namespace == "" {
 		return nil, errors.New("kubestore: Config and Namespace are required")
@@ -93,18 +95,20 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(opts.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelManagedBy + "=" + ManagedBy }))
 	cms := factory.Core().V1().ConfigMaps()
-	secrets := factory.Core().V1().Secrets()
-	cmInformer, secretInformer := cms.Informer(), secrets.Informer()
+	cmInformer := cms.Informer()
 	runCtx, stop := context.WithCancel(context.Background())
 	factory.Start(runCtx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), cmInformer.HasSynced, secretInformer.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), cmInformer.HasSynced) {
 		stop()
 		factory.Shutdown()
-		return nil, fmt.Errorf("kubestore: informers of namespace %s did not sync: %w", opts.Namespace, context.Cause(ctx))
+		return nil, fmt.Errorf("kubestore: informer of namespace %s did not sync: %w", opts.Namespace, context.Cause(ctx))
 	}
 	s := &Store{client: client, ns: opts.Namespace, opts: opts,
-		cms: cms.Lister().ConfigMaps(opts.Namespace), secrets: secrets.Lister().Secrets(opts.Namespace),
-		stop: func() { stop(); factory.Shutdown() }}
+		cms: cms.Lister().ConfigMaps(opts.Namespace), stop: func() { stop(); factory.Shutdown() }}
+	if err := s.migrate(ctx); err != nil {
+		s.stop()
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -191,7 +195,7 @@ func waitCache(get func() (metav1.Object, error), rv string) error {
 	}
 }
 
-// objects is one kind of object (ConfigMaps, Secrets) as the write helpers need it.
+// objects is one kind of object as the write helpers need it.
 type objects[T metav1.Object] struct {
 	s        *Store
 	cached   func(name string) (T, error)
@@ -219,24 +223,6 @@ func (s *Store) configMaps() objects[*corev1.ConfigMap] {
 			return c.Patch(ctx, name, types.MergePatchType, p, metav1.PatchOptions{})
 		},
 		del: c.Delete, deepCopy: (*corev1.ConfigMap).DeepCopy}
-}
-
-func (s *Store) secretObjects() objects[*corev1.Secret] {
-	c := s.client.CoreV1().Secrets(s.ns)
-	return objects[*corev1.Secret]{s: s, cached: s.secrets.Get,
-		get: func(ctx context.Context, name string) (*corev1.Secret, error) {
-			return c.Get(ctx, name, metav1.GetOptions{})
-		},
-		create: func(ctx context.Context, o *corev1.Secret) (*corev1.Secret, error) {
-			return c.Create(ctx, o, metav1.CreateOptions{})
-		},
-		update: func(ctx context.Context, o *corev1.Secret) (*corev1.Secret, error) {
-			return c.Update(ctx, o, metav1.UpdateOptions{})
-		},
-		patch: func(ctx context.Context, name string, p []byte) (*corev1.Secret, error) {
-			return c.Patch(ctx, name, types.MergePatchType, p, metav1.PatchOptions{})
-		},
-		del: c.Delete, deepCopy: (*corev1.Secret).DeepCopy}
 }
 
 func (o objects[T]) wait(name, rv string) error {

@@ -62,9 +62,11 @@ func jobsJob() jobs.Job {
 	return jobs.Job{Name: "j", Task: &configs.Task{Run: "x"}, State: jobs.Pending}
 }
 
-// TestSecretsStayInSecrets: the ConfigMaps (readable with the state) hold the redacted task;
-// the values are only in the Secret of the same name; every object carries the fence.
-func TestSecretsStayInSecrets(t *testing.T) {
+// TestSecretsAreSealed: the records' ConfigMaps (readable with the state) hold the redacted
+// task, and the sealed ConfigMaps beside them hold the values only encrypted; the one Secret is
+// the state key; every object carries the fence; the store reads the values back; deleting the
+// service deletes its sealed values.
+func TestSecretsAreSealed(t *testing.T) {
 	c := testcluster.Shared(t)
 	ns := newNamespace(t, c)
 	s := opener(c, ns)(t)
@@ -77,37 +79,41 @@ func TestSecretsStayInSecrets(t *testing.T) {
 	}
 	ctx := context.Background()
 	cms, err := c.Client().CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: kubestore.LabelManagedBy + "=" + kubestore.ManagedBy})
-	if err != nil || len(cms.Items) != 3 { // the service, the job, the job counter
-		t.Fatalf("ConfigMaps: %d, %v; want 3", len(cms.Items), err)
+	if err != nil || len(cms.Items) != 5 { // the service, the job, the job counter, the service's and job's sealed values
+		t.Fatalf("ConfigMaps: %d, %v; want 5", len(cms.Items), err)
 	}
+	sealed := 0
 	for _, cm := range cms.Items {
 		for k, v := range cm.Data {
 			if strings.Contains(v, "hf_sekrit") {
 				t.Errorf("ConfigMap %s key %s holds the secret value", cm.Name, k)
 			}
 		}
+		if strings.HasSuffix(cm.Name, ".sealed") && cm.Labels[kubestore.LabelKind] == "sealed" {
+			sealed++
+		}
 		if cm.Annotations[kubestore.AnnotationTerm] != "1" || cm.Annotations[kubestore.AnnotationHolder] != "test" {
 			t.Errorf("ConfigMap %s annotations %v: want the fence", cm.Name, cm.Annotations)
 		}
 	}
-	secrets, err := c.Client().CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{LabelSelector: kubestore.LabelManagedBy + "=" + kubestore.ManagedBy})
-	if err != nil || len(secrets.Items) != 2 {
-		t.Fatalf("Secrets: %d, %v; want the service's and the job's", len(secrets.Items), err)
+	if sealed != 2 {
+		t.Errorf("%d sealed ConfigMaps, want the service's and the job's", sealed)
 	}
-	for _, sec := range secrets.Items {
-		found := false
-		for _, v := range sec.Data {
-			found = found || strings.Contains(string(v), "hf_sekrit")
-		}
-		if !found {
-			t.Errorf("Secret %s does not hold the task's secret", sec.Name)
-		}
+	secrets, err := c.Client().CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{})
+	if err != nil || len(secrets.Items) != 1 || secrets.Items[0].Name != kubestore.KeySecret {
+		t.Fatalf("Secrets: %v, %v; want only %s", secrets, err, kubestore.KeySecret)
+	}
+	if a := secrets.Items[0].Annotations; a[kubestore.AnnotationTerm] != "1" || a[kubestore.AnnotationHolder] != "test" {
+		t.Errorf("Secret %s annotations %v: want the fence", kubestore.KeySecret, a)
+	}
+	if got, err := s.GetService("chat"); err != nil || got.Task.Secrets["HF_TOKEN"] != "hf_sekrit" {
+		t.Errorf("GetService: %+v, %v; want the secret back", got.Task, err)
 	}
 	if err := s.DeleteService("chat"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Client().CoreV1().Secrets(ns).Get(ctx, "ferry-svc-chat", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("the service's Secret after DeleteService: %v, want it gone", err)
+	if _, err := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, "ferry-svc-chat.sealed", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the service's sealed values after DeleteService: %v, want them gone", err)
 	}
 }
 

@@ -18,13 +18,13 @@ import (
 	"github.com/ferryserve/ferry/replicas"
 )
 
-// Keys of a service's ConfigMap and Secret.
+// Keys of a service's ConfigMap and its sealed ConfigMap.
 const (
 	keyService       = "service.json"
 	keyRollout       = "rollout.json"
 	keyVersionPrefix = "version-"
 	suffixRecord     = ".json"
-	suffixTask       = ".task.json" // in the Secret: the full task of a version
+	suffixTask       = ".task.json" // sealed: the full task of a version
 )
 
 // serviceRow is the service's own record, keyService in its ConfigMap.
@@ -39,7 +39,7 @@ type serviceRow struct {
 }
 
 // versionRecord is one version, keyVersionPrefix+N+suffixRecord; Task is redacted, the full task
-// is in the Secret.
+// is sealed (sealed.go).
 type versionRecord struct {
 	Number     int           `json:"number"`
 	LaunchedAs int           `json:"launched_as"`
@@ -98,79 +98,12 @@ func (s *Store) CreateService(svc store.Service) error {
 		}
 		return fmt.Errorf("create service %q: %w", svc.Name, err)
 	}
-	// A Secret left by a service of the same name whose deletion failed starts afresh.
-	if err := s.putSecret(name, "service", svc.Name, true, map[string]any{versionTaskKey(svc.Version): svc.Task}); err != nil {
+	// Sealed values left by a service of the same name whose deletion failed start afresh.
+	if err := s.putSecret(name, svc.Name, true, map[string]any{versionTaskKey(svc.Version): svc.Task}); err != nil {
 		_ = s.configMaps().Delete(name)
 		return fmt.Errorf("create service %q: %w", svc.Name, err)
 	}
 	return nil
-}
-
-// putSecret writes keys (JSON-encoded) into the named Secret, creating it when missing; reset
-// drops the keys it had.
-func (s *Store) putSecret(name, kind, service string, reset bool, keys map[string]any) error {
-	data, mutate, err := secretKeys(reset, keys)
-	if err != nil {
-		return err
-	}
-	objs := s.secretObjects()
-	_, err = objs.Update(name, mutate)
-	if !apierrors.IsNotFound(err) {
-		return err
-	}
-	sec := &corev1.Secret{ObjectMeta: objectMeta(name, kind, service), Type: corev1.SecretTypeOpaque, Data: data}
-	_, err = objs.Create(sec)
-	if apierrors.IsAlreadyExists(err) { // created meanwhile: merge into it
-		_, err = objs.Update(name, mutate)
-	}
-	return err
-}
-
-// updateSecret writes keys into the named Secret, which must exist: a write to a record being
-// deleted must not bring its Secret back.
-func (s *Store) updateSecret(name string, keys map[string]any) error {
-	_, mutate, err := secretKeys(false, keys)
-	if err != nil {
-		return err
-	}
-	_, err = s.secretObjects().Update(name, mutate)
-	return err
-}
-
-// secretKeys encodes keys, and returns the mutation that writes them into a Secret (dropping
-// the keys it had when reset).
-func secretKeys(reset bool, keys map[string]any) (map[string][]byte, func(*corev1.Secret) error, error) {
-	data := map[string][]byte{}
-	for k, v := range keys {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return nil, nil, err
-		}
-		data[k] = b
-	}
-	return data, func(sec *corev1.Secret) error {
-		if reset || sec.Data == nil {
-			sec.Data = map[string][]byte{}
-		}
-		for k, v := range data {
-			sec.Data[k] = v
-		}
-		return nil
-	}, nil
-}
-
-// secretJSON decodes key of the named Secret into v; a missing key is an error, since the
-// record that names it would otherwise be read with redacted values.
-func (s *Store) secretJSON(name, key string, v any) error {
-	sec, err := s.secrets.Get(name)
-	if err != nil {
-		return fmt.Errorf("kubestore: secret %s: %w", name, err)
-	}
-	b, ok := sec.Data[key]
-	if !ok {
-		return fmt.Errorf("kubestore: secret %s has no %s", name, key)
-	}
-	return json.Unmarshal(b, v)
 }
 
 // serviceConfigMap is the cached ConfigMap of a service, store.ErrNotFound when there is none.
@@ -261,7 +194,7 @@ func (s *Store) SetTarget(name string, n int) error {
 
 // StartUpdate implements replicas.RolloutStore: the version, the rollout and the service's
 // current version change in one write of the service's ConfigMap. The new version's full task
-// goes to the Secret first: nothing names it until that write.
+// is sealed first: nothing names it until that write.
 func (s *Store) StartUpdate(service string, v replicas.Version, r replicas.Rollout) error {
 	cm, err := s.serviceConfigMap(service)
 	if err != nil {
@@ -372,7 +305,7 @@ func (s *Store) DeleteService(name string) error {
 	if err := s.configMaps().Delete(serviceObject(name)); err != nil {
 		return fmt.Errorf("delete service %q: %w", name, err)
 	}
-	if err := s.secretObjects().Delete(serviceObject(name)); err != nil {
+	if err := s.deleteSecrets(serviceObject(name)); err != nil {
 		return fmt.Errorf("delete service %q: %w", name, err)
 	}
 	return nil
