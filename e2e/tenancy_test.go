@@ -63,7 +63,7 @@ type tenancyRefusal struct {
 // tenancyRefusals are the ways a tenant could reach the controller: its host (infra local),
 // its files (a workdir or file mount on its filesystem: here the controller's home, with its
 // tokens), its bucket credentials (an s3:// source), and a ConfigMap of the namespace that its
-// owner did not label for FerryServices (Ferry's own state, say).
+// owner did not label for FerryServices (Ferry's own state, say); and a claim on a cloud.
 func tenancyRefusals(home string) []tenancyRefusal {
 	base := fmt.Sprintf(fsvcSpec, 1)
 	return []tenancyRefusal{
@@ -77,6 +77,8 @@ func tenancyRefusals(home string) []tenancyRefusal {
 			want: "is a path on the controller's filesystem"},
 		{name: "s3-source", spec: base + "  file_mounts:\n    /data: s3://any-bucket/models\n",
 			want: "would be listed and presigned with the controller's bucket credentials"},
+		{name: "claim-on-a-cloud", spec: strings.Replace(base, "    infra: kubernetes\n    accelerators: A10G:1\n", "    ordered:\n      - infra: kubernetes\n      - infra: aws\n", 1) + "  file_mounts:\n    /models: pvc://models\n",
+			want: "pvc://models is a PersistentVolumeClaim, which only pods of infra kubernetes mount, and this FerryService may run on aws"},
 	}
 }
 
