@@ -281,7 +281,8 @@ func keys(m map[string]string) []string {
 
 // TestFerryServiceTenancyWebhook: with the webhook registered, the API server itself refuses
 // at apply time each FerryService that asks for the controller's host, files or credentials,
-// with the rule's message; one whose sources are the tenant's ConfigMaps is admitted.
+// or a claim on a cloud, with the rule's message; one whose sources are the tenant's
+// ConfigMap, Secret and claim is admitted.
 func TestFerryServiceTenancyWebhook(t *testing.T) {
 	certFile, keyFile := testhttp.WriteSelfSigned(t, t.TempDir())
 	addr := freeLoopbackAddr(t)
@@ -305,9 +306,9 @@ func TestFerryServiceTenancyWebhook(t *testing.T) {
 			t.Errorf("%s: %v; want the webhook's refusal saying %q", tc.name, err, tc.want)
 		}
 	}
-	good := fmt.Sprintf(fsvcSpec, 0) + "  workdir: configmap://code\n"
+	good := fmt.Sprintf(fsvcSpec, 0) + "  workdir: configmap://code\n  file_mounts:\n    /etc/creds: secret://creds\n    /etc/token: secret://creds/token\n    /models: pvc://models/sim\n"
 	if err := applyFerryService(ctx, dyn, ns, "good", good); err != nil {
-		t.Fatalf("the webhook refused a FerryService with a ConfigMap workdir: %v", err)
+		t.Fatalf("the webhook refused a FerryService with ConfigMap, Secret and claim sources: %v", err)
 	}
 	if err := dyn.Resource(fsvcGVR).Namespace(ns).Delete(ctx, "good", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
