@@ -39,7 +39,7 @@ import (
 // checks (charts/ferry/templates/fencing-policy-status.yaml). Whoever may create FerryServices
 // is a tenant, not the operator: the spec is also held to tenancy.go's rules (nothing of the
 // controller's host, files or credentials; workdir and file_mounts from the namespace's
-// ConfigMaps), shown in a Tenancy condition, and an object updates or deletes only a service
+// labelled ConfigMaps, Secrets and claims), shown in a Tenancy condition, and an object updates or deletes only a service
 // that a FerryService brought up, never one started with the CLI.
 
 // FerryServiceGVR is the FerryService resource.
@@ -145,9 +145,8 @@ func (fs *ferryServices) work(ctx context.Context) {
 // runs the task its sources resolved to, so these are the snapshots no current FerryService
 // names (one deleted, or one whose ConfigMap or Secret changed). It runs every status tick,
 // between reconciles (filesMu), and not while any service's rollout is under way (its old
-// version may relaunch from its own snapshot). A snapshot removed too early is
-// not lost: the next reconcile of its FerryService writes it again, as after a restart on an
-// empty disk.
+// version may relaunch from its own snapshot). A snapshot removed too early is not lost: the
+// next reconcile of its FerryService writes it again, as after a restart on an empty disk.
 func (fs *ferryServices) prune() {
 	fs.filesMu.Lock()
 	defer fs.filesMu.Unlock()
@@ -202,9 +201,9 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 	if err != nil {
 		return fs.refuse(ctx, u, err)
 	}
-	fromConfigMaps, err := resolveSources(ctx, fs.sources, task)
+	fromSnapshots, err := resolveSources(ctx, fs.sources, task)
 	if err != nil {
-		// A ConfigMap made or labelled later is found by a retry.
+		// A ConfigMap, Secret or claim made or labelled later is found by a retry.
 		if st := fs.setStatus(ctx, u, invalidStatus(err, "SourceUnavailable")); st != nil {
 			return st
 		}
@@ -227,9 +226,9 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 		return taken
 	case observed != gen && fs.applied[name] != gen:
 		_, err = fs.c.UpdateService(ctx, name, api.UpdateServiceRequest{Task: task})
-	case fromConfigMaps && filesMoved(svc, task):
-		// A controller restarted after a source ConfigMap changed: its snapshot is no more, so
-		// the service rolls to the ConfigMap's content now.
+	case fromSnapshots && filesMoved(svc, task):
+		// A controller restarted after a source ConfigMap or Secret changed: its snapshot is no
+		// more, so the service rolls to the object's content now.
 		_, err = fs.c.UpdateService(ctx, name, api.UpdateServiceRequest{Task: task})
 	default:
 		return nil
