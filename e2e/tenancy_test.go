@@ -63,7 +63,7 @@ type tenancyRefusal struct {
 // tenancyRefusals are the ways a tenant could reach the controller: its host (infra local),
 // its files (a workdir or file mount on its filesystem: here the controller's home, with its
 // tokens), its bucket credentials (an s3:// source), and a ConfigMap of the namespace that its
-// owner did not label for FerryServices (Ferry's own state, say).
+// owner did not label for FerryServices (Ferry's own state, say); and a claim on a cloud.
 func tenancyRefusals(home string) []tenancyRefusal {
 	base := fmt.Sprintf(fsvcSpec, 1)
 	return []tenancyRefusal{
@@ -77,6 +77,8 @@ func tenancyRefusals(home string) []tenancyRefusal {
 			want: "is a path on the controller's filesystem"},
 		{name: "s3-source", spec: base + "  file_mounts:\n    /data: s3://any-bucket/models\n",
 			want: "would be listed and presigned with the controller's bucket credentials"},
+		{name: "claim-on-a-cloud", spec: strings.Replace(base, "    infra: kubernetes\n    accelerators: A10G:1\n", "    ordered:\n      - infra: kubernetes\n      - infra: aws\n", 1) + "  file_mounts:\n    /models: pvc://models\n",
+			want: "pvc://models is a PersistentVolumeClaim, which only pods of infra kubernetes mount, and this FerryService may run on aws"},
 	}
 }
 
@@ -282,7 +284,8 @@ func keys(m map[string]string) []string {
 
 // TestFerryServiceTenancyWebhook: with the webhook registered, the API server itself refuses
 // at apply time each FerryService that asks for the controller's host, files or credentials,
-// with the rule's message; one whose sources are the tenant's ConfigMaps is admitted.
+// or a claim on a cloud, with the rule's message; one whose sources are the tenant's
+// ConfigMap, Secret and claim is admitted.
 func TestFerryServiceTenancyWebhook(t *testing.T) {
 	certFile, keyFile := testhttp.WriteSelfSigned(t, t.TempDir())
 	addr := freeLoopbackAddr(t)
@@ -306,9 +309,9 @@ func TestFerryServiceTenancyWebhook(t *testing.T) {
 			t.Errorf("%s: %v; want the webhook's refusal saying %q", tc.name, err, tc.want)
 		}
 	}
-	good := fmt.Sprintf(fsvcSpec, 0) + "  workdir: configmap://code\n"
+	good := fmt.Sprintf(fsvcSpec, 0) + "  workdir: configmap://code\n  file_mounts:\n    /etc/creds: secret://creds\n    /etc/token: secret://creds/token\n    /models: pvc://models/sim\n"
 	if err := applyFerryService(ctx, dyn, ns, "good", good); err != nil {
-		t.Fatalf("the webhook refused a FerryService with a ConfigMap workdir: %v", err)
+		t.Fatalf("the webhook refused a FerryService with ConfigMap, Secret and claim sources: %v", err)
 	}
 	if err := dyn.Resource(fsvcGVR).Namespace(ns).Delete(ctx, "good", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

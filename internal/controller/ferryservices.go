@@ -7,7 +7,10 @@ import (
 	"maps"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -36,7 +39,7 @@ import (
 // checks (charts/ferry/templates/fencing-policy-status.yaml). Whoever may create FerryServices
 // is a tenant, not the operator: the spec is also held to tenancy.go's rules (nothing of the
 // controller's host, files or credentials; workdir and file_mounts from the namespace's
-// ConfigMaps), shown in a Tenancy condition, and an object updates or deletes only a service
+// labelled ConfigMaps, Secrets and claims), shown in a Tenancy condition, and an object updates or deletes only a service
 // that a FerryService brought up, never one started with the CLI.
 
 // FerryServiceGVR is the FerryService resource.
@@ -50,12 +53,14 @@ type ferryServices struct {
 	c      *Controller
 	client dynamic.ResourceInterface
 	lister cache.GenericNamespaceLister
-	// configMaps are the namespace's, read for configmap:// sources (tenancy.go); files is
-	// where their snapshots are written.
-	configMaps configMapGetter
-	files      string
-	queue      workqueue.TypedRateLimitingInterface[string]
-	log        *zap.Logger
+	// sources reads the namespace's ConfigMaps, Secrets and claims named as sources
+	// (tenancysources.go); files is where its snapshots are written.
+	sources *namespaceSources
+	files   string
+	// filesMu is held by a reconcile (which writes snapshots) and by prune.
+	filesMu sync.Mutex
+	queue   workqueue.TypedRateLimitingInterface[string]
+	log     *zap.Logger
 	// applied is the generation last brought up or updated per name, so that a status write
 	// that failed does not apply the same generation twice; its keys are the names whose
 	// services FerryServices own (a restarted controller learns them from observedGeneration
@@ -91,9 +96,11 @@ func (c *Controller) watchFerryServices(ctx context.Context) error {
 	}
 	factory := dynamicinformer.NewFilteredDynamicSharedInformerFactory(dyn, 0, ns, nil)
 	inf := factory.ForResource(FerryServiceGVR)
+	files := filepath.Join(c.opts.Home.Dir, "ferryservice-files", ns)
 	fs := &ferryServices{c: c, client: client, lister: inf.Lister().ByNamespace(ns), log: c.log.Named("ferryservices"), applied: map[string]int64{},
-		configMaps: kube.CoreV1().ConfigMaps(ns), files: filepath.Join(c.opts.Home.Dir, "ferryservice-files", ns),
-		queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
+		sources: &namespaceSources{namespace: ns, configMaps: kube.CoreV1().ConfigMaps(ns), secrets: kube.CoreV1().Secrets(ns),
+			claims: kube.CoreV1().PersistentVolumeClaims(ns), root: files, podNamespaces: c.podNamespaces},
+		files: files, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 			fs.queue.Add(key)
@@ -121,13 +128,47 @@ func (fs *ferryServices) work(ctx context.Context) {
 			return
 		}
 		_, name, _ := cache.SplitMetaNamespaceKey(key)
-		if err := fs.reconcile(ctx, name); err != nil && ctx.Err() == nil {
+		fs.filesMu.Lock() // prune must not take the snapshot it resolves before the service names it
+		err := fs.reconcile(ctx, name)
+		fs.filesMu.Unlock()
+		if err != nil && ctx.Err() == nil {
 			fs.log.Warn("reconcile FerryService", zap.String("service", name), zap.Error(err))
 			fs.queue.AddRateLimited(key)
 		} else {
 			fs.queue.Forget(key)
 		}
 		fs.queue.Done(key)
+	}
+}
+
+// prune removes the snapshots that no service's current task names: a FerryService's service
+// runs the task its sources resolved to, so these are the snapshots no current FerryService
+// names (one deleted, or one whose ConfigMap or Secret changed). It runs every status tick,
+// between reconciles (filesMu), and not while any service's rollout is under way (its old
+// version may relaunch from its own snapshot). A snapshot removed too early is not lost: the
+// next reconcile of its FerryService writes it again, as after a restart on an empty disk.
+func (fs *ferryServices) prune() {
+	fs.filesMu.Lock()
+	defer fs.filesMu.Unlock()
+	inUse := map[string]bool{}
+	fs.c.mu.Lock()
+	services := slices.Collect(maps.Values(fs.c.services))
+	fs.c.mu.Unlock()
+	for _, s := range services {
+		if s.mgr != nil && s.mgr.Rollout().Active() {
+			return
+		}
+		s.mu.Lock()
+		t := s.task
+		s.mu.Unlock()
+		if t != nil {
+			snapshotsNamed(fs.files, t, inUse)
+		}
+	}
+	if n, err := pruneSnapshots(fs.files, inUse); err != nil {
+		fs.log.Warn("prune FerryService file snapshots", zap.Error(err))
+	} else if n > 0 {
+		fs.log.Info("pruned FerryService file snapshots no FerryService names", zap.Int("removed", n))
 	}
 }
 
@@ -160,9 +201,9 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 	if err != nil {
 		return fs.refuse(ctx, u, err)
 	}
-	fromConfigMaps, err := resolveSources(ctx, fs.configMaps, fs.files, task)
+	fromSnapshots, err := resolveSources(ctx, fs.sources, task)
 	if err != nil {
-		// A ConfigMap made or labelled later is found by a retry.
+		// A ConfigMap, Secret or claim made or labelled later is found by a retry.
 		if st := fs.setStatus(ctx, u, invalidStatus(err, "SourceUnavailable")); st != nil {
 			return st
 		}
@@ -185,9 +226,9 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 		return taken
 	case observed != gen && fs.applied[name] != gen:
 		_, err = fs.c.UpdateService(ctx, name, api.UpdateServiceRequest{Task: task})
-	case fromConfigMaps && filesMoved(svc, task):
-		// A controller restarted after a source ConfigMap changed: its snapshot is no more, so
-		// the service rolls to the ConfigMap's content now.
+	case fromSnapshots && filesMoved(svc, task):
+		// A controller restarted after a source ConfigMap or Secret changed: its snapshot is no
+		// more, so the service rolls to the object's content now.
 		_, err = fs.c.UpdateService(ctx, name, api.UpdateServiceRequest{Task: task})
 	default:
 		return nil
@@ -197,6 +238,27 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 	}
 	fs.applied[name] = gen
 	return fs.refresh(ctx, u, gen)
+}
+
+// podNamespaces maps each Kubernetes infra t may launch on (kubernetes/CONTEXT) to the
+// namespace its pods run in: a claim source must be in it.
+func (c *Controller) podNamespaces(t *configs.Task) map[string]string {
+	if c.infras == nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, cand := range t.Resources.Candidates() {
+		cloud, _, _ := strings.Cut(cand.Infra, "/")
+		if cloud != kubernetesInfra {
+			continue
+		}
+		for _, p := range c.infras.Kube {
+			if cand.Infra == kubernetesInfra || cand.Infra == p.Infra() {
+				out[p.Infra()] = p.Namespace()
+			}
+		}
+	}
+	return out
 }
 
 // takenDownNote ends the message of a refusal that took the object's service down.
@@ -301,6 +363,7 @@ func (fs *ferryServices) statusLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		fs.prune()
 		objs, err := fs.lister.List(labels.Everything())
 		if err != nil {
 			continue

@@ -1,20 +1,14 @@
 package controller
 
 import (
-	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"errors"
+	"cmp"
 	"fmt"
 	"maps"
-	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
 
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/ferryserve/ferry/configs"
@@ -29,9 +23,12 @@ import (
 //
 //   - workdir and file_mounts never name a path: the controller would pack its own files (its
 //     service-account token, its API token, proxy.token) into the tenant's pods. Their sources
-//     are ConfigMaps of the FerryService's namespace, configmap://NAME (every key a file of
-//     the directory) or configmap://NAME/KEY (one file), which their owner lets FerryServices
-//     read by labelling them ferry.dev/files=true; or a git workdir, cloned inside the pod.
+//     are objects of the FerryService's namespace whose owner lets FerryServices use them by
+//     labelling them ferry.dev/files=true: a ConfigMap or a Secret, configmap://NAME or
+//     secret://NAME (every key a file of the directory) or configmap://NAME/KEY,
+//     secret://NAME/KEY (one file), snapshotted by the controller (tenancysources.go); a
+//     PersistentVolumeClaim, pvc://CLAIM[/SUBPATH] (file_mounts only, infra kubernetes only),
+//     mounted read-only into the pods as a volume; or a git workdir, cloned inside the pod.
 //   - No bucket sources (s3://, gs://): Ferry would list and presign them with the
 //     controller's own credentials, so a tenant could read any bucket the controller can.
 //   - Every candidate names its infra, kubernetes or a cloud: infra local (or none, or *,
@@ -40,13 +37,20 @@ import (
 //     custom_metadata (a partial pod can mount host paths, run privileged or take another
 //     service account): only a task the operator gives through the CLI or API may set those.
 
-// FilesLabel is the label, with value "true", by which a ConfigMap's owner lets FerryServices
-// of its namespace use it as a workdir or file_mounts source. Ferry's own ConfigMaps never
-// carry it, so a tenant cannot have Ferry copy the controller's state into a pod.
+// FilesLabel is the label, with value "true", by which the owner of a ConfigMap, Secret or
+// PersistentVolumeClaim lets FerryServices of its namespace use it as a workdir or file_mounts
+// source. Ferry's own objects never carry it, so a tenant cannot have Ferry copy the
+// controller's state (its records, its sealed secrets, its home's claim) into a pod.
 const FilesLabel = "ferry.dev/files"
 
-// configMapScheme prefixes a ConfigMap source: configmap://NAME or configmap://NAME/KEY.
-const configMapScheme = "configmap://"
+// The schemes of a FerryService's sources.
+const (
+	configMapScheme = "configmap://"
+	secretScheme    = "secret://"
+	claimScheme     = "pvc://"
+	// sourceSpellings lists them for messages.
+	sourceSpellings = "configmap://NAME[/KEY], secret://NAME[/KEY] or pvc://CLAIM[/SUBPATH]"
+)
 
 // TenancyError is a FerryService asking for what a tenant may not have Ferry do; Problems
 // name each field, what it asks, and what to write instead.
@@ -64,42 +68,12 @@ func (e *TenancyError) Unwrap() error { return api.ErrInvalid }
 func checkTenancy(t *configs.Task) error {
 	var problems []string
 	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
-	cands := t.Resources.Candidates()
-	for i, c := range cands {
-		field := "resources.infra"
-		if len(cands) > 1 {
-			field = fmt.Sprintf("resources alternative %d: infra", i+1)
-		}
-		switch cloud, _, _ := strings.Cut(c.Infra, "/"); cloud {
-		case configs.InfraLocal:
-			add("%s: local runs the replicas' commands on the controller's own host (in its pod, with its credentials): use infra: kubernetes (or a cloud)", field)
-		case "", "*":
-			add("%s: required, naming kubernetes or a cloud: without it Ferry may place replicas on the controller's own host (local)", field)
-		}
-	}
+	notKube := checkInfras(t, add)
 	if t.GitWorkdir == nil && t.Workdir != "" {
-		if ref, err := parseConfigMapSource(t.Workdir); err != nil {
-			add("workdir: %v", err)
-		} else if ref == nil {
-			add("workdir: %s is a path on the controller's filesystem: put the files in a ConfigMap of this namespace labelled %s=true and write workdir: configmap://NAME", t.Workdir, FilesLabel)
-		} else if ref.key != "" {
-			add("workdir: %s names one key, and a workdir is a directory: write configmap://%s", t.Workdir, ref.name)
-		}
+		checkWorkdirSource(t.Workdir, add)
 	}
 	for _, dst := range slices.Sorted(maps.Keys(t.FileMounts)) {
-		src := t.FileMounts[dst]
-		ref, err := parseConfigMapSource(src)
-		switch {
-		case err != nil:
-			add("file_mounts.%s: %v", dst, err)
-		case ref != nil:
-		case strings.HasPrefix(src, "s3://"), strings.HasPrefix(src, "gs://"):
-			add("file_mounts.%s: %s would be listed and presigned with the controller's bucket credentials, not yours: copy the files into a ConfigMap (configmap://NAME or configmap://NAME/KEY)", dst, src)
-		case strings.Contains(src, "://"):
-			add("file_mounts.%s: %s: a FerryService's sources are configmap://NAME or configmap://NAME/KEY", dst, src)
-		default:
-			add("file_mounts.%s: %s is a path on the controller's filesystem: put the file in a ConfigMap of this namespace labelled %s=true and write configmap://NAME/KEY", dst, src, FilesLabel)
-		}
+		checkMountSource(dst, t.FileMounts[dst], notKube, add)
 	}
 	if t.Service != nil && t.Service.TLS != nil {
 		add("service.tls: keyfile and certfile are files on the controller's host: terminate TLS in front of the endpoint (an Ingress or a Gateway)")
@@ -113,138 +87,136 @@ func checkTenancy(t *configs.Task) error {
 	return &TenancyError{Problems: problems}
 }
 
-// configMapSource is a configmap://NAME[/KEY] source.
-type configMapSource struct{ name, key string }
+// checkInfras refuses the candidates that may run on the controller's host, and returns the
+// first candidate's infra that is not Kubernetes ("" when every one is), which claims need.
+func checkInfras(t *configs.Task, add func(string, ...any)) (notKube string) {
+	cands := t.Resources.Candidates()
+	for i, c := range cands {
+		field := "resources.infra"
+		if len(cands) > 1 {
+			field = fmt.Sprintf("resources alternative %d: infra", i+1)
+		}
+		cloud, _, _ := strings.Cut(c.Infra, "/")
+		switch cloud {
+		case configs.InfraLocal:
+			add("%s: local runs the replicas' commands on the controller's own host (in its pod, with its credentials): use infra: kubernetes (or a cloud)", field)
+		case "", "*":
+			add("%s: required, naming kubernetes or a cloud: without it Ferry may place replicas on the controller's own host (local)", field)
+		}
+		if cloud != kubernetesInfra && notKube == "" {
+			notKube = cmp.Or(c.Infra, "any infra")
+		}
+	}
+	return notKube
+}
 
-// parseConfigMapSource reads src as a ConfigMap source: nil and no error when src is not one.
-func parseConfigMapSource(src string) (*configMapSource, error) {
+// kubernetesInfra is the infra whose pods can mount a claim.
+const kubernetesInfra = "kubernetes"
+
+// checkWorkdirSource says what is wrong with a workdir source (a directory).
+func checkWorkdirSource(src string, add func(string, ...any)) {
+	obj, err := parseObjectSource(src)
+	switch {
+	case err != nil:
+		add("workdir: %v", err)
+	case obj != nil && obj.key != "":
+		add("workdir: %s names one key, and a workdir is a directory: write %s%s", src, obj.scheme(), obj.name)
+	case obj != nil:
+	case strings.HasPrefix(src, claimScheme):
+		add("workdir: %s: a workdir is copied into the pod, a claim is mounted: mount it with file_mounts (/code: %s) and start run with cd /code", src, src)
+	default:
+		add("workdir: %s is a path on the controller's filesystem: put the files in a ConfigMap (or a Secret) of this namespace labelled %s=true and write workdir: configmap://NAME (or secret://NAME)", src, FilesLabel)
+	}
+}
+
+// checkMountSource says what is wrong with file_mounts' source for dst; notKube is an infra
+// of the task that is not Kubernetes ("" when none).
+func checkMountSource(dst, src, notKube string, add func(string, ...any)) {
+	obj, err := parseObjectSource(src)
+	if err != nil {
+		add("file_mounts.%s: %v", dst, err)
+		return
+	}
+	if obj != nil {
+		return
+	}
+	claim, err := parseClaimSource(src)
+	switch {
+	case err != nil:
+		add("file_mounts.%s: %v", dst, err)
+	case claim != nil && notKube != "":
+		add("file_mounts.%s: %s is a PersistentVolumeClaim, which only pods of infra kubernetes mount, and this FerryService may run on %s: name infra: kubernetes in every alternative, or use a configmap:// or secret:// source", dst, src, notKube)
+	case claim != nil && !strings.HasPrefix(dst, "/"):
+		add("file_mounts.%s: a claim is mounted at an absolute path: write /%s (or another absolute path)", dst, strings.TrimPrefix(strings.TrimPrefix(dst, "~"), "/"))
+	case claim != nil:
+	case strings.HasPrefix(src, "s3://"), strings.HasPrefix(src, "gs://"):
+		add("file_mounts.%s: %s would be listed and presigned with the controller's bucket credentials, not yours: put the data in a PersistentVolumeClaim of this namespace (pvc://CLAIM), or small files in a ConfigMap or Secret (configmap://NAME, secret://NAME)", dst, src)
+	case strings.Contains(src, "://"):
+		add("file_mounts.%s: %s: a FerryService's sources are %s", dst, src, sourceSpellings)
+	default:
+		add("file_mounts.%s: %s is a path on the controller's filesystem: put the file in a ConfigMap (or a Secret) of this namespace labelled %s=true and write configmap://NAME/KEY (or secret://NAME/KEY)", dst, src, FilesLabel)
+	}
+}
+
+// objectSource is a configmap://NAME[/KEY] or secret://NAME[/KEY] source.
+type objectSource struct {
+	// kind is "ConfigMap" or "Secret".
+	kind, name, key string
+}
+
+// scheme is the source's scheme, as written.
+func (o objectSource) scheme() string {
+	if o.kind == kindSecret {
+		return secretScheme
+	}
+	return configMapScheme
+}
+
+// The kinds of object sources.
+const (
+	kindConfigMap = "ConfigMap"
+	kindSecret    = "Secret"
+)
+
+// parseObjectSource reads src as a ConfigMap or Secret source: nil and no error when src is
+// neither.
+func parseObjectSource(src string) (*objectSource, error) {
+	kind := kindConfigMap
 	rest, ok := strings.CutPrefix(src, configMapScheme)
 	if !ok {
-		return nil, nil
+		if rest, ok = strings.CutPrefix(src, secretScheme); !ok {
+			return nil, nil
+		}
+		kind = kindSecret
 	}
 	name, key, hasKey := strings.Cut(rest, "/")
 	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
-		return nil, fmt.Errorf("%s: %q is not a ConfigMap name (%s)", src, name, strings.Join(msgs, "; "))
+		return nil, fmt.Errorf("%s: %q is not a %s name (%s)", src, name, kind, strings.Join(msgs, "; "))
 	}
 	if hasKey {
 		if msgs := validation.IsConfigMapKey(key); len(msgs) > 0 {
-			return nil, fmt.Errorf("%s: %q is not a ConfigMap key (%s)", src, key, strings.Join(msgs, "; "))
+			return nil, fmt.Errorf("%s: %q is not a %s key (%s)", src, key, kind, strings.Join(msgs, "; "))
 		}
 	}
-	return &configMapSource{name: name, key: key}, nil
+	return &objectSource{kind: kind, name: name, key: key}, nil
 }
 
-// configMapGetter is the one call resolveSources makes of the namespace's ConfigMaps.
-type configMapGetter interface {
-	Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.ConfigMap, error)
-}
+// claimSource is a pvc://CLAIM[/SUBPATH] source.
+type claimSource struct{ name, subPath string }
 
-// errSourceNotFound is a ConfigMap source that does not exist (yet): the reconcile retries.
-var errSourceNotFound = errors.New("source not found")
-
-// resolveSources replaces t's ConfigMap sources (checkTenancy accepted t) by snapshots of their
-// contents under root, one directory per content (named by its hash, so that the same content
-// lands at the same path after a controller restart, which rewrites it from the ConfigMap),
-// and says whether t had any. The launch then packs them as it packs any workdir.
-func resolveSources(ctx context.Context, cms configMapGetter, root string, t *configs.Task) (bool, error) {
-	var errs []error
-	found := false
-	resolve := func(field, src string) string {
-		ref, _ := parseConfigMapSource(src)
-		if ref == nil {
-			return src
-		}
-		found = true
-		path, err := snapshotConfigMap(ctx, cms, root, *ref)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %s: %w", field, src, err))
-			return src
-		}
-		return path
+// parseClaimSource reads src as a claim source: nil and no error when src is not one.
+func parseClaimSource(src string) (*claimSource, error) {
+	rest, ok := strings.CutPrefix(src, claimScheme)
+	if !ok {
+		return nil, nil
 	}
-	if t.GitWorkdir == nil && t.Workdir != "" {
-		t.Workdir = resolve("workdir", t.Workdir)
+	name, sub, _ := strings.Cut(rest, "/")
+	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+		return nil, fmt.Errorf("%s: %q is not a PersistentVolumeClaim name (%s)", src, name, strings.Join(msgs, "; "))
 	}
-	for _, dst := range slices.Sorted(maps.Keys(t.FileMounts)) {
-		t.FileMounts[dst] = resolve("file_mounts."+dst, t.FileMounts[dst])
+	sub = strings.TrimSuffix(sub, "/")
+	if sub != "" && (!filepath.IsLocal(sub) || path.Clean(sub) != sub) {
+		return nil, fmt.Errorf("%s: the path in the claim, %q, must be a clean relative path that stays inside it", src, sub)
 	}
-	return found, errors.Join(errs...)
-}
-
-// snapshotConfigMap writes ref's ConfigMap (or its one key) under root and returns the path of
-// the directory (or file).
-func snapshotConfigMap(ctx context.Context, cms configMapGetter, root string, ref configMapSource) (string, error) {
-	cm, err := cms.Get(ctx, ref.name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return "", fmt.Errorf("%w: no ConfigMap %s in the FerryService's namespace: create it (labelled %s=true)", errSourceNotFound, ref.name, FilesLabel)
-	}
-	if err != nil {
-		return "", fmt.Errorf("read ConfigMap %s: %w", ref.name, err)
-	}
-	if cm.Labels[FilesLabel] != "true" {
-		return "", &TenancyError{Problems: []string{fmt.Sprintf("ConfigMap %s is not labelled %s=true, by which its owner lets FerryServices read it: label it (kubectl label configmap %s %s=true)", ref.name, FilesLabel, ref.name, FilesLabel)}}
-	}
-	files := map[string][]byte{}
-	for k, v := range cm.Data {
-		files[k] = []byte(v)
-	}
-	maps.Copy(files, cm.BinaryData)
-	if ref.key != "" {
-		v, ok := files[ref.key]
-		if !ok {
-			return "", fmt.Errorf("%w: ConfigMap %s has no key %s (it has %s)", errSourceNotFound, ref.name, ref.key, strings.Join(slices.Sorted(maps.Keys(files)), ", "))
-		}
-		files = map[string][]byte{ref.key: v}
-	}
-	dir, err := writeSnapshot(root, files)
-	if err != nil {
-		return "", err
-	}
-	if ref.key != "" {
-		return filepath.Join(dir, ref.key), nil
-	}
-	return dir, nil
-}
-
-// writeSnapshot writes files into root/<hash of files>, once: a directory that exists already
-// holds the same content. It is written beside and renamed into place, so a launch never
-// packs half of it.
-func writeSnapshot(root string, files map[string][]byte) (string, error) {
-	h := sha256.New()
-	keys := slices.Sorted(maps.Keys(files))
-	for _, k := range keys {
-		fmt.Fprintf(h, "%d:%s%d:", len(k), k, len(files[k]))
-		h.Write(files[k])
-	}
-	dir := filepath.Join(root, hex.EncodeToString(h.Sum(nil))[:32])
-	if _, err := os.Stat(dir); err == nil {
-		return dir, nil
-	}
-	if err := os.MkdirAll(root, 0o700); err != nil {
-		return "", err
-	}
-	tmp, err := os.MkdirTemp(root, ".tmp-")
-	if err != nil {
-		return "", err
-	}
-	defer os.RemoveAll(tmp)
-	for _, k := range keys {
-		// ConfigMap keys are [-._a-zA-Z0-9]+ and never . or ..: always a name inside tmp.
-		if !filepath.IsLocal(k) || strings.ContainsRune(k, filepath.Separator) {
-			return "", fmt.Errorf("ConfigMap key %q is not a file name", k)
-		}
-		if err := os.WriteFile(filepath.Join(tmp, k), files[k], 0o644); err != nil {
-			return "", err
-		}
-	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
-		return "", err
-	}
-	if err := os.Rename(tmp, dir); err != nil {
-		if _, statErr := os.Stat(dir); statErr == nil {
-			return dir, nil // written meanwhile, with the same content
-		}
-		return "", err
-	}
-	return dir, nil
+	return &claimSource{name: name, subPath: sub}, nil
 }

@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -33,8 +34,18 @@ func TestParseFerryServiceTenancy(t *testing.T) {
 	}{
 		"kubernetes, no files":        {spec: tenancyBase},
 		"configmap workdir and mount": {spec: tenancyBase + "workdir: configmap://code\nfile_mounts:\n  /etc/app: configmap://cfg\n  /etc/one.txt: configmap://cfg/one.txt\n"},
-		"git workdir":                 {spec: tenancyBase + "workdir:\n  url: https://github.com/skypilot-org/skypilot.git\n"},
-		"a cloud":                     {spec: strings.Replace(tenancyBase, "infra: kubernetes", "infra: aws/us-east-1", 1)},
+		"secret workdir and mount":    {spec: tenancyBase + "workdir: secret://code\nfile_mounts:\n  /etc/creds: secret://creds\n  /etc/one.key: secret://creds/one.key\n"},
+		"claim mounts":                {spec: tenancyBase + "file_mounts:\n  /models: pvc://models\n  /data/train: pvc://data/sets/train\n"},
+		"claim on a cloud": {spec: strings.Replace(tenancyBase, "  infra: kubernetes\n", "  ordered:\n    - infra: kubernetes\n    - infra: aws\n", 1) + "file_mounts:\n  /models: pvc://models\n",
+			wantErr: []string{"file_mounts./models: pvc://models is a PersistentVolumeClaim, which only pods of infra kubernetes mount, and this FerryService may run on aws"}},
+		"claim in home":             {spec: tenancyBase + "file_mounts:\n  ~/models: pvc://models\n", wantErr: []string{"a claim is mounted at an absolute path: write /models"}},
+		"claim leaving it":          {spec: tenancyBase + "file_mounts:\n  /m: pvc://models/../other\n", wantErr: []string{"must be a clean relative path that stays inside it"}},
+		"claim workdir":             {spec: tenancyBase + "workdir: pvc://code\n", wantErr: []string{"workdir: pvc://code: a workdir is copied into the pod, a claim is mounted"}},
+		"bad secret name":           {spec: tenancyBase + "file_mounts:\n  /k: secret://Not_A_Name/k\n", wantErr: []string{"is not a Secret name"}},
+		"secret workdir of one key": {spec: tenancyBase + "workdir: secret://code/app.py\n", wantErr: []string{"a workdir is a directory: write secret://code"}},
+		"other scheme":              {spec: tenancyBase + "file_mounts:\n  /k: https://example.com/x\n", wantErr: []string{"a FerryService's sources are configmap://NAME[/KEY], secret://NAME[/KEY] or pvc://CLAIM[/SUBPATH]"}},
+		"git workdir":               {spec: tenancyBase + "workdir:\n  url: https://github.com/skypilot-org/skypilot.git\n"},
+		"a cloud":                   {spec: strings.Replace(tenancyBase, "infra: kubernetes", "infra: aws/us-east-1", 1)},
 		"infra local": {spec: strings.Replace(tenancyBase, "infra: kubernetes", "infra: local", 1),
 			wantErr: []string{"resources.infra: local runs the replicas' commands on the controller's own host"}},
 		"no infra": {spec: strings.Replace(tenancyBase, "  infra: kubernetes\n", "  cpus: 1\n", 1),
@@ -49,7 +60,7 @@ func TestParseFerryServiceTenancy(t *testing.T) {
 		"local file mount": {spec: tenancyBase + "file_mounts:\n  /tmp/t: ~/.ferry/proxy.token\n",
 			wantErr: []string{"file_mounts./tmp/t: ~/.ferry/proxy.token is a path on the controller's filesystem"}},
 		"s3 source": {spec: tenancyBase + "file_mounts:\n  /data: s3://any-bucket/prefix\n",
-			wantErr: []string{"file_mounts./data: s3://any-bucket/prefix would be listed and presigned with the controller's bucket credentials"}},
+			wantErr: []string{"file_mounts./data: s3://any-bucket/prefix would be listed and presigned with the controller's bucket credentials", "pvc://CLAIM"}},
 		"gs source":          {spec: tenancyBase + "file_mounts:\n  /data: gs://any-bucket\n", wantErr: []string{"file_mounts./data: gs://any-bucket would be"}},
 		"bad configmap name": {spec: tenancyBase + "workdir: configmap://Not_A_Name\n", wantErr: []string{"is not a ConfigMap name"}},
 		"workdir of one key": {spec: tenancyBase + "workdir: configmap://code/app.py\n", wantErr: []string{"a workdir is a directory"}},
@@ -140,5 +151,61 @@ func TestBreaksTenancy(t *testing.T) {
 				t.Errorf("breaksTenancy = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestPruneSnapshots: the snapshots a service's task names stay, those no task names go, and
+// one being written is left to its writer.
+func TestPruneSnapshots(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "ferryservice-files", "tenant")
+	kept, err := writeSnapshot(root, map[string][]byte{"serve.py": []byte("v2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keptFile, err := writeSnapshot(root, map[string][]byte{"app.yaml": []byte("a: 1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale, err := writeSnapshot(root, map[string][]byte{"serve.py": []byte("v1")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writing := filepath.Join(root, tmpSnapshotPrefix+"123")
+	if err := os.Mkdir(writing, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	inUse := map[string]bool{}
+	snapshotsNamed(root, &configs.Task{Workdir: kept, FileMounts: map[string]string{"/etc/app.yaml": filepath.Join(keptFile, "app.yaml"), "/x": "/elsewhere"}}, inUse)
+	n, err := pruneSnapshots(root, inUse)
+	if err != nil || n != 1 {
+		t.Fatalf("pruned %d, %v; want 1", n, err)
+	}
+	for _, dir := range []string{kept, keptFile, writing} {
+		if _, err := os.Stat(dir); err != nil {
+			t.Errorf("%s: %v; want it kept", dir, err)
+		}
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the stale snapshot: %v; want it removed", err)
+	}
+	if n, err := pruneSnapshots(filepath.Join(root, "none"), nil); err != nil || n != 0 {
+		t.Errorf("no root: %d, %v", n, err)
+	}
+}
+
+// TestClaimInAnotherNamespace: a claim is the FerryService's namespace's, and a pod mounts
+// the claims of its own: when an infra the task may run on puts its pods in another namespace,
+// where a claim of the same name would be someone else's, the claim is refused, before it is
+// read.
+func TestClaimInAnotherNamespace(t *testing.T) {
+	src := &namespaceSources{namespace: "tenant", podNamespaces: func(*configs.Task) map[string]string {
+		return map[string]string{"kubernetes/a": "tenant", "kubernetes/b": "ferry-replicas"}
+	}}
+	task := &configs.Task{Resources: configs.Resources{Infra: "kubernetes"}, FileMounts: map[string]string{"/models": "pvc://models"}}
+	_, err := resolveSources(context.Background(), src, task)
+	var te *TenancyError
+	if !errors.As(err, &te) || !strings.Contains(err.Error(), "file_mounts./models: pvc://models: ") ||
+		!strings.Contains(err.Error(), "claim models is in namespace tenant, and a pod mounts the claims of its own namespace only, but kubernetes/b runs its pods in namespace ferry-replicas") {
+		t.Errorf("got %v; want a TenancyError naming kubernetes/b's namespace", err)
 	}
 }

@@ -503,10 +503,15 @@ func (p *Provider) create(ctx context.Context, pod *corev1.Pod, spec launcher.Sp
 	if err := p.ensurePriorityClass(ctx, pod, spec); err != nil {
 		return nil, err
 	}
+	spec, claims, err := splitClaims(spec) // mounted, not copied (claims.go)
+	if err != nil {
+		return nil, err
+	}
 	files, err := p.attachFiles(ctx, pod, spec)
 	if err != nil {
 		return nil, err
 	}
+	attachClaims(pod, claims)
 	restrict(pod) // after pod_config and the files: what they set wins (securitycontext.go)
 	if files != nil {
 		if err := p.createFiles(ctx, files); err != nil {
