@@ -90,6 +90,7 @@ var valueSets = map[string][]string{
 		"proxy.service.type=LoadBalancer",
 		"controller.replicas=3",
 		"controller.migrateStateSecrets=true",
+		"controller.secretSources=true",
 		"controller.extraArgs[0]=--probe-interval=5s",
 		"controller.config.aws.regions[0]=us-east-1",
 		"serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::111122223333:role/ferry",
@@ -384,7 +385,8 @@ func containerArgs(t *testing.T, deploy *unstructured.Unstructured) []string {
 
 // checkStateSecretReads: in the release's namespace the controller may neither list nor watch
 // Secrets (RBAC cannot narrow either to Ferry's), and gets only the state key, by name, unless
-// migrate (controller.migrateStateSecrets, an upgrade's one start) adds get and delete.
+// migrate (controller.migrateStateSecrets, an upgrade's one start, or controller.secretSources,
+// FerryServices' secret:// sources) adds get by any name.
 func checkStateSecretReads(t *testing.T, role *unstructured.Unstructured, migrate bool) {
 	t.Helper()
 	if role == nil {
@@ -410,7 +412,7 @@ func checkStateSecretReads(t *testing.T, role *unstructured.Unstructured, migrat
 		}
 	}
 	if unnamedGet != migrate {
-		t.Errorf("state Role gets every Secret: %v, want %v (controller.migrateStateSecrets)", unnamedGet, migrate)
+		t.Errorf("state Role gets every Secret: %v, want %v (controller.migrateStateSecrets, controller.secretSources)", unnamedGet, migrate)
 	}
 }
 

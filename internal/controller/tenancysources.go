@@ -130,7 +130,11 @@ func (src *namespaceSources) readObject(ctx context.Context, ref objectSource) (
 	case apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("%w: no %s %s in the FerryService's namespace: create it (labelled %s=true)", errSourceNotFound, ref.kind, ref.name, FilesLabel)
 	case apierrors.IsForbidden(err):
-		return nil, fmt.Errorf("the controller may not read %s %s (%v): grant its service account get on %ss in namespace %s", ref.kind, ref.name, apierrors.ReasonForError(err), resource, src.namespace)
+		hint := ""
+		if resource == "secret" {
+			hint = " (with the Helm chart: --set controller.secretSources=true)"
+		}
+		return nil, fmt.Errorf("the controller may not read %s %s (%v): grant its service account get on %ss in namespace %s%s", ref.kind, ref.name, apierrors.ReasonForError(err), resource, src.namespace, hint)
 	case err != nil:
 		return nil, fmt.Errorf("read %s %s: %w", ref.kind, ref.name, err)
 	case objLabels[FilesLabel] != "true":
