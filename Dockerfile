@@ -9,7 +9,7 @@
 #
 # grpcnotrace drops grpc's golang.org/x/net/trace, whose html/template makes the linker keep every
 # exported method of every reachable type (the EC2 client's ~800 operations, client-go's informer
-# factories): the stripped binary goes from 113 MB to 57 MB (README, "Image").
+# factories): the stripped binary goes from 113 MB to 57 MB (docs/kubernetes.md, "Image").
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./

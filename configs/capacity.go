@@ -11,7 +11,7 @@ import (
 )
 
 // Capacity is `resources.capacity`: where the task's accelerators may come from beyond
-// on-demand and spot capacity available now (README "Queued and reserved capacity"):
+// on-demand and spot capacity available now (docs/jobs.md, "Queued and reserved capacity"):
 //
 //	resources:
 //	  capacity:

@@ -92,7 +92,7 @@ type Resources struct {
 
 // Autostop is SkyPilot's resources.autostop. Ferry has no long-lived clusters: a job's nodes
 // are torn down when it ends, which is autodown with no idle wait, so a job accepts every
-// spelling; a service scales with replica_policy instead (see the README).
+// spelling; a service scales with replica_policy instead (docs/yaml.md, the autostop row).
 type Autostop struct {
 	IdleMinutes int  `json:"idle_minutes" yaml:"idle_minutes"`
 	Down        bool `json:"down" yaml:"down"`

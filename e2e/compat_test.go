@@ -293,8 +293,9 @@ var exampleSupportFiles = []string{"llm/axolotl/mistral/qlora.yaml", "llm/llama-
 
 // TestSkyPilotExampleTable validates SkyPilot's own example files, as they are, with --dry-run
 // on a home with local, AWS and GCP (the fake clouds) enabled, run from a copy of SkyPilot's
-// repository layout as their usage says, and checks each outcome and the table README shows
-// (configs/testdata/skypilot/examples/TABLE.md, rewritten by -update-example-table).
+// repository layout as their usage says, and checks each outcome against the table
+// configs/testdata/skypilot/examples/TABLE.md (rewritten by -update-example-table), which
+// docs/yaml.md shows ("SkyPilot's own examples").
 func TestSkyPilotExampleTable(t *testing.T) {
 	src := filepath.Join(repoRoot(), "configs/testdata/skypilot/examples")
 	checkExampleCoverage(t, src)
@@ -324,7 +325,7 @@ func TestSkyPilotExampleTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	if string(want) != got {
-		t.Errorf("the examples' table changed; if the change is right, rerun with -update-example-table and update the README:\n%s", got)
+		t.Errorf("the examples' table changed; if the change is right, rerun with -update-example-table (it rewrites configs/testdata/skypilot/examples/TABLE.md) and update the table in docs/yaml.md (SkyPilot's own examples):\n%s", got)
 	}
 }
 

@@ -98,7 +98,7 @@ func (e *env) launchDetached(args ...string) int64 {
 	return id
 }
 
-// The README's 2-node example, as written: the ranks rendezvous over TCP on their own loopback
+// docs/jobs.md's 2-node example, as written: the ranks rendezvous over TCP on their own loopback
 // addresses, with SkyPilot's variables; `jobs launch` streams rank 0 and exits 0.
 func TestJobTorchrunExample(t *testing.T) {
 	e := newEnv(t)

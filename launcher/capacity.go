@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Queued and reserved capacity (configs.Capacity; README "Queued and reserved capacity").
+// Queued and reserved capacity (configs.Capacity; docs/jobs.md, "Queued and reserved capacity").
 // A provider reads spec.Resources.Capacity and spec.Placement's Reservation, Queued and window;
 // it offers reservations through Offering.Reservation and queues through Offering.QueueWait.
 

@@ -16,7 +16,7 @@ import (
 // errors, an API that throttles, an endpoint that hangs, credentials that expire. Two typed
 // errors say so, and a List that could read only part of an infra says which part it could not
 // read, so that callers treat what is there as unknown — never as gone, and never as a reason
-// to wait for everyone (README "When an infra fails").
+// to wait for everyone (docs/placement.md, "When an infra fails").
 
 // Typed errors about the infra rather than the request or the location.
 var (

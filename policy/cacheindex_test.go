@@ -148,7 +148,8 @@ func TestReplicaCacheLongPromptKeepsItsHead(t *testing.T) {
 }
 
 // BenchmarkReplicaCacheMemory reports the heap one replica's index takes when full, per block
-// and at maxCacheBlocks (the figure replicaCache's comment and the README quote).
+// and at maxCacheBlocks (the figure replicaCache's comment and docs/serving.md's least_ttft
+// paragraph quote).
 func BenchmarkReplicaCacheMemory(b *testing.B) {
 	var before, after runtime.MemStats
 	var keep *replicaCache

@@ -30,7 +30,8 @@ const (
 // looked as good as an empty one. queue is the sharper signal that a request will wait for a
 // batch slot. On bench/routing's trace replay neither closes the gap to least_load's p99 TTFT
 // (llm_aware 958–1,051 ms with the busy term, 1,042–1,162 without, least_load 786–891) while
-// llm_aware's prefix-cache hit rate is higher (47 % against 40 %); see README "Measured".
+// llm_aware's prefix-cache hit rate is higher (47 % against 40 %); see docs/measurements.md,
+// "Routing quality".
 //
 // The second term of queue is the requests the proxy has sent since the replica's last scrape
 // (in flight here, not yet counted there): between two scrapes a burst would otherwise all go to

@@ -24,8 +24,9 @@ const (
 	LeastTTFT       = "least_ttft"
 	// Default is what an empty name selects: least_ttft, which on bench/routing beat
 	// least_load (SkyServe's default and Ferry's before) on TTFT p50 and p99 both on the Azure
-	// trace replay and on the multi-turn workload with long shared prefixes (README "Routing
-	// quality"). Without a prompt to read, or with nothing shared, it picks as least_load does.
+	// trace replay and on the multi-turn workload with long shared prefixes (docs/measurements.md,
+	// "Routing quality"). Without a prompt to read, or with nothing shared, it picks as
+	// least_load does.
 	Default = LeastTTFT
 )
 

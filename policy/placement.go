@@ -43,7 +43,8 @@ type MixSpec struct {
 // covers the shortfall and the next loss, on capacity that is not reclaimed; once spot is
 // READY again it goes with the rest of the fallback. SkyServe keeps its spare all the time, on
 // spot, and when spot runs short stands on-demand in for it too: Ferry pays for the spare
-// only while spot is short (`ferry sim --sweep` in README.md compares the two).
+// only while spot is short (docs/measurements.md, "Spot serving: `ferry sim --sweep`",
+// compares the two).
 func Split(target int, m MixSpec, readySpot int) Mix {
 	target = max(target, 0)
 	if !m.UseSpot {

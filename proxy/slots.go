@@ -17,8 +17,8 @@ import (
 // there is committed to that replica: it waits for one of that replica's sequences to end,
 // perhaps a long generation, while another replica frees a slot sooner. Holding it here makes
 // one queue served by every replica instead of one queue per replica, which is what shortens
-// the TTFT tail under bursts (bench/routing: see the README). Knative's activator does the same
-// for containerConcurrency.
+// the TTFT tail under bursts (bench/routing: docs/measurements.md, "Late binding"). Knative's
+// activator does the same for containerConcurrency.
 //
 // The cap is MaxInFlightPerReplica when set. By default it is each replica's batch size as
 // learned from its engine metrics (learnedCap, scrape.go), and a replica whose

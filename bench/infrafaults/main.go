@@ -12,7 +12,8 @@
 // local service and on the failing infra's service, how long `ferry serve status` takes,
 // whether `serve down` and `jobs cancel` on the failing infra complete or say exactly what they
 // left behind, and how long after the infra recovers it holds nothing of them. It exits
-// non-zero when a target is missed. See bench/README.md, "infrafaults".
+// non-zero when a target is missed. See bench/README.md (its table's infrafaults row), and
+// docs/placement.md, "When an infra fails", for the results.
 //
 //	go run ./bench/infrafaults            # about 10 minutes
 //	go run ./bench/infrafaults --short    # what the tests run

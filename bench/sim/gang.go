@@ -47,7 +47,7 @@ type GangOptions struct {
 	Speeds []float64
 }
 
-// DefaultGangOptions is the study README.md reports.
+// DefaultGangOptions is the study docs/measurements.md reports ("Cost per unit of work").
 func DefaultGangOptions() GangOptions {
 	return GangOptions{GPUs: []int{4, 8}, Steps: 20000, StepTime: 2 * time.Second,
 		Checkpoint: 30 * time.Minute, Restart: 10 * time.Minute, Speeds: []float64{0.5, 1, 2, 4, 8, 16, 32}}

@@ -37,7 +37,7 @@ sampled under load, as lines of the logger "access".
 
 With --store kubernetes --leader-elect several controllers share their state in the API server and
 elect a leader on a Lease; the others follow (forwarding the API to the leader, launching nothing)
-and one takes over within about 10 s of the leader's death (README: High availability).
+and one takes over within about 10 s of the leader's death (docs/kubernetes.md, High availability).
 
 Every other command starts it in the background when it is not running, so you rarely run this.`
 

@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Every command a user can type has help text and an example (the README promises it).
+// Every command a user can type has help text and an example (docs/cli.md promises it).
 func TestEveryCommandHasHelpAndExample(t *testing.T) {
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {

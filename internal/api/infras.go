@@ -12,9 +12,9 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 )
 
-// An infra that fails must be visible where people look (README "When an infra fails"): the
-// controller's breakers, the errors it counted and what it could not stop are read from its
-// memory, never from an infra, so that asking answers at once while an infra hangs.
+// An infra that fails must be visible where people look (docs/placement.md, "When an infra
+// fails"): the controller's breakers, the errors it counted and what it could not stop are read
+// from its memory, never from an infra, so that asking answers at once while an infra hangs.
 
 // InfraHealth is the controller's view of its infras: `ferry check` shows it, `jobs queue`
 // and `serve status -v` show parts of it.

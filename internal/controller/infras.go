@@ -15,7 +15,7 @@ import (
 // The controller's view of its infras, for people: what the provisioner's breakers say, the
 // errors they counted and what teardowns left behind. Everything here reads memory, never an
 // infra, so that `ferry check`, `serve status` and `jobs queue` answer at once while an infra
-// hangs (README "When an infra fails").
+// hangs (docs/placement.md, "When an infra fails").
 
 // Infras implements api.Backend. A controller that does not lead (it has no provisioner) knows
 // nothing of infras: its API forwards this route to the leader.

@@ -20,7 +20,7 @@ import (
 )
 
 // When the cluster fails. An API server that is down for an upgrade, overloaded or unreachable
-// must cost the rest of Ferry nothing (README "When an infra fails"):
+// must cost the rest of Ferry nothing (docs/placement.md, "When an infra fails"):
 //
 //   - Every error of a call to the API server is classified (classify): 429 wraps
 //     launcher.ErrThrottled; 5xx (ServiceUnavailable, InternalError, ServerTimeout, Timeout)

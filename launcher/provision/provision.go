@@ -4,11 +4,11 @@
 // that location for a while and the next placement is tried. List and Terminate reach the
 // infras that could hold the caller's instances.
 //
-// One broken infra never stalls the others (README "When an infra fails"): every call has a
-// deadline and feeds the infra's circuit breaker (health.go); List asks the infras at once and
-// reports one that fails or is slow as a launcher.Gap rather than failing whole; an infra that
-// is down is skipped at once; what a Terminate could not reach is kept as a leftover that the
-// janitor stops once its infra answers again (janitor.go).
+// One broken infra never stalls the others (docs/placement.md, "When an infra fails"): every
+// call has a deadline and feeds the infra's circuit breaker (health.go); List asks the infras at
+// once and reports one that fails or is slow as a launcher.Gap rather than failing whole; an
+// infra that is down is skipped at once; what a Terminate could not reach is kept as a leftover
+// that the janitor stops once its infra answers again (janitor.go).
 package provision
 
 import (
