@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
 
+	"github.com/ferryserve/ferry/internal/store/kubestore"
 	"github.com/ferryserve/ferry/internal/testcluster"
 	"github.com/ferryserve/ferry/internal/testhttp"
 )
@@ -195,11 +196,15 @@ func checkStateInAPIServer(t *testing.T, ctx context.Context, c *testcluster.Clu
 	for _, cm := range cms.Items {
 		kinds[cm.Labels["ferry.dev/kind"]]++
 	}
-	if kinds["service"] != 1 || kinds["replica"] < 2 {
-		t.Errorf("ConfigMaps of %s by kind: %v; want the service and its replicas", name, kinds)
+	if kinds["service"] != 1 || kinds["replica"] < 2 || kinds["sealed"] < 1 {
+		t.Errorf("ConfigMaps of %s by kind: %v; want the service, its replicas and its sealed values", name, kinds)
 	}
-	if _, err := c.Client().CoreV1().Secrets(ns).Get(ctx, "ferry-svc-"+name, metav1.GetOptions{}); err != nil {
-		t.Errorf("the service's Secret: %v", err)
+	// The values are sealed in ConfigMaps under the one state key: no Secret per record.
+	if _, err := c.Client().CoreV1().Secrets(ns).Get(ctx, "ferry-svc-"+name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("a Secret of the service's record: %v, want none", err)
+	}
+	if _, err := c.Client().CoreV1().Secrets(ns).Get(ctx, kubestore.KeySecret, metav1.GetOptions{}); err != nil {
+		t.Errorf("the state key: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(e.home, "ferry.db")); err == nil {
 		t.Error("a SQLite store was made beside the Kubernetes store")
