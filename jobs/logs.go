@@ -53,7 +53,14 @@ func (m *Manager) Logs(ctx context.Context, ref string, rank int, follow bool, w
 		if node, ok := nodeOf(j, rank); ok && j.Attempt > written {
 			written = j.Attempt
 			if err := m.liveLog(ctx, j, node, follow, w); err != nil {
-				return err
+				// The node is gone while the job still lists it (its pod deleted as the job
+				// ended, before the job forgot it): its log was archived before it was stopped.
+				if !errors.Is(err, launcher.ErrNotFound) {
+					return err
+				}
+				if _, aerr := m.archivedLog(j, rank, w); aerr != nil {
+					return err
+				}
 			}
 		} else if written == 0 && len(j.Nodes) == 0 {
 			// No gang runs: the latest one's archive, if any has run.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -502,5 +503,39 @@ func TestFailureBesideAWarnedNodeRecovers(t *testing.T) {
 	rec := e.waitFor(j.ID, 30*time.Second, "recovered", func(j jobs.Job) bool { return j.Attempt == 2 && j.State == jobs.Running })
 	if rec.Recoveries != 1 || rec.RestartsOnErrors != 0 || !strings.Contains(rec.History[0].Reason, "warned of its preemption") {
 		t.Errorf("recoveries %d restarts %d history %+v", rec.Recoveries, rec.RestartsOnErrors, rec.History)
+	}
+}
+
+// goneLogs is a provider whose nodes' logs are gone (a pod deleted as its job ended) while the
+// job may still list them.
+type goneLogs struct{ *gangs }
+
+func (goneLogs) LogPath(id string) (string, error) {
+	return "", fmt.Errorf("%w: no local log for %s", launcher.ErrNotFound, id)
+}
+
+func (goneLogs) StreamLogs(_ context.Context, id string, _ launcher.LogOptions, _ io.Writer) error {
+	return fmt.Errorf("%w: pod %s not found", launcher.ErrNotFound, id)
+}
+
+// TestLogsOfAGoneNodeComeFromItsArchive: `jobs logs --node N` for a node the job still lists
+// but whose log its infra no longer has (the pod deleted right as the job ended) prints the log
+// archived before the node was stopped, not "pod not found".
+func TestLogsOfAGoneNodeComeFromItsArchive(t *testing.T) {
+	e := newEnv(t)
+	e.provider = goneLogs{e.prov}
+	e.stop()
+	e.start()
+	j := e.submit("name: gone\nrun: exec sleep 600\n")
+	j = e.waitState(j.ID, jobs.Running)
+	archive := e.m.LogFile(j.ID, j.Attempt, 0)
+	if err := os.MkdirAll(filepath.Dir(archive), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(archive, []byte("the node's last words\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.logOf(j.ID, 0); got != "the node's last words\n" {
+		t.Errorf("logs of a gone node: %q, want its archive", got)
 	}
 }
