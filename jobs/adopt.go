@@ -216,8 +216,7 @@ func (m *Manager) stopStrays(ctx context.Context, id int64, attempt int) {
 		for _, in := range insts {
 			if in.Labels[launcher.LabelAttempt] != strconv.Itoa(attempt) {
 				m.log.Info("stopping a node of an earlier attempt", zap.Int64("job", j.ID), zap.String("instance", in.ID))
-				m.archiveLog(ctx, id, in)
-				_ = m.cfg.Provider.Terminate(ctx, in.ID)
+				_ = m.stopNode(ctx, id, in)
 			}
 		}
 	})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -587,8 +588,7 @@ func (m *Manager) terminateAll(ctx context.Context, j Job, insts []launcher.Inst
 					results <- stopped{in, fmt.Errorf("terminate panicked: %v", r)}
 				}
 			}()
-			m.archiveLog(ctx, j.ID, in)
-			results <- stopped{in, m.cfg.Provider.Terminate(ctx, in.ID)}
+			results <- stopped{in, m.stopNode(ctx, j.ID, in)}
 		}()
 	}
 	var left []launcher.Leftover
@@ -625,23 +625,68 @@ func (m *Manager) LogFile(id int64, attempt, rank int) string {
 	return filepath.Join(m.cfg.Dir, strconv.FormatInt(id, 10), fmt.Sprintf("attempt-%d-node-%d.log", attempt, rank))
 }
 
-// archiveLog copies a node's output to LogFile before the node is terminated, because some
-// infras drop it with the node (a deleted pod's log, a terminated VM's console).
-func (m *Manager) archiveLog(ctx context.Context, id int64, in launcher.Instance) {
+// stopNode terminates a node and archives its output to LogFile, with what it printed after
+// SIGTERM (a checkpoint's last words): the archive is opened before the node is stopped, because
+// some infras drop the output with the node (a deleted pod's log, a terminated VM's console),
+// and read to the end after it stopped, within ctx. A local log is held open (a descriptor
+// outlives the file's move); another infra's is followed from before Terminate until the
+// stream ends, as the node's program exits.
+func (m *Manager) stopNode(ctx context.Context, id int64, in launcher.Instance) error {
+	finish := m.archiveLog(ctx, id, in)
+	err := m.cfg.Provider.Terminate(ctx, in.ID)
+	finish()
+	return err
+}
+
+// archiveLog starts archiving in's output and returns the call that completes it.
+func (m *Manager) archiveLog(ctx context.Context, id int64, in launcher.Instance) (finish func()) {
 	attempt, _ := strconv.Atoi(in.Labels[launcher.LabelAttempt])
 	rank, _ := strconv.Atoi(in.Labels[launcher.LabelNodeRank])
 	dst := m.LogFile(id, attempt, rank)
+	warn := func(err error) { m.log.Debug("archive job log", zap.Int64("job", id), zap.String("instance", in.ID), zap.Error(err)) }
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		m.log.Warn("archive job log", zap.Error(err))
-		return
+		return func() {}
 	}
 	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		m.log.Warn("archive job log", zap.Error(err))
-		return
+		return func() {}
 	}
-	defer f.Close()
-	if err := copyNodeLog(ctx, m.cfg.Provider, in.ID, f); err != nil {
-		m.log.Debug("archive job log", zap.Int64("job", id), zap.String("instance", in.ID), zap.Error(err))
+	if ls, ok := m.cfg.Provider.(launcher.LogSource); ok {
+		if path, err := ls.LogPath(in.ID); err == nil {
+			src, err := os.Open(path)
+			if err != nil {
+				warn(err)
+				f.Close()
+				return func() {}
+			}
+			return func() {
+				if _, err := io.Copy(f, src); err != nil {
+					warn(err)
+				}
+				src.Close()
+				f.Close()
+			}
+		}
+	}
+	ls, ok := m.cfg.Provider.(launcher.LogStreamer)
+	if !ok {
+		f.Close()
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := ls.StreamLogs(ctx, in.ID, launcher.LogOptions{Tail: -1, Follow: true}, f); err != nil {
+			warn(err)
+		}
+	}()
+	return func() {
+		select {
+		case <-done: // the program exited and its stream ended
+		case <-ctx.Done(): // the stop's bound: keep what was read
+		}
+		go func() { <-done; f.Close() }()
 	}
 }

@@ -539,3 +539,26 @@ func TestLogsOfAGoneNodeComeFromItsArchive(t *testing.T) {
 		t.Errorf("logs of a gone node: %q, want its archive", got)
 	}
 }
+
+// TestArchiveKeepsWhatANodePrintsAfterSIGTERM: a cancelled node's checkpoint message, printed
+// after its SIGTERM, is in the log `jobs logs` shows once the job has ended (before, the log
+// was archived before the node was stopped).
+func TestArchiveKeepsWhatANodePrintsAfterSIGTERM(t *testing.T) {
+	e := newEnv(t)
+	j := e.submit(`name: lastwords
+run: |
+  trap 'echo "checkpoint saved at step 7"; exit 0' TERM
+  echo started
+  while true; do sleep 0.05; done
+`)
+	e.waitFor(j.ID, 10*time.Second, "printed its first line", func(j jobs.Job) bool {
+		return j.State == jobs.Running && strings.Contains(e.logOf(j.ID, 0), "started")
+	})
+	if _, err := e.m.Cancel(j.ID); err != nil {
+		t.Fatal(err)
+	}
+	e.waitState(j.ID, jobs.Cancelled)
+	if got := e.logOf(j.ID, 0); !strings.Contains(got, "checkpoint saved at step 7") {
+		t.Errorf("the ended job's log %q lacks what the node printed after SIGTERM", got)
+	}
+}
