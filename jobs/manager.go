@@ -643,7 +643,9 @@ func (m *Manager) archiveLog(ctx context.Context, id int64, in launcher.Instance
 	attempt, _ := strconv.Atoi(in.Labels[launcher.LabelAttempt])
 	rank, _ := strconv.Atoi(in.Labels[launcher.LabelNodeRank])
 	dst := m.LogFile(id, attempt, rank)
-	warn := func(err error) { m.log.Debug("archive job log", zap.Int64("job", id), zap.String("instance", in.ID), zap.Error(err)) }
+	warn := func(err error) {
+		m.log.Debug("archive job log", zap.Int64("job", id), zap.String("instance", in.ID), zap.Error(err))
+	}
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		m.log.Warn("archive job log", zap.Error(err))
 		return func() {}
