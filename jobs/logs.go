@@ -93,6 +93,18 @@ func nodeOf(j Job, rank int) (Node, bool) {
 	return Node{}, false
 }
 
+// archiveFrom writes attempt's archived log of rank from byte offset on, if it holds more.
+func (m *Manager) archiveFrom(id int64, attempt, rank int, offset int64, w io.Writer) {
+	f, err := os.Open(m.LogFile(id, attempt, rank))
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err == nil {
+		_, _ = io.Copy(w, f)
+	}
+}
+
 // archivedLog writes the latest archived log of rank and returns its attempt.
 func (m *Manager) archivedLog(j Job, rank int, w io.Writer) (int, error) {
 	for a := j.Attempt; a >= 1; a-- {
@@ -112,6 +124,7 @@ func (m *Manager) liveLog(ctx context.Context, j Job, node Node, follow bool, w 
 	if !follow {
 		return copyNodeLog(ctx, m.cfg.Provider, node.InstanceID, w)
 	}
+	parent := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Stop following once the node is no longer the job's (ended, recovered elsewhere).
@@ -138,11 +151,19 @@ func (m *Manager) liveLog(ctx context.Context, j Job, node Node, follow bool, w 
 	}
 	if ls, ok := m.cfg.Provider.(launcher.LogStreamer); ok {
 		// A node that has not started yet (a pod still Pending) has no log to follow yet.
-		err := launcher.StreamLogsRetrying(ctx, ls, node.InstanceID, launcher.LogOptions{Tail: -1, Follow: true}, w, time.Second)
-		if errors.Is(err, launcher.ErrNotFound) {
-			return nil // the node went
+		cw := &launcher.CountingWriter{W: w}
+		err := launcher.StreamLogsRetrying(ctx, ls, node.InstanceID, launcher.LogOptions{Tail: -1, Follow: true}, cw, time.Second)
+		if err != nil && !errors.Is(err, launcher.ErrNotFound) { // ErrNotFound: the node went
+			return err
 		}
-		return err
+		// A polled log (a VM's console) lags its program by a poll, and the stream stops when
+		// the node is stopped: the rest is in the node's archive, complete once the node has
+		// left the job (the watcher above). Print what the stream did not.
+		<-ctx.Done()
+		if parent.Err() == nil {
+			m.archiveFrom(j.ID, j.Attempt, node.Rank, cw.N, w)
+		}
+		return nil
 	}
 	return fmt.Errorf("%w: no log for %s", launcher.ErrNotFound, node.InstanceID)
 }

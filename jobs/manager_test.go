@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -560,5 +561,64 @@ run: |
 	e.waitState(j.ID, jobs.Cancelled)
 	if got := e.logOf(j.ID, 0); !strings.Contains(got, "checkpoint saved at step 7") {
 		t.Errorf("the ended job's log %q lacks what the node printed after SIGTERM", got)
+	}
+}
+
+// polledLogs serves a node's log as a VM's console does: read again every two seconds, never
+// pushed, with no file Ferry may follow.
+type polledLogs struct{ *gangs }
+
+func (polledLogs) LogPath(id string) (string, error) {
+	return "", fmt.Errorf("%w: no local log for %s", launcher.ErrNotFound, id)
+}
+
+func (p polledLogs) StreamLogs(ctx context.Context, id string, opts launcher.LogOptions, w io.Writer) error {
+	path, err := p.gangs.LogPath(id)
+	if err != nil {
+		return err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for {
+		if _, err := io.Copy(w, f); err != nil || !opts.Follow {
+			return err
+		}
+		insts, err := p.List(ctx, map[string]string{})
+		if err != nil {
+			return err
+		}
+		running := slices.ContainsFunc(insts, func(in launcher.Instance) bool { return in.ID == id && in.State == launcher.StateRunning })
+		if !running {
+			_, err := io.Copy(w, f)
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// TestFollowedPolledLogKeepsTheLastLines: following node 0 of a job on an infra whose log is
+// polled (a VM's console), what the node printed last, after the stream's last poll, still
+// reaches the follower (`jobs launch` streaming), from the node's archive.
+func TestFollowedPolledLogKeepsTheLastLines(t *testing.T) {
+	e := newEnv(t)
+	e.provider = polledLogs{e.prov}
+	e.stop()
+	e.start()
+	j := e.submit("name: polled\nrun: |\n  echo first\n  sleep 0.3\n  echo last words\n")
+	var out strings.Builder
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.m.Logs(ctx, strconv.FormatInt(j.ID, 10), 0, true, &out); err != nil {
+		t.Fatal(err)
+	}
+	if got := out.String(); !strings.Contains(got, "first") || !strings.Contains(got, "last words") || strings.Count(got, "first") != 1 {
+		t.Errorf("followed log %q: want first and last words, each once", got)
 	}
 }

@@ -13,13 +13,13 @@ import (
 // over would repeat it. It returns nil when the stream ended, or ctx ended while following,
 // and an error wrapping ErrNotFound when the instance is gone.
 func StreamLogsRetrying(ctx context.Context, s LogStreamer, id string, opts LogOptions, w io.Writer, retry time.Duration) error {
-	cw := &countingWriter{w: w}
+	cw := &CountingWriter{W: w}
 	for {
 		err := s.StreamLogs(ctx, id, opts, cw)
 		switch {
 		case err == nil, opts.Follow && ctx.Err() != nil:
 			return nil
-		case errors.Is(err, ErrNotFound), !opts.Follow, cw.n > 0:
+		case errors.Is(err, ErrNotFound), !opts.Follow, cw.N > 0:
 			return err
 		}
 		select {
@@ -30,14 +30,14 @@ func StreamLogsRetrying(ctx context.Context, s LogStreamer, id string, opts LogO
 	}
 }
 
-// countingWriter counts what reached w.
-type countingWriter struct {
-	w io.Writer
-	n int64
+// CountingWriter counts the bytes that reached W.
+type CountingWriter struct {
+	W io.Writer
+	N int64
 }
 
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
+func (c *CountingWriter) Write(p []byte) (int, error) {
+	n, err := c.W.Write(p)
+	c.N += int64(n)
 	return n, err
 }
