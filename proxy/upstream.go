@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/ferryserve/ferry/internal/privnet"
 )
 
 // Upstream client settings, per replica.
@@ -234,7 +236,12 @@ func (ex *exchange) unbind() bool {
 	return c.bound.CompareAndSwap(ex, nil) || !c.clientLeft.Load()
 }
 
+// defaultDial connects to a replica: a local replica in Ferry's private network with a socket
+// from its helper (internal/privnet), any other directly.
 func defaultDial(addr string) (net.Conn, error) {
+	if privnet.Private(addr) {
+		return privnet.Dial(addr, dialTimeout)
+	}
 	d := net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
 	return d.Dial("tcp", addr)
 }

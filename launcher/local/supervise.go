@@ -33,9 +33,14 @@ import (
 const SuperviseCommand = "local-supervise"
 
 // superviseArgs is the command line, after the binary, that runs argv under a supervisor that
-// moves binds of port on the wildcard or 127.0.0.1 to host.
-func superviseArgs(host string, port int, argv []string) []string {
-	return append([]string{SuperviseCommand, "--addr", host, "--port", strconv.Itoa(port), "--"}, argv...)
+// moves binds of port on the wildcard or 127.0.0.1 to host; into Ferry's private network, whose
+// helper listens at netns, unless netns is "".
+func superviseArgs(host string, port int, netns string, argv []string) []string {
+	args := []string{SuperviseCommand, "--addr", host, "--port", strconv.Itoa(port)}
+	if netns != "" {
+		args = append(args, "--netns", netns)
+	}
+	return append(append(args, "--"), argv...)
 }
 
 // superviseConfig is the parsed command line of SuperviseCommand.
@@ -45,7 +50,10 @@ type superviseConfig struct {
 	workload bool
 	addr     string
 	port     int
-	argv     []string
+	// netns is the private network's helper socket (internal/privnet); "" keeps the serving
+	// port on the host's loopback.
+	netns string
+	argv  []string
 }
 
 func parseSuperviseArgs(args []string) (superviseConfig, error) {
@@ -54,13 +62,15 @@ func parseSuperviseArgs(args []string) (superviseConfig, error) {
 		switch a := args[i]; a {
 		case "--workload":
 			c.workload = true
-		case "--addr", "--port":
+		case "--addr", "--port", "--netns":
 			if i+1 >= len(args) {
 				return c, fmt.Errorf("%s needs a value", a)
 			}
 			i++
 			if a == "--addr" {
 				c.addr = args[i]
+			} else if a == "--netns" {
+				c.netns = args[i]
 			} else if p, err := strconv.Atoi(args[i]); err != nil || p <= 0 || p > 65535 {
 				return c, fmt.Errorf("bad port %q", args[i])
 			} else {
