@@ -108,7 +108,9 @@ func (c *Client) Socket(domain int) (int, error) {
 // helperError is the helper's refusal to make a socket.
 type helperError struct{ errno unix.Errno }
 
-func (e *helperError) Error() string { return "the private network's helper could not make a socket: " + e.errno.Error() }
+func (e *helperError) Error() string {
+	return "the private network's helper could not make a socket: " + e.errno.Error()
+}
 func (e *helperError) Unwrap() error { return e.errno }
 
 // request sends one request on the connection and receives its answer.

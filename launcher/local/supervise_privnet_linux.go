@@ -178,7 +178,7 @@ func privateSupported() error {
 		return fmt.Errorf("kernel release %q unreadable: %w", release, err)
 	}
 	if major < 5 || major == 5 && minor < 9 {
-		return fmt.Errorf("Linux %s lacks SECCOMP_ADDFD_FLAG_SETFD (5.9+)", release)
+		return fmt.Errorf("kernel %s lacks SECCOMP_ADDFD_FLAG_SETFD (Linux 5.9+)", release)
 	}
 	return nil
 }
