@@ -44,7 +44,9 @@ func TestLocalReplicaOnlyFerryReaches(t *testing.T) {
 	dump := t.TempDir()
 	file := filepath.Join(t.TempDir(), "private.yaml")
 	writeFile(t, file, privnetYAML)
-	e.mustRun("serve", "up", file, "-y", "--env", "DUMP_DIR="+dump)
+	if out := e.mustRun("serve", "up", file, "-y", "--env", "DUMP_DIR="+dump); strings.Contains(out, "listens on loopback") {
+		t.Errorf("serve up says a replica is on loopback:\n%s", out)
+	}
 	var st serviceStatus
 	eventually(t, 90*time.Second, "1 READY replica", func() (bool, string) {
 		var err error

@@ -55,6 +55,14 @@ func Private(addr string) bool {
 	return strings.HasPrefix(addr, rangePrefix)
 }
 
+// OpenToLocalUsers reports whether addr (host:port) is a replica address that every user of
+// this host can connect to: loopback outside Range, where a local replica listens when the
+// private network is unavailable (or for a multi-node replica's nodes).
+func OpenToLocalUsers(addr string) bool {
+	ap, err := netip.ParseAddrPort(addr)
+	return err == nil && ap.Addr().Unmap().IsLoopback() && !Range.Contains(ap.Addr().Unmap())
+}
+
 var (
 	defaultMu     sync.Mutex
 	defaultClient *Client

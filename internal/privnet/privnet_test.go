@@ -204,3 +204,27 @@ func BenchmarkProxiedKeepAlive(b *testing.B) {
 		})
 	}
 }
+
+// Which replica addresses are dialled through the helper (Private), and which are open to every
+// user of the host (OpenToLocalUsers, for serve up's note).
+func TestAddressKinds(t *testing.T) {
+	for _, tc := range []struct {
+		addr              string
+		wantPrivate, open bool
+	}{
+		{"127.255.3.4:8000", true, false},
+		{"127.0.0.1:8000", false, true},
+		{"127.12.3.4:8000", false, true},
+		{"[::1]:8000", false, true},
+		{"10.0.0.5:8000", false, false},
+		{"replica.example:8000", false, false},
+		{"", false, false},
+	} {
+		if got := privnet.Private(tc.addr); got != tc.wantPrivate {
+			t.Errorf("Private(%q) = %v, want %v", tc.addr, got, tc.wantPrivate)
+		}
+		if got := privnet.OpenToLocalUsers(tc.addr); got != tc.open {
+			t.Errorf("OpenToLocalUsers(%q) = %v, want %v", tc.addr, got, tc.open)
+		}
+	}
+}
