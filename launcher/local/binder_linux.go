@@ -369,7 +369,8 @@ func readTargetMem(tid int, addr uint64, n int) ([]byte, error) {
 
 // target is where a bind of or connect to raw (a struct sockaddr) goes instead, if it moves
 // at all: the task's port on 0.0.0.0 or 127.0.0.1 (IPv4), or on ::, ::1 or the IPv4-mapped
-// forms (IPv6, the replica's address mapped).
+// forms (IPv6, the replica's address mapped); in the private network also on the replica's own
+// address, which there is reached only on a private socket (supervise_privnet_linux.go).
 func (b *binder) target(raw []byte) (unix.Sockaddr, bool) {
 	addr, ok := parseSockaddr(raw)
 	if !ok || int(addr.Port()) != b.port {

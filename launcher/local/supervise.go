@@ -27,6 +27,13 @@ import (
 // uvicorn, and so vLLM, skip its graceful shutdown), waits for the workload and ends as it
 // did: same exit status, or killed by the same signal. Where seccomp user notification is
 // unavailable, the workload runs as before and its log says so.
+//
+// With --netns the serving port goes into Ferry's private network (internal/privnet): the
+// bind of the task's port, on the wildcard, loopback or the replica's own address, gets a
+// socket made there in place of the program's, and so do the replica's own connects to it
+// (supervise_privnet_linux.go). The supervisor's connection to the network's helper keeps the
+// helper running for as long as the replica runs, also after the controller that started it
+// has gone.
 
 // SuperviseCommand is the hidden ferry subcommand that runs Supervise; the ferry binary's main
 // must dispatch it (with the arguments after it) before anything else reads the command line.
