@@ -21,6 +21,9 @@ const (
 	reqInet6 byte = '6'
 )
 
+// helperTimeout bounds one request to the helper, which answers in microseconds.
+const helperTimeout = 3 * time.Second
+
 // Client gets sockets from the helper of one FERRY_HOME. It keeps one connection, which also
 // keeps the helper running (the helper ends with its last client), and reconnects once when
 // the connection broke. It is safe for concurrent use; requests take turns on the connection.
@@ -57,6 +60,11 @@ func (c *Client) connectLocked() error {
 		_ = unix.Close(fd)
 		return fmt.Errorf("%w: connect %s: %v", ErrUnreachable, c.path, err)
 	}
+	// A helper that stops answering (stopped, wedged) fails dials after helperTimeout rather
+	// than holding every dial of this process.
+	tv := unix.NsecToTimeval(helperTimeout.Nanoseconds())
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_SNDTIMEO, &tv)
 	c.fd = fd
 	return nil
 }
