@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ferryserve/ferry/internal/privnet"
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // privnetYAML is a keyed service whose run waits for its own server on localhost, as a run's

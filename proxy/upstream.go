@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
-
-	"github.com/ferryserve/ferry/internal/privnet"
 )
 
 // Upstream client settings, per replica.
@@ -236,11 +234,27 @@ func (ex *exchange) unbind() bool {
 	return c.bound.CompareAndSwap(ex, nil) || !c.clientLeft.Load()
 }
 
-// defaultDial connects to a replica: a local replica in Ferry's private network with a socket
-// from its helper (internal/privnet), any other directly.
+// privateDialer dials the replica addresses that a plain dial never reaches: local replicas in
+// Ferry's private network (launcher/privnet), whose sockets come from its helper.
+type privateDialer struct {
+	private func(addr string) bool
+	dial    func(addr string, timeout time.Duration) (net.Conn, error)
+}
+
+var privateDial atomic.Pointer[privateDialer]
+
+// SetPrivateDial makes every Service dial the addresses private reports with dial instead of
+// directly. The ferry binary sets launcher/privnet's at start (the controller's proxies and
+// attached proxies alike); without it every address is dialled directly.
+func SetPrivateDial(private func(addr string) bool, dial func(addr string, timeout time.Duration) (net.Conn, error)) {
+	privateDial.Store(&privateDialer{private: private, dial: dial})
+}
+
+// defaultDial connects to a replica: through SetPrivateDial's dialer when it takes the address,
+// else directly.
 func defaultDial(addr string) (net.Conn, error) {
-	if privnet.Private(addr) {
-		return privnet.Dial(addr, dialTimeout)
+	if pd := privateDial.Load(); pd != nil && pd.private(addr) {
+		return pd.dial(addr, dialTimeout)
 	}
 	d := net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
 	return d.Dial("tcp", addr)

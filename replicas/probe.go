@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/ferryserve/ferry/configs"
-	"github.com/ferryserve/ferry/internal/privnet"
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // Probe defaults, SkyServe's, used when the task leaves a field at zero.

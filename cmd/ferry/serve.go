@@ -27,9 +27,9 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
-	"github.com/ferryserve/ferry/internal/privnet"
 	"github.com/ferryserve/ferry/internal/home"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/privnet"
 	"github.com/ferryserve/ferry/replicas"
 )
 
@@ -246,7 +246,7 @@ func reviewLaunch(cmd *cobra.Command, task *configs.Task, kind, name string, dry
 
 // printLoopbackNote says when a local replica of the service listens on loopback, where every
 // user of the host reaches it past the service's API keys, rather than in Ferry's private
-// network (internal/privnet): the controller's log says why.
+// network (launcher/privnet): the controller's log says why.
 func printLoopbackNote(ctx context.Context, c *api.Client, name string, out io.Writer) {
 	list, err := c.Services(ctx, name)
 	if err != nil || len(list) != 1 {

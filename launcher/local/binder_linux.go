@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ferryserve/ferry/internal/privnet"
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // binder answers the workload's bind(2) and connect(2) notifications. A bind of the task's

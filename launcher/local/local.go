@@ -28,9 +28,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/configs"
-	"github.com/ferryserve/ferry/internal/privnet"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets"
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // Options configures a Provider.
@@ -59,7 +59,7 @@ type Options struct {
 	// runs such replicas as any other, where only binds of $FERRY_HOST share the port.
 	Supervisor string
 	// PrivateNetwork puts the serving port of every service replica in Ferry's private network
-	// (internal/privnet), where only Ferry's dialers reach it, instead of on loopback, where
+	// (launcher/privnet), where only Ferry's dialers reach it, instead of on loopback, where
 	// every user of the host does. It needs Supervisor, Linux 5.9+ and unprivileged user
 	// namespaces; without them replicas listen on loopback and the log says why. Jobs' nodes
 	// stay on loopback.

@@ -16,8 +16,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/ferryserve/ferry/internal/privnet"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // helperLaunchEnv makes the test binary act as a short-lived controller: it launches one

@@ -14,8 +14,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/ferryserve/ferry/internal/privnet"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // Replicas on a fixed port. SkyPilot's serving tasks fix their port in the run command
@@ -29,7 +29,7 @@ import (
 //
 // A network namespace per replica would let an unmodified 0.0.0.0 bind work too, but without
 // root a fresh namespace has no route out (a model download fails). So only the serving socket
-// moves into a namespace (Ferry's private network, internal/privnet), which the proxy dials
+// moves into a namespace (Ferry's private network, launcher/privnet), which the proxy dials
 // with sockets from its helper: with Options.PrivateNetwork a service replica gets an address
 // in privnet.Range and runs under the supervisor whether or not it fixes its port, and its
 // program's other sockets stay on the host's network.

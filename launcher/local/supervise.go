@@ -28,7 +28,7 @@ import (
 // did: same exit status, or killed by the same signal. Where seccomp user notification is
 // unavailable, the workload runs as before and its log says so.
 //
-// With --netns the serving port goes into Ferry's private network (internal/privnet): the
+// With --netns the serving port goes into Ferry's private network (launcher/privnet): the
 // bind of the task's port, on the wildcard, loopback or the replica's own address, gets a
 // socket made there in place of the program's, and so do the replica's own connects to it
 // (supervise_privnet_linux.go). The supervisor's connection to the network's helper keeps the
@@ -57,7 +57,7 @@ type superviseConfig struct {
 	workload bool
 	addr     string
 	port     int
-	// netns is the private network's helper socket (internal/privnet); "" keeps the serving
+	// netns is the private network's helper socket (launcher/privnet); "" keeps the serving
 	// port on the host's loopback.
 	netns string
 	argv  []string

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ferryserve/ferry/internal/privnet"
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // What golang.org/x/sys/unix lacks from include/uapi/linux/seccomp.h.

@@ -12,7 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The serving port in Ferry's private network (internal/privnet). A supervised replica whose
+// The serving port in Ferry's private network (launcher/privnet). A supervised replica whose
 // address is in privnet.Range gets, for the bind of its serving port, a socket made in the
 // private network in place of its own: the binder asks the helper for one of the same family,
 // carries over what the program set on its socket (blocking mode, SO_REUSEADDR, SO_REUSEPORT,

@@ -18,8 +18,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/ferryserve/ferry/internal/privnet"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // privateProvider runs service replicas in Ferry's private network, under this test binary as

@@ -20,14 +20,14 @@ package privnet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/ferryserve/ferry/internal/home"
 )
 
 // HelperCommand is the hidden ferry subcommand that runs Serve; the ferry binary's main must
@@ -82,13 +82,26 @@ func Default() (*Client, error) {
 	defaultMu.Lock()
 	defer defaultMu.Unlock()
 	if defaultClient == nil {
-		h, err := home.Default()
+		dir, err := ferryHome()
 		if err != nil {
 			return nil, err
 		}
-		defaultClient = NewClient(filepath.Join(h.LocalDir(), SocketName))
+		defaultClient = NewClient(filepath.Join(dir, "local", SocketName))
 	}
 	return defaultClient, nil
+}
+
+// ferryHome is $FERRY_HOME, or ~/.ferry: internal/home's rule, which a launcher package may not
+// import (docs/ARCHITECTURE.md, "Import rules").
+func ferryHome() (string, error) {
+	if d := os.Getenv("FERRY_HOME"); d != "" {
+		return filepath.Abs(d)
+	}
+	h, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("find home directory (set FERRY_HOME): %w", err)
+	}
+	return filepath.Join(h, ".ferry"), nil
 }
 
 // Dial connects to addr, an address in Range, through the default client, within timeout.

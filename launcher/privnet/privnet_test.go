@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/ferryserve/ferry/internal/privnet"
+	"github.com/ferryserve/ferry/launcher/privnet"
 	"github.com/ferryserve/ferry/proxy"
 )
 
@@ -162,6 +162,7 @@ func serveUpstream(b *testing.B, ln net.Listener) {
 func BenchmarkProxiedKeepAlive(b *testing.B) {
 	c := openHelper(b)
 	privnet.SetDefault(c)
+	proxy.SetPrivateDial(privnet.Private, privnet.Dial) // as the ferry binary does
 	b.Cleanup(func() { privnet.SetDefault(nil) })
 	for _, where := range []string{"loopback", "private"} {
 		b.Run(where, func(b *testing.B) {
