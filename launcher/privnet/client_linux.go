@@ -121,14 +121,25 @@ func (e *helperError) Error() string {
 }
 func (e *helperError) Unwrap() error { return e.errno }
 
-// request sends one request on the connection and receives its answer.
+// request sends one request on the connection and receives its answer. EINTR is retried: with
+// SO_RCVTIMEO set the kernel does not restart the call after a signal (the Go runtime's
+// preemption signal among them).
 func (c *Client) request(req byte) (int, error) {
-	if _, err := unix.Write(c.fd, []byte{req}); err != nil {
-		return -1, err
+	for {
+		_, err := unix.Write(c.fd, []byte{req})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EINTR) {
+			return -1, err
+		}
 	}
 	var buf [1]byte
 	oob := make([]byte, unix.CmsgSpace(4))
 	n, oobn, _, _, err := unix.Recvmsg(c.fd, buf[:], oob, unix.MSG_CMSG_CLOEXEC)
+	for errors.Is(err, unix.EINTR) {
+		n, oobn, _, _, err = unix.Recvmsg(c.fd, buf[:], oob, unix.MSG_CMSG_CLOEXEC)
+	}
 	if err != nil {
 		return -1, err
 	}

@@ -228,6 +228,7 @@ func (h *helper) leaveIfIdle() {
 		return
 	}
 	_ = os.Remove(h.path)
+	fmt.Fprintf(os.Stderr, "ferry %s: no client left; leaving\n", HelperCommand)
 	os.Exit(0)
 }
 
@@ -261,6 +262,9 @@ func (h *helper) client(fd int) {
 			continue
 		}
 		err = unix.Sendmsg(fd, []byte{0}, unix.UnixRights(s), nil, 0)
+		for errors.Is(err, unix.EINTR) {
+			err = unix.Sendmsg(fd, []byte{0}, unix.UnixRights(s), nil, 0)
+		}
 		_ = unix.Close(s)
 		if err != nil {
 			return

@@ -35,13 +35,26 @@ func openHelper(tb testing.TB) *privnet.Client {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	tb.Cleanup(func() { os.RemoveAll(dir) })
+	helperLog = filepath.Join(dir, "netns.log")
+	tb.Cleanup(func() {
+		os.RemoveAll(dir)
+	})
 	c, err := privnet.Open(self, filepath.Join(dir, privnet.SocketName), filepath.Join(dir, "netns.log"))
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// helperLog is the output of the helper openHelper started last, for failures to quote.
+var helperLog string
+
+// failWithLog fails tb with err and the helper's output.
+func failWithLog(tb testing.TB, err error) {
+	tb.Helper()
+	log, _ := os.ReadFile(helperLog)
+	tb.Fatalf("%v\nthe helper's output:\n%s", err, log)
 }
 
 // privateListener listens on addr (port 0 for any) in c's private network.
@@ -136,7 +149,7 @@ func BenchmarkDial(b *testing.B) {
 			conn, err := c.DialContext(ctx, priv.Addr().String())
 			cancel()
 			if err != nil {
-				b.Fatal(err)
+				failWithLog(b, err)
 			}
 			conn.Close()
 		}
