@@ -181,8 +181,9 @@ func supervise(c superviseConfig) {
 		b := &binder{listener: listener, host: c.addr, port: c.port, private: c.netns != ""}
 		if b.private {
 			// The connection also keeps the helper running for as long as this replica runs.
-			if b.net = privnet.NewClient(c.netns); b.net.Connect() != nil {
-				fmt.Fprintf(os.Stderr, "ferry: binds of port %d fail: %v\n", c.port, b.net.Connect())
+			b.net = privnet.NewClient(c.netns)
+			if err := b.net.Connect(); err != nil {
+				fmt.Fprintf(os.Stderr, "ferry: binds of port %d fail: %v\n", c.port, err)
 				b.net = nil
 			}
 		}
