@@ -123,7 +123,7 @@ func testFixedPort(t *testing.T, host string) (*env, int) {
 	}
 	total := 0
 	for id, ep := range ready {
-		n := successCount(t, ep)
+		n := successCount(t, e, ep)
 		t.Logf("replica %d at %s served %d", id, ep, n)
 		if n == 0 {
 			t.Errorf("replica %d at %s served nothing of %d requests", id, ep, sent)
@@ -162,10 +162,11 @@ func freeTCPPort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// successCount reads vllm:request_success_total from a replica-sim's /metrics.
-func successCount(t *testing.T, endpoint string) int {
+// successCount reads vllm:request_success_total from a replica-sim's /metrics, in e's private
+// network (privnet_test.go).
+func successCount(t *testing.T, e *env, endpoint string) int {
 	t.Helper()
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get("http://" + endpoint + "/metrics")
+	resp, err := replicaClient(e).Get("http://" + endpoint + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -82,6 +82,11 @@ func TestHAControllerFailover(t *testing.T) {
 	// front of both would be), which names the leader.
 	proxyHome := &env{t: t, home: shortTempDir(t, "ferry-ha-proxy-")}
 	copyFile(t, filepath.Join(a.home, "proxy.token"), filepath.Join(proxyHome.home, "proxy.token"))
+	// The local replicas listen in the controllers' private network, whose helper's socket is in
+	// the shared local/: proxies on this host reach them through it.
+	if err := os.Symlink(shared, filepath.Join(proxyHome.home, "local")); err != nil {
+		t.Fatal(err)
+	}
 	var endpoints, proxyLogs []string
 	for _, controllers := range []string{a.url + "," + b.url, b.url} {
 		listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ferryserve/ferry/internal/testhttp"
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // Attacks a local user without the controller token, or a client of a service, could mount on
@@ -236,6 +237,15 @@ func TestAttachedProxyElsewhereHoldsOnlyTheAttachToken(t *testing.T) {
 			t.Fatalf("the controller's home has no %s: %v", name, err)
 		}
 		writeFile(t, filepath.Join(remote.home, name), string(b))
+	}
+	// The local replicas listen in the controller's private network, which only a proxy of its
+	// FERRY_HOME reaches (another machine could not reach a local replica at all): the stand-in
+	// for another machine is lent the network's socket, nothing else of the home.
+	if err := os.Mkdir(filepath.Join(remote.home, "local"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(e.home, "local", privnet.SocketName), filepath.Join(remote.home, "local", privnet.SocketName)); err != nil {
+		t.Fatal(err)
 	}
 
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))

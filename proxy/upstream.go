@@ -234,7 +234,28 @@ func (ex *exchange) unbind() bool {
 	return c.bound.CompareAndSwap(ex, nil) || !c.clientLeft.Load()
 }
 
+// privateDialer dials the replica addresses that a plain dial never reaches: local replicas in
+// Ferry's private network (launcher/privnet), whose sockets come from its helper.
+type privateDialer struct {
+	private func(addr string) bool
+	dial    func(addr string, timeout time.Duration) (net.Conn, error)
+}
+
+var privateDial atomic.Pointer[privateDialer]
+
+// SetPrivateDial makes every Service dial the addresses private reports with dial instead of
+// directly. The ferry binary sets launcher/privnet's at start (the controller's proxies and
+// attached proxies alike); without it every address is dialled directly.
+func SetPrivateDial(private func(addr string) bool, dial func(addr string, timeout time.Duration) (net.Conn, error)) {
+	privateDial.Store(&privateDialer{private: private, dial: dial})
+}
+
+// defaultDial connects to a replica: through SetPrivateDial's dialer when it takes the address,
+// else directly.
 func defaultDial(addr string) (net.Conn, error) {
+	if pd := privateDial.Load(); pd != nil && pd.private(addr) {
+		return pd.dial(addr, dialTimeout)
+	}
 	d := net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
 	return d.Dial("tcp", addr)
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // Probe defaults, SkyServe's, used when the task leaves a field at zero.
@@ -47,12 +49,20 @@ func (s probeState) record(now time.Time, err error) probeState {
 }
 
 // newProbeClient is the default probe client: no proxy from the environment (replicas are
-// dialled directly) and no kept-alive connections, so a replica that restarted on the same
-// address is not probed over a dead connection.
+// dialled directly, a local replica in Ferry's private network with a socket from its helper)
+// and no kept-alive connections, so a replica that restarted on the same address is not probed
+// over a dead connection.
 func newProbeClient() *http.Client {
+	var direct net.Dialer
 	return &http.Client{Transport: &http.Transport{
 		Proxy:             nil,
 		DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if privnet.Private(addr) {
+				return privnet.DialContext(ctx, addr)
+			}
+			return direct.DialContext(ctx, network, addr)
+		},
 	}}
 }
 

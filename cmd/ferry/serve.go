@@ -29,6 +29,7 @@ import (
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/home"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/privnet"
 	"github.com/ferryserve/ferry/replicas"
 )
 
@@ -185,6 +186,7 @@ func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 		}
 	}
 	fmt.Fprintf(out, "\nService %q is up.\nEndpoint: %s\n", name, st.Endpoint)
+	printLoopbackNote(ctx, c, name, out)
 	if cs, err := c.ControllerStatus(ctx); err == nil {
 		if cs.Gateway != "" {
 			fmt.Fprintf(out, "Gateway:  %s (one endpoint for every service; the request's \"model\" picks it)\n", cs.Gateway)
@@ -240,6 +242,23 @@ func reviewLaunch(cmd *cobra.Command, task *configs.Task, kind, name string, dry
 		return false, errors.New("aborted")
 	}
 	return true, nil
+}
+
+// printLoopbackNote says when a local replica of the service listens on loopback, where every
+// user of the host reaches it past the service's API keys, rather than in Ferry's private
+// network (launcher/privnet): the controller's log says why.
+func printLoopbackNote(ctx context.Context, c *api.Client, name string, out io.Writer) {
+	list, err := c.Services(ctx, name)
+	if err != nil || len(list) != 1 {
+		return
+	}
+	for _, r := range list[0].Replicas {
+		if privnet.OpenToLocalUsers(r.Endpoint) {
+			fmt.Fprintf(out, "Note: replica %d listens on loopback at %s, where every user of this host can send it requests "+
+				"past the service's API keys (see \"local replicas listen on loopback\" in controller.log for why).\n", r.ID, r.Endpoint)
+			return
+		}
+	}
 }
 
 // printNotes says what Ferry accepted in the task file but reads its own way (a deprecated

@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // binder answers the workload's bind(2) and connect(2) notifications. A bind of the task's
@@ -34,6 +36,13 @@ type binder struct {
 	listener int
 	host     string
 	port     int
+	// private puts the serving port in Ferry's private network (supervise_privnet_linux.go):
+	// binds of it, and the replica's own connects to it, get a socket made there in place of
+	// the program's. Binds of the replica's own address with the task's port go there too.
+	private bool
+	// net makes those sockets; nil when the helper could not be reached, and the serving port
+	// then cannot be bound (the log says why).
+	net *privnet.Client
 	// recv receives the next notification; nil is the listener's ioctl (tests end the loop
 	// through it).
 	recv func(*seccompNotif) error
@@ -160,6 +169,9 @@ func (b *binder) bind(n *seccompNotif) seccompNotifResp {
 	if errno != 0 {
 		return fail(errno)
 	}
+	if moved && b.private && streamSocket(fd) {
+		return b.bindPrivate(n, fd, raw, addr)
+	}
 	if err := bindAs(fd, int(n.Pid), addr); err != nil {
 		errno := unix.EINVAL
 		errors.As(err, &errno)
@@ -284,6 +296,9 @@ func (b *binder) carryOut(n *seccompNotif, raw []byte, to unix.Sockaddr) seccomp
 			return seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
 		}
 	}
+	if b.private && streamSocket(fd) {
+		return b.connectPrivate(n, fd, to)
+	}
 	resp := seccompNotifResp{ID: n.ID}
 	// EISCONN: a connect restarted after we made it (a kernel without WAIT_KILLABLE_RECV) is
 	// connected where it should be.
@@ -354,18 +369,22 @@ func readTargetMem(tid int, addr uint64, n int) ([]byte, error) {
 
 // target is where a bind of or connect to raw (a struct sockaddr) goes instead, if it moves
 // at all: the task's port on 0.0.0.0 or 127.0.0.1 (IPv4), or on ::, ::1 or the IPv4-mapped
-// forms (IPv6, the replica's address mapped).
+// forms (IPv6, the replica's address mapped); in the private network also on the replica's own
+// address, which there is reached only on a private socket (supervise_privnet_linux.go).
 func (b *binder) target(raw []byte) (unix.Sockaddr, bool) {
 	addr, ok := parseSockaddr(raw)
 	if !ok || int(addr.Port()) != b.port {
 		return nil, false
 	}
 	ip := addr.Addr()
-	if !ip.Unmap().IsUnspecified() && ip.Unmap() != netip.AddrFrom4([4]byte{127, 0, 0, 1}) && ip != netip.IPv6Loopback() {
-		return nil, false
-	}
 	own, err := netip.ParseAddr(b.host)
 	if err != nil || !own.Is4() {
+		return nil, false
+	}
+	// In the private network the replica's own address on the host's loopback moves too: a
+	// program that binds $FERRY_HOST must not listen where every user reaches it.
+	ownBind := b.private && ip.Unmap() == own
+	if !ownBind && !ip.Unmap().IsUnspecified() && ip.Unmap() != netip.AddrFrom4([4]byte{127, 0, 0, 1}) && ip != netip.IPv6Loopback() {
 		return nil, false
 	}
 	if ip.Is4() {

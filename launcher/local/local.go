@@ -30,6 +30,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets"
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // Options configures a Provider.
@@ -57,6 +58,12 @@ type Options struct {
 	// local-supervise` (supervise.go) so that its binds of 0.0.0.0 go to its own address; ""
 	// runs such replicas as any other, where only binds of $FERRY_HOST share the port.
 	Supervisor string
+	// PrivateNetwork puts the serving port of every service replica in Ferry's private network
+	// (launcher/privnet), where only Ferry's dialers reach it, instead of on loopback, where
+	// every user of the host does. It needs Supervisor, Linux 5.9+ and unprivileged user
+	// namespaces; without them replicas listen on loopback and the log says why. Jobs' nodes
+	// stay on loopback.
+	PrivateNetwork bool
 	// Logger receives one line per launch and termination; nil means no logging.
 	Logger *zap.Logger
 	// Buckets reads the s3:// and gs:// sources of file_mounts; nil is buckets.New with the
@@ -97,6 +104,10 @@ type Provider struct {
 	recentHosts map[string]time.Time
 	// mounts are the mounted buckets kept in step with instances' directories (mounts.go).
 	mounts localMounts
+	// net is the client of the private network's helper, with PrivateNetwork (replicahost.go).
+	net *privnet.Client
+	// netWarned is the last reason logged for replicas on loopback, so it is logged once.
+	netWarned string
 }
 
 // child tracks one process this Provider started; done closes once Wait returned.
@@ -147,13 +158,27 @@ func New(opts Options) (*Provider, error) {
 	if rel, err := filepath.Rel(opts.Dir, opts.WorkRoot); err == nil && !strings.HasPrefix(rel, "..") {
 		return nil, fmt.Errorf("local provider: replicas' work root %s is inside %s, beside the controller's state", opts.WorkRoot, opts.Dir)
 	}
-	return &Provider{
+	p := &Provider{
 		opts:        opts,
 		log:         opts.Logger.With(zap.String("infra", configs.InfraLocal)),
 		children:    map[string]*child{},
 		recentPorts: map[int]time.Time{},
 		recentHosts: map[string]time.Time{},
-	}, nil
+	}
+	if opts.PrivateNetwork && superviseSupported && loopback(opts.Host) {
+		// Connected on the first launch; the proxy and the prober of this process dial
+		// private addresses with it, also those of replicas an earlier controller started.
+		p.net = privnet.NewClient(filepath.Join(opts.Dir, privnet.SocketName))
+		privnet.SetDefault(p.net)
+	}
+	return p, nil
+}
+
+// loopback reports whether host is a loopback address: only then can replicas move to the
+// private network's loopback.
+func loopback(host string) bool {
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // Launch starts spec as `bash run.sh` in a new session and process group and returns once the
@@ -178,20 +203,23 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	if err != nil {
 		return launcher.Instance{}, err
 	}
-	port := spec.Port
+	port, netns := spec.Port, p.privateNet(spec)
 	switch {
+	case spec.Job == nil && fixedPort(spec) && netns != "":
+		host, err = p.privateHost()
 	case spec.Job == nil && fixedPort(spec):
 		// The run fixes its port (`--port 8000`): an address of its own keeps it, as on a
 		// machine of its own, so two replicas can both serve on it.
-		if host, err = p.replicaHost(port); err != nil {
-			return launcher.Instance{}, err
-		}
+		host, err = p.replicaHost(port)
 	case host == p.opts.Host || port == 0:
 		// Replicas that take $FERRY_PORT share one address, so each needs a port of its own;
 		// a job's node has an address of its own and keeps the task's port.
-		if port, err = p.allocatePort(host); err != nil {
-			return launcher.Instance{}, err
+		if port, err = p.allocatePort(host); err == nil && netns != "" {
+			host, err = p.privateHost()
 		}
+	}
+	if err != nil {
+		return launcher.Instance{}, err
 	}
 	dir := filepath.Join(p.opts.Dir, id)
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -213,7 +241,7 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 			return launcher.Instance{}, fmt.Errorf("create checkpoint directory: %w", err)
 		}
 	}
-	inst, err := p.start(dir, work, id, host, port, spec)
+	inst, err := p.start(dir, work, id, hostPort{host, port, netns}, spec)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		p.removeWorkDir(id, work)
@@ -232,8 +260,17 @@ func supervised(spec launcher.Spec) bool {
 	return fixedPort(spec) && (spec.Job == nil || spec.Labels[launcher.LabelService] != "")
 }
 
+// hostPort is where a replica serves: its address and port, and the private network's helper
+// socket when that address is in the private network.
+type hostPort struct {
+	host  string
+	port  int
+	netns string
+}
+
 // start runs spec's script from dir in the working directory work.
-func (p *Provider) start(dir, work, id, host string, port int, spec launcher.Spec) (launcher.Instance, error) {
+func (p *Provider) start(dir, work, id string, at hostPort, spec launcher.Spec) (launcher.Instance, error) {
+	host, port := at.host, at.port
 	script := filepath.Join(dir, scriptFile)
 	if err := os.WriteFile(script, []byte(launcher.RenderScript(spec)), 0o600); err != nil {
 		return launcher.Instance{}, fmt.Errorf("write run script: %w", err)
@@ -257,11 +294,15 @@ func (p *Provider) start(dir, work, id, host string, port int, spec launcher.Spe
 		env = append(env, launcher.EnvWorkdir+"="+work)
 	}
 	var cmd *exec.Cmd
-	if superviseSupported && p.opts.Supervisor != "" && supervised(spec) {
+	if superviseSupported && p.opts.Supervisor != "" && (supervised(spec) || at.netns != "") {
 		// supervise.go: binds of the task's port on 0.0.0.0 move to host. A supervisor that
-		// does not start leaves the replica as it was without one.
-		cmd = replicaCommand(p.opts.Supervisor, superviseArgs(host, port, argv), work, env, out)
+		// does not start leaves the replica as it was without one, unless its port was to be
+		// in the private network, which only the supervisor can put it in.
+		cmd = replicaCommand(p.opts.Supervisor, superviseArgs(host, port, at.netns, argv), work, env, out)
 		if err := cmd.Start(); err != nil {
+			if at.netns != "" {
+				return launcher.Instance{}, fmt.Errorf("start replica supervisor: %w", err)
+			}
 			p.log.Warn("start replica supervisor; running without", zap.String("instance", id), zap.Error(err))
 			cmd = nil
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // helperLaunchEnv makes the test binary act as a short-lived controller: it launches one
@@ -27,6 +28,13 @@ const helperLaunchEnv = "FERRY_LOCAL_TEST_LAUNCH_DIR"
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == SuperviseCommand {
 		os.Exit(Supervise(os.Args[2:])) // the test binary stands in for `ferry local-supervise`
+	}
+	if len(os.Args) > 1 && os.Args[1] == privnet.HelperCommand {
+		if os.Getenv(netnsFailEnv) != "" { // supervise_privnet_linux_test.go
+			_, _ = os.NewFile(3, "ready").WriteString("no user namespaces here")
+			os.Exit(1)
+		}
+		os.Exit(privnet.Serve(os.Args[2:])) // and for `ferry local-netns`
 	}
 	if len(os.Args) > 1 && os.Args[1] == denySeccompCommand {
 		denySeccompThenExec(os.Args[2:]) // supervise_linux_test.go

@@ -1,15 +1,21 @@
 package local
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // Replicas on a fixed port. SkyPilot's serving tasks fix their port in the run command
@@ -22,8 +28,11 @@ import (
 // replica runs per port, and the next launch says why.
 //
 // A network namespace per replica would let an unmodified 0.0.0.0 bind work too, but without
-// root a fresh namespace has no route out (a model download fails) and the proxy cannot dial
-// into it; the loopback address needs no privilege and keeps the replica's network as it is.
+// root a fresh namespace has no route out (a model download fails). So only the serving socket
+// moves into a namespace (Ferry's private network, launcher/privnet), which the proxy dials
+// with sockets from its helper: with Options.PrivateNetwork a service replica gets an address
+// in privnet.Range and runs under the supervisor whether or not it fixes its port, and its
+// program's other sockets stay on the host's network.
 
 // fixedPort reports whether spec's program serves on the task's port itself rather than on
 // $FERRY_PORT: its setup and run never mention FERRY_PORT.
@@ -98,4 +107,55 @@ func (p *Provider) recentlyHanded(used map[string]bool) {
 	for h := range p.recentHosts {
 		used[h] = true
 	}
+}
+
+// privateNet returns the private network's helper socket when spec's replica listens there,
+// starting the helper if needed; "" when it listens on the host's loopback: a job's node
+// (its nodes reach each other on the host), a provider without PrivateNetwork or the
+// supervisor, a Host off loopback, or a host without user namespaces (logged once per cause).
+func (p *Provider) privateNet(spec launcher.Spec) string {
+	if !p.opts.PrivateNetwork || spec.Job != nil || p.opts.Supervisor == "" || p.net == nil {
+		return ""
+	}
+	err := privateSupported()
+	if err == nil {
+		err = p.net.Start(p.opts.Supervisor, filepath.Join(p.opts.Dir, privnetLog))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		if msg := err.Error(); msg != p.netWarned {
+			p.netWarned = msg
+			p.log.Warn("local replicas listen on loopback, where every user of this host can send them requests past the service's API keys: "+
+				"Ferry's private network is unavailable", zap.Error(err))
+		}
+		return ""
+	}
+	p.netWarned = ""
+	return p.net.Path()
+}
+
+// privnetLog is the private network helper's output, in Options.Dir.
+const privnetLog = "netns.log"
+
+// privateHost picks an address in privnet.Range that no instance has, and reserves it. No bind
+// is tried: only the supervisor puts sockets there, each on its own replica's address.
+func (p *Provider) privateHost() (string, error) {
+	used, err := p.hostsInUse()
+	if err != nil {
+		return "", err
+	}
+	for range 100 {
+		var b [2]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return "", err
+		}
+		ip := privnet.Range.Addr().As4()
+		ip[2], ip[3] = b[0], 1+b[1]%254
+		host := netip.AddrFrom4(ip).String()
+		if !used[host] && p.reserveHost(host) {
+			return host, nil
+		}
+	}
+	return "", fmt.Errorf("%w: no free address in Ferry's private network %s", launcher.ErrNoCapacity, privnet.Range)
 }

@@ -27,15 +27,27 @@ import (
 // uvicorn, and so vLLM, skip its graceful shutdown), waits for the workload and ends as it
 // did: same exit status, or killed by the same signal. Where seccomp user notification is
 // unavailable, the workload runs as before and its log says so.
+//
+// With --netns the serving port goes into Ferry's private network (launcher/privnet): the
+// bind of the task's port, on the wildcard, loopback or the replica's own address, gets a
+// socket made there in place of the program's, and so do the replica's own connects to it
+// (supervise_privnet_linux.go). The supervisor's connection to the network's helper keeps the
+// helper running for as long as the replica runs, also after the controller that started it
+// has gone.
 
 // SuperviseCommand is the hidden ferry subcommand that runs Supervise; the ferry binary's main
 // must dispatch it (with the arguments after it) before anything else reads the command line.
 const SuperviseCommand = "local-supervise"
 
 // superviseArgs is the command line, after the binary, that runs argv under a supervisor that
-// moves binds of port on the wildcard or 127.0.0.1 to host.
-func superviseArgs(host string, port int, argv []string) []string {
-	return append([]string{SuperviseCommand, "--addr", host, "--port", strconv.Itoa(port), "--"}, argv...)
+// moves binds of port on the wildcard or 127.0.0.1 to host; into Ferry's private network, whose
+// helper listens at netns, unless netns is "".
+func superviseArgs(host string, port int, netns string, argv []string) []string {
+	args := []string{SuperviseCommand, "--addr", host, "--port", strconv.Itoa(port)}
+	if netns != "" {
+		args = append(args, "--netns", netns)
+	}
+	return append(append(args, "--"), argv...)
 }
 
 // superviseConfig is the parsed command line of SuperviseCommand.
@@ -45,7 +57,10 @@ type superviseConfig struct {
 	workload bool
 	addr     string
 	port     int
-	argv     []string
+	// netns is the private network's helper socket (launcher/privnet); "" keeps the serving
+	// port on the host's loopback.
+	netns string
+	argv  []string
 }
 
 func parseSuperviseArgs(args []string) (superviseConfig, error) {
@@ -54,13 +69,15 @@ func parseSuperviseArgs(args []string) (superviseConfig, error) {
 		switch a := args[i]; a {
 		case "--workload":
 			c.workload = true
-		case "--addr", "--port":
+		case "--addr", "--port", "--netns":
 			if i+1 >= len(args) {
 				return c, fmt.Errorf("%s needs a value", a)
 			}
 			i++
 			if a == "--addr" {
 				c.addr = args[i]
+			} else if a == "--netns" {
+				c.netns = args[i]
 			} else if p, err := strconv.Atoi(args[i]); err != nil || p <= 0 || p > 65535 {
 				return c, fmt.Errorf("bad port %q", args[i])
 			} else {

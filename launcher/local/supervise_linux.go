@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
 // What golang.org/x/sys/unix lacks from include/uapi/linux/seccomp.h.
@@ -170,13 +172,21 @@ func supervise(c superviseConfig) {
 		for range sigs {
 		}
 	}()
-	pid, listener, err := startWorkload(c.argv)
+	pid, listener, err := startWorkload(c.argv, c.netns != "")
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "ferry: %v\n", err)
 		os.Exit(127)
 	}
 	if listener >= 0 {
-		b := &binder{listener: listener, host: c.addr, port: c.port}
+		b := &binder{listener: listener, host: c.addr, port: c.port, private: c.netns != ""}
+		if b.private {
+			// The connection also keeps the helper running for as long as this replica runs.
+			b.net = privnet.NewClient(c.netns)
+			if err := b.net.Connect(); err != nil {
+				fmt.Fprintf(os.Stderr, "ferry: binds of port %d fail: %v\n", c.port, err)
+				b.net = nil
+			}
+		}
 		go b.serve()
 	}
 	exitLike(waitWorkload(pid))
@@ -184,7 +194,7 @@ func supervise(c superviseConfig) {
 
 // startWorkload starts argv under the bind filter and returns its pid and the filter's
 // listener; listener is -1 (and the log says why) when argv runs without the filter.
-func startWorkload(argv []string) (int, int, error) {
+func startWorkload(argv []string, private bool) (int, int, error) {
 	// This very binary, even if its file was replaced or removed since (an upgrade).
 	const self = "/proc/self/exe"
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
@@ -219,6 +229,10 @@ func startWorkload(argv []string) (int, int, error) {
 	}
 	fmt.Fprintf(os.Stderr, "ferry: seccomp user notification unavailable (%s): binds stay as the program makes them, "+
 		"so a program binding 0.0.0.0 holds its port on every address\n", why)
+	if private {
+		fmt.Fprintf(os.Stderr, "ferry: so the serving port is not in Ferry's private network, where Ferry dials it: "+
+			"the replica does not become ready\n")
+	}
 	return proc.Pid, -1, nil
 }
 

@@ -384,7 +384,7 @@ func TestSupervisorBindsUnixSockets(t *testing.T) {
 // workload's binds fail with ENOSYS instead of waiting forever for an answer.
 func TestBinderLoopEndFailsCalls(t *testing.T) {
 	dir := buildBinder(t)
-	pid, listener, err := startWorkload([]string{filepath.Join(dir, "ferry-test-bind"), "x", "tcp4=127.0.0.1:0"})
+	pid, listener, err := startWorkload([]string{filepath.Join(dir, "ferry-test-bind"), "x", "tcp4=127.0.0.1:0"}, false)
 	if err != nil || listener < 0 {
 		t.Fatalf("start the workload: pid %d, listener %d, %v", pid, listener, err)
 	}

@@ -15,3 +15,6 @@ func Supervise(args []string) int {
 	fmt.Fprintln(os.Stderr, "ferry "+SuperviseCommand+": supported on Linux only")
 	return 2
 }
+
+// privateSupported says why the private network is unavailable: it needs Linux.
+func privateSupported() error { return fmt.Errorf("it needs Linux") }
