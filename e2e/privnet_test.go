@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -129,4 +130,26 @@ func replicaClient(e *env) *http.Client {
 			return c.DialContext(ctx, addr)
 		},
 	}}
+}
+
+// replicaListening reports whether a local replica's address accepts connections: in the private
+// network through e's helper (which must answer: a helper that is gone says nothing about the
+// port), else on the host's loopback.
+func replicaListening(t *testing.T, e *env, addr string) bool {
+	t.Helper()
+	if !privnet.Private(addr) {
+		return listening(addr)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := privnet.NewClient(filepath.Join(e.home, "local", privnet.SocketName)).DialContext(ctx, addr)
+	switch {
+	case err == nil:
+		c.Close()
+		return true
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return false
+	}
+	t.Fatalf("ask the private network whether %s listens: %v", addr, err)
+	return false
 }

@@ -309,6 +309,10 @@ func TestQuickstartLifecycle(t *testing.T) {
 		for _, r := range st.Replicas {
 			if r.Endpoint != "" && r.Status == "READY" {
 				replicaAddrs = append(replicaAddrs, r.Endpoint)
+				// The check below can fail: each READY replica accepts now.
+				if !replicaListening(t, e, r.Endpoint) {
+					t.Fatalf("READY replica %s accepts no connection before serve down", r.Endpoint)
+				}
 			}
 		}
 		out := e.mustRun("serve", "down", "quickstart", "-y")
@@ -325,7 +329,7 @@ func TestQuickstartLifecycle(t *testing.T) {
 			t.Errorf("endpoint %s still accepts connections", addr)
 		}
 		for _, a := range replicaAddrs {
-			if listening(a) {
+			if replicaListening(t, e, a) {
 				t.Errorf("replica port %s still accepts connections", a)
 			}
 		}
