@@ -199,7 +199,7 @@ func (b *binder) bindAddress(fd, tid int, raw []byte) ([]byte, bool, unix.Errno)
 	if to, ok := b.target(raw); ok {
 		if _, v6 := to.(*unix.SockaddrInet6); v6 {
 			if only, err := unix.GetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY); err != nil || only == 1 {
-				return raw, false, 0 // an IPv6-only socket cannot take an IPv4 address; see README
+				return raw, false, 0 // an IPv6-only socket cannot take an IPv4 address; see docs/yaml.md, the `ports` field
 			}
 		}
 		return sockaddrBytes(to), true, 0
@@ -292,7 +292,7 @@ func (b *binder) carryOut(n *seccompNotif, raw []byte, to unix.Sockaddr) seccomp
 	defer unix.Close(fd)
 	if _, ok := to.(*unix.SockaddrInet6); ok {
 		if only, err := unix.GetsockoptInt(fd, unix.IPPROTO_IPV6, unix.IPV6_V6ONLY); err != nil || only == 1 {
-			// an IPv6-only socket cannot reach an IPv4 address; see README
+			// an IPv6-only socket cannot reach an IPv4 address; see docs/yaml.md, the `ports` field
 			return seccompNotifResp{ID: n.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
 		}
 	}
