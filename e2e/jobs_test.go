@@ -332,7 +332,7 @@ func TestJobSpotPreemptionRecoversInAnotherZone(t *testing.T) {
 		t.Errorf("the recovered gang did not resume from its checkpoint:\n%s", lastLines(log, 20))
 	}
 	queue := e.mustRun("jobs", "queue")
-	if !strings.Contains(queue, "lost ") || !strings.Contains(queue, "to 1 recoveries") {
+	if !strings.Contains(queue, "lost ") || !strings.Contains(queue, "to 1 recovery") {
 		t.Errorf("queue does not show the time lost:\n%s", queue)
 	}
 }
