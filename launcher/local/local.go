@@ -289,6 +289,7 @@ func (p *Provider) start(dir, work, id string, at hostPort, spec launcher.Spec) 
 			script, filepath.Join(dir, exitStatusFile)}
 	}
 	env := append(p.environ(spec, host, port), filesEnv(spec, dir, work)...)
+	env = append(env, EnvInstance+"="+id) // marks every process of the instance (proc.go)
 	if spec.GitWorkdir != nil && spec.Workdir == "" {
 		// The script clones the repository into the working directory (launcher/gitworkdir.go).
 		env = append(env, launcher.EnvWorkdir+"="+work)
@@ -517,10 +518,10 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 // stopGroup signals the instance's process group and waits for it to vanish. Cancelling ctx
 // cuts the grace period short; it never leaves the group running.
 func (p *Provider) stopGroup(ctx context.Context, meta *metadata) error {
-	if !groupAlive(meta) {
+	if !instanceAlive(meta) {
 		return nil
 	}
-	if err := signalGroup(meta.PGID, syscall.SIGTERM); err != nil {
+	if err := signalInstance(meta, syscall.SIGTERM); err != nil {
 		return err
 	}
 	grace := p.opts.StopGrace
@@ -530,13 +531,13 @@ func (p *Provider) stopGroup(ctx context.Context, meta *metadata) error {
 	if waitGone(ctx, meta, grace) {
 		return nil
 	}
-	if err := signalGroup(meta.PGID, syscall.SIGKILL); err != nil {
+	if err := signalInstance(meta, syscall.SIGKILL); err != nil {
 		return err
 	}
 	if waitGone(context.Background(), meta, killWait) {
 		return nil
 	}
-	return fmt.Errorf("process group %d still alive after SIGKILL", meta.PGID)
+	return fmt.Errorf("process group %d (or a process of the instance that left it) still alive after SIGKILL", meta.PGID)
 }
 
 // workDirPrefix starts the name of every working directory Launch makes.
@@ -554,21 +555,21 @@ func (p *Provider) removeWorkDir(id, work string) {
 	}
 }
 
-// waitGone polls until meta's group has no live member, d passes or ctx ends.
+// waitGone polls until meta's instance has no live process, d passes or ctx ends.
 func waitGone(ctx context.Context, meta *metadata, d time.Duration) bool {
 	deadline := time.NewTimer(d)
 	defer deadline.Stop()
 	tick := time.NewTicker(pollInterval)
 	defer tick.Stop()
 	for {
-		if !groupAlive(meta) {
+		if !instanceAlive(meta) {
 			return true
 		}
 		select {
 		case <-ctx.Done():
-			return !groupAlive(meta)
+			return !instanceAlive(meta)
 		case <-deadline.C:
-			return !groupAlive(meta)
+			return !instanceAlive(meta)
 		case <-tick.C:
 		}
 	}

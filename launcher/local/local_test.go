@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -529,4 +530,36 @@ func TestNameFromID(t *testing.T) {
 			t.Errorf("nameFromID(%q) = %q, want %q", id, got, want)
 		}
 	}
+}
+
+// TestTerminateKillsWhatLeftTheGroup: a process that left the instance's process group
+// (setsid, as a daemon does) is stopped with the instance: it carries the instance's marker.
+func TestTerminateKillsWhatLeftTheGroup(t *testing.T) {
+	p := newProvider(t, Options{StopGrace: 300 * time.Millisecond})
+	pidFile := filepath.Join(t.TempDir(), "pids")
+	inst, err := p.Launch(context.Background(), launcher.Spec{
+		Name: "daemon",
+		Envs: map[string]string{"PIDFILE": pidFile},
+		Run:  `setsid bash -c 'echo $$ >> "$PIDFILE"; exec sleep 303' & wait`,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	waitFor(t, 5*time.Second, "the daemon", func() bool {
+		pid, _ = strconv.Atoi(strings.TrimSpace(readFile(t, pidFile)))
+		return pid > 0
+	})
+	meta, err := loadMetadata(filepath.Join(p.opts.Dir, inst.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := readProcStat(pid); err != nil || st.Pgrp == meta.PGID {
+		t.Fatalf("the daemon (pid %d, %+v, %v) did not leave the instance's group %d", pid, st, err, meta.PGID)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+	if err := p.Terminate(context.Background(), inst.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the daemon gone", func() bool { return processGone(pid) })
 }

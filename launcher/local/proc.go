@@ -1,9 +1,11 @@
 package local
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -125,4 +127,61 @@ func signalGroup(pgid int, sig syscall.Signal) error {
 		return fmt.Errorf("signal process group %d: %w", pgid, err)
 	}
 	return nil
+}
+
+// EnvInstance is set to the instance's id in the environment of every local instance: a
+// process that left the instance's process group (setsid, a daemon that double-forks) still
+// carries it, so Terminate finds and stops it too. The process group stays the first means;
+// the marker catches what leaves it (unless a program clears its environment).
+const EnvInstance = "FERRY_INSTANCE_ID"
+
+// markedProcesses are the live processes whose environment holds EnvInstance=id, outside the
+// process group pgid (whose members the group's signal reaches). Only this user's processes
+// can be read, which are the only ones a replica can start.
+func markedProcesses(id string, pgid int) []int {
+	marker := []byte(EnvInstance + "=" + id)
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	self := os.Getpid()
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		st, err := readProcStat(pid)
+		if err != nil || st.State == 'Z' || st.Pgrp == pgid {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil {
+			continue
+		}
+		if slices.ContainsFunc(bytes.Split(env, []byte{0}), func(kv []byte) bool { return bytes.Equal(kv, marker) }) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// instanceAlive reports whether any process of meta's instance lives: its group, or a marked
+// process that left it.
+func instanceAlive(m *metadata) bool {
+	return groupAlive(m) || (m.ID != "" && len(markedProcesses(m.ID, m.PGID)) > 0)
+}
+
+// signalInstance sends sig to meta's process group and to every marked process that left it.
+func signalInstance(m *metadata, sig syscall.Signal) error {
+	err := signalGroup(m.PGID, sig)
+	if m.ID == "" {
+		return err
+	}
+	for _, pid := range markedProcesses(m.ID, m.PGID) {
+		if kerr := syscall.Kill(pid, sig); kerr != nil && !errors.Is(kerr, syscall.ESRCH) && err == nil {
+			err = fmt.Errorf("signal process %d of the instance: %w", pid, kerr)
+		}
+	}
+	return err
 }
