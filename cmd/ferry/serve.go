@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -254,8 +255,12 @@ func printLoopbackNote(ctx context.Context, c *api.Client, name string, out io.W
 	}
 	for _, r := range list[0].Replicas {
 		if privnet.OpenToLocalUsers(r.Endpoint) {
+			why := "see \"local replicas listen on loopback\" in controller.log for why; a replica of several nodes always does"
+			if runtime.GOOS != "linux" {
+				why = "Ferry's private network for local replicas needs Linux"
+			}
 			fmt.Fprintf(out, "Note: replica %d listens on loopback at %s, where every user of this host can send it requests "+
-				"past the service's API keys (see \"local replicas listen on loopback\" in controller.log for why).\n", r.ID, r.Endpoint)
+				"past the service's API keys (%s).\n", r.ID, r.Endpoint, why)
 			return
 		}
 	}
