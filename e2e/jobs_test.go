@@ -119,8 +119,9 @@ func TestJobTorchrunExample(t *testing.T) {
 	if !strings.Contains(rank1, "rank 1 of 2; master "+master+";") || !strings.Contains(rank1, "rank 1: joined "+master+":8008") {
 		t.Errorf("rank 1 did not find rank 0 at %s:\n%s", master, rank1)
 	}
-	if !strings.Contains(rank1, "task sky-managed-") || !strings.Contains(rank1, "setup on node 1 of 2") {
-		t.Errorf("rank 1 lacks its SkyPilot variables:\n%s", rank1)
+	if !strings.Contains(rank1, "task sky-managed-") || !strings.Contains(rank1, "_train-torchrun_1-0") || !strings.Contains(rank1, "setup on node 1 of 2") ||
+		!strings.Contains(rank1, `cluster {"cluster_name":"train-torchrun-1","cloud":"Local","region":null,"zone":null}`) {
+		t.Errorf("rank 1 lacks its SkyPilot variables (SKYPILOT_TASK_ID and SKYPILOT_CLUSTER_INFO in SkyPilot's form):\n%s", rank1)
 	}
 
 	// A failing job: jobs launch exits with the program's status, and says why.

@@ -216,7 +216,9 @@ func (m *Manager) Submit(task *configs.Task) (Job, error) {
 	if err == nil {
 		j.ID = id
 		// SkyPilot's managed form, stable across recoveries.
-		j.TaskID = fmt.Sprintf("sky-managed-%s-%06d_%s_%d", now.UTC().Format("2006-01-02-15-04-05"), now.Nanosecond()/1000, j.Name, id)
+		// SkyPilot's managed form: sky-managed-<timestamp>_<job name>_<job id>-<task index> (one
+		// task: index 0), kept across recoveries.
+		j.TaskID = fmt.Sprintf("sky-managed-%s-%06d_%s_%d-0", now.UTC().Format("2006-01-02-15-04-05"), now.Nanosecond()/1000, j.Name, id)
 		err = m.cfg.Store.SaveJob(j)
 	}
 	if err != nil {

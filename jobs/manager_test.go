@@ -219,7 +219,7 @@ run: |
 	if done.StartedAt.IsZero() || done.EndedAt.IsZero() || done.Ran <= 0 || done.Attempt != 1 {
 		t.Errorf("started %v ended %v ran %v attempt %d", done.StartedAt, done.EndedAt, done.Ran, done.Attempt)
 	}
-	if !strings.HasPrefix(done.TaskID, "sky-managed-") || !strings.HasSuffix(done.TaskID, "_env_"+strconv.FormatInt(j.ID, 10)) {
+	if !strings.HasPrefix(done.TaskID, "sky-managed-") || !strings.HasSuffix(done.TaskID, "_env_"+strconv.FormatInt(j.ID, 10)+"-0") {
 		t.Errorf("task id %q", done.TaskID)
 	}
 	var ips string

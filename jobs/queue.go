@@ -256,6 +256,7 @@ func (m *Manager) spec(j Job) launcher.Spec {
 		// <name>-<job id>-<attempt>, and GangName adds the rank: unique across recoveries,
 		// so an ended gang's logs are never overwritten by the next one's.
 		Name:         fmt.Sprintf("%s-%s-%d", shortName(j.Name), id, j.Attempt),
+		Cluster:      shortName(j.Name) + "-" + id, // SkyPilot's managed job cluster: the same across recoveries
 		Labels:       withTaskLabels(t.Resources.Labels, labelsFor(j.ID, j.Attempt)),
 		InstanceType: t.Resources.InstanceType,
 		Setup:        t.Setup,

@@ -59,3 +59,21 @@ func TestIngressAdoption(t *testing.T) {
 		t.Errorf("after Retry: ensured %v, want c again", ensured)
 	}
 }
+
+// TestClusterInfo: SKYPILOT_CLUSTER_INFO in SkyPilot's shape, the cloud as SkyPilot names it,
+// Kubernetes' region its context, and a missing region or zone null.
+func TestClusterInfo(t *testing.T) {
+	for _, tc := range []struct {
+		pl   Placement
+		want string
+	}{
+		{Placement{Infra: "aws", Region: "us-east-1", Zone: "us-east-1a"}, `{"cluster_name":"chat-2","cloud":"AWS","region":"us-east-1","zone":"us-east-1a"}`},
+		{Placement{Infra: "gcp", Region: "us-central1", Zone: "us-central1-b"}, `{"cluster_name":"chat-2","cloud":"GCP","region":"us-central1","zone":"us-central1-b"}`},
+		{Placement{Infra: "kubernetes/kind-ferry"}, `{"cluster_name":"chat-2","cloud":"Kubernetes","region":"kind-ferry","zone":null}`},
+		{Placement{Infra: "local"}, `{"cluster_name":"chat-2","cloud":"Local","region":null,"zone":null}`},
+	} {
+		if got := ClusterInfo(Spec{Name: "chat-2-x", Cluster: "chat-2"}, tc.pl); got != tc.want {
+			t.Errorf("ClusterInfo at %+v = %s, want %s", tc.pl, got, tc.want)
+		}
+	}
+}

@@ -5,7 +5,9 @@
 package launcher
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -35,8 +37,12 @@ const (
 // Spec is one instance to launch: what to run on it and how to recognise it later.
 type Spec struct {
 	// Name is unique among live instances, e.g. "chat-3".
-	Name   string
-	Labels map[string]string
+	Name string
+	// Cluster is what SkyPilot would call the instance's cluster (a service replica's
+	// "<service>-<replica id>", a job's "<name>-<job id>"): SKYPILOT_CLUSTER_INFO's
+	// cluster_name, which the provisioner sets with the placement (ClusterInfo).
+	Cluster string
+	Labels  map[string]string
 	// Setup runs before Run, in the same shell environment.
 	Setup string
 	Run   string
@@ -361,9 +367,11 @@ const (
 	EnvNodeRank = "SKYPILOT_NODE_RANK"
 	EnvNumNodes = "SKYPILOT_NUM_NODES"
 	// EnvNodeIPs lists the gang's addresses, one per line, rank 0 first.
-	EnvNodeIPs         = "SKYPILOT_NODE_IPS"
-	EnvNumGPUsPerNode  = "SKYPILOT_NUM_GPUS_PER_NODE"
-	EnvTaskID          = "SKYPILOT_TASK_ID"
+	EnvNodeIPs        = "SKYPILOT_NODE_IPS"
+	EnvNumGPUsPerNode = "SKYPILOT_NUM_GPUS_PER_NODE"
+	EnvTaskID         = "SKYPILOT_TASK_ID"
+	// EnvClusterInfo is SkyPilot's JSON of where the task runs: ClusterInfo.
+	EnvClusterInfo     = "SKYPILOT_CLUSTER_INFO"
 	EnvSetupNodeRank   = "SKYPILOT_SETUP_NODE_RANK"
 	EnvSetupNodeIPs    = "SKYPILOT_SETUP_NODE_IPS"
 	EnvCheckpointDir   = "FERRY_CHECKPOINT_DIR"
@@ -498,4 +506,33 @@ func PollNotices(ctx context.Context, interval time.Duration, poll func(ctx cont
 		}
 	}()
 	return ch
+}
+
+// ClusterInfo is SKYPILOT_CLUSTER_INFO for spec at placement pl, as SkyPilot writes it:
+// {"cluster_name", "cloud", "region", "zone"}, cloud as SkyPilot names it ("AWS", "GCP",
+// "Kubernetes"; "Local" for Ferry's own), a missing region or zone null. Programs read it with
+// `jq .region` or json.loads.
+func ClusterInfo(spec Spec, pl Placement) string {
+	kind, _, _ := strings.Cut(pl.Infra, "/")
+	cloud := map[string]string{"aws": "AWS", "gcp": "GCP", "kubernetes": "Kubernetes", "local": "Local"}[kind]
+	if cloud == "" {
+		cloud = kind
+	}
+	orNull := func(s string) *string {
+		if s == "" {
+			return nil
+		}
+		return &s
+	}
+	region := pl.Region
+	if kind == "kubernetes" && region == "" {
+		_, region, _ = strings.Cut(pl.Infra, "/") // SkyPilot's region on Kubernetes is the context
+	}
+	b, _ := json.Marshal(struct {
+		ClusterName string  `json:"cluster_name"`
+		Cloud       string  `json:"cloud"`
+		Region      *string `json:"region"`
+		Zone        *string `json:"zone"`
+	}{cmp.Or(spec.Cluster, spec.Name), cloud, orNull(region), orNull(pl.Zone)})
+	return string(b)
 }

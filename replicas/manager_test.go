@@ -180,7 +180,8 @@ func TestManagerLaunchesTargetAndPublishes(t *testing.T) {
 	}
 	h.prov.mu.Unlock()
 	wantSpec := launcher.Spec{
-		Name: "svc-1",
+		Name:    "svc-1",
+		Cluster: "svc-1",
 		Labels: map[string]string{launcher.LabelOwner: "true", launcher.LabelService: "svc",
 			launcher.LabelVersion: "1", launcher.LabelReplicaID: "1", LabelKind: "ondemand"},
 		Setup: "true",

@@ -85,6 +85,7 @@ func replicaSpec(service string, version int, task *configs.Task, id int, spot b
 	})
 	spec := launcher.Spec{
 		Name:         replicaName(service, id),
+		Cluster:      replicaName(service, id),
 		Labels:       labels,
 		InstanceType: task.Resources.InstanceType,
 		Setup:        task.Setup,

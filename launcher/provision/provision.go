@@ -258,6 +258,13 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 		}
 		s := spec
 		s.Placement = c.Placement
+		if _, set := spec.Envs[launcher.EnvClusterInfo]; !set {
+			s.Envs = maps.Clone(spec.Envs)
+			if s.Envs == nil {
+				s.Envs = map[string]string{}
+			}
+			s.Envs[launcher.EnvClusterInfo] = launcher.ClusterInfo(s, c.Placement)
+		}
 		var insts []launcher.Instance
 		prov := p.infras[c.Infra]
 		if !gang {
