@@ -56,7 +56,7 @@ const (
 	secretScheme    = "secret://"
 	claimScheme     = "pvc://"
 	// sourceSpellings lists them for messages.
-	sourceSpellings = "configmap://NAME[/KEY], secret://NAME[/KEY] or pvc://CLAIM[/SUBPATH]"
+	sourceSpellings = "configmap://NAME[/KEY], secret://NAME[/KEY], pvc://CLAIM[/SUBPATH] or s3://BUCKET[/PREFIX] (with bucketCredentials)"
 )
 
 // TenancyError is a FerryService asking for what a tenant may not have Ferry do; Problems

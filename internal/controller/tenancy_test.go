@@ -43,7 +43,7 @@ func TestParseFerryServiceTenancy(t *testing.T) {
 		"claim workdir":             {spec: tenancyBase + "workdir: pvc://code\n", wantErr: []string{"workdir: pvc://code: a workdir is copied into the pod, a claim is mounted"}},
 		"bad secret name":           {spec: tenancyBase + "file_mounts:\n  /k: secret://Not_A_Name/k\n", wantErr: []string{"is not a Secret name"}},
 		"secret workdir of one key": {spec: tenancyBase + "workdir: secret://code/app.py\n", wantErr: []string{"a workdir is a directory: write secret://code"}},
-		"other scheme":              {spec: tenancyBase + "file_mounts:\n  /k: https://example.com/x\n", wantErr: []string{"a FerryService's sources are configmap://NAME[/KEY], secret://NAME[/KEY] or pvc://CLAIM[/SUBPATH]"}},
+		"other scheme":              {spec: tenancyBase + "file_mounts:\n  /k: https://example.com/x\n", wantErr: []string{"a FerryService's sources are configmap://NAME[/KEY], secret://NAME[/KEY], pvc://CLAIM[/SUBPATH] or s3://BUCKET[/PREFIX] (with bucketCredentials)"}},
 		"git workdir":               {spec: tenancyBase + "workdir:\n  url: https://github.com/skypilot-org/skypilot.git\n"},
 		"a cloud":                   {spec: strings.Replace(tenancyBase, "infra: kubernetes", "infra: aws/us-east-1", 1)},
 		"infra local": {spec: strings.Replace(tenancyBase, "infra: kubernetes", "infra: local", 1),
