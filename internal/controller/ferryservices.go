@@ -28,6 +28,8 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
+	"github.com/ferryserve/ferry/launcher"
+	kubelauncher "github.com/ferryserve/ferry/launcher/kubernetes"
 )
 
 // FerryService objects (charts/ferry/crds) declare services with kubectl: the leader, on the
@@ -39,7 +41,8 @@ import (
 // checks (charts/ferry/templates/fencing-policy-status.yaml). Whoever may create FerryServices
 // is a tenant, not the operator: the spec is also held to tenancy.go's rules (nothing of the
 // controller's host, files or credentials; workdir and file_mounts from the namespace's
-// labelled ConfigMaps, Secrets and claims), shown in a Tenancy condition, and an object updates or deletes only a service
+// labelled ConfigMaps, Secrets and claims, and S3 buckets read with the credentials of the
+// labelled Secret spec.bucketCredentials names), shown in a Tenancy condition, and an object updates or deletes only a service
 // that a FerryService brought up, never one started with the CLI.
 
 // FerryServiceGVR is the FerryService resource.
@@ -99,7 +102,7 @@ func (c *Controller) watchFerryServices(ctx context.Context) error {
 	files := filepath.Join(c.opts.Home.Dir, "ferryservice-files", ns)
 	fs := &ferryServices{c: c, client: client, lister: inf.Lister().ByNamespace(ns), log: c.log.Named("ferryservices"), applied: map[string]int64{},
 		sources: &namespaceSources{namespace: ns, configMaps: kube.CoreV1().ConfigMaps(ns), secrets: kube.CoreV1().Secrets(ns),
-			claims: kube.CoreV1().PersistentVolumeClaims(ns), root: files, podNamespaces: c.podNamespaces},
+			claims: kube.CoreV1().PersistentVolumeClaims(ns), root: files, podNamespaces: c.podNamespaces, registerBuckets: c.registerTenantBuckets},
 		files: files, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
@@ -197,11 +200,11 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 			fs.applied[name] = observed
 		}
 	}
-	task, err := parseFerryService(u)
+	task, creds, err := parseFerryService(u)
 	if err != nil {
 		return fs.refuse(ctx, u, err)
 	}
-	fromSnapshots, err := resolveSources(ctx, fs.sources, task)
+	fromSnapshots, err := resolveSources(ctx, fs.sources, task, creds)
 	if err != nil {
 		// A ConfigMap, Secret or claim made or labelled later is found by a retry.
 		if st := fs.setStatus(ctx, u, invalidStatus(err, "SourceUnavailable")); st != nil {
@@ -261,6 +264,18 @@ func (c *Controller) podNamespaces(t *configs.Task) map[string]string {
 	return out
 }
 
+// registerTenantBuckets registers a tenant's bucket client (ref NAMESPACE/SECRET, version a
+// digest of the Secret's values) with every Kubernetes infra, which presign the tenant's s3
+// sources with it, in memory only; a nil newClient forgets it.
+func (c *Controller) registerTenantBuckets(ref, version string, newClient func() launcher.Buckets) {
+	if c.infras == nil {
+		return
+	}
+	for _, p := range c.infras.Kube {
+		p.TenantBuckets().Set(ref, version, newClient)
+	}
+}
+
 // takenDownNote ends the message of a refusal that took the object's service down.
 const takenDownNote = " (its service, brought up before these rules, was taken down)"
 
@@ -287,9 +302,14 @@ func (fs *ferryServices) breaksTenancy(s *service) bool {
 	s.mu.Lock()
 	t := *s.task
 	s.mu.Unlock()
+	creds := ""
 	snapshot := func(p string) string {
 		if rel, err := filepath.Rel(fs.files, p); err == nil && filepath.IsLocal(rel) {
 			return configMapScheme + "snapshot"
+		}
+		if ref, bucket, ok, err := kubelauncher.ParseTenantS3Source(p); ok && err == nil {
+			_, creds, _ = strings.Cut(ref, "/")
+			return bucket
 		}
 		return p
 	}
@@ -300,7 +320,7 @@ func (fs *ferryServices) breaksTenancy(s *service) bool {
 	for dst, src := range t.FileMounts {
 		t.FileMounts[dst] = snapshot(src)
 	}
-	return checkTenancy(&t) != nil
+	return checkTenancy(&t, creds) != nil
 }
 
 // owns says whether name's service was brought up by its FerryService.
@@ -333,24 +353,31 @@ func filesMoved(s *service, t *configs.Task) bool {
 }
 
 // parseFerryService runs the spec through Ferry's own task validation, as a task file would
-// be, and the checks serve up adds.
-func parseFerryService(u *unstructured.Unstructured) (*configs.Task, error) {
+// be, and the checks serve up adds. creds is spec.bucketCredentials, the Secret of the
+// tenant's bucket credentials (tenancy.go), which is no field of a task.
+func parseFerryService(u *unstructured.Unstructured) (task *configs.Task, creds string, err error) {
 	spec, _, _ := unstructured.NestedMap(u.Object, "spec")
+	if v, ok := spec[bucketCredentialsField]; ok {
+		if creds, ok = v.(string); !ok {
+			return nil, "", fmt.Errorf("spec.%s: want the name of a Secret, got %T", bucketCredentialsField, v)
+		}
+		delete(spec, bucketCredentialsField)
+	}
 	data, err := yaml.Marshal(spec)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	task, err := configs.Parse(fmt.Sprintf("ferryservice/%s/%s spec", u.GetNamespace(), u.GetName()), data, configs.Overrides{Name: u.GetName()})
+	task, err = configs.Parse(fmt.Sprintf("ferryservice/%s/%s spec", u.GetNamespace(), u.GetName()), data, configs.Overrides{Name: u.GetName()})
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	if task.Service == nil {
-		return nil, errors.New("spec has no service: section")
+		return nil, "", errors.New("spec has no service: section")
 	}
 	if err := checkAuth(task); err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return task, checkTenancy(task)
+	return task, creds, checkTenancy(task, creds)
 }
 
 // statusLoop keeps every FerryService's status current.

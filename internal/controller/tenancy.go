@@ -29,8 +29,15 @@ import (
 //     secret://NAME/KEY (one file), snapshotted by the controller (tenancysources.go); a
 //     PersistentVolumeClaim, pvc://CLAIM[/SUBPATH] (file_mounts only, infra kubernetes only),
 //     mounted read-only into the pods as a volume; or a git workdir, cloned inside the pod.
-//   - No bucket sources (s3://, gs://): Ferry would list and presign them with the
-//     controller's own credentials, so a tenant could read any bucket the controller can.
+//   - A bucket source (s3:// only) is read with the tenant's credentials, never the
+//     controller's (which would let a tenant read any bucket the controller can): the spec
+//     names a Secret of its namespace, labelled ferry.dev/files=true, in bucketCredentials
+//     (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optionally AWS_SESSION_TOKEN, AWS_REGION,
+//     AWS_ENDPOINT_URL_S3), and every candidate is infra kubernetes: a pod fetches the objects
+//     by URLs presigned with the tenant's credentials (tenancysources.go,
+//     launcher/kubernetes/tenantbuckets.go), where a VM would fetch them with the controller's
+//     instance credentials. Copied only (no mode MOUNT). gs:// is refused: a pod has no
+//     Google credentials.
 //   - Every candidate names its infra, kubernetes or a cloud: infra local (or none, or *,
 //     which may mean local) runs the replicas' commands on the controller's own host.
 //   - No service.tls (files on the controller's host) and no config.kubernetes pod_config or
@@ -49,7 +56,7 @@ const (
 	secretScheme    = "secret://"
 	claimScheme     = "pvc://"
 	// sourceSpellings lists them for messages.
-	sourceSpellings = "configmap://NAME[/KEY], secret://NAME[/KEY] or pvc://CLAIM[/SUBPATH]"
+	sourceSpellings = "configmap://NAME[/KEY], secret://NAME[/KEY], pvc://CLAIM[/SUBPATH] or s3://BUCKET[/PREFIX] (with bucketCredentials)"
 )
 
 // TenancyError is a FerryService asking for what a tenant may not have Ferry do; Problems
@@ -64,15 +71,23 @@ func (e *TenancyError) Error() string {
 func (e *TenancyError) Unwrap() error { return api.ErrInvalid }
 
 // checkTenancy says what in t a FerryService may not ask for, every problem at once; nil when
-// nothing. It reads no state: the webhook runs it as it is.
-func checkTenancy(t *configs.Task) error {
+// nothing. creds is the spec's bucketCredentials ("" when none). It reads no state: the webhook
+// runs it as it is.
+func checkTenancy(t *configs.Task, creds string) error {
 	var problems []string
 	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	notKube := checkInfras(t, add)
 	if t.GitWorkdir == nil && t.Workdir != "" {
 		checkWorkdirSource(t.Workdir, add)
 	}
+	if msgs := validation.IsDNS1123Subdomain(creds); creds != "" && len(msgs) > 0 {
+		add("%s: %q is not a Secret name (%s)", bucketCredentialsField, creds, strings.Join(msgs, "; "))
+	}
 	for _, dst := range slices.Sorted(maps.Keys(t.FileMounts)) {
+		if src := t.FileMounts[dst]; strings.HasPrefix(src, "s3://") {
+			checkBucketSource(dst, src, t.MountModes[dst], creds, notKube, add)
+			continue
+		}
 		checkMountSource(dst, t.FileMounts[dst], notKube, add)
 	}
 	if t.Service != nil && t.Service.TLS != nil {
@@ -149,12 +164,30 @@ func checkMountSource(dst, src, notKube string, add func(string, ...any)) {
 	case claim != nil && !strings.HasPrefix(dst, "/"):
 		add("file_mounts.%s: a claim is mounted at an absolute path: write /%s (or another absolute path)", dst, strings.TrimPrefix(strings.TrimPrefix(dst, "~"), "/"))
 	case claim != nil:
-	case strings.HasPrefix(src, "s3://"), strings.HasPrefix(src, "gs://"):
-		add("file_mounts.%s: %s would be listed and presigned with the controller's bucket credentials, not yours: put the data in a PersistentVolumeClaim of this namespace (pvc://CLAIM), or small files in a ConfigMap or Secret (configmap://NAME, secret://NAME)", dst, src)
+	case strings.HasPrefix(src, "gs://"):
+		add("file_mounts.%s: %s: a pod has no Google credentials to fetch it with, and Ferry would list it with the controller's: copy the data to s3:// and name your credentials in %s, or put it in a PersistentVolumeClaim of this namespace (pvc://CLAIM)", dst, src, bucketCredentialsField)
 	case strings.Contains(src, "://"):
 		add("file_mounts.%s: %s: a FerryService's sources are %s", dst, src, sourceSpellings)
 	default:
 		add("file_mounts.%s: %s is a path on the controller's filesystem: put the file in a ConfigMap (or a Secret) of this namespace labelled %s=true and write configmap://NAME/KEY (or secret://NAME/KEY)", dst, src, FilesLabel)
+	}
+}
+
+// bucketCredentialsField is the spec field naming the Secret of the tenant's bucket
+// credentials.
+const bucketCredentialsField = "bucketCredentials"
+
+// checkBucketSource says what is wrong with an s3:// source of file_mounts for dst, copied or
+// mounted as mode says; creds is the spec's bucketCredentials, notKube an infra of the task
+// that is not Kubernetes ("" when none).
+func checkBucketSource(dst, src string, mode configs.MountMode, creds, notKube string, add func(string, ...any)) {
+	switch {
+	case creds == "":
+		add("file_mounts.%s: %s would be listed and presigned with the controller's bucket credentials, not yours: name a Secret of this namespace holding yours (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY; labelled %s=true) in spec.%s, or put the data in a PersistentVolumeClaim of this namespace (pvc://CLAIM), or small files in a ConfigMap or Secret (configmap://NAME, secret://NAME)", dst, src, FilesLabel, bucketCredentialsField)
+	case notKube != "":
+		add("file_mounts.%s: %s is fetched with your credentials (%s) by pods only, and this FerryService may run on %s, whose VMs would fetch it with the controller's: name infra: kubernetes in every alternative", dst, src, bucketCredentialsField, notKube)
+	case mode != "" && mode != configs.ModeCopy:
+		add("file_mounts.%s: %s is copied into the pods with your credentials (%s), and mode %s would mount it with the node's: write mode: COPY (or the source alone)", dst, src, bucketCredentialsField, mode)
 	}
 }
 

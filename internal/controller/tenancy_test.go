@@ -43,7 +43,7 @@ func TestParseFerryServiceTenancy(t *testing.T) {
 		"claim workdir":             {spec: tenancyBase + "workdir: pvc://code\n", wantErr: []string{"workdir: pvc://code: a workdir is copied into the pod, a claim is mounted"}},
 		"bad secret name":           {spec: tenancyBase + "file_mounts:\n  /k: secret://Not_A_Name/k\n", wantErr: []string{"is not a Secret name"}},
 		"secret workdir of one key": {spec: tenancyBase + "workdir: secret://code/app.py\n", wantErr: []string{"a workdir is a directory: write secret://code"}},
-		"other scheme":              {spec: tenancyBase + "file_mounts:\n  /k: https://example.com/x\n", wantErr: []string{"a FerryService's sources are configmap://NAME[/KEY], secret://NAME[/KEY] or pvc://CLAIM[/SUBPATH]"}},
+		"other scheme":              {spec: tenancyBase + "file_mounts:\n  /k: https://example.com/x\n", wantErr: []string{"a FerryService's sources are configmap://NAME[/KEY], secret://NAME[/KEY], pvc://CLAIM[/SUBPATH] or s3://BUCKET[/PREFIX] (with bucketCredentials)"}},
 		"git workdir":               {spec: tenancyBase + "workdir:\n  url: https://github.com/skypilot-org/skypilot.git\n"},
 		"a cloud":                   {spec: strings.Replace(tenancyBase, "infra: kubernetes", "infra: aws/us-east-1", 1)},
 		"infra local": {spec: strings.Replace(tenancyBase, "infra: kubernetes", "infra: local", 1),
@@ -60,8 +60,19 @@ func TestParseFerryServiceTenancy(t *testing.T) {
 		"local file mount": {spec: tenancyBase + "file_mounts:\n  /tmp/t: ~/.ferry/proxy.token\n",
 			wantErr: []string{"file_mounts./tmp/t: ~/.ferry/proxy.token is a path on the controller's filesystem"}},
 		"s3 source": {spec: tenancyBase + "file_mounts:\n  /data: s3://any-bucket/prefix\n",
-			wantErr: []string{"file_mounts./data: s3://any-bucket/prefix would be listed and presigned with the controller's bucket credentials", "pvc://CLAIM"}},
-		"gs source":          {spec: tenancyBase + "file_mounts:\n  /data: gs://any-bucket\n", wantErr: []string{"file_mounts./data: gs://any-bucket would be"}},
+			wantErr: []string{"file_mounts./data: s3://any-bucket/prefix would be listed and presigned with the controller's bucket credentials", "in spec.bucketCredentials", "pvc://CLAIM"}},
+		"gs source": {spec: tenancyBase + "file_mounts:\n  /data: gs://any-bucket\n", wantErr: []string{"file_mounts./data: gs://any-bucket: a pod has no Google credentials"}},
+		"gs source with credentials": {spec: tenancyBase + "bucketCredentials: creds\nfile_mounts:\n  /data: gs://any-bucket\n",
+			wantErr: []string{"file_mounts./data: gs://any-bucket: a pod has no Google credentials"}},
+		"s3 source with credentials": {spec: tenancyBase + "bucketCredentials: creds\nfile_mounts:\n  /data: s3://any-bucket/prefix\n"},
+		"s3 source with credentials on a cloud": {spec: strings.Replace(tenancyBase, "  infra: kubernetes\n", "  ordered:\n    - infra: kubernetes\n    - infra: aws\n", 1) + "bucketCredentials: creds\nfile_mounts:\n  /data: s3://any-bucket/prefix\n",
+			wantErr: []string{"file_mounts./data: s3://any-bucket/prefix is fetched with your credentials (bucketCredentials) by pods only, and this FerryService may run on aws, whose VMs would fetch it with the controller's"}},
+		"s3 source with credentials mounted": {spec: tenancyBase + "bucketCredentials: creds\nfile_mounts:\n  /data:\n    source: s3://any-bucket/prefix\n    mode: MOUNT\n",
+			wantErr: []string{"mode MOUNT would mount it with the node's: write mode: COPY"}},
+		"bad credentials name": {spec: tenancyBase + "bucketCredentials: Not_A_Name\nfile_mounts:\n  /data: s3://any-bucket/prefix\n",
+			wantErr: []string{"bucketCredentials: \"Not_A_Name\" is not a Secret name"}},
+		"the stored spelling": {spec: tenancyBase + "bucketCredentials: creds\nfile_mounts:\n  /data: s3+secret://other/creds/any-bucket\n",
+			wantErr: []string{"file_mounts./data: s3+secret://other/creds/any-bucket: a FerryService's sources are"}},
 		"bad configmap name": {spec: tenancyBase + "workdir: configmap://Not_A_Name\n", wantErr: []string{"is not a ConfigMap name"}},
 		"workdir of one key": {spec: tenancyBase + "workdir: configmap://code/app.py\n", wantErr: []string{"a workdir is a directory"}},
 		"tls files": {spec: strings.Replace(tenancyBase, "  ports: 8080\n", "  ports: 8080\n  tls:\n    keyfile: /etc/ferry/tls.key\n    certfile: /etc/ferry/tls.crt\n", 1),
@@ -80,7 +91,7 @@ func TestParseFerryServiceTenancy(t *testing.T) {
 				t.Fatal(err)
 			}
 			u.Object["spec"] = spec
-			_, err := parseFerryService(&u)
+			_, _, err := parseFerryService(&u)
 			if len(tc.wantErr) == 0 {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -144,6 +155,12 @@ func TestBreaksTenancy(t *testing.T) {
 		"a path beside the root":  {task: &configs.Task{Resources: kube, Service: &configs.Service{}, FileMounts: map[string]string{"/t": root + "-x/token"}}, want: true},
 		"infra local":             {task: &configs.Task{Resources: configs.Resources{Infra: configs.InfraLocal}, Service: &configs.Service{}}, want: true},
 		"kubernetes and no files": {task: &configs.Task{Resources: kube, Service: &configs.Service{}}},
+		"a tenant's bucket": {task: &configs.Task{Resources: kube, Service: &configs.Service{},
+			FileMounts: map[string]string{"/data": "s3+secret://tenant/creds/bucket/prefix"}}},
+		"a tenant's bucket on a cloud": {task: &configs.Task{Resources: configs.Resources{Infra: "aws"}, Service: &configs.Service{},
+			FileMounts: map[string]string{"/data": "s3+secret://tenant/creds/bucket/prefix"}}, want: true},
+		"a bucket with the controller's credentials": {task: &configs.Task{Resources: kube, Service: &configs.Service{},
+			FileMounts: map[string]string{"/data": "s3://bucket/prefix"}}, want: true},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -202,7 +219,7 @@ func TestClaimInAnotherNamespace(t *testing.T) {
 		return map[string]string{"kubernetes/a": "tenant", "kubernetes/b": "ferry-replicas"}
 	}}
 	task := &configs.Task{Resources: configs.Resources{Infra: "kubernetes"}, FileMounts: map[string]string{"/models": "pvc://models"}}
-	_, err := resolveSources(context.Background(), src, task)
+	_, err := resolveSources(context.Background(), src, task, "")
 	var te *TenancyError
 	if !errors.As(err, &te) || !strings.Contains(err.Error(), "file_mounts./models: pvc://models: ") ||
 		!strings.Contains(err.Error(), "claim models is in namespace tenant, and a pod mounts the claims of its own namespace only, but kubernetes/b runs its pods in namespace ferry-replicas") {

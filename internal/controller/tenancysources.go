@@ -16,7 +16,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/aws/aws-sdk-go-v2/credentials"
+
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/buckets"
+	kubelauncher "github.com/ferryserve/ferry/launcher/kubernetes"
 )
 
 // How a FerryService's sources (tenancy.go) reach its replicas. ConfigMap and Secret sources
@@ -26,7 +31,11 @@ import (
 // stays pvc://CLAIM[/SUBPATH] in the task: the Kubernetes launcher mounts it into the pod
 // (launcher/kubernetes/claims.go), so the leader only checks that it exists, is labelled, and
 // is in the namespace the pods run in. Snapshots no FerryService and no service names any more
-// are pruned.
+// are pruned. An s3:// source is read with the tenant's credentials: the leader reads the Secret
+// spec.bucketCredentials names (one GET, labelled as any source), registers a bucket client made
+// from its values with the Kubernetes infras (in memory only), checks the bucket with it, and
+// stores the source as s3+secret://NAMESPACE/SECRET/BUCKET/PREFIX, which the Kubernetes
+// launcher presigns with that client and no other (launcher/kubernetes/tenantbuckets.go).
 
 // configMapGetter is the one call sources make of the namespace's ConfigMaps.
 type configMapGetter interface {
@@ -54,6 +63,10 @@ type namespaceSources struct {
 	// podNamespaces are the namespaces the pods of t's Kubernetes candidates run in, by infra
 	// (kubernetes/CONTEXT); nil when the controller knows no Kubernetes infra.
 	podNamespaces func(t *configs.Task) map[string]string
+	// registerBuckets registers the bucket client made from a tenant's credentials Secret
+	// (ref NAMESPACE/SECRET) where the Kubernetes infras presign with it, or forgets it (a nil
+	// newClient); nil registers nowhere (a launch then fails, naming the Secret).
+	registerBuckets func(ref, version string, newClient func() launcher.Buckets)
 }
 
 // errSourceNotFound is a source that does not exist (yet): the reconcile retries.
@@ -64,10 +77,27 @@ var errSourceNotFound = errors.New("source not found")
 // so that the same content lands at the same path after a controller restart, which rewrites
 // it from the object), checks its claims, and says whether t had snapshots. The launch then
 // packs them as it packs any workdir.
-func resolveSources(ctx context.Context, src *namespaceSources, t *configs.Task) (bool, error) {
+func resolveSources(ctx context.Context, src *namespaceSources, t *configs.Task, creds string) (bool, error) {
 	var errs []error
 	found := false
+	var tenantBuckets *buckets.Client
+	var credsErr error
 	resolve := func(field, s string) string {
+		if strings.HasPrefix(s, "s3://") { // checkTenancy accepted it: creds names a Secret
+			if tenantBuckets == nil && credsErr == nil {
+				tenantBuckets, credsErr = src.bucketCredentials(ctx, creds)
+				if credsErr != nil {
+					errs = append(errs, fmt.Errorf("%s: %s: %w", bucketCredentialsField, creds, credsErr))
+				}
+			}
+			if credsErr != nil {
+				return s
+			}
+			if err := checkTenantBucket(ctx, tenantBuckets, s, creds); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", field, err))
+			}
+			return kubelauncher.TenantS3Source(src.namespace, creds, s)
+		}
 		if claim, _ := parseClaimSource(s); claim != nil {
 			if err := src.checkClaim(ctx, t, *claim); err != nil {
 				errs = append(errs, fmt.Errorf("%s: %s: %w", field, s, err))
@@ -93,6 +123,67 @@ func resolveSources(ctx context.Context, src *namespaceSources, t *configs.Task)
 		t.FileMounts[dst] = resolve("file_mounts."+dst, t.FileMounts[dst])
 	}
 	return found, errors.Join(errs...)
+}
+
+// Keys of a tenant's bucket credentials Secret.
+const (
+	keyAccessKeyID     = "AWS_ACCESS_KEY_ID"
+	keySecretAccessKey = "AWS_SECRET_ACCESS_KEY"
+	keySessionToken    = "AWS_SESSION_TOKEN"
+	keyRegion          = "AWS_REGION"
+	keyEndpoint        = "AWS_ENDPOINT_URL_S3"
+)
+
+// bucketCredentials reads the tenant's credentials Secret name (one GET), labelled as any
+// source, makes a bucket client from its values and registers it (registerBuckets) for the
+// launches, and returns it. The values stay in memory: no error, log or status names them.
+func (src *namespaceSources) bucketCredentials(ctx context.Context, name string) (*buckets.Client, error) {
+	ref := src.namespace + "/" + name
+	data, err := src.readObject(ctx, objectSource{kind: kindSecret, name: name})
+	var te *TenancyError
+	if (errors.Is(err, errSourceNotFound) || errors.As(err, &te)) && src.registerBuckets != nil {
+		src.registerBuckets(ref, "", nil) // gone or unlabelled: its owner took it back
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range []string{keyAccessKeyID, keySecretAccessKey} {
+		if len(data[k]) == 0 {
+			return nil, fmt.Errorf("%w: Secret %s has no key %s (it has %s): the bucket credentials are %s and %s, optionally %s, %s and %s",
+				errSourceNotFound, name, k, strings.Join(slices.Sorted(maps.Keys(data)), ", "), keyAccessKeyID, keySecretAccessKey, keySessionToken, keyRegion, keyEndpoint)
+		}
+	}
+	h := sha256.New()
+	for _, k := range []string{keyAccessKeyID, keySecretAccessKey, keySessionToken, keyRegion, keyEndpoint} {
+		fmt.Fprintf(h, "%d:%s", len(data[k]), data[k])
+	}
+	version := hex.EncodeToString(h.Sum(nil))
+	var opts buckets.Options
+	opts.Credentials = credentials.NewStaticCredentialsProvider(string(data[keyAccessKeyID]), string(data[keySecretAccessKey]), string(data[keySessionToken]))
+	if r := string(data[keyRegion]); r != "" {
+		opts.S3Region = r
+	}
+	if e := string(data[keyEndpoint]); e != "" {
+		opts.S3Endpoint = e
+	}
+	client := buckets.New(opts)
+	if src.registerBuckets != nil {
+		src.registerBuckets(ref, version, func() launcher.Buckets { return client })
+	}
+	return client, nil
+}
+
+// checkTenantBucket checks, with the tenant's client, that the bucket of s3 source s exists
+// and the credentials may list its prefix.
+func checkTenantBucket(ctx context.Context, client *buckets.Client, s, creds string) error {
+	u, _, err := launcher.ParseBucketURL(s)
+	if err != nil {
+		return err
+	}
+	if err := client.CheckBucket(ctx, u); err != nil {
+		return fmt.Errorf("%w: with the credentials of Secret %s: %v", errSourceNotFound, creds, err)
+	}
+	return nil
 }
 
 // unlabelled is the refusal of an object whose owner did not label it for FerryServices.

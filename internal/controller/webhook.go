@@ -89,7 +89,7 @@ func (c *Controller) reviewFerryService(w http.ResponseWriter, r *http.Request) 
 	if err := json.Unmarshal(review.Request.Object.Raw, &u.Object); err != nil {
 		resp.Allowed = false
 		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Reason: metav1.StatusReasonBadRequest, Code: http.StatusBadRequest, Message: err.Error()}
-	} else if _, err := parseFerryService(&u); err != nil {
+	} else if _, _, err := parseFerryService(&u); err != nil {
 		resp.Allowed = false
 		resp.Result = &metav1.Status{Status: metav1.StatusFailure, Reason: metav1.StatusReasonInvalid, Code: http.StatusUnprocessableEntity, Message: err.Error()}
 	}

@@ -21,7 +21,8 @@ import (
 
 // A pod's workdir and file mounts reach it through a Secret of its own (<pod>-files, owned by
 // the pod): files.tar.gz holds the local files (launcher.PackLocal) and fetch.sh downloads each
-// s3:// object by a presigned URL made at launch. Both are the tenant's to read and no one
+// s3:// object by a presigned URL made at launch (with Options.Buckets, or for a FerryService's
+// s3+secret:// source with its tenant's registered client only: tenantbuckets.go). Both are the tenant's to read and no one
 // else's: a workdir holds .env files, and a presigned URL is a credential for its object until
 // it expires, so they travel in a Secret, which RBAC keeps apart from ConfigMaps (pods from
 // before kept them in a ConfigMap of the same name: it still works, and Terminate removes it).
@@ -66,6 +67,10 @@ sh "$FERRY_FILES_SRC/` + filesFetch + `"
 // (volumes, init container, mounts, the links its command makes first); it returns the
 // Secret to create before the pod, nil when nothing is copied.
 func (p *Provider) attachFiles(ctx context.Context, pod *corev1.Pod, spec launcher.Spec) (*corev1.Secret, error) {
+	spec, tenant, err := splitTenantBuckets(spec) // read with a tenant's Secret (tenantbuckets.go)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", p.infra, err)
+	}
 	files, err := launcher.SpecFiles(spec)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p.infra, err)
@@ -87,17 +92,18 @@ func (p *Provider) attachFiles(ctx context.Context, pod *corev1.Pod, spec launch
 	if copies.Empty() {
 		return nil, nil
 	}
-	return p.attachCopies(ctx, pod, copies)
+	return p.attachCopies(ctx, pod, copies, tenant)
 }
 
 // attachCopies adds the files pod copies at start: local files in a Secret, bucket objects
 // fetched by presigned URLs (listed in the same Secret), both unpacked by an init container.
-func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files launcher.Files) (*corev1.Secret, error) {
+// tenant names the Secret whose credentials read each tenant's s3 source, by remote path.
+func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files launcher.Files, tenant map[string]string) (*corev1.Secret, error) {
 	archive, err := launcher.PackLocal(files, filesPackLimit, "a Kubernetes Secret (1 MiB)")
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p.infra, err)
 	}
-	fetch, subPaths, err := p.fetchScript(ctx, files)
+	fetch, subPaths, err := p.fetchScript(ctx, files, tenant)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p.infra, err)
 	}
@@ -143,8 +149,9 @@ func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files laun
 }
 
 // fetchScript is fetch.sh: a download per bucket object, by presigned URL. subPaths[i] is
-// where mount i lands under FilesDir.
-func (p *Provider) fetchScript(ctx context.Context, files launcher.Files) (string, []string, error) {
+// where mount i lands under FilesDir. A mount tenant names is listed and presigned with the
+// client of the tenant's Secret, never with the provider's own.
+func (p *Provider) fetchScript(ctx context.Context, files launcher.Files, tenant map[string]string) (string, []string, error) {
 	var b strings.Builder
 	b.WriteString(`ferry_get() {
   mkdir -p "$(dirname "$2")"
@@ -165,10 +172,11 @@ func (p *Provider) fetchScript(ctx context.Context, files launcher.Files) (strin
 		if m.Bucket.Scheme != "s3" {
 			return "", nil, fmt.Errorf("%w: file_mounts.%s: %s: a pod has no Google credentials Ferry can count on; copy the data to s3:// (presigned downloads work anywhere) or use a PersistentVolumeClaim", launcher.ErrFiles, m.Dst, m.Src)
 		}
-		if p.opts.Buckets == nil {
-			return "", nil, fmt.Errorf("%w: file_mounts.%s: no bucket client configured", launcher.ErrFiles, m.Dst)
+		client, err := p.bucketsFor(m, tenant)
+		if err != nil {
+			return "", nil, err
 		}
-		objs, err := p.opts.Buckets.List(ctx, *m.Bucket)
+		objs, err := client.List(ctx, *m.Bucket)
 		if err != nil {
 			return "", nil, fmt.Errorf("file_mounts.%s: %w", m.Dst, err)
 		}
@@ -181,7 +189,7 @@ func (p *Provider) fetchScript(ctx context.Context, files launcher.Files) (strin
 			} else if !filepath.IsLocal(rel) {
 				return "", nil, fmt.Errorf("%w: file_mounts.%s: object %q leaves its mount", launcher.ErrFiles, m.Dst, o.Key)
 			}
-			d, err := p.opts.Buckets.DownloadURL(ctx, *m.Bucket, o.Key)
+			d, err := client.DownloadURL(ctx, *m.Bucket, o.Key)
 			if err != nil {
 				return "", nil, fmt.Errorf("file_mounts.%s: %w", m.Dst, err)
 			}

@@ -111,6 +111,10 @@ type Options struct {
 	// Buckets lists the s3:// sources of file_mounts and presigns their downloads (files.go);
 	// nil is buckets.New with the controller's own credentials.
 	Buckets launcher.Buckets
+	// TenantBuckets are the bucket clients made from tenants' Secrets, for FerryServices'
+	// s3+secret:// sources (tenantbuckets.go); nil is an empty registry, which the controller
+	// fills.
+	TenantBuckets *TenantBuckets
 	// CostPerHour is what one pod is taken to cost, for the optimizer and status (default 0:
 	// a cluster the user already pays for comes first).
 	CostPerHour float64
@@ -231,6 +235,9 @@ func New(opts Options) (*Provider, error) {
 	}
 	if opts.Buckets == nil {
 		opts.Buckets = buckets.New(buckets.Options{})
+	}
+	if opts.TenantBuckets == nil {
+		opts.TenantBuckets = NewTenantBuckets()
 	}
 	if opts.CheckpointSize == "" {
 		opts.CheckpointSize = DefaultCheckpointSize
