@@ -239,7 +239,7 @@ func TestFerryServiceBucketSources(t *testing.T) {
 	c := testcluster.Shared(t)
 	ctx := context.Background()
 	if _, err := c.Client().CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "bucket-creds", Labels: filesLabels},
-		StringData: map[string]string{"AWS_ACCESS_KEY_ID": "AKIDTENANTE2E", "AWS_SECRET_ACCESS_KEY": tenantBucketKey, "AWS_ENDPOINT_URL_S3": s3.URL()}}, metav1.CreateOptions{}); err != nil {
+		StringData: map[string]string{"AWS_ACCESS_KEY_ID": "AKIDTENANTE2E", "AWS_SECRET_ACCESS_KEY": tenantBucketKey}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	spec := fmt.Sprintf(fsvcSpec, 1) + "  bucketCredentials: bucket-creds\n  file_mounts:\n    /models: s3://tenant-data/models\n"

@@ -36,12 +36,15 @@ func TestResolveTenantBucket(t *testing.T) {
 	t.Cleanup(s3.Close)
 	s3.Put("tenant-data", "models/a.bin", []byte("a"))
 	const secretKey = "tenant-secret-access-key-9d2e"
-	creds := map[string][]byte{"AWS_ACCESS_KEY_ID": []byte("AKIDTENANT"), "AWS_SECRET_ACCESS_KEY": []byte(secretKey), "AWS_ENDPOINT_URL_S3": []byte(s3.URL())}
+	t.Setenv("AWS_ENDPOINT_URL_S3", s3.URL()) // the operator's endpoint, the controller's environment
+	creds := map[string][]byte{"AWS_ACCESS_KEY_ID": []byte("AKIDTENANT"), "AWS_SECRET_ACCESS_KEY": []byte(secretKey)}
 	secrets := fakeSecrets{
 		"creds":      {ObjectMeta: metav1.ObjectMeta{Name: "creds", Labels: map[string]string{FilesLabel: "true"}}, Data: creds},
 		"unlabelled": {ObjectMeta: metav1.ObjectMeta{Name: "unlabelled"}, Data: creds},
 		"no-secret-key": {ObjectMeta: metav1.ObjectMeta{Name: "no-secret-key", Labels: map[string]string{FilesLabel: "true"}},
 			Data: map[string][]byte{"AWS_ACCESS_KEY_ID": []byte("AKIDTENANT")}},
+		"own-endpoint": {ObjectMeta: metav1.ObjectMeta{Name: "own-endpoint", Labels: map[string]string{FilesLabel: "true"}},
+			Data: map[string][]byte{"AWS_ACCESS_KEY_ID": []byte("AKIDTENANT"), "AWS_SECRET_ACCESS_KEY": []byte(secretKey), "AWS_ENDPOINT_URL_S3": []byte("http://169.254.169.254")}},
 	}
 	registered := map[string]launcher.Buckets{}
 	made := 0
@@ -82,6 +85,7 @@ func TestResolveTenantBucket(t *testing.T) {
 		{"missing", "s3://tenant-data/models", "nowhere", "bucketCredentials: nowhere: source not found: no Secret nowhere in the FerryService's namespace"},
 		{"unlabelled", "s3://tenant-data/models", "unlabelled", "Secret unlabelled is not labelled ferry.dev/files=true"},
 		{"incomplete", "s3://tenant-data/models", "no-secret-key", "Secret no-secret-key has no key AWS_SECRET_ACCESS_KEY (it has AWS_ACCESS_KEY_ID)"},
+		{"own endpoint", "s3://tenant-data/models", "own-endpoint", "Secret own-endpoint sets AWS_ENDPOINT_URL_S3: the S3 endpoint is the operator's to choose"},
 		{"no bucket", "s3://no-such-bucket/x", "creds", "file_mounts./data: source not found: with the credentials of Secret creds: "},
 	}
 	for _, tc := range cases {

@@ -149,12 +149,18 @@ func (src *namespaceSources) bucketCredentials(ctx context.Context, name string)
 	}
 	for _, k := range []string{keyAccessKeyID, keySecretAccessKey} {
 		if len(data[k]) == 0 {
-			return nil, fmt.Errorf("%w: Secret %s has no key %s (it has %s): the bucket credentials are %s and %s, optionally %s, %s and %s",
-				errSourceNotFound, name, k, strings.Join(slices.Sorted(maps.Keys(data)), ", "), keyAccessKeyID, keySecretAccessKey, keySessionToken, keyRegion, keyEndpoint)
+			return nil, fmt.Errorf("%w: Secret %s has no key %s (it has %s): the bucket credentials are %s and %s, optionally %s and %s",
+				errSourceNotFound, name, k, strings.Join(slices.Sorted(maps.Keys(data)), ", "), keyAccessKeyID, keySecretAccessKey, keySessionToken, keyRegion)
 		}
 	}
+	if len(data[keyEndpoint]) > 0 {
+		// The controller would send its requests (the bucket check, listings) wherever a
+		// tenant points it, from inside the cluster: the S3 endpoint is the operator's.
+		return nil, fmt.Errorf("%w: Secret %s sets %s: the S3 endpoint is the operator's to choose (the controller's own %s), not a FerryService's: remove the key",
+			errSourceNotFound, name, keyEndpoint, keyEndpoint)
+	}
 	h := sha256.New()
-	for _, k := range []string{keyAccessKeyID, keySecretAccessKey, keySessionToken, keyRegion, keyEndpoint} {
+	for _, k := range []string{keyAccessKeyID, keySecretAccessKey, keySessionToken, keyRegion} {
 		fmt.Fprintf(h, "%d:%s", len(data[k]), data[k])
 	}
 	version := hex.EncodeToString(h.Sum(nil))
@@ -162,9 +168,6 @@ func (src *namespaceSources) bucketCredentials(ctx context.Context, name string)
 	opts.Credentials = credentials.NewStaticCredentialsProvider(string(data[keyAccessKeyID]), string(data[keySecretAccessKey]), string(data[keySessionToken]))
 	if r := string(data[keyRegion]); r != "" {
 		opts.S3Region = r
-	}
-	if e := string(data[keyEndpoint]); e != "" {
-		opts.S3Endpoint = e
 	}
 	client := buckets.New(opts)
 	if src.registerBuckets != nil {
