@@ -384,7 +384,7 @@ func s3Error(u launcher.BucketURL, err error) error {
 	case errors.As(err, &api) && (api.ErrorCode() == "NotFound" || api.ErrorCode() == "NoSuchBucket"):
 		return fmt.Errorf("%w: s3://%s: bucket not found", launcher.ErrFiles, u.Bucket)
 	case errors.As(err, &api) && (api.ErrorCode() == "AccessDenied" || api.ErrorCode() == "Forbidden"):
-		return fmt.Errorf("%w: %s: access denied to this machine's AWS credentials", launcher.ErrFiles, u)
+		return fmt.Errorf("%w: %s: access denied to the AWS credentials it was read with", launcher.ErrFiles, u)
 	}
 	return fmt.Errorf("%s: %w", u, err)
 }
