@@ -32,8 +32,9 @@ import (
 //   - A bucket source (s3:// only) is read with the tenant's credentials, never the
 //     controller's (which would let a tenant read any bucket the controller can): the spec
 //     names a Secret of its namespace, labelled ferry.dev/files=true, in bucketCredentials
-//     (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optionally AWS_SESSION_TOKEN, AWS_REGION,
-//     AWS_ENDPOINT_URL_S3), and every candidate is infra kubernetes: a pod fetches the objects
+//     (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, optionally AWS_SESSION_TOKEN and AWS_REGION;
+//     never the endpoint, which is the operator's), and every candidate is infra kubernetes:
+//     a pod fetches the objects
 //     by URLs presigned with the tenant's credentials (tenancysources.go,
 //     launcher/kubernetes/tenantbuckets.go), where a VM would fetch them with the controller's
 //     instance credentials. Copied only (no mode MOUNT). gs:// is refused: a pod has no

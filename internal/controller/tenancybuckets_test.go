@@ -101,6 +101,19 @@ func TestResolveTenantBucket(t *testing.T) {
 	if _, err := resolveSources(context.Background(), src, task("s3://tenant-data/models"), "unlabelled"); !errors.As(err, &te) {
 		t.Errorf("unlabelled: %v, want a TenancyError", err)
 	}
+	// The Secret loses a key: its client goes (launches stop using the old values).
+	saved := secrets["creds"]
+	secrets["creds"] = secrets["no-secret-key"]
+	if _, err := resolveSources(context.Background(), src, task("s3://tenant-data/models"), "creds"); err == nil {
+		t.Fatal("a Secret without its secret key accepted")
+	}
+	if _, found := registered["tenant/creds"]; found {
+		t.Error("the client of a Secret that lost its key is still registered")
+	}
+	secrets["creds"] = saved
+	if _, err := resolveSources(context.Background(), src, task("s3://tenant-data/models"), "creds"); err != nil {
+		t.Fatal(err)
+	}
 	// The owner takes the label off: its client goes.
 	secrets["creds"] = secrets["unlabelled"]
 	if _, err := resolveSources(context.Background(), src, task("s3://tenant-data/models"), "creds"); err == nil {

@@ -140,23 +140,38 @@ const (
 func (src *namespaceSources) bucketCredentials(ctx context.Context, name string) (*buckets.Client, error) {
 	ref := src.namespace + "/" + name
 	data, err := src.readObject(ctx, objectSource{kind: kindSecret, name: name})
+	client, err := src.tenantClient(name, data, err)
 	var te *TenancyError
 	if (errors.Is(err, errSourceNotFound) || errors.As(err, &te)) && src.registerBuckets != nil {
-		src.registerBuckets(ref, "", nil) // gone or unlabelled: its owner took it back
+		// Gone, unlabelled (its owner took it back) or no longer usable: launches stop using
+		// the client made from what it held before.
+		src.registerBuckets(ref, "", nil)
 	}
 	if err != nil {
 		return nil, err
 	}
+	if src.registerBuckets != nil {
+		src.registerBuckets(ref, client.version, func() launcher.Buckets { return client.Client })
+	}
+	return client.Client, nil
+}
+
+// tenantClient is a bucket client made from a credentials Secret's data, with a version that
+// changes when the values do; readErr is the Secret's read, passed through.
+func (src *namespaceSources) tenantClient(name string, data map[string][]byte, readErr error) (versionedClient, error) {
+	if readErr != nil {
+		return versionedClient{}, readErr
+	}
 	for _, k := range []string{keyAccessKeyID, keySecretAccessKey} {
 		if len(data[k]) == 0 {
-			return nil, fmt.Errorf("%w: Secret %s has no key %s (it has %s): the bucket credentials are %s and %s, optionally %s and %s",
+			return versionedClient{}, fmt.Errorf("%w: Secret %s has no key %s (it has %s): the bucket credentials are %s and %s, optionally %s and %s",
 				errSourceNotFound, name, k, strings.Join(slices.Sorted(maps.Keys(data)), ", "), keyAccessKeyID, keySecretAccessKey, keySessionToken, keyRegion)
 		}
 	}
 	if len(data[keyEndpoint]) > 0 {
 		// The controller would send its requests (the bucket check, listings) wherever a
 		// tenant points it, from inside the cluster: the S3 endpoint is the operator's.
-		return nil, fmt.Errorf("%w: Secret %s sets %s: the S3 endpoint is the operator's to choose (the controller's own %s), not a FerryService's: remove the key",
+		return versionedClient{}, fmt.Errorf("%w: Secret %s sets %s: the S3 endpoint is the operator's to choose (the controller's own %s), not a FerryService's: remove the key",
 			errSourceNotFound, name, keyEndpoint, keyEndpoint)
 	}
 	h := sha256.New()
@@ -169,11 +184,13 @@ func (src *namespaceSources) bucketCredentials(ctx context.Context, name string)
 	if r := string(data[keyRegion]); r != "" {
 		opts.S3Region = r
 	}
-	client := buckets.New(opts)
-	if src.registerBuckets != nil {
-		src.registerBuckets(ref, version, func() launcher.Buckets { return client })
-	}
-	return client, nil
+	return versionedClient{buckets.New(opts), version}, nil
+}
+
+// versionedClient is a tenant's bucket client and the digest of the values it was made from.
+type versionedClient struct {
+	*buckets.Client
+	version string
 }
 
 // checkTenantBucket checks, with the tenant's client, that the bucket of s3 source s exists
