@@ -44,26 +44,7 @@ func TestFerryServiceSecretSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	spec := fmt.Sprintf(fsvcSpec, 1) + "  file_mounts:\n    /etc/creds: secret://creds\n    /etc/token: secret://creds/token\n"
-	if err := applyFerryService(ctx, dyn, ns, "tenant", spec); err != nil {
-		t.Fatal(err)
-	}
-	waitFerryService(t, ctx, c, ns, "tenant", "READY", "1/1")
-	st, err := e.status("tenant")
-	if err != nil {
-		t.Fatal(err)
-	}
-	chatPlain(t, st.Endpoint)
-	u, err := dyn.Resource(fsvcGVR).Namespace(ns).Get(ctx, "tenant", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cond := condition(u, "Tenancy"); cond["status"] != "True" || cond["reason"] != "Accepted" {
-		t.Errorf("Tenancy condition %v, want True Accepted", cond)
-	}
-	files, err := podFiles(ctx, c, ns, "tenant")
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := serveAcceptedTenant(t, ctx, c, e, dyn, ns, spec)
 	for _, name := range []string{"mounts/0/token", "mounts/0/user", "mounts/1/token"} {
 		var found bool
 		for got, data := range files {

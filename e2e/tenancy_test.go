@@ -156,26 +156,7 @@ func TestFerryServiceConfigMapSources(t *testing.T) {
 		}
 	}
 	spec := fmt.Sprintf(fsvcSpec, 1) + "  workdir: configmap://code\n  file_mounts:\n    /etc/app: configmap://settings\n    /etc/app.yaml: configmap://settings/app.yaml\n"
-	if err := applyFerryService(ctx, dyn, ns, "tenant", spec); err != nil {
-		t.Fatal(err)
-	}
-	waitFerryService(t, ctx, c, ns, "tenant", "READY", "1/1")
-	st, err := e.status("tenant")
-	if err != nil {
-		t.Fatal(err)
-	}
-	chatPlain(t, st.Endpoint)
-	u, err := dyn.Resource(fsvcGVR).Namespace(ns).Get(ctx, "tenant", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cond := condition(u, "Tenancy"); cond["status"] != "True" || cond["reason"] != "Accepted" {
-		t.Errorf("Tenancy condition %v, want True Accepted", cond)
-	}
-	files, err := podFiles(ctx, c, ns, "tenant")
-	if err != nil {
-		t.Fatal(err)
-	}
+	files := serveAcceptedTenant(t, ctx, c, e, dyn, ns, spec)
 	want := map[string]string{"workdir/serve.py": "print('tenant code')\n", "mounts/0/app.yaml": "model: sim\n",
 		"mounts/0/other.txt": "unused\n", "mounts/1/app.yaml": "model: sim\n"}
 	for name, content := range want {
@@ -229,6 +210,33 @@ func TestFerryServiceConfigMapSources(t *testing.T) {
 
 // podFiles reads the files archive of service's one pod, from the files Secret it owns: path ->
 // content. More than one pod (a roll under way) is an error.
+// serveAcceptedTenant applies spec as FerryService "tenant", waits until it is READY, checks
+// that it serves and that its Tenancy condition is True/Accepted, and returns its pod's files.
+func serveAcceptedTenant(t *testing.T, ctx context.Context, c *testcluster.Cluster, e *env, dyn dynamic.Interface, ns, spec string) map[string]string {
+	t.Helper()
+	if err := applyFerryService(ctx, dyn, ns, "tenant", spec); err != nil {
+		t.Fatal(err)
+	}
+	waitFerryService(t, ctx, c, ns, "tenant", "READY", "1/1")
+	st, err := e.status("tenant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	chatPlain(t, st.Endpoint)
+	u, err := dyn.Resource(fsvcGVR).Namespace(ns).Get(ctx, "tenant", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cond := condition(u, "Tenancy"); cond["status"] != "True" || cond["reason"] != "Accepted" {
+		t.Errorf("Tenancy condition %v, want True Accepted", cond)
+	}
+	files, err := podFiles(ctx, c, ns, "tenant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
 func podFiles(ctx context.Context, c *testcluster.Cluster, ns, service string) (map[string]string, error) {
 	list, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ferry.service=" + service})
 	if err != nil {
