@@ -77,3 +77,22 @@ func TestClusterInfo(t *testing.T) {
 		}
 	}
 }
+
+// TestSetDefault: zero and negative numbers and the empty string take the default; a set value
+// stays.
+func TestSetDefault(t *testing.T) {
+	d, n, s := time.Duration(0), -3, ""
+	SetDefault(&d, time.Minute)
+	SetDefault(&n, 5)
+	SetDefault(&s, "ferry")
+	if d != time.Minute || n != 5 || s != "ferry" {
+		t.Errorf("unset values: %v %d %q, want the defaults", d, n, s)
+	}
+	d, n, s = time.Second, 2, "mine"
+	SetDefault(&d, time.Minute)
+	SetDefault(&n, 5)
+	SetDefault(&s, "ferry")
+	if d != time.Second || n != 2 || s != "mine" {
+		t.Errorf("set values changed: %v %d %q", d, n, s)
+	}
+}

@@ -536,3 +536,13 @@ func ClusterInfo(spec Spec, pl Placement) string {
 	}{cmp.Or(spec.Cluster, spec.Name), cloud, orNull(region), orNull(pl.Zone)})
 	return string(b)
 }
+
+// SetDefault sets *v to def when it is unset: the zero value, or a negative number (a timeout,
+// interval or count below zero means nothing). It is how the providers' and the replica
+// manager's options take their defaults, one line each.
+func SetDefault[T cmp.Ordered](v *T, def T) {
+	var zero T
+	if *v <= zero {
+		*v = def
+	}
+}

@@ -215,21 +215,11 @@ func New(cfg Config) (*Manager, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("replicas: %w", err)
 	}
-	if cfg.ProbeInterval <= 0 {
-		cfg.ProbeInterval = DefaultProbeInterval
-	}
-	if cfg.ReconcileInterval <= 0 {
-		cfg.ReconcileInterval = DefaultReconcileInterval
-	}
-	if cfg.FailureThreshold <= 0 {
-		cfg.FailureThreshold = DefaultFailureThreshold
-	}
-	if cfg.DrainTimeout <= 0 {
-		cfg.DrainTimeout = DefaultDrainTimeout
-	}
-	if cfg.WindowLead <= 0 {
-		cfg.WindowLead = launcher.DefaultWindowLead
-	}
+	launcher.SetDefault(&cfg.ProbeInterval, DefaultProbeInterval)
+	launcher.SetDefault(&cfg.ReconcileInterval, DefaultReconcileInterval)
+	launcher.SetDefault(&cfg.FailureThreshold, DefaultFailureThreshold)
+	launcher.SetDefault(&cfg.DrainTimeout, DefaultDrainTimeout)
+	launcher.SetDefault(&cfg.WindowLead, launcher.DefaultWindowLead)
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

@@ -212,40 +212,20 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if len(opts.Regions) == 0 {
 		opts.Regions = []string{DefaultRegion}
 	}
-	if opts.SecurityGroup == "" {
-		opts.SecurityGroup = DefaultSecurityGroup
-	}
-	if opts.JobSecurityGroup == "" {
-		opts.JobSecurityGroup = DefaultJobSecurityGroup
-	}
+	launcher.SetDefault(&opts.SecurityGroup, DefaultSecurityGroup)
+	launcher.SetDefault(&opts.JobSecurityGroup, DefaultJobSecurityGroup)
 	sources, err := configuredSources(opts)
 	if err != nil {
 		return nil, err
 	}
-	if opts.LaunchTimeout <= 0 {
-		opts.LaunchTimeout = DefaultLaunchTimeout
-	}
-	if opts.PollInterval <= 0 {
-		opts.PollInterval = DefaultPollInterval
-	}
-	if opts.NoticeInterval <= 0 {
-		opts.NoticeInterval = DefaultNoticeInterval
-	}
-	if opts.LogInterval <= 0 {
-		opts.LogInterval = DefaultLogInterval
-	}
-	if opts.CapacityBlockTerminationLead <= 0 {
-		opts.CapacityBlockTerminationLead = DefaultCapacityBlockTerminationLead
-	}
-	if opts.ReservationNoticeLead <= 0 {
-		opts.ReservationNoticeLead = launcher.DefaultWindowLead
-	}
-	if opts.MaxAttempts <= 0 {
-		opts.MaxAttempts = DefaultMaxAttempts
-	}
-	if opts.RequestTimeout <= 0 {
-		opts.RequestTimeout = DefaultRequestTimeout
-	}
+	launcher.SetDefault(&opts.LaunchTimeout, DefaultLaunchTimeout)
+	launcher.SetDefault(&opts.PollInterval, DefaultPollInterval)
+	launcher.SetDefault(&opts.NoticeInterval, DefaultNoticeInterval)
+	launcher.SetDefault(&opts.LogInterval, DefaultLogInterval)
+	launcher.SetDefault(&opts.CapacityBlockTerminationLead, DefaultCapacityBlockTerminationLead)
+	launcher.SetDefault(&opts.ReservationNoticeLead, launcher.DefaultWindowLead)
+	launcher.SetDefault(&opts.MaxAttempts, DefaultMaxAttempts)
+	launcher.SetDefault(&opts.RequestTimeout, DefaultRequestTimeout)
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}

@@ -192,40 +192,20 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if opts.Project == "" {
 		return nil, fmt.Errorf("gcp: %w: no project", launcher.ErrInvalid)
 	}
-	if opts.Network == "" {
-		opts.Network = DefaultNetwork
-	}
-	if opts.Image == "" {
-		opts.Image = DefaultImage
-	}
-	if opts.GPUImage == "" {
-		opts.GPUImage = DefaultGPUImage
-	}
+	launcher.SetDefault(&opts.Network, DefaultNetwork)
+	launcher.SetDefault(&opts.Image, DefaultImage)
+	launcher.SetDefault(&opts.GPUImage, DefaultGPUImage)
 	cidrs, err := checkIngress(opts)
 	if err != nil {
 		return nil, err
 	}
-	if opts.LaunchTimeout <= 0 {
-		opts.LaunchTimeout = DefaultLaunchTimeout
-	}
-	if opts.PollInterval <= 0 {
-		opts.PollInterval = DefaultPollInterval
-	}
-	if opts.NoticeInterval <= 0 {
-		opts.NoticeInterval = DefaultNoticeInterval
-	}
-	if opts.NoticeLookback <= 0 {
-		opts.NoticeLookback = DefaultNoticeLookback
-	}
-	if opts.LogInterval <= 0 {
-		opts.LogInterval = DefaultLogInterval
-	}
-	if opts.RequestTimeout <= 0 {
-		opts.RequestTimeout = DefaultRequestTimeout
-	}
-	if opts.MaxAttempts <= 0 {
-		opts.MaxAttempts = DefaultMaxAttempts
-	}
+	launcher.SetDefault(&opts.LaunchTimeout, DefaultLaunchTimeout)
+	launcher.SetDefault(&opts.PollInterval, DefaultPollInterval)
+	launcher.SetDefault(&opts.NoticeInterval, DefaultNoticeInterval)
+	launcher.SetDefault(&opts.NoticeLookback, DefaultNoticeLookback)
+	launcher.SetDefault(&opts.LogInterval, DefaultLogInterval)
+	launcher.SetDefault(&opts.RequestTimeout, DefaultRequestTimeout)
+	launcher.SetDefault(&opts.MaxAttempts, DefaultMaxAttempts)
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}

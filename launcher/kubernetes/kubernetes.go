@@ -218,36 +218,22 @@ var (
 // New resolves the context and namespace from the kubeconfig and returns a Provider. It does
 // not contact the cluster.
 func New(opts Options) (*Provider, error) {
-	if opts.ProvisionTimeout <= 0 {
-		opts.ProvisionTimeout = DefaultProvisionTimeout
-	}
-	if opts.StartTimeout <= 0 {
-		opts.StartTimeout = DefaultStartTimeout
-	}
-	if opts.Image == "" {
-		opts.Image = DefaultImage
-	}
+	launcher.SetDefault(&opts.ProvisionTimeout, DefaultProvisionTimeout)
+	launcher.SetDefault(&opts.StartTimeout, DefaultStartTimeout)
+	launcher.SetDefault(&opts.Image, DefaultImage)
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
-	if opts.GPUSchedulerName == "" {
-		opts.GPUSchedulerName = DefaultGPUSchedulerName
-	}
+	launcher.SetDefault(&opts.GPUSchedulerName, DefaultGPUSchedulerName)
 	if opts.Buckets == nil {
 		opts.Buckets = buckets.New(buckets.Options{})
 	}
 	if opts.TenantBuckets == nil {
 		opts.TenantBuckets = NewTenantBuckets()
 	}
-	if opts.CheckpointSize == "" {
-		opts.CheckpointSize = DefaultCheckpointSize
-	}
-	if opts.RequestTimeout <= 0 {
-		opts.RequestTimeout = DefaultRequestTimeout
-	}
-	if opts.WatchFailureThreshold <= 0 {
-		opts.WatchFailureThreshold = DefaultWatchFailureThreshold
-	}
+	launcher.SetDefault(&opts.CheckpointSize, DefaultCheckpointSize)
+	launcher.SetDefault(&opts.RequestTimeout, DefaultRequestTimeout)
+	launcher.SetDefault(&opts.WatchFailureThreshold, DefaultWatchFailureThreshold)
 	if err := checkPriorityOptions(&opts); err != nil {
 		return nil, err
 	}

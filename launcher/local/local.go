@@ -126,12 +126,8 @@ func New(opts Options) (*Provider, error) {
 	if opts.Dir == "" {
 		return nil, fmt.Errorf("local provider: Dir is required")
 	}
-	if opts.Host == "" {
-		opts.Host = DefaultHost
-	}
-	if opts.StopGrace <= 0 {
-		opts.StopGrace = DefaultStopGrace
-	}
+	launcher.SetDefault(&opts.Host, DefaultHost)
+	launcher.SetDefault(&opts.StopGrace, DefaultStopGrace)
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}

@@ -142,9 +142,7 @@ func New(opts Options) (*Provisioner, error) {
 	if len(opts.Infras) == 0 {
 		return nil, errors.New("provision: no infra enabled")
 	}
-	if opts.BlockFor <= 0 {
-		opts.BlockFor = DefaultBlockFor
-	}
+	launcher.SetDefault(&opts.BlockFor, DefaultBlockFor)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
