@@ -254,15 +254,7 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 			reasons = append(reasons, describe(c.Placement)+": "+down.Error())
 			continue
 		}
-		s := spec
-		s.Placement = c.Placement
-		if _, set := spec.Envs[launcher.EnvClusterInfo]; !set {
-			s.Envs = maps.Clone(spec.Envs)
-			if s.Envs == nil {
-				s.Envs = map[string]string{}
-			}
-			s.Envs[launcher.EnvClusterInfo] = launcher.ClusterInfo(s, c.Placement)
-		}
+		s := placedSpec(spec, c.Placement)
 		var insts []launcher.Instance
 		prov := p.infras[c.Infra]
 		if !gang {
@@ -602,6 +594,21 @@ func timedOut(parent, call context.Context, timeout time.Duration, err error) er
 		return fmt.Errorf("%w: no answer within %v: %w", launcher.ErrUnavailable, timeout, err)
 	}
 	return fmt.Errorf("%w: no answer within %v: %w (%w)", launcher.ErrUnavailable, timeout, err, context.DeadlineExceeded)
+}
+
+// placedSpec is spec at placement pl, with SkyPilot's SKYPILOT_CLUSTER_INFO for it unless the
+// task set its own (spec's Envs are not changed: they are shared across tries).
+func placedSpec(spec launcher.Spec, pl launcher.Placement) launcher.Spec {
+	s := spec
+	s.Placement = pl
+	if _, set := spec.Envs[launcher.EnvClusterInfo]; !set {
+		s.Envs = maps.Clone(spec.Envs)
+		if s.Envs == nil {
+			s.Envs = map[string]string{}
+		}
+		s.Envs[launcher.EnvClusterInfo] = launcher.ClusterInfo(s, pl)
+	}
+	return s
 }
 
 // List merges every infra's instances (listing.go).
