@@ -20,6 +20,16 @@ const (
 	// typical chat answer. They only weigh a queue against a prefill until real figures arrive.
 	defaultPrefillSecondsPerToken = 50e-6
 	defaultHoldSeconds            = 1.0
+	// maxPrefillSecondsPerToken, maxBaseSeconds and the hold's bounds cap what learning may
+	// conclude. TTFT is measured at the proxy, so a proxy starved of CPU (a busy host) or a
+	// burst of queueing the estimate missed inflates it; unbounded, one bad minute could make
+	// the line say a cache hit saves seconds, or a slot is held for minutes. 2 ms per token is
+	// slower than any GPU's prefill; a second of fixed cost or ten minutes per answer are far
+	// beyond what an engine with free slots shows.
+	maxPrefillSecondsPerToken = 2e-3
+	maxBaseSeconds            = 1.0
+	minHoldSeconds            = 1e-3
+	maxHoldSeconds            = 600.0
 	// minReplicaSamples is how many observed TTFTs a replica needs before its own prefill line
 	// replaces the pooled one; minPooledSamples the same for the pooled line.
 	minReplicaSamples = 64
@@ -95,8 +105,8 @@ func newLeastTTFT(opts Options) *leastTTFT {
 }
 
 // Needs reports that the picker reads the prompt and model when the body has them, and the
-// replicas' metrics (batch size, cache size, hit counters).
-func (*leastTTFT) Needs() Needs { return NeedsPrompt | PromptOptional | NeedsMetrics }
+// replicas' metrics (batch size, cache size, hit counters), and that it weighs queues itself.
+func (*leastTTFT) Needs() Needs { return NeedsPrompt | PromptOptional | NeedsMetrics | WeighsQueues }
 
 // Prepare gives every replica of a new snapshot its state, keeping the states (index and
 // learned figures) of replicas that stay and dropping those of replicas that left.
@@ -235,15 +245,25 @@ func (p *leastTTFT) pooledLine() (base, rate, hold float64) {
 	return base, rate, hold
 }
 
-// Learn fits the prefill line and the slot hold time to a request's outcome: ttft from sending
-// it to its first streamed byte, total to the end of its stream, est what Pick noted. A request
-// that Pick expected to queue tells nothing about prefill and is left out of the line.
-func (p *leastTTFT) Learn(r *Replica, est Estimate, ttft, total time.Duration) {
-	if ttft <= 0 || total < ttft || est.Tokens <= 0 || est.Queued {
+// Learn fits the prefill line and the slot hold time to a request's outcome, against what Pick
+// noted (est). Where the answer reports the engine's cached tokens, they replace the index's
+// guess in the line's x, and they check the index's size (ttftReplica.report). A request that
+// Pick expected to queue tells nothing about prefill and is left out of the line.
+func (p *leastTTFT) Learn(r *Replica, est Estimate, out Outcome) {
+	if est.Tokens <= 0 {
 		return
 	}
-	x, y, hold := float64(est.Tokens-est.Cached), ttft.Seconds(), total.Seconds()
-	p.state(r).learn(x, y, hold)
+	st := p.state(r)
+	uncached := float64(est.Tokens - est.Cached)
+	if share, ok := out.cachedShare(); ok {
+		uncached = float64(est.Tokens) * (1 - share)
+		st.report(est, share, p.cacheTokens)
+	}
+	if out.TTFT <= 0 || out.Total < out.TTFT || est.Queued {
+		return
+	}
+	x, y, hold := uncached, out.TTFT.Seconds(), out.Total.Seconds()
+	st.learn(x, y, hold)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.pooled.add(x, y)
@@ -283,6 +303,11 @@ type ttftReplica struct {
 	lastQueries, lastHits     float64
 	engineQueries, engineHits float64
 	sentWindow, expectWindow  float64
+	// reported is set once an answer from the replica reported its cached tokens; from then
+	// on those reports, not the counters, correct the index. The window since the last
+	// correction: prompt tokens sent, expected cached, and reported cached.
+	reported                               bool
+	reportSent, reportExpected, reportHits float64
 }
 
 // ahead returns how many requests would be ahead of one more in the replica's queue: those
@@ -358,28 +383,56 @@ func (st *ttftReplica) refresh(r *Replica, configuredTokens int64) {
 		st.sentWindow += float64(st.sentTokens.Swap(0))
 		st.expectWindow += float64(st.expectedHits.Swap(0))
 		if st.engineQueries >= correctionTokens && st.sentWindow >= correctionTokens {
-			limitChanged = st.correct() || limitChanged
+			if !st.reported {
+				limitChanged = st.correct(st.engineHits/st.engineQueries, st.expectWindow/st.sentWindow) || limitChanged
+			}
+			st.engineQueries, st.engineHits, st.sentWindow, st.expectWindow = 0, 0, 0, 0
 		}
 	}
 	if limitChanged {
-		tokens := st.announced
-		if tokens == 0 {
-			tokens = configuredTokens
-		}
-		st.cache.setLimit(cacheLimit(tokens, st.scale))
+		st.resize(configuredTokens)
 	}
 }
 
-// correct compares the share of prompt tokens the replica found cached with the share the
-// index expected over the same window, and resizes the index: an index that expects much more
-// than the engine finds is larger than what the engine keeps (its cache is crowded by running
-// sequences, or by other proxies' requests), so it shrinks by 15 %; one that expects no more
-// than the engine finds grows back by 10 %, up to the announced size. Between the two it is
-// left alone, so noise does not make it drift. It reports whether the scale changed.
-func (st *ttftReplica) correct() bool {
-	engine := st.engineHits / st.engineQueries
-	expected := st.expectWindow / st.sentWindow
-	st.engineQueries, st.engineHits, st.sentWindow, st.expectWindow = 0, 0, 0, 0
+// report folds one answer's reported cached share into the window that corrects the index's
+// size, and corrects it once the window holds correctionTokens. Per-request reports are better
+// than the engine's counters: they count only this proxy's requests, against exactly what the
+// index expected of each, and engines that export no counters report them.
+func (st *ttftReplica) report(est Estimate, share float64, configuredTokens int64) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.reported = true
+	st.reportSent += float64(est.Tokens)
+	st.reportExpected += float64(est.Cached)
+	st.reportHits += float64(est.Tokens) * share
+	if st.reportSent < correctionTokens {
+		return
+	}
+	changed := st.correct(st.reportHits/st.reportSent, st.reportExpected/st.reportSent)
+	st.reportSent, st.reportExpected, st.reportHits = 0, 0, 0
+	if changed {
+		st.resize(configuredTokens)
+	}
+}
+
+// resize sets the index's limit to the announced cache size, or configuredTokens when the
+// replica announces none, times the correction's scale. Called with st.mu held.
+func (st *ttftReplica) resize(configuredTokens int64) {
+	tokens := st.announced
+	if tokens == 0 {
+		tokens = configuredTokens
+	}
+	st.cache.setLimit(cacheLimit(tokens, st.scale))
+}
+
+// correct compares engine, the share of prompt tokens the replica found cached, with expected,
+// the share the index expected over the same window, and rescales the index: an index that
+// expects much more than the engine finds is larger than what the engine keeps (its cache is
+// crowded by running sequences, or by other proxies' requests), so it shrinks by 15 %; one
+// that expects no more than the engine finds grows back by 10 %, up to the announced size.
+// Between the two it is left alone, so noise does not make it drift. It reports whether the
+// scale changed. Called with st.mu held.
+func (st *ttftReplica) correct(engine, expected float64) bool {
 	scale := st.scale
 	switch {
 	case engine < 0.8*expected:
@@ -410,7 +463,8 @@ func (f *ttftFit) add(x, y float64) {
 }
 
 // line returns the fitted base and rate. ok is false until the prompts seen differ in length by
-// more than a block on average (no slope can be told before); the rate is never negative.
+// more than a block on average (no slope can be told before); both are within their bounds
+// (maxBaseSeconds, maxPrefillSecondsPerToken) and never negative.
 func (f *ttftFit) line() (base, rate float64, ok bool) {
 	if f.n < 2 {
 		return 0, 0, false
@@ -420,12 +474,13 @@ func (f *ttftFit) line() (base, rate float64, ok bool) {
 	if vx < cacheBlockTokens*cacheBlockTokens {
 		return 0, 0, false
 	}
-	rate = max((f.xy/f.w-mx*my)/vx, 0)
-	return max(my-rate*mx, 0), rate, true
+	rate = min(max((f.xy/f.w-mx*my)/vx, 0), maxPrefillSecondsPerToken)
+	return min(max(my-rate*mx, 0), maxBaseSeconds), rate, true
 }
 
 // ewma folds v into mean, the n-th sample (n counts v): a plain mean for the first samples,
 // then holdWeight per sample.
 func ewma(mean, v float64, n int) float64 {
+	v = min(max(v, minHoldSeconds), maxHoldSeconds)
 	return mean + (v-mean)*max(holdWeight, 1/float64(max(n, 1)))
 }

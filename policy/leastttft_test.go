@@ -147,9 +147,9 @@ func TestLeastTTFTLearnsThePrefillLine(t *testing.T) {
 		tokens := int64(100 + (i*397)%4000)
 		cached := int64(i%3) * cacheBlockTokens
 		ttft := time.Duration((base + rate*float64(tokens-cached)) * float64(time.Second))
-		p.Learn(rs[i%2], Estimate{Tokens: tokens, Cached: cached}, ttft, ttft+time.Second)
+		p.Learn(rs[i%2], Estimate{Tokens: tokens, Cached: cached}, Outcome{TTFT: ttft, Total: ttft + time.Second, PromptTokens: -1, CachedTokens: -1})
 		// Queued requests are left out, however long they took.
-		p.Learn(rs[i%2], Estimate{Tokens: tokens, Queued: true}, 10*time.Second, 11*time.Second)
+		p.Learn(rs[i%2], Estimate{Tokens: tokens, Queued: true}, Outcome{TTFT: 10 * time.Second, Total: 11 * time.Second, PromptTokens: -1, CachedTokens: -1})
 	}
 	gotBase, gotRate, gotHold := p.pooledLine()
 	if math.Abs(gotBase-base) > 1e-4 || math.Abs(gotRate-rate) > 1e-7 {
@@ -209,6 +209,77 @@ func TestLeastTTFTCacheSizeAndCorrection(t *testing.T) {
 	}
 	if _, limit := st.cache.size(); limit != 1000 {
 		t.Errorf("after the engine agreed: limit %d, want back to 1000", limit)
+	}
+}
+
+// Where answers report the engine's cached tokens, they correct the index instead of the
+// counters (which may be absent, or count other proxies' requests): an engine that finds none
+// of what the index expects shrinks it, and agreement grows it back. Counters that say the
+// opposite are not heeded once reports arrive.
+func TestLeastTTFTCorrectsFromReportedCachedTokens(t *testing.T) {
+	p := newTTFTPicker(t, Options{PrefixCacheTokens: cacheBlockTokens * 1000})
+	rs := replicas([]int64{0})
+	r := rs[0]
+	p.Prepare(rs)
+	st := p.state(r)
+	req := &Request{Model: []byte("m"), Prompt: conversation(1, 0, 8, 2048)}
+	var updated int64
+	for i := range 200 {
+		p.Pick(req, rs)
+		if req.Estimate.Cached == 0 && i > 0 {
+			t.Fatalf("pick %d: the index expects nothing of a prompt it was just sent", i)
+		}
+		p.Learn(r, req.Estimate, Outcome{TTFT: time.Millisecond, Total: time.Second, PromptTokens: req.Estimate.Tokens, CachedTokens: 0})
+		updated++ // counters that agree with the index, which the reports override
+		r.SetMetrics(Metrics{PrefixQueries: float64(updated * req.Estimate.Tokens), PrefixHits: float64(updated * req.Estimate.Tokens), UpdatedAt: updated})
+	}
+	_, shrunk := st.cache.size()
+	if shrunk >= 1000 || shrunk < 1000/8 {
+		t.Fatalf("after reports of no hits: limit %d, want below 1000 and at least 1000/8", shrunk)
+	}
+	for range 400 {
+		p.Pick(req, rs)
+		p.Learn(r, req.Estimate, Outcome{TTFT: time.Millisecond, Total: time.Second, PromptTokens: req.Estimate.Tokens, CachedTokens: req.Estimate.Cached})
+	}
+	if _, limit := st.cache.size(); limit != 1000 {
+		t.Errorf("after reports that agree: limit %d, want back to 1000", limit)
+	}
+}
+
+// The line is fitted to the uncached tokens the engine reports, not to the index's guess: an
+// index that guessed nothing cached still learns the engine's true prefill rate.
+func TestLeastTTFTFitsReportedUncachedTokens(t *testing.T) {
+	p := newTTFTPicker(t, Options{})
+	rs := replicas([]int64{0})
+	p.Prepare(rs)
+	const base, rate = 0.010, 50e-6
+	for i := range 200 {
+		tokens := int64(500 + (i*397)%4000)
+		cached := tokens * int64(i%4) / 4 // the engine found a quarter, half, ... cached
+		ttft := time.Duration((base + rate*float64(tokens-cached)) * float64(time.Second))
+		p.Learn(rs[0], Estimate{Tokens: tokens}, Outcome{TTFT: ttft, Total: 2 * ttft, PromptTokens: tokens, CachedTokens: cached})
+	}
+	gotBase, gotRate, _ := p.pooledLine()
+	if math.Abs(gotBase-base) > 1e-4 || math.Abs(gotRate-rate) > 1e-7 {
+		t.Errorf("pooled line: base %v rate %v, want %v and %v", gotBase, gotRate, base, rate)
+	}
+}
+
+// What a starved proxy measures does not make the learned figures absurd: TTFTs of tens of
+// seconds for small prompts, and answers held for hours, stay within the bounds.
+func TestLeastTTFTBoundsWhatItLearns(t *testing.T) {
+	p := newTTFTPicker(t, Options{})
+	rs := replicas([]int64{0})
+	p.Prepare(rs)
+	for i := range 200 {
+		tokens := int64(100 + (i*397)%4000)
+		ttft := time.Duration(float64(tokens)*0.05*float64(time.Second)) + 30*time.Second // 50 ms per token, 30 s base
+		p.Learn(rs[0], Estimate{Tokens: tokens}, Outcome{TTFT: ttft, Total: 5 * time.Hour, PromptTokens: -1, CachedTokens: -1})
+	}
+	base, rate, hold := p.pooledLine()
+	if base > maxBaseSeconds || rate > maxPrefillSecondsPerToken || hold > maxHoldSeconds {
+		t.Errorf("learned base %v s, rate %v s/token, hold %v s: want at most %v, %v and %v",
+			base, rate, hold, maxBaseSeconds, maxPrefillSecondsPerToken, maxHoldSeconds)
 	}
 }
 
@@ -286,7 +357,7 @@ func TestLeastTTFTIsSafeConcurrently(t *testing.T) {
 				r := p.Pick(req, rs)
 				r.SetMetrics(Metrics{Running: 4, Waiting: int64(i % 2), CacheTokens: 1 << 16,
 					PrefixQueries: float64(i * 1000), PrefixHits: float64(i * 300), UpdatedAt: scrapes.Add(1)})
-				p.Learn(r, req.Estimate, time.Duration(i)*time.Millisecond, time.Second)
+				p.Learn(r, req.Estimate, Outcome{TTFT: time.Duration(i) * time.Millisecond, Total: time.Second, PromptTokens: 2000, CachedTokens: int64(i % 2000)})
 				if i%50 == 0 {
 					p.Prepare(rs)
 				}

@@ -65,10 +65,30 @@ type Estimate struct {
 
 // Learner is an optional capability of a Picker: it learns from how the requests it placed
 // turned out. The proxy calls Learn once for every request whose streamed 2xx response it
-// relayed, from the goroutine that ends the stream: ttft from sending the request to the
-// replica's first body byte, total to its last. It must be cheap and safe for concurrent use.
+// relayed, from the goroutine that ends the stream. It must be cheap and safe for concurrent
+// use.
 type Learner interface {
-	Learn(r *Replica, est Estimate, ttft, total time.Duration)
+	Learn(r *Replica, est Estimate, out Outcome)
+}
+
+// Outcome is how one request went, as the proxy saw it and as the engine reported it.
+type Outcome struct {
+	// TTFT is from sending the request to the replica's first body byte; Total to its last.
+	TTFT, Total time.Duration
+	// PromptTokens and CachedTokens are the answer's usage.prompt_tokens and
+	// usage.prompt_tokens_details.cached_tokens (vLLM reports them with
+	// stream_options.include_usage): the engine's own count of the prompt and of what its
+	// prefix cache held. Negative when the answer did not say.
+	PromptTokens, CachedTokens int64
+}
+
+// cachedShare returns the share of the prompt the engine reported cached, and whether it
+// reported it.
+func (o Outcome) cachedShare() (float64, bool) {
+	if o.PromptTokens <= 0 || o.CachedTokens < 0 {
+		return 0, false
+	}
+	return min(float64(o.CachedTokens)/float64(o.PromptTokens), 1), true
 }
 
 // Needs says which Request fields a picker reads, so that the proxy parses request bodies only
@@ -88,6 +108,11 @@ const (
 	// JSON object (Request.Prompt empty) by load, so the proxy must not refuse it: a service
 	// that is not an OpenAI API works under the default policy too.
 	PromptOptional
+	// WeighsQueues says the picker estimates each replica's wait for a batch slot itself (from
+	// its in-flight count, learned batch size and the engine's queue), so that under learned
+	// per-replica caps the proxy offers it every replica, full ones included, and holds a
+	// request only when every replica is full (proxy/slots.go).
+	WeighsQueues
 )
 
 // NeedsOf returns what p reads of a Request: the result of its Needs method if it has one,

@@ -60,8 +60,8 @@ func TestNew(t *testing.T) {
 	}{
 		"round robin":           {name: RoundRobin},
 		"least load":            {name: LeastLoad},
-		"empty is the default":  {name: "", wantNeeds: NeedsPrompt | PromptOptional | NeedsMetrics},
-		"least ttft":            {name: LeastTTFT, wantNeeds: NeedsPrompt | PromptOptional | NeedsMetrics},
+		"empty is the default":  {name: "", wantNeeds: NeedsPrompt | PromptOptional | NeedsMetrics | WeighsQueues},
+		"least ttft":            {name: LeastTTFT, wantNeeds: NeedsPrompt | PromptOptional | NeedsMetrics | WeighsQueues},
 		"ttft load factor":      {name: LeastTTFT, opts: Options{TTFTLoadFactor: 0.9}, wantErr: "TTFT load factor 0.9: must be a number of at least 1"},
 		"negative cache tokens": {name: LeastTTFT, opts: Options{PrefixCacheTokens: -5}, wantErr: "prefix cache tokens -5: must be positive"},
 		"instance aware":        {name: InstanceAwareLeastLoad, opts: Options{TargetQPSPerAccelerator: map[string]float64{"A100": 2}}},

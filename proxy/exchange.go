@@ -193,9 +193,10 @@ func (ex *exchange) finish(err error) {
 }
 
 // learn tells a learning picker how a streamed answer went: its time to first byte and to the
-// end, against what the picker estimated (policy.Request.Estimate). Only a whole 2xx event
-// stream counts: a non-streamed answer's first byte comes after its last token, and a cut
-// stream's end says nothing about the replica's pace.
+// end, and the token usage the engine reported in its last chunk, against what the picker
+// estimated (policy.Request.Estimate). Only a whole 2xx event stream counts: a non-streamed
+// answer's first byte comes after its last token, and a cut stream's end says nothing about
+// the replica's pace.
 func (ex *exchange) learn(err error) {
 	l := ex.svc.learner
 	if l == nil || ex.sentAt.IsZero() || ex.firstAt.IsZero() || !ex.sse || err != nil || ex.readErr != nil {
@@ -204,7 +205,11 @@ func (ex *exchange) learn(err error) {
 	if code := ex.resp.StatusCode(); code < 200 || code > 299 {
 		return
 	}
-	l.Learn(ex.replica, ex.info.Estimate, ex.firstAt.Sub(ex.sentAt), time.Since(ex.sentAt))
+	usage := parseUsage(ex.obs.tail.bytes())
+	l.Learn(ex.replica, ex.info.Estimate, policy.Outcome{
+		TTFT: ex.firstAt.Sub(ex.sentAt), Total: time.Since(ex.sentAt),
+		PromptTokens: usage.prompt, CachedTokens: usage.cached,
+	})
 }
 
 func (ex *exchange) logStreamEnd(err error) {

@@ -34,7 +34,7 @@ func FuzzUsageTail(f *testing.F) {
 		if !bytes.Equal(tail.bytes(), want) {
 			t.Fatalf("tail holds %q, want the stream's last %d bytes %q", tail.bytes(), len(want), want)
 		}
-		if got := parseUsage(tail.bytes()); got != (tokenUsage{prompt: int64(prompt), completion: int64(completion)}) {
+		if got := parseUsage(tail.bytes()); got != (tokenUsage{prompt: int64(prompt), completion: int64(completion), cached: -1}) {
 			t.Fatalf("usage = %+v, want %d/%d after %q", got, prompt, completion, prefix)
 		}
 	})

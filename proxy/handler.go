@@ -245,9 +245,16 @@ func (s *Service) endHold(ctx *fasthttp.RequestCtx, ex *exchange, refusal []byte
 // pick asks the picker for a replica of snap's pick set, leaving out those already tried for
 // this request, so a retry never lands on the replica that just failed (SkyServe's retries
 // can). Under a per-replica cap (slots non-nil) it offers only replicas below it, unless none is
-// (a retry may exceed the cap rather than fail).
+// (a retry may exceed the cap rather than fail); but a picker that weighs each replica's queue
+// itself (policy.WeighsQueues) is offered full replicas too under learned caps, which then only
+// decide when to hold: it may judge that a full replica's cached prefix is worth a short wait
+// in that engine's queue. Offered only the free replicas, a cache-aware picker under load
+// would lose every follow-up whose replica happened to be busy (issue 33).
 func (ex *exchange) pick(p policy.Picker, snap *snapshot, slots *slotQueue) *policy.Replica {
 	all := snap.pick
+	if slots != nil && slots.learned() && ex.svc.needs&policy.WeighsQueues != 0 {
+		slots = nil
+	}
 	if len(ex.tried) == 0 && slots == nil {
 		return p.Pick(&ex.info, all)
 	}

@@ -101,20 +101,21 @@ type countingLearner struct {
 }
 
 type learnCall struct {
-	replica     int
-	est         policy.Estimate
-	ttft, total time.Duration
+	replica int
+	est     policy.Estimate
+	out     policy.Outcome
 }
 
-func (l *countingLearner) Learn(r *policy.Replica, est policy.Estimate, ttft, total time.Duration) {
+func (l *countingLearner) Learn(r *policy.Replica, est policy.Estimate, out policy.Outcome) {
 	l.mu.Lock()
-	l.calls = append(l.calls, learnCall{replica: r.ID, est: est, ttft: ttft, total: total})
+	l.calls = append(l.calls, learnCall{replica: r.ID, est: est, out: out})
 	l.mu.Unlock()
-	l.Learner.Learn(r, est, ttft, total)
+	l.Learner.Learn(r, est, out)
 }
 
-// A learning picker hears of every whole streamed 2xx answer, with the estimate its pick made
-// and the times measured from sending, and of nothing else.
+// A learning picker hears of every whole streamed 2xx answer, with the estimate its pick made,
+// the times measured from sending and the engine's reported prompt and cached tokens, and of
+// nothing else.
 func TestLearnerHearsOfStreamedAnswers(t *testing.T) {
 	sim := startPrefillSim(t)
 	svc, base := startProxy(t, ServiceConfig{Policy: policy.LeastTTFT}, Backend{ID: 7, Addr: sim.addr(), Version: 1})
@@ -134,9 +135,15 @@ func TestLearnerHearsOfStreamedAnswers(t *testing.T) {
 	if len(learner.calls) != 2 {
 		t.Fatalf("Learn called %d times, want 2 (the streamed 2xx answers): %+v", len(learner.calls), learner.calls)
 	}
-	for _, call := range learner.calls {
-		if call.replica != 7 || call.ttft <= 0 || call.total < call.ttft {
+	for i, call := range learner.calls {
+		if call.replica != 7 || call.out.TTFT <= 0 || call.out.Total < call.out.TTFT {
 			t.Errorf("Learn(%+v): want replica 7 and 0 < ttft ≤ total", call)
+		}
+		if call.out.PromptTokens <= 0 || call.out.CachedTokens < 0 || call.out.CachedTokens >= call.out.PromptTokens {
+			t.Errorf("Learn(%+v): want the engine's reported prompt and cached tokens", call)
+		}
+		if i == 1 && call.out.CachedTokens == 0 { // the second conversation opens on the first's system prompt
+			t.Errorf("Learn(%+v): the shared system prompt was not reported cached", call)
 		}
 		if want := int64((len(chatTurns(1, 1, true)) - 1) / 4); call.est.Tokens < want/2 {
 			t.Errorf("Learn(%+v): estimate of %d tokens, want about the messages' length / 4", call, call.est.Tokens)

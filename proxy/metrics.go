@@ -633,7 +633,13 @@ func (ex *exchange) observeAttemptFailed(err error) {
 // observeRead notes body bytes passing from the replica to the client: the first one's time,
 // the count, and the tail that may hold the response's token usage.
 func (ex *exchange) observeRead(p []byte) {
-	if len(p) == 0 || !ex.svc.obs.on() {
+	if len(p) == 0 {
+		return
+	}
+	if !ex.svc.obs.on() {
+		if ex.svc.learner != nil { // it reads the engine's reported usage (exchange.learn)
+			ex.obs.tail.write(p)
+		}
 		return
 	}
 	o := &ex.obs

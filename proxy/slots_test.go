@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -479,6 +480,57 @@ func BenchmarkProxyNonStreamSlots(b *testing.B) {
 			b.Cleanup(func() { _ = svc.Shutdown(context.Background()) })
 			b.SetParallelism(tc.par)
 			benchRequests(b, memClient(ln))
+		})
+	}
+}
+
+// offeredPicker records the replicas it is offered and picks the first; needs is what it
+// declares.
+type offeredPicker struct {
+	needs   policy.Needs
+	offered []int
+}
+
+func (p *offeredPicker) Needs() policy.Needs { return p.needs }
+
+func (p *offeredPicker) Pick(_ *policy.Request, rs []*policy.Replica) *policy.Replica {
+	p.offered = p.offered[:0]
+	for _, r := range rs {
+		p.offered = append(p.offered, r.ID)
+	}
+	if len(rs) == 0 {
+		return nil
+	}
+	return rs[0]
+}
+
+// Under learned caps, a picker that weighs queues itself is offered full replicas too (a
+// cached prefix may be worth a short wait there); others, and every picker under a configured
+// cap, only replicas below their cap.
+func TestPickOffersFullReplicasToQueueWeighingPickers(t *testing.T) {
+	full, free := &policy.Replica{ID: 1}, &policy.Replica{ID: 2}
+	full.InFlight.Add(2)
+	caps := []*learnedCap{{}, {}}
+	caps[0].size.Store(2)
+	caps[1].size.Store(2)
+	caps[0].probeAfter.Store(math.MaxInt64) // no probe beyond the cap
+	snap := &snapshot{pick: []*policy.Replica{full, free}, pickCaps: caps}
+	for name, tc := range map[string]struct {
+		needs policy.Needs
+		limit int
+		want  []int
+	}{
+		"weighs queues, learned caps":    {needs: policy.WeighsQueues, limit: 0, want: []int{1, 2}},
+		"cache-blind, learned caps":      {needs: 0, limit: 0, want: []int{2}},
+		"weighs queues, configured caps": {needs: policy.WeighsQueues, limit: 2, want: []int{2}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := &offeredPicker{needs: tc.needs}
+			ex := &exchange{svc: &Service{needs: tc.needs}}
+			ex.pick(p, snap, newSlotQueue(tc.limit, 1))
+			if !slices.Equal(p.offered, tc.want) {
+				t.Errorf("offered %v, want %v", p.offered, tc.want)
+			}
 		})
 	}
 }

@@ -33,17 +33,19 @@ func (t *usageTail) write(p []byte) {
 
 func (t *usageTail) bytes() []byte { return t.buf[:t.n] }
 
-// tokenUsage is what a response reported of its token counts; -1 means not reported.
+// tokenUsage is what a response reported of its token counts; -1 means not reported. cached is
+// usage.prompt_tokens_details.cached_tokens, the prompt tokens the engine's prefix cache held.
 type tokenUsage struct {
-	prompt, completion int64
+	prompt, completion, cached int64
 }
 
-var unknownUsage = tokenUsage{prompt: -1, completion: -1}
+var unknownUsage = tokenUsage{prompt: -1, completion: -1, cached: -1}
 
 var (
 	keyUsage            = []byte(`"usage"`)
 	keyPromptTokens     = []byte(`"prompt_tokens"`)
 	keyCompletionTokens = []byte(`"completion_tokens"`)
+	keyCachedTokens     = []byte(`"cached_tokens"`)
 )
 
 // parseUsage reads the token counts of the last "usage" object in tail, the end of a response
@@ -68,12 +70,13 @@ func parseUsage(tail []byte) tokenUsage {
 		return unknownUsage // null, or cut off by the tail's start or a broken stream
 	}
 	obj := tail[start:s.i]
-	return tokenUsage{prompt: intMember(obj, keyPromptTokens), completion: intMember(obj, keyCompletionTokens)}
+	return tokenUsage{prompt: intMember(obj, keyPromptTokens), completion: intMember(obj, keyCompletionTokens),
+		cached: intMember(obj, keyCachedTokens)}
 }
 
 // intMember returns the non-negative integer value of member key (quoted) in the JSON object
 // obj, or -1. Nested objects do not repeat usage's top-level names (prompt_tokens_details holds
-// cached_tokens), so the first occurrence is the member.
+// cached_tokens, and only it has that name), so the first occurrence is the member.
 func intMember(obj, key []byte) int64 {
 	i := bytes.Index(obj, key)
 	if i < 0 {

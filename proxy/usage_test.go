@@ -15,18 +15,18 @@ func TestParseUsage(t *testing.T) {
 			tail: `"finish_reason":"stop"}],"usage":{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,` +
 				`"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0}},` +
 				`"service_tier":"default","system_fingerprint":null}`,
-			want: tokenUsage{prompt: 19, completion: 10},
+			want: tokenUsage{prompt: 19, completion: 10, cached: 0},
 		},
 		"vLLM members after usage": {
 			tail: `}],"usage":{"prompt_tokens":9,"total_tokens":18,"completion_tokens":9,"prompt_tokens_details":null},` +
 				`"prompt_logprobs":null,"kv_transfer_params":null}`,
-			want: tokenUsage{prompt: 9, completion: 9},
+			want: tokenUsage{prompt: 9, completion: 9, cached: -1}, // details null
 		},
 		"stream usage chunk": {
 			tail: `data: {"id":"c","choices":[{"index":0,"delta":{"content":"!"}}],"usage":null}` + "\n\n" +
 				`data: {"id":"c","choices":[],"usage":{"prompt_tokens":1234,"completion_tokens":567,"total_tokens":1801}}` + "\n\n" +
 				"data: [DONE]\n\n",
-			want: tokenUsage{prompt: 1234, completion: 567},
+			want: tokenUsage{prompt: 1234, completion: 567, cached: -1},
 		},
 		"stream without usage chunk": {
 			tail: `data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null}` + "\n\ndata: [DONE]\n\n",
@@ -34,11 +34,16 @@ func TestParseUsage(t *testing.T) {
 		},
 		"whitespace": {
 			tail: "{\"usage\" :\n {\n  \"completion_tokens\" : 3,\n  \"prompt_tokens\"\t:\t4\n }\n}\n",
-			want: tokenUsage{prompt: 4, completion: 3},
+			want: tokenUsage{prompt: 4, completion: 3, cached: -1},
 		},
 		"embeddings": {
 			tail: `"data":[],"model":"e5","usage":{"prompt_tokens":8,"total_tokens":8}}`,
-			want: tokenUsage{prompt: 8, completion: -1},
+			want: tokenUsage{prompt: 8, completion: -1, cached: -1},
+		},
+		"vLLM stream with cached tokens": {
+			tail: `data: {"id":"c","choices":[],"usage":{"prompt_tokens":4096,"total_tokens":4100,"completion_tokens":4,` +
+				`"prompt_tokens_details":{"cached_tokens":3072}}}` + "\n\ndata: [DONE]\n\n",
+			want: tokenUsage{prompt: 4096, completion: 4, cached: 3072},
 		},
 		"usage key inside content is escaped": {
 			tail: `"content":"say \"usage\":{\"prompt_tokens\":99}"}}]}`,
@@ -58,7 +63,7 @@ func TestParseUsage(t *testing.T) {
 		},
 		"absurdly large": {
 			tail: `"usage":{"prompt_tokens":12345678901234567890123,"completion_tokens":1}`,
-			want: tokenUsage{prompt: -1, completion: 1},
+			want: tokenUsage{prompt: -1, completion: 1, cached: -1},
 		},
 		"empty":     {tail: ``, want: unknownUsage},
 		"null":      {tail: `{"usage":null}`, want: unknownUsage},
@@ -112,7 +117,7 @@ func TestUsageTailFindsStreamUsage(t *testing.T) {
 		tail.write(b[:n])
 		b = b[n:]
 	}
-	if got, want := parseUsage(tail.bytes()), (tokenUsage{prompt: 77, completion: 500}); got != want {
+	if got, want := parseUsage(tail.bytes()), (tokenUsage{prompt: 77, completion: 500, cached: -1}); got != want {
 		t.Errorf("parseUsage = %+v, want %+v", got, want)
 	}
 }

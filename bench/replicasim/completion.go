@@ -135,6 +135,8 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	cachedTokens := s.cache.match(sc.hashes, (promptTokens-1)/blockTokens) * blockTokens
 	s.metrics.prefixQueries.Add(float64(promptTokens))
 	s.metrics.prefixHits.Add(float64(cachedTokens))
+	s.metrics.truthQueries.Add(float64(promptTokens))
+	s.metrics.truthHits.Add(float64(cachedTokens))
 	seq.holdKV(promptTokens)
 	if seq.sleep(s.cfg.TTFT+time.Duration(promptTokens-cachedTokens)*s.cfg.PrefillPerToken+slow) != nil {
 		return
@@ -441,6 +443,9 @@ func (g *generation) appendUsage(dst []byte) []byte {
 	dst = strconv.AppendInt(dst, int64(g.promptTokens+g.outTokens), 10)
 	dst = append(dst, `,"completion_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(g.outTokens), 10)
+	if g.server.cfg.Signals == SignalsBasic {
+		return append(dst, '}')
+	}
 	dst = append(dst, `,"prompt_tokens_details":{"cached_tokens":`...)
 	dst = strconv.AppendInt(dst, int64(g.cachedTokens), 10)
 	return append(dst, "}}"...)

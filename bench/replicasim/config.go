@@ -29,6 +29,12 @@ type Config struct {
 	// proxy's metric scraper, can be tested against a live replica. Only /metrics differs; the
 	// OpenAI-compatible API and the simulated behaviour are the same.
 	Engine string
+	// Signals is how much the replica tells about its prefix cache: SignalsFull, vLLM's whole
+	// set (vllm:cache_config_info, the prefix-cache counters and each answer's
+	// usage.prompt_tokens_details.cached_tokens), or SignalsBasic, only the running and
+	// waiting gauges and KV usage, as engines and simulators that expose less do. Routing must
+	// hold up against both.
+	Signals string
 
 	// Model is the served model name: listed by /v1/models, echoed in responses, and the only
 	// name completions accept (others get OpenAI's model_not_found 404, as vLLM does).
@@ -92,6 +98,12 @@ const (
 	EngineTGI  = "tgi"
 )
 
+// Signal sets Config.Signals accepts.
+const (
+	SignalsFull  = "full"
+	SignalsBasic = "basic"
+)
+
 // DefaultConfig returns the defaults the CLI starts from: a small, fast, vLLM-shaped replica.
 func DefaultConfig() Config {
 	port := 8000
@@ -106,6 +118,7 @@ func DefaultConfig() Config {
 		Host:            host,
 		Port:            port,
 		Engine:          EngineVLLM,
+		Signals:         SignalsFull,
 		Model:           "ferry-sim",
 		MaxNumSeqs:      16,
 		MaxWaiting:      256,
@@ -125,6 +138,7 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Host, "host", c.Host, "address to listen on; defaults to $FERRY_HOST when set")
 	fs.IntVar(&c.Port, "port", c.Port, "port to listen on; defaults to $FERRY_PORT when set; 0 picks a free port")
 	fs.StringVar(&c.Engine, "engine", c.Engine, "engine whose Prometheus metric names /metrics uses: vllm or tgi")
+	fs.StringVar(&c.Signals, "signals", c.Signals, "what the replica reports of its prefix cache: full (vllm:cache_config_info, prefix-cache counters, usage.prompt_tokens_details.cached_tokens) or basic (running, waiting and KV usage only)")
 	fs.StringVar(&c.Model, "model", c.Model, "served model name")
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "sequences decoding at once (continuous batching)")
 	fs.IntVar(&c.MaxWaiting, "max-waiting", c.MaxWaiting, "waiting-queue limit; requests beyond it get 429")
@@ -152,6 +166,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Engine != EngineVLLM && c.Engine != EngineTGI {
 		bad("engine", strconv.Quote(c.Engine), "must be "+EngineVLLM+" or "+EngineTGI)
+	}
+	if c.Signals != SignalsFull && c.Signals != SignalsBasic {
+		bad("signals", strconv.Quote(c.Signals), "must be "+SignalsFull+" or "+SignalsBasic)
 	}
 	if c.Model == "" {
 		bad("model", `""`, "must not be empty")

@@ -33,7 +33,7 @@ func TestRegisterFlags(t *testing.T) {
 		"--host=0.0.0.0", "--port=9000", "--engine=tgi", "--model=m", "--max-num-seqs=4", "--max-waiting=2",
 		"--ttft=1s", "--prefill-per-token=1ms", "--itl=20ms", "--itl-per-seq=2ms", "--max-tokens=10",
 		"--kv-blocks=100", "--startup-delay=3s", "--error-rate=0.1", "--hang-rate=0.2", "--exit-after=5", "--seed=7",
-		"--slow-rate=0.3", "--slow-delay=2s", "--flap-period=4s", "--faults-file=/run/faults",
+		"--slow-rate=0.3", "--slow-delay=2s", "--flap-period=4s", "--faults-file=/run/faults", "--signals=basic",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +42,7 @@ func TestRegisterFlags(t *testing.T) {
 		Host: "0.0.0.0", Port: 9000, Engine: EngineTGI, Model: "m", MaxNumSeqs: 4, MaxWaiting: 2,
 		TTFT: time.Second, PrefillPerToken: time.Millisecond, ITL: 20 * time.Millisecond, ITLPerSeq: 2 * time.Millisecond,
 		MaxTokens: 10, KVCacheBlocks: 100, StartupDelay: 3 * time.Second, ErrorRate: 0.1, HangRate: 0.2, ExitAfter: 5, Seed: 7,
-		SlowRate: 0.3, SlowDelay: 2 * time.Second, FlapPeriod: 4 * time.Second, FaultsFile: "/run/faults",
+		SlowRate: 0.3, SlowDelay: 2 * time.Second, FlapPeriod: 4 * time.Second, FaultsFile: "/run/faults", Signals: SignalsBasic,
 	}
 	if diff := cmp.Diff(want, cfg, cmpopts.IgnoreFields(Config{}, "ExitFunc", "OnListen")); diff != "" {
 		t.Errorf("parsed config (-want +got):\n%s", diff)

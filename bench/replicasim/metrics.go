@@ -25,9 +25,13 @@ var (
 // Server has its own registry so several replicas can live in one test. Every field is always
 // valid; those the chosen engine does not export are simply not registered.
 type metrics struct {
-	registry         *prometheus.Registry
-	prefixQueries    prometheus.Counter
-	prefixHits       prometheus.Counter
+	registry      *prometheus.Registry
+	prefixQueries prometheus.Counter
+	prefixHits    prometheus.Counter
+	// truthQueries and truthHits count the same as prefixQueries and prefixHits under names
+	// no router reads (replicasim_*), whatever Signals hides: what benchmarks score hit rates by.
+	truthQueries     prometheus.Counter
+	truthHits        prometheus.Counter
 	promptTokens     prometheus.Counter
 	generationTokens prometheus.Counter
 	requestSuccess   prometheus.Counter // finished_reason="length", the only way the simulator stops
@@ -39,8 +43,9 @@ type metrics struct {
 }
 
 // newMetrics registers engine's series; the gauges read the live values through the callbacks.
-// kvBlocks is the KV cache's size in blocks, announced as vLLM does in vllm:cache_config_info.
-func newMetrics(engine, model string, kvBlocks int, running, waiting, kvUsage func() float64) *metrics {
+// kvBlocks is the KV cache's size in blocks, announced as vLLM does in vllm:cache_config_info
+// unless signals is SignalsBasic, which leaves out that and the prefix-cache counters.
+func newMetrics(engine, signals, model string, kvBlocks int, running, waiting, kvUsage func() float64) *metrics {
 	labels := prometheus.Labels{"model_name": model}
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
@@ -49,6 +54,8 @@ func newMetrics(engine, model string, kvBlocks int, running, waiting, kvUsage fu
 		registry:         prometheus.NewRegistry(),
 		prefixQueries:    counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens."),
 		prefixHits:       counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
+		truthQueries:     prometheus.NewCounter(prometheus.CounterOpts{Name: "replicasim_prefix_cache_queries_total", Help: "Prompt tokens looked up in the prefix cache (the simulator's own count, whatever --signals hides)."}),
+		truthHits:        prometheus.NewCounter(prometheus.CounterOpts{Name: "replicasim_prefix_cache_hits_total", Help: "Prompt tokens found in the prefix cache (the simulator's own count, whatever --signals hides)."}),
 		promptTokens:     counter("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
 		generationTokens: counter("vllm:generation_tokens_total", "Number of generation tokens processed."),
 		requestSuccess: prometheus.NewCounter(prometheus.CounterOpts{
@@ -88,9 +95,12 @@ func newMetrics(engine, model string, kvBlocks int, running, waiting, kvUsage fu
 		gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kvUsage),
 		// Deprecated in vLLM but still what older routers read.
 		gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage.", kvUsage),
-		m.prefixQueries, m.prefixHits, m.promptTokens, m.generationTokens, m.requestSuccess,
-		m.ttft, m.e2e, cacheConfigInfo(kvBlocks),
+		m.promptTokens, m.generationTokens, m.requestSuccess, m.ttft, m.e2e,
+		m.truthQueries, m.truthHits,
 	)
+	if signals != SignalsBasic {
+		m.registry.MustRegister(m.prefixQueries, m.prefixHits, cacheConfigInfo(kvBlocks))
+	}
 	m.handler = promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{})
 	return m
 }

@@ -61,6 +61,9 @@ func NewServer(cfg Config) *Server {
 	if cfg.Engine != EngineTGI {
 		cfg.Engine = EngineVLLM
 	}
+	if cfg.Signals != SignalsBasic {
+		cfg.Signals = SignalsFull
+	}
 	if cfg.Model == "" {
 		cfg.Model = def.Model
 	}
@@ -97,7 +100,7 @@ func NewServer(cfg Config) *Server {
 	if s.exit == nil {
 		s.exit = os.Exit
 	}
-	s.metrics = newMetrics(cfg.Engine, cfg.Model, cfg.KVCacheBlocks,
+	s.metrics = newMetrics(cfg.Engine, cfg.Signals, cfg.Model, cfg.KVCacheBlocks,
 		func() float64 { return float64(s.sched.runningGauge.Load()) },
 		func() float64 { return float64(s.sched.waitingGauge.Load()) },
 		s.kvCacheUsage,

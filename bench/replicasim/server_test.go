@@ -761,3 +761,31 @@ func TestRunValidatesAndReportsAddress(t *testing.T) {
 		t.Errorf("Run = %v after cancel, want nil", err)
 	}
 }
+
+// --signals basic hides what many engines do not report (the cache's size, the prefix-cache
+// counters, each answer's cached tokens), while the simulator's own replicasim_* counters still
+// score the hit rate for a benchmark.
+func TestBasicSignalsHideCacheState(t *testing.T) {
+	cfg := fastConfig()
+	cfg.Signals = SignalsBasic
+	_, base := startServer(t, cfg)
+	prompt := `{"messages":[{"role":"user","content":"` + strings.Repeat("cached words ", 40) + `"}],"max_tokens":2}`
+	mustPost(t, base+"/v1/chat/completions", prompt)
+	r := mustPost(t, base+"/v1/chat/completions", prompt)
+	if strings.Contains(string(r.body), "prompt_tokens_details") || !strings.Contains(string(r.body), `"prompt_tokens":`) {
+		t.Errorf("usage under basic signals: %s", r.body)
+	}
+	body := string(get(t, base+"/metrics").body)
+	for _, hidden := range []string{"vllm:cache_config_info", "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"} {
+		if strings.Contains(body, hidden) {
+			t.Errorf("/metrics under basic signals has %s", hidden)
+		}
+	}
+	if !strings.Contains(body, "vllm:num_requests_running") {
+		t.Error("/metrics under basic signals lacks vllm:num_requests_running")
+	}
+	m := scrape(t, base)
+	if m["replicasim_prefix_cache_hits_total"] <= 0 || m["replicasim_prefix_cache_queries_total"] <= m["replicasim_prefix_cache_hits_total"] {
+		t.Errorf("the simulator's own counters after a repeated prompt: hits %v of %v", m["replicasim_prefix_cache_hits_total"], m["replicasim_prefix_cache_queries_total"])
+	}
+}

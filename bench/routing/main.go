@@ -43,6 +43,7 @@ type simConfig struct {
 	maxNumSeqs      int
 	maxWaiting      int
 	kvBlocks        int
+	signals         string
 }
 
 func (s simConfig) args() []string {
@@ -50,7 +51,7 @@ func (s simConfig) args() []string {
 		"--ttft", s.ttft.String(), "--prefill-per-token", s.prefillPerToken.String(),
 		"--itl", s.itl.String(), "--itl-per-seq", s.itlPerSeq.String(),
 		"--max-num-seqs", fmt.Sprint(s.maxNumSeqs), "--max-waiting", fmt.Sprint(s.maxWaiting),
-		"--kv-blocks", fmt.Sprint(s.kvBlocks),
+		"--kv-blocks", fmt.Sprint(s.kvBlocks), "--signals", s.signals,
 	}
 }
 
@@ -67,8 +68,11 @@ type options struct {
 	sim          simConfig
 	timeout      time.Duration
 	maxInFlight  int
-	ferryBin     string
-	out          string
+	// cpuHogs is how many busy-looping processes share the host with the run, to measure
+	// routing while the proxy's own CPU is contended.
+	cpuHogs  int
+	ferryBin string
+	out      string
 }
 
 func main() {
@@ -84,6 +88,7 @@ func parseFlags(args []string) (options, error) {
 	fs.Float64Var(&o.multiTurn.MeanTurns, "turns", 3.9, "multiturn: mean turns per conversation (geometric)")
 	fs.Float64Var(&o.multiTurn.Sharing, "sharing", 0.7, "multiturn: share of conversations opening on a shared system prompt")
 	fs.Float64Var(&o.multiTurn.Rate, "rate", 47, "multiturn: offered requests per second (open loop)")
+	fs.Float64Var(&o.multiTurn.Burst, "burst", 1, "multiturn: conversation start rate in a burst ÷ the mean (bursts 20 % of the time, 5 s on average; 1 = plain Poisson, at most 5)")
 	fs.DurationVar(&o.multiTurn.ThinkTime, "think-time", 5*time.Second, "multiturn: mean time between a conversation's turns (exponential)")
 	fs.IntVar(&o.multiTurn.UserTokens, "user-tokens", 120, "multiturn: median user message, tokens (log-normal)")
 	fs.IntVar(&o.multiTurn.AnswerTokens, "answer-tokens", 40, "multiturn: median answer and max_tokens, tokens (log-normal)")
@@ -109,6 +114,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.sim.maxNumSeqs, "sim-max-num-seqs", 16, "replica-sim --max-num-seqs")
 	fs.IntVar(&o.sim.maxWaiting, "sim-max-waiting", 4096, "replica-sim --max-waiting")
 	fs.IntVar(&o.sim.kvBlocks, "sim-kv-blocks", 3000, "replica-sim --kv-blocks (prefix cache capacity, 16-token blocks)")
+	fs.StringVar(&o.sim.signals, "sim-signals", "full", "replica-sim --signals: full (the cache's size, prefix-cache counters, cached tokens per answer) or basic (running, waiting and KV usage only)")
+	fs.IntVar(&o.cpuHogs, "cpu-hog", 0, "busy-looping processes beside the run (one per core makes the host 100 % busy)")
 	fs.DurationVar(&o.timeout, "request-timeout", 2*time.Minute, "bound on one request")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", 4096, "bound on outstanding requests; past it arrivals slip")
 	fs.StringVar(&o.ferryBin, "ferry-bin", "", "ferry binary (default: build ./cmd/ferry into the output directory)")
@@ -201,6 +208,12 @@ func (o options) validate() error {
 			bad("sim-*", d, "durations must not be negative")
 		}
 	}
+	if o.sim.signals != "full" && o.sim.signals != "basic" {
+		bad("sim-signals", o.sim.signals, "must be full or basic")
+	}
+	if o.cpuHogs < 0 || o.cpuHogs > 16 {
+		bad("cpu-hog", o.cpuHogs, "must be between 0 and 16")
+	}
 	if o.timeout <= 0 || o.timeout > 30*time.Minute {
 		bad("request-timeout", o.timeout, "must be positive and at most 30m")
 	}
@@ -238,6 +251,9 @@ func run(opts options) error {
 	defer group.Close()
 	defer group.StopOnSignal()()
 
+	if err := startHogs(group, opts.cpuHogs); err != nil {
+		return err
+	}
 	rep := newReport(opts, wl)
 	for _, policy := range opts.policies {
 		res, err := runPolicy(context.Background(), group, opts, policy, wl)
@@ -248,6 +264,21 @@ func run(opts options) error {
 		rep.add(res)
 	}
 	return rep.write(os.Stdout, opts.out)
+}
+
+// startHogs starts n processes that spin until the group stops them, making the host's CPU as
+// contended as a busy build does: the proxy then competes for a core with them.
+func startHogs(group *childproc.Group, n int) error {
+	for i := range n {
+		spec := childproc.Spec{Name: fmt.Sprintf("cpu-hog%d", i+1), Argv: []string{"sh", "-c", "while :; do :; done"}, CPU: -1}
+		if _, err := group.Start(spec); err != nil {
+			return fmt.Errorf("cpu hog: %w", err)
+		}
+	}
+	if n > 0 {
+		fmt.Fprintf(os.Stderr, "%d CPU hogs running beside every policy\n", n)
+	}
+	return nil
 }
 
 // buildWorkload synthesizes the workload --workload names.

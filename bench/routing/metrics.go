@@ -11,15 +11,19 @@ import (
 	"time"
 )
 
+// metricProxyQueued is the proxy's gauge of requests it holds for a free slot (late binding).
+const metricProxyQueued = "ferry_requests_queued"
+
 // The vLLM series the driver reads from each replica's /metrics.
 const (
 	metricRequestSuccess = "vllm:request_success_total"
-	metricPrefixQueries  = "vllm:prefix_cache_queries_total"
-	metricPrefixHits     = "vllm:prefix_cache_hits_total"
-	metricPromptTokens   = "vllm:prompt_tokens_total"
-	metricGenTokens      = "vllm:generation_tokens_total"
-	metricRunning        = "vllm:num_requests_running"
-	metricWaiting        = "vllm:num_requests_waiting"
+	// The simulator's own prefix-cache counters, present whatever --sim-signals hides.
+	metricPrefixQueries = "replicasim_prefix_cache_queries_total"
+	metricPrefixHits    = "replicasim_prefix_cache_hits_total"
+	metricPromptTokens  = "vllm:prompt_tokens_total"
+	metricGenTokens     = "vllm:generation_tokens_total"
+	metricRunning       = "vllm:num_requests_running"
+	metricWaiting       = "vllm:num_requests_waiting"
 )
 
 // parseMetrics reads Prometheus text exposition and returns each metric's value summed over its
@@ -65,8 +69,23 @@ func parseMetrics(r io.Reader) (map[string]float64, error) {
 // scrapeClient reads /metrics; short timeouts, since replicas are local.
 var scrapeClient = &http.Client{Timeout: 5 * time.Second}
 
-// scrape fetches and parses addr's /metrics.
+// scrape fetches and parses a replica's /metrics, which must have the series the driver scores
+// by.
 func scrape(addr string) (map[string]float64, error) {
+	m, err := fetchMetrics(addr)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range []string{metricRequestSuccess, metricPrefixQueries, metricPrefixHits} {
+		if _, ok := m[name]; !ok {
+			return nil, fmt.Errorf("%s/metrics has no %s (is it a replica-sim?)", addr, name)
+		}
+	}
+	return m, nil
+}
+
+// fetchMetrics fetches and parses addr's /metrics.
+func fetchMetrics(addr string) (map[string]float64, error) {
 	resp, err := scrapeClient.Get("http://" + addr + "/metrics")
 	if err != nil {
 		return nil, err
@@ -78,11 +97,6 @@ func scrape(addr string) (map[string]float64, error) {
 	m, err := parseMetrics(resp.Body)
 	if err != nil {
 		return nil, fmt.Errorf("%s/metrics: %w", addr, err)
-	}
-	for _, name := range []string{metricRequestSuccess, metricPrefixQueries, metricPrefixHits} {
-		if _, ok := m[name]; !ok {
-			return nil, fmt.Errorf("%s/metrics has no %s (is it a replica-sim or vLLM?)", addr, name)
-		}
 	}
 	return m, nil
 }

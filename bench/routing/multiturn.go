@@ -43,6 +43,11 @@ type multiTurnConfig struct {
 	// trace is: the load is steady from the first request on, and some conversations are
 	// already under way (their early turns were never sent) or unfinished.
 	Rate float64
+	// Burst is the ratio of the conversation start rate during a burst to Rate: starts follow
+	// a Markov-modulated Poisson process that spends burstShare of the time in bursts (of
+	// burstMean on average) and the rest calm, at whatever rate keeps the mean at Rate. 1 is
+	// a plain Poisson process; at most 1/burstShare.
+	Burst float64
 	// ThinkTime is the mean time between an answer's request and the conversation's next one
 	// (exponential).
 	ThinkTime time.Duration
@@ -77,6 +82,9 @@ func (c multiTurnConfig) validate() error {
 	if !(c.Rate > 0 && c.Rate <= 2000) {
 		bad("rate", c.Rate, "must be positive and at most 2000")
 	}
+	if !(c.Burst >= 1 && c.Burst <= 1/burstShare) {
+		bad("burst", c.Burst, fmt.Sprintf("must be between 1 and %g", 1/burstShare))
+	}
 	if c.ThinkTime < 0 || c.ThinkTime > time.Hour {
 		bad("think-time", c.ThinkTime, "must be between 0 and 1h")
 	}
@@ -93,6 +101,60 @@ func (c multiTurnConfig) validate() error {
 		errs = append(errs, errors.New("model: must not be empty"))
 	}
 	return errors.Join(errs...)
+}
+
+// Bursts of the multi-turn workload's arrivals: a share of the time, and a burst's mean length.
+const (
+	burstShare = 0.2
+	burstMean  = 5 * time.Second
+)
+
+// burstyArrivals is a two-state Markov-modulated Poisson process: bursts at burst × mean rate
+// and calm periods between them, both of exponential length, burstShare of the time in bursts.
+// The mean rate stays mean. Real chat traffic comes in such bursts (a class ending, a batch job
+// starting); a plain Poisson process at the same mean hides what a burst does to queues.
+type burstyArrivals struct {
+	rng                 *rand.Rand
+	burstRate, calmRate float64 // arrivals per second
+	burstLen, calmLen   float64 // mean seconds
+	now, stateEnd       float64 // seconds
+	inBurst, modulated  bool
+}
+
+func newBurstyArrivals(rng *rand.Rand, mean, burst float64, start time.Duration) *burstyArrivals {
+	a := &burstyArrivals{rng: rng, burstRate: burst * mean, calmRate: mean * (1 - burstShare*burst) / (1 - burstShare),
+		burstLen: burstMean.Seconds(), now: start.Seconds(), modulated: burst > 1}
+	a.calmLen = a.burstLen * (1 - burstShare) / burstShare
+	if !a.modulated { // draws nothing more: a seed gives the same Poisson workload as before bursts
+		a.calmRate = mean
+		return a
+	}
+	a.stateEnd = a.now + a.rng.ExpFloat64()*a.calmLen
+	return a
+}
+
+// next returns the time of the next arrival: an exponential amount of work at rate 1, spent
+// across the states' rates until it runs out.
+func (a *burstyArrivals) next() time.Duration {
+	work := a.rng.ExpFloat64()
+	for {
+		rate := a.calmRate
+		if a.inBurst {
+			rate = a.burstRate
+		}
+		if !a.modulated || (rate > 0 && a.now+work/rate <= a.stateEnd) {
+			a.now += work / rate
+			return time.Duration(a.now * float64(time.Second))
+		}
+		work -= (a.stateEnd - a.now) * rate
+		a.now = a.stateEnd
+		a.inBurst = !a.inBurst
+		mean := a.calmLen
+		if a.inBurst {
+			mean = a.burstLen
+		}
+		a.stateEnd = a.now + a.rng.ExpFloat64()*mean
+	}
 }
 
 // synthesizeMultiTurn builds the multi-turn workload, deterministic in cfg.Seed. Arrival times
@@ -122,9 +184,10 @@ func synthesizeMultiTurn(cfg multiTurnConfig) (*workload, error) {
 	window := time.Duration(float64(cfg.Conversations) / startRate * float64(time.Second))
 	warmUp := time.Duration(2 * cfg.MeanTurns * float64(cfg.ThinkTime))
 	start := -warmUp
+	starts := newBurstyArrivals(rng, startRate, cfg.Burst, start)
 	conversations := map[int]bool{}
 	for id := 1; ; id++ {
-		start += time.Duration(rng.ExpFloat64() / startRate * float64(time.Second))
+		start = starts.next()
 		if start >= window {
 			break
 		}

@@ -60,6 +60,9 @@ type policyResult struct {
 	// ClientCachedShare the same from the responses' usage.prompt_tokens_details.cached_tokens.
 	PrefixHitRate     ratio   `json:"prefix_hit_rate"`
 	ClientCachedShare float64 `json:"client_cached_share"`
+
+	// Queueing is where requests waited: in the engines' queues or held by the proxy.
+	Queueing queueing `json:"queueing"`
 }
 
 func (r *policyResult) oneLine() string {
@@ -88,7 +91,11 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 	if err != nil {
 		return nil, err
 	}
-	argv := []string{opts.ferryBin, "proxy", "--listen", proxyAddr}
+	metricsAddr, err := benchkit.FreeLoopbackAddr()
+	if err != nil {
+		return nil, err
+	}
+	argv := []string{opts.ferryBin, "proxy", "--listen", proxyAddr, "--metrics-listen", metricsAddr}
 	name, limit := splitPolicy(policy)
 	switch limit {
 	case batchLimit:
@@ -131,12 +138,12 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 	if err != nil {
 		return nil, err
 	}
-	sampler := startLoadSampler(replicas)
+	sampler := startLoadSampler(replicas, metricsAddr)
 	fmt.Fprintf(os.Stderr, "policy %s: replaying %d requests over %.0f s\n", policy, len(wl.Requests), wl.stats.DurationS)
 	start := time.Now()
 	outcomes := replay(ctx, client, wl.Requests, opts.maxInFlight)
 	makespan := time.Since(start)
-	busy := sampler.stop()
+	queues := sampler.stop()
 	after, err := scrapeAll(replicas)
 	if err != nil {
 		return nil, err
@@ -146,7 +153,7 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 		return nil, fmt.Errorf("proxy exited during the replay: %s", proxy.LogTail(1000))
 	default:
 	}
-	summarize(res, wl.Requests, outcomes, makespan, before, after, busy)
+	summarize(res, wl.Requests, outcomes, makespan, before, after, queues)
 	if err := writeOutcomes(filepath.Join(opts.out, "requests-"+fileSafe(policy)+".csv"), wl.Requests, outcomes); err != nil {
 		return nil, err
 	}
@@ -165,6 +172,10 @@ const (
 // roundRobinBaseline is what the default policy is measured against: round robin without late
 // binding, SkyServe's load balancer.
 const roundRobinBaseline = "round_robin@" + lateBindingOff
+
+// leastOutstanding is least-outstanding-requests without late binding: the cache-blind policy
+// issue 33 says the default must never be worse than.
+const leastOutstanding = "least_load@" + lateBindingOff
 
 // splitPolicy splits a --policies entry NAME@N into the policy and the proxy's
 // --max-in-flight-per-replica (late binding); limit is empty without "@".
@@ -277,16 +288,40 @@ func scrapeAll(replicas []replica) ([]map[string]float64, error) {
 	return out, nil
 }
 
-// loadSampler averages each replica's running+waiting sequences over the replay.
+// loadSampler samples, every loadSampleEvery, each replica's running and waiting sequences
+// and the requests the proxy holds for a slot: where requests queue, at the engines or at the
+// proxy.
 type loadSampler struct {
 	done chan struct{}
 	wg   sync.WaitGroup
-	sums []float64
-	n    []int
+	// Per replica: the sums of running+waiting and of waiting, and the samples taken.
+	busy, waiting []float64
+	n             []int
+	peakWaiting   []float64
+	// The proxy's held requests: sum, samples and peak.
+	queued, peakQueued float64
+	queuedN            int
+	// proxyErr is the first failure to read the proxy's metrics, reported on stderr.
+	proxyErr error
 }
 
-func startLoadSampler(replicas []replica) *loadSampler {
-	s := &loadSampler{done: make(chan struct{}), sums: make([]float64, len(replicas)), n: make([]int, len(replicas))}
+// queueing is where requests waited during a replay, from loadSampler.
+type queueing struct {
+	// Busy is each replica's mean running+waiting sequences.
+	Busy []float64 `json:"replica_mean_sequences"`
+	// EngineWaiting and PeakEngineWaiting are each replica's mean and largest waiting queue.
+	EngineWaiting     []float64 `json:"replica_mean_waiting"`
+	PeakEngineWaiting []float64 `json:"replica_peak_waiting"`
+	// ProxyQueued and PeakProxyQueued are the mean and largest number of requests the proxy
+	// held for a free slot; NaN when its metrics could not be read.
+	ProxyQueued     ratio `json:"proxy_mean_queued"`
+	PeakProxyQueued ratio `json:"proxy_peak_queued"`
+}
+
+func startLoadSampler(replicas []replica, proxyMetrics string) *loadSampler {
+	k := len(replicas)
+	s := &loadSampler{done: make(chan struct{}), busy: make([]float64, k), waiting: make([]float64, k),
+		n: make([]int, k), peakWaiting: make([]float64, k)}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -300,24 +335,39 @@ func startLoadSampler(replicas []replica) *loadSampler {
 			}
 			for i, r := range replicas {
 				if m, err := scrape(r.addr); err == nil {
-					s.sums[i] += m[metricRunning] + m[metricWaiting]
+					s.busy[i] += m[metricRunning] + m[metricWaiting]
+					s.waiting[i] += m[metricWaiting]
+					s.peakWaiting[i] = max(s.peakWaiting[i], m[metricWaiting])
 					s.n[i]++
 				}
+			}
+			if m, err := fetchMetrics(proxyMetrics); err == nil {
+				s.queued += m[metricProxyQueued]
+				s.peakQueued = max(s.peakQueued, m[metricProxyQueued])
+				s.queuedN++
+			} else if s.proxyErr == nil {
+				s.proxyErr = err
+				fmt.Fprintf(os.Stderr, "reading the proxy's metrics: %v\n", err)
 			}
 		}
 	}()
 	return s
 }
 
-// stop ends the sampling and returns each replica's mean.
-func (s *loadSampler) stop() []float64 {
+// stop ends the sampling and returns the means and peaks.
+func (s *loadSampler) stop() queueing {
 	close(s.done)
 	s.wg.Wait()
-	out := make([]float64, len(s.sums))
-	for i := range out {
+	k := len(s.busy)
+	q := queueing{Busy: make([]float64, k), EngineWaiting: make([]float64, k), PeakEngineWaiting: s.peakWaiting,
+		ProxyQueued: ratio(nan), PeakProxyQueued: ratio(nan)}
+	for i := range k {
 		if s.n[i] > 0 {
-			out[i] = s.sums[i] / float64(s.n[i])
+			q.Busy[i], q.EngineWaiting[i] = s.busy[i]/float64(s.n[i]), s.waiting[i]/float64(s.n[i])
 		}
 	}
-	return out
+	if s.queuedN > 0 {
+		q.ProxyQueued, q.PeakProxyQueued = ratio(s.queued/float64(s.queuedN)), ratio(s.peakQueued)
+	}
+	return q
 }

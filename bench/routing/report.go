@@ -17,7 +17,7 @@ var nan = math.NaN()
 
 // summarize fills res from the outcomes and the replicas' counters before and after the replay.
 func summarize(res *policyResult, reqs []request, outcomes []outcome, makespan time.Duration,
-	before, after []map[string]float64, busy []float64) {
+	before, after []map[string]float64, queues queueing) {
 	var ttft, e2e, tpot, lag loadgen.Histogram
 	var outTokens, promptTokens, cachedTokens int
 	for i, o := range outcomes {
@@ -56,7 +56,8 @@ func summarize(res *policyResult, reqs []request, outcomes []outcome, makespan t
 		hits += d(metricPrefixHits)
 		queries += d(metricPrefixQueries)
 	}
-	res.ReplicaBusy = busy
+	busy := queues.Busy
+	res.ReplicaBusy, res.Queueing = busy, queues
 	res.RequestsImbal = ratio(maxOverMean(res.ReplicaRequests))
 	res.TokensImbal = ratio(maxOverMean(res.ReplicaTokens))
 	res.BusyImbal = ratio(maxOverMean(busy))
@@ -93,7 +94,7 @@ func workloadOptions(opts options, s simConfig) map[string]any {
 		"seed": opts.workload.Seed, "sim": strings.Join(s.args(), " ")}
 	if opts.workloadName == workloadMultiTurn {
 		m := opts.multiTurn
-		out["conversations"], out["mean_turns"], out["sharing"], out["rate"] = m.Conversations, m.MeanTurns, m.Sharing, m.Rate
+		out["conversations"], out["mean_turns"], out["sharing"], out["rate"], out["burst"] = m.Conversations, m.MeanTurns, m.Sharing, m.Rate, m.Burst
 		out["think_time"], out["user_tokens"], out["answer_tokens"] = m.ThinkTime.String(), m.UserTokens, m.AnswerTokens
 		out["length_sigma"], out["max_prompt_tokens"], out["system_prompt_tokens"] = m.Sigma, m.MaxPromptTokens, m.SystemPromptTokens
 		return out
@@ -138,6 +139,29 @@ func (r *report) latencyTable() *benchkit.Table {
 			num(p.TTFT.P50Ms, 0), num(p.TTFT.P90Ms, 0), num(p.TTFT.P99Ms, 0),
 			num(p.E2E.P50Ms, 0), num(p.E2E.P99Ms, 0), num(p.TPOT.P50Ms, 1),
 			num(p.RequestsPerSec, 1), num(p.OutputTokPerSec, 0), pct(float64(p.PrefixHitRate)), num(p.Lag.P99Ms, 1)})
+	}
+	return t
+}
+
+// queueTable says where requests waited: mean and peak of each engine's waiting queue, and of
+// the requests the proxy held for a slot.
+func (r *report) queueTable() *benchkit.Table {
+	t := &benchkit.Table{Header: []string{"policy", "engine waiting, mean per replica", "engine waiting, peak per replica",
+		"held at proxy, mean", "held at proxy, peak"}}
+	for _, p := range r.Policies {
+		if p.Unavailable != "" {
+			continue
+		}
+		q := p.Queueing
+		means, peaks := make([]string, len(q.EngineWaiting)), make([]string, len(q.PeakEngineWaiting))
+		for i := range q.EngineWaiting {
+			means[i] = num(q.EngineWaiting[i], 1)
+		}
+		for i := range q.PeakEngineWaiting {
+			peaks[i] = num(q.PeakEngineWaiting[i], 0)
+		}
+		t.Rows = append(t.Rows, []string{r.label(p), strings.Join(means, "/"), strings.Join(peaks, "/"),
+			num(float64(q.ProxyQueued), 1), num(float64(q.PeakProxyQueued), 0)})
 	}
 	return t
 }
@@ -202,6 +226,16 @@ func (r *report) checks() []check {
 			ratio("default p50 TTFT ÷ "+rr.Policy+" p50 TTFT", def.TTFT.P50Ms, rr.TTFT.P50Ms, 0.5)
 			ratio("default p99 TTFT ÷ "+rr.Policy+" p99 TTFT", def.TTFT.P99Ms, rr.TTFT.P99Ms, 0.7)
 		}
+		// Issue 33: never worse than least-outstanding-requests, which knows nothing of caches.
+		if lor := r.find(leastOutstanding); lor != nil {
+			ratio("default p50 TTFT ÷ "+lor.Policy+" p50 TTFT", def.TTFT.P50Ms, lor.TTFT.P50Ms, 1)
+			ratio("default p99 TTFT ÷ "+lor.Policy+" p99 TTFT", def.TTFT.P99Ms, lor.TTFT.P99Ms, 1)
+		}
+		// The ideal is the share of prompt tokens sent before as a prefix: what one cache
+		// that never evicts would hit.
+		if hit, ideal := float64(def.PrefixHitRate), r.Workload.ReusableShare; ideal > 0 && !math.IsNaN(hit) {
+			out = append(out, check{Name: "default prefix hit ÷ ideal (never-evicting cache)", Value: hit / ideal, Limit: "≥ 0.5", Pass: hit/ideal >= 0.5})
+		}
 		out = append(out, check{Name: "default: errors", Value: float64(def.Errors), Limit: "0", Pass: def.Errors == 0})
 	} else {
 		if rr != nil {
@@ -233,8 +267,8 @@ func (r *report) render(w io.Writer) {
 	if o.workloadName == workloadMultiTurn {
 		m := o.multiTurn
 		systems = m.SystemPromptTokens
-		fmt.Fprintf(w, "Multi-turn workload: %d conversations of %.1f turns on average, %.0f%% opening on a shared system prompt, think time %v on average, user messages %d and answers %d tokens median (log-normal, sigma %g), %.0f req/s offered: %d requests over %.0f s (%.1f req/s), %d prompt and %d output tokens.\n",
-			m.Conversations, m.MeanTurns, 100*m.Sharing, m.ThinkTime, m.UserTokens, m.AnswerTokens, m.Sigma, m.Rate,
+		fmt.Fprintf(w, "Multi-turn workload: %d conversations of %.1f turns on average, %.0f%% opening on a shared system prompt, think time %v on average, user messages %d and answers %d tokens median (log-normal, sigma %g), %.0f req/s offered (conversation starts in bursts of %g× the mean rate 20%% of the time; 1 = Poisson): %d requests over %.0f s (%.1f req/s), %d prompt and %d output tokens.\n",
+			m.Conversations, m.MeanTurns, 100*m.Sharing, m.ThinkTime, m.UserTokens, m.AnswerTokens, m.Sigma, m.Rate, m.Burst,
 			st.Requests, st.DurationS, float64(st.Requests)/max(st.DurationS, 1e-9), st.PromptTokens, st.OutputTokens)
 	} else {
 		fmt.Fprintf(w, "Trace %s, records %d..%d, arrivals sped up %gx: %d requests over %.0f s (%.1f req/s offered), %d output tokens.\n",
@@ -244,13 +278,19 @@ func (r *report) render(w io.Writer) {
 	fmt.Fprintf(w, "Prefix sharing (seed %d): %d conversations, %d follow-up turns (up to %d turns), %.0f%% of requests on one of %d system prompts (%v tokens); %.0f%% of prompt tokens were sent before as a prompt prefix (the most a cache can hit).\n",
 		o.workload.Seed, st.Conversations, st.FollowUps, st.MaxTurns, 100*st.SystemPrompted, len(systems),
 		systems, 100*st.ReusableShare)
-	fmt.Fprintf(w, "%d replica-sim replicas: %s. Host: %v CPUs, load average %v at start, %v at end.\n\n",
+	fmt.Fprintf(w, "%d replica-sim replicas: %s. Host: %v CPUs, load average %v at start, %v at end",
 		o.replicas, strings.Join(o.sim.args(), " "), r.Host["cpus"], r.Host["loadavg_start"], r.Host["loadavg_end"])
+	if o.cpuHogs > 0 {
+		fmt.Fprintf(w, "; %d busy-looping processes beside every policy (--cpu-hog)", o.cpuHogs)
+	}
+	fmt.Fprintf(w, ".\n\n")
 
 	fmt.Fprintf(w, "## Latency and throughput per policy\n\n")
 	r.latencyTable().Render(w)
 	fmt.Fprintf(w, "\n## Load per replica\n\n")
 	r.loadTable().Render(w)
+	fmt.Fprintf(w, "\n## Where requests waited (sampled every %v)\n\n", loadSampleEvery)
+	r.queueTable().Render(w)
 	var missing []string
 	for _, p := range r.Policies {
 		if p.Unavailable != "" {

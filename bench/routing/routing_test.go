@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -251,8 +252,8 @@ func TestParseMetrics(t *testing.T) {
 # TYPE vllm:request_success_total counter
 vllm:request_success_total{finished_reason="length",model_name="ferry-sim"} 42
 vllm:request_success_total{finished_reason="stop",model_name="a b}c"} 8
-vllm:prefix_cache_hits_total{model_name="ferry-sim"} 1.5e+03
-vllm:prefix_cache_queries_total 3000 1700000000000
+replicasim_prefix_cache_hits_total 1.5e+03
+replicasim_prefix_cache_queries_total 3000 1700000000000
 vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="ferry-sim"} 50
 `
 	m, err := parseMetrics(strings.NewReader(text))
@@ -370,7 +371,7 @@ func TestReplayIsOpenLoop(t *testing.T) {
 		{metricRequestSuccess: 3, metricPrefixHits: 10, metricPrefixQueries: 40, metricPromptTokens: 30, metricGenTokens: 9},
 		{metricRequestSuccess: 1, metricPrefixHits: 0, metricPrefixQueries: 10, metricPromptTokens: 10, metricGenTokens: 3},
 	}
-	summarize(res, reqs, out, time.Second, before, after, []float64{3, 1})
+	summarize(res, reqs, out, time.Second, before, after, queueing{Busy: []float64{3, 1}})
 	if res.OK != 4 || res.Errors != 1 || res.FirstError != "boom" {
 		t.Errorf("ok %d errors %d first %q", res.OK, res.Errors, res.FirstError)
 	}
@@ -436,7 +437,7 @@ func TestOptionsValidate(t *testing.T) {
 
 func testMultiTurnConfig() multiTurnConfig {
 	return multiTurnConfig{Seed: 7, Model: "m", Conversations: 300, MeanTurns: 4, Sharing: 0.7,
-		SystemPromptTokens: []int{1000, 400}, Rate: 40, ThinkTime: 5 * time.Second,
+		SystemPromptTokens: []int{1000, 400}, Rate: 40, Burst: 1, ThinkTime: 5 * time.Second,
 		UserTokens: 100, AnswerTokens: 40, Sigma: 1, MaxPromptTokens: 8000}
 }
 
@@ -534,6 +535,33 @@ func TestSynthesizeMultiTurn(t *testing.T) {
 	}
 }
 
+// Bursty arrivals keep the mean rate but come in bursts: over 20 minutes the mean stays within
+// a few percent, and the busiest seconds see far more arrivals than a Poisson process would.
+func TestBurstyArrivals(t *testing.T) {
+	const mean, span = 10.0, 1200.0
+	busiest := func(burst float64) (rate float64, peak int) {
+		a := newBurstyArrivals(rand.New(rand.NewPCG(3, 4)), mean, burst, 0)
+		perSecond := make([]int, int(span))
+		n := 0
+		for at := a.next(); at < span*time.Second; at = a.next() {
+			perSecond[int(at.Seconds())]++
+			n++
+		}
+		slices.Sort(perSecond)
+		return float64(n) / span, perSecond[len(perSecond)-int(span)/100] // the 99th percentile second
+	}
+	plainRate, plainPeak := busiest(1)
+	burstRate, burstPeak := busiest(4)
+	for _, r := range []float64{plainRate, burstRate} {
+		if math.Abs(r-mean) > 0.05*mean {
+			t.Errorf("mean rate %.2f, want %.0f", r, mean)
+		}
+	}
+	if burstPeak < plainPeak*3/2 {
+		t.Errorf("99th percentile second: %d arrivals bursty, %d plain; want bursts well above", burstPeak, plainPeak)
+	}
+}
+
 func TestMultiTurnFlags(t *testing.T) {
 	o, err := parseFlags([]string{"--workload", "multiturn", "--sim-kv-blocks", "500"})
 	if err != nil {
@@ -557,12 +585,16 @@ func TestMultiTurnFlags(t *testing.T) {
 }
 
 func TestReportChecksMultiTurn(t *testing.T) {
-	r := &report{opts: options{workloadName: workloadMultiTurn}}
-	r.add(&policyResult{Policy: defaultPolicy, TTFT: loadgen.Summary{P50Ms: 40, P99Ms: 800}, RequestsImbal: 1.1, BusyImbal: 1.3})
+	r := &report{opts: options{workloadName: workloadMultiTurn}, Workload: workloadStats{ReusableShare: 0.5}}
+	r.add(&policyResult{Policy: defaultPolicy, TTFT: loadgen.Summary{P50Ms: 40, P99Ms: 800}, RequestsImbal: 1.1, BusyImbal: 1.3, PrefixHitRate: 0.125})
 	r.add(&policyResult{Policy: roundRobinBaseline, TTFT: loadgen.Summary{P50Ms: 100, P99Ms: 1000}})
+	r.add(&policyResult{Policy: leastOutstanding, TTFT: loadgen.Summary{P50Ms: 50, P99Ms: 400}})
 	want := []check{
 		{Name: "default p50 TTFT ÷ round_robin@off p50 TTFT", Value: 0.4, Limit: "≤ 0.5", Pass: true},
 		{Name: "default p99 TTFT ÷ round_robin@off p99 TTFT", Value: 0.8, Limit: "≤ 0.7", Pass: false},
+		{Name: "default p50 TTFT ÷ least_load@off p50 TTFT", Value: 0.8, Limit: "≤ 1", Pass: true},
+		{Name: "default p99 TTFT ÷ least_load@off p99 TTFT", Value: 2, Limit: "≤ 1", Pass: false},
+		{Name: "default prefix hit ÷ ideal (never-evicting cache)", Value: 0.25, Limit: "≥ 0.5", Pass: false},
 		{Name: "default: errors", Value: 0, Limit: "0", Pass: true},
 		{Name: "default: busiest replica's requests ÷ mean", Value: 1.1, Limit: "≤ 1.25", Pass: true},
 		{Name: "default: busiest replica's mean sequences ÷ mean", Value: 1.3, Limit: "≤ 1.25", Pass: false},
