@@ -51,6 +51,7 @@ const replicaNone = "none"
 //	ferry_upstream_errors_total{service,replica,kind}    kind: dial, pool_full, reset, timeout, status_5xx, stream_cut
 //	ferry_prompt_tokens_total{service}                   from the "usage" a 2xx response reports
 //	ferry_completion_tokens_total{service}
+//	ferry_cached_prompt_tokens_total{service}            of the prompt tokens, those the engine's prefix cache held (usage.prompt_tokens_details.cached_tokens)
 //	ferry_gateway_errors_total{code,reason}              requests the gateway answered before choosing a service
 //	ferry_replica_ejections_total{service}               replicas the health checks took out of rotation (healthmetrics.go)
 //	ferry_replicas_ejected{service}                      replicas out of rotation now
@@ -77,6 +78,7 @@ type Metrics struct {
 	clientAborts     *prometheus.CounterVec
 	promptTokens     *prometheus.CounterVec
 	completionTokens *prometheus.CounterVec
+	cachedTokens     *prometheus.CounterVec
 	gatewayErrors    *prometheus.CounterVec
 	requestsDesc     *prometheus.Desc
 	errorsDesc       *prometheus.Desc
@@ -140,6 +142,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "ferry_completion_tokens_total",
 			Help: "Completion tokens reported in the usage of successful responses.",
 		}, []string{"service"}),
+		cachedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ferry_cached_prompt_tokens_total",
+			Help: "Prompt tokens the engine found in its prefix cache, as successful responses report them (usage.prompt_tokens_details.cached_tokens); divided by ferry_prompt_tokens_total of the same responses, the prefix-cache hit rate routing achieved.",
+		}, []string{"service"}),
 		gatewayErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ferry_gateway_errors_total",
 			Help: "Requests the shared gateway answered itself, before any service: unknown model, no model, bad JSON, unknown path.",
@@ -155,7 +161,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		health:   newHealthMetrics(),
 	}
 	collectors := []prometheus.Collector{m.duration, m.ttft, m.tpot, m.inFlight, m.waiting, m.queued, m.retries, m.clientAborts, m.promptTokens,
-		m.completionTokens, m.gatewayErrors, replicaCollector{m}, m.health}
+		m.completionTokens, m.cachedTokens, m.gatewayErrors, replicaCollector{m}, m.health}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range collectors[:i] {
@@ -182,6 +188,7 @@ type serviceMetrics struct {
 	clientAborts     prometheus.Counter
 	promptTokens     prometheus.Counter
 	completionTokens prometheus.Counter
+	cachedTokens     prometheus.Counter
 	// none counts the requests the proxy answered itself.
 	none *replicaMetrics
 }
@@ -207,6 +214,7 @@ func (m *Metrics) acquireService(name string) *serviceMetrics {
 		clientAborts:     m.clientAborts.WithLabelValues(name),
 		promptTokens:     m.promptTokens.WithLabelValues(name),
 		completionTokens: m.completionTokens.WithLabelValues(name),
+		cachedTokens:     m.cachedTokens.WithLabelValues(name),
 		none:             m.acquireReplicaLocked(name, replicaNone),
 	}
 	m.services[name] = sm
@@ -225,6 +233,7 @@ func (sm *serviceMetrics) release() {
 	delete(m.services, sm.name)
 	for _, vec := range []interface{ DeleteLabelValues(...string) bool }{
 		m.duration, m.ttft, m.tpot, m.inFlight, m.waiting, m.queued, m.retries, m.clientAborts, m.promptTokens, m.completionTokens,
+		m.cachedTokens,
 	} {
 		vec.DeleteLabelValues(sm.name)
 	}
@@ -246,6 +255,9 @@ func (sm *serviceMetrics) observe(duration, ttft, tpot time.Duration, usage toke
 	}
 	if usage.completion >= 0 {
 		sm.completionTokens.Add(float64(usage.completion))
+	}
+	if usage.cached >= 0 {
+		sm.cachedTokens.Add(float64(usage.cached))
 	}
 }
 

@@ -314,8 +314,11 @@ func startReplicaSim(t *testing.T) *upstream {
 }
 
 type reportedUsage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
 }
 
 // usageOf reads the usage a response reported, from a JSON body or the last usage chunk of an
@@ -387,6 +390,7 @@ func TestMetricsTokenUsage(t *testing.T) {
 			prompt, _ := gatherSeries(t, reg, "ferry_prompt_tokens_total", "service", "llama")
 			completion, _ := gatherSeries(t, reg, "ferry_completion_tokens_total", "service", "llama")
 			got := reportedUsage{PromptTokens: int(prompt.value), CompletionTokens: int(completion.value)}
+			want.PromptTokensDetails = got.PromptTokensDetails // counted in TestMetricsCachedPromptTokens
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("token counters (-reported by the replica +counted):\n%s", diff)
 			}
@@ -394,6 +398,29 @@ func TestMetricsTokenUsage(t *testing.T) {
 				t.Error("the replica reported no completion tokens; the test proves nothing")
 			}
 		})
+	}
+}
+
+// The engine's reported cached tokens are counted, so that cached ÷ prompt tokens is the hit
+// rate routing achieved: a prompt sent twice is cached the second time.
+func TestMetricsCachedPromptTokens(t *testing.T) {
+	sim := startReplicaSim(t)
+	m, reg := newTestMetrics(t)
+	_, base := startProxy(t, ServiceConfig{Metrics: m}, backendsOf(sim)...)
+	body := `{"messages":[{"role":"user","content":"` + strings.Repeat("a prompt worth caching ", 60) + `"}],"max_tokens":2,"stream":true,"stream_options":{"include_usage":true}}`
+	var want int
+	for i := range 2 {
+		res := do(t, newClient(t), http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body), "Content-Type", "application/json")
+		if res.status != http.StatusOK {
+			t.Fatalf("status %d: %s", res.status, res.body)
+		}
+		u, _ := usageOf(t, res.body)
+		want += u.PromptTokensDetails.CachedTokens
+		waitForRequests(t, reg, float64(i+1))
+	}
+	got, _ := gatherSeries(t, reg, "ferry_cached_prompt_tokens_total", "service", "llama")
+	if want == 0 || int(got.value) != want {
+		t.Errorf("ferry_cached_prompt_tokens_total = %v, want the %d cached tokens the replica reported (not 0)", got.value, want)
 	}
 }
 
