@@ -165,15 +165,21 @@ func TestLeastTTFTLearnsThePrefillLine(t *testing.T) {
 	}
 }
 
+// oneReplicaTTFT returns a least_ttft picker assuming cacheTokens of cache where a replica
+// announces none, one idle replica it has prepared, and that replica's state.
+func oneReplicaTTFT(t *testing.T, cacheTokens int64) (*leastTTFT, []*Replica, *ttftReplica) {
+	p := newTTFTPicker(t, Options{PrefixCacheTokens: cacheTokens})
+	rs := replicas([]int64{0})
+	p.Prepare(rs)
+	return p, rs, p.state(rs[0])
+}
+
 // The index is sized by the replica's announced cache (vllm:cache_config_info), and corrected
 // by its hit counters: an index that expects hits the engine does not find shrinks, and grows
 // back when the two agree.
 func TestLeastTTFTCacheSizeAndCorrection(t *testing.T) {
-	p := newTTFTPicker(t, Options{PrefixCacheTokens: cacheBlockTokens * 2000})
-	rs := replicas([]int64{0})
+	p, rs, st := oneReplicaTTFT(t, cacheBlockTokens*2000)
 	r := rs[0]
-	p.Prepare(rs)
-	st := p.state(r)
 	if _, limit := st.cache.size(); limit != 2000 {
 		t.Fatalf("configured: limit %d blocks, want 2000", limit)
 	}
@@ -217,11 +223,8 @@ func TestLeastTTFTCacheSizeAndCorrection(t *testing.T) {
 // of what the index expects shrinks it, and agreement grows it back. Counters that say the
 // opposite are not heeded once reports arrive.
 func TestLeastTTFTCorrectsFromReportedCachedTokens(t *testing.T) {
-	p := newTTFTPicker(t, Options{PrefixCacheTokens: cacheBlockTokens * 1000})
-	rs := replicas([]int64{0})
+	p, rs, st := oneReplicaTTFT(t, cacheBlockTokens*1000)
 	r := rs[0]
-	p.Prepare(rs)
-	st := p.state(r)
 	req := &Request{Model: []byte("m"), Prompt: conversation(1, 0, 8, 2048)}
 	var updated int64
 	for i := range 200 {
