@@ -288,6 +288,15 @@ func checkObjects(t *testing.T, name, ns, replicasNS string, objs []*unstructure
 	if _, capped := byKindName["ValidatingAdmissionPolicy/ferry-priority-cap-"+ns]; capped != (name != "everything else") {
 		t.Errorf("priority cap policy rendered %v with replicas.maxPriority %s", capped, map[bool]string{true: "null", false: "1000"}[name == "everything else"])
 	}
+	// The fence compares writes with the controller Lease: rendered without leader election it
+	// would refuse every state write, for no Lease is ever taken.
+	for _, fence := range []string{"ferry-fence-", "ferry-fence-status-"} {
+		_, policy := byKindName["ValidatingAdmissionPolicy/"+fence+ns]
+		_, binding := byKindName["ValidatingAdmissionPolicyBinding/"+fence+ns]
+		if want := name != "no proxies"; policy != want || binding != want {
+			t.Errorf("%s%s policy rendered %v, binding %v; want %v (leader election %v)", fence, ns, policy, binding, want, want)
+		}
+	}
 	switch name {
 	case "no proxies":
 		if slices.Contains(args, "--leader-elect") || !slices.Contains(args, "--store=sqlite") {

@@ -22,7 +22,8 @@
 // Why ConfigMaps and not custom resources with status subresources: the fence. Every write must
 // carry the leader's term where the API server can check it (the ValidatingAdmissionPolicy in
 // charts/ferry/templates/fencing-policy.yaml compares the ferry.dev/term and ferry.dev/holder
-// annotations with the Lease). A write to a /status subresource cannot carry it: the API server
+// annotations with the Lease, on the objects labelled ferry.dev/kind: the store's, not the
+// launcher's per-pod Secrets). A write to a /status subresource cannot carry it: the API server
 // resets metadata to the stored object's (a status write's annotations are dropped), so one
 // policy over annotations cannot fence status writes, and the fence would have to be repeated
 // inside every kind's status. Records are therefore written whole, in one object each where

@@ -30,8 +30,12 @@ import (
 const (
 	LabelManagedBy = "app.kubernetes.io/managed-by"
 	ManagedBy      = "ferry"
-	LabelKind      = "ferry.dev/kind"
-	LabelService   = "ferry.dev/service"
+	// LabelKind marks the store's own objects, which nothing else of Ferry's carries: the
+	// launcher labels its per-pod Secrets managed-by=ferry too, but they hold no fence, so the
+	// chart's fencing policy selects on this label (charts/ferry/templates/fencing-policy.yaml).
+	// Every object the store has ever written has it, so no upgrade relabels anything.
+	LabelKind    = "ferry.dev/kind"
+	LabelService = "ferry.dev/service"
 	// AnnotationTerm and AnnotationHolder fence writes: the fencing policy admits a write only
 	// when they are the Lease's spec.leaseTransitions and spec.holderIdentity.
 	AnnotationTerm   = "ferry.dev/term"
