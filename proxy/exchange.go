@@ -48,6 +48,9 @@ type exchange struct {
 	info       policy.Request
 	tried      []*policy.Replica
 	candidates []*policy.Replica
+	// slotWaited is set when the request waited in the proxy for a free slot (late binding):
+	// it then takes a free slot, whatever its picker weighs (exchange.pick).
+	slotWaited bool
 	requestID  []byte
 	scratch    []byte
 
@@ -251,6 +254,7 @@ func (s *Service) releaseExchange(ex *exchange) {
 	ex.info = policy.Request{}
 	clear(ex.tried) // do not pin replicas of old snapshots
 	ex.tried = ex.tried[:0]
+	ex.slotWaited = false
 	clear(ex.candidates)
 	ex.candidates = ex.candidates[:0]
 	s.exchanges.Put(ex)

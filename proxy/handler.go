@@ -76,7 +76,7 @@ func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32) (*exchange, *snapsh
 	}
 	if s.slots != nil {
 		var refusal []byte
-		if snap, refusal = s.awaitSlot(ctx, snap); snap == nil {
+		if snap, ex.slotWaited, refusal = s.awaitSlot(ctx, snap); snap == nil {
 			s.endHold(ctx, ex, refusal)
 			return nil, nil
 		}
@@ -249,10 +249,13 @@ func (s *Service) endHold(ctx *fasthttp.RequestCtx, ex *exchange, refusal []byte
 // itself (policy.WeighsQueues) is offered full replicas too under learned caps, which then only
 // decide when to hold: it may judge that a full replica's cached prefix is worth a short wait
 // in that engine's queue. Offered only the free replicas, a cache-aware picker under load
-// would lose every follow-up whose replica happened to be busy (issue 33).
+// would lose every follow-up whose replica happened to be busy (issue 33). A request that has
+// already waited in the proxy for a slot takes a free one, as late binding promises: sent to a
+// full engine's queue instead, it would wait twice, and the slot it was granted would idle
+// (the TTFT tail of bursts, bench/routing's Azure replay).
 func (ex *exchange) pick(p policy.Picker, snap *snapshot, slots *slotQueue) *policy.Replica {
 	all := snap.pick
-	if slots != nil && slots.learned() && ex.svc.needs&policy.WeighsQueues != 0 {
+	if slots != nil && slots.learned() && !ex.slotWaited && ex.svc.needs&policy.WeighsQueues != 0 {
 		slots = nil
 	}
 	if len(ex.tried) == 0 && slots == nil {

@@ -210,29 +210,31 @@ func (q *slotQueue) leave(w chan struct{}, s *Service) {
 }
 
 // awaitSlot returns a snapshot with a replica below its cap, at once when there is one and
-// nobody waits, or after waiting in line for one. Under learned caps, a request that cannot
+// nobody waits, or after waiting in line for one; waited says it waited and was granted a slot. Under learned caps, a request that cannot
 // wait (holding off, queue full, wait expired) gets the current snapshot anyway, and the
 // picker's choice among full replicas. Under a configured cap it is refused instead: it
 // returns nil and the body of the 503 to answer. It returns nil and the shutdown answer when
 // the service or server is shutting down, and nil, nil when the client hung up while waiting.
 // Waiting requests count in Waiting, as demand the replicas have not seen, and share
 // MaxQueuedRequests and MaxQueueWait with requests held for a first replica.
-func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (*snapshot, []byte) {
+func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (_ *snapshot, waited bool, _ []byte) {
 	q := s.slots
 	if q.queued.Load() == 0 && q.freeSlots(snap, 1) > 0 {
-		return snap, nil
+		return snap, false, nil
 	}
 	if s.cfg.MaxQueuedRequests < 0 {
-		return s.noSlot(snap, s.errs.slotsBusy)
+		snap, refusal := s.noSlot(snap, s.errs.slotsBusy)
+		return snap, false, refusal
 	}
 	if !s.enterWaiting() {
-		return s.noSlot(snap, s.errs.slotsQueueFull)
+		snap, refusal := s.noSlot(snap, s.errs.slotsQueueFull)
+		return snap, false, refusal
 	}
 	defer s.leaveWaiting()
 
 	w := make(chan struct{}, 1)
 	if !q.enqueue(w, s, false) {
-		return s.snap.Load(), nil
+		return s.snap.Load(), false, nil
 	}
 	s.obs.queueBegin()
 	defer s.obs.queueEnd()
@@ -244,16 +246,17 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (*snapshot
 			if q.enqueue(w, s, true) {
 				continue
 			}
-			return s.snap.Load(), nil
+			return s.snap.Load(), true, nil
 		case holdClientGone:
 			q.leave(w, s)
-			return nil, nil
+			return nil, false, nil
 		case holdExpired:
 			q.leave(w, s)
-			return s.noSlot(s.snap.Load(), s.errs.slotsTimeout)
+			snap, refusal := s.noSlot(s.snap.Load(), s.errs.slotsTimeout)
+			return snap, false, refusal
 		case holdShutdown:
 			q.leave(w, s)
-			return nil, s.errs.shuttingDown
+			return nil, false, s.errs.shuttingDown
 		}
 	}
 }

@@ -505,8 +505,9 @@ func (p *offeredPicker) Pick(_ *policy.Request, rs []*policy.Replica) *policy.Re
 }
 
 // Under learned caps, a picker that weighs queues itself is offered full replicas too (a
-// cached prefix may be worth a short wait there); others, and every picker under a configured
-// cap, only replicas below their cap.
+// cached prefix may be worth a short wait there), unless the request already waited in the
+// proxy for a slot; other pickers, and every picker under a configured cap, only replicas below
+// their cap.
 func TestPickOffersFullReplicasToQueueWeighingPickers(t *testing.T) {
 	full, free := &policy.Replica{ID: 1}, &policy.Replica{ID: 2}
 	full.InFlight.Add(2)
@@ -516,17 +517,19 @@ func TestPickOffersFullReplicasToQueueWeighingPickers(t *testing.T) {
 	caps[0].probeAfter.Store(math.MaxInt64) // no probe beyond the cap
 	snap := &snapshot{pick: []*policy.Replica{full, free}, pickCaps: caps}
 	for name, tc := range map[string]struct {
-		needs policy.Needs
-		limit int
-		want  []int
+		needs  policy.Needs
+		limit  int
+		waited bool
+		want   []int
 	}{
-		"weighs queues, learned caps":    {needs: policy.WeighsQueues, limit: 0, want: []int{1, 2}},
-		"cache-blind, learned caps":      {needs: 0, limit: 0, want: []int{2}},
-		"weighs queues, configured caps": {needs: policy.WeighsQueues, limit: 2, want: []int{2}},
+		"weighs queues, learned caps":                 {needs: policy.WeighsQueues, limit: 0, want: []int{1, 2}},
+		"weighs queues, learned caps, waited for one": {needs: policy.WeighsQueues, limit: 0, waited: true, want: []int{2}},
+		"cache-blind, learned caps":                   {needs: 0, limit: 0, want: []int{2}},
+		"weighs queues, configured caps":              {needs: policy.WeighsQueues, limit: 2, want: []int{2}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := &offeredPicker{needs: tc.needs}
-			ex := &exchange{svc: &Service{needs: tc.needs}}
+			ex := &exchange{svc: &Service{needs: tc.needs}, slotWaited: tc.waited}
 			ex.pick(p, snap, newSlotQueue(tc.limit, 1))
 			if !slices.Equal(p.offered, tc.want) {
 				t.Errorf("offered %v, want %v", p.offered, tc.want)
