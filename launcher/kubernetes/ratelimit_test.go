@@ -30,8 +30,10 @@ func TestClientRateLimit(t *testing.T) {
 			}
 			for what, client := range map[string]kubernetes.Interface{"requests": p.client, "streams": p.streams} {
 				limiter := client.CoreV1().RESTClient().GetRateLimiter()
-				if limiter == nil || limiter.QPS() != tc.wantQPS {
-					t.Errorf("%s client rate limiter %v, want %v QPS", what, limiter, tc.wantQPS)
+				if limiter == nil {
+					t.Errorf("%s client has no rate limiter, want one at %v QPS", what, tc.wantQPS)
+				} else if got := limiter.QPS(); got != tc.wantQPS {
+					t.Errorf("%s client rate limiter at %v QPS, want %v", what, got, tc.wantQPS)
 				}
 			}
 			if cfg.QPS != 5 {
