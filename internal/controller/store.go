@@ -43,7 +43,8 @@ type StoreOptions struct {
 	Burst int
 }
 
-// Validate checks the rate limit: client-go refuses a QPS without a burst to spend it.
+// Validate checks the rate limit: a burst is a bucket's size, never negative (0 takes the
+// default).
 func (o StoreOptions) Validate() error {
 	if o.Burst < 0 {
 		return fmt.Errorf("--kube-api-burst %d: want a positive number (0 for the default, %d)", o.Burst, kubelauncher.DefaultBurst)
@@ -94,6 +95,7 @@ func (o StoreOptions) restConfig() (*rest.Config, error) {
 	return cfg, nil
 }
 
+// baseRESTConfig is restConfig before its rate limit.
 func (o StoreOptions) baseRESTConfig() (*rest.Config, error) {
 	if o.Kubeconfig == "" && o.Context == "" {
 		if cfg, err := rest.InClusterConfig(); err == nil {

@@ -178,11 +178,11 @@ type Options struct {
 //
 // Sized for 1,000 replicas: the 97 s at 5 QPS put about 5 requests per replica through the
 // busier client (the launcher's pod, Secret and NetworkPolicy writes and reads; the store's
-// record writes through PROVISIONING, STARTING and READY); allowing 10 for retries and
-// serve down, 1,000 replicas launched at once is ~10,000 requests, 50 s at 200 QPS, inside the 120 s a scale-up of that size is
-// given, and a burst of 400 lets the first wave of a `serve up` go out unthrottled. Each client
-// (store, launcher, leader election, FerryService watch) has its own token bucket, and the API
-// server's priority and fairness protects it from the sum.
+// record writes through PROVISIONING, STARTING and READY); allowing 10 for retries and serve
+// down, 1,000 replicas launched at once are ~10,000 requests, 50 s at 200 QPS, inside the 120 s
+// a scale-up of that size is given, and a burst of 400 lets the first wave of a `serve up` go
+// out unthrottled. Each client (store, launcher, leader election, FerryService watch) has its
+// own token bucket, and the API server's priority and fairness protects it from the sum.
 const (
 	DefaultQPS   float32 = 200
 	DefaultBurst int     = 400
