@@ -110,6 +110,26 @@ func TestDashboardMetrics(t *testing.T) {
 	if rep.Price <= 0 {
 		t.Errorf("the spot replica has no catalog price: %+v", rep)
 	}
+	// The control plane's own series: a single controller on SQLite leads at term 0, has
+	// timed its store writes and reconcile passes, and exports the client throttling and
+	// queue series (with nothing waited or queued) without a Kubernetes client or queue.
+	controlPlane := []struct {
+		name    string
+		labels  map[string]string
+		atLeast float64
+	}{
+		{"ferry_controller_leader", nil, 1},
+		{"ferry_controller_leader_term", nil, 0},
+		{"ferry_store_write_duration_seconds_count", map[string]string{"store": "sqlite", "op": "SaveReplica"}, 1},
+		{"ferry_reconcile_duration_seconds_count", map[string]string{"loop": "replicas"}, 1},
+		{"ferry_kube_client_rate_limiter_wait_seconds_count", nil, 0},
+		{"ferry_workqueue_depth", map[string]string{"queue": "ferryservices"}, 0},
+	}
+	for _, c := range controlPlane {
+		if got, ok := ctl.value(c.name, c.labels); !ok || got < c.atLeast {
+			t.Errorf("controller %s%v = %v (found %v), want at least %v", c.name, c.labels, got, ok, c.atLeast)
+		}
+	}
 	if got, ok := ctl.value("ferry_cost_dollars_per_hour", map[string]string{"workload": "job", "kind": "on_demand"}); !ok || got <= 0 {
 		t.Errorf("no cost for the running job's node: %v %v", got, ok)
 	}
@@ -163,10 +183,14 @@ func checkDashboard(t *testing.T, scraped ...exposition) {
 	}
 	metricName := regexp.MustCompile(`\bferry_[a-z0-9_]+`)
 	exprs := 0
+	queried := map[string]bool{}
 	for _, p := range dash.Panels {
 		for _, target := range p.Targets {
 			exprs++
 			names := metricName.FindAllString(target.Expr, -1)
+			for _, n := range names {
+				queried[n] = true
+			}
 			if len(names) == 0 {
 				t.Errorf("panel %q: %q queries no Ferry metric", p.Title, target.Expr)
 			}
@@ -179,6 +203,12 @@ func checkDashboard(t *testing.T, scraped ...exposition) {
 	}
 	if exprs < 20 {
 		t.Errorf("the dashboard has %d queries; want the full set (requests, TTFT, TPOT, fleet, jobs, cost)", exprs)
+	}
+	for _, name := range []string{"ferry_controller_leader", "ferry_controller_leader_term", "ferry_store_write_duration_seconds_bucket",
+		"ferry_reconcile_duration_seconds_bucket", "ferry_kube_client_rate_limiter_wait_seconds_bucket", "ferry_workqueue_depth"} {
+		if !queried[name] {
+			t.Errorf("no panel queries %s: the control plane's panels are missing", name)
+		}
 	}
 }
 

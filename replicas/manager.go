@@ -67,6 +67,9 @@ type Config struct {
 	// InitialTarget, when set, is the target saved before a restart; otherwise the manager
 	// keeps what it finds until SetDesired.
 	InitialTarget *int
+	// ObserveReconcile, when set, receives how long each reconcile pass took (the List, the
+	// pass, publishing), for the controller's reconcile-duration histogram.
+	ObserveReconcile func(time.Duration)
 }
 
 // Defaults for Config.

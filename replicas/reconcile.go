@@ -15,6 +15,9 @@ import (
 // safeReconcile runs one full pass; a panic in it is logged and the loop goes on.
 func (m *Manager) safeReconcile(ctx context.Context) {
 	defer m.recoverPanic("reconcile")
+	if observe := m.cfg.ObserveReconcile; observe != nil {
+		defer func(start time.Time) { observe(time.Since(start)) }(time.Now())
+	}
 	m.reconcile(ctx)
 }
 

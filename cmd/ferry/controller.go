@@ -17,6 +17,7 @@ import (
 
 	"github.com/ferryserve/ferry/internal/controller"
 	"github.com/ferryserve/ferry/internal/home"
+	kubelauncher "github.com/ferryserve/ferry/launcher/kubernetes"
 	"github.com/ferryserve/ferry/replicas"
 )
 
@@ -38,6 +39,8 @@ sampled under load, as lines of the logger "access".
 With --store kubernetes --leader-elect several controllers share their state in the API server and
 elect a leader on a Lease; the others follow (forwarding the API to the leader, launching nothing)
 and one takes over within about 10 s of the leader's death (docs/kubernetes.md, High availability).
+Every Kubernetes client the controller makes is rate-limited client-side by --kube-api-qps and
+--kube-api-burst, each with its own budget; the defaults are sized for 1,000 replicas.
 
 Every other command starts it in the background when it is not running, so you rarely run this.`
 
@@ -57,10 +60,11 @@ func newControllerCmd() *cobra.Command {
 		Example: "  ferry controller                 # foreground, logs to the terminal\n" +
 			"  ferry controller --metrics-addr 127.0.0.1:9500   # Prometheus metrics on another port\n" +
 			"  ferry controller --listen 10.0.0.5:7443 --api-tls-cert api.crt --api-tls-key api.key   # for proxies elsewhere\n" +
+			"  ferry controller --store kubernetes --kube-api-qps 400 --kube-api-burst 800   # a larger fleet's client-side API rate limit\n" +
 			"  ferry controller status\n  ferry controller stop",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := errors.Join(envErrs...); err != nil {
+			if err := errors.Join(append(envErrs, opts.Store.Validate())...); err != nil {
 				return err
 			}
 			h, err := home.Default()
@@ -124,7 +128,7 @@ func newControllerCmd() *cobra.Command {
 		"how often jobs waiting for capacity try to launch again (0: 15s; $FERRY_JOB_RETRY_INTERVAL)")
 	f.DurationVar(&opts.JobWatchInterval, "job-watch-interval", envDuration("FERRY_JOB_WATCH_INTERVAL", &envErrs),
 		"how often a running job's nodes are looked at (0: 2s; $FERRY_JOB_WATCH_INTERVAL)")
-	addStoreFlags(f, &opts.Store)
+	addStoreFlags(f, &opts.Store, &envErrs)
 	addWebhookFlags(f, &opts)
 	addElectionFlags(f, &election, &envErrs)
 	f.DurationVar(&opts.WindowLead, "window-lead", envDuration("FERRY_WINDOW_LEAD", &envErrs),
@@ -142,13 +146,30 @@ func addWebhookFlags(f *pflag.FlagSet, opts *controller.Options) {
 }
 
 // addStoreFlags adds --store and the Kubernetes connection flags (shared with --leader-elect:
-// the Lease lives beside the state).
-func addStoreFlags(f *pflag.FlagSet, o *controller.StoreOptions) {
+// the Lease lives beside the state), and the client-side rate limit of every Kubernetes client.
+func addStoreFlags(f *pflag.FlagSet, o *controller.StoreOptions, envErrs *[]error) {
 	f.StringVar(&o.Kind, "store", envOr("FERRY_STORE", controller.StoreSQLite),
 		"where the state is: sqlite (a file in FERRY_HOME) or kubernetes (objects in --namespace, for controllers that fail over) ($FERRY_STORE)")
 	f.StringVar(&o.Kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig for --store kubernetes (default: in-cluster; $KUBECONFIG)")
 	f.StringVar(&o.Context, "kube-context", "", "context of --kubeconfig (default: its current context)")
 	f.StringVar(&o.Namespace, "namespace", os.Getenv("FERRY_NAMESPACE"), "namespace of the state (default: the pod's, else ferry; $FERRY_NAMESPACE)")
+	f.Float32Var(&o.QPS, "kube-api-qps", envFloat32("FERRY_KUBE_API_QPS", envErrs),
+		fmt.Sprintf("requests per second each Kubernetes client (store, leader election, FerryService watch, each kubernetes infra) may send, client-side (0: %g, sized for 1,000 replicas; negative: no client-side limit; $FERRY_KUBE_API_QPS)", kubelauncher.DefaultQPS))
+	f.IntVar(&o.Burst, "kube-api-burst", envInt("FERRY_KUBE_API_BURST", envErrs),
+		fmt.Sprintf("requests each Kubernetes client may send in a burst before --kube-api-qps paces it (0: %d; $FERRY_KUBE_API_BURST)", kubelauncher.DefaultBurst))
+}
+
+// envFloat32 is envInt for a number with a fraction.
+func envFloat32(name string, errs *[]error) float32 {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.ParseFloat(v, 32)
+	if err != nil {
+		*errs = append(*errs, fmt.Errorf("$%s %q: want a number", name, v))
+	}
+	return float32(n)
 }
 
 // envDuration is envOr for a duration setting ("15s"), 0 when unset; a bad value is added to

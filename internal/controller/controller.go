@@ -208,6 +208,7 @@ type Controller struct {
 	// empty when off).
 	registry    *prometheus.Registry
 	metrics     *proxy.Metrics
+	control     *controlPlaneMetrics
 	stopAdmin   func(context.Context)
 	metricsAddr string
 
@@ -398,7 +399,8 @@ func (c *Controller) openState() (closeState func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	infras, err := infra.Open(h, infra.Options{PathPrepend: c.opts.PathPrepend, Supervisor: c.opts.Supervisor, Logger: c.log, BlockFor: c.opts.BlockFor, WindowLead: c.opts.WindowLead})
+	infras, err := infra.Open(h, infra.Options{PathPrepend: c.opts.PathPrepend, Supervisor: c.opts.Supervisor, Logger: c.log, BlockFor: c.opts.BlockFor, WindowLead: c.opts.WindowLead,
+		KubeQPS: c.opts.Store.QPS, KubeBurst: c.opts.Store.Burst})
 	if err != nil {
 		c.store.Close()
 		return nil, err

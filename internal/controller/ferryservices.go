@@ -63,6 +63,8 @@ type ferryServices struct {
 	// filesMu is held by a reconcile (which writes snapshots) and by prune.
 	filesMu sync.Mutex
 	queue   workqueue.TypedRateLimitingInterface[string]
+	// observe records each reconcile's duration; nil without metrics.
+	observe func(time.Duration)
 	log     *zap.Logger
 	// applied is the generation last brought up or updated per name, so that a status write
 	// that failed does not apply the same generation twice; its keys are the names whose
@@ -103,7 +105,7 @@ func (c *Controller) watchFerryServices(ctx context.Context) error {
 	fs := &ferryServices{c: c, client: client, lister: inf.Lister().ByNamespace(ns), log: c.log.Named("ferryservices"), applied: map[string]int64{},
 		sources: &namespaceSources{namespace: ns, configMaps: kube.CoreV1().ConfigMaps(ns), secrets: kube.CoreV1().Secrets(ns),
 			claims: kube.CoreV1().PersistentVolumeClaims(ns), root: files, podNamespaces: c.podNamespaces, registerBuckets: c.registerTenantBuckets},
-		files: files, queue: workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())}
+		files: files, queue: newFerryServiceQueue(c.control), observe: c.control.observeReconcile(loopFerryServices)}
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 			fs.queue.Add(key)
@@ -123,6 +125,13 @@ func (c *Controller) watchFerryServices(ctx context.Context) error {
 	return nil
 }
 
+// newFerryServiceQueue is the FerryService work queue, its depth exported as
+// ferry_workqueue_depth{queue="ferryservices"} when m is not nil.
+func newFerryServiceQueue(m *controlPlaneMetrics) workqueue.TypedRateLimitingInterface[string] {
+	return workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: queueFerryServices, MetricsProvider: m.queueMetricsProvider()})
+}
+
 // work reconciles queued FerryServices one at a time; an error retries with backoff.
 func (fs *ferryServices) work(ctx context.Context) {
 	for {
@@ -132,7 +141,11 @@ func (fs *ferryServices) work(ctx context.Context) {
 		}
 		_, name, _ := cache.SplitMetaNamespaceKey(key)
 		fs.filesMu.Lock() // prune must not take the snapshot it resolves before the service names it
+		start := time.Now()
 		err := fs.reconcile(ctx, name)
+		if fs.observe != nil {
+			fs.observe(time.Since(start))
+		}
 		fs.filesMu.Unlock()
 		if err != nil && ctx.Err() == nil {
 			fs.log.Warn("reconcile FerryService", zap.String("service", name), zap.Error(err))

@@ -237,7 +237,9 @@ func isLoopbackHost(host string) bool {
 }
 
 // Elector is a leader election on the Lease cfg.Name in the store's namespace, through the
-// store's API server: cfg's Client and Namespace are filled in.
+// store's API server: cfg's Client and Namespace are filled in. The client is the election's
+// own, with a token bucket of its own, so that Lease renewals never queue behind a burst of
+// store writes or launches and the leader does not lose its Lease for being busy.
 func (o StoreOptions) Elector(cfg leader.Config) (*leader.Elector, error) {
 	rc, err := o.restConfig()
 	if err != nil {

@@ -24,13 +24,17 @@ import (
 const adminShutdownTimeout = 5 * time.Second
 
 // initMetrics creates the controller's registry, whose proxy metrics every service and the
-// gateway share.
+// gateway share, and the control plane's own metrics (controlplane.go).
 func (c *Controller) initMetrics() error {
 	reg, m, err := proxy.NewRegistry()
 	if err != nil {
 		return err
 	}
-	c.registry, c.metrics = reg, m
+	control, err := registerControlPlane(reg, c)
+	if err != nil {
+		return err
+	}
+	c.registry, c.metrics, c.control = reg, m, control
 	return nil
 }
 

@@ -169,6 +169,8 @@ func (c *Controller) newManager(s *service, rec store.Service, r replicas.Resume
 		Versions:      r.Others,
 		Rollout:       rollout,
 		InitialTarget: initialTarget,
+
+		ObserveReconcile: c.control.observeReconcile(loopReplicas),
 	})
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ferryserve/ferry/internal/store"
 	"github.com/ferryserve/ferry/internal/store/kubestore"
+	kubelauncher "github.com/ferryserve/ferry/launcher/kubernetes"
 )
 
 // Store kinds (--store).
@@ -33,30 +34,69 @@ type StoreOptions struct {
 	// no election.
 	Fence  func() (term int64, ok bool)
 	Holder string
+	// QPS and Burst rate-limit every Kubernetes client the controller builds, each with a
+	// token bucket of its own: the store's, leader election's, the FerryService watch's and
+	// each kubernetes infra's (--kube-api-qps, --kube-api-burst). Zeros take
+	// kubelauncher.DefaultQPS and DefaultBurst, sized for 1,000 replicas; a negative QPS
+	// turns client-side limiting off.
+	QPS   float32
+	Burst int
 }
 
-// openStore opens the store Options.Store names.
+// Validate checks the rate limit: a burst is a bucket's size, never negative (0 takes the
+// default).
+func (o StoreOptions) Validate() error {
+	if o.Burst < 0 {
+		return fmt.Errorf("--kube-api-burst %d: want a positive number (0 for the default, %d)", o.Burst, kubelauncher.DefaultBurst)
+	}
+	return nil
+}
+
+// openStore opens the store Options.Store names, its writes timed once the metrics exist
+// (storemetrics.go).
 func (c *Controller) openStore() (store.Store, error) {
-	o := c.opts.Store
+	st, kind, err := c.opts.Store.open(c.opts.Home.StorePath())
+	if err != nil || c.control == nil {
+		return st, err
+	}
+	return timedStore{Store: st, writes: c.control.storeWrites, kind: kind}, nil
+}
+
+// open opens the store: SQLite at sqlitePath, or the Kubernetes one; kind is StoreSQLite or
+// StoreKubernetes.
+func (o StoreOptions) open(sqlitePath string) (st store.Store, kind string, err error) {
 	switch o.Kind {
 	case "", StoreSQLite:
-		return store.OpenSQLite(c.opts.Home.StorePath())
+		st, err := store.OpenSQLite(sqlitePath)
+		return st, StoreSQLite, err
 	case StoreKubernetes:
 		cfg, err := o.restConfig()
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		return kubestore.Open(ctx, kubestore.Options{Config: cfg, Namespace: o.namespace(), Fence: o.Fence, Holder: o.Holder})
+		st, err := kubestore.Open(ctx, kubestore.Options{Config: cfg, Namespace: o.namespace(), Fence: o.Fence, Holder: o.Holder})
+		return st, StoreKubernetes, err
 	default:
-		return nil, fmt.Errorf("store %q: want %s or %s", o.Kind, StoreSQLite, StoreKubernetes)
+		return nil, "", fmt.Errorf("store %q: want %s or %s", o.Kind, StoreSQLite, StoreKubernetes)
 	}
 }
 
 // restConfig is the in-cluster configuration without a kubeconfig or context, else the
-// kubeconfig's context.
+// kubeconfig's context; rate-limited by QPS and Burst. Each call is a new configuration, and
+// each client made from one has its own token bucket.
 func (o StoreOptions) restConfig() (*rest.Config, error) {
+	cfg, err := o.baseRESTConfig()
+	if err != nil {
+		return nil, err
+	}
+	kubelauncher.RateLimit(cfg, o.QPS, o.Burst)
+	return cfg, nil
+}
+
+// baseRESTConfig is restConfig before its rate limit.
+func (o StoreOptions) baseRESTConfig() (*rest.Config, error) {
 	if o.Kubeconfig == "" && o.Context == "" {
 		if cfg, err := rest.InClusterConfig(); err == nil {
 			return cfg, nil

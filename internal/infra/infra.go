@@ -43,6 +43,10 @@ type Options struct {
 	// WindowLead is how long before a reservation's end its replicas are replaced (0:
 	// launcher.DefaultWindowLead); the optimizer leaves windows shorter than it.
 	WindowLead time.Duration
+	// KubeQPS and KubeBurst rate-limit each Kubernetes context's clients (kubernetes.Options);
+	// zeros take kubernetes.DefaultQPS and DefaultBurst.
+	KubeQPS   float32
+	KubeBurst int
 }
 
 // Set is the enabled infras and the provisioner over them.
@@ -77,7 +81,7 @@ func Open(h home.Home, opts Options) (*Set, error) {
 	infras := []provision.Infra{{Name: configs.InfraLocal, Provider: s.Local}}
 	for _, kc := range kubeContexts(cfg.Kubernetes) {
 		o := kubernetes.Options{Context: kc.Name, Namespace: kc.Namespace, CostPerHour: kc.CostPerHour, Logger: opts.Logger.Named("kubernetes"),
-			QueuedProvisioning: kc.QueuedProvisioning}
+			QueuedProvisioning: kc.QueuedProvisioning, QPS: opts.KubeQPS, Burst: opts.KubeBurst}
 		if k := cfg.Kubernetes; k != nil {
 			o.Kubeconfig = k.Kubeconfig
 			o.ProvisionTimeout = time.Duration(k.ProvisionTimeoutSeconds) * time.Second
