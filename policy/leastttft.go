@@ -72,9 +72,10 @@ const (
 //
 // Only replicas within the load bound (DefaultTTFTLoadFactor) are candidates; the least loaded
 // always is. When no candidate holds any of the prompt, the estimate cannot tell replicas apart
-// by cache and the pick is least_load's. Estimates within costTolerance are ties, broken by
-// more cached tokens (a hit saves the engine's compute for others even when the learned rate
-// says it saves this request little), then fewer requests in flight, then at random.
+// by cache and the pick is least_load's. Estimates within costTolerance are ties, broken by a
+// free batch slot (a queue's wait is an estimate whose errors land in the tail), then more
+// cached tokens (a hit saves the engine's compute for others even when the learned rate says
+// it saves this request little), then fewer requests in flight, then at random.
 //
 // Cost per pick: one hashing pass over the prompt, O(log blocks) lookups per replica, and
 // one LRU update of the chosen replica's index; no allocation (BenchmarkLeastTTFTPick).
@@ -211,11 +212,14 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 		}
 		tolerance := max(costTolerance*min(cost, bestCost), costToleranceFloor)
 		tie := best != nil && cost <= bestCost+tolerance && cost >= bestCost-tolerance
+		// Among ties a replica with a free slot goes first: a queue's wait is an estimate
+		// whose errors all land in the tail, and a queued request cannot move.
+		free, bestFree := ahead == 0, bestAhead == 0
 		switch {
 		case best == nil || cost < bestCost-tolerance ||
-			(tie && (cached > bestCached || (cached == bestCached && load < bestLoad))):
+			(tie && (free && !bestFree || free == bestFree && (cached > bestCached || (cached == bestCached && load < bestLoad)))):
 			best, bestState, bestCost, bestLoad, bestCached, bestAhead, ties = r, st, cost, load, cached, ahead, 1
-		case tie && cached == bestCached && load == bestLoad:
+		case tie && free == bestFree && cached == bestCached && load == bestLoad:
 			ties++
 			if p.rand()%ties == 0 {
 				best, bestState, bestCost, bestCached, bestAhead = r, st, cost, cached, ahead

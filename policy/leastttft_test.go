@@ -94,6 +94,13 @@ func TestLeastTTFT(t *testing.T) {
 			loads: []int64{1, 1, 0, 1}, engine: []Metrics{{Running: batch, Waiting: 6}, {Running: 1}, {Running: 0}, {Running: 1}},
 			prompt: conversation(1, 2048, 3, 2048), wantID: 3,
 		},
+		// Waiting for the holder's batch (250 ms) and prefilling about 5k tokens (250 ms) cost
+		// the same within the tolerance: the free replica wins the tie, since a queue's wait is
+		// only an estimate and a queued request cannot move.
+		"a tie between a queue and a free slot goes to the free slot": {
+			holder: 1, sent: conversation(1, 2048, 2, 4500),
+			loads: []int64{4, 3, 2, 3}, knowBatch: true, prompt: conversation(1, 2048, 3, 4500), wantID: 3,
+		},
 		// ... but saving the prefill of about 50k tokens (2.5 s) is.
 		"a long saving waits for a full batch": {
 			holder: 1, sent: conversation(1, 2048, 4, 50000),

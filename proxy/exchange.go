@@ -48,8 +48,8 @@ type exchange struct {
 	info       policy.Request
 	tried      []*policy.Replica
 	candidates []*policy.Replica
-	// slotWaited is set when the request waited in the proxy for a free slot (late binding):
-	// it then takes a free slot, whatever its picker weighs (exchange.pick).
+	// slotWaited is set when the request waited in the proxy for a free slot (late binding)
+	// and has not been sent yet; tryReplica then passes on a slot it left free.
 	slotWaited bool
 	requestID  []byte
 	scratch    []byte

@@ -192,6 +192,12 @@ func (s *Service) tryReplica(ctx *fasthttp.RequestCtx, ex *exchange, snap *snaps
 	}
 
 	ex.begin(replica, client)
+	if ex.slotWaited {
+		// Granted a slot, it may have chosen a full replica (pick): pass a slot still free on to
+		// the next waiter now, rather than when some request ends.
+		ex.slotWaited = false
+		s.slots.grant(s)
+	}
 	if s.learner != nil {
 		ex.sentAt, ex.firstAt = time.Now(), time.Time{}
 	}
@@ -249,13 +255,12 @@ func (s *Service) endHold(ctx *fasthttp.RequestCtx, ex *exchange, refusal []byte
 // itself (policy.WeighsQueues) is offered full replicas too under learned caps, which then only
 // decide when to hold: it may judge that a full replica's cached prefix is worth a short wait
 // in that engine's queue. Offered only the free replicas, a cache-aware picker under load
-// would lose every follow-up whose replica happened to be busy (issue 33). A request that has
-// already waited in the proxy for a slot takes a free one, as late binding promises: sent to a
-// full engine's queue instead, it would wait twice, and the slot it was granted would idle
-// (the TTFT tail of bursts, bench/routing's Azure replay).
+// would lose every follow-up whose replica happened to be busy (issue 33). That holds for a
+// request that waited in the proxy for a slot too; if it chooses a full replica, the slot it
+// was granted goes to the next waiter (tryReplica).
 func (ex *exchange) pick(p policy.Picker, snap *snapshot, slots *slotQueue) *policy.Replica {
 	all := snap.pick
-	if slots != nil && slots.learned() && !ex.slotWaited && ex.svc.needs&policy.WeighsQueues != 0 {
+	if slots != nil && slots.learned() && ex.svc.needs&policy.WeighsQueues != 0 {
 		slots = nil
 	}
 	if len(ex.tried) == 0 && slots == nil {

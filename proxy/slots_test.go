@@ -505,9 +505,8 @@ func (p *offeredPicker) Pick(_ *policy.Request, rs []*policy.Replica) *policy.Re
 }
 
 // Under learned caps, a picker that weighs queues itself is offered full replicas too (a
-// cached prefix may be worth a short wait there), unless the request already waited in the
-// proxy for a slot; other pickers, and every picker under a configured cap, only replicas below
-// their cap.
+// cached prefix may be worth a short wait there), also after waiting in the proxy for a slot;
+// other pickers, and every picker under a configured cap, only replicas below their cap.
 func TestPickOffersFullReplicasToQueueWeighingPickers(t *testing.T) {
 	full, free := &policy.Replica{ID: 1}, &policy.Replica{ID: 2}
 	full.InFlight.Add(2)
@@ -523,7 +522,7 @@ func TestPickOffersFullReplicasToQueueWeighingPickers(t *testing.T) {
 		want   []int
 	}{
 		"weighs queues, learned caps":                 {needs: policy.WeighsQueues, limit: 0, want: []int{1, 2}},
-		"weighs queues, learned caps, waited for one": {needs: policy.WeighsQueues, limit: 0, waited: true, want: []int{2}},
+		"weighs queues, learned caps, waited for one": {needs: policy.WeighsQueues, limit: 0, waited: true, want: []int{1, 2}},
 		"cache-blind, learned caps":                   {needs: 0, limit: 0, want: []int{2}},
 		"weighs queues, configured caps":              {needs: policy.WeighsQueues, limit: 2, want: []int{2}},
 	} {
