@@ -76,3 +76,8 @@ release "ferry" keeps the names it had before they were release-scoped (ferry-fe
 {{- $ := index . 0 -}}
 {{- printf "%s-%s-%s" (include "ferry.fullname" $) (index . 1) $.Release.Namespace -}}
 {{- end -}}
+
+{{/* The claim holding FERRY_HOME of a controller with the SQLite store. */}}
+{{- define "ferry.stateClaim" -}}
+{{- default (printf "%s-state" (include "ferry.fullname" .)) .Values.controller.persistence.existingClaim -}}
+{{- end -}}
