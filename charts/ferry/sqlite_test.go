@@ -12,7 +12,8 @@ import (
 // uninstall) or one the user names, never an emptyDir, and the one controller is replaced with
 // Recreate so that two never open the database at once. With the kubernetes store FERRY_HOME
 // keeps nothing and stays an emptyDir, with a rolling update. More than one SQLite controller is
-// a render error naming the value.
+// a render error naming the value, and the one has no PodDisruptionBudget, which could only
+// refuse every eviction.
 func TestChartSQLiteStateOnAClaim(t *testing.T) {
 	sqlite := []string{"proxy.enabled=false", "controller.leaderElect=false", "controller.store=sqlite", "controller.replicas=1"}
 	for _, tc := range []struct {
@@ -31,8 +32,11 @@ func TestChartSQLiteStateOnAClaim(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := render(t, "ferry", kubeVersion, tc.set)
 			var ctl, pvc *unstructured.Unstructured
+			pdb := false
 			for _, o := range objs {
 				switch {
+				case o.GetKind() == "PodDisruptionBudget" && o.GetName() == "ferry-controller":
+					pdb = true
 				case o.GetKind() == "Deployment" && o.GetName() == "ferry-controller":
 					ctl = o
 				case o.GetKind() == "PersistentVolumeClaim":
@@ -47,6 +51,10 @@ func TestChartSQLiteStateOnAClaim(t *testing.T) {
 			}
 			if got, _, _ := unstructured.NestedString(ctl.Object, "spec", "strategy", "type"); got != tc.wantStrategy {
 				t.Errorf("controller strategy %q, want %q", got, tc.wantStrategy)
+			}
+			// minAvailable 1 over the one SQLite controller would block every node drain.
+			if wantPDB := tc.wantStrategy == "RollingUpdate"; pdb != wantPDB {
+				t.Errorf("controller PodDisruptionBudget rendered %v, want %v", pdb, wantPDB)
 			}
 			home := volume(t, ctl, "home")
 			claim, _, _ := unstructured.NestedString(home, "persistentVolumeClaim", "claimName")
