@@ -25,7 +25,7 @@ func init() {
 helm install creates it from the chart's crds/ but helm upgrade never updates it: run
 'ferry crd apply' with the new version's binary before 'helm upgrade'. It needs the right to
 create and patch customresourcedefinitions (a cluster admin's), not the controller's.`,
-			Example: "  ferry crd apply\n  ferry crd apply --kubeconfig ~/.kube/prod --kube-context admin\n  ferry crd print | kubectl apply --server-side -f -",
+			Example: "  ferry crd apply\n  ferry crd apply --kubeconfig ~/.kube/prod --kube-context admin\n  ferry crd print | kubectl apply --server-side --force-conflicts -f -",
 		}
 		var kubeconfig, kubeContext string
 		apply := &cobra.Command{
