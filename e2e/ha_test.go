@@ -375,6 +375,8 @@ func installFencePolicy(t *testing.T, client kubernetes.Interface, ns, lease str
 		t.Fatal(err)
 	}
 	text := strings.ReplaceAll(string(raw), "{{ .Release.Namespace }}", ns)
+	// The policy's name, as the chart names it for the release "ferry" (_helpers.tpl).
+	text = regexp.MustCompile(`\{\{ include "ferry\.clusterName" \(list \$ "([a-z-]+)"\) \}\}`).ReplaceAllString(text, "ferry-${1}-"+ns)
 	text = regexp.MustCompile(`\{\{ \.Values\.leaderElection\.leaseName[^}]*\}\}`).ReplaceAllString(text, lease)
 	// Its comment, and the gate that renders it only with leader election, which this test has.
 	text = regexp.MustCompile(`(?s)\{\{- /\*.*?\*/ -\}\}\n`).ReplaceAllString(text, "")

@@ -123,10 +123,16 @@ func TestChartRequiresAttach(t *testing.T) {
 	}
 }
 
-// render runs helm template in namespace ns and decodes every object.
+// render runs helm template of the release "ferry" in namespace ns and decodes every object.
 func render(t *testing.T, ns, kubeVersion string, set []string) []*unstructured.Unstructured {
 	t.Helper()
-	args := []string{"template", "ferry", chartDir, "--namespace", ns, "--include-crds", "--kube-version", kubeVersion}
+	return renderRelease(t, "ferry", ns, kubeVersion, set)
+}
+
+// renderRelease runs helm template of release in namespace ns and decodes every object.
+func renderRelease(t *testing.T, release, ns, kubeVersion string, set []string) []*unstructured.Unstructured {
+	t.Helper()
+	args := []string{"template", release, chartDir, "--namespace", ns, "--include-crds", "--kube-version", kubeVersion}
 	for _, s := range set {
 		args = append(args, "--set", s)
 	}

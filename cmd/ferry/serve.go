@@ -179,15 +179,18 @@ func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "⚙︎ Service registered; endpoint %s; waiting for %d replica(s)\n", st.Endpoint, st.TargetReplicas)
-	if !f.noWait {
+	if f.noWait {
+		fmt.Fprintf(out, "⚙︎ Service registered; endpoint %s; %d replica(s) to launch\n", st.Endpoint, st.TargetReplicas)
+		fmt.Fprintf(out, "\nService %q is registered; its replicas are starting ('ferry serve status %s' follows them).\nEndpoint: %s\n", name, name, st.Endpoint)
+	} else {
+		fmt.Fprintf(out, "⚙︎ Service registered; endpoint %s; waiting for %d replica(s)\n", st.Endpoint, st.TargetReplicas)
 		if err := waitReady(ctx, c, name, f.waitTime, out); err != nil {
 			fmt.Fprintf(out, "The service keeps trying; follow it with 'ferry serve status %s' and 'ferry serve logs %s REPLICA_ID'.\n", name, name)
 			return err
 		}
+		fmt.Fprintf(out, "\nService %q is up.\nEndpoint: %s\n", name, st.Endpoint)
+		printLoopbackNote(ctx, c, name, out)
 	}
-	fmt.Fprintf(out, "\nService %q is up.\nEndpoint: %s\n", name, st.Endpoint)
-	printLoopbackNote(ctx, c, name, out)
 	if cs, err := c.ControllerStatus(ctx); err == nil {
 		if cs.Gateway != "" {
 			fmt.Fprintf(out, "Gateway:  %s (one endpoint for every service; the request's \"model\" picks it)\n", cs.Gateway)
@@ -206,7 +209,12 @@ func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 		authHeader = "Bearer " + os.Getenv(keyVar)
 		authArg = fmt.Sprintf(" -H \"Authorization: Bearer $%s\"", keyVar)
 	}
-	model, zero := exampleModel(ctx, c, name, st.Endpoint, authHeader) // servezero.go
+	// --no-wait asks nothing of the endpoint: it holds a request until a replica is READY (up
+	// to servedModel's 3 s), and the replica a service at zero would launch for it is load.
+	model, zero := "MODEL", st.TargetReplicas == 0
+	if !f.noWait {
+		model, zero = exampleModel(ctx, c, name, st.Endpoint, authHeader) // servezero.go
+	}
 	if zero {
 		fmt.Fprintf(out, "No replica runs yet (min_replicas: 0): the first request launches one and waits for it.\n")
 	}

@@ -65,3 +65,19 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "ferry.controllerURL" -}}
 {{- printf "https://%s.%s.svc:%d" (include "ferry.controllerService" .) .Release.Namespace (int .Values.controller.apiPort) -}}
 {{- end -}}
+
+{{/*
+The name of a cluster-scoped object of this release (admission policies and their bindings,
+the ClusterRole): pass (list $ "fence"). Both the release and its namespace are in it, since two
+releases may share a namespace and two namespaces may each hold a release of the same name. The
+release "ferry" keeps the names it had before they were release-scoped (ferry-fence-NAMESPACE).
+*/}}
+{{- define "ferry.clusterName" -}}
+{{- $ := index . 0 -}}
+{{- printf "%s-%s-%s" (include "ferry.fullname" $) (index . 1) $.Release.Namespace -}}
+{{- end -}}
+
+{{/* The claim holding FERRY_HOME of a controller with the SQLite store. */}}
+{{- define "ferry.stateClaim" -}}
+{{- default (printf "%s-state" (include "ferry.fullname" .)) .Values.controller.persistence.existingClaim -}}
+{{- end -}}

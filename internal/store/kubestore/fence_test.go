@@ -39,6 +39,8 @@ func installFence(t *testing.T, client kubernetes.Interface, ns, lease string) {
 	text := string(readRepoFile(t, "charts/ferry/templates/fencing-policy.yaml")) + "\n---\n" +
 		string(readRepoFile(t, "charts/ferry/templates/fencing-policy-status.yaml"))
 	text = strings.ReplaceAll(text, "{{ .Release.Namespace }}", ns)
+	// The policies' names, as the chart names them for the release "ferry" (_helpers.tpl).
+	text = regexp.MustCompile(`\{\{ include "ferry\.clusterName" \(list \$ "([a-z-]+)"\) \}\}`).ReplaceAllString(text, "ferry-${1}-"+ns)
 	text = regexp.MustCompile(`\{\{ \.Values\.leaderElection\.leaseName[^}]*\}\}`).ReplaceAllString(text, lease)
 	text = chartGate(text)
 	if strings.Contains(text, "{{") {
