@@ -2,11 +2,8 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -15,16 +12,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	yamlutil "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
 )
 
 // haChartServiceYAML uses every per-pod object the launcher writes beside a pod: the
@@ -199,61 +190,11 @@ func checkFenceRefusesStale(t *testing.T, ctx context.Context, k *kubeEnv, recor
 // match only k's namespace.
 func installChartDefaults(t *testing.T, ctx context.Context, k *kubeEnv) {
 	t.Helper()
-	helmPath, err := exec.Command(filepath.Join(repoRoot(), "scripts", "helm.sh")).Output()
-	if err != nil {
-		t.Fatalf("scripts/helm.sh: %v", err)
-	}
-	disco := discovery.NewDiscoveryClientForConfigOrDie(k.cluster.RESTConfig())
-	server, err := disco.ServerVersion()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(strings.TrimSpace(string(helmPath)), "template", "ferry", filepath.Join(repoRoot(), "charts", "ferry"),
-		"--namespace", k.ns, "--kube-version", server.GitVersion, "--set", "proxy.attach=ha-chart-svc")
-	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
-	out, err := cmd.Output()
-	if err != nil {
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			t.Fatalf("helm template: %v\n%s", err, ee.Stderr)
-		}
-		t.Fatal(err)
-	}
-	dyn := dynamic.NewForConfigOrDie(k.cluster.RESTConfig())
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco))
-	dec := yamlutil.NewYAMLOrJSONDecoder(strings.NewReader(string(out)), 4096)
+	isFence := func(name string) bool { return strings.HasPrefix(name, "ferry-fence") }
 	var policies []string
-	for {
-		var raw map[string]any
-		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if raw == nil {
-			continue
-		}
-		o := &unstructured.Unstructured{Object: raw}
-		switch o.GetKind() {
-		case "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicyBinding":
-		case "ValidatingAdmissionPolicy":
+	for _, o := range applyChart(t, ctx, k, "proxy.attach=ha-chart-svc", func(*unstructured.Unstructured) bool { return true }, isFence) {
+		if o.GetKind() == "ValidatingAdmissionPolicy" {
 			policies = append(policies, o.GetName())
-		default:
-			continue
-		}
-		gvk := o.GroupVersionKind()
-		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
-			t.Fatal(err)
-		}
-		res := dynamic.ResourceInterface(dyn.Resource(m.Resource))
-		if m.Scope.Name() == meta.RESTScopeNameNamespace {
-			res = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
-		} else if !strings.HasPrefix(o.GetName(), "ferry-fence") {
-			t.Cleanup(func() { _ = res.Delete(context.Background(), o.GetName(), metav1.DeleteOptions{}) })
-		}
-		if _, err := res.Create(ctx, o, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
 		}
 	}
 	if !slices.Contains(policies, "ferry-fence-"+k.ns) || !slices.Contains(policies, "ferry-fence-status-"+k.ns) {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -134,8 +135,28 @@ func TestChartRBACRunsReplicasAndJobs(t *testing.T) {
 }
 
 // installChartRBAC renders charts/ferry for k's namespace (replicas there too) and creates its
-// ServiceAccount, Roles, ClusterRole and bindings for real.
+// ServiceAccount, Roles, ClusterRole and bindings, and its admission policies but the fence, for
+// real.
 func installChartRBAC(t *testing.T, ctx context.Context, k *kubeEnv) {
+	t.Helper()
+	installed := applyChart(t, ctx, k, "proxy.enabled=false", func(o *unstructured.Unstructured) bool {
+		return !strings.HasPrefix(o.GetName(), "ferry-fence") // no Lease here: the fence is e2e/ha_test.go's
+	}, func(string) bool { return false })
+	if len(installed) != 13 {
+		t.Fatalf("installed %d objects, want 13 (ServiceAccount, 2 Roles and bindings, ClusterRole and binding, the secrets, pods and priority-cap policies and bindings)", len(installed))
+	}
+	waitSecretsPolicy(t, ctx, k)
+}
+
+// chartKinds are the kinds applyChart creates: what the chart's permissions and admission
+// rules are made of, not its workloads.
+var chartKinds = []string{"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
+	"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+// applyChart renders charts/ferry for k's namespace with one `--set` value and creates, for real,
+// its objects of chartKinds that want accepts. Cluster-scoped ones are deleted when the test ends
+// unless keep says otherwise by name. It returns the objects created.
+func applyChart(t *testing.T, ctx context.Context, k *kubeEnv, set string, want func(*unstructured.Unstructured) bool, keep func(name string) bool) []*unstructured.Unstructured {
 	t.Helper()
 	helmPath, err := exec.Command(filepath.Join(repoRoot(), "scripts", "helm.sh")).Output()
 	if err != nil {
@@ -147,7 +168,7 @@ func installChartRBAC(t *testing.T, ctx context.Context, k *kubeEnv) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(strings.TrimSpace(string(helmPath)), "template", "ferry", filepath.Join(repoRoot(), "charts", "ferry"),
-		"--namespace", k.ns, "--kube-version", server.GitVersion, "--set", "proxy.enabled=false")
+		"--namespace", k.ns, "--kube-version", server.GitVersion, "--set", set)
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+t.TempDir(), "HELM_CONFIG_HOME="+t.TempDir(), "HELM_DATA_HOME="+t.TempDir())
 	out, err := cmd.Output()
 	if err != nil {
@@ -160,7 +181,7 @@ func installChartRBAC(t *testing.T, ctx context.Context, k *kubeEnv) {
 	dyn := dynamic.NewForConfigOrDie(k.cluster.RESTConfig())
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disco))
 	dec := yamlutil.NewYAMLOrJSONDecoder(strings.NewReader(string(out)), 4096)
-	installed := 0
+	var created []*unstructured.Unstructured
 	for {
 		var raw map[string]any
 		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
@@ -168,14 +189,11 @@ func installChartRBAC(t *testing.T, ctx context.Context, k *kubeEnv) {
 		} else if err != nil {
 			t.Fatal(err)
 		}
+		if raw == nil {
+			continue
+		}
 		o := &unstructured.Unstructured{Object: raw}
-		switch o.GetKind() {
-		case "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
-			"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
-			if strings.HasPrefix(o.GetName(), "ferry-fence") {
-				continue // no Lease here: the fence is e2e/ha_test.go's
-			}
-		default:
+		if !slices.Contains(chartKinds, o.GetKind()) || !want(o) {
 			continue
 		}
 		gvk := o.GroupVersionKind()
@@ -186,18 +204,15 @@ func installChartRBAC(t *testing.T, ctx context.Context, k *kubeEnv) {
 		res := dynamic.ResourceInterface(dyn.Resource(m.Resource))
 		if m.Scope.Name() == meta.RESTScopeNameNamespace {
 			res = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
-		} else {
+		} else if !keep(o.GetName()) {
 			t.Cleanup(func() { _ = res.Delete(context.Background(), o.GetName(), metav1.DeleteOptions{}) })
 		}
 		if _, err := res.Create(ctx, o, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
 		}
-		installed++
+		created = append(created, o)
 	}
-	if installed != 13 {
-		t.Fatalf("installed %d objects, want 13 (ServiceAccount, 2 Roles and bindings, ClusterRole and binding, the secrets, pods and priority-cap policies and bindings)", installed)
-	}
-	waitSecretsPolicy(t, ctx, k)
+	return created
 }
 
 // waitSecretsPolicy waits until the API server enforces the chart's secrets policy (it loads
