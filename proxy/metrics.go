@@ -47,6 +47,7 @@ const replicaNone = "none"
 //	ferry_time_per_output_token_seconds{service}         a whole 2xx event stream's time after its first token, per later token
 //	ferry_requests_waiting{service}                      requests waiting in the proxy: held for a first replica or queued for a slot
 //	ferry_requests_queued{service}                       of those, the ones queued for a slot on a full replica (late binding, slots.go)
+//	ferry_slot_wait_seconds{service}                     how long each queued request waited for its slot (or gave up)
 //	ferry_retries_total{service}                         attempts on another replica after a failed one
 //	ferry_upstream_errors_total{service,replica,kind}    kind: dial, pool_full, reset, timeout, status_5xx, stream_cut
 //	ferry_prompt_tokens_total{service}                   from the "usage" a 2xx response reports
@@ -74,6 +75,7 @@ type Metrics struct {
 	inFlight         *prometheus.GaugeVec
 	waiting          *prometheus.GaugeVec
 	queued           *prometheus.GaugeVec
+	slotWait         *prometheus.HistogramVec
 	retries          *prometheus.CounterVec
 	clientAborts     *prometheus.CounterVec
 	promptTokens     *prometheus.CounterVec
@@ -126,6 +128,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Requests queued for a free slot while every replica is at its in-flight cap (late binding); " +
 				"they also count in ferry_requests_waiting.",
 		}, []string{"service"}),
+		slotWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "ferry_slot_wait_seconds",
+			Help: "Time each request queued for a free slot (late binding) spent in the queue, until granted a slot or given up; " +
+				"its count over ferry_requests_total is how often the proxy held requests.",
+			Buckets: ttftBuckets,
+		}, []string{"service"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ferry_retries_total",
 			Help: "Attempts on another replica after a failed one (see ServiceConfig.MaxAttempts).",
@@ -160,7 +168,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		replicas: map[replicaKey]*replicaMetrics{},
 		health:   newHealthMetrics(),
 	}
-	collectors := []prometheus.Collector{m.duration, m.ttft, m.tpot, m.inFlight, m.waiting, m.queued, m.retries, m.clientAborts, m.promptTokens,
+	collectors := []prometheus.Collector{m.duration, m.ttft, m.tpot, m.inFlight, m.waiting, m.queued, m.slotWait, m.retries, m.clientAborts, m.promptTokens,
 		m.completionTokens, m.cachedTokens, m.gatewayErrors, replicaCollector{m}, m.health}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
@@ -184,6 +192,7 @@ type serviceMetrics struct {
 	inFlight         prometheus.Gauge
 	waiting          prometheus.Gauge
 	queued           prometheus.Gauge
+	slotWait         prometheus.Observer
 	retries          prometheus.Counter
 	clientAborts     prometheus.Counter
 	promptTokens     prometheus.Counter
@@ -210,6 +219,7 @@ func (m *Metrics) acquireService(name string) *serviceMetrics {
 		inFlight:         m.inFlight.WithLabelValues(name),
 		waiting:          m.waiting.WithLabelValues(name),
 		queued:           m.queued.WithLabelValues(name),
+		slotWait:         m.slotWait.WithLabelValues(name),
 		retries:          m.retries.WithLabelValues(name),
 		clientAborts:     m.clientAborts.WithLabelValues(name),
 		promptTokens:     m.promptTokens.WithLabelValues(name),
@@ -233,7 +243,7 @@ func (sm *serviceMetrics) release() {
 	delete(m.services, sm.name)
 	for _, vec := range []interface{ DeleteLabelValues(...string) bool }{
 		m.duration, m.ttft, m.tpot, m.inFlight, m.waiting, m.queued, m.retries, m.clientAborts, m.promptTokens, m.completionTokens,
-		m.cachedTokens,
+		m.cachedTokens, m.slotWait,
 	} {
 		vec.DeleteLabelValues(sm.name)
 	}
@@ -517,16 +527,20 @@ func (o *observability) waitEnd() {
 	}
 }
 
-// queueBegin and queueEnd bracket a request queued for a slot (slots.go), within waitBegin/End.
-func (o *observability) queueBegin() {
-	if o.metrics != nil {
-		o.metrics.queued.Inc()
+// queueBegin and queueEnd bracket a request queued for a slot (slots.go), within waitBegin/End;
+// queueEnd takes what queueBegin returned.
+func (o *observability) queueBegin() time.Time {
+	if o.metrics == nil {
+		return time.Time{}
 	}
+	o.metrics.queued.Inc()
+	return time.Now()
 }
 
-func (o *observability) queueEnd() {
+func (o *observability) queueEnd(since time.Time) {
 	if o.metrics != nil {
 		o.metrics.queued.Dec()
+		o.metrics.slotWait.Observe(time.Since(since).Seconds())
 	}
 }
 

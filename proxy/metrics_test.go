@@ -792,7 +792,8 @@ func TestMetricsTimePerOutputToken(t *testing.T) {
 }
 
 // TestMetricsQueued holds a request in the slot queue behind a replica at its cap: it counts in
-// ferry_requests_queued and ferry_requests_waiting while it waits, and in neither once served.
+// ferry_requests_queued and ferry_requests_waiting while it waits, in neither once served, and
+// its wait in ferry_slot_wait_seconds.
 func TestMetricsQueued(t *testing.T) {
 	u, g := startGatedUpstream(t, "busy")
 	t.Cleanup(g.open)
@@ -824,6 +825,9 @@ func TestMetricsQueued(t *testing.T) {
 		if got := seriesValue(t, reg, name, "service", "llama"); got != 0 {
 			t.Errorf("%s after both answered = %v, want 0", name, got)
 		}
+	}
+	if wait, _ := gatherSeries(t, reg, "ferry_slot_wait_seconds", "service", "llama"); wait.count != 1 || wait.sum <= 0 {
+		t.Errorf("ferry_slot_wait_seconds after one queued request: %d observed, %v s; want 1 and its wait", int(wait.count), wait.sum)
 	}
 }
 

@@ -236,8 +236,7 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (_ *snapsh
 	if !q.enqueue(w, s, false) {
 		return s.snap.Load(), false, nil
 	}
-	s.obs.queueBegin()
-	defer s.obs.queueEnd()
+	defer s.obs.queueEnd(s.obs.queueBegin())
 	h := s.newHold(ctx)
 	defer h.stop()
 	for {
