@@ -31,7 +31,9 @@ create and patch customresourcedefinitions (a cluster admin's), not the controll
 		apply := &cobra.Command{
 			Use:   "apply",
 			Short: "Create or update the CRD in place (server-side apply), and wait until it is served",
-			Args:  cobra.NoArgs,
+			Example: "  ferry crd apply                 # before helm upgrade, with the new version's ferry\n" +
+				"  ferry crd apply --kubeconfig ~/.kube/prod --kube-context admin",
+			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				rules := clientcmd.NewDefaultClientConfigLoadingRules()
 				rules.ExplicitPath = kubeconfig
@@ -53,9 +55,10 @@ create and patch customresourcedefinitions (a cluster admin's), not the controll
 		apply.Flags().StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig (default: $KUBECONFIG, ~/.kube/config, else in-cluster)")
 		apply.Flags().StringVar(&kubeContext, "kube-context", "", "context of the kubeconfig (default: its current context)")
 		printCmd := &cobra.Command{
-			Use:   "print",
-			Short: "Print the CRD as YAML, for kubectl or a GitOps repository",
-			Args:  cobra.NoArgs,
+			Use:     "print",
+			Short:   "Print the CRD as YAML, for kubectl or a GitOps repository",
+			Example: "  ferry crd print | kubectl apply --server-side --force-conflicts -f -\n  ferry crd print > gitops/ferry-crd.yaml",
+			Args:    cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				crds, err := chart.CRDs()
 				if err != nil {
