@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -62,6 +63,36 @@ type service struct {
 	savedStatus  string
 }
 
+// restoreBindWait bounds how long a restarted controller waits for a restored service's
+// endpoint to be released: a predecessor that was told to stop may still be closing its
+// listeners when the next controller starts (its pid file gone, its process not yet), and
+// giving up at once would leave the service unserved until another restart.
+const restoreBindWait = 15 * time.Second
+
+// listenRestored binds addr, retrying while another socket holds it (EADDRINUSE), for at most
+// wait; any other error, or the port still taken after wait, is returned.
+func listenRestored(ctx context.Context, log *zap.Logger, addr string, wait time.Duration) (net.Listener, error) {
+	deadline := time.Now().Add(wait)
+	pause := 50 * time.Millisecond
+	for logged := false; ; {
+		ln, err := net.Listen("tcp", addr)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || time.Now().Add(pause).After(deadline) {
+			return ln, err
+		}
+		if !logged {
+			log.Warn("a restored service's endpoint is still taken, by a controller that is stopping perhaps; waiting for it",
+				zap.String("addr", addr), zap.Duration("at_most", wait))
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, time.Second)
+	}
+}
+
 // startService starts a service's proxy listener, replica manager and scale loop. ln may be a
 // listener already bound to rec.Port (a new service); without one the service is being
 // restored after a controller restart.
@@ -73,7 +104,7 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 	addr := net.JoinHostPort(c.opts.ProxyHost, strconv.Itoa(rec.Port))
 	if ln == nil {
 		var err error
-		if ln, err = net.Listen("tcp", addr); err != nil {
+		if ln, err = listenRestored(c.ctx, c.log, addr, restoreBindWait); err != nil {
 			return nil, fmt.Errorf("service %q endpoint %s: %w", rec.Name, addr, err)
 		}
 	}
