@@ -44,15 +44,18 @@ Every Kubernetes client the controller makes is rate-limited client-side by --ku
 
 Every other command starts it in the background when it is not running, so you rarely run this.`
 
+// controllerFlags are `ferry controller`'s settings, from its flags and environment.
+type controllerFlags struct {
+	opts             controller.Options
+	logLevel         string
+	metricsTokenFile string
+	envErrs          []error // settings in the environment that do not parse
+	bufferedMB       int
+	election         electionFlags
+}
+
 func newControllerCmd() *cobra.Command {
-	var (
-		opts             controller.Options
-		logLevel         string
-		metricsTokenFile string
-		envErrs          []error // settings in the environment that do not parse
-		bufferedMB       int
-		election         electionFlags
-	)
+	var cf controllerFlags
 	cmd := &cobra.Command{
 		Use:   "controller",
 		Short: "Run the controller daemon in the foreground (the CLI starts it for you)",
@@ -63,43 +66,54 @@ func newControllerCmd() *cobra.Command {
 			"  ferry controller --store kubernetes --kube-api-qps 400 --kube-api-burst 800   # a larger fleet's client-side API rate limit\n" +
 			"  ferry controller status\n  ferry controller stop",
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := errors.Join(append(envErrs, opts.Store.Validate())...); err != nil {
-				return err
-			}
-			h, err := home.Default()
-			if err != nil {
-				return err
-			}
-			log, err := newLogger(logLevel)
-			if err != nil {
-				return err
-			}
-			defer log.Sync() //nolint:errcheck
-			if metricsTokenFile != "" {
-				if opts.MetricsToken, err = readTokenFile(metricsTokenFile); err != nil {
-					return fmt.Errorf("--metrics-token-file: %w", err)
-				}
-			}
-			opts.ClientLimits.MaxBufferedBodyBytes = int64(bufferedMB) << 20
-			opts.Home = h
-			opts.Version = version()
-			opts.Logger = log
-			opts.PathPrepend = binDir()
-			opts.Supervisor, _ = os.Executable() // "" runs fixed-port replicas unsupervised
-			if err := election.apply(&opts, log); err != nil {
-				return err
-			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			err = controller.New(opts).Start(ctx)
-			if errors.Is(err, controller.ErrAlreadyRunning) {
-				return fmt.Errorf("%w (%s)", err, h.Dir)
-			}
-			return err
-		},
+		RunE: func(cmd *cobra.Command, _ []string) error { return cf.run(cmd) },
 	}
-	f := cmd.Flags()
+	cf.register(cmd.Flags())
+	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
+	return cmd
+}
+
+// run starts the controller in the foreground until SIGINT or SIGTERM.
+func (cf *controllerFlags) run(cmd *cobra.Command) error {
+	opts := &cf.opts
+	if err := errors.Join(append(cf.envErrs, opts.Store.Validate())...); err != nil {
+		return err
+	}
+	h, err := home.Default()
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(cf.logLevel)
+	if err != nil {
+		return err
+	}
+	defer log.Sync() //nolint:errcheck
+	if cf.metricsTokenFile != "" {
+		if opts.MetricsToken, err = readTokenFile(cf.metricsTokenFile); err != nil {
+			return fmt.Errorf("--metrics-token-file: %w", err)
+		}
+	}
+	opts.ClientLimits.MaxBufferedBodyBytes = int64(cf.bufferedMB) << 20
+	opts.Home = h
+	opts.Version = version()
+	opts.Logger = log
+	opts.PathPrepend = binDir()
+	opts.Supervisor, _ = os.Executable() // "" runs fixed-port replicas unsupervised
+	if err := cf.election.apply(opts, log); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err = controller.New(*opts).Start(ctx)
+	if errors.Is(err, controller.ErrAlreadyRunning) {
+		return fmt.Errorf("%w (%s)", err, h.Dir)
+	}
+	return err
+}
+
+// register binds every setting to f, each flag's default from its environment variable.
+func (cf *controllerFlags) register(f *pflag.FlagSet) {
+	opts, envErrs := &cf.opts, &cf.envErrs
 	f.StringVar(&opts.Listen, "listen", envOr("FERRY_CONTROLLER_LISTEN", ""),
 		"also serve the API on this TCP address, host:port, for attached proxies on other machines; the CLI uses the socket in FERRY_HOME ($FERRY_CONTROLLER_LISTEN)")
 	f.StringVar(&opts.APITLSCert, "api-tls-cert", os.Getenv("FERRY_CONTROLLER_TLS_CERT"),
@@ -111,30 +125,28 @@ func newControllerCmd() *cobra.Command {
 	f.DurationVar(&opts.ProbeInterval, "probe-interval", 2*time.Second, "how often replicas' readiness probes run")
 	f.DurationVar(&opts.DrainTimeout, "drain-timeout", replicas.DefaultDrainTimeout, "how long a replica leaving (scale-down, update, serve down) may finish its in-flight requests and streams")
 	f.StringVar(&opts.LogFile, "log-file", "", "file this controller's output goes to (for 'serve logs --controller')")
-	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	f.StringVar(&cf.logLevel, "log-level", "info", "debug, info, warn or error")
 	f.StringVar(&opts.GatewayAddr, "gateway", envOr("FERRY_GATEWAY_ADDR", controller.DefaultGatewayAddr),
 		"shared endpoint that routes by the request's model, host:port; empty or \"off\" to disable ($FERRY_GATEWAY_ADDR)")
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", envOr("FERRY_METRICS_ADDR", controller.DefaultMetricsAddr),
 		"admin listener for Prometheus /metrics and /healthz, host:port; empty or \"off\" to disable ($FERRY_METRICS_ADDR)")
-	f.StringVar(&metricsTokenFile, "metrics-token-file", os.Getenv("FERRY_METRICS_TOKEN_FILE"),
+	f.StringVar(&cf.metricsTokenFile, "metrics-token-file", os.Getenv("FERRY_METRICS_TOKEN_FILE"),
 		"require the token in this file as \"Authorization: Bearer\" on /metrics; /healthz stays open ($FERRY_METRICS_TOKEN_FILE)")
-	f.IntVar(&opts.ClientLimits.MaxConnections, "max-connections", envInt("FERRY_MAX_CONNECTIONS", &envErrs),
+	f.IntVar(&opts.ClientLimits.MaxConnections, "max-connections", envInt("FERRY_MAX_CONNECTIONS", envErrs),
 		"refuse client connections beyond this many open at once over every service endpoint and the gateway, with 503 (0: half the file-descriptor limit; $FERRY_MAX_CONNECTIONS)")
-	f.IntVar(&opts.ClientLimits.MaxConnectionsPerAddr, "max-connections-per-ip", envInt("FERRY_MAX_CONNECTIONS_PER_IP", &envErrs),
+	f.IntVar(&opts.ClientLimits.MaxConnectionsPerAddr, "max-connections-per-ip", envInt("FERRY_MAX_CONNECTIONS_PER_IP", envErrs),
 		"refuse a client address's connections beyond this many open at once, with 429 (0: a quarter of --max-connections, at least 16; -1: no cap, right behind a load balancer; $FERRY_MAX_CONNECTIONS_PER_IP)")
-	f.IntVar(&bufferedMB, "max-buffered-body-mb", envInt("FERRY_MAX_BUFFERED_BODY_MB", &envErrs),
+	f.IntVar(&cf.bufferedMB, "max-buffered-body-mb", envInt("FERRY_MAX_BUFFERED_BODY_MB", envErrs),
 		"request bodies being read at once, in MiB by their announced length; beyond it 503 at the request's headers (0: 512; $FERRY_MAX_BUFFERED_BODY_MB)")
-	f.DurationVar(&opts.JobRetryInterval, "job-retry-interval", envDuration("FERRY_JOB_RETRY_INTERVAL", &envErrs),
+	f.DurationVar(&opts.JobRetryInterval, "job-retry-interval", envDuration("FERRY_JOB_RETRY_INTERVAL", envErrs),
 		"how often jobs waiting for capacity try to launch again (0: 15s; $FERRY_JOB_RETRY_INTERVAL)")
-	f.DurationVar(&opts.JobWatchInterval, "job-watch-interval", envDuration("FERRY_JOB_WATCH_INTERVAL", &envErrs),
+	f.DurationVar(&opts.JobWatchInterval, "job-watch-interval", envDuration("FERRY_JOB_WATCH_INTERVAL", envErrs),
 		"how often a running job's nodes are looked at (0: 2s; $FERRY_JOB_WATCH_INTERVAL)")
-	addStoreFlags(f, &opts.Store, &envErrs)
-	addWebhookFlags(f, &opts)
-	addElectionFlags(f, &election, &envErrs)
-	f.DurationVar(&opts.WindowLead, "window-lead", envDuration("FERRY_WINDOW_LEAD", &envErrs),
+	addStoreFlags(f, &opts.Store, envErrs)
+	addWebhookFlags(f, opts)
+	addElectionFlags(f, &cf.election, envErrs)
+	f.DurationVar(&opts.WindowLead, "window-lead", envDuration("FERRY_WINDOW_LEAD", envErrs),
 		"how long before a reservation or capacity block ends its replicas are replaced (0: 10m; $FERRY_WINDOW_LEAD)")
-	cmd.AddCommand(newControllerStatusCmd(), newControllerStopCmd())
-	return cmd
 }
 
 // addWebhookFlags adds the FerryService webhook's flags.
