@@ -189,8 +189,12 @@ func (ex *exchange) finish(err error) {
 	if ex.readErr != nil || err != nil {
 		ex.logStreamEnd(err)
 	}
-	ex.observeFinish(err)
-	ex.learn(err)
+	usage := unknownUsage
+	if code := ex.resp.StatusCode(); code >= 200 && code <= 299 && (ex.svc.obs.on() || ex.svc.learner != nil) {
+		usage = parseUsage(ex.obs.tail.bytes()) // once, for both
+	}
+	ex.observeFinish(err, usage)
+	ex.learn(err, usage)
 	ex.end()
 	ex.svc.releaseExchange(ex)
 }
@@ -200,7 +204,7 @@ func (ex *exchange) finish(err error) {
 // estimated (policy.Request.Estimate). Only a whole 2xx event stream counts: a non-streamed
 // answer's first byte comes after its last token, and a cut stream's end says nothing about
 // the replica's pace.
-func (ex *exchange) learn(err error) {
+func (ex *exchange) learn(err error, usage tokenUsage) {
 	l := ex.svc.learner
 	if l == nil || ex.sentAt.IsZero() || ex.firstAt.IsZero() || !ex.sse || err != nil || ex.readErr != nil {
 		return
@@ -208,7 +212,6 @@ func (ex *exchange) learn(err error) {
 	if code := ex.resp.StatusCode(); code < 200 || code > 299 {
 		return
 	}
-	usage := parseUsage(ex.obs.tail.bytes())
 	l.Learn(ex.replica, ex.info.Estimate, policy.Outcome{
 		TTFT: ex.firstAt.Sub(ex.sentAt), Total: time.Since(ex.sentAt),
 		PromptTokens: usage.prompt, CachedTokens: usage.cached,

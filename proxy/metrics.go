@@ -681,8 +681,9 @@ func (ex *exchange) observeRead(p []byte) {
 }
 
 // observeFinish records a request a replica answered, once its response has ended; err is
-// fasthttp's, non-nil when the client did not get the whole body.
-func (ex *exchange) observeFinish(err error) {
+// fasthttp's, non-nil when the client did not get the whole body; usage is what a 2xx answer
+// reported (finish parses it once for this and the learner).
+func (ex *exchange) observeFinish(err error, usage tokenUsage) {
 	so := &ex.svc.obs
 	if !so.on() {
 		return
@@ -690,12 +691,11 @@ func (ex *exchange) observeFinish(err error) {
 	o := &ex.obs
 	status := ex.resp.StatusCode()
 	duration := sinceStart(o.start)
-	ttft, usage := time.Duration(-1), unknownUsage
+	ttft := time.Duration(-1)
 	if status >= 200 && status < 300 {
 		if !o.firstByte.IsZero() && !o.start.IsZero() {
 			ttft = o.firstByte.Sub(o.start)
 		}
-		usage = parseUsage(o.tail.bytes())
 	}
 	streamErr := noUpstreamError
 	if ex.readErr != nil {

@@ -676,7 +676,7 @@ func BenchmarkObserveRequest(b *testing.B) {
 				ex.obs.start = time.Now() // fasthttp's handler call time, which ctx.Init leaves unset
 				ex.begin(snap.replicas[0], snap.clients[0])
 				ex.observeRead(benchBody)
-				ex.observeFinish(nil)
+				ex.observeFinish(nil, parseUsage(ex.obs.tail.bytes()))
 				ex.end()
 				ex.obs.reset()
 			}
@@ -857,7 +857,7 @@ func BenchmarkObserveStream(b *testing.B) {
 		for _, ev := range benchEvents {
 			ex.observeRead(ev)
 		}
-		ex.observeFinish(nil)
+		ex.observeFinish(nil, parseUsage(ex.obs.tail.bytes()))
 		ex.end()
 		ex.obs.reset()
 	}
