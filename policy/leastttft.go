@@ -166,6 +166,11 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 	if len(req.Prompt) > 0 {
 		blocks.hash(req.Model, req.Prompt)
 	}
+	tokens := int64(blocks.tokens)
+	exact := tokenMatch{req: req}
+	if len(req.Tokens) > 0 {
+		tokens = int64(len(req.Tokens))
+	}
 	var total int64
 	for _, r := range replicas {
 		total += r.InFlight.Load()
@@ -199,14 +204,14 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 		if float64(load+1) > bound {
 			continue
 		}
-		var cached int64
-		if blocks.n > 0 {
-			cached = min(int64(st.cache.depth(blocks.hashes[:blocks.n]))*cacheBlockTokens, int64(blocks.tokens))
-			shared = shared || cached > 0
+		cached, precise := exact.cached(r, now)
+		if !precise && blocks.n > 0 {
+			cached = min(int64(st.cache.depth(blocks.hashes[:blocks.n]))*cacheBlockTokens, tokens)
 		}
+		shared = shared || cached > 0
 		base, rate, hold := st.line(pooledBase, pooledRate, pooledHold)
 		ahead := st.ahead(r, load, now, p.staleAfter)
-		cost := base + rate*float64(int64(blocks.tokens)-cached)
+		cost := base + rate*float64(tokens-cached)
 		if batch := st.batch.Load(); ahead > 0 {
 			cost += float64(ahead) * hold / float64(batch)
 		}
@@ -232,10 +237,58 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 	if blocks.n > 0 {
 		bestState.cache.record(blocks.hashes[:blocks.n])
 	}
-	bestState.sentTokens.Add(int64(blocks.tokens))
-	bestState.expectedHits.Add(bestCached)
-	req.Estimate = Estimate{Tokens: int64(blocks.tokens), Cached: bestCached, Queued: bestAhead > 0}
+	precise := exact.claim(best, now)
+	if !precise {
+		bestState.sentTokens.Add(tokens)
+		bestState.expectedHits.Add(bestCached)
+	}
+	req.Estimate = Estimate{Tokens: tokens, Cached: bestCached, Queued: bestAhead > 0, Precise: precise}
 	return best
+}
+
+// tokenMatch matches a request's token ids against the engines' own reports of their caches
+// (KVBlocks), cutting them into an engine's blocks when the first replica with a live index
+// asks, and again only if another's block size differs.
+type tokenMatch struct {
+	req       *Request
+	blockSize int
+}
+
+// cached returns how many of the prompt's tokens r's engine holds, and whether it could tell:
+// false when the request has no token ids or r's engine has reported nothing.
+func (m *tokenMatch) cached(r *Replica, now int64) (int64, bool) {
+	kv := r.KV()
+	if kv == nil || len(m.req.Tokens) == 0 || !kv.Live() {
+		return 0, false
+	}
+	kv.mu.RLock()
+	defer kv.mu.RUnlock()
+	if !m.cut(kv.blockSize) {
+		return 0, false
+	}
+	return int64(kv.depthLocked(m.req.chain, now) * m.blockSize), true
+}
+
+// claim notes the request's blocks on the chosen replica's index (KVBlocks.claim) and reports
+// whether its estimate was the engine's.
+func (m *tokenMatch) claim(r *Replica, now int64) bool {
+	kv := r.KV()
+	if kv == nil || len(m.req.Tokens) == 0 || !kv.Live() || !m.cut(kv.BlockSize()) {
+		return false
+	}
+	kv.claim(m.req.chain, now)
+	return true
+}
+
+func (m *tokenMatch) cut(blockSize int) bool {
+	if blockSize <= 0 {
+		return false
+	}
+	if blockSize != m.blockSize {
+		m.req.chain = tokenChain(m.req.chain[:0], m.req.Tokens, blockSize)
+		m.blockSize = blockSize
+	}
+	return true
 }
 
 // pooledLine returns the line and hold learned over every replica, or the defaults.
@@ -261,7 +314,9 @@ func (p *leastTTFT) Learn(r *Replica, est Estimate, out Outcome) {
 	uncached := float64(est.Tokens - est.Cached)
 	if share, ok := out.cachedShare(); ok {
 		uncached = float64(est.Tokens) * (1 - share)
-		st.report(est, share, p.cacheTokens)
+		if !est.Precise { // the engine's events, not the byte index, made this estimate
+			st.report(est, share, p.cacheTokens)
+		}
 	}
 	if out.TTFT <= 0 || out.Total < out.TTFT || est.Queued {
 		return

@@ -49,9 +49,22 @@ type Request struct {
 	Prompt []byte
 	// Model is the body's "model" field, unquoted; empty when absent.
 	Model []byte
+	// Tokens are the prompt's token ids as the engine will see them (its /tokenize), when the
+	// proxy has them; pickers match them against the engines' own reports of their caches
+	// (Replica.KV) and fall back to Prompt's bytes where there are none.
+	Tokens []uint32
+	// chain is Tokens cut into an engine's blocks (tokenMatch), kept so that it allocates once
+	// per exchange, not per request: Reset keeps it.
+	chain []uint64
 	// Estimate is what a Learner's Pick noted about its choice; the proxy hands it back to
 	// Learn with the request's outcome. The last Pick of a retried request wins.
 	Estimate Estimate
+}
+
+// Reset empties the request for reuse, keeping the capacity of Tokens and of what Pick derives
+// from them.
+func (r *Request) Reset() {
+	*r = Request{Tokens: r.Tokens[:0], chain: r.chain[:0]}
 }
 
 // Estimate is a Learner's note about one pick, carried by the request until it ends.
@@ -61,6 +74,9 @@ type Estimate struct {
 	Tokens, Cached int64
 	// Queued is set when the picker expected the request to wait for a batch slot.
 	Queued bool
+	// Precise is set when Cached came from the engine's own report of its cache (KVBlocks)
+	// rather than the proxy's guess.
+	Precise bool
 }
 
 // Learner is an optional capability of a Picker: it learns from how the requests it placed

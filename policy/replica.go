@@ -50,6 +50,8 @@ type Replica struct {
 	cacheTokens   atomic.Int64
 	prefixQueries atomic.Uint64 // float64 bits
 	prefixHits    atomic.Uint64 // float64 bits
+	// kv is the engine's own report of its prefix cache, when the proxy hears its events.
+	kv atomic.Pointer[KVBlocks]
 }
 
 // Preparer is an optional capability of a Picker: it resolves per-replica constants once per

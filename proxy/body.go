@@ -12,6 +12,10 @@ import (
 type bodyFields struct {
 	Model  []byte
 	Prompt []byte
+	// Chat is set when Prompt is "messages"; Tools is the raw "tools" value, which a chat
+	// template renders into the prompt (tokenize.go).
+	Chat   bool
+	Tools  []byte
 	Stream bool
 }
 
@@ -25,6 +29,7 @@ var (
 	keyMessages = []byte("messages")
 	keyPrompt   = []byte("prompt")
 	keyStream   = []byte("stream")
+	keyTools    = []byte("tools")
 )
 
 // scanBody validates that body is one JSON object and returns its routing fields, in one pass
@@ -64,7 +69,9 @@ func scanBody(body []byte) (bodyFields, error) {
 				f.Model = val[1 : len(val)-1]
 			}
 		case bytes.Equal(key, keyMessages), bytes.Equal(key, keyPrompt):
-			f.Prompt = val
+			f.Prompt, f.Chat = val, key[0] == 'm'
+		case bytes.Equal(key, keyTools):
+			f.Tools = val
 		case jsonKeyIs(key, keyStream):
 			// The last "stream" wins, as in the replica's JSON decoder.
 			f.Stream = streamRequested(val)

@@ -44,8 +44,11 @@ type exchange struct {
 	// is on; streamSlot while it holds one of the service's stream slots (limits.go).
 	stream, streamSlot bool
 
-	// info is what the picker reads of the request; it aliases the client request's buffers.
+	// info is what the picker reads of the request; it aliases the client request's buffers
+	// (but for Tokens, its own). chat and tools are what /tokenize needs besides (tokenize.go).
 	info       policy.Request
+	chat       bool
+	tools      []byte
 	tried      []*policy.Replica
 	candidates []*policy.Replica
 	// slotWaited is set when the request waited in the proxy for a free slot (late binding)
@@ -254,7 +257,8 @@ func (s *Service) releaseExchange(ex *exchange) {
 	ex.sse, ex.pending = false, nil
 	ex.obs.reset()
 	ex.sentAt, ex.firstAt = time.Time{}, time.Time{}
-	ex.info = policy.Request{}
+	ex.info.Reset()
+	ex.chat, ex.tools = false, nil
 	clear(ex.tried) // do not pin replicas of old snapshots
 	ex.tried = ex.tried[:0]
 	ex.slotWaited = false

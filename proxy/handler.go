@@ -74,6 +74,7 @@ func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32) (*exchange, *snapsh
 		s.refuse(ctx, ex, fasthttp.StatusTooManyRequests, s.errs.overloaded)
 		return nil, nil
 	}
+	s.tokenize(ex, snap)
 	if s.slots != nil {
 		var refusal []byte
 		if snap, ex.slotWaited, refusal = s.awaitSlot(ctx, snap); snap == nil {
@@ -287,7 +288,7 @@ func (ex *exchange) pick(p policy.Picker, snap *snapshot, slots *slotQueue) *pol
 // object: routing cannot read it, and no replica would accept it either; unless the picker
 // takes the prompt as optional (policy.PromptOptional), when the request goes on without one.
 func (ex *exchange) describe(ctx *fasthttp.RequestCtx, needs policy.Needs, wantStream bool) bool {
-	ex.info = policy.Request{}
+	ex.info.Reset()
 	if needs&policy.NeedsSession != 0 {
 		ex.info.SessionID = ctx.Request.Header.PeekBytes(headerXSessionID)
 	}
@@ -299,6 +300,7 @@ func (ex *exchange) describe(ctx *fasthttp.RequestCtx, needs policy.Needs, wantS
 		}
 		if needsPrompt {
 			ex.info.Prompt, ex.info.Model = f.Prompt, f.Model
+			ex.chat, ex.tools = f.Chat, f.Tools
 		}
 		ex.stream = f.Stream
 	}

@@ -81,6 +81,7 @@ type Metrics struct {
 	promptTokens     *prometheus.CounterVec
 	completionTokens *prometheus.CounterVec
 	cachedTokens     *prometheus.CounterVec
+	tokenize         *prometheus.HistogramVec
 	gatewayErrors    *prometheus.CounterVec
 	requestsDesc     *prometheus.Desc
 	errorsDesc       *prometheus.Desc
@@ -154,6 +155,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "ferry_cached_prompt_tokens_total",
 			Help: "Prompt tokens the engine found in its prefix cache, as successful responses report them (usage.prompt_tokens_details.cached_tokens); divided by ferry_prompt_tokens_total of the same responses, the prefix-cache hit rate routing achieved.",
 		}, []string{"service"}),
+		tokenize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ferry_tokenize_duration_seconds",
+			Help:    "Round trips to a replica's /tokenize for a request's token ids, made before the pick when the engines report their KV caches, by result (ok, or failed: the request was matched by bytes instead).",
+			Buckets: ttftBuckets,
+		}, []string{"service", "result"}),
 		gatewayErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ferry_gateway_errors_total",
 			Help: "Requests the shared gateway answered itself, before any service: unknown model, no model, bad JSON, unknown path.",
@@ -169,7 +175,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		health:   newHealthMetrics(),
 	}
 	collectors := []prometheus.Collector{m.duration, m.ttft, m.tpot, m.inFlight, m.waiting, m.queued, m.slotWait, m.retries, m.clientAborts, m.promptTokens,
-		m.completionTokens, m.cachedTokens, m.gatewayErrors, replicaCollector{m}, m.health}
+		m.completionTokens, m.cachedTokens, m.tokenize, m.gatewayErrors, replicaCollector{m}, m.health}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range collectors[:i] {
@@ -198,6 +204,8 @@ type serviceMetrics struct {
 	promptTokens     prometheus.Counter
 	completionTokens prometheus.Counter
 	cachedTokens     prometheus.Counter
+	tokenizeOK       prometheus.Observer
+	tokenizeFailed   prometheus.Observer
 	// none counts the requests the proxy answered itself.
 	none *replicaMetrics
 }
@@ -225,6 +233,8 @@ func (m *Metrics) acquireService(name string) *serviceMetrics {
 		promptTokens:     m.promptTokens.WithLabelValues(name),
 		completionTokens: m.completionTokens.WithLabelValues(name),
 		cachedTokens:     m.cachedTokens.WithLabelValues(name),
+		tokenizeOK:       m.tokenize.WithLabelValues(name, "ok"),
+		tokenizeFailed:   m.tokenize.WithLabelValues(name, "failed"),
 		none:             m.acquireReplicaLocked(name, replicaNone),
 	}
 	m.services[name] = sm
@@ -247,6 +257,7 @@ func (sm *serviceMetrics) release() {
 	} {
 		vec.DeleteLabelValues(sm.name)
 	}
+	m.tokenize.DeletePartialMatch(prometheus.Labels{"service": sm.name})
 	sm.none.releaseLocked()
 }
 
@@ -541,6 +552,17 @@ func (o *observability) queueEnd(since time.Time) {
 	if o.metrics != nil {
 		o.metrics.queued.Dec()
 		o.metrics.slotWait.Observe(time.Since(since).Seconds())
+	}
+}
+
+// observeTokenize records a /tokenize round trip (tokenize.go).
+func (o *observability) observeTokenize(took time.Duration, err error) {
+	switch {
+	case o.metrics == nil:
+	case err == nil:
+		o.metrics.tokenizeOK.Observe(took.Seconds())
+	default:
+		o.metrics.tokenizeFailed.Observe(took.Seconds())
 	}
 }
 

@@ -127,6 +127,10 @@ type ServiceConfig struct {
 	// RateLimit, when enabled, admits each API key's requests (each client address's without
 	// APIKeyHashes) through a token bucket; more get 429 with Retry-After (ratelimit.go).
 	RateLimit RateLimit
+	// KVEvents, when set, gives the index each replica's engine reports its KV cache to (its
+	// KV-cache events): a picker that reads prompts then matches their token ids, which the
+	// proxy asks the engine's /tokenize for (tokenize.go). Nil: prompts are matched by bytes.
+	KVEvents KVIndexes
 	// TLS, when set, makes Serve terminate TLS on every listener (see LoadTLS).
 	TLS *tls.Config
 	// Guard applies the process's ClientLimits (connections, request bodies being read) to this
@@ -292,6 +296,8 @@ type Service struct {
 	waiting  atomic.Int64
 	// lastCold is when OnColdRequest was last called, in unix nanoseconds.
 	lastCold atomic.Int64
+	// tokenizeNext turns the replicas asked for token ids (tokenize.go).
+	tokenizeNext atomic.Uint32
 	// exchanges pools per-request state, including the upstream request and response.
 	exchanges sync.Pool
 	// clientWatch holds the exchanges whose clients are watched for leaving (clientwatch.go).
@@ -468,6 +474,9 @@ func (s *Service) SetBackends(bs []Backend) {
 			// Identity fields are read without locks by pickers, so a relabelled replica (same
 			// address, new id or version) gets a fresh Replica instead of a mutated one.
 			replica = &policy.Replica{ID: b.ID, Addr: b.Addr, Accelerator: b.Accelerator, Version: b.Version}
+			if s.cfg.KVEvents != nil {
+				replica.SetKV(s.cfg.KVEvents.For(b.Addr))
+			}
 			learned = &learnedCap{}
 		}
 		next.replicas = append(next.replicas, replica)

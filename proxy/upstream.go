@@ -47,6 +47,8 @@ type hostClient struct {
 	// binder tells a connection which exchange it carries (clientwatch.go). Only the handler's
 	// Do may use hc: other requests to the replica go through clients of their own.
 	binder binder
+	// tokenize is the client for the replica's /tokenize, made when first needed (tokenize.go).
+	tokenize atomic.Pointer[fasthttp.HostClient]
 }
 
 func (c *hostClient) acquire() { c.active.Add(1) }
@@ -64,6 +66,9 @@ func (c *hostClient) release() {
 // snapshot may still use it; it dials if needed and its release closes the connection again.
 func (c *hostClient) retire() {
 	c.retired.Store(true)
+	if hc := c.tokenize.Load(); hc != nil {
+		hc.CloseIdleConnections()
+	}
 	if c.active.Load() == 0 {
 		c.hc.CloseIdleConnections()
 		c.dropMetrics()

@@ -21,6 +21,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/policy"
 	"github.com/ferryserve/ferry/proxy"
+	"github.com/ferryserve/ferry/proxy/kvevents"
 )
 
 func init() { register(newProxyCmd) }
@@ -43,6 +44,7 @@ type proxyFlags struct {
 	maxBodyMB       int
 	idleTimeout     time.Duration
 	metricsListen   string
+	kvEvents        string
 	// metricsTokenFile holds the bearer token /metrics requires; empty: none.
 	metricsTokenFile string
 	maxStreams       int
@@ -76,7 +78,10 @@ type proxyOptions struct {
 	metricsListen string
 	// metricsToken, when set, is the bearer token /metrics requires.
 	metricsToken string
-	accessLog    bool
+	// kvEvents, when set, is the ZeroMQ endpoint the proxy binds for the engines' KV-cache
+	// events (proxy/kvevents).
+	kvEvents  string
+	accessLog bool
 	// clientLimits are the process's, shared by its listeners (proxy.Guard).
 	clientLimits proxy.ClientLimits
 	// attach is the service followed through the controller (attach.go); service then holds
@@ -149,6 +154,11 @@ func newProxyCmd() *cobra.Command {
   # Two local vLLM servers behind one endpoint
   ferry proxy --listen 127.0.0.1:8000 --replica http://127.0.0.1:9001 --replica 127.0.0.1:9002
 
+  # Route by what each vLLM engine reports it caches (its KV-cache events, published to
+  # the proxy; each engine runs with --kv-events-config '{"enable_kv_cache_events":true,
+  # "publisher":"zmq","endpoint":"tcp://127.0.0.1:5557","topic":"kv@127.0.0.1:9001@llama"}')
+  ferry proxy --kv-events-listen tcp://127.0.0.1:5557 --replica 127.0.0.1:9001 --replica 127.0.0.1:9002
+
   # Require an API key and serve HTTPS
   FERRY_API_KEY=sk-... ferry proxy --api-key-env FERRY_API_KEY --tls-cert cert.pem --tls-key key.pem \
     --replica 127.0.0.1:9001
@@ -207,6 +217,7 @@ func (f *proxyFlags) define(fl *pflag.FlagSet) {
 	fl.IntVar(&f.maxBodyMB, "max-body-mb", proxy.DefaultMaxRequestBodySize>>20, "largest request body accepted, in MiB")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", proxy.DefaultIdleTimeout, "how long a replica or client may stay silent mid-request")
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve Prometheus /metrics and /healthz on this address, host:port (default: off)")
+	fl.StringVar(&f.kvEvents, "kv-events-listen", "", "bind this ZeroMQ endpoint, tcp://HOST:PORT, for the replicas' vLLM KV-cache events (--kv-events-config with \"endpoint\": \"tcp://THIS:PORT\", \"topic\": \"kv@REPLICA_HOST:REPLICA_PORT@MODEL\"); least_ttft then matches prompts' token ids, from the replicas' /tokenize, against what each engine reports it holds (default: off)")
 	fl.StringVar(&f.metricsTokenFile, "metrics-token-file", "", "require this file's token as \"Authorization: Bearer\" on /metrics (/healthz stays open)")
 	fl.BoolVar(&f.accessLog, "access-log", false, "log one line per request (sampled under load)")
 	fl.IntVar(&f.maxConns, "max-connections", 0, "refuse client connections beyond this many open at once, with 503 (0: half the process's file-descriptor limit)")
@@ -223,6 +234,7 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		shutdownTimeout: f.shutdownTimeout,
 		service:         proxy.ServiceConfig{Name: f.name, Policy: f.policy},
 		metricsListen:   f.metricsListen,
+		kvEvents:        f.kvEvents,
 		accessLog:       f.accessLog,
 	}
 	errs := f.parseServing(&opts)
@@ -259,6 +271,11 @@ func (f proxyFlags) parseServing(opts *proxyOptions) []error {
 	}
 	if _, _, err := net.SplitHostPort(f.listen); err != nil {
 		errs = append(errs, fmt.Errorf("--listen %q: %w", f.listen, err))
+	}
+	if rest, ok := strings.CutPrefix(f.kvEvents, "tcp://"); f.kvEvents != "" {
+		if _, _, err := net.SplitHostPort(rest); !ok || err != nil {
+			errs = append(errs, fmt.Errorf("--kv-events-listen %q: want tcp://HOST:PORT", f.kvEvents))
+		}
 	}
 	if f.metricsListen != "" {
 		if _, port, err := net.SplitHostPort(f.metricsListen); err != nil {
@@ -504,37 +521,64 @@ func serveProxy(ctx context.Context, opts proxyOptions, ln, adminLn net.Listener
 }
 
 // proxyBaseConfig is the part of a service's proxy configuration that comes from the command
-// line: name, TLS, the process's client limits, logs and metrics (served on adminLn unless it is
-// nil). stop ends the admin listener.
+// line: name, TLS, the process's client limits, logs, metrics (served on adminLn unless it is
+// nil) and the engines' KV-cache events. stop ends the admin listener and the events' socket.
 func proxyBaseConfig(opts proxyOptions, adminLn net.Listener, log *zap.Logger) (cfg proxy.ServiceConfig, stop func(), err error) {
 	cfg = opts.service
-	if cfg.Guard, err = proxy.NewGuard(opts.clientLimits); err != nil {
-		if adminLn != nil {
-			adminLn.Close()
+	var stops []func()
+	stop = func() {
+		for i := len(stops) - 1; i >= 0; i-- {
+			stops[i]()
 		}
+	}
+	defer func() {
+		if err != nil {
+			stop()
+			if adminLn != nil {
+				adminLn.Close()
+			}
+		}
+	}()
+	if cfg.Guard, err = proxy.NewGuard(opts.clientLimits); err != nil {
 		return cfg, nil, err
 	}
 	cfg.Logger = log
 	if opts.accessLog {
 		cfg.AccessLog = log.Named("access")
 	}
+	var events *kvevents.Listener
+	if opts.kvEvents != "" {
+		if events, err = kvevents.Listen(opts.kvEvents, log.Named("kvevents")); err != nil {
+			return cfg, nil, fmt.Errorf("--kv-events-listen: %w", err)
+		}
+		cfg.KVEvents = events
+		stops = append(stops, func() { events.Close() })
+		log.Info("listening for the replicas' KV-cache events", zap.String("endpoint", events.Endpoint()))
+	}
 	if adminLn == nil {
-		return cfg, func() {}, nil
+		return cfg, stop, nil
 	}
 	reg, metrics, err := proxy.NewRegistry()
 	if err != nil {
-		adminLn.Close()
 		return cfg, nil, err
+	}
+	if events != nil {
+		for _, c := range events.Collectors() {
+			if err = reg.Register(c); err != nil {
+				return cfg, nil, err
+			}
+		}
 	}
 	cfg.Metrics = metrics
 	stopAdmin := proxy.ServeAdmin(adminLn, reg, opts.metricsToken, log.Named("metrics"))
 	log.Info("metrics serving", zap.String("endpoint", "http://"+adminLn.Addr().String()+"/metrics"), zap.Bool("token_required", opts.metricsToken != ""))
 	// Metrics stay up while requests drain; a scrape still running at exit is cut off.
-	return cfg, func() {
+	stops = append(stops, func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		stopAdmin(ctx)
-	}, nil
+	})
+	return cfg, stop, nil
 }
 
 // newCLILogger logs human-readable lines to stderr.

@@ -34,6 +34,7 @@ var importRules = []importRule{
 	{"jobs", []string{"configs", "launcher"}},               // never learns which cloud runs a node, nor that services exist
 	{"proxy", []string{"policy"}},
 	{"proxy/attach", []string{"configs", "proxy", "internal/rpc", "internal/home"}}, // the standalone proxy links neither jobs, replicas nor launcher
+	{"proxy/kvevents", []string{"policy"}},                                          // the engines' KV-cache events, decoded into policy.KVBlocks
 	{"internal/rpc", []string{"internal/home"}},                                     // tokens, routes, errors, dialing: no domain
 	{"internal/api", []string{"configs", "internal/home", "internal/rpc", "jobs", "launcher", "replicas"}}, // routes; the proxy is not its business; launcher for infra health and leftovers
 	{"internal/store", []string{"configs", "jobs", "launcher", "replicas", "internal/store"}},              // kubestore and storetest build on the interface; launcher for the leftovers ledger
