@@ -40,6 +40,9 @@ type metrics struct {
 	requestCount     prometheus.Counter   // TGI's tgi_request_count: every completion request
 	queueDuration    prometheus.Histogram // TGI's tgi_request_queue_duration: wait for a batch slot
 	handler          http.Handler         // serves the Prometheus text format
+	// tokenizeRequests counts /tokenize calls: vLLM does not, and a consumer's tokenizer
+	// cache should show in it.
+	tokenizeRequests prometheus.Counter
 }
 
 // newMetrics registers engine's series; the gauges read the live values through the callbacks.
@@ -75,7 +78,10 @@ func newMetrics(engine, signals, model string, kvBlocks int, running, waiting, k
 			Name: "tgi_request_queue_duration", Help: "Time a request spent in the queue, in seconds.",
 			Buckets: tgiDurationBuckets,
 		}),
+		tokenizeRequests: prometheus.NewCounter(prometheus.CounterOpts{Name: "replicasim_tokenize_requests_total", Help: "Requests to /tokenize."}),
 	}
+	// Whatever the engine: the simulator always serves /tokenize.
+	m.registry.MustRegister(m.tokenizeRequests)
 	if engine == EngineTGI {
 		// TGI has no KV-cache usage gauge and no prefix-cache counters.
 		m.registry.MustRegister(

@@ -149,6 +149,10 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		if allow(w, r, http.MethodGet) {
 			s.metrics.handler.ServeHTTP(w, r)
 		}
+	case "/tokenize":
+		if allow(w, r, http.MethodPost) {
+			s.tokenize(w, r)
+		}
 	case "/v1/models":
 		if allow(w, r, http.MethodGet) {
 			s.writeModels(w)
