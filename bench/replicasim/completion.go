@@ -140,7 +140,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	if seq.sleep(s.cfg.TTFT+time.Duration(promptTokens-cachedTokens)*s.cfg.PrefillPerToken+slow) != nil {
 		return
 	}
-	s.cache.insert(sc.hashes, int(s.genBlocksUsed.Load()))
+	s.cache.insert(sc.hashes, sc.prompt, int(s.genBlocksUsed.Load()))
 	s.metrics.promptTokens.Add(float64(promptTokens))
 	s.metrics.ttft.Observe(time.Since(start).Seconds())
 
