@@ -397,3 +397,34 @@ func TestKVEventsWithoutSubscriber(t *testing.T) {
 		t.Fatal("Serve did not return within 5s of its context ending")
 	}
 }
+
+// POST /reset_prefix_cache empties the cache and publishes AllBlocksCleared alone.
+func TestKVEventsResetPrefixCache(t *testing.T) {
+	for _, encoding := range []string{KVEventsMap, KVEventsArray} {
+		t.Run(encoding, func(t *testing.T) {
+			sub := startKVSubscriber(t)
+			cfg := fastConfig()
+			cfg.KVEvents, cfg.KVEventsEncoding = sub.endpoint, encoding
+			s, base := serveReplica(t, cfg)
+			waitFor(t, "the subscriber's subscription", s.kvEvents.subscribed)
+			prompt := fmt.Sprintf(`{"prompt":%q,"max_tokens":1}`, strings.Repeat("r", 2*blockChars))
+			mustPost(t, base+"/v1/completions", prompt)
+			sub.next(t)
+
+			if r := mustPost(t, base+"/reset_prefix_cache", ""); r.status != 200 || len(r.body) != 0 {
+				t.Fatalf("/reset_prefix_cache: status %d body %q, want an empty 200", r.status, r.body)
+			}
+			m := decodeKVMessage(t, sub.next(t))
+			if m.seq != 1 || len(m.events) != 1 || m.events[0].typ != "AllBlocksCleared" || len(m.events[0].fields) > 1 {
+				t.Fatalf("seq %d events %+v, want seq 1 and one bare AllBlocksCleared", m.seq, m.events)
+			}
+			if s.cache.len() != 0 {
+				t.Errorf("%d blocks cached after the reset", s.cache.len())
+			}
+			mustPost(t, base+"/v1/completions", prompt) // stored anew, from its first block
+			if m := decodeKVMessage(t, sub.next(t)); len(m.events) != 1 || m.events[0].fields["parent_block_hash"] != nil || len(m.events[0].hashes(t)) != 2 {
+				t.Errorf("after the reset: events %+v, want both blocks stored again", m.events)
+			}
+		})
+	}
+}

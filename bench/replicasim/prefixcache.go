@@ -181,6 +181,18 @@ func (c *prefixCache) recorded(hashes []uint64, prompt []byte) *kvBatch {
 	return &b
 }
 
+// reset drops every cached block, as vLLM's reset_prefix_cache does, and tells subscribers
+// with AllBlocksCleared.
+func (c *prefixCache) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.set = blocklru.New(min(c.capacity, 1<<16))
+	clear(c.slots)
+	if c.events != nil {
+		c.events(&kvBatch{ts: time.Now(), cleared: true})
+	}
+}
+
 // len is the number of cached blocks.
 func (c *prefixCache) len() int {
 	c.mu.Lock()

@@ -158,6 +158,13 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		if allow(w, r, http.MethodGet) {
 			s.metrics.handler.ServeHTTP(w, r)
 		}
+	case "/reset_prefix_cache":
+		// vLLM's (with VLLM_SERVER_DEV_MODE=1): an empty 200. A consumer of KV events can
+		// test AllBlocksCleared with it.
+		if allow(w, r, http.MethodPost) {
+			s.cache.reset()
+			w.WriteHeader(http.StatusOK)
+		}
 	case "/tokenize":
 		if allow(w, r, http.MethodPost) {
 			s.tokenize(w, r)
