@@ -70,8 +70,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 		return
 	}
 	if req.Model != "" && req.Model != s.cfg.Model {
-		writeAPIError(w, &apiError{status: http.StatusNotFound, typ: "invalid_request_error", code: "model_not_found",
-			message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", req.Model)})
+		writeAPIError(w, modelNotFound(req.Model))
 		return
 	}
 	promptTokens := estimateTokens(sc.prompt)
@@ -141,7 +140,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	if seq.sleep(s.cfg.TTFT+time.Duration(promptTokens-cachedTokens)*s.cfg.PrefillPerToken+slow) != nil {
 		return
 	}
-	s.cache.insert(sc.hashes, int(s.genBlocksUsed.Load()))
+	s.cache.insert(sc.hashes, sc.prompt, int(s.genBlocksUsed.Load()))
 	s.metrics.promptTokens.Add(float64(promptTokens))
 	s.metrics.ttft.Observe(time.Since(start).Seconds())
 

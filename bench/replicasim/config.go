@@ -84,6 +84,18 @@ type Config struct {
 	// Seed makes generated text, ids and failure injection reproducible.
 	Seed int64
 
+	// KVEvents, when set, is the ZMQ endpoint the replica publishes vLLM's KV-cache events to
+	// (BlockStored and BlockRemoved for every change to its prefix cache), so that a consumer
+	// of vLLM's --kv-events-config can be tested against the real wire format. vLLM's rule
+	// applies: an endpoint with "*" or "::", or ipc:// or inproc://, is bound; any other is
+	// connected to, as an engine connects to a router's bound subscriber.
+	KVEvents string
+	// KVEventsTopic is the topic frame of every message; empty means llm-d's
+	// kv@HOST:PORT@MODEL, from the address the replica listens on and its model.
+	KVEventsTopic string
+	// KVEventsEncoding is KVEventsMap (current vLLM) or KVEventsArray (older vLLM).
+	KVEventsEncoding string
+
 	// ExitFunc is how ExitAfter crashes; tests set it to observe the crash without dying. Nil
 	// means os.Exit.
 	ExitFunc func(code int)
@@ -129,6 +141,8 @@ func DefaultConfig() Config {
 		MaxTokens:       64,
 		KVCacheBlocks:   4096,
 		Seed:            1,
+
+		KVEventsEncoding: KVEventsMap,
 	}
 }
 
@@ -153,6 +167,9 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.FaultsFile, "faults-file", c.FaultsFile, "file of fault flags (--error-rate, --hang-rate, --slow-rate, --slow-delay, --flap-period) re-read every 100ms while running; they override the command line's until the file is removed")
 	fs.IntVar(&c.ExitAfter, "exit-after", c.ExitAfter, "crash (exit 1) after this many completions; 0 never")
 	fs.Int64Var(&c.Seed, "seed", c.Seed, "random seed for generated text, ids and failure injection")
+	fs.StringVar(&c.KVEvents, "kv-events", c.KVEvents, "ZMQ endpoint to publish vLLM's KV-cache events to (BlockStored/BlockRemoved, msgpack); with * or ::, or ipc:// or inproc://, it is bound, otherwise connected to (e.g. tcp://router:5557); empty publishes none")
+	fs.StringVar(&c.KVEventsTopic, "kv-events-topic", c.KVEventsTopic, "topic of the KV-event messages; empty means kv@HOST:PORT@MODEL")
+	fs.StringVar(&c.KVEventsEncoding, "kv-events-encoding", c.KVEventsEncoding, "msgpack shape of the KV events: map (current vLLM) or array (older vLLM's array_like structs)")
 }
 
 // Validate reports every invalid field at once, naming the flag, the value and the rule.
@@ -199,6 +216,14 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.faultErrors()...)
 	if c.ExitAfter < 0 {
 		bad("exit-after", c.ExitAfter, "must not be negative")
+	}
+	if c.KVEvents != "" {
+		if err := kvEndpointError(c.KVEvents); err != nil {
+			bad("kv-events", strconv.Quote(c.KVEvents), err.Error())
+		}
+	}
+	if c.KVEventsEncoding != KVEventsMap && c.KVEventsEncoding != KVEventsArray {
+		bad("kv-events-encoding", strconv.Quote(c.KVEventsEncoding), "must be "+KVEventsMap+" or "+KVEventsArray)
 	}
 	return errors.Join(errs...)
 }

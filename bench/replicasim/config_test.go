@@ -34,6 +34,7 @@ func TestRegisterFlags(t *testing.T) {
 		"--ttft=1s", "--prefill-per-token=1ms", "--itl=20ms", "--itl-per-seq=2ms", "--max-tokens=10",
 		"--kv-blocks=100", "--startup-delay=3s", "--error-rate=0.1", "--hang-rate=0.2", "--exit-after=5", "--seed=7",
 		"--slow-rate=0.3", "--slow-delay=2s", "--flap-period=4s", "--faults-file=/run/faults", "--signals=basic",
+		"--kv-events=tcp://router:5557", "--kv-events-topic=kv@10.0.0.1:8000@m", "--kv-events-encoding=array",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -43,6 +44,7 @@ func TestRegisterFlags(t *testing.T) {
 		TTFT: time.Second, PrefillPerToken: time.Millisecond, ITL: 20 * time.Millisecond, ITLPerSeq: 2 * time.Millisecond,
 		MaxTokens: 10, KVCacheBlocks: 100, StartupDelay: 3 * time.Second, ErrorRate: 0.1, HangRate: 0.2, ExitAfter: 5, Seed: 7,
 		SlowRate: 0.3, SlowDelay: 2 * time.Second, FlapPeriod: 4 * time.Second, FaultsFile: "/run/faults", Signals: SignalsBasic,
+		KVEvents: "tcp://router:5557", KVEventsTopic: "kv@10.0.0.1:8000@m", KVEventsEncoding: KVEventsArray,
 	}
 	if diff := cmp.Diff(want, cfg, cmpopts.IgnoreFields(Config{}, "ExitFunc", "OnListen")); diff != "" {
 		t.Errorf("parsed config (-want +got):\n%s", diff)

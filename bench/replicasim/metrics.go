@@ -40,6 +40,11 @@ type metrics struct {
 	requestCount     prometheus.Counter   // TGI's tgi_request_count: every completion request
 	queueDuration    prometheus.Histogram // TGI's tgi_request_queue_duration: wait for a batch slot
 	handler          http.Handler         // serves the Prometheus text format
+	// The simulator's own counters for what vLLM does not count: /tokenize calls and the
+	// KV-event batches published or dropped on a full queue.
+	tokenizeRequests prometheus.Counter
+	kvEventBatches   prometheus.Counter
+	kvEventsDropped  prometheus.Counter
 }
 
 // newMetrics registers engine's series; the gauges read the live values through the callbacks.
@@ -75,7 +80,12 @@ func newMetrics(engine, signals, model string, kvBlocks int, running, waiting, k
 			Name: "tgi_request_queue_duration", Help: "Time a request spent in the queue, in seconds.",
 			Buckets: tgiDurationBuckets,
 		}),
+		tokenizeRequests: prometheus.NewCounter(prometheus.CounterOpts{Name: "replicasim_tokenize_requests_total", Help: "Requests to /tokenize."}),
+		kvEventBatches:   prometheus.NewCounter(prometheus.CounterOpts{Name: "replicasim_kv_event_batches_total", Help: "KV-cache event batches handed to the ZMQ socket (--kv-events)."}),
+		kvEventsDropped:  prometheus.NewCounter(prometheus.CounterOpts{Name: "replicasim_kv_events_dropped_total", Help: "KV-cache event batches dropped because the publisher's queue was full."}),
 	}
+	// Engine-independent: both engines serve /tokenize and can publish events.
+	m.registry.MustRegister(m.tokenizeRequests, m.kvEventBatches, m.kvEventsDropped)
 	if engine == EngineTGI {
 		// TGI has no KV-cache usage gauge and no prefix-cache counters.
 		m.registry.MustRegister(

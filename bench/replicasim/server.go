@@ -31,9 +31,10 @@ type Server struct {
 	faults    atomic.Pointer[activeFaults]
 	exit      func(int)
 
-	sched   *scheduler
-	cache   *prefixCache
-	metrics *metrics
+	sched    *scheduler
+	cache    *prefixCache
+	metrics  *metrics
+	kvEvents *kvPublisher // nil unless Config.KVEvents is set
 	// kvBlocksUsed is the number of KV blocks held by running sequences (prompt plus generated
 	// tokens, 16 per block); over KVCacheBlocks it is vllm:kv_cache_usage_perc.
 	kvBlocksUsed atomic.Int64
@@ -80,6 +81,9 @@ func NewServer(cfg Config) *Server {
 	for _, d := range []*time.Duration{&cfg.TTFT, &cfg.PrefillPerToken, &cfg.ITL, &cfg.ITLPerSeq, &cfg.StartupDelay} {
 		*d = max(*d, 0)
 	}
+	if cfg.KVEventsEncoding != KVEventsArray {
+		cfg.KVEventsEncoding = KVEventsMap
+	}
 	f := cfg.faults().clamped()
 	cfg.ErrorRate, cfg.HangRate, cfg.SlowRate, cfg.SlowDelay, cfg.FlapPeriod = f.ErrorRate, f.HangRate, f.SlowRate, f.SlowDelay, f.FlapPeriod
 
@@ -90,7 +94,6 @@ func NewServer(cfg Config) *Server {
 		modelSeed: xxhash.Sum64String(cfg.Model),
 		exit:      cfg.ExitFunc,
 		sched:     newScheduler(cfg.MaxNumSeqs, cfg.MaxWaiting),
-		cache:     newPrefixCache(cfg.KVCacheBlocks),
 		rng:       rand.New(rand.NewPCG(uint64(cfg.Seed), 0x6665727279)), // "ferry"
 		stopping:  make(chan struct{}),
 	}
@@ -105,6 +108,12 @@ func NewServer(cfg Config) *Server {
 		func() float64 { return float64(s.sched.waitingGauge.Load()) },
 		s.kvCacheUsage,
 	)
+	var events func(*kvBatch)
+	if cfg.KVEvents != "" {
+		s.kvEvents = newKVPublisher(cfg.KVEvents, cfg.KVEventsEncoding, s.metrics)
+		events = s.kvEvents.publish
+	}
+	s.cache = newPrefixCache(cfg.KVCacheBlocks, events)
 	return s
 }
 
@@ -148,6 +157,17 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/metrics":
 		if allow(w, r, http.MethodGet) {
 			s.metrics.handler.ServeHTTP(w, r)
+		}
+	case "/reset_prefix_cache":
+		// vLLM's (with VLLM_SERVER_DEV_MODE=1): an empty 200. A consumer of KV events can
+		// test AllBlocksCleared with it.
+		if allow(w, r, http.MethodPost) {
+			s.cache.reset()
+			w.WriteHeader(http.StatusOK)
+		}
+	case "/tokenize":
+		if allow(w, r, http.MethodPost) {
+			s.tokenize(w, r)
 		}
 	case "/v1/models":
 		if allow(w, r, http.MethodGet) {
@@ -223,7 +243,18 @@ func (s *Server) stop() {
 
 // Serve answers requests on ln until ctx ends, then shuts down gracefully: it stops accepting,
 // lets in-flight sequences finish without further simulated delay, and returns nil. It closes ln.
+// With Config.KVEvents it publishes the prefix cache's changes meanwhile, and a publisher
+// endpoint it cannot bind fails it at once.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if s.kvEvents != nil {
+		// Started first so that it stops last, after the handlers that publish have returned.
+		stopEvents, err := s.startKVEvents(ln.Addr())
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
+		defer stopEvents()
+	}
 	srv := &http.Server{
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -271,4 +302,28 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.OnListen(ln.Addr())
 	}
 	return NewServer(cfg).Serve(ctx, ln)
+}
+
+// startKVEvents opens the event publisher's socket and runs it until the returned stop, which
+// sends what is still queued. addr, where the replica listens, names the default topic.
+func (s *Server) startKVEvents(addr net.Addr) (stop func(), err error) {
+	topic := s.cfg.KVEventsTopic
+	if topic == "" {
+		hostPort := addr.String()
+		if tcp, ok := addr.(*net.TCPAddr); ok && s.cfg.Host != "" {
+			hostPort = net.JoinHostPort(s.cfg.Host, strconv.Itoa(tcp.Port))
+		}
+		topic = "kv@" + hostPort + "@" + s.cfg.Model
+	}
+	sock, err := s.kvEvents.open()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.kvEvents.run(ctx, sock, []byte(topic))
+	}()
+	return func() { cancel(); <-done }, nil
 }

@@ -411,8 +411,8 @@ func TestPrefixCacheIsScopedByModel(t *testing.T) {
 	prompt := []byte(strings.Repeat("x", 10*blockChars))
 	a := blockHashes(nil, 1, prompt)
 	b := blockHashes(nil, 2, prompt)
-	c := newPrefixCache(100)
-	c.insert(a, 0)
+	c := newPrefixCache(100, nil)
+	c.insert(a, nil, 0)
 	if got := c.match(b, len(b)); got != 0 {
 		t.Errorf("another model's blocks matched %d, want 0", got)
 	}
@@ -422,12 +422,12 @@ func TestPrefixCacheIsScopedByModel(t *testing.T) {
 }
 
 func TestPrefixCacheLRU(t *testing.T) {
-	c := newPrefixCache(3)
-	c.insert([]uint64{1, 2, 3}, 0)                // freed last block first: 1 is the most recent, 3 the oldest
+	c := newPrefixCache(3, nil)
+	c.insert([]uint64{1, 2, 3}, nil, 0)           // freed last block first: 1 is the most recent, 3 the oldest
 	if got := c.match([]uint64{2}, 1); got != 1 { // 2 becomes most recent; 3 is still the oldest
 		t.Fatalf("match(2) = %d", got)
 	}
-	c.insert([]uint64{4}, 0)
+	c.insert([]uint64{4}, nil, 0)
 	if c.len() != 3 {
 		t.Fatalf("len = %d, want capacity 3", c.len())
 	}
@@ -448,9 +448,9 @@ func TestPrefixCacheLRU(t *testing.T) {
 // finished request's blocks last block first: under pressure a conversation keeps the
 // longest prefix that fits, instead of losing its first block and with it every later one.
 func TestPrefixCacheEvictsTailsFirst(t *testing.T) {
-	c := newPrefixCache(6)
-	c.insert([]uint64{1, 2, 3, 4}, 0)
-	c.insert([]uint64{10, 11, 12}, 0) // one block over: the oldest is the first chain's tail
+	c := newPrefixCache(6, nil)
+	c.insert([]uint64{1, 2, 3, 4}, nil, 0)
+	c.insert([]uint64{10, 11, 12}, nil, 0) // one block over: the oldest is the first chain's tail
 	if got := c.match([]uint64{1, 2, 3, 4}, 4); got != 3 {
 		t.Errorf("first chain after one eviction: matched %d, want 3 (its tail went)", got)
 	}
@@ -462,9 +462,9 @@ func TestPrefixCacheEvictsTailsFirst(t *testing.T) {
 // Blocks that running sequences hold for their generated tokens are not free for cached
 // prefixes: an insert under such pressure evicts down to what is left.
 func TestPrefixCacheShrinksUnderKVPressure(t *testing.T) {
-	c := newPrefixCache(10)
-	c.insert([]uint64{1, 2, 3, 4, 5, 6, 7, 8}, 0)
-	c.insert([]uint64{20, 21}, 6) // 6 blocks reserved: 4 left for the cache
+	c := newPrefixCache(10, nil)
+	c.insert([]uint64{1, 2, 3, 4, 5, 6, 7, 8}, nil, 0)
+	c.insert([]uint64{20, 21}, nil, 6) // 6 blocks reserved: 4 left for the cache
 	if c.len() != 4 {
 		t.Fatalf("len = %d, want 4 (capacity 10 less 6 reserved)", c.len())
 	}
@@ -474,7 +474,7 @@ func TestPrefixCacheShrinksUnderKVPressure(t *testing.T) {
 	if got := c.match([]uint64{1, 2, 3, 4, 5, 6, 7, 8}, 8); got != 2 {
 		t.Errorf("the old chain under pressure: matched %d, want its first 2 blocks", got)
 	}
-	c.insert([]uint64{30, 31, 32, 33, 34}, 100) // reserved beyond capacity: the prompt itself stays
+	c.insert([]uint64{30, 31, 32, 33, 34}, nil, 100) // reserved beyond capacity: the prompt itself stays
 	if got := c.match([]uint64{30, 31, 32, 33, 34}, 5); got != 5 {
 		t.Errorf("a prompt under full pressure keeps its own blocks: matched %d, want 5", got)
 	}
