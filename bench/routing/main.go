@@ -100,7 +100,7 @@ func parseFlags(args []string) (options, error) {
 	fs.Float64Var(&o.workload.Speedup, "speedup", 3, "divide the trace's inter-arrival times by this")
 	fs.IntVar(&o.replicas, "replicas", 4, "replica-sim processes")
 	fs.StringSliceVar(&o.policies, "policies", []string{defaultPolicy, roundRobinBaseline, "least_load", "least_load@" + lateBindingOff, "power_of_two", "session_affinity", "prefix_affinity", "llm_aware", "least_load@" + batchLimit},
-		`policies to compare; "default" runs the proxy without --policy; NAME@N, NAME@batch and NAME@off set --max-in-flight-per-replica`)
+		`policies to compare; "default" runs the proxy without --policy; NAME@N, NAME@batch and NAME@off set --max-in-flight-per-replica; NAME@events has the replicas publish vLLM's KV-cache events to the proxy (--kv-events-listen)`)
 	fs.Int64Var(&seed, "seed", 1, "seed of the synthesized prompts and conversations")
 	fs.IntSliceVar(&o.workload.SystemPromptTokens, "system-prompts", []int{300, 900, 1300, 3900}, "lengths in tokens of the shared system prompts")
 	fs.Float64Var(&o.workload.FollowUp, "follow-up", 0.6, "probability that a request continues an open conversation")
@@ -193,9 +193,9 @@ func (o options) validate() error {
 		if p == "" || strings.ContainsAny(p, " \t") || seen[p] {
 			bad("policies", p, "names must be non-empty, without spaces, and listed once")
 		}
-		if _, limit := splitPolicy(p); limit != "" && limit != batchLimit && limit != lateBindingOff {
+		if _, limit := splitPolicy(p); limit != "" && limit != batchLimit && limit != lateBindingOff && limit != kvEventsMode {
 			if n, err := strconv.Atoi(limit); err != nil || n < 1 {
-				bad("policies", p, "NAME@N wants a positive N (the proxy's --max-in-flight-per-replica), batch (--sim-max-num-seqs) or off (no late binding)")
+				bad("policies", p, "NAME@N wants a positive N (the proxy's --max-in-flight-per-replica), batch (--sim-max-num-seqs), off (no late binding) or events (the replicas publish KV-cache events to the proxy)")
 			}
 		}
 		seen[p] = true

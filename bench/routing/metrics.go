@@ -11,6 +11,55 @@ import (
 	"time"
 )
 
+// kvFigures are what the proxy's metrics say of a run with KV events: its /tokenize round trips
+// (all of them, and those that failed, when the request went on with the byte index's guess)
+// and the engines' event batches and stored blocks it applied.
+type kvFigures struct {
+	Tokenized      float64 `json:"tokenized"`
+	TokenizeFailed float64 `json:"tokenize_failed"`
+	TokenizeMeanMs float64 `json:"tokenize_mean_ms"`
+	EventBatches   float64 `json:"event_batches_applied"`
+	BlocksStored   float64 `json:"blocks_stored"`
+}
+
+// proxyKVFigures reads kvFigures from the proxy's admin listener.
+func proxyKVFigures(addr string) (*kvFigures, error) {
+	resp, err := scrapeClient.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	// parseMetrics sums label sets; the labelled series are picked out by their lines.
+	m, err := parseMetrics(bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	k := &kvFigures{Tokenized: m["ferry_tokenize_duration_seconds_count"]}
+	if k.Tokenized > 0 {
+		k.TokenizeMeanMs = 1000 * m["ferry_tokenize_duration_seconds_sum"] / k.Tokenized
+	}
+	for line := range strings.SplitSeq(string(body), "\n") {
+		value := func() float64 {
+			f := strings.Fields(line[strings.LastIndexByte(line, '}')+1:])
+			v, _ := strconv.ParseFloat(f[0], 64)
+			return v
+		}
+		switch {
+		case strings.HasPrefix(line, "ferry_tokenize_duration_seconds_count{") && strings.Contains(line, `result="failed"`):
+			k.TokenizeFailed = value()
+		case strings.HasPrefix(line, "ferry_kv_event_batches_total{") && strings.Contains(line, `result="applied"`):
+			k.EventBatches = value()
+		case strings.HasPrefix(line, "ferry_kv_event_blocks_total{") && strings.Contains(line, `event="stored"`):
+			k.BlocksStored = value()
+		}
+	}
+	return k, nil
+}
+
 // metricProxyQueued is the proxy's gauge of requests it holds for a free slot (late binding).
 const metricProxyQueued = "ferry_requests_queued"
 

@@ -63,21 +63,42 @@ type policyResult struct {
 
 	// Queueing is where requests waited: in the engines' queues or held by the proxy.
 	Queueing queueing `json:"queueing"`
+
+	// KVEvents is what the proxy said of the engines' events and of tokenizing, in a NAME@events
+	// run; nil otherwise.
+	KVEvents *kvFigures `json:"kv_events,omitempty"`
 }
 
 func (r *policyResult) oneLine() string {
 	if r.Unavailable != "" {
 		return fmt.Sprintf("%-17s unavailable: %s", r.Policy, r.Unavailable)
 	}
-	return fmt.Sprintf("%-17s ok %d err %d  TTFT p50 %.0f p99 %.0f ms  e2e p50 %.0f p99 %.0f ms  %.1f req/s  load max/mean %.2f  prefix hits %.0f%%",
+	line := fmt.Sprintf("%-17s ok %d err %d  TTFT p50 %.0f p99 %.0f ms  e2e p50 %.0f p99 %.0f ms  %.1f req/s  load max/mean %.2f  prefix hits %.0f%%",
 		r.Policy, r.OK, r.Errors, r.TTFT.P50Ms, r.TTFT.P99Ms, r.E2E.P50Ms, r.E2E.P99Ms, r.RequestsPerSec, float64(r.RequestsImbal), 100*float64(r.PrefixHitRate))
+	if k := r.KVEvents; k != nil {
+		line += fmt.Sprintf("  tokenized %.0f (failed %.0f, mean %.2f ms)  event batches %.0f, blocks stored %.0f",
+			k.Tokenized, k.TokenizeFailed, k.TokenizeMeanMs, k.EventBatches, k.BlocksStored)
+	}
+	return line
 }
 
 // runPolicy starts fresh replicas and a proxy with policy, replays the workload, and stops them.
 func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy string, wl *workload) (*policyResult, error) {
 	res := &policyResult{Policy: policy}
 	fmt.Fprintf(os.Stderr, "policy %s: starting %d replicas\n", policy, opts.replicas)
-	replicas, err := startReplicas(ctx, group, opts)
+	name, limit := splitPolicy(policy)
+	// With KV events the proxy binds the endpoint every replica's publisher connects to; the
+	// publishers keep retrying until it does, as vLLM's do.
+	var eventsAddr string
+	var simArgs []string
+	if limit == kvEventsMode {
+		var err error
+		if eventsAddr, err = benchkit.FreeLoopbackAddr(); err != nil {
+			return nil, err
+		}
+		simArgs = []string{"--kv-events", "tcp://" + eventsAddr}
+	}
+	replicas, err := startReplicas(ctx, group, opts, simArgs)
 	defer func() {
 		for _, p := range replicas {
 			group.Stop(p.proc)
@@ -96,12 +117,14 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 		return nil, err
 	}
 	argv := []string{opts.ferryBin, "proxy", "--listen", proxyAddr, "--metrics-listen", metricsAddr}
-	name, limit := splitPolicy(policy)
 	switch limit {
 	case batchLimit:
 		limit = strconv.Itoa(opts.sim.maxNumSeqs)
 	case lateBindingOff:
 		limit = "-1"
+	case kvEventsMode:
+		argv = append(argv, "--kv-events-listen", "tcp://"+eventsAddr)
+		limit = ""
 	}
 	if name != defaultPolicy {
 		argv = append(argv, "--policy", name)
@@ -154,6 +177,11 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 	default:
 	}
 	summarize(res, wl.Requests, outcomes, makespan, before, after, queues)
+	if eventsAddr != "" {
+		if res.KVEvents, err = proxyKVFigures(metricsAddr); err != nil {
+			return nil, err
+		}
+	}
 	if err := writeOutcomes(filepath.Join(opts.out, "requests-"+fileSafe(policy)+".csv"), wl.Requests, outcomes); err != nil {
 		return nil, err
 	}
@@ -167,6 +195,9 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 const (
 	batchLimit     = "batch"
 	lateBindingOff = "off"
+	// kvEventsMode runs the replicas with vLLM's KV-cache events published to the proxy
+	// (--kv-events-listen), late binding as by default: NAME@events.
+	kvEventsMode = "events"
 )
 
 // roundRobinBaseline is what the default policy is measured against: round robin without late
@@ -252,7 +283,7 @@ type replica struct {
 
 // startReplicas starts opts.replicas replica-sims and waits until all are ready. On error the
 // ones already started are returned too, for the caller to stop.
-func startReplicas(ctx context.Context, group *childproc.Group, opts options) ([]replica, error) {
+func startReplicas(ctx context.Context, group *childproc.Group, opts options, extra []string) ([]replica, error) {
 	var out []replica
 	for i := range opts.replicas {
 		addr, err := benchkit.FreeLoopbackAddr()
@@ -262,6 +293,7 @@ func startReplicas(ctx context.Context, group *childproc.Group, opts options) ([
 		_, port, _ := net.SplitHostPort(addr)
 		argv := append([]string{opts.ferryBin, "replica-sim", "--host", "127.0.0.1", "--port", port,
 			"--model", opts.workload.Model, "--seed", fmt.Sprint(i + 1)}, opts.sim.args()...)
+		argv = append(argv, extra...)
 		p, err := group.Start(childproc.Spec{Name: fmt.Sprintf("replica%d", i+1), Argv: argv, CPU: -1})
 		if err != nil {
 			return out, err

@@ -291,6 +291,10 @@ func (r *report) render(w io.Writer) {
 	r.loadTable().Render(w)
 	fmt.Fprintf(w, "\n## Where requests waited (sampled every %v)\n\n", loadSampleEvery)
 	r.queueTable().Render(w)
+	if t := r.kvEventsTable(); len(t.Rows) > 0 {
+		fmt.Fprintf(w, "\n## KV-cache events and tokenizing (NAME@events runs)\n\n")
+		t.Render(w)
+	}
 	var missing []string
 	for _, p := range r.Policies {
 		if p.Unavailable != "" {
@@ -332,4 +336,16 @@ func (r *report) write(stdout io.Writer, dir string) error {
 		*report
 		Checks []check `json:"checks"`
 	}{r, r.checks()})
+}
+
+// kvEventsTable reports, per NAME@events run, the engines' event batches and stored blocks the
+// proxy applied, and what tokenizing cost: the /tokenize round trips made before picks.
+func (r *report) kvEventsTable() *benchkit.Table {
+	t := &benchkit.Table{Header: []string{"policy", "event batches applied", "blocks stored", "requests tokenized", "tokenize failed", "tokenize mean ms"}}
+	for _, p := range r.Policies {
+		if k := p.KVEvents; k != nil {
+			t.Rows = append(t.Rows, []string{p.Policy, num(k.EventBatches, 0), num(k.BlocksStored, 0), num(k.Tokenized, 0), num(k.TokenizeFailed, 0), num(k.TokenizeMeanMs, 2)})
+		}
+	}
+	return t
 }

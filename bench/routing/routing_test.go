@@ -614,11 +614,13 @@ func TestReportChecksMultiTurn(t *testing.T) {
 // least-outstanding-requests finds by chance. When the proxy offered the cache-aware picker only
 // replicas below their learned batch, the default found 1.32× least-outstanding's hits on this
 // run (1.11× on the full-length run); now about 2×. The hit rate is a count, not a timing, so
-// it holds on a noisy machine.
+// it holds on a noisy machine. The same run with the replicas publishing vLLM's KV-cache events
+// to the proxy (default@events) must route as well by what the engines report, tokenizing
+// nearly every request through their /tokenize.
 func TestShortRunKeepsCacheHitsUnderSaturation(t *testing.T) {
 	bin, out := servicekit.ShortRunEnv(t)
 	opts, err := parseFlags([]string{"--workload", "multiturn", "--conversations", "200", "--sharing", "0.3",
-		"--sim-prefill-per-token", "80us", "--policies", defaultPolicy + "," + leastOutstanding,
+		"--sim-prefill-per-token", "80us", "--policies", defaultPolicy + "," + defaultPolicy + "@" + kvEventsMode + "," + leastOutstanding,
 		"--ferry-bin", bin, "--out", out})
 	if err != nil {
 		t.Fatal(err)
@@ -632,10 +634,11 @@ func TestShortRunKeepsCacheHitsUnderSaturation(t *testing.T) {
 	}
 	var res struct {
 		Policies []struct {
-			Policy  string   `json:"policy"`
-			Errors  int      `json:"errors"`
-			OK      int      `json:"ok"`
-			HitRate *float64 `json:"prefix_hit_rate"`
+			Policy  string     `json:"policy"`
+			Errors  int        `json:"errors"`
+			OK      int        `json:"ok"`
+			HitRate *float64   `json:"prefix_hit_rate"`
+			Events  *kvFigures `json:"kv_events"`
 		} `json:"policies"`
 	}
 	if err := json.Unmarshal(raw, &res); err != nil {
@@ -647,9 +650,19 @@ func TestShortRunKeepsCacheHitsUnderSaturation(t *testing.T) {
 			t.Fatalf("policy %s: %d ok, %d errors, hit rate %v", p.Policy, p.OK, p.Errors, p.HitRate)
 		}
 		hits[p.Policy] = *p.HitRate
+		if k := p.Events; k != nil {
+			t.Logf("%s: %+v", p.Policy, *k)
+			if k.EventBatches == 0 || k.BlocksStored == 0 || k.Tokenized < 0.9*float64(p.OK) || k.TokenizeFailed > 0.01*k.Tokenized {
+				t.Errorf("%s: the proxy applied %.0f event batches (%.0f blocks) and tokenized %.0f of %d requests (%.0f failed)",
+					p.Policy, k.EventBatches, k.BlocksStored, k.Tokenized, p.OK, k.TokenizeFailed)
+			}
+		}
+	}
+	if events := hits[defaultPolicy+"@"+kvEventsMode]; events < 1.5*hits[leastOutstanding] {
+		t.Errorf("with KV events the default's prefix hit rate %.3f is not well above %s's %.3f (want ≥ 1.5×)", events, leastOutstanding, hits[leastOutstanding])
 	}
 	def, lor := hits[defaultPolicy], hits[leastOutstanding]
-	t.Logf("prefix hit rate: default %.3f, %s %.3f", def, leastOutstanding, lor)
+	t.Logf("prefix hit rate: default %.3f, default@events %.3f, %s %.3f", def, hits[defaultPolicy+"@"+kvEventsMode], leastOutstanding, lor)
 	if def < 1.5*lor {
 		t.Errorf("default's prefix hit rate %.3f is not well above %s's %.3f (want ≥ 1.5×)", def, leastOutstanding, lor)
 	}

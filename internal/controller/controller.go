@@ -37,6 +37,7 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/provision"
 	"github.com/ferryserve/ferry/proxy"
+	"github.com/ferryserve/ferry/proxy/kvevents"
 	"github.com/ferryserve/ferry/replicas"
 )
 
@@ -81,6 +82,9 @@ type Options struct {
 	// service traffic; empty or ListenerOff disables it. Like GatewayAddr, a taken default
 	// address is logged and skipped, while any other address that cannot be bound is an error.
 	MetricsAddr string
+	// KVEventsAddr, when set, is the ZeroMQ endpoint (tcp://HOST:PORT) the controller binds for
+	// replicas' KV-cache events, which every service's proxy then routes by (proxy/kvevents).
+	KVEventsAddr string
 	// MetricsToken, when set, protects the metrics listener's /metrics with "Authorization:
 	// Bearer TOKEN" (what a Prometheus scrape config's credentials_file sends); /healthz stays
 	// open.
@@ -202,6 +206,8 @@ type Controller struct {
 	gatewayAddr string // bound address, empty without a gateway
 	// guard applies ClientLimits to every service endpoint and the gateway.
 	guard *proxy.Guard
+	// kvEvents hears the replicas' KV-cache events (Options.KVEventsAddr); nil without.
+	kvEvents *kvevents.Listener
 
 	// registry holds the controller's metrics; metrics are the proxy metrics in it, shared by
 	// every service and the gateway. They are served on metricsAddr until stopAdmin (nil and
@@ -427,6 +433,9 @@ func (c *Controller) startAdmin() error {
 	if err := c.initMetrics(); err != nil {
 		return err
 	}
+	if err := c.listenKVEvents(); err != nil {
+		return err
+	}
 	return c.startMetrics()
 }
 
@@ -444,6 +453,9 @@ func (c *Controller) shutdown(srv *api.Server) {
 		s.stop(shutCtx)
 	}
 	c.wg.Wait()
+	if c.kvEvents != nil {
+		_ = c.kvEvents.Close()
+	}
 }
 
 // spawn runs fn in a goroutine counted in wg (when not nil), logging a panic instead of

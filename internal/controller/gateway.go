@@ -8,6 +8,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/proxy"
 	"github.com/ferryserve/ferry/proxy/attach"
+	"github.com/ferryserve/ferry/proxy/kvevents"
 )
 
 // proxyConfig turns a service's YAML into its proxy's configuration. TLS files are read here, so
@@ -20,6 +21,9 @@ func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.Servi
 		Metrics:   c.metrics,
 		AccessLog: c.log.Named("access"),
 	})
+	if c.kvEvents != nil {
+		cfg.KVEvents = c.kvEvents
+	}
 	if t := svc.TLS; t != nil {
 		tlsCfg, err := proxy.LoadTLS(t.CertFile, t.KeyFile)
 		if err != nil {
@@ -28,6 +32,27 @@ func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.Servi
 		cfg.TLS = tlsCfg
 	}
 	return cfg, nil
+}
+
+// listenKVEvents binds the endpoint replicas publish their KV-cache events to, when configured:
+// one for every service, since a topic names its engine by address.
+func (c *Controller) listenKVEvents() error {
+	if c.opts.KVEventsAddr == "" {
+		return nil
+	}
+	l, err := kvevents.Listen(c.opts.KVEventsAddr, c.log.Named("kvevents"))
+	if err != nil {
+		return err
+	}
+	for _, col := range l.Collectors() {
+		if err := c.registry.Register(col); err != nil {
+			l.Close()
+			return err
+		}
+	}
+	c.kvEvents = l
+	c.log.Info("listening for the replicas' KV-cache events", zap.String("endpoint", l.Endpoint()))
+	return nil
 }
 
 // startGateway binds the shared model-routing endpoint. The default address may be taken (by a
