@@ -143,23 +143,6 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "ferry_client_aborts_total",
 			Help: "Requests whose client closed its connection while waiting for the response; the proxy closed the replica's connection so that it stops generating.",
 		}, []string{"service"}),
-		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ferry_prompt_tokens_total",
-			Help: "Prompt tokens reported in the usage of successful responses.",
-		}, []string{"service"}),
-		completionTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ferry_completion_tokens_total",
-			Help: "Completion tokens reported in the usage of successful responses.",
-		}, []string{"service"}),
-		cachedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ferry_cached_prompt_tokens_total",
-			Help: "Prompt tokens the engine found in its prefix cache, as successful responses report them (usage.prompt_tokens_details.cached_tokens); divided by ferry_prompt_tokens_total of the same responses, the prefix-cache hit rate routing achieved.",
-		}, []string{"service"}),
-		tokenize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "ferry_tokenize_duration_seconds",
-			Help:    "Round trips to a replica's /tokenize for a request's token ids, made before the pick when the engines report their KV caches, by result (ok, or failed: the request was matched by bytes instead).",
-			Buckets: ttftBuckets,
-		}, []string{"service", "result"}),
 		gatewayErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ferry_gateway_errors_total",
 			Help: "Requests the shared gateway answered itself, before any service: unknown model, no model, bad JSON, unknown path.",
@@ -174,6 +157,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		replicas: map[replicaKey]*replicaMetrics{},
 		health:   newHealthMetrics(),
 	}
+	m.newTokenMetrics()
 	collectors := []prometheus.Collector{m.duration, m.ttft, m.tpot, m.inFlight, m.waiting, m.queued, m.slotWait, m.retries, m.clientAborts, m.promptTokens,
 		m.completionTokens, m.cachedTokens, m.tokenize, m.gatewayErrors, replicaCollector{m}, m.health}
 	for i, c := range collectors {
@@ -185,6 +169,28 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// newTokenMetrics creates the series about tokens: those the answers' usage reports, and the
+// round trips that tokenize prompts (tokenize.go).
+func (m *Metrics) newTokenMetrics() {
+	m.promptTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ferry_prompt_tokens_total",
+		Help: "Prompt tokens reported in the usage of successful responses.",
+	}, []string{"service"})
+	m.completionTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ferry_completion_tokens_total",
+		Help: "Completion tokens reported in the usage of successful responses.",
+	}, []string{"service"})
+	m.cachedTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ferry_cached_prompt_tokens_total",
+		Help: "Prompt tokens the engine found in its prefix cache, as successful responses report them (usage.prompt_tokens_details.cached_tokens); divided by ferry_prompt_tokens_total of the same responses, the prefix-cache hit rate routing achieved.",
+	}, []string{"service"})
+	m.tokenize = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "ferry_tokenize_duration_seconds",
+		Help:    "Round trips to a replica's /tokenize for a request's token ids, made before the pick when the engines report their KV caches, by result (ok, or failed: the request was matched by bytes instead).",
+		Buckets: ttftBuckets,
+	}, []string{"service", "result"})
 }
 
 // serviceMetrics are one service's resolved series. The fields other than refs are immutable.

@@ -367,6 +367,16 @@ func (s *snapshot) clientFor(r *policy.Replica) *hostClient {
 	return nil
 }
 
+// newReplica is the picker's view of backend b, attached to its engine's KV-cache reports when
+// the service hears them.
+func (s *Service) newReplica(b Backend) *policy.Replica {
+	r := &policy.Replica{ID: b.ID, Addr: b.Addr, Accelerator: b.Accelerator, Version: b.Version}
+	if s.cfg.KVEvents != nil {
+		r.SetKV(s.cfg.KVEvents.For(b.Addr))
+	}
+	return r
+}
+
 // NewService validates cfg and returns a Service with no replicas: until SetBackends gives it
 // some, it holds requests (MaxQueuedRequests, MaxQueueWait), or answers 503 at once when holding
 // is disabled, like SkyServe with no READY replica.
@@ -473,11 +483,7 @@ func (s *Service) SetBackends(bs []Backend) {
 		if replica == nil {
 			// Identity fields are read without locks by pickers, so a relabelled replica (same
 			// address, new id or version) gets a fresh Replica instead of a mutated one.
-			replica = &policy.Replica{ID: b.ID, Addr: b.Addr, Accelerator: b.Accelerator, Version: b.Version}
-			if s.cfg.KVEvents != nil {
-				replica.SetKV(s.cfg.KVEvents.For(b.Addr))
-			}
-			learned = &learnedCap{}
+			replica, learned = s.newReplica(b), &learnedCap{}
 		}
 		next.replicas = append(next.replicas, replica)
 		next.clients = append(next.clients, client)

@@ -33,6 +33,10 @@ continuous batching: at most --max-num-seqs decode at once, the rest wait FIFO (
 prompt token missing from the prefix cache; each further token takes --itl plus --itl-per-seq
 per running sequence. Output is filler text, deterministic for a --seed.
 
+It also serves vLLM's POST /tokenize (a stand-in tokenizer: 4 prompt bytes a token) and, with
+--kv-events tcp://HOST:PORT, publishes vLLM's KV-cache events over ZeroMQ, as an engine with
+--kv-events-config does, for a router that routes by them (ferry proxy --kv-events-listen).
+
 Failures can be injected: --startup-delay (503 until loaded), --error-rate (HTTP 500),
 --hang-rate (never answers), --slow-rate with --slow-delay (late first token), --flap-period
 (/health alternates 200/503) and --exit-after (crashes after N completions). --faults-file names
@@ -48,6 +52,9 @@ SIGTERM shuts down gracefully: in-flight requests finish at once and the exit st
 
   # a replica whose /metrics looks like TGI's, for llm_aware routing over TGI
   ferry replica-sim --port 8002 --engine tgi
+
+  # an engine publishing its KV-cache events to a proxy listening for them
+  ferry replica-sim --port 8003 --kv-events tcp://127.0.0.1:5557
 
   # a flaky one: slow to start, 5% errors, crashes after 100 requests
   ferry replica-sim --startup-delay 10s --error-rate 0.05 --exit-after 100
