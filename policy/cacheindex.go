@@ -3,6 +3,7 @@ package policy
 import (
 	"hash/maphash"
 	"sync"
+	"unsafe"
 
 	"github.com/ferryserve/ferry/policy/blocklru"
 )
@@ -53,13 +54,17 @@ type promptBlocks struct {
 
 // hash fills b from the prompt as the proxy received it: the raw JSON of "messages" (every
 // message in order, roles included, as the engine's chat template renders them) or "prompt".
-// It costs one pass over the prompt (the runtime's AES hash, about 1 µs for 16 KiB here).
+// It costs one pass over the prompt with the runtime's AES hash, one call per block: a block
+// is viewed as a string (no copy; it is not kept) for maphash.Comparable, which hashes it
+// whole as a map does. maphash.Bytes cuts input into 128-byte hashes each seeding the next,
+// and hashing a [cacheBlockBytes]byte value copies it twice: for 16 KiB they took 1.5 and
+// 0.85 µs here, this 0.56.
 func (b *promptBlocks) hash(model, prompt []byte) {
 	b.tokens = (len(prompt) + bytesPerToken - 1) / bytesPerToken
 	h := maphash.Bytes(hashSeed, model)
 	n := 0
 	for n < maxPromptBlocks && len(prompt) >= cacheBlockBytes {
-		h = maphash.Bytes(hashSeed, prompt[:cacheBlockBytes]) ^ fmix64(h)
+		h = maphash.Comparable(hashSeed, unsafe.String(&prompt[0], cacheBlockBytes)) ^ fmix64(h)
 		b.hashes[n] = h
 		n++
 		prompt = prompt[cacheBlockBytes:]

@@ -77,6 +77,23 @@ func TestPromptBlocksChainHashing(t *testing.T) {
 	}
 }
 
+// TestPromptBlocksEveryByteCounts changes each byte of a two-block prompt in turn: the block
+// holding it, and the one after, must hash differently (hashing samples nothing).
+func TestPromptBlocksEveryByteCounts(t *testing.T) {
+	prompt := []byte(cacheBlock('a') + cacheBlock('b'))
+	ref := promptHashes("m", string(prompt))
+	for i := range prompt {
+		changed := slices.Clone(prompt)
+		changed[i] ^= 1
+		got := promptHashes("m", string(changed))
+		for block := i / cacheBlockBytes; block < len(got); block++ {
+			if got[block] == ref[block] {
+				t.Fatalf("changing byte %d left block %d's hash unchanged", i, block)
+			}
+		}
+	}
+}
+
 func TestReplicaCacheDepth(t *testing.T) {
 	conv := promptHashes("m", cacheBlock('s')+cacheBlock('a')+cacheBlock('b')+cacheBlock('c'))
 	other := promptHashes("m", cacheBlock('s')+cacheBlock('x'))
