@@ -121,13 +121,18 @@ func (c *replicaCache) depth(hashes []uint64) int {
 //
 // Each entry remembers the slot of the block before it in its chain (parent), so walking a
 // cached chain from its deepest block costs one map lookup, not one per block: a parent slot
-// is trusted only while it still holds the expected hash, else the map decides.
+// is trusted only while it still holds the expected hash, else the map decides. Blocks already
+// in chain order in the list (a conversation's earlier turn, recorded whole) move to the front
+// as one run (blocklru.Set.TouchRun), the same order as touching each, last first.
 func (c *replicaCache) record(hashes []uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for c.set.Len() > c.limit {
 		c.evictOldest()
 	}
+	// runFirst..runLast are the blocks after block i, in chain order in the list and not yet
+	// moved; -1 when none.
+	runFirst, runLast := int32(-1), int32(-1)
 	child := int32(-1) // the slot of block i+1, whose parent is block i
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
@@ -142,15 +147,29 @@ func (c *replicaCache) record(hashes []uint64) {
 				slot = s
 			}
 		}
-		if slot >= 0 {
-			c.set.Touch(slot)
-		} else {
+		switch {
+		case slot >= 0 && runFirst >= 0 && c.set.Next(slot) == runFirst:
+			runFirst = slot
+		case slot >= 0:
+			if runFirst >= 0 {
+				c.set.TouchRun(runFirst, runLast)
+			}
+			runFirst, runLast = slot, slot
+		default:
+			// The run moves before an insert can evict it.
+			if runFirst >= 0 {
+				c.set.TouchRun(runFirst, runLast)
+			}
 			slot = c.insert(h)
+			runFirst, runLast = slot, slot
 		}
 		if child >= 0 {
 			c.parents[child] = slot
 		}
 		child = slot
+	}
+	if runFirst >= 0 {
+		c.set.TouchRun(runFirst, runLast)
 	}
 }
 

@@ -241,3 +241,19 @@ func TestReplicaCacheMatchesAPlainLRU(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaCacheRunBeforeInsert records a chain whose tail is cached at the list's end but
+// whose head is not (possible only when the tail was recorded under another head: a hash
+// collision, or a test): the cached run must move before the new head's insert evicts.
+func TestReplicaCacheRunBeforeInsert(t *testing.T) {
+	const a, b, c, d, e = 1, 2, 3, 4, 5
+	cache := newReplicaCache(4)
+	for _, chain := range [][]uint64{{b, c}, {d}, {e}, {a, b, c}} {
+		cache.record(chain)
+	}
+	var got []uint64
+	cache.set.Each(func(h uint64) { got = append(got, h) })
+	if diff := cmp.Diff([]uint64{a, b, c, e}, got); diff != "" {
+		t.Errorf("index, most recent first (-want +got):\n%s", diff)
+	}
+}
