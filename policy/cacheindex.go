@@ -17,8 +17,8 @@ const (
 	bytesPerToken = 4
 	// cacheBlockTokens is the index's block: 128 estimated tokens, eight of vLLM's 16-token
 	// blocks. Coarser than the engine's so that a 4k-token prompt costs 32 hashes and LRU
-	// updates, not 256 (BenchmarkLeastTTFTPick on 4 replicas: 1.05 µs a pick when cached,
-	// 4.4 when not; 64-token blocks took 1.3 and 7.5); the price is up to 127 tokens of a
+	// updates, not 256 (BenchmarkLeastTTFTPick on 4 replicas: 1.0 µs a pick when cached,
+	// 4.0 when not; 64-token blocks took 1.35 and 7.5); the price is up to 127 tokens of a
 	// cached prefix counted as uncached, a few per cent of the prompts where caching matters.
 	cacheBlockTokens = 128
 	cacheBlockBytes  = cacheBlockTokens * bytesPerToken
