@@ -378,18 +378,24 @@ func TestLeastTTFTIsSafeConcurrently(t *testing.T) {
 }
 
 // BenchmarkLeastTTFTPick is the pick with the index for a 4k-token prompt (16 KiB of messages
-// JSON), on 4 replicas: "hit" picks the next turn of 64 conversations whose history the index
-// holds (the common case), "miss" a prompt the index has never seen, so every block is new.
+// JSON), on 4 replicas (8 for the _8_replicas cases): "hit" picks the next turn of 64
+// conversations whose history the index holds (the common case), "miss" a prompt the index
+// has never seen, so every block is new.
 func BenchmarkLeastTTFTPick(b *testing.B) {
 	const conversations = 64
 	prompts := make([][]byte, conversations)
 	for i := range prompts {
 		prompts[i] = conversation(i, 2048, 4, 1800) // about 16.5 KiB, 4.1k tokens
 	}
-	for _, mode := range []string{"hit", "miss"} {
-		b.Run(mode, func(b *testing.B) {
+	for _, name := range []string{"hit", "miss", "hit_8_replicas", "miss_8_replicas"} {
+		mode, _, eight := strings.Cut(name, "_")
+		b.Run(name, func(b *testing.B) {
 			p := newTTFTPicker(b, Options{})
-			rs := replicas([]int64{3, 2, 4, 3})
+			loads := []int64{3, 2, 4, 3}
+			if eight {
+				loads = append(loads, 2, 3, 4, 3)
+			}
+			rs := replicas(loads)
 			for _, r := range rs {
 				r.SetMetrics(Metrics{Running: 8, Waiting: 1, CacheTokens: 1 << 20, UpdatedAt: 1})
 			}

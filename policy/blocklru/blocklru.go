@@ -54,6 +54,30 @@ func (s *Set) Touch(slot int32) {
 	s.pushFront(slot)
 }
 
+// Next is the slot used just less recently than slot, or -1 if slot is the least recently
+// used.
+func (s *Set) Next(slot int32) int32 { return s.entries[slot].next }
+
+// TouchRun makes the slots from first to last, which must follow each other in recency order
+// (Next leads from first to last), the most recently used, in the same order: what touching
+// them one by one, last first, does, at the cost of one touch. A prompt's cached chain is
+// usually one such run, or a few.
+func (s *Set) TouchRun(first, last int32) {
+	if s.head == first {
+		return
+	}
+	f, l := &s.entries[first], &s.entries[last]
+	s.entries[f.prev].next = l.next // first is not the head, so it has a prev
+	if l.next >= 0 {
+		s.entries[l.next].prev = f.prev
+	} else {
+		s.tail = f.prev
+	}
+	f.prev, l.next = -1, s.head
+	s.entries[s.head].prev = last
+	s.head = first
+}
+
 // Insert adds h, which must not be held, as the most recently used, and returns its slot (a
 // freed one when there is one). It never evicts: callers Evict first, to their own bound.
 func (s *Set) Insert(h uint64) int32 {

@@ -7,7 +7,7 @@ import (
 )
 
 // TestMatchesAPlainLRU drives the set and a slice-backed LRU with the same random touches,
-// inserts and evictions: the order and the contents agree at every step, and freed slots are
+// touches of runs, inserts and evictions: the order and the contents agree at every step, and freed slots are
 // reused (the slice never outgrows the largest size held).
 func TestMatchesAPlainLRU(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -17,6 +17,16 @@ func TestMatchesAPlainLRU(t *testing.T) {
 	for step := range 20000 {
 		h := uint64(rng.IntN(64)) + 1
 		switch slot, ok := s.Slot(h); {
+		case ok && rng.IntN(2) == 0:
+			// The run from h through up to three less recently used slots.
+			last, n := slot, 1
+			for n < 4 && s.Next(last) >= 0 && rng.IntN(2) == 0 {
+				last, n = s.Next(last), n+1
+			}
+			s.TouchRun(slot, last)
+			at := slices.Index(model, h)
+			run := slices.Clone(model[at : at+n])
+			model = append(run, slices.Delete(model, at, at+n)...)
 		case ok:
 			s.Touch(slot)
 			model = slices.DeleteFunc(model, func(x uint64) bool { return x == h })
