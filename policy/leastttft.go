@@ -164,15 +164,8 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 	if len(replicas) == 0 {
 		return nil
 	}
-	var blocks promptBlocks
-	if len(req.Prompt) > 0 {
-		blocks.hash(req.Model, req.Prompt)
-	}
-	tokens := int64(blocks.tokens)
-	exact := tokenMatch{req: req}
-	if len(req.Tokens) > 0 {
-		tokens = int64(len(req.Tokens))
-	}
+	var prompt pickPrompt
+	prompt.read(req)
 	var total int64
 	for _, r := range replicas {
 		total += r.InFlight.Load()
@@ -206,14 +199,11 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 		if float64(load+1) > bound {
 			continue
 		}
-		cached, precise := exact.cached(r, now)
-		if !precise && blocks.n > 0 {
-			cached = min(int64(st.cache.depth(blocks.hashes[:blocks.n]))*cacheBlockTokens, tokens)
-		}
+		cached := prompt.cached(r, st, now)
 		shared = shared || cached > 0
 		base, rate, hold := st.line(pooledBase, pooledRate, pooledHold)
 		ahead := st.ahead(r, load, now, p.staleAfter)
-		cost := base + rate*float64(tokens-cached)
+		cost := base + rate*float64(prompt.tokens-cached)
 		if batch := st.batch.Load(); ahead > 0 {
 			cost += float64(ahead) * hold / float64(batch)
 		}
@@ -236,16 +226,55 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 	if !shared {
 		best, bestState, bestCached, bestAhead = leastLoaded, leastState, 0, leastState.ahead(leastLoaded, leastLoad, now, p.staleAfter)
 	}
-	if blocks.n > 0 {
-		bestState.cache.record(blocks.hashes[:blocks.n])
-	}
-	precise := exact.claim(best, now)
-	if !precise {
-		bestState.sentTokens.Add(tokens)
-		bestState.expectedHits.Add(bestCached)
-	}
-	req.Estimate = Estimate{Tokens: tokens, Cached: bestCached, Queued: bestAhead > 0, Precise: precise}
+	req.Estimate = prompt.sent(best, bestState, bestCached, now)
+	req.Estimate.Queued = bestAhead > 0
 	return best
+}
+
+// pickPrompt is what one pick knows of the prompt: its byte blocks for the index this proxy
+// keeps, its token ids for the engines' own reports, and its length in tokens (counted when the
+// ids are there, estimated from bytes when not). It lives on the picking goroutine's stack.
+type pickPrompt struct {
+	blocks promptBlocks
+	exact  tokenMatch
+	tokens int64
+}
+
+func (pp *pickPrompt) read(req *Request) {
+	if len(req.Prompt) > 0 {
+		pp.blocks.hash(req.Model, req.Prompt)
+	}
+	pp.tokens = int64(pp.blocks.tokens)
+	pp.exact.req = req
+	if len(req.Tokens) > 0 {
+		pp.tokens = int64(len(req.Tokens))
+	}
+}
+
+// cached is how many of the prompt's tokens replica r holds: what its engine reports, where it
+// does and the request has token ids, else what r's byte index says.
+func (pp *pickPrompt) cached(r *Replica, st *ttftReplica, now int64) int64 {
+	cached, precise := pp.exact.cached(r, now)
+	if !precise && pp.blocks.n > 0 {
+		cached = min(int64(st.cache.depth(pp.blocks.hashes[:pp.blocks.n]))*cacheBlockTokens, pp.tokens)
+	}
+	return cached
+}
+
+// sent notes that the prompt goes to best, holding cached of its tokens, and returns the
+// estimate Learn gets back: the blocks enter best's byte index, and its engine's index as
+// claims; the byte index's expected hits count towards its correction only when they were its
+// guess.
+func (pp *pickPrompt) sent(best *Replica, st *ttftReplica, cached, now int64) Estimate {
+	if pp.blocks.n > 0 {
+		st.cache.record(pp.blocks.hashes[:pp.blocks.n])
+	}
+	precise := pp.exact.claim(best, now)
+	if !precise {
+		st.sentTokens.Add(pp.tokens)
+		st.expectedHits.Add(cached)
+	}
+	return Estimate{Tokens: pp.tokens, Cached: cached, Precise: precise}
 }
 
 // tokenMatch matches a request's token ids against the engines' own reports of their caches
