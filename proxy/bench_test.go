@@ -97,3 +97,30 @@ func BenchmarkProxyNonStream(b *testing.B) {
 func BenchmarkDirectNonStream(b *testing.B) {
 	benchRequests(b, memClient(startMemUpstream(b)))
 }
+
+// passThrough is the least a fasthttp reverse proxy can do: hand the client's request to the
+// replica's client as it is and its response back, no header rewrites, no routing, no metrics.
+// It is the yardstick the hot-path guard (TestHotPathWithinBudget) holds Ferry's proxy to.
+func passThrough(c *fasthttp.HostClient) fasthttp.RequestHandler {
+	return func(ctx *fasthttp.RequestCtx) {
+		if err := c.Do(&ctx.Request, &ctx.Response); err != nil {
+			ctx.Error(err.Error(), fasthttp.StatusBadGateway)
+		}
+	}
+}
+
+// startPassThrough serves passThrough in front of upstream on an in-memory listener.
+func startPassThrough(b *testing.B, upstream *fasthttputil.InmemoryListener) *fasthttputil.InmemoryListener {
+	b.Helper()
+	ln := fasthttputil.NewInmemoryListener()
+	c := &fasthttp.HostClient{Addr: "replica", Dial: func(string) (net.Conn, error) { return upstream.Dial() }, MaxConns: 1024}
+	srv := &fasthttp.Server{Handler: passThrough(c)}
+	go func() { _ = srv.Serve(ln) }()
+	b.Cleanup(func() { _ = srv.Shutdown() })
+	return ln
+}
+
+// BenchmarkPassThroughNonStream is BenchmarkProxyNonStream's traffic through passThrough.
+func BenchmarkPassThroughNonStream(b *testing.B) {
+	benchRequests(b, memClient(startPassThrough(b, startMemUpstream(b))))
+}

@@ -2,8 +2,11 @@ package proxy
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/ferryserve/ferry/policy"
 )
 
 func TestScanBody(t *testing.T) {
@@ -170,6 +173,68 @@ func BenchmarkScanBody(b *testing.B) {
 	for b.Loop() {
 		if _, err := scanBody(body); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkScanAndPick is what routing costs a 4k-token chat request before it is sent: the
+// body scanned for its model and messages, and least_ttft's pick among 4 replicas whose index
+// holds the conversation's earlier turns (issue 39's target: 5 µs).
+func BenchmarkScanAndPick(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"meta-llama/Llama-3.1-8B-Instruct","stream":true,"max_tokens":256,"messages":[{"role":"system","content":"`)
+	sb.WriteString(strings.Repeat("You are a helpful assistant; answer briefly. ", 45))
+	sb.WriteString(`"}`)
+	for turn := range 4 {
+		fmt.Fprintf(&sb, `,{"role":"user","content":"%s"},{"role":"assistant","content":"%s"}`,
+			strings.Repeat(fmt.Sprintf("turn %d asks about ferries. ", turn), 70), strings.Repeat("An answer. ", 160))
+	}
+	sb.WriteString(`]}`)
+	body := []byte(sb.String())
+	picker, err := policy.New(policy.LeastTTFT, policy.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	replicas := make([]*policy.Replica, 4)
+	for i := range replicas {
+		replicas[i] = &policy.Replica{ID: i + 1, Addr: fmt.Sprintf("10.0.0.%d:8000", i+1)}
+	}
+	picker.(policy.Preparer).Prepare(replicas)
+	var req policy.Request
+	pick := func() {
+		f, err := scanBody(body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		req.Reset()
+		req.Prompt, req.Model = f.Prompt, f.Model
+		if picker.Pick(&req, replicas) == nil {
+			b.Fatal("no pick")
+		}
+	}
+	pick() // the index now holds the conversation
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		pick()
+	}
+}
+
+// TestScanBodyLongStrings puts a control character, an escape or the closing quote at every
+// offset around the word boundaries skipPlain reads at, and checks scanBody against
+// encoding/json each time.
+func TestScanBodyLongStrings(t *testing.T) {
+	for n := range 80 {
+		plain := strings.Repeat("abcdefgh", 10)[:n]
+		for _, tail := range []string{"", "\x01", "\x1f", `\n`, `\"`, `\u00e9`, `\x`, "é", "\x7f"} {
+			for _, after := range []string{"", "zz", strings.Repeat("y", 40)} {
+				body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + plain + tail + after + `"}]}`)
+				_, err := scanBody(body)
+				var v map[string]json.RawMessage
+				if valid := json.Unmarshal(body, &v) == nil; valid != (err == nil) {
+					t.Fatalf("scanBody(%q): error %v, encoding/json says valid %v", body, err, valid)
+				}
+			}
 		}
 	}
 }

@@ -42,5 +42,8 @@ scripts/test-deps.sh
 step "go test -race"
 go test -race -count=1 -timeout 30m ./...
 
+step "hot-path guard: the proxy's CPU per request against a pass-through's, without the race detector"
+go test -count=1 -run 'TestHotPathWithinBudget' ./proxy/
+
 step "go test -fuzz (scripts/fuzz.sh)"
 scripts/fuzz.sh
