@@ -99,7 +99,6 @@ type pathCost struct {
 func hotPathCost(t *testing.T, c *fasthttp.HostClient, n int) pathCost {
 	t.Helper()
 	const workers = 8
-	body := []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	start := processCPU(t)
@@ -109,10 +108,7 @@ func hotPathCost(t *testing.T, c *fasthttp.HostClient, n int) pathCost {
 			req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 			defer fasthttp.ReleaseRequest(req)
 			defer fasthttp.ReleaseResponse(resp)
-			req.Header.SetMethod(fasthttp.MethodPost)
-			req.SetRequestURI("http://proxy/v1/chat/completions")
-			req.Header.SetContentType("application/json")
-			req.SetBody(body)
+			smallChat(req)
 			for range n / workers {
 				if err := c.Do(req, resp); err != nil || resp.StatusCode() != fasthttp.StatusOK || len(resp.Body()) != len(benchBody) {
 					t.Errorf("request: %v, status %d, %d bytes", err, resp.StatusCode(), len(resp.Body()))

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 const (
@@ -50,20 +52,12 @@ func (s *Server) putScratch(sc *scratch) {
 // slot, prefill, decode and answer, streaming or not.
 func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	start := time.Now()
-	if !s.started() {
-		writeAPIError(w, &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable",
-			message: "the model is still loading; retry later"})
+	sc := s.admit(w, r, s.metrics.requestCount)
+	if sc == nil {
 		return
 	}
-	s.metrics.requestCount.Inc()
-	sc := s.getScratch()
 	defer s.putScratch(sc)
-
 	var aerr *apiError
-	if sc.body, aerr = readBody(sc.body[:0], w, r); aerr != nil {
-		writeAPIError(w, aerr)
-		return
-	}
 	var req completionRequest
 	if req, sc.prompt, aerr = parseRequest(ep, sc.body, sc.prompt[:0]); aerr != nil {
 		writeAPIError(w, aerr)
@@ -174,6 +168,25 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 }
 
 // readBody appends the request body to dst, refusing bodies over maxBodyBytes.
+// admit counts a request in counter and reads its body into a scratch the caller puts back;
+// it answers 503 while the model is loading, or the body's error, and returns nil then.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, counter prometheus.Counter) *scratch {
+	if !s.started() {
+		writeAPIError(w, &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable",
+			message: "the model is still loading; retry later"})
+		return nil
+	}
+	counter.Inc()
+	sc := s.getScratch()
+	var aerr *apiError
+	if sc.body, aerr = readBody(sc.body[:0], w, r); aerr != nil {
+		s.putScratch(sc)
+		writeAPIError(w, aerr)
+		return nil
+	}
+	return sc
+}
+
 func readBody(dst []byte, w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
 	body := http.MaxBytesReader(w, r.Body, maxBodyBytes)
 	if r.ContentLength > 0 && r.ContentLength <= maxBodyBytes {

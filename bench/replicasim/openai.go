@@ -58,6 +58,18 @@ type apiError struct {
 
 func (e *apiError) Error() string { return e.message }
 
+// decodeJSON decodes a request body into v, or says what is wrong with it as a 400.
+func decodeJSON(body []byte, v any) *apiError {
+	if err := json.Unmarshal(body, v); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			return badRequest("invalid type for field %q: %v", typeErr.Field, err)
+		}
+		return badRequest("request body is not valid JSON: %v", err)
+	}
+	return nil
+}
+
 func badRequest(format string, args ...any) *apiError {
 	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", message: fmt.Sprintf(format, args...)}
 }
@@ -67,12 +79,8 @@ func badRequest(format string, args ...any) *apiError {
 // prompt. Every failure is an *apiError ready to send.
 func parseRequest(ep endpoint, body []byte, prompt []byte) (completionRequest, []byte, *apiError) {
 	var req completionRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) && typeErr.Field != "" {
-			return req, prompt, badRequest("invalid type for field %q: %v", typeErr.Field, err)
-		}
-		return req, prompt, badRequest("request body is not valid JSON: %v", err)
+	if aerr := decodeJSON(body, &req); aerr != nil {
+		return req, prompt, aerr
 	}
 	var perr *apiError
 	switch ep {

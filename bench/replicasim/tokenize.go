@@ -3,7 +3,6 @@ package replicasim
 import (
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -45,20 +44,12 @@ type tokenizeRequest struct {
 // KV events are keyed by. The simulator's template has an empty generation prompt, so
 // add_generation_prompt changes nothing.
 func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
-	if !s.started() {
-		writeAPIError(w, &apiError{status: http.StatusServiceUnavailable, typ: "service_unavailable",
-			message: "the model is still loading; retry later"})
+	sc := s.admit(w, r, s.metrics.tokenizeRequests)
+	if sc == nil {
 		return
 	}
-	s.metrics.tokenizeRequests.Inc()
-	sc := s.getScratch()
 	defer s.putScratch(sc)
-
 	var aerr *apiError
-	if sc.body, aerr = readBody(sc.body[:0], w, r); aerr != nil {
-		writeAPIError(w, aerr)
-		return
-	}
 	var req tokenizeRequest
 	if req, sc.prompt, aerr = parseTokenizeRequest(sc.body, sc.prompt[:0]); aerr != nil {
 		writeAPIError(w, aerr)
@@ -79,12 +70,8 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 // parseTokenizeRequest decodes body and appends the rendered prompt to prompt.
 func parseTokenizeRequest(body, prompt []byte) (tokenizeRequest, []byte, *apiError) {
 	var req tokenizeRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) && typeErr.Field != "" {
-			return req, prompt, badRequest("invalid type for field %q: %v", typeErr.Field, err)
-		}
-		return req, prompt, badRequest("request body is not valid JSON: %v", err)
+	if aerr := decodeJSON(body, &req); aerr != nil {
+		return req, prompt, aerr
 	}
 	var perr *apiError
 	switch {
