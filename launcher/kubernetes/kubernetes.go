@@ -73,6 +73,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // Defaults for Options.
@@ -111,7 +112,7 @@ type Options struct {
 	Namespace string
 	// Buckets lists the s3:// sources of file_mounts and presigns their downloads (files.go);
 	// nil is buckets.New with the controller's own credentials.
-	Buckets launcher.Buckets
+	Buckets nodefiles.Buckets
 	// TenantBuckets are the bucket clients made from tenants' Secrets, for FerryServices'
 	// s3+secret:// sources (tenantbuckets.go); nil is an empty registry, which the controller
 	// fills.
@@ -1021,7 +1022,7 @@ func (p *Provider) podFor(spec launcher.Spec) (*corev1.Pod, error) {
 			Containers: []corev1.Container{{
 				Name:      containerName,
 				Image:     image,
-				Command:   []string{"/bin/bash", "-c", launcher.RenderScript(spec)},
+				Command:   []string{"/bin/bash", "-c", nodefiles.RenderScript(spec)},
 				Env:       env,
 				Ports:     []corev1.ContainerPort{{Name: "serve", ContainerPort: int32(port), Protocol: corev1.ProtocolTCP}},
 				Resources: res,

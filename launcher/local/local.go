@@ -30,6 +30,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
@@ -68,7 +69,7 @@ type Options struct {
 	Logger *zap.Logger
 	// Buckets reads the s3:// and gs:// sources of file_mounts; nil is buckets.New with the
 	// machine's own credentials.
-	Buckets launcher.Buckets
+	Buckets nodefiles.Buckets
 }
 
 // Defaults for Options.
@@ -268,7 +269,7 @@ type hostPort struct {
 func (p *Provider) start(dir, work, id string, at hostPort, spec launcher.Spec) (launcher.Instance, error) {
 	host, port := at.host, at.port
 	script := filepath.Join(dir, scriptFile)
-	if err := os.WriteFile(script, []byte(launcher.RenderScript(spec)), 0o600); err != nil {
+	if err := os.WriteFile(script, []byte(nodefiles.RenderScript(spec)), 0o600); err != nil {
 		return launcher.Instance{}, fmt.Errorf("write run script: %w", err)
 	}
 	out, err := os.OpenFile(filepath.Join(dir, logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
@@ -287,8 +288,8 @@ func (p *Provider) start(dir, work, id string, at hostPort, spec launcher.Spec) 
 	env := append(p.environ(spec, host, port), filesEnv(spec, dir, work)...)
 	env = append(env, EnvInstance+"="+id) // marks every process of the instance (proc.go)
 	if spec.GitWorkdir != nil && spec.Workdir == "" {
-		// The script clones the repository into the working directory (launcher/gitworkdir.go).
-		env = append(env, launcher.EnvWorkdir+"="+work)
+		// The script clones the repository into the working directory (launcher/nodefiles/gitworkdir.go).
+		env = append(env, nodefiles.EnvWorkdir+"="+work)
 	}
 	var cmd *exec.Cmd
 	if superviseSupported && p.opts.Supervisor != "" && (supervised(spec) || at.netns != "") {
