@@ -143,12 +143,8 @@ func New(opts Options) (*Provider, error) {
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("local provider: %w", err)
 	}
-	if opts.WorkRoot == "" {
-		opts.WorkRoot = os.TempDir()
-	}
-	if opts.CheckpointRoot == "" {
-		opts.CheckpointRoot = filepath.Join(opts.Dir, checkpointsDir)
-	}
+	launcher.SetDefault(&opts.WorkRoot, os.TempDir())
+	launcher.SetDefault(&opts.CheckpointRoot, filepath.Join(opts.Dir, checkpointsDir))
 	if opts.WorkRoot, err = filepath.Abs(opts.WorkRoot); err != nil {
 		return nil, fmt.Errorf("local provider: %w", err)
 	}
