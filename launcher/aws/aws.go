@@ -499,7 +499,7 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // instance profile that may read them.
 func userData(ctx context.Context, spec launcher.Spec, port int, o vmnode.BootOptions) (string, error) {
 	var b strings.Builder
-	b.WriteString("#!/bin/bash\n# Ferry user-data for " + quote(spec.Name) + ".\n")
+	b.WriteString("#!/bin/bash\n# Ferry user-data for " + nodefiles.ShellQuote(spec.Name) + ".\n")
 	for _, k := range slices.Sorted(maps.Keys(spec.Envs)) {
 		if !envName.MatchString(k) {
 			return "", fmt.Errorf("%w: %s: environment variable name %q is not valid in bash", launcher.ErrInvalid, InfraName, k)
@@ -507,7 +507,7 @@ func userData(ctx context.Context, spec launcher.Spec, port int, o vmnode.BootOp
 		if k == "FERRY_PORT" || k == "FERRY_HOST" {
 			continue
 		}
-		b.WriteString("export " + k + "=" + quote(spec.Envs[k]) + "\n")
+		b.WriteString("export " + k + "=" + nodefiles.ShellQuote(spec.Envs[k]) + "\n")
 	}
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(port) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
@@ -549,8 +549,6 @@ func metadataOptions(job bool) *types.InstanceMetadataOptionsRequest {
 	}
 	return m
 }
-
-func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // tags are the spec's labels plus Ferry's own.
 func tags(spec launcher.Spec, port int, placementGroup string) []types.Tag {

@@ -254,7 +254,7 @@ func startupScript(ctx context.Context, spec launcher.Spec, o vmnode.BootOptions
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		b.WriteString("export " + k + "=" + shellQuote(spec.Envs[k]) + "\n")
+		b.WriteString("export " + k + "=" + nodefiles.ShellQuote(spec.Envs[k]) + "\n")
 	}
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(portOf(spec)) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
@@ -273,10 +273,6 @@ func startupScript(ctx context.Context, spec launcher.Spec, o vmnode.BootOptions
 
 // metadataValueLimit is GCE's bound on one metadata value (the startup script).
 const metadataValueLimit = nodefiles.GCPMetadataLimit
-
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
 
 // vmName makes an RFC 1035 name (lowercase letter first, [-a-z0-9], at most 63) from the
 // spec's name, with a random suffix so a relaunch never collides with a VM still deleting.

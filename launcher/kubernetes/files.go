@@ -138,8 +138,8 @@ func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files node
 			ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: filesVolume, MountPath: "/" + rel, SubPath: subPaths[i]})
 			continue
 		}
-		target := `"$HOME"/` + shellQuote(rel)
-		links.WriteString(`mkdir -p "$(dirname ` + target + `)" && ln -sfn "$` + EnvFilesDir + `"/` + shellQuote(subPaths[i]) + " " + target + "\n")
+		target := `"$HOME"/` + nodefiles.ShellQuote(rel)
+		links.WriteString(`mkdir -p "$(dirname ` + target + `)" && ln -sfn "$` + EnvFilesDir + `"/` + nodefiles.ShellQuote(subPaths[i]) + " " + target + "\n")
 	}
 	ctr.Command[len(ctr.Command)-1] = links.String() + ctr.Command[len(ctr.Command)-1]
 	return &corev1.Secret{
@@ -181,7 +181,7 @@ func (p *Provider) fetchScript(ctx context.Context, files nodefiles.Files, tenan
 		if err != nil {
 			return "", nil, fmt.Errorf("file_mounts.%s: %w", m.Dst, err)
 		}
-		b.WriteString("echo " + shellQuote(fmt.Sprintf("ferry: fetching %d objects of %s", len(objs), m.Src)) + "\n")
+		b.WriteString("echo " + nodefiles.ShellQuote(fmt.Sprintf("ferry: fetching %d objects of %s", len(objs), m.Src)) + "\n")
 		for _, o := range objs {
 			rel := m.Bucket.KeyPath(o.Key)
 			if rel == "" {
@@ -194,15 +194,10 @@ func (p *Provider) fetchScript(ctx context.Context, files nodefiles.Files, tenan
 			if err != nil {
 				return "", nil, fmt.Errorf("file_mounts.%s: %w", m.Dst, err)
 			}
-			b.WriteString("ferry_get " + shellQuote(d.URL) + ` "$` + EnvFilesDir + `"/` + shellQuote(dir+"/"+rel) + "\n")
+			b.WriteString("ferry_get " + nodefiles.ShellQuote(d.URL) + ` "$` + EnvFilesDir + `"/` + nodefiles.ShellQuote(dir+"/"+rel) + "\n")
 		}
 	}
 	return b.String(), subPaths, nil
-}
-
-// shellQuote quotes s for sh as one word.
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // createFiles creates the pod's files Secret.

@@ -67,7 +67,7 @@ func (p *Provider) attachMounts(pod *corev1.Pod, spec launcher.Spec, f nodefiles
 			return "", err
 		}
 		if inHome {
-			return `"$HOME"/` + shellQuote(rel), nil
+			return `"$HOME"/` + nodefiles.ShellQuote(rel), nil
 		}
 		env := envMountPrefix + strconv.Itoa(i)
 		vol := mountVolumePrefix + strconv.Itoa(i)

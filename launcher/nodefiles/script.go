@@ -56,7 +56,7 @@ func RenderScript(spec launcher.Spec) string {
 	return b.String()
 }
 
-// ShellQuote quotes s for bash as one word.
+// ShellQuote quotes s as one word for sh and bash, in the scripts nodes run.
 func ShellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
