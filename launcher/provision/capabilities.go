@@ -85,11 +85,6 @@ func (p *Provisioner) CleanupJob(ctx context.Context, job string) error {
 	return fanOut(ctx, p, func(ctx context.Context, c launcher.JobCleaner) error { return c.CleanupJob(ctx, job) })
 }
 
-// A launch that an infra holds in its queue or for a reservation's window returns
-// launcher.ErrQueued from Launch and LaunchGang at once: the remaining placements are not
-// tried (the queued one was ranked before them, or they failed already), and the location is
-// not blocked. The caller tries again later with the same spec, which the infra recognises.
-
 // WithdrawQueued asks every infra that holds queued requests to drop job's requests that no
 // running node of attempt uses.
 func (p *Provisioner) WithdrawQueued(ctx context.Context, job string, attempt int) error {

@@ -253,23 +253,7 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 			reasons = append(reasons, describe(c.Placement)+": "+down.Error())
 			continue
 		}
-		s := placedSpec(spec, c.Placement)
-		var insts []launcher.Instance
-		prov := p.infras[c.Infra]
-		if !gang {
-			var inst launcher.Instance
-			if inst, err = prov.Launch(ctx, s); err == nil {
-				insts = []launcher.Instance{inst}
-			}
-		} else {
-			insts, err = launcher.LaunchGang(ctx, prov, s, n)
-		}
-		p.observeCall(c.Infra, launchPart(c, err), err)
-		placedID := ""
-		if err == nil && len(insts) > 0 {
-			placedID = insts[0].ID
-		}
-		release(placedID, p.opts.Now())
+		insts, err := p.try(ctx, c, spec, n, gang, release)
 		if err == nil {
 			for i := range insts {
 				fillFromPlacement(&insts[i], c.Placement)
@@ -283,7 +267,8 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 		switch {
 		case errors.Is(err, launcher.ErrQueued):
 			// Held in the infra's queue, or for a reservation's window: the place is ours
-			// once it comes, so neither block it nor try further (capacity.go).
+			// once it comes, so neither block it nor try further. The caller tries again
+			// later with the same spec, which the infra recognises.
 			return nil, err
 		case errors.Is(err, launcher.ErrInvalid):
 			// Invalid for this infra (its image or shape rules: an AMI on Kubernetes, files
@@ -313,6 +298,30 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 		kind = launcher.ErrInvalid // no infra can run it as written: retrying will not help
 	}
 	return nil, fmt.Errorf("%w: every location failed (%d): %s", kind, len(reasons), strings.Join(reasons, "; "))
+}
+
+// try launches spec at choice c, one instance or (gang) n of them, and records the outcome:
+// with the infra's breaker, and through release with the spread (the first instance's id).
+func (p *Provisioner) try(ctx context.Context, c Choice, spec launcher.Spec, n int, gang bool, release func(id string, at time.Time)) ([]launcher.Instance, error) {
+	s := placedSpec(spec, c.Placement)
+	var insts []launcher.Instance
+	var err error
+	prov := p.infras[c.Infra]
+	if !gang {
+		var inst launcher.Instance
+		if inst, err = prov.Launch(ctx, s); err == nil {
+			insts = []launcher.Instance{inst}
+		}
+	} else {
+		insts, err = launcher.LaunchGang(ctx, prov, s, n)
+	}
+	p.observeCall(c.Infra, launchPart(c, err), err)
+	placedID := ""
+	if err == nil && len(insts) > 0 {
+		placedID = insts[0].ID
+	}
+	release(placedID, p.opts.Now())
+	return insts, err
 }
 
 // launchPart is the breaker a launch's outcome counts for: its zone (or region) — a launch
