@@ -2,6 +2,9 @@
 // stops and lists instances on one infra; callers never learn which cloud API is behind one.
 //
 // It must not know about services or requests: a Spec is a program to run with labels on it.
+// It is the contract between providers and their callers and nothing else: how a node gets its
+// script and files is launcher/nodefiles, how a VM boots and reports launcher/vmnode, and
+// neither is imported here.
 package launcher
 
 import (
