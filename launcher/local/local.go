@@ -284,7 +284,7 @@ func (p *Provider) start(dir, work, id string, at hostPort, spec launcher.Spec) 
 	env := append(p.environ(spec, host, port), filesEnv(spec, dir, work)...)
 	env = append(env, EnvInstance+"="+id) // marks every process of the instance (proc.go)
 	if spec.GitWorkdir != nil && spec.Workdir == "" {
-		// The script clones the repository into the working directory (launcher/nodefiles/gitworkdir.go).
+		// The script clones the repository into the working directory (nodefiles.GitCloneShell).
 		env = append(env, nodefiles.EnvWorkdir+"="+work)
 	}
 	cmd, err := p.startCommand(id, at, spec, argv, work, env, out)
