@@ -2,6 +2,9 @@
 // stops and lists instances on one infra; callers never learn which cloud API is behind one.
 //
 // It must not know about services or requests: a Spec is a program to run with labels on it.
+// It is the contract between providers and their callers and nothing else: how a node gets its
+// script and files is launcher/nodefiles, how a VM boots and reports launcher/vmnode, and
+// neither is imported here.
 package launcher
 
 import (
@@ -47,15 +50,16 @@ type Spec struct {
 	Setup string
 	Run   string
 	// Workdir is the task's local workdir (absolute), synced to ~/sky_workdir on the
-	// instance, where setup and run start (files.go).
+	// instance, where setup and run start (launcher/nodefiles).
 	Workdir string
 	// GitWorkdir, when set, is a git repository the instance clones into its workdir at launch
-	// (gitworkdir.go), instead of a local directory synced there.
+	// (nodefiles.GitCloneShell), instead of a local directory synced there.
 	GitWorkdir *configs.GitWorkdir
-	// FileMounts maps remote paths to absolute local paths or s3:// and gs:// URLs (files.go).
+	// FileMounts maps remote paths to absolute local paths or s3:// and gs:// URLs
+	// (launcher/nodefiles).
 	FileMounts map[string]string
-	// MountModes are the bucket mounts of FileMounts that are mounted, not copied (mounts.go):
-	// configs.ModeMount or configs.ModeMountCached by remote path.
+	// MountModes are the bucket mounts of FileMounts that are mounted, not copied
+	// (nodefiles.MountScript): configs.ModeMount or configs.ModeMountCached by remote path.
 	MountModes map[string]configs.MountMode
 	// Envs includes secrets; providers must never log values.
 	Envs map[string]string
@@ -110,9 +114,10 @@ type JobSpec struct {
 	// provider sets NodeIPsCommand.
 	NodeIPs []string
 	// NodeIPsCommand is a shell command that prints the gang's addresses one per line, rank 0
-	// first, once every node exists, and fails (or prints nothing) before: RenderScript waits
-	// for it before setup. Providers whose nodes learn their peers only after launch (pod IPs,
-	// VM private IPs) set it: a downward-API file, the instance metadata server.
+	// first, once every node exists, and fails (or prints nothing) before:
+	// nodefiles.RenderScript waits for it before setup. Providers whose nodes learn their peers
+	// only after launch (pod IPs, VM private IPs) set it: a downward-API file, the instance
+	// metadata server.
 	NodeIPsCommand string
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 	"github.com/ferryserve/ferry/launcher/optimizer"
 )
 
@@ -18,7 +19,7 @@ import (
 // gs:// where no infra has Google credentials). Candidates that cannot carry them are named:
 // a launch skips them.
 func printFiles(out io.Writer, task *configs.Task, cands []optimizer.Candidate) error {
-	files, err := launcher.SpecFiles(launcher.Spec{Workdir: task.Workdir, FileMounts: task.FileMounts, MountModes: task.MountModes})
+	files, err := nodefiles.SpecFiles(launcher.Spec{Workdir: task.Workdir, FileMounts: task.FileMounts, MountModes: task.MountModes})
 	if err != nil {
 		return err
 	}
@@ -31,9 +32,9 @@ func printFiles(out io.Writer, task *configs.Task, cands []optimizer.Candidate) 
 	}
 	// Packing stops past the largest channel's limit: beyond it only local can take them.
 	packedLen, packedSize := 0, ""
-	switch packed, err := launcher.PackLocal(files, launcher.KubernetesFilesLimit, ""); {
-	case errors.Is(err, launcher.ErrFiles):
-		packedLen, packedSize = launcher.KubernetesFilesLimit+1, "over "+sizeOf(launcher.KubernetesFilesLimit)
+	switch packed, err := nodefiles.PackLocal(files, nodefiles.KubernetesFilesLimit, ""); {
+	case errors.Is(err, nodefiles.ErrFiles):
+		packedLen, packedSize = nodefiles.KubernetesFilesLimit+1, "over "+sizeOf(nodefiles.KubernetesFilesLimit)
 	case err != nil:
 		return err
 	default:
@@ -41,7 +42,7 @@ func printFiles(out io.Writer, task *configs.Task, cands []optimizer.Candidate) 
 	}
 	fmt.Fprintf(out, "Files (copied at each launch unless mounted; local ones %s, %s packed):\n", sizeOf(local), packedSize)
 	if files.Workdir != "" {
-		fmt.Fprintf(out, "  ~/%s <- %s\n", launcher.WorkdirName, files.Workdir)
+		fmt.Fprintf(out, "  ~/%s <- %s\n", nodefiles.WorkdirName, files.Workdir)
 	}
 	for _, m := range files.Mounts {
 		note := ""
@@ -60,7 +61,7 @@ func printFiles(out io.Writer, task *configs.Task, cands []optimizer.Candidate) 
 	}
 	var refused []error
 	for _, kind := range slices.Sorted(maps.Keys(kinds)) {
-		if err := launcher.FilesFit(files, kind, packedLen); err != nil {
+		if err := nodefiles.FilesFit(files, kind, packedLen); err != nil {
 			fmt.Fprintf(out, "  %s cannot take them and is skipped: %v\n", kind, err)
 			refused = append(refused, fmt.Errorf("%s: %w", kind, err))
 		}

@@ -28,8 +28,8 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/internal/api"
-	"github.com/ferryserve/ferry/launcher"
 	kubelauncher "github.com/ferryserve/ferry/launcher/kubernetes"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // FerryService objects (charts/ferry/crds) declare services with kubectl: the leader, on the
@@ -280,7 +280,7 @@ func (c *Controller) podNamespaces(t *configs.Task) map[string]string {
 // registerTenantBuckets registers a tenant's bucket client (ref NAMESPACE/SECRET, version a
 // digest of the Secret's values) with every Kubernetes infra, which presign the tenant's s3
 // sources with it, in memory only; a nil newClient forgets it.
-func (c *Controller) registerTenantBuckets(ref, version string, newClient func() launcher.Buckets) {
+func (c *Controller) registerTenantBuckets(ref, version string, newClient func() nodefiles.Buckets) {
 	if c.infras == nil {
 		return
 	}

@@ -12,8 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/ferryserve/ferry/configs"
-	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets/fakes3"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // fakeSecrets serves Get from a map.
@@ -46,9 +46,9 @@ func TestResolveTenantBucket(t *testing.T) {
 		"own-endpoint": {ObjectMeta: metav1.ObjectMeta{Name: "own-endpoint", Labels: map[string]string{FilesLabel: "true"}},
 			Data: map[string][]byte{"AWS_ACCESS_KEY_ID": []byte("AKIDTENANT"), "AWS_SECRET_ACCESS_KEY": []byte(secretKey), "AWS_ENDPOINT_URL_S3": []byte("http://169.254.169.254")}},
 	}
-	registered := map[string]launcher.Buckets{}
+	registered := map[string]nodefiles.Buckets{}
 	made := 0
-	src := &namespaceSources{namespace: "tenant", secrets: secrets, registerBuckets: func(ref, _ string, newClient func() launcher.Buckets) {
+	src := &namespaceSources{namespace: "tenant", secrets: secrets, registerBuckets: func(ref, _ string, newClient func() nodefiles.Buckets) {
 		if newClient == nil {
 			delete(registered, ref)
 			return
@@ -73,7 +73,7 @@ func TestResolveTenantBucket(t *testing.T) {
 	if !found {
 		t.Fatalf("no client registered under tenant/creds: %v", registered)
 	}
-	d, err := b.DownloadURL(context.Background(), launcher.BucketURL{Scheme: "s3", Bucket: "tenant-data", Prefix: "models"}, "models/a.bin")
+	d, err := b.DownloadURL(context.Background(), nodefiles.BucketURL{Scheme: "s3", Bucket: "tenant-data", Prefix: "models"}, "models/a.bin")
 	if err != nil || !strings.Contains(d.URL, "X-Amz-Credential=AKIDTENANT%2F") {
 		t.Errorf("the registered client presigns %q (%v); want the tenant's access key", d.URL, err)
 	}

@@ -19,9 +19,9 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 
 	"github.com/ferryserve/ferry/configs"
-	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets"
 	kubelauncher "github.com/ferryserve/ferry/launcher/kubernetes"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // How a FerryService's sources (tenancy.go) reach its replicas. ConfigMap and Secret sources
@@ -66,7 +66,7 @@ type namespaceSources struct {
 	// registerBuckets registers the bucket client made from a tenant's credentials Secret
 	// (ref NAMESPACE/SECRET) where the Kubernetes infras presign with it, or forgets it (a nil
 	// newClient); nil registers nowhere (a launch then fails, naming the Secret).
-	registerBuckets func(ref, version string, newClient func() launcher.Buckets)
+	registerBuckets func(ref, version string, newClient func() nodefiles.Buckets)
 }
 
 // errSourceNotFound is a source that does not exist (yet): the reconcile retries.
@@ -151,7 +151,7 @@ func (src *namespaceSources) bucketCredentials(ctx context.Context, name string)
 		return nil, err
 	}
 	if src.registerBuckets != nil {
-		src.registerBuckets(ref, client.version, func() launcher.Buckets { return client.Client })
+		src.registerBuckets(ref, client.version, func() nodefiles.Buckets { return client.Client })
 	}
 	return client.Client, nil
 }
@@ -196,7 +196,7 @@ type versionedClient struct {
 // checkTenantBucket checks, with the tenant's client, that the bucket of s3 source s exists
 // and the credentials may list its prefix.
 func checkTenantBucket(ctx context.Context, client *buckets.Client, s, creds string) error {
-	u, _, err := launcher.ParseBucketURL(s)
+	u, _, err := nodefiles.ParseBucketURL(s)
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,9 @@ var importRules = []importRule{
 	{"policy", []string{"policy/blocklru"}}, // pure decisions over snapshots: the standard library only, and its own LRU set
 	{"policy/blocklru", nil},
 	{"autoscaler", []string{"configs"}},
-	{"launcher", []string{"configs", "policy", "launcher"}}, // knows nothing of services or requests
+	{"launcher", []string{"configs", "policy", "launcher"}}, // the providers: know nothing of services or requests
+	{"launcher/nodefiles", []string{"configs", "launcher"}}, // a node's script and files, on every infra
+	{"launcher/vmnode", []string{"configs", "launcher"}},    // a VM node's boot script and console, for the VM clouds
 	{"replicas", []string{"configs", "launcher", "policy"}}, // not autoscaler (how many is handed in), not proxy
 	{"jobs", []string{"configs", "launcher"}},               // never learns which cloud runs a node, nor that services exist
 	{"proxy", []string{"policy"}},
@@ -45,8 +47,20 @@ var importRules = []importRule{
 		"jobs", "launcher", "policy", "proxy", "replicas"}},
 }
 
-// ruleFor is the most specific rule covering pkg.
+// packageRules are rules for one package alone, not those under it, which importRules cover:
+// the provider contract imports none of what its providers share (nodefiles, vmnode), nor any
+// provider.
+var packageRules = []importRule{
+	{"launcher", []string{"configs"}},
+}
+
+// ruleFor is the rule for pkg alone, else the most specific rule covering pkg.
 func ruleFor(pkg string) (importRule, bool) {
+	for _, r := range packageRules {
+		if r.pkg == pkg {
+			return r, true
+		}
+	}
 	best, found := importRule{}, false
 	for _, r := range importRules {
 		if (pkg == r.pkg || strings.HasPrefix(pkg, r.pkg+"/")) && len(r.pkg) >= len(best.pkg) {

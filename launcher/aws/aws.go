@@ -2,7 +2,7 @@
 // through aws-sdk-go-v2.
 //
 // A VM is bootstrapped by its user-data (a bash script: the spec's environment, FERRY_PORT and
-// FERRY_HOST, then launcher.RenderScript), never over SSH, and its metadata service answers
+// FERRY_HOST, then nodefiles.RenderScript), never over SSH, and its metadata service answers
 // IMDSv2 only, with a hop limit of 1 (metadataOptions). Instances carry Ferry's labels as
 // tags, so a restarted controller adopts them with List. Instance ids are
 // "aws/<region>/<instance-id>". The service port is opened, to the proxies only, in one
@@ -56,6 +56,8 @@ import (
 
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // Defaults for Options.
@@ -135,11 +137,11 @@ type Options struct {
 	IngressSecurityGroups []string
 	// CheckpointNFS is an NFSv4 share ("fs-….efs.REGION.amazonaws.com:/", an EFS file system)
 	// that job nodes mount for their checkpoints, so that a recovery in reach of it resumes
-	// (launcher.CheckpointShell); empty keeps checkpoints on each VM's disk.
+	// (vmnode.CheckpointShell); empty keeps checkpoints on each VM's disk.
 	CheckpointNFS string
 	// Buckets lists the s3:// and gs:// sources of file_mounts and presigns their downloads;
 	// nil is buckets.New with the controller's own credentials.
-	Buckets launcher.Buckets
+	Buckets nodefiles.Buckets
 	// MountInstanceProfile is the IAM instance profile a VM that mounts s3:// buckets (MOUNT,
 	// MOUNT_CACHED) runs with: its role must read and write them (mounts.go). Empty refuses
 	// such mounts.
@@ -181,7 +183,7 @@ type Provider struct {
 	// rootDevices caches each image's root device name (disk.go).
 	rootDevices sync.Map
 	// exits caches the exit status job nodes marked, by instance id.
-	exits *launcher.ExitCodes
+	exits *vmnode.ExitCodes
 
 	// sources are the configured ingress sources; none means the controller's route source.
 	sources []source
@@ -258,7 +260,7 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}
 	p := &Provider{
 		opts: opts, log: opts.Logger.With(zap.String("infra", InfraName)), clients: map[string]*ec2.Client{},
-		zones: map[string]map[string]string{}, amis: map[string]string{}, exits: launcher.NewExitCodes(exitRetry),
+		zones: map[string]map[string]string{}, amis: map[string]string{}, exits: vmnode.NewExitCodes(exitRetry),
 		sources: sources, routeSource: launcher.RouteSource,
 		ingress: map[string]*regionIngress{},
 	}
@@ -437,7 +439,7 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 	switch img := spec.Resources.ImageID; {
 	case strings.HasPrefix(img, "ami-"):
 		lp.ami = img
-	case img != "" && launcher.DockerImage(spec) == "":
+	case img != "" && vmnode.DockerImage(spec) == "":
 		return lp, fmt.Errorf("%w: %s: image_id %q is neither an AMI (ami-...) nor a container image (docker:IMAGE)", launcher.ErrInvalid, InfraName, img)
 	default: // a docker: image runs on the default image, which the boot script gives docker
 		lp.ami = p.opts.AMIs[lp.region]
@@ -484,7 +486,7 @@ func (p *Provider) plan(ctx context.Context, spec launcher.Spec, needZone bool) 
 }
 
 // userDataLimit is EC2's bound on user-data, before base64.
-const userDataLimit = launcher.AWSUserDataLimit
+const userDataLimit = nodefiles.AWSUserDataLimit
 
 // envName is what bash accepts as a variable name.
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -495,9 +497,9 @@ var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // any process on the VM (IMDSv2 with hop limit 1 stops forged requests and containers, not
 // them), can read them. Keeping them apart needs Secrets Manager or SSM Parameter Store and an
 // instance profile that may read them.
-func userData(ctx context.Context, spec launcher.Spec, port int, o launcher.VMBootOptions) (string, error) {
+func userData(ctx context.Context, spec launcher.Spec, port int, o vmnode.BootOptions) (string, error) {
 	var b strings.Builder
-	b.WriteString("#!/bin/bash\n# Ferry user-data for " + quote(spec.Name) + ".\n")
+	b.WriteString("#!/bin/bash\n# Ferry user-data for " + nodefiles.ShellQuote(spec.Name) + ".\n")
 	for _, k := range slices.Sorted(maps.Keys(spec.Envs)) {
 		if !envName.MatchString(k) {
 			return "", fmt.Errorf("%w: %s: environment variable name %q is not valid in bash", launcher.ErrInvalid, InfraName, k)
@@ -505,13 +507,13 @@ func userData(ctx context.Context, spec launcher.Spec, port int, o launcher.VMBo
 		if k == "FERRY_PORT" || k == "FERRY_HOST" {
 			continue
 		}
-		b.WriteString("export " + k + "=" + quote(spec.Envs[k]) + "\n")
+		b.WriteString("export " + k + "=" + nodefiles.ShellQuote(spec.Envs[k]) + "\n")
 	}
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(port) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
 	o.Watch = preemptionWatch
 	o.FilesLimit = userDataLimit - b.Len()
-	boot, err := launcher.VMBoot(ctx, InfraName, spec, o)
+	boot, err := vmnode.Boot(ctx, InfraName, spec, o)
 	if err != nil {
 		return "", err
 	}
@@ -521,7 +523,7 @@ func userData(ctx context.Context, spec launcher.Spec, port int, o launcher.VMBo
 		if spec.Workdir != "" || len(spec.FileMounts) > 0 {
 			what = "put the workdir and file_mounts in a bucket and mount that (each object adds a presigned URL), or move setup into a script on the image"
 		}
-		return "", fmt.Errorf("%w: %s: user-data is %d bytes, over EC2's 16 KiB limit; %s", launcher.ErrFiles, InfraName, b.Len(), what)
+		return "", fmt.Errorf("%w: %s: user-data is %d bytes, over EC2's 16 KiB limit; %s", nodefiles.ErrFiles, InfraName, b.Len(), what)
 	}
 	return base64.StdEncoding.EncodeToString([]byte(b.String())), nil
 }
@@ -547,8 +549,6 @@ func metadataOptions(job bool) *types.InstanceMetadataOptionsRequest {
 	}
 	return m
 }
-
-func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // tags are the spec's labels plus Ferry's own.
 func tags(spec launcher.Spec, port int, placementGroup string) []types.Tag {
@@ -576,7 +576,7 @@ func tags(spec launcher.Spec, port int, placementGroup string) []types.Tag {
 //
 // A job's node launched alone learns its own address as its gang's (job.go).
 func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
-	spec, selfTag := launcher.WithNodeIPsCommand(spec, nodeIPsCommand)
+	spec, selfTag := vmnode.WithNodeIPsCommand(spec, nodeIPsCommand)
 	lp, err := p.plan(ctx, spec, false)
 	if err != nil {
 		return launcher.Instance{}, err

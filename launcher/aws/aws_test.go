@@ -26,6 +26,7 @@ import (
 	"github.com/ferryserve/ferry/launcher/aws/fakeec2"
 	"github.com/ferryserve/ferry/launcher/catalog"
 	"github.com/ferryserve/ferry/launcher/internal/vmjobtest"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 const (
@@ -703,11 +704,11 @@ func TestSecurityGroupIsReused(t *testing.T) {
 func TestUserData(t *testing.T) {
 	s := spec("x", "echo hi", false)
 	s.Envs["BAD-NAME"] = "v"
-	if _, err := userData(context.Background(), s, 80, launcher.VMBootOptions{}); !errors.Is(err, launcher.ErrInvalid) {
+	if _, err := userData(context.Background(), s, 80, vmnode.BootOptions{}); !errors.Is(err, launcher.ErrInvalid) {
 		t.Fatalf("bad env name: %v, want ErrInvalid", err)
 	}
 	s = spec("x", strings.Repeat("#", 17*1024), false)
-	if _, err := userData(context.Background(), s, 80, launcher.VMBootOptions{}); !errors.Is(err, launcher.ErrInvalid) {
+	if _, err := userData(context.Background(), s, 80, vmnode.BootOptions{}); !errors.Is(err, launcher.ErrInvalid) {
 		t.Fatalf("oversized user-data: %v, want ErrInvalid", err)
 	}
 }

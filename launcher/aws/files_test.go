@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/aws/fakeec2"
 	"github.com/ferryserve/ferry/launcher/internal/vmjobtest"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // TestJobFiles: a node's user-data carries its workdir and local mounts and fetches its S3
@@ -28,7 +28,7 @@ func TestJobFilesRefused(t *testing.T) {
 	vmjobtest.CheckFilesRefused(t, e.cloud(e.p), userDataLimit)
 	s := jobSpecFor("gs", "", "true", false)
 	s.FileMounts = map[string]string{"/data": "gs://datasets/train"}
-	if _, err := e.p.Launch(vmjobtest.Context(t), s); !errors.Is(err, launcher.ErrFiles) || !strings.Contains(err.Error(), "s3://") {
+	if _, err := e.p.Launch(vmjobtest.Context(t), s); !errors.Is(err, nodefiles.ErrFiles) || !strings.Contains(err.Error(), "s3://") {
 		t.Fatalf("gs:// on aws: %v, want ErrFiles naming s3://", err)
 	}
 }

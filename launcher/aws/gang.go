@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // LaunchGang launches n instances of spec in one cluster placement group (one zone, low
@@ -42,7 +43,7 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 		}
 		return []launcher.Instance{inst}, nil
 	}
-	spec, tagIPs := launcher.WithNodeIPsCommand(spec, nodeIPsCommand)
+	spec, tagIPs := vmnode.WithNodeIPsCommand(spec, nodeIPsCommand)
 	lp, err := p.plan(ctx, spec, true)
 	if err != nil {
 		return nil, err

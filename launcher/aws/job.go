@@ -11,10 +11,11 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // A job's node (Spec.Job set) is a VM that is meant to end. Its user-data differs from a
-// replica's in what happens around launcher.RenderScript:
+// replica's in what happens around nodefiles.RenderScript:
 //
 //   - Its gang's addresses exist only once every node runs, so LaunchGang (or Launch, for a
 //     node launched alone) tags the instances with tagNodeIPs afterwards, and the node reads
@@ -23,20 +24,20 @@ import (
 //     keep tokens required with a hop limit of 1). EC2 tag values may not hold newlines and
 //     are at most 256 characters, so the addresses are separated by spaces there, which caps
 //     a gang at about 16 nodes (launching more is refused with ErrInvalid).
-//   - Around the run is launcher.VMJobBoot's watcher, which polls the metadata service's
+//   - Around the run is vmnode.JobBoot's watcher, which polls the metadata service's
 //     spot/instance-action every two seconds. On EC2's interruption warning (two minutes
 //     ahead) it writes to the preemption file the seconds left until the time the warning
 //     names, and sends SIGTERM to the run; the node then prints no exit status and does not
 //     power off; EC2 reclaims it, and List reports it PREEMPTED.
 //   - When the run ends by itself, the user-data prints the exit status on a marker line
-//     (launcher.ExitMarker) and powers the VM off; InstanceInitiatedShutdownBehavior terminate
+//     (vmnode.ExitMarker) and powers the VM off; InstanceInitiatedShutdownBehavior terminate
 //     ends it, with state reason Client.InstanceInitiatedShutdown, and List reads the marker
 //     from the console output into Instance.ExitCode. A failing setup shows as
 //     launcher.ExitSetupFailed.
 //
 // Checkpoints: with the cloud's checkpoint_nfs set (an EFS share), FERRY_CHECKPOINT_DIR is
-// the job's claim directory on it, mounted at launcher.CheckpointMountPoint
-// (launcher.CheckpointShell): every node of the gang and every later gang of the job within the
+// the job's claim directory on it, mounted at vmnode.CheckpointMountPoint
+// (vmnode.CheckpointShell): every node of the gang and every later gang of the job within the
 // share's reach (its region) sees it, so a recovery in another zone resumes. Without it the
 // directory is on the VM's own disk (JobSpec.CheckpointDir) and survives nothing but a restart
 // of the program on the same VM, and the node's log says so. The fake shares one host directory
@@ -70,7 +71,7 @@ var nodeIPsCommand = imdsGet("tags/instance/"+tagNodeIPs) + ` | tr ' ' '\n'`
 // preemptionWatch is how a job node's watcher learns of EC2's interruption warning: the
 // metadata service's spot/instance-action answers once one is given, with the time EC2 takes
 // the instance back.
-var preemptionWatch = launcher.PreemptionWatch{
+var preemptionWatch = vmnode.PreemptionWatch{
 	Locals: "local action at left",
 	Warned: "action=$(" + imdsGet("spot/instance-action") + ")",
 	SecondsLeft: `at=$(printf '%s' "$action" | sed -n 's/.*"time" *: *"\([^"]*\)".*/\1/p')

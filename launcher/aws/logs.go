@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // DefaultLogInterval is how often StreamLogs reads the console output again when following.
@@ -40,7 +41,7 @@ func (p *Provider) StreamLogs(ctx context.Context, id string, opts launcher.LogO
 	if err != nil {
 		return err
 	}
-	return launcher.StreamPolledLog(ctx, &consoleLog{p: p, region: region, iid: iid}, opts, p.opts.LogInterval, w)
+	return vmnode.StreamPolledLog(ctx, &consoleLog{p: p, region: region, iid: iid}, opts, p.opts.LogInterval, w)
 }
 
 // maxLogBackoff caps the wait between two reads of a console whose reads fail.
@@ -58,7 +59,7 @@ type consoleLog struct {
 	failingSince time.Time
 }
 
-var _ launcher.PolledLog = (*consoleLog)(nil)
+var _ vmnode.PolledLog = (*consoleLog)(nil)
 
 // Read returns what the console window gained since the previous read (newOutput).
 func (c *consoleLog) Read(ctx context.Context) (string, error) {

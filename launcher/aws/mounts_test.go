@@ -9,6 +9,7 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/aws/fakeec2"
 	"github.com/ferryserve/ferry/launcher/internal/vmjobtest"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // TestJobMountsS3: an s3:// bucket in mode MOUNT (goofys) and MOUNT_CACHED (rclone) on an EC2
@@ -61,7 +62,7 @@ func TestJobMountsRefused(t *testing.T) {
 			s.FileMounts = map[string]string{"/data": tc.src}
 			s.MountModes = map[string]configs.MountMode{"/data": configs.ModeMount}
 			_, err := e.p.Launch(vmjobtest.Context(t), s)
-			if !errors.Is(err, launcher.ErrFiles) || !strings.Contains(err.Error(), tc.want) {
+			if !errors.Is(err, nodefiles.ErrFiles) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Launch = %v, want ErrFiles saying %q", err, tc.want)
 			}
 		})
@@ -73,7 +74,7 @@ func TestJobMountsRefused(t *testing.T) {
 	s := jobSpecFor("no-bucket", "", "true", false)
 	s.FileMounts = map[string]string{"/data": "s3://no-such-bucket/ckpt"}
 	s.MountModes = map[string]configs.MountMode{"/data": configs.ModeMount}
-	if _, err := e.p.Launch(vmjobtest.Context(t), s); !errors.Is(err, launcher.ErrFiles) || !strings.Contains(err.Error(), "aws s3 mb s3://no-such-bucket") {
+	if _, err := e.p.Launch(vmjobtest.Context(t), s); !errors.Is(err, nodefiles.ErrFiles) || !strings.Contains(err.Error(), "aws s3 mb s3://no-such-bucket") {
 		t.Fatalf("mounting a missing bucket: %v, want ErrFiles saying how to create it", err)
 	}
 	s = jobSpecFor("copies", "", "true", false)

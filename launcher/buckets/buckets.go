@@ -27,7 +27,7 @@ import (
 	"google.golang.org/api/option"
 	storage "google.golang.org/api/storage/v1"
 
-	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // Options point the clients at endpoints other than AWS's and Google's (the fakes, a
@@ -61,7 +61,7 @@ type Options struct {
 	MaxObjects int
 }
 
-// Client implements launcher.Buckets. Safe for concurrent use; its SDK clients are made on
+// Client implements nodefiles.Buckets. Safe for concurrent use; its SDK clients are made on
 // first use, so a machine without cloud credentials pays nothing until a task mounts a bucket.
 type Client struct {
 	opts Options
@@ -78,7 +78,7 @@ type Client struct {
 	regions map[string]string // bucket -> its region
 }
 
-var _ launcher.Buckets = (*Client)(nil)
+var _ nodefiles.Buckets = (*Client)(nil)
 
 // New returns a Client; it contacts nothing.
 func New(opts Options) *Client {
@@ -110,21 +110,21 @@ func New(opts Options) *Client {
 
 // List returns the objects under u: the one object u names, else those under u's prefix as a
 // directory. None is an error: a copy of nothing is a mistake in the task.
-func (c *Client) List(ctx context.Context, u launcher.BucketURL) ([]launcher.BucketObject, error) {
+func (c *Client) List(ctx context.Context, u nodefiles.BucketURL) ([]nodefiles.BucketObject, error) {
 	objs, err := c.ListMount(ctx, u)
 	if err != nil {
 		return nil, err
 	}
 	if len(objs) == 0 {
-		return nil, fmt.Errorf("%w: %s: no objects there", launcher.ErrFiles, u)
+		return nil, fmt.Errorf("%w: %s: no objects there", nodefiles.ErrFiles, u)
 	}
 	return objs, nil
 }
 
 // ListMount returns the objects under u as List does, but none is no error: a mounted
 // bucket (an empty checkpoint directory) may start empty. The bucket must exist.
-func (c *Client) ListMount(ctx context.Context, u launcher.BucketURL) ([]launcher.BucketObject, error) {
-	var objs []launcher.BucketObject
+func (c *Client) ListMount(ctx context.Context, u nodefiles.BucketURL) ([]nodefiles.BucketObject, error) {
+	var objs []nodefiles.BucketObject
 	var err error
 	switch u.Scheme {
 	case "s3":
@@ -132,20 +132,20 @@ func (c *Client) ListMount(ctx context.Context, u launcher.BucketURL) ([]launche
 	case "gs":
 		objs, err = c.listGCS(ctx, u)
 	default:
-		return nil, fmt.Errorf("%w: %s: unsupported scheme", launcher.ErrFiles, u)
+		return nil, fmt.Errorf("%w: %s: unsupported scheme", nodefiles.ErrFiles, u)
 	}
 	if err != nil {
 		return nil, err
 	}
 	if len(objs) > c.opts.MaxObjects {
-		return nil, fmt.Errorf("%w: %s: over %d objects; mount a narrower prefix", launcher.ErrFiles, u, c.opts.MaxObjects)
+		return nil, fmt.Errorf("%w: %s: over %d objects; mount a narrower prefix", nodefiles.ErrFiles, u, c.opts.MaxObjects)
 	}
 	return objs, nil
 }
 
 // CheckBucket says whether u's bucket exists and these credentials may list u's prefix,
 // reading one object at most: the check before a bucket is mounted, whatever it holds.
-func (c *Client) CheckBucket(ctx context.Context, u launcher.BucketURL) error {
+func (c *Client) CheckBucket(ctx context.Context, u nodefiles.BucketURL) error {
 	prefix := u.DirPrefix()
 	switch u.Scheme {
 	case "s3":
@@ -165,13 +165,13 @@ func (c *Client) CheckBucket(ctx context.Context, u launcher.BucketURL) error {
 			return gcsError(u, err)
 		}
 	default:
-		return fmt.Errorf("%w: %s: unsupported scheme", launcher.ErrFiles, u)
+		return fmt.Errorf("%w: %s: unsupported scheme", nodefiles.ErrFiles, u)
 	}
 	return nil
 }
 
 // Put uploads one object and returns its ETag (ListMount's for the same content).
-func (c *Client) Put(ctx context.Context, u launcher.BucketURL, key string, body io.ReadSeeker, size int64) (string, error) {
+func (c *Client) Put(ctx context.Context, u nodefiles.BucketURL, key string, body io.ReadSeeker, size int64) (string, error) {
 	switch u.Scheme {
 	case "s3":
 		cl, err := c.s3For(ctx, u.Bucket)
@@ -194,11 +194,11 @@ func (c *Client) Put(ctx context.Context, u launcher.BucketURL, key string, body
 		}
 		return o.Md5Hash, nil
 	}
-	return "", fmt.Errorf("%w: %s: unsupported scheme", launcher.ErrFiles, u)
+	return "", fmt.Errorf("%w: %s: unsupported scheme", nodefiles.ErrFiles, u)
 }
 
 // Delete removes one object; one already gone is no error.
-func (c *Client) Delete(ctx context.Context, u launcher.BucketURL, key string) error {
+func (c *Client) Delete(ctx context.Context, u nodefiles.BucketURL, key string) error {
 	switch u.Scheme {
 	case "s3":
 		cl, err := c.s3For(ctx, u.Bucket)
@@ -221,11 +221,11 @@ func (c *Client) Delete(ctx context.Context, u launcher.BucketURL, key string) e
 		}
 		return nil
 	}
-	return fmt.Errorf("%w: %s: unsupported scheme", launcher.ErrFiles, u)
+	return fmt.Errorf("%w: %s: unsupported scheme", nodefiles.ErrFiles, u)
 }
 
 // Open reads one object.
-func (c *Client) Open(ctx context.Context, u launcher.BucketURL, key string) (io.ReadCloser, error) {
+func (c *Client) Open(ctx context.Context, u nodefiles.BucketURL, key string) (io.ReadCloser, error) {
 	switch u.Scheme {
 	case "s3":
 		cl, err := c.s3For(ctx, u.Bucket)
@@ -248,27 +248,27 @@ func (c *Client) Open(ctx context.Context, u launcher.BucketURL, key string) (io
 		}
 		return resp.Body, nil
 	}
-	return nil, fmt.Errorf("%w: %s: unsupported scheme", launcher.ErrFiles, u)
+	return nil, fmt.Errorf("%w: %s: unsupported scheme", nodefiles.ErrFiles, u)
 }
 
 // DownloadURL is a presigned GET for S3, the JSON API's media URL for GCS.
-func (c *Client) DownloadURL(ctx context.Context, u launcher.BucketURL, key string) (launcher.Download, error) {
+func (c *Client) DownloadURL(ctx context.Context, u nodefiles.BucketURL, key string) (nodefiles.Download, error) {
 	switch u.Scheme {
 	case "s3":
 		cl, err := c.s3For(ctx, u.Bucket)
 		if err != nil {
-			return launcher.Download{}, err
+			return nodefiles.Download{}, err
 		}
 		req, err := s3.NewPresignClient(cl).PresignGetObject(ctx, &s3.GetObjectInput{Bucket: &u.Bucket, Key: &key},
 			s3.WithPresignExpires(c.opts.PresignExpiry))
 		if err != nil {
-			return launcher.Download{}, fmt.Errorf("presign %s/%s: %w", u.Bucket, key, err)
+			return nodefiles.Download{}, fmt.Errorf("presign %s/%s: %w", u.Bucket, key, err)
 		}
-		return launcher.Download{URL: req.URL}, nil
+		return nodefiles.Download{URL: req.URL}, nil
 	case "gs":
-		return launcher.Download{URL: c.gcsRoot() + "/storage/v1/b/" + url.PathEscape(u.Bucket) + "/o/" + url.PathEscape(key) + "?alt=media", NeedsGCSAuth: true}, nil
+		return nodefiles.Download{URL: c.gcsRoot() + "/storage/v1/b/" + url.PathEscape(u.Bucket) + "/o/" + url.PathEscape(key) + "?alt=media", NeedsGCSAuth: true}, nil
 	}
-	return launcher.Download{}, fmt.Errorf("%w: %s: unsupported scheme", launcher.ErrFiles, u)
+	return nodefiles.Download{}, fmt.Errorf("%w: %s: unsupported scheme", nodefiles.ErrFiles, u)
 }
 
 func (c *Client) gcsRoot() string {
@@ -320,7 +320,7 @@ func (c *Client) s3For(ctx context.Context, bucket string) (*s3.Client, error) {
 			if r := redirectRegion(err); r != "" {
 				region = r
 			} else {
-				return nil, s3Error(launcher.BucketURL{Scheme: "s3", Bucket: bucket}, err)
+				return nil, s3Error(nodefiles.BucketURL{Scheme: "s3", Bucket: bucket}, err)
 			}
 		}
 		c.mu.Lock()
@@ -346,17 +346,17 @@ func redirectRegion(err error) string {
 	return ""
 }
 
-func (c *Client) listS3(ctx context.Context, u launcher.BucketURL) ([]launcher.BucketObject, error) {
+func (c *Client) listS3(ctx context.Context, u nodefiles.BucketURL) ([]nodefiles.BucketObject, error) {
 	cl, err := c.s3For(ctx, u.Bucket)
 	if err != nil {
 		return nil, err
 	}
 	if u.Prefix != "" && !strings.HasSuffix(u.Prefix, "/") {
 		if out, err := cl.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &u.Bucket, Key: &u.Prefix}); err == nil {
-			return []launcher.BucketObject{{Key: u.Prefix, Size: awssdk.ToInt64(out.ContentLength), ETag: awssdk.ToString(out.ETag)}}, nil
+			return []nodefiles.BucketObject{{Key: u.Prefix, Size: awssdk.ToInt64(out.ContentLength), ETag: awssdk.ToString(out.ETag)}}, nil
 		}
 	}
-	var objs []launcher.BucketObject
+	var objs []nodefiles.BucketObject
 	prefix := u.DirPrefix()
 	p := s3.NewListObjectsV2Paginator(cl, &s3.ListObjectsV2Input{Bucket: &u.Bucket, Prefix: &prefix})
 	for p.HasMorePages() && len(objs) <= c.opts.MaxObjects {
@@ -368,23 +368,23 @@ func (c *Client) listS3(ctx context.Context, u launcher.BucketURL) ([]launcher.B
 			if strings.HasSuffix(awssdk.ToString(o.Key), "/") {
 				continue // a console-made "folder"
 			}
-			objs = append(objs, launcher.BucketObject{Key: awssdk.ToString(o.Key), Size: awssdk.ToInt64(o.Size), ETag: awssdk.ToString(o.ETag)})
+			objs = append(objs, nodefiles.BucketObject{Key: awssdk.ToString(o.Key), Size: awssdk.ToInt64(o.Size), ETag: awssdk.ToString(o.ETag)})
 		}
 	}
 	return objs, nil
 }
 
 // s3Error says what a missing bucket or a refusal means for the task.
-func s3Error(u launcher.BucketURL, err error) error {
+func s3Error(u nodefiles.BucketURL, err error) error {
 	var nsb *s3types.NoSuchBucket
 	var api smithy.APIError
 	switch {
 	case errors.As(err, &nsb):
-		return fmt.Errorf("%w: s3://%s: bucket not found", launcher.ErrFiles, u.Bucket)
+		return fmt.Errorf("%w: s3://%s: bucket not found", nodefiles.ErrFiles, u.Bucket)
 	case errors.As(err, &api) && (api.ErrorCode() == "NotFound" || api.ErrorCode() == "NoSuchBucket"):
-		return fmt.Errorf("%w: s3://%s: bucket not found", launcher.ErrFiles, u.Bucket)
+		return fmt.Errorf("%w: s3://%s: bucket not found", nodefiles.ErrFiles, u.Bucket)
 	case errors.As(err, &api) && (api.ErrorCode() == "AccessDenied" || api.ErrorCode() == "Forbidden"):
-		return fmt.Errorf("%w: %s: access denied to the AWS credentials it was read with", launcher.ErrFiles, u)
+		return fmt.Errorf("%w: %s: access denied to the AWS credentials it was read with", nodefiles.ErrFiles, u)
 	}
 	return fmt.Errorf("%s: %w", u, err)
 }
@@ -407,22 +407,22 @@ func (c *Client) gcsService(ctx context.Context) (*storage.Service, error) {
 	return c.gcs, c.gcsErr
 }
 
-func (c *Client) listGCS(ctx context.Context, u launcher.BucketURL) ([]launcher.BucketObject, error) {
+func (c *Client) listGCS(ctx context.Context, u nodefiles.BucketURL) ([]nodefiles.BucketObject, error) {
 	svc, err := c.gcsService(ctx)
 	if err != nil {
 		return nil, err
 	}
 	if u.Prefix != "" && !strings.HasSuffix(u.Prefix, "/") {
 		if o, err := svc.Objects.Get(u.Bucket, u.Prefix).Context(ctx).Do(); err == nil {
-			return []launcher.BucketObject{{Key: o.Name, Size: int64(o.Size), ETag: o.Md5Hash}}, nil
+			return []nodefiles.BucketObject{{Key: o.Name, Size: int64(o.Size), ETag: o.Md5Hash}}, nil
 		}
 	}
-	var objs []launcher.BucketObject
+	var objs []nodefiles.BucketObject
 	call := svc.Objects.List(u.Bucket).Prefix(u.DirPrefix()).Context(ctx)
 	err = call.Pages(ctx, func(page *storage.Objects) error {
 		for _, o := range page.Items {
 			if !strings.HasSuffix(o.Name, "/") {
-				objs = append(objs, launcher.BucketObject{Key: o.Name, Size: int64(o.Size), ETag: o.Md5Hash})
+				objs = append(objs, nodefiles.BucketObject{Key: o.Name, Size: int64(o.Size), ETag: o.Md5Hash})
 			}
 		}
 		if len(objs) > c.opts.MaxObjects {
@@ -438,14 +438,14 @@ func (c *Client) listGCS(ctx context.Context, u launcher.BucketURL) ([]launcher.
 
 var errTooMany = errors.New("too many objects")
 
-func gcsError(u launcher.BucketURL, err error) error {
+func gcsError(u nodefiles.BucketURL, err error) error {
 	var ge *googleapi.Error
 	if errors.As(err, &ge) {
 		switch ge.Code {
 		case http.StatusNotFound:
-			return fmt.Errorf("%w: %s: bucket or object not found", launcher.ErrFiles, u)
+			return fmt.Errorf("%w: %s: bucket or object not found", nodefiles.ErrFiles, u)
 		case http.StatusForbidden, http.StatusUnauthorized:
-			return fmt.Errorf("%w: %s: access denied to this machine's Google credentials", launcher.ErrFiles, u)
+			return fmt.Errorf("%w: %s: access denied to this machine's Google credentials", nodefiles.ErrFiles, u)
 		}
 	}
 	return fmt.Errorf("%s: %w", u, err)

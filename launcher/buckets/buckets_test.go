@@ -13,10 +13,10 @@ import (
 	"golang.org/x/oauth2"
 	"google.golang.org/api/option"
 
-	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets"
 	"github.com/ferryserve/ferry/launcher/buckets/fakegcs"
 	"github.com/ferryserve/ferry/launcher/buckets/fakes3"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // NewFakes starts a fake S3 and a fake GCS (which wants token) with the same objects, and a
@@ -47,16 +47,16 @@ func TestListOpenAndDownloadURLs(t *testing.T) {
 	ctx := context.Background()
 	for _, scheme := range []string{"s3", "gs"} {
 		t.Run(scheme, func(t *testing.T) {
-			dir := launcher.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "models"}
+			dir := nodefiles.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "models"}
 			objs, err := c.List(ctx, dir)
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := []launcher.BucketObject{{Key: "models/a.txt", Size: 5}, {Key: "models/sub/b.txt", Size: 5}}
+			want := []nodefiles.BucketObject{{Key: "models/a.txt", Size: 5}, {Key: "models/sub/b.txt", Size: 5}}
 			if len(objs) != 2 || objs[0].Key != want[0].Key || objs[1].Key != want[1].Key || objs[0].Size != 5 || objs[0].ETag == "" {
 				t.Fatalf("List(%s) = %v, want %v with ETags", dir, objs, want)
 			}
-			one, err := c.List(ctx, launcher.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "one.bin"})
+			one, err := c.List(ctx, nodefiles.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "one.bin"})
 			if err != nil || len(one) != 1 || one[0].Key != "one.bin" {
 				t.Fatalf("List(one object) = %v, %v", one, err)
 			}
@@ -89,12 +89,12 @@ func TestListOpenAndDownloadURLs(t *testing.T) {
 			if resp.StatusCode != 200 || string(body) != "alpha" {
 				t.Errorf("GET %s = %d %q, want 200 alpha", d.URL, resp.StatusCode, body)
 			}
-			_, err = c.List(ctx, launcher.BucketURL{Scheme: scheme, Bucket: "missing", Prefix: "x"})
-			if !errors.Is(err, launcher.ErrFiles) {
+			_, err = c.List(ctx, nodefiles.BucketURL{Scheme: scheme, Bucket: "missing", Prefix: "x"})
+			if !errors.Is(err, nodefiles.ErrFiles) {
 				t.Errorf("List(missing bucket) = %v, want ErrFiles", err)
 			}
-			_, err = c.List(ctx, launcher.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "nothing/"})
-			if !errors.Is(err, launcher.ErrFiles) {
+			_, err = c.List(ctx, nodefiles.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "nothing/"})
+			if !errors.Is(err, nodefiles.ErrFiles) {
 				t.Errorf("List(empty prefix) = %v, want ErrFiles", err)
 			}
 		})
@@ -114,7 +114,7 @@ func TestFakeS3RefusesUnsignedAndExpired(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden {
 		t.Errorf("unsigned GET = %d, want 403", resp.StatusCode)
 	}
-	d, err := c.DownloadURL(context.Background(), launcher.BucketURL{Scheme: "s3", Bucket: "data"}, "one.bin")
+	d, err := c.DownloadURL(context.Background(), nodefiles.BucketURL{Scheme: "s3", Bucket: "data"}, "one.bin")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func TestPutDeleteListMount(t *testing.T) {
 	ctx := context.Background()
 	for _, scheme := range []string{"s3", "gs"} {
 		t.Run(scheme, func(t *testing.T) {
-			dir := launcher.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "ckpt/"}
+			dir := nodefiles.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "ckpt/"}
 			objs, err := c.ListMount(ctx, dir)
 			if err != nil || len(objs) != 0 {
 				t.Fatalf("ListMount(empty prefix) = %v, %v; want nothing, no error", objs, err)
@@ -181,7 +181,7 @@ func TestPutDeleteListMount(t *testing.T) {
 			if objs, err := c.ListMount(ctx, dir); err != nil || len(objs) != 0 {
 				t.Errorf("ListMount after Delete = %v, %v", objs, err)
 			}
-			if _, err := c.ListMount(ctx, launcher.BucketURL{Scheme: scheme, Bucket: "missing"}); !errors.Is(err, launcher.ErrFiles) {
+			if _, err := c.ListMount(ctx, nodefiles.BucketURL{Scheme: scheme, Bucket: "missing"}); !errors.Is(err, nodefiles.ErrFiles) {
 				t.Errorf("ListMount(missing bucket) = %v, want ErrFiles", err)
 			}
 		})
@@ -211,7 +211,7 @@ func TestGCSReadTokenNarrows(t *testing.T) {
 	c := buckets.New(buckets.Options{GCSEndpoint: gcs.URL(), STSClient: sts,
 		GCSTokenSource: oauth2.StaticTokenSource(&oauth2.Token{AccessToken: "tok"})})
 	ctx := context.Background()
-	tok, err := c.GCSReadToken(ctx, []launcher.BucketURL{{Scheme: "gs", Bucket: "data", Prefix: "models"}})
+	tok, err := c.GCSReadToken(ctx, []nodefiles.BucketURL{{Scheme: "gs", Bucket: "data", Prefix: "models"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func TestGCSReadTokenNarrows(t *testing.T) {
 		t.Errorf("DELETE with the lent token = %d, want 403", got)
 	}
 	noCreds := buckets.New(buckets.Options{GCSEndpoint: gcs.URL()})
-	if _, err := noCreds.GCSReadToken(ctx, []launcher.BucketURL{{Scheme: "gs", Bucket: "data"}}); err == nil {
+	if _, err := noCreds.GCSReadToken(ctx, []nodefiles.BucketURL{{Scheme: "gs", Bucket: "data"}}); err == nil {
 		t.Error("a client with no credentials to lend made a token")
 	}
 }
@@ -263,17 +263,17 @@ func TestCheckBucketWhateverItHolds(t *testing.T) {
 	ctx := context.Background()
 	for _, scheme := range []string{"s3", "gs"} {
 		t.Run(scheme, func(t *testing.T) {
-			models := launcher.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "models/"}
+			models := nodefiles.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "models/"}
 			if _, err := c.ListMount(ctx, models); err == nil {
 				t.Fatal("ListMount of two objects with MaxObjects 1: no error; the test would prove nothing")
 			}
 			if err := c.CheckBucket(ctx, models); err != nil {
 				t.Errorf("CheckBucket(two objects) = %v, want nil", err)
 			}
-			if err := c.CheckBucket(ctx, launcher.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "empty/"}); err != nil {
+			if err := c.CheckBucket(ctx, nodefiles.BucketURL{Scheme: scheme, Bucket: "data", Prefix: "empty/"}); err != nil {
 				t.Errorf("CheckBucket(empty prefix) = %v, want nil", err)
 			}
-			if err := c.CheckBucket(ctx, launcher.BucketURL{Scheme: scheme, Bucket: "missing"}); !errors.Is(err, launcher.ErrFiles) {
+			if err := c.CheckBucket(ctx, nodefiles.BucketURL{Scheme: scheme, Bucket: "missing"}); !errors.Is(err, nodefiles.ErrFiles) {
 				t.Errorf("CheckBucket(missing bucket) = %v, want ErrFiles", err)
 			}
 		})

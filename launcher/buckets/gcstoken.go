@@ -12,7 +12,7 @@ import (
 	"golang.org/x/oauth2/google/downscope"
 	storage "google.golang.org/api/storage/v1"
 
-	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // A VM without a Google service account (an EC2 VM) fetches a task's gs:// copies with a
@@ -22,13 +22,13 @@ import (
 // hour at most. It sits in the VM's user-data as the task's secrets do; whoever reads that
 // within the hour can read those objects, nothing else.
 
-var _ launcher.GCSReader = (*Client)(nil)
+var _ nodefiles.GCSReader = (*Client)(nil)
 
 // maxBoundaryRules is how many rules a Credential Access Boundary may hold.
 const maxBoundaryRules = 10
 
-// GCSReadToken implements launcher.GCSReader: a token that reads the objects under us.
-func (c *Client) GCSReadToken(ctx context.Context, us []launcher.BucketURL) (string, error) {
+// GCSReadToken implements nodefiles.GCSReader: a token that reads the objects under us.
+func (c *Client) GCSReadToken(ctx context.Context, us []nodefiles.BucketURL) (string, error) {
 	root, err := c.lendingSource(ctx)
 	if err != nil {
 		return "", err
@@ -67,7 +67,7 @@ func (c *Client) lendingSource(ctx context.Context) (oauth2.TokenSource, error) 
 }
 
 // readRules are the access boundary's rules: read the objects under each URL.
-func readRules(us []launcher.BucketURL) ([]downscope.AccessBoundaryRule, error) {
+func readRules(us []nodefiles.BucketURL) ([]downscope.AccessBoundaryRule, error) {
 	var rules []downscope.AccessBoundaryRule
 	seen := map[string]bool{}
 	for _, u := range us {
@@ -89,7 +89,7 @@ func readRules(us []launcher.BucketURL) ([]downscope.AccessBoundaryRule, error) 
 		rules = append(rules, rule)
 	}
 	if len(rules) > maxBoundaryRules {
-		return nil, fmt.Errorf("%w: %d gs:// sources; a lent token covers at most %d", launcher.ErrFiles, len(rules), maxBoundaryRules)
+		return nil, fmt.Errorf("%w: %d gs:// sources; a lent token covers at most %d", nodefiles.ErrFiles, len(rules), maxBoundaryRules)
 	}
 	slices.SortFunc(rules, func(a, b downscope.AccessBoundaryRule) int {
 		return strings.Compare(a.AvailableResource, b.AvailableResource)

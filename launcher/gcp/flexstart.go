@@ -19,6 +19,7 @@ import (
 
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/catalog"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // Flex-start (Dynamic Workload Scheduler's queue, through the instances API). Offerings offer
@@ -124,7 +125,7 @@ func (p *Provider) launchFlexGang(ctx context.Context, spec launcher.Spec, n int
 	if n < 1 {
 		return nil, fmt.Errorf("gcp: %w: a gang needs at least one node, got %d", launcher.ErrInvalid, n)
 	}
-	spec, setIPs := launcher.WithNodeIPsCommand(spec, nodeIPsCommand)
+	spec, setIPs := vmnode.WithNodeIPsCommand(spec, nodeIPsCommand)
 	specs := make([]launcher.Spec, n)
 	for r := range n {
 		specs[r] = launcher.GangNode(spec, r, n)

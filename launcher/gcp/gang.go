@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // LaunchGang launches n VMs of spec in one zone (the placement's, so the nodes are close), all
@@ -30,7 +31,7 @@ func (p *Provider) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([
 	if flexWanted(spec) {
 		return p.launchFlexGang(ctx, spec, n)
 	}
-	spec, setIPs := launcher.WithNodeIPsCommand(spec, nodeIPsCommand)
+	spec, setIPs := vmnode.WithNodeIPsCommand(spec, nodeIPsCommand)
 	insts, err := launcher.LaunchEach(ctx, p, spec, n)
 	if err == nil && setIPs {
 		if err = p.setNodeIPs(ctx, insts); err != nil {

@@ -49,6 +49,8 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets"
 	"github.com/ferryserve/ferry/launcher/catalog"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // InfraName is the provider's infra and the prefix of its instance ids.
@@ -126,11 +128,11 @@ type Options struct {
 	IngressTags  []string
 	// CheckpointNFS is an NFSv4 share ("server:/export", a Filestore instance) that job nodes
 	// mount for their checkpoints, so that a recovery in reach of it resumes
-	// (launcher.CheckpointShell); empty keeps checkpoints on each VM's disk.
+	// (vmnode.CheckpointShell); empty keeps checkpoints on each VM's disk.
 	CheckpointNFS string
 	// Buckets lists the s3:// and gs:// sources of file_mounts and makes their download URLs;
 	// nil is buckets.New with the controller's own credentials.
-	Buckets launcher.Buckets
+	Buckets nodefiles.Buckets
 	// SkipFirewall leaves firewall rules to the operator (no compute.firewalls permission).
 	SkipFirewall bool
 	// LaunchTimeout, PollInterval, NoticeInterval and NoticeLookback: see the Default* constants.
@@ -170,7 +172,7 @@ type Provider struct {
 	// routeSource is launcher.RouteSource; tests replace it.
 	routeSource func(ip string) (netip.Prefix, error)
 	// exits caches the exit status stopped job nodes marked, by "zone/name/id".
-	exits *launcher.ExitCodes
+	exits *vmnode.ExitCodes
 	// fwMu serialises changes to the firewall rules; it is never held with mu.
 	fwMu sync.Mutex
 	fw   firewallState
@@ -237,7 +239,7 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 
 	p := &Provider{opts: opts, log: opts.Logger.With(zap.String("infra", InfraName), zap.String("project", opts.Project)),
 		launchedZones: map[string]bool{}, ingressCIDRs: cidrs, routeSource: launcher.RouteSource,
-		exits: launcher.NewExitCodes(exitRetry),
+		exits: vmnode.NewExitCodes(exitRetry),
 		fw:    firewallState{settled: map[int]bool{}, denied: map[int]bool{}, admitted: map[string]bool{}}}
 	p.allowed = allowedZones(opts.Zones, opts.Regions)
 	if opts.PublicIP && !p.configured() && !opts.SkipFirewall {
@@ -458,7 +460,7 @@ collect:
 //
 // A job's node launched alone learns its own address as its gang's (job.go).
 func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Instance, error) {
-	spec, selfTag := launcher.WithNodeIPsCommand(spec, nodeIPsCommand)
+	spec, selfTag := vmnode.WithNodeIPsCommand(spec, nodeIPsCommand)
 	zone, err := p.zoneFor(spec.Placement)
 	if err != nil {
 		return launcher.Instance{}, err

@@ -14,16 +14,17 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // A job's node (Spec.Job set) is a VM that is meant to end. Its startup script differs from a
-// replica's in what happens around launcher.RenderScript:
+// replica's in what happens around nodefiles.RenderScript:
 //
 //   - Its gang's addresses exist only once every node runs, so LaunchGang (or Launch, for a
 //     node launched alone) sets them afterwards as the metaNodeIPs attribute of every node
 //     (instances.setMetadata), one per line, rank 0 first, and the node reads them from its
 //     metadata server (Metadata-Flavor: Google) before setup.
-//   - Around the run is launcher.VMJobBoot's watcher, which asks the metadata server's
+//   - Around the run is vmnode.JobBoot's watcher, which asks the metadata server's
 //     instance/preempted every second. When GCE begins a preemption it answers TRUE, and the
 //     watcher writes to the preemption file GCE's 30 s notice less the poll (GCE does not say
 //     the time itself), then sends SIGTERM to the run. On GCE the guest also gets an ACPI
@@ -34,13 +35,13 @@ import (
 //     STOPPING meanwhile, and its program is checkpointing until it is TERMINATED, so leave it
 //     until then).
 //   - When the run ends by itself, the script prints the exit status on a marker line
-//     (launcher.ExitMarker) to the serial console and powers the guest off; the VM goes
+//     (vmnode.ExitMarker) to the serial console and powers the guest off; the VM goes
 //     TERMINATED and List reads the marker from serial port 1 into Instance.ExitCode. A
 //     failing setup shows as launcher.ExitSetupFailed.
 //
 // Checkpoints: with the cloud's checkpoint_nfs set (an Filestore share), FERRY_CHECKPOINT_DIR is
-// the job's claim directory on it, mounted at launcher.CheckpointMountPoint
-// (launcher.CheckpointShell): every node of the gang and every later gang of the job within the
+// the job's claim directory on it, mounted at vmnode.CheckpointMountPoint
+// (vmnode.CheckpointShell): every node of the gang and every later gang of the job within the
 // share's reach (its region) sees it, so a recovery in another zone resumes. Without it the
 // directory is on the VM's own disk (JobSpec.CheckpointDir) and survives nothing but a restart
 // of the program on the same VM, and the node's log says so. The fake shares one host directory
@@ -73,7 +74,7 @@ var nodeIPsCommand = metadataGet("instance/attributes/" + metaNodeIPs)
 // preemptionWatch is how a job node's watcher learns of a preemption: the metadata server's
 // instance/preempted turns TRUE when GCE begins one. GCE does not say the time it leaves, so
 // the watcher takes its 30 s notice (EnvPreemptionNotice where set) less the poll.
-var preemptionWatch = launcher.PreemptionWatch{
+var preemptionWatch = vmnode.PreemptionWatch{
 	Locals: `local left=$(( ${` + EnvPreemptionNotice + `:-30} - ` + strconv.Itoa(preemptionPoll) + ` ))
 [ "$left" -ge 0 ] || left=0`,
 	Warned:  `[ "$(` + metadataGet("instance/preempted") + `)" = TRUE ]`,

@@ -9,6 +9,7 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/gcp/fakecompute"
 	"github.com/ferryserve/ferry/launcher/internal/vmjobtest"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // jobSpecFor is a job node's spec: no service labels, a JobSpec.
@@ -118,6 +119,6 @@ func TestJobBootGolden(t *testing.T) {
 	vmjobtest.CheckBootGolden(t, func(nfs string) (string, error) {
 		s := jobSpecFor("train", "pip install -r requirements.txt", "python train.py", true)
 		s.Job.CheckpointClaim = launcher.CheckpointClaim(vmjobtest.Job)
-		return launcher.VMJobBoot(InfraName, s, nfs, preemptionWatch)
+		return vmnode.JobBoot(InfraName, s, nfs, preemptionWatch)
 	})
 }

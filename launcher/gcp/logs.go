@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // DefaultLogInterval is how often StreamLogs reads the serial port again when following.
@@ -32,7 +33,7 @@ func (p *Provider) StreamLogs(ctx context.Context, id string, opts launcher.LogO
 	if err != nil {
 		return err
 	}
-	return launcher.StreamPolledLog(ctx, &serialLog{p: p, zone: zone, name: name}, opts, p.opts.LogInterval, w)
+	return vmnode.StreamPolledLog(ctx, &serialLog{p: p, zone: zone, name: name}, opts, p.opts.LogInterval, w)
 }
 
 // serialLog is a VM's serial port 1 read on from the byte offset where the previous read ended.
@@ -56,7 +57,7 @@ const (
 	maxLogOutage  = 10 * time.Minute
 )
 
-var _ launcher.PolledLog = (*serialLog)(nil)
+var _ vmnode.PolledLog = (*serialLog)(nil)
 
 // Read returns the port's output from where the previous read ended. After the first read a
 // VM that is not found was deleted, and its output went with it (io.EOF).

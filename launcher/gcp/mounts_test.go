@@ -9,6 +9,7 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/gcp/fakecompute"
 	"github.com/ferryserve/ferry/launcher/internal/vmjobtest"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // TestJobMountsGCS: a gs:// bucket in mode MOUNT (gcsfuse) and MOUNT_CACHED (rclone) on a
@@ -46,7 +47,7 @@ func TestJobMountS3Refused(t *testing.T) {
 	s := jobSpecFor("refused", "", "true", false)
 	s.FileMounts = map[string]string{"/data": "s3://models/llama"}
 	s.MountModes = map[string]configs.MountMode{"/data": configs.ModeMountCached}
-	if _, err := e.prov.Launch(vmjobtest.Context(t), s); !errors.Is(err, launcher.ErrFiles) || !strings.Contains(err.Error(), "mode: COPY") {
+	if _, err := e.prov.Launch(vmjobtest.Context(t), s); !errors.Is(err, nodefiles.ErrFiles) || !strings.Contains(err.Error(), "mode: COPY") {
 		t.Fatalf("Launch = %v, want ErrFiles naming mode: COPY", err)
 	}
 	if n := len(e.fake.VMs()); n != 0 {

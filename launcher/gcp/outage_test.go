@@ -15,6 +15,7 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/fakefault"
 	"github.com/ferryserve/ferry/launcher/gcp/fakecompute"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // Loops that call the API (the preemption watcher, a followed serial port) while it fails:
@@ -143,7 +144,7 @@ echo "line 4"; exit 0`, false)
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the VM to end", func() bool { return strings.Contains(e.fake.SerialOutput(in.Zone, in.Name), launcher.ExitMarker) })
+	waitFor(t, "the VM to end", func() bool { return strings.Contains(e.fake.SerialOutput(in.Zone, in.Name), vmnode.ExitMarker) })
 	select {
 	case err := <-done:
 		t.Fatalf("the stream ended during the outage: %v", err)
@@ -159,7 +160,7 @@ echo "line 4"; exit 0`, false)
 		t.Fatal("the stream did not end after the VM did")
 	}
 	if !strings.Contains(followed.String(), "line 1\nline 2\nline 3\n") || !strings.Contains(followed.String(), "line 4\n") ||
-		!strings.Contains(followed.String(), launcher.ExitMarker+"0\n") {
+		!strings.Contains(followed.String(), vmnode.ExitMarker+"0\n") {
 		t.Fatalf("followed logs lost lines:\n%s", followed.String())
 	}
 	if n := logs.FilterMessageSnippet("the API is not answering").Len(); n != 1 {

@@ -18,6 +18,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/catalog"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // Reservations (calendar mode). A GCP reservation holds a count of VMs of one shape in one
@@ -343,7 +344,7 @@ func (t reservationTarget) reserve(vm *computepb.Instance) {
 // maxRunDuration, counted from boot), that end. On any of them the run gets SIGTERM: for an
 // end, its grace period (at least the poll) before it; for a stop request, with its grace
 // ahead. The seconds left go to the preemption file, so it checkpoints before the VM goes.
-func watchFor(spec launcher.Spec) launcher.PreemptionWatch {
+func watchFor(spec launcher.Spec) vmnode.PreemptionWatch {
 	if spec.Job == nil {
 		return preemptionWatch
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/ferryserve/ferry/launcher/fakefault"
 	"github.com/ferryserve/ferry/launcher/gcp/fakecompute"
 	"github.com/ferryserve/ferry/launcher/internal/vmjobtest"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // insertReservation makes a specific reservation through the provider's own client.
@@ -225,7 +226,7 @@ func TestJobStoppedBeforeWindowEnd(t *testing.T) {
 		t.Fatal("the VM was gone before its program checkpointed")
 	}
 	waitFor(t, "the VM deleted at the window's end", func() bool { _, _, ok := e.fake.Instance(in.Name); return !ok })
-	if strings.Contains(c.Console(in), launcher.ExitMarker) {
+	if strings.Contains(c.Console(in), vmnode.ExitMarker) {
 		t.Error("a node stopped for its window's end marked an exit status")
 	}
 }

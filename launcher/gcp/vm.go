@@ -15,6 +15,8 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // acceleratorTypes maps the catalog's GPU names that attach to n1 machines to GCP
@@ -57,7 +59,7 @@ func (p *Provider) instanceFor(ctx context.Context, spec launcher.Spec, zone str
 	if err != nil {
 		return nil, err
 	}
-	meta, err := metadataFor(ctx, spec, hasGPU, launcher.VMBootOptions{Buckets: p.opts.Buckets, NFS: p.opts.CheckpointNFS, GCSToken: true})
+	meta, err := metadataFor(ctx, spec, hasGPU, vmnode.BootOptions{Buckets: p.opts.Buckets, NFS: p.opts.CheckpointNFS, GCSToken: true})
 	if err != nil {
 		return nil, err
 	}
@@ -81,8 +83,8 @@ func (p *Provider) instanceFor(ctx context.Context, spec launcher.Spec, zone str
 
 // serviceAccounts gives a VM with gs:// file_mounts the project's default service account:
 // its startup script fetches copied objects with that account's metadata token
-// (launcher.FilesShell), so the account must be able to read the buckets, with the read-only
-// storage scope; a VM that mounts a gs:// bucket (MOUNT, MOUNT_CACHED: launcher/mounts.go)
+// (nodefiles.FilesShell), so the account must be able to read the buckets, with the read-only
+// storage scope; a VM that mounts a gs:// bucket (MOUNT, MOUNT_CACHED: nodefiles.MountScript)
 // gets the read-write scope, and the account must be able to write it.
 func serviceAccounts(spec launcher.Spec) []*computepb.ServiceAccount {
 	scope := ""
@@ -130,10 +132,10 @@ func guestAccelerators(pl launcher.Placement, machineType, zone string) ([]*comp
 func (p *Provider) bootDisk(spec launcher.Spec, zone string, hasGPU bool) (*computepb.AttachedDisk, error) {
 	image := spec.Resources.ImageID
 	switch {
-	case launcher.DockerImage(spec) != "" && hasGPU:
+	case vmnode.DockerImage(spec) != "" && hasGPU:
 		// The container runs on the default image, which the startup script gives docker.
 		image = p.opts.GPUImage
-	case launcher.DockerImage(spec) != "":
+	case vmnode.DockerImage(spec) != "":
 		image = p.opts.Image
 	case image == "" && hasGPU:
 		image = p.opts.GPUImage
@@ -181,7 +183,7 @@ func ownedLabels(specLabels map[string]string) map[string]string {
 
 // metadataFor is the VM's metadata: the startup script that runs the task, and the port and
 // price that List reads back.
-func metadataFor(ctx context.Context, spec launcher.Spec, hasGPU bool, o launcher.VMBootOptions) (*computepb.Metadata, error) {
+func metadataFor(ctx context.Context, spec launcher.Spec, hasGPU bool, o vmnode.BootOptions) (*computepb.Metadata, error) {
 	script, err := startupScript(ctx, spec, o)
 	if err != nil {
 		return nil, err
@@ -240,7 +242,7 @@ var envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // GCE has no hop limit nor a way to turn it off per key. Keeping them apart needs Secret
 // Manager and a service account on the VM; until then, treat the project's viewers and
 // everything the replica runs as able to read a task's secrets.
-func startupScript(ctx context.Context, spec launcher.Spec, o launcher.VMBootOptions) (string, error) {
+func startupScript(ctx context.Context, spec launcher.Spec, o vmnode.BootOptions) (string, error) {
 	var b strings.Builder
 	b.WriteString("#!/usr/bin/env bash\n# Ferry startup script (GCP startup-script metadata): environment, then setup and run.\n")
 	keys := make([]string, 0, len(spec.Envs))
@@ -252,29 +254,25 @@ func startupScript(ctx context.Context, spec launcher.Spec, o launcher.VMBootOpt
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		b.WriteString("export " + k + "=" + shellQuote(spec.Envs[k]) + "\n")
+		b.WriteString("export " + k + "=" + nodefiles.ShellQuote(spec.Envs[k]) + "\n")
 	}
 	b.WriteString("export FERRY_PORT=" + strconv.Itoa(portOf(spec)) + "\n")
 	b.WriteString("export FERRY_HOST=${FERRY_HOST:-0.0.0.0}\n")
 	o.Watch = watchFor(spec)
 	o.FilesLimit = metadataValueLimit - b.Len()
-	boot, err := launcher.VMBoot(ctx, InfraName, spec, o)
+	boot, err := vmnode.Boot(ctx, InfraName, spec, o)
 	if err != nil {
 		return "", err
 	}
 	b.WriteString(boot)
 	if b.Len() > metadataValueLimit {
-		return "", fmt.Errorf("%w: %s: the startup script is %d bytes, over GCE's 256 KiB limit on a metadata value; put the workdir and file_mounts in a bucket and mount that, or move setup into a script on the image", launcher.ErrFiles, InfraName, b.Len())
+		return "", fmt.Errorf("%w: %s: the startup script is %d bytes, over GCE's 256 KiB limit on a metadata value; put the workdir and file_mounts in a bucket and mount that, or move setup into a script on the image", nodefiles.ErrFiles, InfraName, b.Len())
 	}
 	return b.String(), nil
 }
 
 // metadataValueLimit is GCE's bound on one metadata value (the startup script).
-const metadataValueLimit = launcher.GCPMetadataLimit
-
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
+const metadataValueLimit = nodefiles.GCPMetadataLimit
 
 // vmName makes an RFC 1035 name (lowercase letter first, [-a-z0-9], at most 63) from the
 // spec's name, with a random suffix so a relaunch never collides with a VM still deleting.

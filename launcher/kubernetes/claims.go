@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // A file_mounts source pvc://CLAIM[/SUBPATH] is a PersistentVolumeClaim of the pod's namespace,
@@ -51,11 +52,11 @@ func splitClaims(spec launcher.Spec) (launcher.Spec, []claimMount, error) {
 		sub = strings.TrimSuffix(sub, "/")
 		switch {
 		case len(validation.IsDNS1123Subdomain(name)) > 0:
-			return spec, nil, fmt.Errorf("%w: file_mounts.%s: %s: %q is not a PersistentVolumeClaim name", launcher.ErrFiles, dst, src, name)
+			return spec, nil, fmt.Errorf("%w: file_mounts.%s: %s: %q is not a PersistentVolumeClaim name", nodefiles.ErrFiles, dst, src, name)
 		case sub != "" && (!filepath.IsLocal(sub) || path.Clean(sub) != sub):
-			return spec, nil, fmt.Errorf("%w: file_mounts.%s: %s: the path in the claim must be a clean relative path that stays inside it", launcher.ErrFiles, dst, src)
+			return spec, nil, fmt.Errorf("%w: file_mounts.%s: %s: the path in the claim must be a clean relative path that stays inside it", nodefiles.ErrFiles, dst, src)
 		case !strings.HasPrefix(dst, "/") || path.Clean(dst) == "/":
-			return spec, nil, fmt.Errorf("%w: file_mounts.%s: %s: a claim is mounted at an absolute path other than /: write /data (or another)", launcher.ErrFiles, dst, src)
+			return spec, nil, fmt.Errorf("%w: file_mounts.%s: %s: a claim is mounted at an absolute path other than /: write /data (or another)", nodefiles.ErrFiles, dst, src)
 		}
 		claims = append(claims, claimMount{dst: path.Clean(dst), claim: name, subPath: sub})
 	}

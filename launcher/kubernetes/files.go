@@ -17,10 +17,11 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // A pod's workdir and file mounts reach it through a Secret of its own (<pod>-files, owned by
-// the pod): files.tar.gz holds the local files (launcher.PackLocal) and fetch.sh downloads each
+// the pod): files.tar.gz holds the local files (nodefiles.PackLocal) and fetch.sh downloads each
 // s3:// object by a presigned URL made at launch (with Options.Buckets, or for a FerryService's
 // s3+secret:// source with its tenant's registered client only: tenantbuckets.go). Both are the tenant's to read and no one
 // else's: a workdir holds .env files, and a presigned URL is a credential for its object until
@@ -45,7 +46,7 @@ const (
 	filesFetch     = "fetch.sh"
 	secretMaxBytes = 1 << 20
 	// filesPackLimit leaves room in the Secret for fetch.sh.
-	filesPackLimit = launcher.KubernetesFilesLimit
+	filesPackLimit = nodefiles.KubernetesFilesLimit
 	// filesMode is the files' mode in the secret volume: a kubelet's default (0644), which
 	// the init container reads as whatever user the pod runs as; the emptyDir it unpacks into
 	// is what the task sees.
@@ -71,11 +72,11 @@ func (p *Provider) attachFiles(ctx context.Context, pod *corev1.Pod, spec launch
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p.infra, err)
 	}
-	files, err := launcher.SpecFiles(spec)
+	files, err := nodefiles.SpecFiles(spec)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p.infra, err)
 	}
-	copies, mounted := launcher.Files{Workdir: files.Workdir}, launcher.Files{}
+	copies, mounted := nodefiles.Files{Workdir: files.Workdir}, nodefiles.Files{}
 	for _, m := range files.Mounts {
 		if m.Mounted() {
 			mounted.Mounts = append(mounted.Mounts, m)
@@ -83,7 +84,7 @@ func (p *Provider) attachFiles(ctx context.Context, pod *corev1.Pod, spec launch
 			copies.Mounts = append(copies.Mounts, m)
 		}
 	}
-	if err := launcher.CheckMounts(ctx, mounted, p.opts.Buckets); err != nil {
+	if err := nodefiles.CheckMounts(ctx, mounted, p.opts.Buckets); err != nil {
 		return nil, fmt.Errorf("%s: %w", p.infra, err)
 	}
 	if err := p.attachMounts(pod, spec, mounted); err != nil {
@@ -98,8 +99,8 @@ func (p *Provider) attachFiles(ctx context.Context, pod *corev1.Pod, spec launch
 // attachCopies adds the files pod copies at start: local files in a Secret, bucket objects
 // fetched by presigned URLs (listed in the same Secret), both unpacked by an init container.
 // tenant names the Secret whose credentials read each tenant's s3 source, by remote path.
-func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files launcher.Files, tenant map[string]string) (*corev1.Secret, error) {
-	archive, err := launcher.PackLocal(files, filesPackLimit, "a Kubernetes Secret (1 MiB)")
+func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files nodefiles.Files, tenant map[string]string) (*corev1.Secret, error) {
+	archive, err := nodefiles.PackLocal(files, filesPackLimit, "a Kubernetes Secret (1 MiB)")
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p.infra, err)
 	}
@@ -108,7 +109,7 @@ func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files laun
 		return nil, fmt.Errorf("%s: %w", p.infra, err)
 	}
 	if n := len(archive) + len(fetch); n > secretMaxBytes {
-		return nil, fmt.Errorf("%w: %s: the files and %d download URLs need %d bytes, over a Secret's 1 MiB; mount fewer objects (a narrower prefix) or fewer local files", launcher.ErrFiles, p.infra, strings.Count(fetch, "\nferry_get "), n)
+		return nil, fmt.Errorf("%w: %s: the files and %d download URLs need %d bytes, over a Secret's 1 MiB; mount fewer objects (a narrower prefix) or fewer local files", nodefiles.ErrFiles, p.infra, strings.Count(fetch, "\nferry_get "), n)
 	}
 	ctr := &pod.Spec.Containers[0]
 	mode := int32(filesMode)
@@ -128,8 +129,8 @@ func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files laun
 	ctr.Env = append(ctr.Env, corev1.EnvVar{Name: EnvFilesDir, Value: FilesDir})
 	var links strings.Builder
 	if files.Workdir != "" {
-		ctr.Env = append(ctr.Env, corev1.EnvVar{Name: launcher.EnvWorkdir, Value: FilesDir + "/workdir"})
-		links.WriteString(`ln -sfn "$` + launcher.EnvWorkdir + `" "$HOME/` + launcher.WorkdirName + `"` + "\n")
+		ctr.Env = append(ctr.Env, corev1.EnvVar{Name: nodefiles.EnvWorkdir, Value: FilesDir + "/workdir"})
+		links.WriteString(`ln -sfn "$` + nodefiles.EnvWorkdir + `" "$HOME/` + nodefiles.WorkdirName + `"` + "\n")
 	}
 	for i, m := range files.Mounts {
 		rel, inHome, _ := m.Remote() // SpecFiles checked it
@@ -137,8 +138,8 @@ func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files laun
 			ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: filesVolume, MountPath: "/" + rel, SubPath: subPaths[i]})
 			continue
 		}
-		target := `"$HOME"/` + shellQuote(rel)
-		links.WriteString(`mkdir -p "$(dirname ` + target + `)" && ln -sfn "$` + EnvFilesDir + `"/` + shellQuote(subPaths[i]) + " " + target + "\n")
+		target := `"$HOME"/` + nodefiles.ShellQuote(rel)
+		links.WriteString(`mkdir -p "$(dirname ` + target + `)" && ln -sfn "$` + EnvFilesDir + `"/` + nodefiles.ShellQuote(subPaths[i]) + " " + target + "\n")
 	}
 	ctr.Command[len(ctr.Command)-1] = links.String() + ctr.Command[len(ctr.Command)-1]
 	return &corev1.Secret{
@@ -151,7 +152,7 @@ func (p *Provider) attachCopies(ctx context.Context, pod *corev1.Pod, files laun
 // fetchScript is fetch.sh: a download per bucket object, by presigned URL. subPaths[i] is
 // where mount i lands under FilesDir. A mount tenant names is listed and presigned with the
 // client of the tenant's Secret, never with the provider's own.
-func (p *Provider) fetchScript(ctx context.Context, files launcher.Files, tenant map[string]string) (string, []string, error) {
+func (p *Provider) fetchScript(ctx context.Context, files nodefiles.Files, tenant map[string]string) (string, []string, error) {
 	var b strings.Builder
 	b.WriteString(`ferry_get() {
   mkdir -p "$(dirname "$2")"
@@ -170,7 +171,7 @@ func (p *Provider) fetchScript(ctx context.Context, files launcher.Files, tenant
 			continue
 		}
 		if m.Bucket.Scheme != "s3" {
-			return "", nil, fmt.Errorf("%w: file_mounts.%s: %s: a pod has no Google credentials Ferry can count on; copy the data to s3:// (presigned downloads work anywhere) or use a PersistentVolumeClaim", launcher.ErrFiles, m.Dst, m.Src)
+			return "", nil, fmt.Errorf("%w: file_mounts.%s: %s: a pod has no Google credentials Ferry can count on; copy the data to s3:// (presigned downloads work anywhere) or use a PersistentVolumeClaim", nodefiles.ErrFiles, m.Dst, m.Src)
 		}
 		client, err := p.bucketsFor(m, tenant)
 		if err != nil {
@@ -180,28 +181,23 @@ func (p *Provider) fetchScript(ctx context.Context, files launcher.Files, tenant
 		if err != nil {
 			return "", nil, fmt.Errorf("file_mounts.%s: %w", m.Dst, err)
 		}
-		b.WriteString("echo " + shellQuote(fmt.Sprintf("ferry: fetching %d objects of %s", len(objs), m.Src)) + "\n")
+		b.WriteString("echo " + nodefiles.ShellQuote(fmt.Sprintf("ferry: fetching %d objects of %s", len(objs), m.Src)) + "\n")
 		for _, o := range objs {
 			rel := m.Bucket.KeyPath(o.Key)
 			if rel == "" {
 				rel = path.Base(m.Dst)
 				subPaths[i] = dir + "/" + rel
 			} else if !filepath.IsLocal(rel) {
-				return "", nil, fmt.Errorf("%w: file_mounts.%s: object %q leaves its mount", launcher.ErrFiles, m.Dst, o.Key)
+				return "", nil, fmt.Errorf("%w: file_mounts.%s: object %q leaves its mount", nodefiles.ErrFiles, m.Dst, o.Key)
 			}
 			d, err := client.DownloadURL(ctx, *m.Bucket, o.Key)
 			if err != nil {
 				return "", nil, fmt.Errorf("file_mounts.%s: %w", m.Dst, err)
 			}
-			b.WriteString("ferry_get " + shellQuote(d.URL) + ` "$` + EnvFilesDir + `"/` + shellQuote(dir+"/"+rel) + "\n")
+			b.WriteString("ferry_get " + nodefiles.ShellQuote(d.URL) + ` "$` + EnvFilesDir + `"/` + nodefiles.ShellQuote(dir+"/"+rel) + "\n")
 		}
 	}
 	return b.String(), subPaths, nil
-}
-
-// shellQuote quotes s for sh as one word.
-func shellQuote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // createFiles creates the pod's files Secret.

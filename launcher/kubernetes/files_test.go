@@ -16,6 +16,7 @@ import (
 	"github.com/ferryserve/ferry/internal/testcluster"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/internal/vmjobtest"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // TestJobFiles: a job pod's workdir and file mounts (a local directory and file, an S3
@@ -113,7 +114,7 @@ func TestJobFilesRefused(t *testing.T) {
 			s := jobSpec(t, "refused", "L4", "true")
 			mutate(&s)
 			_, err := p.Launch(context.Background(), s)
-			if !errors.Is(err, launcher.ErrFiles) {
+			if !errors.Is(err, nodefiles.ErrFiles) {
 				t.Fatalf("Launch = %v, want ErrFiles", err)
 			}
 			if name == "workdir too big" && !strings.Contains(err.Error(), "bucket") {
@@ -186,7 +187,7 @@ func TestReplicaFilesPodSpec(t *testing.T) {
 	for _, e := range pod.Spec.Containers[0].Env {
 		env[e.Name] = e.Value
 	}
-	if env[launcher.EnvWorkdir] != FilesDir+"/workdir" || env[EnvFilesDir] != FilesDir {
+	if env[nodefiles.EnvWorkdir] != FilesDir+"/workdir" || env[EnvFilesDir] != FilesDir {
 		t.Errorf("env %v lacks the workdir and files dir", env)
 	}
 	if err := p.Terminate(ctx, inst.ID); err != nil {

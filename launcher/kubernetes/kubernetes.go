@@ -73,6 +73,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // Defaults for Options.
@@ -111,7 +112,7 @@ type Options struct {
 	Namespace string
 	// Buckets lists the s3:// sources of file_mounts and presigns their downloads (files.go);
 	// nil is buckets.New with the controller's own credentials.
-	Buckets launcher.Buckets
+	Buckets nodefiles.Buckets
 	// TenantBuckets are the bucket clients made from tenants' Secrets, for FerryServices'
 	// s3+secret:// sources (tenantbuckets.go); nil is an empty registry, which the controller
 	// fills.
@@ -272,36 +273,9 @@ func New(opts Options) (*Provider, error) {
 		return nil, err
 	}
 	routeKlog(opts.Logger)
-	cfg := opts.RESTConfig
-	ctxName, ns := opts.Context, opts.Namespace
-	if cfg == nil {
-		rules := clientcmd.NewDefaultClientConfigLoadingRules()
-		if opts.Kubeconfig != "" {
-			rules.ExplicitPath = opts.Kubeconfig
-		}
-		cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: opts.Context})
-		raw, err := cc.RawConfig()
-		if err != nil {
-			return nil, fmt.Errorf("kubernetes: read kubeconfig: %w", err)
-		}
-		if ctxName == "" {
-			ctxName = raw.CurrentContext
-		}
-		if _, ok := raw.Contexts[ctxName]; !ok || ctxName == "" {
-			return nil, fmt.Errorf("kubernetes: %w: context %q is not in the kubeconfig (%s)", launcher.ErrInvalid, ctxName, kubeconfigPaths(rules))
-		}
-		if cfg, err = cc.ClientConfig(); err != nil {
-			return nil, fmt.Errorf("kubernetes: context %q: %w", ctxName, err)
-		}
-		if ns == "" {
-			ns, _, _ = cc.Namespace()
-		}
-	}
-	if ctxName == "" {
-		ctxName = "in-cluster"
-	}
-	if ns == "" {
-		ns = metav1.NamespaceDefault
+	cfg, ctxName, ns, err := clusterConfig(opts)
+	if err != nil {
+		return nil, err
 	}
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "ferry"
@@ -333,6 +307,45 @@ func New(opts Options) (*Provider, error) {
 		policy:  policyState{ports: map[string][]int32{}},
 		jobs:    jobState{classes: map[string]string{}, ours: map[string]time.Time{}, tombstones: map[string]tombstone{}},
 	}, nil
+}
+
+// clusterConfig is the cluster opts name: opts.RESTConfig as it is, or the context of the
+// kubeconfig (its current one unless opts.Context names another), with the context's name
+// ("in-cluster" for a RESTConfig without one) and the namespace (the context's, else
+// "default", unless opts.Namespace names one).
+func clusterConfig(opts Options) (cfg *rest.Config, ctxName, ns string, err error) {
+	cfg = opts.RESTConfig
+	ctxName, ns = opts.Context, opts.Namespace
+	if cfg == nil {
+		rules := clientcmd.NewDefaultClientConfigLoadingRules()
+		if opts.Kubeconfig != "" {
+			rules.ExplicitPath = opts.Kubeconfig
+		}
+		cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: opts.Context})
+		raw, err := cc.RawConfig()
+		if err != nil {
+			return nil, "", "", fmt.Errorf("kubernetes: read kubeconfig: %w", err)
+		}
+		if ctxName == "" {
+			ctxName = raw.CurrentContext
+		}
+		if _, ok := raw.Contexts[ctxName]; !ok || ctxName == "" {
+			return nil, "", "", fmt.Errorf("kubernetes: %w: context %q is not in the kubeconfig (%s)", launcher.ErrInvalid, ctxName, kubeconfigPaths(rules))
+		}
+		if cfg, err = cc.ClientConfig(); err != nil {
+			return nil, "", "", fmt.Errorf("kubernetes: context %q: %w", ctxName, err)
+		}
+		if ns == "" {
+			ns, _, _ = cc.Namespace()
+		}
+	}
+	if ctxName == "" {
+		ctxName = "in-cluster"
+	}
+	if ns == "" {
+		ns = metav1.NamespaceDefault
+	}
+	return cfg, ctxName, ns, nil
 }
 
 func kubeconfigPaths(rules *clientcmd.ClientConfigLoadingRules) string {
@@ -619,40 +632,13 @@ func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 			o.FieldSelector = byName
 			return p.streams.CoreV1().Pods(p.ns).Watch(ctx, o)
 		})
-	var unschedulable string
-	// until returns errTimeout when timeout passed first (UntilWithSync reports that as its
-	// own "timed out waiting for the condition").
-	errTimeout := errors.New("timed out")
 	until := func(ctx context.Context, timeout time.Duration, cond func(*corev1.Pod) (bool, error)) (*corev1.Pod, error) {
-		wctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		ev, err := watchtools.UntilWithSync(wctx, lw, &corev1.Pod{}, nil, func(ev watch.Event) (bool, error) {
-			if ev.Type == watch.Deleted {
-				return false, fmt.Errorf("pod %s was deleted while starting", pod.Name)
-			}
-			cur, ok := ev.Object.(*corev1.Pod)
-			if !ok {
-				return false, nil
-			}
-			return cond(cur)
-		})
-		if err != nil {
-			if wctx.Err() != nil && ctx.Err() == nil {
-				return nil, errTimeout
-			}
-			return nil, err
-		}
-		return ev.Object.(*corev1.Pod), nil
+		return untilPod(ctx, lw, pod.Name, timeout, cond)
 	}
-	ended := func(cur *corev1.Pod) error {
-		if cur.Status.Phase == corev1.PodFailed || cur.Status.Phase == corev1.PodSucceeded {
-			return fmt.Errorf("pod %s ended while starting: %s", cur.Name, podEndReason(cur))
-		}
-		return nil
-	}
+	var unschedulable string
 	nominated := ""
 	waitScheduled := func(cur *corev1.Pod) (bool, error) {
-		if err := ended(cur); err != nil {
+		if err := startEnded(cur); err != nil {
 			return false, err
 		}
 		if cur.Spec.NodeName != "" {
@@ -682,7 +668,7 @@ func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 		return nil, p.waitError(caller, ctx, err)
 	}
 	started, err := until(ctx, p.opts.StartTimeout, func(cur *corev1.Pod) (bool, error) {
-		if err := ended(cur); err != nil {
+		if err := startEnded(cur); err != nil {
 			return false, err
 		}
 		return cur.Status.PodIP != "", nil
@@ -694,6 +680,42 @@ func (p *Provider) waitStarted(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 		return nil, p.waitError(caller, ctx, err)
 	}
 	return started, nil
+}
+
+// errTimeout is what untilPod returns when its timeout passed first (UntilWithSync reports
+// that as its own "timed out waiting for the condition").
+var errTimeout = errors.New("timed out")
+
+// untilPod follows the pod name through lw until cond holds for it (the pod as it then is),
+// cond fails, the pod is deleted, timeout passes (errTimeout) or ctx ends.
+func untilPod(ctx context.Context, lw *cache.ListWatch, name string, timeout time.Duration, cond func(*corev1.Pod) (bool, error)) (*corev1.Pod, error) {
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	ev, err := watchtools.UntilWithSync(wctx, lw, &corev1.Pod{}, nil, func(ev watch.Event) (bool, error) {
+		if ev.Type == watch.Deleted {
+			return false, fmt.Errorf("pod %s was deleted while starting", name)
+		}
+		cur, ok := ev.Object.(*corev1.Pod)
+		if !ok {
+			return false, nil
+		}
+		return cond(cur)
+	})
+	if err != nil {
+		if wctx.Err() != nil && ctx.Err() == nil {
+			return nil, errTimeout
+		}
+		return nil, err
+	}
+	return ev.Object.(*corev1.Pod), nil
+}
+
+// startEnded says why a starting pod cur will not start: it ended already.
+func startEnded(cur *corev1.Pod) error {
+	if cur.Status.Phase == corev1.PodFailed || cur.Status.Phase == corev1.PodSucceeded {
+		return fmt.Errorf("pod %s ended while starting: %s", cur.Name, podEndReason(cur))
+	}
+	return nil
 }
 
 // waitError is the error of a wait for a pod that ended by err: the caller's context's, the
@@ -1021,7 +1043,7 @@ func (p *Provider) podFor(spec launcher.Spec) (*corev1.Pod, error) {
 			Containers: []corev1.Container{{
 				Name:      containerName,
 				Image:     image,
-				Command:   []string{"/bin/bash", "-c", launcher.RenderScript(spec)},
+				Command:   []string{"/bin/bash", "-c", nodefiles.RenderScript(spec)},
 				Env:       env,
 				Ports:     []corev1.ContainerPort{{Name: "serve", ContainerPort: int32(port), Protocol: corev1.ProtocolTCP}},
 				Resources: res,

@@ -8,10 +8,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // A pod mounts the buckets its task mounts (MOUNT, MOUNT_CACHED) inside its own container, as
-// a VM does (launcher/mounts.go): its command installs the FUSE client when the image lacks it
+// a VM does (nodefiles.MountScript): its command installs the FUSE client when the image lacks it
 // and mounts each bucket before the task runs. What that takes:
 //
 //   - Privilege: FUSE needs the /dev/fuse device and CAP_SYS_ADMIN for mount(2), which a
@@ -49,7 +50,7 @@ const (
 // attachMounts makes pod mount f's buckets (all mounted, none copied): volumes for the mount
 // points, privilege, credentials, and the mount script before the task; a job's task is
 // wrapped so that its mounts are flushed and unmounted when it ends.
-func (p *Provider) attachMounts(pod *corev1.Pod, spec launcher.Spec, f launcher.Files) error {
+func (p *Provider) attachMounts(pod *corev1.Pod, spec launcher.Spec, f nodefiles.Files) error {
 	if len(f.Mounts) == 0 {
 		return nil
 	}
@@ -60,13 +61,13 @@ func (p *Provider) attachMounts(pod *corev1.Pod, spec launcher.Spec, f launcher.
 	if spec.Job != nil {
 		failCode = launcher.ExitSetupFailed
 	}
-	script, err := launcher.MountScript(f, func(i int, m launcher.FileMount) (string, error) {
+	script, err := nodefiles.MountScript(f, func(i int, m nodefiles.FileMount) (string, error) {
 		rel, inHome, err := m.Remote()
 		if err != nil {
 			return "", err
 		}
 		if inHome {
-			return `"$HOME"/` + shellQuote(rel), nil
+			return `"$HOME"/` + nodefiles.ShellQuote(rel), nil
 		}
 		env := envMountPrefix + strconv.Itoa(i)
 		vol := mountVolumePrefix + strconv.Itoa(i)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // A FerryService's s3:// sources are read with the tenant's credentials, never the
@@ -21,7 +22,7 @@ import (
 // with the registered client; one whose client is not registered (a controller that restarted
 // and has not reconciled the FerryService yet) fails the launch with an error naming the
 // Secret, which a later launch retries. Only this provider knows the scheme: every other
-// infra refuses it as an unknown one (launcher.ParseBucketURL), so no path falls back to the
+// infra refuses it as an unknown one (nodefiles.ParseBucketURL), so no path falls back to the
 // controller's credentials.
 
 // TenantS3Scheme prefixes an s3:// source read with the credentials of a tenant's Secret.
@@ -42,7 +43,7 @@ func ParseTenantS3Source(src string) (ref, bucket string, ok bool, err error) {
 	}
 	parts := strings.SplitN(rest, "/", 3)
 	if len(parts) != 3 || len(validation.IsDNS1123Label(parts[0])) > 0 || len(validation.IsDNS1123Subdomain(parts[1])) > 0 || parts[2] == "" {
-		return "", "", true, fmt.Errorf("%w: %s: not %sNAMESPACE/SECRET/BUCKET[/PREFIX]", launcher.ErrFiles, src, TenantS3Scheme)
+		return "", "", true, fmt.Errorf("%w: %s: not %sNAMESPACE/SECRET/BUCKET[/PREFIX]", nodefiles.ErrFiles, src, TenantS3Scheme)
 	}
 	return parts[0] + "/" + parts[1], "s3://" + parts[2], true, nil
 }
@@ -57,7 +58,7 @@ type TenantBuckets struct {
 // tenantClient is one Secret's client and the version of the Secret's values it was made from.
 type tenantClient struct {
 	version string
-	buckets launcher.Buckets
+	buckets nodefiles.Buckets
 }
 
 // NewTenantBuckets returns an empty registry.
@@ -67,7 +68,7 @@ func NewTenantBuckets() *TenantBuckets { return &TenantBuckets{clients: map[stri
 // digest of them): newClient is called only when ref has none of that version, so a client and
 // what it learnt (bucket regions) outlive reconciles of an unchanged Secret. A nil newClient
 // forgets ref's client: its Secret is gone, or its owner took the label off.
-func (r *TenantBuckets) Set(ref, version string, newClient func() launcher.Buckets) {
+func (r *TenantBuckets) Set(ref, version string, newClient func() nodefiles.Buckets) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if newClient == nil {
@@ -81,7 +82,7 @@ func (r *TenantBuckets) Set(ref, version string, newClient func() launcher.Bucke
 }
 
 // Get is ref's client; false when none is registered.
-func (r *TenantBuckets) Get(ref string) (launcher.Buckets, bool) {
+func (r *TenantBuckets) Get(ref string) (nodefiles.Buckets, bool) {
 	if r == nil {
 		return nil, false
 	}
@@ -109,7 +110,7 @@ func splitTenantBuckets(spec launcher.Spec) (launcher.Spec, map[string]string, e
 		case err != nil:
 			return spec, nil, fmt.Errorf("file_mounts.%s: %w", dst, err)
 		case spec.MountModes[dst] != "" && spec.MountModes[dst] != configs.ModeCopy:
-			return spec, nil, fmt.Errorf("%w: file_mounts.%s: %s is read with the credentials of Secret %s, which only a copy uses: write mode: COPY", launcher.ErrFiles, dst, bucket, ref)
+			return spec, nil, fmt.Errorf("%w: file_mounts.%s: %s is read with the credentials of Secret %s, which only a copy uses: write mode: COPY", nodefiles.ErrFiles, dst, bucket, ref)
 		}
 		if refs == nil {
 			refs, mounts = map[string]string{}, maps.Clone(spec.FileMounts)
@@ -125,11 +126,11 @@ func splitTenantBuckets(spec launcher.Spec) (launcher.Spec, map[string]string, e
 
 // bucketsFor is the client that lists and presigns mount m: the tenant's registered client when
 // refs names a Secret for it, else the provider's own.
-func (p *Provider) bucketsFor(m launcher.FileMount, refs map[string]string) (launcher.Buckets, error) {
+func (p *Provider) bucketsFor(m nodefiles.FileMount, refs map[string]string) (nodefiles.Buckets, error) {
 	ref, ok := refs[m.Dst]
 	if !ok {
 		if p.opts.Buckets == nil {
-			return nil, fmt.Errorf("%w: file_mounts.%s: no bucket client configured", launcher.ErrFiles, m.Dst)
+			return nil, fmt.Errorf("%w: file_mounts.%s: no bucket client configured", nodefiles.ErrFiles, m.Dst)
 		}
 		return p.opts.Buckets, nil
 	}

@@ -16,25 +16,26 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets"
 	"github.com/ferryserve/ferry/launcher/internal/vmjobtest"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // countingBuckets counts the calls made of a bucket client.
 type countingBuckets struct {
-	launcher.Buckets
+	nodefiles.Buckets
 	calls atomic.Int32
 }
 
-func (c *countingBuckets) List(ctx context.Context, u launcher.BucketURL) ([]launcher.BucketObject, error) {
+func (c *countingBuckets) List(ctx context.Context, u nodefiles.BucketURL) ([]nodefiles.BucketObject, error) {
 	c.calls.Add(1)
 	return c.Buckets.List(ctx, u)
 }
 
-func (c *countingBuckets) Open(ctx context.Context, u launcher.BucketURL, key string) (io.ReadCloser, error) {
+func (c *countingBuckets) Open(ctx context.Context, u nodefiles.BucketURL, key string) (io.ReadCloser, error) {
 	c.calls.Add(1)
 	return c.Buckets.Open(ctx, u, key)
 }
 
-func (c *countingBuckets) DownloadURL(ctx context.Context, u launcher.BucketURL, key string) (launcher.Download, error) {
+func (c *countingBuckets) DownloadURL(ctx context.Context, u nodefiles.BucketURL, key string) (nodefiles.Download, error) {
 	c.calls.Add(1)
 	return c.Buckets.DownloadURL(ctx, u, key)
 }
@@ -69,12 +70,12 @@ func TestTenantBucketFiles(t *testing.T) {
 
 	mounted := spec
 	mounted.MountModes = map[string]configs.MountMode{"/models": configs.ModeMount}
-	if _, err := p.Launch(ctx, mounted); !errors.Is(err, launcher.ErrFiles) || !strings.Contains(err.Error(), "write mode: COPY") {
+	if _, err := p.Launch(ctx, mounted); !errors.Is(err, nodefiles.ErrFiles) || !strings.Contains(err.Error(), "write mode: COPY") {
 		t.Errorf("mounted: Launch = %v, want ErrFiles saying to copy", err)
 	}
 
 	tenant := buckets.New(buckets.Options{S3Endpoint: b.S3.URL(), Credentials: credentials.NewStaticCredentialsProvider("AKIDTENANT", "tenant-secret", "")})
-	p.TenantBuckets().Set("tenant/creds", "v1", func() launcher.Buckets { return tenant })
+	p.TenantBuckets().Set("tenant/creds", "v1", func() nodefiles.Buckets { return tenant })
 	inst, err := p.Launch(ctx, spec)
 	if err != nil {
 		t.Fatal(err)

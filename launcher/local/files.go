@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // A local instance has no filesystem of its own, so its files are copies in its own
@@ -22,9 +23,9 @@ import (
 const filesDir = "files"
 
 // syncFiles copies spec's workdir into work and its mounts under dir's files root, logging
-// progress; a missing path or bucket fails the launch with launcher.ErrFiles.
+// progress; a missing path or bucket fails the launch with nodefiles.ErrFiles.
 func (p *Provider) syncFiles(ctx context.Context, spec launcher.Spec, dir, work string) error {
-	files, err := launcher.SpecFiles(spec)
+	files, err := nodefiles.SpecFiles(spec)
 	if err != nil {
 		return err
 	}
@@ -37,7 +38,7 @@ func (p *Provider) syncFiles(ctx context.Context, spec launcher.Spec, dir, work 
 	root := filepath.Join(dir, filesDir)
 	home := filepath.Join(root, os.Getenv("HOME"))
 	progress := func(msg string) { p.log.Info("sync", zap.String("name", spec.Name), zap.String("files", msg)) }
-	if err := launcher.SyncFilesLocal(ctx, files, p.opts.Buckets, work, root, home, progress); err != nil {
+	if err := nodefiles.SyncFilesLocal(ctx, files, p.opts.Buckets, work, root, home, progress); err != nil {
 		return fmt.Errorf("%s: %w", spec.Name, err)
 	}
 	if err := p.startMounts(ctx, filepath.Base(dir), dir, files, root, home); err != nil {
@@ -50,10 +51,10 @@ func (p *Provider) syncFiles(ctx context.Context, spec launcher.Spec, dir, work 
 func filesEnv(spec launcher.Spec, dir, work string) []string {
 	var env []string
 	if spec.Workdir != "" {
-		env = append(env, launcher.EnvWorkdir+"="+work)
+		env = append(env, nodefiles.EnvWorkdir+"="+work)
 	}
 	if len(spec.FileMounts) > 0 {
-		env = append(env, launcher.EnvFilesRoot+"="+filepath.Join(dir, filesDir))
+		env = append(env, nodefiles.EnvFilesRoot+"="+filepath.Join(dir, filesDir))
 	}
 	return env
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/ferryserve/ferry/launcher/buckets"
 	"github.com/ferryserve/ferry/launcher/buckets/fakegcs"
 	"github.com/ferryserve/ferry/launcher/buckets/fakes3"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // TestFileMountsLocal runs a task whose file_mounts are a local directory, a local file, an
@@ -69,7 +70,7 @@ func TestFileMountsLocalErrors(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := p.Launch(context.Background(), launcher.Spec{Name: "bad", FileMounts: mounts, Run: "true"})
-			if !errors.Is(err, launcher.ErrFiles) || !errors.Is(err, launcher.ErrInvalid) {
+			if !errors.Is(err, nodefiles.ErrFiles) || !errors.Is(err, launcher.ErrInvalid) {
 				t.Fatalf("Launch = %v, want ErrFiles", err)
 			}
 			if insts, _ := p.List(context.Background(), nil); len(insts) != 0 {

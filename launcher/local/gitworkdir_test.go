@@ -11,6 +11,7 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // TestGitWorkdirLocal: a local instance of a task with workdir: {url, ref} runs in a clone of
@@ -43,7 +44,7 @@ func TestGitWorkdirLocal(t *testing.T) {
 	if !strings.Contains(out, "pwd="+p.opts.WorkRoot+"/"+workDirPrefix) || !strings.Contains(out, "subject=first") {
 		t.Errorf("want the run in a clone at v1 in the instance's working directory:\n%s", out)
 	}
-	if _, err := os.Stat(filepath.Join(home, launcher.WorkdirName)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(home, nodefiles.WorkdirName)); !os.IsNotExist(err) {
 		t.Errorf("the clone went to the user's home (stat: %v)", err)
 	}
 }

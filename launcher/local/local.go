@@ -30,6 +30,7 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 	"github.com/ferryserve/ferry/launcher/privnet"
 )
 
@@ -68,7 +69,7 @@ type Options struct {
 	Logger *zap.Logger
 	// Buckets reads the s3:// and gs:// sources of file_mounts; nil is buckets.New with the
 	// machine's own credentials.
-	Buckets launcher.Buckets
+	Buckets nodefiles.Buckets
 }
 
 // Defaults for Options.
@@ -142,12 +143,8 @@ func New(opts Options) (*Provider, error) {
 	if err := os.MkdirAll(opts.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("local provider: %w", err)
 	}
-	if opts.WorkRoot == "" {
-		opts.WorkRoot = os.TempDir()
-	}
-	if opts.CheckpointRoot == "" {
-		opts.CheckpointRoot = filepath.Join(opts.Dir, checkpointsDir)
-	}
+	launcher.SetDefault(&opts.WorkRoot, os.TempDir())
+	launcher.SetDefault(&opts.CheckpointRoot, filepath.Join(opts.Dir, checkpointsDir))
 	if opts.WorkRoot, err = filepath.Abs(opts.WorkRoot); err != nil {
 		return nil, fmt.Errorf("local provider: %w", err)
 	}
@@ -268,7 +265,7 @@ type hostPort struct {
 func (p *Provider) start(dir, work, id string, at hostPort, spec launcher.Spec) (launcher.Instance, error) {
 	host, port := at.host, at.port
 	script := filepath.Join(dir, scriptFile)
-	if err := os.WriteFile(script, []byte(launcher.RenderScript(spec)), 0o600); err != nil {
+	if err := os.WriteFile(script, []byte(nodefiles.RenderScript(spec)), 0o600); err != nil {
 		return launcher.Instance{}, fmt.Errorf("write run script: %w", err)
 	}
 	out, err := os.OpenFile(filepath.Join(dir, logFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
@@ -287,31 +284,12 @@ func (p *Provider) start(dir, work, id string, at hostPort, spec launcher.Spec) 
 	env := append(p.environ(spec, host, port), filesEnv(spec, dir, work)...)
 	env = append(env, EnvInstance+"="+id) // marks every process of the instance (proc.go)
 	if spec.GitWorkdir != nil && spec.Workdir == "" {
-		// The script clones the repository into the working directory (launcher/gitworkdir.go).
-		env = append(env, launcher.EnvWorkdir+"="+work)
+		// The script clones the repository into the working directory (nodefiles.GitCloneShell).
+		env = append(env, nodefiles.EnvWorkdir+"="+work)
 	}
-	var cmd *exec.Cmd
-	if superviseSupported && p.opts.Supervisor != "" && (supervised(spec) || at.netns != "") {
-		// supervise.go: binds of the task's port on 0.0.0.0 move to host. A supervisor that
-		// does not start leaves the replica as it was without one, unless its port was to be
-		// in the private network, which only the supervisor can put it in.
-		cmd = replicaCommand(p.opts.Supervisor, superviseArgs(host, port, at.netns, argv), work, env, out)
-		if err := cmd.Start(); err != nil {
-			if at.netns != "" {
-				return launcher.Instance{}, fmt.Errorf("start replica supervisor: %w", err)
-			}
-			p.log.Warn("start replica supervisor; running without", zap.String("instance", id), zap.Error(err))
-			cmd = nil
-		}
-	}
-	if cmd == nil {
-		cmd = replicaCommand(argv[0], argv[1:], work, env, out)
-		if err := cmd.Start(); err != nil {
-			if errors.Is(err, exec.ErrNotFound) {
-				return launcher.Instance{}, fmt.Errorf("%w: start replica: %v", launcher.ErrInvalid, err)
-			}
-			return launcher.Instance{}, fmt.Errorf("start replica: %w", err)
-		}
+	cmd, err := p.startCommand(id, at, spec, argv, work, env, out)
+	if err != nil {
+		return launcher.Instance{}, err
 	}
 	pid := cmd.Process.Pid
 	// The child is not reaped before Wait, so its stat is readable even if it already exited.
@@ -349,6 +327,33 @@ func (p *Provider) start(dir, work, id string, at hostPort, spec launcher.Spec) 
 	p.mu.Unlock()
 	go p.wait(dir, cmd, c)
 	return p.instance(meta, launcher.StateRunning, ""), nil
+}
+
+// startCommand starts argv for instance id in work with env, output to out: under the
+// replica supervisor where the instance needs one, else as it is.
+func (p *Provider) startCommand(id string, at hostPort, spec launcher.Spec, argv []string, work string, env []string, out *os.File) (*exec.Cmd, error) {
+	if superviseSupported && p.opts.Supervisor != "" && (supervised(spec) || at.netns != "") {
+		// supervise.go: binds of the task's port on 0.0.0.0 move to host. A supervisor that
+		// does not start leaves the replica as it was without one, unless its port was to be
+		// in the private network, which only the supervisor can put it in.
+		cmd := replicaCommand(p.opts.Supervisor, superviseArgs(at.host, at.port, at.netns, argv), work, env, out)
+		err := cmd.Start()
+		if err == nil {
+			return cmd, nil
+		}
+		if at.netns != "" {
+			return nil, fmt.Errorf("start replica supervisor: %w", err)
+		}
+		p.log.Warn("start replica supervisor; running without", zap.String("instance", id), zap.Error(err))
+	}
+	cmd := replicaCommand(argv[0], argv[1:], work, env, out)
+	if err := cmd.Start(); err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			return nil, fmt.Errorf("%w: start replica: %v", launcher.ErrInvalid, err)
+		}
+		return nil, fmt.Errorf("start replica: %w", err)
+	}
+	return cmd, nil
 }
 
 // replicaCommand runs name args in a new session, in work with env, output to out.

@@ -11,8 +11,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets/bucketsync"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // A local instance's mounted bucket (MOUNT, MOUNT_CACHED) is a directory under its files root,
@@ -51,7 +51,7 @@ type localMount struct {
 // startMounts mounts f's mounted buckets of instance id (directory dir) under root and home,
 // as SyncFilesLocal places copies: a first round brings the buckets' objects, then a goroutine
 // keeps them in step until the instance's process ends or Terminate calls stopMounts.
-func (p *Provider) startMounts(ctx context.Context, id, dir string, f launcher.Files, root, home string) error {
+func (p *Provider) startMounts(ctx context.Context, id, dir string, f nodefiles.Files, root, home string) error {
 	var mirrors []*bucketsync.Mirror
 	for _, m := range f.Mounts {
 		if !m.Mounted() {
@@ -59,7 +59,7 @@ func (p *Provider) startMounts(ctx context.Context, id, dir string, f launcher.F
 		}
 		store, ok := p.opts.Buckets.(bucketsync.Store)
 		if !ok {
-			return fmt.Errorf("%w: file_mounts.%s: the bucket client cannot write to %s", launcher.ErrFiles, m.Dst, m.Src)
+			return fmt.Errorf("%w: file_mounts.%s: the bucket client cannot write to %s", nodefiles.ErrFiles, m.Dst, m.Src)
 		}
 		rel, inHome, err := m.Remote()
 		if err != nil {

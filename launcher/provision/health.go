@@ -90,9 +90,7 @@ type breaker struct {
 
 // NewHealth returns breakers with no infra known yet (Register adds them).
 func NewHealth(opts HealthOptions) *Health {
-	if opts.FailuresToOpen <= 0 {
-		opts.FailuresToOpen = 3
-	}
+	launcher.SetDefault(&opts.FailuresToOpen, 3)
 	opts.OpenFor = cmp.Or(opts.OpenFor, 2*time.Second)
 	opts.MaxOpenFor = max(cmp.Or(opts.MaxOpenFor, 30*time.Second), opts.OpenFor)
 	opts.ThrottleFor = cmp.Or(opts.ThrottleFor, time.Second)

@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -254,23 +253,7 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 			reasons = append(reasons, describe(c.Placement)+": "+down.Error())
 			continue
 		}
-		s := placedSpec(spec, c.Placement)
-		var insts []launcher.Instance
-		prov := p.infras[c.Infra]
-		if !gang {
-			var inst launcher.Instance
-			if inst, err = prov.Launch(ctx, s); err == nil {
-				insts = []launcher.Instance{inst}
-			}
-		} else {
-			insts, err = launcher.LaunchGang(ctx, prov, s, n)
-		}
-		p.observeCall(c.Infra, launchPart(c, err), err)
-		placedID := ""
-		if err == nil && len(insts) > 0 {
-			placedID = insts[0].ID
-		}
-		release(placedID, p.opts.Now())
+		insts, err := p.try(ctx, c, spec, n, gang, release)
 		if err == nil {
 			for i := range insts {
 				fillFromPlacement(&insts[i], c.Placement)
@@ -284,7 +267,8 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 		switch {
 		case errors.Is(err, launcher.ErrQueued):
 			// Held in the infra's queue, or for a reservation's window: the place is ours
-			// once it comes, so neither block it nor try further (capacity.go).
+			// once it comes, so neither block it nor try further. The caller tries again
+			// later with the same spec, which the infra recognises.
 			return nil, err
 		case errors.Is(err, launcher.ErrInvalid):
 			// Invalid for this infra (its image or shape rules: an AMI on Kubernetes, files
@@ -314,6 +298,30 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 		kind = launcher.ErrInvalid // no infra can run it as written: retrying will not help
 	}
 	return nil, fmt.Errorf("%w: every location failed (%d): %s", kind, len(reasons), strings.Join(reasons, "; "))
+}
+
+// try launches spec at choice c, one instance or (gang) n of them, and records the outcome:
+// with the infra's breaker, and through release with the spread (the first instance's id).
+func (p *Provisioner) try(ctx context.Context, c Choice, spec launcher.Spec, n int, gang bool, release func(id string, at time.Time)) ([]launcher.Instance, error) {
+	s := placedSpec(spec, c.Placement)
+	var insts []launcher.Instance
+	var err error
+	prov := p.infras[c.Infra]
+	if !gang {
+		var inst launcher.Instance
+		if inst, err = prov.Launch(ctx, s); err == nil {
+			insts = []launcher.Instance{inst}
+		}
+	} else {
+		insts, err = launcher.LaunchGang(ctx, prov, s, n)
+	}
+	p.observeCall(c.Infra, launchPart(c, err), err)
+	placedID := ""
+	if err == nil && len(insts) > 0 {
+		placedID = insts[0].ID
+	}
+	release(placedID, p.opts.Now())
+	return insts, err
 }
 
 // launchPart is the breaker a launch's outcome counts for: its zone (or region) — a launch
@@ -556,25 +564,6 @@ func (p *Provisioner) Terminate(ctx context.Context, id string) error {
 	return err
 }
 
-var _ launcher.Locator = (*Provisioner)(nil)
-
-// Locate is where an instance lies, as far as its infra's provider can tell from the id.
-func (p *Provisioner) Locate(id string) (region, zone string) {
-	name, err := p.ownerName(id)
-	if err != nil {
-		return "", ""
-	}
-	return p.locate(name, id)
-}
-
-// locate is where an instance of infra lies, as far as its provider can tell from the id.
-func (p *Provisioner) locate(infra, id string) (region, zone string) {
-	if l, ok := p.infras[infra].(launcher.Locator); ok {
-		return l.Locate(id)
-	}
-	return "", ""
-}
-
 // call runs fn within timeout; a call its own deadline cut (not its caller's) is the infra's
 // timeout (timedOut). The caller records the outcome where it belongs (observeCall).
 func (p *Provisioner) call(ctx context.Context, timeout time.Duration, fn func(context.Context) error) error {
@@ -616,53 +605,6 @@ func (p *Provisioner) List(ctx context.Context, selector map[string]string) ([]l
 	return p.ListIn(ctx, slices.Sorted(maps.Keys(p.infras)), selector)
 }
 
-// LogPath finds an instance's log where its infra keeps one locally.
-func (p *Provisioner) LogPath(id string) (string, error) {
-	prov, err := p.owner(id)
-	if err != nil {
-		return "", err
-	}
-	if ls, ok := prov.(launcher.LogSource); ok {
-		return ls.LogPath(id)
-	}
-	if h, ok := prov.(launcher.LogHinter); ok {
-		return "", fmt.Errorf("%w: %s keeps no local log for %s; read it with: %s", launcher.ErrNotFound, infraOf(id), id, h.LogHint(id))
-	}
-	return "", fmt.Errorf("%w: %s keeps no local log for %s", launcher.ErrNotFound, infraOf(id), id)
-}
-
-// StreamLogs reads an instance's output through its infra's API, for infras that keep it
-// there (Kubernetes, clouds); infras with a local file answer through LogPath instead.
-func (p *Provisioner) StreamLogs(ctx context.Context, id string, opts launcher.LogOptions, w io.Writer) error {
-	prov, err := p.owner(id)
-	if err != nil {
-		return err
-	}
-	if ls, ok := prov.(launcher.LogStreamer); ok {
-		if down := p.health.Allow(infraOfProvider(p, prov)); down != nil {
-			return down
-		}
-		return ls.StreamLogs(ctx, id, opts, w)
-	}
-	return fmt.Errorf("%w: %s cannot stream the output of %s", launcher.ErrNotFound, infraOf(id), id)
-}
-
-// CleanupJob asks every infra that keeps something of a job beyond its instances to release
-// it, each within CallTimeout; an infra that is down is not asked, and says so in the error.
-func (p *Provisioner) CleanupJob(ctx context.Context, job string) error {
-	return fanOut(ctx, p, func(ctx context.Context, c launcher.JobCleaner) error { return c.CleanupJob(ctx, job) })
-}
-
-// infraOfProvider is the name prov is enabled under.
-func infraOfProvider(p *Provisioner, prov launcher.Provider) string {
-	for name, q := range p.infras {
-		if q == prov {
-			return name
-		}
-	}
-	return ""
-}
-
 // Rank orders infras for scale-down: the position of the infra among the planner's choices
 // for r (lower is preferred, kept longer); an infra the plan does not name ranks last.
 func (p *Provisioner) Rank(ctx context.Context, r configs.Resources) (map[string]int, error) {
@@ -677,15 +619,6 @@ func (p *Provisioner) Rank(ctx context.Context, r configs.Resources) (map[string
 		}
 	}
 	return rank, nil
-}
-
-// owner finds the provider of an instance id.
-func (p *Provisioner) owner(id string) (launcher.Provider, error) {
-	name, err := p.ownerName(id)
-	if err != nil {
-		return nil, err
-	}
-	return p.infras[name], nil
 }
 
 // ownerName finds the infra of an instance id: ids start with their infra's name

@@ -30,19 +30,19 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // Store is the bucket side: launcher/buckets.Client.
 type Store interface {
 	// ListMount lists the objects under u (none is no error; a missing bucket is).
-	ListMount(ctx context.Context, u launcher.BucketURL) ([]launcher.BucketObject, error)
+	ListMount(ctx context.Context, u nodefiles.BucketURL) ([]nodefiles.BucketObject, error)
 	// Open reads one object.
-	Open(ctx context.Context, u launcher.BucketURL, key string) (io.ReadCloser, error)
+	Open(ctx context.Context, u nodefiles.BucketURL, key string) (io.ReadCloser, error)
 	// Put writes one object and returns its ETag, as ListMount gives it.
-	Put(ctx context.Context, u launcher.BucketURL, key string, body io.ReadSeeker, size int64) (string, error)
+	Put(ctx context.Context, u nodefiles.BucketURL, key string, body io.ReadSeeker, size int64) (string, error)
 	// Delete removes one object.
-	Delete(ctx context.Context, u launcher.BucketURL, key string) error
+	Delete(ctx context.Context, u nodefiles.BucketURL, key string) error
 }
 
 // Stats is what a round did.
@@ -74,19 +74,19 @@ type Mirror struct {
 	Clock func() time.Time
 
 	store Store
-	url   launcher.BucketURL
+	url   nodefiles.BucketURL
 	dir   string
 	state map[string]synced // slash path under dir → its last synced form
 }
 
 // New mirrors u (a bucket, or a prefix as a directory) at dir, which it creates.
-func New(store Store, u launcher.BucketURL, dir string) *Mirror {
+func New(store Store, u nodefiles.BucketURL, dir string) *Mirror {
 	u.Prefix = u.DirPrefix()
 	return &Mirror{store: store, url: u, dir: dir, state: map[string]synced{}}
 }
 
 // URL is the bucket prefix mirrored, as a directory.
-func (m *Mirror) URL() launcher.BucketURL { return m.url }
+func (m *Mirror) URL() nodefiles.BucketURL { return m.url }
 
 // Sync runs one round: push, then pull.
 func (m *Mirror) Sync(ctx context.Context) (Stats, error) {
@@ -224,7 +224,7 @@ func (m *Mirror) pull(ctx context.Context, root *os.Root, st *Stats) error {
 	if err != nil {
 		return err
 	}
-	remote := map[string]launcher.BucketObject{}
+	remote := map[string]nodefiles.BucketObject{}
 	for _, o := range objs {
 		rel := strings.TrimPrefix(o.Key, m.url.Prefix)
 		if rel == "" || !filepath.IsLocal(filepath.FromSlash(rel)) {
@@ -284,7 +284,7 @@ func (m *Mirror) localChange(root *os.Root, rel string) bool {
 }
 
 // download replaces the file at rel with object o, whole (a reader never sees half of it).
-func (m *Mirror) download(ctx context.Context, root *os.Root, rel string, o launcher.BucketObject) error {
+func (m *Mirror) download(ctx context.Context, root *os.Root, rel string, o nodefiles.BucketObject) error {
 	path := filepath.FromSlash(rel)
 	if err := root.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err

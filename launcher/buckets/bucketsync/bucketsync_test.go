@@ -14,18 +14,18 @@ import (
 	"golang.org/x/oauth2"
 	"google.golang.org/api/option"
 
-	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/buckets"
 	"github.com/ferryserve/ferry/launcher/buckets/bucketsync"
 	"github.com/ferryserve/ferry/launcher/buckets/fakegcs"
 	"github.com/ferryserve/ferry/launcher/buckets/fakes3"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // bucket is one fake bucket seen through the real client: what a test writes and reads
 // there stands for another machine's writes.
 type bucket struct {
 	client *buckets.Client
-	url    launcher.BucketURL
+	url    nodefiles.BucketURL
 	get    func(key string) ([]byte, bool)
 }
 
@@ -48,8 +48,8 @@ func newBuckets(t *testing.T) map[string]bucket {
 		GCSEndpoint: gcs.URL(), GCSOptions: []option.ClientOption{option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: "tok"}))},
 	})
 	return map[string]bucket{
-		"s3": {client: c, url: launcher.BucketURL{Scheme: "s3", Bucket: "ckpt", Prefix: "run"}, get: func(k string) ([]byte, bool) { return s3.Get("ckpt", k) }},
-		"gs": {client: c, url: launcher.BucketURL{Scheme: "gs", Bucket: "ckpt", Prefix: "run"}, get: func(k string) ([]byte, bool) { return gcs.Get("ckpt", k) }},
+		"s3": {client: c, url: nodefiles.BucketURL{Scheme: "s3", Bucket: "ckpt", Prefix: "run"}, get: func(k string) ([]byte, bool) { return s3.Get("ckpt", k) }},
+		"gs": {client: c, url: nodefiles.BucketURL{Scheme: "gs", Bucket: "ckpt", Prefix: "run"}, get: func(k string) ([]byte, bool) { return gcs.Get("ckpt", k) }},
 	}
 }
 
@@ -160,7 +160,7 @@ type writingStore struct {
 	path string
 }
 
-func (w writingStore) ListMount(ctx context.Context, u launcher.BucketURL) ([]launcher.BucketObject, error) {
+func (w writingStore) ListMount(ctx context.Context, u nodefiles.BucketURL) ([]nodefiles.BucketObject, error) {
 	if err := os.WriteFile(w.path, []byte("written during the round"), 0o644); err != nil {
 		return nil, err
 	}

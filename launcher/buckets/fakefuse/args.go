@@ -7,13 +7,13 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // mountArgs is what a mount command asks for.
 type mountArgs struct {
 	// url is the bucket and prefix mounted.
-	url launcher.BucketURL
+	url nodefiles.BucketURL
 	// dir is the mount point.
 	dir string
 	// logFile is --log-file ("" for none).
@@ -96,7 +96,7 @@ func parseMount(name string, args []string) (mountArgs, error) {
 			return m, errors.New("usage: goofys [flags] BUCKET[:PREFIX] MOUNTPOINT")
 		}
 		bucket, prefix, _ := strings.Cut(pos[0], ":")
-		m = mountArgs{url: launcher.BucketURL{Scheme: "s3", Bucket: bucket, Prefix: prefix}, dir: pos[1],
+		m = mountArgs{url: nodefiles.BucketURL{Scheme: "s3", Bucket: bucket, Prefix: prefix}, dir: pos[1],
 			logFile: flags["--log-file"], endpoint: flags["--endpoint"], foreground: flags["-f"] != ""}
 	case "gcsfuse":
 		flags, pos, err := parseFlags(gcsfuseFlags, args)
@@ -106,7 +106,7 @@ func parseMount(name string, args []string) (mountArgs, error) {
 		if len(pos) != 2 {
 			return m, errors.New("usage: gcsfuse [flags] BUCKET MOUNTPOINT")
 		}
-		m = mountArgs{url: launcher.BucketURL{Scheme: "gs", Bucket: pos[0], Prefix: flags["--only-dir"]}, dir: pos[1],
+		m = mountArgs{url: nodefiles.BucketURL{Scheme: "gs", Bucket: pos[0], Prefix: flags["--only-dir"]}, dir: pos[1],
 			logFile: flags["--log-file"], foreground: flags["--foreground"] != ""}
 	case "rclone":
 		return parseRclone(args)
@@ -148,7 +148,7 @@ func parseRclone(args []string) (mountArgs, error) {
 		return m, errors.New(":gcs: without --gcs-env-auth=true reads no credentials from the machine")
 	}
 	bucket, prefix, _ := strings.Cut(path, "/")
-	m = mountArgs{url: launcher.BucketURL{Scheme: scheme, Bucket: bucket, Prefix: prefix}, dir: pos[2], logFile: flags["--log-file"],
+	m = mountArgs{url: nodefiles.BucketURL{Scheme: scheme, Bucket: bucket, Prefix: prefix}, dir: pos[2], logFile: flags["--log-file"],
 		endpoint: flags["--s3-endpoint"], cached: flags["--vfs-cache-mode"] == "full" || flags["--vfs-cache-mode"] == "writes"}
 	if m.cached {
 		m.writeBack = 5 * time.Second // rclone's default

@@ -1,5 +1,5 @@
 // Package fakefuse stands in for the FUSE clients a VM's boot script and a pod's command run
-// for mounted buckets (launcher/mounts.go): goofys and gcsfuse (MOUNT), rclone mount
+// for mounted buckets (launcher/nodefiles/mounts.go): goofys and gcsfuse (MOUNT), rclone mount
 // (MOUNT_CACHED, and MOUNT of s3:// on ARM), and fusermount/fusermount3 -u to unmount. The
 // fake clouds' VMs and the test cluster's pods are processes on the host, which cannot load
 // FUSE, so a test puts these on their PATH (Install) and the boot script runs them exactly as

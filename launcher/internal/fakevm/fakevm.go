@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // Environment a VM's boot script gets besides the fake's and its cloud's, standing in for what
@@ -45,7 +45,7 @@ type Boot struct {
 	// cloud's metadata endpoint, FERRY_HOST); the variables below come last.
 	Env []string
 	// StateDir, Disk and NFSRoot are the VM's EnvStateDir, EnvVMRoot and
-	// launcher.EnvFakeNFSRoot (one directory for every VM of a region, as one shared
+	// vmnode.EnvFakeNFSRoot (one directory for every VM of a region, as one shared
 	// filesystem would be).
 	StateDir, Disk, NFSRoot string
 	// PowerOffFile is the file the guest's poweroff leaves; Start removes a stale one.
@@ -82,7 +82,7 @@ func Start(b Boot) (*VM, error) {
 	env := append(os.Environ(), b.Env...)
 	cmd.Env = append(env,
 		"PATH="+b.GuestBin+string(os.PathListSeparator)+lastEnv(env, "PATH"),
-		EnvStateDir+"="+b.StateDir, EnvVMRoot+"="+b.Disk, launcher.EnvFakeNFSRoot+"="+b.NFSRoot,
+		EnvStateDir+"="+b.StateDir, EnvVMRoot+"="+b.Disk, vmnode.EnvFakeNFSRoot+"="+b.NFSRoot,
 		envPowerOff+"="+b.PowerOffFile)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // dockerStandIn is the `docker` a fake VM finds on its PATH (fake VMs are local processes
@@ -83,7 +84,7 @@ func CheckDocker(t *testing.T, c Cloud, s launcher.Spec, wantGPU bool) {
 		t.Fatalf("docker calls %q, want a pull of the image then a run", calls)
 	}
 	run := calls[1]
-	for _, w := range []string{"run --rm --net=host ", "/" + launcher.WorkdirName + ":", " -e GREETING ", " -e FERRY_PORT ", " -e " + launcher.EnvWorkdir + " ", " ghcr.io/example/app:1.0 bash "} {
+	for _, w := range []string{"run --rm --net=host ", "/" + nodefiles.WorkdirName + ":", " -e GREETING ", " -e FERRY_PORT ", " -e " + nodefiles.EnvWorkdir + " ", " ghcr.io/example/app:1.0 bash "} {
 		if !strings.Contains(run, w) {
 			t.Errorf("docker run %q lacks %q", run, w)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/ferryserve/ferry/launcher/buckets"
 	"github.com/ferryserve/ferry/launcher/buckets/fakegcs"
 	"github.com/ferryserve/ferry/launcher/buckets/fakes3"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // Buckets are the fake S3 and GCS a VM cloud's provider reads file_mounts from, holding the
@@ -24,7 +25,7 @@ type Buckets struct {
 	S3  *fakes3.Server
 	GCS *fakegcs.Server
 	// Client is what the provider's Options.Buckets should be.
-	Client launcher.Buckets
+	Client nodefiles.Buckets
 }
 
 // NewBuckets starts the fakes; the fake GCS accepts only gcsToken (the token the cloud's
@@ -96,7 +97,7 @@ cat "$r/etc/app/a.yaml" "$r$HOME/notes.txt" "$r/models/config.json" "$r/models/s
 }
 
 // CheckFilesRefused: what the boot script cannot carry or fetch fails the launch with
-// launcher.ErrFiles before any VM exists: a workdir past the cloud's boot payload limit, a
+// nodefiles.ErrFiles before any VM exists: a workdir past the cloud's boot payload limit, a
 // missing bucket, a missing local path.
 func CheckFilesRefused(t *testing.T, c Cloud, payloadLimit int) {
 	t.Helper()
@@ -113,7 +114,7 @@ func CheckFilesRefused(t *testing.T, c Cloud, payloadLimit int) {
 			s := c.Spec("refused", "", "true")
 			mutate(&s)
 			_, err := c.Provider.Launch(Context(t), s)
-			if !errors.Is(err, launcher.ErrFiles) {
+			if !errors.Is(err, nodefiles.ErrFiles) {
 				t.Fatalf("Launch = %v, want ErrFiles", err)
 			}
 			if name == "workdir too big" && !strings.Contains(err.Error(), "bucket") {

@@ -21,6 +21,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
 // Job is the job every node of these tests belongs to (its LabelJob).
@@ -125,7 +126,7 @@ func CheckGangTalked(t *testing.T, c Cloud, insts []launcher.Instance) {
 	}
 	ips := []string{insts[0].IP, insts[1].IP}
 	rank0, rank1 := c.Console(insts[0]), c.Console(insts[1])
-	for _, want := range []string{"setup on rank 0", "node ips [" + ips[0] + " " + ips[1] + "]", `rank 0 heard "hello from rank 1" from ` + ips[1], launcher.ExitMarker + "0"} {
+	for _, want := range []string{"setup on rank 0", "node ips [" + ips[0] + " " + ips[1] + "]", `rank 0 heard "hello from rank 1" from ` + ips[1], vmnode.ExitMarker + "0"} {
 		if !strings.Contains(rank0, want) {
 			t.Errorf("rank 0's console lacks %q:\n%s", want, rank0)
 		}
@@ -207,14 +208,14 @@ echo "line 5"; exit 4`)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if !regexp.MustCompile(`(?s)line 1\n.*line 4\n.*line 5\n.*` + launcher.ExitMarker + `4\n`).MatchString(followed.String()) {
+	if !regexp.MustCompile(`(?s)line 1\n.*line 4\n.*line 5\n.*` + vmnode.ExitMarker + `4\n`).MatchString(followed.String()) {
 		t.Fatalf("followed logs lack lines 1-5 and the exit status:\n%s", followed.String())
 	}
 }
 
 // PreemptibleRun is a spot node's run that trains until SIGTERM, then says what the preemption
 // file held, saves a checkpoint and says so.
-const PreemptibleRun = `trap 'echo "SIGTERM with $(cat "$` + launcher.EnvPreemptionFile + `")"; echo saved > "$FERRY_CHECKPOINT_DIR/step"; echo checkpointed; exit 0' TERM
+const PreemptibleRun = `trap 'echo "SIGTERM with $(cat "$` + vmnode.EnvPreemptionFile + `")"; echo saved > "$FERRY_CHECKPOINT_DIR/step"; echo checkpointed; exit 0' TERM
 echo training
 while :; do sleep 0.1; done`
 
@@ -243,7 +244,7 @@ func CheckPreempted(t *testing.T, c Cloud, in launcher.Instance) {
 	if got.State != launcher.StatePreempted || got.ExitCode != nil {
 		t.Fatalf("preempted node: %s, exit code %v; want PREEMPTED without one", got.State, got.ExitCode)
 	}
-	if strings.Contains(c.Console(in), launcher.ExitMarker) {
+	if strings.Contains(c.Console(in), vmnode.ExitMarker) {
 		t.Fatalf("a preempted node marked an exit status:\n%s", c.Console(in))
 	}
 }

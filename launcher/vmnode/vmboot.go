@@ -1,4 +1,4 @@
-package launcher
+package vmnode
 
 import (
 	"context"
@@ -7,13 +7,16 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
 // DockerPrefix starts an image_id that names a container image ("docker:vllm/vllm-openai").
 const DockerPrefix = "docker:"
 
 // DockerImage is the container image spec asks for, "" when it asks for none.
-func DockerImage(spec Spec) string {
+func DockerImage(spec launcher.Spec) string {
 	img, ok := strings.CutPrefix(spec.Resources.ImageID, DockerPrefix)
 	if !ok {
 		return ""
@@ -21,35 +24,36 @@ func DockerImage(spec Spec) string {
 	return img
 }
 
-// VMBootOptions is what a VM cloud gives VMBoot.
-type VMBootOptions struct {
+// BootOptions is what a VM cloud gives Boot.
+type BootOptions struct {
 	// Buckets lists bucket mounts and makes their download URLs.
-	Buckets Buckets
-	// FilesLimit bounds the packed local files the boot script carries (FilesShell).
+	Buckets nodefiles.Buckets
+	// FilesLimit bounds the packed local files the boot script carries (nodefiles.FilesShell).
 	FilesLimit int
 	// GCSToken says the VM has a Google service account whose metadata token may read gs://
 	// mounts, and mount them (GCP); elsewhere a gs:// copy is fetched with a token Buckets
-	// gives (GCSReader), and a gs:// mount is refused.
+	// gives (nodefiles.GCSReader), and a gs:// mount is refused.
 	GCSToken bool
 	// S3Role says the VM runs with an IAM instance profile whose role mounts s3:// buckets
 	// (AWS with a mount instance profile configured); without it an s3:// mount is refused.
 	S3Role bool
 	// S3RoleHint says, in the refusal, how to give the VM that role.
 	S3RoleHint string
-	// NFS and Watch are a job node's (VMJobBoot).
+	// NFS and Watch are a job node's (JobBoot).
 	NFS   string
 	Watch PreemptionWatch
 }
 
-// VMBoot is the part of a VM's boot script after its environment: the task's files
-// (FilesShell), then the task, on the VM or, for an image_id docker:IMAGE, in that container
-// as SkyPilot runs one: docker installed if missing, the image pulled, and the container run
-// on the host's network (--net=host), with every GPU (--gpus all) where the VM has GPUs, the
-// workdir, file mounts, state and checkpoint directories bound at the same paths, and the
-// task's environment passed by name (values stay out of the command line). Setup and run both
-// run inside it, and the container's exit status is the run's (a job node's exit marker).
-func VMBoot(ctx context.Context, infra string, spec Spec, o VMBootOptions) (string, error) {
-	files, err := SpecFiles(spec)
+// Boot is the part of a VM's boot script after its environment: the task's files
+// (nodefiles.FilesShell), then the task, on the VM or, for an image_id docker:IMAGE, in that
+// container as SkyPilot runs one: docker installed if missing, the image pulled, and the
+// container run on the host's network (--net=host), with every GPU (--gpus all) where the VM
+// has GPUs, the workdir, file mounts, state and checkpoint directories bound at the same paths,
+// and the task's environment passed by name (values stay out of the command line). Setup and
+// run both run inside it, and the container's exit status is the run's (a job node's exit
+// marker).
+func Boot(ctx context.Context, infra string, spec launcher.Spec, o BootOptions) (string, error) {
+	files, err := nodefiles.SpecFiles(spec)
 	if err != nil {
 		return "", fmt.Errorf("%s: %w", infra, err)
 	}
@@ -57,10 +61,10 @@ func VMBoot(ctx context.Context, infra string, spec Spec, o VMBootOptions) (stri
 	if err := vmBuckets(infra, files, o); err != nil {
 		return "", err
 	}
-	if err := CheckMounts(ctx, files, o.Buckets); err != nil {
+	if err := nodefiles.CheckMounts(ctx, files, o.Buckets); err != nil {
 		return "", fmt.Errorf("%s: %w", infra, err)
 	}
-	sh, err := FilesShell(ctx, infra, files, o.Buckets, o.FilesLimit)
+	sh, err := nodefiles.FilesShell(ctx, infra, files, o.Buckets, o.FilesLimit)
 	if err != nil {
 		return "", err
 	}
@@ -74,13 +78,13 @@ func VMBoot(ctx context.Context, infra string, spec Spec, o VMBootOptions) (stri
 				return "", fmt.Errorf("%s: %w", infra, err)
 			}
 			if tok != "" {
-				b.WriteString("ferry_gcs_token=" + shellQuote(tok) + "\n")
+				b.WriteString("ferry_gcs_token=" + nodefiles.ShellQuote(tok) + "\n")
 			}
 		}
 		b.WriteString(sh)
 	}
 	if spec.Job != nil {
-		boot, err := VMJobBoot(infra, spec, o.NFS, o.Watch)
+		boot, err := JobBoot(infra, spec, o.NFS, o.Watch)
 		if err != nil {
 			return "", err
 		}
@@ -88,12 +92,12 @@ func VMBoot(ctx context.Context, infra string, spec Spec, o VMBootOptions) (stri
 		return b.String(), nil
 	}
 	if DockerImage(spec) == "" {
-		b.WriteString(RenderScript(spec))
+		b.WriteString(nodefiles.RenderScript(spec))
 		return b.String(), nil
 	}
-	script := RenderScript(spec)
+	script := nodefiles.RenderScript(spec)
 	if strings.Contains(script, "\n"+vmJobEOF+"\n") {
-		return "", fmt.Errorf("%w: %s: the task's script contains the line %s", ErrInvalid, infra, vmJobEOF)
+		return "", fmt.Errorf("%w: %s: the task's script contains the line %s", launcher.ErrInvalid, infra, vmJobEOF)
 	}
 	b.WriteString("ferry_state=${FERRY_STATE_DIR:-/var/lib/ferry}\nmkdir -p \"$ferry_state\"\n")
 	b.WriteString("cat > \"$ferry_state/task.sh\" <<'" + vmJobEOF + "'\n" + script + vmJobEOF + "\n")
@@ -104,15 +108,15 @@ func VMBoot(ctx context.Context, infra string, spec Spec, o VMBootOptions) (stri
 
 // dockerSetup installs docker where the VM lacks it, pulls the task's image and builds the
 // container's command line in the array ferry_docker (runCommand runs it).
-func dockerSetup(spec Spec) string {
+func dockerSetup(spec launcher.Spec) string {
 	img := DockerImage(spec)
 	if img == "" {
 		return ""
 	}
 	var b strings.Builder
 	b.WriteString(`command -v docker >/dev/null || { echo "ferry: installing docker"; curl -fsSL https://get.docker.com | sh; }
-echo "ferry: pulling "` + shellQuote(img) + `
-docker pull ` + shellQuote(img) + ` || { echo "ferry: docker pull failed" >&2; exit 1; }
+echo "ferry: pulling "` + nodefiles.ShellQuote(img) + `
+docker pull ` + nodefiles.ShellQuote(img) + ` || { echo "ferry: docker pull failed" >&2; exit 1; }
 ferry_docker=(docker run --rm --net=host)
 `)
 	if spec.Placement.Accelerator != "" && spec.Placement.AcceleratorCount > 0 {
@@ -120,23 +124,23 @@ ferry_docker=(docker run --rm --net=host)
 	}
 	b.WriteString(`ferry_docker+=(-v "$ferry_state:$ferry_state")` + "\n")
 	if spec.Workdir != "" {
-		b.WriteString(`ferry_docker+=(-v "$` + EnvWorkdir + `:$` + EnvWorkdir + `")` + "\n")
+		b.WriteString(`ferry_docker+=(-v "$` + nodefiles.EnvWorkdir + `:$` + nodefiles.EnvWorkdir + `")` + "\n")
 	}
 	for _, dst := range slices.Sorted(maps.Keys(spec.FileMounts)) {
-		rel, inHome, err := remotePath(dst)
+		rel, inHome, err := nodefiles.RemotePath(dst)
 		if err != nil {
-			continue // SpecFiles refused it already
+			continue // nodefiles.SpecFiles refused it already
 		}
-		in := "/" + shellQuote(rel)
+		in := "/" + nodefiles.ShellQuote(rel)
 		if inHome {
-			in = `"$ferry_home"/` + shellQuote(rel)
+			in = `"$ferry_home"/` + nodefiles.ShellQuote(rel)
 		}
 		// The VM's copy is under the files root; in the container it is at the mount's path.
 		b.WriteString(`ferry_docker+=(-v "$ferry_files"` + in + `:` + in + `)` + "\n")
 	}
-	b.WriteString(`[ -z "${` + EnvCheckpointDir + `:-}" ] || ferry_docker+=(-v "$` + EnvCheckpointDir + `:$` + EnvCheckpointDir + `")` + "\n")
+	b.WriteString(`[ -z "${` + launcher.EnvCheckpointDir + `:-}" ] || ferry_docker+=(-v "$` + launcher.EnvCheckpointDir + `:$` + launcher.EnvCheckpointDir + `")` + "\n")
 	envs := slices.Sorted(maps.Keys(spec.Envs))
-	envs = append(envs, "FERRY_PORT", "FERRY_HOST", EnvFilesRoot, EnvWorkdir, EnvCheckpointDir)
+	envs = append(envs, "FERRY_PORT", "FERRY_HOST", nodefiles.EnvFilesRoot, nodefiles.EnvWorkdir, launcher.EnvCheckpointDir)
 	if spec.Job != nil {
 		envs = append(envs, EnvPreemptionFile)
 	}
@@ -147,13 +151,13 @@ ferry_docker=(docker run --rm --net=host)
 		}
 		b.WriteString("-e " + k)
 	}
-	b.WriteString(" " + shellQuote(img) + ")\n")
+	b.WriteString(" " + nodefiles.ShellQuote(img) + ")\n")
 	return b.String()
 }
 
 // runCommand runs the script at path (a shell word): with bash on the VM, or in the task's
 // container (dockerSetup).
-func runCommand(spec Spec, path string) string {
+func runCommand(spec launcher.Spec, path string) string {
 	if DockerImage(spec) == "" {
 		return "bash " + path
 	}
@@ -163,30 +167,30 @@ func runCommand(spec Spec, path string) string {
 // filesFail defines ferry_files_fail: a replica's boot stops there (the replica never becomes
 // ready, its console says why); a job node ends as a failed setup, with its exit marker, so
 // the job fails instead of waiting.
-func filesFail(spec Spec) string {
+func filesFail(spec launcher.Spec) string {
 	if spec.Job == nil {
 		return "ferry_files_fail() { echo \"ferry: files: $1 failed\" >&2; exit 1; }\n"
 	}
-	return "ferry_files_fail() { echo \"ferry: files: $1 failed\" >&2; echo \"" + ExitMarker + strconv.Itoa(ExitSetupFailed) + "\"; poweroff; exit 1; }\n"
+	return "ferry_files_fail() { echo \"ferry: files: $1 failed\" >&2; echo \"" + ExitMarker + strconv.Itoa(launcher.ExitSetupFailed) + "\"; poweroff; exit 1; }\n"
 }
 
 // vmBuckets checks that a VM on infra can reach f's buckets: a mount needs the VM's own
-// credentials for its cloud (MountFits, and an instance profile on AWS); a gs:// copy the VM's
-// service account, or a token from the controller's Google credentials.
-func vmBuckets(infra string, f Files, o VMBootOptions) error {
+// credentials for its cloud (nodefiles.MountFits, and an instance profile on AWS); a gs://
+// copy the VM's service account, or a token from the controller's Google credentials.
+func vmBuckets(infra string, f nodefiles.Files, o BootOptions) error {
 	for _, m := range f.Mounts {
 		switch {
 		case m.Bucket == nil:
 		case m.Mounted():
-			if err := MountFits(m, infra); err != nil {
+			if err := nodefiles.MountFits(m, infra); err != nil {
 				return fmt.Errorf("%s: %w", infra, err)
 			}
 			if m.Bucket.Scheme == "s3" && !o.S3Role {
-				return fmt.Errorf("%w: %s: file_mounts.%s: %s (mode %s) is mounted with the VM's own AWS credentials, an IAM instance profile whose role can read and write the bucket, and none is configured: %s; or write mode: COPY", ErrFiles, infra, m.Dst, m.Src, m.Mode, o.S3RoleHint)
+				return fmt.Errorf("%w: %s: file_mounts.%s: %s (mode %s) is mounted with the VM's own AWS credentials, an IAM instance profile whose role can read and write the bucket, and none is configured: %s; or write mode: COPY", nodefiles.ErrFiles, infra, m.Dst, m.Src, m.Mode, o.S3RoleHint)
 			}
 		case m.Bucket.Scheme == "gs" && !o.GCSToken:
-			if _, ok := o.Buckets.(GCSReader); !ok {
-				return fmt.Errorf("%w: %s: file_mounts.%s: %s needs Google credentials to fetch, which %s VMs do not have and the controller cannot lend; copy the data to s3:// (presigned downloads work anywhere)", ErrFiles, infra, m.Dst, m.Src, infra)
+			if _, ok := o.Buckets.(nodefiles.GCSReader); !ok {
+				return fmt.Errorf("%w: %s: file_mounts.%s: %s needs Google credentials to fetch, which %s VMs do not have and the controller cannot lend; copy the data to s3:// (presigned downloads work anywhere)", nodefiles.ErrFiles, infra, m.Dst, m.Src, infra)
 			}
 		}
 	}
@@ -194,9 +198,9 @@ func vmBuckets(infra string, f Files, o VMBootOptions) error {
 }
 
 // gcsCopyToken is the token a VM without a Google service account fetches f's gs:// copies
-// with, from b (GCSReader); "" when f copies none.
-func gcsCopyToken(ctx context.Context, f Files, b Buckets) (string, error) {
-	var us []BucketURL
+// with, from b (nodefiles.GCSReader); "" when f copies none.
+func gcsCopyToken(ctx context.Context, f nodefiles.Files, b nodefiles.Buckets) (string, error) {
+	var us []nodefiles.BucketURL
 	for _, m := range f.Mounts {
 		if m.Bucket != nil && m.Bucket.Scheme == "gs" && !m.Mounted() {
 			us = append(us, *m.Bucket)
@@ -205,13 +209,13 @@ func gcsCopyToken(ctx context.Context, f Files, b Buckets) (string, error) {
 	if len(us) == 0 {
 		return "", nil
 	}
-	r, ok := b.(GCSReader)
+	r, ok := b.(nodefiles.GCSReader)
 	if !ok {
-		return "", fmt.Errorf("%w: the bucket client cannot lend a token for gs://", ErrFiles)
+		return "", fmt.Errorf("%w: the bucket client cannot lend a token for gs://", nodefiles.ErrFiles)
 	}
 	tok, err := r.GCSReadToken(ctx, us)
 	if err != nil {
-		return "", fmt.Errorf("%w: %s cannot be fetched on a VM without Google credentials: the controller could not lend it a token (%v); give the controller Application Default Credentials, or copy the data to s3://", ErrFiles, us[0], err)
+		return "", fmt.Errorf("%w: %s cannot be fetched on a VM without Google credentials: the controller could not lend it a token (%v); give the controller Application Default Credentials, or copy the data to s3://", nodefiles.ErrFiles, us[0], err)
 	}
 	return tok, nil
 }

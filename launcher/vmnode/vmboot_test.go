@@ -1,4 +1,4 @@
-package launcher_test
+package vmnode_test
 
 import (
 	"context"
@@ -11,12 +11,13 @@ import (
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/internal/vmjobtest"
+	"github.com/ferryserve/ferry/launcher/vmnode"
 )
 
-// TestVMBootReplicaDocker runs a service replica's VM boot script (not a job's) with bash, as
+// TestBootReplicaDocker runs a service replica's VM boot script (not a job's) with bash, as
 // a fake VM would: the task runs through `docker run` (the stand-in), in the synced workdir,
 // and the container's exit status is the script's.
-func TestVMBootReplicaDocker(t *testing.T) {
+func TestBootReplicaDocker(t *testing.T) {
 	log := vmjobtest.InstallDocker(t)
 	work := t.TempDir()
 	if err := os.WriteFile(filepath.Join(work, "model.txt"), []byte("tiny"), 0o644); err != nil {
@@ -27,7 +28,7 @@ func TestVMBootReplicaDocker(t *testing.T) {
 		Envs:      map[string]string{"MODEL": "m"},
 		Resources: configs.Resources{ImageID: "docker:vllm/vllm-openai:latest"},
 	}
-	boot, err := launcher.VMBoot(context.Background(), "test", spec, launcher.VMBootOptions{FilesLimit: 1 << 20})
+	boot, err := vmnode.Boot(context.Background(), "test", spec, vmnode.BootOptions{FilesLimit: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package launcher
+package nodefiles
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
 )
 
 // A bucket that a task mounts (SkyPilot's MOUNT and MOUNT_CACHED) is mounted where the task
@@ -88,7 +89,7 @@ func mountCommand(m FileMount, i int, dir string) string {
 	if m.Bucket.Scheme == "gs" {
 		remote, auth = ":gcs:"+rclonePath, "--gcs-env-auth=true --gcs-bucket-policy-only=true"
 	}
-	rclone := "ferry_install rclone && rclone mount " + shellQuote(remote) + " " + dir + " " + auth +
+	rclone := "ferry_install rclone && rclone mount " + ShellQuote(remote) + " " + dir + " " + auth +
 		" --daemon --daemon-wait 10s --allow-other --log-file " + log + " --log-level INFO"
 	switch {
 	case m.Mode == configs.ModeMountCached:
@@ -97,16 +98,16 @@ func mountCommand(m FileMount, i int, dir string) string {
 	case m.Bucket.Scheme == "gs":
 		onlyDir := ""
 		if prefix != "" {
-			onlyDir = " --only-dir " + shellQuote(prefix)
+			onlyDir = " --only-dir " + ShellQuote(prefix)
 		}
 		return "ferry_install gcsfuse && gcsfuse --log-file " + log + " -o allow_other --implicit-dirs --stat-cache-capacity 4096" +
-			" --stat-cache-ttl 5s --type-cache-ttl 5s --rename-dir-limit 10000" + onlyDir + " " + shellQuote(m.Bucket.Bucket) + " " + dir
+			" --stat-cache-ttl 5s --type-cache-ttl 5s --rename-dir-limit 10000" + onlyDir + " " + ShellQuote(m.Bucket.Bucket) + " " + dir
 	}
 	source := m.Bucket.Bucket
 	if prefix != "" {
 		source += ":" + prefix
 	}
-	goofys := "ferry_install goofys && goofys -o allow_other --stat-cache-ttl 5s --type-cache-ttl 5s --log-file " + log + " " + shellQuote(source) + " " + dir
+	goofys := "ferry_install goofys && goofys -o allow_other --stat-cache-ttl 5s --type-cache-ttl 5s --log-file " + log + " " + ShellQuote(source) + " " + dir
 	// goofys has no ARM build; SkyPilot mounts with rclone there.
 	return `if [ "$(ferry_arch)" = arm64 ]; then ` + rclone + "; else " + goofys + "; fi"
 }
@@ -150,14 +151,14 @@ func mountsEnd(dirs []string, cachedLogs []string) string {
 // when one cannot be mounted, and define ferry_mounts_end. "" when nothing is mounted.
 func mountsShell(f Files) (string, error) {
 	return MountScript(f, func(_ int, m FileMount) (string, error) {
-		rel, inHome, err := remotePath(m.Dst)
+		rel, inHome, err := RemotePath(m.Dst)
 		if err != nil {
 			return "", err
 		}
 		if inHome {
-			return `"$ferry_files$ferry_home"/` + shellQuote(rel), nil
+			return `"$ferry_files$ferry_home"/` + ShellQuote(rel), nil
 		}
-		return `"$ferry_files"/` + shellQuote(rel), nil
+		return `"$ferry_files"/` + ShellQuote(rel), nil
 	}, "ferry_files_fail")
 }
 
@@ -180,8 +181,8 @@ func MountScript(f Files, dir func(i int, m FileMount) (string, error), fail str
 		if err != nil {
 			return "", err
 		}
-		b.WriteString("echo " + shellQuote(fmt.Sprintf("ferry: mounting %s at %s (%s)", m.Src, m.Dst, m.Mode)) + "\n")
-		b.WriteString("mkdir -p " + dir + " && { " + mountCommand(m, i, dir) + "; } || " + fail + " " + shellQuote("mount "+m.Src) + "\n")
+		b.WriteString("echo " + ShellQuote(fmt.Sprintf("ferry: mounting %s at %s (%s)", m.Src, m.Dst, m.Mode)) + "\n")
+		b.WriteString("mkdir -p " + dir + " && { " + mountCommand(m, i, dir) + "; } || " + fail + " " + ShellQuote("mount "+m.Src) + "\n")
 		dirs = append(dirs, dir)
 		if m.Mode == configs.ModeMountCached {
 			cachedLogs = append(cachedLogs, `"$ferry_mounts"/`+strconv.Itoa(i)+".log")
@@ -194,9 +195,9 @@ func MountScript(f Files, dir func(i int, m FileMount) (string, error), fail str
 	return b.String(), nil
 }
 
-// mountsEndCall is the line of a job node's boot script, after its run, that waits for its
+// MountsEndCall is the line of a job node's boot script, after its run, that waits for its
 // mounted buckets' uploads and unmounts them (ferry_mounts_end); "" without mounts.
-func mountsEndCall(spec Spec) string {
+func MountsEndCall(spec launcher.Spec) string {
 	if len(spec.MountModes) == 0 {
 		return ""
 	}

@@ -1,4 +1,4 @@
-package launcher
+package nodefiles
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
 )
 
 // A task's files reach its instances as SkyPilot's do: `workdir` is copied to ~/sky_workdir,
@@ -45,7 +46,7 @@ const WorkdirName = "sky_workdir"
 
 // ErrFiles marks a workdir or file mount that cannot be delivered (missing path, missing
 // bucket, too big for the infra's channel): the task must change, so it is also ErrInvalid.
-var ErrFiles = fmt.Errorf("%w: files", ErrInvalid)
+var ErrFiles = fmt.Errorf("%w: files", launcher.ErrInvalid)
 
 // FileMount is one file_mounts entry.
 type FileMount struct {
@@ -141,7 +142,7 @@ func ParseFileMounts(m map[string]string) ([]FileMount, error) {
 			errs = append(errs, fmt.Errorf("%w: file_mounts.%s: local path %q is relative; the CLI makes paths absolute, submit through it", ErrFiles, dst, src))
 			continue
 		}
-		if _, _, err := remotePath(dst); err != nil {
+		if _, _, err := RemotePath(dst); err != nil {
 			errs = append(errs, fmt.Errorf("file_mounts.%s: %w", dst, err))
 			continue
 		}
@@ -152,11 +153,11 @@ func ParseFileMounts(m map[string]string) ([]FileMount, error) {
 
 // Remote splits the mount's remote path: inHome says it is under the home directory, rel is
 // the clean path below home or below /.
-func (m FileMount) Remote() (rel string, inHome bool, err error) { return remotePath(m.Dst) }
+func (m FileMount) Remote() (rel string, inHome bool, err error) { return RemotePath(m.Dst) }
 
-// remotePath splits a mount's remote path: home says it is under the home directory, rel is
+// RemotePath splits a mount's remote path: home says it is under the home directory, rel is
 // the clean path below home or below /.
-func remotePath(dst string) (rel string, home bool, err error) {
+func RemotePath(dst string) (rel string, home bool, err error) {
 	switch {
 	case dst == "~" || dst == "/":
 		return "", false, fmt.Errorf("%w: %q: a mount cannot replace the home or root directory", ErrFiles, dst)
@@ -206,7 +207,7 @@ type Files struct {
 
 // SpecFiles checks spec's workdir and file mounts: local sources exist (a workdir is a
 // directory), bucket URLs parse. It reads no bucket.
-func SpecFiles(spec Spec) (Files, error) {
+func SpecFiles(spec launcher.Spec) (Files, error) {
 	mounts, err := ParseFileMounts(spec.FileMounts)
 	errs := []error{err}
 	for i, m := range mounts {

@@ -1,4 +1,4 @@
-package launcher
+package nodefiles
 
 import (
 	"os"
@@ -53,7 +53,7 @@ func TestMountCommand(t *testing.T) {
 // and returns its output when it ends.
 func runMountsEnd(t *testing.T, log, polls string, env ...string) <-chan string {
 	t.Helper()
-	script := "sleep() { echo polled >> " + shellQuote(polls) + "; command sleep \"$@\"; }\n" +
+	script := "sleep() { echo polled >> " + ShellQuote(polls) + "; command sleep \"$@\"; }\n" +
 		mountsEnd([]string{"/mnt/a"}, []string{log}) + "ferry_unmount() { echo \"unmounted $1\"; }\nferry_mounts_end\n"
 	cmd := exec.Command("bash", "-c", script)
 	cmd.Env = append(os.Environ(), env...)

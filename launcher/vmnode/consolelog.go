@@ -1,4 +1,4 @@
-package launcher
+package vmnode
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"io"
 	"strings"
 	"time"
+
+	"github.com/ferryserve/ferry/launcher"
 )
 
 // PolledLog is an instance's output that its cloud serves only by being read again, never
@@ -24,7 +26,7 @@ type PolledLog interface {
 // lines of the output, then with opts.Follow what the output gains, read again every interval
 // until the instance has ended (and its last output is written), its output is gone, or ctx
 // ends.
-func StreamPolledLog(ctx context.Context, log PolledLog, opts LogOptions, interval time.Duration, w io.Writer) error {
+func StreamPolledLog(ctx context.Context, log PolledLog, opts launcher.LogOptions, interval time.Duration, w io.Writer) error {
 	output, err := log.Read(ctx)
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package launcher
+package nodefiles
 
 import (
 	"errors"
@@ -7,10 +7,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/ferryserve/ferry/launcher"
 )
 
 // runScript runs RenderScript(spec) with bash and returns its exit status and output.
-func runScript(t *testing.T, spec Spec) (int, string) {
+func runScript(t *testing.T, spec launcher.Spec) (int, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "script")
 	if err := os.WriteFile(path, []byte(RenderScript(spec)), 0o700); err != nil {
@@ -34,24 +36,24 @@ func runScript(t *testing.T, spec Spec) (int, string) {
 }
 
 func TestRenderScriptJobExitStatus(t *testing.T) {
-	job := &JobSpec{}
+	job := &launcher.JobSpec{}
 	cases := []struct {
 		name        string
 		setup, run  string
-		job         *JobSpec
+		job         *launcher.JobSpec
 		wantCode    int
 		wantOut     string
 		wantMissing string
 	}{
 		{"job run status is the script's", "echo prepared", "exit 3", job, 3, "prepared", ""},
-		{"job setup failure is marked", "echo before; false; echo after", "echo ran", job, ExitSetupFailed, "ferry: setup failed with exit status 1", "after"},
+		{"job setup failure is marked", "echo before; false; echo after", "echo ran", job, launcher.ExitSetupFailed, "ferry: setup failed with exit status 1", "after"},
 		{"job setup exiting 0 runs nothing more but is no failure", "exit 0", "echo ran", job, 0, "", "setup failed"},
 		{"service setup failure keeps its status", "exit 7", "echo ran", nil, 7, "", "ran"},
 		{"setup exports reach run", "export GREETING=hi", "echo \"$GREETING there\"", job, 0, "hi there", ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			code, out := runScript(t, Spec{Name: "n", Setup: tc.setup, Run: tc.run, Job: tc.job})
+			code, out := runScript(t, launcher.Spec{Name: "n", Setup: tc.setup, Run: tc.run, Job: tc.job})
 			if code != tc.wantCode {
 				t.Errorf("exit %d, want %d; output:\n%s", code, tc.wantCode, out)
 			}
@@ -72,30 +74,12 @@ func TestRenderScriptWaitsForNodeIPs(t *testing.T) {
 	// The command fails twice (no file yet), then the "provider" writes the file.
 	counter := filepath.Join(dir, "n")
 	cmd := `n=$(cat ` + counter + ` 2>/dev/null || echo 0); echo $((n+1)) > ` + counter + `; [ "$n" -ge 2 ] && printf '10.0.0.1\n10.0.0.2\n' > ` + file + `; cat ` + file
-	spec := Spec{Name: "n", Setup: `echo "setup sees $SKYPILOT_SETUP_NODE_IPS" | head -1`, Run: `echo "$SKYPILOT_NODE_IPS" | tail -1`, Job: &JobSpec{NodeIPsCommand: cmd}}
+	spec := launcher.Spec{Name: "n", Setup: `echo "setup sees $SKYPILOT_SETUP_NODE_IPS" | head -1`, Run: `echo "$SKYPILOT_NODE_IPS" | tail -1`, Job: &launcher.JobSpec{NodeIPsCommand: cmd}}
 	code, out := runScript(t, spec)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, out)
 	}
 	if !strings.Contains(out, "setup sees 10.0.0.1") || !strings.HasSuffix(strings.TrimSpace(out), "10.0.0.2") {
 		t.Errorf("output %q: want the addresses in setup and run", out)
-	}
-}
-
-func TestGangNodeEnvironment(t *testing.T) {
-	spec := Spec{Name: "train", Envs: map[string]string{"A": "1"}, Job: &JobSpec{NodeIPs: []string{"127.0.0.2", "127.0.0.3"}}}
-	s := GangNode(spec, 1, 2)
-	want := map[string]string{"A": "1", EnvNodeRank: "1", EnvSetupNodeRank: "1", EnvNumNodes: "2",
-		EnvNodeIPs: "127.0.0.2\n127.0.0.3", EnvSetupNodeIPs: "127.0.0.2\n127.0.0.3"}
-	for k, v := range want {
-		if s.Envs[k] != v {
-			t.Errorf("%s = %q, want %q", k, s.Envs[k], v)
-		}
-	}
-	if s.Name != "train-1" || s.Labels[LabelNodeRank] != "1" {
-		t.Errorf("name %q rank label %q", s.Name, s.Labels[LabelNodeRank])
-	}
-	if _, ok := spec.Envs[EnvNodeRank]; ok {
-		t.Error("GangNode changed the caller's spec")
 	}
 }

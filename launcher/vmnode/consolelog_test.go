@@ -1,4 +1,4 @@
-package launcher
+package vmnode
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/ferryserve/ferry/launcher"
 )
 
 // scriptedLog is a PolledLog whose reads return reads in turn and whose instance has ended
@@ -39,35 +41,35 @@ func (l *scriptedLog) Ended(context.Context) (bool, error) { return l.n >= l.end
 func TestStreamPolledLog(t *testing.T) {
 	for name, tc := range map[string]struct {
 		log     *scriptedLog
-		opts    LogOptions
+		opts    launcher.LogOptions
 		want    string
 		wantErr error
 	}{
 		"tail only": {
 			log:  &scriptedLog{reads: []string{"1\n2\n3\n", "4\n"}, endedAt: 99},
-			opts: LogOptions{Tail: 2},
+			opts: launcher.LogOptions{Tail: 2},
 			want: "2\n3\n",
 		},
 		"follow until ended, with the last output": {
 			log:  &scriptedLog{reads: []string{"1\n2\n", "3\n", "", "4\n"}, endedAt: 3},
-			opts: LogOptions{Tail: 1, Follow: true},
+			opts: launcher.LogOptions{Tail: 1, Follow: true},
 			want: "2\n3\n4\n",
 		},
 		"follow until gone": {
 			log:  &scriptedLog{reads: []string{"1\n", "2\n"}, errs: map[int]error{2: io.EOF}, endedAt: 99},
-			opts: LogOptions{Tail: -1, Follow: true},
+			opts: launcher.LogOptions{Tail: -1, Follow: true},
 			want: "1\n2\n",
 		},
 		"first read fails": {
-			log:     &scriptedLog{errs: map[int]error{0: ErrNotFound}},
-			opts:    LogOptions{Tail: -1, Follow: true},
-			wantErr: ErrNotFound,
+			log:     &scriptedLog{errs: map[int]error{0: launcher.ErrNotFound}},
+			opts:    launcher.LogOptions{Tail: -1, Follow: true},
+			wantErr: launcher.ErrNotFound,
 		},
 		"later read fails": {
-			log:     &scriptedLog{reads: []string{"1\n"}, errs: map[int]error{1: ErrUnauthorized}, endedAt: 99},
-			opts:    LogOptions{Tail: -1, Follow: true},
+			log:     &scriptedLog{reads: []string{"1\n"}, errs: map[int]error{1: launcher.ErrUnauthorized}, endedAt: 99},
+			opts:    launcher.LogOptions{Tail: -1, Follow: true},
 			want:    "1\n",
-			wantErr: ErrUnauthorized,
+			wantErr: launcher.ErrUnauthorized,
 		},
 	} {
 		t.Run(name, func(t *testing.T) {

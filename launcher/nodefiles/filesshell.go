@@ -1,4 +1,4 @@
-package launcher
+package nodefiles
 
 import (
 	"archive/tar"
@@ -25,7 +25,7 @@ const filesEOF = "FERRY_FILES_EOF"
 // object by the URL b made for it now (presigned S3 GETs expire after a week; GCS media URLs
 // are authorised with the VM's metadata token). The VM needs bash, base64, tar and curl. A step
 // that fails calls the shell function ferry_files_fail with what failed, which the caller
-// defines (VMBoot).
+// defines (vmnode.Boot).
 // limit bounds the packed local files, after compression and base64, which the cloud's
 // user-data or metadata value must hold; beyond it the error says to use a bucket.
 func FilesShell(ctx context.Context, infra string, f Files, b Buckets, limit int) (string, error) {
@@ -46,7 +46,7 @@ func FilesShell(ctx context.Context, infra string, f Files, b Buckets, limit int
 		if packed > limit {
 			return fmt.Errorf("%w: %s: the workdir and local file_mounts pack to over %d KiB, more than the boot script can carry; put them in a bucket (s3:// or gs://) and mount that instead", ErrFiles, infra, limit/1024)
 		}
-		sh.WriteString("mkdir -p " + dir + "\nbase64 -d <<'" + filesEOF + "' | tar -xzf - -C " + dir + " || ferry_files_fail " + shellQuote("unpack "+src) + "\n" + payload + filesEOF + "\n")
+		sh.WriteString("mkdir -p " + dir + "\nbase64 -d <<'" + filesEOF + "' | tar -xzf - -C " + dir + " || ferry_files_fail " + ShellQuote("unpack "+src) + "\n" + payload + filesEOF + "\n")
 		return nil
 	}
 	if f.Workdir != "" {
@@ -57,7 +57,7 @@ func FilesShell(ctx context.Context, infra string, f Files, b Buckets, limit int
 	}
 	fetches := false
 	for _, m := range f.Mounts {
-		rel, inHome, err := remotePath(m.Dst)
+		rel, inHome, err := RemotePath(m.Dst)
 		if err != nil {
 			return "", err
 		}
@@ -73,7 +73,7 @@ func FilesShell(ctx context.Context, infra string, f Files, b Buckets, limit int
 				sh.WriteString(fetchFunc)
 				fetches = true
 			}
-			if err := fetchLines(ctx, &sh, b, m, base+shellQuote(rel)); err != nil {
+			if err := fetchLines(ctx, &sh, b, m, base+ShellQuote(rel)); err != nil {
 				return "", err
 			}
 			continue
@@ -83,9 +83,9 @@ func FilesShell(ctx context.Context, infra string, f Files, b Buckets, limit int
 			return "", fmt.Errorf("%w: file_mounts.%s: local path %s: %v", ErrFiles, m.Dst, m.Src, err)
 		}
 		if info.IsDir() {
-			err = add(base+shellQuote(rel), m.Src, "")
+			err = add(base+ShellQuote(rel), m.Src, "")
 		} else {
-			err = add(base+shellQuote(path.Dir(rel)), m.Src, path.Base(rel))
+			err = add(base+ShellQuote(path.Dir(rel)), m.Src, path.Base(rel))
 		}
 		if err != nil {
 			return "", err
@@ -124,7 +124,7 @@ func fetchLines(ctx context.Context, sh *strings.Builder, b Buckets, m FileMount
 	if err != nil {
 		return fmt.Errorf("file_mounts.%s: %w", m.Dst, err)
 	}
-	sh.WriteString("echo " + shellQuote(fmt.Sprintf("ferry: fetching %d objects of %s", len(objs), m.Src)) + "\n")
+	sh.WriteString("echo " + ShellQuote(fmt.Sprintf("ferry: fetching %d objects of %s", len(objs), m.Src)) + "\n")
 	for _, o := range objs {
 		rel := objectPath(*m.Bucket, o.Key)
 		if rel != "" && !filepath.IsLocal(rel) {
@@ -136,13 +136,13 @@ func fetchLines(ctx context.Context, sh *strings.Builder, b Buckets, m FileMount
 		}
 		target := dst
 		if rel != "" {
-			target += "/" + shellQuote(rel)
+			target += "/" + ShellQuote(rel)
 		}
 		auth := "0"
 		if d.NeedsGCSAuth {
 			auth = "1"
 		}
-		sh.WriteString("ferry_fetch " + shellQuote(d.URL) + " " + target + " " + auth + " || ferry_files_fail " + shellQuote("fetch "+m.Src) + "\n")
+		sh.WriteString("ferry_fetch " + ShellQuote(d.URL) + " " + target + " " + auth + " || ferry_files_fail " + ShellQuote("fetch "+m.Src) + "\n")
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package launcher
+package nodefiles
 
 import (
 	"context"
@@ -44,7 +44,7 @@ func SyncFilesLocal(ctx context.Context, f Files, b Buckets, workdir, root, home
 		if m.Mounted() {
 			continue // the provider keeps it in step with the bucket (launcher/local)
 		}
-		rel, inHome, err := remotePath(m.Dst)
+		rel, inHome, err := RemotePath(m.Dst)
 		if err != nil {
 			return err
 		}

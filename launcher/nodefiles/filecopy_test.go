@@ -1,4 +1,4 @@
-package launcher
+package nodefiles
 
 import (
 	"context"

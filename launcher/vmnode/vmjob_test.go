@@ -1,4 +1,4 @@
-package launcher
+package vmnode
 
 import (
 	"errors"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ferryserve/ferry/launcher"
 )
 
 // testWatch is a cloud whose warning is a file in the node's state directory and which leaves
@@ -20,7 +22,7 @@ var testWatch = PreemptionWatch{
 	Fate:    "the VM is being taken",
 }
 
-// bootVMJob runs VMJobBoot's script for a node whose run is run, as a VM would (with a
+// bootVMJob runs JobBoot's script for a node whose run is run, as a VM would (with a
 // poweroff that leaves a file, and a `sleep infinity` that returns at once), and returns its
 // output and whether it powered off.
 func bootVMJob(t *testing.T, run string) (output string, poweredOff bool) {
@@ -39,8 +41,8 @@ func bootVMJob(t *testing.T, run string) (output string, poweredOff bool) {
 			t.Fatal(err)
 		}
 	}
-	spec := Spec{Name: "node", Run: run, Job: &JobSpec{CheckpointDir: filepath.Join(dir, "ckpt")}}
-	boot, err := VMJobBoot("test", spec, "", testWatch)
+	spec := launcher.Spec{Name: "node", Run: run, Job: &launcher.JobSpec{CheckpointDir: filepath.Join(dir, "ckpt")}}
+	boot, err := JobBoot("test", spec, "", testWatch)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,23 +66,23 @@ func bootVMJob(t *testing.T, run string) (output string, poweredOff bool) {
 	return string(out), err == nil
 }
 
-// TestVMJobBootExit: a run that ends by itself has its status marked, and the VM powers off.
-func TestVMJobBootExit(t *testing.T) {
+// TestJobBootExit: a run that ends by itself has its status marked, and the VM powers off.
+func TestJobBootExit(t *testing.T) {
 	out, off := bootVMJob(t, "echo working; exit 3")
 	if got, ok := ParseExitStatus(out); !ok || got != 3 || !off {
 		t.Fatalf("exit status %d (marked %v), powered off %v; want 3, marked, off:\n%s", got, ok, off, out)
 	}
 }
 
-// TestVMJobBootWarning: at the cloud's warning the run gets SIGTERM with the seconds left in the
+// TestJobBootWarning: at the cloud's warning the run gets SIGTERM with the seconds left in the
 // preemption file; the node then marks no status and does not power off.
-func TestVMJobBootWarning(t *testing.T) {
+func TestJobBootWarning(t *testing.T) {
 	out, off := bootVMJob(t, `trap 'echo "SIGTERM with $(cat "$`+EnvPreemptionFile+`")"; exit 0' TERM
 touch "$FERRY_STATE_DIR/warned"
 while :; do sleep 0.1; done`)
 	for _, want := range []string{
 		"ferry: test warning, 7s left: SIGTERM to the run\n",
-		"SIGTERM with " + EnvPreemptionGrace + "=7\n",
+		"SIGTERM with " + launcher.EnvPreemptionGrace + "=7\n",
 		"ferry: the run ended with status 0 after a test warning; the VM is being taken\n",
 	} {
 		if !strings.Contains(out, want) {
@@ -92,9 +94,9 @@ while :; do sleep 0.1; done`)
 	}
 }
 
-func TestVMJobBootRefusesItsDelimiter(t *testing.T) {
-	spec := Spec{Name: "node", Run: "cat <<" + vmJobEOF + "\nhi\n" + vmJobEOF + "\n", Job: &JobSpec{}}
-	if _, err := VMJobBoot("test", spec, "", testWatch); !errors.Is(err, ErrInvalid) {
+func TestJobBootRefusesItsDelimiter(t *testing.T) {
+	spec := launcher.Spec{Name: "node", Run: "cat <<" + vmJobEOF + "\nhi\n" + vmJobEOF + "\n", Job: &launcher.JobSpec{}}
+	if _, err := JobBoot("test", spec, "", testWatch); !errors.Is(err, launcher.ErrInvalid) {
 		t.Fatalf("a run with the line %s: %v, want ErrInvalid", vmJobEOF, err)
 	}
 }

@@ -1,4 +1,4 @@
-package launcher
+package nodefiles
 
 import (
 	"net/http"
@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
 )
 
 // gitRepo makes a repository with two commits on main (version.txt "one", then "two"), a tag
@@ -64,16 +65,16 @@ func TestGitWorkdirCloned(t *testing.T) {
 		"a commit":              {first, true, 0, "version one"},
 		"a short commit":        {first[:10], false, 0, "version one"},
 		"no such ref, replica":  {"nope", false, 1, "clone failed"},
-		"no such ref, job node": {"nope", true, ExitSetupFailed, "clone failed"},
+		"no such ref, job node": {"nope", true, launcher.ExitSetupFailed, "clone failed"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			home := t.TempDir()
-			spec := Spec{Name: "n", GitWorkdir: &configs.GitWorkdir{URL: url, Ref: tc.ref},
+			spec := launcher.Spec{Name: "n", GitWorkdir: &configs.GitWorkdir{URL: url, Ref: tc.ref},
 				Setup: "test -f version.txt", Run: `echo "version $(cat version.txt) in $PWD"`,
 				Envs: map[string]string{"HOME": home, "GIT_TOKEN": "s3cret-token"}}
 			if tc.job {
-				spec.Job = &JobSpec{}
+				spec.Job = &launcher.JobSpec{}
 			}
 			code, out := runScript(t, spec)
 			if code != tc.wantCode || !strings.Contains(out, tc.wantOut) {
@@ -99,7 +100,7 @@ func TestGitWorkdirCloned(t *testing.T) {
 func TestGitWorkdirIntoProvidersDirectory(t *testing.T) {
 	url, _ := gitRepo(t)
 	work := t.TempDir()
-	code, out := runScript(t, Spec{Name: "n", GitWorkdir: &configs.GitWorkdir{URL: url, Ref: "main"}, Run: "pwd; cat version.txt",
+	code, out := runScript(t, launcher.Spec{Name: "n", GitWorkdir: &configs.GitWorkdir{URL: url, Ref: "main"}, Run: "pwd; cat version.txt",
 		Envs: map[string]string{EnvWorkdir: work, "HOME": t.TempDir()}})
 	if code != 0 || !strings.Contains(out, work+"\ntwo") {
 		t.Fatalf("exit %d; want the clone in %s:\n%s", code, work, out)
@@ -118,7 +119,7 @@ func TestGitWorkdirWithoutGit(t *testing.T) {
 		}
 	}
 	path := filepath.Join(t.TempDir(), "script")
-	spec := Spec{Name: "n", GitWorkdir: &configs.GitWorkdir{URL: "https://example.com/r.git"}, Run: "echo ran", Job: &JobSpec{}}
+	spec := launcher.Spec{Name: "n", GitWorkdir: &configs.GitWorkdir{URL: "https://example.com/r.git"}, Run: "echo ran", Job: &launcher.JobSpec{}}
 	if err := os.WriteFile(path, []byte(RenderScript(spec)), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func TestGitWorkdirWithoutGit(t *testing.T) {
 	cmd.Env = []string{"PATH=" + bin, "HOME=" + t.TempDir()}
 	out, err := cmd.CombinedOutput()
 	exit, ok := err.(*exec.ExitError)
-	if !ok || exit.ExitCode() != ExitSetupFailed || !strings.Contains(string(out), "git is not installed") || strings.Contains(string(out), "ran") {
+	if !ok || exit.ExitCode() != launcher.ExitSetupFailed || !strings.Contains(string(out), "git is not installed") || strings.Contains(string(out), "ran") {
 		t.Fatalf("want a failed setup saying git is missing, got %v:\n%s", err, out)
 	}
 }
@@ -166,7 +167,7 @@ func TestGitWorkdirPrivateRepository(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			home := t.TempDir()
 			tc.envs["HOME"] = home
-			code, out := runScript(t, Spec{Name: "n", GitWorkdir: &configs.GitWorkdir{URL: repo, Ref: "v1"},
+			code, out := runScript(t, launcher.Spec{Name: "n", GitWorkdir: &configs.GitWorkdir{URL: repo, Ref: "v1"},
 				Run: `echo "version $(cat version.txt)"`, Envs: tc.envs})
 			if code != tc.wantCode || !strings.Contains(out, tc.wantOut) {
 				t.Fatalf("exit %d, want %d with %q:\n%s", code, tc.wantCode, tc.wantOut, out)

@@ -1,10 +1,11 @@
-package launcher
+package nodefiles
 
 import (
 	"strconv"
 	"strings"
 
 	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
 )
 
 // A git workdir (workdir: {url, ref}) is cloned by the instance itself, at the start of its
@@ -25,7 +26,7 @@ import (
 // is FAILED_SETUP, not restarted as a failing program), a replica just ends.
 func gitFailExit(job bool) string {
 	if job {
-		return strconv.Itoa(ExitSetupFailed)
+		return strconv.Itoa(launcher.ExitSetupFailed)
 	}
 	return "1"
 }
@@ -38,7 +39,7 @@ func GitCloneShell(g configs.GitWorkdir, job bool) string {
 	b.WriteString("# workdir: a git repository, cloned here\n")
 	b.WriteString("ferry_git_fail() " + fail + "\n")
 	b.WriteString("export " + EnvWorkdir + `="${` + EnvWorkdir + `:-${` + EnvFilesRoot + `:-${FERRY_VM_ROOT:-}}${HOME:-/root}/` + WorkdirName + `}"` + "\n")
-	b.WriteString("ferry_git_url=" + shellQuote(g.URL) + "\nferry_git_ref=" + shellQuote(g.Ref) + "\n")
+	b.WriteString("ferry_git_url=" + ShellQuote(g.URL) + "\nferry_git_ref=" + ShellQuote(g.Ref) + "\n")
 	b.WriteString(gitCloneFuncs)
 	b.WriteString(`command -v git >/dev/null 2>&1 || ferry_git_fail "git is not installed on this node (the image needs it to clone the workdir)"
 mkdir -p "$` + EnvWorkdir + `" || ferry_git_fail "cannot create $` + EnvWorkdir + `"

@@ -1,4 +1,4 @@
-package launcher
+package vmnode
 
 import (
 	"fmt"
@@ -7,22 +7,26 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/launcher/nodefiles"
 )
 
-// A job's node on a VM cloud (aws, gcp) boots with VMJobBoot after the environment its
+// A job's node on a VM cloud (aws, gcp) boots with JobBoot after the environment its
 // provider exports, and the VM's end tells how the run went:
 //
-//   - The run (RenderScript) is started in a process group of its own, and a watcher asks the
-//     cloud's metadata service every PreemptionWatch.Poll seconds whether the VM is about to be
-//     preempted. At the warning it writes EnvPreemptionGrace=<seconds left> to the file named by
-//     EnvPreemptionFile ($FERRY_STATE_DIR/preemption, /var/lib/ferry/preemption on a real VM)
-//     and then sends SIGTERM to the run's process group: a program that traps SIGTERM reads
-//     the file and checkpoints within the time left. The node then prints no exit status and
-//     does not power off; the cloud takes the VM back and the provider reports it PREEMPTED.
+//   - The run (nodefiles.RenderScript) is started in a process group of its own, and a
+//     watcher asks the cloud's metadata service every PreemptionWatch.Poll seconds whether the
+//     VM is about to be preempted. At the warning it writes EnvPreemptionGrace=<seconds left>
+//     to the file named by EnvPreemptionFile ($FERRY_STATE_DIR/preemption,
+//     /var/lib/ferry/preemption on a real VM) and then sends SIGTERM to the run's process
+//     group: a program that traps SIGTERM reads the file and checkpoints within the time left.
+//     The node then prints no exit status and does not power off; the cloud takes the VM back
+//     and the provider reports it PREEMPTED.
 //   - When the run ends by itself, the script prints its exit status on a line starting with
 //     ExitMarker and powers the VM off; the provider reads the marker from the VM's console
-//     (ParseExitStatus, cached by ExitCodes) into Instance.ExitCode. A failing setup shows as
-//     ExitSetupFailed.
+//     (ParseExitStatus, cached by ExitCodes) into launcher.Instance.ExitCode. A failing setup
+//     shows as launcher.ExitSetupFailed.
 //
 // What differs between clouds is how the watcher learns of a warning and of the time it leaves
 // (PreemptionWatch), and how the provider reads the console.
@@ -58,15 +62,15 @@ type PreemptionWatch struct {
 	Fate string
 }
 
-// VMJobBoot is the part of a VM job node's boot script after its environment: the preemption
+// JobBoot is the part of a VM job node's boot script after its environment: the preemption
 // file's name, the checkpoint directory (CheckpointShell with nfs), the run written to the
 // state directory and started in its own process group beside the watcher, and the end: exit
 // marker and poweroff, or waiting to be taken after a warning. infra names the provider in
 // errors.
-func VMJobBoot(infra string, spec Spec, nfs string, w PreemptionWatch) (string, error) {
-	script := RenderScript(spec)
+func JobBoot(infra string, spec launcher.Spec, nfs string, w PreemptionWatch) (string, error) {
+	script := nodefiles.RenderScript(spec)
 	if strings.Contains(script, "\n"+vmJobEOF+"\n") {
-		return "", fmt.Errorf("%w: %s: the task's script contains the line %s", ErrInvalid, infra, vmJobEOF)
+		return "", fmt.Errorf("%w: %s: the task's script contains the line %s", launcher.ErrInvalid, infra, vmJobEOF)
 	}
 	var b strings.Builder
 	b.WriteString("ferry_state=${FERRY_STATE_DIR:-/var/lib/ferry}\nmkdir -p \"$ferry_state\"\n")
@@ -86,7 +90,7 @@ set +m
 ferry_watch() {
 ` + indent(w.Locals, "  ") + `  while :; do
     if ` + w.Warned + `; then
-` + indent(w.SecondsLeft, "      ") + `      printf '` + EnvPreemptionGrace + `=%s\n' "$left" > "$` + EnvPreemptionFile + `.tmp"
+` + indent(w.SecondsLeft, "      ") + `      printf '` + launcher.EnvPreemptionGrace + `=%s\n' "$left" > "$` + EnvPreemptionFile + `.tmp"
       mv -f "$` + EnvPreemptionFile + `.tmp" "$` + EnvPreemptionFile + `"
       echo "ferry: ` + w.Warning + `, ${left}s left: SIGTERM to the run"
       kill -TERM -- "-$ferry_run" 2>/dev/null
@@ -100,7 +104,7 @@ ferry_watcher=$!
 wait "$ferry_run"
 ferry_rc=$?
 kill "$ferry_watcher" 2>/dev/null
-` + mountsEndCall(spec) + `if [ -e "$` + EnvPreemptionFile + `" ]; then
+` + nodefiles.MountsEndCall(spec) + `if [ -e "$` + EnvPreemptionFile + `" ]; then
   echo "ferry: the run ended with status $ferry_rc after a ` + w.Warning + `; ` + w.Fate + `"
   exec sleep infinity
 fi
@@ -124,7 +128,7 @@ func indent(s, prefix string) string {
 // that delivers them after launch, when neither they nor a command are set; selfSet says the
 // caller must then give the node its own address as its gang's (a node launched alone). The
 // caller's JobSpec is not changed.
-func WithNodeIPsCommand(spec Spec, command string) (_ Spec, selfSet bool) {
+func WithNodeIPsCommand(spec launcher.Spec, command string) (_ launcher.Spec, selfSet bool) {
 	if spec.Job == nil || len(spec.Job.NodeIPs) > 0 || spec.Job.NodeIPsCommand != "" {
 		return spec, false
 	}
