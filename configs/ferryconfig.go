@@ -119,7 +119,7 @@ type CloudConfig struct {
 	// within its reach resumes; empty keeps each VM's checkpoint on its own disk.
 	CheckpointNFS string `json:"checkpoint_nfs,omitempty"`
 	// MountInstanceProfile (AWS) is the IAM instance profile of VMs that mount s3:// buckets
-	// (file_mounts mode MOUNT, MOUNT_CACHED; launcher/mounts.go); empty refuses such mounts.
+	// (file_mounts mode MOUNT, MOUNT_CACHED; launcher/nodefiles/mounts.go); empty refuses such mounts.
 	MountInstanceProfile string `json:"mount_instance_profile,omitempty"`
 }
 

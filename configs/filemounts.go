@@ -17,7 +17,7 @@ import (
 // mapping {source, name, store, mode, persistent}. A local path is copied at launch. A bucket
 // is copied at launch (mode: COPY, and the plain string form) or mounted (MOUNT, the mapping's
 // default, and MOUNT_CACHED): the instance sees the bucket at the path and its writes reach
-// the bucket (launcher/mounts.go says how on each infra). A mapping may name an existing bucket
+// the bucket (launcher/nodefiles/mounts.go says how on each infra). A mapping may name an existing bucket
 // instead of giving its URL: name: BUCKET with store: s3 or gcs. Ferry creates no buckets and
 // uploads no local files to one, so a mapping that asks for either is refused here, with what
 // to write instead.

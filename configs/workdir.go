@@ -15,7 +15,7 @@ import (
 //	  ref: v0.10.0            # a branch, a tag or a commit; none is the default branch
 //
 // The repository is cloned at ref on each node, into ~/sky_workdir, where setup and run start
-// (launcher.GitCloneShell). A private repository over HTTPS takes its token from the task's
+// (nodefiles.GitCloneShell). A private repository over HTTPS takes its token from the task's
 // GIT_TOKEN (a secret: `secrets: {GIT_TOKEN: null}`), as SkyPilot's does.
 
 // GitWorkdir is the mapping form of `workdir`.
