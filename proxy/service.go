@@ -367,6 +367,34 @@ func (s *snapshot) clientFor(r *policy.Replica) *hostClient {
 	return nil
 }
 
+// carryOver returns backend b's replica, upstream client and learned cap for the next
+// snapshot: the old snapshot's where b's address was in it, new ones where not. The client
+// follows the address; the replica and its cap only the same id, accelerator and version,
+// since pickers read identity fields without locks: a relabelled replica (same address, new id
+// or version) gets a fresh Replica instead of a mutated one. Called with s.mu held.
+func (s *Service) carryOver(b Backend, old *snapshot, oldIndex map[string]int) (*policy.Replica, *hostClient, *learnedCap) {
+	var replica *policy.Replica
+	var client *hostClient
+	var learned *learnedCap
+	if i, ok := oldIndex[b.Addr]; ok {
+		client = old.clients[i]
+		if r := old.replicas[i]; r.ID == b.ID && r.Accelerator == b.Accelerator && r.Version == b.Version {
+			replica, learned = r, old.caps[i]
+		}
+	}
+	if client == nil {
+		client = s.newHostClient(b.Addr)
+		if s.onModels.Load() != nil {
+			go s.fetchModels(client)
+		}
+	}
+	s.trackReplica(client, b.ID)
+	if replica == nil {
+		replica, learned = s.newReplica(b), &learnedCap{}
+	}
+	return replica, client, learned
+}
+
 // newReplica is the picker's view of backend b, attached to its engine's KV-cache reports when
 // the service hears them.
 func (s *Service) newReplica(b Backend) *policy.Replica {
@@ -464,27 +492,7 @@ func (s *Service) SetBackends(bs []Backend) {
 		}
 		kept[b.Addr] = true
 
-		var replica *policy.Replica
-		var client *hostClient
-		var learned *learnedCap
-		if i, ok := oldIndex[b.Addr]; ok {
-			client = old.clients[i]
-			if r := old.replicas[i]; r.ID == b.ID && r.Accelerator == b.Accelerator && r.Version == b.Version {
-				replica, learned = r, old.caps[i]
-			}
-		}
-		if client == nil {
-			client = s.newHostClient(b.Addr)
-			if s.onModels.Load() != nil {
-				go s.fetchModels(client)
-			}
-		}
-		s.trackReplica(client, b.ID)
-		if replica == nil {
-			// Identity fields are read without locks by pickers, so a relabelled replica (same
-			// address, new id or version) gets a fresh Replica instead of a mutated one.
-			replica, learned = s.newReplica(b), &learnedCap{}
-		}
+		replica, client, learned := s.carryOver(b, old, oldIndex)
 		next.replicas = append(next.replicas, replica)
 		next.clients = append(next.clients, client)
 		next.caps = append(next.caps, learned)
