@@ -147,6 +147,31 @@ func (w *windowed) llmDemand(obs Observation, st State) float64 {
 	return d
 }
 
+// nearZero applies scale to zero and from it to a desired count: no replica until the service
+// has been idle a full stable window plus the grace (one until then), and one as soon as a
+// request arrives at zero.
+func (w *windowed) nearZero(now time.Time, obs Observation, stableWindow time.Duration, desired int, reason string) (int, string) {
+	s := w.spec
+	if desired == 0 {
+		idle := now.Sub(w.lastActive)
+		switch {
+		case s.Min > 0:
+		case w.target == 0:
+			reason += ", at zero"
+		case idle >= stableWindow+s.ScaleToZeroGrace:
+			reason += fmt.Sprintf(", idle %v: to zero", idle.Round(time.Second))
+		default:
+			desired = 1 // keep one until the service has been idle a full window plus grace
+			reason += fmt.Sprintf(", idle %v", idle.Round(time.Second))
+		}
+	}
+	if w.target == 0 && (obs.Arrivals > 0 || obs.InFlight > 0) {
+		desired = max(desired, 1)
+		reason += ", from zero"
+	}
+	return desired, reason
+}
+
 func (w *windowed) Decide(now time.Time, obs Observation, st State) Decision {
 	s := w.spec
 	if w.started.IsZero() {
@@ -201,23 +226,7 @@ func (w *windowed) Decide(now time.Time, obs Observation, st State) Decision {
 		desired = w.target
 		reason += ", warming up"
 	}
-	if desired == 0 {
-		idle := now.Sub(w.lastActive)
-		switch {
-		case s.Min > 0:
-		case w.target == 0:
-			reason += ", at zero"
-		case idle >= stableWindow+s.ScaleToZeroGrace:
-			reason += fmt.Sprintf(", idle %v: to zero", idle.Round(time.Second))
-		default:
-			desired = 1 // keep one until the service has been idle a full window plus grace
-			reason += fmt.Sprintf(", idle %v", idle.Round(time.Second))
-		}
-	}
-	if w.target == 0 && (obs.Arrivals > 0 || obs.InFlight > 0) {
-		desired = max(desired, 1)
-		reason += ", from zero"
-	}
+	desired, reason = w.nearZero(now, obs, stableWindow, desired, reason)
 	w.target = clip(desired, s.Min, s.Max)
 	over := s.Overprovision
 	if w.headroom != nil {
