@@ -368,6 +368,57 @@ func (m *Manager) Ready() []Endpoint {
 	return slices.Clone(m.ready.Load().endpoints)
 }
 
+// markShuttingDown is Shutdown's first step: every replica SHUTTING_DOWN and its prober
+// stopped, none READY, launches in flight cut, the records written before anything is
+// terminated, and the proxies told.
+func (m *Manager) markShuttingDown() {
+	m.mu.Lock()
+	if !m.shutdown {
+		m.log.Info("shutting down service")
+	}
+	m.shutdown = true
+	now := m.cfg.Now()
+	for _, id := range sortedKeys(m.replicas) {
+		r := m.replicas[id]
+		m.stopProberLocked(r)
+		if r.rec.Status != StatusShuttingDown {
+			m.transitionLocked(now, r, StatusShuttingDown, "service shutting down", nil)
+		}
+	}
+	m.setReadyLocked()
+	if m.cancelLaunches != nil {
+		m.cancelLaunches() // what a cut launch made anyway is found later, or left behind
+	}
+	m.unlock() // the SHUTTING_DOWN records are on disk before anything is terminated
+	m.publish(true)
+}
+
+// forgetAll is Shutdown's last step, once every instance is terminated or left behind: the
+// service's replica records are deleted and the manager holds none.
+func (m *Manager) forgetAll() error {
+	stored, err := m.cfg.Store.ListReplicas(m.cfg.Service)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, rec := range stored {
+		if err := m.cfg.Store.DeleteReplica(m.cfg.Service, rec.ID); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	m.mu.Lock()
+	for _, r := range m.replicas {
+		m.stopProberLocked(r)
+	}
+	m.replicas = map[int]*replica{}
+	m.instances = nil
+	m.mu.Unlock()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("delete records: %w", err)
+	}
+	return nil
+}
+
 // Shutdown takes the service down: every replica becomes SHUTTING_DOWN, the empty READY set is
 // published, every instance of the service is terminated (launches under way are waited for
 // first) and the records are deleted. It works whether or not Start runs, and calling it again
@@ -384,25 +435,7 @@ func (m *Manager) Shutdown(ctx context.Context) ([]launcher.Leftover, error) {
 	if err := m.load(); err != nil {
 		return fail(err)
 	}
-	m.mu.Lock()
-	if !m.shutdown {
-		m.log.Info("shutting down service")
-	}
-	m.shutdown = true
-	now := m.cfg.Now()
-	for _, id := range sortedKeys(m.replicas) {
-		r := m.replicas[id]
-		m.stopProberLocked(r)
-		if r.rec.Status != StatusShuttingDown {
-			m.transitionLocked(now, r, StatusShuttingDown, "service shutting down", nil)
-		}
-	}
-	m.setReadyLocked()
-	if m.cancelLaunches != nil {
-		m.cancelLaunches() // what a cut launch made anyway is found below, or left behind
-	}
-	m.unlock() // the SHUTTING_DOWN records are on disk before anything is terminated
-	m.publish(true)
+	m.markShuttingDown()
 
 	launched := make(chan struct{})
 	go func() {
@@ -440,25 +473,8 @@ func (m *Manager) Shutdown(ctx context.Context) ([]launcher.Leftover, error) {
 	}
 	left = append(left, unlisted...)
 
-	stored, err := m.cfg.Store.ListReplicas(m.cfg.Service)
-	if err != nil {
+	if err := m.forgetAll(); err != nil {
 		return fail(err)
-	}
-	var errs []error
-	for _, rec := range stored {
-		if err := m.cfg.Store.DeleteReplica(m.cfg.Service, rec.ID); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	m.mu.Lock()
-	for _, r := range m.replicas {
-		m.stopProberLocked(r)
-	}
-	m.replicas = map[int]*replica{}
-	m.instances = nil
-	m.mu.Unlock()
-	if err := errors.Join(errs...); err != nil {
-		return fail(fmt.Errorf("delete records: %w", err))
 	}
 	m.log.Info("service shut down", zap.Int("instances_terminated", len(insts)-len(left)+len(unlisted)), zap.Int("left_behind", len(left)))
 	return left, nil
