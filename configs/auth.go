@@ -78,45 +78,7 @@ func (c *checker) auth(n *yaml.Node, field string, envs, secrets map[string]stri
 		}
 	}
 	if e, ok := f["keys_from_env"]; ok {
-		ef := joinField(field, "keys_from_env")
-		v := c.deref(e.value)
-		isList := v.Kind == yaml.SequenceNode
-		items := []*yaml.Node{v}
-		if isList {
-			items = v.Content
-		}
-		for i, item := range items {
-			itf := ef
-			if isList {
-				itf = indexField(ef, i)
-			}
-			name, ok := c.str(c.deref(item), itf)
-			if !ok {
-				continue
-			}
-			if !envNameRE.MatchString(name) {
-				c.errorf(item, itf, "%s is not an environment variable name", quoteShort(name))
-				continue
-			}
-			if _, inEnvs := envs[name]; inEnvs {
-				c.errorf(item, itf, "%s is one of the task's envs (set in envs: or with --env), which serve up prints and the controller stores and returns as written: "+
-					"make it a secret instead (under secrets:, or --secret %s=...), or leave it out of the task and export it in serve up's environment", name, name)
-				continue
-			}
-			a.KeysFromEnv = append(a.KeysFromEnv, name)
-			if c.lookupEnv == nil {
-				continue
-			}
-			v, ok := secrets[name]
-			if !ok || v == "" {
-				v, ok = c.lookupEnv(name)
-			}
-			if !ok || v == "" {
-				c.errorf(item, itf, "environment variable %s is not set: export it, or give it with --secret %s=...", name, name)
-				continue
-			}
-			add(v, item, itf, "in $"+name)
-		}
+		c.keysFromEnv(a, e.value, joinField(field, "keys_from_env"), envs, secrets, add)
 	}
 	if e, ok := f["keys_file"]; ok {
 		kf := joinField(field, "keys_file")
@@ -258,4 +220,47 @@ func (c *checker) rateLimit(e entry, field string) *RateLimit {
 		r.Burst = max(1, int(math.Ceil(r.RequestsPerSecond)))
 	}
 	return r
+}
+
+// keysFromEnv reads auth.keys_from_env, n at field ef: a name or a list of environment
+// variable names, each holding an API key; add takes each key found.
+func (c *checker) keysFromEnv(a *Auth, n *yaml.Node, ef string, envs, secrets map[string]string, add func(key string, at *yaml.Node, fieldName, from string)) {
+	v := c.deref(n)
+	isList := v.Kind == yaml.SequenceNode
+	items := []*yaml.Node{v}
+	if isList {
+		items = v.Content
+	}
+	for i, item := range items {
+		itf := ef
+		if isList {
+			itf = indexField(ef, i)
+		}
+		name, ok := c.str(c.deref(item), itf)
+		if !ok {
+			continue
+		}
+		if !envNameRE.MatchString(name) {
+			c.errorf(item, itf, "%s is not an environment variable name", quoteShort(name))
+			continue
+		}
+		if _, inEnvs := envs[name]; inEnvs {
+			c.errorf(item, itf, "%s is one of the task's envs (set in envs: or with --env), which serve up prints and the controller stores and returns as written: "+
+				"make it a secret instead (under secrets:, or --secret %s=...), or leave it out of the task and export it in serve up's environment", name, name)
+			continue
+		}
+		a.KeysFromEnv = append(a.KeysFromEnv, name)
+		if c.lookupEnv == nil {
+			continue
+		}
+		v, ok := secrets[name]
+		if !ok || v == "" {
+			v, ok = c.lookupEnv(name)
+		}
+		if !ok || v == "" {
+			c.errorf(item, itf, "environment variable %s is not set: export it, or give it with --secret %s=...", name, name)
+			continue
+		}
+		add(v, item, itf, "in $"+name)
+	}
 }

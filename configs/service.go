@@ -386,6 +386,49 @@ func (c *checker) postData(n *yaml.Node, field string) string {
 	return buf.String()
 }
 
+// writeJSONScalar writes a YAML scalar as the JSON value its tag says: null, a boolean, an
+// integer (its digits kept when too big for 64 bits), a number, or else a string.
+func (c *checker) writeJSONScalar(buf *bytes.Buffer, n *yaml.Node, field string) bool {
+	switch n.ShortTag() {
+	case "!!null":
+		buf.WriteString("null")
+		return true
+	case "!!bool":
+		var v bool
+		if n.Decode(&v) == nil {
+			fmt.Fprint(buf, v)
+			return true
+		}
+	case "!!int":
+		var v any
+		if n.Decode(&v) == nil {
+			switch v.(type) {
+			case int, int64, uint64:
+				out, _ := json.Marshal(v)
+				buf.Write(out)
+				return true
+			}
+		}
+		// Too big for 64 bits: keep the digits rather than round through a float.
+		if jsonIntRE.MatchString(n.Value) {
+			buf.WriteString(n.Value)
+			return true
+		}
+		c.errorf(n, field, "integer %s cannot be encoded as JSON", truncate(n.Value))
+		return false
+	case "!!float":
+		v, ok := c.number(n, field)
+		if !ok {
+			return false
+		}
+		out, _ := json.Marshal(v)
+		buf.Write(out)
+		return true
+	}
+	writeJSONString(buf, n.Value)
+	return true
+}
+
 // writeJSON encodes a YAML node as JSON in document order.
 func (c *checker) writeJSON(buf *bytes.Buffer, n *yaml.Node, field string, depth int) bool {
 	n = c.deref(n)
@@ -428,44 +471,7 @@ func (c *checker) writeJSON(buf *bytes.Buffer, n *yaml.Node, field string, depth
 		buf.WriteByte(']')
 		return true
 	case yaml.ScalarNode:
-		switch n.ShortTag() {
-		case "!!null":
-			buf.WriteString("null")
-			return true
-		case "!!bool":
-			var v bool
-			if n.Decode(&v) == nil {
-				fmt.Fprint(buf, v)
-				return true
-			}
-		case "!!int":
-			var v any
-			if n.Decode(&v) == nil {
-				switch v.(type) {
-				case int, int64, uint64:
-					out, _ := json.Marshal(v)
-					buf.Write(out)
-					return true
-				}
-			}
-			// Too big for 64 bits: keep the digits rather than round through a float.
-			if jsonIntRE.MatchString(n.Value) {
-				buf.WriteString(n.Value)
-				return true
-			}
-			c.errorf(n, field, "integer %s cannot be encoded as JSON", truncate(n.Value))
-			return false
-		case "!!float":
-			v, ok := c.number(n, field)
-			if !ok {
-				return false
-			}
-			out, _ := json.Marshal(v)
-			buf.Write(out)
-			return true
-		}
-		writeJSONString(buf, n.Value)
-		return true
+		return c.writeJSONScalar(buf, n, field)
 	}
 	c.errorf(n, field, "cannot encode %s as JSON", describe(n))
 	return false
