@@ -300,3 +300,23 @@ func (c *checker) cloudStorage(f map[string]entry, field string, cc *CloudConfig
 		cc.MountInstanceProfile = c.instanceProfile(e.value, joinField(field, "mount_instance_profile"))
 	}
 }
+
+// fileMounts reads a task's file_mounts, n: remote path → a local path, a bucket URI, or a
+// mapping with its source and mode.
+func (c *checker) fileMounts(t *Task, n *yaml.Node) {
+	ps, _ := c.pairs(n, "file_mounts")
+	for _, p := range ps {
+		field := joinField("file_mounts", p.key)
+		if p.key == "" {
+			c.errorf(p.keyNode, "file_mounts", "a mount needs a remote path as its key")
+			continue
+		}
+		if src, mode, ok := c.fileMountSource(p.value, field, t.Resources); ok {
+			if src == "" {
+				c.errorf(p.value, field, "a mount needs a local path or bucket URI")
+				continue
+			}
+			t.addFileMount(p.key, src, mode)
+		}
+	}
+}

@@ -270,21 +270,7 @@ func (c *checker) task(root *yaml.Node, ov Overrides, lookupEnv func(string) (st
 		t.Config = c.taskConfig(e.value) // taskconfig.go
 	}
 	if e, ok := f["file_mounts"]; ok {
-		ps, _ := c.pairs(c.substituted(e.value, vars), "file_mounts")
-		for _, p := range ps {
-			field := joinField("file_mounts", p.key)
-			if p.key == "" {
-				c.errorf(p.keyNode, "file_mounts", "a mount needs a remote path as its key")
-				continue
-			}
-			if src, mode, ok := c.fileMountSource(p.value, field, t.Resources); ok {
-				if src == "" {
-					c.errorf(p.value, field, "a mount needs a local path or bucket URI")
-					continue
-				}
-				t.addFileMount(p.key, src, mode)
-			}
-		}
+		c.fileMounts(t, c.substituted(e.value, vars)) // filemounts.go
 	}
 	if e, ok := f["setup"]; ok {
 		t.Setup, _ = c.str(e.value, "setup")
