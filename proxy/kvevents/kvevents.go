@@ -27,6 +27,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -48,6 +49,7 @@ type Listener struct {
 	log    *zap.Logger
 	cancel context.CancelFunc
 	done   chan struct{}
+	closed atomic.Bool
 
 	mu      sync.Mutex
 	engines map[string]*engine // by host:port
@@ -116,6 +118,7 @@ func (l *Listener) Collectors() []prometheus.Collector {
 
 // Close stops listening.
 func (l *Listener) Close() error {
+	l.closed.Store(true)
 	l.cancel()
 	err := l.sock.Close()
 	<-l.done
@@ -142,13 +145,8 @@ func (l *Listener) run() {
 	for {
 		msg, err := l.sock.Recv()
 		if err != nil {
-			if errors.Is(err, context.Canceled) || errors.Is(err, net.ErrClosed) {
+			if l.closed.Load() || errors.Is(err, context.Canceled) || errors.Is(err, net.ErrClosed) {
 				return
-			}
-			select {
-			case <-l.done:
-				return
-			default:
 			}
 			l.log.Debug("KV events: receive", zap.Error(err))
 			time.Sleep(10 * time.Millisecond) // a broken peer; not a reason to spin
