@@ -311,16 +311,6 @@ func startProcess(t *testing.T, args ...string) {
 	})
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 func grepLines(s, sub string) string {
 	var out []string
 	sc := bufio.NewScanner(strings.NewReader(s))

@@ -141,7 +141,7 @@ func checkGangs(t *testing.T, st serviceStatus, gangs map[int]map[int]gangNode) 
 // gang while requests keep succeeding on the other; a restarted controller adopts the gangs
 // as they run; serve down stops every node.
 func TestMultiNodeReplicas(t *testing.T) {
-	port := freeTCPPort(t)
+	port := freePort(t)
 	e := newEnv(t)
 	file := filepath.Join(t.TempDir(), "multinode.yaml")
 	writeFile(t, file, fmt.Sprintf(multiNodeYAML, port))
