@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"github.com/ferryserve/ferry/internal/testcluster"
 )
 
+// ferryBin is the ferry binary TestMain builds once for every test.
 var ferryBin string
 
 func TestMain(m *testing.M) {
@@ -79,9 +81,15 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
+// controllerListenersOff keeps every controller a test starts off the machine-wide default
+// gateway (127.0.0.1:30000) and metrics (127.0.0.1:9464) addresses, which only one controller at
+// a time can hold: a parallel test would otherwise get another test's gateway or none. A test
+// that wants either names a free address in extraEnv, which comes later and so wins.
+var controllerListenersOff = []string{"FERRY_GATEWAY_ADDR=off", "FERRY_METRICS_ADDR=off"}
+
 func (e *env) cmd(args ...string) *exec.Cmd {
 	c := exec.Command(ferryBin, args...)
-	c.Env = append(append(os.Environ(), "FERRY_HOME="+e.home), e.extraEnv...)
+	c.Env = slices.Concat(os.Environ(), []string{"FERRY_HOME=" + e.home}, controllerListenersOff, e.extraEnv)
 	c.Dir = repoRoot()
 	return c
 }
