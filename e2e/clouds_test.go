@@ -198,6 +198,7 @@ run: ferry replica-sim --model $MODEL
 // preempted replica is replaced in another zone while an on-demand one covers the gap, with no
 // non-streamed request failing under steady load.
 func TestSpotOnFakeClouds(t *testing.T) {
+	t.Parallel()
 	clouds := startFakeClouds(t)
 	e := newEnv(t)
 	e.extraEnv = awsEnv

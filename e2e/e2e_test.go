@@ -22,6 +22,26 @@ import (
 	"github.com/ferryserve/ferry/internal/testcluster"
 )
 
+// Which tests run in parallel. Most of a test's time is spent waiting (replicas starting,
+// probes, polls), so the independent ones call t.Parallel: each has its own FERRY_HOME from
+// newEnv, its own controller, which binds no machine-wide default address
+// (controllerListenersOff), its own ports (freePort) and fake clouds (nextEC2Subnet). Go runs
+// every sequential test first, then the parallel ones, so the two kinds never overlap.
+//
+// Sequential (38 of 72), because they share something:
+//   - the test cluster (internal/testcluster), 29 tests: every StartKubelet serves the
+//     cluster's one kubelet port and runs the pods of every namespace; nodes, webhooks,
+//     schedulers and CRDs are cluster-wide.
+//   - a service's endpoint port across a controller restart, 7 tests (attach, both fixed-port,
+//     TestMultiNodeReplicas, privnet, quickstart, TestStoreKeyWrongOrMissing): every
+//     controller takes the lowest free port from 30001, so while this test's controller is
+//     down another test's new service would take the port the restarted one restores.
+//   - process-wide environment, 1 test: TestJobMountCheckpointResumesAfterPreemption
+//     (t.Setenv, in fakefuse.Install too).
+//   - a wall-clock bound of one second under load, 1 test:
+//     TestControllerAPIOutlastsIdleConnections; with other tests using both cores the CLI
+//     alone can take that long.
+
 // ferryBin is the ferry binary TestMain builds once for every test.
 var ferryBin string
 

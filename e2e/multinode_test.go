@@ -303,6 +303,7 @@ func (f *fakeClouds) vm(t *testing.T, id string) gangVM {
 // PREEMPTED once the listing shows it reclaimed), its head VM is stopped, and a new gang serves
 // in its place.
 func TestMultiNodeReplicaOnFakeClouds(t *testing.T) {
+	t.Parallel()
 	for infra, gpu := range map[string]string{"aws": "A10G:1", "gcp": "L4:1"} {
 		t.Run(infra, func(t *testing.T) { testGangOnFakeCloud(t, infra, gpu) })
 	}
