@@ -40,6 +40,7 @@ run: ferry replica-sim --port $FERRY_PORT --model ferry-sim-1b --max-num-seqs 2 
 // request at zero: replicas are added while the burst is on, drain and go when it ends (no
 // request fails on the way), and at zero a request is held and served, not refused.
 func TestAutoscaleUpDownAndFromZero(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	file := filepath.Join(t.TempDir(), "elastic.yaml")
 	writeFile(t, file, autoscaleYAML)

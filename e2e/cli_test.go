@@ -22,6 +22,7 @@ import (
 // TestBadYAMLThroughCLI checks that the CLI prints each validation error as
 // file:line:col: field: message, exits non-zero, launches nothing and never panics.
 func TestBadYAMLThroughCLI(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct {
 		yaml string
 		want string // a line of the output, as a regexp after "FILE:"
@@ -72,6 +73,7 @@ func TestBadYAMLThroughCLI(t *testing.T) {
 // TestSecretsNeverShown launches a service with a secret and checks every output a user or an
 // operator reads: serve up, status (table and JSON), the controller log and the replica log.
 func TestSecretsNeverShown(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	const secret = "hf_SuperSecretValue_1234567890"
 	yaml := `name: secretive
@@ -186,6 +188,7 @@ func assertOwnerOnly(t *testing.T, dir string) {
 // TestControllerAPIRequiresToken: the controller listens on its Unix socket alone, 0600, and
 // refuses a request there without its token.
 func TestControllerAPIRequiresToken(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.mustRun("serve", "status")
 	b, err := os.ReadFile(filepath.Join(e.home, "controller.json"))
@@ -238,6 +241,7 @@ func unixClient(path string) *http.Client {
 
 // TestStandaloneProxy fronts two replica-sim processes with `ferry proxy` and no controller.
 func TestStandaloneProxy(t *testing.T) {
+	t.Parallel()
 	var replicaURLs []string
 	for range 2 {
 		port := freePort(t)
@@ -309,16 +313,6 @@ func startProcess(t *testing.T, args ...string) {
 			t.Logf("ferry %s:\n%s", strings.Join(args, " "), lastLines(string(b), 30))
 		}
 	})
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func grepLines(s, sub string) string {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -31,7 +32,7 @@ type fakeClouds struct {
 func startFakeClouds(t *testing.T) *fakeClouds {
 	t.Helper()
 	vmEnv := []string{"PATH=" + filepath.Dir(ferryBin) + string(os.PathListSeparator) + os.Getenv("PATH")}
-	ec2, err := fakeec2.New(fakeec2.Options{LogDir: t.TempDir(), Env: vmEnv})
+	ec2, err := fakeec2.New(fakeec2.Options{LogDir: t.TempDir(), Env: vmEnv, Subnet: nextEC2Subnet()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,6 +51,29 @@ func startFakeClouds(t *testing.T) *fakeClouds {
 		_ = ec2.Close()
 	})
 	return &fakeClouds{ec2: ec2, gce: gce, url: srv.URL}
+}
+
+// ec2Subnet is the counter nextEC2Subnet walks, from a random start, so that two test binaries
+// on one machine rarely walk the same subnets.
+var ec2Subnet = func() *atomic.Int64 {
+	var n atomic.Int64
+	n.Store(rand.Int64N(ec2Subnets))
+	return &n
+}()
+
+// ec2Subnets is how many loopback /16s fakeec2 chooses from, 127.64 to 127.249.
+const ec2Subnets = 186
+
+// nextEC2Subnet gives each fake EC2 of this test binary a loopback /16 of its own. fakeec2 picks
+// one of 186 at random, and its VMs' addresses count up from .0.1 in it, so two fake clouds in
+// parallel tests could give their VMs the same address and port; it may also pick 127.66, where
+// fakecompute's VMs are.
+func nextEC2Subnet() string {
+	for {
+		if a := 64 + ec2Subnet.Add(1)%ec2Subnets; a != 66 {
+			return fmt.Sprintf("127.%d", a)
+		}
+	}
 }
 
 // config enables both fake clouds in one region each.
@@ -174,6 +198,7 @@ run: ferry replica-sim --model $MODEL
 // preempted replica is replaced in another zone while an on-demand one covers the gap, with no
 // non-streamed request failing under steady load.
 func TestSpotOnFakeClouds(t *testing.T) {
+	t.Parallel()
 	clouds := startFakeClouds(t)
 	e := newEnv(t)
 	e.extraEnv = awsEnv

@@ -122,6 +122,7 @@ func TestSkyPilotExamplesDryRun(t *testing.T) {
 // TestDryRunRefusesWhatLaunchRefuses: a YAML the named infra cannot run fails --dry-run with
 // the file, line and column, and nothing is launched.
 func TestDryRunRefusesWhatLaunchRefuses(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	dir := t.TempDir()
 	cases := map[string]struct{ yaml, want string }{
@@ -159,6 +160,7 @@ func TestDryRunRefusesWhatLaunchRefuses(t *testing.T) {
 // (launcher/local's supervisor). The http-server example's workdir comes through `$WORKDIR`
 // from --env, as in SkyPilot.
 func TestSkyPilotExamplesServed(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Fatalf("python3 is needed to serve SkyPilot's http examples (scripts/test-deps.sh installs it): %v", err)
 	}
@@ -297,6 +299,7 @@ var exampleSupportFiles = []string{"llm/axolotl/mistral/qlora.yaml", "llm/llama-
 // configs/testdata/skypilot/examples/TABLE.md (rewritten by -update-example-table), which
 // docs/yaml.md shows ("SkyPilot's own examples").
 func TestSkyPilotExampleTable(t *testing.T) {
+	t.Parallel()
 	src := filepath.Join(repoRoot(), "configs/testdata/skypilot/examples")
 	checkExampleCoverage(t, src)
 	root := t.TempDir()
@@ -449,6 +452,7 @@ func oneCell(s string) string {
 // directory is /, must get the key and certificate the file names relative to where the CLI
 // ran, and the endpoint must answer over TLS with that certificate.
 func TestServeSkyPilotHTTPSExample(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("python3"); err != nil {
 		t.Fatalf("python3 is needed to serve SkyPilot's HTTPS example (scripts/test-deps.sh installs it): %v", err)
 	}

@@ -17,6 +17,7 @@ import (
 // log) and are not in clear in ferry.db, while the replica gets them: it becomes READY only if
 // it sees both.
 func TestCredentialEnvsNeverShown(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	const (
 		hfToken = "hf_EnvWrittenToken_5551212"

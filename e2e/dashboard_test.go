@@ -45,6 +45,7 @@ run: sleep 600
 // status` and `jobs queue` say (status, kind, zone, target, catalog price), TPOT is observed,
 // and every metric deploy/grafana/ferry.json queries is one that Ferry exports.
 func TestDashboardMetrics(t *testing.T) {
+	t.Parallel()
 	clouds := startFakeClouds(t)
 	e := newEnv(t)
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -21,6 +22,27 @@ import (
 	"github.com/ferryserve/ferry/internal/testcluster"
 )
 
+// Which tests run in parallel. Most of a test's time is spent waiting (replicas starting,
+// probes, polls), so the independent ones call t.Parallel: each has its own FERRY_HOME from
+// newEnv, its own controller, which binds no machine-wide default address
+// (controllerListenersOff), its own ports (freePort) and fake clouds (nextEC2Subnet). Go runs
+// every sequential test first, then the parallel ones, so the two kinds never overlap.
+//
+// Sequential (38 of 72), because they share something:
+//   - the test cluster (internal/testcluster), 29 tests: every StartKubelet serves the
+//     cluster's one kubelet port and runs the pods of every namespace; nodes, webhooks,
+//     schedulers and CRDs are cluster-wide.
+//   - a service's endpoint port across a controller restart, 7 tests (attach, both fixed-port,
+//     TestMultiNodeReplicas, privnet, quickstart, TestStoreKeyWrongOrMissing): every
+//     controller takes the lowest free port from 30001, so while this test's controller is
+//     down another test's new service would take the port the restarted one restores.
+//   - process-wide environment, 1 test: TestJobMountCheckpointResumesAfterPreemption
+//     (t.Setenv, in fakefuse.Install too).
+//   - a wall-clock bound of one second under load, 1 test:
+//     TestControllerAPIOutlastsIdleConnections; with other tests using both cores the CLI
+//     alone can take that long.
+
+// ferryBin is the ferry binary TestMain builds once for every test.
 var ferryBin string
 
 func TestMain(m *testing.M) {
@@ -79,9 +101,15 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
+// controllerListenersOff keeps every controller a test starts off the machine-wide default
+// gateway (127.0.0.1:30000) and metrics (127.0.0.1:9464) addresses, which only one controller at
+// a time can hold: a parallel test would otherwise get another test's gateway or none. A test
+// that wants either names a free address in extraEnv, which comes later and so wins.
+var controllerListenersOff = []string{"FERRY_GATEWAY_ADDR=off", "FERRY_METRICS_ADDR=off"}
+
 func (e *env) cmd(args ...string) *exec.Cmd {
 	c := exec.Command(ferryBin, args...)
-	c.Env = append(append(os.Environ(), "FERRY_HOME="+e.home), e.extraEnv...)
+	c.Env = slices.Concat(os.Environ(), []string{"FERRY_HOME=" + e.home}, controllerListenersOff, e.extraEnv)
 	c.Dir = repoRoot()
 	return c
 }

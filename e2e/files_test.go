@@ -13,6 +13,7 @@ import (
 // the project's directory as a SkyPilot user would, runs in a copy of its workdir and reads
 // the mount; --dry-run lists both, and a missing path fails before anything is launched.
 func TestJobFilesThroughCLI(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	project := t.TempDir()
 	for name, body := range map[string]string{

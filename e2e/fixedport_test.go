@@ -82,7 +82,7 @@ func processesWith(parts ...string) []int {
 // TestLocalReplicasOnFixedPort says; it returns the environment and the port.
 func testFixedPort(t *testing.T, host string) (*env, int) {
 	t.Helper()
-	port := freeTCPPort(t)
+	port := freePort(t)
 	e := newEnv(t)
 	file := filepath.Join(t.TempDir(), "fixed.yaml")
 	writeFile(t, file, fmt.Sprintf(fixedPortYAML, port, host))
@@ -149,17 +149,6 @@ func testFixedPort(t *testing.T, host string) (*env, int) {
 	})
 	chatPlain(t, st.Endpoint)
 	return e, port
-}
-
-// freeTCPPort is a port nothing listens on, on any address, right now.
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", ":0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
 
 // successCount reads vllm:request_success_total from a replica-sim's /metrics, in e's private

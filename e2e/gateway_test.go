@@ -22,6 +22,7 @@ import (
 // caller may see; the controller's metrics listener counts every service's requests and its log
 // has an access line per request; and the key appears nowhere a user or operator can read.
 func TestGatewayAuthAndTLS(t *testing.T) {
+	t.Parallel()
 	const key = "sk-ferry-e2e-0123456789abcdef"
 	e := newEnv(t)
 	gatewayAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))

@@ -150,6 +150,7 @@ func TestControllerAPIOutlastsIdleConnections(t *testing.T) {
 // request readable on the network). With a certificate it serves HTTPS there, pinned by clients
 // through the home's controller.crt, and plain HTTP gets no answer from the API.
 func TestControllerAPIOffLoopbackNeedsTLS(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	port := freePort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -209,6 +210,7 @@ func TestControllerAPIOffLoopbackNeedsTLS(t *testing.T) {
 // (whose `run` would execute anything on the controller's machines), list services or read
 // the controller's log.
 func TestAttachedProxyElsewhereHoldsOnlyTheAttachToken(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	apiAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	certFile, keyFile := testhttp.WriteSelfSigned(t, t.TempDir())
@@ -304,6 +306,7 @@ func mustRead(t *testing.T, path string) []byte {
 // the controller the CLI starts, which keeps only what it needs of the CLI's environment (its
 // cloud credentials among them), nor from the controller's own environment.
 func TestCLIEnvironmentStaysOutOfReplicas(t *testing.T) {
+	t.Parallel()
 	const key = "sk-ferry-e2e-chat-key-0123456789"
 	e := newEnv(t)
 	e.extraEnv = []string{"CHAT_KEY=" + key, "SHELL_SECRET=from-the-users-shell", "AWS_SECRET_ACCESS_KEY=ferry-e2e-cloud-secret",
@@ -349,6 +352,7 @@ service:
 // serve status --json. Now serve up refuses it, pointing at the line, and shows the key
 // nowhere; a key given as a secret or in the environment still works.
 func TestKeyInEnvsIsRefused(t *testing.T) {
+	t.Parallel()
 	const key = "sk-ferry-e2e-key-in-envs-0123456789"
 	e := newEnv(t)
 	file := filepath.Join(t.TempDir(), "keyed.yaml")
@@ -398,6 +402,7 @@ service:
 // them. Now it works in a directory of its own outside FERRY_HOME, and none of the
 // controller's state is in or above it.
 func TestLocalReplicaWorksOutsideFerryHome(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.extraEnv = []string{"FERRY_GATEWAY_ADDR=off", "FERRY_METRICS_ADDR=off"}
 	dump := t.TempDir()

@@ -101,6 +101,7 @@ func (e *env) launchDetached(args ...string) int64 {
 // docs/jobs.md's 2-node example, as written: the ranks rendezvous over TCP on their own loopback
 // addresses, with SkyPilot's variables; `jobs launch` streams rank 0 and exits 0.
 func TestJobTorchrunExample(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	out := e.mustRun("jobs", "launch", "configs/examples/train-torchrun.yaml", "-y", "--env", "STEPS=40")
 	for _, want := range []string{"rank 0 of 2; master 127.", "rank 0: rank 1 joined", "training done: 40 steps on 2 node(s)",
@@ -165,6 +166,7 @@ run: |
 // kill -9 of the controller while a job runs, and again while it recovers: the job runs on,
 // is recovered once, resumes from its checkpoint, succeeds; no node runs twice.
 func TestJobSurvivesControllerKills(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.extraEnv = append(e.extraEnv, "FERRY_JOB_WATCH_INTERVAL=100ms")
 	yaml := filepath.Join(t.TempDir(), "long.yaml")
@@ -231,6 +233,7 @@ func killNode(t *testing.T, e *env, instanceID string) {
 
 // Cancel in each state: a running job's nodes stop; a cancelled job cannot be cancelled again.
 func TestJobCancel(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	yaml := filepath.Join(t.TempDir(), "sleep.yaml")
 	if err := os.WriteFile(yaml, []byte("name: sleeper\nnum_nodes: 2\nrun: exec sleep 600\n"), 0o600); err != nil {
@@ -255,6 +258,7 @@ func TestJobCancel(t *testing.T) {
 
 // The batch-inference example sends a file of prompts through a service endpoint.
 func TestJobBatchInferenceThroughService(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.mustRun("serve", "up", "configs/examples/quickstart.yaml", "-y")
 	endpoint := strings.TrimSpace(e.mustRun("serve", "status", "quickstart", "--endpoint"))
@@ -290,6 +294,7 @@ run: |
 // EC2's interruption warning mid-run; the job recovers the whole gang in another zone, resumes
 // from the checkpoint on the region's shared filesystem, reports the time lost and succeeds.
 func TestJobSpotPreemptionRecoversInAnotherZone(t *testing.T) {
+	t.Parallel()
 	clouds := startFakeClouds(t)
 	e := newEnv(t)
 	e.extraEnv = append(append([]string{}, awsEnv...), "FERRY_JOB_WATCH_INTERVAL=200ms")

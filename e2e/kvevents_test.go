@@ -17,6 +17,7 @@ import (
 // own address, and the service's proxy asks the engines' /tokenize for each chat's token ids
 // and routes by what the engines report. The controller's metrics must show both sides.
 func TestKVEventsThroughTheController(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	eventsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))

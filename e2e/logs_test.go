@@ -198,6 +198,7 @@ run: exec ferry replica-sim --model ferry-sim-1b --faults-file "$FAULTS"
 // TestServeLogsFakeClouds: a VM's console output (EC2's GetConsoleOutput, GCE's serial port)
 // through the real SDKs against the fake clouds, followed.
 func TestServeLogsFakeClouds(t *testing.T) {
+	t.Parallel()
 	clouds := startFakeClouds(t)
 	e := newEnv(t)
 	e.extraEnv = awsEnv
@@ -217,6 +218,7 @@ func TestServeLogsFakeClouds(t *testing.T) {
 
 // TestServeLogsLocal: a local replica's log file, followed until the replica goes.
 func TestServeLogsLocal(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	faults := filepath.Join(t.TempDir(), "faults")
 	file := filepath.Join(t.TempDir(), "locallogs.yaml")

@@ -141,7 +141,7 @@ func checkGangs(t *testing.T, st serviceStatus, gangs map[int]map[int]gangNode) 
 // gang while requests keep succeeding on the other; a restarted controller adopts the gangs
 // as they run; serve down stops every node.
 func TestMultiNodeReplicas(t *testing.T) {
-	port := freeTCPPort(t)
+	port := freePort(t)
 	e := newEnv(t)
 	file := filepath.Join(t.TempDir(), "multinode.yaml")
 	writeFile(t, file, fmt.Sprintf(multiNodeYAML, port))
@@ -303,6 +303,7 @@ func (f *fakeClouds) vm(t *testing.T, id string) gangVM {
 // PREEMPTED once the listing shows it reclaimed), its head VM is stopped, and a new gang serves
 // in its place.
 func TestMultiNodeReplicaOnFakeClouds(t *testing.T) {
+	t.Parallel()
 	for infra, gpu := range map[string]string{"aws": "A10G:1", "gcp": "L4:1"} {
 		t.Run(infra, func(t *testing.T) { testGangOnFakeCloud(t, infra, gpu) })
 	}

@@ -10,6 +10,7 @@ import (
 // Issue 25: a task that names no infra is planned over every enabled infra. With both fake
 // clouds enabled and no GPU on this machine, a T4 task plans on a cloud, never on local.
 func TestDryRunWithoutInfraPlansEveryInfra(t *testing.T) {
+	t.Parallel()
 	clouds := startFakeClouds(t)
 	e := newEnv(t)
 	e.extraEnv = append(e.extraEnv, awsEnv...)

@@ -41,6 +41,7 @@ run: ferry replica-sim --model $MODEL
 // (and the replicas' default lead is) 10 minutes ahead, so the block's replica serves about a
 // minute before its replacement starts.
 func TestServiceReplacedBeforeCapacityBlockEnds(t *testing.T) {
+	t.Parallel()
 	clouds := startFakeClouds(t)
 	e := newEnv(t)
 	e.extraEnv = awsEnv

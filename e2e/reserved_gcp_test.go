@@ -64,6 +64,7 @@ run: |
 // its grace period before the end the run gets SIGTERM with the seconds left and checkpoints
 // before the VM goes, and the job ends with its window.
 func TestJobInGCPCalendarReservation(t *testing.T) {
+	t.Parallel()
 	clouds := startFakeClouds(t)
 	e := newEnv(t)
 	// The window lead (replicas are replaced that long before a window ends, and the optimizer
@@ -148,6 +149,7 @@ run: |
 // (all at once, after a scripted delay), both ranks start knowing each other and the job
 // succeeds.
 func TestFlexStartGangOnGCP(t *testing.T) {
+	t.Parallel()
 	clouds := startFakeClouds(t)
 	for _, z := range gcpZones {
 		clouds.gce.SetCapacity(z, "a3-highgpu-8g", 0)

@@ -35,6 +35,7 @@ run: python3 server.py --port 8081
 // endpoint for its model, which was the request that launched one), and the first request
 // launches one and is answered by it.
 func TestScaleToZeroFromTheStart(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	file := filepath.Join(t.TempDir(), "min_replicas_zero.yaml")
 	writeFile(t, file, minReplicasZero)

@@ -89,6 +89,7 @@ func askWithID(t *testing.T, endpoint, model, id string) {
 // to a version that crashes (rolled back, with the reason in serve status). Traffic during
 // updates is the bench/updates driver's job; this test checks what each path leaves behind.
 func TestServeUpdate(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	dir := t.TempDir()
 	e.mustRun("serve", "up", writeVersion(t, dir, "v1", "upd-v1", simRun, "least_load"), "-y")
