@@ -298,6 +298,8 @@ type Service struct {
 	lastCold atomic.Int64
 	// tokenizeNext turns the replicas asked for token ids (tokenize.go).
 	tokenizeNext atomic.Uint32
+	// kvForgotten lets Shutdown release the engines' KV reports once (forgetKV).
+	kvForgotten sync.Once
 	// exchanges pools per-request state, including the upstream request and response.
 	exchanges sync.Pool
 	// clientWatch holds the exchanges whose clients are watched for leaving (clientwatch.go).
@@ -384,25 +386,19 @@ func (s *Service) carryOver(b Backend, old *snapshot, oldIndex map[string]int) (
 	}
 	if client == nil {
 		client = s.newHostClient(b.Addr)
+		if s.cfg.KVEvents != nil {
+			client.kv = s.cfg.KVEvents.For(b.Addr) // matched by Forget when the address leaves
+		}
 		if s.onModels.Load() != nil {
 			go s.fetchModels(client)
 		}
 	}
 	s.trackReplica(client, b.ID)
 	if replica == nil {
-		replica, learned = s.newReplica(b), &learnedCap{}
+		replica, learned = &policy.Replica{ID: b.ID, Addr: b.Addr, Accelerator: b.Accelerator, Version: b.Version}, &learnedCap{}
+		replica.SetKV(client.kv)
 	}
 	return replica, client, learned
-}
-
-// newReplica is the picker's view of backend b, attached to its engine's KV-cache reports when
-// the service hears them.
-func (s *Service) newReplica(b Backend) *policy.Replica {
-	r := &policy.Replica{ID: b.ID, Addr: b.Addr, Accelerator: b.Accelerator, Version: b.Version}
-	if s.cfg.KVEvents != nil {
-		r.SetKV(s.cfg.KVEvents.For(b.Addr))
-	}
-	return r
 }
 
 // NewService validates cfg and returns a Service with no replicas: until SetBackends gives it
@@ -521,6 +517,9 @@ func (s *Service) SetBackends(bs []Backend) {
 	s.pruneDraining()
 	for _, c := range old.clients {
 		if !kept[c.addr] {
+			if f, ok := s.cfg.KVEvents.(kvForgetter); ok {
+				f.Forget(c.addr)
+			}
 			c.retire()
 			if c.active.Load() > 0 {
 				s.draining = append(s.draining, c)
@@ -570,6 +569,7 @@ func (s *Service) Serve(ln net.Listener) error {
 // upstream connections. On return it drops the service's metrics series.
 func (s *Service) Shutdown(ctx context.Context) error {
 	defer s.releaseMetrics()
+	defer s.forgetKV()
 	s.stopOnce.Do(func() { close(s.stopped) })
 	s.mu.Lock()
 	if s.scraper != nil {
@@ -594,6 +594,22 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		c.hc.CloseIdleConnections()
 	}
 	return nil
+}
+
+// forgetKV lets go of the engines' KV reports of every address the service routes to
+// (kvForgetter), once: the service is shut down.
+func (s *Service) forgetKV() {
+	f, ok := s.cfg.KVEvents.(kvForgetter)
+	if !ok {
+		return
+	}
+	s.kvForgotten.Do(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, c := range s.snap.Load().clients {
+			f.Forget(c.addr)
+		}
+	})
 }
 
 // fasthttpLogger sends fasthttp's own messages (mostly clients misbehaving) to debug level, so a

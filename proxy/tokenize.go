@@ -20,9 +20,16 @@ import (
 // request goes on with the byte index's guess: tokenizing must never cost more than it saves.
 
 // KVIndexes gives the index of the engine at an address, fed by its KV-cache events
-// (proxy/kvevents.Listener).
+// (proxy/kvevents: a Listener engines publish to, or a Subscriber connecting to each engine).
+// A Service asks once per replica address it routes to, when it first does.
 type KVIndexes interface {
 	For(addr string) *policy.KVBlocks
+}
+
+// kvForgetter is a KVIndexes that holds something per address (a Subscriber's connection): a
+// Service tells it when it stops routing to an address it asked For.
+type kvForgetter interface {
+	Forget(addr string)
 }
 
 const (

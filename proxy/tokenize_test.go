@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -216,5 +217,55 @@ func TestParseTokenIDs(t *testing.T) {
 		if ok != tt.ok || (ok && fmt.Sprint(got) != fmt.Sprint(tt.want)) {
 			t.Errorf("%s: got %v %v, want %v %v", name, got, ok, tt.want, tt.ok)
 		}
+	}
+}
+
+// countingIndexes is a KVIndexes that holds something per address, as kvevents.Subscriber does.
+type countingIndexes struct {
+	kvIndexes
+	refs map[string]int
+}
+
+func (c *countingIndexes) For(addr string) *policy.KVBlocks {
+	c.mu.Lock()
+	c.refs[addr]++
+	c.mu.Unlock()
+	return c.kvIndexes.For(addr)
+}
+
+func (c *countingIndexes) Forget(addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refs[addr]--
+}
+
+// TestKVIndexesHeldPerAddress checks that a service asks for an engine's index once per
+// address it routes to, whatever relabels the replica there, and lets go of it when the
+// address leaves or the service shuts down.
+func TestKVIndexesHeldPerAddress(t *testing.T) {
+	idx := &countingIndexes{kvIndexes: kvIndexes{m: map[string]*policy.KVBlocks{}}, refs: map[string]int{}}
+	svc, err := NewService(ServiceConfig{Name: "kv", Policy: policy.LeastTTFT, KVEvents: idx, Logger: testLogger(t),
+		HealthCheck: HealthCheck{Interval: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := "10.0.0.1:8000", "10.0.0.2:8000"
+	svc.SetBackends([]Backend{{ID: 1, Addr: a, Version: 1}, {ID: 2, Addr: b, Version: 1}})
+	svc.SetBackends([]Backend{{ID: 3, Addr: a, Version: 2}}) // a relabelled, b gone
+	snap := svc.snap.Load()
+	if snap.replicas[0].KV() != idx.m[a] {
+		t.Error("the relabelled replica lost its engine's index")
+	}
+	if idx.refs[a] != 1 || idx.refs[b] != 0 {
+		t.Fatalf("held %v after a relabel and a removal, want a:1 b:0", idx.refs)
+	}
+	if err := svc.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if idx.refs[a] != 0 {
+		t.Fatalf("held %v after Shutdown, want none", idx.refs)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ferryserve/ferry/policy"
 	"github.com/valyala/fasthttp"
 )
 
@@ -49,6 +50,8 @@ type hostClient struct {
 	binder binder
 	// tokenize is the client for the replica's /tokenize, made when first needed (tokenize.go).
 	tokenize atomic.Pointer[fasthttp.HostClient]
+	// kv is the engine's report of its KV cache (ServiceConfig.KVEvents); nil without.
+	kv *policy.KVBlocks
 }
 
 func (c *hostClient) acquire() { c.active.Add(1) }

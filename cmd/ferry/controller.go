@@ -132,6 +132,8 @@ func (cf *controllerFlags) register(f *pflag.FlagSet) {
 		"admin listener for Prometheus /metrics and /healthz, host:port; empty or \"off\" to disable ($FERRY_METRICS_ADDR)")
 	f.StringVar(&opts.KVEventsAddr, "kv-events-listen", os.Getenv("FERRY_KV_EVENTS_ADDR"),
 		"bind this ZeroMQ endpoint, tcp://HOST:PORT, for replicas' vLLM KV-cache events (--kv-events-config with \"endpoint\" this address and \"topic\": \"kv@$FERRY_HOST:$FERRY_PORT@MODEL\"); every service's least_ttft then routes by what each engine reports it caches ($FERRY_KV_EVENTS_ADDR)")
+	f.IntVar(&opts.KVEventsPort, "kv-events-connect", envInt("FERRY_KV_EVENTS_PORT", envErrs),
+		"connect to this port on every replica's host for its vLLM KV-cache events, where each engine's publisher binds (vLLM's default binds tcp://*:5557); instead of --kv-events-listen ($FERRY_KV_EVENTS_PORT)")
 	f.StringVar(&cf.metricsTokenFile, "metrics-token-file", os.Getenv("FERRY_METRICS_TOKEN_FILE"),
 		"require the token in this file as \"Authorization: Bearer\" on /metrics; /healthz stays open ($FERRY_METRICS_TOKEN_FILE)")
 	f.IntVar(&opts.ClientLimits.MaxConnections, "max-connections", envInt("FERRY_MAX_CONNECTIONS", envErrs),

@@ -45,6 +45,7 @@ type proxyFlags struct {
 	idleTimeout     time.Duration
 	metricsListen   string
 	kvEvents        string
+	kvEventsPort    int
 	// metricsTokenFile holds the bearer token /metrics requires; empty: none.
 	metricsTokenFile string
 	maxStreams       int
@@ -79,9 +80,11 @@ type proxyOptions struct {
 	// metricsToken, when set, is the bearer token /metrics requires.
 	metricsToken string
 	// kvEvents, when set, is the ZeroMQ endpoint the proxy binds for the engines' KV-cache
-	// events (proxy/kvevents).
-	kvEvents  string
-	accessLog bool
+	// events; kvEventsPort, when set, the port of every replica's own publisher it connects to
+	// instead (proxy/kvevents).
+	kvEvents     string
+	kvEventsPort int
+	accessLog    bool
 	// clientLimits are the process's, shared by its listeners (proxy.Guard).
 	clientLimits proxy.ClientLimits
 	// attach is the service followed through the controller (attach.go); service then holds
@@ -218,6 +221,7 @@ func (f *proxyFlags) define(fl *pflag.FlagSet) {
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", proxy.DefaultIdleTimeout, "how long a replica or client may stay silent mid-request")
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve Prometheus /metrics and /healthz on this address, host:port (default: off)")
 	fl.StringVar(&f.kvEvents, "kv-events-listen", "", "bind this ZeroMQ endpoint, tcp://HOST:PORT, for the replicas' vLLM KV-cache events (--kv-events-config with \"endpoint\": \"tcp://THIS:PORT\", \"topic\": \"kv@REPLICA_HOST:REPLICA_PORT@MODEL\"); least_ttft then matches prompts' token ids, from the replicas' /tokenize, against what each engine reports it holds (default: off)")
+	fl.IntVar(&f.kvEventsPort, "kv-events-connect", 0, "connect to this port on every replica's host for its vLLM KV-cache events, where each engine's publisher binds (vLLM's default, --kv-events-config '{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\"}' binds tcp://*:5557); unlike --kv-events-listen, any number of proxies can hear one engine (default: off)")
 	fl.StringVar(&f.metricsTokenFile, "metrics-token-file", "", "require this file's token as \"Authorization: Bearer\" on /metrics (/healthz stays open)")
 	fl.BoolVar(&f.accessLog, "access-log", false, "log one line per request (sampled under load)")
 	fl.IntVar(&f.maxConns, "max-connections", 0, "refuse client connections beyond this many open at once, with 503 (0: half the process's file-descriptor limit)")
@@ -235,6 +239,7 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		service:         proxy.ServiceConfig{Name: f.name, Policy: f.policy},
 		metricsListen:   f.metricsListen,
 		kvEvents:        f.kvEvents,
+		kvEventsPort:    f.kvEventsPort,
 		accessLog:       f.accessLog,
 	}
 	errs := f.parseServing(&opts)
@@ -276,6 +281,9 @@ func (f proxyFlags) parseServing(opts *proxyOptions) []error {
 		if _, _, err := net.SplitHostPort(rest); !ok || err != nil {
 			errs = append(errs, fmt.Errorf("--kv-events-listen %q: want tcp://HOST:PORT", f.kvEvents))
 		}
+	}
+	if f.kvEventsPort < 0 || f.kvEventsPort > 65535 || f.kvEventsPort > 0 && f.kvEvents != "" {
+		errs = append(errs, fmt.Errorf("--kv-events-connect %d: want a port, 1-65535, and not with --kv-events-listen", f.kvEventsPort))
 	}
 	if f.metricsListen != "" {
 		if _, port, err := net.SplitHostPort(f.metricsListen); err != nil {
@@ -546,14 +554,14 @@ func proxyBaseConfig(opts proxyOptions, adminLn net.Listener, log *zap.Logger) (
 	if opts.accessLog {
 		cfg.AccessLog = log.Named("access")
 	}
-	var events *kvevents.Listener
-	if opts.kvEvents != "" {
-		if events, err = kvevents.Listen(opts.kvEvents, log.Named("kvevents")); err != nil {
-			return cfg, nil, fmt.Errorf("--kv-events-listen: %w", err)
-		}
+	events, err := kvevents.Open(opts.kvEvents, opts.kvEventsPort, log.Named("kvevents"))
+	if err != nil {
+		return cfg, nil, err
+	}
+	if events != nil {
 		cfg.KVEvents = events
 		stops = append(stops, func() { events.Close() })
-		log.Info("listening for the replicas' KV-cache events", zap.String("endpoint", events.Endpoint()))
+		log.Info("hearing the replicas' KV-cache events: " + events.Describe())
 	}
 	if adminLn == nil {
 		return cfg, stop, nil

@@ -85,6 +85,9 @@ type Options struct {
 	// KVEventsAddr, when set, is the ZeroMQ endpoint (tcp://HOST:PORT) the controller binds for
 	// replicas' KV-cache events, which every service's proxy then routes by (proxy/kvevents).
 	KVEventsAddr string
+	// KVEventsPort, when set instead, is the port of every replica's own publisher (vLLM's
+	// default binds tcp://*:5557), which the controller connects to.
+	KVEventsPort int
 	// MetricsToken, when set, protects the metrics listener's /metrics with "Authorization:
 	// Bearer TOKEN" (what a Prometheus scrape config's credentials_file sends); /healthz stays
 	// open.
@@ -207,7 +210,7 @@ type Controller struct {
 	// guard applies ClientLimits to every service endpoint and the gateway.
 	guard *proxy.Guard
 	// kvEvents hears the replicas' KV-cache events (Options.KVEventsAddr); nil without.
-	kvEvents *kvevents.Listener
+	kvEvents kvevents.Source
 
 	// registry holds the controller's metrics; metrics are the proxy metrics in it, shared by
 	// every service and the gateway. They are served on metricsAddr until stopAdmin (nil and

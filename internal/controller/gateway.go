@@ -34,14 +34,12 @@ func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.Servi
 	return cfg, nil
 }
 
-// listenKVEvents binds the endpoint replicas publish their KV-cache events to, when configured:
-// one for every service, since a topic names its engine by address.
+// listenKVEvents binds the endpoint replicas publish their KV-cache events to, or connects to
+// each replica's publisher, when configured: one source for every service, since engines are
+// named by address.
 func (c *Controller) listenKVEvents() error {
-	if c.opts.KVEventsAddr == "" {
-		return nil
-	}
-	l, err := kvevents.Listen(c.opts.KVEventsAddr, c.log.Named("kvevents"))
-	if err != nil {
+	l, err := kvevents.Open(c.opts.KVEventsAddr, c.opts.KVEventsPort, c.log.Named("kvevents"))
+	if l == nil || err != nil {
 		return err
 	}
 	for _, col := range l.Collectors() {
@@ -51,7 +49,7 @@ func (c *Controller) listenKVEvents() error {
 		}
 	}
 	c.kvEvents = l
-	c.log.Info("listening for the replicas' KV-cache events", zap.String("endpoint", l.Endpoint()))
+	c.log.Info("hearing the replicas' KV-cache events: " + l.Describe())
 	return nil
 }
 

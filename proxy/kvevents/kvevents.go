@@ -54,9 +54,30 @@ type Listener struct {
 	mu      sync.Mutex
 	engines map[string]*engine // by host:port
 
+	counters
+}
+
+// counters are the metrics both ways of hearing engines keep.
+type counters struct {
 	batches *prometheus.CounterVec
 	blocks  *prometheus.CounterVec
 	gaps    prometheus.Counter
+}
+
+func newCounters() counters {
+	return counters{
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_kv_event_batches_total",
+			Help: "KV-cache event batches received from engines, by result: applied, undecodable (not a vLLM KVEventBatch), unrouted (a topic naming no engine this proxy routes to, or past the limit of engines)."}, []string{"result"}),
+		blocks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_kv_event_blocks_total",
+			Help: "KV-cache blocks engines reported, by event: stored, removed, ignored (a LoRA adapter's, another medium's or another KV-cache group's, which prompts for the base model cannot use)."}, []string{"event"}),
+		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_kv_event_gaps_total",
+			Help: "Times an engine's event sequence skipped numbers: events were lost, and the proxy's picture of that engine's cache misses what they said."}),
+	}
+}
+
+// Collectors are the metrics, for the proxy's registry.
+func (c *counters) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{c.batches, c.blocks, c.gaps}
 }
 
 // engine is one publisher's index and where its sequence stands.
@@ -93,13 +114,7 @@ func Listen(endpoint string, log *zap.Logger) (*Listener, error) {
 	}
 	l := &Listener{
 		sock: sock, addr: sock.Addr().String(), log: log, cancel: cancel, done: make(chan struct{}),
-		engines: map[string]*engine{},
-		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_kv_event_batches_total",
-			Help: "KV-cache event batches received from engines, by result: applied, undecodable (not a vLLM KVEventBatch), unrouted (a topic naming no engine this proxy routes to, or past the limit of engines)."}, []string{"result"}),
-		blocks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ferry_kv_event_blocks_total",
-			Help: "KV-cache blocks engines reported, by event: stored, removed, ignored (a LoRA adapter's, another medium's or another KV-cache group's, which prompts for the base model cannot use)."}, []string{"event"}),
-		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "ferry_kv_event_gaps_total",
-			Help: "Times an engine's event sequence skipped numbers: events were lost, and the proxy's picture of that engine's cache misses what they said."}),
+		engines: map[string]*engine{}, counters: newCounters(),
 	}
 	go l.run()
 	return l, nil
@@ -111,10 +126,8 @@ func (l *Listener) Addr() string { return l.addr }
 // Endpoint is the address engines' publishers connect to, tcp://HOST:PORT.
 func (l *Listener) Endpoint() string { return "tcp://" + l.addr }
 
-// Collectors are the listener's metrics, for the proxy's registry.
-func (l *Listener) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{l.batches, l.blocks, l.gaps}
-}
+// Describe says where engines publish to.
+func (l *Listener) Describe() string { return "listening at " + l.Endpoint() }
 
 // Close stops listening.
 func (l *Listener) Close() error {
@@ -167,10 +180,19 @@ func (l *Listener) apply(dec *decoder, frames [][]byte) {
 		l.batches.WithLabelValues("unrouted").Inc()
 		return
 	}
+	l.applyTo(e, dec, frames, l.log)
+}
+
+// applyTo applies one message to engine e's index. Only one goroutine applies to an engine.
+func (c *counters) applyTo(e *engine, dec *decoder, frames [][]byte, log *zap.Logger) {
+	if len(frames) != 3 || len(frames[1]) != 8 {
+		c.batches.WithLabelValues("undecodable").Inc()
+		return
+	}
 	events, err := dec.batch(frames[2])
 	if err != nil {
-		l.batches.WithLabelValues("undecodable").Inc()
-		l.log.Debug("KV events: undecodable batch", zap.String("topic", string(frames[0])), zap.Error(err))
+		c.batches.WithLabelValues("undecodable").Inc()
+		log.Debug("KV events: undecodable batch", zap.String("topic", string(frames[0])), zap.Error(err))
 		return
 	}
 	seq := binary.BigEndian.Uint64(frames[1])
@@ -178,27 +200,27 @@ func (l *Listener) apply(dec *decoder, frames [][]byte) {
 	case e.started && seq <= e.seq:
 		e.kv.Cleared() // the publisher restarted, and with it the engine's cache
 	case e.started && seq > e.seq+1:
-		l.gaps.Inc()
+		c.gaps.Inc()
 	}
 	e.started, e.seq = true, seq
 	for i := range events {
-		l.applyEvent(e.kv, &events[i])
+		c.applyEvent(e.kv, &events[i])
 	}
-	l.batches.WithLabelValues("applied").Inc()
+	c.batches.WithLabelValues("applied").Inc()
 }
 
-func (l *Listener) applyEvent(kv *policy.KVBlocks, ev *event) {
+func (c *counters) applyEvent(kv *policy.KVBlocks, ev *event) {
 	switch {
 	case ev.kind == kindCleared:
 		kv.Cleared()
 	case ev.other:
-		l.blocks.WithLabelValues("ignored").Add(float64(len(ev.hashes)))
+		c.blocks.WithLabelValues("ignored").Add(float64(len(ev.hashes)))
 	case ev.kind == kindStored:
 		kv.Stored(ev.parent, ev.hasParent, ev.hashes, ev.tokens, ev.blockSize)
-		l.blocks.WithLabelValues("stored").Add(float64(len(ev.hashes)))
+		c.blocks.WithLabelValues("stored").Add(float64(len(ev.hashes)))
 	case ev.kind == kindRemoved:
 		kv.Removed(ev.hashes)
-		l.blocks.WithLabelValues("removed").Add(float64(len(ev.hashes)))
+		c.blocks.WithLabelValues("removed").Add(float64(len(ev.hashes)))
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -306,4 +308,53 @@ func FuzzDecoder(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestSubscriberConnectsToBoundPublishers is vLLM's default topology: each engine's publisher
+// binds (tcp://*:PORT, an empty topic) and the proxy connects to it at the replica's host. The
+// subscriber reaches a publisher that binds after it started trying, and Forget disconnects.
+func TestSubscriberConnectsToBoundPublishers(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pubSock := zmq4.NewPub(ctx)
+	defer pubSock.Close()
+	probe, err := net.Listen("tcp", "127.0.0.1:0") // a free port for the publisher
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := probe.Addr().(*net.TCPAddr).Port
+	probe.Close()
+
+	sub, err := Subscribe(port, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	kv := sub.For("127.0.0.1:8000") // the replica's own address; the publisher is on port
+	if again := sub.For("127.0.0.1:8000"); again != kv {
+		t.Fatal("a second For made a second index")
+	}
+	time.Sleep(200 * time.Millisecond) // the subscriber is retrying by now
+	if err := pubSock.Listen(fmt.Sprintf("tcp://127.0.0.1:%d", port)); err != nil {
+		t.Fatal(err)
+	}
+	pub := &publisher{t: t, sock: pubSock, topic: ""}
+	batch := encodeBatch(t, true, stored{hashes: []uint64{1, 2}, tokens: ids(32, 0), blockSize: 16, medium: "GPU"})
+	eventually(t, "the engine's blocks", func() bool {
+		pub.seq = 0
+		pub.send(batch)
+		time.Sleep(20 * time.Millisecond)
+		held, _ := kv.Len()
+		return held == 2
+	})
+	if got := testutil.ToFloat64(sub.batches.WithLabelValues("applied")); got < 1 {
+		t.Errorf("applied batches = %v", got)
+	}
+	sub.Forget("127.0.0.1:8000")
+	if _, err := Subscribe(0, zap.NewNop()); err == nil {
+		t.Error("Subscribe(0) succeeded")
+	}
+	if bad := sub.For("no port"); bad == nil || bad.Live() {
+		t.Error("an address without a port got a live index")
+	}
 }
