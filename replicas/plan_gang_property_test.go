@@ -32,7 +32,9 @@ func gangOfView(in planInput, r replicaView) (gangView, bool) {
 	var g gangView
 	mine := labelledWith(in, r.Record.ID)
 	for i := range mine {
-		if !strings.HasPrefix(mine[i].ID, r.Record.InstanceID) || r.Record.InstanceID == "" {
+		// Exactly the head ("i-4") or one of its nodes ("i-4-1"): another launch's instances
+		// ("i-4u", "i-4u-1") share the head's id as a prefix but are not its.
+		if r.Record.InstanceID == "" || mine[i].ID != r.Record.InstanceID && !strings.HasPrefix(mine[i].ID, r.Record.InstanceID+"-") {
 			return g, false
 		}
 		if mine[i].ID == r.Record.InstanceID {
