@@ -679,13 +679,25 @@ func (m *Manager) archiveLog(ctx context.Context, id int64, in launcher.Instance
 		f.Close()
 		return func() {}
 	}
-	done := make(chan struct{})
+	done, opened := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := ls.StreamLogs(ctx, in.ID, launcher.LogOptions{Tail: -1, Follow: true}, f); err != nil {
+		opts := launcher.LogOptions{Tail: -1, Follow: true, Opened: sync.OnceFunc(func() { close(opened) })}
+		if err := ls.StreamLogs(ctx, in.ID, opts, f); err != nil {
 			warn(err)
 		}
 	}()
+	// Stop the node only once its log is open (or cannot be): a pod deleted before the API
+	// server began serving its log takes all of it along. A quarter of the stop's bound at
+	// most, so that a log read that hangs leaves Terminate its time.
+	wait := time.NewTimer(m.cfg.StopTimeout / 4)
+	defer wait.Stop()
+	select {
+	case <-opened:
+	case <-done:
+	case <-wait.C:
+	case <-ctx.Done():
+	}
 	return func() {
 		select {
 		case <-done: // the program exited and its stream ended

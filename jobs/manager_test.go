@@ -582,6 +582,7 @@ func (p polledLogs) StreamLogs(ctx context.Context, id string, opts launcher.Log
 		return err
 	}
 	defer f.Close()
+	opts.NotifyOpened()
 	for {
 		if _, err := io.Copy(w, f); err != nil || !opts.Follow {
 			return err
@@ -620,5 +621,53 @@ func TestFollowedPolledLogKeepsTheLastLines(t *testing.T) {
 	}
 	if got := out.String(); !strings.Contains(got, "first") || !strings.Contains(got, "last words") || strings.Count(got, "first") != 1 {
 		t.Errorf("followed log %q: want first and last words, each once", got)
+	}
+}
+
+// droppingLogs is an infra that drops a node's output with the node (a deleted pod, a deleted
+// GCE VM) and is slow to begin serving it (a busy API server): a log not yet open when its
+// node is terminated is gone.
+type droppingLogs struct {
+	polledLogs
+	mu      sync.Mutex
+	dropped map[string]bool
+}
+
+func (d *droppingLogs) StreamLogs(ctx context.Context, id string, opts launcher.LogOptions, w io.Writer) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(300 * time.Millisecond):
+	}
+	d.mu.Lock()
+	gone := d.dropped[id]
+	d.mu.Unlock()
+	if gone {
+		return fmt.Errorf("%w: pod %s not found", launcher.ErrNotFound, id)
+	}
+	return d.polledLogs.StreamLogs(ctx, id, opts, w)
+}
+
+func (d *droppingLogs) Terminate(ctx context.Context, id string) error {
+	d.mu.Lock()
+	d.dropped[id] = true
+	d.mu.Unlock()
+	return d.polledLogs.Terminate(ctx, id)
+}
+
+// TestArchiveOpensTheLogBeforeTheNodeGoes: a job that ended by itself on an infra that drops
+// a node's output with the node, and is slow to serve it, still shows its whole log: the
+// archive opens the log before the node is terminated (a CI run lost a Kubernetes job's log
+// when its pods were deleted 48 ms after it succeeded, before the log's GET reached the API
+// server).
+func TestArchiveOpensTheLogBeforeTheNodeGoes(t *testing.T) {
+	e := newEnv(t)
+	e.provider = &droppingLogs{polledLogs: polledLogs{e.prov}, dropped: map[string]bool{}}
+	e.stop()
+	e.start()
+	j := e.submit("name: dropped\nrun: echo training done\n")
+	e.waitState(j.ID, jobs.Succeeded)
+	if got := e.logOf(j.ID, 0); got != "training done\n" {
+		t.Errorf("the ended job's log is %q: want what its node printed", got)
 	}
 }

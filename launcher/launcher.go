@@ -299,6 +299,18 @@ type JobCleaner interface {
 type LogOptions struct {
 	Tail   int
 	Follow bool
+	// Opened, when set, is called once the output is open: from then on what the instance
+	// printed reaches w even if the instance is stopped now. Whoever stops an instance whose
+	// infra drops its output with it (a deleted pod, a deleted GCE VM) waits for Opened first,
+	// or the stop can win the race and take the whole log.
+	Opened func()
+}
+
+// NotifyOpened calls o.Opened if set.
+func (o LogOptions) NotifyOpened() {
+	if o.Opened != nil {
+		o.Opened()
+	}
 }
 
 // LogHinter is an optional Provider capability for infras that keep an instance's output

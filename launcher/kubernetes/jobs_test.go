@@ -411,11 +411,15 @@ echo done
 	var followed bytes.Buffer
 	followCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if err := p.StreamLogs(followCtx, first.ID, launcher.LogOptions{Tail: -1, Follow: true}, &followed); err != nil {
+	opened := 0
+	if err := p.StreamLogs(followCtx, first.ID, launcher.LogOptions{Tail: -1, Follow: true, Opened: func() { opened++ }}, &followed); err != nil {
 		t.Fatal(err)
 	}
 	if followCtx.Err() != nil {
 		t.Fatal("the follow did not end with the job")
+	}
+	if opened != 1 {
+		t.Errorf("Opened was called %d times: want once, as the stream opened", opened)
 	}
 	if got := followed.String(); !strings.Contains(got, "previous: none\n") || !strings.HasSuffix(got, "line 20\ndone\n") {
 		t.Errorf("followed log:\n%s\nwant it whole, from a fresh checkpoint to done", got)

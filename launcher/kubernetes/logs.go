@@ -44,6 +44,7 @@ func (p *Provider) StreamLogs(ctx context.Context, id string, opts launcher.LogO
 		return p.classify(err, "read the log of pod "+name)
 	}
 	defer stream.Close()
+	opts.NotifyOpened()
 	if _, err := io.Copy(w, stream); err != nil {
 		if ctx.Err() != nil {
 			return nil // the caller stopped following

@@ -31,6 +31,7 @@ func StreamPolledLog(ctx context.Context, log PolledLog, opts launcher.LogOption
 	if err != nil {
 		return err
 	}
+	opts.NotifyOpened()
 	if _, err := io.WriteString(w, tailLines(output, opts.Tail)); err != nil || !opts.Follow {
 		return err
 	}
