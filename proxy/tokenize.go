@@ -137,23 +137,17 @@ func (s *Service) fetchTokens(ex *exchange, hc *fasthttp.HostClient) error {
 	return nil
 }
 
-// parseTokenIDs appends the ids of body's "tokens" array ({"count": n, "max_model_len": m,
-// "tokens": [ids...]}) to dst. It reports false when there is no such array of ids.
+// parseTokenIDs appends the ids of body's top-level "tokens" array ({"count": n,
+// "max_model_len": m, "tokens": [ids...], "token_strs": ...}) to dst, in whatever order the
+// members come: the other members are skipped as JSON values, so a "tokens" inside one of them
+// (a token's text) is not taken for the ids. It reports false when there is no such array of
+// ids, or the answer is not a JSON object.
 func parseTokenIDs(dst []uint32, body []byte) ([]uint32, bool) {
-	i := bytes.Index(body, keyTokens)
-	if i < 0 {
+	ids, ok := topMember(body, keyTokens)
+	if !ok || len(ids) < 2 || ids[0] != '[' {
 		return dst, false
 	}
-	rest := bytes.TrimLeft(body[i+len(keyTokens):], " \t\r\n")
-	if len(rest) == 0 || rest[0] != ':' {
-		return dst, false
-	}
-	rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-	end := bytes.IndexByte(rest, ']')
-	if len(rest) == 0 || rest[0] != '[' || end < 0 {
-		return dst, false
-	}
-	for field := range bytes.SplitSeq(rest[1:end], []byte(",")) {
+	for field := range bytes.SplitSeq(ids[1:len(ids)-1], []byte(",")) {
 		field = bytes.TrimSpace(field)
 		if len(field) == 0 || len(field) > 10 {
 			return dst, false
@@ -171,4 +165,38 @@ func parseTokenIDs(dst []uint32, body []byte) ([]uint32, bool) {
 		dst = append(dst, uint32(id))
 	}
 	return dst, len(dst) > 0
+}
+
+// topMember returns the raw value of the top-level member key (quoted, as written: no escapes)
+// of the JSON object body, scanning the members before it as whole values.
+func topMember(body, key []byte) ([]byte, bool) {
+	s := jsonScanner{b: body}
+	s.space()
+	if !s.eat('{') {
+		return nil, false
+	}
+	for {
+		s.space()
+		k := s.i
+		if !s.str() {
+			return nil, false
+		}
+		name := body[k:s.i]
+		s.space()
+		if !s.eat(':') {
+			return nil, false
+		}
+		s.space()
+		v := s.i
+		if !s.value(1) {
+			return nil, false
+		}
+		if bytes.Equal(name, key) {
+			return body[v:s.i], true
+		}
+		s.space()
+		if !s.eat(',') {
+			return nil, false
+		}
+	}
 }

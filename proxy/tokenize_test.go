@@ -211,6 +211,10 @@ func TestParseTokenIDs(t *testing.T) {
 		"unterminated":    {`{"tokens":[1,2`, nil, false},
 		"float":           {`{"tokens":[1.5]}`, nil, false},
 		"adjacent digits": {`{"tokens":[1 2]}`, nil, false},
+		"strings first":   {`{"token_strs":["\"tokens\":[7]", "x"],"tokens":[5,6]}`, []uint32{5, 6}, true},
+		"nested first":    {`{"meta":{"tokens":[9]},"count":1,"tokens":[4]}`, []uint32{4}, true},
+		"only nested":     {`{"meta":{"tokens":[9]}}`, nil, false},
+		"not an object":   {`["tokens",[1]]`, nil, false},
 	}
 	for name, tt := range tests {
 		got, ok := parseTokenIDs(nil, []byte(tt.body))
