@@ -74,7 +74,7 @@ func Open(h home.Home, opts Options) (*Set, error) {
 	}
 	s := &Set{Config: cfg, Problems: map[string]error{}, log: opts.Logger, windowLead: cmp.Or(opts.WindowLead, launcher.DefaultWindowLead)}
 	s.Local, err = local.New(local.Options{Dir: h.LocalDir(), PathPrepend: opts.PathPrepend, Supervisor: opts.Supervisor,
-		PrivateNetwork: opts.Supervisor != "", Logger: opts.Logger.Named("local")})
+		PrivateNetwork: opts.Supervisor != "", Logger: opts.Logger.Named("local"), Accelerators: s.localGPUs()})
 	if err != nil {
 		return nil, err
 	}

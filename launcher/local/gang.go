@@ -23,6 +23,9 @@ var _ launcher.GangPreparer = (*Provider)(nil)
 
 // PrepareGang gives each node of a job's gang an unused loopback address.
 func (p *Provider) PrepareGang(spec launcher.Spec, n int) (launcher.Spec, error) {
+	if err := p.checkGang(spec, n); err != nil {
+		return spec, err
+	}
 	if spec.Job == nil {
 		return spec, nil
 	}

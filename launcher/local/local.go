@@ -70,6 +70,13 @@ type Options struct {
 	// Buckets reads the s3:// and gs:// sources of file_mounts; nil is buckets.New with the
 	// machine's own credentials.
 	Buckets nodefiles.Buckets
+	// Accelerators are this machine's GPUs (the ferry config's local.accelerators): instances
+	// asking for them hold them, and a launch that does not fit waits or preempts
+	// (capacity.go). GPUs not declared here are not counted.
+	Accelerators []configs.Accelerator
+	// PreemptionCooldown is how long a job preempted on local is safe from another
+	// preemption; default DefaultPreemptionCooldown.
+	PreemptionCooldown time.Duration
 }
 
 // Defaults for Options.
@@ -109,6 +116,13 @@ type Provider struct {
 	net *privnet.Client
 	// netWarned is the last reason logged for replicas on loopback, so it is logged once.
 	netWarned string
+
+	// capMu makes each launch's capacity check and reservation one step (capacity.go);
+	// pending are the launches holding GPUs before their instance.json exists, and
+	// preemptedAt when each job was last preempted here.
+	capMu       sync.Mutex
+	pending     map[string]holder
+	preemptedAt map[string]time.Time
 }
 
 // child tracks one process this Provider started; done closes once Wait returned.
@@ -129,6 +143,7 @@ func New(opts Options) (*Provider, error) {
 	}
 	launcher.SetDefault(&opts.Host, DefaultHost)
 	launcher.SetDefault(&opts.StopGrace, DefaultStopGrace)
+	launcher.SetDefault(&opts.PreemptionCooldown, DefaultPreemptionCooldown)
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
@@ -157,6 +172,8 @@ func New(opts Options) (*Provider, error) {
 		children:    map[string]*child{},
 		recentPorts: map[int]time.Time{},
 		recentHosts: map[string]time.Time{},
+		pending:     map[string]holder{},
+		preemptedAt: map[string]time.Time{},
 	}
 	if opts.PrivateNetwork && superviseSupported && loopback(opts.Host) {
 		// Connected on the first launch; the proxy and the prober of this process dial
@@ -196,6 +213,11 @@ func (p *Provider) Launch(ctx context.Context, spec launcher.Spec) (launcher.Ins
 	if err != nil {
 		return launcher.Instance{}, err
 	}
+	release, err := p.reserve(spec, id)
+	if err != nil {
+		return launcher.Instance{}, err
+	}
+	defer release() // once instance.json holds the claim, or the launch failed
 	port, netns := spec.Port, p.privateNet(spec)
 	switch {
 	case spec.Job == nil && fixedPort(spec) && netns != "":
@@ -311,6 +333,10 @@ func (p *Provider) start(dir, work, id string, at hostPort, spec launcher.Spec) 
 	}
 	if spec.Job != nil {
 		meta.Job, meta.StopGrace = true, spec.Job.Grace
+	}
+	if claim, ok := p.claimOf(spec); ok {
+		meta.GPU = &claim
+		meta.Priority, meta.Preemptible = priorityOf(spec)
 	}
 	if host != p.opts.Host {
 		meta.Host = host
@@ -441,6 +467,9 @@ func (p *Provider) List(ctx context.Context, selector map[string]string) ([]laun
 
 // state checks whether meta's process is still the one launched and still running.
 func (p *Provider) state(meta *metadata) (launcher.State, string) {
+	if meta.PreemptedBy != "" {
+		return launcher.StatePreempted, meta.PreemptedBy
+	}
 	if meta.ExitReason != "" {
 		return launcher.StateTerminated, meta.ExitReason
 	}
@@ -522,8 +551,12 @@ func (p *Provider) stopGroup(ctx context.Context, meta *metadata) error {
 	if !instanceAlive(meta) {
 		return nil
 	}
-	if err := signalInstance(meta, syscall.SIGTERM); err != nil {
-		return err
+	// A preempted instance had its SIGTERM (capacity.go): a second could cut short the
+	// checkpoint it is writing in its grace.
+	if meta.PreemptedBy == "" {
+		if err := signalInstance(meta, syscall.SIGTERM); err != nil {
+			return err
+		}
 	}
 	grace := p.opts.StopGrace
 	if meta.StopGrace > 0 {

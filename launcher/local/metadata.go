@@ -38,6 +38,14 @@ type metadata struct {
 	// Job marks a job's node: its script runs under a wrapper that records the exit status in
 	// exitStatusFile, so that a later controller, which cannot wait for it, still learns it.
 	Job bool `json:"job,omitempty"`
+	// GPU is what the instance holds of the machine's declared GPUs (capacity.go), with its
+	// Priority and whether a higher one may preempt it; nil when it holds none.
+	GPU         *gpuClaim `json:"gpu,omitempty"`
+	Priority    int       `json:"priority,omitempty"`
+	Preemptible bool      `json:"preemptible,omitempty"`
+	// PreemptedBy says why the instance was preempted for another launch: it lists as
+	// PREEMPTED from then on.
+	PreemptedBy string `json:"preempted_by,omitempty"`
 }
 
 const (

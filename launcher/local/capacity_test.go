@@ -1,0 +1,164 @@
+package local
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferryserve/ferry/configs"
+	"github.com/ferryserve/ferry/launcher"
+)
+
+func TestFits(t *testing.T) {
+	tests := []struct {
+		name    string
+		devices int
+		held    []float64
+		want    float64
+		ok      bool
+	}{
+		{"free device", 1, nil, 1, true},
+		{"device taken", 1, []float64{1}, 1, false},
+		{"two of two", 2, []float64{1}, 1, true},
+		{"whole beside a share", 1, []float64{0.5}, 1, false},
+		{"two halves share", 1, []float64{0.5}, 0.5, true},
+		{"shares do not split", 1, []float64{0.7}, 0.7, false},
+		{"shares on two devices", 2, []float64{0.7}, 0.7, true},
+		{"halves pack beside a whole", 2, []float64{0.5, 0.5}, 1, true},
+		{"a pair needs two free", 2, []float64{0.25}, 2, false},
+		{"more than declared", 1, nil, 2, false},
+	}
+	for _, tt := range tests {
+		if got := fits(tt.devices, tt.held, tt.want); got != tt.ok {
+			t.Errorf("%s: fits(%d, %v, %g) = %v, want %v", tt.name, tt.devices, tt.held, tt.want, got, tt.ok)
+		}
+	}
+}
+
+// gpuJob is a job node asking for one L4.
+func gpuJob(name, job string, priority int, preemptible bool, run string) launcher.Spec {
+	return launcher.Spec{
+		Name:      name,
+		Labels:    map[string]string{launcher.LabelJob: job},
+		Run:       run,
+		Resources: configs.Resources{Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}},
+		Job:       &launcher.JobSpec{Priority: priority, Preemptible: preemptible, Grace: 5 * time.Second},
+	}
+}
+
+func stateOf(t *testing.T, p *Provider, id string) launcher.Instance {
+	t.Helper()
+	insts, err := p.List(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range insts {
+		if in.ID == id {
+			return in
+		}
+	}
+	t.Fatalf("instance %s not listed", id)
+	return launcher.Instance{}
+}
+
+// TestDeclaredGPUsAreHeld: two jobs asking for the one L4 this machine declares run one after
+// the other; a GPU it does not declare is not counted; an ask it could never hold is refused.
+func TestDeclaredGPUsAreHeld(t *testing.T) {
+	p := newProvider(t, Options{Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}})
+	ctx := context.Background()
+	first, err := p.Launch(ctx, gpuJob("first", "1", 500, false, "sleep 300"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.Launch(ctx, gpuJob("second", "2", 500, false, "sleep 300"))
+	if !errors.Is(err, launcher.ErrNoCapacity) || !strings.Contains(err.Error(), "job 1's first holds 1 (priority 500)") {
+		t.Fatalf("second L4 job: %v, want no capacity naming the holder", err)
+	}
+	other := gpuJob("other", "3", 500, false, "sleep 300")
+	other.Resources.Accelerators[0].Name = "A100" // not declared: not counted
+	o, err := p.Launch(ctx, other)
+	if err != nil {
+		t.Fatalf("an undeclared GPU: %v", err)
+	}
+	big := gpuJob("big", "4", 500, false, "sleep 300")
+	big.Resources.Accelerators[0].Count = 2
+	if _, err := p.Launch(ctx, big); !errors.Is(err, launcher.ErrInvalid) {
+		t.Fatalf("two L4 on a one-L4 machine: %v, want invalid", err)
+	}
+	if _, err := p.PrepareGang(gpuJob("gang", "5", 500, false, "true"), 2); !errors.Is(err, launcher.ErrInvalid) {
+		t.Fatalf("a 2-node L4 gang on a one-L4 machine: %v, want invalid", err)
+	}
+	for _, id := range []string{first.ID, o.ID} {
+		if err := p.Terminate(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	second, err := p.Launch(ctx, gpuJob("second", "2", 500, false, "sleep 300"))
+	if err != nil {
+		t.Fatalf("once the first is gone: %v", err)
+	}
+	_ = p.Terminate(ctx, second.ID)
+}
+
+// TestHigherPriorityPreempts: a launch that does not fit takes the GPU of a lower-priority
+// preemptible job's node: SIGTERM with its grace (the checkpoint it writes then survives), the
+// node lists PREEMPTED at once, and the launch fits once the node is gone. Neither a
+// non-preemptible node nor one of an equal priority is taken, and a job preempted here is safe
+// for the cooldown.
+func TestHigherPriorityPreempts(t *testing.T) {
+	dir := t.TempDir()
+	mark := filepath.Join(dir, "checkpointed")
+	p := newProvider(t, Options{Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}, PreemptionCooldown: time.Hour})
+	ctx := context.Background()
+	low, err := p.Launch(ctx, gpuJob("low", "1", 100, true, "trap 'touch "+mark+"; exit 0' TERM; while true; do sleep 0.05; done"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Launch(ctx, gpuJob("peer", "2", 100, false, "sleep 300")); !errors.Is(err, launcher.ErrNoCapacity) || strings.Contains(err.Error(), "preempting") {
+		t.Fatalf("an equal priority: %v, want no capacity and no preemption", err)
+	}
+	time.Sleep(200 * time.Millisecond) // the trap is set
+	high := gpuJob("high", "3", 900, false, "sleep 300")
+	_, err = p.Launch(ctx, high)
+	if !errors.Is(err, launcher.ErrNoCapacity) || !strings.Contains(err.Error(), "preempting job 1's low") {
+		t.Fatalf("the high-priority launch: %v, want no capacity while it preempts the low job", err)
+	}
+	if in := stateOf(t, p, low.ID); in.State != launcher.StatePreempted || !strings.Contains(in.Reason, "preempted for job 3's high (priority 900)") {
+		t.Fatalf("the low job's node: %s %q, want PREEMPTED saying for whom", in.State, in.Reason)
+	}
+	var h launcher.Instance
+	waitFor(t, 10*time.Second, "the high launch fits once the low node is gone", func() bool {
+		h, err = p.Launch(ctx, high)
+		return err == nil
+	})
+	if _, err := os.Stat(mark); err != nil {
+		t.Errorf("the preempted node did not get its SIGTERM grace: %v", err)
+	}
+	if err := p.Terminate(ctx, low.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// The high node is not preemptible; a replica (serving priority) cannot take it.
+	replica := launcher.Spec{Name: "svc-1", Labels: map[string]string{launcher.LabelService: "svc"}, Run: "sleep 300",
+		Resources: configs.Resources{Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}}}
+	if _, err := p.Launch(ctx, replica); !errors.Is(err, launcher.ErrNoCapacity) || strings.Contains(err.Error(), "preempting") {
+		t.Fatalf("a replica against a non-preemptible job: %v", err)
+	}
+	if err := p.Terminate(ctx, h.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// Job 1 again, preempted an hour ago as far as the cooldown knows: safe from the replica.
+	again, err := p.Launch(ctx, gpuJob("low", "1", 100, true, "sleep 300"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Launch(ctx, replica); !errors.Is(err, launcher.ErrNoCapacity) || strings.Contains(err.Error(), "preempting") {
+		t.Fatalf("a job within its cooldown was preempted again: %v", err)
+	}
+	_ = p.Terminate(ctx, again.ID)
+}
