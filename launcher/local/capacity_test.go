@@ -162,3 +162,31 @@ func TestHigherPriorityPreempts(t *testing.T) {
 	}
 	_ = p.Terminate(ctx, again.ID)
 }
+
+// TestReplicaPreemptsAPreemptibleJob: a service replica (serving priority) takes the GPU of a
+// preemptible job's node, as a service's pod does on Kubernetes; a multi-node replica's nodes,
+// which carry a JobSpec at serving priority, are never preemptible.
+func TestReplicaPreemptsAPreemptibleJob(t *testing.T) {
+	p := newProvider(t, Options{Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}})
+	ctx := context.Background()
+	job, err := p.Launch(ctx, gpuJob("batch", "7", 500, true, "sleep 300"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica := launcher.Spec{Name: "svc-1", Labels: map[string]string{launcher.LabelService: "svc"}, Run: "sleep 300",
+		Resources: configs.Resources{Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}}}
+	if _, err := p.Launch(ctx, replica); !errors.Is(err, launcher.ErrNoCapacity) || !strings.Contains(err.Error(), "preempting job 7's batch") {
+		t.Fatalf("the replica's launch: %v, want it to preempt the batch job", err)
+	}
+	var r launcher.Instance
+	waitFor(t, 10*time.Second, "the replica fits once the job's node is gone", func() bool {
+		r, err = p.Launch(ctx, replica)
+		return err == nil
+	})
+	_ = p.Terminate(ctx, job.ID)
+	if prio, preemptible := priorityOf(launcher.Spec{Labels: map[string]string{launcher.LabelService: "svc"},
+		Job: &launcher.JobSpec{Priority: launcher.ServingPriority, Preemptible: true}}); prio != launcher.ServingPriority || preemptible {
+		t.Errorf("a multi-node replica's node: priority %d preemptible %v", prio, preemptible)
+	}
+	_ = p.Terminate(ctx, r.ID)
+}
