@@ -152,3 +152,48 @@ func TestKubernetesJobsShareGPUsWithServices(t *testing.T) {
 	k.mustRun("jobs", "cancel", strconv.FormatInt(keep, 10), "-y")
 	k.waitJob(keep, time.Minute, "cancelled", func(j jobView) bool { return j.State == "CANCELLED" && len(j.Nodes) == 0 })
 }
+
+// kubeB200Job is a 1-node train-sim job on the cluster's one B200.
+const kubeB200Job = `name: %s
+resources:
+  infra: kubernetes
+  accelerators: B200:1
+job: {priority: %d, preemptible: %t, grace_period_seconds: 10}
+run: ferry train-sim --master-port 8008 --steps=%d --step-time=50ms --checkpoint-every=5
+`
+
+// On the real API server and scheduler, a job preempts a job (Ferry's queue decides, as Kueue
+// does; the scheduler never lets a job's pod preempt): a high-priority job that finds the one
+// B200 taken has the low-priority preemptible job's pod deleted with its grace, runs, and the
+// low job resumes from its checkpoint on the claim and completes.
+func TestKubernetesJobPreemptsLowerPriorityJob(t *testing.T) {
+	t.Parallel()
+	k := newKubeEnv(t, "NVIDIA-B200", 1, 1, 2)
+	k.extraEnv = append(k.extraEnv, "FERRY_JOB_RETRY_INTERVAL=1s", "FERRY_JOB_WATCH_INTERVAL=200ms")
+	defer k.stopJobs()
+	dir := t.TempDir()
+	job := func(name string, priority int, preemptible bool, steps int) string {
+		f := filepath.Join(dir, name+".yaml")
+		writeFile(t, f, fmt.Sprintf(kubeB200Job, name, priority, preemptible, steps))
+		return f
+	}
+	low := k.launchDetached(job("low", 100, true, 400))
+	k.waitJob(low, 2*time.Minute, "runs", func(j jobView) bool { return j.State == "RUNNING" })
+	eventually(t, time.Minute, "the low job trains", func() (bool, string) {
+		out, _, _ := k.run("jobs", "logs", strconv.FormatInt(low, 10))
+		return strings.Contains(out, "step 20/400"), lastLines(out, 2)
+	})
+	high := k.launchDetached(job("high", 900, false, 40))
+	rec := k.waitJob(low, 2*time.Minute, "preempted for the high job", func(j jobView) bool { return j.State == "RECOVERING" })
+	if want := fmt.Sprintf("preempted for job %d (high, priority 900)", high); len(rec.History) != 1 || !strings.Contains(rec.History[0].Reason, want) {
+		t.Errorf("the low job's recovery: %+v, want %q", rec.History, want)
+	}
+	k.waitJob(high, 2*time.Minute, "the high job completes", func(j jobView) bool { return j.State == "SUCCEEDED" })
+	done := k.waitJob(low, 3*time.Minute, "the low job completes", func(j jobView) bool { return j.State == "SUCCEEDED" && len(j.Nodes) == 0 })
+	if done.Recoveries != 1 || done.RestartsOnErrors != 0 {
+		t.Errorf("want one recovery and no error restart: %+v", done)
+	}
+	if out := k.mustRun("jobs", "logs", strconv.FormatInt(low, 10)); !strings.Contains(out, "resuming from checkpoint at step") || !strings.Contains(out, "training done: 400 steps") {
+		t.Errorf("the low job did not resume from its checkpoint:\n%s", lastLines(out, 10))
+	}
+}

@@ -22,9 +22,9 @@ run: ferry train-sim --master-port 8008 --steps=%d --step-time=50ms --checkpoint
 //
 //  1. Two jobs contending for it run one after the other: the second waits PENDING, saying
 //     who holds the GPU, and starts once the first has ended.
-//  2. A high-priority job preempts a low-priority preemptible one: the low job's node gets
-//     SIGTERM and its grace (it checkpoints), the job is RECOVERING while the high one runs,
-//     then resumes from its checkpoint and completes.
+//  2. A high-priority job preempts a low-priority preemptible one (the job queue decides,
+//     jobs/preempt.go): the low job's node gets SIGTERM and its grace (it checkpoints), the job
+//     is RECOVERING while the high one runs, then resumes from its checkpoint and completes.
 func TestLocalGPUJobsShareTheDeclaredGPU(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -77,7 +77,7 @@ func TestLocalGPUJobsShareTheDeclaredGPU(t *testing.T) {
 	})
 	high := e.launchDetached(job("high", 900, false, 40))
 	rec := e.waitJob(low, time.Minute, "preempted for the high job", func(j jobView) bool { return j.State == "RECOVERING" })
-	if want := fmt.Sprintf("preempted for job %d's high-%d-1 (priority 900)", high, high); len(rec.History) != 1 || !strings.Contains(rec.History[0].Reason, want) {
+	if want := fmt.Sprintf("preempted for job %d (high, priority 900)", high); len(rec.History) != 1 || !strings.Contains(rec.History[0].Reason, want) {
 		t.Errorf("the low job's recovery: %+v", rec.History)
 	}
 	e.waitJob(high, 2*time.Minute, "the high job completes", func(j jobView) bool { return j.State == "SUCCEEDED" })

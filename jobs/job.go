@@ -107,6 +107,11 @@ type Job struct {
 	// or its grace before its reservation ends if that is sooner; RunLimit says which.
 	RunUntil time.Time `json:"run_until,omitzero"`
 	RunLimit string    `json:"run_limit,omitempty"`
+	// PreemptFor, set while the job runs, says that a higher-priority job preempts it
+	// (preempt.go): its watch ends the gang as lost and clears it. PreemptedAt is when that
+	// last happened, which keeps the job safe from another preemption for a while.
+	PreemptFor  string    `json:"preempt_for,omitempty"`
+	PreemptedAt time.Time `json:"preempted_at,omitzero"`
 	// LeftBehind is what stopping the job's nodes could not reach (an infra that did not
 	// answer): the provisioner's janitor stops it once the infra answers again.
 	LeftBehind []launcher.Leftover `json:"left_behind,omitempty"`

@@ -67,6 +67,9 @@ type Config struct {
 	// default DefaultGrowProbeTimeout.
 	GrowInterval     time.Duration
 	GrowProbeTimeout time.Duration
+	// PreemptionCooldown is how long a job preempted for a higher-priority one is safe from
+	// another preemption (preempt.go); default DefaultPreemptionCooldown.
+	PreemptionCooldown time.Duration
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 }
@@ -133,6 +136,7 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.StopTimeout <= 0 {
 		cfg.StopTimeout = DefaultStopTimeout
 	}
+	launcher.SetDefault(&cfg.PreemptionCooldown, DefaultPreemptionCooldown)
 	if cfg.CheckpointMount == "" {
 		cfg.CheckpointMount = DefaultCheckpointMount
 	}

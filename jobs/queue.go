@@ -224,7 +224,11 @@ func (m *Manager) launchFailed(ctx context.Context, j Job, err error) {
 		m.release(ctx, j.ID, FailedNoResource, "") // withdraws a queued request (capacity.go)
 	default: // no capacity, held in a cloud's queue, or an infra that failed
 		since := waitStart(j, err, m.cfg.Now())
-		m.transition(j.ID, back, waitReason(err, since), func(cur *Job) {
+		reason := waitReason(err, since)
+		if errors.Is(err, launcher.ErrNoCapacity) && !launcher.IsInfraFault(err) {
+			reason += m.preemptFor(j) // preempt.go
+		}
+		m.transition(j.ID, back, reason, func(cur *Job) {
 			cur.WaitingSince, cur.InQueue = since, errors.Is(err, launcher.ErrQueued)
 		})
 		m.log.Info("job waits for capacity", zap.Int64("job", j.ID), zap.Error(err))

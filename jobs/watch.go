@@ -98,6 +98,10 @@ func (m *Manager) look(ctx context.Context, id int64, w *watchState) bool {
 		m.timeUp(ctx, j)
 		return true
 	}
+	if j.PreemptFor != "" {
+		m.end(ctx, j, preempted(j)) // preempt.go
+		return true
+	}
 	lctx, cancel := context.WithTimeout(ctx, time.Minute)
 	insts, err := m.listJob(lctx, j)
 	cancel()
@@ -218,6 +222,9 @@ func (m *Manager) end(ctx context.Context, j Job, a assessment) {
 	now := m.cfg.Now()
 	m.transition(j.ID, nx.state, nx.reason, func(cur *Job) {
 		cur.ExitCodes = a.exitCodes
+		if cur.PreemptFor != "" {
+			cur.PreemptFor, cur.PreemptedAt = "", now
+		}
 		if !nx.relaunch {
 			return
 		}

@@ -125,6 +125,14 @@ type JobSpec struct {
 // Kubernetes, a directory on local): one per job, kept across its recoveries.
 func CheckpointClaim(job string) string { return "ferry-job-" + job + "-checkpoint" }
 
+// OwnedCapacity reports whether capacity on infra (an Instance's Infra) is Ferry's to hand
+// from one workload to another: this machine and Kubernetes clusters are already paid for and
+// bounded, so stopping a lower-priority job there makes room for a higher one; stopping a
+// cloud's VM gives nothing back to Ferry.
+func OwnedCapacity(infra string) bool {
+	return infra == configs.InfraLocal || infra == "kubernetes" || strings.HasPrefix(infra, "kubernetes/")
+}
+
 // ServingPriority is the priority of service replicas where an infra schedules by priority.
 // Jobs default below it (DefaultJobPriority), so serving wins unless a job says otherwise.
 const (

@@ -144,6 +144,8 @@ func (cf *controllerFlags) register(f *pflag.FlagSet) {
 		"request bodies being read at once, in MiB by their announced length; beyond it 503 at the request's headers (0: 512; $FERRY_MAX_BUFFERED_BODY_MB)")
 	f.DurationVar(&opts.JobRetryInterval, "job-retry-interval", envDuration("FERRY_JOB_RETRY_INTERVAL", envErrs),
 		"how often jobs waiting for capacity try to launch again (0: 15s; $FERRY_JOB_RETRY_INTERVAL)")
+	f.DurationVar(&opts.PreemptionCooldown, "preemption-cooldown", envDuration("FERRY_PREEMPTION_COOLDOWN", envErrs),
+		"how long a job preempted for a higher-priority job or a local replica is safe from another preemption (0: 5m; $FERRY_PREEMPTION_COOLDOWN)")
 	f.DurationVar(&opts.JobWatchInterval, "job-watch-interval", envDuration("FERRY_JOB_WATCH_INTERVAL", envErrs),
 		"how often a running job's nodes are looked at (0: 2s; $FERRY_JOB_WATCH_INTERVAL)")
 	addStoreFlags(f, &opts.Store, envErrs)

@@ -99,6 +99,9 @@ type Options struct {
 	// is looked at, and how often jobs waiting for capacity try again (0: the jobs defaults).
 	JobWatchInterval time.Duration
 	JobRetryInterval time.Duration
+	// PreemptionCooldown is how long a job preempted for a higher-priority one, by the job
+	// queue or by a local replica, is safe from another preemption (0: 5m).
+	PreemptionCooldown time.Duration
 	// WindowLead is how long before a reservation's end its replicas are replaced (0:
 	// launcher.DefaultWindowLead).
 	WindowLead time.Duration
@@ -409,7 +412,7 @@ func (c *Controller) openState() (closeState func(), err error) {
 		return nil, err
 	}
 	infras, err := infra.Open(h, infra.Options{PathPrepend: c.opts.PathPrepend, Supervisor: c.opts.Supervisor, Logger: c.log, BlockFor: c.opts.BlockFor, WindowLead: c.opts.WindowLead,
-		KubeQPS: c.opts.Store.QPS, KubeBurst: c.opts.Store.Burst})
+		KubeQPS: c.opts.Store.QPS, KubeBurst: c.opts.Store.Burst, PreemptionCooldown: c.opts.PreemptionCooldown})
 	if err != nil {
 		c.store.Close()
 		return nil, err

@@ -16,12 +16,13 @@ import (
 // optimizer, one set of failover blocks and one view of capacity.
 func (c *Controller) startJobs(ctx context.Context) error {
 	m, err := jobs.New(jobs.Config{
-		Provider:      c.provider,
-		Store:         c.store,
-		Dir:           filepath.Join(c.opts.Home.Dir, "jobs"),
-		Logger:        c.log,
-		WatchInterval: c.opts.JobWatchInterval,
-		RetryInterval: c.opts.JobRetryInterval,
+		Provider:           c.provider,
+		Store:              c.store,
+		Dir:                filepath.Join(c.opts.Home.Dir, "jobs"),
+		Logger:             c.log,
+		WatchInterval:      c.opts.JobWatchInterval,
+		RetryInterval:      c.opts.JobRetryInterval,
+		PreemptionCooldown: c.opts.PreemptionCooldown,
 	})
 	if err != nil {
 		return err

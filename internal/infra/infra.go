@@ -40,6 +40,9 @@ type Options struct {
 	Logger     *zap.Logger
 	// BlockFor overrides provision.DefaultBlockFor.
 	BlockFor time.Duration
+	// PreemptionCooldown is how long a job preempted on local by a replica is safe from
+	// another preemption (0: local.DefaultPreemptionCooldown).
+	PreemptionCooldown time.Duration
 	// WindowLead is how long before a reservation's end its replicas are replaced (0:
 	// launcher.DefaultWindowLead); the optimizer leaves windows shorter than it.
 	WindowLead time.Duration
@@ -74,7 +77,8 @@ func Open(h home.Home, opts Options) (*Set, error) {
 	}
 	s := &Set{Config: cfg, Problems: map[string]error{}, log: opts.Logger, windowLead: cmp.Or(opts.WindowLead, launcher.DefaultWindowLead)}
 	s.Local, err = local.New(local.Options{Dir: h.LocalDir(), PathPrepend: opts.PathPrepend, Supervisor: opts.Supervisor,
-		PrivateNetwork: opts.Supervisor != "", Logger: opts.Logger.Named("local"), Accelerators: s.localGPUs()})
+		PrivateNetwork: opts.Supervisor != "", Logger: opts.Logger.Named("local"), Accelerators: s.localGPUs(),
+		PreemptionCooldown: opts.PreemptionCooldown})
 	if err != nil {
 		return nil, err
 	}

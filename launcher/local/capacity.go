@@ -25,16 +25,16 @@ import (
 // tries its next infra — unless it may preempt. GPUs the config does not declare are not
 // counted: `infra: local` runs anything, for development against simulated replicas.
 //
-// Preemption follows the rule Ferry's priority classes give Kubernetes' scheduler: a launch
-// that does not fit may take the GPUs of running instances that are preemptible (a job's node
-// with preemptible: true) and of a lower priority (replicas run at launcher.ServingPriority,
-// jobs at their own). Victims are taken lowest priority first, then newest first (the least
-// work lost), and only as many as make the launch fit; each gets SIGTERM and its grace, and
-// lists as PREEMPTED from then on, so that its job recovers. The preemptor's launch still fails
-// with ErrNoCapacity until the victims' processes are gone, and its owner retries (the job
-// queue, the replica manager), as a pod nominated to a node waits for its victims to leave. A
-// job preempted here is not preempted again within Options.PreemptionCooldown, so a stream of
-// higher-priority work cannot starve it.
+// Serving preempts jobs here as Ferry's priority classes let Kubernetes' scheduler do: a
+// replica's launch that does not fit may take the GPUs of running instances that are
+// preemptible (a job's node with preemptible: true) and of a lower priority (replicas run at
+// launcher.ServingPriority). Victims are taken lowest priority first, then newest first (the
+// least work lost), and only as many as make the launch fit; each gets SIGTERM and its grace,
+// and lists as PREEMPTED from then on, so that its job recovers. The replica's launch still
+// fails with ErrNoCapacity until the victims' processes are gone, and the replica manager
+// retries, as a pod nominated to a node waits for its victims to leave. A job preempted here is
+// not preempted again within Options.PreemptionCooldown, so a stream of replicas cannot starve
+// it. Between jobs the job queue preempts (jobs/preempt.go), as on every infra Ferry owns.
 
 // DefaultPreemptionCooldown is Options.PreemptionCooldown's default.
 const DefaultPreemptionCooldown = 5 * time.Minute
@@ -105,7 +105,11 @@ func (p *Provider) reserve(spec launcher.Spec, id string) (release func(), err e
 		return nil, err
 	}
 	if !fits(devices, counts(held), claim.Count) {
-		return nil, p.preemptFor(who(spec.Name, spec.Labels[launcher.LabelJob]), claim, prio, devices, held)
+		if spec.Job != nil && spec.Labels[launcher.LabelService] == "" {
+			// A job's node: between jobs the queue preempts (jobs/preempt.go), not the infra.
+			return nil, fmt.Errorf("%w: local's %d %s are in use (%s)", launcher.ErrNoCapacity, devices, claim.Name, describeHolders(held))
+		}
+		return nil, p.preemptFor(spec.Name, claim, prio, devices, held)
 	}
 	p.pending[id] = holder{id: id, name: spec.Name, job: spec.Labels[launcher.LabelJob], claim: claim,
 		priority: prio, preemptible: preemptible, launchedAt: time.Now()}
@@ -196,7 +200,7 @@ func fits(devices int, held []float64, want float64) bool {
 }
 
 // preemptFor stops the fewest preemptible, lower-priority holders that make claim fit for
-// launch (who, at priority prio), and
+// replica launch at priority prio, and
 // returns the ErrNoCapacity that tells the launch to come back once they are gone (or why
 // nothing can be taken).
 func (p *Provider) preemptFor(launch string, claim gpuClaim, prio, devices int, held []holder) error {

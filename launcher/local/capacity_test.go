@@ -104,12 +104,13 @@ func TestDeclaredGPUsAreHeld(t *testing.T) {
 	_ = p.Terminate(ctx, second.ID)
 }
 
-// TestHigherPriorityPreempts: a launch that does not fit takes the GPU of a lower-priority
-// preemptible job's node: SIGTERM with its grace (the checkpoint it writes then survives), the
-// node lists PREEMPTED at once, and the launch fits once the node is gone. Neither a
-// non-preemptible node nor one of an equal priority is taken, and a job preempted here is safe
-// for the cooldown.
-func TestHigherPriorityPreempts(t *testing.T) {
+// TestReplicaPreemptsAPreemptibleJob: a replica's launch (serving priority) that does not fit
+// takes the GPU of a preemptible job's node: SIGTERM with its grace (the checkpoint it writes
+// then survives), the node lists PREEMPTED at once, and the launch fits once the node is gone.
+// A job's launch never preempts here (the job queue does, jobs/preempt.go); a non-preemptible
+// node is never taken, a multi-node replica's nodes are not preemptible, and a job preempted
+// here is safe for the cooldown.
+func TestReplicaPreemptsAPreemptibleJob(t *testing.T) {
 	dir := t.TempDir()
 	mark := filepath.Join(dir, "checkpointed")
 	p := newProvider(t, Options{Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}, PreemptionCooldown: time.Hour})
@@ -118,39 +119,42 @@ func TestHigherPriorityPreempts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.Launch(ctx, gpuJob("peer", "2", 100, false, "sleep 300")); !errors.Is(err, launcher.ErrNoCapacity) || strings.Contains(err.Error(), "preempting") {
-		t.Fatalf("an equal priority: %v, want no capacity and no preemption", err)
+	if _, err := p.Launch(ctx, gpuJob("high", "2", 900, false, "sleep 300")); !errors.Is(err, launcher.ErrNoCapacity) || strings.Contains(err.Error(), "preempting") {
+		t.Fatalf("a higher-priority job's launch: %v, want no capacity and no preemption (the queue's to decide)", err)
 	}
 	time.Sleep(200 * time.Millisecond) // the trap is set
-	high := gpuJob("high", "3", 900, false, "sleep 300")
-	_, err = p.Launch(ctx, high)
+	replica := launcher.Spec{Name: "svc-1", Labels: map[string]string{launcher.LabelService: "svc"}, Run: "sleep 300",
+		Resources: configs.Resources{Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}}}
+	_, err = p.Launch(ctx, replica)
 	if !errors.Is(err, launcher.ErrNoCapacity) || !strings.Contains(err.Error(), "preempting job 1's low") {
-		t.Fatalf("the high-priority launch: %v, want no capacity while it preempts the low job", err)
+		t.Fatalf("the replica's launch: %v, want no capacity while it preempts the low job", err)
 	}
-	if in := stateOf(t, p, low.ID); in.State != launcher.StatePreempted || !strings.Contains(in.Reason, "preempted for job 3's high (priority 900)") {
+	if in := stateOf(t, p, low.ID); in.State != launcher.StatePreempted || !strings.Contains(in.Reason, "preempted for svc-1 (priority 1000)") {
 		t.Fatalf("the low job's node: %s %q, want PREEMPTED saying for whom", in.State, in.Reason)
 	}
-	var h launcher.Instance
-	waitFor(t, 10*time.Second, "the high launch fits once the low node is gone", func() bool {
-		h, err = p.Launch(ctx, high)
+	var r launcher.Instance
+	waitFor(t, 10*time.Second, "the replica fits once the low node is gone", func() bool {
+		r, err = p.Launch(ctx, replica)
 		return err == nil
 	})
 	if _, err := os.Stat(mark); err != nil {
 		t.Errorf("the preempted node did not get its SIGTERM grace: %v", err)
 	}
-	if err := p.Terminate(ctx, low.ID); err != nil {
-		t.Fatal(err)
+	for _, id := range []string{low.ID, r.ID} {
+		if err := p.Terminate(ctx, id); err != nil {
+			t.Fatal(err)
+		}
 	}
 
-	// The high node is not preemptible; a replica (serving priority) cannot take it.
-	replica := launcher.Spec{Name: "svc-1", Labels: map[string]string{launcher.LabelService: "svc"}, Run: "sleep 300",
-		Resources: configs.Resources{Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}}}
+	// Non-preemptible: kept.
+	keep, err := p.Launch(ctx, gpuJob("keep", "3", 100, false, "sleep 300"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := p.Launch(ctx, replica); !errors.Is(err, launcher.ErrNoCapacity) || strings.Contains(err.Error(), "preempting") {
 		t.Fatalf("a replica against a non-preemptible job: %v", err)
 	}
-	if err := p.Terminate(ctx, h.ID); err != nil {
-		t.Fatal(err)
-	}
+	_ = p.Terminate(ctx, keep.ID)
 
 	// Job 1 again, preempted an hour ago as far as the cooldown knows: safe from the replica.
 	again, err := p.Launch(ctx, gpuJob("low", "1", 100, true, "sleep 300"))
@@ -161,32 +165,9 @@ func TestHigherPriorityPreempts(t *testing.T) {
 		t.Fatalf("a job within its cooldown was preempted again: %v", err)
 	}
 	_ = p.Terminate(ctx, again.ID)
-}
 
-// TestReplicaPreemptsAPreemptibleJob: a service replica (serving priority) takes the GPU of a
-// preemptible job's node, as a service's pod does on Kubernetes; a multi-node replica's nodes,
-// which carry a JobSpec at serving priority, are never preemptible.
-func TestReplicaPreemptsAPreemptibleJob(t *testing.T) {
-	p := newProvider(t, Options{Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}})
-	ctx := context.Background()
-	job, err := p.Launch(ctx, gpuJob("batch", "7", 500, true, "sleep 300"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	replica := launcher.Spec{Name: "svc-1", Labels: map[string]string{launcher.LabelService: "svc"}, Run: "sleep 300",
-		Resources: configs.Resources{Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}}}
-	if _, err := p.Launch(ctx, replica); !errors.Is(err, launcher.ErrNoCapacity) || !strings.Contains(err.Error(), "preempting job 7's batch") {
-		t.Fatalf("the replica's launch: %v, want it to preempt the batch job", err)
-	}
-	var r launcher.Instance
-	waitFor(t, 10*time.Second, "the replica fits once the job's node is gone", func() bool {
-		r, err = p.Launch(ctx, replica)
-		return err == nil
-	})
-	_ = p.Terminate(ctx, job.ID)
 	if prio, preemptible := priorityOf(launcher.Spec{Labels: map[string]string{launcher.LabelService: "svc"},
 		Job: &launcher.JobSpec{Priority: launcher.ServingPriority, Preemptible: true}}); prio != launcher.ServingPriority || preemptible {
 		t.Errorf("a multi-node replica's node: priority %d preemptible %v", prio, preemptible)
 	}
-	_ = p.Terminate(ctx, r.ID)
 }
