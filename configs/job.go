@@ -69,8 +69,8 @@ func DefaultJob() Job {
 }
 
 var (
-	jobKeys         = []string{"priority", "preemptible", "grace_period_seconds"}
-	jobRecoveryKeys = []string{"strategy", "max_restarts_on_errors", "recover_on_exit_codes", "min_nodes"}
+	jobKeys         = keysOf[Job]()
+	jobRecoveryKeys = keysOf[JobRecovery]()
 	recoveryNames   = []string{RecoveryFailover, RecoveryEagerNextRegion, RecoveryDynamicNodeSet}
 )
 

@@ -61,7 +61,7 @@ func (o Objective) PerWork() bool {
 	return o.Minimize == ObjectiveCostPerToken || o.Minimize == ObjectiveCostPerStep
 }
 
-var objectiveKeys = []string{"minimize", "checkpoint_minutes", "restart_minutes", "model_size"}
+var objectiveKeys = keysOf[Objective]()
 
 // objective reads resources.objective: a name, or a mapping with minimize and its facts.
 func (c *checker) objective(n *yaml.Node, field string) Objective {

@@ -33,7 +33,7 @@ func (g GitWorkdir) String() string {
 	return g.URL + "@" + g.Ref
 }
 
-var gitWorkdirKeys = []string{"url", "ref"}
+var gitWorkdirKeys = keysOf[GitWorkdir]()
 
 // scpLikeRE is git's scp-like syntax, user@host:path.
 var scpLikeRE = regexp.MustCompile(`^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+$`)
