@@ -43,20 +43,20 @@ func (t *Task) ResolvedYAML() ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// resolvedValuer is a section some of whose fields are written in another shape than they are
+// shapedSection is a section some of whose fields are written in another shape than they are
 // held (accelerators, workdir, file_mounts), or only when set. resolvedValue returns what to
 // write under key instead of the field, nil to leave the key out; ok false writes the field
 // as its tag says.
-type resolvedValuer interface {
+type shapedSection interface {
 	resolvedValue(key string) (v any, ok bool)
 }
 
 var (
-	_ resolvedValuer = Task{}
-	_ resolvedValuer = Resources{}
-	_ resolvedValuer = Service{}
-	_ resolvedValuer = ReplicaPolicy{}
-	_ resolvedValuer = Objective{}
+	_ shapedSection = Task{}
+	_ shapedSection = Resources{}
+	_ shapedSection = Service{}
+	_ shapedSection = ReplicaPolicy{}
+	_ shapedSection = Objective{}
 )
 
 // yamlField is one field of a section, as its yaml tag describes it.
@@ -141,7 +141,7 @@ func resolvedNode(v reflect.Value) (*yaml.Node, error) {
 // sectionNode writes a struct's tagged fields in declaration order.
 func sectionNode(v reflect.Value) (*yaml.Node, error) {
 	out := &yaml.Node{Kind: yaml.MappingNode}
-	valuer, _ := v.Interface().(resolvedValuer)
+	valuer, _ := v.Interface().(shapedSection)
 	for _, f := range yamlFields(v.Type()) {
 		field := v.Field(f.index)
 		alt, replaced := any(nil), false
