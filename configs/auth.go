@@ -15,10 +15,9 @@ import (
 )
 
 var (
-	authKeys   = []string{"keys_from_env", "keys_file"}
-	limitsKeys = []string{"max_request_body_mb", "max_concurrent_requests", "idle_timeout_seconds",
-		"max_queued_requests", "max_queue_wait_seconds", "rate_limit_per_key", "max_concurrent_streams", "max_in_flight_per_replica"}
-	rateLimitKeys = []string{"requests_per_second", "burst"}
+	authKeys      = keysOf[Auth]()
+	limitsKeys    = keysOf[Limits]()
+	rateLimitKeys = keysOf[RateLimit]()
 )
 
 // Bounds on service.auth and service.limits.

@@ -23,20 +23,20 @@ import (
 // It is set once, at the top of resources, and applies to every alternative.
 type Capacity struct {
 	// Mode is CapacityOnDemand, CapacityQueued or CapacityReserved.
-	Mode string `json:"mode"`
+	Mode string `json:"mode" yaml:"mode"`
 	// MaxWait bounds how long a queued or reserved task waits for its capacity (SkyPilot's
 	// provision_timeout for queued resources); 0 waits until cancelled.
-	MaxWait time.Duration `json:"max_wait,omitempty"`
+	MaxWait time.Duration `json:"max_wait,omitempty" yaml:"max_wait"`
 	// MaxRunDuration is how long the nodes may run once started (0: no limit). Clouds that
 	// take it (GCP flex-start) get it too; Ferry stops a job at it on every infra.
-	MaxRunDuration time.Duration `json:"max_run_duration,omitempty"`
+	MaxRunDuration time.Duration `json:"max_run_duration,omitempty" yaml:"max_run_duration"`
 	// Reservation is the reservation or capacity block a reserved task uses, by name or id,
 	// or ReservationAny; "" unless Mode is reserved.
-	Reservation string `json:"reservation,omitempty"`
+	Reservation string `json:"reservation,omitempty" yaml:"reservation"`
 	// NoQueue keeps a queued task out of the cloud's queue, leaving it reserved capacity
 	// first, then on-demand and spot. The parser sets it for services: a replica that
 	// waited would be relaunched under a new name, queueing a new request each time.
-	NoQueue bool `json:"no_queue,omitempty"`
+	NoQueue bool `json:"no_queue,omitempty" yaml:"-"`
 }
 
 // Capacity modes.
@@ -58,7 +58,7 @@ const (
 var CapacityModes = []string{CapacityOnDemand, CapacityQueued, CapacityReserved}
 
 var (
-	capacityKeys = []string{"mode", "max_wait", "max_run_duration", "reservation"}
+	capacityKeys = keysOf[Capacity]()
 	// durationRE is "<num>[s|m|h|d]", SkyPilot's spelling of durations; a bare number is seconds.
 	durationRE = regexp.MustCompile(`^([0-9]+)([smhd]?)$`)
 	// reservationRE fits GCP reservation names and AWS capacity reservation ids (cr-…), and
@@ -275,10 +275,10 @@ func (r *Resources) setCapacity(cp *Capacity) {
 //	    # or queued_provisioning: {class: queued-provisioning.gke.io}
 type QueuedProvisioning struct {
 	// Class is the ProvisioningRequest's provisioningClassName.
-	Class string `json:"class"`
+	Class string `json:"class" yaml:"class"`
 	// Accelerators are the GPUs the queued node pools create, with the count one node has
 	// (accelerators: [H100:8]): a pool scaled to zero shows no node, so Ferry offers these.
-	Accelerators []Accelerator `json:"accelerators,omitempty"`
+	Accelerators []Accelerator `json:"accelerators,omitempty" yaml:"accelerators"`
 }
 
 // DefaultProvisioningClass is GKE's class for queued provisioning (Dynamic Workload Scheduler).
@@ -293,7 +293,7 @@ func (c *checker) queuedProvisioning(n *yaml.Node, field string) *QueuedProvisio
 		}
 		return nil
 	}
-	f, ok := c.fields(n, field, []string{"class", "accelerators"})
+	f, ok := c.fields(n, field, keysOf[QueuedProvisioning]())
 	if !ok {
 		return nil
 	}

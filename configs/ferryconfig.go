@@ -46,45 +46,45 @@ import (
 //	  proxy_tags: [ferry-proxy]         # attached proxies (default: the controller's own address)
 type FerryConfig struct {
 	// Kubernetes is nil when the file has no kubernetes section.
-	Kubernetes *KubernetesConfig `json:"kubernetes,omitempty"`
+	Kubernetes *KubernetesConfig `json:"kubernetes,omitempty" yaml:"kubernetes"`
 	// AWS and GCP are nil when their sections are absent (the cloud is not enabled).
-	AWS *CloudConfig `json:"aws,omitempty"`
-	GCP *CloudConfig `json:"gcp,omitempty"`
+	AWS *CloudConfig `json:"aws,omitempty" yaml:"aws"`
+	GCP *CloudConfig `json:"gcp,omitempty" yaml:"gcp"`
 	// Local describes this machine's GPUs (nil: none); see LocalConfig.
-	Local *LocalConfig `json:"local,omitempty"`
+	Local *LocalConfig `json:"local,omitempty" yaml:"local"`
 	// Source is the file read, for messages.
-	Source string `json:"-"`
+	Source string `json:"-" yaml:"-"`
 }
 
 // KubernetesConfig is the kubernetes section.
 type KubernetesConfig struct {
-	Kubeconfig              string              `json:"kubeconfig,omitempty"`
-	ProvisionTimeoutSeconds int                 `json:"provision_timeout_seconds,omitempty"`
-	Contexts                []KubernetesContext `json:"contexts,omitempty"`
+	Kubeconfig              string              `json:"kubeconfig,omitempty" yaml:"kubeconfig"`
+	ProvisionTimeoutSeconds int                 `json:"provision_timeout_seconds,omitempty" yaml:"provision_timeout_seconds"`
+	Contexts                []KubernetesContext `json:"contexts,omitempty" yaml:"contexts"`
 	// ProxyPodLabels and ProxyNamespace select the pods (the controller's and attached
 	// proxies') that each service's NetworkPolicy admits to its replicas' port; ProxyCIDRs
 	// add addresses. Empty: the provider's defaults (app.kubernetes.io/name=ferry, in the
 	// replicas' namespace).
-	ProxyPodLabels map[string]string `json:"proxy_pod_labels,omitempty"`
-	ProxyNamespace string            `json:"proxy_namespace,omitempty"`
-	ProxyCIDRs     []string          `json:"proxy_cidrs,omitempty"`
+	ProxyPodLabels map[string]string `json:"proxy_pod_labels,omitempty" yaml:"proxy_pod_labels"`
+	ProxyNamespace string            `json:"proxy_namespace,omitempty" yaml:"proxy_namespace"`
+	ProxyCIDRs     []string          `json:"proxy_cidrs,omitempty" yaml:"proxy_cidrs"`
 	// CheckpointSize and CheckpointStorageClass shape the PersistentVolumeClaim a job's
 	// checkpoint lives in ("10Gi" and the cluster's default class when empty). A gang's claim
 	// is ReadWriteMany, which the class must offer.
-	CheckpointSize         string `json:"checkpoint_size,omitempty"`
-	CheckpointStorageClass string `json:"checkpoint_storage_class,omitempty"`
+	CheckpointSize         string `json:"checkpoint_size,omitempty" yaml:"checkpoint_size"`
+	CheckpointStorageClass string `json:"checkpoint_storage_class,omitempty" yaml:"checkpoint_storage_class"`
 	// GPUSchedulerName is the schedulerName of pods that share a GPU ("" is HAMi's
 	// hami-scheduler); clusters that deploy HAMi under another name set it.
-	GPUSchedulerName string `json:"gpu_scheduler_name,omitempty"`
+	GPUSchedulerName string `json:"gpu_scheduler_name,omitempty" yaml:"gpu_scheduler_name"`
 	// KueueLocalQueue is the Kueue LocalQueue queued jobs are submitted to ("": detected,
 	// see capacity.go).
-	KueueLocalQueue string `json:"kueue_local_queue,omitempty"`
+	KueueLocalQueue string `json:"kueue_local_queue,omitempty" yaml:"kueue_local_queue"`
 	// ServingPriority is the value of the PriorityClass services' pods run in (nil:
 	// DefaultServingPriority, or MaxPriority when that is lower); jobs' classes keep their
 	// distance to it. MaxPriority caps every class Ferry creates or uses (nil: no cap but the
 	// API's): the cluster admin's bound, so that Ferry's pods never preempt pods above it.
-	ServingPriority *int `json:"serving_priority,omitempty"`
-	MaxPriority     *int `json:"max_priority,omitempty"`
+	ServingPriority *int `json:"serving_priority,omitempty" yaml:"serving_priority"`
+	MaxPriority     *int `json:"max_priority,omitempty" yaml:"max_priority"`
 }
 
 // DefaultServingPriority is the Kubernetes priority of services' pods when the config sets
@@ -98,29 +98,29 @@ const maxUserPriority = 1_000_000_000
 // CloudConfig is the aws or gcp section.
 type CloudConfig struct {
 	// Project is GCP's project id (required there; AWS has none).
-	Project string   `json:"project,omitempty"`
-	Regions []string `json:"regions,omitempty"`
+	Project string   `json:"project,omitempty" yaml:"project"`
+	Regions []string `json:"regions,omitempty" yaml:"regions"`
 	// Zones (GCP) narrows the cloud to these zones: where the project may not use every zone
 	// of its regions, Ferry neither plans, launches nor lists beyond them. Their regions are
 	// enabled with them.
-	Zones []string `json:"zones,omitempty"`
+	Zones []string `json:"zones,omitempty" yaml:"zones"`
 	// Endpoint overrides the API endpoint: an in-project fake in tests, or a compatible cloud.
-	Endpoint string `json:"endpoint,omitempty"`
+	Endpoint string `json:"endpoint,omitempty" yaml:"endpoint"`
 	// AMIs is AWS's image per region for tasks that set no image_id.
-	AMIs map[string]string `json:"amis,omitempty"`
+	AMIs map[string]string `json:"amis,omitempty" yaml:"amis"`
 	// ProxyCIDRs, and AWS's ProxySecurityGroups or GCP's ProxyTags (network tags), are all
 	// that may reach replicas' service port: the controller and its attached proxies. Empty:
 	// the controller alone, at the address its host sends from to each replica.
-	ProxyCIDRs          []string `json:"proxy_cidrs,omitempty"`
-	ProxySecurityGroups []string `json:"proxy_security_groups,omitempty"`
-	ProxyTags           []string `json:"proxy_tags,omitempty"`
+	ProxyCIDRs          []string `json:"proxy_cidrs,omitempty" yaml:"proxy_cidrs"`
+	ProxySecurityGroups []string `json:"proxy_security_groups,omitempty" yaml:"proxy_security_groups"`
+	ProxyTags           []string `json:"proxy_tags,omitempty" yaml:"proxy_tags"`
 	// CheckpointNFS is an NFSv4 share, "server:/export" (an EFS file system on AWS, a
 	// Filestore share on GCP), that job nodes mount for their checkpoints so that a recovery
 	// within its reach resumes; empty keeps each VM's checkpoint on its own disk.
-	CheckpointNFS string `json:"checkpoint_nfs,omitempty"`
+	CheckpointNFS string `json:"checkpoint_nfs,omitempty" yaml:"checkpoint_nfs"`
 	// MountInstanceProfile (AWS) is the IAM instance profile of VMs that mount s3:// buckets
 	// (file_mounts mode MOUNT, MOUNT_CACHED; launcher/nodefiles/mounts.go); empty refuses such mounts.
-	MountInstanceProfile string `json:"mount_instance_profile,omitempty"`
+	MountInstanceProfile string `json:"mount_instance_profile,omitempty" yaml:"mount_instance_profile"`
 }
 
 // Default regions when a cloud section names none: the catalog's cheapest, most available.
@@ -131,21 +131,21 @@ const (
 
 // KubernetesContext is one allowed context.
 type KubernetesContext struct {
-	Name        string  `json:"name"`
-	Namespace   string  `json:"namespace,omitempty"`
-	CostPerHour float64 `json:"cost_per_hour,omitempty"`
+	Name        string  `json:"name" yaml:"name"`
+	Namespace   string  `json:"namespace,omitempty" yaml:"namespace"`
+	CostPerHour float64 `json:"cost_per_hour,omitempty" yaml:"cost_per_hour"`
 	// QueuedProvisioning is set for a context whose cluster provisions nodes for queued
 	// requests (GKE's queued provisioning), nil otherwise (capacity.go).
-	QueuedProvisioning *QueuedProvisioning `json:"queued_provisioning,omitempty"`
+	QueuedProvisioning *QueuedProvisioning `json:"queued_provisioning,omitempty" yaml:"queued_provisioning"`
 }
 
 var (
-	ferryConfigKeys = []string{"kubernetes", "aws", "gcp", "local"}
-	awsKeys         = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs", "mount_instance_profile"}
-	gcpKeys         = []string{"project", "regions", "zones", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
-	kubernetesKeys  = []string{"kubeconfig", "provision_timeout_seconds", "contexts", "proxy_pod_labels", "proxy_namespace", "proxy_cidrs",
-		"checkpoint_size", "checkpoint_storage_class", "gpu_scheduler_name", "kueue_local_queue", "serving_priority", "max_priority"}
-	kubeContextKeys   = []string{"name", "namespace", "cost_per_hour", "queued_provisioning"}
+	ferryConfigKeys = keysOf[FerryConfig]()
+	// aws and gcp share CloudConfig, and each takes only the fields its cloud has.
+	awsKeys           = []string{"regions", "endpoint", "amis", "proxy_cidrs", "proxy_security_groups", "checkpoint_nfs", "mount_instance_profile"}
+	gcpKeys           = []string{"project", "regions", "zones", "endpoint", "proxy_cidrs", "proxy_tags", "checkpoint_nfs"}
+	kubernetesKeys    = keysOf[KubernetesConfig]()
+	kubeContextKeys   = keysOf[KubernetesContext]()
 	maxKubeContexts   = 64
 	maxProvisionDelay = 24 * 3600
 )

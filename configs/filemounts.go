@@ -254,25 +254,16 @@ func (t *Task) ModeOf(dst string) MountMode {
 
 // resolvedFileMounts is file_mounts as ResolvedYAML writes it: a copied mount as its source,
 // a mounted bucket as SkyPilot's mapping {source, mode}.
-func resolvedFileMounts(t *Task) map[string]any {
-	if t.FileMounts == nil {
-		return nil
-	}
-	out := make(map[string]any, len(t.FileMounts))
+func (t Task) resolvedFileMounts() map[string]*yaml.Node {
+	out := make(map[string]*yaml.Node, len(t.FileMounts))
 	for dst, src := range t.FileMounts {
-		if mode := t.ModeOf(dst); mode != ModeCopy {
-			out[dst] = resolvedMount{Source: text(src), Mode: mode}
-			continue
-		}
 		out[dst] = text(src)
+		if mode := t.ModeOf(dst); mode != ModeCopy {
+			out[dst] = &yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{
+				keyNode("source"), text(src), keyNode("mode"), text(string(mode))}}
+		}
 	}
 	return out
-}
-
-// resolvedMount is a mounted bucket in ResolvedYAML.
-type resolvedMount struct {
-	Source text      `yaml:"source"`
-	Mode   MountMode `yaml:"mode"`
 }
 
 // instanceProfileRE is IAM's rule for an instance profile's name.

@@ -53,6 +53,7 @@ const (
 )
 
 var (
+	// gpuShareKeys are written out: memory fills one of two fields (MiB or a percent).
 	gpuShareKeys   = []string{"memory", "cores", "use_gpu_types", "avoid_gpu_types", "use_gpu_uuids", "avoid_gpu_uuids", "node_policy", "gpu_policy"}
 	sharePolicies  = []string{PolicyBinpack, PolicySpread}
 	memoryShareRE  = regexp.MustCompile(`^([0-9]+)\s*(MiB|Mi|GiB|Gi|%)?$`)

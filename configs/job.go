@@ -9,30 +9,31 @@ import (
 // Job holds what only a job (a task without `service:`) reads: how it recovers and how it
 // competes for capacity. Services ignore it.
 type Job struct {
-	// Recovery is resources.job_recovery, SkyPilot's spelling.
-	Recovery JobRecovery `json:"recovery"`
+	// Recovery is resources.job_recovery, SkyPilot's spelling, and is written there too
+	// (ResolvedYAML), not under job.
+	Recovery JobRecovery `json:"recovery" yaml:"-"`
 	// Priority orders the queue (higher first, then first submitted) and, where an infra
 	// schedules by priority, decides against services, which run at ServingPriority.
-	Priority int `json:"priority"`
+	Priority int `json:"priority" yaml:"priority"`
 	// Preemptible lets serving take the job's capacity back: the job gets SIGTERM and
 	// GracePeriodSeconds to checkpoint, is stopped and requeued. Default true.
-	Preemptible bool `json:"preemptible"`
+	Preemptible bool `json:"preemptible" yaml:"preemptible"`
 	// GracePeriodSeconds is how long the program has between SIGTERM and SIGKILL whenever it is
 	// stopped early (preempted by serving, cancelled, a spot warning where the infra allows).
-	GracePeriodSeconds int `json:"grace_period_seconds"`
+	GracePeriodSeconds int `json:"grace_period_seconds" yaml:"grace_period_seconds"`
 }
 
 // JobRecovery is SkyPilot's resources.job_recovery.
 type JobRecovery struct {
 	// Strategy is RecoveryFailover, RecoveryEagerNextRegion or RecoveryNone.
-	Strategy string `json:"strategy"`
+	Strategy string `json:"strategy" yaml:"strategy"`
 	// MaxRestartsOnErrors is how many times a job whose program failed (a non-zero exit) is
 	// started again before it is FAILED; preemptions and lost nodes never count.
-	MaxRestartsOnErrors int `json:"max_restarts_on_errors"`
+	MaxRestartsOnErrors int `json:"max_restarts_on_errors" yaml:"max_restarts_on_errors"`
 	// RecoverOnExitCodes always recover, without counting against MaxRestartsOnErrors.
-	RecoverOnExitCodes []int `json:"recover_on_exit_codes,omitempty"`
+	RecoverOnExitCodes []int `json:"recover_on_exit_codes,omitempty" yaml:"recover_on_exit_codes,omitempty,flow"`
 	// MinNodes is the fewest nodes an elastic job (RecoveryDynamicNodeSet) runs on (elastic.go).
-	MinNodes int `json:"min_nodes,omitempty"`
+	MinNodes int `json:"min_nodes,omitempty" yaml:"min_nodes,omitempty"`
 }
 
 // Recovery strategies, SkyPilot's names. EAGER_NEXT_REGION is SkyPilot's default.
@@ -68,8 +69,8 @@ func DefaultJob() Job {
 }
 
 var (
-	jobKeys         = []string{"priority", "preemptible", "grace_period_seconds"}
-	jobRecoveryKeys = []string{"strategy", "max_restarts_on_errors", "recover_on_exit_codes", "min_nodes"}
+	jobKeys         = keysOf[Job]()
+	jobRecoveryKeys = keysOf[JobRecovery]()
 	recoveryNames   = []string{RecoveryFailover, RecoveryEagerNextRegion, RecoveryDynamicNodeSet}
 )
 

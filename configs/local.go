@@ -10,10 +10,10 @@ import "gopkg.in/yaml.v3"
 //	local:
 //	  accelerators: {L4: 2}             # the GPUs this machine has, by name and count
 type LocalConfig struct {
-	Accelerators []Accelerator `json:"accelerators,omitempty"`
+	Accelerators []Accelerator `json:"accelerators,omitempty" yaml:"accelerators"`
 }
 
-var localKeys = []string{"accelerators"}
+var localKeys = keysOf[LocalConfig]()
 
 func (c *checker) localConfig(n *yaml.Node) *LocalConfig {
 	const field = "local"

@@ -28,16 +28,16 @@ var objectives = []string{ObjectiveCostPerHour, ObjectiveCostPerToken, Objective
 //	objective: {minimize: cost_per_token, model_size: 70B}
 type Objective struct {
 	// Minimize is one of the Objective* names; "" is cost_per_hour.
-	Minimize string `json:"minimize,omitempty"`
+	Minimize string `json:"minimize,omitempty" yaml:"minimize"`
 	// CheckpointMinutes and RestartMinutes size the work a spot interruption loses: half a
 	// checkpoint interval on average, plus the restart.
-	CheckpointMinutes float64 `json:"checkpoint_minutes,omitempty"`
-	RestartMinutes    float64 `json:"restart_minutes,omitempty"`
+	CheckpointMinutes float64 `json:"checkpoint_minutes,omitempty" yaml:"checkpoint_minutes,omitempty"`
+	RestartMinutes    float64 `json:"restart_minutes,omitempty" yaml:"restart_minutes,omitempty"`
 	// ModelSizeB is the served model's size in billions of parameters ("70B" in YAML).
-	ModelSizeB float64 `json:"model_size_b,omitempty"`
+	ModelSizeB float64 `json:"model_size_b,omitempty" yaml:"model_size,omitempty"`
 	// Nodes is the task's num_nodes (not written under objective): a spot gang is interrupted
 	// whenever any of its nodes is.
-	Nodes int `json:"-"`
+	Nodes int `json:"-" yaml:"-"`
 }
 
 // withNodes records the task's gang size in a per-work objective of r and of its alternatives.
@@ -61,7 +61,7 @@ func (o Objective) PerWork() bool {
 	return o.Minimize == ObjectiveCostPerToken || o.Minimize == ObjectiveCostPerStep
 }
 
-var objectiveKeys = []string{"minimize", "checkpoint_minutes", "restart_minutes", "model_size"}
+var objectiveKeys = keysOf[Objective]()
 
 // objective reads resources.objective: a name, or a mapping with minimize and its facts.
 func (c *checker) objective(n *yaml.Node, field string) Objective {
@@ -108,22 +108,13 @@ func (c *checker) objective(n *yaml.Node, field string) Objective {
 	return o
 }
 
-// resolvedObjective is the objective in ResolvedYAML: the mapping form, which reads back.
-type resolvedObjective struct {
-	Minimize          string  `yaml:"minimize"`
-	CheckpointMinutes float64 `yaml:"checkpoint_minutes,omitempty"`
-	RestartMinutes    float64 `yaml:"restart_minutes,omitempty"`
-	ModelSize         string  `yaml:"model_size,omitempty"`
-}
-
-// withObjective adds a chosen objective to the top of resolved resources (alternatives share it).
-func (r resolvedResources) withObjective(o Objective) resolvedResources {
-	if o.Minimize == "" {
-		return r
+// resolvedValue writes model_size as it is read, "70B".
+func (o Objective) resolvedValue(key string) (any, bool) {
+	if key != "model_size" {
+		return nil, false
 	}
-	r.Objective = &resolvedObjective{Minimize: o.Minimize, CheckpointMinutes: o.CheckpointMinutes, RestartMinutes: o.RestartMinutes}
-	if o.ModelSizeB > 0 {
-		r.Objective.ModelSize = strconv.FormatFloat(o.ModelSizeB, 'f', -1, 64) + "B"
+	if o.ModelSizeB <= 0 {
+		return nil, true
 	}
-	return r
+	return strconv.FormatFloat(o.ModelSizeB, 'f', -1, 64) + "B", true
 }

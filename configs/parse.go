@@ -161,7 +161,7 @@ func (c *checker) syntaxError(err error) {
 	c.errs = append(c.errs, e)
 }
 
-var taskKeys = []string{"name", "workdir", "num_nodes", "resources", "envs", "secrets", "file_mounts", "setup", "run", "service", "job", "config"}
+var taskKeys = keysOf[Task]()
 
 // nameRE is a DNS label: names become hostnames, Kubernetes object names and URL parts.
 var nameRE = regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)

@@ -13,6 +13,8 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
+// resourceKeys are Resources' keys and the spellings SkyPilot also accepts (cloud, region
+// and zone for infra, spot_recovery for job_recovery), plus job_recovery, which is held on Job.
 var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered", "job_recovery",
 	"instance_type", "labels", "autostop", "disk_tier", "gpu_share", "objective", "capacity", "spot_recovery", "network_tier"}
 

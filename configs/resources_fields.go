@@ -32,6 +32,8 @@ var autostopDurationRE = regexp.MustCompile(`^([0-9]+)([mhdw]?)$`)
 // DefaultAutostopMinutes is SkyPilot's idle time for `autostop: true`.
 const DefaultAutostopMinutes = 5
 
+// autostopKeys are Autostop's keys and wait_for, which SkyPilot accepts and Ferry checks but
+// has no use for (a job's nodes go when it ends).
 var autostopKeys = []string{"idle_minutes", "down", "wait_for"}
 
 // extraResourceFields reads instance_type, labels, autostop and disk_tier into s.

@@ -14,17 +14,20 @@ import (
 )
 
 var (
-	serviceKeys     = []string{"readiness_probe", "replicas", "replica_policy", "ports", "load_balancing_policy", "tls", "auth", "limits", "update", "health_check"}
-	healthCheckKeys = []string{"path", "interval_seconds", "timeout_seconds", "disabled"}
-	updateKeys      = []string{"mode", "max_parallel", "min_healthy_seconds", "progress_deadline_seconds", "auto_rollback"}
+	serviceKeys     = keysOf[Service]()
+	healthCheckKeys = keysOf[HealthCheck]()
+	updateKeys      = keysOf[Update]()
 	updateModes     = []string{UpdateRolling, UpdateBlueGreen}
-	probeKeys       = []string{"path", "initial_delay_seconds", "timeout_seconds", "post_data", "headers"}
-	policyKeys      = []string{"min_replicas", "max_replicas", "target_qps_per_replica", "num_overprovision",
+	probeKeys       = keysOf[Probe]()
+	// policyKeys lists ReplicaPolicy's keys in the order messages have always shown them
+	// (SkyServe's fields, then Ferry's), which puts autoscaler elsewhere than ResolvedYAML
+	// writes it; TestExplicitKeysCoverFields keeps the two in step.
+	policyKeys = []string{"min_replicas", "max_replicas", "target_qps_per_replica", "num_overprovision",
 		"upscale_delay_seconds", "downscale_delay_seconds", "base_ondemand_fallback_replicas",
 		"dynamic_ondemand_fallback", "spot_placer", "autoscaler", "target_inflight_per_replica",
 		"stable_window_seconds", "panic_window_seconds", "panic_threshold", "max_scale_up_rate",
 		"max_scale_down_rate", "scale_to_zero_grace_seconds", "target_waiting_per_replica", "target_kv_cache_usage"}
-	tlsKeys           = []string{"keyfile", "certfile"}
+	tlsKeys           = keysOf[TLS]()
 	lbPolicies        = []string{PolicyRoundRobin, PolicyLeastLoad, PolicyInstanceAwareLeastLoad, PolicyPowerOfTwo, PolicySessionAffinity, PolicyPrefixAffinity, PolicyLLMAware, PolicyLeastTTFT}
 	spotPlacers       = []string{SpotPlacerDynamicFallback}
 	spotOnlyMsgSuffix = "spot-only field without use_spot: set resources.use_spot: true, or remove this field"

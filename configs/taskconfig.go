@@ -91,7 +91,7 @@ var skypilotTaskConfigTop = map[string]string{
 	"hooks":            "Ferry runs no lifecycle hooks: a job's program gets SIGTERM and job.grace_period_seconds before it is stopped",
 }
 
-var kubernetesTaskConfigKeys = []string{"pod_config", "custom_metadata", "provision_timeout"}
+var kubernetesTaskConfigKeys = keysOf[KubernetesTaskConfig]()
 
 // taskConfig reads the task's `config:` section.
 func (c *checker) taskConfig(n *yaml.Node) *TaskConfig {

@@ -7,41 +7,41 @@ package configs
 // Task is one SkyPilot-style task. A task with a Service is a service; without one it is a job.
 type Task struct {
 	// Name is the task (and by default the service) name.
-	Name string `json:"name,omitempty"`
+	Name string `json:"name,omitempty" yaml:"name,omitempty"`
 	// Workdir is a local directory the task's commands run in.
-	Workdir string `json:"workdir,omitempty"`
+	Workdir string `json:"workdir,omitempty" yaml:"workdir,omitempty"`
 	// GitWorkdir is workdir's mapping form, a git repository cloned on each node (workdir.go);
 	// nil for a local workdir or none.
-	GitWorkdir *GitWorkdir `json:"git_workdir,omitempty"`
+	GitWorkdir *GitWorkdir `json:"git_workdir,omitempty" yaml:"-"`
 	// NumNodes is the gang size for multi-node jobs; services use 1.
-	NumNodes int `json:"num_nodes"`
+	NumNodes int `json:"num_nodes" yaml:"num_nodes"`
 	// Resources says what each node needs and where it may run.
-	Resources Resources `json:"resources"`
+	Resources Resources `json:"resources" yaml:"resources"`
 	// Envs are plain environment variables given to setup and run.
-	Envs map[string]string `json:"envs,omitempty"`
+	Envs map[string]string `json:"envs,omitempty" yaml:"envs,omitempty"`
 	// Secrets are environment variables whose values are never logged or shown.
-	Secrets map[string]string `json:"secrets,omitempty"`
+	Secrets map[string]string `json:"secrets,omitempty" yaml:"secrets,omitempty"`
 	// FileMounts maps a remote path to a local path or bucket URI (filemounts.go).
-	FileMounts map[string]string `json:"file_mounts,omitempty"`
+	FileMounts map[string]string `json:"file_mounts,omitempty" yaml:"file_mounts,omitempty"`
 	// MountModes holds the bucket mounts of FileMounts that are mounted, not copied: remote
 	// path → ModeMount or ModeMountCached. Every other mount is copied (ModeCopy).
-	MountModes map[string]MountMode `json:"mount_modes,omitempty"`
+	MountModes map[string]MountMode `json:"mount_modes,omitempty" yaml:"-"`
 	// Setup runs once per node before Run.
-	Setup string `json:"setup,omitempty"`
+	Setup string `json:"setup,omitempty" yaml:"setup,omitempty"`
 	// Run is the main command; for a service it must start the server on the service port.
-	Run string `json:"run"`
+	Run string `json:"run" yaml:"run"`
 	// Service is nil for a job.
-	Service *Service `json:"service,omitempty"`
+	Service *Service `json:"service,omitempty" yaml:"service,omitempty"`
 	// Job is set, defaults filled, for a job (no Service), and nil for a service.
-	Job *Job `json:"job,omitempty"`
+	Job *Job `json:"job,omitempty" yaml:"job,omitempty"`
 	// Config is SkyPilot's per-task `config:` as far as Ferry acts on it (taskconfig.go).
-	Config *TaskConfig `json:"config,omitempty"`
+	Config *TaskConfig `json:"config,omitempty" yaml:"config,omitempty"`
 	// Source is the file the task was read from, for messages.
-	Source string `json:"-"`
+	Source string `json:"-" yaml:"-"`
 	// Notes are what Ferry accepted but reads its own way (a deprecated spelling, alternatives
 	// on clouds Ferry lacks dropped from the plan, a name made DNS-safe), in file order. The CLI
 	// prints them with the plan; they are not sent to the controller.
-	Notes []Note `json:"-"`
+	Notes []Note `json:"-" yaml:"-"`
 }
 
 // Resources is one `resources:` block. AnyOf and Ordered hold alternatives; each alternative
@@ -49,45 +49,46 @@ type Task struct {
 type Resources struct {
 	// Infra is "local", "kubernetes[/context]", "aws[/region[/zone]]", "gcp[/region[/zone]]" or
 	// "*" (every enabled infra but local); "" (none written) is every enabled infra, local
-	// only where it fits. Cloud/Region/Zone are the older spelling of the same thing.
-	Infra  string `json:"infra,omitempty"`
-	Cloud  string `json:"cloud,omitempty"`
-	Region string `json:"region,omitempty"`
-	Zone   string `json:"zone,omitempty"`
-	// Accelerators are alternatives: any one of them satisfies the task ("A100:1" is one).
-	Accelerators []Accelerator `json:"accelerators,omitempty"`
-	// CPUs and Memory keep SkyPilot's spelling: "4" means exactly 4, "4+" at least 4.
-	CPUs     string `json:"cpus,omitempty"`
-	Memory   string `json:"memory,omitempty"`
-	UseSpot  bool   `json:"use_spot,omitempty"`
-	Ports    []int  `json:"ports,omitempty"`
-	ImageID  string `json:"image_id,omitempty"`
-	DiskSize int    `json:"disk_size,omitempty"`
-	// DiskTier is SkyPilot's disk_tier (DiskTierLow … DiskTierBest); "" leaves each infra's
-	// default (the medium tier on VMs).
-	DiskTier string `json:"disk_tier,omitempty"`
-	// NetworkTier is SkyPilot's network_tier (NetworkTierStandard, NetworkTierBest; network.go);
-	// "" is standard.
-	NetworkTier string `json:"network_tier,omitempty"`
+	// only where it fits. Cloud/Region/Zone are the older spelling of the same thing, never
+	// written back: infra says it, and the two spellings may not be combined in one file.
+	Infra  string `json:"infra,omitempty" yaml:"infra,omitempty"`
+	Cloud  string `json:"cloud,omitempty" yaml:"-"`
+	Region string `json:"region,omitempty" yaml:"-"`
+	Zone   string `json:"zone,omitempty" yaml:"-"`
 	// InstanceType pins a cloud instance type (p4d.24xlarge, a2-highgpu-1g); the optimizer
 	// plans only that type.
-	InstanceType string `json:"instance_type,omitempty"`
+	InstanceType string `json:"instance_type,omitempty" yaml:"instance_type,omitempty"`
+	// Accelerators are alternatives: any one of them satisfies the task ("A100:1" is one).
+	Accelerators []Accelerator `json:"accelerators,omitempty" yaml:"accelerators,omitempty"`
+	// CPUs and Memory keep SkyPilot's spelling: "4" means exactly 4, "4+" at least 4.
+	CPUs     string `json:"cpus,omitempty" yaml:"cpus,omitempty"`
+	Memory   string `json:"memory,omitempty" yaml:"memory,omitempty"`
+	UseSpot  bool   `json:"use_spot,omitempty" yaml:"use_spot,omitempty"`
+	Ports    []int  `json:"ports,omitempty" yaml:"ports,omitempty,flow"`
+	ImageID  string `json:"image_id,omitempty" yaml:"image_id,omitempty"`
+	DiskSize int    `json:"disk_size,omitempty" yaml:"disk_size,omitempty"`
+	// DiskTier is SkyPilot's disk_tier (DiskTierLow … DiskTierBest); "" leaves each infra's
+	// default (the medium tier on VMs).
+	DiskTier string `json:"disk_tier,omitempty" yaml:"disk_tier,omitempty"`
+	// NetworkTier is SkyPilot's network_tier (NetworkTierStandard, NetworkTierBest; network.go);
+	// "" is standard.
+	NetworkTier string `json:"network_tier,omitempty" yaml:"network_tier,omitempty"`
 	// Labels go on every instance: pod labels on Kubernetes, tags on AWS, labels on GCP.
-	Labels map[string]string `json:"labels,omitempty"`
+	Labels map[string]string `json:"labels,omitempty" yaml:"labels,omitempty"`
 	// Autostop is resources.autostop; nil when the YAML leaves it out or says false.
-	Autostop *Autostop `json:"autostop,omitempty"`
+	Autostop *Autostop `json:"autostop,omitempty" yaml:"autostop,omitempty"`
 	// GPUShare is `gpu_share`: memory and core shares, type and UUID pins, binpack or spread
 	// (gpushare.go). Nil when not written.
-	GPUShare *GPUShare `json:"gpu_share,omitempty"`
-	// Objective is what the optimizer minimises among the candidates (objective.go).
-	Objective Objective `json:"objective,omitzero"`
+	GPUShare *GPUShare `json:"gpu_share,omitempty" yaml:"gpu_share,omitempty"`
 	// Capacity is `capacity` (capacity.go): queued or reserved capacity. Nil when not written
 	// (on-demand); set only at the top of resources, and copied into every alternative.
-	Capacity *Capacity `json:"capacity,omitempty"`
+	Capacity *Capacity `json:"capacity,omitempty" yaml:"capacity,omitempty"`
 	// AnyOf alternatives: the cheapest feasible one wins.
-	AnyOf []Resources `json:"any_of,omitempty"`
+	AnyOf []Resources `json:"any_of,omitempty" yaml:"any_of,omitempty"`
 	// Ordered alternatives: the first feasible one wins.
-	Ordered []Resources `json:"ordered,omitempty"`
+	Ordered []Resources `json:"ordered,omitempty" yaml:"ordered,omitempty"`
+	// Objective is what the optimizer minimises among the candidates (objective.go).
+	Objective Objective `json:"objective,omitzero" yaml:"objective"`
 }
 
 // Autostop is SkyPilot's resources.autostop. Ferry has no long-lived clusters: a job's nodes
@@ -115,23 +116,23 @@ type Accelerator struct {
 
 // Service is the `service:` section.
 type Service struct {
-	ReadinessProbe Probe `json:"readiness_probe"`
+	ReadinessProbe Probe `json:"readiness_probe" yaml:"readiness_probe"`
 	// FixedReplicas is true when the YAML said `replicas: N` (or nothing); ReplicaPolicy then has
 	// MinReplicas == MaxReplicas == N.
-	FixedReplicas bool          `json:"fixed_replicas"`
-	ReplicaPolicy ReplicaPolicy `json:"replica_policy"`
+	FixedReplicas bool          `json:"fixed_replicas" yaml:"replicas"`
+	ReplicaPolicy ReplicaPolicy `json:"replica_policy" yaml:"replica_policy"`
 	// Port is the port each replica serves on (from `ports`, else the single resources.ports).
-	Port                int    `json:"port"`
-	LoadBalancingPolicy string `json:"load_balancing_policy"`
-	TLS                 *TLS   `json:"tls,omitempty"`
+	Port                int    `json:"port" yaml:"ports"`
+	LoadBalancingPolicy string `json:"load_balancing_policy" yaml:"load_balancing_policy"`
+	TLS                 *TLS   `json:"tls,omitempty" yaml:"tls,omitempty"`
 	// Auth, when set, makes the endpoint require an API key.
-	Auth *Auth `json:"auth,omitempty"`
+	Auth *Auth `json:"auth,omitempty" yaml:"auth,omitempty"`
 	// Limits overrides the proxy's request limits; nil keeps the defaults.
-	Limits *Limits `json:"limits,omitempty"`
-	// HealthCheck tunes the proxy's own check of each replica; nil keeps the defaults.
-	HealthCheck *HealthCheck `json:"health_check,omitempty"`
+	Limits *Limits `json:"limits,omitempty" yaml:"limits,omitempty"`
 	// Update is how `ferry serve update` rolls this version out; defaults applied.
-	Update Update `json:"update"`
+	Update Update `json:"update" yaml:"update"`
+	// HealthCheck tunes the proxy's own check of each replica; nil keeps the defaults.
+	HealthCheck *HealthCheck `json:"health_check,omitempty" yaml:"health_check,omitempty"`
 }
 
 // Update modes.
@@ -176,14 +177,14 @@ func DefaultUpdate() Update {
 type Auth struct {
 	// KeysFromEnv names environment variables that hold keys: a task secret or env of that
 	// name, else the environment `ferry serve up` runs in.
-	KeysFromEnv []string `json:"keys_from_env,omitempty"`
+	KeysFromEnv []string `json:"keys_from_env,omitempty" yaml:"keys_from_env,omitempty"`
 	// KeysFile is a file with one key per line (blank lines and # comments skipped), resolved
 	// against the task file's directory and read by `ferry serve up`.
-	KeysFile string `json:"keys_file,omitempty"`
+	KeysFile string `json:"keys_file,omitempty" yaml:"keys_file,omitempty"`
 	// KeyHashes are HashAPIKey of every key, filled by Load. Only hashes leave the CLI: the
 	// controller, its store and the proxy never hold a key. A service whose Auth has no hashes
 	// rejects every request.
-	KeyHashes []string `json:"key_hashes,omitempty"`
+	KeyHashes []string `json:"key_hashes,omitempty" yaml:"-"`
 }
 
 // Limits is `service.limits`. Zero fields keep the proxy's defaults.
@@ -242,12 +243,12 @@ type RateLimit struct {
 
 // Probe is the readiness probe. Only HTTP 200 counts as ready.
 type Probe struct {
-	Path                string `json:"path"`
-	InitialDelaySeconds int    `json:"initial_delay_seconds"`
-	TimeoutSeconds      int    `json:"timeout_seconds"`
+	Path                string `json:"path" yaml:"path"`
+	InitialDelaySeconds int    `json:"initial_delay_seconds" yaml:"initial_delay_seconds"`
+	TimeoutSeconds      int    `json:"timeout_seconds" yaml:"timeout_seconds"`
 	// PostData, when set, makes the probe a POST with this JSON body (already encoded).
-	PostData string            `json:"post_data,omitempty"`
-	Headers  map[string]string `json:"headers,omitempty"`
+	PostData string            `json:"post_data,omitempty" yaml:"post_data,omitempty"`
+	Headers  map[string]string `json:"headers,omitempty" yaml:"headers,omitempty"`
 }
 
 // ReplicaPolicy is SkyServe's `replica_policy` with its defaults applied, plus Ferry's
@@ -255,43 +256,43 @@ type Probe struct {
 // fields keep what the YAML said (0 = the autoscaler package's default), because that package
 // owns those defaults.
 type ReplicaPolicy struct {
-	MinReplicas int `json:"min_replicas"`
-	MaxReplicas int `json:"max_replicas"`
+	MinReplicas int `json:"min_replicas" yaml:"min_replicas"`
+	MaxReplicas int `json:"max_replicas" yaml:"max_replicas"`
 	// Autoscaler is the scaling policy: AutoscalerRequestRate, AutoscalerConcurrency or AutoscalerLLM; "" for a fixed replica count (min == max).
-	Autoscaler string `json:"autoscaler,omitempty"`
+	Autoscaler string `json:"autoscaler,omitempty" yaml:"autoscaler,omitempty"`
 	// TargetQPSPerReplica is 0 when unset. TargetQPSPerAccelerator is the map form. Any
 	// autoscaler may have it: request_rate scales on it, instance_aware_least_load routes on it.
-	TargetQPSPerReplica     float64            `json:"target_qps_per_replica,omitempty"`
-	TargetQPSPerAccelerator map[string]float64 `json:"target_qps_per_accelerator,omitempty"`
-	NumOverprovision        int                `json:"num_overprovision"`
+	TargetQPSPerReplica     float64            `json:"target_qps_per_replica,omitempty" yaml:"target_qps_per_replica,omitempty"`
+	TargetQPSPerAccelerator map[string]float64 `json:"target_qps_per_accelerator,omitempty" yaml:"-"`
+	NumOverprovision        int                `json:"num_overprovision" yaml:"num_overprovision"`
 	// NumOverprovisionSet says the YAML named num_overprovision: concurrency and llm learn a
 	// headroom only when it did not, so an explicit 0 means none.
-	NumOverprovisionSet bool `json:"num_overprovision_set,omitempty"`
+	NumOverprovisionSet bool `json:"num_overprovision_set,omitempty" yaml:"-"`
 	// UpscaleDelaySeconds and DownscaleDelaySeconds are SkyServe's hysteresis, read by
 	// request_rate (defaults 300 and 1200). They are 0 under concurrency and llm, whose
 	// windows take their place.
-	UpscaleDelaySeconds          int    `json:"upscale_delay_seconds"`
-	DownscaleDelaySeconds        int    `json:"downscale_delay_seconds"`
-	BaseOndemandFallbackReplicas int    `json:"base_ondemand_fallback_replicas"`
-	DynamicOndemandFallback      bool   `json:"dynamic_ondemand_fallback"`
-	SpotPlacer                   string `json:"spot_placer,omitempty"`
+	UpscaleDelaySeconds          int    `json:"upscale_delay_seconds" yaml:"upscale_delay_seconds"`
+	DownscaleDelaySeconds        int    `json:"downscale_delay_seconds" yaml:"downscale_delay_seconds"`
+	BaseOndemandFallbackReplicas int    `json:"base_ondemand_fallback_replicas" yaml:"base_ondemand_fallback_replicas,omitempty"`
+	DynamicOndemandFallback      bool   `json:"dynamic_ondemand_fallback" yaml:"dynamic_ondemand_fallback,omitempty"`
+	SpotPlacer                   string `json:"spot_placer,omitempty" yaml:"spot_placer,omitempty"`
 
 	// TargetInflightPerReplica: concurrency/llm target of in-flight requests per replica; 0 = autoscaler default.
-	TargetInflightPerReplica float64 `json:"target_inflight_per_replica,omitempty"`
-	StableWindowSeconds      int     `json:"stable_window_seconds,omitempty"`       // 0 = learned: 5 × the replicas' cold start, at least 60
-	PanicWindowSeconds       int     `json:"panic_window_seconds,omitempty"`        // 0 = default 6
-	PanicThreshold           float64 `json:"panic_threshold,omitempty"`             // 0 = default 2.0 (ratio of desired to ready)
-	MaxScaleUpRate           float64 `json:"max_scale_up_rate,omitempty"`           // 0 = default 1000 (Knative): at most ready×rate per decision
-	MaxScaleDownRate         float64 `json:"max_scale_down_rate,omitempty"`         // 0 = default 2: at most ready/rate removed per decision
-	ScaleToZeroGraceSeconds  int     `json:"scale_to_zero_grace_seconds,omitempty"` // 0 = default 30; only with min_replicas 0
-	TargetWaitingPerReplica  float64 `json:"target_waiting_per_replica,omitempty"`  // llm only; 0 = default 1 (engine queue per replica)
-	TargetKVCacheUsage       float64 `json:"target_kv_cache_usage,omitempty"`       // llm only; 0 = default 0.8; in (0,1]
+	TargetInflightPerReplica float64 `json:"target_inflight_per_replica,omitempty" yaml:"target_inflight_per_replica,omitempty"`
+	StableWindowSeconds      int     `json:"stable_window_seconds,omitempty" yaml:"stable_window_seconds,omitempty"`             // 0 = learned: 5 × the replicas' cold start, at least 60
+	PanicWindowSeconds       int     `json:"panic_window_seconds,omitempty" yaml:"panic_window_seconds,omitempty"`               // 0 = default 6
+	PanicThreshold           float64 `json:"panic_threshold,omitempty" yaml:"panic_threshold,omitempty"`                         // 0 = default 2.0 (ratio of desired to ready)
+	MaxScaleUpRate           float64 `json:"max_scale_up_rate,omitempty" yaml:"max_scale_up_rate,omitempty"`                     // 0 = default 1000 (Knative): at most ready×rate per decision
+	MaxScaleDownRate         float64 `json:"max_scale_down_rate,omitempty" yaml:"max_scale_down_rate,omitempty"`                 // 0 = default 2: at most ready/rate removed per decision
+	ScaleToZeroGraceSeconds  int     `json:"scale_to_zero_grace_seconds,omitempty" yaml:"scale_to_zero_grace_seconds,omitempty"` // 0 = default 30; only with min_replicas 0
+	TargetWaitingPerReplica  float64 `json:"target_waiting_per_replica,omitempty" yaml:"target_waiting_per_replica,omitempty"`   // llm only; 0 = default 1 (engine queue per replica)
+	TargetKVCacheUsage       float64 `json:"target_kv_cache_usage,omitempty" yaml:"target_kv_cache_usage,omitempty"`             // llm only; 0 = default 0.8; in (0,1]
 }
 
 // TLS terminates HTTPS at the proxy.
 type TLS struct {
-	KeyFile  string `json:"keyfile"`
-	CertFile string `json:"certfile"`
+	KeyFile  string `json:"keyfile" yaml:"keyfile"`
+	CertFile string `json:"certfile" yaml:"certfile"`
 }
 
 // Load balancing policy names accepted in `load_balancing_policy`.

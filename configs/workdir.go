@@ -33,7 +33,7 @@ func (g GitWorkdir) String() string {
 	return g.URL + "@" + g.Ref
 }
 
-var gitWorkdirKeys = []string{"url", "ref"}
+var gitWorkdirKeys = keysOf[GitWorkdir]()
 
 // scpLikeRE is git's scp-like syntax, user@host:path.
 var scpLikeRE = regexp.MustCompile(`^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+$`)
@@ -108,14 +108,9 @@ func gitURLProblem(u string) string {
 	return ""
 }
 
-// resolvedWorkdir is workdir as the resolved task shows it: the directory, the repository as
-// its mapping, or nil.
-func resolvedWorkdir(t *Task) any {
-	switch {
-	case t.GitWorkdir != nil:
-		return t.GitWorkdir
-	case t.Workdir != "":
-		return text(t.Workdir)
-	}
-	return nil
+// resolvedNode is the repository's mapping as ResolvedYAML writes it, by yaml.v3's own rules
+// (which quote a ref such as "no" that YAML 1.1 readers would take for a boolean).
+func (g *GitWorkdir) resolvedNode() *yaml.Node {
+	n, _ := yamlOf(g) // two strings always encode
+	return n
 }
