@@ -116,12 +116,12 @@ type Manager struct {
 	// rolloutMu serialises rollout writes (StartUpdate, a pass's verdict) so that a verdict
 	// on a rollout an update just replaced never overwrites it on disk. Take it before mu.
 	rolloutMu sync.Mutex
-	// flushMu lets one caller at a time run the queued effects (records.go).
-	flushMu sync.Mutex
 
 	mu sync.Mutex
-	// effects are the store writes and provider calls queued under mu, run by unlock.
-	effects []effect
+	// effects are the store writes, provider calls and publications queued under mu, run in
+	// order by the executor (records.go); flushing is set while a caller runs them.
+	effects  []effect
+	flushing bool
 	// spareIDs are replica ids reserved in the store for launches (reserveIDs).
 	spareIDs []int
 	// everReady is set once any replica was READY: a service that served and has no replica
@@ -169,8 +169,9 @@ type Manager struct {
 	// publishing turns on at Start's first publication: until then changes are not sent, so
 	// that a restarted controller's first set reflects probes, not only stored statuses.
 	publishing atomic.Bool
-	pubMu      sync.Mutex
-	published  uint64
+	// published is the version of the set OnReady got last; only the executor reads and
+	// writes it.
+	published uint64
 }
 
 // replica is the manager's state for one replica.
@@ -283,7 +284,9 @@ func (m *Manager) Start(ctx context.Context) error {
 
 	m.safeReconcile(workCtx)
 	m.awaitFirstProbes(workCtx)
-	m.publish(true)
+	m.mu.Lock()
+	m.publishLocked(true)
+	m.unlock()
 
 	tick := time.NewTicker(m.cfg.ReconcileInterval)
 	defer tick.Stop()
@@ -389,8 +392,8 @@ func (m *Manager) markShuttingDown() {
 	if m.cancelLaunches != nil {
 		m.cancelLaunches() // what a cut launch made anyway is found later, or left behind
 	}
-	m.unlock() // the SHUTTING_DOWN records are on disk before anything is terminated
-	m.publish(true)
+	m.publishLocked(true)
+	m.unlock() // the SHUTTING_DOWN records are on disk, and the proxies told, before anything is terminated
 }
 
 // forgetAll is Shutdown's last step, once every instance is terminated or left behind: the

@@ -73,9 +73,8 @@ func (m *Manager) probeOnce(ctx context.Context, r *replica, gen uint64, addr st
 // onProbe folds a probe result into r and, unless nothing can have changed, runs a pass.
 func (m *Manager) onProbe(r *replica, gen uint64, err error) {
 	if m.recordProbe(r, gen, err) {
-		m.pass()
+		m.pass() // publishes what changed
 	}
-	m.publish(false)
 }
 
 // recordProbe folds a probe result into r and reports whether a pass may have something to do.

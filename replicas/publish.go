@@ -47,13 +47,16 @@ func (m *Manager) setReadyLocked() {
 	m.ready.Store(&readySet{version: cur.version + 1, endpoints: endpoints})
 }
 
-// publish hands the current READY set to OnReady if it changed since the last call, or always
-// with force (Start's first publication, Shutdown).
-// The lock makes calls sequential, and each call sends the newest set, so the last change
-// is never lost.
-func (m *Manager) publish(force bool) {
-	m.pubMu.Lock()
-	defer m.pubMu.Unlock()
+// publishLocked queues a publication of the READY set: when the executor reaches it, OnReady
+// gets the newest set if it changed since the last call, or always with force (Start's first
+// publication, Shutdown). The executor runs one effect at a time, so calls never overlap, and
+// each sends the newest set, so the last change is never lost.
+func (m *Manager) publishLocked(force bool) {
+	m.effects = append(m.effects, func() { m.publishNow(force) })
+}
+
+// publishNow is a publication as the executor runs it.
+func (m *Manager) publishNow(force bool) {
 	if force {
 		m.publishing.Store(true)
 	}

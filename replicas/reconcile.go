@@ -51,7 +51,6 @@ func (m *Manager) reconcile(ctx context.Context) {
 	m.observeLocked(insts, gaps, seq)
 	m.mu.Unlock()
 	m.pass()
-	m.publish(false)
 }
 
 // observeLocked takes a List result begun at seq as the current observation, minus instances
@@ -145,6 +144,7 @@ func (m *Manager) pass() {
 			m.kickLoop()
 		}
 		m.setReadyLocked()
+		m.publishLocked(false)
 		m.unlock()
 		return
 	}

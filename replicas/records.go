@@ -73,15 +73,18 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 	}
 }
 
-// The manager's lock is never held across a store write: a slow disk would stall every reader
-// of the service's state, the controller API among them. A status change updates the record in
-// memory under the lock and queues its write (saveLocked); a launch or termination is queued
-// behind the writes that must precede it (startLocked). Whoever releases the lock after queueing
-// runs the queue (unlock), in order, one caller at a time: a record is on disk before the
-// launch or termination that follows from it starts, as it was when the writes were made under
-// the lock.
+// The manager's lock is never held across a store write or a provider call: a slow disk would
+// stall every reader of the service's state, the controller API among them. A status change
+// updates the record in memory under the lock and queues its write (saveLocked); a launch or
+// termination is queued behind the writes that must precede it (startLocked); so are rollout
+// writes (rollout.go) and publications of the READY set (publish.go). The queue is one ordered
+// executor: whoever finds it idle runs it to the end (flush), one effect at a time, and whoever
+// queued something waits until it ran (unlock). So a record is on disk before the launch or
+// termination that follows from it starts, rollout writes never swap, and OnReady calls never
+// overlap, without a lock of their own.
 
-// effect is one queued store write or start of a provider call.
+// effect is one queued store write, start of a provider call, or publication. Effects run
+// without the lock; one that needs the state takes it briefly and never waits on the queue.
 type effect func()
 
 // saveLocked queues a write of r's record as it is now.
@@ -101,29 +104,45 @@ func (m *Manager) startLocked(work func()) {
 	m.effects = append(m.effects, func() { go work() })
 }
 
-// unlock releases the lock, then runs what was queued under it.
+// unlock releases the lock, then returns once what was queued under it ran.
 func (m *Manager) unlock() {
+	if len(m.effects) == 0 {
+		m.mu.Unlock()
+		return
+	}
+	done := make(chan struct{})
+	m.effects = append(m.effects, func() { close(done) })
 	m.mu.Unlock()
 	m.flush()
+	<-done // another caller may be running the queue: it runs ours too
 }
 
-// flush runs the queued effects in order. One caller at a time runs them, to the end of the
-// queue, so that effects queued by two passes never swap.
+// flush runs the queued effects in order unless another caller runs them already; it returns
+// once the queue is empty or in the other caller's hands.
 func (m *Manager) flush() {
-	m.flushMu.Lock()
-	defer m.flushMu.Unlock()
-	for {
-		m.mu.Lock()
+	m.mu.Lock()
+	if m.flushing {
+		m.mu.Unlock()
+		return
+	}
+	m.flushing = true
+	for len(m.effects) > 0 {
 		batch := m.effects
 		m.effects = nil
 		m.mu.Unlock()
-		if len(batch) == 0 {
-			return
-		}
 		for _, e := range batch {
-			e()
+			m.runEffect(e)
 		}
+		m.mu.Lock()
 	}
+	m.flushing = false
+	m.mu.Unlock()
+}
+
+// runEffect runs one effect; a panic is logged, so the queue never stays claimed.
+func (m *Manager) runEffect(e effect) {
+	defer m.recoverPanic("effect")
+	e()
 }
 
 // forgetLocked deletes a record for good.
