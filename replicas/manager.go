@@ -113,10 +113,6 @@ type Manager struct {
 	// loaded is true once records were read from the store (load).
 	loaded atomic.Bool
 
-	// rolloutMu serialises rollout writes (StartUpdate, a pass's verdict) so that a verdict
-	// on a rollout an update just replaced never overwrites it on disk. Take it before mu.
-	rolloutMu sync.Mutex
-
 	mu sync.Mutex
 	// effects are the store writes, provider calls and publications queued under mu, run in
 	// order by the executor (records.go); flushing is set while a caller runs them.

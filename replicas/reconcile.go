@@ -105,7 +105,8 @@ const maxPassRounds = 6
 
 // pass decides on the latest observation and acts on it; call it without the lock. What must
 // be on disk before the pass acts (a verdict on the rollout: it must not be undone by a restart
-// halfway; ids for new replicas) is written with the lock released, and the pass then plans
+// halfway; ids for new replicas) is written with the lock released (the verdict by the
+// executor, ordered with StartUpdate's write), and the pass then plans
 // again on the state as it is by then. Each verdict ends or latches a state, so this settles
 // within a few rounds; a write that fails is not retried in the same pass.
 func (m *Manager) pass() {
@@ -120,9 +121,9 @@ func (m *Manager) pass() {
 		acts := plan(m.planInputLocked(now))
 		if round < maxPassRounds && acts.Rollout != nil && !rolloutFailed {
 			if next, changed := m.verdictLocked(now, acts.Rollout); changed {
-				prev := m.rollout
-				m.mu.Unlock()
-				rolloutFailed = !m.commitVerdict(prev, next, acts.Rollout)
+				prev, ch := m.rollout, acts.Rollout
+				m.effects = append(m.effects, func() { rolloutFailed = !m.commitVerdict(prev, next, ch) })
+				m.unlock()
 				m.mu.Lock()
 				continue
 			}

@@ -225,10 +225,10 @@ func (m *Manager) verdictLocked(now time.Time, ch *rolloutChange) (Rollout, bool
 // commitVerdict saves next, the verdict ch on the rollout prev, and makes it the manager's,
 // unless an update replaced prev meanwhile (then the pass plans again under the new one). It
 // reports false when the save failed: acting on a decision that is not on disk could be undone
-// by a restart halfway, so the pass acts without it and the next one tries again.
+// by a restart halfway, so the pass acts without it and the next one tries again. It runs in
+// the executor, as StartUpdate's write does, so a verdict on a rollout an update just replaced
+// never overwrites it on disk.
 func (m *Manager) commitVerdict(prev *Rollout, next Rollout, ch *rolloutChange) bool {
-	m.rolloutMu.Lock()
-	defer m.rolloutMu.Unlock()
 	m.mu.Lock()
 	replaced := m.rollout != prev
 	m.mu.Unlock()
@@ -273,15 +273,26 @@ func (m *Manager) StartUpdate(task *configs.Task, mode string, now time.Time) (V
 	if !ok {
 		return Version{}, Rollout{}, errors.New("replicas: the store keeps no rollouts")
 	}
-	m.rolloutMu.Lock()
-	defer m.rolloutMu.Unlock()
+	// Decided and written in the executor, behind any verdict queued before, so that the
+	// rollout it starts from is the one on disk.
+	var (
+		v   Version
+		r   Rollout
+		err = errors.New("replicas: the update panicked") // unless the effect runs to its end
+	)
 	m.mu.Lock()
-	v, r := m.nextRolloutLocked(task, mode, now)
-	m.mu.Unlock()
-	if err := rs.StartUpdate(m.cfg.Service, v, r); err != nil {
+	m.effects = append(m.effects, func() {
+		m.mu.Lock()
+		v, r = m.nextRolloutLocked(task, mode, now)
+		m.mu.Unlock()
+		if err = rs.StartUpdate(m.cfg.Service, v, r); err == nil {
+			m.startRollout(v, r)
+		}
+	})
+	m.unlock()
+	if err != nil {
 		return Version{}, Rollout{}, err
 	}
-	m.startRollout(v, r)
 	return v, r, nil
 }
 
