@@ -122,7 +122,8 @@ type Manager struct {
 	spareIDs []int
 	// everReady is set once any replica was READY: a service that served and has no replica
 	// now is NO_REPLICA, not starting up, and a rollout from it has a version to go back to.
-	everReady bool
+	// Atomic: ServiceStatus, a reader, sets it too.
+	everReady atomic.Bool
 	// desired is the target count; -1 until SetDesired or the first pass fixes it.
 	desired  int
 	replicas map[int]*replica
@@ -161,6 +162,8 @@ type Manager struct {
 	workers        sync.WaitGroup
 	launches       sync.WaitGroup
 
+	// snap is what readers see (snapshot.go).
+	snap  atomic.Pointer[snapshot]
 	ready atomic.Pointer[readySet]
 	// publishing turns on at Start's first publication: until then changes are not sent, so
 	// that a restarted controller's first set reflects probes, not only stored statuses.
@@ -257,6 +260,7 @@ func New(cfg Config) (*Manager, error) {
 		m.desired = max(*cfg.InitialTarget, 0)
 	}
 	m.ready.Store(&readySet{})
+	m.snap.Store(m.snapshotLocked()) // no other goroutine has m yet
 	return m, nil
 }
 
@@ -340,7 +344,7 @@ func (m *Manager) SetDesired(n int) {
 	m.mu.Lock()
 	changed := m.desired != n
 	m.desired = n
-	m.mu.Unlock()
+	m.release()
 	if changed {
 		m.log.Info("replica target set", zap.Int("target", n))
 		m.kickLoop()
@@ -353,13 +357,7 @@ func (m *Manager) Replicas() []Record {
 	if err := m.load(); err != nil {
 		m.log.Warn("load replica records", zap.Error(err))
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]Record, 0, len(m.replicas))
-	for _, id := range sortedKeys(m.replicas) {
-		out = append(out, m.replicas[id].rec)
-	}
-	return out
+	return append([]Record{}, m.snap.Load().records...)
 }
 
 // Ready returns the current READY set, ordered by replica id.
@@ -411,7 +409,7 @@ func (m *Manager) forgetAll() error {
 	}
 	m.replicas = map[int]*replica{}
 	m.instances = nil
-	m.mu.Unlock()
+	m.unlock()
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("delete records: %w", err)
 	}

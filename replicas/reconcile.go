@@ -49,7 +49,7 @@ func (m *Manager) reconcile(ctx context.Context) {
 	m.mu.Lock()
 	m.noteGapsLocked(gaps)
 	m.observeLocked(insts, gaps, seq)
-	m.mu.Unlock()
+	m.unlock()
 	m.pass()
 }
 
@@ -129,7 +129,7 @@ func (m *Manager) pass() {
 			}
 		}
 		if n := acts.Launch + acts.LaunchSpot; round < maxPassRounds && n > len(m.spareIDs) && !idsFailed {
-			m.mu.Unlock()
+			m.unlock()
 			if err := m.reserveIDs(n); err != nil {
 				m.log.Error("allocate replica ids; launching later", zap.Error(err))
 				idsFailed = true
@@ -356,7 +356,5 @@ func (m *Manager) noteGapsLocked(gaps []launcher.Gap) {
 // Unknown are the parts of the infras the last List could not read: the replicas there are kept
 // as last seen.
 func (m *Manager) Unknown() []launcher.Gap {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return slices.Clone(m.gaps)
+	return slices.Clone(m.snap.Load().gaps)
 }

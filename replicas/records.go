@@ -50,7 +50,7 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 			r.rec.ReadyAt = now
 		}
 		m.failures[kind] = 0
-		m.everReady = true
+		m.everReady.Store(true)
 	case to == StatusFailedProvision, to.Terminal() && to != StatusPreempted && r.rec.ReadyAt.IsZero():
 		// Replicas that never served: a broken program or image, or no capacity; back off
 		// relaunching that kind.
@@ -104,15 +104,16 @@ func (m *Manager) startLocked(work func()) {
 	m.effects = append(m.effects, func() { go work() })
 }
 
-// unlock releases the lock, then returns once what was queued under it ran.
+// unlock republishes the snapshot and releases the lock, then returns once what was queued
+// under it ran. The executor's effects must use release instead.
 func (m *Manager) unlock() {
 	if len(m.effects) == 0 {
-		m.mu.Unlock()
+		m.release()
 		return
 	}
 	done := make(chan struct{})
 	m.effects = append(m.effects, func() { close(done) })
-	m.mu.Unlock()
+	m.release()
 	m.flush()
 	<-done // another caller may be running the queue: it runs ours too
 }
@@ -188,13 +189,15 @@ func (m *Manager) load() error {
 		return err
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if !m.loaded.Load() {
 		for _, rec := range recs {
 			if _, ok := m.replicas[rec.ID]; !ok {
 				m.replicas[rec.ID] = &replica{rec: rec}
 			}
-			m.everReady = m.everReady || rec.Status == StatusReady
+			if rec.Status == StatusReady {
+				m.everReady.Store(true)
+			}
 		}
 		m.loaded.Store(true)
 	}

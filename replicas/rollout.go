@@ -133,7 +133,7 @@ func (m *Manager) startRollout(v Version, r Rollout) {
 	m.versions[v.Number] = v
 	m.rollout = &r
 	m.target = r.Target()
-	m.mu.Unlock()
+	m.release() // StartUpdate calls it in the executor
 	m.log.Info("rollout started", zap.Int("from", r.From), zap.Int("to", r.To), zap.String("mode", r.Mode),
 		zap.Bool("relaunch", v.LaunchedAs == v.Number))
 	m.kickLoop()
@@ -141,23 +141,22 @@ func (m *Manager) startRollout(v Version, r Rollout) {
 
 // Rollout returns the latest rollout with its live counts, or nil if the service never had one.
 func (m *Manager) Rollout() *Rollout {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.rollout == nil {
+	s := m.snap.Load()
+	if s.rollout == nil {
 		return nil
 	}
-	r := *m.rollout
-	r.Desired = m.desired
+	r := *s.rollout
+	r.Desired = s.desired
 	minHealthy := time.Duration(r.Policy.MinHealthySeconds) * time.Second
 	now := m.cfg.Now()
-	for _, rep := range m.replicas {
+	for i, rec := range s.records {
 		switch {
-		case !live(rep.rec.Status):
-		case m.launchedAsLocked(rep.rec.Version) != m.launchedAsLocked(m.target):
+		case !live(rec.Status):
+		case s.launchedAsOf(rec.Version) != s.launchedAsOf(s.target):
 			r.OldLive++
-		case rep.rec.Status == StatusReady:
+		case rec.Status == StatusReady:
 			r.NewReady++
-			if !rep.healthySince.IsZero() && now.Sub(rep.healthySince) >= minHealthy {
+			if since := s.healthySince[i]; !since.IsZero() && now.Sub(since) >= minHealthy {
 				r.NewHealthy++
 			}
 		}
@@ -167,9 +166,7 @@ func (m *Manager) Rollout() *Rollout {
 
 // TargetVersion returns the version new replicas launch as.
 func (m *Manager) TargetVersion() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.target
+	return m.snap.Load().target
 }
 
 // taskLocked is version v's task; a version this manager does not know (an instance adopted
@@ -242,7 +239,7 @@ func (m *Manager) commitVerdict(prev *Rollout, next Rollout, ch *rolloutChange) 
 		}
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.release() // in the executor
 	m.rollout = &next
 	m.target = next.Target()
 	switch {
@@ -324,7 +321,7 @@ func (m *Manager) stableVersionLocked(cur int) (int, bool) {
 	prev := m.rollout
 	switch {
 	case prev == nil:
-		served := m.everReady
+		served := m.everReady.Load()
 		for _, r := range m.replicas {
 			if r.rec.Version == cur && !r.rec.ReadyAt.IsZero() {
 				served = true

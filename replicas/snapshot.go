@@ -1,0 +1,60 @@
+package replicas
+
+import (
+	"time"
+
+	"github.com/ferryserve/ferry/launcher"
+)
+
+// Readers (Replicas, Rollout, TargetVersion, Unknown, ServiceStatus) never take the manager's
+// lock: they load an immutable snapshot that whoever changed the state republishes as it
+// releases the lock (release, unlock). A slow pass or a store write in flight never stalls
+// `serve status` or the metrics scrape.
+
+// snapshot is the replica state as readers see it. It is never written once published.
+type snapshot struct {
+	// records are every replica's record, ordered by id, with when its current run of READY
+	// began (zero if not READY or not yet probed OK).
+	records      []Record
+	healthySince []time.Time
+	desired      int
+	target       int
+	// launchedAs maps each known version to the version its instances were launched as.
+	launchedAs map[int]int
+	// rollout is a copy of the latest rollout, nil if none.
+	rollout *Rollout
+	gaps    []launcher.Gap
+}
+
+// launchedAsOf is launchedAsLocked on the snapshot.
+func (s *snapshot) launchedAsOf(v int) int {
+	if n, ok := s.launchedAs[v]; ok {
+		return n
+	}
+	return v
+}
+
+// snapshotLocked is the state as it is now, for readers.
+func (m *Manager) snapshotLocked() *snapshot {
+	s := &snapshot{desired: m.desired, target: m.target, gaps: m.gaps, launchedAs: make(map[int]int, len(m.versions))}
+	for _, id := range sortedKeys(m.replicas) {
+		r := m.replicas[id]
+		s.records = append(s.records, r.rec)
+		s.healthySince = append(s.healthySince, r.healthySince)
+	}
+	for n, v := range m.versions {
+		s.launchedAs[n] = launchedAsOr(v, n)
+	}
+	if m.rollout != nil {
+		r := *m.rollout
+		s.rollout = &r
+	}
+	return s
+}
+
+// release republishes the snapshot and releases the lock, without waiting for the queued
+// effects: the executor's own effects use it (unlock would wait for themselves).
+func (m *Manager) release() {
+	m.snap.Store(m.snapshotLocked())
+	m.mu.Unlock()
+}
