@@ -81,8 +81,8 @@ type PreemptionRecorder interface {
 	Preempted(inst launcher.Instance)
 }
 
-// runLaunch calls the provider outside the lock and records the outcome: one instance, or a
-// gang of nodes (all or none, in one location), whose head serves.
+// runLaunch calls the provider in its own goroutine and posts the outcome to the state's owner:
+// one instance, or a gang of nodes (all or none, in one location), whose head serves.
 func (m *Manager) runLaunch(ctx context.Context, r *replica, spec launcher.Spec, nodes int) {
 	var (
 		insts []launcher.Instance
@@ -95,9 +95,11 @@ func (m *Manager) runLaunch(ctx context.Context, r *replica, spec launcher.Spec,
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
+	m.do(func() { m.launchedLocked(ctx, r, insts, err) })
+}
 
-	m.mu.Lock()
-	defer m.unlock()
+// launchedLocked records how r's launch went.
+func (m *Manager) launchedLocked(ctx context.Context, r *replica, insts []launcher.Instance, err error) {
 	r.launching = false
 	now := m.cfg.Now()
 	if err != nil {
@@ -200,18 +202,18 @@ func (m *Manager) terminateLocked(t termination) {
 			wg.Go(func() { errs[i] = m.cfg.Provider.Terminate(ctx, id) })
 		}
 		wg.Wait()
-		m.mu.Lock()
-		defer m.unlock()
-		if r != nil {
-			r.terminating = false
-		}
-		stopped := true
-		for i, id := range ids {
-			stopped = m.terminatedLocked(t.ReplicaID, id, errs[i]) && stopped
-		}
-		if stopped && t.Forget && r != nil && m.replicas[t.ReplicaID] == r {
-			m.forgetLocked(t.ReplicaID)
-		}
+		m.do(func() {
+			if r != nil {
+				r.terminating = false
+			}
+			stopped := true
+			for i, id := range ids {
+				stopped = m.terminatedLocked(t.ReplicaID, id, errs[i]) && stopped
+			}
+			if stopped && t.Forget && r != nil && m.replicas[t.ReplicaID] == r {
+				m.forgetLocked(t.ReplicaID)
+			}
+		})
 	})
 }
 

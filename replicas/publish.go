@@ -94,12 +94,13 @@ func (m *Manager) awaitFirstProbes(ctx context.Context) {
 }
 
 func (m *Manager) firstProbesDone() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, r := range m.replicas {
-		if r.stopProbe != nil && r.probe.At.IsZero() {
-			return false
+	done := true
+	m.own(func() {
+		for _, r := range m.replicas {
+			if r.stopProbe != nil && r.probe.At.IsZero() {
+				done = false
+			}
 		}
-	}
-	return true
+	})
+	return done
 }

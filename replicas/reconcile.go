@@ -27,13 +27,14 @@ func (m *Manager) reconcile(ctx context.Context) {
 		m.log.Warn("load replica records; will retry", zap.Error(err))
 		return
 	}
-	m.mu.Lock()
-	if m.shutdown {
-		m.mu.Unlock()
+	var (
+		shutdown bool
+		seq      uint64
+	)
+	m.own(func() { shutdown, seq = m.shutdown, m.eventSeq })
+	if shutdown {
 		return
 	}
-	seq := m.eventSeq
-	m.mu.Unlock()
 
 	listCtx, cancel := context.WithTimeout(ctx, listTimeout)
 	insts, err := m.cfg.Provider.List(listCtx, m.selector)
@@ -46,10 +47,10 @@ func (m *Manager) reconcile(ctx context.Context) {
 		return
 	}
 
-	m.mu.Lock()
-	m.noteGapsLocked(gaps)
-	m.observeLocked(insts, gaps, seq)
-	m.unlock()
+	m.step(func() {
+		m.noteGapsLocked(gaps)
+		m.observeLocked(insts, gaps, seq)
+	})
 	m.pass()
 }
 
@@ -103,52 +104,75 @@ func (m *Manager) observeLocked(insts []launcher.Instance, gaps []launcher.Gap, 
 // maxPassRounds bounds how often one pass plans again after writing what its plan needed.
 const maxPassRounds = 6
 
-// pass decides on the latest observation and acts on it; call it without the lock. What must
-// be on disk before the pass acts (a verdict on the rollout: it must not be undone by a restart
-// halfway; ids for new replicas) is written with the lock released (the verdict by the
-// executor, ordered with StartUpdate's write), and the pass then plans
-// again on the state as it is by then. Each verdict ends or latches a state, so this settles
-// within a few rounds; a write that fails is not retried in the same pass.
+// pass decides on the latest observation and acts on it, in rounds posted from the caller's
+// goroutine (never the run loop's). What must be on disk before the pass acts (a verdict on the
+// rollout: it must not be undone by a restart halfway; ids for new replicas) is written outside
+// the loop (the verdict by the executor, ordered with StartUpdate's write), and the pass then
+// plans again on the state as it is by then. Each verdict ends or latches a state, so this
+// settles within a few rounds; a write that fails is not retried in the same pass.
 func (m *Manager) pass() {
 	var rolloutFailed, idsFailed bool
-	m.mu.Lock()
 	for round := 1; ; round++ {
-		if m.shutdown || !m.observed || !m.loaded.Load() || m.workCtx == nil || m.workCtx.Err() != nil {
-			m.unlock()
-			return
-		}
-		now := m.cfg.Now()
-		acts := plan(m.planInputLocked(now))
-		if round < maxPassRounds && acts.Rollout != nil && !rolloutFailed {
-			if next, changed := m.verdictLocked(now, acts.Rollout); changed {
-				prev, ch := m.rollout, acts.Rollout
-				m.effects = append(m.effects, func() { rolloutFailed = !m.commitVerdict(prev, next, ch) })
-				m.unlock()
-				m.mu.Lock()
-				continue
-			}
-		}
-		if n := acts.Launch + acts.LaunchSpot; round < maxPassRounds && n > len(m.spareIDs) && !idsFailed {
-			m.unlock()
-			if err := m.reserveIDs(n); err != nil {
+		var (
+			next passNeed
+			ids  int
+		)
+		verdicts, reserve := round < maxPassRounds && !rolloutFailed, round < maxPassRounds && !idsFailed
+		// do: a queued verdict is written (or failed) when it returns.
+		m.do(func() { next, ids = m.passRoundLocked(verdicts, reserve, &rolloutFailed) })
+		switch next {
+		case passNeedsVerdict:
+			continue
+		case passNeedsIDs:
+			if err := m.reserveIDs(ids); err != nil {
 				m.log.Error("allocate replica ids; launching later", zap.Error(err))
 				idsFailed = true
 			}
-			m.mu.Lock()
 			continue
 		}
-		m.applyLocked(now, acts)
-		if m.desired < 0 {
-			// First pass after a (re)start with no target yet: keep what runs.
-			m.desired = max(m.taskLocked(m.target).Service.ReplicaPolicy.MinReplicas, m.liveLocked())
-			m.log.Info("replica target taken from running replicas", zap.Int("target", m.desired))
-			m.kickLoop()
-		}
-		m.setReadyLocked()
-		m.publishLocked(false)
-		m.unlock()
 		return
 	}
+}
+
+// passNeed is what a round of a pass needs written before it can act.
+type passNeed int
+
+const (
+	passActed passNeed = iota
+	// passNeedsVerdict: a verdict on the rollout is queued; the next round plans under it.
+	passNeedsVerdict
+	// passNeedsIDs: the launches need more reserved replica ids.
+	passNeedsIDs
+)
+
+// passRoundLocked plans once and acts, unless the plan needs a verdict saved first (queued,
+// its failure reported in rolloutFailed) or more replica ids (and how many).
+func (m *Manager) passRoundLocked(verdicts, reserve bool, rolloutFailed *bool) (passNeed, int) {
+	if m.shutdown || !m.observed || !m.loaded.Load() || m.workCtx == nil || m.workCtx.Err() != nil {
+		return passActed, 0
+	}
+	now := m.cfg.Now()
+	acts := plan(m.planInputLocked(now))
+	if verdicts && acts.Rollout != nil {
+		if next, changed := m.verdictLocked(now, acts.Rollout); changed {
+			prev, ch := m.rollout, acts.Rollout
+			m.effects = append(m.effects, func() { *rolloutFailed = !m.commitVerdict(prev, next, ch) })
+			return passNeedsVerdict, 0
+		}
+	}
+	if n := acts.Launch + acts.LaunchSpot; reserve && n > len(m.spareIDs) {
+		return passNeedsIDs, n
+	}
+	m.applyLocked(now, acts)
+	if m.desired < 0 {
+		// First pass after a (re)start with no target yet: keep what runs.
+		m.desired = max(m.taskLocked(m.target).Service.ReplicaPolicy.MinReplicas, m.liveLocked())
+		m.log.Info("replica target taken from running replicas", zap.Int("target", m.desired))
+		m.kickLoop()
+	}
+	m.setReadyLocked()
+	m.publishLocked(false)
+	return passActed, 0
 }
 
 // planInputLocked is what a pass decides on now.

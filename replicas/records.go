@@ -73,18 +73,18 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 	}
 }
 
-// The manager's lock is never held across a store write or a provider call: a slow disk would
-// stall every reader of the service's state, the controller API among them. A status change
-// updates the record in memory under the lock and queues its write (saveLocked); a launch or
+// The state's owner (loop.go) never waits for a store write or a provider call: a slow disk
+// would stall every input of the service. A status change updates the record in memory and
+// queues its write (saveLocked); a launch or
 // termination is queued behind the writes that must precede it (startLocked); so are rollout
 // writes (rollout.go) and publications of the READY set (publish.go). The queue is one ordered
 // executor: whoever finds it idle runs it to the end (flush), one effect at a time, and whoever
-// queued something waits until it ran (unlock). So a record is on disk before the launch or
+// queued something waits until it ran (do, loop.go). So a record is on disk before the launch or
 // termination that follows from it starts, rollout writes never swap, and OnReady calls never
 // overlap, without a lock of their own.
 
 // effect is one queued store write, start of a provider call, or publication. Effects run
-// without the lock; one that needs the state takes it briefly and never waits on the queue.
+// outside the run loop; one that needs the state posts a step (own, step), never do.
 type effect func()
 
 // saveLocked queues a write of r's record as it is now.
@@ -98,46 +98,34 @@ func (m *Manager) saveLocked(r *replica) {
 }
 
 // startLocked queues work to start in its own goroutine once the writes queued before it are
-// done. The caller has counted it in m.workers (and m.launches) under the lock, so that Start
+// done. The caller has counted it in m.workers (and m.launches) in the same step, so that Start
 // and Shutdown wait for it.
 func (m *Manager) startLocked(work func()) {
 	m.effects = append(m.effects, func() { go work() })
 }
 
-// unlock republishes the snapshot and releases the lock, then returns once what was queued
-// under it ran. The executor's effects must use release instead.
-func (m *Manager) unlock() {
-	if len(m.effects) == 0 {
-		m.release()
-		return
-	}
-	done := make(chan struct{})
-	m.effects = append(m.effects, func() { close(done) })
-	m.release()
-	m.flush()
-	<-done // another caller may be running the queue: it runs ours too
-}
-
 // flush runs the queued effects in order unless another caller runs them already; it returns
-// once the queue is empty or in the other caller's hands.
+// once the queue is empty or in the other caller's hands. It takes each batch from the owner
+// of the state and runs it outside, so the run loop never waits for a store or a provider.
 func (m *Manager) flush() {
-	m.mu.Lock()
-	if m.flushing {
-		m.mu.Unlock()
-		return
-	}
-	m.flushing = true
-	for len(m.effects) > 0 {
-		batch := m.effects
-		m.effects = nil
-		m.mu.Unlock()
+	claimed := false
+	m.own(func() {
+		claimed = !m.flushing
+		m.flushing = true
+	})
+	for claimed {
+		var batch []effect
+		m.own(func() {
+			batch, m.effects = m.effects, nil
+			m.flushing = len(batch) > 0
+		})
+		if len(batch) == 0 {
+			return
+		}
 		for _, e := range batch {
 			m.runEffect(e)
 		}
-		m.mu.Lock()
 	}
-	m.flushing = false
-	m.mu.Unlock()
 }
 
 // runEffect runs one effect; a panic is logged, so the queue never stays claimed.
@@ -179,7 +167,7 @@ func (m *Manager) liveLocked() int {
 	return n
 }
 
-// load reads the service's records from the store, once, with the lock released.
+// load reads the service's records from the store, once, outside the run loop.
 func (m *Manager) load() error {
 	if m.loaded.Load() {
 		return nil
@@ -188,9 +176,10 @@ func (m *Manager) load() error {
 	if err != nil {
 		return err
 	}
-	m.mu.Lock()
-	defer m.unlock()
-	if !m.loaded.Load() {
+	m.step(func() {
+		if m.loaded.Load() {
+			return
+		}
 		for _, rec := range recs {
 			if _, ok := m.replicas[rec.ID]; !ok {
 				m.replicas[rec.ID] = &replica{rec: rec}
@@ -200,18 +189,17 @@ func (m *Manager) load() error {
 			}
 		}
 		m.loaded.Store(true)
-	}
+	})
 	return nil
 }
 
-// reserveIDs asks the store, with the lock released, for n replica ids beyond those reserved
+// reserveIDs asks the store, outside the run loop, for n replica ids beyond those reserved
 // already; launches take them (nextIDLocked). The store is the authority, but a lost store must
 // not hand out the id of an adopted replica: such ids are skipped.
 func (m *Manager) reserveIDs(n int) error {
 	for range 1000 {
-		m.mu.Lock()
-		missing := n - len(m.spareIDs)
-		m.mu.Unlock()
+		var missing int
+		m.own(func() { missing = n - len(m.spareIDs) })
 		if missing <= 0 {
 			return nil
 		}
@@ -219,11 +207,11 @@ func (m *Manager) reserveIDs(n int) error {
 		if err != nil {
 			return err
 		}
-		m.mu.Lock()
-		if _, taken := m.replicas[id]; !taken {
-			m.spareIDs = append(m.spareIDs, id)
-		}
-		m.mu.Unlock()
+		m.own(func() {
+			if _, taken := m.replicas[id]; !taken {
+				m.spareIDs = append(m.spareIDs, id)
+			}
+		})
 	}
 	return errors.New("store keeps returning replica ids already in use")
 }

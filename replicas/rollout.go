@@ -128,12 +128,12 @@ func serving(r *Rollout, target int, launchedAs func(int) int, ready []Record) [
 // startRollout starts rolling the service out to version v under rollout r, both saved. From
 // here new replicas launch as r.Target() and each pass follows r.
 func (m *Manager) startRollout(v Version, r Rollout) {
-	m.mu.Lock()
 	v.LaunchedAs = launchedAsOr(v, v.Number)
-	m.versions[v.Number] = v
-	m.rollout = &r
-	m.target = r.Target()
-	m.release() // StartUpdate calls it in the executor
+	m.step(func() { // StartUpdate calls it in the executor: not do
+		m.versions[v.Number] = v
+		m.rollout = &r
+		m.target = r.Target()
+	})
 	m.log.Info("rollout started", zap.Int("from", r.From), zap.Int("to", r.To), zap.String("mode", r.Mode),
 		zap.Bool("relaunch", v.LaunchedAs == v.Number))
 	m.kickLoop()
@@ -226,9 +226,8 @@ func (m *Manager) verdictLocked(now time.Time, ch *rolloutChange) (Rollout, bool
 // the executor, as StartUpdate's write does, so a verdict on a rollout an update just replaced
 // never overwrites it on disk.
 func (m *Manager) commitVerdict(prev *Rollout, next Rollout, ch *rolloutChange) bool {
-	m.mu.Lock()
-	replaced := m.rollout != prev
-	m.mu.Unlock()
+	var replaced bool
+	m.own(func() { replaced = m.rollout != prev })
 	if replaced {
 		return true
 	}
@@ -238,8 +237,12 @@ func (m *Manager) commitVerdict(prev *Rollout, next Rollout, ch *rolloutChange) 
 			return false
 		}
 	}
-	m.mu.Lock()
-	defer m.release() // in the executor
+	m.step(func() { m.adoptVerdictLocked(prev, next, ch) }) // in the executor: not do
+	return true
+}
+
+// adoptVerdictLocked makes next, the saved verdict ch on prev, the manager's rollout.
+func (m *Manager) adoptVerdictLocked(prev *Rollout, next Rollout, ch *rolloutChange) {
 	m.rollout = &next
 	m.target = next.Target()
 	switch {
@@ -256,7 +259,6 @@ func (m *Manager) commitVerdict(prev *Rollout, next Rollout, ch *rolloutChange) 
 		m.failures = map[bool]int{}
 		m.lastFail = map[bool]time.Time{}
 	}
-	return true
 }
 
 // StartUpdate rolls the service out to a new version of its task (`serve update`): it numbers
@@ -277,16 +279,14 @@ func (m *Manager) StartUpdate(task *configs.Task, mode string, now time.Time) (V
 		r   Rollout
 		err = errors.New("replicas: the update panicked") // unless the effect runs to its end
 	)
-	m.mu.Lock()
-	m.effects = append(m.effects, func() {
-		m.mu.Lock()
-		v, r = m.nextRolloutLocked(task, mode, now)
-		m.mu.Unlock()
-		if err = rs.StartUpdate(m.cfg.Service, v, r); err == nil {
-			m.startRollout(v, r)
-		}
+	m.do(func() {
+		m.effects = append(m.effects, func() {
+			m.own(func() { v, r = m.nextRolloutLocked(task, mode, now) })
+			if err = rs.StartUpdate(m.cfg.Service, v, r); err == nil {
+				m.startRollout(v, r)
+			}
+		})
 	})
-	m.unlock()
 	if err != nil {
 		return Version{}, Rollout{}, err
 	}

@@ -6,10 +6,10 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 )
 
-// Readers (Replicas, Rollout, TargetVersion, Unknown, ServiceStatus) never take the manager's
-// lock: they load an immutable snapshot that whoever changed the state republishes as it
-// releases the lock (release, unlock). A slow pass or a store write in flight never stalls
-// `serve status` or the metrics scrape.
+// Readers (Replicas, Rollout, TargetVersion, Unknown, ServiceStatus) never post to the run
+// loop: they load an immutable snapshot that each step that may change it republishes (step,
+// loop.go). A busy loop or a store write in flight never stalls `serve status` or the metrics
+// scrape.
 
 // snapshot is the replica state as readers see it. It is never written once published.
 type snapshot struct {
@@ -50,11 +50,4 @@ func (m *Manager) snapshotLocked() *snapshot {
 		s.rollout = &r
 	}
 	return s
-}
-
-// release republishes the snapshot and releases the lock, without waiting for the queued
-// effects: the executor's own effects use it (unlock would wait for themselves).
-func (m *Manager) release() {
-	m.snap.Store(m.snapshotLocked())
-	m.mu.Unlock()
 }

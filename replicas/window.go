@@ -22,7 +22,12 @@ func (m *Manager) deferNotice(instance string, at time.Time) bool {
 	if at.Sub(m.cfg.Now()) <= m.cfg.WindowLead {
 		return false
 	}
-	m.mu.Lock()
+	ours := false
+	m.own(func() { ours = m.deferNoticeLocked(instance, at) })
+	return ours
+}
+
+func (m *Manager) deferNoticeLocked(instance string, at time.Time) bool {
 	ours := false
 	for _, r := range m.replicas {
 		if r.hasNode(instance) && live(r.rec.Status) {
@@ -39,7 +44,6 @@ func (m *Manager) deferNotice(instance string, at time.Time) bool {
 		}
 		m.windowEnds[instance] = at
 	}
-	m.mu.Unlock()
 	return ours
 }
 
