@@ -12,6 +12,9 @@ import "context"
 // (reconcile.go) posts one step per round from its own goroutine. Readers load the snapshot
 // each step republishes (snapshot.go).
 //
+// A method whose name ends in Owned runs as the state's owner, inside a step: it reads and
+// writes the state freely, must not block, and must not post a step itself.
+//
 // When no loop runs (before Start, after it returned, in a Shutdown without Start) the turn —
 // a token only the loop holds while it runs — passes each step to one caller at a time, so the
 // state still has exactly one owner at any moment.
@@ -65,7 +68,7 @@ func (m *Manager) own(fn func()) {
 func (m *Manager) step(fn func()) {
 	m.own(func() {
 		fn()
-		m.snap.Store(m.snapshotLocked())
+		m.snap.Store(m.snapshotOwned())
 	})
 }
 

@@ -268,7 +268,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	m.turn <- struct{}{}
 	m.ready.Store(&readySet{})
-	m.snap.Store(m.snapshotLocked()) // no other goroutine has m yet
+	m.snap.Store(m.snapshotOwned()) // no other goroutine has m yet
 	return m, nil
 }
 
@@ -298,7 +298,7 @@ func (m *Manager) Start(ctx context.Context) error {
 
 	m.safeReconcile(workCtx)
 	m.awaitFirstProbes(workCtx)
-	m.do(func() { m.publishLocked(true) })
+	m.do(func() { m.publishOwned(true) })
 
 	tick := time.NewTicker(m.cfg.ReconcileInterval)
 	defer tick.Stop()
@@ -328,16 +328,16 @@ func (m *Manager) Notice(instance string, at time.Time) bool {
 		return true
 	}
 	var ours, fresh bool
-	m.own(func() { ours, fresh = m.noticeLocked(instance, at) })
+	m.own(func() { ours, fresh = m.noticeOwned(instance, at) })
 	if fresh {
 		m.kickLoop()
 	}
 	return ours
 }
 
-// noticeLocked records a notice for a live replica's instance, and reports whether the
+// noticeOwned records a notice for a live replica's instance, and reports whether the
 // instance is one, and whether the notice is new.
-func (m *Manager) noticeLocked(instance string, at time.Time) (ours, fresh bool) {
+func (m *Manager) noticeOwned(instance string, at time.Time) (ours, fresh bool) {
 	var hit *replica
 	for _, r := range m.replicas {
 		if r.hasNode(instance) && live(r.rec.Status) {
@@ -349,7 +349,7 @@ func (m *Manager) noticeLocked(instance string, at time.Time) (ours, fresh bool)
 		return hit != nil, false
 	}
 	m.notices[instance] = at
-	m.recordPreemptionLocked(hit)
+	m.recordPreemptionOwned(hit)
 	m.log.Warn("spot interruption notice: replacing the replica before its instance is reclaimed",
 		zap.Int("replica", hit.rec.ID), zap.String("instance", instance), zap.Time("reclaimed_at", at))
 	return true, true
@@ -390,10 +390,10 @@ func (m *Manager) Ready() []Endpoint {
 func (m *Manager) markShuttingDown() {
 	// do: the SHUTTING_DOWN records are on disk, and the proxies told, before anything is
 	// terminated.
-	m.do(m.markShuttingDownLocked)
+	m.do(m.markShuttingDownOwned)
 }
 
-func (m *Manager) markShuttingDownLocked() {
+func (m *Manager) markShuttingDownOwned() {
 	if !m.shutdown {
 		m.log.Info("shutting down service")
 	}
@@ -401,16 +401,16 @@ func (m *Manager) markShuttingDownLocked() {
 	now := m.cfg.Now()
 	for _, id := range sortedKeys(m.replicas) {
 		r := m.replicas[id]
-		m.stopProberLocked(r)
+		m.stopProberOwned(r)
 		if r.rec.Status != StatusShuttingDown {
-			m.transitionLocked(now, r, StatusShuttingDown, "service shutting down", nil)
+			m.transitionOwned(now, r, StatusShuttingDown, "service shutting down", nil)
 		}
 	}
-	m.setReadyLocked()
+	m.setReadyOwned()
 	if m.cancelLaunches != nil {
 		m.cancelLaunches() // what a cut launch made anyway is found later, or left behind
 	}
-	m.publishLocked(true)
+	m.publishOwned(true)
 }
 
 // forgetAll is Shutdown's last step, once every instance is terminated or left behind: the
@@ -428,7 +428,7 @@ func (m *Manager) forgetAll() error {
 	}
 	m.do(func() {
 		for _, r := range m.replicas {
-			m.stopProberLocked(r)
+			m.stopProberOwned(r)
 		}
 		m.replicas = map[int]*replica{}
 		m.instances = nil
@@ -473,7 +473,7 @@ func (m *Manager) Shutdown(ctx context.Context) ([]launcher.Leftover, error) {
 	// re-created under the same name right away is never counted).
 	before := m.cfg.Now().Truncate(time.Second)
 	var recs []Record
-	m.own(func() { recs = m.snapshotLocked().records })
+	m.own(func() { recs = m.snapshotOwned().records })
 	insts, err := m.cfg.Provider.List(ctx, m.selector)
 	gaps, partial := launcher.Partial(err)
 	if !partial {

@@ -14,8 +14,8 @@ import (
 // may change readiness runs a pass at once and republishes the READY set without waiting for
 // the next reconcile tick.
 
-// ensureProberLocked starts probing r, first after delay first, unless a prober runs already.
-func (m *Manager) ensureProberLocked(r *replica, first time.Duration) {
+// ensureProberOwned starts probing r, first after delay first, unless a prober runs already.
+func (m *Manager) ensureProberOwned(r *replica, first time.Duration) {
 	if r.stopProbe != nil || m.shutdown || m.workCtx == nil || m.workCtx.Err() != nil {
 		return
 	}
@@ -31,8 +31,8 @@ func (m *Manager) ensureProberLocked(r *replica, first time.Duration) {
 	}()
 }
 
-// stopProberLocked stops r's prober; a result it is about to deliver is ignored.
-func (m *Manager) stopProberLocked(r *replica) {
+// stopProberOwned stops r's prober; a result it is about to deliver is ignored.
+func (m *Manager) stopProberOwned(r *replica) {
 	if r.stopProbe != nil {
 		r.stopProbe()
 		r.stopProbe = nil
@@ -63,7 +63,7 @@ func (m *Manager) runProber(ctx context.Context, r *replica, gen uint64, addr st
 func (m *Manager) probeOnce(ctx context.Context, r *replica, gen uint64, addr string) (ok bool) {
 	defer m.recoverPanic("probe")
 	var probe configs.Probe
-	m.own(func() { probe = m.taskLocked(r.rec.Version).Service.ReadinessProbe })
+	m.own(func() { probe = m.taskOwned(r.rec.Version).Service.ReadinessProbe })
 	err := probeReplica(ctx, m.cfg.HTTPClient, addr, probe)
 	if ctx.Err() != nil {
 		return false
@@ -75,15 +75,15 @@ func (m *Manager) probeOnce(ctx context.Context, r *replica, gen uint64, addr st
 // onProbe folds a probe result into r and, unless nothing can have changed, runs a pass.
 func (m *Manager) onProbe(r *replica, gen uint64, err error) {
 	var changed bool
-	m.own(func() { changed = m.recordProbeLocked(r, gen, err) })
+	m.own(func() { changed = m.recordProbeOwned(r, gen, err) })
 	if changed {
 		m.pass() // publishes what changed
 	}
 }
 
-// recordProbeLocked folds a probe result into r and reports whether a pass may have something
+// recordProbeOwned folds a probe result into r and reports whether a pass may have something
 // to do.
-func (m *Manager) recordProbeLocked(r *replica, gen uint64, err error) bool {
+func (m *Manager) recordProbeOwned(r *replica, gen uint64, err error) bool {
 	if m.shutdown || r.probeGen != gen || m.replicas[r.rec.ID] != r {
 		return false
 	}

@@ -22,8 +22,8 @@ func (m *Manager) kickLoop() {
 	}
 }
 
-// setReadyLocked swaps in a new READY set if membership changed.
-func (m *Manager) setReadyLocked() {
+// setReadyOwned swaps in a new READY set if membership changed.
+func (m *Manager) setReadyOwned() {
 	var endpoints []Endpoint
 	if !m.shutdown {
 		var ready []Record
@@ -32,8 +32,8 @@ func (m *Manager) setReadyLocked() {
 				ready = append(ready, r.rec)
 			}
 		}
-		for _, rec := range serving(m.rollout, m.target, m.launchedAsLocked, ready) {
-			acc := accelerator(m.taskLocked(rec.Version).Resources)
+		for _, rec := range serving(m.rollout, m.target, m.launchedAsOwned, ready) {
+			acc := accelerator(m.taskOwned(rec.Version).Resources)
 			if rec.Accelerator != "" {
 				acc = rec.Accelerator // where it was placed, among the task's alternatives
 			}
@@ -47,11 +47,11 @@ func (m *Manager) setReadyLocked() {
 	m.ready.Store(&readySet{version: cur.version + 1, endpoints: endpoints})
 }
 
-// publishLocked queues a publication of the READY set: when the executor reaches it, OnReady
+// publishOwned queues a publication of the READY set: when the executor reaches it, OnReady
 // gets the newest set if it changed since the last call, or always with force (Start's first
 // publication, Shutdown). The executor runs one effect at a time, so calls never overlap, and
 // each sends the newest set, so the last change is never lost.
-func (m *Manager) publishLocked(force bool) {
+func (m *Manager) publishOwned(force bool) {
 	m.effects = append(m.effects, func() { m.publishNow(force) })
 }
 

@@ -11,8 +11,8 @@ import (
 	"github.com/ferryserve/ferry/policy"
 )
 
-// followLocked takes a new endpoint from the replica's instance; the prober restarts on it.
-func (m *Manager) followLocked(inst launcher.Instance) {
+// followOwned takes a new endpoint from the replica's instance; the prober restarts on it.
+func (m *Manager) followOwned(inst launcher.Instance) {
 	id, err := strconv.Atoi(inst.Labels[launcher.LabelReplicaID])
 	r := m.replicas[id]
 	if err != nil || r == nil || r.rec.InstanceID != inst.ID {
@@ -21,28 +21,28 @@ func (m *Manager) followLocked(inst launcher.Instance) {
 	m.log.Info("replica endpoint", zap.Int("replica", id), zap.String("from", r.rec.Endpoint), zap.String("to", inst.Endpoint))
 	was := r.rec.Endpoint
 	followInstance(&r.rec, &inst)
-	m.stopProberLocked(r)
+	m.stopProberOwned(r)
 	// Probes of the old address say nothing of the new one: serve it only once it answers.
 	r.probe = probeState{}
 	if was != "" && r.rec.Status == StatusReady {
 		// NOT_READY, not STARTING: the initial delay counts from launch, long past.
-		m.transitionLocked(m.cfg.Now(), r, StatusNotReady, "endpoint changed to "+inst.Endpoint, nil)
+		m.transitionOwned(m.cfg.Now(), r, StatusNotReady, "endpoint changed to "+inst.Endpoint, nil)
 		return
 	}
-	m.saveLocked(r)
+	m.saveOwned(r)
 }
 
-// transitionLocked moves r to status to, saves and logs it.
-func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason string, inst *launcher.Instance) {
+// transitionOwned moves r to status to, saves and logs it.
+func (m *Manager) transitionOwned(now time.Time, r *replica, to Status, reason string, inst *launcher.Instance) {
 	from := r.rec.Status
 	r.rec.Status, r.rec.Reason = to, reason
 	if inst != nil {
 		followInstance(&r.rec, inst)
 	}
-	kind := r.rec.Spot && m.mixLocked().UseSpot // a service without spot is one pool
+	kind := r.rec.Spot && m.mixOwned().UseSpot // a service without spot is one pool
 	// Only the version being launched backs its launches off: the failures of a version
 	// rolled back from say nothing of the one restored.
-	current := m.launchedAsLocked(r.rec.Version) == m.launchedAsLocked(m.target)
+	current := m.launchedAsOwned(r.rec.Version) == m.launchedAsOwned(m.target)
 	switch {
 	case !current:
 	case to == StatusReady:
@@ -58,9 +58,9 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 		m.lastFail[kind] = now
 	}
 	if !probeable(to) {
-		m.stopProberLocked(r)
+		m.stopProberOwned(r)
 	}
-	m.saveLocked(r)
+	m.saveOwned(r)
 	fields := []zap.Field{zap.Int("replica", r.rec.ID), zap.String("from", string(from)),
 		zap.String("to", string(to)), zap.String("instance", r.rec.InstanceID)}
 	if reason != "" {
@@ -75,8 +75,8 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 
 // The state's owner (loop.go) never waits for a store write or a provider call: a slow disk
 // would stall every input of the service. A status change updates the record in memory and
-// queues its write (saveLocked); a launch or
-// termination is queued behind the writes that must precede it (startLocked); so are rollout
+// queues its write (saveOwned); a launch or
+// termination is queued behind the writes that must precede it (startOwned); so are rollout
 // writes (rollout.go) and publications of the READY set (publish.go). The queue is one ordered
 // executor: whoever finds it idle runs it to the end (flush), one effect at a time, and whoever
 // queued something waits until it ran (do, loop.go). So a record is on disk before the launch or
@@ -87,8 +87,8 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 // outside the run loop; one that needs the state posts a step (own, step), never do.
 type effect func()
 
-// saveLocked queues a write of r's record as it is now.
-func (m *Manager) saveLocked(r *replica) {
+// saveOwned queues a write of r's record as it is now.
+func (m *Manager) saveOwned(r *replica) {
 	rec := r.rec
 	m.effects = append(m.effects, func() {
 		if err := m.cfg.Store.SaveReplica(rec); err != nil {
@@ -97,10 +97,10 @@ func (m *Manager) saveLocked(r *replica) {
 	})
 }
 
-// startLocked queues work to start in its own goroutine once the writes queued before it are
+// startOwned queues work to start in its own goroutine once the writes queued before it are
 // done. The caller has counted it in m.workers (and m.launches) in the same step, so that Start
 // and Shutdown wait for it.
-func (m *Manager) startLocked(work func()) {
+func (m *Manager) startOwned(work func()) {
 	m.effects = append(m.effects, func() { go work() })
 }
 
@@ -134,13 +134,13 @@ func (m *Manager) runEffect(e effect) {
 	e()
 }
 
-// forgetLocked deletes a record for good.
-func (m *Manager) forgetLocked(id int) {
+// forgetOwned deletes a record for good.
+func (m *Manager) forgetOwned(id int) {
 	r := m.replicas[id]
 	if r == nil {
 		return
 	}
-	m.stopProberLocked(r)
+	m.stopProberOwned(r)
 	delete(m.replicas, id)
 	m.effects = append(m.effects, func() {
 		if err := m.cfg.Store.DeleteReplica(m.cfg.Service, id); err != nil {
@@ -150,14 +150,14 @@ func (m *Manager) forgetLocked(id int) {
 	m.log.Debug("forgot replica", zap.Int("replica", id), zap.String("status", string(r.rec.Status)))
 }
 
-// mixLocked is how the target version's task splits replicas between spot and on-demand.
-func (m *Manager) mixLocked() policy.MixSpec {
-	task := m.taskLocked(m.target)
+// mixOwned is how the target version's task splits replicas between spot and on-demand.
+func (m *Manager) mixOwned() policy.MixSpec {
+	task := m.taskOwned(m.target)
 	return MixFor(task.Resources, task.Service.ReplicaPolicy)
 }
 
-// liveLocked counts replicas that count toward the target.
-func (m *Manager) liveLocked() int {
+// liveOwned counts replicas that count toward the target.
+func (m *Manager) liveOwned() int {
 	n := 0
 	for _, r := range m.replicas {
 		if live(r.rec.Status) {
@@ -194,7 +194,7 @@ func (m *Manager) load() error {
 }
 
 // reserveIDs asks the store, outside the run loop, for n replica ids beyond those reserved
-// already; launches take them (nextIDLocked). The store is the authority, but a lost store must
+// already; launches take them (nextIDOwned). The store is the authority, but a lost store must
 // not hand out the id of an adopted replica: such ids are skipped.
 func (m *Manager) reserveIDs(n int) error {
 	for range 1000 {
@@ -216,8 +216,8 @@ func (m *Manager) reserveIDs(n int) error {
 	return errors.New("store keeps returning replica ids already in use")
 }
 
-// nextIDLocked takes a reserved id that no replica holds.
-func (m *Manager) nextIDLocked() (int, bool) {
+// nextIDOwned takes a reserved id that no replica holds.
+func (m *Manager) nextIDOwned() (int, bool) {
 	for len(m.spareIDs) > 0 {
 		id := m.spareIDs[0]
 		m.spareIDs = m.spareIDs[1:]

@@ -169,24 +169,24 @@ func (m *Manager) TargetVersion() int {
 	return m.snap.Load().target
 }
 
-// taskLocked is version v's task; a version this manager does not know (an instance adopted
+// taskOwned is version v's task; a version this manager does not know (an instance adopted
 // from a lost store) is treated as the current one.
-func (m *Manager) taskLocked(v int) *configs.Task {
+func (m *Manager) taskOwned(v int) *configs.Task {
 	if ver, ok := m.versions[v]; ok && ver.Task != nil {
 		return ver.Task
 	}
 	return m.versions[m.target].Task
 }
 
-func (m *Manager) launchedAsLocked(v int) int {
+func (m *Manager) launchedAsOwned(v int) int {
 	if ver, ok := m.versions[v]; ok {
 		return launchedAsOr(ver, v)
 	}
 	return v
 }
 
-// versionInputLocked fills the version and rollout fields of a pass's input.
-func (m *Manager) versionInputLocked(in *planInput) {
+// versionInputOwned fills the version and rollout fields of a pass's input.
+func (m *Manager) versionInputOwned(in *planInput) {
 	in.Target = m.target
 	in.LaunchedAs = make(map[int]int, len(m.versions))
 	for n, v := range m.versions {
@@ -200,12 +200,12 @@ func (m *Manager) versionInputLocked(in *planInput) {
 		// Blue-green moves traffic once the new version can carry the whole target, at least
 		// min_replicas. SkyServe switches at min_replicas, which drops capacity whenever the
 		// target is above it.
-		in.SwitchAt = max(in.Desired, m.taskLocked(r.To).Service.ReplicaPolicy.MinReplicas)
+		in.SwitchAt = max(in.Desired, m.taskOwned(r.To).Service.ReplicaPolicy.MinReplicas)
 	}
 }
 
-// verdictLocked is the rollout after a plan's verdict on it, and whether that changed it.
-func (m *Manager) verdictLocked(now time.Time, ch *rolloutChange) (Rollout, bool) {
+// verdictOwned is the rollout after a plan's verdict on it, and whether that changed it.
+func (m *Manager) verdictOwned(now time.Time, ch *rolloutChange) (Rollout, bool) {
 	r := *m.rollout
 	if !ch.ProgressAt.IsZero() && ch.ProgressAt.After(r.ProgressAt) {
 		r.ProgressAt = ch.ProgressAt
@@ -237,12 +237,12 @@ func (m *Manager) commitVerdict(prev *Rollout, next Rollout, ch *rolloutChange) 
 			return false
 		}
 	}
-	m.step(func() { m.adoptVerdictLocked(prev, next, ch) }) // in the executor: not do
+	m.step(func() { m.adoptVerdictOwned(prev, next, ch) }) // in the executor: not do
 	return true
 }
 
-// adoptVerdictLocked makes next, the saved verdict ch on prev, the manager's rollout.
-func (m *Manager) adoptVerdictLocked(prev *Rollout, next Rollout, ch *rolloutChange) {
+// adoptVerdictOwned makes next, the saved verdict ch on prev, the manager's rollout.
+func (m *Manager) adoptVerdictOwned(prev *Rollout, next Rollout, ch *rolloutChange) {
 	m.rollout = &next
 	m.target = next.Target()
 	switch {
@@ -281,7 +281,7 @@ func (m *Manager) StartUpdate(task *configs.Task, mode string, now time.Time) (V
 	)
 	m.do(func() {
 		m.effects = append(m.effects, func() {
-			m.own(func() { v, r = m.nextRolloutLocked(task, mode, now) })
+			m.own(func() { v, r = m.nextRolloutOwned(task, mode, now) })
 			if err = rs.StartUpdate(m.cfg.Service, v, r); err == nil {
 				m.startRollout(v, r)
 			}
@@ -293,20 +293,20 @@ func (m *Manager) StartUpdate(task *configs.Task, mode string, now time.Time) (V
 	return v, r, nil
 }
 
-// nextRolloutLocked decides the version and the rollout an update to task starts.
-func (m *Manager) nextRolloutLocked(task *configs.Task, mode string, now time.Time) (Version, Rollout) {
+// nextRolloutOwned decides the version and the rollout an update to task starts.
+func (m *Manager) nextRolloutOwned(task *configs.Task, mode string, now time.Time) (Version, Rollout) {
 	cur := m.target
 	next := cur + 1
 	for n := range m.versions {
 		next = max(next, n+1)
 	}
 	v := Version{Number: next, Task: task, LaunchedAs: next}
-	if onlyServiceChanged(m.taskLocked(cur), task) {
+	if onlyServiceChanged(m.taskOwned(cur), task) {
 		// Same program, resources and replica port as the version running now: its replicas
 		// are this version already.
-		v.LaunchedAs = m.launchedAsLocked(cur)
+		v.LaunchedAs = m.launchedAsOwned(cur)
 	}
-	from, fromServed := m.stableVersionLocked(cur)
+	from, fromServed := m.stableVersionOwned(cur)
 	policy := task.Service.Update
 	policy.Mode = mode
 	r := Rollout{From: from, To: next, Mode: mode, Policy: policy, State: RolloutInProgress,
@@ -314,10 +314,10 @@ func (m *Manager) nextRolloutLocked(task *configs.Task, mode string, now time.Ti
 	return v, r
 }
 
-// stableVersionLocked is the version a new rollout would roll back to, and whether it ever
+// stableVersionOwned is the version a new rollout would roll back to, and whether it ever
 // served: the last version that served, not merely the current target (which may be a failed
 // one).
-func (m *Manager) stableVersionLocked(cur int) (int, bool) {
+func (m *Manager) stableVersionOwned(cur int) (int, bool) {
 	prev := m.rollout
 	switch {
 	case prev == nil:

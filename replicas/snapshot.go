@@ -26,7 +26,7 @@ type snapshot struct {
 	gaps    []launcher.Gap
 }
 
-// launchedAsOf is launchedAsLocked on the snapshot.
+// launchedAsOf is launchedAsOwned on the snapshot.
 func (s *snapshot) launchedAsOf(v int) int {
 	if n, ok := s.launchedAs[v]; ok {
 		return n
@@ -34,8 +34,8 @@ func (s *snapshot) launchedAsOf(v int) int {
 	return v
 }
 
-// snapshotLocked is the state as it is now, for readers.
-func (m *Manager) snapshotLocked() *snapshot {
+// snapshotOwned is the state as it is now, for readers.
+func (m *Manager) snapshotOwned() *snapshot {
 	s := &snapshot{desired: m.desired, target: m.target, gaps: m.gaps, launchedAs: make(map[int]int, len(m.versions))}
 	for _, id := range sortedKeys(m.replicas) {
 		r := m.replicas[id]
