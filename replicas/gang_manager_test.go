@@ -126,10 +126,12 @@ func TestManagerGangReadyOnlyWhenEveryNodeRuns(t *testing.T) {
 	h.m.SetDesired(1)
 	h.waitStatus(1, StatusStarting)
 	eventually(t, "the head's probe passing", func() bool {
-		h.m.mu.Lock()
-		defer h.m.mu.Unlock()
-		r := h.m.replicas[1]
-		return r != nil && r.probe.OK
+		ok := false
+		h.m.own(func() {
+			r := h.m.replicas[1]
+			ok = r != nil && r.probe.OK
+		})
+		return ok
 	})
 	h.passes(3)
 	if s := h.status(1); s != StatusStarting || len(h.m.Ready()) != 0 {

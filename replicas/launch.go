@@ -14,10 +14,10 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 )
 
-// launchLocked records a new PROVISIONING replica and starts its Launch in the background.
-func (m *Manager) launchLocked(now time.Time, spot bool) {
-	task := m.taskLocked(m.target)
-	id, ok := m.nextIDLocked()
+// launchOwned records a new PROVISIONING replica and starts its Launch in the background.
+func (m *Manager) launchOwned(now time.Time, spot bool) {
+	task := m.taskOwned(m.target)
+	id, ok := m.nextIDOwned()
 	if !ok {
 		return // the pass could not reserve one (logged there); the next pass launches it
 	}
@@ -34,24 +34,24 @@ func (m *Manager) launchLocked(now time.Time, spot bool) {
 		launching: true,
 	}
 	m.replicas[id] = r
-	m.saveLocked(r)
+	m.saveOwned(r)
 	m.log.Info("replica status", zap.Int("replica", id), zap.String("to", string(StatusProvisioning)))
 	spec := replicaSpec(m.cfg.Service, m.target, task, id, spot)
 	if spot && task.Service.ReplicaPolicy.SpotPlacer == configs.SpotPlacerDynamicFallback {
-		spec.Spread = m.spotByZoneLocked()
+		spec.Spread = m.spotByZoneOwned()
 	}
 	ctx, nodes := m.launchCtx, gangSize(task)
 	m.workers.Add(1)
 	m.launches.Add(1)
-	m.startLocked(func() {
+	m.startOwned(func() {
 		defer m.workers.Done()
 		defer m.launches.Done()
 		m.runLaunch(ctx, r, spec, nodes)
 	})
 }
 
-// spotByZoneLocked maps live spot replicas' instances to their zones, for SpotHedge.
-func (m *Manager) spotByZoneLocked() map[string]string {
+// spotByZoneOwned maps live spot replicas' instances to their zones, for SpotHedge.
+func (m *Manager) spotByZoneOwned() map[string]string {
 	out := map[string]string{}
 	for _, r := range m.replicas {
 		if r.rec.Spot && live(r.rec.Status) && r.rec.Infra != "" && r.rec.InstanceID != "" {
@@ -61,8 +61,8 @@ func (m *Manager) spotByZoneLocked() map[string]string {
 	return out
 }
 
-// recordPreemptionLocked tells the provider where a replica was preempted.
-func (m *Manager) recordPreemptionLocked(r *replica) {
+// recordPreemptionOwned tells the provider where a replica was preempted.
+func (m *Manager) recordPreemptionOwned(r *replica) {
 	rec, ok := m.cfg.Provider.(PreemptionRecorder)
 	if !ok {
 		return
@@ -81,8 +81,8 @@ type PreemptionRecorder interface {
 	Preempted(inst launcher.Instance)
 }
 
-// runLaunch calls the provider outside the lock and records the outcome: one instance, or a
-// gang of nodes (all or none, in one location), whose head serves.
+// runLaunch calls the provider in its own goroutine and posts the outcome to the state's owner:
+// one instance, or a gang of nodes (all or none, in one location), whose head serves.
 func (m *Manager) runLaunch(ctx context.Context, r *replica, spec launcher.Spec, nodes int) {
 	var (
 		insts []launcher.Instance
@@ -95,9 +95,11 @@ func (m *Manager) runLaunch(ctx context.Context, r *replica, spec launcher.Spec,
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
+	m.do(func() { m.launchedOwned(ctx, r, insts, err) })
+}
 
-	m.mu.Lock()
-	defer m.unlock()
+// launchedOwned records how r's launch went.
+func (m *Manager) launchedOwned(ctx context.Context, r *replica, insts []launcher.Instance, err error) {
 	r.launching = false
 	now := m.cfg.Now()
 	if err != nil {
@@ -106,7 +108,7 @@ func (m *Manager) runLaunch(ctx context.Context, r *replica, spec launcher.Spec,
 			return
 		}
 		if m.replicas[r.rec.ID] == r {
-			m.transitionLocked(now, r, StatusFailedProvision, err.Error(), nil)
+			m.transitionOwned(now, r, StatusFailedProvision, err.Error(), nil)
 			m.kickLoop()
 		}
 		return
@@ -127,12 +129,12 @@ func (m *Manager) runLaunch(ctx context.Context, r *replica, spec launcher.Spec,
 	r.rec.Nodes = g.ids()
 	if m.shutdown || m.replicas[r.rec.ID] != r {
 		// Shutdown lists and terminates every instance after launches finish.
-		m.transitionLocked(now, r, StatusShuttingDown, "service shutting down", inst)
+		m.transitionOwned(now, r, StatusShuttingDown, "service shutting down", inst)
 		return
 	}
 	r.rec.LaunchedAt = now // the initial delay counts from here
-	m.transitionLocked(now, r, StatusStarting, "", inst)
-	m.ensureProberLocked(r, firstProbeAfterLaunch)
+	m.transitionOwned(now, r, StatusStarting, "", inst)
+	m.ensureProberOwned(r, firstProbeAfterLaunch)
 }
 
 // safeLaunch launches one instance, or a gang of nodes through launcher.LaunchGang (the
@@ -163,9 +165,9 @@ func (m *Manager) safeLaunch(ctx context.Context, spec launcher.Spec, nodes int)
 	return insts, nil
 }
 
-// terminateLocked starts Terminate for one instance, or every node of a replica's gang, in the
+// terminateOwned starts Terminate for one instance, or every node of a replica's gang, in the
 // background.
-func (m *Manager) terminateLocked(t termination) {
+func (m *Manager) terminateOwned(t termination) {
 	r := m.replicas[t.ReplicaID]
 	if r != nil {
 		if r.terminating {
@@ -191,7 +193,7 @@ func (m *Manager) terminateLocked(t termination) {
 	m.instances = slices.DeleteFunc(m.instances, func(i launcher.Instance) bool { return slices.Contains(ids, i.ID) })
 	ctx := m.workCtx
 	m.workers.Add(1)
-	m.startLocked(func() {
+	m.startOwned(func() {
 		defer m.workers.Done()
 		defer m.recoverPanic("terminate")
 		errs := make([]error, len(ids))
@@ -200,24 +202,24 @@ func (m *Manager) terminateLocked(t termination) {
 			wg.Go(func() { errs[i] = m.cfg.Provider.Terminate(ctx, id) })
 		}
 		wg.Wait()
-		m.mu.Lock()
-		defer m.unlock()
-		if r != nil {
-			r.terminating = false
-		}
-		stopped := true
-		for i, id := range ids {
-			stopped = m.terminatedLocked(t.ReplicaID, id, errs[i]) && stopped
-		}
-		if stopped && t.Forget && r != nil && m.replicas[t.ReplicaID] == r {
-			m.forgetLocked(t.ReplicaID)
-		}
+		m.do(func() {
+			if r != nil {
+				r.terminating = false
+			}
+			stopped := true
+			for i, id := range ids {
+				stopped = m.terminatedOwned(t.ReplicaID, id, errs[i]) && stopped
+			}
+			if stopped && t.Forget && r != nil && m.replicas[t.ReplicaID] == r {
+				m.forgetOwned(t.ReplicaID)
+			}
+		})
 	})
 }
 
-// terminatedLocked records how the Terminate of one instance of replica went, and reports
+// terminatedOwned records how the Terminate of one instance of replica went, and reports
 // whether the instance is gone (or left to the provider's janitor).
-func (m *Manager) terminatedLocked(replica int, id string, err error) bool {
+func (m *Manager) terminatedOwned(replica int, id string, err error) bool {
 	delete(m.stopping, id)
 	if _, left := launcher.LeftBehind(err); left {
 		// Its infra did not answer: the provider's janitor stops it once it does, so the

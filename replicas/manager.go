@@ -113,20 +113,22 @@ type Manager struct {
 	// loaded is true once records were read from the store (load).
 	loaded atomic.Bool
 
-	// rolloutMu serialises rollout writes (StartUpdate, a pass's verdict) so that a verdict
-	// on a rollout an update just replaced never overwrites it on disk. Take it before mu.
-	rolloutMu sync.Mutex
-	// flushMu lets one caller at a time run the queued effects (records.go).
-	flushMu sync.Mutex
+	// turn is held by whoever owns the state: the run loop while it runs, else one caller for
+	// one step; steps are posted to the run loop (loop.go).
+	turn  chan struct{}
+	steps chan func()
 
-	mu sync.Mutex
-	// effects are the store writes and provider calls queued under mu, run by unlock.
-	effects []effect
+	// The state, owned as above. effects are the store writes, provider calls and
+	// publications queued by steps, run in order by the executor (records.go); flushing is set
+	// while a caller runs them.
+	effects  []effect
+	flushing bool
 	// spareIDs are replica ids reserved in the store for launches (reserveIDs).
 	spareIDs []int
 	// everReady is set once any replica was READY: a service that served and has no replica
 	// now is NO_REPLICA, not starting up, and a rollout from it has a version to go back to.
-	everReady bool
+	// Atomic: ServiceStatus, a reader, sets it too.
+	everReady atomic.Bool
 	// desired is the target count; -1 until SetDesired or the first pass fixes it.
 	desired  int
 	replicas map[int]*replica
@@ -165,12 +167,15 @@ type Manager struct {
 	workers        sync.WaitGroup
 	launches       sync.WaitGroup
 
+	// snap is what readers see (snapshot.go).
+	snap  atomic.Pointer[snapshot]
 	ready atomic.Pointer[readySet]
 	// publishing turns on at Start's first publication: until then changes are not sent, so
 	// that a restarted controller's first set reflects probes, not only stored statuses.
 	publishing atomic.Bool
-	pubMu      sync.Mutex
-	published  uint64
+	// published is the version of the set OnReady got last; only the executor reads and
+	// writes it.
+	published uint64
 }
 
 // replica is the manager's state for one replica.
@@ -237,6 +242,8 @@ func New(cfg Config) (*Manager, error) {
 		log:      cfg.Logger.With(zap.String("service", cfg.Service)),
 		selector: serviceSelector(cfg.Service),
 		kick:     make(chan struct{}, 1),
+		turn:     make(chan struct{}, 1),
+		steps:    make(chan func()),
 		sem:      make(chan struct{}, maxConcurrentLaunches),
 		desired:  -1,
 		replicas: map[int]*replica{},
@@ -259,7 +266,9 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.InitialTarget != nil {
 		m.desired = max(*cfg.InitialTarget, 0)
 	}
+	m.turn <- struct{}{}
 	m.ready.Store(&readySet{})
+	m.snap.Store(m.snapshotOwned()) // no other goroutine has m yet
 	return m, nil
 }
 
@@ -271,19 +280,25 @@ func (m *Manager) Start(ctx context.Context) error {
 		return errors.New("replicas: manager already started")
 	}
 	workCtx, cancel := context.WithCancel(ctx)
+	looped := make(chan struct{})
+	go func() {
+		defer close(looped)
+		m.run(workCtx)
+	}()
 	defer func() {
 		cancel()
-		m.workers.Wait()
+		m.workers.Wait() // their last steps run in their own goroutines once the loop ended
+		<-looped
 	}()
 	launchCtx, cancelLaunches := context.WithCancel(workCtx)
-	m.mu.Lock()
-	m.workCtx = workCtx
-	m.launchCtx, m.cancelLaunches = launchCtx, cancelLaunches
-	m.mu.Unlock()
+	m.own(func() {
+		m.workCtx = workCtx
+		m.launchCtx, m.cancelLaunches = launchCtx, cancelLaunches
+	})
 
 	m.safeReconcile(workCtx)
 	m.awaitFirstProbes(workCtx)
-	m.publish(true)
+	m.do(func() { m.publishOwned(true) })
 
 	tick := time.NewTicker(m.cfg.ReconcileInterval)
 	defer tick.Stop()
@@ -312,7 +327,17 @@ func (m *Manager) Notice(instance string, at time.Time) bool {
 	if m.deferNotice(instance, at) { // a reservation's end, known ahead: window.go
 		return true
 	}
-	m.mu.Lock()
+	var ours, fresh bool
+	m.own(func() { ours, fresh = m.noticeOwned(instance, at) })
+	if fresh {
+		m.kickLoop()
+	}
+	return ours
+}
+
+// noticeOwned records a notice for a live replica's instance, and reports whether the
+// instance is one, and whether the notice is new.
+func (m *Manager) noticeOwned(instance string, at time.Time) (ours, fresh bool) {
 	var hit *replica
 	for _, r := range m.replicas {
 		if r.hasNode(instance) && live(r.rec.Status) {
@@ -320,28 +345,25 @@ func (m *Manager) Notice(instance string, at time.Time) bool {
 			break
 		}
 	}
-	_, known := m.notices[instance]
-	if hit == nil || known {
-		m.mu.Unlock()
-		return hit != nil
+	if _, known := m.notices[instance]; hit == nil || known {
+		return hit != nil, false
 	}
 	m.notices[instance] = at
-	m.recordPreemptionLocked(hit)
+	m.recordPreemptionOwned(hit)
 	m.log.Warn("spot interruption notice: replacing the replica before its instance is reclaimed",
 		zap.Int("replica", hit.rec.ID), zap.String("instance", instance), zap.Time("reclaimed_at", at))
-	m.mu.Unlock()
-	m.kickLoop()
-	return true
+	return true, true
 }
 
 // SetDesired sets how many replicas should run. Until it is first called the manager keeps
 // the replicas it finds (at least min_replicas), so a restart changes nothing.
 func (m *Manager) SetDesired(n int) {
 	n = max(n, 0)
-	m.mu.Lock()
-	changed := m.desired != n
-	m.desired = n
-	m.mu.Unlock()
+	var changed bool
+	m.step(func() {
+		changed = m.desired != n
+		m.desired = n
+	})
 	if changed {
 		m.log.Info("replica target set", zap.Int("target", n))
 		m.kickLoop()
@@ -354,13 +376,7 @@ func (m *Manager) Replicas() []Record {
 	if err := m.load(); err != nil {
 		m.log.Warn("load replica records", zap.Error(err))
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	out := make([]Record, 0, len(m.replicas))
-	for _, id := range sortedKeys(m.replicas) {
-		out = append(out, m.replicas[id].rec)
-	}
-	return out
+	return append([]Record{}, m.snap.Load().records...)
 }
 
 // Ready returns the current READY set, ordered by replica id.
@@ -372,7 +388,12 @@ func (m *Manager) Ready() []Endpoint {
 // stopped, none READY, launches in flight cut, the records written before anything is
 // terminated, and the proxies told.
 func (m *Manager) markShuttingDown() {
-	m.mu.Lock()
+	// do: the SHUTTING_DOWN records are on disk, and the proxies told, before anything is
+	// terminated.
+	m.do(m.markShuttingDownOwned)
+}
+
+func (m *Manager) markShuttingDownOwned() {
 	if !m.shutdown {
 		m.log.Info("shutting down service")
 	}
@@ -380,17 +401,16 @@ func (m *Manager) markShuttingDown() {
 	now := m.cfg.Now()
 	for _, id := range sortedKeys(m.replicas) {
 		r := m.replicas[id]
-		m.stopProberLocked(r)
+		m.stopProberOwned(r)
 		if r.rec.Status != StatusShuttingDown {
-			m.transitionLocked(now, r, StatusShuttingDown, "service shutting down", nil)
+			m.transitionOwned(now, r, StatusShuttingDown, "service shutting down", nil)
 		}
 	}
-	m.setReadyLocked()
+	m.setReadyOwned()
 	if m.cancelLaunches != nil {
 		m.cancelLaunches() // what a cut launch made anyway is found later, or left behind
 	}
-	m.unlock() // the SHUTTING_DOWN records are on disk before anything is terminated
-	m.publish(true)
+	m.publishOwned(true)
 }
 
 // forgetAll is Shutdown's last step, once every instance is terminated or left behind: the
@@ -406,13 +426,13 @@ func (m *Manager) forgetAll() error {
 			errs = append(errs, err)
 		}
 	}
-	m.mu.Lock()
-	for _, r := range m.replicas {
-		m.stopProberLocked(r)
-	}
-	m.replicas = map[int]*replica{}
-	m.instances = nil
-	m.mu.Unlock()
+	m.do(func() {
+		for _, r := range m.replicas {
+			m.stopProberOwned(r)
+		}
+		m.replicas = map[int]*replica{}
+		m.instances = nil
+	})
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("delete records: %w", err)
 	}
@@ -452,12 +472,8 @@ func (m *Manager) Shutdown(ctx context.Context) ([]launcher.Leftover, error) {
 	// older (seconds truncated, as some infras keep creation times: an instance of a service
 	// re-created under the same name right away is never counted).
 	before := m.cfg.Now().Truncate(time.Second)
-	m.mu.Lock()
-	recs := make([]Record, 0, len(m.replicas))
-	for _, id := range sortedKeys(m.replicas) {
-		recs = append(recs, m.replicas[id].rec)
-	}
-	m.mu.Unlock()
+	var recs []Record
+	m.own(func() { recs = m.snapshotOwned().records })
 	insts, err := m.cfg.Provider.List(ctx, m.selector)
 	gaps, partial := launcher.Partial(err)
 	if !partial {

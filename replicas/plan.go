@@ -172,20 +172,21 @@ func launchBackoff(n int) time.Duration {
 }
 
 // plan decides one reconcile pass. It is pure: same input, same actions. Each phase reads what
-// the earlier ones left in the pass, in the order below (Nomad's computeGroup reads this way).
+// the earlier ones left in the pass, or the named set an earlier one returned, in the order
+// below (Nomad's computeGroup reads this way).
 func plan(in planInput) actions {
 	p := newPass(in)
-	p.attribute()     // instances to the replicas they are labelled with (plan_follow.go)
-	p.followRecords() // each known replica's status from its instance and probes
-	p.adoptUnowned()  // instances no record knows
-	p.splitVersions() // live replicas of the target version and of older ones (plan_scale.go)
-	p.weighRollout()  // how many new replicas are healthy, how many old ones stay
-	p.retireOld()     // old replicas beyond that go
-	p.scaleKinds()    // each kind to its share of the target
-	p.retireNoticed() // warned spot replicas go once their replacements serve
-	p.launch()        // what is missing, within backoff and the rollout's budget
-	p.judgeRollout()  // the rollout's verdict (plan_rollout.go)
-	p.forgetEnded()   // old failures beyond the few status shows
+	p.attribute()               // instances to the replicas they are labelled with (plan_follow.go)
+	p.followRecords()           // each known replica's status from its instance and probes
+	p.adoptUnowned()            // instances no record knows
+	p.splitVersions()           // live replicas of the target version and of older ones (plan_scale.go)
+	weight := p.weighRollout()  // how many new replicas are healthy, how many old ones stay
+	p.retireOld(weight.keepOld) // old replicas beyond that go
+	split := p.scaleKinds()     // each kind to its share of the target
+	p.retireNoticed()           // warned spot replicas go once their replacements serve
+	p.launch(weight, split)     // what is missing, within backoff and the rollout's budget
+	p.judgeRollout(weight)      // the rollout's verdict (plan_rollout.go)
+	p.forgetEnded()             // old failures beyond the few status shows
 	slices.Sort(p.out.Forget)
 	return p.out
 }
@@ -218,17 +219,22 @@ type pass struct {
 	launching, launchingSpot int
 	// rolloutFailure says why the new version failed during this pass, if it did.
 	rolloutFailure string
+}
 
-	// Set by weighRollout: whether the rollout holds old replicas, how many new ones are
-	// healthy and since when, how many old ones stay, whether blue-green traffic moved, and
-	// how many old ones were live at the start of the pass.
+// rolloutWeight is weighRollout's finding: whether the rollout holds old replicas, how many
+// new ones are healthy and since when, how many old ones stay, whether blue-green traffic
+// moved, and how many old ones were live at the start of the pass.
+type rolloutWeight struct {
 	holding    bool
 	healthy    int
 	progressAt time.Time
 	keepOld    int
 	switched   bool
 	oldLeft    int
-	// Set by scaleKinds: the live count by kind and the split of the target.
+}
+
+// kindSplit is scaleKinds' finding: the live count by kind and the split of the target.
+type kindSplit struct {
 	liveSpot, liveOnDemand int
 	want                   policy.Mix
 }

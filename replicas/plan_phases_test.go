@@ -65,8 +65,8 @@ func TestWeighRollout(t *testing.T) {
 			p := newPass(planInput{Now: now, Desired: tc.desired, Rollout: tc.rollout, SwitchAt: tc.switchAt})
 			p.current = tc.current
 			p.old = make([]candidate, tc.old)
-			p.weighRollout()
-			got := want{Holding: p.holding, Switched: p.switched, Healthy: p.healthy, KeepOld: p.keepOld, OldLeft: p.oldLeft, ProgressAt: p.progressAt}
+			w := p.weighRollout()
+			got := want{Holding: w.holding, Switched: w.switched, Healthy: w.healthy, KeepOld: w.keepOld, OldLeft: w.oldLeft, ProgressAt: w.progressAt}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("weighRollout (-want +got):\n%s", diff)
 			}
@@ -126,7 +126,7 @@ func TestScaleKinds(t *testing.T) {
 					p.status[c.id] = StatusReady
 				}
 			}
-			p.scaleKinds()
+			split := p.scaleKinds()
 			var down []int
 			for _, tr := range p.out.Transitions {
 				down = append(down, tr.ID)
@@ -134,7 +134,7 @@ func TestScaleKinds(t *testing.T) {
 			if diff := cmp.Diff(tc.wantDown, down); diff != "" {
 				t.Errorf("scaled down (-want +got):\n%s", diff)
 			}
-			if diff := cmp.Diff(tc.wantWant, p.want); diff != "" {
+			if diff := cmp.Diff(tc.wantWant, split.want); diff != "" {
 				t.Errorf("split (-want +got):\n%s", diff)
 			}
 		})
@@ -182,10 +182,8 @@ func TestLaunchPhase(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			tc.in.Now = now
 			p := newPass(tc.in)
-			p.want, p.liveSpot, p.liveOnDemand = tc.want, tc.liveSpot, tc.liveOD
-			p.holding, p.healthy = tc.holding, tc.healthy
 			p.current = make([]candidate, tc.current)
-			p.launch()
+			p.launch(rolloutWeight{holding: tc.holding, healthy: tc.healthy}, kindSplit{want: tc.want, liveSpot: tc.liveSpot, liveOnDemand: tc.liveOD})
 			if p.out.Launch != tc.wantLaunch || p.out.LaunchSpot != tc.wantSpot {
 				t.Errorf("launch %d on-demand, %d spot; want %d, %d", p.out.Launch, p.out.LaunchSpot, tc.wantLaunch, tc.wantSpot)
 			}

@@ -288,7 +288,7 @@ func checkShares(t *rapid.T, in planInput, out actions, f fleetAfter) {
 	}
 }
 
-// settle plans as the manager does (passLocked): a verdict on the rollout is saved and the
+// settle plans as the manager does (passRoundOwned): a verdict on the rollout is saved and the
 // pass planned again under it before anything acts.
 func settle(in planInput) (planInput, actions) {
 	out := plan(in)
@@ -306,7 +306,7 @@ func settle(in planInput) (planInput, actions) {
 	return in, out
 }
 
-// withRollout is in with a plan's verdict on its rollout saved (rolloutChangedLocked).
+// withRollout is in with a plan's verdict on its rollout saved (verdictOwned).
 func withRollout(in planInput, ch *rolloutChange) planInput {
 	r := *in.Rollout
 	r.Switched = r.Switched || ch.Switched
@@ -387,7 +387,7 @@ func labelledWith(in planInput, id int) []launcher.Instance {
 	return mine
 }
 
-// applied is in after the manager carried out out (manager.applyLocked), at the same instant:
+// applied is in after the manager carried out out (manager.applyOwned), at the same instant:
 // statuses moved, adopted records added, launches under way, terminations running, forgotten
 // records gone, the rollout's verdict saved.
 func applied(in planInput, out actions) planInput {
@@ -401,7 +401,7 @@ func applied(in planInput, out actions) planInput {
 			stopping[id] = true
 		}
 	}
-	// The manager leaves instances under termination out of what it lists (observeLocked).
+	// The manager leaves instances under termination out of what it lists (observeOwned).
 	next.Instances = nil
 	for _, i := range in.Instances {
 		if !stopping[i.ID] {

@@ -11,14 +11,14 @@ import (
 
 // judgeRollout gives an IN_PROGRESS rollout its verdict, and ends a FAILED one (without
 // rollback) that came good after all, once capacity came back.
-func (p *pass) judgeRollout() {
+func (p *pass) judgeRollout(w rolloutWeight) {
 	in := p.in
 	switch {
 	case in.Desired < 0 || in.Rollout == nil:
 	case in.Rollout.Active():
-		p.out.Rollout = judgeRollout(in, p.rolloutFailure, p.switched, p.healthy, p.oldLeft, p.progressAt)
-	case in.Rollout.State == RolloutFailed && p.oldLeft == 0 && p.healthy >= in.Desired:
-		p.out.Rollout = &rolloutChange{End: RolloutSucceeded, Reason: fmt.Sprintf("%d of %d replicas of version %d healthy", p.healthy, in.Desired, in.Target)}
+		p.out.Rollout = judgeRollout(in, p.rolloutFailure, w.switched, w.healthy, w.oldLeft, w.progressAt)
+	case in.Rollout.State == RolloutFailed && w.oldLeft == 0 && w.healthy >= in.Desired:
+		p.out.Rollout = &rolloutChange{End: RolloutSucceeded, Reason: fmt.Sprintf("%d of %d replicas of version %d healthy", w.healthy, in.Desired, in.Target)}
 	}
 }
 

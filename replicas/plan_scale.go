@@ -31,46 +31,48 @@ func (p *pass) liveCurrent() int { return p.launching + len(p.current) }
 // weighRollout counts the new version's healthy replicas (READY for min_healthy_seconds) and
 // decides how many old ones the rollout keeps: rolling keeps what the new version cannot carry
 // yet, blue-green all of the target until traffic switches.
-func (p *pass) weighRollout() {
+func (p *pass) weighRollout() rolloutWeight {
 	in, ro := p.in, p.in.Rollout
-	p.holding = ro != nil && (ro.State == RolloutInProgress || ro.State == RolloutFailed)
+	var w rolloutWeight
+	w.holding = ro != nil && (ro.State == RolloutInProgress || ro.State == RolloutFailed)
 	minHealthy := in.minHealthy()
 	for _, c := range p.current {
 		if !c.ready || c.healthySince.IsZero() || in.Now.Sub(c.healthySince) < minHealthy {
 			continue
 		}
-		p.healthy++
-		if at := c.healthySince.Add(minHealthy); ro != nil && at.After(ro.ProgressAt) && at.After(p.progressAt) {
-			p.progressAt = at
+		w.healthy++
+		if at := c.healthySince.Add(minHealthy); ro != nil && at.After(ro.ProgressAt) && at.After(w.progressAt) {
+			w.progressAt = at
 		}
 	}
 	// The rollout may end only once no old replica was live at the start of this pass: the
 	// READY set without them is then published before anyone reads the rollout as done.
-	p.oldLeft = len(p.old)
-	if !p.holding || in.Desired < 0 {
-		return
+	w.oldLeft = len(p.old)
+	if !w.holding || in.Desired < 0 {
+		return w
 	}
 	switch ro.Mode {
 	case configs.UpdateBlueGreen:
-		p.switched = ro.Switched || p.healthy >= in.SwitchAt
-		if !p.switched {
-			p.keepOld = in.Desired
+		w.switched = ro.Switched || w.healthy >= in.SwitchAt
+		if !w.switched {
+			w.keepOld = in.Desired
 		}
 	default:
-		p.keepOld = max(0, in.Desired-p.healthy)
+		w.keepOld = max(0, in.Desired-w.healthy)
 	}
+	return w
 }
 
-// retireOld scales down the old replicas beyond what the rollout keeps. They are one pool
-// whatever their kind: the new version's mix is what counts.
-func (p *pass) retireOld() {
-	if p.in.Desired < 0 || len(p.old) <= p.keepOld {
+// retireOld scales down the old replicas beyond keepOld, what the rollout keeps. They are one
+// pool whatever their kind: the new version's mix is what counts.
+func (p *pass) retireOld(keepOld int) {
+	if p.in.Desired < 0 || len(p.old) <= keepOld {
 		return
 	}
 	for i := range p.old {
 		p.old[i].spot = false
 	}
-	p.scaleDown(p.old, map[bool]int{false: len(p.old) - p.keepOld}, 0, fmt.Sprintf("replaced by version %d", p.in.Target))
+	p.scaleDown(p.old, map[bool]int{false: len(p.old) - keepOld}, 0, fmt.Sprintf("replaced by version %d", p.in.Target))
 }
 
 // scaleKinds splits the target between spot and on-demand (policy.Split) and scales each kind
@@ -78,28 +80,29 @@ func (p *pass) retireOld() {
 // over its share (base_ondemand_fallback_replicas lowered, say) serves until the other kind's
 // replacements are READY. A service without spot is one pool, whatever its replicas were
 // launched as.
-func (p *pass) scaleKinds() {
+func (p *pass) scaleKinds() kindSplit {
 	if !p.in.Mix.UseSpot {
 		p.launchingSpot = 0
 		for i := range p.current {
 			p.current[i].spot = false
 		}
 	}
-	p.liveSpot = p.launchingSpot
+	k := kindSplit{liveSpot: p.launchingSpot}
 	readySpot := 0
 	for _, c := range p.current {
 		if c.spot {
-			p.liveSpot++
+			k.liveSpot++
 			if c.ready {
 				readySpot++
 			}
 		}
 	}
-	p.liveOnDemand = p.liveCurrent() - p.liveSpot
-	p.want = policy.Split(p.in.Desired, p.in.Mix, readySpot)
-	if p.in.Desired >= 0 && (p.liveSpot > p.want.Spot || p.liveOnDemand > p.want.OnDemand) {
-		p.scaleDown(p.current, map[bool]int{true: p.liveSpot - p.want.Spot, false: p.liveOnDemand - p.want.OnDemand}, p.in.Desired, "scaled down")
+	k.liveOnDemand = p.liveCurrent() - k.liveSpot
+	k.want = policy.Split(p.in.Desired, p.in.Mix, readySpot)
+	if p.in.Desired >= 0 && (k.liveSpot > k.want.Spot || k.liveOnDemand > k.want.OnDemand) {
+		p.scaleDown(p.current, map[bool]int{true: k.liveSpot - k.want.Spot, false: k.liveOnDemand - k.want.OnDemand}, p.in.Desired, "scaled down")
 	}
+	return k
 }
 
 // retireNoticed drains the replicas warned of their reclaim once the others READY make the
@@ -120,22 +123,22 @@ func (p *pass) retireNoticed() {
 	}
 }
 
-// launch asks for each kind's missing replicas, unless that kind's launch backoff holds; during
-// a rollout at most max_parallel new replicas start at once.
-func (p *pass) launch() {
+// launch asks for each kind's missing replicas (split), unless that kind's launch backoff
+// holds; during a rollout (weight) at most max_parallel new replicas start at once.
+func (p *pass) launch(weight rolloutWeight, split kindSplit) {
 	in := p.in
 	if in.Desired < 0 {
 		return
 	}
-	if n := p.want.OnDemand - p.liveOnDemand; n > 0 && !p.deferred(in.ConsecutiveFailures, in.LastFailure) {
+	if n := split.want.OnDemand - split.liveOnDemand; n > 0 && !p.deferred(in.ConsecutiveFailures, in.LastFailure) {
 		p.out.Launch = n
 	}
-	if n := p.want.Spot - p.liveSpot; n > 0 && !p.deferred(in.SpotFailures, in.SpotLastFailure) {
+	if n := split.want.Spot - split.liveSpot; n > 0 && !p.deferred(in.SpotFailures, in.SpotLastFailure) {
 		p.out.LaunchSpot = n
 	}
-	if p.holding {
+	if weight.holding {
 		// Started means launched and not yet healthy.
-		budget := max(0, maxParallel(in.Rollout.Policy, in.Desired)-(p.liveCurrent()-p.healthy))
+		budget := max(0, maxParallel(in.Rollout.Policy, in.Desired)-(p.liveCurrent()-weight.healthy))
 		p.out.Launch = min(p.out.Launch, budget)
 		p.out.LaunchSpot = min(p.out.LaunchSpot, budget-p.out.Launch)
 	}

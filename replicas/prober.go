@@ -5,14 +5,17 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/configs"
 )
 
 // Each probed replica has its own prober goroutine, so probes of all replicas run concurrently
-// and a slow replica delays no other. A result that changes readiness runs a pass at once and
-// republishes the READY set without waiting for the next reconcile tick.
+// and a slow replica delays no other. Its results reach the state as steps (loop.go); one that
+// may change readiness runs a pass at once and republishes the READY set without waiting for
+// the next reconcile tick.
 
-// ensureProberLocked starts probing r, first after delay first, unless a prober runs already.
-func (m *Manager) ensureProberLocked(r *replica, first time.Duration) {
+// ensureProberOwned starts probing r, first after delay first, unless a prober runs already.
+func (m *Manager) ensureProberOwned(r *replica, first time.Duration) {
 	if r.stopProbe != nil || m.shutdown || m.workCtx == nil || m.workCtx.Err() != nil {
 		return
 	}
@@ -28,8 +31,8 @@ func (m *Manager) ensureProberLocked(r *replica, first time.Duration) {
 	}()
 }
 
-// stopProberLocked stops r's prober; a result it is about to deliver is ignored.
-func (m *Manager) stopProberLocked(r *replica) {
+// stopProberOwned stops r's prober; a result it is about to deliver is ignored.
+func (m *Manager) stopProberOwned(r *replica) {
 	if r.stopProbe != nil {
 		r.stopProbe()
 		r.stopProbe = nil
@@ -59,9 +62,8 @@ func (m *Manager) runProber(ctx context.Context, r *replica, gen uint64, addr st
 // probeOnce probes and records the result; a panic is logged and counts as a failed probe.
 func (m *Manager) probeOnce(ctx context.Context, r *replica, gen uint64, addr string) (ok bool) {
 	defer m.recoverPanic("probe")
-	m.mu.Lock()
-	probe := m.taskLocked(r.rec.Version).Service.ReadinessProbe
-	m.mu.Unlock()
+	var probe configs.Probe
+	m.own(func() { probe = m.taskOwned(r.rec.Version).Service.ReadinessProbe })
 	err := probeReplica(ctx, m.cfg.HTTPClient, addr, probe)
 	if ctx.Err() != nil {
 		return false
@@ -72,16 +74,16 @@ func (m *Manager) probeOnce(ctx context.Context, r *replica, gen uint64, addr st
 
 // onProbe folds a probe result into r and, unless nothing can have changed, runs a pass.
 func (m *Manager) onProbe(r *replica, gen uint64, err error) {
-	if m.recordProbe(r, gen, err) {
-		m.pass()
+	var changed bool
+	m.own(func() { changed = m.recordProbeOwned(r, gen, err) })
+	if changed {
+		m.pass() // publishes what changed
 	}
-	m.publish(false)
 }
 
-// recordProbe folds a probe result into r and reports whether a pass may have something to do.
-func (m *Manager) recordProbe(r *replica, gen uint64, err error) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+// recordProbeOwned folds a probe result into r and reports whether a pass may have something
+// to do.
+func (m *Manager) recordProbeOwned(r *replica, gen uint64, err error) bool {
 	if m.shutdown || r.probeGen != gen || m.replicas[r.rec.ID] != r {
 		return false
 	}

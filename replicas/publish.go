@@ -22,8 +22,8 @@ func (m *Manager) kickLoop() {
 	}
 }
 
-// setReadyLocked swaps in a new READY set if membership changed.
-func (m *Manager) setReadyLocked() {
+// setReadyOwned swaps in a new READY set if membership changed.
+func (m *Manager) setReadyOwned() {
 	var endpoints []Endpoint
 	if !m.shutdown {
 		var ready []Record
@@ -32,8 +32,8 @@ func (m *Manager) setReadyLocked() {
 				ready = append(ready, r.rec)
 			}
 		}
-		for _, rec := range serving(m.rollout, m.target, m.launchedAsLocked, ready) {
-			acc := accelerator(m.taskLocked(rec.Version).Resources)
+		for _, rec := range serving(m.rollout, m.target, m.launchedAsOwned, ready) {
+			acc := accelerator(m.taskOwned(rec.Version).Resources)
 			if rec.Accelerator != "" {
 				acc = rec.Accelerator // where it was placed, among the task's alternatives
 			}
@@ -47,13 +47,16 @@ func (m *Manager) setReadyLocked() {
 	m.ready.Store(&readySet{version: cur.version + 1, endpoints: endpoints})
 }
 
-// publish hands the current READY set to OnReady if it changed since the last call, or always
-// with force (Start's first publication, Shutdown).
-// The lock makes calls sequential, and each call sends the newest set, so the last change
-// is never lost.
-func (m *Manager) publish(force bool) {
-	m.pubMu.Lock()
-	defer m.pubMu.Unlock()
+// publishOwned queues a publication of the READY set: when the executor reaches it, OnReady
+// gets the newest set if it changed since the last call, or always with force (Start's first
+// publication, Shutdown). The executor runs one effect at a time, so calls never overlap, and
+// each sends the newest set, so the last change is never lost.
+func (m *Manager) publishOwned(force bool) {
+	m.effects = append(m.effects, func() { m.publishNow(force) })
+}
+
+// publishNow is a publication as the executor runs it.
+func (m *Manager) publishNow(force bool) {
 	if force {
 		m.publishing.Store(true)
 	}
@@ -91,12 +94,13 @@ func (m *Manager) awaitFirstProbes(ctx context.Context) {
 }
 
 func (m *Manager) firstProbesDone() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, r := range m.replicas {
-		if r.stopProbe != nil && r.probe.At.IsZero() {
-			return false
+	done := true
+	m.own(func() {
+		for _, r := range m.replicas {
+			if r.stopProbe != nil && r.probe.At.IsZero() {
+				done = false
+			}
 		}
-	}
-	return true
+	})
+	return done
 }

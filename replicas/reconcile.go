@@ -27,13 +27,14 @@ func (m *Manager) reconcile(ctx context.Context) {
 		m.log.Warn("load replica records; will retry", zap.Error(err))
 		return
 	}
-	m.mu.Lock()
-	if m.shutdown {
-		m.mu.Unlock()
+	var (
+		shutdown bool
+		seq      uint64
+	)
+	m.own(func() { shutdown, seq = m.shutdown, m.eventSeq })
+	if shutdown {
 		return
 	}
-	seq := m.eventSeq
-	m.mu.Unlock()
 
 	listCtx, cancel := context.WithTimeout(ctx, listTimeout)
 	insts, err := m.cfg.Provider.List(listCtx, m.selector)
@@ -46,21 +47,20 @@ func (m *Manager) reconcile(ctx context.Context) {
 		return
 	}
 
-	m.mu.Lock()
-	m.noteGapsLocked(gaps)
-	m.observeLocked(insts, gaps, seq)
-	m.mu.Unlock()
+	m.step(func() {
+		m.noteGapsOwned(gaps)
+		m.observeOwned(insts, gaps, seq)
+	})
 	m.pass()
-	m.publish(false)
 }
 
-// observeLocked takes a List result begun at seq as the current observation, minus instances
+// observeOwned takes a List result begun at seq as the current observation, minus instances
 // we terminated since, plus instances our launches made since. Where the List had gaps (an
 // infra or zone that did not answer), what is there is unknown, not gone: the instances last
 // seen there stay as they were, and a replica recorded there that this manager never saw (it
 // just restarted) keeps the instance its record names. Their replicas go on serving while
 // their own probes pass.
-func (m *Manager) observeLocked(insts []launcher.Instance, gaps []launcher.Gap, seq uint64) {
+func (m *Manager) observeOwned(insts []launcher.Instance, gaps []launcher.Gap, seq uint64) {
 	now := time.Now()
 	for id, at := range m.gone {
 		if now.Sub(at) > goneTTL {
@@ -88,7 +88,7 @@ func (m *Manager) observeLocked(insts []launcher.Instance, gaps []launcher.Gap, 
 		}
 	}
 	if len(gaps) > 0 {
-		observed = m.keepUnknownLocked(observed, seen, gaps)
+		observed = m.keepUnknownOwned(observed, seen, gaps)
 	}
 	m.instances = observed
 	m.observed = true
@@ -104,54 +104,79 @@ func (m *Manager) observeLocked(insts []launcher.Instance, gaps []launcher.Gap, 
 // maxPassRounds bounds how often one pass plans again after writing what its plan needed.
 const maxPassRounds = 6
 
-// pass decides on the latest observation and acts on it; call it without the lock. What must
-// be on disk before the pass acts (a verdict on the rollout: it must not be undone by a restart
-// halfway; ids for new replicas) is written with the lock released, and the pass then plans
-// again on the state as it is by then. Each verdict ends or latches a state, so this settles
-// within a few rounds; a write that fails is not retried in the same pass.
+// pass decides on the latest observation and acts on it, in rounds posted from the caller's
+// goroutine (never the run loop's). What must be on disk before the pass acts (a verdict on the
+// rollout: it must not be undone by a restart halfway; ids for new replicas) is written outside
+// the loop (the verdict by the executor, ordered with StartUpdate's write), and the pass then
+// plans again on the state as it is by then. Each verdict ends or latches a state, so this
+// settles within a few rounds; a write that fails is not retried in the same pass.
 func (m *Manager) pass() {
 	var rolloutFailed, idsFailed bool
-	m.mu.Lock()
 	for round := 1; ; round++ {
-		if m.shutdown || !m.observed || !m.loaded.Load() || m.workCtx == nil || m.workCtx.Err() != nil {
-			m.unlock()
-			return
-		}
-		now := m.cfg.Now()
-		acts := plan(m.planInputLocked(now))
-		if round < maxPassRounds && acts.Rollout != nil && !rolloutFailed {
-			if next, changed := m.verdictLocked(now, acts.Rollout); changed {
-				prev := m.rollout
-				m.mu.Unlock()
-				rolloutFailed = !m.commitVerdict(prev, next, acts.Rollout)
-				m.mu.Lock()
-				continue
-			}
-		}
-		if n := acts.Launch + acts.LaunchSpot; round < maxPassRounds && n > len(m.spareIDs) && !idsFailed {
-			m.mu.Unlock()
-			if err := m.reserveIDs(n); err != nil {
+		var (
+			next passNeed
+			ids  int
+		)
+		verdicts, reserve := round < maxPassRounds && !rolloutFailed, round < maxPassRounds && !idsFailed
+		// do: a queued verdict is written (or failed) when it returns.
+		m.do(func() { next, ids = m.passRoundOwned(verdicts, reserve, &rolloutFailed) })
+		switch next {
+		case passNeedsVerdict:
+			continue
+		case passNeedsIDs:
+			if err := m.reserveIDs(ids); err != nil {
 				m.log.Error("allocate replica ids; launching later", zap.Error(err))
 				idsFailed = true
 			}
-			m.mu.Lock()
 			continue
 		}
-		m.applyLocked(now, acts)
-		if m.desired < 0 {
-			// First pass after a (re)start with no target yet: keep what runs.
-			m.desired = max(m.taskLocked(m.target).Service.ReplicaPolicy.MinReplicas, m.liveLocked())
-			m.log.Info("replica target taken from running replicas", zap.Int("target", m.desired))
-			m.kickLoop()
-		}
-		m.setReadyLocked()
-		m.unlock()
 		return
 	}
 }
 
-// planInputLocked is what a pass decides on now.
-func (m *Manager) planInputLocked(now time.Time) planInput {
+// passNeed is what a round of a pass needs written before it can act.
+type passNeed int
+
+const (
+	passActed passNeed = iota
+	// passNeedsVerdict: a verdict on the rollout is queued; the next round plans under it.
+	passNeedsVerdict
+	// passNeedsIDs: the launches need more reserved replica ids.
+	passNeedsIDs
+)
+
+// passRoundOwned plans once and acts, unless the plan needs a verdict saved first (queued,
+// its failure reported in rolloutFailed) or more replica ids (and how many).
+func (m *Manager) passRoundOwned(verdicts, reserve bool, rolloutFailed *bool) (passNeed, int) {
+	if m.shutdown || !m.observed || !m.loaded.Load() || m.workCtx == nil || m.workCtx.Err() != nil {
+		return passActed, 0
+	}
+	now := m.cfg.Now()
+	acts := plan(m.planInputOwned(now))
+	if verdicts && acts.Rollout != nil {
+		if next, changed := m.verdictOwned(now, acts.Rollout); changed {
+			prev, ch := m.rollout, acts.Rollout
+			m.effects = append(m.effects, func() { *rolloutFailed = !m.commitVerdict(prev, next, ch) })
+			return passNeedsVerdict, 0
+		}
+	}
+	if n := acts.Launch + acts.LaunchSpot; reserve && n > len(m.spareIDs) {
+		return passNeedsIDs, n
+	}
+	m.applyOwned(now, acts)
+	if m.desired < 0 {
+		// First pass after a (re)start with no target yet: keep what runs.
+		m.desired = max(m.taskOwned(m.target).Service.ReplicaPolicy.MinReplicas, m.liveOwned())
+		m.log.Info("replica target taken from running replicas", zap.Int("target", m.desired))
+		m.kickLoop()
+	}
+	m.setReadyOwned()
+	m.publishOwned(false)
+	return passActed, 0
+}
+
+// planInputOwned is what a pass decides on now.
+func (m *Manager) planInputOwned(now time.Time) planInput {
 	in := planInput{
 		Now:                 now,
 		Service:             m.cfg.Service,
@@ -166,9 +191,9 @@ func (m *Manager) planInputLocked(now time.Time) planInput {
 		Instances:           m.instances,
 		Drain:               m.cfg.Busy != nil,
 		InfraRank:           m.cfg.InfraRank,
-		Mix:                 m.mixLocked(),
+		Mix:                 m.mixOwned(),
 	}
-	m.dueWindowsLocked(now) // window.go
+	m.dueWindowsOwned(now) // window.go
 	for _, id := range sortedKeys(m.replicas) {
 		r := m.replicas[id]
 		switch {
@@ -178,16 +203,16 @@ func (m *Manager) planInputLocked(now time.Time) planInput {
 			r.healthySince = now
 		}
 		in.Replicas = append(in.Replicas, replicaView{Record: r.rec, Probe: r.probe, Launching: r.launching,
-			Terminating: r.terminating, Draining: m.drainingLocked(now, r), HealthySince: r.healthySince,
-			Noticed: m.noticedLocked(r), InGap: m.inGapLocked(r.rec)})
+			Terminating: r.terminating, Draining: m.drainingOwned(now, r), HealthySince: r.healthySince,
+			Noticed: m.noticedOwned(r), InGap: m.inGapOwned(r.rec)})
 	}
-	m.versionInputLocked(&in)
+	m.versionInputOwned(&in)
 	return in
 }
 
-// noticedLocked reports whether an infra warned that the replica's instance, or a node of its
+// noticedOwned reports whether an infra warned that the replica's instance, or a node of its
 // gang, will be reclaimed.
-func (m *Manager) noticedLocked(r *replica) bool {
+func (m *Manager) noticedOwned(r *replica) bool {
 	for id := range m.notices {
 		if r.hasNode(id) {
 			return true
@@ -196,8 +221,8 @@ func (m *Manager) noticedLocked(r *replica) bool {
 	return false
 }
 
-// inGapLocked reports whether rec's instance lies where the last List could not read.
-func (m *Manager) inGapLocked(rec Record) bool {
+// inGapOwned reports whether rec's instance lies where the last List could not read.
+func (m *Manager) inGapOwned(rec Record) bool {
 	if len(m.gaps) == 0 || rec.Infra == "" {
 		return false
 	}
@@ -205,9 +230,9 @@ func (m *Manager) inGapLocked(rec Record) bool {
 	return in && !errors.Is(g.Err, launcher.ErrNotFound)
 }
 
-// drainingLocked reports whether a scaled-down replica still serves requests it took while it
+// drainingOwned reports whether a scaled-down replica still serves requests it took while it
 // was READY, within the drain timeout.
-func (m *Manager) drainingLocked(now time.Time, r *replica) bool {
+func (m *Manager) drainingOwned(now time.Time, r *replica) bool {
 	if m.cfg.Busy == nil || r.rec.Status != StatusShuttingDown || r.rec.Endpoint == "" {
 		return false
 	}
@@ -223,72 +248,72 @@ func (m *Manager) drainingLocked(now time.Time, r *replica) bool {
 }
 
 func (m *Manager) initialDelay() time.Duration {
-	if s := m.taskLocked(m.target).Service.ReadinessProbe.InitialDelaySeconds; s > 0 {
+	if s := m.taskOwned(m.target).Service.ReadinessProbe.InitialDelaySeconds; s > 0 {
 		return time.Duration(s) * time.Second
 	}
 	return DefaultInitialDelay
 }
 
-// applyLocked carries out a plan. Each status change is saved before its action starts.
-func (m *Manager) applyLocked(now time.Time, acts actions) {
+// applyOwned carries out a plan. Each status change is saved before its action starts.
+func (m *Manager) applyOwned(now time.Time, acts actions) {
 	for _, rec := range acts.Adopt {
 		r := &replica{rec: rec}
 		m.replicas[rec.ID] = r
-		m.saveLocked(r)
+		m.saveOwned(r)
 		m.log.Info("adopted replica", zap.Int("replica", rec.ID), zap.String("instance", rec.InstanceID),
 			zap.String("status", string(rec.Status)), zap.String("reason", rec.Reason))
 	}
 	for _, tr := range acts.Transitions {
 		if r := m.replicas[tr.ID]; r != nil {
 			if tr.To == StatusPreempted {
-				m.recordPreemptionLocked(r)
+				m.recordPreemptionOwned(r)
 			}
-			m.transitionLocked(now, r, tr.To, tr.Reason, tr.Instance)
+			m.transitionOwned(now, r, tr.To, tr.Reason, tr.Instance)
 		}
 	}
 	for _, inst := range acts.Follow {
-		m.followLocked(inst)
+		m.followOwned(inst)
 	}
 	for _, g := range acts.Gangs {
 		if r := m.replicas[g.ID]; r != nil {
 			r.rec.Nodes = g.Nodes
-			m.saveLocked(r)
+			m.saveOwned(r)
 		}
 	}
 	for _, id := range acts.Relabel {
 		if r := m.replicas[id]; r != nil && r.rec.Version != m.target {
 			m.log.Info("replica relabelled", zap.Int("replica", id), zap.Int("from_version", r.rec.Version), zap.Int("to_version", m.target))
 			r.rec.Version = m.target
-			m.saveLocked(r)
+			m.saveOwned(r)
 		}
 	}
 	for _, t := range acts.Terminate {
-		m.terminateLocked(t)
+		m.terminateOwned(t)
 	}
 	for _, id := range acts.Forget {
-		m.forgetLocked(id)
+		m.forgetOwned(id)
 	}
 	if !acts.LaunchDeferredUntil.IsZero() {
 		m.log.Debug("launch deferred after repeated failures", zap.Time("until", acts.LaunchDeferredUntil),
 			zap.Int("failures", m.failures[false]), zap.Int("spot_failures", m.failures[true]))
 	}
 	for range acts.Launch {
-		m.launchLocked(now, false)
+		m.launchOwned(now, false)
 	}
 	for range acts.LaunchSpot {
-		m.launchLocked(now, true)
+		m.launchOwned(now, true)
 	}
 	for _, r := range m.replicas {
 		if probeable(r.rec.Status) && r.rec.Endpoint != "" {
-			m.ensureProberLocked(r, 0)
+			m.ensureProberOwned(r, 0)
 		}
 	}
 }
 
-// keepUnknownLocked adds to observed what lies in the List's gaps and the List could not show:
+// keepUnknownOwned adds to observed what lies in the List's gaps and the List could not show:
 // the instances of the last observation there, and the instances of replica records there that
 // were never observed.
-func (m *Manager) keepUnknownLocked(observed []launcher.Instance, seen map[string]bool, gaps []launcher.Gap) []launcher.Instance {
+func (m *Manager) keepUnknownOwned(observed []launcher.Instance, seen map[string]bool, gaps []launcher.Gap) []launcher.Instance {
 	// A zone that does not exist holds nothing: what was recorded there is gone.
 	gaps = slices.DeleteFunc(slices.Clone(gaps), func(g launcher.Gap) bool { return errors.Is(g.Err, launcher.ErrNotFound) })
 	unknown := func(id string) bool {
@@ -332,8 +357,8 @@ func instanceOfRecord(rec Record) launcher.Instance {
 	}
 }
 
-// noteGapsLocked keeps the List's gaps for Unknown, and logs when they change.
-func (m *Manager) noteGapsLocked(gaps []launcher.Gap) {
+// noteGapsOwned keeps the List's gaps for Unknown, and logs when they change.
+func (m *Manager) noteGapsOwned(gaps []launcher.Gap) {
 	was := make([]string, len(m.gaps))
 	for i, g := range m.gaps {
 		was[i] = g.Where()
@@ -355,7 +380,5 @@ func (m *Manager) noteGapsLocked(gaps []launcher.Gap) {
 // Unknown are the parts of the infras the last List could not read: the replicas there are kept
 // as last seen.
 func (m *Manager) Unknown() []launcher.Gap {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return slices.Clone(m.gaps)
+	return slices.Clone(m.snap.Load().gaps)
 }

@@ -11,8 +11,8 @@ import (
 	"github.com/ferryserve/ferry/policy"
 )
 
-// followLocked takes a new endpoint from the replica's instance; the prober restarts on it.
-func (m *Manager) followLocked(inst launcher.Instance) {
+// followOwned takes a new endpoint from the replica's instance; the prober restarts on it.
+func (m *Manager) followOwned(inst launcher.Instance) {
 	id, err := strconv.Atoi(inst.Labels[launcher.LabelReplicaID])
 	r := m.replicas[id]
 	if err != nil || r == nil || r.rec.InstanceID != inst.ID {
@@ -21,28 +21,28 @@ func (m *Manager) followLocked(inst launcher.Instance) {
 	m.log.Info("replica endpoint", zap.Int("replica", id), zap.String("from", r.rec.Endpoint), zap.String("to", inst.Endpoint))
 	was := r.rec.Endpoint
 	followInstance(&r.rec, &inst)
-	m.stopProberLocked(r)
+	m.stopProberOwned(r)
 	// Probes of the old address say nothing of the new one: serve it only once it answers.
 	r.probe = probeState{}
 	if was != "" && r.rec.Status == StatusReady {
 		// NOT_READY, not STARTING: the initial delay counts from launch, long past.
-		m.transitionLocked(m.cfg.Now(), r, StatusNotReady, "endpoint changed to "+inst.Endpoint, nil)
+		m.transitionOwned(m.cfg.Now(), r, StatusNotReady, "endpoint changed to "+inst.Endpoint, nil)
 		return
 	}
-	m.saveLocked(r)
+	m.saveOwned(r)
 }
 
-// transitionLocked moves r to status to, saves and logs it.
-func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason string, inst *launcher.Instance) {
+// transitionOwned moves r to status to, saves and logs it.
+func (m *Manager) transitionOwned(now time.Time, r *replica, to Status, reason string, inst *launcher.Instance) {
 	from := r.rec.Status
 	r.rec.Status, r.rec.Reason = to, reason
 	if inst != nil {
 		followInstance(&r.rec, inst)
 	}
-	kind := r.rec.Spot && m.mixLocked().UseSpot // a service without spot is one pool
+	kind := r.rec.Spot && m.mixOwned().UseSpot // a service without spot is one pool
 	// Only the version being launched backs its launches off: the failures of a version
 	// rolled back from say nothing of the one restored.
-	current := m.launchedAsLocked(r.rec.Version) == m.launchedAsLocked(m.target)
+	current := m.launchedAsOwned(r.rec.Version) == m.launchedAsOwned(m.target)
 	switch {
 	case !current:
 	case to == StatusReady:
@@ -50,7 +50,7 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 			r.rec.ReadyAt = now
 		}
 		m.failures[kind] = 0
-		m.everReady = true
+		m.everReady.Store(true)
 	case to == StatusFailedProvision, to.Terminal() && to != StatusPreempted && r.rec.ReadyAt.IsZero():
 		// Replicas that never served: a broken program or image, or no capacity; back off
 		// relaunching that kind.
@@ -58,9 +58,9 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 		m.lastFail[kind] = now
 	}
 	if !probeable(to) {
-		m.stopProberLocked(r)
+		m.stopProberOwned(r)
 	}
-	m.saveLocked(r)
+	m.saveOwned(r)
 	fields := []zap.Field{zap.Int("replica", r.rec.ID), zap.String("from", string(from)),
 		zap.String("to", string(to)), zap.String("instance", r.rec.InstanceID)}
 	if reason != "" {
@@ -73,19 +73,22 @@ func (m *Manager) transitionLocked(now time.Time, r *replica, to Status, reason 
 	}
 }
 
-// The manager's lock is never held across a store write: a slow disk would stall every reader
-// of the service's state, the controller API among them. A status change updates the record in
-// memory under the lock and queues its write (saveLocked); a launch or termination is queued
-// behind the writes that must precede it (startLocked). Whoever releases the lock after queueing
-// runs the queue (unlock), in order, one caller at a time: a record is on disk before the
-// launch or termination that follows from it starts, as it was when the writes were made under
-// the lock.
+// The state's owner (loop.go) never waits for a store write or a provider call: a slow disk
+// would stall every input of the service. A status change updates the record in memory and
+// queues its write (saveOwned); a launch or
+// termination is queued behind the writes that must precede it (startOwned); so are rollout
+// writes (rollout.go) and publications of the READY set (publish.go). The queue is one ordered
+// executor: whoever finds it idle runs it to the end (flush), one effect at a time, and whoever
+// queued something waits until it ran (do, loop.go). So a record is on disk before the launch or
+// termination that follows from it starts, rollout writes never swap, and OnReady calls never
+// overlap, without a lock of their own.
 
-// effect is one queued store write or start of a provider call.
+// effect is one queued store write, start of a provider call, or publication. Effects run
+// outside the run loop; one that needs the state posts a step (own, step), never do.
 type effect func()
 
-// saveLocked queues a write of r's record as it is now.
-func (m *Manager) saveLocked(r *replica) {
+// saveOwned queues a write of r's record as it is now.
+func (m *Manager) saveOwned(r *replica) {
 	rec := r.rec
 	m.effects = append(m.effects, func() {
 		if err := m.cfg.Store.SaveReplica(rec); err != nil {
@@ -94,45 +97,50 @@ func (m *Manager) saveLocked(r *replica) {
 	})
 }
 
-// startLocked queues work to start in its own goroutine once the writes queued before it are
-// done. The caller has counted it in m.workers (and m.launches) under the lock, so that Start
+// startOwned queues work to start in its own goroutine once the writes queued before it are
+// done. The caller has counted it in m.workers (and m.launches) in the same step, so that Start
 // and Shutdown wait for it.
-func (m *Manager) startLocked(work func()) {
+func (m *Manager) startOwned(work func()) {
 	m.effects = append(m.effects, func() { go work() })
 }
 
-// unlock releases the lock, then runs what was queued under it.
-func (m *Manager) unlock() {
-	m.mu.Unlock()
-	m.flush()
-}
-
-// flush runs the queued effects in order. One caller at a time runs them, to the end of the
-// queue, so that effects queued by two passes never swap.
+// flush runs the queued effects in order unless another caller runs them already; it returns
+// once the queue is empty or in the other caller's hands. It takes each batch from the owner
+// of the state and runs it outside, so the run loop never waits for a store or a provider.
 func (m *Manager) flush() {
-	m.flushMu.Lock()
-	defer m.flushMu.Unlock()
-	for {
-		m.mu.Lock()
-		batch := m.effects
-		m.effects = nil
-		m.mu.Unlock()
+	claimed := false
+	m.own(func() {
+		claimed = !m.flushing
+		m.flushing = true
+	})
+	for claimed {
+		var batch []effect
+		m.own(func() {
+			batch, m.effects = m.effects, nil
+			m.flushing = len(batch) > 0
+		})
 		if len(batch) == 0 {
 			return
 		}
 		for _, e := range batch {
-			e()
+			m.runEffect(e)
 		}
 	}
 }
 
-// forgetLocked deletes a record for good.
-func (m *Manager) forgetLocked(id int) {
+// runEffect runs one effect; a panic is logged, so the queue never stays claimed.
+func (m *Manager) runEffect(e effect) {
+	defer m.recoverPanic("effect")
+	e()
+}
+
+// forgetOwned deletes a record for good.
+func (m *Manager) forgetOwned(id int) {
 	r := m.replicas[id]
 	if r == nil {
 		return
 	}
-	m.stopProberLocked(r)
+	m.stopProberOwned(r)
 	delete(m.replicas, id)
 	m.effects = append(m.effects, func() {
 		if err := m.cfg.Store.DeleteReplica(m.cfg.Service, id); err != nil {
@@ -142,14 +150,14 @@ func (m *Manager) forgetLocked(id int) {
 	m.log.Debug("forgot replica", zap.Int("replica", id), zap.String("status", string(r.rec.Status)))
 }
 
-// mixLocked is how the target version's task splits replicas between spot and on-demand.
-func (m *Manager) mixLocked() policy.MixSpec {
-	task := m.taskLocked(m.target)
+// mixOwned is how the target version's task splits replicas between spot and on-demand.
+func (m *Manager) mixOwned() policy.MixSpec {
+	task := m.taskOwned(m.target)
 	return MixFor(task.Resources, task.Service.ReplicaPolicy)
 }
 
-// liveLocked counts replicas that count toward the target.
-func (m *Manager) liveLocked() int {
+// liveOwned counts replicas that count toward the target.
+func (m *Manager) liveOwned() int {
 	n := 0
 	for _, r := range m.replicas {
 		if live(r.rec.Status) {
@@ -159,7 +167,7 @@ func (m *Manager) liveLocked() int {
 	return n
 }
 
-// load reads the service's records from the store, once, with the lock released.
+// load reads the service's records from the store, once, outside the run loop.
 func (m *Manager) load() error {
 	if m.loaded.Load() {
 		return nil
@@ -168,28 +176,30 @@ func (m *Manager) load() error {
 	if err != nil {
 		return err
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if !m.loaded.Load() {
+	m.step(func() {
+		if m.loaded.Load() {
+			return
+		}
 		for _, rec := range recs {
 			if _, ok := m.replicas[rec.ID]; !ok {
 				m.replicas[rec.ID] = &replica{rec: rec}
 			}
-			m.everReady = m.everReady || rec.Status == StatusReady
+			if rec.Status == StatusReady {
+				m.everReady.Store(true)
+			}
 		}
 		m.loaded.Store(true)
-	}
+	})
 	return nil
 }
 
-// reserveIDs asks the store, with the lock released, for n replica ids beyond those reserved
-// already; launches take them (nextIDLocked). The store is the authority, but a lost store must
+// reserveIDs asks the store, outside the run loop, for n replica ids beyond those reserved
+// already; launches take them (nextIDOwned). The store is the authority, but a lost store must
 // not hand out the id of an adopted replica: such ids are skipped.
 func (m *Manager) reserveIDs(n int) error {
 	for range 1000 {
-		m.mu.Lock()
-		missing := n - len(m.spareIDs)
-		m.mu.Unlock()
+		var missing int
+		m.own(func() { missing = n - len(m.spareIDs) })
 		if missing <= 0 {
 			return nil
 		}
@@ -197,17 +207,17 @@ func (m *Manager) reserveIDs(n int) error {
 		if err != nil {
 			return err
 		}
-		m.mu.Lock()
-		if _, taken := m.replicas[id]; !taken {
-			m.spareIDs = append(m.spareIDs, id)
-		}
-		m.mu.Unlock()
+		m.own(func() {
+			if _, taken := m.replicas[id]; !taken {
+				m.spareIDs = append(m.spareIDs, id)
+			}
+		})
 	}
 	return errors.New("store keeps returning replica ids already in use")
 }
 
-// nextIDLocked takes a reserved id that no replica holds.
-func (m *Manager) nextIDLocked() (int, bool) {
+// nextIDOwned takes a reserved id that no replica holds.
+func (m *Manager) nextIDOwned() (int, bool) {
 	for len(m.spareIDs) > 0 {
 		id := m.spareIDs[0]
 		m.spareIDs = m.spareIDs[1:]

@@ -128,12 +128,12 @@ func serving(r *Rollout, target int, launchedAs func(int) int, ready []Record) [
 // startRollout starts rolling the service out to version v under rollout r, both saved. From
 // here new replicas launch as r.Target() and each pass follows r.
 func (m *Manager) startRollout(v Version, r Rollout) {
-	m.mu.Lock()
 	v.LaunchedAs = launchedAsOr(v, v.Number)
-	m.versions[v.Number] = v
-	m.rollout = &r
-	m.target = r.Target()
-	m.mu.Unlock()
+	m.step(func() { // StartUpdate calls it in the executor: not do
+		m.versions[v.Number] = v
+		m.rollout = &r
+		m.target = r.Target()
+	})
 	m.log.Info("rollout started", zap.Int("from", r.From), zap.Int("to", r.To), zap.String("mode", r.Mode),
 		zap.Bool("relaunch", v.LaunchedAs == v.Number))
 	m.kickLoop()
@@ -141,23 +141,22 @@ func (m *Manager) startRollout(v Version, r Rollout) {
 
 // Rollout returns the latest rollout with its live counts, or nil if the service never had one.
 func (m *Manager) Rollout() *Rollout {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.rollout == nil {
+	s := m.snap.Load()
+	if s.rollout == nil {
 		return nil
 	}
-	r := *m.rollout
-	r.Desired = m.desired
+	r := *s.rollout
+	r.Desired = s.desired
 	minHealthy := time.Duration(r.Policy.MinHealthySeconds) * time.Second
 	now := m.cfg.Now()
-	for _, rep := range m.replicas {
+	for i, rec := range s.records {
 		switch {
-		case !live(rep.rec.Status):
-		case m.launchedAsLocked(rep.rec.Version) != m.launchedAsLocked(m.target):
+		case !live(rec.Status):
+		case s.launchedAsOf(rec.Version) != s.launchedAsOf(s.target):
 			r.OldLive++
-		case rep.rec.Status == StatusReady:
+		case rec.Status == StatusReady:
 			r.NewReady++
-			if !rep.healthySince.IsZero() && now.Sub(rep.healthySince) >= minHealthy {
+			if since := s.healthySince[i]; !since.IsZero() && now.Sub(since) >= minHealthy {
 				r.NewHealthy++
 			}
 		}
@@ -167,29 +166,27 @@ func (m *Manager) Rollout() *Rollout {
 
 // TargetVersion returns the version new replicas launch as.
 func (m *Manager) TargetVersion() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.target
+	return m.snap.Load().target
 }
 
-// taskLocked is version v's task; a version this manager does not know (an instance adopted
+// taskOwned is version v's task; a version this manager does not know (an instance adopted
 // from a lost store) is treated as the current one.
-func (m *Manager) taskLocked(v int) *configs.Task {
+func (m *Manager) taskOwned(v int) *configs.Task {
 	if ver, ok := m.versions[v]; ok && ver.Task != nil {
 		return ver.Task
 	}
 	return m.versions[m.target].Task
 }
 
-func (m *Manager) launchedAsLocked(v int) int {
+func (m *Manager) launchedAsOwned(v int) int {
 	if ver, ok := m.versions[v]; ok {
 		return launchedAsOr(ver, v)
 	}
 	return v
 }
 
-// versionInputLocked fills the version and rollout fields of a pass's input.
-func (m *Manager) versionInputLocked(in *planInput) {
+// versionInputOwned fills the version and rollout fields of a pass's input.
+func (m *Manager) versionInputOwned(in *planInput) {
 	in.Target = m.target
 	in.LaunchedAs = make(map[int]int, len(m.versions))
 	for n, v := range m.versions {
@@ -203,12 +200,12 @@ func (m *Manager) versionInputLocked(in *planInput) {
 		// Blue-green moves traffic once the new version can carry the whole target, at least
 		// min_replicas. SkyServe switches at min_replicas, which drops capacity whenever the
 		// target is above it.
-		in.SwitchAt = max(in.Desired, m.taskLocked(r.To).Service.ReplicaPolicy.MinReplicas)
+		in.SwitchAt = max(in.Desired, m.taskOwned(r.To).Service.ReplicaPolicy.MinReplicas)
 	}
 }
 
-// verdictLocked is the rollout after a plan's verdict on it, and whether that changed it.
-func (m *Manager) verdictLocked(now time.Time, ch *rolloutChange) (Rollout, bool) {
+// verdictOwned is the rollout after a plan's verdict on it, and whether that changed it.
+func (m *Manager) verdictOwned(now time.Time, ch *rolloutChange) (Rollout, bool) {
 	r := *m.rollout
 	if !ch.ProgressAt.IsZero() && ch.ProgressAt.After(r.ProgressAt) {
 		r.ProgressAt = ch.ProgressAt
@@ -225,13 +222,12 @@ func (m *Manager) verdictLocked(now time.Time, ch *rolloutChange) (Rollout, bool
 // commitVerdict saves next, the verdict ch on the rollout prev, and makes it the manager's,
 // unless an update replaced prev meanwhile (then the pass plans again under the new one). It
 // reports false when the save failed: acting on a decision that is not on disk could be undone
-// by a restart halfway, so the pass acts without it and the next one tries again.
+// by a restart halfway, so the pass acts without it and the next one tries again. It runs in
+// the executor, as StartUpdate's write does, so a verdict on a rollout an update just replaced
+// never overwrites it on disk.
 func (m *Manager) commitVerdict(prev *Rollout, next Rollout, ch *rolloutChange) bool {
-	m.rolloutMu.Lock()
-	defer m.rolloutMu.Unlock()
-	m.mu.Lock()
-	replaced := m.rollout != prev
-	m.mu.Unlock()
+	var replaced bool
+	m.own(func() { replaced = m.rollout != prev })
 	if replaced {
 		return true
 	}
@@ -241,8 +237,12 @@ func (m *Manager) commitVerdict(prev *Rollout, next Rollout, ch *rolloutChange) 
 			return false
 		}
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.step(func() { m.adoptVerdictOwned(prev, next, ch) }) // in the executor: not do
+	return true
+}
+
+// adoptVerdictOwned makes next, the saved verdict ch on prev, the manager's rollout.
+func (m *Manager) adoptVerdictOwned(prev *Rollout, next Rollout, ch *rolloutChange) {
 	m.rollout = &next
 	m.target = next.Target()
 	switch {
@@ -259,7 +259,6 @@ func (m *Manager) commitVerdict(prev *Rollout, next Rollout, ch *rolloutChange) 
 		m.failures = map[bool]int{}
 		m.lastFail = map[bool]time.Time{}
 	}
-	return true
 }
 
 // StartUpdate rolls the service out to a new version of its task (`serve update`): it numbers
@@ -273,32 +272,41 @@ func (m *Manager) StartUpdate(task *configs.Task, mode string, now time.Time) (V
 	if !ok {
 		return Version{}, Rollout{}, errors.New("replicas: the store keeps no rollouts")
 	}
-	m.rolloutMu.Lock()
-	defer m.rolloutMu.Unlock()
-	m.mu.Lock()
-	v, r := m.nextRolloutLocked(task, mode, now)
-	m.mu.Unlock()
-	if err := rs.StartUpdate(m.cfg.Service, v, r); err != nil {
+	// Decided and written in the executor, behind any verdict queued before, so that the
+	// rollout it starts from is the one on disk.
+	var (
+		v   Version
+		r   Rollout
+		err = errors.New("replicas: the update panicked") // unless the effect runs to its end
+	)
+	m.do(func() {
+		m.effects = append(m.effects, func() {
+			m.own(func() { v, r = m.nextRolloutOwned(task, mode, now) })
+			if err = rs.StartUpdate(m.cfg.Service, v, r); err == nil {
+				m.startRollout(v, r)
+			}
+		})
+	})
+	if err != nil {
 		return Version{}, Rollout{}, err
 	}
-	m.startRollout(v, r)
 	return v, r, nil
 }
 
-// nextRolloutLocked decides the version and the rollout an update to task starts.
-func (m *Manager) nextRolloutLocked(task *configs.Task, mode string, now time.Time) (Version, Rollout) {
+// nextRolloutOwned decides the version and the rollout an update to task starts.
+func (m *Manager) nextRolloutOwned(task *configs.Task, mode string, now time.Time) (Version, Rollout) {
 	cur := m.target
 	next := cur + 1
 	for n := range m.versions {
 		next = max(next, n+1)
 	}
 	v := Version{Number: next, Task: task, LaunchedAs: next}
-	if onlyServiceChanged(m.taskLocked(cur), task) {
+	if onlyServiceChanged(m.taskOwned(cur), task) {
 		// Same program, resources and replica port as the version running now: its replicas
 		// are this version already.
-		v.LaunchedAs = m.launchedAsLocked(cur)
+		v.LaunchedAs = m.launchedAsOwned(cur)
 	}
-	from, fromServed := m.stableVersionLocked(cur)
+	from, fromServed := m.stableVersionOwned(cur)
 	policy := task.Service.Update
 	policy.Mode = mode
 	r := Rollout{From: from, To: next, Mode: mode, Policy: policy, State: RolloutInProgress,
@@ -306,14 +314,14 @@ func (m *Manager) nextRolloutLocked(task *configs.Task, mode string, now time.Ti
 	return v, r
 }
 
-// stableVersionLocked is the version a new rollout would roll back to, and whether it ever
+// stableVersionOwned is the version a new rollout would roll back to, and whether it ever
 // served: the last version that served, not merely the current target (which may be a failed
 // one).
-func (m *Manager) stableVersionLocked(cur int) (int, bool) {
+func (m *Manager) stableVersionOwned(cur int) (int, bool) {
 	prev := m.rollout
 	switch {
 	case prev == nil:
-		served := m.everReady
+		served := m.everReady.Load()
 		for _, r := range m.replicas {
 			if r.rec.Version == cur && !r.rec.ReadyAt.IsZero() {
 				served = true

@@ -20,14 +20,13 @@ func (m *Manager) ServiceStatus(shuttingDown bool) string {
 	if err := m.load(); err != nil {
 		m.log.Warn("load replica records", zap.Error(err))
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	s := m.snap.Load()
 	ready, starting := 0, false
-	for _, r := range m.replicas {
+	for _, rec := range s.records {
 		switch {
-		case r.rec.Status == StatusReady:
+		case rec.Status == StatusReady:
 			ready++
-		case !r.rec.Status.Terminal():
+		case !rec.Status.Terminal():
 			starting = true
 		}
 	}
@@ -35,13 +34,13 @@ func (m *Manager) ServiceStatus(shuttingDown bool) string {
 	case shuttingDown:
 		return ServiceShuttingDown
 	case ready > 0:
-		m.everReady = true
+		m.everReady.Store(true)
 		return ServiceReady
-	case m.desired == 0 || m.everReady:
+	case s.desired == 0 || m.everReady.Load():
 		return ServiceNoReplica
 	case starting:
 		return ServiceReplicaInit
-	case len(m.replicas) == 0:
+	case len(s.records) == 0:
 		return ServiceControllerInit
 	}
 	return ServiceReplicaInit

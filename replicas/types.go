@@ -10,7 +10,8 @@
 //
 // A Manager reconciles in passes: plan (plan*.go) decides purely, in named phases, and the
 // manager applies the result (reconcile.go), writing records before the launches and
-// terminations that follow from them (records.go). How many replicas to run is handed in
+// terminations that follow from them (records.go). One run loop owns its state (loop.go);
+// readers load a snapshot (snapshot.go). How many replicas to run is handed in
 // (SetDesired); it must not know which infra is behind an instance: it talks to a
 // launcher.Provider.
 package replicas

@@ -22,7 +22,12 @@ func (m *Manager) deferNotice(instance string, at time.Time) bool {
 	if at.Sub(m.cfg.Now()) <= m.cfg.WindowLead {
 		return false
 	}
-	m.mu.Lock()
+	ours := false
+	m.own(func() { ours = m.deferNoticeOwned(instance, at) })
+	return ours
+}
+
+func (m *Manager) deferNoticeOwned(instance string, at time.Time) bool {
 	ours := false
 	for _, r := range m.replicas {
 		if r.hasNode(instance) && live(r.rec.Status) {
@@ -39,29 +44,28 @@ func (m *Manager) deferNotice(instance string, at time.Time) bool {
 		}
 		m.windowEnds[instance] = at
 	}
-	m.mu.Unlock()
 	return ours
 }
 
-// dueWindowsLocked notices the instances whose window ends within the lead from now: those
+// dueWindowsOwned notices the instances whose window ends within the lead from now: those
 // the provisioner or List reported with a WindowEnd, and those a deferred notice named.
-func (m *Manager) dueWindowsLocked(now time.Time) {
+func (m *Manager) dueWindowsOwned(now time.Time) {
 	seen := map[string]bool{}
 	for _, inst := range m.instances {
 		seen[inst.ID] = true
 		if !inst.WindowEnd.IsZero() {
-			m.noticeWindowLocked(now, inst.ID, inst.WindowEnd)
+			m.noticeWindowOwned(now, inst.ID, inst.WindowEnd)
 		}
 	}
 	for id, end := range m.windowEnds {
-		m.noticeWindowLocked(now, id, end)
+		m.noticeWindowOwned(now, id, end)
 		if !seen[id] && now.After(end) {
 			delete(m.windowEnds, id)
 		}
 	}
 }
 
-func (m *Manager) noticeWindowLocked(now time.Time, id string, end time.Time) {
+func (m *Manager) noticeWindowOwned(now time.Time, id string, end time.Time) {
 	if _, known := m.notices[id]; known || now.Before(end.Add(-m.cfg.WindowLead)) {
 		return
 	}
