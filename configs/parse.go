@@ -114,7 +114,7 @@ func (c *checker) document(data []byte) (root *yaml.Node) {
 		if isJobGroup(&doc) {
 			c.errorf(&extra, "", "a SkyPilot job group (several tasks launched together), which Ferry does not run: put each task in a file of its own and launch each (a service with ferry serve up, a job with ferry jobs launch)")
 		} else {
-			c.errorf(&extra, "", "a second YAML document (after ---): a task file holds one task")
+			c.errorf(&extra, "", "a second YAML document (after ---): a service file holds one task (several tasks are a pipeline, run in order as one managed job: ferry jobs launch FILE)")
 		}
 		return nil
 	}

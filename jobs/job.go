@@ -54,12 +54,17 @@ func (s State) Terminal() bool {
 type Job struct {
 	ID   int64  `json:"id"`
 	Name string `json:"name"`
-	// Task holds secrets: the store file is 0600 and the API shows Task.Redacted().
-	Task  *configs.Task `json:"task"`
-	State State         `json:"state"`
+	// Task holds secrets: the store file is 0600 and the API shows Task.Redacted(). In a
+	// pipeline it is the task now running or next to run: Pipeline[TaskIndex].
+	Task *configs.Task `json:"task"`
+	// Pipeline is every task of a pipeline (configs.Pipeline), run in order, each once the one
+	// before succeeded; nil for a job of one task. TaskIndex is Task's place in it.
+	Pipeline  []*configs.Task `json:"pipeline,omitempty"`
+	TaskIndex int             `json:"task_index,omitempty"`
+	State     State           `json:"state"`
 	// Reason says why the job is in its state: what it waits for, why it failed.
 	Reason string `json:"reason,omitempty"`
-	// TaskID is SKYPILOT_TASK_ID, the same across recoveries.
+	// TaskID is SKYPILOT_TASK_ID, the same across recoveries (taskID).
 	TaskID string `json:"task_id"`
 	// Priority and Preemptible are the task's job section, kept here for the queue.
 	Priority    int  `json:"priority"`
@@ -181,6 +186,7 @@ func (j *Job) clone() Job {
 	c.History = slices.Clone(j.History)
 	c.ExitCodes = slices.Clone(j.ExitCodes)
 	c.LeftBehind = slices.Clone(j.LeftBehind)
+	c.Pipeline = slices.Clone(j.Pipeline)
 	return c
 }
 

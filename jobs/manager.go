@@ -201,28 +201,37 @@ func (m *Manager) spawn(what string, f func()) {
 
 // Submit queues a job for task (which must have no service section) and returns it PENDING.
 func (m *Manager) Submit(task *configs.Task) (Job, error) {
-	if task == nil || task.Service != nil {
-		return Job{}, fmt.Errorf("%w: a task with a service section is a service, not a job", ErrInvalid)
+	if task == nil {
+		return Job{}, fmt.Errorf("%w: no task", ErrInvalid)
 	}
-	spec := task.Job
-	if spec == nil {
-		d := configs.DefaultJob()
-		spec = &d
+	return m.SubmitPipeline(&configs.Pipeline{Name: task.Name, Tasks: []*configs.Task{task}})
+}
+
+// SubmitPipeline queues a pipeline's tasks as one job, which runs them in order (pipeline.go).
+func (m *Manager) SubmitPipeline(p *configs.Pipeline) (Job, error) {
+	if p == nil || len(p.Tasks) == 0 {
+		return Job{}, fmt.Errorf("%w: no task", ErrInvalid)
+	}
+	for i, t := range p.Tasks {
+		if t == nil || t.Service != nil {
+			return Job{}, fmt.Errorf("%w: task %d has a service section: a service, not a job", ErrInvalid, i+1)
+		}
 	}
 	now := m.cfg.Now()
-	j := Job{Name: task.Name, Task: task, State: Pending, Reason: "waiting for its turn in the queue",
-		Priority: spec.Priority, Preemptible: spec.Preemptible, SubmittedAt: now, StateSince: now}
+	j := Job{Name: p.Name, Task: p.Tasks[0], State: Pending, Reason: "waiting for its turn in the queue", SubmittedAt: now, StateSince: now}
+	if len(p.Tasks) > 1 {
+		j.Pipeline = slices.Clone(p.Tasks)
+	}
+	j.toTask(0)
 	if j.Name == "" {
 		j.Name = "job"
 	}
+	task := j.Task
 	m.saveMu.Lock()
 	id, err := m.cfg.Store.CreateJob(j)
 	if err == nil {
 		j.ID = id
-		// SkyPilot's managed form, stable across recoveries.
-		// SkyPilot's managed form: sky-managed-<timestamp>_<job name>_<job id>-<task index> (one
-		// task: index 0), kept across recoveries.
-		j.TaskID = fmt.Sprintf("sky-managed-%s-%06d_%s_%d-0", now.UTC().Format("2006-01-02-15-04-05"), now.Nanosecond()/1000, j.Name, id)
+		j.TaskID = taskID(j)
 		err = m.cfg.Store.SaveJob(j)
 	}
 	if err != nil {

@@ -219,11 +219,20 @@ func (m *Manager) end(ctx context.Context, j Job, a assessment) {
 		rec = j.Task.Job.Recovery
 	}
 	nx := decide(a, rec, j.RestartsOnErrors)
+	nx.reason = j.taskPrefix() + nx.reason
+	next := nx.state == Succeeded && j.nextTask() // pipeline.go
+	if next {
+		nx.state = Pending
+		nx.reason = fmt.Sprintf("%s; task %d/%d waits for its turn", nx.reason, j.TaskIndex+2, len(j.Pipeline))
+	}
 	now := m.cfg.Now()
 	m.transition(j.ID, nx.state, nx.reason, func(cur *Job) {
 		cur.ExitCodes = a.exitCodes
 		if cur.PreemptFor != "" {
 			cur.PreemptFor, cur.PreemptedAt = "", now
+		}
+		if next {
+			cur.toTask(cur.TaskIndex + 1)
 		}
 		if !nx.relaunch {
 			return

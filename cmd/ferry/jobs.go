@@ -74,18 +74,18 @@ the job goes on (cancel it with ferry jobs cancel).`,
 
 func jobsLaunch(cmd *cobra.Command, file string, f jobLaunchFlags) error {
 	out := cmd.OutOrStdout()
-	task, err := f.loadTask(file, f.name, cmd.ErrOrStderr())
+	p, err := f.loadPipeline(file, f.name, cmd.ErrOrStderr())
 	if err != nil {
 		return err
 	}
-	if task.Service != nil {
+	if p.Tasks[0].Service != nil {
 		return fmt.Errorf("%s has a service: section, so it is a service: ferry serve up %s", file, file)
 	}
-	name := task.Name
+	name := p.Name
 	if name == "" {
 		name = "job"
 	}
-	if proceed, err := reviewLaunch(cmd, task, "managed job", name, f.dryRun, f.yes); !proceed {
+	if proceed, err := reviewTasks(cmd, p.Tasks, "managed job", name, f.dryRun, f.yes); !proceed {
 		return err
 	}
 	ctx, stop, c, err := controllerFor(cmd, out)
@@ -93,7 +93,7 @@ func jobsLaunch(cmd *cobra.Command, file string, f jobLaunchFlags) error {
 		return err
 	}
 	defer stop()
-	st, err := c.LaunchJob(ctx, task)
+	st, err := c.LaunchPipeline(ctx, p)
 	if err != nil {
 		return err
 	}
@@ -212,13 +212,22 @@ func printJobs(out io.Writer, list []api.JobStatus, now time.Time) {
 		return
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tNODES\tRESOURCES\tSUBMITTED\tQUEUED\tRUNNING\tRECOVERING\t#RECOVERIES\tSTATUS\tWHERE\t$/HR\tCOST\tDETAILS")
+	fmt.Fprintln(tw, "ID\tTASK\tNAME\tNODES\tRESOURCES\tSUBMITTED\tQUEUED\tRUNNING\tRECOVERING\t#RECOVERIES\tSTATUS\tWHERE\t$/HR\tCOST\tDETAILS")
 	for _, j := range list {
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s ago\t%s\t%s\t%s\t%d\t%s\t%s\t%.2f\t%.2f\t%s\n", j.ID, j.Name, j.NumNodes, orDash(j.Resources),
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s ago\t%s\t%s\t%s\t%d\t%s\t%s\t%.2f\t%.2f\t%s\n", j.ID, taskCell(j), j.Name, j.NumNodes, orDash(j.Resources),
 			short(now.Sub(j.SubmittedAt)), short(secs(j.QueuedSeconds)), short(secs(j.RunningSeconds)), short(secs(j.RecoveringSeconds)),
 			j.Recoveries+j.RestartsOnErrors, j.State, orDash(j.Where), j.PricePerHour, j.Cost, details(j))
 	}
 	_ = tw.Flush()
+}
+
+// taskCell is the TASK column: a pipeline's current task as "2/3 eval", else "-" (a job of
+// one task, SkyPilot's task 0).
+func taskCell(j api.JobStatus) string {
+	if len(j.Pipeline) == 0 || j.Task == nil {
+		return "-"
+	}
+	return strings.TrimSpace(fmt.Sprintf("%d/%d %s", j.TaskIndex+1, len(j.Pipeline), j.Task.Name))
 }
 
 // printInfrasNotUp adds under the queue a line per infra, zone or region that does not take

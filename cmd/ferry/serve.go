@@ -90,26 +90,58 @@ func (t *taskInput) load(file, name string, errOut io.Writer) (*configs.Task, er
 
 // loadTask reads and validates any task file, service or job.
 func (t *taskInput) loadTask(file, name string, errOut io.Writer) (*configs.Task, error) {
-	envs, err := parseKVs("env", t.envs)
+	ov, err := t.overrides(name)
 	if err != nil {
 		return nil, err
 	}
-	secrets, err := parseKVs("secret", t.secrets)
-	if err != nil {
-		return nil, err
-	}
-	task, err := configs.Load(file, configs.Overrides{Envs: envs, Secrets: secrets, Name: name})
+	task, err := configs.Load(file, ov)
 	if err != nil {
 		printConfigErrors(errOut, err)
 		return nil, errors.New("the task YAML has errors; nothing was launched or changed")
 	}
-	// workdir and local file_mounts are relative to where the CLI runs, as in SkyPilot.
+	return task, resolveFiles(task)
+}
+
+// loadPipeline is loadTask for a job's file, which may hold a pipeline of tasks.
+func (t *taskInput) loadPipeline(file, name string, errOut io.Writer) (*configs.Pipeline, error) {
+	ov, err := t.overrides(name)
+	if err != nil {
+		return nil, err
+	}
+	p, err := configs.LoadPipeline(file, ov)
+	if err != nil {
+		printConfigErrors(errOut, err)
+		return nil, errors.New("the task YAML has errors; nothing was launched or changed")
+	}
+	for _, task := range p.Tasks {
+		if err := resolveFiles(task); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func (t *taskInput) overrides(name string) (configs.Overrides, error) {
+	envs, err := parseKVs("env", t.envs)
+	if err != nil {
+		return configs.Overrides{}, err
+	}
+	secrets, err := parseKVs("secret", t.secrets)
+	if err != nil {
+		return configs.Overrides{}, err
+	}
+	return configs.Overrides{Envs: envs, Secrets: secrets, Name: name}, nil
+}
+
+// resolveFiles makes task's workdir and local file_mounts absolute: they are relative to
+// where the CLI runs, as in SkyPilot.
+func resolveFiles(task *configs.Task) error {
 	cwd, _ := os.Getwd()
 	home, _ := os.UserHomeDir()
 	if err := configs.ResolveFiles(task, cwd, home); err != nil {
-		return nil, fmt.Errorf("%w\nnothing was launched or changed", err)
+		return fmt.Errorf("%w\nnothing was launched or changed", err)
 	}
-	return task, nil
+	return nil
 }
 
 func newServeUpCmd() *cobra.Command {
@@ -229,19 +261,30 @@ func serveUp(cmd *cobra.Command, file string, f upFlags) error {
 // optimizer's table) and asks to proceed on a terminal unless yes; kind names it ("service",
 // "managed job"). proceed is false after a dry run (err nil) or a refusal (err set).
 func reviewLaunch(cmd *cobra.Command, task *configs.Task, kind, name string, dryRun, yes bool) (proceed bool, err error) {
+	return reviewTasks(cmd, []*configs.Task{task}, kind, name, dryRun, yes)
+}
+
+// reviewTasks is reviewLaunch for the tasks of a pipeline: each one's spec and plan, headed
+// "Task i/n" when there are several, then one confirmation.
+func reviewTasks(cmd *cobra.Command, tasks []*configs.Task, kind, name string, dryRun, yes bool) (proceed bool, err error) {
 	out := cmd.OutOrStdout()
-	resolved, err := task.ResolvedYAML()
-	if err != nil {
-		return false, err
-	}
 	spec := kind
 	if i := strings.LastIndexByte(kind, ' '); i >= 0 {
 		spec = kind[i+1:]
 	}
-	fmt.Fprintf(out, "%s spec (resolved, secrets redacted):\n%s\n", strings.ToUpper(spec[:1])+spec[1:], indent(string(resolved), "  "))
-	printNotes(out, task.Notes)
-	if err := printPlan(cmd.Context(), out, task); err != nil {
-		return false, err
+	for i, task := range tasks {
+		if len(tasks) > 1 {
+			fmt.Fprintf(out, "Task %d/%d %q of pipeline %q, run after the one before it succeeds:\n", i+1, len(tasks), task.Name, name)
+		}
+		resolved, err := task.ResolvedYAML()
+		if err != nil {
+			return false, err
+		}
+		fmt.Fprintf(out, "%s spec (resolved, secrets redacted):\n%s\n", strings.ToUpper(spec[:1])+spec[1:], indent(string(resolved), "  "))
+		printNotes(out, task.Notes)
+		if err := printPlan(cmd.Context(), out, task); err != nil {
+			return false, err
+		}
 	}
 	if dryRun {
 		fmt.Fprintf(out, "Dry run: %s %q is valid; nothing was launched.\n", spec, name)

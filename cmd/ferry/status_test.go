@@ -463,8 +463,11 @@ func (s *scriptedJobs) Find(ref string) (jobs.Job, error) {
 	return s.final, nil
 }
 func (s *scriptedJobs) Submit(*configs.Task) (jobs.Job, error) { return jobs.Job{}, jobs.ErrInvalid }
-func (s *scriptedJobs) List() []jobs.Job                       { return nil }
-func (s *scriptedJobs) Cancel(int64) (jobs.Job, error)         { return jobs.Job{}, jobs.ErrInvalid }
+func (s *scriptedJobs) SubmitPipeline(*configs.Pipeline) (jobs.Job, error) {
+	return jobs.Job{}, jobs.ErrInvalid
+}
+func (s *scriptedJobs) List() []jobs.Job               { return nil }
+func (s *scriptedJobs) Cancel(int64) (jobs.Job, error) { return jobs.Job{}, jobs.ErrInvalid }
 func (s *scriptedJobs) Logs(context.Context, string, int, bool, io.Writer) error {
 	return jobs.ErrInvalid
 }

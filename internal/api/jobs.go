@@ -20,15 +20,18 @@ import (
 // Jobs is what the jobs routes need: the controller's jobs.Manager.
 type Jobs interface {
 	Submit(task *configs.Task) (jobs.Job, error)
+	SubmitPipeline(p *configs.Pipeline) (jobs.Job, error)
 	Find(ref string) (jobs.Job, error)
 	List() []jobs.Job
 	Cancel(id int64) (jobs.Job, error)
 	Logs(ctx context.Context, ref string, rank int, follow bool, w io.Writer) error
 }
 
-// LaunchJobRequest submits a task without a service section as a job.
+// LaunchJobRequest submits a task without a service section as a job, or a pipeline of
+// such tasks as one job that runs them in order.
 type LaunchJobRequest struct {
-	Task *configs.Task `json:"task"`
+	Task     *configs.Task     `json:"task,omitempty"`
+	Pipeline *configs.Pipeline `json:"pipeline,omitempty"`
 }
 
 // JobStatus is one job as `jobs queue` shows it: the job with its task redacted, and its
@@ -53,6 +56,10 @@ func StatusOf(j jobs.Job, now time.Time) JobStatus {
 		st.Task = j.Task.Redacted()
 		st.NumNodes = j.Task.NumNodes
 		st.Resources = j.Task.Resources.String()
+	}
+	st.Pipeline = nil
+	for _, t := range j.Pipeline {
+		st.Pipeline = append(st.Pipeline, t.Redacted())
 	}
 	return st
 }
@@ -120,15 +127,28 @@ func (h jobHandlers) launch(w http.ResponseWriter, r *http.Request) {
 		rpc.WriteErrorCode(w, http.StatusBadRequest, "invalid_request", "decode request: "+err.Error())
 		return
 	}
-	if req.Task == nil {
+	p := req.Pipeline
+	if p == nil && req.Task != nil {
+		p = &configs.Pipeline{Name: req.Task.Name, Tasks: []*configs.Task{req.Task}}
+	}
+	if p == nil || len(p.Tasks) == 0 {
 		rpc.WriteErrorCode(w, http.StatusBadRequest, "invalid_request", "missing task")
 		return
 	}
-	if problem := checkJobTask(req.Task); problem != "" {
-		rpc.WriteErrorCode(w, http.StatusBadRequest, "invalid_request", problem)
-		return
+	for i, t := range p.Tasks {
+		problem := "a pipeline's task is null"
+		if t != nil {
+			problem = checkJobTask(t)
+		}
+		if problem != "" && len(p.Tasks) > 1 {
+			problem = fmt.Sprintf("task %d of %d: %s", i+1, len(p.Tasks), problem)
+		}
+		if problem != "" {
+			rpc.WriteErrorCode(w, http.StatusBadRequest, "invalid_request", problem)
+			return
+		}
 	}
-	j, err := h.j.Submit(req.Task)
+	j, err := h.j.SubmitPipeline(p)
 	if err != nil {
 		WriteError(w, h.log, jobError(err))
 		return
@@ -231,6 +251,16 @@ func (fw flushWriter) Write(p []byte) (int, error) {
 func (c *Client) LaunchJob(ctx context.Context, task *configs.Task) (JobStatus, error) {
 	var out JobStatus
 	err := c.Do(ctx, http.MethodPost, "/v1/jobs", LaunchJobRequest{Task: task}, &out)
+	return out, err
+}
+
+// LaunchPipeline queues a pipeline's tasks as one job that runs them in order.
+func (c *Client) LaunchPipeline(ctx context.Context, p *configs.Pipeline) (JobStatus, error) {
+	if len(p.Tasks) == 1 {
+		return c.LaunchJob(ctx, p.Tasks[0]) // as an older controller takes it
+	}
+	var out JobStatus
+	err := c.Do(ctx, http.MethodPost, "/v1/jobs", LaunchJobRequest{Pipeline: p}, &out)
 	return out, err
 }
 
