@@ -80,9 +80,11 @@ func ThroughputOf(accelerator string) (Throughput, bool) {
 	return t, ok
 }
 
-// interruption is one preemption trace's totals.
+// interruption is one preemption trace's totals; gpu is the traced accelerator ("V100"),
+// empty for a CPU instance type's trace (intel_64, c3-88).
 type interruption struct {
 	cloud, region string
+	gpu           string
 	hours         float64
 	count         int
 }
@@ -99,33 +101,70 @@ var interruptions = sync.OnceValue(func() []interruption {
 		if err1 != nil || err2 != nil || h <= 0 || n < 0 {
 			panic(fmt.Sprintf("catalog: spot_interruptions.csv:%d: bad hours or count", i+2))
 		}
-		out = append(out, interruption{cloud: r[0], region: r[1], hours: h, count: n})
+		out = append(out, interruption{cloud: r[0], region: r[1], gpu: tracedGPU(r[3]), hours: h, count: n})
 	}
 	return out
 })
 
-// InterruptionRate is how many times per instance-hour a spot instance is interrupted in a
-// cloud's region, pooled over that region's preemption traces, else over the cloud's; basis
-// says which ("aws us-east-1: 517 in 1000.1 instance-hours"). ok is false for a cloud with no
-// trace.
-func InterruptionRate(cloud, region string) (perHour float64, basis string, ok bool) {
-	pool := func(match func(interruption) bool) (float64, int) {
+// tracedGPU is the accelerator a trace's instance carried ("v100_1": V100), or "" for a CPU
+// type: a prefix the catalog sells as a GPU.
+func tracedGPU(traced string) string {
+	name, _, _ := strings.Cut(traced, "_")
+	name = strings.ToUpper(name)
+	for _, cloud := range []string{"aws", "gcp"} {
+		if len(Default().Lookup(cloud, name)) > 0 {
+			return name
+		}
+	}
+	return ""
+}
+
+// InterruptionRate is how many times per instance-hour a spot instance carrying accelerator
+// ("" for a CPU-only type) is interrupted in a cloud's region, from the preemption traces of
+// the nearest kind: the same accelerator in the region, then in the cloud; for a GPU, then any
+// GPU in the region and in the cloud, then the same accelerator and any GPU in every cloud. A
+// GPU never takes a CPU type's rate (GCP's traced c3-88 saw no interruption in 45 hours, which
+// says nothing of its GPUs), nor a CPU type a GPU's. basis says which traces it pooled, and
+// exact whether they are of this accelerator in this region. ok is false when no trace is of
+// its kind.
+func InterruptionRate(cloud, region, accelerator string) (perHour float64, basis string, exact bool, ok bool) {
+	gpu := strings.ToUpper(accelerator)
+	kind := "CPU"
+	if gpu != "" {
+		kind = "GPU"
+	}
+	type tier struct {
+		where string
+		match func(interruption) bool
+	}
+	tiers := []tier{
+		{cloud + " " + region + " " + orKind(gpu, kind), func(t interruption) bool { return t.cloud == cloud && t.region == region && t.gpu == gpu }},
+		{cloud + " " + orKind(gpu, kind) + " (other regions)", func(t interruption) bool { return t.cloud == cloud && t.gpu == gpu }},
+	}
+	if gpu != "" {
+		tiers = append(tiers,
+			tier{cloud + " " + region + " GPU (not " + gpu + ")", func(t interruption) bool { return t.cloud == cloud && t.region == region && t.gpu != "" }},
+			tier{cloud + " GPU (not " + gpu + ")", func(t interruption) bool { return t.cloud == cloud && t.gpu != "" }},
+			tier{gpu + " on other clouds", func(t interruption) bool { return t.gpu == gpu }},
+			tier{"GPU on other clouds (no " + cloud + " GPU trace)", func(t interruption) bool { return t.gpu != "" }})
+	}
+	for i, tr := range tiers {
 		h, n := 0.0, 0
 		for _, t := range interruptions() {
-			if match(t) {
+			if tr.match(t) {
 				h, n = h+t.hours, n+t.count
 			}
 		}
-		return h, n
+		if h > 0 {
+			return float64(n) / h, fmt.Sprintf("%s: %d in %.0f instance-hours", tr.where, n, h), i == 0, true
+		}
 	}
-	where := cloud + " " + region
-	h, n := pool(func(t interruption) bool { return t.cloud == cloud && t.region == region })
-	if h == 0 {
-		where = cloud + " (all traced regions)"
-		h, n = pool(func(t interruption) bool { return t.cloud == cloud })
+	return 0, "", false, false
+}
+
+func orKind(gpu, kind string) string {
+	if gpu != "" {
+		return gpu
 	}
-	if h == 0 {
-		return 0, "", false
-	}
-	return float64(n) / h, fmt.Sprintf("%s: %d in %.0f instance-hours", where, n, h), true
+	return kind
 }

@@ -3,6 +3,7 @@ package optimizer
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher/catalog"
@@ -14,7 +15,8 @@ import (
 //
 //   - cost_per_step: dollars per A100-hour of training work. Work per hour is the devices'
 //     dense tensor TFLOPS over the A100's, times their count. A spot gang of N nodes is
-//     interrupted N × rate times an hour (rate: the preemption traces of its cloud's region),
+//     interrupted N × rate times an hour (rate: the preemption traces nearest its accelerator
+//     and region, catalog.InterruptionRate; the plan says when they are a stand-in),
 //     and each interruption loses half a checkpoint interval plus the restart, so it does
 //     useful work 1 − N·rate·(checkpoint/2 + restart) of the time (at least 5 %).
 //   - cost_per_token: dollars per million generated tokens, at the decode bound of the model
@@ -77,9 +79,9 @@ func uptimeOf(o configs.Objective, c *Candidate) (float64, string) {
 	if !p.Spot {
 		return 1, ""
 	}
-	rate, _, ok := catalog.InterruptionRate(p.Infra, p.Region)
+	rate, basis, exact, ok := catalog.InterruptionRate(p.Infra, p.Region, p.Accelerator)
 	if !ok {
-		return 1, ", no interruption data"
+		return 1, ", no interruption trace of its kind"
 	}
 	nodes := float64(max(o.Nodes, 1))
 	lostMin := cmpOr(o.RestartMinutes, DefaultRestartMinutes)
@@ -88,7 +90,11 @@ func uptimeOf(o configs.Objective, c *Candidate) (float64, string) {
 	}
 	perHour := nodes * rate
 	up := math.Max(minUptime, 1-perHour*lostMin/60)
-	return up, fmt.Sprintf(", %.2f interruptions/h → %.0f%% useful", perHour, 100*up)
+	from := ""
+	if !exact {
+		from = " (from " + basis[:strings.IndexByte(basis, ':')] + ")"
+	}
+	return up, fmt.Sprintf(", %.2f interruptions/h%s → %.0f%% useful", perHour, from, 100*up)
 }
 
 func cmpOr(v, d float64) float64 {

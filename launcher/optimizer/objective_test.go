@@ -77,7 +77,7 @@ func TestCostPerStepCountsInterruptions(t *testing.T) {
 	if gang[0].Placement.Spot {
 		t.Errorf("16 nodes: %+v (%s) wins, want on-demand", gang[0].Placement, gang[0].Why)
 	}
-	rate, _, _ := catalog.InterruptionRate("aws", "us-east-1")
+	rate, _, _, _ := catalog.InterruptionRate("aws", "us-east-1", "V100")
 	for _, c := range gang {
 		if !c.Placement.Spot {
 			continue
