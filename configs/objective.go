@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"cmp"
 	"strconv"
 	"strings"
 
@@ -35,22 +36,25 @@ type Objective struct {
 	RestartMinutes    float64 `json:"restart_minutes,omitempty" yaml:"restart_minutes,omitempty"`
 	// ModelSizeB is the served model's size in billions of parameters ("70B" in YAML).
 	ModelSizeB float64 `json:"model_size_b,omitempty" yaml:"model_size,omitempty"`
-	// Nodes is the task's num_nodes (not written under objective): a spot gang is interrupted
-	// whenever any of its nodes is.
-	Nodes int `json:"-" yaml:"-"`
+	// Nodes is the gang size (not written under objective): the task's num_nodes, or an
+	// alternative's own shape. A spot gang is interrupted whenever any of its nodes is, and
+	// gangs of different shapes compare by what the whole gang costs. Kept in JSON, so that the
+	// controller's plan counts it as the CLI's does.
+	Nodes int `json:"nodes,omitempty" yaml:"-"`
 }
 
-// withNodes records the task's gang size in a per-work objective of r and of its alternatives.
+// withNodes records the gang size in the objective of r and of its alternatives (the task's n,
+// or an alternative's own num_nodes) where the optimizer reads it: a per-work objective, or
+// alternatives of different shapes.
 func (r Resources) withNodes(n int) Resources {
-	if !r.Objective.PerWork() {
+	if !r.Objective.PerWork() && !r.HasShapes() {
 		return r
 	}
 	r.Objective.Nodes = n
-	for i := range r.AnyOf {
-		r.AnyOf[i].Objective.Nodes = n
-	}
-	for i := range r.Ordered {
-		r.Ordered[i].Objective.Nodes = n
+	for _, alts := range [][]Resources{r.AnyOf, r.Ordered} {
+		for i := range alts {
+			alts[i].Objective.Nodes = cmp.Or(alts[i].NumNodes, n)
+		}
 	}
 	return r
 }
@@ -117,4 +121,16 @@ func (o Objective) resolvedValue(key string) (any, bool) {
 		return nil, true
 	}
 	return strconv.FormatFloat(o.ModelSizeB, 'f', -1, 64) + "B", true
+}
+
+// HasShapes reports whether an alternative of r has a gang size of its own (num_nodes).
+func (r Resources) HasShapes() bool {
+	for _, alts := range [][]Resources{r.AnyOf, r.Ordered} {
+		for _, a := range alts {
+			if a.NumNodes > 0 {
+				return true
+			}
+		}
+	}
+	return false
 }

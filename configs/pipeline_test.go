@@ -56,3 +56,43 @@ func TestParsePipelineErrors(t *testing.T) {
 		}
 	}
 }
+
+// A job's gang shapes (an alternative's own num_nodes) read back from the resolved YAML as
+// they were; at the top of resources, or in a service, num_nodes is refused.
+func TestGangShapes(t *testing.T) {
+	const job = `name: shapes
+resources:
+  objective: {minimize: cost_per_step}
+  any_of:
+    - {accelerators: V100:1, use_spot: true, num_nodes: 8}
+    - {accelerators: V100:8}
+run: train
+`
+	task, err := Parse("s.yaml", []byte(job), Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !task.Resources.HasShapes() || task.Resources.AnyOf[0].NumNodes != 8 || task.Resources.AnyOf[0].Objective.Nodes != 8 || task.Resources.AnyOf[1].Objective.Nodes != 1 {
+		t.Fatalf("alternatives: %+v", task.Resources.AnyOf)
+	}
+	out, err := task.ResolvedYAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Parse("resolved.yaml", out, Overrides{})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if back.Resources.AnyOf[0].NumNodes != 8 || back.Resources.AnyOf[1].NumNodes != 0 {
+		t.Errorf("read back: %+v\n%s", back.Resources.AnyOf, out)
+	}
+	for name, tt := range map[string]struct{ yaml, want string }{
+		"top":     {"resources: {num_nodes: 2}\nrun: x\n", "s.yaml:1:13: resources.num_nodes: num_nodes is the task's"},
+		"service": {"resources: {ports: 8080, any_of: [{num_nodes: 2}]}\nservice: {readiness_probe: /, replicas: 1}\nrun: x\n", "a service's replicas have the task's num_nodes"},
+		"zero":    {"resources: {any_of: [{num_nodes: 0}]}\nrun: x\n", "num_nodes"},
+	} {
+		if _, err := Parse("s.yaml", []byte(tt.yaml), Overrides{}); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want %q", name, err, tt.want)
+		}
+	}
+}

@@ -16,7 +16,7 @@ import (
 // resourceKeys are Resources' keys and the spellings SkyPilot also accepts (cloud, region
 // and zone for infra, spot_recovery for job_recovery), plus job_recovery, which is held on Job.
 var resourceKeys = []string{"infra", "cloud", "region", "zone", "accelerators", "cpus", "memory", "use_spot", "ports", "image_id", "disk_size", "any_of", "ordered", "job_recovery",
-	"instance_type", "labels", "autostop", "disk_tier", "gpu_share", "objective", "capacity", "spot_recovery", "network_tier"}
+	"instance_type", "labels", "autostop", "disk_tier", "gpu_share", "objective", "capacity", "spot_recovery", "network_tier", "num_nodes"}
 
 // acceleratorNameRE is an accelerator type such as A100, H100-80GB or tpu-v5e-8.
 var acceleratorNameRE = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9-]*$`)
@@ -187,7 +187,23 @@ func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
 	}
 	c.preferredAccelerators(&r, top, anyOf, ordered, f)
 	c.checkImages(r, top, slices.Concat(anyOf, ordered))
+	c.checkShapes(top, slices.Concat(anyOf, ordered), isService)
 	return r, recovery
+}
+
+// checkShapes allows num_nodes only in a job's alternatives, where each is a shape of the gang
+// the optimizer compares by cost (8 nodes × 1 GPU against 1 × 8): at the top of resources it
+// is the task's num_nodes, and a service's replicas all have the task's.
+func (c *checker) checkShapes(top resourceSpec, alts []resourceSpec, isService bool) {
+	if at := top.given["num_nodes"]; at != nil {
+		c.errorf(at, "resources.num_nodes", "num_nodes is the task's: write it at the top of the task, or in an any_of or ordered alternative for a gang shape of its own")
+	}
+	for _, alt := range alts {
+		if at := alt.given["num_nodes"]; at != nil && isService {
+			c.errorf(at, "num_nodes", "a service's replicas have the task's num_nodes: an alternative's own num_nodes is for a job's gang shape")
+			return
+		}
+	}
 }
 
 // checkImages refuses an image_id the candidate's infra would refuse at launch, so that
@@ -349,6 +365,9 @@ func mergeAll(top Resources, alts []resourceSpec, located bool) []Resources {
 		if alt.given["instance_type"] != nil {
 			m.InstanceType = a.InstanceType
 		}
+		if alt.given["num_nodes"] != nil {
+			m.NumNodes = a.NumNodes // a shape of its own (checkShapes)
+		}
 		if m.Infra == "" && located {
 			m.Infra = "*"
 		}
@@ -488,6 +507,12 @@ func (c *checker) resourceSpec(n *yaml.Node, field, inheritCloud string) (resour
 		if v, ok := c.diskSize(e.value, joinField(field, "disk_size")); ok {
 			s.r.DiskSize = v
 			s.given["disk_size"] = e.value
+		}
+	}
+	if e, ok := f["num_nodes"]; ok {
+		if v, ok := c.intAtLeast(e.value, joinField(field, "num_nodes"), 1); ok {
+			s.r.NumNodes = v
+			s.given["num_nodes"] = e.keyNode
 		}
 	}
 	c.extraResourceFields(&s, f, field)

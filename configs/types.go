@@ -89,6 +89,10 @@ type Resources struct {
 	Ordered []Resources `json:"ordered,omitempty" yaml:"ordered,omitempty"`
 	// Objective is what the optimizer minimises among the candidates (objective.go).
 	Objective Objective `json:"objective,omitzero" yaml:"objective"`
+	// NumNodes, in an any_of or ordered alternative of a job, is that shape's gang size (8
+	// nodes × 1 GPU on spot against 1 node × 8 on demand); 0 is the task's num_nodes. Never
+	// set at the top of resources, where num_nodes is the task's.
+	NumNodes int `json:"num_nodes,omitempty" yaml:"num_nodes,omitempty"`
 }
 
 // Autostop is SkyPilot's resources.autostop. Ferry has no long-lived clusters: a job's nodes

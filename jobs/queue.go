@@ -173,6 +173,7 @@ func (m *Manager) placed(ctx context.Context, id int64, insts []launcher.Instanc
 			return true
 		}
 		cur.Nodes = nodesOf(insts)
+		cur.GangSize = len(insts) // the placement's own shape, when the task offers several
 		cur.CostSince = m.cfg.Now()
 		to := cur.Where()
 		m.started(cur, runningReason(*cur, len(insts), to))

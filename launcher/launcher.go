@@ -172,6 +172,10 @@ type Placement struct {
 	MemoryGiB        float64 `json:"memory_gib,omitempty"`
 	Spot             bool    `json:"spot,omitempty"`
 	PricePerHour     float64 `json:"price_per_hour"`
+	// Nodes is the gang this placement launches when the task offers gang shapes (an
+	// alternative's num_nodes: 8 nodes × 1 GPU against 1 × 8); 0 is the task's num_nodes.
+	// PricePerHour stays per node.
+	Nodes int `json:"nodes,omitempty"`
 	// Reservation, Queued and the window are where the capacity comes from (capacity.go):
 	// the reservation or block id to launch into ("" none), whether to wait in the cloud's
 	// queue, and the reservation's window (zero: none; the nodes end at WindowEnd).

@@ -79,8 +79,14 @@ func printPlan(ctx context.Context, out io.Writer, task *configs.Task) error {
 	if err != nil {
 		return fmt.Errorf("no place to run this task: %w", err)
 	}
-	nodes := max(task.NumNodes, 1)
-	fmt.Fprintf(out, "Considered resources (%d node%s), best first; a launch that finds no capacity moves down the list:\n", nodes, plural(nodes))
+	nodes := fmt.Sprintf("%d node%s", max(task.NumNodes, 1), plural(max(task.NumNodes, 1)))
+	if task.Resources.HasShapes() {
+		nodes += " unless a row's GPUS says its own gang shape; compared by what the whole gang costs"
+	}
+	fmt.Fprintf(out, "Considered resources (%s), best first; a launch that finds no capacity moves down the list:\n", nodes)
+	if err := catalog.CheckInterruptions(); err != nil {
+		fmt.Fprintf(out, "Note: %v; spot placements are ranked by the embedded traces.\n", err)
+	}
 	if err := optimizer.WriteObjectiveTable(out, cands, 0, tableRows, task.Resources.Objective); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"encoding/csv"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -89,22 +90,83 @@ type interruption struct {
 	count         int
 }
 
-var interruptions = sync.OnceValue(func() []interruption {
-	recs, err := csv.NewReader(bytes.NewReader(interruptionsCSV)).ReadAll()
+// EnvSpotInterruptions names a CSV in spot_interruptions.csv's format (README.md) that
+// replaces the embedded interruption traces: an operator's own preemption history, which
+// ranks spot placements by what their fleet has seen rather than the public traces.
+const EnvSpotInterruptions = "FERRY_SPOT_INTERRUPTIONS"
+
+// loadedTraces caches the traces by the file they came from ("" the embedded ones).
+var loadedTraces sync.Map // string → tracesOrError
+
+type tracesOrError struct {
+	traces []interruption
+	err    error
+}
+
+// interruptions are the traces in use: EnvSpotInterruptions' file if set, else the embedded.
+func interruptions() []interruption {
+	path := os.Getenv(EnvSpotInterruptions)
+	if v, ok := loadedTraces.Load(path); ok {
+		return v.(tracesOrError).traces
+	}
+	t, err := loadTraces(path)
+	v, _ := loadedTraces.LoadOrStore(path, tracesOrError{t, err})
+	return v.(tracesOrError).traces
+}
+
+// CheckInterruptions reports why EnvSpotInterruptions' file cannot be used (the embedded
+// traces are used instead), nil when it can or is not set.
+func CheckInterruptions() error {
+	interruptions()
+	v, _ := loadedTraces.Load(os.Getenv(EnvSpotInterruptions))
+	return v.(tracesOrError).err
+}
+
+func loadTraces(path string) ([]interruption, error) {
+	data, name := interruptionsCSV, "spot_interruptions.csv"
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			embedded, _ := loadTraces("")
+			return embedded, fmt.Errorf("catalog: $%s: %w", EnvSpotInterruptions, err)
+		}
+		data, name = b, path
+	}
+	t, err := parseTraces(data, name)
+	if err != nil && path != "" {
+		embedded, _ := loadTraces("")
+		return embedded, fmt.Errorf("catalog: $%s: %w", EnvSpotInterruptions, err)
+	}
 	if err != nil {
-		panic("catalog: spot_interruptions.csv: " + err.Error())
+		panic(err) // compiled in and tested: a build defect
+	}
+	return t, nil
+}
+
+// parseTraces reads cloud,region,zone,traced,instance_hours,interruptions[,trace] rows after a
+// header.
+func parseTraces(data []byte, name string) ([]interruption, error) {
+	recs, err := csv.NewReader(bytes.NewReader(data)).ReadAll()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if len(recs) < 2 {
+		return nil, fmt.Errorf("%s: no trace after the header", name)
 	}
 	out := make([]interruption, 0, len(recs)-1)
 	for i, r := range recs[1:] {
+		if len(r) < 6 {
+			return nil, fmt.Errorf("%s:%d: want cloud,region,zone,traced,instance_hours,interruptions", name, i+2)
+		}
 		h, err1 := strconv.ParseFloat(r[4], 64)
 		n, err2 := strconv.Atoi(r[5])
 		if err1 != nil || err2 != nil || h <= 0 || n < 0 {
-			panic(fmt.Sprintf("catalog: spot_interruptions.csv:%d: bad hours or count", i+2))
+			return nil, fmt.Errorf("%s:%d: bad hours or count", name, i+2)
 		}
 		out = append(out, interruption{cloud: r[0], region: r[1], gpu: tracedGPU(r[3]), hours: h, count: n})
 	}
-	return out
-})
+	return out, nil
+}
 
 // tracedGPU is the accelerator a trace's instance carried ("v100_1": V100), or "" for a CPU
 // type: a prefix the catalog sells as a GPU.

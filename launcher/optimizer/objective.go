@@ -49,7 +49,8 @@ type score struct {
 func scoreOf(o configs.Objective, c *Candidate) score {
 	p := &c.Placement
 	if !o.PerWork() {
-		return score{value: p.PricePerHour, ok: true}
+		// Gangs of different shapes compare by what the whole gang costs an hour.
+		return score{value: p.PricePerHour * float64(max(o.Nodes, 1)), ok: true}
 	}
 	if p.Accelerator == "" {
 		return score{why: "no accelerator"}
@@ -62,7 +63,11 @@ func scoreOf(o configs.Objective, c *Candidate) score {
 	if o.Minimize == configs.ObjectiveCostPerStep {
 		work := t.RelativeTraining() * p.AcceleratorCount
 		v := p.PricePerHour / (work * uptime)
-		return score{value: v, ok: true, why: fmt.Sprintf("%s×%s A100-equiv%s", formatNumber(round2(t.RelativeTraining())), formatNumber(p.AcceleratorCount), upWhy)}
+		shape := ""
+		if p.Nodes > 0 {
+			shape = fmt.Sprintf("%d nodes × ", p.Nodes)
+		}
+		return score{value: v, ok: true, why: fmt.Sprintf("%s%s×%s A100-equiv%s", shape, formatNumber(round2(t.RelativeTraining())), formatNumber(p.AcceleratorCount), upWhy)}
 	}
 	size := cmpOr(o.ModelSizeB, DefaultModelSizeB)
 	tps := t.DecodeTokensPerSecond(p.AcceleratorCount, size)

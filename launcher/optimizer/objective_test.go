@@ -2,6 +2,8 @@ package optimizer
 
 import (
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -122,5 +124,61 @@ func TestObjectiveTable(t *testing.T) {
 	var plain strings.Builder
 	if err := WriteTable(&plain, cands, 0, 3); err != nil || strings.Contains(plain.String(), "Objective") {
 		t.Errorf("cost_per_hour table changed: %v\n%s", err, plain.String())
+	}
+}
+
+// Gang shapes (an alternative's own num_nodes): eight 1-GPU spot nodes against one 8-GPU
+// on-demand node, per step of work. On the public V100 traces of us-east-2 (0.06
+// interruptions an hour) the spot gang is cheaper per step; on a fleet's own, more volatile history (FERRY_SPOT_INTERRUPTIONS) its eight nodes
+// are interrupted so often that the on-demand node wins. Under cost_per_hour the shapes
+// compare by what the whole gang costs.
+func TestGangShapesFlipWithVolatility(t *testing.T) {
+	task, err := configs.Parse("shapes.yaml", []byte(`name: train
+resources:
+  infra: aws/us-east-2
+  objective: {minimize: cost_per_step}
+  any_of:
+    - {accelerators: V100:1, use_spot: true, num_nodes: 8}
+    - {accelerators: V100:8}
+run: train
+`), configs.Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	best := func() Candidate {
+		t.Helper()
+		cands, err := Plan(task.Resources, []Infra{aws})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cands[0]
+	}
+	calm := best()
+	if !calm.Placement.Spot || calm.Placement.Nodes != 8 || !strings.Contains(calm.Why, "8 nodes ×") {
+		t.Fatalf("on the public traces: %+v (%s), want the 8-node spot gang", calm.Placement, calm.Why)
+	}
+	volatile := filepath.Join(t.TempDir(), "ours.csv")
+	if err := os.WriteFile(volatile, []byte("cloud,region,zone,traced,instance_hours,interruptions,trace\naws,us-east-2,us-east-2a,v100_1,100,150,ours\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(catalog.EnvSpotInterruptions, volatile)
+	stormy := best()
+	if stormy.Placement.Spot || stormy.Placement.Nodes != 0 || stormy.Placement.AcceleratorCount != 8 {
+		t.Fatalf("on a volatile history: %+v (%s), want the 8-GPU on-demand node", stormy.Placement, stormy.Why)
+	}
+
+	hourly := task.Resources
+	hourly.Objective.Minimize = ""
+	for i := range hourly.AnyOf {
+		hourly.AnyOf[i].Objective.Minimize = ""
+	}
+	cands, err := Plan(hourly, []Infra{aws})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cands {
+		if want := c.Placement.PricePerHour * float64(max(c.Placement.Nodes, 1)); c.Score != want {
+			t.Errorf("%+v: score %v, want the gang's price %v", c.Placement, c.Score, want)
+		}
 	}
 }

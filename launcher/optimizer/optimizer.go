@@ -146,7 +146,8 @@ func Plan(r configs.Resources, infras []Infra) ([]Candidate, error) {
 		start := len(raw)
 		raw = reqs[i].plan(raw, cat, infras)
 		for j := start; j < len(raw); j++ {
-			sc := scoreOf(r.Objective, &raw[j])
+			raw[j].Placement.Nodes = alts[i].NumNodes
+			sc := scoreOf(alts[i].Objective, &raw[j])
 			raw[j].Score, raw[j].Scored, raw[j].Why = sc.value, sc.ok, sc.why
 		}
 		if len(r.Ordered) > 0 || i == len(reqs)-1 {

@@ -150,7 +150,11 @@ func gpus(p *launcher.Placement) string {
 	if p.Accelerator == "" {
 		return "-"
 	}
-	return p.Accelerator + ":" + formatNumber(p.AcceleratorCount)
+	s := p.Accelerator + ":" + formatNumber(p.AcceleratorCount)
+	if p.Nodes > 0 {
+		s = fmt.Sprintf("%d× %s", p.Nodes, s) // a gang shape of its own: nodes × per node
+	}
+	return s
 }
 
 func location(p *launcher.Placement) string {

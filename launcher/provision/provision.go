@@ -17,7 +17,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -313,6 +315,9 @@ func (p *Provisioner) try(ctx context.Context, c Choice, spec launcher.Spec, n i
 			insts = []launcher.Instance{inst}
 		}
 	} else {
+		if c.Nodes > 0 {
+			n = c.Nodes // this alternative's own gang shape
+		}
 		insts, err = launcher.LaunchGang(ctx, prov, s, n)
 	}
 	p.observeCall(c.Infra, launchPart(c, err), err)
@@ -590,12 +595,22 @@ func timedOut(parent, call context.Context, timeout time.Duration, err error) er
 func placedSpec(spec launcher.Spec, pl launcher.Placement) launcher.Spec {
 	s := spec
 	s.Placement = pl
-	if _, set := spec.Envs[launcher.EnvClusterInfo]; !set {
-		s.Envs = maps.Clone(spec.Envs)
-		if s.Envs == nil {
-			s.Envs = map[string]string{}
-		}
+	_, infoSet := spec.Envs[launcher.EnvClusterInfo]
+	_, gpusSet := spec.Envs[launcher.EnvNumGPUsPerNode]
+	if infoSet && !(gpusSet && pl.AcceleratorCount > 0) {
+		return s
+	}
+	s.Envs = maps.Clone(spec.Envs)
+	if s.Envs == nil {
+		s.Envs = map[string]string{}
+	}
+	if !infoSet {
 		s.Envs[launcher.EnvClusterInfo] = launcher.ClusterInfo(s, pl)
+	}
+	if gpusSet && pl.AcceleratorCount > 0 {
+		// The placement's own count: alternatives may differ (8 × 1 GPU against 1 × 8), and
+		// the job's spec says only the largest. SkyPilot rounds a fraction up.
+		s.Envs[launcher.EnvNumGPUsPerNode] = strconv.Itoa(int(math.Ceil(pl.AcceleratorCount)))
 	}
 	return s
 }
