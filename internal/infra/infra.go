@@ -76,7 +76,8 @@ func Open(h home.Home, opts Options) (*Set, error) {
 		return nil, err
 	}
 	s := &Set{Config: cfg, Problems: map[string]error{}, log: opts.Logger, windowLead: cmp.Or(opts.WindowLead, launcher.DefaultWindowLead)}
-	s.Local, err = local.New(local.Options{Dir: h.LocalDir(), PathPrepend: opts.PathPrepend, Supervisor: opts.Supervisor,
+	cpus, mem := s.localCapacity()
+	s.Local, err = local.New(local.Options{Dir: h.LocalDir(), CPUs: cpus, MemoryGiB: mem, PathPrepend: opts.PathPrepend, Supervisor: opts.Supervisor,
 		PrivateNetwork: opts.Supervisor != "", Logger: opts.Logger.Named("local"), Accelerators: s.localGPUs(),
 		PreemptionCooldown: opts.PreemptionCooldown})
 	if err != nil {

@@ -2,6 +2,7 @@ package infra
 
 import (
 	"bufio"
+	"cmp"
 	"os"
 	"runtime"
 	"strconv"
@@ -15,7 +16,20 @@ import (
 // localOfferings is what this machine can give a task that names no infra: its CPUs and
 // memory, and the GPUs the config's local section declares (none otherwise).
 func (s *Set) localOfferings() []launcher.Offering {
-	return optimizer.LocalOfferings(float64(runtime.NumCPU()), memTotalGiB(), s.localGPUs())
+	cpus, mem := float64(runtime.NumCPU()), memTotalGiB()
+	if cfgCPUs, cfgMem := s.localCapacity(); cfgCPUs > 0 || cfgMem > 0 {
+		// What the config declares is what local tasks may hold (launcher/local/capacity.go).
+		cpus, mem = cmp.Or(cfgCPUs, cpus), cmp.Or(cfgMem, mem)
+	}
+	return optimizer.LocalOfferings(cpus, mem, s.localGPUs())
+}
+
+// localCapacity is local.cpus and local.memory, 0 where not declared.
+func (s *Set) localCapacity() (cpus, memGiB float64) {
+	if s.Config == nil || s.Config.Local == nil {
+		return 0, 0
+	}
+	return s.Config.Local.CPUs, s.Config.Local.MemoryGiB
 }
 
 func (s *Set) localGPUs() []configs.Accelerator {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -19,11 +20,13 @@ import (
 )
 
 // Local capacity. Ferry cannot see GPUs from Go, so this machine's GPUs are what the ferry
-// config declares (Options.Accelerators, from local.accelerators). An instance that asks for a
-// declared GPU holds its share while its processes live, as a pod holds its node's allocatable:
-// a launch that does not fit fails with launcher.ErrNoCapacity — a job waits PENDING, a replica
-// tries its next infra — unless it may preempt. GPUs the config does not declare are not
-// counted: `infra: local` runs anything, for development against simulated replicas.
+// config declares (Options.Accelerators, from local.accelerators), and its CPUs and memory
+// what it declares under local.cpus and local.memory. An instance that asks for a declared
+// GPU, or for cpus or memory when those are declared, holds them while its processes live, as
+// a pod holds its node's allocatable by its requests: a launch that does not fit fails with
+// launcher.ErrNoCapacity — a job waits PENDING, a replica tries its next infra — unless it may
+// preempt. What the config does not declare is not counted: `infra: local` runs anything, for
+// development against simulated replicas.
 //
 // Serving preempts jobs here as Ferry's priority classes let Kubernetes' scheduler do: a
 // replica's launch that does not fit may take the GPUs of running instances that are
@@ -49,8 +52,9 @@ type gpuClaim struct {
 // holder is an instance holding GPUs, as the capacity check sees it.
 type holder struct {
 	id, name    string
-	job         string // its LabelJob, "" for a replica
-	claim       gpuClaim
+	job         string   // its LabelJob, "" for a replica
+	claim       gpuClaim // Name "" when it holds no GPU
+	cpus, mem   float64  // what it holds of the declared CPUs and GiB of memory
 	priority    int
 	preemptible bool
 	launchedAt  time.Time
@@ -85,39 +89,91 @@ func priorityOf(spec launcher.Spec) (int, bool) {
 	return spec.Job.Priority, spec.Job.Preemptible && spec.Labels[launcher.LabelService] == ""
 }
 
-// reserve holds spec's GPUs for instance id until release, or fails with ErrNoCapacity (after
-// starting to preempt what it may) or ErrInvalid (more than this machine declares).
+// reserve holds spec's GPUs, CPUs and memory (what the config declares of them) for instance
+// id until release, or fails with ErrNoCapacity (after starting to preempt what it may) or
+// ErrInvalid (more than this machine declares).
 func (p *Provider) reserve(spec launcher.Spec, id string) (release func(), err error) {
-	claim, ok := p.claimOf(spec)
-	if !ok {
+	want := p.wants(spec)
+	if want.claim.Name == "" && want.cpus == 0 && want.mem == 0 {
 		return func() {}, nil
 	}
-	prio, preemptible := priorityOf(spec)
+	want.id, want.name, want.job, want.launchedAt = id, spec.Name, spec.Labels[launcher.LabelJob], time.Now()
 	p.capMu.Lock()
 	defer p.capMu.Unlock()
-	devices := p.devices(claim.Name)
-	if !fits(devices, nil, claim.Count) {
-		return nil, fmt.Errorf("%w: a node asks for %s:%s, and local.accelerators declares %d %s on this machine",
-			launcher.ErrInvalid, claim.Name, formatCount(claim.Count), devices, claim.Name)
+	if short := p.short(nil, want); short != "" {
+		return nil, fmt.Errorf("%w: a node asks for more than this machine declares: %s", launcher.ErrInvalid, short)
 	}
-	held, err := p.holders(claim.Name)
+	held, err := p.holders()
 	if err != nil {
 		return nil, err
 	}
-	if !fits(devices, counts(held), claim.Count) {
+	if short := p.short(held, want); short != "" {
 		if spec.Job != nil && spec.Labels[launcher.LabelService] == "" {
 			// A job's node: between jobs the queue preempts (jobs/preempt.go), not the infra.
-			return nil, fmt.Errorf("%w: local's %d %s are in use (%s)", launcher.ErrNoCapacity, devices, claim.Name, describeHolders(held))
+			return nil, fmt.Errorf("%w: %s (%s)", launcher.ErrNoCapacity, short, describeHolders(held))
 		}
-		return nil, p.preemptFor(spec.Name, claim, prio, devices, held)
+		return nil, p.preemptFor(want, short, held)
 	}
-	p.pending[id] = holder{id: id, name: spec.Name, job: spec.Labels[launcher.LabelJob], claim: claim,
-		priority: prio, preemptible: preemptible, launchedAt: time.Now()}
+	p.pending[id] = want
 	return func() {
 		p.capMu.Lock()
 		delete(p.pending, id)
 		p.capMu.Unlock()
 	}, nil
+}
+
+// wants is what spec holds once launched: its declared GPU, and its cpus and memory where the
+// config declares those, with its priority.
+func (p *Provider) wants(spec launcher.Spec) holder {
+	var h holder
+	if claim, ok := p.claimOf(spec); ok {
+		h.claim = claim
+	}
+	if p.opts.CPUs > 0 {
+		h.cpus = amount(spec.Resources.CPUs)
+	}
+	if p.opts.MemoryGiB > 0 {
+		h.mem = amount(spec.Resources.Memory)
+	}
+	h.priority, h.preemptible = priorityOf(spec)
+	return h
+}
+
+// amount is a cpus or memory request's number ("4", "4+": 4), 0 when none.
+func amount(s string) float64 {
+	v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(s), "+"), 64)
+	if err != nil || !(v > 0) {
+		return 0
+	}
+	return v
+}
+
+// short says what of this machine's declared capacity want does not find beside held, "" when
+// it fits: whole GPUs take free devices, a fraction shares one (fits), CPUs and memory add up.
+func (p *Provider) short(held []holder, want holder) string {
+	const eps = 1e-9
+	if name := want.claim.Name; name != "" {
+		var counts []float64
+		for _, h := range held {
+			if strings.EqualFold(h.claim.Name, name) {
+				counts = append(counts, h.claim.Count)
+			}
+		}
+		if devices := p.devices(name); !fits(devices, counts, want.claim.Count) {
+			return fmt.Sprintf("local's %d %s are in use", devices, name)
+		}
+	}
+	var cpus, mem float64
+	for _, h := range held {
+		cpus, mem = cpus+h.cpus, mem+h.mem
+	}
+	if want.cpus > 0 && cpus+want.cpus > p.opts.CPUs+eps {
+		return fmt.Sprintf("local's %s declared CPUs are in use (%s held, %s asked)", formatCount(p.opts.CPUs), formatCount(cpus), formatCount(want.cpus))
+	}
+	if want.mem > 0 && mem+want.mem > p.opts.MemoryGiB+eps {
+		return fmt.Sprintf("local's %s GiB of declared memory are in use (%s held, %s asked)", formatCount(p.opts.MemoryGiB), formatCount(mem), formatCount(want.mem))
+	}
+	return ""
 }
 
 // devices is how many GPUs named name this machine declares.
@@ -131,9 +187,9 @@ func (p *Provider) devices(name string) int {
 	return n
 }
 
-// holders are the live instances and launches in flight that hold GPUs named name. An
-// instance holds them until its processes are gone, preempted or not.
-func (p *Provider) holders(name string) ([]holder, error) {
+// holders are the live instances and launches in flight that hold any of the declared
+// capacity. An instance holds it until its processes are gone, preempted or not.
+func (p *Provider) holders() ([]holder, error) {
 	entries, err := os.ReadDir(p.opts.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("list local instances: %w", err)
@@ -141,29 +197,23 @@ func (p *Provider) holders(name string) ([]holder, error) {
 	var out []holder
 	for _, e := range entries {
 		meta, err := loadMetadata(filepath.Join(p.opts.Dir, e.Name()))
-		if err != nil || meta.GPU == nil || !strings.EqualFold(meta.GPU.Name, name) {
+		if err != nil || (meta.GPU == nil && meta.CPUs == 0 && meta.MemoryGiB == 0) {
 			continue
 		}
 		if meta.ExitReason != "" || !instanceAlive(meta) {
 			continue
 		}
-		out = append(out, holder{id: meta.ID, name: meta.Name, job: meta.Labels[launcher.LabelJob], claim: *meta.GPU,
-			priority: meta.Priority, preemptible: meta.Preemptible, launchedAt: meta.LaunchedAt, preempted: meta.PreemptedBy != ""})
+		h := holder{id: meta.ID, name: meta.Name, job: meta.Labels[launcher.LabelJob], cpus: meta.CPUs, mem: meta.MemoryGiB,
+			priority: meta.Priority, preemptible: meta.Preemptible, launchedAt: meta.LaunchedAt, preempted: meta.PreemptedBy != ""}
+		if meta.GPU != nil {
+			h.claim = *meta.GPU
+		}
+		out = append(out, h)
 	}
 	for _, h := range p.pending {
-		if strings.EqualFold(h.claim.Name, name) {
-			out = append(out, h)
-		}
+		out = append(out, h)
 	}
 	return out, nil
-}
-
-func counts(hs []holder) []float64 {
-	out := make([]float64, len(hs))
-	for i, h := range hs {
-		out[i] = h.claim.Count
-	}
-	return out
 }
 
 // fits reports whether a claim of want fits devices GPUs beside claims held: whole counts take
@@ -199,14 +249,12 @@ func fits(devices int, held []float64, want float64) bool {
 	return true
 }
 
-// preemptFor stops the fewest preemptible, lower-priority holders that make claim fit for
-// replica launch at priority prio, and
-// returns the ErrNoCapacity that tells the launch to come back once they are gone (or why
-// nothing can be taken).
-func (p *Provider) preemptFor(launch string, claim gpuClaim, prio, devices int, held []holder) error {
-	busy := fmt.Errorf("%w: local's %d %s are in use (%s)", launcher.ErrNoCapacity, devices, claim.Name, describeHolders(held))
-	var keep []holder
-	var victims []holder
+// preemptFor stops the fewest preemptible, lower-priority holders that make room for replica
+// launch want (short: what it lacks), and returns the ErrNoCapacity that tells the launch to
+// come back once they are gone (or why nothing can be taken).
+func (p *Provider) preemptFor(want holder, short string, held []holder) error {
+	busy := fmt.Errorf("%w: %s (%s)", launcher.ErrNoCapacity, short, describeHolders(held))
+	var keep, victims []holder
 	for _, h := range held {
 		if h.preempted {
 			victims = append(victims, h) // going already: counts as freed
@@ -214,10 +262,10 @@ func (p *Provider) preemptFor(launch string, claim gpuClaim, prio, devices int, 
 			keep = append(keep, h)
 		}
 	}
-	if fits(devices, counts(keep), claim.Count) {
+	if p.short(keep, want) == "" {
 		return fmt.Errorf("%w; waiting for %s to stop", busy, describeHolders(victims))
 	}
-	candidates := slices.DeleteFunc(slices.Clone(keep), func(h holder) bool { return !p.mayPreempt(h, prio) })
+	candidates := slices.DeleteFunc(slices.Clone(keep), func(h holder) bool { return !p.mayPreempt(h, want.priority) })
 	// Lowest priority first, then the newest: the least work lost.
 	slices.SortFunc(candidates, func(a, b holder) int {
 		return cmp.Or(cmp.Compare(a.priority, b.priority), b.launchedAt.Compare(a.launchedAt))
@@ -226,9 +274,9 @@ func (p *Provider) preemptFor(launch string, claim gpuClaim, prio, devices int, 
 	for _, c := range candidates {
 		keep = slices.DeleteFunc(keep, func(h holder) bool { return h.id == c.id })
 		chosen = append(chosen, c)
-		if fits(devices, counts(keep), claim.Count) {
+		if p.short(keep, want) == "" {
 			for _, v := range chosen {
-				p.preempt(v, fmt.Sprintf("preempted for %s (priority %d) on local's %s", launch, prio, claim.Name))
+				p.preempt(v, fmt.Sprintf("preempted for %s (priority %d) on local", want.name, want.priority))
 			}
 			return fmt.Errorf("%w; preempting %s", busy, describeHolders(chosen))
 		}
@@ -292,7 +340,17 @@ func (p *Provider) preempt(h holder, why string) {
 func describeHolders(hs []holder) string {
 	parts := make([]string, 0, len(hs))
 	for _, h := range hs {
-		parts = append(parts, fmt.Sprintf("%s holds %s (priority %d)", who(h.name, h.job), formatCount(h.claim.Count), h.priority))
+		var what []string
+		if h.claim.Name != "" {
+			what = append(what, formatCount(h.claim.Count))
+		}
+		if h.cpus > 0 {
+			what = append(what, formatCount(h.cpus)+" CPUs")
+		}
+		if h.mem > 0 {
+			what = append(what, formatCount(h.mem)+" GiB")
+		}
+		parts = append(parts, fmt.Sprintf("%s holds %s (priority %d)", who(h.name, h.job), strings.Join(what, ", "), h.priority))
 	}
 	slices.Sort(parts)
 	return strings.Join(parts, ", ")

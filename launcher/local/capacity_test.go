@@ -171,3 +171,40 @@ func TestReplicaPreemptsAPreemptibleJob(t *testing.T) {
 		t.Errorf("a multi-node replica's node: priority %d preemptible %v", prio, preemptible)
 	}
 }
+
+// TestDeclaredCPUsAndMemoryAreHeld: with local.cpus and local.memory declared, tasks asking for
+// cpus or memory hold them: a job that would pass either waits; a task asking for neither is
+// not counted.
+func TestDeclaredCPUsAndMemoryAreHeld(t *testing.T) {
+	p := newProvider(t, Options{CPUs: 4, MemoryGiB: 16})
+	ctx := context.Background()
+	job := func(name, cpus, mem string) launcher.Spec {
+		return launcher.Spec{Name: name, Labels: map[string]string{launcher.LabelJob: name}, Run: "sleep 300",
+			Resources: configs.Resources{CPUs: cpus, Memory: mem}, Job: &launcher.JobSpec{Priority: 500}}
+	}
+	a, err := p.Launch(ctx, job("a", "3", "8+"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.Launch(ctx, job("b", "2", ""))
+	if !errors.Is(err, launcher.ErrNoCapacity) || !strings.Contains(err.Error(), "local's 4 declared CPUs are in use (3 held, 2 asked)") || !strings.Contains(err.Error(), "a holds 3 CPUs, 8 GiB") {
+		t.Fatalf("CPUs past the declared 4: %v", err)
+	}
+	if _, err := p.Launch(ctx, job("c", "", "9")); !errors.Is(err, launcher.ErrNoCapacity) || !strings.Contains(err.Error(), "16 GiB of declared memory") {
+		t.Fatalf("memory past the declared 16 GiB: %v", err)
+	}
+	if _, err := p.Launch(ctx, job("d", "8", "")); !errors.Is(err, launcher.ErrInvalid) {
+		t.Fatalf("more CPUs than declared at all: %v, want invalid", err)
+	}
+	free, err := p.Launch(ctx, job("e", "1", "8"))
+	if err != nil {
+		t.Fatalf("what is left: %v", err)
+	}
+	uncounted, err := p.Launch(ctx, job("f", "", ""))
+	if err != nil {
+		t.Fatalf("a task asking for nothing: %v", err)
+	}
+	for _, in := range []launcher.Instance{a, free, uncounted} {
+		_ = p.Terminate(ctx, in.ID)
+	}
+}

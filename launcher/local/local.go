@@ -74,6 +74,10 @@ type Options struct {
 	// asking for them hold them, and a launch that does not fit waits or preempts
 	// (capacity.go). GPUs not declared here are not counted.
 	Accelerators []configs.Accelerator
+	// CPUs and MemoryGiB are this machine's declared CPUs and memory (local.cpus,
+	// local.memory): instances asking for cpus or memory hold them (capacity.go); 0 counts
+	// none.
+	CPUs, MemoryGiB float64
 	// PreemptionCooldown is how long a job preempted on local is safe from another
 	// preemption; default DefaultPreemptionCooldown.
 	PreemptionCooldown time.Duration
@@ -334,9 +338,12 @@ func (p *Provider) start(dir, work, id string, at hostPort, spec launcher.Spec) 
 	if spec.Job != nil {
 		meta.Job, meta.StopGrace = true, spec.Job.Grace
 	}
-	if claim, ok := p.claimOf(spec); ok {
-		meta.GPU = &claim
-		meta.Priority, meta.Preemptible = priorityOf(spec)
+	if want := p.wants(spec); want.claim.Name != "" || want.cpus > 0 || want.mem > 0 {
+		if want.claim.Name != "" {
+			meta.GPU = &want.claim
+		}
+		meta.CPUs, meta.MemoryGiB = want.cpus, want.mem
+		meta.Priority, meta.Preemptible = want.priority, want.preemptible
 	}
 	if host != p.opts.Host {
 		meta.Host = host

@@ -38,9 +38,11 @@ type metadata struct {
 	// Job marks a job's node: its script runs under a wrapper that records the exit status in
 	// exitStatusFile, so that a later controller, which cannot wait for it, still learns it.
 	Job bool `json:"job,omitempty"`
-	// GPU is what the instance holds of the machine's declared GPUs (capacity.go), with its
-	// Priority and whether a higher one may preempt it; nil when it holds none.
+	// GPU, CPUs and MemoryGiB are what the instance holds of the machine's declared capacity
+	// (capacity.go), with its Priority and whether a higher one may preempt it.
 	GPU         *gpuClaim `json:"gpu,omitempty"`
+	CPUs        float64   `json:"cpus,omitempty"`
+	MemoryGiB   float64   `json:"memory_gib,omitempty"`
 	Priority    int       `json:"priority,omitempty"`
 	Preemptible bool      `json:"preemptible,omitempty"`
 	// PreemptedBy says why the instance was preempted for another launch: it lists as
