@@ -171,12 +171,7 @@ func TestKubernetesJobPreemptsLowerPriorityJob(t *testing.T) {
 	k := newKubeEnv(t, "NVIDIA-B200", 1, 1, 2)
 	k.extraEnv = append(k.extraEnv, "FERRY_JOB_RETRY_INTERVAL=1s", "FERRY_JOB_WATCH_INTERVAL=200ms")
 	defer k.stopJobs()
-	dir := t.TempDir()
-	job := func(name string, priority int, preemptible bool, steps int) string {
-		f := filepath.Join(dir, name+".yaml")
-		writeFile(t, f, fmt.Sprintf(kubeB200Job, name, priority, preemptible, steps))
-		return f
-	}
+	job := jobFiles(t, kubeB200Job)
 	low := k.launchDetached(job("low", 100, true, 400))
 	k.waitJob(low, 2*time.Minute, "runs", func(j jobView) bool { return j.State == "RUNNING" })
 	eventually(t, time.Minute, "the low job trains", func() (bool, string) {

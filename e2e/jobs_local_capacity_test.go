@@ -31,12 +31,7 @@ func TestLocalGPUJobsShareTheDeclaredGPU(t *testing.T) {
 	e.extraEnv = append(e.extraEnv, "FERRY_JOB_RETRY_INTERVAL=1s", "FERRY_JOB_WATCH_INTERVAL=200ms")
 	writeFile(t, filepath.Join(e.home, "config.yaml"), "local:\n  accelerators: {L4: 1}\n")
 	defer e.stopJobs()
-	dir := t.TempDir()
-	job := func(name string, priority int, preemptible bool, steps int) string {
-		f := filepath.Join(dir, name+".yaml")
-		writeFile(t, f, fmt.Sprintf(localGPUJob, name, priority, preemptible, steps))
-		return f
-	}
+	job := jobFiles(t, localGPUJob)
 
 	// 1. One after the other.
 	first := e.launchDetached(job("first", 500, false, 100))
@@ -87,5 +82,16 @@ func TestLocalGPUJobsShareTheDeclaredGPU(t *testing.T) {
 	}
 	if out := e.mustRun("jobs", "logs", strconv.FormatInt(low, 10)); !strings.Contains(out, "resuming from checkpoint at step") || !strings.Contains(out, "training done: 400 steps") {
 		t.Errorf("the low job did not resume from its checkpoint:\n%s", lastLines(out, 10))
+	}
+}
+
+// jobFiles writes job YAMLs from tmpl, a template taking a job's name, priority, whether it is
+// preemptible and its steps, and returns each file's path.
+func jobFiles(t *testing.T, tmpl string) func(name string, priority int, preemptible bool, steps int) string {
+	dir := t.TempDir()
+	return func(name string, priority int, preemptible bool, steps int) string {
+		f := filepath.Join(dir, name+".yaml")
+		writeFile(t, f, fmt.Sprintf(tmpl, name, priority, preemptible, steps))
+		return f
 	}
 }
