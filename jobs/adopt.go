@@ -147,8 +147,9 @@ func (m *Manager) adoptAs(ctx context.Context, j Job, insts []launcher.Instance)
 	case j.State == Cancelling:
 		log.Info("finishing a cancel begun before the restart")
 		m.spawn("cancel", func() { m.release(ctx, id, Cancelled, "cancelled by the user") })
-	case j.State.Terminal() || (j.State == Recovering && len(j.Nodes) > 0):
-		// The verdict was saved; stopping its nodes was not finished.
+	case j.State.Terminal() || ((j.State == Recovering || j.State == Pending) && len(j.Nodes) > 0):
+		// The verdict was saved; stopping its nodes was not finished (PENDING: a pipeline's
+		// task succeeded and the next one waits, pipeline.go).
 		log.Info("stopping the nodes of an ended gang")
 		m.spawn("release", func() { m.release(ctx, id, j.State, j.Reason) })
 	case j.State == Starting || (j.State == Recovering && len(current) > 0):

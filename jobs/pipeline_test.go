@@ -1,13 +1,17 @@
 package jobs_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/jobs"
+	"github.com/ferryserve/ferry/launcher"
 )
 
 func (e *env) submitPipeline(yaml string) jobs.Job {
@@ -72,5 +76,44 @@ func TestPipelineStopsAtAFailedTask(t *testing.T) {
 	}
 	if _, err := os.Stat(mark); !os.IsNotExist(err) {
 		t.Errorf("the task after the failed one ran: %v", err)
+	}
+}
+
+// A controller killed after a pipeline's task succeeded and before its nodes were stopped left
+// the job PENDING (the next task) with the ended gang still recorded: the next controller stops
+// that gang and runs the next task.
+func TestPipelineResumesAfterARestartBetweenTasks(t *testing.T) {
+	e := newEnv(t)
+	e.stop()
+	p, err := configs.ParsePipeline("p.yaml", []byte("name: a\nrun: exec sleep 600\n---\nname: b\nrun: echo second\n"), configs.Overrides{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	id, err := e.store.CreateJob(jobs.Job{Name: "ab", Task: p.Tasks[1], Pipeline: p.Tasks, TaskIndex: 1, State: jobs.Pending,
+		Reason: "task 1/2 (a): every node exited 0; task 2/2 waits for its turn", Attempt: 1, SubmittedAt: now, StateSince: now, Priority: 500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := launcher.Spec{Name: "ab-left", Run: "exec sleep 600", Job: &launcher.JobSpec{},
+		Labels: map[string]string{launcher.LabelOwner: "true", launcher.LabelJob: strconv.FormatInt(id, 10), launcher.LabelAttempt: "1", launcher.LabelNodeRank: "0"}}
+	left, err := e.prov.Launch(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The dead controller had recorded the first task's node.
+	rec := jobs.Job{ID: id, Name: "ab", Task: p.Tasks[1], Pipeline: p.Tasks, TaskIndex: 1, State: jobs.Pending,
+		Reason: "task 1/2 (a): every node exited 0; task 2/2 waits for its turn", Attempt: 1, SubmittedAt: now, StateSince: now, Priority: 500,
+		Nodes: []jobs.Node{{Rank: 0, InstanceID: left.ID, Infra: "local"}}}
+	if err := e.store.SaveJob(rec); err != nil {
+		t.Fatal(err)
+	}
+	e.start()
+	done := e.waitState(id, jobs.Succeeded)
+	if done.TaskIndex != 1 || !strings.Contains(e.logOf(id, 0), "second") {
+		t.Errorf("ended on task %d, log %q", done.TaskIndex, e.logOf(id, 0))
+	}
+	for _, in := range e.running(id) {
+		t.Errorf("node %s still runs", in.ID)
 	}
 }
