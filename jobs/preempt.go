@@ -18,9 +18,10 @@ import (
 // knows which jobs are preemptible: a job that found no capacity preempts running jobs that are
 // preemptible, of a lower priority, and on capacity Ferry owns (local, Kubernetes: a cloud's
 // capacity is not freed for Ferry by stopping a VM), asking for the same GPU. Victims are taken
-// lowest priority first, then the most recently started (the least work lost), and only while
-// they free no more GPUs than the waiting gang needs; none are taken when all of them together
-// could not make room. A victim's watch ends its gang as a lost node (SIGTERM and its grace to
+// lowest priority first, then the most recently started (the least work lost), until they free
+// the GPUs the waiting gang asks for (the queue does not know how much of the infra is free
+// besides, so it may free more than needed when part of it is); none are taken when all of
+// them together could not free that much. A victim's watch ends its gang as a lost node (SIGTERM and its grace to
 // checkpoint, then RECOVERING, resumed from its checkpoint once capacity frees), and the
 // waiting job takes the GPUs at its next try, ahead of the victim in the queue's priority
 // order. A job preempted is safe from another preemption for Config.PreemptionCooldown, so a
