@@ -47,6 +47,23 @@ func gpuAsk(j Job, name string) float64 {
 	return most * float64(nodes)
 }
 
+// mayRunOn reports whether some alternative of job j may be placed on infra (an instance's:
+// "local", "kubernetes/CONTEXT"): freeing capacity there for a job that cannot use it would
+// stop the victim for nothing.
+func mayRunOn(j Job, infra string) bool {
+	for _, c := range j.Task.Resources.Candidates() {
+		switch {
+		case c.Infra == "" || c.Infra == infra:
+			return true
+		case c.Infra == "*" && infra != "local":
+			return true
+		case strings.HasPrefix(infra, c.Infra+"/"): // kubernetes: every context
+			return true
+		}
+	}
+	return false
+}
+
 // accelerators are the GPU names job j may run on.
 func accelerators(j Job) []string {
 	var out []string
@@ -70,7 +87,7 @@ func (m *Manager) victimOf(v, h Job, name string) (float64, bool) {
 		return 0, false
 	}
 	for _, n := range v.Nodes {
-		if !launcher.OwnedCapacity(n.Infra) {
+		if !launcher.OwnedCapacity(n.Infra) || !mayRunOn(h, n.Infra) {
 			return 0, false
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/jobs"
 )
 
@@ -78,5 +79,26 @@ func TestQueuePreemptsLowerPriorityJobs(t *testing.T) {
 	})
 	if j, _ := e.m.Get(low.ID); j.State != jobs.Running || j.Recoveries != 1 {
 		t.Errorf("the low job was preempted again within its cooldown: %s, %d recoveries", j.State, j.Recoveries)
+	}
+}
+
+func TestMayRunOn(t *testing.T) {
+	job := func(infra string) jobs.Job {
+		task, err := configs.Parse("j.yaml", []byte("resources: {infra: "+infra+"}\nrun: x\n"), configs.Overrides{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return jobs.Job{Task: task}
+	}
+	for _, tt := range []struct {
+		task, node string
+		want       bool
+	}{
+		{"local", "local", true}, {"aws", "local", false}, {"kubernetes", "kubernetes/ctx", true},
+		{"kubernetes/a", "kubernetes/b", false}, {"'*'", "local", false}, {"'*'", "kubernetes/ctx", true},
+	} {
+		if got := jobs.MayRunOn(job(tt.task), tt.node); got != tt.want {
+			t.Errorf("a job on %s may run on %s: %v, want %v", tt.task, tt.node, got, tt.want)
+		}
 	}
 }

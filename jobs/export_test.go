@@ -1,0 +1,4 @@
+package jobs
+
+// MayRunOn exports mayRunOn to the package's external tests.
+var MayRunOn = mayRunOn
