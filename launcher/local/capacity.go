@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -42,19 +41,12 @@ import (
 // DefaultPreemptionCooldown is Options.PreemptionCooldown's default.
 const DefaultPreemptionCooldown = 5 * time.Minute
 
-// gpuClaim is what an instance holds of one declared GPU type: whole devices, or a share of
-// one (a fraction, as GPU sharing asks).
-type gpuClaim struct {
-	Name  string  `json:"name"`
-	Count float64 `json:"count"`
-}
-
 // holder is an instance holding GPUs, as the capacity check sees it.
 type holder struct {
 	id, name    string
-	job         string   // its LabelJob, "" for a replica
-	claim       gpuClaim // Name "" when it holds no GPU
-	cpus, mem   float64  // what it holds of the declared CPUs and GiB of memory
+	job         string              // its LabelJob, "" for a replica
+	claim       configs.Accelerator // the declared GPU it holds, whole devices or a share; Name "" when none
+	cpus, mem   float64             // what it holds of the declared CPUs and GiB of memory
 	priority    int
 	preemptible bool
 	launchedAt  time.Time
@@ -63,20 +55,20 @@ type holder struct {
 
 // claimOf is the declared GPU spec asks for, if any: its placement's accelerator (the
 // optimizer's choice), else the first the task names.
-func (p *Provider) claimOf(spec launcher.Spec) (gpuClaim, bool) {
+func (p *Provider) claimOf(spec launcher.Spec) (configs.Accelerator, bool) {
 	acc := configs.Accelerator{Name: spec.Placement.Accelerator, Count: spec.Placement.AcceleratorCount}
 	if acc.Name == "" && len(spec.Resources.Accelerators) > 0 {
 		acc = spec.Resources.Accelerators[0]
 	}
 	if acc.Name == "" || acc.Count <= 0 {
-		return gpuClaim{}, false
+		return configs.Accelerator{}, false
 	}
 	for _, d := range p.opts.Accelerators {
 		if strings.EqualFold(d.Name, acc.Name) {
-			return gpuClaim{Name: d.Name, Count: acc.Count}, true
+			return configs.Accelerator{Name: d.Name, Count: acc.Count}, true
 		}
 	}
-	return gpuClaim{}, false
+	return configs.Accelerator{}, false
 }
 
 // priorityOf is spec's scheduling priority and whether a higher one may preempt it.
@@ -304,15 +296,12 @@ func (p *Provider) mayPreempt(h holder, prio int) bool {
 // then SIGKILL after its grace. Its owner sees PREEMPTED in List at once and terminates it.
 func (p *Provider) preempt(h holder, why string) {
 	dir := filepath.Join(p.opts.Dir, h.id)
-	p.mu.Lock()
-	meta, err := loadMetadata(dir)
-	p.mu.Unlock()
-	if err != nil {
-		return
-	}
-	meta.PreemptedBy = why
 	p.mu.Lock() // wait() records an exit under mu: neither write may lose the other's
-	err = saveMetadata(dir, meta)
+	meta, err := loadMetadata(dir)
+	if err == nil {
+		meta.PreemptedBy = why
+		err = saveMetadata(dir, meta)
+	}
 	p.mu.Unlock()
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
@@ -324,17 +313,9 @@ func (p *Provider) preempt(h holder, why string) {
 		p.preemptedAt[h.job] = time.Now()
 	}
 	p.log.Info("preempting instance", zap.String("instance", h.id), zap.String("name", h.name), zap.String("why", why))
-	go func() {
-		// Stopped as Terminate would (the same grace), leaving the directory for the owner's
-		// Terminate, which archives the log.
-		if err := signalInstance(meta, syscall.SIGTERM); err != nil {
-			return
-		}
-		grace := cmp.Or(meta.StopGrace, p.opts.StopGrace)
-		if !waitGone(context.Background(), meta, grace) {
-			_ = signalInstance(meta, syscall.SIGKILL)
-		}
-	}()
+	// Stopped as Terminate would (the same grace), leaving the directory for the owner's
+	// Terminate, which archives the log.
+	go func() { _ = p.endGroup(context.Background(), meta, true) }()
 }
 
 func describeHolders(hs []holder) string {
@@ -364,7 +345,7 @@ func who(name, job string) string {
 	return "job " + job + "'s " + name
 }
 
-func formatCount(f float64) string { return strings.TrimSuffix(fmt.Sprintf("%g", f), ".0") }
+func formatCount(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
 
 // checkGang refuses a gang of n nodes whose GPUs this machine could never hold at once.
 func (p *Provider) checkGang(spec launcher.Spec, n int) error {

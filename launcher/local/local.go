@@ -555,12 +555,17 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 // stopGroup signals the instance's process group and waits for it to vanish. Cancelling ctx
 // cuts the grace period short; it never leaves the group running.
 func (p *Provider) stopGroup(ctx context.Context, meta *metadata) error {
+	// A preempted instance had its SIGTERM (capacity.go): a second could cut short the
+	// checkpoint it is writing in its grace.
+	return p.endGroup(ctx, meta, meta.PreemptedBy == "")
+}
+
+// endGroup is stopGroup, sending SIGTERM first only when term is set.
+func (p *Provider) endGroup(ctx context.Context, meta *metadata, term bool) error {
 	if !instanceAlive(meta) {
 		return nil
 	}
-	// A preempted instance had its SIGTERM (capacity.go): a second could cut short the
-	// checkpoint it is writing in its grace.
-	if meta.PreemptedBy == "" {
+	if term {
 		if err := signalInstance(meta, syscall.SIGTERM); err != nil {
 			return err
 		}

@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/ferryserve/ferry/configs"
 )
 
 // metadata is what instance.json holds: enough to find, check and stop a replica's process group
@@ -40,11 +42,11 @@ type metadata struct {
 	Job bool `json:"job,omitempty"`
 	// GPU, CPUs and MemoryGiB are what the instance holds of the machine's declared capacity
 	// (capacity.go), with its Priority and whether a higher one may preempt it.
-	GPU         *gpuClaim `json:"gpu,omitempty"`
-	CPUs        float64   `json:"cpus,omitempty"`
-	MemoryGiB   float64   `json:"memory_gib,omitempty"`
-	Priority    int       `json:"priority,omitempty"`
-	Preemptible bool      `json:"preemptible,omitempty"`
+	GPU         *configs.Accelerator `json:"gpu,omitempty"`
+	CPUs        float64              `json:"cpus,omitempty"`
+	MemoryGiB   float64              `json:"memory_gib,omitempty"`
+	Priority    int                  `json:"priority,omitempty"`
+	Preemptible bool                 `json:"preemptible,omitempty"`
 	// PreemptedBy says why the instance was preempted for another launch: it lists as
 	// PREEMPTED from then on.
 	PreemptedBy string `json:"preempted_by,omitempty"`
