@@ -77,22 +77,21 @@ func accelerators(j Job) []string {
 	return out
 }
 
-// victimOf reports whether running job v may be preempted for waiting job h, and the GPUs it
-// frees of name.
-func (m *Manager) victimOf(v, h Job, name string) (float64, bool) {
+// victimOf reports whether running job v may be preempted for waiting job h, freeing GPUs
+// named name.
+func (m *Manager) victimOf(v, h Job, name string) bool {
 	if v.ID == h.ID || v.State != Running || len(v.Nodes) == 0 || !v.Preemptible || v.Priority >= h.Priority {
-		return 0, false
+		return false
 	}
 	if !v.PreemptedAt.IsZero() && m.cfg.Now().Sub(v.PreemptedAt) < m.cfg.PreemptionCooldown {
-		return 0, false
+		return false
 	}
 	for _, n := range v.Nodes {
 		if !launcher.OwnedCapacity(n.Infra) || !mayRunOn(h, n.Infra) {
-			return 0, false
+			return false
 		}
 	}
-	freed := gpuAsk(v, name)
-	return freed, freed > 0
+	return gpuAsk(v, name) > 0
 }
 
 // preemptFor marks the fewest running jobs that make room for waiting job h (see above) to be
@@ -105,7 +104,7 @@ func (m *Manager) preemptFor(h Job) string {
 		for _, v := range all {
 			if v.PreemptFor != "" && v.State == Running {
 				going = append(going, v) // already on its way out: its GPUs count
-			} else if _, ok := m.victimOf(v, h, name); ok {
+			} else if m.victimOf(v, h, name) {
 				candidates = append(candidates, v)
 			}
 		}
