@@ -104,43 +104,35 @@ type tracesOrError struct {
 }
 
 // interruptions are the traces in use: EnvSpotInterruptions' file if set, else the embedded.
-func interruptions() []interruption {
-	path := os.Getenv(EnvSpotInterruptions)
-	if v, ok := loadedTraces.Load(path); ok {
-		return v.(tracesOrError).traces
-	}
-	t, err := loadTraces(path)
-	v, _ := loadedTraces.LoadOrStore(path, tracesOrError{t, err})
-	return v.(tracesOrError).traces
-}
+func interruptions() []interruption { return tracesFor(os.Getenv(EnvSpotInterruptions)).traces }
 
 // CheckInterruptions reports why EnvSpotInterruptions' file cannot be used (the embedded
 // traces are used instead), nil when it can or is not set.
-func CheckInterruptions() error {
-	interruptions()
-	v, _ := loadedTraces.Load(os.Getenv(EnvSpotInterruptions))
-	return v.(tracesOrError).err
-}
+func CheckInterruptions() error { return tracesFor(os.Getenv(EnvSpotInterruptions)).err }
 
-func loadTraces(path string) ([]interruption, error) {
-	data, name := interruptionsCSV, "spot_interruptions.csv"
-	if path != "" {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			embedded, _ := loadTraces("")
-			return embedded, fmt.Errorf("catalog: $%s: %w", EnvSpotInterruptions, err)
+// tracesFor reads the traces of path ("": the embedded ones) once; a file that cannot be read
+// or parsed gives the embedded traces with the reason.
+func tracesFor(path string) tracesOrError {
+	if v, ok := loadedTraces.Load(path); ok {
+		return v.(tracesOrError)
+	}
+	var t tracesOrError
+	if path == "" {
+		var err error
+		if t.traces, err = parseTraces(interruptionsCSV, "spot_interruptions.csv"); err != nil {
+			panic(err) // compiled in and tested: a build defect
 		}
-		data, name = b, path
+	} else {
+		data, err := os.ReadFile(path)
+		if err == nil {
+			t.traces, err = parseTraces(data, path)
+		}
+		if err != nil {
+			t = tracesOrError{traces: tracesFor("").traces, err: fmt.Errorf("catalog: $%s: %w", EnvSpotInterruptions, err)}
+		}
 	}
-	t, err := parseTraces(data, name)
-	if err != nil && path != "" {
-		embedded, _ := loadTraces("")
-		return embedded, fmt.Errorf("catalog: $%s: %w", EnvSpotInterruptions, err)
-	}
-	if err != nil {
-		panic(err) // compiled in and tested: a build defect
-	}
-	return t, nil
+	v, _ := loadedTraces.LoadOrStore(path, t)
+	return v.(tracesOrError)
 }
 
 // parseTraces reads cloud,region,zone,traced,instance_hours,interruptions[,trace] rows after a

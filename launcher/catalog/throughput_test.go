@@ -1,6 +1,8 @@
 package catalog
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -30,5 +32,31 @@ func TestInterruptionRateByKind(t *testing.T) {
 	}
 	if _, _, _, ok := InterruptionRate("azure", "eastus", ""); ok {
 		t.Error("a cloud with no CPU trace has a CPU rate")
+	}
+}
+
+// A fleet's own history replaces the embedded traces; one that cannot be read or parsed is
+// reported, and the embedded traces rank meanwhile.
+func TestOwnInterruptionHistory(t *testing.T) {
+	dir := t.TempDir()
+	own := filepath.Join(dir, "own.csv")
+	if err := os.WriteFile(own, []byte("cloud,region,zone,traced,instance_hours,interruptions\naws,us-east-1,us-east-1a,v100_1,10,20\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	embedded, _, _, _ := InterruptionRate("aws", "us-east-1", "V100")
+	t.Setenv(EnvSpotInterruptions, own)
+	if rate, _, _, _ := InterruptionRate("aws", "us-east-1", "V100"); rate != 2 || CheckInterruptions() != nil {
+		t.Errorf("own history: rate %v, err %v; want 2/h", rate, CheckInterruptions())
+	}
+	bad := filepath.Join(dir, "bad.csv")
+	if err := os.WriteFile(bad, []byte("cloud,region,zone,traced,instance_hours,interruptions\naws,us-east-1,a,v100_1,-1,2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{bad, filepath.Join(dir, "missing.csv")} {
+		t.Setenv(EnvSpotInterruptions, path)
+		rate, _, _, _ := InterruptionRate("aws", "us-east-1", "V100")
+		if err := CheckInterruptions(); err == nil || !strings.Contains(err.Error(), EnvSpotInterruptions) || rate != embedded {
+			t.Errorf("%s: rate %v err %v; want the embedded %v and the reason", path, rate, err, embedded)
+		}
 	}
 }
