@@ -48,17 +48,10 @@ func scanBody(body []byte) (bodyFields, error) {
 		return f, s.end()
 	}
 	for {
-		s.space()
-		keyStart := s.i
-		if !s.str() {
+		key, ok := s.memberKey()
+		if !ok {
 			return f, errBodySyntax
 		}
-		key := body[keyStart+1 : s.i-1]
-		s.space()
-		if !s.eat(':') {
-			return f, errBodySyntax
-		}
-		s.space()
 		valStart := s.i
 		if !s.value(0) {
 			return f, errBodySyntax
@@ -77,12 +70,12 @@ func scanBody(body []byte) (bodyFields, error) {
 			// The last "stream" wins, as in the replica's JSON decoder.
 			f.Stream = streamRequested(val)
 		}
-		s.space()
-		if s.eat('}') {
-			return f, s.end()
-		}
-		if !s.eat(',') {
+		more, ok := s.nextMember()
+		if !ok {
 			return f, errBodySyntax
+		}
+		if !more {
+			return f, s.end()
 		}
 	}
 }
@@ -213,6 +206,33 @@ type jsonScanner struct {
 	// nextQuote and nextSlash are where the next quote and backslash at or after some
 	// earlier position are (len(b): none); below i they are stale (skipPlain).
 	nextQuote, nextSlash int
+}
+
+// memberKey reads an object member's key and its colon, and returns the key as written
+// (without its quotes, escapes kept), the scanner left at the value.
+func (s *jsonScanner) memberKey() ([]byte, bool) {
+	s.space()
+	start := s.i
+	if !s.str() {
+		return nil, false
+	}
+	key := s.b[start+1 : s.i-1]
+	s.space()
+	if !s.eat(':') {
+		return nil, false
+	}
+	s.space()
+	return key, true
+}
+
+// nextMember reads what follows a member's value: a comma (more: another member follows) or
+// the object's closing brace.
+func (s *jsonScanner) nextMember() (more, ok bool) {
+	s.space()
+	if s.eat('}') {
+		return false, true
+	}
+	return true, s.eat(',')
 }
 
 func (s *jsonScanner) end() error {

@@ -43,7 +43,7 @@ const (
 
 var (
 	tokenizePath      = []byte("/tokenize")
-	keyTokens         = []byte(`"tokens"`)
+	keyTokens         = []byte("tokens")
 	errTokenizeAnswer = errors.New("tokenize: no token ids in the answer")
 )
 
@@ -140,63 +140,58 @@ func (s *Service) fetchTokens(ex *exchange, hc *fasthttp.HostClient) error {
 // parseTokenIDs appends the ids of body's top-level "tokens" array ({"count": n,
 // "max_model_len": m, "tokens": [ids...], "token_strs": ...}) to dst, in whatever order the
 // members come: the other members are skipped as JSON values, so a "tokens" inside one of them
-// (a token's text) is not taken for the ids. It reports false when there is no such array of
-// ids, or the answer is not a JSON object.
+// (a token's text) is not taken for the ids. The array is read once, as it is parsed. It
+// reports false when there is no such array of ids, or the answer is not a JSON object.
 func parseTokenIDs(dst []uint32, body []byte) ([]uint32, bool) {
-	ids, ok := topMember(body, keyTokens)
-	if !ok || len(ids) < 2 || ids[0] != '[' {
+	s, ok := topMember(body, keyTokens)
+	if !ok || !s.eat('[') {
 		return dst, false
-	}
-	for field := range bytes.SplitSeq(ids[1:len(ids)-1], []byte(",")) {
-		field = bytes.TrimSpace(field)
-		if len(field) == 0 || len(field) > 10 {
-			return dst, false
-		}
-		var id uint64
-		for _, c := range field {
-			if c < '0' || c > '9' {
-				return dst, false
-			}
-			id = id*10 + uint64(c-'0')
-		}
-		if id > 1<<32-1 {
-			return dst, false
-		}
-		dst = append(dst, uint32(id))
-	}
-	return dst, len(dst) > 0
-}
-
-// topMember returns the raw value of the top-level member key (quoted, as written: no escapes)
-// of the JSON object body, scanning the members before it as whole values.
-func topMember(body, key []byte) ([]byte, bool) {
-	s := jsonScanner{b: body}
-	s.space()
-	if !s.eat('{') {
-		return nil, false
 	}
 	for {
 		s.space()
-		k := s.i
-		if !s.str() {
-			return nil, false
+		var id uint64
+		digits := 0
+		for ; s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9'; s.i++ {
+			if digits++; digits > 10 {
+				return dst, false
+			}
+			id = id*10 + uint64(s.b[s.i]-'0')
 		}
-		name := body[k:s.i]
-		s.space()
-		if !s.eat(':') {
-			return nil, false
+		if digits == 0 || id > 1<<32-1 {
+			return dst, false // not an id, or an empty array
 		}
+		dst = append(dst, uint32(id))
 		s.space()
-		v := s.i
-		if !s.value(1) {
-			return nil, false
+		if s.eat(']') {
+			return dst, true
+		}
+		if !s.eat(',') {
+			return dst, false
+		}
+	}
+}
+
+// topMember returns a scanner at the value of the top-level member key (as written: no
+// escapes) of the JSON object body, scanning the members before it as whole values.
+func topMember(body, key []byte) (jsonScanner, bool) {
+	s := jsonScanner{b: body}
+	s.space()
+	if !s.eat('{') {
+		return s, false
+	}
+	for {
+		name, ok := s.memberKey()
+		if !ok {
+			return s, false
 		}
 		if bytes.Equal(name, key) {
-			return body[v:s.i], true
+			return s, true
 		}
-		s.space()
-		if !s.eat(',') {
-			return nil, false
+		if !s.value(1) {
+			return s, false
+		}
+		if more, ok := s.nextMember(); !more || !ok {
+			return s, false
 		}
 	}
 }

@@ -358,3 +358,38 @@ func TestSubscriberConnectsToBoundPublishers(t *testing.T) {
 		t.Error("an address without a port got a live index")
 	}
 }
+
+// TestForgetDoesNotWaitForASilentEngine: Forget is called under the proxy service's lock, so it
+// must not wait for a connection to end. Here the engine's port accepts TCP and never speaks
+// ZeroMQ, so the subscriber's handshake would hang; Forget returns anyway, and Close still
+// ends the connection.
+func TestForgetDoesNotWaitForASilentEngine(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, silent, until the test ends
+		}
+	}()
+	sub, err := Subscribe(silent.Addr().(*net.TCPAddr).Port, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub.For("127.0.0.1:8000")
+	time.Sleep(100 * time.Millisecond) // connected, in the handshake
+	done := make(chan struct{})
+	go func() { sub.Forget("127.0.0.1:8000"); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Forget waited for a connection to a silent engine")
+	}
+	go sub.Close() // its connection ends when the listener closes; nothing waits on it here
+}

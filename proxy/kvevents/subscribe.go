@@ -73,7 +73,9 @@ func (s *Subscriber) For(addr string) *policy.KVBlocks {
 }
 
 // Forget matches a For: when no caller holds the replica at addr any more, the connection to its
-// engine closes.
+// engine closes. It does not wait for that: callers hold their service's lock, and a
+// connection still dialling an engine that never answered ends only at its next retry (Close
+// waits).
 func (s *Subscriber) Forget(addr string) {
 	s.mu.Lock()
 	sub, ok := s.subs[addr]
@@ -87,7 +89,6 @@ func (s *Subscriber) Forget(addr string) {
 	s.mu.Unlock()
 	if ok {
 		sub.cancel()
-		<-sub.done
 	}
 }
 
