@@ -284,6 +284,9 @@ type QueuedProvisioning struct {
 // DefaultProvisioningClass is GKE's class for queued provisioning (Dynamic Workload Scheduler).
 const DefaultProvisioningClass = "queued-provisioning.gke.io"
 
+// queuedProvisioningKeys are queued_provisioning's keys.
+var queuedProvisioningKeys = keysOf[QueuedProvisioning]()
+
 // queuedProvisioning reads true, false or {class: NAME}; nil for false.
 func (c *checker) queuedProvisioning(n *yaml.Node, field string) *QueuedProvisioning {
 	n = c.deref(n)
@@ -293,7 +296,7 @@ func (c *checker) queuedProvisioning(n *yaml.Node, field string) *QueuedProvisio
 		}
 		return nil
 	}
-	f, ok := c.fields(n, field, keysOf[QueuedProvisioning]())
+	f, ok := c.fields(n, field, queuedProvisioningKeys)
 	if !ok {
 		return nil
 	}

@@ -51,85 +51,118 @@ func Parse(filename string, data []byte, ov Overrides) (*Task, error) {
 }
 
 func parse(filename string, data []byte, ov Overrides, lookupEnv func(string) (string, bool)) (task *Task, err error) {
-	c := newChecker(filename)
-	c.lookupEnv = lookupEnv
-	c.taskFile = true
-	if lookupEnv != nil {
-		// Load: relative service.tls paths are resolved where the CLI runs (tls.go).
-		c.cwd, _ = os.Getwd()
-	}
-	defer func() {
-		// Parse must never take a caller down; a panic here is a bug, reported as a problem
-		// with the file rather than a crash of the controller that received it.
-		if r := recover(); r != nil {
-			task = nil
-			err = &Error{File: filename, Msg: fmt.Sprintf("internal error while validating (please report): %v", r)}
-		}
-	}()
+	c := newTaskChecker(filename, lookupEnv)
+	defer recoverParse(filename, &err)
 	root := c.document(data)
 	if root == nil {
 		return nil, c.err()
 	}
-	t := c.task(root, ov, lookupEnv)
+	return c.finishTask(c.task(root, ov, lookupEnv))
+}
+
+// newTaskChecker is the checker of a task file; with lookupEnv (Load), relative service.tls
+// paths are resolved where the CLI runs (tls.go).
+func newTaskChecker(filename string, lookupEnv func(string) (string, bool)) *checker {
+	c := newChecker(filename)
+	c.lookupEnv, c.taskFile = lookupEnv, true
+	if lookupEnv != nil {
+		c.cwd, _ = os.Getwd()
+	}
+	return c
+}
+
+// recoverParse turns a panic while parsing into a problem with the file: parsing must never
+// take a caller down (a controller that received the YAML); a panic here is a bug.
+func recoverParse(filename string, err *error) {
+	if r := recover(); r != nil {
+		*err = &Error{File: filename, Msg: fmt.Sprintf("internal error while validating (please report): %v", r)}
+	}
+}
+
+// finishTask is t, read by c, with where it came from and c's notes; or c's problems.
+func (c *checker) finishTask(t *Task) (*Task, error) {
 	if err := c.err(); err != nil {
 		return nil, err
 	}
-	t.Source = filename
+	t.Source = c.file
 	t.Notes = c.sortedNotes()
 	return t, nil
 }
 
 var yamlLineRE = regexp.MustCompile(`(?s)^yaml: line (\d+): (.*)$`)
 
-// document decodes data into a node tree and returns its top-level mapping, or nil after
+// document decodes a file of one task and returns its top-level mapping, or nil after
 // recording why there is none.
-func (c *checker) document(data []byte) (root *yaml.Node) {
+func (c *checker) document(data []byte) *yaml.Node { return c.soleTask(c.documents(data)) }
+
+// soleTask is the top-level mapping of a file of one task, decoded as docs (nil: it could not
+// be), or nil after recording why there is none.
+func (c *checker) soleTask(docs []*yaml.Node) *yaml.Node {
+	switch {
+	case docs == nil:
+		return nil
+	case len(docs) > 1 && isJobGroup(docs[0]):
+		c.errorf(docs[1], "", "a SkyPilot job group (several tasks launched together), which Ferry does not run: put each task in a file of its own and launch each (a service with ferry serve up, a job with ferry jobs launch)")
+		return nil
+	case len(docs) > 1:
+		c.errorf(docs[1], "", "a second YAML document (after ---): a service file holds one task (several tasks are a pipeline, run in order as one managed job: ferry jobs launch FILE)")
+		return nil
+	case len(docs) == 0:
+		c.errorf(&yaml.Node{Line: 1, Column: 1}, "", "empty document: a task needs at least `run`")
+		return nil
+	}
+	return c.taskRoot(docs[0], "")
+}
+
+// documents decodes every YAML document of data (none for an empty file), or returns nil after
+// recording why it cannot.
+func (c *checker) documents(data []byte) (docs []*yaml.Node) {
 	if len(data) > maxFileBytes {
 		c.errorf(nil, "", "file is %d bytes; a task file may be at most %d", len(data), maxFileBytes)
 		return nil
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			root = nil
+			docs = nil
 			c.errorf(nil, "", "invalid YAML: the parser failed: %v", r)
 		}
 	}()
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
+	docs = []*yaml.Node{}
+	for {
+		var doc yaml.Node
+		err := dec.Decode(&doc)
 		if errors.Is(err, io.EOF) {
-			c.errorf(&yaml.Node{Line: 1, Column: 1}, "", "empty document: a task needs at least `run`")
+			return docs
+		}
+		if err != nil {
+			c.syntaxError(err)
 			return nil
 		}
-		c.syntaxError(err)
-		return nil
+		docs = append(docs, &doc)
 	}
-	var extra yaml.Node
-	switch err := dec.Decode(&extra); {
-	case errors.Is(err, io.EOF):
-	case err != nil:
-		c.syntaxError(err)
-		return nil
-	default:
-		if isJobGroup(&doc) {
-			c.errorf(&extra, "", "a SkyPilot job group (several tasks launched together), which Ferry does not run: put each task in a file of its own and launch each (a service with ferry serve up, a job with ferry jobs launch)")
-		} else {
-			c.errorf(&extra, "", "a second YAML document (after ---): a service file holds one task (several tasks are a pipeline, run in order as one managed job: ferry jobs launch FILE)")
-		}
-		return nil
-	}
+}
+
+// taskRoot is document doc's top-level mapping, or nil after recording why there is none;
+// which names the task in a file of several ("task 2 of 3"), "" in a file of one.
+func (c *checker) taskRoot(doc *yaml.Node, which string) *yaml.Node {
+	var root *yaml.Node
 	if len(doc.Content) > 0 {
 		root = c.deref(doc.Content[0])
 	}
-	if isNull(root) {
+	switch {
+	case isNull(root) && which == "":
 		c.errorf(&yaml.Node{Line: 1, Column: 1}, "", "empty document: a task needs at least `run`")
-		return nil
-	}
-	if root.Kind != yaml.MappingNode {
+	case isNull(root):
+		c.errorf(&yaml.Node{Line: doc.Line, Column: doc.Column}, "", "%s is an empty document: a task needs at least `run`", which)
+	case root.Kind != yaml.MappingNode && which == "":
 		c.errorf(root, "", "expected a mapping of task fields at the top level, got %s", describe(root))
-		return nil
+	case root.Kind != yaml.MappingNode:
+		c.errorf(root, "", "%s: expected a mapping of task fields, got %s", which, describe(root))
+	default:
+		return root
 	}
-	return root
+	return nil
 }
 
 // isJobGroup says whether doc is a SkyPilot job group's header (execution or primary_tasks

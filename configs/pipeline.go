@@ -1,10 +1,8 @@
 package configs
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 
 	"gopkg.in/yaml.v3"
@@ -37,28 +35,34 @@ func ParsePipeline(filename string, data []byte, ov Overrides) (*Pipeline, error
 }
 
 func parsePipeline(filename string, data []byte, ov Overrides, lookupEnv func(string) (string, bool)) (p *Pipeline, err error) {
-	docs, err := documents(filename, data)
-	if err != nil {
-		return nil, err
-	}
+	c := newTaskChecker(filename, lookupEnv)
+	defer recoverParse(filename, &err)
+	docs := c.documents(data)
 	if len(docs) <= 1 || isJobGroup(docs[0]) {
-		t, err := parse(filename, data, ov, lookupEnv) // its errors, as for any task file
+		root := c.soleTask(docs) // a file of one task, with its errors
+		if root == nil {
+			return nil, c.err()
+		}
+		t, err := c.finishTask(c.task(root, ov, lookupEnv))
 		if err != nil {
 			return nil, err
 		}
 		return &Pipeline{Name: t.Name, Tasks: []*Task{t}}, nil
 	}
-	defer func() {
-		if r := recover(); r != nil {
-			p, err = nil, &Error{File: filename, Msg: fmt.Sprintf("internal error while validating (please report): %v", r)}
-		}
-	}()
-	p = &Pipeline{Name: ov.Name}
-	if name, ok := headerName(docs[0]); ok {
-		if p.Name == "" {
-			p.Name = name
-		}
+	p = &Pipeline{}
+	if headerName(docs[0]) {
+		name := docs[0].Content[0].Content[1]
+		p.Name = c.taskName(name, name.Value)
 		docs = docs[1:]
+	}
+	if ov.Name != "" {
+		p.Name = ov.Name
+		if msg := nameProblem(ov.Name); msg != "" {
+			c.errorf(nil, "name", "%s (given on the command line)", msg)
+		}
+	}
+	if err := c.err(); err != nil {
+		return nil, err
 	}
 	perTask := Overrides{Envs: ov.Envs, Secrets: ov.Secrets}
 	var errs []error
@@ -79,69 +83,25 @@ func parsePipeline(filename string, data []byte, ov Overrides, lookupEnv func(st
 	return p, nil
 }
 
-// documents decodes every YAML document of data, up to the first syntax error.
-func documents(filename string, data []byte) ([]*yaml.Node, error) {
-	if len(data) > maxFileBytes {
-		return nil, &Error{File: filename, Msg: fmt.Sprintf("file is %d bytes; a task file may be at most %d", len(data), maxFileBytes)}
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var docs []*yaml.Node
-	for {
-		var doc yaml.Node
-		err := dec.Decode(&doc)
-		if errors.Is(err, io.EOF) {
-			return docs, nil
-		}
-		if err != nil {
-			c := newChecker(filename)
-			c.syntaxError(err)
-			return nil, c.err()
-		}
-		docs = append(docs, &doc)
-	}
-}
-
-// headerName is the name of a header document, one whose mapping holds only name.
-func headerName(doc *yaml.Node) (string, bool) {
+// headerName reports whether doc is a pipeline's header: a mapping holding only a scalar name.
+func headerName(doc *yaml.Node) bool {
 	if len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
-		return "", false
+		return false
 	}
 	m := doc.Content[0].Content
-	if len(m) != 2 || m[0].Value != "name" || m[1].Kind != yaml.ScalarNode {
-		return "", false
-	}
-	return m[1].Value, true
+	return len(m) == 2 && m[0].Value == "name" && m[1].Kind == yaml.ScalarNode
 }
 
 // pipelineTask checks document doc as task i of n.
 func pipelineTask(filename string, doc *yaml.Node, ov Overrides, lookupEnv func(string) (string, bool), i, n int) (*Task, error) {
-	c := newChecker(filename)
-	c.lookupEnv, c.taskFile = lookupEnv, true
-	if lookupEnv != nil {
-		c.cwd, _ = os.Getwd()
-	}
-	at := &yaml.Node{Line: doc.Line, Column: doc.Column}
-	var root *yaml.Node
-	if len(doc.Content) > 0 {
-		root = c.deref(doc.Content[0])
-		at = root
-	}
-	switch {
-	case isNull(root):
-		c.errorf(at, "", "task %d of %d is an empty document: a task needs at least `run`", i+1, n)
-		return nil, c.err()
-	case root.Kind != yaml.MappingNode:
-		c.errorf(root, "", "task %d of %d: expected a mapping of task fields, got %s", i+1, n, describe(root))
+	c := newTaskChecker(filename, lookupEnv)
+	root := c.taskRoot(doc, fmt.Sprintf("task %d of %d", i+1, n))
+	if root == nil {
 		return nil, c.err()
 	}
 	t := c.task(root, ov, lookupEnv)
 	if t.Service != nil {
 		c.errorf(root, "service", "task %d of %d has a service section: a pipeline's tasks are jobs, run one after the other (serve a service with ferry serve up)", i+1, n)
 	}
-	if err := c.err(); err != nil {
-		return nil, err
-	}
-	t.Source = filename
-	t.Notes = c.sortedNotes()
-	return t, nil
+	return c.finishTask(t)
 }

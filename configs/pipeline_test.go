@@ -1,6 +1,7 @@
 package configs
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -94,5 +95,20 @@ run: train
 		if _, err := Parse("s.yaml", []byte(tt.yaml), Overrides{}); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: %v, want %q", name, err, tt.want)
 		}
+	}
+}
+
+// A pipeline's name is held to a task's rules, whether from its header or from -n.
+func TestPipelineName(t *testing.T) {
+	two := "name: %s\n---\nrun: a\n---\nrun: b\n"
+	p, err := ParsePipeline("p.yaml", []byte(fmt.Sprintf(two, "My_Pipe")), Overrides{})
+	if err != nil || p.Name != "my-pipe" {
+		t.Errorf("SkyPilot's spelling: %v %+v, want the name made a hostname, as a task's", err, p)
+	}
+	if _, err := ParsePipeline("p.yaml", []byte(fmt.Sprintf(two, "pipe")), Overrides{Name: "Bad Name!"}); err == nil || !strings.Contains(err.Error(), "(given on the command line)") {
+		t.Errorf("-n with a bad name: %v", err)
+	}
+	if _, err := ParsePipeline("p.yaml", []byte("---\n---\nrun: a\n"), Overrides{}); err == nil {
+		t.Error("an empty first document passed")
 	}
 }
