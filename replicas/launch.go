@@ -46,6 +46,7 @@ func (m *Manager) launchOwned(now time.Time, spot bool) {
 	m.startOwned(func() {
 		defer m.workers.Done()
 		defer m.launches.Done()
+		defer m.recoverPanic("launch")
 		m.runLaunch(ctx, r, spec, nodes)
 	})
 }

@@ -1,12 +1,16 @@
 package replicas
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+)
 
 // One goroutine owns the manager's state (replicas, instances, rollout, queues; every field
 // documented as state in Manager), in the style of etcd raft's node.run: while Start runs, the
 // run loop does, and every input — a desired count, a probe result, a List, a launch or
-// terminate completion, a notice, an update, a reader's question — reaches the state as a step
-// posted to it and run there, one at a time. Steps are short and never block: provider calls
+// terminate completion, a notice, an update, the first read of the records — reaches the
+// state as a step posted to it and run there, one at a time. Steps are short and never block: provider calls
 // run in their own goroutines and post their completions back as steps, store writes and
 // publications go to the executor (records.go), and a pass that must write before it acts
 // (reconcile.go) posts one step per round from its own goroutine. Readers load the snapshot
@@ -39,14 +43,16 @@ func (m *Manager) run(ctx context.Context) {
 
 // own runs fn as the state's owner — on the run loop, or in the caller when no loop runs — and
 // returns once it ran. fn must not call own (the loop would wait for itself) nor block. A panic
-// in fn is raised again in the caller, where the manager's usual recovery logs it, so that the
-// loop goes on.
+// in fn is raised again in the caller, with the stack where fn failed, so that the loop goes
+// on; every goroutine that calls own recovers (recoverPanic) and logs it.
 func (m *Manager) own(fn func()) {
 	done := make(chan struct{})
 	var p any
 	step := func() {
 		defer func() {
-			p = recover()
+			if r := recover(); r != nil {
+				p = fmt.Sprintf("%v\n(in a step of the run loop)\n%s", r, debug.Stack())
+			}
 			close(done)
 		}()
 		fn()

@@ -426,7 +426,7 @@ func (m *Manager) forgetAll() error {
 			errs = append(errs, err)
 		}
 	}
-	m.do(func() {
+	m.step(func() { // it queues no effect: nothing to wait for
 		for _, r := range m.replicas {
 			m.stopProberOwned(r)
 		}
@@ -472,8 +472,7 @@ func (m *Manager) Shutdown(ctx context.Context) ([]launcher.Leftover, error) {
 	// older (seconds truncated, as some infras keep creation times: an instance of a service
 	// re-created under the same name right away is never counted).
 	before := m.cfg.Now().Truncate(time.Second)
-	var recs []Record
-	m.own(func() { recs = m.snapshotOwned().records })
+	recs := m.Replicas() // every step that changed them republished them
 	insts, err := m.cfg.Provider.List(ctx, m.selector)
 	gaps, partial := launcher.Partial(err)
 	if !partial {

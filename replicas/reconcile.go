@@ -181,7 +181,7 @@ func (m *Manager) planInputOwned(now time.Time) planInput {
 		Now:                 now,
 		Service:             m.cfg.Service,
 		Desired:             m.desired,
-		InitialDelay:        m.initialDelay(),
+		InitialDelay:        m.initialDelayOwned(),
 		FailureThreshold:    m.cfg.FailureThreshold,
 		ConsecutiveFailures: m.failures[false],
 		LastFailure:         m.lastFail[false],
@@ -247,7 +247,7 @@ func (m *Manager) drainingOwned(now time.Time, r *replica) bool {
 	return m.cfg.Busy(r.rec.Endpoint) > 0
 }
 
-func (m *Manager) initialDelay() time.Duration {
+func (m *Manager) initialDelayOwned() time.Duration {
 	if s := m.taskOwned(m.target).Service.ReadinessProbe.InitialDelaySeconds; s > 0 {
 		return time.Duration(s) * time.Second
 	}

@@ -6,10 +6,10 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 )
 
-// Readers (Replicas, Rollout, TargetVersion, Unknown, ServiceStatus) never post to the run
-// loop: they load an immutable snapshot that each step that may change it republishes (step,
-// loop.go). A busy loop or a store write in flight never stalls `serve status` or the metrics
-// scrape.
+// Readers (Replicas, Rollout, TargetVersion, Unknown, ServiceStatus) load an immutable
+// snapshot that each step that may change it republishes (step, loop.go): once the records
+// are loaded (their first read may post the load), a busy loop or a store write in flight
+// never stalls `serve status` or the metrics scrape.
 
 // snapshot is the replica state as readers see it. It is never written once published.
 type snapshot struct {
