@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -109,8 +110,11 @@ type Manager struct {
 	changed chan struct{}
 
 	poke chan struct{}
-	wg   sync.WaitGroup
-	ctx  context.Context
+	// freed counts nodes stopped, bumped as each Terminate returns: the queue restarts a pass
+	// in which capacity was freed after it passed a job over (queue.go).
+	freed atomic.Uint64
+	wg    sync.WaitGroup
+	ctx   context.Context
 }
 
 // New checks cfg and returns a Manager; Start runs it.
@@ -649,6 +653,7 @@ func (m *Manager) LogFile(id int64, attempt, rank int) string {
 func (m *Manager) stopNode(ctx context.Context, id int64, in launcher.Instance) error {
 	finish := m.archiveLog(ctx, id, in)
 	err := m.cfg.Provider.Terminate(ctx, in.ID)
+	m.freed.Add(1)
 	finish()
 	return err
 }

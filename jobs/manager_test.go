@@ -393,6 +393,53 @@ func TestQueueWaitsAndStartsInPriorityOrder(t *testing.T) {
 	}
 }
 
+// freesDuringTry frees capacity (cancels job hold and waits until its node is stopped) while
+// the first try of the job named first is failing for the lack of it: the queue's pass then
+// reaches the next job down after capacity was freed.
+type freesDuringTry struct {
+	*gangs
+	e     *env
+	first string
+	hold  int64
+	once  sync.Once
+}
+
+func (f *freesDuringTry) LaunchGang(ctx context.Context, spec launcher.Spec, n int) ([]launcher.Instance, error) {
+	insts, err := f.gangs.LaunchGang(ctx, spec, n)
+	if err != nil && strings.HasPrefix(spec.Name, f.first+"-") {
+		f.once.Do(func() {
+			if _, err := f.e.m.Cancel(f.hold); err != nil {
+				f.e.t.Error(err)
+			}
+			f.e.waitState(f.hold, jobs.Cancelled)
+		})
+	}
+	return insts, err
+}
+
+// Capacity freed in the middle of the queue's pass goes to the job the pass passed over for
+// want of it, not to the next one down in priority.
+func TestQueueCapacityFreedMidPassGoesToTheHigherJob(t *testing.T) {
+	e := newEnv(t)
+	e.prov.setCapacity(1)
+	hold := e.submit("name: hold\nrun: exec sleep 600\n")
+	e.waitState(hold.ID, jobs.Running)
+	f := &freesDuringTry{gangs: e.prov, e: e, first: "high", hold: hold.ID}
+	e.stop()
+	e.provider = f
+	e.start()
+	low := e.submit("name: low\njob: {priority: 100}\nrun: exec sleep 600\n")
+	e.waitFor(low.ID, 10*time.Second, "found no capacity", func(j jobs.Job) bool {
+		return j.State == jobs.Pending && strings.Contains(j.Reason, "no capacity")
+	})
+	// Every pass from here tries high, then low.
+	high := e.submit("name: high\njob: {priority: 900}\nrun: exec sleep 600\n")
+	e.waitState(high.ID, jobs.Running)
+	if cur, _ := e.m.Get(low.ID); cur.State != jobs.Pending {
+		t.Errorf("low is %s: it took the capacity high was passed over for", cur.State)
+	}
+}
+
 // Cancel works in every state: waiting, running, and ended (an error).
 func TestCancel(t *testing.T) {
 	e := newEnv(t)

@@ -69,11 +69,28 @@ func (m *Manager) waiting() []int64 {
 }
 
 // schedule tries each waiting job once, in queue order, waiting for each launch at most
-// LaunchHold.
+// LaunchHold. Capacity freed during a pass, after a job was passed over for the lack of it,
+// starts the pass again from the top: otherwise the next job down, lower in priority, would
+// take what the one passed over waited for.
 func (m *Manager) schedule(ctx context.Context) {
+	const mostPasses = 8 // each is caused by a node stopping; the queue's next poke goes on
+	for range mostPasses {
+		if !m.schedulePass(ctx) {
+			return
+		}
+	}
+}
+
+// schedulePass is one pass of schedule; it reports whether it stopped to start again.
+func (m *Manager) schedulePass(ctx context.Context) (again bool) {
+	freed := m.freed.Load()
+	passedOver := false
 	for _, id := range m.waiting() {
 		if ctx.Err() != nil {
-			return
+			return false
+		}
+		if passedOver && m.freed.Load() != freed {
+			return true
 		}
 		launched := m.startLaunch(ctx, id)
 		if launched == nil {
@@ -82,6 +99,9 @@ func (m *Manager) schedule(ctx context.Context) {
 		hold := time.NewTimer(m.cfg.LaunchHold)
 		select {
 		case <-launched:
+			if j, err := m.Get(id); err == nil && len(j.Nodes) == 0 {
+				passedOver = true
+			}
 		case <-hold.C:
 			m.log.Info("a job's launch is taking long; the queue goes on without it", zap.Int64("job", id),
 				zap.Duration("held", m.cfg.LaunchHold))
@@ -89,6 +109,7 @@ func (m *Manager) schedule(ctx context.Context) {
 		}
 		hold.Stop()
 	}
+	return false
 }
 
 // startLaunch launches job id's gang in a goroutine that owns the job until the launch
