@@ -156,6 +156,7 @@ func (m *Manager) maybeGrow(ctx context.Context, j Job, w *watchState) bool {
 func (m *Manager) stopProbes(ctx context.Context, j Job, probes []launcher.Instance) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StopTimeout)
 	defer cancel()
+	defer m.freeing()()
 	for _, p := range probes {
 		if err := m.cfg.Provider.Terminate(sctx, p.ID); err != nil {
 			m.log.Warn("stop a grow placeholder", zap.Int64("job", j.ID), zap.String("instance", p.ID), zap.Error(err))

@@ -110,11 +110,13 @@ type Manager struct {
 	changed chan struct{}
 
 	poke chan struct{}
-	// freed counts nodes stopped, bumped as each Terminate returns: the queue restarts a pass
-	// in which capacity was freed after it passed a job over (queue.go).
-	freed atomic.Uint64
-	wg    sync.WaitGroup
-	ctx   context.Context
+	// freed counts stops of nodes that ended, stopping those under way: capacity a stop frees
+	// shows to LaunchGang as soon as the node is gone, before Terminate returns, so the queue
+	// waits for stops under way before it passes a job over for another (queue.go).
+	freed    atomic.Uint64
+	stopping atomic.Int64
+	wg       sync.WaitGroup
+	ctx      context.Context
 }
 
 // New checks cfg and returns a Manager; Start runs it.
@@ -518,6 +520,7 @@ func (m *Manager) cleanupJob(ctx context.Context, id int64) {
 // not be listed, any other node of the job launched before now — is handed to the provider
 // (launcher.LeftoverKeeper) and returned.
 func (m *Manager) stopNodes(ctx context.Context, j Job) []launcher.Leftover {
+	defer m.freeing()()
 	ctx = context.WithoutCancel(ctx)
 	lctx, cancel := context.WithTimeout(ctx, min(m.cfg.StopTimeout, time.Minute))
 	var insts []launcher.Instance
@@ -639,6 +642,16 @@ func (m *Manager) terminateAll(ctx context.Context, j Job, insts []launcher.Inst
 	return left
 }
 
+// freeing counts a stop under way until the call it returns; the count of stops that ended
+// is bumped before the stop stops counting, so that a queue that saw none under way sees it.
+func (m *Manager) freeing() (done func()) {
+	m.stopping.Add(1)
+	return func() {
+		m.freed.Add(1)
+		m.stopping.Add(-1)
+	}
+}
+
 // LogFile is where an ended node's output is kept: Dir/<id>/attempt-<a>-node-<rank>.log.
 func (m *Manager) LogFile(id int64, attempt, rank int) string {
 	return filepath.Join(m.cfg.Dir, strconv.FormatInt(id, 10), fmt.Sprintf("attempt-%d-node-%d.log", attempt, rank))
@@ -651,9 +664,9 @@ func (m *Manager) LogFile(id int64, attempt, rank int) string {
 // outlives the file's move); another infra's is followed from before Terminate until the
 // stream ends, as the node's program exits.
 func (m *Manager) stopNode(ctx context.Context, id int64, in launcher.Instance) error {
+	defer m.freeing()()
 	finish := m.archiveLog(ctx, id, in)
 	err := m.cfg.Provider.Terminate(ctx, in.ID)
-	m.freed.Add(1)
 	finish()
 	return err
 }

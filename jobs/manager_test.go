@@ -393,14 +393,17 @@ func TestQueueWaitsAndStartsInPriorityOrder(t *testing.T) {
 	}
 }
 
-// freesDuringTry frees capacity (cancels job hold and waits until its node is stopped) while
-// the first try of the job named first is failing for the lack of it: the queue's pass then
-// reaches the next job down after capacity was freed.
+// freesDuringTry frees capacity while the first try of the job named first is failing for the
+// lack of it: it cancels job hold and waits until hold's node is gone. The queue's pass then
+// reaches the next job down after capacity was freed. tail keeps Terminate from returning for
+// that long after the node is gone (a VM's disk, a pod's finalizer), so that the stop is still
+// under way when the pass goes on.
 type freesDuringTry struct {
 	*gangs
 	e     *env
 	first string
 	hold  int64
+	tail  time.Duration
 	once  sync.Once
 }
 
@@ -411,32 +414,49 @@ func (f *freesDuringTry) LaunchGang(ctx context.Context, spec launcher.Spec, n i
 			if _, err := f.e.m.Cancel(f.hold); err != nil {
 				f.e.t.Error(err)
 			}
-			f.e.waitState(f.hold, jobs.Cancelled)
+			for deadline := time.Now().Add(10 * time.Second); len(f.e.running(f.hold)) > 0; {
+				if time.Now().After(deadline) {
+					f.e.t.Error("the cancelled job's node never went")
+					return
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
 		})
 	}
 	return insts, err
 }
 
+func (f *freesDuringTry) Terminate(ctx context.Context, id string) error {
+	err := f.gangs.Terminate(ctx, id)
+	time.Sleep(f.tail)
+	return err
+}
+
 // Capacity freed in the middle of the queue's pass goes to the job the pass passed over for
-// want of it, not to the next one down in priority.
+// want of it, not to the next one down in priority: whether the stop that freed it has returned
+// by then or is still under way.
 func TestQueueCapacityFreedMidPassGoesToTheHigherJob(t *testing.T) {
-	e := newEnv(t)
-	e.prov.setCapacity(1)
-	hold := e.submit("name: hold\nrun: exec sleep 600\n")
-	e.waitState(hold.ID, jobs.Running)
-	f := &freesDuringTry{gangs: e.prov, e: e, first: "high", hold: hold.ID}
-	e.stop()
-	e.provider = f
-	e.start()
-	low := e.submit("name: low\njob: {priority: 100}\nrun: exec sleep 600\n")
-	e.waitFor(low.ID, 10*time.Second, "found no capacity", func(j jobs.Job) bool {
-		return j.State == jobs.Pending && strings.Contains(j.Reason, "no capacity")
-	})
-	// Every pass from here tries high, then low.
-	high := e.submit("name: high\njob: {priority: 900}\nrun: exec sleep 600\n")
-	e.waitState(high.ID, jobs.Running)
-	if cur, _ := e.m.Get(low.ID); cur.State != jobs.Pending {
-		t.Errorf("low is %s: it took the capacity high was passed over for", cur.State)
+	for _, tail := range []time.Duration{0, 300 * time.Millisecond} {
+		t.Run(fmt.Sprintf("tail=%v", tail), func(t *testing.T) {
+			e := newEnv(t)
+			e.prov.setCapacity(1)
+			hold := e.submit("name: hold\nrun: exec sleep 600\n")
+			e.waitState(hold.ID, jobs.Running)
+			f := &freesDuringTry{gangs: e.prov, e: e, first: "high", hold: hold.ID, tail: tail}
+			e.stop()
+			e.provider = f
+			e.start()
+			low := e.submit("name: low\njob: {priority: 100}\nrun: exec sleep 600\n")
+			e.waitFor(low.ID, 10*time.Second, "found no capacity", func(j jobs.Job) bool {
+				return j.State == jobs.Pending && strings.Contains(j.Reason, "no capacity")
+			})
+			// Every pass from here tries high, then low.
+			high := e.submit("name: high\njob: {priority: 900}\nrun: exec sleep 600\n")
+			e.waitState(high.ID, jobs.Running)
+			if cur, _ := e.m.Get(low.ID); cur.State != jobs.Pending {
+				t.Errorf("low is %s: it took the capacity high was passed over for", cur.State)
+			}
+		})
 	}
 }
 

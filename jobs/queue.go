@@ -71,7 +71,8 @@ func (m *Manager) waiting() []int64 {
 // schedule tries each waiting job once, in queue order, waiting for each launch at most
 // LaunchHold. Capacity freed during a pass, after a job was passed over for the lack of it,
 // starts the pass again from the top: otherwise the next job down, lower in priority, would
-// take what the one passed over waited for.
+// take what the one passed over waited for. A stop under way then is waited for (at most
+// LaunchHold), as the capacity it frees shows before it returns.
 func (m *Manager) schedule(ctx context.Context) {
 	const mostPasses = 8 // each is caused by a node stopping; the queue's next poke goes on
 	for range mostPasses {
@@ -84,10 +85,14 @@ func (m *Manager) schedule(ctx context.Context) {
 // schedulePass is one pass of schedule; it reports whether it stopped to start again.
 func (m *Manager) schedulePass(ctx context.Context) (again bool) {
 	freed := m.freed.Load()
-	passedOver := false
+	passedOver, waited := false, false
 	for _, id := range m.waiting() {
 		if ctx.Err() != nil {
 			return false
+		}
+		if passedOver && !waited {
+			m.awaitStops(ctx) // once a pass: a slow infra's stop must not hold every job
+			waited = true
 		}
 		if passedOver && m.freed.Load() != freed {
 			return true
@@ -110,6 +115,15 @@ func (m *Manager) schedulePass(ctx context.Context) (again bool) {
 		hold.Stop()
 	}
 	return false
+}
+
+// awaitStops waits, at most LaunchHold, until no stop of a node is under way.
+func (m *Manager) awaitStops(ctx context.Context) {
+	const poll = 5 * time.Millisecond
+	deadline := time.Now().Add(m.cfg.LaunchHold)
+	for m.stopping.Load() > 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(poll)
+	}
 }
 
 // startLaunch launches job id's gang in a goroutine that owns the job until the launch
