@@ -1,0 +1,104 @@
+package policy
+
+import (
+	"slices"
+	"time"
+)
+
+// Losses is what a service has seen of spot capacity being taken back (reclaim notices,
+// preemptions) and learns from it how long to keep the on-demand fallback once spot is READY
+// again (Split releases it at once).
+//
+// Spot losses come in runs: a zone that took instances back often takes more, or all of them,
+// within the hour, and a replacement is a whole cold start away. Releasing the fallback as soon
+// as spot replicas are READY leaves the service with nothing standing when the next loss of the
+// run comes, and a loss of every zone at once (the probed traces lose whole zones) then leaves
+// no replica READY until the replacements' cold start ends. So the fallback is held while the
+// last loss is more recent than what the gaps between recent losses say a run lasts: the
+// HoldQuantile of the gaps seen within the last HoldLookback, at most HoldMost; with fewer
+// than HoldMinGaps such gaps losses are not coming in runs and nothing is held. A service
+// whose spot is calm pays nothing for it; one on volatile capacity keeps its fallback through
+// the run. The state is small and plain, for the controller to save across restarts.
+type Losses struct {
+	// Last is when the latest loss was seen; zero before any.
+	Last time.Time `json:"last,omitzero"`
+	// Gaps are the times between losses, oldest first, at most keepGaps of them.
+	Gaps []time.Duration `json:"gaps,omitempty"`
+	// Zones are the losses per zone ("us-east-1a", "gcp/us-central1-b": what the caller
+	// names), for `serve status -v`.
+	Zones map[string]ZoneLosses `json:"zones,omitempty"`
+}
+
+// ZoneLosses is what one zone took back.
+type ZoneLosses struct {
+	// Count is the losses recorded in the zone (a notice, a preemption), Last the latest.
+	Count int       `json:"count"`
+	Last  time.Time `json:"last"`
+}
+
+const (
+	// LossMerge is how close losses are taken as one: a zone's instances warned together,
+	// the notices of one reclaim arriving one by one.
+	LossMerge = time.Minute
+	// HoldQuantile, HoldLookback, HoldMinGaps and HoldMost are Losses.Hold's rule.
+	HoldQuantile = 0.75
+	HoldLookback = 24 * time.Hour
+	HoldMinGaps  = 3
+	HoldMost     = time.Hour
+	// keepGaps bounds the history.
+	keepGaps = 64
+)
+
+// Lost records an instance lost in zone at t (zone may be empty). Losses within LossMerge of
+// the last are the same loss for the hold.
+func (l *Losses) Lost(t time.Time, zone string) {
+	if zone != "" {
+		if l.Zones == nil {
+			l.Zones = map[string]ZoneLosses{}
+		}
+		z := l.Zones[zone]
+		z.Count++
+		z.Last = t
+		l.Zones[zone] = z
+	}
+	if !l.Last.IsZero() && t.Sub(l.Last) <= LossMerge {
+		return
+	}
+	if !l.Last.IsZero() {
+		l.Gaps = append(l.Gaps, t.Sub(l.Last))
+		if len(l.Gaps) > keepGaps {
+			l.Gaps = slices.Delete(l.Gaps, 0, len(l.Gaps)-keepGaps)
+		}
+	}
+	l.Last = t
+}
+
+// Hold is how long after the last loss the fallback is kept, as of now (see Losses).
+func (l *Losses) Hold(now time.Time) time.Duration {
+	var recent []time.Duration
+	end := l.Last
+	for i := len(l.Gaps) - 1; i >= 0 && now.Sub(end) <= HoldLookback; i-- {
+		recent = append(recent, l.Gaps[i])
+		end = end.Add(-l.Gaps[i])
+	}
+	if len(recent) < HoldMinGaps {
+		return 0
+	}
+	slices.Sort(recent)
+	return min(recent[int(HoldQuantile*float64(len(recent)-1))], HoldMost)
+}
+
+// Holding reports whether the fallback is held at now.
+func (l *Losses) Holding(now time.Time) bool {
+	return !l.Last.IsZero() && now.Sub(l.Last) < l.Hold(now)
+}
+
+// Held is the on-demand count a service keeps given Split's want and the on-demand replicas
+// live now: while holding, the fallback does not shrink (it may still grow), and never past
+// the target.
+func Held(want Mix, liveOnDemand, target int, holding bool) Mix {
+	if holding {
+		want.OnDemand = max(want.OnDemand, min(liveOnDemand, max(target, 0)))
+	}
+	return want
+}

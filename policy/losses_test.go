@@ -1,0 +1,111 @@
+package policy
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+// Losses in a run hold the fallback for the run's usual gap; calm spot holds nothing.
+func TestLossesHoldForTheRunsGap(t *testing.T) {
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	var l Losses
+	if l.Holding(t0) || l.Hold(t0) != 0 {
+		t.Fatal("holding before any loss")
+	}
+	// A run: losses 20, 20, 30 and 40 minutes apart, plus notices of one reclaim arriving
+	// 10 s apart, which are one loss.
+	at := t0
+	for _, gap := range []time.Duration{0, 20 * time.Minute, 20 * time.Minute, 30 * time.Minute, 40 * time.Minute} {
+		at = at.Add(gap)
+		l.Lost(at, "a")
+		l.Lost(at.Add(10*time.Second), "b")
+	}
+	if len(l.Gaps) != 4 {
+		t.Fatalf("gaps %v: want 4 (a reclaim's notices are one loss)", l.Gaps)
+	}
+	if l.Zones["a"].Count != 5 || l.Zones["b"].Count != 5 || !l.Zones["b"].Last.Equal(at.Add(10*time.Second)) {
+		t.Errorf("zones %+v: want 5 losses in each, b's last 10 s after a's", l.Zones)
+	}
+	// The 0.75 quantile of 20, 20, 30, 40 minutes (index 2 of 0..3) is 30 minutes.
+	if h := l.Hold(at); h != 30*time.Minute {
+		t.Errorf("hold %v, want 30m", h)
+	}
+	if !l.Holding(at.Add(29*time.Minute)) || l.Holding(at.Add(30*time.Minute)) {
+		t.Error("the hold does not end 30 minutes after the last loss")
+	}
+	// A day later the run is over: its gaps are older than HoldLookback.
+	if h := l.Hold(at.Add(25 * time.Hour)); h != 0 {
+		t.Errorf("hold %v a day after the run, want 0", h)
+	}
+}
+
+// Two gaps are not a run; long gaps hold at most HoldMost.
+func TestLossesHoldNeedsARunAndIsBounded(t *testing.T) {
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	var l Losses
+	for i := range 3 {
+		l.Lost(t0.Add(time.Duration(i)*5*time.Minute), "")
+	}
+	if l.Holding(t0.Add(11 * time.Minute)) {
+		t.Error("held after two gaps")
+	}
+	var long Losses
+	for i := range 6 {
+		long.Lost(t0.Add(time.Duration(i)*3*time.Hour), "")
+	}
+	if h := long.Hold(t0.Add(15 * time.Hour)); h != HoldMost {
+		t.Errorf("hold %v for 3-hour gaps, want HoldMost %v", h, HoldMost)
+	}
+	for i := range 2 * keepGaps {
+		long.Lost(t0.Add(time.Duration(20+i)*time.Hour), "")
+	}
+	if len(long.Gaps) != keepGaps {
+		t.Errorf("%d gaps kept, want %d", len(long.Gaps), keepGaps)
+	}
+}
+
+// The state survives a round trip through JSON, as the controller saves it.
+func TestLossesJSON(t *testing.T) {
+	var l Losses
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 5 {
+		l.Lost(t0.Add(time.Duration(i)*10*time.Minute), "z")
+	}
+	b, err := json.Marshal(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Losses
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	now := t0.Add(45 * time.Minute)
+	if back.Hold(now) != l.Hold(now) || !back.Last.Equal(l.Last) || len(back.Gaps) != len(l.Gaps) || back.Zones["z"].Count != 5 {
+		t.Errorf("round trip %s: %+v, want %+v", b, back, l)
+	}
+	if b, _ := json.Marshal(Losses{}); string(b) != "{}" {
+		t.Errorf("empty losses marshal to %s", b)
+	}
+}
+
+// Held keeps the live on-demand replicas while holding, up to the target, and lets the
+// fallback grow.
+func TestHeld(t *testing.T) {
+	for _, tc := range []struct {
+		want         Mix
+		live, target int
+		holding      bool
+		out          Mix
+	}{
+		{Mix{Spot: 6}, 4, 6, true, Mix{Spot: 6, OnDemand: 4}},
+		{Mix{Spot: 6}, 4, 6, false, Mix{Spot: 6}},
+		{Mix{Spot: 6, OnDemand: 5}, 2, 6, true, Mix{Spot: 6, OnDemand: 5}},
+		{Mix{Spot: 3}, 8, 3, true, Mix{Spot: 3, OnDemand: 3}},
+		{Mix{}, 2, -1, true, Mix{}},
+	} {
+		if got := Held(tc.want, tc.live, tc.target, tc.holding); got != tc.out {
+			t.Errorf("Held(%+v, %d, %d, %v) = %+v, want %+v", tc.want, tc.live, tc.target, tc.holding, got, tc.out)
+		}
+	}
+}
