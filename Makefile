@@ -46,7 +46,7 @@ bench-proxy:
 bench-routing:
 	$(GO) run ./bench/routing $(BENCH_ARGS)
 
-## bench-sim: the fleet-size sweep (ferry sim --sweep): every spot trace in ../shared/data at 3, 6, 12 and 24 replicas, Ferry against SkyServe+SpotHedge and all on-demand
+## bench-sim: the fleet-size sweep (ferry sim --sweep): every spot trace in ../shared/data at 3, 4, 5, 6, 8, 12, 16 and 24 replicas, Ferry against SkyServe+SpotHedge and all on-demand
 bench-sim:
 	$(GO) run ./cmd/ferry sim --sweep $(BENCH_ARGS)
 

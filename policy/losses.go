@@ -75,17 +75,24 @@ func (l *Losses) Lost(t time.Time, zone string) {
 
 // Hold is how long after the last loss the fallback is kept, as of now (see Losses).
 func (l *Losses) Hold(now time.Time) time.Duration {
+	recent := l.RecentGaps(now)
+	if len(recent) < HoldMinGaps {
+		return 0
+	}
+	slices.Sort(recent)
+	return min(recent[int(HoldQuantile*float64(len(recent)-1))], HoldMost)
+}
+
+// RecentGaps are the gaps between the losses of the last HoldLookback before now, newest
+// first: what Hold learns from.
+func (l *Losses) RecentGaps(now time.Time) []time.Duration {
 	var recent []time.Duration
 	end := l.Last
 	for i := len(l.Gaps) - 1; i >= 0 && now.Sub(end) <= HoldLookback; i-- {
 		recent = append(recent, l.Gaps[i])
 		end = end.Add(-l.Gaps[i])
 	}
-	if len(recent) < HoldMinGaps {
-		return 0
-	}
-	slices.Sort(recent)
-	return min(recent[int(HoldQuantile*float64(len(recent)-1))], HoldMost)
+	return recent
 }
 
 // Holding reports whether the fallback is held at now.

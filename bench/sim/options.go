@@ -80,7 +80,7 @@ func DefaultOptions() Options {
 		Policies:        slices.Clone(DefaultPolicies),
 		Seed:            1,
 		Parallel:        runtime.GOMAXPROCS(0),
-		Fleets:          []int{3, 6, 12, 24},
+		Fleets:          []int{3, 4, 5, 6, 8, 12, 16, 24},
 	}
 }
 

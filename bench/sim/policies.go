@@ -70,6 +70,9 @@ type Policy struct {
 	ReportEvery time.Duration
 	// DrainTimeout bounds how long a scaled-down replica finishes its requests.
 	DrainTimeout time.Duration
+	// HoldFallback keeps the on-demand fallback while spot losses come in runs
+	// (policy.Losses), as the replica manager does.
+	HoldFallback bool
 	// Notices is true for a policy that acts on a cloud's reclaim warning (EC2's two
 	// minutes, Compute Engine's 30 s) as Ferry's replica manager does (replicas.Manager.Notice):
 	// the warned replica stops counting and its replacement starts; SkyServe waits for the
@@ -108,7 +111,7 @@ type PolicyParams struct {
 }
 
 // PolicyNames lists the policies in report order.
-var PolicyNames = []string{"ferry", "ferry-llm", "ferry-no-notice", "ferry-knative", "skyserve-spothedge", "skyserve-spothedge-0", "skyserve-spot", "fixed-peak", "ondemand"}
+var PolicyNames = []string{"ferry", "ferry-llm", "ferry-no-hold", "ferry-no-notice", "ferry-knative", "skyserve-spothedge", "skyserve-spothedge-0", "skyserve-spot", "fixed-peak", "ondemand"}
 
 // FerryYAML is the service the ferry policies run, as a user writes it: the autoscaler named,
 // spot with SkyServe's dynamic on-demand fallback and SpotHedge placer, and nothing tuned. The
@@ -138,6 +141,7 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 			Hold:         true,
 			DrainTimeout: replicas.DefaultDrainTimeout,
 			Notices:      true,
+			HoldFallback: true,
 		}
 	}
 	ferry := ferryFor(autoscaler.PolicyConcurrency)
@@ -165,6 +169,12 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 		"ferry-llm": func() Policy {
 			p := ferryFor(autoscaler.PolicyLLM)
 			p.Description = "as ferry with `autoscaler: llm` (in-flight, engine queues and KV-cache use)"
+			return p
+		},
+		"ferry-no-hold": func() Policy {
+			p := ferry
+			p.HoldFallback = false
+			p.Description = "as ferry, releasing the on-demand fallback as soon as spot is READY again, whatever the recent losses (Ferry before policy.Losses)"
 			return p
 		},
 		"ferry-no-notice": func() Policy {

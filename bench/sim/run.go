@@ -98,9 +98,11 @@ type runner struct {
 	// (PlaceFerry): after it refused a launch (the location block, which a launch that
 	// succeeds there lifts) and after it took an instance back (the zone block).
 	refusedUntil, lostUntil []float64
-	interval                int // decision interval in seconds
-	warmup                  float64
-	end                     float64
+	// losses is what the policy has seen of spot losses (Ferry: the fallback's hold).
+	losses   policy.Losses
+	interval int // decision interval in seconds
+	warmup   float64
+	end      float64
 
 	nextID   int
 	live     []*replica // provisioning, ready and draining
@@ -327,6 +329,7 @@ func (r *runner) reclaim(t float64) {
 // zoneLost tells the placer that zone i took spot capacity back: SpotHedge marks it
 // preempted, Ferry's provisioner blocks it (launcher/provision's Preempted).
 func (r *runner) zoneLost(i int, t float64) {
+	r.losses.Lost(simTime(t), r.w.Zones[i].Name)
 	if r.zones != nil {
 		r.zones.Preempted(r.w.Zones[i].Name)
 	}
@@ -539,10 +542,23 @@ func (r *runner) decide(s int) {
 	mix := policy.Split(d.Target, r.p.Mix, readySpot)
 	if r.p.SkyServe {
 		mix = skyServeSplit(d.Target, r.p.Mix, readySpot)
+	} else if r.p.HoldFallback {
+		mix = policy.Held(mix, r.liveOnDemand(), d.Target, r.losses.Holding(simTime(t)))
 	}
 	r.reconcile(true, mix.Spot, t)
 	r.reconcile(false, mix.OnDemand, t)
 	r.drainNoticed(t)
+}
+
+// liveOnDemand counts the on-demand replicas provisioning or READY.
+func (r *runner) liveOnDemand() int {
+	n := 0
+	for _, rep := range r.live {
+		if !rep.spot && rep.state != draining {
+			n++
+		}
+	}
+	return n
 }
 
 // drainNoticed takes noticed replicas out of service once the others READY make the target,

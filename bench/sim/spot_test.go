@@ -198,13 +198,13 @@ func TestSimCapacityReading(t *testing.T) {
 func TestSimCapacityFloor(t *testing.T) {
 	pr := &Prices{OnDemand: 3, Zones: []Zone{scriptedZone("dear", 2, 1), scriptedZone("cheap", 1, 1)}}
 	o := Options{Duration: time.Hour}
-	dollars, norm := capacityFloor(pr, o, 3)
+	f := capacityFloor(pr, o, 3)
 	// Each minute: 1 × $1 + 1 × $2 on spot and 1 × $3 on-demand, of 3 × $3; normalized
-	// 1 + 1 + 3 of 3 × 3.
-	if dollars < 6.0/9-1e-9 || dollars > 6.0/9+1e-9 || norm < 5.0/9-1e-9 || norm > 5.0/9+1e-9 {
-		t.Errorf("floor %v, %v; want 6/9 and 5/9", dollars, norm)
+	// 1 + 1 + 3 of 3 × 3. Spot never holds all 3.
+	if f.dollars < 6.0/9-1e-9 || f.dollars > 6.0/9+1e-9 || f.norm < 5.0/9-1e-9 || f.norm > 5.0/9+1e-9 || f.covers != 0 {
+		t.Errorf("floor %+v; want 6/9 and 5/9, spot covering none of it", f)
 	}
-	if d, n := capacityFloor(pr, o, 1); d != 1.0/3 || n != 1.0/3 {
-		t.Errorf("one replica's floor %v, %v; want the cheapest zone's 1/3 and 1/3", d, n)
+	if f := capacityFloor(pr, o, 1); f.dollars != 1.0/3 || f.norm != 1.0/3 || f.covers != 1 {
+		t.Errorf("one replica's floor %+v; want the cheapest zone's 1/3 and 1/3, spot covering all of it", f)
 	}
 }

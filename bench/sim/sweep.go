@@ -47,6 +47,9 @@ type SweepSet struct {
 	// Floors are, per fleet size, the capacity floor: the least any policy could pay for
 	// that fleet ÷ all on-demand's, at catalog prices and normalized (capacityFloor).
 	Floors map[int][2]float64 `json:"capacity_floors"`
+	// Covers is, per fleet size, the share of the horizon's minutes whose spot capacity holds
+	// the whole fleet: where it is half or more, Ferry's cost is held to its floor.
+	Covers map[int]float64 `json:"spot_covers"`
 }
 
 // RunSweep runs the sweep of o and writes sweep.md (also on stdout), results.json and
@@ -109,10 +112,11 @@ func SimulateSweep(ctx context.Context, o Options, progress io.Writer) (*Sweep, 
 		}
 		prices.Source = set.Name
 		desc := describeSet(set.Name, prices, so)
-		desc.Floors = map[int][2]float64{}
+		desc.Floors, desc.Covers = map[int][2]float64{}, map[int]float64{}
 		for _, fleet := range o.Fleets {
-			dollars, norm := capacityFloor(prices, so, fleet)
-			desc.Floors[fleet] = [2]float64{dollars, norm}
+			f := capacityFloor(prices, so, fleet)
+			desc.Floors[fleet] = [2]float64{f.dollars, f.norm}
+			desc.Covers[fleet] = f.covers
 		}
 		sw.Sets = append(sw.Sets, desc)
 		in := &Inputs{Trace: trace, Prices: prices}
@@ -177,18 +181,26 @@ func describeSet(name string, pr *Prices, o Options) SweepSet {
 	return s
 }
 
+// floor is a fleet's capacity floor (capacityFloor).
+type floor struct {
+	// dollars and norm are ÷ all on-demand's cost, at catalog prices and normalized.
+	dollars, norm float64
+	// covers is the share of minutes the zones hold the whole fleet on spot.
+	covers float64
+}
+
 // capacityFloor is the least a fleet of n could cost over o's horizon, relative to n
 // on-demand replicas, at catalog prices and normalized (on-demand = 3 × spot): minute by
 // minute, as many of the n as the zones hold on spot, cheapest zones first, the rest
 // on-demand, with no cold start, no spare and no reclaim. No policy pays less; where it is
 // above 0.5 the set does not hold enough spot capacity for the fleet to cost half of all
 // on-demand.
-func capacityFloor(pr *Prices, o Options, n int) (dollars, norm float64) {
+func capacityFloor(pr *Prices, o Options, n int) floor {
 	zones := slices.Clone(pr.Zones)
 	slices.SortStableFunc(zones, func(a, b Zone) int { return cmp.Compare(a.SpotPrice, b.SpotPrice) })
 	from := (o.SpotOffset + o.Warmup).Seconds()
 	to := from + o.Duration.Seconds()
-	var sumDollars, sumNorm, minutes float64
+	var sumDollars, sumNorm, minutes, covered float64
 	for t := from; t < to; t += 60 {
 		minutes++
 		left := n
@@ -198,13 +210,17 @@ func capacityFloor(pr *Prices, o Options, n int) (dollars, norm float64) {
 			sumNorm += float64(take)
 			left -= take
 		}
+		if left == 0 {
+			covered++
+		}
 		sumDollars += float64(left) * pr.OnDemand
 		sumNorm += 3 * float64(left)
 	}
 	if minutes == 0 || n == 0 {
-		return 0, 0
+		return floor{}
 	}
-	return sumDollars / (minutes * float64(n) * pr.OnDemand), sumNorm / (minutes * 3 * float64(n))
+	return floor{dollars: sumDollars / (minutes * float64(n) * pr.OnDemand), norm: sumNorm / (minutes * 3 * float64(n)),
+		covers: covered / minutes}
 }
 
 // capacityText is a set's capacity in a table cell.
@@ -221,7 +237,19 @@ type verdict struct {
 	fleet                     int
 	ferry, sky, sky0, od      *Result
 	beatsSky, halfOD, roomFor bool
+	// sloKept is ferry's SLO attainment within sloSlack of SkyServe+SpotHedge's; nearFloor
+	// is ferry's cost within floorSlack × the capacity floor, asked only where spot holds the
+	// fleet half the time or more (covered).
+	sloKept, nearFloor, covered bool
 }
+
+// The issue's bars besides availability and cost: SLO attainment at most 0.2 points below
+// SkyServe+SpotHedge's, and cost within 1.10 × the capacity floor where spot capacity covers
+// the fleet at least half the time.
+const (
+	sloSlack   = 0.002
+	floorSlack = 1.10
+)
 
 func (sw *Sweep) verdicts() []verdict {
 	var out []verdict
@@ -241,6 +269,13 @@ func (sw *Sweep) verdicts() []verdict {
 			// Enough spot capacity for half of all on-demand's cost to be within reach.
 			f := set.Floors[v.fleet]
 			v.roomFor = f[0] <= 0.5 && f[1] <= 0.5
+			v.covered = set.Covers[v.fleet] >= 0.5
+			if v.ferry != nil && v.sky != nil {
+				v.sloKept = v.ferry.SLOAttainment >= v.sky.SLOAttainment-sloSlack
+			}
+			if v.ferry != nil {
+				v.nearFloor = v.ferry.CostVsOnDemand <= floorSlack*f[0] && v.ferry.NormalizedVsOnDemand <= floorSlack*f[1]
+			}
 			out = append(out, v)
 		}
 	}
@@ -271,7 +306,7 @@ func (sw *Sweep) Markdown() string {
 	}
 	b.WriteString("\n\n## Summary\n\n")
 	sw.summaryTable().Render(&b)
-	b.WriteString("\nferry beats SkyServe+SpotHedge (one spare, as in the paper) when its availability is at least as high and it costs no more at catalog prices and normalized; ≤ 0.5 × ondemand asks both costs to be at most half of all on-demand's. The capacity floor is the least any policy could pay for the fleet ÷ all on-demand's: minute by minute as much of it on spot as the zones hold, cheapest first, the rest on-demand, with no cold start, spare or reclaim; \"no (capacity)\" marks a fleet whose floor is above 0.5.\n")
+	b.WriteString("\nferry beats SkyServe+SpotHedge (one spare, as in the paper) when its availability is at least as high and it costs no more at catalog prices and normalized; ≤ 0.5 × ondemand asks both costs to be at most half of all on-demand's. The capacity floor is the least any policy could pay for the fleet ÷ all on-demand's: minute by minute as much of it on spot as the zones hold, cheapest first, the rest on-demand, with no cold start, spare or reclaim; \"no (capacity)\" marks a fleet whose floor is above 0.5. SLO ≥ sky+SH − 0.2 asks ferry's SLO attainment to be at most 0.2 points below SkyServe+SpotHedge's; spot holds the fleet is the share of minutes the zones' spot capacity holds the whole fleet, and where that is half or more ≤ 1.10 × floor asks both of ferry's costs to be within 1.10 × the capacity floor.\n")
 	b.WriteString("\n## Every run\n\n")
 	for _, rep := range sw.Runs {
 		fmt.Fprintf(&b, "### %s, fleet %d (%v scored)\n\n", rep.inputs.Prices.Source, rep.Options.Fleet, rep.Options.Duration)
@@ -285,7 +320,8 @@ func (sw *Sweep) Markdown() string {
 }
 
 func (sw *Sweep) summaryTable() *benchkit.Table {
-	t := &benchkit.Table{Header: []string{"spot set", "fleet", "avail %: ferry / sky+SH / sky+SH-0", "ferry ÷ sky+SH, $ / norm.", "ferry ÷ ondemand, $ / norm.", "sky+SH ÷ ondemand, $ / norm.", "capacity floor, $ / norm.", "beats sky+SH", "≤ 0.5 × ondemand"}}
+	t := &benchkit.Table{Header: []string{"spot set", "fleet", "avail %: ferry / sky+SH / sky+SH-0", "ferry ÷ sky+SH, $ / norm.", "ferry ÷ ondemand, $ / norm.", "sky+SH ÷ ondemand, $ / norm.", "capacity floor, $ / norm.", "beats sky+SH", "≤ 0.5 × ondemand",
+		"SLO %: ferry / sky+SH", "SLO ≥ sky+SH − 0.2", "spot holds the fleet", "ferry ÷ floor, $ / norm.", "≤ 1.10 × floor"}}
 	pct := func(r *Result) string {
 		if r == nil {
 			return "–"
@@ -311,8 +347,20 @@ func (sw *Sweep) summaryTable() *benchkit.Table {
 			half = "no (capacity)"
 		}
 		f := v.set.Floors[v.fleet]
+		slo, sloKept := "–", "–"
+		if v.sky != nil {
+			slo, sloKept = fmt.Sprintf("%.2f / %.2f", 100*v.ferry.SLOAttainment, 100*v.sky.SLOAttainment), yes(v.sloKept)
+		}
+		vsFloor, nearFloor := "–", "not asked"
+		if f[0] > 0 && f[1] > 0 {
+			vsFloor = fmt.Sprintf("%.3f / %.3f", v.ferry.CostVsOnDemand/f[0], v.ferry.NormalizedVsOnDemand/f[1])
+		}
+		if v.covered {
+			nearFloor = yes(v.nearFloor)
+		}
 		t.Rows = append(t.Rows, []string{v.set.Name, fmt.Sprint(v.fleet), pct(v.ferry) + " / " + pct(v.sky) + " / " + pct(v.sky0), vsSky, vsOD, skyOD,
-			fmt.Sprintf("%.3f / %.3f", f[0], f[1]), yes(v.beatsSky), half})
+			fmt.Sprintf("%.3f / %.3f", f[0], f[1]), yes(v.beatsSky), half,
+			slo, sloKept, fmt.Sprintf("%.0f %%", 100*v.set.Covers[v.fleet]), vsFloor, nearFloor})
 	}
 	return t
 }

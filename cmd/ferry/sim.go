@@ -37,12 +37,12 @@ at catalog prices and under SpotHedge's convention (on-demand = 3 × spot). Resu
 and to summary.md, results.json and sim.svg in --out.
 
 --sweep runs every set under --spot-root (../shared/data/spot-traces) at every fleet of
---fleets (3, 6, 12, 24) in one pool and writes one table (sweep.md) and one plot (sweep.svg).
+--fleets (3, 4, 5, 6, 8, 12, 16, 24) in one pool and writes one table (sweep.md) and one plot (sweep.svg).
 
 Inputs default to files under DATA, which is $FERRY_DATA or else ../shared/data beside the
 repository. bench/README.md ("ferry sim") documents the model's constants, how the data are read,
 and results.`,
-		Example: `  # the fleet-size sweep over every spot trace in ../shared/data (4-6 minutes on 2 cores)
+		Example: `  # the fleet-size sweep over every spot trace in ../shared/data (8-12 minutes on 2 cores)
   ferry sim --sweep
 
   # one set, one fleet size, 48 simulated hours

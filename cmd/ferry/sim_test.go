@@ -116,7 +116,8 @@ func TestSimCommandSweep(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ferry sim --sweep: %v\nstderr:\n%s", err, stderr)
 	}
-	for _, want := range []string{"## Summary", "| spot-real ", "| spot-gcp ", "us-central1-a us-east1-b", "beats sky+SH", "### spot-gcp, fleet 3", "sweep.svg"} {
+	for _, want := range []string{"## Summary", "| spot-real ", "| spot-gcp ", "us-central1-a us-east1-b", "beats sky+SH", "### spot-gcp, fleet 3", "sweep.svg",
+		"SLO ≥ sky+SH − 0.2", "spot holds the fleet", "≤ 1.10 × floor"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("stdout lacks %q:\n%s", want, stdout)
 		}
