@@ -16,6 +16,7 @@ import (
 
 	"github.com/ferryserve/ferry/configs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/policy"
 )
 
 // Config configures a Manager for one service.
@@ -147,6 +148,9 @@ type Manager struct {
 	// notices are the instances an infra warned will be reclaimed (spot interruption
 	// notices), with when; their replicas serve on but are replaced now.
 	notices map[string]time.Time
+	// losses are the service's spot losses (losses.go), saved with it; replaced on a loss,
+	// never changed in place (snapshots share them).
+	losses policy.Losses
 	// windowEnds are instances whose reservation ends later than the lead: noticed once
 	// within it (window.go).
 	windowEnds map[string]time.Time
@@ -328,7 +332,8 @@ func (m *Manager) Notice(instance string, at time.Time) bool {
 		return true
 	}
 	var ours, fresh bool
-	m.own(func() { ours, fresh = m.noticeOwned(instance, at) })
+	// do: the loss a notice is (losses.go) is on disk when Notice returns.
+	m.do(func() { ours, fresh = m.noticeOwned(instance, at) })
 	if fresh {
 		m.kickLoop()
 	}
@@ -350,6 +355,9 @@ func (m *Manager) noticeOwned(instance string, at time.Time) (ours, fresh bool) 
 	}
 	m.notices[instance] = at
 	m.recordPreemptionOwned(hit)
+	if hit.rec.Spot {
+		m.lostOwned(m.cfg.Now(), hit)
+	}
 	m.log.Warn("spot interruption notice: replacing the replica before its instance is reclaimed",
 		zap.Int("replica", hit.rec.ID), zap.String("instance", instance), zap.Time("reclaimed_at", at))
 	return true, true

@@ -67,6 +67,9 @@ type planInput struct {
 	// Mix splits Desired between spot and on-demand replicas (SkyServe's fallback semantics,
 	// policy.Split); the zero value makes every replica on-demand.
 	Mix policy.MixSpec
+	// HoldFallback keeps the live on-demand replicas of a dynamic fallback from being scaled
+	// down (policy.Held): the service's spot losses come in a run (policy.Losses.Holding).
+	HoldFallback bool
 	// Target is the version new replicas launch as; zero treats every replica as current
 	// (a service never updated).
 	Target int

@@ -30,6 +30,7 @@ func drawPlanInput(t *rapid.T) planInput {
 	if rapid.Bool().Draw(t, "spot") {
 		in.Mix = policy.MixSpec{UseSpot: true, BaseOnDemand: rapid.IntRange(0, 2).Draw(t, "base"),
 			DynamicFallback: rapid.Bool().Draw(t, "dynamic")}
+		in.HoldFallback = rapid.Bool().Draw(t, "holdFallback")
 	}
 	if rapid.Bool().Draw(t, "backoff") {
 		in.ConsecutiveFailures = rapid.IntRange(1, 4).Draw(t, "failures")
@@ -453,4 +454,74 @@ func applied(in planInput, out actions) planInput {
 		next.Replicas = append(next.Replicas, replicaView{Record: r, Launching: true})
 	}
 	return next
+}
+
+// TestPlanHoldsTheFallback: while spot losses hold a dynamic fallback, the scale-down of each
+// kind to its share takes no on-demand replica of the target version but those beyond the
+// target; and holding changes no launch, since it only keeps what runs.
+func TestPlanHoldsTheFallback(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		// Whole services as the other properties draw them, or one of serving replicas of both
+		// kinds, where scaling a kind down to its share is the common case.
+		var in planInput
+		if rapid.Bool().Draw(t, "serving") {
+			in = drawServing(t)
+		} else {
+			in = drawPlanInput(t)
+		}
+		in.Mix = policy.MixSpec{UseSpot: true, BaseOnDemand: rapid.IntRange(0, 2).Draw(t, "heldBase"), DynamicFallback: true}
+		in.HoldFallback = true
+		p := newPass(in)
+		p.attribute()
+		p.followRecords()
+		p.adoptUnowned()
+		p.splitVersions()
+		p.retireOld(p.weighRollout().keepOld)
+		before := len(p.out.Transitions)
+		k := p.scaleKinds()
+		onDemand := map[int]bool{}
+		for _, c := range p.current {
+			onDemand[c.id] = !c.spot
+		}
+		down := 0
+		for _, tr := range p.out.Transitions[before:] {
+			if onDemand[tr.ID] {
+				down++
+			}
+		}
+		if beyond := max(0, k.liveOnDemand-max(in.Desired, 0)); down > beyond {
+			t.Fatalf("held fallback: %d on-demand replicas scaled down of %d live for a target of %d\ntransitions %+v",
+				down, k.liveOnDemand, in.Desired, p.out.Transitions[before:])
+		}
+
+		released := in
+		released.HoldFallback = false
+		held, free := plan(in), plan(released)
+		if held.Launch != free.Launch || held.LaunchSpot != free.LaunchSpot {
+			t.Fatalf("holding launches %d on-demand and %d spot, not holding %d and %d",
+				held.Launch, held.LaunchSpot, free.Launch, free.LaunchSpot)
+		}
+	})
+}
+
+// drawServing draws a service whose replicas all run, of either kind, most of them READY.
+func drawServing(t *rapid.T) planInput {
+	in := planInput{Now: t0.Add(time.Hour), Service: "svc", InitialDelay: 20 * time.Minute, FailureThreshold: 3 * time.Minute,
+		Drain: rapid.Bool().Draw(t, "drain"), Desired: rapid.IntRange(0, 6).Draw(t, "desired")}
+	n := rapid.IntRange(0, 10).Draw(t, "replicas")
+	for id := 1; id <= n; id++ {
+		r := rec(id, rapid.SampledFrom([]Status{StatusReady, StatusReady, StatusReady, StatusStarting, StatusNotReady}).Draw(t, "status"))
+		r.Spot = rapid.Bool().Draw(t, "recSpot")
+		probe := probeOK
+		if r.Status != StatusReady {
+			probe = rapid.SampledFrom([]probeState{probeOK, probeFailing, notProbedYet}).Draw(t, "probe")
+		}
+		in.Replicas = append(in.Replicas, view(r, probe))
+		instance := inst(id, launcher.StateRunning, "")
+		if r.Spot {
+			instance.Labels[LabelKind] = kindSpot
+		}
+		in.Instances = append(in.Instances, instance)
+	}
+	return in
 }

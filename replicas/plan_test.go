@@ -228,7 +228,7 @@ func TestPlan(t *testing.T) {
 			// spot 3-1 = 2; on-demand 1 base + 2 spot not READY = 3 (at most the target).
 			want: actions{LaunchSpot: 2, Launch: 3},
 		},
-		"spot mix: READY spot replicas retire the fallback on-demand ones": {
+		"spot mix: READY spot replicas retire the fallback on-demand ones (no hold, or the hold ended)": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 3
 				in.Mix = policy.MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}
@@ -244,6 +244,51 @@ func TestPlan(t *testing.T) {
 					{ID: 4, From: StatusReady, To: StatusShuttingDown, Reason: "scaled down"},
 				},
 				Terminate: []termination{terminateGone(5), terminateGone(4)},
+			},
+		},
+		"spot mix: while spot losses hold the fallback, READY spot replicas do not retire it": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 3
+				in.Mix = policy.MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}
+				in.HoldFallback = true
+				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
+				s1.Spot, s2.Spot = true, true
+				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK), view(rec(3, StatusReady), probeOK),
+					view(rec(4, StatusReady), probeOK), view(rec(5, StatusReady), probeOK)}
+				in.Instances = running(1, 2, 3, 4, 5)
+			}),
+			want: actions{},
+		},
+		"spot mix: a held fallback beyond the target goes down to the target": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 1
+				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
+				in.HoldFallback = true
+				s1 := rec(1, StatusReady)
+				s1.Spot = true
+				in.Replicas = []replicaView{view(s1, probeOK), view(rec(2, StatusReady), probeOK), view(rec(3, StatusReady), probeOK)}
+				in.Instances = running(1, 2, 3)
+			}),
+			want: actions{
+				Transitions: []transition{{ID: 3, From: StatusReady, To: StatusShuttingDown, Reason: "scaled down"}},
+				Terminate:   []termination{terminateGone(3)},
+			},
+		},
+		"spot mix: a held fallback still grows to cover a preempted spot replica": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 2
+				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
+				in.HoldFallback = true
+				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
+				s1.Spot, s2.Spot = true, true
+				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK)}
+				in.Instances = []launcher.Instance{inst(1, launcher.StateRunning, ""), inst(2, launcher.StatePreempted, "spot reclaimed")}
+			}),
+			want: actions{
+				Transitions: []transition{{ID: 2, From: StatusReady, To: StatusPreempted, Reason: "spot reclaimed"}},
+				Terminate:   []termination{terminateKeep(2)},
+				LaunchSpot:  1,
+				Launch:      2,
 			},
 		},
 		"spot mix: a preempted spot replica is replaced and on-demand covers it and one more meanwhile": {

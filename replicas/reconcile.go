@@ -192,6 +192,7 @@ func (m *Manager) planInputOwned(now time.Time) planInput {
 		Drain:               m.cfg.Busy != nil,
 		InfraRank:           m.cfg.InfraRank,
 		Mix:                 m.mixOwned(),
+		HoldFallback:        m.losses.Holding(now),
 	}
 	m.dueWindowsOwned(now) // window.go
 	for _, id := range sortedKeys(m.replicas) {
@@ -267,6 +268,10 @@ func (m *Manager) applyOwned(now time.Time, acts actions) {
 		if r := m.replicas[tr.ID]; r != nil {
 			if tr.To == StatusPreempted {
 				m.recordPreemptionOwned(r)
+				// A replica noticed before was lost at its notice already.
+				if r.rec.Spot && !m.noticedOwned(r) {
+					m.lostOwned(now, r)
+				}
 			}
 			m.transitionOwned(now, r, tr.To, tr.Reason, tr.Instance)
 		}

@@ -167,7 +167,8 @@ func (m *Manager) liveOwned() int {
 	return n
 }
 
-// load reads the service's records from the store, once, outside the run loop.
+// load reads the service's records and spot losses from the store, once, outside the run
+// loop.
 func (m *Manager) load() error {
 	if m.loaded.Load() {
 		return nil
@@ -176,10 +177,16 @@ func (m *Manager) load() error {
 	if err != nil {
 		return err
 	}
+	losses, err := m.loadLosses()
+	if err != nil {
+		return err
+	}
 	m.step(func() {
 		if m.loaded.Load() {
 			return
 		}
+		// No loss is recorded before the load: a loss needs a replica, and records come first.
+		m.losses = losses
 		for _, rec := range recs {
 			if _, ok := m.replicas[rec.ID]; !ok {
 				m.replicas[rec.ID] = &replica{rec: rec}

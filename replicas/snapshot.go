@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/policy"
 )
 
 // Readers (Replicas, Rollout, TargetVersion, Unknown, ServiceStatus) load an immutable
@@ -24,6 +25,8 @@ type snapshot struct {
 	// rollout is a copy of the latest rollout, nil if none.
 	rollout *Rollout
 	gaps    []launcher.Gap
+	// losses are shared with the state, which replaces them rather than changing them.
+	losses policy.Losses
 }
 
 // launchedAsOf is launchedAsOwned on the snapshot.
@@ -36,7 +39,8 @@ func (s *snapshot) launchedAsOf(v int) int {
 
 // snapshotOwned is the state as it is now, for readers.
 func (m *Manager) snapshotOwned() *snapshot {
-	s := &snapshot{desired: m.desired, target: m.target, gaps: m.gaps, launchedAs: make(map[int]int, len(m.versions))}
+	s := &snapshot{desired: m.desired, target: m.target, gaps: m.gaps, launchedAs: make(map[int]int, len(m.versions)),
+		losses: m.losses}
 	for _, id := range sortedKeys(m.replicas) {
 		r := m.replicas[id]
 		s.records = append(s.records, r.rec)

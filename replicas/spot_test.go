@@ -217,3 +217,34 @@ func TestMixFor(t *testing.T) {
 		t.Errorf("MixFor = %+v, want %+v", got, want)
 	}
 }
+
+// TestManagerCountsSpotLosses: a notice and a preemption of a spot replica are each a loss,
+// named by where the replica ran; the preemption of a replica noticed before is not a second
+// one, nor is a repeated notice.
+func TestManagerCountsSpotLosses(t *testing.T) {
+	h, prov, kinds := spotMixHarness(t)
+	eventually(t, "2 spot and 2 fallback on-demand launches", func() bool {
+		spot, onDemand := kinds()
+		return len(spot) == 2 && len(onDemand) == 2
+	})
+	spotIDs := readySpot(t, h, prov)
+	noticed, other := spotIDs[0], spotIDs[1]
+	lost := func() int { return h.m.SpotLosses().Zones["fake"].Count }
+
+	inst := h.record(noticed).InstanceID
+	h.m.Notice(inst, h.clock.Now().Add(2*time.Minute))
+	h.m.Notice(inst, h.clock.Now().Add(2*time.Minute))
+	if n := lost(); n != 1 {
+		t.Fatalf("%d losses after a notice (twice), want 1: %+v", n, h.m.SpotLosses())
+	}
+	prov.end(noticed, launcher.StatePreempted, "spot reclaimed")
+	h.waitStatus(noticed, StatusPreempted)
+	if n := lost(); n != 1 {
+		t.Errorf("%d losses after the noticed replica's preemption, want still 1", n)
+	}
+	prov.end(other, launcher.StatePreempted, "spot reclaimed")
+	h.waitStatus(other, StatusPreempted)
+	if n := lost(); n != 2 {
+		t.Errorf("%d losses after a second replica's preemption, want 2", n)
+	}
+}

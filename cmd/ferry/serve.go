@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/signal"
@@ -502,7 +503,7 @@ func newServeStatusCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "show failed replicas, reasons, the load-balancing policy and the health of the replicas' infras")
+	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "show failed replicas, reasons, the load-balancing policy, the spot losses that hold the on-demand fallback and the health of the replicas' infras")
 	cmd.Flags().BoolVar(&endpoint, "endpoint", false, "print only the endpoint of the one named service")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the services as JSON (secrets redacted), for scripts")
 	return cmd
@@ -533,9 +534,7 @@ func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time
 	}
 	if verbose {
 		for _, s := range list {
-			if s.Scaling != "" {
-				fmt.Fprintf(out, "%s: target %d: %s\n", s.Name, s.TargetReplicas, s.Scaling)
-			}
+			printServiceDecisions(out, s, now)
 		}
 	}
 	if len(list) == 0 {
@@ -585,6 +584,44 @@ func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time
 	if verbose {
 		printServiceInfras(out, list, now)
 	}
+}
+
+// printServiceDecisions shows, for -v, why the service runs what it runs: the reason for its
+// target, and the spot losses that hold its on-demand fallback.
+func printServiceDecisions(out io.Writer, s api.ServiceStatus, now time.Time) {
+	if s.Scaling != "" {
+		fmt.Fprintf(out, "%s: target %d: %s\n", s.Name, s.TargetReplicas, s.Scaling)
+	}
+	l := s.SpotLosses
+	if l == nil {
+		return
+	}
+	total := 0
+	for _, z := range l.Zones {
+		total += z.Count
+	}
+	line := fmt.Sprintf("%s: spot losses: %d (last %s, %d recent gap%s", s.Name, total, timeOfDay(l.Last, now), l.RecentGaps, plural(l.RecentGaps))
+	switch {
+	case !l.HeldUntil.IsZero():
+		line += fmt.Sprintf(", hold %s: on-demand fallback held until %s)", humanDuration(l.Hold), timeOfDay(l.HeldUntil, now))
+	case l.Hold > 0:
+		line += fmt.Sprintf(", hold %s: ended %s)", humanDuration(l.Hold), timeOfDay(l.Last.Add(l.Hold), now))
+	default:
+		line += ": not a run, nothing held)"
+	}
+	fmt.Fprintln(out, line)
+	for _, zone := range slices.Sorted(maps.Keys(l.Zones)) {
+		z := l.Zones[zone]
+		fmt.Fprintf(out, "  %s: %d lost, last %s\n", zone, z.Count, timeOfDay(z.Last, now))
+	}
+}
+
+// timeOfDay is t as a time of day, with the date when it is not within the day before now (UTC).
+func timeOfDay(t, now time.Time) string {
+	if now.Sub(t) < 24*time.Hour {
+		return t.UTC().Format("15:04:05")
+	}
+	return t.UTC().Format("2006-01-02 15:04:05")
 }
 
 // unknownPart is the part of an infra the service could not list that holds r, when r holds

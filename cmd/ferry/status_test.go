@@ -28,6 +28,7 @@ import (
 	"github.com/ferryserve/ferry/internal/infra"
 	"github.com/ferryserve/ferry/jobs"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/policy"
 	"github.com/ferryserve/ferry/replicas"
 )
 
@@ -512,5 +513,47 @@ func TestWaitCancelled(t *testing.T) {
 	}
 	if want := "Job 8 (stuck) is still CANCELLING; Ferry goes on stopping it (follow it with ferry jobs queue).\n"; b.String() != want {
 		t.Errorf("stuck job: %q, want %q", b.String(), want)
+	}
+}
+
+// TestPrintStatusShowsSpotLosses: -v says what the controller believes of a service's spot
+// losses: how many, where, and whether they hold its on-demand fallback, and until when.
+func TestPrintStatusShowsSpotLosses(t *testing.T) {
+	now := time.Date(2026, 11, 26, 12, 10, 0, 0, time.UTC)
+	last := time.Date(2026, 11, 26, 12, 3, 4, 0, time.UTC)
+	var l policy.Losses
+	for i, zone := range []string{"us-east-1a", "us-east-1b", "us-east-1a", "us-east-1a", "us-east-1b"} {
+		l.Lost(last.Add(time.Duration(i-4)*30*time.Minute), zone)
+	}
+	st := api.ServiceStatus{Name: "chat", Version: 1, CreatedAt: now.Add(-3 * time.Hour), Status: "READY",
+		SpotLosses: &api.SpotLosses{Losses: l, Hold: 30 * time.Minute, RecentGaps: 4, HeldUntil: last.Add(30 * time.Minute)}}
+
+	var b bytes.Buffer
+	printStatus(&b, []api.ServiceStatus{st}, false, now)
+	if strings.Contains(b.String(), "spot losses") {
+		t.Errorf("status without -v shows spot losses:\n%s", b.String())
+	}
+	b.Reset()
+	printStatus(&b, []api.ServiceStatus{st}, true, now)
+	for _, want := range []string{
+		"chat: spot losses: 5 (last 12:03:04, 4 recent gaps, hold 30m 0s: on-demand fallback held until 12:33:04)",
+		"  us-east-1a: 3 lost, last 11:33:04\n  us-east-1b: 2 lost, last 12:03:04\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status -v lacks %q:\n%s", want, b.String())
+		}
+	}
+
+	st.SpotLosses.HeldUntil = time.Time{}
+	b.Reset()
+	printStatus(&b, []api.ServiceStatus{st}, true, now.Add(2*time.Hour))
+	if want := "chat: spot losses: 5 (last 12:03:04, 4 recent gaps, hold 30m 0s: ended 12:33:04)"; !strings.Contains(b.String(), want) {
+		t.Errorf("status -v after the hold lacks %q:\n%s", want, b.String())
+	}
+	st.SpotLosses.Hold, st.SpotLosses.RecentGaps = 0, 1
+	b.Reset()
+	printStatus(&b, []api.ServiceStatus{st}, true, now.Add(48*time.Hour))
+	if want := "chat: spot losses: 5 (last 2026-11-26 12:03:04, 1 recent gap: not a run, nothing held)"; !strings.Contains(b.String(), want) {
+		t.Errorf("status -v without a hold lacks %q:\n%s", want, b.String())
 	}
 }

@@ -64,6 +64,19 @@ type ServiceStatus struct {
 	// or that its listing could not read, so that a READY replica on a failing infra is seen
 	// for what it is. Read from the controller's memory.
 	Infras []launcher.InfraState `json:"infras,omitempty"`
+	// SpotLosses are the service's spot losses as its replica manager counts them, and the
+	// hold of its on-demand fallback they decide; nil before the first loss.
+	SpotLosses *SpotLosses `json:"spot_losses,omitempty"`
+}
+
+// SpotLosses is replicas.Losses (policy.Losses) with what it decides at the time of the
+// status: Hold is how long after the last loss the fallback is kept, learned from RecentGaps
+// gaps between losses, and HeldUntil when that ends, zero when nothing is held now.
+type SpotLosses struct {
+	replicas.Losses
+	Hold       time.Duration `json:"hold,omitempty"`
+	RecentGaps int           `json:"recent_gaps,omitempty"`
+	HeldUntil  time.Time     `json:"held_until,omitzero"`
 }
 
 // ControllerStatus describes the running controller.

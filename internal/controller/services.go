@@ -18,6 +18,7 @@ import (
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/store"
 	"github.com/ferryserve/ferry/launcher"
+	"github.com/ferryserve/ferry/policy"
 	"github.com/ferryserve/ferry/proxy"
 	"github.com/ferryserve/ferry/proxy/attach"
 	"github.com/ferryserve/ferry/replicas"
@@ -407,7 +408,7 @@ func (s *service) status(withTask bool) api.ServiceStatus {
 		Name: s.name, Version: s.mgr.TargetVersion(), Endpoint: s.endpoint, Policy: task.Service.LoadBalancingPolicy,
 		CreatedAt: s.createdAt, TargetReplicas: target, Replicas: recs,
 		Autoscaler: task.Service.ReplicaPolicy.Autoscaler, Scaling: scaling, Update: s.mgr.Rollout(),
-		Status: s.mgr.ServiceStatus(down),
+		Status: s.mgr.ServiceStatus(down), SpotLosses: spotLosses(s.mgr.SpotLosses(), time.Now()),
 	}
 	for _, r := range recs {
 		if r.Status == replicas.StatusReady {
@@ -418,6 +419,24 @@ func (s *service) status(withTask bool) api.ServiceStatus {
 		st.Task = task.Redacted()
 	}
 	return st
+}
+
+// spotLosses is the API view of a service's spot losses at now; nil before any.
+func spotLosses(l policy.Losses, now time.Time) *api.SpotLosses {
+	if l.Last.IsZero() {
+		return nil
+	}
+	out := &api.SpotLosses{Losses: l, Hold: l.Hold(now)}
+	// The gaps Hold learns from: those within policy.HoldLookback of now, counted as it does.
+	end := l.Last
+	for i := len(l.Gaps) - 1; i >= 0 && now.Sub(end) <= policy.HoldLookback; i-- {
+		out.RecentGaps++
+		end = end.Add(-l.Gaps[i])
+	}
+	if l.Holding(now) {
+		out.HeldUntil = l.Last.Add(out.Hold)
+	}
+	return out
 }
 
 // statusLoop persists service statuses so that an operator reading the store sees them.

@@ -53,6 +53,11 @@ func (s timedStore) StartUpdate(service string, v replicas.Version, r replicas.R
 	return s.Store.StartUpdate(service, v, r)
 }
 
+func (s timedStore) SaveLosses(service string, l replicas.Losses) error {
+	defer s.time("SaveLosses")()
+	return s.Store.SaveLosses(service, l)
+}
+
 func (s timedStore) SaveRollout(service string, r replicas.Rollout) error {
 	defer s.time("SaveRollout")()
 	return s.Store.SaveRollout(service, r)

@@ -6,8 +6,9 @@ import (
 	"github.com/ferryserve/ferry/replicas"
 )
 
-// Store is the controller's state: services with their versions and rollout, replicas, jobs, and
-// the leftovers the provisioner still has to stop on infras that did not answer.
+// Store is the controller's state: services with their versions, rollout and spot losses,
+// replicas, jobs, and the leftovers the provisioner still has to stop on infras that did not
+// answer.
 // SQLite (this package) is the embedded default for one machine; internal/store/kubestore keeps
 // the same state as objects in a Kubernetes API server for controllers that fail over. Both pass
 // the same contract tests (internal/store/storetest).
@@ -16,6 +17,8 @@ import (
 type Store interface {
 	replicas.Store
 	replicas.RolloutStore
+	// LossStore keeps each service's spot losses with the service (they go with it).
+	replicas.LossStore
 	jobs.Store
 	// Ledger keeps the leftovers across restarts and failovers; a PutLeftover without a key
 	// is refused.

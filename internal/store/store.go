@@ -116,6 +116,7 @@ CREATE TABLE IF NOT EXISTS leftovers (
 // added later needs none: its CREATE TABLE IF NOT EXISTS in schema runs on every open.
 var migrations = []struct{ table, column, decl string }{
 	{"services", "target", "INTEGER NOT NULL DEFAULT -1"},
+	{"services", "spot_losses_json", "TEXT NOT NULL DEFAULT ''"},
 }
 
 // OpenSQLite opens (creating if needed) the database at path with owner-only permissions, and
@@ -436,9 +437,41 @@ func (s *SQLite) scanService(row scanner) (Service, error) {
 	return svc, nil
 }
 
+// SaveLosses implements replicas.LossStore. A service that is gone has no losses to keep.
+func (s *SQLite) SaveLosses(service string, l replicas.Losses) error {
+	b, err := json.Marshal(l)
+	if err != nil {
+		return err
+	}
+	if _, err := s.db.Exec(`UPDATE services SET spot_losses_json = ? WHERE name = ?`, string(b), service); err != nil {
+		return fmt.Errorf("save spot losses of %q: %w", service, err)
+	}
+	return nil
+}
+
+// Losses implements replicas.LossStore: the zero value for a service that saved none.
+func (s *SQLite) Losses(service string) (replicas.Losses, error) {
+	var (
+		l replicas.Losses
+		b string
+	)
+	err := s.db.QueryRow(`SELECT spot_losses_json FROM services WHERE name = ?`, service).Scan(&b)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && b == "") {
+		return l, nil
+	}
+	if err != nil {
+		return l, err
+	}
+	if err := json.Unmarshal([]byte(b), &l); err != nil {
+		return l, fmt.Errorf("spot losses of %q: %w", service, err)
+	}
+	return l, nil
+}
+
 var (
 	_ replicas.Store        = (*SQLite)(nil)
 	_ replicas.RolloutStore = (*SQLite)(nil)
+	_ replicas.LossStore    = (*SQLite)(nil)
 )
 
 // NextReplicaID hands out replica ids that are never reused within a service, as SkyServe does,

@@ -22,6 +22,7 @@ import (
 const (
 	keyService       = "service.json"
 	keyRollout       = "rollout.json"
+	keyLosses        = "spot-losses.json"
 	keyVersionPrefix = "version-"
 	suffixRecord     = ".json"
 	suffixTask       = ".task.json" // sealed: the full task of a version
@@ -234,6 +235,30 @@ func setRollout(cm *corev1.ConfigMap, row *serviceRow, service string, r replica
 	r.NewHealthy, r.NewReady, r.OldLive, r.Desired = 0, 0, 0, 0 // live counts are not state
 	row.Version = r.Target()
 	return putJSON(cm, keyRollout, r)
+}
+
+// SaveLosses implements replicas.LossStore. A service that is gone, or going, has no losses
+// to keep.
+func (s *Store) SaveLosses(service string, l replicas.Losses) error {
+	err := s.updateRow(service, func(cm *corev1.ConfigMap, _ *serviceRow) error { return putJSON(cm, keyLosses, l) })
+	if apierrors.IsNotFound(err) || errorsIsNotFound(err) { // errBeingDeleted too
+		return nil
+	}
+	return err
+}
+
+// Losses implements replicas.LossStore: the zero value for a service that saved none.
+func (s *Store) Losses(service string) (replicas.Losses, error) {
+	var l replicas.Losses
+	cm, err := s.cms.Get(serviceObject(service))
+	if apierrors.IsNotFound(err) {
+		return l, nil
+	}
+	if err != nil {
+		return l, err
+	}
+	_, err = getJSON(cm, keyLosses, &l)
+	return l, err
 }
 
 // Versions implements store.Store.

@@ -34,6 +34,7 @@ var Tests = []struct {
 	{"ReplicaRecords", testReplicaRecords},
 	{"ReopenKeepsState", testReopenKeepsState},
 	{"VersionsAndRollouts", testVersionsAndRollouts},
+	{"SpotLosses", testSpotLosses},
 	{"JobsRoundTrip", testJobsRoundTrip},
 	{"JobIDsUniqueAcrossStores", testJobIDsUniqueAcrossStores},
 	{"LeftoversLedger", testLeftoversLedger},
@@ -351,5 +352,34 @@ func testReplicaOfMissingServiceRefused(t *testing.T, open Opener) {
 	must(t, s.CreateService(store.Service{Name: "gone", Version: 1, Task: &configs.Task{}, Port: 1}))
 	if got, err := s.ListReplicas("gone"); err != nil || len(got) != 0 {
 		t.Errorf("a new service of the same name starts with records %+v, %v; want none", got, err)
+	}
+}
+
+// testSpotLosses: a service's spot losses survive a reopen and go with the service; a service
+// that is gone has none to save.
+func testSpotLosses(t *testing.T, open Opener) {
+	s := open(t)
+	must(t, s.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{}, Port: 30001}))
+	if l, err := s.Losses("chat"); err != nil || !l.Last.IsZero() || len(l.Gaps) != 0 {
+		t.Fatalf("losses of a new service: %+v, %v", l, err)
+	}
+	var want replicas.Losses
+	t0 := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	for i := range 4 {
+		want.Lost(t0.Add(time.Duration(i)*20*time.Minute), "us-east-1a")
+	}
+	must(t, s.SaveLosses("chat", want))
+	got, err := open(t).Losses("chat")
+	must(t, err)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("losses after a reopen (-want +got):\n%s", diff)
+	}
+	must(t, s.DeleteService("chat"))
+	must(t, s.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{}, Port: 30001}))
+	if l, err := s.Losses("chat"); err != nil || !l.Last.IsZero() {
+		t.Errorf("a service re-created under the name has losses %+v, %v", l, err)
+	}
+	if err := s.SaveLosses("nope", want); err != nil {
+		t.Errorf("SaveLosses of a missing service: %v", err)
 	}
 }
