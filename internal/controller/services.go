@@ -426,13 +426,7 @@ func spotLosses(l policy.Losses, now time.Time) *api.SpotLosses {
 	if l.Last.IsZero() {
 		return nil
 	}
-	out := &api.SpotLosses{Losses: l, Hold: l.Hold(now)}
-	// The gaps Hold learns from: those within policy.HoldLookback of now, counted as it does.
-	end := l.Last
-	for i := len(l.Gaps) - 1; i >= 0 && now.Sub(end) <= policy.HoldLookback; i-- {
-		out.RecentGaps++
-		end = end.Add(-l.Gaps[i])
-	}
+	out := &api.SpotLosses{Losses: l, Hold: l.Hold(now), RecentGaps: len(l.RecentGaps(now))}
 	if l.Holding(now) {
 		out.HeldUntil = l.Last.Add(out.Hold)
 	}
