@@ -72,31 +72,35 @@ func (m *Manager) waiting() []int64 {
 // LaunchHold. Capacity freed during a pass, after a job was passed over for the lack of it,
 // starts the pass again from the top: otherwise the next job down, lower in priority, would
 // take what the one passed over waited for. A stop under way then is waited for (at most
-// LaunchHold), as the capacity it frees shows before it returns.
+// LaunchHold), as the capacity it frees shows before it returns. A node that ends on its own
+// frees its capacity before its job's watch sees it and stops it (WatchInterval later): a
+// lower job tried in that window takes it, as Kueue's BestEffortFIFO would.
 func (m *Manager) schedule(ctx context.Context) {
 	const mostPasses = 8 // each is caused by a node stopping; the queue's next poke goes on
+	waited := false      // for stops under way: once, so that a slow infra's stop holds it once
 	for range mostPasses {
-		if !m.schedulePass(ctx) {
+		if !m.schedulePass(ctx, &waited) {
 			return
 		}
 	}
 }
 
 // schedulePass is one pass of schedule; it reports whether it stopped to start again.
-func (m *Manager) schedulePass(ctx context.Context) (again bool) {
-	freed := m.freed.Load()
-	passedOver, waited := false, false
+func (m *Manager) schedulePass(ctx context.Context, waited *bool) (again bool) {
+	var freed uint64 // the stops that had ended when the first job passed over was tried
+	passedOver := false
 	for _, id := range m.waiting() {
 		if ctx.Err() != nil {
 			return false
 		}
-		if passedOver && !waited {
-			m.awaitStops(ctx) // once a pass: a slow infra's stop must not hold every job
-			waited = true
+		if passedOver && !*waited {
+			m.awaitStops(ctx)
+			*waited = true
 		}
 		if passedOver && m.freed.Load() != freed {
 			return true
 		}
+		before := m.freed.Load()
 		launched := m.startLaunch(ctx, id)
 		if launched == nil {
 			continue
@@ -104,8 +108,8 @@ func (m *Manager) schedulePass(ctx context.Context) (again bool) {
 		hold := time.NewTimer(m.cfg.LaunchHold)
 		select {
 		case <-launched:
-			if j, err := m.Get(id); err == nil && len(j.Nodes) == 0 {
-				passedOver = true
+			if j, err := m.Get(id); err == nil && len(j.Nodes) == 0 && !passedOver {
+				passedOver, freed = true, before
 			}
 		case <-hold.C:
 			m.log.Info("a job's launch is taking long; the queue goes on without it", zap.Int64("job", id),
