@@ -41,10 +41,10 @@ const (
 	// the notices of one reclaim arriving one by one.
 	LossMerge = time.Minute
 	// HoldQuantile, HoldLookback, HoldMinGaps and HoldMost are Losses.Hold's rule.
-	HoldQuantile = 0.75
+	HoldQuantile = 0.25
 	HoldLookback = 24 * time.Hour
 	HoldMinGaps  = 3
-	HoldMost     = time.Hour
+	HoldMost     = 30 * time.Minute
 	// keepGaps bounds the history.
 	keepGaps = 64
 )
@@ -62,6 +62,9 @@ func (l *Losses) Lost(t time.Time, zone string) {
 		l.Zones[zone] = z
 	}
 	if !l.Last.IsZero() && t.Sub(l.Last) <= LossMerge {
+		// The same loss, its notices still arriving: the gap to the next starts from here,
+		// so that a reclaim drawn out over minutes does not read as a run of short gaps.
+		l.Last = maxTime(l.Last, t)
 		return
 	}
 	if !l.Last.IsZero() {
@@ -108,4 +111,11 @@ func Held(want Mix, liveOnDemand, target int, holding bool) Mix {
 		want.OnDemand = max(want.OnDemand, min(liveOnDemand, max(target, 0)))
 	}
 	return want
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

@@ -27,16 +27,31 @@ func TestLossesHoldForTheRunsGap(t *testing.T) {
 	if l.Zones["a"].Count != 5 || l.Zones["b"].Count != 5 || !l.Zones["b"].Last.Equal(at.Add(10*time.Second)) {
 		t.Errorf("zones %+v: want 5 losses in each, b's last 10 s after a's", l.Zones)
 	}
-	// The 0.75 quantile of 20, 20, 30, 40 minutes (index 2 of 0..3) is 30 minutes.
-	if h := l.Hold(at); h != 30*time.Minute {
-		t.Errorf("hold %v, want 30m", h)
+	// Each gap starts at the previous loss's last notice: 20, 20, 30, 40 minutes less 10 s.
+	// Their 0.25 quantile (index 0 of 0..3) is 19m50s, so the hold ends 20 minutes after
+	// the first notice of the last loss.
+	if h := l.Hold(at); h != 20*time.Minute-10*time.Second {
+		t.Errorf("hold %v, want 19m50s", h)
 	}
-	if !l.Holding(at.Add(29*time.Minute)) || l.Holding(at.Add(30*time.Minute)) {
-		t.Error("the hold does not end 30 minutes after the last loss")
+	if !l.Holding(at.Add(19*time.Minute)) || l.Holding(at.Add(20*time.Minute)) {
+		t.Error("the hold does not end 20 minutes after the last loss")
 	}
 	// A day later the run is over: its gaps are older than HoldLookback.
 	if h := l.Hold(at.Add(25 * time.Hour)); h != 0 {
 		t.Errorf("hold %v a day after the run, want 0", h)
+	}
+}
+
+// A reclaim whose notices arrive over minutes, each within LossMerge of the one before, is
+// one loss, not a run of short gaps.
+func TestLossesMergeADrawnOutReclaim(t *testing.T) {
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	var l Losses
+	for i := range 8 {
+		l.Lost(t0.Add(time.Duration(i)*50*time.Second), "a")
+	}
+	if len(l.Gaps) != 0 || !l.Last.Equal(t0.Add(350*time.Second)) || l.Zones["a"].Count != 8 {
+		t.Errorf("losses %+v: want one loss ending at its last notice, 8 in zone a", l)
 	}
 }
 

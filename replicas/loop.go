@@ -84,8 +84,9 @@ func (m *Manager) step(fn func()) {
 func (m *Manager) do(fn func()) {
 	var done chan struct{}
 	m.step(func() {
+		queued := len(m.effects)
 		fn()
-		if len(m.effects) > 0 {
+		if len(m.effects) > queued { // only fn's: a notice offered to every service waits on none of theirs
 			done = make(chan struct{})
 			m.effects = append(m.effects, func() { close(done) })
 		}

@@ -91,3 +91,40 @@ func TestManagerKeepsSpotLossesAcrossRestarts(t *testing.T) {
 		t.Error("the hold does not end 20 minutes after the last loss")
 	}
 }
+
+// lossesUnreadable is a store whose saved spot losses cannot be read (corrupt, or written by a
+// newer controller).
+type lossesUnreadable struct{ *store.SQLite }
+
+func (lossesUnreadable) Losses(string) (replicas.Losses, error) {
+	return replicas.Losses{}, errors.New("invalid character in spot_losses_json")
+}
+
+// Spot losses only advise the plan: a manager whose saved losses cannot be read still loads
+// its replicas, with no history.
+func TestManagerStartsWithoutUnreadableLosses(t *testing.T) {
+	st, err := store.OpenSQLite(filepath.Join(t.TempDir(), "ferry.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	task := &configs.Task{Name: "svc", Run: "serve", Resources: configs.Resources{UseSpot: true},
+		Service: &configs.Service{Port: 8000, ReplicaPolicy: configs.ReplicaPolicy{MinReplicas: 1, MaxReplicas: 1, DynamicOndemandFallback: true}}}
+	if err := st.CreateService(store.Service{Name: "svc", Version: 1, Task: task, Port: 30001, Status: replicas.ServiceReady}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SaveReplica(replicas.Record{Service: "svc", ID: 1, Version: 1, Status: replicas.StatusReady, InstanceID: "i-1",
+		Infra: "aws", Zone: "us-east-1a", Spot: true, LaunchedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := replicas.New(replicas.Config{Service: "svc", Version: 1, Task: task, Provider: idleProvider{}, Store: lossesUnreadable{st}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if recs := m.Replicas(); len(recs) != 1 {
+		t.Fatalf("%d replicas loaded, want 1", len(recs))
+	}
+	if l := m.SpotLosses(); !l.Last.IsZero() || len(l.Gaps) != 0 {
+		t.Errorf("losses %+v, want none", l)
+	}
+}

@@ -353,9 +353,10 @@ func (m *Manager) noticeOwned(instance string, at time.Time) (ours, fresh bool) 
 	if _, known := m.notices[instance]; hit == nil || known {
 		return hit != nil, false
 	}
+	again := m.noticedOwned(hit) // another node of the same replica: one loss
 	m.notices[instance] = at
 	m.recordPreemptionOwned(hit)
-	if hit.rec.Spot {
+	if hit.rec.Spot && !again {
 		m.lostOwned(m.cfg.Now(), hit)
 	}
 	m.log.Warn("spot interruption notice: replacing the replica before its instance is reclaimed",

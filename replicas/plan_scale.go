@@ -79,7 +79,7 @@ func (p *pass) retireOld(keepOld int) {
 // down to its share, but never below the target's READY replicas: a READY replica of a kind
 // over its share (base_ondemand_fallback_replicas lowered, say) serves until the other kind's
 // replacements are READY. While spot losses come in a run (HoldFallback) a dynamic fallback is
-// not scaled down at all. A service without spot is one pool, whatever its replicas were
+// not scaled down below the target (policy.Held). A service without spot is one pool, whatever its replicas were
 // launched as.
 func (p *pass) scaleKinds() kindSplit {
 	if !p.in.Mix.UseSpot {

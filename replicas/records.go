@@ -179,7 +179,10 @@ func (m *Manager) load() error {
 	}
 	losses, err := m.loadLosses()
 	if err != nil {
-		return err
+		// The losses only advise the plan: a value that cannot be read (corrupt, or written by
+		// a newer controller) starts the history afresh rather than stopping the service.
+		m.log.Warn("read spot losses; starting with none", zap.Error(err))
+		losses = policy.Losses{}
 	}
 	m.step(func() {
 		if m.loaded.Load() {

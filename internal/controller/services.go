@@ -408,7 +408,7 @@ func (s *service) status(withTask bool) api.ServiceStatus {
 		Name: s.name, Version: s.mgr.TargetVersion(), Endpoint: s.endpoint, Policy: task.Service.LoadBalancingPolicy,
 		CreatedAt: s.createdAt, TargetReplicas: target, Replicas: recs,
 		Autoscaler: task.Service.ReplicaPolicy.Autoscaler, Scaling: scaling, Update: s.mgr.Rollout(),
-		Status: s.mgr.ServiceStatus(down), SpotLosses: spotLosses(s.mgr.SpotLosses(), time.Now()),
+		Status: s.mgr.ServiceStatus(down), SpotLosses: spotLosses(s.mgr.SpotLosses(), time.Now(), replicas.MixFor(task.Resources, task.Service.ReplicaPolicy).DynamicFallback),
 	}
 	for _, r := range recs {
 		if r.Status == replicas.StatusReady {
@@ -421,12 +421,17 @@ func (s *service) status(withTask bool) api.ServiceStatus {
 	return st
 }
 
-// spotLosses is the API view of a service's spot losses at now; nil before any.
-func spotLosses(l policy.Losses, now time.Time) *api.SpotLosses {
+// spotLosses is the API view of a service's spot losses at now; nil before any. Only a
+// dynamic fallback is held (replicas' plan): without one the losses show, and no hold.
+func spotLosses(l policy.Losses, now time.Time, dynamic bool) *api.SpotLosses {
 	if l.Last.IsZero() {
 		return nil
 	}
-	out := &api.SpotLosses{Losses: l, Hold: l.Hold(now), RecentGaps: len(l.RecentGaps(now))}
+	out := &api.SpotLosses{Losses: l, RecentGaps: len(l.RecentGaps(now))}
+	if !dynamic {
+		return out
+	}
+	out.Hold = l.Hold(now)
 	if l.Holding(now) {
 		out.HeldUntil = l.Last.Add(out.Hold)
 	}
