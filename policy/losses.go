@@ -18,12 +18,18 @@ import (
 // HoldQuantile of the gaps seen within the last HoldLookback, at most HoldMost; with fewer
 // than HoldMinGaps such gaps losses are not coming in runs and nothing is held. A service
 // whose spot is calm pays nothing for it; one on volatile capacity keeps its fallback through
-// the run. The state is small and plain, for the controller to save across restarts.
+// the run. What is held is at most what the run's largest loss took, and one more (Split's
+// one more): a fallback standing because spot capacity ran short, not because it was taken
+// back, goes as soon as spot is READY. The state is small and plain, for the controller to
+// save across restarts.
 type Losses struct {
 	// Last is when the latest loss was seen; zero before any.
 	Last time.Time `json:"last,omitzero"`
 	// Gaps are the times between losses, oldest first, at most keepGaps of them.
 	Gaps []time.Duration `json:"gaps,omitempty"`
+	// Sizes are the instances each loss took, oldest first, the last one Last's: one more
+	// than Gaps once a loss is seen.
+	Sizes []int `json:"sizes,omitempty"`
 	// Zones are the losses per zone ("us-east-1a", "gcp/us-central1-b": what the caller
 	// names), for `serve status -v`.
 	Zones map[string]ZoneLosses `json:"zones,omitempty"`
@@ -65,6 +71,9 @@ func (l *Losses) Lost(t time.Time, zone string) {
 		// The same loss, its notices still arriving: the gap to the next starts from here,
 		// so that a reclaim drawn out over minutes does not read as a run of short gaps.
 		l.Last = maxTime(l.Last, t)
+		if n := len(l.Sizes); n > 0 {
+			l.Sizes[n-1]++
+		}
 		return
 	}
 	if !l.Last.IsZero() {
@@ -72,6 +81,10 @@ func (l *Losses) Lost(t time.Time, zone string) {
 		if len(l.Gaps) > keepGaps {
 			l.Gaps = slices.Delete(l.Gaps, 0, len(l.Gaps)-keepGaps)
 		}
+	}
+	l.Sizes = append(l.Sizes, 1)
+	if len(l.Sizes) > keepGaps+1 {
+		l.Sizes = slices.Delete(l.Sizes, 0, len(l.Sizes)-keepGaps-1)
 	}
 	l.Last = t
 }
@@ -103,13 +116,25 @@ func (l *Losses) Holding(now time.Time) bool {
 	return !l.Last.IsZero() && now.Sub(l.Last) < l.Hold(now)
 }
 
-// Held is the on-demand count a service keeps given Split's want and the on-demand replicas
-// live now: while holding, the fallback does not shrink (it may still grow), and never past
-// the target.
-func Held(want Mix, liveOnDemand, target int, holding bool) Mix {
-	if holding {
-		want.OnDemand = max(want.OnDemand, min(liveOnDemand, max(target, 0)))
+// HoldOnDemand is how many live on-demand replicas the hold keeps at now: none when not
+// holding, else the largest loss among the recent ones (those Hold learns from) and one more.
+func (l *Losses) HoldOnDemand(now time.Time) int {
+	if !l.Holding(now) {
+		return 0
 	}
+	recent := len(l.RecentGaps(now)) + 1 // the losses at both ends of those gaps
+	largest := 0
+	for _, n := range l.Sizes[max(0, len(l.Sizes)-recent):] {
+		largest = max(largest, n)
+	}
+	return largest + 1
+}
+
+// Held is the on-demand count a service keeps given Split's want and the on-demand replicas
+// live now: the fallback does not shrink below keep (HoldOnDemand) while it lasts (it may
+// still grow), and never past the target.
+func Held(want Mix, liveOnDemand, target, keep int) Mix {
+	want.OnDemand = max(want.OnDemand, min(liveOnDemand, max(target, 0), keep))
 	return want
 }
 

@@ -27,6 +27,10 @@ func TestLossesHoldForTheRunsGap(t *testing.T) {
 	if l.Zones["a"].Count != 5 || l.Zones["b"].Count != 5 || !l.Zones["b"].Last.Equal(at.Add(10*time.Second)) {
 		t.Errorf("zones %+v: want 5 losses in each, b's last 10 s after a's", l.Zones)
 	}
+	// Each loss took 2 instances: the hold keeps 2 on-demand replicas and one more.
+	if k := l.HoldOnDemand(at); k != 3 {
+		t.Errorf("hold keeps %d on-demand, want 3", k)
+	}
 	// Each gap starts at the previous loss's last notice: 20, 20, 30, 40 minutes less 10 s.
 	// Their 0.25 quantile (index 0 of 0..3) is 19m50s, so the hold ends 20 minutes after
 	// the first notice of the last loss.
@@ -37,8 +41,8 @@ func TestLossesHoldForTheRunsGap(t *testing.T) {
 		t.Error("the hold does not end 20 minutes after the last loss")
 	}
 	// A day later the run is over: its gaps are older than HoldLookback.
-	if h := l.Hold(at.Add(25 * time.Hour)); h != 0 {
-		t.Errorf("hold %v a day after the run, want 0", h)
+	if h, k := l.Hold(at.Add(25*time.Hour)), l.HoldOnDemand(at.Add(25*time.Hour)); h != 0 || k != 0 {
+		t.Errorf("hold %v keeping %d a day after the run, want none", h, k)
 	}
 }
 
@@ -75,8 +79,8 @@ func TestLossesHoldNeedsARunAndIsBounded(t *testing.T) {
 	for i := range 2 * keepGaps {
 		long.Lost(t0.Add(time.Duration(20+i)*time.Hour), "")
 	}
-	if len(long.Gaps) != keepGaps {
-		t.Errorf("%d gaps kept, want %d", len(long.Gaps), keepGaps)
+	if len(long.Gaps) != keepGaps || len(long.Sizes) != keepGaps+1 {
+		t.Errorf("%d gaps and %d sizes kept, want %d and %d", len(long.Gaps), len(long.Sizes), keepGaps, keepGaps+1)
 	}
 }
 
@@ -108,19 +112,19 @@ func TestLossesJSON(t *testing.T) {
 // fallback grow.
 func TestHeld(t *testing.T) {
 	for _, tc := range []struct {
-		want         Mix
-		live, target int
-		holding      bool
-		out          Mix
+		want               Mix
+		live, target, keep int
+		out                Mix
 	}{
-		{Mix{Spot: 6}, 4, 6, true, Mix{Spot: 6, OnDemand: 4}},
-		{Mix{Spot: 6}, 4, 6, false, Mix{Spot: 6}},
-		{Mix{Spot: 6, OnDemand: 5}, 2, 6, true, Mix{Spot: 6, OnDemand: 5}},
-		{Mix{Spot: 3}, 8, 3, true, Mix{Spot: 3, OnDemand: 3}},
-		{Mix{}, 2, -1, true, Mix{}},
+		{Mix{Spot: 6}, 4, 6, 10, Mix{Spot: 6, OnDemand: 4}},
+		{Mix{Spot: 6}, 4, 6, 0, Mix{Spot: 6}},
+		{Mix{Spot: 6}, 4, 6, 2, Mix{Spot: 6, OnDemand: 2}},
+		{Mix{Spot: 6, OnDemand: 5}, 2, 6, 10, Mix{Spot: 6, OnDemand: 5}},
+		{Mix{Spot: 3}, 8, 3, 10, Mix{Spot: 3, OnDemand: 3}},
+		{Mix{}, 2, -1, 10, Mix{}},
 	} {
-		if got := Held(tc.want, tc.live, tc.target, tc.holding); got != tc.out {
-			t.Errorf("Held(%+v, %d, %d, %v) = %+v, want %+v", tc.want, tc.live, tc.target, tc.holding, got, tc.out)
+		if got := Held(tc.want, tc.live, tc.target, tc.keep); got != tc.out {
+			t.Errorf("Held(%+v, %d, %d, %d) = %+v, want %+v", tc.want, tc.live, tc.target, tc.keep, got, tc.out)
 		}
 	}
 }

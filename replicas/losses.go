@@ -13,7 +13,7 @@ import (
 
 // A service's spot losses (policy.Losses) decide how long its on-demand fallback is held once
 // spot is READY again: a reclaim notice or a preemption of one of its spot replicas is a loss,
-// the plan keeps the fallback while Losses holds it (planInput.HoldFallback), and the history
+// the plan keeps the fallback while Losses holds it (planInput.HoldOnDemand), and the history
 // is saved with the service so that a restarted controller holds what its predecessor held.
 
 // Losses is policy.Losses under the name the stores and the API know it by: they build on

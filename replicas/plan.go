@@ -67,9 +67,10 @@ type planInput struct {
 	// Mix splits Desired between spot and on-demand replicas (SkyServe's fallback semantics,
 	// policy.Split); the zero value makes every replica on-demand.
 	Mix policy.MixSpec
-	// HoldFallback keeps the live on-demand replicas of a dynamic fallback from being scaled
-	// down (policy.Held): the service's spot losses come in a run (policy.Losses.Holding).
-	HoldFallback bool
+	// HoldOnDemand is how many live on-demand replicas of a dynamic fallback are kept from
+	// being scaled down (policy.Held) while the service's spot losses come in a run
+	// (policy.Losses.HoldOnDemand); 0 keeps none.
+	HoldOnDemand int
 	// Target is the version new replicas launch as; zero treats every replica as current
 	// (a service never updated).
 	Target int

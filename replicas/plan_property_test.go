@@ -30,7 +30,7 @@ func drawPlanInput(t *rapid.T) planInput {
 	if rapid.Bool().Draw(t, "spot") {
 		in.Mix = policy.MixSpec{UseSpot: true, BaseOnDemand: rapid.IntRange(0, 2).Draw(t, "base"),
 			DynamicFallback: rapid.Bool().Draw(t, "dynamic")}
-		in.HoldFallback = rapid.Bool().Draw(t, "holdFallback")
+		in.HoldOnDemand = rapid.IntRange(0, 4).Draw(t, "holdOnDemand")
 	}
 	if rapid.Bool().Draw(t, "backoff") {
 		in.ConsecutiveFailures = rapid.IntRange(1, 4).Draw(t, "failures")
@@ -458,7 +458,8 @@ func applied(in planInput, out actions) planInput {
 
 // TestPlanHoldsTheFallback: while spot losses hold a dynamic fallback, the scale-down of each
 // kind to its share takes no on-demand replica of the target version but those beyond the
-// target; and holding changes no launch, since it only keeps what runs.
+// target or beyond what the hold keeps; and holding changes no launch, since it only keeps
+// what runs.
 func TestPlanHoldsTheFallback(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		// Whole services as the other properties draw them, or one of serving replicas of both
@@ -470,7 +471,8 @@ func TestPlanHoldsTheFallback(t *testing.T) {
 			in = drawPlanInput(t)
 		}
 		in.Mix = policy.MixSpec{UseSpot: true, BaseOnDemand: rapid.IntRange(0, 2).Draw(t, "heldBase"), DynamicFallback: true}
-		in.HoldFallback = true
+		keep := rapid.IntRange(1, 12).Draw(t, "keep")
+		in.HoldOnDemand = keep
 		p := newPass(in)
 		p.attribute()
 		p.followRecords()
@@ -489,13 +491,13 @@ func TestPlanHoldsTheFallback(t *testing.T) {
 				down++
 			}
 		}
-		if beyond := max(0, k.liveOnDemand-max(in.Desired, 0)); down > beyond {
-			t.Fatalf("held fallback: %d on-demand replicas scaled down of %d live for a target of %d\ntransitions %+v",
-				down, k.liveOnDemand, in.Desired, p.out.Transitions[before:])
+		if beyond := k.liveOnDemand - min(k.liveOnDemand, max(in.Desired, 0), keep); down > beyond {
+			t.Fatalf("held fallback keeping %d: %d on-demand replicas scaled down of %d live for a target of %d\ntransitions %+v",
+				keep, down, k.liveOnDemand, in.Desired, p.out.Transitions[before:])
 		}
 
 		released := in
-		released.HoldFallback = false
+		released.HoldOnDemand = 0
 		held, free := plan(in), plan(released)
 		if held.Launch != free.Launch || held.LaunchSpot != free.LaunchSpot {
 			t.Fatalf("holding launches %d on-demand and %d spot, not holding %d and %d",

@@ -78,7 +78,7 @@ func (p *pass) retireOld(keepOld int) {
 // scaleKinds splits the target between spot and on-demand (policy.Split) and scales each kind
 // down to its share, but never below the target's READY replicas: a READY replica of a kind
 // over its share (base_ondemand_fallback_replicas lowered, say) serves until the other kind's
-// replacements are READY. While spot losses come in a run (HoldFallback) a dynamic fallback is
+// replacements are READY. While spot losses come in a run (HoldOnDemand) a dynamic fallback is
 // not scaled down below the target (policy.Held). A service without spot is one pool, whatever its replicas were
 // launched as.
 func (p *pass) scaleKinds() kindSplit {
@@ -101,7 +101,7 @@ func (p *pass) scaleKinds() kindSplit {
 	k.liveOnDemand = p.liveCurrent() - k.liveSpot
 	k.want = policy.Split(p.in.Desired, p.in.Mix, readySpot)
 	if p.in.Mix.DynamicFallback {
-		k.want = policy.Held(k.want, k.liveOnDemand, p.in.Desired, p.in.HoldFallback)
+		k.want = policy.Held(k.want, k.liveOnDemand, p.in.Desired, p.in.HoldOnDemand)
 	}
 	if p.in.Desired >= 0 && (k.liveSpot > k.want.Spot || k.liveOnDemand > k.want.OnDemand) {
 		p.scaleDown(p.current, map[bool]int{true: k.liveSpot - k.want.Spot, false: k.liveOnDemand - k.want.OnDemand}, p.in.Desired, "scaled down")

@@ -250,7 +250,7 @@ func TestPlan(t *testing.T) {
 			in: withInput(func(in *planInput) {
 				in.Desired = 3
 				in.Mix = policy.MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}
-				in.HoldFallback = true
+				in.HoldOnDemand = 10
 				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
 				s1.Spot, s2.Spot = true, true
 				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK), view(rec(3, StatusReady), probeOK),
@@ -263,7 +263,7 @@ func TestPlan(t *testing.T) {
 			in: withInput(func(in *planInput) {
 				in.Desired = 1
 				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
-				in.HoldFallback = true
+				in.HoldOnDemand = 10
 				s1 := rec(1, StatusReady)
 				s1.Spot = true
 				in.Replicas = []replicaView{view(s1, probeOK), view(rec(2, StatusReady), probeOK), view(rec(3, StatusReady), probeOK)}
@@ -278,7 +278,7 @@ func TestPlan(t *testing.T) {
 			in: withInput(func(in *planInput) {
 				in.Desired = 2
 				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
-				in.HoldFallback = true
+				in.HoldOnDemand = 10
 				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
 				s1.Spot, s2.Spot = true, true
 				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK)}

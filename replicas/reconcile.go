@@ -192,7 +192,7 @@ func (m *Manager) planInputOwned(now time.Time) planInput {
 		Drain:               m.cfg.Busy != nil,
 		InfraRank:           m.cfg.InfraRank,
 		Mix:                 m.mixOwned(),
-		HoldFallback:        m.losses.Holding(now),
+		HoldOnDemand:        m.losses.HoldOnDemand(now),
 	}
 	m.dueWindowsOwned(now) // window.go
 	for _, id := range sortedKeys(m.replicas) {

@@ -268,15 +268,16 @@ func (r *runner) spotCapacity(t float64) {
 		}
 		slices.SortFunc(held, func(a, b *replica) int { return b.id - a.id })
 		notice := r.w.Notice[z.Provider].Seconds()
-		acted := false
+		acted := 0
 		for _, rep := range held[:len(held)-c] {
 			rep.warned, rep.reclaimAt = true, t+notice
 			if r.p.Notices && notice > 0 {
-				rep.noticed, acted = true, true
+				rep.noticed = true
+				acted++
 			}
 		}
-		if acted {
-			r.zoneLost(i, t)
+		if acted > 0 {
+			r.zoneLost(i, t, acted)
 		}
 	}
 }
@@ -303,7 +304,7 @@ func (r *runner) free(i int) int {
 // reclaim preempts the warned instances whose notice has run out: what they hold fails. A
 // policy that did not act on the warning learns of the loss only now.
 func (r *runner) reclaim(t float64) {
-	lost := map[int]bool{}
+	lost := map[int]int{}
 	r.live = slices.DeleteFunc(r.live, func(rep *replica) bool {
 		if !rep.warned || rep.reclaimAt > t {
 			return false
@@ -313,23 +314,26 @@ func (r *runner) reclaim(t float64) {
 			r.res.timeline.preemptions = append(r.res.timeline.preemptions, t-r.warmup)
 		}
 		if !rep.noticed {
-			lost[rep.zone] = true
+			lost[rep.zone]++
 		}
 		r.keepPreempted(rep)
 		r.remove(rep, &r.res.Failed)
 		return true
 	})
 	for i := range r.w.Zones {
-		if lost[i] {
-			r.zoneLost(i, t)
+		if lost[i] > 0 {
+			r.zoneLost(i, t, lost[i])
 		}
 	}
 }
 
-// zoneLost tells the placer that zone i took spot capacity back: SpotHedge marks it
-// preempted, Ferry's provisioner blocks it (launcher/provision's Preempted).
-func (r *runner) zoneLost(i int, t float64) {
-	r.losses.Lost(simTime(t), r.w.Zones[i].Name)
+// zoneLost tells the placer that zone i took n spot instances back: SpotHedge marks it
+// preempted, Ferry's provisioner blocks it (launcher/provision's Preempted), and each is a
+// loss as the replica manager records it.
+func (r *runner) zoneLost(i int, t float64, n int) {
+	for range n {
+		r.losses.Lost(simTime(t), r.w.Zones[i].Name)
+	}
 	if r.zones != nil {
 		r.zones.Preempted(r.w.Zones[i].Name)
 	}
@@ -543,7 +547,7 @@ func (r *runner) decide(s int) {
 	if r.p.SkyServe {
 		mix = skyServeSplit(d.Target, r.p.Mix, readySpot)
 	} else if r.p.HoldFallback {
-		mix = policy.Held(mix, r.liveOnDemand(), d.Target, r.losses.Holding(simTime(t)))
+		mix = policy.Held(mix, r.liveOnDemand(), d.Target, r.losses.HoldOnDemand(simTime(t)))
 	}
 	r.reconcile(true, mix.Spot, t)
 	r.reconcile(false, mix.OnDemand, t)
