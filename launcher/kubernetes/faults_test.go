@@ -341,8 +341,11 @@ func TestAPIServerHangs(t *testing.T) {
 		_, err := p.Launch(ctx, gpuSpec("svc-new", "B200", 1))
 		return err
 	})
-	if !errors.Is(err, launcher.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Launch with the API server hung: %v, want ErrUnavailable, its deadline exceeded", err)
+	// Cut by RequestTimeout, or, when its first request raced Hang's cut of the open
+	// connection, by that cut ("http2: client connection force closed", seen in CI): either
+	// way the infra is unavailable, within the bound.
+	if !errors.Is(err, launcher.ErrUnavailable) {
+		t.Errorf("Launch with the API server hung: %v, want ErrUnavailable", err)
 	}
 	err = within(t, "Terminate with the API server hung", bound, func() error { return p.Terminate(ctx, inst.ID) })
 	if !errors.Is(err, launcher.ErrUnavailable) {
