@@ -90,8 +90,10 @@ func (l *Losses) Lost(t time.Time, zone string) {
 }
 
 // Hold is how long after the last loss the fallback is kept, as of now (see Losses).
-func (l *Losses) Hold(now time.Time) time.Duration {
-	recent := l.RecentGaps(now)
+func (l *Losses) Hold(now time.Time) time.Duration { return holdFor(l.RecentGaps(now)) }
+
+// holdFor is the hold recent gaps learn (Hold); it sorts them.
+func holdFor(recent []time.Duration) time.Duration {
 	if len(recent) < HoldMinGaps {
 		return 0
 	}
@@ -118,13 +120,15 @@ func (l *Losses) Holding(now time.Time) bool {
 
 // HoldOnDemand is how many live on-demand replicas the hold keeps at now: none when not
 // holding, else the largest loss among the recent ones (those Hold learns from) and one more.
+// The replica manager asks it at every pass: the gaps are read once.
 func (l *Losses) HoldOnDemand(now time.Time) int {
-	if !l.Holding(now) {
+	recent := l.RecentGaps(now)
+	losses := len(recent) + 1 // the losses at both ends of those gaps
+	if l.Last.IsZero() || now.Sub(l.Last) >= holdFor(recent) {
 		return 0
 	}
-	recent := len(l.RecentGaps(now)) + 1 // the losses at both ends of those gaps
 	largest := 0
-	for _, n := range l.Sizes[max(0, len(l.Sizes)-recent):] {
+	for _, n := range l.Sizes[max(0, len(l.Sizes)-losses):] {
 		largest = max(largest, n)
 	}
 	return largest + 1

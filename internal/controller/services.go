@@ -432,7 +432,7 @@ func spotLosses(l policy.Losses, now time.Time, dynamic bool) *api.SpotLosses {
 		return out
 	}
 	out.Hold = l.Hold(now)
-	if l.Holding(now) {
+	if now.Sub(l.Last) < out.Hold { // Holding, without reading the gaps again
 		out.HeldUntil = l.Last.Add(out.Hold)
 	}
 	return out
