@@ -172,7 +172,11 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 	}
 	mean := float64(total+1) / float64(len(replicas))
 	bound := max(p.factor*mean, mean+2)
-	now := p.now().UnixNano()
+	at := req.Now
+	if at.IsZero() {
+		at = p.now()
+	}
+	now := at.UnixNano()
 	pooledBase, pooledRate, pooledHold := p.pooledLine()
 
 	var (

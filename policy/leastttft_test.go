@@ -428,3 +428,36 @@ func BenchmarkLeastTTFTPick(b *testing.B) {
 		})
 	}
 }
+
+// The proxy hands the picker the clock reading it took for the attempt (Request.Now); the
+// engines' reports are judged fresh or stale at that time, and at the picker's own clock only
+// without it. The engine's queue on the prefix holder (as in "the engine's own queue counts")
+// decides the pick only while its report is fresh.
+func TestLeastTTFTJudgesStalenessAtTheRequestsTime(t *testing.T) {
+	const batch = 4 // as in TestLeastTTFT
+	reported := time.Unix(1000, 0)
+	later := reported.Add(time.Hour) // the picker's own clock: every report is stale by then
+	for name, tc := range map[string]struct {
+		now    time.Time
+		wantID int
+	}{
+		"fresh at the request's time": {now: reported, wantID: 3},
+		"stale at the picker's clock": {wantID: 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := newTTFTPicker(t, Options{Now: func() time.Time { return later }})
+			rs := replicas(make([]int64, 4))
+			p.Prepare(rs)
+			p.Pick(&Request{Model: []byte("m"), Prompt: conversation(1, 2048, 2, 2048)}, rs[:1])
+			for i, m := range []Metrics{{Running: batch, Waiting: 6}, {Running: 1}, {Running: 0}, {Running: 1}} {
+				rs[i].InFlight.Store([]int64{1, 1, 0, 1}[i])
+				m.UpdatedAt = reported.UnixNano()
+				rs[i].SetMetrics(m)
+			}
+			req := &Request{Model: []byte("m"), Prompt: conversation(1, 2048, 3, 2048), Now: tc.now}
+			if got := p.Pick(req, rs); got.ID != tc.wantID {
+				t.Errorf("picked replica %d, want %d", got.ID, tc.wantID)
+			}
+		})
+	}
+}

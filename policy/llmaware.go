@@ -96,7 +96,11 @@ func (p *llmAware) Pick(req *Request, replicas []*Replica) *Replica {
 	if len(replicas) == 0 {
 		return nil
 	}
-	now := p.now().UnixNano()
+	at := req.Now
+	if at.IsZero() {
+		at = p.now()
+	}
+	now := at.UnixNano()
 	var m prefixMatch
 	p.index.lookup(&m, req.Model, req.Prompt)
 	bound := affinityBound(replicas, p.factor)

@@ -60,7 +60,8 @@ type exchange struct {
 	// obs is what metrics and the access log record of the request (metrics.go).
 	obs exchangeObs
 	// sentAt and firstAt time the attempt that answered, from sending it to the replica's
-	// first body byte, for a picker that learns from TTFT (Service.learner); zero otherwise.
+	// first body byte. sentAt is set for a picker that learns from TTFT (Service.learner), zero
+	// otherwise; firstAt always (metrics read it too).
 	sentAt, firstAt time.Time
 
 	// Client watching (clientwatch.go). binding is true while the handler holds the replica's
@@ -137,7 +138,7 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	n, err := ex.body.Read(p)
 	if n > 0 {
 		ex.progress.Add(1)
-		if ex.firstAt.IsZero() && ex.svc.learner != nil {
+		if ex.firstAt.IsZero() { // for the learner and the metrics alike (observeRead)
 			ex.firstAt = time.Now()
 		}
 	}

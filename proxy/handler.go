@@ -140,7 +140,7 @@ func (s *Service) proxyLoop(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 
 	// An HTTP/1.0 client may send no Host; each replica then gets its own address.
 	noHost := len(ex.req.Header.Host()) == 0
-	budget := attemptBudget{max: min(s.cfg.MaxAttempts, len(snap.pick)), start: time.Now()}
+	budget := attemptBudget{max: min(s.cfg.MaxAttempts, len(snap.pick))}
 	var lastErr error
 	s.watch(ex, ctx.Conn())
 	for ; budget.attempt < budget.max; budget.attempt++ {
@@ -163,7 +163,8 @@ func (s *Service) proxyLoop(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 }
 
 // attemptBudget is how far one request's attempts may go: at most max replicas, and no new
-// attempt once retryBudget has passed since start. attempt counts from 0.
+// attempt once retryBudget has passed since start, the first attempt's time. attempt counts
+// from 0.
 type attemptBudget struct {
 	attempt, max int
 	start        time.Time
@@ -179,6 +180,12 @@ func (b *attemptBudget) more() bool {
 // fasthttp or its departed client's request ended; otherwise the attempt's error (nil when no
 // replica could be picked) and whether another replica may be tried.
 func (s *Service) tryReplica(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapshot, budget *attemptBudget, noHost bool) (done, retry bool, err error) {
+	// One clock reading for the attempt: the picker's, the retry budget's and the learner's.
+	now := time.Now()
+	if budget.start.IsZero() {
+		budget.start = now
+	}
+	ex.info.Now = now
 	replica := ex.pick(s.picker, snap, s.slots)
 	if replica == nil {
 		return false, false, nil
@@ -200,7 +207,7 @@ func (s *Service) tryReplica(ctx *fasthttp.RequestCtx, ex *exchange, snap *snaps
 		s.slots.grant(s)
 	}
 	if s.learner != nil {
-		ex.sentAt, ex.firstAt = time.Now(), time.Time{}
+		ex.sentAt, ex.firstAt = now, time.Time{}
 	}
 	if err = ex.send(client); err == nil {
 		code := ex.resp.StatusCode()

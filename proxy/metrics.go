@@ -698,7 +698,10 @@ func (ex *exchange) observeRead(p []byte) {
 	}
 	o := &ex.obs
 	if o.firstByte.IsZero() {
-		o.firstByte = time.Now()
+		o.firstByte = ex.firstAt // Read's reading of the clock
+		if o.firstByte.IsZero() {
+			o.firstByte = time.Now()
+		}
 	}
 	o.bytesOut += int64(len(p))
 	if ex.sse {
