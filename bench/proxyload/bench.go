@@ -121,6 +121,15 @@ func (b *bench) startTarget(name string, upstreams []string) error {
 		if err != nil {
 			return err
 		}
+	case targetPass:
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		argv = []string{self, targetPass, "--listen", addr}
+		for _, u := range upstreams {
+			argv = append(argv, "--upstream", u)
+		}
 	default:
 		return fmt.Errorf("unknown target %q", name)
 	}

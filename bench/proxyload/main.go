@@ -1,5 +1,7 @@
 // Command proxyload measures what a reverse proxy costs on loopback: a fast backend reached
-// directly, through `ferry proxy`, and through nginx (the reference peer), with non-streamed
+// directly, through `ferry proxy`, through nginx (the reference peer) and through a bare
+// fasthttp pass-through of the same build (passthrough.go: the floor of any proxy on fasthttp
+// and Go's runtime, against which Ferry's own work shows), with non-streamed
 // requests at concurrency 64 and SSE streams at concurrency 32, then 5,000 concurrent streams
 // through one Ferry process for its memory. The proxies are pinned to one core, the load
 // generator (this process) and the backend to the other. On two cores the load generator, not
@@ -34,13 +36,14 @@ const (
 	targetDirect = "direct"
 	targetFerry  = "ferry"
 	targetNginx  = "nginx"
+	targetPass   = "passthrough"
 
 	scenarioNonStream = "nonstream"
 	scenarioStream    = "stream"
 )
 
 var (
-	allTargets   = []string{targetDirect, targetFerry, targetNginx}
+	allTargets   = []string{targetDirect, targetFerry, targetNginx, targetPass}
 	allScenarios = []string{scenarioNonStream, scenarioStream}
 )
 
@@ -82,6 +85,13 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == targetPass {
+		if err := runPassThrough(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "proxyload passthrough:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	benchkit.Main("proxyload", os.Args[1:], parseFlags, run)
 }
 
@@ -94,7 +104,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.concurrency, "concurrency", 64, "concurrent non-streamed requests")
 	fs.IntVar(&o.streamConcurrency, "stream-concurrency", 32, "concurrent streams")
 	fs.StringSliceVar(&o.scenarios, "scenarios", allScenarios, "workloads to run: nonstream, stream")
-	fs.StringSliceVar(&o.targets, "targets", allTargets, "paths to measure: direct, ferry, nginx")
+	fs.StringSliceVar(&o.targets, "targets", allTargets, "paths to measure: direct, ferry, nginx, passthrough (a bare fasthttp proxy: what any proxy on fasthttp costs)")
 	fs.IntVar(&o.reps, "reps", 1, "repetitions; the target order rotates each one and the tables show medians")
 	fs.IntVar(&o.chunks, "chunks", 32, "SSE chunks per stream")
 	fs.DurationVar(&o.chunkGap, "chunk-gap", 5*time.Millisecond, "pause between SSE chunks")
@@ -148,7 +158,7 @@ func (o options) validate() error {
 	}
 	for _, t := range append(slices.Clone(o.targets), o.streams5kTargets...) {
 		if !slices.Contains(allTargets, t) {
-			bad("targets", t, "want direct, ferry or nginx")
+			bad("targets", t, "want direct, ferry, nginx or passthrough")
 		}
 	}
 	if slices.Contains(o.streams5kTargets, targetDirect) {
@@ -236,7 +246,7 @@ func run(opts options) error {
 	if err := b.startBackend(); err != nil {
 		return err
 	}
-	for _, name := range []string{targetFerry, targetNginx} {
+	for _, name := range []string{targetFerry, targetNginx, targetPass} {
 		if slices.Contains(opts.targets, name) {
 			if err := b.startTarget(name, b.backends[:opts.backends]); err != nil {
 				return err

@@ -222,7 +222,8 @@ func TestReportRendersTables(t *testing.T) {
 	text := out.String()
 	for _, want := range []string{
 		"## Non-streamed", "## SSE streams", "## 10 concurrent SSE streams over", "## Issue targets",
-		"| ferry  | 1000  |", "10 streams: ferry peak RSS MiB (all open at once, no errors: true) | 31.000",
+		"| ferry       | 1000  |", "| passthrough | 1000  |", "passthrough CPU/req ÷ nginx (fasthttp's floor; informational)",
+		"ferry CPU/req ÷ passthrough (Ferry's own work; informational)", "10 streams: ferry peak RSS MiB (all open at once, no errors: true)", "| 31.000",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("report lacks %q:\n%s", want, text)
