@@ -73,7 +73,7 @@ func TestServingSurvivesAcceptErrors(t *testing.T) {
 		},
 		"admin": func(t *testing.T, ln net.Listener) (string, string, <-chan error) {
 			_, reg := newTestMetrics(t)
-			stop := ServeAdmin(ln, reg, "", zaptest.NewLogger(t))
+			stop := ServeAdmin(ln, reg, "", nil, zaptest.NewLogger(t))
 			t.Cleanup(func() { stop(context.Background()) })
 			return "/healthz", "", nil
 		},

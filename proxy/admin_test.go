@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -14,7 +15,7 @@ import (
 func TestAdminToken(t *testing.T) {
 	const token = "metrics-token-0123456789"
 	_, reg := newTestMetrics(t)
-	admin := httptest.NewServer(AdminHandler(reg, token))
+	admin := httptest.NewServer(AdminHandler(reg, token, nil))
 	t.Cleanup(admin.Close)
 	c := newClient(t)
 	tests := map[string]struct {
@@ -61,4 +62,37 @@ func TestAdminToken(t *testing.T) {
 func TestSecretComparesAreConstantTime(t *testing.T) {
 	sourcecheck.ConstantTimeCompare(t, "auth.go", "match")
 	sourcecheck.ConstantTimeCompare(t, "admin.go", "requireBearer")
+}
+
+// /readyz follows a Readiness: starting, ready, draining; without one it is always ready.
+func TestAdminReadiness(t *testing.T) {
+	reg, _, err := NewRegistry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := new(Readiness)
+	admin := httptest.NewServer(AdminHandler(reg, "secret-token-0123456789", ready))
+	defer admin.Close()
+	always := httptest.NewServer(AdminHandler(reg, "", nil))
+	defer always.Close()
+	check := func(url string, wantCode int, wantBody string) {
+		t.Helper()
+		resp, err := http.Get(url + "/readyz") // open, like /healthz: probes send no token
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != wantCode || string(body) != wantBody {
+			t.Errorf("/readyz: %d %q, want %d %q", resp.StatusCode, body, wantCode, wantBody)
+		}
+	}
+	check(admin.URL, http.StatusServiceUnavailable, "starting\n")
+	ready.Ready()
+	check(admin.URL, http.StatusOK, "ready\n")
+	ready.Drain()
+	check(admin.URL, http.StatusServiceUnavailable, "draining\n")
+	ready.Ready() // never ready again once draining
+	check(admin.URL, http.StatusServiceUnavailable, "draining\n")
+	check(always.URL, http.StatusOK, "ready\n")
 }

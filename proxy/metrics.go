@@ -435,8 +435,8 @@ func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // AdminHandler serves a Ferry process's admin endpoints from g: GET /metrics in the Prometheus
-// text or OpenMetrics format, and GET /healthz, which answers 200 "ok" while the process serves
-// HTTP at all (liveness, not readiness). Mount it on its own listener, loopback or a private
+// text or OpenMetrics format, GET /healthz, which answers 200 "ok" while the process serves
+// HTTP at all (liveness), and GET /readyz, what ready reports (readiness.go; nil: always ready). Mount it on its own listener, loopback or a private
 // network: metrics name services and traffic volumes that the proxy's clients should not see,
 // and a scrape must keep working while the traffic listener is saturated.
 //
@@ -446,14 +446,15 @@ func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
 // collector shows up as a down target instead of as silently missing series.
 //
 // A non-empty token protects /metrics with "Authorization: Bearer TOKEN" (admin.go);
-// /healthz stays open.
-func AdminHandler(g prometheus.Gatherer, token string) http.Handler {
+// /healthz and /readyz stay open.
+func AdminHandler(g prometheus.Gatherer, token string, ready *Readiness) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", requireBearer(token, promhttp.HandlerFor(g, promhttp.HandlerOpts{})))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
 	})
+	mux.HandleFunc("GET /readyz", ready.serveHTTP)
 	return mux
 }
 
@@ -475,16 +476,16 @@ func NewRegistry() (*prometheus.Registry, *Metrics, error) {
 	return reg, m, nil
 }
 
-// ServeAdmin serves AdminHandler(g, token) on ln until the returned stop is called. Timeouts are
+// ServeAdmin serves AdminHandler(g, token, ready) on ln until the returned stop is called. Timeouts are
 // short: a scrape is one small request a few times a minute, so no client may hold a connection
 // long, while Prometheus's keep-alive connection between scrapes (15–60 s apart) survives the
 // idle timeout. Accept errors that pass (out of file descriptors, say) are waited out, as on
 // the traffic listeners (accept.go), so metrics come back with the descriptors. stop lets a
 // scrape in progress finish until ctx ends, then closes the listener and waits for the server
 // to be gone, so the address is free on return.
-func ServeAdmin(ln net.Listener, g prometheus.Gatherer, token string, log *zap.Logger) (stop func(context.Context)) {
+func ServeAdmin(ln net.Listener, g prometheus.Gatherer, token string, ready *Readiness, log *zap.Logger) (stop func(context.Context)) {
 	srv := &http.Server{
-		Handler:           AdminHandler(g, token),
+		Handler:           AdminHandler(g, token, ready),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,

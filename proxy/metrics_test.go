@@ -593,7 +593,7 @@ func TestAdminHandler(t *testing.T) {
 	do(t, c, http.MethodGet, base+"/v1/models", nil)
 	waitForRequests(t, reg, 1)
 
-	admin := httptest.NewServer(AdminHandler(reg, "")) // a real loopback listener
+	admin := httptest.NewServer(AdminHandler(reg, "", nil)) // a real loopback listener
 	t.Cleanup(admin.Close)
 
 	res := do(t, c, http.MethodGet, admin.URL+"/metrics", nil)

@@ -7,6 +7,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/proxy"
 	"github.com/ferryserve/ferry/proxy/attach"
 )
 
@@ -31,7 +32,8 @@ func runAttached(ctx context.Context, opts proxyOptions, log *zap.Logger) error 
 // answered, as until then it knows neither the replicas nor whether the service requires an
 // API key. It closes both listeners.
 func serveAttached(ctx context.Context, opts proxyOptions, h home.Home, ln, adminLn net.Listener, log *zap.Logger) error {
-	base, stopAdmin, err := proxyBaseConfig(opts, adminLn, log)
+	ready := new(proxy.Readiness)
+	base, stopAdmin, err := proxyBaseConfig(opts, adminLn, ready, log)
 	if err != nil {
 		ln.Close()
 		return err
@@ -44,6 +46,8 @@ func serveAttached(ctx context.Context, opts proxyOptions, h home.Home, ln, admi
 		Home:         h,
 		Controllers:  opts.controllers,
 		DrainTimeout: opts.shutdownTimeout,
+		DrainDelay:   opts.drainDelay,
+		Readiness:    ready,
 		Logger:       log,
 	}).Start(ctx)
 }

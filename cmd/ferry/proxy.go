@@ -36,6 +36,7 @@ type proxyFlags struct {
 	replicas        []string
 	targetQPS       []string
 	shutdownTimeout time.Duration
+	drainDelay      time.Duration
 	verbose         bool
 	apiKeyEnvs      []string
 	tlsCert         string
@@ -75,6 +76,8 @@ type proxyOptions struct {
 	service         proxy.ServiceConfig
 	backends        []proxy.Backend
 	shutdownTimeout time.Duration
+	// drainDelay is how long the proxy keeps accepting after SIGTERM, unready (--drain-delay).
+	drainDelay time.Duration
 	// metricsListen is the admin listener's address; empty serves no metrics.
 	metricsListen string
 	// metricsToken, when set, is the bearer token /metrics requires.
@@ -125,11 +128,14 @@ Without --attach the replica list is fixed; every replica is treated as READY. A
 host:port or http://host:port; append #ACCELERATOR (for example #A100) to weight it under
 instance_aware_least_load with --target-qps.
 
---metrics-listen serves Prometheus metrics (GET /metrics) and a liveness check (GET /healthz) on
-their own address, apart from traffic; keep it on loopback or a private network, and with
---metrics-token-file FILE /metrics requires "Authorization: Bearer" and the token in FILE (a
-Prometheus scrape config sends it with authorization: {credentials_file: FILE}); /healthz stays
-open. --access-log
+--metrics-listen serves Prometheus metrics (GET /metrics), a liveness check (GET /healthz) and a
+readiness check (GET /readyz: 503 until the proxy has its replicas, or the controller's first
+answer when attached, and again from SIGTERM on) on their own address, apart from traffic; keep
+it on loopback or a private network, and with --metrics-token-file FILE /metrics requires
+"Authorization: Bearer" and the token in FILE (a Prometheus scrape config sends it with
+authorization: {credentials_file: FILE}); /healthz and /readyz stay open. With --drain-delay D
+a SIGTERM first turns /readyz to 503 and keeps serving for D, so that a load balancer (a
+Kubernetes Service) stops sending here before the proxy stops accepting. --access-log
 writes one line per request (sampled under load: each second the first 100, then every 100th)
 with its id, path, status, replica and timings, never headers, query strings or bodies.
 
@@ -208,6 +214,7 @@ func (f *proxyFlags) define(fl *pflag.FlagSet) {
 	fl.StringArrayVar(&f.replicas, "replica", nil, "replica address, host:port or http://host:port[#ACCELERATOR] (repeatable; required without --attach)")
 	fl.StringArrayVar(&f.targetQPS, "target-qps", nil, "target QPS per replica of an accelerator, ACCELERATOR=QPS (repeatable)")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", time.Minute, "how long to wait for in-flight requests on SIGINT/SIGTERM")
+	fl.DurationVar(&f.drainDelay, "drain-delay", 0, "on SIGINT/SIGTERM, first answer 503 on /readyz and keep accepting for this long, so a load balancer stops sending here before the proxy stops accepting (Kubernetes: a few seconds)")
 	fl.BoolVarP(&f.verbose, "verbose", "v", false, "log at debug level")
 	fl.StringArrayVar(&f.apiKeyEnvs, "api-key-env", nil, "require an API key: the name of an environment variable holding one (repeatable)")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "serve HTTPS with this PEM certificate (needs --tls-key)")
@@ -219,7 +226,7 @@ func (f *proxyFlags) define(fl *pflag.FlagSet) {
 	fl.IntVar(&f.rateBurst, "rate-limit-burst", 0, "requests a key may send at once under --rate-limit (default: one second's worth)")
 	fl.IntVar(&f.maxBodyMB, "max-body-mb", proxy.DefaultMaxRequestBodySize>>20, "largest request body accepted, in MiB")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", proxy.DefaultIdleTimeout, "how long a replica or client may stay silent mid-request")
-	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve Prometheus /metrics and /healthz on this address, host:port (default: off)")
+	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve Prometheus /metrics, /healthz and /readyz on this address, host:port (default: off)")
 	fl.StringVar(&f.kvEvents, "kv-events-listen", "", "bind this ZeroMQ endpoint, tcp://HOST:PORT, for the replicas' vLLM KV-cache events (--kv-events-config with \"endpoint\": \"tcp://THIS:PORT\", \"topic\": \"kv@REPLICA_HOST:REPLICA_PORT@MODEL\"); least_ttft then matches prompts' token ids, from the replicas' /tokenize, against what each engine reports it holds (default: off)")
 	fl.IntVar(&f.kvEventsPort, "kv-events-connect", 0, "connect to this port on every replica's host for its vLLM KV-cache events, where each engine's publisher binds (vLLM's default, --kv-events-config '{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\"}' binds tcp://*:5557); unlike --kv-events-listen, any number of proxies can hear one engine (default: off)")
 	fl.StringVar(&f.metricsTokenFile, "metrics-token-file", "", "require this file's token as \"Authorization: Bearer\" on /metrics (/healthz stays open)")
@@ -236,6 +243,7 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 	opts := proxyOptions{
 		listen:          f.listen,
 		shutdownTimeout: f.shutdownTimeout,
+		drainDelay:      f.drainDelay,
 		service:         proxy.ServiceConfig{Name: f.name, Policy: f.policy},
 		metricsListen:   f.metricsListen,
 		kvEvents:        f.kvEvents,
@@ -294,6 +302,9 @@ func (f proxyFlags) parseServing(opts *proxyOptions) []error {
 	}
 	if f.shutdownTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-timeout %v: must not be negative", f.shutdownTimeout))
+	}
+	if f.drainDelay < 0 || f.drainDelay > 5*time.Minute {
+		errs = append(errs, fmt.Errorf("--drain-delay %v: must be between 0 and 5m", f.drainDelay))
 	}
 	errs = append(errs, f.parseClientLimits(opts)...)
 	if (f.tlsCert == "") != (f.tlsKey == "") {
@@ -496,7 +507,8 @@ func bindProxyListeners(opts proxyOptions) (ln, adminLn net.Listener, err error)
 // serveProxy serves traffic on ln, and metrics on adminLn unless it is nil, until ctx ends;
 // then it drains requests in flight. It closes both listeners.
 func serveProxy(ctx context.Context, opts proxyOptions, ln, adminLn net.Listener, log *zap.Logger) error {
-	base, stopAdmin, err := proxyBaseConfig(opts, adminLn, log)
+	ready := new(proxy.Readiness)
+	base, stopAdmin, err := proxyBaseConfig(opts, adminLn, ready, log)
 	if err != nil {
 		ln.Close()
 		return err
@@ -514,10 +526,14 @@ func serveProxy(ctx context.Context, opts proxyOptions, ln, adminLn net.Listener
 
 	served := make(chan error, 1)
 	go func() { served <- svc.Serve(ln) }()
+	ready.Ready()
 	select {
 	case err := <-served:
 		return err
 	case <-ctx.Done():
+	}
+	if err := ready.DrainFor(opts.drainDelay, served, log); err != nil {
+		return err
 	}
 	log.Info("shutting down: draining requests in flight", zap.Int64("in_flight", svc.InFlight()), zap.Duration("timeout", opts.shutdownTimeout))
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), opts.shutdownTimeout)
@@ -531,7 +547,7 @@ func serveProxy(ctx context.Context, opts proxyOptions, ln, adminLn net.Listener
 // proxyBaseConfig is the part of a service's proxy configuration that comes from the command
 // line: name, TLS, the process's client limits, logs, metrics (served on adminLn unless it is
 // nil) and the engines' KV-cache events. stop ends the admin listener and the events' socket.
-func proxyBaseConfig(opts proxyOptions, adminLn net.Listener, log *zap.Logger) (cfg proxy.ServiceConfig, stop func(), err error) {
+func proxyBaseConfig(opts proxyOptions, adminLn net.Listener, ready *proxy.Readiness, log *zap.Logger) (cfg proxy.ServiceConfig, stop func(), err error) {
 	cfg = opts.service
 	var stops []func()
 	stop = func() {
@@ -578,7 +594,7 @@ func proxyBaseConfig(opts proxyOptions, adminLn net.Listener, log *zap.Logger) (
 		}
 	}
 	cfg.Metrics = metrics
-	stopAdmin := proxy.ServeAdmin(adminLn, reg, opts.metricsToken, log.Named("metrics"))
+	stopAdmin := proxy.ServeAdmin(adminLn, reg, opts.metricsToken, ready, log.Named("metrics"))
 	log.Info("metrics serving", zap.String("endpoint", "http://"+adminLn.Addr().String()+"/metrics"), zap.Bool("token_required", opts.metricsToken != ""))
 	// Metrics stay up while requests drain; a scrape still running at exit is cut off.
 	stops = append(stops, func() {

@@ -53,7 +53,7 @@ func (c *Controller) startMetrics() error {
 		_ = ln.Close()
 		return err
 	}
-	c.stopAdmin = proxy.ServeAdmin(ln, c.registry, token, c.log.Named("metrics"))
+	c.stopAdmin = proxy.ServeAdmin(ln, c.registry, token, nil, c.log.Named("metrics"))
 	c.metricsAddr = ln.Addr().String()
 	c.log.Info("metrics serving", zap.String("endpoint", c.metricsURL()), zap.Bool("token_required", token != ""))
 	return nil

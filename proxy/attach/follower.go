@@ -56,6 +56,13 @@ type FollowerConfig struct {
 	// DrainTimeout bounds how long requests in flight may finish: under an old configuration
 	// after a new one took over, and when Start's ctx ends.
 	DrainTimeout time.Duration
+	// DrainDelay is how long the proxy keeps serving, unready, once Start's ctx ends and before
+	// it stops accepting, while it keeps following the service (`ferry proxy --drain-delay`).
+	DrainDelay time.Duration
+	// Readiness, when set, turns ready at the controller's first answer (the proxy then has
+	// the service's configuration and replica set, possibly empty, which it holds requests
+	// for) and draining when Start's ctx ends.
+	Readiness *proxy.Readiness
 	// Logger may be nil.
 	Logger *zap.Logger
 }
@@ -64,11 +71,13 @@ type FollowerConfig struct {
 // replica set, which it follows from the controller with a long poll, reports its load back,
 // and keeps serving the last set it had while the controller is away.
 type Follower struct {
-	service string
-	base    proxy.ServiceConfig
-	drain   time.Duration
-	ln      net.Listener
-	ctl     *controllerConn
+	service    string
+	base       proxy.ServiceConfig
+	drain      time.Duration
+	drainDelay time.Duration
+	ready      *proxy.Readiness
+	ln         net.Listener
+	ctl        *controllerConn
 	// rootLog is the Logger as given; log names the service.
 	rootLog *zap.Logger
 	log     *zap.Logger
@@ -97,16 +106,18 @@ func NewFollower(cfg FollowerConfig) *Follower {
 		log = zap.NewNop()
 	}
 	return &Follower{
-		service: cfg.Service,
-		base:    cfg.Base,
-		drain:   cfg.DrainTimeout,
-		ln:      cfg.Listener,
-		ctl:     &controllerConn{home: cfg.Home, urls: cfg.Controllers},
-		rootLog: log,
-		log:     log.With(zap.String("service", cfg.Service)),
-		id:      newProxyID(),
-		served:  make(chan error, 1),
-		kick:    make(chan struct{}, 1),
+		service:    cfg.Service,
+		base:       cfg.Base,
+		drain:      cfg.DrainTimeout,
+		drainDelay: cfg.DrainDelay,
+		ready:      cfg.Readiness,
+		ln:         cfg.Listener,
+		ctl:        &controllerConn{home: cfg.Home, urls: cfg.Controllers},
+		rootLog:    log,
+		log:        log.With(zap.String("service", cfg.Service)),
+		id:         newProxyID(),
+		served:     make(chan error, 1),
+		kick:       make(chan struct{}, 1),
 	}
 }
 
@@ -118,7 +129,8 @@ func (f *Follower) Start(ctx context.Context) error {
 	f.rootLog.Info("proxy attaching", zap.String("service", f.service), zap.String("endpoint", "http://"+f.ln.Addr().String()),
 		zap.String("home", f.ctl.home.Dir), zap.String("proxy_id", f.id))
 
-	loops, stopLoops := context.WithCancel(ctx)
+	// The loops outlive ctx by the drain delay: replicas that change meanwhile are followed.
+	loops, stopLoops := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {
@@ -132,6 +144,7 @@ func (f *Follower) Start(ctx context.Context) error {
 	var serveErr error
 	select {
 	case <-ctx.Done():
+		serveErr = f.announceDrain()
 	case serveErr = <-f.served:
 	}
 	stopLoops()
@@ -152,6 +165,16 @@ func (f *Follower) Start(ctx context.Context) error {
 		return err
 	}
 	return <-f.served
+}
+
+// announceDrain turns the proxy unready and, if it serves, keeps serving for the drain delay
+// (proxy.Readiness.DrainFor).
+func (f *Follower) announceDrain() error {
+	if f.handover() == nil {
+		f.ready.Drain()
+		return nil
+	}
+	return f.ready.DrainFor(f.drainDelay, f.served, f.rootLog)
 }
 
 func (f *Follower) handover() *proxy.Handover {
@@ -245,6 +268,7 @@ func (f *Follower) apply(rs ReplicaSet) error {
 		f.config, f.shares = rs.Config, rs.Proxies
 		f.hand = proxy.NewHandover(f.ln, svc, f.log)
 		go func() { f.served <- f.hand.Serve() }()
+		f.ready.Ready()
 		f.log.Info("proxy serving", zap.String("endpoint", "http://"+f.ln.Addr().String()),
 			zap.String("policy", policyName(rs.Config.Policy)), zap.Bool("auth", rs.Config.AuthRequired),
 			zap.Strings("replicas", f.current))
