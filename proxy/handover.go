@@ -40,6 +40,8 @@ type Handover struct {
 	// stopping is closed by Shutdown: retired Services skip the rest of their idle grace.
 	stopping chan struct{}
 	drains   sync.WaitGroup
+	// closing is set by CloseConnections: the proxy is draining before it stops.
+	closing atomic.Bool
 }
 
 // handoff is one Service and the listener the Handover feeds it through.
@@ -121,6 +123,9 @@ func (h *Handover) Current() *Service {
 // gone, within drainTimeout of the swap. Until then Busy, InFlight and friends count both.
 // next should already have the backends; SetBackends reaches the retiring Service as well.
 func (h *Handover) Swap(next *Service, drainTimeout time.Duration) {
+	if h.closing.Load() {
+		next.CloseConnections()
+	}
 	nh := h.start(next)
 	h.mu.Lock()
 	if h.closed {
@@ -134,6 +139,15 @@ func (h *Handover) Swap(next *Service, drainTimeout time.Duration) {
 	h.drains.Add(1)
 	h.mu.Unlock()
 	go h.retire(old, drainTimeout)
+}
+
+// CloseConnections makes every response of every Service served, and of those swapped in later,
+// close its connection (Service.CloseConnections).
+func (h *Handover) CloseConnections() {
+	h.closing.Store(true)
+	for _, s := range h.services() {
+		s.CloseConnections()
+	}
 }
 
 // retire drains a Service that Swap replaced.

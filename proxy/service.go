@@ -332,7 +332,7 @@ type Service struct {
 	stopped  chan struct{}
 	stopOnce sync.Once
 	// closeConns makes every response close its connection: a Handover retired the service
-	// (handover.go).
+	// (handover.go), or the proxy is draining before it stops (CloseConnections).
 	closeConns atomic.Bool
 
 	// mu serializes SetBackends (and watchModels, Busy); the request path never takes it.
@@ -649,3 +649,9 @@ func errorKind(err error) string {
 		return "malformed request (not shown: it may quote request headers)"
 	}
 }
+
+// CloseConnections makes every response from now on close its client connection. A proxy
+// that is about to stop calls it as it turns unready (Readiness.DrainFor): a keep-alive client
+// then reconnects, through its load balancer, to another proxy, instead of finding its idle
+// connection closed under it at the shutdown, which fails a POST its HTTP client may not retry.
+func (s *Service) CloseConnections() { s.closeConns.Store(true) }

@@ -532,6 +532,7 @@ func serveProxy(ctx context.Context, opts proxyOptions, ln, adminLn net.Listener
 		return err
 	case <-ctx.Done():
 	}
+	svc.CloseConnections()
 	if err := ready.DrainFor(opts.drainDelay, served, log); err != nil {
 		return err
 	}

@@ -168,12 +168,14 @@ func (f *Follower) Start(ctx context.Context) error {
 }
 
 // announceDrain turns the proxy unready and, if it serves, keeps serving for the drain delay
-// (proxy.Readiness.DrainFor).
+// (proxy.Readiness.DrainFor), closing each client connection after its next response.
 func (f *Follower) announceDrain() error {
-	if f.handover() == nil {
+	hand := f.handover()
+	if hand == nil {
 		f.ready.Drain()
 		return nil
 	}
+	hand.CloseConnections()
 	return f.ready.DrainFor(f.drainDelay, f.served, f.rootLog)
 }
 
