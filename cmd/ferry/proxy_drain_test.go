@@ -36,47 +36,40 @@ func TestProxyDrainsUnreadyBeforeItStopsAccepting(t *testing.T) {
 	ln, adminLn := listen(t), listen(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	served := make(chan error, 1)
-	go func() { served <- serveProxy(ctx, opts, ln, adminLn, zaptest.NewLogger(t)) }()
-
-	readyz := "http://" + adminLn.Addr().String() + "/readyz"
-	waitUntil(t, "/readyz 200", func() bool { code, _ := get(readyz); return code == http.StatusOK })
-	checkDrain(t, cancel, served, readyz, "http://"+ln.Addr().String())
+	p := &runningProxy{addr: ln.Addr().String(), readyz: "http://" + adminLn.Addr().String() + "/readyz",
+		stop: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.err = serveProxy(ctx, opts, ln, adminLn, zaptest.NewLogger(t))
+	}()
+	waitUntil(t, "/readyz 200", func() bool { code, _ := get(p.readyz); return code == http.StatusOK })
+	checkDrain(t, p)
 }
 
 func TestAttachedProxyIsReadyAtTheControllersFirstAnswer(t *testing.T) {
 	h := home.Home{Dir: t.TempDir()}
 	replica := startCountingReplica(t)
-	opts, err := proxyFlags{listen: "127.0.0.1:0", attach: "llama", shutdownTimeout: 10 * time.Second,
-		metricsListen: "127.0.0.1:0", drainDelay: drainDelay}.parse()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, adminLn := listen(t), listen(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	served := make(chan error, 1)
-	go func() { served <- serveAttached(ctx, opts, h, ln, adminLn, zaptest.NewLogger(t)) }()
+	p := startAttachedProxy(t, h)
 
 	// No controller yet: the proxy knows neither replicas nor keys, and says so.
-	readyz := "http://" + adminLn.Addr().String() + "/readyz"
 	for range 3 {
-		if code, body := get(readyz); code != http.StatusServiceUnavailable || body != "starting\n" {
+		if code, body := get(p.readyz); code != http.StatusServiceUnavailable || body != "starting\n" {
 			t.Fatalf("/readyz before the controller answered: %d %q, want 503 \"starting\"", code, body)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	ctl := startAttachController(t, h, attach.ProxyConfig{Policy: "round_robin"})
 	ctl.feed.Publish([]proxy.Backend{replica.backend(1)})
-	waitUntil(t, "/readyz 200", func() bool { code, _ := get(readyz); return code == http.StatusOK })
-	checkDrain(t, cancel, served, readyz, "http://"+ln.Addr().String())
+	waitUntil(t, "/readyz 200", func() bool { code, _ := get(p.readyz); return code == http.StatusOK })
+	checkDrain(t, p)
 }
 
-// checkDrain stops a serving proxy (stop) and checks the drain: /readyz turns 503 "draining"
-// at once, new connections are still served until the delay has passed, and then the proxy
-// stops accepting and serve returns nil.
-func checkDrain(t *testing.T, stop func(), served <-chan error, readyz, endpoint string) {
+// checkDrain stops a serving proxy and checks the drain: /readyz turns 503 "draining" at once,
+// new connections are still served until the delay has passed, and then the proxy stops
+// accepting and exits without an error.
+func checkDrain(t *testing.T, p *runningProxy) {
 	t.Helper()
+	readyz, endpoint := p.readyz, "http://"+p.addr
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	chat := func() (int, error) {
 		resp, err := client.Post(endpoint+"/v1/completions", "application/json",
@@ -92,7 +85,7 @@ func checkDrain(t *testing.T, stop func(), served <-chan error, readyz, endpoint
 		t.Fatalf("before the stop: HTTP %d, %v", code, err)
 	}
 	stopped := time.Now()
-	stop()
+	p.stop()
 	waitUntil(t, "/readyz 503 draining", func() bool {
 		code, body := get(readyz)
 		return code == http.StatusServiceUnavailable && body == "draining\n"
@@ -111,9 +104,9 @@ func checkDrain(t *testing.T, stop func(), served <-chan error, readyz, endpoint
 		t.Fatal("no request was sent during the drain delay")
 	}
 	select {
-	case err := <-served:
-		if err != nil {
-			t.Fatalf("proxy: %v", err)
+	case <-p.done:
+		if p.err != nil {
+			t.Fatalf("proxy: %v", p.err)
 		}
 		if since := time.Since(stopped); since < drainDelay {
 			t.Errorf("the proxy stopped %v after the stop, before its drain delay of %v", since, drainDelay)
