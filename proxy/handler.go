@@ -37,20 +37,22 @@ func (s *Service) handle(ctx *fasthttp.RequestCtx, key int32) {
 	if key == 0 {
 		key = v.key
 	}
-	ex, snap := s.admit(ctx, key)
-	if ex == nil {
-		return // answered
+	var rate rateState
+	ex, snap := s.admit(ctx, key, &rate)
+	if ex != nil { // else answered
+		s.proxyLoop(ctx, ex, snap)
 	}
-	s.proxyLoop(ctx, ex, snap)
+	rate.write(&ctx.Response.Header) // last: an answer's own headers replace what came before
 }
 
 // admit runs every check that may answer a request before any replica sees it: the client's
 // credentials, rate and body size, the body's readability, and then, holding it while there is
 // no replica or no free slot, the service's caps. key is 1 + the index of the API key already
 // matched at the request's headers, 0 when none was. It returns the request's exchange and the
-// snapshot to route it on, or nil when it has answered the request itself.
-func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32) (*exchange, *snapshot) {
-	if !s.screen(ctx, key) {
+// snapshot to route it on, or nil when it has answered the request itself; rate receives the
+// client's rate-limit bucket, for the answer's headers.
+func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32, rate *rateState) (*exchange, *snapshot) {
+	if !s.screen(ctx, key, rate) {
 		return nil, nil
 	}
 	ex := s.acquireExchange()
@@ -93,7 +95,7 @@ func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32) (*exchange, *snapsh
 // client's rate, too large) before they count as demand or wait for a replica. matched is
 // 1 + the index of the key matched at the headers, 0 when none was. It reports whether the
 // request passed; when not, it has answered it.
-func (s *Service) screen(ctx *fasthttp.RequestCtx, matched int32) bool {
+func (s *Service) screen(ctx *fasthttp.RequestCtx, matched int32, rate *rateState) bool {
 	key := int(matched) - 1 // which API key, for the rate limit
 	if s.keys != nil && matched == 0 {
 		var ok bool
@@ -102,7 +104,7 @@ func (s *Service) screen(ctx *fasthttp.RequestCtx, matched int32) bool {
 			return false
 		}
 	}
-	if s.limiter != nil && !s.admitRate(ctx, key) {
+	if s.limiter != nil && !s.admitRate(ctx, key, rate) {
 		s.answeredSelf(ctx, nil)
 		return false
 	}

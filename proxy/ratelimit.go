@@ -51,6 +51,7 @@ const (
 type rateLimiter struct {
 	interval  int64 // nanoseconds per token
 	tolerance int64 // (burst − 1) × interval: how far ahead of now tat may run
+	burst     int64
 	epoch     time.Time
 
 	keys   []atomic.Int64 // tat per API key, indexed as apiKeys.hashes; nil without auth
@@ -85,6 +86,7 @@ func newRateLimiter(r RateLimit, keys int) *rateLimiter {
 	l := &rateLimiter{
 		interval:  interval,
 		tolerance: int64(math.Min(float64(burst-1)*float64(interval), 4e18)),
+		burst:     int64(burst),
 		epoch:     time.Now(),
 		seed:      maphash.MakeSeed(),
 	}
@@ -191,15 +193,20 @@ func addrKey(ip net.IP) [16]byte {
 }
 
 // admitRate applies the service's rate limit to a request whose API key is number key (-1 without
-// auth). On refusal it answers 429 with Retry-After and reports false.
-func (s *Service) admitRate(ctx *fasthttp.RequestCtx, key int) bool {
+// auth), and notes the client's bucket after the decision in rate. On refusal it answers 429
+// with Retry-After and reports false.
+func (s *Service) admitRate(ctx *fasthttp.RequestCtx, key int, rate *rateState) bool {
 	l := s.limiter
 	var wait time.Duration
 	var ok bool
+	now := l.now()
 	if key >= 0 && l.keys != nil {
-		wait, ok = l.admitKey(key, l.now())
+		wait, ok = l.admitKey(key, now)
+		*rate = l.state(l.keys[key].Load(), now)
 	} else {
-		wait, ok = l.admitAddr(ctx.RemoteIP(), l.now())
+		ip := ctx.RemoteIP()
+		wait, ok = l.admitAddr(ip, now)
+		*rate = l.state(l.addrTAT(ip), now)
 	}
 	if ok {
 		return true
@@ -207,6 +214,55 @@ func (s *Service) admitRate(ctx *fasthttp.RequestCtx, key int) bool {
 	writeError(ctx, fasthttp.StatusTooManyRequests, s.errs.rateLimited)
 	setRetryAfter(ctx, wait)
 	return false
+}
+
+// addrTAT is the tat of a client address's bucket (0, a full bucket, when it has none).
+func (l *rateLimiter) addrTAT(ip net.IP) int64 {
+	key := addrKey(ip)
+	sh := &l.shards[maphash.Bytes(l.seed, key[:])%rateShards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.tats[key]
+}
+
+// rateState is a client's request bucket as OpenAI's API reports its own, in the
+// x-ratelimit-{limit,remaining,reset}-requests headers of every answer: the bucket's size,
+// the requests it would admit at once now, and the time until it is full again. set is false
+// when the service limits nothing.
+type rateState struct {
+	set              bool
+	limit, remaining int64
+	reset            time.Duration
+}
+
+// state reads a bucket whose tat is tat at now.
+func (l *rateLimiter) state(tat, now int64) rateState {
+	ahead := max(tat-now, 0)
+	remaining := (l.tolerance + l.interval - ahead) / l.interval
+	return rateState{set: true, limit: l.burst, remaining: min(max(remaining, 0), l.burst), reset: time.Duration(ahead)}
+}
+
+var (
+	headerRateLimitRequests     = []byte("X-Ratelimit-Limit-Requests")
+	headerRateRemainingRequests = []byte("X-Ratelimit-Remaining-Requests")
+	headerRateResetRequests     = []byte("X-Ratelimit-Reset-Requests")
+)
+
+// write sets the headers on an answer, after everything else has written its headers (a
+// replica's answer replaces them, an error resets them). The reset is in OpenAI's spelling,
+// Go's duration to the millisecond ("1s", "6m0s", "250ms").
+func (r rateState) write(h *fasthttp.ResponseHeader) {
+	if !r.set {
+		return
+	}
+	var buf [24]byte
+	h.SetBytesKV(headerRateLimitRequests, strconv.AppendInt(buf[:0], r.limit, 10))
+	h.SetBytesKV(headerRateRemainingRequests, strconv.AppendInt(buf[:0], r.remaining, 10))
+	reset := r.reset.Round(time.Millisecond)
+	if r.reset > 0 && reset == 0 {
+		reset = time.Millisecond
+	}
+	h.SetBytesKV(headerRateResetRequests, append(buf[:0], reset.String()...))
 }
 
 // setRetryAfter tells a refused client to wait, in whole seconds rounded up: a client that

@@ -114,12 +114,16 @@ func TestRateLimitPerKeyIs429(t *testing.T) {
 		return do(t, c, http.MethodPost, base+"/v1/completions", strings.NewReader(`{}`), "Authorization", "Bearer "+key)
 	}
 	for i := range 2 {
-		if res := post(keyA); res.status != 200 {
+		res := post(keyA)
+		if res.status != 200 {
 			t.Fatalf("key A request %d: %d %s", i+1, res.status, res.body)
 		}
+		// OpenAI's headers on the replica's answer: the bucket after this request.
+		checkRateHeaders(t, res, "2", strconv.Itoa(1-i), 100*time.Second*time.Duration(i+1))
 	}
 	hits := completions.Load()
 	res := post(keyA)
+	checkRateHeaders(t, res, "2", "0", 200*time.Second)
 	if res.status != http.StatusTooManyRequests {
 		t.Fatalf("key A beyond its burst: %d %s, want 429", res.status, res.body)
 	}
@@ -161,13 +165,16 @@ func TestRateLimitPerAddress(t *testing.T) {
 		return &http.Client{Transport: tr}
 	}
 	one, two := clientFrom("127.0.0.1"), clientFrom("127.0.0.2")
-	if res := do(t, one, http.MethodGet, base+"/v1/models", nil); res.status != 200 {
+	res := do(t, one, http.MethodGet, base+"/v1/models", nil)
+	if res.status != 200 {
 		t.Fatalf("first request: %d", res.status)
 	}
-	res := do(t, one, http.MethodGet, base+"/v1/models", nil)
+	checkRateHeaders(t, res, "1", "0", 100*time.Second)
+	res = do(t, one, http.MethodGet, base+"/v1/models", nil)
 	if res.status != http.StatusTooManyRequests || !strings.Contains(decodeError(t, res.body).Error.Message, "per client address") {
 		t.Fatalf("second request from the same address: %d %s, want 429 per client address", res.status, res.body)
 	}
+	checkRateHeaders(t, res, "1", "0", 100*time.Second)
 	if res := do(t, two, http.MethodGet, base+"/v1/models", nil); res.status != 200 {
 		t.Errorf("another address: %d %s, want 200", res.status, res.body)
 	}
@@ -322,5 +329,23 @@ func TestRefusalsDoNotAllocate(t *testing.T) {
 	svc2.streams.Store(1) // the one stream allowed is running
 	if allocs := testing.AllocsPerRun(100, func() { svc2.Handler(&ctx) }); allocs != 0 || ctx.Response.StatusCode() != fasthttp.StatusTooManyRequests {
 		t.Errorf("stream refusal: %v allocations, status %d; want 0 and 429", allocs, ctx.Response.StatusCode())
+	}
+}
+
+// checkRateHeaders checks an answer's x-ratelimit-*-requests headers: the limit and remaining
+// exactly, the reset within a second below wantReset (time passes between the decision and
+// the check).
+func checkRateHeaders(t *testing.T, res result, limit, remaining string, wantReset time.Duration) {
+	t.Helper()
+	h := res.header
+	if got := h.Get("X-Ratelimit-Limit-Requests"); got != limit {
+		t.Errorf("x-ratelimit-limit-requests = %q, want %q", got, limit)
+	}
+	if got := h.Get("X-Ratelimit-Remaining-Requests"); got != remaining {
+		t.Errorf("x-ratelimit-remaining-requests = %q, want %q", got, remaining)
+	}
+	reset, err := time.ParseDuration(h.Get("X-Ratelimit-Reset-Requests"))
+	if err != nil || reset > wantReset || reset < wantReset-time.Second {
+		t.Errorf("x-ratelimit-reset-requests = %q, want about %v", h.Get("X-Ratelimit-Reset-Requests"), wantReset)
 	}
 }
