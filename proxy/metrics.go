@@ -436,9 +436,10 @@ func (c replicaCollector) Collect(ch chan<- prometheus.Metric) {
 
 // AdminHandler serves a Ferry process's admin endpoints from g: GET /metrics in the Prometheus
 // text or OpenMetrics format, GET /healthz, which answers 200 "ok" while the process serves
-// HTTP at all (liveness), and GET /readyz, what ready reports (readiness.go; nil: always ready). Mount it on its own listener, loopback or a private
-// network: metrics name services and traffic volumes that the proxy's clients should not see,
-// and a scrape must keep working while the traffic listener is saturated.
+// HTTP at all (liveness), and GET /readyz, what ready reports (readiness.go; nil: always
+// ready). Mount it on its own listener, loopback or a private network: metrics name services
+// and traffic volumes that the proxy's clients should not see, and a scrape must keep working
+// while the traffic listener is saturated.
 //
 // It is a net/http handler, not fasthttp: promhttp is net/http (content negotiation,
 // compression), and an admin listener's few requests a minute gain nothing from fasthttp.
@@ -476,13 +477,13 @@ func NewRegistry() (*prometheus.Registry, *Metrics, error) {
 	return reg, m, nil
 }
 
-// ServeAdmin serves AdminHandler(g, token, ready) on ln until the returned stop is called. Timeouts are
-// short: a scrape is one small request a few times a minute, so no client may hold a connection
-// long, while Prometheus's keep-alive connection between scrapes (15–60 s apart) survives the
-// idle timeout. Accept errors that pass (out of file descriptors, say) are waited out, as on
-// the traffic listeners (accept.go), so metrics come back with the descriptors. stop lets a
-// scrape in progress finish until ctx ends, then closes the listener and waits for the server
-// to be gone, so the address is free on return.
+// ServeAdmin serves AdminHandler(g, token, ready) on ln until the returned stop is called.
+// Timeouts are short: a scrape is one small request a few times a minute, so no client may hold
+// a connection long, while Prometheus's keep-alive connection between scrapes (15–60 s apart)
+// survives the idle timeout. Accept errors that pass (out of file descriptors, say) are waited
+// out, as on the traffic listeners (accept.go), so metrics come back with the descriptors. stop
+// lets a scrape in progress finish until ctx ends, then closes the listener and waits for the
+// server to be gone, so the address is free on return.
 func ServeAdmin(ln net.Listener, g prometheus.Gatherer, token string, ready *Readiness, log *zap.Logger) (stop func(context.Context)) {
 	srv := &http.Server{
 		Handler:           AdminHandler(g, token, ready),
@@ -615,10 +616,11 @@ func (s *Service) releaseMetrics() {
 // exchangeObs is what one exchange records for metrics and the access log. It lives in the pooled
 // exchange, so recording allocates nothing.
 type exchangeObs struct {
-	start     time.Time // request received: fasthttp's handler call time
-	firstByte time.Time // first body byte from the replica; zero until then
-	attempts  int
-	bytesOut  int64
+	// start is when the request was received (fasthttp's handler call time); the first body
+	// byte's time is exchange.firstAt.
+	start    time.Time
+	attempts int
+	bytesOut int64
 	// events counts "data:" fields of an event stream: one per decode step as vLLM and TGI
 	// stream by default, the token count when the stream reports no usage.
 	events    int64
@@ -633,7 +635,7 @@ type exchangeObs struct {
 
 // reset readies o for the next request, keeping its buffers.
 func (o *exchangeObs) reset() {
-	o.start, o.firstByte = time.Time{}, time.Time{}
+	o.start = time.Time{}
 	o.attempts, o.bytesOut, o.events = 0, 0, 0
 	o.replica, o.lastError = nil, noUpstreamError
 	o.method, o.uri, o.clientIP = o.method[:0], o.uri[:0], netip.Addr{}
@@ -685,8 +687,8 @@ func (ex *exchange) observeAttemptFailed(err error) {
 	}
 }
 
-// observeRead notes body bytes passing from the replica to the client: the first one's time,
-// the count, and the tail that may hold the response's token usage.
+// observeRead notes body bytes passing from the replica to the client: the count, and the tail
+// that may hold the response's token usage (Read notes the first one's time, exchange.firstAt).
 func (ex *exchange) observeRead(p []byte) {
 	if len(p) == 0 {
 		return
@@ -698,12 +700,6 @@ func (ex *exchange) observeRead(p []byte) {
 		return
 	}
 	o := &ex.obs
-	if o.firstByte.IsZero() {
-		o.firstByte = ex.firstAt // Read's reading of the clock
-		if o.firstByte.IsZero() {
-			o.firstByte = time.Now()
-		}
-	}
 	o.bytesOut += int64(len(p))
 	if ex.sse {
 		// A field split across two reads is missed; replicas write an event per write.
@@ -725,8 +721,8 @@ func (ex *exchange) observeFinish(err error, usage tokenUsage) {
 	duration := sinceStart(o.start)
 	ttft := time.Duration(-1)
 	if status >= 200 && status < 300 {
-		if !o.firstByte.IsZero() && !o.start.IsZero() {
-			ttft = o.firstByte.Sub(o.start)
+		if !ex.firstAt.IsZero() && !o.start.IsZero() {
+			ttft = ex.firstAt.Sub(o.start)
 		}
 	}
 	streamErr := noUpstreamError
