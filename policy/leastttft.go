@@ -172,11 +172,7 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 	}
 	mean := float64(total+1) / float64(len(replicas))
 	bound := max(p.factor*mean, mean+2)
-	at := req.Now
-	if at.IsZero() {
-		at = p.now()
-	}
-	now := at.UnixNano()
+	now := req.at(p.now).UnixNano()
 	pooledBase, pooledRate, pooledHold := p.pooledLine()
 
 	var (

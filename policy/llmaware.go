@@ -96,11 +96,7 @@ func (p *llmAware) Pick(req *Request, replicas []*Replica) *Replica {
 	if len(replicas) == 0 {
 		return nil
 	}
-	at := req.Now
-	if at.IsZero() {
-		at = p.now()
-	}
-	now := at.UnixNano()
+	now := req.at(p.now).UnixNano()
 	var m prefixMatch
 	p.index.lookup(&m, req.Model, req.Prompt)
 	bound := affinityBound(replicas, p.factor)

@@ -65,6 +65,14 @@ type Request struct {
 	Now time.Time
 }
 
+// at is the time of the pick: Now, or clock's reading when the proxy gave none.
+func (r *Request) at(clock func() time.Time) time.Time {
+	if r.Now.IsZero() {
+		return clock()
+	}
+	return r.Now
+}
+
 // Reset empties the request for reuse, keeping the capacity of Tokens and of what Pick derives
 // from them.
 func (r *Request) Reset() {
