@@ -45,11 +45,18 @@ func (r *Readiness) Drain() {
 	}
 }
 
+// ConnectionCloser is what DrainFor asks to close each client connection after its next
+// response: a Service or a Handover.
+type ConnectionCloser interface{ CloseConnections() }
+
 // DrainFor marks the proxy as stopping and keeps it serving for delay, so that load balancers
-// stop sending new connections before it stops accepting them. served delivers the server's
-// result; if serving ends by itself meanwhile, DrainFor returns that (an error either way).
-func (r *Readiness) DrainFor(delay time.Duration, served <-chan error, log *zap.Logger) error {
+// stop sending new connections before it stops accepting them; meanwhile conns closes each
+// client connection after its next response, so keep-alive clients reconnect elsewhere.
+// served delivers the server's result; if serving ends by itself meanwhile, DrainFor returns
+// that (an error either way).
+func (r *Readiness) DrainFor(delay time.Duration, conns ConnectionCloser, served <-chan error, log *zap.Logger) error {
 	r.Drain()
+	conns.CloseConnections()
 	if delay <= 0 {
 		return nil
 	}

@@ -532,8 +532,7 @@ func serveProxy(ctx context.Context, opts proxyOptions, ln, adminLn net.Listener
 		return err
 	case <-ctx.Done():
 	}
-	svc.CloseConnections()
-	if err := ready.DrainFor(opts.drainDelay, served, log); err != nil {
+	if err := ready.DrainFor(opts.drainDelay, svc, served, log); err != nil {
 		return err
 	}
 	log.Info("shutting down: draining requests in flight", zap.Int64("in_flight", svc.InFlight()), zap.Duration("timeout", opts.shutdownTimeout))

@@ -167,16 +167,15 @@ func (f *Follower) Start(ctx context.Context) error {
 	return <-f.served
 }
 
-// announceDrain turns the proxy unready and, if it serves, keeps serving for the drain delay
-// (proxy.Readiness.DrainFor), closing each client connection after its next response.
+// announceDrain turns the proxy unready and, if it serves, keeps serving for the drain delay,
+// closing each client connection after its next response (proxy.Readiness.DrainFor).
 func (f *Follower) announceDrain() error {
 	hand := f.handover()
 	if hand == nil {
 		f.ready.Drain()
 		return nil
 	}
-	hand.CloseConnections()
-	return f.ready.DrainFor(f.drainDelay, f.served, f.rootLog)
+	return f.ready.DrainFor(f.drainDelay, hand, f.served, f.rootLog)
 }
 
 func (f *Follower) handover() *proxy.Handover {
