@@ -98,7 +98,7 @@ func newAuthFailureLimiter() *rateLimiter {
 // its address has failed more than the limiter allows, 429 with Retry-After and the connection
 // closed, so that each further guess costs a new connection. It reports whether it answered 401.
 func refuseKey(ctx *fasthttp.RequestCtx, failures *rateLimiter, errs *errorBodies) bool {
-	if wait, ok := failures.admitAddr(ctx.RemoteIP(), failures.now()); !ok {
+	if _, wait, ok := failures.admitAddr(ctx.RemoteIP(), failures.now()); !ok {
 		writeError(ctx, fasthttp.StatusTooManyRequests, errs.authFailures)
 		setRetryAfter(ctx, wait)
 		ctx.SetConnectionClose()

@@ -105,23 +105,23 @@ func newRateLimiterBurst(r RateLimit) int {
 func (l *rateLimiter) now() int64 { return int64(time.Since(l.epoch)) }
 
 // admitKey decides for API key number key at now; when it refuses, wait is how long until the
-// key's next request would be admitted.
-func (l *rateLimiter) admitKey(key int, now int64) (wait time.Duration, ok bool) {
-	tat := &l.keys[key]
+// key's next request would be admitted. tat is the key's bucket after the decision (state).
+func (l *rateLimiter) admitKey(key int, now int64) (tat int64, wait time.Duration, ok bool) {
+	slot := &l.keys[key]
 	for {
-		old := tat.Load()
+		old := slot.Load()
 		next, wait, ok := l.step(old, now)
 		if !ok {
-			return wait, false
+			return old, wait, false
 		}
-		if tat.CompareAndSwap(old, next) {
-			return 0, true
+		if slot.CompareAndSwap(old, next) {
+			return next, 0, true
 		}
 	}
 }
 
-// admitAddr decides for a client address at now.
-func (l *rateLimiter) admitAddr(ip net.IP, now int64) (wait time.Duration, ok bool) {
+// admitAddr decides for a client address at now, as admitKey does for a key.
+func (l *rateLimiter) admitAddr(ip net.IP, now int64) (tat int64, wait time.Duration, ok bool) {
 	key := addrKey(ip)
 	sh := &l.shards[maphash.Bytes(l.seed, key[:])%rateShards]
 	sh.mu.Lock()
@@ -132,13 +132,13 @@ func (l *rateLimiter) admitAddr(ip net.IP, now int64) (wait time.Duration, ok bo
 	old, known := sh.tats[key]
 	next, wait, ok := l.step(old, now)
 	if !ok {
-		return wait, false
+		return old, wait, false
 	}
 	if !known && len(sh.tats) >= rateShardCap {
 		sh.evict(now)
 	}
 	sh.tats[key] = next
-	return 0, true
+	return next, 0, true
 }
 
 // step is GCRA: the bucket's next tat when a request at now is admitted, or how long until one
@@ -197,32 +197,22 @@ func addrKey(ip net.IP) [16]byte {
 // with Retry-After and reports false.
 func (s *Service) admitRate(ctx *fasthttp.RequestCtx, key int, rate *rateState) bool {
 	l := s.limiter
+	var tat int64
 	var wait time.Duration
 	var ok bool
 	now := l.now()
 	if key >= 0 && l.keys != nil {
-		wait, ok = l.admitKey(key, now)
-		*rate = l.state(l.keys[key].Load(), now)
+		tat, wait, ok = l.admitKey(key, now)
 	} else {
-		ip := ctx.RemoteIP()
-		wait, ok = l.admitAddr(ip, now)
-		*rate = l.state(l.addrTAT(ip), now)
+		tat, wait, ok = l.admitAddr(ctx.RemoteIP(), now)
 	}
+	*rate = l.state(tat, now)
 	if ok {
 		return true
 	}
 	writeError(ctx, fasthttp.StatusTooManyRequests, s.errs.rateLimited)
 	setRetryAfter(ctx, wait)
 	return false
-}
-
-// addrTAT is the tat of a client address's bucket (0, a full bucket, when it has none).
-func (l *rateLimiter) addrTAT(ip net.IP) int64 {
-	key := addrKey(ip)
-	sh := &l.shards[maphash.Bytes(l.seed, key[:])%rateShards]
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	return sh.tats[key]
 }
 
 // rateState is a client's request bucket as OpenAI's API reports its own, in the

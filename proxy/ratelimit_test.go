@@ -23,39 +23,39 @@ func TestRateLimiterGCRA(t *testing.T) {
 	l := newRateLimiter(RateLimit{RequestsPerSecond: 2, Burst: 3}, 2)
 	now := int64(0)
 	for i := range 3 {
-		if _, ok := l.admitKey(0, now); !ok {
+		if _, _, ok := l.admitKey(0, now); !ok {
 			t.Fatalf("request %d of the burst refused", i+1)
 		}
 	}
-	wait, ok := l.admitKey(0, now)
+	_, wait, ok := l.admitKey(0, now)
 	if ok || wait != 500*time.Millisecond {
 		t.Fatalf("4th request at once: admitted %v, wait %v; want refused, wait 500ms", ok, wait)
 	}
-	if _, ok := l.admitKey(1, now); !ok {
+	if _, _, ok := l.admitKey(1, now); !ok {
 		t.Error("key 1 was refused because key 0 spent its bucket")
 	}
 	now += sec / 2
-	if _, ok := l.admitKey(0, now); !ok {
+	if _, _, ok := l.admitKey(0, now); !ok {
 		t.Error("refused after the wait it was told")
 	}
-	if _, ok := l.admitKey(0, now); ok {
+	if _, _, ok := l.admitKey(0, now); ok {
 		t.Error("admitted twice within one interval after the burst")
 	}
 	// Idle long enough and the whole burst is back, no more.
 	now += 10 * sec
 	for i := range 3 {
-		if _, ok := l.admitKey(0, now); !ok {
+		if _, _, ok := l.admitKey(0, now); !ok {
 			t.Fatalf("after idling, request %d of the burst refused", i+1)
 		}
 	}
-	if _, ok := l.admitKey(0, now); ok {
+	if _, _, ok := l.admitKey(0, now); ok {
 		t.Error("idling banked more than a burst")
 	}
 
 	// Addresses: IPv4 each, IPv6 by /64.
 	a := newRateLimiter(RateLimit{RequestsPerSecond: 1, Burst: 1}, 0)
 	admit := func(ip string) bool {
-		_, ok := a.admitAddr(net.ParseIP(ip), 0)
+		_, _, ok := a.admitAddr(net.ParseIP(ip), 0)
 		return ok
 	}
 	for _, tc := range []struct {
