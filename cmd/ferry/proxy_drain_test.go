@@ -130,3 +130,17 @@ func get(url string) (int, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// A proxy stopped while its controller is gone (a controller restarting in the same rollout,
+// say) still drains: readiness and the delay do not wait on the controller, and the proxy
+// serves its last replica set until it stops accepting.
+func TestAttachedProxyDrainsWithTheControllerGone(t *testing.T) {
+	h := home.Home{Dir: t.TempDir()}
+	replica := startCountingReplica(t)
+	p := startAttachedProxy(t, h)
+	ctl := startAttachController(t, h, attach.ProxyConfig{Policy: "round_robin"})
+	ctl.feed.Publish([]proxy.Backend{replica.backend(1)})
+	waitUntil(t, "/readyz 200", func() bool { code, _ := get(p.readyz); return code == http.StatusOK })
+	ctl.kill()
+	checkDrain(t, p)
+}
