@@ -44,6 +44,11 @@ const (
 	// little lower would take every request that no replica has cached.
 	costTolerance      = 0.05
 	costToleranceFloor = 1e-3
+	// defaultAdapterLoadSeconds stands in for the learned cost of a request whose adapter is
+	// not active on its replica: loading a LoRA of a 7-8B model from local disk takes about a
+	// tenth of a second (more for high ranks or remote storage); Learn measures it.
+	defaultAdapterLoadSeconds = 0.1
+	maxAdapterLoadSeconds     = 30.0
 	// correctionTokens is how many prompt tokens a replica must have been sent, and have
 	// looked up, between two corrections of its index's size from its hit counters.
 	correctionTokens = 1 << 16
@@ -97,11 +102,17 @@ type leastTTFT struct {
 	// The pooled line and hold, published for lock-free reads.
 	pooledBase, pooledRate, pooledHold atomic.Uint64 // float64 bits
 	pooledSamples                      atomic.Int64
+	// maxLoRAs is a replica's adapter slots when its engine does not say; adapterLoad the
+	// learned cost of activating an adapter (float64 bits; 0 until learned), adapterLoads how
+	// many loads it has learned from.
+	maxLoRAs     int
+	adapterLoad  atomic.Uint64
+	adapterLoads atomic.Int64
 }
 
 func newLeastTTFT(opts Options) *leastTTFT {
 	p := &leastTTFT{rand: opts.Rand, factor: opts.TTFTLoadFactor, cacheTokens: opts.PrefixCacheTokens,
-		now: opts.Now, staleAfter: int64(opts.MetricsStaleAfter)}
+		now: opts.Now, staleAfter: int64(opts.MetricsStaleAfter), maxLoRAs: opts.MaxLoRAs}
 	m := map[*Replica]*ttftReplica{}
 	p.states.Store(&m)
 	return p
@@ -181,7 +192,8 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 		bestCost                float64
 		bestLoad, leastLoad     int64
 		bestCached, bestAhead   int64
-		ties, leastTies, shared = uint64(0), uint64(0), false
+		ties, leastTies, shared = uint64(0), uint64(0), req.Adapter != 0
+		bestLoads               bool // the best replica must load the request's adapter
 	)
 	for _, r := range replicas {
 		st := p.state(r)
@@ -207,6 +219,8 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 		if batch := st.batch.Load(); ahead > 0 {
 			cost += float64(ahead) * hold / float64(batch)
 		}
+		adapterCost, loads := p.adapterCost(req.Adapter, r, now, hold)
+		cost += adapterCost
 		tolerance := max(costTolerance*min(cost, bestCost), costToleranceFloor)
 		tie := best != nil && cost <= bestCost+tolerance && cost >= bestCost-tolerance
 		// Among ties a replica with a free slot goes first: a queue's wait is an estimate
@@ -216,10 +230,12 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 		case best == nil || cost < bestCost-tolerance ||
 			(tie && (free && !bestFree || free == bestFree && (cached > bestCached || (cached == bestCached && load < bestLoad)))):
 			best, bestState, bestCost, bestLoad, bestCached, bestAhead, ties = r, st, cost, load, cached, ahead, 1
+			bestLoads = loads
 		case tie && free == bestFree && cached == bestCached && load == bestLoad:
 			ties++
 			if p.rand()%ties == 0 {
 				best, bestState, bestCost, bestCached, bestAhead = r, st, cost, cached, ahead
+				bestLoads = loads
 			}
 		}
 	}
@@ -228,7 +244,54 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 	}
 	req.Estimate = prompt.sent(best, bestState, bestCached, now)
 	req.Estimate.Queued = bestAhead > 0
+	req.Estimate.AdapterLoad = bestLoads
 	return best
+}
+
+// adapterCost is what the request's adapter adds to its TTFT on r: nothing where the adapter
+// is likely active; its load where it is not, and another where loading it evicts an adapter
+// (whose next request then loads it again); and, where every adapter slot is held by other
+// adapters' requests, also the wait until one of them drains, about one slot hold, and one more
+// for each adapter the engine has waiting already. A request whose adapter the engine has
+// waiting waits with it, without a load of its own. loads is whether the adapter would be
+// loaded.
+func (p *leastTTFT) adapterCost(adapter int32, r *Replica, now int64, hold float64) (cost float64, loads bool) {
+	if adapter == 0 {
+		return 0, false
+	}
+	v := r.adapterView(adapter-1, now, p.staleAfter, p.maxLoRAs)
+	switch {
+	case v.resident:
+		return 0, false
+	case v.pending: // loading or waiting for a slot already: this request rides along
+		return hold, false
+	}
+	load := defaultAdapterLoadSeconds
+	if p.adapterLoads.Load() > 0 {
+		load = math.Float64frombits(p.adapterLoad.Load())
+	}
+	cost = load
+	if v.held >= v.maxLoRAs {
+		// It takes the slot of an adapter that will have to be loaded again when its next
+		// request comes: a free slot elsewhere saves that load.
+		cost += load
+	}
+	if v.active >= v.maxLoRAs {
+		// A slot frees when every request of one active adapter has ended, and the adapters
+		// already waiting take the first ones.
+		cost += hold * float64(1+v.queued)
+	}
+	return cost, true
+}
+
+// learnAdapterLoad folds in what a request that loaded its adapter took beyond its line.
+func (p *leastTTFT) learnAdapterLoad(extra float64) {
+	extra = min(max(extra, 0), maxAdapterLoadSeconds)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := p.adapterLoads.Load()
+	p.adapterLoad.Store(math.Float64bits(ewma(math.Float64frombits(p.adapterLoad.Load()), extra, int(n))))
+	p.adapterLoads.Store(n + 1)
 }
 
 // pickPrompt is what one pick knows of the prompt: its byte blocks for the index this proxy
@@ -353,6 +416,12 @@ func (p *leastTTFT) Learn(r *Replica, est Estimate, out Outcome) {
 		return
 	}
 	x, y, hold := uncached, out.TTFT.Seconds(), out.Total.Seconds()
+	if est.AdapterLoad {
+		// The load is in its TTFT, not the prefill's: it teaches the load's cost instead.
+		base, rate, _ := st.line(p.pooledLine())
+		p.learnAdapterLoad(y - base - rate*x)
+		return
+	}
 	st.learn(x, y, hold)
 	p.mu.Lock()
 	defer p.mu.Unlock()

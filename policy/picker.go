@@ -49,6 +49,9 @@ type Request struct {
 	Prompt []byte
 	// Model is the body's "model" field, unquoted; empty when absent.
 	Model []byte
+	// Adapter is the number (Adapters.Lookup) plus one of the LoRA adapter Model names; 0 when
+	// it names none (the base model, or a service without adapters).
+	Adapter int32
 	// Tokens are the prompt's token ids as the engine will see them (its /tokenize), when the
 	// proxy has them; pickers match them against the engines' own reports of their caches
 	// (Replica.KV) and fall back to Prompt's bytes where there are none.
@@ -89,6 +92,8 @@ type Estimate struct {
 	// Precise is set when Cached came from the engine's own report of its cache (KVBlocks)
 	// rather than the proxy's guess.
 	Precise bool
+	// AdapterLoad is set when the picker expected the replica to load the request's adapter.
+	AdapterLoad bool
 }
 
 // Learner is an optional capability of a Picker: it learns from how the requests it placed
@@ -184,6 +189,9 @@ type Options struct {
 	// MetricsStaleAfter is the age beyond which llm_aware ignores a replica's scraped metrics,
 	// and least_ttft its scraped queue. Zero means DefaultMetricsStaleAfter.
 	MetricsStaleAfter time.Duration
+	// MaxLoRAs is how many LoRA adapters least_ttft takes a replica to run at once when its
+	// engine does not report max_lora (vllm:lora_requests_info). Zero means DefaultMaxLoRAs.
+	MaxLoRAs int
 	// Now is llm_aware's and least_ttft's clock, for judging staleness; nil means time.Now.
 	// Tests inject one.
 	Now func() time.Time
@@ -231,6 +239,9 @@ func (o Options) withDefaults() Options {
 	if o.MetricsStaleAfter == 0 {
 		o.MetricsStaleAfter = DefaultMetricsStaleAfter
 	}
+	if o.MaxLoRAs == 0 {
+		o.MaxLoRAs = DefaultMaxLoRAs
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -255,6 +266,9 @@ func (o Options) validate() error {
 	}
 	if o.PrefixCacheBlocks < 1 {
 		errs = append(errs, fmt.Errorf("prefix cache blocks %d: must be positive", o.PrefixCacheBlocks))
+	}
+	if o.MaxLoRAs < 1 {
+		errs = append(errs, fmt.Errorf("max LoRAs %d: must be positive", o.MaxLoRAs))
 	}
 	if o.MetricsStaleAfter < 0 {
 		errs = append(errs, fmt.Errorf("metrics stale after %v: must not be negative", o.MetricsStaleAfter))

@@ -52,6 +52,8 @@ type Replica struct {
 	prefixHits    atomic.Uint64 // float64 bits
 	// kv is the engine's own report of its prefix cache, when the proxy hears its events.
 	kv atomic.Pointer[KVBlocks]
+	// adapters is its LoRA adapters' state (adapters.go), made at the first request for one.
+	adapters atomic.Pointer[adapterLoads]
 }
 
 // Preparer is an optional capability of a Picker: it resolves per-replica constants once per

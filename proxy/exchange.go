@@ -90,6 +90,9 @@ var _ fasthttp.ReadCloserWithError = (*exchange)(nil)
 func (ex *exchange) begin(r *policy.Replica, c *hostClient) {
 	ex.replica, ex.client = r, c
 	r.InFlight.Add(1)
+	if a := ex.info.Adapter; a != 0 {
+		r.AdapterBegin(a - 1)
+	}
 	c.acquire()
 	ex.svc.inflight.Add(1)
 	ex.observeBegin(c)
@@ -100,6 +103,9 @@ func (ex *exchange) begin(r *policy.Replica, c *hostClient) {
 func (ex *exchange) end() {
 	ex.unbind()
 	ex.replica.InFlight.Add(-1)
+	if a := ex.info.Adapter; a != 0 {
+		ex.replica.AdapterEnd(a - 1)
+	}
 	ex.client.release()
 	ex.svc.inflight.Add(-1)
 	if q := ex.svc.slots; q != nil {

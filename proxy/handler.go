@@ -309,6 +309,9 @@ func (ex *exchange) describe(ctx *fasthttp.RequestCtx, needs policy.Needs, wantS
 		}
 		if needsPrompt {
 			ex.info.Prompt, ex.info.Model = f.Prompt, f.Model
+			if ex.svc.adapters.Len() > 0 && !ex.svc.cfg.IgnoreAdapters {
+				ex.info.Adapter = ex.svc.adapters.Lookup(f.Model)
+			}
 			ex.chat, ex.tools = f.Chat, f.Tools
 		}
 		ex.stream = f.Stream

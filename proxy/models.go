@@ -35,8 +35,9 @@ var pathModels = []byte("/v1/models")
 func (s *Service) fetchModels(c *hostClient) {
 	backoff := modelsFetchBackoff
 	for attempt := 1; attempt <= modelsFetchAttempts && !c.retired.Load(); attempt++ {
-		ids, err := c.modelIDs(s.dial)
+		ids, adapters, err := c.modelIDs(s.dial)
 		if err == nil {
+			s.adapters.Add(adapters...)
 			c.models.Store(&ids)
 			s.modelsChanged()
 			return
@@ -56,12 +57,14 @@ func (s *Service) fetchModels(c *hostClient) {
 type modelList struct {
 	Data []struct {
 		ID string `json:"id"`
+		// Parent is the base model of a LoRA adapter (vLLM lists adapters so).
+		Parent string `json:"parent"`
 	} `json:"data"`
 }
 
 // modelIDs asks the replica for its models through a client of its own: c.hc is the handler's
-// (see binder).
-func (c *hostClient) modelIDs(dial func(string) (net.Conn, error)) ([]string, error) {
+// (see binder). adapters are the ids that name a parent model: LoRA adapters.
+func (c *hostClient) modelIDs(dial func(string) (net.Conn, error)) (ids, adapters []string, err error) {
 	hc := &fasthttp.HostClient{Addr: c.addr, Dial: dial, MaxConns: 1, MaxIdemponentCallAttempts: 1,
 		RetryIfErr: func(*fasthttp.Request, int, error) (bool, bool) { return false, false }, Name: "ferry-models",
 		SecureErrorLogMessage: true, MaxResponseBodySize: maxModelsBody}
@@ -75,22 +78,25 @@ func (c *hostClient) modelIDs(dial func(string) (net.Conn, error)) ([]string, er
 	c.acquire()
 	defer c.release()
 	if err := hc.DoTimeout(req, resp, modelsFetchTimeout); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if resp.StatusCode() != fasthttp.StatusOK {
-		return nil, &statusError{code: resp.StatusCode()}
+		return nil, nil, &statusError{code: resp.StatusCode()}
 	}
 	var list modelList
 	if err := json.Unmarshal(resp.Body(), &list); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	ids := make([]string, 0, len(list.Data))
+	ids = make([]string, 0, len(list.Data))
 	for _, m := range list.Data {
 		if m.ID != "" && !slices.Contains(ids, m.ID) && len(ids) < maxModelIDs {
 			ids = append(ids, m.ID)
+			if m.Parent != "" && m.Parent != m.ID {
+				adapters = append(adapters, m.ID)
+			}
 		}
 	}
-	return ids, nil
+	return ids, adapters, nil
 }
 
 // Models returns the model ids the service answers to on a gateway: its own name first, then

@@ -69,6 +69,9 @@ type scraper struct {
 	// batchLimitRaised, when set, is called from a scrape goroutine after a replica's learned
 	// batch size grew from (0: unknown) to.
 	batchLimitRaised func(r *policy.Replica, from, to int64)
+	// adapters, when set, numbers the LoRA adapters the engines report
+	// (vllm:lora_requests_info), and learns the names it did not know.
+	adapters *policy.Adapters
 
 	// active counts running scrape goroutines, so tests can see them end.
 	active atomic.Int64
@@ -112,6 +115,7 @@ func (s *Service) newScraper() *scraper {
 		return nil
 	}
 	sc := newScraper(interval, s.log, s.dial)
+	sc.adapters = s.adapters
 	if learning {
 		sc.batchLimitRaised = func(r *policy.Replica, from, to int64) {
 			level, msg := zap.DebugLevel, "replica batch size raised"
@@ -276,6 +280,11 @@ func (s *scraper) scrape(t *scrapeTarget) {
 	}
 	m.UpdatedAt = time.Now().UnixNano()
 	t.replica.SetMetrics(m)
+	if s.adapters != nil {
+		if lora, ok := parseLoRAInfo(t.resp.Body()); ok {
+			s.publishLoRA(t.replica, lora, m.UpdatedAt)
+		}
+	}
 	s.learnBatchLimit(t, m)
 	if t.failures > 0 {
 		if ce := s.log.Check(zap.DebugLevel, "replica metrics scrape recovered"); ce != nil {
@@ -432,22 +441,55 @@ func cacheConfigTokens(line []byte) int64 {
 }
 
 // labelInt returns the value of label name in a sample line's label set as an integer, or 0.
-// Label values are matched quote-aware, so a value containing `name="` cannot spoof another.
 func labelInt(line []byte, name string) int64 {
+	raw, ok := labelRaw(line, name)
+	if !ok {
+		return 0
+	}
+	v, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil {
+		return 0
+	}
+	return v
+}
+
+// labelString returns the value of label name in a sample line's label set, unescaped, or "".
+func labelString(line []byte, name string) string {
+	raw, ok := labelRaw(line, name)
+	if !ok || bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw)
+	}
+	out := make([]byte, 0, len(raw))
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		if c == '\\' && i+1 < len(raw) {
+			i++
+			if c = raw[i]; c == 'n' {
+				c = '\n'
+			}
+		}
+		out = append(out, c)
+	}
+	return string(out)
+}
+
+// labelRaw returns the still escaped value of label name in a sample line's label set. Label
+// values are matched quote-aware, so a value containing `name="` cannot spoof another.
+func labelRaw(line []byte, name string) ([]byte, bool) {
 	open := bytes.IndexByte(line, '{')
 	if open < 0 {
-		return 0
+		return nil, false
 	}
 	labels := line[open:]
 	if end := labelSetEnd(labels); end > 0 {
 		labels = labels[1:end]
 	} else {
-		return 0
+		return nil, false
 	}
 	for len(labels) > 0 {
 		eq := bytes.IndexByte(labels, '=')
 		if eq < 0 || eq+1 >= len(labels) || labels[eq+1] != '"' {
-			return 0
+			return nil, false
 		}
 		key := bytes.TrimLeft(labels[:eq], " \t,")
 		rest := labels[eq+2:]
@@ -459,18 +501,14 @@ func labelInt(line []byte, name string) int64 {
 			end++
 		}
 		if end >= len(rest) {
-			return 0
+			return nil, false
 		}
 		if string(key) == name {
-			v, err := strconv.ParseInt(string(rest[:end]), 10, 64)
-			if err != nil {
-				return 0
-			}
-			return v
+			return rest[:end], true
 		}
 		labels = rest[end+1:]
 	}
-	return 0
+	return nil, false
 }
 
 // scrapeCount rounds a summed gauge to whole requests, saturating far above any real count.

@@ -113,6 +113,15 @@ type ServiceConfig struct {
 	Policy string
 	// TargetQPSPerAccelerator feeds instance_aware_least_load.
 	TargetQPSPerAccelerator map[string]float64
+	// Adapters names the service's LoRA adapters, which requests name as their model; the
+	// proxy also learns them from the replicas' /v1/models (an id with a parent) and
+	// vllm:lora_requests_info. MaxLoRAs is the adapters a replica runs at once when its engine
+	// does not report it (policy.Options.MaxLoRAs; 0 means policy's default).
+	Adapters []string
+	MaxLoRAs int
+	// IgnoreAdapters routes requests as if they named no adapter: only to measure what
+	// adapter-aware routing brings.
+	IgnoreAdapters bool
 	// APIKeyHashes, when non-nil, makes the service require an API key: the hex SHA-256 of
 	// each accepted key (configs.HashAPIKey). A non-nil empty slice rejects every request.
 	APIKeyHashes []string
@@ -271,9 +280,11 @@ type Service struct {
 	// learner is the picker as a policy.Learner, fed each streamed answer's TTFT; nil when it
 	// learns nothing.
 	learner policy.Learner
-	keys    *apiKeys // nil: no auth
-	errs    errorBodies
-	front   frontend
+	// adapters numbers the LoRA adapters requests may name (policy/adapters.go).
+	adapters *policy.Adapters
+	keys     *apiKeys // nil: no auth
+	errs     errorBodies
+	front    frontend
 	// obs records metrics and the access log (metrics.go).
 	obs observability
 
@@ -389,7 +400,9 @@ func (s *Service) carryOver(b Backend, old *snapshot, oldIndex map[string]int) (
 		if s.cfg.KVEvents != nil {
 			client.kv = s.cfg.KVEvents.For(b.Addr) // matched by Forget when the address leaves
 		}
-		if s.onModels.Load() != nil {
+		if s.onModels.Load() != nil || s.needs&policy.NeedsPrompt != 0 {
+			// For a gateway's routing table, and for the LoRA adapters a picker that reads
+			// the request's model routes by.
 			go s.fetchModels(client)
 		}
 	}
@@ -409,7 +422,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("proxy config for service %q: %w", cfg.Name, err)
 	}
-	picker, err := policy.New(cfg.Policy, policy.Options{TargetQPSPerAccelerator: cfg.TargetQPSPerAccelerator})
+	picker, err := policy.New(cfg.Policy, policy.Options{TargetQPSPerAccelerator: cfg.TargetQPSPerAccelerator, MaxLoRAs: cfg.MaxLoRAs})
 	if err != nil {
 		return nil, fmt.Errorf("proxy config for service %q: %w", cfg.Name, err)
 	}
@@ -418,17 +431,19 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 		return nil, fmt.Errorf("proxy config for service %q: %w", cfg.Name, err)
 	}
 	s := &Service{
-		keys:    keys,
-		cfg:     cfg,
-		log:     sampledLogger(cfg.Logger).With(zap.String("service", cfg.Name)),
-		picker:  picker,
-		needs:   policy.NeedsOf(picker),
-		errs:    newErrorBodies(cfg.Name, cfg.MaxRequestBodySize).withHoldBodies(cfg.Name, cfg.MaxQueuedRequests, cfg.MaxQueueWait),
-		dial:    defaultDial,
-		stopped: make(chan struct{}),
-		slots:   newSlotQueue(cfg.MaxInFlightPerReplica, cfg.ReplicaShares),
-		obs:     newObservability(cfg),
+		keys:     keys,
+		cfg:      cfg,
+		log:      sampledLogger(cfg.Logger).With(zap.String("service", cfg.Name)),
+		picker:   picker,
+		needs:    policy.NeedsOf(picker),
+		errs:     newErrorBodies(cfg.Name, cfg.MaxRequestBodySize).withHoldBodies(cfg.Name, cfg.MaxQueuedRequests, cfg.MaxQueueWait),
+		dial:     defaultDial,
+		stopped:  make(chan struct{}),
+		slots:    newSlotQueue(cfg.MaxInFlightPerReplica, cfg.ReplicaShares),
+		obs:      newObservability(cfg),
+		adapters: policy.NewAdapters(),
 	}
+	s.adapters.Add(cfg.Adapters...)
 	s.learner, _ = picker.(policy.Learner)
 	s.errs = s.errs.withLimitBodies(cfg.Name, cfg.RateLimit, keys != nil, cfg.MaxConcurrentStreams)
 	s.limiter = newRateLimiter(cfg.RateLimit, len(cfg.APIKeyHashes))

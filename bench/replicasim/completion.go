@@ -63,9 +63,17 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 		writeAPIError(w, aerr)
 		return
 	}
+	seed, modelJSON := s.modelSeed, s.modelJSON
+	var adapter *loraModule
 	if req.Model != "" && req.Model != s.cfg.Model {
-		writeAPIError(w, modelNotFound(req.Model))
-		return
+		if s.lora != nil {
+			adapter = s.lora.lookup(req.Model)
+		}
+		if adapter == nil {
+			writeAPIError(w, modelNotFound(req.Model))
+			return
+		}
+		seed, modelJSON = adapter.seed, adapter.json
 	}
 	promptTokens := estimateTokens(sc.prompt)
 	outTokens := req.outputTokens(s.cfg.MaxTokens)
@@ -92,10 +100,20 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 		slow = faults.SlowDelay
 	}
 
-	sc.hashes = blockHashes(sc.hashes[:0], s.modelSeed, sc.prompt)
+	sc.hashes = blockHashes(sc.hashes[:0], seed, sc.prompt)
+	if adapter != nil {
+		// Its GPU slot first: a request whose adapter cannot be active does not hold a batch
+		// slot either (vLLM's scheduler skips it).
+		if _, err := s.lora.acquire(r.Context(), adapter, s.stopping); err != nil {
+			return
+		}
+	}
 	queuedAt := time.Now()
 	queued, err := s.sched.tryAdmit()
 	if err != nil {
+		if adapter != nil {
+			s.lora.release(adapter, false)
+		}
 		w.Header().Set("Retry-After", "1")
 		writeAPIError(w, &apiError{status: http.StatusTooManyRequests, typ: "server_overloaded",
 			message: fmt.Sprintf("replica is overloaded: all %d batch slots are busy and the waiting queue is full (%d); retry later",
@@ -116,11 +134,17 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	}
 	if queued != nil {
 		if err := s.sched.wait(ctx, queued, s.stopping); err != nil {
+			if adapter != nil {
+				s.lora.release(adapter, false)
+			}
 			return // the client left while queued; it no longer counts as waiting
 		}
 	}
 	s.metrics.queueDuration.Observe(time.Since(queuedAt).Seconds())
-	seq := &sequence{server: s, ctx: ctx, holdsSlot: true}
+	seq := &sequence{server: s, ctx: ctx, holdsSlot: true, lora: adapter}
+	if adapter != nil {
+		s.lora.started(adapter)
+	}
 	defer seq.finish()
 
 	// Prefill: cached whole blocks are free, the rest costs per token. vLLM always computes at
@@ -140,7 +164,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 
 	gen := generation{
 		server: s, ep: ep, start: start, created: start.Unix(),
-		promptTokens: promptTokens, cachedTokens: cachedTokens, outTokens: outTokens,
+		promptTokens: promptTokens, cachedTokens: cachedTokens, outTokens: outTokens, modelJSON: modelJSON,
 	}
 	gen.text.Seed(idA, idB)
 	if req.Stream {
@@ -238,6 +262,8 @@ type sequence struct {
 	// promptBlocks are the blocks of kvBlocks that hold the prompt (the first holdKV); the
 	// rest hold generated tokens.
 	promptBlocks int64
+	// lora is the adapter whose GPU slot the sequence holds, nil for the base model.
+	lora *loraModule
 }
 
 // sleep waits d of simulated compute. It returns the context's error if the client leaves,
@@ -287,6 +313,10 @@ func (q *sequence) finish() {
 		q.holdsSlot = false
 		q.server.sched.release()
 	}
+	if q.lora != nil {
+		q.server.lora.release(q.lora, true)
+		q.lora = nil
+	}
 	if q.timer != nil {
 		q.timer.Stop()
 	}
@@ -302,6 +332,7 @@ type generation struct {
 	promptTokens int
 	cachedTokens int
 	outTokens    int
+	modelJSON    []byte // the model the request named: the base model or an adapter
 	text         rand.PCG
 }
 
@@ -423,7 +454,7 @@ func (g *generation) appendHead(dst []byte, idA, idB uint64, chatObject, textObj
 	dst = append(dst, `","created":`...)
 	dst = strconv.AppendInt(dst, g.created, 10)
 	dst = append(dst, `,"model":`...)
-	dst = append(dst, g.server.modelJSON...)
+	dst = append(dst, g.modelJSON...)
 	return append(dst, ',')
 }
 

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -96,6 +97,21 @@ type Config struct {
 	// KVEventsEncoding is KVEventsMap (current vLLM) or KVEventsArray (older vLLM).
 	KVEventsEncoding string
 
+	// EnableLoRA serves LoRA adapters (vLLM's --enable-lora; see lora.go); LoRAModules, in
+	// vLLM's name=path form, are registered at start and turn it on too.
+	EnableLoRA  bool
+	LoRAModules []string
+	// MaxLoRAs is how many adapters can be active at once (vLLM's --max-loras, default 1);
+	// MaxCPULoRAs how many stay loaded in CPU memory (--max-cpu-loras, at least MaxLoRAs).
+	MaxLoRAs, MaxCPULoRAs int
+	// LoRALoadTime is what loading an adapter from disk into CPU memory costs (a request whose
+	// adapter is not there pays it, once, and /v1/load_lora_adapter too); LoRAActivateTime
+	// what moving a loaded adapter into a GPU slot costs.
+	LoRALoadTime, LoRAActivateTime time.Duration
+	// RuntimeLoRA serves /v1/load_lora_adapter and /v1/unload_lora_adapter, as vLLM does with
+	// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (the default follows that variable).
+	RuntimeLoRA bool
+
 	// ExitFunc is how ExitAfter crashes; tests set it to observe the crash without dying. Nil
 	// means os.Exit.
 	ExitFunc func(code int)
@@ -143,6 +159,11 @@ func DefaultConfig() Config {
 		Seed:            1,
 
 		KVEventsEncoding: KVEventsMap,
+
+		MaxLoRAs:         1,
+		LoRALoadTime:     100 * time.Millisecond,
+		LoRAActivateTime: 2 * time.Millisecond,
+		RuntimeLoRA:      runtimeLoRAFromEnv(),
 	}
 }
 
@@ -169,6 +190,13 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&c.Seed, "seed", c.Seed, "random seed for generated text, ids and failure injection")
 	fs.StringVar(&c.KVEvents, "kv-events", c.KVEvents, "ZMQ endpoint to publish vLLM's KV-cache events to (BlockStored/BlockRemoved, msgpack); with * or ::, or ipc:// or inproc://, it is bound, otherwise connected to (e.g. tcp://router:5557); empty publishes none")
 	fs.StringVar(&c.KVEventsTopic, "kv-events-topic", c.KVEventsTopic, "topic of the KV-event messages; empty means kv@HOST:PORT@MODEL")
+	fs.BoolVar(&c.EnableLoRA, "enable-lora", c.EnableLoRA, "serve LoRA adapters named as the request's model (vLLM's --enable-lora)")
+	fs.StringSliceVar(&c.LoRAModules, "lora-modules", c.LoRAModules, "adapters registered at start, name=path (repeatable or comma-separated); turns --enable-lora on")
+	fs.IntVar(&c.MaxLoRAs, "max-loras", c.MaxLoRAs, "adapters active in GPU slots at once; a request for another waits until a slot is free of requests")
+	fs.IntVar(&c.MaxCPULoRAs, "max-cpu-loras", c.MaxCPULoRAs, "adapters kept loaded in CPU memory (at least --max-loras); one beyond them is loaded from disk again")
+	fs.DurationVar(&c.LoRALoadTime, "lora-load-time", c.LoRALoadTime, "time to load an adapter from disk into CPU memory (one load at a time)")
+	fs.DurationVar(&c.LoRAActivateTime, "lora-activate-time", c.LoRAActivateTime, "time to move a loaded adapter into a GPU slot")
+	fs.BoolVar(&c.RuntimeLoRA, "runtime-lora", c.RuntimeLoRA, "serve /v1/load_lora_adapter and /v1/unload_lora_adapter (default: VLLM_ALLOW_RUNTIME_LORA_UPDATING is true)")
 	fs.StringVar(&c.KVEventsEncoding, "kv-events-encoding", c.KVEventsEncoding, "msgpack shape of the KV events: map (current vLLM) or array (older vLLM's array_like structs)")
 }
 
@@ -202,6 +230,7 @@ func (c *Config) Validate() error {
 	}{
 		{"ttft", c.TTFT}, {"prefill-per-token", c.PrefillPerToken}, {"itl", c.ITL},
 		{"itl-per-seq", c.ITLPerSeq}, {"startup-delay", c.StartupDelay},
+		{"lora-load-time", c.LoRALoadTime}, {"lora-activate-time", c.LoRAActivateTime},
 	} {
 		if d.v < 0 {
 			bad(d.flag, d.v, "must not be negative")
@@ -222,8 +251,38 @@ func (c *Config) Validate() error {
 			bad("kv-events", strconv.Quote(c.KVEvents), err.Error())
 		}
 	}
+	errs = append(errs, c.loraErrors()...)
 	if c.KVEventsEncoding != KVEventsMap && c.KVEventsEncoding != KVEventsArray {
 		bad("kv-events-encoding", strconv.Quote(c.KVEventsEncoding), "must be "+KVEventsMap+" or "+KVEventsArray)
 	}
 	return errors.Join(errs...)
+}
+
+// loraErrors validates the LoRA knobs, in Validate's format.
+func (c *Config) loraErrors() []error {
+	var errs []error
+	if c.MaxLoRAs < 1 {
+		errs = append(errs, fmt.Errorf("--max-loras=%d: must be at least 1", c.MaxLoRAs))
+	}
+	if c.MaxCPULoRAs < 0 {
+		errs = append(errs, fmt.Errorf("--max-cpu-loras=%d: must not be negative", c.MaxCPULoRAs))
+	}
+	seen := map[string]bool{c.Model: true}
+	for _, spec := range c.LoRAModules {
+		name, _, err := parseLoRAModule(spec)
+		if err == nil && seen[name] {
+			err = fmt.Errorf("--lora-modules %q: the name %q is taken", spec, name)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+		seen[name] = true
+	}
+	return errs
+}
+
+// runtimeLoRAFromEnv is vLLM's switch for the run-time adapter endpoints.
+func runtimeLoRAFromEnv() bool {
+	v := strings.ToLower(os.Getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
+	return v == "true" || v == "1"
 }

@@ -35,6 +35,8 @@ func TestRegisterFlags(t *testing.T) {
 		"--kv-blocks=100", "--startup-delay=3s", "--error-rate=0.1", "--hang-rate=0.2", "--exit-after=5", "--seed=7",
 		"--slow-rate=0.3", "--slow-delay=2s", "--flap-period=4s", "--faults-file=/run/faults", "--signals=basic",
 		"--kv-events=tcp://router:5557", "--kv-events-topic=kv@10.0.0.1:8000@m", "--kv-events-encoding=array",
+		"--enable-lora", "--lora-modules=sql=/a/sql,chat=/a/chat", "--lora-modules=x=/a/x", "--max-loras=4",
+		"--max-cpu-loras=8", "--lora-load-time=300ms", "--lora-activate-time=5ms", "--runtime-lora",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -45,6 +47,8 @@ func TestRegisterFlags(t *testing.T) {
 		MaxTokens: 10, KVCacheBlocks: 100, StartupDelay: 3 * time.Second, ErrorRate: 0.1, HangRate: 0.2, ExitAfter: 5, Seed: 7,
 		SlowRate: 0.3, SlowDelay: 2 * time.Second, FlapPeriod: 4 * time.Second, FaultsFile: "/run/faults", Signals: SignalsBasic,
 		KVEvents: "tcp://router:5557", KVEventsTopic: "kv@10.0.0.1:8000@m", KVEventsEncoding: KVEventsArray,
+		EnableLoRA: true, LoRAModules: []string{"sql=/a/sql", "chat=/a/chat", "x=/a/x"}, MaxLoRAs: 4, MaxCPULoRAs: 8,
+		LoRALoadTime: 300 * time.Millisecond, LoRAActivateTime: 5 * time.Millisecond, RuntimeLoRA: true,
 	}
 	if diff := cmp.Diff(want, cfg, cmpopts.IgnoreFields(Config{}, "ExitFunc", "OnListen")); diff != "" {
 		t.Errorf("parsed config (-want +got):\n%s", diff)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // shutdownGrace bounds how long Serve waits for in-flight requests after its context ends.
@@ -35,6 +36,7 @@ type Server struct {
 	cache    *prefixCache
 	metrics  *metrics
 	kvEvents *kvPublisher // nil unless Config.KVEvents is set
+	lora     *loraSet     // nil unless LoRA adapters are enabled
 	// kvBlocksUsed is the number of KV blocks held by running sequences (prompt plus generated
 	// tokens, 16 per block); over KVCacheBlocks it is vllm:kv_cache_usage_perc.
 	kvBlocksUsed atomic.Int64
@@ -105,7 +107,7 @@ func NewServer(cfg Config) *Server {
 	}
 	s.metrics = newMetrics(cfg.Engine, cfg.Signals, cfg.Model, cfg.KVCacheBlocks,
 		func() float64 { return float64(s.sched.runningGauge.Load()) },
-		func() float64 { return float64(s.sched.waitingGauge.Load()) },
+		func() float64 { return float64(s.sched.waitingGauge.Load() + s.loraQueued()) },
 		s.kvCacheUsage,
 	)
 	var events func(*kvBatch)
@@ -114,6 +116,15 @@ func NewServer(cfg Config) *Server {
 		events = s.kvEvents.publish
 	}
 	s.cache = newPrefixCache(cfg.KVCacheBlocks, events)
+	if lora, err := newLoRASet(cfg); err == nil && lora != nil {
+		s.lora = lora
+		if cfg.Engine == EngineVLLM {
+			s.metrics.registry.MustRegister(newLoRACollector(lora, cfg.Model))
+		}
+		s.metrics.registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "replicasim_lora_loads_total", Help: "LoRA adapters loaded from disk (the simulator's own count)."},
+			func() float64 { return float64(s.Loads()) }))
+	}
 	return s
 }
 
@@ -122,6 +133,14 @@ func clamp01(v float64) float64 {
 		return 0
 	}
 	return min(v, 1)
+}
+
+// loraQueued is how many requests wait for their adapter's slot.
+func (s *Server) loraQueued() int64 {
+	if s.lora == nil {
+		return 0
+	}
+	return s.lora.queued.Load()
 }
 
 // kvCacheUsage is the share of KV blocks held by running sequences, capped at 1. Like vLLM,
@@ -173,6 +192,19 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		if allow(w, r, http.MethodGet) {
 			s.writeModels(w)
 		}
+	case "/v1/load_lora_adapter", "/v1/unload_lora_adapter":
+		if s.lora == nil || !s.lora.runtime { // vLLM serves them only when allowed
+			writeAPIError(w, &apiError{status: http.StatusNotFound, typ: "invalid_request_error",
+				message: fmt.Sprintf("unknown path %s", r.URL.Path)})
+			return
+		}
+		if allow(w, r, http.MethodPost) {
+			if r.URL.Path == "/v1/load_lora_adapter" {
+				s.loadAdapter(w, r)
+			} else {
+				s.unloadAdapter(w, r)
+			}
+		}
 	case "/":
 		if allow(w, r, http.MethodGet) {
 			writeJSON(w, http.StatusOK, map[string]any{"name": "ferry replica-sim", "model": s.cfg.Model, "ready": s.started()})
@@ -200,17 +232,25 @@ func (s *Server) started() bool { return time.Now().UnixNano() >= s.readyAt.Load
 
 func (s *Server) writeModels(w http.ResponseWriter) {
 	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-		Root    string `json:"root"`
-		MaxLen  int    `json:"max_model_len"`
+		ID      string  `json:"id"`
+		Object  string  `json:"object"`
+		Created int64   `json:"created"`
+		OwnedBy string  `json:"owned_by"`
+		Root    string  `json:"root"`
+		Parent  *string `json:"parent"`
+		MaxLen  int     `json:"max_model_len"`
+	}
+	created := time.Unix(0, s.readyAt.Load()).Unix()
+	data := []model{{s.cfg.Model, "model", created, "ferry", s.cfg.Model, nil, maxModelLen}}
+	if s.lora != nil {
+		for _, m := range s.lora.adapterModels() {
+			data = append(data, model{m.name, "model", created, "ferry", m.path, &s.cfg.Model, maxModelLen})
+		}
 	}
 	writeJSON(w, http.StatusOK, struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
-	}{"list", []model{{s.cfg.Model, "model", time.Unix(0, s.readyAt.Load()).Unix(), "ferry", s.cfg.Model, maxModelLen}}})
+	}{"list", data})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -48,12 +48,13 @@ func TestModelsAndRoot(t *testing.T) {
 		t.Fatalf("/v1/models: status %d", r.status)
 	}
 	type model struct {
-		ID          string `json:"id"`
-		Object      string `json:"object"`
-		Created     int64  `json:"created"`
-		OwnedBy     string `json:"owned_by"`
-		Root        string `json:"root"`
-		MaxModelLen int    `json:"max_model_len"`
+		ID          string  `json:"id"`
+		Object      string  `json:"object"`
+		Created     int64   `json:"created"`
+		OwnedBy     string  `json:"owned_by"`
+		Root        string  `json:"root"`
+		Parent      *string `json:"parent"` // null but for LoRA adapters (lora_test.go)
+		MaxModelLen int     `json:"max_model_len"`
 	}
 	got := decode[struct {
 		Object string  `json:"object"`

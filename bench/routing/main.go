@@ -44,15 +44,28 @@ type simConfig struct {
 	maxWaiting      int
 	kvBlocks        int
 	signals         string
+	// LoRA: with adapters > 0 every replica registers lora-0 … lora-(adapters-1) at start.
+	adapters               int
+	maxLoRAs               int
+	loraLoad, loraActivate time.Duration
 }
 
 func (s simConfig) args() []string {
-	return []string{
+	args := []string{
 		"--ttft", s.ttft.String(), "--prefill-per-token", s.prefillPerToken.String(),
 		"--itl", s.itl.String(), "--itl-per-seq", s.itlPerSeq.String(),
 		"--max-num-seqs", fmt.Sprint(s.maxNumSeqs), "--max-waiting", fmt.Sprint(s.maxWaiting),
 		"--kv-blocks", fmt.Sprint(s.kvBlocks), "--signals", s.signals,
 	}
+	if s.adapters == 0 {
+		return args
+	}
+	modules := make([]string, s.adapters)
+	for i := range modules {
+		modules[i] = adapterName(i) + "=/adapters/" + adapterName(i)
+	}
+	return append(args, "--lora-modules", strings.Join(modules, ","), "--max-loras", fmt.Sprint(s.maxLoRAs),
+		"--lora-load-time", s.loraLoad.String(), "--lora-activate-time", s.loraActivate.String())
 }
 
 type options struct {
@@ -70,9 +83,11 @@ type options struct {
 	maxInFlight  int
 	// cpuHogs is how many busy-looping processes share the host with the run, to measure
 	// routing while the proxy's own CPU is contended.
-	cpuHogs  int
-	ferryBin string
-	out      string
+	cpuHogs int
+	// adapterZipf is the exponent of the adapters' popularity, with sim.adapters.
+	adapterZipf float64
+	ferryBin    string
+	out         string
 }
 
 func main() {
@@ -100,7 +115,7 @@ func parseFlags(args []string) (options, error) {
 	fs.Float64Var(&o.workload.Speedup, "speedup", 3, "divide the trace's inter-arrival times by this")
 	fs.IntVar(&o.replicas, "replicas", 4, "replica-sim processes")
 	fs.StringSliceVar(&o.policies, "policies", []string{defaultPolicy, roundRobinBaseline, "least_load", "least_load@" + lateBindingOff, "power_of_two", "session_affinity", "prefix_affinity", "llm_aware", "least_load@" + batchLimit},
-		`policies to compare; "default" runs the proxy without --policy; NAME@N, NAME@batch and NAME@off set --max-in-flight-per-replica; NAME@events has the replicas publish vLLM's KV-cache events to the proxy (--kv-events-listen)`)
+		`policies to compare; "default" runs the proxy without --policy; NAME@N, NAME@batch and NAME@off set --max-in-flight-per-replica; NAME@events has the replicas publish vLLM's KV-cache events to the proxy (--kv-events-listen); NAME@blind routes as if requests named no adapter (--ignore-adapters)`)
 	fs.Int64Var(&seed, "seed", 1, "seed of the synthesized prompts and conversations")
 	fs.IntSliceVar(&o.workload.SystemPromptTokens, "system-prompts", []int{300, 900, 1300, 3900}, "lengths in tokens of the shared system prompts")
 	fs.Float64Var(&o.workload.FollowUp, "follow-up", 0.6, "probability that a request continues an open conversation")
@@ -115,6 +130,11 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.sim.maxWaiting, "sim-max-waiting", 4096, "replica-sim --max-waiting")
 	fs.IntVar(&o.sim.kvBlocks, "sim-kv-blocks", 3000, "replica-sim --kv-blocks (prefix cache capacity, 16-token blocks)")
 	fs.StringVar(&o.sim.signals, "sim-signals", "full", "replica-sim --signals: full (the cache's size, prefix-cache counters, cached tokens per answer) or basic (running, waiting and KV usage only)")
+	fs.IntVar(&o.sim.adapters, "adapters", 0, "LoRA adapters: each request names one, drawn with Zipf popularity (--adapter-zipf), and every replica registers them all (0: none, the base model only)")
+	fs.Float64Var(&o.adapterZipf, "adapter-zipf", 1, "with --adapters: the Zipf exponent of the adapters' popularity (the i-th has weight 1/i^s)")
+	fs.IntVar(&o.sim.maxLoRAs, "sim-max-loras", 4, "replica-sim --max-loras: adapters active at once per replica")
+	fs.DurationVar(&o.sim.loraLoad, "sim-lora-load-time", 100*time.Millisecond, "replica-sim --lora-load-time")
+	fs.DurationVar(&o.sim.loraActivate, "sim-lora-activate-time", 2*time.Millisecond, "replica-sim --lora-activate-time")
 	fs.IntVar(&o.cpuHogs, "cpu-hog", 0, "busy-looping processes beside the run (one per core makes the host 100 % busy)")
 	fs.DurationVar(&o.timeout, "request-timeout", 2*time.Minute, "bound on one request")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", 4096, "bound on outstanding requests; past it arrivals slip")
@@ -193,7 +213,7 @@ func (o options) validate() error {
 		if p == "" || strings.ContainsAny(p, " \t") || seen[p] {
 			bad("policies", p, "names must be non-empty, without spaces, and listed once")
 		}
-		if _, limit := splitPolicy(p); limit != "" && limit != batchLimit && limit != lateBindingOff && limit != kvEventsMode {
+		if _, limit := splitPolicy(p); limit != "" && limit != batchLimit && limit != lateBindingOff && limit != kvEventsMode && limit != adapterBlind {
 			if n, err := strconv.Atoi(limit); err != nil || n < 1 {
 				bad("policies", p, "NAME@N wants a positive N (the proxy's --max-in-flight-per-replica), batch (--sim-max-num-seqs), off (no late binding) or events (the replicas publish KV-cache events to the proxy)")
 			}
@@ -210,6 +230,9 @@ func (o options) validate() error {
 	}
 	if o.sim.signals != "full" && o.sim.signals != "basic" {
 		bad("sim-signals", o.sim.signals, "must be full or basic")
+	}
+	if o.sim.adapters < 0 || o.sim.adapters > 1000 || o.sim.maxLoRAs < 1 || !(o.adapterZipf >= 0 && o.adapterZipf <= 5) {
+		bad("adapters", o.sim.adapters, "must be 0 to 1000, with --sim-max-loras at least 1 and --adapter-zipf 0 to 5")
 	}
 	if o.cpuHogs < 0 || o.cpuHogs > 16 {
 		bad("cpu-hog", o.cpuHogs, "must be between 0 and 16")
@@ -281,8 +304,18 @@ func startHogs(group *childproc.Group, n int) error {
 	return nil
 }
 
-// buildWorkload synthesizes the workload --workload names.
+// buildWorkload synthesizes the workload --workload names, its requests naming adapters with
+// --adapters.
 func buildWorkload(root string, opts *options) (*workload, error) {
+	wl, err := buildBaseWorkload(root, opts)
+	if err != nil || opts.sim.adapters == 0 {
+		return wl, err
+	}
+	assignAdapters(wl, opts.workload.Model, opts.sim.adapters, opts.adapterZipf, opts.workload.Seed)
+	return wl, nil
+}
+
+func buildBaseWorkload(root string, opts *options) (*workload, error) {
 	if opts.workloadName == workloadMultiTurn {
 		return synthesizeMultiTurn(opts.multiTurn)
 	}

@@ -69,6 +69,7 @@ const (
 	// The simulator's own prefix-cache counters, present whatever --sim-signals hides.
 	metricPrefixQueries = "replicasim_prefix_cache_queries_total"
 	metricPrefixHits    = "replicasim_prefix_cache_hits_total"
+	metricLoRALoads     = "replicasim_lora_loads_total"
 	metricPromptTokens  = "vllm:prompt_tokens_total"
 	metricGenTokens     = "vllm:generation_tokens_total"
 	metricRunning       = "vllm:num_requests_running"

@@ -61,6 +61,9 @@ type policyResult struct {
 	PrefixHitRate     ratio   `json:"prefix_hit_rate"`
 	ClientCachedShare float64 `json:"client_cached_share"`
 
+	// AdapterLoads is how many times the replicas loaded a LoRA adapter from disk.
+	AdapterLoads float64 `json:"adapter_loads"`
+
 	// Queueing is where requests waited: in the engines' queues or held by the proxy.
 	Queueing queueing `json:"queueing"`
 
@@ -75,6 +78,9 @@ func (r *policyResult) oneLine() string {
 	}
 	line := fmt.Sprintf("%-17s ok %d err %d  TTFT p50 %.0f p99 %.0f ms  e2e p50 %.0f p99 %.0f ms  %.1f req/s  load max/mean %.2f  prefix hits %.0f%%",
 		r.Policy, r.OK, r.Errors, r.TTFT.P50Ms, r.TTFT.P99Ms, r.E2E.P50Ms, r.E2E.P99Ms, r.RequestsPerSec, float64(r.RequestsImbal), 100*float64(r.PrefixHitRate))
+	if r.AdapterLoads > 0 {
+		line += fmt.Sprintf("  adapter loads %.0f", r.AdapterLoads)
+	}
 	if k := r.KVEvents; k != nil {
 		line += fmt.Sprintf("  tokenized %.0f (failed %.0f, mean %.2f ms)  event batches %.0f, blocks stored %.0f",
 			k.Tokenized, k.TokenizeFailed, k.TokenizeMeanMs, k.EventBatches, k.BlocksStored)
@@ -124,6 +130,9 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 		limit = "-1"
 	case kvEventsMode:
 		argv = append(argv, "--kv-events-listen", "tcp://"+eventsAddr)
+		limit = ""
+	case adapterBlind:
+		argv = append(argv, "--ignore-adapters")
 		limit = ""
 	}
 	if name != defaultPolicy {
@@ -177,6 +186,9 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 	default:
 	}
 	summarize(res, wl.Requests, outcomes, makespan, before, after, queues)
+	for i := range after {
+		res.AdapterLoads += after[i][metricLoRALoads] - before[i][metricLoRALoads]
+	}
 	if eventsAddr != "" {
 		if res.KVEvents, err = proxyKVFigures(metricsAddr); err != nil {
 			return nil, err
@@ -198,6 +210,9 @@ const (
 	// kvEventsMode runs the replicas with vLLM's KV-cache events published to the proxy
 	// (--kv-events-listen), late binding as by default: NAME@events.
 	kvEventsMode = "events"
+	// adapterBlind routes as if no request named an adapter (--ignore-adapters): NAME@blind,
+	// what Ferry's routing did before it knew adapters.
+	adapterBlind = "blind"
 )
 
 // roundRobinBaseline is what the default policy is measured against: round robin without late
@@ -229,7 +244,7 @@ func fileSafe(name string) string {
 // replica's prefill of the uncached tokens is time spent waiting for a batch slot.
 func writeOutcomes(path string, reqs []request, outcomes []outcome) error {
 	var b strings.Builder
-	b.WriteString("at_ms,conversation,turn,system,prompt_tokens,reusable_tokens,cached_tokens,out_tokens,ttft_ms,e2e_ms,lag_ms,error\n")
+	b.WriteString("at_ms,conversation,turn,system,prompt_tokens,reusable_tokens,cached_tokens,out_tokens,ttft_ms,e2e_ms,lag_ms,error,adapter\n")
 	ms := func(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e6, 'f', 1, 64) }
 	for i, o := range outcomes {
 		r := &reqs[i]
@@ -237,8 +252,8 @@ func writeOutcomes(path string, reqs []request, outcomes []outcome) error {
 		if o.Err != nil {
 			errText = strconv.Quote(o.Err.Error())
 		}
-		fmt.Fprintf(&b, "%s,%d,%d,%d,%d,%d,%d,%d,%s,%s,%s,%s\n", ms(r.At), r.Conversation, r.Turn, r.System,
-			r.PromptTokens, r.ReusableTokens, o.CachedTokens, r.OutTokens, ms(o.TTFT), ms(o.E2E), ms(o.Lag), errText)
+		fmt.Fprintf(&b, "%s,%d,%d,%d,%d,%d,%d,%d,%s,%s,%s,%s,%s\n", ms(r.At), r.Conversation, r.Turn, r.System,
+			r.PromptTokens, r.ReusableTokens, o.CachedTokens, r.OutTokens, ms(o.TTFT), ms(o.E2E), ms(o.Lag), errText, r.Adapter)
 	}
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }

@@ -94,6 +94,8 @@ type request struct {
 	OutTokens      int
 	// Body is the JSON request.
 	Body []byte
+	// Adapter is the LoRA adapter it names as its model; empty for the base model.
+	Adapter string
 }
 
 // SessionID is the X-Session-Id header value, the key of session affinity.

@@ -51,6 +51,9 @@ type proxyFlags struct {
 	metricsTokenFile string
 	maxStreams       int
 	maxPerReplica    int
+	adapters         []string
+	maxLoRAs         int
+	ignoreAdapters   bool
 	rateLimit        float64
 	rateBurst        int
 	accessLog        bool
@@ -68,7 +71,8 @@ type proxyFlags struct {
 // attachConflicts are the flags whose settings an attached proxy takes from the service's YAML
 // through the controller.
 var attachConflicts = []string{"replica", "policy", "target-qps", "api-key-env", "name",
-	"max-concurrent-requests", "max-body-mb", "idle-timeout", "max-concurrent-streams", "rate-limit", "rate-limit-burst", "max-in-flight-per-replica"}
+	"max-concurrent-requests", "max-body-mb", "idle-timeout", "max-concurrent-streams", "rate-limit", "rate-limit-burst", "max-in-flight-per-replica",
+	"adapter", "max-loras"}
 
 // proxyOptions is what the flags mean.
 type proxyOptions struct {
@@ -222,6 +226,9 @@ func (f *proxyFlags) define(fl *pflag.FlagSet) {
 	fl.IntVar(&f.maxConcurrent, "max-concurrent-requests", 0, "answer 429 beyond this many requests in flight (0: no cap)")
 	fl.IntVar(&f.maxStreams, "max-concurrent-streams", 0, "answer 429 to streaming requests beyond this many streams in flight (0: no cap)")
 	fl.IntVar(&f.maxPerReplica, "max-in-flight-per-replica", 0, "hold requests in the proxy beyond this many in flight on every replica, and send each to the first replica that frees a slot (0: each replica's batch size, learned from its vLLM or TGI metrics; -1: off)")
+	fl.StringArrayVar(&f.adapters, "adapter", nil, "a LoRA adapter requests may name as their model (repeatable); the proxy also learns adapters from the replicas' /v1/models and vllm:lora_requests_info")
+	fl.IntVar(&f.maxLoRAs, "max-loras", 0, "adapters a replica runs at once when its engine does not report max_lora (vLLM's --max-loras; 0: vLLM's default, 1)")
+	fl.BoolVar(&f.ignoreAdapters, "ignore-adapters", false, "route requests as if they named no LoRA adapter (to measure what adapter-aware routing brings)")
 	fl.Float64Var(&f.rateLimit, "rate-limit", 0, "requests per second allowed per API key (per client address without keys); beyond it 429 (0: no limit)")
 	fl.IntVar(&f.rateBurst, "rate-limit-burst", 0, "requests a key may send at once under --rate-limit (default: one second's worth)")
 	fl.IntVar(&f.maxBodyMB, "max-body-mb", proxy.DefaultMaxRequestBodySize>>20, "largest request body accepted, in MiB")
@@ -423,6 +430,10 @@ func (f proxyFlags) parseLimits(opts *proxyOptions) []error {
 		errs = append(errs, fmt.Errorf("--max-in-flight-per-replica %d: want a positive cap, 0 (learn each replica's batch size) or -1 (off)", f.maxPerReplica))
 	}
 	opts.service.MaxInFlightPerReplica = f.maxPerReplica
+	if f.maxLoRAs < 0 || f.maxLoRAs > 1024 {
+		errs = append(errs, fmt.Errorf("--max-loras %d: want 1 to 1024, or 0 for vLLM's default", f.maxLoRAs))
+	}
+	opts.service.Adapters, opts.service.MaxLoRAs, opts.service.IgnoreAdapters = f.adapters, f.maxLoRAs, f.ignoreAdapters
 	switch {
 	case f.rateLimit < 0 || f.rateLimit > configs.MaxRateLimit || f.rateLimit > 0 && f.rateLimit < configs.MinRateLimitRPS:
 		errs = append(errs, fmt.Errorf("--rate-limit %g: want 0 (off) or %g to %d requests per second", f.rateLimit, configs.MinRateLimitRPS, configs.MaxRateLimit))

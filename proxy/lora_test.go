@@ -1,0 +1,85 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ferryserve/ferry/bench/replicasim"
+	"github.com/ferryserve/ferry/policy"
+)
+
+// startLoRASims serves n simulated vLLM replicas with the same adapters registered, each
+// running at most maxLoRAs at once.
+func startLoRASims(t *testing.T, n, adapters, maxLoRAs int) ([]*replicasim.Server, []Backend) {
+	t.Helper()
+	cfg := replicasim.DefaultConfig()
+	cfg.TTFT, cfg.ITL, cfg.ITLPerSeq, cfg.PrefillPerToken, cfg.MaxTokens = time.Millisecond, time.Millisecond, 0, 0, 3
+	cfg.MaxLoRAs, cfg.LoRALoadTime, cfg.LoRAActivateTime = maxLoRAs, 5*time.Millisecond, 0
+	for i := range adapters {
+		cfg.LoRAModules = append(cfg.LoRAModules, fmt.Sprintf("a%d=/adapters/a%d", i, i))
+	}
+	var sims []*replicasim.Server
+	var backends []Backend
+	for i := range n {
+		sim := replicasim.NewServer(cfg)
+		sims = append(sims, sim)
+		backends = append(backends, Backend{ID: i + 1, Addr: startUpstream(t, "sim", sim.Handler().ServeHTTP).addr(), Version: 1})
+	}
+	return sims, backends
+}
+
+// adapterLoads sends rounds of one streamed request per adapter, one at a time, and returns how
+// many times the replicas loaded an adapter.
+func adapterLoads(t *testing.T, ignore bool) int {
+	sims, backends := startLoRASims(t, 4, 8, 2)
+	svc, base := startProxy(t, ServiceConfig{Policy: policy.LeastTTFT, IgnoreAdapters: ignore}, backends...)
+	waitFor(t, "the adapters from the replicas' /v1/models", func() bool { return svc.adapters.Len() == 8 })
+	c := newClient(t)
+	for round := range 4 {
+		for a := range 8 {
+			body := fmt.Sprintf(`{"model":"a%d","messages":[{"role":"user","content":"round %d"}],"max_tokens":3,"stream":true}`, a, round)
+			r := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body), "Content-Type", "application/json")
+			if r.status != http.StatusOK || !strings.Contains(r.body, fmt.Sprintf(`"model":"a%d"`, a)) {
+				t.Fatalf("adapter a%d: %d %s", a, r.status, r.body)
+			}
+		}
+	}
+	loads := 0
+	for _, s := range sims {
+		loads += s.Loads()
+	}
+	return loads
+}
+
+// Eight adapters fit four replicas of two slots each: routing by adapter loads each about once,
+// where routing blind to them keeps swapping.
+func TestRoutingByAdapterAvoidsLoads(t *testing.T) {
+	aware, blind := adapterLoads(t, false), adapterLoads(t, true)
+	t.Logf("adapter loads over 32 requests: %d by adapter, %d blind", aware, blind)
+	if aware > 10 || blind < 2*aware {
+		t.Fatalf("adapter loads: %d routing by adapter (want at most 10), %d blind (want at least twice as many)", aware, blind)
+	}
+}
+
+func TestParseLoRAInfo(t *testing.T) {
+	body := []byte(`# HELP vllm:lora_requests_info Running stats on lora requests.
+# TYPE vllm:lora_requests_info gauge
+vllm:lora_requests_info{max_lora="4",model_name="m",running_lora_adapters="a,b",waiting_lora_adapters=""} 1.7e+09
+vllm:lora_requests_info{max_lora="4",model_name="m",running_lora_adapters="c",waiting_lora_adapters="d"} 1.700000005e+09
+vllm:lora_requests_info{max_lora="4",model_name="m",running_lora_adapters="",waiting_lora_adapters=""} 1.699e+09
+vllm:num_requests_running{model_name="m"} 2
+`)
+	got, ok := parseLoRAInfo(body)
+	if !ok || got.running != "c" || got.waiting != "d" || got.maxLoRAs != 4 {
+		t.Fatalf("parseLoRAInfo = %+v, %v; want the newest set (running c, waiting d, max 4)", got, ok)
+	}
+	if _, ok := parseLoRAInfo([]byte("vllm:num_requests_running 1\n# vllm:lora_requests_info\n")); ok {
+		t.Fatal("found lora info in a body without the series")
+	}
+	if got := splitAdapters(" x, ,y,"); len(got) != 2 || got[0] != "x" || got[1] != "y" {
+		t.Fatalf("splitAdapters = %q", got)
+	}
+}
