@@ -110,6 +110,9 @@ func (c *checker) service(e entry, res Resources, envs, secrets map[string]strin
 	if h, ok := f["health_check"]; ok {
 		s.HealthCheck = c.healthCheck(h.value, joinField(field, "health_check"))
 	}
+	if a, ok := f["adapters"]; ok {
+		s.Adapters = c.adapters(a.value, joinField(field, "adapters"))
+	}
 	return s
 }
 

@@ -137,6 +137,9 @@ type Service struct {
 	Update Update `json:"update" yaml:"update"`
 	// HealthCheck tunes the proxy's own check of each replica; nil keeps the defaults.
 	HealthCheck *HealthCheck `json:"health_check,omitempty" yaml:"health_check,omitempty"`
+	// Adapters are the LoRA adapters requests may name as their model (adapters.go); nil
+	// when the service serves its base model only.
+	Adapters *Adapters `json:"adapters,omitempty" yaml:"adapters,omitempty"`
 }
 
 // Update modes.

@@ -161,6 +161,18 @@ func (r *Replica) AdapterEnd(a int32) {
 	}
 }
 
+// AdapterInFlight is how many requests for adapter a this proxy has on r.
+func (r *Replica) AdapterInFlight(a int32) int32 {
+	s := r.adapters.Load()
+	if s == nil || a < 0 || a >= MaxAdapters {
+		return 0
+	}
+	if c := s.chunks[a/adapterChunk].Load(); c != nil {
+		return c.inflight[a%adapterChunk].Load()
+	}
+	return 0
+}
+
 // SetLoRA publishes a scrape of the engine's adapters.
 func (r *Replica) SetLoRA(info LoRAInfo) { r.adapterState().lora.Store(&info) }
 

@@ -211,8 +211,15 @@ func (s *Service) tryReplica(ctx *fasthttp.RequestCtx, ex *exchange, snap *snaps
 	if s.learner != nil {
 		ex.sentAt, ex.firstAt = now, time.Time{}
 	}
-	if err = ex.send(client); err == nil {
+	// An adapter loaded on demand is registered on the replica first (adapterload.go).
+	if err = s.ensureAdapter(ex, replica, client); err == nil {
+		err = ex.send(client)
+	}
+	if err == nil {
 		code := ex.resp.StatusCode()
+		if code == fasthttp.StatusNotFound && ex.info.Adapter != 0 && len(s.cfg.LoadAdapters) > 0 {
+			client.forgetAdapter(ex.info.Model) // the replica lost it: the next request loads it
+		}
 		if !retryableStatus(code) || !budget.more() {
 			ex.respond(ctx)
 			return true, false, nil

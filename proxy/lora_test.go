@@ -83,3 +83,60 @@ vllm:num_requests_running{model_name="m"} 2
 		t.Fatalf("splitAdapters = %q", got)
 	}
 }
+
+// On demand, the proxy registers an adapter on a replica at its first request there, once
+// however many requests wait for it, and keeps at most MaxLoadedAdapters registered per
+// replica, unloading the least recently used.
+func TestAdaptersLoadOnDemand(t *testing.T) {
+	cfg := replicasim.DefaultConfig()
+	cfg.TTFT, cfg.ITL, cfg.ITLPerSeq, cfg.PrefillPerToken, cfg.MaxTokens = time.Millisecond, time.Millisecond, 0, 0, 3
+	cfg.EnableLoRA, cfg.RuntimeLoRA, cfg.MaxLoRAs, cfg.LoRALoadTime = true, true, 2, 20*time.Millisecond
+	var sims []*replicasim.Server
+	var backends []Backend
+	for i := range 2 {
+		sim := replicasim.NewServer(cfg)
+		sims = append(sims, sim)
+		backends = append(backends, Backend{ID: i + 1, Addr: startUpstream(t, "sim", sim.Handler().ServeHTTP).addr(), Version: 1})
+	}
+	modules := map[string]string{}
+	var names []string
+	for i := range 6 {
+		name := fmt.Sprintf("a%d", i)
+		modules[name], names = "/adapters/"+name, append(names, name)
+	}
+	_, base := startProxy(t, ServiceConfig{Policy: policy.LeastTTFT, Adapters: names, MaxLoRAs: 2,
+		LoadAdapters: modules, MaxLoadedAdapters: 2}, backends...)
+	c := newClient(t)
+	send := func(model string) result {
+		body := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}`
+		return do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body), "Content-Type", "application/json")
+	}
+
+	// Ten requests at once for a new adapter: one load.
+	done := make(chan result, 10)
+	for range 10 {
+		go func() { done <- send("a0") }()
+	}
+	for range 10 {
+		if r := <-done; r.status != http.StatusOK {
+			t.Fatalf("a0: %d %s", r.status, r.body)
+		}
+	}
+	if got := sims[0].Loads() + sims[1].Loads(); got > 2 {
+		t.Fatalf("%d loads for one adapter's burst, want one per replica it went to at most", got)
+	}
+
+	for round := range 3 {
+		for _, name := range names {
+			if r := send(name); r.status != http.StatusOK || !strings.Contains(r.body, `"model":"`+name+`"`) {
+				t.Fatalf("round %d %s: %d %s", round, name, r.status, r.body)
+			}
+		}
+	}
+	for _, b := range backends {
+		waitFor(t, "unloads beyond max_loaded", func() bool {
+			r := do(t, c, http.MethodGet, "http://"+b.Addr+"/v1/models", nil)
+			return strings.Count(r.body, `"parent"`)-strings.Count(r.body, `"parent":null`) <= 2
+		})
+	}
+}

@@ -122,6 +122,12 @@ type ServiceConfig struct {
 	// IgnoreAdapters routes requests as if they named no adapter: only to measure what
 	// adapter-aware routing brings.
 	IgnoreAdapters bool
+	// LoadAdapters, when set, are adapters the proxy registers on a replica at their first
+	// request there (vLLM's /v1/load_lora_adapter), name → path; MaxLoadedAdapters bounds
+	// those registered per replica, the least recently used unloaded beyond it
+	// (adapterload.go).
+	LoadAdapters      map[string]string
+	MaxLoadedAdapters int
 	// APIKeyHashes, when non-nil, makes the service require an API key: the hex SHA-256 of
 	// each accepted key (configs.HashAPIKey). A non-nil empty slice rejects every request.
 	APIKeyHashes []string

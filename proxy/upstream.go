@@ -41,6 +41,8 @@ type hostClient struct {
 	retired atomic.Bool
 	// models are the ids the replica's /v1/models reported; nil until known.
 	models atomic.Pointer[[]string]
+	// adapters are the LoRA adapters this proxy registered there (adapterload.go).
+	adapters loadedAdapters
 	// metrics are the series of the replica id at addr (metrics.go); nil without Metrics.
 	metrics atomic.Pointer[replicaMetrics]
 	// health tracks the connections and progress the health checks read (healthcheck.go).
@@ -293,7 +295,7 @@ func retryable(err error) bool {
 	var se *statusError
 	switch {
 	case errors.As(err, &de), errors.As(err, &se), errors.Is(err, fasthttp.ErrNoFreeConns), errors.Is(err, errReplicaEjected),
-		errors.Is(err, errStaleConn):
+		errors.Is(err, errStaleConn), errors.Is(err, errAdapterLoad):
 		return true
 	case isTimeout(err):
 		return false

@@ -50,6 +50,11 @@ func serviceSelector(service string) map[string]string {
 // result must never be logged.
 func replicaSpec(service string, version int, task *configs.Task, id int, spot bool) launcher.Spec {
 	envs := make(map[string]string, len(task.Envs)+len(task.Secrets)+4)
+	if task.Service != nil {
+		// FERRY_LORA_MODULES and FERRY_MAX_LORAS, for the run command's vLLM flags; the
+		// task's own envs may override them.
+		maps.Copy(envs, task.Service.Adapters.Env())
+	}
 	for k, v := range task.Envs {
 		envs[k] = v
 	}

@@ -160,7 +160,9 @@ func DefaultConfig() Config {
 
 		KVEventsEncoding: KVEventsMap,
 
-		MaxLoRAs:         1,
+		EnableLoRA:       os.Getenv("FERRY_MAX_LORAS") != "",
+		LoRAModules:      strings.Fields(os.Getenv("FERRY_LORA_MODULES")),
+		MaxLoRAs:         envInt("FERRY_MAX_LORAS", 1),
 		LoRALoadTime:     100 * time.Millisecond,
 		LoRAActivateTime: 2 * time.Millisecond,
 		RuntimeLoRA:      runtimeLoRAFromEnv(),
@@ -190,9 +192,9 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&c.Seed, "seed", c.Seed, "random seed for generated text, ids and failure injection")
 	fs.StringVar(&c.KVEvents, "kv-events", c.KVEvents, "ZMQ endpoint to publish vLLM's KV-cache events to (BlockStored/BlockRemoved, msgpack); with * or ::, or ipc:// or inproc://, it is bound, otherwise connected to (e.g. tcp://router:5557); empty publishes none")
 	fs.StringVar(&c.KVEventsTopic, "kv-events-topic", c.KVEventsTopic, "topic of the KV-event messages; empty means kv@HOST:PORT@MODEL")
-	fs.BoolVar(&c.EnableLoRA, "enable-lora", c.EnableLoRA, "serve LoRA adapters named as the request's model (vLLM's --enable-lora)")
-	fs.StringSliceVar(&c.LoRAModules, "lora-modules", c.LoRAModules, "adapters registered at start, name=path (repeatable or comma-separated); turns --enable-lora on")
-	fs.IntVar(&c.MaxLoRAs, "max-loras", c.MaxLoRAs, "adapters active in GPU slots at once; a request for another waits until a slot is free of requests")
+	fs.BoolVar(&c.EnableLoRA, "enable-lora", c.EnableLoRA, "serve LoRA adapters named as the request's model (vLLM's --enable-lora; default: on when $FERRY_MAX_LORAS is set)")
+	fs.StringSliceVar(&c.LoRAModules, "lora-modules", c.LoRAModules, "adapters registered at start, name=path (repeatable or comma-separated; default: $FERRY_LORA_MODULES, which Ferry sets from service.adapters); turns --enable-lora on")
+	fs.IntVar(&c.MaxLoRAs, "max-loras", c.MaxLoRAs, "adapters active in GPU slots at once (default: $FERRY_MAX_LORAS, else 1); a request for another waits until a slot is free of requests")
 	fs.IntVar(&c.MaxCPULoRAs, "max-cpu-loras", c.MaxCPULoRAs, "adapters kept loaded in CPU memory (at least --max-loras); one beyond them is loaded from disk again")
 	fs.DurationVar(&c.LoRALoadTime, "lora-load-time", c.LoRALoadTime, "time to load an adapter from disk into CPU memory (one load at a time)")
 	fs.DurationVar(&c.LoRAActivateTime, "lora-activate-time", c.LoRAActivateTime, "time to move a loaded adapter into a GPU slot")
@@ -279,6 +281,14 @@ func (c *Config) loraErrors() []error {
 		seen[name] = true
 	}
 	return errs
+}
+
+// envInt reads a positive integer from the environment, or returns def.
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
 }
 
 // runtimeLoRAFromEnv is vLLM's switch for the run-time adapter endpoints.

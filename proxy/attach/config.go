@@ -32,6 +32,8 @@ type ProxyConfig struct {
 	RateLimitPerKey *configs.RateLimit `json:"rate_limit_per_key,omitempty"`
 	// HealthCheck is service.health_check; nil keeps the proxy's defaults.
 	HealthCheck *configs.HealthCheck `json:"health_check,omitempty"`
+	// Adapters is service.adapters; nil when the service has none.
+	Adapters *configs.Adapters `json:"adapters,omitempty"`
 }
 
 // ProxyConfigFor extracts a service's proxy configuration; it is the same mapping the
@@ -65,6 +67,11 @@ func ProxyConfigFor(svc *configs.Service) ProxyConfig {
 		hc := *h
 		pc.HealthCheck = &hc
 	}
+	if a := svc.Adapters; a != nil {
+		ac := *a
+		ac.Modules = maps.Clone(a.Modules)
+		pc.Adapters = &ac
+	}
 	return pc
 }
 
@@ -93,6 +100,13 @@ func (pc ProxyConfig) Apply(base proxy.ServiceConfig) proxy.ServiceConfig {
 	cfg.HealthCheck = proxy.HealthCheck{}
 	if h := pc.HealthCheck; h != nil {
 		cfg.HealthCheck = proxy.HealthCheckFor(h.Path, h.IntervalSeconds, h.TimeoutSeconds, h.Disabled)
+	}
+	cfg.Adapters, cfg.MaxLoRAs, cfg.LoadAdapters, cfg.MaxLoadedAdapters = nil, 0, nil, 0
+	if a := pc.Adapters; a != nil {
+		cfg.Adapters, cfg.MaxLoRAs = a.Names(), a.MaxLoRAs
+		if a.Load == configs.AdaptersOnDemand {
+			cfg.LoadAdapters, cfg.MaxLoadedAdapters = maps.Clone(a.Modules), a.MaxLoaded
+		}
 	}
 	return cfg
 }
