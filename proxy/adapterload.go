@@ -87,6 +87,7 @@ func (s *Service) ensureAdapter(ex *exchange, r *policy.Replica, c *hostClient) 
 		return load.err
 	}
 	load.err = s.loadAdapter(c, name, path)
+	s.countAdapterLoad(ex.info.Adapter, name, load.err)
 	la.mu.Lock()
 	delete(la.loading, name)
 	var victims []string

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/ferryserve/ferry/bench/replicasim"
 	"github.com/ferryserve/ferry/policy"
 )
@@ -104,8 +106,9 @@ func TestAdaptersLoadOnDemand(t *testing.T) {
 		name := fmt.Sprintf("a%d", i)
 		modules[name], names = "/adapters/"+name, append(names, name)
 	}
+	m, _ := newTestMetrics(t)
 	_, base := startProxy(t, ServiceConfig{Policy: policy.LeastTTFT, Adapters: names, MaxLoRAs: 2,
-		LoadAdapters: modules, MaxLoadedAdapters: 2}, backends...)
+		LoadAdapters: modules, MaxLoadedAdapters: 2, Metrics: m}, backends...)
 	c := newClient(t)
 	send := func(model string) result {
 		body := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}`
@@ -132,6 +135,16 @@ func TestAdaptersLoadOnDemand(t *testing.T) {
 				t.Fatalf("round %d %s: %d %s", round, name, r.status, r.body)
 			}
 		}
+	}
+	a0 := testutil.ToFloat64(m.adapterRequests.WithLabelValues("llama", "a0", "true")) +
+		testutil.ToFloat64(m.adapterRequests.WithLabelValues("llama", "a0", "false"))
+	loads := 0.0
+	for _, name := range names {
+		loads += testutil.ToFloat64(m.adapterLoads.WithLabelValues("llama", name, "ok"))
+	}
+	if a0 != 13 || loads < 6 || testutil.CollectAndCount(m.adapterTTFT) != 6 {
+		t.Errorf("adapter series: %v requests for a0 (want 13), %v loads (want at least one per adapter), %d TTFT series (want 6)",
+			a0, loads, testutil.CollectAndCount(m.adapterTTFT))
 	}
 	for _, b := range backends {
 		waitFor(t, "unloads beyond max_loaded", func() bool {

@@ -83,9 +83,13 @@ type Metrics struct {
 	cachedTokens     *prometheus.CounterVec
 	tokenize         *prometheus.HistogramVec
 	gatewayErrors    *prometheus.CounterVec
-	requestsDesc     *prometheus.Desc
-	errorsDesc       *prometheus.Desc
-	health           *healthMetrics // healthmetrics.go
+	// Per LoRA adapter (adapterLabel bounds their number).
+	adapterRequests *prometheus.CounterVec
+	adapterTTFT     *prometheus.HistogramVec
+	adapterLoads    *prometheus.CounterVec
+	requestsDesc    *prometheus.Desc
+	errorsDesc      *prometheus.Desc
+	health          *healthMetrics // healthmetrics.go
 
 	mu       sync.Mutex
 	services map[string]*serviceMetrics
@@ -158,8 +162,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		health:   newHealthMetrics(),
 	}
 	m.newTokenMetrics()
+	m.newAdapterMetrics()
 	collectors := []prometheus.Collector{m.duration, m.ttft, m.tpot, m.inFlight, m.waiting, m.queued, m.slotWait, m.retries, m.clientAborts, m.promptTokens,
-		m.completionTokens, m.cachedTokens, m.tokenize, m.gatewayErrors, replicaCollector{m}, m.health}
+		m.completionTokens, m.cachedTokens, m.tokenize, m.gatewayErrors, replicaCollector{m}, m.health,
+		m.adapterRequests, m.adapterTTFT, m.adapterLoads}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range collectors[:i] {
@@ -263,7 +269,11 @@ func (sm *serviceMetrics) release() {
 	} {
 		vec.DeleteLabelValues(sm.name)
 	}
-	m.tokenize.DeletePartialMatch(prometheus.Labels{"service": sm.name})
+	for _, vec := range []interface {
+		DeletePartialMatch(prometheus.Labels) int
+	}{m.tokenize, m.adapterRequests, m.adapterTTFT, m.adapterLoads} {
+		vec.DeletePartialMatch(prometheus.Labels{"service": sm.name})
+	}
 	sm.none.releaseLocked()
 }
 
@@ -739,6 +749,9 @@ func (ex *exchange) observeFinish(err error, usage tokenUsage) {
 			tpot = timePerOutputToken(duration-ttft, usage.completion, o.events)
 		}
 		sm.observe(duration, ttft, tpot, usage)
+		if a := ex.info.Adapter; a != 0 {
+			sm.observeAdapter(adapterLabel(a, ex.info.Model), ttft, ex.info.Estimate.AdapterLoad)
+		}
 		if rm := o.replica; rm != nil {
 			rm.countRequest(status)
 			if status >= 500 {

@@ -203,7 +203,8 @@ func (r *report) find(name string) *policyResult {
 // checks evaluates the issue's targets for the default policy, when it and its baseline ran:
 // on the multi-turn workload, issue 23's against round robin (TTFT p50 ≤ 0.5×, p99 ≤ 0.7×, no
 // errors, no replica above 1.25× the mean); on the Azure workload, issue 23's "no worse than
-// least_load" and the earlier p99 target against round robin.
+// least_load" and the earlier p99 target against round robin; with --adapters, issue 40's
+// against the default blind to adapters (p99 ≤ 0.7×), beside round robin's ≤ 0.5×.
 func (r *report) checks() []check {
 	def := r.find(defaultPolicy)
 	if def == nil {
@@ -249,6 +250,10 @@ func (r *report) checks() []check {
 			ratio("default p50 TTFT ÷ "+ll.Policy+" p50 TTFT", def.TTFT.P50Ms, ll.TTFT.P50Ms, 1)
 			ratio("default p99 TTFT ÷ "+ll.Policy+" p99 TTFT", def.TTFT.P99Ms, ll.TTFT.P99Ms, 1)
 		}
+	}
+	// Issue 40: with adapters, against the same policy blind to them.
+	if blind := r.find(defaultPolicy + "@" + adapterBlind); blind != nil && r.opts.sim.adapters > 0 {
+		ratio("default p99 TTFT ÷ "+blind.Policy+" p99 TTFT", def.TTFT.P99Ms, blind.TTFT.P99Ms, 0.7)
 	}
 	limit := fmt.Sprintf("≤ %g", imbalance)
 	if v := float64(def.RequestsImbal); !math.IsNaN(v) {
