@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"sync"
 	"time"
@@ -167,10 +166,7 @@ func (s *Service) unloadAdapter(c *hostClient, name string) {
 // adapterCall POSTs a JSON body to the replica through a client of its own (c.hc is the
 // handler's; see binder) and returns the status and body.
 func (s *Service) adapterCall(c *hostClient, path, body []byte, timeout time.Duration) (int, []byte, error) {
-	dial := s.dial
-	hc := &fasthttp.HostClient{Addr: c.addr, Dial: func(addr string) (net.Conn, error) { return dial(addr) }, MaxConns: 1,
-		MaxIdemponentCallAttempts: 1, Name: "ferry-adapters", SecureErrorLogMessage: true, MaxResponseBodySize: 1 << 20,
-		RetryIfErr: func(*fasthttp.Request, int, error) (bool, bool) { return false, false }}
+	hc := c.sideClient(s.dial, "ferry-adapters", 1<<20)
 	defer hc.CloseIdleConnections()
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)

@@ -65,9 +65,7 @@ type modelList struct {
 // modelIDs asks the replica for its models through a client of its own: c.hc is the handler's
 // (see binder). adapters are the ids that name a parent model: LoRA adapters.
 func (c *hostClient) modelIDs(dial func(string) (net.Conn, error)) (ids, adapters []string, err error) {
-	hc := &fasthttp.HostClient{Addr: c.addr, Dial: dial, MaxConns: 1, MaxIdemponentCallAttempts: 1,
-		RetryIfErr: func(*fasthttp.Request, int, error) (bool, bool) { return false, false }, Name: "ferry-models",
-		SecureErrorLogMessage: true, MaxResponseBodySize: maxModelsBody}
+	hc := c.sideClient(dial, "ferry-models", maxModelsBody)
 	defer hc.CloseIdleConnections()
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -97,6 +95,14 @@ func (c *hostClient) modelIDs(dial func(string) (net.Conn, error)) (ids, adapter
 		}
 	}
 	return ids, adapters, nil
+}
+
+// sideClient is a client of one connection to the replica, for the proxy's own calls (its
+// models, its adapters): c.hc is the handler's (see binder). It never retries.
+func (c *hostClient) sideClient(dial func(string) (net.Conn, error), name string, maxBody int) *fasthttp.HostClient {
+	return &fasthttp.HostClient{Addr: c.addr, Dial: dial, MaxConns: 1, MaxIdemponentCallAttempts: 1,
+		RetryIfErr: func(*fasthttp.Request, int, error) (bool, bool) { return false, false }, Name: name,
+		SecureErrorLogMessage: true, MaxResponseBodySize: maxBody}
 }
 
 // Models returns the model ids the service answers to on a gateway: its own name first, then

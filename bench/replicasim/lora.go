@@ -191,21 +191,27 @@ func (l *loraSet) placeLocked(m *loraModule) (cost time.Duration, ok bool) {
 	cost = l.activateTime
 	if !m.inCPU {
 		cost += l.loadTime
-		l.loads++
-		if l.cpu >= l.maxCPU {
-			if victim := l.lruLocked(func(o *loraModule) bool { return o.inCPU && !o.onGPU }); victim != nil {
-				victim.inCPU = false
-				l.cpu--
-			}
-		}
-		m.inCPU = true
-		l.cpu++
+		l.toCPULocked(m)
 	}
 	m.onGPU = true
 	l.gpu++
 	m.pins++
 	m.used = l.stamp
 	return cost, true
+}
+
+// toCPULocked counts a load of m from disk into CPU memory, evicting the least recently used
+// module there that no GPU slot holds when CPU memory is full.
+func (l *loraSet) toCPULocked(m *loraModule) {
+	l.loads++
+	if l.cpu >= l.maxCPU {
+		if victim := l.lruLocked(func(o *loraModule) bool { return o.inCPU && !o.onGPU }); victim != nil {
+			victim.inCPU = false
+			l.cpu--
+		}
+	}
+	m.inCPU = true
+	l.cpu++
 }
 
 // lruLocked returns the least recently used module that ok accepts.
@@ -367,15 +373,7 @@ func (s *Server) loadAdapter(w http.ResponseWriter, r *http.Request) {
 	}
 	l.mu.Lock()
 	if !m.inCPU && !m.removed {
-		l.loads++
-		if l.cpu >= l.maxCPU {
-			if victim := l.lruLocked(func(o *loraModule) bool { return o.inCPU && !o.onGPU }); victim != nil {
-				victim.inCPU = false
-				l.cpu--
-			}
-		}
-		m.inCPU = true
-		l.cpu++
+		l.toCPULocked(m)
 	}
 	l.mu.Unlock()
 	w.WriteHeader(http.StatusOK)
