@@ -75,8 +75,16 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 		}
 		seed, modelJSON = adapter.seed, adapter.json
 	}
+	role, aerr := s.role(&req)
+	if aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
 	promptTokens := estimateTokens(sc.prompt)
 	outTokens := req.outputTokens(s.cfg.MaxTokens)
+	if role == kvPrefillOnly {
+		outTokens = 1 // the decode replica generates the rest
+	}
 	if outTokens > maxModelLen-promptTokens {
 		writeAPIError(w, badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens "+
 			"in the messages and %d in the completion. Please reduce the length of the messages or completion.",
@@ -149,13 +157,22 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 
 	// Prefill: cached whole blocks are free, the rest costs per token. vLLM always computes at
 	// least the last prompt token, so a fully cached prompt still leaves one block uncached.
+	// A decode replica of a disaggregated pair pulls the prompt's KV instead (pd.go).
 	cachedTokens := s.cache.match(sc.hashes, (promptTokens-1)/blockTokens) * blockTokens
 	s.metrics.prefixQueries.Add(float64(promptTokens))
 	s.metrics.prefixHits.Add(float64(cachedTokens))
 	s.metrics.truthQueries.Add(float64(promptTokens))
 	s.metrics.truthHits.Add(float64(cachedTokens))
 	seq.holdKV(promptTokens)
-	if seq.sleep(s.cfg.TTFT+time.Duration(promptTokens-cachedTokens)*s.cfg.PrefillPerToken+slow) != nil {
+	prefill := s.cfg.TTFT + time.Duration(promptTokens-cachedTokens)*s.cfg.PrefillPerToken
+	uncached := int64(promptTokens - cachedTokens)
+	if role == kvRemotePrefill {
+		prefill, uncached = s.cfg.TTFT+time.Duration(promptTokens)*s.cfg.KVTransferPerToken, 0
+	}
+	s.prefilling.Add(uncached)
+	err = seq.sleep(prefill + slow)
+	s.prefilling.Add(-uncached)
+	if err != nil {
 		return
 	}
 	s.cache.insert(sc.hashes, sc.prompt, int(s.genBlocksUsed.Load()))
@@ -165,6 +182,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, ep endpoint) {
 	gen := generation{
 		server: s, ep: ep, start: start, created: start.Unix(),
 		promptTokens: promptTokens, cachedTokens: cachedTokens, outTokens: outTokens, modelJSON: modelJSON,
+		kvParams: role == kvPrefillOnly,
 	}
 	gen.text.Seed(idA, idB)
 	if req.Stream {
@@ -246,9 +264,16 @@ func (s *Server) hang(ctx context.Context) {
 	}
 }
 
-// itl is the current inter-token latency: a bigger batch makes every decode step slower.
+// itl is the current inter-token latency: a bigger batch makes every decode step slower, and
+// so does a prompt being prefilled beside it (Config.PrefillInterference).
 func (s *Server) itl() time.Duration {
-	return s.cfg.ITL + time.Duration(s.sched.runningGauge.Load())*s.cfg.ITLPerSeq
+	d := s.cfg.ITL + time.Duration(s.sched.runningGauge.Load())*s.cfg.ITLPerSeq
+	if f := s.cfg.PrefillInterference; f > 0 {
+		if n := s.prefilling.Load(); n > 0 {
+			d += time.Duration(f * float64(min(n, prefillChunkTokens)) * float64(s.cfg.PrefillPerToken))
+		}
+	}
+	return d
 }
 
 // sequence is a request while it holds a batch slot: it owns the slot, its KV blocks and one
@@ -333,6 +358,7 @@ type generation struct {
 	cachedTokens int
 	outTokens    int
 	modelJSON    []byte // the model the request named: the base model or an adapter
+	kvParams     bool   // a prefill-only answer: it carries kv_transfer_params (pd.go)
 	text         rand.PCG
 }
 
@@ -476,6 +502,9 @@ func (g *generation) appendResponse(dst []byte, idA, idB uint64) []byte {
 		dst = append(dst, `","logprobs":null,"finish_reason":"length"}],"usage":`...)
 	}
 	dst = g.appendUsage(dst)
+	if g.kvParams {
+		dst = g.server.appendKVTransferParams(dst, g.promptTokens)
+	}
 	return append(dst, "}\n"...)
 }
 

@@ -112,6 +112,19 @@ type Config struct {
 	// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (the default follows that variable).
 	RuntimeLoRA bool
 
+	// KVTransfer makes the replica take part in prefill/decode disaggregation as vLLM's
+	// NixlConnector does (pd.go): a request with kv_transfer_params.do_remote_decode is only
+	// prefilled, and answered with the kv_transfer_params a decode replica needs; one with
+	// do_remote_prefill pulls the prompt's KV instead of computing it, at KVTransferPerToken
+	// per prompt token.
+	KVTransfer         bool
+	KVTransferPerToken time.Duration
+	// PrefillInterference is the share of a prefill's time that the replica's decoding
+	// sequences stall for: an engine's step that carries a prompt's chunk (up to
+	// prefillChunkTokens) is that much longer for every sequence in the batch. 0 (the
+	// default) keeps decode blind to prefill; 1 is an engine that overlaps nothing.
+	PrefillInterference float64
+
 	// ExitFunc is how ExitAfter crashes; tests set it to observe the crash without dying. Nil
 	// means os.Exit.
 	ExitFunc func(code int)
@@ -166,6 +179,8 @@ func DefaultConfig() Config {
 		LoRALoadTime:     100 * time.Millisecond,
 		LoRAActivateTime: 2 * time.Millisecond,
 		RuntimeLoRA:      runtimeLoRAFromEnv(),
+
+		KVTransferPerToken: 2 * time.Microsecond,
 	}
 }
 
@@ -199,6 +214,9 @@ func (c *Config) RegisterFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.LoRALoadTime, "lora-load-time", c.LoRALoadTime, "time to load an adapter from disk into CPU memory (one load at a time)")
 	fs.DurationVar(&c.LoRAActivateTime, "lora-activate-time", c.LoRAActivateTime, "time to move a loaded adapter into a GPU slot")
 	fs.BoolVar(&c.RuntimeLoRA, "runtime-lora", c.RuntimeLoRA, "serve /v1/load_lora_adapter and /v1/unload_lora_adapter (default: VLLM_ALLOW_RUNTIME_LORA_UPDATING is true)")
+	fs.BoolVar(&c.KVTransfer, "kv-transfer", c.KVTransfer, "take part in prefill/decode disaggregation as vLLM's NixlConnector: kv_transfer_params.do_remote_decode prefills only and answers the params for the decode side; do_remote_prefill pulls the KV instead of prefilling")
+	fs.DurationVar(&c.KVTransferPerToken, "kv-transfer-per-token", c.KVTransferPerToken, "time to pull one prompt token's KV from the prefill replica (do_remote_prefill)")
+	fs.Float64Var(&c.PrefillInterference, "prefill-interference", c.PrefillInterference, "share of a prompt chunk's prefill time that every decoding sequence of the replica stalls for (0: none; 1: the engine overlaps nothing)")
 	fs.StringVar(&c.KVEventsEncoding, "kv-events-encoding", c.KVEventsEncoding, "msgpack shape of the KV events: map (current vLLM) or array (older vLLM's array_like structs)")
 }
 
@@ -233,6 +251,7 @@ func (c *Config) Validate() error {
 		{"ttft", c.TTFT}, {"prefill-per-token", c.PrefillPerToken}, {"itl", c.ITL},
 		{"itl-per-seq", c.ITLPerSeq}, {"startup-delay", c.StartupDelay},
 		{"lora-load-time", c.LoRALoadTime}, {"lora-activate-time", c.LoRAActivateTime},
+		{"kv-transfer-per-token", c.KVTransferPerToken},
 	} {
 		if d.v < 0 {
 			bad(d.flag, d.v, "must not be negative")
@@ -254,6 +273,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.loraErrors()...)
+	if !(c.PrefillInterference >= 0 && c.PrefillInterference <= 1) {
+		bad("prefill-interference", c.PrefillInterference, "must be between 0 and 1")
+	}
 	if c.KVEventsEncoding != KVEventsMap && c.KVEventsEncoding != KVEventsArray {
 		bad("kv-events-encoding", strconv.Quote(c.KVEventsEncoding), "must be "+KVEventsMap+" or "+KVEventsArray)
 	}

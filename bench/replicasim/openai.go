@@ -35,6 +35,8 @@ type completionRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	// KVTransferParams is vLLM's field for prefill/decode disaggregation (pd.go).
+	KVTransferParams *kvTransferParams `json:"kv_transfer_params"`
 }
 
 type chatMessage struct {

@@ -45,6 +45,10 @@ type Server struct {
 	genBlocksUsed atomic.Int64
 	// completed counts finished completions, for ExitAfter.
 	completed atomic.Int64
+	// prefilling is the uncached prompt tokens being prefilled now (PrefillInterference).
+	prefilling atomic.Int64
+	// engineIDJSON names this replica's engine in its prefill answers' kv_transfer_params.
+	engineIDJSON []byte
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
@@ -99,6 +103,7 @@ func NewServer(cfg Config) *Server {
 		rng:       rand.New(rand.NewPCG(uint64(cfg.Seed), 0x6665727279)), // "ferry"
 		stopping:  make(chan struct{}),
 	}
+	s.engineIDJSON, _ = json.Marshal(fmt.Sprintf("replicasim-%d-%d", cfg.Seed, time.Now().UnixNano()))
 	readyAt := time.Now().Add(cfg.StartupDelay)
 	s.readyAt.Store(readyAt.UnixNano())
 	s.setFaults(f, readyAt) // flapping counts from the end of the startup delay
