@@ -37,6 +37,7 @@ func TestRegisterFlags(t *testing.T) {
 		"--kv-events=tcp://router:5557", "--kv-events-topic=kv@10.0.0.1:8000@m", "--kv-events-encoding=array",
 		"--enable-lora", "--lora-modules=sql=/a/sql,chat=/a/chat", "--lora-modules=x=/a/x", "--max-loras=4",
 		"--max-cpu-loras=8", "--lora-load-time=300ms", "--lora-activate-time=5ms", "--runtime-lora",
+		"--kv-transfer", "--kv-transfer-per-token=3us", "--prefill-interference=0.5",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -49,6 +50,7 @@ func TestRegisterFlags(t *testing.T) {
 		KVEvents: "tcp://router:5557", KVEventsTopic: "kv@10.0.0.1:8000@m", KVEventsEncoding: KVEventsArray,
 		EnableLoRA: true, LoRAModules: []string{"sql=/a/sql", "chat=/a/chat", "x=/a/x"}, MaxLoRAs: 4, MaxCPULoRAs: 8,
 		LoRALoadTime: 300 * time.Millisecond, LoRAActivateTime: 5 * time.Millisecond, RuntimeLoRA: true,
+		KVTransfer: true, KVTransferPerToken: 3 * time.Microsecond, PrefillInterference: 0.5,
 	}
 	if diff := cmp.Diff(want, cfg, cmpopts.IgnoreFields(Config{}, "ExitFunc", "OnListen")); diff != "" {
 		t.Errorf("parsed config (-want +got):\n%s", diff)
