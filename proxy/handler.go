@@ -139,6 +139,7 @@ func (s *Service) proxyLoop(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 	if s.keys != nil {
 		stripCredentials(&ex.req.Header)
 	}
+	s.disaggregate(ex)
 
 	// An HTTP/1.0 client may send no Host; each replica then gets its own address.
 	noHost := len(ex.req.Header.Host()) == 0

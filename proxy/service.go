@@ -288,9 +288,11 @@ type Service struct {
 	learner policy.Learner
 	// adapters numbers the LoRA adapters requests may name (policy/adapters.go).
 	adapters *policy.Adapters
-	keys     *apiKeys // nil: no auth
-	errs     errorBodies
-	front    frontend
+	// prefill is the pool of prefill replicas of a disaggregated service (pd.go).
+	prefill prefillState
+	keys    *apiKeys // nil: no auth
+	errs    errorBodies
+	front   frontend
 	// obs records metrics and the access log (metrics.go).
 	obs observability
 

@@ -52,6 +52,7 @@ type proxyFlags struct {
 	maxStreams       int
 	maxPerReplica    int
 	adapters         []string
+	prefillReplicas  []string
 	maxLoRAs         int
 	ignoreAdapters   bool
 	rateLimit        float64
@@ -72,13 +73,15 @@ type proxyFlags struct {
 // through the controller.
 var attachConflicts = []string{"replica", "policy", "target-qps", "api-key-env", "name",
 	"max-concurrent-requests", "max-body-mb", "idle-timeout", "max-concurrent-streams", "rate-limit", "rate-limit-burst", "max-in-flight-per-replica",
-	"adapter", "max-loras"}
+	"adapter", "max-loras", "prefill-replica"}
 
 // proxyOptions is what the flags mean.
 type proxyOptions struct {
 	listen          string
 	service         proxy.ServiceConfig
 	backends        []proxy.Backend
+	// prefill are the prefill replicas of a disaggregated model (--prefill-replica).
+	prefill []proxy.Backend
 	shutdownTimeout time.Duration
 	// drainDelay is how long the proxy keeps accepting after SIGTERM, unready (--drain-delay).
 	drainDelay time.Duration
@@ -216,6 +219,7 @@ func (f *proxyFlags) define(fl *pflag.FlagSet) {
 	fl.StringVar(&f.name, "name", "default", "service name, shown in errors and logs")
 	fl.StringVar(&f.policy, "policy", policy.Default, "load balancing policy: "+strings.Join(policy.Names(), ", "))
 	fl.StringArrayVar(&f.replicas, "replica", nil, "replica address, host:port or http://host:port[#ACCELERATOR] (repeatable; required without --attach)")
+	fl.StringArrayVar(&f.prefillReplicas, "prefill-replica", nil, "a prefill replica of a disaggregated model, host:port (repeatable): each completion is prefilled there (vLLM's kv_transfer_params, do_remote_decode), then decoded on a --replica with the KV it pulls")
 	fl.StringArrayVar(&f.targetQPS, "target-qps", nil, "target QPS per replica of an accelerator, ACCELERATOR=QPS (repeatable)")
 	fl.DurationVar(&f.shutdownTimeout, "shutdown-timeout", time.Minute, "how long to wait for in-flight requests on SIGINT/SIGTERM")
 	fl.DurationVar(&f.drainDelay, "drain-delay", 0, "on SIGINT/SIGTERM, first answer 503 on /readyz and keep accepting for this long, so a load balancer stops sending here before the proxy stops accepting (Kubernetes: a few seconds)")
@@ -365,6 +369,18 @@ func (f proxyFlags) parseReplicas(opts *proxyOptions) []error {
 		}
 		seen[addr] = true
 		opts.backends = append(opts.backends, proxy.Backend{ID: i + 1, Addr: addr, Accelerator: accelerator, Version: 1})
+	}
+	for i, raw := range f.prefillReplicas {
+		addr, accelerator, err := parseReplica(raw)
+		if err == nil && seen[addr] {
+			err = fmt.Errorf("address %s given twice", addr)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("--prefill-replica %q: %w", raw, err))
+			continue
+		}
+		seen[addr] = true
+		opts.prefill = append(opts.prefill, proxy.Backend{ID: len(f.replicas) + i + 1, Addr: addr, Accelerator: accelerator, Version: 1})
 	}
 	return errs
 }
@@ -532,6 +548,9 @@ func serveProxy(ctx context.Context, opts proxyOptions, ln, adminLn net.Listener
 		return err
 	}
 	svc.SetBackends(opts.backends)
+	if err := svc.SetPrefillBackends(opts.prefill); err != nil {
+		return err
+	}
 	log.Info("proxy serving", zap.String("service", opts.service.Name), zap.String("endpoint", "http://"+ln.Addr().String()),
 		zap.String("policy", opts.service.Policy), zap.Int("replicas", len(opts.backends)))
 

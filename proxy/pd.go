@@ -1,0 +1,206 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/policy"
+)
+
+// Prefill/decode disaggregation, the flow vLLM's NixlConnector and llm-d run: a completion goes
+// first to a prefill replica with kv_transfer_params {"do_remote_decode": true} and max_tokens 1,
+// whose answer carries the kv_transfer_params a decode replica needs to pull the prompt's KV;
+// the request then goes, with those params, to a decode replica (the service's replicas), which
+// streams the answer. A prefill that fails is tried on another prefill replica; when none is
+// left (or the pool is empty), the request goes to a decode replica as it is, which prefills
+// itself. The prefill pool has a picker of its own, the service's policy, so that prompts that
+// share a prefix meet that prefix's cache there.
+
+// maxPrefillAttempts bounds the prefill replicas one request tries.
+const maxPrefillAttempts = 2
+
+// maxPrefillAnswer bounds a prefill replica's answer: one token and the KV's block ids.
+const maxPrefillAnswer = 4 << 20
+
+// prefillPool is the service's prefill replicas, replaced whole by SetPrefillBackends.
+type prefillPool struct {
+	replicas []*policy.Replica
+	clients  []*fasthttp.HostClient
+	picker   policy.Picker
+}
+
+// prefillState is the Service's prefill pool and the mutex its changes take.
+type prefillState struct {
+	mu   sync.Mutex
+	pool atomic.Pointer[prefillPool]
+	// picker is the pool's, kept across replacements so that what it learned stays.
+	picker policy.Picker
+}
+
+// SetPrefillBackends replaces the service's prefill replicas (nil: none, every request is
+// prefilled where it is decoded). Replicas at an address already in the pool keep their
+// counters and connections.
+func (s *Service) SetPrefillBackends(bs []Backend) error {
+	st := &s.prefill
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.picker == nil {
+		p, err := policy.New(s.cfg.Policy, policy.Options{TargetQPSPerAccelerator: s.cfg.TargetQPSPerAccelerator})
+		if err != nil {
+			return err
+		}
+		st.picker = p
+	}
+	old := st.pool.Load()
+	next := &prefillPool{picker: st.picker}
+	for _, b := range bs {
+		if err := validateAddr(b.Addr); err != nil {
+			return fmt.Errorf("prefill replica %q: %w", b.Addr, err)
+		}
+		var r *policy.Replica
+		var hc *fasthttp.HostClient
+		if old != nil {
+			if i := slices.IndexFunc(old.replicas, func(o *policy.Replica) bool { return o.Addr == b.Addr }); i >= 0 {
+				r, hc = old.replicas[i], old.clients[i]
+			}
+		}
+		if r == nil {
+			r = &policy.Replica{ID: b.ID, Addr: b.Addr, Accelerator: b.Accelerator, Version: b.Version}
+			dial := s.dial
+			hc = &fasthttp.HostClient{Addr: b.Addr, Dial: func(addr string) (net.Conn, error) { return dial(addr) },
+				Name: "ferry-prefill", MaxIdemponentCallAttempts: 1, MaxResponseBodySize: maxPrefillAnswer,
+				SecureErrorLogMessage: true, RetryIfErr: func(*fasthttp.Request, int, error) (bool, bool) { return false, false }}
+		}
+		next.replicas = append(next.replicas, r)
+		next.clients = append(next.clients, hc)
+	}
+	if p, ok := st.picker.(policy.Preparer); ok {
+		p.Prepare(next.replicas)
+	}
+	st.pool.Store(next)
+	if old != nil {
+		for i, r := range old.replicas {
+			if !slices.Contains(next.replicas, r) {
+				old.clients[i].CloseIdleConnections()
+			}
+		}
+	}
+	return nil
+}
+
+// disaggregate runs the prefill step for a completion when the service has prefill replicas,
+// and gives the upstream request the params its decode replica needs. Without prefill replicas,
+// or when none could prefill it, the request is left as it is.
+func (s *Service) disaggregate(ex *exchange) {
+	pool := s.prefill.pool.Load()
+	if pool == nil || len(pool.replicas) == 0 || len(ex.info.Prompt) == 0 {
+		return
+	}
+	body := ex.req.Body()
+	end := jsonObjectEnd(body)
+	if end < 0 {
+		return
+	}
+	var tried []*policy.Replica
+	for attempt := 0; attempt < maxPrefillAttempts && len(tried) < len(pool.replicas); attempt++ {
+		params, r, err := s.prefillOnce(ex, pool, body, end, tried)
+		if err == nil {
+			next := make([]byte, 0, end+len(params)+32)
+			next = appendMember(append(next, body[:end]...), body[:end], `"kv_transfer_params":`)
+			next = append(append(next, params...), '}')
+			ex.req.SetBodyRaw(next)
+			ex.req.Header.SetContentLength(len(next))
+			return
+		}
+		if ce := s.log.Check(zap.WarnLevel, "prefill replica failed"); ce != nil {
+			fields := []zap.Field{zap.Int("attempt", attempt+1), zap.ByteString("request_id", ex.requestID), zap.Error(err)}
+			if r != nil {
+				fields = append(fields, zap.Int("replica_id", r.ID), zap.String("addr", r.Addr))
+			}
+			ce.Write(fields...)
+		}
+		if r == nil {
+			break
+		}
+		tried = append(tried, r)
+	}
+	// No prefill: the decode replica computes the prompt itself.
+}
+
+// prefillOnce sends the prefill request to one replica of the pool and returns the
+// kv_transfer_params of its answer.
+func (s *Service) prefillOnce(ex *exchange, pool *prefillPool, body []byte, end int, tried []*policy.Replica) ([]byte, *policy.Replica, error) {
+	candidates := pool.replicas
+	if len(tried) > 0 {
+		candidates = slices.DeleteFunc(slices.Clone(pool.replicas), func(r *policy.Replica) bool { return slices.Contains(tried, r) })
+	}
+	info := ex.info // the pick's own copy: the decode pick's estimate is the one learned from
+	info.Estimate = policy.Estimate{}
+	r := pool.picker.Pick(&info, candidates)
+	if r == nil {
+		return nil, nil, errors.New("no prefill replica to pick")
+	}
+	hc := pool.clients[slices.Index(pool.replicas, r)]
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	ex.req.Header.CopyTo(&req.Header)
+	req.Header.SetHost(r.Addr)
+	prefill := appendMember(append(make([]byte, 0, end+160), body[:end]...), body[:end],
+		`"kv_transfer_params":{"do_remote_decode":true},"max_tokens":1,"max_completion_tokens":1,"stream":false,"stream_options":null}`)
+	req.SetBodyRaw(prefill)
+	req.Header.SetContentLength(len(prefill))
+	r.InFlight.Add(1)
+	start := time.Now()
+	err := hc.DoTimeout(req, resp, s.cfg.IdleTimeout)
+	r.InFlight.Add(-1)
+	if err != nil {
+		return nil, r, err
+	}
+	if code := resp.StatusCode(); code != fasthttp.StatusOK {
+		return nil, r, fmt.Errorf("status %d: %.200s", code, resp.Body())
+	}
+	var answer struct {
+		Params json.RawMessage `json:"kv_transfer_params"`
+	}
+	if err := json.Unmarshal(resp.Body(), &answer); err != nil {
+		return nil, r, fmt.Errorf("reading the prefill answer: %w", err)
+	}
+	if p := bytes.TrimSpace(answer.Params); len(p) == 0 || p[0] != '{' {
+		return nil, r, errors.New("the prefill answer has no kv_transfer_params: is the replica's engine started with a KV connector (--kv-transfer-config)?")
+	}
+	if ce := s.log.Check(zap.DebugLevel, "prefilled"); ce != nil {
+		ce.Write(zap.Int("replica_id", r.ID), zap.Duration("took", time.Since(start)), zap.ByteString("request_id", ex.requestID))
+	}
+	return slices.Clone(answer.Params), r, nil
+}
+
+// jsonObjectEnd returns the index of the '}' closing the JSON object body is, or -1 when body
+// does not end in one.
+func jsonObjectEnd(body []byte) int {
+	end := len(bytes.TrimRight(body, " \t\r\n")) - 1
+	if end < 1 || body[end] != '}' || bytes.TrimLeft(body, " \t\r\n")[0] != '{' {
+		return -1
+	}
+	return end
+}
+
+// appendMember appends member to dst, which holds an object's text up to (not including) its
+// closing brace, head, with the comma it needs. A later duplicate key wins in vLLM's parser (and
+// Go's), so member overrides what the client sent.
+func appendMember(dst, head []byte, member string) []byte {
+	if t := bytes.TrimRight(head, " \t\r\n"); t[len(t)-1] != '{' {
+		dst = append(dst, ',')
+	}
+	return append(dst, member...)
+}

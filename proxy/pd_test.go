@@ -1,0 +1,112 @@
+package proxy
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ferryserve/ferry/bench/replicasim"
+	"github.com/ferryserve/ferry/policy"
+)
+
+// pdSim is a simulated vLLM replica with a KV connector whose request bodies the test can read.
+type pdSim struct {
+	*upstream
+	mu     sync.Mutex
+	bodies []string
+}
+
+func startPDSim(t *testing.T, prefillPerToken time.Duration) *pdSim {
+	cfg := replicasim.DefaultConfig()
+	cfg.TTFT, cfg.ITL, cfg.ITLPerSeq, cfg.MaxTokens = time.Millisecond, time.Millisecond, 0, 4
+	cfg.KVTransfer, cfg.PrefillPerToken = true, prefillPerToken
+	h := replicasim.NewServer(cfg).Handler()
+	p := &pdSim{}
+	p.upstream = startUpstream(t, "pd", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		p.mu.Lock()
+		p.bodies = append(p.bodies, string(b))
+		p.mu.Unlock()
+		r.Body = io.NopCloser(strings.NewReader(string(b)))
+		h.ServeHTTP(w, r)
+	})
+	return p
+}
+
+func (p *pdSim) count(substr string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, b := range p.bodies {
+		if strings.Contains(b, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+// Each completion is prefilled on a prefill replica (one token, do_remote_decode) and streamed
+// from a decode replica that got the prefill's kv_transfer_params; with the prefill pool gone,
+// requests go to the decode replicas as they are.
+func TestDisaggregatedPrefillThenDecode(t *testing.T) {
+	prefill := []*pdSim{startPDSim(t, 0), startPDSim(t, 0)}
+	decode := []*pdSim{startPDSim(t, 0), startPDSim(t, 0)}
+	svc, base := startProxy(t, ServiceConfig{Policy: policy.LeastTTFT},
+		Backend{ID: 1, Addr: decode[0].addr(), Version: 1}, Backend{ID: 2, Addr: decode[1].addr(), Version: 1})
+	if err := svc.SetPrefillBackends([]Backend{{ID: 3, Addr: prefill[0].addr(), Version: 1}, {ID: 4, Addr: prefill[1].addr(), Version: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t)
+	const requests = 8
+	for i := range requests {
+		r := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chatTurns(i, 1, true)), "Content-Type", "application/json")
+		if r.status != http.StatusOK || !strings.Contains(r.body, "data: [DONE]") || strings.Count(r.body, `"delta":{"content"`) != 3 {
+			t.Fatalf("request %d: %d %s", i, r.status, r.body)
+		}
+	}
+	prefills := prefill[0].count(`"do_remote_decode":true`) + prefill[1].count(`"do_remote_decode":true`)
+	decodes := decode[0].count(`"do_remote_prefill":true`) + decode[1].count(`"do_remote_prefill":true`)
+	if prefills != requests || decodes != requests {
+		t.Fatalf("%d prefills and %d decodes with the prefill's params, want %d each", prefills, decodes, requests)
+	}
+
+	// A prefill replica that fails is skipped; with none left, the decode side prefills.
+	prefill[0].Close()
+	if r := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chatTurns(100, 1, true)), "Content-Type", "application/json"); r.status != http.StatusOK {
+		t.Fatalf("with one prefill replica down: %d %s", r.status, r.body)
+	}
+	prefill[1].Close()
+	before := decode[0].count("") + decode[1].count("")
+	if r := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chatTurns(101, 1, true)), "Content-Type", "application/json"); r.status != http.StatusOK {
+		t.Fatalf("with the prefill pool down: %d %s", r.status, r.body)
+	}
+	if got := decode[0].count("") + decode[1].count("") - before; got != 1 {
+		t.Fatalf("%d decode requests for one request without prefill", got)
+	}
+	if err := svc.SetPrefillBackends(nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAppendMember(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"a":1}`:      `{"a":1,"x":2}`,
+		"{\"a\":1}\n ": `{"a":1,"x":2}`,
+		`{ }`:          `{ "x":2}`,
+	} {
+		b := []byte(body)
+		end := jsonObjectEnd(b)
+		got := string(append(appendMember(append([]byte(nil), b[:end]...), b[:end], `"x":2`), '}'))
+		if got != want {
+			t.Errorf("%q: got %q, want %q", body, got, want)
+		}
+	}
+	for _, body := range []string{``, `[1]`, `{"a":1`, `}`} {
+		if end := jsonObjectEnd([]byte(body)); end >= 0 {
+			t.Errorf("jsonObjectEnd(%q) = %d, want -1", body, end)
+		}
+	}
+}
