@@ -48,6 +48,7 @@ type simConfig struct {
 	adapters               int
 	maxLoRAs               int
 	loraLoad, loraActivate time.Duration
+	prefillInterference    float64
 }
 
 func (s simConfig) args() []string {
@@ -56,6 +57,7 @@ func (s simConfig) args() []string {
 		"--itl", s.itl.String(), "--itl-per-seq", s.itlPerSeq.String(),
 		"--max-num-seqs", fmt.Sprint(s.maxNumSeqs), "--max-waiting", fmt.Sprint(s.maxWaiting),
 		"--kv-blocks", fmt.Sprint(s.kvBlocks), "--signals", s.signals,
+		"--prefill-interference", fmt.Sprint(s.prefillInterference),
 	}
 	if s.adapters == 0 {
 		return args
@@ -86,8 +88,10 @@ type options struct {
 	cpuHogs int
 	// adapterZipf is the exponent of the adapters' popularity, with sim.adapters.
 	adapterZipf float64
-	ferryBin    string
-	out         string
+	// pdPrefill is how many replicas prefill in a NAME@pd run.
+	pdPrefill int
+	ferryBin  string
+	out       string
 }
 
 func main() {
@@ -115,7 +119,7 @@ func parseFlags(args []string) (options, error) {
 	fs.Float64Var(&o.workload.Speedup, "speedup", 3, "divide the trace's inter-arrival times by this")
 	fs.IntVar(&o.replicas, "replicas", 4, "replica-sim processes")
 	fs.StringSliceVar(&o.policies, "policies", []string{defaultPolicy, roundRobinBaseline, "least_load", "least_load@" + lateBindingOff, "power_of_two", "session_affinity", "prefix_affinity", "llm_aware", "least_load@" + batchLimit},
-		`policies to compare; "default" runs the proxy without --policy; NAME@N, NAME@batch and NAME@off set --max-in-flight-per-replica; NAME@events has the replicas publish vLLM's KV-cache events to the proxy (--kv-events-listen); NAME@blind routes as if requests named no adapter (--ignore-adapters)`)
+		`policies to compare; "default" runs the proxy without --policy; NAME@N, NAME@batch and NAME@off set --max-in-flight-per-replica; NAME@events has the replicas publish vLLM's KV-cache events to the proxy (--kv-events-listen); NAME@blind routes as if requests named no adapter (--ignore-adapters); NAME@pd prefills on --pd-prefill replicas and decodes on the rest`)
 	fs.Int64Var(&seed, "seed", 1, "seed of the synthesized prompts and conversations")
 	fs.IntSliceVar(&o.workload.SystemPromptTokens, "system-prompts", []int{300, 900, 1300, 3900}, "lengths in tokens of the shared system prompts")
 	fs.Float64Var(&o.workload.FollowUp, "follow-up", 0.6, "probability that a request continues an open conversation")
@@ -135,6 +139,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.sim.maxLoRAs, "sim-max-loras", 4, "replica-sim --max-loras: adapters active at once per replica")
 	fs.DurationVar(&o.sim.loraLoad, "sim-lora-load-time", 100*time.Millisecond, "replica-sim --lora-load-time")
 	fs.DurationVar(&o.sim.loraActivate, "sim-lora-activate-time", 2*time.Millisecond, "replica-sim --lora-activate-time")
+	fs.Float64Var(&o.sim.prefillInterference, "sim-prefill-interference", 0, "replica-sim --prefill-interference: share of a prompt chunk's prefill time every decoding sequence of the replica stalls for (what disaggregation removes)")
+	fs.IntVar(&o.pdPrefill, "pd-prefill", 2, "with NAME@pd: how many of --replicas prefill (the rest decode)")
 	fs.IntVar(&o.cpuHogs, "cpu-hog", 0, "busy-looping processes beside the run (one per core makes the host 100 % busy)")
 	fs.DurationVar(&o.timeout, "request-timeout", 2*time.Minute, "bound on one request")
 	fs.IntVar(&o.maxInFlight, "max-in-flight", 4096, "bound on outstanding requests; past it arrivals slip")
@@ -213,7 +219,7 @@ func (o options) validate() error {
 		if p == "" || strings.ContainsAny(p, " \t") || seen[p] {
 			bad("policies", p, "names must be non-empty, without spaces, and listed once")
 		}
-		if _, limit := splitPolicy(p); limit != "" && limit != batchLimit && limit != lateBindingOff && limit != kvEventsMode && limit != adapterBlind {
+		if _, limit := splitPolicy(p); limit != "" && limit != batchLimit && limit != lateBindingOff && limit != kvEventsMode && limit != adapterBlind && limit != pdMode {
 			if n, err := strconv.Atoi(limit); err != nil || n < 1 {
 				bad("policies", p, "NAME@N wants a positive N (the proxy's --max-in-flight-per-replica), batch (--sim-max-num-seqs), off (no late binding) or events (the replicas publish KV-cache events to the proxy)")
 			}
@@ -233,6 +239,9 @@ func (o options) validate() error {
 	}
 	if o.sim.adapters < 0 || o.sim.adapters > 1000 || o.sim.maxLoRAs < 1 || !(o.adapterZipf >= 0 && o.adapterZipf <= 5) {
 		bad("adapters", o.sim.adapters, "must be 0 to 1000, with --sim-max-loras at least 1 and --adapter-zipf 0 to 5")
+	}
+	if o.pdPrefill < 1 || o.pdPrefill >= o.replicas || !(o.sim.prefillInterference >= 0 && o.sim.prefillInterference <= 1) {
+		bad("pd-prefill", o.pdPrefill, "must leave at least one of --replicas to decode, and --sim-prefill-interference be 0 to 1")
 	}
 	if o.cpuHogs < 0 || o.cpuHogs > 16 {
 		bad("cpu-hog", o.cpuHogs, "must be between 0 and 16")

@@ -104,6 +104,10 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 		}
 		simArgs = []string{"--kv-events", "tcp://" + eventsAddr}
 	}
+	pd := limit == pdMode
+	if pd {
+		simArgs = []string{"--kv-transfer"}
+	}
 	replicas, err := startReplicas(ctx, group, opts, simArgs)
 	defer func() {
 		for _, p := range replicas {
@@ -134,6 +138,8 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 	case adapterBlind:
 		argv = append(argv, "--ignore-adapters")
 		limit = ""
+	case pdMode:
+		limit = ""
 	}
 	if name != defaultPolicy {
 		argv = append(argv, "--policy", name)
@@ -141,8 +147,12 @@ func runPolicy(ctx context.Context, group *childproc.Group, opts options, policy
 	if limit != "" {
 		argv = append(argv, "--max-in-flight-per-replica", limit)
 	}
-	for _, r := range replicas {
-		argv = append(argv, "--replica", r.addr)
+	for i, r := range replicas {
+		flag := "--replica"
+		if pd && i < opts.pdPrefill {
+			flag = "--prefill-replica"
+		}
+		argv = append(argv, flag, r.addr)
 	}
 	proxy, err := group.Start(childproc.Spec{Name: "proxy-" + policy, Argv: argv, CPU: -1})
 	if err != nil {
@@ -213,6 +223,9 @@ const (
 	// adapterBlind routes as if no request named an adapter (--ignore-adapters): NAME@blind,
 	// what Ferry's routing did before it knew adapters.
 	adapterBlind = "blind"
+	// pdMode disaggregates prefill and decode: the first --pd-prefill replicas prefill
+	// (--prefill-replica), the others decode, all with a KV connector: NAME@pd.
+	pdMode = "pd"
 )
 
 // roundRobinBaseline is what the default policy is measured against: round robin without late
