@@ -77,11 +77,11 @@ var attachConflicts = []string{"replica", "policy", "target-qps", "api-key-env",
 
 // proxyOptions is what the flags mean.
 type proxyOptions struct {
-	listen          string
-	service         proxy.ServiceConfig
-	backends        []proxy.Backend
+	listen   string
+	service  proxy.ServiceConfig
+	backends []proxy.Backend
 	// prefill are the prefill replicas of a disaggregated model (--prefill-replica).
-	prefill []proxy.Backend
+	prefill         []proxy.Backend
 	shutdownTimeout time.Duration
 	// drainDelay is how long the proxy keeps accepting after SIGTERM, unready (--drain-delay).
 	drainDelay time.Duration
