@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -107,8 +108,11 @@ func TestAdaptersLoadOnDemand(t *testing.T) {
 		modules[name], names = "/adapters/"+name, append(names, name)
 	}
 	m, _ := newTestMetrics(t)
-	_, base := startProxy(t, ServiceConfig{Policy: policy.LeastTTFT, Adapters: names, MaxLoRAs: 2,
+	svc, base := startProxy(t, ServiceConfig{Policy: policy.LeastTTFT, Adapters: names, MaxLoRAs: 2,
 		LoadAdapters: modules, MaxLoadedAdapters: 2, Metrics: m}, backends...)
+	if got := svc.Models(); !slices.Contains(got, "a5") {
+		t.Fatalf("Models() = %q: a gateway would not route the declared adapters here", got)
+	}
 	c := newClient(t)
 	send := func(model string) result {
 		body := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}`

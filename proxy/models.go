@@ -106,7 +106,7 @@ func (c *hostClient) sideClient(dial func(string) (net.Conn, error), name string
 }
 
 // Models returns the model ids the service answers to on a gateway: its own name first, then
-// the ids its current replicas reported, without duplicates. While no current replica has
+// the ids its current replicas reported and the LoRA adapters it declares, without duplicates. While no current replica has
 // reported any (scaled to zero, or the first replica after zero still starting), it keeps
 // answering to the ids its replicas last reported, so that a request by model id reaches the
 // service and is held there until a replica is ready, instead of getting 404.
@@ -120,6 +120,13 @@ func (s *Service) Models() []string {
 					out = append(out, id)
 				}
 			}
+		}
+	}
+	// Declared adapters, which an on_demand service's replicas list only once loaded there:
+	// the gateway must route them here before any replica has one.
+	for _, a := range s.cfg.Adapters {
+		if !slices.Contains(out, a) {
+			out = append(out, a)
 		}
 	}
 	return out
