@@ -37,6 +37,34 @@ type prefillPool struct {
 	replicas []*policy.Replica
 	clients  []*fasthttp.HostClient
 	picker   policy.Picker
+	// benched is, per replica, until when (unix nanoseconds) it is left out after failing: a
+	// dead or black-holed prefill replica must not cost every request a failed attempt.
+	benched []*prefillBench
+}
+
+// prefillBench is one prefill replica's backoff after failures.
+type prefillBench struct {
+	until    atomic.Int64
+	failures atomic.Int32
+}
+
+// Prefill replicas that fail sit out prefillBenchMin, doubling with each failure in a row up
+// to prefillBenchMax; one answer ends it.
+const (
+	prefillBenchMin = time.Second
+	prefillBenchMax = 30 * time.Second
+)
+
+func (b *prefillBench) failed(now time.Time) {
+	n := min(b.failures.Add(1), 6)
+	b.until.Store(now.Add(min(prefillBenchMin<<(n-1), prefillBenchMax)).UnixNano())
+}
+
+func (b *prefillBench) answered() {
+	if b.failures.Load() != 0 {
+		b.failures.Store(0)
+		b.until.Store(0)
+	}
 }
 
 // prefillState is the Service's prefill pool and the mutex its changes take.
@@ -69,9 +97,10 @@ func (s *Service) SetPrefillBackends(bs []Backend) error {
 		}
 		var r *policy.Replica
 		var hc *fasthttp.HostClient
+		bench := &prefillBench{}
 		if old != nil {
 			if i := slices.IndexFunc(old.replicas, func(o *policy.Replica) bool { return o.Addr == b.Addr }); i >= 0 {
-				r, hc = old.replicas[i], old.clients[i]
+				r, hc, bench = old.replicas[i], old.clients[i], old.benched[i]
 			}
 		}
 		if r == nil {
@@ -83,6 +112,7 @@ func (s *Service) SetPrefillBackends(bs []Backend) error {
 		}
 		next.replicas = append(next.replicas, r)
 		next.clients = append(next.clients, hc)
+		next.benched = append(next.benched, bench)
 	}
 	if p, ok := st.picker.(policy.Preparer); ok {
 		p.Prepare(next.replicas)
@@ -140,17 +170,16 @@ func (s *Service) disaggregate(ex *exchange) {
 // prefillOnce sends the prefill request to one replica of the pool and returns the
 // kv_transfer_params of its answer.
 func (s *Service) prefillOnce(ex *exchange, pool *prefillPool, body []byte, end int, tried []*policy.Replica) ([]byte, *policy.Replica, error) {
-	candidates := pool.replicas
-	if len(tried) > 0 {
-		candidates = slices.DeleteFunc(slices.Clone(pool.replicas), func(r *policy.Replica) bool { return slices.Contains(tried, r) })
-	}
+	now := time.Now()
+	candidates := pool.available(tried, now)
 	info := ex.info // the pick's own copy: the decode pick's estimate is the one learned from
 	info.Estimate = policy.Estimate{}
 	r := pool.picker.Pick(&info, candidates)
 	if r == nil {
 		return nil, nil, errors.New("no prefill replica to pick")
 	}
-	hc := pool.clients[slices.Index(pool.replicas, r)]
+	i := slices.Index(pool.replicas, r)
+	hc, bench := pool.clients[i], pool.benched[i]
 	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -161,15 +190,16 @@ func (s *Service) prefillOnce(ex *exchange, pool *prefillPool, body []byte, end 
 	req.SetBodyRaw(prefill)
 	req.Header.SetContentLength(len(prefill))
 	r.InFlight.Add(1)
-	start := time.Now()
 	err := hc.DoTimeout(req, resp, s.cfg.IdleTimeout)
 	r.InFlight.Add(-1)
+	if err == nil && resp.StatusCode() != fasthttp.StatusOK {
+		err = fmt.Errorf("status %d: %.200s", resp.StatusCode(), resp.Body())
+	}
 	if err != nil {
+		bench.failed(time.Now())
 		return nil, r, err
 	}
-	if code := resp.StatusCode(); code != fasthttp.StatusOK {
-		return nil, r, fmt.Errorf("status %d: %.200s", code, resp.Body())
-	}
+	bench.answered()
 	var answer struct {
 		Params json.RawMessage `json:"kv_transfer_params"`
 	}
@@ -180,9 +210,31 @@ func (s *Service) prefillOnce(ex *exchange, pool *prefillPool, body []byte, end 
 		return nil, r, errors.New("the prefill answer has no kv_transfer_params: is the replica's engine started with a KV connector (--kv-transfer-config)?")
 	}
 	if ce := s.log.Check(zap.DebugLevel, "prefilled"); ce != nil {
-		ce.Write(zap.Int("replica_id", r.ID), zap.Duration("took", time.Since(start)), zap.ByteString("request_id", ex.requestID))
+		ce.Write(zap.Int("replica_id", r.ID), zap.Duration("took", time.Since(now)), zap.ByteString("request_id", ex.requestID))
 	}
 	return slices.Clone(answer.Params), r, nil
+}
+
+// available is the pool's replicas a request may try: not tried yet and not sitting out a
+// failure; when every untried one is, the untried ones (a benched replica may have recovered).
+func (pool *prefillPool) available(tried []*policy.Replica, now time.Time) []*policy.Replica {
+	if len(tried) == 0 && !slices.ContainsFunc(pool.benched, func(b *prefillBench) bool { return b.until.Load() > now.UnixNano() }) {
+		return pool.replicas // the common case, without allocating
+	}
+	var out, untried []*policy.Replica
+	for i, r := range pool.replicas {
+		if slices.Contains(tried, r) {
+			continue
+		}
+		untried = append(untried, r)
+		if pool.benched[i].until.Load() <= now.UnixNano() {
+			out = append(out, r)
+		}
+	}
+	if len(out) == 0 {
+		return untried
+	}
+	return out
 }
 
 // jsonObjectEnd returns the index of the '}' closing the JSON object body is, or -1 when body

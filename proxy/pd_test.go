@@ -110,3 +110,32 @@ func TestAppendMember(t *testing.T) {
 		}
 	}
 }
+
+// A prefill replica that failed sits out a growing backoff, unless every other one does too;
+// an answer ends it.
+func TestPrefillReplicaBackoff(t *testing.T) {
+	a, b := &policy.Replica{ID: 1}, &policy.Replica{ID: 2}
+	pool := &prefillPool{replicas: []*policy.Replica{a, b}, benched: []*prefillBench{{}, {}}}
+	now := time.Unix(100, 0)
+	if got := pool.available(nil, now); len(got) != 2 {
+		t.Fatalf("available = %d replicas, want both", len(got))
+	}
+	pool.benched[0].failed(now)
+	if got := pool.available(nil, now.Add(500*time.Millisecond)); len(got) != 1 || got[0] != b {
+		t.Fatalf("after a failure: %v, want only the other replica", got)
+	}
+	if got := pool.available(nil, now.Add(1500*time.Millisecond)); len(got) != 2 {
+		t.Fatalf("after the first backoff: %d replicas, want both", len(got))
+	}
+	pool.benched[0].failed(now)
+	if got := pool.available(nil, now.Add(1500*time.Millisecond)); len(got) != 1 {
+		t.Fatal("the second failure in a row did not double the backoff")
+	}
+	if got := pool.available([]*policy.Replica{b}, now); len(got) != 1 || got[0] != a {
+		t.Fatalf("with the other one tried: %v, want the benched one rather than none", got)
+	}
+	pool.benched[0].answered()
+	if got := pool.available(nil, now); len(got) != 2 {
+		t.Fatal("an answer did not end the backoff")
+	}
+}
