@@ -36,6 +36,28 @@ func (m *Metrics) newAdapterMetrics() {
 	}, []string{"service", "adapter", "result"})
 }
 
+// newPrefillMetrics creates the series of disaggregated prefill (pd.go).
+func (m *Metrics) newPrefillMetrics() {
+	m.prefill = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "ferry_prefill_duration_seconds",
+		Help:    "Prefill steps of disaggregated requests on a prefill replica, by result (ok; failed: another prefill replica or the decode replica prefilled instead).",
+		Buckets: ttftBuckets,
+	}, []string{"service", "result"})
+}
+
+// observePrefill records one prefill step.
+func (s *Service) observePrefill(took time.Duration, err error) {
+	sm := s.obs.metrics
+	if sm == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "failed"
+	}
+	sm.m.prefill.WithLabelValues(sm.name, result).Observe(took.Seconds())
+}
+
 // observeAdapter counts one finished request for adapter; ttft < 0 means none.
 func (sm *serviceMetrics) observeAdapter(adapter string, ttft time.Duration, swap bool) {
 	m := sm.m

@@ -87,9 +87,11 @@ type Metrics struct {
 	adapterRequests *prometheus.CounterVec
 	adapterTTFT     *prometheus.HistogramVec
 	adapterLoads    *prometheus.CounterVec
-	requestsDesc    *prometheus.Desc
-	errorsDesc      *prometheus.Desc
-	health          *healthMetrics // healthmetrics.go
+	// prefill times the prefill steps of disaggregated requests (pd.go).
+	prefill      *prometheus.HistogramVec
+	requestsDesc *prometheus.Desc
+	errorsDesc   *prometheus.Desc
+	health       *healthMetrics // healthmetrics.go
 
 	mu       sync.Mutex
 	services map[string]*serviceMetrics
@@ -163,9 +165,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	m.newTokenMetrics()
 	m.newAdapterMetrics()
+	m.newPrefillMetrics()
 	collectors := []prometheus.Collector{m.duration, m.ttft, m.tpot, m.inFlight, m.waiting, m.queued, m.slotWait, m.retries, m.clientAborts, m.promptTokens,
 		m.completionTokens, m.cachedTokens, m.tokenize, m.gatewayErrors, replicaCollector{m}, m.health,
-		m.adapterRequests, m.adapterTTFT, m.adapterLoads}
+		m.adapterRequests, m.adapterTTFT, m.adapterLoads, m.prefill}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
 			for _, done := range collectors[:i] {
@@ -271,7 +274,7 @@ func (sm *serviceMetrics) release() {
 	}
 	for _, vec := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
-	}{m.tokenize, m.adapterRequests, m.adapterTTFT, m.adapterLoads} {
+	}{m.tokenize, m.adapterRequests, m.adapterTTFT, m.adapterLoads, m.prefill} {
 		vec.DeletePartialMatch(prometheus.Labels{"service": sm.name})
 	}
 	sm.none.releaseLocked()

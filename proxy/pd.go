@@ -197,22 +197,33 @@ func (s *Service) prefillOnce(ex *exchange, pool *prefillPool, body []byte, end 
 	}
 	if err != nil {
 		bench.failed(time.Now())
+		s.observePrefill(time.Since(now), err)
 		return nil, r, err
 	}
 	bench.answered()
-	var answer struct {
-		Params json.RawMessage `json:"kv_transfer_params"`
-	}
-	if err := json.Unmarshal(resp.Body(), &answer); err != nil {
-		return nil, r, fmt.Errorf("reading the prefill answer: %w", err)
-	}
-	if p := bytes.TrimSpace(answer.Params); len(p) == 0 || p[0] != '{' {
-		return nil, r, errors.New("the prefill answer has no kv_transfer_params: is the replica's engine started with a KV connector (--kv-transfer-config)?")
+	params, err := prefillParams(resp.Body())
+	s.observePrefill(time.Since(now), err)
+	if err != nil {
+		return nil, r, err
 	}
 	if ce := s.log.Check(zap.DebugLevel, "prefilled"); ce != nil {
 		ce.Write(zap.Int("replica_id", r.ID), zap.Duration("took", time.Since(now)), zap.ByteString("request_id", ex.requestID))
 	}
-	return slices.Clone(answer.Params), r, nil
+	return params, r, nil
+}
+
+// prefillParams reads the kv_transfer_params of a prefill replica's answer.
+func prefillParams(body []byte) ([]byte, error) {
+	var answer struct {
+		Params json.RawMessage `json:"kv_transfer_params"`
+	}
+	if err := json.Unmarshal(body, &answer); err != nil {
+		return nil, fmt.Errorf("reading the prefill answer: %w", err)
+	}
+	if p := bytes.TrimSpace(answer.Params); len(p) == 0 || p[0] != '{' {
+		return nil, errors.New("the prefill answer has no kv_transfer_params: is the replica's engine started with a KV connector (--kv-transfer-config)?")
+	}
+	return slices.Clone(answer.Params), nil
 }
 
 // available is the pool's replicas a request may try: not tried yet and not sitting out a

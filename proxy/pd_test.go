@@ -8,11 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/ferryserve/ferry/bench/replicasim"
 	"github.com/ferryserve/ferry/policy"
 )
 
-// pdSim is a simulated vLLM replica with a KV connector whose request bodies the test can read.
+// pdSim is a simulated vLLM replica with a KV connector whose POSTed bodies the test can read.
 type pdSim struct {
 	*upstream
 	mu     sync.Mutex
@@ -27,9 +29,11 @@ func startPDSim(t *testing.T, prefillPerToken time.Duration) *pdSim {
 	p := &pdSim{}
 	p.upstream = startUpstream(t, "pd", func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
-		p.mu.Lock()
-		p.bodies = append(p.bodies, string(b))
-		p.mu.Unlock()
+		if r.Method == http.MethodPost { // not the scrapes and model listings
+			p.mu.Lock()
+			p.bodies = append(p.bodies, string(b))
+			p.mu.Unlock()
+		}
 		r.Body = io.NopCloser(strings.NewReader(string(b)))
 		h.ServeHTTP(w, r)
 	})
@@ -54,7 +58,8 @@ func (p *pdSim) count(substr string) int {
 func TestDisaggregatedPrefillThenDecode(t *testing.T) {
 	prefill := []*pdSim{startPDSim(t, 0), startPDSim(t, 0)}
 	decode := []*pdSim{startPDSim(t, 0), startPDSim(t, 0)}
-	svc, base := startProxy(t, ServiceConfig{Policy: policy.LeastTTFT},
+	m, _ := newTestMetrics(t)
+	svc, base := startProxy(t, ServiceConfig{Policy: policy.LeastTTFT, Metrics: m},
 		Backend{ID: 1, Addr: decode[0].addr(), Version: 1}, Backend{ID: 2, Addr: decode[1].addr(), Version: 1})
 	if err := svc.SetPrefillBackends([]Backend{{ID: 3, Addr: prefill[0].addr(), Version: 1}, {ID: 4, Addr: prefill[1].addr(), Version: 1}}); err != nil {
 		t.Fatal(err)
@@ -73,6 +78,9 @@ func TestDisaggregatedPrefillThenDecode(t *testing.T) {
 		t.Fatalf("%d prefills and %d decodes with the prefill's params, want %d each", prefills, decodes, requests)
 	}
 
+	if n := testutil.CollectAndCount(m.prefill); n != 1 {
+		t.Errorf("%d prefill series, want the ok one", n)
+	}
 	// A prefill replica that fails is skipped; with none left, the decode side prefills.
 	prefill[0].Close()
 	if r := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chatTurns(100, 1, true)), "Content-Type", "application/json"); r.status != http.StatusOK {
