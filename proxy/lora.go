@@ -55,20 +55,19 @@ func parseLoRAInfo(body []byte) (loraScrape, bool) {
 // publishLoRA numbers the adapters of a scrape, learning new names, and publishes it on r.
 func (s *scraper) publishLoRA(r *policy.Replica, l loraScrape, at int64) {
 	running, waiting := splitAdapters(l.running), splitAdapters(l.waiting)
-	s.adapters.Add(running...)
-	s.adapters.Add(waiting...)
-	info := policy.LoRAInfo{MaxLoRAs: l.maxLoRAs, UpdatedAt: at}
-	for _, n := range running {
+	s.adapters.Add(append(running, waiting...)...)
+	r.SetLoRA(policy.LoRAInfo{Running: s.numbers(running), Waiting: s.numbers(waiting), MaxLoRAs: l.maxLoRAs, UpdatedAt: at})
+}
+
+// numbers maps adapter names to their numbers, leaving out those the table had no room for.
+func (s *scraper) numbers(names []string) []int32 {
+	var out []int32
+	for _, n := range names {
 		if a := s.adapters.Lookup([]byte(n)); a != 0 {
-			info.Running = append(info.Running, a-1)
+			out = append(out, a-1)
 		}
 	}
-	for _, n := range waiting {
-		if a := s.adapters.Lookup([]byte(n)); a != 0 {
-			info.Waiting = append(info.Waiting, a-1)
-		}
-	}
-	r.SetLoRA(info)
+	return out
 }
 
 // splitAdapters splits a comma-separated label value, dropping empty names.
