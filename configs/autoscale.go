@@ -155,7 +155,7 @@ func (t *tuning) applies(key string, n *yaml.Node) bool {
 	if msg == "" {
 		return true
 	}
-	t.c.errorf(n, joinField(policyField, key), "%s", msg)
+	t.c.errorf(n, joinField(t.c.policyField(), key), "%s", msg)
 	return false
 }
 
@@ -165,7 +165,7 @@ func (t *tuning) read(key string) (*yaml.Node, string, bool) {
 	if !ok || !t.applies(key, e.value) {
 		return nil, "", false
 	}
-	return e.value, joinField(policyField, key), true
+	return e.value, joinField(t.c.policyField(), key), true
 }
 
 // requestRateDelays reads SkyServe's delays. They stay allowed with a fixed count, as in
@@ -179,7 +179,7 @@ func (t *tuning) requestRateDelays() {
 		if !ok || (t.s.name != "" && !t.applies(key, e.value)) {
 			continue
 		}
-		if v, ok := t.c.intAtLeast(e.value, joinField(policyField, key), 0); ok {
+		if v, ok := t.c.intAtLeast(e.value, joinField(t.c.policyField(), key), 0); ok {
 			if key == "upscale_delay_seconds" {
 				t.p.UpscaleDelaySeconds = v
 			} else {

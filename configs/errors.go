@@ -79,7 +79,10 @@ func Errors(err error) []*Error {
 // checker walks one YAML document and collects every problem instead of stopping at the first.
 type checker struct {
 	file string
-	errs []*Error
+	// section is where the replica policy being read sits: "" for the service's own,
+	// "service.pools.prefill" while a prefill pool's is read (pools.go).
+	section string
+	errs    []*Error
 	// budget bounds the nodes visited, because YAML aliases let a small file describe a huge
 	// (or, in yaml.v3's node tree, even cyclic) document.
 	budget    int

@@ -142,7 +142,11 @@ type resourceSpec struct {
 // resources reads the `resources:` block (n may be nil) and resolves alternatives and the
 // default infra. isService turns on the rule that every candidate agrees on use_spot.
 func (c *checker) resources(n *yaml.Node, isService bool) (Resources, *entry) {
-	const field = "resources"
+	return c.resourcesAt(n, "resources", isService)
+}
+
+// resourcesAt is resources for a block at field: the task's, or a prefill pool's (pools.go).
+func (c *checker) resourcesAt(n *yaml.Node, field string, isService bool) (Resources, *entry) {
 	top, f := c.resourceSpec(n, field, "")
 	recovery := c.recoveryEntry(f)
 	if e, ok := f["objective"]; ok {

@@ -2,6 +2,7 @@ package configs
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -33,8 +34,16 @@ var (
 	spotOnlyMsgSuffix = "spot-only field without use_spot: set resources.use_spot: true, or remove this field"
 )
 
-// policyField is the path of the replica_policy section, which several readers share.
+// policyField is the path of the service's replica_policy section, which several readers share.
 const policyField = "service.replica_policy"
+
+// policyField is the path of the replica_policy being read: the service's, or a pool's.
+func (c *checker) policyField() string {
+	if c.section == "" {
+		return policyField
+	}
+	return joinField(c.section, "replica_policy")
+}
 
 // SpotPlacerDynamicFallback is SkyServe's SpotHedge placer, the only spot_placer there is.
 const SpotPlacerDynamicFallback = "dynamic_fallback"
@@ -113,6 +122,9 @@ func (c *checker) service(e entry, res Resources, envs, secrets map[string]strin
 	if a, ok := f["adapters"]; ok {
 		s.Adapters = c.adapters(a.value, joinField(field, "adapters"))
 	}
+	if p, ok := f["pools"]; ok {
+		s.Pools = c.pools(p.value, joinField(field, "pools"), s, res.UseSpot) // pools.go
+	}
 	return s
 }
 
@@ -122,7 +134,7 @@ func (c *checker) replicas(f map[string]entry, s *Service, useSpot bool) *yaml.N
 	rep, hasRep := f["replicas"]
 	pol, hasPol := f["replica_policy"]
 	if hasRep && hasPol {
-		c.errorf(pol.keyNode, policyField, "replicas and replica_policy are exclusive: use replicas for a fixed count, or replica_policy to autoscale")
+		c.errorf(pol.keyNode, c.policyField(), "replicas and replica_policy are exclusive: use replicas for a fixed count, or replica_policy to autoscale")
 	}
 	if hasPol {
 		var qpsNode *yaml.Node
@@ -131,7 +143,7 @@ func (c *checker) replicas(f map[string]entry, s *Service, useSpot bool) *yaml.N
 	}
 	n := 1
 	if hasRep {
-		if v, ok := c.intAtLeast(rep.value, "service.replicas", 0); ok {
+		if v, ok := c.intAtLeast(rep.value, joinField(cmp.Or(c.section, "service"), "replicas"), 0); ok {
 			n = v
 		}
 	}
@@ -147,7 +159,7 @@ func (c *checker) replicas(f map[string]entry, s *Service, useSpot bool) *yaml.N
 func (c *checker) checkPerAcceleratorQPS(f map[string]entry, s *Service, qpsNode *yaml.Node, res Resources) {
 	perAccelerator := s.ReplicaPolicy.TargetQPSPerAccelerator != nil
 	if perAccelerator && s.LoadBalancingPolicy != PolicyInstanceAwareLeastLoad {
-		c.errorf(qpsNode, joinField(policyField, "target_qps_per_replica"),
+		c.errorf(qpsNode, joinField(c.policyField(), "target_qps_per_replica"),
 			"a mapping of accelerator to QPS needs load_balancing_policy: %s (got %s)", PolicyInstanceAwareLeastLoad, s.LoadBalancingPolicy)
 	}
 	lb, hasLB := f["load_balancing_policy"]
@@ -494,7 +506,7 @@ func writeJSONString(buf *bytes.Buffer, s string) {
 // target_qps_per_replica node (nil if absent) for rules that depend on other sections.
 func (c *checker) replicaPolicy(e entry, useSpot bool) (ReplicaPolicy, *yaml.Node) {
 	p := ReplicaPolicy{UpscaleDelaySeconds: DefaultUpscaleDelaySeconds, DownscaleDelaySeconds: DefaultDownscaleDelaySeconds}
-	f, ok := c.fields(e.value, policyField, policyKeys)
+	f, ok := c.fields(e.value, c.policyField(), policyKeys)
 	if !ok {
 		return p, nil
 	}
@@ -510,7 +522,7 @@ func (c *checker) replicaPolicy(e entry, useSpot bool) (ReplicaPolicy, *yaml.Nod
 	c.scalingFields(f, &p, scaling, minOK)
 
 	if n, ok := f["num_overprovision"]; ok {
-		p.NumOverprovision, _ = c.intAtLeast(n.value, joinField(policyField, "num_overprovision"), 0)
+		p.NumOverprovision, _ = c.intAtLeast(n.value, joinField(c.policyField(), "num_overprovision"), 0)
 		p.NumOverprovisionSet = true
 	}
 	c.spotFallback(f, &p, useSpot)
@@ -522,18 +534,18 @@ func (c *checker) replicaPolicy(e entry, useSpot bool) (ReplicaPolicy, *yaml.Nod
 func (c *checker) replicaRange(e entry, f map[string]entry, p *ReplicaPolicy) (minOK, maxOK bool) {
 	min := 0
 	if m, ok := f["min_replicas"]; ok {
-		min, minOK = c.intAtLeast(m.value, joinField(policyField, "min_replicas"), 0)
+		min, minOK = c.intAtLeast(m.value, joinField(c.policyField(), "min_replicas"), 0)
 	} else {
-		c.errorf(e.keyNode, joinField(policyField, "min_replicas"), "required: how many replicas to keep running (0 scales to zero)")
+		c.errorf(e.keyNode, joinField(c.policyField(), "min_replicas"), "required: how many replicas to keep running (0 scales to zero)")
 	}
 	p.MinReplicas, p.MaxReplicas = min, min
 	maxNode, hasMax := f["max_replicas"]
 	maxOK = minOK
 	if hasMax {
 		var max int
-		max, maxOK = c.intAtLeast(maxNode.value, joinField(policyField, "max_replicas"), 0)
+		max, maxOK = c.intAtLeast(maxNode.value, joinField(c.policyField(), "max_replicas"), 0)
 		if maxOK && minOK && max < min {
-			c.errorf(maxNode.value, joinField(policyField, "max_replicas"), "must be at least min_replicas (%d), got %d", min, max)
+			c.errorf(maxNode.value, joinField(c.policyField(), "max_replicas"), "must be at least min_replicas (%d), got %d", min, max)
 			maxOK = false
 		}
 		if maxOK {
@@ -546,7 +558,7 @@ func (c *checker) replicaRange(e entry, f map[string]entry, p *ReplicaPolicy) (m
 // qpsTarget reads target_qps_per_replica: one target for every replica, or a mapping of
 // accelerator to target for replicas that run on different accelerators.
 func (c *checker) qpsTarget(n *yaml.Node, p *ReplicaPolicy) {
-	qf := joinField(policyField, "target_qps_per_replica")
+	qf := joinField(c.policyField(), "target_qps_per_replica")
 	switch n.Kind {
 	case yaml.MappingNode:
 		ps, _ := c.pairs(n, qf)
@@ -581,23 +593,23 @@ func (c *checker) qpsTarget(n *yaml.Node, p *ReplicaPolicy) {
 func (c *checker) spotFallback(f map[string]entry, p *ReplicaPolicy, useSpot bool) {
 	spotOnly := func(key string, set bool, n *yaml.Node) {
 		if set && !useSpot {
-			c.errorf(n, joinField(policyField, key), "%s", spotOnlyMsgSuffix)
+			c.errorf(n, joinField(c.policyField(), key), "%s", spotOnlyMsgSuffix)
 		}
 	}
 	if n, ok := f["base_ondemand_fallback_replicas"]; ok {
-		if v, ok := c.intAtLeast(n.value, joinField(policyField, "base_ondemand_fallback_replicas"), 0); ok {
+		if v, ok := c.intAtLeast(n.value, joinField(c.policyField(), "base_ondemand_fallback_replicas"), 0); ok {
 			p.BaseOndemandFallbackReplicas = v
 			spotOnly("base_ondemand_fallback_replicas", v > 0, n.value)
 		}
 	}
 	if n, ok := f["dynamic_ondemand_fallback"]; ok {
-		if v, ok := c.boolean(n.value, joinField(policyField, "dynamic_ondemand_fallback")); ok {
+		if v, ok := c.boolean(n.value, joinField(c.policyField(), "dynamic_ondemand_fallback")); ok {
 			p.DynamicOndemandFallback = v
 			spotOnly("dynamic_ondemand_fallback", v, n.value)
 		}
 	}
 	if n, ok := f["spot_placer"]; ok {
-		if v, ok := c.oneOf(n.value, joinField(policyField, "spot_placer"), spotPlacers, "spot placer", "placers"); ok {
+		if v, ok := c.oneOf(n.value, joinField(c.policyField(), "spot_placer"), spotPlacers, "spot placer", "placers"); ok {
 			p.SpotPlacer = v
 			spotOnly("spot_placer", true, n.value)
 		}

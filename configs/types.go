@@ -140,6 +140,9 @@ type Service struct {
 	// Adapters are the LoRA adapters requests may name as their model (adapters.go); nil
 	// when the service serves its base model only.
 	Adapters *Adapters `json:"adapters,omitempty" yaml:"adapters,omitempty"`
+	// Pools, when set, disaggregates prefill from decode (pools.go): the service's own
+	// replicas decode, and a pool of its own prefills.
+	Pools *Pools `json:"pools,omitempty" yaml:"pools,omitempty"`
 }
 
 // Update modes.

@@ -54,6 +54,10 @@ func replicaSpec(service string, version int, task *configs.Task, id int, spot b
 		// FERRY_LORA_MODULES and FERRY_MAX_LORAS, for the run command's vLLM flags; the
 		// task's own envs may override them.
 		maps.Copy(envs, task.Service.Adapters.Env())
+		if task.Service.Disaggregated() {
+			// The decode pool; a prefill pool's task names its own (configs.Task.PoolTask).
+			envs[configs.EnvPool] = configs.PoolDecode
+		}
 	}
 	for k, v := range task.Envs {
 		envs[k] = v
