@@ -161,6 +161,21 @@ func (r *Replica) AdapterEnd(a int32) {
 	}
 }
 
+// AdapterForget drops adapter a from r's recent adapters: the replica does not have it after
+// all (loading it failed, or the engine answered 404 for it), so routing must not price it as
+// loaded there.
+func (r *Replica) AdapterForget(a int32) {
+	s := r.adapters.Load()
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	if i := slices.Index(s.recent, a); i >= 0 {
+		s.recent = slices.Delete(s.recent, i, i+1)
+	}
+	s.mu.Unlock()
+}
+
 // AdapterInFlight is how many requests for adapter a this proxy has on r.
 func (r *Replica) AdapterInFlight(a int32) int32 {
 	s := r.adapters.Load()

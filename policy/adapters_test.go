@@ -118,6 +118,11 @@ func TestReplicaRemembersRecentAdapters(t *testing.T) {
 	if v := r.adapterView(5, 0, 0, 2); v.active != 0 {
 		t.Fatalf("active = %d after every request ended", v.active)
 	}
+	// A load that failed (or a 404 for the adapter) means the replica does not have it.
+	r.AdapterForget(5)
+	if r.adapterView(5, 0, 0, 2).resident || !r.adapterView(7, 0, 0, 2).resident || !r.adapterView(6, 0, 0, 2).resident {
+		t.Fatal("after forgetting 5: want 5 gone and 7 and 6 the two most recent")
+	}
 }
 
 // A request that loaded its adapter teaches the load's cost, not the prefill line.
