@@ -31,6 +31,9 @@ type exchange struct {
 	client  *hostClient
 	// body is the upstream response stream while the client is being fed.
 	body io.Reader
+	// prefillHeld is the prompt tokens this request keeps counted in PrefillTokens while a
+	// decode replica prefills it (pd.go), until its first byte or its end.
+	prefillHeld int64
 	// readErr is the first upstream read error other than EOF (a stalled or broken replica).
 	readErr error
 	// sse is set when the response is an event stream; pending is what is left to send of the
@@ -146,6 +149,7 @@ func (ex *exchange) Read(p []byte) (int, error) {
 		ex.progress.Add(1)
 		if ex.firstAt.IsZero() { // for the learner and the metrics alike (observeRead)
 			ex.firstAt = time.Now()
+			ex.svc.dropPrefillHeld(ex)
 		}
 	}
 	if err == io.EOF && ex.bodyCut() { // fasthttp can take a cut chunked body for a whole one
@@ -254,6 +258,7 @@ func (s *Service) acquireExchange() *exchange {
 
 func (s *Service) releaseExchange(ex *exchange) {
 	s.unwatch(ex)
+	s.dropPrefillHeld(ex)
 	ex.clientLeft.Store(false)
 	ex.progress.Store(0)
 	ex.finished.Store(true)

@@ -139,7 +139,7 @@ func (s *Service) proxyLoop(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 	if s.keys != nil {
 		stripCredentials(&ex.req.Header)
 	}
-	s.disaggregate(ex)
+	ex.prefillHeld = s.disaggregate(ex)
 
 	// An HTTP/1.0 client may send no Host; each replica then gets its own address.
 	noHost := len(ex.req.Header.Host()) == 0
@@ -215,11 +215,14 @@ func (s *Service) tryReplica(ctx *fasthttp.RequestCtx, ex *exchange, snap *snaps
 	// An adapter loaded on demand is registered on the replica first (adapterload.go).
 	if err = s.ensureAdapter(ex, replica, client); err == nil {
 		err = ex.send(client)
+	} else {
+		replica.AdapterForget(ex.info.Adapter - 1) // not there: routing must not count on it
 	}
 	if err == nil {
 		code := ex.resp.StatusCode()
 		if code == fasthttp.StatusNotFound && ex.info.Adapter != 0 && len(s.cfg.LoadAdapters) > 0 {
 			client.forgetAdapter(ex.info.Model) // the replica lost it: the next request loads it
+			replica.AdapterForget(ex.info.Adapter - 1)
 		}
 		if !retryableStatus(code) || !budget.more() {
 			ex.respond(ctx)

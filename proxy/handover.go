@@ -227,6 +227,33 @@ func (h *Handover) InFlight() int64 {
 	return n
 }
 
+// PrefillTokens is Service.PrefillTokens summed over the current Service and those draining.
+func (h *Handover) PrefillTokens() int64 {
+	var n int64
+	for _, s := range h.services() {
+		n += s.PrefillTokens()
+	}
+	return n
+}
+
+// PrefillRequests is Service.PrefillRequests summed over the current Service and those draining.
+func (h *Handover) PrefillRequests() int64 {
+	var n int64
+	for _, s := range h.services() {
+		n += s.PrefillRequests()
+	}
+	return n
+}
+
+// SetPrefillBackends gives the current Service and those draining a new prefill pool.
+func (h *Handover) SetPrefillBackends(bs []Backend) error {
+	var err error
+	for _, s := range h.services() {
+		err = errors.Join(err, s.SetPrefillBackends(bs))
+	}
+	return err
+}
+
 // Waiting is Service.Waiting summed over the current Service and those draining.
 func (h *Handover) Waiting() int64 {
 	var n int64

@@ -73,15 +73,60 @@ type prefillState struct {
 	pool atomic.Pointer[prefillPool]
 	// picker is the pool's, kept across replacements so that what it learned stays.
 	picker policy.Picker
+	// tokens is the prompt tokens of the completions in their prefill step (PrefillTokens),
+	// and requests how many requests are in a prefill step on the pool (PrefillRequests).
+	tokens, requests atomic.Int64
+	// slowest is the longest prefill step lately (nanoseconds, decaying), which bounds how long
+	// a prefill may take before the replica counts as hung (prefillTimeout).
+	slowest atomic.Int64
 }
 
-// SetPrefillBackends replaces the service's prefill replicas (nil: none, every request is
-// prefilled where it is decoded). Replicas at an address already in the pool keep their
-// counters and connections.
+// PrefillTokens is what the prefill pool's autoscaler scales on: the prompt tokens of the
+// completions this Service is prefilling now (sent to a prefill replica, not yet answered).
+// While the pool is empty it counts the prompts the decode replicas prefill instead, until
+// their answer starts, so that the pool can grow from zero.
+func (s *Service) PrefillTokens() int64 { return s.prefill.tokens.Load() }
+
+// PrefillRequests is how many of InFlight are in their prefill step on a prefill replica: not
+// yet on a decode replica, so not the decode pool's load.
+func (s *Service) PrefillRequests() int64 { return s.prefill.requests.Load() }
+
+// Prefill steps time out at prefillTimeoutFactor times the slowest step lately, never below
+// prefillTimeoutMin (nor above the service's idle timeout): a hung prefill replica costs a
+// request that long, then the request is prefilled elsewhere.
+const prefillTimeoutFactor = 8
+
+var prefillTimeoutMin = 5 * time.Second // a variable for tests
+
+// prefillTimeout bounds the next prefill step.
+func (s *Service) prefillTimeout() time.Duration {
+	return min(max(prefillTimeoutFactor*time.Duration(s.prefill.slowest.Load()), prefillTimeoutMin), s.cfg.IdleTimeout)
+}
+
+// notePrefill folds a successful step's duration into slowest: the maximum, decaying by 1%
+// a step so that one slow prompt long ago does not keep the bound high.
+func (st *prefillState) notePrefill(took time.Duration) {
+	for {
+		old := st.slowest.Load()
+		next := max(old-old/100, int64(took))
+		if st.slowest.CompareAndSwap(old, next) {
+			return
+		}
+	}
+}
+
+// SetPrefillBackends replaces the service's prefill replicas. Nil means the service is not
+// disaggregated; an empty set, that its pool has no READY replica (every request is prefilled
+// where it is decoded, and counted in PrefillTokens). Replicas at an address already in the
+// pool keep their counters and connections.
 func (s *Service) SetPrefillBackends(bs []Backend) error {
 	st := &s.prefill
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if bs == nil {
+		st.pool.Store(nil)
+		return nil
+	}
 	if st.picker == nil {
 		p, err := policy.New(s.cfg.Policy, policy.Options{TargetQPSPerAccelerator: s.cfg.TargetQPSPerAccelerator})
 		if err != nil {
@@ -131,15 +176,31 @@ func (s *Service) SetPrefillBackends(bs []Backend) error {
 // disaggregate runs the prefill step for a completion when the service has prefill replicas,
 // and gives the upstream request the params its decode replica needs. Without prefill replicas,
 // or when none could prefill it, the request is left as it is.
-func (s *Service) disaggregate(ex *exchange) {
+// It returns the prompt tokens it left counted in PrefillTokens, which dropPrefillHeld takes
+// back once the answer has started: those of a request the decode replica prefills while the
+// pool is empty.
+func (s *Service) disaggregate(ex *exchange) int64 {
 	pool := s.prefill.pool.Load()
-	if pool == nil || len(pool.replicas) == 0 || len(ex.info.Prompt) == 0 {
-		return
+	if pool == nil || len(ex.info.Prompt) == 0 {
+		return 0
 	}
+	tokens := int64(len(ex.info.Tokens))
+	if tokens == 0 {
+		tokens = int64(len(ex.info.Prompt)+3) / 4 // llm-d's estimate without a tokenizer
+	}
+	s.prefill.tokens.Add(tokens)
+	if len(pool.replicas) == 0 {
+		return tokens
+	}
+	s.prefill.requests.Add(1)
+	defer func() {
+		s.prefill.tokens.Add(-tokens)
+		s.prefill.requests.Add(-1)
+	}()
 	body := ex.req.Body()
 	end := jsonObjectEnd(body)
 	if end < 0 {
-		return
+		return 0
 	}
 	var tried []*policy.Replica
 	for attempt := 0; attempt < maxPrefillAttempts && len(tried) < len(pool.replicas); attempt++ {
@@ -150,7 +211,7 @@ func (s *Service) disaggregate(ex *exchange) {
 			next = append(append(next, params...), '}')
 			ex.req.SetBodyRaw(next)
 			ex.req.Header.SetContentLength(len(next))
-			return
+			return 0
 		}
 		if ce := s.log.Check(zap.WarnLevel, "prefill replica failed"); ce != nil {
 			fields := []zap.Field{zap.Int("attempt", attempt+1), zap.ByteString("request_id", ex.requestID), zap.Error(err)}
@@ -165,6 +226,7 @@ func (s *Service) disaggregate(ex *exchange) {
 		tried = append(tried, r)
 	}
 	// No prefill: the decode replica computes the prompt itself.
+	return 0
 }
 
 // prefillOnce sends the prefill request to one replica of the pool and returns the
@@ -190,7 +252,7 @@ func (s *Service) prefillOnce(ex *exchange, pool *prefillPool, body []byte, end 
 	req.SetBodyRaw(prefill)
 	req.Header.SetContentLength(len(prefill))
 	r.InFlight.Add(1)
-	err := hc.DoTimeout(req, resp, s.cfg.IdleTimeout)
+	err := hc.DoTimeout(req, resp, s.prefillTimeout())
 	r.InFlight.Add(-1)
 	if err == nil && resp.StatusCode() != fasthttp.StatusOK {
 		err = fmt.Errorf("status %d: %.200s", resp.StatusCode(), resp.Body())
@@ -201,6 +263,7 @@ func (s *Service) prefillOnce(ex *exchange, pool *prefillPool, body []byte, end 
 		return nil, r, err
 	}
 	bench.answered()
+	s.prefill.notePrefill(time.Since(now))
 	params, err := prefillParams(resp.Body())
 	s.observePrefill(time.Since(now), err)
 	if err != nil {
@@ -266,4 +329,27 @@ func appendMember(dst, head []byte, member string) []byte {
 		dst = append(dst, ',')
 	}
 	return append(dst, member...)
+}
+
+// PrefillBackends is the prefill pool as SetPrefillBackends last set it: nil when the service
+// is not disaggregated. A Service that takes over an endpoint (Handover.Swap) is given it.
+func (s *Service) PrefillBackends() []Backend {
+	pool := s.prefill.pool.Load()
+	if pool == nil {
+		return nil
+	}
+	out := make([]Backend, len(pool.replicas))
+	for i, r := range pool.replicas {
+		out[i] = Backend{ID: r.ID, Addr: r.Addr, Accelerator: r.Accelerator, Version: r.Version}
+	}
+	return out
+}
+
+// dropPrefillHeld takes a request's prompt tokens out of PrefillTokens once its decode replica
+// has prefilled it (its first byte) or it ended.
+func (s *Service) dropPrefillHeld(ex *exchange) {
+	if ex.prefillHeld != 0 {
+		s.prefill.tokens.Add(-ex.prefillHeld)
+		ex.prefillHeld = 0
+	}
 }

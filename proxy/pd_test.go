@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -147,3 +149,77 @@ func TestPrefillReplicaBackoff(t *testing.T) {
 		t.Fatal("an answer did not end the backoff")
 	}
 }
+
+// The prefill pool's autoscaler reads PrefillTokens: the prompt tokens in a prefill step, and
+// with the pool empty those the decode replicas prefill, until the answer starts. A prefill
+// replica that hangs costs a request the prefill timeout, not the idle timeout, and the request
+// is decoded all the same.
+func TestPrefillTokensAndHungPrefill(t *testing.T) {
+	defer func(d time.Duration) { prefillTimeoutMin = d }(prefillTimeoutMin)
+	prefillTimeoutMin = 300 * time.Millisecond
+	release := make(chan struct{})
+	hung := startUpstream(t, "hung", func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+	})
+	defer close(release)
+	decode := startPDSim(t, time.Millisecond) // 300 prompt tokens: 300 ms of prefill
+	svc, base := startProxy(t, ServiceConfig{Policy: policy.LeastTTFT}, Backend{ID: 1, Addr: decode.addr(), Version: 1})
+	c := newClient(t)
+	sent := 0
+	send := func() (time.Duration, *observedTokens) {
+		sent++ // a prompt of its own: no prefix cache hit makes its prefill short
+		prompt := fmt.Sprintf(`{"model":"ferry-sim","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"%d %s"}]}`, sent, strings.Repeat("word ", 240))
+		seen := &observedTokens{}
+		stop := make(chan struct{})
+		go seen.watch(svc, stop)
+		start := time.Now()
+		r := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(prompt), "Content-Type", "application/json")
+		took := time.Since(start)
+		close(stop)
+		if r.status != http.StatusOK || !strings.Contains(r.body, "data: [DONE]") {
+			t.Fatalf("%d %s", r.status, r.body)
+		}
+		return took, seen
+	}
+
+	if err := svc.SetPrefillBackends([]Backend{}); err != nil { // the pool, empty
+		t.Fatal(err)
+	}
+	if _, seen := send(); seen.max() < 250 || svc.PrefillTokens() != 0 {
+		t.Fatalf("empty pool: %d prompt tokens counted at most, %d left after the answer; want about 300, then 0", seen.max(), svc.PrefillTokens())
+	}
+	if err := svc.SetPrefillBackends([]Backend{{ID: 2, Addr: hung.addr(), Version: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	took, seen := send()
+	if took < prefillTimeoutMin || took > 10*prefillTimeoutMin || seen.max() < 250 || svc.PrefillTokens() != 0 {
+		t.Fatalf("hung prefill replica: answered in %v (want the prefill timeout, %v, and the decode), %d tokens counted at most, %d left",
+			took, prefillTimeoutMin, seen.max(), svc.PrefillTokens())
+	}
+	if decode.count(`"do_remote_prefill"`) != 0 {
+		t.Fatal("the decode replica got prefill params from a prefill that never answered")
+	}
+}
+
+// observedTokens samples a Service's PrefillTokens until stopped.
+type observedTokens struct{ peak atomic.Int64 }
+
+func (o *observedTokens) watch(svc *Service, stop <-chan struct{}) {
+	for {
+		if n := svc.PrefillTokens(); n > o.peak.Load() {
+			o.peak.Store(n)
+		}
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+func (o *observedTokens) max() int64 { return o.peak.Load() }

@@ -264,6 +264,7 @@ func (f *Follower) apply(rs ReplicaSet) error {
 		}
 		if rs.Seq != 0 {
 			svc.SetBackends(backends)
+			f.setPrefill(svc.SetPrefillBackends, rs)
 			f.seq, f.current = rs.Seq, addrs
 		}
 		f.config, f.shares = rs.Config, rs.Proxies
@@ -287,6 +288,7 @@ func (f *Follower) apply(rs ReplicaSet) error {
 			f.log.Error("cannot apply the service's new proxy configuration; keeping the previous one", zap.Error(err))
 		} else {
 			svc.SetBackends(backends)
+			f.setPrefill(svc.SetPrefillBackends, rs)
 			f.hand.Swap(svc, f.drain)
 			f.config, f.shares = rs.Config, rs.Proxies
 			f.log.Info("proxy configuration changed; new connections use it", zap.String("policy", policyName(rs.Config.Policy)),
@@ -294,6 +296,7 @@ func (f *Follower) apply(rs ReplicaSet) error {
 		}
 	}
 	f.hand.SetBackends(backends) // the new Service has them; those draining get them too
+	f.setPrefill(f.hand.SetPrefillBackends, rs)
 	if !slices.Equal(addrs, f.current) {
 		if f.removed == nil {
 			f.removed = map[string]bool{}
@@ -386,6 +389,8 @@ func (f *Follower) loadReport() (LoadReport, bool) {
 		InFlight: make(map[string]int64, len(f.current)+len(f.removed)),
 		Arrivals: f.hand.Arrivals(),
 		Waiting:  f.hand.Waiting(),
+
+		PrefillTokens: f.hand.PrefillTokens(),
 	}
 	for _, addr := range f.current {
 		r.InFlight[addr] = f.hand.Busy(addr)
@@ -398,4 +403,16 @@ func (f *Follower) loadReport() (LoadReport, bool) {
 		}
 	}
 	return r, true
+}
+
+// setPrefill applies a set's prefill pool with set; a replica address the proxy cannot use
+// leaves the pool as it was, and is logged.
+func (f *Follower) setPrefill(set func([]proxy.Backend) error, rs ReplicaSet) {
+	var prefill []proxy.Backend // not disaggregated
+	if rs.Disaggregated {
+		prefill = append([]proxy.Backend{}, rs.Prefill...)
+	}
+	if err := set(prefill); err != nil {
+		f.log.Error("cannot apply the service's prefill pool; keeping the previous one", zap.Error(err))
+	}
 }

@@ -55,6 +55,8 @@ type Hub struct {
 	// arrivals sums every proxy's arrivals since this controller first heard of it; it never
 	// goes down, as the autoscaler takes its rate.
 	arrivals uint64
+	// prefill is the service's prefill pool (PublishPrefill); nil when not disaggregated.
+	prefill []proxy.Backend
 }
 
 var _ Service = (*Hub)(nil)
@@ -87,6 +89,17 @@ func (h *Hub) Publish(backends []proxy.Backend) {
 	h.feed.Publish(backends)
 }
 
+// PublishPrefill hands attached proxies a disaggregated service's READY prefill replicas (nil:
+// the service is not disaggregated) and wakes their long polls.
+func (h *Hub) PublishPrefill(backends []proxy.Backend) {
+	h.mu.Lock()
+	h.prefill = backends
+	h.mu.Unlock()
+	if h.feed.Seq() != 0 {
+		h.feed.Publish(nil) // a new Seq; Poll answers the prefill pool with it
+	}
+}
+
 // ConfigChanged tells attached proxies that the service's proxy configuration (policy, API
 // keys, limits) may have changed: they fetch it with the next Seq. Call it once Config returns
 // the new one. Before the first Publish it does nothing; proxies get the configuration with
@@ -114,6 +127,9 @@ func (h *Hub) Poll(ctx context.Context, after uint64, wait time.Duration) Replic
 		rs.Config = h.cfg.Config()
 	}
 	rs.Proxies = h.sharing(h.cfg.Now())
+	h.mu.Lock()
+	rs.Prefill, rs.Disaggregated = h.prefill, h.prefill != nil
+	h.mu.Unlock()
 	return rs
 }
 
@@ -142,6 +158,20 @@ func (h *Hub) Busy(addr string) int64 {
 // the latest fresh reports, and a count of their arrivals that never goes down.
 func (h *Hub) Load() (inflight float64, arrivals uint64) {
 	return h.load(h.cfg.Now())
+}
+
+// PrefillTokens sums the prompt tokens the proxies that reported lately are prefilling.
+func (h *Hub) PrefillTokens() int64 {
+	now := h.cfg.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var n int64
+	for _, p := range h.proxies {
+		if now.Sub(p.at) <= reportFresh {
+			n += max(p.report.PrefillTokens, 0)
+		}
+	}
+	return n
 }
 
 // record stores a report. A proxy's arrivals count from its first report on; a counter that

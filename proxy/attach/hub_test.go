@@ -173,3 +173,37 @@ func TestHubSharesReplicasAmongProxies(t *testing.T) {
 		t.Fatalf("after b went silent: Proxies %d, want 1", one.Proxies)
 	}
 }
+
+// A disaggregated service's prefill pool reaches attached proxies with a new Seq, and what they
+// are prefilling reaches the pool's autoscaler.
+func TestHubPrefillPool(t *testing.T) {
+	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	h := NewHub(HubConfig{Now: func() time.Time { return now }})
+	h.Publish([]proxy.Backend{{ID: 1, Addr: "10.0.0.1:8080"}})
+	ctx := context.Background()
+	if rs := h.Poll(ctx, 0, time.Millisecond); rs.Disaggregated || rs.Prefill != nil {
+		t.Fatalf("before the pool: %+v", rs)
+	}
+	seq := h.Seq()
+	h.PublishPrefill([]proxy.Backend{})
+	rs := h.Poll(ctx, seq, time.Millisecond)
+	if rs.Seq <= seq || !rs.Disaggregated || len(rs.Prefill) != 0 || len(rs.Backends) != 1 {
+		t.Fatalf("an empty pool: %+v, want a new Seq, disaggregated, the decode replicas kept", rs)
+	}
+	h.PublishPrefill([]proxy.Backend{{ID: -2, Addr: "10.0.0.2:8080"}})
+	if rs := h.Poll(ctx, rs.Seq, time.Millisecond); len(rs.Prefill) != 1 || rs.Prefill[0].Addr != "10.0.0.2:8080" {
+		t.Fatalf("a prefill replica: %+v", rs)
+	}
+	for id, tokens := range map[string]int64{"a": 3000, "b": 1000} {
+		if err := h.Report(LoadReport{ProxyID: id, PrefillTokens: tokens}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := h.PrefillTokens(); got != 4000 {
+		t.Fatalf("PrefillTokens = %d, want both proxies' 4000", got)
+	}
+	now = now.Add(reportFresh + time.Second)
+	if got := h.PrefillTokens(); got != 0 {
+		t.Fatalf("PrefillTokens = %d from stale reports, want 0", got)
+	}
+}

@@ -25,7 +25,11 @@ type ReplicaSet struct {
 	Seq     uint64 `json:"seq"`
 	// Backends are the READY replicas exactly as the controller hands them to its own proxy.
 	Backends []proxy.Backend `json:"backends"`
-	Config   ProxyConfig     `json:"config"`
+	// Disaggregated says the service prefills on a pool of its own, and Prefill is that pool's
+	// READY replicas (proxy.Service's SetPrefillBackends), possibly none.
+	Disaggregated bool            `json:"disaggregated,omitempty"`
+	Prefill       []proxy.Backend `json:"prefill,omitempty"`
+	Config        ProxyConfig     `json:"config"`
 	// Proxies is how many attached proxies share the replicas (those that reported lately,
 	// at least 1): each takes that share of a replica's in-flight cap
 	// (proxy.ServiceConfig.ReplicaShares). It does not move Seq: a proxy applies a new count
@@ -49,4 +53,7 @@ type LoadReport struct {
 	Arrivals uint64 `json:"arrivals"`
 	// Waiting counts the requests held for want of a READY replica.
 	Waiting int64 `json:"waiting"`
+	// PrefillTokens is the prompt tokens the proxy is prefilling now (proxy.Service's
+	// PrefillTokens), what a prefill pool scales on.
+	PrefillTokens int64 `json:"prefill_tokens,omitempty"`
 }
