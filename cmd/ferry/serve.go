@@ -528,6 +528,13 @@ func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time
 	}
 	tw.Flush()
 	for _, s := range list {
+		if p := s.Prefill; p != nil {
+			line := fmt.Sprintf("%s: %s pool %d/%d READY, %.2f $/hr", s.Name, p.Name, p.ReadyReplicas, p.TargetReplicas, serviceCost(p.Replicas))
+			if verbose && p.Scaling != "" {
+				line += ": " + p.Scaling
+			}
+			fmt.Fprintln(out, line)
+		}
 		if s.Update != nil && (verbose || s.Update.State != replicas.RolloutSucceeded || now.Sub(s.Update.FinishedAt) < time.Hour) {
 			fmt.Fprintf(out, "%s: %s\n", s.Name, rolloutLine(s.Update))
 		}
@@ -549,32 +556,9 @@ func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time
 	}
 	fmt.Fprintln(tw, hdr)
 	for _, s := range list {
-		for _, r := range s.Replicas {
-			if r.Status.Terminal() && !verbose {
-				continue
-			}
-			launched := "-"
-			if !r.LaunchedAt.IsZero() {
-				launched = humanDuration(now.Sub(r.LaunchedAt)) + " ago"
-			}
-			ep := "-"
-			if r.Endpoint != "" {
-				ep = "http://" + r.Endpoint
-			}
-			kind := "on-demand"
-			if r.Spot {
-				kind = "spot"
-			}
-			line := fmt.Sprintf("%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%s", s.Name, r.ID, r.Version, ep, launched,
-				orDash(r.Infra), orDash(r.Zone), kind, r.Price, orDash(r.Resources), r.Status)
-			if verbose {
-				reason := r.Reason
-				if g, unknown := unknownPart(s.Unknown, r); unknown {
-					reason = strings.TrimSuffix("instance unknown: "+g.Gap().Where()+" did not answer; "+reason, "; ")
-				}
-				line += "\t" + orDash(reason)
-			}
-			fmt.Fprintln(tw, line)
+		printReplicaRows(tw, s, s.Name, s.Replicas, verbose, now)
+		if p := s.Prefill; p != nil {
+			printReplicaRows(tw, s, s.Name+"/"+p.Name, p.Replicas, verbose, now)
 		}
 	}
 	tw.Flush()
@@ -583,6 +567,37 @@ func printStatus(out io.Writer, list []api.ServiceStatus, verbose bool, now time
 	}
 	if verbose {
 		printServiceInfras(out, list, now)
+	}
+}
+
+// printReplicaRows writes one row per replica of recs, a pool of service s named name.
+func printReplicaRows(tw io.Writer, s api.ServiceStatus, name string, recs []replicas.Record, verbose bool, now time.Time) {
+	for _, r := range recs {
+		if r.Status.Terminal() && !verbose {
+			continue
+		}
+		launched := "-"
+		if !r.LaunchedAt.IsZero() {
+			launched = humanDuration(now.Sub(r.LaunchedAt)) + " ago"
+		}
+		ep := "-"
+		if r.Endpoint != "" {
+			ep = "http://" + r.Endpoint
+		}
+		kind := "on-demand"
+		if r.Spot {
+			kind = "spot"
+		}
+		line := fmt.Sprintf("%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.2f\t%s\t%s", name, r.ID, r.Version, ep, launched,
+			orDash(r.Infra), orDash(r.Zone), kind, r.Price, orDash(r.Resources), r.Status)
+		if verbose {
+			reason := r.Reason
+			if g, unknown := unknownPart(s.Unknown, r); unknown {
+				reason = strings.TrimSuffix("instance unknown: "+g.Gap().Where()+" did not answer; "+reason, "; ")
+			}
+			line += "\t" + orDash(reason)
+		}
+		fmt.Fprintln(tw, line)
 	}
 }
 

@@ -67,6 +67,19 @@ type ServiceStatus struct {
 	// SpotLosses are the service's spot losses as its replica manager counts them, and the
 	// hold of its on-demand fallback they decide; nil before the first loss.
 	SpotLosses *SpotLosses `json:"spot_losses,omitempty"`
+	// Prefill is a disaggregated service's prefill pool (service.pools.prefill); nil for a
+	// service whose replicas prefill what they decode.
+	Prefill *PoolStatus `json:"prefill,omitempty"`
+}
+
+// PoolStatus is one pool of a disaggregated service: its replicas and its own scaling.
+type PoolStatus struct {
+	Name           string            `json:"name"`
+	Status         string            `json:"status"`
+	TargetReplicas int               `json:"target_replicas"`
+	ReadyReplicas  int               `json:"ready_replicas"`
+	Scaling        string            `json:"scaling,omitempty"`
+	Replicas       []replicas.Record `json:"replicas"`
 }
 
 // SpotLosses is replicas.Losses (policy.Losses) with what it decides at the time of the

@@ -27,10 +27,12 @@ func (l serviceLoad) Arrivals() uint64 {
 	return l.s.front.Arrivals() + remote
 }
 
-// InFlight is requests being served plus requests the proxies hold for a replica or a slot.
+// InFlight is requests being served plus requests the proxies hold for a replica or a slot;
+// for a disaggregated service, not those in their prefill step (the prefill pool's load).
+// Attached proxies report per decode replica, where a request is only once prefilled.
 func (l serviceLoad) InFlight() float64 {
 	remote, _ := l.c.remoteLoad(l.s)
-	return float64(l.s.front.InFlight()+l.s.front.Waiting()) + remote
+	return float64(l.s.front.InFlight()+l.s.front.Waiting()-l.s.front.PrefillRequests()) + remote
 }
 
 // Engines are what the READY replicas last reported on /metrics to this process's proxy.
@@ -52,8 +54,10 @@ type serviceFleet struct {
 
 var _ autoscaler.Fleet = serviceFleet{}
 
-func (f serviceFleet) Replicas() []autoscaler.Replica {
-	recs := f.s.mgr.Replicas()
+func (f serviceFleet) Replicas() []autoscaler.Replica { return fleetReplicas(f.s.mgr.Replicas()) }
+
+// fleetReplicas is a manager's replicas as the autoscaler reads them.
+func fleetReplicas(recs []replicas.Record) []autoscaler.Replica {
 	out := make([]autoscaler.Replica, len(recs))
 	for i, r := range recs {
 		out[i] = autoscaler.Replica{LaunchedAt: r.LaunchedAt, ReadyAt: r.ReadyAt, Ready: r.Status == replicas.StatusReady, Accelerator: r.Accelerator,
@@ -96,6 +100,7 @@ func (s *service) pokeScaler() {
 	if loop != nil {
 		loop.Poke()
 	}
+	s.pool.poke() // a cold request wants its prefill too
 }
 
 // startScaleLoop runs the service's autoscaler for spec (a fixed count has none) until the

@@ -38,6 +38,9 @@ type service struct {
 	mgr   *replicas.Manager
 	// attach is the service as standalone proxies follow it (attach.go).
 	attach *attach.Hub
+	// pool is a disaggregated service's prefill pool (pool.go); nil for most. Set before the
+	// endpoint serves and never replaced.
+	pool *pool
 
 	ctx    context.Context // the service's lifetime
 	cancel context.CancelFunc
@@ -123,10 +126,15 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 		ln.Close()
 		return nil, err
 	}
+	if err := c.newPool(s, rec, resumed, rollout, restored); err != nil {
+		ln.Close()
+		return nil, err
+	}
 	spec := autoscaler.SpecFor(resumed.Task.Service.ReplicaPolicy)
 	c.setInitialTarget(s, spec, rec, restored)
 	startTarget := s.target // the scale loop owns it from here
 	c.run(s, spec)
+	c.runPool(s)
 
 	c.mu.Lock()
 	c.services[rec.Name] = s
@@ -187,7 +195,7 @@ func (c *Controller) newManager(s *service, rec store.Service, r replicas.Resume
 		Task:      r.Task,
 		Provider:  c.provider.Scope(r.Task.Resources),
 		InfraRank: c.infraRank(r.Task.Resources),
-		Store:     c.store,
+		Store:     decodeStore{c.store}, // without a prefill pool's records (pool.go)
 		OnReady: func(eps []replicas.Endpoint) {
 			backends := toBackends(eps)
 			s.front.SetBackends(backends)
@@ -339,6 +347,9 @@ func (c *Controller) reserveService(name string) (net.Listener, int, error) {
 	if _, ok := c.creating[name]; ok {
 		return nil, 0, fmt.Errorf("service %q is being created: %w", name, api.ErrConflict)
 	}
+	if err := c.poolNameTaken(name); err != nil {
+		return nil, 0, err
+	}
 	used := map[int]bool{}
 	for _, s := range c.services {
 		used[s.port] = true
@@ -409,6 +420,7 @@ func (s *service) status(withTask bool) api.ServiceStatus {
 		CreatedAt: s.createdAt, TargetReplicas: target, Replicas: recs,
 		Autoscaler: task.Service.ReplicaPolicy.Autoscaler, Scaling: scaling, Update: s.mgr.Rollout(),
 		Status: s.mgr.ServiceStatus(down), SpotLosses: spotLosses(s.mgr.SpotLosses(), time.Now(), replicas.MixFor(task.Resources, task.Service.ReplicaPolicy).DynamicFallback),
+		Prefill: s.pool.status(down),
 	}
 	for _, r := range recs {
 		if r.Status == replicas.StatusReady {
@@ -514,6 +526,8 @@ func (c *Controller) takeDown(ctx context.Context, s *service) ([]launcher.Lefto
 	termCtx, termCancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer termCancel()
 	left, err := s.mgr.Shutdown(termCtx)
+	poolLeft, poolErr := s.pool.shutdown(termCtx)
+	left, err = append(left, poolLeft...), errors.Join(err, poolErr)
 	if err != nil {
 		_ = c.store.SetServiceStatus(s.name, api.ServiceFailedCleanup)
 		return nil, fmt.Errorf("terminate replicas of %q: %w", s.name, err)

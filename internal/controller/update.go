@@ -50,10 +50,16 @@ func (c *Controller) UpdateService(_ context.Context, name string, req api.Updat
 	if _, err := c.proxyConfig(name, task.Service); err != nil {
 		return api.ServiceStatus{}, fmt.Errorf("%v: %w", err, api.ErrInvalid)
 	}
+	if (s.pool != nil) != task.Service.Disaggregated() {
+		return api.ServiceStatus{}, fmt.Errorf("adding or removing service.pools.prefill is not an update: take the service down and up again: %w", api.ErrInvalid)
+	}
 	// On disk before it returns: a controller killed from here on resumes this rollout.
 	v, r, err := s.mgr.StartUpdate(task, mode, time.Now())
 	if err != nil {
 		return api.ServiceStatus{}, err
+	}
+	if err := c.updatePool(s, task, mode); err != nil {
+		c.log.Error("prefill pool not updated", zap.String("service", name), zap.Error(err))
 	}
 	c.log.Info("service update", zap.String("service", name), zap.Int("from", r.From), zap.Int("to", r.To),
 		zap.String("mode", mode), zap.Bool("relaunch", v.LaunchedAs == v.Number), zap.Bool("rollback_possible", r.FromServed && r.Policy.AutoRollback))

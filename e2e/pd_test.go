@@ -1,0 +1,201 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// pdYAML is a disaggregated service on local replica-sim replicas: the service's own replicas
+// decode (llm autoscaler, 4 sequences each), a prefill pool scales on the prompt tokens it holds
+// (4,000 per replica). A 4,000-token prompt takes 0.85 s to prefill, an output token 20 ms.
+const pdYAML = `name: pd
+resources:
+  infra: local
+service:
+  readiness_probe: /health
+  ports: 8080
+  replica_policy:
+    min_replicas: 1
+    max_replicas: 3
+    autoscaler: llm
+    target_inflight_per_replica: 4
+    stable_window_seconds: 8
+    panic_window_seconds: 2
+    num_overprovision: 0
+  pools:
+    prefill:
+      replica_policy: {min_replicas: 1, max_replicas: 3, stable_window_seconds: 8, panic_window_seconds: 2, num_overprovision: 0}
+      target_queued_prompt_tokens: 4000
+run: ferry replica-sim --port $FERRY_PORT --model ferry-sim-1b --kv-transfer --prefill-per-token 200us --itl 20ms --max-num-seqs 4
+`
+
+type pdStatus struct {
+	TargetReplicas int `json:"target_replicas"`
+	ReadyReplicas  int `json:"ready_replicas"`
+	Prefill        *struct {
+		TargetReplicas int    `json:"target_replicas"`
+		ReadyReplicas  int    `json:"ready_replicas"`
+		Scaling        string `json:"scaling"`
+		Replicas       []struct {
+			ID       int    `json:"id"`
+			Status   string `json:"status"`
+			Endpoint string `json:"endpoint"`
+		} `json:"replicas"`
+	} `json:"prefill"`
+}
+
+// TestDisaggregatedPoolsScaleApart serves a prefill/decode service and shifts its mix: long
+// prompts with short answers grow the prefill pool and leave the decode pool alone; short
+// prompts with long answers grow the decode pool while the prefill pool shrinks back. No request
+// fails on the way, and the prefill replicas did the prefills.
+func TestDisaggregatedPoolsScaleApart(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	const metricsToken = "ferry-e2e-metrics-token-0123456789"
+	tokenFile := filepath.Join(t.TempDir(), "metrics.token")
+	writeFile(t, tokenFile, metricsToken+"\n")
+	e.extraEnv = []string{"FERRY_GATEWAY_ADDR=off", "FERRY_METRICS_ADDR=" + metricsAddr, "FERRY_METRICS_TOKEN_FILE=" + tokenFile}
+	file := filepath.Join(t.TempDir(), "pd.yaml")
+	writeFile(t, file, pdYAML)
+	e.mustRun("serve", "up", file, "-y")
+	endpoint := strings.TrimSpace(e.mustRun("serve", "status", "pd", "--endpoint"))
+	status := func() (pdStatus, string) {
+		out, errOut, err := e.run("serve", "status", "pd", "--json")
+		var list []pdStatus
+		if err != nil || json.Unmarshal([]byte(out), &list) != nil || len(list) != 1 || list[0].Prefill == nil {
+			return pdStatus{}, fmt.Sprintf("status: %v %s %s", err, errOut, out)
+		}
+		st := list[0]
+		return st, fmt.Sprintf("decode %d/%d, prefill %d/%d (%s)", st.ReadyReplicas, st.TargetReplicas,
+			st.Prefill.ReadyReplicas, st.Prefill.TargetReplicas, st.Prefill.Scaling)
+	}
+	eventually(t, 30*time.Second, "both pools READY", func() (bool, string) {
+		st, s := status()
+		return st.ReadyReplicas >= 1 && st.Prefill != nil && st.Prefill.ReadyReplicas >= 1, s
+	})
+	if table := e.mustRun("serve", "status", "-v"); !strings.Contains(table, "pd: prefill pool") || !strings.Contains(table, "pd/prefill") {
+		t.Errorf("serve status -v does not show the prefill pool and its replicas:\n%s", table)
+	}
+
+	var ld pdLoad
+	// Long prompts, short answers: 6 clients hold about 24,000 prompt tokens in prefill, six
+	// replicas' worth, and under one decode replica's in-flight target.
+	long := strings.Repeat("word ", 3200)
+	stopLong := make(chan struct{})
+	endLong := sync.OnceFunc(func() { close(stopLong) })
+	defer endLong()
+	ld.start(endpoint, 6, long, 4, stopLong)
+	eventually(t, 40*time.Second, "the prefill pool grows under long prompts", func() (bool, string) {
+		st, s := status()
+		if st.TargetReplicas > 1 {
+			t.Fatalf("the decode pool grew under long prompts with short answers: %s", s)
+		}
+		return st.Prefill != nil && st.Prefill.TargetReplicas >= 2, s
+	})
+	_, s := status()
+	t.Logf("long prompts: %s", s)
+	endLong()
+	ld.wait(t, "with long prompts")
+
+	// Short prompts, long answers: 16 clients decoding 100 tokens each.
+	stopShort := make(chan struct{})
+	endShort := sync.OnceFunc(func() { close(stopShort) })
+	defer endShort()
+	ld.start(endpoint, 16, "hi", 100, stopShort)
+	eventually(t, 60*time.Second, "the decode pool grows and the prefill pool shrinks under long answers", func() (bool, string) {
+		st, s := status()
+		return st.TargetReplicas >= 2 && st.Prefill != nil && st.Prefill.TargetReplicas == 1, s
+	})
+	_, s = status()
+	t.Logf("long answers: %s", s)
+	endShort()
+	ld.wait(t, "with long answers")
+	// Every completion went through a prefill step on the pool once it had a replica.
+	metrics := scrapeMetrics(t, "http://"+metricsAddr+"/metrics", metricsToken)
+	ok := sumSeries(metrics, "ferry_prefill_duration_seconds_count", `result="ok"`, `service="pd"`)
+	failed := sumSeries(metrics, "ferry_prefill_duration_seconds_count", `result="failed"`, `service="pd"`)
+	if sent := float64(ld.sent.Load()); ok < 0.9*sent || failed > 0 {
+		t.Fatalf("%v prefill steps ok and %v failed for %v requests:\n%s", ok, failed, sent, grepLines(metrics, "ferry_prefill"))
+	}
+	e.mustRun("serve", "down", "pd", "-y")
+}
+
+// pdLoad is clients sending chat completions of one prompt and answer length each.
+type pdLoad struct {
+	sent, failed atomic.Int64
+	firstErr     atomic.Value
+	wg           sync.WaitGroup
+}
+
+// start adds n clients until stop closes (at most 300 requests each).
+func (l *pdLoad) start(endpoint string, n int, prompt string, tokens int, stop <-chan struct{}) {
+	client := &http.Client{Timeout: time.Minute}
+	for i := range n {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for j := range 300 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				l.sent.Add(1)
+				// A prompt of its own, so that no prefix cache makes its prefill short.
+				body := fmt.Sprintf(`{"model":"ferry-sim-1b","messages":[{"role":"user","content":"%d %d %s"}],"max_tokens":%d,"stream":true}`, i, j, prompt, tokens)
+				if err := postStream(client, endpoint, body); err != nil {
+					l.failed.Add(1)
+					l.firstErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+	}
+}
+
+func (l *pdLoad) wait(t *testing.T, during string) {
+	t.Helper()
+	l.wg.Wait()
+	if n := l.failed.Load(); n > 0 {
+		t.Fatalf("%d of %d requests failed %s; first: %v", n, l.sent.Load(), during, l.firstErr.Load())
+	}
+	t.Logf("%d requests %s, none failed", l.sent.Load(), during)
+}
+
+func postStream(client *http.Client, endpoint, body string) error {
+	resp, err := client.Post(endpoint+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "data: [DONE]") {
+		return fmt.Errorf("%d %.300s", resp.StatusCode, b)
+	}
+	return nil
+}
+
+// scrapeMetrics reads the controller's /metrics with its bearer token.
+func scrapeMetrics(t *testing.T, url, token string) string {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics: %d %s", resp.StatusCode, b)
+	}
+	return string(b)
+}
