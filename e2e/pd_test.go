@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -126,7 +127,32 @@ func TestDisaggregatedPoolsScaleApart(t *testing.T) {
 	if sent := float64(ld.sent.Load()); ok < 0.9*sent || failed > 0 {
 		t.Fatalf("%v prefill steps ok and %v failed for %v requests:\n%s", ok, failed, sent, grepLines(metrics, "ferry_prefill"))
 	}
+
+	// A restarted controller adopts both pools as they are, and prefills on the pool again.
+	st, _ := status()
+	pids := e.replicaPIDs()
+	ctrl := e.controllerPID()
+	if err := syscall.Kill(ctrl, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "controller gone", func() (bool, string) { return !alive(ctrl), "alive" })
+	eventually(t, 60*time.Second, "both pools READY again after the restart", func() (bool, string) {
+		again, s := status()
+		return again.Prefill != nil && again.ReadyReplicas == st.ReadyReplicas && again.Prefill.ReadyReplicas == st.Prefill.ReadyReplicas, s
+	})
+	if after := e.replicaPIDs(); fmt.Sprint(after) != fmt.Sprint(pids) {
+		t.Fatalf("replicas not adopted as the same processes: before %v, after %v", pids, after)
+	}
+	if err := postStream(&http.Client{Timeout: time.Minute}, endpoint, `{"model":"ferry-sim-1b","messages":[{"role":"user","content":"after the restart"}],"max_tokens":3,"stream":true}`); err != nil {
+		t.Fatal(err)
+	}
+	if metrics := scrapeMetrics(t, "http://"+metricsAddr+"/metrics", metricsToken); sumSeries(metrics, "ferry_prefill_duration_seconds_count", `result="ok"`, `service="pd"`) < 1 {
+		t.Fatalf("no prefill step on the pool after the restart:\n%s", grepLines(metrics, "ferry_prefill"))
+	}
 	e.mustRun("serve", "down", "pd", "-y")
+	if left := e.replicaPIDs(); len(left) != 0 {
+		t.Fatalf("replicas left after serve down: %v", left)
+	}
 }
 
 // pdLoad is clients sending chat completions of one prompt and answer length each.
