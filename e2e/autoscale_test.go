@@ -123,18 +123,24 @@ type streamLoad struct {
 // start adds n clients streaming completions of tokens tokens until stop closes (at most 500
 // each, so a test that never closes stop still ends).
 func (l *streamLoad) start(endpoint string, n, tokens int, stop <-chan struct{}) {
-	for range n {
+	l.startFunc(n, stop, func(int, int) error { return streamCompletion(endpoint, tokens) })
+}
+
+// startFunc adds n clients, each calling do(its number, the request's) until stop closes (at
+// most 500 times each).
+func (l *streamLoad) startFunc(n int, stop <-chan struct{}, do func(client, request int) error) {
+	for i := range n {
 		l.wg.Add(1)
 		go func() {
 			defer l.wg.Done()
-			for range 500 {
+			for j := range 500 {
 				select {
 				case <-stop:
 					return
 				default:
 				}
 				l.sent.Add(1)
-				if err := streamCompletion(endpoint, tokens); err != nil {
+				if err := do(i, j); err != nil {
 					l.failed.Add(1)
 					l.firstErr.CompareAndSwap(nil, err.Error())
 				}

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -87,14 +86,14 @@ func TestDisaggregatedPoolsScaleApart(t *testing.T) {
 		t.Errorf("serve status -v does not show the prefill pool and its replicas:\n%s", table)
 	}
 
-	var ld pdLoad
+	var ld streamLoad
 	// Long prompts, short answers: 6 clients hold about 24,000 prompt tokens in prefill, six
 	// replicas' worth, and under one decode replica's in-flight target.
 	long := strings.Repeat("word ", 3200)
 	stopLong := make(chan struct{})
 	endLong := sync.OnceFunc(func() { close(stopLong) })
 	defer endLong()
-	ld.start(endpoint, 6, long, 4, stopLong)
+	chatLoad(&ld, endpoint, 6, long, 4, stopLong)
 	eventually(t, 40*time.Second, "the prefill pool grows under long prompts", func() (bool, string) {
 		st, s := status()
 		if st.TargetReplicas > 1 {
@@ -111,7 +110,7 @@ func TestDisaggregatedPoolsScaleApart(t *testing.T) {
 	stopShort := make(chan struct{})
 	endShort := sync.OnceFunc(func() { close(stopShort) })
 	defer endShort()
-	ld.start(endpoint, 16, "hi", 100, stopShort)
+	chatLoad(&ld, endpoint, 16, "hi", 100, stopShort)
 	eventually(t, 60*time.Second, "the decode pool grows and the prefill pool shrinks under long answers", func() (bool, string) {
 		st, s := status()
 		return st.TargetReplicas >= 2 && st.Prefill != nil && st.Prefill.TargetReplicas == 1, s
@@ -155,45 +154,14 @@ func TestDisaggregatedPoolsScaleApart(t *testing.T) {
 	}
 }
 
-// pdLoad is clients sending chat completions of one prompt and answer length each.
-type pdLoad struct {
-	sent, failed atomic.Int64
-	firstErr     atomic.Value
-	wg           sync.WaitGroup
-}
-
-// start adds n clients until stop closes (at most 300 requests each).
-func (l *pdLoad) start(endpoint string, n int, prompt string, tokens int, stop <-chan struct{}) {
+// chatLoad sends chat completions of prompt (made unique per request, so that no prefix
+// cache makes its prefill short) and answers of tokens tokens, streamed.
+func chatLoad(l *streamLoad, endpoint string, n int, prompt string, tokens int, stop <-chan struct{}) {
 	client := &http.Client{Timeout: time.Minute}
-	for i := range n {
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			for j := range 300 {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				l.sent.Add(1)
-				// A prompt of its own, so that no prefix cache makes its prefill short.
-				body := fmt.Sprintf(`{"model":"ferry-sim-1b","messages":[{"role":"user","content":"%d %d %s"}],"max_tokens":%d,"stream":true}`, i, j, prompt, tokens)
-				if err := postStream(client, endpoint, body); err != nil {
-					l.failed.Add(1)
-					l.firstErr.CompareAndSwap(nil, err.Error())
-				}
-			}
-		}()
-	}
-}
-
-func (l *pdLoad) wait(t *testing.T, during string) {
-	t.Helper()
-	l.wg.Wait()
-	if n := l.failed.Load(); n > 0 {
-		t.Fatalf("%d of %d requests failed %s; first: %v", n, l.sent.Load(), during, l.firstErr.Load())
-	}
-	t.Logf("%d requests %s, none failed", l.sent.Load(), during)
+	l.startFunc(n, stop, func(i, j int) error {
+		body := fmt.Sprintf(`{"model":"ferry-sim-1b","messages":[{"role":"user","content":"%d %d %s"}],"max_tokens":%d,"stream":true}`, i, j, prompt, tokens)
+		return postStream(client, endpoint, body)
+	})
 }
 
 func postStream(client *http.Client, endpoint, body string) error {

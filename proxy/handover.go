@@ -220,29 +220,17 @@ func (h *Handover) Busy(addr string) int64 {
 
 // InFlight is Service.InFlight summed over the current Service and those draining.
 func (h *Handover) InFlight() int64 {
-	var n int64
-	for _, s := range h.services() {
-		n += s.InFlight()
-	}
-	return n
+	return h.sum((*Service).InFlight)
 }
 
 // PrefillTokens is Service.PrefillTokens summed over the current Service and those draining.
 func (h *Handover) PrefillTokens() int64 {
-	var n int64
-	for _, s := range h.services() {
-		n += s.PrefillTokens()
-	}
-	return n
+	return h.sum((*Service).PrefillTokens)
 }
 
 // PrefillRequests is Service.PrefillRequests summed over the current Service and those draining.
 func (h *Handover) PrefillRequests() int64 {
-	var n int64
-	for _, s := range h.services() {
-		n += s.PrefillRequests()
-	}
-	return n
+	return h.sum((*Service).PrefillRequests)
 }
 
 // SetPrefillBackends gives the current Service and those draining a new prefill pool.
@@ -256,9 +244,14 @@ func (h *Handover) SetPrefillBackends(bs []Backend) error {
 
 // Waiting is Service.Waiting summed over the current Service and those draining.
 func (h *Handover) Waiting() int64 {
+	return h.sum((*Service).Waiting)
+}
+
+// sum adds f over the current Service and those draining.
+func (h *Handover) sum(f func(*Service) int64) int64 {
 	var n int64
 	for _, s := range h.services() {
-		n += s.Waiting()
+		n += f(s)
 	}
 	return n
 }

@@ -203,23 +203,11 @@ func (c *Controller) startPoolScaleLoop(s *service, p *pool, spec autoscaler.Spe
 	if spec.Policy == "" {
 		return
 	}
-	loop := autoscaler.NewLoop(autoscaler.LoopConfig{Spec: spec, Load: prefillLoad{s}, Fleet: poolFleet{p},
+	loop, stop := spawnScaleLoop(s, autoscaler.LoopConfig{Spec: spec, Load: prefillLoad{s}, Fleet: poolFleet{p},
 		Logger: c.log.With(zap.String("service", s.name), zap.String("pool", configs.PoolPrefill))})
-	ctx, cancel := context.WithCancel(s.ctx)
-	done := make(chan struct{})
 	p.mu.Lock()
-	p.scaleLoop = loop
-	p.stopScaleLoop = func() {
-		cancel()
-		<-done
-	}
+	p.scaleLoop, p.stopScaleLoop = loop, stop
 	p.mu.Unlock()
-	s.inner.Add(1)
-	go func() {
-		defer s.inner.Done()
-		defer close(done)
-		_ = loop.Start(ctx)
-	}()
 }
 
 // prefillLoad is the prefill pool's demand as its autoscaler reads it: the prompt tokens this

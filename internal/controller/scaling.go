@@ -109,23 +109,29 @@ func (c *Controller) startScaleLoop(s *service, spec autoscaler.Spec) {
 	if spec.Policy == "" {
 		return
 	}
-	loop := autoscaler.NewLoop(autoscaler.LoopConfig{Spec: spec, Load: serviceLoad{c, s}, Fleet: serviceFleet{c, s},
+	loop, stop := spawnScaleLoop(s, autoscaler.LoopConfig{Spec: spec, Load: serviceLoad{c, s}, Fleet: serviceFleet{c, s},
 		Logger: c.log.With(zap.String("service", s.name))})
+	s.mu.Lock()
+	s.scaleLoop, s.stopScaleLoop = loop, stop
+	s.mu.Unlock()
+}
+
+// spawnScaleLoop runs a scale loop among s's goroutines until s ends or stop is called; stop
+// returns once the loop has.
+func spawnScaleLoop(s *service, cfg autoscaler.LoopConfig) (loop *autoscaler.Loop, stop func()) {
+	loop = autoscaler.NewLoop(cfg)
 	ctx, cancel := context.WithCancel(s.ctx)
 	done := make(chan struct{})
-	s.mu.Lock()
-	s.scaleLoop = loop
-	s.stopScaleLoop = func() {
-		cancel()
-		<-done
-	}
-	s.mu.Unlock()
 	s.inner.Add(1)
 	go func() {
 		defer s.inner.Done()
 		defer close(done)
 		_ = loop.Start(ctx)
 	}()
+	return loop, func() {
+		cancel()
+		<-done
+	}
 }
 
 // restartScaler makes a new replica policy take effect: the old scale loop stops, and a new
