@@ -233,6 +233,20 @@ func (h *Handover) PrefillRequests() int64 {
 	return h.sum((*Service).PrefillRequests)
 }
 
+// PrefillBusy is Service.PrefillBusy summed over the current Service and those draining.
+func (h *Handover) PrefillBusy() map[string]int64 {
+	var out map[string]int64
+	for _, s := range h.services() {
+		for addr, n := range s.PrefillBusy() {
+			if out == nil {
+				out = map[string]int64{}
+			}
+			out[addr] += n
+		}
+	}
+	return out
+}
+
 // SetPrefillBackends gives the current Service and those draining a new prefill pool.
 func (h *Handover) SetPrefillBackends(bs []Backend) error {
 	var err error

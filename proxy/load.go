@@ -56,9 +56,9 @@ func (s *Service) ReplicaLoad() []ReplicaLoad {
 // a moment later; a manager that polls Busy on its next pass rather than right after
 // SetBackends does not miss it.
 func (s *Service) Busy(addr string) int64 {
+	n := s.PrefillBusy()[addr] // a prefill replica's steps (pd.go)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var n int64
 	for _, c := range s.snap.Load().clients {
 		if c.addr == addr {
 			n += c.active.Load()

@@ -79,6 +79,9 @@ type prefillState struct {
 	// slowest is the longest prefill step lately (nanoseconds, decaying), which bounds how long
 	// a prefill may take before the replica counts as hung (prefillTimeout).
 	slowest atomic.Int64
+	// retired are replicas that left the pool with prefill steps in flight, until those end:
+	// the replica manager waits for them before it stops the replica (PrefillBusy).
+	retired []*policy.Replica
 }
 
 // PrefillTokens is what the prefill pool's autoscaler scales on: the prompt tokens of the
@@ -124,7 +127,9 @@ func (s *Service) SetPrefillBackends(bs []Backend) error {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if bs == nil {
-		st.pool.Store(nil)
+		if old := st.pool.Swap(nil); old != nil {
+			st.retire(old.replicas, nil)
+		}
 		return nil
 	}
 	if st.picker == nil {
@@ -169,8 +174,43 @@ func (s *Service) SetPrefillBackends(bs []Backend) error {
 				old.clients[i].CloseIdleConnections()
 			}
 		}
+		st.retire(old.replicas, next.replicas)
 	}
 	return nil
+}
+
+// retire keeps the replicas of old that are not in next while they have steps in flight.
+// Called under st.mu.
+func (st *prefillState) retire(old, next []*policy.Replica) {
+	for _, r := range old {
+		if !slices.Contains(next, r) && r.InFlight.Load() > 0 {
+			st.retired = append(st.retired, r)
+		}
+	}
+}
+
+// PrefillBusy maps each prefill replica's address (in the pool, or left it with steps in
+// flight) to the prefill steps in flight there: what the replica manager waits for before it
+// stops a prefill replica, as Busy is for the decode replicas.
+func (s *Service) PrefillBusy() map[string]int64 {
+	st := &s.prefill
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.retired = slices.DeleteFunc(st.retired, func(r *policy.Replica) bool { return r.InFlight.Load() == 0 })
+	pool := st.pool.Load()
+	if pool == nil && len(st.retired) == 0 {
+		return nil
+	}
+	out := map[string]int64{}
+	if pool != nil {
+		for _, r := range pool.replicas {
+			out[r.Addr] += r.InFlight.Load()
+		}
+	}
+	for _, r := range st.retired {
+		out[r.Addr] += r.InFlight.Load()
+	}
+	return out
 }
 
 // disaggregate runs the prefill step for a completion when the service has prefill replicas,

@@ -204,6 +204,25 @@ func TestPrefillTokensAndHungPrefill(t *testing.T) {
 	if decode.count(`"do_remote_prefill"`) != 0 {
 		t.Fatal("the decode replica got prefill params from a prefill that never answered")
 	}
+
+	// A prefill replica leaving the pool is busy while a step is in flight there: the replica
+	// manager waits for it before it stops the replica.
+	answered := make(chan time.Duration)
+	go func() {
+		took, _ := send()
+		answered <- took
+	}()
+	waitFor(t, "a prefill step on the hung replica", func() bool { return svc.Busy(hung.addr()) == 1 })
+	if err := svc.SetPrefillBackends([]Backend{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := svc.Busy(hung.addr()); n != 1 {
+		t.Fatalf("Busy = %d on a prefill replica that left the pool with a step in flight, want 1", n)
+	}
+	<-answered
+	if n := svc.Busy(hung.addr()); n != 0 || svc.PrefillBusy()[hung.addr()] != 0 {
+		t.Fatalf("Busy = %d after the step ended", n)
+	}
 }
 
 // observedTokens samples a Service's PrefillTokens until stopped.

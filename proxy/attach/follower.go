@@ -390,7 +390,8 @@ func (f *Follower) loadReport() (LoadReport, bool) {
 		Arrivals: f.hand.Arrivals(),
 		Waiting:  f.hand.Waiting(),
 
-		PrefillTokens: f.hand.PrefillTokens(),
+		PrefillTokens:   f.hand.PrefillTokens(),
+		PrefillInFlight: f.hand.PrefillBusy(),
 	}
 	for _, addr := range f.current {
 		r.InFlight[addr] = f.hand.Busy(addr)

@@ -182,7 +182,7 @@ func (h *Hub) record(r LoadReport, now time.Time) {
 	if h.proxies == nil {
 		h.proxies = map[string]*attachedProxy{}
 	}
-	r.InFlight = maps.Clone(r.InFlight)
+	r.InFlight, r.PrefillInFlight = maps.Clone(r.InFlight), maps.Clone(r.PrefillInFlight)
 	if p, ok := h.proxies[r.ProxyID]; ok {
 		if r.Arrivals >= p.report.Arrivals {
 			h.arrivals += r.Arrivals - p.report.Arrivals
@@ -231,7 +231,7 @@ func (h *Hub) busy(addr string, seq uint64, started, now time.Time) int64 {
 		if now.Sub(p.at) > reportFresh {
 			continue
 		}
-		n += max(p.report.InFlight[addr], 0)
+		n += max(p.report.InFlight[addr], 0) + max(p.report.PrefillInFlight[addr], 0)
 		// Not "<": a proxy that followed a controller with a skewed clock may be ahead.
 		lagging = lagging || p.report.Seq != seq
 	}

@@ -207,3 +207,21 @@ func TestHubPrefillPool(t *testing.T) {
 		t.Fatalf("PrefillTokens = %d from stale reports, want 0", got)
 	}
 }
+
+// A prefill replica leaving waits for the prefill steps attached proxies have in flight there.
+func TestHubBusyCountsPrefillSteps(t *testing.T) {
+	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	h := NewHub(HubConfig{Now: func() time.Time { return now }, Started: now.Add(-time.Hour)})
+	h.Publish([]proxy.Backend{{ID: 1, Addr: "10.0.0.1:8080"}})
+	seq := h.Seq()
+	if err := h.Report(LoadReport{ProxyID: "a", Seq: seq, InFlight: map[string]int64{"10.0.0.1:8080": 1},
+		PrefillInFlight: map[string]int64{"10.0.0.2:8080": 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.Busy("10.0.0.2:8080"); got != 2 {
+		t.Fatalf("Busy(prefill replica) = %d, want its 2 steps", got)
+	}
+	if inflight, _ := h.Load(); inflight != 1 {
+		t.Fatalf("Load = %v: prefill steps are not the service's load", inflight)
+	}
+}

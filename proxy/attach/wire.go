@@ -56,4 +56,8 @@ type LoadReport struct {
 	// PrefillTokens is the prompt tokens the proxy is prefilling now (proxy.Service's
 	// PrefillTokens), what a prefill pool scales on.
 	PrefillTokens int64 `json:"prefill_tokens,omitempty"`
+	// PrefillInFlight maps each prefill replica's address to the prefill steps in flight there,
+	// also for replicas that left the pool (proxy.Service's PrefillBusy). It is not the
+	// service's load (InFlight is), only what a leaving prefill replica waits for.
+	PrefillInFlight map[string]int64 `json:"prefill_in_flight,omitempty"`
 }
