@@ -52,7 +52,7 @@ func (s *Service) handle(ctx *fasthttp.RequestCtx, key int32) {
 // snapshot to route it on, or nil when it has answered the request itself; rate receives the
 // client's rate-limit bucket, for the answer's headers.
 func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32, rate *rateState) (*exchange, *snapshot) {
-	if !s.screen(ctx, key, rate) {
+	if !s.screen(ctx, key, rate) || s.answerModels(ctx) {
 		return nil, nil
 	}
 	ex := s.acquireExchange()

@@ -156,4 +156,14 @@ func TestAdaptersLoadOnDemand(t *testing.T) {
 			return strings.Count(r.body, `"parent"`)-strings.Count(r.body, `"parent":null`) <= 2
 		})
 	}
+	// The service lists every declared adapter, though each replica holds two: all are served.
+	r := do(t, c, http.MethodGet, base+"/v1/models", nil)
+	for _, want := range []string{`"id":"a5","object":"model"`, `"root":"/adapters/a5","parent":"ferry-sim"`, `"id":"ferry-sim","object":"model"`} {
+		if !strings.Contains(r.body, want) {
+			t.Errorf("the service's /v1/models lacks %s: %s", want, r.body)
+		}
+	}
+	if n := strings.Count(r.body, `"parent":"ferry-sim"`); r.status != http.StatusOK || n != 6 {
+		t.Errorf("the service's /v1/models: %d, %d adapters, want all 6: %s", r.status, n, r.body)
+	}
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"encoding/json"
 	"net"
 	"slices"
@@ -179,3 +180,64 @@ func (s *Service) modelsChanged() {
 
 // modelsHook is how a gateway hears that a service's model ids changed.
 type modelsHook = atomic.Pointer[func()]
+
+// modelEntry is one model of a /v1/models answer, in vLLM's shape.
+type modelEntry struct {
+	ID      string  `json:"id"`
+	Object  string  `json:"object"`
+	Created int64   `json:"created"`
+	OwnedBy string  `json:"owned_by"`
+	Root    string  `json:"root"`
+	Parent  *string `json:"parent"`
+}
+
+// answerModels answers GET /v1/models itself for a service that loads adapters on demand: a
+// replica lists only the adapters registered on it, while the service serves every adapter it
+// declares (registered at its first request), so the answer is the replicas' models and every
+// declared adapter, as vLLM lists adapters (root: the adapter's path; parent: the base model).
+// It reports whether it answered: not for other requests, nor before any replica has said which
+// base model it serves (the request then goes to a replica, held until one is READY).
+func (s *Service) answerModels(ctx *fasthttp.RequestCtx) bool {
+	if len(s.cfg.LoadAdapters) == 0 || !ctx.IsGet() || !bytes.Equal(ctx.Path(), pathModels) {
+		return false
+	}
+	ids := appendModelIDs(nil, s.snap.Load())
+	if len(ids) == 0 {
+		if last := s.lastModels.Load(); last != nil {
+			ids = *last
+		}
+	}
+	baseAt := slices.IndexFunc(ids, func(id string) bool {
+		_, declared := s.cfg.LoadAdapters[id]
+		return !declared && s.adapters.Lookup([]byte(id)) == 0
+	})
+	if baseAt < 0 {
+		return false
+	}
+	base, now := ids[baseAt], time.Now().Unix()
+	list := struct {
+		Object string       `json:"object"`
+		Data   []modelEntry `json:"data"`
+	}{Object: "list"}
+	for _, id := range slices.Concat(ids, s.cfg.Adapters) {
+		if slices.ContainsFunc(list.Data, func(m modelEntry) bool { return m.ID == id }) {
+			continue
+		}
+		m := modelEntry{ID: id, Object: "model", Created: now, OwnedBy: "vllm", Root: id}
+		if id != base && (s.adapters.Lookup([]byte(id)) != 0 || s.cfg.LoadAdapters[id] != "") {
+			m.Parent = &base
+			if path := s.cfg.LoadAdapters[id]; path != "" {
+				m.Root = path
+			}
+		}
+		list.Data = append(list.Data, m)
+	}
+	body, err := json.Marshal(list)
+	if err != nil {
+		return false
+	}
+	ctx.SetContentTypeBytes(contentTypeJSON)
+	ctx.SetBody(body)
+	s.answeredSelf(ctx, nil)
+	return true
+}
