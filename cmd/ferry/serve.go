@@ -286,6 +286,13 @@ func reviewTasks(cmd *cobra.Command, tasks []*configs.Task, kind, name string, d
 		if err := printPlan(cmd.Context(), out, task); err != nil {
 			return false, err
 		}
+		if pool := task.PoolTask(configs.PoolPrefill); pool != nil && task.Service.Pools.Prefill.Resources != nil {
+			// Resources of its own: the prefill pool is placed on its own plan.
+			fmt.Fprintln(out, "The prefill pool (service.pools.prefill):")
+			if err := printPlan(cmd.Context(), out, pool); err != nil {
+				return false, fmt.Errorf("the prefill pool: %w", err)
+			}
+		}
 	}
 	if dryRun {
 		fmt.Fprintf(out, "Dry run: %s %q is valid; nothing was launched.\n", spec, name)
