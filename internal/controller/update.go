@@ -111,6 +111,9 @@ func (c *Controller) reconfigureProxy(s *service, old, task *configs.Task) {
 		return
 	}
 	px.SetBackends(s.front.Current().Backends())
+	if err := px.SetPrefillBackends(s.front.Current().PrefillBackends()); err != nil {
+		c.log.Error("prefill pool not carried to the new proxy settings", zap.String("service", s.name), zap.Error(err))
+	}
 	s.front.Swap(px, c.opts.DrainTimeout)
 	c.updateGateway()
 	s.attach.ConfigChanged() // attached proxies fetch the new settings with the next Seq
