@@ -127,6 +127,17 @@ func TestDisaggregatedPoolsScaleApart(t *testing.T) {
 		t.Fatalf("%v prefill steps ok and %v failed for %v requests:\n%s", ok, failed, sent, grepLines(metrics, "ferry_prefill"))
 	}
 
+	// An update of the service section rolls both pools without relaunching them.
+	pidsBefore := e.replicaPIDs()
+	e.mustRun("serve", "update", "pd", writeVersion2(t, file), "-y")
+	eventually(t, 60*time.Second, "the update to version 2 succeeds", func() (bool, string) {
+		st, err := e.status("pd")
+		return err == nil && st.Version == 2 && st.Update != nil && st.Update.State == "SUCCEEDED", fmt.Sprintf("%+v %v", st.Update, err)
+	})
+	if after := e.replicaPIDs(); fmt.Sprint(after) != fmt.Sprint(pidsBefore) {
+		t.Fatalf("an update of the service section relaunched replicas: before %v, after %v", pidsBefore, after)
+	}
+
 	// A restarted controller adopts both pools as they are, and prefills on the pool again.
 	st, _ := status()
 	pids := e.replicaPIDs()
@@ -192,4 +203,12 @@ func scrapeMetrics(t *testing.T, url, token string) string {
 		t.Fatalf("/metrics: %d %s", resp.StatusCode, b)
 	}
 	return string(b)
+}
+
+// writeVersion2 writes the service with a new prefill token target: only service: changes.
+func writeVersion2(t *testing.T, file string) string {
+	t.Helper()
+	v2 := filepath.Join(filepath.Dir(file), "pd-v2.yaml")
+	writeFile(t, v2, strings.Replace(pdYAML, "target_queued_prompt_tokens: 4000", "target_queued_prompt_tokens: 3000", 1))
+	return v2
 }
