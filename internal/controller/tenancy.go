@@ -78,6 +78,12 @@ func checkTenancy(t *configs.Task, creds string) error {
 	var problems []string
 	add := func(format string, args ...any) { problems = append(problems, fmt.Sprintf(format, args...)) }
 	notKube := checkInfras(t, add)
+	if t.Service.Disaggregated() && t.Service.Pools.Prefill.Resources != nil {
+		// The prefill pool's resources of its own are held to the same rules.
+		checkInfras(t.PoolTask(configs.PoolPrefill), func(format string, args ...any) {
+			add("service.pools.prefill."+format, args...)
+		})
+	}
 	if t.GitWorkdir == nil && t.Workdir != "" {
 		checkWorkdirSource(t.Workdir, add)
 	}
