@@ -165,8 +165,12 @@ func execute(ctx context.Context, opts *options, progress func(string, ...any)) 
 		return nil, fmt.Errorf("%w\n%s", err, servicekit.LastLines(out, 20))
 	}
 	defer func() {
-		progress("serve down")
+		// serve up started the controller as a daemon of its own: it goes too.
+		progress("teardown: ferry serve down, ferry controller stop")
 		_, _ = f.Run(context.WithoutCancel(ctx), "serve-down", 2*time.Minute, "serve", "down", serviceName, "-y")
+		if out, err := f.Run(context.WithoutCancel(ctx), "controller-stop", time.Minute, "controller", "stop"); err != nil {
+			progress("ferry controller stop: %v\n%s", err, servicekit.LastLines(out, 5))
+		}
 	}()
 	st, err := f.Status(ctx)
 	if err != nil {
