@@ -112,17 +112,19 @@ func TestDeclaredGPUsAreHeld(t *testing.T) {
 // here is safe for the cooldown.
 func TestReplicaPreemptsAPreemptibleJob(t *testing.T) {
 	dir := t.TempDir()
-	mark := filepath.Join(dir, "checkpointed")
+	mark, trapped := filepath.Join(dir, "checkpointed"), filepath.Join(dir, "trapped")
 	p := newProvider(t, Options{Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}, PreemptionCooldown: time.Hour})
 	ctx := context.Background()
-	low, err := p.Launch(ctx, gpuJob("low", "1", 100, true, "trap 'touch "+mark+"; exit 0' TERM; while true; do sleep 0.05; done"))
+	low, err := p.Launch(ctx, gpuJob("low", "1", 100, true, "trap 'touch "+mark+"; exit 0' TERM; touch "+trapped+"; while true; do sleep 0.05; done"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.Launch(ctx, gpuJob("high", "2", 900, false, "sleep 300")); !errors.Is(err, launcher.ErrNoCapacity) || strings.Contains(err.Error(), "preempting") {
 		t.Fatalf("a higher-priority job's launch: %v, want no capacity and no preemption (the queue's to decide)", err)
 	}
-	time.Sleep(200 * time.Millisecond) // the trap is set
+	// The node's shell must have set its trap before the SIGTERM: a fixed sleep here lost that
+	// race under -race with every package testing at once.
+	waitFor(t, 10*time.Second, "the low node's trap", func() bool { _, err := os.Stat(trapped); return err == nil })
 	replica := launcher.Spec{Name: "svc-1", Labels: map[string]string{launcher.LabelService: "svc"}, Run: "sleep 300",
 		Resources: configs.Resources{Accelerators: []configs.Accelerator{{Name: "L4", Count: 1}}}}
 	_, err = p.Launch(ctx, replica)
@@ -137,9 +139,8 @@ func TestReplicaPreemptsAPreemptibleJob(t *testing.T) {
 		r, err = p.Launch(ctx, replica)
 		return err == nil
 	})
-	if _, err := os.Stat(mark); err != nil {
-		t.Errorf("the preempted node did not get its SIGTERM grace: %v", err)
-	}
+	// Its trap runs in the node's shell, which may end a moment after the node counts as gone.
+	waitFor(t, 5*time.Second, "the preempted node's SIGTERM trap (its grace)", func() bool { _, err := os.Stat(mark); return err == nil })
 	for _, id := range []string{low.ID, r.ID} {
 		if err := p.Terminate(ctx, id); err != nil {
 			t.Fatal(err)
