@@ -28,12 +28,13 @@ import (
 // (controllerListenersOff), its own ports (freePort) and fake clouds (nextEC2Subnet). Go runs
 // every sequential test first, then the parallel ones, so the two kinds never overlap.
 //
-// Sequential (38 of 72), because they share something:
+// Sequential (39 of 73), because they share something:
 //   - the test cluster (internal/testcluster), 29 tests: every StartKubelet serves the
 //     cluster's one kubelet port and runs the pods of every namespace; nodes, webhooks,
 //     schedulers and CRDs are cluster-wide.
-//   - a service's endpoint port across a controller restart, 7 tests (attach, both fixed-port,
-//     TestMultiNodeReplicas, privnet, quickstart, TestStoreKeyWrongOrMissing): every
+//   - a service's endpoint port across a controller restart, 8 tests (attach, both fixed-port,
+//     TestMultiNodeReplicas, privnet, quickstart, TestStoreKeyWrongOrMissing,
+//     TestDisaggregatedPoolsScaleApart): every
 //     controller takes the lowest free port from 30001, so while this test's controller is
 //     down another test's new service would take the port the restarted one restores.
 //   - process-wide environment, 1 test: TestJobMountCheckpointResumesAfterPreemption

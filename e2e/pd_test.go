@@ -57,7 +57,8 @@ type pdStatus struct {
 // prompts with long answers grow the decode pool while the prefill pool shrinks back. No request
 // fails on the way, and the prefill replicas did the prefills.
 func TestDisaggregatedPoolsScaleApart(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it restarts its controller, whose service must get its endpoint port back
+	// (e2e_test.go, "Which tests run in parallel").
 	e := newEnv(t)
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	const metricsToken = "ferry-e2e-metrics-token-0123456789"
