@@ -163,12 +163,15 @@ func TestDisaggregatedPoolsScaleApart(t *testing.T) {
 	if after := e.replicaPIDs(); fmt.Sprint(after) != fmt.Sprint(pids) {
 		t.Fatalf("replicas not adopted as the same processes: before %v, after %v", pids, after)
 	}
-	if err := postStream(&http.Client{Timeout: time.Minute}, endpoint, `{"model":"ferry-sim-1b","messages":[{"role":"user","content":"after the restart"}],"max_tokens":3,"stream":true}`); err != nil {
-		t.Fatal(err)
-	}
-	if metrics := scrapeMetrics(t, "http://"+metricsAddr+"/metrics", metricsToken); sumSeries(metrics, "ferry_prefill_duration_seconds_count", `result="ok"`, `service="pd"`) < 1 {
-		t.Fatalf("no prefill step on the pool after the restart:\n%s", grepLines(metrics, "ferry_prefill"))
-	}
+	// The adopted pool reaches the proxy once its replica passes a probe of the new controller:
+	// until then requests are prefilled on the decode side, and none may fail meanwhile.
+	eventually(t, 30*time.Second, "a prefill step on the adopted pool", func() (bool, string) {
+		if err := postStream(&http.Client{Timeout: time.Minute}, endpoint, `{"model":"ferry-sim-1b","messages":[{"role":"user","content":"after the restart"}],"max_tokens":3,"stream":true}`); err != nil {
+			t.Fatal(err)
+		}
+		metrics := scrapeMetrics(t, "http://"+metricsAddr+"/metrics", metricsToken)
+		return sumSeries(metrics, "ferry_prefill_duration_seconds_count", `result="ok"`, `service="pd"`) >= 1, grepLines(metrics, "ferry_prefill")
+	})
 	e.mustRun("serve", "down", "pd", "-y")
 	if left := e.replicaPIDs(); len(left) != 0 {
 		t.Fatalf("replicas left after serve down: %v", left)
