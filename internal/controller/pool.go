@@ -277,14 +277,8 @@ func (p *pool) status(down bool) *api.PoolStatus {
 	recs := p.mgr.Replicas()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := &api.PoolStatus{Name: configs.PoolPrefill, TargetReplicas: p.target, Scaling: p.scaling, Replicas: recs,
-		Status: p.mgr.ServiceStatus(down)}
-	for _, r := range recs {
-		if r.Status == replicas.StatusReady {
-			st.ReadyReplicas++
-		}
-	}
-	return st
+	return &api.PoolStatus{Name: configs.PoolPrefill, TargetReplicas: p.target, Scaling: p.scaling, Replicas: recs,
+		Status: p.mgr.ServiceStatus(down), ReadyReplicas: readyCount(recs)}
 }
 
 // updatePool makes the prefill pool follow a new version of the service's task: its replicas

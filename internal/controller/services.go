@@ -422,15 +422,22 @@ func (s *service) status(withTask bool) api.ServiceStatus {
 		Status: s.mgr.ServiceStatus(down), SpotLosses: spotLosses(s.mgr.SpotLosses(), time.Now(), replicas.MixFor(task.Resources, task.Service.ReplicaPolicy).DynamicFallback),
 		Prefill: s.pool.status(down),
 	}
-	for _, r := range recs {
-		if r.Status == replicas.StatusReady {
-			st.ReadyReplicas++
-		}
-	}
+	st.ReadyReplicas = readyCount(recs)
 	if withTask {
 		st.Task = task.Redacted()
 	}
 	return st
+}
+
+// readyCount is how many of recs are READY.
+func readyCount(recs []replicas.Record) int {
+	n := 0
+	for _, r := range recs {
+		if r.Status == replicas.StatusReady {
+			n++
+		}
+	}
+	return n
 }
 
 // spotLosses is the API view of a service's spot losses at now; nil before any. Only a
