@@ -92,10 +92,13 @@ func (c *checker) auth(n *yaml.Node, field string, envs, secrets map[string]stri
 			}
 		}
 	}
+	if e, ok := f["managed_keys"]; ok {
+		a.ManagedKeys, _ = c.boolean(e.value, joinField(field, "managed_keys"))
+	}
 	_, hasEnv := f["keys_from_env"]
 	_, hasFile := f["keys_file"]
-	if !hasEnv && !hasFile {
-		c.errorf(n, field, "give keys_from_env (environment variables holding keys), keys_file, or both")
+	if !hasEnv && !hasFile && !a.ManagedKeys {
+		c.errorf(n, field, "give keys_from_env (environment variables holding keys), keys_file, managed_keys: true (the keys of `ferry keys create`), or several")
 	}
 	return a
 }

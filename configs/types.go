@@ -191,6 +191,9 @@ type Auth struct {
 	// KeysFile is a file with one key per line (blank lines and # comments skipped), resolved
 	// against the task file's directory and read by `ferry serve up`.
 	KeysFile string `json:"keys_file,omitempty" yaml:"keys_file,omitempty"`
+	// ManagedKeys accepts the controller's managed keys (`ferry keys create`) whose scope
+	// allows the service, alone or beside the keys above.
+	ManagedKeys bool `json:"managed_keys,omitempty" yaml:"managed_keys,omitempty"`
 	// KeyHashes are HashAPIKey of every key, filled by Load. Only hashes leave the CLI: the
 	// controller, its store and the proxy never hold a key. A service whose Auth has no hashes
 	// rejects every request.

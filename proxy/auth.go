@@ -24,6 +24,8 @@ var (
 // nothing about which key, or how much of one, matched.
 type apiKeys struct {
 	hashes [][sha256.Size]byte
+	// managed are the process's managed keys, which the service accepts too (tenancy.go).
+	managed *Tenancy
 }
 
 // newAPIKeys decodes hex hashes. nil hashes mean no auth (nil *apiKeys); an empty non-nil slice
@@ -47,7 +49,7 @@ func newAPIKeys(hexHashes []string) (*apiKeys, error) {
 // (OpenAI's SDKs) or "api-key: KEY" (Azure OpenAI's).
 func (k *apiKeys) allows(h *fasthttp.RequestHeader) bool {
 	_, ok := k.match(h)
-	return ok
+	return ok || k.managed.allows(h)
 }
 
 // match is allows that also says which key matched (its index in hashes), for limits kept per

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/policy"
+	"github.com/ferryserve/ferry/tenants"
 )
 
 // exchange is one proxied request, from pick to the end of its response stream, and the body
@@ -62,6 +63,16 @@ type exchange struct {
 
 	// obs is what metrics and the access log record of the request (metrics.go).
 	obs exchangeObs
+
+	// Tenancy (tenancy.go): the managed key the request presented, what describe read of its
+	// model and prompt for the key's scope and estimate, and the charge its answer settles.
+	managed   *tenants.Key
+	model     []byte
+	promptLen int
+	ticket    tenants.Ticket
+	// class and tenant are the request's priority and the fair-share identity it waits under.
+	class  tenants.Priority
+	tenant string
 	// sentAt and firstAt time the attempt that answered, from sending it to the replica's
 	// first body byte. sentAt is set for a picker that learns from TTFT (Service.learner), zero
 	// otherwise; firstAt always (metrics read it too).
@@ -204,9 +215,10 @@ func (ex *exchange) finish(err error) {
 		ex.logStreamEnd(err)
 	}
 	usage := unknownUsage
-	if code := ex.resp.StatusCode(); code >= 200 && code <= 299 && (ex.svc.obs.on() || ex.svc.learner != nil) {
-		usage = parseUsage(ex.obs.tail.bytes()) // once, for both
+	if code := ex.resp.StatusCode(); code >= 200 && code <= 299 && (ex.svc.obs.on() || ex.svc.learner != nil || ex.ticket.Open()) {
+		usage = parseUsage(ex.obs.tail.bytes()) // once, for all
 	}
+	ex.settleTenant(usage, true, err)
 	ex.observeFinish(err, usage)
 	ex.learn(err, usage)
 	ex.end()
@@ -267,6 +279,8 @@ func (s *Service) releaseExchange(ex *exchange) {
 	ex.resp.Reset()
 	ex.readErr = nil
 	ex.sse, ex.pending = false, nil
+	ex.settleTenant(unknownUsage, false, nil) // a request no replica answered gives its estimate back
+	ex.managed, ex.model, ex.promptLen, ex.class, ex.tenant = nil, nil, 0, 0, ""
 	ex.obs.reset()
 	ex.sentAt, ex.firstAt = time.Time{}, time.Time{}
 	ex.info.Reset()

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -141,6 +142,7 @@ func (g *Gateway) rebuild() {
 		} else {
 			t.anyKeyed = true
 			t.keys.hashes = append(t.keys.hashes, s.keys.hashes...)
+			t.keys.managed = cmp.Or(t.keys.managed, s.tenancy)
 		}
 	}
 	for _, s := range services {
@@ -224,6 +226,8 @@ func (g *Gateway) route(ctx *fasthttp.RequestCtx, t *gatewayTable, svc *Service,
 	default:
 		if i, ok := svc.keys.match(h); ok {
 			svc.handle(ctx, int32(i)+1)
+		} else if svc.tenancy.allows(h) {
+			svc.Handler(ctx) // a managed key: the service checks its scope
 		} else if t.keys.allows(h) {
 			g.reject(ctx, fasthttp.StatusNotFound, modelNotFound(model), reasonUnknownModel)
 		} else {

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/policy"
+	"github.com/ferryserve/ferry/tenants"
 )
 
 // Handler proxies one request: pick a replica, forward, and hand the response stream to fasthttp.
@@ -52,12 +53,17 @@ func (s *Service) handle(ctx *fasthttp.RequestCtx, key int32) {
 // snapshot to route it on, or nil when it has answered the request itself; rate receives the
 // client's rate-limit bucket, for the answer's headers.
 func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32, rate *rateState) (*exchange, *snapshot) {
-	if !s.screen(ctx, key, rate) || s.answerModels(ctx) {
+	managed, ok := s.screen(ctx, key, rate)
+	if !ok || s.answerModels(ctx) {
 		return nil, nil
 	}
 	ex := s.acquireExchange()
+	ex.managed = managed
 	if !ex.describe(ctx, s.needs, s.cfg.MaxConcurrentStreams > 0) {
 		s.refuse(ctx, ex, fasthttp.StatusBadRequest, s.errs.badJSON)
+		return nil, nil
+	}
+	if managed != nil && !s.admitTenant(ctx, ex, rate) {
 		return nil, nil
 	}
 
@@ -94,27 +100,31 @@ func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32, rate *rateState) (*
 // screen refuses requests that no replica could ever serve (no valid API key, over the
 // client's rate, too large) before they count as demand or wait for a replica. matched is
 // 1 + the index of the key matched at the headers, 0 when none was. It reports whether the
-// request passed; when not, it has answered it.
-func (s *Service) screen(ctx *fasthttp.RequestCtx, matched int32, rate *rateState) bool {
+// request passed; when not, it has answered it. A request that presents a managed key
+// (tenancy.go) gets it back, for admitTenant.
+func (s *Service) screen(ctx *fasthttp.RequestCtx, matched int32, rate *rateState) (managed *tenants.Key, ok bool) {
 	key := int(matched) - 1 // which API key, for the rate limit
-	if s.keys != nil && matched == 0 {
-		var ok bool
-		if key, ok = s.keys.match(&ctx.Request.Header); !ok {
-			s.unauthorized(ctx)
-			return false
+	if matched == 0 && (s.keys != nil || s.tenancy != nil) {
+		if s.keys != nil {
+			key, ok = s.keys.match(&ctx.Request.Header)
+		}
+		if !ok {
+			if managed, ok = s.identify(ctx, s.keys != nil); !ok {
+				return nil, false
+			}
 		}
 	}
-	if s.limiter != nil && !s.admitRate(ctx, key, rate) {
+	if s.limiter != nil && managed == nil && !s.admitRate(ctx, key, rate) {
 		s.answeredSelf(ctx, nil)
-		return false
+		return nil, false
 	}
 	// The server enforces the limit while reading; this covers a Handler mounted elsewhere.
 	if len(ctx.Request.Body()) > s.cfg.MaxRequestBodySize {
 		writeError(ctx, fasthttp.StatusRequestEntityTooLarge, s.errs.tooLarge)
 		s.answeredSelf(ctx, nil)
-		return false
+		return nil, false
 	}
-	return true
+	return managed, true
 }
 
 // refuseAtHeaders answers a request whose body the server did not read because the budget of
@@ -313,11 +323,12 @@ func (ex *exchange) describe(ctx *fasthttp.RequestCtx, needs policy.Needs, wantS
 		ex.info.SessionID = ctx.Request.Header.PeekBytes(headerXSessionID)
 	}
 	needsPrompt := needs&policy.NeedsPrompt != 0
-	if (needsPrompt || wantStream) && ctx.IsPost() && !bytes.HasPrefix(ctx.Request.Header.ContentType(), contentTypeMultipart) {
+	if (needsPrompt || wantStream || ex.managed != nil) && ctx.IsPost() && !bytes.HasPrefix(ctx.Request.Header.ContentType(), contentTypeMultipart) {
 		f, err := scanBody(ctx.Request.Body())
 		if err != nil { // not JSON: no stream, and the replica will say what is wrong
 			return !needsPrompt || needs&policy.PromptOptional != 0
 		}
+		ex.model, ex.promptLen = f.Model, len(f.Prompt)
 		if needsPrompt {
 			ex.info.Prompt, ex.info.Model = f.Prompt, f.Model
 			if ex.svc.adapters.Len() > 0 && !ex.svc.cfg.IgnoreAdapters {

@@ -707,8 +707,11 @@ func (ex *exchange) observeRead(p []byte) {
 		return
 	}
 	if !ex.svc.obs.on() {
-		if ex.svc.learner != nil { // it reads the engine's reported usage (exchange.learn)
+		if ex.svc.learner != nil || ex.countsEvents() { // they read the engine's reported usage
 			ex.obs.tail.write(p)
+		}
+		if ex.sse && ex.countsEvents() {
+			ex.obs.events += int64(bytes.Count(p, sseData))
 		}
 		return
 	}

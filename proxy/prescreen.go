@@ -85,11 +85,13 @@ func (s *Service) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConf
 		}
 		if large {
 			i, ok := s.keys.match(h)
-			if !ok {
+			if !ok && !s.tenancy.allows(h) {
 				cutBody(h)
 				return fasthttp.RequestConfig{}
 			}
-			key = int32(i) + 1
+			if ok {
+				key = int32(i) + 1
+			}
 		}
 	}
 	s.front.reserveBody(h, size, large, int64(s.cfg.MaxRequestBodySize), key, s.cfg.RequestReadTimeout)

@@ -223,6 +223,10 @@ type rateState struct {
 	set              bool
 	limit, remaining int64
 	reset            time.Duration
+	// The managed key's token window, for the -tokens headers (tenancy.go).
+	tokens                 bool
+	tokLimit, tokRemaining int64
+	tokReset               time.Duration
 }
 
 // state reads a bucket whose tat is tat at now.
@@ -242,17 +246,14 @@ var (
 // replica's answer replaces them, an error resets them). The reset is in OpenAI's spelling,
 // Go's duration to the millisecond ("1s", "6m0s", "250ms").
 func (r rateState) write(h *fasthttp.ResponseHeader) {
+	r.writeTokens(h)
 	if !r.set {
 		return
 	}
 	var buf [24]byte
 	h.SetBytesKV(headerRateLimitRequests, strconv.AppendInt(buf[:0], r.limit, 10))
 	h.SetBytesKV(headerRateRemainingRequests, strconv.AppendInt(buf[:0], r.remaining, 10))
-	reset := r.reset.Round(time.Millisecond)
-	if r.reset > 0 && reset == 0 {
-		reset = time.Millisecond
-	}
-	h.SetBytesKV(headerRateResetRequests, append(buf[:0], reset.String()...))
+	h.SetBytesKV(headerRateResetRequests, appendReset(buf[:0], r.reset))
 }
 
 // setRetryAfter tells a refused client to wait, in whole seconds rounded up: a client that

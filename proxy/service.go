@@ -146,6 +146,8 @@ type ServiceConfig struct {
 	// KV-cache events): a picker that reads prompts then matches their token ids, which the
 	// proxy asks the engine's /tokenize for (tokenize.go). Nil: prompts are matched by bytes.
 	KVEvents KVIndexes
+	// Tenancy, when set, is the process's managed API keys and their ledger (tenancy.go).
+	Tenancy *Tenancy
 	// TLS, when set, makes Serve terminate TLS on every listener (see LoadTLS).
 	TLS *tls.Config
 	// Guard applies the process's ClientLimits (connections, request bodies being read) to this
@@ -291,6 +293,8 @@ type Service struct {
 	// prefill is the pool of prefill replicas of a disaggregated service (pd.go).
 	prefill prefillState
 	keys    *apiKeys // nil: no auth
+	// tenancy is cfg.Tenancy: managed keys, their limits and usage (tenancy.go); nil without.
+	tenancy *Tenancy
 	errs    errorBodies
 	front   frontend
 	// obs records metrics and the access log (metrics.go).
@@ -438,8 +442,12 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy config for service %q: %w", cfg.Name, err)
 	}
+	if keys != nil {
+		keys.managed = cfg.Tenancy
+	}
 	s := &Service{
 		keys:     keys,
+		tenancy:  cfg.Tenancy,
 		cfg:      cfg,
 		log:      sampledLogger(cfg.Logger).With(zap.String("service", cfg.Name)),
 		picker:   picker,

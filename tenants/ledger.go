@@ -420,3 +420,6 @@ func (l *Ledger) Apply(ans SyncAnswer, now time.Time) {
 	l.proxies.Store(int64(max(ans.Proxies, 1)))
 	l.syncedAt.Store(ns)
 }
+
+// Open reports whether the ticket still waits for Settle.
+func (tk *Ticket) Open() bool { return tk.key != nil }

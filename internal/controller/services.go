@@ -325,7 +325,7 @@ func checkAuth(task *configs.Task) error {
 	if a == nil {
 		return nil
 	}
-	if len(a.KeyHashes) == 0 {
+	if len(a.KeyHashes) == 0 && !a.ManagedKeys {
 		return fmt.Errorf("service.auth resolved no API keys (the CLI resolves them from keys_from_env and keys_file): %w", api.ErrInvalid)
 	}
 	if names := task.KeyEnvs(); len(names) > 0 {

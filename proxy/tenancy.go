@@ -1,0 +1,199 @@
+package proxy
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/ferryserve/ferry/tenants"
+)
+
+// Tenancy is the process's managed API keys (`ferry keys`) and the ledger their limits are kept
+// in, shared by every Service and the gateway of the process. The controller hands it the
+// directory of keys; an attached proxy gets it from the controller with its config.
+//
+// A service that requires a key (service.auth) accepts a managed key whose scope allows it, on
+// top of its own keys; a service that requires none still identifies a managed key a client
+// presents, so its limits and usage apply. A request with a managed key is admitted against the
+// key's and its team's limits once its body is read (admitTenant), and settled when its answer
+// ends with the tokens the engine reported, or counted from the stream when it reported none.
+// The service's own per-key rate limit applies to the service's own keys only.
+type Tenancy struct {
+	index  atomic.Pointer[tenants.Index]
+	ledger *tenants.Ledger
+	// now is the clock limits are judged on; tests set it.
+	now func() time.Time
+}
+
+// NewTenancy returns a Tenancy that admits against l (a new ledger when nil) and knows no key yet.
+func NewTenancy(l *tenants.Ledger) *Tenancy {
+	if l == nil {
+		l = tenants.NewLedger()
+	}
+	return &Tenancy{ledger: l, now: time.Now}
+}
+
+// SetDirectory replaces the keys, teams and prices; requests already admitted keep theirs.
+func (t *Tenancy) SetDirectory(d tenants.Directory) {
+	t.index.Store(tenants.NewIndex(d))
+}
+
+// Version is the directory version in use (0 before the first).
+func (t *Tenancy) Version() int64 { return t.index.Load().Version() }
+
+// Ledger is where the process's managed keys are charged; the caller syncs it with the hub.
+func (t *Tenancy) Ledger() *tenants.Ledger { return t.ledger }
+
+// lookup finds the active or expired managed key a request presents; nil when it presents none
+// of them (or t is nil). The map lookup is on the key's SHA-256, so its timing says nothing
+// about the key.
+func (t *Tenancy) lookup(h *fasthttp.RequestHeader) *tenants.Key {
+	if t == nil {
+		return nil
+	}
+	x := t.index.Load()
+	if x.Empty() {
+		return nil
+	}
+	key := presentedKey(h)
+	if len(key) == 0 {
+		return nil
+	}
+	return x.Lookup(sha256.Sum256(key))
+}
+
+// allows reports whether the request presents a managed key that is active now.
+func (t *Tenancy) allows(h *fasthttp.RequestHeader) bool {
+	k := t.lookup(h)
+	return k != nil && k.Active(t.now())
+}
+
+// identify finds the managed key of a request to the service, when the service's own keys did
+// not match. It reports false when it answered the request: a managed key that expired or was
+// revoked, or, where the service requires a key, none at all.
+func (s *Service) identify(ctx *fasthttp.RequestCtx, required bool) (*tenants.Key, bool) {
+	k := s.tenancy.lookup(&ctx.Request.Header)
+	switch {
+	case k == nil && required:
+		s.unauthorized(ctx)
+		return nil, false
+	case k != nil && !k.Active(s.tenancy.now()):
+		refuseKey(ctx, s.authFailures, &s.errs)
+		ctx.Response.SetBodyRaw(openAIError("The API key has expired or was revoked.", "invalid_request_error", "invalid_api_key"))
+		s.recordSelfAnswer(ctx, nil, ctx.Time(), true)
+		return nil, false
+	}
+	return k, true
+}
+
+// admitTenant checks an identified request against its key's scope and limits, once describe
+// has read its model and prompt. It charges the request and keeps the ticket for the answer's
+// end, or answers it (404 outside the key's scope, 429 over a limit) and reports false. The
+// key's windows go into the answer's x-ratelimit-* headers either way.
+func (s *Service) admitTenant(ctx *fasthttp.RequestCtx, ex *exchange, rate *rateState) bool {
+	k, t := ex.managed, s.tenancy
+	model, _ := unescapedModel(ex.model)
+	if !k.Allows(s.cfg.Name, string(model)) {
+		s.refuse(ctx, ex, fasthttp.StatusNotFound, modelNotFound(model))
+		return false
+	}
+	x := t.index.Load()
+	d, tk := t.ledger.Admit(k, x.Team(k), s.cfg.Name, string(model), x.Price(string(model)), estimateTokens(ex.promptLen), t.now())
+	rate.setTenant(d)
+	if !d.OK {
+		typ, code := "tokens", "rate_limit_exceeded"
+		if d.Budget {
+			typ, code = "insufficient_quota", "insufficient_quota"
+		}
+		s.refuse(ctx, ex, fasthttp.StatusTooManyRequests, openAIError(tenantRefusal(d), typ, code))
+		if d.RetryAfter > 0 {
+			setRetryAfter(ctx, d.RetryAfter)
+		}
+		return false
+	}
+	ex.ticket = tk
+	ex.class = k.ClassFor(string(ctx.Request.Header.PeekBytes(headerXFerryPriority)))
+	ex.tenant = k.ID
+	return true
+}
+
+var headerXFerryPriority = []byte("X-Ferry-Priority")
+
+func tenantRefusal(d tenants.Decision) string {
+	msg := "Rate limit reached: " + d.Refusal + "."
+	if d.TooLarge {
+		msg = "Request too large: " + d.Refusal + "."
+	} else if d.RetryAfter > 0 {
+		msg += fmt.Sprintf(" Please try again in %s.", d.RetryAfter.Round(time.Second))
+	}
+	return msg
+}
+
+// estimateTokens guesses a prompt's tokens from its JSON's length: about four bytes a token in
+// English text (OpenAI's rule of thumb), at least one. The answer's usage corrects it.
+func estimateTokens(promptBytes int) int64 { return int64(promptBytes/4) + 1 }
+
+// settleTenant completes a request's charge when its answer ends: the engine's counts when it
+// reported them, else the estimate for the prompt and the stream's events for the output (an
+// event a token, as vLLM and TGI stream them, less the closing [DONE]). A request that no
+// replica answered gives its estimate back and counts as an error.
+func (ex *exchange) settleTenant(usage tokenUsage, answered bool, err error) {
+	if !ex.ticket.Open() {
+		return
+	}
+	in, out := usage.prompt, usage.completion
+	if !answered {
+		in, out = 0, 0
+	} else if out < 0 {
+		out = max(ex.obs.events-1, 0)
+	}
+	code := ex.resp.StatusCode()
+	failed := !answered || err != nil || code < 200 || code > 299
+	ex.svc.tenancy.ledger.Settle(&ex.ticket, in, out, failed, ex.svc.tenancy.now())
+}
+
+// countsEvents reports whether the stream's events must be counted though metrics are off: a
+// managed key is charged for what it received.
+func (ex *exchange) countsEvents() bool { return ex.ticket.Open() }
+
+var (
+	headerRateLimitTokens     = []byte("X-Ratelimit-Limit-Tokens")
+	headerRateRemainingTokens = []byte("X-Ratelimit-Remaining-Tokens")
+	headerRateResetTokens     = []byte("X-Ratelimit-Reset-Tokens")
+)
+
+// setTenant puts a managed key's windows in the headers: its request window replaces the
+// service's per-key bucket (which does not apply to managed keys), and its token window adds
+// the -tokens headers.
+func (r *rateState) setTenant(d tenants.Decision) {
+	if w := d.Requests; w.Limit > 0 {
+		r.set, r.limit, r.remaining, r.reset = true, w.Limit, w.Remaining, w.Reset
+	}
+	if w := d.Tokens; w.Limit > 0 {
+		r.tokens, r.tokLimit, r.tokRemaining, r.tokReset = true, w.Limit, w.Remaining, w.Reset
+	}
+}
+
+func (r rateState) writeTokens(h *fasthttp.ResponseHeader) {
+	if !r.tokens {
+		return
+	}
+	var buf [24]byte
+	h.SetBytesKV(headerRateLimitTokens, strconv.AppendInt(buf[:0], r.tokLimit, 10))
+	h.SetBytesKV(headerRateRemainingTokens, strconv.AppendInt(buf[:0], r.tokRemaining, 10))
+	h.SetBytesKV(headerRateResetTokens, appendReset(buf[:0], r.tokReset))
+}
+
+// appendReset appends OpenAI's spelling of a reset: Go's duration to the millisecond, at least
+// 1 ms when anything is left to reset. Appending keeps the string off the heap.
+func appendReset(dst []byte, d time.Duration) []byte {
+	reset := d.Round(time.Millisecond)
+	if d > 0 && reset == 0 {
+		reset = time.Millisecond
+	}
+	return append(dst, reset.String()...)
+}
