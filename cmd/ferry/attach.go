@@ -39,6 +39,8 @@ func serveAttached(ctx context.Context, opts proxyOptions, h home.Home, ln, admi
 		return err
 	}
 	defer stopAdmin()
+	// The controller's managed keys and their limits, synced with its hub (attach.SyncLoop).
+	base.Tenancy = proxy.NewTenancy(nil)
 	return attach.NewFollower(attach.FollowerConfig{
 		Service:      opts.attach,
 		Base:         base,

@@ -137,6 +137,13 @@ func (f *Follower) Start(ctx context.Context) error {
 		defer wg.Done()
 		f.watch(loops)
 	}()
+	if f.base.Tenancy != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.tenantLoop(loops)
+		}()
+	}
 	go func() {
 		defer wg.Done()
 		f.reportLoop(loops)
