@@ -137,13 +137,19 @@ func (f *Follower) Start(ctx context.Context) error {
 		defer wg.Done()
 		f.watch(loops)
 	}()
-	if f.base.Tenancy != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f.tenantLoop(loops)
-		}()
-	}
+	// Managed keys' use is synced until the drain below has ended, and once more after.
+	tenantCtx, stopTenants := context.WithCancel(context.WithoutCancel(ctx))
+	tenantsDone := make(chan struct{})
+	go func() {
+		defer close(tenantsDone)
+		if f.base.Tenancy != nil {
+			f.tenantLoop(tenantCtx)
+		}
+	}()
+	defer func() {
+		stopTenants()
+		<-tenantsDone
+	}()
 	go func() {
 		defer wg.Done()
 		f.reportLoop(loops)

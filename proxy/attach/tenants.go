@@ -76,16 +76,25 @@ func SyncLoop(ctx context.Context, t *proxy.Tenancy, proxyID string, sync func(c
 	tick := time.NewTicker(tenantSyncEvery)
 	defer tick.Stop()
 	var lastWarn time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
+	for first := true; ; first = false {
+		final := false
+		if !first { // the first at once: a new proxy learns the keys before its first requests
+			select {
+			case <-ctx.Done():
+				final = true // the use since the last sync still counts
+			case <-tick.C:
+			}
 		}
 		req := TenantSyncRequest{SyncRequest: t.Ledger().Take(proxyID), DirectoryVersion: t.Version()}
-		sctx, cancel := context.WithTimeout(ctx, reportTimeout)
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reportTimeout)
 		ans, err := sync(sctx, req)
 		cancel()
+		if final {
+			if err != nil {
+				log.Warn("managed keys: the last sync failed; its use is lost", zap.Error(err), zap.Int("rows", len(req.Rows)))
+			}
+			return
+		}
 		if err != nil {
 			t.Ledger().Fail(req.SyncRequest)
 			if ctx.Err() == nil && time.Since(lastWarn) >= warnEvery {
