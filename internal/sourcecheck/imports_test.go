@@ -38,13 +38,14 @@ var importRules = []importRule{
 	{"proxy/attach", []string{"configs", "proxy", "internal/rpc", "internal/home"}}, // the standalone proxy links neither jobs, replicas nor launcher
 	{"proxy/kvevents", []string{"policy"}},                                          // the engines' KV-cache events, decoded into policy.KVBlocks
 	{"internal/rpc", []string{"internal/home"}},                                     // tokens, routes, errors, dialing: no domain
-	{"internal/api", []string{"configs", "internal/home", "internal/rpc", "jobs", "launcher", "replicas"}}, // routes; the proxy is not its business; launcher for infra health and leftovers
-	{"internal/store", []string{"configs", "jobs", "launcher", "replicas", "internal/store"}},              // kubestore and storetest build on the interface; launcher for the leftovers ledger
+	{"internal/api", []string{"configs", "internal/home", "internal/rpc", "jobs", "launcher", "replicas", "tenants"}}, // routes; the proxy is not its business; launcher for infra health and leftovers
+	{"internal/store", []string{"configs", "jobs", "launcher", "replicas", "internal/store", "tenants"}},              // kubestore and storetest build on the interface; launcher for the leftovers ledger; tenants' keys and usage
 	{"internal/home", nil},
 	{"internal/infra", []string{"configs", "internal/home", "launcher"}},
 	{"internal/leader", nil}, // client-go's election only; the controller hands its term to the store
 	{"internal/controller", []string{"autoscaler", "configs", "internal/api", "internal/rpc", "internal/home", "internal/infra", "internal/leader", "internal/store",
-		"jobs", "launcher", "policy", "proxy", "replicas"}},
+		"jobs", "launcher", "policy", "proxy", "replicas", "tenants"}},
+	{"tenants", nil}, // keys, limits and usage: the proxy, the attach follower and the controller all use it
 }
 
 // packageRules are rules for one package alone, not those under it, which importRules cover:
