@@ -20,8 +20,18 @@ import (
 // '-', which a table, a CSV line and a shell show as it is.
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
+// invalid, notFound and conflict are errors of the API's kinds answered with their message
+// alone (an *Error), which says what is wrong in the caller's terms.
 func invalid(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+	return &Error{Kind: ErrInvalid, Msg: fmt.Sprintf(format, args...)}
+}
+
+func notFound(format string, args ...any) error {
+	return &Error{Kind: ErrNotFound, Msg: fmt.Sprintf(format, args...)}
+}
+
+func conflict(format string, args ...any) error {
+	return &Error{Kind: ErrConflict, Msg: fmt.Sprintf(format, args...)}
 }
 
 func checkName(field, name string) error {
@@ -113,10 +123,10 @@ func newKey(req CreateKeyRequest, now time.Time) (tenants.Key, string, error) {
 func addKey(d *tenants.Directory, k tenants.Key) error {
 	for _, o := range d.Keys {
 		if o.ID == k.ID {
-			return fmt.Errorf("%w: key id %s", ErrConflict, k.ID)
+			return conflict("key id %s is taken; try again", k.ID)
 		}
 		if o.Name == k.Name && o.RevokedAt.IsZero() {
-			return fmt.Errorf("%w: a key named %q exists (%s); revoke it first or pick another name", ErrConflict, k.Name, o.ID)
+			return conflict("a key named %q exists (%s); revoke it first or pick another name", k.Name, o.ID)
 		}
 	}
 	d.Keys = append(d.Keys, k)
@@ -137,7 +147,7 @@ func findKey(d *tenants.Directory, ref string) (int, error) {
 		}
 	}
 	if found < 0 {
-		return 0, fmt.Errorf("%w: no key has the id or name %q", ErrNotFound, ref)
+		return 0, notFound("no key has the id or name %q", ref)
 	}
 	return found, nil
 }
@@ -156,7 +166,7 @@ func preferKey(k, cur *tenants.Key) bool {
 
 // errRevoked refuses to change a revoked key: it stays as it was, for its usage.
 func errRevoked(k *tenants.Key) error {
-	return fmt.Errorf("%w: key %s (%s) was revoked at %s", ErrConflict, k.ID, k.Name, k.RevokedAt.Format(time.RFC3339))
+	return conflict("key %s (%s) was revoked at %s", k.ID, k.Name, k.RevokedAt.Format(time.RFC3339))
 }
 
 // revoke ends k at now; the record stays, for its usage.
@@ -215,7 +225,7 @@ func joinInvalid(errs []error) error {
 	var msgs []string
 	for _, err := range errs {
 		if err != nil {
-			msgs = append(msgs, strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "))
+			msgs = append(msgs, err.Error())
 		}
 	}
 	if len(msgs) == 0 {
@@ -289,7 +299,7 @@ func applyTeam(d *tenants.Directory, name string, patch LimitsPatch) (tenants.Te
 func removeTeam(d *tenants.Directory, name string) error {
 	i := slices.IndexFunc(d.Teams, func(t tenants.Team) bool { return t.Name == name })
 	if i < 0 {
-		return fmt.Errorf("%w: no team %q", ErrNotFound, name)
+		return notFound("no team %q", name)
 	}
 	d.Teams = slices.Delete(d.Teams, i, i+1)
 	return nil
@@ -333,7 +343,7 @@ func applyPrice(d *tenants.Directory, p ModelPrice) error {
 // removePrice forgets a model's price.
 func removePrice(d *tenants.Directory, model string) error {
 	if _, ok := d.Prices[model]; !ok {
-		return fmt.Errorf("%w: no price for model %q", ErrNotFound, model)
+		return notFound("no price for model %q", model)
 	}
 	delete(d.Prices, model)
 	return nil

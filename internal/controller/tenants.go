@@ -169,7 +169,7 @@ func (c *Controller) EditTenants(edit func(*tenants.Directory) error) (tenants.D
 			continue
 		}
 		if errors.Is(err, store.ErrTenantsChanged) {
-			return tenants.Directory{}, fmt.Errorf("%w: the tenants directory changed twice under this change; try again (%v)", api.ErrConflict, err)
+			return tenants.Directory{}, &api.Error{Kind: api.ErrConflict, Msg: "the keys directory changed twice under this change; try again (" + err.Error() + ")"}
 		}
 		if err != nil {
 			return tenants.Directory{}, err
