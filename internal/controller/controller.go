@@ -111,6 +111,9 @@ type Options struct {
 	// Elector, when set, makes this controller one of several over shared state: it follows
 	// (forwards its API to the leader, runs nothing) until the Elector makes it lead.
 	Elector *leader.Elector
+	// UsagePersistInterval is how often the tenants' usage the proxies reported is written to
+	// the store (0: 2 s); it is written at shutdown too.
+	UsagePersistInterval time.Duration
 }
 
 // DefaultGatewayAddr is the gateway's address unless configured: the port just below the
@@ -227,6 +230,9 @@ type Controller struct {
 	// jobs runs every job on the same provisioner (jobs.go).
 	jobs *jobs.Manager
 
+	// tenantState is the API keys' directory and the usage hub (tenants.go).
+	tenantState *tenantState
+
 	// Leadership (leadership.go). leadMu guards closeState, which lead sets; leadWG counts a
 	// lead in progress; leaderErr carries a failed lead or lost leadership to Start; api is
 	// the leader's API handler once this controller leads (nil while it follows), when
@@ -249,7 +255,7 @@ type Controller struct {
 func New(opts Options) *Controller {
 	opts.defaults()
 	return &Controller{opts: opts, log: opts.Logger, stopCh: make(chan struct{}), services: map[string]*service{},
-		creating: map[string]int{}, leaderErr: make(chan error, 1), leading: make(chan struct{})}
+		creating: map[string]int{}, leaderErr: make(chan error, 1), leading: make(chan struct{}), tenantState: newTenantState(time.Now())}
 }
 
 // Start takes the home lock, serves the API and, unless it must first win an election
@@ -335,6 +341,9 @@ func (c *Controller) lead(ctx context.Context) error {
 	c.leadMu.Lock()
 	c.closeState = closeState
 	c.leadMu.Unlock()
+	if err := c.startTenants(ctx); err != nil {
+		return err
+	}
 	if err := c.startGateway(); err != nil {
 		return err
 	}
@@ -375,7 +384,9 @@ func (c *Controller) stopLeading() {
 
 // leaderHandler is the API as the leader serves it.
 func (c *Controller) leaderHandler(tokens api.Tokens) http.Handler {
-	return api.NewHandler(c, tokens, c.log.Named("api"), append(c.attachRoutes(), c.jobRoutes()...)...)
+	log := c.log.Named("api")
+	routes := append(c.attachRoutes(), c.jobRoutes()...)
+	return api.NewHandler(c, tokens, log, append(routes, api.TenantRoutes(c, log)...)...)
 }
 
 // apiTokens are the home's controller token and attach token, made on first use.
@@ -459,6 +470,7 @@ func (c *Controller) shutdown(srv *api.Server) {
 		s.stop(shutCtx)
 	}
 	c.wg.Wait()
+	c.persistUsage() // what the proxies reported until they stopped
 	if c.kvEvents != nil {
 		_ = c.kvEvents.Close()
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/ferryserve/ferry/jobs"
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/replicas"
+	"github.com/ferryserve/ferry/tenants"
 )
 
 // timedStore times every write of the store it wraps into ferry_store_write_duration_seconds,
@@ -96,4 +97,14 @@ func (s timedStore) PutLeftover(l launcher.Leftover) error {
 func (s timedStore) DeleteLeftover(key string) error {
 	defer s.time("DeleteLeftover")()
 	return s.Store.DeleteLeftover(key)
+}
+
+func (s timedStore) PutTenants(d tenants.Directory) error {
+	defer s.time("PutTenants")()
+	return s.Store.PutTenants(d)
+}
+
+func (s timedStore) AddUsage(rows []tenants.Row) error {
+	defer s.time("AddUsage")()
+	return s.Store.AddUsage(rows)
 }

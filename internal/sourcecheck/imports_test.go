@@ -36,10 +36,10 @@ var importRules = []importRule{
 	{"jobs", []string{"configs", "launcher"}},               // never learns which cloud runs a node, nor that services exist
 	{"proxy", []string{"policy", "tenants"}},
 	{"proxy/attach", []string{"configs", "proxy", "internal/rpc", "internal/home", "tenants"}}, // the standalone proxy links neither jobs, replicas nor launcher
-	{"proxy/kvevents", []string{"policy"}},                                          // the engines' KV-cache events, decoded into policy.KVBlocks
-	{"internal/rpc", []string{"internal/home"}},                                     // tokens, routes, errors, dialing: no domain
-	{"internal/api", []string{"configs", "internal/home", "internal/rpc", "jobs", "launcher", "replicas"}}, // routes; the proxy is not its business; launcher for infra health and leftovers
-	{"internal/store", []string{"configs", "jobs", "launcher", "replicas", "internal/store"}},              // kubestore and storetest build on the interface; launcher for the leftovers ledger
+	{"proxy/kvevents", []string{"policy"}},                                                     // the engines' KV-cache events, decoded into policy.KVBlocks
+	{"internal/rpc", []string{"internal/home"}},                                                // tokens, routes, errors, dialing: no domain
+	{"internal/api", []string{"configs", "internal/home", "internal/rpc", "jobs", "launcher", "replicas", "tenants"}}, // routes; the proxy is not its business; launcher for infra health and leftovers
+	{"internal/store", []string{"configs", "jobs", "launcher", "replicas", "internal/store", "tenants"}},              // kubestore and storetest build on the interface; launcher for the leftovers ledger; tenants' keys and usage
 	{"internal/home", nil},
 	{"tenants", nil}, // keys, limits and usage: pure, shared by the proxy, the follower and the controller
 	{"internal/infra", []string{"configs", "internal/home", "launcher"}},

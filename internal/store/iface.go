@@ -8,7 +8,7 @@ import (
 
 // Store is the controller's state: services with their versions, rollout and spot losses,
 // replicas, jobs, and the leftovers the provisioner still has to stop on infras that did not
-// answer.
+// answer, and the tenants' keys and usage.
 // SQLite (this package) is the embedded default for one machine; internal/store/kubestore keeps
 // the same state as objects in a Kubernetes API server for controllers that fail over. Both pass
 // the same contract tests (internal/store/storetest).
@@ -23,6 +23,8 @@ type Store interface {
 	// Ledger keeps the leftovers across restarts and failovers; a PutLeftover without a key
 	// is refused.
 	launcher.Ledger
+	// TenantStore keeps the API keys' directory and their usage (tenants.go).
+	TenantStore
 
 	// CreateService records a new service at version 1 (its first version recorded too); it
 	// fails if the name exists.

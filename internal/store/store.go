@@ -110,6 +110,25 @@ CREATE TABLE IF NOT EXISTS leftovers (
 	reason          TEXT NOT NULL DEFAULT '',
 	since           TEXT NOT NULL DEFAULT ''
 );
+CREATE TABLE IF NOT EXISTS tenants (
+	id             INTEGER PRIMARY KEY CHECK (id = 1),
+	version        INTEGER NOT NULL,
+	directory_json TEXT NOT NULL,
+	updated_at     INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS usage (
+	day           TEXT NOT NULL,
+	key_id        TEXT NOT NULL,
+	service       TEXT NOT NULL,
+	model         TEXT NOT NULL,
+	team          TEXT NOT NULL DEFAULT '',
+	requests      INTEGER NOT NULL DEFAULT 0,
+	errors        INTEGER NOT NULL DEFAULT 0,
+	input_tokens  INTEGER NOT NULL DEFAULT 0,
+	output_tokens INTEGER NOT NULL DEFAULT 0,
+	cost_micros   INTEGER NOT NULL DEFAULT 0,
+	PRIMARY KEY (day, key_id, service, model)
+);
 `
 
 // migrations add columns that later versions need to a store made by an earlier one. A table

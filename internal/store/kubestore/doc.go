@@ -10,6 +10,8 @@
 //	ferry-rep-NAME-ID       a replica
 //	ferry-job-ID            a job
 //	ferry-left-HASH         a leftover to stop (launcher.Leftover), named by a hash of its key
+//	ferry-tenants           the tenants' directory: API key hashes, teams, prices (tenants.go)
+//	ferry-usage-DAY-SHARD   the usage rows of one UTC day, for the keys of one shard (tenants.go)
 //
 // The tasks in them are Task.Redacted(); the full tasks (secrets, envs named like a credential,
 // API key hashes, probe credentials) are in a ConfigMap beside the record's, NAME.sealed (kind

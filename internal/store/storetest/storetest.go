@@ -41,6 +41,10 @@ var Tests = []struct {
 	{"LeftoverWithoutKeyRefused", testLeftoverWithoutKeyRefused},
 	{"ReplicaOfMissingServiceRefused", testReplicaOfMissingServiceRefused},
 	{"RacingWritesAndDeletes", testRacingWritesAndDeletes},
+	{"TenantsDirectory", testTenantsDirectory},
+	{"TenantsRacingPuts", testTenantsRacingPuts},
+	{"UsageAddsUp", testUsageAddsUp},
+	{"UsageConcurrentAdds", testUsageConcurrentAdds},
 }
 
 // Run runs every test of the contract on fresh state from fresh.
