@@ -308,7 +308,13 @@ type Service struct {
 	// inflight counts requests from pick to the end of their response stream.
 	inflight atomic.Int64
 	// slots holds requests beyond MaxInFlightPerReplica (slots.go); nil without the cap.
+	// Without it, held is the line requests held for a first replica wait in (queue.go).
 	slots *slotQueue
+	held  waitLine
+	// classify sets a request's priority class and fair-share tenant (exchange.class,
+	// exchange.tenant) once it has been described; nil leaves every request standard and
+	// anonymous. It is set before the service serves and never changed after.
+	classify func(ctx *fasthttp.RequestCtx, ex *exchange)
 	// arrivals counts requests that reached routing (Arrivals); waiting counts those held for
 	// a replica (Waiting).
 	arrivals atomic.Uint64

@@ -34,10 +34,10 @@ var importRules = []importRule{
 	{"launcher/vmnode", []string{"configs", "launcher"}},    // a VM node's boot script and console, for the VM clouds
 	{"replicas", []string{"configs", "launcher", "policy"}}, // not autoscaler (how many is handed in), not proxy
 	{"jobs", []string{"configs", "launcher"}},               // never learns which cloud runs a node, nor that services exist
-	{"proxy", []string{"policy"}},
-	{"proxy/attach", []string{"configs", "proxy", "internal/rpc", "internal/home"}}, // the standalone proxy links neither jobs, replicas nor launcher
-	{"proxy/kvevents", []string{"policy"}},                                          // the engines' KV-cache events, decoded into policy.KVBlocks
-	{"internal/rpc", []string{"internal/home"}},                                     // tokens, routes, errors, dialing: no domain
+	{"proxy", []string{"policy", "tenants"}},
+	{"proxy/attach", []string{"configs", "proxy", "internal/rpc", "internal/home"}},                        // the standalone proxy links neither jobs, replicas nor launcher
+	{"proxy/kvevents", []string{"policy"}},                                                                 // the engines' KV-cache events, decoded into policy.KVBlocks
+	{"internal/rpc", []string{"internal/home"}},                                                            // tokens, routes, errors, dialing: no domain
 	{"internal/api", []string{"configs", "internal/home", "internal/rpc", "jobs", "launcher", "replicas"}}, // routes; the proxy is not its business; launcher for infra health and leftovers
 	{"internal/store", []string{"configs", "jobs", "launcher", "replicas", "internal/store"}},              // kubestore and storetest build on the interface; launcher for the leftovers ledger
 	{"internal/home", nil},
