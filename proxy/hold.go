@@ -61,7 +61,7 @@ func (s *Service) awaitReplicas(ctx *fasthttp.RequestCtx, ex *exchange, snap *sn
 	for {
 		s.held.join(w)
 		outcome := h.wait(snap.ready, w.ch)
-		if s.held.leave(w) {
+		if outcome == holdSignalled || s.held.leave(w) {
 			if outcome == holdClientGone {
 				return nil, false, nil
 			}
@@ -93,7 +93,7 @@ func (l *waitLine) join(w *waiter) {
 }
 
 // leave takes w out of a line that only sheds, and reports whether it was shed meanwhile
-// (the one wake-up such a line sends, which it drains).
+// (the one wake-up such a line sends, which it drains: the hold did not receive it).
 func (l *waitLine) leave(w *waiter) (shed bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -147,6 +147,7 @@ type holdOutcome int
 
 const (
 	holdWoken holdOutcome = iota
+	holdSignalled
 	holdClientGone
 	holdExpired
 	holdShutdown
@@ -185,7 +186,8 @@ func (h *hold) stop() {
 	}
 }
 
-// wait returns when ready or signal fires (holdWoken) or the hold ends; either may be nil.
+// wait returns when ready fires (holdWoken), a value comes on signal (holdSignalled), or the
+// hold ends; either channel may be nil.
 func (h *hold) wait(ready, signal <-chan struct{}) holdOutcome {
 	for {
 		select {
@@ -196,7 +198,7 @@ func (h *hold) wait(ready, signal <-chan struct{}) holdOutcome {
 		case <-ready:
 			return holdWoken
 		case <-signal:
-			return holdWoken
+			return holdSignalled
 		case <-h.timer.C:
 			return holdExpired
 		case <-h.s.stopped:

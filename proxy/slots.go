@@ -245,7 +245,7 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 	defer h.stop()
 	for {
 		switch h.wait(nil, w.ch) {
-		case holdWoken:
+		case holdSignalled:
 			if w.shed {
 				return nil, false, s.shedAnswer(ex)
 			}
