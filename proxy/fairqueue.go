@@ -89,9 +89,6 @@ type classQueue struct {
 
 func (q *fairQueue) len() int { return q.n }
 
-// classLen returns how many requests of class index c wait.
-func (q *fairQueue) classLen(c int) int { return q.classes[c].n }
-
 // push adds w at the end of its tenant's line; a tenant that had nobody waiting joins the round
 // just before the tenant whose turn is next, so that every other waiting tenant is served at
 // most once before it.

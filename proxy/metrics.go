@@ -147,16 +147,6 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 				"its count over ferry_requests_total is how often the proxy held requests.",
 			Buckets: ttftBuckets,
 		}, []string{"service"}),
-		waitingByClass: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "ferry_requests_waiting_by_class",
-			Help: "ferry_requests_waiting by the requests' priority class: interactive, standard or batch (a key's class, or x-ferry-priority).",
-		}, []string{"service", "class"}),
-		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "ferry_requests_shed_total",
-			Help: "Requests that waited or asked to wait in the proxy and were answered 503 with Retry-After, by priority class and reason: " +
-				"evicted (taken out of a full queue for a request of a higher class or of a tenant with fewer waiting), " +
-				"queue_full (max_queued_requests waited and none could be evicted), wait_expired (max_queue_wait passed).",
-		}, []string{"service", "class", "reason"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ferry_retries_total",
 			Help: "Attempts on another replica after a failed one (see ServiceConfig.MaxAttempts).",
@@ -180,6 +170,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		health:   newHealthMetrics(),
 	}
 	m.newTokenMetrics()
+	m.newQueueMetrics()
 	m.newAdapterMetrics()
 	m.newPrefillMetrics()
 	collectors := []prometheus.Collector{m.duration, m.ttft, m.tpot, m.inFlight, m.waiting, m.queued, m.slotWait, m.retries, m.clientAborts, m.promptTokens,
@@ -194,6 +185,20 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// newQueueMetrics creates the series of waiting requests by priority class (queue.go).
+func (m *Metrics) newQueueMetrics() {
+	m.waitingByClass = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "ferry_requests_waiting_by_class",
+		Help: "ferry_requests_waiting by the requests' priority class: interactive, standard or batch (a key's class, or x-ferry-priority).",
+	}, []string{"service", "class"})
+	m.shed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ferry_requests_shed_total",
+		Help: "Requests that waited or asked to wait in the proxy and were answered 503 with Retry-After, by priority class and reason: " +
+			"evicted (taken out of a full queue for a request of a higher class or of a tenant with fewer waiting), " +
+			"queue_full (max_queued_requests waited and none could be evicted), wait_expired (max_queue_wait passed).",
+	}, []string{"service", "class", "reason"})
 }
 
 // newTokenMetrics creates the series about tokens: those the answers' usage reports, and the

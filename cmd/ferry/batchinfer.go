@@ -80,9 +80,9 @@ func batchInfer(ctx context.Context, f batchFlags, progress io.Writer) error {
 	if f.endpoint == "" || f.input == "" || f.output == "" {
 		return fmt.Errorf("--endpoint, --input and --output are required")
 	}
-	priority, err := tenants.ParsePriority(f.priority)
+	target, err := newBatchTarget(f)
 	if err != nil {
-		return fmt.Errorf("--priority: %w", err)
+		return err
 	}
 	items, err := readBatch(f.input)
 	if err != nil {
@@ -97,15 +97,9 @@ func batchInfer(ctx context.Context, f batchFlags, progress io.Writer) error {
 		return err
 	}
 	defer out.Close()
-	key := ""
-	if f.keyEnv != "" {
-		key = os.Getenv(f.keyEnv)
-	}
-	target := batchTarget{client: &http.Client{Timeout: f.timeout}, base: strings.TrimRight(f.endpoint, "/"), key: key,
-		model: f.model, maxTokens: f.maxTokens, priority: priority.String()}
 	base := target.base
 	if target.model == "" {
-		if target.model, err = firstModel(ctx, target.client, base, key); err != nil {
+		if target.model, err = firstModel(ctx, target.client, base, target.key); err != nil {
 			return err
 		}
 	}
@@ -242,6 +236,20 @@ type batchTarget struct {
 	client                     *http.Client
 	base, key, model, priority string
 	maxTokens                  int
+}
+
+// newBatchTarget reads the flags that say where and how to send.
+func newBatchTarget(f batchFlags) (batchTarget, error) {
+	priority, err := tenants.ParsePriority(f.priority)
+	if err != nil {
+		return batchTarget{}, fmt.Errorf("--priority: %w", err)
+	}
+	key := ""
+	if f.keyEnv != "" {
+		key = os.Getenv(f.keyEnv)
+	}
+	return batchTarget{client: &http.Client{Timeout: f.timeout}, base: strings.TrimRight(f.endpoint, "/"), key: key,
+		model: f.model, maxTokens: f.maxTokens, priority: priority.String()}, nil
 }
 
 // maxBatchRetryAfter bounds the wait a Retry-After may ask of one retry.
