@@ -153,6 +153,8 @@ const (
 	shedQueueFull        // refused: MaxQueuedRequests waited and none could be shed
 	shedExpired          // waited MaxQueueWait in vain
 	numShedReasons
+
+	noShed = -1 // not counted: the request never asked to wait
 )
 
 var shedReasonNames = [numShedReasons]string{"evicted", "queue_full", "wait_expired"}

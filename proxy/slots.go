@@ -227,7 +227,7 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 		return snap, false, nil
 	}
 	if s.cfg.MaxQueuedRequests < 0 {
-		snap, refusal := s.noSlot(ex, snap, shedQueueFull, s.errs.noReplicas, s.errs.slotsBusy)
+		snap, refusal := s.noSlot(ex, snap, noShed, s.errs.noReplicas, s.errs.slotsBusy)
 		return snap, false, refusal
 	}
 	if !s.enterWaiting(ex) {
@@ -272,15 +272,16 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 // noSlot is awaitSlot's answer to a request that cannot wait for a slot: sent on anyway under
 // learned caps, unless it is a batch request; refused under a configured cap, with cold when
 // there is no replica at all and busy otherwise. reason is what ferry_requests_shed_total counts
-// a refusal as.
+// a refusal as; noShed for a request that never asked to wait (holding off).
 func (s *Service) noSlot(ex *exchange, snap *snapshot, reason int, cold, busy []byte) (*snapshot, []byte) {
+	refusal := busy
 	if len(snap.replicas) == 0 {
-		s.obs.shed(ex.class, reason)
-		return nil, s.refuseWaiting(ex, cold)
-	}
-	if s.slots.learned() && ex.class > tenants.PriorityBatch {
+		refusal = cold
+	} else if s.slots.learned() && ex.class > tenants.PriorityBatch {
 		return snap, nil
 	}
-	s.obs.shed(ex.class, reason)
-	return nil, s.refuseWaiting(ex, busy)
+	if reason != noShed {
+		s.obs.shed(ex.class, reason)
+	}
+	return nil, s.refuseWaiting(ex, refusal)
 }
