@@ -11,8 +11,8 @@
 //   - the binder of the replica it is sent to, from the start of fasthttp's Do until fasthttp
 //     has acquired a connection (upstream.go says why it cannot go);
 //   - with RateLimit on and no API keys, one shard of the per-address limiter (ratelimit.go);
-//   - only while requests wait for a slot under MaxInFlightPerReplica, the slot queue's lock
-//     (slots.go);
+//   - only while requests wait for a slot under MaxInFlightPerReplica, or for a first replica,
+//     the lock of the line they wait in (slots.go, queue.go);
 //   - only for a body over 16 KiB or chunked, and for requests arriving while such a body is
 //     being read, the process's body budget (budget.go), at the headers and in the handler.
 //
