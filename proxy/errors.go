@@ -42,6 +42,7 @@ type errorBodies struct {
 	slotsBusy      []byte // 503: every replica is at the cap and holding is off
 	slotsQueueFull []byte // 503: MaxQueuedRequests already wait
 	slotsTimeout   []byte // 503: no slot within MaxQueueWait
+	shed           []byte // 503: taken out of the line for a request of a higher class or a lighter tenant (queue.go)
 }
 
 func newErrorBodies(service string, maxBody int) errorBodies {
@@ -95,6 +96,8 @@ func (e errorBodies) withHoldBodies(service string, maxQueued int, maxWait time.
 		"service_unavailable", "queue_full")
 	e.slotsTimeout = openAIError(fmt.Sprintf("no replica of service %q had a free slot within %v", service, maxWait),
 		"service_unavailable", "queue_timeout")
+	e.shed = openAIError(fmt.Sprintf("service %q is overloaded and shed this request to serve requests of a higher priority or of tenants with fewer waiting; retry after the seconds in Retry-After", service),
+		"service_unavailable", "request_shed")
 	e.shuttingDown = openAIError(fmt.Sprintf("service %q is shutting down", service),
 		"service_unavailable", "shutting_down")
 	return e

@@ -58,6 +58,14 @@ type exchange struct {
 	// slotWaited is set when the request waited in the proxy for a free slot (late binding)
 	// and has not been sent yet; tryReplica then passes on a slot it left free.
 	slotWaited bool
+	// class and tenant are where the request waits when it must (queue.go): its priority and
+	// who it shares the replicas fairly with (an API key's id; "" is every anonymous request),
+	// set by Service.classify. wait is its place in line; its channel is kept across requests.
+	// retryAfter is the Retry-After, in seconds, of a refusal by the line (0: the default).
+	class      tenants.Priority
+	tenant     string
+	wait       waiter
+	retryAfter int
 	requestID  []byte
 	scratch    []byte
 
@@ -70,9 +78,6 @@ type exchange struct {
 	model     []byte
 	promptLen int
 	ticket    tenants.Ticket
-	// class and tenant are the request's priority and the fair-share identity it waits under.
-	class  tenants.Priority
-	tenant string
 	// sentAt and firstAt time the attempt that answered, from sending it to the replica's
 	// first body byte. sentAt is set for a picker that learns from TTFT (Service.learner), zero
 	// otherwise; firstAt always (metrics read it too).
@@ -280,7 +285,7 @@ func (s *Service) releaseExchange(ex *exchange) {
 	ex.readErr = nil
 	ex.sse, ex.pending = false, nil
 	ex.settleTenant(unknownUsage, false, nil) // a request no replica answered gives its estimate back
-	ex.managed, ex.model, ex.promptLen, ex.class, ex.tenant = nil, nil, 0, 0, ""
+	ex.managed, ex.model, ex.promptLen = nil, nil, 0
 	ex.obs.reset()
 	ex.sentAt, ex.firstAt = time.Time{}, time.Time{}
 	ex.info.Reset()
@@ -288,7 +293,19 @@ func (s *Service) releaseExchange(ex *exchange) {
 	clear(ex.tried) // do not pin replicas of old snapshots
 	ex.tried = ex.tried[:0]
 	ex.slotWaited = false
+	ex.class, ex.tenant, ex.retryAfter = tenants.PriorityStandard, "", 0
+	ex.wait.tenant = ""
 	clear(ex.candidates)
 	ex.candidates = ex.candidates[:0]
 	s.exchanges.Put(ex)
+}
+
+// waiter returns the request's place in line, ready to join it.
+func (ex *exchange) waiter() *waiter {
+	w := &ex.wait
+	if w.ch == nil {
+		w.ch = make(chan struct{}, 1)
+	}
+	w.class, w.tenant = classIndex(ex.class), ex.tenant
+	return w
 }

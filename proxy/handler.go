@@ -66,12 +66,15 @@ func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32, rate *rateState) (*
 	if managed != nil && !s.admitTenant(ctx, ex, rate) {
 		return nil, nil
 	}
+	if s.classify != nil {
+		s.classify(ctx, ex)
+	}
 
 	s.arrivals.Add(1)
 	snap := s.snap.Load()
+	var refusal []byte
 	if len(snap.replicas) == 0 {
-		var refusal []byte
-		if snap, refusal = s.awaitReplicas(ctx, snap); snap == nil {
+		if snap, ex.slotWaited, refusal = s.awaitReplicas(ctx, ex, snap); snap == nil {
 			s.endHold(ctx, ex, refusal)
 			return nil, nil
 		}
@@ -79,13 +82,15 @@ func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32, rate *rateState) (*
 	// After the hold, so that requests released together by the first replica still respect
 	// the cap.
 	if limit := s.cfg.MaxConcurrentRequests; limit > 0 && s.inflight.Load() >= int64(limit) {
+		if ex.slotWaited {
+			s.slots.grant(s) // the slot it was granted goes to the next in line
+		}
 		s.refuse(ctx, ex, fasthttp.StatusTooManyRequests, s.errs.overloaded)
 		return nil, nil
 	}
 	s.tokenize(ex, snap)
-	if s.slots != nil {
-		var refusal []byte
-		if snap, ex.slotWaited, refusal = s.awaitSlot(ctx, snap); snap == nil {
+	if s.slots != nil && !ex.slotWaited { // else granted a slot while held for a first replica
+		if snap, ex.slotWaited, refusal = s.awaitSlot(ctx, ex, snap); snap == nil {
 			s.endHold(ctx, ex, refusal)
 			return nil, nil
 		}
@@ -266,15 +271,17 @@ func (s *Service) tryReplica(ctx *fasthttp.RequestCtx, ex *exchange, snap *snaps
 	return false, retry, err
 }
 
-// endHold answers a request that waited for a replica or a slot in vain: 503 with refusal, or
+// endHold answers a request that waited for a replica or a slot in vain: 503 with refusal and
+// the Retry-After the line estimated (queue.go), or
 // 499 and a closed connection when refusal is nil (the client left while held).
 func (s *Service) endHold(ctx *fasthttp.RequestCtx, ex *exchange, refusal []byte) {
+	retryAfter := ex.retryAfter
 	s.releaseExchange(ex)
 	if refusal == nil {
 		ctx.SetStatusCode(statusClientClosedRequest)
 		ctx.SetConnectionClose()
 	} else {
-		writeError(ctx, fasthttp.StatusServiceUnavailable, refusal)
+		writeErrorAfter(ctx, fasthttp.StatusServiceUnavailable, refusal, retryAfter)
 	}
 	s.answeredSelf(ctx, nil)
 }

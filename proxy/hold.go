@@ -36,52 +36,74 @@ func readySignal(old, next *snapshot) chan struct{} {
 
 // awaitReplicas holds a request that found snap without replicas until a snapshot with
 // replicas is published, and returns it. When it gives up instead it returns nil and the body
-// of the 503 to answer: holding is disabled, too many requests already wait, the wait expired,
-// or the service or the server it runs in is shutting down. It returns nil, nil when the client
-// hung up meanwhile (see hold below).
-func (s *Service) awaitReplicas(ctx *fasthttp.RequestCtx, snap *snapshot) (*snapshot, []byte) {
+// of the 503 to answer: holding is disabled, too many requests already wait and none could be
+// shed, it was shed itself (queue.go), the wait expired, or the service or the server it runs
+// in is shutting down. It returns nil, nil when the client hung up meanwhile (see hold below).
+// Under late binding the slot queue holds it (awaitSlot), so that the first replica's slots go
+// in class and fair-share order; waited then says it was granted one.
+func (s *Service) awaitReplicas(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapshot) (_ *snapshot, waited bool, _ []byte) {
 	s.coldRequest()
+	if s.slots != nil {
+		return s.awaitSlot(ctx, ex, snap)
+	}
 	if s.cfg.MaxQueuedRequests < 0 {
-		return nil, s.errs.noReplicas
+		return nil, false, s.errs.noReplicas
 	}
-	if !s.enterWaiting() {
-		return nil, s.errs.queueFull
+	if !s.enterWaiting(ex) {
+		s.obs.shed(ex.class, shedQueueFull)
+		return nil, false, s.refuseWaiting(ex, s.errs.queueFull)
 	}
-	defer s.leaveWaiting()
+	defer s.leaveWaiting(ex)
 
+	w := ex.waiter()
 	h := s.newHold(ctx)
 	defer h.stop()
 	for {
-		switch h.wait(snap.ready) {
+		s.held.join(w)
+		outcome := h.wait(snap.ready, w.ch)
+		if outcome == holdSignalled || s.held.leave(w) {
+			if outcome == holdClientGone {
+				return nil, false, nil
+			}
+			return nil, false, s.shedAnswer(ex)
+		}
+		switch outcome {
 		case holdClientGone:
-			return nil, nil
+			return nil, false, nil
 		case holdExpired:
-			return nil, s.errs.noReplicaTimeout
+			s.obs.shed(ex.class, shedExpired)
+			return nil, false, s.refuseWaiting(ex, s.errs.noReplicaTimeout)
 		case holdShutdown:
-			return nil, s.errs.shuttingDown
+			return nil, false, s.errs.shuttingDown
 		}
 		// The replicas may have gone again before this request looked: wait on the new
 		// empty snapshot's signal.
 		if snap = s.snap.Load(); len(snap.replicas) > 0 {
-			return snap, nil
+			return snap, false, nil
 		}
 	}
 }
 
-// enterWaiting counts a request as held (Waiting, the waiting gauge) unless MaxQueuedRequests
-// are held already, whatever they wait for; leaveWaiting undoes it.
-func (s *Service) enterWaiting() bool {
-	if s.waiting.Add(1) > int64(s.cfg.MaxQueuedRequests) {
-		s.waiting.Add(-1)
-		return false
-	}
-	s.obs.waitBegin()
-	return true
+// join puts w in a line that only sheds (Service.held): replicas wake its waiters all at once.
+func (l *waitLine) join(w *waiter) {
+	l.mu.Lock()
+	l.order.push(w)
+	l.queued.Add(1)
+	l.mu.Unlock()
 }
 
-func (s *Service) leaveWaiting() {
-	s.waiting.Add(-1)
-	s.obs.waitEnd()
+// leave takes w out of a line that only sheds, and reports whether it was shed meanwhile
+// (the one wake-up such a line sends, which it drains: the hold did not receive it).
+func (l *waitLine) leave(w *waiter) (shed bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w.queue != nil {
+		l.order.remove(w)
+		l.queued.Add(-1)
+		return false
+	}
+	<-w.ch // sent under l.mu, before w left the line
+	return true
 }
 
 // coldRequest calls OnColdRequest, at most once per coldRequestEvery.
@@ -108,9 +130,10 @@ func (s *Service) coldRequest() {
 	}()
 }
 
-// Waiting returns the number of requests currently held for a replica. Together with
-// Arrivals it is what an autoscaler reads of a service scaled to zero: demand the replicas
-// have not seen yet.
+// Waiting returns the number of requests currently waiting in the proxy: held for a first
+// replica, or queued for a free slot under late binding (slots.go). Together with Arrivals it is
+// what an autoscaler reads of a service scaled to zero or saturated: demand the replicas have
+// not seen yet.
 func (s *Service) Waiting() int64 { return s.waiting.Load() }
 
 // Arrivals returns how many requests have reached the routing stage since the service
@@ -124,6 +147,7 @@ type holdOutcome int
 
 const (
 	holdWoken holdOutcome = iota
+	holdSignalled
 	holdClientGone
 	holdExpired
 	holdShutdown
@@ -162,8 +186,9 @@ func (h *hold) stop() {
 	}
 }
 
-// wait returns when ready fires or the hold ends.
-func (h *hold) wait(ready <-chan struct{}) holdOutcome {
+// wait returns when ready fires (holdWoken), a value comes on signal (holdSignalled), or the
+// hold ends; either channel may be nil.
+func (h *hold) wait(ready, signal <-chan struct{}) holdOutcome {
 	for {
 		select {
 		case <-h.peek:
@@ -172,6 +197,8 @@ func (h *hold) wait(ready <-chan struct{}) holdOutcome {
 			}
 		case <-ready:
 			return holdWoken
+		case <-signal:
+			return holdSignalled
 		case <-h.timer.C:
 			return holdExpired
 		case <-h.s.stopped:

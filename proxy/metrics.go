@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"go.uber.org/zap"
+
+	"github.com/ferryserve/ferry/tenants"
 )
 
 // Histogram buckets, in seconds. LLM requests span four orders of magnitude: a cached refusal
@@ -48,6 +50,8 @@ const replicaNone = "none"
 //	ferry_requests_waiting{service}                      requests waiting in the proxy: held for a first replica or queued for a slot
 //	ferry_requests_queued{service}                       of those, the ones queued for a slot on a full replica (late binding, slots.go)
 //	ferry_slot_wait_seconds{service}                     how long each queued request waited for its slot (or gave up)
+//	ferry_requests_waiting_by_class{service,class}       ferry_requests_waiting by priority class (interactive, standard, batch: queue.go)
+//	ferry_requests_shed_total{service,class,reason}      waiting requests answered 503 by the line: evicted for a higher class or a lighter tenant, queue_full, wait_expired
 //	ferry_retries_total{service}                         attempts on another replica after a failed one
 //	ferry_upstream_errors_total{service,replica,kind}    kind: dial, pool_full, reset, timeout, status_5xx, stream_cut
 //	ferry_prompt_tokens_total{service}                   from the "usage" a 2xx response reports
@@ -76,6 +80,8 @@ type Metrics struct {
 	waiting          *prometheus.GaugeVec
 	queued           *prometheus.GaugeVec
 	slotWait         *prometheus.HistogramVec
+	waitingByClass   *prometheus.GaugeVec
+	shed             *prometheus.CounterVec
 	retries          *prometheus.CounterVec
 	clientAborts     *prometheus.CounterVec
 	promptTokens     *prometheus.CounterVec
@@ -164,10 +170,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		health:   newHealthMetrics(),
 	}
 	m.newTokenMetrics()
+	m.newQueueMetrics()
 	m.newAdapterMetrics()
 	m.newPrefillMetrics()
 	collectors := []prometheus.Collector{m.duration, m.ttft, m.tpot, m.inFlight, m.waiting, m.queued, m.slotWait, m.retries, m.clientAborts, m.promptTokens,
-		m.completionTokens, m.cachedTokens, m.tokenize, m.gatewayErrors, replicaCollector{m}, m.health,
+		m.waitingByClass, m.shed, m.completionTokens, m.cachedTokens, m.tokenize, m.gatewayErrors, replicaCollector{m}, m.health,
 		m.adapterRequests, m.adapterTTFT, m.adapterLoads, m.prefill}
 	for i, c := range collectors {
 		if err := reg.Register(c); err != nil {
@@ -178,6 +185,20 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// newQueueMetrics creates the series of waiting requests by priority class (queue.go).
+func (m *Metrics) newQueueMetrics() {
+	m.waitingByClass = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "ferry_requests_waiting_by_class",
+		Help: "ferry_requests_waiting by the requests' priority class: interactive, standard or batch (a key's class, or x-ferry-priority).",
+	}, []string{"service", "class"})
+	m.shed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ferry_requests_shed_total",
+		Help: "Requests that waited or asked to wait in the proxy and were answered 503 with Retry-After, by priority class and reason: " +
+			"evicted (taken out of a full queue for a request of a higher class or of a tenant with fewer waiting), " +
+			"queue_full (max_queued_requests waited and none could be evicted), wait_expired (max_queue_wait passed).",
+	}, []string{"service", "class", "reason"})
 }
 
 // newTokenMetrics creates the series about tokens: those the answers' usage reports, and the
@@ -214,6 +235,8 @@ type serviceMetrics struct {
 	waiting          prometheus.Gauge
 	queued           prometheus.Gauge
 	slotWait         prometheus.Observer
+	waitingByClass   [numClasses]prometheus.Gauge
+	shed             [numClasses][numShedReasons]prometheus.Counter
 	retries          prometheus.Counter
 	clientAborts     prometheus.Counter
 	promptTokens     prometheus.Counter
@@ -252,6 +275,12 @@ func (m *Metrics) acquireService(name string) *serviceMetrics {
 		tokenizeFailed:   m.tokenize.WithLabelValues(name, "failed"),
 		none:             m.acquireReplicaLocked(name, replicaNone),
 	}
+	for c, class := range classNames {
+		sm.waitingByClass[c] = m.waitingByClass.WithLabelValues(name, class)
+		for r, reason := range shedReasonNames {
+			sm.shed[c][r] = m.shed.WithLabelValues(name, class, reason)
+		}
+	}
 	m.services[name] = sm
 	return sm
 }
@@ -274,7 +303,7 @@ func (sm *serviceMetrics) release() {
 	}
 	for _, vec := range []interface {
 		DeletePartialMatch(prometheus.Labels) int
-	}{m.tokenize, m.adapterRequests, m.adapterTTFT, m.adapterLoads, m.prefill} {
+	}{m.tokenize, m.adapterRequests, m.adapterTTFT, m.adapterLoads, m.prefill, m.waitingByClass, m.shed} {
 		vec.DeletePartialMatch(prometheus.Labels{"service": sm.name})
 	}
 	sm.none.releaseLocked()
@@ -546,16 +575,25 @@ func newObservability(cfg ServiceConfig) observability {
 
 func (o *observability) on() bool { return o.metrics != nil || o.accessLog != nil }
 
-// waitBegin and waitEnd bracket a request held for a replica or a slot (hold.go).
-func (o *observability) waitBegin() {
+// waitBegin and waitEnd bracket a request of class held for a replica or a slot (queue.go).
+func (o *observability) waitBegin(class tenants.Priority) {
 	if o.metrics != nil {
 		o.metrics.waiting.Inc()
+		o.metrics.waitingByClass[classIndex(class)].Inc()
 	}
 }
 
-func (o *observability) waitEnd() {
+func (o *observability) waitEnd(class tenants.Priority) {
 	if o.metrics != nil {
 		o.metrics.waiting.Dec()
+		o.metrics.waitingByClass[classIndex(class)].Dec()
+	}
+}
+
+// shed counts a request of class answered 503 by the line for reason (shedEvicted...).
+func (o *observability) shed(class tenants.Priority, reason int) {
+	if o.metrics != nil {
+		o.metrics.shed[classIndex(class)][reason].Inc()
 	}
 }
 

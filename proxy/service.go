@@ -11,8 +11,8 @@
 //   - the binder of the replica it is sent to, from the start of fasthttp's Do until fasthttp
 //     has acquired a connection (upstream.go says why it cannot go);
 //   - with RateLimit on and no API keys, one shard of the per-address limiter (ratelimit.go);
-//   - only while requests wait for a slot under MaxInFlightPerReplica, the slot queue's lock
-//     (slots.go);
+//   - only while requests wait for a slot under MaxInFlightPerReplica, or for a first replica,
+//     the lock of the line they wait in (slots.go, queue.go);
 //   - only for a body over 16 KiB or chunked, and for requests arriving while such a body is
 //     being read, the process's body budget (budget.go), at the headers and in the handler.
 //
@@ -312,7 +312,14 @@ type Service struct {
 	// inflight counts requests from pick to the end of their response stream.
 	inflight atomic.Int64
 	// slots holds requests beyond MaxInFlightPerReplica (slots.go); nil without the cap.
+	// Without it, held is the line requests held for a first replica wait in (queue.go).
 	slots *slotQueue
+	held  waitLine
+	// classify, when set (tests), sets a request's priority class and fair-share tenant
+	// (exchange.class, exchange.tenant) once it has been described. Otherwise a managed key
+	// sets them (admitTenant) and every other request is standard and anonymous. It is set
+	// before the service serves and never changed after.
+	classify func(ctx *fasthttp.RequestCtx, ex *exchange)
 	// arrivals counts requests that reached routing (Arrivals); waiting counts those held for
 	// a replica (Waiting).
 	arrivals atomic.Uint64

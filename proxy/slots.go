@@ -2,17 +2,18 @@ package proxy
 
 import (
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/ferryserve/ferry/policy"
+	"github.com/ferryserve/ferry/tenants"
 )
 
 // Late binding. A request that finds every replica at its cap of requests in flight waits in
-// the proxy, first come first served, and goes to whichever replica frees a slot first. An
+// the proxy, by class and then by tenant in turns (queue.go), and goes to whichever replica
+// frees a slot first. An
 // engine such as vLLM queues what exceeds its batch (max_num_seqs) itself, but a request queued
 // there is committed to that replica: it waits for one of that replica's sequences to end,
 // perhaps a long generation, while another replica frees a slot sooner. Holding it here makes
@@ -24,7 +25,8 @@ import (
 // learned from its engine metrics (learnedCap, scrape.go), and a replica whose
 // size is not known yet has no cap. A learned cap only ever delays a request: when holding is
 // off, the queue is full or the wait expires, the request is sent on as it would be without a
-// cap, to be queued by the engine. A configured cap refuses it with 503 instead.
+// cap, to be queued by the engine; but a batch request is refused with 503, as it is shed
+// first. A configured cap refuses every class with 503 instead.
 //
 // The cap is per proxy: standalone proxies attached to one service each enforce it on the
 // requests they send. It is not exact either: checking for a free slot and counting the request
@@ -39,14 +41,11 @@ type slotQueue struct {
 	// divides either among the proxies that share the replicas.
 	limit  int64
 	shares int64
-	// queued counts the waiters. It is raised before a waiter checks for a free slot and
-	// read by releasers after they free one, so that one of the two always sees the other
-	// (Go's atomics are sequentially consistent): no wake-up is lost.
-	queued atomic.Int64
-	mu     sync.Mutex
-	// waiters are the requests waiting for a slot, first come first served; each channel has
-	// room for the one grant it will receive.
-	waiters []chan struct{}
+	// line holds the requests waiting for a slot, in class and fair-share order (queue.go,
+	// fairqueue.go), with the lock taken only while requests wait and the count (queued) that
+	// releasers read without it. Each waiter's channel has room for the one grant it will
+	// receive.
+	line waitLine
 }
 
 // learnedCap is what late binding learns about one replica: its batch size, and when it may next
@@ -148,91 +147,96 @@ func (q *slotQueue) freeSlots(snap *snapshot, max int) int {
 	return n
 }
 
-// grant hands free slots of s's current snapshot to the oldest waiters, as many as there are free slots. A
-// request ending calls it, and so does every new snapshot (a replica joined or came back from
-// ejection). A granted waiter is out of the queue; if a newcomer took the slot before it
-// looked, it queues again at the head.
+// grant hands free slots of s's current snapshot to the waiters first in line (fairQueue.pop:
+// by class, then tenants in turns), as many as there are free slots. A request ending calls it,
+// and so does every new snapshot (a replica joined or came back from ejection). A granted waiter
+// is out of the queue; if a newcomer took the slot before it looked, it queues again at the head
+// of its tenant's line.
 func (q *slotQueue) grant(s *Service) {
-	if q.queued.Load() == 0 {
+	l := &q.line
+	if l.queued.Load() == 0 {
 		return
 	}
-	q.mu.Lock()
-	n := q.freeSlots(s.snap.Load(), len(q.waiters))
-	for i := range n {
-		q.waiters[i] <- struct{}{}
+	l.mu.Lock()
+	n := q.freeSlots(s.snap.Load(), l.order.len())
+	for range n {
+		l.order.pop().ch <- struct{}{}
 	}
 	if n > 0 {
-		clear(q.waiters[:n])
-		q.waiters = q.waiters[n:]
-		q.queued.Add(-int64(n))
+		l.queued.Add(-int64(n))
+		l.drain.add(time.Now().UnixNano(), n)
 	}
-	q.mu.Unlock()
+	l.mu.Unlock()
 }
 
-// enqueue adds a waiter at the tail, or at the head when it was granted a slot someone else
-// took. It returns false, enqueuing nothing, when a slot is free and nobody waits ahead.
-func (q *slotQueue) enqueue(w chan struct{}, s *Service, head bool) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.queued.Add(1)
-	if (head || len(q.waiters) == 0) && q.freeSlots(s.snap.Load(), 1) > 0 {
-		q.queued.Add(-1)
+// enqueue adds a waiter at its place in line, or at the head of its tenant's line, its turn
+// next, when it was granted a slot someone else took. It returns false, enqueuing nothing, when
+// a slot is free and nobody waits ahead.
+func (q *slotQueue) enqueue(w *waiter, s *Service, head bool) bool {
+	l := &q.line
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.queued.Add(1)
+	if (head || l.order.len() == 0) && q.freeSlots(s.snap.Load(), 1) > 0 {
+		l.queued.Add(-1)
 		return false
 	}
 	if head {
-		q.waiters = append(q.waiters, nil)
-		copy(q.waiters[1:], q.waiters)
-		q.waiters[0] = w
+		l.order.pushFront(w)
 	} else {
-		q.waiters = append(q.waiters, w)
+		l.order.push(w)
 	}
 	return true
 }
 
 // leave takes a waiter that gives up out of the queue. A grant that reached it meanwhile is
-// passed on, so that the slot is not left idle while others wait.
-func (q *slotQueue) leave(w chan struct{}, s *Service) {
-	q.mu.Lock()
-	for i, c := range q.waiters {
-		if c == w {
-			q.waiters = append(q.waiters[:i], q.waiters[i+1:]...)
-			q.queued.Add(-1)
-			q.mu.Unlock()
-			return
-		}
+// passed on, so that the slot is not left idle while others wait; a waiter shed meanwhile
+// (w.shed, readable once leave returns) had no slot to pass on.
+func (q *slotQueue) leave(w *waiter, s *Service) {
+	l := &q.line
+	l.mu.Lock()
+	if w.queue != nil {
+		l.order.remove(w)
+		l.queued.Add(-1)
+		l.mu.Unlock()
+		return
 	}
-	q.mu.Unlock()
+	l.mu.Unlock()
 	select {
-	case <-w:
-		q.grant(s)
+	case <-w.ch:
+		if !w.shed {
+			q.grant(s)
+		}
 	default:
 	}
 }
 
 // awaitSlot returns a snapshot with a replica below its cap, at once when there is one and
-// nobody waits, or after waiting in line for one; waited says it waited and was granted a slot. Under learned caps, a request that cannot
-// wait (holding off, queue full, wait expired) gets the current snapshot anyway, and the
-// picker's choice among full replicas. Under a configured cap it is refused instead: it
-// returns nil and the body of the 503 to answer. It returns nil and the shutdown answer when
-// the service or server is shutting down, and nil, nil when the client hung up while waiting.
-// Waiting requests count in Waiting, as demand the replicas have not seen, and share
+// nobody waits, or after waiting in line for one; waited says it waited and was granted a slot.
+// It holds a request for a first replica too (awaitReplicas), so that the first replica's slots
+// go in the same order. Under learned caps, a request that cannot wait (holding off, queue full,
+// wait expired) gets the current snapshot anyway, and the picker's choice among full replicas,
+// unless it is a batch request or there is no replica. Otherwise it is refused: it returns nil
+// and the body of the 503 to answer, and ex.retryAfter. It returns nil and the shutdown answer
+// when the service or server is shutting down, and nil, nil when the client hung up while
+// waiting. Waiting requests count in Waiting, as demand the replicas have not seen, and share
 // MaxQueuedRequests and MaxQueueWait with requests held for a first replica.
-func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (_ *snapshot, waited bool, _ []byte) {
+func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapshot) (_ *snapshot, waited bool, _ []byte) {
 	q := s.slots
-	if q.queued.Load() == 0 && q.freeSlots(snap, 1) > 0 {
+	if len(snap.replicas) > 0 && q.line.queued.Load() == 0 && q.freeSlots(snap, 1) > 0 {
 		return snap, false, nil
 	}
 	if s.cfg.MaxQueuedRequests < 0 {
-		snap, refusal := s.noSlot(snap, s.errs.slotsBusy)
+		snap, refusal := s.noSlot(ex, snap, noShed, s.errs.noReplicas, s.errs.slotsBusy)
 		return snap, false, refusal
 	}
-	if !s.enterWaiting() {
-		snap, refusal := s.noSlot(snap, s.errs.slotsQueueFull)
+	if !s.enterWaiting(ex) {
+		snap, refusal := s.noSlot(ex, snap, shedQueueFull, s.errs.queueFull, s.errs.slotsQueueFull)
 		return snap, false, refusal
 	}
-	defer s.leaveWaiting()
+	defer s.leaveWaiting(ex)
 
-	w := make(chan struct{}, 1)
+	w := ex.waiter()
 	if !q.enqueue(w, s, false) {
 		return s.snap.Load(), false, nil
 	}
@@ -240,8 +244,11 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (_ *snapsh
 	h := s.newHold(ctx)
 	defer h.stop()
 	for {
-		switch h.wait(w) {
-		case holdWoken:
+		switch h.wait(nil, w.ch) {
+		case holdSignalled:
+			if w.shed {
+				return nil, false, s.shedAnswer(ex)
+			}
 			if q.enqueue(w, s, true) {
 				continue
 			}
@@ -250,8 +257,10 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (_ *snapsh
 			q.leave(w, s)
 			return nil, false, nil
 		case holdExpired:
-			q.leave(w, s)
-			snap, refusal := s.noSlot(s.snap.Load(), s.errs.slotsTimeout)
+			if q.leave(w, s); w.shed {
+				return nil, false, s.shedAnswer(ex)
+			}
+			snap, refusal := s.noSlot(ex, s.snap.Load(), shedExpired, s.errs.noReplicaTimeout, s.errs.slotsTimeout)
 			return snap, false, refusal
 		case holdShutdown:
 			q.leave(w, s)
@@ -261,10 +270,18 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, snap *snapshot) (_ *snapsh
 }
 
 // noSlot is awaitSlot's answer to a request that cannot wait for a slot: sent on anyway under
-// learned caps, refused with refusal under a configured one.
-func (s *Service) noSlot(snap *snapshot, refusal []byte) (*snapshot, []byte) {
-	if s.slots.learned() {
+// learned caps, unless it is a batch request; refused under a configured cap, with cold when
+// there is no replica at all and busy otherwise. reason is what ferry_requests_shed_total counts
+// a refusal as; noShed for a request that never asked to wait (holding off).
+func (s *Service) noSlot(ex *exchange, snap *snapshot, reason int, cold, busy []byte) (*snapshot, []byte) {
+	refusal := busy
+	if len(snap.replicas) == 0 {
+		refusal = cold
+	} else if s.slots.learned() && ex.class > tenants.PriorityBatch {
 		return snap, nil
 	}
-	return nil, refusal
+	if reason != noShed {
+		s.obs.shed(ex.class, reason)
+	}
+	return nil, s.refuseWaiting(ex, refusal)
 }

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/ferryserve/ferry/tenants"
 )
 
 func init() { register(newBatchInferCmd) }
@@ -36,9 +38,9 @@ type batchResult struct {
 }
 
 type batchFlags struct {
-	endpoint, input, output, model, keyEnv string
-	concurrency, maxTokens                 int
-	timeout                                time.Duration
+	endpoint, input, output, model, keyEnv, priority string
+	concurrency, maxTokens                           int
+	timeout                                          time.Duration
 }
 
 func newBatchInferCmd() *cobra.Command {
@@ -50,7 +52,12 @@ func newBatchInferCmd() *cobra.Command {
 one prompt per line), sends each to the endpoint's /v1/chat/completions with --concurrency
 requests in flight, and appends one JSON line per prompt to --output. Prompts already answered
 in --output are skipped, so a batch job that is preempted and recovered carries on where it
-stopped when --output is in its checkpoint directory.`,
+stopped when --output is in its checkpoint directory.
+
+Its requests ask for the batch priority class (x-ferry-priority: batch): when every replica of
+a Ferry service is saturated they wait behind interactive and standard requests and are shed
+first, with 503 and a Retry-After that batch-infer honours. --priority changes it, within what
+the endpoint's API key allows.`,
 		Example: `  # in a job's run:
   ferry batch-infer --endpoint "$ENDPOINT" --input prompts.jsonl --output "$FERRY_CHECKPOINT_DIR/results.jsonl"`,
 		Args: cobra.NoArgs,
@@ -65,12 +72,17 @@ stopped when --output is in its checkpoint directory.`,
 	fl.IntVar(&f.concurrency, "concurrency", 8, "requests in flight")
 	fl.IntVar(&f.maxTokens, "max-tokens", 128, "max_tokens of each completion")
 	fl.DurationVar(&f.timeout, "request-timeout", 5*time.Minute, "bound on one request")
+	fl.StringVar(&f.priority, "priority", "batch", "priority class the requests ask for (x-ferry-priority): interactive, standard or batch")
 	return cmd
 }
 
 func batchInfer(ctx context.Context, f batchFlags, progress io.Writer) error {
 	if f.endpoint == "" || f.input == "" || f.output == "" {
 		return fmt.Errorf("--endpoint, --input and --output are required")
+	}
+	target, err := newBatchTarget(f)
+	if err != nil {
+		return err
 	}
 	items, err := readBatch(f.input)
 	if err != nil {
@@ -85,14 +97,9 @@ func batchInfer(ctx context.Context, f batchFlags, progress io.Writer) error {
 		return err
 	}
 	defer out.Close()
-	key := ""
-	if f.keyEnv != "" {
-		key = os.Getenv(f.keyEnv)
-	}
-	client := &http.Client{Timeout: f.timeout}
-	base := strings.TrimRight(f.endpoint, "/")
-	if f.model == "" {
-		if f.model, err = firstModel(ctx, client, base, key); err != nil {
+	base := target.base
+	if target.model == "" {
+		if target.model, err = firstModel(ctx, target.client, base, target.key); err != nil {
 			return err
 		}
 	}
@@ -103,7 +110,7 @@ func batchInfer(ctx context.Context, f batchFlags, progress io.Writer) error {
 		}
 	}
 	fmt.Fprintf(progress, "batch-infer: %d prompts, %d already answered, %d to send to %s (model %s)\n",
-		len(items), len(items)-len(todo), len(todo), base, f.model)
+		len(items), len(items)-len(todo), len(todo), base, target.model)
 	var mu sync.Mutex
 	failed, sent := 0, 0
 	work := make(chan batchItem)
@@ -113,7 +120,7 @@ func batchInfer(ctx context.Context, f batchFlags, progress io.Writer) error {
 		go func() {
 			defer wg.Done()
 			for it := range work {
-				res := complete(ctx, client, base, key, f.model, f.maxTokens, it)
+				res := target.complete(ctx, it)
 				line, _ := json.Marshal(res)
 				mu.Lock()
 				_, _ = out.Write(append(line, '\n'))
@@ -224,32 +231,59 @@ func firstModel(ctx context.Context, c *http.Client, base, key string) (string, 
 	return list.Data[0].ID, nil
 }
 
-// complete sends one prompt; transient answers (429, 503) are retried a few times.
-func complete(ctx context.Context, c *http.Client, base, key, model string, maxTokens int, it batchItem) batchResult {
+// batchTarget is where and how batch-infer sends its prompts.
+type batchTarget struct {
+	client                     *http.Client
+	base, key, model, priority string
+	maxTokens                  int
+}
+
+// newBatchTarget reads the flags that say where and how to send.
+func newBatchTarget(f batchFlags) (batchTarget, error) {
+	priority, err := tenants.ParsePriority(f.priority)
+	if err != nil {
+		return batchTarget{}, fmt.Errorf("--priority: %w", err)
+	}
+	key := ""
+	if f.keyEnv != "" {
+		key = os.Getenv(f.keyEnv)
+	}
+	return batchTarget{client: &http.Client{Timeout: f.timeout}, base: strings.TrimRight(f.endpoint, "/"), key: key,
+		model: f.model, maxTokens: f.maxTokens, priority: priority.String()}, nil
+}
+
+// maxBatchRetryAfter bounds the wait a Retry-After may ask of one retry.
+const maxBatchRetryAfter = time.Minute
+
+// complete sends one prompt; transient answers (429, 503) are retried a few times, after the
+// answer's Retry-After when it gives one.
+func (t batchTarget) complete(ctx context.Context, it batchItem) batchResult {
 	msgs := it.Messages
 	if len(msgs) == 0 {
 		m, _ := json.Marshal(map[string]string{"role": "user", "content": it.Prompt})
 		msgs = []json.RawMessage{m}
 	}
-	body, _ := json.Marshal(map[string]any{"model": model, "messages": msgs, "max_tokens": maxTokens})
+	body, _ := json.Marshal(map[string]any{"model": t.model, "messages": msgs, "max_tokens": t.maxTokens})
 	var last string
+	var wait time.Duration
 	for attempt := range 5 {
 		if attempt > 0 {
 			select {
 			case <-ctx.Done():
 				return batchResult{ID: it.ID, Error: ctx.Err().Error()}
-			case <-time.After(time.Duration(attempt) * time.Second):
+			case <-time.After(max(wait, time.Duration(attempt)*time.Second)):
 			}
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.base+"/v1/chat/completions", bytes.NewReader(body))
 		if err != nil {
 			return batchResult{ID: it.ID, Error: err.Error()}
 		}
 		req.Header.Set("Content-Type", "application/json")
-		if key != "" {
-			req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("X-Ferry-Priority", t.priority)
+		if t.key != "" {
+			req.Header.Set("Authorization", "Bearer "+t.key)
 		}
-		resp, err := c.Do(req)
+		resp, err := t.client.Do(req)
 		if err != nil {
 			last = err.Error()
 			continue
@@ -258,6 +292,7 @@ func complete(ctx context.Context, c *http.Client, base, key, model string, maxT
 		resp.Body.Close()
 		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
 			last = fmt.Sprintf("HTTP %d", resp.StatusCode)
+			wait = retryAfter(resp.Header.Get("Retry-After"))
 			continue
 		}
 		if resp.StatusCode != http.StatusOK {
@@ -277,4 +312,13 @@ func complete(ctx context.Context, c *http.Client, base, key, model string, maxT
 		return batchResult{ID: it.ID, Completion: cr.Choices[0].Message.Content, Usage: cr.Usage}
 	}
 	return batchResult{ID: it.ID, Error: "gave up after 5 tries: " + last}
+}
+
+// retryAfter reads a Retry-After in seconds, at most maxBatchRetryAfter; 0 when there is none.
+func retryAfter(v string) time.Duration {
+	n, err := strconv.Atoi(strings.TrimSpace(v))
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return min(time.Duration(n)*time.Second, maxBatchRetryAfter)
 }

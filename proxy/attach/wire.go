@@ -51,7 +51,9 @@ type LoadReport struct {
 	InFlight map[string]int64 `json:"in_flight,omitempty"`
 	// Arrivals counts the requests the proxy received since it started.
 	Arrivals uint64 `json:"arrivals"`
-	// Waiting counts the requests held for want of a READY replica.
+	// Waiting counts the requests waiting in the proxy: held for want of a READY replica, or
+	// for a free slot while every replica is at its cap (proxy.Service.Waiting). The hub adds
+	// them to the service's concurrency, so that scaling sees the demand held there.
 	Waiting int64 `json:"waiting"`
 	// PrefillTokens is the prompt tokens the proxy is prefilling now (proxy.Service's
 	// PrefillTokens), what a prefill pool scales on.
