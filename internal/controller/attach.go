@@ -30,7 +30,7 @@ func (c *Controller) newAttachHub(s *service, now func() time.Time) *attach.Hub 
 
 // attachRoutes are the attach routes of the controller API.
 func (c *Controller) attachRoutes() []api.Route {
-	return attach.Routes(c.attachedService, c.log.Named("api"))
+	return append(attach.Routes(c.attachedService, c.log.Named("api")), attach.TenantRoutes(c, c.log.Named("api"))...)
 }
 
 // attachedService finds a service for the attach routes.

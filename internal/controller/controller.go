@@ -230,8 +230,10 @@ type Controller struct {
 	// jobs runs every job on the same provisioner (jobs.go).
 	jobs *jobs.Manager
 
-	// tenantState is the API keys' directory and the usage hub (tenants.go).
+	// tenantState is the API keys' directory and the usage hub (tenants.go); tenancy the
+	// managed keys and ledger of the controller's own proxies (tenantsync.go).
 	tenantState *tenantState
+	tenancy     *proxy.Tenancy
 
 	// Leadership (leadership.go). leadMu guards closeState, which lead sets; leadWG counts a
 	// lead in progress; leaderErr carries a failed lead or lost leadership to Start; api is
@@ -255,7 +257,7 @@ type Controller struct {
 func New(opts Options) *Controller {
 	opts.defaults()
 	return &Controller{opts: opts, log: opts.Logger, stopCh: make(chan struct{}), services: map[string]*service{},
-		creating: map[string]int{}, leaderErr: make(chan error, 1), leading: make(chan struct{}), tenantState: newTenantState(time.Now())}
+		creating: map[string]int{}, leaderErr: make(chan error, 1), leading: make(chan struct{}), tenantState: newTenantState(time.Now()), tenancy: newTenancy()}
 }
 
 // Start takes the home lock, serves the API and, unless it must first win an election
@@ -344,6 +346,7 @@ func (c *Controller) lead(ctx context.Context) error {
 	if err := c.startTenants(ctx); err != nil {
 		return err
 	}
+	c.startTenancy(ctx)
 	if err := c.startGateway(); err != nil {
 		return err
 	}
@@ -470,6 +473,7 @@ func (c *Controller) shutdown(srv *api.Server) {
 		s.stop(shutCtx)
 	}
 	c.wg.Wait()
+	c.flushTenancy()
 	c.persistUsage() // what the proxies reported until they stopped
 	if c.kvEvents != nil {
 		_ = c.kvEvents.Close()

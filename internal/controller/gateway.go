@@ -20,6 +20,7 @@ func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.Servi
 		Logger:    c.log.Named("proxy"), // the proxy adds the service
 		Metrics:   c.metrics,
 		AccessLog: c.log.Named("access"),
+		Tenancy:   c.tenancy,
 	})
 	if c.kvEvents != nil {
 		cfg.KVEvents = c.kvEvents
