@@ -251,9 +251,9 @@ func (r rateState) write(h *fasthttp.ResponseHeader) {
 		return
 	}
 	var buf [24]byte
-	h.SetBytesKV(headerRateLimitRequests, strconv.AppendInt(buf[:0], r.limit, 10))
-	h.SetBytesKV(headerRateRemainingRequests, strconv.AppendInt(buf[:0], r.remaining, 10))
-	h.SetBytesKV(headerRateResetRequests, appendReset(buf[:0], r.reset))
+	h.SetCanonical(headerRateLimitRequests, strconv.AppendInt(buf[:0], r.limit, 10))
+	h.SetCanonical(headerRateRemainingRequests, strconv.AppendInt(buf[:0], r.remaining, 10))
+	h.SetCanonical(headerRateResetRequests, appendReset(buf[:0], r.reset))
 }
 
 // setRetryAfter tells a refused client to wait, in whole seconds rounded up: a client that

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,6 +26,10 @@ import (
 type Tenancy struct {
 	index  atomic.Pointer[tenants.Index]
 	ledger *tenants.Ledger
+	// models interns the model names requests name, so that a request's usage row does not
+	// allocate its model's name: copied on write, read without a lock.
+	models   atomic.Pointer[map[string]string]
+	modelsMu sync.Mutex
 	// now is the clock limits are judged on; tests set it.
 	now func() time.Time
 }
@@ -96,13 +101,14 @@ func (s *Service) identify(ctx *fasthttp.RequestCtx, required bool) (*tenants.Ke
 // key's windows go into the answer's x-ratelimit-* headers either way.
 func (s *Service) admitTenant(ctx *fasthttp.RequestCtx, ex *exchange, rate *rateState) bool {
 	k, t := ex.managed, s.tenancy
-	model, _ := unescapedModel(ex.model)
-	if !k.Allows(s.cfg.Name, string(model)) {
-		s.refuse(ctx, ex, fasthttp.StatusNotFound, modelNotFound(model))
+	raw, _ := unescapedModel(ex.model)
+	model := t.intern(raw)
+	if !k.Allows(s.cfg.Name, model) {
+		s.refuse(ctx, ex, fasthttp.StatusNotFound, modelNotFound(raw))
 		return false
 	}
 	x := t.index.Load()
-	d, tk := t.ledger.Admit(k, x.Team(k), s.cfg.Name, string(model), x.Price(string(model)), estimateTokens(ex.promptLen), t.now())
+	d, tk := t.ledger.Admit(k, x.Team(k), s.cfg.Name, model, x.Price(model), estimateTokens(ex.promptLen), t.now())
 	rate.setTenant(d)
 	if !d.OK {
 		typ, code := "tokens", "rate_limit_exceeded"
@@ -116,9 +122,45 @@ func (s *Service) admitTenant(ctx *fasthttp.RequestCtx, ex *exchange, rate *rate
 		return false
 	}
 	ex.ticket = tk
-	ex.class = k.ClassFor(string(ctx.Request.Header.PeekBytes(headerXFerryPriority)))
-	ex.tenant = k.ID
+	ex.class, ex.tenant = k.Priority, k.ID
+	if k.PriorityHeader {
+		ex.class = k.ClassFor(string(ctx.Request.Header.PeekBytes(headerXFerryPriority)))
+	}
 	return true
+}
+
+// maxInterned bounds the interned model names: beyond, a name is allocated per request, so
+// clients naming endless models cannot grow the table.
+const maxInterned = 4096
+
+// intern returns b as a string, the same string for every request that names it.
+func (t *Tenancy) intern(b []byte) string {
+	if m := t.models.Load(); m != nil {
+		if s, ok := (*m)[string(b)]; ok {
+			return s
+		}
+	}
+	s := string(b)
+	t.modelsMu.Lock()
+	defer t.modelsMu.Unlock()
+	old := t.models.Load()
+	if old != nil && len(*old) >= maxInterned {
+		return s
+	}
+	next := make(map[string]string, 1+len(mapOrEmpty(old)))
+	for k, v := range mapOrEmpty(old) {
+		next[k] = v
+	}
+	next[s] = s
+	t.models.Store(&next)
+	return s
+}
+
+func mapOrEmpty(m *map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	return *m
 }
 
 var headerXFerryPriority = []byte("X-Ferry-Priority")
@@ -183,9 +225,9 @@ func (r rateState) writeTokens(h *fasthttp.ResponseHeader) {
 		return
 	}
 	var buf [24]byte
-	h.SetBytesKV(headerRateLimitTokens, strconv.AppendInt(buf[:0], r.tokLimit, 10))
-	h.SetBytesKV(headerRateRemainingTokens, strconv.AppendInt(buf[:0], r.tokRemaining, 10))
-	h.SetBytesKV(headerRateResetTokens, appendReset(buf[:0], r.tokReset))
+	h.SetCanonical(headerRateLimitTokens, strconv.AppendInt(buf[:0], r.tokLimit, 10))
+	h.SetCanonical(headerRateRemainingTokens, strconv.AppendInt(buf[:0], r.tokRemaining, 10))
+	h.SetCanonical(headerRateResetTokens, appendReset(buf[:0], r.tokReset))
 }
 
 // appendReset appends OpenAI's spelling of a reset: Go's duration to the millisecond, at least

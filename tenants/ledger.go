@@ -3,6 +3,7 @@ package tenants
 import (
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,12 +21,11 @@ import (
 // controller still admit about the limit between them. Daily counts and budgets go on from the
 // last global count plus this proxy's own use.
 type Ledger struct {
-	accounts sync.Map // account name → *account
+	accounts sync.Map // accountID → *account
 
-	mu      sync.Mutex // guards pending and the sync cursor
-	pending map[RowID]*Row
-	epoch   int64
-	seq     int64
+	mu    sync.Mutex // guards the sync cursor
+	epoch int64
+	seq   int64
 
 	proxies  atomic.Int64 // how many proxies share the limits, as the hub last said (≥ 1)
 	syncedAt atomic.Int64 // unix nanoseconds of the last answer; 0 before the first
@@ -39,7 +39,7 @@ const StaleAfter = 3 * time.Second
 // NewLedger returns an empty ledger that has never synced: it enforces whole limits, as a
 // lone proxy should.
 func NewLedger() *Ledger {
-	l := &Ledger{pending: map[RowID]*Row{}, stale: StaleAfter}
+	l := &Ledger{stale: StaleAfter}
 	l.proxies.Store(1)
 	return l
 }
@@ -55,9 +55,36 @@ const (
 
 var dimNames = [dims]string{"requests", "input tokens", "output tokens", "tokens"}
 
+// accountID names an account without building a string per request.
+type accountID struct {
+	team bool
+	name string
+}
+
+func (id accountID) String() string {
+	if id.team {
+		return TeamAccount(id.name)
+	}
+	return KeyAccount(id.name)
+}
+
+func parseAccount(s string) (accountID, bool) {
+	if name, ok := strings.CutPrefix(s, "key:"); ok {
+		return accountID{name: name}, true
+	}
+	if name, ok := strings.CutPrefix(s, "team:"); ok {
+		return accountID{team: true, name: name}, true
+	}
+	return accountID{}, false
+}
+
 // account is one key's or team's use as this proxy sees it.
 type account struct {
 	mu sync.Mutex
+	// rows are a key's use since the last Take, by service, model and day (a team has none:
+	// its use is its keys'); rowsGen counts the Takes, so that a ticket's row is known current.
+	rows    map[RowID]*Row
+	rowsGen uint64
 	// used is each per-minute bucket's level in its dimension's units, as of at: it drains
 	// at the limit per minute.
 	used [dims]float64
@@ -76,11 +103,11 @@ type account struct {
 	seenEpoch       int64
 }
 
-func (l *Ledger) account(name string) *account {
-	if a, ok := l.accounts.Load(name); ok {
+func (l *Ledger) account(id accountID) *account {
+	if a, ok := l.accounts.Load(id); ok {
 		return a.(*account)
 	}
-	a, _ := l.accounts.LoadOrStore(name, &account{})
+	a, _ := l.accounts.LoadOrStore(id, &account{})
 	return a.(*account)
 }
 
@@ -107,7 +134,11 @@ type Decision struct {
 
 // Ticket is what Admit charged, which Settle completes.
 type Ticket struct {
-	key, team            *account
+	key, team *account
+	// rowPtr is the key's row Admit charged, still the one to settle while rowGen is the
+	// account's: settling then costs no map lookup.
+	rowPtr               *Row
+	rowGen               uint64
 	keyLimits, teamLimit Limits
 	row                  RowID
 	teamName             string
@@ -120,11 +151,11 @@ type Ticket struct {
 // estimate are charged and the ticket must be settled.
 func (l *Ledger) Admit(k *Key, t *Team, service, model string, price Price, estIn int64, now time.Time) (Decision, Ticket) {
 	share := l.share(now)
-	ka := l.account(KeyAccount(k.ID))
+	ka := l.account(accountID{name: k.ID})
 	var ta *account
 	var tl Limits
 	if t != nil {
-		ta, tl = l.account(TeamAccount(t.Name)), t.Limits
+		ta, tl = l.account(accountID{team: true, name: t.Name}), t.Limits
 	}
 	tk := Ticket{key: ka, team: ta, keyLimits: k.Limits, teamLimit: tl, teamName: k.Team, estimate: estIn, price: price,
 		row: RowID{KeyID: k.ID, Service: service, Model: model, Day: DayOf(now)}}
@@ -136,14 +167,15 @@ func (l *Ledger) Admit(k *Key, t *Team, service, model string, price Price, estI
 		ta.mu.Lock()
 	}
 	ka.advance(ns, &k.Limits, share)
-	d := ka.check(&k.Limits, charge, share, now, "key "+k.Name)
+	d := ka.check(&k.Limits, charge, share, now, "key", k.Name)
 	if d.OK && ta != nil {
 		ta.advance(ns, &tl, share)
-		d = ta.check(&tl, charge, share, now, "team "+t.Name)
+		d = ta.check(&tl, charge, share, now, "team", t.Name)
 	}
 	if d.OK {
 		use := Totals{Requests: 1, Input: estIn}
 		ka.charge(charge, use)
+		tk.rowPtr, tk.rowGen = ka.addRow(tk.row, k.Team, use), ka.rowsGen
 		if ta != nil {
 			ta.charge(charge, use)
 		}
@@ -153,9 +185,6 @@ func (l *Ledger) Admit(k *Key, t *Team, service, model string, price Price, estI
 		ta.mu.Unlock()
 	}
 	ka.mu.Unlock()
-	if d.OK {
-		l.addRow(tk.row, k.Team, Totals{Requests: 1, Input: estIn})
-	}
 	return d, tk
 }
 
@@ -178,32 +207,38 @@ func (l *Ledger) Settle(tk *Ticket, in, out int64, failed bool, now time.Time) i
 	charge := [dims]float64{0, float64(dIn), float64(out), float64(dIn + out)}
 	share := l.share(now)
 	ns := now.UnixNano()
-	for _, x := range []struct {
-		a *account
-		l *Limits
-	}{{tk.key, &tk.keyLimits}, {tk.team, &tk.teamLimit}} {
-		if x.a == nil {
-			continue
-		}
-		x.a.mu.Lock()
-		x.a.advance(ns, x.l, share)
-		x.a.charge(charge, use)
-		x.a.mu.Unlock()
+	ka := tk.key
+	ka.mu.Lock()
+	ka.advance(ns, &tk.keyLimits, share)
+	ka.charge(charge, use)
+	if tk.rowPtr != nil && tk.rowGen == ka.rowsGen {
+		tk.rowPtr.Totals.add(use)
+	} else {
+		ka.addRow(tk.row, tk.teamName, use)
 	}
-	l.addRow(tk.row, tk.teamName, use)
+	ka.mu.Unlock()
+	if ta := tk.team; ta != nil {
+		ta.mu.Lock()
+		ta.advance(ns, &tk.teamLimit, share)
+		ta.charge(charge, use)
+		ta.mu.Unlock()
+	}
 	tk.key = nil
 	return use.CostMicros
 }
 
-func (l *Ledger) addRow(id RowID, team string, use Totals) {
-	l.mu.Lock()
-	r := l.pending[id]
+// addRow adds use to the key's row of id and returns the row; a.mu is held.
+func (a *account) addRow(id RowID, team string, use Totals) *Row {
+	r := a.rows[id]
 	if r == nil {
+		if a.rows == nil {
+			a.rows = map[RowID]*Row{}
+		}
 		r = &Row{KeyID: id.KeyID, Team: team, Service: id.Service, Model: id.Model, Day: id.Day}
-		l.pending[id] = r
+		a.rows[id] = r
 	}
 	r.Totals.add(use)
-	l.mu.Unlock()
+	return r
 }
 
 // share is the part of each per-minute limit this proxy may use at now: all of it while the hub
@@ -256,7 +291,16 @@ func dayUse(t Totals) [dims]int64 {
 
 // check decides whether charge fits every limit of lim. Output is not known ahead: a request
 // passes its output limits while any allowance is left.
-func (a *account) check(lim *Limits, charge [dims]float64, share float64, now time.Time, who string) Decision {
+func (a *account) check(lim *Limits, charge [dims]float64, share float64, now time.Time, kind, name string) Decision {
+	d := a.refusal(lim, charge, share, now)
+	if !d.OK {
+		d.Refusal = fmt.Sprintf(d.Refusal, kind+" "+name) // built only for a refusal
+	}
+	return d
+}
+
+// refusal is check with "%[1]s" in the refusal where the account's name goes.
+func (a *account) refusal(lim *Limits, charge [dims]float64, share float64, now time.Time) Decision {
 	for i, per := range minuteLimits(lim) {
 		if per <= 0 {
 			continue
@@ -267,11 +311,11 @@ func (a *account) check(lim *Limits, charge [dims]float64, share float64, now ti
 			need = 1
 		}
 		if need > float64(per) {
-			return Decision{Refusal: fmt.Sprintf("the request's %.0f %s exceed the %s limit of %d per minute", need, dimNames[i], who, per), TooLarge: true}
+			return Decision{Refusal: fmt.Sprintf("the request's %.0f %s exceed the %%[1]s limit of %d per minute", need, dimNames[i], per), TooLarge: true}
 		}
 		if a.used[i]+need > cap {
 			wait := time.Duration((a.used[i] + need - cap) / (float64(per) * share) * float64(time.Minute))
-			return Decision{Refusal: fmt.Sprintf("the %s limit of %d %s per minute is reached", who, per, dimNames[i]), RetryAfter: max(wait, time.Second)}
+			return Decision{Refusal: fmt.Sprintf("the %%[1]s limit of %d %s per minute is reached", per, dimNames[i]), RetryAfter: max(wait, time.Second)}
 		}
 	}
 	untilTomorrow := a.day.Start().Add(24 * time.Hour).Sub(now)
@@ -282,7 +326,7 @@ func (a *account) check(lim *Limits, charge [dims]float64, share float64, now ti
 			need = 1
 		}
 		if per > 0 && used[i]+need > per {
-			return Decision{Refusal: fmt.Sprintf("the %s limit of %d %s per day is reached", who, per, dimNames[i]), RetryAfter: untilTomorrow}
+			return Decision{Refusal: fmt.Sprintf("the %%[1]s limit of %d %s per day is reached", per, dimNames[i]), RetryAfter: untilTomorrow}
 		}
 	}
 	if lim.BudgetUSD > 0 {
@@ -294,7 +338,7 @@ func (a *account) check(lim *Limits, charge [dims]float64, share float64, now ti
 			spent, renew = a.totalCost, 0
 		}
 		if float64(spent) >= lim.BudgetUSD*1e6 {
-			return Decision{Refusal: fmt.Sprintf("the %s budget of $%.2f is spent", who, lim.BudgetUSD), Budget: true, RetryAfter: renew}
+			return Decision{Refusal: fmt.Sprintf("the %%[1]s budget of $%.2f is spent", lim.BudgetUSD), Budget: true, RetryAfter: renew}
 		}
 	}
 	return Decision{OK: true}
@@ -339,16 +383,18 @@ func frac(w Window) float64 { return float64(w.Remaining) / math.Max(1, float64(
 // one sync is under way at a time; it ends with Apply or Fail.
 func (l *Ledger) Take(proxy string) SyncRequest {
 	l.mu.Lock()
-	rows := make([]Row, 0, len(l.pending))
-	for _, r := range l.pending {
-		rows = append(rows, *r)
-	}
-	clear(l.pending)
-	req := SyncRequest{Proxy: proxy, Epoch: l.epoch, Seq: l.seq, Rows: rows}
+	req := SyncRequest{Proxy: proxy, Epoch: l.epoch, Seq: l.seq}
 	l.mu.Unlock()
 	l.accounts.Range(func(_, v any) bool {
 		a := v.(*account)
 		a.mu.Lock()
+		for _, r := range a.rows {
+			req.Rows = append(req.Rows, *r)
+		}
+		if len(a.rows) > 0 {
+			clear(a.rows)
+			a.rowsGen++
+		}
 		a.sending, a.unsent = a.unsent, Totals{}
 		a.mu.Unlock()
 		return true
@@ -358,17 +404,13 @@ func (l *Ledger) Take(proxy string) SyncRequest {
 
 // Fail ends a sync the hub did not answer: its rows go back to be sent with the next.
 func (l *Ledger) Fail(req SyncRequest) {
-	l.mu.Lock()
 	for i := range req.Rows {
 		r := &req.Rows[i]
-		if p := l.pending[r.ID()]; p != nil {
-			p.Totals.add(r.Totals)
-		} else {
-			c := *r
-			l.pending[r.ID()] = &c
-		}
+		a := l.account(accountID{name: r.KeyID})
+		a.mu.Lock()
+		a.addRow(r.ID(), r.Team, r.Totals)
+		a.mu.Unlock()
 	}
-	l.mu.Unlock()
 	l.accounts.Range(func(_, v any) bool {
 		a := v.(*account)
 		a.mu.Lock()
@@ -386,7 +428,11 @@ func (l *Ledger) Apply(ans SyncAnswer, now time.Time) {
 	ns := now.UnixNano()
 	for i := range ans.Accounts {
 		g := &ans.Accounts[i]
-		a := l.account(g.Account)
+		id, ok := parseAccount(g.Account)
+		if !ok {
+			continue
+		}
+		a := l.account(id)
 		a.mu.Lock()
 		if a.seenEpoch == ans.Epoch {
 			others := g.Cum.minus(a.seenCum).minus(a.sending)

@@ -1,0 +1,181 @@
+// Command tenants measures Ferry as a gateway for many tenants: managed API keys through two
+// attached proxies in front of one service of local `ferry replica-sim` replicas. It runs four
+// phases and judges each against issue 41's bars:
+//
+//   - fair share: a light interactive tenant's time to first token, alone and while a heavy
+//     tenant saturates the fleet (bar: p99 within 1.5× of unloaded), and the same light load
+//     sent under the heavy tenant's own key, so that it waits in the heavy tenant's line (what a
+//     gateway without per-tenant queues gives);
+//
+//   - budget: a key with a daily token limit hammered through both proxies until it is spent
+//     (bar: what was admitted within 5% of the limit; every refusal a 429 with Retry-After and
+//     OpenAI's x-ratelimit-*-tokens headers);
+//
+//   - shedding: batch and interactive keys flooding a full queue (bar: batch shed first);
+//
+//   - usage: `ferry usage` against the tokens the replicas reported in their answers (bar: equal).
+//
+//     go run ./bench/tenants                 # about 3 minutes
+//     go run ./bench/tenants --phase 20s     # shorter
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/ferryserve/ferry/bench/benchkit"
+	"github.com/ferryserve/ferry/bench/childproc"
+	"github.com/ferryserve/ferry/bench/servicekit"
+)
+
+const (
+	serviceName = "tenants"
+	model       = "ferry-sim-1b"
+)
+
+// options are the driver's flags.
+type options struct {
+	phase        time.Duration
+	replicas     int
+	maxNumSeqs   int
+	heavyWorkers int
+	lightRate    float64
+	// lightPriority is the light tenant's class: standard shows fair share alone.
+	lightPriority string
+	budgetTokens  int64
+	answerTokens  int
+	ttft, itl     time.Duration
+	ferryBin      string
+	out           string
+}
+
+func main() { benchkit.Main("tenants", os.Args[1:], parseFlags, run) }
+
+func parseFlags(args []string) (options, error) {
+	var o options
+	fs := pflag.NewFlagSet("tenants", pflag.ContinueOnError)
+	fs.DurationVar(&o.phase, "phase", 40*time.Second, "how long the saturated fair-share phase runs (the unloaded one runs a quarter of it)")
+	fs.IntVar(&o.replicas, "replicas", 2, "replicas of the service")
+	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 8, "each replica's batch (replica-sim --max-num-seqs): the proxies hold what exceeds it")
+	fs.IntVar(&o.heavyWorkers, "heavy-workers", 48, "the heavy tenant's closed-loop streams, across both proxies")
+	fs.Float64Var(&o.lightRate, "light-rate", 4, "the light tenant's requests per second")
+	fs.StringVar(&o.lightPriority, "light-priority", "standard", "the light tenant's class (standard: fair share alone does it; interactive: its class goes first too)")
+	fs.Int64Var(&o.budgetTokens, "budget-tokens", 30000, "the budget phase's key: total tokens per day")
+	fs.IntVar(&o.answerTokens, "answer-tokens", 32, "max_tokens of every request")
+	fs.DurationVar(&o.ttft, "sim-ttft", 200*time.Millisecond, "replica-sim --ttft: the unloaded time to first token")
+	fs.DurationVar(&o.itl, "sim-itl", 10*time.Millisecond, "replica-sim --itl")
+	fs.StringVar(&o.ferryBin, "ferry-bin", "", "ferry binary (default: build ./cmd/ferry into the output directory)")
+	fs.StringVar(&o.out, "out", "", "directory for results, logs and FERRY_HOME (default .cache/bench/tenants-TIMESTAMP in the repo)")
+	fs.Usage = func() { fmt.Fprintf(os.Stderr, "Usage: go run ./bench/tenants [flags]\n\n%s", fs.FlagUsages()) }
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return o, o.validate()
+}
+
+func (o options) validate() error {
+	var errs []error
+	bad := func(flag string, v any, rule string) { errs = append(errs, fmt.Errorf("--%s=%v: %s", flag, v, rule)) }
+	if o.phase < 5*time.Second || o.phase > time.Hour {
+		bad("phase", o.phase, "must be between 5s and 1h")
+	}
+	if o.replicas < 1 || o.replicas > 8 {
+		bad("replicas", o.replicas, "must be between 1 and 8 (this machine runs them all)")
+	}
+	if o.maxNumSeqs < 1 || o.heavyWorkers < 1 || o.heavyWorkers > 512 {
+		bad("max-num-seqs/--heavy-workers", fmt.Sprintf("%d/%d", o.maxNumSeqs, o.heavyWorkers), "must be positive, workers at most 512")
+	}
+	if o.lightRate <= 0 || o.lightRate > 50 {
+		bad("light-rate", o.lightRate, "must be positive and at most 50")
+	}
+	if o.budgetTokens < 1000 || o.answerTokens < 1 || o.answerTokens > 4096 {
+		bad("budget-tokens/--answer-tokens", fmt.Sprintf("%d/%d", o.budgetTokens, o.answerTokens), "budget at least 1000, answers 1 to 4096 tokens")
+	}
+	return errors.Join(errs...)
+}
+
+// yaml is the service: fixed replicas that take managed keys only, a queue that sheds beyond
+// 32 waiting requests, and late binding at each replica's batch.
+func (o options) yaml() string {
+	return fmt.Sprintf(`name: %s
+resources:
+  infra: local
+service:
+  readiness_probe: /health
+  ports: 8080
+  replicas: %d
+  auth:
+    managed_keys: true
+  limits:
+    max_in_flight_per_replica: %d
+    max_queued_requests: 32
+    max_queue_wait_seconds: 60
+run: ferry replica-sim --port $FERRY_PORT --model %s --max-num-seqs %d --ttft %s --itl %s
+`, serviceName, o.replicas, o.maxNumSeqs, model, o.maxNumSeqs, o.ttft, o.itl)
+}
+
+func run(opts options) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	defer servicekit.OnSignal(cancel)()
+	rep, err := execute(ctx, &opts, benchkit.Progress)
+	if err != nil {
+		return err
+	}
+	return benchkit.WriteReport(os.Stdout, opts.out, rep.markdown(), rep)
+}
+
+// execute brings the service and two attached proxies up, runs the phases and takes it all
+// down. opts.out and opts.ferryBin are resolved in place (benchkit.Prepare).
+func execute(ctx context.Context, opts *options, progress func(string, ...any)) (*report, error) {
+	var err error
+	if opts.out, opts.ferryBin, err = benchkit.Prepare("tenants", opts.out, opts.ferryBin); err != nil {
+		return nil, err
+	}
+	group, err := childproc.NewGroup(filepath.Join(opts.out, "logs"))
+	if err != nil {
+		return nil, err
+	}
+	defer group.Close()
+	f, err := servicekit.NewFerry(opts.ferryBin, filepath.Join(opts.out, "home"), serviceName, "off", group)
+	if err != nil {
+		return nil, err
+	}
+	task := filepath.Join(opts.out, "tenants.yaml")
+	if err := os.WriteFile(task, []byte(opts.yaml()), 0o644); err != nil {
+		return nil, err
+	}
+	progress("serve up %s", task)
+	if out, err := f.Run(ctx, "serve-up", 3*time.Minute, "serve", "up", task, "-y"); err != nil {
+		return nil, fmt.Errorf("%w\n%s", err, servicekit.LastLines(out, 20))
+	}
+	defer func() {
+		progress("teardown: ferry serve down, ferry controller stop")
+		_, _ = f.Run(context.WithoutCancel(ctx), "serve-down", 2*time.Minute, "serve", "down", serviceName, "-y")
+		if out, err := f.Run(context.WithoutCancel(ctx), "controller-stop", time.Minute, "controller", "stop"); err != nil {
+			progress("ferry controller stop: %v\n%s", err, servicekit.LastLines(out, 5))
+		}
+	}()
+	b, err := setUp(ctx, f, *opts, progress)
+	if err != nil {
+		return nil, err
+	}
+	defer b.stopProxies()
+	rep := &report{Started: time.Now(), YAML: opts.yaml(), Options: fmt.Sprintf("%+v", *opts),
+		Host: map[string]any{"cpus": runtime.NumCPU(), "loadavg_start": benchkit.LoadAvg(), "go": runtime.Version()}}
+	if err := b.runPhases(ctx, rep, progress); err != nil {
+		return nil, err
+	}
+	rep.Host["loadavg_end"] = benchkit.LoadAvg()
+	return rep, nil
+}
