@@ -316,7 +316,9 @@ func TestTracingRetry(t *testing.T) {
 		if diff := cmp.Diff(want, tree(spans)); diff != "" {
 			t.Errorf("span tree (-want +got):\n%s", diff)
 		}
-		slices.SortFunc(attempts, func(a, b *tracepb.Span) int { return int(intAttr(a.Attributes, "ferry.attempt") - intAttr(b.Attributes, "ferry.attempt")) })
+		slices.SortFunc(attempts, func(a, b *tracepb.Span) int {
+			return int(intAttr(a.Attributes, "ferry.attempt") - intAttr(b.Attributes, "ferry.attempt"))
+		})
 		failed, ok := attempts[0], attempts[1]
 		if failed.Status.GetCode() != tracepb.Status_STATUS_CODE_ERROR || stringAttr(failed.Attributes, "error.type") != "dial" ||
 			intAttr(failed.Attributes, "ferry.replica.id") != 1 {

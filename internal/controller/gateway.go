@@ -20,6 +20,7 @@ func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.Servi
 		Logger:    c.log.Named("proxy"), // the proxy adds the service
 		Metrics:   c.metrics,
 		AccessLog: c.log.Named("access"),
+		Tracing:   c.tracing,
 	})
 	if c.kvEvents != nil {
 		cfg.KVEvents = c.kvEvents
@@ -66,6 +67,7 @@ func (c *Controller) startGateway() error {
 		Logger:    c.log.Named("gateway"),
 		Metrics:   c.metrics,
 		AccessLog: c.log.Named("access"),
+		Tracing:   c.tracing,
 	})
 	c.gatewayAddr = ln.Addr().String()
 	go func() {
