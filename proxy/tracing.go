@@ -284,24 +284,26 @@ func (rt *requestTrace) finish(ex *exchange, err error, usage tokenUsage) {
 	case err != nil:
 		failure = "client_closed"
 	}
-	for _, span := range [...]trace.Span{rt.attempt, rt.span} {
-		if span == nil {
-			continue
-		}
-		span.SetAttributes(attrs...)
-		if failure != "" {
-			span.SetAttributes(semconv.ErrorTypeKey.String(failure))
-		}
-		if status >= 500 || ex.readErr != nil || span == rt.attempt && status >= 400 {
-			span.SetStatus(codes.Error, cmpOr(failure, strconv.Itoa(status)))
-		}
-	}
+	// A client span fails from 400 on, a server span from 500 (the HTTP conventions).
 	if rt.attempt != nil {
-		rt.attempt.End()
+		endWith(rt.attempt, attrs, failure, status >= 400 || ex.readErr != nil, status)
 		rt.attempt = nil
 	}
 	rt.ended = true
-	rt.span.End()
+	endWith(rt.span, attrs, failure, status >= 500 || ex.readErr != nil, status)
+}
+
+// endWith ends span with attrs, marked failed (error.type failure, else the status) when
+// failed.
+func endWith(span trace.Span, attrs []attribute.KeyValue, failure string, failed bool, status int) {
+	span.SetAttributes(attrs...)
+	if failure != "" {
+		span.SetAttributes(semconv.ErrorTypeKey.String(failure))
+	}
+	if failed {
+		span.SetStatus(codes.Error, cmpOr(failure, strconv.Itoa(status)))
+	}
+	span.End()
 }
 
 // release lets go of the exchange (releaseExchange): an attempt still open ends here, its client

@@ -481,3 +481,28 @@ func TestResponseModel(t *testing.T) {
 		}
 	}
 }
+
+// TestTracingUnsampled: a request whose trace is not sampled goes through like any other, and
+// its replica still gets a traceparent, flagged unsampled.
+func TestTracingUnsampled(t *testing.T) {
+	col := startCollector(t)
+	t.Setenv(EnvOTLPEndpoint, "")
+	t.Setenv(EnvOTLPTracesEndpoint, "")
+	tr, err := StartOTLP(context.Background(), OTLPConfig{Endpoint: col.url, SampleRatio: 1e-12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	traceparents := make(chan string, 4)
+	replica := streamingReplica(t, traceparents)
+	svc, base := startProxy(t, ServiceConfig{Tracing: tr}, backendsOf(replica)...)
+	if res := do(t, newClient(t), http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"model":"m1","stream":true}`)); res.status != http.StatusOK {
+		t.Fatalf("request: %d %s", res.status, res.body)
+	}
+	if got := <-traceparents; !strings.HasPrefix(got, "00-") || !strings.HasSuffix(got, "-00") {
+		t.Errorf("replica got traceparent %q, want an unsampled one", got)
+	}
+	flush(t, tr, svc)
+	if n := len(col.traces()); n != 0 {
+		t.Errorf("%d traces exported, want none", n)
+	}
+}
