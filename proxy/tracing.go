@@ -121,7 +121,9 @@ func (t *Tracing) serve(ctx *fasthttp.RequestCtx, s *Service) *requestTrace {
 		rt = t.begin(ctx, s.cfg.Name)
 		ctx.SetUserValue(traceKey{}, rt)
 	}
-	rt.span.SetAttributes(attrService.String(s.cfg.Name))
+	if rt.span.IsRecording() {
+		rt.span.SetAttributes(attrService.String(s.cfg.Name))
+	}
 	return rt
 }
 
@@ -130,15 +132,14 @@ func (t *Tracing) serve(ctx *fasthttp.RequestCtx, s *Service) *requestTrace {
 func (t *Tracing) begin(ctx *fasthttp.RequestCtx, name string) *requestTrace {
 	parent := t.prop.Extract(context.Background(), headerCarrier{&ctx.Request.Header})
 	rt := &requestTrace{t: t, operation: operationName(ctx.Path())}
-	attrs := []attribute.KeyValue{
-		semconv.HTTPRequestMethodKey.String(string(ctx.Method())),
-		semconv.URLPath(string(ctx.Path())),
+	rt.ctx, rt.span = t.tracer.Start(parent, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(ctx.Time()))
+	if !rt.span.IsRecording() {
+		return rt // not sampled: only its context is passed on
 	}
+	rt.span.SetAttributes(semconv.HTTPRequestMethodKey.String(string(ctx.Method())), semconv.URLPath(string(ctx.Path())))
 	if rt.operation != "" {
-		attrs = append(attrs, attrGenAIOperation.String(rt.operation))
+		rt.span.SetAttributes(attrGenAIOperation.String(rt.operation))
 	}
-	rt.ctx, rt.span = t.tracer.Start(parent, name, trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithTimestamp(ctx.Time()), trace.WithAttributes(attrs...))
 	return rt
 }
 
@@ -169,6 +170,9 @@ func (t *Tracing) attach(ctx *fasthttp.RequestCtx, ex *exchange) *requestTrace {
 		return nil
 	}
 	rt.ex = ex
+	if !rt.span.IsRecording() {
+		return rt
+	}
 	model := ex.model
 	if len(model) == 0 && ctx.IsPost() && !bytes.HasPrefix(ctx.Request.Header.ContentType(), contentTypeMultipart) {
 		if f, err := scanBody(ctx.Request.Body()); err == nil {
@@ -194,6 +198,9 @@ func (t *Tracing) startHold(ctx *fasthttp.RequestCtx, s *Service) holdSpan {
 	if len(s.snap.Load().replicas) == 0 {
 		what = "replica"
 	}
+	if !rt.span.IsRecording() {
+		return nil
+	}
 	_, span := t.tracer.Start(rt.ctx, spanHold, trace.WithAttributes(attrHoldFor.String(what)))
 	return span
 }
@@ -202,6 +209,10 @@ func (t *Tracing) startHold(ctx *fasthttp.RequestCtx, s *Service) holdSpan {
 // the replica it chose, whose traceparent goes to the replica with the request.
 func (rt *requestTrace) attemptBegin(ex *exchange, picked time.Time) {
 	t, r := rt.t, ex.replica
+	if !rt.span.IsRecording() { // not sampled: the replica continues the request's context
+		t.prop.Inject(rt.ctx, headerCarrier{&ex.req.Header})
+		return
+	}
 	replica := attrReplicaID.Int(r.ID)
 	_, pick := t.tracer.Start(rt.ctx, spanPick, trace.WithTimestamp(picked),
 		trace.WithAttributes(replica, attrPolicy.String(ex.svc.cfg.Policy)))
@@ -258,6 +269,11 @@ func (rt *requestTrace) firstToken(at time.Time) {
 // attempt's and the request's, with the status, the token counts the answer reported and how
 // the stream ended; err is fasthttp's, non-nil when the client did not get the whole body.
 func (rt *requestTrace) finish(ex *exchange, err error, usage tokenUsage) {
+	rt.ended = true
+	if !rt.span.IsRecording() {
+		rt.span.End()
+		return
+	}
 	status := ex.resp.StatusCode()
 	attrs := make([]attribute.KeyValue, 0, 5)
 	attrs = append(attrs, semconv.HTTPResponseStatusCode(status))
@@ -289,7 +305,6 @@ func (rt *requestTrace) finish(ex *exchange, err error, usage tokenUsage) {
 		endWith(rt.attempt, attrs, failure, status >= 400 || ex.readErr != nil, status)
 		rt.attempt = nil
 	}
-	rt.ended = true
 	endWith(rt.span, attrs, failure, status >= 500 || ex.readErr != nil, status)
 }
 
