@@ -106,8 +106,12 @@ type requestTrace struct {
 // holdSpan is a hold's span (hold.go), nil when the request is not traced.
 type holdSpan = trace.Span
 
-// beginGateway starts the span of a request the gateway received.
+// beginGateway starts the span of a request the gateway received; nil for the gateway's own
+// health check, which load balancers poll and nobody traces.
 func (t *Tracing) beginGateway(ctx *fasthttp.RequestCtx) *requestTrace {
+	if bytes.Equal(ctx.Path(), pathHealth) {
+		return nil
+	}
 	rt := t.begin(ctx, spanGateway)
 	ctx.SetUserValue(traceKey{}, rt)
 	return rt
@@ -146,7 +150,7 @@ func (t *Tracing) begin(ctx *fasthttp.RequestCtx, name string) *requestTrace {
 // handled ends the request's span when its handler returns, unless an exchange still carries
 // the request (a stream being written: finish ends it) or it has ended already.
 func (rt *requestTrace) handled(ctx *fasthttp.RequestCtx) {
-	if rt.ex != nil || rt.ended {
+	if rt == nil || rt.ex != nil || rt.ended {
 		return
 	}
 	rt.end(ctx.Response.StatusCode())

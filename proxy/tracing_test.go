@@ -377,6 +377,9 @@ func TestTracingGateway(t *testing.T) {
 	if res := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"model":"svc","messages":[]}`)); res.status != http.StatusOK {
 		t.Fatalf("request: %d %s", res.status, res.body)
 	}
+	if res := do(t, c, http.MethodGet, base+"/health", nil); res.status != http.StatusOK { // not traced
+		t.Fatalf("health: %d %s", res.status, res.body)
+	}
 	if res := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(`{"model":"nope","messages":[]}`)); res.status != http.StatusNotFound {
 		t.Fatalf("unknown model: %d %s", res.status, res.body)
 	}
