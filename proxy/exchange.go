@@ -71,6 +71,8 @@ type exchange struct {
 
 	// obs is what metrics and the access log record of the request (metrics.go).
 	obs exchangeObs
+	// trace is the request's spans (tracing.go); nil when it is not traced.
+	trace *requestTrace
 
 	// Tenancy (tenancy.go): the managed key the request presented, what describe read of its
 	// model and prompt for the key's scope and estimate, and the charge its answer settles.
@@ -166,6 +168,9 @@ func (ex *exchange) Read(p []byte) (int, error) {
 		if ex.firstAt.IsZero() { // for the learner and the metrics alike (observeRead)
 			ex.firstAt = time.Now()
 			ex.svc.dropPrefillHeld(ex)
+			if ex.trace != nil {
+				ex.trace.firstToken(ex.firstAt)
+			}
 		}
 	}
 	if err == io.EOF && ex.bodyCut() { // fasthttp can take a cut chunked body for a whole one
@@ -220,11 +225,14 @@ func (ex *exchange) finish(err error) {
 		ex.logStreamEnd(err)
 	}
 	usage := unknownUsage
-	if code := ex.resp.StatusCode(); code >= 200 && code <= 299 && (ex.svc.obs.on() || ex.svc.learner != nil || ex.ticket.Open()) {
+	if code := ex.resp.StatusCode(); code >= 200 && code <= 299 && (ex.svc.obs.on() || ex.svc.learner != nil || ex.ticket.Open() || ex.trace != nil) {
 		usage = parseUsage(ex.obs.tail.bytes()) // once, for all
 	}
 	ex.settleTenant(usage, true, err)
 	ex.observeFinish(err, usage)
+	if ex.trace != nil {
+		ex.trace.finish(ex, err, usage)
+	}
 	ex.learn(err, usage)
 	ex.end()
 	ex.svc.releaseExchange(ex)
@@ -274,6 +282,10 @@ func (s *Service) acquireExchange() *exchange {
 }
 
 func (s *Service) releaseExchange(ex *exchange) {
+	if ex.trace != nil {
+		ex.trace.release()
+		ex.trace = nil
+	}
 	s.unwatch(ex)
 	s.dropPrefillHeld(ex)
 	ex.clientLeft.Store(false)

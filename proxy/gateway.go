@@ -39,6 +39,9 @@ type GatewayConfig struct {
 	// AccessLog gets one sampled line per request the gateway answers itself; requests it
 	// hands to a service are logged by that service. Nil logs none.
 	AccessLog *zap.Logger
+	// Tracing starts each request's span, named "gateway", which the service it goes to
+	// continues (tracing.go); pass the services' Tracing. Nil records none.
+	Tracing *Tracing
 }
 
 // Gateway is one endpoint for many services: the request body's "model" picks the service,
@@ -166,6 +169,9 @@ var (
 
 // Handler routes one request.
 func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
+	if t := g.cfg.Tracing; t != nil {
+		defer t.beginGateway(ctx).handled(ctx)
+	}
 	if v := g.front.guard.bodies.take(&ctx.Request.Header); v.refusal != refuseNone {
 		g.reject(ctx, fasthttp.StatusServiceUnavailable, g.errs.bodiesBusy, reasonBodiesBusy)
 		return

@@ -29,6 +29,9 @@ func (s *Service) Handler(ctx *fasthttp.RequestCtx) {
 // handle is Handler for a request whose API key, when key > 0, was matched already: key is 1 +
 // its index (a gateway matches it to route).
 func (s *Service) handle(ctx *fasthttp.RequestCtx, key int32) {
+	if t := s.cfg.Tracing; t != nil {
+		defer t.serve(ctx, s).handled(ctx) // after recoverPanic's answer
+	}
 	defer s.recoverPanic(ctx)
 	v := s.front.guard.bodies.take(&ctx.Request.Header)
 	if v.refusal != refuseNone {
@@ -151,6 +154,9 @@ func (s *Service) refuse(ctx *fasthttp.RequestCtx, ex *exchange, status int, bod
 func (s *Service) proxyLoop(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapshot) {
 	ex.prepare(ctx)
 	ex.observeRequest(ctx)
+	if t := s.cfg.Tracing; t != nil {
+		ex.trace = t.attach(ctx, ex)
+	}
 	if s.keys != nil {
 		stripCredentials(&ex.req.Header)
 	}
@@ -218,6 +224,9 @@ func (s *Service) tryReplica(ctx *fasthttp.RequestCtx, ex *exchange, snap *snaps
 	}
 
 	ex.begin(replica, client)
+	if ex.trace != nil {
+		ex.trace.attemptBegin(ex, now)
+	}
 	if ex.slotWaited {
 		// Granted a slot, it may have chosen a full replica (pick): pass a slot still free on to
 		// the next waiter now, rather than when some request ends.

@@ -164,10 +164,14 @@ type hold struct {
 	tick       *time.Ticker
 	peek       <-chan time.Time
 	serverDone <-chan struct{}
+	span       holdSpan // tracing.go; nil when the request is not traced
 }
 
 func (s *Service) newHold(ctx *fasthttp.RequestCtx) *hold {
 	h := &hold{s: s, ctx: ctx, timer: time.NewTimer(s.cfg.MaxQueueWait)}
+	if t := s.cfg.Tracing; t != nil {
+		h.span = t.startHold(ctx, s)
+	}
 	// The server's Done closes when it shuts down: a Gateway in front of this service is
 	// drained before the service is, and its held requests must not make it wait. A RequestCtx
 	// built by hand (a zero value) has no server and no connection: Done would dereference nil.
@@ -180,6 +184,9 @@ func (s *Service) newHold(ctx *fasthttp.RequestCtx) *hold {
 }
 
 func (h *hold) stop() {
+	if h.span != nil {
+		h.span.End()
+	}
 	h.timer.Stop()
 	if h.tick != nil {
 		h.tick.Stop()

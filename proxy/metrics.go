@@ -728,6 +728,9 @@ func (ex *exchange) observeEnd() {
 
 // observeAttemptFailed counts a failed attempt (no response header) against its replica.
 func (ex *exchange) observeAttemptFailed(err error) {
+	if ex.trace != nil {
+		ex.trace.attemptFailed(err)
+	}
 	if !ex.svc.obs.on() {
 		return
 	}
@@ -745,7 +748,7 @@ func (ex *exchange) observeRead(p []byte) {
 		return
 	}
 	if !ex.svc.obs.on() {
-		if ex.svc.learner != nil || ex.countsEvents() { // they read the engine's reported usage
+		if ex.svc.learner != nil || ex.countsEvents() || ex.trace != nil { // they read the engine's reported usage
 			ex.obs.tail.write(p)
 		}
 		if ex.sse && ex.countsEvents() {

@@ -216,6 +216,10 @@ type ServiceConfig struct {
 	// the first 100 lines, then every 100th) and level-checked before any field is built; nil
 	// logs none. Lines never carry headers, query strings or bodies.
 	AccessLog *zap.Logger
+	// Tracing records a span tree per request and sends the replicas W3C trace context
+	// (tracing.go); one Tracing serves a process. Nil records none, at the cost of a nil
+	// check per hook.
+	Tracing *Tracing
 }
 
 func (c ServiceConfig) withDefaults() ServiceConfig {

@@ -38,6 +38,8 @@ type bench struct {
 	report   *report
 	backends []string // host:port of every backend listener
 	targets  map[string]*target
+	// collector is the OTLP collector stand-in ferry-otlp exports to; nil until needed.
+	collector *collector
 }
 
 func (b *bench) cpu(proxy bool) int {
@@ -96,7 +98,7 @@ func (b *bench) startTarget(name string, upstreams []string) error {
 	}
 	var argv []string
 	switch name {
-	case targetFerry:
+	case targetFerry, targetFerryOTLP:
 		// Metrics on, as under a controller: the measured cost includes counting every request.
 		argv = []string{b.opts.ferryBin, "proxy", "--listen", addr, "--metrics-listen", "127.0.0.1:0"}
 		for _, u := range upstreams {
@@ -104,6 +106,14 @@ func (b *bench) startTarget(name string, upstreams []string) error {
 		}
 		if b.opts.ferryPolicy != "" {
 			argv = append(argv, "--policy", b.opts.ferryPolicy)
+		}
+		if name == targetFerryOTLP {
+			if b.collector == nil {
+				if b.collector, err = startCollector(); err != nil {
+					return err
+				}
+			}
+			argv = append(argv, "--otlp-endpoint", b.collector.url, "--trace-sample", "1")
 		}
 	case targetNginx:
 		bin, err := nginxBinary()

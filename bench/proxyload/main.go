@@ -37,6 +37,9 @@ const (
 	targetFerry  = "ferry"
 	targetNginx  = "nginx"
 	targetPass   = "passthrough"
+	// targetFerryOTLP is `ferry proxy` exporting a span tree per request to a collector
+	// stand-in in this process (collector.go); measured only when named in --targets.
+	targetFerryOTLP = "ferry-otlp"
 
 	scenarioNonStream = "nonstream"
 	scenarioStream    = "stream"
@@ -45,6 +48,8 @@ const (
 var (
 	allTargets   = []string{targetDirect, targetFerry, targetNginx, targetPass}
 	allScenarios = []string{scenarioNonStream, scenarioStream}
+	// knownTargets are allTargets and those measured only on request.
+	knownTargets = append(slices.Clone(allTargets), targetFerryOTLP)
 )
 
 // options are the driver's flags.
@@ -104,7 +109,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.concurrency, "concurrency", 64, "concurrent non-streamed requests")
 	fs.IntVar(&o.streamConcurrency, "stream-concurrency", 32, "concurrent streams")
 	fs.StringSliceVar(&o.scenarios, "scenarios", allScenarios, "workloads to run: nonstream, stream")
-	fs.StringSliceVar(&o.targets, "targets", allTargets, "paths to measure: direct, ferry, nginx, passthrough (a bare fasthttp proxy: what any proxy on fasthttp costs)")
+	fs.StringSliceVar(&o.targets, "targets", allTargets, "paths to measure: direct, ferry, nginx, passthrough (a bare fasthttp proxy: what any proxy on fasthttp costs), ferry-otlp (ferry with every request traced to a collector stand-in; not by default)")
 	fs.IntVar(&o.reps, "reps", 1, "repetitions; the target order rotates each one and the tables show medians")
 	fs.IntVar(&o.chunks, "chunks", 32, "SSE chunks per stream")
 	fs.DurationVar(&o.chunkGap, "chunk-gap", 5*time.Millisecond, "pause between SSE chunks")
@@ -157,8 +162,8 @@ func (o options) validate() error {
 		}
 	}
 	for _, t := range append(slices.Clone(o.targets), o.streams5kTargets...) {
-		if !slices.Contains(allTargets, t) {
-			bad("targets", t, "want direct, ferry, nginx or passthrough")
+		if !slices.Contains(knownTargets, t) {
+			bad("targets", t, "want direct, ferry, nginx, passthrough or ferry-otlp")
 		}
 	}
 	if slices.Contains(o.streams5kTargets, targetDirect) {
@@ -222,7 +227,7 @@ func run(opts options) error {
 	if opts.out, err = benchkit.OutDir(root, "proxyload", opts.out); err != nil {
 		return err
 	}
-	if opts.needs(targetFerry) && opts.ferryBin == "" {
+	if (opts.needs(targetFerry) || opts.needs(targetFerryOTLP)) && opts.ferryBin == "" {
 		if opts.ferryBin, err = benchkit.BuildFerry(root, opts.out); err != nil {
 			return err
 		}
@@ -246,7 +251,7 @@ func run(opts options) error {
 	if err := b.startBackend(); err != nil {
 		return err
 	}
-	for _, name := range []string{targetFerry, targetNginx, targetPass} {
+	for _, name := range []string{targetFerry, targetNginx, targetPass, targetFerryOTLP} {
 		if slices.Contains(opts.targets, name) {
 			if err := b.startTarget(name, b.backends[:opts.backends]); err != nil {
 				return err

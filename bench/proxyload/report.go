@@ -297,6 +297,12 @@ func (r *report) checks() []check {
 		v := r.pairedRatio(scenarioStream, targetFerry, targetNginx, fCPU)
 		add("streams: ferry CPU/stream ÷ nginx", v, "≤ 0.80", v <= 0.8)
 	}
+	for _, scenario := range allScenarios {
+		if r.has(scenario, targetFerryOTLP) && r.has(scenario, targetFerry) {
+			v := r.pairedDiff(scenario, targetFerryOTLP, targetFerry, fCPU)
+			add(scenario+": ferry-otlp CPU µs/req − ferry (every request traced)", v, noLimit, true)
+		}
+	}
 	for _, m := range r.ManyStreams {
 		if m.Target != targetFerry {
 			continue

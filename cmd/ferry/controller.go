@@ -94,6 +94,10 @@ func (cf *controllerFlags) run(cmd *cobra.Command) error {
 		}
 	}
 	opts.ClientLimits.MaxBufferedBodyBytes = int64(cf.bufferedMB) << 20
+	opts.OTLP.ServiceName = "ferry-controller"
+	if err := opts.OTLP.Validate(); err != nil {
+		return fmt.Errorf("--otlp-endpoint, --trace-sample: %w", err)
+	}
 	opts.Home = h
 	opts.Version = version()
 	opts.Logger = log
@@ -130,6 +134,9 @@ func (cf *controllerFlags) register(f *pflag.FlagSet) {
 		"shared endpoint that routes by the request's model, host:port; empty or \"off\" to disable ($FERRY_GATEWAY_ADDR)")
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", envOr("FERRY_METRICS_ADDR", controller.DefaultMetricsAddr),
 		"admin listener for Prometheus /metrics and /healthz, host:port; empty or \"off\" to disable ($FERRY_METRICS_ADDR)")
+	f.StringVar(&opts.OTLP.Endpoint, "otlp-endpoint", "",
+		"export a span tree per request of every service and the gateway to this OTLP/HTTP collector, http(s)://HOST:PORT[/PATH]; default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else off")
+	f.Float64Var(&opts.OTLP.SampleRatio, "trace-sample", 1, "share of new traces recorded when tracing is on, in (0, 1] (0 means 1)")
 	f.StringVar(&opts.KVEventsAddr, "kv-events-listen", os.Getenv("FERRY_KV_EVENTS_ADDR"),
 		"bind this ZeroMQ endpoint, tcp://HOST:PORT, for replicas' vLLM KV-cache events (--kv-events-config with \"endpoint\" this address and \"topic\": \"kv@$FERRY_HOST:$FERRY_PORT@MODEL\"); every service's least_ttft then routes by what each engine reports it caches ($FERRY_KV_EVENTS_ADDR)")
 	f.IntVar(&opts.KVEventsPort, "kv-events-connect", envInt("FERRY_KV_EVENTS_PORT", envErrs),

@@ -61,6 +61,9 @@ type proxyFlags struct {
 	maxConns         int
 	maxConnsPerIP    int
 	maxBufferedMB    int
+	// otlpEndpoint and traceSample export request spans (proxy.OTLPConfig).
+	otlpEndpoint string
+	traceSample  float64
 	// attach is the service to follow through the controller; empty for a fixed replica list.
 	attach string
 	// controllers are the API URLs of several controllers, one leading (--controller).
@@ -95,6 +98,8 @@ type proxyOptions struct {
 	kvEvents     string
 	kvEventsPort int
 	accessLog    bool
+	// otlp says where request spans go; off without an endpoint here or in the environment.
+	otlp proxy.OTLPConfig
 	// clientLimits are the process's, shared by its listeners (proxy.Guard).
 	clientLimits proxy.ClientLimits
 	// attach is the service followed through the controller (attach.go); service then holds
@@ -145,6 +150,10 @@ a SIGTERM first turns /readyz to 503 and keeps serving for D, so that a load bal
 Kubernetes Service) stops sending here before the proxy stops accepting. --access-log
 writes one line per request (sampled under load: each second the first 100, then every 100th)
 with its id, path, status, replica and timings, never headers, query strings or bodies.
+--otlp-endpoint URL (or OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
+exports a span tree per request over OTLP/HTTP: the request, its hold, each pick and attempt on
+a replica with its first token, with the GenAI attributes (model, input and output tokens);
+replicas get a W3C traceparent, and a client's is continued. --trace-sample samples new traces.
 
 A request without a valid API key is refused as soon as its headers arrive, before its body
 is read. --max-connections (default: half the process's file-descriptor limit) and
@@ -245,6 +254,8 @@ func (f *proxyFlags) define(fl *pflag.FlagSet) {
 	fl.IntVar(&f.maxConns, "max-connections", 0, "refuse client connections beyond this many open at once, with 503 (0: half the process's file-descriptor limit)")
 	fl.IntVar(&f.maxBufferedMB, "max-buffered-body-mb", proxy.DefaultMaxBufferedBodyBytes>>20, "request bodies being read at once, in MiB by their announced length; beyond it 503 at the request's headers")
 	fl.IntVar(&f.maxConnsPerIP, "max-connections-per-ip", 0, "refuse a client address's connections beyond this many open at once, with 429 (0: a quarter of --max-connections, at least 16; -1: no cap, right behind a load balancer)")
+	fl.StringVar(&f.otlpEndpoint, "otlp-endpoint", "", "export a span tree per request to this OTLP/HTTP collector, http(s)://HOST:PORT[/PATH] (/v1/traces added to a bare host); default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else off")
+	fl.Float64Var(&f.traceSample, "trace-sample", 1, "share of new traces recorded when tracing is on, in (0, 1] (0 means 1); a client's traceparent decides for its own")
 	fl.StringVar(&f.attach, "attach", "", "follow this service of the controller in FERRY_HOME instead of fixed replicas")
 	fl.StringSliceVar(&f.controllers, "controller", nil, "with --attach: the API URLs of the controllers (http(s)://HOST:PORT, comma-separated or repeated) when several run with --leader-elect; the proxy follows whichever leads, with FERRY_HOME's proxy.token (and controller.crt for https)")
 }
@@ -260,8 +271,12 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 		kvEvents:        f.kvEvents,
 		kvEventsPort:    f.kvEventsPort,
 		accessLog:       f.accessLog,
+		otlp:            proxy.OTLPConfig{Endpoint: f.otlpEndpoint, SampleRatio: f.traceSample, ServiceName: "ferry-proxy"},
 	}
 	errs := f.parseServing(&opts)
+	if err := opts.otlp.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("--otlp-endpoint, --trace-sample: %w", err))
+	}
 	for _, u := range f.controllers {
 		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
 			errs = append(errs, fmt.Errorf("--controller %q: want http://HOST:PORT or https://HOST:PORT", u))
@@ -600,6 +615,10 @@ func proxyBaseConfig(opts proxyOptions, adminLn net.Listener, ready *proxy.Readi
 	if opts.accessLog {
 		cfg.AccessLog = log.Named("access")
 	}
+	if cfg.Tracing, err = startTracing(opts.otlp, log); err != nil {
+		return cfg, nil, err
+	}
+	stops = append(stops, func() { flushTracing(cfg.Tracing, log) })
 	events, err := kvevents.Open(opts.kvEvents, opts.kvEventsPort, log.Named("kvevents"))
 	if err != nil {
 		return cfg, nil, err
@@ -633,6 +652,27 @@ func proxyBaseConfig(opts proxyOptions, adminLn net.Listener, ready *proxy.Readi
 		stopAdmin(ctx)
 	})
 	return cfg, stop, nil
+}
+
+// startTracing starts exporting request spans when otlp names a collector; nil when not.
+func startTracing(otlp proxy.OTLPConfig, log *zap.Logger) (*proxy.Tracing, error) {
+	tr, err := proxy.StartOTLP(context.Background(), otlp)
+	if err != nil {
+		return nil, err
+	}
+	if tr != nil {
+		log.Info("exporting request traces over OTLP", zap.String("endpoint", otlp.Endpoint), zap.Float64("sample", otlp.SampleRatio))
+	}
+	return tr, nil
+}
+
+// flushTracing sends the spans still buffered, within 5 s; the services have drained by then.
+func flushTracing(tr *proxy.Tracing, log *zap.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := tr.Shutdown(ctx); err != nil {
+		log.Warn("flushing request traces", zap.Error(err))
+	}
 }
 
 // newCLILogger logs human-readable lines to stderr.

@@ -108,6 +108,9 @@ type Options struct {
 	// ClientLimits cap the client connections and the request bodies being read over every
 	// service endpoint and the gateway together (proxy.Guard); zero values are the defaults.
 	ClientLimits proxy.ClientLimits
+	// OTLP says where the spans of every service's requests and the gateway's go; with no
+	// endpoint here or in the environment (OTEL_EXPORTER_OTLP_ENDPOINT), tracing is off.
+	OTLP proxy.OTLPConfig
 	// Elector, when set, makes this controller one of several over shared state: it follows
 	// (forwards its API to the leader, runs nothing) until the Elector makes it lead.
 	Elector *leader.Elector
@@ -217,6 +220,9 @@ type Controller struct {
 	guard *proxy.Guard
 	// kvEvents hears the replicas' KV-cache events (Options.KVEventsAddr); nil without.
 	kvEvents kvevents.Source
+	// tracing records the spans of every service's requests and the gateway's (Options.OTLP);
+	// nil when off.
+	tracing *proxy.Tracing
 
 	// registry holds the controller's metrics; metrics are the proxy metrics in it, shared by
 	// every service and the gateway. They are served on metricsAddr until stopAdmin (nil and
@@ -295,6 +301,7 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 	if err := c.startAdmin(); err != nil {
 		return err
 	}
+	defer c.flushTraces()
 	defer c.stopLeading()
 	var handler http.Handler
 	if c.opts.Elector == nil {
@@ -456,7 +463,22 @@ func (c *Controller) startAdmin() error {
 	if err := c.listenKVEvents(); err != nil {
 		return err
 	}
+	if c.tracing, err = proxy.StartOTLP(c.ctx, c.opts.OTLP); err != nil {
+		return err
+	}
+	if c.tracing != nil {
+		c.log.Info("exporting request traces over OTLP")
+	}
 	return c.startMetrics()
+}
+
+// flushTraces sends the spans still buffered once the services have drained, within 5 s.
+func (c *Controller) flushTraces() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.tracing.Shutdown(ctx); err != nil {
+		c.log.Warn("flushing request traces", zap.Error(err))
+	}
 }
 
 // shutdown stops the API, the gateway and every service's loops and listener, leaving replicas

@@ -21,6 +21,7 @@ func (c *Controller) proxyConfig(name string, svc *configs.Service) (proxy.Servi
 		Metrics:   c.metrics,
 		AccessLog: c.log.Named("access"),
 		Tenancy:   c.tenancy,
+		Tracing:   c.tracing,
 	})
 	if c.kvEvents != nil {
 		cfg.KVEvents = c.kvEvents
@@ -67,6 +68,7 @@ func (c *Controller) startGateway() error {
 		Logger:    c.log.Named("gateway"),
 		Metrics:   c.metrics,
 		AccessLog: c.log.Named("access"),
+		Tracing:   c.tracing,
 	})
 	c.gatewayAddr = ln.Addr().String()
 	go func() {
