@@ -35,7 +35,7 @@ clean:
 
 # Whole-system benchmarks (bench/README.md). Extra flags go in BENCH_ARGS, for example
 # make bench-proxy BENCH_ARGS='--duration 3s --streams5k 1000'.
-.PHONY: bench-proxy bench-routing bench-pd bench-sim bench-gang bench-updates bench-faults
+.PHONY: bench-proxy bench-routing bench-pd bench-tenants bench-sim bench-gang bench-updates bench-faults
 
 ## bench-proxy: proxy cost on loopback, backend direct vs ferry proxy vs nginx (installs nginx if missing)
 bench-proxy:
@@ -49,6 +49,10 @@ bench-routing:
 ## bench-pd: a disaggregated service's prefill and decode pools scaling apart as the mix shifts from the Azure code trace to the conversation trace
 bench-pd:
 	$(GO) run ./bench/pdscale $(BENCH_ARGS)
+
+## bench-tenants: managed keys through two attached proxies: a light tenant's TTFT beside a saturating one, a daily token limit across proxies, batch shed before interactive, ferry usage against the replicas' reports
+bench-tenants:
+	$(GO) run ./bench/tenants $(BENCH_ARGS)
 
 ## bench-sim: the fleet-size sweep (ferry sim --sweep): every spot trace in ../shared/data at 3, 4, 5, 6, 8, 12, 16 and 24 replicas, Ferry against SkyServe+SpotHedge and all on-demand
 bench-sim:

@@ -138,7 +138,14 @@ func (h *Hub) Report(r LoadReport) error {
 	if r.ProxyID == "" {
 		return fmt.Errorf("proxy load report without a proxy id: %w", rpc.ErrInvalid)
 	}
-	h.record(r, h.cfg.Now())
+	now := h.cfg.Now()
+	before := h.sharing(now)
+	h.record(r, now)
+	if h.sharing(now) != before && h.feed.Seq() != 0 {
+		// Each proxy's share of the replicas' slots changed: tell them now, not at their
+		// poll's timeout (up to DefaultPollWait).
+		h.feed.Publish(nil)
+	}
 	if r.Waiting > 0 && h.cfg.OnWaiting != nil {
 		h.cfg.OnWaiting()
 	}

@@ -147,7 +147,8 @@ func TestHubReport(t *testing.T) {
 }
 
 // TestHubSharesReplicasAmongProxies: every poll answer says how many proxies reported lately
-// (at least 1), without moving Seq: proxies joining or leaving change no replica set.
+// (at least 1), and a change of that count moves Seq, so that waiting polls return and each
+// proxy takes its share of the replicas' slots at once rather than at its poll's timeout.
 func TestHubSharesReplicasAmongProxies(t *testing.T) {
 	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
 	h := NewHub(HubConfig{Now: func() time.Time { return now }})
@@ -161,9 +162,12 @@ func TestHubSharesReplicasAmongProxies(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	two := h.Poll(context.Background(), first.Seq, 0)
-	if two.Proxies != 2 || two.Seq != first.Seq {
-		t.Fatalf("after two proxies reported: Proxies %d, Seq %d (was %d); want 2 and the same Seq", two.Proxies, two.Seq, first.Seq)
+	two := h.Poll(context.Background(), first.Seq, time.Minute) // returns at once: Seq moved
+	if two.Proxies != 2 || two.Seq == first.Seq || len(two.Backends) != 1 {
+		t.Fatalf("after two proxies reported: Proxies %d, Seq %d (was %d), %d backends; want 2, a new Seq, the same set", two.Proxies, two.Seq, first.Seq, len(two.Backends))
+	}
+	if err := h.Report(LoadReport{ProxyID: "a", Seq: two.Seq}); err != nil || h.feed.Seq() != two.Seq {
+		t.Fatalf("a report that changes no count moved Seq (%v)", err)
 	}
 	now = now.Add(reportFresh + time.Second) // b goes silent; a reports on
 	if err := h.Report(LoadReport{ProxyID: "a", Seq: two.Seq}); err != nil {
