@@ -58,6 +58,9 @@ type exchange struct {
 	// slotWaited is set when the request waited in the proxy for a free slot (late binding)
 	// and has not been sent yet; tryReplica then passes on a slot it left free.
 	slotWaited bool
+	// slotReserved is set while the request holds a slot it was granted and has not taken yet
+	// (waitLine.granted).
+	slotReserved bool
 	// class and tenant are where the request waits when it must (queue.go): its priority and
 	// who it shares the replicas fairly with (an API key's id; "" is every anonymous request),
 	// set by Service.classify. wait is its place in line; its channel is kept across requests.
@@ -305,6 +308,9 @@ func (s *Service) releaseExchange(ex *exchange) {
 	clear(ex.tried) // do not pin replicas of old snapshots
 	ex.tried = ex.tried[:0]
 	ex.slotWaited = false
+	if ex.slotReserved { // granted a slot, it never began: the next in line gets it
+		s.slots.taken(s, ex, true)
+	}
 	ex.class, ex.tenant, ex.retryAfter = tenants.PriorityStandard, "", 0
 	ex.wait.tenant = ""
 	clear(ex.candidates)

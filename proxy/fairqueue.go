@@ -114,36 +114,6 @@ func (q *fairQueue) push(w *waiter) {
 	q.n++
 }
 
-// pushFront puts back a waiter that was granted a slot another request took before it looked:
-// at the head of its tenant's line, its tenant's turn next, and the oldest of its class (it was
-// served its turn, so it keeps its place rather than waiting a round again).
-func (q *fairQueue) pushFront(w *waiter) {
-	cq := &q.classes[w.class]
-	t := q.tenantFor(cq, w.tenant)
-	if cq.turn != t { // move t's turn to just before the one that was next, and make it next
-		unlinkTenant(t)
-		linkBefore(t, cq.turn)
-		cq.turn = t
-	}
-	w.queue, w.prev, w.next = t, nil, t.head
-	if t.head != nil {
-		t.head.prev = w
-	} else {
-		t.tail = w
-	}
-	t.head = w
-	t.n++
-	w.older, w.newer = nil, cq.oldest
-	if cq.oldest != nil {
-		cq.oldest.older = w
-	} else {
-		cq.newest = w
-	}
-	cq.oldest = w
-	cq.n++
-	q.n++
-}
-
 // pop takes out the next waiter to serve: the first class with anyone waiting, the tenant whose
 // turn it is, its oldest request; the turn passes to the next tenant. Nil when nobody waits.
 func (q *fairQueue) pop() *waiter {

@@ -231,7 +231,7 @@ func (s *Service) tryReplica(ctx *fasthttp.RequestCtx, ex *exchange, snap *snaps
 		// Granted a slot, it may have chosen a full replica (pick): pass a slot still free on to
 		// the next waiter now, rather than when some request ends.
 		ex.slotWaited = false
-		s.slots.grant(s)
+		s.slots.taken(s, ex, true)
 	}
 	if s.learner != nil {
 		ex.sentAt, ex.firstAt = now, time.Time{}

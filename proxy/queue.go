@@ -38,6 +38,10 @@ type waitLine struct {
 	// free one, so that one of the two always sees the other (Go's atomics are sequentially
 	// consistent): no wake-up is lost (slots.go).
 	queued atomic.Int64
+	// granted counts the slots granted to waiters that have not taken them yet (begun on a
+	// replica, or given up): they are not free for anyone else, so that a slot freed meanwhile
+	// goes to the next in line and a granted waiter never finds its slot gone (slots.go).
+	granted atomic.Int64
 }
 
 // line returns the waitLine s's waiting requests share.

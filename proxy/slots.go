@@ -158,34 +158,44 @@ func (q *slotQueue) grant(s *Service) {
 		return
 	}
 	l.mu.Lock()
-	n := q.freeSlots(s.snap.Load(), l.order.len())
+	granted := int(l.granted.Load())
+	n := max(q.freeSlots(s.snap.Load(), l.order.len()+granted)-granted, 0)
 	for range n {
 		l.order.pop().ch <- struct{}{}
 	}
 	if n > 0 {
+		l.granted.Add(int64(n))
 		l.queued.Add(-int64(n))
 		l.drain.add(time.Now().UnixNano(), n)
 	}
 	l.mu.Unlock()
 }
 
-// enqueue adds a waiter at its place in line, or at the head of its tenant's line, its turn
-// next, when it was granted a slot someone else took. It returns false, enqueuing nothing, when
-// a slot is free and nobody waits ahead.
-func (q *slotQueue) enqueue(w *waiter, s *Service, head bool) bool {
+// taken ends a granted waiter's reservation (it began on a replica, or gave up: then its slot
+// goes to the next in line).
+func (q *slotQueue) taken(s *Service, ex *exchange, passOn bool) {
+	if !ex.slotReserved {
+		return
+	}
+	ex.slotReserved = false
+	q.line.granted.Add(-1)
+	if passOn {
+		q.grant(s)
+	}
+}
+
+// enqueue adds a waiter at its place in line. It returns false, enqueuing nothing, when a slot
+// is free (not granted to a waiter yet to take it) and nobody waits ahead.
+func (q *slotQueue) enqueue(w *waiter, s *Service) bool {
 	l := &q.line
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.queued.Add(1)
-	if (head || l.order.len() == 0) && q.freeSlots(s.snap.Load(), 1) > 0 {
+	if granted := int(l.granted.Load()); l.order.len() == 0 && q.freeSlots(s.snap.Load(), granted+1) > granted {
 		l.queued.Add(-1)
 		return false
 	}
-	if head {
-		l.order.pushFront(w)
-	} else {
-		l.order.push(w)
-	}
+	l.order.push(w)
 	return true
 }
 
@@ -204,7 +214,8 @@ func (q *slotQueue) leave(w *waiter, s *Service) {
 	l.mu.Unlock()
 	select {
 	case <-w.ch:
-		if !w.shed {
+		if !w.shed { // granted meanwhile: its slot goes to the next in line
+			q.line.granted.Add(-1)
 			q.grant(s)
 		}
 	default:
@@ -223,7 +234,7 @@ func (q *slotQueue) leave(w *waiter, s *Service) {
 // MaxQueuedRequests and MaxQueueWait with requests held for a first replica.
 func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapshot) (_ *snapshot, waited bool, _ []byte) {
 	q := s.slots
-	if len(snap.replicas) > 0 && q.line.queued.Load() == 0 && q.freeSlots(snap, 1) > 0 {
+	if len(snap.replicas) > 0 && q.line.queued.Load() == 0 && q.line.granted.Load() == 0 && q.freeSlots(snap, 1) > 0 {
 		return snap, false, nil
 	}
 	if s.cfg.MaxQueuedRequests < 0 {
@@ -237,7 +248,7 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 	defer s.leaveWaiting(ex)
 
 	w := ex.waiter()
-	if !q.enqueue(w, s, false) {
+	if !q.enqueue(w, s) {
 		return s.snap.Load(), false, nil
 	}
 	defer s.obs.queueEnd(s.obs.queueBegin())
@@ -249,9 +260,9 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 			if w.shed {
 				return nil, false, s.shedAnswer(ex)
 			}
-			if q.enqueue(w, s, true) {
-				continue
-			}
+			// Granted: the slot is held for it until it begins on a replica (tryReplica) or
+			// gives up (releaseExchange), so nobody arriving meanwhile can take it.
+			ex.slotReserved = true
 			return s.snap.Load(), true, nil
 		case holdClientGone:
 			q.leave(w, s)

@@ -111,9 +111,8 @@ func TestLimitsAreGlobalAcrossProxies(t *testing.T) {
 	sync(a, "a", t0)
 	sync(b, "b", t0)
 	var admitted int64
-	now := t0
 	for step := range 600 { // a minute: each proxy tries 10 requests of 500 tokens per 100 ms
-		now = t0.Add(time.Duration(step) * 100 * time.Millisecond)
+		now := t0.Add(time.Duration(step) * 100 * time.Millisecond)
 		for _, l := range []*Ledger{a, b} {
 			for range 10 {
 				if d, tk := l.Admit(k, nil, "s", "m", Price{}, 500, now); d.OK {
