@@ -3,7 +3,9 @@ package proxy
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -172,5 +174,56 @@ func TestGatewayRoutesManagedKeys(t *testing.T) {
 	res := post("a")
 	if e := decodeError(t, res.body); res.status != 429 || e.Error.Code != "insufficient_quota" {
 		t.Errorf("over budget: %d %s", res.status, res.body)
+	}
+}
+
+// TestManagedKeysShareSaturatedReplicasFairly: with every slot held by a heavy tenant's
+// streams and more of them waiting, a light tenant's request is granted the next slot that
+// frees, not the one after the heavy tenant's line: its wait is about one stream's length
+// divided by the slots, not the heavy line's.
+func TestManagedKeysShareSaturatedReplicasFairly(t *testing.T) {
+	const streamFor = 300 * time.Millisecond
+	tn, secrets := newTestTenancy(t, tenants.Key{ID: "key_heavy", Name: "heavy"}, tenants.Key{ID: "key_light", Name: "light"})
+	u := startUpstream(t, "u", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		sseEvent(w, `{"choices":[{"delta":{"content":"x"}}]}`)
+		time.Sleep(streamFor)
+		sseEvent(w, "[DONE]")
+	})
+	_, base := startProxy(t, ServiceConfig{Tenancy: tn, APIKeyHashes: []string{}, MaxInFlightPerReplica: 2}, backendsOf(u)...)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 10 { // 2 slots, 8 waiting: the heavy line is 4 slot turns long (1.2 s)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := newClient(t)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat("m", true)), "Authorization", "Bearer "+secrets["heavy"])
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+	time.Sleep(time.Second) // the line fills
+	c := newClient(t)
+	var waits []time.Duration
+	for range 5 {
+		start := time.Now()
+		res := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat("m", true)), "Authorization", "Bearer "+secrets["light"])
+		if res.status != 200 {
+			t.Fatalf("light: %d %s", res.status, res.body)
+		}
+		waits = append(waits, time.Since(start)-streamFor)
+	}
+	slices.Sort(waits)
+	t.Logf("the light tenant's waits for a slot: %v", waits)
+	// One slot frees every 150 ms; the heavy line would be 1.2 s.
+	if waits[2] > 450*time.Millisecond {
+		t.Errorf("the light tenant waited %v (median) for a slot, want about one slot's turn (≤ 450 ms), not the heavy line's 1.2 s", waits[2])
 	}
 }

@@ -44,8 +44,8 @@ step "go test -race"
 # (./e2e/ took 526 s at 2, 425-428 s at 4 on the 2-core machine, 681 s before it ran tests in parallel).
 go test -race -count=1 -parallel 4 -timeout 30m ./...
 
-step "hot-path guard: the proxy's CPU per request against a pass-through's, without the race detector"
-go test -count=1 -run 'TestHotPathWithinBudget' ./proxy/
+step "hot-path guards: the proxy's CPU per request against a pass-through's, and with a managed key against a service's own key, without the race detector"
+go test -count=1 -run 'TestHotPathWithinBudget|TestTenancyWithinBudget' ./proxy/
 
 step "go test -fuzz (scripts/fuzz.sh)"
 scripts/fuzz.sh

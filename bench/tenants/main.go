@@ -30,6 +30,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/ferryserve/ferry/bench/azuretrace"
 	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/childproc"
 	"github.com/ferryserve/ferry/bench/servicekit"
@@ -51,6 +52,7 @@ type options struct {
 	lightPriority string
 	budgetTokens  int64
 	answerTokens  int
+	trace         string
 	ttft, itl     time.Duration
 	ferryBin      string
 	out           string
@@ -68,7 +70,9 @@ func parseFlags(args []string) (options, error) {
 	fs.Float64Var(&o.lightRate, "light-rate", 4, "the light tenant's requests per second")
 	fs.StringVar(&o.lightPriority, "light-priority", "standard", "the light tenant's class (standard: fair share alone does it; interactive: its class goes first too)")
 	fs.Int64Var(&o.budgetTokens, "budget-tokens", 30000, "the budget phase's key: total tokens per day")
-	fs.IntVar(&o.answerTokens, "answer-tokens", 32, "max_tokens of every request")
+	fs.IntVar(&o.answerTokens, "answer-tokens", 64, "cap on a request's answer length, drawn from --trace's (the budget phase's answers are this long)")
+	fs.StringVar(&o.trace, "trace", filepath.Join("..", "shared", "data", "traces", "AzureLLMInferenceTrace_conv.csv"),
+		"Azure LLM inference trace whose GeneratedTokens the answers' lengths are drawn from: equal lengths would end the heavy tenant's streams in cohorts")
 	fs.DurationVar(&o.ttft, "sim-ttft", 200*time.Millisecond, "replica-sim --ttft: the unloaded time to first token")
 	fs.DurationVar(&o.itl, "sim-itl", 10*time.Millisecond, "replica-sim --itl")
 	fs.StringVar(&o.ferryBin, "ferry-bin", "", "ferry binary (default: build ./cmd/ferry into the output directory)")
@@ -166,11 +170,18 @@ func execute(ctx context.Context, opts *options, progress func(string, ...any)) 
 			progress("ferry controller stop: %v\n%s", err, servicekit.LastLines(out, 5))
 		}
 	}()
+	recs, err := azuretrace.Read(opts.trace)
+	if err != nil {
+		return nil, err
+	}
 	b, err := setUp(ctx, f, *opts, progress)
 	if err != nil {
 		return nil, err
 	}
 	defer b.stopProxies()
+	for _, r := range recs {
+		b.answers = append(b.answers, min(max(r.GeneratedTokens, 1), opts.answerTokens))
+	}
 	rep := &report{Started: time.Now(), YAML: opts.yaml(), Options: fmt.Sprintf("%+v", *opts),
 		Host: map[string]any{"cpus": runtime.NumCPU(), "loadavg_start": benchkit.LoadAvg(), "go": runtime.Version()}}
 	if err := b.runPhases(ctx, rep, progress); err != nil {

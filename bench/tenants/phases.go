@@ -25,7 +25,10 @@ type bench struct {
 	opts    options
 	metrics []string // the proxies' admin listeners
 	// setup are the requests that found the proxies serving, counted in the usage check.
-	setup   []result
+	setup []result
+	// answers are answer lengths drawn from the trace, for the fair-share and shedding phases.
+	answers []int
+	draws   atomic.Uint64
 	f       *servicekit.Ferry
 	keys    map[string]string // name → secret
 	proxies []string          // base URLs
@@ -140,7 +143,11 @@ var prompt = strings.Repeat("the quick brown fox jumps over the lazy dog ", 10)
 // send sends one chat completion with the key's secret (as keyName's) and reads it whole.
 // A stream asks for usage in its last chunk.
 func (b *bench) send(ctx context.Context, base, keyName string, stream bool) result {
-	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":%d`, model, prompt, b.opts.answerTokens)
+	answer := b.opts.answerTokens
+	if stream && len(b.answers) > 0 { // the budget phase's answers stay alike: its bar is tokens
+		answer = b.answers[(b.draws.Add(1)*2654435761)%uint64(len(b.answers))]
+	}
+	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":%q}],"max_tokens":%d`, model, prompt, answer)
 	if stream {
 		body += `,"stream":true,"stream_options":{"include_usage":true}`
 	}
