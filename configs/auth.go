@@ -92,12 +92,15 @@ func (c *checker) auth(n *yaml.Node, field string, envs, secrets map[string]stri
 			}
 		}
 	}
+	badManaged := false
 	if e, ok := f["managed_keys"]; ok {
-		a.ManagedKeys, _ = c.boolean(e.value, joinField(field, "managed_keys"))
+		var valid bool
+		a.ManagedKeys, valid = c.boolean(e.value, joinField(field, "managed_keys"))
+		badManaged = !valid // said already
 	}
 	_, hasEnv := f["keys_from_env"]
 	_, hasFile := f["keys_file"]
-	if !hasEnv && !hasFile && !a.ManagedKeys {
+	if !hasEnv && !hasFile && !a.ManagedKeys && !badManaged {
 		c.errorf(n, field, "give keys_from_env (environment variables holding keys), keys_file, managed_keys: true (the keys of `ferry keys create`), or several")
 	}
 	return a

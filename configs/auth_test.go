@@ -75,6 +75,14 @@ func TestLoadResolvesAPIKeys(t *testing.T) {
 			keys:    "# nothing yet\n",
 			wantErr: []wantErr{{5, 16, "service.auth.keys_file", "holds no keys"}},
 		},
+		"managed keys only": {
+			yaml: head + "    managed_keys: true\n",
+			want: nil,
+		},
+		"managed_keys not a boolean": {
+			yaml:    head + "    managed_keys: sometimes\n",
+			wantErr: []wantErr{{5, 19, "service.auth.managed_keys", "boolean"}},
+		},
 		"neither source": {
 			yaml:    head + "    {}\n",
 			wantErr: []wantErr{{5, 5, "service.auth", "give keys_from_env"}},
