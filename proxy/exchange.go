@@ -61,6 +61,8 @@ type exchange struct {
 	// slotReserved is set while the request holds a slot it was granted and has not taken yet
 	// (waitLine.granted).
 	slotReserved bool
+	// slotHeld is set while the request's tenant counts a slot for it (headroom.go).
+	slotHeld bool
 	// class and tenant are where the request waits when it must (queue.go): its priority and
 	// who it shares the replicas fairly with (an API key's id; "" is every anonymous request),
 	// set by Service.classify. wait is its place in line; its channel is kept across requests.
@@ -133,6 +135,7 @@ func (ex *exchange) end() {
 	ex.client.release()
 	ex.svc.inflight.Add(-1)
 	if q := ex.svc.slots; q != nil {
+		q.gave(ex)
 		q.grant(ex.svc)
 	}
 	ex.observeEnd()
@@ -308,8 +311,10 @@ func (s *Service) releaseExchange(ex *exchange) {
 	clear(ex.tried) // do not pin replicas of old snapshots
 	ex.tried = ex.tried[:0]
 	ex.slotWaited = false
-	if ex.slotReserved { // granted a slot, it never began: the next in line gets it
-		s.slots.taken(s, ex, true)
+	if ex.slotReserved || ex.slotHeld { // granted a slot, it never began: the next in line gets it
+		s.slots.gave(ex)
+		s.slots.taken(s, ex, false)
+		s.slots.grant(s)
 	}
 	ex.class, ex.tenant, ex.retryAfter = tenants.PriorityStandard, "", 0
 	ex.wait.tenant = ""

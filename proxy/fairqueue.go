@@ -131,6 +131,29 @@ func (q *fairQueue) pop() *waiter {
 	return nil
 }
 
+// popEligible is pop among the tenants ok accepts: the first class with such a tenant waiting,
+// the first of them in turn from the class's turn, its oldest request; the turn passes to the
+// tenant after it. O(tenants waiting) when the tenant whose turn it is may not take a slot.
+func (q *fairQueue) popEligible(ok func(tenant string) bool) *waiter {
+	for c := range q.classes {
+		cq := &q.classes[c]
+		if cq.n == 0 {
+			continue
+		}
+		t := cq.turn
+		for range len(cq.tenants) {
+			if ok(t.name) {
+				w := t.head
+				cq.turn = t.next
+				q.remove(w)
+				return w
+			}
+			t = t.next
+		}
+	}
+	return nil
+}
+
 // remove takes w out of the queue, wherever it is; it does nothing when w is not queued.
 func (q *fairQueue) remove(w *waiter) {
 	t := w.queue

@@ -42,6 +42,8 @@ type waitLine struct {
 	// replica, or given up): they are not free for anyone else, so that a slot freed meanwhile
 	// goes to the next in line and a granted waiter never finds its slot gone (slots.go).
 	granted atomic.Int64
+	// tenants are the slots each tenant holds, for headroom (headroom.go); guarded by mu.
+	tenants tenantSlots
 }
 
 // line returns the waitLine s's waiting requests share.

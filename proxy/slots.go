@@ -158,15 +158,23 @@ func (q *slotQueue) grant(s *Service) {
 		return
 	}
 	l.mu.Lock()
+	snap := s.snap.Load()
 	granted := int(l.granted.Load())
-	n := max(q.freeSlots(s.snap.Load(), l.order.len()+granted)-granted, 0)
-	for range n {
-		l.order.pop().ch <- struct{}{}
+	free := max(q.freeSlots(snap, l.order.len()+granted)-granted, 0)
+	now := time.Now().UnixNano()
+	n := 0
+	for ; n < free; n++ {
+		w := l.order.popEligible(func(tenant string) bool { return q.mayTake(tenant, snap, now) })
+		if w == nil { // the waiters' tenants keep headroom for others
+			break
+		}
+		q.took(w.tenant)
+		w.ch <- struct{}{}
 	}
 	if n > 0 {
 		l.granted.Add(int64(n))
 		l.queued.Add(-int64(n))
-		l.drain.add(time.Now().UnixNano(), n)
+		l.drain.add(now, n)
 	}
 	l.mu.Unlock()
 }
@@ -191,8 +199,14 @@ func (q *slotQueue) enqueue(w *waiter, s *Service) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.queued.Add(1)
-	if granted := int(l.granted.Load()); l.order.len() == 0 && q.freeSlots(s.snap.Load(), granted+1) > granted {
+	now := time.Now().UnixNano()
+	l.tenants.note(w.tenant, now)
+	snap := s.snap.Load()
+	// A tenant's request may pass waiters whose tenants keep headroom: there is a free slot
+	// while they wait only because they may not take it (grant gives free slots at once).
+	if granted := int(l.granted.Load()); (l.order.len() == 0 || w.tenant != "") && q.freeSlots(snap, granted+1) > granted && q.mayTake(w.tenant, snap, now) {
 		l.queued.Add(-1)
+		q.took(w.tenant)
 		return false
 	}
 	l.order.push(w)
@@ -234,7 +248,7 @@ func (q *slotQueue) leave(w *waiter, s *Service) {
 // MaxQueuedRequests and MaxQueueWait with requests held for a first replica.
 func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapshot) (_ *snapshot, waited bool, _ []byte) {
 	q := s.slots
-	if len(snap.replicas) > 0 && q.line.queued.Load() == 0 && q.line.granted.Load() == 0 && q.freeSlots(snap, 1) > 0 {
+	if len(snap.replicas) > 0 && ex.tenant == "" && q.line.queued.Load() == 0 && q.line.granted.Load() == 0 && q.freeSlots(snap, 1) > 0 {
 		return snap, false, nil
 	}
 	if s.cfg.MaxQueuedRequests < 0 {
@@ -249,6 +263,7 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 
 	w := ex.waiter()
 	if !q.enqueue(w, s) {
+		ex.slotHeld = w.tenant != ""
 		return s.snap.Load(), false, nil
 	}
 	defer s.obs.queueEnd(s.obs.queueBegin())
@@ -262,7 +277,7 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 			}
 			// Granted: the slot is held for it until it begins on a replica (tryReplica) or
 			// gives up (releaseExchange), so nobody arriving meanwhile can take it.
-			ex.slotReserved = true
+			ex.slotReserved, ex.slotHeld = true, w.tenant != ""
 			return s.snap.Load(), true, nil
 		case holdClientGone:
 			q.leave(w, s)

@@ -227,3 +227,78 @@ func TestManagedKeysShareSaturatedReplicasFairly(t *testing.T) {
 		t.Errorf("the light tenant waited %v (median) for a slot, want about one slot's turn (≤ 450 ms), not the heavy line's 1.2 s", waits[2])
 	}
 }
+
+// TestHeadroomLeavesSlotsToOtherTenants: a tenant alone takes every slot; once another tenant
+// has asked for one, the first holds at most the slots less one per replica, and the other's
+// requests start at once instead of waiting for a stream to end.
+func TestHeadroomLeavesSlotsToOtherTenants(t *testing.T) {
+	const streamFor = 400 * time.Millisecond
+	tn, secrets := newTestTenancy(t, tenants.Key{ID: "key_heavy", Name: "heavy"}, tenants.Key{ID: "key_light", Name: "light"})
+	var mu sync.Mutex
+	running, peak := map[string]int{}, map[string]int{}
+	h := func(w http.ResponseWriter, r *http.Request) {
+		who := "heavy"
+		if strings.Contains(r.Header.Get("X-Test-Who"), "light") {
+			who = "light"
+		}
+		mu.Lock()
+		running[who]++
+		peak[who] = max(peak[who], running[who])
+		mu.Unlock()
+		defer func() { mu.Lock(); running[who]--; mu.Unlock() }()
+		w.Header().Set("Content-Type", "text/event-stream")
+		sseEvent(w, `{"choices":[{"delta":{"content":"x"}}]}`)
+		time.Sleep(streamFor)
+		sseEvent(w, "[DONE]")
+	}
+	u1, u2 := startUpstream(t, "u1", h), startUpstream(t, "u2", h)
+	_, base := startProxy(t, ServiceConfig{Tenancy: tn, APIKeyHashes: []string{}, MaxInFlightPerReplica: 4}, backendsOf(u1, u2)...)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 12 { // 8 slots: 4 heavy requests always waiting
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := newClient(t)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat("m", true)), "Authorization", "Bearer "+secrets["heavy"])
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+	time.Sleep(1500 * time.Millisecond)
+	mu.Lock()
+	alone := peak["heavy"]
+	peak["heavy"] = 0
+	mu.Unlock()
+	c := newClient(t)
+	var waits []time.Duration
+	for range 6 {
+		start := time.Now()
+		res := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat("m", true)),
+			"Authorization", "Bearer "+secrets["light"], "X-Test-Who", "light")
+		if res.status != 200 {
+			t.Fatalf("light: %d %s", res.status, res.body)
+		}
+		waits = append(waits, time.Since(start)-streamFor)
+	}
+	mu.Lock()
+	crowded := peak["heavy"]
+	mu.Unlock()
+	slices.Sort(waits)
+	t.Logf("heavy alone held %d slots, %d beside the light tenant; the light tenant waited %v", alone, crowded, waits)
+	if alone != 8 {
+		t.Errorf("the heavy tenant alone held %d of 8 slots, want all", alone)
+	}
+	if crowded > 6 {
+		t.Errorf("beside another tenant the heavy one held %d slots, want at most 6 (8 less one per replica)", crowded)
+	}
+	if waits[len(waits)-2] > 100*time.Millisecond {
+		t.Errorf("the light tenant's requests waited %v for a slot; past the first, want them at once", waits)
+	}
+}

@@ -65,7 +65,7 @@ func parseFlags(args []string) (options, error) {
 	fs := pflag.NewFlagSet("tenants", pflag.ContinueOnError)
 	fs.DurationVar(&o.phase, "phase", 40*time.Second, "how long the saturated fair-share phase runs (the unloaded one runs a quarter of it)")
 	fs.IntVar(&o.replicas, "replicas", 2, "replicas of the service")
-	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 8, "each replica's batch (replica-sim --max-num-seqs): the proxies hold what exceeds it")
+	fs.IntVar(&o.maxNumSeqs, "max-num-seqs", 16, "each replica's batch (replica-sim --max-num-seqs): the proxies hold what exceeds it")
 	fs.IntVar(&o.heavyWorkers, "heavy-workers", 48, "the heavy tenant's closed-loop streams, across both proxies")
 	fs.Float64Var(&o.lightRate, "light-rate", 4, "the light tenant's requests per second")
 	fs.StringVar(&o.lightPriority, "light-priority", "standard", "the light tenant's class (standard: fair share alone does it; interactive: its class goes first too)")
@@ -74,7 +74,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.trace, "trace", filepath.Join("..", "shared", "data", "traces", "AzureLLMInferenceTrace_conv.csv"),
 		"Azure LLM inference trace whose GeneratedTokens the answers' lengths are drawn from: equal lengths would end the heavy tenant's streams in cohorts")
 	fs.DurationVar(&o.ttft, "sim-ttft", 200*time.Millisecond, "replica-sim --ttft: the unloaded time to first token")
-	fs.DurationVar(&o.itl, "sim-itl", 10*time.Millisecond, "replica-sim --itl")
+	fs.DurationVar(&o.itl, "sim-itl", 20*time.Millisecond, "replica-sim --itl")
 	fs.StringVar(&o.ferryBin, "ferry-bin", "", "ferry binary (default: build ./cmd/ferry into the output directory)")
 	fs.StringVar(&o.out, "out", "", "directory for results, logs and FERRY_HOME (default .cache/bench/tenants-TIMESTAMP in the repo)")
 	fs.Usage = func() { fmt.Fprintf(os.Stderr, "Usage: go run ./bench/tenants [flags]\n\n%s", fs.FlagUsages()) }

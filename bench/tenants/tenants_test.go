@@ -20,7 +20,7 @@ import (
 // makes a short run's p99 the host's.)
 func TestTenantsShort(t *testing.T) {
 	bin, out := servicekit.ShortRunEnv(t)
-	opts, err := parseFlags([]string{"--phase", "10s", "--max-num-seqs", "16", "--sim-itl", "20ms", "--budget-tokens", "12000",
+	opts, err := parseFlags([]string{"--phase", "10s", "--budget-tokens", "12000",
 		"--ferry-bin", bin, "--out", out})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,98 @@
+package proxy
+
+import "time"
+
+// Headroom for other tenants. Fair turns in the line (fairqueue.go) decide who gets the next
+// slot that frees, but a tenant whose requests hold every slot still makes another tenant's
+// request wait for one of them to end: about a stream's length divided by the slots, which on a
+// small batch of long answers is several times the request's own time to first token. So while
+// more than one tenant has sent requests lately (headroomWindow), no tenant may hold more than
+// the proxy's slots less one per replica (at most a quarter of them): a tenant that saturates
+// the fleet leaves those slots to the others, whose requests then start at once. A tenant alone keeps every slot. Requests
+// without a managed key are one tenant, "", which headroom does not limit.
+//
+// It applies under a configured cap (max_in_flight_per_replica) and under learned caps once
+// every replica's batch is known. The counts live under the line's lock, which a request with a
+// tenant takes when it gets a slot and when it ends; anonymous requests never take it for this.
+
+// headroomWindow is how recently a second tenant must have asked for headroom to hold.
+const headroomWindow = 30 * time.Second
+
+// tenantSlots are the slots each tenant holds (taken or granted) and when each last asked for
+// one. Guarded by waitLine.mu.
+type tenantSlots struct {
+	held map[string]int
+	seen map[string]int64
+}
+
+// note records that tenant asked for a slot at now; l.mu is held.
+func (ts *tenantSlots) note(tenant string, now int64) {
+	if tenant == "" {
+		return
+	}
+	if ts.seen == nil {
+		ts.seen, ts.held = map[string]int64{}, map[string]int{}
+	}
+	ts.seen[tenant] = now
+}
+
+// crowded reports whether two tenants or more asked for slots within headroomWindow, pruning
+// those that have not; l.mu is held.
+func (ts *tenantSlots) crowded(now int64) bool {
+	n := 0
+	for t, at := range ts.seen {
+		if now-at > int64(headroomWindow) {
+			if ts.held[t] == 0 {
+				delete(ts.seen, t)
+				delete(ts.held, t)
+			}
+			continue
+		}
+		n++
+	}
+	return n >= 2
+}
+
+// mayTake reports whether tenant may take one more slot of snap's replicas now; l.mu is held.
+func (q *slotQueue) mayTake(tenant string, snap *snapshot, now int64) bool {
+	ts := &q.line.tenants
+	if tenant == "" || !ts.crowded(now) {
+		return true
+	}
+	total := 0
+	for i, r := range snap.pick {
+		free := q.free(r, snap.pickCaps[i])
+		if free >= noCap {
+			return true // a replica without a known cap: no total to keep headroom in
+		}
+		total += int(free + r.InFlight.Load())
+	}
+	return ts.held[tenant] < total-headroom(total, len(snap.pick))
+}
+
+// headroom is the slots of total over replicas a crowding tenant leaves to the others: one per
+// replica, at most a quarter of them, so that a small batch is not left mostly idle.
+func headroom(total, replicas int) int { return min(replicas, total/4) }
+
+// took counts a slot ex's tenant got (granted, or free when it arrived); l.mu is held.
+func (q *slotQueue) took(tenant string) {
+	if tenant != "" && q.line.tenants.held != nil {
+		q.line.tenants.held[tenant]++
+	}
+}
+
+// gave ends the slot ex's tenant held, once: its request ended or gave up.
+func (q *slotQueue) gave(ex *exchange) {
+	if !ex.slotHeld {
+		return
+	}
+	ex.slotHeld = false
+	l := &q.line
+	l.mu.Lock()
+	if n := l.tenants.held[ex.tenant]; n > 1 {
+		l.tenants.held[ex.tenant] = n - 1
+	} else {
+		delete(l.tenants.held, ex.tenant)
+	}
+	l.mu.Unlock()
+}
