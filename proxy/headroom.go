@@ -7,8 +7,9 @@ import "time"
 // request wait for one of them to end: about a stream's length divided by the slots, which on a
 // small batch of long answers is several times the request's own time to first token. So while
 // more than one tenant has sent requests lately (headroomWindow), no tenant may hold more than
-// the proxy's slots less one per replica (at most a quarter of them): a tenant that saturates
-// the fleet leaves those slots to the others, whose requests then start at once. A tenant alone keeps every slot. Requests
+// the proxy's slots less what the others hold and one spare per replica (the spares at most a
+// quarter of the slots, the whole reserve at most half): a tenant that saturates the fleet
+// leaves the others what they use and room for their next requests, which then start at once. A tenant alone keeps every slot. Requests
 // without a managed key are one tenant, "", which headroom does not limit.
 //
 // It applies under a configured cap (max_in_flight_per_replica) and under learned caps once
@@ -22,6 +23,7 @@ const headroomWindow = 30 * time.Second
 // one. Guarded by waitLine.mu.
 type tenantSlots struct {
 	held map[string]int
+	sum  int // of held
 	seen map[string]int64
 }
 
@@ -67,7 +69,9 @@ func (q *slotQueue) mayTake(tenant string, snap *snapshot, now int64) bool {
 		}
 		total += int(free + r.InFlight.Load())
 	}
-	return ts.held[tenant] < total-headroom(total, len(snap.pick))
+	// What the others hold stays theirs, and the spare stays free for their next requests.
+	others := ts.sum - ts.held[tenant]
+	return ts.held[tenant] < total-min(total/2, others+headroom(total, len(snap.pick)))
 }
 
 // headroom is the slots of total over replicas a crowding tenant leaves to the others: one per
@@ -78,6 +82,7 @@ func headroom(total, replicas int) int { return min(replicas, total/4) }
 func (q *slotQueue) took(tenant string) {
 	if tenant != "" && q.line.tenants.held != nil {
 		q.line.tenants.held[tenant]++
+		q.line.tenants.sum++
 	}
 }
 
@@ -91,8 +96,10 @@ func (q *slotQueue) gave(ex *exchange) {
 	l.mu.Lock()
 	if n := l.tenants.held[ex.tenant]; n > 1 {
 		l.tenants.held[ex.tenant] = n - 1
-	} else {
+		l.tenants.sum--
+	} else if n == 1 {
 		delete(l.tenants.held, ex.tenant)
+		l.tenants.sum--
 	}
 	l.mu.Unlock()
 }

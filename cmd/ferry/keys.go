@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -192,27 +193,35 @@ func printJSON(w io.Writer, v any) error {
 }
 
 func newKeysListCmd() *cobra.Command {
+	return newListCmd("List the API keys (never their secrets), revoked and expired ones too",
+		`  ferry keys list
+  ferry keys list --json | jq '.[] | select(.state == "active") | .name'`,
+		(*api.Client).Keys, printKeys)
+}
+
+// newListCmd is a `list` command of ferry keys: what fetch gets from the controller, printed by
+// print or, with --json, as JSON.
+func newListCmd[T any](short, example string, fetch func(*api.Client, context.Context) (T, error), print func(io.Writer, T)) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "List the API keys (never their secrets), revoked and expired ones too",
-		Example: `  ferry keys list
-  ferry keys list --json | jq '.[] | select(.state == "active") | .name'`,
-		Args: cobra.NoArgs,
+		Use:     "list",
+		Short:   short,
+		Example: example,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop, c, err := controllerFor(cmd, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
 			defer stop()
-			list, err := c.Keys(ctx)
+			list, err := fetch(c, ctx)
 			if err != nil {
 				return err
 			}
 			if asJSON {
 				return printJSON(cmd.OutOrStdout(), list)
 			}
-			printKeys(cmd.OutOrStdout(), list)
+			print(cmd.OutOrStdout(), list)
 			return nil
 		},
 	}

@@ -52,31 +52,8 @@ the team; later ones change only the limits they name.`,
 }
 
 func newTeamsListCmd() *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use:     "list",
-		Short:   "List the teams and their limits",
-		Example: "  ferry keys teams list\n  ferry keys teams list --json",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop, c, err := controllerFor(cmd, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			defer stop()
-			teams, err := c.Teams(ctx)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), teams)
-			}
-			printTeams(cmd.OutOrStdout(), teams)
-			return nil
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
-	return cmd
+	return newListCmd("List the teams and their limits", "  ferry keys teams list\n  ferry keys teams list --json",
+		(*api.Client).Teams, printTeams)
 }
 
 func printTeams(out io.Writer, teams []tenants.Team) {
@@ -156,40 +133,21 @@ on; a model without a price costs nothing.`,
 }
 
 func newPricesListCmd() *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use:     "list",
-		Short:   "List the model prices",
-		Example: "  ferry keys prices list\n  ferry keys prices list --json",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx, stop, c, err := controllerFor(cmd, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			defer stop()
-			prices, err := c.Prices(ctx)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), prices)
-			}
-			out := cmd.OutOrStdout()
-			if len(prices) == 0 {
-				fmt.Fprintln(out, "No model has a price: usage costs nothing and dollar budgets never run out.")
-				return nil
-			}
-			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "MODEL\t$/M INPUT\t$/M OUTPUT")
-			for _, p := range prices {
-				fmt.Fprintf(tw, "%s\t%g\t%g\n", p.Model, p.InputPerMillion, p.OutputPerMillion)
-			}
-			return tw.Flush()
-		},
+	return newListCmd("List the model prices", "  ferry keys prices list\n  ferry keys prices list --json",
+		(*api.Client).Prices, printPrices)
+}
+
+func printPrices(out io.Writer, prices []api.ModelPrice) {
+	if len(prices) == 0 {
+		fmt.Fprintln(out, "No model has a price: usage costs nothing and dollar budgets never run out.")
+		return
 	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print as JSON")
-	return cmd
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODEL\t$/M INPUT\t$/M OUTPUT")
+	for _, p := range prices {
+		fmt.Fprintf(tw, "%s\t%g\t%g\n", p.Model, p.InputPerMillion, p.OutputPerMillion)
+	}
+	_ = tw.Flush()
 }
 
 func newPricesDeleteCmd() *cobra.Command {
