@@ -7,7 +7,7 @@ import "time"
 // request wait for one of them to end: about a stream's length divided by the slots, which on a
 // small batch of long answers is several times the request's own time to first token. So while
 // more than one tenant has sent requests lately (headroomWindow), no tenant may hold more than
-// the proxy's slots less what the others hold and one spare per replica (the spares at most a
+// the proxy's slots less what the others hold and two spares per replica (the spares at most a
 // quarter of the slots, the whole reserve at most half): a tenant that saturates the fleet
 // leaves the others what they use and room for their next requests, which then start at once. A tenant alone keeps every slot. Requests
 // without a managed key are one tenant, "", which headroom does not limit.
@@ -74,9 +74,11 @@ func (q *slotQueue) mayTake(tenant string, snap *snapshot, now int64) bool {
 	return ts.held[tenant] < total-min(total/2, others+headroom(total, len(snap.pick)))
 }
 
-// headroom is the slots of total over replicas a crowding tenant leaves to the others: one per
-// replica, at most a quarter of them, so that a small batch is not left mostly idle.
-func headroom(total, replicas int) int { return min(replicas, total/4) }
+// headroom is the spare slots of total over replicas a crowding tenant leaves to the others,
+// beyond what they hold: two per replica, so that a burst of their requests finds one (one per
+// replica let 1–2 % of a light tenant's requests wait for a stream to end in bench/tenants), at
+// most a quarter of the slots, so that a small batch is not left mostly idle.
+func headroom(total, replicas int) int { return min(2*replicas, total/4) }
 
 // took counts a slot ex's tenant got (granted, or free when it arrived); l.mu is held.
 func (q *slotQueue) took(tenant string) {

@@ -238,8 +238,9 @@ type Controller struct {
 
 	// tenantState is the API keys' directory and the usage hub (tenants.go); tenancy the
 	// managed keys and ledger of the controller's own proxies (tenantsync.go).
-	tenantState *tenantState
-	tenancy     *proxy.Tenancy
+	tenantState  *tenantState
+	tenancy      *proxy.Tenancy
+	usageMetrics *usageMetrics
 
 	// Leadership (leadership.go). leadMu guards closeState, which lead sets; leadWG counts a
 	// lead in progress; leaderErr carries a failed lead or lost leadership to Start; api is

@@ -34,7 +34,11 @@ func (c *Controller) initMetrics() error {
 	if err != nil {
 		return err
 	}
-	c.registry, c.metrics, c.control = reg, m, control
+	usage, err := newUsageMetrics(reg)
+	if err != nil {
+		return err
+	}
+	c.registry, c.metrics, c.control, c.usageMetrics = reg, m, control, usage
 	return nil
 }
 

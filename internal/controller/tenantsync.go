@@ -20,6 +20,7 @@ const tenancyProxyID = "controller"
 // back, with the directory when the proxy's version is not the current one.
 func (c *Controller) SyncTenants(req tenants.SyncRequest, have int64) (tenants.SyncAnswer, *tenants.Directory, error) {
 	ans := c.TenantHub().Sync(req, time.Now())
+	c.usageMetrics.add(req.Rows)
 	d, err := c.Tenants()
 	if err != nil || d.Version == have {
 		return ans, nil, err
@@ -47,7 +48,8 @@ func (c *Controller) syncOwn(_ context.Context, req attach.TenantSyncRequest) (a
 // at shutdown, once they have drained, so that persistUsage writes all of it.
 func (c *Controller) flushTenancy() {
 	l := c.tenancy.Ledger()
-	l.Apply(c.TenantHub().Sync(l.Take(tenancyProxyID), time.Now()), time.Now())
+	ans, _, _ := c.SyncTenants(l.Take(tenancyProxyID), -1)
+	l.Apply(ans, time.Now())
 }
 
 // newTenancy is the controller's proxies' shared Tenancy.
