@@ -30,8 +30,6 @@ type Tenancy struct {
 	// allocate its model's name: copied on write, read without a lock.
 	models   atomic.Pointer[map[string]string]
 	modelsMu sync.Mutex
-	// now is the clock limits are judged on; tests set it.
-	now func() time.Time
 }
 
 // NewTenancy returns a Tenancy that admits against l (a new ledger when nil) and knows no key yet.
@@ -39,7 +37,7 @@ func NewTenancy(l *tenants.Ledger) *Tenancy {
 	if l == nil {
 		l = tenants.NewLedger()
 	}
-	return &Tenancy{ledger: l, now: time.Now}
+	return &Tenancy{ledger: l}
 }
 
 // SetDirectory replaces the keys, teams and prices; requests already admitted keep theirs.
@@ -74,7 +72,7 @@ func (t *Tenancy) lookup(h *fasthttp.RequestHeader) *tenants.Key {
 // allows reports whether the request presents a managed key that is active now.
 func (t *Tenancy) allows(h *fasthttp.RequestHeader) bool {
 	k := t.lookup(h)
-	return k != nil && k.Active(t.now())
+	return k != nil && k.Active(time.Now())
 }
 
 // identify finds the managed key of a request to the service, when the service's own keys did
@@ -86,7 +84,7 @@ func (s *Service) identify(ctx *fasthttp.RequestCtx, required bool) (*tenants.Ke
 	case k == nil && required:
 		s.unauthorized(ctx)
 		return nil, false
-	case k != nil && !k.Active(s.tenancy.now()):
+	case k != nil && !k.Active(ctx.Time()): // the request's arrival: no clock read of its own
 		refuseKey(ctx, s.authFailures, &s.errs)
 		ctx.Response.SetBodyRaw(openAIError("The API key has expired or was revoked.", "invalid_request_error", "invalid_api_key"))
 		s.recordSelfAnswer(ctx, nil, ctx.Time(), true)
@@ -108,7 +106,7 @@ func (s *Service) admitTenant(ctx *fasthttp.RequestCtx, ex *exchange, rate *rate
 		return false
 	}
 	x := t.index.Load()
-	d, tk := t.ledger.Admit(k, x.Team(k), s.cfg.Name, model, x.Price(model), estimateTokens(ex.promptLen), t.now())
+	d, tk := t.ledger.Admit(k, x.Team(k), s.cfg.Name, model, x.Price(model), estimateTokens(ex.promptLen), ctx.Time())
 	rate.setTenant(d)
 	if !d.OK {
 		typ, code := "tokens", "rate_limit_exceeded"
@@ -195,7 +193,7 @@ func (ex *exchange) settleTenant(usage tokenUsage, answered bool, err error) {
 	}
 	code := ex.resp.StatusCode()
 	failed := !answered || err != nil || code < 200 || code > 299
-	ex.svc.tenancy.ledger.Settle(&ex.ticket, in, out, failed, ex.svc.tenancy.now())
+	ex.svc.tenancy.ledger.Settle(&ex.ticket, in, out, failed, time.Now())
 }
 
 // countsEvents reports whether the stream's events must be counted though metrics are off: a
