@@ -142,7 +142,10 @@ func run(opts options) error {
 // execute brings the service and two attached proxies up, runs the phases and takes it all
 // down. opts.out and opts.ferryBin are resolved in place (benchkit.Prepare).
 func execute(ctx context.Context, opts *options, progress func(string, ...any)) (*report, error) {
-	var err error
+	recs, err := azuretrace.Read(opts.trace) // before anything starts: a wrong path fails at once
+	if err != nil {
+		return nil, err
+	}
 	if opts.out, opts.ferryBin, err = benchkit.Prepare("tenants", opts.out, opts.ferryBin); err != nil {
 		return nil, err
 	}
@@ -170,10 +173,6 @@ func execute(ctx context.Context, opts *options, progress func(string, ...any)) 
 			progress("ferry controller stop: %v\n%s", err, servicekit.LastLines(out, 5))
 		}
 	}()
-	recs, err := azuretrace.Read(opts.trace)
-	if err != nil {
-		return nil, err
-	}
 	b, err := setUp(ctx, f, *opts, progress)
 	if err != nil {
 		return nil, err
