@@ -225,3 +225,19 @@ func checkNoSecret(t *testing.T, h home.Home, secrets []string, logs ...*observe
 		}
 	}
 }
+
+// TestUsageCSVKeepsFormulasAsText: a model name a client chose cannot become a spreadsheet
+// formula in the billing export.
+func TestUsageCSVKeepsFormulasAsText(t *testing.T) {
+	var b strings.Builder
+	rep := api.UsageReport{Lines: []api.UsageLine{{Day: "2026-11-30", KeyID: "key_1", KeyName: "k", Service: "s", Model: "=HYPERLINK(\"x\")"}}}
+	if err := writeUsageCSV(&b, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), `"'=HYPERLINK(""x"")"`) {
+		t.Errorf("export:\n%s\nwant the model quoted as text", b.String())
+	}
+	if cellText("llama-3") != "llama-3" || cellText("-1") != "'-1" || cellText("") != "" {
+		t.Error("cellText")
+	}
+}

@@ -130,6 +130,15 @@ func dollars(micros int64) string {
 // usageCSVHeader is the billing export's header, its columns in order.
 var usageCSVHeader = []string{"day", "key_id", "key_name", "team", "service", "model", "requests", "errors", "input_tokens", "output_tokens", "cost_usd"}
 
+// cellText keeps a name a spreadsheet would take for a formula as text, by a leading quote
+// (OWASP's advice for CSV injection): a model name comes from clients' requests.
+func cellText(s string) string {
+	if s != "" && strings.ContainsRune("=+-@\t\r", rune(s[0])) {
+		return "'" + s
+	}
+	return s
+}
+
 func writeUsageCSV(out io.Writer, rep api.UsageReport) error {
 	w := csv.NewWriter(out)
 	if err := w.Write(usageCSVHeader); err != nil {
@@ -137,8 +146,8 @@ func writeUsageCSV(out io.Writer, rep api.UsageReport) error {
 	}
 	for _, l := range rep.Lines {
 		i := strconv.FormatInt
-		if err := w.Write([]string{l.Day, l.KeyID, l.KeyName, l.Team, l.Service, l.Model, i(l.Requests, 10), i(l.Errors, 10),
-			i(l.Input, 10), i(l.Output, 10), api.DollarsText(l.CostMicros)}); err != nil {
+		if err := w.Write([]string{l.Day, l.KeyID, cellText(l.KeyName), cellText(l.Team), cellText(l.Service), cellText(l.Model),
+			i(l.Requests, 10), i(l.Errors, 10), i(l.Input, 10), i(l.Output, 10), api.DollarsText(l.CostMicros)}); err != nil {
 			return err
 		}
 	}
