@@ -25,6 +25,9 @@ type tenantSlots struct {
 	held map[string]int
 	sum  int // of held
 	seen map[string]int64
+	// prunedAt is when seen last lost the tenants that stopped asking: pruning walks every
+	// tenant, so it runs at most once a second, and only while two or more are in seen.
+	prunedAt int64
 }
 
 // note records that tenant asked for a slot at now; l.mu is held.
@@ -38,21 +41,19 @@ func (ts *tenantSlots) note(tenant string, now int64) {
 	ts.seen[tenant] = now
 }
 
-// crowded reports whether two tenants or more asked for slots within headroomWindow, pruning
-// those that have not; l.mu is held.
+// crowded reports whether two tenants or more asked for slots within headroomWindow (a second
+// longer for a tenant that stopped, until the next pruning); l.mu is held. A tenant forgotten
+// here keeps its count in held until its requests end.
 func (ts *tenantSlots) crowded(now int64) bool {
-	n := 0
-	for t, at := range ts.seen {
-		if now-at > int64(headroomWindow) {
-			if ts.held[t] == 0 {
+	if len(ts.seen) >= 2 && now-ts.prunedAt >= int64(time.Second) {
+		ts.prunedAt = now
+		for t, at := range ts.seen {
+			if now-at > int64(headroomWindow) {
 				delete(ts.seen, t)
-				delete(ts.held, t)
 			}
-			continue
 		}
-		n++
 	}
-	return n >= 2
+	return len(ts.seen) >= 2
 }
 
 // mayTake reports whether tenant may take one more slot of snap's replicas now; l.mu is held.

@@ -192,25 +192,43 @@ func (q *slotQueue) taken(s *Service, ex *exchange, passOn bool) {
 	}
 }
 
-// enqueue adds a waiter at its place in line. It returns false, enqueuing nothing, when a slot
-// is free (not granted to a waiter yet to take it) and nobody waits ahead.
-func (q *slotQueue) enqueue(w *waiter, s *Service) bool {
+// enqueue adds a waiter at its place in line, asking at now. It returns false, enqueuing
+// nothing, when a slot is free (not granted to a waiter yet to take it) and nobody waits ahead.
+func (q *slotQueue) enqueue(w *waiter, s *Service, now int64) bool {
 	l := &q.line
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.queued.Add(1)
-	now := time.Now().UnixNano()
-	l.tenants.note(w.tenant, now)
-	snap := s.snap.Load()
-	// A tenant's request may pass waiters whose tenants keep headroom: there is a free slot
-	// while they wait only because they may not take it (grant gives free slots at once).
-	if granted := int(l.granted.Load()); (l.order.len() == 0 || w.tenant != "") && q.freeSlots(snap, granted+1) > granted && q.mayTake(w.tenant, snap, now) {
+	if (l.order.len() == 0 || w.tenant != "") && q.tryTake(w.tenant, s.snap.Load(), now) {
 		l.queued.Add(-1)
-		q.took(w.tenant)
 		return false
 	}
 	l.order.push(w)
 	return true
+}
+
+// takeFree is enqueue's first step alone, for a tenant's request that finds no line: it takes a
+// free slot of snap at once, and counts it for the tenant, when the tenant may take one. It does
+// not join the line's count (queued), so it costs one lock and no wait bookkeeping; when it
+// fails the request goes on to enqueue, which orders itself against releasers.
+func (q *slotQueue) takeFree(tenant string, snap *snapshot, now int64) bool {
+	l := &q.line
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return q.tryTake(tenant, snap, now)
+}
+
+// tryTake notes the tenant's ask and takes a slot of snap for it when one is free and the
+// tenant may take it; l.mu is held. A tenant's request may pass waiters whose tenants keep
+// headroom: there is a free slot while they wait only because they may not take it (grant gives
+// free slots at once).
+func (q *slotQueue) tryTake(tenant string, snap *snapshot, now int64) bool {
+	q.line.tenants.note(tenant, now)
+	if granted := int(q.line.granted.Load()); q.freeSlots(snap, granted+1) > granted && q.mayTake(tenant, snap, now) {
+		q.took(tenant)
+		return true
+	}
+	return false
 }
 
 // leave takes a waiter that gives up out of the queue. A grant that reached it meanwhile is
@@ -248,8 +266,15 @@ func (q *slotQueue) leave(w *waiter, s *Service) {
 // MaxQueuedRequests and MaxQueueWait with requests held for a first replica.
 func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapshot) (_ *snapshot, waited bool, _ []byte) {
 	q := s.slots
-	if len(snap.replicas) > 0 && ex.tenant == "" && q.line.queued.Load() == 0 && q.line.granted.Load() == 0 && q.freeSlots(snap, 1) > 0 {
-		return snap, false, nil
+	now := ctx.Time().UnixNano() // the request's arrival: headroom's window is 30 s
+	if len(snap.replicas) > 0 {
+		if ex.tenant == "" && q.line.queued.Load() == 0 && q.line.granted.Load() == 0 && q.freeSlots(snap, 1) > 0 {
+			return snap, false, nil
+		}
+		if ex.tenant != "" && q.takeFree(ex.tenant, snap, now) {
+			ex.slotHeld = true
+			return snap, false, nil
+		}
 	}
 	if s.cfg.MaxQueuedRequests < 0 {
 		snap, refusal := s.noSlot(ex, snap, noShed, s.errs.noReplicas, s.errs.slotsBusy)
@@ -262,7 +287,7 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 	defer s.leaveWaiting(ex)
 
 	w := ex.waiter()
-	if !q.enqueue(w, s) {
+	if !q.enqueue(w, s, now) {
 		ex.slotHeld = w.tenant != ""
 		return s.snap.Load(), false, nil
 	}
