@@ -133,7 +133,7 @@ func (h *Hub) count(r *Row, now time.Time, fresh bool) {
 	}
 	id := r.ID()
 	if d, ok := h.dirty[id]; ok {
-		d.Totals.add(r.Totals)
+		d.Totals.Add(r.Totals)
 	} else {
 		c := *r
 		h.dirty[id] = &c
@@ -150,11 +150,11 @@ func (h *Hub) charge(account string, r *Row, now time.Time, fresh bool) {
 	h.roll(g, now)
 	a.changed = h.seq
 	if fresh {
-		g.Cum.add(r.Totals)
+		g.Cum.Add(r.Totals)
 	}
 	if r.Day == g.Day || (fresh && r.Day > g.Day) {
 		// A row from a proxy whose clock is ahead of the hub's still counts today.
-		g.DayUsed.add(r.Totals)
+		g.DayUsed.Add(r.Totals)
 	}
 	if r.Day.Month() == g.Month || (fresh && r.Day.Month() > g.Month) {
 		g.MonthCost += r.CostMicros
@@ -196,7 +196,7 @@ func (h *Hub) Restore(rows []Row) {
 	for i := range rows {
 		id := rows[i].ID()
 		if d, ok := h.dirty[id]; ok {
-			d.Totals.add(rows[i].Totals)
+			d.Totals.Add(rows[i].Totals)
 		} else {
 			c := rows[i]
 			h.dirty[id] = &c

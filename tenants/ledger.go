@@ -21,7 +21,9 @@ import (
 // controller still admit about the limit between them. Daily counts and budgets go on from the
 // last global count plus this proxy's own use.
 type Ledger struct {
-	accounts sync.Map // accountID → *account
+	// keys and teams are the accounts by name (→ *account): two maps keyed by a plain string
+	// hash faster than one keyed by a struct.
+	keys, teams sync.Map
 
 	mu    sync.Mutex // guards the sync cursor
 	epoch int64
@@ -104,11 +106,28 @@ type account struct {
 }
 
 func (l *Ledger) account(id accountID) *account {
-	if a, ok := l.accounts.Load(id); ok {
+	m := &l.keys
+	if id.team {
+		m = &l.teams
+	}
+	if a, ok := m.Load(id.name); ok {
 		return a.(*account)
 	}
-	a, _ := l.accounts.LoadOrStore(id, &account{})
+	a, _ := m.LoadOrStore(id.name, &account{})
 	return a.(*account)
+}
+
+// each calls f with every account, its lock held.
+func (l *Ledger) each(f func(a *account)) {
+	for _, m := range []*sync.Map{&l.keys, &l.teams} {
+		m.Range(func(_, v any) bool {
+			a := v.(*account)
+			a.mu.Lock()
+			f(a)
+			a.mu.Unlock()
+			return true
+		})
+	}
 }
 
 // Window is one limit as OpenAI's x-ratelimit-* headers show it: the limit, what is left of it,
@@ -212,7 +231,7 @@ func (l *Ledger) Settle(tk *Ticket, in, out int64, failed bool, now time.Time) i
 	ka.advance(ns, &tk.keyLimits, share)
 	ka.charge(charge, use)
 	if tk.rowPtr != nil && tk.rowGen == ka.rowsGen {
-		tk.rowPtr.Totals.add(use)
+		tk.rowPtr.Totals.Add(use)
 	} else {
 		ka.addRow(tk.row, tk.teamName, use)
 	}
@@ -237,7 +256,7 @@ func (a *account) addRow(id RowID, team string, use Totals) *Row {
 		r = &Row{KeyID: id.KeyID, Team: team, Service: id.Service, Model: id.Model, Day: id.Day}
 		a.rows[id] = r
 	}
-	r.Totals.add(use)
+	r.Totals.Add(use)
 	return r
 }
 
@@ -318,7 +337,8 @@ func (a *account) refusal(lim *Limits, charge [dims]float64, share float64, now 
 			return Decision{Refusal: fmt.Sprintf("the %%[1]s limit of %d %s per minute is reached", per, dimNames[i]), RetryAfter: max(wait, time.Second)}
 		}
 	}
-	untilTomorrow := a.day.Start().Add(24 * time.Hour).Sub(now)
+	// When a period renews is worked out only for a refusal: calendar arithmetic would be most
+	// of an admission's cost.
 	used := dayUse(a.dayUsed)
 	for i, per := range dayLimits(lim) {
 		need := int64(charge[i])
@@ -326,32 +346,45 @@ func (a *account) refusal(lim *Limits, charge [dims]float64, share float64, now 
 			need = 1
 		}
 		if per > 0 && used[i]+need > per {
-			return Decision{Refusal: fmt.Sprintf("the %%[1]s limit of %d %s per day is reached", per, dimNames[i]), RetryAfter: untilTomorrow}
+			return Decision{Refusal: fmt.Sprintf("the %%[1]s limit of %d %s per day is reached", per, dimNames[i]), RetryAfter: a.renews(PeriodDay, now)}
 		}
 	}
 	if lim.BudgetUSD > 0 {
-		spent, renew := a.monthCost, a.day.Start().AddDate(0, 1, 1-a.day.Start().Day()).Sub(now)
+		spent := a.monthCost
 		switch lim.BudgetPeriod {
 		case PeriodDay:
-			spent, renew = a.dayUsed.CostMicros, untilTomorrow
+			spent = a.dayUsed.CostMicros
 		case PeriodTotal:
-			spent, renew = a.totalCost, 0
+			spent = a.totalCost
 		}
 		if float64(spent) >= lim.BudgetUSD*1e6 {
-			return Decision{Refusal: fmt.Sprintf("the %%[1]s budget of $%.2f is spent", lim.BudgetUSD), Budget: true, RetryAfter: renew}
+			return Decision{Refusal: fmt.Sprintf("the %%[1]s budget of $%.2f is spent", lim.BudgetUSD), Budget: true, RetryAfter: a.renews(lim.BudgetPeriod, now)}
 		}
 	}
 	return Decision{OK: true}
+}
+
+// renews is how long after now a spent allowance of period p is whole again: the next UTC day,
+// the next calendar month (a budget without a period), never (0) for a total.
+func (a *account) renews(p Period, now time.Time) time.Duration {
+	start := a.day.Start()
+	switch p {
+	case PeriodDay:
+		return start.Add(24 * time.Hour).Sub(now)
+	case PeriodTotal:
+		return 0
+	}
+	return start.AddDate(0, 1, 1-start.Day()).Sub(now)
 }
 
 func (a *account) charge(c [dims]float64, use Totals) {
 	for i := range c {
 		a.used[i] = max(0, a.used[i]+c[i])
 	}
-	a.dayUsed.add(use)
+	a.dayUsed.Add(use)
 	a.monthCost += use.CostMicros
 	a.totalCost += use.CostMicros
-	a.unsent.add(use)
+	a.unsent.Add(use)
 }
 
 // windows reports the tightest request and token limits of lim, per minute before per day.
@@ -385,9 +418,7 @@ func (l *Ledger) Take(proxy string) SyncRequest {
 	l.mu.Lock()
 	req := SyncRequest{Proxy: proxy, Epoch: l.epoch, Seq: l.seq}
 	l.mu.Unlock()
-	l.accounts.Range(func(_, v any) bool {
-		a := v.(*account)
-		a.mu.Lock()
+	l.each(func(a *account) {
 		for _, r := range a.rows {
 			req.Rows = append(req.Rows, *r)
 		}
@@ -396,8 +427,6 @@ func (l *Ledger) Take(proxy string) SyncRequest {
 			a.rowsGen++
 		}
 		a.sending, a.unsent = a.unsent, Totals{}
-		a.mu.Unlock()
-		return true
 	})
 	return req
 }
@@ -411,13 +440,9 @@ func (l *Ledger) Fail(req SyncRequest) {
 		a.addRow(r.ID(), r.Team, r.Totals)
 		a.mu.Unlock()
 	}
-	l.accounts.Range(func(_, v any) bool {
-		a := v.(*account)
-		a.mu.Lock()
-		a.unsent.add(a.sending)
+	l.each(func(a *account) {
+		a.unsent.Add(a.sending)
 		a.sending = Totals{}
-		a.mu.Unlock()
-		return true
 	})
 }
 
@@ -445,7 +470,7 @@ func (l *Ledger) Apply(ans SyncAnswer, now time.Time) {
 		a.at = max(a.at, ns)
 		if g.Day >= a.day {
 			a.day, a.dayUsed = g.Day, g.DayUsed
-			a.dayUsed.add(a.unsent)
+			a.dayUsed.Add(a.unsent)
 		}
 		if g.Month >= a.month {
 			a.month, a.monthCost = g.Month, g.MonthCost+a.unsent.CostMicros
@@ -453,13 +478,7 @@ func (l *Ledger) Apply(ans SyncAnswer, now time.Time) {
 		a.totalCost = g.TotalCost + a.unsent.CostMicros
 		a.mu.Unlock()
 	}
-	l.accounts.Range(func(_, v any) bool {
-		a := v.(*account)
-		a.mu.Lock()
-		a.sending = Totals{}
-		a.mu.Unlock()
-		return true
-	})
+	l.each(func(a *account) { a.sending = Totals{} })
 	l.mu.Lock()
 	l.epoch, l.seq = ans.Epoch, ans.Seq
 	l.mu.Unlock()

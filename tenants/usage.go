@@ -12,7 +12,8 @@ type Totals struct {
 	CostMicros int64 `json:"cost_micros"`
 }
 
-func (t *Totals) add(o Totals) {
+// Add adds o to t.
+func (t *Totals) Add(o Totals) {
 	t.Requests += o.Requests
 	t.Errors += o.Errors
 	t.Input += o.Input

@@ -74,8 +74,8 @@ func report(rows []tenants.Row, d tenants.Directory, since tenants.Day, by strin
 			at[l] = i
 			out.Lines = append(out.Lines, l)
 		}
-		addTotals(&out.Lines[i].Totals, r.Totals)
-		addTotals(&out.Total.Totals, r.Totals)
+		out.Lines[i].Totals.Add(r.Totals)
+		out.Total.Totals.Add(r.Totals)
 	}
 	if by != "" && by != ByDay {
 		slices.SortStableFunc(out.Lines, func(a, b UsageLine) int {
@@ -105,12 +105,4 @@ func lineOf(r tenants.Row, keyName, by string) UsageLine {
 		return UsageLine{Day: r.Day.String()}
 	}
 	return UsageLine{Day: r.Day.String(), KeyID: r.KeyID, KeyName: keyName, Team: r.Team, Service: r.Service, Model: r.Model}
-}
-
-func addTotals(t *tenants.Totals, o tenants.Totals) {
-	t.Requests += o.Requests
-	t.Errors += o.Errors
-	t.Input += o.Input
-	t.Output += o.Output
-	t.CostMicros += o.CostMicros
 }

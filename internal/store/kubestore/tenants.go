@@ -166,11 +166,7 @@ func mergeRows(stored, rows []tenants.Row) []tenants.Row {
 		if o.Team == "" {
 			o.Team = r.Team
 		}
-		o.Requests += r.Requests
-		o.Errors += r.Errors
-		o.Input += r.Input
-		o.Output += r.Output
-		o.CostMicros += r.CostMicros
+		o.Totals.Add(r.Totals)
 	}
 	slices.SortFunc(out, compareRows)
 	return out
