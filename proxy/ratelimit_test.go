@@ -285,6 +285,18 @@ func BenchmarkRateLimiter(b *testing.B) {
 	})
 }
 
+// fewestAllocs is testing.AllocsPerRun over 100 runs of f, the fewest of five tries. The count is
+// the process's: a goroutine of another part (a test's service probing its replicas, the
+// runtime) that allocates meanwhile adds to it now and then, while an allocation of f's own
+// shows in every try.
+func fewestAllocs(f func()) float64 {
+	fewest := testing.AllocsPerRun(100, f)
+	for range 4 {
+		fewest = min(fewest, testing.AllocsPerRun(100, f))
+	}
+	return fewest
+}
+
 // TestRefusalsDoNotAllocate: answering a client over its rate, a wrong key, or a stream over the
 // cap costs no allocation, so a flood of refused requests cannot turn into garbage-collector
 // work.
@@ -298,6 +310,7 @@ func TestRefusalsDoNotAllocate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = svc.Shutdown(context.Background()) })
 	svc.SetBackends([]Backend{{ID: 1, Addr: "10.0.0.1:8000", Version: 1}})
 	var ctx fasthttp.RequestCtx
 	var req fasthttp.Request
@@ -307,7 +320,7 @@ func TestRefusalsDoNotAllocate(t *testing.T) {
 	req.SetBodyString(`{"stream":true}`)
 	ctx.Init(&req, &net.TCPAddr{IP: net.IPv4(192, 0, 2, 1)}, nil)
 	svc.limiter.admitKey(0, svc.limiter.now()) // spend the burst
-	if allocs := testing.AllocsPerRun(100, func() { svc.Handler(&ctx) }); allocs != 0 || ctx.Response.StatusCode() != fasthttp.StatusTooManyRequests {
+	if allocs := fewestAllocs(func() { svc.Handler(&ctx) }); allocs != 0 || ctx.Response.StatusCode() != fasthttp.StatusTooManyRequests {
 		t.Errorf("rate refusal: %v allocations, status %d; want 0 and 429", allocs, ctx.Response.StatusCode())
 	}
 
@@ -317,7 +330,7 @@ func TestRefusalsDoNotAllocate(t *testing.T) {
 		t.Errorf("wrong key: status %d, want 401", ctx.Response.StatusCode())
 	}
 	// Past the burst of failed keys (authFailureBurst) the address gets 429: allocation-free too.
-	if allocs := testing.AllocsPerRun(100, func() { svc.Handler(&ctx) }); allocs != 0 || ctx.Response.StatusCode() != fasthttp.StatusTooManyRequests {
+	if allocs := fewestAllocs(func() { svc.Handler(&ctx) }); allocs != 0 || ctx.Response.StatusCode() != fasthttp.StatusTooManyRequests {
 		t.Errorf("wrong key: %v allocations, status %d; want 0 and 429", allocs, ctx.Response.StatusCode())
 	}
 
@@ -325,9 +338,10 @@ func TestRefusalsDoNotAllocate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = svc2.Shutdown(context.Background()) })
 	svc2.SetBackends([]Backend{{ID: 1, Addr: "10.0.0.1:8000", Version: 1}})
 	svc2.streams.Store(1) // the one stream allowed is running
-	if allocs := testing.AllocsPerRun(100, func() { svc2.Handler(&ctx) }); allocs != 0 || ctx.Response.StatusCode() != fasthttp.StatusTooManyRequests {
+	if allocs := fewestAllocs(func() { svc2.Handler(&ctx) }); allocs != 0 || ctx.Response.StatusCode() != fasthttp.StatusTooManyRequests {
 		t.Errorf("stream refusal: %v allocations, status %d; want 0 and 429", allocs, ctx.Response.StatusCode())
 	}
 }
