@@ -35,7 +35,7 @@ var _ attach.Tenants = (*Controller)(nil)
 func (c *Controller) startTenancy(ctx context.Context) {
 	c.OnTenants(c.tenancy.SetDirectory)
 	c.spawn(&c.wg, "tenant sync loop", func() {
-		attach.SyncLoop(ctx, c.tenancy, tenancyProxyID, c.syncOwn, c.log.Named("tenants"))
+		attach.SyncLoop(ctx, c.tenancy, tenancyProxyID, c.syncOwn, nil, c.log.Named("tenants"))
 	})
 }
 

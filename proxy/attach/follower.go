@@ -61,7 +61,8 @@ type FollowerConfig struct {
 	DrainDelay time.Duration
 	// Readiness, when set, turns ready at the controller's first answer (the proxy then has
 	// the service's configuration and replica set, possibly empty, which it holds requests
-	// for) and draining when Start's ctx ends.
+	// for), and once the first sync of managed keys has ended (Base.Tenancy), and draining
+	// when Start's ctx ends.
 	Readiness *proxy.Readiness
 	// Logger may be nil.
 	Logger *zap.Logger
@@ -86,6 +87,8 @@ type Follower struct {
 	served chan error
 	// kick asks the report loop to report now.
 	kick chan struct{}
+	// keysKnown is closed when the first sync of managed keys has ended (tenantLoop).
+	keysKnown chan struct{}
 
 	mu   sync.Mutex
 	hand *proxy.Handover // nil until the controller first answered
@@ -118,6 +121,7 @@ func NewFollower(cfg FollowerConfig) *Follower {
 		id:         newProxyID(),
 		served:     make(chan error, 1),
 		kick:       make(chan struct{}, 1),
+		keysKnown:  make(chan struct{}),
 	}
 }
 
@@ -282,8 +286,13 @@ func (f *Follower) apply(rs ReplicaSet) error {
 		}
 		f.config, f.shares = rs.Config, rs.Proxies
 		f.hand = proxy.NewHandover(f.ln, svc, f.log)
-		go func() { f.served <- f.hand.Serve() }()
-		f.ready.Ready()
+		hand := f.hand
+		go func() {
+			// Connections that arrive meanwhile wait in the listener's backlog.
+			f.awaitKeys()
+			f.ready.Ready() // not after a drain began: Ready only moves a proxy out of starting
+			f.served <- hand.Serve()
+		}()
 		f.log.Info("proxy serving", zap.String("endpoint", "http://"+f.ln.Addr().String()),
 			zap.String("policy", policyName(rs.Config.Policy)), zap.Bool("auth", rs.Config.AuthRequired),
 			zap.Strings("replicas", f.current))

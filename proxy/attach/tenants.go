@@ -72,11 +72,17 @@ func SyncTenants(ctx context.Context, c *rpc.Client, req TenantSyncRequest) (Ten
 
 // SyncLoop syncs t's ledger every tenantSyncEvery through sync until ctx ends, installing each
 // new directory. A failed sync keeps its use for the next. proxyID names this proxy to the hub.
-func SyncLoop(ctx context.Context, t *proxy.Tenancy, proxyID string, sync func(context.Context, TenantSyncRequest) (TenantSyncAnswer, error), log *zap.Logger) {
+// firstDone, when not nil, is called once the first sync has ended (its directory installed, or
+// failed).
+func SyncLoop(ctx context.Context, t *proxy.Tenancy, proxyID string, sync func(context.Context, TenantSyncRequest) (TenantSyncAnswer, error), firstDone func(), log *zap.Logger) {
 	tick := time.NewTicker(tenantSyncEvery)
 	defer tick.Stop()
 	var lastWarn time.Time
 	for first := true; ; first = false {
+		if !first && firstDone != nil {
+			firstDone()
+			firstDone = nil
+		}
 		final := false
 		if !first { // the first at once: a new proxy learns the keys before its first requests
 			select {
@@ -110,7 +116,8 @@ func SyncLoop(ctx context.Context, t *proxy.Tenancy, proxyID string, sync func(c
 	}
 }
 
-// tenantLoop is SyncLoop through the controller the follower follows.
+// tenantLoop is SyncLoop through the controller the follower follows; it closes f.keysKnown once
+// the first sync has ended.
 func (f *Follower) tenantLoop(ctx context.Context) {
 	SyncLoop(ctx, f.base.Tenancy, f.id, func(ctx context.Context, req TenantSyncRequest) (TenantSyncAnswer, error) {
 		c, _, err := f.ctl.client()
@@ -118,5 +125,22 @@ func (f *Follower) tenantLoop(ctx context.Context) {
 			return TenantSyncAnswer{}, err
 		}
 		return SyncTenants(ctx, c, req) // the watch loop finds another controller on failures
-	}, f.log)
+	}, func() { close(f.keysKnown) }, f.log)
+}
+
+// awaitKeys waits, at most reportTimeout, until the first sync has brought the managed keys: the
+// first sync starts with the first poll and usually ends first, but a proxy that served before
+// it would answer a managed key 401 meanwhile. Without it (the controller not answering the
+// sync) the proxy serves anyway, and learns the keys at a later sync.
+func (f *Follower) awaitKeys() {
+	if f.base.Tenancy == nil {
+		return
+	}
+	t := time.NewTimer(reportTimeout)
+	defer t.Stop()
+	select {
+	case <-f.keysKnown:
+	case <-t.C:
+		f.log.Warn("serving before the controller sent the managed keys: requests with one get 401 until it does", zap.Duration("waited", reportTimeout))
+	}
 }

@@ -3,12 +3,21 @@ package attach
 import (
 	"context"
 	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 
+	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/internal/rpc"
 	"github.com/ferryserve/ferry/proxy"
 	"github.com/ferryserve/ferry/tenants"
 )
@@ -34,7 +43,7 @@ func TestSyncLoopCarriesUseAndTheDirectory(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		SyncLoop(ctx, tn, "p1", sync, zap.NewNop())
+		SyncLoop(ctx, tn, "p1", sync, nil, zap.NewNop())
 	}()
 	deadline := time.Now().Add(5 * time.Second)
 	for tn.Version() != 3 {
@@ -62,5 +71,74 @@ func TestSyncLoopCarriesUseAndTheDirectory(t *testing.T) {
 	}
 	if got.Requests != 4 || got.Output != 4 {
 		t.Fatalf("the hub counted %+v, want 4 requests with 4 output tokens", got)
+	}
+}
+
+// slowTenants answers a sync only after delay, with one managed key.
+type slowTenants struct {
+	delay time.Duration
+	dir   tenants.Directory
+}
+
+func (s slowTenants) SyncTenants(_ tenants.SyncRequest, have int64) (tenants.SyncAnswer, *tenants.Directory, error) {
+	time.Sleep(s.delay)
+	if have == s.dir.Version {
+		return tenants.SyncAnswer{}, nil, nil
+	}
+	return tenants.SyncAnswer{}, &s.dir, nil
+}
+
+// TestAttachedProxyReadyKnowsTheKeys: an attached proxy turns ready, and serves, only once its
+// first sync has brought the managed keys, though the controller answers the sync well after the
+// replica set: a client that sends a managed key as soon as the proxy is ready is not told 401.
+func TestAttachedProxyReadyKnowsTheKeys(t *testing.T) {
+	log := zaptest.NewLogger(t)
+	llama := &fakeService{entered: make(chan uint64, 1)}
+	find := func(name string) (Service, error) { return llama, nil }
+	secret := "fy-0123456789abcdefghijklmnopqrstuvwxyzABCD"
+	dir := tenants.Directory{Version: 1, Keys: []tenants.Key{{ID: "key_1", Name: "one", Hash: tenants.HashSecret(secret)}}}
+	routes := append(Routes(find, log), TenantRoutes(slowTenants{delay: 600 * time.Millisecond, dir: dir}, log)...)
+	srv := httptest.NewServer(rpc.NewHandler(rpc.Tokens{Full: attachToken}, routes))
+	t.Cleanup(srv.Close)
+	h := home.Home{Dir: t.TempDir()}
+	if err := os.WriteFile(h.ProxyTokenPath(), []byte(attachToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	llama.feed.Publish(nil) // a replica set (empty) the first poll answers at once
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := new(proxy.Readiness)
+	f := NewFollower(FollowerConfig{Service: "llama", Listener: ln, Home: h, Controllers: []string{srv.URL}, Readiness: ready, Logger: log, DrainTimeout: 5 * time.Second,
+		Base: proxy.ServiceConfig{Name: "llama", Logger: log, Tenancy: proxy.NewTenancy(nil)}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Start: %v", err)
+		}
+	})
+	start := time.Now()
+	for !ready.IsReady() {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the proxy never turned ready")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[]}`))
+	req.Header.Set("Authorization", "Bearer "+secret)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	t.Logf("ready after %v; a managed key's first request: %d %s", time.Since(start).Round(time.Millisecond), resp.StatusCode, body)
+	if resp.StatusCode == http.StatusUnauthorized {
+		t.Fatalf("a managed key was refused (401) by a proxy that said it was ready: %s", body)
 	}
 }
