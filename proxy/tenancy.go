@@ -3,6 +3,7 @@ package proxy
 import (
 	"crypto/sha256"
 	"fmt"
+	"maps"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -145,20 +146,13 @@ func (t *Tenancy) intern(b []byte) string {
 	if old != nil && len(*old) >= maxInterned {
 		return s
 	}
-	next := make(map[string]string, 1+len(mapOrEmpty(old)))
-	for k, v := range mapOrEmpty(old) {
-		next[k] = v
+	next := map[string]string{}
+	if old != nil {
+		next = maps.Clone(*old)
 	}
 	next[s] = s
 	t.models.Store(&next)
 	return s
-}
-
-func mapOrEmpty(m *map[string]string) map[string]string {
-	if m == nil {
-		return nil
-	}
-	return *m
 }
 
 var headerXFerryPriority = []byte("X-Ferry-Priority")

@@ -302,23 +302,37 @@ func compactCount(n int64) string {
 }
 
 func newKeysRevokeCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "revoke ID|NAME",
-		Short: "Revoke an API key at once, on every proxy; its record stays, for its usage",
-		Example: `  ferry keys revoke alice
+	return newActionCmd("revoke ID|NAME", "Revoke an API key at once, on every proxy; its record stays, for its usage",
+		`  ferry keys revoke alice
   ferry keys revoke key_3f9a1c0b7d2e`,
-		Args: cobra.ExactArgs(1),
+		func(ctx context.Context, c *api.Client, arg string) (string, error) {
+			k, err := c.RevokeKey(ctx, arg)
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("Revoked key %s (%s).", k.Name, k.ID), nil
+		})
+}
+
+// newActionCmd is a command of ferry keys that does one thing to what its one argument names:
+// act does it and returns the sentence that says it was done.
+func newActionCmd(use, short, example string, act func(ctx context.Context, c *api.Client, arg string) (string, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:     use,
+		Short:   short,
+		Example: example,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop, c, err := controllerFor(cmd, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
 			defer stop()
-			k, err := c.RevokeKey(ctx, args[0])
+			done, err := act(ctx, c, args[0])
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "Revoked key %s (%s).\n", k.Name, k.ID)
+			fmt.Fprintln(cmd.OutOrStdout(), done)
 			return nil
 		},
 	}

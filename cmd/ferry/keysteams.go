@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -70,24 +71,11 @@ func printTeams(out io.Writer, teams []tenants.Team) {
 }
 
 func newTeamsDeleteCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:     "delete NAME",
-		Short:   "Lift a team's limits; its keys keep the team's name, in their usage too",
-		Example: "  ferry keys teams delete research",
-		Args:    cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, stop, c, err := controllerFor(cmd, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			defer stop()
-			if err := c.DeleteTeam(ctx, args[0]); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "Deleted team %s's limits.\n", args[0])
-			return nil
-		},
-	}
+	return newActionCmd("delete NAME", "Lift a team's limits; its keys keep the team's name, in their usage too",
+		"  ferry keys teams delete research",
+		func(ctx context.Context, c *api.Client, name string) (string, error) {
+			return fmt.Sprintf("Deleted team %s's limits.", name), c.DeleteTeam(ctx, name)
+		})
 }
 
 func newKeysPricesCmd() *cobra.Command {
@@ -151,22 +139,9 @@ func printPrices(out io.Writer, prices []api.ModelPrice) {
 }
 
 func newPricesDeleteCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:     "delete MODEL",
-		Short:   "Forget a model's price: its tokens cost nothing from the next request on",
-		Example: "  ferry keys prices delete llama-3-70b",
-		Args:    cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, stop, c, err := controllerFor(cmd, cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			defer stop()
-			if err := c.DeletePrice(ctx, args[0]); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "Deleted the price of %s.\n", args[0])
-			return nil
-		},
-	}
+	return newActionCmd("delete MODEL", "Forget a model's price: its tokens cost nothing from the next request on",
+		"  ferry keys prices delete llama-3-70b",
+		func(ctx context.Context, c *api.Client, model string) (string, error) {
+			return fmt.Sprintf("Deleted the price of %s.", model), c.DeletePrice(ctx, model)
+		})
 }
