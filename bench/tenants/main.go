@@ -1,6 +1,6 @@
 // Command tenants measures Ferry as a gateway for many tenants: managed API keys through two
-// attached proxies in front of one service of local `ferry replica-sim` replicas. It runs four
-// phases and judges each against issue 41's bars:
+// attached proxies in front of one service of local `ferry replica-sim` replicas. It runs five
+// phases (--phases) and judges each against issue 41's bars:
 //
 //   - fair share: a light interactive tenant's time to first token, alone and while a heavy
 //     tenant saturates the fleet (bar: p99 within 1.5× of unloaded), and the same light load
@@ -13,10 +13,14 @@
 //
 //   - shedding: batch and interactive keys flooding a full queue (bar: batch shed first);
 //
-//   - usage: `ferry usage` against the tokens the replicas reported in their answers (bar: equal).
+//   - usage: `ferry usage` against the tokens the replicas reported in their answers (bar: equal);
 //
-//     go run ./bench/tenants                 # about 3 minutes
+//   - cpu: one more attached proxy's CPU per request with a managed key against the service's
+//     own key (cpu.go; bar: at most 1.10×).
+//
+//     go run ./bench/tenants                 # about 5 minutes
 //     go run ./bench/tenants --phase 20s     # shorter
+//     go run ./bench/tenants --phases cpu    # the CPU phase alone
 package main
 
 import (
@@ -26,6 +30,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -41,6 +46,18 @@ const (
 	model       = "ferry-sim-1b"
 )
 
+// Phases (--phases).
+const (
+	phaseFair   = "fair"
+	phaseBudget = "budget"
+	phaseShed   = "shed"
+	phaseCPU    = "cpu"
+)
+
+var allPhases = []string{phaseFair, phaseBudget, phaseShed, phaseCPU}
+
+func (o options) runs(phase string) bool { return slices.Contains(o.phases, phase) }
+
 // options are the driver's flags.
 type options struct {
 	phase        time.Duration
@@ -54,8 +71,13 @@ type options struct {
 	answerTokens  int
 	trace         string
 	ttft, itl     time.Duration
-	ferryBin      string
-	out           string
+	// phases are the phases to run (usage always runs, over what the others sent).
+	phases []string
+	// cpuRounds and cpuRequests size the CPU phase (cpu.go).
+	cpuRounds, cpuRequests int
+	cpuPin                 int
+	ferryBin               string
+	out                    string
 }
 
 func main() { benchkit.Main("tenants", os.Args[1:], parseFlags, run) }
@@ -75,6 +97,10 @@ func parseFlags(args []string) (options, error) {
 		"Azure LLM inference trace whose GeneratedTokens the answers' lengths are drawn from: equal lengths would end the heavy tenant's streams in cohorts")
 	fs.DurationVar(&o.ttft, "sim-ttft", 200*time.Millisecond, "replica-sim --ttft: the unloaded time to first token")
 	fs.DurationVar(&o.itl, "sim-itl", 20*time.Millisecond, "replica-sim --itl")
+	fs.StringSliceVar(&o.phases, "phases", allPhases, "phases to run: fair, budget, shed, cpu (the usage check always runs, over what the others sent)")
+	fs.IntVar(&o.cpuRounds, "cpu-rounds", 9, "rounds of the CPU phase (a managed key against the service's own key through one proxy)")
+	fs.IntVar(&o.cpuRequests, "cpu-requests", 20000, "requests a key in each round of the CPU phase")
+	fs.IntVar(&o.cpuPin, "cpu-pin", -1, "CPU the CPU phase's proxy is pinned to (taskset; a Go program pinned to one CPU runs GOMAXPROCS=1); -1 leaves it free")
 	fs.StringVar(&o.ferryBin, "ferry-bin", "", "ferry binary (default: build ./cmd/ferry into the output directory)")
 	fs.StringVar(&o.out, "out", "", "directory for results, logs and FERRY_HOME (default .cache/bench/tenants-TIMESTAMP in the repo)")
 	fs.Usage = func() { fmt.Fprintf(os.Stderr, "Usage: go run ./bench/tenants [flags]\n\n%s", fs.FlagUsages()) }
@@ -104,6 +130,14 @@ func (o options) validate() error {
 	}
 	if o.budgetTokens < 1000 || o.answerTokens < 1 || o.answerTokens > 4096 {
 		bad("budget-tokens/--answer-tokens", fmt.Sprintf("%d/%d", o.budgetTokens, o.answerTokens), "budget at least 1000, answers 1 to 4096 tokens")
+	}
+	if o.cpuRounds < 1 || o.cpuRounds > 50 || o.cpuRequests < 100 || o.cpuRequests > 1_000_000 {
+		bad("cpu-rounds/--cpu-requests", fmt.Sprintf("%d/%d", o.cpuRounds, o.cpuRequests), "rounds 1 to 50, requests 100 to 1,000,000")
+	}
+	for _, p := range o.phases {
+		if !slices.Contains(allPhases, p) {
+			bad("phases", p, "want fair, budget, shed or cpu")
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -61,15 +61,11 @@ func setUp(ctx context.Context, f *servicekit.Ferry, o options, progress func(st
 		if k.name == "light" {
 			k.flags = []string{"--priority", o.lightPriority}
 		}
-		out, err := f.Run(ctx, "key-"+k.name, time.Minute, append([]string{"keys", "create", k.name, "--json"}, k.flags...)...)
+		secret, err := b.createKey(ctx, k.name, k.flags)
 		if err != nil {
-			return nil, fmt.Errorf("%w\n%s", err, out)
+			return nil, err
 		}
-		var created struct{ Secret string }
-		if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &created); err != nil || created.Secret == "" {
-			return nil, fmt.Errorf("ferry keys create %s: no secret in %q", k.name, out)
-		}
-		b.keys[k.name] = created.Secret
+		b.keys[k.name] = secret
 	}
 	for i := range 2 {
 		addr, err := benchkit.FreeLoopbackAddr()

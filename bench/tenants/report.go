@@ -23,6 +23,7 @@ type report struct {
 	Budget budgetResult
 	Shed   shedResult
 	Usage  usageResult
+	CPU    cpuResult
 }
 
 type fairResult struct {
@@ -72,36 +73,42 @@ func (b *bench) runPhases(ctx context.Context, rep *report, progress func(string
 	all := b.setup
 	o := b.opts
 
-	progress("fair share: the light tenant alone, %.1f requests/s for %v", o.lightRate, o.phase/4)
-	unloaded := b.openLoop(ctx, o.lightRate, o.phase/4, "light", rng)
-	all = append(all, unloaded...)
+	if o.runs(phaseFair) {
+		progress("fair share: the light tenant alone, %.1f requests/s for %v", o.lightRate, o.phase/4)
+		unloaded := b.openLoop(ctx, o.lightRate, o.phase/4, "light", rng)
+		all = append(all, unloaded...)
 
-	progress("fair share: %d heavy streams and the light tenant, for %v", o.heavyWorkers, o.phase)
-	heavy, light := b.underLoad(ctx, o.phase, "light", rng)
-	all = append(append(all, heavy...), light...)
-	progress("fair share: the same light load under the heavy tenant's key, for %v", o.phase/2)
-	heavy2, sameKey := b.underLoad(ctx, o.phase/2, "heavy", rng)
-	all = append(append(all, heavy2...), sameKey...)
-	rep.Fair = judgeFair(unloaded, light, sameKey, heavy)
+		progress("fair share: %d heavy streams and the light tenant, for %v", o.heavyWorkers, o.phase)
+		heavy, light := b.underLoad(ctx, o.phase, "light", rng)
+		all = append(append(all, heavy...), light...)
+		progress("fair share: the same light load under the heavy tenant's key, for %v", o.phase/2)
+		heavy2, sameKey := b.underLoad(ctx, o.phase/2, "heavy", rng)
+		all = append(append(all, heavy2...), sameKey...)
+		rep.Fair = judgeFair(unloaded, light, sameKey, heavy)
+	}
 
-	progress("budget: 16 workers spend %d tokens through both proxies", o.budgetTokens)
-	var refusedRun int
-	capped := b.closedLoop(ctx, 3*time.Minute, 16, "capped", false, func(r result) bool {
-		if r.Status == 429 {
-			refusedRun++
-		} else {
-			refusedRun = 0
-		}
-		return refusedRun >= 64
-	})
-	all = append(all, capped...)
-	rep.Budget = judgeBudget(capped, o.budgetTokens)
+	if o.runs(phaseBudget) {
+		progress("budget: 16 workers spend %d tokens through both proxies", o.budgetTokens)
+		var refusedRun int
+		capped := b.closedLoop(ctx, 3*time.Minute, 16, "capped", false, func(r result) bool {
+			if r.Status == 429 {
+				refusedRun++
+			} else {
+				refusedRun = 0
+			}
+			return refusedRun >= 64
+		})
+		all = append(all, capped...)
+		rep.Budget = judgeBudget(capped, o.budgetTokens)
+	}
 
-	perProxy := o.replicas*o.maxNumSeqs/2 + 32
-	progress("shedding: %d batch and 8 interactive streams on a queue of 32 per proxy, for %v", 2*perProxy+16, o.phase/2)
-	shed := b.flood(ctx, o.phase/2, 2*perProxy+16)
-	all = append(all, shed...)
-	rep.Shed = judgeShed(shed)
+	if o.runs(phaseShed) {
+		perProxy := o.replicas*o.maxNumSeqs/2 + 32
+		progress("shedding: %d batch and 8 interactive streams on a queue of 32 per proxy, for %v", 2*perProxy+16, o.phase/2)
+		shed := b.flood(ctx, o.phase/2, 2*perProxy+16)
+		all = append(all, shed...)
+		rep.Shed = judgeShed(shed)
+	}
 
 	progress("usage: ferry usage against the answers' usage")
 	time.Sleep(4 * time.Second) // a proxy sync (250 ms) and a persist (2 s)
@@ -109,7 +116,12 @@ func (b *bench) runPhases(ctx context.Context, rep *report, progress func(string
 	if err != nil {
 		return fmt.Errorf("ferry usage: %w\n%s", err, out)
 	}
-	rep.Usage, err = judgeUsage(all, out)
+	if rep.Usage, err = judgeUsage(all, out); err != nil {
+		return err
+	}
+	if o.runs(phaseCPU) { // last: its keys' requests are not in the usage check
+		rep.CPU, err = b.measureCPU(ctx, progress)
+	}
 	return err
 }
 
@@ -249,23 +261,26 @@ func pass(ok bool) string {
 func (r *report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Tenants: managed keys through two attached proxies\n\nStarted %s; host %v.\n\n", r.Started.Format(time.RFC3339), r.Host)
-	f := r.Fair
-	t := benchkit.Table{Header: []string{"light tenant's TTFT", "requests", "p50", "p90", "p99", "failed"}}
-	for _, row := range []struct {
-		name string
-		l    latency
-	}{{"alone", f.Unloaded}, {"heavy tenant saturating, own key", f.Loaded}, {"heavy tenant saturating, heavy's key (one line)", f.SameKey}} {
-		t.Rows = append(t.Rows, []string{row.name, fmt.Sprint(row.l.N), ms(row.l.P50), ms(row.l.P90), ms(row.l.P99), fmt.Sprint(row.l.Failed)})
+	if f := r.Fair; f.Unloaded.N+f.Unloaded.Failed > 0 {
+		t := benchkit.Table{Header: []string{"light tenant's TTFT", "requests", "p50", "p90", "p99", "failed"}}
+		for _, row := range []struct {
+			name string
+			l    latency
+		}{{"alone", f.Unloaded}, {"heavy tenant saturating, own key", f.Loaded}, {"heavy tenant saturating, heavy's key (one line)", f.SameKey}} {
+			t.Rows = append(t.Rows, []string{row.name, fmt.Sprint(row.l.N), ms(row.l.P50), ms(row.l.P90), ms(row.l.P99), fmt.Sprint(row.l.Failed)})
+		}
+		t.Render(&b)
+		fmt.Fprintf(&b, "\nHeavy tenant: %d streams answered, TTFT p50 %s. Light p99 loaded ÷ alone: **%.2f** (bar ≤ 1.5: %s).\n\n",
+			f.HeavyAnswered, ms(f.HeavyP50), f.Ratio, pass(f.Pass))
 	}
-	t.Render(&b)
-	fmt.Fprintf(&b, "\nHeavy tenant: %d streams answered, TTFT p50 %s. Light p99 loaded ÷ alone: **%.2f** (bar ≤ 1.5: %s).\n\n",
-		f.HeavyAnswered, ms(f.HeavyP50), f.Ratio, pass(f.Pass))
-	bu := r.Budget
-	fmt.Fprintf(&b, "Budget: %d tokens a day; %d admitted in %d answers across both proxies (%+.1f%%; bar within 5%%: %s); %d refused with 429, %d refusals missing a header. A refusal's headers: %v\n\n",
-		bu.Limit, bu.Admitted, bu.Answered, 100*bu.Over, pass(bu.Pass), bu.Refused, bu.BadRefusals, bu.Sample)
-	s := r.Shed
-	fmt.Fprintf(&b, "Shedding: batch %d sent, %d answered, %d shed (503), %d other; interactive %d sent, %d answered, %d shed, %d other (bar: batch shed first, no interactive shed: %s).\n\n",
-		s.Batch.Sent, s.Batch.OK, s.Batch.Shed, s.Batch.Other, s.Interactive.Sent, s.Interactive.OK, s.Interactive.Shed, s.Interactive.Other, pass(s.Pass))
+	if bu := r.Budget; bu.Answered+bu.Refused > 0 {
+		fmt.Fprintf(&b, "Budget: %d tokens a day; %d admitted in %d answers across both proxies (%+.1f%%; bar within 5%%: %s); %d refused with 429, %d refusals missing a header. A refusal's headers: %v\n\n",
+			bu.Limit, bu.Admitted, bu.Answered, 100*bu.Over, pass(bu.Pass), bu.Refused, bu.BadRefusals, bu.Sample)
+	}
+	if s := r.Shed; s.Batch.Sent+s.Interactive.Sent > 0 {
+		fmt.Fprintf(&b, "Shedding: batch %d sent, %d answered, %d shed (503), %d other; interactive %d sent, %d answered, %d shed, %d other (bar: batch shed first, no interactive shed: %s).\n\n",
+			s.Batch.Sent, s.Batch.OK, s.Batch.Shed, s.Batch.Other, s.Interactive.Sent, s.Interactive.OK, s.Interactive.Shed, s.Interactive.Other, pass(s.Pass))
+	}
 	fmt.Fprintf(&b, "Usage: input/output tokens per key, from the answers → from `ferry usage`: ")
 	keys := make([]string, 0, len(r.Usage.Reported))
 	for k := range r.Usage.Reported {
@@ -276,7 +291,18 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&b, "%s %v → %v; ", k, r.Usage.Reported[k], r.Usage.Recorded[k])
 	}
 	fmt.Fprintf(&b, "(bar: equal: %s).\n", pass(r.Usage.Pass))
+	if c := r.CPU; len(c.Rounds) > 0 {
+		fmt.Fprintf(&b, "\nThe proxy's CPU per request (one attached proxy, %d requests a key a round, %d at a time, rounds alternating):\n\n", c.Requests, cpuWorkers)
+		t := benchkit.Table{Header: []string{"round", "own key", "managed key", "ratio", "own key req/s"}}
+		for i, rd := range c.Rounds {
+			t.Rows = append(t.Rows, []string{fmt.Sprint(i + 1), us(rd.Own), us(rd.Managed), fmt.Sprintf("%.3f", rd.Ratio), fmt.Sprintf("%.0f", rd.OwnRate)})
+		}
+		t.Render(&b)
+		fmt.Fprintf(&b, "\nMedian ratio **%.3f** (bar ≤ %.2f: %s). A managed key's answer carries %v.\n", c.Median, cpuBar, pass(c.Pass), c.Headers)
+	}
 	return b.String()
 }
+
+func us(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond)) }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond)) }
