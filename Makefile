@@ -50,7 +50,7 @@ bench-routing:
 bench-pd:
 	$(GO) run ./bench/pdscale $(BENCH_ARGS)
 
-## bench-tenants: managed keys through two attached proxies: a light tenant's TTFT beside a saturating one, a daily token limit across proxies, batch shed before interactive, ferry usage against the replicas' reports
+## bench-tenants: managed keys through two attached proxies: a light tenant's TTFT beside a saturating one, a daily token limit across proxies, batch shed before interactive, ferry usage against the replicas' reports, a managed key's CPU cost in the proxy
 bench-tenants:
 	$(GO) run ./bench/tenants $(BENCH_ARGS)
 

@@ -19,10 +19,11 @@ import (
 // per-minute and per-day limits of key and team, priced, settled from the answer's usage, its
 // windows in six x-ratelimit-* headers) may cost in CPU over the same request with a key of the
 // service's own (what the gateway did before managed keys). Measured in one run, alternating
-// rounds, median judged, as TestHotPathWithinBudget does. Issue 41 asks for at most 10 % more;
-// measured 1.11–1.16× on 2026-11-30 on a quiet host and 1.21× with another test run beside it
-// (the six headers, written by the proxy and parsed by the client in the same process, are about
-// half of it), so the guard stands at 1.35×: the ledger's cost doubling crosses it.
+// rounds, median judged, as TestHotPathWithinBudget does. Here the client and the replica share
+// the process with the proxy, and the client's parsing of the six headers counts too: measured
+// 1.11–1.21× on 2026-11-30. Issue 41's bar (at most 10 % more) is the proxy's own CPU, which
+// bench/tenants' CPU phase measures out of process (1.06× there); this guard stands at 1.35×, so
+// that the ledger's cost doubling crosses it.
 const tenancyBudget = 1.35
 
 func TestTenancyWithinBudget(t *testing.T) {

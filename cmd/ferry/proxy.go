@@ -141,8 +141,8 @@ host:port or http://host:port; append #ACCELERATOR (for example #A100) to weight
 instance_aware_least_load with --target-qps.
 
 --metrics-listen serves Prometheus metrics (GET /metrics), a liveness check (GET /healthz) and a
-readiness check (GET /readyz: 503 until the proxy has its replicas, or the controller's first
-answer when attached, and again from SIGTERM on) on their own address, apart from traffic; keep
+readiness check (GET /readyz: 503 until the proxy has its replicas, or when attached the
+controller's first answer and first sync of managed keys, and again from SIGTERM on) on their own address, apart from traffic; keep
 it on loopback or a private network, and with --metrics-token-file FILE /metrics requires
 "Authorization: Bearer" and the token in FILE (a Prometheus scrape config sends it with
 authorization: {credentials_file: FILE}); /healthz and /readyz stay open. With --drain-delay D
