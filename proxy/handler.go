@@ -92,7 +92,9 @@ func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32, rate *rateState) (*
 		return nil, nil
 	}
 	s.tokenize(ex, snap)
-	if s.slots != nil && !ex.slotWaited { // else granted a slot while held for a first replica
+	// Else granted a slot while held for a first replica, or took one free as the first replica
+	// came (slotHeld: counted for its tenant already).
+	if s.slots != nil && !ex.slotWaited && !ex.slotHeld {
 		if snap, ex.slotWaited, refusal = s.awaitSlot(ctx, ex, snap); snap == nil {
 			s.endHold(ctx, ex, refusal)
 			return nil, nil

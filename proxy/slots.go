@@ -266,7 +266,11 @@ func (q *slotQueue) leave(w *waiter, s *Service) {
 // MaxQueuedRequests and MaxQueueWait with requests held for a first replica.
 func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapshot) (_ *snapshot, waited bool, _ []byte) {
 	q := s.slots
-	now := ctx.Time().UnixNano() // the request's arrival: headroom's window is 30 s
+	arrived := ctx.Time() // headroom's window is 30 s: the request's arrival will do
+	if arrived.IsZero() { // a RequestCtx not from a fasthttp.Server
+		arrived = time.Now()
+	}
+	now := arrived.UnixNano()
 	if len(snap.replicas) > 0 {
 		if ex.tenant == "" && q.line.queued.Load() == 0 && q.line.granted.Load() == 0 && q.freeSlots(snap, 1) > 0 {
 			return snap, false, nil

@@ -61,7 +61,7 @@ type FollowerConfig struct {
 	DrainDelay time.Duration
 	// Readiness, when set, turns ready at the controller's first answer (the proxy then has
 	// the service's configuration and replica set, possibly empty, which it holds requests
-	// for), and once the first sync of managed keys has ended (Base.Tenancy), and draining
+	// for) and a sync has brought the managed keys (Base.Tenancy; at most 2 s), and draining
 	// when Start's ctx ends.
 	Readiness *proxy.Readiness
 	// Logger may be nil.
@@ -87,7 +87,7 @@ type Follower struct {
 	served chan error
 	// kick asks the report loop to report now.
 	kick chan struct{}
-	// keysKnown is closed when the first sync of managed keys has ended (tenantLoop).
+	// keysKnown is closed at the first sync of managed keys that succeeded (tenantLoop).
 	keysKnown chan struct{}
 
 	mu   sync.Mutex

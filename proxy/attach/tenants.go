@@ -72,17 +72,13 @@ func SyncTenants(ctx context.Context, c *rpc.Client, req TenantSyncRequest) (Ten
 
 // SyncLoop syncs t's ledger every tenantSyncEvery through sync until ctx ends, installing each
 // new directory. A failed sync keeps its use for the next. proxyID names this proxy to the hub.
-// firstDone, when not nil, is called once the first sync has ended (its directory installed, or
-// failed).
-func SyncLoop(ctx context.Context, t *proxy.Tenancy, proxyID string, sync func(context.Context, TenantSyncRequest) (TenantSyncAnswer, error), firstDone func(), log *zap.Logger) {
+// synced, when not nil, is called once, after the first sync that succeeded (its directory
+// installed).
+func SyncLoop(ctx context.Context, t *proxy.Tenancy, proxyID string, sync func(context.Context, TenantSyncRequest) (TenantSyncAnswer, error), synced func(), log *zap.Logger) {
 	tick := time.NewTicker(tenantSyncEvery)
 	defer tick.Stop()
 	var lastWarn time.Time
 	for first := true; ; first = false {
-		if !first && firstDone != nil {
-			firstDone()
-			firstDone = nil
-		}
 		final := false
 		if !first { // the first at once: a new proxy learns the keys before its first requests
 			select {
@@ -113,11 +109,15 @@ func SyncLoop(ctx context.Context, t *proxy.Tenancy, proxyID string, sync func(c
 			t.SetDirectory(*ans.Directory)
 		}
 		t.Ledger().Apply(ans.Answer, time.Now())
+		if synced != nil {
+			synced()
+			synced = nil
+		}
 	}
 }
 
-// tenantLoop is SyncLoop through the controller the follower follows; it closes f.keysKnown once
-// the first sync has ended.
+// tenantLoop is SyncLoop through the controller the follower follows; it closes f.keysKnown at
+// the first sync that succeeds.
 func (f *Follower) tenantLoop(ctx context.Context) {
 	SyncLoop(ctx, f.base.Tenancy, f.id, func(ctx context.Context, req TenantSyncRequest) (TenantSyncAnswer, error) {
 		c, _, err := f.ctl.client()
@@ -128,10 +128,12 @@ func (f *Follower) tenantLoop(ctx context.Context) {
 	}, func() { close(f.keysKnown) }, f.log)
 }
 
-// awaitKeys waits, at most reportTimeout, until the first sync has brought the managed keys: the
-// first sync starts with the first poll and usually ends first, but a proxy that served before
-// it would answer a managed key 401 meanwhile. Without it (the controller not answering the
-// sync) the proxy serves anyway, and learns the keys at a later sync.
+// awaitKeys waits, at most reportTimeout, until a sync has brought the managed keys: the first
+// sync starts with the first poll and usually ends first, but a proxy that served before it
+// would answer a managed key 401 meanwhile. A failed sync (a controller that is not the leader,
+// with --controller URLs) does not end the wait: the next one, 250 ms on, may bring them. Past
+// the wait (the controller not answering syncs) the proxy serves anyway, and learns the keys at
+// a later sync.
 func (f *Follower) awaitKeys() {
 	if f.base.Tenancy == nil {
 		return
