@@ -551,22 +551,10 @@ func TestWithoutPriorityClassPermission(t *testing.T) {
 	admin := newProvider(t, c, Options{})
 	ns := admin.Namespace()
 	testcluster.StartKubelet(t, c, testcluster.KubeletOptions{})
-	rbac := c.Client().RbacV1()
-	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "no-classes"}, Rules: []rbacv1.PolicyRule{
+	cfg := grantRole(t, c, ns, "no-classes", "ferry-no-classes", []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods", "secrets", "persistentvolumeclaims"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
 		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "list", "create", "update", "delete"}},
-	}}
-	if _, err := rbac.Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "no-classes"},
-		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "ferry-no-classes", APIGroup: rbacv1.GroupName}},
-		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "no-classes"}}
-	if _, err := rbac.RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	cfg := c.RESTConfig()
-	cfg.Impersonate.UserName = "ferry-no-classes"
+	})
 	p, err := New(Options{RESTConfig: cfg, Context: "no-classes", Namespace: ns})
 	if err != nil {
 		t.Fatal(err)

@@ -244,21 +244,9 @@ func TestLaunchNeedsNetworkPolicyPermission(t *testing.T) {
 	}
 	admin := newProvider(t, c, Options{})
 	ns := admin.Namespace()
-	rbac := c.Client().RbacV1()
-	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "pods-only"}, Rules: []rbacv1.PolicyRule{
+	cfg := grantRole(t, c, ns, "pods-only", "ferry-limited", []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods", "secrets"}, Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}},
-	}}
-	if _, err := rbac.Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "pods-only"},
-		Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "ferry-limited", APIGroup: rbacv1.GroupName}},
-		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "pods-only"}}
-	if _, err := rbac.RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	cfg := c.RESTConfig()
-	cfg.Impersonate.UserName = "ferry-limited"
+	})
 	p, err := New(Options{RESTConfig: cfg, Context: "limited", Namespace: ns})
 	if err != nil {
 		t.Fatal(err)
