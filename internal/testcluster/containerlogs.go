@@ -127,12 +127,18 @@ func (k *Kubelet) serveContainerLogs(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// followable reports whether a pod's process runs, or is yet to start: a follow waits for more.
+// followable reports whether a pod's process runs, is being started, or is yet to start: a
+// follow waits for more.
 func (k *Kubelet) followable(ns, name string) bool {
 	key := ns + "/" + name
 	k.mu.Lock()
-	rec := k.replicas[key]
+	rec, starting := k.replicas[key], k.starting[key]
 	k.mu.Unlock()
+	if starting {
+		// Its marker and log file may exist before its process is in replicas: without this
+		// a follow in that window read an empty or partial log and ended as if it had exited.
+		return true
+	}
 	if rec != nil {
 		return !rec.proc.exited()
 	}
@@ -144,6 +150,19 @@ func (k *Kubelet) followable(ns, name string) bool {
 		return false
 	}
 	return !fileExists(filepath.Join(k.podDir(pod.UID), "started"))
+}
+
+// markStarting records that key's process is being started, until the returned func is
+// called (once the process is in replicas, or failed to start).
+func (k *Kubelet) markStarting(key string) (done func()) {
+	k.mu.Lock()
+	k.starting[key] = true
+	k.mu.Unlock()
+	return func() {
+		k.mu.Lock()
+		delete(k.starting, key)
+		k.mu.Unlock()
+	}
 }
 
 // lastLines is the end of data holding n lines (all of it when n < 0).

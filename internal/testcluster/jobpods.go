@@ -145,6 +145,7 @@ func (k *Kubelet) syncJob(ctx context.Context, key string, pod *corev1.Pod, node
 		requeue(key)
 		return
 	}
+	defer k.markStarting(key)()
 	if err == nil {
 		err = os.WriteFile(marker, nil, 0o644)
 	}

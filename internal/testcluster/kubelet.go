@@ -81,6 +81,10 @@ type Kubelet struct {
 	deletionGrace map[types.UID]time.Duration
 	stopping      sync.WaitGroup      // job processes being stopped in the background
 	ending        map[*replica]string // those processes, with their pod's key
+	// starting holds the keys of pods whose process is being started: from before a job
+	// pod's started marker is written (or a log file created) until the process is in
+	// replicas. A follow of their log waits on through it (followable).
+	starting map[string]bool
 }
 
 // replica is the process run for one pod, and what it was started from.
@@ -116,7 +120,7 @@ func NewKubelet(c *Cluster, opts KubeletOptions) (*Kubelet, error) {
 	return &Kubelet{
 		cluster: c, opts: opts, synced: make(chan struct{}),
 		replicas: map[string]*replica{}, deletionGrace: map[types.UID]time.Duration{},
-		ending: map[*replica]string{},
+		ending: map[*replica]string{}, starting: map[string]bool{},
 	}, nil
 }
 
@@ -318,6 +322,7 @@ func (k *Kubelet) sync(ctx context.Context, key string, pods corelisters.PodList
 	if !run {
 		return
 	}
+	defer k.markStarting(key)()
 	logPath := k.LogPath(pod.Namespace, pod.Name)
 	env := append(os.Environ(), want.env...)
 	proc, err := startProcess("replica of pod "+key, logPath, env, k.opts.FerryBin, want.args...)
