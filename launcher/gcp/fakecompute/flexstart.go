@@ -6,8 +6,6 @@ import (
 
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/ferryserve/ferry/launcher/internal/fakevm"
 )
 
 // Flex-start VMs (Dynamic Workload Scheduler), as the instances API has them: an insert with
@@ -152,7 +150,7 @@ func (s *Server) scheduleEndLocked(zone string, in *instance) {
 		s.atLocked(end, func() {
 			if cur, ok := s.zones[zone].instances[in.pb.GetName()]; ok && cur == in && in.pb.GetStatus() != "TERMINATED" {
 				v := s.terminateLocked(zone, in, fmt.Sprintf("Instance reached its maxRunDuration of %v.", run))
-				go killAll([]*fakevm.VM{v})
+				s.killLocked(v)
 			}
 		})
 	} else if in.pb.GetScheduling().GetProvisioningModel() == "RESERVATION_BOUND" {

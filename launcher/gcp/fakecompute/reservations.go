@@ -455,7 +455,7 @@ func (s *Server) endWindowLocked(zone, name string) {
 	for _, in := range s.consumersLocked(zone, res) {
 		vms = append(vms, s.terminateLocked(zone, in, "The reservation "+res+" ended."))
 	}
-	go killAll(vms)
+	s.killLocked(vms...)
 }
 
 // terminateLocked carries out a VM's instanceTerminationAction now (DELETE removes it, else it
@@ -472,10 +472,20 @@ func (s *Server) terminateLocked(zone string, in *instance, why string) *fakevm.
 	return v
 }
 
-func killAll(vms []*fakevm.VM) {
-	for _, v := range vms {
-		v.Kill(killWait)
+// killLocked kills vms (nil ones are no VM) in the background. Close waits for it: a test's
+// cleanup that removes Options.Dir after Close finds no VM process still writing there.
+func (s *Server) killLocked(vms ...*fakevm.VM) {
+	vms = slices.DeleteFunc(vms, func(v *fakevm.VM) bool { return v == nil })
+	if len(vms) == 0 {
+		return
 	}
+	s.vms.Add(1)
+	go func() {
+		defer s.vms.Done()
+		for _, v := range vms {
+			v.Kill(killWait)
+		}
+	}()
 }
 
 // StartWindow delivers the named future reservation now, as its startTime would.

@@ -5,6 +5,11 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -278,5 +283,58 @@ func TestSetWindow(t *testing.T) {
 	}
 	if err := fake.SetWindow(zoneA, "moved", now, now); err == nil {
 		t.Error("an empty window was accepted")
+	}
+}
+
+// Close waits for the processes of VMs it no longer lists: a window's end deletes its VMs at
+// once and kills their processes in the background, and a test that ended right after (its
+// cleanup removing Options.Dir) found one still writing there.
+func TestCloseWaitsForVMsEndedBefore(t *testing.T) {
+	fake, ic, _, fc := capacityClients(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now().Add(time.Hour).UTC().Truncate(time.Second)
+	op, err := fc.Insert(ctx, &computepb.InsertFutureReservationRequest{Project: "p", Zone: zoneA, FutureReservationResource: &computepb.FutureReservation{
+		Name: proto.String("block"), ReservationMode: proto.String("CALENDAR"), ReservationName: proto.String("block-res"),
+		TimeWindow: &computepb.FutureReservationTimeWindow{StartTime: proto.String(start.Format(time.RFC3339)), EndTime: proto.String(start.Add(time.Hour).Format(time.RFC3339))},
+		SpecificSkuProperties: &computepb.FutureReservationSpecificSKUProperties{TotalCount: proto.Int64(1),
+			InstanceProperties: &computepb.AllocationSpecificSKUAllocationReservedInstanceProperties{MachineType: proto.String("a3-highgpu-8g")}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := op.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.StartWindow(zoneA, "block"); err != nil {
+		t.Fatal(err)
+	}
+	vm := reservedVM("busy", "block-res")
+	vm.Metadata = &computepb.Metadata{Items: []*computepb.Items{{Key: proto.String("startup-script"),
+		Value: proto.String(`echo $$ > "$HOME/pid"; while :; do date > "$HOME/beat"; sleep 0.01; done`)}}}
+	if err := insertErr(ctx, ic, vm); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	for {
+		b, err := os.ReadFile(filepath.Join(fake.vmDir(zoneA, "busy"), "pid"))
+		if pid, _ = strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the VM's script never started")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := fake.EndWindow(zoneA, "block"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := fake.Instance("busy"); ok {
+		t.Fatal("the VM outlived its window's end")
+	}
+	fake.Close()
+	// The script's shell is fakevm's child, reaped once it has ended: ESRCH then.
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		t.Fatalf("the deleted VM's script (pid %d) after Close: signal 0 = %v, want ESRCH", pid, err)
 	}
 }

@@ -147,6 +147,10 @@ type Server struct {
 	faults       map[string][]*Fault
 	closed       bool
 	nextID       uint64
+	// vms counts each booted VM until its script has ended, and each kill running in the
+	// background (killLocked): Close waits for them, so that no VM process is left writing
+	// in Options.Dir once it returns. Added to only with mu held and before closed is set.
+	vms sync.WaitGroup
 	// capacityState holds reservations and the flex-start queue (reservations.go, flexstart.go).
 	capacityState
 }
@@ -444,14 +448,12 @@ func (s *Server) PreemptWithNotice(name string, notice time.Duration) error {
 	var t *time.Timer
 	t = time.AfterFunc(notice, func() {
 		s.mu.Lock()
+		defer s.mu.Unlock()
 		delete(s.timers, t)
 		if s.closed {
-			s.mu.Unlock()
 			return
 		}
-		v := s.stopPreemptedLocked(zone, name, found)
-		s.mu.Unlock()
-		v.Kill(killWait)
+		s.killLocked(s.stopPreemptedLocked(zone, name, found))
 	})
 	s.timers[t] = true
 	s.mu.Unlock()
@@ -472,7 +474,8 @@ func (s *Server) stopPreemptedLocked(zone, name string, in *instance) *fakevm.VM
 	return v
 }
 
-// Close kills every VM process, stops pending operations and drops the requests a hang holds
+// Close kills every VM process and waits for them all, also those of VMs already deleted
+// whose kill is still under way, stops pending operations and drops the requests a hang holds
 // (so that closing the HTTP listener, which is the caller's, does not wait on them; close this
 // first). It may be called more than once.
 func (s *Server) Close() {
@@ -498,6 +501,9 @@ func (s *Server) Close() {
 		wg.Go(func() { v.Kill(killWait) })
 	}
 	wg.Wait()
+	// The VMs taken out of their instances before (deleted, preempted, at a window's end)
+	// may still be being killed.
+	s.vms.Wait()
 }
 
 func (s *Server) zone(w http.ResponseWriter, r *http.Request) (string, *zoneState, bool) {

@@ -38,11 +38,11 @@ func startupScript(pb *computepb.Instance) string {
 // boot runs the startup script (fakevm.Start) in the VM's own directory, with FERRY_HOST set
 // to the VM's address. A VM without a script, or a server without a Dir, runs nothing (and is
 // still RUNNING, as a real VM would be). A script that powers the guest off stops the VM
-// (TERMINATED) when it ends. Called with s.mu held.
+// (TERMINATED) when it ends. A closed server boots nothing. Called with s.mu held.
 func (s *Server) boot(zone string, in *instance) *fakevm.VM {
 	pb := in.pb
 	script := startupScript(pb)
-	if script == "" || s.opts.Dir == "" {
+	if script == "" || s.opts.Dir == "" || s.closed {
 		return nil
 	}
 	dir := s.vmDir(zone, pb.GetName())
@@ -69,7 +69,9 @@ func (s *Server) boot(zone string, in *instance) *fakevm.VM {
 	if err != nil {
 		return nil // said in its log
 	}
+	s.vms.Add(1) // Close waits for the script's end
 	go func() {
+		defer s.vms.Done()
 		<-v.Done()
 		if v.PoweredOff() {
 			s.powerOff(in, v)
