@@ -277,22 +277,29 @@ func TestSpotOnFakeClouds(t *testing.T) {
 		return v
 	}
 	victim := pick(st, "")
+	preemptedAt := time.Now()
 	clouds.preempt(t, victim.instance)
-	covered := false
 	eventually(t, 120*time.Second, "the preempted replica replaced in another zone, 3 spot READY again", func() (bool, string) {
 		var err error
 		if st, err = e.status("spotty"); err != nil {
 			return false, err.Error()
 		}
-		covered = covered || liveOnDemand(st) > 0
 		zones, ready := spotZones(st)
 		preempted := false
 		for _, r := range st.Replicas {
 			preempted = preempted || (r.ID == victim.id && r.Status == "PREEMPTED")
 		}
-		return preempted && ready == 3 && zones[victim.zone] == 0 && covered,
-			fmt.Sprintf("victim %d PREEMPTED %v; spot READY by zone %v; on-demand seen %v", victim.id, preempted, zones, covered)
+		return preempted && ready == 3 && zones[victim.zone] == 0,
+			fmt.Sprintf("victim %d PREEMPTED %v; spot READY by zone %v", victim.id, preempted, zones)
 	})
+	// The on-demand fallback covered the gap: launched, and scaled down again once spot was
+	// READY. It lives a few seconds, which status polls on a loaded host can miss, so the
+	// controller's log of its launches says.
+	if covers := onDemandLaunches(t, e, "spotty", preemptedAt); len(covers) == 0 {
+		t.Fatal("no on-demand replica launched to cover the preempted spot replica")
+	} else {
+		t.Logf("on-demand cover launched after the preemption: %v", covers)
+	}
 	load.stop()
 	if load.failed.Load() > 0 {
 		t.Fatalf("%d of %d requests failed during the preemption; first: %v", load.failed.Load(), load.sent.Load(), load.firstErr.Load())
@@ -367,6 +374,39 @@ func TestSpotOnFakeClouds(t *testing.T) {
 		}
 		return running == 0, fmt.Sprintf("%d EC2 instances running", running)
 	})
+}
+
+// onDemandLaunches lists the on-demand instances of service the providers launched since
+// since, from their lines in the controller log ("ran instance" with its market on AWS,
+// "launched" with its spot flag on GCP).
+func onDemandLaunches(t *testing.T, e *env, service string, since time.Time) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(e.home, "controller.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		var entry struct {
+			TS       time.Time `json:"ts"`
+			Logger   string    `json:"logger"`
+			Msg      string    `json:"msg"`
+			Name     string    `json:"name"`     // AWS: the instance's Name
+			Market   string    `json:"market"`   // AWS
+			Instance string    `json:"instance"` // GCP: the VM's name
+			Spot     *bool     `json:"spot"`     // GCP
+		}
+		if json.Unmarshal([]byte(line), &entry) != nil || entry.TS.Before(since.Truncate(time.Millisecond)) {
+			continue
+		}
+		switch {
+		case entry.Logger == "aws" && entry.Msg == "ran instance" && entry.Market == "on-demand" && strings.HasPrefix(entry.Name, service+"-"):
+			out = append(out, "aws/"+entry.Name)
+		case entry.Logger == "gcp" && entry.Msg == "launched" && entry.Spot != nil && !*entry.Spot && strings.HasPrefix(entry.Instance, service+"-"):
+			out = append(out, "gcp/"+entry.Instance)
+		}
+	}
+	return out
 }
 
 // replicaTransition is one "replica status" line of the controller log.
