@@ -64,6 +64,9 @@ type Gateway struct {
 
 	mu       sync.Mutex // serializes SetServices and rebuilds; guards services
 	services []*Service
+
+	// closeConns is set by CloseConnections: the proxy is draining before it stops.
+	closeConns atomic.Bool
 }
 
 type gatewayTable struct {
@@ -114,7 +117,7 @@ func NewGateway(cfg GatewayConfig) *Gateway {
 		g.refusedLog = sampledAccessLogger(cfg.AccessLog, zap.String("listener", "gateway"))
 	}
 	g.table.Store(&gatewayTable{byModel: map[string]*Service{}})
-	g.front.server = newServer(g.Handler, g.requestError, g.headerReceived, cfg.MaxRequestBodySize, defaultRequestReadTimeout, g.log)
+	g.front.server = newServer(g.serveRequest, g.requestError, g.headerReceived, cfg.MaxRequestBodySize, defaultRequestReadTimeout, g.log)
 	g.front.guard, g.front.log = guardOr(cfg.Guard), g.log
 	return g
 }
@@ -363,6 +366,22 @@ func (g *Gateway) observe(ctx *fasthttp.RequestCtx, status int, reason string) {
 	}
 	ce.Write(fields...)
 }
+
+// serveRequest is Handler as Serve mounts it: after CloseConnections every response also
+// closes its connection.
+func (g *Gateway) serveRequest(ctx *fasthttp.RequestCtx) {
+	g.Handler(ctx)
+	if g.closeConns.Load() {
+		ctx.SetConnectionClose()
+	}
+}
+
+// CloseConnections makes every response from now on close its client connection, as
+// Service.CloseConnections does for one service's endpoint: a gateway about to stop calls it as
+// it turns unready (Readiness.DrainFor), so keep-alive clients reconnect elsewhere.
+func (g *Gateway) CloseConnections() { g.closeConns.Store(true) }
+
+var _ ConnectionCloser = (*Gateway)(nil)
 
 // Serve accepts connections on ln until Shutdown, then returns nil.
 func (g *Gateway) Serve(ln net.Listener) error {

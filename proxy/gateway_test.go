@@ -313,3 +313,32 @@ func TestGatewayHidesProtectedModels(t *testing.T) {
 		}
 	}
 }
+
+// TestGatewayCloseConnections: once the gateway is draining, each response closes its client
+// connection, so keep-alive clients reconnect elsewhere; before, connections are kept.
+func TestGatewayCloseConnections(t *testing.T) {
+	g := NewGateway(GatewayConfig{Logger: zaptest.NewLogger(t)})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- g.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+		defer cancel()
+		if err := g.Shutdown(ctx); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		<-served
+	})
+	base := "http://" + ln.Addr().String()
+	const get = "GET /health HTTP/1.1\r\nHost: gateway\r\n\r\n"
+	if resp, _ := rawExchange(t, base, get); resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("before the drain: %d, close %v", resp.StatusCode, resp.Close)
+	}
+	g.CloseConnections()
+	if resp, _ := rawExchange(t, base, get); resp.StatusCode != 200 || !resp.Close {
+		t.Errorf("draining: %d, close %v; want the connection closed", resp.StatusCode, resp.Close)
+	}
+}
