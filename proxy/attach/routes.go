@@ -42,24 +42,10 @@ func invalid(msg string) error { return &rpc.Error{Kind: rpc.ErrInvalid, Msg: ms
 
 // replicaSet serves GET .../replicaset?after=SEQ&wait=SECONDS.
 func (h handlers) replicaSet(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	var after uint64
-	if v := q.Get("after"); v != "" {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			rpc.WriteError(w, h.log, invalid("after must be a non-negative integer"))
-			return
-		}
-		after = n
-	}
-	wait := DefaultPollWait
-	if v := q.Get("wait"); v != "" {
-		secs, err := strconv.ParseFloat(v, 64)
-		if err != nil || secs < 0 || math.IsNaN(secs) || math.IsInf(secs, 0) {
-			rpc.WriteError(w, h.log, invalid("wait must be a non-negative number of seconds"))
-			return
-		}
-		wait = min(time.Duration(secs*float64(time.Second)), MaxPollWait)
+	after, wait, err := pollQuery(r)
+	if err != nil {
+		rpc.WriteError(w, h.log, err)
+		return
 	}
 	name := r.PathValue("name")
 	svc, err := h.find(name)
@@ -70,6 +56,28 @@ func (h handlers) replicaSet(w http.ResponseWriter, r *http.Request) {
 	rs := svc.Poll(r.Context(), after, wait)
 	rs.Service = name
 	rpc.WriteJSON(w, http.StatusOK, rs)
+}
+
+// pollQuery reads a long poll's ?after=SEQ&wait=SECONDS: after defaults to 0, wait to
+// DefaultPollWait, capped at MaxPollWait.
+func pollQuery(r *http.Request) (after uint64, wait time.Duration, err error) {
+	q := r.URL.Query()
+	if v := q.Get("after"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return 0, 0, invalid("after must be a non-negative integer")
+		}
+		after = n
+	}
+	wait = DefaultPollWait
+	if v := q.Get("wait"); v != "" {
+		secs, err := strconv.ParseFloat(v, 64)
+		if err != nil || secs < 0 || math.IsNaN(secs) || math.IsInf(secs, 0) {
+			return 0, 0, invalid("wait must be a non-negative number of seconds")
+		}
+		wait = min(time.Duration(secs*float64(time.Second)), MaxPollWait)
+	}
+	return after, wait, nil
 }
 
 // proxyLoad serves POST .../proxyload.
