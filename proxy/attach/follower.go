@@ -2,18 +2,13 @@ package attach
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"net"
-	"reflect"
-	"slices"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/ferryserve/ferry/internal/home"
-	"github.com/ferryserve/ferry/internal/rpc"
 	"github.com/ferryserve/ferry/proxy"
 )
 
@@ -69,11 +64,10 @@ type FollowerConfig struct {
 }
 
 // Follower is an attached proxy (`ferry proxy --attach SERVICE`): it serves a service's READY
-// replica set, which it follows from the controller with a long poll, reports its load back,
-// and keeps serving the last set it had while the controller is away.
+// replica set, which it follows from the controller with a long poll (follow), reports its load
+// back, and keeps serving the last set it had while the controller is away.
 type Follower struct {
 	service    string
-	base       proxy.ServiceConfig
 	drain      time.Duration
 	drainDelay time.Duration
 	ready      *proxy.Readiness
@@ -83,23 +77,13 @@ type Follower struct {
 	rootLog *zap.Logger
 	log     *zap.Logger
 	id      string
+	follow  *follow
+	keys    *keySync
 	// served receives the Handover's Serve result.
 	served chan error
-	// kick asks the report loop to report now.
-	kick chan struct{}
-	// keysKnown is closed at the first sync of managed keys that succeeded (tenantLoop).
-	keysKnown chan struct{}
 
 	mu   sync.Mutex
 	hand *proxy.Handover // nil until the controller first answered
-	// config, shares and seq are what the proxy serves.
-	config ProxyConfig
-	shares int
-	seq    uint64
-	// current are the addresses of the set served; removed those that left it while
-	// requests were still in flight there, reported until they are idle.
-	current []string
-	removed map[string]bool
 }
 
 // NewFollower returns a follower; nothing happens until Start.
@@ -108,9 +92,8 @@ func NewFollower(cfg FollowerConfig) *Follower {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Follower{
+	f := &Follower{
 		service:    cfg.Service,
-		base:       cfg.Base,
 		drain:      cfg.DrainTimeout,
 		drainDelay: cfg.DrainDelay,
 		ready:      cfg.Readiness,
@@ -120,9 +103,10 @@ func NewFollower(cfg FollowerConfig) *Follower {
 		log:        log.With(zap.String("service", cfg.Service)),
 		id:         newProxyID(),
 		served:     make(chan error, 1),
-		kick:       make(chan struct{}, 1),
-		keysKnown:  make(chan struct{}),
 	}
+	f.follow = newFollow(cfg.Service, cfg.Base, cfg.DrainTimeout, f.ctl, f.id, log, f.start)
+	f.keys = newKeySync(cfg.Base.Tenancy, f.ctl, f.id, f.log)
+	return f
 }
 
 // Start serves the service until ctx ends, then drains requests in flight for up to
@@ -139,24 +123,16 @@ func (f *Follower) Start(ctx context.Context) error {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		f.watch(loops)
-	}()
-	// Managed keys' use is synced until the drain below has ended, and once more after.
-	tenantCtx, stopTenants := context.WithCancel(context.WithoutCancel(ctx))
-	tenantsDone := make(chan struct{})
-	go func() {
-		defer close(tenantsDone)
-		if f.base.Tenancy != nil {
-			f.tenantLoop(tenantCtx)
+		if err := f.follow.watch(loops); err != nil {
+			f.served <- err
 		}
 	}()
-	defer func() {
-		stopTenants()
-		<-tenantsDone
-	}()
+	// Managed keys' use is synced until the drain below has ended, and once more after.
+	stopTenants := startKeySync(ctx, f.keys)
+	defer stopTenants()
 	go func() {
 		defer wg.Done()
-		f.reportLoop(loops)
+		f.follow.reportLoop(loops)
 	}()
 	var serveErr error
 	select {
@@ -184,6 +160,46 @@ func (f *Follower) Start(ctx context.Context) error {
 	return <-f.served
 }
 
+// startKeySync runs k until the returned stop, which waits for its last sync; ctx's values
+// only are kept, as the sync outlives the drain.
+func startKeySync(ctx context.Context, k *keySync) (stop func()) {
+	tenantCtx, stopTenants := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		k.run(tenantCtx)
+	}()
+	return func() {
+		stopTenants()
+		<-done
+	}
+}
+
+// start serves the first Service on the listener through a Handover, once a sync has brought
+// the managed keys (keySync.await); the follow calls it at the controller's first answer.
+func (f *Follower) start(svc *proxy.Service, rs ReplicaSet) serving {
+	hand := proxy.NewHandover(f.ln, svc, f.log)
+	f.mu.Lock()
+	f.hand = hand
+	f.mu.Unlock()
+	go func() {
+		// Connections that arrive meanwhile wait in the listener's backlog.
+		f.keys.await()
+		f.ready.Ready() // not after a drain began: Ready only moves a proxy out of starting
+		f.served <- hand.Serve()
+	}()
+	var replicas []string
+	if rs.Seq != 0 {
+		for _, b := range rs.Backends {
+			replicas = append(replicas, b.Addr)
+		}
+	}
+	f.log.Info("proxy serving", zap.String("endpoint", "http://"+f.ln.Addr().String()),
+		zap.String("policy", policyName(rs.Config.Policy)), zap.Bool("auth", rs.Config.AuthRequired),
+		zap.Strings("replicas", replicas))
+	return hand
+}
+
 // announceDrain turns the proxy unready and, if it serves, keeps serving for the drain delay,
 // closing each client connection after its next response (proxy.Readiness.DrainFor).
 func (f *Follower) announceDrain() error {
@@ -199,243 +215,4 @@ func (f *Follower) handover() *proxy.Handover {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.hand
-}
-
-// watch long-polls the controller for the service's replica set and applies each new one,
-// until ctx ends. When the controller cannot be reached it keeps the set it has and retries,
-// re-reading FERRY_HOME for the address of a restarted controller.
-func (f *Follower) watch(ctx context.Context) {
-	var after uint64
-	var backoff time.Duration
-	var lastWarn time.Time
-	connected := false
-	for ctx.Err() == nil {
-		wait := watchWait
-		if f.handover() == nil {
-			wait = 0 // the first answer starts serving, with or without replicas
-		}
-		rs, addr, err := f.poll(ctx, after, wait)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			// Whatever went wrong, the next poll asks the controller anew: it may be a new
-			// one, with different Seqs.
-			f.ctl.forget(err)
-			after = 0
-			if connected || time.Since(lastWarn) >= warnEvery {
-				f.log.Warn("controller unavailable; serving the last replica set and retrying", zap.Error(err))
-				lastWarn = time.Now()
-			} else if ce := f.log.Check(zap.DebugLevel, "controller still unavailable"); ce != nil {
-				ce.Write(zap.Error(err))
-			}
-			connected = false
-			backoff = min(max(2*backoff, retryMin), retryMax)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			continue
-		}
-		if !connected {
-			f.log.Info("connected to the controller", zap.String("controller", addr), zap.Uint64("seq", rs.Seq),
-				zap.Int("replicas", len(rs.Backends)))
-			connected, lastWarn, backoff = true, time.Time{}, 0
-		}
-		if err := f.apply(rs); err != nil {
-			f.served <- err
-			return
-		}
-		after = rs.Seq
-	}
-}
-
-// poll is one long poll; it returns the controller's address for logs.
-func (f *Follower) poll(ctx context.Context, after uint64, wait time.Duration) (ReplicaSet, string, error) {
-	c, addr, err := f.ctl.client()
-	if err != nil {
-		return ReplicaSet{}, "", err
-	}
-	ctx, cancel := context.WithTimeout(ctx, wait+watchSlack)
-	defer cancel()
-	rs, err := PollReplicaSet(ctx, c, f.service, after, wait)
-	return rs, addr, err
-}
-
-// apply serves a replica set: the first answer starts the Handover, a new configuration hands
-// the listener over to a new Service, and new backends go to every Service. A Seq of 0 (the
-// controller has published no set yet) or the Seq already served changes nothing.
-func (f *Follower) apply(rs ReplicaSet) error {
-	backends := rs.Backends
-	addrs := make([]string, len(backends))
-	for i, b := range backends {
-		addrs[i] = b.Addr
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.hand == nil {
-		svc, err := proxy.NewService(f.serviceConfig(rs))
-		if err != nil {
-			return fmt.Errorf("the controller's configuration of service %q: %w", f.service, err)
-		}
-		if rs.Seq != 0 {
-			svc.SetBackends(backends)
-			f.setPrefill(svc.SetPrefillBackends, rs)
-			f.seq, f.current = rs.Seq, addrs
-		}
-		f.config, f.shares = rs.Config, rs.Proxies
-		f.hand = proxy.NewHandover(f.ln, svc, f.log)
-		hand := f.hand
-		go func() {
-			// Connections that arrive meanwhile wait in the listener's backlog.
-			f.awaitKeys()
-			f.ready.Ready() // not after a drain began: Ready only moves a proxy out of starting
-			f.served <- hand.Serve()
-		}()
-		f.log.Info("proxy serving", zap.String("endpoint", "http://"+f.ln.Addr().String()),
-			zap.String("policy", policyName(rs.Config.Policy)), zap.Bool("auth", rs.Config.AuthRequired),
-			zap.Strings("replicas", f.current))
-		f.kickReport()
-		return nil
-	}
-	if rs.Seq == 0 || rs.Seq == f.seq && rs.Proxies == f.shares {
-		return nil
-	}
-	if !reflect.DeepEqual(rs.Config, f.config) || rs.Proxies != f.shares {
-		svc, err := proxy.NewService(f.serviceConfig(rs))
-		if err != nil {
-			// A configuration this proxy cannot serve (a policy newer than its binary, say):
-			// keep the old one rather than stop serving.
-			f.log.Error("cannot apply the service's new proxy configuration; keeping the previous one", zap.Error(err))
-		} else {
-			svc.SetBackends(backends)
-			f.setPrefill(svc.SetPrefillBackends, rs)
-			f.hand.Swap(svc, f.drain)
-			f.config, f.shares = rs.Config, rs.Proxies
-			f.log.Info("proxy configuration changed; new connections use it", zap.String("policy", policyName(rs.Config.Policy)),
-				zap.Bool("auth", rs.Config.AuthRequired), zap.Int("proxies_sharing_replicas", rs.Proxies))
-		}
-	}
-	f.hand.SetBackends(backends) // the new Service has them; those draining get them too
-	f.setPrefill(f.hand.SetPrefillBackends, rs)
-	if !slices.Equal(addrs, f.current) {
-		if f.removed == nil {
-			f.removed = map[string]bool{}
-		}
-		for _, addr := range f.current {
-			if !slices.Contains(addrs, addr) {
-				f.removed[addr] = true
-			}
-		}
-		for _, addr := range addrs {
-			delete(f.removed, addr)
-		}
-		f.log.Info("replica set changed", zap.Uint64("seq", rs.Seq), zap.Strings("replicas", addrs), zap.Strings("before", f.current))
-	}
-	f.seq, f.current = rs.Seq, addrs
-	f.kickReport()
-	return nil
-}
-
-// serviceConfig is the proxy configuration of rs: the service's, with this proxy's share of
-// each replica.
-func (f *Follower) serviceConfig(rs ReplicaSet) proxy.ServiceConfig {
-	cfg := rs.Config.Apply(f.base)
-	cfg.ReplicaShares = rs.Proxies
-	return cfg
-}
-
-func policyName(p string) string {
-	if p == "" {
-		return proxy.DefaultPolicy
-	}
-	return p
-}
-
-func (f *Follower) kickReport() {
-	select {
-	case f.kick <- struct{}{}:
-	default:
-	}
-}
-
-// reportLoop sends the load report every reportEvery and after each new set, until ctx
-// ends. A failed report is dropped: the next one carries the same counters.
-func (f *Follower) reportLoop(ctx context.Context) {
-	tick := time.NewTicker(reportEvery)
-	defer tick.Stop()
-	var lastWarn time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		case <-f.kick:
-		}
-		r, ok := f.loadReport()
-		if !ok {
-			continue
-		}
-		c, _, err := f.ctl.client()
-		if err == nil {
-			rctx, cancel := context.WithTimeout(ctx, reportTimeout)
-			err = ReportLoad(rctx, c, f.service, r)
-			cancel()
-		}
-		switch {
-		case err == nil || ctx.Err() != nil:
-		case (errors.Is(err, rpc.ErrInvalid) || errors.Is(err, rpc.ErrUnauthorized) || errors.Is(err, rpc.ErrForbidden)) && time.Since(lastWarn) >= warnEvery:
-			// The controller is there and refuses the report: it will not count this
-			// proxy's requests when it drains a replica.
-			f.log.Warn("load report rejected by the controller", zap.Error(err))
-			lastWarn = time.Now()
-		default: // unreachable or the service unknown: the watch loop tells
-			if ce := f.log.Check(zap.DebugLevel, "load report failed"); ce != nil {
-				ce.Write(zap.Error(err))
-			}
-		}
-	}
-}
-
-// loadReport is the report to send now; false before the proxy serves.
-func (f *Follower) loadReport() (LoadReport, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.hand == nil {
-		return LoadReport{}, false
-	}
-	r := LoadReport{
-		ProxyID:  f.id,
-		Seq:      f.seq,
-		InFlight: make(map[string]int64, len(f.current)+len(f.removed)),
-		Arrivals: f.hand.Arrivals(),
-		Waiting:  f.hand.Waiting(),
-
-		PrefillTokens:   f.hand.PrefillTokens(),
-		PrefillInFlight: f.hand.PrefillBusy(),
-	}
-	for _, addr := range f.current {
-		r.InFlight[addr] = f.hand.Busy(addr)
-	}
-	for addr := range f.removed {
-		n := f.hand.Busy(addr)
-		r.InFlight[addr] = n
-		if n == 0 {
-			delete(f.removed, addr) // this report tells the controller it is idle here
-		}
-	}
-	return r, true
-}
-
-// setPrefill applies a set's prefill pool with set; a replica address the proxy cannot use
-// leaves the pool as it was, and is logged.
-func (f *Follower) setPrefill(set func([]proxy.Backend) error, rs ReplicaSet) {
-	var prefill []proxy.Backend // not disaggregated
-	if rs.Disaggregated {
-		prefill = append([]proxy.Backend{}, rs.Prefill...)
-	}
-	if err := set(prefill); err != nil {
-		f.log.Error("cannot apply the service's prefill pool; keeping the previous one", zap.Error(err))
-	}
 }

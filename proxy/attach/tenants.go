@@ -116,33 +116,50 @@ func SyncLoop(ctx context.Context, t *proxy.Tenancy, proxyID string, sync func(c
 	}
 }
 
-// tenantLoop is SyncLoop through the controller the follower follows; it closes f.keysKnown at
-// the first sync that succeeds.
-func (f *Follower) tenantLoop(ctx context.Context) {
-	SyncLoop(ctx, f.base.Tenancy, f.id, func(ctx context.Context, req TenantSyncRequest) (TenantSyncAnswer, error) {
-		c, _, err := f.ctl.client()
+// keySync is an attached proxy's one SyncLoop (its Tenancy is shared by every service it
+// serves), through the controller it follows, and the wait for its first sync.
+type keySync struct {
+	tenancy *proxy.Tenancy // nil: no managed keys, nothing to sync
+	ctl     *controllerConn
+	id      string
+	log     *zap.Logger
+	// known is closed at the first sync that succeeded.
+	known chan struct{}
+}
+
+func newKeySync(t *proxy.Tenancy, ctl *controllerConn, id string, log *zap.Logger) *keySync {
+	return &keySync{tenancy: t, ctl: ctl, id: id, log: log, known: make(chan struct{})}
+}
+
+// run is SyncLoop until ctx ends, and one sync more; it returns at once without a Tenancy.
+func (k *keySync) run(ctx context.Context) {
+	if k.tenancy == nil {
+		return
+	}
+	SyncLoop(ctx, k.tenancy, k.id, func(ctx context.Context, req TenantSyncRequest) (TenantSyncAnswer, error) {
+		c, _, err := k.ctl.client()
 		if err != nil {
 			return TenantSyncAnswer{}, err
 		}
 		return SyncTenants(ctx, c, req) // the watch loop finds another controller on failures
-	}, func() { close(f.keysKnown) }, f.log)
+	}, func() { close(k.known) }, k.log)
 }
 
-// awaitKeys waits, at most reportTimeout, until a sync has brought the managed keys: the first
+// await waits, at most reportTimeout, until a sync has brought the managed keys: the first
 // sync starts with the first poll and usually ends first, but a proxy that served before it
 // would answer a managed key 401 meanwhile. A failed sync (a controller that is not the leader,
 // with --controller URLs) does not end the wait: the next one, 250 ms on, may bring them. Past
 // the wait (the controller not answering syncs) the proxy serves anyway, and learns the keys at
 // a later sync.
-func (f *Follower) awaitKeys() {
-	if f.base.Tenancy == nil {
+func (k *keySync) await() {
+	if k.tenancy == nil {
 		return
 	}
 	t := time.NewTimer(reportTimeout)
 	defer t.Stop()
 	select {
-	case <-f.keysKnown:
+	case <-k.known:
 	case <-t.C:
-		f.log.Warn("serving before the controller sent the managed keys: requests with one get 401 until it does", zap.Duration("waited", reportTimeout))
+		k.log.Warn("serving before the controller sent the managed keys: requests with one get 401 until it does", zap.Duration("waited", reportTimeout))
 	}
 }
