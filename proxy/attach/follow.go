@@ -93,9 +93,7 @@ func (w *follow) serving() serving {
 // the set it has and retries, re-reading FERRY_HOME for the address of a restarted controller.
 func (w *follow) watch(ctx context.Context) error {
 	var after uint64
-	var backoff time.Duration
-	var lastWarn time.Time
-	connected := false
+	retry := pollRetry{log: w.log, lost: "controller unavailable; serving the last replica set and retrying"}
 	for ctx.Err() == nil {
 		wait := watchWait
 		if after == 0 && w.serving() == nil {
@@ -112,26 +110,12 @@ func (w *follow) watch(ctx context.Context) error {
 				w.ctl.forget(err)
 			}
 			after = 0
-			if connected || time.Since(lastWarn) >= warnEvery {
-				w.log.Warn("controller unavailable; serving the last replica set and retrying", zap.Error(err))
-				lastWarn = time.Now()
-			} else if ce := w.log.Check(zap.DebugLevel, "controller still unavailable"); ce != nil {
-				ce.Write(zap.Error(err))
-			}
-			connected = false
-			backoff = min(max(2*backoff, retryMin), retryMax)
-			select {
-			case <-ctx.Done():
+			if !retry.failed(ctx, err) {
 				return nil
-			case <-time.After(backoff):
 			}
 			continue
 		}
-		if !connected {
-			w.log.Info("connected to the controller", zap.String("controller", addr), zap.Uint64("seq", rs.Seq),
-				zap.Int("replicas", len(rs.Backends)))
-			connected, lastWarn, backoff = true, time.Time{}, 0
-		}
+		retry.answered(addr, zap.Uint64("seq", rs.Seq), zap.Int("replicas", len(rs.Backends)))
 		err = w.apply(rs)
 		w.answeredOnce.Do(func() { close(w.answered) })
 		if err != nil && !w.listed {
@@ -143,6 +127,47 @@ func (w *follow) watch(ctx context.Context) error {
 		after = rs.Seq
 	}
 	return nil
+}
+
+// pollRetry paces a long poll that failed and says so: a warning when the controller is lost
+// and every warnEvery while it stays away, a line when it answers again; between tries a
+// backoff from retryMin doubling to retryMax.
+type pollRetry struct {
+	log *zap.Logger
+	// lost is the warning's message.
+	lost      string
+	backoff   time.Duration
+	lastWarn  time.Time
+	connected bool
+}
+
+// failed logs err and waits out the backoff; false when ctx ended first.
+func (p *pollRetry) failed(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	if p.connected || time.Since(p.lastWarn) >= warnEvery {
+		p.log.Warn(p.lost, zap.Error(err))
+		p.lastWarn = time.Now()
+	} else if ce := p.log.Check(zap.DebugLevel, "controller still unavailable"); ce != nil {
+		ce.Write(zap.Error(err))
+	}
+	p.connected = false
+	p.backoff = min(max(2*p.backoff, retryMin), retryMax)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(p.backoff):
+		return true
+	}
+}
+
+// answered notes an answer from the controller at addr, logged with fields when it was lost.
+func (p *pollRetry) answered(addr string, fields ...zap.Field) {
+	if !p.connected {
+		p.log.Info("connected to the controller", append([]zap.Field{zap.String("controller", addr)}, fields...)...)
+		p.connected, p.lastWarn, p.backoff = true, time.Time{}, 0
+	}
 }
 
 // poll is one long poll; it returns the controller's address for logs.

@@ -1,0 +1,266 @@
+package attach
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+
+	"github.com/ferryserve/ferry/bench/replicasim"
+	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/internal/rpc"
+	"github.com/ferryserve/ferry/proxy"
+)
+
+// gatewayService is one service of gatewayController: a real Feed and a configuration.
+type gatewayService struct {
+	feed    Feed
+	config  atomic.Pointer[ProxyConfig]
+	reports atomic.Int64
+}
+
+func (s *gatewayService) Poll(ctx context.Context, after uint64, wait time.Duration) ReplicaSet {
+	rs := s.feed.Wait(ctx, after, wait)
+	rs.Config = *s.config.Load()
+	return rs
+}
+
+func (s *gatewayService) Report(LoadReport) error {
+	s.reports.Add(1)
+	return nil
+}
+
+// gatewayController serves the attach routes and the list route of its services, as the
+// controller's API does, for the home it publishes its address in.
+type gatewayController struct {
+	list ServiceFeed
+
+	mu       sync.Mutex
+	services map[string]*gatewayService
+}
+
+func (c *gatewayController) ListServices(ctx context.Context, after uint64, wait time.Duration) ServiceList {
+	return c.list.Wait(ctx, after, wait)
+}
+
+func (c *gatewayController) find(name string) (Service, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.services[name]; s != nil {
+		return s, nil
+	}
+	return nil, fmt.Errorf("service %q: %w", name, rpc.ErrNotFound)
+}
+
+// add makes a service of one replica, r, and lists it with the others.
+func (c *gatewayController) add(name string, r *httptest.Server) *gatewayService {
+	s := &gatewayService{}
+	s.config.Store(&ProxyConfig{})
+	s.feed.Publish([]proxy.Backend{{ID: 1, Addr: r.Listener.Addr().String(), Version: 1}})
+	c.mu.Lock()
+	c.services[name] = s
+	c.mu.Unlock()
+	c.publish()
+	return s
+}
+
+func (c *gatewayController) remove(name string) {
+	c.mu.Lock()
+	delete(c.services, name)
+	c.mu.Unlock()
+	c.publish()
+}
+
+func (c *gatewayController) publish() {
+	c.mu.Lock()
+	var names []string
+	for name := range c.services {
+		names = append(names, name)
+	}
+	c.mu.Unlock()
+	c.list.Publish(names)
+}
+
+func startGatewayController(t *testing.T, h home.Home) *gatewayController {
+	t.Helper()
+	token, err := h.ProxyToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &gatewayController{services: map[string]*gatewayService{}}
+	log := zaptest.NewLogger(t)
+	routes := append(Routes(c.find, log), ServiceListRoutes(c, log)...)
+	srv := httptest.NewServer(rpc.NewHandler(rpc.Tokens{Full: "controller-test-token", Attach: token}, routes))
+	t.Cleanup(srv.Close)
+	if err := h.WriteInfo(home.Info{PID: 1, Addr: srv.Listener.Addr().String()}); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// simReplica is a simulated vLLM replica serving model.
+func simReplica(t *testing.T, model string) *httptest.Server {
+	t.Helper()
+	cfg := replicasim.DefaultConfig()
+	cfg.Model, cfg.TTFT, cfg.ITL = model, 5*time.Millisecond, 5*time.Millisecond
+	srv := httptest.NewServer(replicasim.NewServer(cfg).Handler())
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ok, last := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s; last: %s", what, last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// complete posts a completion for model and returns the status and the answer's model or
+// error code.
+func complete(c *http.Client, base, model string, maxTokens int) (int, string, error) {
+	body := fmt.Sprintf(`{"model":%q,"prompt":"hello","max_tokens":%d}`, model, maxTokens)
+	resp, err := c.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return resp.StatusCode, "", err
+	}
+	var answer struct {
+		Model string `json:"model"`
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(b, &answer); err != nil {
+		return resp.StatusCode, "", fmt.Errorf("answer %q: %w", b, err)
+	}
+	return resp.StatusCode, answer.Model + answer.Error.Code, nil
+}
+
+// TestGatewayFollowerFrontsEveryService runs an attached gateway against a controller API with
+// two services of different models: it turns ready once both are in, routes by model, lists
+// both models, follows a service added later and one removed (model_not_found from then on),
+// applies a new configuration without failing requests in flight, and drains when stopped.
+func TestGatewayFollowerFrontsEveryService(t *testing.T) {
+	h := home.Home{Dir: t.TempDir()}
+	ctl := startGatewayController(t, h)
+	a := ctl.add("svc-a", simReplica(t, "model-a"))
+	ctl.add("svc-b", simReplica(t, "model-b"))
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := new(proxy.Readiness)
+	gf := NewGatewayFollower(GatewayFollowerConfig{Listener: ln, Home: h, DrainTimeout: 10 * time.Second, Readiness: ready,
+		Base: proxy.ServiceConfig{Tenancy: proxy.NewTenancy(nil)}, Logger: zaptest.NewLogger(t)})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- gf.Start(ctx) }()
+	base := "http://" + ln.Addr().String()
+	c := &http.Client{Timeout: 10 * time.Second}
+
+	// No managed keys are served by this controller: the wait for them is bounded.
+	eventually(t, "ready", func() (bool, string) { return ready.IsReady(), "not ready" })
+	for _, model := range []string{"model-a", "model-b"} {
+		if code, got, err := complete(c, base, model, 2); err != nil || code != http.StatusOK || got != model {
+			t.Fatalf("%s: HTTP %d %q, %v", model, code, got, err)
+		}
+	}
+	eventually(t, "both models listed", func() (bool, string) {
+		models := gatewayModels(t, c, base)
+		return slices.Contains(models, "model-a") && slices.Contains(models, "model-b"), fmt.Sprint(models)
+	})
+	eventually(t, "load reports", func() (bool, string) { return a.reports.Load() > 0, "none" })
+
+	ctl.add("svc-c", simReplica(t, "model-c"))
+	eventually(t, "a service added later routable", func() (bool, string) {
+		code, got, err := complete(c, base, "model-c", 2)
+		return code == http.StatusOK && got == "model-c", fmt.Sprintf("HTTP %d %q %v", code, got, err)
+	})
+
+	// A new configuration of svc-a while requests are in flight there: none fails.
+	var inflight sync.WaitGroup
+	var failed atomic.Int64
+	for range 4 {
+		inflight.Add(1)
+		go func() {
+			defer inflight.Done()
+			if code, got, err := complete(c, base, "model-a", 40); err != nil || code != http.StatusOK || got != "model-a" {
+				t.Errorf("in flight across the new configuration: HTTP %d %q, %v", code, got, err)
+				failed.Add(1)
+			}
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	a.config.Store(&ProxyConfig{Policy: "round_robin"})
+	a.feed.Publish(nil)
+	inflight.Wait()
+	if code, got, err := complete(c, base, "model-a", 2); err != nil || code != http.StatusOK || got != "model-a" {
+		t.Errorf("after the new configuration: HTTP %d %q, %v", code, got, err)
+	}
+
+	ctl.remove("svc-b")
+	eventually(t, "a removed service's model unknown", func() (bool, string) {
+		code, got, err := complete(c, base, "model-b", 2)
+		return code == http.StatusNotFound && got == "model_not_found", fmt.Sprintf("HTTP %d %q %v", code, got, err)
+	})
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Start: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the gateway did not stop within 20s")
+	}
+	if ready.IsReady() {
+		t.Error("still ready after the drain")
+	}
+}
+
+// gatewayModels is GET /v1/models's ids.
+func gatewayModels(t *testing.T, c *http.Client, base string) []string {
+	t.Helper()
+	resp, err := c.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	return ids
+}
