@@ -155,3 +155,51 @@ func TestAttachControllerAPI(t *testing.T) {
 		t.Errorf("busy of a replica without requests while a proxy lags = %d, want 1", got)
 	}
 }
+
+// TestAttachServiceList drives the list of services attached gateways follow through the
+// controller's API with the attach token: nothing before the stored services are restored
+// (a gateway would drop them all), then the running services by name, a service being taken
+// down left out at once.
+func TestAttachServiceList(t *testing.T) {
+	c, llama := newAttachTestService(t, &testClock{now: time.Now()})
+	const full, attachToken = "controller-test-token", "attach-test-token"
+	srv := httptest.NewServer(api.NewHandler(c, api.Tokens{Full: full, Attach: attachToken}, c.log, c.attachRoutes()...))
+	t.Cleanup(srv.Close)
+	client := api.NewClient(srv.URL, attachToken).Client
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	poll := func(after uint64) attach.ServiceList {
+		t.Helper()
+		list, err := attach.PollServices(ctx, client, after, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return list
+	}
+
+	c.publishServices() // a service started while restoring: not yet
+	if diff := cmp.Diff(attach.ServiceList{Services: []string{}}, poll(0)); diff != "" {
+		t.Errorf("before the restore (-want +got):\n%s", diff)
+	}
+	c.servicesRestored()
+	first := poll(0)
+	if first.Seq == 0 || !cmp.Equal(first.Services, []string{"llama"}) {
+		t.Errorf("after the restore: %+v", first)
+	}
+
+	c.mu.Lock()
+	c.services["mistral"] = &service{name: "mistral"}
+	c.mu.Unlock()
+	c.publishServices()
+	if got := poll(first.Seq); got.Seq <= first.Seq || !cmp.Equal(got.Services, []string{"llama", "mistral"}) {
+		t.Errorf("a service started: %+v", got)
+	}
+
+	llama.mu.Lock()
+	llama.shuttingDown = true
+	llama.mu.Unlock()
+	c.publishServices()
+	if got := poll(first.Seq); !cmp.Equal(got.Services, []string{"mistral"}) {
+		t.Errorf("a service being taken down: %+v", got)
+	}
+}

@@ -37,6 +37,7 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 	"github.com/ferryserve/ferry/launcher/provision"
 	"github.com/ferryserve/ferry/proxy"
+	"github.com/ferryserve/ferry/proxy/attach"
 	"github.com/ferryserve/ferry/proxy/kvevents"
 	"github.com/ferryserve/ferry/replicas"
 )
@@ -253,6 +254,12 @@ type Controller struct {
 	leaderErr  chan error
 	api        atomic.Pointer[http.Handler]
 
+	// attachList is the list of services attached gateways long-poll (attach.go); listMu
+	// serialises its publishing, and listRestored says the stored services are restored.
+	attachList   attach.ServiceFeed
+	listMu       sync.Mutex
+	listRestored bool
+
 	mu       sync.Mutex
 	services map[string]*service
 	// creating holds the names of services being created, with the endpoint port each has
@@ -368,6 +375,7 @@ func (c *Controller) lead(ctx context.Context) error {
 	if err := c.restore(); err != nil {
 		return err
 	}
+	c.servicesRestored()
 	if err := c.startJobs(ctx); err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/leader"
+	"github.com/ferryserve/ferry/proxy/attach"
 )
 
 // High availability. With Options.Elector several controllers share one store (the Kubernetes
@@ -104,11 +105,12 @@ func followerLocal(r *http.Request) bool {
 	return r.URL.Path == "/v1/controller" || r.URL.Path == "/v1/controller/stop" || r.URL.Path == "/v1/controller/logs"
 }
 
-// attachFeed reports whether r is an attached proxy's (replica set or load report): answered
+// attachFeed reports whether r is an attached proxy's (replica set, load report or the list
+// of services an attached gateway fronts): answered
 // 503, not forwarded, so that the proxy finds the leader itself and a follower's death does not
 // cut its long poll.
 func attachFeed(r *http.Request) bool {
-	return strings.HasSuffix(r.URL.Path, "/replicaset") || strings.HasSuffix(r.URL.Path, "/proxyload")
+	return strings.HasSuffix(r.URL.Path, "/replicaset") || strings.HasSuffix(r.URL.Path, "/proxyload") || r.URL.Path == attach.ServiceListPath
 }
 
 // electedWait bounds how long a request waits for this controller, just elected, to load

@@ -74,6 +74,7 @@ func TestFollowerRoutes(t *testing.T) {
 		"/v1/jobs":                       {},
 		"/v1/services/a/replicaset":      {feed: true},
 		"/v1/services/a/proxyload":       {feed: true},
+		"/v1/attach/services":            {feed: true},
 		"/v1/services/a/replicas/1/logs": {},
 	}
 	for path, tc := range tests {

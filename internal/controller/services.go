@@ -140,6 +140,7 @@ func (c *Controller) startService(rec store.Service, ln net.Listener) (*service,
 	c.services[rec.Name] = s
 	c.mu.Unlock()
 	c.updateGateway()
+	c.publishServices()
 	c.log.Info("service started", zap.String("service", rec.Name), zap.Int("version", resumed.Version),
 		zap.String("endpoint", s.endpoint), zap.Int("target_replicas", startTarget), zap.String("autoscaler", spec.Policy))
 	return s, nil
@@ -518,6 +519,7 @@ func (c *Controller) takeDown(ctx context.Context, s *service) ([]launcher.Lefto
 	s.mu.Lock()
 	s.shuttingDown = true
 	s.mu.Unlock()
+	c.publishServices() // attached gateways drop it now, and drain its requests
 	// Persist first: a controller killed half-way finishes the job on restart.
 	if err := c.store.SetServiceStatus(s.name, api.ServiceShuttingDown); err != nil {
 		return nil, err
@@ -548,6 +550,7 @@ func (c *Controller) takeDown(ctx context.Context, s *service) ([]launcher.Lefto
 	delete(c.services, s.name)
 	c.mu.Unlock()
 	c.updateGateway()
+	c.publishServices()
 	if len(left) > 0 {
 		c.log.Warn("service down; what an infra that did not answer holds is left to the janitor", zap.String("service", s.name), zap.Int("left_behind", len(left)))
 	} else {
