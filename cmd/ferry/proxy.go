@@ -66,6 +66,8 @@ type proxyFlags struct {
 	traceSample  float64
 	// attach is the service to follow through the controller; empty for a fixed replica list.
 	attach string
+	// attachAll fronts every service of the controller, routed by model (--attach-all).
+	attachAll bool
 	// controllers are the API URLs of several controllers, one leading (--controller).
 	controllers []string
 	// set tells which of attachConflicts were given on the command line.
@@ -105,6 +107,9 @@ type proxyOptions struct {
 	// attach is the service followed through the controller (attach.go); service then holds
 	// only what the command line sets (name, TLS) and backends is empty.
 	attach string
+	// attachAll fronts every service of the controller in one gateway (attach.go), as attach
+	// one; service holds only TLS.
+	attachAll bool
 	// controllers, when set, replace FERRY_HOME's controller.json: the proxy follows whichever
 	// of them leads.
 	controllers []string
@@ -135,6 +140,15 @@ of them leads instead of controller.json: a follower's 503 names the leader (X-F
 tried next, and any other failure moves to the next URL; one Service URL in front of every
 controller works too. It keeps serving its last replica set through a failover.
 Each of N attached proxies takes 1/N of a replica's in-flight cap (the controller counts them).
+
+With --attach-all the proxy fronts every service of the controller at once, as the controller's
+own gateway does: the request body's "model" picks the service (its name, or a model id its
+replicas report), and GET /v1/models lists every model. It long-polls the list of services
+(names only) and follows each listed service as --attach follows one: its replicas, its policy,
+keys and limits, its load reports. A service brought up later is routable within a second of
+its first replica set; one taken down leaves at once (its model then gets a 404
+model_not_found) while its requests in flight finish. --attach-all takes the same flags as
+--attach, --controller included, and not --attach itself.
 
 Without --attach the replica list is fixed; every replica is treated as READY. A replica is
 host:port or http://host:port; append #ACCELERATOR (for example #A100) to weight it under
@@ -176,6 +190,10 @@ func newProxyCmd() *cobra.Command {
   ferry serve up llama.yaml
   FERRY_HOME=~/.ferry ferry proxy --attach llama --listen 0.0.0.0:8000 --metrics-listen 127.0.0.1:9465
 
+  # Front every service of that controller on one endpoint, routed by each request's "model"
+  ferry proxy --attach-all --listen 0.0.0.0:8000 --metrics-listen 127.0.0.1:9465
+  curl -s http://127.0.0.1:8000/v1/models
+
   # Two local vLLM servers behind one endpoint
   ferry proxy --listen 127.0.0.1:8000 --replica http://127.0.0.1:9001 --replica 127.0.0.1:9002
 
@@ -212,7 +230,7 @@ func newProxyCmd() *cobra.Command {
 			defer func() { _ = log.Sync() }()
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if opts.attach != "" {
+			if opts.attach != "" || opts.attachAll {
 				return runAttached(ctx, opts, log)
 			}
 			return runProxy(ctx, opts, log)
@@ -257,7 +275,8 @@ func (f *proxyFlags) define(fl *pflag.FlagSet) {
 	fl.StringVar(&f.otlpEndpoint, "otlp-endpoint", "", "export a span tree per request to this OTLP/HTTP collector, http(s)://HOST:PORT[/PATH] (/v1/traces added to a bare host); default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else off")
 	fl.Float64Var(&f.traceSample, "trace-sample", 1, "share of new traces recorded when tracing is on, in (0, 1] (0 means 1); a client's traceparent decides for its own")
 	fl.StringVar(&f.attach, "attach", "", "follow this service of the controller in FERRY_HOME instead of fixed replicas")
-	fl.StringSliceVar(&f.controllers, "controller", nil, "with --attach: the API URLs of the controllers (http(s)://HOST:PORT, comma-separated or repeated) when several run with --leader-elect; the proxy follows whichever leads, with FERRY_HOME's proxy.token (and controller.crt for https)")
+	fl.BoolVar(&f.attachAll, "attach-all", false, "front every service of the controller in FERRY_HOME on one endpoint, each request routed by its \"model\" (a gateway), instead of fixed replicas")
+	fl.StringSliceVar(&f.controllers, "controller", nil, "with --attach or --attach-all: the API URLs of the controllers (http(s)://HOST:PORT, comma-separated or repeated) when several run with --leader-elect; the proxy follows whichever leads, with FERRY_HOME's proxy.token (and controller.crt for https)")
 }
 
 // parse validates the flags and reports every problem at once.
@@ -282,10 +301,13 @@ func (f proxyFlags) parse() (proxyOptions, error) {
 			errs = append(errs, fmt.Errorf("--controller %q: want http://HOST:PORT or https://HOST:PORT", u))
 		}
 	}
-	if len(f.controllers) > 0 && f.attach == "" {
-		errs = append(errs, errors.New("--controller goes with --attach"))
+	if len(f.controllers) > 0 && f.attach == "" && !f.attachAll {
+		errs = append(errs, errors.New("--controller goes with --attach or --attach-all"))
 	}
-	if f.attach != "" {
+	if f.attach != "" && f.attachAll {
+		errs = append(errs, errors.New("--attach and --attach-all: one service or every service, not both"))
+	}
+	if f.attach != "" || f.attachAll {
 		return opts.attached(f, errs)
 	}
 	errs = append(errs, f.parseReplicas(&opts)...)
@@ -477,16 +499,21 @@ func (f proxyFlags) parseLimits(opts *proxyOptions) []error {
 	return errs
 }
 
-// attached finishes parse for --attach: the service's name, and no flag whose setting comes
-// from the service's YAML.
+// attached finishes parse for --attach and --attach-all: the service's name, and no flag whose
+// setting comes from the services' YAML.
 func (opts proxyOptions) attached(f proxyFlags, errs []error) (proxyOptions, error) {
-	opts.attach = f.attach
+	opts.attach, opts.attachAll = f.attach, f.attachAll
 	opts.controllers = f.controllers
 	opts.service = proxy.ServiceConfig{Name: f.attach, TLS: opts.service.TLS}
+	mode := "--attach"
+	if f.attachAll {
+		// Each service's proxy is named for it; this name is only the base's.
+		opts.service.Name, mode = "gateway", "--attach-all"
+	}
 	given := map[string]bool{"replica": len(f.replicas) > 0, "target-qps": len(f.targetQPS) > 0, "api-key-env": len(f.apiKeyEnvs) > 0}
 	for _, name := range attachConflicts {
 		if f.set[name] || given[name] {
-			errs = append(errs, fmt.Errorf("--%s does not go with --attach: an attached proxy gets this from the controller", name))
+			errs = append(errs, fmt.Errorf("--%s does not go with %s: an attached proxy gets this from the controller", name, mode))
 		}
 	}
 	return opts, errors.Join(errs...)

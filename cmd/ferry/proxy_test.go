@@ -84,7 +84,20 @@ func TestProxyFlags(t *testing.T) {
 			edit:    func(f *proxyFlags) { f.replicas, f.attach, f.controllers = nil, "llama", []string{"10.0.0.1:8787"} },
 			wantErr: `--controller "10.0.0.1:8787": want http://HOST:PORT`,
 		},
-		"controller without attach": {edit: func(f *proxyFlags) { f.controllers = []string{"http://10.0.0.1:8787"} }, wantErr: "--controller goes with --attach"},
+		"controller without attach": {edit: func(f *proxyFlags) { f.controllers = []string{"http://10.0.0.1:8787"} }, wantErr: "--controller goes with --attach or --attach-all"},
+		"attach all": {
+			edit: func(f *proxyFlags) {
+				f.replicas, f.attachAll, f.tlsCert, f.tlsKey, f.controllers = nil, true, "", "", []string{"https://ferry.svc:8787"}
+			},
+			check: func(t *testing.T, o proxyOptions) {
+				if !o.attachAll || o.attach != "" || len(o.backends) != 0 || len(o.controllers) != 1 {
+					t.Errorf("attachAll %v, attach %q, backends %v, controllers %v", o.attachAll, o.attach, o.backends, o.controllers)
+				}
+			},
+		},
+		"attach all and one":          {edit: func(f *proxyFlags) { f.replicas, f.attach, f.attachAll = nil, "llama", true }, wantErr: "--attach and --attach-all"},
+		"attach all with a replica":   {edit: func(f *proxyFlags) { f.attachAll = true }, wantErr: "--replica does not go with --attach-all"},
+		"attach all with a name flag": {edit: func(f *proxyFlags) { f.replicas, f.attachAll, f.set = nil, true, map[string]bool{"name": true} }, wantErr: "--name does not go with --attach-all"},
 		"attach with a policy flag": {
 			edit:    func(f *proxyFlags) { f.replicas, f.attach, f.set = nil, "llama", map[string]bool{"policy": true} },
 			wantErr: "--policy does not go with --attach",
