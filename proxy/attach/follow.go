@@ -248,7 +248,11 @@ func (w *follow) reconfigure(rs ReplicaSet) {
 	w.setPrefill(svc.SetPrefillBackends, rs)
 	w.front.Swap(svc, w.drain)
 	w.config, w.shares = rs.Config, rs.Proxies
-	w.log.Info("proxy configuration changed; new connections use it", zap.String("policy", policyName(rs.Config.Policy)),
+	msg := "proxy configuration changed; new connections use it"
+	if w.listed {
+		msg = "proxy configuration changed; new requests use it" // a gateway's connections are its own
+	}
+	w.log.Info(msg, zap.String("policy", policyName(rs.Config.Policy)),
 		zap.Bool("auth", rs.Config.AuthRequired), zap.Int("proxies_sharing_replicas", rs.Proxies))
 }
 
