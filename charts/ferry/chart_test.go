@@ -75,7 +75,7 @@ func runHelm(t *testing.T, args ...string) (string, error) {
 var valueSets = map[string][]string{
 	"defaults": {"proxy.attach=llama"},
 	"everything else": {
-		"proxy.attach=llama",
+		"proxy.attach=*",
 		"replicas.namespace=REPLICAS_NS",
 		"replicas.managePriorityClasses=false",
 		"replicas.maxPriority=null",
@@ -328,10 +328,17 @@ func checkObjects(t *testing.T, name, ns, replicasNS string, objs []*unstructure
 		t.Fatal("no proxy Deployment")
 	}
 	pargs := containerArgs(t, px)
-	for _, want := range []string{"proxy", "--attach=llama", "--controller=https://ferry-controller." + ns + ".svc:8787"} {
+	follow, notFollow := "--attach=llama", "--attach-all" // proxy.attach=llama
+	if name == "everything else" {                        // proxy.attach=*
+		follow, notFollow = "--attach-all", "--attach=*"
+	}
+	for _, want := range []string{"proxy", follow, "--controller=https://ferry-controller." + ns + ".svc:8787"} {
 		if !slices.Contains(pargs, want) {
 			t.Errorf("proxy args %v lack %s", pargs, want)
 		}
+	}
+	if slices.Contains(pargs, notFollow) {
+		t.Errorf("proxy args %v have %s", pargs, notFollow)
 	}
 	if auto, _, _ := unstructured.NestedBool(px.Object, "spec", "template", "spec", "automountServiceAccountToken"); auto {
 		t.Error("proxy pods mount a Kubernetes API token")
