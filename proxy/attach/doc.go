@@ -1,7 +1,9 @@
 // Package attach is the protocol between the controller and standalone proxies that follow one
-// of its services (`ferry proxy --attach SERVICE`), so that several proxies can sit behind one
-// load balancer and still serve, drain and scale like the controller's own proxy. It holds both
-// ends: the controller's Hub and the Routes that serve it, and the proxy's Follower.
+// of its services (`ferry proxy --attach SERVICE`) or all of them in one gateway (`ferry proxy
+// --attach-all`), so that several proxies can sit behind one load balancer and still serve,
+// drain and scale like the controller's own proxy. It holds both ends: the controller's Hub and
+// the Routes that serve it, and the proxy's Follower and GatewayFollower (services.go has the
+// list of services the latter follows).
 //
 // Two routes of the controller API carry it, behind the attach token (proxy.token in
 // FERRY_HOME, rpc.ScopeAttach), which may call these two and nothing else, or the controller
