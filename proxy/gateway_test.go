@@ -342,3 +342,29 @@ func TestGatewayCloseConnections(t *testing.T) {
 		t.Errorf("draining: %d, close %v; want the connection closed", resp.StatusCode, resp.Close)
 	}
 }
+
+// TestGatewayKeepsModelsAcrossAReplacement: a Service that replaces another of the same service
+// in the gateway (a new configuration) answers to the old one's model ids before its replicas
+// have reported theirs, so the gateway never answers them 404 in between.
+func TestGatewayKeepsModelsAcrossAReplacement(t *testing.T) {
+	a := modelServer(t, "a", "model-a")
+	old, _ := startProxy(t, ServiceConfig{Name: "svc"}, backendsOf(a)...)
+	g := NewGateway(GatewayConfig{Logger: zaptest.NewLogger(t)})
+	g.SetServices([]*Service{old})
+	waitFor(t, "model-a", func() bool { return slices.Contains(old.Models(), "model-a") })
+
+	next, err := NewService(ServiceConfig{Name: "svc", Logger: zaptest.NewLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = next.Shutdown(context.Background()) })
+	next.KeepModels(old)
+	if got := next.Models(); !slices.Contains(got, "model-a") {
+		t.Errorf("models of the replacement before any replica = %v, want model-a kept", got)
+	}
+	next.SetBackends(backendsOf(a))
+	g.SetServices([]*Service{next})
+	if got := next.Models(); !slices.Contains(got, "model-a") {
+		t.Errorf("models of the replacement as it joins the gateway = %v, want model-a", got)
+	}
+}

@@ -156,6 +156,23 @@ func (s *Service) rememberModels(old *snapshot) {
 	}
 }
 
+// KeepModels makes s answer to the model ids prev's replicas reported until its own replicas
+// report theirs, as a service scaled to zero keeps answering to its last ones (Models). A
+// Service that takes prev's place in a gateway (a new configuration of the same service)
+// starts with no ids of its own until it has asked its replicas, and without this the
+// gateway would answer prev's models 404 for that moment.
+func (s *Service) KeepModels(prev *Service) {
+	ids := appendModelIDs(nil, prev.snap.Load())
+	if len(ids) == 0 {
+		if last := prev.lastModels.Load(); last != nil {
+			ids = slices.Clone(*last)
+		}
+	}
+	if len(ids) > 0 {
+		s.lastModels.Store(&ids)
+	}
+}
+
 // Name returns the service's name.
 func (s *Service) Name() string { return s.cfg.Name }
 
