@@ -47,6 +47,8 @@ func (s *gatewaySlot) current() *proxy.Service {
 }
 
 // Swap makes next the slot's Service and drains the one it replaces, within drainTimeout.
+// next answers to the old one's models until its replicas have reported theirs, so the gateway
+// does not answer them 404 in between (proxy.Service.KeepModels).
 func (s *gatewaySlot) Swap(next *proxy.Service, drainTimeout time.Duration) {
 	s.mu.Lock()
 	old := s.cur
@@ -55,6 +57,7 @@ func (s *gatewaySlot) Swap(next *proxy.Service, drainTimeout time.Duration) {
 		_ = next.Shutdown(context.Background())
 		return
 	}
+	next.KeepModels(old)
 	s.cur = next
 	s.retireLocked(old)
 	s.mu.Unlock()
