@@ -40,8 +40,8 @@ type GatewayFollowerConfig struct {
 	// before it stops accepting (`ferry proxy --drain-delay`).
 	DrainDelay time.Duration
 	// Readiness, when set, turns ready once the controller has sent the list of services, the
-	// first replica set of each listed service (at most firstSetsWait) and the managed keys
-	// (at most 2 s), and draining when Start's ctx ends.
+	// first replica set of each listed service and its replicas their model ids (at most
+	// firstSetsWait), and the managed keys (at most 2 s), and draining when Start's ctx ends.
 	Readiness *proxy.Readiness
 	// Logger may be nil.
 	Logger *zap.Logger
@@ -185,28 +185,51 @@ func (g *GatewayFollower) serveWhenReady(ctx context.Context) {
 	go func() { g.served <- g.gw.Serve(g.cfg.Listener) }()
 }
 
-// awaitFirstSets waits until every service listed now has had the controller's first answer,
-// at most firstSetsWait.
+// awaitFirstSets waits until every service listed now has had the controller's first answer
+// and, for a service with replicas, their model ids (the gateway routes by them), at most
+// firstSetsWait in all.
 func (g *GatewayFollower) awaitFirstSets(ctx context.Context) {
 	g.mu.Lock()
-	waits := make(map[string]chan struct{}, len(g.services))
+	waits := make(map[string]*listedService, len(g.services))
 	for name, ls := range g.services {
-		waits[name] = ls.follow.answered
+		waits[name] = ls
 	}
 	g.mu.Unlock()
-	t := time.NewTimer(firstSetsWait)
-	defer t.Stop()
-	for name, answered := range waits {
-		select {
-		case <-answered:
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			g.log.Warn("serving before the controller sent a service's replica set: its models are unknown until it does",
-				zap.String("service", name), zap.Duration("waited", firstSetsWait))
-			return
+	deadline := time.NewTimer(firstSetsWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(slotDrainPoll)
+	defer tick.Stop()
+	for name, ls := range waits {
+		for !g.routable(ls) {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return
+			case <-deadline.C:
+				g.log.Warn("serving before the controller sent a service's replica set, or its replicas their models: they get 404 until then",
+					zap.String("service", name), zap.Duration("waited", firstSetsWait))
+				return
+			}
 		}
 	}
+}
+
+// routable reports whether the gateway can route to ls's models: the controller answered, and
+// its replicas, if it has any, have reported their model ids (more than the service's name).
+func (g *GatewayFollower) routable(ls *listedService) bool {
+	select {
+	case <-ls.follow.answered:
+	default:
+		return false
+	}
+	g.mu.Lock()
+	slot := ls.slot
+	g.mu.Unlock()
+	if slot == nil { // a configuration the proxy cannot serve: nothing to wait for
+		return true
+	}
+	cur := slot.current()
+	return cur == nil || len(cur.Backends()) == 0 || len(cur.Models()) > 1
 }
 
 // announceDrain turns the gateway unready and, if it serves, keeps serving for the drain

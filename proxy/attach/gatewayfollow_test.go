@@ -21,6 +21,7 @@ import (
 	"github.com/ferryserve/ferry/internal/home"
 	"github.com/ferryserve/ferry/internal/rpc"
 	"github.com/ferryserve/ferry/proxy"
+	"github.com/ferryserve/ferry/tenants"
 )
 
 // gatewayService is one service of gatewayController: a real Feed and a configuration.
@@ -92,7 +93,9 @@ func (c *gatewayController) publish() {
 	c.list.Publish(names)
 }
 
-func startGatewayController(t *testing.T, h home.Home) *gatewayController {
+// startGatewayController serves the routes; keys, when not nil, answers the managed keys'
+// sync.
+func startGatewayController(t *testing.T, h home.Home, keys Tenants) *gatewayController {
 	t.Helper()
 	token, err := h.ProxyToken()
 	if err != nil {
@@ -101,6 +104,9 @@ func startGatewayController(t *testing.T, h home.Home) *gatewayController {
 	c := &gatewayController{services: map[string]*gatewayService{}}
 	log := zaptest.NewLogger(t)
 	routes := append(Routes(c.find, log), ServiceListRoutes(c, log)...)
+	if keys != nil {
+		routes = append(routes, TenantRoutes(keys, log)...)
+	}
 	srv := httptest.NewServer(rpc.NewHandler(rpc.Tokens{Full: "controller-test-token", Attach: token}, routes))
 	t.Cleanup(srv.Close)
 	if err := h.WriteInfo(home.Info{PID: 1, Addr: srv.Listener.Addr().String()}); err != nil {
@@ -165,7 +171,7 @@ func complete(c *http.Client, base, model string, maxTokens int) (int, string, e
 // applies a new configuration without failing requests in flight, and drains when stopped.
 func TestGatewayFollowerFrontsEveryService(t *testing.T) {
 	h := home.Home{Dir: t.TempDir()}
-	ctl := startGatewayController(t, h)
+	ctl := startGatewayController(t, h, nil)
 	a := ctl.add("svc-a", simReplica(t, "model-a"))
 	ctl.add("svc-b", simReplica(t, "model-b"))
 
@@ -263,4 +269,55 @@ func gatewayModels(t *testing.T, c *http.Client, base string) []string {
 		ids = append(ids, m.ID)
 	}
 	return ids
+}
+
+// TestGatewayFollowerReadyWithListSetsAndKeys: an attached gateway turns ready, and serves,
+// only once the controller has sent the list of services, each one's first replica set and the
+// managed keys, though the keys come well after the rest: a managed key sent as soon as the
+// gateway is ready is not refused.
+func TestGatewayFollowerReadyWithListSetsAndKeys(t *testing.T) {
+	h := home.Home{Dir: t.TempDir()}
+	secret := "fy-0123456789abcdefghijklmnopqrstuvwxyzABCD"
+	dir := tenants.Directory{Version: 1, Keys: []tenants.Key{{ID: "key_1", Name: "one", Hash: tenants.HashSecret(secret)}}}
+	ctl := startGatewayController(t, h, slowTenants{delay: 1500 * time.Millisecond, dir: dir})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := new(proxy.Readiness)
+	gf := NewGatewayFollower(GatewayFollowerConfig{Listener: ln, Home: h, DrainTimeout: 5 * time.Second, Readiness: ready,
+		Base: proxy.ServiceConfig{Tenancy: proxy.NewTenancy(nil)}, Logger: zaptest.NewLogger(t)})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- gf.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Start: %v", err)
+		}
+	})
+
+	time.Sleep(300 * time.Millisecond)
+	if ready.IsReady() {
+		t.Fatal("ready before the controller sent a list of services")
+	}
+	ctl.add("svc-a", simReplica(t, "model-a"))
+	start := time.Now()
+	for !ready.IsReady() {
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("the gateway never turned ready")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/v1/completions", strings.NewReader(`{"model":"model-a","prompt":"hi","max_tokens":2}`))
+	req.Header.Set("Authorization", "Bearer "+secret)
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a managed key's first request once ready: HTTP %d %s", resp.StatusCode, body)
+	}
 }
