@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -113,13 +114,15 @@ func TestAttachAllFrontsEveryService(t *testing.T) {
 	}
 }
 
-// startTestController runs a controller for h in this process until the test ends, and
-// returns a client of its API.
+// startTestController runs a controller for h in this process until the test's cleanups
+// (those registered later, which take services down, run first), and returns a client of its
+// API.
 func startTestController(ctx context.Context, t *testing.T, h home.Home) *api.Client {
 	t.Helper()
 	ctl := controller.New(controller.Options{Home: h, GatewayAddr: controller.ListenerOff, MetricsAddr: controller.ListenerOff,
 		ProbeInterval: 200 * time.Millisecond, Logger: zap.NewNop()})
-	ctlCtx, stopCtl := context.WithCancel(ctx)
+	// Not ctx: the test's deferred cancel runs before its cleanups, which need the controller.
+	ctlCtx, stopCtl := context.WithCancel(context.Background())
 	stopped := make(chan error, 1)
 	go func() { stopped <- ctl.Start(ctlCtx) }()
 	t.Cleanup(func() {
@@ -165,7 +168,9 @@ func newSimServices(t *testing.T, c *api.Client, dir string) *simServices {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		for _, name := range s.names {
-			_, _ = c.DeleteService(ctx, name)
+			if _, err := c.DeleteService(ctx, name); err != nil && !errors.Is(err, api.ErrNotFound) {
+				t.Errorf("serve down %s: %v", name, err)
+			}
 		}
 	})
 	return s
