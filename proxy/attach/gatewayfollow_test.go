@@ -321,3 +321,48 @@ func TestGatewayFollowerReadyWithListSetsAndKeys(t *testing.T) {
 		t.Fatalf("a managed key's first request once ready: HTTP %d %s", resp.StatusCode, body)
 	}
 }
+
+// TestGatewayFollowerDrainDelay: when Start's ctx ends (SIGTERM), the gateway turns unready at
+// once but keeps serving for the drain delay, each answer closing its connection, then stops.
+func TestGatewayFollowerDrainDelay(t *testing.T) {
+	h := home.Home{Dir: t.TempDir()}
+	ctl := startGatewayController(t, h, nil)
+	ctl.add("svc-a", simReplica(t, "model-a"))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := new(proxy.Readiness)
+	const delay = time.Second
+	gf := NewGatewayFollower(GatewayFollowerConfig{Listener: ln, Home: h, DrainTimeout: 5 * time.Second, DrainDelay: delay,
+		Readiness: ready, Logger: zaptest.NewLogger(t)})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- gf.Start(ctx) }()
+	eventually(t, "ready", func() (bool, string) { return ready.IsReady(), "not ready" })
+
+	stopped := time.Now()
+	cancel()
+	eventually(t, "unready", func() (bool, string) { return !ready.IsReady(), "still ready" })
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Post("http://"+ln.Addr().String()+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"model-a","prompt":"hi","max_tokens":2}`))
+	if err != nil {
+		t.Fatalf("a request during the drain delay: %v", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !resp.Close {
+		t.Errorf("during the drain delay: HTTP %d, connection closed %v; want 200 and closed", resp.StatusCode, resp.Close)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Start: %v", err)
+		}
+		if took := time.Since(stopped); took < delay {
+			t.Errorf("stopped %v after the signal, before the drain delay of %v", took, delay)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the gateway did not stop")
+	}
+}
