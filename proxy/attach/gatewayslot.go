@@ -100,7 +100,9 @@ func (s *gatewaySlot) drain(old *proxy.Service, drainTimeout time.Duration) {
 	defer cancel()
 	tick := time.NewTicker(slotDrainPoll)
 	defer tick.Stop()
-	for old.InFlight() > 0 || old.Waiting() > 0 {
+	// The first look comes a tick late: a request the gateway handed to old just before the
+	// swap may not count in flight yet (its admission runs first).
+	for first := true; first || old.InFlight() > 0 || old.Waiting() > 0; first = false {
 		select {
 		case <-tick.C:
 			continue
