@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +19,7 @@ import (
 	"github.com/ferryserve/ferry/internal/api"
 	"github.com/ferryserve/ferry/internal/controller"
 	"github.com/ferryserve/ferry/internal/home"
+	"github.com/ferryserve/ferry/internal/testhttp"
 )
 
 // TestAttachAllFrontsEveryService runs a real controller in this process with local services
@@ -69,18 +67,18 @@ func TestAttachAllFrontsEveryService(t *testing.T) {
 
 	for _, model := range []string{"model-a", "model-b"} {
 		eventually(t, 20*time.Second, model+" through the gateway", func() (bool, string) {
-			code, got, err := gatewayCompletion(client, base, model, 2)
+			code, got, err := testhttp.Completion(client, base, model, 2)
 			return code == http.StatusOK && got == model, fmt.Sprintf("HTTP %d %q %v", code, got, err)
 		})
 	}
 	eventually(t, 10*time.Second, "both models listed", func() (bool, string) {
-		models, err := gatewayModelIDs(client, base)
+		models, err := testhttp.ModelIDs(client, base, "")
 		return slices.Contains(models, "model-a") && slices.Contains(models, "model-b"), fmt.Sprint(models, err)
 	})
 
 	services.up(ctx, "svc-c", "model-c", "")
 	eventually(t, 5*time.Second, "a service brought up later, routable", func() (bool, string) {
-		code, got, err := gatewayCompletion(client, base, "model-c", 2)
+		code, got, err := testhttp.Completion(client, base, "model-c", 2)
 		return code == http.StatusOK && got == "model-c", fmt.Sprintf("HTTP %d %q %v", code, got, err)
 	})
 
@@ -90,7 +88,7 @@ func TestAttachAllFrontsEveryService(t *testing.T) {
 		inflight.Add(1)
 		go func() {
 			defer inflight.Done()
-			if code, got, err := gatewayCompletion(client, base, "model-a", 100); err != nil || code != http.StatusOK || got != "model-a" {
+			if code, got, err := testhttp.Completion(client, base, "model-a", 100); err != nil || code != http.StatusOK || got != "model-a" {
 				t.Errorf("a request in flight across the new policy: HTTP %d %q, %v", code, got, err)
 			}
 		}()
@@ -98,7 +96,7 @@ func TestAttachAllFrontsEveryService(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	services.update(ctx, "svc-a", "model-a", "round_robin")
 	inflight.Wait()
-	if code, got, err := gatewayCompletion(client, base, "model-a", 2); err != nil || code != http.StatusOK || got != "model-a" {
+	if code, got, err := testhttp.Completion(client, base, "model-a", 2); err != nil || code != http.StatusOK || got != "model-a" {
 		t.Errorf("after the new policy: HTTP %d %q, %v", code, got, err)
 	}
 
@@ -106,10 +104,10 @@ func TestAttachAllFrontsEveryService(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "a service taken down, its model unknown", func() (bool, string) {
-		code, got, err := gatewayCompletion(client, base, "model-b", 2)
+		code, got, err := testhttp.Completion(client, base, "model-b", 2)
 		return code == http.StatusNotFound && got == "model_not_found", fmt.Sprintf("HTTP %d %q %v", code, got, err)
 	})
-	if code, got, err := gatewayCompletion(client, base, "model-c", 2); err != nil || code != http.StatusOK || got != "model-c" {
+	if code, got, err := testhttp.Completion(client, base, "model-c", 2); err != nil || code != http.StatusOK || got != "model-c" {
 		t.Errorf("another service after one was taken down: HTTP %d %q, %v", code, got, err)
 	}
 }
@@ -225,51 +223,4 @@ func (s *simServices) ready(ctx context.Context, name string) {
 		}
 		return list[0].ReadyReplicas == 1, fmt.Sprintf("%d READY, status %s", list[0].ReadyReplicas, list[0].Status)
 	})
-}
-
-// gatewayCompletion posts a completion for model and returns the status and the answer's
-// model, or its error code.
-func gatewayCompletion(c *http.Client, base, model string, maxTokens int) (int, string, error) {
-	body := fmt.Sprintf(`{"model":%q,"prompt":"hello","max_tokens":%d}`, model, maxTokens)
-	resp, err := c.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return resp.StatusCode, "", err
-	}
-	var answer struct {
-		Model string `json:"model"`
-		Error struct {
-			Code string `json:"code"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(b, &answer); err != nil {
-		return resp.StatusCode, "", fmt.Errorf("answer %q: %w", b, err)
-	}
-	return resp.StatusCode, answer.Model + answer.Error.Code, nil
-}
-
-// gatewayModelIDs is GET /v1/models's ids.
-func gatewayModelIDs(c *http.Client, base string) ([]string, error) {
-	resp, err := c.Get(base + "/v1/models")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var list struct {
-		Data []struct {
-			ID string `json:"id"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
-		return nil, err
-	}
-	var ids []string
-	for _, m := range list.Data {
-		ids = append(ids, m.ID)
-	}
-	return ids, nil
 }

@@ -8,13 +8,16 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -68,4 +71,61 @@ func WriteSelfSigned(t testing.TB, dir string) (certFile, keyFile string) {
 		}
 	}
 	return certFile, keyFile
+}
+
+// Completion posts a completion (prompt "hello") for model to base's /v1/completions and
+// returns the status and the answer's model, or its OpenAI-style error code.
+func Completion(c *http.Client, base, model string, maxTokens int) (int, string, error) {
+	body := fmt.Sprintf(`{"model":%q,"prompt":"hello","max_tokens":%d}`, model, maxTokens)
+	resp, err := c.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return resp.StatusCode, "", err
+	}
+	var answer struct {
+		Model string `json:"model"`
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(b, &answer); err != nil {
+		return resp.StatusCode, "", fmt.Errorf("answer %q: %w", b, err)
+	}
+	return resp.StatusCode, answer.Model + answer.Error.Code, nil
+}
+
+// ModelIDs is the ids GET base/v1/models lists, sent with the bearer token when not empty.
+func ModelIDs(c *http.Client, base, bearer string) ([]string, error) {
+	req, err := http.NewRequest(http.MethodGet, base+"/v1/models", nil)
+	if err != nil {
+		return nil, err
+	}
+	if bearer != "" {
+		req.Header.Set("Authorization", "Bearer "+bearer)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s/v1/models: %s", base, resp.Status)
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		return nil, err
+	}
+	ids := make([]string, 0, len(list.Data))
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	return ids, nil
 }

@@ -2,7 +2,6 @@ package attach
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -20,6 +19,7 @@ import (
 	"github.com/ferryserve/ferry/bench/replicasim"
 	"github.com/ferryserve/ferry/internal/home"
 	"github.com/ferryserve/ferry/internal/rpc"
+	"github.com/ferryserve/ferry/internal/testhttp"
 	"github.com/ferryserve/ferry/proxy"
 	"github.com/ferryserve/ferry/tenants"
 )
@@ -142,28 +142,6 @@ func eventually(t *testing.T, what string, cond func() (bool, string)) {
 
 // complete posts a completion for model and returns the status and the answer's model or
 // error code.
-func complete(c *http.Client, base, model string, maxTokens int) (int, string, error) {
-	body := fmt.Sprintf(`{"model":%q,"prompt":"hello","max_tokens":%d}`, model, maxTokens)
-	resp, err := c.Post(base+"/v1/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return resp.StatusCode, "", err
-	}
-	var answer struct {
-		Model string `json:"model"`
-		Error struct {
-			Code string `json:"code"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(b, &answer); err != nil {
-		return resp.StatusCode, "", fmt.Errorf("answer %q: %w", b, err)
-	}
-	return resp.StatusCode, answer.Model + answer.Error.Code, nil
-}
 
 // TestGatewayFollowerFrontsEveryService runs an attached gateway against a controller API with
 // two services of different models: it turns ready once both are in, routes by model, lists
@@ -191,7 +169,7 @@ func TestGatewayFollowerFrontsEveryService(t *testing.T) {
 	// No managed keys are served by this controller: the wait for them is bounded.
 	eventually(t, "ready", func() (bool, string) { return ready.IsReady(), "not ready" })
 	for _, model := range []string{"model-a", "model-b"} {
-		if code, got, err := complete(c, base, model, 2); err != nil || code != http.StatusOK || got != model {
+		if code, got, err := testhttp.Completion(c, base, model, 2); err != nil || code != http.StatusOK || got != model {
 			t.Fatalf("%s: HTTP %d %q, %v", model, code, got, err)
 		}
 	}
@@ -203,7 +181,7 @@ func TestGatewayFollowerFrontsEveryService(t *testing.T) {
 
 	ctl.add("svc-c", simReplica(t, "model-c"))
 	eventually(t, "a service added later routable", func() (bool, string) {
-		code, got, err := complete(c, base, "model-c", 2)
+		code, got, err := testhttp.Completion(c, base, "model-c", 2)
 		return code == http.StatusOK && got == "model-c", fmt.Sprintf("HTTP %d %q %v", code, got, err)
 	})
 
@@ -214,7 +192,7 @@ func TestGatewayFollowerFrontsEveryService(t *testing.T) {
 		inflight.Add(1)
 		go func() {
 			defer inflight.Done()
-			if code, got, err := complete(c, base, "model-a", 40); err != nil || code != http.StatusOK || got != "model-a" {
+			if code, got, err := testhttp.Completion(c, base, "model-a", 40); err != nil || code != http.StatusOK || got != "model-a" {
 				t.Errorf("in flight across the new configuration: HTTP %d %q, %v", code, got, err)
 				failed.Add(1)
 			}
@@ -224,13 +202,13 @@ func TestGatewayFollowerFrontsEveryService(t *testing.T) {
 	a.config.Store(&ProxyConfig{Policy: "round_robin"})
 	a.feed.Publish(nil)
 	inflight.Wait()
-	if code, got, err := complete(c, base, "model-a", 2); err != nil || code != http.StatusOK || got != "model-a" {
+	if code, got, err := testhttp.Completion(c, base, "model-a", 2); err != nil || code != http.StatusOK || got != "model-a" {
 		t.Errorf("after the new configuration: HTTP %d %q, %v", code, got, err)
 	}
 
 	ctl.remove("svc-b")
 	eventually(t, "a removed service's model unknown", func() (bool, string) {
-		code, got, err := complete(c, base, "model-b", 2)
+		code, got, err := testhttp.Completion(c, base, "model-b", 2)
 		return code == http.StatusNotFound && got == "model_not_found", fmt.Sprintf("HTTP %d %q %v", code, got, err)
 	})
 
@@ -251,22 +229,9 @@ func TestGatewayFollowerFrontsEveryService(t *testing.T) {
 // gatewayModels is GET /v1/models's ids.
 func gatewayModels(t *testing.T, c *http.Client, base string) []string {
 	t.Helper()
-	resp, err := c.Get(base + "/v1/models")
+	ids, err := testhttp.ModelIDs(c, base, "")
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var list struct {
-		Data []struct {
-			ID string `json:"id"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
-		t.Fatal(err)
-	}
-	var ids []string
-	for _, m := range list.Data {
-		ids = append(ids, m.ID)
 	}
 	return ids
 }

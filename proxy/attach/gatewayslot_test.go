@@ -10,6 +10,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"github.com/ferryserve/ferry/internal/testhttp"
 	"github.com/ferryserve/ferry/proxy"
 )
 
@@ -49,14 +50,14 @@ func TestGatewaySlotDrainsWhatItReplaces(t *testing.T) {
 	c := &http.Client{Timeout: 10 * time.Second}
 
 	eventually(t, "model-a routed", func() (bool, string) { // once the replica told its models
-		code, got, err := complete(c, base, "model-a", 2)
+		code, got, err := testhttp.Completion(c, base, "model-a", 2)
 		return code == http.StatusOK, fmt.Sprintf("HTTP %d %q %v", code, got, err)
 	})
 	old := slot.current()
 	arrived := old.Arrivals()
 	long := make(chan error, 1)
 	go func() {
-		code, got, err := complete(c, base, "model-a", 60) // about 300 ms
+		code, got, err := testhttp.Completion(c, base, "model-a", 60) // about 300 ms
 		if err == nil && (code != http.StatusOK || got != "model-a") {
 			err = &httpError{code, got}
 		}
@@ -71,7 +72,7 @@ func TestGatewaySlotDrainsWhatItReplaces(t *testing.T) {
 	if n := slot.Busy(backends[0].Addr); n < 1 {
 		t.Errorf("busy while the old Service drains = %d, want its request counted", n)
 	}
-	if code, got, err := complete(c, base, "model-a", 2); err != nil || code != http.StatusOK || got != "model-a" {
+	if code, got, err := testhttp.Completion(c, base, "model-a", 2); err != nil || code != http.StatusOK || got != "model-a" {
 		t.Errorf("a request after the swap: HTTP %d %q, %v", code, got, err)
 	}
 	if err := <-long; err != nil {
@@ -88,7 +89,7 @@ func TestGatewaySlotDrainsWhatItReplaces(t *testing.T) {
 
 	slot.close(10 * time.Second)
 	slot.wait()
-	if code, got, err := complete(c, base, "model-a", 2); err != nil || code != http.StatusNotFound || got != "model_not_found" {
+	if code, got, err := testhttp.Completion(c, base, "model-a", 2); err != nil || code != http.StatusNotFound || got != "model_not_found" {
 		t.Errorf("after close: HTTP %d %q, %v; want 404 model_not_found", code, got, err)
 	}
 }
