@@ -3,11 +3,16 @@ package jobs_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/ferryserve/ferry/jobs"
 	"github.com/ferryserve/ferry/launcher"
@@ -60,10 +65,13 @@ func (q *queue) calls() int {
 }
 
 // withQueue restarts the env's manager over a queue in front of its provider.
-func withQueue(e *env, since time.Time) *queue {
+func withQueue(e *env, since time.Time) *queue { return withQueueLogged(e, since, nil) }
+
+// withQueueLogged is withQueue with the manager logging to log.
+func withQueueLogged(e *env, since time.Time, log *zap.Logger) *queue {
 	q := &queue{gangs: e.prov, since: since}
 	e.stop()
-	m, err := jobs.New(jobs.Config{Provider: q, Store: e.store, Dir: filepath.Join(e.home, "jobs"),
+	m, err := jobs.New(jobs.Config{Provider: q, Store: e.store, Dir: filepath.Join(e.home, "jobs"), Logger: log,
 		WatchInterval: 50 * time.Millisecond, RetryInterval: 100 * time.Millisecond})
 	if err != nil {
 		e.t.Fatal(err)
@@ -139,6 +147,40 @@ func TestQueuedJobFailsAfterMaxWait(t *testing.T) {
 		q.mu.Lock()
 		defer q.mu.Unlock()
 		return strings.Join(q.cleaned, ",") == fmt.Sprintf("%d,%d", j.ID, cancelled.ID)
+	})
+}
+
+// A cancel that comes as a launch ends (its try saved as waiting, the launch not yet given up
+// the job) is not lost: the job ends CANCELLED and its queued request is withdrawn. The
+// manager's own log line marks that moment, so the cancel is made from a hook on it.
+func TestCancelAsALaunchEndsIsNotLost(t *testing.T) {
+	e := newEnv(t)
+	var (
+		id   atomic.Int64
+		m    atomic.Pointer[jobs.Manager]
+		once sync.Once
+	)
+	cancelOnWait := zap.Hooks(func(en zapcore.Entry) error {
+		if en.Message == "job waits for capacity" && id.Load() != 0 {
+			once.Do(func() {
+				if _, err := m.Load().Cancel(id.Load()); err != nil {
+					t.Errorf("cancel: %v", err)
+				}
+			})
+		}
+		return nil
+	})
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zap.InfoLevel)
+	log := zap.New(core, cancelOnWait)
+	q := withQueueLogged(e, time.Now(), log)
+	m.Store(e.m)
+	j := e.submit("resources:\n  capacity: {mode: queued}\nrun: exec sleep 600\n")
+	id.Store(j.ID)
+	e.waitState(j.ID, jobs.Cancelled)
+	e.waitFor(j.ID, 10*time.Second, "withdrawn", func(jobs.Job) bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return strings.Join(q.cleaned, ",") == fmt.Sprint(j.ID)
 	})
 }
 

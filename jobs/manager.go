@@ -345,6 +345,11 @@ func (m *Manager) transition(id int64, s State, reason string, also func(j *Job)
 		if j.State.Terminal() && s != j.State {
 			return false
 		}
+		if j.State == Cancelling && !s.Terminal() {
+			// The cancel wins: a launch or watch that ends at the same moment and would put the
+			// job back in the queue leaves it to end CANCELLED.
+			return false
+		}
 		j.setState(s, reason, m.cfg.Now())
 		if also != nil {
 			also(j)

@@ -140,10 +140,23 @@ func (m *Manager) startLaunch(parent context.Context, id int64) <-chan struct{} 
 	launched := make(chan struct{})
 	m.spawn("launch", func() {
 		defer close(launched)
-		defer done()
-		m.launch(ctx, id, done)
+		placed := m.launch(ctx, id, done)
+		done()
+		if !placed {
+			m.endCancelled(context.WithoutCancel(ctx), id)
+		}
 	})
 	return launched
+}
+
+// endCancelled ends job id if a cancel reached it while its launch owned it, too late for the
+// launch to see: after its last look at the job (its try saved as waiting, or refused to start),
+// before it gave the job up. That cancel left the job CANCELLING to its owner; with the owner
+// gone and no nodes, nothing else would end it.
+func (m *Manager) endCancelled(ctx context.Context, id int64) {
+	if j, err := m.Get(id); err == nil && j.State == Cancelling && len(j.Nodes) == 0 {
+		m.release(ctx, id, Cancelled, "cancelled by the user")
+	}
 }
 
 // launch places job id's gang: the attempt is saved first (so that a controller killed
@@ -151,22 +164,22 @@ func (m *Manager) startLaunch(parent context.Context, id int64) <-chan struct{} 
 // An elastic job tries smaller gangs down to its min_nodes (elastic.go), each an attempt of its
 // own. No capacity anywhere, or an infra that failed, leaves the job waiting, with the reason;
 // a task no infra can run is FAILED_NO_RESOURCE. done gives up the job's ownership, handed to
-// the watch once the gang runs.
-func (m *Manager) launch(ctx context.Context, id int64, done func()) {
+// the watch once the gang runs; placed says it was.
+func (m *Manager) launch(ctx context.Context, id int64, done func()) (placed bool) {
 	first, err := m.Get(id)
 	if err != nil {
-		return
+		return false
 	}
 	sizes := launchSizes(first)
 	for i, size := range sizes {
 		j, ok := m.attempt(id, size, i > 0)
 		if !ok {
-			return
+			return false
 		}
 		insts, err := m.cfg.Provider.LaunchGang(ctx, m.spec(j), size)
 		if err == nil {
 			m.placed(ctx, id, insts, done)
-			return
+			return true
 		}
 		if i+1 < len(sizes) && smallerMayFit(ctx, err) {
 			m.log.Info("an elastic job's gang does not fit; trying one node fewer", zap.Int64("job", id),
@@ -174,8 +187,9 @@ func (m *Manager) launch(ctx context.Context, id int64, done func()) {
 			continue
 		}
 		m.launchFailed(ctx, j, err)
-		return
+		return false
 	}
+	return false
 }
 
 // attempt saves the next launch of job id, a gang of size nodes, before it is made; again says
