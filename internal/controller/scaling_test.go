@@ -29,7 +29,6 @@ func TestServiceLoadCountsHeldDemand(t *testing.T) {
 		_, _ = w.Write([]byte(`{}`))
 	}))
 	t.Cleanup(up.Close)
-	t.Cleanup(open) // runs first: held requests end before the proxy and the replica stop
 
 	px, err := proxy.NewService(proxy.ServiceConfig{Name: "llama", Policy: "least_load", MaxInFlightPerReplica: 1,
 		HealthCheck: proxy.HealthCheck{Interval: -1}})
@@ -43,6 +42,7 @@ func TestServiceLoadCountsHeldDemand(t *testing.T) {
 	front := proxy.NewHandover(ln, px, nil)
 	go func() { _ = front.Serve() }()
 	t.Cleanup(func() { _ = front.Shutdown(context.Background()) })
+	t.Cleanup(open) // runs first (cleanups run last-in first-out): held requests end before the proxy and the replica stop
 	px.SetBackends([]proxy.Backend{{ID: 1, Addr: strings.TrimPrefix(up.URL, "http://"), Version: 1}})
 	s := &service{name: "llama", front: front}
 	c := New(Options{})
@@ -51,7 +51,7 @@ func TestServiceLoadCountsHeldDemand(t *testing.T) {
 
 	const requests = 4
 	var wg sync.WaitGroup
-	for range requests {
+	send := func() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -63,7 +63,19 @@ func TestServiceLoadCountsHeldDemand(t *testing.T) {
 			resp.Body.Close()
 		}()
 	}
+	// The first request takes the replica's one slot before the others arrive: requests arriving
+	// at the same instant may each take the last slot (the cap is not exact, slots.go).
+	send()
 	deadline := time.Now().Add(10 * time.Second)
+	for front.InFlight() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d in flight to the replica with one request sent, want 1", front.InFlight())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	for range requests - 1 {
+		send()
+	}
 	for load.InFlight() != requests || front.Waiting() != requests-1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("concurrency %v with %d waiting in the proxy, want %d with %d waiting", load.InFlight(), front.Waiting(), requests, requests-1)
