@@ -45,22 +45,41 @@ func newAPIKeys(hexHashes []string) (*apiKeys, error) {
 	return k, nil
 }
 
-// allows reports whether the request carries one of the keys, as "Authorization: Bearer KEY"
-// (OpenAI's SDKs) or "api-key: KEY" (Azure OpenAI's).
-func (k *apiKeys) allows(h *fasthttp.RequestHeader) bool {
-	_, ok := k.match(h)
-	return ok || k.managed.allows(h)
+// credential is the API key a request presents, as "Authorization: Bearer KEY" (OpenAI's SDKs)
+// or "api-key: KEY" (Azure OpenAI's), hashed at most once however many sets of keys it is
+// checked against: a service's own, the managed keys, every service's at a gateway.
+type credential struct {
+	key    []byte
+	sum    [sha256.Size]byte
+	hashed bool
+}
+
+// presented reads the request's credential; its key is empty when it presents none.
+func presented(h *fasthttp.RequestHeader) credential { return credential{key: presentedKey(h)} }
+
+// digest is the key's SHA-256, computed on first use.
+func (c *credential) digest() *[sha256.Size]byte {
+	if !c.hashed {
+		c.sum, c.hashed = sha256.Sum256(c.key), true
+	}
+	return &c.sum
+}
+
+// allows reports whether the credential is one of the keys, or a managed key the service
+// accepts.
+func (k *apiKeys) allows(c *credential) bool {
+	_, ok := k.match(c)
+	return ok || k.managed.allows(c)
 }
 
 // match is allows that also says which key matched (its index in hashes), for limits kept per
 // key. Every hash is compared, and the index is selected without a branch, so the time taken
 // does not depend on which key matched or how much of one.
-func (k *apiKeys) match(h *fasthttp.RequestHeader) (index int, ok bool) {
-	key := presentedKey(h)
-	if len(key) == 0 || len(k.hashes) == 0 { // none: a service of managed keys only hashes once, there
+func (k *apiKeys) match(c *credential) (index int, ok bool) {
+	if len(c.key) == 0 || len(k.hashes) == 0 { // none: a service of managed keys only hashes once, there
 		return -1, false
 	}
-	sum := sha256.Sum256(key)
+	sum := c.digest()
 	match := 0
 	for i := range k.hashes {
 		eq := subtle.ConstantTimeCompare(sum[:], k.hashes[i][:])

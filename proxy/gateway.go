@@ -196,10 +196,12 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 		g.reject(ctx, fasthttp.StatusNotFound, g.errs.notFound, reasonUnknownPath)
 		return
 	}
-	if t.allKeyed && len(ctx.Request.Body()) == 0 && !t.keys.allows(&ctx.Request.Header) {
-		// No service would take it; headerReceived may have cut its body.
-		g.unauthorized(ctx)
-		return
+	if t.allKeyed && len(ctx.Request.Body()) == 0 {
+		if c := presented(&ctx.Request.Header); !t.keys.allows(&c) {
+			// No service would take it; headerReceived may have cut its body.
+			g.unauthorized(ctx)
+			return
+		}
 	}
 	f, err := scanBody(ctx.Request.Body())
 	switch {
@@ -224,20 +226,20 @@ func (g *Gateway) Handler(ctx *fasthttp.RequestCtx) {
 // model gets 404 like an unknown one. A protected service's key is matched here once and its
 // index handed to the service.
 func (g *Gateway) route(ctx *fasthttp.RequestCtx, t *gatewayTable, svc *Service, model []byte) {
-	h := &ctx.Request.Header
+	c := presented(&ctx.Request.Header)
 	switch {
-	case svc == nil && t.anyKeyed && !t.keys.allows(h):
+	case svc == nil && t.anyKeyed && !t.keys.allows(&c):
 		g.unauthorized(ctx)
 	case svc == nil:
 		g.reject(ctx, fasthttp.StatusNotFound, modelNotFound(model), reasonUnknownModel)
 	case svc.keys == nil:
 		svc.Handler(ctx)
 	default:
-		if i, ok := svc.keys.match(h); ok {
+		if i, ok := svc.keys.match(&c); ok {
 			svc.handle(ctx, int32(i)+1)
-		} else if svc.tenancy.allows(h) {
+		} else if svc.tenancy.allows(&c) {
 			svc.Handler(ctx) // a managed key: the service checks its scope
-		} else if t.keys.allows(h) {
+		} else if t.keys.allows(&c) {
 			g.reject(ctx, fasthttp.StatusNotFound, modelNotFound(model), reasonUnknownModel)
 		} else {
 			svc.Handler(ctx) // 401, from the service, as any request without a valid key
@@ -281,7 +283,8 @@ type modelObject struct {
 // listModels answers GET /v1/models (id nil) or GET /v1/models/{id}. Models of a service that
 // requires an API key are shown only to requests carrying one of its keys.
 func (g *Gateway) listModels(ctx *fasthttp.RequestCtx, t *gatewayTable, id []byte) {
-	visible := func(s *Service) bool { return s.keys == nil || s.keys.allows(&ctx.Request.Header) }
+	c := presented(&ctx.Request.Header)
+	visible := func(s *Service) bool { return s.keys == nil || s.keys.allows(&c) }
 	ctx.SetContentTypeBytes(contentTypeJSON)
 	if id != nil {
 		s := t.byModel[string(id)]

@@ -115,11 +115,12 @@ func (s *Service) admit(ctx *fasthttp.RequestCtx, key int32, rate *rateState) (*
 func (s *Service) screen(ctx *fasthttp.RequestCtx, matched int32, rate *rateState) (managed *tenants.Key, ok bool) {
 	key := int(matched) - 1 // which API key, for the rate limit
 	if matched == 0 && (s.keys != nil || s.tenancy != nil) {
+		c := presented(&ctx.Request.Header)
 		if s.keys != nil {
-			key, ok = s.keys.match(&ctx.Request.Header)
+			key, ok = s.keys.match(&c)
 		}
 		if !ok {
-			if managed, ok = s.identify(ctx, s.keys != nil); !ok {
+			if managed, ok = s.identify(ctx, &c, s.keys != nil); !ok {
 				return nil, false
 			}
 		}

@@ -79,13 +79,14 @@ func (s *Service) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConf
 	closeIfFramedTwice(h)
 	var key int32
 	if s.keys != nil {
-		if len(presentedKey(h)) == 0 {
+		c := presented(h)
+		if len(c.key) == 0 {
 			cutBody(h) // screen answers 401
 			return fasthttp.RequestConfig{}
 		}
 		if large {
-			i, ok := s.keys.match(h)
-			if !ok && !s.tenancy.allows(h) {
+			i, ok := s.keys.match(&c)
+			if !ok && !s.tenancy.allows(&c) {
 				cutBody(h)
 				return fasthttp.RequestConfig{}
 			}
@@ -126,7 +127,7 @@ func (g *Gateway) headerReceived(h *fasthttp.RequestHeader) fasthttp.RequestConf
 	}
 	closeIfFramedTwice(h)
 	if t := g.table.Load(); t.allKeyed {
-		if len(presentedKey(h)) == 0 || large && !t.keys.allows(h) {
+		if c := presented(h); len(c.key) == 0 || large && !t.keys.allows(&c) {
 			cutBody(h) // Handler answers 401
 			return fasthttp.RequestConfig{}
 		}

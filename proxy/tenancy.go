@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"crypto/sha256"
 	"fmt"
 	"maps"
 	"strconv"
@@ -52,35 +51,30 @@ func (t *Tenancy) Version() int64 { return t.index.Load().Version() }
 // Ledger is where the process's managed keys are charged; the caller syncs it with the hub.
 func (t *Tenancy) Ledger() *tenants.Ledger { return t.ledger }
 
-// lookup finds the active or expired managed key a request presents; nil when it presents none
-// of them (or t is nil). The map lookup is on the key's SHA-256, so its timing says nothing
-// about the key.
-func (t *Tenancy) lookup(h *fasthttp.RequestHeader) *tenants.Key {
-	if t == nil {
+// lookup finds the active or expired managed key c is; nil when it is none of them (or t is
+// nil). The map lookup is on the key's SHA-256, so its timing says nothing about the key.
+func (t *Tenancy) lookup(c *credential) *tenants.Key {
+	if t == nil || len(c.key) == 0 {
 		return nil
 	}
 	x := t.index.Load()
 	if x.Empty() {
 		return nil
 	}
-	key := presentedKey(h)
-	if len(key) == 0 {
-		return nil
-	}
-	return x.Lookup(sha256.Sum256(key))
+	return x.Lookup(*c.digest())
 }
 
-// allows reports whether the request presents a managed key that is active now.
-func (t *Tenancy) allows(h *fasthttp.RequestHeader) bool {
-	k := t.lookup(h)
+// allows reports whether c is a managed key that is active now.
+func (t *Tenancy) allows(c *credential) bool {
+	k := t.lookup(c)
 	return k != nil && k.Active(time.Now())
 }
 
 // identify finds the managed key of a request to the service, when the service's own keys did
 // not match. It reports false when it answered the request: a managed key that expired or was
 // revoked, or, where the service requires a key, none at all.
-func (s *Service) identify(ctx *fasthttp.RequestCtx, required bool) (*tenants.Key, bool) {
-	k := s.tenancy.lookup(&ctx.Request.Header)
+func (s *Service) identify(ctx *fasthttp.RequestCtx, c *credential, required bool) (*tenants.Key, bool) {
+	k := s.tenancy.lookup(c)
 	switch {
 	case k == nil && required:
 		s.unauthorized(ctx)
