@@ -15,8 +15,8 @@
 //
 //   - usage: `ferry usage` against the tokens the replicas reported in their answers (bar: equal);
 //
-//   - cpu: one more attached proxy's CPU per request with a managed key against the service's
-//     own key (cpu.go; bar: at most 1.10×).
+//   - cpu: two more attached proxies' CPU per request, one under a managed key and one under the
+//     service's own key at the same time, roles swapped each round (cpu.go; bar: at most 1.10×).
 //
 //     go run ./bench/tenants                 # about 5 minutes
 //     go run ./bench/tenants --phase 20s     # shorter
@@ -98,9 +98,9 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.ttft, "sim-ttft", 200*time.Millisecond, "replica-sim --ttft: the unloaded time to first token")
 	fs.DurationVar(&o.itl, "sim-itl", 20*time.Millisecond, "replica-sim --itl")
 	fs.StringSliceVar(&o.phases, "phases", allPhases, "phases to run: fair, budget, shed, cpu (the usage check always runs, over what the others sent)")
-	fs.IntVar(&o.cpuRounds, "cpu-rounds", 9, "rounds of the CPU phase (a managed key against the service's own key through one proxy)")
-	fs.IntVar(&o.cpuRequests, "cpu-requests", 20000, "requests a key in each round of the CPU phase")
-	fs.IntVar(&o.cpuPin, "cpu-pin", -1, "CPU the CPU phase's proxy is pinned to (taskset; a Go program pinned to one CPU runs GOMAXPROCS=1); -1 leaves it free")
+	fs.IntVar(&o.cpuRounds, "cpu-rounds", 10, "rounds of the CPU phase (a managed key against the service's own key through two proxies at once, roles swapped each round; judged by pairs of rounds)")
+	fs.IntVar(&o.cpuRequests, "cpu-requests", 20000, "requests a key in each round of the CPU phase, at most (a round ends when either key has sent this many)")
+	fs.IntVar(&o.cpuPin, "cpu-pin", -1, "CPU the CPU phase's proxies are pinned to (taskset; a Go program pinned to one CPU runs GOMAXPROCS=1); -1 leaves it free")
 	fs.StringVar(&o.ferryBin, "ferry-bin", "", "ferry binary (default: build ./cmd/ferry into the output directory)")
 	fs.StringVar(&o.out, "out", "", "directory for results, logs and FERRY_HOME (default .cache/bench/tenants-TIMESTAMP in the repo)")
 	fs.Usage = func() { fmt.Fprintf(os.Stderr, "Usage: go run ./bench/tenants [flags]\n\n%s", fs.FlagUsages()) }

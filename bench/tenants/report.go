@@ -292,13 +292,19 @@ func (r *report) markdown() string {
 	}
 	fmt.Fprintf(&b, "(bar: equal: %s).\n", pass(r.Usage.Pass))
 	if c := r.CPU; len(c.Rounds) > 0 {
-		fmt.Fprintf(&b, "\nThe proxy's CPU per request (one attached proxy, %d requests a key a round, %d at a time, rounds alternating):\n\n", c.Requests, cpuWorkers)
-		t := benchkit.Table{Header: []string{"round", "own key", "managed key", "ratio", "own key req/s"}}
+		fmt.Fprintf(&b, "\nThe proxy's CPU per request (two attached proxies at once, one under each key, roles swapped each round; at most %d requests a key a round, %d at a time each):\n\n", c.Requests, cpuWorkers)
+		t := benchkit.Table{Header: []string{"round", "managed on", "own key", "managed key", "ratio", "own key req/s", "managed key req/s"}}
 		for i, rd := range c.Rounds {
-			t.Rows = append(t.Rows, []string{fmt.Sprint(i + 1), us(rd.Own), us(rd.Managed), fmt.Sprintf("%.3f", rd.Ratio), fmt.Sprintf("%.0f", rd.OwnRate)})
+			t.Rows = append(t.Rows, []string{fmt.Sprint(i + 1), fmt.Sprintf("proxy %d", rd.ManagedProxy), us(rd.Own), us(rd.Managed),
+				fmt.Sprintf("%.3f", rd.Ratio), fmt.Sprintf("%.0f", rd.OwnRate), fmt.Sprintf("%.0f", rd.ManagedRate)})
 		}
 		t.Render(&b)
-		fmt.Fprintf(&b, "\nMedian ratio **%.3f** (bar ≤ %.2f: %s). A managed key's answer carries %v.\n", c.Median, cpuBar, pass(c.Pass), c.Headers)
+		pairs := make([]string, len(c.Pairs))
+		for i, p := range c.Pairs {
+			pairs[i] = fmt.Sprintf("%.3f", p)
+		}
+		fmt.Fprintf(&b, "\nPairs of rounds (geometric means): %s. Median **%.3f** (bar ≤ %.2f: %s). A managed key's answer carries %v.\n",
+			strings.Join(pairs, ", "), c.Median, cpuBar, pass(c.Pass), c.Headers)
 	}
 	return b.String()
 }

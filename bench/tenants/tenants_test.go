@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"math"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -28,7 +29,7 @@ func TestTenantsShort(t *testing.T) {
 		t.Fatal(err)
 	}
 	trace := filepath.Join(root, "..", "shared", "data", "traces", "AzureLLMInferenceTrace_conv.csv")
-	opts, err := parseFlags([]string{"--phase", "10s", "--trace", trace, "--cpu-rounds", "3", "--cpu-requests", "2000",
+	opts, err := parseFlags([]string{"--phase", "10s", "--trace", trace, "--cpu-rounds", "2", "--cpu-requests", "2000",
 		"--ferry-bin", bin, "--out", out})
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +53,7 @@ func TestTenantsShort(t *testing.T) {
 	}
 	// The CPU phase's ratio is judged by the full run: a short one on a busy host is noise. Here
 	// its requests all succeed, its managed key's answers carry their headers, and it measures.
-	if c := rep.CPU; len(c.Rounds) != 3 || c.Median <= 0 || c.Rounds[0].Own <= 0 || c.Headers["X-Ratelimit-Limit-Tokens"] == "" {
+	if c := rep.CPU; len(c.Rounds) != 2 || len(c.Pairs) != 1 || c.Median <= 0 || c.Rounds[0].Own <= 0 || c.Rounds[1].ManagedProxy != 1 || c.Headers["X-Ratelimit-Limit-Tokens"] == "" {
 		t.Errorf("cpu: %+v", c)
 	}
 	f := rep.Fair
@@ -88,5 +89,28 @@ func TestFlagsAndTheServiceTheyWrite(t *testing.T) {
 		if _, err := parseFlags(args); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(args[0], "--")) {
 			t.Errorf("%v: error %v", args, err)
 		}
+	}
+}
+
+// The CPU phase's verdict takes each pair of rounds (both proxies in both roles) as the geometric
+// mean of its ratios, so that a proxy that is costlier in itself weighs on both keys alike, and
+// then the median of the pairs.
+func TestCPUJudgePairsRounds(t *testing.T) {
+	var res cpuResult
+	for _, r := range []float64{1.21, 0.90, 1.00, 1.00, 1.44, 0.81, 1.30} {
+		res.Rounds = append(res.Rounds, cpuRound{Ratio: r})
+	}
+	res.judge()
+	want := []float64{math.Sqrt(1.21 * 0.90), 1, math.Sqrt(1.44 * 0.81), 1.30}
+	if len(res.Pairs) != len(want) {
+		t.Fatalf("pairs %v, want %v", res.Pairs, want)
+	}
+	for i := range want {
+		if math.Abs(res.Pairs[i]-want[i]) > 1e-9 {
+			t.Fatalf("pairs %v, want %v", res.Pairs, want)
+		}
+	}
+	if m := (want[0] + want[2]) / 2; math.Abs(res.Median-m) > 1e-9 || !res.Pass {
+		t.Errorf("median %.4f pass %v, want %.4f (the middle two of 1.00, 1.04, 1.08, 1.30: 1.04 and 1.08) and pass", res.Median, res.Pass, m)
 	}
 }
