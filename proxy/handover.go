@@ -122,10 +122,14 @@ func (h *Handover) Current() *Service {
 // closed after a grace of a few seconds, and it is shut down (Service.Shutdown) once they are
 // gone, within drainTimeout of the swap. Until then Busy, InFlight and friends count both.
 // next should already have the backends; SetBackends reaches the retiring Service as well.
+// next is the same service's new configuration, so it answers to the model ids the current one
+// knew until its replicas have told it theirs (Service.KeepModels): a gateway routing by model
+// would otherwise answer them 404 in between.
 func (h *Handover) Swap(next *Service, drainTimeout time.Duration) {
 	if h.closing.Load() {
 		next.CloseConnections()
 	}
+	next.KeepModels(h.Current())
 	nh := h.start(next)
 	h.mu.Lock()
 	if h.closed {

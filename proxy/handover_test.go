@@ -6,11 +6,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/ferryserve/ferry/policy"
@@ -189,5 +192,52 @@ func TestHandoverNewConfigWhileStreamDrains(t *testing.T) {
 	// The stream and the request with a key; a refused key is not demand.
 	if got := h.Arrivals(); got != 2 {
 		t.Errorf("Arrivals = %d, want 2", got)
+	}
+}
+
+// TestHandoverSwapKeepsModels: the Service swapped in for a new configuration (as the
+// controller's reconfigureProxy does, its in-process gateway routing by model) answers to the
+// model ids its predecessor knew before its own replicas have answered /v1/models; here they
+// never do after the first answer, so without the carry-over the gateway would 404 the model.
+func TestHandoverSwapKeepsModels(t *testing.T) {
+	var answered atomic.Bool
+	release := make(chan struct{})
+	a := startUpstream(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Path == "/v1/models" {
+			if answered.Swap(true) {
+				select { // only the first Service learns the ids
+				case <-release:
+				case <-r.Context().Done():
+				}
+				return
+			}
+			fmt.Fprint(w, `{"object":"list","data":[{"id":"model-a","object":"model"}]}`)
+			return
+		}
+		fmt.Fprint(w, `{"served_by":"a"}`)
+	})
+	// Nop loggers: a model fetch may end, and log, after the test.
+	cfg := ServiceConfig{Name: "svc", Policy: policy.LeastLoad, HealthCheck: HealthCheck{Interval: -1}, Logger: zap.NewNop()}
+	first, err := NewService(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.SetBackends(backendsOf(a))
+	h, _ := startHandover(t, first)
+	t.Cleanup(func() { close(release) }) // runs before the handover's shutdown
+	g := NewGateway(GatewayConfig{Logger: zap.NewNop()})
+	g.SetServices([]*Service{h.Current()})
+	waitFor(t, "model-a", func() bool { return slices.Contains(first.Models(), "model-a") })
+
+	next, err := NewService(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next.SetBackends(backendsOf(a))
+	h.Swap(next, time.Second)
+	g.SetServices([]*Service{h.Current()})
+	if got := h.Current().Models(); !slices.Contains(got, "model-a") {
+		t.Errorf("models of the swapped-in Service = %v, want model-a kept from its predecessor", got)
 	}
 }
