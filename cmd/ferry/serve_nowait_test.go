@@ -32,7 +32,7 @@ func TestServeUpNoWaitReturnsOnceRegistered(t *testing.T) {
 		ProbeInterval: 200 * time.Millisecond, Logger: zap.NewNop()})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	ctlCtx, stopCtl := context.WithCancel(ctx)
+	ctlCtx, stopCtl := context.WithCancel(context.Background()) // not ctx: its deferred cancel runs before the cleanup takes the replicas down
 	stopped := make(chan error, 1)
 	go func() { stopped <- ctl.Start(ctlCtx) }()
 	var c *api.Client

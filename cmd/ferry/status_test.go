@@ -259,7 +259,7 @@ func TestCLIWhileGCPRefusesEveryCall(t *testing.T) {
 		ProbeInterval: 200 * time.Millisecond, JobWatchInterval: 200 * time.Millisecond, Logger: zap.New(core)})
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	ctlCtx, stopCtl := context.WithCancel(ctx)
+	ctlCtx, stopCtl := context.WithCancel(context.Background()) // not ctx: its deferred cancel runs before the cleanup takes the replicas down
 	stopped := make(chan error, 1)
 	go func() { stopped <- ctl.Start(ctlCtx) }()
 	var c *api.Client
