@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -55,14 +57,14 @@ func TestFerryServiceEndpoint(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitEndpointService(t, ctx, c, dyn, ns, "chat")
+	waitEndpointService(t, ctx, c, dyn, ns, "chat", "chat.llm.example.com")
 	checkNameTaken(t, ctx, c, dyn, ns, foreign)
 
 	// Kept: a Service deleted by hand is made again.
 	if err := services.Delete(ctx, "chat", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitEndpointService(t, ctx, c, dyn, ns, "chat")
+	waitEndpointService(t, ctx, c, dyn, ns, "chat", "chat.llm.example.com")
 
 	for _, name := range []string{"chat", "taken"} {
 		if err := dyn.Resource(fsvcGVR).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
@@ -80,8 +82,9 @@ func TestFerryServiceEndpoint(t *testing.T) {
 }
 
 // waitEndpointService waits until the FerryService name has its Service (the proxies'
-// selector and port, owned by it), its HTTPRoute, and the Service's URL as its endpoint.
-func waitEndpointService(t *testing.T, ctx context.Context, c *testcluster.Cluster, dyn dynamic.Interface, ns, name string) {
+// selector and port, owned by it), its HTTPRoute for host, and the Service's URL as its
+// endpoint.
+func waitEndpointService(t *testing.T, ctx context.Context, c *testcluster.Cluster, dyn dynamic.Interface, ns, name, host string) {
 	t.Helper()
 	want := fmt.Sprintf("http://%s.%s.svc:80", name, ns)
 	eventually(t, 60*time.Second, name+"'s Service, HTTPRoute and endpoint", func() (bool, string) {
@@ -99,7 +102,7 @@ func waitEndpointService(t *testing.T, ctx context.Context, c *testcluster.Clust
 			return false, err.Error()
 		}
 		spec := fmt.Sprint(route.Object["spec"])
-		for _, part := range []string{"hostnames:[" + name + ".llm.example.com]", "name:public namespace:gateways sectionName:https", "name:" + name + " port:80"} {
+		for _, part := range []string{"hostnames:[" + host + "]", "name:public", "name:" + name + " port:80"} {
 			if !strings.Contains(spec, part) {
 				return false, fmt.Sprintf("HTTPRoute spec %s lacks %s", spec, part)
 			}
@@ -140,5 +143,51 @@ func checkNameTaken(t *testing.T, ctx context.Context, c *testcluster.Cluster, d
 	}
 	if _, err := dyn.Resource(httpRouteGVR).Namespace(ns).Get(ctx, "taken", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("an HTTPRoute for the FerryService without a Service of its own: %v, want none", err)
+	}
+}
+
+// TestChartRBACKeepsFerryServiceEndpoints: the chart's RBAC for proxies attached to "*" with
+// HTTPRoutes (rendered by helm, created for real) is enough for a controller running as the
+// chart's ServiceAccount, with the flags the chart gives it, to keep a FerryService's Service
+// and HTTPRoute and delete them, and it never meets "forbidden".
+func TestChartRBACKeepsFerryServiceEndpoints(t *testing.T) {
+	k := newKubeEnv(t, "Tesla-T4", 0, 1, 30)
+	ctx := context.Background()
+	dyn := dynamic.NewForConfigOrDie(k.cluster.RESTConfig())
+	installFerryServiceCRD(t, dyn)
+	if err := k.cluster.InstallHTTPRouteCRD(ctx); err != nil {
+		t.Fatal(err)
+	}
+	applyChart(t, ctx, k, "proxy.attach=*,proxy.httpRoute.parentRefs[0].name=public,proxy.httpRoute.hostname=ai-{name}.example.com",
+		func(o *unstructured.Unstructured) bool { return !strings.HasPrefix(o.GetName(), "ferry-fence") }, func(string) bool { return false })
+	waitSecretsPolicy(t, ctx, k)
+	proxies := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "ferry-proxy"}, Spec: corev1.ServiceSpec{Selector: endpointProxySelector,
+		Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromString("http"), Protocol: corev1.ProtocolTCP}}}}
+	if _, err := k.cluster.Client().CoreV1().Services(k.ns).Create(ctx, proxies, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := impersonatingKubeconfig(t, k.cluster.Kubeconfig(), k.cluster.Context(), "system:serviceaccount:"+k.ns+":ferry")
+	// The flags the chart renders for these values (charts/ferry/endpoints_test.go).
+	k.extraEnv = []string{"FERRY_STORE=kubernetes", "KUBECONFIG=" + kubeconfig, "FERRY_NAMESPACE=" + k.ns,
+		"FERRY_SERVICE_ENDPOINTS_VIA=ferry-proxy:80", "FERRY_SERVICE_HTTPROUTE_PARENTS=name=public", "FERRY_SERVICE_HTTPROUTE_HOSTNAME=ai-{name}.example.com"}
+	k.mustRun("serve", "status") // starts the controller as the ServiceAccount
+	if err := applyFerryService(ctx, dyn, k.ns, "chat", fmt.Sprintf(fsvcSpec, 0)); err != nil {
+		t.Fatal(err)
+	}
+	waitEndpointService(t, ctx, k.cluster, dyn, k.ns, "chat", "ai-chat.example.com")
+	if err := dyn.Resource(fsvcGVR).Namespace(k.ns).Delete(ctx, "chat", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "the Service and HTTPRoute deleted as the chart's ServiceAccount", func() (bool, string) {
+		_, svcErr := k.cluster.Client().CoreV1().Services(k.ns).Get(ctx, "chat", metav1.GetOptions{})
+		_, routeErr := dyn.Resource(httpRouteGVR).Namespace(k.ns).Get(ctx, "chat", metav1.GetOptions{})
+		return apierrors.IsNotFound(svcErr) && apierrors.IsNotFound(routeErr), fmt.Sprintf("Service: %v, HTTPRoute: %v", svcErr, routeErr)
+	})
+	ctlLog, err := os.ReadFile(filepath.Join(k.home, "controller.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(strings.ToLower(string(ctlLog)), "forbidden") {
+		t.Errorf("the controller met forbidden as the chart's ServiceAccount:\n%s", grepLines(strings.ToLower(string(ctlLog)), "forbidden"))
 	}
 }
