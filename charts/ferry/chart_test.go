@@ -94,8 +94,28 @@ var valueSets = map[string][]string{
 		"controller.extraArgs[0]=--probe-interval=5s",
 		"controller.config.aws.regions[0]=us-east-1",
 		"serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::111122223333:role/ferry",
+		"proxy.httpRoute.parentRefs[0].name=public",
+		"proxy.httpRoute.parentRefs[0].namespace=gateways",
+		jsonValue + `proxy.httpRoute.hostname="{name}.llm.example.com"`,
 	},
 	"no proxies": {"proxy.enabled=false", "controller.leaderElect=false", "controller.store=sqlite", "controller.replicas=1"},
+}
+
+// jsonValue marks a value set's entry as --set-json, for a value --set would read as a list
+// ("{name}...").
+const jsonValue = "json:"
+
+// setArgs are helm's flags for a value set's entries.
+func setArgs(set []string) []string {
+	var args []string
+	for _, s := range set {
+		if v, ok := strings.CutPrefix(s, jsonValue); ok {
+			args = append(args, "--set-json", v)
+		} else {
+			args = append(args, "--set", s)
+		}
+	}
+	return args
 }
 
 // TestChartLint runs helm lint --strict with each value set.
@@ -104,7 +124,7 @@ func TestChartLint(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			args := []string{"lint", "--strict", "--kube-version", kubeVersion, chartDir}
 			for _, s := range set {
-				args = append(args, "--set", strings.ReplaceAll(s, "REPLICAS_NS", "ferry-replicas"))
+				args = append(args, setArgs([]string{strings.ReplaceAll(s, "REPLICAS_NS", "ferry-replicas")})...)
 			}
 			if out, err := runHelm(t, args...); err != nil {
 				t.Fatal(err)
@@ -133,10 +153,7 @@ func render(t *testing.T, ns, kubeVersion string, set []string) []*unstructured.
 func renderRelease(t *testing.T, release, ns, kubeVersion string, set []string) []*unstructured.Unstructured {
 	t.Helper()
 	args := []string{"template", release, chartDir, "--namespace", ns, "--include-crds", "--kube-version", kubeVersion}
-	for _, s := range set {
-		args = append(args, "--set", s)
-	}
-	out, err := runHelm(t, args...)
+	out, err := runHelm(t, append(args, setArgs(set)...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -42,6 +43,12 @@ and one takes over within about 10 s of the leader's death (docs/kubernetes.md, 
 Every Kubernetes client the controller makes is rate-limited client-side by --kube-api-qps and
 --kube-api-burst, each with its own budget; the defaults are sized for 1,000 replicas.
 
+In a cluster whose attached gateway proxies (ferry proxy --attach-all) sit behind one Service,
+--service-endpoints-via names that Service: every FerryService then gets a Service of its own
+name leading to the proxies, and its status.endpoint is http://NAME.NAMESPACE.svc:PORT; with
+--service-httproute-parent and --service-httproute-hostname, a Gateway API HTTPRoute too
+(docs/kubernetes.md, "An endpoint per FerryService"). The Helm chart sets them.
+
 Every other command starts it in the background when it is not running, so you rarely run this.`
 
 // controllerFlags are `ferry controller`'s settings, from its flags and environment.
@@ -64,6 +71,9 @@ func newControllerCmd() *cobra.Command {
 			"  ferry controller --metrics-addr 127.0.0.1:9500   # Prometheus metrics on another port\n" +
 			"  ferry controller --listen 10.0.0.5:7443 --api-tls-cert api.crt --api-tls-key api.key   # for proxies elsewhere\n" +
 			"  ferry controller --store kubernetes --kube-api-qps 400 --kube-api-burst 800   # a larger fleet's client-side API rate limit\n" +
+			"  ferry controller --store kubernetes --service-endpoints-via ferry-proxy:80   # each FerryService reachable at http://NAME.NAMESPACE.svc:80\n" +
+			"  ferry controller --store kubernetes --service-endpoints-via ferry-proxy:80 \\\n" +
+			"      --service-httproute-parent name=public,namespace=gateways --service-httproute-hostname '{name}.llm.example.com'   # and an HTTPRoute each\n" +
 			"  ferry controller status\n  ferry controller stop",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cf.run(cmd) },
@@ -76,7 +86,7 @@ func newControllerCmd() *cobra.Command {
 // run starts the controller in the foreground until SIGINT or SIGTERM.
 func (cf *controllerFlags) run(cmd *cobra.Command) error {
 	opts := &cf.opts
-	if err := errors.Join(append(cf.envErrs, opts.Store.Validate())...); err != nil {
+	if err := errors.Join(append(cf.envErrs, opts.Store.Validate(), opts.Endpoints.Validate())...); err != nil {
 		return err
 	}
 	h, err := home.Default()
@@ -157,6 +167,7 @@ func (cf *controllerFlags) register(f *pflag.FlagSet) {
 		"how often a running job's nodes are looked at (0: 2s; $FERRY_JOB_WATCH_INTERVAL)")
 	addStoreFlags(f, &opts.Store, envErrs)
 	addWebhookFlags(f, opts)
+	addEndpointFlags(f, &opts.Endpoints)
 	addElectionFlags(f, &cf.election, envErrs)
 	f.DurationVar(&opts.WindowLead, "window-lead", envDuration("FERRY_WINDOW_LEAD", envErrs),
 		"how long before a reservation or capacity block ends its replicas are replaced (0: 10m; $FERRY_WINDOW_LEAD)")
@@ -168,6 +179,21 @@ func addWebhookFlags(f *pflag.FlagSet, opts *controller.Options) {
 		"serve the FerryService validating webhook on this host:port, over HTTPS with --webhook-tls-cert and --webhook-tls-key ($FERRY_WEBHOOK_ADDR)")
 	f.StringVar(&opts.Webhook.CertFile, "webhook-tls-cert", os.Getenv("FERRY_WEBHOOK_TLS_CERT"), "the webhook's certificate (PEM) ($FERRY_WEBHOOK_TLS_CERT)")
 	f.StringVar(&opts.Webhook.KeyFile, "webhook-tls-key", os.Getenv("FERRY_WEBHOOK_TLS_KEY"), "the key of --webhook-tls-cert (PEM) ($FERRY_WEBHOOK_TLS_KEY)")
+}
+
+// addEndpointFlags adds the flags that give each FerryService a Service (and an HTTPRoute) of
+// its own.
+func addEndpointFlags(f *pflag.FlagSet, o *controller.EndpointOptions) {
+	f.StringVar(&o.Via, "service-endpoints-via", os.Getenv("FERRY_SERVICE_ENDPOINTS_VIA"),
+		"with --store kubernetes: give each FerryService a Kubernetes Service of its name leading to the attached gateway proxies (ferry proxy --attach-all) behind this Service, [https://]NAME[.NAMESPACE]:PORT such as ferry-proxy:80 (NAMESPACE: --namespace; in it a selector Service, elsewhere an ExternalName), and make its status.endpoint http://NAME.NAMESPACE.svc:PORT ($FERRY_SERVICE_ENDPOINTS_VIA)")
+	var parents []string
+	if env := os.Getenv("FERRY_SERVICE_HTTPROUTE_PARENTS"); env != "" {
+		parents = strings.Split(env, ";")
+	}
+	f.StringArrayVar(&o.RouteParents, "service-httproute-parent", parents,
+		"with --service-endpoints-via: also keep a Gateway API HTTPRoute per FerryService attached to this parent, KEY=VALUE[,KEY=VALUE...] of name, namespace, sectionName, port, group, kind, such as name=public,namespace=gateways; repeat for more parents; none where the cluster does not serve HTTPRoute v1 ($FERRY_SERVICE_HTTPROUTE_PARENTS, ';' between parents)")
+	f.StringVar(&o.RouteHostname, "service-httproute-hostname", os.Getenv("FERRY_SERVICE_HTTPROUTE_HOSTNAME"),
+		"the HTTPRoute's hostname, {name} and {namespace} standing for the FerryService's, such as '{name}.llm.example.com' ($FERRY_SERVICE_HTTPROUTE_HOSTNAME)")
 }
 
 // addStoreFlags adds --store and the Kubernetes connection flags (shared with --leader-elect:

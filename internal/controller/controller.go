@@ -53,6 +53,9 @@ type Options struct {
 	Store StoreOptions
 	// Webhook serves the FerryService validating webhook (webhook.go).
 	Webhook WebhookOptions
+	// Endpoints, when set, give each FerryService a Kubernetes Service (and an HTTPRoute)
+	// leading to the release's attached gateway proxies (endpoints.go).
+	Endpoints EndpointOptions
 	// Listen is a TCP address for the API besides its Unix socket (attached proxies on other
 	// machines need one); empty or ListenerOff for none, the default.
 	Listen string

@@ -71,6 +71,9 @@ type ferryServices struct {
 	// services FerryServices own (a restarted controller learns them from observedGeneration
 	// in their status). Only the worker touches it.
 	applied map[string]int64
+	// endpoints keeps each FerryService's Service and HTTPRoute (endpointsync.go); nil when
+	// Options.Endpoints asks for none.
+	endpoints *endpointSync
 }
 
 // watchFerryServices starts following FerryServices when the store is Kubernetes and the CRD is
@@ -113,6 +116,9 @@ func (c *Controller) watchFerryServices(ctx context.Context) error {
 	}
 	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue,
 		UpdateFunc: func(_, obj any) { enqueue(obj) }, DeleteFunc: enqueue}); err != nil {
+		return err
+	}
+	if fs.endpoints, err = newEndpointSync(ctx, c, kube, dyn, ns, func(name string) { fs.queue.Add(ns + "/" + name) }); err != nil {
 		return err
 	}
 	factory.Start(ctx.Done())
@@ -192,16 +198,7 @@ func (fs *ferryServices) prune() {
 func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 	obj, err := fs.lister.Get(name)
 	if apierrors.IsNotFound(err) {
-		// The object owned the service of its name: gone, so is the service. A service it
-		// never owned (one started with the CLI) stays.
-		if _, owned := fs.applied[name]; !owned {
-			return nil
-		}
-		delete(fs.applied, name)
-		if _, err := fs.c.DeleteService(ctx, name); err != nil && !errors.Is(err, api.ErrNotFound) {
-			return err
-		}
-		return nil
+		return fs.gone(ctx, name)
 	}
 	if err != nil {
 		return err
@@ -247,13 +244,40 @@ func (fs *ferryServices) reconcile(ctx context.Context, name string) error {
 		// more, so the service rolls to the object's content now.
 		_, err = fs.c.UpdateService(ctx, name, api.UpdateServiceRequest{Task: task})
 	default:
-		return nil
+		return fs.keepEndpoint(ctx, u)
 	}
 	if err != nil {
 		return fs.setStatus(ctx, u, invalidStatus(err, "Rejected"))
 	}
 	fs.applied[name] = gen
-	return fs.refresh(ctx, u, gen)
+	epErr := fs.keepEndpoint(ctx, u)
+	return errors.Join(fs.refresh(ctx, u, gen), epErr)
+}
+
+// gone takes down what the deleted FerryService name brought up: the service it owned (a
+// service it never owned, one started with the CLI, stays) and its Service and HTTPRoute.
+func (fs *ferryServices) gone(ctx context.Context, name string) error {
+	if fs.endpoints != nil {
+		if err := fs.endpoints.remove(ctx, fs.sources.namespace, name); err != nil {
+			return err
+		}
+	}
+	if _, owned := fs.applied[name]; !owned {
+		return nil
+	}
+	delete(fs.applied, name)
+	if _, err := fs.c.DeleteService(ctx, name); err != nil && !errors.Is(err, api.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
+// keepEndpoint keeps u's Service and HTTPRoute, where they are asked for.
+func (fs *ferryServices) keepEndpoint(ctx context.Context, u *unstructured.Unstructured) error {
+	if fs.endpoints == nil {
+		return nil
+	}
+	return fs.endpoints.ensure(ctx, u)
 }
 
 // podNamespaces maps each Kubernetes infra t may launch on (kubernetes/CONTEXT) to the
@@ -298,6 +322,11 @@ const takenDownNote = " (its service, brought up before these rules, was taken d
 func (fs *ferryServices) refuse(ctx context.Context, u *unstructured.Unstructured, err error) error {
 	var te *TenancyError
 	if svc, missing := fs.c.serviceNamed(u.GetName()); errors.As(err, &te) && missing == nil && fs.owns(u.GetName()) && fs.breaksTenancy(svc) {
+		if fs.endpoints != nil {
+			if rmErr := fs.endpoints.remove(ctx, u.GetNamespace(), u.GetName()); rmErr != nil {
+				return rmErr
+			}
+		}
 		if _, downErr := fs.c.DeleteService(ctx, u.GetName()); downErr != nil && !errors.Is(downErr, api.ErrNotFound) {
 			return downErr
 		}
@@ -404,6 +433,11 @@ func (fs *ferryServices) statusLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		fs.prune()
+		if fs.endpoints != nil {
+			for _, name := range fs.endpoints.orphans(fs.exists) {
+				fs.queue.Add(fs.sources.namespace + "/" + name)
+			}
+		}
 		objs, err := fs.lister.List(labels.Everything())
 		if err != nil {
 			continue
@@ -428,9 +462,21 @@ func (fs *ferryServices) refresh(ctx context.Context, u *unstructured.Unstructur
 		return err
 	}
 	st := list[0]
-	return fs.setStatus(ctx, u, statusFields{Status: st.Status, Ready: st.ReadyReplicas, Target: st.TargetReplicas,
+	fields := statusFields{Status: st.Status, Ready: st.ReadyReplicas, Target: st.TargetReplicas,
 		Endpoint: st.Endpoint, Version: st.Version, Generation: generation, Message: st.Message, Reason: "Running",
-		Tenancy: "True", TenancyReason: "Accepted"})
+		Tenancy: "True", TenancyReason: "Accepted"}
+	if fs.endpoints != nil {
+		var msg string
+		fields.Endpoint, msg, fields.Conditions = fs.endpoints.status(u.GetNamespace(), u.GetName())
+		fields.Message = strings.Join(slices.DeleteFunc([]string{fields.Message, msg}, func(m string) bool { return m == "" }), "; ")
+	}
+	return fs.setStatus(ctx, u, fields)
+}
+
+// exists says whether the FerryService name is in the informer's cache.
+func (fs *ferryServices) exists(name string) bool {
+	_, err := fs.lister.Get(name)
+	return !apierrors.IsNotFound(err)
 }
 
 // statusFields is what a FerryService's status says.
@@ -441,6 +487,9 @@ type statusFields struct {
 	Tenancy, TenancyReason string
 	Ready, Target, Version int
 	Generation             int64
+	// Conditions follow Ready and Tenancy: the Endpoint (and Routed) conditions where
+	// FerryServices get Services of their own.
+	Conditions []map[string]any
 }
 
 // setStatus writes st as u's status when it differs from what u shows; only the leader writes.
@@ -466,9 +515,10 @@ func (fs *ferryServices) setStatus(ctx context.Context, u *unstructured.Unstruct
 	if st.Tenancy != "True" {
 		tenancyMsg = st.Message
 	}
-	status["conditions"] = conditions(old, u.GetGeneration(),
-		map[string]any{"type": "Ready", "status": ready, "reason": st.Reason, "message": st.Message},
-		map[string]any{"type": "Tenancy", "status": st.Tenancy, "reason": st.TenancyReason, "message": tenancyMsg})
+	status["conditions"] = conditions(old, u.GetGeneration(), append([]map[string]any{
+		{"type": "Ready", "status": ready, "reason": st.Reason, "message": st.Message},
+		{"type": "Tenancy", "status": st.Tenancy, "reason": st.TenancyReason, "message": tenancyMsg}},
+		st.Conditions...)...)
 	if fence != nil {
 		status["fence"] = fence
 	}

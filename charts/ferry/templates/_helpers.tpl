@@ -81,3 +81,19 @@ release "ferry" keeps the names it had before they were release-scoped (ferry-fe
 {{- define "ferry.stateClaim" -}}
 {{- default (printf "%s-state" (include "ferry.fullname" .)) .Values.controller.persistence.existingClaim -}}
 {{- end -}}
+
+{{/*
+"true" when each FerryService gets a Service of its own leading to the proxies (values.yaml,
+proxy.serviceEndpoints): proxies that front every service, FerryServices followed (the
+kubernetes store), and the value on. With proxy.httpRoute.parentRefs it must be.
+*/}}
+{{- define "ferry.serviceEndpoints" -}}
+{{- $on := and .Values.proxy.enabled (eq (toString .Values.proxy.attach) "*") .Values.proxy.serviceEndpoints (eq .Values.controller.store "kubernetes") -}}
+{{- if and .Values.proxy.httpRoute.parentRefs (not $on) -}}
+{{- fail "proxy.httpRoute.parentRefs: HTTPRoutes lead to FerryServices' own Services, which need proxy.enabled, proxy.attach=\"*\", proxy.serviceEndpoints=true and controller.store=kubernetes" -}}
+{{- end -}}
+{{- if and .Values.proxy.httpRoute.parentRefs (not (contains "{name}" .Values.proxy.httpRoute.hostname)) -}}
+{{- fail (printf "proxy.httpRoute.hostname %q: with parentRefs, a hostname holding {name}, such as \"{name}.llm.example.com\", so that each FerryService's route has a host of its own" .Values.proxy.httpRoute.hostname) -}}
+{{- end -}}
+{{- if $on }}true{{ end -}}
+{{- end -}}
