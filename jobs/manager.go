@@ -58,7 +58,8 @@ type Config struct {
 	LaunchHold time.Duration
 	// StopTimeout bounds each step of stopping a job's nodes (listing them, terminating them
 	// with their grace, releasing the job's storage): what has not stopped by then is left to
-	// the provisioner, and the job ends anyway; default 3m.
+	// the provisioner, and the job ends anyway; default 3m. A stop that meets an infra fault
+	// ends sooner: see stopTail.
 	StopTimeout time.Duration
 	// CheckpointMount is where a job's checkpoint claim appears in containers; default
 	// DefaultCheckpointMount.
