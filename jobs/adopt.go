@@ -217,7 +217,7 @@ func (m *Manager) stopStrays(ctx context.Context, id int64, attempt int) {
 		for _, in := range insts {
 			if in.Labels[launcher.LabelAttempt] != strconv.Itoa(attempt) {
 				m.log.Info("stopping a node of an earlier attempt", zap.Int64("job", j.ID), zap.String("instance", in.ID))
-				_ = m.stopNode(ctx, id, in)
+				_ = m.stopNode(ctx, j, in)
 			}
 		}
 	})

@@ -58,7 +58,8 @@ type Config struct {
 	LaunchHold time.Duration
 	// StopTimeout bounds each step of stopping a job's nodes (listing them, terminating them
 	// with their grace, releasing the job's storage): what has not stopped by then is left to
-	// the provisioner, and the job ends anyway; default 3m.
+	// the provisioner, and the job ends anyway; default 3m. A stop that meets an infra fault
+	// ends sooner: see stopTail.
 	StopTimeout time.Duration
 	// CheckpointMount is where a job's checkpoint claim appears in containers; default
 	// DefaultCheckpointMount.
@@ -615,7 +616,7 @@ func (m *Manager) terminateAll(ctx context.Context, j Job, insts []launcher.Inst
 					results <- stopped{in, fmt.Errorf("terminate panicked: %v", r)}
 				}
 			}()
-			results <- stopped{in, m.stopNode(ctx, j.ID, in)}
+			results <- stopped{in, m.stopNode(ctx, j, in)}
 		}()
 	}
 	var left []launcher.Leftover
@@ -662,36 +663,55 @@ func (m *Manager) LogFile(id int64, attempt, rank int) string {
 	return filepath.Join(m.cfg.Dir, strconv.FormatInt(id, 10), fmt.Sprintf("attempt-%d-node-%d.log", attempt, rank))
 }
 
-// stopNode terminates a node and archives its output to LogFile, with what it printed after
-// SIGTERM (a checkpoint's last words): the archive is opened before the node is stopped, because
-// some infras drop the output with the node (a deleted pod's log, a terminated VM's console),
-// and read to the end after it stopped, within ctx. A local log is held open (a descriptor
+// stopNode terminates a node of job j and archives its output to LogFile, with what it printed
+// after SIGTERM (a checkpoint's last words): the archive is opened before the node is stopped,
+// because some infras drop the output with the node (a deleted pod's log, a terminated VM's
+// console), and read on after it stopped (stopTail). A local log is held open (a descriptor
 // outlives the file's move); another infra's is followed from before Terminate until the
 // stream ends, as the node's program exits.
-func (m *Manager) stopNode(ctx context.Context, id int64, in launcher.Instance) error {
+func (m *Manager) stopNode(ctx context.Context, j Job, in launcher.Instance) error {
 	defer m.freeing()()
-	finish := m.archiveLog(ctx, id, in)
+	finish := m.archiveLog(ctx, j.ID, in)
 	err := m.cfg.Provider.Terminate(ctx, in.ID)
-	finish()
+	finish(stopTail(j, err))
 	return err
 }
 
-// archiveLog starts archiving in's output and returns the call that completes it.
-func (m *Manager) archiveLog(ctx context.Context, id int64, in launcher.Instance) (finish func()) {
+// stopLogSlack is how long past a stopped node's grace its output is waited for: a followed
+// console is read every few seconds, and its last read must come after the program's end.
+const stopLogSlack = 15 * time.Second
+
+// stopTail is how long a stop waits, after the node's Terminate returned err, for the end of
+// its output. Not at all when Terminate did not stop it: the node runs on until its infra
+// answers (the janitor's, or an error to log), and waiting for its end would wait for that.
+// Otherwise the node's grace and stopLogSlack: its program has ended by then, and a stream that
+// has not is held up by its infra, whose reads the stop does not wait out (archiveLog).
+func stopTail(j Job, err error) time.Duration {
+	if err != nil {
+		return 0
+	}
+	return time.Duration(graceOf(j))*time.Second + stopLogSlack
+}
+
+// archiveLog starts archiving in's output and returns the call that completes it, which waits
+// for the output's end at most tail (and within ctx), and not once a read of the output failed
+// for its infra's reasons (launcher.LogOptions.Stalled): what was read is kept.
+func (m *Manager) archiveLog(ctx context.Context, id int64, in launcher.Instance) (finish func(tail time.Duration)) {
 	attempt, _ := strconv.Atoi(in.Labels[launcher.LabelAttempt])
 	rank, _ := strconv.Atoi(in.Labels[launcher.LabelNodeRank])
 	dst := m.LogFile(id, attempt, rank)
 	warn := func(err error) {
 		m.log.Debug("archive job log", zap.Int64("job", id), zap.String("instance", in.ID), zap.Error(err))
 	}
+	noop := func(time.Duration) {}
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		m.log.Warn("archive job log", zap.Error(err))
-		return func() {}
+		return noop
 	}
 	f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		m.log.Warn("archive job log", zap.Error(err))
-		return func() {}
+		return noop
 	}
 	if ls, ok := m.cfg.Provider.(launcher.LogSource); ok {
 		if path, err := ls.LogPath(in.ID); err == nil {
@@ -699,9 +719,9 @@ func (m *Manager) archiveLog(ctx context.Context, id int64, in launcher.Instance
 			if err != nil {
 				warn(err)
 				f.Close()
-				return func() {}
+				return noop
 			}
-			return func() {
+			return func(time.Duration) {
 				if _, err := io.Copy(f, src); err != nil {
 					warn(err)
 				}
@@ -713,13 +733,23 @@ func (m *Manager) archiveLog(ctx context.Context, id int64, in launcher.Instance
 	ls, ok := m.cfg.Provider.(launcher.LogStreamer)
 	if !ok {
 		f.Close()
-		return func() {}
+		return noop
 	}
-	done, opened := make(chan struct{}), make(chan struct{})
+	return m.followLog(ctx, ls, id, in, f, warn)
+}
+
+// followLog streams in's output to f from now on (the part of archiveLog for infras that serve
+// it through their API) and returns the call that ends the stream, as archiveLog says.
+func (m *Manager) followLog(ctx context.Context, ls launcher.LogStreamer, id int64, in launcher.Instance, f *os.File,
+	warn func(error)) (finish func(tail time.Duration)) {
+	sctx, cut := context.WithCancel(ctx)
+	done, opened, stalled := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	stall := sync.OnceFunc(func() { close(stalled) })
 	go func() {
 		defer close(done)
-		opts := launcher.LogOptions{Tail: -1, Follow: true, Opened: sync.OnceFunc(func() { close(opened) })}
-		if err := ls.StreamLogs(ctx, in.ID, opts, f); err != nil {
+		opts := launcher.LogOptions{Tail: -1, Follow: true, Opened: sync.OnceFunc(func() { close(opened) }),
+			Stalled: func(error) { stall() }}
+		if err := ls.StreamLogs(sctx, in.ID, opts, f); err != nil {
 			warn(err)
 		}
 	}()
@@ -734,11 +764,17 @@ func (m *Manager) archiveLog(ctx context.Context, id int64, in launcher.Instance
 	case <-wait.C:
 	case <-ctx.Done():
 	}
-	return func() {
+	return func(tail time.Duration) {
+		bound := time.NewTimer(tail)
+		defer bound.Stop()
 		select {
 		case <-done: // the program exited and its stream ended
+		case <-stalled: // its infra fails the reads: it cannot say when the output ends
+			m.log.Info("job node's output not read to its end: its infra fails the reads", zap.Int64("job", id), zap.String("instance", in.ID))
+		case <-bound.C:
 		case <-ctx.Done(): // the stop's bound: keep what was read
 		}
+		cut()
 		go func() { <-done; f.Close() }()
 	}
 }

@@ -316,12 +316,24 @@ type LogOptions struct {
 	// infra drops its output with it (a deleted pod, a deleted GCE VM) waits for Opened first,
 	// or the stop can win the race and take the whole log.
 	Opened func()
+	// Stalled, when set, is called each time a followed read fails for the infra's own
+	// reasons (unavailable, throttled) and the stream goes on, reading less often until the
+	// infra answers. Whoever waits for a stopped instance's last output stops waiting then:
+	// the infra cannot say when that output is complete (jobs' stop keeps what it read).
+	Stalled func(error)
 }
 
 // NotifyOpened calls o.Opened if set.
 func (o LogOptions) NotifyOpened() {
 	if o.Opened != nil {
 		o.Opened()
+	}
+}
+
+// NotifyStalled calls o.Stalled with err if set.
+func (o LogOptions) NotifyStalled(err error) {
+	if o.Stalled != nil {
+		o.Stalled(err)
 	}
 }
 

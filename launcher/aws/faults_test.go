@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -456,15 +457,22 @@ func TestStreamLogsRidesOutAFault(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out syncBuffer
+	var stalled atomic.Int64 // failed reads the stream reported
 	done := make(chan error, 1)
-	go func() { done <- p.StreamLogs(ctx, inst.ID, launcher.LogOptions{Tail: -1, Follow: true}, &out) }()
+	opts := launcher.LogOptions{Tail: -1, Follow: true, Stalled: func(error) { stalled.Add(1) }}
+	go func() { done <- p.StreamLogs(ctx, inst.ID, opts, &out) }()
 	waitFor(t, testTimeout, "the console followed", func() (bool, string) {
 		return strings.Contains(out.String(), "tick 2\n"), out.String()
 	})
+	if n := stalled.Load(); n != 0 {
+		t.Fatalf("%d reads reported failing before the fault", n)
+	}
 
 	e.fake.Outages().Set(fakefault.Fault{Status: 503})
 	failing := func() int { return logs.FilterMessageSnippet("fails to serve the console output").Len() }
 	waitFor(t, testTimeout, "the failure logged", func() (bool, string) { return failing() == 1, fmt.Sprint(logs.All()) })
+	// Whoever waits for the output's end hears that EC2 holds it up.
+	waitFor(t, testTimeout, "a failed read reported", func() (bool, string) { return stalled.Load() > 0, "" })
 	const window = time.Second // 50 reads of 20ms without a back-off
 	reads := func() int {
 		return e.fake.Calls("GetConsoleOutput", testRegion) + e.fake.Calls("DescribeInstances", testRegion)

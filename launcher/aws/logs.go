@@ -35,13 +35,14 @@ const DefaultLogInterval = 5 * time.Second
 // Once following, a read that fails for EC2's own reasons (unavailable, throttled) does not
 // end the stream: the instance is still there, and its output will be too. The reads back off
 // (the interval doubled per failure up to maxLogBackoff) until EC2 answers again or ctx ends,
-// and the log says so when it starts and when it ends, not at every read.
+// and the log says so when it starts and when it ends, not at every read; each failed read
+// is told to opts.Stalled.
 func (p *Provider) StreamLogs(ctx context.Context, id string, opts launcher.LogOptions, w io.Writer) error {
 	region, iid, err := p.parseID(id)
 	if err != nil {
 		return err
 	}
-	return vmnode.StreamPolledLog(ctx, &consoleLog{p: p, region: region, iid: iid}, opts, p.opts.LogInterval, w)
+	return vmnode.StreamPolledLog(ctx, &consoleLog{p: p, region: region, iid: iid, stalled: opts.NotifyStalled}, opts, p.opts.LogInterval, w)
 }
 
 // maxLogBackoff caps the wait between two reads of a console whose reads fail.
@@ -57,6 +58,8 @@ type consoleLog struct {
 	read bool
 	// failingSince is when reads began failing for EC2's reasons; zero while they work.
 	failingSince time.Time
+	// stalled hears of each read that failed for EC2's reasons while following.
+	stalled func(error)
 }
 
 var _ vmnode.PolledLog = (*consoleLog)(nil)
@@ -101,6 +104,7 @@ func (c *consoleLog) retry(ctx context.Context, call func(context.Context) error
 		if err == nil || !c.read || ctx.Err() != nil || !(errors.Is(err, launcher.ErrUnavailable) || errors.Is(err, launcher.ErrThrottled)) {
 			return err
 		}
+		c.stalled(err)
 		if c.failingSince.IsZero() {
 			c.failingSince = time.Now()
 			c.p.log.Warn("EC2 fails to serve the console output; reading it less often until it answers",

@@ -33,7 +33,7 @@ func (p *Provider) StreamLogs(ctx context.Context, id string, opts launcher.LogO
 	if err != nil {
 		return err
 	}
-	return vmnode.StreamPolledLog(ctx, &serialLog{p: p, zone: zone, name: name}, opts, p.opts.LogInterval, w)
+	return vmnode.StreamPolledLog(ctx, &serialLog{p: p, zone: zone, name: name, stalled: opts.NotifyStalled}, opts, p.opts.LogInterval, w)
 }
 
 // serialLog is a VM's serial port 1 read on from the byte offset where the previous read ended.
@@ -42,6 +42,7 @@ func (p *Provider) StreamLogs(ctx context.Context, id string, opts launcher.LogO
 // log: reads are skipped for a back-off that doubles from LogInterval up to maxLogBackoff
 // (logged when the failure starts and when it ends), and the error ends the stream only after
 // maxLogOutage of failing. Nothing is lost meanwhile: the next read starts at the same offset.
+// Each failed read is told to the stream's LogOptions.Stalled.
 type serialLog struct {
 	p          *Provider
 	zone, name string
@@ -49,6 +50,7 @@ type serialLog struct {
 	read       bool  // whether a read has been made
 	ended      bool  // whether Ended said the VM stopped: the next read is the last
 	down       outage
+	stalled    func(error)
 }
 
 // Back-off of a followed serial port whose reads fail.
@@ -100,6 +102,7 @@ func (s *serialLog) failed(err error) error {
 	if !errors.Is(err, launcher.ErrUnavailable) && !errors.Is(err, launcher.ErrThrottled) {
 		return err
 	}
+	s.stalled(err)
 	now := time.Now()
 	if s.down.failures > 0 && now.Sub(s.down.since) >= maxLogOutage {
 		return fmt.Errorf("gcp: serial port of %s unreadable for %v: %w", s.name, now.Sub(s.down.since).Round(time.Second), err)

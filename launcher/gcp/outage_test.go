@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,9 +130,14 @@ echo "line 4"; exit 0`, false)
 		t.Fatal(err)
 	}
 	var followed syncBuffer
+	var stalled atomic.Int64 // failed reads the stream reported
 	done := make(chan error, 1)
-	go func() { done <- e.prov.StreamLogs(ctx, in.ID, launcher.LogOptions{Tail: -1, Follow: true}, &followed) }()
+	opts := launcher.LogOptions{Tail: -1, Follow: true, Stalled: func(error) { stalled.Add(1) }}
+	go func() { done <- e.prov.StreamLogs(ctx, in.ID, opts, &followed) }()
 	waitFor(t, "line 3 followed", func() bool { return strings.Contains(followed.String(), "line 3\n") })
+	if n := stalled.Load(); n != 0 {
+		t.Fatalf("%d reads reported failing before the outage", n)
+	}
 
 	e.fake.Outages().Set(fakefault.Fault{Status: 503, Zone: in.Zone, Ops: []string{fakecompute.OpInstancesGetSerialPort, fakecompute.OpInstancesGet}})
 	// Each poll asks whether the VM ended (instances.get) before it reads the port.
@@ -141,6 +147,8 @@ echo "line 4"; exit 0`, false)
 	}
 	during := reads()
 	waitFor(t, "reads failing", func() bool { return reads()-during >= 2*DefaultMaxAttempts })
+	// Whoever waits for the output's end hears that the infra holds it up.
+	waitFor(t, "a failed read reported", func() bool { return stalled.Load() > 0 })
 	if err := os.WriteFile(goFile, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
