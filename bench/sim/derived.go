@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 )
 
 // This file derives counted spot sets from probed (0/1) ones, so that a cloud whose traces here
@@ -108,3 +110,27 @@ var DerivedSets = []DerivedSet{{
 	Rule:            CountRule{Copies: 4, Gap: 150},
 	GCPInstanceType: "a2-highgpu-8g",
 }}
+
+// derivedSets are the DerivedSets whose probe set is under root, as the sweep runs them.
+func derivedSets(root string) []SpotSet {
+	var out []SpotSet
+	for i := range DerivedSets {
+		d := &DerivedSets[i]
+		dir := filepath.Join(root, filepath.FromSlash(d.From))
+		if st, err := os.Stat(dir); err == nil && st.IsDir() {
+			out = append(out, SpotSet{Name: d.Name, Path: dir, Derived: d})
+		}
+	}
+	return out
+}
+
+// spotSet is the set a single run reads: --spot-traces names a directory or pattern, or a
+// derived set by its name (derived/gcp-04-30-2023-counted), built from under --spot-root.
+func (o Options) spotSet() SpotSet {
+	for i := range DerivedSets {
+		if d := &DerivedSets[i]; o.SpotDir == d.Name {
+			return SpotSet{Name: d.Name, Path: filepath.Join(o.SpotRoot, filepath.FromSlash(d.From)), Derived: d}
+		}
+	}
+	return SpotSet{Name: o.SpotDir, Path: o.SpotDir}
+}

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -93,5 +95,100 @@ func TestCountRuleKeepsZonesTogether(t *testing.T) {
 	}
 	if diff := cmp.Diff([]float64{2, 3, 2, 3, 2, 3}, got[0].Data); diff != "" {
 		t.Errorf("counts (-want +got):\n%s", diff)
+	}
+}
+
+// derivedRoot is a spot-traces root holding testdata's GCP probes where DerivedSets read
+// them, beside testdata's AWS set.
+func derivedRoot(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	dir := filepath.Join(root, filepath.FromSlash(DerivedSets[0].From))
+	for src, dst := range map[string]string{"testdata/spot-gcp": dir, "testdata/spot-real": filepath.Join(root, "spot-real")} {
+		if err := os.MkdirAll(dst, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		files, _ := filepath.Glob(filepath.Join(src, "*.json"))
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dst, filepath.Base(f)), b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return root
+}
+
+// TestSweepSetsDerived: the sweep runs the derived set after the sets on disk, --sets picks
+// sets by the names the sweep reports, and a name it does not know is an error naming them.
+func TestSweepSetsDerived(t *testing.T) {
+	root := derivedRoot(t)
+	names := func(sets []SpotSet) []string {
+		var out []string
+		for _, s := range sets {
+			out = append(out, s.Name)
+		}
+		return out
+	}
+	tests := map[string]struct {
+		sets  []string
+		want  []string
+		wantE string
+	}{
+		"every set, then the derived one": {want: []string{"preemption/1-node/gcp-04-30-2023", "spot-real", "derived/gcp-04-30-2023-counted"}},
+		"only the derived one":            {sets: []string{"derived/gcp-04-30-2023-counted"}, want: []string{"derived/gcp-04-30-2023-counted"}},
+		"an unknown name":                 {sets: []string{"derived/nope"}, wantE: "derived/nope not under"},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, err := sweepSets(Options{SpotRoot: root, Sets: tt.sets})
+			if tt.wantE != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantE) || !strings.Contains(err.Error(), "spot-real") {
+					t.Fatalf("err = %v, want one saying %q and listing the sets", err, tt.wantE)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, names(got)); diff != "" {
+				t.Errorf("sets (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestDerivedSetPrices: the derived set is counted, keeps its zones, and is priced as its own
+// instance (a2-highgpu-8g), not as Options.GCPInstanceType; a single run finds it by name.
+func TestDerivedSetPrices(t *testing.T) {
+	o := DefaultOptions()
+	o.SpotRoot, o.CatalogDir, o.SpotDir = derivedRoot(t), "testdata/catalog", DerivedSets[0].Name
+	p, err := newCatalogs(o).prices(o.spotSet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.InstanceType != "a2-highgpu-8g" || p.OnDemand != 29.38708 || p.Source != DerivedSets[0].Name {
+		t.Errorf("priced as %s at $%v/h on-demand, source %q; want a2-highgpu-8g at 29.38708, the set's name", p.InstanceType, p.OnDemand, p.Source)
+	}
+	// 40 probe readings of 30 s: 8 ticks of 150 s. us-central1-a is down at reading 0 only,
+	// which copy 0 reads in tick 0 (shift 10: copies 1-3 read it in ticks 6, 4 and 2);
+	// us-east1-b is down throughout.
+	want := map[string][]float64{
+		"us-central1-a": {3, 4, 3, 4, 3, 4, 3, 4},
+		"us-east1-b":    {0, 0, 0, 0, 0, 0, 0, 0},
+	}
+	for _, z := range p.Zones {
+		if z.Trace.Probe || z.SpotPrice != 11.54364 || z.Trace.Gap != 150 {
+			t.Errorf("%s: probe %v, spot $%v/h, gap %v; want counted, 11.54364, 150", z.Name, z.Trace.Probe, z.SpotPrice, z.Trace.Gap)
+		}
+		if diff := cmp.Diff(want[z.Name], z.Trace.Data); diff != "" {
+			t.Errorf("%s counts (-want +got):\n%s", z.Name, diff)
+		}
+	}
+	if len(p.Zones) != 2 {
+		t.Errorf("%d zones, want 2", len(p.Zones))
 	}
 }

@@ -59,6 +59,9 @@ type Options struct {
 	Sweep    bool
 	SpotRoot string
 	Fleets   []int
+	// Sets, when not empty, are the only sets the sweep runs, by the names it reports
+	// (availability/16-node/aws-08-27-2023, derived/gcp-04-30-2023-counted).
+	Sets []string
 	// Out is the report directory; "" is .cache/bench/sim-TIMESTAMP in the repository.
 	Out string
 }
@@ -120,6 +123,7 @@ func (o *Options) RegisterFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.Sweep, "sweep", o.Sweep, "run every spot set under --spot-root at every fleet of --fleets (one table and plot) instead of one run")
 	fs.StringVar(&o.SpotRoot, "spot-root", o.SpotRoot, "with --sweep, the directory whose every set of spot traces is run (default DATA/"+defaultSpotRoot+")")
 	fs.IntSliceVar(&o.Fleets, "fleets", o.Fleets, "with --sweep, the fleet sizes (--fleet) to run each set at")
+	fs.StringSliceVar(&o.Sets, "sets", o.Sets, "with --sweep, run only these sets, by the names the sweep reports (default: every set under --spot-root, then "+DerivedSets[0].Name+")")
 	fs.StringVar(&o.Out, "out", o.Out, "directory for summary.md, results.json and the plot (default .cache/bench/sim-TIMESTAMP in the repo)")
 }
 

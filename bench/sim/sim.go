@@ -25,7 +25,7 @@ func Load(o Options) (*Inputs, error) {
 	if err != nil {
 		return nil, err
 	}
-	prices, err := newCatalogs(o).prices(o.SpotDir)
+	prices, err := newCatalogs(o).prices(o.spotSet())
 	if err != nil {
 		return nil, err
 	}
@@ -40,11 +40,21 @@ type catalogs struct {
 
 func newCatalogs(o Options) *catalogs { return &catalogs{o: o, rows: map[Provider][]CatalogRow{}} }
 
-// prices loads the spot set at path and prices its zones from its cloud's catalog.
-func (c *catalogs) prices(path string) (*Prices, error) {
-	spots, err := LoadSpotTraces(path)
+// prices loads a spot set, derives its counts when it is a derived set, and prices its zones
+// from its cloud's catalog.
+func (c *catalogs) prices(set SpotSet) (*Prices, error) {
+	spots, err := LoadSpotTraces(set.Path)
 	if err != nil {
 		return nil, err
+	}
+	machine := c.o.GCPInstanceType
+	if d := set.Derived; d != nil {
+		if spots, err = d.Rule.Derive(spots); err != nil {
+			return nil, fmt.Errorf("spot set %s: %w", set.Name, err)
+		}
+		if d.GCPInstanceType != "" {
+			machine = d.GCPInstanceType
+		}
 	}
 	p := spots[0].Provider
 	file := filepath.Join(c.o.CatalogDir, string(p)+"_gpu.csv")
@@ -55,14 +65,18 @@ func (c *catalogs) prices(path string) (*Prices, error) {
 	}
 	var prices *Prices
 	if p == GCP {
-		prices, err = MatchGCPZones(c.rows[p], c.o.GCPInstanceType, spots)
+		prices, err = MatchGCPZones(c.rows[p], machine, spots)
 	} else {
 		prices, err = MatchZones(c.rows[p], c.o.AWSInstanceType, spots)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", file, err)
 	}
-	prices.Source = path
+	if d := set.Derived; d != nil {
+		prices.Notes = append(prices.Notes, fmt.Sprintf("counted from the probes of %s: %d copies of each zone, shifted by a %d-th of the trace, in %gs ticks (CountRule); priced as %s",
+			d.From, d.Rule.Copies, d.Rule.Copies, d.Rule.Gap, prices.InstanceType))
+	}
+	prices.Source = set.Name
 	return prices, nil
 }
 

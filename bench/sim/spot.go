@@ -213,6 +213,8 @@ type SpotSet struct {
 	Name string
 	// Path is what LoadSpotTraces takes: the directory, or a pattern for one instance.
 	Path string
+	// Derived, when set, is the rule that makes this set's counts from the probes at Path.
+	Derived *DerivedSet
 }
 
 // FindSpotSets lists every set under root (../shared/data/spot-traces): each directory holding

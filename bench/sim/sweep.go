@@ -81,7 +81,7 @@ func SimulateSweep(ctx context.Context, o Options, progress io.Writer) (*Sweep, 
 	if err != nil {
 		return nil, err
 	}
-	sets, err := FindSpotSets(o.SpotRoot)
+	sets, err := sweepSets(o)
 	if err != nil {
 		return nil, err
 	}
@@ -99,12 +99,15 @@ func SimulateSweep(ctx context.Context, o Options, progress io.Writer) (*Sweep, 
 	}
 	var jobs []job
 	for _, set := range sets {
-		prices, err := cats.prices(set.Path)
+		prices, err := cats.prices(set)
 		if err != nil {
 			return nil, fmt.Errorf("spot set %s: %w", set.Name, err)
 		}
 		so := o
 		so.SpotDir = set.Path
+		if set.Derived != nil {
+			so.SpotDir = set.Name
+		}
 		so.Duration = min(o.Duration, setDuration(prices.Zones)-o.Warmup-o.SpotOffset).Truncate(time.Minute)
 		if so.Duration < 10*time.Minute {
 			return nil, fmt.Errorf("spot set %s covers %v: too short for a %v warm-up and 10 minutes scored from --spot-offset %v",
@@ -149,6 +152,36 @@ func SimulateSweep(ctx context.Context, o Options, progress io.Writer) (*Sweep, 
 		rep.finish()
 	}
 	return sw, nil
+}
+
+// sweepSets are the sets a sweep runs: every set under o.SpotRoot, then the derived sets
+// (DerivedSets) whose probes are there, or only those named in o.Sets.
+func sweepSets(o Options) ([]SpotSet, error) {
+	sets, err := FindSpotSets(o.SpotRoot)
+	if err != nil {
+		return nil, err
+	}
+	sets = append(sets, derivedSets(o.SpotRoot)...)
+	if len(o.Sets) == 0 {
+		return sets, nil
+	}
+	var out, unknown []string
+	var picked []SpotSet
+	for _, s := range sets {
+		out = append(out, s.Name)
+		if slices.Contains(o.Sets, s.Name) {
+			picked = append(picked, s)
+		}
+	}
+	for _, n := range o.Sets {
+		if !slices.Contains(out, n) {
+			unknown = append(unknown, n)
+		}
+	}
+	if len(unknown) > 0 {
+		return nil, fmt.Errorf("--sets: %s not under %s; the sets are: %s", strings.Join(unknown, ", "), o.SpotRoot, strings.Join(out, ", "))
+	}
+	return picked, nil
 }
 
 // describeSet summarises what a set's capacity allows over the scored horizon of o.

@@ -38,6 +38,10 @@ and to summary.md, results.json and sim.svg in --out.
 
 --sweep runs every set under --spot-root (../shared/data/spot-traces) at every fleet of
 --fleets (3, 4, 5, 6, 8, 12, 16, 24) in one pool and writes one table (sweep.md) and one plot (sweep.svg).
+After the sets on disk it runs derived/gcp-04-30-2023-counted, a counted GCP set built from the
+0/1 GCP probes by a fixed rule (4 staggered copies per zone, 150 s ticks, priced as
+a2-highgpu-8g; bench/sim/derived.go); --sets runs only the sets it names, and --spot-traces
+takes that name too.
 
 Inputs default to files under DATA, which is $FERRY_DATA or else ../shared/data beside the
 repository. bench/README.md ("ferry sim") documents the model's constants, how the data are read,
@@ -50,6 +54,9 @@ and results.`,
 
   # a GCP set, with a Spot VM warned 30 s ahead (the default) or not at all
   ferry sim --spot-traces ../shared/data/spot-traces/preemption/1-node/gcp-04-30-2023 --gcp-notice 0
+
+  # only the derived GCP counted set, at every fleet size
+  ferry sim --sweep --sets derived/gcp-04-30-2023-counted
 
   # one traced instance of a directory that holds several
   ferry sim --spot-traces '../shared/data/spot-traces/availability/1-node/aws-10-26-2022/*_v100_1.json'

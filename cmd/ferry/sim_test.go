@@ -99,7 +99,7 @@ func TestSimCommandHelp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"Examples:", "ferry sim --sweep", "--fleet", "--aws-notice", "--gcp-notice", "--spot-offset", "--slo-ttft", "--cold-start"} {
+	for _, want := range []string{"Examples:", "ferry sim --sweep", "--fleet", "--aws-notice", "--gcp-notice", "--spot-offset", "--slo-ttft", "--cold-start", "--sets", "derived/gcp-04-30-2023-counted"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("help lacks %q", want)
 		}
