@@ -54,7 +54,7 @@ bench-pd:
 bench-tenants:
 	$(GO) run ./bench/tenants $(BENCH_ARGS)
 
-## bench-sim: the fleet-size sweep (ferry sim --sweep): every spot trace in ../shared/data at 3, 4, 5, 6, 8, 12, 16 and 24 replicas, Ferry against SkyServe+SpotHedge and all on-demand
+## bench-sim: the fleet-size sweep (ferry sim --sweep): every spot trace in ../shared/data and a GCP counted set derived from them, at 3, 4, 5, 6, 8, 12, 16 and 24 replicas, Ferry against SkyServe+SpotHedge and all on-demand
 bench-sim:
 	$(GO) run ./cmd/ferry sim --sweep $(BENCH_ARGS)
 
