@@ -105,6 +105,33 @@ type account struct {
 	seenEpoch       int64
 }
 
+// keyAccounts is what a key's cache (Key.accounts) holds: its account in one ledger, and its
+// team's for one team record.
+type keyAccounts struct {
+	ledger   *Ledger
+	team     *Team
+	key, tac *account
+}
+
+// accounts returns the accounts of key k and of its team t (nil without one). An indexed key
+// keeps them (accounts are never dropped), so a request costs no map lookup once its key has
+// been admitted here.
+func (l *Ledger) accounts(k *Key, t *Team) (ka, ta *account) {
+	if k.accounts != nil {
+		if c := k.accounts.Load(); c != nil && c.ledger == l && c.team == t {
+			return c.key, c.tac
+		}
+	}
+	ka = l.account(accountID{name: k.ID})
+	if t != nil {
+		ta = l.account(accountID{team: true, name: t.Name})
+	}
+	if k.accounts != nil {
+		k.accounts.Store(&keyAccounts{ledger: l, team: t, key: ka, tac: ta})
+	}
+	return ka, ta
+}
+
 func (l *Ledger) account(id accountID) *account {
 	m := &l.keys
 	if id.team {
@@ -170,11 +197,10 @@ type Ticket struct {
 // estimate are charged and the ticket must be settled.
 func (l *Ledger) Admit(k *Key, t *Team, service, model string, price Price, estIn int64, now time.Time) (Decision, Ticket) {
 	share := l.share(now)
-	ka := l.account(accountID{name: k.ID})
-	var ta *account
+	ka, ta := l.accounts(k, t)
 	var tl Limits
 	if t != nil {
-		ta, tl = l.account(accountID{team: true, name: t.Name}), t.Limits
+		tl = t.Limits
 	}
 	tk := Ticket{key: ka, team: ta, keyLimits: k.Limits, teamLimit: tl, teamName: k.Team, estimate: estIn, price: price,
 		row: RowID{KeyID: k.ID, Service: service, Model: model, Day: DayOf(now)}}

@@ -1,6 +1,7 @@
 package tenants
 
 import (
+	"crypto/sha256"
 	"strings"
 	"testing"
 	"time"
@@ -216,4 +217,61 @@ func TestKeyScopeExpiryAndClass(t *testing.T) {
 func sum(s string) (h [32]byte) {
 	copy(h[:], mustHex(HashSecret(s)))
 	return h
+}
+
+// An indexed key keeps its ledger accounts (Key.accounts), which must stay the ledger's own:
+// the same account under every directory version, another ledger's apart, a team that changes
+// between versions followed, and the caller's Directory untouched.
+func TestIndexedKeysKeepTheirAccounts(t *testing.T) {
+	secret := "fy-cached"
+	sum := sha256.Sum256([]byte(secret))
+	dir := func(v int64, team string, teamRPM int64) Directory {
+		return Directory{Version: v, Keys: []Key{{ID: "k", Name: "k", Team: team, Hash: HashSecret(secret), Limits: Limits{RequestsPerMinute: 2}}},
+			Teams: []Team{{Name: "t1", Limits: Limits{RequestsPerMinute: teamRPM}}, {Name: "t2", Limits: Limits{RequestsPerMinute: teamRPM}}}}
+	}
+	admit := func(l *Ledger, x *Index) bool {
+		k := x.Lookup(sum)
+		d, tk := l.Admit(k, x.Team(k), "svc", "m", Price{}, 0, t0)
+		if d.OK {
+			l.Settle(&tk, 0, 0, false, t0)
+		}
+		return d.OK
+	}
+	d1 := dir(1, "t1", 100)
+	x1 := NewIndex(d1)
+	if d1.Keys[0].accounts != nil {
+		t.Fatal("NewIndex changed the caller's Directory")
+	}
+	l := NewLedger()
+	if !admit(l, x1) || !admit(l, x1) || admit(l, x1) {
+		t.Fatal("the key's limit of 2 a minute did not hold under one index")
+	}
+	if admit(l, NewIndex(dir(2, "t1", 100))) {
+		t.Error("a new directory version started the key's account afresh")
+	}
+	if !admit(NewLedger(), x1) {
+		t.Error("another ledger charged the first ledger's account")
+	}
+	// The key moves to team t2, whose limit of 1 a minute it has not used: one more request
+	// passes the team, none passes the key.
+	l2 := NewLedger()
+	x3 := NewIndex(dir(3, "t1", 1))
+	if !admit(l2, x3) || admit(l2, x3) {
+		t.Fatal("team t1's limit of 1 a minute did not hold")
+	}
+	if !admit(l2, NewIndex(dir(4, "t2", 1))) {
+		t.Error("the key, moved to team t2, was charged against t1")
+	}
+	// One key admitted first without its team's record, then with it: the team is charged.
+	l3 := NewLedger()
+	k := x3.Lookup(sum)
+	if d, _ := l3.Admit(k, nil, "svc", "m", Price{}, 0, t0); !d.OK {
+		t.Fatal(d.Refusal)
+	}
+	if d, _ := l3.Admit(k, x3.Team(k), "svc", "m", Price{}, 0, t0); !d.OK {
+		t.Fatal(d.Refusal)
+	}
+	if used := l3.account(accountID{team: true, name: "t1"}).used[dimRequests]; used != 1 {
+		t.Errorf("team t1 charged %v requests, want 1", used)
+	}
 }
