@@ -17,7 +17,6 @@ import (
 	"math/big"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 )
 
@@ -160,10 +159,6 @@ type Key struct {
 	Limits         Limits    `json:"limits,omitzero"`
 	CreatedAt      time.Time `json:"created_at"`
 	RevokedAt      time.Time `json:"revoked_at,omitzero"`
-
-	// accounts is where a Ledger finds the key's account and its team's without a map lookup:
-	// set for the keys of an Index (nil elsewhere), filled by the first admission.
-	accounts *atomic.Pointer[keyAccounts]
 }
 
 // Team is a group of keys whose use is limited together, on top of each key's own limits.
@@ -271,11 +266,9 @@ type Index struct {
 
 // NewIndex indexes d. Revoked keys are left out; expired ones are kept and refused by time.
 func NewIndex(d Directory) *Index {
-	d.Keys = slices.Clone(d.Keys) // the index's keys carry a cache of their own (Key.accounts)
 	x := &Index{dir: d, byHash: make(map[[sha256.Size]byte]*Key, len(d.Keys)), teams: make(map[string]*Team, len(d.Teams))}
 	for i := range d.Keys {
 		k := &d.Keys[i]
-		k.accounts = new(atomic.Pointer[keyAccounts])
 		var h [sha256.Size]byte
 		if n, err := hex.Decode(h[:], []byte(k.Hash)); err != nil || n != sha256.Size || !k.RevokedAt.IsZero() {
 			continue

@@ -2,6 +2,7 @@ package tenants
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"strings"
 	"sync"
@@ -24,6 +25,11 @@ type Ledger struct {
 	// keys and teams are the accounts by name (→ *account): two maps keyed by a plain string
 	// hash faster than one keyed by a struct.
 	keys, teams sync.Map
+
+	// byKey finds the accounts of a key by the *Key an Index handed out, one lookup of a
+	// pointer instead of two of strings (accounts); copied on write under byKeyMu.
+	byKey   atomic.Pointer[map[*Key]keyAccounts]
+	byKeyMu sync.Mutex
 
 	mu    sync.Mutex // guards the sync cursor
 	epoch int64
@@ -105,20 +111,22 @@ type account struct {
 	seenEpoch       int64
 }
 
-// keyAccounts is what a key's cache (Key.accounts) holds: its account in one ledger, and its
-// team's for one team record.
+// keyAccounts is what byKey holds for a key: its account, and its team's for one team record.
 type keyAccounts struct {
-	ledger   *Ledger
 	team     *Team
 	key, tac *account
 }
 
-// accounts returns the accounts of key k and of its team t (nil without one). An indexed key
-// keeps them (accounts are never dropped), so a request costs no map lookup once its key has
-// been admitted here.
+// byKeyMax bounds byKey: keys of directory versions gone stay in it until it is full, when it
+// starts afresh (and refills with the keys in use).
+const byKeyMax = 8192
+
+// accounts returns the accounts of key k and of its team t (nil without one). Accounts are never
+// dropped, so once a *Key has been admitted here (a proxy's keys come from one Index per
+// directory version) they are found by the pointer alone.
 func (l *Ledger) accounts(k *Key, t *Team) (ka, ta *account) {
-	if k.accounts != nil {
-		if c := k.accounts.Load(); c != nil && c.ledger == l && c.team == t {
+	if m := l.byKey.Load(); m != nil {
+		if c, ok := (*m)[k]; ok && c.team == t {
 			return c.key, c.tac
 		}
 	}
@@ -126,9 +134,14 @@ func (l *Ledger) accounts(k *Key, t *Team) (ka, ta *account) {
 	if t != nil {
 		ta = l.account(accountID{team: true, name: t.Name})
 	}
-	if k.accounts != nil {
-		k.accounts.Store(&keyAccounts{ledger: l, team: t, key: ka, tac: ta})
+	l.byKeyMu.Lock()
+	defer l.byKeyMu.Unlock()
+	next := map[*Key]keyAccounts{}
+	if old := l.byKey.Load(); old != nil && len(*old) < byKeyMax {
+		next = maps.Clone(*old)
 	}
+	next[k] = keyAccounts{team: t, key: ka, tac: ta}
+	l.byKey.Store(&next)
 	return ka, ta
 }
 
