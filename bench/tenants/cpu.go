@@ -40,6 +40,7 @@ import (
 // 1.10× the own key, the median of the pairs' ratios.
 
 const (
+	chatPath   = "/v1/chat/completions"
 	cpuService = "tenants-cpu"
 	cpuKeyEnv  = "FERRY_BENCH_OWN_KEY"
 	cpuWorkers = 16 // a stream, one per proxy
@@ -113,9 +114,9 @@ func (b *bench) measureCPU(ctx context.Context, progress func(string, ...any)) (
 	if err != nil {
 		return res, err
 	}
-	var proxies [2]cpuProxy
+	var proxies [2]attachedProxy
 	for i := range proxies {
-		if proxies[i], err = b.startCPUProxy(i); err != nil {
+		if proxies[i], err = startAttachedProxy(b.f, fmt.Sprintf("proxy-cpu-%d", i), cpuService, o.cpuPin); err != nil {
 			return res, err
 		}
 		defer b.f.Group.Stop(proxies[i].proc)
@@ -125,7 +126,7 @@ func (b *bench) measureCPU(ctx context.Context, progress func(string, ...any)) (
 	defer l.client.CloseIdleConnections()
 	for _, px := range proxies {
 		err = servicekit.PollUntil(ctx, time.Minute, 200*time.Millisecond, func() (bool, error) {
-			h, err := l.once(ctx, px.url, secret)
+			h, err := l.once(ctx, px.base+chatPath, secret)
 			res.Headers = h
 			return err == nil, nil
 		})
@@ -177,28 +178,29 @@ func (res *cpuResult) judge() {
 	res.Pass = res.Median <= cpuBar
 }
 
-// cpuProxy is one of the CPU phase's attached proxies.
-type cpuProxy struct {
-	url  string
-	proc *childproc.Proc
+// attachedProxy is a `ferry proxy --attach` the bench started.
+type attachedProxy struct {
+	base, metrics string // http://ADDR, and the metrics listener's address
+	proc          *childproc.Proc
 }
 
-// startCPUProxy starts the CPU phase's proxy number i.
-func (b *bench) startCPUProxy(i int) (cpuProxy, error) {
+// startAttachedProxy starts `ferry proxy --attach service` on free loopback addresses, pinned
+// to CPU cpu (-1: not pinned).
+func startAttachedProxy(f *servicekit.Ferry, name, service string, cpu int) (attachedProxy, error) {
 	addr, err := benchkit.FreeLoopbackAddr()
 	if err != nil {
-		return cpuProxy{}, err
+		return attachedProxy{}, err
 	}
 	maddr, err := benchkit.FreeLoopbackAddr()
 	if err != nil {
-		return cpuProxy{}, err
+		return attachedProxy{}, err
 	}
-	p, err := b.f.Group.Start(childproc.Spec{Name: fmt.Sprintf("proxy-cpu-%d", i), Env: b.f.Env, CPU: b.opts.cpuPin,
-		Argv: []string{b.f.Bin, "proxy", "--attach", cpuService, "--listen", addr, "--metrics-listen", maddr}})
+	p, err := f.Group.Start(childproc.Spec{Name: name, Env: f.Env, CPU: cpu,
+		Argv: []string{f.Bin, "proxy", "--attach", service, "--listen", addr, "--metrics-listen", maddr}})
 	if err != nil {
-		return cpuProxy{}, err
+		return attachedProxy{}, err
 	}
-	return cpuProxy{url: "http://" + addr + "/v1/chat/completions", proc: p}, nil
+	return attachedProxy{base: "http://" + addr, metrics: maddr, proc: p}, nil
 }
 
 // createKey runs `ferry keys create NAME --json FLAGS` and returns the secret.
@@ -250,7 +252,7 @@ func (l *cpuLoad) once(ctx context.Context, url, key string) (map[string]string,
 // round sends the managed key's stream to proxies[managed] and the own key's to the other, at
 // once, cpuWorkers at a time each, until either has sent n (the other stops then too), and
 // returns each proxy's CPU time per request it served. Any failed request fails the round.
-func (l *cpuLoad) round(ctx context.Context, proxies [2]cpuProxy, managed int, own, secret string, n int) (cpuRound, error) {
+func (l *cpuLoad) round(ctx context.Context, proxies [2]attachedProxy, managed int, own, secret string, n int) (cpuRound, error) {
 	r := cpuRound{ManagedProxy: managed}
 	keys := [2]string{own, own}
 	keys[managed] = secret
@@ -274,7 +276,7 @@ func (l *cpuLoad) round(ctx context.Context, proxies [2]cpuProxy, managed int, o
 		for range cpuWorkers {
 			wg.Go(func() {
 				for !halt.Load() && ctx.Err() == nil {
-					if _, err := l.once(ctx, proxies[i].url, keys[i]); err != nil {
+					if _, err := l.once(ctx, proxies[i].base+chatPath, keys[i]); err != nil {
 						failOnce.Do(func() { firstErr = fmt.Errorf("cpu round, proxy %d: %w", i, err) })
 						halt.Store(true)
 						return

@@ -15,7 +15,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ferryserve/ferry/bench/benchkit"
 	"github.com/ferryserve/ferry/bench/childproc"
 	"github.com/ferryserve/ferry/bench/servicekit"
 )
@@ -68,21 +67,13 @@ func setUp(ctx context.Context, f *servicekit.Ferry, o options, progress func(st
 		b.keys[k.name] = secret
 	}
 	for i := range 2 {
-		addr, err := benchkit.FreeLoopbackAddr()
+		px, err := startAttachedProxy(f, fmt.Sprintf("proxy-%d", i), serviceName, -1)
 		if err != nil {
 			return nil, err
 		}
-		maddr, err := benchkit.FreeLoopbackAddr()
-		if err != nil {
-			return nil, err
-		}
-		p, err := f.Start(fmt.Sprintf("proxy-%d", i), "proxy", "--attach", serviceName, "--listen", addr, "--metrics-listen", maddr)
-		if err != nil {
-			return nil, err
-		}
-		b.metrics = append(b.metrics, maddr)
-		b.procs = append(b.procs, p)
-		b.proxies = append(b.proxies, "http://"+addr)
+		b.metrics = append(b.metrics, px.metrics)
+		b.procs = append(b.procs, px.proc)
+		b.proxies = append(b.proxies, px.base)
 	}
 	progress("two attached proxies: %s", strings.Join(b.proxies, ", "))
 	for _, base := range b.proxies {
