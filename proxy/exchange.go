@@ -55,8 +55,9 @@ type exchange struct {
 	tools      []byte
 	tried      []*policy.Replica
 	candidates []*policy.Replica
-	// slotWaited is set when the request waited in the proxy for a free slot (late binding)
-	// and has not been sent yet; tryReplica then passes on a slot it left free.
+	// slotWaited is set when the request holds a slot reserved for it (late binding: granted
+	// after waiting, or taken under the line's lock) and has not been sent yet; tryReplica then
+	// ends the reservation and passes on a slot it left free.
 	slotWaited bool
 	// slotReserved is set while the request holds a slot it was granted and has not taken yet
 	// (waitLine.granted).

@@ -29,9 +29,12 @@ import (
 // first. A configured cap refuses every class with 503 instead.
 //
 // The cap is per proxy: standalone proxies attached to one service each enforce it on the
-// requests they send. It is not exact either: checking for a free slot and counting the request
-// are two steps, so requests arriving at the same instant can each take the last slot. It keeps
-// work out of the engines' queues; the engines still enforce their batch size.
+// requests they send. Within a proxy it is exact for requests that take their slot under the
+// line's lock (a tenant's, and any that found others waiting): the slot stays reserved until the
+// request counts in its replica's InFlight. A request without a tenant that finds nobody waiting
+// takes its slot without the lock, so two of those arriving at the same instant can each take
+// the last slot. It keeps work out of the engines' queues; the engines still enforce their
+// batch size.
 //
 // A service with the cap turned off has no slotQueue and pays one nil check. With it, a
 // request that finds a free replica and nobody waiting pays one or two atomic loads per
@@ -210,7 +213,8 @@ func (q *slotQueue) enqueue(w *waiter, s *Service, now int64) bool {
 // takeFree is enqueue's first step alone, for a tenant's request that finds no line: it takes a
 // free slot of snap at once, and counts it for the tenant, when the tenant may take one. It does
 // not join the line's count (queued), so it costs one lock and no wait bookkeeping; when it
-// fails the request goes on to enqueue, which orders itself against releasers.
+// fails the request goes on to enqueue, which orders itself against releasers. The slot is
+// reserved as a grant is (tryTake).
 func (q *slotQueue) takeFree(tenant string, snap *snapshot, now int64) bool {
 	l := &q.line
 	l.mu.Lock()
@@ -222,10 +226,15 @@ func (q *slotQueue) takeFree(tenant string, snap *snapshot, now int64) bool {
 // tenant may take it; l.mu is held. A tenant's request may pass waiters whose tenants keep
 // headroom: there is a free slot while they wait only because they may not take it (grant gives
 // free slots at once).
+//
+// The slot it takes is reserved, counted in granted as a waiter's grant is, until the request
+// begins on a replica and counts in its InFlight (taken): without that the next request under
+// the lock would still see the slot free and take it too. The caller sets ex.slotReserved.
 func (q *slotQueue) tryTake(tenant string, snap *snapshot, now int64) bool {
 	q.line.tenants.note(tenant, now)
 	if granted := int(q.line.granted.Load()); q.freeSlots(snap, granted+1) > granted && q.mayTake(tenant, snap, now) {
 		q.took(tenant)
+		q.line.granted.Add(1)
 		return true
 	}
 	return false
@@ -255,7 +264,7 @@ func (q *slotQueue) leave(w *waiter, s *Service) {
 }
 
 // awaitSlot returns a snapshot with a replica below its cap, at once when there is one and
-// nobody waits, or after waiting in line for one; waited says it waited and was granted a slot.
+// nobody waits, or after waiting in line for one; waited says a slot is reserved for it (tryTake).
 // It holds a request for a first replica too (awaitReplicas), so that the first replica's slots
 // go in the same order. Under learned caps, a request that cannot wait (holding off, queue full,
 // wait expired) gets the current snapshot anyway, and the picker's choice among full replicas,
@@ -276,8 +285,8 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 			return snap, false, nil
 		}
 		if ex.tenant != "" && q.takeFree(ex.tenant, snap, now) {
-			ex.slotHeld = true
-			return snap, false, nil
+			ex.slotReserved, ex.slotHeld = true, true
+			return snap, true, nil
 		}
 	}
 	if s.cfg.MaxQueuedRequests < 0 {
@@ -292,8 +301,8 @@ func (s *Service) awaitSlot(ctx *fasthttp.RequestCtx, ex *exchange, snap *snapsh
 
 	w := ex.waiter()
 	if !q.enqueue(w, s, now) {
-		ex.slotHeld = w.tenant != ""
-		return s.snap.Load(), false, nil
+		ex.slotReserved, ex.slotHeld = true, w.tenant != ""
+		return s.snap.Load(), true, nil
 	}
 	defer s.obs.queueEnd(s.obs.queueBegin())
 	h := s.newHold(ctx)

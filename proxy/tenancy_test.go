@@ -274,11 +274,17 @@ func TestHeadroomLeavesSlotsToOtherTenants(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	mu.Lock()
 	alone := peak["heavy"]
-	peak["heavy"] = 0
 	mu.Unlock()
 	c := newClient(t)
 	var waits []time.Duration
-	for range 6 {
+	for i := range 6 {
+		if i == 1 {
+			// From the light tenant's first answer on, it has surely asked: a heavy request
+			// granted just before its ask may still have reached the upstream after it.
+			mu.Lock()
+			peak["heavy"] = 0
+			mu.Unlock()
+		}
 		start := time.Now()
 		res := do(t, c, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chat("m", true)),
 			"Authorization", "Bearer "+secrets["light"], "X-Test-Who", "light")
