@@ -83,6 +83,10 @@ type Options struct {
 
 	// Logf receives progress while Start runs (never afterwards), e.g. t.Logf. Default: none.
 	Logf func(format string, args ...any)
+
+	// ControllerManager also runs kube-controller-manager with the controllers an autoscaled
+	// Deployment needs (ControllerManagerControllers; controllermanager.go).
+	ControllerManager bool
 }
 
 // Cluster is a running control plane. Its methods are safe for concurrent use.
@@ -315,6 +319,13 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 	if err := waitReady(ctx, checks, opts.StartTimeout); err != nil {
 		return c, err
+	}
+	if opts.ControllerManager {
+		cmStart := time.Now()
+		if err := c.startControllerManager(ctx, opts.StartTimeout); err != nil {
+			return c, err
+		}
+		opts.Logf("testcluster: kube-controller-manager serving after %v", time.Since(cmStart).Round(time.Millisecond))
 	}
 	opts.Logf("testcluster: cluster up in %v (dir %s, pod CIDR %s)", time.Since(began).Round(time.Millisecond), dir, cidr)
 	return c, nil
