@@ -221,6 +221,10 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return c, err
 	}
 
+	aggregation, err := aggregationFlags(dir)
+	if err != nil {
+		return c, err
+	}
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdPort)
 	etcdPeerURL := "http://127.0.0.1:" + strconv.Itoa(etcdPeerPort)
 	components := []struct {
@@ -246,7 +250,7 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		},
 		{
 			name: "kube-apiserver",
-			args: []string{
+			args: append([]string{
 				"--etcd-servers=" + etcdURL,
 				"--bind-address=127.0.0.1",
 				"--advertise-address=127.0.0.1",
@@ -269,7 +273,7 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 				"--allow-privileged=true",
 				"--enable-priority-and-fairness=false",
 				"--profiling=false",
-			},
+			}, aggregation...),
 			ready: httpReady(c.server+"/readyz", token, "ok"),
 		},
 		{
