@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Builds and caches the binaries of Ferry's real test cluster (internal/testcluster): etcd,
-# kube-apiserver, kube-scheduler, kube-controller-manager and kwok, plus the kwok Stage file that makes fake nodes and
-# pods progress. Everything comes from the Go module proxy; nothing else is downloaded.
+# kube-apiserver, kube-scheduler, kube-controller-manager and kwok, plus the kwok Stage file that
+# makes fake nodes and pods progress. Everything comes from the Go module proxy; nothing else is
+# downloaded.
 #
 #   scripts/testcluster/build.sh                   build if needed; print the bin dir last on stdout
 #   scripts/testcluster/build.sh --update-modules  regenerate etcd/go.mod and kube/go.mod (+ go.sum)
 #                                                  after changing a version below
 #
-# The first build takes about 8 minutes on 2 cores (kube-apiserver dominates; kube-controller-manager
-# adds up to 12 more on a loaded machine); afterwards the
-# binaries sit in ${FERRY_TESTCLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ferry/testcluster}/<key>
+# The first build takes about 8 minutes on 2 cores (kube-apiserver dominates), and
+# kube-controller-manager adds up to 12 more on a loaded machine; afterwards the binaries sit in
+# ${FERRY_TESTCLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ferry/testcluster}/<key>
 # and a run returns at once. The key encodes the versions and a hash of the builder modules, so a
 # version bump builds into a fresh directory. Builds go to a temporary directory that is renamed
 # into place, and a lock makes concurrent runs wait for one build instead of each building.
