@@ -42,6 +42,8 @@ import (
 //   - a wall-clock bound of one second under load, 1 test:
 //     TestControllerAPIOutlastsIdleConnections; with other tests using both cores the CLI
 //     alone can take that long.
+//   - scale timings it reports, 1 test: TestProxiesHPAScalesOnLoad, on a test cluster of its
+//     own (with kube-controller-manager), whose HPA figures mean little with both cores busy.
 
 // ferryBin is the ferry binary TestMain builds once for every test.
 var ferryBin string

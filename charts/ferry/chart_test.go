@@ -99,6 +99,7 @@ var valueSets = map[string][]string{
 		jsonValue + `proxy.httpRoute.hostname="{name}.llm.example.com"`,
 	},
 	"no proxies": {"proxy.enabled=false", "controller.leaderElect=false", "controller.store=sqlite", "controller.replicas=1"},
+	"cpu metric": {"proxy.attach=llama", "proxy.autoscaling.metric=cpu"},
 }
 
 // jsonValue marks a value set's entry as --set-json, for a value --set would read as a list
@@ -365,8 +366,8 @@ func checkObjects(t *testing.T, name, ns, replicasNS string, objs []*unstructure
 	}
 	_, hpa := byKindName["HorizontalPodAutoscaler/ferry-proxy"]
 	_, sm := byKindName["ServiceMonitor/ferry"]
-	if wantHPA := name == "defaults"; hpa != wantHPA || sm == wantHPA {
-		t.Errorf("HPA rendered %v, ServiceMonitor %v; want HPA %v and the opposite for the ServiceMonitor", hpa, sm, wantHPA)
+	if wantHPA, wantSM := name == "defaults" || name == "cpu metric", name == "everything else"; hpa != wantHPA || sm != wantSM {
+		t.Errorf("HPA rendered %v, ServiceMonitor %v; want %v and %v", hpa, sm, wantHPA, wantSM)
 	}
 	for _, k := range []string{"PodDisruptionBudget/ferry-controller", "PodDisruptionBudget/ferry-proxy", "Service/ferry-proxy", "ServiceAccount/ferry"} {
 		if byKindName[k] == nil {

@@ -58,7 +58,13 @@ func TestChartOneKubernetesStorePerNamespace(t *testing.T) {
 	if err := install("install", "lite", "guard-a", append(lite, "replicas.namespace=guard-a-lite")...); err != nil {
 		t.Errorf("a SQLite release beside it, its replicas elsewhere: %v", err)
 	}
-	if err := install("install", "ferry", "guard-b"); err != nil {
+	// The cluster's one external.metrics.k8s.io is the first release's: the second scales its
+	// proxies on CPU, and is told so when it does not.
+	err = install("install", "ferry", "guard-b")
+	if err == nil || !strings.Contains(err.Error(), `external.metrics.k8s.io is already served in this cluster, by the Service guard-a/ferry-controller of the release "ferry" in guard-a`) {
+		t.Errorf("the release ferry in another namespace, on the load metric too: %v, want the first release's APIService named", err)
+	}
+	if err := install("install", "ferry", "guard-b", "proxy.autoscaling.metric=cpu"); err != nil {
 		t.Errorf("the release ferry in another namespace: %v", err)
 	}
 	if err := install("upgrade", "ferry", "guard-a"); err != nil {

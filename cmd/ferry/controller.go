@@ -167,6 +167,7 @@ func (cf *controllerFlags) register(f *pflag.FlagSet) {
 		"how often a running job's nodes are looked at (0: 2s; $FERRY_JOB_WATCH_INTERVAL)")
 	addStoreFlags(f, &opts.Store, envErrs)
 	addWebhookFlags(f, opts)
+	addExternalMetricsFlags(f, opts)
 	addEndpointFlags(f, &opts.Endpoints)
 	addElectionFlags(f, &cf.election, envErrs)
 	f.DurationVar(&opts.WindowLead, "window-lead", envDuration("FERRY_WINDOW_LEAD", envErrs),
@@ -179,6 +180,14 @@ func addWebhookFlags(f *pflag.FlagSet, opts *controller.Options) {
 		"serve the FerryService validating webhook on this host:port, over HTTPS with --webhook-tls-cert and --webhook-tls-key ($FERRY_WEBHOOK_ADDR)")
 	f.StringVar(&opts.Webhook.CertFile, "webhook-tls-cert", os.Getenv("FERRY_WEBHOOK_TLS_CERT"), "the webhook's certificate (PEM) ($FERRY_WEBHOOK_TLS_CERT)")
 	f.StringVar(&opts.Webhook.KeyFile, "webhook-tls-key", os.Getenv("FERRY_WEBHOOK_TLS_KEY"), "the key of --webhook-tls-cert (PEM) ($FERRY_WEBHOOK_TLS_KEY)")
+}
+
+// addExternalMetricsFlags adds the external metrics API's flags.
+func addExternalMetricsFlags(f *pflag.FlagSet, opts *controller.Options) {
+	f.StringVar(&opts.ExternalMetrics.Addr, "external-metrics-addr", os.Getenv("FERRY_EXTERNAL_METRICS_ADDR"),
+		"serve external.metrics.k8s.io/v1beta1 ("+controller.MetricProxyRequestsInFlight+", for an HPA of the attached proxies) to the API server's aggregation layer on this host:port, over HTTPS with --external-metrics-tls-cert and --external-metrics-tls-key; reaches the API server as --kubeconfig says ($FERRY_EXTERNAL_METRICS_ADDR)")
+	f.StringVar(&opts.ExternalMetrics.CertFile, "external-metrics-tls-cert", os.Getenv("FERRY_EXTERNAL_METRICS_TLS_CERT"), "the external metrics API's certificate (PEM), for <service>.<namespace>.svc of its APIService ($FERRY_EXTERNAL_METRICS_TLS_CERT)")
+	f.StringVar(&opts.ExternalMetrics.KeyFile, "external-metrics-tls-key", os.Getenv("FERRY_EXTERNAL_METRICS_TLS_KEY"), "the key of --external-metrics-tls-cert (PEM) ($FERRY_EXTERNAL_METRICS_TLS_KEY)")
 }
 
 // addEndpointFlags adds the flags that give each FerryService a Service (and an HTTPRoute) of

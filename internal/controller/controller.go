@@ -53,6 +53,9 @@ type Options struct {
 	Store StoreOptions
 	// Webhook serves the FerryService validating webhook (webhook.go).
 	Webhook WebhookOptions
+	// ExternalMetrics serves the external metrics API an HPA of the attached proxies reads
+	// (extmetrics.go).
+	ExternalMetrics ExternalMetricsOptions
 	// Endpoints, when set, give each FerryService a Kubernetes Service (and an HTTPRoute)
 	// leading to the release's attached gateway proxies (endpoints.go).
 	Endpoints EndpointOptions
@@ -309,6 +312,11 @@ func (c *Controller) Start(ctx context.Context) (err error) {
 		return err
 	}
 	defer stopWebhook()
+	stopExternalMetrics, err := c.startExternalMetrics(ctx, tokens)
+	if err != nil {
+		return err
+	}
+	defer stopExternalMetrics()
 	if err := c.startAdmin(); err != nil {
 		return err
 	}
@@ -408,6 +416,7 @@ func (c *Controller) stopLeading() {
 func (c *Controller) leaderHandler(tokens api.Tokens) http.Handler {
 	log := c.log.Named("api")
 	routes := append(c.attachRoutes(), c.jobRoutes()...)
+	routes = append(routes, c.proxyLoadRoute())
 	return api.NewHandler(c, tokens, log, append(routes, api.TenantRoutes(c, log)...)...)
 }
 

@@ -161,24 +161,11 @@ type leaderURLKey struct{}
 // shares (--api-tls-cert): the leader must present exactly that one, whatever address it is
 // reached at (a pod IP is in no certificate), as attached proxies pin it (api.ClientFor).
 func (c *Controller) forwarder() *httputil.ReverseProxy {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	if pinned := c.ownCertificate(); pinned != nil {
-		tr.TLSClientConfig = &tls.Config{
-			MinVersion:         tls.VersionTLS12,
-			InsecureSkipVerify: true, // replaced by the stricter comparison below
-			VerifyConnection: func(cs tls.ConnectionState) error {
-				if len(cs.PeerCertificates) > 0 && bytes.Equal(cs.PeerCertificates[0].Raw, pinned) {
-					return nil
-				}
-				return errors.New("the leader presented a certificate other than --api-tls-cert")
-			},
-		}
-	}
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(pr.In.Context().Value(leaderURLKey{}).(*url.URL))
 		},
-		Transport:     leaderTransport{tr},
+		Transport:     c.leaderRoundTripper(),
 		FlushInterval: -1,
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			var body api.ErrorBody
@@ -192,6 +179,25 @@ func (c *Controller) forwarder() *httputil.ReverseProxy {
 			api.WriteJSON(w, status, body)
 		},
 	}
+}
+
+// leaderRoundTripper reaches the leader: over HTTPS, the leader's certificate pinned to this
+// controller's own, or plain HTTP on loopback (leaderTransport).
+func (c *Controller) leaderRoundTripper() http.RoundTripper {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if pinned := c.ownCertificate(); pinned != nil {
+		tr.TLSClientConfig = &tls.Config{
+			MinVersion:         tls.VersionTLS12,
+			InsecureSkipVerify: true, // replaced by the stricter comparison below
+			VerifyConnection: func(cs tls.ConnectionState) error {
+				if len(cs.PeerCertificates) > 0 && bytes.Equal(cs.PeerCertificates[0].Raw, pinned) {
+					return nil
+				}
+				return errors.New("the leader presented a certificate other than --api-tls-cert")
+			},
+		}
+	}
+	return leaderTransport{tr}
 }
 
 // errLeaderInClear refuses to forward a request, and the controller token it carries, to a

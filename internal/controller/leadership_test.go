@@ -75,6 +75,7 @@ func TestFollowerRoutes(t *testing.T) {
 		"/v1/services/a/replicaset":      {feed: true},
 		"/v1/services/a/proxyload":       {feed: true},
 		"/v1/attach/services":            {feed: true},
+		"/v1/attach/load":                {}, // a follower's external metrics ask the leader
 		"/v1/services/a/replicas/1/logs": {},
 	}
 	for path, tc := range tests {

@@ -43,8 +43,9 @@ var importRules = []importRule{
 	{"internal/home", nil},
 	{"tenants", nil}, // keys, limits and usage: pure, shared by the proxy, the follower and the controller
 	{"internal/infra", []string{"configs", "internal/home", "launcher"}},
-	{"internal/leader", nil}, // client-go's election only; the controller hands its term to the store
-	{"internal/controller", []string{"autoscaler", "configs", "internal/api", "internal/rpc", "internal/home", "internal/infra", "internal/leader", "internal/store",
+	{"internal/leader", nil},     // client-go's election only; the controller hands its term to the store
+	{"internal/extmetrics", nil}, // the external metrics API: values come from a Source the controller implements
+	{"internal/controller", []string{"autoscaler", "configs", "internal/api", "internal/extmetrics", "internal/rpc", "internal/home", "internal/infra", "internal/leader", "internal/store",
 		"jobs", "launcher", "policy", "proxy", "replicas", "tenants"}},
 }
 

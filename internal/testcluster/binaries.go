@@ -19,7 +19,7 @@ import (
 const buildScript = "scripts/testcluster/build.sh"
 
 // The files build.sh leaves in its bin dir.
-var binaries = []string{"etcd", "kube-apiserver", "kube-scheduler", "kwok", "kwok-stages.yaml"}
+var binaries = []string{"etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok", "kwok-stages.yaml"}
 
 // RepoRoot returns the root of the Ferry checkout this package was compiled from: the directory
 // of this source file when it still exists (the normal case for `go test`), else the nearest

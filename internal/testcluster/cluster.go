@@ -83,6 +83,10 @@ type Options struct {
 
 	// Logf receives progress while Start runs (never afterwards), e.g. t.Logf. Default: none.
 	Logf func(format string, args ...any)
+
+	// ControllerManager also runs kube-controller-manager with the controllers an autoscaled
+	// Deployment needs (ControllerManagerControllers; controllermanager.go).
+	ControllerManager bool
 }
 
 // Cluster is a running control plane. Its methods are safe for concurrent use.
@@ -217,6 +221,10 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return c, err
 	}
 
+	aggregation, err := aggregationFlags(dir)
+	if err != nil {
+		return c, err
+	}
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdPort)
 	etcdPeerURL := "http://127.0.0.1:" + strconv.Itoa(etcdPeerPort)
 	components := []struct {
@@ -242,7 +250,7 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		},
 		{
 			name: "kube-apiserver",
-			args: []string{
+			args: append([]string{
 				"--etcd-servers=" + etcdURL,
 				"--bind-address=127.0.0.1",
 				"--advertise-address=127.0.0.1",
@@ -265,7 +273,7 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 				"--allow-privileged=true",
 				"--enable-priority-and-fairness=false",
 				"--profiling=false",
-			},
+			}, aggregation...),
 			ready: httpReady(c.server+"/readyz", token, "ok"),
 		},
 		{
@@ -315,6 +323,13 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 	if err := waitReady(ctx, checks, opts.StartTimeout); err != nil {
 		return c, err
+	}
+	if opts.ControllerManager {
+		cmStart := time.Now()
+		if err := c.startControllerManager(ctx, opts.StartTimeout); err != nil {
+			return c, err
+		}
+		opts.Logf("testcluster: kube-controller-manager serving after %v", time.Since(cmStart).Round(time.Millisecond))
 	}
 	opts.Logf("testcluster: cluster up in %v (dir %s, pod CIDR %s)", time.Since(began).Round(time.Millisecond), dir, cidr)
 	return c, nil

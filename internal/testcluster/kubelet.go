@@ -360,6 +360,9 @@ func desiredReplica(pod *corev1.Pod, node *corev1.Node) (replicaSpec, bool) {
 			spec.args = append(spec.args, strings.Fields(env.Value)...)
 		}
 	}
+	if args, ok := ferryArgs(pod); ok { // another ferry command (ferryargs.go)
+		spec.args = args
+	}
 	return spec, true
 }
 

@@ -44,6 +44,14 @@ func GetOK(t testing.TB, client *http.Client, url string) string {
 // dir as cert.pem and key.pem (0600).
 func WriteSelfSigned(t testing.TB, dir string) (certFile, keyFile string) {
 	t.Helper()
+	return WriteSelfSignedFor(t, dir)
+}
+
+// WriteSelfSignedFor is WriteSelfSigned for 127.0.0.1 and dnsNames, such as the
+// <service>.<namespace>.svc an APIService or a webhook is called by; the certificate is its own
+// caBundle.
+func WriteSelfSignedFor(t testing.TB, dir string, dnsNames ...string) (certFile, keyFile string) {
+	t.Helper()
 	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -54,6 +62,7 @@ func WriteSelfSigned(t testing.TB, dir string) (certFile, keyFile string) {
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
 		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		DNSNames:     dnsNames,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &priv.PublicKey, priv)

@@ -97,3 +97,36 @@ kubernetes store), and the value on. With proxy.httpRoute.parentRefs it must be.
 {{- end -}}
 {{- if $on }}true{{ end -}}
 {{- end -}}
+
+{{/*
+"true" when the proxies' HPA scales on their load (proxy.autoscaling.metric: load): the controller
+then serves external.metrics.k8s.io behind the APIService in external-metrics.yaml.
+*/}}
+{{- define "ferry.loadMetric" -}}
+{{- if and .Values.proxy.enabled .Values.proxy.autoscaling.enabled (eq .Values.proxy.autoscaling.metric "load") -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
+The controller's self-signed certificate, as JSON {"crt", "key"} (base64 PEM): the one an earlier
+install stored, else a new one for the controller Service's names. It is made once per render
+and kept in .Values, since the TLS Secret (secrets.yaml) and the APIService's caBundle
+(external-metrics.yaml) must carry the same certificate and each genSelfSignedCert makes a new one.
+*/}}
+{{- define "ferry.controllerSelfSigned" -}}
+{{- if not (hasKey .Values "ferryRenderedControllerTLS") }}
+{{- $old := (lookup "v1" "Secret" .Release.Namespace (include "ferry.controllerTLSSecret" .)).data | default dict }}
+{{- $svc := include "ferry.controllerService" . }}
+{{- $ns := .Release.Namespace }}
+{{- $crt := get $old "tls.crt" }}
+{{- $key := get $old "tls.key" }}
+{{- if not (and $crt $key) }}
+{{- $cert := genSelfSignedCert $svc nil (list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns)) 3650 }}
+{{- $crt = $cert.Cert | b64enc }}
+{{- $key = $cert.Key | b64enc }}
+{{- end }}
+{{- $_ := set .Values "ferryRenderedControllerTLS" (dict "crt" $crt "key" $key) }}
+{{- end }}
+{{- toJson .Values.ferryRenderedControllerTLS }}
+{{- end -}}
