@@ -81,6 +81,11 @@ type Options struct {
 	// Default: 2 minutes.
 	StartTimeout time.Duration
 
+	// PodIPs is how many pods may hold an IP at once. kwok hands them out of a loopback range
+	// of /24s (about 250 each) that no other cluster on this machine uses; a cluster for a
+	// thousand pods needs a wider one than the default. Default: 250 (one /24).
+	PodIPs int
+
 	// Logf receives progress while Start runs (never afterwards), e.g. t.Logf. Default: none.
 	Logf func(format string, args ...any)
 }
@@ -179,7 +184,7 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		}
 	}()
 
-	cidr, release, err := claimCIDR()
+	cidr, release, err := claimCIDR(podIPBlocks(opts.PodIPs))
 	if err != nil {
 		return c, err
 	}
@@ -320,6 +325,17 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	return c, nil
 }
 
+// podIPBlocks is the number of /24s, a power of two, that hold podIPs pod IPs. kwok hands out
+// the range's addresses from its second on and does not stop at its end (it would run into a
+// neighbour's range), so count 250 a block, which leaves a margin.
+func podIPBlocks(podIPs int) int {
+	blocks := 1
+	for blocks*250 < podIPs {
+		blocks *= 2
+	}
+	return blocks
+}
+
 // readiness reports whether a component serves; the error says why not, for the timeout message.
 type readiness func(ctx context.Context) error
 
@@ -434,5 +450,5 @@ func (c *Cluster) Client() kubernetes.Interface { return c.client }
 func (c *Cluster) KubeletPort() int { return c.kubeletPort }
 
 // CIDR is the loopback range pod IPs come from, unique among the clusters running on this
-// machine, e.g. "127.183.20.0/24".
+// machine, e.g. "127.183.20.0/24" (wider with Options.PodIPs).
 func (c *Cluster) CIDR() string { return c.cidr }
