@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/ferryserve/ferry/bench/benchkit"
+	"github.com/ferryserve/ferry/bench/servicekit"
+)
+
+// takeover kills the leader under a request loop through attached proxies and measures how long
+// the follower takes to lead and to have published every service, whether any pod was launched
+// again, and how many requests failed.
+func (s *scenario) takeover(ctx context.Context) error {
+	clients, err := s.startProxies(ctx)
+	if err != nil {
+		return err
+	}
+	before, err := s.e.pods(ctx)
+	if err != nil {
+		return err
+	}
+	load := startLoad(clients, s.opts.maxRequests)
+	defer load.stop()
+	if err := servicekit.PollUntil(ctx, 30*time.Second, 50*time.Millisecond, func() (bool, error) { return load.ok.Load() >= 20, nil }); err != nil {
+		return fmt.Errorf("no requests flowing through the proxies: %d ok, %d failed (%v)", load.ok.Load(), load.failed.Load(), load.firstErr())
+	}
+	s.progress("kill -9 %s (the leader) under a request loop through %d attached proxies", s.e.ctls[0].id, len(clients))
+	killed, err := killLeader(s.e.ctls[0])
+	if err != nil {
+		return err
+	}
+	follower := s.e.ctls[1]
+	rss := sampleRSS(follower.proc.PID, 500*time.Millisecond)
+	defer func() { s.rep.NewLeaderRSS = rss.stop() }()
+	var acquired time.Time
+	err = servicekit.PollUntil(ctx, time.Minute, 20*time.Millisecond, func() (bool, error) {
+		lease, err := s.e.lease(ctx)
+		if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != follower.id {
+			return false, nil
+		}
+		acquired = time.Now()
+		if at := lease.Spec.AcquireTime; at != nil && at.After(killed) {
+			acquired = at.Time // its own clock, on this machine
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s never took the Lease: %w", follower.id, err)
+	}
+	s.rep.LeaseTakenSeconds = acquired.Sub(killed).Seconds()
+	s.progress("  %s took the Lease %.2fs after the kill", follower.id, s.rep.LeaseTakenSeconds)
+	s.waitPublished(ctx, follower, acquired)
+	atPublished := load.ok.Load()
+	_ = servicekit.SleepCtx(ctx, s.opts.loadFor)
+	load.stop()
+	s.rep.Requests, s.rep.FailedRequests = load.ok.Load(), load.failed.Load()
+	s.rep.RequestsAfterTakeover = s.rep.Requests - atPublished
+	if err := load.firstErr(); err != nil {
+		s.rep.FirstFailure = err.Error()
+	}
+	after, err := s.e.pods(ctx)
+	if err != nil {
+		return err
+	}
+	s.rep.PodsCompared = len(before)
+	s.rep.PodsRelaunched = relaunched(before, after)
+	s.progress("  %d requests, %d failed; %d of %d pods launched again", s.rep.Requests, s.rep.FailedRequests, len(s.rep.PodsRelaunched), len(before))
+	return nil
+}
+
+// waitPublished polls the new leader until it reports every replica of every service READY: it
+// has loaded every service from the store and adopted its pods.
+func (s *scenario) waitPublished(ctx context.Context, follower *controller, acquired time.Time) {
+	var ready, readyServices int
+	err := servicekit.PollUntil(ctx, 2*time.Minute, 100*time.Millisecond, func() (bool, error) {
+		list, err := follower.f.Services(ctx, statusTimeout)
+		if err != nil {
+			return false, nil
+		}
+		ready, readyServices = countReady(list, s.opts.replicas)
+		return len(list) == s.opts.services && readyServices == s.opts.services, nil
+	})
+	if err != nil {
+		s.rep.PublishedSeconds = -1
+		s.rep.Notes = append(s.rep.Notes, fmt.Sprintf("the new leader never reported every service READY: %d replicas, %d services (%v)", ready, readyServices, err))
+		return
+	}
+	s.rep.PublishedSeconds = time.Since(acquired).Seconds()
+	s.progress("  %s reports all %d services READY %.2fs after taking the Lease", follower.id, s.opts.services, s.rep.PublishedSeconds)
+}
+
+// relaunched names the pods of before that are gone or were replaced (same name, new UID), and
+// any pod that is new.
+func relaunched(before, after map[string]string) []string {
+	var out []string
+	for name, uid := range before {
+		if after[name] != uid {
+			out = append(out, name)
+		}
+	}
+	for name := range after {
+		if _, ok := before[name]; !ok {
+			out = append(out, name+" (new)")
+		}
+	}
+	return out
+}
+
+// startProxies starts one attached proxy per load service, given both controllers' URLs, and
+// waits until each answers a completion.
+func (s *scenario) startProxies(ctx context.Context) ([]*servicekit.ChatClient, error) {
+	controllers := s.e.ctls[0].url + "," + s.e.ctls[1].url
+	var clients []*servicekit.ChatClient
+	for i := range s.opts.loadServices {
+		name := serviceName(i)
+		addr, err := benchkit.FreeLoopbackAddr()
+		if err != nil {
+			return nil, err
+		}
+		if _, err := s.e.proxyHome.Start("proxy-"+name, "proxy", "--attach", name, "--controller", controllers, "--listen", addr); err != nil {
+			return nil, err
+		}
+		client, err := servicekit.NewChatClient(addr, 4, 30*time.Second, "How many replicas are enough?", 8, 8)
+		if err != nil {
+			return nil, err
+		}
+		err = servicekit.PollUntil(ctx, time.Minute, 100*time.Millisecond, func() (bool, error) { return complete(client) == nil, nil })
+		if err != nil {
+			return nil, fmt.Errorf("attached proxy for %s at %s never answered: %v", name, addr, complete(client))
+		}
+		clients = append(clients, client)
+	}
+	return clients, nil
+}
+
+// complete sends one completion; anything but a 200 with a body is an error.
+func complete(c *servicekit.ChatClient) error {
+	return c.Plain(func(resp *fasthttp.Response) error {
+		if resp.StatusCode() != fasthttp.StatusOK || len(resp.Body()) == 0 {
+			return fmt.Errorf("HTTP %d: %.200s", resp.StatusCode(), resp.Body())
+		}
+		return nil
+	})
+}
+
+// load is a closed loop of requests, two workers per proxy, bounded in count, until stopped.
+type load struct {
+	ok, failed atomic.Int64
+	mu         sync.Mutex
+	first      error
+	stop       func()
+}
+
+func (l *load) firstErr() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.first
+}
+
+func startLoad(clients []*servicekit.ChatClient, maxRequests int) *load {
+	l := &load{}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	perWorker := max(1, maxRequests/(2*len(clients)))
+	for _, c := range clients {
+		for range 2 {
+			wg.Go(func() {
+				for range perWorker {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					if err := complete(c); err != nil {
+						l.failed.Add(1)
+						l.mu.Lock()
+						if l.first == nil {
+							l.first = err
+						}
+						l.mu.Unlock()
+						continue
+					}
+					l.ok.Add(1)
+				}
+			})
+		}
+	}
+	l.stop = sync.OnceFunc(func() { close(done); wg.Wait() })
+	return l
+}
