@@ -34,6 +34,7 @@ type report struct {
 	// from then until it reported every service READY.
 	LeaseTakenSeconds     float64  `json:"lease_taken_seconds"`
 	PublishedSeconds      float64  `json:"published_after_lease_seconds"`
+	AllReadyAgainSeconds  float64  `json:"all_ready_after_lease_seconds"`
 	NewLeaderRSS          memory   `json:"new_leader_rss"`
 	Requests              int64    `json:"requests_ok"`
 	FailedRequests        int64    `json:"requests_failed"`
@@ -102,9 +103,9 @@ func (r *report) markdown() string {
 	}
 	t.Render(&b)
 	fmt.Fprintf(&b, "\nAlso measured: every serve up returned in %.1f s; kill -9 → the follower held the Lease %s "+
-		"(Lease 8 s: bounded by its expiry); the new leader's RSS peak %.0f MiB; reconcile mean %.3f s; "+
+		"(Lease 8 s: bounded by its expiry); every replica READY under the new leader %s after it took the Lease; the new leader's RSS peak %.0f MiB; reconcile mean %.3f s; "+
 		"client rate-limiter wait p99 %.3f s; %d requests after the takeover; serve down -a returned in %.1f s.\n",
-		r.UpSeconds, seconds(r.LeaseTakenSeconds), r.NewLeaderRSS.HWMMiB, r.ReconcileMean, r.RateLimiterWaitP99,
+		r.UpSeconds, seconds(r.LeaseTakenSeconds), seconds(r.AllReadyAgainSeconds), r.NewLeaderRSS.HWMMiB, r.ReconcileMean, r.RateLimiterWaitP99,
 		r.RequestsAfterTakeover, r.DownCLISeconds)
 	if r.FirstFailure != "" {
 		fmt.Fprintf(&b, "\nFirst failed request: %s\n", r.FirstFailure)

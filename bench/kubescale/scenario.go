@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -22,6 +24,9 @@ type scenario struct {
 	e        *env
 	progress func(string, ...any)
 	rep      *report
+	// adopted is each service's replica instances as the first leader reported them once every
+	// replica was READY: what the new leader must adopt.
+	adopted map[string]string
 }
 
 // statusTimeout bounds one `serve status` of the whole fleet.
@@ -109,13 +114,14 @@ func (s *scenario) waitReady(ctx context.Context, leader *controller) error {
 	want := s.opts.services * s.opts.replicas
 	lastPrint := time.Time{}
 	var ready, readyServices int
-	err := servicekit.PollUntil(ctx, s.opts.readyTarget+3*time.Minute, time.Second, func() (bool, error) {
+	err := servicekit.PollUntil(ctx, s.opts.readyTarget+3*time.Minute, 2*time.Second, func() (bool, error) {
 		list, err := leader.f.Services(ctx, statusTimeout)
 		if err != nil {
 			s.progress("  serve status: %v", err)
 			return false, nil
 		}
 		ready, readyServices = countReady(list, s.opts.replicas)
+		s.adopted = instances(list)
 		if time.Since(lastPrint) >= 5*time.Second {
 			s.progress("  READY %d/%d replicas, %d/%d services, %.0fs after the last serve up", ready, want, readyServices, s.opts.services, time.Since(s.rep.lastUp).Seconds())
 			lastPrint = time.Now()
@@ -130,6 +136,20 @@ func (s *scenario) waitReady(ctx context.Context, leader *controller) error {
 	s.rep.ReadySeconds = time.Since(s.rep.lastUp).Seconds()
 	s.progress("every replica READY %.1fs after the last serve up", s.rep.ReadySeconds)
 	return nil
+}
+
+// instances maps each service to its replicas' instances, sorted and joined.
+func instances(list []api.ServiceStatus) map[string]string {
+	out := make(map[string]string, len(list))
+	for _, st := range list {
+		ids := make([]string, 0, len(st.Replicas))
+		for _, r := range st.Replicas {
+			ids = append(ids, r.InstanceID)
+		}
+		slices.Sort(ids)
+		out[st.Name] = strings.Join(ids, ",")
+	}
+	return out
 }
 
 // countReady counts READY replicas and the services with all wantPerService of them READY.
