@@ -327,8 +327,13 @@ func (p *Provider) readPolicies(ctx context.Context) error {
 // syncPolicies, from List, gives every service with pods in the watch cache a policy that
 // admits their ports (pods an earlier controller launched), and deletes the policies of
 // services with none left. It acts only on a difference, so a steady List makes no request.
+// It never waits for policyMu: while another goroutine writes a policy (the first pod of a new
+// service, a sync of another List) this List skips the sync, and a later one makes it, so that
+// a hundred services' Lists do not queue behind each other's policy writes.
 func (p *Provider) syncPolicies(ctx context.Context) {
-	p.policyMu.Lock()
+	if !p.policyMu.TryLock() {
+		return
+	}
 	defer p.policyMu.Unlock()
 	if time.Now().Before(p.policy.retryAt) {
 		return
