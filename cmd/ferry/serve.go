@@ -796,7 +796,7 @@ service goes down) or you interrupt it.`,
 // tearDownParallel is how many services serve down takes down at once. Each waits on its own
 // drain and on its replicas' termination, seconds on Kubernetes, so a hundred one after the
 // other took minutes; the controller takes services down independently.
-const tearDownParallel = 16
+const tearDownParallel = 32
 
 // tearDown takes the named services down, tearDownParallel at a time, and reports each as it
 // goes.
