@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -138,7 +140,7 @@ func (e *env) addNodes(ctx context.Context) error {
 
 // startControllers starts ctl-a, waits until it leads, then starts ctl-b.
 func (e *env) startControllers(ctx context.Context, progress func(string, ...any)) error {
-	firstPort, err := freePort()
+	firstPort, err := firstServicePort(e.opts.services)
 	if err != nil {
 		return err
 	}
@@ -221,18 +223,33 @@ func (c *controller) args(e *env, firstServicePort int) []string {
 		"--gateway", "off", "--metrics-addr", metrics.Host, "--first-service-port", strconv.Itoa(firstServicePort)}
 }
 
-// freePort is a loopback port free a moment ago: the first of the service endpoints' ports
-// (the controller skips taken ones).
-func freePort() (int, error) {
-	addr, err := benchkit.FreeLoopbackAddr()
-	if err != nil {
-		return 0, err
+// firstServicePort is the first of n consecutive loopback ports, free a moment ago, for the
+// service endpoints. Both controllers use the same range, as two controller pods do, and the new
+// leader binds each service's endpoint where the old one had it. It lies below the kernel's
+// ephemeral range (32768 and up by default): there, the source port of one of the many
+// outgoing connections (probes, scrapes) would take an endpoint's port on 127.0.0.1 between the
+// old leader's death and the new one's restore, which a real controller on a pod IP of its own
+// never meets.
+func firstServicePort(n int) (int, error) {
+	for range 100 {
+		base := 15000 + rand.IntN(15000)
+		if portsFree(base, n) {
+			return base, nil
+		}
 	}
-	u, err := url.Parse("http://" + addr)
-	if err != nil {
-		return 0, err
+	return 0, fmt.Errorf("no %d free consecutive loopback ports between 15000 and 30000", n)
+}
+
+// portsFree reports whether ports base to base+n-1 can be bound on 127.0.0.1 now.
+func portsFree(base, n int) bool {
+	for port := base; port < base+n; port++ {
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			return false
+		}
+		_ = ln.Close()
 	}
-	return strconv.Atoi(u.Port())
+	return true
 }
 
 // leaseHolder is the Lease's holder, "" without one.
