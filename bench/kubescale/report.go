@@ -29,19 +29,24 @@ type report struct {
 	ReconcileP99       float64 `json:"reconcile_p99_seconds"`
 	ReconcileMean      float64 `json:"reconcile_mean_seconds"`
 	RateLimiterWaitP99 float64 `json:"rate_limiter_wait_p99_seconds"`
+	StoreWrites        int64   `json:"store_writes"`
+	StoreWriteP99      float64 `json:"store_write_p99_seconds"`
 
 	// LeaseTakenSeconds is from kill -9 until the follower held the Lease; PublishedSeconds
-	// from then until it reported every service READY.
-	LeaseTakenSeconds     float64  `json:"lease_taken_seconds"`
-	PublishedSeconds      float64  `json:"published_after_lease_seconds"`
-	AllReadyAgainSeconds  float64  `json:"all_ready_after_lease_seconds"`
-	NewLeaderRSS          memory   `json:"new_leader_rss"`
-	Requests              int64    `json:"requests_ok"`
-	FailedRequests        int64    `json:"requests_failed"`
-	RequestsAfterTakeover int64    `json:"requests_after_takeover"`
-	FirstFailure          string   `json:"first_failure,omitempty"`
-	PodsCompared          int      `json:"pods_compared"`
-	PodsRelaunched        []string `json:"pods_relaunched"`
+	// from then until it listed every service with the replicas it adopted, one or more READY.
+	LeaseTakenSeconds    float64 `json:"lease_taken_seconds"`
+	PublishedSeconds     float64 `json:"published_after_lease_seconds"`
+	AllReadyAgainSeconds float64 `json:"all_ready_after_lease_seconds"`
+	NewLeaderRSS         memory  `json:"new_leader_rss"`
+	// NewLeaderReconcileP99 is over the new leader's passes until the load stopped.
+	NewLeaderReconcileP99    float64  `json:"new_leader_reconcile_p99_seconds"`
+	NewLeaderReconcilePasses int64    `json:"new_leader_reconcile_passes"`
+	Requests                 int64    `json:"requests_ok"`
+	FailedRequests           int64    `json:"requests_failed"`
+	RequestsAfterTakeover    int64    `json:"requests_after_takeover"`
+	FirstFailure             string   `json:"first_failure,omitempty"`
+	PodsCompared             int      `json:"pods_compared"`
+	PodsRelaunched           []string `json:"pods_relaunched"`
 
 	DownCLISeconds float64 `json:"serve_down_cli_seconds"`
 	DownSeconds    float64 `json:"serve_down_pods_gone_seconds"`
@@ -103,10 +108,12 @@ func (r *report) markdown() string {
 	}
 	t.Render(&b)
 	fmt.Fprintf(&b, "\nAlso measured: every serve up returned in %.1f s; kill -9 → the follower held the Lease %s "+
-		"(Lease 8 s: bounded by its expiry); every replica READY under the new leader %s after it took the Lease; the new leader's RSS peak %.0f MiB; reconcile mean %.3f s; "+
-		"client rate-limiter wait p99 %.3f s; %d requests after the takeover; serve down -a returned in %.1f s.\n",
-		r.UpSeconds, seconds(r.LeaseTakenSeconds), seconds(r.AllReadyAgainSeconds), r.NewLeaderRSS.HWMMiB, r.ReconcileMean, r.RateLimiterWaitP99,
-		r.RequestsAfterTakeover, r.DownCLISeconds)
+		"(Lease 8 s: bounded by its expiry); every replica READY under the new leader %s after it took the Lease; the new leader's RSS peak %.0f MiB; "+
+		"reconcile mean %.3f s; the leader's %d Kubernetes store writes p99 %.3f s; client rate-limiter wait p99 %.3f s; "+
+		"the new leader's reconcile p99 %.3f s over %d passes (adoption and steady state); %d requests after the takeover; serve down -a returned in %.1f s.\n",
+		r.UpSeconds, seconds(r.LeaseTakenSeconds), seconds(r.AllReadyAgainSeconds), r.NewLeaderRSS.HWMMiB,
+		r.ReconcileMean, r.StoreWrites, r.StoreWriteP99, r.RateLimiterWaitP99,
+		r.NewLeaderReconcileP99, r.NewLeaderReconcilePasses, r.RequestsAfterTakeover, r.DownCLISeconds)
 	if r.FirstFailure != "" {
 		fmt.Fprintf(&b, "\nFirst failed request: %s\n", r.FirstFailure)
 	}

@@ -65,6 +65,10 @@ func (s *scenario) takeover(ctx context.Context) error {
 	if err := load.firstErr(); err != nil {
 		s.rep.FirstFailure = err.Error()
 	}
+	// The new leader's passes: adoption and steady state, no launch.
+	if h, err := scrapeHistogram(ctx, follower.metricsURL, "ferry_reconcile_duration_seconds", "loop", "replicas"); err == nil {
+		s.rep.NewLeaderReconcileP99, s.rep.NewLeaderReconcilePasses = h.quantile(0.99), h.count
+	}
 	after, err := s.e.pods(ctx)
 	if err != nil {
 		return err
