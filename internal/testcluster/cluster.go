@@ -18,8 +18,9 @@
 //	}
 //
 // kwok only moves pods through their phases; nothing runs in them. Kubelet starts a
-// `ferry replica-sim` for each Running pod, on the pod's loopback IP, so traffic really flows to
-// pods, and runs a job's pod's own command on the host, reporting its exit in the pod's status.
+// `ferry replica-sim` for each Running pod, on the pod's loopback IP (or, with
+// KubeletOptions.InProcessReplicas, serves it in the test's own process, for a thousand pods),
+// so traffic really flows to pods, and runs a job's pod's own command on the host, reporting its exit in the pod's status.
 // It also binds volume claims to host directories and serves pod logs to the API server.
 //
 // A test that needs the API server to go away mid-run (an upgrade, a lost control plane) puts
