@@ -183,7 +183,11 @@ func complete(c *servicekit.ChatClient) error {
 	})
 }
 
-// load is a closed loop of requests, two workers per proxy, bounded in count, until stopped.
+// loadMaxTime bounds the request loop in time whatever happens to the driver meanwhile.
+const loadMaxTime = 10 * time.Minute
+
+// load is a closed loop of requests, two workers per proxy, bounded in count and time, until
+// stopped.
 type load struct {
 	ok, failed atomic.Int64
 	mu         sync.Mutex
@@ -202,6 +206,7 @@ func startLoad(clients []*servicekit.ChatClient, maxRequests int) *load {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	perWorker := max(1, maxRequests/(2*len(clients)))
+	deadline := time.Now().Add(loadMaxTime)
 	for _, c := range clients {
 		for range 2 {
 			wg.Go(func() {
@@ -210,6 +215,9 @@ func startLoad(clients []*servicekit.ChatClient, maxRequests int) *load {
 					case <-done:
 						return
 					default:
+					}
+					if time.Now().After(deadline) {
+						return
 					}
 					if err := complete(c); err != nil {
 						l.failed.Add(1)
