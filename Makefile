@@ -35,7 +35,7 @@ clean:
 
 # Whole-system benchmarks (bench/README.md). Extra flags go in BENCH_ARGS, for example
 # make bench-proxy BENCH_ARGS='--duration 3s --streams5k 1000'.
-.PHONY: bench-proxy bench-routing bench-pd bench-tenants bench-sim bench-gang bench-updates bench-faults
+.PHONY: bench-proxy bench-routing bench-pd bench-tenants bench-sim bench-gang bench-updates bench-faults bench-kubescale
 
 ## bench-proxy: proxy cost on loopback, backend direct vs ferry proxy vs nginx (installs nginx if missing)
 bench-proxy:
@@ -70,3 +70,7 @@ bench-updates:
 bench-faults:
 	$(GO) run ./bench/faults $(BENCH_ARGS)
 	$(GO) run ./bench/infrafaults $(INFRA_BENCH_ARGS)
+
+## bench-kubescale: issue 36's scale scenario on the test cluster: 100 services × 10 replica pods (kwok nodes, replica-sim served in the kubelet stand-in) under two leader-elected controllers: READY after the last serve up, the leader's RSS and reconcile p99, kill -9 of the leader under load, serve down -a
+bench-kubescale:
+	$(GO) run ./bench/kubescale $(BENCH_ARGS)

@@ -41,7 +41,7 @@ func sampledAccessLogger(l *zap.Logger, who zap.Field) *zap.Logger {
 	return l.WithOptions(
 		zap.WithCaller(false),
 		zap.WrapCore(func(c zapcore.Core) zapcore.Core {
-			return zapcore.NewSamplerWithOptions(c, accessLogTick, accessLogFirst, accessLogThereafter)
+			return newSampler(c, accessLogTick, accessLogFirst, accessLogThereafter)
 		}),
 	).With(who)
 }

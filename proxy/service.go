@@ -581,7 +581,7 @@ const (
 
 func sampledLogger(l *zap.Logger) *zap.Logger {
 	return l.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
-		return zapcore.NewSamplerWithOptions(c, time.Second, serviceLogFirst, serviceLogThereafter)
+		return newSampler(c, time.Second, serviceLogFirst, serviceLogThereafter)
 	}))
 }
 

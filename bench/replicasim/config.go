@@ -146,13 +146,18 @@ const (
 )
 
 // DefaultConfig returns the defaults the CLI starts from: a small, fast, vLLM-shaped replica.
-func DefaultConfig() Config {
+func DefaultConfig() Config { return DefaultConfigFromEnv(os.Getenv) }
+
+// DefaultConfigFromEnv is DefaultConfig with the environment read through getenv, for a host that
+// runs replicas in its own process, each with the environment a process of its own would have
+// (testcluster's kubelet stand-in).
+func DefaultConfigFromEnv(getenv func(string) string) Config {
 	port := 8000
-	if v, err := strconv.Atoi(os.Getenv("FERRY_PORT")); err == nil && v >= 0 && v <= 65535 {
+	if v, err := strconv.Atoi(getenv("FERRY_PORT")); err == nil && v >= 0 && v <= 65535 {
 		port = v
 	}
 	host := "127.0.0.1"
-	if v := os.Getenv("FERRY_HOST"); v != "" {
+	if v := getenv("FERRY_HOST"); v != "" {
 		host = v
 	}
 	return Config{
@@ -173,12 +178,12 @@ func DefaultConfig() Config {
 
 		KVEventsEncoding: KVEventsMap,
 
-		EnableLoRA:       os.Getenv("FERRY_MAX_LORAS") != "",
-		LoRAModules:      strings.Fields(os.Getenv("FERRY_LORA_MODULES")),
-		MaxLoRAs:         envInt("FERRY_MAX_LORAS", 1),
+		EnableLoRA:       getenv("FERRY_MAX_LORAS") != "",
+		LoRAModules:      strings.Fields(getenv("FERRY_LORA_MODULES")),
+		MaxLoRAs:         envInt(getenv, "FERRY_MAX_LORAS", 1),
 		LoRALoadTime:     100 * time.Millisecond,
 		LoRAActivateTime: 2 * time.Millisecond,
-		RuntimeLoRA:      runtimeLoRAFromEnv(),
+		RuntimeLoRA:      runtimeLoRAFromEnv(getenv),
 
 		KVTransferPerToken: 2 * time.Microsecond,
 	}
@@ -306,15 +311,15 @@ func (c *Config) loraErrors() []error {
 }
 
 // envInt reads a positive integer from the environment, or returns def.
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+func envInt(getenv func(string) string, name string, def int) int {
+	if v, err := strconv.Atoi(getenv(name)); err == nil && v > 0 {
 		return v
 	}
 	return def
 }
 
 // runtimeLoRAFromEnv is vLLM's switch for the run-time adapter endpoints.
-func runtimeLoRAFromEnv() bool {
-	v := strings.ToLower(os.Getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
+func runtimeLoRAFromEnv(getenv func(string) string) bool {
+	v := strings.ToLower(getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))
 	return v == "true" || v == "1"
 }

@@ -158,6 +158,18 @@ func (f *Ferry) Status(ctx context.Context) (api.ServiceStatus, error) {
 	return list[0], nil
 }
 
+// Services is every service as the controller reports it (`serve status`), waiting at most
+// timeout for the answer: a large fleet's takes longer than one service's.
+func (f *Ferry) Services(ctx context.Context, timeout time.Duration) ([]api.ServiceStatus, error) {
+	c, err := f.apiClient()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	return c.Services(ctx)
+}
+
 // EndpointAddr is the host:port of a status endpoint URL.
 func EndpointAddr(endpoint string) (string, error) {
 	u, err := url.Parse(endpoint)

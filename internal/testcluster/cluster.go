@@ -18,8 +18,9 @@
 //	}
 //
 // kwok only moves pods through their phases; nothing runs in them. Kubelet starts a
-// `ferry replica-sim` for each Running pod, on the pod's loopback IP, so traffic really flows to
-// pods, and runs a job's pod's own command on the host, reporting its exit in the pod's status.
+// `ferry replica-sim` for each Running pod, on the pod's loopback IP (or, with
+// KubeletOptions.InProcessReplicas, serves it in the test's own process, for a thousand pods),
+// so traffic really flows to pods, and runs a job's pod's own command on the host, reporting its exit in the pod's status.
 // It also binds volume claims to host directories and serves pod logs to the API server.
 //
 // A test that needs the API server to go away mid-run (an upgrade, a lost control plane) puts
@@ -80,6 +81,11 @@ type Options struct {
 	// StartTimeout bounds the wait for every component to be healthy, not the build.
 	// Default: 2 minutes.
 	StartTimeout time.Duration
+
+	// PodIPs is how many pods may hold an IP at once. kwok hands them out of a loopback range
+	// of /24s (about 250 each) that no other cluster on this machine uses; a cluster for a
+	// thousand pods needs a wider one than the default. Default: 250 (one /24).
+	PodIPs int
 
 	// Logf receives progress while Start runs (never afterwards), e.g. t.Logf. Default: none.
 	Logf func(format string, args ...any)
@@ -183,7 +189,7 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		}
 	}()
 
-	cidr, release, err := claimCIDR()
+	cidr, release, err := claimCIDR(podIPBlocks(opts.PodIPs))
 	if err != nil {
 		return c, err
 	}
@@ -335,6 +341,17 @@ func start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	return c, nil
 }
 
+// podIPBlocks is the number of /24s, a power of two, that hold podIPs pod IPs. kwok hands out
+// the range's addresses from its second on and does not stop at its end (it would run into a
+// neighbour's range), so count 250 a block, which leaves a margin.
+func podIPBlocks(podIPs int) int {
+	blocks := 1
+	for blocks*250 < podIPs {
+		blocks *= 2
+	}
+	return blocks
+}
+
 // readiness reports whether a component serves; the error says why not, for the timeout message.
 type readiness func(ctx context.Context) error
 
@@ -449,5 +466,5 @@ func (c *Cluster) Client() kubernetes.Interface { return c.client }
 func (c *Cluster) KubeletPort() int { return c.kubeletPort }
 
 // CIDR is the loopback range pod IPs come from, unique among the clusters running on this
-// machine, e.g. "127.183.20.0/24".
+// machine, e.g. "127.183.20.0/24" (wider with Options.PodIPs).
 func (c *Cluster) CIDR() string { return c.cidr }

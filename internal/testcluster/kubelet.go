@@ -29,8 +29,15 @@ const ReplicaSimArgsEnv = "REPLICA_SIM_ARGS"
 // KubeletOptions configure a Kubelet.
 type KubeletOptions struct {
 	// FerryBin is the ferry binary whose `replica-sim` runs each pod that is not a job's.
-	// Without it only job pods run anything.
+	// Without it (and without InProcessReplicas) only job pods run anything.
 	FerryBin string
+
+	// InProcessReplicas serves each pod that is not a job's in the stand-in's own process
+	// instead: the same `replica-sim` command line and environment, parsed as the command
+	// parses them, one listener on the pod's IP and port, stopped when the pod goes as the
+	// process would be. A replica-sim process takes about 66 MiB; this takes a few hundred
+	// KiB a pod, so a thousand replica pods fit on one machine. Job pods still run processes.
+	InProcessReplicas bool
 
 	// LogDir receives one log per pod, <namespace>_<name>.log. Default: <cluster dir>/pods.
 	LogDir string
@@ -52,7 +59,7 @@ type KubeletOptions struct {
 // exit code); when the pod is deleted the process gets SIGTERM, then SIGKILL after the
 // deletion's grace period. It is never started twice.
 //
-// Any other pod runs, when FerryBin is set,
+// Any other pod runs, when FerryBin is set (or in this process with InProcessReplicas),
 //
 //	<FerryBin> replica-sim --host <pod IP> --port <first containerPort of the first container> $REPLICA_SIM_ARGS
 //
@@ -91,7 +98,7 @@ type Kubelet struct {
 type replica struct {
 	podUID types.UID
 	spec   replicaSpec
-	proc   *process
+	proc   runner
 	// job is set for a job pod's process.
 	job *jobProcess
 }
@@ -307,7 +314,7 @@ func (k *Kubelet) sync(ctx context.Context, key string, pods corelisters.PodList
 		return
 	}
 	want, run := desiredReplica(pod, node)
-	if run && k.opts.FerryBin == "" {
+	if run && k.opts.FerryBin == "" && !k.opts.InProcessReplicas {
 		run = false
 	}
 	if current != nil {
@@ -324,8 +331,13 @@ func (k *Kubelet) sync(ctx context.Context, key string, pods corelisters.PodList
 	}
 	defer k.markStarting(key)()
 	logPath := k.LogPath(pod.Namespace, pod.Name)
-	env := append(os.Environ(), want.env...)
-	proc, err := startProcess("replica of pod "+key, logPath, env, k.opts.FerryBin, want.args...)
+	var proc runner
+	var err error
+	if k.opts.InProcessReplicas {
+		proc, err = startInProcess(logPath, want.env, want.args)
+	} else {
+		proc, err = startProcess("replica of pod "+key, logPath, append(os.Environ(), want.env...), k.opts.FerryBin, want.args...)
+	}
 	if err != nil {
 		// Like a container that cannot start: the pod stays without a replica. The log says why.
 		_ = os.WriteFile(logPath, []byte(err.Error()+"\n"), 0o644)

@@ -78,33 +78,69 @@ current-context: %[1]s
 	return os.WriteFile(path, []byte(kubeconfig), 0o600)
 }
 
-// claimCIDR picks a loopback /24 for kwok to hand pod IPs out of, 127.<100-250>.<0-255>.0/24,
-// that no other cluster on this machine holds: it takes an exclusive lock on a file named after
-// the range and keeps it until release. The kernel drops the lock when the process dies, so a
-// crashed test frees its range. Two test packages running clusters at once therefore never give
-// two pods the same IP.
-func claimCIDR() (cidr string, release func(), err error) {
+// claimCIDR picks a loopback range for kwok to hand pod IPs out of, inside 127.<100-250>.0.0/16,
+// that no other cluster on this machine holds: blocks consecutive /24s (a power of two, 1 to
+// 256), aligned, so that they make one CIDR (a /24 for 1, a /22 for 4). It takes an exclusive
+// lock on a file named after each /24 and keeps them until release, so a wide range and a /24
+// claimed by another test binary never overlap. The kernel drops the locks when the process
+// dies, so a crashed test frees its range. Two test packages running clusters at once therefore
+// never give two pods the same IP.
+func claimCIDR(blocks int) (cidr string, release func(), err error) {
+	if blocks < 1 || blocks > 256 || blocks&(blocks-1) != 0 {
+		return "", nil, fmt.Errorf("testcluster: %d /24 blocks of pod IPs: want a power of two from 1 to 256", blocks)
+	}
 	lockDir := filepath.Join(os.TempDir(), "ferry-testcluster-cidrs")
 	if err := os.MkdirAll(lockDir, 0o777); err != nil {
 		return "", nil, err
 	}
 	for range 100 {
-		network := net.IPv4(127, byte(100+rand.IntN(151)), byte(rand.IntN(256)), 0).String()
-		path := filepath.Join(lockDir, network+".lock")
-		f, locked, err := lockFile(path)
+		second, third := byte(100+rand.IntN(151)), rand.IntN(256/blocks)*blocks
+		release, locked, err := lockBlocks(lockDir, second, third, blocks)
 		if err != nil {
 			return "", nil, err
 		}
 		if !locked {
 			continue
 		}
-		_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
-		return network + "/24", func() {
-			_ = os.Remove(path) // before unlocking: whoever opens the name next gets a new file
-			_ = f.Close()
-		}, nil
+		return (&net.IPNet{IP: net.IPv4(127, second, byte(third), 0), Mask: net.CIDRMask(32-8-bits(blocks), 32)}).String(), release, nil
 	}
-	return "", nil, errors.New("testcluster: no free loopback /24 for pod IPs")
+	return "", nil, fmt.Errorf("testcluster: no free loopback range of %d /24s for pod IPs", blocks)
+}
+
+// bits is log2 of a power of two.
+func bits(n int) int {
+	b := 0
+	for n > 1 {
+		n >>= 1
+		b++
+	}
+	return b
+}
+
+// lockBlocks locks the /24s 127.second.third.0 to 127.second.(third+blocks-1).0, all or none.
+func lockBlocks(lockDir string, second byte, third, blocks int) (release func(), locked bool, err error) {
+	type held struct {
+		path string
+		f    *os.File
+	}
+	var all []held
+	release = func() {
+		for _, h := range all {
+			_ = os.Remove(h.path) // before unlocking: whoever opens the name next gets a new file
+			_ = h.f.Close()
+		}
+	}
+	for i := range blocks {
+		path := filepath.Join(lockDir, net.IPv4(127, second, byte(third+i), 0).String()+".lock")
+		f, ok, err := lockFile(path)
+		if err != nil || !ok {
+			release()
+			return nil, false, err
+		}
+		_, _ = f.WriteString(strconv.Itoa(os.Getpid()) + "\n")
+		all = append(all, held{path, f})
+	}
+	return release, true, nil
 }
 
 // lockFile opens path and takes an exclusive lock on it without waiting. Holders remove the file

@@ -87,7 +87,7 @@ func TestClaimCIDRIsExclusive(t *testing.T) {
 	var wg sync.WaitGroup
 	for range n {
 		wg.Go(func() {
-			cidr, release, err := claimCIDR()
+			cidr, release, err := claimCIDR(1)
 			if err != nil {
 				t.Error(err)
 				return
@@ -120,5 +120,53 @@ func TestClaimCIDRIsExclusive(t *testing.T) {
 		if _, err := os.Stat(path); !os.IsNotExist(err) {
 			t.Errorf("lock file %s left after release (%v)", path, err)
 		}
+	}
+}
+
+// TestClaimWideCIDRHoldsEveryBlock checks that a range of several /24s is one aligned CIDR whose
+// every /24 is locked: a /24 claimed meanwhile never falls inside it, and releasing it frees
+// them all.
+func TestClaimWideCIDRHoldsEveryBlock(t *testing.T) {
+	wide, releaseWide, err := claimCIDR(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, wideNet, err := net.ParseCIDR(wide)
+	if err != nil || wideNet.String() != wide {
+		t.Fatalf("claimed %q, want an aligned CIDR (%v)", wide, err)
+	}
+	if ones, _ := wideNet.Mask.Size(); ones != 22 {
+		t.Fatalf("claimed %q for 4 blocks, want a /22", wide)
+	}
+	base := wideNet.IP.To4()
+	for i := range 4 {
+		path := filepath.Join(os.TempDir(), "ferry-testcluster-cidrs", net.IPv4(127, base[1], base[2]+byte(i), 0).String()+".lock")
+		if _, locked, err := lockFile(path); err != nil || locked {
+			t.Errorf("%s: locked by a second claimant (%v), want held by the wide claim", path, err)
+		}
+	}
+	var releases []func()
+	for range 40 {
+		narrow, release, err := claimCIDR(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, release)
+		if ip, _, _ := net.ParseCIDR(narrow); wideNet.Contains(ip) {
+			t.Errorf("%s claimed inside the held %s", narrow, wide)
+		}
+	}
+	for _, release := range releases {
+		release()
+	}
+	releaseWide()
+	for i := range 4 {
+		path := filepath.Join(os.TempDir(), "ferry-testcluster-cidrs", net.IPv4(127, base[1], base[2]+byte(i), 0).String()+".lock")
+		if _, err := os.Stat(path); !os.IsNotExist(err) {
+			t.Errorf("lock file %s left after release (%v)", path, err)
+		}
+	}
+	if _, _, err := claimCIDR(3); err == nil {
+		t.Error("claimCIDR(3) succeeded, want an error: not a power of two")
 	}
 }

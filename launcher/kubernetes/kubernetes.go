@@ -226,7 +226,7 @@ type Provider struct {
 	usedAt time.Time
 
 	// policyMu orders the creation and deletion of pods against their services'
-	// NetworkPolicies, so that no pod runs without one; it guards policy.
+	// NetworkPolicies, so that no pod runs without one (holdPolicy); it guards policy.
 	policyMu sync.Mutex
 	policy   policyState
 
@@ -304,7 +304,7 @@ func New(opts Options) (*Provider, error) {
 		dyn:     dyn,
 		infra:   infra,
 		ns:      ns,
-		policy:  policyState{ports: map[string][]int32{}},
+		policy:  policyState{ports: map[string][]int32{}, creating: map[string]int{}},
 		jobs:    jobState{classes: map[string]string{}, ours: map[string]time.Time{}, tombstones: map[string]tombstone{}},
 	}, nil
 }
@@ -581,11 +581,11 @@ func (p *Provider) create(ctx context.Context, pod *corev1.Pod, spec launcher.Sp
 // createPod creates the pod, after its Secret (if it has secrets) and its service's
 // NetworkPolicy, so that it never runs unselected by one.
 func (p *Provider) createPod(ctx context.Context, pod *corev1.Pod, spec launcher.Spec) (*corev1.Pod, *corev1.Secret, error) {
-	p.policyMu.Lock()
-	defer p.policyMu.Unlock()
-	if err := p.ensurePolicy(ctx, pod.Labels[launcher.LabelService], pod.Spec.Containers[0].Ports[0].ContainerPort); err != nil {
+	service := pod.Labels[launcher.LabelService]
+	if err := p.holdPolicy(ctx, service, pod.Spec.Containers[0].Ports[0].ContainerPort); err != nil {
 		return nil, nil, err
 	}
+	defer p.unholdPolicy(service)
 	secret := secretFor(pod, spec)
 	if secret != nil {
 		if _, err := p.client.CoreV1().Secrets(p.ns).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
@@ -746,8 +746,6 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 		return err
 	}
 	service, known := p.podService(ctx, name)
-	p.policyMu.Lock()
-	defer p.policyMu.Unlock()
 	p.markOurs(name)
 	err = p.client.CoreV1().Pods(p.ns).Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
@@ -762,6 +760,8 @@ func (p *Provider) Terminate(ctx context.Context, id string) error {
 	}
 	p.log.Info("deleted pod", zap.String("pod", name))
 	if known {
+		p.policyMu.Lock()
+		defer p.policyMu.Unlock()
 		if err := p.releasePolicy(ctx, service, name); err != nil {
 			// The pod is gone; List deletes the policy later.
 			p.log.Warn("delete the service's network policy", zap.String("pod", name), zap.Error(err))

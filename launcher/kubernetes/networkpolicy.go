@@ -32,9 +32,11 @@ import (
 // Ingress, the pods refuse everything else, on every port. The cluster's network plugin
 // enforces it; one without NetworkPolicy support ignores it.
 //
-// The policy is created or updated before a service's pod is created, under policyMu, so no
-// pod runs unselected; it is deleted by Terminate of the service's last pod, or, when other
-// pods were still terminating then, by the List that no longer sees any. List also creates the
+// The policy is created or updated before a service's pod is created, under policyMu, and held
+// (holdPolicy) until the pod exists, so no pod runs unselected; the API calls that create and
+// delete pods run outside policyMu, so that a thousand pods are not created one at a time. It
+// is deleted by Terminate of the service's last pod, or, when other pods were still
+// terminating then, by the List that no longer sees any. List also creates the
 // policies of services whose pods an earlier controller (or an older Ferry) launched.
 //
 // The controller needs networking.k8s.io networkpolicies get, list, create, update and
@@ -62,6 +64,9 @@ type policyState struct {
 	read bool
 	// retryAt delays the next sync after one failed.
 	retryAt time.Time
+	// creating counts, by service, the pods being created outside policyMu (holdPolicy): their
+	// service's policy must not be deleted meanwhile, though no listing shows them yet.
+	creating map[string]int
 }
 
 // checkIngressOptions validates the ingress options and fills in the defaults.
@@ -217,10 +222,39 @@ func (p *Provider) ensurePolicy(ctx context.Context, service string, port int32)
 	return nil
 }
 
+// holdPolicy makes sure service's policy admits port, creating or updating it when this process
+// does not know it to, and keeps it from being deleted until unholdPolicy: the pod about to be
+// created is in no listing yet.
+func (p *Provider) holdPolicy(ctx context.Context, service string, port int32) error {
+	p.policyMu.Lock()
+	defer p.policyMu.Unlock()
+	if !slices.Contains(p.policy.ports[service], port) {
+		if err := p.ensurePolicy(ctx, service, port); err != nil {
+			return err
+		}
+	}
+	p.policy.creating[service]++
+	return nil
+}
+
+// unholdPolicy ends a holdPolicy, once the pod was created (or failed to be).
+func (p *Provider) unholdPolicy(service string) {
+	p.policyMu.Lock()
+	defer p.policyMu.Unlock()
+	if p.policy.creating[service]--; p.policy.creating[service] <= 0 {
+		delete(p.policy.creating, service)
+	}
+}
+
 // releasePolicy deletes service's policy when no pod of it is left but gone (the one just
-// deleted). Pods still terminating keep it; List deletes it once they are gone. Callers hold
+// deleted) and none is being created. Pods still terminating keep it; List deletes it once they
+// are gone. When the watch cache still shows a pod of the service that nobody is deleting, the
+// policy stays without asking the API server (the last pod's Terminate asks). Callers hold
 // policyMu.
 func (p *Provider) releasePolicy(ctx context.Context, service, gone string) error {
+	if p.policy.creating[service] > 0 || p.cachedLivePod(service, gone) {
+		return nil
+	}
 	pods, err := p.servicePods(ctx, service)
 	if err != nil {
 		return err
@@ -236,6 +270,26 @@ func (p *Provider) releasePolicy(ctx context.Context, service, gone string) erro
 	delete(p.policy.ports, service)
 	p.log.Info("deleted network policy with the service's last pod", zap.String("policy", name))
 	return nil
+}
+
+// cachedLivePod reports whether the watch cache holds a pod of service other than gone that is
+// not being deleted, by anyone or by this provider.
+func (p *Provider) cachedLivePod(service, gone string) bool {
+	if p.pods == nil {
+		return false
+	}
+	pods, err := p.pods.Pods(p.ns).List(labels.SelectorFromSet(labels.Set{launcher.LabelOwner: "true", launcher.LabelService: service}))
+	if err != nil {
+		return false
+	}
+	p.jobs.mu.Lock()
+	defer p.jobs.mu.Unlock()
+	for _, pod := range pods {
+		if _, deleting := p.jobs.ours[pod.Name]; pod.Name != gone && pod.DeletionTimestamp == nil && !deleting {
+			return true
+		}
+	}
+	return false
 }
 
 // readPolicies learns Ferry's existing policies in the namespace, once, so that those whose
@@ -273,8 +327,13 @@ func (p *Provider) readPolicies(ctx context.Context) error {
 // syncPolicies, from List, gives every service with pods in the watch cache a policy that
 // admits their ports (pods an earlier controller launched), and deletes the policies of
 // services with none left. It acts only on a difference, so a steady List makes no request.
+// It never waits for policyMu: while another goroutine writes a policy (the first pod of a new
+// service, a sync of another List) this List skips the sync, and a later one makes it, so that
+// a hundred services' Lists do not queue behind each other's policy writes.
 func (p *Provider) syncPolicies(ctx context.Context) {
-	p.policyMu.Lock()
+	if !p.policyMu.TryLock() {
+		return
+	}
 	defer p.policyMu.Unlock()
 	if time.Now().Before(p.policy.retryAt) {
 		return

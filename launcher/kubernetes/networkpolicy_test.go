@@ -3,8 +3,10 @@ package kubernetes
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -259,4 +261,63 @@ func TestLaunchNeedsNetworkPolicyPermission(t *testing.T) {
 	if pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err != nil || len(pods.Items) != 0 {
 		t.Fatalf("pods after the refused launch: %v, %v; want none", pods, err)
 	}
+}
+
+// TestNetworkPolicyHeldWhileCreating: pods of one service are created concurrently (outside
+// policyMu), each selected by the policy; a policy held for a pod being created survives the
+// Terminate of the service's last listed pod, and goes with the List after the hold ends.
+func TestNetworkPolicyHeldWhileCreating(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	if err := c.AddGPUNode(ctx, "np-held-0", "NVIDIA-H100-80GB-HBM3", 8); err != nil {
+		t.Fatal(err)
+	}
+	p := newProvider(t, c, Options{})
+	ns := p.Namespace()
+	insts := make([]launcher.Instance, 4)
+	errs := make([]error, len(insts))
+	var wg sync.WaitGroup
+	for i := range insts {
+		wg.Go(func() {
+			spec := gpuSpec(fmt.Sprintf("held-%d", i+1), "H100", 1)
+			spec.Labels[launcher.LabelService] = "held"
+			insts[i], errs[i] = p.Launch(ctx, spec)
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	np := policy(t, c, ns, "ferry-held")
+	if np == nil {
+		t.Fatal("no NetworkPolicy ferry-held after four concurrent launches")
+	}
+	for _, inst := range insts {
+		pod, err := c.Client().CoreV1().Pods(ns).Get(ctx, inst.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !selects(t, np, pod) {
+			t.Errorf("policy does not select pod %s", pod.Name)
+		}
+	}
+
+	if err := p.holdPolicy(ctx, "held", 8000); err != nil {
+		t.Fatal(err)
+	}
+	for _, inst := range insts {
+		if err := p.Terminate(ctx, inst.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if policy(t, c, ns, "ferry-held") == nil {
+		t.Fatal("ferry-held deleted while a pod of the service was being created")
+	}
+	p.unholdPolicy("held")
+	eventually(t, "ferry-held is deleted by a List once the hold ends", func() bool {
+		if _, err := p.List(ctx, map[string]string{launcher.LabelService: "held"}); err != nil {
+			t.Fatal(err)
+		}
+		return policy(t, c, ns, "ferry-held") == nil
+	})
 }
