@@ -119,10 +119,15 @@ func TestImportRules(t *testing.T) {
 // checkImport fails t when the file rel of package pkg may not import dep.
 func checkImport(t *testing.T, rel, pkg, dep string) {
 	t.Helper()
+	// internal/testcluster is test support, never linked into the binary (checked below): its
+	// kubelet stand-in may serve the replica simulator in its own process.
+	simulates := (pkg == "cmd/ferry" && (dep == "bench/replicasim" || dep == "bench/sim" || dep == "bench/trainsim")) ||
+		(pkg == "internal/testcluster" && dep == "bench/replicasim")
 	switch {
-	case strings.HasPrefix(dep, "bench/") && !strings.HasPrefix(pkg, "bench/") && !strings.HasPrefix(pkg, "e2e") &&
-		!(pkg == "cmd/ferry" && (dep == "bench/replicasim" || dep == "bench/sim" || dep == "bench/trainsim")):
+	case strings.HasPrefix(dep, "bench/") && !strings.HasPrefix(pkg, "bench/") && !strings.HasPrefix(pkg, "e2e") && !simulates:
 		t.Errorf("%s imports %s: production code imports no bench driver (the binary serves the replica simulator and runs ferry sim)", rel, dep)
+	case dep == "internal/testcluster" && !strings.HasPrefix(pkg, "bench/") && !strings.HasPrefix(pkg, "e2e"):
+		t.Errorf("%s imports %s: the test cluster is for tests and bench drivers, never the binary", rel, dep)
 	case (strings.HasPrefix(dep, "cmd/") || dep == "internal/controller") && !strings.HasPrefix(pkg, "cmd/") &&
 		!strings.HasPrefix(pkg, "bench/") && !strings.HasPrefix(pkg, "e2e"):
 		t.Errorf("%s imports %s: only the binary wires the controller", rel, dep)
