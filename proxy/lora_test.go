@@ -58,12 +58,15 @@ func adapterLoads(t *testing.T, ignore bool) int {
 }
 
 // Eight adapters fit four replicas of two slots each: routing by adapter loads each about once,
-// where routing blind to them keeps swapping.
+// where routing blind to them keeps swapping. "About": the router learns which adapters a
+// replica holds from its metrics, scraped every 100 ms, so on a busy host
+// a request may come before the scrape that shows its adapter loaded (11 of 32 in a CI run at
+// full load; blind routing: 29).
 func TestRoutingByAdapterAvoidsLoads(t *testing.T) {
 	aware, blind := adapterLoads(t, false), adapterLoads(t, true)
 	t.Logf("adapter loads over 32 requests: %d by adapter, %d blind", aware, blind)
-	if aware > 10 || blind < 2*aware {
-		t.Fatalf("adapter loads: %d routing by adapter (want at most 10), %d blind (want at least twice as many)", aware, blind)
+	if aware > 12 || blind < 2*aware {
+		t.Fatalf("adapter loads: %d routing by adapter (want at most 12, 1.5 times the 8 adapters), %d blind (want at least twice as many)", aware, blind)
 	}
 }
 
