@@ -103,17 +103,11 @@ func (e *env) startCluster(ctx context.Context, progress func(string, ...any)) e
 	if _, err := e.cluster.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	kubelet, err := testcluster.NewKubelet(e.cluster, testcluster.KubeletOptions{InProcessReplicas: true, LogDir: filepath.Join(e.opts.out, "logs", "pods")})
+	stop, err := testcluster.BackgroundKubelet(e.cluster, testcluster.KubeletOptions{InProcessReplicas: true, LogDir: filepath.Join(e.opts.out, "logs", "pods")})
 	if err != nil {
 		return err
 	}
-	kctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = kubelet.Start(kctx)
-	}()
-	e.stopKubelet = func() { cancel(); <-done }
+	e.stopKubelet = stop
 	return nil
 }
 

@@ -167,6 +167,22 @@ func StartKubelet(t testing.TB, c *Cluster, opts KubeletOptions) *Kubelet {
 	}
 }
 
+// BackgroundKubelet starts a kubelet stand-in for c in the background, for a bench driver (a
+// test has StartKubelet); stop ends it and waits until its replicas are stopped.
+func BackgroundKubelet(c *Cluster, opts KubeletOptions) (stop func(), err error) {
+	k, err := NewKubelet(c, opts)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = k.Start(ctx)
+	}()
+	return func() { cancel(); <-done }, nil
+}
+
 // Start runs the kubelet stand-in until ctx ends, then stops every replica and returns ctx's
 // error. It returns early only if its informers cannot start or the kubelet port is taken.
 func (k *Kubelet) Start(ctx context.Context) (err error) {
