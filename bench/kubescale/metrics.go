@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"sort"
@@ -40,19 +41,29 @@ func scrapeHistogram(ctx context.Context, url, name, key, value string) (histogr
 		return histogram{}, err
 	}
 	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
+	h, err := parseHistogram(resp.Body, name, func(m *dto.Metric) bool { return key == "" || labelValue(m, key) == value })
 	if err != nil {
 		return histogram{}, fmt.Errorf("%s: %w", url, err)
 	}
+	return h, nil
+}
+
+// parseHistogram reads the histogram name from the text exposition format, summing the series
+// that match accepts.
+func parseHistogram(r io.Reader, name string, match func(*dto.Metric) bool) (histogram, error) {
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r)
+	if err != nil {
+		return histogram{}, err
+	}
 	family, ok := families[name]
 	if !ok || family.GetType() != dto.MetricType_HISTOGRAM {
-		return histogram{}, fmt.Errorf("%s: no histogram %s", url, name)
+		return histogram{}, fmt.Errorf("no histogram %s", name)
 	}
 	byBound := map[float64]float64{}
 	var h histogram
 	for _, m := range family.GetMetric() {
-		if key != "" && labelValue(m, key) != value {
+		if !match(m) {
 			continue
 		}
 		hist := m.GetHistogram()
