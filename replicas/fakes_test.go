@@ -75,11 +75,12 @@ func newFakeStore() *fakeStore {
 	return &fakeStore{next: map[string]int{}, records: map[string]map[int]Record{}}
 }
 
-func (s *fakeStore) NextReplicaID(service string) (int, error) {
+func (s *fakeStore) NextReplicaIDs(service string, n int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.next[service]++
-	return s.next[service], nil
+	first := s.next[service] + 1
+	s.next[service] += n
+	return first, nil
 }
 
 func (s *fakeStore) SaveReplica(r Record) error {
@@ -140,6 +141,34 @@ type fakeProvider struct {
 	// leftovers are what was left behind (LeftoverKeeper).
 	leftovers []launcher.Leftover
 	lists     int
+	// trailing makes List leave out the instances Launch made until catchUp, as a List from a
+	// cache that trails the launches does (an informer on a busy API server, EC2's eventually
+	// consistent DescribeInstances).
+	trailing bool
+	unlisted map[string]bool
+}
+
+// trail makes List leave out new launches until catchUp.
+func (p *fakeProvider) trail() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.trailing, p.unlisted = true, map[string]bool{}
+}
+
+// catchUp makes List show every launch again.
+func (p *fakeProvider) catchUp() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.trailing, p.unlisted = false, nil
+}
+
+// vanish removes a replica's instance with no trace, as someone deleting it outside Ferry.
+func (p *fakeProvider) vanish(id int) {
+	fi := p.byReplica(id)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fi.srv.Close()
+	delete(p.insts, fi.inst.ID)
 }
 
 // LeaveBehind implements launcher.LeftoverKeeper.
@@ -215,7 +244,11 @@ func (p *fakeProvider) Launch(ctx context.Context, spec launcher.Spec) (launcher
 	if p.launchErr != nil {
 		return launcher.Instance{}, p.launchErr
 	}
-	return p.addLocked(spec.Name, spec.Labels, !p.unhealthyAtStart), nil
+	inst := p.addLocked(spec.Name, spec.Labels, !p.unhealthyAtStart)
+	if p.trailing {
+		p.unlisted[inst.ID] = true
+	}
+	return inst, nil
 }
 
 // add makes an instance as if an earlier controller had launched it.
@@ -276,7 +309,7 @@ func (p *fakeProvider) List(ctx context.Context, selector map[string]string) ([]
 	p.lists++
 	var out []launcher.Instance
 	for _, fi := range p.insts {
-		if _, hidden := launcher.InGaps(p.gaps, fi.inst.Infra, fi.inst.Region, fi.inst.Zone); hidden {
+		if _, hidden := launcher.InGaps(p.gaps, fi.inst.Infra, fi.inst.Region, fi.inst.Zone); hidden || p.unlisted[fi.inst.ID] {
 			continue
 		}
 		if launcher.Matches(fi.inst.Labels, selector) {

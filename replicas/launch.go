@@ -115,7 +115,7 @@ func (m *Manager) launchedOwned(ctx context.Context, r *replica, insts []launche
 		return
 	}
 	m.eventSeq++
-	r.launched, r.launchSeq = insts, m.eventSeq
+	r.launched, r.launchSeq, r.launchedAt = insts, m.eventSeq, time.Now()
 	for _, inst := range insts {
 		// A List that overlapped the launch may already hold this instance; a second copy
 		// would read as a stray of its own replica and be terminated.

@@ -48,7 +48,7 @@ func (m *Manager) lostOwned(now time.Time, r *replica) {
 	m.losses = next
 	m.log.Info("spot replica lost", zap.Int("replica", r.rec.ID), zap.String("zone", where),
 		zap.Duration("fallback_hold", next.Hold(now)))
-	m.effects = append(m.effects, func() {
+	m.queueOwned(func() {
 		if ls, ok := m.cfg.Store.(LossStore); ok {
 			if err := ls.SaveLosses(m.cfg.Service, next); err != nil {
 				m.log.Error("save spot losses", zap.Error(err))

@@ -189,9 +189,12 @@ type replica struct {
 	launching   bool
 	terminating bool
 	// launched are the instances our launch returned (a gang's nodes, head first), and
-	// launchSeq when; a List begun before then may not show them yet.
-	launched  []launcher.Instance
-	launchSeq uint64
+	// launchSeq and launchedAt when; a List begun before then may not show them yet, nor
+	// one begun soon after, from a cache that trails the launch (listed: one showed them).
+	launched   []launcher.Instance
+	launchSeq  uint64
+	launchedAt time.Time
+	listed     bool
 	// drainingSince is when a scale-down took the replica out of the READY set (in memory
 	// only: a restarted controller drains again, bounded by the same timeout).
 	drainingSince time.Time

@@ -218,6 +218,33 @@ func TestManagerReplacesEndedInstances(t *testing.T) {
 	eventually(t, "ended instances cleaned up", func() bool { return h.prov.count() == 2 })
 }
 
+// TestManagerWaitsForAListToShowALaunch: a List from a cache that trails the launches does not
+// show a new instance for a while; its replica must serve on, not fail as "disappeared". Once a
+// List has shown the instance, its absence from a List is believed at once.
+func TestManagerWaitsForAListToShowALaunch(t *testing.T) {
+	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
+	h.prov.trail()
+	h.start()
+	h.m.SetDesired(2)
+	h.waitReady(1, 2)
+	lists := h.prov.listCount()
+	eventually(t, "five more Lists", func() bool { return h.prov.listCount() >= lists+5 })
+	for _, id := range []int{1, 2} {
+		if got := h.record(id); got.Status != StatusReady {
+			t.Fatalf("replica %d = %s %q while the Lists trail its launch, want READY", id, got.Status, got.Reason)
+		}
+	}
+
+	h.prov.catchUp()
+	lists = h.prov.listCount()
+	eventually(t, "two more Lists", func() bool { return h.prov.listCount() >= lists+2 })
+	h.prov.vanish(1)
+	h.waitReady(2, 3) // well within launchListGrace: the Lists had shown it
+	if got := h.record(1); got.Status != StatusFailed || got.Reason != "instance disappeared" {
+		t.Errorf("replica 1 = %s %q, want FAILED \"instance disappeared\"", got.Status, got.Reason)
+	}
+}
+
 func TestManagerProbeFailureThreshold(t *testing.T) {
 	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
 	h.start()

@@ -52,7 +52,7 @@ func (m *Manager) setReadyOwned() {
 // publication, Shutdown). The executor runs one effect at a time, so calls never overlap, and
 // each sends the newest set, so the last change is never lost.
 func (m *Manager) publishOwned(force bool) {
-	m.effects = append(m.effects, func() { m.publishNow(force) })
+	m.queueOwned(func() { m.publishNow(force) })
 }
 
 // publishNow is a publication as the executor runs it.

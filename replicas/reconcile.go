@@ -77,11 +77,21 @@ func (m *Manager) observeOwned(insts []launcher.Instance, gaps []launcher.Gap, s
 		observed = append(observed, inst)
 	}
 	for _, r := range m.replicas {
-		if r.launchSeq <= seq {
+		if len(r.launched) == 0 || r.listed {
+			continue
+		}
+		if r.launchSeq <= seq && !slices.ContainsFunc(r.launched, func(i launcher.Instance) bool { return !seen[i.ID] }) {
+			r.listed = true // this List shows them all: from now on, gone from a List is gone
+			continue
+		}
+		// Begun before the launch returned, or from a cache that has not caught up with it
+		// yet (an informer, EC2's eventually consistent DescribeInstances): not gone until a
+		// List has shown them, or for launchListGrace.
+		if r.launchSeq <= seq && now.Sub(r.launchedAt) > launchListGrace {
 			continue
 		}
 		for _, inst := range r.launched {
-			if !seen[inst.ID] {
+			if _, terminated := m.gone[inst.ID]; !seen[inst.ID] && !terminated && !m.stopping[inst.ID] {
 				seen[inst.ID] = true
 				observed = append(observed, inst)
 			}
@@ -100,6 +110,10 @@ func (m *Manager) observeOwned(insts []launcher.Instance, gaps []launcher.Gap, s
 		}
 	}
 }
+
+// launchListGrace is how long a launched instance that no List has shown yet counts as
+// running: a List served from a cache may trail the launch by seconds under load.
+const launchListGrace = 30 * time.Second
 
 // maxPassRounds bounds how often one pass plans again after writing what its plan needed.
 const maxPassRounds = 6
@@ -156,7 +170,7 @@ func (m *Manager) passRoundOwned(verdicts, reserve bool, rolloutFailed *bool) (p
 	if verdicts && acts.Rollout != nil {
 		if next, changed := m.verdictOwned(now, acts.Rollout); changed {
 			prev, ch := m.rollout, acts.Rollout
-			m.effects = append(m.effects, func() { *rolloutFailed = !m.commitVerdict(prev, next, ch) })
+			m.queueOwned(func() { *rolloutFailed = !m.commitVerdict(prev, next, ch) })
 			return passNeedsVerdict, 0
 		}
 	}

@@ -3,6 +3,7 @@ package replicas
 import (
 	"errors"
 	"strconv"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -78,35 +79,58 @@ func (m *Manager) transitionOwned(now time.Time, r *replica, to Status, reason s
 // queues its write (saveOwned); a launch or
 // termination is queued behind the writes that must precede it (startOwned); so are rollout
 // writes (rollout.go) and publications of the READY set (publish.go). The queue is one ordered
-// executor: whoever finds it idle runs it to the end (flush), one effect at a time, and whoever
-// queued something waits until it ran (do, loop.go). So a record is on disk before the launch or
-// termination that follows from it starts, rollout writes never swap, and OnReady calls never
-// overlap, without a lock of their own.
+// executor: whoever finds it idle runs it to the end (flush), and whoever queued something
+// waits until it ran (do, loop.go). So a record is on disk before the launch or termination
+// that follows from it starts, rollout writes never swap, and OnReady calls never overlap,
+// without a lock of their own.
+//
+// Order is kept only where it means something. Writes of different replicas' records touch
+// different objects, so a run of them goes to the store at once (writeRecords): a pass that
+// launches ten replicas waits for about one write, not ten in a row, which on a busy API server
+// is the difference between a fraction of a second and several. Starts met within such a run
+// wait for the whole run to be written: they only ever need what was queued before them, and
+// starting later than that never breaks an order. Everything else (a second write of a record
+// in the run, a publication, a rollout or losses write, do's wake-up) waits for all before it
+// and runs alone.
 
 // effect is one queued store write, start of a provider call, or publication. Effects run
 // outside the run loop; one that needs the state posts a step (own, step), never do.
-type effect func()
+type effect struct {
+	run func()
+	// record is the replica id whose record the effect writes or deletes; noRecord for the
+	// effects that run alone, in order.
+	record int
+	// start marks a startOwned effect: it may start once the record writes around it are done.
+	start bool
+}
+
+const noRecord = -1
+
+// queueOwned queues fn as an effect that runs alone, after every effect queued before it.
+func (m *Manager) queueOwned(fn func()) {
+	m.effects = append(m.effects, effect{run: fn, record: noRecord})
+}
 
 // saveOwned queues a write of r's record as it is now.
 func (m *Manager) saveOwned(r *replica) {
 	rec := r.rec
-	m.effects = append(m.effects, func() {
+	m.effects = append(m.effects, effect{record: rec.ID, run: func() {
 		if err := m.cfg.Store.SaveReplica(rec); err != nil {
 			m.log.Error("save replica record", zap.Int("replica", rec.ID), zap.Error(err))
 		}
-	})
+	}})
 }
 
 // startOwned queues work to start in its own goroutine once the writes queued before it are
 // done. The caller has counted it in m.workers (and m.launches) in the same step, so that Start
 // and Shutdown wait for it.
 func (m *Manager) startOwned(work func()) {
-	m.effects = append(m.effects, func() { go work() })
+	m.effects = append(m.effects, effect{run: func() { go work() }, record: noRecord, start: true})
 }
 
-// flush runs the queued effects in order unless another caller runs them already; it returns
-// once the queue is empty or in the other caller's hands. It takes each batch from the owner
-// of the state and runs it outside, so the run loop never waits for a store or a provider.
+// flush runs the queued effects unless another caller runs them already; it returns once the
+// queue is empty or in the other caller's hands. It takes each batch from the owner of the
+// state and runs it outside, so the run loop never waits for a store or a provider.
 func (m *Manager) flush() {
 	claimed := false
 	m.own(func() {
@@ -122,16 +146,69 @@ func (m *Manager) flush() {
 		if len(batch) == 0 {
 			return
 		}
-		for _, e := range batch {
-			m.runEffect(e)
-		}
+		m.runBatch(batch)
 	}
 }
 
+// runBatch runs a batch of effects: runs of record writes to different replicas together, the
+// starts among them once the run is written, everything else alone and in order.
+func (m *Manager) runBatch(batch []effect) {
+	var (
+		writes, starts []effect
+		inRun          = map[int]bool{}
+	)
+	settle := func() {
+		m.writeRecords(writes)
+		for _, e := range starts {
+			m.runEffect(e.run)
+		}
+		writes, starts = writes[:0], starts[:0]
+		clear(inRun)
+	}
+	for _, e := range batch {
+		switch {
+		case e.start:
+			starts = append(starts, e)
+		case e.record != noRecord:
+			if inRun[e.record] {
+				settle()
+			}
+			inRun[e.record] = true
+			writes = append(writes, e)
+		default:
+			settle()
+			m.runEffect(e.run)
+		}
+	}
+	settle()
+}
+
+// maxRecordWrites bounds the record writes one service has in flight at once.
+const maxRecordWrites = 16
+
+// writeRecords runs record writes of different replicas concurrently and returns when all are
+// done.
+func (m *Manager) writeRecords(writes []effect) {
+	if len(writes) == 1 {
+		m.runEffect(writes[0].run)
+		return
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, maxRecordWrites)
+	for _, e := range writes {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			m.runEffect(e.run)
+		})
+	}
+	wg.Wait()
+}
+
 // runEffect runs one effect; a panic is logged, so the queue never stays claimed.
-func (m *Manager) runEffect(e effect) {
+func (m *Manager) runEffect(run func()) {
 	defer m.recoverPanic("effect")
-	e()
+	run()
 }
 
 // forgetOwned deletes a record for good.
@@ -142,11 +219,11 @@ func (m *Manager) forgetOwned(id int) {
 	}
 	m.stopProberOwned(r)
 	delete(m.replicas, id)
-	m.effects = append(m.effects, func() {
+	m.effects = append(m.effects, effect{record: id, run: func() {
 		if err := m.cfg.Store.DeleteReplica(m.cfg.Service, id); err != nil {
 			m.log.Error("delete replica record", zap.Int("replica", id), zap.Error(err))
 		}
-	})
+	}})
 	m.log.Debug("forgot replica", zap.Int("replica", id), zap.String("status", string(r.rec.Status)))
 }
 
@@ -204,8 +281,9 @@ func (m *Manager) load() error {
 }
 
 // reserveIDs asks the store, outside the run loop, for n replica ids beyond those reserved
-// already; launches take them (nextIDOwned). The store is the authority, but a lost store must
-// not hand out the id of an adopted replica: such ids are skipped.
+// already, all missing ones in one write (a pass that launches ten replicas waits for one
+// write, not ten); launches take them (nextIDOwned). The store is the authority, but a lost
+// store must not hand out the id of an adopted replica: such ids are skipped.
 func (m *Manager) reserveIDs(n int) error {
 	for range 1000 {
 		var missing int
@@ -213,13 +291,15 @@ func (m *Manager) reserveIDs(n int) error {
 		if missing <= 0 {
 			return nil
 		}
-		id, err := m.cfg.Store.NextReplicaID(m.cfg.Service)
+		first, err := m.cfg.Store.NextReplicaIDs(m.cfg.Service, missing)
 		if err != nil {
 			return err
 		}
 		m.own(func() {
-			if _, taken := m.replicas[id]; !taken {
-				m.spareIDs = append(m.spareIDs, id)
+			for id := first; id < first+missing; id++ {
+				if _, taken := m.replicas[id]; !taken {
+					m.spareIDs = append(m.spareIDs, id)
+				}
 			}
 		})
 	}

@@ -280,7 +280,7 @@ func (m *Manager) StartUpdate(task *configs.Task, mode string, now time.Time) (V
 		err = errors.New("replicas: the update panicked") // unless the effect runs to its end
 	)
 	m.do(func() {
-		m.effects = append(m.effects, func() {
+		m.queueOwned(func() {
 			m.own(func() { v, r = m.nextRolloutOwned(task, mode, now) })
 			if err = rs.StartUpdate(m.cfg.Service, v, r); err == nil {
 				m.startRollout(v, r)

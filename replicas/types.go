@@ -81,8 +81,9 @@ type Record struct {
 // Store persists replica records so that a restarted controller keeps replica ids and history.
 // The controller's SQLite store implements it.
 type Store interface {
-	// NextReplicaID returns a new id for the service, never reused (SkyServe semantics).
-	NextReplicaID(service string) (int, error)
+	// NextReplicaIDs hands out n ≥ 1 new ids for the service in one write, first to
+	// first+n-1, never handed out again (SkyServe semantics).
+	NextReplicaIDs(service string, n int) (first int, err error)
 	// SaveReplica inserts or updates a record keyed by (service, id).
 	SaveReplica(r Record) error
 	// DeleteReplica forgets a replica once its instance is gone.

@@ -63,7 +63,9 @@ var (
 	_ replicas.RolloutStore = poolStore{}
 )
 
-func (p poolStore) NextReplicaID(string) (int, error) { return p.inner.NextReplicaID(p.service) }
+func (p poolStore) NextReplicaIDs(_ string, n int) (int, error) {
+	return p.inner.NextReplicaIDs(p.service, n)
+}
 
 func (p poolStore) SaveReplica(r replicas.Record) error {
 	r.Service, r.ID = p.service, -r.ID

@@ -29,7 +29,7 @@ func TestPoolRecordsBesideTheService(t *testing.T) {
 		if _, isPool := s.(poolStore); isPool {
 			name = poolName("pd")
 		}
-		id, err := s.NextReplicaID(name)
+		id, err := s.NextReplicaIDs(name, 1)
 		if err != nil {
 			t.Fatal(err)
 		}

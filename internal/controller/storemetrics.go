@@ -64,9 +64,9 @@ func (s timedStore) SaveRollout(service string, r replicas.Rollout) error {
 	return s.Store.SaveRollout(service, r)
 }
 
-func (s timedStore) NextReplicaID(service string) (int, error) {
-	defer s.time("NextReplicaID")()
-	return s.Store.NextReplicaID(service)
+func (s timedStore) NextReplicaIDs(service string, n int) (int, error) {
+	defer s.time("NextReplicaIDs")()
+	return s.Store.NextReplicaIDs(service, n)
 }
 
 func (s timedStore) SaveReplica(r replicas.Record) error {

@@ -493,12 +493,15 @@ var (
 	_ replicas.LossStore    = (*SQLite)(nil)
 )
 
-// NextReplicaID hands out replica ids that are never reused within a service, as SkyServe does,
-// so that logs and status lines about an old replica never get confused with a new one.
-func (s *SQLite) NextReplicaID(service string) (int, error) {
+// NextReplicaIDs hands out replica ids that are never reused within a service, as SkyServe
+// does, so that logs and status lines about an old replica never get confused with a new one.
+func (s *SQLite) NextReplicaIDs(service string, n int) (int, error) {
+	if n < 1 {
+		return 0, fmt.Errorf("next replica ids of %q: asked for %d", service, n)
+	}
 	var id int
-	err := s.db.QueryRow(`UPDATE services SET next_replica_id = next_replica_id + 1
-		WHERE name = ? RETURNING next_replica_id - 1`, service).Scan(&id)
+	err := s.db.QueryRow(`UPDATE services SET next_replica_id = next_replica_id + ?
+		WHERE name = ? RETURNING next_replica_id - ?`, n, service, n).Scan(&id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, fmt.Errorf("service %q: %w", service, ErrNotFound)
 	}

@@ -37,7 +37,7 @@ func BenchmarkKubeWrites(b *testing.B) {
 	b.Run("NextReplicaID", func(b *testing.B) {
 		b.ReportAllocs()
 		for range b.N {
-			if _, err := st.NextReplicaID("bench"); err != nil {
+			if _, err := st.NextReplicaIDs("bench", 1); err != nil {
 				b.Fatal(err)
 			}
 		}

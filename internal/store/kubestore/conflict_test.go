@@ -145,22 +145,26 @@ func TestDeleteSeesPastAStaleCache(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s.cms = listerscorev1.NewConfigMapLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})).ConfigMaps(ns)
+	s.cms = newWritten(listerscorev1.NewConfigMapLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})).ConfigMaps(ns))
 	if err := s.configMaps().Delete("ferry-left-0000000000000001"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cms.Get(ctx, "ferry-left-0000000000000001", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("after a delete through a cache that had not seen the object: %v, want it gone", err)
 	}
-	// write is Update without its wait for the cache to show the write, which this one never will.
-	s.cms = listerscorev1.NewConfigMapLister(cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})).ConfigMaps(ns)
-	ctxWrite, cancel := s.ctx()
-	defer cancel()
-	if _, err := s.configMaps().write(ctxWrite, "ferry-left-0000000000000002", false, func(cm *corev1.ConfigMap) error {
+	// An update through the same cache, which never sees the object: read from the API server,
+	// written, and read back from the store's own write.
+	if _, err := s.configMaps().Update("ferry-left-0000000000000002", func(cm *corev1.ConfigMap) error {
 		cm.Data = map[string]string{"note": "updated"}
 		return nil
 	}); err != nil {
 		t.Errorf("an update through a cache that had not seen the object: %v, want it written", err)
+	}
+	if got, err := s.cms.Get("ferry-left-0000000000000002"); err != nil || got.Data["note"] != "updated" {
+		t.Errorf("the store reads its own update as %v, %v; want it", got, err)
+	}
+	if _, err := s.cms.Get("ferry-left-0000000000000001"); !apierrors.IsNotFound(err) {
+		t.Errorf("the store reads its own delete as %v, want not found", err)
 	}
 }
 
@@ -195,6 +199,89 @@ func TestReplicaCreatedDuringDeleteIsRemoved(t *testing.T) {
 	}
 }
 
+// TestReplicaRecordOfAHandedOutID covers the create of a record whose id NextReplicaID handed
+// out, which skips the service's row when the cache shows its counter past the id: that create
+// writes nothing but the record; racing a delete it still leaves nothing; and racing a delete
+// and a new service of the same name, it moves the new service's counter past its id.
+func TestReplicaRecordOfAHandedOutID(t *testing.T) {
+	c := testcluster.Shared(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name     string
+		meantime func(s *Store) error // runs right before the record's create
+		wantErr  error
+	}{
+		{name: "alone"},
+		{name: "racing a delete", meantime: func(s *Store) error { return s.DeleteService("chat") }, wantErr: store.ErrNotFound},
+		{name: "racing a delete and a new service", meantime: func(s *Store) error {
+			if err := s.DeleteService("chat"); err != nil {
+				return err
+			}
+			return s.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{}, Port: 1})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := generatedNamespace(t, c, "ks-handed-out-")
+			s, err := Open(ctx, Options{Config: c.RESTConfig(), Namespace: ns})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if err := s.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{}, Port: 1}); err != nil {
+				t.Fatal(err)
+			}
+			var id int
+			for range 3 {
+				if id, err = s.NextReplicaIDs("chat", 1); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before, err := s.cms.Get(serviceObject("chat"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			s.creating = func(string) {
+				s.creating = nil
+				if tc.meantime != nil {
+					if err := tc.meantime(s); err != nil {
+						t.Errorf("meantime: %v", err)
+					}
+				}
+			}
+			err = s.SaveReplica(replicas.Record{Service: "chat", ID: id, Version: 1, Status: replicas.StatusProvisioning})
+			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
+				t.Fatalf("SaveReplica: %v, want %v", err, tc.wantErr)
+			}
+			_, recErr := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, replicaObject("chat", id), metav1.GetOptions{})
+			svc, svcErr := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, serviceObject("chat"), metav1.GetOptions{})
+			switch tc.name {
+			case "alone":
+				if recErr != nil {
+					t.Errorf("the record: %v", recErr)
+				}
+				if svcErr != nil || svc.ResourceVersion != before.ResourceVersion {
+					t.Errorf("the service's ConfigMap was written (resourceVersion %s, was %s; %v): the id was counted already", svc.ResourceVersion, before.ResourceVersion, svcErr)
+				}
+			case "racing a delete":
+				if !apierrors.IsNotFound(recErr) {
+					t.Errorf("the record after its service was deleted: %v, want gone", recErr)
+				}
+			default:
+				if recErr != nil {
+					t.Errorf("the record: %v", recErr)
+				}
+				var row serviceRow
+				if svcErr == nil {
+					_, svcErr = getJSON(svc, keyService, &row)
+				}
+				if svcErr != nil || row.NextReplicaID <= id {
+					t.Errorf("the new service's id counter is %d (%v), want past %d, the record's", row.NextReplicaID, svcErr, id)
+				}
+			}
+		})
+	}
+}
+
 // TestWritesLeaveAMarkedObjectAlone: from a delete's mark on, Ferry's writers do not change the
 // object (which would fail the delete's precondition and, with writers that never stop, starve
 // it): the service's status is kept as it was, ids and records are refused as for a service
@@ -220,7 +307,7 @@ func TestWritesLeaveAMarkedObjectAlone(t *testing.T) {
 	if err := s.SetServiceStatus("chat", "READY"); err != nil {
 		t.Errorf("SetServiceStatus of a service being deleted: %v, want the write dropped", err)
 	}
-	if _, err := s.NextReplicaID("chat"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.NextReplicaIDs("chat", 1); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("NextReplicaID of a service being deleted: %v, want ErrNotFound", err)
 	}
 	if err := s.SaveReplica(replicas.Record{Service: "chat", ID: 1, Version: 1}); !errors.Is(err, store.ErrNotFound) {

@@ -172,14 +172,14 @@ func TestFenceRejectsStaleTerm(t *testing.T) {
 	if err := a.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{Run: "x"}, Port: 1}); err != nil {
 		t.Fatalf("the leader's write was refused: %v", err)
 	}
-	if _, err := a.NextReplicaID("chat"); err != nil {
+	if _, err := a.NextReplicaIDs("chat", 1); err != nil {
 		t.Fatal(err)
 	}
 
 	// ctl-b takes over: a's writes are refused although a still believes it leads.
 	setLease(t, client, ns, lease, "ctl-b", 4)
 	eventuallyRejected(t, "is not the lease term 4", func() error { return a.SetServiceStatus("chat", "READY") })
-	if _, err := a.NextReplicaID("chat"); err == nil {
+	if _, err := a.NextReplicaIDs("chat", 1); err == nil {
 		t.Error("the deposed leader handed out a replica id")
 	}
 	if err := a.DeleteService("chat"); err == nil {
@@ -197,7 +197,7 @@ func TestFenceRejectsStaleTerm(t *testing.T) {
 	if err := b.SetServiceStatus("chat", "READY"); err != nil {
 		t.Fatalf("the new leader's write was refused: %v", err)
 	}
-	id, err := b.NextReplicaID("chat")
+	id, err := b.NextReplicaIDs("chat", 1)
 	if err != nil || id != 2 {
 		t.Errorf("new leader's replica id = %d, %v; want 2 (1 went to the old leader)", id, err)
 	}

@@ -131,7 +131,7 @@ func TestConcurrentWritesAreNotLost(t *testing.T) {
 	errs := make(chan error, 2*n)
 	for i := range n {
 		go func() { errs <- a.SetTarget("chat", i) }()
-		go func() { _, err := b.NextReplicaID("chat"); errs <- err }()
+		go func() { _, err := b.NextReplicaIDs("chat", 1); errs <- err }()
 	}
 	for range 2 * n {
 		if err := <-errs; err != nil {
@@ -141,7 +141,7 @@ func TestConcurrentWritesAreNotLost(t *testing.T) {
 	if err := b.SetServiceStatus("chat", "READY"); err != nil {
 		t.Fatal(err)
 	}
-	id, err := a.NextReplicaID("chat")
+	id, err := a.NextReplicaIDs("chat", 1)
 	if err != nil || id != n+1 {
 		t.Errorf("next id after %d concurrent allocations = %d, %v; want %d", n, id, err, n+1)
 	}

@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/ferryserve/ferry/internal/store"
 	"github.com/ferryserve/ferry/replicas"
@@ -33,14 +34,17 @@ func (s *Store) cachedDeleting(service string) bool {
 	return err == nil && marked(cm)
 }
 
-// NextReplicaID implements replicas.Store: the counter in the service's row moves by an update
-// conditional on the resourceVersion it read, so an id is handed out once across controllers.
-// A service being deleted hands out none.
-func (s *Store) NextReplicaID(service string) (int, error) {
+// NextReplicaIDs implements replicas.Store: the counter in the service's row moves by an
+// update conditional on the resourceVersion it read, so an id is handed out once across
+// controllers. A service being deleted hands out none.
+func (s *Store) NextReplicaIDs(service string, n int) (int, error) {
+	if n < 1 {
+		return 0, fmt.Errorf("next replica ids of %q: asked for %d", service, n)
+	}
 	var id int
 	err := s.updateRow(service, func(_ *corev1.ConfigMap, row *serviceRow) error {
 		id = row.NextReplicaID
-		row.NextReplicaID++
+		row.NextReplicaID += n
 		return nil
 	})
 	if err != nil {
@@ -57,12 +61,23 @@ func (s *Store) SaveReplica(r replicas.Record) error {
 		return err
 	}
 	name := replicaObject(r.Service, r.ID)
-	err := s.updateReplica(name, r)
-	for attempt := 0; apierrors.IsNotFound(err) && attempt < 2; attempt++ {
-		err = s.createReplica(name, r)
-		if apierrors.IsAlreadyExists(err) { // created meanwhile by another writer: update it
+	create := func() error {
+		err := s.createReplica(name, r)
+		if apierrors.IsAlreadyExists(err) { // created by another writer: update it
 			err = s.updateReplica(name, r)
 		}
+		return err
+	}
+	var err error
+	if _, cerr := s.cms.Get(name); apierrors.IsNotFound(cerr) {
+		// A record the cache has not seen is a new one as a rule (a launch's first save):
+		// create it without first asking the API server whether it exists.
+		err = create()
+	} else {
+		err = s.updateReplica(name, r)
+	}
+	for attempt := 0; apierrors.IsNotFound(err) && attempt < 2; attempt++ {
+		err = create()
 	}
 	if err != nil {
 		return fmt.Errorf("save replica %s/%d: %w", r.Service, r.ID, err)
@@ -81,18 +96,21 @@ func (s *Store) updateReplica(name string, r replicas.Record) error {
 }
 
 // createReplica creates the record of a replica that has none. First the service's id counter
-// moves past the id (an adopted instance's), so that a later replica can never get it; that
-// write also refuses a service that is gone or being deleted. After the create, the service is
-// read again from the API server: DeleteService marks the service before it lists the replicas
-// to delete, so a record created before the mark is in that list, and one created after it is
-// seen here and deleted again. Either way no record outlives its service.
+// must be past the id (an adopted instance's), so that a later replica can never get it: the
+// counter is moved by a write of the service's row, which also refuses a service that is gone
+// or being deleted, unless the cache shows it past the id already (the id was handed out by
+// NextReplicaID, the usual case: a write, and the wait for its watch, saved on every launch).
+// After the create, the service is read again from the API server: DeleteService marks the
+// service before it lists the replicas to delete, so a record created before the mark is in
+// that list, and one created after it is seen here and deleted again. Either way no record
+// outlives its service. The read also finds a service deleted and made again under the same
+// name since the cache was read, whose counter then still has to move.
 func (s *Store) createReplica(name string, r replicas.Record) error {
-	err := s.updateRow(r.Service, func(_ *corev1.ConfigMap, row *serviceRow) error {
-		row.NextReplicaID = max(row.NextReplicaID, r.ID+1)
-		return nil
-	})
-	if err != nil {
-		return err
+	counted := s.cachedCounted(r.Service, r.ID)
+	if counted == "" {
+		if err := s.countReplicaID(r); err != nil {
+			return err
+		}
 	}
 	cm := &corev1.ConfigMap{ObjectMeta: objectMeta(name, "replica", r.Service)}
 	if err := putJSON(cm, keyReplica, r); err != nil {
@@ -107,16 +125,44 @@ func (s *Store) createReplica(name string, r replicas.Record) error {
 	ctx, cancel := s.ctx()
 	defer cancel()
 	svc, err := s.client.CoreV1().ConfigMaps(s.ns).Get(ctx, serviceObject(r.Service), metav1.GetOptions{})
-	if err == nil && !marked(svc) {
+	switch {
+	case err == nil && !marked(svc) && (counted == "" || svc.UID == counted):
 		return nil
-	}
-	if err != nil && !apierrors.IsNotFound(err) {
+	case err == nil && !marked(svc):
+		// The service was made again since the cache was read: count the id in its row, and
+		// keep the record unless that service is going too.
+		if err = s.countReplicaID(r); !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+	case err != nil && !apierrors.IsNotFound(err):
 		return err
 	}
 	if err := s.configMaps().Delete(name); err != nil {
 		return fmt.Errorf("remove the record made while the service was deleted: %w", err)
 	}
 	return errDeleting(r.Service)
+}
+
+// countReplicaID moves the service's id counter past r's id.
+func (s *Store) countReplicaID(r replicas.Record) error {
+	return s.updateRow(r.Service, func(_ *corev1.ConfigMap, row *serviceRow) error {
+		row.NextReplicaID = max(row.NextReplicaID, r.ID+1)
+		return nil
+	})
+}
+
+// cachedCounted is the UID of the service's ConfigMap when the cache shows it unmarked with its
+// id counter past id, "" otherwise.
+func (s *Store) cachedCounted(service string, id int) types.UID {
+	cm, err := s.cms.Get(serviceObject(service))
+	if err != nil || marked(cm) {
+		return ""
+	}
+	var row serviceRow
+	if ok, err := getJSON(cm, keyService, &row); !ok || err != nil || row.NextReplicaID <= id {
+		return ""
+	}
+	return cm.UID
 }
 
 // DeleteReplica implements replicas.Store; a record already gone is success.

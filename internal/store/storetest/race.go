@@ -210,7 +210,7 @@ func (w *Writers) ownReplica(s store.Store, owner int) {
 	id := -1
 	for k := range w.attempts {
 		if id < 0 {
-			n, err := s.NextReplicaID(w.Service)
+			n, err := s.NextReplicaIDs(w.Service, 1)
 			w.outcome("next replica id", err, func() { id = n; w.ids = append(w.ids, int64(n)) })
 			continue
 		}

@@ -101,7 +101,7 @@ func testReplicaIDsAreNeverReused(t *testing.T, open Opener) {
 	must(t, s.CreateService(store.Service{Name: "a", Version: 1, Task: &configs.Task{}, Port: 1}))
 	var ids []int
 	for range 3 {
-		id, err := s.NextReplicaID("a")
+		id, err := s.NextReplicaIDs("a", 1)
 		must(t, err)
 		ids = append(ids, id)
 	}
@@ -111,13 +111,24 @@ func testReplicaIDsAreNeverReused(t *testing.T, open Opener) {
 	// An adopted replica with a higher id moves the counter past it.
 	must(t, s.SaveReplica(replicas.Record{Service: "a", ID: 10, Version: 1, Status: replicas.StatusStarting}))
 	must(t, s.DeleteReplica("a", 10))
-	id, err := s.NextReplicaID("a")
+	id, err := s.NextReplicaIDs("a", 1)
 	must(t, err)
 	if id != 11 {
 		t.Errorf("after adopting id 10, next id = %d, want 11", id)
 	}
-	if _, err := s.NextReplicaID("missing"); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("NextReplicaID(missing) = %v, want ErrNotFound", err)
+	if _, err := s.NextReplicaIDs("missing", 1); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("NextReplicaIDs(missing, 1) = %v, want ErrNotFound", err)
+	}
+	// Several at once: one write moves the counter past all of them.
+	first, err := s.NextReplicaIDs("a", 4)
+	must(t, err)
+	after, err := s.NextReplicaIDs("a", 1)
+	must(t, err)
+	if first != 12 || after != 16 {
+		t.Errorf("NextReplicaIDs(a, 4) = %d, then NextReplicaIDs(a, 1) = %d; want 12 (12 to 15), then 16", first, after)
+	}
+	if _, err := s.NextReplicaIDs("a", 0); err == nil {
+		t.Error("NextReplicaIDs(a, 0) handed out ids, want an error")
 	}
 }
 
@@ -131,7 +142,7 @@ func testReplicaIDsUniqueAcrossStores(t *testing.T, open Opener) {
 		if i%2 == 1 {
 			s = b
 		}
-		id, err := s.NextReplicaID("a")
+		id, err := s.NextReplicaIDs("a", 1)
 		return int64(id), err
 	})
 	checkDistinct(t, ids, 1)
@@ -342,7 +353,7 @@ func testReplicaOfMissingServiceRefused(t *testing.T, open Opener) {
 	if err := s.SaveReplica(rec); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("SaveReplica after DeleteService: %v, want ErrNotFound", err)
 	}
-	if _, err := s.NextReplicaID("gone"); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.NextReplicaIDs("gone", 1); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("NextReplicaID after DeleteService: %v, want ErrNotFound", err)
 	}
 	must(t, s.DeleteReplica("gone", 1))

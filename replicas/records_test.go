@@ -1,0 +1,78 @@
+package replicas
+
+import (
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestRunBatchWritesRecordsTogether checks the executor's order: writes of different records
+// run at once, a start waits for the writes around it, a second write of a record waits for
+// the first, and every other effect runs alone, after all before it.
+func TestRunBatchWritesRecordsTogether(t *testing.T) {
+	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
+	var (
+		mu     sync.Mutex
+		events []string
+	)
+	note := func(ev string) {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, ev)
+	}
+	// Writes 1 and 2 each wait until the other has begun: run one after the other, they would
+	// not meet, and the test fails on the timeout rather than hang.
+	var met sync.WaitGroup
+	met.Add(2)
+	metCh := make(chan struct{})
+	go func() { met.Wait(); close(metCh) }()
+	meeting := func(name string) func() {
+		return func() {
+			note(name + " begin")
+			met.Done()
+			select {
+			case <-metCh:
+			case <-time.After(5 * time.Second):
+				note(name + " ran alone")
+			}
+			note(name + " end")
+		}
+	}
+	simple := func(name string) func() { return func() { note(name) } }
+	started := make(chan struct{})
+	batch := []effect{
+		{record: 1, run: meeting("write 1")},
+		{record: noRecord, start: true, run: func() { note("start"); close(started) }},
+		{record: 2, run: meeting("write 2")},
+		{record: 1, run: simple("rewrite 1")},
+		{record: noRecord, run: simple("publish")},
+		{record: 3, run: simple("write 3")},
+	}
+	h.m.runBatch(batch)
+	<-started
+
+	mu.Lock()
+	defer mu.Unlock()
+	if slices.Contains(events, "write 1 ran alone") || slices.Contains(events, "write 2 ran alone") {
+		t.Fatalf("writes of records 1 and 2 did not run at once: %q", events)
+	}
+	at := func(ev string) int {
+		i := slices.Index(events, ev)
+		if i < 0 {
+			t.Fatalf("%q never happened: %q", ev, events)
+		}
+		return i
+	}
+	for _, order := range [][2]string{
+		{"write 1 end", "start"}, {"write 2 end", "start"}, // a start waits for the run of writes
+		{"start", "rewrite 1"},   // ... and runs before what the run ended on
+		{"rewrite 1", "publish"}, // a publication waits for every write before it
+		{"publish", "write 3"},   // and what follows waits for it
+		{"write 1 end", "rewrite 1"},
+	} {
+		if at(order[0]) > at(order[1]) {
+			t.Errorf("%q came after %q: %q", order[0], order[1], events)
+		}
+	}
+}
