@@ -46,8 +46,9 @@
 // the resourceVersion it read; a conflict re-reads from the API server and retries, after a
 // jittered exponential pause, a bounded number of times. "Not found" is the API server's word,
 // never a lagging cache's: an object the other controller created a moment ago may not be in
-// this one's cache yet. A write waits until the cache holds what it wrote, so a caller reads
-// its own writes.
+// this one's cache yet. What the store writes, or reads fresh, is laid over the cache until the
+// watch delivers it (written.go), so a caller reads its own writes at once, without waiting
+// for the watch, which trails writes by seconds on a busy API server.
 //
 // A delete marks the object first (ferry.dev/deleting, with the fence) by a merge patch, which
 // cannot conflict, then deletes it on the condition that it is still as marked. From the mark

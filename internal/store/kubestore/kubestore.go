@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	listerscorev1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
@@ -66,7 +65,7 @@ type Store struct {
 	client kubernetes.Interface
 	ns     string
 	opts   Options
-	cms    listerscorev1.ConfigMapNamespaceLister
+	cms    *written
 	key    stateKey
 	stop   context.CancelFunc
 	// Test hooks, nil but in tests. stamped runs between a delete's stamp and the delete
@@ -81,9 +80,6 @@ var _ store.Store = (*Store)(nil)
 // maxRetries bounds the re-read-and-retry of a read-modify-write or a delete that meets
 // conflicts: with pause's backoff, 20 retries wait less than 4 s in all.
 const maxRetries = 20
-
-// cacheWait bounds how long a write waits for the informer to show it.
-const cacheWait = 30 * time.Second
 
 // Open starts the informer of the namespace's Ferry ConfigMaps and returns once it has synced
 // and the records from before sealing are sealed (see migrate). Secrets are read by name only:
@@ -108,7 +104,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("kubestore: informer of namespace %s did not sync: %w", opts.Namespace, context.Cause(ctx))
 	}
 	s := &Store{client: client, ns: opts.Namespace, opts: opts,
-		cms: cms.Lister().ConfigMaps(opts.Namespace), stop: func() { stop(); factory.Shutdown() }}
+		cms: newWritten(cms.Lister().ConfigMaps(opts.Namespace)), stop: func() { stop(); factory.Shutdown() }}
 	if err := s.migrate(ctx); err != nil {
 		s.stop()
 		return nil, err
@@ -176,29 +172,6 @@ func newerOrSame(have, want string) bool {
 	return h >= w
 }
 
-// waitCache waits until get shows the object at resourceVersion rv or later (rv "" : until it
-// is gone), so that the writer reads its own write.
-func waitCache(get func() (metav1.Object, error), rv string) error {
-	deadline := time.Now().Add(cacheWait)
-	for {
-		obj, err := get()
-		switch {
-		case rv == "" && apierrors.IsNotFound(err):
-			return nil
-		case err == nil && rv != "" && newerOrSame(obj.GetResourceVersion(), rv):
-			return nil
-		case err == nil && rv == "" && obj.GetDeletionTimestamp() != nil:
-			return nil
-		case err != nil && !apierrors.IsNotFound(err):
-			return err
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("kubestore: the cache did not show the write within %v", cacheWait)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // objects is one kind of object as the write helpers need it.
 type objects[T metav1.Object] struct {
 	s        *Store
@@ -209,6 +182,10 @@ type objects[T metav1.Object] struct {
 	patch    func(ctx context.Context, name string, mergePatch []byte) (T, error)
 	del      func(ctx context.Context, name string, opts metav1.DeleteOptions) error
 	deepCopy func(T) T
+	// learn and deleted lay what the API server just answered (an object written or read
+	// fresh, an object deleted) over the cache (written.go).
+	learn   func(T)
+	deleted func(name, rv string)
 }
 
 func (s *Store) configMaps() objects[*corev1.ConfigMap] {
@@ -226,14 +203,17 @@ func (s *Store) configMaps() objects[*corev1.ConfigMap] {
 		patch: func(ctx context.Context, name string, p []byte) (*corev1.ConfigMap, error) {
 			return c.Patch(ctx, name, types.MergePatchType, p, metav1.PatchOptions{})
 		},
-		del: c.Delete, deepCopy: (*corev1.ConfigMap).DeepCopy}
+		del: c.Delete, deepCopy: (*corev1.ConfigMap).DeepCopy, learn: s.cms.learn, deleted: s.cms.deleted}
 }
 
-func (o objects[T]) wait(name, rv string) error {
-	return waitCache(func() (metav1.Object, error) { return o.cached(name) }, rv)
+// gone lays over the cache that the named object is gone, as the API server just said.
+func (o objects[T]) gone(name string) {
+	if cur, err := o.cached(name); err == nil {
+		o.deleted(name, cur.GetResourceVersion())
+	}
 }
 
-// Create creates obj, fenced, and waits for the cache to show it.
+// Create creates obj, fenced; the store reads it from then on.
 func (o objects[T]) Create(obj T) (T, error) {
 	var zero T
 	if err := o.s.fenceObject(obj); err != nil {
@@ -245,23 +225,19 @@ func (o objects[T]) Create(obj T) (T, error) {
 	if err != nil {
 		return zero, err
 	}
-	return out, o.wait(out.GetName(), out.GetResourceVersion())
+	o.learn(out)
+	return out, nil
 }
 
 // Update is a read-modify-write of the named object: mutate changes a copy of the object, which
 // is sent with its resourceVersion; on a conflict the object is read again from the API server
 // and mutate runs again on it, after a jittered pause, at most maxRetries times. Every attempt is
 // fenced anew, so a controller that stopped leading meanwhile stops there. A mutate error ends
-// it as is. It returns once the cache shows the write, so the caller reads its own write.
+// it as is. The caller reads its own write from then on.
 func (o objects[T]) Update(name string, mutate func(T) error) (T, error) {
 	ctx, cancel := o.s.ctx()
 	defer cancel()
-	out, err := o.write(ctx, name, false, mutate)
-	if err != nil {
-		var zero T
-		return zero, err
-	}
-	return out, o.wait(name, out.GetResourceVersion())
+	return o.write(ctx, name, false, mutate)
 }
 
 // read is the named object from the cache or, when fresh or when the cache does not have it,
@@ -274,10 +250,19 @@ func (o objects[T]) read(ctx context.Context, name string, fresh bool) (T, error
 			return cur, err
 		}
 	}
-	return o.get(ctx, name)
+	return o.fetch(ctx, name)
 }
 
-// write is Update without the wait for the cache; fresh skips the cache for the first read.
+// fetch reads the named object from the API server, and the store reads it so from then on.
+func (o objects[T]) fetch(ctx context.Context, name string) (T, error) {
+	cur, err := o.get(ctx, name)
+	if err == nil {
+		o.learn(cur)
+	}
+	return cur, err
+}
+
+// write is Update; fresh skips the cache for the first read.
 func (o objects[T]) write(ctx context.Context, name string, fresh bool, mutate func(T) error) (T, error) {
 	var zero T
 	cur, err := o.read(ctx, name, fresh)
@@ -297,6 +282,7 @@ func (o objects[T]) write(ctx context.Context, name string, fresh bool, mutate f
 		}
 		out, uerr := o.update(ctx, obj)
 		if uerr == nil {
+			o.learn(out)
 			return out, nil
 		}
 		if !apierrors.IsConflict(uerr) {
@@ -308,7 +294,7 @@ func (o objects[T]) write(ctx context.Context, name string, fresh bool, mutate f
 		if err := pause(ctx, attempt); err != nil {
 			return zero, err
 		}
-		cur, err = o.get(ctx, name)
+		cur, err = o.fetch(ctx, name)
 	}
 }
 
@@ -345,7 +331,8 @@ func (o objects[T]) DeleteIf(name string, check func(T) error) error {
 			}
 		}
 		if apierrors.IsNotFound(err) {
-			return o.wait(name, "")
+			o.gone(name)
+			return nil
 		}
 		if err != nil {
 			return err
@@ -355,8 +342,13 @@ func (o objects[T]) DeleteIf(name string, check func(T) error) error {
 		}
 		rv := done.GetResourceVersion()
 		err = o.del(ctx, name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
-		if err == nil || apierrors.IsNotFound(err) {
-			return o.wait(name, "")
+		if err == nil {
+			o.deleted(name, rv)
+			return nil
+		}
+		if apierrors.IsNotFound(err) {
+			o.gone(name)
+			return nil
 		}
 		if !apierrors.IsConflict(err) {
 			return err
@@ -390,7 +382,11 @@ func (o objects[T]) mark(ctx context.Context, name string, on bool) (T, error) {
 	if err != nil {
 		return zero, err
 	}
-	return o.patch(ctx, name, patch)
+	out, err := o.patch(ctx, name, patch)
+	if err == nil {
+		o.learn(out)
+	}
+	return out, err
 }
 
 // marked reports whether a delete is removing obj.

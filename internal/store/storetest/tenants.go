@@ -178,11 +178,18 @@ func testUsageConcurrentAdds(t *testing.T, open Opener) {
 		}
 	}
 	must(t, stores[0].AddUsage(many))
-	// Read through the store that wrote last: it reads its own write, and so everything written
-	// before it. Another store's cache may not show that write yet (the Kubernetes store reads
-	// a watch that lags on a busy host: 1,152 of 1,202 rows once in CI).
-	got, err := stores[0].Usage(day)
-	must(t, err)
+	// A store reads its own writes at once, and another store's once its cache has them: the
+	// Kubernetes store reads a watch that lags on a busy host (1,152 of 1,202 rows once in
+	// CI), so the racing adds of the other store may take a moment to show.
+	var got []tenants.Row
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		got, err = stores[0].Usage(day)
+		must(t, err)
+		if len(got) == 2+len(many) && got[0].Requests == 2*rounds && got[1].Requests == 4*rounds || time.Now().After(deadline) {
+			break
+		}
+	}
 	if len(got) != 2+len(many) {
 		t.Fatalf("%d rows, want %d", len(got), 2+len(many))
 	}
