@@ -88,7 +88,7 @@ func (m *Manager) do(fn func()) {
 		fn()
 		if len(m.effects) > queued { // only fn's: a notice offered to every service waits on none of theirs
 			done = make(chan struct{})
-			m.queueOwned(func() { close(done) })
+			m.queueAfterOwned(func() { close(done) })
 		}
 	})
 	if done == nil {

@@ -49,10 +49,11 @@ func (m *Manager) setReadyOwned() {
 
 // publishOwned queues a publication of the READY set: when the executor reaches it, OnReady
 // gets the newest set if it changed since the last call, or always with force (Start's first
-// publication, Shutdown). The executor runs one effect at a time, so calls never overlap, and
-// each sends the newest set, so the last change is never lost.
+// publication, Shutdown). The executor runs publications one at a time, once the record writes
+// queued before them are done, so calls never overlap, and each sends the newest set, so the
+// last change is never lost.
 func (m *Manager) publishOwned(force bool) {
-	m.queueOwned(func() { m.publishNow(force) })
+	m.queueAfterOwned(func() { m.publishNow(force) })
 }
 
 // publishNow is a publication as the executor runs it.

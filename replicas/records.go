@@ -87,34 +87,47 @@ func (m *Manager) transitionOwned(now time.Time, r *replica, to Status, reason s
 // Order is kept only where it means something. Writes of different replicas' records touch
 // different objects, so a run of them goes to the store at once (writeRecords): a pass that
 // launches ten replicas waits for about one write, not ten in a row, which on a busy API server
-// is the difference between a fraction of a second and several. Starts met within such a run
-// wait for the whole run to be written: they only ever need what was queued before them, and
-// starting later than that never breaks an order. Everything else (a second write of a record
-// in the run, a publication, a rollout or losses write, do's wake-up) waits for all before it
-// and runs alone.
+// is the difference between a fraction of a second and several. A record written twice in a run
+// is written once, as it is last: what is on disk afterwards is the same. Effects that only need
+// what was queued before them on disk (a start, a publication, do's wake-up) wait for the run
+// they fall in to be written and then run in their order: starting or publishing later than
+// that never breaks an order, and publishNow sends the newest set. Everything else (a rollout or
+// losses write, a verdict) waits for all before it and runs alone.
 
 // effect is one queued store write, start of a provider call, or publication. Effects run
 // outside the run loop; one that needs the state posts a step (own, step), never do.
 type effect struct {
-	run func()
-	// record is the replica id whose record the effect writes or deletes; noRecord for the
-	// effects that run alone, in order.
+	run  func()
+	kind effectKind
+	// record is the replica id whose record a recordWrite writes or deletes.
 	record int
-	// start marks a startOwned effect: it may start once the record writes around it are done.
-	start bool
 }
 
-const noRecord = -1
+type effectKind int
+
+const (
+	// runsAlone: after every effect queued before it, before any queued after it.
+	runsAlone effectKind = iota
+	// recordWrite: a write or delete of one replica's record, run beside other records' writes.
+	recordWrite
+	// runsAfter: needs only the effects queued before it done; may run later than that.
+	runsAfter
+)
 
 // queueOwned queues fn as an effect that runs alone, after every effect queued before it.
 func (m *Manager) queueOwned(fn func()) {
-	m.effects = append(m.effects, effect{run: fn, record: noRecord})
+	m.effects = append(m.effects, effect{run: fn, kind: runsAlone})
+}
+
+// queueAfterOwned queues fn to run once every effect queued before it is done.
+func (m *Manager) queueAfterOwned(fn func()) {
+	m.effects = append(m.effects, effect{run: fn, kind: runsAfter})
 }
 
 // saveOwned queues a write of r's record as it is now.
 func (m *Manager) saveOwned(r *replica) {
 	rec := r.rec
-	m.effects = append(m.effects, effect{record: rec.ID, run: func() {
+	m.effects = append(m.effects, effect{kind: recordWrite, record: rec.ID, run: func() {
 		if err := m.cfg.Store.SaveReplica(rec); err != nil {
 			m.log.Error("save replica record", zap.Int("replica", rec.ID), zap.Error(err))
 		}
@@ -125,7 +138,7 @@ func (m *Manager) saveOwned(r *replica) {
 // done. The caller has counted it in m.workers (and m.launches) in the same step, so that Start
 // and Shutdown wait for it.
 func (m *Manager) startOwned(work func()) {
-	m.effects = append(m.effects, effect{run: func() { go work() }, record: noRecord, start: true})
+	m.queueAfterOwned(func() { go work() })
 }
 
 // flush runs the queued effects unless another caller runs them already; it returns once the
@@ -150,30 +163,32 @@ func (m *Manager) flush() {
 	}
 }
 
-// runBatch runs a batch of effects: runs of record writes to different replicas together, the
-// starts among them once the run is written, everything else alone and in order.
+// runBatch runs a batch of effects: each run of record writes at once, one write per record,
+// the effects that run after among them once the run is written, the rest alone and in order.
 func (m *Manager) runBatch(batch []effect) {
 	var (
-		writes, starts []effect
-		inRun          = map[int]bool{}
+		writes []effect
+		after  []effect
+		inRun  = map[int]int{} // record → its index in writes
 	)
 	settle := func() {
 		m.writeRecords(writes)
-		for _, e := range starts {
+		for _, e := range after {
 			m.runEffect(e.run)
 		}
-		writes, starts = writes[:0], starts[:0]
+		writes, after = writes[:0], after[:0]
 		clear(inRun)
 	}
 	for _, e := range batch {
-		switch {
-		case e.start:
-			starts = append(starts, e)
-		case e.record != noRecord:
-			if inRun[e.record] {
-				settle()
+		switch e.kind {
+		case runsAfter:
+			after = append(after, e)
+		case recordWrite:
+			if i, ok := inRun[e.record]; ok {
+				writes[i] = e // the later write of the record stands for both
+				continue
 			}
-			inRun[e.record] = true
+			inRun[e.record] = len(writes)
 			writes = append(writes, e)
 		default:
 			settle()
@@ -219,7 +234,7 @@ func (m *Manager) forgetOwned(id int) {
 	}
 	m.stopProberOwned(r)
 	delete(m.replicas, id)
-	m.effects = append(m.effects, effect{record: id, run: func() {
+	m.effects = append(m.effects, effect{kind: recordWrite, record: id, run: func() {
 		if err := m.cfg.Store.DeleteReplica(m.cfg.Service, id); err != nil {
 			m.log.Error("delete replica record", zap.Int("replica", id), zap.Error(err))
 		}

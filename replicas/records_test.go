@@ -8,8 +8,9 @@ import (
 )
 
 // TestRunBatchWritesRecordsTogether checks the executor's order: writes of different records
-// run at once, a start waits for the writes around it, a second write of a record waits for
-// the first, and every other effect runs alone, after all before it.
+// run at once, a record written twice in a run is written once as it is last, effects that run
+// after (a start, a publication) wait for the run around them, and every other effect runs
+// alone, after all before it.
 func TestRunBatchWritesRecordsTogether(t *testing.T) {
 	h := newHarness(t, newFakeProvider(t), newFakeStore(), newFakeClock())
 	var (
@@ -42,12 +43,14 @@ func TestRunBatchWritesRecordsTogether(t *testing.T) {
 	simple := func(name string) func() { return func() { note(name) } }
 	started := make(chan struct{})
 	batch := []effect{
-		{record: 1, run: meeting("write 1")},
-		{record: noRecord, start: true, run: func() { note("start"); close(started) }},
-		{record: 2, run: meeting("write 2")},
-		{record: 1, run: simple("rewrite 1")},
-		{record: noRecord, run: simple("publish")},
-		{record: 3, run: simple("write 3")},
+		{kind: recordWrite, record: 1, run: meeting("write 1")},
+		{kind: runsAfter, run: func() { note("start"); close(started) }},
+		{kind: recordWrite, record: 2, run: meeting("write 2")},
+		{kind: recordWrite, record: 3, run: simple("write 3 superseded")},
+		{kind: runsAfter, run: simple("publish")},
+		{kind: recordWrite, record: 3, run: simple("write 3 as last")},
+		{kind: runsAlone, run: simple("verdict")},
+		{kind: recordWrite, record: 4, run: simple("write 4")},
 	}
 	h.m.runBatch(batch)
 	<-started
@@ -64,12 +67,14 @@ func TestRunBatchWritesRecordsTogether(t *testing.T) {
 		}
 		return i
 	}
+	if slices.Contains(events, "write 3 superseded") {
+		t.Errorf("a write superseded in the same run was made: %q", events)
+	}
 	for _, order := range [][2]string{
-		{"write 1 end", "start"}, {"write 2 end", "start"}, // a start waits for the run of writes
-		{"start", "rewrite 1"},   // ... and runs before what the run ended on
-		{"rewrite 1", "publish"}, // a publication waits for every write before it
-		{"publish", "write 3"},   // and what follows waits for it
-		{"write 1 end", "rewrite 1"},
+		{"write 1 end", "start"}, {"write 2 end", "start"}, {"write 3 as last", "start"}, // the run is written first
+		{"start", "publish"},   // effects that run after keep their order
+		{"publish", "verdict"}, // one that runs alone waits for everything before it
+		{"verdict", "write 4"}, // and what follows waits for it
 	} {
 		if at(order[0]) > at(order[1]) {
 			t.Errorf("%q came after %q: %q", order[0], order[1], events)
