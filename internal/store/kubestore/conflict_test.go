@@ -175,22 +175,14 @@ func TestDeleteSeesPastAStaleCache(t *testing.T) {
 func TestReplicaCreatedDuringDeleteIsRemoved(t *testing.T) {
 	c := testcluster.Shared(t)
 	ctx := context.Background()
-	ns := generatedNamespace(t, c, "ks-create-during-delete-")
-	s, err := Open(ctx, Options{Config: c.RESTConfig(), Namespace: ns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	if err := s.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{}, Port: 1}); err != nil {
-		t.Fatal(err)
-	}
+	s, ns := openWithChat(t, c, "ks-create-during-delete-")
 	s.creating = func(string) {
 		s.creating = nil
 		if err := s.DeleteService("chat"); err != nil {
 			t.Errorf("DeleteService: %v", err)
 		}
 	}
-	err = s.SaveReplica(replicas.Record{Service: "chat", ID: 1, Version: 1, Status: replicas.StatusShuttingDown})
+	err := s.SaveReplica(replicas.Record{Service: "chat", ID: 1, Version: 1, Status: replicas.StatusShuttingDown})
 	if !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("SaveReplica racing DeleteService: %v, want ErrNotFound", err)
 	}
@@ -221,16 +213,11 @@ func TestReplicaRecordOfAHandedOutID(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ns := generatedNamespace(t, c, "ks-handed-out-")
-			s, err := Open(ctx, Options{Config: c.RESTConfig(), Namespace: ns})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			if err := s.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{}, Port: 1}); err != nil {
-				t.Fatal(err)
-			}
-			var id int
+			s, ns := openWithChat(t, c, "ks-handed-out-")
+			var (
+				id  int
+				err error
+			)
 			for range 3 {
 				if id, err = s.NextReplicaIDs("chat", 1); err != nil {
 					t.Fatal(err)
@@ -323,4 +310,20 @@ func TestWritesLeaveAMarkedObjectAlone(t *testing.T) {
 	if svc, err := s.GetService("chat"); err != nil || svc.Status != "SHUTTING_DOWN" {
 		t.Errorf("a service being deleted reads %+v, %v; want it, SHUTTING_DOWN, until it is gone", svc, err)
 	}
+}
+
+// openWithChat opens a store in a new namespace, closed at the end of the test, with the service
+// "chat" created in it.
+func openWithChat(t *testing.T, c *testcluster.Cluster, prefix string) (*Store, string) {
+	t.Helper()
+	ns := generatedNamespace(t, c, prefix)
+	s, err := Open(context.Background(), Options{Config: c.RESTConfig(), Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	if err := s.CreateService(store.Service{Name: "chat", Version: 1, Task: &configs.Task{}, Port: 1}); err != nil {
+		t.Fatal(err)
+	}
+	return s, ns
 }
