@@ -159,6 +159,10 @@ func (s externalMetricsSource) ExternalMetric(ctx context.Context, name string) 
 	return samples, nil
 }
 
+// leaderLoadTimeout bounds a follower's question to the leader: a hung leader fails the metric
+// read (the HPA then keeps its scale) well inside the aggregator's own timeout.
+var leaderLoadTimeout = 5 * time.Second
+
 // leaderProxyLoad asks the leader named on the Lease for its ProxyLoadPath.
 func (c *Controller) leaderProxyLoad(ctx context.Context, token string) ([]ProxyLoad, error) {
 	id, to, err := c.opts.Elector.Leader(ctx)
@@ -168,7 +172,7 @@ func (c *Controller) leaderProxyLoad(ctx context.Context, token string) ([]Proxy
 	if id == "" || to == "" || id == c.opts.Elector.Identity() {
 		return nil, errors.New("no leader is known yet")
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, leaderLoadTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, to+ProxyLoadPath, nil)
 	if err != nil {
