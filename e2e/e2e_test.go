@@ -28,8 +28,8 @@ import (
 // (controllerListenersOff), its own ports (freePort) and fake clouds (nextEC2Subnet). Go runs
 // every sequential test first, then the parallel ones, so the two kinds never overlap.
 //
-// Sequential (39 of 73), because they share something:
-//   - the test cluster (internal/testcluster), 29 tests: every StartKubelet serves the
+// Sequential (42 of 81), because they share something:
+//   - the test cluster (internal/testcluster), 31 tests: every StartKubelet serves the
 //     cluster's one kubelet port and runs the pods of every namespace; nodes, webhooks,
 //     schedulers and CRDs are cluster-wide.
 //   - a service's endpoint port across a controller restart, 8 tests (attach, both fixed-port,
