@@ -1,6 +1,8 @@
 package kubernetes
 
 import (
+	"context"
+	"errors"
 	"sync"
 
 	"github.com/go-logr/logr"
@@ -8,10 +10,11 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// client-go logs through klog, to stderr by default, in its own format: a watch ended by our
-// own cancelled context reads "Failed to watch ... context canceled" in the controller's log.
-// routeKlog sends klog through the first provider's zap logger instead, errors as warnings
-// (client-go retries them) and the rest at debug.
+// client-go logs through klog, to stderr by default, in its own format. routeKlog sends klog
+// through the first provider's zap logger instead, errors as warnings (client-go retries them)
+// and the rest at debug. An error that is our own cancelled context is no warning: every
+// launch ends the watch on its pod that way, and at 1,000 pods "Failed to watch ... context
+// canceled" was 1,820 warnings of a run's log (bench/kubescale).
 var klogOnce sync.Once
 
 func routeKlog(log *zap.Logger) {
@@ -36,6 +39,10 @@ func (s *zapSink) Info(_ int, msg string, kv ...any) {
 }
 
 func (s *zapSink) Error(err error, msg string, kv ...any) {
+	if errors.Is(err, context.Canceled) {
+		s.log.Debug(msg, append(zapFields(kv), zap.Error(err))...)
+		return
+	}
 	s.log.Warn(msg, append(zapFields(kv), zap.Error(err))...)
 }
 
