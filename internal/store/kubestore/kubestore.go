@@ -172,6 +172,14 @@ func newerOrSame(have, want string) bool {
 	return h >= w
 }
 
+// olderThan reports whether resourceVersion a is older than b. Unlike newerOrSame it is false
+// where either is not a number: the overlay then takes the later answer as it comes.
+func olderThan(a, b string) bool {
+	x, err1 := strconv.ParseUint(a, 10, 64)
+	y, err2 := strconv.ParseUint(b, 10, 64)
+	return err1 == nil && err2 == nil && x < y
+}
+
 // objects is one kind of object as the write helpers need it.
 type objects[T metav1.Object] struct {
 	s        *Store

@@ -99,7 +99,7 @@ func (s *Store) updateReplica(name string, r replicas.Record) error {
 // must be past the id (an adopted instance's), so that a later replica can never get it: the
 // counter is moved by a write of the service's row, which also refuses a service that is gone
 // or being deleted, unless the cache shows it past the id already (the id was handed out by
-// NextReplicaID, the usual case: a write, and the wait for its watch, saved on every launch).
+// NextReplicaIDs, the usual case: one API call saved on every launch).
 // After the create, the service is read again from the API server: DeleteService marks the
 // service before it lists the replicas to delete, so a record created before the mark is in
 // that list, and one created after it is seen here and deleted again. Either way no record

@@ -1,7 +1,6 @@
 package kubestore
 
 import (
-	"strconv"
 	"sync"
 	"time"
 
@@ -82,14 +81,6 @@ func (w *written) put(name string, e ownWrite) {
 		inf, _ := w.lister.Get(n)
 		w.resolveLocked(n, inf, e)
 	}
-}
-
-// olderThan reports whether resourceVersion a is older than b (false where either is not a
-// number).
-func olderThan(a, b string) bool {
-	x, err1 := strconv.ParseUint(a, 10, 64)
-	y, err2 := strconv.ParseUint(b, 10, 64)
-	return err1 == nil && err2 == nil && x < y
 }
 
 // resolveLocked is the object as the store should see it, given the cache's copy (nil: not in
