@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,10 +16,8 @@ import (
 	"testing"
 	"time"
 
-	admissionv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"sigs.k8s.io/yaml"
 
 	"github.com/ferryserve/ferry/internal/testcluster"
 )
@@ -370,40 +367,9 @@ func startLoad(client *http.Client, endpoints []string) *haLoad {
 // FerryService status policy is not needed: this test declares no FerryService.)
 func installFencePolicy(t *testing.T, client kubernetes.Interface, ns, lease string) {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(repoRoot(), "charts/ferry/templates/fencing-policy.yaml"))
-	if err != nil {
+	if err := testcluster.InstallFencing(context.Background(), client, ns, lease, testcluster.FenceState); err != nil {
 		t.Fatal(err)
 	}
-	text := strings.ReplaceAll(string(raw), "{{ .Release.Namespace }}", ns)
-	// The policy's name, as the chart names it for the release "ferry" (_helpers.tpl).
-	text = regexp.MustCompile(`\{\{ include "ferry\.clusterName" \(list \$ "([a-z-]+)"\) \}\}`).ReplaceAllString(text, "ferry-${1}-"+ns)
-	text = regexp.MustCompile(`\{\{ \.Values\.leaderElection\.leaseName[^}]*\}\}`).ReplaceAllString(text, lease)
-	// Its comment, and the gate that renders it only with leader election, which this test has.
-	text = regexp.MustCompile(`(?s)\{\{- /\*.*?\*/ -\}\}\n`).ReplaceAllString(text, "")
-	text = regexp.MustCompile(`(?m)^\{\{- (?:if \.Values\.controller\.leaderElect|end) \}\}\n?`).ReplaceAllString(text, "")
-	docs := bytes.Split([]byte(text), []byte("\n---\n"))
-	if strings.Contains(text, "{{") || len(docs) != 2 {
-		t.Fatalf("fencing-policy.yaml: want two documents with no other template values:\n%s", text)
-	}
-	var policy admissionv1.ValidatingAdmissionPolicy
-	var binding admissionv1.ValidatingAdmissionPolicyBinding
-	if err := yaml.UnmarshalStrict(docs[0], &policy); err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.UnmarshalStrict(docs[1], &binding); err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	admission := client.AdmissionregistrationV1()
-	if _, err := admission.ValidatingAdmissionPolicies().Create(ctx, &policy, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admission.ValidatingAdmissionPolicyBindings().Create(ctx, &binding, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// Left in place, as kubestore's tests leave theirs: the binding matches only ns, and the
-	// kube-apiserver (1.34) does not restart its Lease informer when the last policy with a
-	// Lease param goes and a new one comes, so a later test's policy would see no Lease.
 }
 
 // shortTempDir is a temporary directory with a short path (Unix sockets live in homes),

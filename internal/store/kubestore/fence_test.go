@@ -1,18 +1,15 @@
 package kubestore_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
 
-	admissionv1 "k8s.io/api/admissionregistration/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,63 +26,13 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 )
 
-// installFence renders charts/ferry/templates/fencing-policy.yaml and fencing-policy-status.yaml
-// for ns and lease (the two template values they use) and creates their policies and bindings. They are left in place: their
-// bindings match only ns, and the kube-apiserver (1.34) does not restart its Lease informer when
-// the last policy with a Lease param goes and a new one comes, so a later test's policy would
-// never see its Lease ("no params found").
+// installFence creates the chart's fencing policies, the state's and FerryService status's, for
+// ns and lease (testcluster.InstallFencing).
 func installFence(t *testing.T, client kubernetes.Interface, ns, lease string) {
 	t.Helper()
-	text := string(readRepoFile(t, "charts/ferry/templates/fencing-policy.yaml")) + "\n---\n" +
-		string(readRepoFile(t, "charts/ferry/templates/fencing-policy-status.yaml"))
-	text = strings.ReplaceAll(text, "{{ .Release.Namespace }}", ns)
-	// The policies' names, as the chart names them for the release "ferry" (_helpers.tpl).
-	text = regexp.MustCompile(`\{\{ include "ferry\.clusterName" \(list \$ "([a-z-]+)"\) \}\}`).ReplaceAllString(text, "ferry-${1}-"+ns)
-	text = regexp.MustCompile(`\{\{ \.Values\.leaderElection\.leaseName[^}]*\}\}`).ReplaceAllString(text, lease)
-	text = chartGate(text)
-	if strings.Contains(text, "{{") {
-		t.Fatalf("the fencing policies use template values this test does not fill in:\n%s", text)
+	if err := testcluster.InstallFencing(context.Background(), client, ns, lease, testcluster.FenceState|testcluster.FenceStatus); err != nil {
+		t.Fatal(err)
 	}
-	ctx := context.Background()
-	reg := client.AdmissionregistrationV1()
-	policies := 0
-	for _, doc := range bytes.Split([]byte(text), []byte("\n---\n")) {
-		var meta metav1.TypeMeta
-		if err := yaml.Unmarshal(doc, &meta); err != nil {
-			t.Fatal(err)
-		}
-		switch meta.Kind {
-		case "ValidatingAdmissionPolicy":
-			var p admissionv1.ValidatingAdmissionPolicy
-			if err := yaml.UnmarshalStrict(doc, &p); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := reg.ValidatingAdmissionPolicies().Create(ctx, &p, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			policies++
-		case "ValidatingAdmissionPolicyBinding":
-			var b admissionv1.ValidatingAdmissionPolicyBinding
-			if err := yaml.UnmarshalStrict(doc, &b); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := reg.ValidatingAdmissionPolicyBindings().Create(ctx, &b, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		default:
-			t.Fatalf("fencing policies: unexpected kind %q", meta.Kind)
-		}
-	}
-	if policies != 2 {
-		t.Fatalf("fencing policies: %d, want the state's and FerryService status's", policies)
-	}
-}
-
-// chartGate drops the fencing templates' comments and their `if .Values.controller.leaderElect`
-// around them: these tests stand for leader election on.
-func chartGate(text string) string {
-	text = regexp.MustCompile(`(?s)\{\{- /\*.*?\*/ -\}\}\n`).ReplaceAllString(text, "")
-	return regexp.MustCompile(`(?m)^\{\{- (?:if \.Values\.controller\.leaderElect|end) \}\}\n?`).ReplaceAllString(text, "")
 }
 
 func readRepoFile(t *testing.T, path string) []byte {
@@ -181,12 +128,6 @@ func TestFenceRejectsStaleTerm(t *testing.T) {
 	eventuallyRejected(t, "is not the lease term 4", func() error { return a.SetServiceStatus("chat", "READY") })
 	if _, err := a.NextReplicaIDs("chat", 1); err == nil {
 		t.Error("the deposed leader handed out a replica id")
-	}
-	if err := a.DeleteService("chat"); err == nil {
-		t.Error("the deposed leader deleted the service")
-	}
-	if err := a.PutLeftover(launcher.Leftover{Key: "i-9", Infra: "aws", InstanceID: "i-9"}); err == nil {
-		t.Error("the deposed leader recorded a leftover")
 	}
 	// The right term from the wrong holder is refused too.
 	if err := openFenced(t, c, ns, "ctl-a", 4).SetServiceStatus("chat", "READY"); !apierrors.IsForbidden(err) && !apierrors.IsInvalid(err) {
