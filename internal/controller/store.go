@@ -56,6 +56,13 @@ func (o StoreOptions) Validate() error {
 // (storemetrics.go).
 func (c *Controller) openStore() (store.Store, error) {
 	st, kind, err := c.opts.Store.open(c.opts.Home.StorePath())
+	if ks, ok := st.(*kubestore.Store); ok && err == nil && c.opts.Store.Fence != nil && c.log != nil {
+		if ks.Fenced() {
+			c.log.Info("kubernetes store: the API server's fencing policy guards its writes")
+		} else {
+			c.log.Warn("kubernetes store: leader election without the chart's fencing policy in force: the API server does not refuse a deposed leader's writes")
+		}
+	}
 	if err != nil || c.control == nil {
 		return st, err
 	}

@@ -9,6 +9,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	listerscorev1 "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/ferryserve/ferry/configs"
@@ -171,23 +172,35 @@ func TestDeleteSeesPastAStaleCache(t *testing.T) {
 // TestReplicaCreatedDuringDeleteIsRemoved makes the narrowest race of a status write with
 // DeleteService happen for sure: the replica's writer has found its service not being deleted,
 // and the whole delete runs before its create. The writer must see that, remove the record it
-// made and fail with ErrNotFound, so that no record outlives the service.
+// made and fail with ErrNotFound, so that no record outlives the service. A fenced store sees
+// it in its own view (or in the refusal of its counter's write, for an id it handed out), an
+// unfenced one by reading the service from the API server.
 func TestReplicaCreatedDuringDeleteIsRemoved(t *testing.T) {
 	c := testcluster.Shared(t)
 	ctx := context.Background()
-	s, ns := openWithChat(t, c, "ks-create-during-delete-")
-	s.creating = func(string) {
-		s.creating = nil
-		if err := s.DeleteService("chat"); err != nil {
-			t.Errorf("DeleteService: %v", err)
+	for _, mode := range []struct{ fenced, handedOut bool }{{}, {fenced: true}, {fenced: true, handedOut: true}} {
+		s, ns := openWithChat(t, c, "ks-create-during-delete-")
+		if mode.fenced {
+			s, ns = openFencedWithChat(t, c, "ks-create-during-delete-fenced-", nil)
 		}
-	}
-	err := s.SaveReplica(replicas.Record{Service: "chat", ID: 1, Version: 1, Status: replicas.StatusShuttingDown})
-	if !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("SaveReplica racing DeleteService: %v, want ErrNotFound", err)
-	}
-	if _, err := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, replicaObject("chat", 1), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("the replica's record after its service was deleted: %v, want gone", err)
+		if mode.handedOut { // its counter's write races the delete too
+			if id, err := s.NextReplicaIDs("chat", 1); err != nil || id != 1 {
+				t.Fatalf("NextReplicaIDs = %d, %v; want 1", id, err)
+			}
+		}
+		s.creating = func(string) {
+			s.creating = nil
+			if err := s.DeleteService("chat"); err != nil {
+				t.Errorf("DeleteService: %v", err)
+			}
+		}
+		err := s.SaveReplica(replicas.Record{Service: "chat", ID: 1, Version: 1, Status: replicas.StatusShuttingDown})
+		if !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("%+v: SaveReplica racing DeleteService: %v, want ErrNotFound", mode, err)
+		}
+		if _, err := c.Client().CoreV1().ConfigMaps(ns).Get(ctx, replicaObject("chat", 1), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("%+v: the replica's record after its service was deleted: %v, want gone", mode, err)
+		}
 	}
 }
 
@@ -316,8 +329,14 @@ func TestWritesLeaveAMarkedObjectAlone(t *testing.T) {
 // "chat" created in it.
 func openWithChat(t *testing.T, c *testcluster.Cluster, prefix string) (*Store, string) {
 	t.Helper()
+	return openOn(t, c, prefix, c.RESTConfig())
+}
+
+// openOn is openWithChat on cfg.
+func openOn(t *testing.T, c *testcluster.Cluster, prefix string, cfg *rest.Config) (*Store, string) {
+	t.Helper()
 	ns := generatedNamespace(t, c, prefix)
-	s, err := Open(context.Background(), Options{Config: c.RESTConfig(), Namespace: ns})
+	s, err := Open(context.Background(), Options{Config: cfg, Namespace: ns})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -68,6 +69,13 @@ type Store struct {
 	cms    *written
 	key    stateKey
 	stop   context.CancelFunc
+	// fenced: the API server enforces the fencing policy here (probeFence), so no other
+	// controller's write lands beside this one's while it leads, and the store may trust its
+	// own view where it would otherwise ask the API server again (createReplica).
+	fenced   bool
+	openTerm int64
+	// reserved are replica ids this store reserved for services it created (ids.go).
+	reserved reservedIDs
 	// Test hooks, nil but in tests. stamped runs between a delete's stamp and the delete
 	// itself: where another writer's change makes the delete's precondition fail. creating runs
 	// before a replica's record is created, after its service was found not being deleted.
@@ -104,12 +112,67 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("kubestore: informer of namespace %s did not sync: %w", opts.Namespace, context.Cause(ctx))
 	}
 	s := &Store{client: client, ns: opts.Namespace, opts: opts,
-		cms: newWritten(cms.Lister().ConfigMaps(opts.Namespace)), stop: func() { stop(); factory.Shutdown() }}
+		cms: newWritten(cms.Lister().ConfigMaps(opts.Namespace)), stop: func() { stop(); factory.Shutdown() },
+		reserved: reservedIDs{svc: map[string]idBlock{}}}
 	if err := s.migrate(ctx); err != nil {
 		s.stop()
 		return nil, err
 	}
+	if opts.Fence != nil {
+		term, leads := opts.Fence()
+		s.fenced, s.openTerm = leads && s.probeFence(ctx), term
+	}
 	return s, nil
+}
+
+// Fenced reports whether the API server enforces the chart's fencing policy on this store's
+// writes, found when the store opened, as the leader.
+func (s *Store) Fenced() bool { return s.fenced }
+
+// trustsOwnView reports whether no other controller's write can land beside this store's: it is
+// fenced, and still leads in the term it opened in. The store opened after its controller took
+// the Lease, so its view holds every write of the terms before, and from then on the API server
+// refuses every other controller's writes (a write admitted just before the Lease changed hands
+// and stored just after is the exception: it reaches the view through the watch).
+func (s *Store) trustsOwnView() bool {
+	if !s.fenced {
+		return false
+	}
+	term, leads := s.opts.Fence()
+	return leads && term == s.openTerm
+}
+
+// fenceProbe is the name of the object probeFence offers the API server; nothing is stored.
+const fenceProbe = "ferry-fence-probe"
+
+// probeFence reports whether the fencing policy guards the namespace: a dry run of a store
+// object's create, stamped with a term and holder that no Lease has, must be refused by it (its
+// message names the term annotation). Without leader election, or when the dry run is admitted,
+// the store assumes no fence, which is always safe: it only costs API calls. Any other refusal
+// is asked again for a while: the first leader ever probes right after creating the Lease,
+// which the policy may not see yet ("no params found").
+func (s *Store) probeFence(ctx context.Context) bool {
+	if s.opts.Fence == nil {
+		return false
+	}
+	cm := &corev1.ConfigMap{ObjectMeta: objectMeta(fenceProbe, "probe", "")}
+	cm.Annotations = map[string]string{AnnotationTerm: "-1", AnnotationHolder: fenceProbe}
+	for attempt := 0; attempt < 40; attempt++ {
+		_, err := s.client.CoreV1().ConfigMaps(s.ns).Create(ctx, cm, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		refused := apierrors.IsForbidden(err) || apierrors.IsInvalid(err)
+		switch {
+		case err == nil:
+			return false
+		case refused && strings.Contains(err.Error(), AnnotationTerm):
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	return false
 }
 
 // Close stops the informers.

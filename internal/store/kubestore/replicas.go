@@ -36,10 +36,14 @@ func (s *Store) cachedDeleting(service string) bool {
 
 // NextReplicaIDs implements replicas.Store: the counter in the service's row moves by an
 // update conditional on the resourceVersion it read, so an id is handed out once across
-// controllers. A service being deleted hands out none.
+// controllers. A service being deleted hands out none. Ids this store reserved when it created
+// the service come first, without a write (reservedIDs).
 func (s *Store) NextReplicaIDs(service string, n int) (int, error) {
 	if n < 1 {
 		return 0, fmt.Errorf("next replica ids of %q: asked for %d", service, n)
+	}
+	if first, ok := s.takeReserved(service, n); ok {
+		return first, nil
 	}
 	var id int
 	err := s.updateRow(service, func(_ *corev1.ConfigMap, row *serviceRow) error {
@@ -100,11 +104,14 @@ func (s *Store) updateReplica(name string, r replicas.Record) error {
 // counter is moved by a write of the service's row, which also refuses a service that is gone
 // or being deleted, unless the cache shows it past the id already (the id was handed out by
 // NextReplicaIDs, the usual case: one API call saved on every launch).
-// After the create, the service is read again from the API server: DeleteService marks the
-// service before it lists the replicas to delete, so a record created before the mark is in
-// that list, and one created after it is seen here and deleted again. Either way no record
-// outlives its service. The read also finds a service deleted and made again under the same
-// name since the cache was read, whose counter then still has to move.
+// After the create, the service is read again: DeleteService marks the service before it lists
+// the replicas to delete, so a record created before the mark is in that list, and one created
+// after it is seen here and deleted again. Either way no record outlives its service. The read
+// also finds a service deleted and made again under the same name since the cache was read,
+// whose counter then still has to move.
+// The read is from the API server, unless the store trusts its own view (trustsOwnView): then
+// the only DeleteService that can race this create is this store's own, whose mark it reads the
+// moment the API server has it. That saves a round trip in series on every launch.
 func (s *Store) createReplica(name string, r replicas.Record) error {
 	counted := s.cachedCounted(r.Service, r.ID)
 	if counted == "" {
@@ -122,9 +129,7 @@ func (s *Store) createReplica(name string, r replicas.Record) error {
 	if _, err := s.configMaps().Create(cm); err != nil {
 		return err
 	}
-	ctx, cancel := s.ctx()
-	defer cancel()
-	svc, err := s.client.CoreV1().ConfigMaps(s.ns).Get(ctx, serviceObject(r.Service), metav1.GetOptions{})
+	svc, err := s.serviceAfterCreate(r.Service)
 	switch {
 	case err == nil && !marked(svc) && (counted == "" || svc.UID == counted):
 		return nil
@@ -141,6 +146,17 @@ func (s *Store) createReplica(name string, r replicas.Record) error {
 		return fmt.Errorf("remove the record made while the service was deleted: %w", err)
 	}
 	return errDeleting(r.Service)
+}
+
+// serviceAfterCreate is createReplica's read of the service: this store's view when it trusts
+// it, the API server's otherwise.
+func (s *Store) serviceAfterCreate(service string) (*corev1.ConfigMap, error) {
+	if s.trustsOwnView() {
+		return s.cms.Get(serviceObject(service))
+	}
+	ctx, cancel := s.ctx()
+	defer cancel()
+	return s.client.CoreV1().ConfigMaps(s.ns).Get(ctx, serviceObject(service), metav1.GetOptions{})
 }
 
 // countReplicaID moves the service's id counter past r's id.

@@ -86,14 +86,17 @@ func (s *Store) CreateService(svc store.Service) error {
 	}
 	now := time.Now().UTC()
 	cm := &corev1.ConfigMap{ObjectMeta: objectMeta(name, "service", svc.Name)}
-	row := serviceRow{Version: svc.Version, Port: svc.Port, Status: svc.Status, Target: -1, NextReplicaID: 1, CreatedAt: now, UpdatedAt: now}
+	// The initial replicas' ids are reserved in the create (ids.go).
+	initial := initialReplicas(svc.Task)
+	row := serviceRow{Version: svc.Version, Port: svc.Port, Status: svc.Status, Target: -1, NextReplicaID: 1 + initial, CreatedAt: now, UpdatedAt: now}
 	if err := putJSON(cm, keyService, row); err != nil {
 		return err
 	}
 	if err := putJSON(cm, versionKey(svc.Version), versionRecord{Number: svc.Version, LaunchedAs: svc.Version, Task: svc.Task.Redacted(), CreatedAt: now}); err != nil {
 		return err
 	}
-	if _, err := s.configMaps().Create(cm); err != nil {
+	created, err := s.configMaps().Create(cm)
+	if err != nil {
 		if apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("create service %q: it exists", svc.Name)
 		}
@@ -103,6 +106,9 @@ func (s *Store) CreateService(svc store.Service) error {
 	if err := s.putSecret(name, svc.Name, true, map[string]any{versionTaskKey(svc.Version): svc.Task}); err != nil {
 		_ = s.configMaps().Delete(name)
 		return fmt.Errorf("create service %q: %w", svc.Name, err)
+	}
+	if initial > 0 {
+		s.reserve(svc.Name, idBlock{uid: created.UID, next: 1, end: 1 + initial})
 	}
 	return nil
 }
@@ -318,6 +324,7 @@ func (s *Store) DeleteService(name string) error {
 	if _, err := s.configMaps().mark(ctx, serviceObject(name), true); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete service %q: %w", name, err)
 	}
+	s.dropReserved(name)
 	reps, err := s.client.CoreV1().ConfigMaps(s.ns).List(ctx, metav1.ListOptions{LabelSelector: kindSelector("replica", name).String()})
 	if err != nil {
 		return fmt.Errorf("delete service %q: list its replicas: %w", name, err)
