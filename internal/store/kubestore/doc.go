@@ -60,8 +60,9 @@
 // outlives its service.
 //
 // The replica id counter is in the service's ConfigMap and the job id counter in ferry-state: an
-// id is handed out only by an update that succeeded against the resourceVersion it read, so two
-// controllers can never both hand out the same id.
+// id is handed out only by an update that succeeded against the resourceVersion it read, or by
+// the create of the service, which reserves its initial replicas' ids for the creating store
+// (ids.go), so two controllers can never both hand out the same id.
 //
 // # Fencing
 //
@@ -70,4 +71,9 @@
 // refused by the API server. Deletes cannot carry annotations, so a delete first marks the
 // object (a fenced patch) and then deletes it with that patch's resourceVersion as
 // precondition.
+//
+// At open, a store with leader election asks the API server, by a dry run, whether the fencing
+// policy is in force (probeFence). While it is and the store leads in the term it opened in, no
+// other controller's write can land beside its own, so it trusts its own view where it would
+// otherwise read the API server again (trustsOwnView: after a replica record's create).
 package kubestore
