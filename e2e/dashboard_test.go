@@ -124,6 +124,7 @@ func TestDashboardMetrics(t *testing.T) {
 		{"ferry_store_write_duration_seconds_count", map[string]string{"store": "sqlite", "op": "SaveReplica"}, 1},
 		{"ferry_reconcile_duration_seconds_count", map[string]string{"loop": "replicas"}, 1},
 		{"ferry_kube_client_rate_limiter_wait_seconds_count", nil, 0},
+		{"ferry_kube_client_request_duration_seconds_count", nil, 0},
 		{"ferry_workqueue_depth", map[string]string{"queue": "ferryservices"}, 0},
 	}
 	for _, c := range controlPlane {
@@ -206,7 +207,8 @@ func checkDashboard(t *testing.T, scraped ...exposition) {
 		t.Errorf("the dashboard has %d queries; want the full set (requests, TTFT, TPOT, fleet, jobs, cost)", exprs)
 	}
 	for _, name := range []string{"ferry_controller_leader", "ferry_controller_leader_term", "ferry_store_write_duration_seconds_bucket",
-		"ferry_reconcile_duration_seconds_bucket", "ferry_kube_client_rate_limiter_wait_seconds_bucket", "ferry_workqueue_depth"} {
+		"ferry_reconcile_duration_seconds_bucket", "ferry_kube_client_rate_limiter_wait_seconds_bucket",
+		"ferry_kube_client_request_duration_seconds_bucket", "ferry_workqueue_depth"} {
 		if !queried[name] {
 			t.Errorf("no panel queries %s: the control plane's panels are missing", name)
 		}

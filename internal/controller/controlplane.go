@@ -20,6 +20,7 @@ import (
 //	ferry_store_write_duration_seconds{store,op}            each store write; store sqlite or kubernetes, op the method (CreateService, SaveReplica, ...)
 //	ferry_reconcile_duration_seconds{loop}                  each reconcile pass; loop replicas (a service's replica manager) or ferryservice
 //	ferry_kube_client_rate_limiter_wait_seconds{verb}       how long client-go's rate limiter held each request to the API server
+//	ferry_kube_client_request_duration_seconds{verb}        each request to the API server as the client saw it (the API server's own time plus the way there and back)
 //	ferry_workqueue_depth{queue}                            items waiting in a work queue (ferryservices; 0 where FerryServices are not followed)
 type controlPlaneMetrics struct {
 	storeWrites *prometheus.HistogramVec
@@ -59,8 +60,9 @@ func registerControlPlane(reg prometheus.Registerer, c *Controller) (*controlPla
 	m.reconciles.WithLabelValues(loopFerryServices)
 	for _, verb := range []string{"GET", "POST", "PUT", "PATCH", "DELETE"} {
 		kubeClientWait.WithLabelValues(verb)
+		kubeClientRequests.WithLabelValues(verb)
 	}
-	for _, col := range []prometheus.Collector{m.storeWrites, m.reconciles, m.queueDepth, kubeClientWait, leaderCollector{c}} {
+	for _, col := range []prometheus.Collector{m.storeWrites, m.reconciles, m.queueDepth, kubeClientWait, kubeClientRequests, leaderCollector{c}} {
 		if err := reg.Register(col); err != nil {
 			return nil, err
 		}
@@ -118,21 +120,29 @@ var kubeClientWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "
 	Help:    "How long client-go's client-side rate limiter (--kube-api-qps, --kube-api-burst) held each request to the API server, by verb.",
 	Buckets: durationBuckets}, []string{"verb"})
 
+// kubeClientRequests is process-wide too: a slow store write is the request itself when this is
+// slow, and the store (or what runs beside it) when only the write is.
+var kubeClientRequests = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ferry_kube_client_request_duration_seconds",
+	Help:    "How long each request to the API server took as client-go saw it, by verb.",
+	Buckets: durationBuckets}, []string{"verb"})
+
 var kubeClientMetricsOnce sync.Once
 
-// registerKubeClientMetrics installs kubeClientWait as client-go's rate-limiter latency hook,
-// which client-go takes once per process (the first Register wins).
+// registerKubeClientMetrics installs kubeClientWait and kubeClientRequests as client-go's
+// latency hooks, which client-go takes once per process (the first Register wins).
 func registerKubeClientMetrics() {
 	kubeClientMetricsOnce.Do(func() {
-		clientmetrics.Register(clientmetrics.RegisterOpts{RateLimiterLatency: rateLimiterLatency{}})
+		clientmetrics.Register(clientmetrics.RegisterOpts{RateLimiterLatency: latencyMetric{kubeClientWait},
+			RequestLatency: latencyMetric{kubeClientRequests}})
 	})
 }
 
-// rateLimiterLatency drops the URL: it names objects, unbounded as a label.
-type rateLimiterLatency struct{}
+// latencyMetric is a client-go latency hook on h; it drops the URL: it names objects, unbounded
+// as a label.
+type latencyMetric struct{ h *prometheus.HistogramVec }
 
-func (rateLimiterLatency) Observe(_ context.Context, verb string, _ url.URL, latency time.Duration) {
-	kubeClientWait.WithLabelValues(verb).Observe(latency.Seconds())
+func (m latencyMetric) Observe(_ context.Context, verb string, _ url.URL, latency time.Duration) {
+	m.h.WithLabelValues(verb).Observe(latency.Seconds())
 }
 
 // queueMetricsProvider is the provider of the controller's work queues; nil without metrics

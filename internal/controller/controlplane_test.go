@@ -158,7 +158,8 @@ func TestControlPlaneMetrics(t *testing.T) {
 		t.Errorf("ferry_controller_leader_term of the first leader = %v, want 0", m)
 	}
 
-	waitedBefore := kubeWaited(t, reg)
+	waitedBefore, _ := kubeClient(t, reg, "ferry_kube_client_rate_limiter_wait_seconds")
+	_, requestsBefore := kubeClient(t, reg, "ferry_kube_client_request_duration_seconds")
 	st, err := c.openStore()
 	if err != nil {
 		t.Fatal(err)
@@ -176,8 +177,11 @@ func TestControlPlaneMetrics(t *testing.T) {
 			t.Errorf("ferry_store_write_duration_seconds{store=kubernetes,op=%s} count %d, want 1", op, n)
 		}
 	}
-	if waited := kubeWaited(t, reg) - waitedBefore; waited < 0.5 {
-		t.Errorf("the store's requests at 1 QPS waited %.3fs in the client-side rate limiter, want at least 0.5s", waited)
+	if waited, _ := kubeClient(t, reg, "ferry_kube_client_rate_limiter_wait_seconds"); waited-waitedBefore < 0.5 {
+		t.Errorf("the store's requests at 1 QPS waited %.3fs in the client-side rate limiter, want at least 0.5s", waited-waitedBefore)
+	}
+	if _, requests := kubeClient(t, reg, "ferry_kube_client_request_duration_seconds"); requests-requestsBefore < 2 {
+		t.Errorf("ferry_kube_client_request_duration_seconds counted %d of the store's requests, want at least its two writes", requests-requestsBefore)
 	}
 
 	sqlite := New(Options{Home: home.Home{Dir: t.TempDir()}})
@@ -200,22 +204,22 @@ func TestControlPlaneMetrics(t *testing.T) {
 	}
 }
 
-// kubeWaited is the total time requests waited in client-go's rate limiter, by every verb.
-func kubeWaited(t *testing.T, reg prometheus.Gatherer) float64 {
+// kubeClient is the sum and count of the process-wide client-go histogram name, by every verb.
+func kubeClient(t *testing.T, reg prometheus.Gatherer, name string) (sum float64, count uint64) {
 	t.Helper()
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum float64
 	for _, f := range families {
-		if f.GetName() == "ferry_kube_client_rate_limiter_wait_seconds" {
+		if f.GetName() == name {
 			for _, m := range f.GetMetric() {
 				sum += m.GetHistogram().GetSampleSum()
+				count += m.GetHistogram().GetSampleCount()
 			}
 		}
 	}
-	return sum
+	return sum, count
 }
 
 // TestFerryServiceQueueMetrics queues FerryService keys on the controller's queue and lets
