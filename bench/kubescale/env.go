@@ -103,6 +103,13 @@ func (e *env) startCluster(ctx context.Context, progress func(string, ...any)) e
 	if _, err := e.cluster.Client().CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
+	// The chart's fencing policy, as its default with leader election renders it: the store
+	// trusts its own view only where the API server enforces it (kubestore's probeFence).
+	if e.opts.fence {
+		if err := testcluster.InstallFencing(ctx, e.cluster.Client(), namespace, leaseName, testcluster.FenceState); err != nil {
+			return err
+		}
+	}
 	stop, err := testcluster.BackgroundKubelet(e.cluster, testcluster.KubeletOptions{InProcessReplicas: true, LogDir: filepath.Join(e.opts.out, "logs", "pods")})
 	if err != nil {
 		return err

@@ -47,7 +47,9 @@ type options struct {
 	// The targets.
 	readyTarget, downTarget, takeoverTarget, reconcileTarget time.Duration
 	rssTargetMiB                                             int
-	ferryBin, out                                            string
+	// fence installs the chart's fencing policy in the namespace.
+	fence         bool
+	ferryBin, out string
 }
 
 func main() {
@@ -69,6 +71,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.takeoverTarget, "takeover-target", 5*time.Second, "the new leader has published every service within this long of taking the Lease")
 	fs.DurationVar(&o.reconcileTarget, "reconcile-target", time.Second, "p99 of the replicas reconcile pass")
 	fs.IntVar(&o.rssTargetMiB, "rss-target", 500, "the leader's peak RSS in MiB")
+	fs.BoolVar(&o.fence, "fence", true, "install the chart's fencing policy, as its default with leader election does (false: measure without it)")
 	fs.StringVar(&o.ferryBin, "ferry-bin", "", "ferry binary (default: build ./cmd/ferry into the output directory)")
 	fs.StringVar(&o.out, "out", "", "directory for results, logs, the cluster and the FERRY_HOMEs (default .cache/bench/kubescale-TIMESTAMP in the repo)")
 	fs.Usage = func() {

@@ -30,6 +30,11 @@ type histogram struct {
 // scrapeHistogram reads the histogram name from a /metrics endpoint, summing the series whose
 // label key is value (every series when key is "").
 func scrapeHistogram(ctx context.Context, url, name, key, value string) (histogram, error) {
+	return scrapeHistogramWhere(ctx, url, name, func(m *dto.Metric) bool { return key == "" || labelValue(m, key) == value })
+}
+
+// scrapeHistogramWhere is scrapeHistogram of the series that match accepts.
+func scrapeHistogramWhere(ctx context.Context, url, name string, match func(*dto.Metric) bool) (histogram, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -41,7 +46,7 @@ func scrapeHistogram(ctx context.Context, url, name, key, value string) (histogr
 		return histogram{}, err
 	}
 	defer resp.Body.Close()
-	h, err := parseHistogram(resp.Body, name, func(m *dto.Metric) bool { return key == "" || labelValue(m, key) == value })
+	h, err := parseHistogram(resp.Body, name, match)
 	if err != nil {
 		return histogram{}, fmt.Errorf("%s: %w", url, err)
 	}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,6 +33,11 @@ type report struct {
 	RateLimiterWaitP99 float64 `json:"rate_limiter_wait_p99_seconds"`
 	StoreWrites        int64   `json:"store_writes"`
 	StoreWriteP99      float64 `json:"store_write_p99_seconds"`
+	// StoreWriteP99ByOp is the p99 of the writes a new service's first pass makes in a row.
+	StoreWriteP99ByOp map[string]float64 `json:"store_write_p99_by_op_seconds"`
+	// ClientRequestP99ByVerb is the p99 of the leader's requests to the API server as its
+	// client saw them.
+	ClientRequestP99ByVerb map[string]float64 `json:"client_request_p99_by_verb_seconds"`
 	// APIWriteP99 and APIWriteMean are the API server's own time for ConfigMap writes.
 	APIWriteP99  float64 `json:"api_configmap_write_p99_seconds"`
 	APIWriteMean float64 `json:"api_configmap_write_mean_seconds"`
@@ -117,6 +124,12 @@ func (r *report) markdown() string {
 		r.UpSeconds, seconds(r.LeaseTakenSeconds), seconds(r.AllReadyAgainSeconds), r.NewLeaderRSS.HWMMiB,
 		r.ReconcileMean, r.StoreWrites, r.StoreWriteP99, r.APIWriteP99, r.APIWriteMean, r.RateLimiterWaitP99,
 		r.NewLeaderReconcileP99, r.NewLeaderReconcilePasses, r.RequestsAfterTakeover, r.DownCLISeconds)
+	if len(r.StoreWriteP99ByOp) > 0 {
+		fmt.Fprintf(&b, "\nStore write p99 of a first pass's writes: %s.\n", joinSeconds(r.StoreWriteP99ByOp))
+	}
+	if len(r.ClientRequestP99ByVerb) > 0 {
+		fmt.Fprintf(&b, "\nThe leader's requests to the API server as its client saw them, p99: %s.\n", joinSeconds(r.ClientRequestP99ByVerb))
+	}
 	if r.FirstFailure != "" {
 		fmt.Fprintf(&b, "\nFirst failed request: %s\n", r.FirstFailure)
 	}
@@ -124,4 +137,13 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&b, "\nNote: %s\n", n)
 	}
 	return b.String()
+}
+
+// joinSeconds is "key 0.123 s, ..." in key order.
+func joinSeconds(m map[string]float64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %.3f s", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
 }
