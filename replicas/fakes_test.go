@@ -44,6 +44,23 @@ type fakeStore struct {
 	saves   int
 	// rollouts are every SaveRollout, in order.
 	rollouts []Rollout
+	// held, while set, holds every SaveReplica until it is closed (holdSaves).
+	held, entered chan struct{}
+}
+
+// holdSaves holds every SaveReplica from now until release; entered gets one value for each
+// save that began to wait.
+func (s *fakeStore) holdSaves() (entered <-chan struct{}, release func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held, s.entered = make(chan struct{}), make(chan struct{}, 100)
+	held := s.held
+	return s.entered, sync.OnceFunc(func() {
+		s.mu.Lock()
+		s.held = nil
+		s.mu.Unlock()
+		close(held)
+	})
 }
 
 var (
@@ -85,6 +102,12 @@ func (s *fakeStore) NextReplicaIDs(service string, n int) (int, error) {
 
 func (s *fakeStore) SaveReplica(r Record) error {
 	s.mu.Lock()
+	if held := s.held; held != nil {
+		s.entered <- struct{}{}
+		s.mu.Unlock()
+		<-held
+		s.mu.Lock()
+	}
 	defer s.mu.Unlock()
 	if s.records[r.Service] == nil {
 		s.records[r.Service] = map[int]Record{}

@@ -180,6 +180,8 @@ type Manager struct {
 	// published is the version of the set OnReady got last; only the executor reads and
 	// writes it.
 	published uint64
+	// publishQueued (state) is the version of the set the last queued publication was for.
+	publishQueued uint64
 }
 
 // replica is the manager's state for one replica.

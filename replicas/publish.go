@@ -51,8 +51,16 @@ func (m *Manager) setReadyOwned() {
 // gets the newest set if it changed since the last call, or always with force (Start's first
 // publication, Shutdown). The executor runs publications one at a time, once the record writes
 // queued before them are done, so calls never overlap, and each sends the newest set, so the
-// last change is never lost.
+// last change is never lost. Unforced, it queues nothing when the set has not changed since
+// the last publication queued: every pass asks, and a caller of do would wait for it behind
+// every record write queued before it, other replicas' included (a pass that changed nothing
+// took seconds on a busy API server).
 func (m *Manager) publishOwned(force bool) {
+	version := m.ready.Load().version
+	if !force && version == m.publishQueued {
+		return
+	}
+	m.publishQueued = version
 	m.queueAfterOwned(func() { m.publishNow(force) })
 }
 
