@@ -79,10 +79,16 @@ func (m *Manager) step(fn func()) {
 }
 
 // do runs fn as the owner, like step, then returns once the effects fn queued ran (records.go):
-// the records it changed are on disk, the launches it decided started. An effect must use step
-// or own, never do: it would wait for itself.
+// the records it changed are on disk, the launches it decided started. When fn queued none, it
+// does not wait for others' (a pass that changed nothing would wait behind every write queued
+// before it), but still sets the executor going on them if it is idle: steps that are not do
+// (an observation following an instance's new endpoint) queue writes that only a do runs. An
+// effect must use step or own, never do: it would wait for itself.
 func (m *Manager) do(fn func()) {
-	var done chan struct{}
+	var (
+		done    chan struct{}
+		pending bool
+	)
 	m.step(func() {
 		queued := len(m.effects)
 		fn()
@@ -90,8 +96,12 @@ func (m *Manager) do(fn func()) {
 			done = make(chan struct{})
 			m.queueAfterOwned(func() { close(done) })
 		}
+		pending = len(m.effects) > 0 && !m.flushing
 	})
 	if done == nil {
+		if pending {
+			go m.flush()
+		}
 		return
 	}
 	m.flush()
