@@ -79,16 +79,13 @@ func (m *Manager) step(fn func()) {
 }
 
 // do runs fn as the owner, like step, then returns once the effects fn queued ran (records.go):
-// the records it changed are on disk, the launches it decided started. When fn queued none, it
-// does not wait for others' (a pass that changed nothing would wait behind every write queued
-// before it), but still sets the executor going on them if it is idle: steps that are not do
-// (an observation following an instance's new endpoint) queue writes that only a do runs. An
-// effect must use step or own, never do: it would wait for itself.
+// the records it changed are on disk, the launches it decided started. When fn queued none it
+// returns at once: it does not wait for others' (a pass that changed nothing would wait behind
+// every write queued before it). Every step that may queue an effect is a do, so no effect
+// waits for somebody else's do to run. An effect must use step or own, never do: it would wait
+// for itself.
 func (m *Manager) do(fn func()) {
-	var (
-		done    chan struct{}
-		pending bool
-	)
+	var done chan struct{}
 	m.step(func() {
 		queued := len(m.effects)
 		fn()
@@ -96,12 +93,8 @@ func (m *Manager) do(fn func()) {
 			done = make(chan struct{})
 			m.queueAfterOwned(func() { close(done) })
 		}
-		pending = len(m.effects) > 0 && !m.flushing
 	})
 	if done == nil {
-		if pending {
-			go m.flush()
-		}
 		return
 	}
 	m.flush()

@@ -47,7 +47,8 @@ func (m *Manager) reconcile(ctx context.Context) {
 		return
 	}
 
-	m.step(func() {
+	// do: following an instance's new endpoint saves the record (followOwned).
+	m.do(func() {
 		m.noteGapsOwned(gaps)
 		m.observeOwned(insts, gaps, seq)
 	})

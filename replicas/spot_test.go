@@ -71,9 +71,11 @@ func TestManagerFollowsAnEndpointChange(t *testing.T) {
 	fi.inst.Endpoint = moved.Listener.Addr().String()
 	prov.mu.Unlock()
 
-	eventually(t, "READY at the new address", func() bool {
+	eventually(t, "READY at the new address, in memory and on disk", func() bool {
 		eps := h.m.Ready()
-		return len(eps) == 1 && eps[0].Addr == moved.Listener.Addr().String() && h.record(1).Endpoint == moved.Listener.Addr().String()
+		stored, ok := h.store.get("svc", 1)
+		return len(eps) == 1 && eps[0].Addr == moved.Listener.Addr().String() && h.record(1).Endpoint == moved.Listener.Addr().String() &&
+			ok && stored.Endpoint == moved.Listener.Addr().String() && stored.Status == StatusReady
 	})
 	saw := false
 	for _, e := range h.logs.FilterMessage("replica status").All() {
