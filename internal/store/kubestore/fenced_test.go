@@ -2,7 +2,9 @@ package kubestore
 
 import (
 	"context"
+	"io"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -82,6 +84,46 @@ func TestFenceProbe(t *testing.T) {
 	// The probe is a dry run: it leaves nothing.
 	if _, err := c.Client().CoreV1().ConfigMaps(fns).Get(ctx, fenceProbe, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the fence probe's object: %v, want none stored", err)
+	}
+}
+
+// TestFenceProbeWhenTheAPIServerFails: a dry run answered with an error, or never answered,
+// leaves the store unfenced (it keeps its reads from the API server) within probeBudget, in a
+// namespace whose policy is in force.
+func TestFenceProbeWhenTheAPIServerFails(t *testing.T) {
+	c := testcluster.Shared(t)
+	defer func(b time.Duration) { probeBudget = b }(probeBudget)
+	probeBudget = time.Second
+	_, ns := openFencedWithChat(t, c, "ks-probe-fails-", nil)
+	for _, fault := range []string{"erring", "hung"} {
+		cfg := rest.CopyConfig(c.RESTConfig())
+		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(req *http.Request) (*http.Response, error) {
+				if req.URL.Query().Get("dryRun") == "" {
+					return rt.RoundTrip(req)
+				}
+				if fault == "hung" {
+					<-req.Context().Done()
+					return nil, req.Context().Err()
+				}
+				return &http.Response{StatusCode: http.StatusServiceUnavailable, Header: http.Header{"Content-Type": {"text/plain"}},
+					Body: io.NopCloser(strings.NewReader("unavailable")), Request: req}, nil
+			})
+		}
+		start := time.Now()
+		s, err := Open(context.Background(), Options{Config: cfg, Namespace: ns, Holder: "ctl-a", Fence: func() (int64, bool) { return 1, true }})
+		if err != nil {
+			t.Fatalf("%s dry run: Open: %v", fault, err)
+		}
+		took := time.Since(start)
+		fenced := s.Fenced()
+		s.Close()
+		if fenced {
+			t.Errorf("%s dry run: the store believes it is fenced", fault)
+		}
+		if took > 10*probeBudget {
+			t.Errorf("%s dry run: Open took %v, want about the probe's budget (%v)", fault, took, probeBudget)
+		}
 	}
 }
 

@@ -145,19 +145,25 @@ func (s *Store) trustsOwnView() bool {
 // fenceProbe is the name of the object probeFence offers the API server; nothing is stored.
 const fenceProbe = "ferry-fence-probe"
 
+// probeBudget bounds probeFence as a whole: an API server that errs or hangs on the dry run
+// delays a new leader by this much at most, and the store then assumes no fence.
+var probeBudget = 10 * time.Second
+
 // probeFence reports whether the fencing policy guards the namespace: a dry run of a store
 // object's create, stamped with a term and holder that no Lease has, must be refused by it (its
 // message names the term annotation). Without leader election, or when the dry run is admitted,
-// the store assumes no fence, which is always safe: it only costs API calls. Any other refusal
-// is asked again for a while: the first leader ever probes right after creating the Lease,
-// which the policy may not see yet ("no params found").
+// the store assumes no fence, which is always safe: it only costs API calls. Any other answer (a
+// refusal for another reason, an error) is asked again within probeBudget: the first leader ever
+// probes right after creating the Lease, which the policy may not see yet ("no params found").
 func (s *Store) probeFence(ctx context.Context) bool {
 	if s.opts.Fence == nil {
 		return false
 	}
+	ctx, cancel := context.WithTimeout(ctx, probeBudget)
+	defer cancel()
 	cm := &corev1.ConfigMap{ObjectMeta: objectMeta(fenceProbe, "probe", "")}
 	cm.Annotations = map[string]string{AnnotationTerm: "-1", AnnotationHolder: fenceProbe}
-	for attempt := 0; attempt < 40; attempt++ {
+	for {
 		_, err := s.client.CoreV1().ConfigMaps(s.ns).Create(ctx, cm, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		refused := apierrors.IsForbidden(err) || apierrors.IsInvalid(err)
 		switch {
@@ -172,7 +178,6 @@ func (s *Store) probeFence(ctx context.Context) bool {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
-	return false
 }
 
 // Close stops the informers.
