@@ -288,7 +288,16 @@ func TestEndpointHTTPRoutes(t *testing.T) {
 	if err := testcluster.Shared(t).InstallHTTPRouteCRD(ctx); err != nil {
 		t.Fatal(err)
 	}
-	es = e.sync(t, ctx, e.ns, opts, zap.NewNop())
+	// Discovery may trail the CRD being served for a moment, and a sync made then keeps no
+	// routes (what failed CI once: the route was never made).
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if es = e.sync(t, ctx, e.ns, opts, zap.NewNop()); es.routes != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no sync found the HTTPRoute API in 30 s after its CRD was served")
+		}
+	}
 	fsvc := e.ferryService(t, ctx, e.ns, "chat")
 	if err := es.ensure(ctx, fsvc); err != nil {
 		t.Fatal(err)
