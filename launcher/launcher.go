@@ -81,6 +81,12 @@ type Spec struct {
 	// (SpotHedge): it maps the caller's live spot instances (ids) to their ZoneKey, and zones
 	// holding fewer are tried first.
 	Spread map[string]string
+	// SpreadFrom, with Spread, makes the launch a move out of that zone (a ZoneKey): the
+	// instance goes only to a spot zone that is not blocked and holds at least two fewer of
+	// the caller's spot instances than SpreadFrom (policy.SpreadTargets), and the launch fails
+	// rather than land anywhere else. The replica manager asks for one when one zone holds
+	// most of a service's spot replicas (policy.Crowded).
+	SpreadFrom string
 	// Job is set for a node of a job (nil for a service replica): what differs for a program
 	// that is meant to end.
 	Job *JobSpec

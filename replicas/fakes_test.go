@@ -169,6 +169,8 @@ type fakeProvider struct {
 	// consistent DescribeInstances).
 	trailing bool
 	unlisted map[string]bool
+	// zone, when set, places each launch: the instance's zone, or an error that fails it.
+	zone func(launcher.Spec) (string, error)
 }
 
 // trail makes List leave out new launches until catchUp.
@@ -267,7 +269,18 @@ func (p *fakeProvider) Launch(ctx context.Context, spec launcher.Spec) (launcher
 	if p.launchErr != nil {
 		return launcher.Instance{}, p.launchErr
 	}
+	zone := ""
+	if p.zone != nil {
+		var err error
+		if zone, err = p.zone(spec); err != nil {
+			return launcher.Instance{}, err
+		}
+	}
 	inst := p.addLocked(spec.Name, spec.Labels, !p.unhealthyAtStart)
+	if zone != "" {
+		p.insts[inst.ID].inst.Zone = zone
+		inst.Zone = zone
+	}
 	if p.trailing {
 		p.unlisted[inst.ID] = true
 	}

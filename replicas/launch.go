@@ -14,8 +14,9 @@ import (
 	"github.com/ferryserve/ferry/launcher"
 )
 
-// launchOwned records a new PROVISIONING replica and starts its Launch in the background.
-func (m *Manager) launchOwned(now time.Time, spot bool) {
+// launchOwned records a new PROVISIONING replica and starts its Launch in the background. A
+// spread move (from, a zone key, not "") is a spot replica launched out of that zone.
+func (m *Manager) launchOwned(now time.Time, spot bool, from string) {
 	task := m.taskOwned(m.target)
 	id, ok := m.nextIDOwned()
 	if !ok {
@@ -32,13 +33,14 @@ func (m *Manager) launchOwned(now time.Time, spot bool) {
 			LaunchedAt: now,
 		},
 		launching: true,
+		moving:    from != "",
 	}
 	m.replicas[id] = r
 	m.saveOwned(r)
 	m.log.Info("replica status", zap.Int("replica", id), zap.String("to", string(StatusProvisioning)))
 	spec := replicaSpec(m.cfg.Service, m.target, task, id, spot)
 	if spot && task.Service.ReplicaPolicy.SpotPlacer == configs.SpotPlacerDynamicFallback {
-		spec.Spread = m.spotByZoneOwned()
+		spec.Spread, spec.SpreadFrom = m.spotByZoneOwned(), from
 	}
 	ctx, nodes := m.launchCtx, gangSize(task)
 	m.workers.Add(1)
@@ -60,6 +62,27 @@ func (m *Manager) spotByZoneOwned() map[string]string {
 		}
 	}
 	return out
+}
+
+// SpreadMover is an optional Provider capability: it places a spot launch by zone, and takes
+// a spread move (launcher.Spec.SpreadFrom) to a zone holding fewer of the caller's spot
+// instances, or fails it. The provisioner has it; only then does a manager move replicas.
+type SpreadMover interface {
+	MovesSpot() bool
+}
+
+// SpreadRetry is how long spread moves wait after one found no zone to go to. A move that
+// finds none costs no call to an infra (the provisioner filters its zones first, and blocked
+// ones are not tried), so it is tried again soon: a zone's block (provision.DefaultBlockFor)
+// may end any moment, and until the move the service sits on one zone's reclaim.
+const SpreadRetry = time.Minute
+
+// spreadsOwned reports whether the service's spot replicas are spread over zones and moved
+// when they settle in mostly one (planInput.Spread).
+func (m *Manager) spreadsOwned() bool {
+	mover, ok := m.cfg.Provider.(SpreadMover)
+	task := m.taskOwned(m.target)
+	return ok && mover.MovesSpot() && m.mixOwned().UseSpot && task.Service.ReplicaPolicy.SpotPlacer == configs.SpotPlacerDynamicFallback
 }
 
 // recordPreemptionOwned tells the provider where a replica was preempted.
@@ -108,7 +131,16 @@ func (m *Manager) launchedOwned(ctx context.Context, r *replica, insts []launche
 			// The controller is stopping: leave PROVISIONING for the next one to resolve.
 			return
 		}
-		if m.replicas[r.rec.ID] == r {
+		switch {
+		case m.replicas[r.rec.ID] != r:
+		case r.moving:
+			// A move that found no zone is no failure of the service: no record stays, and
+			// moves wait for the blocked zones to be tried again.
+			m.log.Debug("spread move found no zone", zap.Int("replica", r.rec.ID), zap.Error(err))
+			m.spreadAfter = now.Add(SpreadRetry)
+			m.forgetOwned(r.rec.ID)
+			m.kickLoop()
+		default:
 			m.transitionOwned(now, r, StatusFailedProvision, err.Error(), nil)
 			m.kickLoop()
 		}

@@ -162,8 +162,10 @@ type Manager struct {
 	// failures and lastFail are the launch backoff, per kind (spot true, on-demand false).
 	failures map[bool]int
 	lastFail map[bool]time.Time
-	shutdown bool
-	workCtx  context.Context
+	// spreadAfter holds spread moves back after one found no zone (planInput.SpreadAfter).
+	spreadAfter time.Time
+	shutdown    bool
+	workCtx     context.Context
 	// launchCtx is workCtx for launches, which Shutdown cancels (cancelLaunches): a teardown
 	// does not wait out a launch hung on an infra that does not answer.
 	launchCtx      context.Context
@@ -190,6 +192,9 @@ type replica struct {
 	probe       probeState
 	launching   bool
 	terminating bool
+	// moving is set for a spread move's replica until it is READY or ends (in memory: a
+	// restarted controller counts it as any replica, and scale-down may take it).
+	moving bool
 	// launched are the instances our launch returned (a gang's nodes, head first), and
 	// launchSeq and launchedAt when; a List begun before then may not show them yet, nor
 	// one begun soon after, from a cache that trails the launch (listed: one showed them).

@@ -33,6 +33,10 @@ type replicaView struct {
 	// Noticed is true once the infra warned that the replica's instance will be reclaimed: it
 	// serves on, but no longer counts toward the target and is never picked for scale-down.
 	Noticed bool
+	// Moving is set for a spot replica launched to spread the service over zones
+	// (actions.SpreadFrom) until it is READY: it neither counts toward the target nor is
+	// scaled down meanwhile, and once READY scale-down drains one of the crowded zone's.
+	Moving bool
 	// InGap is set when the replica's location lies in a part of the infras the last List could
 	// not read: a node of its gang missing from that List is unknown, not lost.
 	InGap bool
@@ -71,6 +75,12 @@ type planInput struct {
 	// being scaled down (policy.Held) while the service's spot losses come in a run
 	// (policy.Losses.HoldOnDemand); 0 keeps none.
 	HoldOnDemand int
+	// Spread is set for a service whose spot replicas are spread over zones (SpotHedge's
+	// dynamic_fallback placer, on a provider that places by zone): a pass whose spot replicas
+	// have settled in mostly one zone asks for a move (spreadSpot). SpreadAfter holds moves
+	// back after one that found no zone.
+	Spread      bool
+	SpreadAfter time.Time
 	// Target is the version new replicas launch as; zero treats every replica as current
 	// (a service never updated).
 	Target int
@@ -128,6 +138,9 @@ type actions struct {
 	Forget []int
 	// Launch and LaunchSpot are how many new on-demand and spot replicas to launch.
 	Launch, LaunchSpot int
+	// SpreadFrom, when set, asks for one more spot replica, launched out of that zone (a
+	// launcher.ZoneKey) to spread the service's spot replicas (spreadSpot).
+	SpreadFrom string
 	// LaunchDeferredUntil is set when replicas are missing but backoff holds launches.
 	LaunchDeferredUntil time.Time
 	// Relabel are live replicas of a version that Target reuses (only `service:` changed):
@@ -189,6 +202,7 @@ func plan(in planInput) actions {
 	split := p.scaleKinds()     // each kind to its share of the target
 	p.retireNoticed()           // warned spot replicas go once their replacements serve
 	p.launch(weight, split)     // what is missing, within backoff and the rollout's budget
+	p.spreadSpot(weight)        // one spot replica out of a zone that holds most of them
 	p.judgeRollout(weight)      // the rollout's verdict (plan_rollout.go)
 	p.forgetEnded()             // old failures beyond the few status shows
 	slices.Sort(p.out.Forget)
@@ -219,8 +233,9 @@ type pass struct {
 	// version whose instance will be reclaimed; current and old split alive by version.
 	alive, noticed, current, old []candidate
 	// launching counts live current replicas whose launch is under way (not in alive), and
-	// launchingSpot the spot ones among them.
-	launching, launchingSpot int
+	// launchingSpot the spot ones among them; moving counts the spread moves under way or not
+	// READY yet (replicaView.Moving), which are in neither.
+	launching, launchingSpot, moving int
 	// rolloutFailure says why the new version failed during this pass, if it did.
 	rolloutFailure string
 }
@@ -250,6 +265,11 @@ type candidate struct {
 	spot  bool
 	rank  int
 	price float64
+	// zone is a spot replica's zone (a launcher.ZoneKey; "" when its infra names none), and
+	// crowd how many of the service's current spot replicas share it: scale-down takes spot
+	// replicas from the most crowded zone first.
+	zone  string
+	crowd int
 	inst  *launcher.Instance
 	// current: of the target version (or one it reuses); healthySince as replicaView's.
 	current      bool

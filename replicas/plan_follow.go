@@ -44,6 +44,8 @@ func (p *pass) followRecords() {
 		p.hasInstance[rec.ID] = inst != nil
 		p.terminating[rec.ID] = r.Terminating
 		switch {
+		case r.Launching && r.Moving:
+			p.moving++
 		case r.Launching:
 			p.followLaunching(rec)
 		case rec.Status == StatusShuttingDown:
@@ -145,7 +147,14 @@ func (p *pass) followLive(r replicaView, inst *launcher.Instance, g gang) {
 		p.noticed = append(p.noticed, candidate{id: rec.ID, ready: to == StatusReady, spot: rec.Spot, inst: inst})
 		return
 	}
+	if r.Moving && to != StatusReady {
+		p.moving++ // a spread move: counted once READY
+		return
+	}
 	c := candidate{id: rec.ID, ready: to == StatusReady, spot: rec.Spot, rank: p.rank(rec.Infra), price: rec.Price, inst: inst, current: current}
+	if rec.Spot && rec.Zone != "" {
+		c.zone = launcher.ZoneKey(rec.Infra, "", rec.Zone)
+	}
 	if c.ready {
 		c.healthySince = r.HealthySince
 	}

@@ -201,14 +201,19 @@ func TestScaleDownOrder(t *testing.T) {
 		{id: 3, ready: false, rank: 0, price: 1},
 		{id: 4, ready: true, rank: 0, price: 3}, // on-demand price
 		{id: 5, ready: true, rank: 0, price: 1},
+		// Spot, two in zone a and one, dearer, in zone b.
+		{id: 6, ready: true, spot: true, price: 0.5, zone: "aws/b", crowd: 1},
+		{id: 7, ready: true, spot: true, price: 0.4, zone: "aws/a", crowd: 2},
+		{id: 8, ready: true, spot: true, price: 0.4, zone: "aws/a", crowd: 2},
 	}
 	slices.SortFunc(cands, scaleDownOrder)
 	var got []int
 	for _, c := range cands {
 		got = append(got, c.id)
 	}
-	// Not serving, then the least preferred infra, then the most expensive, then the newest.
-	if diff := cmp.Diff([]int{3, 2, 4, 5, 1}, got); diff != "" {
+	// Not serving, then the least preferred infra, then on-demand before spot, then the most
+	// crowded zone's spot replicas, then the most expensive, then the newest.
+	if diff := cmp.Diff([]int{3, 2, 4, 5, 1, 8, 7, 6}, got); diff != "" {
 		t.Errorf("order (-want +got):\n%s", diff)
 	}
 }

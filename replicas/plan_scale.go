@@ -104,6 +104,7 @@ func (p *pass) scaleKinds() kindSplit {
 		k.want = policy.Held(k.want, k.liveOnDemand, p.in.Desired, p.in.HoldOnDemand)
 	}
 	if p.in.Desired >= 0 && (k.liveSpot > k.want.Spot || k.liveOnDemand > k.want.OnDemand) {
+		countCrowds(p.current)
 		p.scaleDown(p.current, map[bool]int{true: k.liveSpot - k.want.Spot, false: k.liveOnDemand - k.want.OnDemand}, p.in.Desired, "scaled down")
 	}
 	return k
@@ -145,6 +146,38 @@ func (p *pass) launch(weight rolloutWeight, split kindSplit) {
 		budget := max(0, maxParallel(in.Rollout.Policy, in.Desired)-(p.liveCurrent()-weight.healthy))
 		p.out.Launch = min(p.out.Launch, budget)
 		p.out.LaunchSpot = min(p.out.LaunchSpot, budget-p.out.Launch)
+	}
+}
+
+// spreadSpot asks for a spread move (actions.SpreadFrom, policy.Crowded) when the service
+// spreads its spot replicas (Spread) and they have settled: no launch, move, rollout or
+// reclaim notice under way, nothing asked for in this pass, every current spot replica READY
+// in a zone it names, and no move found no zone within SpreadAfter.
+func (p *pass) spreadSpot(weight rolloutWeight) {
+	in := p.in
+	if !in.Spread || in.Desired < 0 || weight.holding || in.Now.Before(in.SpreadAfter) || p.launching > 0 || p.moving > 0 ||
+		len(p.noticed) > 0 || p.out.Launch+p.out.LaunchSpot > 0 {
+		return
+	}
+	var zones []policy.ZoneState
+	at := map[string]int{}
+	for _, c := range p.current {
+		if !c.spot {
+			continue
+		}
+		if !c.ready || p.status[c.id] != StatusReady || c.zone == "" {
+			return
+		}
+		i, ok := at[c.zone]
+		if !ok {
+			i = len(zones)
+			at[c.zone] = i
+			zones = append(zones, policy.ZoneState{Name: c.zone})
+		}
+		zones[i].Spot++
+	}
+	if i, ok := policy.Crowded(zones); ok {
+		p.out.SpreadFrom = zones[i].Name
 	}
 }
 
@@ -194,9 +227,23 @@ func (p *pass) scaleDown(cands []candidate, excess map[bool]int, readyFloor int,
 	}
 }
 
+// countCrowds sets each spot candidate's crowd: how many of cands' spot replicas share its zone.
+func countCrowds(cands []candidate) {
+	byZone := map[string]int{}
+	for _, c := range cands {
+		if c.spot && c.zone != "" {
+			byZone[c.zone]++
+		}
+	}
+	for i := range cands {
+		cands[i].crowd = byZone[cands[i].zone]
+	}
+}
+
 // scaleDownOrder puts first the replicas to remove first: those not serving, then those on the
-// least preferred infra (burst replicas outside the cluster), then the most expensive
-// (on-demand before spot), then the newest.
+// least preferred infra (burst replicas outside the cluster), then on-demand before spot, then
+// spot replicas of the most crowded zone (what a spread move undoes, and what keeps a
+// scale-down from undoing the spread), then the most expensive, then the newest.
 func scaleDownOrder(a, b candidate) int {
 	if a.ready != b.ready {
 		if a.ready {
@@ -205,6 +252,15 @@ func scaleDownOrder(a, b candidate) int {
 		return -1
 	}
 	if c := cmp.Compare(b.rank, a.rank); c != 0 {
+		return c
+	}
+	if a.spot != b.spot {
+		if a.spot {
+			return 1
+		}
+		return -1
+	}
+	if c := cmp.Compare(b.crowd, a.crowd); c != 0 {
 		return c
 	}
 	if c := cmp.Compare(b.price, a.price); c != 0 {

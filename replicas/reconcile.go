@@ -175,7 +175,7 @@ func (m *Manager) passRoundOwned(verdicts, reserve bool, rolloutFailed *bool) (p
 			return passNeedsVerdict, 0
 		}
 	}
-	if n := acts.Launch + acts.LaunchSpot; reserve && n > len(m.spareIDs) {
+	if n := acts.Launch + acts.LaunchSpot + spreadLaunches(acts); reserve && n > len(m.spareIDs) {
 		return passNeedsIDs, n
 	}
 	m.applyOwned(now, acts)
@@ -188,6 +188,14 @@ func (m *Manager) passRoundOwned(verdicts, reserve bool, rolloutFailed *bool) (p
 	m.setReadyOwned()
 	m.publishOwned(false)
 	return passActed, 0
+}
+
+// spreadLaunches is how many launches a spread move adds to acts: 0 or 1.
+func spreadLaunches(acts actions) int {
+	if acts.SpreadFrom != "" {
+		return 1
+	}
+	return 0
 }
 
 // planInputOwned is what a pass decides on now.
@@ -208,6 +216,8 @@ func (m *Manager) planInputOwned(now time.Time) planInput {
 		InfraRank:           m.cfg.InfraRank,
 		Mix:                 m.mixOwned(),
 		HoldOnDemand:        m.losses.HoldOnDemand(now),
+		Spread:              m.spreadsOwned(),
+		SpreadAfter:         m.spreadAfter,
 	}
 	m.dueWindowsOwned(now) // window.go
 	for _, id := range sortedKeys(m.replicas) {
@@ -220,7 +230,7 @@ func (m *Manager) planInputOwned(now time.Time) planInput {
 		}
 		in.Replicas = append(in.Replicas, replicaView{Record: r.rec, Probe: r.probe, Launching: r.launching,
 			Terminating: r.terminating, Draining: m.drainingOwned(now, r), HealthySince: r.healthySince,
-			Noticed: m.noticedOwned(r), InGap: m.inGapOwned(r.rec)})
+			Noticed: m.noticedOwned(r), InGap: m.inGapOwned(r.rec), Moving: r.moving})
 	}
 	m.versionInputOwned(&in)
 	return in
@@ -318,10 +328,14 @@ func (m *Manager) applyOwned(now time.Time, acts actions) {
 			zap.Int("failures", m.failures[false]), zap.Int("spot_failures", m.failures[true]))
 	}
 	for range acts.Launch {
-		m.launchOwned(now, false)
+		m.launchOwned(now, false, "")
 	}
 	for range acts.LaunchSpot {
-		m.launchOwned(now, true)
+		m.launchOwned(now, true, "")
+	}
+	if acts.SpreadFrom != "" {
+		m.log.Info("spreading spot replicas: one more launched out of a zone that holds most of them", zap.String("zone", acts.SpreadFrom))
+		m.launchOwned(now, true, acts.SpreadFrom)
 	}
 	for _, r := range m.replicas {
 		if probeable(r.rec.Status) && r.rec.Endpoint != "" {

@@ -44,8 +44,13 @@ func (m *Manager) transitionOwned(now time.Time, r *replica, to Status, reason s
 	// Only the version being launched backs its launches off: the failures of a version
 	// rolled back from say nothing of the one restored.
 	current := m.launchedAsOwned(r.rec.Version) == m.launchedAsOwned(m.target)
+	moving := r.moving
+	if to == StatusReady || to.Terminal() || to == StatusShuttingDown {
+		r.moving = false // counted as any replica from now on
+	}
 	switch {
-	case !current:
+	case !current, moving && to != StatusReady:
+		// A spread move that never served says nothing about the service's launches.
 	case to == StatusReady:
 		if r.rec.ReadyAt.IsZero() {
 			r.rec.ReadyAt = now

@@ -238,6 +238,11 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 	if len(choices) == 0 {
 		return nil, fmt.Errorf("%w: no enabled infra can run %s", launcher.ErrNoCapacity, spec.Resources)
 	}
+	if spec.SpreadFrom != "" {
+		if choices = p.spreadTargets(choices, spec); len(choices) == 0 {
+			return nil, fmt.Errorf("%w: no spot zone to move a replica to from %s (each holds as many, or is blocked)", launcher.ErrNoCapacity, spec.SpreadFrom)
+		}
+	}
 	var reasons []string
 	allInvalid := true
 	for remaining := choices; len(remaining) > 0; {
@@ -486,6 +491,31 @@ func spreadOrder(choices []Choice, counts map[string]int) []Choice {
 	out := slices.Clone(choices)
 	for k, j := range policy.SpotOrder(zones) {
 		out[slots[k]] = choices[slots[j]]
+	}
+	return out
+}
+
+// MovesSpot says the provisioner takes spread moves (launcher.Spec.SpreadFrom): the replica
+// manager's SpreadMover.
+func (p *Provisioner) MovesSpot() bool { return true }
+
+// spreadTargets keeps the choices a spread move may take (launcher.Spec.SpreadFrom): spot ones
+// in zones that are not blocked and hold at least two fewer of the caller's spot instances
+// than the zone it moves out of (policy.SpreadTargets' rule).
+func (p *Provisioner) spreadTargets(choices []Choice, spec launcher.Spec) []Choice {
+	now := p.opts.Now()
+	counts := p.spread.counts(spec.Spread, now)
+	from := policy.ZoneState{Name: spec.SpreadFrom, Spot: counts[spec.SpreadFrom]}
+	p.blocks.mu.Lock()
+	defer p.blocks.mu.Unlock()
+	var out []Choice
+	for _, c := range choices {
+		p.markBlockedLocked(&c, now)
+		key := launcher.ZoneKey(c.Infra, c.Region, c.Zone)
+		to := policy.ZoneState{Name: key, Active: c.BlockedUntil.IsZero(), Spot: counts[key]}
+		if c.Spot && key != spec.SpreadFrom && policy.TakesMove(from, to) {
+			out = append(out, c)
+		}
 	}
 	return out
 }

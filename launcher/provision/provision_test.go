@@ -453,3 +453,39 @@ func TestSpreadKeepsTheClusterFirst(t *testing.T) {
 		t.Fatalf("got %+v, %v; want the cluster, which spreading does not reorder", inst, err)
 	}
 }
+
+func TestSpreadMoveLeavesTheCrowdedZone(t *testing.T) {
+	z := func(zone string, price float64) launcher.Placement {
+		return launcher.Placement{Infra: "aws", Region: "us-east-1", Zone: zone, InstanceType: "g5.xlarge", Spot: true, PricePerHour: price}
+	}
+	p, provs, _ := newTest(t, []launcher.Placement{k8sA100, z("use1-az1", 0.4), z("use1-az2", 0.5), z("use1-az4", 0.6)})
+	move := func(view map[string]string) (launcher.Instance, error) {
+		s := spec("svc-move")
+		s.Spread, s.SpreadFrom = view, "aws/use1-az1"
+		return p.Launch(context.Background(), s)
+	}
+	// Three in az1, one in az2: az4 holds fewest. The cluster, first for any other launch,
+	// has no zone to spread to and is not tried.
+	view := map[string]string{"i-1": "aws/use1-az1", "i-2": "aws/use1-az1", "i-3": "aws/use1-az1", "i-4": "aws/use1-az2"}
+	inst, err := move(view)
+	if err != nil || inst.Zone != "use1-az4" {
+		t.Fatalf("move = %+v, %v; want use1-az4", inst, err)
+	}
+	if n := len(provs["kubernetes/test"].tries); n != 0 {
+		t.Fatalf("the cluster was tried %d times for a move, want 0", n)
+	}
+	// az4 preempted: az2, holding two fewer than az1, is the one left.
+	p.Preempted(launcher.Instance{Infra: "aws", Region: "us-east-1", Zone: "use1-az4"})
+	if inst, err := move(view); err != nil || inst.Zone != "use1-az2" {
+		t.Fatalf("move with az4 blocked = %+v, %v; want use1-az2", inst, err)
+	}
+	// Now az2 holds two (the view and the move just placed): no zone holds two fewer than
+	// az1's three but the blocked az4, and the move fails without a launch.
+	tries := len(provs["aws"].tries)
+	if _, err := move(view); !errors.Is(err, launcher.ErrNoCapacity) {
+		t.Fatalf("move with no zone to take it: %v, want ErrNoCapacity", err)
+	}
+	if n := len(provs["aws"].tries); n != tries {
+		t.Fatalf("%d launch attempts for a move with no zone, want none", n-tries)
+	}
+}
