@@ -26,6 +26,9 @@ type request struct {
 	ctx, gen int
 	// scored is false for requests of the warm-up, which count nowhere.
 	scored bool
+	// met is what the request found on arrival (missNoneReady, missShort, missFull), for
+	// Result.Misses.
+	met int
 	// firstToken is when the first token was produced (end of its prefill).
 	firstToken float64
 	// startStep is the engine's decode step count when the request joined the batch, with

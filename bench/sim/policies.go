@@ -78,6 +78,11 @@ type Policy struct {
 	// the warned replica stops counting and its replacement starts; SkyServe waits for the
 	// preemption.
 	Notices bool
+	// Spread moves spot replicas out of a zone that holds most of them once another zone takes
+	// spot again, as the replica manager does (policy.Crowded, policy.SpreadTargets): one more
+	// spot replica launched there, and once it is READY scale-down drains one of the crowded
+	// zone's.
+	Spread bool
 }
 
 // SkyServe's defaults (sky/serve/constants.py), which the baselines run with.
@@ -111,7 +116,7 @@ type PolicyParams struct {
 }
 
 // PolicyNames lists the policies in report order.
-var PolicyNames = []string{"ferry", "ferry-llm", "ferry-no-hold", "ferry-no-notice", "ferry-knative", "skyserve-spothedge", "skyserve-spothedge-0", "skyserve-spot", "fixed-peak", "ondemand"}
+var PolicyNames = []string{"ferry", "ferry-llm", "ferry-no-hold", "ferry-no-notice", "ferry-no-spread", "ferry-knative", "skyserve-spothedge", "skyserve-spothedge-0", "skyserve-spot", "fixed-peak", "ondemand"}
 
 // FerryYAML is the service the ferry policies run, as a user writes it: the autoscaler named,
 // spot with SkyServe's dynamic on-demand fallback and SpotHedge placer, and nothing tuned. The
@@ -142,6 +147,7 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 			DrainTimeout: replicas.DefaultDrainTimeout,
 			Notices:      true,
 			HoldFallback: true,
+			Spread:       rp.SpotPlacer == configs.SpotPlacerDynamicFallback,
 		}
 	}
 	ferry := ferryFor(autoscaler.PolicyConcurrency)
@@ -175,6 +181,12 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 			p := ferry
 			p.HoldFallback = false
 			p.Description = "as ferry, releasing the on-demand fallback as soon as spot is READY again, whatever the recent losses (Ferry before policy.Losses)"
+			return p
+		},
+		"ferry-no-spread": func() Policy {
+			p := ferry
+			p.Spread = false
+			p.Description = "as ferry, leaving spot replicas in the zone they landed in (no spread moves: Ferry before policy.Crowded)"
 			return p
 		},
 		"ferry-no-notice": func() Policy {

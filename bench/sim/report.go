@@ -86,7 +86,7 @@ func cloudName(p Provider) string {
 
 func (r *Report) resultsTable() *benchkit.Table {
 	t := &benchkit.Table{Header: []string{"policy", "avail %", "own %", "spot h", "on-demand h", "cost $", "÷ ondemand",
-		"norm. cost", "÷ ondemand (norm.)", "preempt", "SLO %", "ups/downs", "TTFT p99 s", "failed", "rejected"}}
+		"norm. cost", "÷ ondemand (norm.)", "preempt", "SLO %", "misses: none / short / full READY", "none READY: spells, min", "ups/downs", "TTFT p99 s", "failed", "rejected"}}
 	for _, res := range r.Results {
 		rel, relN := "–", "–"
 		if res.CostVsOnDemand > 0 {
@@ -104,6 +104,8 @@ func (r *Report) resultsTable() *benchkit.Table {
 			relN,
 			fmt.Sprint(res.Preemptions),
 			fmt.Sprintf("%.2f", 100*res.SLOAttainment),
+			fmt.Sprintf("%d / %d / %d", res.Misses[missNoneReady], res.Misses[missShort], res.Misses[missFull]),
+			fmt.Sprintf("%d, %.0f", res.NoneReadySpells, res.NoneReadySeconds/60),
 			fmt.Sprintf("%d/%d", res.ScaleUps, res.ScaleDowns),
 			fmt.Sprintf("%.2f", res.TTFTp99),
 			fmt.Sprint(res.Failed),

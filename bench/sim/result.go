@@ -17,6 +17,15 @@ type Result struct {
 	Unservable int `json:"unservable"`
 	// SLOAttainment is MetSLO / Requests: failed, rejected and unservable requests are misses.
 	SLOAttainment float64 `json:"slo_attainment"`
+	// Misses are the requests that missed the SLO (unservable ones aside) by what they found
+	// on arrival: no replica READY (held or rejected), fewer READY than World.MinReady, or at
+	// least that many. It says whether a policy's misses are spells with nothing standing,
+	// a short fleet, or load at full strength.
+	Misses [3]int `json:"misses_by_ready"`
+	// NoneReadySpells counts the times the service fell to no replica READY, and
+	// NoneReadySeconds how long it stayed there in all: the spells a hold or a 503 covers.
+	NoneReadySpells  int     `json:"none_ready_spells"`
+	NoneReadySeconds float64 `json:"none_ready_seconds"`
 
 	// Availability is AvailableTicks / Ticks: 30 s ticks with at least World.MinReady READY
 	// replicas, the same count for every policy (SpotHedge's definition; replicas in cold
@@ -49,6 +58,9 @@ type Result struct {
 	// tries again, so a policy deciding every second counts many during an outage.
 	RefusedSpotLaunches int `json:"refused_spot_launches"`
 	Launches            int `json:"launches"`
+	// SpreadMoves counts the spot replicas launched to spread the fleet over zones again
+	// (Policy.Spread), each followed by a drain in the crowded zone once READY.
+	SpreadMoves int `json:"spread_moves,omitempty"`
 	// ScaleUps and ScaleDowns count decisions that raised or lowered the target.
 	ScaleUps   int `json:"scale_ups"`
 	ScaleDowns int `json:"scale_downs"`

@@ -11,6 +11,7 @@ import (
 	"github.com/ferryserve/ferry/autoscaler"
 	"github.com/ferryserve/ferry/launcher/provision"
 	"github.com/ferryserve/ferry/policy"
+	"github.com/ferryserve/ferry/replicas"
 )
 
 // This file is one policy's simulation: a loop over whole seconds that applies the fleet's
@@ -80,7 +81,10 @@ type replica struct {
 	// counts it as gone.
 	warned, noticed bool
 	reclaimAt       float64
-	eng             *engine
+	// moving is set for a spread move's replica until it is READY: it does not count toward
+	// the target meanwhile (replicas' replicaView.Moving).
+	moving bool
+	eng    *engine
 }
 
 // runner simulates one policy.
@@ -113,6 +117,7 @@ type runner struct {
 	need int
 
 	held      []*request
+	noneReady bool // no replica READY at the last scored second
 	heldArea  float64
 	heldAt    float64
 	goneArea  float64 // ∫ in-flight of replicas that went away since the last decision
@@ -121,6 +126,8 @@ type runner struct {
 	lbPending int     // arrivals the load balancer has not shipped yet
 	lbShipped int     // shipped, not yet read by a decision
 
+	// spreadAfter holds spread moves back after one found no zone (replicas.SpreadRetry).
+	spreadAfter float64
 	// sample is decide's, reused.
 	sample autoscaler.Sample
 	// preempted are the latest preempted replicas, which the controller's replica manager keeps
@@ -211,7 +218,7 @@ func (r *runner) second(s int) {
 	r.reclaim(t)
 	for _, rep := range r.live {
 		if rep.state == provisioning && rep.readyAt <= t {
-			rep.state = ready
+			rep.state, rep.moving = ready, false
 			rep.announced = r.p.LBSync <= 0
 			r.dirty = true
 			if rep.spot && !rep.noticed && r.zones != nil {
@@ -379,7 +386,7 @@ func (r *runner) refreshRoutable() {
 
 // arrive handles one request at its arrival time.
 func (r *runner) arrive(a arrival) {
-	req := &request{arrival: a.at, ctx: a.ctx, gen: a.gen, scored: r.scored(a.at)}
+	req := &request{arrival: a.at, ctx: a.ctx, gen: a.gen, scored: r.scored(a.at), met: r.readyClass()}
 	if req.scored {
 		r.res.Requests++
 	}
@@ -407,6 +414,25 @@ func (r *runner) arrive(a arrival) {
 		return
 	}
 	r.fail(req, &r.res.Rejected)
+}
+
+// What a request found on arrival, the index into Result.Misses.
+const (
+	missNoneReady = iota
+	missShort
+	missFull
+)
+
+// readyClass is what an arriving request finds: no replica routable, fewer than
+// World.MinReady, or at least that many.
+func (r *runner) readyClass() int {
+	switch n := len(r.routable); {
+	case n == 0:
+		return missNoneReady
+	case n < r.w.MinReady:
+		return missShort
+	}
+	return missFull
 }
 
 // route sends req to the READY replica with the fewest requests in flight (Ferry's default
@@ -473,7 +499,9 @@ func (r *runner) done(req *request, at float64) {
 	r.tpots = append(r.tpots, float32(tpot))
 	if ttft <= r.w.SLO.TTFT.Seconds() && tpot <= r.w.SLO.TPOT.Seconds() {
 		r.res.MetSLO++
+		return
 	}
+	r.res.Misses[req.met]++
 }
 
 // fail records a request that will not be served; counter is the reason's count.
@@ -481,6 +509,7 @@ func (r *runner) fail(req *request, counter *int) {
 	r.inSystem--
 	if req.scored {
 		*counter++
+		r.res.Misses[req.met]++
 	}
 }
 
@@ -549,9 +578,59 @@ func (r *runner) decide(s int) {
 	} else if r.p.HoldFallback {
 		mix = policy.Held(mix, r.liveOnDemand(), d.Target, r.losses.HoldOnDemand(simTime(t)))
 	}
+	launched := r.nextID
 	r.reconcile(true, mix.Spot, t)
 	r.reconcile(false, mix.OnDemand, t)
 	r.drainNoticed(t)
+	if r.nextID == launched {
+		r.spread(t)
+	}
+}
+
+// spread starts a move as the replica manager does (replicas' spreadSpot, the provisioner's
+// spreadTargets), for a policy with Spread: when no launch was asked this decision, every
+// spot replica is READY and none warned or moving, and one zone holds most of them
+// (policy.Crowded), one more spot replica goes to the first zone of policy.SpreadTargets that
+// takes it. A zone that refuses is blocked as after any refused launch; when none takes it,
+// moves wait replicas.SpreadRetry. Once the move is READY it counts toward the target, and reconcile's
+// scale-down takes a replica of the most crowded zone.
+func (r *runner) spread(t float64) {
+	if !r.p.Spread || t < r.spreadAfter {
+		return
+	}
+	counts := make([]int, len(r.w.Zones))
+	for _, rep := range r.live {
+		if !rep.spot || rep.state == draining {
+			continue
+		}
+		if rep.state != ready || rep.noticed || rep.moving {
+			return
+		}
+		counts[rep.zone]++
+	}
+	states := make([]policy.ZoneState, len(r.w.Zones))
+	for i, z := range r.w.Zones {
+		states[i] = policy.ZoneState{Name: z.Name, SpotPrice: z.SpotPrice, Active: r.refusedUntil[i] <= t && r.lostUntil[i] <= t, Spot: counts[i]}
+	}
+	from, crowded := policy.Crowded(states)
+	if !crowded {
+		return
+	}
+	for _, i := range policy.SpreadTargets(states, from) {
+		if r.free(i) > 0 {
+			r.start(true, i, t).moving = true
+			r.res.SpreadMoves++
+			return
+		}
+		r.res.RefusedSpotLaunches++
+		r.refusedUntil[i] = t + provision.DefaultBlockFor.Seconds()
+	}
+	r.spreadAfter = t + replicas.SpreadRetry.Seconds()
+}
+
+// zoneIndex is the index of the zone named name in World.Zones.
+func (r *runner) zoneIndex(name string) int {
+	return slices.IndexFunc(r.w.Zones, func(z Zone) bool { return z.Name == name })
 }
 
 // liveOnDemand counts the on-demand replicas provisioning or READY.
@@ -600,7 +679,7 @@ func simTime(t float64) time.Time { return epoch.Add(time.Duration(t * float64(t
 func (r *runner) reconcile(spot bool, want int, t float64) {
 	var mine []*replica
 	for _, rep := range r.live {
-		if rep.spot == spot && rep.state != draining && !rep.noticed {
+		if rep.spot == spot && rep.state != draining && !rep.noticed && !rep.moving {
 			mine = append(mine, rep)
 		}
 	}
@@ -612,12 +691,26 @@ func (r *runner) reconcile(spot bool, want int, t float64) {
 	if len(mine) <= want {
 		return
 	}
+	// Ferry's scale-down order (replicas' scaleDownOrder) takes spot replicas of the most
+	// crowded zone first, then the dearest; SkyServe's takes the newest.
+	crowd := map[int]int{}
+	if spot && !r.p.SkyServe {
+		for _, rep := range mine {
+			crowd[rep.zone]++
+		}
+	}
 	slices.SortFunc(mine, func(a, b *replica) int {
 		if (a.state == provisioning) != (b.state == provisioning) {
 			if a.state == provisioning {
 				return -1
 			}
 			return 1
+		}
+		if c := cmp.Compare(crowd[b.zone], crowd[a.zone]); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(b.price, a.price); c != 0 && !r.p.SkyServe {
+			return c
 		}
 		return b.id - a.id
 	})
@@ -636,13 +729,21 @@ func (r *runner) reconcile(spot bool, want int, t float64) {
 
 // launch starts one replica; false when no zone takes a spot replica now.
 func (r *runner) launch(spot bool, t float64) bool {
-	rep := &replica{id: r.nextID, spot: spot, zone: -1, price: r.w.OnDemandPrice, launchedAt: t, readyAt: t + r.w.Model.ColdStart.Seconds()}
+	zone := -1
 	if spot {
-		zone := r.placeSpot(t)
-		if zone < 0 {
+		if zone = r.placeSpot(t); zone < 0 {
 			return false
 		}
-		rep.zone, rep.price = zone, r.w.Zones[zone].SpotPrice
+	}
+	r.start(spot, zone, t)
+	return true
+}
+
+// start launches one replica now, in zone (an index into World.Zones) for spot.
+func (r *runner) start(spot bool, zone int, t float64) *replica {
+	rep := &replica{id: r.nextID, spot: spot, zone: zone, price: r.w.OnDemandPrice, launchedAt: t, readyAt: t + r.w.Model.ColdStart.Seconds()}
+	if spot {
+		rep.price = r.w.Zones[zone].SpotPrice
 	}
 	r.nextID++
 	rep.eng = newEngine(&r.w.Model, t, r.done)
@@ -650,7 +751,7 @@ func (r *runner) launch(spot bool, t float64) bool {
 	if r.scored(t) {
 		r.res.Launches++
 	}
-	return true
+	return rep
 }
 
 // placeSpot picks the zone for a new spot replica, trying zones until one has capacity (a
@@ -664,7 +765,7 @@ func (r *runner) placeSpot(t float64) int {
 			if !ok {
 				return -1
 			}
-			i := slices.IndexFunc(r.w.Zones, func(z Zone) bool { return z.Name == name })
+			i := r.zoneIndex(name)
 			if r.free(i) > 0 {
 				return i
 			}
@@ -730,6 +831,13 @@ func (r *runner) account(s int) {
 			}
 		}
 	}
+	if readySpot+readyOD == 0 {
+		if !r.noneReady {
+			r.res.NoneReadySpells++
+		}
+		r.res.NoneReadySeconds++
+	}
+	r.noneReady = readySpot+readyOD == 0
 	since := s - int(r.warmup)
 	if since%availabilityTick == 0 {
 		r.res.Ticks++

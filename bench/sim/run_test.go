@@ -48,7 +48,8 @@ func TestSimAvailabilityAndCost(t *testing.T) {
 		// 10-minute horizon miss them, the other 18 have them.
 		"on-demand cold start": {
 			policy: fixed(2, policy.MixSpec{}, PlaceNone),
-			want:   Result{Ticks: 20, AvailableTicks: 18, OwnTargetTicks: 18, OnDemandHours: 2 * 600.0 / 3600, OnDemandCost: 2 * 600.0 / 3600 * 3, Launches: 2},
+			want: Result{Ticks: 20, AvailableTicks: 18, OwnTargetTicks: 18, OnDemandHours: 2 * 600.0 / 3600, OnDemandCost: 2 * 600.0 / 3600 * 3, Launches: 2,
+				NoneReadySpells: 1, NoneReadySeconds: 60},
 		},
 		// One spot replica in the only zone, which loses capacity at 180 s: EC2 warns it then
 		// and reclaims it two minutes later, at 300 s (this policy ignores the warning), and
@@ -56,7 +57,8 @@ func TestSimAvailabilityAndCost(t *testing.T) {
 		"spot preempted": {
 			policy: fixed(1, spotOnly, PlaceCheapest),
 			zones:  []Zone{scriptedZone("a", 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0)},
-			want:   Result{Ticks: 20, AvailableTicks: 8, OwnTargetTicks: 8, SpotHours: 300.0 / 3600, SpotCost: 300.0 / 3600, Preemptions: 1, Launches: 1, RefusedSpotLaunches: 300},
+			want: Result{Ticks: 20, AvailableTicks: 8, OwnTargetTicks: 8, SpotHours: 300.0 / 3600, SpotCost: 300.0 / 3600, Preemptions: 1, Launches: 1, RefusedSpotLaunches: 300,
+				NoneReadySpells: 2, NoneReadySeconds: 60 + 300},
 		},
 		// SkyServe+SpotHedge spreads two replicas over the two cheapest zones; until they are
 		// READY the dynamic fallback runs two on-demand ones (billed 0–60 s: they leave,
@@ -70,7 +72,7 @@ func TestSimAvailabilityAndCost(t *testing.T) {
 				scriptedZone("mid", 2, up...), scriptedZone("dear", 4, up...)},
 			want: Result{Ticks: 20, AvailableTicks: 16, OwnTargetTicks: 16, Preemptions: 1, Launches: 6,
 				SpotHours: (300 + 600 + 300) / 3600.0, SpotCost: (300*1 + 600*2 + 300*4) / 3600.0,
-				OnDemandHours: 3 * 61 / 3600.0, OnDemandCost: 3 * 3 * 61 / 3600.0},
+				OnDemandHours: 3 * 61 / 3600.0, OnDemandCost: 3 * 3 * 61 / 3600.0, NoneReadySpells: 1, NoneReadySeconds: 60},
 		},
 		// The cheapest zone's capacity goes at 180 s and EC2 warns the replica there then,
 		// two minutes before the reclaim: the replacement starts at once in the next zone and
@@ -81,7 +83,7 @@ func TestSimAvailabilityAndCost(t *testing.T) {
 			zones: []Zone{scriptedZone("cheap", 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0),
 				scriptedZone("mid", 2, up...), scriptedZone("dear", 4, up...)},
 			want: Result{Ticks: 20, AvailableTicks: 18, OwnTargetTicks: 18, Preemptions: 0, Launches: 2,
-				SpotHours: (241 + 420) / 3600.0, SpotCost: (241*1 + 420*2) / 3600.0},
+				SpotHours: (241 + 420) / 3600.0, SpotCost: (241*1 + 420*2) / 3600.0, NoneReadySpells: 1, NoneReadySeconds: 60},
 		},
 	}
 	for name, tc := range tests {
@@ -100,6 +102,33 @@ func TestSimAvailabilityAndCost(t *testing.T) {
 	}
 }
 
+// TestSimSpreadMovesAReplicaOutOfACrowdedZone: two spot replicas land in zone a because b
+// refuses the second launch at 0 s (b holds 4 from 120 s on, and stays blocked until 300 s). Zone a is reclaimed with EC2's notice at 360 s, gone at 480 s; a replacement's cold
+// start is 180 s. Without spreading, the replacements launched at the notice are READY at
+// 540 s and nothing is READY for 60 s. With it, a replica moved to b at 300 s is READY at
+// 480 s, as zone a goes.
+func TestSimSpreadMovesAReplicaOutOfACrowdedZone(t *testing.T) {
+	up := []float64{4, 4, 4, 4, 4, 4, 0, 0, 0, 0}
+	later := []float64{0, 0, 4, 4, 4, 4, 4, 4, 4, 4}
+	for _, spread := range []bool{false, true} {
+		m := testModel()
+		m.ColdStart = 3 * time.Minute
+		w := World{Model: m, Zones: []Zone{scriptedZone("a", 1, up...), scriptedZone("b", 2, later...)}, Notice: DefaultOptions().Notice,
+			MinReady: 2, OnDemandPrice: 3, Duration: 10 * time.Minute, SLO: SLO{TTFT: time.Second, TPOT: time.Second}, Seed: 1}
+		p := Policy{Name: "spot", Spec: autoscaler.Spec{Min: 2, Max: 2}.WithDefaults(), Mix: policy.MixSpec{UseSpot: true}, Placer: PlaceFerry,
+			Notices: true, Spread: spread, DrainTimeout: time.Minute}
+		res := w.run(p, &sliceSource{})
+		wantSeconds, wantMoves := 180.0+60, 0 // the first cold start, then the gap
+		if spread {
+			wantSeconds, wantMoves = 180, 1
+		}
+		if res.NoneReadySeconds != wantSeconds || res.SpreadMoves != wantMoves || res.Preemptions != 2 {
+			t.Errorf("spread %v: %v s with no replica READY, %d moves, %d preempted; want %v s, %d moves, 2 preempted",
+				spread, res.NoneReadySeconds, res.SpreadMoves, res.Preemptions, wantSeconds, wantMoves)
+		}
+	}
+}
+
 func TestSimRequestOutcomes(t *testing.T) {
 	m := testModel()
 	m.ColdStart = time.Minute
@@ -111,6 +140,7 @@ func TestSimRequestOutcomes(t *testing.T) {
 		{at: 120, ctx: 995, gen: 10},  // fits, output cut to 5 tokens
 	}
 	w := World{Model: m, OnDemandPrice: 3, Duration: 10 * time.Minute, SLO: SLO{TTFT: 2 * time.Second, TPOT: time.Second}, Seed: 1}
+	// The first request misses either way, and finds no replica READY: Misses says so.
 	tests := map[string]struct {
 		hold bool
 		want [5]int // requests, met, served, rejected, unservable
@@ -118,6 +148,7 @@ func TestSimRequestOutcomes(t *testing.T) {
 		"ferry holds":   {true, [5]int{4, 2, 3, 0, 1}},
 		"skyserve 503s": {false, [5]int{4, 2, 2, 1, 1}},
 	}
+	wantMisses := [3]int{1, 0, 0}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			p := fixed
@@ -126,6 +157,9 @@ func TestSimRequestOutcomes(t *testing.T) {
 			got := [5]int{res.Requests, res.MetSLO, res.Served, res.Rejected, res.Unservable}
 			if got != tc.want {
 				t.Errorf("requests, met, served, rejected, unservable = %v, want %v", got, tc.want)
+			}
+			if res.Misses != wantMisses {
+				t.Errorf("misses by READY on arrival = %v, want %v", res.Misses, wantMisses)
 			}
 		})
 	}
