@@ -240,25 +240,30 @@ func countCrowds(cands []candidate) {
 	}
 }
 
+// falseFirst orders false before true.
+func falseFirst(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
 // scaleDownOrder puts first the replicas to remove first: those not serving, then those on the
 // least preferred infra (burst replicas outside the cluster), then on-demand before spot, then
 // spot replicas of the most crowded zone (what a spread move undoes, and what keeps a
 // scale-down from undoing the spread), then the most expensive, then the newest.
 func scaleDownOrder(a, b candidate) int {
-	if a.ready != b.ready {
-		if a.ready {
-			return 1
-		}
-		return -1
+	if c := falseFirst(a.ready, b.ready); c != 0 {
+		return c
 	}
 	if c := cmp.Compare(b.rank, a.rank); c != 0 {
 		return c
 	}
-	if a.spot != b.spot {
-		if a.spot {
-			return 1
-		}
-		return -1
+	if c := falseFirst(a.spot, b.spot); c != 0 {
+		return c
 	}
 	if c := cmp.Compare(b.crowd, a.crowd); c != 0 {
 		return c
