@@ -32,8 +32,8 @@ func (m *Manager) launchOwned(now time.Time, spot bool, from string) {
 			Resources:  describeResources(withSpot(task.Resources, spot)),
 			LaunchedAt: now,
 		},
-		launching: true,
-		moving:    from != "",
+		launching:  true,
+		spreadFrom: from,
 	}
 	m.replicas[id] = r
 	m.saveOwned(r)
@@ -133,7 +133,7 @@ func (m *Manager) launchedOwned(ctx context.Context, r *replica, insts []launche
 		}
 		switch {
 		case m.replicas[r.rec.ID] != r:
-		case r.moving:
+		case r.spreadFrom != "":
 			// A move that found no zone is no failure of the service: no record stays, and
 			// moves wait for the blocked zones to be tried again.
 			m.log.Debug("spread move found no zone", zap.Int("replica", r.rec.ID), zap.Error(err))
@@ -166,6 +166,10 @@ func (m *Manager) launchedOwned(ctx context.Context, r *replica, insts []launche
 		return
 	}
 	r.rec.LaunchedAt = now // the initial delay counts from here
+	if r.spreadFrom != "" && inst != nil {
+		m.log.Info("spreading spot replicas: one moves out of a zone that holds most of them", zap.Int("replica", r.rec.ID),
+			zap.String("from", r.spreadFrom), zap.String("to", launcher.ZoneKey(inst.Infra, "", inst.Zone)))
+	}
 	m.transitionOwned(now, r, StatusStarting, "", inst)
 	m.ensureProberOwned(r, firstProbeAfterLaunch)
 }

@@ -192,9 +192,9 @@ type replica struct {
 	probe       probeState
 	launching   bool
 	terminating bool
-	// moving is set for a spread move's replica until it is READY or ends (in memory: a
-	// restarted controller counts it as any replica, and scale-down may take it).
-	moving bool
+	// spreadFrom is the zone a spread move's replica moves out of, until it is READY or ends
+	// (in memory: a restarted controller counts it as any replica, and scale-down may take it).
+	spreadFrom string
 	// launched are the instances our launch returned (a gang's nodes, head first), and
 	// launchSeq and launchedAt when; a List begun before then may not show them yet, nor
 	// one begun soon after, from a cache that trails the launch (listed: one showed them).

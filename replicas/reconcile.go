@@ -230,7 +230,7 @@ func (m *Manager) planInputOwned(now time.Time) planInput {
 		}
 		in.Replicas = append(in.Replicas, replicaView{Record: r.rec, Probe: r.probe, Launching: r.launching,
 			Terminating: r.terminating, Draining: m.drainingOwned(now, r), HealthySince: r.healthySince,
-			Noticed: m.noticedOwned(r), InGap: m.inGapOwned(r.rec), Moving: r.moving})
+			Noticed: m.noticedOwned(r), InGap: m.inGapOwned(r.rec), Moving: r.spreadFrom != ""})
 	}
 	m.versionInputOwned(&in)
 	return in
@@ -334,7 +334,7 @@ func (m *Manager) applyOwned(now time.Time, acts actions) {
 		m.launchOwned(now, true, "")
 	}
 	if acts.SpreadFrom != "" {
-		m.log.Info("spreading spot replicas: one more launched out of a zone that holds most of them", zap.String("zone", acts.SpreadFrom))
+		m.log.Debug("spread move: one more spot replica out of a zone that holds most of them", zap.String("zone", acts.SpreadFrom))
 		m.launchOwned(now, true, acts.SpreadFrom)
 	}
 	for _, r := range m.replicas {

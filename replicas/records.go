@@ -44,9 +44,9 @@ func (m *Manager) transitionOwned(now time.Time, r *replica, to Status, reason s
 	// Only the version being launched backs its launches off: the failures of a version
 	// rolled back from say nothing of the one restored.
 	current := m.launchedAsOwned(r.rec.Version) == m.launchedAsOwned(m.target)
-	moving := r.moving
+	moving := r.spreadFrom != ""
 	if to == StatusReady || to.Terminal() || to == StatusShuttingDown {
-		r.moving = false // counted as any replica from now on
+		r.spreadFrom = "" // counted as any replica from now on
 	}
 	switch {
 	case !current, moving && to != StatusReady:
