@@ -85,6 +85,25 @@ func (m *Manager) spreadsOwned() bool {
 	return ok && mover.MovesSpot() && m.mixOwned().UseSpot && task.Service.ReplicaPolicy.SpotPlacer == configs.SpotPlacerDynamicFallback
 }
 
+// spreadPause is how long moves stop after one landed in the zone it was to leave: the
+// provider's zones and the records' disagree (an AWS account whose zone names the optimizer
+// could not read places by AZ ID, while instances report zone names), and moving again would
+// only relaunch into the same zone.
+const spreadPause = time.Hour
+
+// spreadLandedOwned logs where a spread move's replica landed, and pauses moves when that is
+// the zone it was to leave.
+func (m *Manager) spreadLandedOwned(now time.Time, r *replica, to string) {
+	if to == r.spreadFrom {
+		m.log.Warn("spread move landed in the zone it was to leave; moves paused", zap.Int("replica", r.rec.ID),
+			zap.String("zone", to), zap.Duration("for", spreadPause))
+		m.spreadAfter = now.Add(spreadPause)
+		return
+	}
+	m.log.Info("spreading spot replicas: one moves out of a zone that holds most of them", zap.Int("replica", r.rec.ID),
+		zap.String("from", r.spreadFrom), zap.String("to", to))
+}
+
 // recordPreemptionOwned tells the provider where a replica was preempted.
 func (m *Manager) recordPreemptionOwned(r *replica) {
 	rec, ok := m.cfg.Provider.(PreemptionRecorder)
@@ -167,8 +186,7 @@ func (m *Manager) launchedOwned(ctx context.Context, r *replica, insts []launche
 	}
 	r.rec.LaunchedAt = now // the initial delay counts from here
 	if r.spreadFrom != "" && inst != nil {
-		m.log.Info("spreading spot replicas: one moves out of a zone that holds most of them", zap.Int("replica", r.rec.ID),
-			zap.String("from", r.spreadFrom), zap.String("to", launcher.ZoneKey(inst.Infra, "", inst.Zone)))
+		m.spreadLandedOwned(now, r, launcher.ZoneKey(inst.Infra, "", inst.Zone))
 	}
 	m.transitionOwned(now, r, StatusStarting, "", inst)
 	m.ensureProberOwned(r, firstProbeAfterLaunch)

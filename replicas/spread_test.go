@@ -141,7 +141,7 @@ func TestManagerSpreadsSpotReplicas(t *testing.T) {
 	})
 	h.m.SetDesired(2)
 	h.start()
-	eventually(t, "two spot replicas launched", func() bool { return len(h.m.Replicas()) >= 2 })
+	eventually(t, "two spot replicas launched", func() bool { return startedSpot(h) == 2 })
 	crowded := readySpot(t, h, prov)
 	eventually(t, "a move tried, finding no zone", func() bool { return moves.Load() == 1 })
 	eventually(t, "the failed move's record gone", func() bool { return len(liveSpot(h)) == 2 && len(h.m.Replicas()) == 2 })
@@ -155,7 +155,7 @@ func TestManagerSpreadsSpotReplicas(t *testing.T) {
 		t.Fatalf("%d moves before SpreadRetry passed, want 1", n)
 	}
 	h.clock.Advance(SpreadRetry)
-	eventually(t, "a second move launched", func() bool { return moves.Load() == 2 && len(liveSpot(h)) == 3 })
+	eventually(t, "a second move launched", func() bool { return moves.Load() == 2 && startedSpot(h) == 3 })
 	moved := newestSpot(h, 0)
 	prov.byReplica(moved).healthy.Store(true)
 	eventually(t, "one of zone a's replicas terminated once the move is READY", func() bool {
@@ -172,6 +172,17 @@ func TestManagerSpreadsSpotReplicas(t *testing.T) {
 	}
 }
 
+// startedSpot counts the live spot replicas whose instance is launched (not PROVISIONING).
+func startedSpot(h *harness) int {
+	n := 0
+	for _, r := range h.m.Replicas() {
+		if r.Spot && live(r.Status) && r.Status != StatusProvisioning {
+			n++
+		}
+	}
+	return n
+}
+
 // liveSpot are the ids of the live spot replicas.
 func liveSpot(h *harness) []int {
 	var out []int
@@ -181,4 +192,41 @@ func liveSpot(h *harness) []int {
 		}
 	}
 	return out
+}
+
+// TestManagerPausesMovesThatDoNotMove: a provider that places a move in the very zone it was
+// to leave (its zone names and the records' disagree) gets no second move for spreadPause.
+func TestManagerPausesMovesThatDoNotMove(t *testing.T) {
+	prov := newFakeProvider(t)
+	prov.unhealthyAtStart = true
+	var moves atomic.Int32
+	prov.zone = func(s launcher.Spec) (string, error) {
+		if s.SpreadFrom != "" {
+			moves.Add(1)
+		}
+		return "a", nil
+	}
+	h := newHarness(t, prov, newFakeStore(), newFakeClock(), func(c *Config) {
+		task := testTask()
+		task.Resources.UseSpot = true
+		task.Service.ReplicaPolicy = configs.ReplicaPolicy{MinReplicas: 2, MaxReplicas: 2,
+			DynamicOndemandFallback: true, SpotPlacer: configs.SpotPlacerDynamicFallback}
+		c.Task, c.Provider = task, spreadingProvider{prov}
+	})
+	h.m.SetDesired(2)
+	h.start()
+	eventually(t, "two spot replicas launched", func() bool { return startedSpot(h) == 2 })
+	for _, id := range liveSpot(h) {
+		prov.byReplica(id).healthy.Store(true)
+	}
+	eventually(t, "a move launched", func() bool { return moves.Load() == 1 && startedSpot(h) == 3 })
+	prov.byReplica(newestSpot(h, 0)).healthy.Store(true)
+	eventually(t, "back to two spot replicas once the move is READY", func() bool { return len(liveSpot(h)) == 2 })
+	h.clock.Advance(SpreadRetry)
+	time.Sleep(100 * time.Millisecond) // five reconcile intervals
+	if n := moves.Load(); n != 1 {
+		t.Fatalf("%d moves; want 1: a move that landed where it was to leave pauses moves for %v", n, spreadPause)
+	}
+	h.clock.Advance(spreadPause)
+	eventually(t, "moves again after the pause", func() bool { return moves.Load() == 2 })
 }
