@@ -132,16 +132,7 @@ func TestManagerSpreadsSpotReplicas(t *testing.T) {
 		}
 		return "b", nil
 	}
-	h := newHarness(t, prov, newFakeStore(), newFakeClock(), func(c *Config) {
-		task := testTask()
-		task.Resources.UseSpot = true
-		task.Service.ReplicaPolicy = configs.ReplicaPolicy{MinReplicas: 2, MaxReplicas: 2,
-			DynamicOndemandFallback: true, SpotPlacer: configs.SpotPlacerDynamicFallback}
-		c.Task, c.Provider = task, spreadingProvider{prov}
-	})
-	h.m.SetDesired(2)
-	h.start()
-	eventually(t, "two spot replicas launched", func() bool { return startedSpot(h) == 2 })
+	h := startSpreading(t, prov)
 	crowded := readySpot(t, h, prov)
 	eventually(t, "a move tried, finding no zone", func() bool { return moves.Load() == 1 })
 	eventually(t, "the failed move's record gone", func() bool { return len(liveSpot(h)) == 2 && len(h.m.Replicas()) == 2 })
@@ -170,6 +161,22 @@ func TestManagerSpreadsSpotReplicas(t *testing.T) {
 	if n := moves.Load(); n != 2 {
 		t.Errorf("%d moves, want 2: one replica in each zone is spread enough", n)
 	}
+}
+
+// startSpreading runs a manager of two spot replicas with SpotHedge's placer on prov, which
+// takes spread moves, and waits until both are launched.
+func startSpreading(t *testing.T, prov *fakeProvider) *harness {
+	h := newHarness(t, prov, newFakeStore(), newFakeClock(), func(c *Config) {
+		task := testTask()
+		task.Resources.UseSpot = true
+		task.Service.ReplicaPolicy = configs.ReplicaPolicy{MinReplicas: 2, MaxReplicas: 2,
+			DynamicOndemandFallback: true, SpotPlacer: configs.SpotPlacerDynamicFallback}
+		c.Task, c.Provider = task, spreadingProvider{prov}
+	})
+	h.m.SetDesired(2)
+	h.start()
+	eventually(t, "two spot replicas launched", func() bool { return startedSpot(h) == 2 })
+	return h
 }
 
 // startedSpot counts the live spot replicas whose instance is launched (not PROVISIONING).
@@ -206,16 +213,7 @@ func TestManagerPausesMovesThatDoNotMove(t *testing.T) {
 		}
 		return "a", nil
 	}
-	h := newHarness(t, prov, newFakeStore(), newFakeClock(), func(c *Config) {
-		task := testTask()
-		task.Resources.UseSpot = true
-		task.Service.ReplicaPolicy = configs.ReplicaPolicy{MinReplicas: 2, MaxReplicas: 2,
-			DynamicOndemandFallback: true, SpotPlacer: configs.SpotPlacerDynamicFallback}
-		c.Task, c.Provider = task, spreadingProvider{prov}
-	})
-	h.m.SetDesired(2)
-	h.start()
-	eventually(t, "two spot replicas launched", func() bool { return startedSpot(h) == 2 })
+	h := startSpreading(t, prov)
 	for _, id := range liveSpot(h) {
 		prov.byReplica(id).healthy.Store(true)
 	}
