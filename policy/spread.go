@@ -10,15 +10,15 @@ package policy
 // zone holding fewer, and once it is READY scale-down takes one from the crowded zone
 // (replicas' scale-down order drains the most crowded zone's spot replicas first).
 //
-// A move is due when one zone holds more than half of the spot replicas, one more than half
-// allowed (so two of three, or two of four, stay put): were it reclaimed, the rest could not
-// carry the load. It spreads over two zones at least, not over all: every zone a replica sits
+// A move is due when one zone holds more than half of the spot replicas, the half rounded up
+// (two of three, or two of four, stay put; three of four move): were it reclaimed, the rest
+// could not carry the load. It spreads over two zones at least, not over all: every zone a replica sits
 // in is one more whose reclaim leaves the fleet short, so spreading wider buys little and
 // costs availability. The replica goes to an active zone holding at least two fewer (one fewer
 // would only swap which zone is crowded), in SpotOrder's order.
 
-// Crowded returns the index of the zone that holds more than half of the spot replicas (see
-// above), if one does. zones' Spot are the live spot replicas in each zone.
+// Crowded returns the index of the zone that holds more than half of the spot replicas, the
+// half rounded up (see above), if one does. zones' Spot are the live spot replicas in each zone.
 func Crowded(zones []ZoneState) (int, bool) {
 	total, big := 0, -1
 	for i, z := range zones {

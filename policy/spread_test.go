@@ -22,7 +22,7 @@ func TestSpreadMove(t *testing.T) {
 		"a zone that refused or took instances back lately is not a target": {
 			zones: []ZoneState{zone("a", 1, true, 4), zone("b", 3, false, 0)},
 		},
-		// Half of the replicas or one more than half in one zone: the others carry the
+		// Up to half of the replicas in one zone, the half rounded up: the others carry the
 		// load if it goes. Spreading wider only adds zones whose reclaim leaves the fleet short.
 		"three of four in one zone still moves": {
 			zones: []ZoneState{zone("a", 1, true, 3), zone("b", 2, true, 1)},
