@@ -12,9 +12,9 @@ package policy
 //
 // A move is due when one zone holds more than half of the spot replicas, the half rounded up
 // (two of three, or two of four, stay put; three of four move): were it reclaimed, the rest
-// could not carry the load. It spreads over two zones at least, not over all: every zone a replica sits
-// in is one more whose reclaim leaves the fleet short, so spreading wider buys little and
-// costs availability. The replica goes to an active zone holding at least two fewer (one fewer
+// could not carry the load. It spreads over two zones at least, not over all: every zone a
+// replica sits in is one more whose reclaim leaves the fleet short, so spreading wider buys
+// little and costs availability. The replica goes to an active zone holding at least two fewer (one fewer
 // would only swap which zone is crowded), in SpotOrder's order.
 
 // Crowded returns the index of the zone that holds more than half of the spot replicas, the
@@ -49,18 +49,4 @@ func SpreadTargets(zones []ZoneState, from int) []int {
 // active and holds at least two fewer (one fewer would only swap which zone is crowded).
 func TakesMove(from, to ZoneState) bool {
 	return to.Active && to.Spot <= from.Spot-2
-}
-
-// SpreadMove is Crowded and the first of SpreadTargets by name: the zone to move a spot
-// replica out of, and the zone to move it to.
-func SpreadMove(zones []ZoneState) (from, to string, ok bool) {
-	big, crowded := Crowded(zones)
-	if !crowded {
-		return "", "", false
-	}
-	targets := SpreadTargets(zones, big)
-	if len(targets) == 0 {
-		return "", "", false
-	}
-	return zones[big].Name, zones[targets[0]].Name, true
 }

@@ -2,6 +2,20 @@ package policy
 
 import "testing"
 
+// spreadMove is Crowded and the first of SpreadTargets by name, as the simulator and the
+// provisioner use them: the zone to move a spot replica out of, and the zone to move it to.
+func spreadMove(zones []ZoneState) (from, to string, ok bool) {
+	big, crowded := Crowded(zones)
+	if !crowded {
+		return "", "", false
+	}
+	targets := SpreadTargets(zones, big)
+	if len(targets) == 0 {
+		return "", "", false
+	}
+	return zones[big].Name, zones[targets[0]].Name, true
+}
+
 func TestSpreadMove(t *testing.T) {
 	zone := func(name string, price float64, active bool, spot int) ZoneState {
 		return ZoneState{Name: name, SpotPrice: price, Active: active, Spot: spot}
@@ -46,9 +60,9 @@ func TestSpreadMove(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			from, to, ok := SpreadMove(tc.zones)
+			from, to, ok := spreadMove(tc.zones)
 			if from != tc.from || to != tc.to || ok != tc.ok {
-				t.Errorf("SpreadMove = %q, %q, %v; want %q, %q, %v", from, to, ok, tc.from, tc.to, tc.ok)
+				t.Errorf("spreadMove = %q, %q, %v; want %q, %q, %v", from, to, ok, tc.from, tc.to, tc.ok)
 			}
 		})
 	}

@@ -592,8 +592,8 @@ func (r *runner) decide(s int) {
 // spot replica is READY and none warned or moving, and one zone holds most of them
 // (policy.Crowded), one more spot replica goes to the first zone of policy.SpreadTargets that
 // takes it. A zone that refuses is blocked as after any refused launch; when none takes it,
-// moves wait replicas.SpreadRetry. Once the move is READY it counts toward the target, and reconcile's
-// scale-down takes a replica of the most crowded zone.
+// moves wait replicas.SpreadRetry. Once the move is READY it counts toward the target, and
+// reconcile's scale-down takes a replica of the most crowded zone.
 func (r *runner) spread(t float64) {
 	if !r.p.Spread || t < r.spreadAfter {
 		return
@@ -626,11 +626,6 @@ func (r *runner) spread(t float64) {
 		r.refusedUntil[i] = t + provision.DefaultBlockFor.Seconds()
 	}
 	r.spreadAfter = t + replicas.SpreadRetry.Seconds()
-}
-
-// zoneIndex is the index of the zone named name in World.Zones.
-func (r *runner) zoneIndex(name string) int {
-	return slices.IndexFunc(r.w.Zones, func(z Zone) bool { return z.Name == name })
 }
 
 // liveOnDemand counts the on-demand replicas provisioning or READY.
@@ -693,8 +688,9 @@ func (r *runner) reconcile(spot bool, want int, t float64) {
 	}
 	// Ferry's scale-down order (replicas' scaleDownOrder) takes spot replicas of the most
 	// crowded zone first, then the dearest; SkyServe's takes the newest.
+	ferryOrder := !r.p.SkyServe
 	crowd := map[int]int{}
-	if spot && !r.p.SkyServe {
+	if spot && ferryOrder {
 		for _, rep := range mine {
 			crowd[rep.zone]++
 		}
@@ -706,11 +702,13 @@ func (r *runner) reconcile(spot bool, want int, t float64) {
 			}
 			return 1
 		}
-		if c := cmp.Compare(crowd[b.zone], crowd[a.zone]); c != 0 {
-			return c
-		}
-		if c := cmp.Compare(b.price, a.price); c != 0 && !r.p.SkyServe {
-			return c
+		if ferryOrder {
+			if c := cmp.Compare(crowd[b.zone], crowd[a.zone]); c != 0 {
+				return c
+			}
+			if c := cmp.Compare(b.price, a.price); c != 0 {
+				return c
+			}
 		}
 		return b.id - a.id
 	})
@@ -765,7 +763,7 @@ func (r *runner) placeSpot(t float64) int {
 			if !ok {
 				return -1
 			}
-			i := r.zoneIndex(name)
+			i := slices.IndexFunc(r.w.Zones, func(z Zone) bool { return z.Name == name })
 			if r.free(i) > 0 {
 				return i
 			}
