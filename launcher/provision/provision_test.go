@@ -489,3 +489,32 @@ func TestSpreadMoveLeavesTheCrowdedZone(t *testing.T) {
 		t.Fatalf("%d launch attempts for a move with no zone, want none", n-tries)
 	}
 }
+
+// TestSpreadMoveFailsRatherThanFallBack: a move whose target zones fail (a capacity error in
+// the first, the account throttled in the next) fails; it never fails over to the crowded zone
+// or the cluster, where an ordinary launch would go next.
+func TestSpreadMoveFailsRatherThanFallBack(t *testing.T) {
+	z := func(zone string, price float64) launcher.Placement {
+		return launcher.Placement{Infra: "aws", Region: "us-east-1", Zone: zone, InstanceType: "g5.xlarge", Spot: true, PricePerHour: price}
+	}
+	p, provs, _ := newTest(t, []launcher.Placement{k8sA100, z("use1-az1", 0.4), z("use1-az2", 0.5), z("use1-az4", 0.6)})
+	provs["aws"].fail = []error{fmt.Errorf("%w: InsufficientInstanceCapacity", launcher.ErrNoCapacity),
+		fmt.Errorf("%w: RequestLimitExceeded", launcher.ErrThrottled)}
+	s := spec("svc-move")
+	s.Spread = map[string]string{"i-1": "aws/use1-az1", "i-2": "aws/use1-az1", "i-3": "aws/use1-az1"}
+	s.SpreadFrom = "aws/use1-az1"
+	if inst, err := p.Launch(context.Background(), s); err == nil {
+		t.Fatalf("move landed in %s/%s; want it to fail with both of its zones failing", inst.Infra, inst.Zone)
+	}
+	for _, pl := range provs["aws"].tries {
+		if pl.Zone == "use1-az1" {
+			t.Errorf("the move was tried in the crowded zone %s", pl.Zone)
+		}
+	}
+	if n := len(provs["kubernetes/test"].tries); n != 0 {
+		t.Errorf("the cluster was tried %d times for a move, want 0", n)
+	}
+	if n := len(provs["aws"].tries); n != 2 {
+		t.Errorf("%d launch attempts, want 2 (az4, then az2)", n)
+	}
+}
