@@ -54,17 +54,17 @@ func (m *Manager) Logs(ctx context.Context, ref string, rank int, follow bool, w
 			written = j.Attempt
 			if err := m.liveLog(ctx, j, node, follow, w); err != nil {
 				// The node is gone while the job still lists it (its pod deleted as the job
-				// ended, before the job forgot it): its log was archived before it was stopped.
+				// ended, before the job forgot it): its log is archived from before it was stopped.
 				if !errors.Is(err, launcher.ErrNotFound) {
 					return err
 				}
-				if _, aerr := m.archivedLog(j, rank, w); aerr != nil {
+				if _, aerr := m.archivedLog(ctx, j, rank, w); aerr != nil {
 					return err
 				}
 			}
 		} else if written == 0 && len(j.Nodes) == 0 {
 			// No gang runs: the latest one's archive, if any has run.
-			a, err := m.archivedLog(j, rank, w)
+			a, err := m.archivedLog(ctx, j, rank, w)
 			switch {
 			case err == nil:
 				written = a
@@ -105,10 +105,13 @@ func (m *Manager) archiveFrom(id int64, attempt, rank int, offset int64, w io.Wr
 	}
 }
 
-// archivedLog writes the latest archived log of rank and returns its attempt.
-func (m *Manager) archivedLog(j Job, rank int, w io.Writer) (int, error) {
+// archivedLog writes the latest archived log of rank and returns its attempt; an archive
+// still being written (its node is being stopped) is waited for, within ctx.
+func (m *Manager) archivedLog(ctx context.Context, j Job, rank int, w io.Writer) (int, error) {
 	for a := j.Attempt; a >= 1; a-- {
-		f, err := os.Open(m.LogFile(j.ID, a, rank))
+		path := m.LogFile(j.ID, a, rank)
+		m.awaitArchive(ctx, path)
+		f, err := os.Open(path)
 		if err != nil {
 			continue
 		}

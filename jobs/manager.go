@@ -116,8 +116,11 @@ type Manager struct {
 	// waits for stops under way before it passes a job over for another (queue.go).
 	freed    atomic.Uint64
 	stopping atomic.Int64
-	wg       sync.WaitGroup
-	ctx      context.Context
+	// archiving maps each log file being archived (LogFile) to a channel closed once it is
+	// complete, so that a read of the archive waits for the copy rather than show part of it.
+	archiving sync.Map
+	wg        sync.WaitGroup
+	ctx       context.Context
 }
 
 // New checks cfg and returns a Manager; Start runs it.
@@ -713,12 +716,19 @@ func (m *Manager) archiveLog(ctx context.Context, id int64, in launcher.Instance
 		m.log.Warn("archive job log", zap.Error(err))
 		return noop
 	}
+	complete := make(chan struct{})
+	m.archiving.Store(dst, complete)
+	closeArchive := func() {
+		f.Close()
+		m.archiving.CompareAndDelete(dst, complete)
+		close(complete)
+	}
 	if ls, ok := m.cfg.Provider.(launcher.LogSource); ok {
 		if path, err := ls.LogPath(in.ID); err == nil {
 			src, err := os.Open(path)
 			if err != nil {
 				warn(err)
-				f.Close()
+				closeArchive()
 				return noop
 			}
 			return func(time.Duration) {
@@ -726,22 +736,33 @@ func (m *Manager) archiveLog(ctx context.Context, id int64, in launcher.Instance
 					warn(err)
 				}
 				src.Close()
-				f.Close()
+				closeArchive()
 			}
 		}
 	}
 	ls, ok := m.cfg.Provider.(launcher.LogStreamer)
 	if !ok {
-		f.Close()
+		closeArchive()
 		return noop
 	}
-	return m.followLog(ctx, ls, id, in, f, warn)
+	return m.followLog(ctx, ls, id, in, f, closeArchive, warn)
+}
+
+// awaitArchive waits, within ctx, until the archive at path is complete if it is being written.
+func (m *Manager) awaitArchive(ctx context.Context, path string) {
+	if c, ok := m.archiving.Load(path); ok {
+		select {
+		case <-c.(chan struct{}):
+		case <-ctx.Done():
+		}
+	}
 }
 
 // followLog streams in's output to f from now on (the part of archiveLog for infras that serve
-// it through their API) and returns the call that ends the stream, as archiveLog says.
+// it through their API) and returns the call that ends the stream, as archiveLog says; closeF
+// closes f once the stream has ended.
 func (m *Manager) followLog(ctx context.Context, ls launcher.LogStreamer, id int64, in launcher.Instance, f *os.File,
-	warn func(error)) (finish func(tail time.Duration)) {
+	closeF func(), warn func(error)) (finish func(tail time.Duration)) {
 	sctx, cut := context.WithCancel(ctx)
 	done, opened, stalled := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	stall := sync.OnceFunc(func() { close(stalled) })
@@ -775,6 +796,6 @@ func (m *Manager) followLog(ctx context.Context, ls launcher.LogStreamer, id int
 		case <-ctx.Done(): // the stop's bound: keep what was read
 		}
 		cut()
-		go func() { <-done; f.Close() }()
+		go func() { <-done; closeF() }()
 	}
 }

@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -48,7 +49,7 @@ func TestQueuePreemptsLowerPriorityJobs(t *testing.T) {
 	e.waitState(keep.ID, jobs.Cancelled)
 
 	low := e.submit(l4Job("low", 100, true))
-	e.waitState(low.ID, jobs.Running)
+	preemptedAttempt := e.waitState(low.ID, jobs.Running).Attempt
 	equal := e.submit(l4Job("equal", 100, false))
 	e.waitFor(equal.ID, 10*time.Second, "waits without preempting an equal priority", func(j jobs.Job) bool {
 		return j.State == jobs.Pending && strings.Contains(j.Reason, "waiting for capacity") && !strings.Contains(j.Reason, "preempting")
@@ -63,8 +64,12 @@ func TestQueuePreemptsLowerPriorityJobs(t *testing.T) {
 		t.Errorf("the low job: history %+v recoveries %d preempted at %v, want one recovery %q", rec.History, rec.Recoveries, rec.PreemptedAt, want)
 	}
 	e.waitState(high.ID, jobs.Running)
-	if got := e.logOf(low.ID, 0); !strings.Contains(got, "checkpoint saved") {
-		t.Errorf("the preempted node's log %q lacks what it printed in its grace", got)
+	// The preempted attempt's own archive, once the job has let its node go (the archive is
+	// then complete): the queue has been trying the low job again meanwhile, each try a new
+	// attempt.
+	e.waitFor(low.ID, 20*time.Second, "its preempted node released", func(j jobs.Job) bool { return len(j.Nodes) == 0 })
+	if b, err := os.ReadFile(e.m.LogFile(low.ID, preemptedAttempt, 0)); err != nil || !strings.Contains(string(b), "checkpoint saved") {
+		t.Errorf("the preempted node's log %q (%v) lacks what it printed in its grace", b, err)
 	}
 
 	// The high job ends; the low one runs again, and within its cooldown a second
