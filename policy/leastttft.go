@@ -187,26 +187,24 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 	pooledBase, pooledRate, pooledHold := p.pooledLine()
 
 	var (
-		best, leastLoaded       *Replica
-		bestState, leastState   *ttftReplica
-		bestCost                float64
-		bestLoad, leastLoad     int64
-		bestCached, bestAhead   int64
-		ties, leastTies, shared = uint64(0), uint64(0), req.Adapter != 0
-		bestLoads               bool // the best replica must load the request's adapter
+		best                            *Replica
+		bestState                       *ttftReplica
+		bestCost                        float64
+		bestLoad, bestCached, bestAhead int64
+		ties, shared                    = uint64(0), req.Adapter != 0
+		bestLoads                       bool // the best replica must load the request's adapter
+		// least and leastFree are the least loaded replica, and the least loaded with room to
+		// start the request at once: the pick when no replica holds any of the prompt.
+		least, leastFree leastPick
 	)
 	for _, r := range replicas {
 		st := p.state(r)
 		st.refresh(r, p.cacheTokens)
 		load := r.InFlight.Load()
-		switch {
-		case leastLoaded == nil || load < leastLoad:
-			leastLoaded, leastState, leastLoad, leastTies = r, st, load, 1
-		case load == leastLoad:
-			leastTies++
-			if p.rand()%leastTies == 0 {
-				leastLoaded, leastState = r, st
-			}
+		ahead := st.ahead(r, load, prompt.tokens, now, p.staleAfter)
+		least.offer(r, st, load, ahead, p.rand)
+		if ahead == 0 {
+			leastFree.offer(r, st, load, ahead, p.rand)
 		}
 		if float64(load+1) > bound {
 			continue
@@ -214,10 +212,9 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 		cached := prompt.cached(r, st, now)
 		shared = shared || cached > 0
 		base, rate, hold := st.line(pooledBase, pooledRate, pooledHold)
-		ahead := st.ahead(r, load, now, p.staleAfter)
 		cost := base + rate*float64(prompt.tokens-cached)
-		if batch := st.batch.Load(); ahead > 0 {
-			cost += float64(ahead) * hold / float64(batch)
+		if ahead > 0 {
+			cost += float64(ahead) * hold / float64(st.slots(r))
 		}
 		adapterCost, loads := p.adapterCost(req.Adapter, r, now, hold)
 		cost += adapterCost
@@ -240,7 +237,14 @@ func (p *leastTTFT) Pick(req *Request, replicas []*Replica) *Replica {
 		}
 	}
 	if !shared {
-		best, bestState, bestCached, bestAhead = leastLoaded, leastState, 0, leastState.ahead(leastLoaded, leastLoad, now, p.staleAfter)
+		// No estimate tells the replicas apart by cache: least load, among those with room if
+		// any has it (a request that finds a full KV cache waits for a sequence to end there,
+		// however light that replica's load looks).
+		pick := least
+		if leastFree.r != nil {
+			pick = leastFree
+		}
+		best, bestState, bestCached, bestAhead = pick.r, pick.st, 0, pick.ahead
 	}
 	req.Estimate = prompt.sent(best, bestState, bestCached, now)
 	req.Estimate.Queued = bestAhead > 0
@@ -333,6 +337,7 @@ func (pp *pickPrompt) sent(best *Replica, st *ttftReplica, cached, now int64) Es
 		st.cache.record(pp.blocks.hashes[:pp.blocks.n])
 	}
 	precise := pp.exact.claim(best, now)
+	st.sinceScrape.Add(pp.tokens)
 	if !precise {
 		st.sentTokens.Add(pp.tokens)
 		st.expectedHits.Add(cached)
@@ -443,6 +448,9 @@ type ttftReplica struct {
 	// sentTokens and expectedHits accumulate, per pick, the prompt tokens sent to the replica
 	// and those the index expected it to have cached; correct compares them with its counters.
 	sentTokens, expectedHits atomic.Int64
+	// sinceScrape is the prompt tokens sent to the replica since the scrape last folded in:
+	// KV cache its reported use does not show yet (ahead).
+	sinceScrape atomic.Int64
 	// batch is the replica's batch size as learned from its metrics; 0 until seen full.
 	batch atomic.Int64
 	// seenAt is the UpdatedAt of the last scrape folded in.
@@ -469,20 +477,58 @@ type ttftReplica struct {
 	reportSent, reportExpected, reportHits float64
 }
 
-// ahead returns how many requests would be ahead of one more in the replica's queue: those
-// this proxy has in flight beyond the learned batch size, or, if more, the requests the engine
-// itself reported waiting beside a full batch at a scrape fresher than staleAfter (other
-// proxies' requests among them); 0 while the batch is not known or has room.
-func (st *ttftReplica) ahead(r *Replica, load, now, staleAfter int64) int64 {
-	batch := st.batch.Load()
-	if batch <= 0 {
-		return 0
+// leastPick is the least loaded of the replicas offered, ties broken at random.
+type leastPick struct {
+	r     *Replica
+	st    *ttftReplica
+	load  int64
+	ahead int64
+	ties  uint64
+}
+
+func (l *leastPick) offer(r *Replica, st *ttftReplica, load, ahead int64, rand func() uint64) {
+	switch {
+	case l.r == nil || load < l.load:
+		*l = leastPick{r: r, st: st, load: load, ahead: ahead, ties: 1}
+	case load == l.load:
+		l.ties++
+		if rand()%l.ties == 0 {
+			l.r, l.st, l.ahead = r, st, ahead
+		}
 	}
-	ahead := max(load+1-batch, 0)
-	if at := r.scrapedAt.Load(); at != 0 && now-at <= staleAfter && r.running.Load() >= batch {
-		ahead = max(ahead, r.waiting.Load()+1)
+}
+
+// ahead returns how many requests would be ahead of one more, of need prompt tokens, in the
+// replica's queue: those this proxy has in flight beyond the learned batch size; or, at a
+// scrape fresher than staleAfter, if more, the requests the engine itself reported waiting
+// (other proxies' among them), since it queues only once its batch or its KV cache is full;
+// or, with none waiting, one when the KV cache's free tokens (its reported use of its announced
+// size, less the prompts sent there since that scrape) cannot hold the prompt: the request
+// then waits for a sequence to end. 0 when nothing says the replica is full.
+func (st *ttftReplica) ahead(r *Replica, load, need, now, staleAfter int64) int64 {
+	var ahead int64
+	if batch := st.batch.Load(); batch > 0 {
+		ahead = max(load+1-batch, 0)
+	}
+	if at := r.scrapedAt.Load(); at == 0 || now-at > staleAfter {
+		return ahead
+	}
+	if waiting := r.waiting.Load(); waiting > 0 {
+		return max(ahead, waiting+1)
+	}
+	if size := r.cacheTokens.Load(); size > 0 && ahead == 0 {
+		used := math.Float64frombits(r.kvUsage.Load())*float64(size) + float64(st.sinceScrape.Load())
+		if used+float64(need) > float64(size) {
+			return 1
+		}
 	}
 	return ahead
+}
+
+// slots is what a queue's wait divides among: the learned batch size, or, before it is
+// learned, the batch the replica last reported running (a KV cache full before the batch is).
+func (st *ttftReplica) slots(r *Replica) int64 {
+	return max(st.batch.Load(), r.running.Load(), 1)
 }
 
 // line returns the replica's prefill line and hold time: its own once it has enough samples,
@@ -523,6 +569,7 @@ func (st *ttftReplica) refresh(r *Replica, configuredTokens int64) {
 		return
 	}
 	st.seenAt.Store(updated)
+	st.sinceScrape.Store(0)
 	m := r.LoadMetrics()
 	// An engine never runs more than its batch, and requests wait only when it is full (or its
 	// KV cache is): the largest running count seen beside waiting requests is the batch size.

@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,6 +44,31 @@ func conversation(id, systemBytes, turns, turnBytes int) []byte {
 	}
 	sb.WriteString("]")
 	return []byte(sb.String())
+}
+
+// TestLeastTTFTCountsPromptsSentSinceTheScrape: a replica's KV room is what its last scrape
+// showed free less the prompts sent there since; the next scrape starts over.
+func TestLeastTTFTCountsPromptsSentSinceTheScrape(t *testing.T) {
+	now := time.Unix(1000, 0)
+	p := newTTFTPicker(t, Options{Now: func() time.Time { return now }})
+	rs := replicas([]int64{0, 1})
+	p.Prepare(rs)
+	scrape := func(r *Replica) {
+		r.SetMetrics(Metrics{Running: 1, KVCacheUsage: 0, CacheTokens: 4096, UpdatedAt: now.UnixNano()})
+	}
+	scrape(rs[0])
+	scrape(rs[1])
+	prompt := conversation(2, 0, 3, 1024) // about 1.6k tokens
+	var got []int
+	for range 3 {
+		got = append(got, p.Pick(&Request{Model: []byte("m"), Prompt: prompt}, rs).ID)
+	}
+	now = now.Add(100 * time.Millisecond)
+	scrape(rs[0])
+	got = append(got, p.Pick(&Request{Model: []byte("m"), Prompt: prompt}, rs).ID)
+	if want := []int{1, 1, 2, 1}; !slices.Equal(got, want) {
+		t.Errorf("picked %v, want %v: two prompts fit replica 1's 4,096 tokens, the third goes to replica 2, and a new scrape frees replica 1", got, want)
+	}
 }
 
 func TestLeastTTFT(t *testing.T) {
@@ -93,6 +119,23 @@ func TestLeastTTFT(t *testing.T) {
 			holder: 1, sent: conversation(1, 2048, 2, 2048),
 			loads: []int64{1, 1, 0, 1}, engine: []Metrics{{Running: batch, Waiting: 6}, {Running: 1}, {Running: 0}, {Running: 1}},
 			prompt: conversation(1, 2048, 3, 2048), wantID: 3,
+		},
+		// About 1.6k prompt tokens: replica 1's KV cache has about 400 free, so the request
+		// would wait there for a sequence to end, though its batch is not full.
+		"nothing shared: least load among replicas with room in the KV cache": {
+			loads: []int64{0, 1, 2, 1}, engine: []Metrics{{Running: 3, KVCacheUsage: 0.95, CacheTokens: 8192},
+				{Running: 1, KVCacheUsage: 0.2, CacheTokens: 8192}, {Running: 2, KVCacheUsage: 0.3, CacheTokens: 8192}, {Running: 1, KVCacheUsage: 0.2, CacheTokens: 8192}},
+			prompt: conversation(2, 0, 3, 1024), wantID: 2,
+		},
+		// An engine that queues beside a batch it has not filled (its KV cache is full) is full.
+		"nothing shared: an engine's queue counts before its batch is known": {
+			loads: []int64{0, 1, 2, 1}, engine: []Metrics{{Running: 2, Waiting: 1}, {Running: 1}, {Running: 2}, {Running: 1}},
+			prompt: conversation(2, 0, 3, 1024), wantID: 2,
+		},
+		"nothing shared, no room anywhere: least load": {
+			loads: []int64{2, 1, 0, 3}, engine: []Metrics{{Running: 2, KVCacheUsage: 0.99, CacheTokens: 8192},
+				{Running: 1, KVCacheUsage: 0.99, CacheTokens: 8192}, {Running: 1, Waiting: 1}, {Running: 3, KVCacheUsage: 0.99, CacheTokens: 8192}},
+			prompt: conversation(2, 0, 3, 1024), wantID: 3,
 		},
 		// Waiting for the holder's batch (250 ms) and prefilling about 5k tokens (250 ms) cost
 		// the same within the tolerance: the free replica wins the tie, since a queue's wait is
