@@ -149,6 +149,15 @@ func (e *engine) advance(to float64) {
 	}
 }
 
+// roomFor reports whether the engine would start r at once as a proxy can tell from outside: no
+// request waits in it (vllm:num_requests_waiting), its batch has a free sequence, and the KV
+// cache's free tokens (vllm:kv_cache_usage_perc of its size) hold r's prompt. It does not know
+// r's output length, which the engine reserves too, so r may still wait there.
+func (e *engine) roomFor(r *request) bool {
+	return e.queued() == 0 && e.batch() < e.m.MaxSeqs &&
+		e.kvUsage()*float64(e.m.KVCapacityTokens)+float64(r.ctx) <= float64(e.m.KVCapacityTokens)
+}
+
 // submit queues r at the engine's current time (advance to the arrival first).
 func (e *engine) submit(r *request) {
 	e.waiting = append(e.waiting, r)

@@ -201,3 +201,19 @@ func TestSimEngineReportsPrefillsLikeVLLM(t *testing.T) {
 		t.Errorf("done: batch %d, KV use %v; want 0 and 0", e.batch(), e.kvUsage())
 	}
 }
+
+func TestSimEngineRoomFor(t *testing.T) {
+	m := testModel() // 1,000 KV tokens, 4 sequences
+	e := newEngine(&m, 0, (&finished{}).done)
+	long := &request{ctx: 600, gen: 300}
+	e.submit(long)
+	// Prefilling, the prompt's 600 tokens count: 400 left.
+	if !e.roomFor(&request{ctx: 400, gen: 1}) || e.roomFor(&request{ctx: 401, gen: 1}) {
+		t.Errorf("room with 600 of 1,000 tokens used: want room for a 400-token prompt and not a 401-token one")
+	}
+	// A request the engine cannot start waits there: no room for anything behind it.
+	e.submit(&request{ctx: 500, gen: 10})
+	if e.queued() != 1 || e.roomFor(&request{ctx: 1, gen: 1}) {
+		t.Errorf("queued %d: want 1, and no room behind it", e.queued())
+	}
+}

@@ -83,6 +83,11 @@ type Policy struct {
 	// spot replica launched there, and once it is READY scale-down drains one of the crowded
 	// zone's.
 	Spread bool
+	// KVRoom routes a request to the least loaded READY replica with room to start it at once
+	// (engine.roomFor: no queue, and KV cache free for its prompt), and only when none has room
+	// to the least loaded: what least_ttft does with prompts no replica has cached (its ahead).
+	// Without it, least load alone (SkyServe's load balancer).
+	KVRoom bool
 }
 
 // SkyServe's defaults (sky/serve/constants.py), which the baselines run with.
@@ -116,7 +121,7 @@ type PolicyParams struct {
 }
 
 // PolicyNames lists the policies in report order.
-var PolicyNames = []string{"ferry", "ferry-llm", "ferry-no-hold", "ferry-no-notice", "ferry-no-spread", "ferry-knative", "skyserve-spothedge", "skyserve-spothedge-0", "skyserve-spot", "fixed-peak", "ondemand"}
+var PolicyNames = []string{"ferry", "ferry-llm", "ferry-no-hold", "ferry-no-notice", "ferry-no-spread", "ferry-no-kv-room", "ferry-knative", "skyserve-spothedge", "skyserve-spothedge-0", "skyserve-spot", "fixed-peak", "ondemand"}
 
 // FerryYAML is the service the ferry policies run, as a user writes it: the autoscaler named,
 // spot with SkyServe's dynamic on-demand fallback and SpotHedge placer, and nothing tuned. The
@@ -148,6 +153,7 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 			Notices:      true,
 			HoldFallback: true,
 			Spread:       rp.SpotPlacer == configs.SpotPlacerDynamicFallback,
+			KVRoom:       true,
 		}
 	}
 	ferry := ferryFor(autoscaler.PolicyConcurrency)
@@ -187,6 +193,12 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 			p := ferry
 			p.Spread = false
 			p.Description = "as ferry, leaving spot replicas in the zone they landed in (no spread moves: Ferry before policy.Crowded)"
+			return p
+		},
+		"ferry-no-kv-room": func() Policy {
+			p := ferry
+			p.KVRoom = false
+			p.Description = "as ferry, routing by load alone: a replica whose KV cache has no room for the prompt looks as free as one that has (least_ttft before it read the engines' KV use)"
 			return p
 		},
 		"ferry-no-notice": func() Policy {

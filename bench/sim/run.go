@@ -435,25 +435,43 @@ func (r *runner) readyClass() int {
 	return missFull
 }
 
-// route sends req to the READY replica with the fewest requests in flight (Ferry's default
-// least_load, SkyServe's least_load), breaking ties at random.
+// route sends req to the READY replica with the fewest requests in flight, breaking ties at
+// random: SkyServe's least_load, and Ferry's least_ttft for prompts no replica has cached (the
+// trace's), which with Policy.KVRoom takes the least loaded among replicas with room for the
+// request first.
 func (r *runner) route(req *request, t float64) {
-	var best *replica
-	bestLoad, ties := math.MaxInt, 0
+	var least, leastFree leastReplica
 	for _, rep := range r.routable {
 		rep.eng.advance(t)
 		load := rep.eng.inFlight()
-		switch {
-		case load < bestLoad:
-			best, bestLoad, ties = rep, load, 1
-		case load == bestLoad:
-			ties++
-			if r.rng.IntN(ties) == 0 {
-				best = rep
-			}
+		least.offer(rep, load, r.rng)
+		if r.p.KVRoom && rep.eng.roomFor(req) {
+			leastFree.offer(rep, load, r.rng)
 		}
 	}
-	best.eng.submit(req)
+	if leastFree.rep != nil {
+		leastFree.rep.eng.submit(req)
+		return
+	}
+	least.rep.eng.submit(req)
+}
+
+// leastReplica is the least loaded of the replicas offered, ties broken at random.
+type leastReplica struct {
+	rep        *replica
+	load, ties int
+}
+
+func (l *leastReplica) offer(rep *replica, load int, rng *rand.Rand) {
+	switch {
+	case l.rep == nil || load < l.load:
+		*l = leastReplica{rep: rep, load: load, ties: 1}
+	case load == l.load:
+		l.ties++
+		if rng.IntN(l.ties) == 0 {
+			l.rep = rep
+		}
+	}
 }
 
 // dispatchHeld routes held requests once a replica is READY.

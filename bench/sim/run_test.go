@@ -165,6 +165,39 @@ func TestSimRequestOutcomes(t *testing.T) {
 	}
 }
 
+// TestSimKVRoomRoutesAroundAFullKVCache: of two replicas with one request each, one's KV cache
+// is nearly full. A short request routed by load alone ties and goes to either, and waits
+// there half a second for room; with Policy.KVRoom it goes to the one with room, whatever the seed.
+func TestSimKVRoomRoutesAroundAFullKVCache(t *testing.T) {
+	m := testModel() // 1,000 KV tokens
+	m.ColdStart = time.Minute
+	arrivals := []arrival{
+		{at: 100, ctx: 960, gen: 40},   // fills one replica's cache until about 101.5 s
+		{at: 100.5, ctx: 50, gen: 400}, // the other replica: least load
+		{at: 101, ctx: 50, gen: 10},    // 1 in flight on each: the tie
+	}
+	missedSomewhere := false
+	for seed := range uint64(8) {
+		w := World{Model: m, OnDemandPrice: 3, MinReady: 2, Duration: 10 * time.Minute, SLO: SLO{TTFT: 500 * time.Millisecond, TPOT: time.Second}, Seed: seed + 1}
+		for _, room := range []bool{false, true} {
+			p := Policy{Name: "fixed", Spec: autoscaler.Spec{Min: 2, Max: 2}.WithDefaults(), Hold: true, KVRoom: room, DrainTimeout: time.Minute}
+			res := w.run(p, &sliceSource{arrivals: append([]arrival(nil), arrivals...)})
+			// The first request's own prefill (1 s) misses the 0.5 s TTFT either way.
+			switch {
+			case res.Served != 3:
+				t.Errorf("seed %d, kv room %v: %d served, want 3", seed+1, room, res.Served)
+			case room && res.MetSLO != 2:
+				t.Errorf("seed %d, kv room: %d met the SLO, want 2: the short request goes to the replica with room", seed+1, res.MetSLO)
+			case !room && res.MetSLO == 1:
+				missedSomewhere = true
+			}
+		}
+	}
+	if !missedSomewhere {
+		t.Error("by load alone the short request never went to the full replica in 8 seeds: the case does not test KVRoom")
+	}
+}
+
 // testInputs are the testdata slices: 400 requests of the conversation trace, four zones of
 // real spot availability (see testdata/README.md), and the catalog's p3.2xlarge rows.
 func testInputs(t testing.TB) *Inputs {
