@@ -22,6 +22,17 @@ import (
 // one more): a fallback standing because spot capacity ran short, not because it was taken
 // back, goes as soon as spot is READY. The state is small and plain, for the controller to
 // save across restarts.
+//
+// Losses also keeps what the zones showed of their spot capacity against the service's own
+// fleet (Capped): how many of its spot replicas a zone held when every zone refused a spot
+// launch, or when a reclaim left some of them there. A zone that holds that many again holds
+// all it held at its ceiling, and the next dip of its capacity takes a replica, with a cold
+// start before a replacement serves; a zone below it has room to lose some capacity first.
+// While a zone holding spot replicas sits at a ceiling seen within HoldLookback the service
+// runs a spare (Spare, Split): one more spot replica, or an on-demand one when spot cannot
+// hold it, as SkyServe+SpotHedge does all the time. Where the zones hold more than the fleet
+// uses, or lose whole zones at once (a ceiling of none is an outage, not a tight zone), no
+// ceiling is seen and nothing is paid for it.
 type Losses struct {
 	// Last is when the latest loss was seen; zero before any.
 	Last time.Time `json:"last,omitzero"`
@@ -40,6 +51,10 @@ type ZoneLosses struct {
 	// Count is the losses recorded in the zone (a notice, a preemption), Last the latest.
 	Count int       `json:"count"`
 	Last  time.Time `json:"last"`
+	// Ceiling is how many of the service's spot replicas the zone held when it last showed it
+	// would hold no more (Capped), CeilingAt when; zero before any.
+	Ceiling   int       `json:"ceiling,omitempty"`
+	CeilingAt time.Time `json:"ceiling_at,omitzero"`
 }
 
 const (
@@ -87,6 +102,42 @@ func (l *Losses) Lost(t time.Time, zone string) {
 		l.Sizes = slices.Delete(l.Sizes, 0, len(l.Sizes)-keepGaps-1)
 	}
 	l.Last = t
+}
+
+// Capped records that zone held no more than held of the service's spot replicas at t: every
+// zone refused a spot launch then, or a reclaim left held there. A zone left with none was out
+// of spot, which says nothing of how much it holds when it has some: not recorded, and it
+// drops a ceiling recorded within LossMerge before, which the same reclaim's earlier notices
+// left (a zone's notices arrive one by one).
+func (l *Losses) Capped(t time.Time, zone string, held int) {
+	if zone == "" {
+		return
+	}
+	z, ok := l.Zones[zone]
+	if held <= 0 {
+		if ok && z.Ceiling > 0 && t.Sub(z.CeilingAt) <= LossMerge {
+			z.Ceiling, z.CeilingAt = 0, time.Time{}
+			l.Zones[zone] = z
+		}
+		return
+	}
+	if l.Zones == nil {
+		l.Zones = map[string]ZoneLosses{}
+	}
+	z.Ceiling, z.CeilingAt = held, t
+	l.Zones[zone] = z
+}
+
+// Spare is how many spare spot replicas the service runs beyond its target at now (Split): one
+// while a zone holds at least as many of its spot replicas (held, live ones per zone) as at a
+// ceiling seen within HoldLookback, else none.
+func (l *Losses) Spare(now time.Time, held map[string]int) int {
+	for zone, z := range l.Zones {
+		if z.Ceiling > 0 && now.Sub(z.CeilingAt) <= HoldLookback && held[zone] >= z.Ceiling {
+			return 1
+		}
+	}
+	return 0
 }
 
 // Hold is how long after the last loss the fallback is kept, as of now (see Losses).

@@ -128,3 +128,59 @@ func TestHeld(t *testing.T) {
 		}
 	}
 }
+
+// A zone that held no more than the service runs there asks for a spare while the service
+// holds as many there again, for HoldLookback; a zone left empty, or one below its ceiling,
+// asks for none.
+func TestLossesSpareWhileAZoneSitsAtItsCeiling(t *testing.T) {
+	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	var l Losses
+	held := map[string]int{"a": 3, "b": 3}
+	if n := l.Spare(t0, held); n != 0 {
+		t.Fatalf("spare %d before any ceiling, want 0", n)
+	}
+	l.Capped(t0, "a", 0) // a reclaim that emptied the zone: an outage
+	l.Capped(t0, "", 3)  // no zone known
+	if n := l.Spare(t0, held); n != 0 || len(l.Zones) != 0 {
+		t.Fatalf("spare %d, zones %v after an empty zone and an unnamed one, want none", n, l.Zones)
+	}
+	l.Capped(t0, "a", 3) // every zone refused a launch with 3 in a
+	if n := l.Spare(t0.Add(time.Hour), held); n != 1 {
+		t.Errorf("spare %d with a at its ceiling, want 1", n)
+	}
+	if n := l.Spare(t0.Add(time.Hour), map[string]int{"a": 2, "b": 3}); n != 0 {
+		t.Errorf("spare %d with a below its ceiling, want 0", n)
+	}
+	if n := l.Spare(t0.Add(HoldLookback+time.Second), held); n != 0 {
+		t.Errorf("spare %d a day after the ceiling was seen, want 0", n)
+	}
+	// A reclaim leaves 2 in a: a lower ceiling, seen now.
+	l.Capped(t0.Add(2*time.Hour), "a", 2)
+	if z := l.Zones["a"]; z.Ceiling != 2 || !z.CeilingAt.Equal(t0.Add(2*time.Hour)) {
+		t.Errorf("zone a %+v: want ceiling 2 seen at +2h", z)
+	}
+	if n := l.Spare(t0.Add(3*time.Hour), map[string]int{"a": 2}); n != 1 {
+		t.Errorf("spare %d with a at its new ceiling, want 1", n)
+	}
+	// A zone's reclaim whose notices arrive one by one leaves no ceiling once the last one
+	// has left the zone empty: it was an outage.
+	at := t0.Add(5 * time.Hour)
+	l.Capped(at, "b", 2)
+	l.Capped(at.Add(10*time.Second), "b", 1)
+	l.Capped(at.Add(20*time.Second), "b", 0)
+	if n := l.Spare(at.Add(time.Hour), map[string]int{"b": 3}); n != 0 || l.Zones["b"].Ceiling != 0 {
+		t.Errorf("spare %d, zone b %+v after a reclaim that emptied it, want none", n, l.Zones["b"])
+	}
+	// The ceiling survives a save and a load, as the losses do.
+	b, err := json.Marshal(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Losses
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if n := back.Spare(t0.Add(3*time.Hour), map[string]int{"a": 2}); n != 1 {
+		t.Errorf("spare %d after a round trip through JSON (%s), want 1", n, b)
+	}
+}

@@ -32,9 +32,10 @@ type MixSpec struct {
 	DynamicFallback bool
 }
 
-// Split divides a target between spot and on-demand: spot = target − base on-demand; on-demand
-// = base + (dynamic and spot READY short of spot wanted ? the shortfall + 1 : 0), at most the
-// target. readySpot is the number of READY spot replicas.
+// Split divides a target between spot and on-demand: spot = target − base on-demand + spare;
+// on-demand = base + (dynamic and spot READY short of spot wanted ? the shortfall : 0) + (one
+// more, without a spare, while spot is short of the target), at most the target and the spare.
+// readySpot is the number of READY spot replicas; spare is Losses.Spare.
 //
 // The one more is SpotHedge's spare (N_extra), held only while it is needed. Reclaims come in
 // runs: a zone that took one instance back often takes more within minutes (the counted AWS
@@ -44,19 +45,25 @@ type MixSpec struct {
 // READY again it goes with the rest of the fallback. SkyServe keeps its spare all the time, on
 // spot, and when spot runs short stands on-demand in for it too: Ferry pays for the spare
 // only while spot is short (docs/measurements.md, "Spot serving: `ferry sim --sweep`",
-// compares the two).
-func Split(target int, m MixSpec, readySpot int) Mix {
+// compares the two), or while the zones hold no more spot than the service runs there
+// (Losses.Spare): then the spare stands all the time, on spot, and on on-demand when spot
+// cannot take it, as SkyServe's does, since the next loss comes from capacity that is not
+// there to replace it.
+func Split(target int, m MixSpec, readySpot, spare int) Mix {
 	target = max(target, 0)
 	if !m.UseSpot {
 		return Mix{OnDemand: target}
 	}
+	spare = max(spare, 0)
 	base := min(m.BaseOnDemand, target)
 	spot := target - base
 	onDemand := base
-	if m.DynamicFallback && readySpot < spot {
-		onDemand += spot - readySpot + 1
+	if m.DynamicFallback && readySpot < spot+spare {
+		// Without a spare the shortfall and one more; with one, the shortfall of the target
+		// and the spare (the same count while spot is short of the target).
+		onDemand += spot + max(spare, 1) - readySpot
 	}
-	return Mix{Spot: spot, OnDemand: min(onDemand, target)}
+	return Mix{Spot: spot + spare, OnDemand: min(onDemand, target+spare)}
 }
 
 // ZoneState is one zone a spot replica may be placed in, as a placer sees it.

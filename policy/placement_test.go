@@ -102,23 +102,33 @@ func TestSplit(t *testing.T) {
 		target, readySpot int
 		mix               MixSpec
 		want              Mix
+		spare             int
 	}{
-		"no spot":                 {4, 0, MixSpec{}, Mix{OnDemand: 4}},
-		"spot only":               {4, 1, MixSpec{UseSpot: true}, Mix{Spot: 4}},
-		"base on-demand":          {4, 3, MixSpec{UseSpot: true, BaseOnDemand: 1}, Mix{Spot: 3, OnDemand: 1}},
-		"base larger than target": {1, 0, MixSpec{UseSpot: true, BaseOnDemand: 2}, Mix{OnDemand: 1}},
-		"dynamic covers missing spot and one more": {4, 1, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 4}},
-		"dynamic, one spot short":                  {4, 3, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 2}},
-		"dynamic with all spot ready":              {4, 4, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4}},
-		"dynamic with more spot ready than wanted": {4, 5, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4}},
-		"dynamic, no spot ready: at most target":   {4, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 4}},
-		"dynamic plus base":                        {4, 0, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 3, OnDemand: 4}},
-		"dynamic plus base, one spot short":        {4, 2, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 3, OnDemand: 3}},
-		"negative target is zero":                  {-1, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{}},
+		"no spot":                 {4, 0, MixSpec{}, Mix{OnDemand: 4}, 0},
+		"spot only":               {4, 1, MixSpec{UseSpot: true}, Mix{Spot: 4}, 0},
+		"base on-demand":          {4, 3, MixSpec{UseSpot: true, BaseOnDemand: 1}, Mix{Spot: 3, OnDemand: 1}, 0},
+		"base larger than target": {1, 0, MixSpec{UseSpot: true, BaseOnDemand: 2}, Mix{OnDemand: 1}, 0},
+		"dynamic covers missing spot and one more": {4, 1, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 4}, 0},
+		"dynamic, one spot short":                  {4, 3, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 2}, 0},
+		"dynamic with all spot ready":              {4, 4, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4}, 0},
+		"dynamic with more spot ready than wanted": {4, 5, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4}, 0},
+		"dynamic, no spot ready: at most target":   {4, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 4}, 0},
+		"dynamic plus base":                        {4, 0, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 3, OnDemand: 4}, 0},
+		"dynamic plus base, one spot short":        {4, 2, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 3, OnDemand: 3}, 0},
+		"negative target is zero":                  {-1, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{}, 0},
+		// With a spare (Losses.Spare): one more spot replica all the time, which on-demand
+		// stands in for while spot cannot hold it, and no one more on top.
+		"spare on spot":                     {4, 5, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5}, 1},
+		"spare lost: on-demand stands in":   {4, 4, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5, OnDemand: 1}, 1},
+		"spare, one spot short of target":   {4, 3, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5, OnDemand: 2}, 1},
+		"spare, no spot ready":              {4, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5, OnDemand: 5}, 1},
+		"spare without dynamic fallback":    {4, 0, MixSpec{UseSpot: true}, Mix{Spot: 5}, 1},
+		"spare with base":                   {4, 3, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 2}, 1},
+		"spare on an all on-demand service": {4, 0, MixSpec{}, Mix{OnDemand: 4}, 1},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			if diff := cmp.Diff(tc.want, Split(tc.target, tc.mix, tc.readySpot)); diff != "" {
+			if diff := cmp.Diff(tc.want, Split(tc.target, tc.mix, tc.readySpot, tc.spare)); diff != "" {
 				t.Errorf("Split mismatch (-want +got):\n%s", diff)
 			}
 		})

@@ -2,6 +2,7 @@ package replicas
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime/debug"
 	"slices"
@@ -160,6 +161,9 @@ func (m *Manager) launchedOwned(ctx context.Context, r *replica, insts []launche
 			m.forgetOwned(r.rec.ID)
 			m.kickLoop()
 		default:
+			if r.rec.Spot && errors.Is(err, launcher.ErrNoCapacity) {
+				m.refusedOwned(now, r)
+			}
 			m.transitionOwned(now, r, StatusFailedProvision, err.Error(), nil)
 			m.kickLoop()
 		}

@@ -38,16 +38,40 @@ func (m *Manager) SpotLosses() policy.Losses {
 	return cloneLosses(m.snap.Load().losses)
 }
 
-// lostOwned records the loss of spot replica r (noticed or preempted) at now, and queues its
-// save.
+// SpotSpare is how many spare spot replicas the service ran at its last pass, while a zone sat
+// at its capacity ceiling (policy.Losses.Spare), for `serve status -v`.
+func (m *Manager) SpotSpare() int { return m.snap.Load().spare }
+
+// lostOwned records the loss of spot replica r (noticed or preempted) at now, and what it left
+// in its zone (policy.Losses.Capped), and queues the save.
 func (m *Manager) lostOwned(now time.Time, r *replica) {
-	where := cmp.Or(r.rec.Zone, m.regionOwned(r.rec.InstanceID), r.rec.Infra)
+	where := m.lossZoneOwned(r)
+	held := m.spotHeldOwned(r)[where]
+	next := m.updateLossesOwned(func(l *policy.Losses) {
+		l.Lost(now, where)
+		l.Capped(now, where, held)
+	})
+	m.log.Info("spot replica lost", zap.Int("replica", r.rec.ID), zap.String("zone", where),
+		zap.Int("left_in_zone", held), zap.Duration("fallback_hold", next.Hold(now)))
+}
+
+// refusedOwned records that no zone took spot replica r's launch at now: each zone holds no
+// more of the service's spot replicas than it does now (policy.Losses.Capped).
+func (m *Manager) refusedOwned(now time.Time, r *replica) {
+	held := m.spotHeldOwned(r)
+	m.updateLossesOwned(func(l *policy.Losses) {
+		for zone, n := range held {
+			l.Capped(now, zone, n)
+		}
+	})
+}
+
+// updateLossesOwned applies fn to a copy of the losses, keeps it, and queues its save.
+func (m *Manager) updateLossesOwned(fn func(*policy.Losses)) policy.Losses {
 	// Copied, never changed in place: snapshots and the queued save share the old value.
 	next := cloneLosses(m.losses)
-	next.Lost(now, where)
+	fn(&next)
 	m.losses = next
-	m.log.Info("spot replica lost", zap.Int("replica", r.rec.ID), zap.String("zone", where),
-		zap.Duration("fallback_hold", next.Hold(now)))
 	m.queueOwned(func() {
 		if ls, ok := m.cfg.Store.(LossStore); ok {
 			if err := ls.SaveLosses(m.cfg.Service, next); err != nil {
@@ -55,6 +79,25 @@ func (m *Manager) lostOwned(now time.Time, r *replica) {
 			}
 		}
 	})
+	return next
+}
+
+// lossZoneOwned is where r's spot losses and its zone's ceiling are counted: its zone, else
+// its instance's region, else its infra.
+func (m *Manager) lossZoneOwned(r *replica) string {
+	return cmp.Or(r.rec.Zone, m.regionOwned(r.rec.InstanceID), r.rec.Infra)
+}
+
+// spotHeldOwned counts the service's live spot replicas per zone (lossZoneOwned), except those
+// warned of a reclaim and except itself.
+func (m *Manager) spotHeldOwned(except *replica) map[string]int {
+	held := map[string]int{}
+	for _, r := range m.replicas {
+		if r != except && r.rec.Spot && live(r.rec.Status) && !m.noticedOwned(r) {
+			held[m.lossZoneOwned(r)]++
+		}
+	}
+	return held
 }
 
 // regionOwned is the region of the listed instance id ("" when not listed).

@@ -75,6 +75,9 @@ type planInput struct {
 	// being scaled down (policy.Held) while the service's spot losses come in a run
 	// (policy.Losses.HoldOnDemand); 0 keeps none.
 	HoldOnDemand int
+	// Spare is how many spare spot replicas run beyond Desired while a zone sits at its
+	// capacity ceiling (policy.Losses.Spare, policy.Split); HoldOnDemand is 0 while one does.
+	Spare int
 	// Spread is set for a service whose spot replicas are spread over zones (SpotHedge's
 	// dynamic_fallback placer, on a provider that places by zone): a pass whose spot replicas
 	// have settled in mostly one zone asks for a move (spreadSpot). SpreadAfter holds moves

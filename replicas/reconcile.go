@@ -215,9 +215,16 @@ func (m *Manager) planInputOwned(now time.Time) planInput {
 		Drain:               m.cfg.Busy != nil,
 		InfraRank:           m.cfg.InfraRank,
 		Mix:                 m.mixOwned(),
-		HoldOnDemand:        m.losses.HoldOnDemand(now),
+		Spare:               m.losses.Spare(now, m.spotHeldOwned(nil)),
 		Spread:              m.spreadsOwned(),
 		SpreadAfter:         m.spreadAfter,
+	}
+	if in.Spare == 0 { // a spare stands against the next loss instead of the held fallback
+		in.HoldOnDemand = m.losses.HoldOnDemand(now)
+	}
+	if in.Spare != m.spare {
+		m.log.Info("spare spot replica", zap.Int("spare", in.Spare), zap.String("why", spareWhy(in.Spare)))
+		m.spare = in.Spare
 	}
 	m.dueWindowsOwned(now) // window.go
 	for _, id := range sortedKeys(m.replicas) {
@@ -415,4 +422,12 @@ func (m *Manager) noteGapsOwned(gaps []launcher.Gap) {
 // as last seen.
 func (m *Manager) Unknown() []launcher.Gap {
 	return slices.Clone(m.snap.Load().gaps)
+}
+
+// spareWhy says why the spare changed, for the log.
+func spareWhy(spare int) string {
+	if spare > 0 {
+		return "a zone holds as many spot replicas as when it last refused a launch or took some back"
+	}
+	return "no zone sits at a capacity ceiling seen within a day"
 }

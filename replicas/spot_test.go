@@ -1,10 +1,12 @@
 package replicas
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -93,8 +95,14 @@ func TestManagerFollowsAnEndpointChange(t *testing.T) {
 // spotMixHarness starts a manager for 2 spot replicas with dynamic on-demand fallback whose
 // instances answer 503 until made healthy; kinds returns the specs launched so far by kind.
 func spotMixHarness(t *testing.T) (h *harness, prov *fakeProvider, kinds func() (spot, onDemand []launcher.Spec)) {
+	return spotMixHarnessWith(t, nil)
+}
+
+// spotMixHarnessWith is spotMixHarness with the provider's zone function (fakeProvider.zone).
+func spotMixHarnessWith(t *testing.T, zone func(launcher.Spec) (string, error)) (h *harness, prov *fakeProvider, kinds func() (spot, onDemand []launcher.Spec)) {
 	prov = newFakeProvider(t)
 	prov.unhealthyAtStart = true
+	prov.zone = zone
 	h = newHarness(t, prov, newFakeStore(), newFakeClock(), func(c *Config) {
 		task := testTask()
 		task.Resources.UseSpot = true
@@ -164,12 +172,15 @@ func TestManagerReplacesNoticedReplica(t *testing.T) {
 		t.Fatalf("Notice(%s) of replica %d: not recognised", inst, victim)
 	}
 	h.m.Notice(inst, h.clock.Now().Add(2*time.Minute)) // a repeated notice changes nothing
-	eventually(t, "a spot replacement and the on-demand fallback (shortfall and one more) launched, the zone reported", func() bool {
+	// The reclaim leaves the other spot replica where both were: that place holds no more than
+	// one, so a spare joins the replacement (policy.Losses.Spare), and on-demand covers the
+	// target's shortfall and the spare (policy.Split).
+	eventually(t, "a spot replacement, a spare and the on-demand fallback launched, the zone reported", func() bool {
 		prov.mu.Lock()
 		reported := len(prov.preempted) == 1 && prov.preempted[0].ID == inst
 		prov.mu.Unlock()
 		spot, onDemand := kinds()
-		return reported && len(spot) == 3 && len(onDemand) == 4
+		return reported && len(spot) == 4 && len(onDemand) == 4
 	})
 	if got := h.status(victim); got != StatusReady {
 		t.Errorf("noticed replica %d is %s; want READY until its instance goes", victim, got)
@@ -197,8 +208,8 @@ func TestManagerReplacesNoticedReplica(t *testing.T) {
 		t.Errorf("the warned replica %d is still published", victim)
 	}
 	spot, onDemand := kinds()
-	if len(spot) != 3 || len(onDemand) != 4 {
-		t.Errorf("%d spot and %d on-demand launches; want 3 and 4 (no second replacement)", len(spot), len(onDemand))
+	if len(spot) != 4 || len(onDemand) != 4 {
+		t.Errorf("%d spot and %d on-demand launches; want 4 and 4 (no second replacement)", len(spot), len(onDemand))
 	}
 }
 
@@ -249,4 +260,107 @@ func TestManagerCountsSpotLosses(t *testing.T) {
 	if n := lost(); n != 2 {
 		t.Errorf("%d losses after a second replica's preemption, want 2", n)
 	}
+}
+
+// TestManagerRunsASpareWhileAZoneSitsAtItsCeiling: a reclaim that leaves some of the service's
+// spot replicas in their zone shows the zone holds no more than that (policy.Losses.Capped).
+// While the zone holds that many or more the service runs a spare spot replica
+// (policy.Split), for a day after the ceiling was seen.
+func TestManagerRunsASpareWhileAZoneSitsAtItsCeiling(t *testing.T) {
+	h, prov, _ := spotMixHarnessWith(t, func(launcher.Spec) (string, error) { return "a", nil })
+	eventually(t, "2 spot replicas launched", func() bool { return h.launchedSpot() == 2 })
+	spotIDs := readySpot(t, h, prov)
+	if n := h.m.SpotLosses().Zones["a"].Ceiling; n != 0 {
+		t.Fatalf("ceiling %d in zone a before any loss, want none", n)
+	}
+
+	// Zone a takes one back and keeps the other.
+	prov.end(spotIDs[0], launcher.StatePreempted, "spot reclaimed")
+	h.waitStatus(spotIDs[0], StatusPreempted)
+	if z := h.m.SpotLosses().Zones["a"]; z.Ceiling != 1 || z.CeilingAt.IsZero() || z.Count != 1 {
+		t.Fatalf("zone a %+v after a reclaim that left one: want ceiling 1 and one loss", z)
+	}
+	eventually(t, "3 spot replicas READY (the target and the spare), no on-demand", func() bool {
+		markSpotHealthy(h, prov)
+		return len(h.liveKinds(true)) == 3 && len(h.liveKinds(false)) == 0 && len(h.m.Ready()) == 3 && h.m.SpotSpare() == 1
+	})
+
+	// A day after the ceiling was seen the spare goes.
+	h.clock.Advance(policy.HoldLookback + time.Minute)
+	eventually(t, "the spare scaled down a day later", func() bool {
+		return len(h.liveKinds(true)) == 2 && len(h.liveKinds(false)) == 0 && h.m.SpotSpare() == 0
+	})
+}
+
+// TestManagerRunsASpareAfterASpotLaunchNoZoneTook: a spot launch that fails with
+// ErrNoCapacity (every zone refused) shows each zone holds no more of the service's spot
+// replicas than it does then. On-demand stands in for the spare while spot cannot take it.
+func TestManagerRunsASpareAfterASpotLaunchNoZoneTook(t *testing.T) {
+	var refuse atomic.Bool
+	zoneFor := func(spec launcher.Spec) (string, error) {
+		if spec.Labels[LabelKind] == kindSpot && refuse.Load() {
+			return "", fmt.Errorf("%w: every location failed (2): a: no spot capacity; b: no spot capacity", launcher.ErrNoCapacity)
+		}
+		return "a", nil
+	}
+	h, prov, _ := spotMixHarnessWith(t, zoneFor)
+	eventually(t, "2 spot replicas launched", func() bool { return h.launchedSpot() == 2 })
+	readySpot(t, h, prov)
+
+	// The service wants a third replica; no zone takes it on spot.
+	refuse.Store(true)
+	h.m.SetDesired(3)
+	eventually(t, "zone a's ceiling of 2, seen at the refused launch", func() bool {
+		z := h.m.SpotLosses().Zones["a"]
+		return z.Ceiling == 2 && z.Count == 0
+	})
+	// Spot READY: 2 of the 3 wanted, and the spare: on-demand covers both.
+	eventually(t, "two on-demand replicas READY while spot is one short of the target and the spare", func() bool {
+		markOnDemandHealthy(h, prov)
+		return len(h.liveKinds(false)) == 2 && len(h.m.Ready()) == 4
+	})
+	// Spot capacity comes back: the third replica and the spare run on spot, and on-demand
+	// leaves.
+	refuse.Store(false)
+	h.clock.Advance(launchBackoff(10))
+	eventually(t, "4 spot replicas READY (the target and the spare), no on-demand", func() bool {
+		markSpotHealthy(h, prov)
+		return len(h.liveKinds(true)) == 4 && len(h.liveKinds(false)) == 0 && len(h.m.Ready()) == 4 && h.m.SpotSpare() == 1
+	})
+}
+
+// launchedSpot counts the live spot replicas that hold an instance.
+func (h *harness) launchedSpot() int {
+	n := 0
+	for _, r := range h.m.Replicas() {
+		if r.Spot && live(r.Status) && r.InstanceID != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// markSpotHealthy makes every live spot replica with an instance pass its probes.
+func markSpotHealthy(h *harness, prov *fakeProvider) { markHealthy(h, prov, true) }
+
+// markOnDemandHealthy is markSpotHealthy for the on-demand replicas.
+func markOnDemandHealthy(h *harness, prov *fakeProvider) { markHealthy(h, prov, false) }
+
+func markHealthy(h *harness, prov *fakeProvider, spot bool) {
+	for _, r := range h.m.Replicas() {
+		if r.Spot == spot && live(r.Status) && r.InstanceID != "" {
+			prov.byReplica(r.ID).healthy.Store(true)
+		}
+	}
+}
+
+// liveKinds are the ids of the live replicas of one kind (spot or on-demand).
+func (h *harness) liveKinds(spot bool) []int {
+	var ids []int
+	for _, r := range h.m.Replicas() {
+		if r.Spot == spot && live(r.Status) {
+			ids = append(ids, r.ID)
+		}
+	}
+	return ids
 }

@@ -625,6 +625,8 @@ func printServiceDecisions(out io.Writer, s api.ServiceStatus, now time.Time) {
 	}
 	line := fmt.Sprintf("%s: spot losses: %d (last %s, %d recent gap%s", s.Name, total, timeOfDay(l.Last, now), l.RecentGaps, plural(l.RecentGaps))
 	switch {
+	case l.Last.IsZero():
+		line = fmt.Sprintf("%s: spot losses: none", s.Name)
 	case !l.HeldUntil.IsZero():
 		line += fmt.Sprintf(", hold %s: on-demand fallback held until %s)", humanDuration(l.Hold), timeOfDay(l.HeldUntil, now))
 	case l.Hold > 0:
@@ -635,7 +637,18 @@ func printServiceDecisions(out io.Writer, s api.ServiceStatus, now time.Time) {
 	fmt.Fprintln(out, line)
 	for _, zone := range slices.Sorted(maps.Keys(l.Zones)) {
 		z := l.Zones[zone]
-		fmt.Fprintf(out, "  %s: %d lost, last %s\n", zone, z.Count, timeOfDay(z.Last, now))
+		line := fmt.Sprintf("  %s: %d lost", zone, z.Count)
+		if z.Count > 0 {
+			line += ", last " + timeOfDay(z.Last, now)
+		}
+		if z.Ceiling > 0 {
+			// What the spare reads (policy.Losses.Spare): the zone held no more than this.
+			line += fmt.Sprintf("; held at most %d spot replica%s at %s", z.Ceiling, plural(z.Ceiling), timeOfDay(z.CeilingAt, now))
+		}
+		fmt.Fprintln(out, line)
+	}
+	if l.Spare > 0 {
+		fmt.Fprintf(out, "%s: spare: %d spot replica beyond the target, while a zone holds as many as its ceiling\n", s.Name, l.Spare)
 	}
 }
 

@@ -556,4 +556,21 @@ func TestPrintStatusShowsSpotLosses(t *testing.T) {
 	if want := "chat: spot losses: 5 (last 2026-11-26 12:03:04, 1 recent gap: not a run, nothing held)"; !strings.Contains(b.String(), want) {
 		t.Errorf("status -v without a hold lacks %q:\n%s", want, b.String())
 	}
+
+	// A zone that refused a launch with 2 of the service's spot replicas in it, no loss yet:
+	// its ceiling and the spare it asks for show.
+	var capped policy.Losses
+	capped.Capped(last, "us-east-1c", 2)
+	st.SpotLosses = &api.SpotLosses{Losses: capped, Spare: 1}
+	b.Reset()
+	printStatus(&b, []api.ServiceStatus{st}, true, now)
+	for _, want := range []string{
+		"chat: spot losses: none\n",
+		"  us-east-1c: 0 lost; held at most 2 spot replicas at 12:03:04\n",
+		"chat: spare: 1 spot replica beyond the target, while a zone holds as many as its ceiling\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status -v with a ceiling lacks %q:\n%s", want, b.String())
+		}
+	}
 }

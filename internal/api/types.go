@@ -90,6 +90,9 @@ type SpotLosses struct {
 	Hold       time.Duration `json:"hold,omitempty"`
 	RecentGaps int           `json:"recent_gaps,omitempty"`
 	HeldUntil  time.Time     `json:"held_until,omitzero"`
+	// Spare is the spare spot replicas the service runs now beyond its target while a zone
+	// sits at its ceiling (policy.Losses.Spare).
+	Spare int `json:"spare,omitempty"`
 }
 
 // ControllerStatus describes the running controller.

@@ -420,7 +420,7 @@ func (s *service) status(withTask bool) api.ServiceStatus {
 		Name: s.name, Version: s.mgr.TargetVersion(), Endpoint: s.endpoint, Policy: task.Service.LoadBalancingPolicy,
 		CreatedAt: s.createdAt, TargetReplicas: target, Replicas: recs,
 		Autoscaler: task.Service.ReplicaPolicy.Autoscaler, Scaling: scaling, Update: s.mgr.Rollout(),
-		Status: s.mgr.ServiceStatus(down), SpotLosses: spotLosses(s.mgr.SpotLosses(), time.Now(), replicas.MixFor(task.Resources, task.Service.ReplicaPolicy).DynamicFallback),
+		Status: s.mgr.ServiceStatus(down), SpotLosses: spotLosses(s.mgr.SpotLosses(), s.mgr.SpotSpare(), time.Now(), replicas.MixFor(task.Resources, task.Service.ReplicaPolicy).DynamicFallback),
 		Prefill: s.pool.status(down),
 	}
 	st.ReadyReplicas = readyCount(recs)
@@ -441,13 +441,14 @@ func readyCount(recs []replicas.Record) int {
 	return n
 }
 
-// spotLosses is the API view of a service's spot losses at now; nil before any. Only a
-// dynamic fallback is held (replicas' plan): without one the losses show, and no hold.
-func spotLosses(l policy.Losses, now time.Time, dynamic bool) *api.SpotLosses {
-	if l.Last.IsZero() {
+// spotLosses is the API view of a service's spot losses and zone ceilings at now, and of the
+// spare it runs; nil before any. Only a dynamic fallback is held (replicas' plan): without one
+// the losses show, and no hold.
+func spotLosses(l policy.Losses, spare int, now time.Time, dynamic bool) *api.SpotLosses {
+	if l.Last.IsZero() && len(l.Zones) == 0 && spare == 0 {
 		return nil
 	}
-	out := &api.SpotLosses{Losses: l, RecentGaps: len(l.RecentGaps(now))}
+	out := &api.SpotLosses{Losses: l, RecentGaps: len(l.RecentGaps(now)), Spare: spare}
 	if !dynamic {
 		return out
 	}

@@ -10,7 +10,7 @@ import (
 // TestSpotLossesView: the status says the hold Losses decides now, from how many recent gaps,
 // and until when it holds; nothing before any loss.
 func TestSpotLossesView(t *testing.T) {
-	if v := spotLosses(policy.Losses{}, time.Now(), true); v != nil {
+	if v := spotLosses(policy.Losses{}, 0, time.Now(), true); v != nil {
 		t.Errorf("view of no losses: %+v, want nil", v)
 	}
 	t0 := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
@@ -32,13 +32,13 @@ func TestSpotLossesView(t *testing.T) {
 		// A day on, only the last gap ends within HoldLookback: not a run.
 		{"run over", t0.Add(24*time.Hour + 80*time.Minute), 1, 0, time.Time{}},
 	} {
-		v := spotLosses(l, tc.now, true)
+		v := spotLosses(l, 0, tc.now, true)
 		if v.RecentGaps != tc.wantGaps || v.Hold != tc.wantHold || !v.HeldUntil.Equal(tc.wantUntil) {
 			t.Errorf("%s: %d recent gaps, hold %v until %v; want %d, %v until %v", tc.name, v.RecentGaps, v.Hold, v.HeldUntil,
 				tc.wantGaps, tc.wantHold, tc.wantUntil)
 		}
 	}
-	if v := spotLosses(l, last.Add(10*time.Minute), false); v.Hold != 0 || !v.HeldUntil.IsZero() || v.RecentGaps != 4 {
+	if v := spotLosses(l, 0, last.Add(10*time.Minute), false); v.Hold != 0 || !v.HeldUntil.IsZero() || v.RecentGaps != 4 {
 		t.Errorf("without a dynamic fallback: %+v; want the gaps and no hold", v)
 	}
 }

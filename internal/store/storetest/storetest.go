@@ -370,7 +370,7 @@ func testReplicaOfMissingServiceRefused(t *testing.T, open Opener) {
 	}
 }
 
-// testSpotLosses: a service's spot losses survive a reopen and go with the service; a service
+// testSpotLosses: a service's spot losses and zone ceilings survive a reopen and go with the service; a service
 // that is gone has none to save.
 func testSpotLosses(t *testing.T, open Opener) {
 	s := open(t)
@@ -383,6 +383,7 @@ func testSpotLosses(t *testing.T, open Opener) {
 	for i := range 4 {
 		want.Lost(t0.Add(time.Duration(i)*20*time.Minute), "us-east-1a")
 	}
+	want.Capped(t0.Add(time.Hour), "us-east-1a", 3) // a zone's ceiling keeps its spare across a restart
 	must(t, s.SaveLosses("chat", want))
 	got, err := open(t).Losses("chat")
 	must(t, err)
