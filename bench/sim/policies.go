@@ -88,6 +88,11 @@ type Policy struct {
 	// to the least loaded: what least_ttft does with prompts no replica has cached (its ahead).
 	// Without it, least load alone (SkyServe's load balancer).
 	KVRoom bool
+	// Spare runs one spare spot replica (on-demand while spot cannot take it) while a zone
+	// holds as many of the policy's spot replicas as it did when it last refused a launch
+	// that no zone took, or when a reclaim left some there (policy.Losses.Spare, Split), as
+	// the replica manager does; the held fallback gives way to it.
+	Spare bool
 }
 
 // SkyServe's defaults (sky/serve/constants.py), which the baselines run with.
@@ -121,7 +126,7 @@ type PolicyParams struct {
 }
 
 // PolicyNames lists the policies in report order.
-var PolicyNames = []string{"ferry", "ferry-llm", "ferry-no-hold", "ferry-no-notice", "ferry-no-spread", "ferry-no-kv-room", "ferry-knative", "skyserve-spothedge", "skyserve-spothedge-0", "skyserve-spot", "fixed-peak", "ondemand"}
+var PolicyNames = []string{"ferry", "ferry-llm", "ferry-no-hold", "ferry-no-notice", "ferry-no-spread", "ferry-no-kv-room", "ferry-no-spare", "ferry-knative", "skyserve-spothedge", "skyserve-spothedge-0", "skyserve-spot", "fixed-peak", "ondemand"}
 
 // FerryYAML is the service the ferry policies run, as a user writes it: the autoscaler named,
 // spot with SkyServe's dynamic on-demand fallback and SpotHedge placer, and nothing tuned. The
@@ -154,6 +159,7 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 			HoldFallback: true,
 			Spread:       rp.SpotPlacer == configs.SpotPlacerDynamicFallback,
 			KVRoom:       true,
+			Spare:        true,
 		}
 	}
 	ferry := ferryFor(autoscaler.PolicyConcurrency)
@@ -199,6 +205,12 @@ func Policies(names []string, pp PolicyParams) ([]Policy, error) {
 			p := ferry
 			p.KVRoom = false
 			p.Description = "as ferry, routing by load alone: a replica whose KV cache has no room for the prompt looks as free as one that has (least_ttft before it read the engines' KV use)"
+			return p
+		},
+		"ferry-no-spare": func() Policy {
+			p := ferry
+			p.Spare = false
+			p.Description = "as ferry, with no spare while a zone sits at its capacity ceiling: the fallback's one more only while spot is short (Ferry before policy.Losses.Spare)"
 			return p
 		},
 		"ferry-no-notice": func() Policy {

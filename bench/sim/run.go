@@ -338,9 +338,11 @@ func (r *runner) reclaim(t float64) {
 // preempted, Ferry's provisioner blocks it (launcher/provision's Preempted), and each is a
 // loss as the replica manager records it.
 func (r *runner) zoneLost(i int, t float64, n int) {
+	name := r.w.Zones[i].Name
 	for range n {
-		r.losses.Lost(simTime(t), r.w.Zones[i].Name)
+		r.losses.Lost(simTime(t), name)
 	}
+	r.losses.Capped(simTime(t), name, r.spotCounts()[name]) // what the reclaim left there
 	if r.zones != nil {
 		r.zones.Preempted(r.w.Zones[i].Name)
 	}
@@ -590,10 +592,14 @@ func (r *runner) decide(s int) {
 	}
 	r.target = d.Target
 	r.need = max(0, d.Target-d.Overprovision)
-	mix := policy.Split(d.Target, r.p.Mix, readySpot)
+	spare := 0
+	if r.p.Spare {
+		spare = r.losses.Spare(simTime(t), r.spotCounts())
+	}
+	mix := policy.Split(d.Target, r.p.Mix, readySpot, spare)
 	if r.p.SkyServe {
 		mix = skyServeSplit(d.Target, r.p.Mix, readySpot)
-	} else if r.p.HoldFallback {
+	} else if r.p.HoldFallback && spare == 0 { // a spare stands against the next loss instead
 		mix = policy.Held(mix, r.liveOnDemand(), d.Target, r.losses.HoldOnDemand(simTime(t)))
 	}
 	launched := r.nextID
@@ -803,6 +809,11 @@ func (r *runner) placeSpot(t float64) int {
 			}
 			r.res.RefusedSpotLaunches++
 			r.refusedUntil[i] = t + provision.DefaultBlockFor.Seconds()
+		}
+		// No zone took it: each holds no more than it does now (the replica manager's
+		// refusedOwned, on a launch that fails with ErrNoCapacity).
+		for _, z := range r.w.Zones {
+			r.losses.Capped(simTime(t), z.Name, counts[z.Name])
 		}
 	case PlaceCheapest:
 		for _, i := range r.byPrice {

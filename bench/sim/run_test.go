@@ -129,6 +129,38 @@ func TestSimSpreadMovesAReplicaOutOfACrowdedZone(t *testing.T) {
 	}
 }
 
+// TestSimSpareCoversALossFromAZoneAtItsCeiling: zone a holds two spot instances, and twice
+// takes one back for two minutes (EC2's notice, then the reclaim), against a cold start of
+// three. The first reclaim leaves one replica there: the zone is at a ceiling, and with Spare
+// the policy runs a third replica from then on (on-demand, since a takes no third spot
+// instance), which carries the second loss (the warned replica, with two others READY, drains
+// before its reclaim); without it the fleet is short for the minute the replacement's cold
+// start outlasts the notice, both times.
+func TestSimSpareCoversALossFromAZoneAtItsCeiling(t *testing.T) {
+	capacity := []float64{2, 2, 2, 2, 2, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 2, 2, 2}
+	run := func(spare bool) *Result {
+		m := testModel()
+		m.ColdStart = 3 * time.Minute
+		w := World{Model: m, Zones: []Zone{scriptedZone("a", 1, capacity...)}, Notice: DefaultOptions().Notice,
+			MinReady: 2, OnDemandPrice: 3, Duration: 20 * time.Minute, SLO: SLO{TTFT: time.Second, TPOT: time.Second}, Seed: 1}
+		p := Policy{Name: "spot", Spec: autoscaler.Spec{Min: 2, Max: 2}.WithDefaults(), Mix: policy.MixSpec{UseSpot: true, DynamicFallback: true},
+			Placer: PlaceFerry, Notices: true, Spare: spare, DrainTimeout: time.Minute}
+		return w.run(p, &sliceSource{})
+	}
+	without, with := run(false), run(true)
+	t.Logf("with the spare: %d of %d ticks available, %.3f on-demand hours, %d preempted; without: %d, %.3f, %d",
+		with.AvailableTicks, with.Ticks, with.OnDemandHours, with.Preemptions, without.AvailableTicks, without.OnDemandHours, without.Preemptions)
+	if without.Preemptions != 2 {
+		t.Fatalf("%d preemptions without the spare, want 2: the scenario has changed", without.Preemptions)
+	}
+	if with.AvailableTicks <= without.AvailableTicks {
+		t.Errorf("with the spare %d of %d ticks available, without it %d: want more with it", with.AvailableTicks, with.Ticks, without.AvailableTicks)
+	}
+	if with.OnDemandHours <= without.OnDemandHours {
+		t.Errorf("with the spare %.3f on-demand hours, without it %.3f: the spare stands on on-demand when spot cannot take it", with.OnDemandHours, without.OnDemandHours)
+	}
+}
+
 func TestSimRequestOutcomes(t *testing.T) {
 	m := testModel()
 	m.ColdStart = time.Minute
