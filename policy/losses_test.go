@@ -91,14 +91,7 @@ func TestLossesJSON(t *testing.T) {
 	for i := range 5 {
 		l.Lost(t0.Add(time.Duration(i)*10*time.Minute), "z")
 	}
-	b, err := json.Marshal(l)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var back Losses
-	if err := json.Unmarshal(b, &back); err != nil {
-		t.Fatal(err)
-	}
+	back, b := roundTrip(t, l)
 	now := t0.Add(45 * time.Minute)
 	if back.Hold(now) != l.Hold(now) || !back.Last.Equal(l.Last) || len(back.Gaps) != len(l.Gaps) || back.Zones["z"].Count != 5 {
 		t.Errorf("round trip %s: %+v, want %+v", b, back, l)
@@ -172,6 +165,15 @@ func TestLossesSpareWhileAZoneSitsAtItsCeiling(t *testing.T) {
 		t.Errorf("spare %d, zone b %+v after a reclaim that emptied it, want none", n, l.Zones["b"])
 	}
 	// The ceiling survives a save and a load, as the losses do.
+	back, b := roundTrip(t, l)
+	if n := back.Spare(t0.Add(3*time.Hour), map[string]int{"a": 2}); n != 1 {
+		t.Errorf("spare %d after a round trip through JSON (%s), want 1", n, b)
+	}
+}
+
+// roundTrip is l saved as JSON and read back, and the JSON.
+func roundTrip(t *testing.T, l Losses) (Losses, []byte) {
+	t.Helper()
 	b, err := json.Marshal(l)
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +182,5 @@ func TestLossesSpareWhileAZoneSitsAtItsCeiling(t *testing.T) {
 	if err := json.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	if n := back.Spare(t0.Add(3*time.Hour), map[string]int{"a": 2}); n != 1 {
-		t.Errorf("spare %d after a round trip through JSON (%s), want 1", n, b)
-	}
+	return back, b
 }
