@@ -361,7 +361,21 @@ var (
 	// ErrQueued says the launch is waiting in the cloud's queue or for a reservation's window
 	// (QueuedError): not a failure, the caller keeps the task pending (capacity.go).
 	ErrQueued = errors.New("waiting for capacity")
+	// ErrCapacityRefused marks a failed launch that every location it tried refused for
+	// capacity or quota, with none down, throttled or failing otherwise: the caller's
+	// instances in those places are as many as they hold now (replicas' spare reads it). It
+	// is found with errors.Is beside ErrNoCapacity, not in the message.
+	ErrCapacityRefused = errors.New("every location tried refused for capacity")
 )
+
+// CapacityRefused marks err (which wraps ErrNoCapacity) with ErrCapacityRefused, its message
+// unchanged.
+func CapacityRefused(err error) error { return capacityRefused{err} }
+
+type capacityRefused struct{ error }
+
+func (e capacityRefused) Unwrap() error        { return e.error }
+func (e capacityRefused) Is(target error) bool { return target == ErrCapacityRefused }
 
 // IsRetryable reports whether a launch error is about the location (capacity, quota,
 // preemption) so the next candidate may succeed, rather than about the request itself.

@@ -161,7 +161,7 @@ func (m *Manager) launchedOwned(ctx context.Context, r *replica, insts []launche
 			m.forgetOwned(r.rec.ID)
 			m.kickLoop()
 		default:
-			if r.rec.Spot && errors.Is(err, launcher.ErrNoCapacity) {
+			if r.rec.Spot && errors.Is(err, launcher.ErrCapacityRefused) {
 				m.refusedOwned(now, r)
 			}
 			m.transitionOwned(now, r, StatusFailedProvision, err.Error(), nil)

@@ -292,14 +292,14 @@ func TestManagerRunsASpareWhileAZoneSitsAtItsCeiling(t *testing.T) {
 	})
 }
 
-// TestManagerRunsASpareAfterASpotLaunchNoZoneTook: a spot launch that fails with
-// ErrNoCapacity (every zone refused) shows each zone holds no more of the service's spot
+// TestManagerRunsASpareAfterASpotLaunchNoZoneTook: a spot launch that every zone refused for
+// capacity (launcher.ErrCapacityRefused) shows each zone holds no more of the service's spot
 // replicas than it does then. On-demand stands in for the spare while spot cannot take it.
 func TestManagerRunsASpareAfterASpotLaunchNoZoneTook(t *testing.T) {
 	var refuse atomic.Bool
 	zoneFor := func(spec launcher.Spec) (string, error) {
 		if spec.Labels[LabelKind] == kindSpot && refuse.Load() {
-			return "", fmt.Errorf("%w: every location failed (2): a: no spot capacity; b: no spot capacity", launcher.ErrNoCapacity)
+			return "", launcher.CapacityRefused(fmt.Errorf("%w: every location failed (2): a: no spot capacity; b: no spot capacity", launcher.ErrNoCapacity))
 		}
 		return "a", nil
 	}

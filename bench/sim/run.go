@@ -811,7 +811,7 @@ func (r *runner) placeSpot(t float64) int {
 			r.refusedUntil[i] = t + provision.DefaultBlockFor.Seconds()
 		}
 		// No zone took it: each holds no more than it does now (the replica manager's
-		// refusedOwned, on a launch that fails with ErrNoCapacity).
+		// refusedOwned, on a launch every zone refused: launcher.ErrCapacityRefused).
 		for _, z := range r.w.Zones {
 			r.losses.Capped(simTime(t), z.Name, counts[z.Name])
 		}

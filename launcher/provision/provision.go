@@ -244,7 +244,7 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 		}
 	}
 	var reasons []string
-	allInvalid := true
+	allInvalid, allRefused := true, true // allRefused: every failure a capacity or quota refusal
 	for remaining := choices; len(remaining) > 0; {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -256,7 +256,7 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 			// Down or throttled: not tried, and neither is the rest of it while it is.
 			release("", p.opts.Now())
 			remaining = slices.DeleteFunc(remaining, func(o Choice) bool { return p.health.Allow(o.Infra, o.Region, o.Zone) != nil })
-			allInvalid = false
+			allInvalid, allRefused = false, false
 			reasons = append(reasons, describe(c.Placement)+": "+down.Error())
 			continue
 		}
@@ -271,6 +271,7 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 		if ctx.Err() != nil {
 			return nil, err
 		}
+		allRefused = allRefused && (errors.Is(err, launcher.ErrNoCapacity) || errors.Is(err, launcher.ErrQuota))
 		switch {
 		case errors.Is(err, launcher.ErrQueued):
 			// Held in the infra's queue, or for a reservation's window: the place is ours
@@ -304,7 +305,11 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 	if allInvalid {
 		kind = launcher.ErrInvalid // no infra can run it as written: retrying will not help
 	}
-	return nil, fmt.Errorf("%w: every location failed (%d): %s", kind, len(reasons), strings.Join(reasons, "; "))
+	err = fmt.Errorf("%w: every location failed (%d): %s", kind, len(reasons), strings.Join(reasons, "; "))
+	if allRefused && len(reasons) > 0 {
+		err = launcher.CapacityRefused(err)
+	}
+	return nil, err
 }
 
 // try launches spec at choice c, one instance or (gang) n of them, and records the outcome:

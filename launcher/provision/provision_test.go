@@ -214,8 +214,8 @@ func TestLaunchEveryLocationFails(t *testing.T) {
 	provs["kubernetes/test"].fail = []error{fmt.Errorf("%w: 0/2 nodes are available", launcher.ErrNoCapacity), fmt.Errorf("%w: again", launcher.ErrNoCapacity)}
 	provs["gcp"].fail = []error{fmt.Errorf("%w: ZONE_RESOURCE_POOL_EXHAUSTED", launcher.ErrNoCapacity), nil}
 	_, err := p.Launch(context.Background(), spec("svc-1"))
-	if !errors.Is(err, launcher.ErrNoCapacity) {
-		t.Fatalf("err = %v, want ErrNoCapacity", err)
+	if !errors.Is(err, launcher.ErrNoCapacity) || !errors.Is(err, launcher.ErrCapacityRefused) {
+		t.Fatalf("err = %v, want ErrNoCapacity marked ErrCapacityRefused (every location refused for capacity)", err)
 	}
 	for _, want := range []string{"kubernetes/test", "0/2 nodes", "gcp us-central1-a a2-highgpu-1g", "ZONE_RESOURCE_POOL_EXHAUSTED"} {
 		if !strings.Contains(err.Error(), want) {
@@ -226,6 +226,18 @@ func TestLaunchEveryLocationFails(t *testing.T) {
 	inst, err := p.Launch(context.Background(), spec("svc-2"))
 	if err != nil || inst.Infra != "gcp" {
 		t.Fatalf("got %+v, %v; want gcp on the second attempt", inst, err)
+	}
+}
+
+// A launch that some location failed for another reason than capacity (its infra unavailable)
+// is not marked as refused everywhere: what those places hold is not known.
+func TestLaunchFailedNotOnlyForCapacity(t *testing.T) {
+	p, provs, _ := newTest(t, []launcher.Placement{k8sA100, gcpZ1})
+	provs["kubernetes/test"].fail = []error{fmt.Errorf("%w: 0/2 nodes are available", launcher.ErrNoCapacity)}
+	provs["gcp"].fail = []error{fmt.Errorf("%w: 503 from compute.googleapis.com", launcher.ErrUnavailable)}
+	_, err := p.Launch(context.Background(), spec("svc-1"))
+	if !errors.Is(err, launcher.ErrNoCapacity) || errors.Is(err, launcher.ErrCapacityRefused) {
+		t.Fatalf("err = %v: want ErrNoCapacity, not marked ErrCapacityRefused", err)
 	}
 }
 
