@@ -40,16 +40,16 @@ func (m *Manager) SpotLosses() policy.Losses {
 
 // SpotSpare is how many spare spot replicas the service ran at its last pass, while a zone sat
 // at its capacity ceiling (policy.Losses.Spare), for `serve status -v`.
-func (m *Manager) SpotSpare() int { return m.snap.Load().spare }
+func (m *Manager) SpotSpare() int { return m.snap.Load().spotSpare }
 
 // lostOwned records the loss of spot replica r (noticed or preempted) at now, and what it left
 // in its zone (policy.Losses.Capped), and queues the save.
 func (m *Manager) lostOwned(now time.Time, r *replica) {
-	where := m.lossZoneOwned(r)
-	held := m.spotHeldOwned(r)[where]
+	where := cmp.Or(r.rec.Zone, m.regionOwned(r.rec.InstanceID), r.rec.Infra)
+	held := m.spotHeldOwned(r)[r.rec.Zone]
 	next := m.updateLossesOwned(func(l *policy.Losses) {
 		l.Lost(now, where)
-		l.Capped(now, where, held)
+		l.Capped(now, r.rec.Zone, held) // a replica in no named zone says nothing of one
 	})
 	m.log.Info("spot replica lost", zap.Int("replica", r.rec.ID), zap.String("zone", where),
 		zap.Int("left_in_zone", held), zap.Duration("fallback_hold", next.Hold(now)))
@@ -82,19 +82,14 @@ func (m *Manager) updateLossesOwned(fn func(*policy.Losses)) policy.Losses {
 	return next
 }
 
-// lossZoneOwned is where r's spot losses and its zone's ceiling are counted: its zone, else
-// its instance's region, else its infra.
-func (m *Manager) lossZoneOwned(r *replica) string {
-	return cmp.Or(r.rec.Zone, m.regionOwned(r.rec.InstanceID), r.rec.Infra)
-}
-
-// spotHeldOwned counts the service's live spot replicas per zone (lossZoneOwned), except those
-// warned of a reclaim and except itself.
+// spotHeldOwned counts the service's live spot replicas per zone (their records' Zone, which
+// is also where their losses count), except those warned of a reclaim, those in no named zone,
+// and except itself. Ceilings are a zone's: a region or a whole infra is too coarse for one.
 func (m *Manager) spotHeldOwned(except *replica) map[string]int {
 	held := map[string]int{}
 	for _, r := range m.replicas {
-		if r != except && r.rec.Spot && live(r.rec.Status) && !m.noticedOwned(r) {
-			held[m.lossZoneOwned(r)]++
+		if r != except && r.rec.Spot && r.rec.Zone != "" && live(r.rec.Status) && !m.noticedOwned(r) {
+			held[r.rec.Zone]++
 		}
 	}
 	return held
@@ -122,6 +117,7 @@ func (m *Manager) loadLosses() (policy.Losses, error) {
 // cloneLosses is a copy of l that shares no slice or map with it.
 func cloneLosses(l policy.Losses) policy.Losses {
 	l.Gaps = slices.Clone(l.Gaps)
+	l.Sizes = slices.Clone(l.Sizes) // Lost adds to the last size in place
 	l.Zones = maps.Clone(l.Zones)
 	return l
 }

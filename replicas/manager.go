@@ -151,9 +151,9 @@ type Manager struct {
 	// losses are the service's spot losses (losses.go), saved with it; replaced on a loss,
 	// never changed in place (snapshots share them).
 	losses policy.Losses
-	// spare is the spare spot replicas of the last pass (planInput.Spare), for the log and
-	// the snapshot.
-	spare int
+	// spotSpare is the spare spot replicas of the last pass (planInput.Spare), for the log
+	// and the snapshot.
+	spotSpare int
 	// windowEnds are instances whose reservation ends later than the lead: noticed once
 	// within it (window.go).
 	windowEnds map[string]time.Time

@@ -222,9 +222,9 @@ func (m *Manager) planInputOwned(now time.Time) planInput {
 	if in.Spare == 0 { // a spare stands against the next loss instead of the held fallback
 		in.HoldOnDemand = m.losses.HoldOnDemand(now)
 	}
-	if in.Spare != m.spare {
+	if in.Spare != m.spotSpare {
 		m.log.Info("spare spot replica", zap.Int("spare", in.Spare), zap.String("why", spareWhy(in.Spare)))
-		m.spare = in.Spare
+		m.spotSpare = in.Spare
 	}
 	m.dueWindowsOwned(now) // window.go
 	for _, id := range sortedKeys(m.replicas) {

@@ -27,8 +27,8 @@ type snapshot struct {
 	gaps    []launcher.Gap
 	// losses are shared with the state, which replaces them rather than changing them.
 	losses policy.Losses
-	// spare is the spare spot replicas the last pass ran (planInput.Spare).
-	spare int
+	// spotSpare is the spare spot replicas the last pass ran (planInput.Spare).
+	spotSpare int
 }
 
 // launchedAsOf is launchedAsOwned on the snapshot.
@@ -42,7 +42,7 @@ func (s *snapshot) launchedAsOf(v int) int {
 // snapshotOwned is the state as it is now, for readers.
 func (m *Manager) snapshotOwned() *snapshot {
 	s := &snapshot{desired: m.desired, target: m.target, gaps: m.gaps, launchedAs: make(map[int]int, len(m.versions)),
-		losses: m.losses, spare: m.spare}
+		losses: m.losses, spotSpare: m.spotSpare}
 	for _, id := range sortedKeys(m.replicas) {
 		r := m.replicas[id]
 		s.records = append(s.records, r.rec)

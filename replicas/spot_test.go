@@ -172,15 +172,12 @@ func TestManagerReplacesNoticedReplica(t *testing.T) {
 		t.Fatalf("Notice(%s) of replica %d: not recognised", inst, victim)
 	}
 	h.m.Notice(inst, h.clock.Now().Add(2*time.Minute)) // a repeated notice changes nothing
-	// The reclaim leaves the other spot replica where both were: that place holds no more than
-	// one, so a spare joins the replacement (policy.Losses.Spare), and on-demand covers the
-	// target's shortfall and the spare (policy.Split).
-	eventually(t, "a spot replacement, a spare and the on-demand fallback launched, the zone reported", func() bool {
+	eventually(t, "a spot replacement and the on-demand fallback (shortfall and one more) launched, the zone reported", func() bool {
 		prov.mu.Lock()
 		reported := len(prov.preempted) == 1 && prov.preempted[0].ID == inst
 		prov.mu.Unlock()
 		spot, onDemand := kinds()
-		return reported && len(spot) == 4 && len(onDemand) == 4
+		return reported && len(spot) == 3 && len(onDemand) == 4
 	})
 	if got := h.status(victim); got != StatusReady {
 		t.Errorf("noticed replica %d is %s; want READY until its instance goes", victim, got)
@@ -208,8 +205,8 @@ func TestManagerReplacesNoticedReplica(t *testing.T) {
 		t.Errorf("the warned replica %d is still published", victim)
 	}
 	spot, onDemand := kinds()
-	if len(spot) != 4 || len(onDemand) != 4 {
-		t.Errorf("%d spot and %d on-demand launches; want 4 and 4 (no second replacement)", len(spot), len(onDemand))
+	if len(spot) != 3 || len(onDemand) != 4 {
+		t.Errorf("%d spot and %d on-demand launches; want 3 and 4 (no second replacement)", len(spot), len(onDemand))
 	}
 }
 

@@ -813,7 +813,9 @@ func (r *runner) placeSpot(t float64) int {
 		// No zone took it: each holds no more than it does now (the replica manager's
 		// refusedOwned, on a launch every zone refused: launcher.ErrCapacityRefused).
 		for _, z := range r.w.Zones {
-			r.losses.Capped(simTime(t), z.Name, counts[z.Name])
+			if counts[z.Name] > 0 { // as the manager, which counts only zones holding some
+				r.losses.Capped(simTime(t), z.Name, counts[z.Name])
+			}
 		}
 	case PlaceCheapest:
 		for _, i := range r.byPrice {
