@@ -301,15 +301,22 @@ func (p *Provisioner) launch(ctx context.Context, spec launcher.Spec, n int, gan
 			zap.String("location", describe(c.Placement)), zap.Error(err))
 		reasons = append(reasons, describe(c.Placement)+": "+err.Error())
 	}
+	return nil, launchFailed(reasons, allInvalid, allRefused)
+}
+
+// launchFailed is the error of a launch every location failed, for the reasons given: invalid
+// when every infra found the request invalid, else no capacity, marked refused when every
+// location refused for capacity or quota (launcher.ErrCapacityRefused).
+func launchFailed(reasons []string, allInvalid, allRefused bool) error {
 	kind := launcher.ErrNoCapacity
 	if allInvalid {
 		kind = launcher.ErrInvalid // no infra can run it as written: retrying will not help
 	}
-	err = fmt.Errorf("%w: every location failed (%d): %s", kind, len(reasons), strings.Join(reasons, "; "))
+	err := fmt.Errorf("%w: every location failed (%d): %s", kind, len(reasons), strings.Join(reasons, "; "))
 	if allRefused && len(reasons) > 0 {
-		err = launcher.CapacityRefused(err)
+		return launcher.CapacityRefused(err)
 	}
-	return nil, err
+	return err
 }
 
 // try launches spec at choice c, one instance or (gang) n of them, and records the outcome:
