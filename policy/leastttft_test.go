@@ -504,3 +504,29 @@ func TestLeastTTFTJudgesStalenessAtTheRequestsTime(t *testing.T) {
 		})
 	}
 }
+
+// The KV-room rule reads only a fresh report: a replica whose cache its last scrape showed full
+// has a request ahead while that scrape is under DefaultMetricsStaleAfter old, and is judged by
+// its in-flight count alone once the scrape is stale (its /metrics erred or hung since).
+func TestLeastTTFTReadsKVRoomOnlyFromAFreshScrape(t *testing.T) {
+	reported := time.Unix(1000, 0)
+	for name, tc := range map[string]struct {
+		now    time.Time
+		wantID int
+	}{
+		"fresh: the full cache has a request ahead": {now: reported.Add(DefaultMetricsStaleAfter / 2), wantID: 2},
+		"stale: the least loaded":                   {now: reported.Add(2 * DefaultMetricsStaleAfter), wantID: 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := newTTFTPicker(t, Options{Now: func() time.Time { return tc.now }})
+			rs := replicas([]int64{0, 1})
+			p.Prepare(rs)
+			rs[0].SetMetrics(Metrics{Running: 3, KVCacheUsage: 1, CacheTokens: 4096, UpdatedAt: reported.UnixNano()})
+			rs[1].SetMetrics(Metrics{Running: 1, KVCacheUsage: 0.1, CacheTokens: 4096, UpdatedAt: reported.UnixNano()})
+			req := &Request{Model: []byte("m"), Prompt: conversation(3, 0, 1, 1024), Now: tc.now}
+			if got := p.Pick(req, rs); got.ID != tc.wantID {
+				t.Errorf("picked replica %d, want %d", got.ID, tc.wantID)
+			}
+		})
+	}
+}
