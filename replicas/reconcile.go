@@ -215,9 +215,11 @@ func (m *Manager) planInputOwned(now time.Time) planInput {
 		Drain:               m.cfg.Busy != nil,
 		InfraRank:           m.cfg.InfraRank,
 		Mix:                 m.mixOwned(),
-		Spare:               m.losses.Spare(now, m.spotHeldOwned(nil)),
 		Spread:              m.spreadsOwned(),
 		SpreadAfter:         m.spreadAfter,
+	}
+	if in.Mix.UseSpot && len(m.losses.Zones) > 0 { // no zone seen, no ceiling: skip the count
+		in.Spare = m.losses.Spare(now, m.spotHeldOwned(nil))
 	}
 	if in.Spare == 0 { // a spare stands against the next loss instead of the held fallback
 		in.HoldOnDemand = m.losses.HoldOnDemand(now)

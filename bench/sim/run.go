@@ -344,7 +344,7 @@ func (r *runner) zoneLost(i int, t float64, n int) {
 	}
 	r.losses.Capped(simTime(t), name, r.spotCounts()[name]) // what the reclaim left there
 	if r.zones != nil {
-		r.zones.Preempted(r.w.Zones[i].Name)
+		r.zones.Preempted(name)
 	}
 	r.lostUntil[i] = t + provision.DefaultBlockFor.Seconds()
 }
