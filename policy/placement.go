@@ -32,10 +32,20 @@ type MixSpec struct {
 	DynamicFallback bool
 }
 
+// Spare is what a service runs beyond its target against the next spot loss (Split).
+type Spare struct {
+	// Spot is how many spare spot replicas run beyond the target: Losses.Spare.
+	Spot int
+	// SpotFailing is set while the service's spot launches fail (one has failed since its
+	// last spot replica came READY). Only then does on-demand stand in for a spare that the
+	// target's READY spot replicas leave missing.
+	SpotFailing bool
+}
+
 // Split divides a target between spot and on-demand: spot = target − base on-demand + spare;
-// on-demand = base + (dynamic and spot READY short of spot wanted ? the shortfall : 0) + (one
-// more, without a spare, while spot is short of the target), at most the target and the spare.
-// readySpot is the number of READY spot replicas; spare is Losses.Spare.
+// on-demand = base + (dynamic and spot READY short of the target's spot ? the shortfall and
+// one more : 0) + (a spare missing while spot launches fail ? the spare : 0), at most the
+// target and the spare. readySpot is the number of READY spot replicas.
 //
 // The one more is SpotHedge's spare (N_extra), held only while it is needed. Reclaims come in
 // runs: a zone that took one instance back often takes more within minutes (the counted AWS
@@ -46,24 +56,32 @@ type MixSpec struct {
 // spot, and when spot runs short stands on-demand in for it too: Ferry pays for the spare
 // only while spot is short (docs/measurements.md, "Spot serving: `ferry sim --sweep`",
 // compares the two), or while the zones hold no more spot than the service runs there
-// (Losses.Spare): then the spare stands all the time, on spot, and on on-demand when spot
-// cannot take it, as SkyServe's does, since the next loss comes from capacity that is not
-// there to replace it.
-func Split(target int, m MixSpec, readySpot, spare int) Mix {
+// (Losses.Spare): then the spare stands all the time, on spot.
+//
+// With the target's spot READY, a spare that is missing (the loss it stood against, or the
+// one it is) is launched on spot; on-demand stands in for it only once a spot launch has
+// failed. Launched beside the spot replica, a stand-in would come READY with it, after the
+// same cold start, and serve nothing a spare does not: SkyServe's does, and pays a cold start
+// of on-demand for every loss its spare absorbs.
+func Split(target int, m MixSpec, readySpot int, spare Spare) Mix {
 	target = max(target, 0)
 	if !m.UseSpot {
 		return Mix{OnDemand: target}
 	}
-	spare = max(spare, 0)
+	extra := max(spare.Spot, 0)
 	base := min(m.BaseOnDemand, target)
 	spot := target - base
 	onDemand := base
-	if m.DynamicFallback && readySpot < spot+spare {
-		// Without a spare the shortfall and one more; with one, the shortfall of the target
-		// and the spare (the same count while spot is short of the target).
-		onDemand += spot + max(spare, 1) - readySpot
+	if m.DynamicFallback {
+		switch {
+		case readySpot < spot:
+			// The shortfall and one more, or the spare (the same count).
+			onDemand += spot + max(extra, 1) - readySpot
+		case readySpot < spot+extra && spare.SpotFailing:
+			onDemand += spot + extra - readySpot
+		}
 	}
-	return Mix{Spot: spot + spare, OnDemand: min(onDemand, target+spare)}
+	return Mix{Spot: spot + extra, OnDemand: min(onDemand, target+extra)}
 }
 
 // ZoneState is one zone a spot replica may be placed in, as a placer sees it.

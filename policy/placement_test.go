@@ -102,29 +102,33 @@ func TestSplit(t *testing.T) {
 		target, readySpot int
 		mix               MixSpec
 		want              Mix
-		spare             int
+		spare             Spare
 	}{
-		"no spot":                 {4, 0, MixSpec{}, Mix{OnDemand: 4}, 0},
-		"spot only":               {4, 1, MixSpec{UseSpot: true}, Mix{Spot: 4}, 0},
-		"base on-demand":          {4, 3, MixSpec{UseSpot: true, BaseOnDemand: 1}, Mix{Spot: 3, OnDemand: 1}, 0},
-		"base larger than target": {1, 0, MixSpec{UseSpot: true, BaseOnDemand: 2}, Mix{OnDemand: 1}, 0},
-		"dynamic covers missing spot and one more": {4, 1, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 4}, 0},
-		"dynamic, one spot short":                  {4, 3, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 2}, 0},
-		"dynamic with all spot ready":              {4, 4, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4}, 0},
-		"dynamic with more spot ready than wanted": {4, 5, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4}, 0},
-		"dynamic, no spot ready: at most target":   {4, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 4}, 0},
-		"dynamic plus base":                        {4, 0, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 3, OnDemand: 4}, 0},
-		"dynamic plus base, one spot short":        {4, 2, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 3, OnDemand: 3}, 0},
-		"negative target is zero":                  {-1, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{}, 0},
+		"no spot":                 {4, 0, MixSpec{}, Mix{OnDemand: 4}, Spare{}},
+		"spot only":               {4, 1, MixSpec{UseSpot: true}, Mix{Spot: 4}, Spare{}},
+		"base on-demand":          {4, 3, MixSpec{UseSpot: true, BaseOnDemand: 1}, Mix{Spot: 3, OnDemand: 1}, Spare{}},
+		"base larger than target": {1, 0, MixSpec{UseSpot: true, BaseOnDemand: 2}, Mix{OnDemand: 1}, Spare{}},
+		"dynamic covers missing spot and one more": {4, 1, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 4}, Spare{}},
+		"dynamic, one spot short":                  {4, 3, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 2}, Spare{}},
+		"dynamic with all spot ready":              {4, 4, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4}, Spare{}},
+		"dynamic with more spot ready than wanted": {4, 5, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4}, Spare{}},
+		"dynamic, no spot ready: at most target":   {4, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 4}, Spare{}},
+		"dynamic plus base":                        {4, 0, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 3, OnDemand: 4}, Spare{}},
+		"dynamic plus base, one spot short":        {4, 2, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 3, OnDemand: 3}, Spare{}},
+		"negative target is zero":                  {-1, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{}, Spare{}},
 		// With a spare (Losses.Spare): one more spot replica all the time, which on-demand
-		// stands in for while spot cannot hold it, and no one more on top.
-		"spare on spot":                     {4, 5, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5}, 1},
-		"spare lost: on-demand stands in":   {4, 4, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5, OnDemand: 1}, 1},
-		"spare, one spot short of target":   {4, 3, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5, OnDemand: 2}, 1},
-		"spare, no spot ready":              {4, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5, OnDemand: 5}, 1},
-		"spare without dynamic fallback":    {4, 0, MixSpec{UseSpot: true}, Mix{Spot: 5}, 1},
-		"spare with base":                   {4, 3, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 2}, 1},
-		"spare on an all on-demand service": {4, 0, MixSpec{}, Mix{OnDemand: 4}, 1},
+		// stands in for once a spot launch has failed, and no one more on top.
+		"spare on spot":                                 {4, 5, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5}, Spare{Spot: 1}},
+		"spare lost: launched on spot":                  {4, 4, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5}, Spare{Spot: 1}},
+		"spare lost, spot failing: on-demand stands in": {4, 4, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5, OnDemand: 1}, Spare{Spot: 1, SpotFailing: true}},
+		"spot failing, no spare missing":                {4, 5, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5}, Spare{Spot: 1, SpotFailing: true}},
+		"spot failing without a spare":                  {4, 4, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 4}, Spare{SpotFailing: true}},
+		"spare, one spot short, spot failing":           {4, 3, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5, OnDemand: 2}, Spare{Spot: 1, SpotFailing: true}},
+		"spare, one spot short of target":               {4, 3, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5, OnDemand: 2}, Spare{Spot: 1}},
+		"spare, no spot ready":                          {4, 0, MixSpec{UseSpot: true, DynamicFallback: true}, Mix{Spot: 5, OnDemand: 5}, Spare{Spot: 1}},
+		"spare without dynamic fallback":                {4, 0, MixSpec{UseSpot: true}, Mix{Spot: 5}, Spare{Spot: 1}},
+		"spare with base":                               {4, 3, MixSpec{UseSpot: true, BaseOnDemand: 1, DynamicFallback: true}, Mix{Spot: 4, OnDemand: 1}, Spare{Spot: 1}},
+		"spare on an all on-demand service":             {4, 0, MixSpec{}, Mix{OnDemand: 4}, Spare{Spot: 1}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -102,6 +102,12 @@ type planInput struct {
 	Instances []launcher.Instance
 }
 
+// spare is the spare the split runs (policy.Split): on-demand stands in for it only while the
+// service's spot launches fail, which SpotFailures counts since the last spot READY.
+func (in planInput) spare() policy.Spare {
+	return policy.Spare{Spot: in.Spare, SpotFailing: in.SpotFailures > 0}
+}
+
 // transition moves one replica to a new status.
 type transition struct {
 	ID       int

@@ -200,7 +200,7 @@ func countAfter(in planInput, out actions) fleetAfter {
 	var f fleetAfter
 	// A launch under way cannot be called back: one of a kind beyond its share of the target
 	// (the mix changed since) goes once it has an instance, and is no decision of this pass.
-	share := policy.Split(in.Desired, in.Mix, 0, in.Spare)
+	share := policy.Split(in.Desired, in.Mix, 0, in.spare())
 	if !in.Mix.UseSpot {
 		share = policy.Mix{OnDemand: max(in.Desired, 0)}
 	}
@@ -281,7 +281,7 @@ func TestPlanNeverLaunchesAboveTheSurge(t *testing.T) {
 
 // checkShares fails t when out launched a kind beyond its share of the target.
 func checkShares(t *rapid.T, in planInput, out actions, f fleetAfter) {
-	share := policy.Split(in.Desired, in.Mix, 0, in.Spare)
+	share := policy.Split(in.Desired, in.Mix, 0, in.spare())
 	if out.LaunchSpot > 0 && f.spot > share.Spot {
 		t.Fatalf("launched %d spot and leaves %d spot live; share %d\nactions %+v", out.LaunchSpot, f.spot, share.Spot, out)
 	}

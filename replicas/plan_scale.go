@@ -99,7 +99,7 @@ func (p *pass) scaleKinds() kindSplit {
 		}
 	}
 	k.liveOnDemand = p.liveCurrent() - k.liveSpot
-	k.want = policy.Split(p.in.Desired, p.in.Mix, readySpot, p.in.Spare)
+	k.want = policy.Split(p.in.Desired, p.in.Mix, readySpot, p.in.spare())
 	if p.in.Mix.DynamicFallback {
 		k.want = policy.Held(k.want, k.liveOnDemand, p.in.Desired, p.in.HoldOnDemand)
 	}

@@ -326,6 +326,56 @@ func TestManagerRunsASpareAfterASpotLaunchNoZoneTook(t *testing.T) {
 	})
 }
 
+// TestManagerLaunchesAMissingSpareOnSpotFirst: with the target's spot replicas READY, a
+// spare the next loss took is replaced on spot alone (an on-demand stand-in launched beside it
+// would come READY with it and serve nothing); on-demand stands in only once a spot launch
+// has failed (policy.Spare.SpotFailing).
+func TestManagerLaunchesAMissingSpareOnSpotFirst(t *testing.T) {
+	var refuse atomic.Bool
+	zoneFor := func(spec launcher.Spec) (string, error) {
+		if spec.Labels[LabelKind] == kindSpot && refuse.Load() {
+			return "", launcher.CapacityRefused(fmt.Errorf("%w: every location failed (1): a: no spot capacity", launcher.ErrNoCapacity))
+		}
+		return "a", nil
+	}
+	h, prov, kinds := spotMixHarnessWith(t, zoneFor)
+	eventually(t, "2 spot replicas launched", func() bool { return h.launchedSpot() == 2 })
+	spotIDs := readySpot(t, h, prov)
+	onDemandLaunches := func() int { _, od := kinds(); return len(od) }
+
+	// Zone a takes one back and keeps the other: a ceiling, and a spare from then on.
+	prov.end(spotIDs[0], launcher.StatePreempted, "spot reclaimed")
+	h.waitStatus(spotIDs[0], StatusPreempted)
+	eventually(t, "3 spot replicas READY (the target and the spare), no on-demand", func() bool {
+		markSpotHealthy(h, prov)
+		return len(h.liveKinds(true)) == 3 && len(h.liveKinds(false)) == 0 && len(h.m.Ready()) == 3 && h.m.SpotSpare() == 1
+	})
+	before := onDemandLaunches()
+
+	// The next loss takes what the spare stood for: the target stays READY on spot, and the
+	// spare comes back on spot, with no on-demand beside it.
+	lost := newestSpot(h, 0)
+	prov.end(lost, launcher.StatePreempted, "spot reclaimed")
+	h.waitStatus(lost, StatusPreempted)
+	eventually(t, "3 spot replicas READY again", func() bool {
+		markSpotHealthy(h, prov)
+		return len(h.liveKinds(true)) == 3 && len(h.m.Ready()) == 3
+	})
+	if n := onDemandLaunches() - before; n != 0 {
+		t.Fatalf("%d on-demand launches beside the spare's spot replacement, want none", n)
+	}
+
+	// Once a spot launch fails, on-demand stands in for the spare.
+	refuse.Store(true)
+	lost = newestSpot(h, 0)
+	prov.end(lost, launcher.StatePreempted, "spot reclaimed")
+	h.waitStatus(lost, StatusPreempted)
+	eventually(t, "an on-demand stand-in READY after the spare's spot launch failed", func() bool {
+		markOnDemandHealthy(h, prov)
+		return onDemandLaunches()-before == 1 && len(h.liveKinds(false)) == 1 && len(h.m.Ready()) == 3
+	})
+}
+
 // launchedSpot counts the live spot replicas that hold an instance.
 func (h *harness) launchedSpot() int {
 	n := 0

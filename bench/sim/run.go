@@ -103,10 +103,13 @@ type runner struct {
 	// succeeds there lifts) and after it took an instance back (the zone block).
 	refusedUntil, lostUntil []float64
 	// losses is what the policy has seen of spot losses (Ferry: the fallback's hold).
-	losses   policy.Losses
-	interval int // decision interval in seconds
-	warmup   float64
-	end      float64
+	losses policy.Losses
+	// spotFailing is set from a spot launch no zone took to the next spot replica READY (the
+	// replica manager's SpotFailures > 0): on-demand stands in for a missing spare only then.
+	spotFailing bool
+	interval    int // decision interval in seconds
+	warmup      float64
+	end         float64
 
 	nextID   int
 	live     []*replica // provisioning, ready and draining
@@ -221,6 +224,7 @@ func (r *runner) second(s int) {
 			rep.state, rep.moving = ready, false
 			rep.announced = r.p.LBSync <= 0
 			r.dirty = true
+			r.spotFailing = r.spotFailing && !rep.spot
 			if rep.spot && !rep.noticed && r.zones != nil {
 				r.zones.Ready(r.w.Zones[rep.zone].Name)
 			}
@@ -592,14 +596,14 @@ func (r *runner) decide(s int) {
 	}
 	r.target = d.Target
 	r.need = max(0, d.Target-d.Overprovision)
-	spare := 0
+	spare := policy.Spare{SpotFailing: r.spotFailing}
 	if r.p.Spare {
-		spare = r.losses.Spare(simTime(t), r.spotCounts())
+		spare.Spot = r.losses.Spare(simTime(t), r.spotCounts())
 	}
 	mix := policy.Split(d.Target, r.p.Mix, readySpot, spare)
 	if r.p.SkyServe {
 		mix = skyServeSplit(d.Target, r.p.Mix, readySpot)
-	} else if r.p.HoldFallback && spare == 0 { // a spare stands against the next loss instead
+	} else if r.p.HoldFallback && spare.Spot == 0 { // a spare stands against the next loss instead
 		mix = policy.Held(mix, r.liveOnDemand(), d.Target, r.losses.HoldOnDemand(simTime(t)))
 	}
 	launched := r.nextID
@@ -754,6 +758,7 @@ func (r *runner) launch(spot bool, t float64) bool {
 	zone := -1
 	if spot {
 		if zone = r.placeSpot(t); zone < 0 {
+			r.spotFailing = true
 			return false
 		}
 	}
