@@ -294,13 +294,7 @@ func TestManagerRunsASpareWhileAZoneSitsAtItsCeiling(t *testing.T) {
 // replicas than it does then. On-demand stands in for the spare while spot cannot take it.
 func TestManagerRunsASpareAfterASpotLaunchNoZoneTook(t *testing.T) {
 	var refuse atomic.Bool
-	zoneFor := func(spec launcher.Spec) (string, error) {
-		if spec.Labels[LabelKind] == kindSpot && refuse.Load() {
-			return "", launcher.CapacityRefused(fmt.Errorf("%w: every location failed (2): a: no spot capacity; b: no spot capacity", launcher.ErrNoCapacity))
-		}
-		return "a", nil
-	}
-	h, prov, _ := spotMixHarnessWith(t, zoneFor)
+	h, prov, _ := spotMixHarnessWith(t, refusingSpot(&refuse))
 	eventually(t, "2 spot replicas launched", func() bool { return h.launchedSpot() == 2 })
 	readySpot(t, h, prov)
 
@@ -332,13 +326,7 @@ func TestManagerRunsASpareAfterASpotLaunchNoZoneTook(t *testing.T) {
 // has failed (policy.Spare.SpotFailing).
 func TestManagerLaunchesAMissingSpareOnSpotFirst(t *testing.T) {
 	var refuse atomic.Bool
-	zoneFor := func(spec launcher.Spec) (string, error) {
-		if spec.Labels[LabelKind] == kindSpot && refuse.Load() {
-			return "", launcher.CapacityRefused(fmt.Errorf("%w: every location failed (1): a: no spot capacity", launcher.ErrNoCapacity))
-		}
-		return "a", nil
-	}
-	h, prov, kinds := spotMixHarnessWith(t, zoneFor)
+	h, prov, kinds := spotMixHarnessWith(t, refusingSpot(&refuse))
 	eventually(t, "2 spot replicas launched", func() bool { return h.launchedSpot() == 2 })
 	spotIDs := readySpot(t, h, prov)
 	onDemandLaunches := func() int { _, od := kinds(); return len(od) }
@@ -374,6 +362,17 @@ func TestManagerLaunchesAMissingSpareOnSpotFirst(t *testing.T) {
 		markOnDemandHealthy(h, prov)
 		return onDemandLaunches()-before == 1 && len(h.liveKinds(false)) == 1 && len(h.m.Ready()) == 3
 	})
+}
+
+// refusingSpot places every replica in zone a, but while refuse is set a spot launch fails as
+// one every zone refused for capacity (launcher.ErrCapacityRefused).
+func refusingSpot(refuse *atomic.Bool) func(launcher.Spec) (string, error) {
+	return func(spec launcher.Spec) (string, error) {
+		if spec.Labels[LabelKind] == kindSpot && refuse.Load() {
+			return "", launcher.CapacityRefused(fmt.Errorf("%w: every location failed (2): a: no spot capacity; b: no spot capacity", launcher.ErrNoCapacity))
+		}
+		return "a", nil
+	}
 }
 
 // launchedSpot counts the live spot replicas that hold an instance.
