@@ -131,12 +131,12 @@ func (b *bench) startTarget(name string, upstreams []string) error {
 		if err != nil {
 			return err
 		}
-	case targetPass:
+	case targetPass, targetEpoll:
 		self, err := os.Executable()
 		if err != nil {
 			return err
 		}
-		argv = []string{self, targetPass, "--listen", addr}
+		argv = []string{self, name, "--listen", addr}
 		for _, u := range upstreams {
 			argv = append(argv, "--upstream", u)
 		}

@@ -1,7 +1,8 @@
 // Command proxyload measures what a reverse proxy costs on loopback: a fast backend reached
 // directly, through `ferry proxy`, through nginx (the reference peer) and through a bare
 // fasthttp pass-through of the same build (passthrough.go: the floor of any proxy on fasthttp
-// and Go's runtime, against which Ferry's own work shows), with non-streamed
+// and Go's runtime, against which Ferry's own work shows) and through a pass-through on one
+// epoll loop (epoll.go: the floor of a Go proxy not built on goroutines), with non-streamed
 // requests at concurrency 64 and SSE streams at concurrency 32, then 5,000 concurrent streams
 // through one Ferry process for its memory. The proxies are pinned to one core, the load
 // generator (this process) and the backend to the other. On two cores the load generator, not
@@ -37,6 +38,7 @@ const (
 	targetFerry  = "ferry"
 	targetNginx  = "nginx"
 	targetPass   = "passthrough"
+	targetEpoll  = "epoll"
 	// targetFerryOTLP is `ferry proxy` exporting a span tree per request to a collector
 	// stand-in in this process (collector.go); measured only when named in --targets.
 	targetFerryOTLP = "ferry-otlp"
@@ -46,7 +48,7 @@ const (
 )
 
 var (
-	allTargets   = []string{targetDirect, targetFerry, targetNginx, targetPass}
+	allTargets   = []string{targetDirect, targetFerry, targetNginx, targetPass, targetEpoll}
 	allScenarios = []string{scenarioNonStream, scenarioStream}
 	// knownTargets are allTargets and those measured only on request.
 	knownTargets = append(slices.Clone(allTargets), targetFerryOTLP)
@@ -90,6 +92,10 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == targetEpoll {
+		epollMain(os.Args[2:])
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == targetPass {
 		if err := runPassThrough(os.Args[2:]); err != nil {
 			fmt.Fprintln(os.Stderr, "proxyload passthrough:", err)
@@ -109,7 +115,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.concurrency, "concurrency", 64, "concurrent non-streamed requests")
 	fs.IntVar(&o.streamConcurrency, "stream-concurrency", 32, "concurrent streams")
 	fs.StringSliceVar(&o.scenarios, "scenarios", allScenarios, "workloads to run: nonstream, stream")
-	fs.StringSliceVar(&o.targets, "targets", allTargets, "paths to measure: direct, ferry, nginx, passthrough (a bare fasthttp proxy: what any proxy on fasthttp costs), ferry-otlp (ferry with every request traced to a collector stand-in; not by default)")
+	fs.StringSliceVar(&o.targets, "targets", allTargets, "paths to measure: direct, ferry, nginx, passthrough (a bare fasthttp proxy: what any proxy on fasthttp costs), epoll (a bare pass-through on one epoll loop: what a Go proxy not built on goroutines costs), ferry-otlp (ferry with every request traced to a collector stand-in; not by default)")
 	fs.IntVar(&o.reps, "reps", 1, "repetitions; the target order rotates each one and the tables show medians")
 	fs.IntVar(&o.chunks, "chunks", 32, "SSE chunks per stream")
 	fs.DurationVar(&o.chunkGap, "chunk-gap", 5*time.Millisecond, "pause between SSE chunks")
@@ -163,7 +169,7 @@ func (o options) validate() error {
 	}
 	for _, t := range append(slices.Clone(o.targets), o.streams5kTargets...) {
 		if !slices.Contains(knownTargets, t) {
-			bad("targets", t, "want direct, ferry, nginx, passthrough or ferry-otlp")
+			bad("targets", t, "want direct, ferry, nginx, passthrough, epoll or ferry-otlp")
 		}
 	}
 	if slices.Contains(o.streams5kTargets, targetDirect) {
@@ -251,7 +257,7 @@ func run(opts options) error {
 	if err := b.startBackend(); err != nil {
 		return err
 	}
-	for _, name := range []string{targetFerry, targetNginx, targetPass, targetFerryOTLP} {
+	for _, name := range []string{targetFerry, targetNginx, targetPass, targetEpoll, targetFerryOTLP} {
 		if slices.Contains(opts.targets, name) {
 			if err := b.startTarget(name, b.backends[:opts.backends]); err != nil {
 				return err

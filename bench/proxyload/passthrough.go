@@ -17,16 +17,9 @@ import (
 // Go's runtime cost any proxy built on them (passthrough ÷ nginx) and what Ferry's own work
 // adds (ferry ÷ passthrough).
 func runPassThrough(args []string) error {
-	fs := pflag.NewFlagSet("passthrough", pflag.ContinueOnError)
-	var listen string
-	var upstreams []string
-	fs.StringVar(&listen, "listen", "", "loopback host:port to serve on")
-	fs.StringArrayVar(&upstreams, "upstream", nil, "host:port to forward to (repeatable)")
-	if err := fs.Parse(args); err != nil {
+	listen, upstreams, err := parseBareProxyFlags(targetPass, args)
+	if err != nil {
 		return err
-	}
-	if listen == "" || len(upstreams) == 0 {
-		return errors.New("--listen and at least one --upstream are required")
 	}
 	clients := make([]*fasthttp.HostClient, len(upstreams))
 	for i, u := range upstreams {
@@ -40,4 +33,19 @@ func runPassThrough(args []string) error {
 		}
 	}
 	return fasthttp.ListenAndServe(listen, handler)
+}
+
+// parseBareProxyFlags reads the flags of the bare proxies (passthrough, epoll): where to listen
+// and the upstreams to forward to, round robin.
+func parseBareProxyFlags(name string, args []string) (listen string, upstreams []string, err error) {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.StringVar(&listen, "listen", "", "loopback host:port to serve on")
+	fs.StringArrayVar(&upstreams, "upstream", nil, "host:port to forward to (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return "", nil, err
+	}
+	if listen == "" || len(upstreams) == 0 {
+		return "", nil, errors.New("--listen and at least one --upstream are required")
+	}
+	return listen, upstreams, nil
 }

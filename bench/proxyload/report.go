@@ -285,6 +285,10 @@ func (r *report) checks() []check {
 		v := r.pairedRatio(scenarioNonStream, targetPass, targetNginx, fCPU)
 		add("non-streamed: passthrough CPU/req ÷ nginx (fasthttp's floor; informational)", v, noLimit, true)
 	}
+	if r.has(scenarioNonStream, targetEpoll) && r.has(scenarioNonStream, targetNginx) {
+		v := r.pairedRatio(scenarioNonStream, targetEpoll, targetNginx, fCPU)
+		add("non-streamed: epoll CPU/req ÷ nginx (an event loop's floor in Go; informational)", v, noLimit, true)
+	}
 	if r.has(scenarioNonStream, targetFerry) && r.has(scenarioNonStream, targetPass) {
 		v := r.pairedRatio(scenarioNonStream, targetFerry, targetPass, fCPU)
 		add("non-streamed: ferry CPU/req ÷ passthrough (Ferry's own work; informational)", v, noLimit, true)
