@@ -193,6 +193,20 @@ func Held(want Mix, liveOnDemand, target, keep int) Mix {
 	return want
 }
 
+// KeepStandIn keeps, on top of want (Split's), an on-demand stand-in for a missing spare that is
+// live already until the spare is READY on spot, whether spot launches fail now or not (Held).
+// Its launch needs a failed spot launch (Spare.SpotFailing); its staying does not, so a failure
+// count that resets (a replica READY again after a failed probe, a restarted controller, the
+// spot replacement of another loss coming READY) does not drain a stand-in that the next spot
+// launch would fail to replace.
+func KeepStandIn(want Mix, target int, m MixSpec, readySpot int, spare Spare, liveOnDemand int) Mix {
+	if spare.Spot <= 0 || spare.SpotFailing || !m.DynamicFallback {
+		return want
+	}
+	standing := Split(target, m, readySpot, Spare{Spot: spare.Spot, SpotFailing: true})
+	return Held(want, liveOnDemand, target, standing.OnDemand)
+}
+
 func maxTime(a, b time.Time) time.Time {
 	if b.After(a) {
 		return b

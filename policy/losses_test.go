@@ -122,6 +122,32 @@ func TestHeld(t *testing.T) {
 	}
 }
 
+// A live on-demand stand-in for a missing spare stays until the spare is READY on spot, whether
+// spot launches fail now or not; none is kept beyond it, nor without a spare or a dynamic fallback.
+func TestKeepStandIn(t *testing.T) {
+	dynamic := MixSpec{UseSpot: true, DynamicFallback: true}
+	for name, tc := range map[string]struct {
+		mix             MixSpec
+		readySpot, live int
+		spare           Spare
+		want            Mix
+	}{
+		"spare missing, failure count reset": {dynamic, 4, 1, Spare{Spot: 1}, Mix{Spot: 5, OnDemand: 1}},
+		"spare missing, two live":            {dynamic, 4, 2, Spare{Spot: 1}, Mix{Spot: 5, OnDemand: 1}},
+		"spare READY on spot":                {dynamic, 5, 1, Spare{Spot: 1}, Mix{Spot: 5}},
+		"none live: none launched":           {dynamic, 4, 0, Spare{Spot: 1}, Mix{Spot: 5}},
+		"no spare":                           {dynamic, 4, 1, Spare{}, Mix{Spot: 4}},
+		"no dynamic fallback":                {MixSpec{UseSpot: true}, 4, 1, Spare{Spot: 1}, Mix{Spot: 5}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			want := Split(4, tc.mix, tc.readySpot, tc.spare)
+			if got := KeepStandIn(want, 4, tc.mix, tc.readySpot, tc.spare, tc.live); got != tc.want {
+				t.Errorf("KeepStandIn = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
 // A zone that held no more than the service runs there asks for a spare while the service
 // holds as many there again, for HoldLookback; a zone left empty, or one below its ceiling,
 // asks for none.

@@ -99,9 +99,11 @@ func (p *pass) scaleKinds() kindSplit {
 		}
 	}
 	k.liveOnDemand = p.liveCurrent() - k.liveSpot
-	k.want = policy.Split(p.in.Desired, p.in.Mix, readySpot, p.in.spare())
+	spare := p.in.spare()
+	k.want = policy.Split(p.in.Desired, p.in.Mix, readySpot, spare)
 	if p.in.Mix.DynamicFallback {
 		k.want = policy.Held(k.want, k.liveOnDemand, p.in.Desired, p.in.HoldOnDemand)
+		k.want = policy.KeepStandIn(k.want, p.in.Desired, p.in.Mix, readySpot, spare, k.liveOnDemand)
 	}
 	if p.in.Desired >= 0 && (k.liveSpot > k.want.Spot || k.liveOnDemand > k.want.OnDemand) {
 		countCrowds(p.current)

@@ -259,6 +259,43 @@ func TestPlan(t *testing.T) {
 			}),
 			want: actions{},
 		},
+		"spot mix: a spare missing with the target's spot READY is launched on spot alone": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 2
+				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
+				in.Spare = 1
+				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
+				s1.Spot, s2.Spot = true, true
+				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK)}
+				in.Instances = running(1, 2)
+			}),
+			want: actions{LaunchSpot: 1},
+		},
+		"spot mix: once a spot launch failed, on-demand stands in for the missing spare": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 2
+				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
+				in.Spare, in.SpotFailures, in.SpotLastFailure = 1, 1, now
+				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
+				s1.Spot, s2.Spot = true, true
+				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK)}
+				in.Instances = running(1, 2)
+			}),
+			// The spot launch backs off; the stand-in goes ahead.
+			want: actions{Launch: 1, LaunchDeferredUntil: now.Add(launchBackoff(1))},
+		},
+		"spot mix: a live stand-in stays until the spare is READY on spot, though the failure count reset": {
+			in: withInput(func(in *planInput) {
+				in.Desired = 2
+				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
+				in.Spare = 1
+				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
+				s1.Spot, s2.Spot = true, true
+				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK), view(rec(3, StatusReady), probeOK)}
+				in.Instances = running(1, 2, 3)
+			}),
+			want: actions{LaunchSpot: 1},
+		},
 		"spot mix: a held fallback beyond the target goes down to the target": {
 			in: withInput(func(in *planInput) {
 				in.Desired = 1

@@ -27,7 +27,10 @@ import (
 // whether Go itself, rather than fasthttp's goroutine per connection, puts a floor above
 // nginx's CPU per request. Measured beside nginx and `passthrough` it is the floor of an
 // event-loop engine. It is a yardstick, not a proxy to serve with: no timeouts, retries, TLS,
-// HTTP/2, header rewriting, smuggling checks, chunked request bodies or 1xx answers.
+// HTTP/2, header rewriting, smuggling checks, chunked request bodies or 1xx answers; a pooled
+// upstream connection the upstream closed gives a 502; and an answer that starts while the
+// request body is still going up, to a client not reading it, can stall that exchange (the
+// load generator sends whole requests and reads every answer).
 //
 // Reads, writes and epoll_wait are raw syscalls: the Go runtime does not see them, so its
 // sysmon does not take the thread's P back after each idle wait (what lifts a goroutine
@@ -441,7 +444,7 @@ func (p *epollProxy) clientRead(c *epConn) {
 			return
 		default: // pipelined bytes fill the buffer while an answer is in flight
 			c.stalled = true
-			p.setMask(c, 0)
+			p.setMask(c, c.mask&^unix.EPOLLIN) // still writable, for the answer
 			return
 		}
 	}

@@ -2,11 +2,13 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,6 +61,9 @@ func echoUpstream(t *testing.T, next chan struct{}, conns *atomic.Int32) string 
 			}
 		case "/empty":
 			w.WriteHeader(http.StatusNoContent)
+		case "/head":
+			// A HEAD answer names the length of a body it does not carry.
+			w.Header().Set("Content-Length", "5")
 		default:
 			body, _ := io.ReadAll(r.Body)
 			w.Header().Set("Content-Length", fmt.Sprint(len(body)))
@@ -114,15 +119,33 @@ func TestEpollPassThrough(t *testing.T) {
 		t.Errorf("%d upstream connections for 16 clients: kept-alive connections are not reused", n)
 	}
 
-	// HEAD and 204 have no body; the connection serves on.
-	for _, req := range []struct{ method, path string }{{"HEAD", "/x"}, {"GET", "/empty"}, {"POST", "/x"}} {
-		r, _ := http.NewRequest(req.method, base+req.path, strings.NewReader(""))
-		res, err := client.Do(r)
+	// HEAD and 204 have no body, and a body of megabytes passes whole both ways (through
+	// the 16 KiB buffers and full sockets); the client's connection serves on throughout.
+	big := strings.Repeat("0123456789abcdef", 1<<19)
+	var reused int
+	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+		if info.Reused {
+			reused++
+		}
+	}}
+	one := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxConnsPerHost: 1}}
+	for _, req := range []struct {
+		method, path, body string
+		status             int
+	}{{"POST", "/x", "a", 200}, {"HEAD", "/head", "", 200}, {"GET", "/empty", "", 204}, {"POST", "/x", big, 200}, {"HEAD", "/head", "", 200}, {"POST", "/x", "b", 200}} {
+		r, _ := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), req.method, base+req.path, strings.NewReader(req.body))
+		res, err := one.Do(r)
 		if err != nil {
 			t.Fatalf("%s %s: %v", req.method, req.path, err)
 		}
-		io.Copy(io.Discard, res.Body)
+		got, err := io.ReadAll(res.Body)
 		res.Body.Close()
+		if err != nil || res.StatusCode != req.status || string(got) != req.body {
+			t.Fatalf("%s %s: status %d, %d bytes (err %v); want %d and %d bytes", req.method, req.path, res.StatusCode, len(got), err, req.status, len(req.body))
+		}
+	}
+	if reused != 5 {
+		t.Errorf("%d of 5 requests after the first reused the client's connection", reused)
 	}
 
 	// A streamed answer arrives event by event: the upstream writes the next only after the
@@ -186,5 +209,29 @@ func TestEpollRejectsAListenOffLoopback(t *testing.T) {
 	}
 	if _, err := newEpollProxy("127.0.0.1:0", nil); err == nil {
 		t.Error("no upstream accepted")
+	}
+}
+
+// The chunked scanner finds the end of a chunked body however the reads split it: after the
+// last chunk, its trailers and the blank line, and not before.
+func TestChunkScannerAcrossReads(t *testing.T) {
+	for _, body := range []string{
+		"5\r\nhello\r\n3;ext=1\r\nabc\r\n0\r\n\r\n",
+		"A\r\n0123456789\r\n0\r\nTrailer: x\r\n\r\n",
+		"0\r\n\r\n",
+	} {
+		stream := body + "HTTP/1.1 200 OK\r\n" // the next answer's bytes must not count
+		for cut := range len(stream) + 1 {
+			var s chunkScanner
+			end := s.scan([]byte(stream[:min(cut, len(stream))]))
+			if end < 0 && cut < len(stream) {
+				if e := s.scan([]byte(stream[cut:])); e >= 0 {
+					end = cut + e
+				}
+			}
+			if end != len(body) {
+				t.Fatalf("%q cut at %d: end %d, want %d", body, cut, end, len(body))
+			}
+		}
 	}
 }

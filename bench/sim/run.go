@@ -603,8 +603,11 @@ func (r *runner) decide(s int) {
 	mix := policy.Split(d.Target, r.p.Mix, readySpot, spare)
 	if r.p.SkyServe {
 		mix = skyServeSplit(d.Target, r.p.Mix, readySpot)
-	} else if r.p.HoldFallback && spare.Spot == 0 { // a spare stands against the next loss instead
-		mix = policy.Held(mix, r.liveOnDemand(), d.Target, r.losses.HoldOnDemand(simTime(t)))
+	} else {
+		if r.p.HoldFallback && spare.Spot == 0 { // a spare stands against the next loss instead
+			mix = policy.Held(mix, r.liveOnDemand(), d.Target, r.losses.HoldOnDemand(simTime(t)))
+		}
+		mix = policy.KeepStandIn(mix, d.Target, r.p.Mix, readySpot, spare, r.liveOnDemand())
 	}
 	launched := r.nextID
 	r.reconcile(true, mix.Spot, t)
