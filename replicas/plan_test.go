@@ -260,38 +260,21 @@ func TestPlan(t *testing.T) {
 			want: actions{},
 		},
 		"spot mix: a spare missing with the target's spot READY is launched on spot alone": {
-			in: withInput(func(in *planInput) {
-				in.Desired = 2
-				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
-				in.Spare = 1
-				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
-				s1.Spot, s2.Spot = true, true
-				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK)}
-				in.Instances = running(1, 2)
-			}),
+			in:   withInput(spareMissing),
 			want: actions{LaunchSpot: 1},
 		},
 		"spot mix: once a spot launch failed, on-demand stands in for the missing spare": {
 			in: withInput(func(in *planInput) {
-				in.Desired = 2
-				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
-				in.Spare, in.SpotFailures, in.SpotLastFailure = 1, 1, now
-				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
-				s1.Spot, s2.Spot = true, true
-				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK)}
-				in.Instances = running(1, 2)
+				spareMissing(in)
+				in.SpotFailures, in.SpotLastFailure = 1, now
 			}),
 			// The spot launch backs off; the stand-in goes ahead.
 			want: actions{Launch: 1, LaunchDeferredUntil: now.Add(launchBackoff(1))},
 		},
 		"spot mix: a live stand-in stays until the spare is READY on spot, though the failure count reset": {
 			in: withInput(func(in *planInput) {
-				in.Desired = 2
-				in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
-				in.Spare = 1
-				s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
-				s1.Spot, s2.Spot = true, true
-				in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK), view(rec(3, StatusReady), probeOK)}
+				spareMissing(in)
+				in.Replicas = append(in.Replicas, view(rec(3, StatusReady), probeOK))
 				in.Instances = running(1, 2, 3)
 			}),
 			want: actions{LaunchSpot: 1},
@@ -566,3 +549,15 @@ func TestProbeStateRecord(t *testing.T) {
 type errTest string
 
 func (e errTest) Error() string { return string(e) }
+
+// spareMissing is a spot service with a dynamic fallback whose target of 2 runs READY on spot
+// while a zone's ceiling asks for a spare that is not there.
+func spareMissing(in *planInput) {
+	in.Desired = 2
+	in.Mix = policy.MixSpec{UseSpot: true, DynamicFallback: true}
+	in.Spare = 1
+	s1, s2 := rec(1, StatusReady), rec(2, StatusReady)
+	s1.Spot, s2.Spot = true, true
+	in.Replicas = []replicaView{view(s1, probeOK), view(s2, probeOK)}
+	in.Instances = running(1, 2)
+}
